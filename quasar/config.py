@@ -1,0 +1,345 @@
+"""Settings for every QUASAR process, read in one place.
+
+Precedence, later wins: built-in default < ``.env`` file < process environment < command-line flag.
+Flags use the usual Bittensor spelling (``--wallet.name``, ``--subtensor.network``, ``--netuid``…);
+environment names are those of the miner guide (``NETUID``, ``SUBTENSOR_NETWORK``…). Every option
+below is documented, with its default, in ``.env.example`` (a test keeps the two in step).
+
+A bad value raises :class:`SettingsError` naming the setting and where the value came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from dotenv import dotenv_values
+
+# Bittensor's own network names, plus our embedded one-machine chain ("devchain", so it never
+# collides with Bittensor's "local", which means a subtensor node on this machine).
+BITTENSOR_NETWORKS = ("finney", "test", "local", "archive")
+DEV_NETWORK = "devchain"
+NETWORKS = BITTENSOR_NETWORKS + (DEV_NETWORK,)
+
+
+class SettingsError(ValueError):
+    """A setting has a value that cannot be used; the message names the setting and its source."""
+
+
+# --- value parsers: each takes the raw string and returns the typed value or raises ValueError ---
+
+
+def _parse_int(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw.strip().replace("_", ""))
+        except ValueError:
+            raise ValueError(f"expected an integer, got {raw!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise ValueError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
+def _parse_optional_int(low: int) -> Callable[[str], int | None]:
+    parse_int = _parse_int(low)
+
+    def parse(raw: str) -> int | None:
+        return None if raw.strip() == "" else parse_int(raw)
+
+    return parse
+
+
+def _parse_float(low: float) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"expected a number, got {raw!r}") from None
+        if not value >= low:
+            raise ValueError(f"must be at least {low}, got {raw}")
+        return value
+
+    return parse
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _parse_bool(raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ValueError(f"expected true or false, got {raw!r}")
+
+
+def _parse_str(raw: str) -> str:
+    return raw.strip()
+
+
+def _parse_network(raw: str) -> str:
+    value = raw.strip()
+    if value in NETWORKS:
+        return value
+    raise ValueError(f"unknown network {value!r}; expected one of {', '.join(NETWORKS)}")
+
+
+def _parse_chain_endpoint(raw: str) -> str:
+    value = raw.strip()
+    if value and urlparse(value).scheme not in ("ws", "wss"):
+        raise ValueError(f"expected a ws:// or wss:// URL, got {value!r}")
+    return value
+
+
+def _parse_http_url(raw: str) -> str:
+    value = raw.strip().rstrip("/")
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ValueError(f"expected an http:// or https:// URL, got {raw!r}")
+    return value
+
+
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+def _parse_device(raw: str) -> str:
+    value = raw.strip()
+    if not _DEVICE.match(value):
+        raise ValueError(f"expected cpu, cuda or cuda:N, got {raw!r}")
+    return value
+
+
+def _parse_name(raw: str) -> str:
+    """Wallet and user names: no path separators, so a name never escapes the wallet folder."""
+    value = raw.strip()
+    if not value or "/" in value or "\\" in value or value in (".", ".."):
+        raise ValueError(f"expected a plain name, got {raw!r}")
+    return value
+
+
+def _parse_optional_name(raw: str) -> str:
+    return "" if raw.strip() == "" else _parse_name(raw)
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting: where it is read from, how it is parsed, and what it means."""
+
+    key: str
+    env: str | None
+    flag: str | None
+    parse: Callable[[str], Any]
+    default: str
+    help: str
+    secret: bool = False
+
+
+# The single table of settings. ``default`` is written as it would appear in .env.
+OPTIONS: tuple[Option, ...] = (
+    # Chain and identity (Bittensor spelling on the command line).
+    Option("wallet_name", "WALLET_NAME", "--wallet.name", _parse_optional_name, "",
+           "wallet (coldkey) name; empty means WALLET_MINER_NAME or WALLET_VALIDATOR_NAME by role"),
+    Option("wallet_miner_name", "WALLET_MINER_NAME", None, _parse_name, "quasar_miner",
+           "wallet name the miner uses when --wallet.name is not given"),
+    Option("wallet_validator_name", "WALLET_VALIDATOR_NAME", None, _parse_name, "quasar_validator",
+           "wallet name the validator uses when --wallet.name is not given"),
+    Option("wallet_hotkey", "WALLET_HOTKEY", "--wallet.hotkey", _parse_name, "default",
+           "hotkey name inside the wallet"),
+    Option("wallet_path", "WALLET_PATH", "--wallet.path", _parse_str, "~/.bittensor/wallets",
+           "folder holding the wallets"),
+    Option("network", "SUBTENSOR_NETWORK", "--subtensor.network", _parse_network, "finney",
+           "chain: finney, test, local (a subtensor node here), archive, or devchain (embedded one-machine chain)"),
+    Option("chain_endpoint", "SUBTENSOR_CHAIN_ENDPOINT", "--subtensor.chain_endpoint",
+           _parse_chain_endpoint, "", "ws:// or wss:// URL of a subtensor node; overrides the network's default"),
+    Option("netuid", "NETUID", "--netuid", _parse_int(0, 65535), "24",
+           "subnet id of QUASAR on the chosen network"),
+    Option("axon_port", "AXON_PORT", "--axon.port", _parse_int(1, 65535), "8091",
+           "port a neuron publishes on chain"),
+    Option("debug", "LOGGING_DEBUG", "--logging.debug", _parse_bool, "false",
+           "log at debug level"),
+    # Services.
+    Option("validator_api_url", "VALIDATOR_API_URL", "--api.url", _parse_http_url,
+           "http://127.0.0.1:8000", "base URL of the submission API"),
+    Option("miner_inference_port", "MINER_INFERENCE_PORT", "--inference.port", _parse_int(1, 65535),
+           "8001", "port of the miner inference server"),
+    # Miner.
+    Option("github_token", "GITHUB_TOKEN", None, _parse_str, "",
+           "GitHub token the miner uses to fork and push (never logged, never stored in .git/config)",
+           secret=True),
+    Option("github_username", "GITHUB_USERNAME", None, _parse_optional_name, "",
+           "GitHub account that owns the miner's fork"),
+    Option("target_sequence_length", "TARGET_SEQUENCE_LENGTH", "--target-sequence-length",
+           _parse_optional_int(1), "",
+           "sequence length the miner is ranked at; empty lets the miner pick the best its GPU holds"),
+    Option("agent_iterations", "AGENT_ITERATIONS", "--agent-iterations", _parse_int(0), "100",
+           "optimization candidates the miner tries per cycle"),
+    Option("optimization_interval", "OPTIMIZATION_INTERVAL", "--optimization-interval",
+           _parse_float(0.0), "300", "seconds the miner waits between optimization cycles"),
+    # Evaluation.
+    Option("reference_model", "REFERENCE_MODEL", "--reference-model", _parse_str,
+           "Qwen/Qwen2.5-0.5B-Instruct", "model for logit verification: a Hugging Face id or a local folder"),
+    Option("device", "DEVICE", "--device", _parse_device, "cuda",
+           "torch device for benchmarks and the reference model: cuda, cuda:N or cpu"),
+    Option("pytorch_cuda_alloc_conf", "PYTORCH_CUDA_ALLOC_CONF", None, _parse_str,
+           "expandable_segments:True", "passed to PyTorch's CUDA allocator in benchmark processes"),
+)
+
+OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved settings of one process. Secrets are left out of ``repr``."""
+
+    wallet_name: str
+    wallet_miner_name: str
+    wallet_validator_name: str
+    wallet_hotkey: str
+    wallet_path: str
+    network: str
+    chain_endpoint: str
+    netuid: int
+    axon_port: int
+    debug: bool
+    validator_api_url: str
+    miner_inference_port: int
+    github_token: str = field(repr=False)
+    github_username: str
+    target_sequence_length: int | None
+    agent_iterations: int
+    optimization_interval: float
+    reference_model: str
+    device: str
+    pytorch_cuda_alloc_conf: str
+
+    def wallet_name_for(self, role: str) -> str:
+        """The wallet name for ``role`` ("miner" or "validator"): ``--wallet.name`` wins."""
+        if self.wallet_name:
+            return self.wallet_name
+        if role == "miner":
+            return self.wallet_miner_name
+        if role == "validator":
+            return self.wallet_validator_name
+        raise ValueError(f"unknown role {role!r}")
+
+    @property
+    def wallet_dir(self) -> Path:
+        return Path(os.path.expanduser(self.wallet_path))
+
+    def secrets(self) -> list[str]:
+        """Values that must never appear in logs (used by the logging redaction filter)."""
+        return [getattr(self, o.key) for o in OPTIONS if o.secret and getattr(self, o.key)]
+
+    def public_items(self) -> list[tuple[str, str]]:
+        """(setting, value) pairs safe to print: secrets show only whether they are set."""
+        items = []
+        for option in OPTIONS:
+            value = getattr(self, option.key)
+            shown = ("set" if value else "not set") if option.secret else ("" if value is None else str(value))
+            items.append((option.env or option.key, shown))
+        return items
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every setting that has a flag to ``parser``; absent flags leave the value unset (None)."""
+    group = parser.add_argument_group("settings (flag > environment > .env > default)")
+    for option in OPTIONS:
+        if option.flag is None:
+            continue
+        source = f"env {option.env}, " if option.env else ""
+        if option.parse is _parse_bool:
+            group.add_argument(option.flag, dest=option.key, action="store_const", const="true",
+                               default=None, help=f"{option.help} ({source}default {option.default})")
+        else:
+            group.add_argument(option.flag, dest=option.key, default=None, metavar="VALUE",
+                               help=f"{option.help} ({source}default {option.default!r})")
+
+
+def resolve(
+    flags: Mapping[str, str | None] | argparse.Namespace | None = None,
+    environ: Mapping[str, str] | None = None,
+    dotenv_path: str | os.PathLike | None = ".env",
+) -> Settings:
+    """Resolve every setting: default < ``.env`` < ``environ`` < ``flags``.
+
+    ``flags`` maps setting keys to raw strings (None = not given), or is the namespace from a
+    parser built with :func:`add_arguments`. ``environ`` defaults to ``os.environ``.
+    """
+    if isinstance(flags, argparse.Namespace):
+        flags = vars(flags)
+    flags = flags or {}
+    environ = os.environ if environ is None else environ
+    dotenv: dict[str, str | None] = {}
+    if dotenv_path is not None and Path(dotenv_path).is_file():
+        dotenv = dotenv_values(dotenv_path)
+
+    values: dict[str, Any] = {}
+    for option in OPTIONS:
+        raw, source = option.default, "default"
+        if option.env and dotenv.get(option.env) is not None:
+            raw, source = dotenv[option.env], f"{dotenv_path}"
+        if option.env and option.env in environ:
+            raw, source = environ[option.env], "environment"
+        if flags.get(option.key) is not None:
+            raw, source = flags[option.key], "command line"
+        try:
+            values[option.key] = option.parse(raw)
+        except ValueError as error:
+            name = option.flag if source == "command line" else (option.env or option.key)
+            raise SettingsError(f"{name} (from {source}): {error}") from None
+    return Settings(**values)
+
+
+def parse_args(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    dotenv_path: str | os.PathLike | None = ".env",
+) -> tuple[argparse.Namespace, Settings]:
+    """Parse ``argv`` with ``parser`` (which must have :func:`add_arguments` applied) and resolve.
+
+    A bad value exits through ``parser.error`` with the message naming the setting.
+    """
+    namespace = parser.parse_args(argv)
+    try:
+        settings = resolve(namespace, environ=environ, dotenv_path=dotenv_path)
+    except SettingsError as error:
+        parser.error(str(error))
+    return namespace, settings
+
+
+def settings_keys() -> list[str]:
+    """Names of the Settings fields, in order (used by tests to keep OPTIONS and Settings in step)."""
+    return [f.name for f in fields(Settings)]
+
+
+def env_example() -> str:
+    """The text of ``.env.example``: every setting with its default and meaning."""
+    lines = [
+        "# QUASAR settings. Copy to .env and edit. Precedence: default < .env < environment < flag.",
+        "# Regenerate with: python -m quasar.config > .env.example",
+        "",
+    ]
+    for option in OPTIONS:
+        if option.env is None:
+            continue
+        flag = f" (flag {option.flag})" if option.flag else ""
+        lines.append(f"# {option.help}{flag}")
+        lines.append(f"{option.env}={option.default}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(env_example(), end="")

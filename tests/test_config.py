@@ -1,0 +1,105 @@
+"""Settings: precedence default < .env < environment < flag, clear errors, .env.example in step."""
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quasar import config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    return parser
+
+
+def test_defaults_when_nothing_is_set(tmp_path):
+    settings = config.resolve({}, environ={}, dotenv_path=tmp_path / "missing.env")
+    assert settings.netuid == 24
+    assert settings.network == "finney"
+    assert settings.target_sequence_length is None
+    assert settings.wallet_name_for("miner") == "quasar_miner"
+    assert settings.wallet_name_for("validator") == "quasar_validator"
+
+
+def test_precedence_dotenv_then_environment_then_flag(tmp_path):
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("NETUID=3\nSUBTENSOR_NETWORK=test\nAXON_PORT=9000\nDEVICE=cpu\n")
+    environ = {"NETUID": "5", "SUBTENSOR_NETWORK": "local"}
+    parser = make_parser()
+    namespace = parser.parse_args(["--netuid", "7"])
+    settings = config.resolve(namespace, environ=environ, dotenv_path=dotenv)
+    assert settings.netuid == 7  # flag beats environment
+    assert settings.network == "local"  # environment beats .env
+    assert settings.axon_port == 9000  # .env beats default
+    assert settings.device == "cpu"
+
+
+def test_bittensor_flag_spelling(tmp_path):
+    parser = make_parser()
+    argv = ["--wallet.name", "alice", "--wallet.hotkey", "hk", "--wallet.path", "/w",
+            "--subtensor.network", "devchain", "--subtensor.chain_endpoint", "ws://127.0.0.1:9944",
+            "--netuid", "1", "--axon.port", "8092", "--logging.debug"]
+    settings = config.resolve(parser.parse_args(argv), environ={}, dotenv_path=None)
+    assert (settings.wallet_name_for("miner"), settings.wallet_hotkey, settings.wallet_path) == ("alice", "hk", "/w")
+    assert settings.network == "devchain"
+    assert settings.chain_endpoint == "ws://127.0.0.1:9944"
+    assert (settings.netuid, settings.axon_port, settings.debug) == (1, 8092, True)
+
+
+@pytest.mark.parametrize(
+    ("environ", "message"),
+    [
+        ({"NETUID": "abc"}, "NETUID (from environment): expected an integer, got 'abc'"),
+        ({"SUBTENSOR_NETWORK": "mainnet"}, "SUBTENSOR_NETWORK (from environment): unknown network 'mainnet'"),
+        ({"MINER_INFERENCE_PORT": "70000"}, "MINER_INFERENCE_PORT (from environment): must be between 1 and 65535"),
+        ({"DEVICE": "gpu"}, "DEVICE (from environment): expected cpu, cuda or cuda:N"),
+        ({"VALIDATOR_API_URL": "ftp://x"}, "VALIDATOR_API_URL (from environment): expected an http"),
+        ({"WALLET_HOTKEY": "../../etc"}, "WALLET_HOTKEY (from environment): expected a plain name"),
+        ({"LOGGING_DEBUG": "maybe"}, "LOGGING_DEBUG (from environment): expected true or false"),
+    ],
+)
+def test_bad_values_name_the_setting(environ, message):
+    with pytest.raises(config.SettingsError) as raised:
+        config.resolve({}, environ=environ, dotenv_path=None)
+    assert message in str(raised.value)
+
+
+def test_bad_flag_names_the_flag():
+    parser = make_parser()
+    with pytest.raises(config.SettingsError, match=r"--netuid \(from command line\): expected an integer"):
+        config.resolve(parser.parse_args(["--netuid", "x1"]), environ={}, dotenv_path=None)
+
+
+def test_bad_dotenv_value_names_the_file(tmp_path):
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("NETUID=twelve\n")
+    with pytest.raises(config.SettingsError, match=r"NETUID \(from .*\.env\)"):
+        config.resolve({}, environ={}, dotenv_path=dotenv)
+
+
+def test_secret_is_kept_out_of_repr_and_listing():
+    settings = config.resolve({}, environ={"GITHUB_TOKEN": "ghp_verysecret"}, dotenv_path=None)
+    assert settings.github_token == "ghp_verysecret"
+    assert "ghp_verysecret" not in repr(settings)
+    assert "ghp_verysecret" not in str(settings.public_items())
+    assert settings.secrets() == ["ghp_verysecret"]
+
+
+def test_every_setting_has_one_option_and_the_example_is_current():
+    assert [o.key for o in config.OPTIONS] == config.settings_keys()
+    assert (ROOT / ".env.example").read_text() == config.env_example()
+    for option in config.OPTIONS:
+        option.parse(option.default)  # every documented default is itself valid
+
+
+def test_neuron_rejects_bad_flag_with_clear_message():
+    result = subprocess.run([sys.executable, "-m", "neurons.validator", "--netuid", "nope"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "--netuid (from command line): expected an integer, got 'nope'" in result.stderr
