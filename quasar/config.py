@@ -193,6 +193,9 @@ OPTIONS: tuple[Option, ...] = (
            "torch device for benchmarks and the reference model: cuda, cuda:N or cpu"),
     Option("pytorch_cuda_alloc_conf", "PYTORCH_CUDA_ALLOC_CONF", None, _parse_str,
            "expandable_segments:True", "passed to PyTorch's CUDA allocator in benchmark processes"),
+    # Scoring.
+    Option("tie_epsilon", "TIE_EPSILON", "--scoring.epsilon", _parse_float(0.0), "0.01",
+           "relative margin within which weighted scores count as tied (earlier submission wins); 0 = exact ties only"),
 )
 
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
@@ -222,6 +225,7 @@ class Settings:
     reference_model: str
     device: str
     pytorch_cuda_alloc_conf: str
+    tie_epsilon: float
 
     def wallet_name_for(self, role: str) -> str:
         """The wallet name for ``role`` ("miner" or "validator"): ``--wallet.name`` wins."""
