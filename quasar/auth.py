@@ -1,0 +1,113 @@
+"""Hotkey-signed HTTP requests (``btauth/1``) for QUASAR's services and clients.
+
+Signing and verification are the SDK's (``bittensor.http_auth``): each request is bound to its
+method, path (with query), a hash of the exact body bytes, the receiving service's hotkey and a
+fresh nanosecond nonce. This module adds what both of our servers need on top: mapping failures
+to HTTP status codes, an authorization step against the chain (registered, validator permit), and
+a client helper that signs the exact bytes it sends.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from bittensor import http_auth
+
+from quasar.chain import Chain
+
+# Requests older than this (seconds) are refused; the nonce store must retain at least this long.
+MAX_REQUEST_AGE_S = http_auth.DEFAULT_MAX_AGE
+ALLOWED_CLOCK_SKEW_S = http_auth.DEFAULT_ALLOWED_SKEW
+
+
+class AuthFailure(Exception):
+    """A request failed authentication (401) or authorization (403); ``reason`` is safe to return."""
+
+    def __init__(self, status_code: int, reason: str):
+        super().__init__(reason)
+        self.status_code = status_code
+        self.reason = reason
+
+
+Authorizer = Callable[[str], None]
+
+
+def require_registered(chain: Chain) -> Authorizer:
+    """Authorizer: the caller's hotkey must be registered on the subnet."""
+
+    def authorize(hotkey: str) -> None:
+        if not chain.is_registered(hotkey):
+            raise AuthFailure(403, f"hotkey {hotkey} is not registered on subnet {chain.netuid}")
+
+    return authorize
+
+
+def require_validator_permit(chain: Chain) -> Authorizer:
+    """Authorizer: the caller's hotkey must hold a validator permit on the subnet."""
+
+    def authorize(hotkey: str) -> None:
+        if not chain.has_validator_permit(hotkey):
+            raise AuthFailure(403, f"hotkey {hotkey} has no validator permit on subnet {chain.netuid}")
+
+    return authorize
+
+
+def request_target(path: str, query: str) -> str:
+    """The signed request target: the path plus ``?query`` exactly as sent."""
+    return f"{path}?{query}" if query else path
+
+
+def authenticate(
+    headers: Mapping[str, str],
+    body: bytes,
+    *,
+    method: str,
+    target: str,
+    self_hotkey: str,
+    nonce_store: http_auth.NonceStore,
+    authorize: Authorizer | None = None,
+) -> str:
+    """Verify a signed request and return the caller's hotkey, or raise :class:`AuthFailure`.
+
+    ``body`` must be the raw received bytes; ``target`` the path with query as received. Replays
+    are refused through ``nonce_store`` (share one store across processes for multi-worker servers).
+    """
+    try:
+        caller = http_auth.verify(
+            headers, body, method=method, path=target, self_hotkey_ss58=self_hotkey,
+            max_age=MAX_REQUEST_AGE_S, allowed_skew=ALLOWED_CLOCK_SKEW_S, nonce_store=nonce_store,
+        )
+    except http_auth.AuthError as error:
+        raise AuthFailure(401, f"authentication failed: {error}") from None
+    if authorize is not None:
+        authorize(caller.hotkey_ss58)
+    return caller.hotkey_ss58
+
+
+@dataclass(frozen=True)
+class SignedRequest:
+    """A request ready to send: the exact body bytes and the headers that sign them."""
+
+    method: str
+    url: str
+    body: bytes
+    headers: dict[str, str]
+
+
+def sign_request(
+    wallet, method: str, url: str, receiver_hotkey: str, payload: Any | None = None
+) -> SignedRequest:
+    """Serialize ``payload`` as JSON once and sign those exact bytes for ``receiver_hotkey``."""
+    body = b"" if payload is None else json.dumps(payload, separators=(",", ":")).encode()
+    parts = urlsplit(url)
+    headers = http_auth.sign(
+        wallet, method=method, path=request_target(parts.path or "/", parts.query), body=body,
+        receiver_ss58=receiver_hotkey,
+    )
+    if payload is not None:
+        headers["Content-Type"] = "application/json"
+    return SignedRequest(method=method.upper(), url=url, body=body, headers=headers)

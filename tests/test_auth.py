@@ -1,0 +1,101 @@
+"""Signed requests: accepted once from the right hotkey, refused when replayed, tampered or unauthorized."""
+
+import bittensor as bt
+import pytest
+from bittensor import http_auth
+
+from quasar import auth
+from quasar.chain import Chain, Metagraph, NeuronInfo
+
+RECEIVER = "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
+
+
+def make_wallet(tmp_path, name):
+    wallet = bt.Wallet(name=name, hotkey="default", path=str(tmp_path))
+    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
+    wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
+    return wallet
+
+
+class StaticChain(Chain):
+    """A chain whose metagraph is fixed: enough to test authorization decisions."""
+
+    netuid = 1
+
+    def __init__(self, neurons):
+        self.neurons = tuple(neurons)
+
+    def current_block(self):
+        return 1
+
+    def metagraph(self):
+        return Metagraph(self.netuid, 1, self.neurons)
+
+    def owner_uid(self):
+        return 0
+
+    def publish_endpoint(self, wallet, host, port):
+        raise NotImplementedError
+
+    def set_weights(self, wallet, weights, version_key):
+        raise NotImplementedError
+
+
+@pytest.fixture(scope="module")
+def wallets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wallets")
+    return make_wallet(root, "miner"), make_wallet(root, "validator")
+
+
+@pytest.fixture(scope="module")
+def chain(wallets):
+    miner, validator = wallets
+    return StaticChain([
+        NeuronInfo(0, miner.hotkey.ss58_address, miner.coldkeypub.ss58_address, 0.0, False, None),
+        NeuronInfo(1, validator.hotkey.ss58_address, validator.coldkeypub.ss58_address, 1e4, True, None),
+    ])
+
+
+def check(request, store, target="/submit_kernel?round=1", authorize=None, body=None):
+    return auth.authenticate(request.headers, request.body if body is None else body, method=request.method,
+                             target=target, self_hotkey=RECEIVER, nonce_store=store, authorize=authorize)
+
+
+def test_signed_request_is_accepted_once(wallets):
+    miner, _ = wallets
+    store = http_auth.InMemoryNonceStore()
+    request = auth.sign_request(miner, "POST", "http://127.0.0.1:9/submit_kernel?round=1", RECEIVER, {"a": 1})
+    assert check(request, store) == miner.hotkey.ss58_address
+    with pytest.raises(auth.AuthFailure) as replay:
+        check(request, store)
+    assert replay.value.status_code == 401 and "already accepted" in replay.value.reason
+
+
+def test_tampered_body_path_or_receiver_is_refused(wallets):
+    miner, _ = wallets
+    store = http_auth.InMemoryNonceStore()
+    request = auth.sign_request(miner, "POST", "http://127.0.0.1:9/submit_kernel?round=1", RECEIVER, {"a": 1})
+    for kwargs in ({"body": b'{"a":2}'}, {"target": "/submit_kernel?round=2"}):
+        with pytest.raises(auth.AuthFailure) as failure:
+            check(request, store, **kwargs)
+        assert failure.value.status_code == 401
+    other = auth.sign_request(miner, "POST", "http://127.0.0.1:9/submit_kernel?round=1", "5Other", {"a": 1})
+    with pytest.raises(auth.AuthFailure, match="different receiving hotkey"):
+        check(other, store)
+
+
+def test_authorizers_follow_the_metagraph(wallets, chain, tmp_path):
+    miner, validator = wallets
+    stranger = make_wallet(tmp_path, "stranger")
+    store = http_auth.InMemoryNonceStore()
+    url = "http://127.0.0.1:9/submit_kernel?round=1"
+    assert check(auth.sign_request(miner, "POST", url, RECEIVER), store,
+                 authorize=auth.require_registered(chain)) == miner.hotkey.ss58_address
+    with pytest.raises(auth.AuthFailure) as unregistered:
+        check(auth.sign_request(stranger, "POST", url, RECEIVER), store, authorize=auth.require_registered(chain))
+    assert unregistered.value.status_code == 403 and "not registered" in unregistered.value.reason
+    with pytest.raises(auth.AuthFailure) as no_permit:
+        check(auth.sign_request(miner, "POST", url, RECEIVER), store, authorize=auth.require_validator_permit(chain))
+    assert no_permit.value.status_code == 403 and "no validator permit" in no_permit.value.reason
+    assert check(auth.sign_request(validator, "POST", url, RECEIVER), store,
+                 authorize=auth.require_validator_permit(chain)) == validator.hotkey.ss58_address
