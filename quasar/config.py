@@ -11,6 +11,7 @@ A bad value raises :class:`SettingsError` naming the setting and where the value
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -132,6 +133,24 @@ def _parse_optional_name(raw: str) -> str:
     return "" if raw.strip() == "" else _parse_name(raw)
 
 
+def _parse_database_url(raw: str) -> str:
+    value = raw.strip()
+    if not value.startswith(("sqlite:///", "postgresql://", "postgresql+psycopg2://")):
+        raise ValueError("expected sqlite:///PATH or postgresql://USER@HOST:PORT/DATABASE")
+    return value
+
+
+def _parse_ip_networks(raw: str) -> tuple[str, ...]:
+    """Comma-separated IP addresses or CIDR networks (e.g. ``127.0.0.1,10.0.0.0/8``)."""
+    networks = []
+    for part in filter(None, (item.strip() for item in raw.split(","))):
+        try:
+            networks.append(str(ipaddress.ip_network(part, strict=False)))
+        except ValueError:
+            raise ValueError(f"expected IP addresses or CIDR networks, got {part!r}") from None
+    return tuple(networks)
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting: where it is read from, how it is parsed, and what it means."""
@@ -196,6 +215,32 @@ OPTIONS: tuple[Option, ...] = (
     # Scoring.
     Option("tie_epsilon", "TIE_EPSILON", "--scoring.epsilon", _parse_float(0.0), "0.01",
            "relative margin within which weighted scores count as tied (earlier submission wins); 0 = exact ties only"),
+    # Submission API and the embedded dev chain.
+    Option("database_url", "DATABASE_URL", "--database-url", _parse_database_url,
+           "sqlite:///data/quasar_api.sqlite3",
+           "submission API database: sqlite:///PATH (kept across restarts) or postgresql://USER@HOST:PORT/DB "
+           "(password in PGPASSWORD or ~/.pgpass, never here)"),
+    Option("api_host", "API_HOST", "--api.host", _parse_str, "127.0.0.1",
+           "address the submission API listens on (0.0.0.0 for all interfaces)"),
+    Option("api_port", "API_PORT", "--api.port", _parse_int(1, 65535), "8000", "port of the submission API"),
+    Option("api_hotkey", "API_HOTKEY", "--api.hotkey", _parse_str, "",
+           "ss58 address of the submission API's hotkey: signed requests name it as receiver (GET /health shows it)"),
+    Option("trusted_proxies", "TRUSTED_PROXIES", "--api.trusted-proxies", _parse_ip_networks, "",
+           "comma-separated IPs/CIDRs of reverse proxies whose X-Forwarded-For the API believes; empty = none"),
+    Option("blocks_until_reveal", "BLOCKS_UNTIL_REVEAL", "--blocks-until-reveal", _parse_int(0), "100",
+           "chain blocks after a commit before it may be revealed"),
+    Option("reveal_window_blocks", "REVEAL_WINDOW_BLOCKS", None, _parse_int(1), "1000",
+           "chain blocks the reveal window stays open once it opens"),
+    Option("round_blocks", "ROUND_BLOCKS", None, _parse_int(1), "360",
+           "length of a competition round in chain blocks (round N = blocks N*ROUND_BLOCKS ...)"),
+    Option("submissions_per_hour", "SUBMISSIONS_PER_HOUR", None, _parse_int(1), "10",
+           "submissions (direct or commits) one hotkey may make per hour"),
+    Option("evaluation_lease_s", "EVALUATION_LEASE_S", None, _parse_float(1.0), "3600",
+           "seconds a validator holds a fetched submission before it is handed to that validator again"),
+    Option("devchain_path", "DEVCHAIN_PATH", "--devchain.path", _parse_str, "data/devchain.sqlite3",
+           "SQLite file of the embedded dev chain (network devchain)"),
+    Option("devchain_block_time", "DEVCHAIN_BLOCK_TIME", "--devchain.block-time", _parse_float(0.01), "12",
+           "seconds per block of a dev chain file created from now on (an existing file keeps its own)"),
 )
 
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
@@ -226,6 +271,18 @@ class Settings:
     device: str
     pytorch_cuda_alloc_conf: str
     tie_epsilon: float
+    database_url: str
+    api_host: str
+    api_port: int
+    api_hotkey: str
+    trusted_proxies: tuple[str, ...]
+    blocks_until_reveal: int
+    reveal_window_blocks: int
+    round_blocks: int
+    submissions_per_hour: int
+    evaluation_lease_s: float
+    devchain_path: str
+    devchain_block_time: float
 
     def wallet_name_for(self, role: str) -> str:
         """The wallet name for ``role`` ("miner" or "validator"): ``--wallet.name`` wins."""
