@@ -121,6 +121,16 @@ def _parse_device(raw: str) -> str:
     return value
 
 
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _parse_dtype(raw: str) -> str:
+    value = raw.strip()
+    if value not in _DTYPES:
+        raise ValueError(f"expected one of {', '.join(_DTYPES)}, got {raw!r}")
+    return value
+
+
 def _parse_name(raw: str) -> str:
     """Wallet and user names: no path separators, so a name never escapes the wallet folder."""
     value = raw.strip()
@@ -212,6 +222,27 @@ OPTIONS: tuple[Option, ...] = (
            "torch device for benchmarks and the reference model: cuda, cuda:N or cpu"),
     Option("pytorch_cuda_alloc_conf", "PYTORCH_CUDA_ALLOC_CONF", None, _parse_str,
            "expandable_segments:True", "passed to PyTorch's CUDA allocator in benchmark processes"),
+    # Logit verification (validator) and the miner inference server.
+    Option("reference_dtype", "REFERENCE_DTYPE", "--reference-dtype", _parse_dtype, "float32",
+           "dtype the reference model runs in: float32 (what validators use; see README), bfloat16 or float16"),
+    Option("logits_min_cosine", "LOGITS_MIN_COSINE", "--logits.min-cosine", _parse_float(0.0), "0.99",
+           "logit check passes only with cosine similarity at least this"),
+    Option("logits_max_abs_diff", "LOGITS_MAX_ABS_DIFF", "--logits.max-abs-diff", _parse_float(0.0), "0.1",
+           "logit check passes only with max absolute logit difference at most this"),
+    Option("logits_timeout", "LOGITS_TIMEOUT", "--logits.timeout", _parse_float(0.1), "30",
+           "seconds a miner's inference endpoint has to answer a logit challenge completely"),
+    Option("logits_max_prompt_len", "LOGITS_MAX_PROMPT_LEN", "--logits.max-prompt-len", _parse_int(8), "128",
+           "longest random prompt (token ids) a validator challenges with"),
+    Option("logits_max_gen_len", "LOGITS_MAX_GEN_LEN", "--logits.max-gen-len", _parse_int(1), "32",
+           "most tokens a validator asks a miner to generate in a challenge"),
+    Option("inference_host", "INFERENCE_HOST", "--inference.host", _parse_str, "0.0.0.0",
+           "address the miner inference server listens on"),
+    Option("inference_max_prompt_len", "INFERENCE_MAX_PROMPT_LEN", "--inference.max-prompt-len",
+           _parse_int(1), "2048", "longest prompt the miner inference server accepts (keep >= LOGITS_MAX_PROMPT_LEN)"),
+    Option("inference_max_gen_len", "INFERENCE_MAX_GEN_LEN", "--inference.max-gen-len", _parse_int(1), "256",
+           "largest gen_len the miner inference server accepts (keep >= LOGITS_MAX_GEN_LEN)"),
+    Option("inference_queue_size", "INFERENCE_QUEUE_SIZE", "--inference.queue-size", _parse_int(0), "8",
+           "requests the inference server holds waiting behind the one running; more get 503"),
     # Scoring.
     Option("tie_epsilon", "TIE_EPSILON", "--scoring.epsilon", _parse_float(0.0), "0.01",
            "relative margin within which weighted scores count as tied (earlier submission wins); 0 = exact ties only"),
@@ -270,6 +301,16 @@ class Settings:
     reference_model: str
     device: str
     pytorch_cuda_alloc_conf: str
+    reference_dtype: str
+    logits_min_cosine: float
+    logits_max_abs_diff: float
+    logits_timeout: float
+    logits_max_prompt_len: int
+    logits_max_gen_len: int
+    inference_host: str
+    inference_max_prompt_len: int
+    inference_max_gen_len: int
+    inference_queue_size: int
     tie_epsilon: float
     database_url: str
     api_host: str
