@@ -55,6 +55,8 @@ class Chain(abc.ABC):
     """What QUASAR reads from and writes to the chain, for one subnet (``netuid``)."""
 
     netuid: int
+    # Target seconds per block: only for estimating wall time from block counts (Bittensor: 12 s).
+    block_time_s: float = 12.0
 
     @abc.abstractmethod
     def current_block(self) -> int:
