@@ -1,0 +1,226 @@
+"""The reference model, challenges and the logit comparison, on a tiny random Qwen2 on the CPU."""
+
+import math
+import random
+
+import pytest
+import torch
+
+from quasar import logits as L
+from tiny_qwen import TINY_BOS, TINY_EOS, TINY_VOCAB, make_tiny_qwen2
+
+LIMITS = L.ChallengeLimits(max_prompt_len=40, max_gen_len=10)
+THRESHOLDS = L.LogitThresholds()
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return make_tiny_qwen2(root / "seed1", seed=1), make_tiny_qwen2(root / "seed2", seed=2)
+
+
+@pytest.fixture(scope="module")
+def model(model_dirs):
+    return L.load_reference_model(str(model_dirs[0]), "cpu", "float32")
+
+
+@pytest.fixture(scope="module")
+def other_model(model_dirs):
+    return L.load_reference_model(str(model_dirs[1]), "cpu", "float32")
+
+
+def fresh_challenges(model, count):
+    rng = random.Random()  # fresh inputs every run; the seed is in the failure message
+    seed = random.SystemRandom().randrange(2**32)
+    rng.seed(seed)
+    return seed, [L.draw_challenge(model.ordinary_tokens, LIMITS, rng) for _ in range(count)]
+
+
+def test_loaded_model_describes_itself(model):
+    assert model.vocab_size == TINY_VOCAB and model.dtype == torch.float32 and model.dtype_name == "float32"
+    assert model.ordinary_tokens == L.TokenRange(TINY_BOS)  # specials at the top end the ordinary range
+    assert not model.module.training and not any(p.requires_grad for p in model.module.parameters())
+
+
+def test_kv_cache_generation_matches_the_full_forward_reference(model):
+    seed, challenges = fresh_challenges(model, 4)
+    for challenge in challenges:
+        fast = L.generate_with_logits(model, challenge.prompt, challenge.gen_len, challenge.logits_at_step)
+        slow = L.generate_without_cache(model, challenge.prompt, challenge.gen_len, challenge.logits_at_step)
+        assert fast.tokens == slow.tokens, f"seed {seed}: {challenge}"
+        assert len(fast.tokens) == challenge.gen_len and fast.logits.dtype == torch.float32
+        torch.testing.assert_close(fast.logits, slow.logits, atol=1e-4, rtol=1e-4, msg=f"seed {seed}")
+
+
+def test_step_one_is_the_logits_right_after_the_prompt_and_steps_follow_the_path(model):
+    seed, (challenge,) = fresh_challenges(model, 1)
+    gen_len = 6
+    with torch.inference_mode():
+        after_prompt = model.module(input_ids=torch.tensor([list(challenge.prompt)])).logits[0, -1]
+    first = model.generate(challenge.prompt, gen_len, 1)
+    torch.testing.assert_close(first.logits, after_prompt, atol=1e-4, rtol=1e-4, msg=f"seed {seed}")
+    assert first.tokens[0] == int(after_prompt.argmax())
+    path = L.path_logits(model, challenge.prompt, first.tokens)
+    assert path.shape == (gen_len, TINY_VOCAB)
+    for step in range(1, gen_len + 1):
+        at_step = model.generate(challenge.prompt, gen_len, step)
+        assert at_step.tokens == first.tokens
+        torch.testing.assert_close(path[step - 1], at_step.logits, atol=1e-4, rtol=1e-4, msg=f"seed {seed} step {step}")
+        assert int(path[step - 1].argmax()) == first.tokens[step - 1]
+    assert not torch.allclose(path[0], path[1]), "consecutive steps must differ for the step check to mean anything"
+
+
+@pytest.mark.parametrize("prompt, gen_len, step, field", [
+    ([], 3, 1, "prompt"),
+    ([1, TINY_VOCAB], 3, 1, "prompt[1]"),
+    ([1, -1], 3, 1, "prompt[1]"),
+    ([1, 2], 0, 1, "gen_len"),
+    ([1, 2], 3, 4, "logits_at_step"),
+    ([1, 2], 3, 0, "logits_at_step"),
+    ([1] * 1000, 25, 1, "context"),
+])
+def test_requests_out_of_range_are_refused_naming_the_field(model, prompt, gen_len, step, field):
+    with pytest.raises(L.ChallengeError, match=field.replace("[", r"\[")):
+        model.generate(prompt, gen_len, step)
+
+
+def test_challenges_stay_inside_the_limits_and_the_ordinary_vocabulary():
+    tokens = L.TokenRange(20, frozenset({0, 7}))
+    rng = random.Random(5)
+    seen = set()
+    for _ in range(300):
+        challenge = L.draw_challenge(tokens, LIMITS, rng)
+        assert LIMITS.min_prompt_len <= len(challenge.prompt) <= LIMITS.max_prompt_len
+        assert 1 <= challenge.logits_at_step <= challenge.gen_len <= LIMITS.max_gen_len
+        assert all(t in tokens for t in challenge.prompt)
+        seen.update(challenge.prompt)
+    assert seen == set(range(20)) - {0, 7}
+    payload = challenge.payload()
+    assert payload == {"prompt": list(challenge.prompt), "gen_len": challenge.gen_len,
+                       "logits_at_step": challenge.logits_at_step}
+
+
+def test_default_challenge_source_is_the_system_random():
+    tokens = L.TokenRange(TINY_BOS)
+    draws = {L.draw_challenge(tokens, LIMITS) for _ in range(5)}
+    assert len(draws) == 5
+
+
+def test_bad_limits_and_empty_ranges_are_refused():
+    with pytest.raises(ValueError, match="empty"):
+        L.ChallengeLimits(max_prompt_len=4, max_gen_len=3)  # below the minimum prompt length
+    with pytest.raises(ValueError, match="max_gen_len"):
+        L.ChallengeLimits(max_prompt_len=40, max_gen_len=0)
+    with pytest.raises(ValueError, match="empty"):
+        L.TokenRange(2, frozenset({0, 1}))
+
+
+def test_ordinary_range_matches_known_vocabularies():
+    # Qwen2.5: bos/eos <|endoftext|> 151643, <|im_end|> 151645, 151936 embedding rows.
+    qwen = L.ordinary_token_range({151643, 151645, 151643}, 151936)
+    assert qwen == L.TokenRange(151643) and qwen.size == 151643
+    # Llama 2: bos 1, eos 2, pad unset, 32000 rows: the bottom specials are excluded one by one.
+    llama2 = L.ordinary_token_range({1, 2}, 32000)
+    assert llama2.end == 32000 and llama2.excluded == {1, 2} and 1 not in llama2 and 3 in llama2
+    assert L.ordinary_token_range(set(), 100) == L.TokenRange(100)
+
+
+def test_compare_logits_matches_the_plain_python_cosine_on_random_vectors():
+    rng = random.Random(random.SystemRandom().randrange(2**32))
+    for _ in range(20):
+        n = rng.randint(2, 300)
+        a = [rng.gauss(0, 3) for _ in range(n)]
+        b = [x + rng.gauss(0, rng.choice([0.001, 0.05, 3.0])) for x in a]
+        result = L.compare_logits(torch.tensor(a, dtype=torch.float64), b, 0.99, 0.1)
+        assert math.isclose(result.cosine, L.cosine_reference(a, b), rel_tol=1e-9, abs_tol=1e-12)
+        assert math.isclose(result.max_abs_diff, max(abs(x - y) for x, y in zip(a, b)), rel_tol=1e-9)
+        assert result.passed == (result.cosine >= 0.99 and result.max_abs_diff <= 0.1)
+
+
+def test_compare_logits_verdicts():
+    ref = torch.randn(256, generator=torch.Generator().manual_seed(0)) * 3
+    assert L.compare_logits(ref, ref.clone(), 0.99, 0.1).passed
+    close = L.compare_logits(ref, ref + 0.05, 0.99, 0.1)
+    assert close.passed and close.max_abs_diff == pytest.approx(0.05, abs=1e-6)
+    shifted = L.compare_logits(ref, ref + 0.2, 0.99, 0.1)  # same ranking, cosine ~1, too far off
+    assert not shifted.passed and shifted.cosine > 0.99 and "max |diff| 0.2 > 0.1" in shifted.reason
+    scaled = L.compare_logits(ref, ref * 1.5, 0.99, 0.1)
+    assert not scaled.passed and scaled.cosine == pytest.approx(1.0)
+    assert not L.compare_logits(ref, -ref, 0.99, 10.0).passed
+    assert "shape (255,)" in L.compare_logits(ref, ref[:-1], 0.99, 0.1).reason
+    assert "shape (1, 256)" in L.compare_logits(ref, ref[None], 0.99, 0.1).reason
+    for bad in (float("nan"), float("inf")):
+        broken = ref.clone()
+        broken[17] = bad
+        result = L.compare_logits(ref, broken, 0.99, 0.1)
+        assert not result.passed and "non-finite" in result.reason and "index 17" in result.reason
+    assert "all zero" in L.compare_logits(ref, torch.zeros(256), 0.99, 0.1).reason
+
+
+def test_verify_generation_passes_the_honest_answer_and_fails_the_dishonest_ones(model, other_model):
+    seed, challenges = fresh_challenges(model, 3)
+    for challenge in challenges:
+        honest = model.generate(challenge.prompt, challenge.gen_len, challenge.logits_at_step)
+        verdict = L.verify_generation(model, challenge, honest.tokens, honest.logits, THRESHOLDS)
+        assert verdict.passed and verdict.cosine > 0.9999, f"seed {seed}: {verdict.reason}"
+
+        other = other_model.generate(challenge.prompt, challenge.gen_len, challenge.logits_at_step)
+        assert not L.verify_generation(model, challenge, other.tokens, other.logits, THRESHOLDS).passed
+        # Honest tokens with another model's logits: caught by the comparison itself.
+        mixed = L.verify_generation(model, challenge, honest.tokens, other.logits, THRESHOLDS)
+        assert not mixed.passed and mixed.cosine is not None and mixed.cosine < 0.99
+
+        longer = model.generate(challenge.prompt, challenge.gen_len + 1, challenge.logits_at_step + 1)
+        shifted = L.verify_generation(model, challenge, longer.tokens[:-1], longer.logits, THRESHOLDS)
+        assert not shifted.passed, f"seed {seed}: logits of step {challenge.logits_at_step + 1} passed"
+
+
+def test_verify_generation_checks_the_tokens(model):
+    seed, (challenge,) = fresh_challenges(model, 1)
+    honest = model.generate(challenge.prompt, challenge.gen_len, challenge.logits_at_step)
+    tokens = list(honest.tokens)
+    assert "expected gen_len" in L.verify_generation(model, challenge, tokens + [1], honest.logits, THRESHOLDS).reason
+    bad_id = tokens[:-1] + [TINY_VOCAB]
+    assert "outside the vocabulary" in L.verify_generation(model, challenge, bad_id, honest.logits, THRESHOLDS).reason
+    path = L.path_logits(model, challenge.prompt, tokens)
+    worst = int(path[-1].argmin())
+    not_greedy = tokens[:-1] + [worst]
+    result = L.verify_generation(model, challenge, not_greedy, honest.logits, THRESHOLDS)
+    assert not result.passed and f"step {challenge.gen_len}" in result.reason and "not a greedy choice" in result.reason
+
+
+def test_loading_errors_name_the_model_and_the_fix(tmp_path, monkeypatch):
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(L.ModelLoadError, match=f"{missing} does not exist"):
+        L.load_reference_model(str(missing))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(L.ModelLoadError, match="has no config.json"):
+        L.load_reference_model(str(tmp_path / "empty"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(L.ModelLoadError) as error:
+        L.load_reference_model("quasar-tests/not-a-cached-model")
+    assert "'quasar-tests/not-a-cached-model'" in str(error.value)
+    assert "offline mode is on" in str(error.value) and "hf download quasar-tests/not-a-cached-model" in str(error.value)
+    with pytest.raises(ValueError, match="unsupported dtype 'float8'"):
+        L.load_reference_model(str(missing), dtype="float8")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
+def test_cuda_without_a_gpu_is_a_clear_error(model_dirs):
+    with pytest.raises(L.ModelLoadError, match="no CUDA device"):
+        L.load_reference_model(str(model_dirs[0]), "cuda")
+
+
+def test_offline_mode_follows_either_variable():
+    assert L.offline_mode({"HF_HUB_OFFLINE": "1"}) and L.offline_mode({"TRANSFORMERS_OFFLINE": "true"})
+    assert not L.offline_mode({}) and not L.offline_mode({"HF_HUB_OFFLINE": "0"})
+
+
+def test_lower_precision_loads_in_the_stated_dtype(model_dirs, model):
+    half = L.load_reference_model(str(model_dirs[0]), "cpu", "bfloat16")
+    assert half.dtype == torch.bfloat16 and next(half.module.parameters()).dtype == torch.bfloat16
+    challenge = L.Challenge(tuple(range(1, 20)), 3, 2)
+    result = half.generate(challenge.prompt, 3, 2)
+    assert result.logits.dtype == torch.float32
+    verdict = L.verify_generation(model, challenge, result.tokens, result.logits, THRESHOLDS)
+    assert verdict.cosine is None or verdict.cosine > 0.99  # same model, only rounding differs
