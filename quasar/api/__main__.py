@@ -1,0 +1,81 @@
+"""``python -m quasar.api``: serve the submission API, or bring its database schema up to date.
+
+    python -m quasar.api serve [--host H] [--port P] [--database-url URL] [settings flags...]
+    python -m quasar.api migrate [--database-url URL]
+
+Settings come from .env, the environment and flags (``python -m quasar.config`` lists them); the
+API needs ``API_HOTKEY``, the ss58 address its clients sign for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+import uvicorn
+from bittensor.sp_core import decode_ss58
+from sqlalchemy.exc import SQLAlchemyError
+
+from quasar import config
+from quasar.api.app import create_app
+from quasar.api.db import Database, display_url
+from quasar.api.service import ApiConfig
+from quasar.chain import ChainError
+from quasar.chain.factory import connect
+from quasar.log import setup_logging
+
+logger = logging.getLogger("quasar.api")
+
+# Requests handled at once before uvicorn answers 503: load beyond this queues in clients, not here.
+MAX_CONCURRENT_REQUESTS = 1000
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m quasar.api", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="run the API")
+    config.add_arguments(serve)
+    serve.add_argument("--host", dest="api_host", default=None, help="same as --api.host")
+    serve.add_argument("--port", dest="api_port", default=None, help="same as --api.port")
+    migrate = commands.add_parser("migrate", help="create or upgrade the database schema, then exit")
+    config.add_arguments(migrate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, settings = config.parse_args(parser, argv)
+    setup_logging(settings.debug, settings.secrets())
+    where = display_url(settings.database_url)
+    try:
+        database = Database(settings.database_url)
+        if args.command == "migrate":
+            database.upgrade()
+            logger.info("database %s is at the newest schema", where)
+            return 0
+        if not settings.api_hotkey:
+            parser.error("API_HOTKEY is not set: give the ss58 address of the API's hotkey (clients sign for it) "
+                         "in .env, the environment or --api.hotkey")
+        try:
+            decode_ss58(settings.api_hotkey)
+        except ValueError:
+            parser.error(f"API_HOTKEY {settings.api_hotkey!r} is not an ss58 address")
+        chain = connect(settings)
+        app = create_app(ApiConfig.from_settings(settings), chain, database)
+    except ChainError as error:
+        print(f"error: chain: {error}", file=sys.stderr)
+        return 1
+    except (SQLAlchemyError, OSError, ValueError) as error:
+        print(f"error: database {where}: {error}", file=sys.stderr)
+        return 1
+    logger.info("submission API on %s:%d, database %s, netuid %d (%s), hotkey %s", settings.api_host,
+                settings.api_port, where, chain.netuid, settings.network, settings.api_hotkey)
+    # proxy_headers=False: the client IP comes from TRUSTED_PROXIES only, never from uvicorn's defaults.
+    uvicorn.run(app, host=settings.api_host, port=settings.api_port, proxy_headers=False, server_header=False,
+                log_config=None, limit_concurrency=MAX_CONCURRENT_REQUESTS, timeout_graceful_shutdown=10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

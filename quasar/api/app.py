@@ -1,0 +1,234 @@
+"""The submission API's HTTP layer: routes, hotkey-signed requests, client IPs, limits and error mapping.
+
+State-changing requests carry ``btauth/1`` headers (``bittensor.http_auth``) signed by the caller's
+hotkey for this API's hotkey (``GET /health`` names it), over the exact method, path with query,
+body bytes and a fresh nonce; the nonce store is a database table, so a replay is refused in every
+API process and after restarts. Miners must be registered on the subnet, validators must hold a
+validator permit; both come from the chain.
+
+Status codes: 400 bad request or commitment mismatch, 401 authentication, 403 not allowed or IP
+banned, 404 unknown, 409 conflicts (too early, already done), 413 body too large, 422 invalid
+fields, 429 rate limit, 503 database or chain busy. Every error body is ``{"detail": "..."}``; an
+unexpected error is logged here and answered with a plain 500, never a traceback.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from quasar import auth
+from quasar.api import rules, schemas
+from quasar.api.db import Database, DatabaseBusy, DatabaseNonceStore
+from quasar.api.service import ApiConfig, ApiError, SubmissionService
+from quasar.chain import Chain, ChainError
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024
+# Nonces are kept a little longer than the freshness window that verify() enforces.
+NONCE_RETENTION_S = 2 * (auth.MAX_REQUEST_AGE_S + auth.ALLOWED_CLOCK_SKEW_S)
+MAX_PAGE = 100
+
+ERRORS = {status: {"model": schemas.ErrorBody} for status in (400, 401, 403, 404, 409, 413, 422, 429, 503)}
+
+
+class BodySizeLimit:
+    """Refuse request bodies over ``limit`` bytes with 413: by Content-Length before reading, or as
+    soon as a streamed body passes the limit."""
+
+    def __init__(self, app: ASGIApp, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        too_large = f"request body is larger than {self.limit} bytes"
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            response = JSONResponse({"detail": too_large}, status_code=413, headers={"Connection": "close"})
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.limit:
+                    # FastAPI passes HTTPExceptions raised while reading the body on to its handler.
+                    raise HTTPException(413, too_large)
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """An authenticated caller and the client IP its request came from."""
+
+    hotkey: str
+    client_ip: str
+
+
+def create_app(config: ApiConfig, chain: Chain, database: Database | str,
+               clock: Callable[[], float] = time.time) -> FastAPI:
+    """The API on ``database`` (a :class:`Database` or a URL; migrated to the newest schema here)
+    and ``chain`` (registrations, permits and blocks)."""
+    if not config.api_hotkey:
+        raise ValueError("API_HOTKEY is not set: the API needs its hotkey's ss58 address as the signed receiver")
+    if isinstance(database, str):
+        database = Database(database)
+    database.upgrade()
+    service = SubmissionService(config, chain, database, clock)
+    nonce_store = DatabaseNonceStore(database, NONCE_RETENTION_S, clock)
+    trusted = rules.parse_networks(config.trusted_proxies)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        database.dispose()
+
+    app = FastAPI(
+        title="QUASAR submission API",
+        version="1",
+        description="Miners submit kernels (directly or by commit-reveal); validators fetch work, report "
+                    "measured results; the leaderboard ranks the validators' figures. State-changing requests "
+                    "are signed with btauth/1 (bittensor.http_auth) for the hotkey GET /health shows.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+
+    # --- dependencies ---
+
+    def client_ip(request: Request) -> str:
+        peer = request.client.host if request.client else None
+        return rules.client_ip(peer, request.headers.getlist("x-forwarded-for"), trusted)
+
+    async def raw_body(request: Request) -> bytes:
+        return await request.body()
+
+    def authenticate(request: Request, body: bytes, authorize: auth.Authorizer) -> str:
+        raw_path = request.scope.get("raw_path") or request.url.path.encode()
+        target = auth.request_target(raw_path.decode("latin-1"), request.scope.get("query_string", b"").decode("latin-1"))
+        return auth.authenticate(request.headers, body, method=request.method, target=target,
+                                 self_hotkey=config.api_hotkey, nonce_store=nonce_store, authorize=authorize)
+
+    def miner(request: Request, body: Annotated[bytes, Depends(raw_body)],
+              ip: Annotated[str, Depends(client_ip)]) -> Caller:
+        service.check_not_banned(ip)
+        return Caller(authenticate(request, body, auth.require_registered(chain)), ip)
+
+    def validator(request: Request, body: Annotated[bytes, Depends(raw_body)],
+                  ip: Annotated[str, Depends(client_ip)]) -> Caller:
+        return Caller(authenticate(request, body, auth.require_validator_permit(chain)), ip)
+
+    MinerCaller = Annotated[Caller, Depends(miner)]
+    ValidatorCaller = Annotated[Caller, Depends(validator)]
+    HotkeyFilter = Annotated[str | None, Query(pattern=schemas.HOTKEY_PATTERN, description="only this hotkey")]
+    Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
+
+    # --- public reads ---
+
+    @app.get("/health", response_model=schemas.Health, responses=ERRORS, tags=["public"])
+    def health() -> schemas.Health:
+        """Liveness, this API's hotkey (the receiver to sign for) and the commit-reveal parameters."""
+        return schemas.Health(status="ok", api_hotkey=config.api_hotkey, netuid=chain.netuid,
+                              current_block=service.current_block(),
+                              blocks_until_reveal=config.blocks_until_reveal,
+                              reveal_window_blocks=config.reveal_window_blocks, round_blocks=config.round_blocks)
+
+    @app.get("/get_current_round", response_model=schemas.RoundInfo, responses=ERRORS, tags=["public"])
+    def get_current_round() -> schemas.RoundInfo:
+        """The current round: a fixed number of chain blocks (ROUND_BLOCKS)."""
+        return service.current_round()
+
+    @app.get("/pending_reveals", response_model=schemas.PendingReveals, responses=ERRORS, tags=["public"])
+    def pending_reveals(hotkey: HotkeyFilter = None, limit: Limit = MAX_PAGE) -> schemas.PendingReveals:
+        """Commitments not yet revealed whose reveal window has not closed."""
+        return service.pending_reveals(hotkey, limit)
+
+    @app.get("/get_submission_stats", response_model=schemas.SubmissionStats, responses=ERRORS, tags=["public"])
+    def get_submission_stats(hotkey: HotkeyFilter = None) -> schemas.SubmissionStats:
+        """Counts of submissions, commitments and reports."""
+        return service.stats(hotkey)
+
+    @app.get("/leaderboard", response_model=schemas.Leaderboard, responses=ERRORS, tags=["public"])
+    def leaderboard(round_id: Annotated[int | None, Query(ge=0, le=2**40)] = None) -> schemas.Leaderboard:
+        """A round ranked from validators' measured results (QUASAR.md §5); default the current round."""
+        return service.leaderboard(round_id)
+
+    # --- miners (signed, registered hotkey, IP not banned) ---
+
+    @app.post("/submit_kernel", response_model=schemas.SubmissionAccepted, status_code=201, responses=ERRORS,
+              tags=["miners"])
+    def submit_kernel(payload: schemas.SubmitKernelRequest, caller: MinerCaller) -> schemas.SubmissionAccepted:
+        """Direct submission, evaluable at once."""
+        return service.submit_direct(caller.hotkey, caller.client_ip, payload)
+
+    @app.post("/commit_submission", response_model=schemas.CommitAccepted, status_code=201, responses=ERRORS,
+              tags=["miners"])
+    def commit_submission(payload: schemas.CommitRequest, caller: MinerCaller) -> schemas.CommitAccepted:
+        """Commit ``sha256(salt + fork_url + commit_hash)``; its time is the submission's time."""
+        return service.commit(caller.hotkey, caller.client_ip, payload)
+
+    @app.post("/reveal_submission", response_model=schemas.SubmissionAccepted, responses=ERRORS, tags=["miners"])
+    def reveal_submission(payload: schemas.RevealRequest, caller: MinerCaller) -> schemas.SubmissionAccepted:
+        """Reveal a commitment after BLOCKS_UNTIL_REVEAL blocks, inside the reveal window."""
+        return service.reveal(caller.hotkey, caller.client_ip, payload)
+
+    # --- validators (signed, validator permit) ---
+
+    @app.get("/validator/pending", response_model=schemas.WorkBatch, responses=ERRORS, tags=["validators"])
+    def validator_pending(caller: ValidatorCaller, limit: Limit = 10) -> schemas.WorkBatch:
+        """Submissions this validator has not reported on, leased to it for EVALUATION_LEASE_S."""
+        return service.fetch_work(caller.hotkey, limit)
+
+    @app.post("/validator/report", response_model=schemas.ReportAccepted, status_code=201, responses=ERRORS,
+              tags=["validators"])
+    def validator_report(payload: schemas.ReportRequest, caller: ValidatorCaller) -> schemas.ReportAccepted:
+        """One validator's result for a submission it fetched (once per submission)."""
+        return service.report(caller.hotkey, payload)
+
+    # --- errors ---
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Request, error: ApiError) -> JSONResponse:
+        return JSONResponse({"detail": error.detail}, status_code=error.status, headers=error.headers)
+
+    @app.exception_handler(auth.AuthFailure)
+    async def auth_failure(_request: Request, error: auth.AuthFailure) -> JSONResponse:
+        return JSONResponse({"detail": error.reason}, status_code=error.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_request: Request, error: RequestValidationError) -> JSONResponse:
+        problems = [f"{'.'.join(str(part) for part in e['loc'])}: {e['msg']}" for e in error.errors()]
+        return JSONResponse({"detail": "invalid request: " + "; ".join(problems)[:2000]}, status_code=422)
+
+    @app.exception_handler(DatabaseBusy)
+    async def database_busy(_request: Request, error: DatabaseBusy) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(ChainError)
+    async def chain_error(_request: Request, error: ChainError) -> JSONResponse:
+        return JSONResponse({"detail": f"the chain is unavailable: {error}"}, status_code=503,
+                            headers={"Retry-After": "12"})
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("unexpected error on %s %s", request.method, request.url.path)
+        return JSONResponse({"detail": "internal error"}, status_code=500)
+
+    app.add_middleware(BodySizeLimit, limit=MAX_BODY_BYTES)
+    return app

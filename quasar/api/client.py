@@ -1,0 +1,138 @@
+"""A client of the submission API for miners, validators and tools: signs each request with the
+wallet's hotkey for the API's hotkey and returns the typed response bodies of ``quasar.api.schemas``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from quasar.api import schemas
+from quasar.auth import sign_request
+
+Model = TypeVar("Model", bound=BaseModel)
+
+
+class ApiClientError(Exception):
+    """The API refused a request (``status`` and its ``detail``) or could not be reached (status 0)."""
+
+    def __init__(self, status: int, detail: str):
+        super().__init__(f"{status}: {detail}" if status else detail)
+        self.status = status
+        self.detail = detail
+
+
+class ApiClient:
+    """Talks to the API at ``base_url`` as ``wallet``'s hotkey (a bittensor Wallet or keypair).
+
+    ``api_hotkey`` is the receiver to sign for; when omitted it is read once from ``GET /health``
+    (pin it in configuration where the network path to the API is not trusted).
+    """
+
+    def __init__(self, base_url: str, wallet: Any = None, api_hotkey: str | None = None, timeout: float = 30.0,
+                 http: httpx.Client | None = None):
+        self.base_url = base_url.rstrip("/")
+        self.wallet = wallet
+        self._api_hotkey = api_hotkey
+        self.http = http or httpx.Client(timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> ApiClient:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @property
+    def api_hotkey(self) -> str:
+        if self._api_hotkey is None:
+            self._api_hotkey = self.health().api_hotkey
+        return self._api_hotkey
+
+    # --- plumbing ---
+
+    def signed(self, method: str, path: str, payload: Any | None = None,
+               extra_headers: Mapping[str, str] | None = None) -> httpx.Response:
+        """Send a request signed by the wallet's hotkey; ``path`` may carry a query string."""
+        if self.wallet is None:
+            raise ApiClientError(0, "this client has no wallet to sign with")
+        request = sign_request(self.wallet, method, self.base_url + path, self.api_hotkey, payload)
+        headers = {**request.headers, **(extra_headers or {})}
+        try:
+            return self.http.request(request.method, request.url, content=request.body, headers=headers)
+        except httpx.HTTPError as error:
+            raise ApiClientError(0, f"cannot reach the API at {self.base_url}: {error}") from None
+
+    def _get(self, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
+        try:
+            return self.http.get(self.base_url + path, params={k: v for k, v in (params or {}).items()
+                                                               if v is not None})
+        except httpx.HTTPError as error:
+            raise ApiClientError(0, f"cannot reach the API at {self.base_url}: {error}") from None
+
+    @staticmethod
+    def _parse(response: httpx.Response, model: type[Model]) -> Model:
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise ApiClientError(response.status_code, str(detail))
+        return model.model_validate(response.json())
+
+    # --- public ---
+
+    def health(self) -> schemas.Health:
+        return self._parse(self._get("/health"), schemas.Health)
+
+    def current_round(self) -> schemas.RoundInfo:
+        return self._parse(self._get("/get_current_round"), schemas.RoundInfo)
+
+    def pending_reveals(self, hotkey: str | None = None) -> schemas.PendingReveals:
+        return self._parse(self._get("/pending_reveals", {"hotkey": hotkey}), schemas.PendingReveals)
+
+    def stats(self, hotkey: str | None = None) -> schemas.SubmissionStats:
+        return self._parse(self._get("/get_submission_stats", {"hotkey": hotkey}), schemas.SubmissionStats)
+
+    def leaderboard(self, round_id: int | None = None) -> schemas.Leaderboard:
+        return self._parse(self._get("/leaderboard", {"round_id": round_id}), schemas.Leaderboard)
+
+    # --- miners ---
+
+    def submit_kernel(self, fork_url: str, commit_hash: str, target_sequence_length: int, tokens_per_sec: float,
+                      vram_mb: int | None = None,
+                      benchmarks: Mapping[int, float] | None = None) -> schemas.SubmissionAccepted:
+        payload = {"fork_url": fork_url, "commit_hash": commit_hash, "target_sequence_length": target_sequence_length,
+                   "tokens_per_sec": tokens_per_sec, "vram_mb": vram_mb,
+                   "benchmarks": None if benchmarks is None else {str(k): v for k, v in benchmarks.items()}}
+        return self._parse(self.signed("POST", "/submit_kernel", payload), schemas.SubmissionAccepted)
+
+    def commit(self, commitment_hash: str, target_sequence_length: int) -> schemas.CommitAccepted:
+        payload = {"commitment_hash": commitment_hash, "target_sequence_length": target_sequence_length}
+        return self._parse(self.signed("POST", "/commit_submission", payload), schemas.CommitAccepted)
+
+    def reveal(self, submission_id: int, salt: str, fork_url: str, commit_hash: str, tokens_per_sec: float,
+               vram_mb: int | None = None,
+               benchmarks: Mapping[int, float] | None = None) -> schemas.SubmissionAccepted:
+        payload = {"submission_id": submission_id, "commitment_salt": salt, "fork_url": fork_url,
+                   "commit_hash": commit_hash, "tokens_per_sec": tokens_per_sec, "vram_mb": vram_mb,
+                   "benchmarks": None if benchmarks is None else {str(k): v for k, v in benchmarks.items()}}
+        return self._parse(self.signed("POST", "/reveal_submission", payload), schemas.SubmissionAccepted)
+
+    # --- validators ---
+
+    def fetch_work(self, limit: int = 10) -> schemas.WorkBatch:
+        return self._parse(self.signed("GET", f"/validator/pending?limit={int(limit)}"), schemas.WorkBatch)
+
+    def report(self, submission_id: int, verdict: str, correct: bool, logits_ok: bool | None = None,
+               measured_tokens_per_sec: float | None = None, benchmarks: Mapping[int, float] | None = None,
+               reasons: Sequence[str] = ()) -> schemas.ReportAccepted:
+        payload = {"submission_id": submission_id, "verdict": verdict, "correct": correct, "logits_ok": logits_ok,
+                   "measured_tokens_per_sec": measured_tokens_per_sec,
+                   "benchmarks": None if benchmarks is None else {str(k): v for k, v in benchmarks.items()},
+                   "reasons": list(reasons)}
+        return self._parse(self.signed("POST", "/validator/report", payload), schemas.ReportAccepted)

@@ -1,0 +1,276 @@
+"""The submission API's database: tables, engines, and transactions that are safe under concurrent writers.
+
+SQLite (the default; a file that is never deleted or reset) runs in WAL mode with ``synchronous=FULL``
+(an acknowledged write survives a crash of the process or the machine) and takes the write lock at
+the start of every write transaction (``BEGIN IMMEDIATE``), so concurrent writers queue on the busy
+timeout instead of failing half-way. PostgreSQL runs every write transaction SERIALIZABLE and
+retries the ones the server aborts as serialization failures or deadlocks. Either way a write
+transaction is a function of a session, run by :meth:`Database.write`, that may run more than once.
+
+The schema is created and changed only by the Alembic migrations in ``quasar/api/migrations``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from sqlalchemy import (
+    JSON, BigInteger, Boolean, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint,
+    create_engine, delete, event, insert,
+)
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+SQLITE_BUSY_TIMEOUT_S = 30.0
+# PostgreSQL SQLSTATEs of transactions that are safe to run again: serialization failure, deadlock.
+_RETRYABLE_PGCODES = {"40001", "40P01"}
+MAX_WRITE_ATTEMPTS = 30
+
+# Ids: 64-bit on PostgreSQL; on SQLite "INTEGER PRIMARY KEY" (the rowid, itself 64-bit).
+Id = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Submission(Base):
+    """A miner's submission: direct (ready at once) or commit-reveal (``committed`` until revealed).
+
+    ``submitted_at``/``submitted_block`` are the commit's (the tie-break time); ``ready_*`` and
+    ``round_id`` are set when it becomes evaluable (direct submission or reveal).
+    """
+
+    __tablename__ = "submissions"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    hotkey: Mapped[str] = mapped_column(String(64))
+    method: Mapped[str] = mapped_column(String(16))  # "direct" | "commit_reveal"
+    state: Mapped[str] = mapped_column(String(16))  # "committed" | "ready"
+    commitment_hash: Mapped[str | None] = mapped_column(String(64))
+    target_sequence_length: Mapped[int] = mapped_column(BigInteger)
+    submitted_at: Mapped[float] = mapped_column(Double)  # unix seconds
+    submitted_block: Mapped[int] = mapped_column(BigInteger)
+    ready_at: Mapped[float | None] = mapped_column(Double)
+    ready_block: Mapped[int | None] = mapped_column(BigInteger)
+    round_id: Mapped[int | None] = mapped_column(BigInteger)
+    fork_url: Mapped[str | None] = mapped_column(String(512))
+    commit_hash: Mapped[str | None] = mapped_column(String(40))
+    claimed_tokens_per_sec: Mapped[float | None] = mapped_column(Double)
+    vram_mb: Mapped[int | None] = mapped_column(BigInteger)
+    benchmarks: Mapped[dict | None] = mapped_column(JSON)  # {"seq_len": tokens_per_sec}
+    client_ip: Mapped[str] = mapped_column(String(64))
+
+    __table_args__ = (
+        Index("ix_submissions_hotkey_submitted_at", "hotkey", "submitted_at"),
+        Index("ix_submissions_state_ready_at", "state", "ready_at", "id"),
+        Index("ix_submissions_round_id", "round_id"),
+    )
+
+
+class EvaluationLease(Base):
+    """A submission handed to one validator, until ``leased_until`` (then it is handed out again)."""
+
+    __tablename__ = "evaluation_leases"
+
+    submission_id: Mapped[int] = mapped_column(Id, ForeignKey("submissions.id"), primary_key=True)
+    validator_hotkey: Mapped[str] = mapped_column(String(64), primary_key=True)
+    leased_until: Mapped[float] = mapped_column(Double)
+    fetch_count: Mapped[int] = mapped_column(Integer)
+
+
+class EvaluationReport(Base):
+    """One validator's result for one submission (at most one each)."""
+
+    __tablename__ = "evaluation_reports"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    submission_id: Mapped[int] = mapped_column(Id, ForeignKey("submissions.id"))
+    validator_hotkey: Mapped[str] = mapped_column(String(64))
+    reported_at: Mapped[float] = mapped_column(Double)
+    verdict: Mapped[str] = mapped_column(String(16))  # "passed" | "failed"
+    correct: Mapped[bool] = mapped_column(Boolean)
+    logits_ok: Mapped[bool | None] = mapped_column(Boolean)
+    measured_tokens_per_sec: Mapped[float | None] = mapped_column(Double)
+    benchmarks: Mapped[dict | None] = mapped_column(JSON)
+    reasons: Mapped[list] = mapped_column(JSON)
+
+    __table_args__ = (
+        UniqueConstraint("submission_id", "validator_hotkey", name="uq_evaluation_reports_submission_validator"),
+    )
+
+
+class ValidationFailure(Base):
+    """A failed validation charged to a client IP (five in 24 h ban the IP). ``dedupe_key`` makes
+    one submission's evaluation failure count once however many validators report it."""
+
+    __tablename__ = "validation_failures"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    client_ip: Mapped[str] = mapped_column(String(64))
+    failed_at: Mapped[float] = mapped_column(Double)
+    submission_id: Mapped[int | None] = mapped_column(Id, ForeignKey("submissions.id"))
+    kind: Mapped[str] = mapped_column(String(32))  # "evaluation" | "reveal_mismatch"
+    reason: Mapped[str] = mapped_column(Text)
+    dedupe_key: Mapped[str | None] = mapped_column(String(64), unique=True)
+
+    __table_args__ = (Index("ix_validation_failures_ip_at", "client_ip", "failed_at"),)
+
+
+class IpBan(Base):
+    __tablename__ = "ip_bans"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    client_ip: Mapped[str] = mapped_column(String(64))
+    banned_at: Mapped[float] = mapped_column(Double)
+    banned_until: Mapped[float] = mapped_column(Double)
+    reason: Mapped[str] = mapped_column(Text)
+
+    __table_args__ = (Index("ix_ip_bans_ip_until", "client_ip", "banned_until"),)
+
+
+class UsedNonce(Base):
+    """Accepted ``btauth/1`` (hotkey, nonce) pairs: a second insert of one is a replay."""
+
+    __tablename__ = "used_nonces"
+
+    hotkey: Mapped[str] = mapped_column(String(64), primary_key=True)
+    nonce: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+
+    __table_args__ = (Index("ix_used_nonces_nonce", "nonce"),)
+
+
+class DatabaseBusy(RuntimeError):
+    """The database could not take the write in time (SQLite lock wait, or retries exhausted)."""
+
+
+def _is_retryable(error: DBAPIError) -> bool:
+    return getattr(error.orig, "pgcode", None) in _RETRYABLE_PGCODES
+
+
+def display_url(url: str) -> str:
+    """The URL with any password hidden, for logs and messages."""
+    return make_url(url).render_as_string(hide_password=True)
+
+
+class Database:
+    """Engines and transactions for one database URL (``sqlite:///PATH`` or ``postgresql://...``)."""
+
+    def __init__(self, url: str):
+        self.url = url
+        parsed = make_url(url)
+        self.dialect = parsed.get_backend_name()
+        if self.dialect == "sqlite":
+            if not parsed.database or parsed.database == ":memory:":
+                raise ValueError("the API needs an SQLite file (sqlite:///PATH), not an in-memory database")
+            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            self.engine = create_engine(
+                parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+                pool_size=20, max_overflow=20,
+            )
+            event.listen(self.engine, "connect", _sqlite_connect)
+            event.listen(self.engine, "begin", _sqlite_begin)
+            self._write_engine = self.engine.execution_options(quasar_write=True)
+        elif self.dialect == "postgresql":
+            self.engine = create_engine(parsed, pool_size=20, max_overflow=20, pool_pre_ping=True)
+            self._write_engine = self.engine.execution_options(isolation_level="SERIALIZABLE")
+        else:
+            raise ValueError(f"unsupported database {display_url(url)}: use sqlite:///PATH or postgresql://...")
+
+    def upgrade(self) -> None:
+        """Bring the schema to the newest migration (creating it on an empty database); never drops data."""
+        alembic = AlembicConfig()
+        alembic.set_main_option("script_location", str(MIGRATIONS_DIR))
+        alembic.attributes["engine"] = self._write_engine
+        command.upgrade(alembic, "head")
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read-only session (one consistent snapshot on both backends)."""
+        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    def write(self, work: Callable[[Session], T]) -> T:
+        """Run ``work(session)`` in a write transaction and commit; retried when the database asks.
+
+        ``work`` must only touch the database (it may run several times). Exceptions it raises roll
+        the transaction back and propagate. Raises :class:`DatabaseBusy` when the write cannot be
+        taken in time.
+        """
+        for attempt in range(1, MAX_WRITE_ATTEMPTS + 1):
+            try:
+                with Session(self._write_engine, expire_on_commit=False) as session, session.begin():
+                    return work(session)
+            except OperationalError as error:
+                if self.dialect == "sqlite" and "locked" in str(error.orig):
+                    raise DatabaseBusy("the database is busy; retry shortly") from None
+                if not _is_retryable(error):
+                    raise
+            except DBAPIError as error:
+                if not _is_retryable(error):
+                    raise
+            # Jittered exponential backoff so that colliding transactions do not collide again.
+            time.sleep(random.uniform(0, min(0.2, 0.002 * 2 ** attempt)))
+        raise DatabaseBusy(f"the write did not go through after {MAX_WRITE_ATTEMPTS} attempts; retry shortly")
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite would defer it past the first read).
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+    cursor.close()
+
+
+def _sqlite_begin(connection: Any) -> None:
+    write = connection.get_execution_options().get("quasar_write", False)
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+class DatabaseNonceStore:
+    """The ``btauth/1`` replay store in the database, shared by every API process and kept across
+    restarts: an accepted (hotkey, nonce) is a row, so a replayed request fails the insert."""
+
+    def __init__(self, database: Database, retention_s: float, clock: Callable[[], float] = time.time):
+        self.database = database
+        self.retention = retention_s  # read by bittensor.http_auth.verify to check the window fits
+        self.clock = clock
+        self._next_prune = 0.0
+
+    def check_and_store(self, hotkey_ss58: str, nonce_ns: int) -> bool:
+        now = self.clock()
+        prune = now >= self._next_prune
+        if prune:
+            self._next_prune = now + self.retention / 2
+
+        def store(session: Session) -> None:
+            if prune:
+                # Nonces are nanosecond timestamps: anything this old is refused as stale anyway.
+                session.execute(delete(UsedNonce).where(UsedNonce.nonce < int((now - self.retention) * 1e9)))
+            session.execute(insert(UsedNonce).values(hotkey=hotkey_ss58, nonce=nonce_ns))
+
+        try:
+            self.database.write(store)
+        except IntegrityError:
+            return False
+        return True

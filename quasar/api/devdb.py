@@ -1,0 +1,133 @@
+"""A throwaway PostgreSQL server on loopback, for tests and the load benchmark.
+
+Uses the server binaries of the Debian ``postgresql`` package (``./scripts/test.sh`` installs it
+when missing): ``initdb`` into a fresh temporary folder, ``pg_ctl start`` on a free 127.0.0.1 port,
+trust authentication for one local superuser. PostgreSQL refuses to run as root, so as root the
+server runs as the ``postgres`` system user (created by the package).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psycopg2
+
+SUPERUSER = "quasar"
+
+
+class PostgresUnavailable(RuntimeError):
+    """No PostgreSQL server could be started here; the message says why."""
+
+
+def find_server_binaries() -> Path:
+    """The folder holding ``initdb`` and ``pg_ctl``: on PATH, else the newest /usr/lib/postgresql/N/bin."""
+    on_path = shutil.which("pg_ctl")
+    if on_path and shutil.which("initdb"):
+        return Path(os.path.realpath(on_path)).parent
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
+                        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0)
+    if candidates:
+        return Path(candidates[-1]).parent
+    raise PostgresUnavailable("PostgreSQL server binaries (initdb, pg_ctl) not found: "
+                              "apt-get install -y postgresql (./scripts/test.sh does this)")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class TemporaryPostgres:
+    """A PostgreSQL cluster in a temporary folder, listening on 127.0.0.1 only; removed by :meth:`stop`.
+
+    ``durable=False`` turns off fsync (tests: only the API process is killed, never the machine);
+    the load benchmark keeps PostgreSQL's defaults.
+    """
+
+    def __init__(self, durable: bool = True):
+        self.durable = durable
+        self.port = 0
+        self.root: Path | None = None
+        self._run_as: str | None = None
+
+    def _run(self, *args: str, timeout: float = 120) -> None:
+        command = list(args)
+        if self._run_as:
+            command = ["runuser", "-u", self._run_as, "--", *command]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        if result.returncode != 0:
+            raise PostgresUnavailable(f"{Path(args[0]).name} failed: {(result.stderr or result.stdout).strip()}")
+
+    def start(self) -> TemporaryPostgres:
+        binaries = find_server_binaries()
+        self.root = Path(tempfile.mkdtemp(prefix="quasar-pg-"))
+        data, sockets = self.root / "data", self.root / "sockets"
+        sockets.mkdir()
+        if os.geteuid() == 0:
+            try:
+                account = pwd.getpwnam("postgres")
+            except KeyError:
+                raise PostgresUnavailable("running as root and there is no 'postgres' user to run the server as") \
+                    from None
+            self._run_as = "postgres"
+            for path in (self.root, sockets):
+                os.chown(path, account.pw_uid, account.pw_gid)
+        try:
+            self._run(str(binaries / "initdb"), "-D", str(data), "-U", SUPERUSER, "--auth=trust",
+                      "-E", "UTF8", "--no-sync")
+            self.port = free_port()
+            options = [f"-p {self.port}", f"-k {sockets}", "-c listen_addresses=127.0.0.1",
+                       "-c max_connections=300"]
+            if not self.durable:
+                options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+            self._run(str(binaries / "pg_ctl"), "-D", str(data), "-l", str(self.root / "server.log"),
+                      "-o", " ".join(options), "-w", "-t", "60", "start")
+        except (PostgresUnavailable, OSError, subprocess.TimeoutExpired) as error:
+            log = self.root / "server.log"
+            detail = log.read_text()[-2000:] if log.exists() else ""
+            self.stop()
+            raise PostgresUnavailable(f"could not start PostgreSQL: {error}\n{detail}") from None
+        return self
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg2://{SUPERUSER}@127.0.0.1:{self.port}/{database}"
+
+    def create_database(self, name: str) -> str:
+        """Create an empty database ``name`` (letters, digits, underscores) and return its URL."""
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"database name {name!r}: use letters, digits and underscores")
+        connection = psycopg2.connect(host="127.0.0.1", port=self.port, user=SUPERUSER, dbname="postgres")
+        try:
+            connection.autocommit = True
+            with connection.cursor() as cursor:
+                cursor.execute(f'CREATE DATABASE "{name}"')
+        finally:
+            connection.close()
+        return self.url(name)
+
+    def stop(self) -> None:
+        if self.root is None:
+            return
+        data = self.root / "data"
+        if (data / "postmaster.pid").exists():
+            binaries = find_server_binaries()
+            try:
+                self._run(str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop", timeout=60)
+            except (PostgresUnavailable, subprocess.TimeoutExpired):
+                pass  # already gone; the folder is removed below either way
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root = None
+
+    def __enter__(self) -> TemporaryPostgres:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()

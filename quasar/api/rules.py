@@ -1,0 +1,146 @@
+"""The submission API's rules as pure functions: commitments, reveal windows, rounds, client IPs, verdicts.
+
+Nothing here touches the database, the chain or the clock; the service passes the current block and
+time in, so every rule is tested on its own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import secrets
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+SALT_MIN_HEX = 32  # 16 bytes, QUASAR.md section 3
+SALT_MAX_HEX = 128
+
+# IP bans (QUASAR.md section 3): this many failed validations from one IP inside the window ban it.
+BAN_FAILURES = 5
+BAN_WINDOW_S = 24 * 3600.0
+BAN_DURATION_S = 24 * 3600.0
+
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def new_salt() -> str:
+    """A fresh random salt for a commitment: 32 bytes as 64 hex characters."""
+    return secrets.token_hex(32)
+
+
+def commitment_hash(salt: str, fork_url: str, commit_hash: str) -> str:
+    """``sha256(salt + fork_url + commit_hash)`` as lowercase hex, over the exact strings revealed."""
+    return hashlib.sha256((salt + fork_url + commit_hash).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class RevealWindow:
+    """Blocks in which a commitment made at ``commit_block`` may be revealed: ``opens``..``closes``."""
+
+    commit_block: int
+    opens: int
+    closes: int
+
+    def state(self, block: int) -> str:
+        """``waiting`` before the window, ``open`` inside it, ``expired`` after it."""
+        if block < self.opens:
+            return "waiting"
+        return "open" if block <= self.closes else "expired"
+
+
+def reveal_window(commit_block: int, blocks_until_reveal: int, window_blocks: int) -> RevealWindow:
+    """A reveal opens ``blocks_until_reveal`` blocks after the commit and stays open ``window_blocks``."""
+    opens = commit_block + blocks_until_reveal
+    return RevealWindow(commit_block, opens, opens + window_blocks - 1)
+
+
+@dataclass(frozen=True)
+class Round:
+    """Competition round ``round_id``: chain blocks ``start_block``..``end_block``."""
+
+    round_id: int
+    start_block: int
+    end_block: int
+
+    def blocks_left(self, block: int) -> int:
+        return max(0, self.end_block + 1 - block)
+
+
+def round_of_block(block: int, round_blocks: int) -> Round:
+    """The round holding ``block``: round N covers blocks N*round_blocks .. (N+1)*round_blocks - 1."""
+    if block < 0 or round_blocks < 1:
+        raise ValueError(f"need block >= 0 and round_blocks >= 1, got {block}, {round_blocks}")
+    round_id = block // round_blocks
+    return Round(round_id, round_id * round_blocks, (round_id + 1) * round_blocks - 1)
+
+
+def round_by_id(round_id: int, round_blocks: int) -> Round:
+    return Round(round_id, round_id * round_blocks, (round_id + 1) * round_blocks - 1)
+
+
+def parse_networks(networks: Iterable[str]) -> tuple[IpNetwork, ...]:
+    return tuple(ipaddress.ip_network(network, strict=False) for network in networks)
+
+
+def _is_trusted(address: str, trusted: Sequence[IpNetwork]) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in trusted)
+
+
+def client_ip(peer: str | None, forwarded_for: Sequence[str], trusted: Sequence[IpNetwork]) -> str:
+    """The address a request came from, believing ``X-Forwarded-For`` only as far as trusted proxies.
+
+    ``peer`` is the TCP peer. While the current hop is a trusted proxy, step to the hop it reports
+    (the rightmost remaining X-Forwarded-For entry); the first untrusted hop is the client. A client
+    can prepend anything to the header, but it can never get past an untrusted hop, so its own
+    entries are never believed. ``forwarded_for`` holds the header values in the order received.
+    """
+    current = peer or "unknown"
+    hops = [hop.strip() for value in forwarded_for for hop in value.split(",")]
+    while _is_trusted(current, trusted) and hops:
+        reported = hops.pop()
+        try:
+            current = str(ipaddress.ip_address(reported))
+        except ValueError:
+            return reported[:64] or current  # a trusted proxy passed on something that is not an IP
+    return current
+
+
+@dataclass(frozen=True)
+class ValidatorReport:
+    """One validator's figures for one submission (what the leaderboard aggregates)."""
+
+    validator_hotkey: str
+    correct: bool
+    logits_ok: bool | None
+    measured_tokens_per_sec: float | None
+
+
+@dataclass(frozen=True)
+class Consensus:
+    """The validators' combined view of a submission.
+
+    ``measured_tokens_per_sec``: the median over the reports (a report without a figure counts 0);
+    ``correct``: a strict majority of reports say correct; ``logits_ok``: None when no report
+    checked logits, else a strict majority of those that did say they passed.
+    """
+
+    measured_tokens_per_sec: float
+    correct: bool
+    logits_ok: bool | None
+    validators: int
+
+
+def consensus(reports: Sequence[ValidatorReport]) -> Consensus:
+    """Combine validators' reports so that no single validator decides alone (see :class:`Consensus`)."""
+    if not reports:
+        raise ValueError("consensus needs at least one report")
+    measured = statistics.median(r.measured_tokens_per_sec or 0.0 for r in reports)
+    correct = 2 * sum(r.correct for r in reports) > len(reports)
+    checked = [r.logits_ok for r in reports if r.logits_ok is not None]
+    logits_ok = None if not checked else 2 * sum(checked) > len(checked)
+    return Consensus(float(measured), correct, logits_ok, len(reports))
