@@ -1,0 +1,230 @@
+"""The miner inference server: the reference model behind ``POST /inference``, for validators only.
+
+Endpoints:
+- ``POST /inference`` ``{prompt: [int], gen_len: int, logits_at_step: int}`` →
+  ``{tokens: [int], captured_logits: [float], elapsed_sec: float}``: greedy decoding with the KV
+  cache, the full-vocabulary logits at ``logits_at_step`` (1 = right after the prompt);
+  ``elapsed_sec`` is the generation time, queue wait excluded.
+- ``GET /model_info``: the model, dtype, device, vocabulary and this server's limits.
+- ``GET /health``: liveness and queue depth, unsigned (for the operator's monitoring).
+
+Signed endpoints need a ``btauth/1`` request addressed to this miner's hotkey from a hotkey with a
+validator permit on the subnet (401 unsigned/bad signature/replay, 403 no permit). Bad bodies get
+422 with the field at fault, oversized bodies 413. The model runs one request at a time on a
+single worker thread; at most ``queue_size`` more wait, and beyond that requests get 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from bittensor import http_auth
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from quasar import auth
+from quasar.chain import Chain
+from quasar.logits import ChallengeError, ReferenceModel, check_request
+
+log = logging.getLogger(__name__)
+
+# Bytes a JSON token id may take in a request body, with separators and some whitespace.
+_BYTES_PER_PROMPT_TOKEN = 12
+_MAX_REASON_ERRORS = 3
+_MAX_GET_BODY_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class InferenceLimits:
+    """What one server accepts; a validator's challenges must fit inside (see README)."""
+
+    max_prompt_len: int = 2048
+    max_gen_len: int = 256
+    queue_size: int = 8
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.max_prompt_len * _BYTES_PER_PROMPT_TOKEN + 1024
+
+
+class InferenceRequest(BaseModel):
+    """The body of ``POST /inference`` (types only; ranges are checked against the model)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: list[StrictInt]
+    gen_len: StrictInt
+    logits_at_step: StrictInt
+
+
+class WorkerBusy(Exception):
+    """The worker has ``pending`` jobs already, its capacity."""
+
+    def __init__(self, pending: int):
+        super().__init__(f"{pending} requests running or waiting")
+        self.pending = pending
+
+
+class BoundedWorker:
+    """Runs blocking jobs one at a time on one thread, refusing more than ``queue_size`` waiting.
+
+    The count is kept on the event loop and released when a job really ends (a request whose
+    client left keeps its place until its job finishes or is cancelled before starting), so
+    the model never runs two requests at once and the queue bound is exact.
+    """
+
+    def __init__(self, queue_size: int):
+        self.capacity = queue_size + 1
+        self.pending = 0
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
+
+    async def run(self, job: Callable[[], Any]) -> Any:
+        if self.pending >= self.capacity:
+            raise WorkerBusy(self.pending)
+        loop = asyncio.get_running_loop()
+        self.pending += 1
+        future = self._executor.submit(job)
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release))
+        return await asyncio.wrap_future(future)
+
+    def _release(self) -> None:
+        self.pending -= 1
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _error(status_code: int, reason: str) -> JSONResponse:
+    return JSONResponse({"detail": reason}, status_code=status_code)
+
+
+def _validation_reason(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors()[:_MAX_REASON_ERRORS]:
+        where = ".".join(str(part) for part in item["loc"])
+        parts.append(f"{where}: {item['msg']}" if where else item["msg"])
+    more = error.error_count() - _MAX_REASON_ERRORS
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+
+
+async def _read_body(request: Request, limit: int) -> bytes | None:
+    """The raw body, or None once it exceeds ``limit`` bytes (declared or streamed)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_inference_app(
+    model: ReferenceModel,
+    chain: Chain,
+    self_hotkey: str,
+    limits: InferenceLimits = InferenceLimits(),
+    nonce_store: http_auth.NonceStore | None = None,
+) -> FastAPI:
+    """The inference server app for ``model``; requests must be addressed to ``self_hotkey``.
+
+    ``model`` needs ``generate(prompt, gen_len, logits_at_step)`` and the attributes of
+    :class:`~quasar.logits.ReferenceModel`; it is loaded once by the caller and shared.
+    """
+    nonce_store = nonce_store or http_auth.InMemoryNonceStore()
+    authorize = auth.require_validator_permit(chain)
+    worker = BoundedWorker(limits.queue_size)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        worker.shutdown()
+
+    app = FastAPI(title="QUASAR miner inference server", lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
+
+    async def authenticated(request: Request, body: bytes) -> str:
+        target = auth.request_target(request.url.path, request.url.query)
+        return await run_in_threadpool(
+            auth.authenticate, request.headers, body, method=request.method, target=target,
+            self_hotkey=self_hotkey, nonce_store=nonce_store, authorize=authorize,
+        )
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": model.name, "pending": worker.pending, "capacity": worker.capacity}
+
+    @app.get("/model_info")
+    async def model_info(request: Request) -> Response:
+        body = await _read_body(request, _MAX_GET_BODY_BYTES)
+        if body is None:
+            return _error(413, f"request body over {_MAX_GET_BODY_BYTES} bytes")
+        try:
+            await authenticated(request, body)
+        except auth.AuthFailure as failure:
+            return _error(failure.status_code, failure.reason)
+        return JSONResponse({
+            "model": model.name, "dtype": model.dtype_name, "device": str(model.device),
+            "vocab_size": model.vocab_size, "ordinary_vocab_end": model.ordinary_tokens.end,
+            "max_positions": model.max_positions, "max_prompt_len": limits.max_prompt_len,
+            "max_gen_len": limits.max_gen_len, "queue_size": limits.queue_size, "hotkey": self_hotkey,
+        })
+
+    @app.post("/inference")
+    async def inference(request: Request) -> Response:
+        body = await _read_body(request, limits.max_body_bytes)
+        if body is None:
+            return _error(413, f"request body over {limits.max_body_bytes} bytes "
+                               f"(prompts hold at most {limits.max_prompt_len} tokens)")
+        try:
+            caller = await authenticated(request, body)
+        except auth.AuthFailure as failure:
+            log.info("refused %s %s: %s", request.method, request.url.path, failure.reason)
+            return _error(failure.status_code, failure.reason)
+        try:
+            parsed = InferenceRequest.model_validate_json(body)
+        except ValidationError as error:
+            return _error(422, _validation_reason(error))
+        try:
+            if len(parsed.prompt) > limits.max_prompt_len:
+                raise ChallengeError(f"prompt: {len(parsed.prompt)} tokens, at most {limits.max_prompt_len} accepted")
+            if parsed.gen_len > limits.max_gen_len:
+                raise ChallengeError(f"gen_len: {parsed.gen_len}, at most {limits.max_gen_len} accepted")
+            check_request(parsed.prompt, parsed.gen_len, parsed.logits_at_step, model.vocab_size, model.max_positions)
+        except ChallengeError as error:
+            return _error(422, str(error))
+
+        def job() -> tuple[bytes, float]:
+            # Serialized here too: a full-vocabulary JSON answer would stall the event loop.
+            started = time.perf_counter()
+            generation = model.generate(parsed.prompt, parsed.gen_len, parsed.logits_at_step)
+            elapsed = time.perf_counter() - started
+            payload = {"tokens": list(generation.tokens), "captured_logits": generation.logits.tolist(),
+                       "elapsed_sec": elapsed}
+            return json.dumps(payload, separators=(",", ":")).encode(), elapsed
+
+        try:
+            answer, elapsed = await worker.run(job)
+        except WorkerBusy as busy:
+            return _error(503, f"inference queue full ({busy.pending} requests running or waiting); retry later")
+        except Exception:  # the model failed (out of memory, driver error): log it, tell the caller only that
+            log.exception("inference failed for %s (prompt %d tokens, gen_len %d)",
+                          caller, len(parsed.prompt), parsed.gen_len)
+            return _error(500, "inference failed on the miner; see the miner's log")
+        log.info("inference for %s: prompt %d tokens, gen_len %d, step %d, %.3f s", caller,
+                 len(parsed.prompt), parsed.gen_len, parsed.logits_at_step, elapsed)
+        return Response(answer, media_type="application/json")
+
+    return app

@@ -1,0 +1,345 @@
+"""The miner inference server and the validator's client, over real HTTP on 127.0.0.1.
+
+Dishonest miners run the same server code with a different model at the model boundary: another
+seed, the logits of another step, noise, a wrong shape, too slow.
+"""
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import bittensor as bt
+import pytest
+import requests
+import torch
+import uvicorn
+
+from quasar import auth
+from quasar.chain.devchain import DevChain
+from quasar.inference.client import verify_miner_logits
+from quasar.inference.server import InferenceLimits, create_inference_app
+from quasar.logits import (ChallengeLimits, Generation, LogitThresholds, draw_challenge, generate_with_logits,
+                           load_reference_model)
+from tiny_qwen import TINY_VOCAB, make_tiny_qwen2
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMITS = ChallengeLimits(max_prompt_len=32, max_gen_len=8)
+THRESHOLDS = LogitThresholds(min_cosine=0.99, max_abs_diff=0.1)
+NETUID = 3
+
+
+def make_wallet(root, name):
+    wallet = bt.Wallet(name=name, hotkey="default", path=str(root))
+    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
+    wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
+    return wallet
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Two tiny models, a dev chain with a miner, a validator and a permit-less neuron, and wallets."""
+    root = tmp_path_factory.mktemp("inference")
+    honest_dir, other_dir = make_tiny_qwen2(root / "seed1", 1), make_tiny_qwen2(root / "seed2", 2)
+    wallets = {name: make_wallet(root / "wallets", name) for name in ("miner", "validator", "member", "stranger")}
+    chain = DevChain(root / "devchain.sqlite3", netuid=NETUID)
+    chain.register_wallet(wallets["miner"])
+    chain.register_wallet(wallets["validator"], stake=1e4, validator_permit=True)
+    chain.register_wallet(wallets["member"])
+    return {
+        "root": root, "chain": chain, "wallets": wallets, "honest_dir": honest_dir,
+        "served": load_reference_model(str(honest_dir)),
+        "other": load_reference_model(str(other_dir)),
+        "reference": load_reference_model(str(honest_dir)),  # the validator's own copy
+    }
+
+
+class Wrapped:
+    """A model at the server's boundary whose ``generate`` is replaced (a dishonest or slow miner)."""
+
+    def __init__(self, inner, generate):
+        self.inner, self.generate = inner, generate
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@contextmanager
+def serving(app):
+    """Run ``app`` with uvicorn on a free 127.0.0.1 port in a thread; yield its base URL."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@contextmanager
+def miner_server(world, model=None, limits=InferenceLimits()):
+    hotkey = world["wallets"]["miner"].hotkey.ss58_address
+    with serving(create_inference_app(model or world["served"], world["chain"], hotkey, limits)) as url:
+        yield url
+
+
+def challenge_miner(world, url, challenge=None, wallet="validator", timeout_s=20.0):
+    challenge = challenge or draw_challenge(world["reference"].ordinary_tokens, LIMITS)
+    return verify_miner_logits(url, world["wallets"]["miner"].hotkey.ss58_address, world["wallets"][wallet],
+                               world["reference"], challenge, timeout_s, THRESHOLDS)
+
+
+def signed_post(world, url, payload, wallet="validator", path="/inference"):
+    request = auth.sign_request(world["wallets"][wallet], "POST", url + path,
+                                world["wallets"]["miner"].hotkey.ss58_address, payload)
+    return requests.post(request.url, data=request.body, headers=request.headers, timeout=20)
+
+
+def test_honest_server_passes_fresh_challenges(world):
+    with miner_server(world) as url:
+        for _ in range(3):
+            check = challenge_miner(world, url)
+            assert check.passed, check.reason
+            assert check.cosine > 0.9999 and check.max_abs_diff < 1e-3 and check.elapsed_sec > 0
+
+
+def test_server_answer_has_the_documented_shape(world):
+    challenge = draw_challenge(world["reference"].ordinary_tokens, LIMITS)
+    with miner_server(world) as url:
+        response = signed_post(world, url, challenge.payload())
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert set(answer) == {"tokens", "captured_logits", "elapsed_sec"}
+    assert len(answer["tokens"]) == challenge.gen_len and len(answer["captured_logits"]) == TINY_VOCAB
+    expected = world["reference"].generate(challenge.prompt, challenge.gen_len, challenge.logits_at_step)
+    assert tuple(answer["tokens"]) == expected.tokens
+    torch.testing.assert_close(torch.tensor(answer["captured_logits"]), expected.logits, atol=1e-4, rtol=1e-4)
+
+
+def shifted_step(model):
+    def generate(prompt, gen_len, step):
+        later = generate_with_logits(model, prompt, gen_len + 1, step + 1)
+        return Generation(later.tokens[:gen_len], later.logits)
+    return Wrapped(model, generate)
+
+
+def noisy(model, std):
+    def generate(prompt, gen_len, step):
+        honest = generate_with_logits(model, prompt, gen_len, step)
+        return Generation(honest.tokens, honest.logits + std * torch.randn(honest.logits.shape))
+    return Wrapped(model, generate)
+
+
+@pytest.mark.parametrize("kind", ["other seed", "shifted step", "noise"])
+def test_dishonest_servers_fail(world, kind):
+    model = {"other seed": lambda: world["other"], "shifted step": lambda: shifted_step(world["served"]),
+             "noise": lambda: noisy(world["served"], 3.0)}[kind]()
+    with miner_server(world, model) as url:
+        for _ in range(2):
+            check = challenge_miner(world, url)
+            assert not check.passed, f"{kind} passed: {check.reason}"
+            assert "greedy choice" in check.reason or "cosine" in check.reason
+
+
+def test_rounding_sized_noise_still_passes(world):
+    # The thresholds are not a hair trigger: noise well inside 0.1 per logit is accepted.
+    with miner_server(world, noisy(world["served"], 0.005)) as url:
+        check = challenge_miner(world, url)
+    assert check.passed and check.max_abs_diff < 0.1, check.reason
+
+
+def test_unsigned_non_validator_and_misaddressed_requests_are_refused(world):
+    payload = {"prompt": [1, 2, 3], "gen_len": 2, "logits_at_step": 1}
+    with miner_server(world) as url:
+        unsigned = requests.post(url + "/inference", json=payload, timeout=10)
+        assert unsigned.status_code == 401 and "authentication failed" in unsigned.json()["detail"]
+        for wallet in ("member", "stranger", "miner"):
+            response = signed_post(world, url, payload, wallet=wallet)
+            assert response.status_code == 403 and "no validator permit" in response.json()["detail"], wallet
+        check = challenge_miner(world, url, wallet="member")
+        assert not check.passed and "HTTP 403" in check.reason and "no validator permit" in check.reason
+
+        other_receiver = auth.sign_request(world["wallets"]["validator"], "POST", url + "/inference",
+                                           world["wallets"]["member"].hotkey.ss58_address, payload)
+        wrong = requests.post(url + "/inference", data=other_receiver.body, headers=other_receiver.headers, timeout=10)
+        assert wrong.status_code == 401 and "receiv" in wrong.json()["detail"]
+
+        once = auth.sign_request(world["wallets"]["validator"], "POST", url + "/inference",
+                                 world["wallets"]["miner"].hotkey.ss58_address, payload)
+        first = requests.post(url + "/inference", data=once.body, headers=once.headers, timeout=10)
+        replay = requests.post(url + "/inference", data=once.body, headers=once.headers, timeout=10)
+        assert first.status_code == 200 and replay.status_code == 401
+
+
+@pytest.mark.parametrize("payload, field", [
+    ({"prompt": [], "gen_len": 2, "logits_at_step": 1}, "prompt: must hold at least one"),
+    ({"prompt": [1, TINY_VOCAB], "gen_len": 2, "logits_at_step": 1}, "prompt[1]: token id 512 is outside"),
+    ({"prompt": [1, 2], "gen_len": 2, "logits_at_step": 3}, "logits_at_step: must be between 1 and gen_len (2)"),
+    ({"prompt": [1, 2], "gen_len": 100_000, "logits_at_step": 1}, "gen_len: 100000, at most 16"),
+    ({"prompt": [1] * 65, "gen_len": 2, "logits_at_step": 1}, "prompt: 65 tokens, at most 64"),
+    ({"prompt": [1, "2"], "gen_len": 2, "logits_at_step": 1}, "prompt.1: Input should be a valid integer"),
+    ({"prompt": [1, 2], "gen_len": 2.0, "logits_at_step": 1}, "gen_len: Input should be a valid integer"),
+    ({"prompt": [1, 2], "gen_len": 2}, "logits_at_step: Field required"),
+    ({"prompt": [1, 2], "gen_len": 2, "logits_at_step": 1, "temperature": 1}, "temperature: Extra inputs"),
+])
+def test_bad_requests_get_422_naming_the_field(world, payload, field):
+    with miner_server(world, limits=InferenceLimits(max_prompt_len=64, max_gen_len=16)) as url:
+        response = signed_post(world, url, payload)
+    assert response.status_code == 422 and field in response.json()["detail"], response.text
+
+
+def test_oversized_body_is_refused_before_anything_else(world):
+    with miner_server(world, limits=InferenceLimits(max_prompt_len=64)) as url:
+        response = requests.post(url + "/inference", data=b"[" + b"1," * 5000 + b"1]", timeout=10)
+    assert response.status_code == 413 and "at most 64 tokens" in response.json()["detail"]
+
+
+def test_health_is_open_and_model_info_is_signed(world):
+    with miner_server(world) as url:
+        health = requests.get(url + "/health", timeout=10)
+        assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["pending"] == 0
+        assert requests.get(url + "/model_info", timeout=10).status_code == 401
+        signed = auth.sign_request(world["wallets"]["validator"], "GET", url + "/model_info",
+                                   world["wallets"]["miner"].hotkey.ss58_address)
+        info = requests.get(signed.url, headers=signed.headers, timeout=10)
+    assert info.status_code == 200, info.text
+    assert info.json()["vocab_size"] == TINY_VOCAB and info.json()["dtype"] == "float32"
+    assert info.json()["model"] == str(world["honest_dir"])
+
+
+def test_one_request_at_a_time_with_a_bounded_queue(world):
+    release, running, peak = threading.Event(), [0], [0]
+    lock = threading.Lock()
+
+    def blocking(prompt, gen_len, step):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        release.wait(20)
+        try:
+            return generate_with_logits(world["served"], prompt, gen_len, step)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    payload = {"prompt": [1, 2, 3], "gen_len": 2, "logits_at_step": 2}
+    with miner_server(world, Wrapped(world["served"], blocking), InferenceLimits(queue_size=1)) as url:
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(signed_post(world, url, payload))) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while requests.get(url + "/health", timeout=5).json()["pending"] < 2:
+            assert time.monotonic() < deadline, "the two requests never got in"
+            time.sleep(0.02)
+        busy = signed_post(world, url, payload)
+        release.set()
+        for thread in threads:
+            thread.join(20)
+        assert busy.status_code == 503 and "queue full" in busy.json()["detail"]
+        assert [r.status_code for r in results] == [200, 200] and peak[0] == 1
+        assert requests.get(url + "/health", timeout=5).json()["pending"] == 0
+
+
+def test_unreachable_slow_and_malformed_miners_fail_with_the_reason(world):
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    unreachable = challenge_miner(world, f"http://127.0.0.1:{port}")
+    assert not unreachable.passed and "unreachable" in unreachable.reason
+
+    def slow(prompt, gen_len, step):
+        time.sleep(1.5)
+        return generate_with_logits(world["served"], prompt, gen_len, step)
+
+    with miner_server(world, Wrapped(world["served"], slow)) as url:
+        late = challenge_miner(world, url, timeout_s=0.5)
+    assert not late.passed and "within 0.5 s" in late.reason
+
+    def short(prompt, gen_len, step):
+        honest = generate_with_logits(world["served"], prompt, gen_len, step)
+        return Generation(honest.tokens, honest.logits[:100])
+
+    with miner_server(world, Wrapped(world["served"], short)) as url:
+        cut = challenge_miner(world, url)
+    assert not cut.passed and "captured_logits has 100 values, expected the vocabulary size 512" in cut.reason
+
+    class NotJson(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"hello")
+
+        def log_message(self, *args):
+            pass
+
+    garbage = http.server.HTTPServer(("127.0.0.1", 0), NotJson)
+    threading.Thread(target=garbage.serve_forever, daemon=True).start()
+    try:
+        answer = challenge_miner(world, f"http://127.0.0.1:{garbage.server_address[1]}")
+    finally:
+        garbage.shutdown()
+        garbage.server_close()
+    assert not answer.passed and "not JSON" in answer.reason
+
+
+@pytest.mark.slow
+def test_start_script_serves_the_model_for_validators(world, tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    miner = world["wallets"]["miner"]
+    command = [str(ROOT / "START_MINER_INFERENCE.sh"), "--wallet.name", "miner", "--wallet.hotkey", "default",
+               "--wallet.path", str(world["root"] / "wallets"), "--subtensor.network", "devchain",
+               "--devchain.path", str(world["chain"].path), "--netuid", str(NETUID),
+               "--reference-model", str(world["honest_dir"]), "--device", "cpu", "--reference-dtype", "float32",
+               "--inference.host", "127.0.0.1", "--inference.port", str(port)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while True:
+            assert process.poll() is None, process.communicate()[0]
+            try:
+                if requests.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert time.monotonic() < deadline, "inference server did not come up in 90 s"
+            time.sleep(0.25)
+        check = challenge_miner(world, url)
+        assert check.passed, check.reason
+        assert requests.get(url + "/health", timeout=2).json()["model"] == str(world["honest_dir"])
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=20)[0]
+    assert f"for hotkey {miner.hotkey.ss58_address}" in output
+
+
+def test_serve_reports_a_missing_model_or_wallet_and_exits(world, tmp_path, monkeypatch, caplog):
+    from quasar.inference import __main__ as cli
+
+    monkeypatch.setattr(cli, "setup_logging", lambda *args, **kwargs: None)  # keep pytest's log capture
+    argv = ["serve", "--wallet.name", "miner", "--wallet.path", str(world["root"] / "wallets"),
+            "--subtensor.network", "devchain", "--devchain.path", str(world["chain"].path), "--netuid", str(NETUID),
+            "--reference-model", str(tmp_path / "missing-model"), "--device", "cpu"]
+    assert cli.main(argv) == 1
+    assert f"{tmp_path / 'missing-model'} does not exist" in caplog.text
+    assert cli.main([*argv[:2], "nobody", *argv[3:]]) == 1
+    assert "cannot read hotkey default of wallet nobody" in caplog.text
