@@ -1,0 +1,497 @@
+"""Fork URL and commit rules, and clones at an exact commit, against real local git repositories."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from quasar.forks import (
+    MAX_FORK_URL_LENGTH,
+    Checkout,
+    ForkError,
+    clone_at_commit,
+    clone_dir_for,
+    normalize_fork_url,
+    validate_commit_hash,
+)
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+# --- helpers: local repositories standing in for GitHub ----------------------------------------
+
+
+def _git(cwd: Path, *args: str) -> str:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("GIT_")}
+    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull,
+               GIT_AUTHOR_NAME="miner", GIT_AUTHOR_EMAIL="miner@example.com",
+               GIT_COMMITTER_NAME="miner", GIT_COMMITTER_EMAIL="miner@example.com")
+    done = subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def make_source(tmp_path: Path, commits: list[dict[str, bytes | str]], name: str = "fork") -> tuple[Path, list[str]]:
+    """A bare repository with one commit per dict of {path: content}; returns its path and the commit ids.
+
+    A content starting with "->" makes a symlink to the rest of the string.
+    """
+    work = tmp_path / f"{name}-work"
+    work.mkdir()
+    _git(work, "init", "-q", "-b", "main")
+    shas = []
+    for files in commits:
+        for path, content in files.items():
+            target = work / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(content, str) and content.startswith("->"):
+                target.unlink(missing_ok=True)
+                target.symlink_to(content[2:])
+            else:
+                target.write_bytes(content.encode() if isinstance(content, str) else content)
+        _git(work, "add", "-A")
+        _git(work, "commit", "-q", "--allow-empty", "-m", f"commit {len(shas)}")
+        shas.append(_git(work, "rev-parse", "HEAD"))
+    bare = tmp_path / f"{name}.git"
+    _git(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
+    return bare, shas
+
+
+def leftovers(cache: Path) -> list[str]:
+    """Everything in the cache except lock files (which are kept on purpose)."""
+    return sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) if cache.exists() else []
+
+
+def block_fetches(bare: Path) -> Path:
+    """Make the repository's upload-pack hang: it opens objects/info/alternates, here a FIFO nobody writes."""
+    fifo = bare / "objects" / "info" / "alternates"
+    fifo.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(fifo)
+    return fifo
+
+
+def wait_for_hanging_fetch(fifo: Path, timeout_s: float = 10.0) -> int:
+    """Wait until an upload-pack is stuck opening ``fifo``; return a write end (closing it releases the fetch)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as error:
+            if error.errno != errno.ENXIO or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def release_fetches(fifo: Path, write_end: int) -> None:
+    os.close(write_end)  # the stuck reader sees an empty alternates file and goes on
+    fifo.unlink()
+
+
+def fetch_is_hanging(fifo: Path) -> bool:
+    try:
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        return True
+    except OSError as error:
+        if error.errno == errno.ENXIO:
+            return False
+        raise
+
+
+def _clone_in_child(url: str, sha: str, cache: str, results) -> None:
+    try:
+        results.put(clone_at_commit(url, sha, cache, allow_local=True, timeout_s=30))
+    except Exception as error:  # reported to the parent, which fails the test with it
+        results.put(repr(error))
+
+
+# --- URL rules ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("url", [
+    "https://github.com/owner/repo",
+    "https://github.com/owner/repo.git",
+    "https://github.com/owner/repo/",
+    "https://github.com/owner/repo.git/",
+    "https://github.com/Owner/Repo",
+    "HTTPS://GitHub.com/OWNER/REPO.git",
+])
+def test_github_urls_normalize_to_one_key(url):
+    assert normalize_fork_url(url) == "https://github.com/owner/repo"
+
+
+@pytest.mark.parametrize("url, canonical", [
+    ("https://github.com/a/b", "https://github.com/a/b"),
+    ("https://github.com/a-b-c/flash-linear-attention", "https://github.com/a-b-c/flash-linear-attention"),
+    ("https://github.com/" + "x" * 39 + "/r", "https://github.com/" + "x" * 39 + "/r"),
+    ("https://github.com/o/" + "r" * 100, "https://github.com/o/" + "r" * 100),
+    ("https://github.com/o/my_repo.v2", "https://github.com/o/my_repo.v2"),
+    ("https://github.com/o/.hidden", "https://github.com/o/.hidden"),
+])
+def test_github_names_as_github_allows_them(url, canonical):
+    assert normalize_fork_url(url) == canonical
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("", "empty"),
+    ("https://gitlab.com/owner/repo", "host must be github.com"),
+    ("https://github.com.evil.io/owner/repo", "host must be github.com"),
+    ("https://api.github.com/owner/repo", "host must be github.com"),
+    ("http://github.com/owner/repo", "https"),
+    ("ftp://github.com/owner/repo", "scheme 'ftp'"),
+    ("ssh://git@github.com/owner/repo.git", "SSH"),
+    ("git@github.com:owner/repo.git", "SSH"),
+    ("github.com/owner/repo", "must start with https://github.com/"),
+    ("https://github.com:443/owner/repo", "port"),
+    ("https://github.com/owner/repo?ref=main", "query string"),
+    ("https://github.com/owner/repo?", "query string"),
+    ("https://github.com/owner/repo#main", "fragment"),
+    ("https://github.com/owner/../etc/passwd", "'..'"),
+    ("https://github.com/owner/repo/..", "'..'"),
+    ("https://github.com/owner/%2e%2e", "repository name"),
+    ("https://github.com/owner", "/OWNER/REPO"),
+    ("https://github.com/owner/repo/tree/main", "/OWNER/REPO"),
+    ("https://github.com//owner/repo", "/OWNER/REPO"),
+    ("https://github.com/owner/repo//", "/OWNER/REPO"),
+    ("https://github.com/-owner/repo", "GitHub owner"),
+    ("https://github.com/owner-/repo", "GitHub owner"),
+    ("https://github.com/own--er/repo", "GitHub owner"),
+    ("https://github.com/own_er/repo", "GitHub owner"),
+    ("https://github.com/" + "x" * 40 + "/repo", "GitHub owner"),
+    ("https://github.com/owner/" + "r" * 101, "repository name"),
+    ("https://github.com/owner/.", "repository name"),
+    ("https://github.com/owner/.git", "repository name"),
+    ("https://github.com/owner/re$po", "repository name"),
+    ("https://github.com/owner/re\\po", "repository name"),
+    ("-upload-pack=touch /tmp/pwned", "whitespace"),
+    ("--upload-pack=evil", "command-line option"),
+    ("-ohttps://github.com/owner/repo", "command-line option"),
+    (" https://github.com/owner/repo", "whitespace"),
+    ("https://github.com/owner/repo\n", "whitespace"),
+    ("https://github.com/owner/re po", "whitespace"),
+    ("https://github.com/owner/repo\x00", "control"),
+    ("https://github.com/owner/r\u00e9po", "non-ASCII"),
+    ("https://github.com/" + "a" * MAX_FORK_URL_LENGTH, "limit"),
+    ("file:///srv/repo.git", "local source"),
+    ("/srv/repo.git", "local source"),
+    ("ext::sh -c touch% /tmp/pwned", "whitespace"),
+    ("ext::sh", "must start with https://github.com/"),
+])
+def test_bad_urls_are_refused_with_the_reason(url, problem):
+    with pytest.raises(ForkError, match=re.escape(problem)):
+        normalize_fork_url(url)
+
+
+@pytest.mark.parametrize("url", [
+    "https://miner:ghp_secret123@github.com/owner/repo",
+    "https://ghp_secret123@github.com/owner/repo",
+    "https://github.com@evil.io/ghp_secret123",
+])
+def test_credentials_are_refused_and_not_repeated(url):
+    with pytest.raises(ForkError, match="credentials") as refused:
+        normalize_fork_url(url)
+    assert "ghp_secret123" not in str(refused.value)
+
+
+def test_credentials_are_masked_in_other_messages():
+    with pytest.raises(ForkError) as refused:
+        normalize_fork_url("https://miner:ghp_secret123@github.com/owner/repo ")
+    assert "whitespace" in str(refused.value) and "ghp_secret123" not in str(refused.value)
+
+
+@pytest.mark.parametrize("value", [None, 42, b"https://github.com/o/r"])
+def test_url_must_be_a_string(value):
+    with pytest.raises(ForkError, match="must be a string"):
+        normalize_fork_url(value)
+
+
+def test_local_sources_only_when_allowed():
+    assert normalize_fork_url("/srv/forks/repo.git", allow_local=True) == "file:///srv/forks/repo.git"
+    assert normalize_fork_url("file:///srv/forks/repo.git", allow_local=True) == "file:///srv/forks/repo.git"
+    assert normalize_fork_url("/srv/forks/./repo.git/", allow_local=True) == "file:///srv/forks/repo.git"
+    assert normalize_fork_url("https://github.com/o/r.git", allow_local=True) == "https://github.com/o/r"
+    for bad, problem in [("relative/repo.git", "https://github.com/"), ("file://host/srv/repo", "no host"),
+                         ("file:/srv/repo", "no host"), ("/srv/../etc", "'..'"), ("/srv/re:po", "may use only"),
+                         ("/srv/re%20po", "may use only"), ("file:///srv/repo?x", "may use only")]:
+        with pytest.raises(ForkError, match=problem):
+            normalize_fork_url(bad, allow_local=True)
+
+
+# --- commit rule -------------------------------------------------------------------------------
+
+
+def test_full_commit_ids_are_accepted_in_lowercase():
+    assert validate_commit_hash(SHA) == SHA
+    assert validate_commit_hash(SHA.upper()) == SHA
+
+
+@pytest.mark.parametrize("commit", ["", "main", "HEAD", "v1.0", SHA[:7], SHA[:39], SHA + "0", SHA[:-1] + "g",
+                                    " " + SHA, SHA + "\n", "refs/heads/main", "-" + SHA[1:]])
+def test_branch_names_and_short_ids_are_refused(commit):
+    with pytest.raises(ForkError, match="40 hexadecimal characters"):
+        validate_commit_hash(commit)
+
+
+def test_null_and_non_string_commits_are_refused():
+    with pytest.raises(ForkError, match="null"):
+        validate_commit_hash("0" * 40)
+    with pytest.raises(ForkError, match="must be a string"):
+        validate_commit_hash(None)
+
+
+# --- clone directory names ---------------------------------------------------------------------
+
+
+def test_clone_dir_is_a_hash_of_url_and_commit(tmp_path):
+    one = clone_dir_for(tmp_path, "https://github.com/Owner/Repo.git", SHA)
+    assert one == clone_dir_for(tmp_path, "https://github.com/owner/repo", SHA.upper())
+    assert one.parent == tmp_path
+    assert set(one.name) <= set("0123456789abcdef") and "owner" not in one.name and SHA not in one.name
+    assert one != clone_dir_for(tmp_path, "https://github.com/owner/repo", "f" * 40)
+    assert one != clone_dir_for(tmp_path, "https://github.com/owner/other", SHA)
+    with pytest.raises(ForkError):
+        clone_dir_for(tmp_path, "https://github.com/owner/../../etc", SHA)
+
+
+# --- cloning -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def source(tmp_path):
+    """A fork with two commits touching the same file; the tip is the second."""
+    return make_source(tmp_path, [
+        {"fla/ops/quasar/chunk.py": "VERSION = 1\n", "README.md": "first\n"},
+        {"fla/ops/quasar/chunk.py": "VERSION = 2\n"},
+    ])
+
+
+def test_clone_checks_out_the_exact_commit_not_the_tip(tmp_path, source):
+    bare, (first, second) = source
+    cache = tmp_path / "cache"
+    checkout = clone_at_commit(str(bare), first, cache, allow_local=True)
+    assert checkout == Checkout(clone_dir_for(cache, str(bare), first, allow_local=True),
+                                f"file://{bare}", first, reused=False)
+    assert (checkout.path / "fla/ops/quasar/chunk.py").read_text() == "VERSION = 1\n"
+    assert (checkout.path / ".git" / "HEAD").read_text().strip() == first  # detached at the commit
+    assert _git(checkout.path, "rev-list", "--count", "HEAD") == "1"  # shallow: only that commit
+    assert _git(checkout.path, "tag") == ""
+    assert _git(checkout.path, "status", "--porcelain", "--untracked-files=all") == ""
+
+    tip = clone_at_commit(str(bare), second.upper(), cache, allow_local=True)
+    assert tip.path != checkout.path and tip.commit_hash == second
+    assert (tip.path / "fla/ops/quasar/chunk.py").read_text() == "VERSION = 2\n"
+    assert (checkout.path / "fla/ops/quasar/chunk.py").read_text() == "VERSION = 1\n"
+    assert leftovers(cache) == sorted([checkout.path.name, tip.path.name])
+
+
+def test_complete_clone_is_reused_without_fetching(tmp_path, source):
+    bare, (first, _) = source
+    cache = tmp_path / "cache"
+    built = clone_at_commit(str(bare), first, cache, allow_local=True)
+    os.rename(bare, tmp_path / "gone.git")  # a fetch now would fail
+    again = clone_at_commit(f"file://{bare}/", first, cache, allow_local=True)
+    assert again == Checkout(built.path, built.fork_url, first, reused=True)
+    assert (again.path / "fla/ops/quasar/chunk.py").read_text() == "VERSION = 1\n"
+
+
+def test_modified_checkout_is_rebuilt_not_reused(tmp_path, source):
+    bare, (first, _) = source
+    cache = tmp_path / "cache"
+    built = clone_at_commit(str(bare), first, cache, allow_local=True)
+    (built.path / "fla/ops/quasar/chunk.py").write_text("VERSION = 999\n")
+    (built.path / "fla/ops/quasar/extra.py").write_text("import os\n")
+    rebuilt = clone_at_commit(str(bare), first, cache, allow_local=True)
+    assert rebuilt.path == built.path and not rebuilt.reused
+    assert (rebuilt.path / "fla/ops/quasar/chunk.py").read_text() == "VERSION = 1\n"
+    assert not (rebuilt.path / "fla/ops/quasar/extra.py").exists()
+    assert clone_at_commit(str(bare), first, cache, allow_local=True).reused
+
+
+def test_directory_without_completion_marker_is_rebuilt(tmp_path, source):
+    bare, (first, _) = source
+    cache = tmp_path / "cache"
+    final = clone_dir_for(cache, str(bare), first, allow_local=True)
+    (final / ".git").mkdir(parents=True)
+    (final / ".git" / "HEAD").write_text(first + "\n")
+    (final / "half-written.py").write_text("VERS")
+    checkout = clone_at_commit(str(bare), first, cache, allow_local=True)
+    assert checkout.path == final and not checkout.reused
+    assert not (final / "half-written.py").exists()
+    assert (final / "fla/ops/quasar/chunk.py").read_text() == "VERSION = 1\n"
+
+
+def test_commit_that_does_not_exist_is_a_clear_error(tmp_path, source):
+    bare, _ = source
+    cache = tmp_path / "cache"
+    with pytest.raises(ForkError, match=f"commit {SHA} not found in file://{bare}"):
+        clone_at_commit(str(bare), SHA, cache, allow_local=True)
+    assert leftovers(cache) == []
+
+
+def test_object_that_is_not_a_commit_is_refused(tmp_path, source):
+    bare, (first, _) = source
+    blob = _git(bare, "rev-parse", f"{first}:README.md")
+    with pytest.raises(ForkError, match=f"object {blob} in file://{bare} is not a commit"):
+        clone_at_commit(str(bare), blob, tmp_path / "cache", allow_local=True)
+    assert leftovers(tmp_path / "cache") == []
+
+
+def test_missing_repository_is_a_clear_error(tmp_path):
+    with pytest.raises(ForkError, match="repository file:///nowhere/repo.git not found"):
+        clone_at_commit("/nowhere/repo.git", SHA, tmp_path / "cache", allow_local=True)
+    assert leftovers(tmp_path / "cache") == []
+
+
+def test_refused_url_clones_nothing(tmp_path):
+    with pytest.raises(ForkError, match="local source"):
+        clone_at_commit(str(tmp_path), SHA, tmp_path / "cache")
+    with pytest.raises(ForkError, match="40 hexadecimal"):
+        clone_at_commit("https://github.com/owner/repo", "main", tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_hooks_never_run(tmp_path, source, monkeypatch):
+    bare, (first, second) = source
+    trap = tmp_path / "hook-ran"
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "post-checkout").write_text(f"#!/bin/sh\ntouch {trap}\n")
+    (hooks / "post-checkout").chmod(0o755)
+    template = tmp_path / "template"
+    template.mkdir()
+    (template / "hooks").symlink_to(hooks)
+    hostile = tmp_path / "gitconfig"
+    hostile.write_text(f"[core]\n\thooksPath = {hooks}\n[init]\n\ttemplateDir = {template}\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".gitconfig").write_text(hostile.read_text())
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(hostile))
+    monkeypatch.setenv("GIT_TEMPLATE_DIR", str(template))
+    monkeypatch.setenv("GIT_CONFIG_PARAMETERS", f"'core.hookspath'='{hooks}'")
+
+    subprocess.run(["git", "clone", "-q", str(bare), str(tmp_path / "plain")], check=True)
+    assert trap.exists(), "the trap must catch a plain git clone, or this test proves nothing"
+    trap.unlink()
+
+    clone_at_commit(str(bare), first, tmp_path / "cache", allow_local=True)
+    clone_at_commit(str(bare), second, tmp_path / "cache", allow_local=True,
+                    env={"GIT_CONFIG_GLOBAL": str(hostile), "HOME": str(home), "GIT_TEMPLATE_DIR": str(template)})
+    assert not trap.exists()
+
+
+def test_inherited_git_variables_do_not_redirect_the_clone(tmp_path, source, monkeypatch):
+    bare, (first, _) = source
+    bystander = tmp_path / "bystander"
+    bystander.mkdir()
+    _git(bystander, "init", "-q")
+    config_before = (bystander / ".git" / "config").read_text()
+    monkeypatch.setenv("GIT_DIR", str(bystander / ".git"))
+    monkeypatch.setenv("GIT_WORK_TREE", str(bystander))
+    monkeypatch.setenv("GIT_INDEX_FILE", str(bystander / ".git" / "index"))
+    checkout = clone_at_commit(str(bare), first, tmp_path / "cache", allow_local=True)
+    assert (checkout.path / "fla/ops/quasar/chunk.py").read_text() == "VERSION = 1\n"
+    assert (bystander / ".git" / "config").read_text() == config_before
+    assert sorted(p.name for p in bystander.iterdir()) == [".git"]
+    assert not (bystander / ".git" / "index").exists()
+
+
+def test_extra_environment_reaches_git(tmp_path, source):
+    bare, (first, _) = source
+    trace = tmp_path / "trace.log"
+    clone_at_commit(str(bare), first, tmp_path / "cache", allow_local=True, env={"GIT_TRACE": str(trace)})
+    assert "fetch" in trace.read_text()
+
+
+def test_symlinks_are_checked_out_as_plain_files(tmp_path):
+    bare, (commit,) = make_source(tmp_path, [{"fla/ops/quasar/chunk.py": "->/etc/hostname"}])
+    checkout = clone_at_commit(str(bare), commit, tmp_path / "cache", allow_local=True)
+    chunk = checkout.path / "fla/ops/quasar/chunk.py"
+    assert not chunk.is_symlink() and chunk.read_text() == "/etc/hostname"
+
+
+def test_time_limit_kills_a_hanging_fetch_and_leaves_nothing(tmp_path, source):
+    bare, (first, _) = source
+    fifo = block_fetches(bare)
+    cache = tmp_path / "cache"
+    started = time.monotonic()
+    with pytest.raises(ForkError, match="exceeded the time limit of 1 s while fetching"):
+        clone_at_commit(str(bare), first, cache, allow_local=True, timeout_s=1)
+    assert time.monotonic() - started < 5
+    assert leftovers(cache) == []
+    deadline = time.monotonic() + 5
+    while fetch_is_hanging(fifo):  # the server side of the fetch was killed too
+        assert time.monotonic() < deadline, "git upload-pack survived the time limit"
+        time.sleep(0.02)
+
+
+def test_size_limit_stops_a_large_fetch_and_leaves_nothing(tmp_path):
+    bare, (commit,) = make_source(tmp_path, [{"weights.bin": os.urandom(1024 * 1024)}])
+    cache = tmp_path / "cache"
+    with pytest.raises(ForkError, match="over the size limit of 262144 bytes"):
+        clone_at_commit(str(bare), commit, cache, allow_local=True, max_bytes=256 * 1024)
+    assert leftovers(cache) == []
+
+
+def test_size_limit_counts_checked_out_files(tmp_path):
+    # 4 MiB of zeros packs to a few KiB: the fetch is small, the checkout is not.
+    bare, (commit,) = make_source(tmp_path, [{"zeros.bin": bytes(4 * 1024 * 1024)}])
+    cache = tmp_path / "cache"
+    with pytest.raises(ForkError, match="bytes on disk .* once checked out, over the size limit of 1048576 bytes"):
+        clone_at_commit(str(bare), commit, cache, allow_local=True, max_bytes=1024 * 1024)
+    assert leftovers(cache) == []
+    checkout = clone_at_commit(str(bare), commit, cache, allow_local=True, max_bytes=8 * 1024 * 1024)
+    assert (checkout.path / "zeros.bin").stat().st_size == 4 * 1024 * 1024
+
+
+def test_two_processes_cloning_the_same_key_wait_for_each_other(tmp_path, source):
+    bare, (first, _) = source
+    fifo = block_fetches(bare)
+    cache = tmp_path / "cache"
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    children = [context.Process(target=_clone_in_child, args=(str(bare), first, str(cache), results))
+                for _ in range(2)]
+    for child in children:
+        child.start()
+    try:
+        write_end = wait_for_hanging_fetch(fifo)  # one child holds the lock and is fetching
+        time.sleep(0.3)
+        assert results.empty() and all(child.is_alive() for child in children)
+        with pytest.raises(ForkError, match="waiting for another process"):
+            clone_at_commit(str(bare), first, cache, allow_local=True, timeout_s=0.5)
+        release_fetches(fifo, write_end)
+        outcomes = [results.get(timeout=30) for _ in children]
+    finally:
+        for child in children:
+            child.join(timeout=30)
+    assert all(isinstance(outcome, Checkout) for outcome in outcomes), outcomes
+    assert sorted(outcome.reused for outcome in outcomes) == [False, True]
+    assert outcomes[0].path == outcomes[1].path
+    assert (outcomes[0].path / "fla/ops/quasar/chunk.py").read_text() == "VERSION = 1\n"
+    assert leftovers(cache) == [outcomes[0].path.name]
+
+
+def test_clone_interrupted_by_a_crash_is_redone(tmp_path, source):
+    bare, (first, _) = source
+    fifo = block_fetches(bare)
+    cache = tmp_path / "cache"
+    context = multiprocessing.get_context("fork")
+    crashing = context.Process(target=_clone_in_child, args=(str(bare), first, str(cache), context.Queue()))
+    crashing.start()
+    write_end = wait_for_hanging_fetch(fifo)
+    os.kill(crashing.pid, signal.SIGKILL)
+    crashing.join()
+    assert [name for name in leftovers(cache) if ".partial-" in name], "the crash should leave a partial clone"
+    # The crashed process's git outlives it; once its fetch ends, the partial clone is abandoned.
+    release_fetches(fifo, write_end)
+    checkout = clone_at_commit(str(bare), first, cache, allow_local=True, timeout_s=30)
+    assert not checkout.reused
+    assert (checkout.path / "fla/ops/quasar/chunk.py").read_text() == "VERSION = 1\n"
+    assert leftovers(cache) == [checkout.path.name]
