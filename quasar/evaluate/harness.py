@@ -1,0 +1,625 @@
+"""Evaluate a checked-out fork: import check, sandboxed benchmark, correctness, claim, score.
+
+:func:`evaluate` is what a validator runs on a submission and what ``scripts/local_validator.py``
+runs for a miner, so a miner sees before submitting what a validator will see.
+
+Threat model: the fork's code is hostile. It runs only in a sandboxed child (sandbox.py) and can
+patch anything inside that process (``time``, ``torch.cuda.Event``, ``torch.cuda.synchronize``,
+the harness's own child code), so nothing the child says is believed unchecked:
+
+Timing. The parent times each iteration with its own clock (``time.perf_counter_ns``) around one
+request/reply on the pipe: it sends ``run(input_seed, basis_seed)`` with seeds drawn at that
+moment from ``secrets``; the child makes the input from the seed, runs the layer under bf16
+autocast and replies with a fingerprint of the output. The reply needs every output value, so
+it cannot come before the work is done, whatever the fork does to synchronisation or timers; the
+input is unknown until the clock runs, so nothing can be computed ahead. What the harness adds
+to the round trip (pipe, JSON, making the input, the fingerprint) is calibrated before any fork
+code is loaded, with the same code and sizes, and its minimum over several runs is subtracted:
+trusted and conservative (the fork is never credited with more than that minimum). A fork may
+make input generation or the fingerprint itself faster; its gain is bounded by their calibrated
+cost (one pass over the input and one over the output, about 1–2% of a forward).
+
+Tamper evidence. The fingerprint of an output ``[1, T, 512]`` is, for each eighth of the
+sequence, 16 random ±1 projections (workload.py) under a basis from a seed the parent picks per
+iteration. After the child has exited, the parent recomputes the reference output
+(``QuasarAttentionReference``, float32) for timed iterations it picks at random (all of them up
+to :data:`VERIFY_ALL_UP_TO` tokens, at most :data:`MAX_VERIFIED`; :data:`VERIFY_SAMPLE` above)
+and checks each eighth's projections: their mean square estimates that eighth's error, so an
+output that is zeros, noise, stale (a cache), or wrong on any part of the sequence fails. A fork
+skipping work on half the timed runs (the least that moves a median) escapes ``k`` checks with
+probability about 2^-k. Layer weights come from a seed drawn per evaluation.
+
+Correctness. One more run, on a fresh seed, is followed by a request for its whole output; the
+parent compares it with the reference over the whole sequence, each eighth, and each 64-token
+block (relative to the sequence's RMS, which catches a wrong tail that an eighth would dilute),
+checks it is finite, checks it is the output the run fingerprinted, and runs the same input
+again to check the two agree. The threshold :data:`REL_ERROR_THRESHOLD` = 2e-2: the honest
+starter fork under bf16 autocast is at about 1e-2 against the float32 reference (CPU; see
+benchmarks/RESULTS.md for CUDA); zeros, noise or a skipped part give 0.3 and more.
+
+Out of memory at a length is a result ("OOM at T=…, peak …"), not a crash; longer lengths are
+then skipped. Every length, the load and the whole evaluation have wall-time limits.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from quasar.evaluate import protocol, workload
+from quasar.evaluate.report import (
+    ERROR,
+    FAIL,
+    OK,
+    OOM,
+    PASS,
+    SKIPPED,
+    TIMEOUT,
+    EvaluationReport,
+    ImportCheck,
+    LengthResult,
+    Timings,
+)
+from quasar.evaluate.sandbox import SandboxedChild, SandboxError, SandboxPolicy, SandboxUnavailable
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SEQ_LENS = (512, 1024, 2048)
+MIN_SEQ_LEN = 64
+MAX_SEQ_LEN = 1 << 24
+# CPU runs exist for tests and small lengths; they are not a benchmark.
+CPU_MAX_SEQ_LEN = 65536
+CPU_NOTE = "cpu: for tests and small lengths only, not a benchmark"
+
+# Correctness (see the module docstring).
+REL_ERROR_THRESHOLD = 2e-2
+BLOCK_TOKENS = 64
+BLOCK_ERROR_THRESHOLD = 2 * REL_ERROR_THRESHOLD
+# A timed run's fingerprint estimates its error with the noise of a 16-sample mean square; twice
+# the threshold leaves an honest fork a margin the noise essentially never crosses.
+FINGERPRINT_TOLERANCE = 2 * REL_ERROR_THRESHOLD
+# Two runs on the same input (deterministic kernels agree exactly).
+REPEAT_TOLERANCE = REL_ERROR_THRESHOLD / 4
+# The output sent for the check against the run's own fingerprint: the same tensor, up to rounding.
+CONSISTENCY_TOLERANCE = 1e-3
+
+# Which timed runs are checked against the reference.
+VERIFY_ALL_UP_TO = 16384
+MAX_VERIFIED = 32
+VERIFY_SAMPLE = 4
+
+# Calibration of the harness's own cost per request, before fork code is loaded.
+CALIBRATION_WARMUP = 2
+CALIBRATION_RUNS = 7
+# A forward time is never reported below this (calibration noise at tiny lengths).
+MIN_FORWARD_NS = 1000
+LOAD_TIMEOUT_S = 600.0
+
+
+class EvaluationInputError(ValueError):
+    """The evaluation was asked for something it cannot do; the message names the argument."""
+
+
+@dataclass(frozen=True)
+class EvaluationOptions:
+    """How to evaluate: lengths, device, limits, repeat counts, sandbox policy."""
+
+    seq_lens: tuple[int, ...] = DEFAULT_SEQ_LENS
+    device: str = "cuda"
+    timeout_s: float = 3600.0
+    length_timeout_s: float = 900.0
+    import_profile: str = "core"
+    require_cu: bool = False
+    warmup_runs: int = 3
+    min_timed_runs: int = 10
+    max_timed_runs: int = 100
+    # Timed runs per length: as many as fit in this many seconds, within the two bounds above.
+    timed_seconds: float = 2.0
+    weights_seed: int | None = None
+    policy: SandboxPolicy = field(default_factory=SandboxPolicy)
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """A step of an evaluation, for progress displays: ``done`` of ``total`` in ``stage``."""
+
+    stage: str
+    seq_len: int | None = None
+    done: int = 0
+    total: int = 0
+
+
+ProgressCallback = Callable[[ProgressEvent], None]
+
+
+@dataclass
+class _Iteration:
+    input_seed: int
+    basis_seed: int
+    fingerprint: list
+    forward_ns: int = 0
+
+
+@dataclass
+class _LengthRun:
+    result: LengthResult
+    timed: list[_Iteration] = field(default_factory=list)
+    check: _Iteration | None = None
+    output: torch.Tensor | None = None
+    repeat: _Iteration | None = None
+
+
+class _ChildFailure(Exception):
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _new_seed() -> int:
+    return secrets.randbits(63)
+
+
+def _mib(nbytes: int | None) -> float | None:
+    return None if nbytes is None else nbytes / (1 << 20)
+
+
+def check_lengths(seq_lens: Sequence[int], target_seq_len: int, device: str) -> list[int]:
+    """The sorted lengths to run (``seq_lens`` plus the target); raises EvaluationInputError."""
+    lengths = sorted(set(seq_lens) | {target_seq_len})
+    for length in lengths:
+        if isinstance(length, bool) or not isinstance(length, int) or not MIN_SEQ_LEN <= length <= MAX_SEQ_LEN:
+            raise EvaluationInputError(f"sequence length {length!r}: expected an integer from {MIN_SEQ_LEN} to {MAX_SEQ_LEN}")
+        if device == "cpu" and length > CPU_MAX_SEQ_LEN:
+            raise EvaluationInputError(f"sequence length {length}: CPU runs are limited to {CPU_MAX_SEQ_LEN} tokens ({CPU_NOTE})")
+    return lengths
+
+
+class _Session:
+    """The parent's side of the conversation with one sandboxed child."""
+
+    def __init__(self, child: SandboxedChild, deadline: float):
+        self.child = child
+        self.deadline = deadline
+
+    def _failure(self, error: Exception, what: str) -> _ChildFailure:
+        if self.child.flood_reason:
+            return _ChildFailure(ERROR, self.child.flood_reason)
+        if isinstance(error, protocol.ChannelTimeout):
+            return _ChildFailure(TIMEOUT, f"{what} timed out")
+        if isinstance(error, (protocol.ChannelClosed, BrokenPipeError)):
+            return _ChildFailure(ERROR, f"the child process exited during {what}")
+        return _ChildFailure(ERROR, f"the child broke the protocol during {what}: {error}")
+
+    def request(self, header: dict, deadline: float, what: str, max_payload: int = 0) -> tuple[dict, bytearray | None, int]:
+        """Send ``header``, wait for the reply; returns ``(reply, payload, round-trip ns)``."""
+        deadline = min(deadline, self.deadline)
+        assert self.child.channel is not None
+        try:
+            start = time.perf_counter_ns()
+            self.child.channel.send(header)
+            reply, payload = self.child.channel.recv(deadline=deadline, max_payload=max_payload)
+            elapsed = time.perf_counter_ns() - start
+        except (protocol.ChannelError, OSError) as error:
+            raise self._failure(error, what) from None
+        if self.child.flood_reason:
+            raise _ChildFailure(ERROR, self.child.flood_reason)
+        return reply, payload, elapsed
+
+
+def _reply_failure(reply: dict, seq_len: int | None, what: str) -> _ChildFailure:
+    message = str(reply.get("error", "unknown error"))
+    if reply.get("kind") == "oom":
+        peak = _mib(reply.get("peak_bytes")) if isinstance(reply.get("peak_bytes"), int) else None
+        shown = f"{peak:,.0f} MiB" if peak is not None else "unknown"
+        return _ChildFailure(OOM, f"OOM at T={seq_len}, peak {shown}")
+    last_line = message.strip().splitlines()[-1] if message.strip() else message
+    return _ChildFailure(ERROR, f"{what} failed: {last_line}")
+
+
+def _as_fingerprint(reply: dict) -> list:
+    values = reply.get("fingerprint")
+    return values if isinstance(values, list) else []
+
+
+def _calibrate(session: _Session, lengths: list[int], timings: Timings, progress: ProgressCallback) -> dict[int, int]:
+    """Minimum round trip of everything a run does but the layer, per length (trusted: no fork code yet)."""
+    started = time.monotonic()
+    costs: dict[int, int] = {}
+    for index, length in enumerate(lengths):
+        progress(ProgressEvent("calibrate", length, index, len(lengths)))
+        samples = []
+        for attempt in range(CALIBRATION_WARMUP + CALIBRATION_RUNS):
+            header = {"op": "calibrate", "seq_len": length, "input_seed": _new_seed(), "basis_seed": _new_seed()}
+            reply, _, elapsed = session.request(header, session.deadline, "calibration")
+            if not reply.get("ok"):
+                raise _reply_failure(reply, length, "calibration")
+            if attempt >= CALIBRATION_WARMUP:
+                samples.append(elapsed)
+        costs[length] = min(samples)
+    timings.calibration_s = time.monotonic() - started
+    return costs
+
+
+def _run_once(session: _Session, length: int, deadline: float, what: str,
+              seeds: tuple[int, int] | None = None) -> tuple[_Iteration, int]:
+    input_seed, basis_seed = seeds if seeds is not None else (_new_seed(), _new_seed())
+    header = {"op": "run", "seq_len": length, "input_seed": input_seed, "basis_seed": basis_seed}
+    reply, _, elapsed = session.request(header, deadline, what)
+    if not reply.get("ok"):
+        raise _reply_failure(reply, length, what)
+    return _Iteration(input_seed, basis_seed, _as_fingerprint(reply)), elapsed
+
+
+def _receive_output(session: _Session, length: int, deadline: float) -> torch.Tensor:
+    limit = length * workload.HIDDEN_SIZE * 4
+    reply, payload, _ = session.request({"op": "output"}, deadline, "sending the output", max_payload=limit)
+    if not reply.get("ok"):
+        raise _reply_failure(reply, length, "sending the output")
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    dtype = dtypes.get(reply.get("dtype"))
+    shape = reply.get("shape")
+    expected_shape = [1, length, workload.HIDDEN_SIZE]
+    if dtype is None or shape != expected_shape or payload is None:
+        raise _ChildFailure(ERROR, f"the output sent has dtype {reply.get('dtype')!r} and shape {shape}, "
+                                   f"expected a float tensor of shape {expected_shape}")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if len(payload) != length * workload.HIDDEN_SIZE * itemsize:
+        raise _ChildFailure(ERROR, f"the output sent has {len(payload)} bytes, expected {length * workload.HIDDEN_SIZE * itemsize}")
+    return torch.frombuffer(payload, dtype=torch.uint8).view(dtype).reshape(expected_shape)
+
+
+def _peak(session: _Session, deadline: float, reset: bool) -> int | None:
+    reply, _, _ = session.request({"op": "memory", "reset": reset}, deadline, "reading memory use")
+    peak = reply.get("peak_bytes")
+    return peak if isinstance(peak, int) and not isinstance(peak, bool) else None
+
+
+def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, harness_ns: int,
+                timings: Timings, progress: ProgressCallback) -> None:
+    """Warm-up, timed runs, correctness run and repeat at one length; fills ``run``."""
+    length = run.result.seq_len
+    deadline = time.monotonic() + options.length_timeout_s
+    _peak(session, deadline, reset=True)
+
+    started = time.monotonic()
+    warm_ns = []
+    for index in range(options.warmup_runs):
+        progress(ProgressEvent("warmup", length, index, options.warmup_runs))
+        _, elapsed = _run_once(session, length, deadline, f"warm-up at T={length}")
+        warm_ns.append(max(elapsed - harness_ns, MIN_FORWARD_NS))
+    timings.warmup_s += time.monotonic() - started
+
+    estimate_s = (min(warm_ns[-2:]) if warm_ns else MIN_FORWARD_NS) / 1e9
+    count = math.ceil(options.timed_seconds / max(estimate_s, 1e-9))
+    count = max(options.min_timed_runs, min(options.max_timed_runs, count))
+    for index in range(count):
+        progress(ProgressEvent("timed", length, index, count))
+        iteration, elapsed = _run_once(session, length, deadline, f"timed run at T={length}")
+        iteration.forward_ns = max(elapsed - harness_ns, MIN_FORWARD_NS)
+        timings.timed_s += elapsed / 1e9
+        run.timed.append(iteration)
+    progress(ProgressEvent("timed", length, count, count))
+    run.result.peak_vram_mb = _mib(_peak(session, deadline, reset=False))
+
+    started = time.monotonic()
+    progress(ProgressEvent("correctness", length, 0, 1))
+    run.check, _ = _run_once(session, length, deadline, f"correctness run at T={length}")
+    run.output = _receive_output(session, length, deadline)
+    run.repeat, _ = _run_once(session, length, deadline, f"repeat run at T={length}",
+                              seeds=(run.check.input_seed, run.check.basis_seed))
+    timings.correctness_s += time.monotonic() - started
+
+    forward = sorted(i.forward_ns for i in run.timed)
+    median_ns = statistics.median(forward)
+    run.result.status = OK
+    run.result.timed_runs = len(forward)
+    run.result.median_ms = median_ns / 1e6
+    run.result.tokens_per_sec = length / (median_ns / 1e9)
+    run.result.tokens_per_sec_min = length / (forward[-1] / 1e9)
+    run.result.tokens_per_sec_max = length / (forward[0] / 1e9)
+    run.result.cv = statistics.pstdev(forward) / statistics.fmean(forward)
+    run.result.subtracted_us = harness_ns / 1e3
+
+
+def _benchmark_in_sandbox(repo: Path, lengths: list[int], weights_seed: int, options: EvaluationOptions,
+                          deadline: float, timings: Timings, progress: ProgressCallback,
+                          report: EvaluationReport) -> dict[int, _LengthRun]:
+    runs = {length: _LengthRun(LengthResult(seq_len=length)) for length in lengths}
+    started = time.monotonic()
+    progress(ProgressEvent("start"))
+    try:
+        child = SandboxedChild(repo, options.device, options.policy).__enter__()
+    except SandboxUnavailable as error:
+        report.reasons.append(f"sandbox unavailable: {error}")
+        return runs
+    except SandboxError as error:
+        report.reasons.append(f"sandbox: {error}")
+        return runs
+    try:
+        timings.startup_s = time.monotonic() - started
+        report.sandbox = child.isolation_note
+        session = _Session(child, deadline)
+        try:
+            harness_ns = _calibrate(session, lengths, timings, progress)
+            started = time.monotonic()
+            progress(ProgressEvent("load"))
+            header = {"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed}
+            reply, _, _ = session.request(header, time.monotonic() + LOAD_TIMEOUT_S, "loading the fork's layer")
+            timings.load_s = time.monotonic() - started
+            if not reply.get("ok"):
+                raise _reply_failure(reply, None, "loading the fork's layer (fla.layers.quasar.QuasarAttention)")
+        except _ChildFailure as failure:
+            report.reasons.append(failure.message)
+            return runs
+        for length in lengths:
+            run = runs[length]
+            try:
+                _run_length(session, run, options, harness_ns[length], timings, progress)
+            except _ChildFailure as failure:
+                run.result.status = failure.status
+                run.result.error = failure.message
+                run.timed, run.check, run.output, run.repeat = [], None, None, None
+                if failure.status != ERROR or child.process is None or child.process.poll() is not None:
+                    break
+                continue
+            logger.info("T=%d: %.0f tokens/s (median of %d, cv %.3f)", length, run.result.tokens_per_sec,
+                        run.result.timed_runs, run.result.cv)
+    finally:
+        child.close()
+        report.log_tail = child.output.text()[-8000:]
+        if child.stragglers_killed:
+            report.reasons.append(f"{child.stragglers_killed} process(es) started by the fork outlived it and were killed")
+    return runs
+
+
+def _reference_output(reference: torch.nn.Module, iteration: _Iteration, length: int, device: str) -> torch.Tensor:
+    hidden = workload.make_input(iteration.input_seed, length, device)
+    with torch.inference_mode():
+        return reference(hidden)[0]
+
+
+def fingerprint_error(claimed: list, expected: torch.Tensor, reference_norms: torch.Tensor) -> float:
+    """Largest per-eighth error estimate of a reported fingerprint against the reference's.
+
+    ``||claimed_e - expected_e|| / (sqrt(K) · ||reference_e||)``; ``inf`` for a malformed or
+    non-finite fingerprint.
+    """
+    try:
+        values = torch.tensor(claimed, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        return math.inf
+    if values.shape != expected.shape or not torch.isfinite(values).all():
+        return math.inf
+    difference = torch.linalg.vector_norm(values - expected.double().cpu(), dim=1)
+    scale = math.sqrt(expected.shape[1]) * reference_norms.double().cpu()
+    errors = [float(d / s) if s > 0 else (0.0 if d == 0 else math.inf) for d, s in zip(difference, scale)]
+    return max(errors)
+
+
+def worst_block_error(output: torch.Tensor, reference: torch.Tensor, block: int = BLOCK_TOKENS) -> float:
+    """Largest error over ``block``-token blocks, relative to the reference's RMS per token."""
+    out = output.reshape(-1, output.shape[-1])
+    ref = reference.reshape(-1, reference.shape[-1])
+    error_sq = torch.cat([(out[a:b].double() - ref[a:b].double()).square().sum(-1)
+                          for a, b in workload.segment_bounds(out.shape[0])])
+    mean_ref_sq = float(ref.double().square().sum()) / ref.shape[0]
+    if not math.isfinite(float(error_sq.sum())):
+        return math.inf
+    if mean_ref_sq == 0:
+        return 0.0 if float(error_sq.sum()) == 0 else math.inf
+    padded = torch.nn.functional.pad(error_sq, (0, (-error_sq.shape[0]) % block))
+    sums = padded.reshape(-1, block).sum(1)
+    counts = torch.full_like(sums, block)
+    counts[-1] = error_sq.shape[0] - block * (sums.shape[0] - 1)
+    return float(torch.sqrt(sums / (counts * mean_ref_sq)).max())
+
+
+def _relative_difference(a: list, b: list) -> float:
+    try:
+        left, right = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        return math.inf
+    if left.shape != right.shape or not (torch.isfinite(left).all() and torch.isfinite(right).all()):
+        return math.inf
+    scale = float(torch.linalg.vector_norm(right))
+    difference = float(torch.linalg.vector_norm(left - right))
+    return difference / scale if scale > 0 else (0.0 if difference == 0 else math.inf)
+
+
+def _verify(runs: dict[int, _LengthRun], weights_seed: int, device: str, timings: Timings,
+            progress: ProgressCallback) -> list[str]:
+    """Check every run against the reference in this process; returns the reasons to fail."""
+    from quasar.reference import QuasarAttentionReference, relative_error
+
+    pending = [run for run in runs.values() if run.check is not None and run.output is not None]
+    if not pending:
+        return []
+    started = time.monotonic()
+    reasons: list[str] = []
+    reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
+    reference.load_state_dict(workload.make_weights(weights_seed), strict=True)
+    reference = reference.to(device).eval()
+    chooser = secrets.SystemRandom()
+    for run in pending:
+        result, length = run.result, run.result.seq_len
+        assert run.check is not None and run.output is not None and run.repeat is not None
+        if length <= VERIFY_ALL_UP_TO:
+            chosen = run.timed if len(run.timed) <= MAX_VERIFIED else chooser.sample(run.timed, MAX_VERIFIED)
+        else:
+            chosen = chooser.sample(run.timed, min(VERIFY_SAMPLE, len(run.timed)))
+        progress(ProgressEvent("reference", length, 0, len(chosen) + 1))
+        expected = _reference_output(reference, run.check, length, device)
+        output = run.output.to(device)
+        result.finite = bool(torch.isfinite(output).all())
+        result.rel_error = relative_error(output, expected)
+        bounds = workload.segment_bounds(length)
+        result.rel_error_eighths = [relative_error(output[:, a:b], expected[:, a:b]) for a, b in bounds]
+        result.worst_block_error = worst_block_error(output, expected)
+        basis = workload.make_basis(run.check.basis_seed, length, device)
+        consistency = fingerprint_error(run.check.fingerprint, workload.fingerprint(output, basis),
+                                        workload.segment_norms(expected))
+        result.repeat_rel_diff = _relative_difference(run.repeat.fingerprint, run.check.fingerprint)
+        result.repeat_agree = result.repeat_rel_diff <= REPEAT_TOLERANCE
+        del output, expected
+
+        worst, failed = 0.0, 0
+        for index, iteration in enumerate(chosen):
+            progress(ProgressEvent("reference", length, index + 1, len(chosen) + 1))
+            expected = _reference_output(reference, iteration, length, device)
+            basis = workload.make_basis(iteration.basis_seed, length, device)
+            error = fingerprint_error(iteration.fingerprint, workload.fingerprint(expected, basis),
+                                      workload.segment_norms(expected))
+            worst = max(worst, error)
+            failed += error > FINGERPRINT_TOLERANCE
+            del expected
+        result.runs_verified = len(chosen)
+        result.fingerprint_error = worst
+
+        where = f"T={length}"
+        length_reasons = []
+        if not result.finite:
+            length_reasons.append(f"{where}: the output has NaN or infinite values")
+        if not result.rel_error <= REL_ERROR_THRESHOLD:
+            length_reasons.append(f"{where}: the output differs from the reference: relative error "
+                                  f"{result.rel_error:.3g} > {REL_ERROR_THRESHOLD:g} over the whole sequence")
+        bad = [i + 1 for i, e in enumerate(result.rel_error_eighths) if not e <= REL_ERROR_THRESHOLD]
+        if bad:
+            shown = ", ".join(f"{i} ({result.rel_error_eighths[i - 1]:.3g})" for i in bad)
+            length_reasons.append(f"{where}: eighths {shown} of the sequence differ from the reference "
+                                  f"(relative error > {REL_ERROR_THRESHOLD:g})")
+        if not result.worst_block_error <= BLOCK_ERROR_THRESHOLD:
+            length_reasons.append(f"{where}: a {BLOCK_TOKENS}-token block differs from the reference (error "
+                                  f"{result.worst_block_error:.3g} of the sequence RMS > {BLOCK_ERROR_THRESHOLD:g})")
+        if not consistency <= CONSISTENCY_TOLERANCE:
+            length_reasons.append(f"{where}: the output sent for the check is not the output its run fingerprinted "
+                                  f"(difference {consistency:.3g})")
+        if failed:
+            length_reasons.append(f"{where}: {failed} of {len(chosen)} timed runs checked do not match the reference "
+                                  f"(largest error {worst:.3g} > {FINGERPRINT_TOLERANCE:g}): the output was not "
+                                  "computed from that run's input")
+        if not result.repeat_agree:
+            length_reasons.append(f"{where}: two runs on the same input disagree (relative difference "
+                                  f"{result.repeat_rel_diff:.3g} > {REPEAT_TOLERANCE:g})")
+        result.correct = not length_reasons
+        reasons += length_reasons
+        run.output = None
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    timings.reference_s = time.monotonic() - started
+    return reasons
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return "cpu" if device == "cpu" else f"{device} (not available to the parent)"
+
+
+def _import_check(repo: Path, options: EvaluationOptions) -> ImportCheck:
+    from quasar.imports import validate_repo
+
+    found = validate_repo(repo, profile=options.import_profile, require_cu=options.require_cu)
+    return ImportCheck(ok=found.ok, profile=options.import_profile,
+                       errors=[str(f) for f in found.errors], warnings=[str(f) for f in found.warnings])
+
+
+def _score(report: EvaluationReport, runs: dict[int, _LengthRun]) -> None:
+    """Claim check, league, weighted score and recommended claim (QUASAR.md section 5)."""
+    from quasar import scoring
+
+    target = report.target_seq_len
+    league = scoring.league_for(target)
+    report.league, report.multiplier = league.name, league.multiplier
+    target_run = runs[target]
+    measured = target_run.result.tokens_per_sec if target_run.result.status == OK else None
+    report.measured_tokens_per_sec = measured
+    if measured is None:
+        report.reasons.append(f"the target length T={target} was not measured")
+        return
+    slowest = max(i.forward_ns for i in target_run.timed)
+    report.recommended_claim = target / (slowest / 1e9)
+    claimed = report.claimed_tokens_per_sec
+    if claimed is not None:
+        report.claim_ok = measured >= scoring.CLAIM_FACTOR * claimed
+        if not report.claim_ok:
+            report.reasons.append(f"measured {measured:,.0f} tokens/s at T={target} is below {scoring.CLAIM_FACTOR} "
+                                  f"× claimed {claimed:,.0f}")
+    correct = all(run.result.correct for run in runs.values())
+    result = scoring.Result(
+        hotkey="evaluation", submission_id=0, submitted_at=0.0, target_sequence_length=target,
+        claimed_tokens_per_sec=claimed if claimed is not None else measured,
+        measured_tokens_per_sec=measured, correct=correct, logits_ok=None,
+    )
+    report.weighted_score = scoring.weighted_score(result)
+
+
+def evaluate(
+    repo_path: str | Path,
+    target_seq_len: int,
+    claimed_tokens_per_sec: float | None = None,
+    options: EvaluationOptions | None = None,
+    progress: ProgressCallback | None = None,
+) -> EvaluationReport:
+    """Evaluate the fork checked out at ``repo_path`` for ``target_seq_len``; never raises for the fork's faults.
+
+    Runs the import check, then (if it passes) the fork's layer in a sandboxed child at every
+    length of ``options.seq_lens`` plus the target, checks it against the reference, the claim
+    and the score. Raises :class:`EvaluationInputError` only for bad arguments (a missing
+    directory, a length out of range, a non-positive claim).
+    """
+    options = options or EvaluationOptions()
+    progress = progress or (lambda event: None)
+    started = time.monotonic()
+    repo = Path(repo_path)
+    if not repo.is_dir():
+        raise EvaluationInputError(f"repository path {str(repo)!r} is not a directory")
+    if claimed_tokens_per_sec is not None and not (math.isfinite(claimed_tokens_per_sec) and claimed_tokens_per_sec > 0):
+        raise EvaluationInputError(f"claimed tokens/sec must be a positive number, got {claimed_tokens_per_sec!r}")
+    if options.device != "cpu" and not options.device.startswith("cuda"):
+        raise EvaluationInputError(f"device must be cpu, cuda or cuda:N, got {options.device!r}")
+    lengths = check_lengths(options.seq_lens, target_seq_len, options.device)
+    weights_seed = options.weights_seed if options.weights_seed is not None else _new_seed()
+    report = EvaluationReport(
+        verdict=FAIL, reasons=[], repo=str(repo), target_seq_len=target_seq_len, seq_lens=lengths,
+        device=options.device, device_name="", import_check=None,
+        lengths={str(length): LengthResult(seq_len=length) for length in lengths},
+        claimed_tokens_per_sec=claimed_tokens_per_sec, weights_seed=weights_seed,
+    )
+    if options.device == "cpu":
+        report.notes.append(CPU_NOTE)
+    timings = report.timings
+
+    progress(ProgressEvent("import-check"))
+    report.import_check = _import_check(repo, options)
+    timings.import_check_s = time.monotonic() - started
+    if not report.import_check.ok:
+        report.reasons += [f"import check: {error}" for error in report.import_check.errors]
+    else:
+        deadline = time.monotonic() + options.timeout_s
+        runs = _benchmark_in_sandbox(repo, lengths, weights_seed, options, deadline, timings, progress, report)
+        report.reasons += _verify(runs, weights_seed, options.device, timings, progress)
+        for length, run in runs.items():
+            report.lengths[str(length)] = run.result
+            if run.result.status not in (OK, SKIPPED) and run.result.error:
+                report.reasons.append(run.result.error if run.result.status == OOM else f"T={length}: {run.result.error}")
+        skipped = [str(length) for length, run in runs.items() if run.result.status == SKIPPED]
+        if skipped and not any(r.startswith("sandbox") for r in report.reasons):
+            report.notes.append(f"not run: T={', '.join(skipped)}")
+        _score(report, runs)
+        if report.sandbox.startswith("UNSANDBOXED"):
+            report.notes.append(report.sandbox)
+    report.device_name = _device_name(options.device)
+    report.verdict = PASS if not report.reasons else FAIL
+    timings.total_s = time.monotonic() - started
+    progress(ProgressEvent("done"))
+    logger.info("evaluation of %s: %s%s", repo, report.verdict, "" if report.passed else f" ({'; '.join(report.reasons)})")
+    return report

@@ -1,0 +1,96 @@
+"""The message channel between the evaluation parent and its sandboxed child: a pipe pair it owns.
+
+A frame is a 4-byte big-endian header length, a JSON header, then ``header["nbytes"]`` raw bytes
+(zero for most messages; a layer output for the correctness check). The reader bounds both parts,
+so a hostile child cannot make the parent allocate or wait without limit; every parent-side read
+has a deadline. Standard library only: the child imports this file from the harness's own copy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import struct
+import time
+
+_LENGTH = struct.Struct(">I")
+MAX_HEADER_BYTES = 1 << 20
+
+
+class ChannelError(Exception):
+    """The other side broke the protocol, went away, or missed a deadline."""
+
+
+class ChannelTimeout(ChannelError):
+    """No complete message arrived before the deadline."""
+
+
+class ChannelClosed(ChannelError):
+    """The other side closed its end (it exited or crashed)."""
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+class Channel:
+    """One end of the harness's pipe pair: ``send`` frames to ``write_fd``, ``recv`` from ``read_fd``."""
+
+    def __init__(self, read_fd: int, write_fd: int):
+        self.read_fd = read_fd
+        self.write_fd = write_fd
+
+    def send(self, header: dict, payload: bytes | memoryview | None = None) -> None:
+        """Send one frame; ``payload`` (raw bytes) follows the JSON header when given."""
+        body = dict(header)
+        body["nbytes"] = 0 if payload is None else memoryview(payload).nbytes
+        encoded = json.dumps(body, separators=(",", ":")).encode()
+        _write_all(self.write_fd, _LENGTH.pack(len(encoded)) + encoded)
+        if payload is not None:
+            _write_all(self.write_fd, payload)
+
+    def _read_exact(self, size: int, deadline: float | None) -> bytearray:
+        buffer = bytearray(size)
+        view = memoryview(buffer)
+        filled = 0
+        poller = select.poll()
+        poller.register(self.read_fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        while filled < size:
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ChannelTimeout("no reply before the deadline")
+                if not poller.poll(max(1, int(remaining * 1000))):
+                    continue
+            count = os.readv(self.read_fd, [view[filled:]])
+            if count == 0:
+                raise ChannelClosed("the other side closed the channel")
+            filled += count
+        return buffer
+
+    def recv(self, deadline: float | None = None, max_payload: int = 0) -> tuple[dict, bytearray | None]:
+        """Read one frame: ``(header, payload or None)``.
+
+        ``deadline`` is a ``time.monotonic()`` value (None waits forever); a payload larger than
+        ``max_payload`` bytes, an oversized or malformed header raise :class:`ChannelError`.
+        """
+        (length,) = _LENGTH.unpack(self._read_exact(_LENGTH.size, deadline))
+        if length > MAX_HEADER_BYTES:
+            raise ChannelError(f"message header of {length} bytes exceeds the {MAX_HEADER_BYTES}-byte limit")
+        try:
+            header = json.loads(self._read_exact(length, deadline))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise ChannelError(f"malformed message header: {error}") from None
+        if not isinstance(header, dict):
+            raise ChannelError("malformed message header: not a JSON object")
+        nbytes = header.get("nbytes", 0)
+        if not isinstance(nbytes, int) or nbytes < 0:
+            raise ChannelError(f"malformed message header: nbytes={nbytes!r}")
+        if nbytes > max_payload:
+            raise ChannelError(f"message payload of {nbytes} bytes exceeds the {max_payload}-byte limit")
+        payload = self._read_exact(nbytes, deadline) if nbytes else None
+        return header, payload

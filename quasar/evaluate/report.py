@@ -1,0 +1,210 @@
+"""The evaluation report: typed results that cross from the harness to validators and miners.
+
+``EvaluationReport.to_dict()`` is the JSON of ``python -m quasar.evaluate --json`` and of
+``scripts/local_validator.py --json``; ``from_dict`` reads it back. ``render_report`` prints it as
+rich tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+PASS = "pass"
+FAIL = "fail"
+
+# Status of one sequence length.
+OK = "ok"
+OOM = "oom"
+TIMEOUT = "timeout"
+ERROR = "error"
+SKIPPED = "skipped"
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_none(v) for v in value]
+    return value
+
+
+@dataclass
+class ImportCheck:
+    """Result of the import validation of ``fla/ops/quasar/`` (QUASAR.md section 4 step 2)."""
+
+    ok: bool
+    profile: str
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LengthResult:
+    """Benchmark and correctness at one sequence length.
+
+    Speeds come from the parent's clock (see harness.py). ``peak_vram_mb`` is what the fork's
+    process reported (informational: fork code could fake it). ``rel_error`` is over the whole
+    sequence, ``rel_error_eighths`` per eighth, ``worst_block_error`` over 64-token blocks
+    relative to the sequence's RMS; ``fingerprint_error`` is the largest estimated error among
+    the timed runs checked against the reference.
+    """
+
+    seq_len: int
+    status: str = SKIPPED
+    tokens_per_sec: float | None = None
+    tokens_per_sec_min: float | None = None
+    tokens_per_sec_max: float | None = None
+    cv: float | None = None
+    median_ms: float | None = None
+    timed_runs: int = 0
+    peak_vram_mb: float | None = None
+    finite: bool | None = None
+    rel_error: float | None = None
+    rel_error_eighths: list[float] = field(default_factory=list)
+    worst_block_error: float | None = None
+    correct: bool | None = None
+    repeat_rel_diff: float | None = None
+    repeat_agree: bool | None = None
+    runs_verified: int = 0
+    fingerprint_error: float | None = None
+    subtracted_us: float | None = None
+    error: str | None = None
+
+
+@dataclass
+class Timings:
+    """Wall-clock seconds spent in each part of an evaluation (for the overhead figure)."""
+
+    import_check_s: float = 0.0
+    startup_s: float = 0.0
+    calibration_s: float = 0.0
+    load_s: float = 0.0
+    warmup_s: float = 0.0
+    timed_s: float = 0.0
+    correctness_s: float = 0.0
+    reference_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def overhead_s(self) -> float:
+        """Everything but the timed runs themselves."""
+        return self.total_s - self.timed_s
+
+
+@dataclass
+class EvaluationReport:
+    """Everything an evaluation found, with a verdict and every reason for it."""
+
+    verdict: str
+    reasons: list[str]
+    repo: str
+    target_seq_len: int
+    seq_lens: list[int]
+    device: str
+    device_name: str
+    import_check: ImportCheck | None
+    lengths: dict[str, LengthResult]
+    claimed_tokens_per_sec: float | None = None
+    measured_tokens_per_sec: float | None = None
+    claim_ok: bool | None = None
+    league: str | None = None
+    multiplier: float | None = None
+    weighted_score: float | None = None
+    recommended_claim: float | None = None
+    notes: list[str] = field(default_factory=list)
+    sandbox: str = ""
+    weights_seed: int | None = None
+    timings: Timings = field(default_factory=Timings)
+    log_tail: str = ""
+
+    @property
+    def passed(self) -> bool:
+        return self.verdict == PASS
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data; a non-finite number (a NaN output's error) becomes None."""
+        data = asdict(self)
+        data["timings"]["overhead_s"] = self.timings.overhead_s
+        return _finite_or_none(data)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False, default=str)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EvaluationReport":
+        """Rebuild a report from ``to_dict()`` output (unknown keys are ignored)."""
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        if values.get("import_check") is not None:
+            values["import_check"] = ImportCheck(**values["import_check"])
+        values["lengths"] = {
+            key: LengthResult(**{k: v for k, v in item.items() if k in {f.name for f in fields(LengthResult)}})
+            for key, item in values.get("lengths", {}).items()
+        }
+        timing_fields = {f.name for f in fields(Timings)}
+        values["timings"] = Timings(**{k: v for k, v in values.get("timings", {}).items() if k in timing_fields})
+        return cls(**values)
+
+
+def _number(value: float | None, digits: str = ",.0f") -> str:
+    if value is None:
+        return "-"
+    if not math.isfinite(value):
+        return str(value)
+    return format(value, digits)
+
+
+def _flag(value: bool | None) -> str:
+    return "-" if value is None else ("[green]yes[/]" if value else "[red]no[/]")
+
+
+def render_report(report: EvaluationReport, console: Any = None) -> None:
+    """Print ``report`` as rich tables: one row per length, then the verdict and its reasons."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=f"{report.repo} on {report.device_name or report.device}", title_justify="left")
+    for column in ("T", "status", "tok/s", "min", "max", "cv", "MiB", "rel err", "1/8 max", "finite",
+                   "repeat", "correct"):
+        table.add_column(column, justify="left" if column == "status" else "right")
+    for key in sorted(report.lengths, key=int):
+        item = report.lengths[key]
+        status = item.status if item.status == OK else f"[red]{item.status}[/]"
+        worst_eighth = max(item.rel_error_eighths) if item.rel_error_eighths else None
+        table.add_row(
+            f"{item.seq_len:,}", status, _number(item.tokens_per_sec), _number(item.tokens_per_sec_min),
+            _number(item.tokens_per_sec_max), _number(item.cv, ".3f"), _number(item.peak_vram_mb),
+            _number(item.rel_error, ".2e"), _number(worst_eighth, ".2e"), _flag(item.finite),
+            _flag(item.repeat_agree), _flag(item.correct),
+        )
+    console.print(table)
+
+    summary = Table(show_header=False, box=None)
+    summary.add_column(style="bold")
+    summary.add_column()
+    verdict = "[bold green]PASS[/]" if report.passed else "[bold red]FAIL[/]"
+    summary.add_row("verdict", verdict)
+    summary.add_row("target", f"{report.target_seq_len:,} tokens (league {report.league or '-'}, × {report.multiplier or '-'})")
+    summary.add_row("measured at target", f"{_number(report.measured_tokens_per_sec)} tokens/s")
+    if report.claimed_tokens_per_sec is not None:
+        summary.add_row("claimed", f"{_number(report.claimed_tokens_per_sec)} tokens/s ({'ok' if report.claim_ok else 'FAILS the 0.9 × claim check'})")
+    summary.add_row("weighted score", _number(report.weighted_score))
+    summary.add_row("recommended claim", f"{_number(report.recommended_claim)} tokens/s")
+    if report.import_check is not None:
+        state = "ok" if report.import_check.ok else f"{len(report.import_check.errors)} error(s)"
+        summary.add_row("import check", f"{state}, {len(report.import_check.warnings)} warning(s) ({report.import_check.profile})")
+    summary.add_row("sandbox", report.sandbox or "-")
+    summary.add_row("time", f"{report.timings.total_s:.1f} s in all, {report.timings.timed_s:.1f} s timed")
+    console.print(summary)
+    for note in report.notes:
+        console.print(f"[yellow]note:[/] {note}")
+    for warning in report.import_check.warnings if report.import_check else []:
+        console.print(f"[yellow]import warning:[/] {warning}")
+    for reason in report.reasons:
+        console.print(f"[red]reason:[/] {reason}", highlight=False)

@@ -1,0 +1,467 @@
+"""Start the fork's code in a sandboxed child process and end it completely.
+
+:class:`SandboxedChild` copies the fork (without ``.git``) and the harness's child code into a
+fresh temporary directory the parent owns, starts ``sandbox_init.py`` under ``unshare`` (new
+network, mount, PID, IPC and UTS namespaces; see that file for the private root it builds), and
+talks to it over a pipe pair it owns (protocol.py). Its stdout and stderr go to one pipe the
+parent drains: the first and last :data:`KEPT_OUTPUT_BYTES` are kept, and a child writing more
+than ``max_output_bytes`` in all is killed. The child's environment holds only what
+:func:`scrubbed_environment` lists: no tokens, no wallet paths, HOME and TMPDIR inside the
+sandbox. Closing kills the whole process group (the PID namespace takes every descendant with
+its init), then looks for stragglers carrying the sandbox's marker variable and kills those too.
+
+Isolation levels (``SandboxedChild.isolation``):
+
+- ``namespaces``: the full sandbox above, as root (child runs as ``nobody``) or as an ordinary
+  user through an unprivileged user namespace;
+- ``none``: only with ``allow_unsandboxed=True``, when namespaces are unavailable (or for
+  tests): scrubbed environment, resource limits, process-group kill, marker scan. The fork's code
+  can then read whatever the validator's user can and use the network; the report says so.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from quasar.evaluate import protocol
+
+logger = logging.getLogger(__name__)
+
+HARNESS_FILES = ("child.py", "protocol.py", "workload.py", "sandbox_init.py")
+HARNESS_DIR = Path(__file__).resolve().parent
+SANDBOX_FORK = "/sandbox/fork"
+SANDBOX_HARNESS = "/sandbox/harness"
+SANDBOX_HOME = "/sandbox/home"
+MARKER_VARIABLE = "QUASAR_SANDBOX_ID"
+KEPT_OUTPUT_BYTES = 32 * 1024
+# A fork bigger than this (without .git) is refused rather than copied.
+MAX_FORK_BYTES = 512 * 1024 * 1024
+NOBODY = 65534
+# Variables passed through from the parent's environment when set: library lookup and device
+# selection only, never credentials.
+PASSED_VARIABLES = (
+    "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TRITON_LIBCUDA_PATH", "TRITON_PTXAS_PATH",
+    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+    "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
+)
+# Read-only system directories of the private root (those that exist on this machine).
+SYSTEM_DIRECTORIES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt/conda")
+DEVICE_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+# The child's first reply (Python and torch imported) must come within this many seconds.
+STARTUP_SECONDS = 180
+
+
+class SandboxError(Exception):
+    """The sandbox could not be set up or the child misbehaved at the process level."""
+
+
+class SandboxUnavailable(SandboxError):
+    """Namespaces cannot be created here; running needs ``allow_unsandboxed``."""
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """Limits and permissions of one sandboxed child."""
+
+    allow_unsandboxed: bool = False
+    # Force the unsandboxed mode even where namespaces work (tests of the fallback path).
+    force_unsandboxed: bool = False
+    home_tmpfs_bytes: int = 4 << 30
+    tmp_tmpfs_bytes: int = 1 << 30
+    shm_tmpfs_bytes: int = 1 << 30
+    max_output_bytes: int = 64 << 20
+    max_open_files: int = 4096
+    max_processes: int = 4096
+    max_file_bytes: int = 4 << 30
+    extra_readonly_paths: tuple[str, ...] = ()
+    pytorch_cuda_alloc_conf: str = "expandable_segments:True"
+
+
+@dataclass
+class CapturedOutput:
+    """What the child wrote to stdout and stderr: its head and tail, and how much in all."""
+
+    total_bytes: int = 0
+    head: bytearray = field(default_factory=bytearray)
+    tail: collections.deque = field(default_factory=collections.deque)
+    tail_bytes: int = 0
+    flooded: bool = False
+
+    def add(self, chunk: bytes) -> None:
+        self.total_bytes += len(chunk)
+        room = KEPT_OUTPUT_BYTES - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail.append(chunk)
+            self.tail_bytes += len(chunk)
+            while self.tail_bytes - len(self.tail[0]) >= KEPT_OUTPUT_BYTES:
+                self.tail_bytes -= len(self.tail.popleft())
+
+    def text(self) -> str:
+        """Head and tail as text, with a note of what was left out between them."""
+        tail = b"".join(self.tail)[-KEPT_OUTPUT_BYTES:]
+        skipped = self.total_bytes - len(self.head) - len(tail)
+        middle = f"\n[... {skipped} bytes left out ...]\n".encode() if skipped > 0 else b""
+        return (bytes(self.head) + middle + tail).decode("utf-8", errors="replace")
+
+
+def namespaces_supported() -> tuple[bool, str]:
+    """Whether this machine can give the child its own namespaces, and why not."""
+    if not sys.platform.startswith("linux"):
+        return False, f"namespaces need Linux, this is {sys.platform}"
+    if shutil.which("unshare") is None:
+        return False, "the unshare command (util-linux) is not installed"
+    return True, ""
+
+
+def _python_directories() -> list[str]:
+    """Directories the child's Python needs: its installation, environment and site-packages."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
+    for key in ("stdlib", "platstdlib", "purelib", "platlib", "include"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            paths.add(path)
+    executable = os.path.realpath(sys.executable)
+    paths.add(os.path.dirname(os.path.dirname(executable)))
+    return sorted(p for p in paths if os.path.isdir(p))
+
+
+def _outermost(paths: list[str]) -> list[str]:
+    """Drop paths that lie inside another path of the list."""
+    kept: list[str] = []
+    for path in sorted(set(os.path.normpath(p) for p in paths), key=len):
+        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(path)
+    return kept
+
+
+def scrubbed_environment(home: str, device: str, policy: SandboxPolicy, marker: str) -> dict[str, str]:
+    """The child's whole environment: nothing of the parent's except :data:`PASSED_VARIABLES`."""
+    python_bin = os.path.dirname(sys.executable)
+    env = {
+        "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "HOME": home,
+        "TMPDIR": f"{home}/tmp",
+        "USER": "sandbox",
+        "LOGNAME": "sandbox",
+        "XDG_CACHE_HOME": f"{home}/.cache",
+        "TRITON_CACHE_DIR": f"{home}/.triton/cache",
+        "TORCHINDUCTOR_CACHE_DIR": f"{home}/.cache/torchinductor",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTORCH_CUDA_ALLOC_CONF": policy.pytorch_cuda_alloc_conf,
+        MARKER_VARIABLE: marker,
+    }
+    for name in PASSED_VARIABLES:
+        if name in os.environ:
+            env[name] = os.environ[name]
+    if device.startswith("cuda"):
+        index = int(device.split(":")[1]) if ":" in device else 0
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        choices = [v.strip() for v in visible.split(",")] if visible else None
+        if choices is not None and index >= len(choices):
+            raise SandboxError(f"device {device}: CUDA_VISIBLE_DEVICES={visible} has no device {index}")
+        env["CUDA_VISIBLE_DEVICES"] = choices[index] if choices is not None else str(index)
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def _copy_tree(source: Path, destination: Path) -> None:
+    """Copy a fork without ``.git``, without following links out of it, world-readable."""
+    total = 0
+
+    def ignore(directory: str, names: list[str]) -> set[str]:
+        nonlocal total
+        skipped = {".git"} if directory == str(source) else set()
+        for name in names:
+            path = os.path.join(directory, name)
+            if os.path.islink(path):
+                resolved = os.path.realpath(path)
+                if not (resolved == str(source) or resolved.startswith(str(source) + os.sep)):
+                    skipped.add(name)
+            elif os.path.isfile(path):
+                total += os.path.getsize(path)
+        if total > MAX_FORK_BYTES:
+            raise SandboxError(f"the fork is larger than {MAX_FORK_BYTES >> 20} MiB without .git")
+        return skipped
+
+    shutil.copytree(source, destination, symlinks=True, ignore=ignore)
+    for directory, dirnames, filenames in os.walk(destination):
+        os.chmod(directory, 0o755)
+        for name in filenames:
+            path = os.path.join(directory, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o755 if os.access(path, os.X_OK) else 0o644)
+
+
+class SandboxedChild:
+    """One sandboxed child process serving the harness's requests; use as a context manager."""
+
+    def __init__(self, fork_dir: str | os.PathLike, device: str, policy: SandboxPolicy):
+        self.fork_source = Path(fork_dir).resolve()
+        self.device = device
+        self.policy = policy
+        self.marker = secrets.token_hex(16)
+        self.output = CapturedOutput()
+        self.isolation = "none"
+        self.isolation_note = ""
+        self.stragglers_killed = 0
+        self.workdir: Path | None = None
+        self.process: subprocess.Popen | None = None
+        self.channel: protocol.Channel | None = None
+        self._parent_fds: list[int] = []
+        self._drain_thread: threading.Thread | None = None
+        self.flood_reason = ""
+
+    # --- paths as the child sees them ---
+
+    def _layout(self, namespaced: bool) -> tuple[str, str, str]:
+        assert self.workdir is not None
+        if namespaced:
+            return SANDBOX_FORK, SANDBOX_HARNESS, SANDBOX_HOME
+        return str(self.workdir / "fork"), str(self.workdir / "harness"), str(self.workdir / "home")
+
+    @property
+    def fork_dir(self) -> str:
+        return self._layout(self.isolation == "namespaces")[0]
+
+    def _config(self, mode: str, child_fds: tuple[int, int]) -> dict:
+        namespaced = mode != "none"
+        fork, harness, home = self._layout(namespaced)
+        env = scrubbed_environment(home, self.device, self.policy, self.marker)
+        python = sys.executable
+        argv = [python, "-I", f"{harness}/child.py", str(child_fds[0]), str(child_fds[1]),
+                "cuda" if self.device.startswith("cuda") else "cpu"]
+        rlimits = {"CORE": 0, "NOFILE": self.policy.max_open_files, "FSIZE": self.policy.max_file_bytes}
+        if mode == "root":
+            # Counted per uid: in root mode the child is the only user of uid nobody we know of.
+            rlimits["NPROC"] = self.policy.max_processes
+        assert self.workdir is not None
+        config = {
+            "mode": mode, "read_fd": child_fds[0], "write_fd": child_fds[1], "argv": argv, "env": env,
+            "cwd": home, "rlimits": rlimits, "uid": NOBODY, "gid": NOBODY,
+            "root_dir": str(self.workdir / "root"),
+        }
+        if namespaced:
+            directories = list(SYSTEM_DIRECTORIES) + _python_directories() + list(self.policy.extra_readonly_paths)
+            for variable in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH"):
+                directories += [p for p in os.environ.get(variable, "").split(":") if p]
+            binds, links = [], []
+            for path in _outermost([p for p in directories if os.path.lexists(p)]):
+                if os.path.islink(path) and os.path.dirname(path) == "/":
+                    links.append([os.readlink(path), path])
+                elif os.path.isdir(path):
+                    binds.append([path, path])
+            binds += [[str(self.workdir / "fork"), SANDBOX_FORK], [str(self.workdir / "harness"), SANDBOX_HARNESS]]
+            owner = f",uid={NOBODY},gid={NOBODY}" if mode == "root" else ""
+            config.update({
+                "ro_binds": binds,
+                "symlinks": links,
+                "devices": [d for d in DEVICE_NODES if os.path.exists(d)] + self._nvidia_devices(),
+                "tmpfs": [
+                    [SANDBOX_HOME, f"mode=0700,size={self.policy.home_tmpfs_bytes}{owner}"],
+                    ["/tmp", f"mode=1777,size={self.policy.tmp_tmpfs_bytes}"],
+                    ["/dev/shm", f"mode=1777,size={self.policy.shm_tmpfs_bytes}"],
+                ],
+            })
+        return config
+
+    def _nvidia_devices(self) -> list[str]:
+        if not self.device.startswith("cuda") or not os.path.isdir("/dev"):
+            return []
+        return sorted(f"/dev/{name}" for name in os.listdir("/dev") if name.startswith("nvidia"))
+
+    # --- lifecycle ---
+
+    def __enter__(self) -> "SandboxedChild":
+        self.workdir = Path(tempfile.mkdtemp(prefix="quasar-eval-"))
+        try:
+            _copy_tree(self.fork_source, self.workdir / "fork")
+            (self.workdir / "harness").mkdir(mode=0o755)
+            for name in HARNESS_FILES:
+                shutil.copyfile(HARNESS_DIR / name, self.workdir / "harness" / name)
+                os.chmod(self.workdir / "harness" / name, 0o644)
+            (self.workdir / "root").mkdir(mode=0o700)
+            home = self.workdir / "home"
+            (home / "tmp").mkdir(parents=True, mode=0o700)
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _start(self) -> None:
+        supported, why = namespaces_supported()
+        if self.policy.force_unsandboxed:
+            supported, why = False, "unsandboxed mode was forced"
+        if supported:
+            mode = "root" if os.geteuid() == 0 else "userns"
+            try:
+                self._spawn(mode)
+                self.isolation = "namespaces"
+                self.isolation_note = (
+                    "namespaces (network, mount, pid, ipc, uts); private read-only root; "
+                    + ("uid nobody" if mode == "root" else "unprivileged user namespace")
+                )
+                return
+            except SandboxUnavailable as error:
+                self._terminate()
+                why = str(error)
+        if not self.policy.allow_unsandboxed:
+            raise SandboxUnavailable(f"{why}; refusing to run the fork without a sandbox "
+                                     "(pass --allow-unsandboxed to run it anyway)")
+        logger.warning("running the fork WITHOUT a sandbox: %s", why)
+        self._spawn("none")
+        self.isolation = "none"
+        self.isolation_note = f"UNSANDBOXED ({why}): fork code ran with this user's files and network"
+
+    def _spawn(self, mode: str) -> None:
+        assert self.workdir is not None
+        to_child_read, to_child_write = os.pipe()
+        from_child_read, from_child_write = os.pipe()
+        child_fds = (to_child_read, from_child_write)
+        self._parent_fds = [to_child_write, from_child_read]
+        config = self._config(mode, child_fds)
+        init = [sys.executable, "-I", "-S", str(self.workdir / "harness" / "sandbox_init.py"), json.dumps(config)]
+        if mode == "none":
+            command = init
+        else:
+            command = ["unshare", "--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
+            if mode == "userns":
+                command[1:1] = ["--user", "--map-root-user"]
+            command += init
+        self.output = CapturedOutput()
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            pass_fds=child_fds, start_new_session=True, env=config["env"], cwd=str(self.workdir),
+        )
+        os.close(to_child_read)
+        os.close(from_child_write)
+        self.channel = protocol.Channel(from_child_read, to_child_write)
+        self._drain_thread = threading.Thread(target=self._drain, daemon=True)
+        self._drain_thread.start()
+        self._await_first_reply()
+
+    def _await_first_reply(self) -> None:
+        """Ping through a fresh sandbox: a setup failure arrives as a ``sandbox`` error instead."""
+        assert self.channel is not None
+        try:
+            self.channel.send({"op": "ping"})
+            reply, _ = self.channel.recv(deadline=time.monotonic() + STARTUP_SECONDS)
+        except (protocol.ChannelError, OSError) as error:
+            raise SandboxUnavailable(f"the sandbox did not start ({error}): {self.output.text()[-2000:]}") from None
+        if reply.get("kind") == "sandbox":
+            raise SandboxUnavailable(str(reply.get("error")))
+
+    def _drain(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        stream = self.process.stdout
+        while True:
+            chunk = stream.read1(1 << 16)
+            if not chunk:
+                return
+            self.output.add(chunk)
+            if self.output.total_bytes > self.policy.max_output_bytes and not self.output.flooded:
+                self.output.flooded = True
+                self.flood_reason = (f"the fork wrote over {self.policy.max_output_bytes >> 20} MiB to "
+                                     "stdout/stderr; the child was killed")
+                self._kill_group()
+
+    def _kill_group(self) -> None:
+        if self.process is None:
+            return
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _terminate(self) -> None:
+        self._kill_group()
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                logger.error("sandbox launcher %d did not exit after SIGKILL", self.process.pid)
+        if self._drain_thread is not None:
+            self._drain_thread.join(timeout=5)
+        for fd in self._parent_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._parent_fds = []
+        if self.process is not None and self.process.stdout is not None:
+            self.process.stdout.close()
+        self.stragglers_killed += kill_marked_processes(self.marker)
+
+    def close(self) -> None:
+        """Kill everything the child started and delete the temporary directory."""
+        if self.channel is not None and self.process is not None and self.process.poll() is None:
+            try:
+                self.channel.send({"op": "exit"})
+                self.process.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._terminate()
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+
+def _marked(pid: int, needle: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            return needle in environ.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def kill_marked_processes(marker: str, grace_seconds: float = 2.0) -> int:
+    """Kill processes whose environment carries ``QUASAR_SANDBOX_ID=marker``; return how many.
+
+    The PID namespace already ends every sandboxed process with its init; this catches what
+    slips out in unsandboxed mode (a double fork with setsid) and waits ``grace_seconds`` for a
+    dying namespace to empty before counting.
+    """
+    if not os.path.isdir("/proc"):
+        return 0
+    needle = f"{MARKER_VARIABLE}={marker}".encode()
+    killed: set[int] = set()
+    deadline = time.monotonic() + grace_seconds
+    while True:
+        found = [int(name) for name in os.listdir("/proc") if name.isdigit() and _marked(int(name), needle)]
+        if not found:
+            return len(killed)
+        if time.monotonic() >= deadline:
+            for pid in found:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if killed.issuperset(found):
+                time.sleep(0.1)
+                return len(killed)
+        time.sleep(0.05)
