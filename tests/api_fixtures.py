@@ -1,0 +1,171 @@
+"""Shared pieces of the submission API tests: wallets, a dev chain, a real server on 127.0.0.1, and the
+two database backends (an SQLite file, and a throwaway PostgreSQL server started once per session).
+
+Import the fixtures into a test module (``from api_fixtures import ...``). PostgreSQL tests skip
+locally when no server can be started, and fail under CI (``CI=true``), where ./scripts/test.sh
+has installed it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import bittensor as bt
+import httpx
+import pytest
+import uvicorn
+
+from quasar.api.app import create_app
+from quasar.api.client import ApiClient
+from quasar.api.db import Database
+from quasar.api.devdb import PostgresUnavailable, TemporaryPostgres, free_port
+from quasar.api.service import ApiConfig
+from quasar.chain.devchain import DevChain
+
+BACKENDS = ["sqlite", "postgresql"]
+SLOW_BLOCKS = 1e6  # seconds per block: the dev chain moves only through advance()
+FORK = "https://github.com/miner/flash-linear-attention"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def make_wallet(root: Path, name: str) -> bt.Wallet:
+    """A real bittensor wallet (unencrypted keys) under ``root``."""
+    wallet = bt.Wallet(name=name, hotkey="default", path=str(root))
+    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
+    wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
+    return wallet
+
+
+def api_config(api_hotkey: str, **overrides) -> ApiConfig:
+    base = ApiConfig(api_hotkey=api_hotkey, blocks_until_reveal=100, reveal_window_blocks=1000, round_blocks=360,
+                     submissions_per_hour=1000, evaluation_lease_s=3600.0, trusted_proxies=(),
+                     allow_local_forks=False, tie_epsilon=0.01)
+    return replace(base, **overrides)
+
+
+class Clock:
+    """Real time plus an offset a test can move forward (leases, bans, rate windows)."""
+
+    def __init__(self):
+        self.offset = 0.0
+
+    def __call__(self) -> float:
+        return time.time() + self.offset
+
+
+class ApiServer:
+    """The API app served by uvicorn in a thread on a free 127.0.0.1 port."""
+
+    def __init__(self, config: ApiConfig, chain: DevChain, database_url: str, clock: Callable[[], float] = time.time):
+        self.database = Database(database_url)
+        self.app = create_app(config, chain, self.database, clock)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    proxy_headers=False, log_config=None))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> ApiServer:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the API server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.database.dispose()
+
+
+@pytest.fixture(scope="session")
+def wallets(tmp_path_factory) -> dict[str, bt.Wallet]:
+    """api (the receiver), miners a/b/c, validators v1/v2, and stranger (never registered)."""
+    root = tmp_path_factory.mktemp("wallets")
+    return {name: make_wallet(root, name) for name in ("api", "a", "b", "c", "v1", "v2", "stranger")}
+
+
+@pytest.fixture
+def chain(tmp_path, wallets) -> DevChain:
+    chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=SLOW_BLOCKS)
+    for name in ("a", "b", "c"):
+        chain.register_wallet(wallets[name])
+    for name in ("v1", "v2"):
+        chain.register_wallet(wallets[name], stake=1e4, validator_permit=True)
+    return chain
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[TemporaryPostgres]:
+    server = TemporaryPostgres(durable=False)
+    try:
+        server.start()
+    except PostgresUnavailable as error:
+        reason = f"PostgreSQL unavailable: {error}"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(reason)
+        pytest.skip(reason + " (./scripts/test.sh installs it)")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request, tmp_path) -> str:
+    """A fresh, empty database on each backend."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/api.sqlite3"
+    postgres = request.getfixturevalue("postgres")
+    return postgres.create_database(f"quasar_{uuid.uuid4().hex[:12]}")
+
+
+@dataclass
+class Api:
+    """A running API with its chain, wallets, clock and a signed client per wallet."""
+
+    server: ApiServer
+    chain: DevChain
+    wallets: dict[str, bt.Wallet]
+    clock: Clock
+    clients: dict[str, ApiClient] = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def hotkey(self) -> str:
+        return self.wallets["api"].hotkey.ss58_address
+
+    def client(self, name: str, **headers: str) -> ApiClient:
+        key = name + repr(sorted(headers.items()))
+        if key not in self.clients:
+            self.clients[key] = ApiClient(self.url, self.wallets[name], api_hotkey=self.hotkey,
+                                          http=httpx.Client(timeout=30, headers=headers))
+        return self.clients[key]
+
+
+@pytest.fixture
+def start_api(chain, wallets, database_url) -> Iterator[Callable[..., Api]]:
+    """Start the API with config overrides (``start_api(submissions_per_hour=3)``); stopped after the test."""
+    running: list[Api] = []
+
+    def start(**overrides) -> Api:
+        clock = Clock()
+        server = ApiServer(api_config(wallets["api"].hotkey.ss58_address, **overrides), chain, database_url, clock)
+        api = Api(server.__enter__(), chain, wallets, clock)
+        running.append(api)
+        return api
+
+    yield start
+    for api in running:
+        for client in api.clients.values():
+            client.close()
+        api.server.__exit__(None, None, None)

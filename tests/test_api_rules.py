@@ -1,0 +1,191 @@
+"""The API's pure rules against slow, obviously-correct references, and the validators' work queue
+(SQL) against a plain Python model of it on random operation sequences."""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import random
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from api_fixtures import api_config, make_wallet
+from quasar.api import rules, schemas
+from quasar.api.db import Database
+from quasar.api.service import MAX_FETCHES_PER_VALIDATOR, ApiError, SubmissionService
+from quasar.chain.devchain import DevChain
+
+
+def test_commitment_is_sha256_of_the_concatenation():
+    salt = "00ff" * 8
+    expected = hashlib.sha256(f"{salt}https://github.com/a/b{'c' * 40}".encode()).hexdigest()
+    assert rules.commitment_hash(salt, "https://github.com/a/b", "c" * 40) == expected
+    assert rules.commitment_hash(salt, "https://github.com/a/b", "d" * 40) != expected
+    assert len(rules.new_salt()) == 64 and rules.new_salt() != rules.new_salt()
+
+
+@given(commit=st.integers(0, 10**6), wait=st.integers(0, 500), window=st.integers(1, 500), probe=st.integers(-50, 1100))
+def test_reveal_window_matches_counting_blocks(commit, wait, window, probe):
+    block = commit + probe
+    waited = block - commit
+    expected = "waiting" if waited < wait else ("open" if waited < wait + window else "expired")
+    assert rules.reveal_window(commit, wait, window).state(block) == expected
+
+
+@settings(max_examples=50)
+@given(round_blocks=st.integers(1, 50), upto=st.integers(0, 400))
+def test_rounds_match_walking_the_chain(round_blocks, upto):
+    round_id, start = 0, 0
+    for block in range(upto + 1):  # the reference walks block by block, starting a round every round_blocks
+        if block - start == round_blocks:
+            round_id, start = round_id + 1, block
+        found = rules.round_of_block(block, round_blocks)
+        assert (found.round_id, found.start_block, found.end_block) == (round_id, start, start + round_blocks - 1)
+        assert found.blocks_left(block) == start + round_blocks - block
+        assert rules.round_by_id(round_id, round_blocks) == found
+
+
+TRUSTED = rules.parse_networks(["127.0.0.1", "10.0.0.0/8"])
+
+
+def reference_client_ip(peer, header_values, trusted):
+    """All hops, client first and the TCP peer last; the client is the rightmost hop that is not a
+    trusted proxy, looking only as far left as trusted proxies vouch for."""
+    hops = [hop.strip() for value in header_values for hop in value.split(",")] + [peer]
+    index = len(hops) - 1
+    while index > 0 and any(ipaddress.ip_address(hops[index]) in network for network in trusted):
+        index -= 1
+    return hops[index]
+
+
+@pytest.mark.parametrize(("peer", "header", "expected"), [
+    ("203.0.113.5", ["1.2.3.4"], "203.0.113.5"),  # untrusted peer: its header is ignored
+    ("127.0.0.1", [], "127.0.0.1"),  # a trusted proxy without a header is the client
+    ("127.0.0.1", ["198.51.100.1"], "198.51.100.1"),
+    ("127.0.0.1", ["6.6.6.6, 198.51.100.1"], "198.51.100.1"),  # the client's own prefix is not believed
+    ("127.0.0.1", ["6.6.6.6, 198.51.100.1, 10.1.2.3"], "198.51.100.1"),  # two trusted proxies
+    ("127.0.0.1", ["6.6.6.6", "198.51.100.1"], "198.51.100.1"),  # several header lines, in order
+    ("127.0.0.1", ["10.0.0.1, 10.0.0.2"], "10.0.0.1"),  # all trusted: the leftmost
+    ("127.0.0.1", ["2001:db8::1"], "2001:db8::1"),
+])
+def test_client_ip_cases(peer, header, expected):
+    assert rules.client_ip(peer, header, TRUSTED) == expected
+
+
+addresses = st.one_of(
+    st.sampled_from(["127.0.0.1", "10.0.0.7", "10.200.1.1", "203.0.113.9", "198.51.100.4", "2001:db8::5"]),
+    st.ip_addresses().map(str),
+)
+
+
+@given(peer=addresses, hops=st.lists(addresses, max_size=5), split=st.integers(0, 5))
+def test_client_ip_matches_reference(peer, hops, split):
+    # The hops may arrive over two header lines: their order is what counts, not the lines.
+    header = [", ".join(part) for part in (hops[:split], hops[split:]) if part]
+    assert rules.client_ip(peer, header, TRUSTED) == reference_client_ip(peer, header, TRUSTED)
+    assert rules.client_ip(peer, header, ()) == peer  # without trusted proxies the header never counts
+
+
+def test_consensus_rules():
+    report = rules.ValidatorReport
+    one = rules.consensus([report("v1", True, None, 10.0)])
+    assert (one.measured_tokens_per_sec, one.correct, one.logits_ok, one.validators) == (10.0, True, None, 1)
+    split = rules.consensus([report("v1", True, True, 10.0), report("v2", False, False, 20.0)])
+    assert (split.measured_tokens_per_sec, split.correct, split.logits_ok) == (15.0, False, False)  # ties fail
+    majority = rules.consensus([report("v1", True, True, 10.0), report("v2", True, None, None),
+                                report("v3", False, True, 30.0)])
+    assert (majority.measured_tokens_per_sec, majority.correct, majority.logits_ok) == (10.0, True, True)
+    with pytest.raises(ValueError):
+        rules.consensus([])
+
+
+@given(st.lists(st.tuples(st.booleans(), st.one_of(st.none(), st.booleans()),
+                          st.one_of(st.none(), st.floats(0, 1e9))), min_size=1, max_size=9))
+def test_consensus_matches_reference(raw):
+    reports = [rules.ValidatorReport(f"v{i}", *entry) for i, entry in enumerate(raw)]
+    figures = sorted(r.measured_tokens_per_sec or 0.0 for r in reports)
+    middle = len(figures) // 2
+    median = figures[middle] if len(figures) % 2 else (figures[middle - 1] + figures[middle]) / 2
+    checked = [r.logits_ok for r in reports if r.logits_ok is not None]
+    agreed = rules.consensus(reports)
+    assert agreed.measured_tokens_per_sec == pytest.approx(median) == statistics.median(figures)
+    assert agreed.correct == (sum(r.correct for r in reports) > len(reports) / 2)
+    assert agreed.logits_ok == (None if not checked else checked.count(True) > checked.count(False))
+
+
+# --- the work queue against a model ---
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1_000_000.0
+
+    def __call__(self):
+        return self.now
+
+
+class QueueModel:
+    """What GET /validator/pending must return, kept in plain Python."""
+
+    def __init__(self, lease_s):
+        self.lease_s = lease_s
+        self.ready: list[int] = []
+        self.reported: set[tuple[int, str]] = set()
+        self.leases: dict[tuple[int, str], tuple[float, int]] = {}
+
+    def fetch(self, validator, limit, now):
+        chosen = []
+        for submission_id in self.ready:
+            until, count = self.leases.get((submission_id, validator), (0.0, 0))
+            if (submission_id, validator) in self.reported or until > now or count >= MAX_FETCHES_PER_VALIDATOR:
+                continue
+            chosen.append(submission_id)
+            if len(chosen) == limit:
+                break
+        for submission_id in chosen:
+            self.leases[(submission_id, validator)] = (now + self.lease_s, self.leases.get(
+                (submission_id, validator), (0.0, 0))[1] + 1)
+        return chosen
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_work_queue_matches_model(tmp_path, seed):
+    rng = random.Random(seed)
+    wallets = {name: make_wallet(tmp_path / "w", name) for name in ("m", "v1", "v2")}
+    chain = DevChain(tmp_path / "chain.sqlite3", block_time_s=1e6)
+    clock = Clock()
+    database = Database(f"sqlite:///{tmp_path}/api.sqlite3")
+    database.upgrade()
+    service = SubmissionService(api_config(wallets["m"].hotkey.ss58_address, evaluation_lease_s=100.0), chain,
+                                database, clock)
+    model = QueueModel(100.0)
+    miner = wallets["m"].hotkey.ss58_address
+    validators = [wallets["v1"].hotkey.ss58_address, wallets["v2"].hotkey.ss58_address]
+    for step in range(120):
+        action = rng.random()
+        if action < 0.25:
+            accepted = service.submit_direct(miner, "192.0.2.1", schemas.SubmitKernelRequest(
+                fork_url="https://github.com/m/fla", commit_hash=f"{step + 1:040x}", target_sequence_length=1000,
+                tokens_per_sec=1.0))
+            model.ready.append(accepted.submission_id)
+        elif action < 0.6:
+            validator, limit = rng.choice(validators), rng.randint(1, 4)
+            got = [item.submission_id for item in service.fetch_work(validator, limit).items]
+            assert got == model.fetch(validator, limit, clock.now), step
+        elif action < 0.85:
+            validator = rng.choice(validators)
+            leased = [key[0] for key in model.leases if key[1] == validator and key not in model.reported]
+            if leased:
+                submission_id = rng.choice(leased)
+                service.report(validator, schemas.ReportRequest(submission_id=submission_id, verdict="passed",
+                                                                correct=True, measured_tokens_per_sec=1.0))
+                model.reported.add((submission_id, validator))
+                with pytest.raises(ApiError):
+                    service.report(validator, schemas.ReportRequest(submission_id=submission_id, verdict="passed",
+                                                                    correct=True))
+        else:
+            clock.now += rng.choice([10.0, 60.0, 101.0])
+    database.dispose()
