@@ -1,0 +1,25 @@
+"""The project's starter fork of flash-linear-attention: a minimal fla tree with QuasarAttention
+and correct Triton kernels (``tree/``), and the writer behind ``python -m quasar starter-fork DIR``.
+
+The tree is standalone: it never imports ``quasar`` (miners push it to GitHub as their fork).
+"""
+
+from quasar.starter_fork.writer import (
+    AUTHOR_EMAIL,
+    AUTHOR_NAME,
+    StarterForkError,
+    copy_starter_tree,
+    template_files,
+    template_root,
+    write_starter_fork,
+)
+
+__all__ = [
+    "AUTHOR_EMAIL",
+    "AUTHOR_NAME",
+    "StarterForkError",
+    "copy_starter_tree",
+    "template_files",
+    "template_root",
+    "write_starter_fork",
+]

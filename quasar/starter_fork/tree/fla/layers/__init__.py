@@ -1,0 +1,5 @@
+"""Layers."""
+
+from fla.layers.quasar import QuasarAttention
+
+__all__ = ["QuasarAttention"]

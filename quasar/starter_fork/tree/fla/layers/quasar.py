@@ -1,0 +1,146 @@
+"""QuasarAttention: the layer the QUASAR subnet benchmarks.
+
+Per token x (hidden size C, H heads of size D):
+
+    q, k, v = SiLU(causal depthwise conv, kernel 4)(W_{q,k,v} x)
+    o       = delta rule with step alpha_t, per head (fla.ops.quasar)
+    g       = W_g2 (W_g1 x) + b          C -> D -> H*D
+    y_h     = RMSNorm(o_h) * w * sigmoid(g_h)
+    out     = W_o concat_h(y_h)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from fla.models.utils import Cache
+from fla.modules import FusedRMSNormGated, ShortConvolution
+from fla.ops.quasar import chunk_quasar, fused_recurrent_quasar
+
+
+class QuasarAttention(nn.Module):
+    """QuasarAttention layer.
+
+    Args:
+        hidden_size: size of the input and output. Default 2048.
+        head_dim: size of each head (K = V). Default 128.
+        num_heads: number of heads. Default 16.
+        mode: "chunk" (chunked kernels, the benchmarked path) or "fused_recurrent" (token by token).
+        use_short_conv: causal depthwise convolution + SiLU on q, k, v. Default True.
+        conv_size: kernel size of that convolution. Default 4.
+        conv_bias: whether the convolution has a bias. Default False.
+        layer_idx: this layer's index in a model (the key of its states in ``past_key_values``).
+        norm_eps: epsilon of the output RMSNorm. Default 1e-5.
+    """
+
+    def __init__(
+        self,
+        hidden_size: int = 2048,
+        head_dim: int = 128,
+        num_heads: int = 16,
+        mode: str = "chunk",
+        use_short_conv: bool = True,
+        conv_size: int = 4,
+        conv_bias: bool = False,
+        layer_idx: int | None = None,
+        norm_eps: float = 1e-5,
+        **kwargs,
+    ) -> None:
+        super().__init__()
+        if mode not in ("chunk", "fused_recurrent"):
+            raise ValueError(f"mode must be 'chunk' or 'fused_recurrent'; got {mode!r}")
+        self.mode = mode
+        self.hidden_size = hidden_size
+        self.use_short_conv = use_short_conv
+        self.conv_size = conv_size
+        self.conv_bias = conv_bias
+        self.head_dim = head_dim
+        self.num_heads = num_heads
+        self.key_dim = num_heads * head_dim
+        self.value_dim = num_heads * head_dim
+        self.layer_idx = layer_idx
+
+        self.q_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.k_proj = nn.Linear(hidden_size, self.key_dim, bias=False)
+        self.v_proj = nn.Linear(hidden_size, self.value_dim, bias=False)
+        if use_short_conv:
+            self.q_conv1d = ShortConvolution(self.key_dim, conv_size, bias=conv_bias, activation="silu")
+            self.k_conv1d = ShortConvolution(self.key_dim, conv_size, bias=conv_bias, activation="silu")
+            self.v_conv1d = ShortConvolution(self.value_dim, conv_size, bias=conv_bias, activation="silu")
+        # beta_h = softplus(beta_log_h), beta_log initialised to log U(1, 16).
+        self.beta_log = nn.Parameter(torch.empty(num_heads, dtype=torch.float32).uniform_(1, 16).log())
+        self.beta_log._no_weight_decay = True
+        self.g_proj = nn.Sequential(
+            nn.Linear(hidden_size, head_dim, bias=False),
+            nn.Linear(head_dim, self.value_dim, bias=True),
+        )
+        self.o_norm = FusedRMSNormGated(head_dim, activation="sigmoid", eps=norm_eps)
+        self.o_proj = nn.Linear(self.value_dim, hidden_size, bias=False)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = False,
+        output_attentions: bool | None = False,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None, Cache | None]:
+        """``hidden_states [B, T, hidden_size]`` -> ``(output [B, T, hidden_size], None, past_key_values)``.
+
+        ``attention_mask [B, T]`` (1 = token, 0 = padding) runs each row as its own sequence;
+        ``cu_seqlens`` (keyword, with B = 1) does the same for sequences laid end to end.
+        ``past_key_values`` with ``use_cache`` carries the recurrent and convolution states across
+        calls (decoding). There are no attention weights to output.
+        """
+        if attention_mask is not None and attention_mask.dim() != 2:
+            raise ValueError(f"attention_mask must be a [B, T] padding mask; got {tuple(attention_mask.shape)}")
+        if past_key_values is not None and self.layer_idx is None:
+            raise ValueError("past_key_values needs the layer's layer_idx (set it in the constructor)")
+        batch_size, q_len, _ = hidden_states.shape
+        cu_seqlens = kwargs.get("cu_seqlens")
+
+        last_state = None
+        if past_key_values is not None and len(past_key_values) > self.layer_idx:
+            last_state = past_key_values[self.layer_idx]
+
+        indices = None
+        if attention_mask is not None:
+            keep = attention_mask[:, -q_len:].bool()
+            indices = torch.nonzero(keep.flatten()).flatten()
+            cu_seqlens = F.pad(keep.sum(-1).cumsum(0), (1, 0)).to(torch.int32)
+            hidden_states = hidden_states.reshape(batch_size * q_len, -1)[indices].unsqueeze(0)
+
+        q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+        conv_state = None
+        if self.use_short_conv:
+            conv_q, conv_k, conv_v = last_state["conv_state"] if last_state is not None else (None, None, None)
+            q, conv_q = self.q_conv1d(q, cache=conv_q, output_final_state=use_cache, cu_seqlens=cu_seqlens)
+            k, conv_k = self.k_conv1d(k, cache=conv_k, output_final_state=use_cache, cu_seqlens=cu_seqlens)
+            v, conv_v = self.v_conv1d(v, cache=conv_v, output_final_state=use_cache, cu_seqlens=cu_seqlens)
+            conv_state = (conv_q, conv_k, conv_v)
+        q, k, v = (x.unflatten(-1, (self.num_heads, self.head_dim)) for x in (q, k, v))
+
+        beta = F.softplus(self.beta_log.float())
+        kernel = chunk_quasar if self.mode == "chunk" else fused_recurrent_quasar
+        o, recurrent_state = kernel(
+            q, k, v, beta,
+            initial_state=last_state["recurrent_state"] if last_state is not None else None,
+            output_final_state=bool(use_cache),
+            cu_seqlens=cu_seqlens,
+        )
+        if past_key_values is not None:
+            past_key_values.update(
+                recurrent_state=recurrent_state, conv_state=conv_state, layer_idx=self.layer_idx, offset=q_len
+            )
+
+        g = self.g_proj(hidden_states).unflatten(-1, (self.num_heads, self.head_dim))
+        o = self.o_norm(o, g).flatten(-2)
+        o = self.o_proj(o)
+        if indices is not None:
+            padded = o.new_zeros(batch_size * q_len, o.shape[-1])
+            padded[indices] = o[0]
+            o = padded.view(batch_size, q_len, -1)
+        return o, None, past_key_values

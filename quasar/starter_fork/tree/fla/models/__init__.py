@@ -1,0 +1,5 @@
+"""Model-level helpers."""
+
+from fla.models.utils import Cache
+
+__all__ = ["Cache"]

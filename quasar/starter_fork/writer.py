@@ -1,0 +1,124 @@
+"""Write the starter fork: copy the template tree and commit it as a fresh git repository.
+
+The commit's author, committer, date and message are fixed, so the same template always gives
+the same commit id: a starter fork can be recognised by its commit.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from importlib.resources import files
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+logger = logging.getLogger(__name__)
+
+AUTHOR_NAME = "QUASAR starter"
+AUTHOR_EMAIL = "starter@quasar.invalid"
+COMMIT_DATE = "2025-01-01T00:00:00+00:00"
+COMMIT_MESSAGE = "QUASAR starter fork: QuasarAttention with correct Triton kernels\n"
+BRANCH = "main"
+
+# Never part of the template even if someone imported it in place.
+_SKIPPED_NAMES = {"__pycache__", ".pytest_cache"}
+_SKIPPED_SUFFIXES = (".pyc", ".pyo")
+
+
+class StarterForkError(RuntimeError):
+    """The starter fork could not be written (the message says why)."""
+
+
+def template_root() -> Traversable:
+    """The template tree shipped as package data (``quasar/starter_fork/tree``)."""
+    return files(__package__) / "tree"
+
+
+def template_files() -> list[PurePosixPath]:
+    """Paths of every file of the template, relative to its root, sorted."""
+    found: list[PurePosixPath] = []
+
+    def walk(node: Traversable, prefix: PurePosixPath) -> None:
+        for child in node.iterdir():
+            if child.name in _SKIPPED_NAMES or child.name.endswith(_SKIPPED_SUFFIXES):
+                continue
+            if child.is_dir():
+                walk(child, prefix / child.name)
+            else:
+                found.append(prefix / child.name)
+
+    walk(template_root(), PurePosixPath())
+    return sorted(found)
+
+
+def _check_destination(dest: Path) -> None:
+    if dest.exists() and not dest.is_dir():
+        raise StarterForkError(f"{dest} exists and is not a folder; choose a new or empty folder")
+    if dest.is_dir() and any(dest.iterdir()):
+        raise StarterForkError(f"{dest} exists and is not empty; choose a new or empty folder")
+
+
+def copy_starter_tree(dest: Path) -> list[PurePosixPath]:
+    """Copy the template files into ``dest`` (new or empty folder); return their relative paths."""
+    dest = Path(dest)
+    _check_destination(dest)
+    root = template_root()
+    paths = template_files()
+    for relative in paths:
+        target = dest.joinpath(*relative.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(root.joinpath(*relative.parts).read_bytes())
+    return paths
+
+
+def _git_environment() -> dict[str, str]:
+    """The environment for git: fixed identity and dates, no user or system configuration
+    (signing, hooks, autocrlf would change or block the commit), no inherited repository."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
+    env.update(
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_CONFIG_GLOBAL=os.devnull,
+        GIT_AUTHOR_NAME=AUTHOR_NAME,
+        GIT_AUTHOR_EMAIL=AUTHOR_EMAIL,
+        GIT_AUTHOR_DATE=COMMIT_DATE,
+        GIT_COMMITTER_NAME=AUTHOR_NAME,
+        GIT_COMMITTER_EMAIL=AUTHOR_EMAIL,
+        GIT_COMMITTER_DATE=COMMIT_DATE,
+    )
+    return env
+
+
+def _git(dest: Path, *args: str) -> str:
+    git = shutil.which("git")
+    if git is None:
+        raise StarterForkError("git is not installed (needed to commit the starter fork)")
+    result = subprocess.run(
+        [git, *args], cwd=dest, env=_git_environment(), capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise StarterForkError(f"git {args[0]} failed in {dest}: {result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout.strip()
+
+
+def write_starter_fork(dest: Path) -> str:
+    """Write the starter fork into ``dest`` (a new or empty folder) and commit it on ``main``.
+
+    Returns the commit id (40 hex digits). Raises :class:`StarterForkError` when ``dest`` is
+    not empty or git fails.
+    """
+    dest = Path(dest)
+    _check_destination(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    paths = copy_starter_tree(dest)
+    _git(dest, "init", "--quiet")
+    _git(dest, "symbolic-ref", "HEAD", f"refs/heads/{BRANCH}")
+    _git(dest, "add", "--", *(str(p) for p in paths))
+    _git(dest, "commit", "--quiet", "--no-verify", "--no-gpg-sign", "-m", COMMIT_MESSAGE)
+    commit = _git(dest, "rev-parse", "HEAD")
+    logger.info("starter fork written to %s (%d files), commit %s", dest, len(paths), commit)
+    return commit

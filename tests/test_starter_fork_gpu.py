@@ -1,0 +1,156 @@
+"""The starter fork on CUDA: the benchmark layer under bf16 autocast against the reference at
+the benchmark's lengths (and 1M tokens), the Triton ops in fp32 and bf16, and the .cu kernel."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+import pytest
+import torch
+
+from quasar.reference import QuasarAttentionReference, chunk_quasar_reference, relative_error
+from quasar.starter_fork import copy_starter_tree
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+CUDA = "cuda"
+# bf16 inputs, fp32 state: the validator's bound on the whole output and on each eighth of it.
+BF16_TOLERANCE = 2e-2
+FP32_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def fla(tmp_path_factory):
+    """The fork's ``fla`` package (copied from the template; no git needed), removed afterwards."""
+    dest = tmp_path_factory.mktemp("starter-gpu") / "fork"
+    copy_starter_tree(dest)
+    if any(name == "fla" or name.startswith("fla.") for name in sys.modules):
+        pytest.fail("another 'fla' is already imported in this process")
+    sys.path.insert(0, str(dest))
+    try:
+        import fla as package
+        from fla.layers.quasar import QuasarAttention  # noqa: F401
+
+        yield package
+    finally:
+        sys.path.remove(str(dest))
+        for name in [n for n in sys.modules if n == "fla" or n.startswith("fla.")]:
+            del sys.modules[name]
+
+
+def benchmark_layers(seed: int):
+    from fla.layers.quasar import QuasarAttention
+
+    torch.manual_seed(seed)
+    layer = QuasarAttention(hidden_size=512, head_dim=64, num_heads=8, mode="chunk").to(CUDA)
+    reference = QuasarAttentionReference(hidden_size=512, head_dim=64, num_heads=8, mode="chunk").to(CUDA)
+    reference.load_state_dict(layer.state_dict(), strict=True)
+    return layer, reference
+
+
+def eighths_errors(out: torch.Tensor, expected: torch.Tensor) -> list[float]:
+    length = out.shape[1]
+    bounds = [length * i // 8 for i in range(9)]
+    return [relative_error(out[:, a:b], expected[:, a:b]) for a, b in zip(bounds, bounds[1:])]
+
+
+@pytest.mark.parametrize("length", [512, 2048, 65_536])
+def test_layer_matches_reference_under_bf16_autocast(fla, length):
+    layer, reference = benchmark_layers(seed=length)
+    x = torch.randn(1, length, 512, device=CUDA)
+    with torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
+        out = layer(x)[0]
+    expected = reference(x)[0]
+    assert out.shape == expected.shape and bool(out.isfinite().all())
+    assert relative_error(out, expected) < BF16_TOLERANCE
+    parts = eighths_errors(out, expected)
+    assert max(parts) < BF16_TOLERANCE, parts
+
+
+@pytest.mark.slow
+def test_layer_runs_and_matches_at_one_million_tokens(fla):
+    layer, reference = benchmark_layers(seed=1)
+    x = torch.randn(1, 1_000_000, 512, device=CUDA)
+    with torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
+        out = layer(x)[0]
+    assert out.shape == (1, 1_000_000, 512) and bool(out.isfinite().all())
+    expected = reference(x)[0]
+    parts = eighths_errors(out, expected)
+    assert max(parts) < BF16_TOLERANCE, parts
+
+
+def random_qkv(batch, length, heads=8, dim=64, dtype=torch.float32, seed=0):
+    generator = torch.Generator(device=CUDA).manual_seed(seed)
+    q, k, v = (torch.randn(batch, length, heads, dim, device=CUDA, generator=generator) for _ in range(3))
+    beta = torch.rand(heads, device=CUDA, generator=generator) * 4 + 0.1
+    h0 = torch.randn(batch, heads, dim, dim, device=CUDA, generator=generator) * 0.1
+    return q.to(dtype), (k * 0.25).to(dtype), v.to(dtype), beta, h0
+
+
+def reference_per_sequence(q, k, v, beta, h0, cu_seqlens):
+    bounds = cu_seqlens.tolist()
+    outs, states = [], []
+    for n in range(len(bounds) - 1):
+        a, b = bounds[n], bounds[n + 1]
+        o, s = chunk_quasar_reference(q[:, a:b], k[:, a:b], v[:, a:b], beta, h0[n : n + 1], output_final_state=True)
+        outs.append(o)
+        states.append(s)
+    return torch.cat(outs, 1), torch.cat(states)
+
+
+@pytest.mark.parametrize("op_name", ["chunk_quasar", "fused_recurrent_quasar"])
+def test_triton_ops_match_reference_in_fp32(fla, op_name):
+    import fla.ops.quasar as ops
+
+    op = getattr(ops, op_name)
+    q, k, v, beta, h0 = random_qkv(2, 3000)
+    o, final = op(q, k, v, beta, initial_state=h0, output_final_state=True)
+    expected_o, expected_final = chunk_quasar_reference(q, k, v, beta, h0, output_final_state=True)
+    assert relative_error(o, expected_o) < FP32_TOLERANCE
+    assert relative_error(final, expected_final) < FP32_TOLERANCE
+
+    cu_seqlens = torch.tensor([0, 1000, 1001, 3000, 4097], device=CUDA, dtype=torch.int32)
+    q, k, v, beta, h0 = random_qkv(1, 4097, seed=1)
+    h0 = torch.randn(4, 8, 64, 64, device=CUDA) * 0.1
+    o, final = op(q, k, v, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens)
+    expected_o, expected_final = reference_per_sequence(q, k, v, beta, h0, cu_seqlens)
+    assert relative_error(o, expected_o) < FP32_TOLERANCE
+    assert relative_error(final, expected_final) < FP32_TOLERANCE
+
+
+def test_chunk_matches_reference_with_bf16_inputs(fla):
+    from fla.ops.quasar import chunk_quasar
+
+    q, k, v, beta, h0 = random_qkv(1, 8192, dtype=torch.bfloat16, seed=2)
+    o, final = chunk_quasar(q, k, v, beta, initial_state=h0, output_final_state=True)
+    expected_o, expected_final = chunk_quasar_reference(q, k, v, beta, h0, output_final_state=True)
+    assert o.dtype == torch.bfloat16 and final.dtype == torch.float32
+    assert relative_error(o, expected_o) < 1e-2
+    assert relative_error(final, expected_final) < 1e-2
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc to build the .cu kernel")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_kernel_matches_reference(fla, dtype):
+    from fla.ops.quasar.fused_recurrent import fused_recurrent_quasar_cuda
+
+    tolerance = FP32_TOLERANCE if dtype == torch.float32 else 1e-2
+    q, k, v, beta, h0 = random_qkv(2, 1500, dtype=dtype, seed=3)
+    o, final = fused_recurrent_quasar_cuda(q, k, v, beta, initial_state=h0, output_final_state=True)
+    expected_o, expected_final = chunk_quasar_reference(q, k, v, beta, h0, output_final_state=True)
+    assert o.dtype == dtype
+    assert relative_error(o, expected_o) < tolerance
+    assert relative_error(final, expected_final) < tolerance
+
+    cu_seqlens = torch.tensor([0, 700, 703, 1500], device=CUDA, dtype=torch.int32)
+    q, k, v, beta, _ = random_qkv(1, 1500, dtype=dtype, seed=4)
+    h0 = torch.randn(3, 8, 64, 64, device=CUDA) * 0.1
+    o, final = fused_recurrent_quasar_cuda(q, k, v, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens)
+    expected_o, expected_final = reference_per_sequence(q, k, v, beta, h0, cu_seqlens)
+    assert relative_error(o, expected_o) < tolerance
+    assert relative_error(final, expected_final) < tolerance
