@@ -90,8 +90,9 @@ def wait_for_hanging_fetch(fifo: Path, timeout_s: float = 10.0) -> int:
 
 
 def release_fetches(fifo: Path, write_end: int) -> None:
-    os.close(write_end)  # the stuck reader sees an empty alternates file and goes on
+    # Unlink first: git opens alternates again later (pack-objects), and must find no file then.
     fifo.unlink()
+    os.close(write_end)  # the reader already holding the FIFO sees an empty alternates file
 
 
 def fetch_is_hanging(fifo: Path) -> bool:
