@@ -161,6 +161,16 @@ def _parse_ip_networks(raw: str) -> tuple[str, ...]:
     return tuple(networks)
 
 
+def _parse_seq_lens(raw: str) -> tuple[int, ...]:
+    """Comma-separated sequence lengths (``512,1024,2048``); empty means none."""
+    lengths = []
+    for part in filter(None, (item.strip().replace("_", "") for item in raw.split(","))):
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"expected comma-separated positive integers, got {part!r}")
+        lengths.append(int(part))
+    return tuple(lengths)
+
+
 @dataclass(frozen=True)
 class Option:
     """One setting: where it is read from, how it is parsed, and what it means."""
@@ -272,6 +282,15 @@ OPTIONS: tuple[Option, ...] = (
            "SQLite file of the embedded dev chain (network devchain)"),
     Option("devchain_block_time", "DEVCHAIN_BLOCK_TIME", "--devchain.block-time", _parse_float(0.01), "12",
            "seconds per block of a dev chain file created from now on (an existing file keeps its own)"),
+    # Validator.
+    Option("validator_data_dir", "VALIDATOR_DATA_DIR", "--validator.data-dir", _parse_str, "data/validator",
+           "validator's folder: its state database (one per network, subnet and hotkey) and fork checkouts"),
+    Option("epoch_blocks", "EPOCH_BLOCKS", "--epoch-blocks", _parse_int(1), "360",
+           "chain blocks between two weight settings of the validator"),
+    Option("eval_seq_lens", "EVAL_SEQ_LENS", "--eval.seq-lens", _parse_seq_lens, "512,1024,2048",
+           "lengths a validator benchmarks besides each submission's target (comma-separated; empty = target only)"),
+    Option("eval_timeout", "EVAL_TIMEOUT", "--eval.timeout", _parse_float(1.0), "3600",
+           "seconds one evaluation (sandboxed benchmark and checks, after the clone) may take"),
 )
 
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
@@ -324,6 +343,10 @@ class Settings:
     evaluation_lease_s: float
     devchain_path: str
     devchain_block_time: float
+    validator_data_dir: str
+    epoch_blocks: int
+    eval_seq_lens: tuple[int, ...]
+    eval_timeout: float
 
     def wallet_name_for(self, role: str) -> str:
         """The wallet name for ``role`` ("miner" or "validator"): ``--wallet.name`` wins."""
