@@ -164,7 +164,8 @@ def load_reference_model(
     is set, else downloaded when missing. Raises :class:`ModelLoadError` naming the model and the fix.
     Remote code is never trusted: the architecture must be one transformers ships.
     """
-    from transformers import AutoModelForCausalLM  # heavy import, only where a model is loaded
+    from huggingface_hub import snapshot_download  # heavy imports, only where a model is loaded
+    from transformers import AutoModelForCausalLM
 
     torch_dtype = resolve_dtype(dtype)
     torch_device = torch.device(device)
@@ -175,23 +176,30 @@ def load_reference_model(
         if not (local / "config.json").is_file():
             raise ModelLoadError(f"reference model folder {local} has no config.json; "
                                  "point REFERENCE_MODEL at a folder saved with save_pretrained")
-        source = str(local)
+        source, from_hub = str(local), False
     elif _looks_like_path(name_or_path):
         raise ModelLoadError(f"reference model folder {local} does not exist; "
                              "point REFERENCE_MODEL at a local folder or a Hugging Face model id")
     else:
-        source = name_or_path
+        source, from_hub = name_or_path, True
     offline = offline_mode()
     try:
+        if offline and from_hub:
+            # Resolve the cached snapshot first: from_pretrained would still probe the Hub for
+            # optional files (adapter configs) when the variable was set after import.
+            source = snapshot_download(name_or_path, local_files_only=True)
         module = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, local_files_only=offline, trust_remote_code=False
         )
     except (OSError, ValueError) as error:
-        where = "the local Hugging Face cache (offline mode is on)" if offline else "the cache or the Hub"
+        if from_hub:
+            where = "the local Hugging Face cache (offline mode is on)" if offline else "the cache or the Hub"
+            fix = (f"Download it with `hf download {name_or_path}` on a machine with internet, "
+                   "or point REFERENCE_MODEL at a local folder holding config.json and the weights.")
+        else:
+            where, fix = "its folder", "The folder must hold config.json and the weights written by save_pretrained."
         raise ModelLoadError(
-            f"cannot load reference model {name_or_path!r} from {where}: {str(error).splitlines()[0]} "
-            f"Download it with `hf download {name_or_path}` on a machine with internet, "
-            "or point REFERENCE_MODEL at a local folder holding config.json and the weights."
+            f"cannot load reference model {name_or_path!r} from {where}: {str(error).splitlines()[0]} {fix}"
         ) from None
     module.to(torch_device).eval().requires_grad_(False)
     rows = module.get_input_embeddings().num_embeddings

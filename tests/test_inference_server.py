@@ -5,11 +5,9 @@ seed, the logits of another step, noise, a wrong shape, too slow.
 """
 
 import http.server
-import json
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from contextlib import contextmanager

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from quasar import logits as L
-from tiny_qwen import TINY_BOS, TINY_EOS, TINY_VOCAB, make_tiny_qwen2
+from tiny_qwen import TINY_BOS, TINY_VOCAB, make_tiny_qwen2
 
 LIMITS = L.ChallengeLimits(max_prompt_len=40, max_gen_len=10)
 THRESHOLDS = L.LogitThresholds()
@@ -203,6 +203,15 @@ def test_loading_errors_name_the_model_and_the_fix(tmp_path, monkeypatch):
     assert "offline mode is on" in str(error.value) and "hf download quasar-tests/not-a-cached-model" in str(error.value)
     with pytest.raises(ValueError, match="unsupported dtype 'float8'"):
         L.load_reference_model(str(missing), dtype="float8")
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(L.ModelLoadError, match="from its folder: .* must hold config.json and the weights"):
+        L.load_reference_model(str(tmp_path / "broken"))
+
+
+def test_a_local_folder_loads_in_offline_mode(model_dirs, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert L.load_reference_model(str(model_dirs[0])).vocab_size == TINY_VOCAB
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
