@@ -143,6 +143,39 @@ def _parse_optional_name(raw: str) -> str:
     return "" if raw.strip() == "" else _parse_name(raw)
 
 
+_REPO_SLUG = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})/[A-Za-z0-9._-]{1,100}$")
+
+
+def _parse_repo_slug(raw: str) -> str:
+    """A GitHub repository as ``OWNER/REPO``."""
+    value = raw.strip()
+    if not _REPO_SLUG.match(value) or value.split("/")[1] in (".", ".."):
+        raise ValueError(f"expected OWNER/REPO, got {raw!r}")
+    return value
+
+
+def _parse_git_remote_base(raw: str) -> str:
+    """Where git remotes live: an http(s) URL, or ``file:///DIR`` (local bare repositories)."""
+    value = raw.strip().rstrip("/")
+    if value.startswith("file:///"):
+        return value
+    return _parse_http_url(value)
+
+
+def _parse_optional_http_url(raw: str) -> str:
+    return "" if raw.strip() == "" else _parse_http_url(raw)
+
+
+def _parse_choice(*choices: str) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip()
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {raw!r}")
+        return value
+
+    return parse
+
+
 def _parse_database_url(raw: str) -> str:
     value = raw.strip()
     if not value.startswith(("sqlite:///", "postgresql://", "postgresql+psycopg2://")):
@@ -225,6 +258,33 @@ OPTIONS: tuple[Option, ...] = (
            "optimization candidates the miner tries per cycle"),
     Option("optimization_interval", "OPTIMIZATION_INTERVAL", "--optimization-interval",
            _parse_float(0.0), "300", "seconds the miner waits between optimization cycles"),
+    Option("github_api_url", "GITHUB_API_URL", None, _parse_http_url, "https://api.github.com",
+           "GitHub REST API the miner forks through"),
+    Option("upstream_repo", "UPSTREAM_REPO", None, _parse_repo_slug, "troy12x/flash-linear-attention",
+           "OWNER/REPO the miner forks when GITHUB_USERNAME has no fork of it yet"),
+    Option("git_remote_base", "GIT_REMOTE_BASE", None, _parse_git_remote_base, "https://github.com",
+           "base of git remotes: the fork is cloned from and pushed to BASE/OWNER/REPO (file:///DIR for local bare repos)"),
+    Option("workspace_root", "WORKSPACE_ROOT", "--workspace.root", _parse_str, "~/.quasar/miner",
+           "folder of the miner's workspaces, one per hotkey (its fork's clone, state and lock)"),
+    Option("submission_mode", "SUBMISSION_MODE", "--submission.mode", _parse_choice("direct", "commit-reveal"),
+           "direct", "direct (submit at once) or commit-reveal (commit a hash, push and reveal after BLOCKS_UNTIL_REVEAL)"),
+    Option("min_improvement", "MIN_IMPROVEMENT", "--min-improvement", _parse_float(0.0), "0.02",
+           "relative speed-up over the best a candidate needs to be kept and resubmitted (keep above benchmark noise)"),
+    Option("agent_api_url", "AGENT_API_URL", "--agent.url", _parse_optional_http_url, "",
+           "OpenAI-compatible API (e.g. http://127.0.0.1:8080/v1) the agent strategy asks for kernel edits; empty = no agent"),
+    Option("agent_model", "AGENT_MODEL", "--agent.model", _parse_str, "", "model name the agent strategy asks for"),
+    Option("agent_api_key", "AGENT_API_KEY", None, _parse_str, "",
+           "bearer key for AGENT_API_URL, if it needs one (never logged)", secret=True),
+    Option("agent_timeout", "AGENT_TIMEOUT", None, _parse_float(1.0), "300",
+           "seconds the agent strategy waits for one reply"),
+    Option("axon_external_ip", "AXON_EXTERNAL_IP", "--axon.external_ip", _parse_str, "",
+           "address the miner publishes on chain for its inference server; empty = this machine's outward address"),
+    Option("git_author_name", "GIT_AUTHOR_NAME", None, _parse_str, "",
+           "author of the miner's commits; empty = GITHUB_USERNAME"),
+    Option("git_author_email", "GIT_AUTHOR_EMAIL", None, _parse_str, "",
+           "author email of the miner's commits; empty = GITHUB_USERNAME@users.noreply.github.com"),
+    Option("miner_allow_unsandboxed", "MINER_ALLOW_UNSANDBOXED", None, _parse_bool, "false",
+           "let the miner benchmark its candidates without the namespace sandbox where namespaces are unavailable"),
     # Evaluation.
     Option("reference_model", "REFERENCE_MODEL", "--reference-model", _parse_str,
            "Qwen/Qwen2.5-0.5B-Instruct", "model for logit verification: a Hugging Face id or a local folder"),
@@ -317,6 +377,20 @@ class Settings:
     target_sequence_length: int | None
     agent_iterations: int
     optimization_interval: float
+    github_api_url: str
+    upstream_repo: str
+    git_remote_base: str
+    workspace_root: str
+    submission_mode: str
+    min_improvement: float
+    agent_api_url: str
+    agent_model: str
+    agent_api_key: str = field(repr=False)
+    agent_timeout: float
+    axon_external_ip: str
+    git_author_name: str
+    git_author_email: str
+    miner_allow_unsandboxed: bool
     reference_model: str
     device: str
     pytorch_cuda_alloc_conf: str
