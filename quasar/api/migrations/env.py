@@ -12,7 +12,9 @@ _MIGRATION_LOCK_KEY = 0x51A5A2
 def run_migrations() -> None:
     engine = context.config.attributes["engine"]
     with engine.connect() as connection:
-        context.configure(connection=connection, target_metadata=Base.metadata,
+        # Both backends run DDL inside the transaction (pysqlite does too, as Database sets it up),
+        # so a migration and its version stamp land together or not at all.
+        context.configure(connection=connection, target_metadata=Base.metadata, transactional_ddl=True,
                           render_as_batch=connection.dialect.name == "sqlite")
         with context.begin_transaction():
             if connection.dialect.name == "postgresql":

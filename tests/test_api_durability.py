@@ -1,0 +1,100 @@
+"""Durability: ``python -m quasar.api serve`` killed with SIGKILL in the middle of signed traffic keeps
+every submission it acknowledged, on SQLite and on PostgreSQL, and carries on after a restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from api_fixtures import chain, database_url, postgres, wallets  # noqa: F401  (fixtures)
+from quasar.api.client import ApiClient, ApiClientError
+from quasar.api.db import Database, Submission
+from quasar.api.devdb import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+MINERS = ("a", "b", "c")
+
+
+def start_server(tmp_path, chain, api_hotkey, database_url) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    environ = {**os.environ, "API_HOTKEY": api_hotkey, "SUBTENSOR_NETWORK": "devchain", "NETUID": "24",
+               "DEVCHAIN_PATH": str(chain.path), "SUBMISSIONS_PER_HOUR": "100000",
+               "PYTHONPATH": str(ROOT)}
+    log = open(tmp_path / f"server-{port}.log", "w")
+    # cwd is the test's folder, so no .env of the checkout is read.
+    process = subprocess.Popen([sys.executable, "-m", "quasar.api", "serve", "--port", str(port),
+                                "--database-url", database_url], cwd=tmp_path, env=environ,
+                               stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"server exited: {(tmp_path / f'server-{port}.log').read_text()}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    process.kill()
+    raise AssertionError("server did not come up")
+
+
+@pytest.mark.slow
+def test_sigkill_mid_traffic_loses_no_acknowledged_submission(tmp_path, chain, wallets, database_url):
+    api_hotkey = wallets["api"].hotkey.ss58_address
+    process, url = start_server(tmp_path, chain, api_hotkey, database_url)
+    acknowledged: dict[int, tuple[str, str]] = {}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def miner(name: str) -> None:
+        client = ApiClient(url, wallets[name], api_hotkey=api_hotkey, timeout=10)
+        for n in range(10_000):
+            if stop.is_set():
+                break
+            commit = f"{MINERS.index(name) + 1:x}{n + 1:039x}"
+            try:
+                accepted = client.submit_kernel("https://github.com/miner/fla", commit, 500_000, 1e4)
+            except ApiClientError as error:
+                assert error.status == 0, error  # refused outright: only once the server is gone
+                break
+            with lock:
+                acknowledged[accepted.submission_id] = (wallets[name].hotkey.ss58_address, commit)
+        client.close()
+
+    threads = [threading.Thread(target=miner, args=(name,)) for name in MINERS]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while len(acknowledged) < 60 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    process.send_signal(signal.SIGKILL)  # mid-traffic: requests are in flight right now
+    process.wait(timeout=30)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert len(acknowledged) >= 60
+
+    process, url = start_server(tmp_path, chain, api_hotkey, database_url)
+    try:
+        database = Database(database_url)
+        with database.read() as session:
+            stored = {row.id: (row.hotkey, row.commit_hash) for row in session.scalars(select(Submission))}
+        database.dispose()
+        missing = {sid: entry for sid, entry in acknowledged.items() if stored.get(sid) != entry}
+        assert missing == {}, f"{len(missing)} acknowledged submissions lost"
+        after = ApiClient(url, wallets["a"], api_hotkey=api_hotkey).submit_kernel(
+            "https://github.com/miner/fla", "f" * 40, 500_000, 1e4)
+        assert after.submission_id > max(stored)  # ids are never reused
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
