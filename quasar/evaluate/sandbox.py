@@ -404,6 +404,8 @@ class SandboxedChild:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 logger.error("sandbox launcher %d did not exit after SIGKILL", self.process.pid)
+        # Before draining: a straggler holding the output pipe would keep it open.
+        self.stragglers_killed += kill_marked_processes(self.marker)
         if self._drain_thread is not None:
             self._drain_thread.join(timeout=5)
         for fd in self._parent_fds:
@@ -414,7 +416,6 @@ class SandboxedChild:
         self._parent_fds = []
         if self.process is not None and self.process.stdout is not None:
             self.process.stdout.close()
-        self.stragglers_killed += kill_marked_processes(self.marker)
 
     def close(self) -> None:
         """Kill everything the child started and delete the temporary directory."""

@@ -146,11 +146,12 @@ for _path in [{wallet_file}, _os.path.expanduser("~/.bittensor/wallets"), "/proc
     except OSError as _error:
         print("SECRET-UNREADABLE", _path, _error, flush=True)
 """,
-    # Writes outside its directory: the caller's files, its own source checkout, /tmp.
+    # Writes outside its directory: the caller's files, its own source checkout, /tmp, the system,
+    # its sandboxed copy and the harness.
     "write_outside": """
 import os as _os
 
-for _path in [{outside_file}, _os.path.join({fork_source}, "fla", "layers", "quasar.py"), {tmp_file}]:
+for _path in {paths}:
     try:
         _os.makedirs(_os.path.dirname(_path), exist_ok=True)
         with open(_path, "a") as _file:
@@ -159,25 +160,29 @@ for _path in [{outside_file}, _os.path.join({fork_source}, "fla", "layers", "qua
     except OSError as _error:
         print("WRITE-REFUSED", _path, _error, flush=True)
 """,
-    # Patches the harness's child code: after two honest runs, replays the last fingerprint
-    # without computing anything.
+    # Patches the harness's child code: after two honest runs it skips the layer and replays the
+    # last fingerprint the harness computed.
     "forge_reply": """
 import sys as _sys
 
-_Server = _sys.modules["__main__"].Server
-_honest_handle_run = _Server.handle_run
-_state = {"calls": 0, "last": None}
+_workload = _sys.modules["workload"]
+_honest_fingerprint = _workload.fingerprint
+_forged = {"calls": 0, "last": None}
 
 
-def _forged_handle_run(self, request):
-    _state["calls"] += 1
-    if _state["calls"] <= 2 or _state["last"] is None:
-        _state["last"] = _honest_handle_run(self, request)
-    return _state["last"]
+def _replayed_fingerprint(output, basis):
+    _forged["calls"] += 1
+    if _forged["last"] is None or _forged["calls"] <= 2:
+        _forged["last"] = _honest_fingerprint(output, basis)
+    return _forged["last"]
 
 
-_Server.handle_run = _forged_handle_run
-""",
+_workload.fingerprint = _replayed_fingerprint
+""" + _wrap("""
+    if _forged["calls"] >= 2:
+        return torch.empty(hidden_states.shape, dtype=torch.bfloat16, device=hidden_states.device), None, None
+    return super().forward(hidden_states, *args, **kwargs)
+"""),
     # Patches the harness's input generation to hand the layer zeros.
     "cheap_input": """
 import sys as _sys

@@ -1,0 +1,426 @@
+"""Attacks on the evaluation harness, each a small hostile fork derived from the starter fork.
+
+Every attack must be rejected (verdict fail, with a reason naming what went wrong) or contained
+(the harm did not happen and the fork gained nothing). The evaluations run on CPU at tiny
+lengths, a few at a time, in one session fixture; each test then checks one report.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+
+from quasar.evaluate import EvaluationOptions, EvaluationReport, SandboxPolicy, evaluate
+from quasar.evaluate.harness import REL_ERROR_THRESHOLD
+from quasar.evaluate.sandbox import SandboxedChild, SandboxUnavailable
+from quasar.starter_fork import write_starter_fork
+from tests.hostile_forks import write_hostile_fork
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+# Tiny CPU runs: one warm-up, three timed runs, T=64 (one 64-token chunk) unless a test says otherwise.
+FAST = EvaluationOptions(seq_lens=(), device="cpu", warmup_runs=1, min_timed_runs=3, max_timed_runs=3,
+                         timed_seconds=0.1, length_timeout_s=120, timeout_s=300)
+SECRET_TOKEN = "ghp_quasarTestSecretToken0123456789abcdef"
+SECRET_COLDKEY = "coldkey-secret-5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
+MISS_SECONDS = 0.4
+SLEEP_SECONDS = 0.4
+
+
+class Listener:
+    """A TCP listener on every interface of this host, counting connections it accepts."""
+
+    def __init__(self):
+        self.server = socket.create_server(("0.0.0.0", 0))
+        self.server.settimeout(0.2)
+        self.port = self.server.getsockname()[1]
+        self.accepted = 0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stopped.is_set():
+            try:
+                connection, _ = self.server.accept()
+            except OSError:
+                continue
+            self.accepted += 1
+            connection.close()
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join()
+        self.server.close()
+
+
+def host_addresses() -> list[str]:
+    """127.0.0.1 and this host's outward address (found without sending a packet)."""
+    addresses = ["127.0.0.1"]
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("10.255.255.255", 1))
+        address = probe.getsockname()[0]
+        if address not in addresses:
+            addresses.append(address)
+    except OSError:
+        pass
+    finally:
+        probe.close()
+    return addresses
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as cmdline:
+                    if marker.encode() in cmdline.read():
+                        found.append(int(name))
+            except OSError:
+                pass
+    return found
+
+
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@dataclass
+class Case:
+    attack: str | None  # None: the honest starter fork
+    params: dict = field(default_factory=dict)
+    target: int = 64
+    options: EvaluationOptions = FAST
+    claimed: float | None = None
+
+
+@dataclass
+class World:
+    """Everything the attack tests look at after the evaluations."""
+
+    reports: dict[str, EvaluationReport]
+    seconds: dict[str, float]
+    commands: dict[str, subprocess.CompletedProcess]
+    listener_accepted: int
+    markers: dict[str, str]
+    paths: dict[str, Path]
+    fork_layer_digest_before: str
+    fork_layer_digest_after: str
+    survivors: dict[str, list[int]]
+
+
+def sandbox_unavailable_reason(empty_dir: Path) -> str | None:
+    try:
+        with SandboxedChild(empty_dir, "cpu", SandboxPolicy()):
+            return None
+    except SandboxUnavailable as error:
+        return str(error)
+
+
+# The two command lines, on the honest starter fork, JSON out.
+COMMANDS = {
+    "evaluate": ["-m", "quasar.evaluate", "{fork}", "--target", "64", "--seq-lens", "64", "--device", "cpu",
+                 "--repeats", "2", "--warmup", "1", "--claimed", "1", "--json"],
+    "local_validator": ["scripts/local_validator.py", "--repo-path", "{fork}", "--seq-len", "64", "--device", "cpu",
+                        "--repeats", "2", "--warmup", "1", "--json"],
+}
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory) -> World:
+    base = tmp_path_factory.mktemp("attacks")
+    (base / "empty").mkdir()
+    reason = sandbox_unavailable_reason(base / "empty")
+    if reason is not None:
+        pytest.skip(f"namespaces unavailable here: {reason}")
+    caller_home = base / "caller-home"
+    wallet_file = caller_home / ".bittensor" / "wallets" / "miner" / "coldkey"
+    wallet_file.parent.mkdir(parents=True)
+    wallet_file.write_text(SECRET_COLDKEY)
+    outside_file = base / "outside" / "pwned.txt"
+    tmp_file = Path("/tmp") / f"quasar-pwned-{os.getpid()}-{time.monotonic_ns()}"
+    system_file = Path("/usr") / f"quasar-pwned-{os.getpid()}"
+    markers = {"sandboxed": f"quasar-bg-{os.getpid()}-a", "unsandboxed": f"quasar-bg-{os.getpid()}-b"}
+    listener = Listener()
+    write_outside_source = base / "write_outside"
+    unsandboxed = SandboxPolicy(allow_unsandboxed=True, force_unsandboxed=True)
+
+    cases = {
+        "honest": Case(None, target=128, options=replace(FAST, seq_lens=(64,)), claimed=1e12),
+        "zeros": Case("zeros"),
+        "noise": Case("noise"),
+        "first_half": Case("first_half", target=128),
+        "stale_cache": Case("stale_cache"),
+        "cache_by_input": Case("cache_by_input", {"miss_seconds": MISS_SECONDS}),
+        "timers": Case("timers", {"sleep_seconds": SLEEP_SECONDS}),
+        "flood": Case("flood", options=replace(FAST, policy=SandboxPolicy(max_output_bytes=4 << 20))),
+        "sleep_forever": Case("sleep_forever", options=replace(FAST, length_timeout_s=8)),
+        "background": Case("background", {"marker": markers["sandboxed"]}),
+        "background_unsandboxed": Case("background", {"marker": markers["unsandboxed"]},
+                                       options=replace(FAST, policy=unsandboxed)),
+        "network": Case("network", {"addresses": host_addresses(), "port": listener.port}),
+        "secrets": Case("secrets", {"wallet_file": str(wallet_file), "parent_pid": os.getpid(),
+                                    "caller_home": str(caller_home)}),
+        "write_outside": Case("write_outside", {"paths": [
+            str(outside_file), str(write_outside_source / "fla" / "layers" / "quasar.py"), str(tmp_file),
+            str(system_file), "/sandbox/fork/fla/layers/quasar.py", "/sandbox/harness/child.py"]}),
+        "forge_reply": Case("forge_reply"),
+        "cheap_input": Case("cheap_input"),
+        "oom": Case("oom", {"oom_length": 128}, target=256, options=replace(FAST, seq_lens=(64, 128))),
+        "wrong_at_length": Case("wrong_at_length", {"wrong_length": 128}, target=128,
+                                options=replace(FAST, seq_lens=(64,))),
+    }
+    forks = {}
+    for name, case in cases.items():
+        if case.attack is None:
+            forks[name] = base / name
+            write_starter_fork(forks[name])
+        else:
+            forks[name] = write_hostile_fork(base / name, case.attack, **case.params)
+    digest_before = file_digest(write_outside_source / "fla" / "layers" / "quasar.py")
+
+    def run_case(name: str) -> tuple[str, EvaluationReport, float]:
+        case = cases[name]
+        started = time.monotonic()
+        report = evaluate(forks[name], case.target, case.claimed, case.options)
+        return name, report, time.monotonic() - started
+
+    def run_command(name: str) -> tuple[str, subprocess.CompletedProcess, float]:
+        started = time.monotonic()
+        arguments = [a.replace("{fork}", str(forks["honest"])) for a in COMMANDS[name]]
+        done = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, cwd=ROOT, timeout=280)
+        return name, done, time.monotonic() - started
+
+    saved = {key: os.environ.get(key) for key in ("HOME", "GITHUB_TOKEN", "WALLET_PATH")}
+    os.environ.update(HOME=str(caller_home), GITHUB_TOKEN=SECRET_TOKEN, WALLET_PATH=str(wallet_file.parent.parent))
+    try:
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            evaluations = [pool.submit(run_case, name) for name in cases]
+            commands = [pool.submit(run_command, name) for name in COMMANDS]
+            results = [future.result() for future in evaluations]
+            command_results = [future.result() for future in commands]
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        listener.close()
+    return World(
+        reports={name: report for name, report, _ in results},
+        seconds={name: seconds for name, _, seconds in results + command_results},
+        commands={name: done for name, done, _ in command_results},
+        listener_accepted=listener.accepted,
+        markers=markers,
+        paths={"outside_file": outside_file, "tmp_file": tmp_file, "wallet_file": wallet_file,
+               "system_file": system_file},
+        fork_layer_digest_before=digest_before,
+        fork_layer_digest_after=file_digest(write_outside_source / "fla" / "layers" / "quasar.py"),
+        survivors={kind: processes_with(marker) for kind, marker in markers.items()},
+    )
+
+
+def reasons(world: World, name: str) -> str:
+    return "\n".join(world.reports[name].reasons)
+
+
+# --- the honest baseline ---------------------------------------------------------------------
+
+
+def test_honest_starter_fork_is_correct_and_only_the_inflated_claim_fails(world):
+    report = world.reports["honest"]
+    assert report.sandbox.startswith("namespaces"), report.sandbox
+    assert [r for r in report.reasons if "claimed" not in r] == []
+    assert report.claim_ok is False and "below 0.9 × claimed" in reasons(world, "honest")
+    assert report.weighted_score == 0.0
+    for item in report.lengths.values():
+        assert item.status == "ok" and item.correct and item.finite and item.repeat_agree
+        assert item.rel_error < REL_ERROR_THRESHOLD and max(item.rel_error_eighths) < REL_ERROR_THRESHOLD
+        assert item.runs_verified == item.timed_runs == 3
+    measured = report.lengths["128"].tokens_per_sec
+    assert report.measured_tokens_per_sec == measured
+    assert report.recommended_claim <= measured
+
+
+# --- outputs that are wrong ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["zeros", "noise", "stale_cache", "cheap_input"])
+def test_wrong_output_is_rejected(world, name):
+    report = world.reports[name]
+    assert report.verdict == "fail"
+    item = report.lengths["64"]
+    assert item.correct is False
+    assert "differs from the reference" in reasons(world, name) or "do not match the reference" in reasons(world, name)
+
+
+def test_zeros_and_noise_are_far_from_the_reference(world):
+    for name in ("zeros", "noise"):
+        item = world.reports[name].lengths["64"]
+        assert item.rel_error > 0.5
+        assert item.fingerprint_error > 0.5
+
+
+def test_correct_only_on_the_first_half_names_the_wrong_eighths(world):
+    text = reasons(world, "first_half")
+    assert world.reports["first_half"].verdict == "fail"
+    assert "T=128: eighths 5 (1), 6 (1), 7 (1), 8 (1) of the sequence differ" in text
+    item = world.reports["first_half"].lengths["128"]
+    assert max(item.rel_error_eighths[:4]) < REL_ERROR_THRESHOLD
+
+
+def test_stale_cache_fails_the_timed_run_check(world):
+    assert "timed runs checked do not match the reference" in reasons(world, "stale_cache")
+
+
+def test_replaying_fingerprints_in_the_harness_code_is_caught(world):
+    report = world.reports["forge_reply"]
+    assert report.verdict == "fail"
+    assert "timed runs checked do not match the reference" in reasons(world, "forge_reply")
+
+
+def test_wrong_only_at_one_length_fails_there(world):
+    report = world.reports["wrong_at_length"]
+    assert report.verdict == "fail"
+    assert report.lengths["64"].correct is True
+    assert report.lengths["128"].correct is False
+    assert all(r.startswith("T=128") for r in report.reasons), report.reasons
+    assert report.weighted_score == 0.0
+
+
+# --- timing cannot be faked ------------------------------------------------------------------
+
+
+def test_caching_by_input_gains_nothing(world):
+    report = world.reports["cache_by_input"]
+    assert report.verdict == "pass", report.reasons
+    item = report.lengths["64"]
+    # Every timed input was fresh: every run paid the miss.
+    assert item.tokens_per_sec_max <= 64 / MISS_SECONDS
+
+
+def test_patched_timers_do_not_change_the_measurement(world):
+    report = world.reports["timers"]
+    assert report.verdict == "pass", report.reasons
+    assert report.lengths["64"].tokens_per_sec_max <= 64 / SLEEP_SECONDS
+
+
+# --- containment -----------------------------------------------------------------------------
+
+
+def test_flooding_stdout_is_cut_off(world):
+    report = world.reports["flood"]
+    assert report.verdict == "fail"
+    assert "wrote over 4 MiB to stdout/stderr" in reasons(world, "flood")
+    assert len(report.log_tail) <= 8000
+    assert world.seconds["flood"] < 120
+
+
+def test_sleeping_forever_times_out(world):
+    report = world.reports["sleep_forever"]
+    assert report.verdict == "fail"
+    assert "T=64: warm-up at T=64 timed out" in reasons(world, "sleep_forever")
+    assert world.seconds["sleep_forever"] < 90
+
+
+def test_background_processes_die_with_the_sandbox(world):
+    assert "BACKGROUND-STARTED" in world.reports["background"].log_tail
+    assert world.survivors["sandboxed"] == []
+    assert world.reports["background"].verdict == "pass", world.reports["background"].reasons
+
+
+def test_background_processes_are_found_and_killed_without_a_sandbox(world):
+    report = world.reports["background_unsandboxed"]
+    assert report.sandbox.startswith("UNSANDBOXED")
+    assert any("UNSANDBOXED" in note for note in report.notes)
+    assert "outlived it and were killed" in reasons(world, "background_unsandboxed")
+    assert world.survivors["unsandboxed"] == []
+
+
+def test_no_network_not_even_to_this_host(world):
+    log = world.reports["network"].log_tail
+    assert "NETWORK-BLOCKED 127.0.0.1" in log and "NETWORK-BLOCKED internet" in log
+    assert "NETWORK-CONNECTED" not in log
+    assert world.listener_accepted == 0
+
+
+def test_the_callers_environment_and_wallets_are_out_of_reach(world):
+    report = world.reports["secrets"]
+    everything = report.to_json() + report.log_tail
+    assert SECRET_TOKEN not in everything and SECRET_COLDKEY not in everything
+    assert f"SECRET-UNREADABLE {world.paths['wallet_file']}" in report.log_tail
+    assert "'HOME': '/sandbox/home'" in report.log_tail
+    assert "GITHUB_TOKEN" not in report.log_tail and "WALLET_PATH" not in report.log_tail
+
+
+def test_writes_outside_the_sandbox_do_not_happen(world):
+    log = world.reports["write_outside"].log_tail
+    # The private root is read-only but for HOME, /tmp and /dev/shm, which are the sandbox's own.
+    for path in (world.paths["system_file"], "/sandbox/fork/fla/layers/quasar.py", "/sandbox/harness/child.py"):
+        assert f"WRITE-REFUSED {path}" in log
+    # Paths under /tmp land in the sandbox's own /tmp and vanish with it: nothing reaches the host.
+    assert not world.paths["outside_file"].exists()
+    assert not world.paths["tmp_file"].exists()
+    assert not world.paths["system_file"].exists()
+    assert world.fork_layer_digest_after == world.fork_layer_digest_before
+    assert world.reports["write_outside"].verdict == "pass", world.reports["write_outside"].reasons
+
+
+def test_out_of_memory_is_a_verdict_not_a_crash(world):
+    report = world.reports["oom"]
+    assert report.verdict == "fail"
+    assert "OOM at T=128, peak unknown" in report.reasons
+    assert report.lengths["64"].status == "ok" and report.lengths["64"].correct
+    assert report.lengths["128"].status == "oom"
+    assert report.lengths["256"].status == "skipped"
+    assert "the target length T=256 was not measured" in report.reasons
+
+
+def test_refuses_to_run_unsandboxed_unless_allowed(tmp_path):
+    write_starter_fork(tmp_path / "fork")
+    options = replace(FAST, policy=SandboxPolicy(force_unsandboxed=True))
+    report = evaluate(tmp_path / "fork", 64, None, options)
+    assert report.verdict == "fail"
+    assert any("refusing to run the fork without a sandbox" in r and "--allow-unsandboxed" in r for r in report.reasons)
+    assert all(item.status == "skipped" for item in report.lengths.values())
+
+
+def test_command_line_json_report(world):
+    done = world.commands["evaluate"]
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["verdict"] == "pass" and data["reasons"] == []
+    assert data["import_check"]["ok"] is True
+    item = data["lengths"]["64"]
+    for key in ("tokens_per_sec", "cv", "peak_vram_mb", "finite", "rel_error", "correct"):
+        assert key in item
+    assert item["correct"] is True and item["finite"] is True
+    assert data["measured_tokens_per_sec"] == item["tokens_per_sec"]
+    # verified = min(claimed 1, measured) in league 100k (x 0.5)
+    assert data["weighted_score"] == pytest.approx(0.5)
+    assert data["recommended_claim"] <= item["tokens_per_sec"]
+    assert "cpu: for tests and small lengths only, not a benchmark" in data["notes"]
+
+
+def test_local_validator_json_is_the_same_report(world):
+    done = world.commands["local_validator"]
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    report = EvaluationReport.from_dict(data)
+    assert report.verdict == "pass" and report.seq_lens == [64] and report.target_seq_len == 64
+    assert report.lengths["64"].correct is True
+    assert report.weighted_score == pytest.approx(0.5 * report.measured_tokens_per_sec)

@@ -1,0 +1,350 @@
+"""Unit tests of the evaluation harness's parts: no sandbox, no fork, fast.
+
+Each fast path (fingerprints, block errors, the output capture) is compared with a slow,
+obviously correct version on fresh random inputs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from quasar.evaluate import protocol, workload
+from quasar.evaluate.__main__ import main as evaluate_main
+from quasar.evaluate.__main__ import parse_seq_lens
+from quasar.evaluate.harness import (
+    CPU_MAX_SEQ_LEN,
+    FINGERPRINT_TOLERANCE,
+    REL_ERROR_THRESHOLD,
+    EvaluationInputError,
+    check_lengths,
+    fingerprint_error,
+    worst_block_error,
+)
+from quasar.evaluate.report import EvaluationReport, ImportCheck, LengthResult, Timings
+from quasar.evaluate.sandbox import (
+    KEPT_OUTPUT_BYTES,
+    MARKER_VARIABLE,
+    CapturedOutput,
+    SandboxError,
+    SandboxPolicy,
+    _copy_tree,
+    kill_marked_processes,
+    scrubbed_environment,
+)
+from quasar.reference import QuasarAttentionReference
+
+# --- workload: what both sides of the sandbox make from seeds ---------------------------------
+
+
+def test_weights_are_deterministic_and_fit_the_reference_layer():
+    first, again, other = workload.make_weights(7), workload.make_weights(7), workload.make_weights(8)
+    assert all(torch.equal(first[name], again[name]) for name in first)
+    assert not torch.equal(first["q_proj.weight"], other["q_proj.weight"])
+    assert {name: tuple(t.shape) for name, t in first.items()} == workload.PARAMETER_SHAPES
+    assert sum(t.numel() for t in first.values()) == 1_120_840
+    layer = QuasarAttentionReference(**workload.LAYER_KWARGS)
+    layer.load_state_dict(first, strict=True)
+    beta = torch.nn.functional.softplus(first["beta_log"])
+    assert bool(((beta > 1) & (beta < 16.1)).all())
+
+
+def test_inputs_are_deterministic_per_seed():
+    assert torch.equal(workload.make_input(3, 100, "cpu"), workload.make_input(3, 100, "cpu"))
+    assert not torch.equal(workload.make_input(3, 100, "cpu"), workload.make_input(4, 100, "cpu"))
+    assert workload.make_input(3, 100, "cpu").shape == (1, 100, 512)
+
+
+@pytest.mark.parametrize("length", [8, 64, 100, 1000, 100_000])
+def test_segment_bounds_cover_the_sequence_in_eight_nearly_equal_parts(length):
+    bounds = workload.segment_bounds(length)
+    assert len(bounds) == 8 and bounds[0][0] == 0 and bounds[-1][1] == length
+    assert all(stop == next_start for (_, stop), (next_start, _) in zip(bounds, bounds[1:]))
+    sizes = [stop - start for start, stop in bounds]
+    assert max(sizes) - min(sizes) <= 1
+
+
+def naive_fingerprint(output: torch.Tensor, basis: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    directions, signs = (t.double() for t in basis)
+    flat = output.reshape(-1, output.shape[-1]).double()
+    rows = []
+    for start, stop in workload.segment_bounds(flat.shape[0]):
+        row = []
+        for j in range(directions.shape[1]):
+            row.append(sum(float(signs[t]) * float(flat[t] @ directions[:, j]) for t in range(start, stop)))
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fingerprint_matches_the_naive_sum(seed):
+    generator = torch.Generator().manual_seed(seed)
+    length = int(torch.randint(8, 40, (1,), generator=generator))
+    output = torch.randn(1, length, 512, generator=generator)
+    basis = workload.make_basis(seed, length, "cpu")
+    fast = workload.fingerprint(output, basis).double()
+    assert fast.shape == (8, workload.FINGERPRINT_DIRECTIONS)
+    assert torch.allclose(fast, naive_fingerprint(output, basis), rtol=1e-4, atol=1e-3)
+    assert set(basis[0].unique().tolist()) == {-1.0, 1.0} and set(basis[1].unique().tolist()) <= {-1.0, 1.0}
+
+
+def test_fingerprint_of_bfloat16_output_is_close_to_float32():
+    output = torch.randn(1, 256, 512)
+    basis = workload.make_basis(5, 256, "cpu")
+    error = fingerprint_error(workload.fingerprint(output.bfloat16(), basis).tolist(),
+                              workload.fingerprint(output, basis), workload.segment_norms(output))
+    # bfloat16 rounding of the output itself (about 2^-9 relative) is all that separates them.
+    assert error < 0.01
+
+
+def test_a_nan_anywhere_makes_its_eighth_non_finite():
+    output = torch.randn(1, 64, 512)
+    output[0, 40, 17] = float("nan")
+    values = workload.fingerprint(output, workload.make_basis(1, 64, "cpu"))
+    assert [bool(torch.isfinite(row).all()) for row in values] == [True] * 5 + [False] + [True] * 2
+
+
+def test_fingerprint_error_estimates_the_error_of_each_eighth():
+    generator = torch.Generator().manual_seed(11)
+    reference = torch.randn(1, 2048, 512, generator=generator)
+    norms = workload.segment_norms(reference)
+    for trial in range(5):
+        basis = workload.make_basis(100 + trial, 2048, "cpu")
+        expected = workload.fingerprint(reference, basis)
+        # An honest output with a 1% error: estimated within the chi-square(16) spread.
+        honest = reference + 0.01 * torch.randn(reference.shape, generator=generator) * reference.std()
+        estimate = fingerprint_error(workload.fingerprint(honest, basis).tolist(), expected, norms)
+        assert 0.004 < estimate < FINGERPRINT_TOLERANCE
+        # Zeros on the last eighth only: that eighth's error is 1.
+        wrong = reference.clone()
+        wrong[:, 1792:] = 0
+        assert fingerprint_error(workload.fingerprint(wrong, basis).tolist(), expected, norms) > 0.4
+
+
+def test_fingerprint_error_refuses_malformed_claims():
+    expected = torch.ones(8, workload.FINGERPRINT_DIRECTIONS)
+    norms = torch.ones(8)
+    assert fingerprint_error("not a list", expected, norms) == math.inf
+    assert fingerprint_error([[1.0] * 3] * 8, expected, norms) == math.inf
+    assert fingerprint_error([[float("nan")] * 16] * 8, expected, norms) == math.inf
+    assert fingerprint_error(expected.tolist(), expected, norms) == 0.0
+
+
+def naive_worst_block_error(output: torch.Tensor, reference: torch.Tensor, block: int) -> float:
+    out = output.reshape(-1, output.shape[-1]).double()
+    ref = reference.reshape(-1, reference.shape[-1]).double()
+    mean_square = float((ref ** 2).sum()) / ref.shape[0]
+    worst = 0.0
+    for start in range(0, out.shape[0], block):
+        part = slice(start, min(start + block, out.shape[0]))
+        tokens = part.stop - part.start
+        worst = max(worst, math.sqrt(float(((out[part] - ref[part]) ** 2).sum()) / (tokens * mean_square)))
+    return worst
+
+
+@pytest.mark.parametrize("length,block", [(64, 64), (200, 64), (1000, 16), (77, 10)])
+def test_worst_block_error_matches_the_naive_loop(length, block):
+    generator = torch.Generator().manual_seed(length)
+    reference = torch.randn(1, length, 32, generator=generator)
+    output = reference + 0.05 * torch.randn(reference.shape, generator=generator)
+    output[0, length // 3] += 3.0
+    assert worst_block_error(output, reference, block) == pytest.approx(
+        naive_worst_block_error(output, reference, block), rel=1e-9)
+
+
+def test_a_wrong_tail_that_an_eighth_would_dilute_is_caught_by_blocks():
+    # 2M tokens: the last 64 wrong is 1/4096 of an eighth, an eighth's error of only 0.0156.
+    reference = torch.randn(1, 2_000_000, 2, generator=torch.Generator().manual_seed(0))
+    output = reference.clone()
+    output[:, -64:] = 0
+    last = workload.segment_bounds(2_000_000)[-1]
+    eighth = float((output[:, last[0]:] - reference[:, last[0]:]).norm() / reference[:, last[0]:].norm())
+    assert eighth < REL_ERROR_THRESHOLD
+    assert worst_block_error(output, reference) == pytest.approx(1.0, rel=0.05)
+
+
+# --- the channel -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def pipe_pair():
+    a_read, b_write = os.pipe()
+    b_read, a_write = os.pipe()
+    yield protocol.Channel(a_read, a_write), protocol.Channel(b_read, b_write)
+    for fd in (a_read, b_write, b_read, a_write):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def test_channel_carries_headers_and_large_payloads(pipe_pair):
+    parent, child = pipe_pair
+    payload = os.urandom(3 << 20)
+    sender = threading.Thread(target=child.send, args=({"ok": True, "shape": [1, 2]}, payload))
+    sender.start()
+    header, received = parent.recv(deadline=time.monotonic() + 10, max_payload=len(payload))
+    sender.join()
+    assert header == {"ok": True, "shape": [1, 2], "nbytes": len(payload)}
+    assert bytes(received) == payload
+
+
+def test_channel_refuses_oversized_payload(pipe_pair):
+    parent, child = pipe_pair
+    child.send({"ok": True}, b"x" * 100)
+    with pytest.raises(protocol.ChannelError, match="exceeds the 10-byte limit"):
+        parent.recv(deadline=time.monotonic() + 5, max_payload=10)
+
+
+@pytest.mark.parametrize("raw,message", [
+    ((5).to_bytes(4, "big") + b"{bad}", "malformed message header"),
+    ((2).to_bytes(4, "big") + b"[]", "not a JSON object"),
+    ((13).to_bytes(4, "big") + b'{"nbytes":-1}', "nbytes=-1"),
+    ((protocol.MAX_HEADER_BYTES + 1).to_bytes(4, "big"), "exceeds the"),
+])
+def test_channel_refuses_malformed_headers(pipe_pair, raw, message):
+    parent, child = pipe_pair
+    os.write(child.write_fd, raw)
+    with pytest.raises(protocol.ChannelError, match=message):
+        parent.recv(deadline=time.monotonic() + 5)
+
+
+def test_channel_deadline_and_closed_peer(pipe_pair):
+    parent, child = pipe_pair
+    started = time.monotonic()
+    with pytest.raises(protocol.ChannelTimeout):
+        parent.recv(deadline=time.monotonic() + 0.2)
+    assert 0.15 < time.monotonic() - started < 2
+    os.close(child.write_fd)
+    with pytest.raises(protocol.ChannelClosed):
+        parent.recv(deadline=time.monotonic() + 5)
+
+
+# --- the sandbox's parent side ---------------------------------------------------------------
+
+
+def naive_capture_text(chunks: list[bytes]) -> str:
+    data = b"".join(chunks)
+    head, rest = data[:KEPT_OUTPUT_BYTES], data[KEPT_OUTPUT_BYTES:]
+    tail = rest[-KEPT_OUTPUT_BYTES:]
+    skipped = len(rest) - len(tail)
+    middle = f"\n[... {skipped} bytes left out ...]\n".encode() if skipped > 0 else b""
+    return (head + middle + tail).decode("utf-8", errors="replace")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_captured_output_keeps_head_and_tail_like_the_naive_version(seed):
+    generator = torch.Generator().manual_seed(seed)
+    chunks = []
+    for _ in range(int(torch.randint(1, 40, (1,), generator=generator))):
+        size = int(torch.randint(0, 9000, (1,), generator=generator))
+        chunks.append(bytes(torch.randint(97, 123, (size,), generator=generator, dtype=torch.uint8).tolist()))
+    captured = CapturedOutput()
+    for chunk in chunks:
+        captured.add(chunk)
+    assert captured.total_bytes == sum(map(len, chunks))
+    assert captured.text() == naive_capture_text(chunks)
+
+
+def test_scrubbed_environment_keeps_no_secret(monkeypatch):
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_secret")
+    monkeypatch.setenv("WALLET_PATH", "/root/.bittensor/wallets")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret")
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/nvidia/lib64")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    env = scrubbed_environment("/sandbox/home", "cuda:1", SandboxPolicy(), "abc")
+    assert not any("secret" in value.lower() or "bittensor" in value for value in env.values())
+    assert "GITHUB_TOKEN" not in env and "WALLET_PATH" not in env
+    assert env["HOME"] == "/sandbox/home" and env["TMPDIR"] == "/sandbox/home/tmp"
+    assert env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert env["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
+    assert env[MARKER_VARIABLE] == "abc"
+    assert scrubbed_environment("/h", "cpu", SandboxPolicy(), "m")["CUDA_VISIBLE_DEVICES"] == ""
+    with pytest.raises(SandboxError, match="has no device 2"):
+        scrubbed_environment("/h", "cuda:2", SandboxPolicy(), "m")
+
+
+def test_copying_a_fork_skips_git_and_links_leaving_it(tmp_path, monkeypatch):
+    source = tmp_path / "fork"
+    (source / ".git").mkdir(parents=True)
+    (source / ".git" / "config").write_text("[credential] token")
+    (source / "fla").mkdir()
+    (source / "fla" / "a.py").write_text("x = 1")
+    os.chmod(source / "fla" / "a.py", 0o600)
+    (source / "fla" / "inside.py").symlink_to(source / "fla" / "a.py")
+    (source / "fla" / "escape").symlink_to("/etc/passwd")
+    _copy_tree(source, tmp_path / "copy")
+    copied = tmp_path / "copy"
+    assert not (copied / ".git").exists()
+    assert (copied / "fla" / "a.py").read_text() == "x = 1"
+    assert oct((copied / "fla" / "a.py").stat().st_mode & 0o777) == "0o644"
+    assert (copied / "fla" / "inside.py").is_symlink() and not (copied / "fla" / "escape").exists()
+    monkeypatch.setattr("quasar.evaluate.sandbox.MAX_FORK_BYTES", 2)
+    with pytest.raises(SandboxError, match="larger than"):
+        _copy_tree(source, tmp_path / "copy2")
+
+
+def test_processes_carrying_the_marker_are_killed():
+    marker = f"unit-{os.getpid()}"
+    env = dict(os.environ, **{MARKER_VARIABLE: marker})
+    escaped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env, start_new_session=True)
+    try:
+        time.sleep(0.2)
+        assert kill_marked_processes(marker, grace_seconds=0.1) == 1
+        assert escaped.wait(timeout=5) == -signal.SIGKILL
+        assert kill_marked_processes(marker, grace_seconds=0.1) == 0
+    finally:
+        escaped.kill()
+
+
+# --- arguments and report --------------------------------------------------------------------
+
+
+def test_lengths_are_checked():
+    assert check_lengths((1024, 512), 2048, "cuda") == [512, 1024, 2048]
+    assert check_lengths((512,), 512, "cpu") == [512]
+    for bad, message in [((32,), "from 64"), ((True,), "from 64"), ((CPU_MAX_SEQ_LEN + 1,), "CPU runs are limited")]:
+        with pytest.raises(EvaluationInputError, match=message):
+            check_lengths(bad, 512, "cpu")
+
+
+def test_seq_lens_parse_with_suffixes():
+    assert parse_seq_lens("512, 1k,2_048,1M") == (512, 1000, 2048, 1_000_000)
+    with pytest.raises(Exception, match="comma-separated"):
+        parse_seq_lens("512,abc")
+
+
+def test_command_line_refuses_bad_arguments(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_main([str(tmp_path / "missing"), "--target", "512", "--device", "cpu"])
+    assert exit_info.value.code == 2
+    assert "is not a directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_main([str(tmp_path), "--target", "512", "--claimed", "-5"])
+    assert exit_info.value.code == 2
+
+
+def test_report_round_trips_through_json_and_drops_non_finite_numbers():
+    report = EvaluationReport(
+        verdict="fail", reasons=["T=64: the output has NaN or infinite values"], repo="/r", target_seq_len=64,
+        seq_lens=[64], device="cpu", device_name="cpu", import_check=ImportCheck(ok=True, profile="core"),
+        lengths={"64": LengthResult(seq_len=64, status="ok", rel_error=math.inf, rel_error_eighths=[math.nan] * 8,
+                                    finite=False, correct=False)},
+        timings=Timings(total_s=3.0, timed_s=1.0),
+    )
+    import json
+
+    data = json.loads(report.to_json())
+    assert data["lengths"]["64"]["rel_error"] is None and data["lengths"]["64"]["rel_error_eighths"] == [None] * 8
+    assert data["timings"]["overhead_s"] == 2.0
+    again = EvaluationReport.from_dict(data)
+    assert again.reasons == report.reasons and again.lengths["64"].finite is False
+    assert again.import_check == report.import_check and again.timings.total_s == 3.0
