@@ -55,7 +55,7 @@ class Server:
         seq_len = int(request["seq_len"])
         if self.stand_in is None or self.stand_in.shape[1] != seq_len:
             self.stand_in = None
-            self.stand_in = torch.randn(1, seq_len, workload.HIDDEN_SIZE, device=self.device).to(workload.AUTOCAST_DTYPE)
+            self.stand_in = torch.randn(1, seq_len, workload.HIDDEN_SIZE, device=self.device, dtype=workload.AUTOCAST_DTYPE)
         with torch.inference_mode():
             workload.make_input(int(request["input_seed"]), seq_len, self.device)
             basis = workload.make_basis(int(request["basis_seed"]), seq_len, self.device)

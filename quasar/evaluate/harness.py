@@ -15,7 +15,9 @@ it cannot come before the work is done, whatever the fork does to synchronisatio
 input is unknown until the clock runs, so nothing can be computed ahead. What the harness adds
 to the round trip (pipe, JSON, making the input, the fingerprint) is calibrated before any fork
 code is loaded, with the same code and sizes, and its minimum over several runs is subtracted:
-trusted and conservative (the fork is never credited with more than that minimum). A fork may
+trusted and conservative (the fork is never credited with more than that minimum; calibrations
+interleaved with the timed runs can only lower it, and it never exceeds half the fastest round
+trip, so a calibration slowed by a noisy moment cannot inflate a figure). A fork may
 make input generation or the fingerprint itself faster; its gain is bounded by their calibrated
 cost (one pass over the input and one over the output, about 1–2% of a forward).
 
@@ -230,18 +232,27 @@ def _as_fingerprint(reply: dict) -> list:
     return values if isinstance(values, list) else []
 
 
-def _calibrate(session: _Session, lengths: list[int], timings: Timings, progress: ProgressCallback) -> dict[int, int]:
-    """Minimum round trip of everything a run does but the layer, per length (trusted: no fork code yet)."""
+def _calibrate(session: _Session, runs: dict[int, _LengthRun], timings: Timings,
+               progress: ProgressCallback) -> dict[int, int]:
+    """Minimum round trip of everything a run does but the layer, per length (trusted: no fork code yet).
+
+    A length whose input does not even fit in memory is marked OOM, with every longer one skipped.
+    """
     started = time.monotonic()
     costs: dict[int, int] = {}
+    lengths = sorted(runs)
     for index, length in enumerate(lengths):
         progress(ProgressEvent("calibrate", length, index, len(lengths)))
         samples = []
         for attempt in range(CALIBRATION_WARMUP + CALIBRATION_RUNS):
-            header = {"op": "calibrate", "seq_len": length, "input_seed": _new_seed(), "basis_seed": _new_seed()}
-            reply, _, elapsed = session.request(header, session.deadline, "calibration")
-            if not reply.get("ok"):
-                raise _reply_failure(reply, length, "calibration")
+            try:
+                elapsed = _harness_cost(session, length, session.deadline)
+            except _ChildFailure as failure:
+                if failure.status != OOM:
+                    raise
+                runs[length].result.status, runs[length].result.error = OOM, failure.message
+                timings.calibration_s = time.monotonic() - started
+                return costs
             if attempt >= CALIBRATION_WARMUP:
                 samples.append(elapsed)
         costs[length] = min(samples)
@@ -283,9 +294,24 @@ def _peak(session: _Session, deadline: float, reset: bool) -> int | None:
     return peak if isinstance(peak, int) and not isinstance(peak, bool) else None
 
 
-def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, harness_ns: int,
+def _harness_cost(session: _Session, length: int, deadline: float) -> int:
+    """One round trip of everything a run does but the layer (the ``calibrate`` request)."""
+    header = {"op": "calibrate", "seq_len": length, "input_seed": _new_seed(), "basis_seed": _new_seed()}
+    reply, _, elapsed = session.request(header, deadline, f"calibration at T={length}")
+    if not reply.get("ok"):
+        raise _reply_failure(reply, length, f"calibration at T={length}")
+    return elapsed
+
+
+def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, trusted_cost_ns: int,
                 timings: Timings, progress: ProgressCallback) -> None:
-    """Warm-up, timed runs, correctness run and repeat at one length; fills ``run``."""
+    """Warm-up, timed runs, correctness run and repeat at one length; fills ``run``.
+
+    The harness's cost subtracted from each round trip is the least of the trusted calibration
+    and calibrations interleaved with the timed runs (fork code could slow those down, which the
+    minimum ignores, or speed them up, which only lowers its own figure), and never more than half
+    the fastest round trip.
+    """
     length = run.result.seq_len
     deadline = time.monotonic() + options.length_timeout_s
     _peak(session, deadline, reset=True)
@@ -295,19 +321,24 @@ def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, 
     for index in range(options.warmup_runs):
         progress(ProgressEvent("warmup", length, index, options.warmup_runs))
         _, elapsed = _run_once(session, length, deadline, f"warm-up at T={length}")
-        warm_ns.append(max(elapsed - harness_ns, MIN_FORWARD_NS))
+        warm_ns.append(max(elapsed - trusted_cost_ns, MIN_FORWARD_NS))
     timings.warmup_s += time.monotonic() - started
 
     estimate_s = (min(warm_ns[-2:]) if warm_ns else MIN_FORWARD_NS) / 1e9
     count = math.ceil(options.timed_seconds / max(estimate_s, 1e-9))
     count = max(options.min_timed_runs, min(options.max_timed_runs, count))
+    round_trips, cost_ns = [], trusted_cost_ns
     for index in range(count):
         progress(ProgressEvent("timed", length, index, count))
         iteration, elapsed = _run_once(session, length, deadline, f"timed run at T={length}")
-        iteration.forward_ns = max(elapsed - harness_ns, MIN_FORWARD_NS)
         timings.timed_s += elapsed / 1e9
         run.timed.append(iteration)
+        round_trips.append(elapsed)
+        cost_ns = min(cost_ns, _harness_cost(session, length, deadline))
     progress(ProgressEvent("timed", length, count, count))
+    cost_ns = min(cost_ns, min(round_trips) // 2)
+    for iteration, elapsed in zip(run.timed, round_trips):
+        iteration.forward_ns = max(elapsed - cost_ns, MIN_FORWARD_NS)
     run.result.peak_vram_mb = _mib(_peak(session, deadline, reset=False))
 
     started = time.monotonic()
@@ -327,7 +358,7 @@ def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, 
     run.result.tokens_per_sec_min = length / (forward[-1] / 1e9)
     run.result.tokens_per_sec_max = length / (forward[0] / 1e9)
     run.result.cv = statistics.pstdev(forward) / statistics.fmean(forward)
-    run.result.subtracted_us = harness_ns / 1e3
+    run.result.subtracted_us = cost_ns / 1e3
 
 
 def _benchmark_in_sandbox(repo: Path, lengths: list[int], weights_seed: int, options: EvaluationOptions,
@@ -349,7 +380,7 @@ def _benchmark_in_sandbox(repo: Path, lengths: list[int], weights_seed: int, opt
         report.sandbox = child.isolation_note
         session = _Session(child, deadline)
         try:
-            harness_ns = _calibrate(session, lengths, timings, progress)
+            harness_ns = _calibrate(session, runs, timings, progress)
             started = time.monotonic()
             progress(ProgressEvent("load"))
             header = {"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed}
@@ -362,6 +393,8 @@ def _benchmark_in_sandbox(repo: Path, lengths: list[int], weights_seed: int, opt
             return runs
         for length in lengths:
             run = runs[length]
+            if length not in harness_ns:
+                break
             try:
                 _run_length(session, run, options, harness_ns[length], timings, progress)
             except _ChildFailure as failure:

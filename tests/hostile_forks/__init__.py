@@ -11,7 +11,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from quasar.starter_fork import write_starter_fork
+from quasar.starter_fork import copy_starter_tree
 
 _WRAPPER = """
 _HonestQuasarAttention = QuasarAttention
@@ -206,8 +206,8 @@ _workload.make_input = lambda seed, seq_len, device: torch.zeros(1, seq_len, _wo
 
 
 def write_hostile_fork(dest: Path, attack: str, **params: object) -> Path:
-    """Write the starter fork to ``dest`` with ``attack``'s patch; returns ``dest``."""
-    write_starter_fork(dest)
+    """Write the starter fork's files to ``dest`` with ``attack``'s patch; returns ``dest``."""
+    copy_starter_tree(dest)
     code = ATTACKS[attack]
     for name, value in params.items():
         code = code.replace("{" + name + "}", repr(value))
