@@ -351,6 +351,8 @@ OPTIONS: tuple[Option, ...] = (
            "lengths a validator benchmarks besides each submission's target (comma-separated; empty = target only)"),
     Option("eval_timeout", "EVAL_TIMEOUT", "--eval.timeout", _parse_float(1.0), "3600",
            "seconds one evaluation (sandboxed benchmark and checks, after the clone) may take"),
+    Option("eval_timed_seconds", "EVAL_TIMED_SECONDS", "--eval.timed-seconds", _parse_float(0.0), "2",
+           "seconds of timed runs per length: as many runs as fit, at least 10 and at most 100"),
 )
 
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
@@ -421,6 +423,7 @@ class Settings:
     epoch_blocks: int
     eval_seq_lens: tuple[int, ...]
     eval_timeout: float
+    eval_timed_seconds: float
 
     def wallet_name_for(self, role: str) -> str:
         """The wallet name for ``role`` ("miner" or "validator"): ``--wallet.name`` wins."""
