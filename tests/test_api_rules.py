@@ -9,11 +9,13 @@ import random
 import statistics
 
 import pytest
+from bittensor.sp_core import Keypair
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api_fixtures import api_config, make_wallet
 from quasar.api import rules, schemas
+from quasar.api.chaincache import CachedMetagraphChain
 from quasar.api.db import Database
 from quasar.api.service import MAX_FETCHES_PER_VALIDATOR, ApiError, SubmissionService
 from quasar.chain.devchain import DevChain
@@ -189,3 +191,17 @@ def test_work_queue_matches_model(tmp_path, seed):
         else:
             clock.now += rng.choice([10.0, 60.0, 101.0])
     database.dispose()
+
+
+def test_cached_metagraph_refreshes_after_max_age(tmp_path):
+    inner = DevChain(tmp_path / "chain.sqlite3", block_time_s=1e6)
+    clock = Clock()
+    cached = CachedMetagraphChain(inner, max_age_s=12.0, clock=clock)
+    hotkey = Keypair.create_from_mnemonic(Keypair.generate_mnemonic()).ss58_address
+    assert not cached.is_registered(hotkey)
+    inner.register(hotkey, hotkey, validator_permit=True)
+    inner.advance(5)
+    assert not cached.is_registered(hotkey)  # the snapshot is still fresh
+    assert cached.current_block() == inner.current_block() == 5  # blocks are always live
+    clock.now += 12.0
+    assert cached.is_registered(hotkey) and cached.has_validator_permit(hotkey)

@@ -19,6 +19,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from quasar import config
 from quasar.api.app import create_app
+from quasar.api.chaincache import CachedMetagraphChain
 from quasar.api.db import Database, display_url
 from quasar.api.service import ApiConfig
 from quasar.chain import ChainError
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError:
             parser.error(f"API_HOTKEY {settings.api_hotkey!r} is not an ss58 address")
         chain = connect(settings)
+        if settings.network != config.DEV_NETWORK:
+            chain = CachedMetagraphChain(chain, max_age_s=chain.block_time_s)
         app = create_app(ApiConfig.from_settings(settings), chain, database)
     except ChainError as error:
         print(f"error: chain: {error}", file=sys.stderr)

@@ -173,6 +173,8 @@ class Database:
     def __init__(self, url: str):
         self.url = url
         parsed = make_url(url)
+        if parsed.drivername == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg2")  # the driver this project installs
         self.dialect = parsed.get_backend_name()
         if self.dialect == "sqlite":
             if not parsed.database or parsed.database == ":memory:":
