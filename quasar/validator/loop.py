@@ -1,0 +1,403 @@
+"""The validator loop: sync, fetch, evaluate, check logits, report, set weights; again.
+
+One :meth:`Validator.step` does each phase once, in this order:
+
+1. sync the metagraph from the chain;
+2. fetch work from the API when fewer evaluations wait than there are devices; record each new
+   submission in the state (a finished (fork, commit, target) is never evaluated again);
+3. collect evaluations that ended: a result is stored for good, an error of this validator is
+   retried (quasar/validator/state.py);
+4. challenge the miner's inference endpoint of each submission whose evaluation passed, only
+   while no benchmark runs on the reference model's device (so a check never disturbs a timing);
+5. report each evaluated and checked submission to the API;
+6. start evaluations on idle devices: one at a time per device, never two of one fork at once;
+7. every EPOCH_BLOCKS chain blocks, rank this validator's own results (quasar/scoring.py) and set
+   weights: places 1-4 by uid, the unassigned share to the subnet owner's uid.
+
+A phase that raises is logged and the step goes on; so does the loop. :meth:`run_forever` steps
+until SIGINT/SIGTERM, then stops running evaluations (their sandboxes are killed), puts them back
+to pending and returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import quasar
+from quasar.api.client import ApiClient, ApiClientError
+from quasar.api.schemas import WorkItem
+from quasar.chain.base import Chain, ChainError, Metagraph
+from quasar.config import DEV_NETWORK, Settings
+from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
+from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
+from quasar.validator.logit_check import LogitChecker
+from quasar.validator.preflight import Device
+from quasar.validator.results import api_report, plan_weights, scoring_result, weights_table
+from quasar.validator.state import (
+    ABANDONED,
+    FAILED,
+    PASSED,
+    REFUSED,
+    REPORTED,
+    SKIPPED,
+    EvaluationKey,
+    Submission,
+    SubmissionRecord,
+    ValidatorState,
+)
+
+logger = logging.getLogger(__name__)
+
+FETCH_LIMIT = 10
+# Seconds running evaluations get to stop cleanly (kill their sandbox) before they are killed.
+STOP_GRACE_S = 20.0
+POLL_S = 0.5
+LAST_WEIGHTS_BLOCK = "last_weights_block"
+# After a failed weight setting (no permit, rate limit, chain unreachable), blocks before the next try.
+WEIGHTS_RETRY_BLOCKS = 10
+# API answers after which a report is never sent again: unknown submission, already reported or
+# conflicting, invalid. Anything else (unreachable, 5xx, 401/403, 429) is retried next step.
+FINAL_REPORT_STATUSES = (404, 409, 422)
+
+
+@dataclass
+class StepSummary:
+    """What one step did (for logs and tests)."""
+
+    fetched: int = 0
+    started: list[EvaluationKey] = field(default_factory=list)
+    finished: list[EvaluationKey] = field(default_factory=list)
+    retried: list[EvaluationKey] = field(default_factory=list)
+    logits_checked: int = 0
+    reported: int = 0
+    weights_set: bool = False
+    failed_phases: list[str] = field(default_factory=list)
+
+
+def submission_from_work(item: WorkItem, allow_local: bool) -> tuple[Submission, str | None]:
+    """The submission of a work item, with its URL normalized and commit checked by this
+    validator's own rules; the second value says why it breaks them (None when it does not)."""
+    try:
+        url, commit = normalize_fork_url(item.fork_url, allow_local), validate_commit_hash(item.commit_hash)
+        problem = None
+    except ForkError as error:
+        url, commit, problem = item.fork_url, item.commit_hash, str(error)
+    submission = Submission(item.submission_id, item.hotkey, url, commit, item.target_sequence_length,
+                            item.claimed_tokens_per_sec, item.submitted_at, item.round_id)
+    return submission, problem
+
+
+class Validator:
+    """The validator of ``wallet``'s hotkey. Every collaborator is passed in, so tests drive it
+    step by step against a dev chain, a real API and real evaluations."""
+
+    def __init__(self, settings: Settings, chain: Chain, api: ApiClient, wallet, evaluator: Evaluator,
+                 logit_checker: LogitChecker, state: ValidatorState, *, devices: Sequence[Device],
+                 clock: Callable[[], float] = time.time, interval_s: float | None = None):
+        if not devices:
+            raise ValueError("a validator needs at least one device to evaluate on")
+        self.settings = settings
+        self.chain = chain
+        self.api = api
+        self.wallet = wallet
+        self.hotkey = wallet.hotkey.ss58_address
+        self.evaluator = evaluator
+        self.logit_checker = logit_checker
+        self.state = state
+        self.devices = list(devices)
+        self.clock = clock
+        self.interval_s = interval_s if interval_s is not None else max(1.0, min(12.0, chain.block_time_s))
+        self.allow_local_forks = settings.network in (DEV_NETWORK, "local")
+        self.metagraph: Metagraph | None = None
+        self.running: dict[str, RunningEvaluation] = {}  # device name -> its evaluation
+        self._stop = threading.Event()
+        self._weights_retry_at: int | None = None
+
+    # --- control ---
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def request_stop(self) -> None:
+        """Finish the current phase, then stop (what SIGINT and SIGTERM do)."""
+        self._stop.set()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing running and nothing left to evaluate, check or report."""
+        return not self.running and self.state.open_submissions() == 0
+
+    def step(self) -> StepSummary:
+        """One iteration of every phase (see the module docstring); never raises for a phase's failure."""
+        summary = StepSummary()
+        phases = (("sync", self._sync), ("fetch", self._fetch), ("collect", self._collect),
+                  ("logit checks", self._check_logits), ("report", self._report),
+                  ("start evaluations", self._start_evaluations), ("weights", self._maybe_set_weights))
+        for name, phase in phases:
+            if self.stopping:
+                break
+            try:
+                phase(summary)
+            except Exception:  # noqa: BLE001  (one phase's failure must not end the loop)
+                logger.exception("validator step: %s failed; going on", name)
+                summary.failed_phases.append(name)
+        return summary
+
+    def run_forever(self) -> None:
+        """Step every ``interval_s`` (sooner when an evaluation ends) until stopped by
+        :meth:`request_stop`, SIGINT or SIGTERM; then stop running evaluations cleanly."""
+        logger.info("validator %s on %s subnet %d: evaluating on %s; weights every %d blocks",
+                    self.hotkey, self.settings.network, self.chain.netuid,
+                    ", ".join(device.name for device in self.devices), self.settings.epoch_blocks)
+        with self._signals_stop():
+            try:
+                while not self.stopping:
+                    self.step()
+                    self._sleep(self.interval_s)
+            finally:
+                self.shutdown()
+        logger.info("validator stopped")
+
+    def run_until_idle(self, timeout_s: float) -> None:
+        """Step until :attr:`idle` (tests and one-off runs); TimeoutError after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.step()
+            if self.idle:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the validator was not idle after {timeout_s:g} s")
+            self._sleep(min(self.interval_s, max(0.0, deadline - time.monotonic())))
+
+    def shutdown(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Stop every running evaluation (cleanly within ``grace_s``, then by force) and put it
+        back to pending without counting an attempt; a result that arrived meanwhile is kept."""
+        running = list(self.running.values())
+        if running:
+            logger.info("stopping %d running evaluation(s)", len(running))
+        for evaluation in running:
+            evaluation.cancel()
+        deadline = time.monotonic() + grace_s
+        while any(evaluation.poll() is None for evaluation in running) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for evaluation in running:
+            if evaluation.poll() is None:
+                logger.warning("evaluation of %s did not stop within %g s; killing it", evaluation.key, grace_s)
+                evaluation.kill()
+            outcome = evaluation.poll()
+            if outcome is not None and outcome.result is not None:
+                self.state.finish_evaluation(evaluation.key, outcome.result, self.clock())
+            else:
+                self.state.cancel_evaluation(evaluation.key)
+        self.running.clear()
+
+    @contextlib.contextmanager
+    def _signals_stop(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def on_signal(signum: int, _frame) -> None:
+            logger.info("%s received: stopping after the current phase", signal.Signals(signum).name)
+            self.request_stop()
+
+        previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    @contextlib.contextmanager
+    def _item(self, what: str) -> Iterator[None]:
+        """Log an exception in one item of a phase and go on with the next item."""
+        try:
+            yield
+        except Exception:  # noqa: BLE001  (one submission's failure must not hold up the others)
+            logger.exception("validator step: %s failed; going on", what)
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, less when stopped or when a running evaluation ends."""
+        deadline = time.monotonic() + seconds
+        while not self.stopping:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or any(evaluation.poll() is not None for evaluation in self.running.values()):
+                return
+            self._stop.wait(min(POLL_S, remaining))
+
+    # --- phases ---
+
+    def _sync(self, summary: StepSummary) -> None:
+        self.metagraph = self.chain.metagraph()
+
+    def _fetch(self, summary: StepSummary) -> None:
+        if len(self.state.pending_evaluations()) >= len(self.devices):
+            return
+        batch = self.api.fetch_work(limit=FETCH_LIMIT)
+        for item in batch.items:
+            with self._item(f"recording submission {item.submission_id}"):
+                self._record_work(item, summary)
+
+    def _record_work(self, item: WorkItem, summary: StepSummary) -> None:
+        submission, problem = submission_from_work(item, self.allow_local_forks)
+        if problem is None:
+            added = self.state.add_submission(submission, self.clock())
+        else:
+            logger.warning("submission %d from %s breaks the fork rules: %s", item.submission_id, item.hotkey, problem)
+            added = self.state.add_refused_submission(submission, problem, self.clock())
+        if added:
+            summary.fetched += 1
+            logger.info("fetched submission %d from %s: %s (claims %.0f tokens/s)", submission.submission_id,
+                        submission.hotkey, submission.key, submission.claimed_tokens_per_sec)
+
+    def _collect(self, summary: StepSummary) -> None:
+        for device_name, evaluation in list(self.running.items()):
+            outcome = evaluation.poll()
+            if outcome is None:
+                continue
+            with self._item(f"recording the evaluation of {evaluation.key}"):
+                self._record_outcome(evaluation, outcome, summary)
+                del self.running[device_name]  # only once recorded: otherwise tried again next step
+
+    def _record_outcome(self, evaluation: RunningEvaluation, outcome: EvaluationOutcome,
+                        summary: StepSummary) -> None:
+        key, now = evaluation.key, self.clock()
+        if outcome.result is not None:
+            self.state.finish_evaluation(key, outcome.result, now)
+            summary.finished.append(key)
+            result = outcome.result
+            measured = "-" if result.measured_tokens_per_sec is None else f"{result.measured_tokens_per_sec:,.0f}"
+            logger.info("evaluation of %s on %s: %s, %s tokens/s at the target%s", key, evaluation.device.name,
+                        "correct" if result.correct else "FAILED", measured,
+                        "" if result.correct else f" ({'; '.join(result.reasons)})")
+        elif outcome.error == CANCELLED:
+            self.state.cancel_evaluation(key)
+        else:
+            status = self.state.fail_attempt(key, outcome.error or "unknown error", now)
+            summary.retried.append(key)
+            if status == ABANDONED:
+                logger.error("evaluation of %s failed on this validator's side too often; abandoned (not reported, "
+                             "not ranked): %s", key, outcome.error)
+            else:
+                logger.warning("evaluation of %s failed on this validator's side; it runs again: %s", key,
+                               outcome.error)
+
+    def _check_logits(self, summary: StepSummary) -> None:
+        if self.metagraph is None or self.devices[0].name in self.running:
+            return
+        for record in self.state.needing_logit_check():
+            if self.stopping:
+                return
+            # A failure here is this validator's: the check runs again next step.
+            with self._item(f"the logit check of submission {record.submission.submission_id}"):
+                outcome, reason = self._logit_outcome(record, self.metagraph)
+                self.state.record_logits(record.submission.submission_id, outcome, reason, self.clock())
+                summary.logits_checked += outcome != SKIPPED
+                log = logger.info if outcome != FAILED else logger.warning
+                log("logit check of submission %d from %s: %s (%s)", record.submission.submission_id,
+                    record.submission.hotkey, outcome, reason)
+
+    def _logit_outcome(self, record: SubmissionRecord, metagraph: Metagraph) -> tuple[str, str]:
+        result = record.evaluation.result
+        if result is None or not result.correct:
+            return SKIPPED, "not checked: the evaluation failed"
+        hotkey = record.submission.hotkey
+        neuron = metagraph.by_hotkey(hotkey)
+        if neuron is None:
+            return FAILED, f"hotkey {hotkey} is not registered on subnet {metagraph.netuid}"
+        if neuron.endpoint is None:
+            return FAILED, f"hotkey {hotkey} (uid {neuron.uid}) published no inference endpoint on chain"
+        check = self.logit_checker.check(neuron.endpoint.base_url, hotkey)
+        return (PASSED if check.passed else FAILED), check.reason
+
+    def _report(self, summary: StepSummary) -> None:
+        for record in self.state.ready_to_report():
+            if self.stopping:
+                return
+            with self._item(f"reporting submission {record.submission.submission_id}"):
+                if not self._report_one(record, summary):
+                    return  # the API is unreachable or failing: the rest waits for the next step
+
+    def _report_one(self, record: SubmissionRecord, summary: StepSummary) -> bool:
+        """Report one submission; False when the API cannot take reports now."""
+        report = api_report(record)
+        try:
+            accepted = self.api.report(report.submission_id, report.verdict, report.correct, report.logits_ok,
+                                       report.measured_tokens_per_sec, report.benchmarks, report.reasons)
+        except ApiClientError as error:
+            if error.status in FINAL_REPORT_STATUSES:
+                done = error.status == 409 and "already reported" in error.detail
+                self.state.record_report(report.submission_id, REPORTED if done else REFUSED, str(error),
+                                         self.clock())
+                logger.warning("report on submission %d: the API answered %s; not sent again",
+                               report.submission_id, error)
+                return True
+            logger.warning("cannot report on submission %d now (%s); retrying next step", report.submission_id, error)
+            return not (error.status == 0 or error.status >= 500)
+        self.state.record_report(report.submission_id, REPORTED, f"report {accepted.report_id}", self.clock())
+        summary.reported += 1
+        logger.info("reported submission %d: %s%s", report.submission_id, report.verdict,
+                    "" if report.verdict == "passed" else f" ({'; '.join(report.reasons)})")
+        return True
+
+    def _start_evaluations(self, summary: StepSummary) -> None:
+        idle = [device for device in self.devices if device.name not in self.running]
+        if not idle:
+            return
+        # One fork checkout at a time: a worker deletes its checkout when it ends.
+        busy = {(evaluation.key.fork_url, evaluation.key.commit_hash) for evaluation in self.running.values()}
+        for key in self.state.pending_evaluations():
+            if not idle or self.stopping:
+                return
+            if (key.fork_url, key.commit_hash) in busy:
+                continue
+            device = idle.pop(0)
+            attempt = self.state.start_evaluation(key, device.name, self.clock())
+            try:
+                self.running[device.name] = self.evaluator.start(key, device)
+            except Exception as error:  # noqa: BLE001  (a worker that cannot start is this validator's failure)
+                logger.exception("cannot start the evaluation of %s on %s", key, device.name)
+                self.state.fail_attempt(key, f"the evaluation could not start: {error}", self.clock())
+                idle.insert(0, device)
+                continue
+            busy.add((key.fork_url, key.commit_hash))
+            summary.started.append(key)
+            if attempt > 1:
+                logger.info("evaluation of %s: attempt %d", key, attempt)
+
+    def _maybe_set_weights(self, summary: StepSummary) -> None:
+        if self.metagraph is None:
+            return
+        block = self.metagraph.block
+        stored = self.state.get_meta(LAST_WEIGHTS_BLOCK)
+        last = int(stored) if stored is not None else None
+        if last is not None and last <= block < last + self.settings.epoch_blocks:
+            return
+        if self._weights_retry_at is not None and block < self._weights_retry_at:
+            return
+        results = []
+        for record in self.state.scored():
+            with self._item(f"scoring submission {record.submission.submission_id}"):
+                results.append(scoring_result(record))
+        try:
+            plan = plan_weights(results, self.metagraph, self.chain.owner_uid(), self.settings.tie_epsilon)
+            self.chain.set_weights(self.wallet, plan.weights, quasar.version_key())
+        except ChainError as error:
+            self._weights_retry_at = block + min(WEIGHTS_RETRY_BLOCKS, self.settings.epoch_blocks)
+            logger.warning("cannot set weights at block %d: %s; retrying at block %d", block, error,
+                           self._weights_retry_at)
+            return
+        self._weights_retry_at = None
+        self.state.set_meta(LAST_WEIGHTS_BLOCK, str(block))
+        summary.weights_set = True
+        if plan.unregistered:
+            logger.info("left out of the ranking (no longer registered): %s", ", ".join(plan.unregistered))
+        logger.info("weights set at block %d (next after block %d):\n%s", block,
+                    block + self.settings.epoch_blocks, weights_table(plan))

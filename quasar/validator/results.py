@@ -1,0 +1,129 @@
+"""From the validator's own measured results to what it reports and the weights it sets (pure).
+
+Everything here ranks and judges through quasar/scoring.py, so the verdict sent to the API, the
+API's leaderboard and the weights on chain apply the same rules.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from rich.console import Console
+from rich.table import Table
+
+from quasar import scoring
+from quasar.api.schemas import MAX_REASON_LENGTH, MAX_REASONS
+from quasar.chain.base import Metagraph
+from quasar.validator.state import SubmissionRecord
+
+
+def scoring_result(record: SubmissionRecord) -> scoring.Result:
+    """A submission with a finished evaluation as a scoring result (not measured counts as 0)."""
+    submission, result = record.submission, record.evaluation.result
+    if result is None:
+        raise ValueError(f"submission {submission.submission_id} has no finished evaluation")
+    return scoring.Result(
+        hotkey=submission.hotkey, submission_id=submission.submission_id, submitted_at=submission.submitted_at,
+        target_sequence_length=submission.target_sequence_length,
+        claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
+        measured_tokens_per_sec=result.measured_tokens_per_sec or 0.0,
+        correct=result.correct, logits_ok=record.logits_ok)
+
+
+@dataclass(frozen=True)
+class ApiReport:
+    """The body of ``POST /validator/report`` for one submission."""
+
+    submission_id: int
+    verdict: str
+    correct: bool
+    logits_ok: bool | None
+    measured_tokens_per_sec: float | None
+    benchmarks: dict[int, float]
+    reasons: tuple[str, ...]
+
+
+def _printable(text: str) -> str:
+    cleaned = "".join(ch if ch in "\n\t" or (ord(ch) >= 32 and ord(ch) != 127) else " " for ch in text).strip()
+    return cleaned if len(cleaned) <= MAX_REASON_LENGTH else cleaned[:MAX_REASON_LENGTH - 3] + "..."
+
+
+def bounded_reasons(reasons: Iterable[str]) -> tuple[str, ...]:
+    """Reasons within the API's limits: printable, at most MAX_REASON_LENGTH each, MAX_REASONS in all."""
+    kept = [text for text in (_printable(reason) for reason in reasons) if text]
+    if len(kept) > MAX_REASONS:
+        kept = kept[:MAX_REASONS - 1] + [f"... and {len(kept) - MAX_REASONS + 1} more"]
+    return tuple(kept)
+
+
+def api_report(record: SubmissionRecord) -> ApiReport:
+    """The verdict (passed iff eligible: correct, logits not failed, measured ≥ 0.9 × claimed) and
+    every reason: the evaluation's, the claim's and the logit check's; notes last."""
+    result = record.evaluation.result
+    if result is None:
+        raise ValueError(f"submission {record.submission.submission_id} has no finished evaluation")
+    scored = scoring_result(record)
+    reasons = list(result.reasons)
+    if result.correct and result.measured_tokens_per_sec is not None:
+        claim = scoring.ineligibility_reason(replace(scored, logits_ok=None))
+        if claim is not None:
+            reasons.append(f"claim check: {claim}")
+    if record.logits_reason and record.logits_ok is not None:
+        reasons.append(f"logit check {'passed' if record.logits_ok else 'failed'}: {record.logits_reason}")
+    reasons += result.notes
+    return ApiReport(
+        submission_id=record.submission.submission_id,
+        verdict="passed" if scoring.is_eligible(scored) else "failed",
+        correct=result.correct, logits_ok=record.logits_ok,
+        measured_tokens_per_sec=result.measured_tokens_per_sec, benchmarks=dict(result.benchmarks),
+        reasons=bounded_reasons(reasons))
+
+
+@dataclass(frozen=True)
+class WeightPlan:
+    """The weights to set: places 1-4 by uid, and the unassigned share on the owner's uid."""
+
+    ranking: scoring.Ranking
+    weights: dict[int, float]  # uid -> weight; sums to 1
+    uids: dict[str, int]  # hotkey -> uid of every placed hotkey
+    owner_uid: int
+    unregistered: tuple[str, ...]  # hotkeys with results that are no longer registered (left out)
+
+
+def plan_weights(results: Iterable[scoring.Result], metagraph: Metagraph, owner_uid: int,
+                 epsilon: float) -> WeightPlan:
+    """Rank the results of hotkeys registered now (others are dropped before ranking, so they hold
+    no place) and turn the top-4 shares into uid weights; the unassigned share goes to ``owner_uid``."""
+    uids = {neuron.hotkey: neuron.uid for neuron in metagraph.neurons}
+    results = list(results)
+    registered = [result for result in results if result.hotkey in uids]
+    unregistered = tuple(sorted({result.hotkey for result in results if result.hotkey not in uids}))
+    ranking = scoring.rank(registered, epsilon=epsilon)
+    weights: dict[int, float] = {}
+    for hotkey, share in ranking.weights.items():
+        weights[uids[hotkey]] = weights.get(uids[hotkey], 0.0) + share
+    if ranking.unassigned > 0:
+        weights[owner_uid] = weights.get(owner_uid, 0.0) + ranking.unassigned
+    placed = {placement.hotkey: uids[placement.hotkey] for placement in ranking.placements}
+    return WeightPlan(ranking, weights, placed, owner_uid, unregistered)
+
+
+def weights_table(plan: WeightPlan) -> str:
+    """The ranking behind ``plan`` and the owner's share, as a rich table rendered to text for the log."""
+    table = Table(title=f"QUASAR weights (tie margin ε = {plan.ranking.epsilon:g})")
+    for column in ("place", "uid", "hotkey", "submission", "league", "verified tok/s", "score", "weight"):
+        table.add_column(column, justify="left" if column in ("hotkey", "league") else "right")
+    for placement in plan.ranking.placements:
+        result = placement.result
+        table.add_row(str(placement.place), str(plan.uids[placement.hotkey]), placement.hotkey,
+                      str(result.submission_id), scoring.league_for(result.target_sequence_length).name,
+                      f"{scoring.verified_tokens_per_sec(result):,.0f}", f"{placement.weighted_score:,.0f}",
+                      f"{placement.share:.2f}")
+    if plan.ranking.unassigned > 0:
+        table.add_row("-", str(plan.owner_uid), "subnet owner (unassigned places)", "", "", "", "",
+                      f"{plan.ranking.unassigned:.2f}")
+    out = io.StringIO()
+    Console(file=out, width=160, no_color=True).print(table)
+    return out.getvalue().rstrip()

@@ -1,0 +1,442 @@
+"""The validator's own record of its work: one SQLite file per (network, subnet, hotkey).
+
+It holds the submissions fetched from the API and the evaluations run for them, so a restarted
+validator goes on where it stopped:
+
+- an evaluation is keyed by (normalized fork URL, commit, target length): the measurement at the
+  target is what ranks a submission, so the same commit at another target is another evaluation,
+  while a second submission of the same key (another hotkey copying a fork) reuses the finished
+  result; ranking then gives the tie to the earlier submission;
+- an evaluation is ``pending``, ``in_progress``, ``finished`` (a result: never run again) or
+  ``abandoned`` (this validator failed to evaluate it :data:`MAX_ATTEMPTS` times: nothing is
+  reported, nothing ranked, the miner is not blamed). An ``in_progress`` row left by a crash is
+  made ``pending`` again when the file is opened; each start counts as an attempt, so a fork that
+  crashes the validator cannot keep it busy forever;
+- a submission's logit check and its report to the API are recorded when done.
+
+Every change is one ``BEGIN IMMEDIATE`` transaction (WAL mode), so a kill at any moment leaves a
+consistent file. One process at a time: :meth:`ValidatorState.open` takes an exclusive lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import sqlite3
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+MAX_ATTEMPTS = 3
+BUSY_TIMEOUT_S = 30.0
+
+PENDING, IN_PROGRESS, FINISHED, ABANDONED = "pending", "in_progress", "finished", "abandoned"
+# A submission's logit check: not done yet, passed, failed, or skipped (its evaluation failed).
+UNCHECKED, PASSED, FAILED, SKIPPED = "unchecked", "passed", "failed", "skipped"
+# A submission's report to the API: not sent yet, accepted, or refused for good (404/409/422).
+UNREPORTED, REPORTED, REFUSED = "unreported", "reported", "refused"
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS evaluations (
+    fork_url TEXT NOT NULL,
+    commit_hash TEXT NOT NULL,
+    target_sequence_length INTEGER NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('{PENDING}', '{IN_PROGRESS}', '{FINISHED}', '{ABANDONED}')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    device TEXT,
+    last_error TEXT,
+    correct INTEGER,
+    measured_tokens_per_sec REAL,
+    benchmarks TEXT,
+    reasons TEXT,
+    notes TEXT,
+    report TEXT,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    PRIMARY KEY (fork_url, commit_hash, target_sequence_length)
+);
+CREATE TABLE IF NOT EXISTS submissions (
+    submission_id INTEGER PRIMARY KEY,
+    hotkey TEXT NOT NULL,
+    fork_url TEXT NOT NULL,
+    commit_hash TEXT NOT NULL,
+    target_sequence_length INTEGER NOT NULL,
+    claimed_tokens_per_sec REAL NOT NULL,
+    submitted_at REAL NOT NULL,
+    round_id INTEGER NOT NULL,
+    fetched_at REAL NOT NULL,
+    logits TEXT NOT NULL DEFAULT '{UNCHECKED}'
+        CHECK (logits IN ('{UNCHECKED}', '{PASSED}', '{FAILED}', '{SKIPPED}')),
+    logits_reason TEXT,
+    logits_checked_at REAL,
+    report_state TEXT NOT NULL DEFAULT '{UNREPORTED}'
+        CHECK (report_state IN ('{UNREPORTED}', '{REPORTED}', '{REFUSED}')),
+    report_detail TEXT,
+    reported_at REAL,
+    FOREIGN KEY (fork_url, commit_hash, target_sequence_length)
+        REFERENCES evaluations (fork_url, commit_hash, target_sequence_length)
+);
+CREATE INDEX IF NOT EXISTS submissions_by_evaluation
+    ON submissions (fork_url, commit_hash, target_sequence_length);
+"""
+
+
+class StateError(RuntimeError):
+    """The state file cannot be used (locked by another process, unreadable, another schema)."""
+
+
+@dataclass(frozen=True, order=True)
+class EvaluationKey:
+    """What one evaluation measures: a fork at a commit, at a target length."""
+
+    fork_url: str
+    commit_hash: str
+    target_sequence_length: int
+
+    def __str__(self) -> str:
+        return f"{self.fork_url}@{self.commit_hash[:12]} T={self.target_sequence_length}"
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A submission as fetched from the API (fork URL normalized, commit lowercase)."""
+
+    submission_id: int
+    hotkey: str
+    fork_url: str
+    commit_hash: str
+    target_sequence_length: int
+    claimed_tokens_per_sec: float
+    submitted_at: float
+    round_id: int
+
+    @property
+    def key(self) -> EvaluationKey:
+        return EvaluationKey(self.fork_url, self.commit_hash, self.target_sequence_length)
+
+
+@dataclass(frozen=True)
+class EvaluationResult:
+    """A finished evaluation: ``correct`` is everything but the claim and the logits (imports,
+    every length run and matching the reference, the target measured)."""
+
+    correct: bool
+    measured_tokens_per_sec: float | None
+    benchmarks: dict[int, float] = field(default_factory=dict)
+    reasons: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    report: dict[str, Any] | None = None  # the harness's EvaluationReport.to_dict(), when it ran
+
+
+@dataclass(frozen=True)
+class EvaluationRecord:
+    key: EvaluationKey
+    status: str
+    attempts: int
+    device: str | None
+    last_error: str | None
+    result: EvaluationResult | None  # set when finished
+    started_at: float | None
+    finished_at: float | None
+
+
+@dataclass(frozen=True)
+class SubmissionRecord:
+    """A submission with where it stands: its evaluation, logit check and report."""
+
+    submission: Submission
+    evaluation: EvaluationRecord
+    logits: str
+    logits_reason: str | None
+    report_state: str
+    report_detail: str | None
+
+    @property
+    def logits_ok(self) -> bool | None:
+        """The logit check as the API and scoring take it: None when not checked."""
+        return {PASSED: True, FAILED: False}.get(self.logits)
+
+
+def default_state_path(data_dir: str | os.PathLike, network: str, netuid: int, hotkey: str) -> Path:
+    """The state file of ``hotkey`` validating subnet ``netuid`` on ``network``, under ``data_dir``."""
+    return Path(os.path.expanduser(data_dir)) / f"state-{network}-{netuid}-{hotkey}.sqlite3"
+
+
+class ValidatorState:
+    """The state file, opened by one process; use :meth:`open` (or as a context manager)."""
+
+    def __init__(self, path: Path, connection: sqlite3.Connection, lock_fd: int):
+        self.path = path
+        self._connection = connection
+        self._lock_fd = lock_fd
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> ValidatorState:
+        """Open (creating it if missing) the state at ``path``; in-progress evaluations left by a
+        crash become pending again. Raises :class:`StateError` if another process holds it."""
+        path = Path(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise StateError(f"cannot create the folder of the validator state {path}: {error}") from None
+        lock_fd = cls._lock(path)
+        try:
+            connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA foreign_keys=ON")
+            connection.executescript(_SCHEMA)
+            state = cls(path, connection, lock_fd)
+            with state._write() as db:
+                version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                if version is None:
+                    db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                elif int(version[0]) != SCHEMA_VERSION:
+                    raise StateError(f"validator state {path} has schema version {version[0]}, this validator "
+                                     f"reads version {SCHEMA_VERSION}")
+            state._recover()
+            return state
+        except sqlite3.Error as error:
+            os.close(lock_fd)
+            raise StateError(f"cannot open the validator state {path}: {error}") from None
+        except BaseException:
+            os.close(lock_fd)
+            raise
+
+    @staticmethod
+    def _lock(path: Path) -> int:
+        lock_path = path.with_name(path.name + ".lock")
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise StateError(f"another validator process (pid {holder}) is using {path}; stop it first") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        return fd
+
+    def close(self) -> None:
+        self._connection.close()
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> ValidatorState:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        db = self._connection
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def _recover(self) -> None:
+        with self._write() as db:
+            rows = db.execute("SELECT fork_url, commit_hash, target_sequence_length FROM evaluations "
+                              "WHERE status = ?", (IN_PROGRESS,)).fetchall()
+            db.execute("UPDATE evaluations SET status = ? WHERE status = ?", (PENDING, IN_PROGRESS))
+        for row in rows:
+            logger.warning("evaluation of %s was interrupted (validator stopped or crashed): it runs again",
+                           EvaluationKey(*row))
+
+    # --- meta ---
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._connection.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._write() as db:
+            db.execute("INSERT INTO meta (key, value) VALUES (?, ?) "
+                       "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
+
+    # --- submissions and evaluations ---
+
+    def add_submission(self, submission: Submission, now: float) -> bool:
+        """Record a fetched submission (and a pending evaluation for its key, unless one exists).
+        Returns False when the submission was already known."""
+        key = submission.key
+        with self._write() as db:
+            if db.execute("SELECT 1 FROM submissions WHERE submission_id = ?",
+                          (submission.submission_id,)).fetchone():
+                return False
+            db.execute("INSERT OR IGNORE INTO evaluations (fork_url, commit_hash, target_sequence_length, status, "
+                       "created_at) VALUES (?, ?, ?, ?, ?)",
+                       (key.fork_url, key.commit_hash, key.target_sequence_length, PENDING, now))
+            db.execute(
+                "INSERT INTO submissions (submission_id, hotkey, fork_url, commit_hash, target_sequence_length, "
+                "claimed_tokens_per_sec, submitted_at, round_id, fetched_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (submission.submission_id, submission.hotkey, key.fork_url, key.commit_hash,
+                 key.target_sequence_length, submission.claimed_tokens_per_sec, submission.submitted_at,
+                 submission.round_id, now))
+        return True
+
+    def add_refused_submission(self, submission: Submission, reason: str, now: float) -> bool:
+        """Record a submission that cannot be evaluated at all (its URL or commit breaks the rules):
+        its evaluation is finished at once, failed with ``reason``."""
+        if not self.add_submission(submission, now):
+            return False
+        if self.evaluation(submission.key).status == PENDING:
+            self.start_evaluation(submission.key, "none", now)
+            self.finish_evaluation(submission.key, EvaluationResult(correct=False, measured_tokens_per_sec=None,
+                                                                    reasons=(reason,)), now)
+        return True
+
+    def pending_evaluations(self) -> list[EvaluationKey]:
+        """Evaluations to run, in the order of their earliest submission."""
+        rows = self._connection.execute(
+            "SELECT e.fork_url, e.commit_hash, e.target_sequence_length FROM evaluations e "
+            "JOIN submissions s USING (fork_url, commit_hash, target_sequence_length) "
+            "WHERE e.status = ? GROUP BY e.fork_url, e.commit_hash, e.target_sequence_length "
+            "ORDER BY MIN(s.submission_id)", (PENDING,)).fetchall()
+        return [EvaluationKey(*row) for row in rows]
+
+    def start_evaluation(self, key: EvaluationKey, device: str, now: float) -> int:
+        """Mark ``key`` in progress on ``device``; returns its attempt number (1 for the first)."""
+        with self._write() as db:
+            updated = db.execute(
+                "UPDATE evaluations SET status = ?, attempts = attempts + 1, device = ?, started_at = ? "
+                "WHERE fork_url = ? AND commit_hash = ? AND target_sequence_length = ? AND status = ?",
+                (IN_PROGRESS, device, now, *_key(key), PENDING)).rowcount
+            if not updated:
+                raise StateError(f"evaluation of {key} is not pending")
+            (attempts,) = db.execute("SELECT attempts FROM evaluations WHERE fork_url = ? AND commit_hash = ? "
+                                     "AND target_sequence_length = ?", _key(key)).fetchone()
+        return int(attempts)
+
+    def finish_evaluation(self, key: EvaluationKey, result: EvaluationResult, now: float) -> None:
+        """Store the result of the in-progress evaluation ``key``; it never runs again."""
+        with self._write() as db:
+            updated = db.execute(
+                "UPDATE evaluations SET status = ?, correct = ?, measured_tokens_per_sec = ?, benchmarks = ?, "
+                "reasons = ?, notes = ?, report = ?, last_error = NULL, finished_at = ? "
+                "WHERE fork_url = ? AND commit_hash = ? AND target_sequence_length = ? AND status = ?",
+                (FINISHED, int(result.correct), result.measured_tokens_per_sec,
+                 json.dumps({str(k): v for k, v in sorted(result.benchmarks.items())}),
+                 json.dumps(list(result.reasons)), json.dumps(list(result.notes)),
+                 None if result.report is None else json.dumps(result.report, allow_nan=False),
+                 now, *_key(key), IN_PROGRESS)).rowcount
+            if not updated:
+                raise StateError(f"evaluation of {key} is not in progress")
+
+    def fail_attempt(self, key: EvaluationKey, error: str, now: float, max_attempts: int = MAX_ATTEMPTS) -> str:
+        """The in-progress evaluation ``key`` failed on this validator's side (not the fork's):
+        pending again, or abandoned after ``max_attempts``. Returns the new status."""
+        with self._write() as db:
+            row = db.execute("SELECT attempts FROM evaluations WHERE fork_url = ? AND commit_hash = ? AND "
+                             "target_sequence_length = ? AND status = ?", (*_key(key), IN_PROGRESS)).fetchone()
+            if row is None:
+                raise StateError(f"evaluation of {key} is not in progress")
+            status = ABANDONED if row[0] >= max_attempts else PENDING
+            db.execute("UPDATE evaluations SET status = ?, last_error = ?, finished_at = ? WHERE fork_url = ? AND "
+                       "commit_hash = ? AND target_sequence_length = ?",
+                       (status, error, now if status == ABANDONED else None, *_key(key)))
+        return status
+
+    def cancel_evaluation(self, key: EvaluationKey) -> None:
+        """The validator stopped the in-progress evaluation ``key`` itself: pending again, and the
+        attempt is not counted."""
+        with self._write() as db:
+            db.execute("UPDATE evaluations SET status = ?, attempts = MAX(attempts - 1, 0) WHERE fork_url = ? AND "
+                       "commit_hash = ? AND target_sequence_length = ? AND status = ?",
+                       (PENDING, *_key(key), IN_PROGRESS))
+
+    def evaluation(self, key: EvaluationKey) -> EvaluationRecord:
+        row = self._connection.execute(
+            f"SELECT {_EVALUATION_COLUMNS} FROM evaluations e WHERE fork_url = ? AND commit_hash = ? "
+            "AND target_sequence_length = ?", _key(key)).fetchone()
+        if row is None:
+            raise StateError(f"no evaluation of {key}")
+        return _evaluation(row)
+
+    def evaluations(self) -> list[EvaluationRecord]:
+        rows = self._connection.execute(f"SELECT {_EVALUATION_COLUMNS} FROM evaluations e ORDER BY created_at")
+        return [_evaluation(row) for row in rows]
+
+    def record_logits(self, submission_id: int, outcome: str, reason: str, now: float) -> None:
+        if outcome not in (PASSED, FAILED, SKIPPED):
+            raise ValueError(f"logit outcome must be passed, failed or skipped, got {outcome!r}")
+        with self._write() as db:
+            db.execute("UPDATE submissions SET logits = ?, logits_reason = ?, logits_checked_at = ? "
+                       "WHERE submission_id = ?", (outcome, reason, now, submission_id))
+
+    def record_report(self, submission_id: int, report_state: str, detail: str, now: float) -> None:
+        if report_state not in (REPORTED, REFUSED):
+            raise ValueError(f"report state must be reported or refused, got {report_state!r}")
+        with self._write() as db:
+            db.execute("UPDATE submissions SET report_state = ?, report_detail = ?, reported_at = ? "
+                       "WHERE submission_id = ?", (report_state, detail, now, submission_id))
+
+    def submissions(self, where: str = "", parameters: tuple = ()) -> list[SubmissionRecord]:
+        """Submissions with their evaluations, by id; ``where`` is an SQL condition on s./e. columns."""
+        rows = self._connection.execute(
+            f"SELECT s.submission_id, s.hotkey, s.fork_url, s.commit_hash, s.target_sequence_length, "
+            f"s.claimed_tokens_per_sec, s.submitted_at, s.round_id, s.logits, s.logits_reason, s.report_state, "
+            f"s.report_detail, {_EVALUATION_COLUMNS} FROM submissions s JOIN evaluations e "
+            f"USING (fork_url, commit_hash, target_sequence_length) "
+            f"{'WHERE ' + where if where else ''} ORDER BY s.submission_id", parameters).fetchall()
+        return [SubmissionRecord(Submission(*row[:8]), _evaluation(row[12:]), row[8], row[9], row[10], row[11])
+                for row in rows]
+
+    def needing_logit_check(self) -> list[SubmissionRecord]:
+        """Submissions whose evaluation finished and whose logits are not checked yet."""
+        return self.submissions("e.status = ? AND s.logits = ?", (FINISHED, UNCHECKED))
+
+    def ready_to_report(self) -> list[SubmissionRecord]:
+        """Submissions evaluated and logit-checked, not reported to the API yet."""
+        return self.submissions("e.status = ? AND s.logits != ? AND s.report_state = ?",
+                                (FINISHED, UNCHECKED, UNREPORTED))
+
+    def scored(self) -> list[SubmissionRecord]:
+        """Submissions with a complete result (evaluated, logits decided): what ranking uses."""
+        return self.submissions("e.status = ? AND s.logits != ?", (FINISHED, UNCHECKED))
+
+    def open_submissions(self) -> int:
+        """Submissions still waiting for an evaluation, a logit check or a report."""
+        (count,) = self._connection.execute(
+            "SELECT COUNT(*) FROM submissions s JOIN evaluations e USING (fork_url, commit_hash, "
+            "target_sequence_length) WHERE e.status != ? AND s.report_state = ?", (ABANDONED, UNREPORTED)).fetchone()
+        return int(count)
+
+
+_EVALUATION_COLUMNS = ("e.fork_url, e.commit_hash, e.target_sequence_length, e.status, e.attempts, e.device, "
+                       "e.last_error, e.correct, e.measured_tokens_per_sec, e.benchmarks, e.reasons, e.notes, "
+                       "e.report, e.started_at, e.finished_at")
+
+
+def _key(key: EvaluationKey) -> tuple[str, str, int]:
+    return key.fork_url, key.commit_hash, key.target_sequence_length
+
+
+def _evaluation(row: tuple) -> EvaluationRecord:
+    (url, commit, target, status, attempts, device, last_error, correct, measured, benchmarks, reasons, notes,
+     report, started_at, finished_at) = row
+    result = None
+    if status == FINISHED:
+        stored: Mapping[str, float] = json.loads(benchmarks or "{}")
+        result = EvaluationResult(
+            correct=bool(correct), measured_tokens_per_sec=measured,
+            benchmarks={int(length): float(tps) for length, tps in stored.items()},
+            reasons=tuple(json.loads(reasons or "[]")), notes=tuple(json.loads(notes or "[]")),
+            report=None if report is None else json.loads(report))
+    return EvaluationRecord(EvaluationKey(url, commit, int(target)), status, int(attempts), device, last_error,
+                            result, started_at, finished_at)

@@ -1,0 +1,114 @@
+"""One evaluation in its own process: ``python -m quasar.validator.worker JOB.json``.
+
+The validator starts one worker per evaluation (one per GPU at a time), so a long or stuck
+evaluation never blocks its loop, each sees only its own GPU (``CUDA_VISIBLE_DEVICES``), and
+stopping one is a signal. The worker is the validator's own code; the fork's code still runs only
+in the harness's sandboxed child below it.
+
+The job file names the fork, commit, target, clone cache and evaluation options; the worker clones
+the fork, evaluates it without a claim (the claim check is the validator's, per submission),
+deletes the checkout, and writes its outcome as JSON to ``result_path`` (atomically):
+
+- ``{"outcome": "evaluated", "report": EvaluationReport.to_dict()}``
+- ``{"outcome": "clone_failed", "error": ...}``: the fork or commit cannot be fetched;
+- ``{"outcome": "refused", "error": ...}``: the evaluation cannot run as asked (a length this
+  device does not take).
+
+Anything else (a crash, a signal) leaves no result: the validator counts a failed attempt.
+SIGTERM stops it cleanly (the sandbox's child is killed); it also arrives when the validator
+process dies (``PR_SET_PDEATHSIG``), so no evaluation outlives its validator.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from quasar.forks import ForkError, clone_at_commit
+from quasar.log import setup_logging
+
+logger = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+
+
+def options_to_json(options) -> dict[str, Any]:
+    """``EvaluationOptions`` as plain JSON data (the inverse of :func:`options_from_json`)."""
+    return asdict(options)
+
+
+def options_from_json(data: dict[str, Any]):
+    from quasar.evaluate import EvaluationOptions, SandboxPolicy
+
+    policy = dict(data["policy"])
+    policy["extra_readonly_paths"] = tuple(policy.get("extra_readonly_paths", ()))
+    values = {**data, "seq_lens": tuple(data["seq_lens"]), "policy": SandboxPolicy(**policy)}
+    return EvaluationOptions(**values)
+
+
+def _stop(signum: int, _frame) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Get SIGTERM when the validator dies, even by SIGKILL (Linux); exit if it already has."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        logger.debug("PR_SET_PDEATHSIG is not available here")
+    if os.getppid() != parent_pid:
+        raise SystemExit("the validator that started this evaluation is gone")
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Clone, evaluate and clean up; returns the outcome to write."""
+    try:
+        checkout = clone_at_commit(job["fork_url"], job["commit_hash"], job["cache_dir"],
+                                   allow_local=job["allow_local"], timeout_s=job["clone_timeout_s"])
+    except ForkError as error:
+        return {"outcome": "clone_failed", "error": str(error)}
+    try:
+        from quasar.evaluate import EvaluationInputError, evaluate  # torch: only once the clone succeeded
+
+        try:
+            report = evaluate(checkout.path, job["target_sequence_length"], None, options_from_json(job["options"]))
+        except EvaluationInputError as error:
+            return {"outcome": "refused", "error": str(error)}
+        return {"outcome": "evaluated", "report": report.to_dict()}
+    finally:
+        shutil.rmtree(checkout.path, ignore_errors=True)
+
+
+def write_atomically(path: Path, data: dict[str, Any]) -> None:
+    partial = path.with_name(path.name + ".partial")
+    with open(partial, "w") as out:
+        json.dump(data, out, allow_nan=False)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(partial, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m quasar.validator.worker JOB.json (started by the validator)", file=sys.stderr)
+        return 2
+    job = json.loads(Path(argv[0]).read_text())
+    signal.signal(signal.SIGTERM, _stop)
+    _die_with_parent(job["parent_pid"])
+    setup_logging(job.get("debug", False))
+    write_atomically(Path(job["result_path"]), run_job(job))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

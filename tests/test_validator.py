@@ -1,0 +1,462 @@
+"""The validator end to end, with real parts: a dev chain file, the submission API on 127.0.0.1, miners'
+inference servers serving a tiny Qwen2, real git forks (the honest starter fork and a hostile one that
+returns zeros), real evaluations in worker processes (CPU, T=64) and a real SQLite state.
+
+- step by step in this process: verdicts, reports, logit checks, reuse of a finished (URL, commit),
+  a clone failure and a crashed worker that do not stop the loop, weights read back from the chain;
+- as a process: killed (SIGKILL) mid-evaluation and restarted, it finishes the round without
+  re-evaluating what it finished, and SIGINT stops it with exit code 0;
+- START_VALIDATOR.sh's checks and messages.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import uvicorn
+from sqlalchemy import select
+
+from api_fixtures import ApiServer, api_config, make_wallet
+from quasar import config
+from quasar.api.client import ApiClient
+from quasar.api.db import EvaluationReport
+from quasar.api.devdb import free_port
+from quasar.chain.devchain import DevChain
+from quasar.evaluate import EvaluationOptions
+from quasar.inference.server import create_inference_app
+from quasar.logits import ChallengeLimits, LogitThresholds, load_reference_model
+from quasar.starter_fork import write_starter_fork
+from quasar.validator.evaluator import SubprocessEvaluator
+from quasar.validator.logit_check import MinerLogitChecker
+from quasar.validator.loop import Validator
+from quasar.validator.preflight import Device
+from quasar.validator.state import ABANDONED, FINISHED, IN_PROGRESS, EvaluationKey, ValidatorState, default_state_path
+from tests.hostile_forks import write_hostile_fork
+from tiny_qwen import make_tiny_qwen2
+
+ROOT = Path(__file__).resolve().parent.parent
+NETUID = 24
+TARGET = 64
+CLAIM = 1.0  # tokens/s: far below what the CPU measures, so the claim check passes
+SLOW_BLOCKS = 1e6  # seconds per block: the chain moves only through advance()
+FAST = EvaluationOptions(seq_lens=(), device="cpu", warmup_runs=1, min_timed_runs=3, max_timed_runs=3,
+                         timed_seconds=0.1, length_timeout_s=120, timeout_s=300)
+MINERS = ("a", "b", "c", "d", "u")
+
+
+def git_commit_all(repo: Path, message: str) -> str:
+    """Commit everything in ``repo`` (made a repository if it is not one); returns the commit id."""
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t.invalid", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t.invalid", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "--no-gpg-sign", "-m", message]):
+        subprocess.run(["git", "-C", str(repo), *command], check=True, env=env, capture_output=True)
+    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@contextmanager
+def serving(app):
+    """``app`` under uvicorn on a free 127.0.0.1 port in a thread; yields the port."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
+        time.sleep(0.01)
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Wallets, the two forks (committed), and two tiny models: the reference and a dishonest one."""
+    root = tmp_path_factory.mktemp("validator")
+    wallets = {name: make_wallet(root / "wallets", name) for name in ("owner", "api", "validator", *MINERS)}
+    honest = root / "honest"
+    honest_commit = write_starter_fork(honest)
+    zeros = root / "zeros"
+    write_hostile_fork(zeros, "zeros")
+    zeros_commit = git_commit_all(zeros, "return zeros")
+    honest_model, other_model = make_tiny_qwen2(root / "qwen1", 1), make_tiny_qwen2(root / "qwen2", 2)
+    return {
+        "root": root, "wallets": wallets,
+        "honest": (f"file://{honest}", honest_commit), "zeros": (f"file://{zeros}", zeros_commit),
+        "missing": (f"file://{root}/no-such-fork", "ab" * 20),
+        "model_dir": honest_model,
+        "served": load_reference_model(str(honest_model)), "other": load_reference_model(str(other_model)),
+        "reference": load_reference_model(str(honest_model)),
+    }
+
+
+class Subnet:
+    """A dev chain with the owner (uid 0), the validator and the miners, each miner serving logits."""
+
+    def __init__(self, world, path: Path, block_time_s: float, dishonest: tuple[str, ...] = ()):
+        self.world = world
+        self.wallets = world["wallets"]
+        self.chain = DevChain(path, netuid=NETUID, block_time_s=block_time_s)
+        self.uids = {"owner": self.chain.register_wallet(self.wallets["owner"])}
+        self.chain.set_owner(self.wallets["owner"].hotkey.ss58_address)
+        self.uids["validator"] = self.chain.register_wallet(self.wallets["validator"], stake=1e4,
+                                                            validator_permit=True)
+        self._servers = []
+        for name in MINERS:
+            self.uids[name] = self.chain.register_wallet(self.wallets[name])
+            model = world["other"] if name in dishonest else world["served"]
+            server = serving(create_inference_app(model, self.chain, self.hotkey(name)))
+            port = server.__enter__()
+            self._servers.append(server)
+            self.chain.publish_endpoint(self.wallets[name], "127.0.0.1", port)
+
+    def hotkey(self, name: str) -> str:
+        return self.wallets[name].hotkey.ss58_address
+
+    def close(self) -> None:
+        for server in self._servers:
+            server.__exit__(None, None, None)
+
+    def validator_weights(self) -> dict[int, float]:
+        return self.chain.weights().get(self.uids["validator"], {})
+
+
+@contextmanager
+def running_api(subnet: Subnet, tmp_path: Path):
+    config_ = api_config(subnet.hotkey("api"), allow_local_forks=True)
+    with ApiServer(config_, subnet.chain, f"sqlite:///{tmp_path}/api.sqlite3") as server:
+        yield server
+
+
+def submit(server: ApiServer, subnet: Subnet, miner: str, fork: tuple[str, str]) -> int:
+    with ApiClient(server.url, subnet.wallets[miner], api_hotkey=subnet.hotkey("api")) as client:
+        return client.submit_kernel(fork[0], fork[1], TARGET, CLAIM).submission_id
+
+
+def reports_by_submission(server: ApiServer) -> dict[int, EvaluationReport]:
+    with server.database.read() as session:
+        return {report.submission_id: report for report in session.scalars(select(EvaluationReport))}
+
+
+def logit_checker(world, subnet: Subnet) -> MinerLogitChecker:
+    """The validator's checker against the honest tiny model (its own copy of the reference)."""
+    return MinerLogitChecker(subnet.wallets["validator"], world["reference"],
+                             ChallengeLimits(max_prompt_len=32, max_gen_len=8), LogitThresholds(), 20.0)
+
+
+def settings_for(**flags: str) -> config.Settings:
+    base = {"network": "devchain", "netuid": str(NETUID), "device": "cpu", "epoch_blocks": "100",
+            "eval_seq_lens": ""}
+    return config.resolve({**base, **flags}, environ={}, dotenv_path=None)
+
+
+@pytest.mark.slow
+def test_validator_steps_evaluate_report_and_set_weights(world, tmp_path, caplog):
+    """Honest a, a copy c of a's fork whose logits are dishonest, a fork u that cannot be cloned, a
+    zeros fork b; a worker crash on the first try. Only a gets weight; the rest goes to the owner."""
+    caplog.set_level(logging.INFO)
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS, dishonest=("c",))
+    try:
+        with running_api(subnet, tmp_path) as server, \
+                ValidatorState.open(tmp_path / "state.sqlite3") as state, \
+                ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api:
+            ids = {name: submit(server, subnet, name, world[fork])
+                   for name, fork in (("a", "honest"), ("u", "missing"), ("b", "zeros"), ("c", "honest"))}
+            evaluator = SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True)
+            validator = Validator(settings_for(), subnet.chain, api, subnet.wallets["validator"], evaluator,
+                                  logit_checker(world, subnet), state, devices=[Device("cpu", "")], interval_s=0.2)
+
+            first = validator.step()
+            assert first.fetched == 4 and first.weights_set and not first.failed_phases
+            honest_key = EvaluationKey(*world["honest"], TARGET)
+            assert first.started == [honest_key]
+            # Nothing is evaluated yet: the first epoch's weights all go to the owner.
+            assert subnet.validator_weights() == {subnet.uids["owner"]: pytest.approx(1.0)}
+
+            # The worker dies (as if killed by the OOM killer): this validator's failure, retried.
+            os.killpg(validator.running["cpu"].process.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while validator.running["cpu"].poll() is None:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            retry = validator.step()
+            assert retry.retried == [honest_key] and retry.started == [honest_key]
+            assert "failed on this validator's side; it runs again" in caplog.text
+
+            validator.run_until_idle(timeout_s=200)
+
+            evaluations = {record.key: record for record in state.evaluations()}
+            assert len(evaluations) == 3  # c reused a's finished (URL, commit, target)
+            honest, zeros = evaluations[honest_key], evaluations[EvaluationKey(*world["zeros"], TARGET)]
+            missing = evaluations[EvaluationKey(*world["missing"], TARGET)]
+            assert honest.status == FINISHED and honest.attempts == 2 and honest.result.correct
+            assert honest.result.measured_tokens_per_sec > 10 * CLAIM
+            assert zeros.status == FINISHED and zeros.attempts == 1 and not zeros.result.correct
+            assert any("differs from the reference" in reason for reason in zeros.result.reasons)
+            assert missing.status == FINISHED and not missing.result.correct
+            assert missing.result.reasons[0].startswith("clone failed:")
+            assert "clone failed" in caplog.text  # logged, and the loop went on to b and c
+
+            reports = reports_by_submission(server)
+            assert set(reports) == set(ids.values())
+            a, b, c, u = (reports[ids[name]] for name in "abcu")
+            assert (a.verdict, a.correct, a.logits_ok) == ("passed", True, True)
+            assert a.measured_tokens_per_sec == pytest.approx(honest.result.measured_tokens_per_sec)
+            assert (b.verdict, b.correct, b.logits_ok) == ("failed", False, None)
+            assert (c.verdict, c.correct, c.logits_ok) == ("failed", True, False)
+            assert any(reason.startswith("logit check failed") for reason in c.reasons)
+            assert (u.verdict, u.correct) == ("failed", False) and u.reasons[0].startswith("clone failed")
+
+            assert validator.step().weights_set is False  # same epoch: no new weights
+            subnet.chain.advance(100)
+            assert validator.step().weights_set
+            weights = subnet.validator_weights()
+            assert weights == {subnet.uids["a"]: pytest.approx(0.60), subnet.uids["owner"]: pytest.approx(0.40)}
+            # What the API's leaderboard ranks from the reports agrees.
+            with ApiClient(server.url) as public:
+                board = public.leaderboard()
+            assert [(entry.hotkey, entry.share) for entry in board.entries] == [(subnet.hotkey("a"), 0.6)]
+    finally:
+        subnet.close()
+
+
+def test_a_failing_step_is_logged_and_the_loop_goes_on(world, tmp_path, caplog):
+    """The API is down: fetching fails (logged), the step still sets weights. The chain refuses
+    weights (permit revoked): logged, retried some blocks later, set once allowed."""
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
+    try:
+        with ValidatorState.open(tmp_path / "state.sqlite3") as state, \
+                ApiClient(f"http://127.0.0.1:{free_port()}", subnet.wallets["validator"],
+                          api_hotkey=subnet.hotkey("api"), timeout=2) as api:
+            validator = Validator(settings_for(), subnet.chain, api, subnet.wallets["validator"],
+                                  SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
+                                  logit_checker(world, subnet), state, devices=[Device("cpu", "")])
+            summary = validator.step()
+            assert summary.failed_phases == ["fetch"]
+            assert "validator step: fetch failed; going on" in caplog.text
+            assert summary.weights_set and subnet.validator_weights() == {subnet.uids["owner"]: pytest.approx(1.0)}
+            assert validator.step().failed_phases == ["fetch"] and validator.idle
+
+            subnet.chain.set_validator_permit(subnet.hotkey("validator"), False)
+            subnet.chain.advance(100)
+            assert not validator.step().weights_set
+            assert "cannot set weights at block 100" in caplog.text and "retrying at block 110" in caplog.text
+            subnet.chain.set_validator_permit(subnet.hotkey("validator"), True)
+            assert not validator.step().weights_set  # not before block 110
+            subnet.chain.advance(10)
+            assert validator.step().weights_set
+    finally:
+        subnet.close()
+
+
+# --- the validator as a process ---
+
+
+def validator_command(subnet_path: Path, world, api_url: str, api_hotkey: str, data_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "neurons.validator", "--subtensor.network", "devchain",
+            "--devchain.path", str(subnet_path), "--netuid", str(NETUID),
+            "--wallet.path", str(world["root"] / "wallets"), "--wallet.name", "validator",
+            "--wallet.hotkey", "default", "--api.url", api_url, "--api.hotkey", api_hotkey, "--device", "cpu",
+            "--reference-model", str(world["model_dir"]), "--validator.data-dir", str(data_dir),
+            "--eval.seq-lens", "", "--eval.timed-seconds", "0", "--epoch-blocks", "3", "--logits.max-prompt-len", "32",
+            "--logits.max-gen-len", "8"]
+
+
+def process_environment() -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("QUASAR", "VALIDATOR"))}
+    env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    return env
+
+
+def read_evaluations(path: Path) -> dict[tuple, tuple[str, int]]:
+    """(url, commit, target) -> (status, attempts), read while the validator runs (WAL: never blocks it)."""
+    if not path.exists():
+        return {}
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10) as db:
+        try:
+            rows = db.execute("SELECT fork_url, commit_hash, target_sequence_length, status, attempts "
+                              "FROM evaluations").fetchall()
+        except sqlite3.OperationalError:  # not created yet
+            return {}
+    return {tuple(row[:3]): (row[3], row[4]) for row in rows}
+
+
+def wait_for(condition, timeout_s: float, what: str, process: subprocess.Popen | None = None, log: Path | None = None):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"the validator exited ({process.returncode}) waiting for {what}:\n"
+                                 f"{log.read_text()[-4000:] if log else ''}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-4000:] if log else ''}")
+        time.sleep(0.1)
+
+
+def worker_processes(marker: str) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"quasar.validator.worker" in cmdline and marker.encode() in cmdline:
+                found.append(int(name))
+    return found
+
+
+@pytest.mark.slow
+def test_killed_mid_evaluation_the_validator_resumes_without_redoing_finished_work(world, tmp_path):
+    """a (honest), b (zeros), d (a copy of a's fork): SIGKILL while b is evaluated, restart; a is not
+    evaluated again, b is; every submission is reported; weights a 0.60, d 0.25 (the earlier
+    submission keeps the tie), owner 0.15; SIGINT stops the validator with status 0."""
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", block_time_s=1.0)
+    data_dir = tmp_path / "data"
+    try:
+        with running_api(subnet, tmp_path) as server:
+            ids = {name: submit(server, subnet, name, world[fork])
+                   for name, fork in (("a", "honest"), ("b", "zeros"), ("d", "honest"))}
+            command = validator_command(tmp_path / "devchain.sqlite3", world, server.url, subnet.hotkey("api"),
+                                        data_dir)
+            state_path = default_state_path(data_dir, "devchain", NETUID, subnet.hotkey("validator"))
+            honest = (*world["honest"], TARGET)
+            zeros = (*world["zeros"], TARGET)
+
+            first_log = tmp_path / "first.log"
+            with open(first_log, "w") as log:
+                first = subprocess.Popen(command, cwd=tmp_path, env=process_environment(), stdout=log,
+                                         stderr=subprocess.STDOUT)
+            try:
+                wait_for(lambda: read_evaluations(state_path).get(honest, ("",))[0] == FINISHED
+                         and read_evaluations(state_path).get(zeros, ("",))[0] == IN_PROGRESS,
+                         180, "a finished and b in progress", first, first_log)
+                wait_for(lambda: worker_processes(str(data_dir)), 30, "b's worker to start", first, first_log)
+            finally:
+                first.kill()
+                first.wait()
+            # The worker of b dies with its validator (no orphan evaluation skews the next benchmark).
+            wait_for(lambda: not worker_processes(str(data_dir)), 30, "b's worker to exit")
+            assert read_evaluations(state_path)[honest] == (FINISHED, 1)
+
+            second_log = tmp_path / "second.log"
+            with open(second_log, "w") as log:
+                second = subprocess.Popen(command, cwd=tmp_path, env=process_environment(), stdout=log,
+                                          stderr=subprocess.STDOUT)
+            try:
+                wait_for(lambda: len(reports_by_submission(server)) == 3, 180, "three reports", second, second_log)
+                expected = {subnet.uids["a"]: pytest.approx(0.60), subnet.uids["d"]: pytest.approx(0.25),
+                            subnet.uids["owner"]: pytest.approx(0.15)}
+                wait_for(lambda: subnet.validator_weights() == expected, 60, "the weights", second, second_log)
+            finally:
+                second.send_signal(signal.SIGINT)
+                try:
+                    status = second.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    second.kill()
+                    raise
+            output = second_log.read_text()
+            assert status == 0, output[-4000:]
+            assert "was interrupted (validator stopped or crashed): it runs again" in output
+            assert "validator stopped" in output
+
+            evaluations = read_evaluations(state_path)
+            assert evaluations == {honest: (FINISHED, 1), zeros: (FINISHED, 2)}
+            reports = reports_by_submission(server)
+            assert [reports[ids[name]].verdict for name in ("a", "b", "d")] == ["passed", "failed", "passed"]
+            assert reports[ids["a"]].measured_tokens_per_sec == reports[ids["d"]].measured_tokens_per_sec
+    finally:
+        subnet.close()
+
+
+def test_sigint_stops_a_running_evaluation_and_puts_it_back(world, tmp_path):
+    """request_stop during an evaluation: the worker is stopped, the evaluation is pending again and
+    its attempt is not counted."""
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
+    try:
+        with running_api(subnet, tmp_path) as server, \
+                ValidatorState.open(tmp_path / "state.sqlite3") as state, \
+                ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api:
+            submit(server, subnet, "a", world["honest"])
+            validator = Validator(settings_for(), subnet.chain, api, subnet.wallets["validator"],
+                                  SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
+                                  logit_checker(world, subnet), state, devices=[Device("cpu", "")])
+            assert validator.step().started
+            running = validator.running["cpu"]
+            interrupt = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+            interrupt.start()
+            validator.run_forever()  # returns only once the SIGINT has stopped it
+            interrupt.join()
+            assert running.process.returncode is not None and not validator.running
+            record = state.evaluation(EvaluationKey(*world["honest"], TARGET))
+            assert (record.status, record.attempts) == ("pending", 0)
+            assert record.status != ABANDONED
+    finally:
+        subnet.close()
+
+
+# --- START_VALIDATOR.sh ---
+
+
+def run_start_script(*flags: str, **env: str) -> subprocess.CompletedProcess:
+    environment = {key: value for key, value in os.environ.items()
+                   if key not in ("WALLET_NAME", "WALLET_PATH", "WALLET_HOTKEY", "DEVICE", "VALIDATOR_API_URL")}
+    environment.update(env)
+    return subprocess.run(["bash", str(ROOT / "START_VALIDATOR.sh"), *flags], env=environment, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_start_script_names_a_missing_wallet(tmp_path):
+    result = run_start_script("--wallet.path", str(tmp_path / "wallets"), "--wallet.name", "nobody", DEVICE="cpu")
+    assert result.returncode == 1
+    assert f"wallet file {tmp_path}/wallets/nobody/coldkeypub.txt does not exist" in result.stderr
+
+
+def test_start_script_says_when_the_api_does_not_answer(world):
+    port = free_port()
+    result = run_start_script("--wallet.name", "validator", DEVICE="cpu", WALLET_PATH=str(world["root"] / "wallets"),
+                              VALIDATOR_API_URL=f"http://127.0.0.1:{port}")
+    assert result.returncode == 1
+    assert f"the submission API at http://127.0.0.1:{port} does not answer GET /health" in result.stderr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_start_script_says_when_cuda_is_missing(world):
+    result = run_start_script("--wallet.path", str(world["root"] / "wallets"), "--wallet.name", "validator",
+                              DEVICE="cuda")
+    assert result.returncode == 1
+    assert "DEVICE is cuda but torch sees no CUDA device" in result.stderr
+
+
+def test_start_script_runs_the_validator_which_names_an_unregistered_hotkey(world, tmp_path):
+    """Every check passes: the validator itself starts and refuses a hotkey not on the subnet."""
+    chain = DevChain(tmp_path / "devchain.sqlite3", netuid=NETUID, block_time_s=SLOW_BLOCKS)
+    chain.register_wallet(world["wallets"]["owner"])
+    config_ = api_config(world["wallets"]["api"].hotkey.ss58_address, allow_local_forks=True)
+    with ApiServer(config_, chain, f"sqlite:///{tmp_path}/api.sqlite3") as server:
+        result = run_start_script("--wallet.path", str(world["root"] / "wallets"), "--wallet.name", "validator",
+                                  "--subtensor.network", "devchain",
+                                  "--devchain.path", str(tmp_path / "devchain.sqlite3"),
+                                  "--validator.data-dir", str(tmp_path / "data"), DEVICE="cpu",
+                                  VALIDATOR_API_URL=server.url)
+    hotkey = world["wallets"]["validator"].hotkey.ss58_address
+    assert result.returncode == 1, result.stderr
+    assert f"hotkey {hotkey} is not registered on subnet {NETUID} of devchain" in result.stderr

@@ -1,0 +1,381 @@
+"""The validator's parts on their own: its state file (real SQLite), verdicts and weights from its
+results, device and wallet checks, and reading what a worker wrote."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from dataclasses import replace
+
+import bittensor as bt
+import pytest
+from bittensor.sp_core import Keypair
+
+from quasar import scoring
+from quasar.api.schemas import MAX_REASON_LENGTH, MAX_REASONS
+from quasar.chain.base import Metagraph, NeuronInfo
+from quasar.chain.devchain import DevChain
+from quasar.config import resolve
+from quasar.evaluate import EvaluationOptions, EvaluationReport, ImportCheck, LengthResult, SandboxPolicy
+from quasar.validator.evaluator import outcome_from_worker, result_from_report
+from quasar.validator.loop import submission_from_work
+from quasar.validator.preflight import (
+    Device,
+    ValidatorSetupError,
+    check_registration,
+    device_warnings,
+    evaluation_devices,
+    load_wallet,
+)
+from quasar.validator.results import api_report, bounded_reasons, plan_weights, scoring_result, weights_table
+from quasar.validator.state import (
+    ABANDONED,
+    FAILED,
+    FINISHED,
+    IN_PROGRESS,
+    MAX_ATTEMPTS,
+    PASSED,
+    PENDING,
+    REPORTED,
+    SKIPPED,
+    EvaluationKey,
+    EvaluationResult,
+    StateError,
+    Submission,
+    SubmissionRecord,
+    ValidatorState,
+    default_state_path,
+)
+from quasar.validator.worker import options_from_json, options_to_json
+
+URL = "https://github.com/miner/flash-linear-attention"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+HOTKEYS = [Keypair.create_from_mnemonic(Keypair.generate_mnemonic()).ss58_address for _ in range(6)]
+GOOD = EvaluationResult(correct=True, measured_tokens_per_sec=1000.0, benchmarks={512: 2000.0, 1024: 1000.0},
+                        notes=("cpu: not a benchmark",))
+BAD = EvaluationResult(correct=False, measured_tokens_per_sec=None, reasons=("clone failed: not found",))
+
+
+def submission(submission_id: int, hotkey: str = HOTKEYS[0], url: str = URL, commit: str = COMMIT,
+               target: int = 1024, claimed: float = 900.0, submitted_at: float | None = None) -> Submission:
+    at = float(submission_id) if submitted_at is None else submitted_at
+    return Submission(submission_id, hotkey, url, commit, target, claimed, at, 0)
+
+
+@pytest.fixture
+def state(tmp_path):
+    with ValidatorState.open(tmp_path / "state.sqlite3") as opened:
+        yield opened
+
+
+# --- state ---
+
+
+def test_a_second_submission_of_a_finished_key_reuses_its_result(state):
+    assert state.add_submission(submission(1), now=10.0)
+    assert not state.add_submission(submission(1), now=11.0)  # fetched again: already known
+    key = submission(1).key
+    assert state.pending_evaluations() == [key]
+    assert state.start_evaluation(key, "cuda:0", now=12.0) == 1
+    state.finish_evaluation(key, GOOD, now=13.0)
+    assert state.add_submission(submission(2, hotkey=HOTKEYS[1]), now=14.0)  # a copy by another hotkey
+    assert state.pending_evaluations() == []
+    records = state.needing_logit_check()
+    assert [r.submission.submission_id for r in records] == [1, 2]
+    assert all(r.evaluation.result == GOOD and r.evaluation.attempts == 1 for r in records)
+    # Another target is another measurement.
+    state.add_submission(submission(3, target=2048), now=15.0)
+    assert state.pending_evaluations() == [EvaluationKey(URL, COMMIT, 2048)]
+
+
+def test_evaluations_run_in_the_order_of_their_first_submission(state):
+    for submission_id, commit in ((5, "a" * 40), (3, "b" * 40), (4, "a" * 40), (9, "c" * 40)):
+        state.add_submission(submission(submission_id, commit=commit), now=1.0)
+    assert [key.commit_hash for key in state.pending_evaluations()] == ["b" * 40, "a" * 40, "c" * 40]
+
+
+def test_the_stages_of_a_submission(state):
+    state.add_submission(submission(1), now=1.0)
+    key = submission(1).key
+    assert state.needing_logit_check() == [] and state.ready_to_report() == [] and state.open_submissions() == 1
+    state.start_evaluation(key, "cpu", now=2.0)
+    state.finish_evaluation(key, GOOD, now=3.0)
+    assert [r.submission for r in state.needing_logit_check()] == [submission(1)]
+    state.record_logits(1, PASSED, "cosine 1.0", now=4.0)
+    (ready,) = state.ready_to_report()
+    assert ready.logits_ok is True and state.scored() == [ready]
+    state.record_report(1, REPORTED, "report 7", now=5.0)
+    assert state.ready_to_report() == [] and state.open_submissions() == 0
+    with pytest.raises(ValueError):
+        state.record_logits(1, "maybe", "", now=6.0)
+
+
+def test_failed_attempts_are_retried_then_abandoned(state):
+    state.add_submission(submission(1), now=1.0)
+    key = submission(1).key
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        assert state.start_evaluation(key, "cuda:0", now=2.0) == attempt
+        status = state.fail_attempt(key, f"worker crashed {attempt}", now=3.0)
+        assert status == (ABANDONED if attempt == MAX_ATTEMPTS else PENDING)
+    record = state.evaluation(key)
+    assert (record.status, record.attempts, record.last_error) == (ABANDONED, MAX_ATTEMPTS, "worker crashed 3")
+    assert state.pending_evaluations() == [] and state.open_submissions() == 0 and state.scored() == []
+    with pytest.raises(StateError, match="not pending"):
+        state.start_evaluation(key, "cuda:0", now=4.0)
+
+
+def test_a_cancelled_evaluation_does_not_count_as_an_attempt(state):
+    state.add_submission(submission(1), now=1.0)
+    key = submission(1).key
+    state.start_evaluation(key, "cpu", now=2.0)
+    state.cancel_evaluation(key)
+    assert (state.evaluation(key).status, state.evaluation(key).attempts) == (PENDING, 0)
+
+
+def test_reopening_after_a_crash_redoes_in_progress_work_but_keeps_results(tmp_path):
+    path = tmp_path / "state.sqlite3"
+    first, second = submission(1), submission(2, commit="e" * 40)
+    crashed = ValidatorState.open(path)
+    crashed.add_submission(first, now=1.0)
+    crashed.add_submission(second, now=1.0)
+    crashed.start_evaluation(first.key, "cpu", now=2.0)
+    crashed.finish_evaluation(first.key, GOOD, now=3.0)
+    crashed.start_evaluation(second.key, "cpu", now=4.0)
+    assert crashed.evaluation(second.key).status == IN_PROGRESS
+    crashed.close()  # what the kernel does for a killed process: the lock goes, the file stays
+    with ValidatorState.open(path) as reopened:
+        assert reopened.evaluation(first.key).status == FINISHED
+        assert reopened.evaluation(first.key).result == GOOD
+        assert (reopened.evaluation(second.key).status, reopened.evaluation(second.key).attempts) == (PENDING, 1)
+        assert reopened.pending_evaluations() == [second.key]
+
+
+def test_one_process_at_a_time(tmp_path):
+    path = tmp_path / "state.sqlite3"
+    with ValidatorState.open(path):
+        holder = subprocess.run(
+            [sys.executable, "-c", "import sys; from quasar.validator.state import ValidatorState, StateError\n"
+             f"try:\n    ValidatorState.open({str(path)!r})\nexcept StateError as e:\n    print(e); sys.exit(3)"],
+            capture_output=True, text=True)
+    assert holder.returncode == 3
+    assert "another validator process (pid " in holder.stdout and str(path) in holder.stdout
+    with ValidatorState.open(path):  # released on close
+        pass
+
+
+def test_a_state_file_of_another_schema_is_refused(tmp_path):
+    path = tmp_path / "state.sqlite3"
+    with ValidatorState.open(path) as state:
+        state.set_meta("schema_version", "99")
+    with pytest.raises(StateError, match="schema version 99"):
+        ValidatorState.open(path)
+
+
+def test_default_state_path_separates_networks_subnets_and_hotkeys(tmp_path):
+    paths = {default_state_path(tmp_path, network, netuid, hotkey)
+             for network in ("finney", "devchain") for netuid in (24, 3) for hotkey in HOTKEYS[:2]}
+    assert len(paths) == 8 and all(path.parent == tmp_path for path in paths)
+
+
+def test_refused_submission_is_finished_failed_at_once(state):
+    assert state.add_refused_submission(submission(1, url="http://evil/x"), "fork_url: must use https", now=1.0)
+    (record,) = state.needing_logit_check()
+    assert record.evaluation.result.correct is False
+    assert record.evaluation.result.reasons == ("fork_url: must use https",)
+
+
+def test_work_items_are_checked_against_the_fork_rules():
+    from quasar.api.schemas import WorkItem
+
+    item = WorkItem(submission_id=1, hotkey=HOTKEYS[0], fork_url="https://GitHub.com/Miner/FLA.git",
+                    commit_hash=COMMIT.upper(), target_sequence_length=1024, claimed_tokens_per_sec=5.0,
+                    vram_mb=None, benchmarks=None, submitted_at=3.0, round_id=0, lease_expires_at=9.0)
+    good, problem = submission_from_work(item, allow_local=False)
+    assert problem is None and (good.fork_url, good.commit_hash) == ("https://github.com/miner/fla", COMMIT)
+    _, problem = submission_from_work(item.model_copy(update={"fork_url": "file:///tmp/fork"}), allow_local=False)
+    assert "local source" in problem
+    _, problem = submission_from_work(item.model_copy(update={"commit_hash": "main"}), allow_local=False)
+    assert "40 hexadecimal" in problem
+
+
+# --- verdicts and weights ---
+
+
+def record(submission_: Submission, result: EvaluationResult, logits: str = PASSED,
+           reason: str = "ok") -> SubmissionRecord:
+    from quasar.validator.state import EvaluationRecord
+
+    evaluation = EvaluationRecord(submission_.key, FINISHED, 1, "cpu", None, result, 1.0, 2.0)
+    return SubmissionRecord(submission_, evaluation, logits, reason, "unreported", None)
+
+
+def test_api_report_passes_only_an_eligible_result():
+    passed = api_report(record(submission(1, claimed=1000.0), GOOD))
+    assert (passed.verdict, passed.correct, passed.logits_ok, passed.measured_tokens_per_sec) == \
+        ("passed", True, True, 1000.0)
+    assert passed.benchmarks == {512: 2000.0, 1024: 1000.0}
+    assert passed.reasons == ("logit check passed: ok", "cpu: not a benchmark")
+
+    over_claimed = api_report(record(submission(2, claimed=1200.0), GOOD))
+    assert over_claimed.verdict == "failed" and over_claimed.correct
+    assert over_claimed.reasons[0].startswith("claim check: measured 1,000 tok/s is below 0.9")
+
+    bad_logits = api_report(record(submission(3, claimed=1200.0), GOOD, FAILED, "cosine 0.5 < 0.99"))
+    assert bad_logits.verdict == "failed" and bad_logits.logits_ok is False
+    assert "logit check failed: cosine 0.5 < 0.99" in bad_logits.reasons
+    assert any(reason.startswith("claim check") for reason in bad_logits.reasons)
+
+    wrong = api_report(record(submission(4), BAD, SKIPPED, "not checked: the evaluation failed"))
+    assert (wrong.verdict, wrong.correct, wrong.logits_ok, wrong.measured_tokens_per_sec) == \
+        ("failed", False, None, None)
+    assert wrong.reasons == ("clone failed: not found",)
+
+
+def test_reasons_are_bounded_to_what_the_api_accepts():
+    reasons = bounded_reasons(["x" * 5000, "bad\x00char\r", *[f"r{i}" for i in range(40)], "  "])
+    assert len(reasons) == MAX_REASONS and all(len(reason) <= MAX_REASON_LENGTH for reason in reasons)
+    assert reasons[0].endswith("...") and reasons[1] == "bad char"
+    assert reasons[-1] == f"... and {42 - MAX_REASONS + 1} more"
+
+
+def neuron(uid: int, hotkey: str) -> NeuronInfo:
+    return NeuronInfo(uid, hotkey, hotkey, 0.0, False, None)
+
+
+def test_plan_weights_maps_the_top_four_to_uids_and_burns_the_rest():
+    graph = Metagraph(24, 100, (neuron(0, HOTKEYS[5]), neuron(3, HOTKEYS[0]), neuron(7, HOTKEYS[1])))
+    results = [
+        scoring_result(record(submission(1, HOTKEYS[0], claimed=900.0), GOOD)),
+        scoring_result(record(submission(2, HOTKEYS[1], commit="f" * 40, claimed=500.0), GOOD)),
+        scoring_result(record(submission(3, HOTKEYS[2], commit="d" * 40, claimed=990.0), GOOD)),  # deregistered
+        scoring_result(record(submission(4, HOTKEYS[1], claimed=900.0), BAD, SKIPPED)),
+    ]
+    plan = plan_weights(results, graph, owner_uid=0, epsilon=0.01)
+    assert plan.unregistered == (HOTKEYS[2],)
+    assert plan.weights == {3: 0.60, 7: 0.25, 0: pytest.approx(0.15)}
+    assert sum(plan.weights.values()) == pytest.approx(1.0)
+    assert [p.hotkey for p in plan.ranking.placements] == [HOTKEYS[0], HOTKEYS[1]]
+    table = weights_table(plan)
+    assert HOTKEYS[0] in table and "subnet owner" in table and "0.15" in table
+
+
+def test_plan_weights_agrees_with_scoring_on_random_results():
+    """The uid weights are the scoring module's hotkey shares, moved to uids, plus the burn."""
+    rng = random.Random(7)
+    for _ in range(50):
+        graph = Metagraph(24, 1, tuple(neuron(uid, hotkey) for uid, hotkey in enumerate(HOTKEYS)))
+        results = []
+        for submission_id in range(1, rng.randint(0, 12) + 1):
+            measured = rng.choice([0.0, rng.uniform(1, 1000)])
+            results.append(scoring.Result(
+                hotkey=rng.choice(HOTKEYS[1:]), submission_id=submission_id, submitted_at=rng.uniform(0, 100),
+                target_sequence_length=rng.choice([1024, 300_000, 1_000_000]),
+                claimed_tokens_per_sec=rng.uniform(1, 1000), measured_tokens_per_sec=measured,
+                correct=rng.random() < 0.8, logits_ok=rng.choice([True, False, None])))
+        plan = plan_weights(results, graph, owner_uid=0, epsilon=0.01)
+        ranking = scoring.rank(results, epsilon=0.01)
+        expected = {HOTKEYS.index(hotkey): share for hotkey, share in ranking.weights.items()}
+        if ranking.unassigned:
+            expected[0] = ranking.unassigned
+        assert plan.weights == pytest.approx(expected)
+        assert sum(plan.weights.values()) == pytest.approx(1.0)
+
+
+# --- devices, wallet, registration ---
+
+
+def test_evaluation_devices():
+    assert evaluation_devices("cpu", 0, None) == [Device("cpu", "")]
+    assert evaluation_devices("cuda", 2, None) == [Device("cuda:0", "0"), Device("cuda:1", "1")]
+    assert evaluation_devices("cuda", 2, "3,5") == [Device("cuda:0", "3"), Device("cuda:1", "5")]
+    assert evaluation_devices("cuda:1", 2, "3,5") == [Device("cuda:1", "5")]
+    assert evaluation_devices("cuda", 1, "3,5") == [Device("cuda:0", "3")]  # a listed id that does not exist
+    assert [device.torch_device for device in evaluation_devices("cuda", 2, None)] == ["cuda", "cuda"]
+    with pytest.raises(ValidatorSetupError, match="torch sees no CUDA device.*DEVICE=cpu"):
+        evaluation_devices("cuda", 0, None)
+    with pytest.raises(ValidatorSetupError, match="torch sees no CUDA device"):
+        evaluation_devices("cuda", 2, "")
+    with pytest.raises(ValidatorSetupError, match=r"DEVICE is cuda:2 but torch sees 2 CUDA device\(s\)"):
+        evaluation_devices("cuda:2", 2, None)
+
+
+def test_cpu_is_a_warning_off_the_dev_chain():
+    assert device_warnings("devchain", "cpu") == []
+    assert device_warnings("finney", "cuda") == []
+    (warning,) = device_warnings("finney", "cpu")
+    assert "not benchmarks" in warning and "finney" in warning
+
+
+def wallet_settings(tmp_path, name="validator"):
+    return resolve({"wallet_path": str(tmp_path), "wallet_name": name, "wallet_hotkey": "default"},
+                   environ={}, dotenv_path=None)
+
+
+def test_load_wallet_names_the_missing_file(tmp_path):
+    with pytest.raises(ValidatorSetupError, match=f"coldkeypub file {tmp_path}/validator/coldkeypub.txt does not"):
+        load_wallet(wallet_settings(tmp_path))
+    wallet = bt.Wallet(name="validator", hotkey="default", path=str(tmp_path))
+    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
+    with pytest.raises(ValidatorSetupError, match=f"hotkey file {tmp_path}/validator/hotkeys/default does not"):
+        load_wallet(wallet_settings(tmp_path))
+    wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
+    assert load_wallet(wallet_settings(tmp_path)).hotkey.ss58_address == wallet.hotkey.ss58_address
+    (tmp_path / "validator" / "hotkeys" / "default").write_text("not a key")
+    with pytest.raises(ValidatorSetupError, match="cannot read hotkey file"):
+        load_wallet(wallet_settings(tmp_path))
+
+
+def test_registration_is_required_a_permit_is_warned_about(tmp_path, caplog):
+    chain = DevChain(tmp_path / "chain.sqlite3", netuid=24)
+    with pytest.raises(ValidatorSetupError, match=f"hotkey {HOTKEYS[0]} is not registered on subnet 24 of devchain"):
+        check_registration(chain, HOTKEYS[0], "devchain")
+    chain.register(HOTKEYS[0], HOTKEYS[1])
+    check_registration(chain, HOTKEYS[0], "devchain")
+    assert "has no validator permit" in caplog.text
+
+
+# --- what workers write ---
+
+
+def report(**changes) -> EvaluationReport:
+    lengths = {"512": LengthResult(seq_len=512, status="ok", tokens_per_sec=4000.0, correct=True),
+               "1024": LengthResult(seq_len=1024, status="oom", error="OOM at T=1024, peak 80,000 MiB")}
+    base = EvaluationReport(verdict="fail", reasons=["OOM at T=1024, peak 80,000 MiB",
+                                                     "the target length T=1024 was not measured"],
+                            repo="/fork", target_seq_len=1024, seq_lens=[512, 1024], device="cuda",
+                            device_name="H100", import_check=ImportCheck(ok=True, profile="core"), lengths=lengths)
+    return replace(base, **changes)
+
+
+def test_a_report_becomes_a_result_and_a_broken_sandbox_an_error():
+    outcome = outcome_from_worker(json.loads(json.dumps({"outcome": "evaluated", "report": report().to_dict()})))
+    assert outcome.error is None and outcome.result.correct is False
+    assert outcome.result.benchmarks == {512: 4000.0} and outcome.result.measured_tokens_per_sec is None
+    assert outcome.result.reasons[0] == "OOM at T=1024, peak 80,000 MiB"
+    assert outcome.result.report["device_name"] == "H100"
+
+    passed = result_from_report(report(verdict="pass", reasons=[], measured_tokens_per_sec=900.0))
+    assert passed.result.correct and passed.result.measured_tokens_per_sec == 900.0
+
+    broken = result_from_report(report(reasons=["sandbox unavailable: unshare: operation not permitted"]))
+    assert broken.result is None and "unshare" in broken.error
+
+
+def test_worker_outcomes_for_clone_failures_refusals_and_garbage():
+    clone = outcome_from_worker({"outcome": "clone_failed", "error": "commit abc not found in https://github.com/a/b"})
+    assert clone.result.correct is False and clone.result.reasons == (
+        "clone failed: commit abc not found in https://github.com/a/b",)
+    refused = outcome_from_worker({"outcome": "refused", "error": "sequence length 100000: CPU runs are limited"})
+    assert refused.result.reasons[0].startswith("cannot evaluate: sequence length 100000")
+    for garbage in ([], {"outcome": "evaluated", "report": "x"}, {"outcome": "weird"},
+                    {"outcome": "evaluated", "report": {"verdict": "pass"}}):
+        outcome = outcome_from_worker(garbage)
+        assert outcome.result is None and outcome.error
+
+
+def test_evaluation_options_survive_the_trip_to_the_worker():
+    options = EvaluationOptions(seq_lens=(512, 2048), device="cuda", timeout_s=10.0, warmup_runs=1,
+                                policy=SandboxPolicy(extra_readonly_paths=("/opt/x",), pytorch_cuda_alloc_conf=""))
+    assert options_from_json(json.loads(json.dumps(options_to_json(options)))) == options
