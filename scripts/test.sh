@@ -4,22 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/python ]; then
-    "${PYTHON:-python3}" -m venv .venv
-fi
+./scripts/setup_venv.sh
 # shellcheck disable=SC1091
 . .venv/bin/activate
-
-# Reinstall only when the dependency files changed since the last install.
-stamp=.venv/.quasar-install-stamp
-wanted=$(cat requirements.txt requirements-test.txt setup.py pyproject.toml | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
-    python -m pip install -q --upgrade pip
-    # torch first and exactly as pinned, so nothing that depends on it pulls another build.
-    python -m pip install -q "$(grep -E '^torch==' requirements.txt)"
-    python -m pip install -q -e ".[test]"
-    echo "$wanted" > "$stamp"
-fi
 
 # The submission API's tests also run on a throwaway PostgreSQL server: install the Debian package
 # when its server binaries are missing (they live in /usr/lib/postgresql/N/bin, off PATH).

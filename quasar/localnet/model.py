@@ -1,0 +1,71 @@
+"""The local network's stand-in reference model: a tiny Qwen2 with random weights.
+
+The real reference model (``Qwen/Qwen2.5-0.5B-Instruct``) needs a download; a machine that has
+never fetched it (or has no internet) still runs the whole local network with this model in
+its place. It is a real ``Qwen2ForCausalLM`` saved with ``save_pretrained``, so the miners'
+inference servers and the validator's logit check load it through the same code path as the
+real one; only its size (and so its meaning) differs. Its weights come from a fixed seed, so the
+miners' copies and the validator's are the same model.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+STAND_IN_SEED = 20250101
+STAND_IN_NAME = "tiny random Qwen2 (local network stand-in)"
+# Ids 0..VOCAB-3 are ordinary tokens; the last two are BOS/EOS, as Qwen2.5 keeps its special
+# tokens after the ordinary vocabulary (the validator draws challenges from ordinary ids only).
+VOCAB = 512
+# Weights of std 0.3 give logits of about the scale of a real model's, so the logit check's
+# absolute threshold (0.1) means roughly what it means for Qwen2.5.
+INIT_STD = 0.3
+
+
+def write_stand_in_model(path: str | Path, seed: int = STAND_IN_SEED) -> Path:
+    """Build the stand-in model from ``seed`` and save it into ``path`` (created); returns ``path``.
+
+    An existing, complete folder is kept as it is (the same seed gives the same weights).
+    """
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    path = Path(path)
+    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+        return path
+    config = Qwen2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        bos_token_id=VOCAB - 2, eos_token_id=VOCAB - 1, tie_word_embeddings=False,
+        initializer_range=INIT_STD,
+    )
+    # A private generator state: building the model must not move the caller's random stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    # transformers draws a progress bar on stderr while saving; the local network shows its own.
+    progress_bar = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(path)
+    finally:
+        if progress_bar:
+            hf_logging.enable_progress_bar()
+    logger.info("wrote the stand-in reference model (%s) to %s", STAND_IN_NAME, path)
+    return path
+
+
+def hub_model_cached(name: str) -> bool:
+    """True when the Hugging Face model ``name`` is complete in the local cache (no network used)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        snapshot = Path(snapshot_download(name, local_files_only=True))
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return False
+    return (snapshot / "config.json").is_file() and any(snapshot.glob("*.safetensors"))

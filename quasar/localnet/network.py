@@ -1,0 +1,517 @@
+"""The local network: a whole QUASAR subnet on one machine, every part real.
+
+:meth:`LocalNetwork.start` builds it in ``data_dir``:
+
+1. new wallets (owner, API, validator, two miners; unencrypted) under ``data_dir/wallets``;
+2. the embedded dev chain (``data_dir/devchain.sqlite3``, fast blocks), the owner registered
+   first (uid 0, the subnet owner), the validator with stake and a permit, then the miners;
+3. the submission API on SQLite (``python -m quasar.api serve``) on a free 127.0.0.1 port;
+4. the reference model: ``REFERENCE_MODEL`` when it is in the local Hugging Face cache (or a
+   folder), else a tiny random Qwen2 stand-in built into ``data_dir/model`` (said so);
+5. each miner's inference server (``python -m quasar.inference serve``) with its endpoint
+   published on chain; the hostile miner serves the honest model: its kernel is what is hostile;
+6. the two forks as git repositories (quasar/localnet/forks.py): honest and hostile;
+7. the miners' submissions (signed, direct, ``file://`` fork URLs, accepted on the dev chain):
+   the honest miner first measures its fork as a miner does (sandboxed, at its target) and
+   claims what it measured; the hostile miner claims four times as much;
+8. the validator neuron (``python -m neurons.validator``), which fetches, evaluates in its
+   sandbox, checks the miners' logits, reports and sets weights every few blocks.
+
+:meth:`LocalNetwork.wait_for_round` waits until the validator has reported on every submission
+and then set weights, and returns the :class:`~quasar.localnet.summary.RoundSummary`.
+:meth:`LocalNetwork.stop` stops every child (the validator first). Each child's output goes to
+``data_dir/logs/NAME.log``; a child that fails is named with its log's path and last lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import math
+import os
+import shutil
+import sqlite3
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+
+import quasar
+from quasar import config
+from quasar.config import DEV_NETWORK
+from quasar.localnet.forks import HONEST, HOSTILE, Fork, write_forks
+from quasar.localnet.processes import Child, Children, wait_until
+from quasar.localnet.summary import MinerOutcome, RoundSummary, leaderboard_rows, miner_weight, verdict_of
+
+logger = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+NETUID = 24
+BLOCK_TIME_S = 0.2
+# The validator sets weights every EPOCH_BLOCKS (one second at BLOCK_TIME_S).
+EPOCH_BLOCKS = 5
+# One API round spans the whole demo (10 minutes at BLOCK_TIME_S), so its leaderboard holds both miners.
+ROUND_BLOCKS = 3000
+VALIDATOR_STAKE = 1e4
+CPU_TARGET, CPU_SEQ_LENS = 128, (64,)
+CUDA_TARGET, CUDA_SEQ_LENS = 65536, (512, 1024, 2048)
+# On CPU the honest miner claims half its slowest measured run: shared cores are noisy, and a
+# claim above 1/0.9 of the validator's median would fail the claim check.
+CPU_CLAIM_MARGIN = 0.5
+HOSTILE_CLAIM_FACTOR = 4.0
+START_TIMEOUT_S = 180.0
+MARKER = ".quasar-localnet"
+LOCK_NAME = "localnet.lock"
+WALLET_HOTKEY = "default"
+OWNER, API, VALIDATOR = "owner", "api", "validator"
+MINERS = {HONEST: "miner-honest", HOSTILE: "miner-hostile"}
+
+
+class LocalnetError(RuntimeError):
+    """The local network cannot start or run; the message says what and where to look."""
+
+
+@dataclass(frozen=True)
+class LocalnetOptions:
+    """How to run the local network."""
+
+    data_dir: Path
+    device: str  # "cpu" or "cuda"
+    reference_model: str  # a hub id or folder; "" = REFERENCE_MODEL if cached, else the stand-in
+    stand_in_model: bool  # use the tiny stand-in even when the real model is cached
+    target: int
+    seq_lens: tuple[int, ...]
+    round_timeout_s: float
+    block_time_s: float = BLOCK_TIME_S
+    epoch_blocks: int = EPOCH_BLOCKS
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A miner's accepted submission."""
+
+    name: str
+    kind: str
+    uid: int
+    hotkey: str
+    fork: Fork
+    submission_id: int
+    round_id: int
+    claimed_tokens_per_sec: float
+
+
+class Progress(Protocol):
+    """Where the network reports what it is doing (the command line shows it on stderr)."""
+
+    def step(self, text: str) -> None:
+        """A new step begins (the previous one is done)."""
+
+    def detail(self, text: str, key: str | None = None) -> None:
+        """How the current step is going; ``key`` (default ``text``) changes when it is worth a new
+        line where no live display is possible (a log, a pipe)."""
+
+
+def default_options(data_dir: Path, device: str, reference_model: str = "", stand_in_model: bool = False,
+                    target: int | None = None, seq_lens: tuple[int, ...] | None = None,
+                    round_timeout_s: float | None = None) -> LocalnetOptions:
+    """Options with the defaults for ``device``: small lengths on CPU (not a benchmark), the
+    validator's usual lengths and a 64k target on CUDA."""
+    cpu = device == "cpu"
+    return LocalnetOptions(
+        data_dir=Path(data_dir), device=device, reference_model=reference_model, stand_in_model=stand_in_model,
+        target=target if target is not None else (CPU_TARGET if cpu else CUDA_TARGET),
+        seq_lens=seq_lens if seq_lens is not None else (CPU_SEQ_LENS if cpu else CUDA_SEQ_LENS),
+        round_timeout_s=round_timeout_s if round_timeout_s is not None else (1800.0 if cpu else 900.0))
+
+
+def child_environment(repo_root: Path) -> dict[str, str]:
+    """The children's environment: this one without any QUASAR setting (the children get theirs as
+    flags, so a stray variable or ``.env`` never points them at a real network), the checkout on
+    ``PYTHONPATH``, unbuffered output and the Hugging Face cache only."""
+    settings = {option.env for option in config.OPTIONS if option.env}
+    env = {key: value for key, value in os.environ.items() if key not in settings}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(repo_root), env.get("PYTHONPATH"))))
+    env["PYTHONUNBUFFERED"] = "1"
+    env["HF_HUB_OFFLINE"] = "1"
+    # Settings without a command-line flag.
+    env["ROUND_BLOCKS"] = str(ROUND_BLOCKS)
+    return env
+
+
+def distinct_free_ports(count: int) -> list[int]:
+    """``count`` different ports free on 127.0.0.1 now (each child binds its own moments later)."""
+    from quasar.api.devdb import free_port
+
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+@contextlib.contextmanager
+def data_dir_lock(data_dir: Path) -> Iterator[None]:
+    """Hold ``data_dir``'s lock for a run; a second local network on the same folder is refused."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise LocalnetError(f"another local network is running in {data_dir}; stop it or pass another "
+                                "--data-dir") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def reset_data_dir(data_dir: Path) -> None:
+    """Empty ``data_dir`` for a new network: only a folder this command made (it holds the marker
+    file) or an empty one; anything else is refused, so a mistyped path is never wiped."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    entries = [entry for entry in data_dir.iterdir() if entry.name != LOCK_NAME]
+    if entries and not (data_dir / MARKER).is_file():
+        raise LocalnetError(f"{data_dir} is not empty and was not made by the local network (no {MARKER} "
+                            "file in it): pass an empty or new folder with --data-dir")
+    for entry in entries:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    (data_dir / MARKER).write_text("made by python -m quasar.localnet; emptied at each start\n")
+    # Git ignores the whole folder, wherever it is inside a checkout.
+    (data_dir / ".gitignore").write_text("*\n")
+
+
+def make_wallet(root: Path, name: str):
+    """A new bittensor wallet ``name`` (coldkey and hotkey ``default``, unencrypted) under ``root``."""
+    import bittensor as bt
+
+    wallet = bt.Wallet(name=name, hotkey=WALLET_HOTKEY, path=str(root))
+    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
+    wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
+    return wallet
+
+
+def read_weights_block(state_path: Path) -> int | None:
+    """The block of the validator's last weight setting, read from its state file without
+    locking it (SQLite WAL: never blocks the validator); None before the first."""
+    from quasar.validator.loop import LAST_WEIGHTS_BLOCK
+
+    if not state_path.exists():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{state_path}?mode=ro", uri=True, timeout=5)) as db:
+            row = db.execute("SELECT value FROM meta WHERE key = ?", (LAST_WEIGHTS_BLOCK,)).fetchone()
+    except sqlite3.Error:  # not created yet, or being created
+        return None
+    return None if row is None else int(row[0])
+
+
+class LocalNetwork:
+    """One local network in ``options.data_dir``; :meth:`start`, :meth:`wait_for_round`, :meth:`stop`."""
+
+    def __init__(self, options: LocalnetOptions, progress: Progress):
+        self.options = options
+        self.progress = progress
+        self.data_dir = options.data_dir.resolve()
+        self.logs_dir = self.data_dir / "logs"
+        self.repo_root = Path(quasar.__file__).resolve().parent.parent
+        self.children = Children(self.logs_dir, self.data_dir, child_environment(self.repo_root))
+        self.wallets: dict[str, object] = {}
+        self.uids: dict[str, int] = {}
+        self.chain = None
+        self.database = None
+        self.api_url = ""
+        self.reference_model = ""
+        self.reference_note = ""
+        self.forks: dict[str, Fork] = {}
+        self.submitted: list[Submitted] = []
+        self.validator: Child | None = None
+        self.inference_ports: dict[str, int] = {}
+
+    # --- paths and names ---
+
+    @property
+    def wallet_dir(self) -> Path:
+        return self.data_dir / "wallets"
+
+    @property
+    def chain_path(self) -> Path:
+        return self.data_dir / "devchain.sqlite3"
+
+    @property
+    def api_database_url(self) -> str:
+        return f"sqlite:///{self.data_dir / 'api.sqlite3'}"
+
+    @property
+    def validator_dir(self) -> Path:
+        return self.data_dir / "validator"
+
+    def hotkey(self, name: str) -> str:
+        return self.wallets[name].hotkey.ss58_address
+
+    def uid_names(self) -> dict[int, str]:
+        return {uid: name for name, uid in self.uids.items()}
+
+    def _chain_flags(self) -> list[str]:
+        return ["--subtensor.network", DEV_NETWORK, "--devchain.path", str(self.chain_path), "--netuid", str(NETUID)]
+
+    def _wallet_flags(self, name: str) -> list[str]:
+        return ["--wallet.path", str(self.wallet_dir), "--wallet.name", name, "--wallet.hotkey", WALLET_HOTKEY]
+
+    # --- start ---
+
+    def start(self) -> None:
+        """Build the network and submit both miners' forks; then start the validator."""
+        from quasar.chain.devchain import DevChain
+
+        options = self.options
+        self.progress.step("creating wallets: owner, api, validator, miner-honest, miner-hostile")
+        for name in (OWNER, API, VALIDATOR, *MINERS.values()):
+            self.wallets[name] = make_wallet(self.wallet_dir, name)
+
+        self.progress.step(f"starting the dev chain ({options.block_time_s:g} s blocks) and registering the neurons")
+        self.chain = DevChain(self.chain_path, netuid=NETUID, block_time_s=options.block_time_s)
+        self.uids[OWNER] = self.chain.register_wallet(self.wallets[OWNER])
+        self.chain.set_owner(self.hotkey(OWNER))
+        self.uids[VALIDATOR] = self.chain.register_wallet(self.wallets[VALIDATOR], stake=VALIDATOR_STAKE,
+                                                          validator_permit=True)
+        for name in MINERS.values():
+            self.uids[name] = self.chain.register_wallet(self.wallets[name])
+
+        api_port, *miner_ports = distinct_free_ports(1 + len(MINERS))
+        self.api_url = f"http://{HOST}:{api_port}"
+        self.progress.step(f"starting the submission API on {self.api_url} (SQLite)")
+        api = self.children.start("submission API", [
+            sys.executable, "-m", "quasar.api", "serve", "--host", HOST, "--port", str(api_port),
+            "--database-url", self.api_database_url, "--api.hotkey", self.hotkey(API), *self._chain_flags()],
+            "api.log")
+
+        self.progress.step("preparing the reference model")
+        self.reference_model, self.reference_note = self._reference_model()
+
+        servers: list[Child] = []
+        for (kind, name), port in zip(MINERS.items(), miner_ports):
+            self.progress.step(f"starting {name}'s inference server on {HOST}:{port}")
+            servers.append(self.children.start(f"{name}'s inference server", [
+                sys.executable, "-m", "quasar.inference", "serve", *self._wallet_flags(name), *self._chain_flags(),
+                "--reference-model", self.reference_model, "--device", options.device,
+                "--inference.host", HOST, "--inference.port", str(port)], f"inference-{kind}.log"))
+            self.inference_ports[name] = port
+
+        self.progress.step("writing the forks: honest (the starter fork) and hostile (its kernel skips the recurrence)")
+        self.forks = write_forks(self.data_dir / "forks")
+
+        self.progress.step("waiting for the API and the inference servers to answer")
+        wait_until(lambda: self._answers(f"{self.api_url}/health"), START_TIMEOUT_S, "the submission API", [api])
+        for name, server in zip(MINERS.values(), servers):
+            port = self.inference_ports[name]
+            wait_until(lambda port=port: self._answers(f"http://{HOST}:{port}/health"), START_TIMEOUT_S,
+                       server.name, [server, api])
+            self.chain.publish_endpoint(self.wallets[name], HOST, port)
+
+        self._submit_all([api, *servers])
+        self.progress.step("starting the validator")
+        self.validator = self.children.start("validator", [
+            sys.executable, "-m", "neurons.validator", *self._wallet_flags(VALIDATOR), *self._chain_flags(),
+            "--api.url", self.api_url, "--api.hotkey", self.hotkey(API), "--device", options.device,
+            "--reference-model", self.reference_model, "--validator.data-dir", str(self.validator_dir),
+            "--eval.seq-lens", ",".join(str(length) for length in options.seq_lens),
+            "--epoch-blocks", str(options.epoch_blocks)], "validator.log")
+
+    @staticmethod
+    def _answers(url: str) -> bool:
+        try:
+            return httpx.get(url, timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _reference_model(self) -> tuple[str, str]:
+        """The model every part loads, and a note saying which it is."""
+        from quasar.localnet.model import STAND_IN_NAME, hub_model_cached, write_stand_in_model
+
+        wanted = self.options.reference_model
+        if wanted:
+            if Path(wanted).expanduser().exists() or hub_model_cached(wanted):
+                return wanted, f"reference model: {wanted}"
+            raise LocalnetError(f"reference model {wanted!r} is neither a folder nor in the local Hugging Face cache: "
+                                f"download it first (hf download {wanted}) or leave --reference-model out")
+        default = config.OPTIONS_BY_KEY["reference_model"].default
+        if not self.options.stand_in_model and hub_model_cached(default):
+            return default, f"reference model: {default} (from the local Hugging Face cache)"
+        path = write_stand_in_model(self.data_dir / "model")
+        why = "as asked" if self.options.stand_in_model else f"{default} is not in the local Hugging Face cache"
+        return str(path), (f"reference model: the {STAND_IN_NAME} in {path} ({why}); logit checks compare miners "
+                           f"against it, not against {default}")
+
+    # --- miners ---
+
+    def _submit_all(self, watched: list[Child]) -> None:
+        from quasar.api.client import ApiClient, ApiClientError
+
+        claim = self._honest_claim()
+        for kind, name in MINERS.items():
+            fork = self.forks[kind]
+            claimed = claim if kind == HONEST else claim * HOSTILE_CLAIM_FACTOR
+            self.progress.step(f"{name} submits its {kind} fork {fork.commit[:12]} (T={self.options.target:,}, "
+                          f"claims {claimed:,.0f} tokens/s)")
+            for child in watched:
+                child.check_running()
+            with ApiClient(self.api_url, self.wallets[name], api_hotkey=self.hotkey(API)) as client:
+                try:
+                    accepted = client.submit_kernel(fork.url, fork.commit, self.options.target, claimed)
+                except ApiClientError as error:
+                    raise LocalnetError(f"the API refused {name}'s submission: {error} (API log: "
+                                        f"{self.logs_dir / 'api.log'})") from None
+            self.submitted.append(Submitted(name, kind, self.uids[name], self.hotkey(name), fork,
+                                            accepted.submission_id, accepted.round_id or 0, claimed))
+
+    def _honest_claim(self) -> float:
+        """What the honest miner claims: its own sandboxed run at the target, as a miner measures
+        before submitting (the slowest timed run; on CPU half of it)."""
+        from quasar.evaluate import EvaluationOptions, ProgressEvent, evaluate
+
+        name = MINERS[HONEST]
+        self.progress.step(f"{name} measures its fork at T={self.options.target:,} on {self.options.device} before "
+                      "submitting (sandboxed)")
+
+        def on_event(event: ProgressEvent) -> None:
+            length = f" T={event.seq_len:,}" if event.seq_len else ""
+            count = f" {event.done}/{event.total}" if event.total else ""
+            self.progress.detail(f"{name} measures its fork: {event.stage}{length}{count}",
+                                 key=f"{event.stage}{length}")
+
+        report = evaluate(self.forks[HONEST].path, self.options.target, None,
+                          EvaluationOptions(seq_lens=(), device=self.options.device), progress=on_event)
+        if not report.passed or not report.recommended_claim:
+            raise LocalnetError(f"the honest starter fork failed its own evaluation on {self.options.device}: "
+                                f"{'; '.join(report.reasons) or 'no measurement'}")
+        margin = CPU_CLAIM_MARGIN if self.options.device == "cpu" else 1.0
+        return float(report.recommended_claim * margin)
+
+    # --- the round ---
+
+    def _reports(self) -> dict[int, object]:
+        """The validator's reports on this network's submissions, by submission id."""
+        from sqlalchemy import select
+
+        from quasar.api.db import Database, EvaluationReport
+
+        if self.database is None:
+            self.database = Database(self.api_database_url)
+        ids = [s.submission_id for s in self.submitted]
+        with self.database.read() as session:
+            rows = session.scalars(select(EvaluationReport).where(
+                EvaluationReport.submission_id.in_(ids),
+                EvaluationReport.validator_hotkey == self.hotkey(VALIDATOR)))
+            return {row.submission_id: row for row in rows}
+
+    def _leased(self) -> set[int]:
+        from sqlalchemy import select
+
+        from quasar.api.db import EvaluationLease
+
+        with self.database.read() as session:
+            return set(session.scalars(select(EvaluationLease.submission_id).where(
+                EvaluationLease.validator_hotkey == self.hotkey(VALIDATOR))))
+
+    def _state_path(self) -> Path:
+        from quasar.validator.state import default_state_path
+
+        return default_state_path(self.validator_dir, DEV_NETWORK, NETUID, self.hotkey(VALIDATOR))
+
+    def wait_for_round(self) -> RoundSummary:
+        """Wait until the validator has reported on every submission and set weights after that;
+        raise :class:`~quasar.localnet.processes.ChildFailed` if a child exits meanwhile."""
+        assert self.validator is not None, "start() first"
+        watched = list(self.children.running)
+        self.progress.step("the validator fetches, evaluates (sandboxed), checks logits and reports")
+
+        def reported_all() -> bool:
+            reports, leased = self._reports(), self._leased()
+            states = []
+            for s in self.submitted:
+                if s.submission_id in reports:
+                    states.append(f"{s.name}: {verdict_of(reports[s.submission_id].verdict)}")
+                elif s.submission_id in leased:
+                    states.append(f"{s.name}: being evaluated")
+                else:
+                    states.append(f"{s.name}: waiting for the validator")
+            self.progress.detail("validator: " + ", ".join(states))
+            return len(reports) == len(self.submitted)
+
+        wait_until(reported_all, self.options.round_timeout_s, "the validator's reports", watched, poll_s=0.5)
+        after = self.chain.current_block()
+        self.progress.step(f"every submission is reported (block {after}); waiting for the validator's next weights")
+        state_path = self._state_path()
+        wait_until(lambda: (read_weights_block(state_path) or -1) > after,
+                   max(60.0, 10 * self.options.epoch_blocks * self.options.block_time_s), "the validator's weights",
+                   watched, poll_s=0.2)
+        return self.summary(read_weights_block(state_path) or after)
+
+    def watch(self, on_new_weights: Callable[[RoundSummary], None], poll_s: float = 2.0) -> None:
+        """Keep the network running until interrupted; call ``on_new_weights`` whenever the
+        validator's weights on chain change (a submission from outside was ranked, say)."""
+        last = self.chain.weights().get(self.uids[VALIDATOR], {})
+        state_path = self._state_path()
+        while True:
+            self.check_running()
+            weights = self.chain.weights().get(self.uids[VALIDATOR], {})
+            if weights != last:
+                last = weights
+                on_new_weights(self.summary(read_weights_block(state_path) or self.chain.current_block()))
+            time.sleep(poll_s)
+
+    def summary(self, weights_block: int) -> RoundSummary:
+        """The round as it stands: reports from the API, the leaderboard, the weights on chain."""
+        from quasar.api.client import ApiClient
+
+        reports = self._reports()
+        weights = self.chain.weights().get(self.uids[VALIDATOR], {})
+        round_id = self.submitted[0].round_id if self.submitted else 0
+        with ApiClient(self.api_url) as client:
+            board = client.leaderboard(round_id)
+        uids_by_hotkey = {self.hotkey(name): uid for name, uid in self.uids.items()}
+        miners = []
+        for s in self.submitted:
+            report = reports.get(s.submission_id)
+            measured = None if report is None else report.measured_tokens_per_sec
+            miners.append(MinerOutcome(
+                name=s.name, kind=s.kind, uid=s.uid, hotkey=s.hotkey, submission_id=s.submission_id,
+                fork_url=s.fork.url, commit=s.fork.commit, target_sequence_length=self.options.target,
+                claimed_tokens_per_sec=s.claimed_tokens_per_sec, verdict=verdict_of(report and report.verdict),
+                measured_tokens_per_sec=None if measured is None or not math.isfinite(measured) else measured,
+                reasons=tuple(report.reasons) if report is not None else (), weight=miner_weight(weights, s.uid)))
+        notes = [self.reference_note]
+        if self.options.device == "cpu":
+            notes.append("evaluated on CPU at small lengths: tokens/s here are not benchmarks (CUDA is what counts)")
+        return RoundSummary(
+            weights=dict(weights), miners=tuple(miners), leaderboard=leaderboard_rows(board.entries, uids_by_hotkey),
+            round_id=round_id, owner_uid=self.uids[OWNER], validator_uid=self.uids[VALIDATOR],
+            weights_block=weights_block, device=self.options.device, reference_model=self.reference_model,
+            seq_lens=tuple(sorted({*self.options.seq_lens, self.options.target})), api_url=self.api_url,
+            data_dir=str(self.data_dir), notes=tuple(notes))
+
+    def check_running(self) -> None:
+        """Raise ChildFailed if any child has exited."""
+        for child in self.children.running:
+            child.check_running()
+
+    def stop(self) -> None:
+        """Stop every child, the validator first (it puts a running evaluation back cleanly)."""
+        if self.validator is not None and self.validator in self.children.running:
+            self.progress.step("stopping the validator")
+            self.children.stop(self.validator)
+        if self.children.running:
+            self.progress.step("stopping the inference servers and the API")
+        self.children.stop_all()
+        if self.database is not None:
+            self.database.dispose()
+            self.database = None

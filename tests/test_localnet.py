@@ -1,0 +1,267 @@
+"""The local network (``python -m quasar.localnet``, what ./START_LOCALNET.sh runs), on CPU.
+
+End to end, as a process on 127.0.0.1 in a temporary folder: one round gives the honest miner its
+place's weight and the hostile one none, with the rest burned to the subnet owner; Ctrl-C and a
+child that cannot start both leave no process behind. Plus the pieces: the data folder's rules,
+the children's environment, the forks, the summary.
+
+A validator killed mid-evaluation and restarted, finishing the round without re-evaluating what it
+finished, is tested with the real neuron process in tests/test_validator.py
+(test_killed_mid_evaluation_the_validator_resumes_without_redoing_finished_work).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from quasar.chain.devchain import DevChain
+from quasar.imports import validate_repo
+from quasar.localnet.__main__ import seq_lens
+from quasar.localnet.forks import HONEST, HOSTILE, HOSTILE_KERNEL_FILE, write_forks
+from quasar.localnet.network import (
+    MARKER,
+    LocalnetError,
+    child_environment,
+    data_dir_lock,
+    distinct_free_ports,
+    reset_data_dir,
+)
+from quasar.localnet.summary import (
+    FAIL,
+    NOT_REPORTED,
+    PASS,
+    LeaderboardRow,
+    MinerOutcome,
+    RoundSummary,
+    render_summary,
+    verdict_of,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+# The whole round on CPU takes about two minutes on two loaded cores; the limit leaves room.
+ROUND_LIMIT_S = 280
+FAST = ["--device", "cpu", "--stand-in-model", "--target", "64", "--seq-lens", ""]
+
+
+def localnet_command(data_dir: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "quasar.localnet", "--data-dir", str(data_dir), *flags]
+
+
+def environment() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of running processes that mention ``text`` (the network's data folder)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{name}: {cmdline}")
+    return found
+
+
+def wait_gone(text: str, timeout_s: float = 30) -> list[str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := processes_mentioning(text)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+# --- end to end ---
+
+
+@pytest.mark.slow
+def test_one_round_weights_the_honest_miner_and_not_the_hostile_one(tmp_path):
+    data_dir = tmp_path / "net"
+    result = subprocess.run(localnet_command(data_dir, "--once", "--json", "--device", "cpu", "--stand-in-model"),
+                            cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=ROUND_LIMIT_S)
+    assert result.returncode == 0, result.stderr[-6000:]
+    summary = json.loads(result.stdout)
+    miners = {miner["kind"]: miner for miner in summary["miners"]}
+    honest, hostile = miners[HONEST], miners[HOSTILE]
+    assert (honest["verdict"], hostile["verdict"]) == (PASS, FAIL), json.dumps(summary, indent=2)
+    # Refused for its output (it passes the import rules and is the faster of the two).
+    assert any("differs from the reference" in reason for reason in hostile["reasons"]), hostile["reasons"]
+
+    weights = summary["weights"]
+    owner = str(summary["owner_uid"])
+    assert weights[str(honest["uid"])] == pytest.approx(0.60)
+    assert weights.get(str(hostile["uid"]), 0.0) == 0.0
+    assert weights[owner] == pytest.approx(0.40)  # places 2-4 are unfilled: burned to the owner
+    assert sum(weights.values()) == pytest.approx(1.0)
+    assert (honest["weight"], hostile["weight"]) == (pytest.approx(0.60), 0.0)
+    # The weights are the ones on chain, set by the validator's hotkey.
+    on_chain = DevChain(data_dir / "devchain.sqlite3").weights()[summary["validator_uid"]]
+    assert {str(uid): pytest.approx(weight) for uid, weight in on_chain.items()} == weights
+    assert [(row["place"], row["uid"], row["share"]) for row in summary["leaderboard"]] == \
+        [(1, honest["uid"], pytest.approx(0.60))]
+    assert honest["measured_tokens_per_sec"] >= 0.9 * honest["claimed_tokens_per_sec"] > 0
+
+    assert json.loads((data_dir / "summary.json").read_text()) == summary
+    assert "No CUDA device: the validator evaluates on CPU at small lengths" in result.stderr
+    assert "the validator fetches, evaluates" in result.stderr
+    assert not wait_gone(str(data_dir)), "a child of the local network outlived it"
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_network_and_every_child(tmp_path):
+    data_dir = tmp_path / "net"
+    log = tmp_path / "stderr.log"
+    with open(log, "w") as err:
+        process = subprocess.Popen(localnet_command(data_dir, *FAST), cwd=tmp_path, env=environment(),
+                                   stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        deadline = time.monotonic() + 150
+        while "starting the validator" not in log.read_text():
+            assert process.poll() is None, log.read_text()[-4000:]
+            assert time.monotonic() < deadline, log.read_text()[-4000:]
+            time.sleep(0.2)
+        assert processes_mentioning(str(data_dir / "validator"))
+        process.send_signal(signal.SIGINT)
+        status = process.wait(timeout=90)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert status == 0, log.read_text()[-4000:]
+    assert "stopping the validator" in log.read_text()
+    assert not wait_gone(str(data_dir)), "a child of the local network outlived it"
+
+
+def test_a_child_that_cannot_start_is_named_with_its_log(tmp_path):
+    data_dir = tmp_path / "net"
+    not_a_model = tmp_path / "not-a-model"
+    not_a_model.mkdir()
+    result = subprocess.run(localnet_command(data_dir, "--once", "--reference-model", str(not_a_model), *FAST),
+                            cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    log = data_dir.resolve() / "logs" / "inference-honest.log"
+    assert f"miner-honest's inference server exited with status 1; its log is {log}" in result.stderr
+    assert "has no config.json" in result.stderr  # the end of its log comes with the message
+    assert not wait_gone(str(data_dir)), "a child of the local network outlived it"
+
+
+# --- the data folder, ports, environment ---
+
+
+def test_the_data_folder_is_emptied_only_when_the_local_network_made_it(tmp_path):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "precious.txt").write_text("keep me")
+    with pytest.raises(LocalnetError, match="not empty and was not made by the local network"):
+        reset_data_dir(foreign)
+    assert (foreign / "precious.txt").read_text() == "keep me"
+
+    ours = tmp_path / "ours"
+    reset_data_dir(ours)
+    (ours / "logs").mkdir()
+    (ours / "logs" / "api.log").write_text("old run")
+    reset_data_dir(ours)
+    assert sorted(entry.name for entry in ours.iterdir()) == [".gitignore", MARKER]
+    assert (ours / ".gitignore").read_text() == "*\n"
+
+
+def test_two_networks_cannot_share_a_data_folder(tmp_path):
+    with data_dir_lock(tmp_path):
+        with pytest.raises(LocalnetError, match="another local network is running"):
+            with data_dir_lock(tmp_path):
+                pass
+    with data_dir_lock(tmp_path):  # released with the first
+        pass
+
+
+def test_children_get_no_quasar_setting_from_the_environment(monkeypatch):
+    monkeypatch.setenv("SUBTENSOR_NETWORK", "finney")
+    monkeypatch.setenv("NETUID", "1")
+    monkeypatch.setenv("GITHUB_TOKEN", "secret")
+    monkeypatch.setenv("SOMETHING_ELSE", "kept")
+    env = child_environment(ROOT)
+    assert not {"SUBTENSOR_NETWORK", "NETUID", "GITHUB_TOKEN"} & set(env)
+    assert env["SOMETHING_ELSE"] == "kept"
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+    assert env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_ports_are_distinct():
+    ports = distinct_free_ports(5)
+    assert len(set(ports)) == 5 and all(1024 <= port <= 65535 for port in ports)
+
+
+def test_seq_lens_flag():
+    assert seq_lens("64, 128") == (64, 128)
+    assert seq_lens("") == ()
+    with pytest.raises(Exception, match="at least 64"):
+        seq_lens("32")
+
+
+# --- the forks ---
+
+
+def test_the_hostile_fork_is_the_starter_fork_with_only_its_kernel_changed(tmp_path):
+    forks = write_forks(tmp_path)
+    honest, hostile = forks[HONEST], forks[HOSTILE]
+    assert honest.url == f"file://{tmp_path.resolve()}/honest"
+    parent = subprocess.run(["git", "-C", str(hostile.path), "rev-parse", "HEAD^"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    assert parent == honest.commit  # the same starter commit below the patch
+    changed = subprocess.run(["git", "-C", str(hostile.path), "diff", "--name-only", "HEAD^", "HEAD"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert changed == [str(HOSTILE_KERNEL_FILE)]
+    # Both pass the import rules: the hostile fork can only be caught by checking its output.
+    assert validate_repo(honest.path).ok and validate_repo(hostile.path).ok
+
+
+# --- the summary ---
+
+
+def _summary() -> RoundSummary:
+    def miner(name, kind, uid, verdict, weight, reasons=()):
+        return MinerOutcome(name=name, kind=kind, uid=uid, hotkey=f"5{name}", submission_id=uid, fork_url="file:///f",
+                            commit="a" * 40, target_sequence_length=128, claimed_tokens_per_sec=10.0,
+                            verdict=verdict, measured_tokens_per_sec=None if verdict == NOT_REPORTED else 20.0,
+                            reasons=reasons, weight=weight)
+
+    return RoundSummary(
+        weights={0: 0.4, 2: 0.6}, miners=(miner("miner-honest", HONEST, 2, PASS, 0.6),
+                                          miner("miner-hostile", HOSTILE, 3, FAIL, 0.0, ("wrong output",))),
+        leaderboard=(LeaderboardRow(1, 2, "5miner-honest", "100k", 20.0, 5.0, 0.6),), round_id=0, owner_uid=0,
+        validator_uid=1, weights_block=42, device="cpu", reference_model="/m", seq_lens=(64, 128),
+        api_url="http://127.0.0.1:1", data_dir="/d", notes=("a note",))
+
+
+def test_verdicts():
+    assert (verdict_of("passed"), verdict_of("failed"), verdict_of(None)) == (PASS, FAIL, NOT_REPORTED)
+    with pytest.raises(ValueError, match="unknown report verdict"):
+        verdict_of("maybe")
+
+
+def test_summary_json_has_string_uids_and_each_miners_verdict():
+    data = json.loads(json.dumps(_summary().to_json()))
+    assert data["weights"] == {"0": 0.4, "2": 0.6}
+    assert [(m["uid"], m["hotkey"], m["kind"], m["verdict"]) for m in data["miners"]] == \
+        [(2, "5miner-honest", HONEST, PASS), (3, "5miner-hostile", HOSTILE, FAIL)]
+
+
+def test_summary_tables():
+    console = Console(record=True, width=200)
+    render_summary(_summary(), console, {0: "owner", 1: "validator", 2: "miner-honest", 3: "miner-hostile"})
+    text = console.export_text()
+    assert "Weights set by the validator (uid 1) at block 42" in text
+    assert "owner (subnet owner: unassigned places burn here)" in text
+    assert "wrong output" in text and "miner-hostile" in text
+    assert "note: a note" in text
