@@ -1,12 +1,61 @@
 #!/usr/bin/env bash
-# Start the QUASAR miner (works under pm2: `pm2 start ./START_MINER.sh --name quasar-miner`, or screen).
-# Settings come from .env; extra arguments are passed to the miner as flags.
+# Start the QUASAR miner: forks, optimizes, benchmarks, pushes and submits (see README).
+#   ./START_MINER.sh [flags]                      flags go to the miner (python -m neurons.miner --help)
+#   pm2 start ./START_MINER.sh --name quasar-miner (or: pm2 start ecosystem.config.js)
+#   screen -S miner ./START_MINER.sh
+# Settings come from .env (exported to the miner; variables already set in the environment win, as
+# everywhere in QUASAR). Checks GITHUB_TOKEN, GITHUB_USERNAME, CUDA and the submission API first.
 set -euo pipefail
 cd "$(dirname "$0")"
-if [ ! -x .venv/bin/python ]; then
-    echo "No .venv here: run ./scripts/test.sh once (or python3 -m venv .venv && pip install -e .)" >&2
+
+fail() {
+    echo "START_MINER: $*" >&2
     exit 1
+}
+
+if [ -f .env ]; then
+    # The environment wins over .env: remember it, read .env, then restore what was already set.
+    saved_environment=$(export -p | grep -v '^declare -[a-zA-Z]*r')
+    set -a
+    # shellcheck disable=SC1091
+    . ./.env
+    set +a
+    eval "$saved_environment"
+fi
+
+if [ ! -f .venv/bin/activate ]; then
+    fail "no .venv here: run ./scripts/test.sh once (or python3 -m venv .venv && .venv/bin/pip install -e .)"
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
+
+[ -n "${GITHUB_TOKEN:-}" ] || fail "GITHUB_TOKEN is not set: put a GitHub token that may fork and push in .env"
+[ -n "${GITHUB_USERNAME:-}" ] || fail "GITHUB_USERNAME is not set: put the GitHub account that owns your fork in .env"
+
+# Flags given to this script override the environment for the checks below too.
+device="${DEVICE:-cuda}"
+api_url="${VALIDATOR_API_URL:-http://127.0.0.1:8000}"
+previous=""
+for argument in "$@"; do
+    case "$previous" in
+        --device) device="$argument" ;;
+        --api.url) api_url="$argument" ;;
+    esac
+    case "$argument" in
+        --device=*) device="${argument#*=}" ;;
+        --api.url=*) api_url="${argument#*=}" ;;
+    esac
+    previous="$argument"
+done
+
+if [ "$device" != "cpu" ]; then
+    python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null \
+        || fail "DEVICE=$device but PyTorch sees no CUDA GPU (check nvidia-smi, the driver and" \
+                "CUDA_VISIBLE_DEVICES); DEVICE=cpu only tries the miner out"
+fi
+
+curl -fsS --max-time 10 "${api_url%/}/health" >/dev/null 2>&1 \
+    || fail "the submission API at $api_url does not answer GET /health: check VALIDATOR_API_URL" \
+            "and that the API is running"
+
 exec python -m neurons.miner "$@"

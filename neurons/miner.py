@@ -1,26 +1,26 @@
-"""QUASAR miner: ``python -m neurons.miner --wallet.name … --wallet.hotkey … --netuid …``."""
+"""QUASAR miner: ``python -m neurons.miner --wallet.name … --wallet.hotkey … --subtensor.network … --netuid …``.
+
+Forks the QUASAR kernels on GitHub, optimizes them on this machine's GPU, commits and pushes
+improvements, submits them to the submission API, and publishes the inference endpoint on
+chain. Settings: ``.env``, the environment and the flags below (``python -m quasar.config``).
+"""
 
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 
 from quasar import config
 from quasar.log import setup_logging
-
-log = logging.getLogger("quasar.miner")
+from quasar.miner.runner import run_miner
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m neurons.miner", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m neurons.miner", description=__doc__.split("\n")[0])
     config.add_arguments(parser)
     _, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, secrets=settings.secrets())
-    log.info("miner wallet %s/%s on %s netuid %d", settings.wallet_name_for("miner"),
-             settings.wallet_hotkey, settings.network, settings.netuid)
-    log.error("the miner loop is not built yet (issue 7: chain layer and neurons)")
-    return 1
+    return run_miner(settings)
 
 
 if __name__ == "__main__":

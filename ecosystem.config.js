@@ -1,0 +1,43 @@
+// pm2 processes of the QUASAR suite: `pm2 start ecosystem.config.js` starts them all, or name one:
+//   pm2 start ecosystem.config.js --only quasar-miner
+// A miner runs quasar-miner-inference and quasar-miner; a validator runs quasar-validator; the
+// subnet owner runs quasar-api. Settings come from .env in this folder (see .env.example).
+const path = require("path");
+
+const here = __dirname;
+const common = {
+  cwd: here,
+  interpreter: "bash",
+  autorestart: true,
+  restart_delay: 10000,
+  exp_backoff_restart_delay: 1000,
+  kill_timeout: 30000,
+  time: true,
+};
+
+module.exports = {
+  apps: [
+    {
+      ...common,
+      name: "quasar-api",
+      script: path.join(here, ".venv", "bin", "python"),
+      args: "-m quasar.api serve",
+      interpreter: "none",
+    },
+    {
+      ...common,
+      name: "quasar-miner-inference",
+      script: path.join(here, "START_MINER_INFERENCE.sh"),
+    },
+    {
+      ...common,
+      name: "quasar-miner",
+      script: path.join(here, "START_MINER.sh"),
+    },
+    {
+      ...common,
+      name: "quasar-validator",
+      script: path.join(here, "START_VALIDATOR.sh"),
+    },
+  ],
+};

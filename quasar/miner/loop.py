@@ -1,0 +1,357 @@
+"""The miner's optimization loop.
+
+One cycle:
+
+1. sync the workspace's clone with the fork (repairing a candidate a crash left applied);
+2. pick the target length: ``TARGET_SEQUENCE_LENGTH``, or the candidate length with the best
+   weighted score (tokens/sec × league multiplier) among those the GPU runs correctly, found
+   by one evaluation over all of them (redone when the best commit changes);
+3. measure the best commit (the baseline) with the harness, as validators will;
+4. up to ``AGENT_ITERATIONS`` times: ask the next strategy for a candidate, apply it, run the
+   import check and the evaluation; if it passes and is faster than the best by
+   ``MIN_IMPROVEMENT`` (or by the two measurements' spread, when that is larger), commit it (and
+   push it, in direct mode) and submit it; otherwise roll it back. Every attempt is recorded in
+   the state, so none is tried twice;
+5. wait ``OPTIMIZATION_INTERVAL`` seconds, revealing a pending commitment when it is due.
+
+No exception from one cycle ends the loop; the next cycle starts from a clean checkout.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from quasar import scoring
+from quasar.evaluate import EvaluationOptions, EvaluationReport, ProgressEvent, evaluate
+from quasar.evaluate.report import OK
+from quasar.imports import QUASAR_DIR, validate_repo
+from quasar.miner.state import Measurement, MinerState, StateStore
+from quasar.miner.strategies import (
+    ERROR,
+    FAILED,
+    KEPT,
+    REJECTED,
+    SLOWER,
+    AgentStrategy,
+    Attempt,
+    Candidate,
+    EditRejected,
+    Strategy,
+    StrategyError,
+)
+from quasar.miner.submission import Submitter, choose_target_length, measurement_from_report
+from quasar.miner.workspace import ForkClone
+
+logger = logging.getLogger(__name__)
+
+# One length per league: its shortest (the 100k league's is 100k itself).
+DEFAULT_CANDIDATE_LENGTHS = (100_000,) + tuple(league.min_length for league in scoring.LEAGUES[1:])
+WAIT_STEP_S = 15.0
+MAX_REASONS_SHOWN = 3
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """How the loop runs (from settings: AGENT_ITERATIONS, OPTIMIZATION_INTERVAL, MIN_IMPROVEMENT,
+    TARGET_SEQUENCE_LENGTH, SUBMISSION_MODE)."""
+
+    iterations: int
+    interval_s: float
+    min_improvement: float
+    target_seq_len: int | None = None
+    candidate_lengths: tuple[int, ...] = DEFAULT_CANDIDATE_LENGTHS
+    push_on_keep: bool = True  # direct mode; commit-reveal pushes at the reveal
+
+
+@dataclass
+class CycleSummary:
+    """What one cycle did."""
+
+    target_seq_len: int | None = None
+    baseline: Measurement | None = None
+    attempts: list[Attempt] = field(default_factory=list)
+    best: Measurement | None = None
+    submissions: int = 0
+
+
+class Evaluator:
+    """The evaluation harness with ``options``, a progress bar on terminals, and the last report
+    kept as ``reports_dir/latest.json``."""
+
+    def __init__(self, options: EvaluationOptions, reports_dir: Path | None = None, console: Console | None = None):
+        self.options = options
+        self.reports_dir = reports_dir
+        self.console = console or Console(stderr=True)
+
+    def __call__(self, repo: Path, target: int, seq_lens: Sequence[int] | None = None,
+                 label: str = "evaluation") -> EvaluationReport:
+        options = self.options if seq_lens is None else replace(self.options, seq_lens=tuple(seq_lens))
+        columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TimeElapsedColumn())
+        with Progress(*columns, console=self.console, transient=True, disable=not self.console.is_terminal) as bar:
+            task = bar.add_task(label, total=None)
+
+            def show(event: ProgressEvent) -> None:
+                where = f" T={event.seq_len:,}" if event.seq_len else ""
+                bar.update(task, description=f"{label[:60]}: {event.stage}{where}", completed=event.done,
+                           total=event.total or None)
+
+            report = evaluate(repo, target, None, options, show)
+        if self.reports_dir is not None:
+            self.save(report, "latest")
+        return report
+
+    def save(self, report: EvaluationReport, name: str) -> None:
+        if self.reports_dir is None:
+            return
+        self.reports_dir.mkdir(parents=True, exist_ok=True)
+        temporary = self.reports_dir / f".{name}.json.tmp"
+        temporary.write_text(report.to_json())
+        temporary.replace(self.reports_dir / f"{name}.json")
+
+
+def required_gain(min_improvement: float, best_cv: float | None, candidate_cv: float | None) -> float:
+    """The relative speed-up a candidate must show to be kept: ``min_improvement``, or more when
+    the two measurements are noisy (the sum of their coefficients of variation), so a candidate
+    is never kept for a difference the benchmark's own spread could explain."""
+    return max(min_improvement, (best_cv or 0.0) + (candidate_cv or 0.0))
+
+
+def _reasons(report: EvaluationReport) -> str:
+    shown = report.reasons[:MAX_REASONS_SHOWN]
+    more = len(report.reasons) - len(shown)
+    return "; ".join(shown) + (f" (and {more} more)" if more > 0 else "")
+
+
+class Miner:
+    """The loop over one workspace clone (see the module docstring)."""
+
+    def __init__(self, clone: ForkClone, strategies: Sequence[Strategy], evaluate_fork: Evaluator,
+                 submitter: Submitter, state: MinerState, store: StateStore, config: LoopConfig,
+                 console: Console | None = None, before_cycle: Callable[[], None] | None = None):
+        if not strategies:
+            raise ValueError("the miner needs at least one strategy")
+        self.clone = clone
+        self.strategies = list(strategies)
+        self.evaluate = evaluate_fork
+        self.submitter = submitter
+        self.state = state
+        self.store = store
+        self.config = config
+        self.console = console or Console()
+        self.before_cycle = before_cycle
+        self._turn = 0
+
+    # --- one cycle ---
+
+    def run_cycle(self, stop: threading.Event | None = None) -> CycleSummary:
+        """Run one cycle (module docstring); returns what it did."""
+        stop = stop or threading.Event()
+        summary = CycleSummary()
+        if self.before_cycle is not None:
+            self.before_cycle()
+        head = self.clone.sync()
+        self.submitter.advance()
+        target = self._choose_target(head)
+        summary.target_seq_len = target
+        if target is None:
+            return summary
+        report = self.evaluate(self.clone.path, target, label=f"baseline {head[:12]}")
+        baseline = measurement_from_report(report, head)
+        summary.baseline = summary.best = baseline
+        if baseline is None:
+            logger.error("the fork's head %s fails evaluation at T=%d: %s. Candidates are still tried; to start "
+                         "from correct kernels, push the starter fork (python -m quasar starter-fork DIR) to the fork",
+                         head[:12], target, _reasons(report))
+        else:
+            logger.info("baseline %s: %s tokens/s at T=%d (claim %s)", head[:12],
+                        f"{baseline.tokens_per_sec:,.0f}", target, f"{baseline.claim:,.0f}")
+            self.state.best = baseline
+            self.store.save(self.state)
+            self.evaluate.save(report, "best")
+            summary.submissions += self.submitter.submit_if_better(baseline)
+        for strategy in self.strategies:
+            if isinstance(strategy, AgentStrategy):
+                strategy.target_seq_len = target
+        exhausted: set[str] = set()
+        for _ in range(self.config.iterations):
+            if stop.is_set():
+                break
+            self.submitter.advance()
+            strategy = self._next_strategy(exhausted)
+            if strategy is None:
+                logger.info("every strategy has tried all it has for now")
+                break
+            attempt = self._attempt(strategy, target, summary.best)
+            if attempt is None:
+                exhausted.add(strategy.name)
+                continue
+            summary.attempts.append(attempt)
+            self.state.record(attempt)
+            self.store.save(self.state)
+            if attempt.outcome == KEPT and self.state.best is not None:
+                summary.best = self.state.best
+                summary.submissions += self.submitter.submit_if_better(self.state.best)
+        if summary.best is not None:
+            summary.submissions += self.submitter.submit_if_better(summary.best)
+        self._print_cycle(summary)
+        return summary
+
+    def _next_strategy(self, exhausted: set[str]) -> Strategy | None:
+        for _ in range(len(self.strategies)):
+            strategy = self.strategies[self._turn % len(self.strategies)]
+            self._turn += 1
+            if strategy.name not in exhausted:
+                return strategy
+        return None
+
+    def _choose_target(self, head: str) -> int | None:
+        if self.config.target_seq_len:
+            return self.config.target_seq_len
+        if self.state.target_seq_len and self.state.target_commit == head:
+            return self.state.target_seq_len
+        lengths = sorted(set(self.config.candidate_lengths))
+        logger.info("choosing the target length among %s", ", ".join(f"{n:,}" for n in lengths))
+        report = self.evaluate(self.clone.path, lengths[-1], seq_lens=lengths, label="choosing the target length")
+        self._print_lengths(report)
+        chosen = choose_target_length(report)
+        if chosen is None:
+            logger.error("no candidate length ran correctly on this GPU: %s", _reasons(report))
+            return self.state.target_seq_len
+        self.state.target_seq_len, self.state.target_commit = chosen, head
+        self.store.save(self.state)
+        league = scoring.league_for(chosen)
+        logger.info("target length %s (league %s, x%g)", f"{chosen:,}", league.name, league.multiplier)
+        return chosen
+
+    def _attempt(self, strategy: Strategy, target: int, best: Measurement | None) -> Attempt | None:
+        """Ask ``strategy`` for a candidate and try it; None when the strategy has nothing left."""
+        try:
+            candidate = strategy.propose(self.clone.path, self.state.attempts)
+        except StrategyError as error:
+            outcome = REJECTED if isinstance(error, EditRejected) else ERROR
+            logger.warning("%s: %s", strategy.name, error)
+            return Attempt(strategy.name, f"{strategy.name}:{outcome}:{time.time()}", "(no candidate)", outcome,
+                           target, None, best.tokens_per_sec if best else None, str(error))
+        if candidate is None:
+            return None
+        logger.info("trying %s: %s", candidate.strategy, candidate.description)
+        return self._try(candidate, target, best)
+
+    def _try(self, candidate: Candidate, target: int, best: Measurement | None) -> Attempt:
+        best_tps = best.tokens_per_sec if best else None
+
+        def attempt(outcome: str, measured: float | None = None, reason: str = "",
+                    commit: str | None = None) -> Attempt:
+            return Attempt(candidate.strategy, candidate.key, candidate.description, outcome, target, measured,
+                           best_tps, reason, commit)
+
+        try:
+            applied = candidate.apply(self.clone.path)
+        except EditRejected as error:
+            return attempt(REJECTED, reason=str(error))
+        kept = False
+        try:
+            imports = validate_repo(self.clone.path)
+            if not imports.ok:
+                return attempt(REJECTED, reason="import check: " + "; ".join(str(f) for f in imports.errors[:3]))
+            report = self.evaluate(self.clone.path, target, label=candidate.description)
+            measured = report.measured_tokens_per_sec
+            if not report.passed:
+                return attempt(FAILED, measured, _reasons(report))
+            assert measured is not None
+            if best is not None and best_tps is not None:
+                needed = required_gain(self.config.min_improvement, best.cv, report.lengths[str(target)].cv)
+                if not measured > best_tps * (1 + needed):
+                    gain = measured / best_tps - 1
+                    return attempt(SLOWER, measured, f"{gain:+.1%} vs best; needs more than {needed:+.1%}")
+            commit = self.clone.commit(candidate.paths, self._message(candidate, measured, best_tps, target, report))
+            kept = True
+            measurement = measurement_from_report(report, commit)
+            self.state.best = measurement
+            self.store.save(self.state)
+            self.evaluate.save(report, "best")
+            if self.config.push_on_keep:
+                self.clone.push(commit)
+            logger.info("kept %s as %s: %s tokens/s at T=%d", candidate.description, commit[:12],
+                        f"{measured:,.0f}", target)
+            return attempt(KEPT, measured, commit=commit)
+        finally:
+            if not kept:
+                applied.rollback()
+                if any(p.startswith(QUASAR_DIR + "/") for p in self.clone.changed_paths()):
+                    self.clone.restore_clean()
+
+    @staticmethod
+    def _message(candidate: Candidate, measured: float, best: float | None, target: int,
+                 report: EvaluationReport) -> str:
+        before = f"was {best:,.0f}, {measured / best - 1:+.1%}" if best else "the first passing version"
+        device = report.device_name or report.device
+        return (f"{candidate.strategy}: {candidate.description}\n\n"
+                f"QUASAR miner: {measured:,.0f} tokens/s at T={target:,} on {device} ({before}).\n")
+
+    # --- forever ---
+
+    def run(self, stop: threading.Event) -> None:
+        """Run cycles until ``stop`` is set; an error in a cycle is logged and the loop goes on."""
+        while not stop.is_set():
+            try:
+                self.run_cycle(stop)
+            except Exception as error:  # noqa: BLE001 - one bad cycle must not end the miner
+                logger.error("the cycle failed: %s", error, exc_info=logger.isEnabledFor(logging.DEBUG))
+            self.wait(stop, self.config.interval_s)
+
+    def wait(self, stop: threading.Event, seconds: float) -> None:
+        """Sleep ``seconds`` (or until ``stop``), revealing a pending commitment when due."""
+        deadline = time.monotonic() + seconds
+        while not stop.is_set():
+            try:
+                self.submitter.advance()
+            except Exception as error:  # noqa: BLE001 - a failed reveal is retried at the next step
+                logger.error("advancing the pending reveal failed: %s", error)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            stop.wait(min(WAIT_STEP_S, left))
+
+    # --- tables ---
+
+    def _print_lengths(self, report: EvaluationReport) -> None:
+        table = Table(title="target length candidates", title_justify="left")
+        for column in ("T", "league", "status", "tok/s", "weighted", "correct"):
+            table.add_column(column, justify="left" if column in ("league", "status") else "right")
+        for key in sorted(report.lengths, key=int):
+            item = report.lengths[key]
+            league = scoring.league_for(item.seq_len)
+            weighted = item.tokens_per_sec * league.multiplier if item.status == OK and item.tokens_per_sec else None
+            table.add_row(f"{item.seq_len:,}", f"{league.name} x{league.multiplier:g}", item.status,
+                          f"{item.tokens_per_sec:,.0f}" if item.tokens_per_sec else "-",
+                          f"{weighted:,.0f}" if weighted else "-",
+                          "-" if item.correct is None else ("yes" if item.correct else "no"))
+        self.console.print(table)
+
+    def _print_cycle(self, summary: CycleSummary) -> None:
+        table = Table(title=f"cycle at T={summary.target_seq_len or 0:,}", title_justify="left")
+        for column in ("strategy", "candidate", "outcome", "tok/s", "vs best", "reason"):
+            table.add_column(column, justify="right" if column in ("tok/s", "vs best") else "left")
+        for attempt in summary.attempts:
+            measured = attempt.measured_tokens_per_sec
+            relative = (f"{measured / attempt.best_tokens_per_sec - 1:+.1%}"
+                        if measured and attempt.best_tokens_per_sec else "-")
+            table.add_row(attempt.strategy, attempt.description[:60], attempt.outcome,
+                          f"{measured:,.0f}" if measured else "-", relative, attempt.reason[:80])
+        self.console.print(table)
+        best = summary.best
+        if best is not None:
+            self.console.print(f"best {best.commit[:12]}: {best.tokens_per_sec:,.0f} tokens/s at "
+                               f"T={best.target_seq_len:,}, claim {best.claim:,.0f}, weighted "
+                               f"{best.weighted_score:,.0f}; {summary.submissions} submission(s) this cycle")

@@ -1,0 +1,212 @@
+"""Build the miner from settings and run it (what ``python -m neurons.miner`` does).
+
+Start-up, in order, each failure a clear message and exit status 1: the GitHub settings, the
+wallet's hotkey, the device, the workspace lock, the chain (registration is checked, the
+inference endpoint published), the fork on GitHub (created when missing), the workspace clone
+and the saved state. Then the loop runs until SIGINT or SIGTERM (pm2 stop), which stop it
+cleanly: a candidate being evaluated is rolled back and the lock released.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+
+import httpx
+
+from quasar.config import Settings
+
+logger = logging.getLogger(__name__)
+
+# Secret settings the miner reads once; removed from its environment so no child inherits them.
+SECRET_VARIABLES = ("GITHUB_TOKEN", "AGENT_API_KEY")
+
+
+class MinerSetupError(RuntimeError):
+    """The miner cannot start; the message says what to fix."""
+
+
+def outward_address() -> str:
+    """This machine's address on the route to the internet (no packet is sent), or 127.0.0.1."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect(("10.255.255.255", 1))
+            return probe.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def remote_url(git_remote_base: str, full_name: str) -> str:
+    """The git URL of repository OWNER/NAME under ``git_remote_base`` (also the fork URL submitted)."""
+    return f"{git_remote_base.rstrip('/')}/{full_name}.git"
+
+
+def _device_name(device: str) -> str | None:
+    """The CUDA device's name (the tuning strategy's per-GPU key), or None on CPU."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    if not torch.cuda.is_available():
+        raise MinerSetupError(f"DEVICE={device} but CUDA is not available here (check the driver and "
+                              "CUDA_VISIBLE_DEVICES); set DEVICE=cpu only to try the miner out")
+    return torch.cuda.get_device_name(torch.device(device))
+
+
+def _check_settings(settings: Settings) -> None:
+    if not settings.github_token:
+        raise MinerSetupError("GITHUB_TOKEN is not set: put a GitHub token that may fork and push in .env")
+    if not settings.github_username:
+        raise MinerSetupError("GITHUB_USERNAME is not set: put the GitHub account that owns the fork in .env")
+    if settings.device == "cpu" and not settings.target_sequence_length:
+        raise MinerSetupError("DEVICE=cpu: set TARGET_SEQUENCE_LENGTH (at most 65536); CPU runs only try the "
+                              "miner out")
+    if settings.agent_api_url and not settings.agent_model:
+        raise MinerSetupError("AGENT_API_URL is set but AGENT_MODEL is empty: name the model the endpoint serves")
+
+
+def _publish_endpoint(chain, wallet, settings: Settings) -> bool:
+    from quasar.chain import ChainError
+
+    host = settings.axon_external_ip or outward_address()
+    try:
+        chain.publish_endpoint(wallet, host, settings.miner_inference_port)
+    except ChainError as error:
+        logger.error("cannot publish the inference endpoint %s:%d on chain: %s (validators cannot check this "
+                     "miner's logits until it is published; retrying every cycle)", host,
+                     settings.miner_inference_port, error)
+        return False
+    logger.info("published the inference endpoint %s:%d on subnet %d", host, settings.miner_inference_port,
+                chain.netuid)
+    return True
+
+
+def _check_services(settings: Settings, client) -> None:
+    from quasar.api.client import ApiClientError
+
+    try:
+        health = client.health()
+        logger.info("submission API %s is up (chain block %d)", settings.validator_api_url, health.current_block)
+    except ApiClientError as error:
+        logger.warning("the submission API at %s does not answer (%s); submissions are retried every cycle",
+                       settings.validator_api_url, error)
+    url = f"http://127.0.0.1:{settings.miner_inference_port}/health"
+    try:
+        httpx.get(url, timeout=5).raise_for_status()
+    except httpx.HTTPError:
+        logger.warning("no miner inference server answers on %s: start ./START_MINER_INFERENCE.sh, or validators "
+                       "will fail this miner's logit check", url)
+
+
+def run_miner(settings: Settings) -> int:
+    """Run the miner with ``settings`` until stopped; returns the exit status."""
+    for name in SECRET_VARIABLES:
+        os.environ.pop(name, None)
+    try:
+        return _run(settings)
+    except MinerSetupError as error:
+        logger.error("%s", error)
+        return 1
+    except KeyboardInterrupt:
+        logger.info("miner stopped")
+        return 0
+
+
+def _run(settings: Settings) -> int:
+    import bittensor as bt
+
+    from quasar.api.client import ApiClient
+    from quasar.chain import ChainError
+    from quasar.chain.factory import connect
+    from quasar.evaluate import EvaluationOptions, SandboxPolicy
+    from quasar.miner.github import Git, GitError, GitHubClient, GitHubError, write_askpass
+    from quasar.miner.loop import Evaluator, LoopConfig, Miner
+    from quasar.miner.state import MinerStateError, StateStore
+    from quasar.miner.strategies import AgentStrategy, TuningStrategy
+    from quasar.miner.submission import DIRECT, Submitter
+    from quasar.miner.workspace import ForkClone, Workspace, WorkspaceError
+
+    _check_settings(settings)
+    wallet_name = settings.wallet_name_for("miner")
+    wallet = bt.Wallet(name=wallet_name, hotkey=settings.wallet_hotkey, path=settings.wallet_path)
+    try:
+        hotkey = wallet.hotkey.ss58_address
+    except OSError as error:
+        raise MinerSetupError(f"cannot read hotkey {settings.wallet_hotkey} of wallet {wallet_name} in "
+                              f"{settings.wallet_path}: {error} (create it with `btcli wallet new_hotkey`)") from None
+    device_name = _device_name(settings.device)
+    try:
+        workspace = Workspace(settings.workspace_root, hotkey)
+        workspace.acquire()
+    except WorkspaceError as error:
+        raise MinerSetupError(str(error)) from None
+    try:
+        logger.info("miner %s (wallet %s/%s) on %s netuid %d; workspace %s", hotkey, wallet_name,
+                    settings.wallet_hotkey, settings.network, settings.netuid, workspace.path)
+        try:
+            chain = connect(settings)
+            if not chain.is_registered(hotkey):
+                logger.warning("hotkey %s is not registered on subnet %d: the API refuses its submissions until "
+                               "it is (btcli subnet register)", hotkey, chain.netuid)
+        except ChainError as error:
+            raise MinerSetupError(f"chain: {error}") from None
+        published = _publish_endpoint(chain, wallet, settings)
+
+        github = GitHubClient(settings.github_api_url, settings.github_token)
+        try:
+            fork = github.ensure_fork(settings.github_username, settings.upstream_repo)
+        except GitHubError as error:
+            raise MinerSetupError(str(error)) from None
+        finally:
+            github.close()
+        url = remote_url(settings.git_remote_base, fork.repository.full_name)
+        git = Git(write_askpass(workspace.askpass), settings.github_username, settings.github_token,
+                  settings.git_author_name or settings.github_username,
+                  settings.git_author_email or f"{settings.github_username}@users.noreply.github.com")
+        clone = ForkClone(workspace.fork, git, url, fork.repository.default_branch)
+        try:
+            clone.sync()
+        except GitError as error:
+            raise MinerSetupError(f"cannot set up the workspace clone of {url}: {error}") from None
+        store = StateStore(workspace.state_file)
+        try:
+            state = store.load(hotkey)
+        except MinerStateError as error:
+            raise MinerSetupError(str(error)) from None
+        state.fork_url = url
+        store.save(state)
+
+        client = ApiClient(settings.validator_api_url, wallet, api_hotkey=settings.api_hotkey or None)
+        _check_services(settings, client)
+        strategies: list = [TuningStrategy(device_name)]
+        if settings.agent_api_url:
+            strategies.append(AgentStrategy(settings.agent_api_url, settings.agent_model, settings.agent_api_key,
+                                            settings.agent_timeout))
+        else:
+            logger.info("AGENT_API_URL is empty: the agent strategy is off; tuning only")
+        policy = SandboxPolicy(allow_unsandboxed=settings.miner_allow_unsandboxed,
+                               pytorch_cuda_alloc_conf=settings.pytorch_cuda_alloc_conf)
+        evaluator = Evaluator(EvaluationOptions(device=settings.device, policy=policy), workspace.reports)
+        submitter = Submitter(client, chain, state, store, settings.submission_mode, url, publish=clone.push,
+                              min_gain=settings.min_improvement)
+        config = LoopConfig(iterations=settings.agent_iterations, interval_s=settings.optimization_interval,
+                            min_improvement=settings.min_improvement, target_seq_len=settings.target_sequence_length,
+                            push_on_keep=settings.submission_mode == DIRECT)
+
+        def republish() -> None:
+            nonlocal published
+            if not published:
+                published = _publish_endpoint(chain, wallet, settings)
+
+        miner = Miner(clone, strategies, evaluator, submitter, state, store, config, before_cycle=republish)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        logger.info("mining: %d candidate(s) per cycle, %gs between cycles, %s submissions", config.iterations,
+                    config.interval_s, settings.submission_mode)
+        miner.run(stop)
+        return 0
+    finally:
+        workspace.release()

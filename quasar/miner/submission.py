@@ -1,0 +1,245 @@
+"""Submitting the miner's best commit to the submission API: directly, or by commit-reveal.
+
+- Direct: push the commit, then ``POST /submit_kernel``.
+- Commit-reveal: draw a salt, save it in the state, *then* ``POST /commit_submission`` with
+  ``sha256(salt + fork_url + commit)`` (QUASAR.md section 3). The commit stays unpublished
+  until the reveal: once the chain reaches the block the API named, the miner pushes the
+  commit and ``POST /reveal_submission``. After a crash, :meth:`Submitter.advance` finds an
+  unacknowledged commitment among the API's pending reveals (or sends it again with the same
+  salt) and reveals it when due.
+
+The claim is the harness's recommended claim at the target length; the miner submits only
+when the weighted score of the claim beats the last submission by the minimum improvement.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from quasar import scoring
+from quasar.api.client import ApiClient, ApiClientError
+from quasar.api.rules import commitment_hash
+from quasar.chain import Chain, ChainError
+from quasar.evaluate import EvaluationReport
+from quasar.evaluate.report import OK
+from quasar.miner.state import Measurement, MinerState, PendingReveal, StateStore, SubmissionRecord
+
+logger = logging.getLogger(__name__)
+
+DIRECT = "direct"
+COMMIT_REVEAL = "commit-reveal"
+MODES = (DIRECT, COMMIT_REVEAL)
+SALT_BYTES = 32
+# API answers worth retrying later: unreachable, rate-limited, the API's own trouble.
+_RETRY_STATUSES = {0, 429, 500, 502, 503, 504}
+
+
+def measurement_from_report(report: EvaluationReport, commit: str) -> Measurement | None:
+    """What a passing evaluation of ``commit`` supports claiming; None if it failed or has no claim."""
+    if not report.passed or report.measured_tokens_per_sec is None or not report.recommended_claim:
+        return None
+    benchmarks = {int(key): float(item.tokens_per_sec) for key, item in report.lengths.items()
+                  if item.status == OK and item.tokens_per_sec}
+    target = report.lengths.get(str(report.target_seq_len))
+    vram = int(target.peak_vram_mb) if target is not None and target.peak_vram_mb is not None else None
+    return Measurement(commit=commit, target_seq_len=report.target_seq_len,
+                       tokens_per_sec=float(report.measured_tokens_per_sec), claim=float(report.recommended_claim),
+                       benchmarks=benchmarks, vram_mb=vram, device_name=report.device_name,
+                       cv=target.cv if target is not None else None)
+
+
+def choose_target_length(report: EvaluationReport) -> int | None:
+    """The length with the best weighted score (tokens/sec × league multiplier) among those that
+    ran and were correct in ``report``; ties go to the shorter length (less memory). None if none did."""
+    best: tuple[float, int] | None = None
+    for item in report.lengths.values():
+        if item.status != OK or item.correct is not True or not item.tokens_per_sec:
+            continue
+        score = item.tokens_per_sec * scoring.league_for(item.seq_len).multiplier
+        if best is None or score > best[0] or (score == best[0] and item.seq_len < best[1]):
+            best = (score, item.seq_len)
+    return None if best is None else best[1]
+
+
+def is_improvement(candidate: Measurement, last: SubmissionRecord | None, min_gain: float) -> bool:
+    """Whether ``candidate`` is worth a new submission after ``last``: a different commit or
+    length whose weighted score beats the last one's by more than ``min_gain``."""
+    if last is None:
+        return True
+    previous = last.measurement
+    if candidate.commit == previous.commit and candidate.target_seq_len == previous.target_seq_len:
+        return False
+    return candidate.weighted_score > previous.weighted_score * (1 + min_gain)
+
+
+class Submitter:
+    """Submits for one hotkey through ``client`` in ``mode``, keeping ``state`` saved in ``store``.
+
+    ``publish(commit)`` makes ``commit`` fetchable at ``fork_url`` (a git push); it is called
+    right before a direct submission and right before a reveal.
+    """
+
+    def __init__(self, client: ApiClient, chain: Chain, state: MinerState, store: StateStore, mode: str,
+                 fork_url: str, publish: Callable[[str], None], min_gain: float = 0.0):
+        if mode not in MODES:
+            raise ValueError(f"submission mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.client = client
+        self.chain = chain
+        self.state = state
+        self.store = store
+        self.mode = mode
+        self.fork_url = fork_url
+        self.publish = publish
+        self.min_gain = min_gain
+
+    def _save(self) -> None:
+        self.store.save(self.state)
+
+    def submit_if_better(self, measurement: Measurement) -> bool:
+        """Submit ``measurement`` if it improves on the last submission and nothing is pending.
+        Returns True when a submission (or commitment) was made."""
+        if self.state.pending_reveal is not None:
+            logger.info("a commit-reveal is pending (%s); the next submission waits for its reveal",
+                        self.state.pending_reveal.measurement.commit[:12])
+            return False
+        if not is_improvement(measurement, self.state.last_submission, self.min_gain):
+            return False
+        if self.mode == DIRECT:
+            return self._submit_direct(measurement)
+        self._start_commit_reveal(measurement)
+        return True
+
+    def _submit_direct(self, measurement: Measurement) -> bool:
+        self.publish(measurement.commit)
+        try:
+            accepted = self.client.submit_kernel(self.fork_url, measurement.commit, measurement.target_seq_len,
+                                                 measurement.claim, vram_mb=measurement.vram_mb,
+                                                 benchmarks=measurement.benchmarks or None)
+            submission_id: int | None = accepted.submission_id
+        except ApiClientError as error:
+            duplicate = re.search(r"already submitted as submission (\d+)", error.detail)
+            if error.status != 409 or duplicate is None:
+                self._log_refusal("submission", error)
+                return False
+            submission_id = int(duplicate.group(1))  # sent before a crash; the API has it
+        self.state.last_submission = SubmissionRecord(submission_id, DIRECT, self.fork_url, measurement, time.time())
+        self._save()
+        logger.info("submitted %s at T=%d claiming %s tokens/s (submission %s)", measurement.commit[:12],
+                    measurement.target_seq_len, f"{measurement.claim:,.0f}", submission_id)
+        return True
+
+    def _start_commit_reveal(self, measurement: Measurement) -> None:
+        salt = secrets.token_hex(SALT_BYTES)
+        digest = commitment_hash(salt, self.fork_url, measurement.commit)
+        self.state.pending_reveal = PendingReveal(salt=salt, fork_url=self.fork_url, commitment_hash=digest,
+                                                  measurement=measurement, created_at=time.time())
+        self._save()  # the salt is on disk before the commitment leaves this machine
+        self._send_commitment()
+
+    def _send_commitment(self) -> None:
+        pending = self.state.pending_reveal
+        assert pending is not None
+        try:
+            accepted = self.client.commit(pending.commitment_hash, pending.measurement.target_seq_len)
+        except ApiClientError as error:
+            self._log_refusal("commitment", error)
+            if error.status not in _RETRY_STATUSES:
+                self.state.pending_reveal = None
+                self._save()
+            return
+        self.state.pending_reveal = replace(pending, submission_id=accepted.submission_id,
+                                            reveal_from_block=accepted.reveal_from_block,
+                                            reveal_until_block=accepted.reveal_until_block)
+        self._save()
+        logger.info("committed %s as commitment %d; revealing from block %d (now %d)",
+                    pending.measurement.commit[:12], accepted.submission_id, accepted.reveal_from_block,
+                    accepted.commit_block)
+
+    def _find_commitment(self, pending: PendingReveal) -> PendingReveal | None:
+        """The API's record of ``pending``'s commitment (sent before a crash), if it has one."""
+        listed = self.client.pending_reveals(self._hotkey())
+        for item in listed.pending:
+            if item.commitment_hash == pending.commitment_hash:
+                return replace(pending, submission_id=item.submission_id, reveal_from_block=item.reveal_from_block,
+                               reveal_until_block=item.reveal_until_block)
+        return None
+
+    def _hotkey(self) -> str:
+        return self.state.hotkey
+
+    def advance(self) -> bool:
+        """Move a pending commit-reveal forward: acknowledge, (re)send, or reveal when the chain is
+        at the reveal block. Returns True when a reveal was accepted."""
+        pending = self.state.pending_reveal
+        if pending is None:
+            return False
+        try:
+            if pending.submission_id is None:
+                found = self._find_commitment(pending)
+                if found is None:
+                    logger.info("commitment for %s never reached the API; sending it again",
+                                pending.measurement.commit[:12])
+                    self._send_commitment()
+                    return False
+                self.state.pending_reveal = pending = found
+                self._save()
+                logger.info("found commitment %d sent before a restart", found.submission_id)
+            return self._reveal_when_due(pending)
+        except ApiClientError as error:
+            self._log_refusal("commit-reveal", error)
+            return False
+
+    def _reveal_when_due(self, pending: PendingReveal) -> bool:
+        assert pending.submission_id is not None and pending.reveal_from_block is not None
+        try:
+            block = self.chain.current_block()
+        except ChainError as error:
+            logger.warning("cannot read the chain's block to time the reveal: %s", error)
+            return False
+        if block < pending.reveal_from_block:
+            logger.debug("commitment %d reveals at block %d; chain at %d", pending.submission_id,
+                         pending.reveal_from_block, block)
+            return False
+        if pending.reveal_until_block is not None and block > pending.reveal_until_block:
+            logger.error("the reveal window of commitment %d closed at block %d (chain at %d); dropping it",
+                         pending.submission_id, pending.reveal_until_block, block)
+            self.state.pending_reveal = None
+            self._save()
+            return False
+        measurement = pending.measurement
+        self.publish(measurement.commit)
+        try:
+            self.client.reveal(pending.submission_id, pending.salt, pending.fork_url, measurement.commit,
+                               measurement.claim, vram_mb=measurement.vram_mb,
+                               benchmarks=measurement.benchmarks or None)
+        except ApiClientError as error:
+            if error.status == 409 and "already revealed" in error.detail:
+                logger.info("commitment %d was revealed before a restart", pending.submission_id)
+            elif error.status == 409 and "too early" in error.detail:
+                logger.info("the API says commitment %d is not due yet: %s", pending.submission_id, error.detail)
+                return False
+            else:
+                self._log_refusal("reveal", error)
+                if error.status not in _RETRY_STATUSES:
+                    self.state.pending_reveal = None
+                    self._save()
+                return False
+        self.state.last_submission = SubmissionRecord(pending.submission_id, COMMIT_REVEAL, pending.fork_url,
+                                                      measurement, time.time())
+        self.state.pending_reveal = None
+        self._save()
+        logger.info("revealed commitment %d: %s at T=%d claiming %s tokens/s", pending.submission_id,
+                    measurement.commit[:12], measurement.target_seq_len, f"{measurement.claim:,.0f}")
+        return True
+
+    @staticmethod
+    def _log_refusal(what: str, error: ApiClientError) -> None:
+        if error.status in _RETRY_STATUSES:
+            logger.warning("%s not accepted now (%s); will retry", what, error)
+        else:
+            logger.error("%s refused by the API: %s", what, error)

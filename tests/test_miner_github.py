@@ -1,0 +1,190 @@
+"""The miner's fork and push path: GitHub's fork endpoint (a stand-in on 127.0.0.1), clones and
+pushes over git's smart HTTP with the token given per command, per-hotkey workspaces and their lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from quasar.miner.github import Git, GitError, GitHubClient, GitHubError, write_askpass
+from quasar.miner.runner import remote_url
+from quasar.miner.workspace import ForkClone, Workspace, WorkspaceError, WorkspaceLocked
+from test_miner_standins import (
+    CHUNK_FILE,
+    TOKEN,
+    UPSTREAM,
+    bare_has,
+    bare_head,
+    git,
+    github_with_upstream,
+)
+
+HOTKEY_A = "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
+HOTKEY_B = "5FHneW46xGXgs5mUiveU4sbTyGBzmstUspZC92UhjJM694ty"
+OTHER_TOKEN = "ghp_otherAccountToken9876543210zyxwvu"
+
+
+def make_clone(tmp_path: Path, base: str, full_name: str, token: str = TOKEN, hotkey: str = HOTKEY_A,
+               username: str = "alice") -> tuple[Workspace, ForkClone]:
+    workspace = Workspace(tmp_path / "workspaces", hotkey)
+    workspace.acquire()
+    git_runner = Git(write_askpass(workspace.askpass), username, token, "Alice", "alice@example.invalid")
+    return workspace, ForkClone(workspace.fork, git_runner, remote_url(base, full_name), "main")
+
+
+def files_containing(root: Path, needle: bytes) -> list[Path]:
+    return [path for path in root.rglob("*") if path.is_file() and not path.is_symlink()
+            and needle in path.read_bytes()]
+
+
+def test_fork_is_created_when_missing_and_reused_when_present(tmp_path):
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=2) as github:
+        client = GitHubClient(github.api_url, TOKEN, sleep=lambda seconds: None)
+        first = client.ensure_fork("alice", UPSTREAM, wait_s=5, poll_s=0.01)
+        assert first.created
+        assert first.repository.full_name == "alice/flash-linear-attention"
+        assert first.repository.is_fork and first.repository.parent == UPSTREAM
+        assert bare_head(github.bare("alice/flash-linear-attention")) == bare_head(github.bare(UPSTREAM))
+        posts = [call for call in github.calls if call[0] == "POST"]
+        assert posts == [("POST", f"/api/repos/{UPSTREAM}/forks")]
+        polls = [call for call in github.calls if call == ("GET", "/api/repos/alice/flash-linear-attention")]
+        assert len(polls) == 1 + 2 + 1  # exists? no; then hidden twice while "GitHub" creates it; then ready
+
+        second = client.ensure_fork("alice", UPSTREAM)
+        assert not second.created and second.repository == first.repository
+        assert [call for call in github.calls if call[0] == "POST"] == posts
+        client.close()
+
+
+def test_a_fork_that_never_appears_is_a_bounded_wait(tmp_path):
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=10**6) as github:
+        client = GitHubClient(github.api_url, TOKEN, sleep=lambda seconds: None)
+        with pytest.raises(GitHubError, match="did not finish creating the fork alice/flash-linear-attention"):
+            client.ensure_fork("alice", UPSTREAM, wait_s=0.2, poll_s=0.01)
+
+
+def test_a_wrong_token_is_a_clear_error_that_does_not_show_it(tmp_path):
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}) as github:
+        wrong = "ghp_wrongTokenWrongToken0000000000000"
+        with pytest.raises(GitHubError) as error:
+            GitHubClient(github.api_url, wrong).ensure_fork("alice", UPSTREAM)
+    assert "GitHub rejected GITHUB_TOKEN (401 Bad credentials)" in str(error.value)
+    assert wrong not in str(error.value)
+    with pytest.raises(GitHubError, match="GITHUB_TOKEN is not set"):
+        GitHubClient("https://api.github.com", "")
+
+
+def test_a_token_of_another_account_is_refused(tmp_path):
+    with github_with_upstream(tmp_path, {OTHER_TOKEN: "bob"}, fork_delay_polls=0) as github:
+        with pytest.raises(GitHubError, match="forked .* into bob's account, but GITHUB_USERNAME is alice"):
+            GitHubClient(github.api_url, OTHER_TOKEN).ensure_fork("alice", UPSTREAM)
+
+
+def test_missing_upstream_is_a_clear_error(tmp_path):
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}) as github:
+        with pytest.raises(GitHubError, match="cannot fork nobody/missing: it does not exist"):
+            GitHubClient(github.api_url, TOKEN).ensure_fork("alice", "nobody/missing")
+
+
+def test_clone_and_push_over_http_keep_the_token_out_of_the_workspace_and_logs(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    environment_before = dict(os.environ)
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
+        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
+        workspace, clone = make_clone(tmp_path, github.git_base, fork.full_name)
+        start = clone.sync()
+        assert start == bare_head(github.bare(UPSTREAM))
+        assert TOKEN in github.git_passwords  # the askpass helper gave the token to git's basic auth
+
+        chunk = clone.path / CHUNK_FILE
+        chunk.write_text(chunk.read_text() + "\n# faster\n")
+        commit = clone.commit([CHUNK_FILE], "tuning: faster")
+        clone.push(commit)
+        assert bare_head(github.bare(fork.full_name)) == commit
+        assert bare_head(github.bare(UPSTREAM)) == start  # the upstream is untouched
+        author = git("log", "-1", "--format=%an <%ae>", cwd=clone.path)
+        assert author == "Alice <alice@example.invalid>"
+
+        assert files_containing(workspace.path, TOKEN.encode()) == []
+        assert TOKEN not in (clone.path / ".git" / "config").read_text()
+        assert git("remote", "get-url", "origin", cwd=clone.path) == f"{github.git_base}/{fork.full_name}.git"
+        assert TOKEN not in caplog.text
+        assert dict(os.environ) == environment_before
+        workspace.release()
+
+
+def test_push_with_a_wrong_token_fails_clearly(tmp_path):
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
+        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
+        workspace, clone = make_clone(tmp_path, github.git_base, fork.full_name)
+        clone.sync()
+        wrong = "ghp_revokedTokenRevokedToken00000000"
+        _, wrong_clone = make_clone(tmp_path / "other", github.git_base, fork.full_name, token=wrong)
+        wrong_clone.path = clone.path
+        (clone.path / CHUNK_FILE).write_text("# edited\n")
+        commit = clone.commit([CHUNK_FILE], "edit")
+        with pytest.raises(GitError) as error:
+            wrong_clone.push(commit)
+        assert "authentication failed" in str(error.value) and "GITHUB_TOKEN" in str(error.value)
+        assert wrong not in str(error.value)
+        assert not bare_has(github.bare(fork.full_name), commit)
+        workspace.release()
+
+
+def test_local_bare_remote_push_lands(tmp_path):
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
+        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
+        workspace, clone = make_clone(tmp_path, github.file_base, fork.full_name)
+        clone.sync()
+        (clone.path / "fla/ops/quasar/tuning.json").write_text('{"format": 1, "values": {}, "choices": {}}\n')
+        commit = clone.commit(["fla/ops/quasar/tuning.json"], "add tuning.json")
+        assert not clone.remote_has(commit)
+        clone.push(commit)
+        clone.fetch()
+        assert clone.remote_has(commit)
+        assert bare_head(github.bare(fork.full_name)) == commit
+        workspace.release()
+
+
+def test_sync_repairs_a_half_applied_candidate_and_takes_commits_pushed_elsewhere(tmp_path):
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
+        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
+        workspace, clone = make_clone(tmp_path, github.file_base, fork.full_name)
+        clone.sync()
+        committed = (clone.path / CHUNK_FILE).read_text()
+        (clone.path / CHUNK_FILE).write_text("# a crash left this here\n")
+        (clone.path / "fla/ops/quasar/new_kernel.py").write_text("x = 1\n")
+        (clone.path / "notes.txt").write_text("the user's own file\n")
+
+        elsewhere = tmp_path / "elsewhere"
+        git("clone", "-q", remote_url(github.file_base, fork.full_name), str(elsewhere))
+        (elsewhere / "README.md").write_text("pushed by hand\n")
+        git("commit", "-q", "-am", "by hand", cwd=elsewhere)
+        git("push", "-q", "origin", "main", cwd=elsewhere)
+        pushed = git("rev-parse", "HEAD", cwd=elsewhere)
+
+        assert clone.sync() == pushed
+        assert (clone.path / CHUNK_FILE).read_text() == committed
+        assert not (clone.path / "fla/ops/quasar/new_kernel.py").exists()
+        assert clone.changed_paths() == ["notes.txt"]  # outside fla/ops/quasar: left alone
+        workspace.release()
+
+
+def test_workspaces_are_per_hotkey_and_one_hotkey_runs_once(tmp_path):
+    first = Workspace(tmp_path, HOTKEY_A)
+    first.acquire()
+    running = f"another miner with hotkey {HOTKEY_A} is running \\(pid {os.getpid()}\\)"
+    with pytest.raises(WorkspaceLocked, match=running):
+        Workspace(tmp_path, HOTKEY_A).acquire()
+    with Workspace(tmp_path, HOTKEY_B) as other:
+        assert other.path != first.path and other.fork.parent == other.path
+    first.release()
+    with Workspace(tmp_path, HOTKEY_A):
+        pass
+    for bad in ("../../etc", "not-a-hotkey", HOTKEY_A + "/x"):
+        with pytest.raises(WorkspaceError, match="is not an ss58 address"):
+            Workspace(tmp_path, bad)

@@ -1,0 +1,309 @@
+"""The miner end to end on CPU at tiny lengths: the optimization loop with the real evaluation harness,
+a GitHub stand-in, a stand-in chat endpoint and a real submission API on a dev chain; the neuron
+process itself; START_MINER.sh's checks; the pm2 ecosystem file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from api_fixtures import SLOW_BLOCKS, ApiServer, api_config, make_wallet
+from quasar.api.client import ApiClient
+from quasar.chain.devchain import DevChain
+from quasar.evaluate import EvaluationOptions
+from quasar.miner.github import Git, GitHubClient, write_askpass
+from quasar.miner.loop import Evaluator, LoopConfig, Miner
+from quasar.miner.runner import remote_url
+from quasar.miner.state import StateStore
+from quasar.miner.strategies import FAILED, KEPT, REJECTED, SLOWER, AgentStrategy, TuningStrategy
+from quasar.miner.submission import DIRECT, Submitter
+from quasar.miner.workspace import ForkClone, Workspace
+from test_miner_standins import (
+    CHUNK_FILE,
+    TOKEN,
+    UPSTREAM,
+    ChatStandIn,
+    GitHubStandIn,
+    bare_head,
+    fast_chunk_source,
+    file_reply,
+    git,
+    github_with_upstream,
+    wrong_chunk_source,
+    write_tuning_fork,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """One torch thread in the benchmarked child (passed through the sandbox): steadier CPU timings."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+# Tiny CPU evaluations: one warm-up, a few timed runs.
+FAST = EvaluationOptions(seq_lens=(), device="cpu", warmup_runs=1, min_timed_runs=3, max_timed_runs=5,
+                         timed_seconds=0.2, length_timeout_s=120, timeout_s=300)
+
+
+class Rig:
+    """Everything a miner talks to, and a miner built on it (as runner.py builds one)."""
+
+    def __init__(self, tmp_path: Path, github: GitHubStandIn):
+        self.tmp = tmp_path
+        self.github = github
+        wallets = tmp_path / "wallets"
+        self.api_wallet, self.miner, self.validator = (make_wallet(wallets, n) for n in ("api", "miner", "v1"))
+        self.chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=SLOW_BLOCKS)
+        self.chain.register_wallet(self.miner)
+        self.chain.register_wallet(self.validator, stake=1e4, validator_permit=True)
+        config = api_config(self.api_wallet.hotkey.ss58_address, allow_local_forks=True)
+        self.server = ApiServer(config, self.chain, f"sqlite:///{tmp_path}/api.sqlite3").__enter__()
+        self.hotkey = self.miner.hotkey.ss58_address
+        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
+        self.fork_url = remote_url(github.file_base, fork.full_name)
+        self.bare = github.bare(fork.full_name)
+        self.workspace = Workspace(tmp_path / "workspaces", self.hotkey)
+        self.workspace.acquire()
+        runner = Git(write_askpass(self.workspace.askpass), "alice", TOKEN, "Alice", "alice@example.invalid")
+        self.clone = ForkClone(self.workspace.fork, runner, self.fork_url, fork.default_branch)
+        self.store = StateStore(self.workspace.state_file)
+        self.state = self.store.load(self.hotkey)
+        self.client = ApiClient(self.server.url, self.miner, api_hotkey=self.api_wallet.hotkey.ss58_address)
+        self.validator_client = ApiClient(self.server.url, self.validator,
+                                          api_hotkey=self.api_wallet.hotkey.ss58_address)
+
+    def miner_loop(self, strategies, config: LoopConfig) -> Miner:
+        submitter = Submitter(self.client, self.chain, self.state, self.store, DIRECT, self.fork_url,
+                              publish=self.clone.push, min_gain=config.min_improvement)
+        return Miner(self.clone, strategies, Evaluator(FAST, self.workspace.reports), submitter, self.state,
+                     self.store, config)
+
+    def close(self) -> None:
+        self.client.close()
+        self.validator_client.close()
+        self.server.__exit__(None, None, None)
+        self.workspace.release()
+
+
+@pytest.mark.slow
+def test_agent_candidates_are_kept_when_faster_and_rolled_back_or_rejected_otherwise(tmp_path, monkeypatch):
+    monkeypatch.setenv("GITHUB_TOKEN", TOKEN)  # as START_MINER.sh exports .env; benchmarked code must not see it
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
+        rig = Rig(tmp_path, github)
+        try:
+            start = rig.clone.sync()
+            original = (rig.clone.path / CHUNK_FILE).read_text()
+            fast, wrong = fast_chunk_source(original), wrong_chunk_source(original)
+            replies = [
+                file_reply("drop the sleep", {CHUNK_FILE: fast}),
+                file_reply("scale the output", {CHUNK_FILE: wrong}),
+                file_reply("borrow kda", {CHUNK_FILE: "from fla.ops.kda import chunk_kda\n" + fast}),
+            ]
+            with ChatStandIn(replies) as chat:
+                agent = AgentStrategy(chat.url, "coder")
+                loop = rig.miner_loop([agent],
+                                      LoopConfig(iterations=3, interval_s=0, min_improvement=0.02, target_seq_len=128))
+                summary = loop.run_cycle()
+            outcomes = [(a.strategy, a.description, a.outcome) for a in summary.attempts]
+            assert outcomes[0] == ("agent", "drop the sleep", KEPT)
+            assert outcomes[1][1:] == ("scale the output", FAILED)
+            assert outcomes[2][1:] == ("(no candidate)", REJECTED) and "forbidden-import" in summary.attempts[2].reason
+            assert "differs from the reference" in summary.attempts[1].reason
+            assert "Target sequence length: 128 tokens." in chat.requests[0]["messages"][1]["content"]
+
+            kept = summary.attempts[0].commit
+            assert bare_head(rig.bare) == kept  # pushed
+            assert git("log", "-1", "--format=%s", kept, cwd=rig.clone.path) == "agent: drop the sleep"
+            assert (rig.clone.path / CHUNK_FILE).read_text() == fast  # the wrong edit was rolled back
+            assert rig.clone.changed_paths() == []
+            assert summary.baseline.commit == start
+            assert summary.best.commit == kept and summary.best.tokens_per_sec > 2 * summary.baseline.tokens_per_sec
+
+            work = rig.validator_client.fetch_work().items
+            assert [item.commit_hash for item in work] == [start, kept]  # the baseline, then the improvement
+            assert work[1].claimed_tokens_per_sec == pytest.approx(summary.best.claim)
+            assert work[1].target_sequence_length == 128
+
+            state = StateStore(rig.workspace.state_file).load(rig.hotkey)
+            assert state.best.commit == kept and state.last_submission.measurement.commit == kept
+            assert [a.outcome for a in state.attempts] == [KEPT, FAILED, REJECTED]
+            best_report = json.loads((rig.workspace.reports / "best.json").read_text())
+            assert "STANDIN-ENVIRONMENT" in best_report["log_tail"]  # the fork printed its environment...
+            assert TOKEN not in best_report["log_tail"]  # ...and the token was not in it
+        finally:
+            rig.close()
+
+
+@pytest.mark.slow
+def test_tuning_picks_the_target_length_and_walks_the_tuning_file(tmp_path):
+    source = tmp_path / "tunable"
+    write_tuning_fork(source)
+    with GitHubStandIn(tmp_path / "github", {TOKEN: "alice"}, fork_delay_polls=0) as github:
+        github.add_repository(UPSTREAM, source)
+        rig = Rig(tmp_path, github)
+        try:
+            config = LoopConfig(iterations=6, interval_s=0, min_improvement=0.02, candidate_lengths=(64, 128))
+            summary = rig.miner_loop([TuningStrategy()], config).run_cycle()
+            assert summary.target_seq_len == 128  # the fixed delay weighs less at the longer length
+            assert rig.state.target_seq_len == 128
+            described = [(a.description, a.outcome) for a in summary.attempts]
+            assert described[0] == ("combine_block_v 16 -> 32", KEPT)
+            assert described[1][0] == "combine_block_v 32 -> 64" and described[1][1] in (KEPT, SLOWER)
+            assert len(described) == 2  # then nothing is left to try
+            final = 64 if described[1][1] == KEPT else 32
+            head = bare_head(rig.bare)
+            pushed = json.loads(git("--git-dir", str(rig.bare), "show", f"{head}:fla/ops/quasar/tuning.json"))
+            assert pushed == {"combine_block_v": final}
+            assert rig.clone.changed_paths() == []
+        finally:
+            rig.close()
+
+
+def neuron_environment(tmp_path: Path, github: GitHubStandIn, api: ApiServer, api_hotkey: str) -> dict[str, str]:
+    keep = {name: os.environ[name] for name in ("PATH", "HOME", "LANG", "TMPDIR") if name in os.environ}
+    return {**keep, "GITHUB_TOKEN": TOKEN, "GITHUB_USERNAME": "alice", "GITHUB_API_URL": github.api_url,
+            "GIT_REMOTE_BASE": github.file_base, "WORKSPACE_ROOT": str(tmp_path / "workspaces"),
+            "VALIDATOR_API_URL": api.url, "API_HOTKEY": api_hotkey, "DEVCHAIN_PATH": str(tmp_path / "devchain.sqlite3"),
+            "DEVICE": "cpu", "TARGET_SEQUENCE_LENGTH": "128", "AGENT_ITERATIONS": "0", "OPTIMIZATION_INTERVAL": "600",
+            "MINER_INFERENCE_PORT": "18001", "AXON_EXTERNAL_IP": "203.0.113.7", "PYTHONUNBUFFERED": "1",
+            "OMP_NUM_THREADS": "1"}
+
+
+@pytest.mark.slow
+def test_the_neuron_forks_submits_publishes_and_stops_cleanly(tmp_path):
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=1, slow_delay_s=0.0) as github:
+        wallets = tmp_path / "wallets"
+        api_wallet, miner = make_wallet(wallets, "api"), make_wallet(wallets, "miner")
+        chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=SLOW_BLOCKS)
+        chain.register_wallet(miner)
+        config = api_config(api_wallet.hotkey.ss58_address, allow_local_forks=True)
+        with ApiServer(config, chain, f"sqlite:///{tmp_path}/api.sqlite3") as api:
+            env = neuron_environment(tmp_path, github, api, api_wallet.hotkey.ss58_address)
+            command = [sys.executable, "-m", "neurons.miner", "--wallet.name", "miner", "--wallet.hotkey", "default",
+                       "--wallet.path", str(wallets), "--subtensor.network", "devchain", "--netuid", "24",
+                       "--axon.port", "8091"]
+            process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, text=True)
+            hotkey = miner.hotkey.ss58_address
+            try:
+                with ApiClient(api.url) as reader:
+                    deadline = time.monotonic() + 150
+                    while reader.stats(hotkey).hotkey_submissions == 0:
+                        assert process.poll() is None, process.communicate()[0]
+                        assert time.monotonic() < deadline, "the miner made no submission"
+                        time.sleep(0.5)
+                process.send_signal(signal.SIGTERM)
+                output, _ = process.communicate(timeout=60)
+            finally:
+                if process.poll() is None:
+                    process.kill()
+            assert process.returncode == 0, output
+            assert TOKEN not in output
+            assert "published the inference endpoint 203.0.113.7:18001" in output
+            neuron = chain.neuron(hotkey)
+            assert (neuron.endpoint.host, neuron.endpoint.port) == ("203.0.113.7", 18001)
+            assert github.bare("alice/flash-linear-attention").is_dir()  # forked through the stand-in
+            workspace = Workspace(tmp_path / "workspaces", hotkey)
+            workspace.acquire()  # the stopped miner released its lock
+            workspace.release()
+            state = StateStore(workspace.state_file).load(hotkey)
+            assert state.last_submission.measurement.commit == bare_head(github.bare(UPSTREAM))
+            latest = (workspace.reports / "latest.json").read_text()
+            assert "STANDIN-ENVIRONMENT" in latest and TOKEN not in latest
+
+
+def test_the_neuron_explains_what_is_missing(tmp_path):
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "DEVICE": "cpu", "TARGET_SEQUENCE_LENGTH": "128"}
+    result = subprocess.run([sys.executable, "-m", "neurons.miner"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1
+    assert "GITHUB_TOKEN is not set" in result.stderr
+    env.update(GITHUB_TOKEN=TOKEN, GITHUB_USERNAME="alice", WALLET_PATH=str(tmp_path / "nowhere"))
+    result = subprocess.run([sys.executable, "-m", "neurons.miner"], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1
+    assert "cannot read hotkey default of wallet quasar_miner" in result.stderr
+    assert TOKEN not in result.stderr
+
+
+# --- START_MINER.sh ---
+
+
+@pytest.fixture
+def script_dir(tmp_path) -> Path:
+    """A copy of START_MINER.sh beside this checkout's .venv."""
+    if not (ROOT / ".venv" / "bin" / "activate").is_file():
+        pytest.skip("needs the project's .venv")
+    directory = tmp_path / "suite"
+    directory.mkdir()
+    shutil.copy(ROOT / "START_MINER.sh", directory / "START_MINER.sh")
+    os.symlink(ROOT / ".venv", directory / ".venv")
+    return directory
+
+
+def run_script(directory: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    base = {"PATH": os.environ["PATH"], "HOME": str(directory)}
+    return subprocess.run(["bash", str(directory / "START_MINER.sh"), *args], env={**base, **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_start_script_names_each_missing_prerequisite(script_dir, tmp_path):
+    result = run_script(script_dir, {})
+    assert result.returncode == 1 and "GITHUB_TOKEN is not set" in result.stderr
+    (script_dir / ".env").write_text(f'GITHUB_TOKEN="{TOKEN}"\n')
+    result = run_script(script_dir, {})
+    assert result.returncode == 1 and "GITHUB_USERNAME is not set" in result.stderr
+    (script_dir / ".env").write_text(f'GITHUB_TOKEN="{TOKEN}"\nGITHUB_USERNAME=alice\nDEVICE=cpu\n')
+    result = run_script(script_dir, {"VALIDATOR_API_URL": "http://127.0.0.1:9"})
+    assert result.returncode == 1
+    assert "the submission API at http://127.0.0.1:9 does not answer GET /health" in result.stderr
+    result = run_script(script_dir, {}, "--api.url", "http://127.0.0.1:9")
+    assert "the submission API at http://127.0.0.1:9" in result.stderr  # a flag is checked too
+    os.unlink(script_dir / ".venv")
+    result = run_script(script_dir, {})
+    assert result.returncode == 1 and "no .venv here" in result.stderr
+
+
+def test_start_script_checks_cuda_unless_the_device_is_cpu(script_dir):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA; the message is for machines without it")
+    (script_dir / ".env").write_text(f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\n")
+    result = run_script(script_dir, {})
+    assert result.returncode == 1 and "DEVICE=cuda but PyTorch sees no CUDA GPU" in result.stderr
+
+
+def test_start_script_runs_the_miner_when_all_is_ready(script_dir, tmp_path):
+    wallets = tmp_path / "wallets"
+    api_wallet = make_wallet(wallets, "api")
+    chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=SLOW_BLOCKS)
+    with ApiServer(api_config(api_wallet.hotkey.ss58_address), chain, f"sqlite:///{tmp_path}/api.sqlite3") as api:
+        # .env says cuda (unavailable here) but the environment says cpu: the environment must win.
+        (script_dir / ".env").write_text(f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\nDEVICE=cuda\n"
+                                         f"VALIDATOR_API_URL={api.url}\n")
+        result = run_script(script_dir, {"DEVICE": "cpu"}, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "usage: python -m neurons.miner" in result.stdout and "--wallet.hotkey" in result.stdout
+
+
+def test_ecosystem_file_starts_the_four_processes():
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node (pm2's runtime) is not installed")
+    listing = subprocess.run([node, "-e", "console.log(JSON.stringify(require(process.argv[1]).apps))",
+                              str(ROOT / "ecosystem.config.js")], capture_output=True, text=True, check=True)
+    apps = {app["name"]: app for app in json.loads(listing.stdout)}
+    assert set(apps) == {"quasar-api", "quasar-miner-inference", "quasar-miner", "quasar-validator"}
+    for name in ("quasar-miner-inference", "quasar-miner", "quasar-validator"):
+        assert Path(apps[name]["script"]).is_file() and apps[name]["cwd"] == str(ROOT)
+    assert apps["quasar-miner"]["script"] == str(ROOT / "START_MINER.sh")
+    assert apps["quasar-api"]["args"] == "-m quasar.api serve"

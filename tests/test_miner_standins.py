@@ -1,0 +1,422 @@
+"""Stand-ins for the miner's outer boundary, as real servers on 127.0.0.1, and forks to mine on.
+
+- :class:`GitHubStandIn`: GitHub's REST endpoints the miner uses (``GET /api/repos/{o}/{r}``,
+  ``POST /api/repos/{o}/{r}/forks``, bearer tokens, forks as real bare repositories on disk,
+  made readable only after a few polls as GitHub's asynchronous forks are) and git's smart HTTP
+  protocol under ``/git/`` (``git http-backend`` behind HTTP basic auth that checks the token).
+- :class:`ChatStandIn`: an OpenAI-compatible ``POST /v1/chat/completions`` answering canned replies.
+- Fork builders: the starter fork made slow (to be sped up) or given a ``tuning.json``.
+
+Imported by the other ``test_miner_*`` modules; the tests here check the stand-ins themselves.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from quasar.starter_fork import write_starter_fork
+
+UPSTREAM = "troy12x/flash-linear-attention"
+TOKEN = "ghp_standInToken0123456789abcdefQUASAR"
+CHUNK_FILE = "fla/ops/quasar/chunk.py"
+SLOW_MARK = "time.sleep(_STANDIN_DELAY_S)"
+
+
+def git(*args: str, cwd: Path | None = None) -> str:
+    """Run git with no user configuration; returns stdout."""
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def bare_head(bare: Path, branch: str = "main") -> str:
+    return git("--git-dir", str(bare), "rev-parse", f"refs/heads/{branch}")
+
+
+def bare_has(bare: Path, commit: str) -> bool:
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull}
+    return subprocess.run(["git", "--git-dir", str(bare), "cat-file", "-e", f"{commit}^{{commit}}"], env=env,
+                          capture_output=True).returncode == 0
+
+
+# --- forks to mine on ---
+
+
+def slow_chunk_source(source: str, delay_s: float) -> str:
+    """The starter fork's chunk.py, sleeping ``delay_s`` per call and printing its environment at import."""
+    source = source.replace("from __future__ import annotations\n",
+                            "from __future__ import annotations\n\nimport os\nimport time\n", 1)
+    source += (f"\n\n_STANDIN_DELAY_S = {delay_s!r}\n"
+               "print('STANDIN-ENVIRONMENT', sorted(os.environ.items()), flush=True)\n"
+               "_standin_chunk_quasar = chunk_quasar\n\n\n"
+               "def chunk_quasar(*args, **kwargs):\n"
+               f"    {SLOW_MARK}\n"
+               "    return _standin_chunk_quasar(*args, **kwargs)\n")
+    return source
+
+
+def fast_chunk_source(slow: str) -> str:
+    """The slow chunk.py without its sleep (what the agent stand-in proposes)."""
+    return slow.replace(SLOW_MARK, "pass")
+
+
+def wrong_chunk_source(slow: str) -> str:
+    """A fast but wrong chunk.py: each token gets the previous token's output (the harness must fail it;
+    a scaled output would not do, the layer's RMSNorm undoes a scale)."""
+    return slow.replace(f"    {SLOW_MARK}\n    return _standin_chunk_quasar(*args, **kwargs)\n",
+                        "    o, state = _standin_chunk_quasar(*args, **kwargs)\n    return o.roll(1, 1), state\n")
+
+
+def write_slow_fork(dest: Path, delay_s: float = 0.2) -> str:
+    """The starter fork with a slow chunk_quasar, committed; returns the commit."""
+    write_starter_fork(dest)
+    chunk = dest / CHUNK_FILE
+    chunk.write_text(slow_chunk_source(chunk.read_text(), delay_s))
+    git("commit", "-q", "-am", "slow starter", cwd=dest)
+    return git("rev-parse", "HEAD", cwd=dest)
+
+
+def write_tuning_fork(dest: Path) -> str:
+    """The starter fork declaring one tunable in tuning_space.json, ``combine_block_v`` (16, 32, 64),
+    read from tuning.json by a wrapper around chunk_quasar that is slow at the default 16; committed."""
+    write_starter_fork(dest)
+    chunk = dest / CHUNK_FILE
+    source = chunk.read_text().replace("from __future__ import annotations\n",
+                                       "from __future__ import annotations\n\nimport json\nimport time\n"
+                                       "from pathlib import Path\n", 1)
+    source += ("\n\n_standin_chunk_quasar = chunk_quasar\n\n\n"
+               "def chunk_quasar(*args, **kwargs):\n"
+               "    tuning = Path(__file__).with_name('tuning.json')\n"
+               "    written = json.loads(tuning.read_text()) if tuning.exists() else {}\n"
+               "    time.sleep(0.2 if written.get('combine_block_v', 16) == 16 else 0.0)\n"
+               "    return _standin_chunk_quasar(*args, **kwargs)\n")
+    chunk.write_text(source)
+    space = {"defaults": {"combine_block_v": 16}, "choices": {"combine_block_v": [16, 32, 64]}}
+    (dest / "fla/ops/quasar/tuning_space.json").write_text(json.dumps(space, indent=2) + "\n")
+    git("add", "-A", cwd=dest)
+    git("commit", "-q", "-m", "tunable starter", cwd=dest)
+    return git("rev-parse", "HEAD", cwd=dest)
+
+
+# --- GitHub ---
+
+
+class GitHubStandIn:
+    """GitHub's fork endpoints and git's smart HTTP over repositories under ``root``.
+
+    ``tokens`` maps tokens to the accounts they belong to. Repositories live at
+    ``root/OWNER/NAME.git``; a new fork becomes readable after ``fork_delay_polls`` GETs.
+    """
+
+    def __init__(self, root: Path, tokens: dict[str, str], fork_delay_polls: int = 2):
+        self.root = root
+        self.tokens = tokens
+        self.fork_delay_polls = fork_delay_polls
+        self.repos: dict[str, dict] = {}
+        self.hidden: dict[str, int] = {}
+        self.calls: list[tuple[str, str]] = []
+        self.git_passwords: list[str] = []
+        self.lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def api_url(self) -> str:
+        return self.url + "/api"
+
+    @property
+    def git_base(self) -> str:
+        return self.url + "/git"
+
+    @property
+    def file_base(self) -> str:
+        """The same repositories as local bare repos (GIT_REMOTE_BASE=file:///...)."""
+        return "file://" + str(self.root)
+
+    def bare(self, full_name: str) -> Path:
+        owner, name = full_name.split("/")
+        return self.root / owner / f"{name}.git"
+
+    def add_repository(self, full_name: str, source: Path, parent: str | None = None) -> Path:
+        """Make ``source`` (a git checkout) the repository ``full_name``."""
+        bare = self.bare(full_name)
+        bare.parent.mkdir(parents=True, exist_ok=True)
+        git("clone", "-q", "--bare", str(source), str(bare))
+        git("--git-dir", str(bare), "config", "http.receivepack", "true")
+        self.repos[full_name.lower()] = {"full_name": full_name, "fork": parent is not None, "parent": parent,
+                                         "default_branch": "main"}
+        return bare
+
+    def __enter__(self) -> GitHubStandIn:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _repo_json(self, record: dict) -> dict:
+        data = {"full_name": record["full_name"], "name": record["full_name"].split("/")[1], "fork": record["fork"],
+                "default_branch": record["default_branch"]}
+        if record["parent"]:
+            data["parent"] = {"full_name": record["parent"]}
+        return data
+
+    def _handler(self):
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def _send(self, status: int, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _bearer_user(self) -> str | None | bool:
+                """The token's account; None without a header; False for an unknown token."""
+                header = self.headers.get("Authorization")
+                if header is None:
+                    return None
+                match = re.fullmatch(r"Bearer (\S+)", header)
+                return stand_in.tokens.get(match.group(1), False) if match else False
+
+            def do_GET(self) -> None:
+                self._dispatch("GET")
+
+            def do_POST(self) -> None:
+                self._dispatch("POST")
+
+            def _dispatch(self, method: str) -> None:
+                with stand_in.lock:
+                    stand_in.calls.append((method, self.path))
+                if self.path.startswith("/git/"):
+                    self._git(method)
+                    return
+                user = self._bearer_user()
+                if user is False:
+                    self._send(401, {"message": "Bad credentials"})
+                    return
+                get = re.fullmatch(r"/api/repos/([^/]+)/([^/]+)", self.path)
+                fork = re.fullmatch(r"/api/repos/([^/]+)/([^/]+)/forks", self.path)
+                if method == "GET" and get:
+                    self._get_repo(f"{get.group(1)}/{get.group(2)}")
+                elif method == "POST" and fork:
+                    if user is None:
+                        self._send(401, {"message": "Requires authentication"})
+                        return
+                    self._fork(f"{fork.group(1)}/{fork.group(2)}", user)
+                else:
+                    self._send(404, {"message": "Not Found"})
+
+            def _get_repo(self, full_name: str) -> None:
+                key = full_name.lower()
+                with stand_in.lock:
+                    record = stand_in.repos.get(key)
+                    if record is not None and stand_in.hidden.get(key, 0) > 0:
+                        stand_in.hidden[key] -= 1
+                        record = None
+                if record is None:
+                    self._send(404, {"message": "Not Found"})
+                else:
+                    self._send(200, stand_in._repo_json(record))
+
+            def _fork(self, upstream: str, user: str) -> None:
+                source = stand_in.repos.get(upstream.lower())
+                if source is None:
+                    self._send(404, {"message": "Not Found"})
+                    return
+                full_name = f"{user}/{upstream.split('/')[1]}"
+                with stand_in.lock:
+                    if full_name.lower() not in stand_in.repos:
+                        bare = stand_in.bare(full_name)
+                        bare.parent.mkdir(parents=True, exist_ok=True)
+                        git("clone", "-q", "--bare", str(stand_in.bare(source["full_name"])), str(bare))
+                        git("--git-dir", str(bare), "config", "http.receivepack", "true")
+                        stand_in.repos[full_name.lower()] = {"full_name": full_name, "fork": True,
+                                                             "parent": source["full_name"], "default_branch": "main"}
+                        stand_in.hidden[full_name.lower()] = stand_in.fork_delay_polls
+                    record = stand_in.repos[full_name.lower()]
+                self._send(202, stand_in._repo_json(record))
+
+            def _git(self, method: str) -> None:
+                header = self.headers.get("Authorization", "")
+                password = None
+                if header.startswith("Basic "):
+                    _, _, password = base64.b64decode(header[6:]).decode().partition(":")
+                    with stand_in.lock:
+                        stand_in.git_passwords.append(password)
+                if password not in stand_in.tokens:
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", 'Basic realm="GitHub"')
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                body = self._read_body()
+                path, _, query = self.path[len("/git"):].partition("?")
+                env = {"PATH": os.environ["PATH"], "GIT_PROJECT_ROOT": str(stand_in.root), "GIT_HTTP_EXPORT_ALL": "1",
+                       "PATH_INFO": path, "QUERY_STRING": query, "REQUEST_METHOD": method,
+                       "CONTENT_TYPE": self.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
+                       "REMOTE_USER": stand_in.tokens[password], "REMOTE_ADDR": "127.0.0.1",
+                       "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+                for name in ("Content-Encoding", "Git-Protocol"):
+                    if self.headers.get(name):
+                        env["HTTP_" + name.upper().replace("-", "_")] = self.headers[name]
+                result = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True)
+                head, _, payload = result.stdout.partition(b"\r\n\r\n")
+                status = 200
+                headers = []
+                for line in head.decode().split("\r\n"):
+                    name, _, value = line.partition(":")
+                    if name.lower() == "status":
+                        status = int(value.split()[0])
+                    elif name:
+                        headers.append((name, value.strip()))
+                self.send_response(status)
+                for name, value in headers:
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def _read_body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+                    chunks = []
+                    while True:
+                        size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                        if size == 0:
+                            self.rfile.readline()
+                            return b"".join(chunks)
+                        chunks.append(self.rfile.read(size))
+                        self.rfile.readline()
+                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
+
+        return Handler
+
+
+@contextmanager
+def github_with_upstream(tmp_path: Path, tokens: dict[str, str], fork_delay_polls: int = 2,
+                         slow_delay_s: float = 0.2) -> Iterator[GitHubStandIn]:
+    """A GitHub stand-in whose upstream repository is the slow starter fork."""
+    source = tmp_path / "upstream-source"
+    write_slow_fork(source, slow_delay_s)
+    with GitHubStandIn(tmp_path / "github", tokens, fork_delay_polls) as stand_in:
+        stand_in.add_repository(UPSTREAM, source)
+        yield stand_in
+
+
+# --- chat endpoint ---
+
+
+class ChatStandIn:
+    """``POST /v1/chat/completions`` answering ``replies`` in order (500 when they run out)."""
+
+    def __init__(self, replies: list[str] | None = None, status: int = 200):
+        self.replies = list(replies or [])
+        self.status = status
+        self.requests: list[dict] = []
+        self.headers: list[dict] = []
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> ChatStandIn:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handler(self):
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+                stand_in.requests.append(body)
+                stand_in.headers.append(dict(self.headers))
+                if self.path != "/v1/chat/completions":
+                    status, answer = 404, {"error": "not found"}
+                elif stand_in.status != 200 or not stand_in.replies:
+                    status, answer = (stand_in.status if stand_in.status != 200 else 500), {"error": "no reply"}
+                else:
+                    content = stand_in.replies.pop(0)
+                    status, answer = 200, {"id": "x", "object": "chat.completion", "model": body.get("model"),
+                                           "choices": [{"index": 0, "finish_reason": "stop",
+                                                        "message": {"role": "assistant", "content": content}}]}
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        return Handler
+
+
+def file_reply(description: str, files: dict[str, str]) -> str:
+    """A chat reply in the agent's full-file format."""
+    parts = [f"Here is my idea.\nDESCRIPTION: {description}\n"]
+    for path, text in files.items():
+        parts.append(f"FILE: {path}\n```python\n{text}```\n")
+    return "\n".join(parts)
+
+
+# --- the stand-ins themselves ---
+
+
+def test_github_stand_in_checks_tokens_and_hides_new_forks(tmp_path):
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=1) as github:
+        with httpx.Client() as http:
+            bad = http.get(f"{github.api_url}/repos/{UPSTREAM}", headers={"Authorization": "Bearer nope"})
+            assert bad.status_code == 401
+            assert http.get(f"{github.api_url}/repos/{UPSTREAM}").json()["full_name"] == UPSTREAM
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            created = http.post(f"{github.api_url}/repos/{UPSTREAM}/forks", headers=auth)
+            assert created.status_code == 202 and created.json()["full_name"] == "alice/flash-linear-attention"
+            assert http.get(f"{github.api_url}/repos/alice/flash-linear-attention").status_code == 404
+            assert http.get(f"{github.api_url}/repos/alice/flash-linear-attention").status_code == 200
+            refs = http.get(f"{github.git_base}/alice/flash-linear-attention.git/info/refs?service=git-upload-pack")
+            assert refs.status_code == 401
+
+
+def test_chat_stand_in_answers_in_order():
+    with ChatStandIn(["first", "second"]) as chat, httpx.Client() as http:
+        answers = [http.post(f"{chat.url}/chat/completions", json={"model": "m", "messages": []}) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 500]
+    assert answers[1].json()["choices"][0]["message"]["content"] == "second"
+
+
+@pytest.fixture
+def slow_fork(tmp_path) -> Path:
+    path = tmp_path / "slow"
+    write_slow_fork(path)
+    return path
+
+
+def test_fork_builders_change_only_what_they_say(slow_fork):
+    slow = (slow_fork / CHUNK_FILE).read_text()
+    assert SLOW_MARK in slow
+    assert SLOW_MARK not in fast_chunk_source(slow)
+    assert "o.roll(1, 1)" in wrong_chunk_source(slow)

@@ -1,0 +1,352 @@
+"""Candidates and strategies: edit rules, apply and roll back, the tuning search over tuning.json,
+and the agent strategy against a stand-in chat endpoint on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from quasar.miner.strategies import (
+    KEPT,
+    SLOWER,
+    AgentStrategy,
+    Attempt,
+    Candidate,
+    EditRejected,
+    StrategyError,
+    TuningFileError,
+    TuningStrategy,
+    check_edit_path,
+    read_space,
+)
+from quasar.miner.strategies.agent import apply_diff, build_messages, parse_reply
+from quasar.miner.strategies.tuning import (
+    SPACE_FILE,
+    TUNING_FILE,
+    TUNING_SOURCE,
+    code_digest,
+    configuration_key,
+    parse_space,
+    read_source_space,
+)
+from quasar.starter_fork import write_starter_fork
+from test_miner_standins import CHUNK_FILE, ChatStandIn, file_reply, git
+
+GATE_FILE = "fla/ops/quasar/gate.py"
+
+
+@pytest.fixture
+def starter(tmp_path) -> Path:
+    path = tmp_path / "fork"
+    write_starter_fork(path)
+    return path
+
+
+# --- edit rules ---
+
+
+@pytest.mark.parametrize("path", [
+    "fla/ops/quasar/chunk.py", "fla/ops/quasar/tuning.json", "fla/ops/quasar/csrc/quasar_recurrent.cu",
+    "fla/ops/quasar/kernels/fused.py",
+])
+def test_edit_paths_inside_the_kernels_are_allowed(path):
+    assert check_edit_path(path) == path
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("fla/layers/quasar.py", "outside fla/ops/quasar/"),
+    ("fla/ops/gla/chunk.py", "outside fla/ops/quasar/"),
+    ("setup.py", "outside fla/ops/quasar/"),
+    ("../fla/ops/quasar/chunk.py", "no '..'"),
+    ("fla/ops/quasar/../../layers/quasar.py", "no '..'"),
+    ("/fla/ops/quasar/chunk.py", "leading '/'"),
+    ("fla/ops/quasar//chunk.py", "'//'"),
+    ("fla/ops/quasar/./chunk.py", "'.'"),
+    ("fla/ops/quasar", "outside fla/ops/quasar/"),
+    ("fla/ops/quasar/chunk.cpython-311-x86_64-linux-gnu.so", "file type not allowed"),
+    ("fla/ops/quasar/__pycache__/chunk.cpython-311.py", "bytecode caches"),
+    ("fla/ops/quasar/chunk .py", "only letters"),
+    ("fla\\ops\\quasar\\chunk.py", "only letters"),
+])
+def test_edit_paths_elsewhere_are_rejected_with_the_rule(path, message):
+    with pytest.raises(EditRejected) as error:
+        check_edit_path(path)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("source", [
+    "from fla.ops.kda import chunk_kda\n",
+    "import fla.ops.gla as g\n",
+    "from fla.ops import kda\n",
+    "import importlib\nm = importlib.import_module('fla.ops.' + 'gla')\n",
+    "from ..gla import chunk_gla\n",
+])
+def test_forbidden_imports_are_rejected_before_anything_is_written(starter, source):
+    before = (starter / CHUNK_FILE).read_text()
+    with pytest.raises(EditRejected, match=r"import check: fla/ops/quasar/chunk.py:\d+: forbidden-import"):
+        Candidate("agent", "sneaky", {CHUNK_FILE: before + source})
+    assert (starter / CHUNK_FILE).read_text() == before
+
+
+def test_unverifiable_code_and_broken_syntax_are_rejected():
+    with pytest.raises(EditRejected, match="unverifiable-import"):
+        Candidate("agent", "x", {CHUNK_FILE: "exec('import fla.ops.kda')\n"})
+    with pytest.raises(EditRejected, match="syntax-error"):
+        Candidate("agent", "x", {CHUNK_FILE: "def broken(:\n"})
+    with pytest.raises(EditRejected, match="changes no file"):
+        Candidate("agent", "x", {})
+
+
+def test_apply_and_rollback_restore_every_byte(starter):
+    gate = (starter / GATE_FILE).read_bytes()
+    chunk = (starter / CHUNK_FILE).read_bytes()
+    candidate = Candidate("agent", "new helper, gate removed, chunk edited", {
+        "fla/ops/quasar/helpers/extra.py": "X = 1\n", GATE_FILE: None, CHUNK_FILE: chunk.decode() + "# edit\n"})
+    applied = candidate.apply(starter)
+    assert (starter / "fla/ops/quasar/helpers/extra.py").read_text() == "X = 1\n"
+    assert not (starter / GATE_FILE).exists()
+    assert (starter / CHUNK_FILE).read_bytes().endswith(b"# edit\n")
+    applied.rollback()
+    assert not (starter / "fla/ops/quasar/helpers/extra.py").exists()
+    assert (starter / GATE_FILE).read_bytes() == gate and (starter / CHUNK_FILE).read_bytes() == chunk
+    assert git("status", "--porcelain", "--untracked-files=no", cwd=starter) == ""
+
+
+def test_apply_refuses_to_write_through_links(starter, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, starter / "fla/ops/quasar/linked")
+    with pytest.raises(EditRejected, match="is a link or a file, not a folder"):
+        Candidate("agent", "x", {"fla/ops/quasar/linked/evil.py": "X = 1\n"}).apply(starter)
+    assert list(outside.iterdir()) == []
+    os.symlink(outside / "target.py", starter / "fla/ops/quasar/link.py")
+    with pytest.raises(EditRejected, match="is a symbolic link"):
+        Candidate("agent", "x", {"fla/ops/quasar/link.py": "X = 1\n"}).apply(starter)
+    assert not (outside / "target.py").exists()
+
+
+# --- tuning ---
+
+STARTER_LIKE_TUNING_PY = """
+import dataclasses
+
+@dataclasses.dataclass(frozen=True)
+class Tunables:
+    segment_chunks: int = 16
+    num_stages: int = 1
+    precision: str = "bf16"
+    layer_tile_tokens: int = 131_072
+
+DEFAULTS = Tunables()
+
+_ALLOWED = {
+    "segment_chunks": {1, 2, 4, 8, 16, 32, 64},
+    "num_stages": {1, 2, 3, 4},
+    "precision": {"bf16", "tf32"},
+}
+"""
+
+
+def write_space(repo: Path, defaults: dict, choices: dict) -> None:
+    (repo / SPACE_FILE).write_text(json.dumps({"defaults": defaults, "choices": choices}) + "\n")
+
+
+def test_the_space_is_read_from_tuning_py_literals_without_running_it():
+    space = read_source_space(STARTER_LIKE_TUNING_PY)
+    assert space.defaults == {"segment_chunks": 16, "num_stages": 1, "precision": "bf16",
+                              "layer_tile_tokens": 131072}
+    assert space.choices == {"segment_chunks": [1, 2, 4, 8, 16, 32, 64], "num_stages": [1, 2, 3, 4],
+                             "precision": ["bf16", "tf32"]}
+    assert read_source_space("raise SystemExit('never run')\n") is None
+    assert read_source_space("def broken(:\n") is None
+
+
+def test_the_starter_forks_tunables_are_found(starter):
+    if not (starter / TUNING_SOURCE).is_file():
+        pytest.skip("this starter fork declares no tunables")
+    space = read_space(starter)
+    assert space is not None and space.choices
+    assert all(space.defaults[name] in options for name, options in space.choices.items())
+
+
+@pytest.mark.parametrize(("document", "message"), [
+    ({"choices": {}}, "field 'defaults' must be an object"),
+    ({"defaults": {}}, "field 'choices' must be an object"),
+    ({"defaults": {}, "choices": {"bv": [16]}}, "choices.bv has no default in 'defaults'"),
+    ({"defaults": {"bv": 16}, "choices": {"bv": []}}, "choices of 'bv' must be a list of 1 to 64"),
+    ({"defaults": {"bv": 16}, "choices": {"bv": [[16]]}}, "must be numbers, strings or booleans"),
+    ([1, 2], "must be a JSON object"),
+])
+def test_tuning_space_errors_name_the_field(document, message):
+    with pytest.raises(TuningFileError) as error:
+        parse_space(json.dumps(document))
+    assert message in str(error.value)
+    with pytest.raises(TuningFileError, match="is not JSON"):
+        parse_space("{")
+
+
+def test_tuning_searches_one_step_at_a_time_nearest_first_and_never_twice(starter):
+    write_space(starter, {"chunks": 16, "bv": 32, "fixed": "x"}, {"chunks": [4, 8, 16, 32], "bv": [16, 32]})
+    (starter / TUNING_FILE).write_text('{"fixed": "y"}\n')
+    strategy = TuningStrategy()
+    history: list[Attempt] = []
+    proposed = []
+    while (candidate := strategy.propose(starter, history)) is not None:
+        proposed.append(json.loads(candidate.changes[TUNING_FILE]))
+        history.append(Attempt("tuning", candidate.key, candidate.description, SLOWER))
+        assert len(proposed) <= 4
+    assert proposed == [{"fixed": "y", "chunks": 8}, {"fixed": "y", "chunks": 32}, {"fixed": "y", "chunks": 4},
+                        {"fixed": "y", "bv": 16}]
+
+
+def test_tuning_goes_on_from_a_kept_configuration_without_going_back(starter):
+    write_space(starter, {"chunks": 64}, {"chunks": [16, 32, 64]})
+    strategy = TuningStrategy()
+    first = strategy.propose(starter, [])
+    assert first.description == "chunks 64 -> 32"
+    first.apply(starter)  # kept: the checkout now holds it
+    history = [Attempt("tuning", first.key, first.description, KEPT)]
+    second = strategy.propose(starter, history)
+    assert second.description == "chunks 32 -> 16"  # not back to 64, the base it left
+    history.append(Attempt("tuning", second.key, second.description, SLOWER))
+    assert strategy.propose(starter, history) is None
+
+
+def test_tuning_keys_name_the_gpu_and_the_kernel_code(starter):
+    write_space(starter, {"bv": 32}, {"bv": [16, 32]})
+    on_h100 = TuningStrategy("NVIDIA H100 80GB HBM3").propose(starter, [])
+    assert on_h100.description == "bv 32 -> 16 on NVIDIA H100 80GB HBM3"
+    assert TuningStrategy("NVIDIA A100").propose(starter, []).key != on_h100.key
+    before = code_digest(starter)
+    (starter / CHUNK_FILE).write_text((starter / CHUNK_FILE).read_text() + "# changed\n")
+    assert code_digest(starter) != before
+    assert configuration_key(before, None, {"bv": 16}) != configuration_key(code_digest(starter), None, {"bv": 16})
+    edited_code = code_digest(starter)
+    (starter / TUNING_FILE).write_text('{"bv": 16}\n')
+    assert code_digest(starter) == edited_code  # the tuning file is not kernel code
+
+
+def test_tuning_without_a_declared_space_or_with_a_broken_file_proposes_nothing(starter, caplog):
+    for name in (TUNING_SOURCE, SPACE_FILE):
+        if (starter / name).exists():
+            (starter / name).unlink()
+    assert TuningStrategy().propose(starter, []) is None
+    assert "the fork declares no tunables" in caplog.text
+    write_space(starter, {"bv": 32}, {"bv": [16, 32]})
+    (starter / TUNING_FILE).write_text("{broken")
+    assert TuningStrategy().propose(starter, []) is None
+    assert "tuning.json is not JSON" in caplog.text
+
+
+# --- the agent's reply ---
+
+
+def test_replies_with_full_files_in_several_markdown_spellings():
+    reply = ("Sure! Here is the plan.\n**DESCRIPTION:** fuse the state update\n\n"
+             "### FILE: `fla/ops/quasar/chunk.py`\n```python\nA = 1\n```\n"
+             "**FILE:** fla/ops/quasar/gate.py\n~~~py\nB = 2\n~~~\nDELETE: fla/ops/quasar/old.py\n")
+    description, changes, diffs = parse_reply(reply)
+    assert description == "fuse the state update"
+    assert changes == {"fla/ops/quasar/chunk.py": "A = 1\n", "fla/ops/quasar/gate.py": "B = 2\n",
+                       "fla/ops/quasar/old.py": None}
+    assert diffs == []
+    with pytest.raises(StrategyError, match="no FILE block and no diff"):
+        parse_reply("I would make it faster.")
+    with pytest.raises(StrategyError, match="never closes"):
+        parse_reply("FILE: fla/ops/quasar/chunk.py\n```python\nA = 1\n")
+
+
+def test_a_diff_is_applied_to_a_scratch_copy(starter):
+    original = (starter / CHUNK_FILE).read_text()
+    diff = ("--- a/fla/ops/quasar/chunk.py\n+++ b/fla/ops/quasar/chunk.py\n@@ -1,3 +1,4 @@\n"
+            + "".join(f" {line}\n" for line in original.splitlines()[:1])
+            + "+# agent was here\n"
+            + "".join(f" {line}\n" for line in original.splitlines()[1:3]))
+    description, changes, diffs = parse_reply(f"DESCRIPTION: note\n```diff\n{diff}```\n")
+    produced = apply_diff(starter, diffs[0])
+    assert produced[CHUNK_FILE].splitlines()[1] == "# agent was here"
+    assert (starter / CHUNK_FILE).read_text() == original  # the checkout is untouched
+    outside = diff.replace("fla/ops/quasar/chunk.py", "fla/layers/quasar.py")
+    with pytest.raises(EditRejected, match="outside fla/ops/quasar/"):
+        apply_diff(starter, outside)
+    with pytest.raises(StrategyError, match="does not apply"):
+        apply_diff(starter, diff.replace(" \"\"\"Chunked", " something else"))
+
+
+def test_the_prompt_holds_the_rules_history_and_files(starter):
+    from quasar.miner.strategies.agent import read_kernel_files
+
+    files = read_kernel_files(starter)
+    assert CHUNK_FILE in files and "fla/ops/quasar/csrc/quasar_recurrent.cu" in files
+    history = [Attempt("agent", "k", "bigger blocks", SLOWER, 4096, 900.0, 1000.0, "-10.0% vs best")]
+    system, user = build_messages(files, history, 4096)
+    assert "fla.ops.gla" in system["content"] and "S_t^T q_t" in system["content"]
+    assert "Target sequence length: 4,096 tokens." in user["content"]
+    assert "[slower] agent: bigger blocks; measured 900 tokens/s vs best 1,000; -10.0% vs best" in user["content"]
+    assert "def chunk_quasar(" in user["content"]
+
+
+# --- the agent against a chat endpoint ---
+
+
+def test_agent_turns_a_canned_reply_into_a_checked_candidate(starter):
+    edited = (starter / CHUNK_FILE).read_text() + "\n# faster now\n"
+    with ChatStandIn([file_reply("comment only", {CHUNK_FILE: edited})]) as chat:
+        agent = AgentStrategy(chat.url, "coder-7b", api_key="sk-local-key")
+        agent.target_seq_len = 2048
+        candidate = agent.propose(starter, [])
+    assert candidate.strategy == "agent" and candidate.description == "comment only"
+    assert candidate.changes == {CHUNK_FILE: edited}
+    request = chat.requests[0]
+    assert request["model"] == "coder-7b"
+    assert chat.headers[0]["Authorization"] == "Bearer sk-local-key"
+    assert "def chunk_quasar(" in request["messages"][1]["content"]
+    assert (starter / CHUNK_FILE).read_text() != edited  # proposing writes nothing
+
+
+def test_agent_edits_outside_the_kernels_or_with_forbidden_imports_are_rejected(starter):
+    chunk = (starter / CHUNK_FILE).read_text()
+    replies = [
+        file_reply("patch the layer", {"fla/layers/quasar.py": "X = 1\n"}),
+        file_reply("borrow kda", {CHUNK_FILE: "from fla.ops.kda import chunk_kda\n" + chunk}),
+        file_reply("escape", {"fla/ops/quasar/../../../evil.py": "X = 1\n"}),
+        file_reply("same as before", {CHUNK_FILE: chunk}),
+    ]
+    with ChatStandIn(replies) as chat:
+        agent = AgentStrategy(chat.url, "m")
+        with pytest.raises(EditRejected, match="outside fla/ops/quasar/"):
+            agent.propose(starter, [])
+        with pytest.raises(EditRejected, match="forbidden-import"):
+            agent.propose(starter, [])
+        with pytest.raises(EditRejected, match="no '..'"):
+            agent.propose(starter, [])
+        with pytest.raises(StrategyError, match="changes nothing"):
+            agent.propose(starter, [])
+    assert git("status", "--porcelain", cwd=starter) == ""
+
+
+def test_agent_endpoint_failures_are_strategy_errors(starter):
+    with ChatStandIn(status=503) as chat:
+        with pytest.raises(StrategyError, match="answered 503"):
+            AgentStrategy(chat.url, "m").propose(starter, [])
+    with ChatStandIn(["I cannot help with that."]) as chat:
+        with pytest.raises(StrategyError, match="no FILE block"):
+            AgentStrategy(chat.url, "m").propose(starter, [])
+    with ChatStandIn() as chat:
+        url = chat.url
+    with pytest.raises(StrategyError, match="cannot reach the agent endpoint"):
+        AgentStrategy(url, "m", timeout_s=2).propose(starter, [])
+    with pytest.raises(ValueError, match="AGENT_MODEL"):
+        AgentStrategy("http://127.0.0.1:1/v1", "")
+
+
+def test_agent_does_not_offer_an_edit_already_tried(starter):
+    edited = (starter / CHUNK_FILE).read_text() + "# same idea\n"
+    with ChatStandIn([file_reply("idea", {CHUNK_FILE: edited})] * 2) as chat:
+        agent = AgentStrategy(chat.url, "m")
+        first = agent.propose(starter, [])
+        with pytest.raises(StrategyError, match="already tried"):
+            agent.propose(starter, [Attempt("agent", first.key, first.description, SLOWER)])
