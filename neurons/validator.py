@@ -27,7 +27,8 @@ def run(settings: config.Settings) -> int:
     from quasar.validator.evaluator import SubprocessEvaluator
     from quasar.validator.logit_check import MinerLogitChecker
     from quasar.validator.loop import Validator
-    from quasar.validator.preflight import check_registration, device_warnings, evaluation_devices, load_wallet
+    from quasar.validator.devices import device_warnings, evaluation_devices
+    from quasar.validator.preflight import check_registration, load_wallet
     from quasar.validator.state import ValidatorState, default_state_path
 
     wallet = load_wallet(settings)
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per API poll otherwise
     from quasar.chain.base import ChainError
     from quasar.logits import ModelLoadError
-    from quasar.validator.preflight import ValidatorSetupError
+    from quasar.validator.devices import ValidatorSetupError
     from quasar.validator.state import StateError
 
     try:

@@ -40,7 +40,7 @@ from quasar.starter_fork import write_starter_fork
 from quasar.validator.evaluator import SubprocessEvaluator
 from quasar.validator.logit_check import MinerLogitChecker
 from quasar.validator.loop import Validator
-from quasar.validator.preflight import Device
+from quasar.validator.devices import Device
 from quasar.validator.state import ABANDONED, FINISHED, IN_PROGRESS, EvaluationKey, ValidatorState, default_state_path
 from tests.hostile_forks import write_hostile_fork
 from tiny_qwen import make_tiny_qwen2

@@ -21,14 +21,8 @@ from quasar.config import resolve
 from quasar.evaluate import EvaluationOptions, EvaluationReport, ImportCheck, LengthResult, SandboxPolicy
 from quasar.validator.evaluator import outcome_from_worker, result_from_report
 from quasar.validator.loop import submission_from_work
-from quasar.validator.preflight import (
-    Device,
-    ValidatorSetupError,
-    check_registration,
-    device_warnings,
-    evaluation_devices,
-    load_wallet,
-)
+from quasar.validator.devices import Device, ValidatorSetupError, device_warnings, evaluation_devices
+from quasar.validator.preflight import check_registration, load_wallet
 from quasar.validator.results import api_report, bounded_reasons, plan_weights, scoring_result, weights_table
 from quasar.validator.state import (
     ABANDONED,

@@ -26,7 +26,7 @@ from quasar import forks
 from quasar.config import DEV_NETWORK
 from quasar.evaluate import EvaluationOptions, EvaluationReport, SandboxPolicy
 from quasar.evaluate.report import OK
-from quasar.validator.preflight import Device
+from quasar.validator.devices import Device
 from quasar.validator.state import EvaluationKey, EvaluationResult
 from quasar.validator.worker import options_to_json
 

@@ -37,7 +37,7 @@ from quasar.config import DEV_NETWORK, Settings
 from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
 from quasar.validator.logit_check import LogitChecker
-from quasar.validator.preflight import Device
+from quasar.validator.devices import Device
 from quasar.validator.results import api_report, plan_weights, scoring_result, weights_table
 from quasar.validator.state import (
     ABANDONED,

@@ -1,69 +1,19 @@
-"""What a validator checks before it starts: its wallet, its devices, its registration.
+"""What a validator checks before it starts: its wallet and its registration (its devices: devices.py).
 
-Each check raises :class:`ValidatorSetupError` with a message that names what is wrong and how to
-fix it; the device rules are pure functions of the settings and what torch sees.
+Each check raises :class:`ValidatorSetupError` with a message that names what is wrong and how to fix it.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import bittensor as bt
 
 from quasar.chain.base import Chain
 from quasar.config import DEV_NETWORK, Settings
+from quasar.validator.devices import ValidatorSetupError
 
 logger = logging.getLogger(__name__)
-
-CPU_WARNING = ("DEVICE=cpu on {network}: CPU evaluations are not benchmarks (tests and small lengths only); "
-               "the tokens/sec this validator reports and ranks by are not comparable to a GPU's")
-
-
-class ValidatorSetupError(RuntimeError):
-    """The validator cannot start as configured; the message says what to fix."""
-
-
-@dataclass(frozen=True)
-class Device:
-    """Where one evaluation at a time runs: ``name`` as logged, and the ``CUDA_VISIBLE_DEVICES``
-    the evaluation's processes get (empty on CPU), so each sees only its own GPU as ``cuda``."""
-
-    name: str
-    cuda_visible_devices: str
-
-    @property
-    def torch_device(self) -> str:
-        return "cpu" if self.name == "cpu" else "cuda"
-
-
-def evaluation_devices(device: str, cuda_count: int, visible: str | None) -> list[Device]:
-    """The devices evaluations run on: DEVICE=cpu gives one CPU worker, ``cuda`` one worker per
-    visible GPU, ``cuda:N`` the N-th visible GPU only. ``visible`` is this process's
-    ``CUDA_VISIBLE_DEVICES`` (None when unset); ``cuda_count`` what torch counts."""
-    if device == "cpu":
-        return [Device("cpu", "")]
-    ids = [item.strip() for item in visible.split(",") if item.strip()] if visible is not None \
-        else [str(index) for index in range(cuda_count)]
-    ids = ids[:cuda_count]
-    if not ids:
-        raise ValidatorSetupError(
-            f"DEVICE is {device} but torch sees no CUDA device: install the NVIDIA driver and a CUDA build of "
-            "torch, or set DEVICE=cpu (dev chain and tests only: CPU results are not benchmarks)")
-    if device == "cuda":
-        return [Device(f"cuda:{index}", physical) for index, physical in enumerate(ids)]
-    index = int(device.split(":", 1)[1])
-    if index >= len(ids):
-        raise ValidatorSetupError(f"DEVICE is {device} but torch sees {len(ids)} CUDA device(s) "
-                                  f"(cuda:0..cuda:{len(ids) - 1})")
-    return [Device(device, ids[index])]
-
-
-def device_warnings(network: str, device: str) -> list[str]:
-    """Warnings to log for a device choice that is allowed but not a benchmark."""
-    if device == "cpu" and network != DEV_NETWORK:
-        return [CPU_WARNING.format(network=network)]
-    return []
 
 
 def load_wallet(settings: Settings) -> bt.Wallet:
