@@ -424,3 +424,31 @@ def test_local_validator_json_is_the_same_report(world):
     assert report.verdict == "pass" and report.seq_lens == [64] and report.target_seq_len == 64
     assert report.lengths["64"].correct is True
     assert report.weighted_score == pytest.approx(0.5 * report.measured_tokens_per_sec)
+
+
+HOLDER = """
+import sys, time
+from quasar.evaluate.sandbox import SandboxedChild, SandboxPolicy
+child = SandboxedChild(sys.argv[1], "cpu", SandboxPolicy()).__enter__()
+child.channel.send({"op": "load", "fork_dir": child.fork_dir, "weights_seed": 1})
+child.channel.recv(deadline=time.monotonic() + 120)
+print("LOADED", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_sandbox_dies_with_a_killed_parent(world, tmp_path):
+    marker = f"quasar-orphan-{os.getpid()}"
+    fork = write_hostile_fork(tmp_path / "fork", "background", marker=marker)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(fork)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "LOADED"
+        assert processes_with(marker), "the fork's background processes should be running by now"
+        holder.kill()
+        holder.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert processes_with(marker) == []
+    finally:
+        holder.kill()

@@ -17,7 +17,7 @@ pytestmark = [
 ]
 
 GPU = EvaluationOptions(seq_lens=(512, 1024), device="cuda", warmup_runs=2, min_timed_runs=10, max_timed_runs=30,
-                        timed_seconds=0.5, length_timeout_s=300, timeout_s=600)
+                        timed_seconds=0.5, length_timeout_s=120, timeout_s=240)
 
 
 def test_honest_starter_fork_passes_on_cuda(tmp_path):
@@ -26,7 +26,7 @@ def test_honest_starter_fork_passes_on_cuda(tmp_path):
     assert report.verdict == "pass", report.reasons
     for item in report.lengths.values():
         assert item.correct and item.finite and item.repeat_agree
-        assert item.rel_error < REL_ERROR_THRESHOLD / 2
+        assert item.rel_error < REL_ERROR_THRESHOLD and max(item.rel_error_eighths) < REL_ERROR_THRESHOLD
         assert item.peak_vram_mb > 0 and item.tokens_per_sec > 0
     assert report.recommended_claim <= report.measured_tokens_per_sec
 
@@ -35,7 +35,8 @@ def test_zeros_fail_and_frozen_timers_gain_nothing_on_cuda(tmp_path):
     zeros = evaluate(write_hostile_fork(tmp_path / "zeros", "zeros"), 1024, None, GPU)
     assert zeros.verdict == "fail" and zeros.lengths["1024"].correct is False
     timers = evaluate(write_hostile_fork(tmp_path / "timers", "timers", sleep_seconds=0.05), 1024, None,
-                      EvaluationOptions(seq_lens=(), device="cuda", warmup_runs=1, min_timed_runs=5, max_timed_runs=5))
+                      EvaluationOptions(seq_lens=(), device="cuda", warmup_runs=1, min_timed_runs=5, max_timed_runs=5,
+                                        length_timeout_s=120, timeout_s=240))
     assert timers.verdict == "pass", timers.reasons
     assert timers.lengths["1024"].tokens_per_sec_max <= 1024 / 0.05
 
@@ -44,7 +45,8 @@ def test_real_out_of_memory_is_a_verdict(tmp_path):
     copy_starter_tree(tmp_path / "fork")
     huge = 1 << 24
     report = evaluate(tmp_path / "fork", huge, None, EvaluationOptions(
-        seq_lens=(512,), device="cuda", warmup_runs=1, min_timed_runs=3, max_timed_runs=3))
+        seq_lens=(512,), device="cuda", warmup_runs=1, min_timed_runs=3, max_timed_runs=3, length_timeout_s=120,
+        timeout_s=240))
     assert report.verdict == "fail"
     assert report.lengths["512"].correct is True
     assert report.lengths[str(huge)].status == "oom"

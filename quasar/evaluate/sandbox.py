@@ -9,6 +9,7 @@ than ``max_output_bytes`` in all is killed. The child's environment holds only w
 :func:`scrubbed_environment` lists: no tokens, no wallet paths, HOME and TMPDIR inside the
 sandbox. Closing kills the whole process group (the PID namespace takes every descendant with
 its init), then looks for stragglers carrying the sandbox's marker variable and kills those too.
+If the parent itself dies (even by SIGKILL), the parent-death signal takes the sandbox with it.
 
 Isolation levels (``SandboxedChild.isolation``):
 
@@ -126,8 +127,9 @@ def namespaces_supported() -> tuple[bool, str]:
     """Whether this machine can give the child its own namespaces, and why not."""
     if not sys.platform.startswith("linux"):
         return False, f"namespaces need Linux, this is {sys.platform}"
-    if shutil.which("unshare") is None:
-        return False, "the unshare command (util-linux) is not installed"
+    for tool in ("unshare", "setpriv"):
+        if shutil.which(tool) is None:
+            return False, f"the {tool} command (util-linux) is not installed"
     return True, ""
 
 
@@ -352,11 +354,15 @@ class SandboxedChild:
         config = self._config(mode, child_fds)
         init = [sys.executable, "-I", "-S", str(self.workdir / "harness" / "sandbox_init.py"), json.dumps(config)]
         if mode == "none":
+            # sandbox_init.py sets its own parent-death signal.
             command = init
         else:
-            command = ["unshare", "--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
+            # setpriv: unshare dies with this process (even on SIGKILL); --kill-child: the namespace's
+            # init dies with unshare; the PID namespace: everything else dies with its init.
+            command = ["setpriv", "--pdeathsig", "KILL", "unshare", "--net", "--mount", "--pid", "--ipc", "--uts",
+                       "--fork", "--kill-child"]
             if mode == "userns":
-                command[1:1] = ["--user", "--map-root-user"]
+                command[4:4] = ["--user", "--map-root-user"]
             command += init
         self.output = CapturedOutput()
         self.process = subprocess.Popen(
