@@ -20,9 +20,7 @@ module.exports = {
     {
       ...common,
       name: "quasar-api",
-      script: path.join(here, ".venv", "bin", "python"),
-      args: "-m quasar.api serve",
-      interpreter: "none",
+      script: path.join(here, "START_SERVER.sh"),
     },
     {
       ...common,

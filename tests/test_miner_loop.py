@@ -303,7 +303,8 @@ def test_ecosystem_file_starts_the_four_processes():
                               str(ROOT / "ecosystem.config.js")], capture_output=True, text=True, check=True)
     apps = {app["name"]: app for app in json.loads(listing.stdout)}
     assert set(apps) == {"quasar-api", "quasar-miner-inference", "quasar-miner", "quasar-validator"}
-    for name in ("quasar-miner-inference", "quasar-miner", "quasar-validator"):
-        assert Path(apps[name]["script"]).is_file() and apps[name]["cwd"] == str(ROOT)
-    assert apps["quasar-miner"]["script"] == str(ROOT / "START_MINER.sh")
-    assert apps["quasar-api"]["args"] == "-m quasar.api serve"
+    scripts = {"quasar-api": "START_SERVER.sh", "quasar-miner-inference": "START_MINER_INFERENCE.sh",
+               "quasar-miner": "START_MINER.sh", "quasar-validator": "START_VALIDATOR.sh"}
+    for name, script in scripts.items():
+        assert apps[name]["script"] == str(ROOT / script) and (ROOT / script).is_file()
+        assert apps[name]["cwd"] == str(ROOT) and apps[name]["interpreter"] == "bash"
