@@ -127,10 +127,16 @@ def namespaces_supported() -> tuple[bool, str]:
     """Whether this machine can give the child its own namespaces, and why not."""
     if not sys.platform.startswith("linux"):
         return False, f"namespaces need Linux, this is {sys.platform}"
-    for tool in ("unshare", "setpriv"):
-        if shutil.which(tool) is None:
-            return False, f"the {tool} command (util-linux) is not installed"
+    if shutil.which("unshare") is None:
+        return False, "the unshare command (util-linux) is not installed"
     return True, ""
+
+
+def _die_with_parent() -> None:
+    """In the forked launcher before exec: SIGKILL when the parent dies (where setpriv is missing)."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
 def _python_directories() -> list[str]:
@@ -359,15 +365,17 @@ class SandboxedChild:
         else:
             # setpriv: unshare dies with this process (even on SIGKILL); --kill-child: the namespace's
             # init dies with unshare; the PID namespace: everything else dies with its init.
-            command = ["setpriv", "--pdeathsig", "KILL", "unshare", "--net", "--mount", "--pid", "--ipc", "--uts",
-                       "--fork", "--kill-child"]
+            command = ["unshare", "--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
             if mode == "userns":
-                command[4:4] = ["--user", "--map-root-user"]
+                command[1:1] = ["--user", "--map-root-user"]
             command += init
+            if shutil.which("setpriv") is not None:
+                command = ["setpriv", "--pdeathsig", "KILL", *command]
         self.output = CapturedOutput()
         self.process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             pass_fds=child_fds, start_new_session=True, env=config["env"], cwd=str(self.workdir),
+            preexec_fn=_die_with_parent if mode != "none" and command[0] != "setpriv" else None,
         )
         os.close(to_child_read)
         os.close(from_child_write)
