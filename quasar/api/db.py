@@ -1,7 +1,8 @@
 """The submission API's database: tables, engines, and transactions that are safe under concurrent writers.
 
 SQLite (the default; a file that is never deleted or reset) runs in WAL mode with ``synchronous=FULL``
-(an acknowledged write survives a crash of the process or the machine) and takes the write lock at
+(an acknowledged write survives a crash of the process or the machine; only used nonces, which
+matter for seconds, are committed without waiting for the disk) and takes the write lock at
 the start of every write transaction (``BEGIN IMMEDIATE``), so concurrent writers queue on the busy
 timeout instead of failing half-way. PostgreSQL runs every write transaction SERIALIZABLE and
 retries the ones the server aborts as serialization failures or deadlocks. Either way a write
@@ -24,9 +25,9 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from sqlalchemy import (
     JSON, BigInteger, Boolean, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint,
-    create_engine, delete, event, insert,
+    create_engine, delete, event, insert, text,
 )
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
@@ -180,16 +181,15 @@ class Database:
             if not parsed.database or parsed.database == ":memory:":
                 raise ValueError("the API needs an SQLite file (sqlite:///PATH), not an in-memory database")
             Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
-            self.engine = create_engine(
-                parsed, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
-                pool_size=20, max_overflow=20,
-            )
-            event.listen(self.engine, "connect", _sqlite_connect)
-            event.listen(self.engine, "begin", _sqlite_begin)
+            self.engine = _sqlite_engine(parsed, synchronous="FULL")
             self._write_engine = self.engine.execution_options(quasar_write=True)
+            self._lazy_engine = _sqlite_engine(parsed, synchronous="NORMAL")
+            self._lazy_write_engine = self._lazy_engine.execution_options(quasar_write=True)
         elif self.dialect == "postgresql":
             self.engine = create_engine(parsed, pool_size=20, max_overflow=20, pool_pre_ping=True)
             self._write_engine = self.engine.execution_options(isolation_level="SERIALIZABLE")
+            self._lazy_engine = self.engine
+            self._lazy_write_engine = self._write_engine
         else:
             raise ValueError(f"unsupported database {display_url(url)}: use sqlite:///PATH or postgresql://...")
 
@@ -206,16 +206,21 @@ class Database:
         with Session(self.engine, expire_on_commit=False) as session, session.begin():
             yield session
 
-    def write(self, work: Callable[[Session], T]) -> T:
+    def write(self, work: Callable[[Session], T], durable: bool = True) -> T:
         """Run ``work(session)`` in a write transaction and commit; retried when the database asks.
 
         ``work`` must only touch the database (it may run several times). Exceptions it raises roll
         the transaction back and propagate. Raises :class:`DatabaseBusy` when the write cannot be
-        taken in time.
+        taken in time. ``durable=False`` commits without waiting for the disk: the write survives
+        a crash of the process but may be lost with the machine's power (for data that only
+        matters for seconds, like used nonces; a restart takes longer than that).
         """
+        engine = self._write_engine if durable else self._lazy_write_engine
         for attempt in range(1, MAX_WRITE_ATTEMPTS + 1):
             try:
-                with Session(self._write_engine, expire_on_commit=False) as session, session.begin():
+                with Session(engine, expire_on_commit=False) as session, session.begin():
+                    if not durable and self.dialect == "postgresql":
+                        session.execute(text("SET LOCAL synchronous_commit TO OFF"))
                     return work(session)
             except OperationalError as error:
                 if self.dialect == "sqlite" and "locked" in str(error.orig):
@@ -231,17 +236,27 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        self._lazy_engine.dispose()
 
 
-def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
-    # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite would defer it past the first read).
-    dbapi_connection.isolation_level = None
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=FULL")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
-    cursor.close()
+def _sqlite_engine(url: URL, synchronous: str) -> Engine:
+    """An engine on the SQLite file ``url``: WAL, foreign keys, a busy timeout, ``synchronous`` as given."""
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
+                           pool_size=20, max_overflow=20)
+
+    def connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite would defer it past the first read).
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={synchronous}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        cursor.close()
+
+    event.listen(engine, "connect", connect)
+    event.listen(engine, "begin", _sqlite_begin)
+    return engine
 
 
 def _sqlite_begin(connection: Any) -> None:
@@ -272,7 +287,7 @@ class DatabaseNonceStore:
             session.execute(insert(UsedNonce).values(hotkey=hotkey_ss58, nonce=nonce_ns))
 
         try:
-            self.database.write(store)
+            self.database.write(store, durable=False)
         except IntegrityError:
             return False
         return True
