@@ -72,6 +72,9 @@ if [ "$device" != "cpu" ]; then
     fi
 fi
 
+if ! command -v curl >/dev/null; then
+    fail "curl is not installed (needed to check the submission API): apt-get install curl"
+fi
 if ! curl -fsS --max-time 10 "$api_url/health" >/dev/null 2>&1; then
     fail "the submission API at $api_url does not answer GET /health: start it (./START_SERVER.sh) or set VALIDATOR_API_URL (or --api.url) to where it runs"
 fi
