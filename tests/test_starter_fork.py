@@ -140,7 +140,7 @@ def test_fork_is_standalone_and_never_imports_quasar(fork):
                 imported |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 imported.add(node.module.split(".")[0])
-    assert imported <= {"__future__", "contextlib", "functools", "inspect", "os", "pathlib", "typing",
+    assert imported <= {"__future__", "contextlib", "dataclasses", "functools", "inspect", "json", "os", "pathlib", "typing",
                         "collections", "torch", "triton", "fla"}, imported
 
 

@@ -58,7 +58,7 @@ def eighths_errors(out: torch.Tensor, expected: torch.Tensor) -> list[float]:
     return [relative_error(out[:, a:b], expected[:, a:b]) for a, b in zip(bounds, bounds[1:])]
 
 
-@pytest.mark.parametrize("length", [512, 2048, 65_536])
+@pytest.mark.parametrize("length", [512, 1024, 2048, 65_536, 262_144])
 def test_layer_matches_reference_under_bf16_autocast(fla, length):
     layer, reference = benchmark_layers(seed=length)
     x = torch.randn(1, length, 512, device=CUDA)
@@ -154,3 +154,46 @@ def test_cuda_kernel_matches_reference(fla, dtype):
     expected_o, expected_final = reference_per_sequence(q, k, v, beta, h0, cu_seqlens)
     assert relative_error(o, expected_o) < tolerance
     assert relative_error(final, expected_final) < tolerance
+
+
+# --- the two-level scan under every segment size, and the layer's tiles ---
+
+
+@pytest.mark.parametrize("segment_chunks", [1, 4, 32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunk_matches_reference_for_each_segment_size(fla, segment_chunks, dtype):
+    from fla.ops.quasar.chunk import chunk_quasar_fwd
+    from fla.ops.quasar.tuning import QuasarTuning
+
+    tolerance = FP32_TOLERANCE if dtype == torch.float32 else 1e-2
+    cu_seqlens = torch.tensor([0, 63, 64, 5000, 5001, 9000], device=CUDA, dtype=torch.int32)
+    q, k, v, beta, _ = random_qkv(1, 9000, dtype=dtype, seed=10 + segment_chunks)
+    h0 = torch.randn(5, 8, 64, 64, device=CUDA) * 0.1
+    tuning = QuasarTuning(segment_chunks=segment_chunks)
+    o, final = chunk_quasar_fwd(q, k, v, beta, h0, True, cu_seqlens, tuning)
+    expected_o, expected_final = reference_per_sequence(q, k, v, beta, h0, cu_seqlens)
+    assert relative_error(o, expected_o) < tolerance
+    assert relative_error(final, expected_final) < tolerance
+
+
+def test_layer_tiles_match_one_pass(fla, tmp_path):
+    import fla.ops.quasar.tuning as tuning
+
+    layer, reference = benchmark_layers(seed=5)
+    x = torch.randn(1, 20_000, 512, device=CUDA)
+    original = tuning.TUNING_FILE
+    try:
+        tuning.TUNING_FILE = tmp_path / "tuning.json"
+        tuning.TUNING_FILE.write_text('{"layer_tile_tokens": 4096}')
+        tuning.load_tuning.cache_clear()
+        with torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
+            tiled = layer(x)[0]
+    finally:
+        tuning.TUNING_FILE = original
+        tuning.load_tuning.cache_clear()
+    with torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
+        whole = layer(x)[0]
+    expected = reference(x)[0]
+    assert relative_error(tiled, expected) < BF16_TOLERANCE
+    assert max(eighths_errors(tiled, expected)) < BF16_TOLERANCE
+    assert relative_error(tiled, whole) < 1e-2

@@ -7,6 +7,11 @@ Per token x (hidden size C, H heads of size D):
     g       = W_g2 (W_g1 x) + b          C -> D -> H*D
     y_h     = RMSNorm(o_h) * w * sigmoid(g_h)
     out     = W_o concat_h(y_h)
+
+A long sequence runs ``layer_tile_tokens`` (tuning.json) tokens at a time: each tile's
+projections, convolutions (continuing from the previous tile's last inputs), core (continuing
+from its state) and output are computed before the next, so the intermediates of only one tile
+are ever in memory. The input projections W_q, W_k, W_v and W_g1 run as one matrix product.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import torch.nn.functional as F
 from fla.models.utils import Cache
 from fla.modules import FusedRMSNormGated, ShortConvolution
 from fla.ops.quasar import chunk_quasar, fused_recurrent_quasar
+from fla.ops.quasar.tuning import load_tuning
 
 
 class QuasarAttention(nn.Module):
@@ -113,34 +119,53 @@ class QuasarAttention(nn.Module):
             cu_seqlens = F.pad(keep.sum(-1).cumsum(0), (1, 0)).to(torch.int32)
             hidden_states = hidden_states.reshape(batch_size * q_len, -1)[indices].unsqueeze(0)
 
-        q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
-        conv_state = None
-        if self.use_short_conv:
-            conv_q, conv_k, conv_v = last_state["conv_state"] if last_state is not None else (None, None, None)
-            q, conv_q = self.q_conv1d(q, cache=conv_q, output_final_state=use_cache, cu_seqlens=cu_seqlens)
-            k, conv_k = self.k_conv1d(k, cache=conv_k, output_final_state=use_cache, cu_seqlens=cu_seqlens)
-            v, conv_v = self.v_conv1d(v, cache=conv_v, output_final_state=use_cache, cu_seqlens=cu_seqlens)
-            conv_state = (conv_q, conv_k, conv_v)
-        q, k, v = (x.unflatten(-1, (self.num_heads, self.head_dim)) for x in (q, k, v))
-
-        beta = F.softplus(self.beta_log.float())
-        kernel = chunk_quasar if self.mode == "chunk" else fused_recurrent_quasar
-        o, recurrent_state = kernel(
-            q, k, v, beta,
-            initial_state=last_state["recurrent_state"] if last_state is not None else None,
-            output_final_state=bool(use_cache),
-            cu_seqlens=cu_seqlens,
-        )
+        recurrent_state = last_state["recurrent_state"] if last_state is not None else None
+        conv_state = last_state["conv_state"] if last_state is not None and self.use_short_conv else (None, None, None)
+        length = hidden_states.shape[1]
+        # Packed sequences run whole; one sequence per row runs in tiles carrying its states.
+        tile = length if cu_seqlens is not None else max(1, load_tuning().layer_tile_tokens)
+        o = None
+        for start in range(0, max(length, 1), tile):
+            stop = min(start + tile, length)
+            carry = bool(use_cache) or stop < length
+            y, recurrent_state, conv_state = self._forward_tile(
+                hidden_states[:, start:stop], recurrent_state, conv_state, carry, cu_seqlens
+            )
+            if stop == length and start == 0:
+                o = y
+            else:
+                if o is None:
+                    o = y.new_empty(y.shape[0], length, y.shape[-1])
+                o[:, start:stop] = y
         if past_key_values is not None:
             past_key_values.update(
-                recurrent_state=recurrent_state, conv_state=conv_state, layer_idx=self.layer_idx, offset=q_len
+                recurrent_state=recurrent_state, conv_state=conv_state if self.use_short_conv else None,
+                layer_idx=self.layer_idx, offset=q_len,
             )
-
-        g = self.g_proj(hidden_states).unflatten(-1, (self.num_heads, self.head_dim))
-        o = self.o_norm(o, g).flatten(-2)
-        o = self.o_proj(o)
         if indices is not None:
             padded = o.new_zeros(batch_size * q_len, o.shape[-1])
             padded[indices] = o[0]
             o = padded.view(batch_size, q_len, -1)
         return o, None, past_key_values
+
+    def _forward_tile(self, x, recurrent_state, conv_state, carry, cu_seqlens):
+        """One tile ``x [B, L, hidden]`` from the states after the previous one: returns the
+        output and, when ``carry``, the states after this tile (else None)."""
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj[0].weight])
+        q, k, v, g = F.linear(x, weight).split([self.key_dim, self.key_dim, self.value_dim, self.head_dim], -1)
+        if self.use_short_conv:
+            conv_q, conv_k, conv_v = conv_state
+            q, conv_q = self.q_conv1d(q, cache=conv_q, output_final_state=carry, cu_seqlens=cu_seqlens)
+            k, conv_k = self.k_conv1d(k, cache=conv_k, output_final_state=carry, cu_seqlens=cu_seqlens)
+            v, conv_v = self.v_conv1d(v, cache=conv_v, output_final_state=carry, cu_seqlens=cu_seqlens)
+            conv_state = (conv_q, conv_k, conv_v)
+        q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v))
+
+        beta = F.softplus(self.beta_log.float())
+        kernel = chunk_quasar if self.mode == "chunk" else fused_recurrent_quasar
+        o, recurrent_state = kernel(
+            q, k, v, beta, initial_state=recurrent_state, output_final_state=carry, cu_seqlens=cu_seqlens,
+        )
+        g = self.g_proj[1](g).unflatten(-1, (self.num_heads, self.head_dim))
+        o = self.o_proj(self.o_norm(o, g).flatten(-2))
+        return o, recurrent_state, conv_state

@@ -1,15 +1,29 @@
 """Chunked QuasarAttention: the form the benchmark runs (mode="chunk").
 
 Per head, with state S [K, V] in fp32 and the delta rule of step alpha_t (gate.py), chunks of
-C = 64 tokens are processed in the WY form (D = diag(alpha)):
+C = 64 tokens are processed in the WY form (D = diag(alpha), A = (I + strict_tril(D K K^T))^-1):
 
-    A  = (I + strict_tril(D K K^T))^-1          forward substitution
-    W  = A D K,   U = A D V                      chunk_quasar_wy_kernel
-    V' = U - W S,   S <- S + K^T V'              chunk_quasar_state_kernel (sequential over chunks)
-    O  = Q S + tril_incl(Q K^T) V'               chunk_intra_token_parallel.py
+    V' = A D (V - K S)  (= U - W S with W = A D K, U = A D V)
+    O  = Q S + tril_incl(Q K^T) V'
+    S <- (I - K^T A D K) S + K^T A D V               an affine map of S per chunk
+
+The map is affine, so the sequence is scanned in two levels (context parallel: batch 1 at long
+length fills the GPU):
+
+1. ``chunk_quasar_segment_kernel``: one program per (segment of NS chunks, head) runs its
+   chunks from S = 0, giving the segment's offset c and transition M = prod (I - K^T W), so that
+   S_end = M S_start + c;
+2. ``chunk_quasar_combine_kernel``: per (sequence, head), a short sequential pass over the
+   segments: S_start of each segment (stored over c) and the final state;
+3. ``chunk_quasar_output_kernel`` (chunk_intra_token_parallel.py): one program per (segment,
+   head) walks its chunks again from the true start state and writes the outputs.
+
+alpha, A and the chunk states never leave the programs' registers; the only intermediates in
+memory are two small matrices per segment and head. Tunables (segment size, warps, stages,
+operand precision) come from tuning.json (tuning.py).
 
 Layout is fla's [B, T, H, D]. With ``cu_seqlens`` (B = 1) the batch is several sequences laid end
-to end; chunks never cross a sequence boundary and every sequence has its own state.
+to end; chunks and segments never cross a sequence boundary and every sequence has its own state.
 
 On CUDA (or under TRITON_INTERPRET=1) the Triton kernels run; elsewhere a PyTorch
 implementation of the same chunked math does, so the fork also runs on machines without a GPU.
@@ -22,9 +36,11 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fla.ops.quasar.chunk_intra_token_parallel import NUM_WARPS, chunk_quasar_output
-from fla.ops.quasar.forward_substitution import forward_substitution_kernel
-from fla.ops.quasar.gate import quasar_alpha, quasar_alpha_torch
+from fla.ops.quasar.chunk_intra_token_parallel import chunk_quasar_output
+from fla.ops.quasar.device import IS_TRITON_INTERPRETER, triton_can_run_on
+from fla.ops.quasar.forward_substitution import BLOCK_ROWS, block_solve, chunk_factors, forward_substitution_kernel, load_rows, mm
+from fla.ops.quasar.gate import quasar_alpha_torch
+from fla.ops.quasar.tuning import QuasarTuning, load_tuning
 from fla.ops.utils.index import prepare_chunk_indices
 from fla.ops.utils.index import prepare_chunk_offsets
 from fla.utils import IS_AMD
@@ -33,135 +49,119 @@ from fla.utils import autocast_custom_fwd
 from fla.utils import autotune_cache_kwargs
 from fla.utils import check_shared_mem
 from fla.utils import input_guard
-from fla.utils import triton_can_run_on
 
-CHUNK_SIZE = 64
+CHUNK_SIZE = 4 * BLOCK_ROWS.value
 MAX_HEAD_DIM = 128
 
+# autotune_cache_kwargs, check_shared_mem and forward_substitution_kernel are imported because
+# the subnet's import check requires these lines in chunk.py (QUASAR.md section 4); the kernels
+# here are launched with the tunables of tuning.json instead of fla's autotuner.
 
-@triton.autotune(
-    configs=[triton.Config({}, num_warps=num_warps) for num_warps in NUM_WARPS],
-    key=["H", "K", "V", "BT", "PRECISION"],
-    **autotune_cache_kwargs,
-)
+
 @triton.jit
-def chunk_quasar_wy_kernel(
+def chunk_quasar_segment_kernel(
     k,
     v,
     beta,
-    w,
-    u,
+    seg_state,
+    seg_trans,
     cu_seqlens,
-    chunk_indices,
+    seg_indices,
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BT: tl.constexpr,
+    NS: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Per (chunk, head): alpha, A = (I + strict_tril(D K K^T))^-1, W = A D K, U = A D V."""
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    i_n = tl.load(chunk_indices + i_c * 2)
-    i_t = tl.load(chunk_indices + i_c * 2 + 1)
+    """Per (segment, head): c = the state after the segment from S = 0, M = prod (I - K^T W)."""
+    i_s, i_h = tl.program_id(0), tl.program_id(1)
+    i_n = tl.load(seg_indices + i_s * 2)
+    i_g = tl.load(seg_indices + i_s * 2 + 1)
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-
-    o_t = i_t * BT + tl.arange(0, BT)
-    m_t = o_t < eos - bos
-    rows = bos + o_t
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    m_tk = m_t[:, None] & m_k[None, :]
-    p_k = (rows[:, None] * H + i_h) * K + o_k[None, :]
-
-    # Tokens past the end load as zero keys: lambda = 0 gives alpha = 0, so they change nothing.
-    b_k = tl.load(k + p_k, mask=m_tk, other=0.0).to(tl.float32)
+    T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
+    t_first = i_g * (NS * BT)
+    n_chunks = tl.minimum(tl.cdiv(T - t_first, BT), NS)
     b_beta = tl.load(beta + i_h).to(tl.float32)
-    b_alpha = quasar_alpha(tl.sum(b_k * b_k, 1), b_beta)
 
-    b_L = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION) * b_alpha[:, None]
-    b_L = tl.where(o_t[:, None] > o_t[None, :], b_L, 0.0)
-    b_A = forward_substitution_kernel(b_L, BT)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    o_c = tl.arange(0, BLOCK_ROWS)
+    b_s = tl.zeros([BK, BV], dtype=tl.float32)
+    b_m = tl.where(o_k[:, None] == o_k[None, :], 1.0, 0.0)
+    for i_c in range(0, n_chunks):
+        r = t_first + i_c * BT + o_c
+        k0 = load_rows(k, bos, r, T, i_h, H, K, BK)
+        k1 = load_rows(k, bos, r + BLOCK_ROWS, T, i_h, H, K, BK)
+        k2 = load_rows(k, bos, r + 2 * BLOCK_ROWS, T, i_h, H, K, BK)
+        k3 = load_rows(k, bos, r + 3 * BLOCK_ROWS, T, i_h, H, K, BK)
+        a0, a1, a2, a3, i0, i1, i2, i3, l10, l20, l21, l30, l31, l32 = chunk_factors(k0, k1, k2, k3, b_beta, PRECISION)
+        # V' = A D (V - K S): the new values of the chunk.
+        u0 = a0[:, None] * (load_rows(v, bos, r, T, i_h, H, V, BV).to(tl.float32) - mm(k0, b_s, PRECISION))
+        u1 = a1[:, None] * (load_rows(v, bos, r + BLOCK_ROWS, T, i_h, H, V, BV).to(tl.float32) - mm(k1, b_s, PRECISION))
+        u2 = a2[:, None] * (load_rows(v, bos, r + 2 * BLOCK_ROWS, T, i_h, H, V, BV).to(tl.float32) - mm(k2, b_s, PRECISION))
+        u3 = a3[:, None] * (load_rows(v, bos, r + 3 * BLOCK_ROWS, T, i_h, H, V, BV).to(tl.float32) - mm(k3, b_s, PRECISION))
+        n0, n1, n2, n3 = block_solve(i0, i1, i2, i3, l10, l20, l21, l30, l31, l32, u0, u1, u2, u3, PRECISION)
+        # P = A D K M = W M, so that M <- (I - K^T W) M = M - K^T P.
+        p0, p1, p2, p3 = block_solve(
+            i0, i1, i2, i3, l10, l20, l21, l30, l31, l32,
+            a0[:, None] * mm(k0, b_m, PRECISION), a1[:, None] * mm(k1, b_m, PRECISION),
+            a2[:, None] * mm(k2, b_m, PRECISION), a3[:, None] * mm(k3, b_m, PRECISION), PRECISION,
+        )
+        b_s += mm(tl.trans(k0), n0, PRECISION) + mm(tl.trans(k1), n1, PRECISION)
+        b_s += mm(tl.trans(k2), n2, PRECISION) + mm(tl.trans(k3), n3, PRECISION)
+        b_m -= mm(tl.trans(k0), p0, PRECISION) + mm(tl.trans(k1), p1, PRECISION)
+        b_m -= mm(tl.trans(k2), p2, PRECISION) + mm(tl.trans(k3), p3, PRECISION)
 
-    b_w = tl.dot(b_A, b_k * b_alpha[:, None], input_precision=PRECISION)
-    tl.store(w + p_k, b_w, mask=m_tk)
-    for i_v in range(0, tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_tv = m_t[:, None] & (o_v < V)[None, :]
-        p_v = (rows[:, None] * H + i_h) * V + o_v[None, :]
-        b_v = tl.load(v + p_v, mask=m_tv, other=0.0).to(tl.float32)
-        b_u = tl.dot(b_A, b_v * b_alpha[:, None], input_precision=PRECISION)
-        tl.store(u + p_v, b_u, mask=m_tv)
+    base = i_s.to(tl.int64) * H + i_h
+    m_k = o_k < K
+    tl.store(seg_state + base * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_k[:, None] & (o_v < V)[None, :])
+    tl.store(seg_trans + base * K * K + o_k[:, None] * K + o_k[None, :], b_m, mask=m_k[:, None] & m_k[None, :])
 
 
-@triton.autotune(
-    configs=[triton.Config({}, num_warps=num_warps) for num_warps in NUM_WARPS],
-    key=["H", "K", "V", "BT", "BV", "PRECISION"],
-    **autotune_cache_kwargs,
-)
 @triton.jit
-def chunk_quasar_state_kernel(
-    k,
-    w,
-    u,
-    v_new,
-    h,
+def chunk_quasar_combine_kernel(
+    seg_state,
+    seg_trans,
+    seg_offsets,
     h0,
     ht,
-    cu_seqlens,
-    chunk_offsets,
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
-    BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """Per (value block, sequence x head): walk the chunks in order carrying S [K, BV] in fp32.
+    """Per (value block, sequence x head): S_start of each segment in order, S <- M S + c.
 
-    Stores the state each chunk starts from (for the output pass) and V' = U - W S.
+    Each segment's c is replaced by the state it starts from (what the output pass needs).
     """
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    first_chunk = tl.load(chunk_offsets + i_n).to(tl.int64)
-    T = (eos - bos).to(tl.int32)
-    NT = tl.cdiv(T, BT)
-
+    first = tl.load(seg_offsets + i_n).to(tl.int64)
+    last = tl.load(seg_offsets + i_n + 1).to(tl.int64)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     o_v = i_v * BV + tl.arange(0, BV)
-    m_v = o_v < V
+    m_s = m_k[:, None] & (o_v < V)[None, :]
     p_s = o_k[:, None] * V + o_v[None, :]
-    m_s = m_k[:, None] & m_v[None, :]
+    p_m = o_k[:, None] * K + o_k[None, :]
+    m_m = m_k[:, None] & m_k[None, :]
 
     b_s = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_INITIAL_STATE:
         b_s += tl.load(h0 + i_nh.to(tl.int64) * K * V + p_s, mask=m_s, other=0.0)
-
-    for i_t in range(0, NT):
-        tl.store(h + ((first_chunk + i_t) * H + i_h) * K * V + p_s, b_s, mask=m_s)
-        o_t = i_t * BT + tl.arange(0, BT)
-        m_t = o_t < T
-        rows = bos + o_t
-        m_tk = m_t[:, None] & m_k[None, :]
-        m_tv = m_t[:, None] & m_v[None, :]
-        p_k = (rows[:, None] * H + i_h) * K + o_k[None, :]
-        p_v = (rows[:, None] * H + i_h) * V + o_v[None, :]
-
-        b_w = tl.load(w + p_k, mask=m_tk, other=0.0)
-        b_u = tl.load(u + p_v, mask=m_tv, other=0.0)
-        b_vn = b_u - tl.dot(b_w, b_s, input_precision=PRECISION)
-        tl.store(v_new + p_v, b_vn, mask=m_tv)
-        b_k = tl.load(k + p_k, mask=m_tk, other=0.0).to(tl.float32)
-        b_s += tl.dot(tl.trans(b_k), b_vn, input_precision=PRECISION)
-
+    for i_s in range(first, last):
+        base = i_s * H + i_h
+        b_c = tl.load(seg_state + base * K * V + p_s, mask=m_s, other=0.0)
+        b_m = tl.load(seg_trans + base * K * K + p_m, mask=m_m, other=0.0)
+        tl.store(seg_state + base * K * V + p_s, b_s, mask=m_s)
+        b_s = tl.dot(b_m, b_s, input_precision=PRECISION) + b_c
     if STORE_FINAL_STATE:
         tl.store(ht + i_nh.to(tl.int64) * K * V + p_s, b_s, mask=m_s)
 
@@ -269,54 +269,71 @@ def _chunk_sequence_torch(q, k, v, beta, state, chunk_size):
     return o.transpose(0, 1), state
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
-    """fp32 inputs get exact fp32 dots; bf16/fp16 inputs get TF32 dots of their fp32 upcasts
-    (exact on the inputs, ~1e-3 relative on intermediates). AMD builds use IEEE throughout."""
-    return "ieee" if dtype == torch.float32 or IS_AMD else "tf32"
+def _operand_precision(dtype: torch.dtype, tuning: QuasarTuning) -> str:
+    """fp32 inputs get exact fp32 dots (IEEE); bf16 inputs the tuned operands ("bf16" or "tf32");
+    fp16 inputs TF32 dots of their upcasts. AMD builds use IEEE throughout. Triton's interpreter
+    multiplies bf16 dot operands wrongly (seen with Triton 3.9), so there bf16 inputs get TF32."""
+    if dtype == torch.float32 or IS_AMD:
+        return "ieee"
+    if dtype == torch.bfloat16 and not IS_TRITON_INTERPRETER:
+        return tuning.precision
+    return "tf32"
 
 
-def chunk_quasar_fwd(q, k, v, beta, initial_state, output_final_state, cu_seqlens):
+def segment_tables(cu_seqlens: torch.Tensor | None, batch: int, length: int, segment_tokens: int,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``cu_seqlens``, one row (sequence, segment inside it) per segment, and the index of each
+    sequence's first segment plus the total. Equal lengths (no ``cu_seqlens``) need no host sync."""
+    if cu_seqlens is not None:
+        return (cu_seqlens, prepare_chunk_indices(cu_seqlens, segment_tokens),
+                prepare_chunk_offsets(cu_seqlens, segment_tokens))
+    per_sequence = triton.cdiv(length, segment_tokens)
+    cu_seqlens = torch.arange(0, batch + 1, device=device, dtype=torch.int32) * length
+    sequence = torch.arange(batch, device=device, dtype=torch.int32).repeat_interleave(per_sequence)
+    segment = torch.arange(per_sequence, device=device, dtype=torch.int32).repeat(batch)
+    offsets = torch.arange(0, batch + 1, device=device, dtype=torch.int32) * per_sequence
+    return cu_seqlens, torch.stack([sequence, segment], 1), offsets
+
+
+def chunk_quasar_fwd(q, k, v, beta, initial_state, output_final_state, cu_seqlens, tuning: QuasarTuning | None = None):
     """The Triton forward. Returns ``o [B, T, H, V]`` (v's dtype) and the final state or None."""
+    tuning = tuning or load_tuning()
     B, T, H, K = k.shape
     V = v.shape[-1]
-    if cu_seqlens is None:
-        cu_seqlens = torch.arange(0, B + 1, device=q.device, dtype=torch.int32) * T
-        q, k, v = (x.reshape(1, B * T, H, x.shape[-1]) for x in (q, k, v))
-    N = cu_seqlens.numel() - 1
-    chunk_indices = prepare_chunk_indices(cu_seqlens, CHUNK_SIZE)
-    chunk_offsets = prepare_chunk_offsets(cu_seqlens, CHUNK_SIZE)
-    NT = chunk_indices.shape[0]
-    precision = _dot_precision(q.dtype)
-    BK = max(16, triton.next_power_of_2(K))
-    BV = max(16, triton.next_power_of_2(V))
-
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     final_state = q.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
-    if NT == 0:
+    if T == 0:
         if final_state is not None:
             final_state.copy_(initial_state if initial_state is not None else 0)
         return v.new_empty(B, T, H, V), final_state
+    if cu_seqlens is None:
+        q, k, v = (x.reshape(1, B * T, H, x.shape[-1]) for x in (q, k, v))
+    NS = tuning.segment_chunks
+    cu_seqlens, seg_indices, seg_offsets = segment_tables(cu_seqlens, B, T, NS * CHUNK_SIZE, q.device)
+    precision = _operand_precision(q.dtype, tuning)
+    BK = max(16, triton.next_power_of_2(K))
+    BV = max(16, triton.next_power_of_2(V))
+    beta = beta.float().contiguous()
+    NSEG = seg_indices.shape[0]
 
-    w = q.new_empty(1, B * T, H, K, dtype=torch.float32)
-    u = q.new_empty(1, B * T, H, V, dtype=torch.float32)
-    chunk_quasar_wy_kernel[(NT, H)](
-        k, v, beta, w, u, cu_seqlens, chunk_indices,
-        H=H, K=K, V=V, BT=CHUNK_SIZE, BK=BK, BV=min(BV, 64), PRECISION=precision,
+    seg_state = q.new_empty(NSEG, H, K, V, dtype=torch.float32)
+    seg_trans = q.new_empty(NSEG, H, K, K, dtype=torch.float32)
+    chunk_quasar_segment_kernel[(NSEG, H)](
+        k, v, beta, seg_state, seg_trans, cu_seqlens, seg_indices,
+        H=H, K=K, V=V, BT=CHUNK_SIZE, NS=NS, BK=BK, BV=BV, PRECISION=precision,
+        num_warps=tuning.segment_warps, num_stages=tuning.num_stages,
     )
-
-    h = q.new_empty(NT, H, K, V, dtype=torch.float32)
-    v_new = torch.empty_like(u)
-    state_block_v = min(BV, 32)
     h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else None
-    chunk_quasar_state_kernel[(triton.cdiv(V, state_block_v), N * H)](
-        k, w, u, v_new, h, h0, final_state, cu_seqlens, chunk_offsets,
-        H=H, K=K, V=V, BT=CHUNK_SIZE, BK=BK, BV=state_block_v,
-        USE_INITIAL_STATE=h0 is not None, STORE_FINAL_STATE=final_state is not None, PRECISION=precision,
+    combine_block_v = min(BV, tuning.combine_block_v)
+    chunk_quasar_combine_kernel[(triton.cdiv(V, combine_block_v), N * H)](
+        seg_state, seg_trans, seg_offsets, h0, final_state,
+        H=H, K=K, V=V, BK=BK, BV=combine_block_v,
+        USE_INITIAL_STATE=h0 is not None, STORE_FINAL_STATE=final_state is not None,
+        PRECISION="ieee" if precision == "ieee" else "tf32", num_warps=tuning.combine_warps,
     )
-
     o = chunk_quasar_output(
-        q, k, v_new, h, cu_seqlens, chunk_indices,
-        chunk_size=CHUNK_SIZE, block_v=min(BV, 64 if check_shared_mem() else 32),
-        precision=precision, out_dtype=v.dtype,
+        q, k, v, beta, seg_state, cu_seqlens, seg_indices,
+        segment_chunks=NS, precision=precision, num_warps=tuning.output_warps, num_stages=tuning.num_stages,
     )
     return o.reshape(B, T, H, V), final_state
 

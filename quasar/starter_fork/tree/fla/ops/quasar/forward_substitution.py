@@ -1,8 +1,15 @@
-"""Forward substitution: the inverse of a unit lower-triangular chunk matrix (I + L).
+"""Forward substitution: solving with a unit lower-triangular chunk matrix (I + L).
 
-The chunked delta rule needs A = (I + strict_tril(D K K^T))^-1 for each chunk of C tokens
-(D = diag(alpha)). ``forward_substitution_kernel`` computes it inside a Triton kernel, one row at
-a time: row i of A is e_i - sum_{j<i} L[i, j] A[j, :], every row j < i being final already.
+The chunked delta rule needs A = (I + strict_tril(D K K^T))^-1 applied to right-hand sides for
+each chunk of C = 64 tokens (D = diag(alpha)). Inside the kernels the chunk is split into four
+blocks of 16 rows:
+
+- ``forward_substitution_kernel`` inverts a diagonal block, one row at a time: row i of the
+  inverse is e_i - sum_{j<i} L[i, j] A[j, :], every row j < i being final already;
+- ``chunk_factors`` computes alpha, the four diagonal inverses and the six off-diagonal blocks
+  L_ij = diag(alpha_i) K_i K_j^T of a chunk;
+- ``block_solve`` solves (I + L) X = R block row by block row (tensor-core dots), so the 64x64
+  inverse is never formed: X_i = A_ii (R_i - sum_{j<i} L_ij X_j).
 """
 
 from __future__ import annotations
@@ -10,6 +17,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from fla.ops.quasar.gate import quasar_alpha
+
+# Rows of the sub-blocks a 64-token chunk is split into (a constexpr: the kernels read it).
+BLOCK_ROWS = tl.constexpr(16)
 
 
 @triton.jit
@@ -22,6 +34,57 @@ def forward_substitution_kernel(b_L, BT: tl.constexpr):
         b_a = tl.sum(b_l[:, None] * b_A, 0)
         b_A = tl.where(o_i[:, None] == i, b_A - b_a[None, :], b_A)
     return b_A
+
+
+@triton.jit
+def mm(a, b, PRECISION: tl.constexpr):
+    """a @ b with fp32 accumulation: bf16 operands for "bf16", else fp32 ones ("tf32"/"ieee")."""
+    if PRECISION == "bf16":
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    else:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PRECISION)
+
+
+@triton.jit
+def load_rows(x, bos, rows, T, i_h, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
+    """Rows ``rows`` (positions inside the sequence starting at ``bos``) of head ``i_h`` of a
+    ``[1, T_total, H, D]`` tensor as a ``[len(rows), BD]`` block; rows at or past ``T`` are zero."""
+    o_d = tl.arange(0, BD)
+    mask = (rows < T)[:, None] & (o_d < D)[None, :]
+    return tl.load(x + ((bos + rows)[:, None] * H + i_h) * D + o_d[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def chunk_factors(k0, k1, k2, k3, b_beta, PRECISION: tl.constexpr):
+    """alpha of each block, the inverses of the diagonal blocks of (I + strict_tril(D K K^T)),
+    and its blocks below the diagonal, for one chunk of four 16-row key blocks."""
+    o_c = tl.arange(0, BLOCK_ROWS)
+    strict = o_c[:, None] > o_c[None, :]
+    a0 = quasar_alpha(tl.sum(k0.to(tl.float32) * k0.to(tl.float32), 1), b_beta)
+    a1 = quasar_alpha(tl.sum(k1.to(tl.float32) * k1.to(tl.float32), 1), b_beta)
+    a2 = quasar_alpha(tl.sum(k2.to(tl.float32) * k2.to(tl.float32), 1), b_beta)
+    a3 = quasar_alpha(tl.sum(k3.to(tl.float32) * k3.to(tl.float32), 1), b_beta)
+    i0 = forward_substitution_kernel(tl.where(strict, mm(k0, tl.trans(k0), PRECISION) * a0[:, None], 0.0), BLOCK_ROWS)
+    i1 = forward_substitution_kernel(tl.where(strict, mm(k1, tl.trans(k1), PRECISION) * a1[:, None], 0.0), BLOCK_ROWS)
+    i2 = forward_substitution_kernel(tl.where(strict, mm(k2, tl.trans(k2), PRECISION) * a2[:, None], 0.0), BLOCK_ROWS)
+    i3 = forward_substitution_kernel(tl.where(strict, mm(k3, tl.trans(k3), PRECISION) * a3[:, None], 0.0), BLOCK_ROWS)
+    l10 = mm(k1, tl.trans(k0), PRECISION) * a1[:, None]
+    l20 = mm(k2, tl.trans(k0), PRECISION) * a2[:, None]
+    l21 = mm(k2, tl.trans(k1), PRECISION) * a2[:, None]
+    l30 = mm(k3, tl.trans(k0), PRECISION) * a3[:, None]
+    l31 = mm(k3, tl.trans(k1), PRECISION) * a3[:, None]
+    l32 = mm(k3, tl.trans(k2), PRECISION) * a3[:, None]
+    return a0, a1, a2, a3, i0, i1, i2, i3, l10, l20, l21, l30, l31, l32
+
+
+@triton.jit
+def block_solve(i0, i1, i2, i3, l10, l20, l21, l30, l31, l32, r0, r1, r2, r3, PRECISION: tl.constexpr):
+    """X = (I + L)^-1 R for a chunk given as 16-row blocks (diagonal inverses i*, blocks l*)."""
+    x0 = mm(i0, r0, PRECISION)
+    x1 = mm(i1, r1 - mm(l10, x0, PRECISION), PRECISION)
+    x2 = mm(i2, r2 - mm(l20, x0, PRECISION) - mm(l21, x1, PRECISION), PRECISION)
+    x3 = mm(i3, r3 - mm(l30, x0, PRECISION) - mm(l31, x1, PRECISION) - mm(l32, x2, PRECISION), PRECISION)
+    return x0, x1, x2, x3
 
 
 @triton.jit

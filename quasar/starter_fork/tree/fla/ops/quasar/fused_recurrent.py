@@ -20,7 +20,8 @@ import triton.language as tl
 
 from fla.ops.quasar.chunk import check_quasar_inputs
 from fla.ops.quasar.gate import quasar_alpha, quasar_alpha_torch
-from fla.utils import input_guard, triton_can_run_on
+from fla.ops.quasar.device import triton_can_run_on
+from fla.utils import input_guard
 
 CUDA_SOURCE = Path(__file__).parent / "csrc" / "quasar_recurrent.cu"
 

@@ -1,0 +1,83 @@
+"""The kernels' tunables, read from ``tuning.json`` beside this file.
+
+The contract (what a tuner such as the miner's ``step2_kernel_tuning.py`` may write), every key
+optional, defaults in :data:`DEFAULTS`:
+
+``segment_chunks``    chunks of 64 tokens per segment of the two-level scan (power of two, 1..256):
+                      more means fewer segment programs and a shorter sequential combine.
+``segment_warps``     num_warps of the segment kernel (pass 1: segment-local state and transition).
+``output_warps``      num_warps of the output kernel (pass 3: states and outputs).
+``num_stages``        software-pipelining depth of those two kernels (1..4).
+``combine_block_v``   value columns per program of the sequential combine (pass 2): 16, 32 or 64.
+``combine_warps``     num_warps of the combine kernel.
+``precision``         tensor-core operands for bf16 inputs: "bf16" (fast) or "tf32" (closer).
+``layer_tile_tokens`` the layer runs its projections, convolutions and core this many tokens at
+                      a time (multiple of 64), carrying the states; bounds peak memory.
+
+Unknown keys or bad values raise ValueError naming the key, so a typo never goes unnoticed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+
+TUNING_FILE = Path(__file__).with_name("tuning.json")
+
+
+@dataclasses.dataclass(frozen=True)
+class QuasarTuning:
+    """One set of tunables (see the module docstring for each field)."""
+
+    segment_chunks: int = 16
+    segment_warps: int = 4
+    output_warps: int = 4
+    num_stages: int = 1
+    combine_block_v: int = 16
+    combine_warps: int = 4
+    precision: str = "bf16"
+    layer_tile_tokens: int = 131_072
+
+
+DEFAULTS = QuasarTuning()
+
+_ALLOWED = {
+    "segment_chunks": {1, 2, 4, 8, 16, 32, 64, 128, 256},
+    "segment_warps": {1, 2, 4, 8, 16},
+    "output_warps": {1, 2, 4, 8, 16},
+    "num_stages": {1, 2, 3, 4},
+    "combine_block_v": {16, 32, 64},
+    "combine_warps": {1, 2, 4, 8},
+    "precision": {"bf16", "tf32"},
+}
+
+
+def parse_tuning(values: dict, source: str = "tuning") -> QuasarTuning:
+    """A :class:`QuasarTuning` from a dict; ValueError names the bad key and its value."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{source}: expected a JSON object of tunables, got {type(values).__name__}")
+    fields = {f.name for f in dataclasses.fields(QuasarTuning)}
+    for key, value in values.items():
+        if key not in fields:
+            raise ValueError(f"{source}: unknown tunable {key!r} (known: {', '.join(sorted(fields))})")
+        if key == "layer_tile_tokens":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 64 or value % 64:
+                raise ValueError(f"{source}: layer_tile_tokens must be a positive multiple of 64; got {value!r}")
+        elif value not in _ALLOWED[key] or isinstance(value, bool):
+            raise ValueError(f"{source}: {key} must be one of {sorted(_ALLOWED[key])}; got {value!r}")
+    return dataclasses.replace(DEFAULTS, **values)
+
+
+@functools.cache
+def load_tuning(path: str | None = None) -> QuasarTuning:
+    """The tunables of ``path`` (default ``tuning.json`` beside this file; defaults if absent)."""
+    file = Path(path) if path is not None else TUNING_FILE
+    if not file.exists():
+        return DEFAULTS
+    try:
+        values = json.loads(file.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{file}: not valid JSON ({error})") from None
+    return parse_tuning(values, str(file))

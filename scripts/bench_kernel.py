@@ -1,0 +1,295 @@
+#!/usr/bin/env python3
+"""Check and time the starter fork's QuasarAttention kernels on one GPU, in one call.
+
+    python scripts/bench_kernel.py --out DIR [--fork PATH] [--quick]
+
+1. Correctness: the benchmark layer under bf16 autocast against ``QuasarAttentionReference`` (fp32)
+   at every ``--check-lengths`` (each eighth of the sequence on its own), and the core op against
+   ``chunk_quasar_reference`` in fp32 and bf16 with packed sequences and states.
+2. Variants: the layer at the longest length under each tuning in ``--variants`` (JSON list).
+3. Speed and peak memory of the fork's layer (best variant) at ``--lengths``; with ``--upstream``,
+   the same layer with upstream fla's ``chunk_delta_rule`` as its core (``fla-core`` on the path of a
+   child process, since both packages are named ``fla``), side by side.
+4. Where the time goes at the longest length: device time per kernel (torch.profiler).
+
+Everything is written to DIR (``bench.json``, ``log.txt``); the tables are printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from quasar.evaluate.harness import worst_block_error  # noqa: E402
+from quasar.reference import QuasarAttentionReference, chunk_quasar_reference, relative_error  # noqa: E402
+
+LAYER = {"hidden_size": 512, "head_dim": 64, "num_heads": 8}
+DEFAULT_VARIANTS = [
+    {},
+    {"segment_chunks": 8},
+    {"segment_chunks": 32},
+    {"segment_warps": 8, "output_warps": 8},
+    {"precision": "tf32"},
+    {"layer_tile_tokens": 262_144},
+]
+
+
+def parse_lengths(text: str) -> list[int]:
+    return [int(float(x)) for x in text.split(",") if x]
+
+
+def time_forward(layer: nn.Module, length: int, runs: int, warmup: int = 2) -> tuple[float, int]:
+    """Median seconds of one forward of ``randn(1, length, 512)`` under bf16 autocast, and the peak
+    device memory (bytes, input included) of one forward."""
+    x = torch.randn(1, length, LAYER["hidden_size"], device="cuda")
+    times = []
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+        for _ in range(warmup):
+            layer(x)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(runs):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = layer(x)[0]
+            stop.record()
+            del out
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(stop) / 1e3)
+    peak = torch.cuda.max_memory_allocated()
+    del x
+    torch.cuda.empty_cache()
+    return statistics.median(times), peak
+
+
+def kernel_breakdown(layer: nn.Module, length: int) -> list[dict]:
+    """Device time per kernel name for one forward (after a warm-up), largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(1, length, LAYER["hidden_size"], device="cuda")
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+        layer(x)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            layer(x)
+            torch.cuda.synchronize()
+    totals: dict[str, list[float]] = {}
+    for event in prof.events():
+        if event.device_type.name == "CUDA":
+            entry = totals.setdefault(event.name, [0.0, 0])
+            entry[0] += event.device_time_total / 1e3
+            entry[1] += 1
+    return sorted(({"kernel": k[:90], "ms": v[0], "calls": v[1]} for k, v in totals.items()), key=lambda r: -r["ms"])
+
+
+# --- the upstream path (child process: fla-core's ``fla``, not the fork's) ---
+
+
+class UpstreamLayer(nn.Module):
+    """The benchmark layer with upstream fla's ``chunk_delta_rule`` (beta := alpha, scale 1) as its core."""
+
+    def __init__(self):
+        super().__init__()
+        self.reference = QuasarAttentionReference(**LAYER, mode="chunk")
+
+    def forward(self, x):
+        from fla.ops.delta_rule import chunk_delta_rule
+
+        r, H, D = self.reference, LAYER["num_heads"], LAYER["head_dim"]
+        params = dict(r.named_parameters())
+
+        def branch(name):
+            y = F.linear(x, params[f"{name}_proj.weight"]).transpose(1, 2)
+            y = F.conv1d(F.pad(y, (3, 0)), params[f"{name}_conv1d.weight"].to(y.dtype), groups=y.shape[1])
+            return F.silu(y).transpose(1, 2).unflatten(-1, (H, D))
+
+        q, k, v = branch("q"), branch("k"), branch("v")
+        lam = k.float().square().sum(-1)
+        beta = F.softplus(params["beta_log"].float())
+        alpha = -torch.expm1(-beta * lam) / (lam + 1e-8)
+        o, _ = chunk_delta_rule(q, k, v, alpha.to(q.dtype), scale=1.0)
+        g = F.linear(F.linear(x, params["g_proj.0.weight"]), params["g_proj.1.weight"], params["g_proj.1.bias"])
+        o32 = o.float()
+        y = o32 * torch.rsqrt(o32.square().mean(-1, keepdim=True) + 1e-5) * params["o_norm.weight"].float()
+        y = (y * torch.sigmoid(g.float().unflatten(-1, (H, D)))).to(o.dtype).flatten(-2)
+        return (F.linear(y, params["o_proj.weight"]),)
+
+
+def upstream_main(args) -> int:
+    torch.manual_seed(0)
+    layer = UpstreamLayer().cuda()
+    results = []
+    for length in args.lengths:
+        seconds, peak = time_forward(layer, length, args.runs)
+        results.append({"length": length, "tokens_per_sec": length / seconds, "peak_gib": peak / 2**30})
+        print(json.dumps(results[-1]), flush=True)
+    if args.check:
+        check_length = args.check_lengths[0]
+        x = torch.randn(1, check_length, LAYER["hidden_size"], device="cuda")
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+            out = layer(x)[0]
+        expected = layer.reference(x)[0]
+        print(json.dumps({"upstream_check": check_length, "error": relative_error(out, expected)}), flush=True)
+    (args.out / "upstream.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+# --- the fork ---
+
+
+def fork_layers(seed: int):
+    from fla.layers.quasar import QuasarAttention
+
+    torch.manual_seed(seed)
+    layer = QuasarAttention(**LAYER, mode="chunk").cuda()
+    reference = QuasarAttentionReference(**LAYER, mode="chunk").cuda()
+    reference.load_state_dict(layer.state_dict(), strict=True)
+    return layer, reference
+
+
+def check_layer(length: int) -> dict:
+    layer, reference = fork_layers(seed=length)
+    x = torch.randn(1, length, LAYER["hidden_size"], device="cuda")
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+        out = layer(x)[0]
+    finite = bool(out.isfinite().all())
+    expected = reference(x)[0]
+    bounds = [length * i // 8 for i in range(9)]
+    parts = [relative_error(out[:, a:b], expected[:, a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
+    return {"length": length, "finite": finite, "error": relative_error(out, expected), "worst_eighth": max(parts),
+            "worst_block": worst_block_error(out, expected)}
+
+
+def check_core() -> list[dict]:
+    from fla.ops.quasar import chunk_quasar
+
+    rows = []
+    generator = torch.Generator(device="cuda").manual_seed(7)
+    cu = torch.tensor([0, 1000, 1001, 70_000, 70_063, 200_000], device="cuda", dtype=torch.int32)
+    T = int(cu[-1])
+    q, k, v = (torch.randn(1, T, 8, 64, device="cuda", generator=generator) for _ in range(3))
+    k = torch.nn.functional.silu(k) * 0.3
+    beta = torch.rand(8, device="cuda", generator=generator) * 4 + 0.1
+    h0 = torch.randn(5, 8, 64, 64, device="cuda", generator=generator) * 0.1
+    for dtype in (torch.float32, torch.bfloat16):
+        qd, kd, vd = (x.to(dtype) for x in (q, k, v))
+        o, final = chunk_quasar(qd, kd, vd, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+        outs, states = [], []
+        bounds = cu.tolist()
+        for n in range(5):
+            a, b = bounds[n], bounds[n + 1]
+            ro, rs = chunk_quasar_reference(qd[:, a:b], kd[:, a:b], vd[:, a:b], beta, h0[n:n + 1], output_final_state=True)
+            outs.append(ro)
+            states.append(rs)
+        rows.append({"core": str(dtype), "output_error": relative_error(o, torch.cat(outs, 1)),
+                     "final_state_error": relative_error(final, torch.cat(states))})
+    return rows
+
+
+def use_tuning(variant: dict, folder: Path) -> None:
+    """Point the fork at a tuning file holding ``variant``."""
+    import fla.ops.quasar.tuning as tuning
+
+    path = folder / f"tuning_{abs(hash(json.dumps(variant, sort_keys=True)))}.json"
+    path.write_text(json.dumps(variant))
+    tuning.parse_tuning(variant)
+    tuning.TUNING_FILE = path
+    tuning.load_tuning.cache_clear()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--fork", type=Path, default=REPO_ROOT / "quasar" / "starter_fork" / "tree")
+    parser.add_argument("--lengths", type=parse_lengths, default=parse_lengths("65536,262144,1000000"))
+    parser.add_argument("--check-lengths", type=parse_lengths, default=parse_lengths("512,1024,2048,65536,262144,1000000"))
+    parser.add_argument("--variants", type=json.loads, default=DEFAULT_VARIANTS)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--upstream", action="store_true", help="also time upstream fla's chunk_delta_rule path")
+    parser.add_argument("--upstream-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.upstream_only:
+        return upstream_main(args)
+
+    sys.path.insert(0, str(args.fork.resolve()))
+    report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
+    import triton
+
+    report["triton"] = triton.__version__
+    log = open(args.out / "log.txt", "a")
+
+    def emit(key, value):
+        report.setdefault(key, []).append(value)
+        line = json.dumps({key: value})
+        print(line, flush=True)
+        log.write(line + "\n")
+        (args.out / "bench.json").write_text(json.dumps(report, indent=1))
+
+    upstream = None
+    if args.upstream:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""),) if p)}
+        upstream = subprocess.Popen(
+            [sys.executable, __file__, "--upstream-only", "--check", "--out", str(args.out),
+             "--lengths", ",".join(map(str, args.lengths)), "--check-lengths", "65536", "--runs", str(args.runs)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        # One GPU: wait for the child before timing anything here.
+        for line in upstream.stdout:
+            log.write("upstream: " + line)
+            print("upstream:", line.rstrip(), flush=True)
+            if line.startswith("{"):
+                emit("upstream", json.loads(line))
+        upstream.wait()
+
+    for row in check_core():
+        emit("core_check", row)
+    for length in args.check_lengths:
+        emit("layer_check", check_layer(length))
+        torch.cuda.empty_cache()
+
+    longest = max(args.lengths)
+    folder = Path(tempfile.mkdtemp(prefix="tuning-"))
+    layer, _ = fork_layers(seed=0)
+    best = None
+    for variant in args.variants:
+        use_tuning(variant, folder)
+        seconds, peak = time_forward(layer, longest, args.runs)
+        emit("variant", {"tuning": variant, "length": longest, "tokens_per_sec": longest / seconds, "peak_gib": peak / 2**30})
+        if best is None or longest / seconds > best[1]:
+            best = (variant, longest / seconds)
+    use_tuning(best[0], folder)
+    report["best_tuning"] = best[0]
+    for length in args.lengths:
+        seconds, peak = time_forward(layer, length, args.runs)
+        emit("fork", {"length": length, "tokens_per_sec": length / seconds, "peak_gib": peak / 2**30})
+    for row in kernel_breakdown(layer, longest)[:15]:
+        emit("kernels", row)
+
+    print("\nlength  fork M tok/s  peak GiB  upstream M tok/s  peak GiB  ratio")
+    ups = {r["length"]: r for r in report.get("upstream", []) if "length" in r}
+    for row in report["fork"]:
+        up = ups.get(row["length"])
+        print(f"{row['length']:>8}  {row['tokens_per_sec'] / 1e6:10.2f}  {row['peak_gib']:8.2f}  "
+              + (f"{up['tokens_per_sec'] / 1e6:14.2f}  {up['peak_gib']:8.2f}  {row['tokens_per_sec'] / up['tokens_per_sec']:5.2f}"
+                 if up else "-"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The kernel's tunables contract and the miner's kernel scripts (step 1: write the kernel into a
+fork, validate, commit; step 2: sweep the tunables through the harness), on the CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quasar.starter_fork import copy_starter_tree, write_starter_fork
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT / "scripts"))
+
+import step1_first_optimization as step1  # noqa: E402
+import step2_kernel_tuning as step2  # noqa: E402
+
+FAST_EVAL = ["--device", "cpu", "--warmup", "1", "--repeats", "3"]
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+
+# --- the tunables contract (fla/ops/quasar/tuning.py of the template) ---
+
+
+def test_tuning_contract_defaults_and_errors(tmp_path):
+    contract = step2._tuning_contract()
+    assert contract.parse_tuning({}) == contract.DEFAULTS
+    tuned = contract.parse_tuning({"segment_chunks": 32, "precision": "tf32", "layer_tile_tokens": 4096})
+    assert (tuned.segment_chunks, tuned.precision, tuned.layer_tile_tokens) == (32, "tf32", 4096)
+    with pytest.raises(ValueError, match="unknown tunable 'chunk'"):
+        contract.parse_tuning({"chunk": 64})
+    with pytest.raises(ValueError, match="segment_chunks must be one of"):
+        contract.parse_tuning({"segment_chunks": 12})
+    with pytest.raises(ValueError, match="layer_tile_tokens must be a positive multiple of 64"):
+        contract.parse_tuning({"layer_tile_tokens": 100})
+    with pytest.raises(ValueError, match="num_stages"):
+        contract.parse_tuning({"num_stages": True})
+    bad = tmp_path / "tuning.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        contract.load_tuning(str(bad))
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"segment_warps": 8}))
+    assert contract.load_tuning(str(good)).segment_warps == 8
+    assert contract.load_tuning(str(tmp_path / "absent.json")) == contract.DEFAULTS
+
+
+def test_step2_grid_is_checked_against_the_contract():
+    assert step2.parse_grid('[{"segment_chunks": 8}, {}]') == [{"segment_chunks": 8}, {}]
+    with pytest.raises(ValueError, match="--grid entry 1: unknown tunable 'warps'"):
+        step2.parse_grid('[{}, {"warps": 4}]')
+    with pytest.raises(ValueError, match="non-empty JSON list"):
+        step2.parse_grid("{}")
+
+
+# --- step 1 ---
+
+
+def test_step1_writes_only_kernel_files_and_checks_the_fork_can_take_them(tmp_path):
+    files = step1.kernel_files()
+    assert step1.LAYER_FILE in files and all(
+        p == step1.LAYER_FILE or step1.KERNEL_DIR in p.parents for p in files
+    )
+    assert {"chunk.py", "tuning.py", "quasar_recurrent.cu"} <= {p.name for p in files}
+
+    fork = tmp_path / "fork"
+    copy_starter_tree(fork)
+    assert step1.missing_support(fork) == []
+    (fork / "fla" / "utils.py").write_text("IS_AMD = False\n")
+    (fork / "fla" / "ops" / "utils" / "index.py").unlink()
+    problems = step1.missing_support(fork)
+    assert any(p.startswith("fla/utils.py does not define") and "input_guard" in p for p in problems), problems
+    assert any(p.startswith("fla/ops/utils/index.py is missing") for p in problems), problems
+    before = (fork / "fla" / "ops" / "quasar" / "chunk.py").read_bytes()
+    (fork / "fla" / "ops" / "quasar" / "chunk.py").write_text("# old kernel\n")
+    with pytest.raises(step1.Step1Error, match="fla/utils.py does not define"):
+        step1.write_kernel(fork)
+    assert (fork / "fla" / "ops" / "quasar" / "chunk.py").read_text() == "# old kernel\n"
+
+    copy_starter_tree(tmp_path / "fresh")
+    fork = tmp_path / "fresh"
+    (fork / "fla" / "ops" / "quasar" / "tuning.py").unlink()
+    (fork / "fla" / "ops" / "quasar" / "chunk.py").write_text("# old kernel\n")
+    written = step1.write_kernel(fork)
+    assert (fork / "fla" / "ops" / "quasar" / "chunk.py").read_bytes() == before
+    assert written.previous[step1.KERNEL_DIR / "tuning.py"] is None
+    step1.restore(fork, written)
+    assert not (fork / "fla" / "ops" / "quasar" / "tuning.py").exists()
+    assert (fork / "fla" / "ops" / "quasar" / "chunk.py").read_text() == "# old kernel\n"
+
+
+@pytest.mark.slow
+def test_step1_validates_and_commits_only_the_kernel_files(tmp_path):
+    fork = tmp_path / "fork"
+    write_starter_fork(fork)
+    git(fork, "config", "user.name", "Miner")
+    git(fork, "config", "user.email", "miner@example.invalid")
+    (fork / "fla" / "ops" / "quasar" / "chunk.py").write_text((fork / "fla" / "ops" / "quasar" / "chunk.py").read_text() + "\n# an older kernel\n")
+    (fork / "notes.txt").write_text("the miner's own file\n")
+    git(fork, "add", "fla/ops/quasar/chunk.py")
+    git(fork, "commit", "-q", "-m", "older kernel")
+    before = git(fork, "rev-parse", "HEAD")
+
+    code = step1.main(["--repo-path", str(fork), "--skip-setup", "--seq-len", "1024", *FAST_EVAL])
+    assert code == 0
+    assert git(fork, "rev-parse", "HEAD~1") == before
+    assert git(fork, "log", "-1", "--format=%s") == step1.COMMIT_MESSAGE
+    assert git(fork, "show", "--name-only", "--format=", "HEAD").splitlines() == ["fla/ops/quasar/chunk.py"]
+    assert "an older kernel" not in (fork / "fla" / "ops" / "quasar" / "chunk.py").read_text()
+    assert git(fork, "status", "--porcelain") == "?? notes.txt"
+    # Run again: nothing left to commit.
+    assert step1.main(["--repo-path", str(fork), "--skip-setup", "--seq-len", "512", *FAST_EVAL]) == 0
+    assert git(fork, "rev-parse", "HEAD~1") == before
+
+
+def test_step1_refuses_a_fork_that_cannot_take_the_kernel(tmp_path, capsys):
+    fork = tmp_path / "fork"
+    write_starter_fork(fork)
+    (fork / "fla" / "utils.py").write_text("IS_AMD = False\n")
+    assert step1.main(["--repo-path", str(fork), "--skip-setup", *FAST_EVAL]) == 2
+    assert "does not define" in capsys.readouterr().out
+    assert step1.main(["--repo-path", str(fork), "--device", "cpu"]) == 2  # no git identity set here
+    with pytest.raises(SystemExit):
+        step1.main(["--repo-path", str(tmp_path / "absent"), "--skip-setup"])
+
+
+# --- step 2 ---
+
+
+@pytest.mark.slow
+def test_step2_sweeps_writes_the_best_and_plots(tmp_path):
+    fork = tmp_path / "fork"
+    write_starter_fork(fork)
+    git(fork, "config", "user.name", "Miner")
+    git(fork, "config", "user.email", "miner@example.invalid")
+    plot, results = tmp_path / "sweep.png", tmp_path / "sweep.json"
+    grid = [{"segment_chunks": 1}, {"layer_tile_tokens": 256}]
+    code = step2.main(["--repo-path", str(fork), "--seq-lens", "512,1024", "--grid", json.dumps(grid),
+                       "--plot", str(plot), "--results", str(results), "--commit", *FAST_EVAL])
+    assert code == 0
+    rows = json.loads(results.read_text())
+    assert [r["tuning"] for r in rows] == grid
+    assert all(r["passed"] and all(v > 0 for v in r["tokens_per_sec"].values()) for r in rows)
+    best = max(rows, key=lambda r: r["tokens_per_sec"]["1024"])
+    assert json.loads((fork / "fla" / "ops" / "quasar" / "tuning.json").read_text()) == best["tuning"]
+    assert git(fork, "log", "-1", "--format=%s").startswith("Kernel tuning:")
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_step2_needs_a_fork_with_the_kernel(tmp_path):
+    (tmp_path / "fork").mkdir()
+    with pytest.raises(SystemExit):
+        step2.main(["--repo-path", str(tmp_path / "fork"), "--device", "cpu"])
