@@ -10,12 +10,13 @@
    folder), else a tiny random Qwen2 stand-in built into ``data_dir/model`` (said so);
 5. each miner's inference server (``python -m quasar.inference serve``) with its endpoint
    published on chain; the hostile miner serves the honest model: its kernel is what is hostile;
-6. the two forks as git repositories (quasar/localnet/forks.py): honest and hostile;
-7. the miners' submissions (signed, direct, ``file://`` fork URLs, accepted on the dev chain):
+6. the validator neuron (``python -m neurons.validator``), started early so it loads its model
+   while the rest starts; it fetches, evaluates in its sandbox, checks the miners' logits,
+   reports and sets weights every few blocks;
+7. the two forks as git repositories (quasar/localnet/forks.py): honest and hostile;
+8. the miners' submissions (signed, direct, ``file://`` fork URLs, accepted on the dev chain):
    the honest miner first measures its fork as a miner does (sandboxed, at its target) and
-   claims what it measured; the hostile miner claims four times as much;
-8. the validator neuron (``python -m neurons.validator``), which fetches, evaluates in its
-   sandbox, checks the miners' logits, reports and sets weights every few blocks.
+   claims its slowest timed run (half of it on CPU); the hostile miner claims four times as much.
 
 :meth:`LocalNetwork.wait_for_round` waits until the validator has reported on every submission
 and then set weights, and returns the :class:`~quasar.localnet.summary.RoundSummary`.
@@ -60,6 +61,9 @@ ROUND_BLOCKS = 3000
 VALIDATOR_STAKE = 1e4
 CPU_TARGET, CPU_SEQ_LENS = 128, (64,)
 CUDA_TARGET, CUDA_SEQ_LENS = 65536, (512, 1024, 2048)
+# Seconds of timed runs per length (EVAL_TIMED_SECONDS): on CPU the harness's minimum of timed runs
+# already takes longer, so asking for more only makes the demo slower, not its figures meaningful.
+CPU_TIMED_SECONDS, CUDA_TIMED_SECONDS = 0.5, 2.0
 # On CPU the honest miner claims half its slowest measured run: shared cores are noisy, and a
 # claim above 1/0.9 of the validator's median would fail the claim check.
 CPU_CLAIM_MARGIN = 0.5
@@ -87,6 +91,7 @@ class LocalnetOptions:
     target: int
     seq_lens: tuple[int, ...]
     round_timeout_s: float
+    timed_seconds: float = CUDA_TIMED_SECONDS
     block_time_s: float = BLOCK_TIME_S
     epoch_blocks: int = EPOCH_BLOCKS
 
@@ -126,7 +131,8 @@ def default_options(data_dir: Path, device: str, reference_model: str = "", stan
         data_dir=Path(data_dir), device=device, reference_model=reference_model, stand_in_model=stand_in_model,
         target=target if target is not None else (CPU_TARGET if cpu else CUDA_TARGET),
         seq_lens=seq_lens if seq_lens is not None else (CPU_SEQ_LENS if cpu else CUDA_SEQ_LENS),
-        round_timeout_s=round_timeout_s if round_timeout_s is not None else (1800.0 if cpu else 900.0))
+        round_timeout_s=round_timeout_s if round_timeout_s is not None else (1800.0 if cpu else 900.0),
+        timed_seconds=CPU_TIMED_SECONDS if cpu else CUDA_TIMED_SECONDS)
 
 
 def child_environment(repo_root: Path) -> dict[str, str]:
@@ -306,25 +312,29 @@ class LocalNetwork:
                 "--inference.host", HOST, "--inference.port", str(port)], f"inference-{kind}.log"))
             self.inference_ports[name] = port
 
-        self.progress.step("writing the forks: honest (the starter fork) and hostile (its kernel skips the recurrence)")
-        self.forks = write_forks(self.data_dir / "forks")
-
-        self.progress.step("waiting for the API and the inference servers to answer")
-        wait_until(lambda: self._answers(f"{self.api_url}/health"), START_TIMEOUT_S, "the submission API", [api])
-        for name, server in zip(MINERS.values(), servers):
-            port = self.inference_ports[name]
-            wait_until(lambda port=port: self._answers(f"http://{HOST}:{port}/health"), START_TIMEOUT_S,
-                       server.name, [server, api])
-            self.chain.publish_endpoint(self.wallets[name], HOST, port)
-
-        self._submit_all([api, *servers])
+        # Started now, it loads its model while the rest starts; it polls the API until work comes.
         self.progress.step("starting the validator")
         self.validator = self.children.start("validator", [
             sys.executable, "-m", "neurons.validator", *self._wallet_flags(VALIDATOR), *self._chain_flags(),
             "--api.url", self.api_url, "--api.hotkey", self.hotkey(API), "--device", options.device,
             "--reference-model", self.reference_model, "--validator.data-dir", str(self.validator_dir),
             "--eval.seq-lens", ",".join(str(length) for length in options.seq_lens),
-            "--epoch-blocks", str(options.epoch_blocks)], "validator.log")
+            "--eval.timed-seconds", str(options.timed_seconds), "--epoch-blocks", str(options.epoch_blocks)],
+            "validator.log")
+
+        self.progress.step("writing the forks: honest (the starter fork) and hostile (its kernel skips the recurrence)")
+        self.forks = write_forks(self.data_dir / "forks")
+
+        self.progress.step("waiting for the API and the inference servers to answer")
+        everyone = [api, *servers, self.validator]
+        wait_until(lambda: self._answers(f"{self.api_url}/health"), START_TIMEOUT_S, "the submission API", everyone)
+        for name, server in zip(MINERS.values(), servers):
+            port = self.inference_ports[name]
+            wait_until(lambda port=port: self._answers(f"http://{HOST}:{port}/health"), START_TIMEOUT_S,
+                       server.name, everyone)
+            self.chain.publish_endpoint(self.wallets[name], HOST, port)
+
+        self._submit_all(everyone)
 
     @staticmethod
     def _answers(url: str) -> bool:
@@ -339,8 +349,11 @@ class LocalNetwork:
 
         wanted = self.options.reference_model
         if wanted:
-            if Path(wanted).expanduser().exists() or hub_model_cached(wanted):
-                return wanted, f"reference model: {wanted}"
+            folder = Path(wanted).expanduser()
+            if folder.exists():  # absolute: the children run in the data folder
+                return str(folder.resolve()), f"reference model: {folder.resolve()}"
+            if hub_model_cached(wanted):
+                return wanted, f"reference model: {wanted} (from the local Hugging Face cache)"
             raise LocalnetError(f"reference model {wanted!r} is neither a folder nor in the local Hugging Face cache: "
                                 f"download it first (hf download {wanted}) or leave --reference-model out")
         default = config.OPTIONS_BY_KEY["reference_model"].default
@@ -389,7 +402,8 @@ class LocalNetwork:
                                  key=f"{event.stage}{length}")
 
         report = evaluate(self.forks[HONEST].path, self.options.target, None,
-                          EvaluationOptions(seq_lens=(), device=self.options.device), progress=on_event)
+                          EvaluationOptions(seq_lens=(), device=self.options.device,
+                                            timed_seconds=self.options.timed_seconds), progress=on_event)
         if not report.passed or not report.recommended_claim:
             raise LocalnetError(f"the honest starter fork failed its own evaluation on {self.options.device}: "
                                 f"{'; '.join(report.reasons) or 'no measurement'}")

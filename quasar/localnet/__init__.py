@@ -1,0 +1,9 @@
+"""The local network: a whole QUASAR subnet on one machine (``python -m quasar.localnet``,
+``./START_LOCALNET.sh``).
+
+network.py builds and runs it (dev chain, submission API, wallets, forks, inference servers, the
+validator neuron) and reads the round's outcome; forks.py writes the honest and hostile forks;
+model.py the offline stand-in reference model; processes.py starts, watches and stops the
+children; summary.py turns a round into JSON and tables. Nothing is imported here, so
+``python -m quasar.localnet --help`` answers before torch loads.
+"""
