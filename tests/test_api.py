@@ -355,6 +355,19 @@ def test_concurrent_writers_keep_the_rules(start_api):
         statuses = list(pool.map(reveal, range(8)))
     assert sorted(statuses) == [200] + [409] * 7
 
+    # Two validators failing the same submission at once: both reports stored, one failure charged.
+    validators = [api.client("v1"), api.client("v2")]
+    target = {validator.fetch_work(limit=1).items[0].submission_id for validator in validators}
+    assert len(target) == 1
+    barrier = threading.Barrier(2)
+
+    def fail(validator):
+        barrier.wait()
+        return validator.report(*target, "failed", correct=False).failure_counted
+
+    with ThreadPoolExecutor(2) as pool:
+        assert sorted(pool.map(fail, validators)) == [False, True]
+
 
 class FailingChain:
     """Wraps a chain; ``broken`` makes every call raise an unexpected error (not a ChainError)."""

@@ -3,10 +3,12 @@
 SQLite (the default; a file that is never deleted or reset) runs in WAL mode with ``synchronous=FULL``
 (an acknowledged write survives a crash of the process or the machine; only used nonces, which
 matter for seconds, are committed without waiting for the disk) and takes the write lock at
-the start of every write transaction (``BEGIN IMMEDIATE``), so concurrent writers queue on the busy
-timeout instead of failing half-way. PostgreSQL runs every write transaction SERIALIZABLE and
-retries the ones the server aborts as serialization failures or deadlocks. Either way a write
-transaction is a function of a session, run by :meth:`Database.write`, that may run more than once.
+the start of every write transaction (``BEGIN IMMEDIATE``); writers of one process queue on a lock
+in order, writers of other processes on the busy timeout. PostgreSQL writes run READ COMMITTED and
+take transaction-scoped advisory locks on what a rule reads before it writes (a hotkey for its rate
+limit, a validator for its leases, an IP for its failures; rows are locked with FOR UPDATE), so
+writers that touch different keys never wait for each other. A write transaction is a function
+of a session, run by :meth:`Database.write`, and may run again after a deadlock.
 
 The schema is created and changed only by the Alembic migrations in ``quasar/api/migrations``.
 """
@@ -16,8 +18,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,6 +42,8 @@ MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 SQLITE_BUSY_TIMEOUT_S = 30.0
 # PostgreSQL SQLSTATEs of transactions that are safe to run again: serialization failure, deadlock.
 _RETRYABLE_PGCODES = {"40001", "40P01"}
+# First key of the API's two-key advisory locks (the second is a hash of the locked name).
+_ADVISORY_LOCK_SPACE = 0x51A5
 MAX_WRITE_ATTEMPTS = 30
 
 # Ids: 64-bit on PostgreSQL; on SQLite "INTEGER PRIMARY KEY" (the rowid, itself 64-bit).
@@ -187,11 +192,16 @@ class Database:
             self._lazy_write_engine = self._lazy_engine.execution_options(quasar_write=True)
         elif self.dialect == "postgresql":
             self.engine = create_engine(parsed, pool_size=20, max_overflow=20, pool_pre_ping=True)
-            self._write_engine = self.engine.execution_options(isolation_level="SERIALIZABLE")
+            self._write_engine = self._lazy_write_engine = self.engine
             self._lazy_engine = self.engine
-            self._lazy_write_engine = self._write_engine
         else:
             raise ValueError(f"unsupported database {display_url(url)}: use sqlite:///PATH or postgresql://...")
+        # SQLite has one writer at a time anyway: this process's writers wait here, in order, rather
+        # than polling in SQLite's busy handler (whose growing sleeps starve unlucky requests).
+        self._sqlite_writer = threading.Lock() if self.dialect == "sqlite" else contextlib.nullcontext()
+        # A read sees one snapshot: SQLite's read transactions do; PostgreSQL needs REPEATABLE READ.
+        self._read_engine = self.engine if self.dialect == "sqlite" else \
+            self.engine.execution_options(isolation_level="REPEATABLE READ")
 
     def upgrade(self) -> None:
         """Bring the schema to the newest migration (creating it on an empty database); never drops data."""
@@ -203,14 +213,15 @@ class Database:
     @contextlib.contextmanager
     def read(self) -> Iterator[Session]:
         """A read-only session (one consistent snapshot on both backends)."""
-        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+        with Session(self._read_engine, expire_on_commit=False) as session, session.begin():
             yield session
 
-    def write(self, work: Callable[[Session], T], durable: bool = True) -> T:
-        """Run ``work(session)`` in a write transaction and commit; retried when the database asks.
+    def write(self, work: Callable[[Session], T], durable: bool = True, locks: Sequence[str] = ()) -> T:
+        """Run ``work(session)`` in a write transaction and commit; run again after a deadlock.
 
         ``work`` must only touch the database (it may run several times). Exceptions it raises roll
-        the transaction back and propagate. Raises :class:`DatabaseBusy` when the write cannot be
+        the transaction back and propagate. ``locks``: keys locked for the whole transaction before
+        ``work`` runs (see :meth:`lock`). Raises :class:`DatabaseBusy` when the write cannot be
         taken in time. ``durable=False`` commits without waiting for the disk: the write survives
         a crash of the process but may be lost with the machine's power (for data that only
         matters for seconds, like used nonces; a restart takes longer than that).
@@ -218,9 +229,11 @@ class Database:
         engine = self._write_engine if durable else self._lazy_write_engine
         for attempt in range(1, MAX_WRITE_ATTEMPTS + 1):
             try:
-                with Session(engine, expire_on_commit=False) as session, session.begin():
+                with self._sqlite_writer, Session(engine, expire_on_commit=False) as session, session.begin():
                     if not durable and self.dialect == "postgresql":
                         session.execute(text("SET LOCAL synchronous_commit TO OFF"))
+                    for key in sorted(set(locks)):  # one order everywhere: no deadlock between them
+                        self.lock(session, key)
                     return work(session)
             except OperationalError as error:
                 if self.dialect == "sqlite" and "locked" in str(error.orig):
@@ -233,6 +246,14 @@ class Database:
             # Jittered exponential backoff so that colliding transactions do not collide again.
             time.sleep(random.uniform(0, min(0.2, 0.002 * 2 ** attempt)))
         raise DatabaseBusy(f"the write did not go through after {MAX_WRITE_ATTEMPTS} attempts; retry shortly")
+
+    def lock(self, session: Session, key: str) -> None:
+        """Hold ``key`` until ``session``'s transaction ends, so the read-then-write rules keyed on it
+        (rate limits, leases, failure counts) see every earlier writer's result. On SQLite the whole
+        write transaction is already exclusive."""
+        if self.dialect == "postgresql":
+            session.execute(text("SELECT pg_advisory_xact_lock(:space, hashtext(:key))"),
+                            {"space": _ADVISORY_LOCK_SPACE, "key": key})
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -1,9 +1,9 @@
 """What the submission API does, independent of HTTP: submissions, commit-reveal, the validators' work
 queue, reports, failures and bans, rounds and the leaderboard.
 
-Every state change is one :meth:`Database.write` transaction (serializable on both backends), so a
-rule that reads before it writes (rate limit, duplicate report, reveal once) holds under
-concurrent requests. Refusals raise :class:`ApiError` with the HTTP status and a message for the caller.
+Every state change is one :meth:`Database.write` transaction that first locks what its rule reads
+(the hotkey for the rate limit, the validator for its leases, the IP for its failure count, the
+submission row for a reveal), so a rule that reads before it writes holds under concurrent requests. Refusals raise :class:`ApiError` with the HTTP status and a message for the caller.
 """
 
 from __future__ import annotations
@@ -154,6 +154,7 @@ class SubmissionService:
                         submission_id: int | None, dedupe_key: str | None = None) -> bool:
         """Charge a failed validation to ``client_ip``; ban it at the fifth inside 24 h. False if a
         failure with ``dedupe_key`` was already charged."""
+        self.database.lock(session, f"ip:{client_ip}")  # the count below must see every earlier failure
         if dedupe_key is not None and session.scalar(
                 select(exists().where(ValidationFailure.dedupe_key == dedupe_key))):
             return False
@@ -202,7 +203,7 @@ class SubmissionService:
             session.flush()
             return self._accepted(submission)
 
-        accepted = self.database.write(work)
+        accepted = self.database.write(work, locks=[f"hotkey:{hotkey}"])
         logger.info("submission %d from %s (%s) direct, round %d", accepted.submission_id, hotkey, client_ip, round_id)
         return accepted
 
@@ -232,7 +233,7 @@ class SubmissionService:
             session.flush()
             return submission.id
 
-        submission_id = self.database.write(work)
+        submission_id = self.database.write(work, locks=[f"hotkey:{hotkey}"])
         window = self._window(block)
         logger.info("commitment %d from %s (%s) at block %d", submission_id, hotkey, client_ip, block)
         return schemas.CommitAccepted(submission_id=submission_id, hotkey=hotkey, commit_block=block,
@@ -246,7 +247,7 @@ class SubmissionService:
         mismatch: list[str] = []
 
         def work(session: Session) -> schemas.SubmissionAccepted | None:
-            submission = session.get(Submission, request.submission_id)
+            submission = session.get(Submission, request.submission_id, with_for_update=True)
             if submission is None or submission.hotkey != hotkey or submission.method != "commit_reveal":
                 raise ApiError(404, f"no commitment {request.submission_id} from hotkey {hotkey}")
             if submission.state != "committed":
@@ -360,7 +361,8 @@ class SubmissionService:
                     round_id=row.round_id, lease_expires_at=now + lease_s))
             return items
 
-        return schemas.WorkBatch(items=self.database.write(work), lease_seconds=lease_s)
+        return schemas.WorkBatch(items=self.database.write(work, locks=[f"validator:{validator}"]),
+                                 lease_seconds=lease_s)
 
     def report(self, validator: str, request: schemas.ReportRequest) -> schemas.ReportAccepted:
         if request.verdict == "passed" and (not request.correct or request.logits_ok is False):
