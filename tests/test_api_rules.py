@@ -7,6 +7,8 @@ import hashlib
 import ipaddress
 import random
 import statistics
+import threading
+import time
 
 import pytest
 from bittensor.sp_core import Keypair
@@ -16,7 +18,7 @@ from hypothesis import strategies as st
 from api_fixtures import api_config, make_wallet
 from quasar.api import rules, schemas
 from quasar.api.chaincache import CachedMetagraphChain
-from quasar.api.db import Database
+from quasar.api.db import Database, FifoLock
 from quasar.api.service import MAX_FETCHES_PER_VALIDATOR, ApiError, SubmissionService
 from quasar.chain.devchain import DevChain
 
@@ -205,3 +207,22 @@ def test_cached_metagraph_refreshes_after_max_age(tmp_path):
     assert cached.current_block() == inner.current_block() == 5  # blocks are always live
     clock.now += 12.0
     assert cached.is_registered(hotkey) and cached.has_validator_permit(hotkey)
+
+
+def test_fifo_lock_serves_waiters_in_order():
+    lock = FifoLock()
+    order, threads = [], []
+    lock.__enter__()
+    for n in range(8):
+        thread = threading.Thread(target=lambda n=n: (lock.__enter__(), order.append(n), lock.__exit__()))
+        thread.start()
+        threads.append(thread)
+        while len(lock._waiting) < n + 1:  # each waiter queued before the next one starts
+            time.sleep(0.001)
+    lock.__exit__()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert order == list(range(8))
+    with lock:
+        assert lock._held
+    assert not lock._held

@@ -112,7 +112,7 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
 
     # --- dependencies ---
 
-    def client_ip(request: Request) -> str:
+    async def client_ip(request: Request) -> str:  # async: pure and quick, no trip to the thread pool
         peer = request.client.host if request.client else None
         return rules.client_ip(peer, request.headers.getlist("x-forwarded-for"), trusted)
 

@@ -15,6 +15,7 @@ The schema is created and changed only by the Alembic migrations in ``quasar/api
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import random
@@ -160,6 +161,33 @@ class UsedNonce(Base):
     __table_args__ = (Index("ix_used_nonces_nonce", "nonce"),)
 
 
+class FifoLock:
+    """A lock granted in the order it was asked for (``threading.Lock`` lets a thread that just
+    released it take it again ahead of the waiting ones, which starves some requests)."""
+
+    def __init__(self):
+        self._guard = threading.Lock()
+        self._waiting: collections.deque[threading.Lock] = collections.deque()
+        self._held = False
+
+    def __enter__(self) -> None:
+        with self._guard:
+            if not self._held:
+                self._held = True
+                return
+            turn = threading.Lock()
+            turn.acquire()
+            self._waiting.append(turn)
+        turn.acquire()  # released by the holder ahead of us, which hands the lock over
+
+    def __exit__(self, *exc_info) -> None:
+        with self._guard:
+            if self._waiting:
+                self._waiting.popleft().release()
+            else:
+                self._held = False
+
+
 class DatabaseBusy(RuntimeError):
     """The database could not take the write in time (SQLite lock wait, or retries exhausted)."""
 
@@ -198,7 +226,7 @@ class Database:
             raise ValueError(f"unsupported database {display_url(url)}: use sqlite:///PATH or postgresql://...")
         # SQLite has one writer at a time anyway: this process's writers wait here, in order, rather
         # than polling in SQLite's busy handler (whose growing sleeps starve unlucky requests).
-        self._sqlite_writer = threading.Lock() if self.dialect == "sqlite" else contextlib.nullcontext()
+        self._sqlite_writer = FifoLock() if self.dialect == "sqlite" else contextlib.nullcontext()
         # A read sees one snapshot: SQLite's read transactions do; PostgreSQL needs REPEATABLE READ.
         self._read_engine = self.engine if self.dialect == "sqlite" else \
             self.engine.execution_options(isolation_level="REPEATABLE READ")
