@@ -3,6 +3,8 @@
 Forks the QUASAR kernels on GitHub, optimizes them on this machine's GPU, commits and pushes
 improvements, submits them to the submission API, and publishes the inference endpoint on
 chain. Settings: ``.env``, the environment and the flags below (``python -m quasar.config``).
+``--axon.port`` is accepted as the miner guide writes it; the port published on chain is the
+inference server's (``MINER_INFERENCE_PORT``), which is what validators call.
 """
 
 from __future__ import annotations

@@ -161,7 +161,7 @@ def test_tuning_picks_the_target_length_and_walks_the_tuning_file(tmp_path):
             final = 64 if described[1][1] == KEPT else 32
             head = bare_head(rig.bare)
             pushed = json.loads(git("--git-dir", str(rig.bare), "show", f"{head}:fla/ops/quasar/tuning.json"))
-            assert pushed == {"combine_block_v": final}
+            assert pushed["combine_block_v"] == final
             assert rig.clone.changed_paths() == []
         finally:
             rig.close()
@@ -174,7 +174,7 @@ def neuron_environment(tmp_path: Path, github: GitHubStandIn, api: ApiServer, ap
             "VALIDATOR_API_URL": api.url, "API_HOTKEY": api_hotkey, "DEVCHAIN_PATH": str(tmp_path / "devchain.sqlite3"),
             "DEVICE": "cpu", "TARGET_SEQUENCE_LENGTH": "128", "AGENT_ITERATIONS": "0", "OPTIMIZATION_INTERVAL": "600",
             "MINER_INFERENCE_PORT": "18001", "AXON_EXTERNAL_IP": "203.0.113.7", "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": "1"}
+            "OMP_NUM_THREADS": "1", "EVAL_SEQ_LENS": "", "EVAL_TIMED_SECONDS": "0.2"}
 
 
 @pytest.mark.slow
@@ -222,8 +222,9 @@ def test_the_neuron_forks_submits_publishes_and_stops_cleanly(tmp_path):
 
 def test_the_neuron_explains_what_is_missing(tmp_path):
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "DEVICE": "cpu", "TARGET_SEQUENCE_LENGTH": "128"}
-    result = subprocess.run([sys.executable, "-m", "neurons.miner"], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=120)
+    # The miner guide's spelling: python neurons/miner.py
+    result = subprocess.run([sys.executable, str(ROOT / "neurons" / "miner.py"), "--netuid", "24"], cwd=tmp_path,
+                            env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert "GITHUB_TOKEN is not set" in result.stderr
     env.update(GITHUB_TOKEN=TOKEN, GITHUB_USERNAME="alice", WALLET_PATH=str(tmp_path / "nowhere"))

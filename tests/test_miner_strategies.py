@@ -287,6 +287,10 @@ def test_the_prompt_holds_the_rules_history_and_files(starter):
     assert "Target sequence length: 4,096 tokens." in user["content"]
     assert "[slower] agent: bigger blocks; measured 900 tokens/s vs best 1,000; -10.0% vs best" in user["content"]
     assert "def chunk_quasar(" in user["content"]
+    order = [user["content"].index(f"FILE: fla/ops/quasar/{name}\n") for name in
+             ("chunk.py", "fused_recurrent.py", "forward_substitution.py", "chunk_intra_token_parallel.py",
+              "gate.py", "__init__.py")]
+    assert order == sorted(order)  # the guide's priorities first
 
 
 # --- the agent against a chat endpoint ---

@@ -138,6 +138,20 @@ def test_a_direct_submission_sent_before_a_crash_is_recognised(setup):
     assert len(setup.work()) == 1
 
 
+def test_a_commit_that_cannot_be_pushed_is_not_submitted(setup, caplog):
+    elsewhere = setup.tmp / "elsewhere"
+    git("clone", "-q", setup.fork_url, str(elsewhere))
+    (elsewhere / "README.md").write_text("pushed by someone else\n")
+    git("commit", "-q", "-am", "elsewhere", cwd=elsewhere)
+    git("push", "-q", "origin", "main", cwd=elsewhere)
+    commit = setup.new_commit("diverged")  # on top of the old head: the push is not a fast-forward
+    submitter = setup.submitter(DIRECT)
+    assert not submitter.submit_if_better(measurement(commit, 1000.0))
+    assert "git push was rejected" in caplog.text and "never force-pushes" in caplog.text
+    assert setup.work() == [] and submitter.state.last_submission is None
+    assert not bare_has(setup.bare, commit)
+
+
 def test_commit_reveal_keeps_the_code_private_until_the_reveal(setup):
     commit = setup.new_commit("secret kernel")
     submitter = setup.submitter(COMMIT_REVEAL)

@@ -34,6 +34,7 @@ from quasar import scoring
 from quasar.evaluate import EvaluationOptions, EvaluationReport, ProgressEvent, evaluate
 from quasar.evaluate.report import OK
 from quasar.imports import QUASAR_DIR, validate_repo
+from quasar.miner.github import GitError
 from quasar.miner.state import Measurement, MinerState, StateStore
 from quasar.miner.strategies import (
     ERROR,
@@ -281,7 +282,11 @@ class Miner:
             self.store.save(self.state)
             self.evaluate.save(report, "best")
             if self.config.push_on_keep:
-                self.clone.push(commit)
+                try:
+                    self.clone.push(commit)
+                except GitError as error:
+                    logger.error("kept %s but could not push it (retried when it is submitted): %s", commit[:12],
+                                 error)
             logger.info("kept %s as %s: %s tokens/s at T=%d", candidate.description, commit[:12],
                         f"{measured:,.0f}", target)
             return attempt(KEPT, measured, commit=commit)

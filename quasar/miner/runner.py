@@ -116,6 +116,7 @@ def run_miner(settings: Settings) -> int:
 
 
 def _run(settings: Settings) -> int:
+    _check_settings(settings)
     import bittensor as bt
 
     from quasar.api.client import ApiClient
@@ -129,7 +130,6 @@ def _run(settings: Settings) -> int:
     from quasar.miner.submission import DIRECT, Submitter
     from quasar.miner.workspace import ForkClone, Workspace, WorkspaceError
 
-    _check_settings(settings)
     wallet_name = settings.wallet_name_for("miner")
     wallet = bt.Wallet(name=wallet_name, hotkey=settings.wallet_hotkey, path=settings.wallet_path)
     try:
@@ -189,7 +189,11 @@ def _run(settings: Settings) -> int:
             logger.info("AGENT_API_URL is empty: the agent strategy is off; tuning only")
         policy = SandboxPolicy(allow_unsandboxed=settings.miner_allow_unsandboxed,
                                pytorch_cuda_alloc_conf=settings.pytorch_cuda_alloc_conf)
-        evaluator = Evaluator(EvaluationOptions(device=settings.device, policy=policy), workspace.reports)
+        # The validators' evaluation settings, so the miner sees what a validator will see.
+        options = EvaluationOptions(seq_lens=settings.eval_seq_lens, device=settings.device,
+                                    timeout_s=settings.eval_timeout, timed_seconds=settings.eval_timed_seconds,
+                                    policy=policy)
+        evaluator = Evaluator(options, workspace.reports)
         submitter = Submitter(client, chain, state, store, settings.submission_mode, url, publish=clone.push,
                               min_gain=settings.min_improvement)
         config = LoopConfig(iterations=settings.agent_iterations, interval_s=settings.optimization_interval,

@@ -27,6 +27,7 @@ from quasar.api.rules import commitment_hash
 from quasar.chain import Chain, ChainError
 from quasar.evaluate import EvaluationReport
 from quasar.evaluate.report import OK
+from quasar.miner.github import GitError
 from quasar.miner.state import Measurement, MinerState, PendingReveal, StateStore, SubmissionRecord
 
 logger = logging.getLogger(__name__)
@@ -114,8 +115,18 @@ class Submitter:
         self._start_commit_reveal(measurement)
         return True
 
+    def _publish(self, commit: str) -> bool:
+        """Push ``commit``; a failure is logged (and retried at the next submission), never raised."""
+        try:
+            self.publish(commit)
+        except GitError as error:
+            logger.error("cannot publish %s to %s, so it is not submitted yet: %s", commit[:12], self.fork_url, error)
+            return False
+        return True
+
     def _submit_direct(self, measurement: Measurement) -> bool:
-        self.publish(measurement.commit)
+        if not self._publish(measurement.commit):
+            return False
         try:
             accepted = self.client.submit_kernel(self.fork_url, measurement.commit, measurement.target_seq_len,
                                                  measurement.claim, vram_mb=measurement.vram_mb,
@@ -212,7 +223,8 @@ class Submitter:
             self._save()
             return False
         measurement = pending.measurement
-        self.publish(measurement.commit)
+        if not self._publish(measurement.commit):
+            return False
         try:
             self.client.reveal(pending.submission_id, pending.salt, pending.fork_url, measurement.commit,
                                measurement.claim, vram_mb=measurement.vram_mb,

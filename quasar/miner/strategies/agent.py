@@ -40,7 +40,9 @@ from quasar.miner.strategies.base import (
     check_edit_path,
 )
 
-MAX_PROMPT_FILE_CHARS = 300_000
+MAX_PROMPT_FILE_CHARS = 200_000
+# The miner guide's order of importance; the prompt shows these first (others follow by name).
+PRIORITY = ("chunk.py", "fused_recurrent.py", "forward_substitution.py", "chunk_intra_token_parallel.py", "gate.py")
 MAX_REPLY_CHARS = 2_000_000
 HISTORY_SHOWN = 10
 
@@ -102,7 +104,7 @@ def build_messages(files: dict[str, str], history: Sequence[Attempt], target_seq
     lines = []
     if target_seq_len:
         lines.append(f"Target sequence length: {target_seq_len:,} tokens.")
-    recent = [a for a in history if a.strategy != "tuning" or a.outcome != "error"][-HISTORY_SHOWN:]
+    recent = list(history)[-HISTORY_SHOWN:]
     if recent:
         lines.append("\nRecent attempts (oldest first):")
         for attempt in recent:
@@ -115,7 +117,13 @@ def build_messages(files: dict[str, str], history: Sequence[Attempt], target_seq
             lines.append(f"- [{attempt.outcome}] {attempt.strategy}: {attempt.description}{figures}{reason}")
     lines.append("\nThe current files (the best version so far):")
     used = 0
-    for path, text in files.items():
+
+    def importance(path: str) -> tuple[int, str]:
+        name = path[len(QUASAR_DIR) + 1:]
+        return (PRIORITY.index(name) if name in PRIORITY else len(PRIORITY), path)
+
+    for path in sorted(files, key=importance):
+        text = files[path]
         if used + len(text) > MAX_PROMPT_FILE_CHARS:
             lines.append(f"\nFILE: {path} (left out: the prompt is full)")
             continue
