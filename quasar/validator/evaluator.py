@@ -137,11 +137,12 @@ class WorkerEvaluation:
         return self._outcome
 
     def _read_outcome(self, code: int) -> EvaluationOutcome:
-        if self._stop_reason is not None:
-            return EvaluationOutcome(error=self._stop_reason)
+        """The worker's result (even one written just before it was stopped), else why there is none."""
         try:
             data = json.loads(self.result_path.read_text())
         except FileNotFoundError:
+            if self._stop_reason is not None:
+                return EvaluationOutcome(error=self._stop_reason)
             how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
             return EvaluationOutcome(error=f"the evaluation worker {how} without a result (see the log above)")
         except (OSError, ValueError) as error:
@@ -149,7 +150,7 @@ class WorkerEvaluation:
         return outcome_from_worker(data)
 
     def cancel(self) -> None:
-        if self._outcome is None and self._stop_reason is None:
+        if self.poll() is None and self._stop_reason is None:
             self._stop_reason = CANCELLED
             self._signal_group(signal.SIGTERM)
 

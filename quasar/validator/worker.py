@@ -54,8 +54,23 @@ def options_from_json(data: dict[str, Any]):
     return EvaluationOptions(**values)
 
 
-def _stop(signum: int, _frame) -> None:
-    raise SystemExit(128 + signum)
+class _Stop:
+    """SIGTERM: raise SystemExit at once, and again at the next checkpoint should some library
+    swallow the first one (imports run code that catches broadly)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def on_signal(self, signum: int, _frame) -> None:
+        self.signum = signum
+        raise SystemExit(128 + signum)
+
+    def checkpoint(self, *_event) -> None:
+        if self.signum is not None:
+            raise SystemExit(128 + self.signum)
+
+
+_STOP = _Stop()
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -79,8 +94,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     try:
         from quasar.evaluate import EvaluationInputError, evaluate  # torch: only once the clone succeeded
 
+        _STOP.checkpoint()
         try:
-            report = evaluate(checkout.path, job["target_sequence_length"], None, options_from_json(job["options"]))
+            # Progress events double as stop checkpoints: the harness closes its sandbox on the way out.
+            report = evaluate(checkout.path, job["target_sequence_length"], None, options_from_json(job["options"]),
+                              progress=_STOP.checkpoint)
         except EvaluationInputError as error:
             return {"outcome": "refused", "error": str(error)}
         return {"outcome": "evaluated", "report": report.to_dict()}
@@ -103,10 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m quasar.validator.worker JOB.json (started by the validator)", file=sys.stderr)
         return 2
     job = json.loads(Path(argv[0]).read_text())
-    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGTERM, _STOP.on_signal)
     _die_with_parent(job["parent_pid"])
     setup_logging(job.get("debug", False))
-    write_atomically(Path(job["result_path"]), run_job(job))
+    outcome = run_job(job)
+    _STOP.checkpoint()  # a stopped evaluation writes nothing, even if it got this far
+    write_atomically(Path(job["result_path"]), outcome)
     return 0
 
 
