@@ -2,6 +2,7 @@
 
     python -m quasar.api serve [--host H] [--port P] [--database-url URL] [settings flags...]
     python -m quasar.api migrate [--database-url URL]
+    python -m quasar.api revision -m "what changed" [--database-url URL]   (developers: new migration)
 
 Settings come from .env, the environment and flags (``python -m quasar.config`` lists them); the
 API needs ``API_HOTKEY``, the ss58 address its clients sign for.
@@ -41,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", dest="api_port", default=None, help="same as --api.port")
     migrate = commands.add_parser("migrate", help="create or upgrade the database schema, then exit")
     config.add_arguments(migrate)
+    revision = commands.add_parser("revision", help="(developers) write a new migration from the models' changes")
+    revision.add_argument("-m", "--message", required=True, help="what the migration changes")
+    config.add_arguments(revision)
     return parser
 
 
@@ -51,9 +55,11 @@ def main(argv: list[str] | None = None) -> int:
     where = display_url(settings.database_url)
     try:
         database = Database(settings.database_url)
-        if args.command == "migrate":
+        if args.command in ("migrate", "revision"):
             database.upgrade()
             logger.info("database %s is at the newest schema", where)
+            if args.command == "revision":
+                database.new_migration(args.message)
             return 0
         if not settings.api_hotkey:
             parser.error("API_HOTKEY is not set: give the ss58 address of the API's hotkey (clients sign for it) "

@@ -22,6 +22,7 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -219,6 +220,12 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
     @app.exception_handler(DatabaseBusy)
     async def database_busy(_request: Request, error: DatabaseBusy) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=503, headers={"Retry-After": "1"})
+
+    @app.exception_handler(OperationalError)
+    async def database_unavailable(request: Request, error: OperationalError) -> JSONResponse:
+        logger.error("database error on %s %s: %s", request.method, request.url.path, error.orig)
+        return JSONResponse({"detail": "the database is unavailable; retry shortly"}, status_code=503,
+                            headers={"Retry-After": "5"})
 
     @app.exception_handler(ChainError)
     async def chain_error(_request: Request, error: ChainError) -> JSONResponse:

@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
+from alembic.script import ScriptDirectory
 from sqlalchemy import (
     JSON, BigInteger, Boolean, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint,
     create_engine, delete, event, insert, text,
@@ -231,12 +232,20 @@ class Database:
         self._read_engine = self.engine if self.dialect == "sqlite" else \
             self.engine.execution_options(isolation_level="REPEATABLE READ")
 
-    def upgrade(self) -> None:
-        """Bring the schema to the newest migration (creating it on an empty database); never drops data."""
+    def _alembic(self) -> AlembicConfig:
         alembic = AlembicConfig()
         alembic.set_main_option("script_location", str(MIGRATIONS_DIR))
         alembic.attributes["engine"] = self._write_engine
-        command.upgrade(alembic, "head")
+        return alembic
+
+    def upgrade(self) -> None:
+        """Bring the schema to the newest migration (creating it on an empty database); never drops data."""
+        command.upgrade(self._alembic(), "head")
+
+    def new_migration(self, message: str) -> None:
+        """Write a migration from the difference between the models and this (up-to-date) database."""
+        current = len(list(ScriptDirectory(str(MIGRATIONS_DIR)).walk_revisions()))
+        command.revision(self._alembic(), message=message, autogenerate=True, rev_id=f"{current + 1:04d}")
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Session]:
