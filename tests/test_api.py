@@ -169,6 +169,8 @@ def test_unregistered_hotkeys_and_miners_on_validator_endpoints_are_forbidden(st
     api = start_api()
     refused(lambda: api.client("stranger").submit_kernel(FORK, COMMIT, 1000, 1.0), 403, "not registered")
     refused(lambda: api.client("stranger").commit("ab" * 32, 1000), 403, "not registered")
+    api.chain.register_wallet(api.wallets["stranger"])  # registration is read from the chain per request
+    assert api.client("stranger").submit_kernel(FORK, COMMIT, 1000, 1.0).state == "ready"
     refused(lambda: api.client("a").fetch_work(), 403, "no validator permit")
     refused(lambda: api.client("a").report(1, "failed", False), 403, "no validator permit")
     api.chain.set_validator_permit(api.wallets["v1"].hotkey.ss58_address, False)
