@@ -38,7 +38,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
@@ -48,6 +48,11 @@ from quasar.config import DEV_NETWORK
 from quasar.localnet.forks import HONEST, HOSTILE, Fork, write_forks
 from quasar.localnet.processes import Child, Children, wait_until
 from quasar.localnet.summary import MinerOutcome, RoundSummary, leaderboard_rows, miner_weight, verdict_of
+
+if TYPE_CHECKING:
+    import bittensor
+
+    from quasar.api.db import EvaluationReport
 
 logger = logging.getLogger(__name__)
 
@@ -230,7 +235,7 @@ class LocalNetwork:
         self.logs_dir = self.data_dir / "logs"
         self.repo_root = Path(quasar.__file__).resolve().parent.parent
         self.children = Children(self.logs_dir, self.data_dir, child_environment(self.repo_root))
-        self.wallets: dict[str, object] = {}
+        self.wallets: dict[str, bittensor.Wallet] = {}
         self.uids: dict[str, int] = {}
         self.chain = None
         self.database = None
@@ -412,7 +417,7 @@ class LocalNetwork:
 
     # --- the round ---
 
-    def _reports(self) -> dict[int, object]:
+    def _reports(self) -> dict[int, EvaluationReport]:
         """The validator's reports on this network's submissions, by submission id."""
         from sqlalchemy import select
 
