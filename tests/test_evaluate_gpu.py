@@ -42,12 +42,11 @@ def test_zeros_fail_and_frozen_timers_gain_nothing_on_cuda(tmp_path):
 
 
 def test_real_out_of_memory_is_a_verdict(tmp_path):
-    copy_starter_tree(tmp_path / "fork")
-    huge = 1 << 24
-    report = evaluate(tmp_path / "fork", huge, None, EvaluationOptions(
-        seq_lens=(512,), device="cuda", warmup_runs=1, min_timed_runs=3, max_timed_runs=3, length_timeout_s=120,
+    fork = write_hostile_fork(tmp_path / "hog", "hog", hog_length=1024)
+    report = evaluate(fork, 2048, None, EvaluationOptions(
+        seq_lens=(512, 1024), device="cuda", warmup_runs=1, min_timed_runs=3, max_timed_runs=3, length_timeout_s=120,
         timeout_s=240))
     assert report.verdict == "fail"
     assert report.lengths["512"].correct is True
-    assert report.lengths[str(huge)].status == "oom"
-    assert any(reason.startswith(f"OOM at T={huge}, peak ") for reason in report.reasons), report.reasons
+    assert report.lengths["1024"].status == "oom" and report.lengths["2048"].status == "skipped"
+    assert any(reason.startswith("OOM at T=1024, peak ") and "MiB" in reason for reason in report.reasons), report.reasons

@@ -228,6 +228,18 @@ def test_channel_deadline_and_closed_peer(pipe_pair):
         parent.recv(deadline=time.monotonic() + 5)
 
 
+@pytest.mark.parametrize("spin", [0.0, 0.3])
+def test_channel_waits_by_spinning_or_sleeping_alike(pipe_pair, spin):
+    parent, child = pipe_pair
+    parent.spin_seconds = spin
+    threading.Timer(0.1, child.send, args=({"op": "late"},)).start()
+    assert parent.recv(deadline=time.monotonic() + 5)[0] == {"op": "late", "nbytes": 0}
+    started = time.monotonic()
+    with pytest.raises(protocol.ChannelTimeout):
+        parent.recv(deadline=time.monotonic() + 0.5)
+    assert 0.45 < time.monotonic() - started < 2
+
+
 # --- the sandbox's parent side ---------------------------------------------------------------
 
 
@@ -348,3 +360,45 @@ def test_report_round_trips_through_json_and_drops_non_finite_numbers():
     again = EvaluationReport.from_dict(data)
     assert again.reasons == report.reasons and again.lengths["64"].finite is False
     assert again.import_check == report.import_check and again.timings.total_s == 3.0
+
+
+# --- verification in the parent (no sandbox: the runs are made here) ---------------------------
+
+
+def honest_run(reference: torch.nn.Module, length: int, timed: int = 3):
+    """A _LengthRun as an honest fork would produce it: bf16 outputs of the reference layer."""
+    from quasar.evaluate.harness import LengthResult, _Iteration, _LengthRun
+
+    def iteration(input_seed: int, basis_seed: int):
+        with torch.inference_mode():
+            output = reference(workload.make_input(input_seed, length, "cpu"))[0].bfloat16()
+        fingerprint = workload.fingerprint(output, workload.make_basis(basis_seed, length, "cpu")).tolist()
+        return _Iteration(input_seed, basis_seed, fingerprint, forward_ns=1_000_000), output
+
+    run = _LengthRun(LengthResult(seq_len=length, status="ok"))
+    run.timed = [iteration(10 + i, 20 + i)[0] for i in range(timed)]
+    run.check, run.output = iteration(1, 2)
+    run.repeat = iteration(1, 2)[0]
+    return run
+
+
+def test_verification_passes_an_honest_run_and_reports_an_unverifiable_length(monkeypatch):
+    from quasar.evaluate import harness
+
+    reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
+    reference.load_state_dict(workload.make_weights(5), strict=True)
+    runs = {64: honest_run(reference, 64), 128: honest_run(reference, 128)}
+    real_reference_output = harness._reference_output
+
+    def out_of_memory_at_128(reference, iteration, length, device):
+        if length == 128:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_reference_output(reference, iteration, length, device)
+
+    monkeypatch.setattr(harness, "_reference_output", out_of_memory_at_128)
+    reasons = harness._verify(runs, 5, "cpu", Timings(), lambda event: None)
+    assert runs[64].result.correct is True and runs[64].result.runs_verified == 3
+    assert runs[64].result.rel_error < 5e-3 and runs[64].result.repeat_agree
+    assert runs[128].result.correct is False
+    assert reasons == ["T=128: the float32 reference does not fit in the memory of cpu here, so this length "
+                       "cannot be verified on this machine"]

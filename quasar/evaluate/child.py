@@ -1,6 +1,6 @@
 """The code that runs inside the sandbox: it serves the parent's requests over the harness's pipe.
 
-Started as ``python -I child.py READ_FD WRITE_FD DEVICE`` from the harness's own copy of this
+Started as ``python -I child.py READ_FD WRITE_FD DEVICE SPIN_SECONDS`` from the harness's own copy of this
 directory. Until the ``load`` request it runs only this file, ``protocol.py``, ``workload.py`` and
 torch, so its answers to ``calibrate`` are trusted; from ``load`` on, the fork's code shares the
 process and may patch anything, and the parent trusts nothing it says without checking.
@@ -147,8 +147,8 @@ class Server:
 
 
 def main() -> None:
-    read_fd, write_fd, device = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    channel = protocol.Channel(read_fd, write_fd)
+    read_fd, write_fd, device, spin_seconds = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+    channel = protocol.Channel(read_fd, write_fd, spin_seconds=spin_seconds)
     Server(channel, device).serve()
 
 

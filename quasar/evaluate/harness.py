@@ -40,8 +40,13 @@ starter fork under bf16 autocast is at 0.95e-2 to 0.98e-2 against the float32 re
 and on an H100 alike, at every length from 64 to 1M (benchmarks/RESULTS.md); zeros, noise or a
 skipped part give 0.3 and more.
 
+Stability. On CUDA the parent and the child busy-poll the pipe (:data:`GPU_SPIN_SECONDS`) rather
+than sleep between messages, so no timed run pays a scheduler wake-up or a cooled-down core;
+long forwards are GPU-bound and agree within a fraction of a percent (benchmarks/RESULTS.md).
+
 Out of memory at a length is a result ("OOM at T=…, peak …"), not a crash; longer lengths are
-then skipped. Every length, the load and the whole evaluation have wall-time limits.
+then skipped. A length whose float32 reference does not fit in the parent's device memory fails
+as unverifiable. Every length, the load and the whole evaluation have wall-time limits.
 """
 
 from __future__ import annotations
@@ -105,6 +110,9 @@ CALIBRATION_RUNS = 7
 # A forward time is never reported below this (calibration noise at tiny lengths).
 MIN_FORWARD_NS = 1000
 LOAD_TIMEOUT_S = 600.0
+# On CUDA both ends busy-poll the pipe this long before sleeping (protocol.Channel): a woken
+# process and a cooled-down core add a varying delay to a forward of a millisecond or two.
+GPU_SPIN_SECONDS = 0.5
 
 
 class EvaluationInputError(ValueError):
@@ -369,7 +377,8 @@ def _benchmark_in_sandbox(repo: Path, lengths: list[int], weights_seed: int, opt
     started = time.monotonic()
     progress(ProgressEvent("start"))
     try:
-        child = SandboxedChild(repo, options.device, options.policy).__enter__()
+        spin = GPU_SPIN_SECONDS if options.device.startswith("cuda") else 0.0
+        child = SandboxedChild(repo, options.device, options.policy, spin_seconds=spin).__enter__()
     except SandboxUnavailable as error:
         report.reasons.append(f"sandbox unavailable: {error}")
         return runs
@@ -469,10 +478,82 @@ def _relative_difference(a: list, b: list) -> float:
     return difference / scale if scale > 0 else (0.0 if difference == 0 else math.inf)
 
 
+def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, progress: ProgressCallback) -> list[str]:
+    """Check one length's correctness run, repeat and timed runs against the reference; the reasons to fail."""
+    from quasar.reference import relative_error
+
+    result, length = run.result, run.result.seq_len
+    assert run.check is not None and run.output is not None and run.repeat is not None
+    chooser = secrets.SystemRandom()
+    if length <= VERIFY_ALL_UP_TO:
+        chosen = run.timed if len(run.timed) <= MAX_VERIFIED else chooser.sample(run.timed, MAX_VERIFIED)
+    else:
+        chosen = chooser.sample(run.timed, min(VERIFY_SAMPLE, len(run.timed)))
+    progress(ProgressEvent("reference", length, 0, len(chosen) + 1))
+    expected = _reference_output(reference, run.check, length, device)
+    output = run.output.to(device)
+    result.finite = bool(torch.isfinite(output).all())
+    result.rel_error = relative_error(output, expected)
+    bounds = workload.segment_bounds(length)
+    result.rel_error_eighths = [relative_error(output[:, a:b], expected[:, a:b]) for a, b in bounds]
+    result.worst_block_error = worst_block_error(output, expected)
+    basis = workload.make_basis(run.check.basis_seed, length, device)
+    consistency = fingerprint_error(run.check.fingerprint, workload.fingerprint(output, basis),
+                                    workload.segment_norms(expected))
+    result.repeat_rel_diff = _relative_difference(run.repeat.fingerprint, run.check.fingerprint)
+    result.repeat_agree = result.repeat_rel_diff <= REPEAT_TOLERANCE
+    del output, expected
+
+    worst, failed = 0.0, 0
+    for index, iteration in enumerate(chosen):
+        progress(ProgressEvent("reference", length, index + 1, len(chosen) + 1))
+        expected = _reference_output(reference, iteration, length, device)
+        basis = workload.make_basis(iteration.basis_seed, length, device)
+        error = fingerprint_error(iteration.fingerprint, workload.fingerprint(expected, basis),
+                                  workload.segment_norms(expected))
+        worst = max(worst, error)
+        failed += error > FINGERPRINT_TOLERANCE
+        del expected
+    result.runs_verified = len(chosen)
+    result.fingerprint_error = worst
+
+    where = f"T={length}"
+    reasons = []
+    if not result.finite:
+        reasons.append(f"{where}: the output has NaN or infinite values")
+    if not result.rel_error <= REL_ERROR_THRESHOLD:
+        reasons.append(f"{where}: the output differs from the reference: relative error "
+                       f"{result.rel_error:.3g} > {REL_ERROR_THRESHOLD:g} over the whole sequence")
+    bad = [i + 1 for i, e in enumerate(result.rel_error_eighths) if not e <= REL_ERROR_THRESHOLD]
+    if bad:
+        shown = ", ".join(f"{i} ({result.rel_error_eighths[i - 1]:.3g})" for i in bad)
+        reasons.append(f"{where}: eighths {shown} of the sequence differ from the reference "
+                       f"(relative error > {REL_ERROR_THRESHOLD:g})")
+    if not result.worst_block_error <= BLOCK_ERROR_THRESHOLD:
+        reasons.append(f"{where}: a {BLOCK_TOKENS}-token block differs from the reference (error "
+                       f"{result.worst_block_error:.3g} of the sequence RMS > {BLOCK_ERROR_THRESHOLD:g})")
+    if not consistency <= CONSISTENCY_TOLERANCE:
+        reasons.append(f"{where}: the output sent for the check is not the output its run fingerprinted "
+                       f"(difference {consistency:.3g})")
+    if failed:
+        reasons.append(f"{where}: {failed} of {len(chosen)} timed runs checked do not match the reference "
+                       f"(largest error {worst:.3g} > {FINGERPRINT_TOLERANCE:g}): the output was not "
+                       "computed from that run's input")
+    if not result.repeat_agree:
+        reasons.append(f"{where}: two runs on the same input disagree (relative difference "
+                       f"{result.repeat_rel_diff:.3g} > {REPEAT_TOLERANCE:g})")
+    result.correct = not reasons
+    return reasons
+
+
 def _verify(runs: dict[int, _LengthRun], weights_seed: int, device: str, timings: Timings,
             progress: ProgressCallback) -> list[str]:
-    """Check every run against the reference in this process; returns the reasons to fail."""
-    from quasar.reference import QuasarAttentionReference, relative_error
+    """Check every run against the reference in this process (shortest first); the reasons to fail.
+
+    A length whose float32 reference does not fit in this device's memory cannot be verified:
+    it fails with that reason, and the other lengths are still checked.
+    """
+    from quasar.reference import QuasarAttentionReference
 
     pending = [run for run in runs.values() if run.check is not None and run.output is not None]
     if not pending:
@@ -482,72 +563,17 @@ def _verify(runs: dict[int, _LengthRun], weights_seed: int, device: str, timings
     reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
     reference.load_state_dict(workload.make_weights(weights_seed), strict=True)
     reference = reference.to(device).eval()
-    chooser = secrets.SystemRandom()
     for run in pending:
-        result, length = run.result, run.result.seq_len
-        assert run.check is not None and run.output is not None and run.repeat is not None
-        if length <= VERIFY_ALL_UP_TO:
-            chosen = run.timed if len(run.timed) <= MAX_VERIFIED else chooser.sample(run.timed, MAX_VERIFIED)
-        else:
-            chosen = chooser.sample(run.timed, min(VERIFY_SAMPLE, len(run.timed)))
-        progress(ProgressEvent("reference", length, 0, len(chosen) + 1))
-        expected = _reference_output(reference, run.check, length, device)
-        output = run.output.to(device)
-        result.finite = bool(torch.isfinite(output).all())
-        result.rel_error = relative_error(output, expected)
-        bounds = workload.segment_bounds(length)
-        result.rel_error_eighths = [relative_error(output[:, a:b], expected[:, a:b]) for a, b in bounds]
-        result.worst_block_error = worst_block_error(output, expected)
-        basis = workload.make_basis(run.check.basis_seed, length, device)
-        consistency = fingerprint_error(run.check.fingerprint, workload.fingerprint(output, basis),
-                                        workload.segment_norms(expected))
-        result.repeat_rel_diff = _relative_difference(run.repeat.fingerprint, run.check.fingerprint)
-        result.repeat_agree = result.repeat_rel_diff <= REPEAT_TOLERANCE
-        del output, expected
-
-        worst, failed = 0.0, 0
-        for index, iteration in enumerate(chosen):
-            progress(ProgressEvent("reference", length, index + 1, len(chosen) + 1))
-            expected = _reference_output(reference, iteration, length, device)
-            basis = workload.make_basis(iteration.basis_seed, length, device)
-            error = fingerprint_error(iteration.fingerprint, workload.fingerprint(expected, basis),
-                                      workload.segment_norms(expected))
-            worst = max(worst, error)
-            failed += error > FINGERPRINT_TOLERANCE
-            del expected
-        result.runs_verified = len(chosen)
-        result.fingerprint_error = worst
-
-        where = f"T={length}"
-        length_reasons = []
-        if not result.finite:
-            length_reasons.append(f"{where}: the output has NaN or infinite values")
-        if not result.rel_error <= REL_ERROR_THRESHOLD:
-            length_reasons.append(f"{where}: the output differs from the reference: relative error "
-                                  f"{result.rel_error:.3g} > {REL_ERROR_THRESHOLD:g} over the whole sequence")
-        bad = [i + 1 for i, e in enumerate(result.rel_error_eighths) if not e <= REL_ERROR_THRESHOLD]
-        if bad:
-            shown = ", ".join(f"{i} ({result.rel_error_eighths[i - 1]:.3g})" for i in bad)
-            length_reasons.append(f"{where}: eighths {shown} of the sequence differ from the reference "
-                                  f"(relative error > {REL_ERROR_THRESHOLD:g})")
-        if not result.worst_block_error <= BLOCK_ERROR_THRESHOLD:
-            length_reasons.append(f"{where}: a {BLOCK_TOKENS}-token block differs from the reference (error "
-                                  f"{result.worst_block_error:.3g} of the sequence RMS > {BLOCK_ERROR_THRESHOLD:g})")
-        if not consistency <= CONSISTENCY_TOLERANCE:
-            length_reasons.append(f"{where}: the output sent for the check is not the output its run fingerprinted "
-                                  f"(difference {consistency:.3g})")
-        if failed:
-            length_reasons.append(f"{where}: {failed} of {len(chosen)} timed runs checked do not match the reference "
-                                  f"(largest error {worst:.3g} > {FINGERPRINT_TOLERANCE:g}): the output was not "
-                                  "computed from that run's input")
-        if not result.repeat_agree:
-            length_reasons.append(f"{where}: two runs on the same input disagree (relative difference "
-                                  f"{result.repeat_rel_diff:.3g} > {REPEAT_TOLERANCE:g})")
-        result.correct = not length_reasons
-        reasons += length_reasons
-        run.output = None
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
+        try:
+            reasons += _verify_length(run, reference, device, progress)
+        except torch.OutOfMemoryError:
+            run.result.correct = False
+            reasons.append(f"T={run.result.seq_len}: the float32 reference does not fit in the memory of "
+                           f"{device} here, so this length cannot be verified on this machine")
+        finally:
+            run.output = None
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
     timings.reference_s = time.monotonic() - started
     return reasons
 

@@ -38,11 +38,19 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 
 
 class Channel:
-    """One end of the harness's pipe pair: ``send`` frames to ``write_fd``, ``recv`` from ``read_fd``."""
+    """One end of the harness's pipe pair: ``send`` frames to ``write_fd``, ``recv`` from ``read_fd``.
 
-    def __init__(self, read_fd: int, write_fd: int):
+    ``spin_seconds``: a ``recv`` first busy-polls the pipe for up to this long before sleeping in
+    ``poll``. A process blocked on a pipe is woken by the scheduler, which costs tens to hundreds
+    of microseconds and varies (most on virtual machines); spinning keeps that out of timings.
+    """
+
+    def __init__(self, read_fd: int, write_fd: int, spin_seconds: float = 0.0):
         self.read_fd = read_fd
         self.write_fd = write_fd
+        self.spin_seconds = spin_seconds
+        self._poller = select.poll()
+        self._poller.register(read_fd, select.POLLIN | select.POLLHUP | select.POLLERR)
 
     def send(self, header: dict, payload: bytes | memoryview | None = None) -> None:
         """Send one frame; ``payload`` (raw bytes) follows the JSON header when given."""
@@ -53,19 +61,26 @@ class Channel:
         if payload is not None:
             _write_all(self.write_fd, payload)
 
+    def _wait_readable(self, deadline: float | None, spin_until: float) -> None:
+        while True:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                raise ChannelTimeout("no reply before the deadline")
+            if now < spin_until:
+                if self._poller.poll(0):
+                    return
+                continue
+            timeout_ms = -1 if deadline is None else max(1, int((deadline - now) * 1000))
+            if self._poller.poll(timeout_ms):
+                return
+
     def _read_exact(self, size: int, deadline: float | None) -> bytearray:
         buffer = bytearray(size)
         view = memoryview(buffer)
         filled = 0
-        poller = select.poll()
-        poller.register(self.read_fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+        spin_until = time.monotonic() + self.spin_seconds
         while filled < size:
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ChannelTimeout("no reply before the deadline")
-                if not poller.poll(max(1, int(remaining * 1000))):
-                    continue
+            self._wait_readable(deadline, spin_until)
             count = os.readv(self.read_fd, [view[filled:]])
             if count == 0:
                 raise ChannelClosed("the other side closed the channel")

@@ -225,10 +225,12 @@ def _copy_tree(source: Path, destination: Path) -> None:
 class SandboxedChild:
     """One sandboxed child process serving the harness's requests; use as a context manager."""
 
-    def __init__(self, fork_dir: str | os.PathLike, device: str, policy: SandboxPolicy):
+    def __init__(self, fork_dir: str | os.PathLike, device: str, policy: SandboxPolicy, spin_seconds: float = 0.0):
         self.fork_source = Path(fork_dir).resolve()
         self.device = device
         self.policy = policy
+        # Both ends busy-poll the pipe this long before sleeping (protocol.Channel).
+        self.spin_seconds = spin_seconds
         self.marker = secrets.token_hex(16)
         self.output = CapturedOutput()
         self.isolation = "none"
@@ -259,7 +261,7 @@ class SandboxedChild:
         env = scrubbed_environment(home, self.device, self.policy, self.marker)
         python = sys.executable
         argv = [python, "-I", f"{harness}/child.py", str(child_fds[0]), str(child_fds[1]),
-                "cuda" if self.device.startswith("cuda") else "cpu"]
+                "cuda" if self.device.startswith("cuda") else "cpu", repr(float(self.spin_seconds))]
         rlimits = {"CORE": 0, "NOFILE": self.policy.max_open_files, "FSIZE": self.policy.max_file_bytes}
         if mode == "root":
             # Counted per uid: in root mode the child is the only user of uid nobody we know of.
@@ -379,7 +381,7 @@ class SandboxedChild:
         )
         os.close(to_child_read)
         os.close(from_child_write)
-        self.channel = protocol.Channel(from_child_read, to_child_write)
+        self.channel = protocol.Channel(from_child_read, to_child_write, spin_seconds=self.spin_seconds)
         self._drain_thread = threading.Thread(target=self._drain, daemon=True)
         self._drain_thread.start()
         self._await_first_reply()

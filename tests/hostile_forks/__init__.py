@@ -194,6 +194,12 @@ _workload.make_input = lambda seed, seq_len, device: torch.zeros(1, seq_len, _wo
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB (simulated)")
         return super().forward(hidden_states, *args, **kwargs)
     """),
+    # Asks the device for far more memory than it has at one length (a real CUDA out-of-memory).
+    "hog": _wrap("""
+        if hidden_states.shape[1] == {hog_length}:
+            torch.empty(1 << 44, dtype=torch.uint8, device=hidden_states.device)
+        return super().forward(hidden_states, *args, **kwargs)
+    """),
     # Fast (and wrong) only at one length.
     "wrong_at_length": _wrap("""
         if hidden_states.shape[1] == {wrong_length}:
