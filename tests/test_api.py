@@ -111,7 +111,8 @@ def test_whole_protocol_submit_commit_reveal_evaluate_rank_and_roll_over(start_a
     assert board.evaluated_submissions == 3 and first.validators == 2
 
     stats = a.stats(hotkey=api.wallets["a"].hotkey.ss58_address)
-    assert (stats.submissions, stats.ready, stats.awaiting_reveal, stats.reports, stats.hotkey_submissions) == (3, 3, 0, 6, 1)
+    counts = (stats.submissions, stats.ready, stats.awaiting_reveal, stats.reports, stats.hotkey_submissions)
+    assert counts == (3, 3, 0, 6, 1)
 
     # Round rollover: the next round starts on the chain's block, not the wall clock.
     now = a.current_round()

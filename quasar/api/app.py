@@ -109,7 +109,6 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
                     "are signed with btauth/1 (bittensor.http_auth) for the hotkey GET /health shows.",
         lifespan=lifespan,
     )
-    app.state.service = service
 
     # --- dependencies ---
 
@@ -122,7 +121,8 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
 
     def authenticate(request: Request, body: bytes, authorize: auth.Authorizer) -> str:
         raw_path = request.scope.get("raw_path") or request.url.path.encode()
-        target = auth.request_target(raw_path.decode("latin-1"), request.scope.get("query_string", b"").decode("latin-1"))
+        query = request.scope.get("query_string", b"").decode("latin-1")
+        target = auth.request_target(raw_path.decode("latin-1"), query)
         return auth.authenticate(request.headers, body, method=request.method, target=target,
                                  self_hotkey=config.api_hotkey, nonce_store=nonce_store, authorize=authorize)
 

@@ -3,7 +3,8 @@ queue, reports, failures and bans, rounds and the leaderboard.
 
 Every state change is one :meth:`Database.write` transaction that first locks what its rule reads
 (the hotkey for the rate limit, the validator for its leases, the IP for its failure count, the
-submission row for a reveal), so a rule that reads before it writes holds under concurrent requests. Refusals raise :class:`ApiError` with the HTTP status and a message for the caller.
+submission row for a reveal), so a rule that reads before it writes holds under concurrent requests.
+Refusals raise :class:`ApiError` with the HTTP status and a message for the caller.
 """
 
 from __future__ import annotations
@@ -174,7 +175,8 @@ class SubmissionService:
 
     # --- miners ---
 
-    def submit_direct(self, hotkey: str, client_ip: str, request: schemas.SubmitKernelRequest) -> schemas.SubmissionAccepted:
+    def submit_direct(self, hotkey: str, client_ip: str,
+                      request: schemas.SubmitKernelRequest) -> schemas.SubmissionAccepted:
         url, commit = self._fork(request.fork_url, request.commit_hash)
         block = self.current_block()
         now = self.clock()
