@@ -180,6 +180,9 @@ def _parse_database_url(raw: str) -> str:
     value = raw.strip()
     if not value.startswith(("sqlite:///", "postgresql://", "postgresql+psycopg2://")):
         raise ValueError("expected sqlite:///PATH or postgresql://USER@HOST:PORT/DATABASE")
+    # A password here would end up in process listings and logs: it belongs in PGPASSWORD or ~/.pgpass.
+    if urlparse(value).password is not None:
+        raise ValueError("must not contain a password; put it in PGPASSWORD or ~/.pgpass")
     return value
 
 

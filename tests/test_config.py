@@ -62,6 +62,8 @@ def test_bittensor_flag_spelling(tmp_path):
         ({"VALIDATOR_API_URL": "ftp://x"}, "VALIDATOR_API_URL (from environment): expected an http"),
         ({"WALLET_HOTKEY": "../../etc"}, "WALLET_HOTKEY (from environment): expected a plain name"),
         ({"LOGGING_DEBUG": "maybe"}, "LOGGING_DEBUG (from environment): expected true or false"),
+        ({"DATABASE_URL": "postgresql://quasar:hunter2@db:5432/quasar"},
+         "DATABASE_URL (from environment): must not contain a password"),
     ],
 )
 def test_bad_values_name_the_setting(environ, message):
