@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -20,11 +21,11 @@ from quasar.api.client import ApiClient
 from quasar.chain.devchain import DevChain
 from quasar.evaluate import EvaluationOptions
 from quasar.miner.github import Git, GitHubClient, write_askpass
-from quasar.miner.loop import Evaluator, LoopConfig, Miner
+from quasar.miner.loop import Evaluator, LoopConfig, Miner, required_gain
 from quasar.miner.runner import remote_url
-from quasar.miner.state import StateStore
+from quasar.miner.state import Measurement, StateStore
 from quasar.miner.strategies import FAILED, KEPT, REJECTED, SLOWER, AgentStrategy, TuningStrategy
-from quasar.miner.submission import DIRECT, Submitter
+from quasar.miner.submission import COMMIT_REVEAL, DIRECT, Submitter
 from quasar.miner.workspace import ForkClone, Workspace
 from test_miner_standins import (
     CHUNK_FILE,
@@ -165,6 +166,34 @@ def test_tuning_picks_the_target_length_and_walks_the_tuning_file(tmp_path):
             assert rig.clone.changed_paths() == []
         finally:
             rig.close()
+
+
+def test_waiting_between_cycles_reveals_a_commitment_when_it_is_due(tmp_path):
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
+        rig = Rig(tmp_path, github)
+        try:
+            head = rig.clone.sync()
+            submitter = Submitter(rig.client, rig.chain, rig.state, rig.store, COMMIT_REVEAL, rig.fork_url,
+                                  publish=rig.clone.push)
+            miner = Miner(rig.clone, [TuningStrategy()], Evaluator(FAST), submitter, rig.state, rig.store,
+                          LoopConfig(iterations=0, interval_s=0, min_improvement=0.02, push_on_keep=False))
+            assert submitter.submit_if_better(Measurement(head, 128, 5000.0, 4500.0))
+            stop = threading.Event()
+            miner.wait(stop, 0.05)
+            assert rig.state.pending_reveal is not None  # not due yet
+            rig.chain.advance(100)
+            miner.wait(stop, 0.05)
+            assert rig.state.pending_reveal is None
+            [item] = rig.validator_client.fetch_work().items
+            assert (item.commit_hash, item.claimed_tokens_per_sec) == (head, 4500.0)
+        finally:
+            rig.close()
+
+
+def test_the_gain_needed_grows_with_the_benchmarks_spread():
+    assert required_gain(0.02, 0.002, 0.003) == 0.02
+    assert required_gain(0.02, 0.05, 0.03) == pytest.approx(0.08)
+    assert required_gain(0.0, None, None) == 0.0
 
 
 def neuron_environment(tmp_path: Path, github: GitHubStandIn, api: ApiServer, api_hotkey: str) -> dict[str, str]:
