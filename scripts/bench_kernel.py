@@ -42,8 +42,9 @@ DEFAULT_VARIANTS = [
     {},
     {"segment_chunks": 8},
     {"segment_chunks": 32},
-    {"segment_warps": 8, "output_warps": 8},
-    {"precision": "tf32"},
+    {"segment_warps": 2, "output_warps": 2},
+    {"num_stages": 2},
+    {"layer_tile_tokens": 65_536},
     {"layer_tile_tokens": 262_144},
 ]
 
@@ -100,33 +101,60 @@ def kernel_breakdown(layer: nn.Module, length: int) -> list[dict]:
 
 
 class UpstreamLayer(nn.Module):
-    """The benchmark layer with upstream fla's ``chunk_delta_rule`` (beta := alpha, scale 1) as its core."""
+    """The benchmark layer built from upstream fla's modules (``ShortConvolution``,
+    ``FusedRMSNormGated``) with its ``chunk_delta_rule`` (beta := alpha, scale 1) as the core."""
 
     def __init__(self):
         super().__init__()
+        from fla.modules import FusedRMSNormGated, ShortConvolution
+
         self.reference = QuasarAttentionReference(**LAYER, mode="chunk")
+        params = dict(self.reference.named_parameters())
+        width = LAYER["num_heads"] * LAYER["head_dim"]
+        self.convs = nn.ModuleList(ShortConvolution(width, 4, bias=False, activation="silu") for _ in "qkv")
+        for conv, name in zip(self.convs, "qkv"):
+            conv.weight.data.copy_(params[f"{name}_conv1d.weight"])
+        self.norm = FusedRMSNormGated(LAYER["head_dim"], activation="sigmoid", eps=1e-5)
+        self.norm.weight.data.copy_(params["o_norm.weight"])
 
     def forward(self, x):
         from fla.ops.delta_rule import chunk_delta_rule
 
         r, H, D = self.reference, LAYER["num_heads"], LAYER["head_dim"]
         params = dict(r.named_parameters())
-
-        def branch(name):
-            y = F.linear(x, params[f"{name}_proj.weight"]).transpose(1, 2)
-            y = F.conv1d(F.pad(y, (3, 0)), params[f"{name}_conv1d.weight"].to(y.dtype), groups=y.shape[1])
-            return F.silu(y).transpose(1, 2).unflatten(-1, (H, D))
-
-        q, k, v = branch("q"), branch("k"), branch("v")
-        lam = k.float().square().sum(-1)
-        beta = F.softplus(params["beta_log"].float())
-        alpha = -torch.expm1(-beta * lam) / (lam + 1e-8)
+        q, k, v = (conv(F.linear(x, params[f"{name}_proj.weight"]))[0].unflatten(-1, (H, D))
+                   for conv, name in zip(self.convs, "qkv"))
+        alpha = upstream_alpha(k, F.softplus(params["beta_log"].float()))
         o, _ = chunk_delta_rule(q, k, v, alpha.to(q.dtype), scale=1.0)
         g = F.linear(F.linear(x, params["g_proj.0.weight"]), params["g_proj.1.weight"], params["g_proj.1.bias"])
-        o32 = o.float()
-        y = o32 * torch.rsqrt(o32.square().mean(-1, keepdim=True) + 1e-5) * params["o_norm.weight"].float()
-        y = (y * torch.sigmoid(g.float().unflatten(-1, (H, D)))).to(o.dtype).flatten(-2)
+        y = self.norm(o, g.unflatten(-1, (H, D))).flatten(-2)
         return (F.linear(y, params["o_proj.weight"]),)
+
+
+def upstream_alpha(k: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """alpha_t per token and head (fp32) for keys ``k [B, T, H, D]``."""
+    lam = k.float().square().sum(-1)
+    return -torch.expm1(-beta * lam) / (lam + 1e-8)
+
+
+def time_core(op, length: int, runs: int) -> float:
+    """Median seconds of ``op(q, k, v, beta)`` on random bf16 ``[1, length, 8, 64]`` inputs."""
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    shape = (1, length, LAYER["num_heads"], LAYER["head_dim"])
+    q, k, v = (torch.randn(shape, device="cuda", generator=generator) for _ in range(3))
+    q, k, v = q.bfloat16(), (F.silu(k) * 0.5).bfloat16(), v.bfloat16()
+    beta = torch.rand(LAYER["num_heads"], device="cuda", generator=generator) * 4 + 0.5
+    times = []
+    with torch.inference_mode():
+        for index in range(runs + 2):
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            op(q, k, v, beta)
+            stop.record()
+            torch.cuda.synchronize()
+            if index >= 2:
+                times.append(start.elapsed_time(stop) / 1e3)
+    return statistics.median(times)
 
 
 def upstream_main(args) -> int:
@@ -137,6 +165,18 @@ def upstream_main(args) -> int:
         seconds, peak = time_forward(layer, length, args.runs)
         results.append({"length": length, "tokens_per_sec": length / seconds, "peak_gib": peak / 2**30})
         print(json.dumps(results[-1]), flush=True)
+    from fla.ops.delta_rule import chunk_delta_rule
+
+    alphas = {}
+
+    def core(q, k, v, beta):
+        if q.shape[1] not in alphas:
+            alphas[q.shape[1]] = upstream_alpha(k, beta).to(q.dtype)
+        return chunk_delta_rule(q, k, v, alphas[q.shape[1]], scale=1.0)
+
+    length = max(args.lengths)
+    seconds = time_core(core, length, args.runs)
+    print(json.dumps({"core_length": length, "core_tokens_per_sec": length / seconds}), flush=True)
     if args.check:
         check_length = args.check_lengths[0]
         x = torch.randn(1, check_length, LAYER["hidden_size"], device="cuda")
@@ -278,9 +318,18 @@ def main(argv: list[str] | None = None) -> int:
     for length in args.lengths:
         seconds, peak = time_forward(layer, length, args.runs)
         emit("fork", {"length": length, "tokens_per_sec": length / seconds, "peak_gib": peak / 2**30})
+    from fla.ops.quasar import chunk_quasar
+
+    seconds = time_core(chunk_quasar, longest, args.runs)
+    emit("fork_core", {"core_length": longest, "core_tokens_per_sec": longest / seconds})
     for row in kernel_breakdown(layer, longest)[:15]:
         emit("kernels", row)
 
+    up_core = [r for r in report.get("upstream", []) if "core_tokens_per_sec" in r]
+    if up_core:
+        fork_core = report["fork_core"][0]["core_tokens_per_sec"]
+        print(f"\ncore alone at {longest}: fork {fork_core / 1e6:.2f} M tok/s, upstream "
+              f"{up_core[0]['core_tokens_per_sec'] / 1e6:.2f} M tok/s, ratio {fork_core / up_core[0]['core_tokens_per_sec']:.2f}")
     print("\nlength  fork M tok/s  peak GiB  upstream M tok/s  peak GiB  ratio")
     ups = {r["length"]: r for r in report.get("upstream", []) if "length" in r}
     for row in report["fork"]:

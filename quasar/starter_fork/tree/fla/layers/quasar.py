@@ -11,7 +11,9 @@ Per token x (hidden size C, H heads of size D):
 A long sequence runs ``layer_tile_tokens`` (tuning.json) tokens at a time: each tile's
 projections, convolutions (continuing from the previous tile's last inputs), core (continuing
 from its state) and output are computed before the next, so the intermediates of only one tile
-are ever in memory. The input projections W_q, W_k, W_v and W_g1 run as one matrix product.
+are ever in memory. The input projections W_q, W_k, W_v and W_g1 run as one matrix product; where
+the Triton kernels run, the three convolutions + SiLU run as one kernel reading that product in
+place, and the RMSNorm + gate as another (fla.ops.quasar.layer_kernels).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import torch.nn.functional as F
 from fla.models.utils import Cache
 from fla.modules import FusedRMSNormGated, ShortConvolution
 from fla.ops.quasar import chunk_quasar, fused_recurrent_quasar
+from fla.ops.quasar.device import triton_can_run_on
+from fla.ops.quasar.layer_kernels import causal_conv_silu, rms_norm_gated
 from fla.ops.quasar.tuning import load_tuning
 
 
@@ -152,13 +156,22 @@ class QuasarAttention(nn.Module):
         """One tile ``x [B, L, hidden]`` from the states after the previous one: returns the
         output and, when ``carry``, the states after this tile (else None)."""
         weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj[0].weight])
-        q, k, v, g = F.linear(x, weight).split([self.key_dim, self.key_dim, self.value_dim, self.head_dim], -1)
-        if self.use_short_conv:
-            conv_q, conv_k, conv_v = conv_state
-            q, conv_q = self.q_conv1d(q, cache=conv_q, output_final_state=carry, cu_seqlens=cu_seqlens)
-            k, conv_k = self.k_conv1d(k, cache=conv_k, output_final_state=carry, cu_seqlens=cu_seqlens)
-            v, conv_v = self.v_conv1d(v, cache=conv_v, output_final_state=carry, cu_seqlens=cu_seqlens)
-            conv_state = (conv_q, conv_k, conv_v)
+        projected = F.linear(x, weight)
+        qkv, g = projected.split([2 * self.key_dim + self.value_dim, self.head_dim], -1)
+        fused = triton_can_run_on(x) and cu_seqlens is None and self.key_dim == self.value_dim
+        if self.use_short_conv and fused:
+            conv_weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])
+            cache = None if conv_state[0] is None else torch.cat(conv_state, 1)
+            (q, k, v), cache = causal_conv_silu(qkv, conv_weight.squeeze(1), cache, 3, carry)
+            conv_state = cache.split([self.key_dim, self.key_dim, self.value_dim], 1) if carry else (None, None, None)
+        else:
+            q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], -1)
+            if self.use_short_conv:
+                conv_q, conv_k, conv_v = conv_state
+                q, conv_q = self.q_conv1d(q, cache=conv_q, output_final_state=carry, cu_seqlens=cu_seqlens)
+                k, conv_k = self.k_conv1d(k, cache=conv_k, output_final_state=carry, cu_seqlens=cu_seqlens)
+                v, conv_v = self.v_conv1d(v, cache=conv_v, output_final_state=carry, cu_seqlens=cu_seqlens)
+                conv_state = (conv_q, conv_k, conv_v)
         q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v))
 
         beta = F.softplus(self.beta_log.float())
@@ -167,5 +180,9 @@ class QuasarAttention(nn.Module):
             q, k, v, beta, initial_state=recurrent_state, output_final_state=carry, cu_seqlens=cu_seqlens,
         )
         g = self.g_proj[1](g).unflatten(-1, (self.num_heads, self.head_dim))
-        o = self.o_proj(self.o_norm(o, g).flatten(-2))
+        if fused and self.o_norm.activation == "sigmoid" and self.o_norm.weight is not None:
+            o = rms_norm_gated(o, g, self.o_norm.weight, self.o_norm.eps)
+        else:
+            o = self.o_norm(o, g)
+        o = self.o_proj(o.flatten(-2))
         return o, recurrent_state, conv_state

@@ -38,7 +38,7 @@ class QuasarTuning:
     combine_block_v: int = 16
     combine_warps: int = 4
     precision: str = "bf16"
-    layer_tile_tokens: int = 131_072
+    layer_tile_tokens: int = 65_536
 
 
 DEFAULTS = QuasarTuning()

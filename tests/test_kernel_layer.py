@@ -1,0 +1,111 @@
+"""The fused layer kernels of the starter fork (fla/ops/quasar/layer_kernels.py) and the layer's
+tiled, fused path, run by Triton's interpreter on the CPU against their PyTorch references; and
+the two-level scan at every segment size against the float64 recurrence."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from quasar.starter_fork import copy_starter_tree
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# TRITON_INTERPRET must be set before triton is imported: a child process.
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from pathlib import Path
+    import torch
+    sys.path.insert(0, sys.argv[1])
+    import fla.ops.quasar.tuning as tuning
+    from fla.layers.quasar import QuasarAttention
+    from fla.models import Cache
+    from fla.modules import FusedRMSNormGated, ShortConvolution
+    from fla.ops.quasar.chunk import chunk_quasar_fwd
+    from fla.ops.quasar.layer_kernels import causal_conv_silu, rms_norm_gated
+    from quasar.reference import QuasarAttentionReference, naive_quasar, relative_error
+
+    torch.manual_seed(0)
+    res = {}
+    # three convolutions from a strided view of a wider tensor, with and without a cache
+    x = torch.randn(2, 37, 100)[..., :96]
+    convs = [ShortConvolution(32, 4) for _ in range(3)]
+    for name, cache in (("conv-cache", torch.randn(2, 96, 4)), ("conv-zero", None)):
+        y, final = causal_conv_silu(x, torch.cat([m.weight for m in convs]).squeeze(1), cache, 3, True)
+        ref = [m(x[..., 32 * i:32 * (i + 1)].contiguous(), output_final_state=True,
+                 cache=None if cache is None else cache[:, 32 * i:32 * (i + 1)]) for i, m in enumerate(convs)]
+        res[name] = max(relative_error(y[i], ref[i][0]) for i in range(3))
+        res[name + "-state"] = relative_error(final, torch.cat([r[1] for r in ref], 1))
+    norm = FusedRMSNormGated(16, activation="sigmoid")
+    norm.weight.data.uniform_(0.5, 1.5)
+    o, g = torch.randn(3, 50, 4, 16), torch.randn(3, 50, 4, 16) * 3
+    res["norm"] = relative_error(rms_norm_gated(o, g, norm.weight, norm.eps), norm(o, g))
+
+    # the whole layer: one pass, tiles of 128 tokens, and decoding with a cache
+    layer = QuasarAttention(hidden_size=64, head_dim=16, num_heads=4, layer_idx=0)
+    reference = QuasarAttentionReference(hidden_size=64, head_dim=16, num_heads=4)
+    reference.load_state_dict(layer.state_dict())
+    x = torch.randn(1, 200, 64)
+    expected = reference(x)[0]
+    res["layer"] = relative_error(layer(x)[0], expected)
+    tuning.TUNING_FILE = Path(sys.argv[2])
+    tuning.TUNING_FILE.write_text('{"layer_tile_tokens": 128, "segment_chunks": 1}')
+    tuning.load_tuning.cache_clear()
+    res["layer-tiles"] = relative_error(layer(x)[0], expected)
+    cache = Cache()
+    pieces = [layer(x[:, :130], past_key_values=cache, use_cache=True)[0]]
+    pieces += [layer(x[:, t:t + 1], past_key_values=cache, use_cache=True)[0] for t in range(130, 132)]
+    pieces.append(layer(x[:, 132:], past_key_values=cache, use_cache=True)[0])
+    res["layer-decoding"] = relative_error(torch.cat(pieces, 1), expected)
+
+    # the two-level scan: every segment size, segments longer than the sequence, batch and states
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 200, 2, 16, generator=g) for _ in range(3))
+    k = k * 0.3
+    beta = torch.rand(2, generator=g) * 2 + 0.1
+    h0 = torch.randn(2, 2, 16, 16, generator=g) * 0.1
+    ref_o, ref_s = naive_quasar(q.double(), k.double(), v.double(), beta.double(), h0.double(), output_final_state=True)
+    for chunks in (1, 2, 4):
+        o, s = chunk_quasar_fwd(q, k, v, beta, h0, True, None, tuning.QuasarTuning(segment_chunks=chunks))
+        res[f"segments-{chunks}"] = max(relative_error(o, ref_o), relative_error(s, ref_s))
+    print(json.dumps(res))
+    """
+)
+
+
+@pytest.fixture(scope="module")
+def interpreted(tmp_path_factory):
+    fork = tmp_path_factory.mktemp("kernel-layer") / "fork"
+    copy_starter_tree(fork)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(fork), str(fork / "tuning-test.json")],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["conv-cache", "conv-cache-state", "conv-zero", "conv-zero-state", "norm"])
+def test_fused_layer_kernels_match_the_modules(interpreted, case):
+    assert interpreted[case] < 1e-5, interpreted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["layer", "layer-tiles", "layer-decoding"])
+def test_fused_tiled_layer_matches_reference(interpreted, case):
+    assert interpreted[case] < 1e-5, interpreted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chunks", [1, 2, 4])
+def test_two_level_scan_matches_naive_at_every_segment_size(interpreted, chunks):
+    assert interpreted[f"segments-{chunks}"] < 1e-5, interpreted
