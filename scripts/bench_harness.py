@@ -20,20 +20,20 @@ import logging
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
+from rich.console import Console
+from rich.table import Table
 
-from quasar.evaluate.__main__ import parse_seq_lens  # noqa: E402
-from quasar.evaluate.harness import EvaluationOptions, evaluate  # noqa: E402
-from quasar.evaluate.report import EvaluationReport  # noqa: E402
-from quasar.evaluate.sandbox import SandboxPolicy  # noqa: E402
-from quasar.starter_fork import copy_starter_tree  # noqa: E402
+from quasar.evaluate.__main__ import parse_seq_lens
+from quasar.evaluate.harness import EvaluationOptions, evaluate
+from quasar.evaluate.report import EvaluationReport
+from quasar.evaluate.sandbox import SandboxPolicy
+from quasar.starter_fork import copy_starter_tree
 
 
 def spread(values: list[float]) -> float:
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     policy = SandboxPolicy(allow_unsandboxed=args.allow_unsandboxed)
     fork = Path(tempfile.mkdtemp(prefix="starter-")) / "fork"
     copy_starter_tree(fork)
-    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "command": " ".join(sys.argv)}
+    meta = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": " ".join(sys.argv)}
 
     reports: list[tuple[str, EvaluationReport]] = []
     agreement_options = EvaluationOptions(seq_lens=tuple(args.agreement_lens), device=args.device, policy=policy)

@@ -21,12 +21,23 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
-from quasar.evaluate.__main__ import add_evaluation_arguments, options_from, positive_int  # noqa: E402
-from quasar.evaluate.harness import EvaluationInputError, ProgressEvent, evaluate  # noqa: E402
-from quasar.evaluate.report import OK, EvaluationReport, render_report  # noqa: E402
+from quasar.config import SettingsError
+from quasar.evaluate.__main__ import (
+    add_evaluation_arguments,
+    options_from,
+    positive_int,
+)
+from quasar.evaluate.harness import EvaluationInputError, ProgressEvent, evaluate
+from quasar.evaluate.report import OK, EvaluationReport, render_report
 
 FULL_SEQ_LENS = (512, 1024, 2048, 100_000, 500_000, 1_000_000)
 STAGE_NAMES = {
@@ -93,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         with Progress(*columns, console=console, transient=True) as progress:
             report = evaluate(args.repo_path, target, args.claimed, options_from(args, seq_lens),
                               progress=ProgressDisplay(progress))
-    except EvaluationInputError as error:
+    except (EvaluationInputError, SettingsError) as error:
         parser.error(str(error))
     if args.json:
         print(report.to_json())

@@ -202,7 +202,8 @@ def world(tmp_path_factory) -> World:
     def run_command(name: str) -> tuple[str, subprocess.CompletedProcess, float]:
         started = time.monotonic()
         arguments = [a.replace("{fork}", str(forks["honest"])) for a in COMMANDS[name]]
-        done = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, cwd=ROOT, timeout=280)
+        done = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, cwd=ROOT, timeout=280,
+                              check=False)
         return name, done, time.monotonic() - started
 
     saved = {key: os.environ.get(key) for key in ("HOME", "GITHUB_TOKEN", "WALLET_PATH")}
@@ -305,18 +306,26 @@ def test_wrong_only_at_one_length_fails_there(world):
 # --- timing cannot be faked ------------------------------------------------------------------
 
 
+def fastest_possible(item, seconds: float) -> float:
+    """tokens/s of a run that took ``seconds``, less everything the harness subtracts from a round trip."""
+    return item.seq_len / (seconds - item.subtracted_us / 1e6)
+
+
 def test_caching_by_input_gains_nothing(world):
     report = world.reports["cache_by_input"]
     assert report.verdict == "pass", report.reasons
     item = report.lengths["64"]
     # Every timed input was fresh: every run paid the miss.
-    assert item.tokens_per_sec_max <= 64 / MISS_SECONDS
+    assert item.tokens_per_sec_max <= fastest_possible(item, MISS_SECONDS)
+    assert item.subtracted_us / 1e6 < MISS_SECONDS / 4
 
 
 def test_patched_timers_do_not_change_the_measurement(world):
     report = world.reports["timers"]
     assert report.verdict == "pass", report.reasons
-    assert report.lengths["64"].tokens_per_sec_max <= 64 / SLEEP_SECONDS
+    item = report.lengths["64"]
+    assert item.tokens_per_sec_max <= fastest_possible(item, SLEEP_SECONDS)
+    assert item.subtracted_us / 1e6 < SLEEP_SECONDS / 4
 
 
 # --- containment -----------------------------------------------------------------------------

@@ -6,6 +6,7 @@ obviously correct version on fresh random inputs.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import signal
@@ -67,7 +68,7 @@ def test_inputs_are_deterministic_per_seed():
 def test_segment_bounds_cover_the_sequence_in_eight_nearly_equal_parts(length):
     bounds = workload.segment_bounds(length)
     assert len(bounds) == 8 and bounds[0][0] == 0 and bounds[-1][1] == length
-    assert all(stop == next_start for (_, stop), (next_start, _) in zip(bounds, bounds[1:]))
+    assert all(stop == next_start for (_, stop), (next_start, _) in itertools.pairwise(bounds))
     sizes = [stop - start for start, stop in bounds]
     assert max(sizes) - min(sizes) <= 1
 
@@ -342,6 +343,11 @@ def test_command_line_refuses_bad_arguments(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         evaluate_main([str(tmp_path), "--target", "512", "--claimed", "-5"])
     assert exit_info.value.code == 2
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as exit_info:
+            evaluate_main([str(tmp_path), "--target", "512", "--device", "cuda"])
+        assert exit_info.value.code == 2
+        assert "CUDA is not available here" in capsys.readouterr().err
 
 
 def test_report_round_trips_through_json_and_drops_non_finite_numbers():
@@ -400,5 +406,5 @@ def test_verification_passes_an_honest_run_and_reports_an_unverifiable_length(mo
     assert runs[64].result.correct is True and runs[64].result.runs_verified == 3
     assert runs[64].result.rel_error < 5e-3 and runs[64].result.repeat_agree
     assert runs[128].result.correct is False
-    assert reasons == ["T=128: the float32 reference does not fit in the memory of cpu here, so this length "
-                       "cannot be verified on this machine"]
+    assert reasons == [("T=128: the float32 reference does not fit in the memory of cpu here, so this length "
+                        "cannot be verified on this machine")]

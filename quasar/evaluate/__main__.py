@@ -10,6 +10,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from quasar.config import SettingsError
 from quasar.evaluate.harness import (
     DEFAULT_SEQ_LENS,
     EvaluationInputError,
@@ -56,7 +57,8 @@ def positive_float(text: str) -> float:
 def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags shared with scripts/local_validator.py."""
     parser.add_argument("--claimed", type=positive_float, metavar="TPS", help="claimed tokens/sec at the target")
-    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (cpu: tests and small lengths only)")
+    parser.add_argument("--device", help="cuda, cuda:N or cpu (cpu: tests and small lengths only; default: the "
+                                         "DEVICE setting, cuda)")
     parser.add_argument("--timeout", type=positive_float, default=3600.0, metavar="SECONDS",
                         help="limit for the whole evaluation (default 3600)")
     parser.add_argument("--length-timeout", type=positive_float, default=900.0, metavar="SECONDS",
@@ -74,14 +76,18 @@ def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace, seq_lens: Sequence[int]) -> EvaluationOptions:
-    """EvaluationOptions from parsed flags (PYTORCH_CUDA_ALLOC_CONF from the settings)."""
-    from quasar.evaluate.harness import EvaluationOptions as Options
+    """EvaluationOptions from parsed flags; the device (unless given) and PYTORCH_CUDA_ALLOC_CONF
+    come from the settings (quasar/config.py: environment, then .env). Raises SettingsError."""
+    from quasar import config
 
+    settings = config.resolve()
     repeats = {"min_timed_runs": args.repeats, "max_timed_runs": args.repeats} if args.repeats else {}
-    return Options(
-        seq_lens=tuple(seq_lens), device=args.device, timeout_s=args.timeout, length_timeout_s=args.length_timeout,
-        import_profile=args.import_profile, require_cu=args.require_cu, warmup_runs=max(args.warmup, 0),
-        policy=SandboxPolicy(allow_unsandboxed=args.allow_unsandboxed), **repeats,
+    policy = SandboxPolicy(allow_unsandboxed=args.allow_unsandboxed,
+                           pytorch_cuda_alloc_conf=settings.pytorch_cuda_alloc_conf)
+    return EvaluationOptions(
+        seq_lens=tuple(seq_lens), device=args.device or settings.device, timeout_s=args.timeout,
+        length_timeout_s=args.length_timeout, import_profile=args.import_profile, require_cu=args.require_cu,
+        warmup_runs=max(args.warmup, 0), policy=policy, **repeats,
     )
 
 
@@ -100,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(levelname)s %(name)s: %(message)s")
     try:
         report = evaluate(args.repo, args.target, args.claimed, options_from(args, args.seq_lens))
-    except EvaluationInputError as error:
+    except (EvaluationInputError, SettingsError) as error:
         parser.error(str(error))
     if args.json:
         print(report.to_json())

@@ -28,10 +28,11 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402  (imported before any fork code can shadow it)
-
-import protocol  # noqa: E402
-import workload  # noqa: E402
+# torch comes from the environment's site-packages now, before the fork's directory is on the
+# path, so a fork cannot shadow it (or anything else imported here).
+import protocol
+import torch
+import workload
 
 MAX_ERROR_CHARS = 4000
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}

@@ -41,8 +41,9 @@ and on an H100 alike, at every length from 64 to 1M (benchmarks/RESULTS.md); zer
 skipped part give 0.3 and more.
 
 Stability. On CUDA the parent and the child busy-poll the pipe (:data:`GPU_SPIN_SECONDS`) rather
-than sleep between messages, so no timed run pays a scheduler wake-up or a cooled-down core;
-long forwards are GPU-bound and agree within a fraction of a percent (benchmarks/RESULTS.md).
+than sleep between messages, so no timed run pays a scheduler wake-up or a cooled-down core.
+GPU-bound forwards (1M tokens) vary by 0.3% from run to run; forwards of 1–4 ms are bound by the
+CPU launching kernels and vary far more (benchmarks/RESULTS.md).
 
 Out of memory at a length is a result ("OOM at T=…, peak …"), not a crash; longer lengths are
 then skipped. A length whose float32 reference does not fit in the parent's device memory fails
@@ -76,7 +77,12 @@ from quasar.evaluate.report import (
     LengthResult,
     Timings,
 )
-from quasar.evaluate.sandbox import SandboxedChild, SandboxError, SandboxPolicy, SandboxUnavailable
+from quasar.evaluate.sandbox import (
+    SandboxedChild,
+    SandboxError,
+    SandboxPolicy,
+    SandboxUnavailable,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -646,6 +652,9 @@ def evaluate(
         raise EvaluationInputError(f"claimed tokens/sec must be a positive number, got {claimed_tokens_per_sec!r}")
     if options.device != "cpu" and not options.device.startswith("cuda"):
         raise EvaluationInputError(f"device must be cpu, cuda or cuda:N, got {options.device!r}")
+    if options.device.startswith("cuda") and not torch.cuda.is_available():
+        raise EvaluationInputError(f"device {options.device}: CUDA is not available here "
+                                   f"(--device cpu runs small lengths for tests; {CPU_NOTE})")
     lengths = check_lengths(options.seq_lens, target_seq_len, options.device)
     weights_seed = options.weights_seed if options.weights_seed is not None else _new_seed()
     report = EvaluationReport(

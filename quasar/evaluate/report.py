@@ -136,7 +136,7 @@ class EvaluationReport:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False, default=str)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EvaluationReport":
+    def from_dict(cls, data: dict[str, Any]) -> EvaluationReport:
         """Rebuild a report from ``to_dict()`` output (unknown keys are ignored)."""
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}

@@ -154,7 +154,7 @@ def _python_directories() -> list[str]:
 def _outermost(paths: list[str]) -> list[str]:
     """Drop paths that lie inside another path of the list."""
     kept: list[str] = []
-    for path in sorted(set(os.path.normpath(p) for p in paths), key=len):
+    for path in sorted({os.path.normpath(p) for p in paths}, key=len):
         if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
             kept.append(path)
     return kept
@@ -257,7 +257,7 @@ class SandboxedChild:
 
     def _config(self, mode: str, child_fds: tuple[int, int]) -> dict:
         namespaced = mode != "none"
-        fork, harness, home = self._layout(namespaced)
+        _, harness, home = self._layout(namespaced)
         env = scrubbed_environment(home, self.device, self.policy, self.marker)
         python = sys.executable
         argv = [python, "-I", f"{harness}/child.py", str(child_fds[0]), str(child_fds[1]),
@@ -303,7 +303,7 @@ class SandboxedChild:
 
     # --- lifecycle ---
 
-    def __enter__(self) -> "SandboxedChild":
+    def __enter__(self) -> SandboxedChild:
         self.workdir = Path(tempfile.mkdtemp(prefix="quasar-eval-"))
         try:
             _copy_tree(self.fork_source, self.workdir / "fork")
@@ -377,7 +377,8 @@ class SandboxedChild:
         self.process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             pass_fds=child_fds, start_new_session=True, env=config["env"], cwd=str(self.workdir),
-            preexec_fn=_die_with_parent if mode != "none" and command[0] != "setpriv" else None,
+            # Only where setpriv is missing; the hook makes one system call.
+            preexec_fn=_die_with_parent if mode != "none" and command[0] != "setpriv" else None,  # noqa: PLW1509
         )
         os.close(to_child_read)
         os.close(from_child_write)

@@ -37,7 +37,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import protocol  # noqa: E402
+import protocol
 
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -80,7 +80,7 @@ def _check(result: int, what: str) -> None:
 
 
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    encode = lambda text: None if text is None else text.encode()  # noqa: E731
+    encode = lambda text: None if text is None else text.encode()
     result = _libc.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), encode(data))
     _check(result, f"mount {source or fstype or ''} on {target}")
 
