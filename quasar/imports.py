@@ -73,6 +73,7 @@ import os
 import posixpath
 import re
 import sys
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -490,7 +491,7 @@ class ReexportIndex:
             return None
         path, source = located
         try:
-            tree = ast.parse(source)
+            tree = _parse_ast(source)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return None
         is_package = path.endswith("/__init__.py")
@@ -577,6 +578,17 @@ def _is_utf8_name(encoding: str) -> bool:
     return name in ("utf-8", "utf8") or name.startswith("utf-8-")
 
 
+# CPython 3.11 keeps the AST constructor's recursion counter per interpreter, not per thread:
+# two threads parsing at once (a validator evaluating several forks) can fail with
+# "SystemError: AST constructor recursion depth mismatch". Parses are serialised.
+_PARSE_LOCK = threading.Lock()
+
+
+def _parse_ast(source: str, filename: str = "<unknown>") -> ast.Module:
+    with _PARSE_LOCK:
+        return ast.parse(source, filename=filename)
+
+
 def _parse(source: str, filename: str) -> ast.Module | Finding:
     """The module's AST, or the finding that says why it cannot be had."""
     for number, line in enumerate(re.split(r"\r\n|\r|\n", source, maxsplit=2)[:2], start=1):
@@ -588,7 +600,7 @@ def _parse(source: str, filename: str) -> ast.Module | Finding:
         line = source.count("\n", 0, source.find("\0")) + 1
         return Finding(filename, line, Rule.SYNTAX_ERROR, "does not parse: the source contains a null byte")
     try:
-        return ast.parse(source, filename=filename)
+        return _parse_ast(source, filename)
     except SyntaxError as error:
         return Finding(filename, error.lineno, Rule.SYNTAX_ERROR, f"does not parse: {error.msg}")
     except (RecursionError, MemoryError):
