@@ -20,6 +20,7 @@ from api_fixtures import SLOW_BLOCKS, ApiServer, api_config, make_wallet
 from quasar.api.client import ApiClient
 from quasar.chain.devchain import DevChain
 from quasar.evaluate import EvaluationOptions
+from quasar.localnet.github_standin import GitHubStandIn
 from quasar.miner.github import Git, GitHubClient, write_askpass
 from quasar.miner.loop import Evaluator, LoopConfig, Miner, required_gain
 from quasar.miner.runner import remote_url
@@ -32,7 +33,6 @@ from test_miner_standins import (
     TOKEN,
     UPSTREAM,
     ChatStandIn,
-    GitHubStandIn,
     bare_head,
     fast_chunk_source,
     file_reply,

@@ -1,9 +1,8 @@
 """Stand-ins for the miner's outer boundary, as real servers on 127.0.0.1, and forks to mine on.
 
-- :class:`GitHubStandIn`: GitHub's REST endpoints the miner uses (``GET /api/repos/{o}/{r}``,
-  ``POST /api/repos/{o}/{r}/forks``, bearer tokens, forks as real bare repositories on disk,
-  made readable only after a few polls as GitHub's asynchronous forks are) and git's smart HTTP
-  protocol under ``/git/`` (``git http-backend`` behind HTTP basic auth that checks the token).
+- GitHub: :class:`~quasar.localnet.github_standin.GitHubStandIn` (the local network's stand-in:
+  fork endpoints over bare repositories, git's smart HTTP behind the token), here with the slow
+  starter fork as its upstream (:func:`github_with_upstream`).
 - :class:`ChatStandIn`: an OpenAI-compatible ``POST /v1/chat/completions`` answering canned replies.
 - Fork builders: the starter fork made slow (to be sped up) or given a ``tuning.json``.
 
@@ -12,10 +11,8 @@ Imported by the other ``test_miner_*`` modules; the tests here check the stand-i
 
 from __future__ import annotations
 
-import base64
 import json
 import os
-import re
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -26,6 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from quasar.localnet.github_standin import GitHubStandIn
 from quasar.starter_fork import write_starter_fork
 
 UPSTREAM = "troy12x/flash-linear-attention"
@@ -111,204 +109,6 @@ def write_tuning_fork(dest: Path) -> str:
 
 
 # --- GitHub ---
-
-
-class GitHubStandIn:
-    """GitHub's fork endpoints and git's smart HTTP over repositories under ``root``.
-
-    ``tokens`` maps tokens to the accounts they belong to. Repositories live at
-    ``root/OWNER/NAME.git``; a new fork becomes readable after ``fork_delay_polls`` GETs.
-    """
-
-    def __init__(self, root: Path, tokens: dict[str, str], fork_delay_polls: int = 2):
-        self.root = root
-        self.tokens = tokens
-        self.fork_delay_polls = fork_delay_polls
-        self.repos: dict[str, dict] = {}
-        self.hidden: dict[str, int] = {}
-        self.calls: list[tuple[str, str]] = []
-        self.git_passwords: list[str] = []
-        self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def api_url(self) -> str:
-        return self.url + "/api"
-
-    @property
-    def git_base(self) -> str:
-        return self.url + "/git"
-
-    @property
-    def file_base(self) -> str:
-        """The same repositories as local bare repos (GIT_REMOTE_BASE=file:///...)."""
-        return "file://" + str(self.root)
-
-    def bare(self, full_name: str) -> Path:
-        owner, name = full_name.split("/")
-        return self.root / owner / f"{name}.git"
-
-    def add_repository(self, full_name: str, source: Path, parent: str | None = None) -> Path:
-        """Make ``source`` (a git checkout) the repository ``full_name``."""
-        bare = self.bare(full_name)
-        bare.parent.mkdir(parents=True, exist_ok=True)
-        git("clone", "-q", "--bare", str(source), str(bare))
-        git("--git-dir", str(bare), "config", "http.receivepack", "true")
-        self.repos[full_name.lower()] = {"full_name": full_name, "fork": parent is not None, "parent": parent,
-                                         "default_branch": "main"}
-        return bare
-
-    def __enter__(self) -> GitHubStandIn:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def _repo_json(self, record: dict) -> dict:
-        data = {"full_name": record["full_name"], "name": record["full_name"].split("/")[1], "fork": record["fork"],
-                "default_branch": record["default_branch"]}
-        if record["parent"]:
-            data["parent"] = {"full_name": record["parent"]}
-        return data
-
-    def _handler(self):
-        stand_in = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args) -> None:
-                pass
-
-            def _send(self, status: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _bearer_user(self) -> str | None | bool:
-                """The token's account; None without a header; False for an unknown token."""
-                header = self.headers.get("Authorization")
-                if header is None:
-                    return None
-                match = re.fullmatch(r"Bearer (\S+)", header)
-                return stand_in.tokens.get(match.group(1), False) if match else False
-
-            def do_GET(self) -> None:
-                self._dispatch("GET")
-
-            def do_POST(self) -> None:
-                self._dispatch("POST")
-
-            def _dispatch(self, method: str) -> None:
-                with stand_in.lock:
-                    stand_in.calls.append((method, self.path))
-                if self.path.startswith("/git/"):
-                    self._git(method)
-                    return
-                user = self._bearer_user()
-                if user is False:
-                    self._send(401, {"message": "Bad credentials"})
-                    return
-                get = re.fullmatch(r"/api/repos/([^/]+)/([^/]+)", self.path)
-                fork = re.fullmatch(r"/api/repos/([^/]+)/([^/]+)/forks", self.path)
-                if method == "GET" and get:
-                    self._get_repo(f"{get.group(1)}/{get.group(2)}")
-                elif method == "POST" and fork:
-                    if user is None:
-                        self._send(401, {"message": "Requires authentication"})
-                        return
-                    self._fork(f"{fork.group(1)}/{fork.group(2)}", user)
-                else:
-                    self._send(404, {"message": "Not Found"})
-
-            def _get_repo(self, full_name: str) -> None:
-                key = full_name.lower()
-                with stand_in.lock:
-                    record = stand_in.repos.get(key)
-                    if record is not None and stand_in.hidden.get(key, 0) > 0:
-                        stand_in.hidden[key] -= 1
-                        record = None
-                if record is None:
-                    self._send(404, {"message": "Not Found"})
-                else:
-                    self._send(200, stand_in._repo_json(record))
-
-            def _fork(self, upstream: str, user: str) -> None:
-                source = stand_in.repos.get(upstream.lower())
-                if source is None:
-                    self._send(404, {"message": "Not Found"})
-                    return
-                full_name = f"{user}/{upstream.split('/')[1]}"
-                with stand_in.lock:
-                    if full_name.lower() not in stand_in.repos:
-                        bare = stand_in.bare(full_name)
-                        bare.parent.mkdir(parents=True, exist_ok=True)
-                        git("clone", "-q", "--bare", str(stand_in.bare(source["full_name"])), str(bare))
-                        git("--git-dir", str(bare), "config", "http.receivepack", "true")
-                        stand_in.repos[full_name.lower()] = {"full_name": full_name, "fork": True,
-                                                             "parent": source["full_name"], "default_branch": "main"}
-                        stand_in.hidden[full_name.lower()] = stand_in.fork_delay_polls
-                    record = stand_in.repos[full_name.lower()]
-                self._send(202, stand_in._repo_json(record))
-
-            def _git(self, method: str) -> None:
-                header = self.headers.get("Authorization", "")
-                password = None
-                if header.startswith("Basic "):
-                    _, _, password = base64.b64decode(header[6:]).decode().partition(":")
-                    with stand_in.lock:
-                        stand_in.git_passwords.append(password)
-                if password not in stand_in.tokens:
-                    self.send_response(401)
-                    self.send_header("WWW-Authenticate", 'Basic realm="GitHub"')
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                body = self._read_body()
-                path, _, query = self.path[len("/git"):].partition("?")
-                env = {"PATH": os.environ["PATH"], "GIT_PROJECT_ROOT": str(stand_in.root), "GIT_HTTP_EXPORT_ALL": "1",
-                       "PATH_INFO": path, "QUERY_STRING": query, "REQUEST_METHOD": method,
-                       "CONTENT_TYPE": self.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
-                       "REMOTE_USER": stand_in.tokens[password], "REMOTE_ADDR": "127.0.0.1",
-                       "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
-                for name in ("Content-Encoding", "Git-Protocol"):
-                    if self.headers.get(name):
-                        env["HTTP_" + name.upper().replace("-", "_")] = self.headers[name]
-                result = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True)
-                head, _, payload = result.stdout.partition(b"\r\n\r\n")
-                status = 200
-                headers = []
-                for line in head.decode().split("\r\n"):
-                    name, _, value = line.partition(":")
-                    if name.lower() == "status":
-                        status = int(value.split()[0])
-                    elif name:
-                        headers.append((name, value.strip()))
-                self.send_response(status)
-                for name, value in headers:
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def _read_body(self) -> bytes:
-                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                    chunks = []
-                    while True:
-                        size = int(self.rfile.readline().split(b";")[0].strip(), 16)
-                        if size == 0:
-                            self.rfile.readline()
-                            return b"".join(chunks)
-                        chunks.append(self.rfile.read(size))
-                        self.rfile.readline()
-                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
-        return Handler
 
 
 @contextmanager

@@ -51,16 +51,18 @@ class Fork:
         return self.path.resolve().as_uri()
 
 
-def _git(repo: Path, *args: str) -> str:
+def run_git(cwd: Path, *args: str) -> str:
+    """Run ``git ARGS`` in ``cwd`` with no user or system configuration; returns its output, or
+    raises :class:`ForkWriteError` with git's explanation."""
     git = shutil.which("git")
     if git is None:
         raise ForkWriteError("git is not installed (the local network's forks are git repositories)")
     # No user or system configuration (hooks, signing), no inherited repository variables.
     env = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
     env.update(_IDENTITY, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull)
-    result = subprocess.run([git, *args], cwd=repo, env=env, capture_output=True, text=True, check=False)
+    result = subprocess.run([git, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        raise ForkWriteError(f"git {args[0]} failed in {repo}: {result.stderr.strip() or result.stdout.strip()}")
+        raise ForkWriteError(f"git {args[0]} failed in {cwd}: {result.stderr.strip() or result.stdout.strip()}")
     return result.stdout.strip()
 
 
@@ -75,9 +77,9 @@ def write_hostile_fork(dest: Path) -> Fork:
     write_starter_fork(dest)
     kernel = dest / HOSTILE_KERNEL_FILE
     kernel.write_text(kernel.read_text() + HOSTILE_KERNEL)
-    _git(dest, "commit", "--quiet", "--no-verify", "--no-gpg-sign", "-m", HOSTILE_COMMIT_MESSAGE, "--",
+    run_git(dest, "commit", "--quiet", "--no-verify", "--no-gpg-sign", "-m", HOSTILE_COMMIT_MESSAGE, "--",
          str(HOSTILE_KERNEL_FILE))
-    return Fork(HOSTILE, dest, _git(dest, "rev-parse", "HEAD"))
+    return Fork(HOSTILE, dest, run_git(dest, "rev-parse", "HEAD"))
 
 
 def write_forks(root: Path) -> dict[str, Fork]:
