@@ -34,6 +34,7 @@ from quasar.localnet.network import (
     child_environment,
     data_dir_lock,
     distinct_free_ports,
+    read_weights_block,
     reset_data_dir,
 )
 from quasar.localnet.summary import (
@@ -46,6 +47,8 @@ from quasar.localnet.summary import (
     render_summary,
     verdict_of,
 )
+from quasar.validator.loop import LAST_WEIGHTS_BLOCK
+from quasar.validator.state import SCHEMA_VERSION, ValidatorState, read_meta
 
 ROOT = Path(__file__).resolve().parent.parent
 # The whole round on CPU takes about two minutes on two loaded cores; the limit leaves room.
@@ -197,6 +200,19 @@ def test_children_get_no_quasar_setting_from_the_environment(monkeypatch):
     assert env["SOMETHING_ELSE"] == "kept"
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
     assert env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_the_weights_block_is_read_while_the_validator_holds_its_state(tmp_path):
+    path = tmp_path / "validator" / "state.sqlite3"
+    assert read_weights_block(path) is None  # no file yet
+    with ValidatorState.open(path) as state:  # holds the lock, as the running validator does
+        assert read_weights_block(path) is None  # no weights yet
+        state.set_meta(LAST_WEIGHTS_BLOCK, "42")
+        assert read_weights_block(path) == 42
+        assert read_meta(path, "schema_version") == str(SCHEMA_VERSION)
+        assert read_meta(path, "no such key") is None
+        state.set_meta(LAST_WEIGHTS_BLOCK, "47")  # the reader left nothing open that blocks a write
+    assert read_weights_block(path) == 47
 
 
 def test_ports_are_distinct():

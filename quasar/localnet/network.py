@@ -32,7 +32,6 @@ import logging
 import math
 import os
 import shutil
-import sqlite3
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -211,18 +210,13 @@ def make_wallet(root: Path, name: str):
 
 
 def read_weights_block(state_path: Path) -> int | None:
-    """The block of the validator's last weight setting, read from its state file without
-    locking it (SQLite WAL: never blocks the validator); None before the first."""
+    """The block of the validator's last weight setting, from its state file (read while it runs);
+    None before the first."""
     from quasar.validator.loop import LAST_WEIGHTS_BLOCK
+    from quasar.validator.state import read_meta
 
-    if not state_path.exists():
-        return None
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{state_path}?mode=ro", uri=True, timeout=5)) as db:
-            row = db.execute("SELECT value FROM meta WHERE key = ?", (LAST_WEIGHTS_BLOCK,)).fetchone()
-    except sqlite3.Error:  # not created yet, or being created
-        return None
-    return None if row is None else int(row[0])
+    block = read_meta(state_path, LAST_WEIGHTS_BLOCK)
+    return None if block is None else int(block)
 
 
 class LocalNetwork:
