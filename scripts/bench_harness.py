@@ -1,15 +1,14 @@
 #!/usr/bin/env python3
-"""Figures of the evaluation harness for benchmarks/RESULTS.md, on the starter fork.
+"""Five-run agreement of the evaluation harness on the starter fork, for benchmarks/RESULTS.md.
 
-    python scripts/bench_harness.py --out DIR [--device cuda] [--runs 5]
+    python scripts/bench_harness.py --out DIR [--device cuda] [--runs 5] [--budget-seconds 300]
 
-1. Agreement: ``--runs`` separate evaluations (each a fresh sandbox) at ``--agreement-lens``
-   with target ``--agreement-target``; per length, the spread of the medians,
-   ``(max - min) / min``, which must stay within 2% on one H100.
-2. Full: one evaluation at 512, 1024, 2048 and 100k with target ``--full-target`` (1M).
-3. Overhead of each evaluation beyond its timed runs, by part.
-
-Each report is written to DIR as JSON as soon as it exists; the summary is printed last.
+Runs up to ``--runs`` separate evaluations (each a fresh sandbox) of the starter fork at
+``--lens`` with target ``--target`` (default 512, 1024, 2048, 100k and 1M), and after each one
+prints the running agreement per length: the medians so far and their spread
+``max / min - 1``, which must stay within 2% on one H100. A new evaluation is not started when
+the last one's duration would overrun ``--budget-seconds``. Each report is written to DIR as JSON
+as soon as it exists, with ``summary.json`` rewritten after each; the overhead table is last.
 """
 
 from __future__ import annotations
@@ -37,15 +36,60 @@ from quasar.starter_fork import copy_starter_tree
 
 
 def spread(values: list[float]) -> float:
-    """``(max - min) / min`` of positive values."""
-    return (max(values) - min(values)) / min(values)
+    """``max / min - 1`` of positive values."""
+    return max(values) / min(values) - 1
 
 
-def overhead_row(name: str, report: EvaluationReport) -> list[str]:
-    t = report.timings
-    return [name, f"{t.total_s:.1f}", f"{t.timed_s:.1f}", f"{t.overhead_s:.1f}", f"{t.startup_s:.1f}",
-            f"{t.calibration_s:.1f}", f"{t.load_s:.1f}", f"{t.warmup_s:.1f}", f"{t.correctness_s:.1f}",
-            f"{t.reference_s:.1f}"]
+def agreement(reports: list[EvaluationReport]) -> dict[str, dict]:
+    """Per length measured in every report: the medians (tokens/s), their spread and the runs' figures."""
+    found: dict[str, dict] = {}
+    for key in reports[0].lengths:
+        items = [report.lengths[key] for report in reports]
+        if not all(item.tokens_per_sec for item in items):
+            found[key] = {"medians": None, "statuses": [item.status for item in items]}
+            continue
+        medians = [item.tokens_per_sec for item in items]
+        found[key] = {
+            "medians": medians, "spread": spread(medians), "cv_max": max(item.cv for item in items),
+            "forwards_per_request": [item.forwards_per_request for item in items],
+            "timed_requests": [item.timed_runs for item in items],
+            "verified": [item.runs_verified for item in items],
+            "rel_error_max": max(item.rel_error for item in items),
+            "subtracted_us": [item.subtracted_us for item in items],
+        }
+    return found
+
+
+def agreement_table(reports: list[EvaluationReport], found: dict[str, dict]) -> Table:
+    table = Table(title=f"agreement of {len(reports)} evaluation(s) ({reports[0].device_name}); bound 2%")
+    for column in ("T", "medians (tokens/s)", "spread", "cv of requests (max)", "forwards/request",
+                   "requests", "forwards verified", "rel error (max)", "subtracted µs/forward"):
+        table.add_column(column, justify="left" if column.startswith("medians") else "right")
+    for key, row in found.items():
+        if row["medians"] is None:
+            table.add_row(f"{int(key):,}", f"not measured in every run: {row['statuses']}", *["-"] * 7)
+            continue
+        verdict = "green" if row["spread"] <= 0.02 else "red"
+        table.add_row(
+            f"{int(key):,}", " · ".join(f"{m:,.0f}" for m in row["medians"]), f"[{verdict}]{row['spread']:.2%}[/]",
+            f"{row['cv_max']:.3f}", ",".join(map(str, row["forwards_per_request"])),
+            ",".join(map(str, row["timed_requests"])), ",".join(map(str, row["verified"])),
+            f"{row['rel_error_max']:.2e}", ",".join(f"{u:.0f}" for u in row["subtracted_us"]),
+        )
+    return table
+
+
+def overhead_table(reports: list[EvaluationReport]) -> Table:
+    table = Table(title="seconds per evaluation (overhead = total - timed)")
+    for column in ("evaluation", "verdict", "total", "timed", "overhead", "startup", "calibration", "load",
+                   "warm-up", "correctness", "reference"):
+        table.add_column(column)
+    for index, report in enumerate(reports):
+        t = report.timings
+        table.add_row(str(index), report.verdict, *(f"{v:.1f}" for v in (
+            t.total_s, t.timed_s, t.overhead_s, t.startup_s, t.calibration_s, t.load_s, t.warmup_s, t.correctness_s,
+            t.reference_s)))
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,78 +97,42 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--agreement-lens", type=parse_seq_lens, default=(512, 1024, 2048))
-    parser.add_argument("--agreement-target", type=int, default=100_000)
-    parser.add_argument("--full-lens", type=parse_seq_lens, default=(512, 1024, 2048, 100_000))
-    parser.add_argument("--full-target", type=int, default=1_000_000)
+    parser.add_argument("--lens", type=parse_seq_lens, default=(512, 1024, 2048, 100_000))
+    parser.add_argument("--target", type=int, default=1_000_000)
+    parser.add_argument("--budget-seconds", type=float, default=300.0,
+                        help="start no evaluation that would end after this (by the last one's duration)")
     parser.add_argument("--allow-unsandboxed", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    console = Console(width=150)
+    console = Console(width=180)
     args.out.mkdir(parents=True, exist_ok=True)
-    policy = SandboxPolicy(allow_unsandboxed=args.allow_unsandboxed)
     fork = Path(tempfile.mkdtemp(prefix="starter-")) / "fork"
     copy_starter_tree(fork)
-    meta = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": " ".join(sys.argv)}
-
-    reports: list[tuple[str, EvaluationReport]] = []
-    agreement_options = EvaluationOptions(seq_lens=tuple(args.agreement_lens), device=args.device, policy=policy)
+    options = EvaluationOptions(seq_lens=tuple(args.lens), device=args.device,
+                                policy=SandboxPolicy(allow_unsandboxed=args.allow_unsandboxed))
+    meta = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
+            "options": {k: v for k, v in vars(options).items() if k != "policy"}}
+    started = time.monotonic()
+    reports: list[EvaluationReport] = []
+    last_s = 0.0
     for index in range(args.runs):
-        report = evaluate(fork, args.agreement_target, None, agreement_options)
-        (args.out / f"agreement_{index}.json").write_text(report.to_json())
-        console.print(f"agreement run {index}: {report.verdict} {report.reasons} "
-                      f"{ {k: round(v.tokens_per_sec or 0) for k, v in report.lengths.items()} }")
-        reports.append((f"agreement {index}", report))
-    full = evaluate(fork, args.full_target, None,
-                    EvaluationOptions(seq_lens=tuple(args.full_lens), device=args.device, policy=policy))
-    (args.out / "full.json").write_text(full.to_json())
-    reports.append(("full", full))
-
-    agreement = [report for name, report in reports if name.startswith("agreement")]
-    table = Table(title=f"agreement of {len(agreement)} evaluations ({agreement[0].device_name})")
-    for column in ("T", "medians (tokens/s)", "spread", "cv of runs (max)", "timed runs", "rel error (max)"):
-        table.add_column(column)
-    summary: dict = {"meta": meta, "agreement": {}, "full": {}, "overhead": {}}
-    for key in agreement[0].lengths:
-        items = [report.lengths[key] for report in agreement]
-        medians = [item.tokens_per_sec for item in items if item.tokens_per_sec]
-        if len(medians) != len(items):
-            table.add_row(key, "not measured in every run", "-", "-", "-", "-")
-            continue
-        summary["agreement"][key] = {"medians": medians, "spread": spread(medians)}
-        table.add_row(key, ", ".join(f"{m:,.0f}" for m in medians), f"{spread(medians):.2%}",
-                      f"{max(i.cv for i in items):.3f}", str(items[0].timed_runs),
-                      f"{max(i.rel_error for i in items):.2e}")
-    console.print(table)
-
-    table = Table(title=f"full evaluation, target {args.full_target:,} ({full.verdict})")
-    for column in ("T", "tokens/s", "min", "max", "cv", "peak MiB", "rel error", "worst eighth", "worst block",
-                   "fingerprint", "verified"):
-        table.add_column(column)
-    for key, item in full.lengths.items():
-        summary["full"][key] = {"tokens_per_sec": item.tokens_per_sec, "status": item.status, "error": item.error,
-                                "rel_error": item.rel_error, "peak_vram_mb": item.peak_vram_mb}
-        worst_eighth = max(item.rel_error_eighths) if item.rel_error_eighths else None
-        cells = [item.tokens_per_sec, item.tokens_per_sec_min, item.tokens_per_sec_max]
-        table.add_row(key, *(f"{c:,.0f}" if c else "-" for c in cells), f"{item.cv or 0:.3f}",
-                      f"{item.peak_vram_mb or 0:,.0f}", f"{item.rel_error or 0:.2e}", f"{worst_eighth or 0:.2e}",
-                      f"{item.worst_block_error or 0:.2e}", f"{item.fingerprint_error or 0:.2e}",
-                      f"{item.runs_verified}/{item.timed_runs}")
-    console.print(table)
-    for reason in full.reasons:
-        console.print(f"reason: {reason}")
-
-    table = Table(title="seconds per evaluation (overhead = total - timed)")
-    for column in ("evaluation", "total", "timed", "overhead", "startup", "calibration", "load", "warm-up",
-                   "correctness", "reference"):
-        table.add_column(column)
-    for name, report in reports:
-        table.add_row(*overhead_row(name, report))
-        summary["overhead"][name] = report.to_dict()["timings"]
-    console.print(table)
-    console.print(f"sandbox: {full.sandbox}; date {meta['date']}")
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return 0
+        if reports and time.monotonic() - started + last_s > args.budget_seconds:
+            console.print(f"[yellow]budget of {args.budget_seconds:.0f} s reached: {len(reports)} evaluation(s)[/]")
+            break
+        begun = time.monotonic()
+        report = evaluate(fork, args.target, None, options)
+        last_s = time.monotonic() - begun
+        reports.append(report)
+        (args.out / f"evaluation_{index}.json").write_text(report.to_json())
+        console.print(f"evaluation {index}: {report.verdict} in {last_s:.0f} s; reasons: {report.reasons}")
+        found = agreement(reports)
+        console.print(agreement_table(reports, found))
+        summary = {"meta": meta, "agreement": found,
+                   "timings": [report.to_dict()["timings"] for report in reports]}
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    console.print(overhead_table(reports))
+    console.print(f"sandbox: {reports[0].sandbox}; date {meta['date']}")
+    return 0 if all(report.passed for report in reports) else 1
 
 
 if __name__ == "__main__":

@@ -37,6 +37,10 @@ SECRET_TOKEN = "ghp_quasarTestSecretToken0123456789abcdef"
 SECRET_COLDKEY = "coldkey-secret-5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
 MISS_SECONDS = 0.4
 SLEEP_SECONDS = 0.4
+# Several forwards per request: each sleeps this long; requests of 5 s, at most 3 forwards (so 3
+# however slow this machine's forwards are).
+BATCHED_SLEEP_SECONDS = 0.05
+BATCHED_FORWARDS = 3
 
 
 class Listener:
@@ -167,6 +171,10 @@ def world(tmp_path_factory) -> World:
         "stale_cache": Case("stale_cache"),
         "cache_by_input": Case("cache_by_input", {"miss_seconds": MISS_SECONDS}),
         "timers": Case("timers", {"sleep_seconds": SLEEP_SECONDS}),
+        "timers_batched": Case("timers", {"sleep_seconds": BATCHED_SLEEP_SECONDS},
+                               options=replace(FAST, warmup_runs=2, request_seconds=5.0,
+                                               max_forwards_per_request=BATCHED_FORWARDS)),
+        "first_only": Case("first_only", options=replace(FAST, request_seconds=30.0, max_forwards_per_request=4)),
         "flood": Case("flood", options=replace(FAST, policy=SandboxPolicy(max_output_bytes=4 << 20))),
         "sleep_forever": Case("sleep_forever", options=replace(FAST, length_timeout_s=8)),
         "background": Case("background", {"marker": markers["sandboxed"]}),
@@ -251,7 +259,7 @@ def test_honest_starter_fork_is_correct_and_only_the_inflated_claim_fails(world)
     for item in report.lengths.values():
         assert item.status == "ok" and item.correct and item.finite and item.repeat_agree
         assert item.rel_error < REL_ERROR_THRESHOLD and max(item.rel_error_eighths) < REL_ERROR_THRESHOLD
-        assert item.runs_verified == item.timed_runs == 3
+        assert item.timed_runs == 3 and item.runs_verified == 3 * item.forwards_per_request
     measured = report.lengths["128"].tokens_per_sec
     assert report.measured_tokens_per_sec == measured
     assert report.recommended_claim <= measured
@@ -285,13 +293,13 @@ def test_correct_only_on_the_first_half_names_the_wrong_eighths(world):
 
 
 def test_stale_cache_fails_the_timed_run_check(world):
-    assert "timed runs checked do not match the reference" in reasons(world, "stale_cache")
+    assert "timed forwards checked do not match the reference" in reasons(world, "stale_cache")
 
 
 def test_replaying_fingerprints_in_the_harness_code_is_caught(world):
     report = world.reports["forge_reply"]
     assert report.verdict == "fail"
-    assert "timed runs checked do not match the reference" in reasons(world, "forge_reply")
+    assert "timed forwards checked do not match the reference" in reasons(world, "forge_reply")
 
 
 def test_wrong_only_at_one_length_fails_there(world):
@@ -326,6 +334,25 @@ def test_patched_timers_do_not_change_the_measurement(world):
     item = report.lengths["64"]
     assert item.tokens_per_sec_max <= fastest_possible(item, SLEEP_SECONDS)
     assert item.subtracted_us / 1e6 < SLEEP_SECONDS / 4
+
+
+def test_several_forwards_per_request_are_timed_and_verified_one_by_one(world):
+    report = world.reports["timers_batched"]
+    assert report.verdict == "pass", report.reasons
+    item = report.lengths["64"]
+    # Every forward of every request was checked.
+    assert item.forwards_per_request == BATCHED_FORWARDS
+    assert item.runs_verified == 3 * BATCHED_FORWARDS and item.requests_verified == 3
+    # No forward is credited with less than its real sleep (the request's time is divided by the count).
+    assert item.tokens_per_sec_max <= fastest_possible(item, BATCHED_SLEEP_SECONDS)
+
+
+def test_skipping_all_but_the_first_forward_of_a_request_is_caught(world):
+    report = world.reports["first_only"]
+    assert report.verdict == "fail"
+    item = report.lengths["64"]
+    assert item.forwards_per_request == 4 and item.runs_verified == 12
+    assert "T=64: 9 of 12 timed forwards checked do not match the reference" in reasons(world, "first_only")
 
 
 # --- containment -----------------------------------------------------------------------------

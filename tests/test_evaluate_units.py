@@ -371,20 +371,36 @@ def test_report_round_trips_through_json_and_drops_non_finite_numbers():
 # --- verification in the parent (no sandbox: the runs are made here) ---------------------------
 
 
-def honest_run(reference: torch.nn.Module, length: int, timed: int = 3):
-    """A _LengthRun as an honest fork would produce it: bf16 outputs of the reference layer."""
-    from quasar.evaluate.harness import LengthResult, _Iteration, _LengthRun
+def child_request(reference: torch.nn.Module, length: int, seeds: tuple[int, int], count: int, fake_after_first=False):
+    """What the child sends for a ``run`` request: one fingerprint per chained forward (bf16 outputs
+    of the reference layer), and the last output. ``fake_after_first``: forwards after the first
+    return zeros, as a fork skipping them would."""
+    fingerprints, previous, output = [], None, None
+    for index in range(count):
+        input_seed, basis_seed = workload.chained_seeds(*seeds, index, previous)
+        if fake_after_first and index > 0:
+            output = torch.zeros(1, length, 512, dtype=torch.bfloat16)
+        else:
+            with torch.inference_mode():
+                output = reference(workload.make_input(input_seed, length, "cpu"))[0].bfloat16()
+        previous = workload.fingerprint(output, workload.make_basis(basis_seed, length, "cpu")).tolist()
+        fingerprints.append(previous)
+    return {"ok": True, "fingerprints": fingerprints}, output
 
-    def iteration(input_seed: int, basis_seed: int):
-        with torch.inference_mode():
-            output = reference(workload.make_input(input_seed, length, "cpu"))[0].bfloat16()
-        fingerprint = workload.fingerprint(output, workload.make_basis(basis_seed, length, "cpu")).tolist()
-        return _Iteration(input_seed, basis_seed, fingerprint, forward_ns=1_000_000), output
 
-    run = _LengthRun(LengthResult(seq_len=length, status="ok"))
-    run.timed = [iteration(10 + i, 20 + i)[0] for i in range(timed)]
-    run.check, run.output = iteration(1, 2)
-    run.repeat = iteration(1, 2)[0]
+def honest_run(reference: torch.nn.Module, length: int, timed: int = 3, count: int = 1, fake_after_first=False):
+    """A _LengthRun as the parent builds it from an honest (or first-only) fork's replies."""
+    from quasar.evaluate.harness import LengthResult, _iterations, _LengthRun, _Request
+
+    def request(seeds: tuple[int, int], count: int, fake=False):
+        reply, output = child_request(reference, length, seeds, count, fake)
+        return _Request(_iterations(reply, *seeds, count, "test"), 1_000_000 * count, 1_000_000), output
+
+    run = _LengthRun(LengthResult(seq_len=length, status="ok", forwards_per_request=count))
+    run.timed = [request((10 + i, 20 + i), count, fake_after_first)[0] for i in range(timed)]
+    check, run.output = request((1, 2), 1)
+    run.check = check.iterations[0]
+    run.repeat = request((1, 2), 1)[0].iterations[0]
     return run
 
 
@@ -408,3 +424,84 @@ def test_verification_passes_an_honest_run_and_reports_an_unverifiable_length(mo
     assert runs[128].result.correct is False
     assert reasons == [("T=128: the float32 reference does not fit in the memory of cpu here, so this length "
                         "cannot be verified on this machine")]
+
+
+def test_forwards_of_a_request_are_chained_on_the_previous_fingerprint():
+    first = workload.chained_seeds(5, 6, 1, [[1.5, -2.0]])
+    assert workload.chained_seeds(5, 6, 0, None) == (5, 6)
+    assert first == workload.chained_seeds(5, 6, 1, [[1.5, -2.0]])
+    others = {workload.chained_seeds(5, 6, 1, [[1.5, -2.00001]]), workload.chained_seeds(5, 6, 2, [[1.5, -2.0]]),
+              workload.chained_seeds(5, 7, 1, [[1.5, -2.0]]), workload.chained_seeds(4, 6, 1, [[1.5, -2.0]])}
+    assert first not in others and len(others) == 4
+    assert all(0 <= seed < 1 << 63 for pair in others for seed in pair)
+
+
+def test_the_parent_rebuilds_every_forwards_seeds_from_the_reply():
+    from quasar.evaluate.harness import _ChildFailure, _iterations
+
+    reply = {"ok": True, "fingerprints": [[[0.25 * i, -1.0]] for i in range(4)]}
+    iterations = _iterations(reply, 11, 12, 4, "test")
+    previous = None
+    for index, iteration in enumerate(iterations):
+        assert (iteration.input_seed, iteration.basis_seed) == workload.chained_seeds(11, 12, index, previous)
+        previous = iteration.fingerprint
+    assert len({i.input_seed for i in iterations}) == 4
+    with pytest.raises(_ChildFailure, match="3 fingerprints for 4 forwards"):
+        _iterations({"ok": True, "fingerprints": reply["fingerprints"][:3]}, 11, 12, 4, "test")
+    with pytest.raises(_ChildFailure, match="no list of fingerprints"):
+        _iterations({"ok": True, "fingerprint": [[1.0]]}, 11, 12, 1, "test")
+
+
+@pytest.mark.parametrize(("forward_ns", "request_seconds", "length", "cap", "expected"), [
+    (None, 0.025, 512, 64, 1),
+    (1_000_000, 0.025, 512, 64, 25),
+    (1_100_000, 0.025, 512, 64, 23),
+    (30_000_000, 0.025, 1_000_000, 64, 1),
+    (3_400_000, 0.025, 100_000, 64, 8),
+    (10_000, 0.025, 512, 64, 64),
+    (10_000, 0.025, 1 << 20, 64, 2),
+    (1_000_000, 0.0, 512, 64, 1),
+    (0, 0.025, 512, 256, 256),
+])
+def test_count_makes_a_request_last_the_target_duration(forward_ns, request_seconds, length, cap, expected):
+    from quasar.evaluate.harness import MAX_TOKENS_PER_REQUEST, forwards_per_request
+
+    count = forwards_per_request(forward_ns, request_seconds, length, cap)
+    assert count == expected
+    assert 1 <= count <= cap and (count == 1 or count * length <= MAX_TOKENS_PER_REQUEST)
+    if forward_ns and request_seconds and count < min(cap, MAX_TOKENS_PER_REQUEST // length):
+        assert count * forward_ns >= request_seconds * 1e9 > (count - 1) * forward_ns
+
+
+def test_verification_checks_every_forward_of_the_requests_it_picks():
+    from quasar.evaluate import harness
+
+    reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
+    reference.load_state_dict(workload.make_weights(9), strict=True)
+    runs = {64: honest_run(reference, 64, timed=2, count=3), 128: honest_run(reference, 128, timed=2, count=3,
+                                                                              fake_after_first=True)}
+    reasons = harness._verify(runs, 9, "cpu", Timings(), lambda event: None)
+    honest, faked = runs[64].result, runs[128].result
+    assert honest.correct is True and honest.runs_verified == 6 and honest.requests_verified == 2
+    assert faked.correct is False and faked.runs_verified == 6
+    assert reasons == [(f"T=128: 4 of 6 timed forwards checked do not match the reference (largest error "
+                       f"{faked.fingerprint_error:.3g} > {harness.FINGERPRINT_TOLERANCE:g}): the output was not "
+                       "computed from that run's input")]
+
+
+def test_requests_to_verify_cover_max_verified_forwards_at_short_lengths():
+    from quasar.evaluate.harness import (
+        MAX_VERIFIED,
+        VERIFY_SAMPLE,
+        LengthResult,
+        _LengthRun,
+        requests_to_verify,
+    )
+
+    def run(length: int, count: int) -> _LengthRun:
+        return _LengthRun(LengthResult(seq_len=length, forwards_per_request=count))
+
+    assert requests_to_verify(run(512, 1)) == MAX_VERIFIED
+    assert requests_to_verify(run(512, 4)) == MAX_VERIFIED // 4
+    assert requests_to_verify(run(512, 25)) == VERIFY_SAMPLE
+    assert requests_to_verify(run(100_000, 1)) == requests_to_verify(run(100_000, 8)) == VERIFY_SAMPLE

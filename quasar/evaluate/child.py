@@ -8,12 +8,13 @@ process and may patch anything, and the parent trusts nothing it says without ch
 Requests (JSON headers; see protocol.py) and replies:
 
 - ``ping`` -> ``pong``
-- ``calibrate {seq_len, input_seed, basis_seed}``: everything a ``run`` does except the layer
-  (make the input, make the fingerprint basis, fingerprint a stand-in output) -> ``{ok}``
+- ``calibrate {seq_len, input_seed, basis_seed, count}``: everything a ``run`` does except the
+  layer (inputs, bases, fingerprints of a stand-in output, the seed chain) -> ``{ok}``
 - ``load {fork_dir, weights_seed}``: import the fork's ``fla.layers.quasar.QuasarAttention``,
   build the benchmark layer, load the weights -> ``{ok, parameters}``
-- ``run {seq_len, input_seed, basis_seed}``: input, forward, fingerprint -> ``{ok, fingerprint}``
-- ``output``: the last run's output as raw bytes -> ``{ok, dtype, shape}`` + payload
+- ``run {seq_len, input_seed, basis_seed, count}``: ``count`` forwards one after another, each
+  on its own input (seeds from ``workload.chained_seeds``) -> ``{ok, fingerprints}`` (one per forward)
+- ``output``: the last forward's output as raw bytes -> ``{ok, dtype, shape}`` + payload
 - ``memory {reset}``: peak device memory since the last reset -> ``{ok, peak_bytes}``
 - ``exit``
 
@@ -38,6 +39,10 @@ MAX_ERROR_CHARS = 4000
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
 
+class LayerOutputError(Exception):
+    """The layer returned something other than an output of shape ``[1, T, 512]``."""
+
+
 class Server:
     """State of the child between requests: the device, the layer, the last output."""
 
@@ -52,15 +57,40 @@ class Server:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def forwards(self, request: dict, layer) -> tuple[list, torch.Tensor]:
+        """The ``count`` chained forwards of a request through ``layer``; their fingerprints and the last output.
+
+        ``.tolist()`` waits for each forward (its fingerprint seeds the next input), so this is the
+        only synchronisation a request needs.
+        """
+        seq_len, count = int(request["seq_len"]), int(request.get("count", 1))
+        input_seed, basis_seed = int(request["input_seed"]), int(request["basis_seed"])
+        fingerprints: list = []
+        previous = output = None
+        for index in range(max(count, 1)):
+            output = None
+            seeds = workload.chained_seeds(input_seed, basis_seed, index, previous)
+            hidden = workload.make_input(seeds[0], seq_len, self.device)
+            with torch.autocast(self.device.type, dtype=workload.AUTOCAST_DTYPE):
+                result = layer(hidden)
+            del hidden
+            output = result[0] if isinstance(result, (tuple, list)) else result
+            del result
+            if not isinstance(output, torch.Tensor) or tuple(output.shape) != (1, seq_len, workload.HIDDEN_SIZE):
+                shape = list(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+                raise LayerOutputError(f"layer output has shape {shape}, expected [1, {seq_len}, 512]")
+            previous = workload.fingerprint(output, workload.make_basis(seeds[1], seq_len, self.device)).tolist()
+            fingerprints.append(previous)
+        return fingerprints, output
+
     def handle_calibrate(self, request: dict) -> dict:
         seq_len = int(request["seq_len"])
         if self.stand_in is None or self.stand_in.shape[1] != seq_len:
             self.stand_in = None
             self.stand_in = torch.randn(1, seq_len, workload.HIDDEN_SIZE, device=self.device, dtype=workload.AUTOCAST_DTYPE)
+        stand_in = self.stand_in
         with torch.inference_mode():
-            workload.make_input(int(request["input_seed"]), seq_len, self.device)
-            basis = workload.make_basis(int(request["basis_seed"]), seq_len, self.device)
-            workload.fingerprint(self.stand_in, basis).tolist()
+            self.forwards(request, lambda hidden: stand_in)
         return {"ok": True}
 
     def handle_load(self, request: dict) -> dict:
@@ -79,20 +109,14 @@ class Server:
     def handle_run(self, request: dict) -> dict:
         if self.layer is None:
             return {"ok": False, "kind": "error", "error": "run before load"}
-        seq_len = int(request["seq_len"])
         self.last_output = None
         with torch.inference_mode():
-            hidden = workload.make_input(int(request["input_seed"]), seq_len, self.device)
-            with torch.autocast(self.device.type, dtype=workload.AUTOCAST_DTYPE):
-                result = self.layer(hidden)
-            output = result[0] if isinstance(result, (tuple, list)) else result
-            if not isinstance(output, torch.Tensor) or tuple(output.shape) != (1, seq_len, workload.HIDDEN_SIZE):
-                shape = list(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
-                return {"ok": False, "kind": "error", "error": f"layer output has shape {shape}, expected [1, {seq_len}, 512]"}
-            basis = workload.make_basis(int(request["basis_seed"]), seq_len, self.device)
-            values = workload.fingerprint(output, basis).tolist()
+            try:
+                fingerprints, output = self.forwards(request, self.layer)
+            except LayerOutputError as error:
+                return {"ok": False, "kind": "error", "error": str(error)}
         self.last_output = output
-        return {"ok": True, "fingerprint": values}
+        return {"ok": True, "fingerprints": fingerprints}
 
     def send_output(self) -> None:
         output = self.last_output

@@ -7,29 +7,43 @@ Threat model: the fork's code is hostile. It runs only in a sandboxed child (san
 patch anything inside that process (``time``, ``torch.cuda.Event``, ``torch.cuda.synchronize``,
 the harness's own child code), so nothing the child says is believed unchecked:
 
-Timing. The parent times each iteration with its own clock (``time.perf_counter_ns``) around one
-request/reply on the pipe: it sends ``run(input_seed, basis_seed)`` with seeds drawn at that
-moment from ``secrets``; the child makes the input from the seed, runs the layer under bf16
-autocast and replies with a fingerprint of the output. The reply needs every output value, so
-it cannot come before the work is done, whatever the fork does to synchronisation or timers; the
-input is unknown until the clock runs, so nothing can be computed ahead. What the harness adds
-to the round trip (pipe, JSON, making the input, the fingerprint) is calibrated before any fork
-code is loaded, with the same code and sizes, and its minimum over several runs is subtracted:
+Timing. The parent times each request with its own clock (``time.perf_counter_ns``) around one
+request/reply on the pipe: it sends ``run(input_seed, basis_seed, count)`` with seeds drawn at
+that moment from ``secrets``; the child runs ``count`` forwards one after another under bf16
+autocast, each on its own fresh input, and replies with a fingerprint per forward. Forward 0's
+input and fingerprint basis come from the request's seeds; forward ``i``'s come from a hash of
+them, ``i`` and forward ``i - 1``'s fingerprint (``workload.chained_seeds``), so no input exists
+before the previous forward's whole output does: the forwards cannot be computed ahead, reused,
+or batched together into one wider launch, whatever the fork does to the harness's code,
+synchronisation or timers, and the reply cannot come before all of them are done. The parent
+rebuilds every forward's seeds from the reported fingerprints. A request's time per forward is
+its round trip less the harness's cost, divided by ``count``; the figure is the median over
+requests. ``count`` is chosen by the parent from the warm-up so that a request lasts about
+``request_seconds`` (25 ms; 1 at forwards longer than that, at most ``max_forwards_per_request``
+and :data:`MAX_TOKENS_PER_REQUEST` tokens): at 512 tokens a forward takes about 1 ms, as little as
+the pipe, JSON and scheduling around it, and a request of 25 forwards makes their share and its
+jitter small. What the harness adds (pipe, JSON, making each input and basis, the fingerprints
+and their one synchronisation per forward, the seed chain) is calibrated before any fork code is
+loaded, with the same code and sizes, at one and at :data:`CALIBRATION_COUNT` forwards per request
+(a cost per request plus one per forward), and its minimum over several runs is subtracted:
 trusted and conservative (the fork is never credited with more than that minimum; calibrations
-interleaved with the timed runs can only lower it, and it never exceeds half the fastest round
-trip, so a calibration slowed by a noisy moment cannot inflate a figure). A fork may
-make input generation or the fingerprint itself faster; its gain is bounded by their calibrated
-cost (one pass over the input and one over the output, about 1–2% of a forward).
+of the same count interleaved with the timed requests can only lower it, and it never exceeds half
+the fastest round trip, so a calibration slowed by a noisy moment cannot inflate a figure). A fork
+may make input generation or the fingerprint itself faster; its gain is bounded by their
+calibrated cost (one pass over the input and one over the output, about 1–2% of a forward).
 
 Tamper evidence. The fingerprint of an output ``[1, T, 512]`` is, for each eighth of the
-sequence, 16 random ±1 projections (workload.py) under a basis from a seed the parent picks per
-iteration. After the child has exited, the parent recomputes the reference output
-(``QuasarAttentionReference``, float32) for timed iterations it picks at random (all of them up
-to :data:`VERIFY_ALL_UP_TO` tokens, at most :data:`MAX_VERIFIED`; :data:`VERIFY_SAMPLE` above)
-and checks each eighth's projections: their mean square estimates that eighth's error, so an
-output that is zeros, noise, stale (a cache), or wrong on any part of the sequence fails. A fork
-skipping work on half the timed runs (the least that moves a median) escapes ``k`` checks with
-probability about 2^-k. Layer weights come from a seed drawn per evaluation.
+sequence, 16 random ±1 projections (workload.py) under a basis from a seed of its own per forward.
+After the child has exited, the parent recomputes the reference output
+(``QuasarAttentionReference``, float32) for every forward of timed requests it picks at random
+(:data:`VERIFY_SAMPLE` requests; up to :data:`VERIFY_ALL_UP_TO` tokens, enough requests for
+:data:`MAX_VERIFIED` forwards if that is more) and checks each eighth's projections: their mean
+square estimates that eighth's error, so an output that is zeros, noise, stale (a cache), or
+wrong on any part of the sequence fails. The parent sees only a request's total time, so a fork
+gains from any forward it skips in a request; checking whole requests keeps the bound of single
+forwards: a fork must skip work in half the timed requests to move the median, and escapes ``k``
+request checks with probability about 2^-k, whichever forwards of a request it skips. Layer
+weights come from a seed drawn per evaluation.
 
 Correctness. One more run, on a fresh seed, is followed by a request for its whole output; the
 parent compares it with the reference over the whole sequence, each eighth, and each 64-token
@@ -41,9 +55,11 @@ and on an H100 alike, at every length from 64 to 1M (benchmarks/RESULTS.md); zer
 skipped part give 0.3 and more.
 
 Stability. On CUDA the parent and the child busy-poll the pipe (:data:`GPU_SPIN_SECONDS`) rather
-than sleep between messages, so no timed run pays a scheduler wake-up or a cooled-down core.
-GPU-bound forwards (1M tokens) vary by 0.3% from run to run; forwards of 1–4 ms are bound by the
-CPU launching kernels and vary far more (benchmarks/RESULTS.md).
+than sleep between messages, so no request pays a scheduler wake-up or a cooled-down core. The
+warm-up lasts ``warmup_runs`` requests and, on CUDA, at least ``warmup_seconds`` (1 s) of
+back-to-back forwards, so that compilation, the allocator's growth and the GPU's clock ramp are
+over before the first timed request (a count of warm-up forwards was 10 ms at 100k tokens). The
+timed requests then fill ``timed_seconds`` (2 s), at least ``min_timed_runs`` of them.
 
 Out of memory at a length is a result ("OOM at T=…, peak …"), not a crash; longer lengths are
 then skipped. A length whose float32 reference does not fit in the parent's device memory fails
@@ -105,14 +121,21 @@ REPEAT_TOLERANCE = REL_ERROR_THRESHOLD / 4
 # The output sent for the check against the run's own fingerprint: the same tensor, up to rounding.
 CONSISTENCY_TOLERANCE = 1e-3
 
-# Which timed runs are checked against the reference.
+# Which timed requests are checked against the reference, every forward of each (see the docstring).
 VERIFY_ALL_UP_TO = 16384
 MAX_VERIFIED = 32
 VERIFY_SAMPLE = 4
 
-# Calibration of the harness's own cost per request, before fork code is loaded.
+# Forwards per request: at most this many tokens in all (bounds a request and its verification).
+MAX_TOKENS_PER_REQUEST = 1 << 21
+# The count the parent may ask for; a reply's fingerprints must fit in protocol.MAX_HEADER_BYTES.
+MAX_FORWARDS_PER_REQUEST = 256
+
+# Calibration of the harness's own cost per request, before fork code is loaded: at one forward
+# and at CALIBRATION_COUNT forwards per request (a cost per request plus a cost per forward).
 CALIBRATION_WARMUP = 2
 CALIBRATION_RUNS = 7
+CALIBRATION_COUNT = 8
 # A forward time is never reported below this (calibration noise at tiny lengths).
 MIN_FORWARD_NS = 1000
 LOAD_TIMEOUT_S = 600.0
@@ -135,13 +158,19 @@ class EvaluationOptions:
     length_timeout_s: float = 900.0
     import_profile: str = "core"
     require_cu: bool = False
+    # Warm-up requests per length; on CUDA the warm-up also lasts at least warmup_seconds.
     warmup_runs: int = 3
+    # Timed requests ("runs") per length: as many as fit in timed_seconds, within these bounds.
     min_timed_runs: int = 10
     max_timed_runs: int = 200
-    # Timed runs per length: as many as fit in this many seconds, within the two bounds above.
     timed_seconds: float = 2.0
     weights_seed: int | None = None
     policy: SandboxPolicy = field(default_factory=SandboxPolicy)
+    # Each timed request runs as many forwards as fill this many seconds (from the warm-up's
+    # speed), at most max_forwards_per_request and MAX_TOKENS_PER_REQUEST tokens.
+    request_seconds: float = 0.025
+    max_forwards_per_request: int = 64
+    warmup_seconds: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -159,16 +188,37 @@ ProgressCallback = Callable[[ProgressEvent], None]
 
 @dataclass
 class _Iteration:
+    """One forward: its seeds (rebuilt by the parent) and the fingerprint the child reported."""
+
     input_seed: int
     basis_seed: int
     fingerprint: list
+
+
+@dataclass
+class _Request:
+    """One timed request: its forwards, its round trip, the time per forward credited to the fork."""
+
+    iterations: list[_Iteration]
+    round_trip_ns: int
     forward_ns: int = 0
+
+
+@dataclass(frozen=True)
+class HarnessCost:
+    """What the harness adds to a request of ``count`` forwards: ``per_request_ns + count * per_forward_ns``."""
+
+    per_request_ns: int
+    per_forward_ns: int
+
+    def of(self, count: int) -> int:
+        return self.per_request_ns + count * self.per_forward_ns
 
 
 @dataclass
 class _LengthRun:
     result: LengthResult
-    timed: list[_Iteration] = field(default_factory=list)
+    timed: list[_Request] = field(default_factory=list)
     check: _Iteration | None = None
     output: torch.Tensor | None = None
     repeat: _Iteration | None = None
@@ -242,47 +292,73 @@ def _reply_failure(reply: dict, seq_len: int | None, what: str) -> _ChildFailure
     return _ChildFailure(ERROR, f"{what} failed: {last_line}")
 
 
-def _as_fingerprint(reply: dict) -> list:
-    values = reply.get("fingerprint")
-    return values if isinstance(values, list) else []
+def forwards_per_request(forward_ns: int | None, request_seconds: float, seq_len: int, max_forwards: int) -> int:
+    """How many forwards one timed request runs so that it lasts about ``request_seconds``.
+
+    ``forward_ns`` is the latest measured time per forward (None before any); the count is at
+    least 1, at most ``max_forwards`` and at most :data:`MAX_TOKENS_PER_REQUEST` tokens in all.
+    """
+    if forward_ns is None or request_seconds <= 0:
+        return 1
+    wanted = math.ceil(request_seconds * 1e9 / max(forward_ns, MIN_FORWARD_NS))
+    return max(1, min(wanted, max_forwards, MAX_TOKENS_PER_REQUEST // seq_len))
 
 
 def _calibrate(session: _Session, runs: dict[int, _LengthRun], timings: Timings,
-               progress: ProgressCallback) -> dict[int, int]:
-    """Minimum round trip of everything a run does but the layer, per length (trusted: no fork code yet).
+               progress: ProgressCallback) -> dict[int, HarnessCost]:
+    """Everything a request does but the layer, per length (trusted: no fork code yet).
 
-    A length whose input does not even fit in memory is marked OOM, with every longer one skipped.
+    The minimum round trip at one forward and at :data:`CALIBRATION_COUNT` forwards give a cost
+    per request and per forward. A length whose input does not even fit in memory is marked OOM,
+    with every longer one skipped.
     """
     started = time.monotonic()
-    costs: dict[int, int] = {}
+    costs: dict[int, HarnessCost] = {}
     lengths = sorted(runs)
     for index, length in enumerate(lengths):
         progress(ProgressEvent("calibrate", length, index, len(lengths)))
-        samples = []
-        for attempt in range(CALIBRATION_WARMUP + CALIBRATION_RUNS):
-            try:
-                elapsed = _harness_cost(session, length, session.deadline)
-            except _ChildFailure as failure:
-                if failure.status != OOM:
-                    raise
-                runs[length].result.status, runs[length].result.error = OOM, failure.message
-                timings.calibration_s = time.monotonic() - started
-                return costs
-            if attempt >= CALIBRATION_WARMUP:
-                samples.append(elapsed)
-        costs[length] = min(samples)
+        fastest = {}
+        try:
+            for count in (1, CALIBRATION_COUNT):
+                samples = [_harness_cost(session, length, count, session.deadline)
+                           for _ in range(CALIBRATION_WARMUP + CALIBRATION_RUNS)]
+                fastest[count] = min(samples[CALIBRATION_WARMUP:])
+        except _ChildFailure as failure:
+            if failure.status != OOM:
+                raise
+            runs[length].result.status, runs[length].result.error = OOM, failure.message
+            timings.calibration_s = time.monotonic() - started
+            return costs
+        per_forward = max(0, (fastest[CALIBRATION_COUNT] - fastest[1]) // (CALIBRATION_COUNT - 1))
+        costs[length] = HarnessCost(per_request_ns=max(0, fastest[1] - per_forward), per_forward_ns=per_forward)
     timings.calibration_s = time.monotonic() - started
     return costs
 
 
-def _run_once(session: _Session, length: int, deadline: float, what: str,
-              seeds: tuple[int, int] | None = None) -> tuple[_Iteration, int]:
+def _iterations(reply: dict, input_seed: int, basis_seed: int, count: int, what: str) -> list[_Iteration]:
+    """The forwards of a ``run`` reply, with the seeds each one's input and basis came from."""
+    fingerprints = reply.get("fingerprints")
+    if not isinstance(fingerprints, list) or len(fingerprints) != count:
+        sent = len(fingerprints) if isinstance(fingerprints, list) else "no list of"
+        raise _ChildFailure(ERROR, f"the child broke the protocol during {what}: {sent} fingerprints "
+                                   f"for {count} forwards")
+    iterations, previous = [], None
+    for index, values in enumerate(fingerprints):
+        seeds = workload.chained_seeds(input_seed, basis_seed, index, previous)
+        iterations.append(_Iteration(seeds[0], seeds[1], values if isinstance(values, list) else []))
+        previous = values
+    return iterations
+
+
+def _run_request(session: _Session, length: int, count: int, deadline: float, what: str,
+                 seeds: tuple[int, int] | None = None) -> _Request:
+    """One ``run`` request of ``count`` chained forwards, seeds drawn now (or ``seeds``), timed by this process."""
     input_seed, basis_seed = seeds if seeds is not None else (_new_seed(), _new_seed())
-    header = {"op": "run", "seq_len": length, "input_seed": input_seed, "basis_seed": basis_seed}
+    header = {"op": "run", "seq_len": length, "input_seed": input_seed, "basis_seed": basis_seed, "count": count}
     reply, _, elapsed = session.request(header, deadline, what)
     if not reply.get("ok"):
         raise _reply_failure(reply, length, what)
-    return _Iteration(input_seed, basis_seed, _as_fingerprint(reply)), elapsed
+    return _Request(_iterations(reply, input_seed, basis_seed, count, what), elapsed)
 
 
 def _receive_output(session: _Session, length: int, deadline: float) -> torch.Tensor:
@@ -309,71 +385,81 @@ def _peak(session: _Session, deadline: float, reset: bool) -> int | None:
     return peak if isinstance(peak, int) and not isinstance(peak, bool) else None
 
 
-def _harness_cost(session: _Session, length: int, deadline: float) -> int:
-    """One round trip of everything a run does but the layer (the ``calibrate`` request)."""
-    header = {"op": "calibrate", "seq_len": length, "input_seed": _new_seed(), "basis_seed": _new_seed()}
+def _harness_cost(session: _Session, length: int, count: int, deadline: float) -> int:
+    """One round trip of everything a request of ``count`` forwards does but the layer (``calibrate``)."""
+    header = {"op": "calibrate", "seq_len": length, "input_seed": _new_seed(), "basis_seed": _new_seed(),
+              "count": count}
     reply, _, elapsed = session.request(header, deadline, f"calibration at T={length}")
     if not reply.get("ok"):
         raise _reply_failure(reply, length, f"calibration at T={length}")
     return elapsed
 
 
-def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, trusted_cost_ns: int,
-                timings: Timings, progress: ProgressCallback) -> None:
-    """Warm-up, timed runs, correctness run and repeat at one length; fills ``run``.
+def _per_forward_ns(request: _Request, count: int, cost_ns: int) -> int:
+    return max((request.round_trip_ns - cost_ns) // count, MIN_FORWARD_NS)
 
-    The harness's cost subtracted from each round trip is the least of the trusted calibration
-    and calibrations interleaved with the timed runs (fork code could slow those down, which the
-    minimum ignores, or speed them up, which only lowers its own figure), and never more than half
-    the fastest round trip.
+
+def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, trusted: HarnessCost,
+                timings: Timings, progress: ProgressCallback) -> None:
+    """Warm-up, timed requests, correctness run and repeat at one length; fills ``run``.
+
+    The warm-up lasts ``warmup_runs`` requests and, on CUDA, at least ``warmup_seconds``; each
+    warm-up request sizes the next, and the last one fixes the timed requests' count. The
+    harness's cost subtracted from each timed round trip is the least of the trusted calibration
+    and calibrations of the same count interleaved with the timed requests (fork code could slow
+    those down, which the minimum ignores, or speed them up, which only lowers its own figure),
+    and never more than half the fastest round trip.
     """
     length = run.result.seq_len
     deadline = time.monotonic() + options.length_timeout_s
     _peak(session, deadline, reset=True)
 
     started = time.monotonic()
-    warm_ns = []
-    for index in range(options.warmup_runs):
-        progress(ProgressEvent("warmup", length, index, options.warmup_runs))
-        _, elapsed = _run_once(session, length, deadline, f"warm-up at T={length}")
-        warm_ns.append(max(elapsed - trusted_cost_ns, MIN_FORWARD_NS))
+    warmup_s = options.warmup_seconds if options.device.startswith("cuda") else 0.0
+    count, forward_ns, done = 1, None, 0
+    while done < options.warmup_runs or time.monotonic() - started < warmup_s:
+        progress(ProgressEvent("warmup", length, done, max(options.warmup_runs, done + 1)))
+        request = _run_request(session, length, count, deadline, f"warm-up at T={length}")
+        forward_ns = _per_forward_ns(request, count, trusted.of(count))
+        count = forwards_per_request(forward_ns, options.request_seconds, length, options.max_forwards_per_request)
+        done += 1
     timings.warmup_s += time.monotonic() - started
 
-    estimate_s = (min(warm_ns[-2:]) if warm_ns else MIN_FORWARD_NS) / 1e9
-    count = math.ceil(options.timed_seconds / max(estimate_s, 1e-9))
-    count = max(options.min_timed_runs, min(options.max_timed_runs, count))
-    round_trips, cost_ns = [], trusted_cost_ns
-    for index in range(count):
-        progress(ProgressEvent("timed", length, index, count))
-        iteration, elapsed = _run_once(session, length, deadline, f"timed run at T={length}")
-        timings.timed_s += elapsed / 1e9
-        run.timed.append(iteration)
-        round_trips.append(elapsed)
-        cost_ns = min(cost_ns, _harness_cost(session, length, deadline))
-    progress(ProgressEvent("timed", length, count, count))
-    cost_ns = min(cost_ns, min(round_trips) // 2)
-    for iteration, elapsed in zip(run.timed, round_trips):
-        iteration.forward_ns = max(elapsed - cost_ns, MIN_FORWARD_NS)
+    request_s = count * (forward_ns if forward_ns is not None else MIN_FORWARD_NS) / 1e9
+    total = math.ceil(options.timed_seconds / max(request_s, 1e-9))
+    total = max(options.min_timed_runs, min(options.max_timed_runs, total))
+    cost_ns = trusted.of(count)
+    for index in range(total):
+        progress(ProgressEvent("timed", length, index, total))
+        request = _run_request(session, length, count, deadline, f"timed run at T={length}")
+        timings.timed_s += request.round_trip_ns / 1e9
+        run.timed.append(request)
+        cost_ns = min(cost_ns, _harness_cost(session, length, count, deadline))
+    progress(ProgressEvent("timed", length, total, total))
+    cost_ns = min(cost_ns, min(r.round_trip_ns for r in run.timed) // 2)
+    for request in run.timed:
+        request.forward_ns = _per_forward_ns(request, count, cost_ns)
     run.result.peak_vram_mb = _mib(_peak(session, deadline, reset=False))
 
     started = time.monotonic()
     progress(ProgressEvent("correctness", length, 0, 1))
-    run.check, _ = _run_once(session, length, deadline, f"correctness run at T={length}")
+    run.check = _run_request(session, length, 1, deadline, f"correctness run at T={length}").iterations[0]
     run.output = _receive_output(session, length, deadline)
-    run.repeat, _ = _run_once(session, length, deadline, f"repeat run at T={length}",
-                              seeds=(run.check.input_seed, run.check.basis_seed))
+    run.repeat = _run_request(session, length, 1, deadline, f"repeat run at T={length}",
+                              seeds=(run.check.input_seed, run.check.basis_seed)).iterations[0]
     timings.correctness_s += time.monotonic() - started
 
-    forward = sorted(i.forward_ns for i in run.timed)
+    forward = sorted(r.forward_ns for r in run.timed)
     median_ns = statistics.median(forward)
     run.result.status = OK
     run.result.timed_runs = len(forward)
+    run.result.forwards_per_request = count
     run.result.median_ms = median_ns / 1e6
     run.result.tokens_per_sec = length / (median_ns / 1e9)
     run.result.tokens_per_sec_min = length / (forward[-1] / 1e9)
     run.result.tokens_per_sec_max = length / (forward[0] / 1e9)
     run.result.cv = statistics.pstdev(forward) / statistics.fmean(forward)
-    run.result.subtracted_us = cost_ns / 1e3
+    run.result.subtracted_us = cost_ns / count / 1e3
 
 
 def _benchmark_in_sandbox(repo: Path, lengths: list[int], weights_seed: int, options: EvaluationOptions,
@@ -484,17 +570,22 @@ def _relative_difference(a: list, b: list) -> float:
     return difference / scale if scale > 0 else (0.0 if difference == 0 else math.inf)
 
 
+def requests_to_verify(run: _LengthRun) -> int:
+    """How many timed requests to check, every forward of each (see the module docstring)."""
+    count = run.result.forwards_per_request or 1
+    if run.result.seq_len <= VERIFY_ALL_UP_TO:
+        return max(VERIFY_SAMPLE, MAX_VERIFIED // count)
+    return VERIFY_SAMPLE
+
+
 def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, progress: ProgressCallback) -> list[str]:
     """Check one length's correctness run, repeat and timed runs against the reference; the reasons to fail."""
     from quasar.reference import relative_error
 
     result, length = run.result, run.result.seq_len
     assert run.check is not None and run.output is not None and run.repeat is not None
-    chooser = secrets.SystemRandom()
-    if length <= VERIFY_ALL_UP_TO:
-        chosen = run.timed if len(run.timed) <= MAX_VERIFIED else chooser.sample(run.timed, MAX_VERIFIED)
-    else:
-        chosen = chooser.sample(run.timed, min(VERIFY_SAMPLE, len(run.timed)))
+    chosen_requests = secrets.SystemRandom().sample(run.timed, min(requests_to_verify(run), len(run.timed)))
+    chosen = [iteration for request in chosen_requests for iteration in request.iterations]
     progress(ProgressEvent("reference", length, 0, len(chosen) + 1))
     expected = _reference_output(reference, run.check, length, device)
     output = run.output.to(device)
@@ -521,6 +612,7 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
         failed += error > FINGERPRINT_TOLERANCE
         del expected
     result.runs_verified = len(chosen)
+    result.requests_verified = len(chosen_requests)
     result.fingerprint_error = worst
 
     where = f"T={length}"
@@ -542,7 +634,7 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
         reasons.append(f"{where}: the output sent for the check is not the output its run fingerprinted "
                        f"(difference {consistency:.3g})")
     if failed:
-        reasons.append(f"{where}: {failed} of {len(chosen)} timed runs checked do not match the reference "
+        reasons.append(f"{where}: {failed} of {len(chosen)} timed forwards checked do not match the reference "
                        f"(largest error {worst:.3g} > {FINGERPRINT_TOLERANCE:g}): the output was not "
                        "computed from that run's input")
     if not result.repeat_agree:
@@ -611,7 +703,7 @@ def _score(report: EvaluationReport, runs: dict[int, _LengthRun]) -> None:
     if measured is None:
         report.reasons.append(f"the target length T={target} was not measured")
         return
-    slowest = max(i.forward_ns for i in target_run.timed)
+    slowest = max(r.forward_ns for r in target_run.timed)
     report.recommended_claim = target / (slowest / 1e9)
     claimed = report.claimed_tokens_per_sec
     if claimed is not None:
@@ -656,6 +748,9 @@ def evaluate(
         raise EvaluationInputError(f"device {options.device}: CUDA is not available here "
                                    f"(--device cpu runs small lengths for tests; {CPU_NOTE})")
     lengths = check_lengths(options.seq_lens, target_seq_len, options.device)
+    if not 1 <= options.max_forwards_per_request <= MAX_FORWARDS_PER_REQUEST:
+        raise EvaluationInputError(f"max_forwards_per_request {options.max_forwards_per_request!r}: expected 1 "
+                                   f"to {MAX_FORWARDS_PER_REQUEST}")
     weights_seed = options.weights_seed if options.weights_seed is not None else _new_seed()
     report = EvaluationReport(
         verdict=FAIL, reasons=[], repo=str(repo), target_seq_len=target_seq_len, seq_lens=lengths,

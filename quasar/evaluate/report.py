@@ -47,11 +47,16 @@ class ImportCheck:
 class LengthResult:
     """Benchmark and correctness at one sequence length.
 
-    Speeds come from the parent's clock (see harness.py). ``peak_vram_mb`` is what the fork's
+    Speeds come from the parent's clock (see harness.py): ``timed_runs`` timed requests of
+    ``forwards_per_request`` forwards each, one time per forward from each request (its round
+    trip less the harness's cost, divided by the count; ``subtracted_us`` per forward);
+    ``tokens_per_sec`` from their median, ``cv`` over them. ``runs_verified`` counts the timed
+    forwards checked against the reference (every forward of ``requests_verified`` requests).
+    ``peak_vram_mb`` is what the fork's
     process reported (informational: fork code could fake it). ``rel_error`` is over the whole
     sequence, ``rel_error_eighths`` per eighth, ``worst_block_error`` over 64-token blocks
     relative to the sequence's RMS; ``fingerprint_error`` is the largest estimated error among
-    the timed runs checked against the reference.
+    the timed forwards checked against the reference.
     """
 
     seq_len: int
@@ -74,6 +79,8 @@ class LengthResult:
     fingerprint_error: float | None = None
     subtracted_us: float | None = None
     error: str | None = None
+    forwards_per_request: int = 0
+    requests_verified: int = 0
 
 
 @dataclass

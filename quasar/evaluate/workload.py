@@ -12,6 +12,8 @@ fingerprint bases come from a generator on the evaluation device, which the pare
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 
 import torch
@@ -83,6 +85,22 @@ def make_input(seed: int, seq_len: int, device: torch.device | str) -> torch.Ten
     """The input ``torch.randn(1, seq_len, 512)`` (float32) for ``seed``, made on ``device``."""
     generator = _device_generator(seed, device)
     return torch.randn(1, seq_len, HIDDEN_SIZE, generator=generator, device=device, dtype=torch.float32)
+
+
+def chained_seeds(input_seed: int, basis_seed: int, index: int, previous: list | None) -> tuple[int, int]:
+    """The input and basis seeds of forward ``index`` of a request with seeds ``(input_seed, basis_seed)``.
+
+    Forward 0 uses the request's seeds; forward ``i > 0`` uses seeds hashed from them, ``i`` and the
+    fingerprint reported for forward ``i - 1`` (``previous``, as sent on the pipe), so its input
+    exists only once that forward's output does: the forwards of a request run one after another
+    and cannot be batched together. The parent rebuilds every seed from the reported fingerprints.
+    """
+    if index == 0:
+        return input_seed, basis_seed
+    text = json.dumps([input_seed, basis_seed, index, previous], separators=(",", ":"))
+    digest = hashlib.sha256(text.encode()).digest()
+    mask = (1 << 63) - 1
+    return int.from_bytes(digest[:8], "big") & mask, int.from_bytes(digest[8:16], "big") & mask
 
 
 def segment_bounds(seq_len: int, segments: int = SEGMENTS) -> list[tuple[int, int]]:

@@ -181,6 +181,27 @@ _workload.fingerprint = _replayed_fingerprint
         return torch.empty(hidden_states.shape, dtype=torch.bfloat16, device=hidden_states.device), None, None
     return super().forward(hidden_states, *args, **kwargs)
 """),
+    # Computes only the first forward of each request (the harness's seed chain says which one it
+    # is) and returns zeros for the others.
+    "first_only": """
+import sys as _sys
+
+_workload = _sys.modules["workload"]
+_honest_chained_seeds = _workload.chained_seeds
+_position = {"index": 0}
+
+
+def _noting_chained_seeds(input_seed, basis_seed, index, previous):
+    _position["index"] = index
+    return _honest_chained_seeds(input_seed, basis_seed, index, previous)
+
+
+_workload.chained_seeds = _noting_chained_seeds
+""" + _wrap("""
+    if _position["index"] > 0:
+        return torch.zeros_like(hidden_states, dtype=torch.bfloat16), None, None
+    return super().forward(hidden_states, *args, **kwargs)
+"""),
     # Patches the harness's input generation to hand the layer zeros.
     "cheap_input": """
 import sys as _sys
