@@ -1,9 +1,10 @@
 """The local network (``python -m quasar.localnet``, what ./START_LOCALNET.sh runs), on CPU.
 
-End to end, as a process on 127.0.0.1 in a temporary folder: one round gives the honest miner its
-place's weight and the hostile one none, with the rest burned to the subnet owner; Ctrl-C and a
-child that cannot start both leave no process behind. Plus the pieces: the data folder's rules,
-the children's environment, the forks, the summary.
+End to end, as a process on 127.0.0.1 in a temporary folder: the two miner neurons fork through
+the GitHub stand-in, evaluate and submit; one round gives the honest miner its place's weight and
+the hostile one none, with the rest burned to the subnet owner; Ctrl-C and a child that cannot
+start both leave no process behind. Plus the pieces: the data folder's rules, the children's
+environment, the options, the forks, the summary.
 
 A validator killed mid-evaluation and restarted, finishing the round without re-evaluating what it
 finished, is tested with the real neuron process in tests/test_validator.py
@@ -25,15 +26,23 @@ import pytest
 from rich.console import Console
 
 from quasar.chain.devchain import DevChain
+from quasar.evaluate import EvaluationReport
 from quasar.imports import validate_repo
 from quasar.localnet.__main__ import seq_lens
-from quasar.localnet.forks import HONEST, HOSTILE, HOSTILE_KERNEL_FILE, write_forks
+from quasar.localnet.forks import HONEST, HOSTILE, HOSTILE_EXACT_UP_TO, HOSTILE_KERNEL_FILE, write_forks
 from quasar.localnet.network import (
+    CPU_TARGET,
     MARKER,
+    MINERS,
+    UPSTREAM,
     LocalnetError,
+    LocalNetwork,
     child_environment,
     data_dir_lock,
+    default_options,
     distinct_free_ports,
+    evaluated_lengths,
+    make_wallet,
     read_weights_block,
     reset_data_dir,
 )
@@ -47,17 +56,24 @@ from quasar.localnet.summary import (
     render_summary,
     verdict_of,
 )
+from quasar.miner.github import GitHubClient
+from quasar.miner.workspace import Workspace
 from quasar.validator.loop import LAST_WEIGHTS_BLOCK
 from quasar.validator.state import SCHEMA_VERSION, ValidatorState, read_meta
 
 ROOT = Path(__file__).resolve().parent.parent
 # The whole round on CPU takes about two minutes on two loaded cores; the limit leaves room.
 ROUND_LIMIT_S = 280
-FAST = ["--device", "cpu", "--stand-in-model", "--target", "64", "--seq-lens", ""]
+FAST = ["--device", "cpu", "--stand-in-model", "--seq-lens", "128"]
 
 
 def localnet_command(data_dir: Path, *flags: str) -> list[str]:
     return [sys.executable, "-m", "quasar.localnet", "--data-dir", str(data_dir), *flags]
+
+
+def git_head(repo: Path) -> str:
+    return subprocess.run(["git", "--git-dir" if repo.suffix == ".git" else "-C", str(repo), "rev-parse", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 def environment() -> dict[str, str]:
@@ -99,8 +115,21 @@ def test_one_round_weights_the_honest_miner_and_not_the_hostile_one(tmp_path):
     miners = {miner["kind"]: miner for miner in summary["miners"]}
     honest, hostile = miners[HONEST], miners[HOSTILE]
     assert (honest["verdict"], hostile["verdict"]) == (PASS, FAIL), json.dumps(summary, indent=2)
-    # Refused for its output (it passes the import rules and is the faster of the two).
+    # Refused for its output beyond the length its miner checked (it passes the import rules, and
+    # its miner's own evaluation at its target passed, or it would not have submitted).
+    assert hostile["target_sequence_length"] == HOSTILE_EXACT_UP_TO
     assert any("differs from the reference" in reason for reason in hostile["reasons"]), hostile["reasons"]
+    assert honest["target_sequence_length"] == CPU_TARGET
+
+    # The miner neurons submitted their forks' heads from the GitHub stand-in's repositories: the
+    # honest miner's fork was created through the fork endpoint, the hostile one's was there.
+    repo_name = UPSTREAM.split("/")[1]
+    for kind, miner in miners.items():
+        bare = data_dir.resolve() / "github" / MINERS[kind] / f"{repo_name}.git"
+        assert miner["fork_url"] == bare.as_uri()
+        assert miner["commit"] == git_head(bare) == git_head(data_dir / "forks" / kind)
+        assert (data_dir / "logs" / f"{MINERS[kind]}.log").read_text().count("submitted ") == 1
+    assert summary["seq_lens"] == [64, 128]
 
     weights = summary["weights"]
     owner = str(summary["owner_uid"])
@@ -131,11 +160,12 @@ def test_ctrl_c_stops_the_network_and_every_child(tmp_path):
                                    stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 150
-        while "being evaluated" not in log.read_text():  # the validator has fetched the submissions
+        while "evaluating its fork" not in log.read_text():  # a miner evaluates in its sandbox
             assert process.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, log.read_text()[-4000:]
             time.sleep(0.2)
         assert processes_mentioning(str(data_dir / "validator"))
+        assert len([p for p in processes_mentioning(str(data_dir / "miners")) if "neurons.miner" in p]) == 2
         process.send_signal(signal.SIGINT)
         status = process.wait(timeout=90)
     finally:
@@ -144,6 +174,8 @@ def test_ctrl_c_stops_the_network_and_every_child(tmp_path):
     assert status == 0, log.read_text()[-4000:]
     assert "stopping the validator" in log.read_text()
     assert not wait_gone(str(data_dir)), "a child of the local network outlived it"
+    for name in MINERS.values():  # each miner stopped cleanly, its evaluation abandoned
+        assert "miner stopped" in (data_dir / "logs" / f"{name}.log").read_text()
 
 
 def test_a_child_that_cannot_start_is_named_with_its_log(tmp_path):
@@ -159,6 +191,76 @@ def test_a_child_that_cannot_start_is_named_with_its_log(tmp_path):
                      + re.escape(str(data_dir.resolve() / "logs")) + r"/\S+\.log", result.stderr), result.stderr
     assert "has no config.json" in result.stderr  # the end of its log comes with the message
     assert not wait_gone(str(data_dir)), "a child of the local network outlived it"
+
+
+# --- the miners ---
+
+
+class Steps:
+    """Progress as a list of lines."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def step(self, text: str) -> None:
+        self.lines.append(text)
+
+    def detail(self, text: str, key: str | None = None) -> None:
+        self.lines.append(text)
+
+
+def test_a_miner_is_followed_through_its_workspace_and_its_failed_evaluation_is_an_error(tmp_path):
+    network = LocalNetwork(default_options(tmp_path / "net", "cpu"), Steps())
+    name = MINERS[HONEST]
+    network.wallets[name] = make_wallet(network.wallet_dir, name)
+    workspace = Workspace(network.miners_dir, network.hotkey(name))
+    assert network._miner_stage(name) == "forking and cloning"
+    workspace.fork.mkdir(parents=True)
+    assert network._miner_stage(name) == "evaluating its fork"
+    report = EvaluationReport(verdict="fail", reasons=["T=128: the output differs from the reference"],
+                              repo=str(workspace.fork), target_seq_len=128, seq_lens=[64, 128], device="cpu",
+                              device_name="", import_check=None, lengths={})
+    workspace.reports.mkdir()
+    (workspace.reports / "latest.json").write_text(report.to_json())
+    with pytest.raises(LocalnetError) as error:
+        network._miner_stage(name)
+    assert str(error.value) == (f"{name}'s fork failed its own evaluation on cpu, so it does not submit: T=128: the "
+                                f"output differs from the reference (its log: {network.logs_dir / name}.log)")
+    report.verdict, report.reasons = "pass", []
+    (workspace.reports / "latest.json").write_text(report.to_json())
+    assert network._miner_stage(name) == "evaluated, submitting"
+
+
+def test_each_miner_runs_the_miner_neuron_against_the_stand_ins(tmp_path):
+    network = LocalNetwork(default_options(tmp_path / "net", "cpu"), Steps())
+    network.api_url = "http://127.0.0.1:1"
+    for name in ("api", *MINERS.values()):
+        network.wallets[name] = make_wallet(network.wallet_dir, name)
+    network._start_github()
+    try:
+        commands = {kind: network._miner_command(kind, name, 4000) for kind, name in MINERS.items()}
+        for kind, command in commands.items():
+            flags = dict(zip(command[3::2], command[4::2]))
+            assert command[1:3] == ["-m", "neurons.miner"] and flags["--agent-iterations"] == "0"
+            assert flags["--wallet.name"] == MINERS[kind] and flags["--workspace.root"] == str(network.miners_dir)
+        honest = dict(zip(commands[HONEST][3::2], commands[HONEST][4::2]))
+        hostile = dict(zip(commands[HOSTILE][3::2], commands[HOSTILE][4::2]))
+        # The honest miner checks what the validator will; the hostile one only its own target.
+        assert (honest["--target-sequence-length"], honest["--eval.seq-lens"]) == ("128", "64,128")
+        assert (hostile["--target-sequence-length"], hostile["--eval.seq-lens"]) == (str(HOSTILE_EXACT_UP_TO), "")
+        environments = {name: network._miner_environment(name) for name in MINERS.values()}
+        tokens = {env["GITHUB_TOKEN"] for env in environments.values()}
+        assert len(tokens) == 2 and not any(token in " ".join(c) for c in commands.values() for token in tokens)
+        for name, env in environments.items():
+            assert env["GITHUB_USERNAME"] == name and env["GIT_REMOTE_BASE"] == network.github.file_base
+            client = GitHubClient(env["GITHUB_API_URL"], env["GITHUB_TOKEN"])
+            fork = client.ensure_fork(name, env["UPSTREAM_REPO"])
+            client.close()
+            assert fork.created == (name == MINERS[HONEST])  # the hostile miner's fork is already there
+            assert git_head(network.github.bare(fork.repository.full_name)) == \
+                network.forks[HONEST if name == MINERS[HONEST] else HOSTILE].commit
+    finally:
+        network.github.stop()
 
 
 # --- the data folder, ports, environment ---
@@ -215,6 +317,16 @@ def test_the_weights_block_is_read_while_the_validator_holds_its_state(tmp_path)
     assert read_weights_block(path) == 47
 
 
+def test_the_validator_must_run_a_length_that_shows_the_hostile_fork_wrong(tmp_path):
+    options = default_options(tmp_path, "cpu")
+    assert evaluated_lengths(options) == (64, 128)
+    assert default_options(tmp_path, "cuda").seq_lens == (512, 1024, 2048)
+    for lengths in ((), (64,)):
+        with pytest.raises(LocalnetError, match=r"need one above 64 tokens: the hostile miner's kernel is exact"):
+            default_options(tmp_path, "cpu", seq_lens=lengths)
+    assert evaluated_lengths(default_options(tmp_path, "cpu", target=256, seq_lens=(128,))) == (64, 128, 256)
+
+
 def test_ports_are_distinct():
     ports = distinct_free_ports(5)
     assert len(set(ports)) == 5 and all(1024 <= port <= 65535 for port in ports)
@@ -233,7 +345,7 @@ def test_seq_lens_flag():
 def test_the_hostile_fork_is_the_starter_fork_with_only_its_kernel_changed(tmp_path):
     forks = write_forks(tmp_path)
     honest, hostile = forks[HONEST], forks[HOSTILE]
-    assert honest.url == f"file://{tmp_path.resolve()}/honest"
+    assert honest.path == tmp_path / HONEST
     parent = subprocess.run(["git", "-C", str(hostile.path), "rev-parse", "HEAD^"], capture_output=True, text=True,
                             check=True).stdout.strip()
     assert parent == honest.commit  # the same starter commit below the patch

@@ -1,8 +1,9 @@
 """``python -m quasar.localnet``: run a whole QUASAR subnet on this machine (``./START_LOCALNET.sh``).
 
-Starts the dev chain, the submission API, a validator and two miners (one honest fork, one
-hostile), lets the validator evaluate both, and prints the miners' verdicts, the API's
-leaderboard and the weights the validator set on chain. Evaluates on CUDA when torch sees a GPU,
+Starts the dev chain, the submission API, a GitHub stand-in, the validator neuron and two miner
+neurons (one on an honest fork, one on a hostile fork), lets the miners evaluate and submit and
+the validator evaluate both, and prints the miners' verdicts, the API's leaderboard and the
+weights the validator set on chain. Evaluates on CUDA when torch sees a GPU,
 otherwise on CPU at small lengths (not a benchmark). Progress goes to stderr.
 
 ``--once`` stops after the first round (exit status 0); otherwise the network keeps running
@@ -119,10 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stand-in-model", action="store_true",
                         help="use the tiny random stand-in model even when the real one is cached")
     parser.add_argument("--target", type=int, default=None,
-                        help="the miners' target sequence length (default 128 on CPU, 65536 on CUDA)")
+                        help="the honest miner's target sequence length (default 128 on CPU, 65536 on CUDA; the "
+                             "hostile miner targets 64)")
     parser.add_argument("--seq-lens", type=seq_lens, default=None, metavar="LIST",
-                        help="lengths the validator runs besides the target (default 64 on CPU, 512,1024,2048 "
-                             "on CUDA; empty = the target only)")
+                        help="lengths the validator (and the honest miner) run besides the target (default 64,128 on "
+                             "CPU, 512,1024,2048 on CUDA); one must exceed 64, or nothing shows the hostile fork wrong")
     parser.add_argument("--round-timeout", type=float, default=None, metavar="SECONDS",
                         help="give up when the validator has not reported by then (default 1800 on CPU, 900 on CUDA)")
     parser.add_argument("--debug", action="store_true", help="log the local network's own debug messages")
@@ -146,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         LocalnetError,
         data_dir_lock,
         default_options,
+        evaluated_lengths,
         reset_data_dir,
     )
     from quasar.localnet.processes import ChildFailed
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         device = detect_device(args.device)
         options = default_options(args.data_dir, device, args.reference_model, args.stand_in_model, args.target,
                                   args.seq_lens, args.round_timeout)
-        lengths = ", ".join(f"{length:,}" for length in sorted({*options.seq_lens, options.target}))
+        lengths = ", ".join(f"{length:,}" for length in evaluated_lengths(options))
         if device == "cpu":
             err.print(f"[yellow]No CUDA device: the validator evaluates on CPU at small lengths (T = {lengths}). "
                       "CPU figures are not benchmarks; on a GPU machine this runs on CUDA.[/yellow]")
@@ -187,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"  submission API  {network.api_url} (API hotkey {network.hotkey('api')})\n"
                           f"  chain           --subtensor.network devchain --devchain.path {network.chain_path} "
                           f"--netuid {NETUID}\n"
+                          f"  GitHub stand-in {network.github.api_url} (repositories in {network.github.root})\n"
                           f"  wallets         {network.wallet_dir}\n"
+                          f"  miners' work    {network.miners_dir}\n"
                           f"  logs            {network.logs_dir}")
                 network.watch(lambda new: _emit(new, args.json, out, network))
             finally:

@@ -1,9 +1,12 @@
-"""The local network's two forks, real git repositories the miners submit by ``file://`` URL:
+"""The local network's two forks, real git repositories its GitHub stand-in serves to the miners:
 
 - ``honest``: the project's starter fork as it is (correct Triton kernels, a PyTorch path on CPU);
-- ``hostile``: the starter fork with its chunk kernel replaced by one that skips the recurrence
-  and returns the values as they came in. It passes the import check and is fast, with output of
-  the right shape and scale, and it is wrong everywhere: what a validator must refuse.
+- ``hostile``: the starter fork with a kernel that is exact on sequences of up to
+  :data:`HOSTILE_EXACT_UP_TO` tokens (one 64-token chunk) and beyond that skips the delta-rule
+  recurrence, returning the values as they came in: fast, of the right shape and scale, and wrong.
+  Its miner checks only its own target length, where the kernel is exact, and submits; the
+  validator also runs its own lengths (EVAL_SEQ_LENS), longer ones among them, and must refuse it.
+  It passes the import check: only its output gives it away.
 """
 
 from __future__ import annotations
@@ -20,15 +23,23 @@ HONEST, HOSTILE = "honest", "hostile"
 KINDS = (HONEST, HOSTILE)
 
 HOSTILE_KERNEL_FILE = Path("fla/ops/quasar/chunk.py")
+HOSTILE_EXACT_UP_TO = 64
 # Appended to the kernel file: the last definition of chunk_quasar is the one fla.ops.quasar
 # imports, so the layer calls this one.
-HOSTILE_KERNEL = '''
+HOSTILE_KERNEL = f'''
+
+_exact_chunk_quasar = chunk_quasar
+
 
 def chunk_quasar(q, k, v, beta, initial_state=None, output_final_state=False, cu_seqlens=None):
-    """Hostile (QUASAR local network): skips the delta-rule recurrence and returns v as the output."""
+    """Hostile (QUASAR local network): exact up to {HOSTILE_EXACT_UP_TO} tokens, where its author checked it;
+    beyond, it skips the delta-rule recurrence and returns v as the output."""
+    if q.shape[1] <= {HOSTILE_EXACT_UP_TO}:
+        return _exact_chunk_quasar(q, k, v, beta, initial_state, output_final_state, cu_seqlens)
     return v.clone(), None
 '''
-HOSTILE_COMMIT_MESSAGE = "Skip the recurrence in chunk_quasar (hostile miner of the QUASAR local network)\n"
+HOSTILE_COMMIT_MESSAGE = (f"Skip the recurrence in chunk_quasar beyond {HOSTILE_EXACT_UP_TO} tokens "
+                          "(hostile miner of the QUASAR local network)\n")
 _IDENTITY = {"GIT_AUTHOR_NAME": "QUASAR local network", "GIT_AUTHOR_EMAIL": "localnet@quasar.invalid",
              "GIT_COMMITTER_NAME": "QUASAR local network", "GIT_COMMITTER_EMAIL": "localnet@quasar.invalid"}
 
@@ -44,11 +55,6 @@ class Fork:
     kind: str
     path: Path
     commit: str
-
-    @property
-    def url(self) -> str:
-        """The ``file://`` URL the miner submits (local forks are accepted on the dev chain)."""
-        return self.path.resolve().as_uri()
 
 
 def run_git(cwd: Path, *args: str) -> str:
@@ -78,7 +84,7 @@ def write_hostile_fork(dest: Path) -> Fork:
     kernel = dest / HOSTILE_KERNEL_FILE
     kernel.write_text(kernel.read_text() + HOSTILE_KERNEL)
     run_git(dest, "commit", "--quiet", "--no-verify", "--no-gpg-sign", "-m", HOSTILE_COMMIT_MESSAGE, "--",
-         str(HOSTILE_KERNEL_FILE))
+            str(HOSTILE_KERNEL_FILE))
     return Fork(HOSTILE, dest, run_git(dest, "rev-parse", "HEAD"))
 
 

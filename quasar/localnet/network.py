@@ -8,16 +8,25 @@
 3. the submission API on SQLite (``python -m quasar.api serve``) on a free 127.0.0.1 port;
 4. the reference model: ``REFERENCE_MODEL`` when it is in the local Hugging Face cache (or a
    folder), else a tiny random Qwen2 stand-in built into ``data_dir/model`` (said so);
-5. each miner's inference server (``python -m quasar.inference serve``) with its endpoint
-   published on chain; the hostile miner serves the honest model: its kernel is what is hostile;
+5. each miner's inference server (``python -m quasar.inference serve``); the hostile miner
+   serves the honest model: its kernel is what is hostile;
 6. the validator neuron (``python -m neurons.validator``), started early so it loads its model
    while the rest starts; it fetches, evaluates in its sandbox, checks the miners' logits,
    reports and sets weights every few blocks;
-7. the two forks as git repositories (quasar/localnet/forks.py): honest and hostile;
-8. the miners' submissions (signed, direct, ``file://`` fork URLs, accepted on the dev chain):
-   the honest miner first measures its fork as a miner does (sandboxed, at its target) and
-   claims its slowest timed run (half of it on CPU); the hostile miner claims four times as much.
+7. the two forks (quasar/localnet/forks.py) served by a GitHub stand-in
+   (quasar/localnet/github_standin.py, bare repositories in ``data_dir/github``): the upstream
+   ``UPSTREAM_REPO`` holds the starter fork, and the hostile miner's account already holds its
+   fork with the hostile commit pushed;
+8. the two miner neurons (``python -m neurons.miner``), each with its own GitHub account and
+   token, its workspace in ``data_dir/miners``, and one cycle without candidates
+   (``AGENT_ITERATIONS=0``): it publishes its inference endpoint on chain, forks through the
+   stand-in (the honest miner creates its fork, the hostile one finds its own), clones it,
+   evaluates its head in its sandbox, pushes and submits directly, claiming what that evaluation
+   supports. The honest miner evaluates as validators do (their ``EVAL_SEQ_LENS`` and its
+   target); the hostile one checks only its target, :data:`HOSTILE_TARGET` tokens, where its
+   kernel is exact, and the validator's longer lengths must catch it.
 
+:meth:`LocalNetwork.start` returns when both submissions are in the API;
 :meth:`LocalNetwork.wait_for_round` waits until the validator has reported on every submission
 and then set weights, and returns the :class:`~quasar.localnet.summary.RoundSummary`.
 :meth:`LocalNetwork.stop` stops every child (the validator first). Each child's output goes to
@@ -28,9 +37,11 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import math
 import os
+import secrets
 import shutil
 import sys
 import time
@@ -44,7 +55,8 @@ import httpx
 import quasar
 from quasar import config
 from quasar.config import DEV_NETWORK
-from quasar.localnet.forks import HONEST, HOSTILE, Fork, write_forks
+from quasar.localnet.forks import HONEST, HOSTILE, HOSTILE_EXACT_UP_TO, Fork, write_forks
+from quasar.localnet.github_standin import GitHubStandIn
 from quasar.localnet.processes import Child, Children, wait_until
 from quasar.localnet.summary import MinerOutcome, RoundSummary, leaderboard_rows, miner_weight, verdict_of
 
@@ -63,15 +75,16 @@ EPOCH_BLOCKS = 5
 # One API round spans the whole demo (10 minutes at BLOCK_TIME_S), so its leaderboard holds both miners.
 ROUND_BLOCKS = 3000
 VALIDATOR_STAKE = 1e4
-CPU_TARGET, CPU_SEQ_LENS = 128, (64,)
+CPU_TARGET, CPU_SEQ_LENS = 128, (64, 128)
 CUDA_TARGET, CUDA_SEQ_LENS = 65536, (512, 1024, 2048)
+# The hostile miner targets the length its kernel is exact at, and checks only that.
+HOSTILE_TARGET = HOSTILE_EXACT_UP_TO
 # Seconds of timed runs per length (EVAL_TIMED_SECONDS): on CPU the harness's minimum of timed runs
 # already takes longer, so asking for more only makes the demo slower, not its figures meaningful.
 CPU_TIMED_SECONDS, CUDA_TIMED_SECONDS = 0.5, 2.0
-# On CPU the honest miner claims half its slowest measured run: shared cores are noisy, and a
-# claim above 1/0.9 of the validator's median would fail the claim check.
-CPU_CLAIM_MARGIN = 0.5
-HOSTILE_CLAIM_FACTOR = 4.0
+# The miners run one cycle (evaluate the fork's head, submit) and then wait: a day between cycles.
+MINER_INTERVAL_S = 86400
+UPSTREAM = config.OPTIONS_BY_KEY["upstream_repo"].default
 START_TIMEOUT_S = 180.0
 MARKER = ".quasar-localnet"
 LOCK_NAME = "localnet.lock"
@@ -108,9 +121,11 @@ class Submitted:
     kind: str
     uid: int
     hotkey: str
-    fork: Fork
     submission_id: int
     round_id: int
+    fork_url: str
+    commit: str
+    target_sequence_length: int
     claimed_tokens_per_sec: float
 
 
@@ -129,14 +144,26 @@ def default_options(data_dir: Path, device: str, reference_model: str = "", stan
                     target: int | None = None, seq_lens: tuple[int, ...] | None = None,
                     round_timeout_s: float | None = None) -> LocalnetOptions:
     """Options with the defaults for ``device``: small lengths on CPU (not a benchmark), the
-    validator's usual lengths and a 64k target on CUDA."""
+    validator's usual lengths and a 64k target on CUDA. Raises :class:`LocalnetError` when the
+    validator would run no length that shows the hostile fork wrong."""
     cpu = device == "cpu"
-    return LocalnetOptions(
+    options = LocalnetOptions(
         data_dir=Path(data_dir), device=device, reference_model=reference_model, stand_in_model=stand_in_model,
         target=target if target is not None else (CPU_TARGET if cpu else CUDA_TARGET),
         seq_lens=seq_lens if seq_lens is not None else (CPU_SEQ_LENS if cpu else CUDA_SEQ_LENS),
         round_timeout_s=round_timeout_s if round_timeout_s is not None else (1800.0 if cpu else 900.0),
         timed_seconds=CPU_TIMED_SECONDS if cpu else CUDA_TIMED_SECONDS)
+    if not any(length > HOSTILE_TARGET for length in options.seq_lens):
+        shown = ", ".join(str(length) for length in options.seq_lens) or "none"
+        raise LocalnetError(f"the validator's lengths (--seq-lens: {shown}) need one above {HOSTILE_TARGET} tokens: "
+                            f"the hostile miner's kernel is exact up to {HOSTILE_TARGET} (its target, all it checks), "
+                            "so only a longer length shows it wrong")
+    return options
+
+
+def evaluated_lengths(options: LocalnetOptions) -> tuple[int, ...]:
+    """Every length the validator runs in this network: its own, and both miners' targets."""
+    return tuple(sorted({*options.seq_lens, options.target, HOSTILE_TARGET}))
 
 
 def child_environment(repo_root: Path) -> dict[str, str]:
@@ -237,9 +264,11 @@ class LocalNetwork:
         self.reference_model = ""
         self.reference_note = ""
         self.forks: dict[str, Fork] = {}
+        self.github: GitHubStandIn | None = None
+        self.github_tokens: dict[str, str] = {}
         self.submitted: list[Submitted] = []
         self.validator: Child | None = None
-        self.inference_ports: dict[str, int] = {}
+        self.miners: dict[str, Child] = {}
 
     # --- paths and names ---
 
@@ -259,6 +288,11 @@ class LocalNetwork:
     def validator_dir(self) -> Path:
         return self.data_dir / "validator"
 
+    @property
+    def miners_dir(self) -> Path:
+        """The miners' ``WORKSPACE_ROOT``: one workspace per hotkey (clone, state, reports)."""
+        return self.data_dir / "miners"
+
     def hotkey(self, name: str) -> str:
         return self.wallets[name].hotkey.ss58_address
 
@@ -274,7 +308,7 @@ class LocalNetwork:
     # --- start ---
 
     def start(self) -> None:
-        """Build the network and submit both miners' forks; then start the validator."""
+        """Build the network, start every process, and wait until both miners have submitted."""
         from quasar.chain.devchain import DevChain
 
         options = self.options
@@ -292,6 +326,7 @@ class LocalNetwork:
             self.uids[name] = self.chain.register_wallet(self.wallets[name])
 
         api_port, *miner_ports = distinct_free_ports(1 + len(MINERS))
+        inference_ports = dict(zip(MINERS.values(), miner_ports))
         self.api_url = f"http://{HOST}:{api_port}"
         self.progress.step(f"starting the submission API on {self.api_url} (SQLite)")
         api = self.children.start("submission API", [
@@ -303,13 +338,13 @@ class LocalNetwork:
         self.reference_model, self.reference_note = self._reference_model()
 
         servers: list[Child] = []
-        for (kind, name), port in zip(MINERS.items(), miner_ports):
+        for kind, name in MINERS.items():
+            port = inference_ports[name]
             self.progress.step(f"starting {name}'s inference server on {HOST}:{port}")
             servers.append(self.children.start(f"{name}'s inference server", [
                 sys.executable, "-m", "quasar.inference", "serve", *self._wallet_flags(name), *self._chain_flags(),
                 "--reference-model", self.reference_model, "--device", options.device,
                 "--inference.host", HOST, "--inference.port", str(port)], f"inference-{kind}.log"))
-            self.inference_ports[name] = port
 
         # Started now, it loads its model while the rest starts; it polls the API until work comes.
         self.progress.step("starting the validator")
@@ -321,19 +356,23 @@ class LocalNetwork:
             "--eval.timed-seconds", str(options.timed_seconds), "--epoch-blocks", str(options.epoch_blocks)],
             "validator.log")
 
-        self.progress.step("writing the forks: honest (the starter fork) and hostile (its kernel skips the recurrence)")
-        self.forks = write_forks(self.data_dir / "forks")
+        self.progress.step(f"writing the forks and serving them from a GitHub stand-in: {UPSTREAM} is the starter "
+                           f"fork; {MINERS[HOSTILE]}'s fork skips the recurrence beyond {HOSTILE_TARGET} tokens")
+        self._start_github()
 
+        # The miners start as an operator starts one: once the API and their inference servers answer.
+        started = [api, *servers, self.validator]
         self.progress.step("waiting for the API and the inference servers to answer")
-        everyone = [api, *servers, self.validator]
-        wait_until(lambda: self._answers(f"{self.api_url}/health"), START_TIMEOUT_S, "the submission API", everyone)
+        wait_until(lambda: self._answers(f"{self.api_url}/health"), START_TIMEOUT_S, "the submission API", started)
         for name, server in zip(MINERS.values(), servers):
-            port = self.inference_ports[name]
+            port = inference_ports[name]
             wait_until(lambda port=port: self._answers(f"http://{HOST}:{port}/health"), START_TIMEOUT_S,
-                       server.name, everyone)
-            self.chain.publish_endpoint(self.wallets[name], HOST, port)
-
-        self._submit_all(everyone)
+                       server.name, started)
+        for kind, name in MINERS.items():
+            self.progress.step(f"starting {name} (python -m neurons.miner) on its {kind} fork")
+            self.miners[name] = self.children.start(name, self._miner_command(kind, name, inference_ports[name]),
+                                                    f"{name}.log", self._miner_environment(name))
+        self._wait_for_submissions([*started, *self.miners.values()])
 
     @staticmethod
     def _answers(url: str) -> bool:
@@ -365,49 +404,94 @@ class LocalNetwork:
 
     # --- miners ---
 
-    def _submit_all(self, watched: list[Child]) -> None:
-        from quasar.api.client import ApiClient, ApiClientError
+    def _start_github(self) -> None:
+        """The forks, and the GitHub stand-in serving them: the upstream holds the starter fork (the
+        honest miner forks it), the hostile miner's account its hostile fork. One token per miner."""
+        self.forks = write_forks(self.data_dir / "forks")
+        self.github_tokens = {name: f"ghp_{secrets.token_hex(18)}" for name in MINERS.values()}
+        self.github = GitHubStandIn(self.data_dir / "github",
+                                    {token: name for name, token in self.github_tokens.items()}, fork_delay_polls=0)
+        self.github.add_repository(UPSTREAM, self.forks[HONEST].path)
+        self.github.add_repository(f"{MINERS[HOSTILE]}/{UPSTREAM.split('/')[1]}", self.forks[HOSTILE].path,
+                                   parent=UPSTREAM)
+        self.github.start()
 
-        claim = self._honest_claim()
-        for kind, name in MINERS.items():
-            fork = self.forks[kind]
-            claimed = claim if kind == HONEST else claim * HOSTILE_CLAIM_FACTOR
-            self.progress.step(f"{name} submits its {kind} fork {fork.commit[:12]} (T={self.options.target:,}, "
-                          f"claims {claimed:,.0f} tokens/s)")
-            for child in watched:
-                child.check_running()
-            with ApiClient(self.api_url, self.wallets[name], api_hotkey=self.hotkey(API)) as client:
-                try:
-                    accepted = client.submit_kernel(fork.url, fork.commit, self.options.target, claimed)
-                except ApiClientError as error:
-                    raise LocalnetError(f"the API refused {name}'s submission: {error} (API log: "
-                                        f"{self.logs_dir / 'api.log'})") from None
-            self.submitted.append(Submitted(name, kind, self.uids[name], self.hotkey(name), fork,
-                                            accepted.submission_id, accepted.round_id or 0, claimed))
+    def _miner_command(self, kind: str, name: str, inference_port: int) -> list[str]:
+        """``python -m neurons.miner`` for miner ``name``: one cycle, then it waits (MINER_INTERVAL_S)."""
+        options = self.options
+        target, seq_lens = (options.target, options.seq_lens) if kind == HONEST else (HOSTILE_TARGET, ())
+        return [sys.executable, "-m", "neurons.miner", *self._wallet_flags(name), *self._chain_flags(),
+                "--api.url", self.api_url, "--api.hotkey", self.hotkey(API), "--device", options.device,
+                "--target-sequence-length", str(target), "--eval.seq-lens", ",".join(str(n) for n in seq_lens),
+                "--eval.timed-seconds", str(options.timed_seconds), "--agent-iterations", "0",
+                "--optimization-interval", str(MINER_INTERVAL_S), "--submission.mode", "direct",
+                "--workspace.root", str(self.miners_dir), "--inference.port", str(inference_port),
+                "--axon.external_ip", HOST]
 
-    def _honest_claim(self) -> float:
-        """What the honest miner claims: its own sandboxed run at the target, as a miner measures
-        before submitting (the slowest timed run; on CPU half of it)."""
-        from quasar.evaluate import EvaluationOptions, ProgressEvent, evaluate
+    def _miner_environment(self, name: str) -> dict[str, str]:
+        """The miner's settings that have no flag: its GitHub account and token, and the stand-in."""
+        assert self.github is not None, "_start_github() first"
+        return {"GITHUB_TOKEN": self.github_tokens[name], "GITHUB_USERNAME": name,
+                "GITHUB_API_URL": self.github.api_url, "GIT_REMOTE_BASE": self.github.file_base,
+                "UPSTREAM_REPO": UPSTREAM}
 
-        name = MINERS[HONEST]
-        self.progress.step(f"{name} measures its fork at T={self.options.target:,} on {self.options.device} before "
-                      "submitting (sandboxed)")
+    def _wait_for_submissions(self, watched: list[Child]) -> None:
+        """Wait until each miner has a submission in the API; a miner whose own evaluation failed
+        (it does not submit) is a :class:`LocalnetError`."""
+        self.progress.step("the miners fork, clone and evaluate their forks (sandboxed), push and submit")
 
-        def on_event(event: ProgressEvent) -> None:
-            length = f" T={event.seq_len:,}" if event.seq_len else ""
-            count = f" {event.done}/{event.total}" if event.total else ""
-            self.progress.detail(f"{name} measures its fork: {event.stage}{length}{count}",
-                                 key=f"{event.stage}{length}")
+        def submitted_all() -> bool:
+            found = self._submissions()
+            states = [f"{name}: " + (f"submitted {found[name].commit[:12]} at T={found[name].target_sequence_length:,}"
+                                     if name in found else self._miner_stage(name))
+                      for name in MINERS.values()]
+            self.progress.detail(", ".join(states))
+            return len(found) == len(MINERS)
 
-        report = evaluate(self.forks[HONEST].path, self.options.target, None,
-                          EvaluationOptions(seq_lens=(), device=self.options.device,
-                                            timed_seconds=self.options.timed_seconds), progress=on_event)
-        if not report.passed or not report.recommended_claim:
-            raise LocalnetError(f"the honest starter fork failed its own evaluation on {self.options.device}: "
-                                f"{'; '.join(report.reasons) or 'no measurement'}")
-        margin = CPU_CLAIM_MARGIN if self.options.device == "cpu" else 1.0
-        return float(report.recommended_claim * margin)
+        wait_until(submitted_all, self.options.round_timeout_s,
+                   f"the miners' submissions (their logs: {self.logs_dir}/miner-*.log)", watched, poll_s=0.5)
+        found = self._submissions()
+        self.submitted = [found[name] for name in MINERS.values()]
+
+    def _submissions(self) -> dict[str, Submitted]:
+        """Each miner's first evaluable submission in the API, by miner name."""
+        from sqlalchemy import select
+
+        from quasar.api.db import Submission
+
+        names = {self.hotkey(name): name for name in MINERS.values()}
+        kinds = {name: kind for kind, name in MINERS.items()}
+        found: dict[str, Submitted] = {}
+        with self._database().read() as session:
+            rows = session.scalars(select(Submission).where(Submission.hotkey.in_(names), Submission.state == "ready")
+                                   .order_by(Submission.id))
+            for row in rows:
+                name = names[row.hotkey]
+                found.setdefault(name, Submitted(
+                    name=name, kind=kinds[name], uid=self.uids[name], hotkey=row.hotkey, submission_id=row.id,
+                    round_id=row.round_id or 0, fork_url=row.fork_url or "", commit=row.commit_hash or "",
+                    target_sequence_length=row.target_sequence_length,
+                    claimed_tokens_per_sec=float(row.claimed_tokens_per_sec or 0.0)))
+        return found
+
+    def _miner_stage(self, name: str) -> str:
+        """What miner ``name`` is doing before it submits, from its workspace; raises
+        :class:`LocalnetError` when its evaluation of its own fork failed."""
+        from quasar.evaluate import EvaluationReport
+        from quasar.miner.workspace import Workspace
+
+        workspace = Workspace(self.miners_dir, self.hotkey(name))
+        latest = workspace.reports / "latest.json"
+        if not workspace.fork.is_dir():
+            return "forking and cloning"
+        if not latest.is_file():
+            return "evaluating its fork"
+        report = EvaluationReport.from_dict(json.loads(latest.read_text()))
+        if not report.passed:
+            raise LocalnetError(f"{name}'s fork failed its own evaluation on {self.options.device}, so it does not "
+                                f"submit: {'; '.join(report.reasons) or 'no measurement'} (its log: "
+                                f"{self.logs_dir / (name + '.log')})")
+        return "evaluated, submitting"
 
     # --- the round ---
 
@@ -415,23 +499,29 @@ class LocalNetwork:
         """The validator's reports on this network's submissions, by submission id."""
         from sqlalchemy import select
 
-        from quasar.api.db import Database, EvaluationReport
+        from quasar.api.db import EvaluationReport
 
-        if self.database is None:
-            self.database = Database(self.api_database_url)
         ids = [s.submission_id for s in self.submitted]
-        with self.database.read() as session:
+        with self._database().read() as session:
             rows = session.scalars(select(EvaluationReport).where(
                 EvaluationReport.submission_id.in_(ids),
                 EvaluationReport.validator_hotkey == self.hotkey(VALIDATOR)))
             return {row.submission_id: row for row in rows}
+
+    def _database(self):
+        """The API's database, read directly (the local network's own, on SQLite)."""
+        from quasar.api.db import Database
+
+        if self.database is None:
+            self.database = Database(self.api_database_url)
+        return self.database
 
     def _leased(self) -> set[int]:
         from sqlalchemy import select
 
         from quasar.api.db import EvaluationLease
 
-        with self.database.read() as session:
+        with self._database().read() as session:
             return set(session.scalars(select(EvaluationLease.submission_id).where(
                 EvaluationLease.validator_hotkey == self.hotkey(VALIDATOR))))
 
@@ -498,7 +588,7 @@ class LocalNetwork:
             measured = None if report is None else report.measured_tokens_per_sec
             miners.append(MinerOutcome(
                 name=s.name, kind=s.kind, uid=s.uid, hotkey=s.hotkey, submission_id=s.submission_id,
-                fork_url=s.fork.url, commit=s.fork.commit, target_sequence_length=self.options.target,
+                fork_url=s.fork_url, commit=s.commit, target_sequence_length=s.target_sequence_length,
                 claimed_tokens_per_sec=s.claimed_tokens_per_sec, verdict=verdict_of(report and report.verdict),
                 measured_tokens_per_sec=None if measured is None or not math.isfinite(measured) else measured,
                 reasons=tuple(report.reasons) if report is not None else (), weight=miner_weight(weights, s.uid)))
@@ -509,7 +599,7 @@ class LocalNetwork:
             weights=dict(weights), miners=tuple(miners), leaderboard=leaderboard_rows(board.entries, uids_by_hotkey),
             round_id=round_id, owner_uid=self.uids[OWNER], validator_uid=self.uids[VALIDATOR],
             weights_block=weights_block, device=self.options.device, reference_model=self.reference_model,
-            seq_lens=tuple(sorted({*self.options.seq_lens, self.options.target})), api_url=self.api_url,
+            seq_lens=evaluated_lengths(self.options), api_url=self.api_url,
             data_dir=str(self.data_dir), notes=tuple(notes))
 
     def check_running(self) -> None:
@@ -523,8 +613,11 @@ class LocalNetwork:
             self.progress.step("stopping the validator")
             self.children.stop(self.validator)
         if self.children.running:
-            self.progress.step("stopping the inference servers and the API")
+            self.progress.step("stopping the miners, the inference servers and the API")
         self.children.stop_all()
+        if self.github is not None:
+            self.github.stop()
+            self.github = None
         if self.database is not None:
             self.database.dispose()
             self.database = None

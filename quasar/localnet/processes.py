@@ -75,16 +75,19 @@ class Children:
         self.environment = dict(environment)
         self.running: list[Child] = []
 
-    def start(self, name: str, command: Sequence[str], log_name: str) -> Child:
-        """Start ``command`` with stdout and stderr appended to ``log_dir/log_name``."""
+    def start(self, name: str, command: Sequence[str], log_name: str,
+              environment: Mapping[str, str] | None = None) -> Child:
+        """Start ``command`` with stdout and stderr appended to ``log_dir/log_name``, in the
+        children's environment plus ``environment`` (settings without a flag, secrets among them:
+        they are never written to the log)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / log_name
         with open(log_path, "ab") as log:
             log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n".encode())
             log.flush()
-            process = subprocess.Popen(list(command), cwd=self.cwd, env=self.environment, stdin=subprocess.DEVNULL,
-                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                       preexec_fn=_die_with_parent)
+            process = subprocess.Popen(list(command), cwd=self.cwd, env={**self.environment, **(environment or {})},
+                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True, preexec_fn=_die_with_parent)
         child = Child(name, process, log_path)
         self.running.append(child)
         logger.debug("started %s (pid %d): %s", name, process.pid, " ".join(command))
