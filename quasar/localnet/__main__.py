@@ -110,10 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--once", action="store_true", help="exit (status 0) after the first round")
     parser.add_argument("--json", action="store_true", help="print only the summary, as JSON, on stdout")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
-                        help="folder for the network's files: chain, API database, wallets, forks, logs; emptied "
-                             "at each start (default ./localnet-data)")
+                        help="folder for the network's files: chain, API database, wallets, forks and their GitHub "
+                             "stand-in, the miners' workspaces, logs; emptied at each start (default ./localnet-data)")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                        help="where the validator evaluates (default: cuda when torch sees a GPU, else cpu)")
+                        help="where the miners and the validator evaluate (default: cuda when torch sees a GPU, "
+                             "else cpu)")
     parser.add_argument("--reference-model", default="",
                         help="model for logit checks: a folder or a cached Hugging Face id (default: "
                              "REFERENCE_MODEL's default when cached, else a tiny random stand-in)")
