@@ -9,7 +9,9 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import random
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -18,7 +20,7 @@ import time
 import pytest
 import torch
 
-from quasar.evaluate import protocol, workload
+from quasar.evaluate import harness, protocol, workload
 from quasar.evaluate.__main__ import main as evaluate_main
 from quasar.evaluate.__main__ import parse_seq_lens
 from quasar.evaluate.harness import (
@@ -505,3 +507,13 @@ def test_requests_to_verify_cover_max_verified_forwards_at_short_lengths():
     assert requests_to_verify(run(512, 4)) == MAX_VERIFIED // 4
     assert requests_to_verify(run(512, 25)) == VERIFY_SAMPLE
     assert requests_to_verify(run(100_000, 1)) == requests_to_verify(run(100_000, 8)) == VERIFY_SAMPLE
+
+
+def test_recommended_claim_is_the_speed_three_in_four_requests_reached():
+    rng = random.Random()
+    durations = [rng.randint(1_000_000, 5_000_000) for _ in range(rng.randint(1, 200))]
+    claim = harness.recommended_claim(4096, durations)
+    reached = sum(4096 / (d / 1e9) >= claim for d in durations)
+    assert reached >= 0.75 * len(durations)
+    assert 4096 / (min(durations) / 1e9) >= claim >= 4096 / (max(durations) / 1e9)
+    assert claim <= 4096 / (statistics.median(durations) / 1e9)

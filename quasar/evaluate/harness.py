@@ -429,13 +429,18 @@ def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, 
     total = math.ceil(options.timed_seconds / max(request_s, 1e-9))
     total = max(options.min_timed_runs, min(options.max_timed_runs, total))
     cost_ns = trusted.of(count)
+    # ``total`` comes from the warm-up's estimate, which a busy host can make far too small; the
+    # wall clock ends the timed phase once ``timed_seconds`` have passed and the minimum is met.
+    timed_started = time.monotonic()
     for index in range(total):
+        if index >= options.min_timed_runs and time.monotonic() - timed_started >= options.timed_seconds:
+            break
         progress(ProgressEvent("timed", length, index, total))
         request = _run_request(session, length, count, deadline, f"timed run at T={length}")
         timings.timed_s += request.round_trip_ns / 1e9
         run.timed.append(request)
         cost_ns = min(cost_ns, _harness_cost(session, length, count, deadline))
-    progress(ProgressEvent("timed", length, total, total))
+    progress(ProgressEvent("timed", length, len(run.timed), len(run.timed)))
     cost_ns = min(cost_ns, min(r.round_trip_ns for r in run.timed) // 2)
     for request in run.timed:
         request.forward_ns = _per_forward_ns(request, count, cost_ns)
@@ -690,6 +695,22 @@ def _import_check(repo: Path, options: EvaluationOptions) -> ImportCheck:
                        errors=[str(f) for f in found.errors], warnings=[str(f) for f in found.warnings])
 
 
+# The claim a miner should submit: the speed this share of timed requests reached or beat.
+CLAIM_QUANTILE = 0.75
+
+
+def recommended_claim(seq_len: int, forward_ns: Sequence[int]) -> float:
+    """A safe claim at ``seq_len`` from the timed forwards' durations (nanoseconds).
+
+    A submission is scored at ``min(claimed, measured)`` and fails below ``0.9 × claimed``, so a
+    claim should sit close under the median: the slowest run would waste most of the score on a
+    noisy machine. The speed three in four requests reached is at or under the median, and a
+    validator measuring within 10% of it still passes the claim check.
+    """
+    ordered = sorted(forward_ns)
+    return seq_len / (ordered[math.ceil(CLAIM_QUANTILE * len(ordered)) - 1] / 1e9)
+
+
 def _score(report: EvaluationReport, runs: dict[int, _LengthRun]) -> None:
     """Claim check, league, weighted score and recommended claim (QUASAR.md section 5)."""
     from quasar import scoring
@@ -703,8 +724,7 @@ def _score(report: EvaluationReport, runs: dict[int, _LengthRun]) -> None:
     if measured is None:
         report.reasons.append(f"the target length T={target} was not measured")
         return
-    slowest = max(r.forward_ns for r in target_run.timed)
-    report.recommended_claim = target / (slowest / 1e9)
+    report.recommended_claim = recommended_claim(target, [r.forward_ns for r in target_run.timed])
     claimed = report.claimed_tokens_per_sec
     if claimed is not None:
         report.claim_ok = measured >= scoring.CLAIM_FACTOR * claimed
