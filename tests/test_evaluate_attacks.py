@@ -162,9 +162,14 @@ def world(tmp_path_factory) -> World:
     listener = Listener()
     write_outside_source = base / "write_outside"
     unsandboxed = SandboxPolicy(allow_unsandboxed=True, force_unsandboxed=True)
+    # A read-only bind under /tmp, as a checkout or a venv there needs (base is under /tmp).
+    bind_under_tmp = base / "under-tmp"
+    bind_under_tmp.mkdir()
 
     cases = {
         "honest": Case(None, target=128, options=replace(FAST, seq_lens=(64,)), claimed=1e12),
+        "honest_bind_under_tmp": Case(None, options=replace(FAST, policy=SandboxPolicy(
+            extra_readonly_paths=(str(bind_under_tmp),)))),
         "zeros": Case("zeros"),
         "noise": Case("noise"),
         "first_half": Case("first_half", target=128),
@@ -236,7 +241,7 @@ def world(tmp_path_factory) -> World:
         listener_accepted=listener.accepted,
         markers=markers,
         paths={"outside_file": outside_file, "tmp_file": tmp_file, "wallet_file": wallet_file,
-               "system_file": system_file},
+               "system_file": system_file, "tmp_root": bind_under_tmp},
         fork_layer_digest_before=digest_before,
         fork_layer_digest_after=file_digest(write_outside_source / "fla" / "layers" / "quasar.py"),
         survivors={kind: processes_with(marker) for kind, marker in markers.items()},
@@ -263,6 +268,13 @@ def test_honest_starter_fork_is_correct_and_only_the_inflated_claim_fails(world)
     measured = report.lengths["128"].tokens_per_sec
     assert report.measured_tokens_per_sec == measured
     assert report.lengths["128"].tokens_per_sec_min <= report.recommended_claim <= measured
+
+
+def test_a_read_only_bind_under_tmp_survives_the_sandboxs_own_tmp(world):
+    assert str(world.paths["tmp_root"]).startswith("/tmp/")
+    report = world.reports["honest_bind_under_tmp"]
+    assert report.verdict == "pass", report.reasons
+    assert report.sandbox.startswith("namespaces"), report.sandbox
 
 
 # --- outputs that are wrong ------------------------------------------------------------------

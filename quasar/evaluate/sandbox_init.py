@@ -119,11 +119,24 @@ def _submounts(root: str) -> list[str]:
     return sorted(set(points), key=len)
 
 
+def _mount_tmpfs(root: str, target: str, options: str) -> None:
+    inner = _inside(root, target)
+    _make_mountpoint(inner, True)
+    _mount("tmpfs", inner, "tmpfs", MS_NOSUID | MS_NODEV, options)
+
+
 def build_root(config: dict) -> None:
     """Mount the private root under ``config['root_dir']`` and pivot into it."""
     root = config["root_dir"]
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=16m")
+
+    # Writable tmpfs first: a bind under one of them (a checkout or venv under /tmp) then lands on
+    # top of it instead of being hidden by it. Those under /dev wait for /dev's own tmpfs.
+    dev_tmpfs = [(target, options) for target, options in config["tmpfs"] if target.startswith("/dev/")]
+    for target, options in config["tmpfs"]:
+        if not target.startswith("/dev/"):
+            _mount_tmpfs(root, target, options)
 
     readonly_targets = []
     for source, target in config["ro_binds"]:
@@ -147,10 +160,8 @@ def build_root(config: dict) -> None:
                               ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(link_target, os.path.join(dev, name))
 
-    for target, options in config["tmpfs"]:
-        inner = _inside(root, target)
-        _make_mountpoint(inner, True)
-        _mount("tmpfs", inner, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    for target, options in dev_tmpfs:
+        _mount_tmpfs(root, target, options)
     _remount_readonly(dev)
 
     proc = _inside(root, "/proc")
