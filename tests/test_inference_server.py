@@ -17,7 +17,6 @@ import bittensor as bt
 import pytest
 import requests
 import torch
-import uvicorn
 
 from quasar import auth
 from quasar.chain.devchain import DevChain
@@ -25,6 +24,7 @@ from quasar.inference.client import verify_miner_logits
 from quasar.inference.server import InferenceLimits, create_inference_app
 from quasar.logits import (ChallengeLimits, Generation, LogitThresholds, draw_challenge, generate_with_logits,
                            load_reference_model)
+from servers import serving
 from tiny_qwen import TINY_VOCAB, make_tiny_qwen2
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,30 +69,10 @@ class Wrapped:
 
 
 @contextmanager
-def serving(app):
-    """Run ``app`` with uvicorn on a free 127.0.0.1 port in a thread; yield its base URL."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
-
-
-@contextmanager
 def miner_server(world, model=None, limits=InferenceLimits()):
     hotkey = world["wallets"]["miner"].hotkey.ss58_address
-    with serving(create_inference_app(model or world["served"], world["chain"], hotkey, limits)) as url:
-        yield url
+    with serving(create_inference_app(model or world["served"], world["chain"], hotkey, limits)) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 def challenge_miner(world, url, challenge=None, wallet="validator", timeout_s=20.0):

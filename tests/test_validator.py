@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -24,7 +23,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-import uvicorn
 from sqlalchemy import select
 
 from api_fixtures import ApiServer, api_config, make_wallet
@@ -42,6 +40,7 @@ from quasar.validator.logit_check import MinerLogitChecker
 from quasar.validator.loop import Validator
 from quasar.validator.devices import Device
 from quasar.validator.state import ABANDONED, FINISHED, IN_PROGRESS, EvaluationKey, ValidatorState, default_state_path
+from servers import serving
 from tests.hostile_forks import write_hostile_fork
 from tiny_qwen import make_tiny_qwen2
 
@@ -63,26 +62,6 @@ def git_commit_all(repo: Path, message: str) -> str:
         subprocess.run(["git", "-C", str(repo), *command], check=True, env=env, capture_output=True)
     return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
                           text=True).stdout.strip()
-
-
-@contextmanager
-def serving(app):
-    """``app`` under uvicorn on a free 127.0.0.1 port in a thread; yields the port."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "server did not start"
-        time.sleep(0.01)
-    try:
-        yield sock.getsockname()[1]
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 @pytest.fixture(scope="module")
