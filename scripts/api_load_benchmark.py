@@ -17,11 +17,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import secrets
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from quasar.api.db import Database, Submission  # noqa: E402
-from quasar.api.devdb import TemporaryPostgres, free_port  # noqa: E402
+from quasar.api.devdb import TemporaryPostgres, start_api_process  # noqa: E402
 from quasar.chain.devchain import DevChain  # noqa: E402
 
 
@@ -67,29 +65,6 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
         return float("nan")
     rank = max(1, min(len(sorted_values), round(fraction * len(sorted_values) + 0.5)))
     return sorted_values[rank - 1]
-
-
-def start_server(workdir: Path, database_url: str, chain_path: Path, api_hotkey: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    environ = {**os.environ, "API_HOTKEY": api_hotkey, "SUBTENSOR_NETWORK": "devchain", "NETUID": "24",
-               "DEVCHAIN_PATH": str(chain_path), "SUBMISSIONS_PER_HOUR": "1000000",
-               "PYTHONPATH": str(ROOT), "LOGGING_DEBUG": "false"}
-    log = open(workdir / "server.log", "w")
-    process = subprocess.Popen([sys.executable, "-m", "quasar.api", "serve", "--port", str(port),
-                                "--database-url", database_url], cwd=workdir, env=environ, stdout=log,
-                               stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SystemExit(f"the API server exited:\n{(workdir / 'server.log').read_text()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    process.kill()
-    raise SystemExit("the API server did not come up in 120 s")
 
 
 async def run_submitters(url: str, api_hotkey: str, keys: list[Keypair], requests_each: int,
@@ -137,7 +112,10 @@ def run_backend(backend: str, submitters: int, requests_each: int, console: Cons
             for key in keys:
                 chain.register(key.ss58_address, key.ss58_address)
             api_hotkey = Keypair.create_from_seed(secrets.token_bytes(32)).ss58_address
-            process, url = start_server(workdir, database_url, chain.path, api_hotkey)
+            try:
+                process, url = start_api_process(workdir, database_url, chain.path, api_hotkey)
+            except RuntimeError as error:
+                raise SystemExit(str(error)) from None
             try:
                 with Progress(TextColumn(f"[bold]{backend}"), BarColumn(), MofNCompleteColumn(),
                               TimeElapsedColumn(), console=console) as progress:

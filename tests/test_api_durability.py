@@ -3,55 +3,26 @@ every submission it acknowledged, on SQLite and on PostgreSQL, and carries on af
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import select
 
 from api_fixtures import chain, database_url, postgres, wallets  # noqa: F401  (fixtures)
 from quasar.api.client import ApiClient, ApiClientError
 from quasar.api.db import Database, Submission
-from quasar.api.devdb import free_port
+from quasar.api.devdb import start_api_process
 
-ROOT = Path(__file__).resolve().parents[1]
 MINERS = ("a", "b", "c")
-
-
-def start_server(tmp_path, chain, api_hotkey, database_url) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    environ = {**os.environ, "API_HOTKEY": api_hotkey, "SUBTENSOR_NETWORK": "devchain", "NETUID": "24",
-               "DEVCHAIN_PATH": str(chain.path), "SUBMISSIONS_PER_HOUR": "100000",
-               "PYTHONPATH": str(ROOT)}
-    log = open(tmp_path / f"server-{port}.log", "w")
-    # cwd is the test's folder, so no .env of the checkout is read.
-    process = subprocess.Popen([sys.executable, "-m", "quasar.api", "serve", "--port", str(port),
-                                "--database-url", database_url], cwd=tmp_path, env=environ,
-                               stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"server exited: {(tmp_path / f'server-{port}.log').read_text()}")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    process.kill()
-    raise AssertionError("server did not come up")
 
 
 @pytest.mark.slow
 def test_sigkill_mid_traffic_loses_no_acknowledged_submission(tmp_path, chain, wallets, database_url):
     api_hotkey = wallets["api"].hotkey.ss58_address
-    process, url = start_server(tmp_path, chain, api_hotkey, database_url)
+    process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, submissions_per_hour=100_000)
     acknowledged: dict[int, tuple[str, str]] = {}
     lock = threading.Lock()
     stop = threading.Event()
@@ -84,7 +55,7 @@ def test_sigkill_mid_traffic_loses_no_acknowledged_submission(tmp_path, chain, w
         thread.join(timeout=30)
     assert len(acknowledged) >= 60
 
-    process, url = start_server(tmp_path, chain, api_hotkey, database_url)
+    process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, submissions_per_hour=100_000)
     try:
         database = Database(database_url)
         with database.read() as session:
