@@ -454,25 +454,53 @@ def test_the_parent_rebuilds_every_forwards_seeds_from_the_reply():
         _iterations({"ok": True, "fingerprint": [[1.0]]}, 11, 12, 1, "test")
 
 
-@pytest.mark.parametrize(("forward_ns", "request_seconds", "length", "cap", "expected"), [
-    (None, 0.025, 512, 64, 1),
-    (1_000_000, 0.025, 512, 64, 25),
-    (1_100_000, 0.025, 512, 64, 23),
-    (30_000_000, 0.025, 1_000_000, 64, 1),
-    (3_400_000, 0.025, 100_000, 64, 8),
-    (10_000, 0.025, 512, 64, 64),
-    (10_000, 0.025, 1 << 20, 64, 2),
-    (1_000_000, 0.0, 512, 64, 1),
-    (0, 0.025, 512, 256, 256),
+@pytest.mark.parametrize(("length", "tokens", "cap", "expected"), [
+    (512, 1 << 18, 64, 64),
+    (1024, 1 << 18, 64, 64),
+    (2048, 1 << 18, 64, 64),
+    (8192, 1 << 18, 64, 32),
+    (100_000, 1 << 18, 64, 3),
+    (1_000_000, 1 << 18, 64, 1),
+    (512, 1 << 18, 256, 256),
+    (1 << 20, 1 << 22, 64, 2),
+    (512, 0, 64, 1),
+    (512, 5000, 64, 10),
 ])
-def test_count_makes_a_request_last_the_target_duration(forward_ns, request_seconds, length, cap, expected):
+def test_forwards_per_request_depend_on_the_length_alone(length, tokens, cap, expected):
     from quasar.evaluate.harness import MAX_TOKENS_PER_REQUEST, forwards_per_request
 
-    count = forwards_per_request(forward_ns, request_seconds, length, cap)
+    count = forwards_per_request(length, tokens, cap)
     assert count == expected
     assert 1 <= count <= cap and (count == 1 or count * length <= MAX_TOKENS_PER_REQUEST)
-    if forward_ns and request_seconds and count < min(cap, MAX_TOKENS_PER_REQUEST // length):
-        assert count * forward_ns >= request_seconds * 1e9 > (count - 1) * forward_ns
+    if 1 < count < min(cap, MAX_TOKENS_PER_REQUEST // length):
+        assert count * length >= tokens > (count - 1) * length
+
+
+def test_tokens_per_request_default_by_device():
+    from dataclasses import replace
+
+    from quasar.evaluate.harness import (
+        DEFAULT_TOKENS_PER_REQUEST,
+        EvaluationOptions,
+        tokens_per_request,
+    )
+
+    assert tokens_per_request(EvaluationOptions(device="cuda")) == DEFAULT_TOKENS_PER_REQUEST
+    assert tokens_per_request(EvaluationOptions(device="cuda:3")) == DEFAULT_TOKENS_PER_REQUEST
+    assert tokens_per_request(EvaluationOptions(device="cpu")) == 0
+    assert tokens_per_request(replace(EvaluationOptions(device="cpu"), tokens_per_request=4096)) == 4096
+
+
+def test_bad_tokens_per_request_is_refused(tmp_path):
+    from quasar.evaluate.harness import (
+        EvaluationInputError,
+        EvaluationOptions,
+        evaluate,
+    )
+
+    for bad in (-1, 1 << 30, 1.5):
+        with pytest.raises(EvaluationInputError, match="tokens_per_request"):
+            evaluate(tmp_path, 64, None, EvaluationOptions(device="cpu", tokens_per_request=bad))
 
 
 def test_verification_checks_every_forward_of_the_requests_it_picks():

@@ -7,7 +7,7 @@ process and may patch anything, and the parent trusts nothing it says without ch
 
 Requests (JSON headers; see protocol.py) and replies:
 
-- ``ping`` -> ``pong``
+- ``ping`` -> ``pong`` with ``cpus``, the CPUs this process may run on (sandbox start-up, before fork code)
 - ``calibrate {seq_len, input_seed, basis_seed, count}``: everything a ``run`` does except the
   layer (inputs, bases, fingerprints of a stand-in output, the seed chain) -> ``{ok}``
 - ``load {fork_dir, weights_seed}``: import the fork's ``fla.layers.quasar.QuasarAttention``,
@@ -37,6 +37,11 @@ import workload
 
 MAX_ERROR_CHARS = 4000
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def allowed_cpus() -> list[int] | None:
+    """The CPUs this process may run on (None where the OS does not say)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
 class LayerOutputError(Exception):
@@ -150,7 +155,7 @@ class Server:
             if op == "exit":
                 return
             if op == "ping":
-                self.channel.send({"ok": True, "op": "pong"})
+                self.channel.send({"ok": True, "op": "pong", "cpus": allowed_cpus()})
                 continue
             if op == "output":
                 self.send_output()

@@ -18,11 +18,14 @@ or batched together into one wider launch, whatever the fork does to the harness
 synchronisation or timers, and the reply cannot come before all of them are done. The parent
 rebuilds every forward's seeds from the reported fingerprints. A request's time per forward is
 its round trip less the harness's cost, divided by ``count``; the figure is the median over
-requests. ``count`` is chosen by the parent from the warm-up so that a request lasts about
-``request_seconds`` (25 ms; 1 at forwards longer than that, at most ``max_forwards_per_request``
-and :data:`MAX_TOKENS_PER_REQUEST` tokens): at 512 tokens a forward takes about 1 ms, as little as
-the pipe, JSON and scheduling around it, and a request of 25 forwards makes their share and its
-jitter small. What the harness adds (pipe, JSON, making each input and basis, the fingerprints
+requests. ``count`` depends on the length alone (:func:`forwards_per_request`): on CUDA as many
+forwards as make :data:`DEFAULT_TOKENS_PER_REQUEST` tokens (2^18), at most
+``max_forwards_per_request`` (64) and :data:`MAX_TOKENS_PER_REQUEST` tokens, so 512 to 4,096
+tokens run 64 forwards a request, 100k three and 1M one, in every evaluation; on CPU one. At
+512 tokens a forward takes about 1 ms, as little as the pipe, JSON and scheduling around it, and
+many forwards a request make their share and its jitter small. The count is never taken from a
+measured speed: short forwards are bound by the host CPU launching kernels, and a count that
+followed the warm-up's speed made evaluations differ in what they timed. What the harness adds (pipe, JSON, making each input and basis, the fingerprints
 and their one synchronisation per forward, the seed chain) is calibrated before any fork code is
 loaded, with the same code and sizes, at one and at :data:`CALIBRATION_COUNT` forwards per request
 (a cost per request plus one per forward), and its minimum over several runs is subtracted:
@@ -55,7 +58,10 @@ and on an H100 alike, at every length from 64 to 1M (benchmarks/RESULTS.md); zer
 skipped part give 0.3 and more.
 
 Stability. On CUDA the parent and the child busy-poll the pipe (:data:`GPU_SPIN_SECONDS`) rather
-than sleep between messages, so no request pays a scheduler wake-up or a cooled-down core. The
+than sleep between messages, so no request pays a scheduler wake-up or a cooled-down core, and
+the child and the parent's timing thread each run on a physical core of their own, never SMT
+siblings of each other, chosen from the GPU's index so that parallel evaluations on several GPUs
+get distinct cores (pinning.py; the parent's thread gets its CPUs back afterwards). The
 warm-up lasts ``warmup_runs`` requests and, on CUDA, at least ``warmup_seconds`` (1 s) of
 back-to-back forwards, so that compilation, the allocator's growth and the GPU's clock ramp are
 over before the first timed request (a count of warm-up forwards was 10 ms at 100k tokens). The
@@ -79,7 +85,7 @@ from pathlib import Path
 
 import torch
 
-from quasar.evaluate import protocol, workload
+from quasar.evaluate import pinning, protocol, workload
 from quasar.evaluate.report import (
     ERROR,
     FAIL,
@@ -126,7 +132,10 @@ VERIFY_ALL_UP_TO = 16384
 MAX_VERIFIED = 32
 VERIFY_SAMPLE = 4
 
-# Forwards per request: at most this many tokens in all (bounds a request and its verification).
+# Forwards per request (forwards_per_request): on CUDA as many as make this many tokens, within
+# max_forwards_per_request; at most MAX_TOKENS_PER_REQUEST tokens in all (bounds a request and
+# its verification).
+DEFAULT_TOKENS_PER_REQUEST = 1 << 18
 MAX_TOKENS_PER_REQUEST = 1 << 21
 # The count the parent may ask for; a reply's fingerprints must fit in protocol.MAX_HEADER_BYTES.
 MAX_FORWARDS_PER_REQUEST = 256
@@ -166,11 +175,13 @@ class EvaluationOptions:
     timed_seconds: float = 2.0
     weights_seed: int | None = None
     policy: SandboxPolicy = field(default_factory=SandboxPolicy)
-    # Each timed request runs as many forwards as fill this many seconds (from the warm-up's
-    # speed), at most max_forwards_per_request and MAX_TOKENS_PER_REQUEST tokens.
-    request_seconds: float = 0.025
+    # Each request runs as many forwards as make this many tokens (forwards_per_request), at most
+    # max_forwards_per_request; None: DEFAULT_TOKENS_PER_REQUEST on CUDA, one forward on CPU.
+    tokens_per_request: int | None = None
     max_forwards_per_request: int = 64
     warmup_seconds: float = 1.0
+    # Pin the child and the parent's timing thread to cores of their own (pinning.py); None: on CUDA only.
+    pin_cpus: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -292,16 +303,20 @@ def _reply_failure(reply: dict, seq_len: int | None, what: str) -> _ChildFailure
     return _ChildFailure(ERROR, f"{what} failed: {last_line}")
 
 
-def forwards_per_request(forward_ns: int | None, request_seconds: float, seq_len: int, max_forwards: int) -> int:
-    """How many forwards one timed request runs so that it lasts about ``request_seconds``.
-
-    ``forward_ns`` is the latest measured time per forward (None before any); the count is at
-    least 1, at most ``max_forwards`` and at most :data:`MAX_TOKENS_PER_REQUEST` tokens in all.
-    """
-    if forward_ns is None or request_seconds <= 0:
-        return 1
-    wanted = math.ceil(request_seconds * 1e9 / max(forward_ns, MIN_FORWARD_NS))
+def forwards_per_request(seq_len: int, tokens_per_request: int, max_forwards: int) -> int:
+    """How many forwards every request at ``seq_len`` runs: enough to make ``tokens_per_request``
+    tokens, at least 1, at most ``max_forwards`` and at most :data:`MAX_TOKENS_PER_REQUEST` tokens
+    in all. A function of the length and the options only, never of a measured speed, so every
+    evaluation times the same requests."""
+    wanted = math.ceil(tokens_per_request / seq_len)
     return max(1, min(wanted, max_forwards, MAX_TOKENS_PER_REQUEST // seq_len))
+
+
+def tokens_per_request(options: EvaluationOptions) -> int:
+    """``options.tokens_per_request``, or its default for the device (one forward on CPU)."""
+    if options.tokens_per_request is not None:
+        return options.tokens_per_request
+    return DEFAULT_TOKENS_PER_REQUEST if options.device.startswith("cuda") else 0
 
 
 def _calibrate(session: _Session, runs: dict[int, _LengthRun], timings: Timings,
@@ -403,9 +418,8 @@ def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, 
                 timings: Timings, progress: ProgressCallback) -> None:
     """Warm-up, timed requests, correctness run and repeat at one length; fills ``run``.
 
-    The warm-up lasts ``warmup_runs`` requests and, on CUDA, at least ``warmup_seconds``; each
-    warm-up request sizes the next, and the last one fixes the timed requests' count. The
-    harness's cost subtracted from each timed round trip is the least of the trusted calibration
+    Every request runs :func:`forwards_per_request` forwards. The warm-up lasts ``warmup_runs``
+    requests and, on CUDA, at least ``warmup_seconds``. The harness's cost subtracted from each timed round trip is the least of the trusted calibration
     and calibrations of the same count interleaved with the timed requests (fork code could slow
     those down, which the minimum ignores, or speed them up, which only lowers its own figure),
     and never more than half the fastest round trip.
@@ -416,17 +430,16 @@ def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, 
 
     started = time.monotonic()
     warmup_s = options.warmup_seconds if options.device.startswith("cuda") else 0.0
-    count, forward_ns, done = 1, None, 0
+    count = forwards_per_request(length, tokens_per_request(options), options.max_forwards_per_request)
+    request_s, done = None, 0
     while done < options.warmup_runs or time.monotonic() - started < warmup_s:
         progress(ProgressEvent("warmup", length, done, max(options.warmup_runs, done + 1)))
         request = _run_request(session, length, count, deadline, f"warm-up at T={length}")
-        forward_ns = _per_forward_ns(request, count, trusted.of(count))
-        count = forwards_per_request(forward_ns, options.request_seconds, length, options.max_forwards_per_request)
+        request_s = request.round_trip_ns / 1e9
         done += 1
     timings.warmup_s += time.monotonic() - started
 
-    request_s = count * (forward_ns if forward_ns is not None else MIN_FORWARD_NS) / 1e9
-    total = math.ceil(options.timed_seconds / max(request_s, 1e-9))
+    total = math.ceil(options.timed_seconds / max(request_s or 0.0, 1e-9))
     total = max(options.min_timed_runs, min(options.max_timed_runs, total))
     cost_ns = trusted.of(count)
     # ``total`` comes from the warm-up's estimate, which a busy host can make far too small; the
@@ -467,15 +480,39 @@ def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, 
     run.result.subtracted_us = cost_ns / count / 1e3
 
 
+def _cpu_plan(options: EvaluationOptions) -> tuple[pinning.CpuPlan | None, str]:
+    """Where the child and the timing thread run (pinning.py), and a note for the report."""
+    pin = options.pin_cpus if options.pin_cpus is not None else options.device.startswith("cuda")
+    if not pin:
+        return None, "not pinned (" + ("pin_cpus is off" if options.pin_cpus is False else "CPU device") + ")"
+    return pinning.plan_for(options.device)
+
+
+def _pinning_note(plan: pinning.CpuPlan | None, note: str, child_cpus: list[int] | None, timing_pinned: bool) -> str:
+    """What the report says about pinning: the plan, and where it did not take effect."""
+    if plan is None:
+        return note
+    problems = []
+    if child_cpus is not None and frozenset(child_cpus) != plan.child:
+        problems.append(f"the child runs on CPUs {pinning.format_cpu_list(child_cpus)} instead")
+    if not timing_pinned:
+        problems.append("the timing thread could not be pinned")
+    return note + "".join(f"; {problem}" for problem in problems)
+
+
 def _benchmark_in_sandbox(repo: Path, lengths: list[int], weights_seed: int, options: EvaluationOptions,
                           deadline: float, timings: Timings, progress: ProgressCallback,
                           report: EvaluationReport) -> dict[int, _LengthRun]:
+    """Start the sandboxed child and run every length in it; the parent's timing thread runs
+    pinned (if planned) until the child is gone, then gets its own CPUs back."""
     runs = {length: _LengthRun(LengthResult(seq_len=length)) for length in lengths}
     started = time.monotonic()
     progress(ProgressEvent("start"))
+    plan, note = _cpu_plan(options)
     try:
         spin = GPU_SPIN_SECONDS if options.device.startswith("cuda") else 0.0
-        child = SandboxedChild(repo, options.device, options.policy, spin_seconds=spin).__enter__()
+        child = SandboxedChild(repo, options.device, options.policy, spin_seconds=spin,
+                               cpus=plan.child if plan is not None else None).__enter__()
     except SandboxUnavailable as error:
         report.reasons.append(f"sandbox unavailable: {error}")
         return runs
@@ -485,40 +522,49 @@ def _benchmark_in_sandbox(repo: Path, lengths: list[int], weights_seed: int, opt
     try:
         timings.startup_s = time.monotonic() - started
         report.sandbox = child.isolation_note
-        session = _Session(child, deadline)
-        try:
-            harness_ns = _calibrate(session, runs, timings, progress)
-            started = time.monotonic()
-            progress(ProgressEvent("load"))
-            header = {"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed}
-            reply, _, _ = session.request(header, time.monotonic() + LOAD_TIMEOUT_S, "loading the fork's layer")
-            timings.load_s = time.monotonic() - started
-            if not reply.get("ok"):
-                raise _reply_failure(reply, None, "loading the fork's layer (fla.layers.quasar.QuasarAttention)")
-        except _ChildFailure as failure:
-            report.reasons.append(failure.message)
-            return runs
-        for length in lengths:
-            run = runs[length]
-            if length not in harness_ns:
-                break
-            try:
-                _run_length(session, run, options, harness_ns[length], timings, progress)
-            except _ChildFailure as failure:
-                run.result.status = failure.status
-                run.result.error = failure.message
-                run.timed, run.check, run.output, run.repeat = [], None, None, None
-                if failure.status != ERROR or child.process is None or child.process.poll() is not None:
-                    break
-                continue
-            logger.info("T=%d: %.0f tokens/s (median of %d, cv %.3f)", length, run.result.tokens_per_sec,
-                        run.result.timed_runs, run.result.cv)
+        with pinning.pinned(plan.timing if plan is not None else None) as timing_pinned:
+            report.cpu_pinning = _pinning_note(plan, note, child.child_cpus, timing_pinned)
+            _measure(child, runs, lengths, weights_seed, options, deadline, timings, progress, report)
     finally:
         child.close()
         report.log_tail = child.output.text()[-8000:]
         if child.stragglers_killed:
             report.reasons.append(f"{child.stragglers_killed} process(es) started by the fork outlived it and were killed")
     return runs
+
+
+def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[int], weights_seed: int,
+             options: EvaluationOptions, deadline: float, timings: Timings, progress: ProgressCallback,
+             report: EvaluationReport) -> None:
+    """Calibrate, load the fork and run every length in a started child; fills ``runs``."""
+    session = _Session(child, deadline)
+    try:
+        harness_ns = _calibrate(session, runs, timings, progress)
+        started = time.monotonic()
+        progress(ProgressEvent("load"))
+        header = {"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed}
+        reply, _, _ = session.request(header, time.monotonic() + LOAD_TIMEOUT_S, "loading the fork's layer")
+        timings.load_s = time.monotonic() - started
+        if not reply.get("ok"):
+            raise _reply_failure(reply, None, "loading the fork's layer (fla.layers.quasar.QuasarAttention)")
+    except _ChildFailure as failure:
+        report.reasons.append(failure.message)
+        return
+    for length in lengths:
+        run = runs[length]
+        if length not in harness_ns:
+            break
+        try:
+            _run_length(session, run, options, harness_ns[length], timings, progress)
+        except _ChildFailure as failure:
+            run.result.status = failure.status
+            run.result.error = failure.message
+            run.timed, run.check, run.output, run.repeat = [], None, None, None
+            if failure.status != ERROR or child.process is None or child.process.poll() is not None:
+                break
+            continue
+        logger.info("T=%d: %.0f tokens/s (median of %d, cv %.3f)", length, run.result.tokens_per_sec,
+                    run.result.timed_runs, run.result.cv)
 
 
 def _reference_output(reference: torch.nn.Module, iteration: _Iteration, length: int, device: str) -> torch.Tensor:
@@ -771,6 +817,10 @@ def evaluate(
     if not 1 <= options.max_forwards_per_request <= MAX_FORWARDS_PER_REQUEST:
         raise EvaluationInputError(f"max_forwards_per_request {options.max_forwards_per_request!r}: expected 1 "
                                    f"to {MAX_FORWARDS_PER_REQUEST}")
+    if options.tokens_per_request is not None and not (
+            isinstance(options.tokens_per_request, int) and 0 <= options.tokens_per_request <= MAX_TOKENS_PER_REQUEST):
+        raise EvaluationInputError(f"tokens_per_request {options.tokens_per_request!r}: expected an integer from 0 "
+                                   f"to {MAX_TOKENS_PER_REQUEST}")
     weights_seed = options.weights_seed if options.weights_seed is not None else _new_seed()
     report = EvaluationReport(
         verdict=FAIL, reasons=[], repo=str(repo), target_seq_len=target_seq_len, seq_lens=lengths,

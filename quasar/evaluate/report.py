@@ -50,7 +50,8 @@ class LengthResult:
     Speeds come from the parent's clock (see harness.py): ``timed_runs`` timed requests of
     ``forwards_per_request`` forwards each, one time per forward from each request (its round
     trip less the harness's cost, divided by the count; ``subtracted_us`` per forward);
-    ``tokens_per_sec`` from their median, ``cv`` over them. ``runs_verified`` counts the timed
+    ``tokens_per_sec`` from their median, ``tokens_per_sec_max`` from the fastest request (the
+    best the fork did here), ``tokens_per_sec_min`` from the slowest, ``cv`` over them. ``runs_verified`` counts the timed
     forwards checked against the reference (every forward of ``requests_verified`` requests).
     ``peak_vram_mb`` is what the fork's
     process reported (informational: fork code could fake it). ``rel_error`` is over the whole
@@ -125,6 +126,8 @@ class EvaluationReport:
     recommended_claim: float | None = None
     notes: list[str] = field(default_factory=list)
     sandbox: str = ""
+    # Where the child and the parent's timing thread ran (harness.py, pinning.py).
+    cpu_pinning: str = ""
     weights_seed: int | None = None
     timings: Timings = field(default_factory=Timings)
     log_tail: str = ""
@@ -177,7 +180,7 @@ def render_report(report: EvaluationReport, console: Any = None) -> None:
 
     console = console or Console()
     table = Table(title=f"{report.repo} on {report.device_name or report.device}", title_justify="left")
-    for column in ("T", "status", "tok/s", "min", "max", "cv", "MiB", "rel err", "1/8 max", "finite",
+    for column in ("T", "status", "tok/s (median)", "slowest", "fastest", "cv", "MiB", "rel err", "1/8 max", "finite",
                    "repeat", "correct"):
         table.add_column(column, justify="left" if column == "status" else "right")
     for key in sorted(report.lengths, key=int):
@@ -207,6 +210,7 @@ def render_report(report: EvaluationReport, console: Any = None) -> None:
         state = "ok" if report.import_check.ok else f"{len(report.import_check.errors)} error(s)"
         summary.add_row("import check", f"{state}, {len(report.import_check.warnings)} warning(s) ({report.import_check.profile})")
     summary.add_row("sandbox", report.sandbox or "-")
+    summary.add_row("CPUs", report.cpu_pinning or "-")
     summary.add_row("time", f"{report.timings.total_s:.1f} s in all, {report.timings.timed_s:.1f} s timed")
     console.print(summary)
     for note in report.notes:

@@ -3,7 +3,8 @@
 :class:`SandboxedChild` copies the fork (without ``.git``) and the harness's child code into a
 fresh temporary directory the parent owns, starts ``sandbox_init.py`` under ``unshare`` (new
 network, mount, PID, IPC and UTS namespaces; see that file for the private root it builds), and
-talks to it over a pipe pair it owns (protocol.py). Its stdout and stderr go to one pipe the
+talks to it over a pipe pair it owns (protocol.py). Given ``cpus``, the child starts with that
+CPU affinity (pinning.py). Its stdout and stderr go to one pipe the
 parent drains: the first and last :data:`KEPT_OUTPUT_BYTES` are kept, and a child writing more
 than ``max_output_bytes`` in all is killed. The child's environment holds only what
 :func:`scrubbed_environment` lists: no tokens, no wallet paths, HOME and TMPDIR inside the
@@ -39,7 +40,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quasar.evaluate import protocol
+from quasar.evaluate import pinning, protocol
 
 logger = logging.getLogger(__name__)
 
@@ -225,12 +226,17 @@ def _copy_tree(source: Path, destination: Path) -> None:
 class SandboxedChild:
     """One sandboxed child process serving the harness's requests; use as a context manager."""
 
-    def __init__(self, fork_dir: str | os.PathLike, device: str, policy: SandboxPolicy, spin_seconds: float = 0.0):
+    def __init__(self, fork_dir: str | os.PathLike, device: str, policy: SandboxPolicy, spin_seconds: float = 0.0,
+                 cpus: frozenset[int] | None = None):
         self.fork_source = Path(fork_dir).resolve()
         self.device = device
         self.policy = policy
         # Both ends busy-poll the pipe this long before sleeping (protocol.Channel).
         self.spin_seconds = spin_seconds
+        # The CPUs the child is started on (pinning.py); None leaves it the parent's.
+        self.cpus = cpus
+        # The CPUs the child said it may run on, in its first reply (before any fork code ran).
+        self.child_cpus: list[int] | None = None
         self.marker = secrets.token_hex(16)
         self.output = CapturedOutput()
         self.isolation = "none"
@@ -374,12 +380,14 @@ class SandboxedChild:
             if shutil.which("setpriv") is not None:
                 command = ["setpriv", "--pdeathsig", "KILL", *command]
         self.output = CapturedOutput()
-        self.process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            pass_fds=child_fds, start_new_session=True, env=config["env"], cwd=str(self.workdir),
-            # Only where setpriv is missing; the hook makes one system call.
-            preexec_fn=_die_with_parent if mode != "none" and command[0] != "setpriv" else None,  # noqa: PLW1509
-        )
+        # A new process inherits the affinity of the thread that starts it, and so does all it starts.
+        with pinning.pinned(self.cpus):
+            self.process = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                pass_fds=child_fds, start_new_session=True, env=config["env"], cwd=str(self.workdir),
+                # Only where setpriv is missing; the hook makes one system call.
+                preexec_fn=_die_with_parent if mode != "none" and command[0] != "setpriv" else None,  # noqa: PLW1509
+            )
         os.close(to_child_read)
         os.close(from_child_write)
         self.channel = protocol.Channel(from_child_read, to_child_write, spin_seconds=self.spin_seconds)
@@ -397,6 +405,9 @@ class SandboxedChild:
             raise SandboxUnavailable(f"the sandbox did not start ({error}): {self.output.text()[-2000:]}") from None
         if reply.get("kind") == "sandbox":
             raise SandboxUnavailable(str(reply.get("error")))
+        cpus = reply.get("cpus")
+        if isinstance(cpus, list) and all(isinstance(cpu, int) and not isinstance(cpu, bool) for cpu in cpus):
+            self.child_cpus = cpus
 
     def _drain(self) -> None:
         assert self.process is not None and self.process.stdout is not None
