@@ -25,10 +25,11 @@ tokens run 64 forwards a request, 100k three and 1M one, in every evaluation; on
 512 tokens a forward takes about 1 ms, as little as the pipe, JSON and scheduling around it, and
 many forwards a request make their share and its jitter small. The count is never taken from a
 measured speed: short forwards are bound by the host CPU launching kernels, and a count that
-followed the warm-up's speed made evaluations differ in what they timed. What the harness adds (pipe, JSON, making each input and basis, the fingerprints
-and their one synchronisation per forward, the seed chain) is calibrated before any fork code is
-loaded, with the same code and sizes, at one and at :data:`CALIBRATION_COUNT` forwards per request
-(a cost per request plus one per forward), and its minimum over several runs is subtracted:
+followed the warm-up's speed made evaluations differ in what they timed. What the harness adds
+(pipe, JSON, making each input and basis, the fingerprints and their one synchronisation per
+forward, the seed chain) is calibrated before any fork code is loaded, with the same code, sizes
+and count of forwards as the length's timed requests, and its minimum over several runs is
+subtracted:
 trusted and conservative (the fork is never credited with more than that minimum; calibrations
 of the same count interleaved with the timed requests can only lower it, and it never exceeds half
 the fastest round trip, so a calibration slowed by a noisy moment cannot inflate a figure). A fork
@@ -140,11 +141,10 @@ MAX_TOKENS_PER_REQUEST = 1 << 21
 # The count the parent may ask for; a reply's fingerprints must fit in protocol.MAX_HEADER_BYTES.
 MAX_FORWARDS_PER_REQUEST = 256
 
-# Calibration of the harness's own cost per request, before fork code is loaded: at one forward
-# and at CALIBRATION_COUNT forwards per request (a cost per request plus a cost per forward).
+# Calibration of the harness's own cost per request, before fork code is loaded, at each length's
+# count of forwards: the minimum of CALIBRATION_RUNS after CALIBRATION_WARMUP.
 CALIBRATION_WARMUP = 2
 CALIBRATION_RUNS = 7
-CALIBRATION_COUNT = 8
 # A forward time is never reported below this (calibration noise at tiny lengths).
 MIN_FORWARD_NS = 1000
 LOAD_TIMEOUT_S = 600.0
@@ -213,17 +213,6 @@ class _Request:
     iterations: list[_Iteration]
     round_trip_ns: int
     forward_ns: int = 0
-
-
-@dataclass(frozen=True)
-class HarnessCost:
-    """What the harness adds to a request of ``count`` forwards: ``per_request_ns + count * per_forward_ns``."""
-
-    per_request_ns: int
-    per_forward_ns: int
-
-    def of(self, count: int) -> int:
-        return self.per_request_ns + count * self.per_forward_ns
 
 
 @dataclass
@@ -319,33 +308,25 @@ def tokens_per_request(options: EvaluationOptions) -> int:
     return DEFAULT_TOKENS_PER_REQUEST if options.device.startswith("cuda") else 0
 
 
-def _calibrate(session: _Session, runs: dict[int, _LengthRun], timings: Timings,
-               progress: ProgressCallback) -> dict[int, HarnessCost]:
-    """Everything a request does but the layer, per length (trusted: no fork code yet).
-
-    The minimum round trip at one forward and at :data:`CALIBRATION_COUNT` forwards give a cost
-    per request and per forward. A length whose input does not even fit in memory is marked OOM,
-    with every longer one skipped.
-    """
+def _calibrate(session: _Session, runs: dict[int, _LengthRun], counts: dict[int, int], timings: Timings,
+               progress: ProgressCallback) -> dict[int, int]:
+    """Nanoseconds of everything a request of ``counts[T]`` forwards does but the layer, per length
+    (trusted: no fork code yet): the minimum round trip of :data:`CALIBRATION_RUNS`. A length
+    whose input does not even fit in memory is marked OOM, with every longer one skipped."""
     started = time.monotonic()
-    costs: dict[int, HarnessCost] = {}
+    costs: dict[int, int] = {}
     lengths = sorted(runs)
     for index, length in enumerate(lengths):
         progress(ProgressEvent("calibrate", length, index, len(lengths)))
-        fastest = {}
         try:
-            for count in (1, CALIBRATION_COUNT):
-                samples = [_harness_cost(session, length, count, session.deadline)
-                           for _ in range(CALIBRATION_WARMUP + CALIBRATION_RUNS)]
-                fastest[count] = min(samples[CALIBRATION_WARMUP:])
+            samples = [_harness_cost(session, length, counts[length], session.deadline)
+                       for _ in range(CALIBRATION_WARMUP + CALIBRATION_RUNS)]
         except _ChildFailure as failure:
             if failure.status != OOM:
                 raise
             runs[length].result.status, runs[length].result.error = OOM, failure.message
-            timings.calibration_s = time.monotonic() - started
-            return costs
-        per_forward = max(0, (fastest[CALIBRATION_COUNT] - fastest[1]) // (CALIBRATION_COUNT - 1))
-        costs[length] = HarnessCost(per_request_ns=max(0, fastest[1] - per_forward), per_forward_ns=per_forward)
+            break
+        costs[length] = min(samples[CALIBRATION_WARMUP:])
     timings.calibration_s = time.monotonic() - started
     return costs
 
@@ -414,13 +395,13 @@ def _per_forward_ns(request: _Request, count: int, cost_ns: int) -> int:
     return max((request.round_trip_ns - cost_ns) // count, MIN_FORWARD_NS)
 
 
-def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, trusted: HarnessCost,
+def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, count: int, trusted_ns: int,
                 timings: Timings, progress: ProgressCallback) -> None:
     """Warm-up, timed requests, correctness run and repeat at one length; fills ``run``.
 
-    Every request runs :func:`forwards_per_request` forwards. The warm-up lasts ``warmup_runs``
-    requests and, on CUDA, at least ``warmup_seconds``. The harness's cost subtracted from each timed round trip is the least of the trusted calibration
-    and calibrations of the same count interleaved with the timed requests (fork code could slow
+    Every warm-up and timed request runs ``count`` forwards. The warm-up lasts ``warmup_runs``
+    requests and, on CUDA, at least ``warmup_seconds``. The harness's cost subtracted from each
+    timed round trip is the least of the trusted calibration (``trusted_ns``) and calibrations of the same count interleaved with the timed requests (fork code could slow
     those down, which the minimum ignores, or speed them up, which only lowers its own figure),
     and never more than half the fastest round trip.
     """
@@ -430,7 +411,6 @@ def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, 
 
     started = time.monotonic()
     warmup_s = options.warmup_seconds if options.device.startswith("cuda") else 0.0
-    count = forwards_per_request(length, tokens_per_request(options), options.max_forwards_per_request)
     request_s, done = None, 0
     while done < options.warmup_runs or time.monotonic() - started < warmup_s:
         progress(ProgressEvent("warmup", length, done, max(options.warmup_runs, done + 1)))
@@ -441,7 +421,7 @@ def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, 
 
     total = math.ceil(options.timed_seconds / max(request_s or 0.0, 1e-9))
     total = max(options.min_timed_runs, min(options.max_timed_runs, total))
-    cost_ns = trusted.of(count)
+    cost_ns = trusted_ns
     # ``total`` comes from the warm-up's estimate, which a busy host can make far too small; the
     # wall clock ends the timed phase once ``timed_seconds`` have passed and the minimum is met.
     timed_started = time.monotonic()
@@ -539,7 +519,9 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
     """Calibrate, load the fork and run every length in a started child; fills ``runs``."""
     session = _Session(child, deadline)
     try:
-        harness_ns = _calibrate(session, runs, timings, progress)
+        counts = {length: forwards_per_request(length, tokens_per_request(options), options.max_forwards_per_request)
+                  for length in lengths}
+        harness_ns = _calibrate(session, runs, counts, timings, progress)
         started = time.monotonic()
         progress(ProgressEvent("load"))
         header = {"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed}
@@ -555,7 +537,7 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
         if length not in harness_ns:
             break
         try:
-            _run_length(session, run, options, harness_ns[length], timings, progress)
+            _run_length(session, run, options, counts[length], harness_ns[length], timings, progress)
         except _ChildFailure as failure:
             run.result.status = failure.status
             run.result.error = failure.message
