@@ -2,13 +2,21 @@
 """Five-run agreement of the evaluation harness on the starter fork, for benchmarks/RESULTS.md.
 
     python scripts/bench_harness.py --out DIR [--device cuda] [--runs 5] [--budget-seconds 300]
+        [--lens 512,1024,2048,100k] [--target 1M] [--timed-seconds S] [--warmup-seconds S]
+        [--tokens-per-request N] [--no-pin]
 
 Runs up to ``--runs`` separate evaluations (each a fresh sandbox) of the starter fork at
 ``--lens`` with target ``--target`` (default 512, 1024, 2048, 100k and 1M), and after each one
 prints the running agreement per length: the medians so far and their spread
-``max / min - 1``, which must stay within 2% on one H100. A new evaluation is not started when
-the last one's duration would overrun ``--budget-seconds``. Each report is written to DIR as JSON
-as soon as it exists, with ``summary.json`` rewritten after each; the overhead table is last.
+``max / min - 1``, which must stay within 2% on one H100, and beside them each evaluation's
+best (its fastest timed request) and their spread. A new evaluation is not started when the
+last one's duration would overrun ``--budget-seconds``. Each report is written to DIR as JSON as
+soon as it exists, with ``summary.json`` rewritten after each; the overhead table is last.
+
+On one H100 an evaluation of the five default lengths took 42–51 s (benchmarks/RESULTS.md; most
+of its overhead the fork's Triton compilation, paid again in every fresh sandbox), so five fit
+in about five minutes, and ``--budget-seconds 450`` ends the run within 8 minutes even if they
+are slower.
 """
 
 from __future__ import annotations
@@ -29,10 +37,22 @@ from rich.console import Console
 from rich.table import Table
 
 from quasar.evaluate.__main__ import parse_seq_lens
-from quasar.evaluate.harness import EvaluationOptions, evaluate
+from quasar.evaluate.harness import (
+    DEFAULT_TOKENS_PER_REQUEST,
+    EvaluationOptions,
+    evaluate,
+)
 from quasar.evaluate.report import EvaluationReport
 from quasar.evaluate.sandbox import SandboxPolicy
 from quasar.starter_fork import copy_starter_tree
+
+
+def parse_target(text: str) -> int:
+    """One length with the suffixes --lens accepts (``100k``, ``1M``)."""
+    lengths = parse_seq_lens(text)
+    if len(lengths) != 1:
+        raise argparse.ArgumentTypeError(f"expected one length, got {text!r}")
+    return lengths[0]
 
 
 def spread(values: list[float]) -> float:
@@ -49,8 +69,10 @@ def agreement(reports: list[EvaluationReport]) -> dict[str, dict]:
             found[key] = {"medians": None, "statuses": [item.status for item in items]}
             continue
         medians = [item.tokens_per_sec for item in items]
+        bests = [item.tokens_per_sec_max for item in items]
         found[key] = {
-            "medians": medians, "spread": spread(medians), "cv_max": max(item.cv for item in items),
+            "medians": medians, "spread": spread(medians), "bests": bests, "best_spread": spread(bests),
+            "cv_max": max(item.cv for item in items),
             "forwards_per_request": [item.forwards_per_request for item in items],
             "timed_requests": [item.timed_runs for item in items],
             "verified": [item.runs_verified for item in items],
@@ -61,18 +83,21 @@ def agreement(reports: list[EvaluationReport]) -> dict[str, dict]:
 
 
 def agreement_table(reports: list[EvaluationReport], found: dict[str, dict]) -> Table:
-    table = Table(title=f"agreement of {len(reports)} evaluation(s) ({reports[0].device_name}); bound 2%")
-    for column in ("T", "medians (tokens/s)", "spread", "cv of requests (max)", "forwards/request",
-                   "requests", "forwards verified", "rel error (max)", "subtracted µs/forward"):
-        table.add_column(column, justify="left" if column.startswith("medians") else "right")
+    table = Table(title=f"agreement of {len(reports)} evaluation(s) ({reports[0].device_name}); bound 2%; "
+                        "best = an evaluation's fastest timed request; spread = max / min - 1")
+    columns = ("T", "medians (tokens/s)", "spread", "bests (tokens/s)", "spread of bests", "cv of requests (max)",
+               "forwards/request", "requests", "forwards verified", "rel error (max)", "subtracted µs/forward")
+    for column in columns:
+        table.add_column(column, justify="left" if "(tokens/s)" in column else "right")
     for key, row in found.items():
         if row["medians"] is None:
-            table.add_row(f"{int(key):,}", f"not measured in every run: {row['statuses']}", *["-"] * 7)
+            table.add_row(f"{int(key):,}", f"not measured in every run: {row['statuses']}", *["-"] * (len(columns) - 2))
             continue
-        verdict = "green" if row["spread"] <= 0.02 else "red"
+        colour = {name: "green" if row[name] <= 0.02 else "red" for name in ("spread", "best_spread")}
         table.add_row(
-            f"{int(key):,}", " · ".join(f"{m:,.0f}" for m in row["medians"]), f"[{verdict}]{row['spread']:.2%}[/]",
-            f"{row['cv_max']:.3f}", ",".join(map(str, row["forwards_per_request"])),
+            f"{int(key):,}", " · ".join(f"{m:,.0f}" for m in row["medians"]),
+            f"[{colour['spread']}]{row['spread']:.2%}[/]", " · ".join(f"{b:,.0f}" for b in row["bests"]),
+            f"[{colour['best_spread']}]{row['best_spread']:.2%}[/]", f"{row['cv_max']:.3f}", ",".join(map(str, row["forwards_per_request"])),
             ",".join(map(str, row["timed_requests"])), ",".join(map(str, row["verified"])),
             f"{row['rel_error_max']:.2e}", ",".join(f"{u:.0f}" for u in row["subtracted_us"]),
         )
@@ -97,10 +122,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--lens", type=parse_seq_lens, default=(512, 1024, 2048, 100_000))
-    parser.add_argument("--target", type=int, default=1_000_000)
+    parser.add_argument("--lens", type=parse_seq_lens, default=(512, 1024, 2048, 100_000),
+                        help="lengths besides the target, e.g. 512,1024,2048,100k")
+    parser.add_argument("--target", type=parse_target, default=1_000_000, help="target length, e.g. 100000 or 1M")
     parser.add_argument("--budget-seconds", type=float, default=300.0,
                         help="start no evaluation that would end after this (by the last one's duration)")
+    defaults = EvaluationOptions()
+    parser.add_argument("--timed-seconds", type=float, default=defaults.timed_seconds,
+                        help="timed requests per length fill this long (default %(default)s)")
+    parser.add_argument("--warmup-seconds", type=float, default=defaults.warmup_seconds,
+                        help="warm-up per length on CUDA, at least (default %(default)s)")
+    parser.add_argument("--tokens-per-request", type=int, default=None,
+                        help=f"forwards per request make this many tokens (default {DEFAULT_TOKENS_PER_REQUEST} on CUDA)")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="leave the child and the timing thread on the CPUs the OS picks (for comparison)")
     parser.add_argument("--allow-unsandboxed", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -108,7 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     fork = Path(tempfile.mkdtemp(prefix="starter-")) / "fork"
     copy_starter_tree(fork)
-    options = EvaluationOptions(seq_lens=tuple(args.lens), device=args.device,
+    options = EvaluationOptions(seq_lens=tuple(args.lens), device=args.device, timed_seconds=args.timed_seconds,
+                                warmup_seconds=args.warmup_seconds, tokens_per_request=args.tokens_per_request,
+                                pin_cpus=False if args.no_pin else None,
                                 policy=SandboxPolicy(allow_unsandboxed=args.allow_unsandboxed))
     meta = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
             "options": {k: v for k, v in vars(options).items() if k != "policy"}}
@@ -124,11 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         last_s = time.monotonic() - begun
         reports.append(report)
         (args.out / f"evaluation_{index}.json").write_text(report.to_json())
-        console.print(f"evaluation {index}: {report.verdict} in {last_s:.0f} s; reasons: {report.reasons}")
+        console.print(f"evaluation {index}: {report.verdict} in {last_s:.0f} s; CPUs: {report.cpu_pinning}; "
+                      f"reasons: {report.reasons}")
         found = agreement(reports)
         console.print(agreement_table(reports, found))
         summary = {"meta": meta, "agreement": found,
-                   "timings": [report.to_dict()["timings"] for report in reports]}
+                   "timings": [report.to_dict()["timings"] for report in reports],
+                   "cpu_pinning": [report.cpu_pinning for report in reports]}
         (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     console.print(overhead_table(reports))
     console.print(f"sandbox: {reports[0].sandbox}; date {meta['date']}")

@@ -545,3 +545,36 @@ def test_recommended_claim_is_the_speed_three_in_four_requests_reached():
     assert reached >= 0.75 * len(durations)
     assert 4096 / (min(durations) / 1e9) >= claim >= 4096 / (max(durations) / 1e9)
     assert claim <= 4096 / (statistics.median(durations) / 1e9)
+
+
+def test_bench_harness_reports_the_spread_of_medians_and_of_bests():
+    import importlib.util
+    import io
+
+    from rich.console import Console
+
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "bench_harness.py")
+    spec = importlib.util.spec_from_file_location("bench_harness", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def report(median: float, best: float) -> EvaluationReport:
+        item = LengthResult(seq_len=512, status="ok", tokens_per_sec=median, tokens_per_sec_max=best,
+                            tokens_per_sec_min=median / 2, cv=0.1, rel_error=0.01, forwards_per_request=64, subtracted_us=1.5)
+        missing = LengthResult(seq_len=1024, status="oom")
+        return EvaluationReport(verdict="pass", reasons=[], repo="r", target_seq_len=1024, seq_lens=[512, 1024],
+                                device="cuda", device_name="gpu", import_check=None,
+                                lengths={"512": item, "1024": missing})
+
+    reports = [report(100.0, 200.0), report(104.0, 201.0), report(101.0, 202.0)]
+    found = bench.agreement(reports)
+    assert found["512"]["medians"] == [100.0, 104.0, 101.0] and found["512"]["bests"] == [200.0, 201.0, 202.0]
+    assert found["512"]["spread"] == pytest.approx(0.04) and found["512"]["best_spread"] == pytest.approx(0.01)
+    assert found["1024"] == {"medians": None, "statuses": ["oom"] * 3}
+    console = Console(file=io.StringIO(), width=300)
+    console.print(bench.agreement_table(reports, found))
+    text = console.file.getvalue()
+    assert "100 · 104 · 101" in text and "4.00%" in text and "200 · 201 · 202" in text and "1.00%" in text
+    assert bench.parse_target("1M") == 1_000_000 and bench.parse_target("100000") == 100_000
+    with pytest.raises(Exception, match="one length"):
+        bench.parse_target("512,1024")
