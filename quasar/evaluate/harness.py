@@ -401,9 +401,10 @@ def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, 
 
     Every warm-up and timed request runs ``count`` forwards. The warm-up lasts ``warmup_runs``
     requests and, on CUDA, at least ``warmup_seconds``. The harness's cost subtracted from each
-    timed round trip is the least of the trusted calibration (``trusted_ns``) and calibrations of the same count interleaved with the timed requests (fork code could slow
-    those down, which the minimum ignores, or speed them up, which only lowers its own figure),
-    and never more than half the fastest round trip.
+    timed round trip is the least of the trusted calibration (``trusted_ns``) and calibrations of
+    the same count interleaved with the timed requests (fork code could slow those down, which
+    the minimum ignores, or speed them up, which only lowers its own figure), and never more than
+    half the fastest round trip.
     """
     length = run.result.seq_len
     deadline = time.monotonic() + options.length_timeout_s
