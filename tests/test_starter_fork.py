@@ -477,8 +477,10 @@ def test_triton_kernels_match_naive_under_the_interpreter(interpreted, case):
 
 @pytest.mark.slow
 def test_triton_chunk_takes_bf16_inputs(interpreted):
+    # W and U are stored in the inputs' dtype (as upstream fla stores w and u), so bf16 inputs
+    # give the state bf16-sized errors, not only the output.
     errors = interpreted["chunk-bf16"]
-    assert errors["output"] < 1e-2 and errors["final_state"] < 1e-5, errors
+    assert errors["output"] < 1e-2 and errors["final_state"] < 1e-2, errors
 
 
 @pytest.mark.slow

@@ -7,20 +7,22 @@ C = 64 tokens are processed in the WY form (D = diag(alpha), A = (I + strict_tri
     O  = Q S + tril_incl(Q K^T) V'
     S <- (I - K^T A D K) S + K^T A D V               an affine map of S per chunk
 
-The map is affine, so the sequence is scanned in two levels (context parallel: batch 1 at long
-length fills the GPU):
+W and U depend on their chunk alone, and the map is affine in S, so the sequence is scanned in
+two levels (context parallel: batch 1 at long length fills the GPU):
 
+0. ``chunk_quasar_wy_kernel`` (wy.py): W and U of every chunk, one program per (chunk, head);
 1. ``chunk_quasar_segment_kernel``: one program per (segment of NS chunks, head) runs its
    chunks from S = 0, giving the segment's offset c and transition M = prod (I - K^T W), so that
-   S_end = M S_start + c;
+   S_end = M S_start + c (with ``split_transition``, c and M in two programs);
 2. ``chunk_quasar_combine_kernel``: per (sequence, head), a short sequential pass over the
    segments: S_start of each segment (stored over c) and the final state;
 3. ``chunk_quasar_output_kernel`` (chunk_intra_token_parallel.py): one program per (segment,
    head) walks its chunks again from the true start state and writes the outputs.
 
-alpha, A and the chunk states never leave the programs' registers; the only intermediates in
-memory are two small matrices per segment and head. Tunables (segment size, warps, stages,
-operand precision) come from tuning.json (tuning.py).
+Passes 1 and 3 do only 64-row tensor-core dots; the chunk states never leave registers. The
+intermediates in memory are W and U (the size of k and v) and two small matrices per segment
+and head. Tunables (segment size, warps, stages, operand precision) come from tuning.json
+(tuning.py).
 
 Layout is fla's [B, T, H, D]. With ``cu_seqlens`` (B = 1) the batch is several sequences laid end
 to end; chunks and segments never cross a sequence boundary and every sequence has its own state.
@@ -38,11 +40,12 @@ import triton.language as tl
 
 from fla.ops.quasar.chunk_intra_token_parallel import chunk_quasar_output
 from fla.ops.quasar.device import IS_TRITON_INTERPRETER, triton_can_run_on
-from fla.ops.quasar.forward_substitution import BLOCK_ROWS, block_solve, chunk_factors, forward_substitution_kernel, load_rows, mm
+from fla.ops.quasar.forward_substitution import BLOCK_ROWS, forward_substitution_kernel, load_rows, mm
 from fla.ops.quasar.gate import quasar_alpha_torch
+from fla.ops.quasar.segments import Spans, span_of, spans_of_sequence
 from fla.ops.quasar.tuning import QuasarTuning, load_tuning
+from fla.ops.quasar.wy import chunk_quasar_wy
 from fla.ops.utils.index import prepare_chunk_indices
-from fla.ops.utils.index import prepare_chunk_offsets
 from fla.utils import IS_AMD
 from fla.utils import autocast_custom_bwd
 from fla.utils import autocast_custom_fwd
@@ -53,20 +56,23 @@ from fla.utils import input_guard
 CHUNK_SIZE = 4 * BLOCK_ROWS.value
 MAX_HEAD_DIM = 128
 
-# autotune_cache_kwargs, check_shared_mem and forward_substitution_kernel are imported because
-# the subnet's import check requires these lines in chunk.py (QUASAR.md section 4); the kernels
-# here are launched with the tunables of tuning.json instead of fla's autotuner.
+# autotune_cache_kwargs, check_shared_mem, forward_substitution_kernel and prepare_chunk_indices
+# are imported because the subnet's import check requires these lines in chunk.py (QUASAR.md
+# section 4); the kernels here are launched with the tunables of tuning.json instead of fla's
+# autotuner, and segments.py builds the chunk tables.
 
 
 @triton.jit
 def chunk_quasar_segment_kernel(
     k,
-    v,
-    beta,
+    w,
+    u,
     seg_state,
     seg_trans,
     cu_seqlens,
     seg_indices,
+    seq_len,
+    segments_per_sequence,
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -75,50 +81,44 @@ def chunk_quasar_segment_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+    SPLIT: tl.constexpr,
 ):
-    """Per (segment, head): c = the state after the segment from S = 0, M = prod (I - K^T W)."""
-    i_s, i_h = tl.program_id(0), tl.program_id(1)
-    i_n = tl.load(seg_indices + i_s * 2)
-    i_g = tl.load(seg_indices + i_s * 2 + 1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    T = (tl.load(cu_seqlens + i_n + 1).to(tl.int64) - bos).to(tl.int32)
-    t_first = i_g * (NS * BT)
-    n_chunks = tl.minimum(tl.cdiv(T - t_first, BT), NS)
-    b_beta = tl.load(beta + i_h).to(tl.float32)
+    """Per (segment, head): c = the state after the segment from S = 0, M = prod (I - K^T W).
 
+    With SPLIT, two programs share a (segment, head): one computes c, the other M.
+    """
+    i_s, i_h = tl.program_id(0), tl.program_id(1)
+    bos, T, t_first = span_of(i_s, cu_seqlens, seg_indices, seq_len, segments_per_sequence, NS * BT, IS_VARLEN)
+    n_chunks = tl.minimum(tl.cdiv(T - t_first, BT), NS)
+    do_state = True
+    do_transition = True
+    if SPLIT:
+        do_state = tl.program_id(2) == 0
+        do_transition = tl.program_id(2) == 1
+    o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
-    o_c = tl.arange(0, BLOCK_ROWS)
     b_s = tl.zeros([BK, BV], dtype=tl.float32)
     b_m = tl.where(o_k[:, None] == o_k[None, :], 1.0, 0.0)
     for i_c in range(0, n_chunks):
-        r = t_first + i_c * BT + o_c
-        k0 = load_rows(k, bos, r, T, i_h, H, K, BK)
-        k1 = load_rows(k, bos, r + BLOCK_ROWS, T, i_h, H, K, BK)
-        k2 = load_rows(k, bos, r + 2 * BLOCK_ROWS, T, i_h, H, K, BK)
-        k3 = load_rows(k, bos, r + 3 * BLOCK_ROWS, T, i_h, H, K, BK)
-        a0, a1, a2, a3, i0, i1, i2, i3, l10, l20, l21, l30, l31, l32 = chunk_factors(k0, k1, k2, k3, b_beta, PRECISION)
-        # V' = A D (V - K S): the new values of the chunk.
-        u0 = a0[:, None] * (load_rows(v, bos, r, T, i_h, H, V, BV).to(tl.float32) - mm(k0, b_s, PRECISION))
-        u1 = a1[:, None] * (load_rows(v, bos, r + BLOCK_ROWS, T, i_h, H, V, BV).to(tl.float32) - mm(k1, b_s, PRECISION))
-        u2 = a2[:, None] * (load_rows(v, bos, r + 2 * BLOCK_ROWS, T, i_h, H, V, BV).to(tl.float32) - mm(k2, b_s, PRECISION))
-        u3 = a3[:, None] * (load_rows(v, bos, r + 3 * BLOCK_ROWS, T, i_h, H, V, BV).to(tl.float32) - mm(k3, b_s, PRECISION))
-        n0, n1, n2, n3 = block_solve(i0, i1, i2, i3, l10, l20, l21, l30, l31, l32, u0, u1, u2, u3, PRECISION)
-        # P = A D K M = W M, so that M <- (I - K^T W) M = M - K^T P.
-        p0, p1, p2, p3 = block_solve(
-            i0, i1, i2, i3, l10, l20, l21, l30, l31, l32,
-            a0[:, None] * mm(k0, b_m, PRECISION), a1[:, None] * mm(k1, b_m, PRECISION),
-            a2[:, None] * mm(k2, b_m, PRECISION), a3[:, None] * mm(k3, b_m, PRECISION), PRECISION,
-        )
-        b_s += mm(tl.trans(k0), n0, PRECISION) + mm(tl.trans(k1), n1, PRECISION)
-        b_s += mm(tl.trans(k2), n2, PRECISION) + mm(tl.trans(k3), n3, PRECISION)
-        b_m -= mm(tl.trans(k0), p0, PRECISION) + mm(tl.trans(k1), p1, PRECISION)
-        b_m -= mm(tl.trans(k2), p2, PRECISION) + mm(tl.trans(k3), p3, PRECISION)
+        r = t_first + i_c * BT + o_t
+        b_k = load_rows(k, bos, r, T, i_h, H, K, BK)
+        b_w = load_rows(w, bos, r, T, i_h, H, K, BK)
+        if do_state:
+            # S <- S + K^T (U - W S)
+            b_n = load_rows(u, bos, r, T, i_h, H, V, BV).to(tl.float32) - mm(b_w, b_s, PRECISION)
+            b_s += mm(tl.trans(b_k), b_n, PRECISION)
+        if do_transition:
+            # M <- (I - K^T W) M
+            b_m -= mm(tl.trans(b_k), mm(b_w, b_m, PRECISION), PRECISION)
 
     base = i_s.to(tl.int64) * H + i_h
     m_k = o_k < K
-    tl.store(seg_state + base * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_k[:, None] & (o_v < V)[None, :])
-    tl.store(seg_trans + base * K * K + o_k[:, None] * K + o_k[None, :], b_m, mask=m_k[:, None] & m_k[None, :])
+    if do_state:
+        tl.store(seg_state + base * K * V + o_k[:, None] * V + o_v[None, :], b_s, mask=m_k[:, None] & (o_v < V)[None, :])
+    if do_transition:
+        tl.store(seg_trans + base * K * K + o_k[:, None] * K + o_k[None, :], b_m, mask=m_k[:, None] & m_k[None, :])
 
 
 @triton.jit
@@ -126,6 +126,7 @@ def chunk_quasar_combine_kernel(
     seg_state,
     seg_trans,
     seg_offsets,
+    segments_per_sequence,
     h0,
     ht,
     H: tl.constexpr,
@@ -136,6 +137,7 @@ def chunk_quasar_combine_kernel(
     USE_INITIAL_STATE: tl.constexpr,
     STORE_FINAL_STATE: tl.constexpr,
     PRECISION: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
 ):
     """Per (value block, sequence x head): S_start of each segment in order, S <- M S + c.
 
@@ -143,8 +145,7 @@ def chunk_quasar_combine_kernel(
     """
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
-    first = tl.load(seg_offsets + i_n).to(tl.int64)
-    last = tl.load(seg_offsets + i_n + 1).to(tl.int64)
+    first, last = spans_of_sequence(i_n, seg_offsets, segments_per_sequence, IS_VARLEN)
     o_k = tl.arange(0, BK)
     m_k = o_k < K
     o_v = i_v * BV + tl.arange(0, BV)
@@ -280,23 +281,12 @@ def _operand_precision(dtype: torch.dtype, tuning: QuasarTuning) -> str:
     return "tf32"
 
 
-def segment_tables(cu_seqlens: torch.Tensor | None, batch: int, length: int, segment_tokens: int,
-                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``cu_seqlens``, one row (sequence, segment inside it) per segment, and the index of each
-    sequence's first segment plus the total. Equal lengths (no ``cu_seqlens``) need no host sync."""
-    if cu_seqlens is not None:
-        return (cu_seqlens, prepare_chunk_indices(cu_seqlens, segment_tokens),
-                prepare_chunk_offsets(cu_seqlens, segment_tokens))
-    per_sequence = triton.cdiv(length, segment_tokens)
-    cu_seqlens = torch.arange(0, batch + 1, device=device, dtype=torch.int32) * length
-    sequence = torch.arange(batch, device=device, dtype=torch.int32).repeat_interleave(per_sequence)
-    segment = torch.arange(per_sequence, device=device, dtype=torch.int32).repeat(batch)
-    offsets = torch.arange(0, batch + 1, device=device, dtype=torch.int32) * per_sequence
-    return cu_seqlens, torch.stack([sequence, segment], 1), offsets
+def chunk_quasar_fwd(q, k, v, beta, initial_state, output_final_state, cu_seqlens, tuning: QuasarTuning | None = None,
+                     gate: tuple[torch.Tensor, torch.Tensor, float] | None = None):
+    """The Triton forward. Returns ``o [B, T, H, V]`` (v's dtype) and the final state or None.
 
-
-def chunk_quasar_fwd(q, k, v, beta, initial_state, output_final_state, cu_seqlens, tuning: QuasarTuning | None = None):
-    """The Triton forward. Returns ``o [B, T, H, V]`` (v's dtype) and the final state or None."""
+    With ``gate = (g [B, T, H, V], weight [V], eps)`` the output is RMSNorm(o) * weight * sigmoid(g).
+    """
     tuning = tuning or load_tuning()
     B, T, H, K = k.shape
     V = v.shape[-1]
@@ -308,32 +298,38 @@ def chunk_quasar_fwd(q, k, v, beta, initial_state, output_final_state, cu_seqlen
         return v.new_empty(B, T, H, V), final_state
     if cu_seqlens is None:
         q, k, v = (x.reshape(1, B * T, H, x.shape[-1]) for x in (q, k, v))
+        if gate is not None:
+            gate = (gate[0].reshape(1, B * T, H, V), *gate[1:])
     NS = tuning.segment_chunks
-    cu_seqlens, seg_indices, seg_offsets = segment_tables(cu_seqlens, B, T, NS * CHUNK_SIZE, q.device)
+    segments = Spans(cu_seqlens, B, T, NS * CHUNK_SIZE)
     precision = _operand_precision(q.dtype, tuning)
     BK = max(16, triton.next_power_of_2(K))
     BV = max(16, triton.next_power_of_2(V))
     beta = beta.float().contiguous()
-    NSEG = seg_indices.shape[0]
 
-    seg_state = q.new_empty(NSEG, H, K, V, dtype=torch.float32)
-    seg_trans = q.new_empty(NSEG, H, K, K, dtype=torch.float32)
-    chunk_quasar_segment_kernel[(NSEG, H)](
-        k, v, beta, seg_state, seg_trans, cu_seqlens, seg_indices,
+    w, u = chunk_quasar_wy(k, v, beta, cu_seqlens, Spans(cu_seqlens, B, T, CHUNK_SIZE),
+                           precision=precision, num_warps=tuning.wy_warps)
+    seg_state = q.new_empty(segments.count, H, K, V, dtype=torch.float32)
+    seg_trans = q.new_empty(segments.count, H, K, K, dtype=torch.float32)
+    chunk_quasar_segment_kernel[(segments.count, H, 2 if tuning.split_transition else 1)](
+        k, w, u, seg_state, seg_trans, cu_seqlens, segments.indices, segments.seq_len, segments.per_sequence,
         H=H, K=K, V=V, BT=CHUNK_SIZE, NS=NS, BK=BK, BV=BV, PRECISION=precision,
+        IS_VARLEN=segments.is_varlen, SPLIT=tuning.split_transition,
         num_warps=tuning.segment_warps, num_stages=tuning.num_stages,
     )
     h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else None
     combine_block_v = min(BV, tuning.combine_block_v)
     chunk_quasar_combine_kernel[(triton.cdiv(V, combine_block_v), N * H)](
-        seg_state, seg_trans, seg_offsets, h0, final_state,
+        seg_state, seg_trans, segments.offsets, segments.per_sequence, h0, final_state,
         H=H, K=K, V=V, BK=BK, BV=combine_block_v,
         USE_INITIAL_STATE=h0 is not None, STORE_FINAL_STATE=final_state is not None,
-        PRECISION="ieee" if precision == "ieee" else "tf32", num_warps=tuning.combine_warps,
+        PRECISION="ieee" if precision == "ieee" else "tf32", IS_VARLEN=segments.is_varlen,
+        num_warps=tuning.combine_warps,
     )
     o = chunk_quasar_output(
-        q, k, v, beta, seg_state, cu_seqlens, seg_indices,
-        segment_chunks=NS, precision=precision, num_warps=tuning.output_warps, num_stages=tuning.num_stages,
+        q, k, w, u, seg_state, cu_seqlens, segments, gate=gate,
+        segment_chunks=NS, precision=precision,
+        num_warps=tuning.output_warps, num_stages=tuning.num_stages,
     )
     return o.reshape(B, T, H, V), final_state
 
@@ -399,3 +395,32 @@ def chunk_quasar(
     if q.dtype == torch.float64:
         raise ValueError("the Triton kernels take float32, bfloat16 or float16 inputs; got float64")
     return ChunkQuasarFunction.apply(q, k, v, beta, initial_state, output_final_state, cu_seqlens)
+
+
+def chunk_quasar_norm_gated(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`chunk_quasar` followed by ``RMSNorm(o) * norm_weight * sigmoid(g)`` per head, the
+    norm done in the output pass (the unnormalised output never goes to memory).
+
+    Forward only, on devices where the Triton kernels run: the layer uses it when no gradient is
+    needed, and :func:`chunk_quasar` with ``fla.ops.quasar.layer_kernels.rms_norm_gated`` otherwise.
+    ``g`` has v's shape, ``norm_weight`` is ``[V]``.
+    """
+    check_quasar_inputs(q, k, v, beta, initial_state, None)
+    if g.shape != v.shape or norm_weight.shape != v.shape[-1:]:
+        raise ValueError(f"g must be [B, T, H, V] = {list(v.shape)} and norm_weight [V]; "
+                         f"got {tuple(g.shape)}, {tuple(norm_weight.shape)}")
+    if not triton_can_run_on(q) or q.dtype == torch.float64:
+        raise ValueError("chunk_quasar_norm_gated runs the Triton kernels: it takes CUDA tensors of "
+                         f"float32, bfloat16 or float16; got {q.dtype} on {q.device}")
+    return chunk_quasar_fwd(q.contiguous(), k.contiguous(), v.contiguous(), beta, initial_state, output_final_state,
+                            None, gate=(g.contiguous(), norm_weight.contiguous(), float(eps)))

@@ -4,10 +4,11 @@ The chunked delta rule needs A = (I + strict_tril(D K K^T))^-1 applied to right-
 each chunk of C = 64 tokens (D = diag(alpha)). Inside the kernels the chunk is split into four
 blocks of 16 rows:
 
-- ``forward_substitution_kernel`` inverts a diagonal block, one row at a time: row i of the
-  inverse is e_i - sum_{j<i} L[i, j] A[j, :], every row j < i being final already;
-- ``chunk_factors`` computes alpha, the four diagonal inverses and the six off-diagonal blocks
-  L_ij = diag(alpha_i) K_i K_j^T of a chunk;
+- ``forward_substitution_batched`` inverts diagonal blocks, one row at a time: row i of the
+  inverse is e_i - sum_{j<i} L[i, j] A[j, :], every row j < i being final already (a batch of
+  blocks at once; ``forward_substitution_kernel`` is the one-block form);
+- ``chunk_factors`` computes alpha, the four diagonal inverses (together) and the six
+  off-diagonal blocks L_ij = diag(alpha_i) K_i K_j^T of a chunk;
 - ``block_solve`` solves (I + L) X = R block row by block row (tensor-core dots), so the 64x64
   inverse is never formed: X_i = A_ii (R_i - sum_{j<i} L_ij X_j).
 """
@@ -25,15 +26,26 @@ BLOCK_ROWS = tl.constexpr(16)
 
 
 @triton.jit
+def forward_substitution_batched(b_L, BT: tl.constexpr):
+    """(I + L)^-1 of each of a batch of strictly lower-triangular fp32 blocks ``b_L [NB, BT, BT]``.
+
+    Row i of each inverse is e_i - sum_{j<i} L[i, j] A[j, :]; the blocks of the batch take their
+    BT - 1 steps together, so the number of sequential steps does not grow with the batch.
+    """
+    o_i = tl.arange(0, BT)
+    row = o_i[None, :, None]
+    b_A = tl.where(row == o_i[None, None, :], 1.0, 0.0) + tl.zeros_like(b_L)
+    for i in range(1, BT):
+        b_l = tl.sum(tl.where(row == i, b_L, 0.0), 1)
+        b_a = tl.sum(b_l[:, :, None] * b_A, 1)
+        b_A = tl.where(row == i, b_A - b_a[:, None, :], b_A)
+    return b_A
+
+
+@triton.jit
 def forward_substitution_kernel(b_L, BT: tl.constexpr):
     """(I + L)^-1 of a strictly lower-triangular fp32 block ``b_L [BT, BT]`` (a device function)."""
-    o_i = tl.arange(0, BT)
-    b_A = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
-    for i in range(1, BT):
-        b_l = tl.sum(tl.where(o_i[:, None] == i, b_L, 0.0), 0)
-        b_a = tl.sum(b_l[:, None] * b_A, 0)
-        b_A = tl.where(o_i[:, None] == i, b_A - b_a[None, :], b_A)
-    return b_A
+    return tl.reshape(forward_substitution_batched(tl.reshape(b_L, (1, BT, BT)), BT), (BT, BT))
 
 
 @triton.jit
@@ -46,28 +58,46 @@ def mm(a, b, PRECISION: tl.constexpr):
 
 
 @triton.jit
-def load_rows(x, bos, rows, T, i_h, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
-    """Rows ``rows`` (positions inside the sequence starting at ``bos``) of head ``i_h`` of a
-    ``[1, T_total, H, D]`` tensor as a ``[len(rows), BD]`` block; rows at or past ``T`` are zero."""
-    o_d = tl.arange(0, BD)
-    mask = (rows < T)[:, None] & (o_d < D)[None, :]
-    return tl.load(x + ((bos + rows)[:, None] * H + i_h) * D + o_d[None, :], mask=mask, other=0.0)
+def load_block(x, bos, rows, cols, T, i_h, H: tl.constexpr, D: tl.constexpr):
+    """Rows ``rows`` (positions inside the sequence starting at ``bos``) and columns ``cols`` of
+    head ``i_h`` of a ``[1, T_total, H, D]`` tensor; rows at or past ``T``, columns past D are zero."""
+    mask = (rows < T)[:, None] & (cols < D)[None, :]
+    return tl.load(x + ((bos + rows)[:, None] * H + i_h) * D + cols[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
-def chunk_factors(k0, k1, k2, k3, b_beta, PRECISION: tl.constexpr):
+def load_rows(x, bos, rows, T, i_h, H: tl.constexpr, D: tl.constexpr, BD: tl.constexpr):
+    """Rows ``rows`` of head ``i_h`` of a ``[1, T_total, H, D]`` tensor as a ``[len(rows), BD]`` block."""
+    return load_block(x, bos, rows, tl.arange(0, BD), T, i_h, H, D)
+
+
+@triton.jit
+def store_block(x, value, bos, rows, cols, T, i_h, H: tl.constexpr, D: tl.constexpr):
+    """Write ``value`` where :func:`load_block` reads (rows at or past ``T`` are left alone)."""
+    mask = (rows < T)[:, None] & (cols < D)[None, :]
+    tl.store(x + ((bos + rows)[:, None] * H + i_h) * D + cols[None, :], value.to(x.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def chunk_factors(k0, k1, k2, k3, k_blocks, b_beta, PRECISION: tl.constexpr):
     """alpha of each block, the inverses of the diagonal blocks of (I + strict_tril(D K K^T)),
-    and its blocks below the diagonal, for one chunk of four 16-row key blocks."""
+    and its blocks below the diagonal, for one chunk of four 16-row key blocks (``k_blocks`` is
+    the same chunk as one ``[4, 16, BK]`` block: the diagonal blocks are inverted together)."""
     o_c = tl.arange(0, BLOCK_ROWS)
-    strict = o_c[:, None] > o_c[None, :]
+    strict = (o_c[:, None] > o_c[None, :])[None, :, :]
+    k_float = k_blocks.to(tl.float32)
+    alpha = quasar_alpha(tl.sum(k_float * k_float, 2), b_beta)
+    gram = mm(k_blocks, tl.permute(k_blocks, (0, 2, 1)), PRECISION)
+    inverses = forward_substitution_batched(tl.where(strict, gram * alpha[:, :, None], 0.0), BLOCK_ROWS)
+    o_b = tl.arange(0, 4)[:, None, None]
+    i0 = tl.sum(tl.where(o_b == 0, inverses, 0.0), 0)
+    i1 = tl.sum(tl.where(o_b == 1, inverses, 0.0), 0)
+    i2 = tl.sum(tl.where(o_b == 2, inverses, 0.0), 0)
+    i3 = tl.sum(tl.where(o_b == 3, inverses, 0.0), 0)
     a0 = quasar_alpha(tl.sum(k0.to(tl.float32) * k0.to(tl.float32), 1), b_beta)
     a1 = quasar_alpha(tl.sum(k1.to(tl.float32) * k1.to(tl.float32), 1), b_beta)
     a2 = quasar_alpha(tl.sum(k2.to(tl.float32) * k2.to(tl.float32), 1), b_beta)
     a3 = quasar_alpha(tl.sum(k3.to(tl.float32) * k3.to(tl.float32), 1), b_beta)
-    i0 = forward_substitution_kernel(tl.where(strict, mm(k0, tl.trans(k0), PRECISION) * a0[:, None], 0.0), BLOCK_ROWS)
-    i1 = forward_substitution_kernel(tl.where(strict, mm(k1, tl.trans(k1), PRECISION) * a1[:, None], 0.0), BLOCK_ROWS)
-    i2 = forward_substitution_kernel(tl.where(strict, mm(k2, tl.trans(k2), PRECISION) * a2[:, None], 0.0), BLOCK_ROWS)
-    i3 = forward_substitution_kernel(tl.where(strict, mm(k3, tl.trans(k3), PRECISION) * a3[:, None], 0.0), BLOCK_ROWS)
     l10 = mm(k1, tl.trans(k0), PRECISION) * a1[:, None]
     l20 = mm(k2, tl.trans(k0), PRECISION) * a2[:, None]
     l21 = mm(k2, tl.trans(k1), PRECISION) * a2[:, None]

@@ -5,9 +5,12 @@ optional, defaults in :data:`DEFAULTS`:
 
 ``segment_chunks``    chunks of 64 tokens per segment of the two-level scan (power of two, 1..256):
                       more means fewer segment programs and a shorter sequential combine.
+``wy_warps``          num_warps of the WY kernel (pass 0: W and U of every chunk).
 ``segment_warps``     num_warps of the segment kernel (pass 1: segment-local state and transition).
+``split_transition``  pass 1 computes a segment's state and its transition in two programs
+                      (true/false): twice the programs, half the sequential work each.
 ``output_warps``      num_warps of the output kernel (pass 3: states and outputs).
-``num_stages``        software-pipelining depth of those two kernels (1..4).
+``num_stages``        software-pipelining depth of passes 1 and 3 (1..4).
 ``combine_block_v``   value columns per program of the sequential combine (pass 2): 16, 32 or 64.
 ``combine_warps``     num_warps of the combine kernel.
 ``precision``         tensor-core operands for bf16 inputs: "bf16" (fast) or "tf32" (closer).
@@ -31,8 +34,10 @@ TUNING_FILE = Path(__file__).with_name("tuning.json")
 class QuasarTuning:
     """One set of tunables (see the module docstring for each field)."""
 
-    segment_chunks: int = 16
+    segment_chunks: int = 32
+    wy_warps: int = 1
     segment_warps: int = 4
+    split_transition: bool = False
     output_warps: int = 4
     num_stages: int = 1
     combine_block_v: int = 16
@@ -45,7 +50,9 @@ DEFAULTS = QuasarTuning()
 
 _ALLOWED = {
     "segment_chunks": {1, 2, 4, 8, 16, 32, 64, 128, 256},
+    "wy_warps": {1, 2, 4, 8, 16},
     "segment_warps": {1, 2, 4, 8, 16},
+    "split_transition": {True, False},
     "output_warps": {1, 2, 4, 8, 16},
     "num_stages": {1, 2, 3, 4},
     "combine_block_v": {16, 32, 64},
@@ -65,7 +72,7 @@ def parse_tuning(values: dict, source: str = "tuning") -> QuasarTuning:
         if key == "layer_tile_tokens":
             if not isinstance(value, int) or isinstance(value, bool) or value < 64 or value % 64:
                 raise ValueError(f"{source}: layer_tile_tokens must be a positive multiple of 64; got {value!r}")
-        elif value not in _ALLOWED[key] or isinstance(value, bool):
+        elif value not in _ALLOWED[key] or isinstance(value, bool) != (key == "split_transition"):
             raise ValueError(f"{source}: {key} must be one of {sorted(_ALLOWED[key])}; got {value!r}")
     return dataclasses.replace(DEFAULTS, **values)
 
