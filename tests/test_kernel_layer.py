@@ -59,21 +59,25 @@ SCRIPT = textwrap.dedent(
     tuning.TUNING_FILE.write_text('{"layer_tile_tokens": 128, "segment_chunks": 1}')
     tuning.load_tuning.cache_clear()
     res["layer-tiles"] = relative_error(layer(x)[0], expected)
+    with torch.inference_mode():  # without gradients each tile projects straight into the output
+        res["layer-tiles-inference"] = relative_error(layer(x)[0], expected)
     cache = Cache()
     pieces = [layer(x[:, :130], past_key_values=cache, use_cache=True)[0]]
     pieces += [layer(x[:, t:t + 1], past_key_values=cache, use_cache=True)[0] for t in range(130, 132)]
     pieces.append(layer(x[:, 132:], past_key_values=cache, use_cache=True)[0])
     res["layer-decoding"] = relative_error(torch.cat(pieces, 1), expected)
 
-    # the two-level scan: every segment size, segments longer than the sequence, batch and states
+    # the two-level scan: every segment size, segments longer than the sequence, batch and states,
+    # the transition in the state's program or its own
     g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(2, 200, 2, 16, generator=g) for _ in range(3))
-    k = k * 0.3
+    q, k, v = (torch.randn(2, 200, 2, 32, generator=g) for _ in range(3))
+    k = k * 0.2
     beta = torch.rand(2, generator=g) * 2 + 0.1
-    h0 = torch.randn(2, 2, 16, 16, generator=g) * 0.1
+    h0 = torch.randn(2, 2, 32, 32, generator=g) * 0.1
     ref_o, ref_s = naive_quasar(q.double(), k.double(), v.double(), beta.double(), h0.double(), output_final_state=True)
-    for chunks in (1, 2, 4):
-        o, s = chunk_quasar_fwd(q, k, v, beta, h0, True, None, tuning.QuasarTuning(segment_chunks=chunks))
+    for chunks, split in ((1, True), (2, False), (4, True)):
+        variant = tuning.QuasarTuning(segment_chunks=chunks, split_transition=split)
+        o, s = chunk_quasar_fwd(q, k, v, beta, h0, True, None, variant)
         res[f"segments-{chunks}"] = max(relative_error(o, ref_o), relative_error(s, ref_s))
     print(json.dumps(res))
     """
@@ -100,12 +104,12 @@ def test_fused_layer_kernels_match_the_modules(interpreted, case):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["layer", "layer-tiles", "layer-decoding"])
+@pytest.mark.parametrize("case", ["layer", "layer-tiles", "layer-tiles-inference", "layer-decoding"])
 def test_fused_tiled_layer_matches_reference(interpreted, case):
     assert interpreted[case] < 1e-5, interpreted
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("chunks", [1, 2, 4])
-def test_two_level_scan_matches_naive_at_every_segment_size(interpreted, chunks):
+def test_two_level_scan_matches_naive_at_every_segment_size_and_split(interpreted, chunks):
     assert interpreted[f"segments-{chunks}"] < 1e-5, interpreted

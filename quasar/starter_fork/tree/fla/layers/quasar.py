@@ -13,7 +13,8 @@ projections, convolutions (continuing from the previous tile's last inputs), cor
 from its state) and output are computed before the next, so the intermediates of only one tile
 are ever in memory. The input projections W_q, W_k, W_v and W_g1 run as one matrix product; where
 the Triton kernels run, the three convolutions + SiLU run as one kernel reading that product in
-place, and the RMSNorm + gate as another (fla.ops.quasar.layer_kernels).
+place, and the RMSNorm + gate as another (fla.ops.quasar.layer_kernels), or, when no gradient is
+needed, inside the core's output pass (``chunk_quasar_norm_gated``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from fla.models.utils import Cache
 from fla.modules import FusedRMSNormGated, ShortConvolution
 from fla.ops.quasar import chunk_quasar, fused_recurrent_quasar
+from fla.ops.quasar.chunk import chunk_quasar_norm_gated
 from fla.ops.quasar.device import triton_can_run_on
 from fla.ops.quasar.layer_kernels import causal_conv_silu, rms_norm_gated
 from fla.ops.quasar.tuning import load_tuning
@@ -136,11 +138,18 @@ class QuasarAttention(nn.Module):
                 hidden_states[:, start:stop], recurrent_state, conv_state, carry, cu_seqlens
             )
             if stop == length and start == 0:
-                o = y
+                o = self.o_proj(y)
+                continue
+            if o is None:
+                o = y.new_empty(y.shape[0], length, self.hidden_size)
+            out = o[:, start:stop]
+            if out.is_contiguous() and not torch.is_grad_enabled():
+                # The tile's output projection straight into its rows (autocast skips out= calls,
+                # so the weight takes y's dtype here, as autocast would give it; out= calls are
+                # not differentiable, so with gradients the rows are copied).
+                torch.matmul(y, self.o_proj.weight.to(y.dtype).t(), out=out)
             else:
-                if o is None:
-                    o = y.new_empty(y.shape[0], length, y.shape[-1])
-                o[:, start:stop] = y
+                out.copy_(self.o_proj(y))
         if past_key_values is not None:
             past_key_values.update(
                 recurrent_state=recurrent_state, conv_state=conv_state if self.use_short_conv else None,
@@ -153,8 +162,9 @@ class QuasarAttention(nn.Module):
         return o, None, past_key_values
 
     def _forward_tile(self, x, recurrent_state, conv_state, carry, cu_seqlens):
-        """One tile ``x [B, L, hidden]`` from the states after the previous one: returns the
-        output and, when ``carry``, the states after this tile (else None)."""
+        """One tile ``x [B, L, hidden]`` from the states after the previous one: returns its
+        gated, normalised heads ``[B, L, H * D]`` (the output projection's input) and, when
+        ``carry``, the states after this tile (else None)."""
         weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj[0].weight])
         projected = F.linear(x, weight)
         qkv, g = projected.split([2 * self.key_dim + self.value_dim, self.head_dim], -1)
@@ -175,14 +185,22 @@ class QuasarAttention(nn.Module):
         q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v))
 
         beta = F.softplus(self.beta_log.float())
+        # g_proj[1] on a 2-D view: one matrix product with its bias (3-D strided input costs an
+        # extra pass for the bias).
+        g = self.g_proj[1](g.flatten(0, -2)).unflatten(0, g.shape[:-1]).unflatten(-1, (self.num_heads, self.head_dim))
+        fused_norm = fused and self.o_norm.activation == "sigmoid" and self.o_norm.weight is not None
+        if fused_norm and self.mode == "chunk" and not torch.is_grad_enabled():
+            o, recurrent_state = chunk_quasar_norm_gated(
+                q, k, v, beta, g, self.o_norm.weight, self.o_norm.eps,
+                initial_state=recurrent_state, output_final_state=carry,
+            )
+            return o.flatten(-2), recurrent_state, conv_state
         kernel = chunk_quasar if self.mode == "chunk" else fused_recurrent_quasar
         o, recurrent_state = kernel(
             q, k, v, beta, initial_state=recurrent_state, output_final_state=carry, cu_seqlens=cu_seqlens,
         )
-        g = self.g_proj[1](g).unflatten(-1, (self.num_heads, self.head_dim))
-        if fused and self.o_norm.activation == "sigmoid" and self.o_norm.weight is not None:
+        if fused_norm:
             o = rms_norm_gated(o, g, self.o_norm.weight, self.o_norm.eps)
         else:
             o = self.o_norm(o, g)
-        o = self.o_proj(o.flatten(-2))
-        return o, recurrent_state, conv_state
+        return o.flatten(-2), recurrent_state, conv_state

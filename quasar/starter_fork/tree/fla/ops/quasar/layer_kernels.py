@@ -44,25 +44,30 @@ def causal_conv_silu_kernel(
         b_x = tl.load(x + i_b.to(tl.int64) * stride_xb + r.to(tl.int64)[:, None] * stride_xt + o_c[None, :],
                       mask=m_x, other=0.0).to(tl.float32)
         if HAS_CACHE:
-            # x_{-j} is cache[..., W - j] (the cache holds the last W inputs, the newest last).
-            m_h = ((r < 0) & (r >= -W))[:, None] & m_c[None, :]
-            b_x += tl.load(cache + (i_b * C + o_c[None, :]) * W + (W + r)[:, None], mask=m_h, other=0.0).to(tl.float32)
+            if i_t == 0:  # only the first block of tokens reaches back into the cache
+                # x_{-j} is cache[..., W - j] (the cache holds the last W inputs, the newest last).
+                m_h = ((r < 0) & (r >= -W))[:, None] & m_c[None, :]
+                b_x += tl.load(cache + (i_b * C + o_c[None, :]) * W + (W + r)[:, None], mask=m_h, other=0.0).to(tl.float32)
         b_w = tl.load(w + o_c * W + (W - 1 - s), mask=m_c, other=0.0).to(tl.float32)
         acc += b_x * b_w[None, :]
     acc = acc * tl.sigmoid(acc)
-    group = o_c // CG
-    p_y = ((group.to(tl.int64) * B + i_b)[None, :] * T + o_t[:, None]) * CG + (o_c % CG)[None, :]
+    # A block of channels lies inside one group (BC divides CG): its columns stay contiguous.
+    group = (i_c * BC) // CG
+    o_g = (i_c * BC) % CG + tl.arange(0, BC)
+    p_y = ((group.to(tl.int64) * B + i_b) * T + o_t[:, None]) * CG + o_g[None, :]
     tl.store(y + p_y, acc.to(y.dtype.element_ty), mask=(o_t < T)[:, None] & m_c[None, :])
 
 
 def causal_conv_silu(
-    x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None, groups: int, output_final_state: bool
+    x: torch.Tensor, weight: torch.Tensor, cache: torch.Tensor | None, groups: int, output_final_state: bool,
+    block: tuple[int, int, int] = (16, 64, 4),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """SiLU(causal depthwise conv(x)) for ``x [B, T, C]`` (any row stride; unit column stride),
     ``weight [C, W]``, ``cache [B, C, W]`` (the W inputs before x, newest last) or None (zeros).
 
     Returns ``y [groups, B, T, C / groups]`` in x's dtype (group g holds channels g*C/groups on)
-    and, with ``output_final_state``, the cache after x ``[B, C, W]``.
+    and, with ``output_final_state``, the cache after x ``[B, C, W]``. ``block`` is (tokens,
+    channels, warps) per program: small blocks were fastest on an H100 (benchmarks/RESULTS.md).
     """
     B, T, C = x.shape
     W = weight.shape[-1]
@@ -72,11 +77,12 @@ def causal_conv_silu(
     weight = weight.reshape(C, W).contiguous()
     if cache is not None:
         cache = cache.to(x.dtype).contiguous()
-    BT, BC = 64, 128
+    BT, BC, warps = block
+    BC = min(BC, (C // groups) & -(C // groups))  # a power of two dividing the group's width
     if T:
         causal_conv_silu_kernel[(triton.cdiv(T, BT), triton.cdiv(C, BC), B)](
             x, weight, cache, y, B, T, x.stride(0), x.stride(1),
-            C=C, CG=C // groups, W=W, BT=BT, BC=BC, HAS_CACHE=cache is not None, num_warps=4,
+            C=C, CG=C // groups, W=W, BT=BT, BC=BC, HAS_CACHE=cache is not None, num_warps=warps,
         )
     final = None
     if output_final_state:
