@@ -10,7 +10,9 @@
 3. Speed and peak memory of the fork's layer (best variant) at ``--lengths``; with ``--upstream``,
    the same layer with upstream fla's ``chunk_delta_rule`` as its core (``fla-core`` on the path of a
    child process, since both packages are named ``fla``), side by side.
-4. Where the time goes at the longest length: device time per kernel (torch.profiler).
+4. Where the time goes at the longest length: device time per kernel and per operator
+   (torch.profiler), and the registers and spills of each compiled kernel.
+5. With ``--conv-blocks``, the causal conv kernel alone under each block shape.
 
 Everything is written to DIR (``bench.json``, ``log.txt``); the tables are printed last.
 """
@@ -77,15 +79,16 @@ def time_forward(layer: nn.Module, length: int, runs: int, warmup: int = 2) -> t
     return statistics.median(times), peak
 
 
-def kernel_breakdown(layer: nn.Module, length: int) -> list[dict]:
-    """Device time per kernel name for one forward (after a warm-up), largest first."""
+def kernel_breakdown(layer: nn.Module, length: int) -> tuple[list[dict], list[dict]]:
+    """Device time of one forward (after a warm-up), largest first: per kernel name, and per
+    PyTorch operator and input shapes (which line of the layer launched what)."""
     from torch.profiler import ProfilerActivity, profile
 
     x = torch.randn(1, length, LAYER["hidden_size"], device="cuda")
     with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
         layer(x)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
             layer(x)
             torch.cuda.synchronize()
     totals: dict[str, list[float]] = {}
@@ -94,7 +97,57 @@ def kernel_breakdown(layer: nn.Module, length: int) -> list[dict]:
             entry = totals.setdefault(event.name, [0.0, 0])
             entry[0] += event.device_time_total / 1e3
             entry[1] += 1
-    return sorted(({"kernel": k[:90], "ms": v[0], "calls": v[1]} for k, v in totals.items()), key=lambda r: -r["ms"])
+    kernels = sorted(({"kernel": k[:90], "ms": v[0], "calls": v[1]} for k, v in totals.items()), key=lambda r: -r["ms"])
+    operators = sorted(
+        ({"operator": row.key, "shapes": str(row.input_shapes)[:120], "ms": row.self_device_time_total / 1e3, "calls": row.count}
+         for row in prof.key_averages(group_by_input_shape=True) if row.self_device_time_total > 0),
+        key=lambda r: -r["ms"],
+    )
+    return kernels, operators
+
+
+def kernel_resources() -> list[dict]:
+    """Registers and spills of every compiled variant of the fork's Triton kernels (run them first).
+
+    Read from Triton's per-device kernel caches, whose layout is private to Triton: a version
+    that keeps them elsewhere gives an empty list rather than an error.
+    """
+    import importlib
+
+    import triton
+
+    rows = []
+    for module_name in ("wy", "chunk", "chunk_intra_token_parallel", "layer_kernels"):
+        module = importlib.import_module(f"fla.ops.quasar.{module_name}")
+        for name, fn in vars(module).items():
+            if not isinstance(fn, triton.runtime.jit.JITFunction) or fn.__module__ != module.__name__:
+                continue
+            for caches in getattr(fn, "device_caches", {}).values():
+                compiled = caches[0] if isinstance(caches, tuple) and isinstance(caches[0], dict) else {}
+                for kernel in compiled.values():
+                    rows.append({"kernel": name, "num_warps": kernel.metadata.num_warps,
+                                 "registers": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None)})
+    return rows
+
+
+def conv_sweep(length: int, blocks: list[tuple[int, int, int]], runs: int = 20) -> list[dict]:
+    """Median milliseconds of the fused causal conv + SiLU of q, k and v on a ``length``-token tile
+    of the layer's projection (as the layer reads it: a strided view) for each (tokens, channels, warps)."""
+    import triton.testing
+
+    from fla.ops.quasar.layer_kernels import causal_conv_silu
+
+    width = 3 * LAYER["hidden_size"]
+    projected = torch.randn(1, length, width + LAYER["head_dim"], device="cuda", dtype=torch.bfloat16)
+    qkv = projected[..., :width]
+    weight = torch.randn(width, 4, device="cuda")
+    cache = torch.randn(1, width, 4, device="cuda", dtype=torch.bfloat16)
+    rows = []
+    for block in blocks:
+        ms = triton.testing.do_bench(lambda: causal_conv_silu(qkv, weight, cache, 3, False, block), rep=runs * 5,
+                                     return_mode="median")
+        rows.append({"block": list(block), "length": length, "ms": ms, "gb_per_s": 2 * qkv.numel() * 2 / ms / 1e6})
+    return rows
 
 
 # --- the upstream path (child process: fla-core's ``fla``, not the fork's) ---
@@ -262,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream", action="store_true", help="also time upstream fla's chunk_delta_rule path")
     parser.add_argument("--upstream-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--conv-blocks", type=json.loads, default=[],
+                        help="JSON list of [tokens, channels, warps] blocks of the causal conv kernel to time")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.upstream_only:
@@ -303,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
         emit("layer_check", check_layer(length))
         torch.cuda.empty_cache()
 
+    if args.conv_blocks:
+        for row in conv_sweep(65_536, [tuple(block) for block in args.conv_blocks]):
+            emit("conv_block", row)
+
     longest = max(args.lengths)
     folder = Path(tempfile.mkdtemp(prefix="tuning-"))
     layer, _ = fork_layers(seed=0)
@@ -323,8 +382,13 @@ def main(argv: list[str] | None = None) -> int:
 
     seconds = time_core(chunk_quasar, longest, args.runs)
     emit("fork_core", {"core_length": longest, "core_tokens_per_sec": longest / seconds})
-    for row in kernel_breakdown(layer, longest)[:15]:
+    kernels, operators = kernel_breakdown(layer, longest)
+    for row in kernels[:15]:
         emit("kernels", row)
+    for row in operators[:15]:
+        emit("operators", row)
+    for row in kernel_resources():
+        emit("kernel_resources", row)
 
     up_core = [r for r in report.get("upstream", []) if "core_tokens_per_sec" in r]
     if up_core:
