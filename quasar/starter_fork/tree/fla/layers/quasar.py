@@ -194,13 +194,10 @@ class QuasarAttention(nn.Module):
                 q, k, v, beta, g, self.o_norm.weight, self.o_norm.eps,
                 initial_state=recurrent_state, output_final_state=carry,
             )
-            return o.flatten(-2), recurrent_state, conv_state
-        kernel = chunk_quasar if self.mode == "chunk" else fused_recurrent_quasar
-        o, recurrent_state = kernel(
-            q, k, v, beta, initial_state=recurrent_state, output_final_state=carry, cu_seqlens=cu_seqlens,
-        )
-        if fused_norm:
-            o = rms_norm_gated(o, g, self.o_norm.weight, self.o_norm.eps)
         else:
-            o = self.o_norm(o, g)
+            kernel = chunk_quasar if self.mode == "chunk" else fused_recurrent_quasar
+            o, recurrent_state = kernel(
+                q, k, v, beta, initial_state=recurrent_state, output_final_state=carry, cu_seqlens=cu_seqlens,
+            )
+            o = rms_norm_gated(o, g, self.o_norm.weight, self.o_norm.eps) if fused_norm else self.o_norm(o, g)
         return o.flatten(-2), recurrent_state, conv_state
