@@ -1,11 +1,16 @@
-"""The evaluation harness on CUDA: the honest starter fork passes, hostile forks do not gain, OOM is a verdict."""
+"""The evaluation harness on CUDA: the honest starter fork passes timed in CUDA graphs, a forward
+that cannot be captured is timed eagerly with the reason, hostile forks do not gain, OOM is a verdict."""
 
 from __future__ import annotations
+
+import math
+import random
+import time
 
 import pytest
 import torch
 
-from quasar.evaluate import EvaluationOptions, evaluate
+from quasar.evaluate import EvaluationOptions, evaluate, workload
 from quasar.evaluate.harness import REL_ERROR_THRESHOLD
 from quasar.starter_fork import copy_starter_tree
 from tests.hostile_forks import write_hostile_fork
@@ -25,22 +30,70 @@ def test_honest_starter_fork_passes_on_cuda(tmp_path):
     report = evaluate(tmp_path / "fork", 2048, None, GPU)
     assert report.verdict == "pass", report.reasons
     for item in report.lengths.values():
+        # Timed in CUDA graphs, and every forward of the requests checked matched the reference.
+        assert item.timing == "cuda-graph", item.timing
+        assert item.runs_verified >= 32 and item.fingerprint_error < 0.04
         assert item.correct and item.finite and item.repeat_agree
         assert item.rel_error < REL_ERROR_THRESHOLD and max(item.rel_error_eighths) < REL_ERROR_THRESHOLD
         assert item.peak_vram_mb > 0 and item.tokens_per_sec > 0
     assert report.recommended_claim <= report.measured_tokens_per_sec
 
 
+def gpu_sleep_seconds(cycles: int) -> float:
+    """The shortest of a few ``torch.cuda._sleep(cycles)`` spins, timed here."""
+    torch.cuda._sleep(cycles)
+    torch.cuda.synchronize()
+    best = math.inf
+    for _ in range(5):
+        started = time.perf_counter()
+        torch.cuda._sleep(cycles)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
 def test_zeros_fail_and_frozen_timers_gain_nothing_on_cuda(tmp_path):
     zeros = evaluate(write_hostile_fork(tmp_path / "zeros", "zeros"), 1024, None, GPU)
     assert zeros.verdict == "fail" and zeros.lengths["1024"].correct is False
-    timers = evaluate(write_hostile_fork(tmp_path / "timers", "timers", sleep_seconds=0.05), 1024, None,
+    # The spin is GPU work inside the captured graph: every replay pays it, frozen timers or not.
+    cycles = 10_000_000
+    spin_s = gpu_sleep_seconds(cycles)
+    timers = evaluate(write_hostile_fork(tmp_path / "timers", "timers_gpu", gpu_cycles=cycles), 1024, None,
                       EvaluationOptions(seq_lens=(), device="cuda", warmup_runs=1, min_timed_runs=5, max_timed_runs=5,
-                                        length_timeout_s=120, timeout_s=240))
+                                        tokens_per_request=8 * 1024, length_timeout_s=120, timeout_s=240))
     assert timers.verdict == "pass", timers.reasons
     item = timers.lengths["1024"]
-    # No run faster than its real sleep, less what the harness subtracts from each round trip.
-    assert item.tokens_per_sec_max <= 1024 / (0.05 - item.subtracted_us / 1e6)
+    assert item.timing == "cuda-graph" and item.forwards_per_request == 8
+    # No forward faster than its spin (a margin for the GPU's clock), less what the harness subtracts.
+    assert item.tokens_per_sec_max <= 1024 / (0.8 * spin_s - item.subtracted_us / 1e6)
+
+
+def test_a_forward_that_cannot_be_captured_is_timed_eagerly_with_the_reason(tmp_path):
+    report = evaluate(write_hostile_fork(tmp_path / "sync", "host_sync"), 1024, None,
+                      EvaluationOptions(seq_lens=(512,), device="cuda", warmup_runs=2, min_timed_runs=5,
+                                        max_timed_runs=5, length_timeout_s=120, timeout_s=240))
+    assert report.verdict == "pass", report.reasons
+    for key, item in report.lengths.items():
+        # The reason is the error the capture met: reading a value back to the host while capturing.
+        assert item.timing.startswith("eager (capture failed: ") and "Error" in item.timing, item.timing
+        assert item.correct and item.runs_verified >= 32
+        assert any(note.startswith(f"T={key}: timed eager (capture failed: ") for note in report.notes), report.notes
+
+
+def test_signs_on_the_gpu_are_the_cpus_and_buffers_repeat_their_seeds():
+    rng = random.Random()
+    for _ in range(20):
+        values = torch.randn(8, workload.FINGERPRINT_DIRECTIONS) * 10 ** rng.uniform(-8, 8)
+        values.view(-1)[rng.randrange(values.numel())] = rng.choice([0.0, -0.0, math.inf, -math.inf, 1e-45])
+        assert torch.equal(workload.signs_from_fingerprint(values.cuda()).cpu(), workload.signs_from_fingerprint(values))
+    seeds = rng.randrange(1 << 63), rng.randrange(1 << 63)
+    first = workload.RequestBuffers.allocate(3, 1000, "cuda")
+    again = workload.RequestBuffers.allocate(3, 1000, "cuda")
+    workload.fill_request(first, *seeds)
+    workload.fill_request(again, seeds[1], seeds[0])
+    workload.fill_request(again, *seeds)
+    for name in ("noise", "directions", "token_weights"):
+        assert torch.equal(getattr(first, name), getattr(again, name)), name
 
 
 def test_real_out_of_memory_is_a_verdict(tmp_path):

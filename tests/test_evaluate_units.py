@@ -7,11 +7,13 @@ obviously correct version on fresh random inputs.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import random
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import threading
@@ -60,10 +62,50 @@ def test_weights_are_deterministic_and_fit_the_reference_layer():
     assert bool(((beta > 1) & (beta < 16.1)).all())
 
 
-def test_inputs_are_deterministic_per_seed():
-    assert torch.equal(workload.make_input(3, 100, "cpu"), workload.make_input(3, 100, "cpu"))
-    assert not torch.equal(workload.make_input(3, 100, "cpu"), workload.make_input(4, 100, "cpu"))
-    assert workload.make_input(3, 100, "cpu").shape == (1, 100, 512)
+def naive_noise(seed: int, count: int, length: int) -> torch.Tensor:
+    return torch.randn(count, length, 512, generator=torch.Generator().manual_seed(seed))
+
+
+def filled(count: int, length: int, input_seed: int, basis_seed: int) -> workload.RequestBuffers:
+    buffers = workload.RequestBuffers.allocate(count, length, "cpu")
+    workload.fill_request(buffers, input_seed, basis_seed)
+    return buffers
+
+
+def test_request_buffers_come_from_their_seeds_alone():
+    rng = random.Random()
+    seeds = [rng.randrange(1 << 63) for _ in range(3)]
+    count, length = rng.randint(1, 4), rng.randint(8, 300)
+    first = filled(count, length, seeds[0], seeds[1])
+    again = workload.RequestBuffers.allocate(count, length, "cpu")
+    workload.fill_request(again, seeds[2], seeds[2])
+    workload.fill_request(again, seeds[0], seeds[1])
+    for name in ("noise", "directions", "token_weights"):
+        assert torch.equal(getattr(first, name), getattr(again, name)), name
+    # The noise is torch.randn from the input seed; the bases do not depend on it.
+    assert torch.equal(first.noise, naive_noise(seeds[0], count, length))
+    other_input = filled(count, length, seeds[2], seeds[1])
+    assert not torch.equal(other_input.noise, first.noise)
+    assert torch.equal(other_input.directions, first.directions)
+    assert torch.equal(other_input.token_weights, first.token_weights)
+    other_basis = filled(count, length, seeds[0], seeds[2])
+    assert torch.equal(other_basis.noise, first.noise) and not torch.equal(other_basis.directions, first.directions)
+
+
+@pytest.mark.parametrize("length", [8, 77, 512])
+def test_token_weights_are_a_random_sign_on_each_eighth_and_zero_elsewhere(length):
+    buffers = filled(3, length, random.randrange(1 << 63), random.randrange(1 << 63))
+    assert set(buffers.directions.unique().tolist()) == {-1.0, 1.0}
+    for index in range(3):
+        weights = buffers.token_weights[index]
+        for row, (start, stop) in enumerate(workload.segment_bounds(length)):
+            inside = weights[row, start:stop]
+            assert set(inside.unique().tolist()) <= {-1.0, 1.0}
+            assert float(weights[row].abs().sum()) == stop - start
+        # One sign per token, whichever row holds it.
+        assert set(weights.sum(0).abs().unique().tolist()) == {1.0}
+    if length >= 77:
+        assert not torch.equal(buffers.token_weights[0], buffers.token_weights[1])
 
 
 @pytest.mark.parametrize("length", [8, 64, 100, 1000, 100_000])
@@ -75,16 +117,24 @@ def test_segment_bounds_cover_the_sequence_in_eight_nearly_equal_parts(length):
     assert max(sizes) - min(sizes) <= 1
 
 
-def naive_fingerprint(output: torch.Tensor, basis: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    directions, signs = (t.double() for t in basis)
+def naive_fingerprint(output: torch.Tensor, directions: torch.Tensor, token_weights: torch.Tensor) -> torch.Tensor:
+    directions, weights = directions.double(), token_weights.double()
     flat = output.reshape(-1, output.shape[-1]).double()
     rows = []
-    for start, stop in workload.segment_bounds(flat.shape[0]):
-        row = []
-        for j in range(directions.shape[1]):
-            row.append(sum(float(signs[t]) * float(flat[t] @ directions[:, j]) for t in range(start, stop)))
-        rows.append(row)
+    for row, (start, stop) in enumerate(workload.segment_bounds(flat.shape[0])):
+        rows.append([sum(float(weights[row, t]) * float(flat[t] @ directions[:, j]) for t in range(start, stop))
+                     for j in range(directions.shape[1])])
     return torch.tensor(rows, dtype=torch.float64)
+
+
+def naive_signs(values: list) -> list[int]:
+    """signs_from_fingerprint in plain Python from the reported floats, as the rule says."""
+    signs = []
+    for value in itertools.chain.from_iterable(values):
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+        product = (bits * 0x2545F491) % (1 << 32)
+        signs += [-1 if (product >> shift) & 1 else 1 for shift in (28, 29, 30, 31)]
+    return signs
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -92,44 +142,133 @@ def test_fingerprint_matches_the_naive_sum(seed):
     generator = torch.Generator().manual_seed(seed)
     length = int(torch.randint(8, 40, (1,), generator=generator))
     output = torch.randn(1, length, 512, generator=generator)
-    basis = workload.make_basis(seed, length, "cpu")
-    fast = workload.fingerprint(output, basis).double()
-    assert fast.shape == (8, workload.FINGERPRINT_DIRECTIONS)
-    assert torch.allclose(fast, naive_fingerprint(output, basis), rtol=1e-4, atol=1e-3)
-    assert set(basis[0].unique().tolist()) == {-1.0, 1.0} and set(basis[1].unique().tolist()) <= {-1.0, 1.0}
+    buffers = filled(2, length, seed, seed + 100)
+    for index in range(2):
+        directions, weights = buffers.directions[index], buffers.token_weights[index]
+        fast = workload.fingerprint(output, directions, weights).double()
+        assert fast.shape == (8, workload.FINGERPRINT_DIRECTIONS)
+        assert torch.allclose(fast, naive_fingerprint(output, directions, weights), rtol=1e-4, atol=1e-3)
+
+
+def test_signs_are_the_rule_recomputed_from_the_reported_floats():
+    rng = random.Random()
+    special = [0.0, -0.0, 1.0, -1.0, 1e-45, -3e-39, 3.4e38, float("inf"), float("-inf")]
+    for trial in range(20):
+        values = torch.randn(8, workload.FINGERPRINT_DIRECTIONS) * 10 ** rng.uniform(-6, 6)
+        if trial % 4 == 0:
+            values.view(-1)[: len(special)] = torch.tensor(special)
+        reported = json.loads(json.dumps(values.tolist()))
+        signs = workload.signs_from_fingerprint(values)
+        assert signs.shape == (512,) and signs.tolist() == naive_signs(reported)
+        # What the parent rebuilds from the reply is what the child computed from its tensor.
+        assert torch.equal(workload.signs_from_fingerprint(torch.tensor(reported, dtype=torch.float32)), signs)
+    # One unit in the last place of one value changes its signs with probability 15/16.
+    values = torch.randn(8, workload.FINGERPRINT_DIRECTIONS)
+    changed = 0
+    for position in range(values.numel()):
+        nudged = values.clone()
+        nudged.view(-1)[position] = torch.nextafter(nudged.view(-1)[position], torch.tensor(math.inf))
+        changed += not torch.equal(workload.signs_from_fingerprint(nudged), workload.signs_from_fingerprint(values))
+    assert changed > 0.8 * values.numel()
+
+
+class RecordingLayer:
+    """A deterministic non-linear stand-in for the layer (bf16 output) that keeps every input it saw."""
+
+    def __init__(self, seed: int):
+        self.weight = torch.randn(512, 512, generator=torch.Generator().manual_seed(seed)) / 512 ** 0.5
+        self.inputs: list[torch.Tensor] = []
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        self.inputs.append(hidden.clone())
+        return torch.tanh(hidden @ self.weight).bfloat16()
+
+
+def test_run_forwards_matches_a_slow_per_forward_chain_and_the_parents_rebuild():
+    from quasar.evaluate.harness import _reference_output, _Request
+
+    rng = random.Random()
+    count, length = rng.randint(2, 5), rng.randint(8, 48)
+    input_seed, basis_seed = rng.randrange(1 << 63), rng.randrange(1 << 63)
+    buffers = filled(count, length, input_seed, basis_seed)
+    layer = RecordingLayer(rng.randrange(1 << 30))
+    last = workload.run_forwards(layer, buffers)
+    reported = json.loads(json.dumps(buffers.fingerprints.tolist()))
+    assert torch.equal(last, torch.tanh(layer.inputs[-1] @ layer.weight).bfloat16())
+
+    # The slow chain: the noise from torch.randn, the signs in plain Python from the floats sent.
+    noise = naive_noise(input_seed, count, length)
+    for index in range(count):
+        expected_input = noise[index] if index == 0 else noise[index] * torch.tensor(naive_signs(reported[index - 1]))
+        assert torch.equal(layer.inputs[index], expected_input.unsqueeze(0)), index
+        output = torch.tanh(expected_input @ layer.weight).bfloat16()
+        expected = naive_fingerprint(output, buffers.directions[index], buffers.token_weights[index])
+        # The fast path rounds each token's projection to the output's bfloat16 (a few 1e-3 of an
+        # eighth's scale); a wrong input, basis or row would be off by about 1.
+        assert fingerprint_error(reported[index], expected, workload.segment_norms(output)) < 1e-2
+
+    # The parent rebuilds each input from the seeds and the reply (an identity "reference" returns it).
+    request = _Request(input_seed, basis_seed, reported, 0)
+    rebuilt = harness._request_buffers(request, length, "cpu")
+    for index in range(count):
+        assert torch.equal(_reference_output(lambda hidden: (hidden,), rebuilt, request, index, "cpu"),
+                           layer.inputs[index])
+    # A malformed previous fingerprint leaves the next input unbuildable.
+    broken = _Request(input_seed, basis_seed, [reported[0][:3]] + reported[1:], 0)
+    assert _reference_output(lambda hidden: (hidden,), rebuilt, broken, 1, "cpu") is None
+
+
+def test_each_input_exists_only_after_the_previous_fingerprint():
+    buffers = filled(3, 64, 1, 2)
+    workload.run_forwards(lambda hidden: hidden.bfloat16(), buffers)
+    first_signs = workload.signs_from_fingerprint(buffers.fingerprints[0])
+    nudged = buffers.fingerprints[0].clone()
+    nudged[0, 0] = torch.nextafter(nudged[0, 0], torch.tensor(math.inf))
+    assert not torch.equal(workload.forward_input(buffers.noise[1], nudged),
+                           workload.forward_input(buffers.noise[1], buffers.fingerprints[0]))
+    assert torch.equal(workload.forward_input(buffers.noise[1], buffers.fingerprints[0])[0],
+                       buffers.noise[1] * first_signs)
+    assert torch.equal(workload.forward_input(buffers.noise[0], None)[0], buffers.noise[0])
 
 
 def test_fingerprint_of_bfloat16_output_is_close_to_float32():
     output = torch.randn(1, 256, 512)
-    basis = workload.make_basis(5, 256, "cpu")
-    error = fingerprint_error(workload.fingerprint(output.bfloat16(), basis).tolist(),
-                              workload.fingerprint(output, basis), workload.segment_norms(output))
+    buffers = filled(1, 256, 4, 5)
+    basis = (buffers.directions[0], buffers.token_weights[0])
+    error = fingerprint_error(workload.fingerprint(output.bfloat16(), *basis).tolist(),
+                              workload.fingerprint(output, *basis), workload.segment_norms(output))
     # bfloat16 rounding of the output itself (about 2^-9 relative) is all that separates them.
     assert error < 0.01
 
 
-def test_a_nan_anywhere_makes_its_eighth_non_finite():
+def test_a_change_in_one_eighth_moves_only_its_row_and_a_nan_poisons_all():
     output = torch.randn(1, 64, 512)
-    output[0, 40, 17] = float("nan")
-    values = workload.fingerprint(output, workload.make_basis(1, 64, "cpu"))
-    assert [bool(torch.isfinite(row).all()) for row in values] == [True] * 5 + [False] + [True] * 2
+    buffers = filled(1, 64, 1, 2)
+    basis = (buffers.directions[0], buffers.token_weights[0])
+    changed = output.clone()
+    changed[0, 40, 17] += 100.0
+    moved = (workload.fingerprint(changed, *basis) != workload.fingerprint(output, *basis)).any(1)
+    assert moved.tolist() == [False] * 5 + [True] + [False] * 2
+    changed[0, 40, 17] = float("nan")
+    assert not bool(torch.isfinite(workload.fingerprint(changed, *basis)).any())
 
 
 def test_fingerprint_error_estimates_the_error_of_each_eighth():
     generator = torch.Generator().manual_seed(11)
     reference = torch.randn(1, 2048, 512, generator=generator)
     norms = workload.segment_norms(reference)
+    buffers = filled(5, 2048, 99, 100)
     for trial in range(5):
-        basis = workload.make_basis(100 + trial, 2048, "cpu")
-        expected = workload.fingerprint(reference, basis)
+        basis = (buffers.directions[trial], buffers.token_weights[trial])
+        expected = workload.fingerprint(reference, *basis)
         # An honest output with a 1% error: estimated within the chi-square(16) spread.
         honest = reference + 0.01 * torch.randn(reference.shape, generator=generator) * reference.std()
-        estimate = fingerprint_error(workload.fingerprint(honest, basis).tolist(), expected, norms)
+        estimate = fingerprint_error(workload.fingerprint(honest, *basis).tolist(), expected, norms)
         assert 0.004 < estimate < FINGERPRINT_TOLERANCE
         # Zeros on the last eighth only: that eighth's error is 1.
         wrong = reference.clone()
         wrong[:, 1792:] = 0
-        assert fingerprint_error(workload.fingerprint(wrong, basis).tolist(), expected, norms) > 0.4
+        assert fingerprint_error(workload.fingerprint(wrong, *basis).tolist(), expected, norms) > 0.4
 
 
 def test_fingerprint_error_refuses_malformed_claims():
@@ -374,35 +513,35 @@ def test_report_round_trips_through_json_and_drops_non_finite_numbers():
 
 
 def child_request(reference: torch.nn.Module, length: int, seeds: tuple[int, int], count: int, fake_after_first=False):
-    """What the child sends for a ``run`` request: one fingerprint per chained forward (bf16 outputs
-    of the reference layer), and the last output. ``fake_after_first``: forwards after the first
-    return zeros, as a fork skipping them would."""
-    fingerprints, previous, output = [], None, None
-    for index in range(count):
-        input_seed, basis_seed = workload.chained_seeds(*seeds, index, previous)
-        if fake_after_first and index > 0:
-            output = torch.zeros(1, length, 512, dtype=torch.bfloat16)
-        else:
-            with torch.inference_mode():
-                output = reference(workload.make_input(input_seed, length, "cpu"))[0].bfloat16()
-        previous = workload.fingerprint(output, workload.make_basis(basis_seed, length, "cpu")).tolist()
-        fingerprints.append(previous)
-    return {"ok": True, "fingerprints": fingerprints}, output
+    """What the child sends for a ``run`` request (the chained forwards of workload.run_forwards
+    through the reference layer, bf16 outputs), and the last output. ``fake_after_first``:
+    forwards after the first return zeros, as a fork skipping them would."""
+    buffers = filled(count, length, *seeds)
+    calls = []
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        calls.append(len(calls))
+        if fake_after_first and len(calls) > 1:
+            return torch.zeros(1, length, 512, dtype=torch.bfloat16)
+        with torch.inference_mode():
+            return reference(hidden)[0].bfloat16()
+
+    output = workload.run_forwards(forward, buffers)
+    return {"ok": True, "fingerprints": buffers.fingerprints.tolist()}, output
 
 
 def honest_run(reference: torch.nn.Module, length: int, timed: int = 3, count: int = 1, fake_after_first=False):
     """A _LengthRun as the parent builds it from an honest (or first-only) fork's replies."""
-    from quasar.evaluate.harness import LengthResult, _iterations, _LengthRun, _Request
+    from quasar.evaluate.harness import LengthResult, _fingerprints, _LengthRun, _Request
 
     def request(seeds: tuple[int, int], count: int, fake=False):
         reply, output = child_request(reference, length, seeds, count, fake)
-        return _Request(_iterations(reply, *seeds, count, "test"), 1_000_000 * count, 1_000_000), output
+        return _Request(*seeds, _fingerprints(reply, count, "test"), 1_000_000 * count, 1_000_000), output
 
     run = _LengthRun(LengthResult(seq_len=length, status="ok", forwards_per_request=count))
     run.timed = [request((10 + i, 20 + i), count, fake_after_first)[0] for i in range(timed)]
-    check, run.output = request((1, 2), 1)
-    run.check = check.iterations[0]
-    run.repeat = request((1, 2), 1)[0].iterations[0]
+    run.check, run.output = request((1, 2), 1)
+    run.repeat = request((1, 2), 1)[0]
     return run
 
 
@@ -414,10 +553,10 @@ def test_verification_passes_an_honest_run_and_reports_an_unverifiable_length(mo
     runs = {64: honest_run(reference, 64), 128: honest_run(reference, 128)}
     real_reference_output = harness._reference_output
 
-    def out_of_memory_at_128(reference, iteration, length, device):
-        if length == 128:
+    def out_of_memory_at_128(reference, buffers, request, index, device):
+        if buffers.seq_len == 128:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real_reference_output(reference, iteration, length, device)
+        return real_reference_output(reference, buffers, request, index, device)
 
     monkeypatch.setattr(harness, "_reference_output", out_of_memory_at_128)
     reasons = harness._verify(runs, 5, "cpu", Timings(), lambda event: None)
@@ -428,30 +567,15 @@ def test_verification_passes_an_honest_run_and_reports_an_unverifiable_length(mo
                         "cannot be verified on this machine")]
 
 
-def test_forwards_of_a_request_are_chained_on_the_previous_fingerprint():
-    first = workload.chained_seeds(5, 6, 1, [[1.5, -2.0]])
-    assert workload.chained_seeds(5, 6, 0, None) == (5, 6)
-    assert first == workload.chained_seeds(5, 6, 1, [[1.5, -2.0]])
-    others = {workload.chained_seeds(5, 6, 1, [[1.5, -2.00001]]), workload.chained_seeds(5, 6, 2, [[1.5, -2.0]]),
-              workload.chained_seeds(5, 7, 1, [[1.5, -2.0]]), workload.chained_seeds(4, 6, 1, [[1.5, -2.0]])}
-    assert first not in others and len(others) == 4
-    assert all(0 <= seed < 1 << 63 for pair in others for seed in pair)
-
-
-def test_the_parent_rebuilds_every_forwards_seeds_from_the_reply():
-    from quasar.evaluate.harness import _ChildFailure, _iterations
+def test_the_parent_takes_one_fingerprint_per_forward_from_the_reply():
+    from quasar.evaluate.harness import _ChildFailure, _fingerprints
 
     reply = {"ok": True, "fingerprints": [[[0.25 * i, -1.0]] for i in range(4)]}
-    iterations = _iterations(reply, 11, 12, 4, "test")
-    previous = None
-    for index, iteration in enumerate(iterations):
-        assert (iteration.input_seed, iteration.basis_seed) == workload.chained_seeds(11, 12, index, previous)
-        previous = iteration.fingerprint
-    assert len({i.input_seed for i in iterations}) == 4
+    assert _fingerprints(reply, 4, "test") == reply["fingerprints"]
     with pytest.raises(_ChildFailure, match="3 fingerprints for 4 forwards"):
-        _iterations({"ok": True, "fingerprints": reply["fingerprints"][:3]}, 11, 12, 4, "test")
+        _fingerprints({"ok": True, "fingerprints": reply["fingerprints"][:3]}, 4, "test")
     with pytest.raises(_ChildFailure, match="no list of fingerprints"):
-        _iterations({"ok": True, "fingerprint": [[1.0]]}, 11, 12, 1, "test")
+        _fingerprints({"ok": True, "fingerprint": [[1.0]]}, 1, "test")
 
 
 @pytest.mark.parametrize(("length", "tokens", "cap", "expected"), [
@@ -510,13 +634,21 @@ def test_verification_checks_every_forward_of_the_requests_it_picks():
     reference.load_state_dict(workload.make_weights(9), strict=True)
     runs = {64: honest_run(reference, 64, timed=2, count=3), 128: honest_run(reference, 128, timed=2, count=3,
                                                                               fake_after_first=True)}
+    # A reply whose middle fingerprint is malformed: that forward fails, and so does the next,
+    # whose input cannot be rebuilt without it.
+    runs[96] = honest_run(reference, 96, timed=1, count=3)
+    runs[96].timed[0].fingerprints[1] = "garbage"
     reasons = harness._verify(runs, 9, "cpu", Timings(), lambda event: None)
     honest, faked = runs[64].result, runs[128].result
     assert honest.correct is True and honest.runs_verified == 6 and honest.requests_verified == 2
     assert faked.correct is False and faked.runs_verified == 6
-    assert reasons == [(f"T=128: 4 of 6 timed forwards checked do not match the reference (largest error "
-                       f"{faked.fingerprint_error:.3g} > {harness.FINGERPRINT_TOLERANCE:g}): the output was not "
-                       "computed from that run's input")]
+    assert runs[96].result.correct is False and runs[96].result.runs_verified == 3
+    assert reasons == [
+        (f"T=128: 4 of 6 timed forwards checked do not match the reference (largest error "
+         f"{faked.fingerprint_error:.3g} > {harness.FINGERPRINT_TOLERANCE:g}): the output was not "
+         "computed from that run's input"),
+        (f"T=96: 2 of 3 timed forwards checked do not match the reference (largest error inf > "
+         f"{harness.FINGERPRINT_TOLERANCE:g}): the output was not computed from that run's input")]
 
 
 def test_requests_to_verify_cover_max_verified_forwards_at_short_lengths():

@@ -8,12 +8,18 @@ process and may patch anything, and the parent trusts nothing it says without ch
 Requests (JSON headers; see protocol.py) and replies:
 
 - ``ping`` -> ``pong`` with ``cpus``, the CPUs this process may run on (sandbox start-up, before fork code)
-- ``calibrate {seq_len, input_seed, basis_seed, count}``: everything a ``run`` does except the
-  layer (inputs, bases, fingerprints of a stand-in output, the seed chain) -> ``{ok}``
+- ``calibrate {seq_len, input_seed, basis_seed, count}``: a request as ``run`` makes it with a
+  stand-in for the layer that returns a fixed output (on CUDA in a CUDA graph of its own) -> ``{ok}``
 - ``load {fork_dir, weights_seed}``: import the fork's ``fla.layers.quasar.QuasarAttention``,
   build the benchmark layer, load the weights -> ``{ok, parameters}``
-- ``run {seq_len, input_seed, basis_seed, count}``: ``count`` forwards one after another, each
-  on its own input (seeds from ``workload.chained_seeds``) -> ``{ok, fingerprints}`` (one per forward)
+- ``capture {seq_len, count, input_seed, basis_seed}``: on CUDA, capture the ``run`` of ``count``
+  forwards at ``seq_len`` in one CUDA graph (after the eager forwards of a ``run`` there, so the
+  fork's kernels are compiled and tuned), check that its replay agrees with the eager forwards,
+  and replay it for every later ``run`` of that size -> ``{ok, timing}``: ``"cuda-graph"``, or
+  ``"eager (capture failed: REASON)"`` and the forwards stay eager (always eager on CPU)
+- ``run {seq_len, input_seed, basis_seed, count}``: fill the request's buffers from the seeds
+  (workload.fill_request), run the ``count`` chained forwards (workload.run_forwards; the graph
+  if captured) -> ``{ok, fingerprints}`` (one per forward, read back in one synchronisation)
 - ``output``: the last forward's output as raw bytes -> ``{ok, dtype, shape}`` + payload
 - ``memory {reset}``: peak device memory since the last reset -> ``{ok, peak_bytes}``
 - ``exit``
@@ -48,58 +54,153 @@ class LayerOutputError(Exception):
     """The layer returned something other than an output of shape ``[1, T, 512]``."""
 
 
+class CaptureFailed(Exception):
+    """A request could not be captured in a CUDA graph, or its replay disagrees with the eager forwards."""
+
+
+# The first forward's fingerprint from a graph's replay and from the eager forwards on the same
+# input: deterministic kernels agree exactly; this leaves room for atomics' rounding.
+GRAPH_AGREEMENT_TOLERANCE = 1e-3
+MAX_REASON_CHARS = 300
+LAYER, STAND_IN = "layer", "stand-in"
+
+
+def failure_reason(error: BaseException) -> str:
+    """The first line of the error that started a chain of exceptions (a failed capture raises
+    again when it ends; the first error says why)."""
+    while error.__context__ is not None:
+        error = error.__context__
+    lines = str(error).strip().splitlines()
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    return text[:MAX_REASON_CHARS]
+
+
+class Slot:
+    """The state kept for requests of one ``(seq_len, count)``: buffers, captured graphs, the stand-in output."""
+
+    def __init__(self, buffers: workload.RequestBuffers):
+        self.buffers = buffers
+        self.graphs: dict[str, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.stand_in: torch.Tensor | None = None
+
+
 class Server:
-    """State of the child between requests: the device, the layer, the last output."""
+    """State of the child between requests: the device, the layer, the request slots, the last output."""
 
     def __init__(self, channel: protocol.Channel, device: str):
         self.channel = channel
         self.device = torch.device(device)
         self.layer = None
         self.last_output: torch.Tensor | None = None
-        self.stand_in: torch.Tensor | None = None
+        self.slots: dict[tuple[int, int], Slot] = {}
 
-    def synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+    def slot(self, seq_len: int, count: int) -> Slot:
+        """The slot of ``(seq_len, count)``; slots of other lengths are dropped (one length runs at a time)."""
+        key = (seq_len, count)
+        if key not in self.slots:
+            stale = [other for other in self.slots if other[0] != seq_len]
+            for other in stale:
+                del self.slots[other]
+            self.last_output = None
+            if stale and self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            self.slots[key] = Slot(workload.RequestBuffers.allocate(count, seq_len, self.device))
+        return self.slots[key]
 
-    def forwards(self, request: dict, layer) -> tuple[list, torch.Tensor]:
-        """The ``count`` chained forwards of a request through ``layer``; their fingerprints and the last output.
+    def layer_forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The fork's layer on one input under bf16 autocast, its output checked for shape.
 
-        ``.tolist()`` waits for each forward (its fingerprint seeds the next input), so this is the
-        only synchronisation a request needs.
+        The autocast cache is off: a CUDA graph must not keep casts made outside it (and the
+        cast weights are the same either way).
         """
-        seq_len, count = int(request["seq_len"]), int(request.get("count", 1))
-        input_seed, basis_seed = int(request["input_seed"]), int(request["basis_seed"])
-        fingerprints: list = []
-        previous = output = None
-        for index in range(max(count, 1)):
-            output = None
-            seeds = workload.chained_seeds(input_seed, basis_seed, index, previous)
-            hidden = workload.make_input(seeds[0], seq_len, self.device)
-            with torch.autocast(self.device.type, dtype=workload.AUTOCAST_DTYPE):
-                result = layer(hidden)
-            del hidden
-            output = result[0] if isinstance(result, (tuple, list)) else result
-            del result
-            if not isinstance(output, torch.Tensor) or tuple(output.shape) != (1, seq_len, workload.HIDDEN_SIZE):
-                shape = list(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
-                raise LayerOutputError(f"layer output has shape {shape}, expected [1, {seq_len}, 512]")
-            previous = workload.fingerprint(output, workload.make_basis(seeds[1], seq_len, self.device)).tolist()
-            fingerprints.append(previous)
-        return fingerprints, output
+        with torch.autocast(self.device.type, dtype=workload.AUTOCAST_DTYPE, cache_enabled=False):
+            result = self.layer(hidden)
+        output = result[0] if isinstance(result, (tuple, list)) else result
+        del result
+        seq_len = hidden.shape[1]
+        if not isinstance(output, torch.Tensor) or tuple(output.shape) != (1, seq_len, workload.HIDDEN_SIZE):
+            shape = list(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+            raise LayerOutputError(f"layer output has shape {shape}, expected [1, {seq_len}, 512]")
+        return output
+
+    def stand_in_forward(self, slot: Slot):
+        """A stand-in for the layer that returns one fixed output (the harness's own cost, calibrated)."""
+        if slot.stand_in is None:
+            slot.stand_in = torch.randn(1, slot.buffers.seq_len, workload.HIDDEN_SIZE, device=self.device,
+                                        dtype=workload.AUTOCAST_DTYPE)
+        stand_in = slot.stand_in
+        return lambda hidden: stand_in
+
+    def execute(self, request: dict, which: str, forward) -> tuple[list, torch.Tensor]:
+        """Fill a request's buffers from its seeds and run its forwards (the captured graph of
+        ``which`` if there is one); the fingerprints, read back in the request's one
+        synchronisation, and the last output."""
+        slot = self.slot(int(request["seq_len"]), max(int(request.get("count", 1)), 1))
+        workload.fill_request(slot.buffers, int(request["input_seed"]), int(request["basis_seed"]))
+        if which in slot.graphs:
+            graph, output = slot.graphs[which]
+            graph.replay()
+        else:
+            output = workload.run_forwards(forward, slot.buffers)
+        return slot.buffers.fingerprints.tolist(), output
+
+    def capture(self, slot: Slot, which: str, forward, input_seed: int, basis_seed: int) -> None:
+        """Capture the forwards of a request of ``slot``'s size in one CUDA graph, kept as ``which``.
+
+        As torch.cuda.graph does: eager forwards on a side stream first (cuBLAS and the
+        allocator set up there), then the capture on it, from a private memory pool. The graph is
+        replayed on the eager forwards' input and must agree with them. Raises CaptureFailed
+        with the reason; the private pool is then released.
+        """
+        buffers = slot.buffers
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        pool_open = False
+        try:
+            with torch.cuda.stream(side):
+                workload.fill_request(buffers, input_seed, basis_seed)
+                workload.run_forwards(forward, buffers)
+                eager_first = buffers.fingerprints[0].clone()
+                torch.cuda.empty_cache()
+                pool_open = True
+                graph.capture_begin(pool=pool)
+                try:
+                    output = workload.run_forwards(forward, buffers)
+                finally:
+                    graph.capture_end()
+                    pool_open = False
+            current.wait_stream(side)
+            workload.fill_request(buffers, input_seed, basis_seed)
+            graph.replay()
+            replayed = buffers.fingerprints[0]
+            scale = float(torch.linalg.vector_norm(eager_first))
+            difference = float(torch.linalg.vector_norm(replayed - eager_first)) / max(scale, 1e-30)
+        except Exception as error:  # noqa: BLE001  (any failure of the capture, fork code included, is a reason)
+            if pool_open:
+                release_pool(self.device, pool)
+            raise CaptureFailed(failure_reason(error)) from None
+        if not difference <= GRAPH_AGREEMENT_TOLERANCE:
+            raise CaptureFailed(f"the graph's replay differs from the eager forwards (relative difference "
+                                f"{difference:.3g} of the first forward's fingerprint)")
+        slot.graphs[which] = (graph, output)
 
     def handle_calibrate(self, request: dict) -> dict:
-        seq_len = int(request["seq_len"])
-        if self.stand_in is None or self.stand_in.shape[1] != seq_len:
-            self.stand_in = None
-            self.stand_in = torch.randn(1, seq_len, workload.HIDDEN_SIZE, device=self.device, dtype=workload.AUTOCAST_DTYPE)
-        stand_in = self.stand_in
+        slot = self.slot(int(request["seq_len"]), max(int(request.get("count", 1)), 1))
+        forward = self.stand_in_forward(slot)
         with torch.inference_mode():
-            self.forwards(request, lambda hidden: stand_in)
+            if self.device.type == "cuda" and STAND_IN not in slot.graphs:
+                try:
+                    self.capture(slot, STAND_IN, forward, int(request["input_seed"]), int(request["basis_seed"]))
+                except CaptureFailed as failure:
+                    return {"ok": False, "kind": "error", "error": f"the harness's own CUDA graph: {failure}"}
+            self.execute(request, STAND_IN, forward)
         return {"ok": True}
 
     def handle_load(self, request: dict) -> dict:
-        self.stand_in = None
+        self.slots.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         sys.path.insert(0, request["fork_dir"])
@@ -111,13 +212,29 @@ class Server:
         parameters = sum(p.numel() for p in self.layer.parameters())
         return {"ok": True, "parameters": parameters}
 
+    def handle_capture(self, request: dict) -> dict:
+        if self.layer is None:
+            return {"ok": False, "kind": "error", "error": "capture before load"}
+        if self.device.type != "cuda":
+            return {"ok": True, "timing": "eager (cpu)"}
+        slot = self.slot(int(request["seq_len"]), max(int(request.get("count", 1)), 1))
+        self.last_output = None
+        slot.graphs.pop(LAYER, None)
+        with torch.inference_mode():
+            try:
+                self.capture(slot, LAYER, self.layer_forward, int(request["input_seed"]), int(request["basis_seed"]))
+            except CaptureFailed as failure:
+                torch.cuda.empty_cache()
+                return {"ok": True, "timing": f"eager (capture failed: {failure})"}
+        return {"ok": True, "timing": "cuda-graph"}
+
     def handle_run(self, request: dict) -> dict:
         if self.layer is None:
             return {"ok": False, "kind": "error", "error": "run before load"}
         self.last_output = None
         with torch.inference_mode():
             try:
-                fingerprints, output = self.forwards(request, self.layer)
+                fingerprints, output = self.execute(request, LAYER, self.layer_forward)
             except LayerOutputError as error:
                 return {"ok": False, "kind": "error", "error": str(error)}
         self.last_output = output
@@ -146,6 +263,7 @@ class Server:
         handlers = {
             "calibrate": self.handle_calibrate,
             "load": self.handle_load,
+            "capture": self.handle_capture,
             "run": self.handle_run,
             "memory": self.handle_memory,
         }
@@ -174,6 +292,18 @@ class Server:
         if self.device.type != "cuda":
             return None
         return int(torch.cuda.max_memory_allocated(self.device))
+
+
+def release_pool(device: torch.device, pool: tuple[int, int]) -> None:
+    """Give back the memory pool of a capture that failed before it ended (torch does not: the
+    caching allocator would keep routing to it and holding its blocks). Best effort: these are
+    torch's private hooks, which another version may lack."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    for hook in ("_cuda_endAllocateToPool", "_cuda_releasePool"):
+        try:
+            getattr(torch._C, hook)(index, pool)
+        except (AttributeError, RuntimeError):
+            pass
 
 
 def main() -> None:

@@ -9,41 +9,56 @@ the harness's own child code), so nothing the child says is believed unchecked:
 
 Timing. The parent times each request with its own clock (``time.perf_counter_ns``) around one
 request/reply on the pipe: it sends ``run(input_seed, basis_seed, count)`` with seeds drawn at
-that moment from ``secrets``; the child runs ``count`` forwards one after another under bf16
-autocast, each on its own fresh input, and replies with a fingerprint per forward. Forward 0's
-input and fingerprint basis come from the request's seeds; forward ``i``'s come from a hash of
-them, ``i`` and forward ``i - 1``'s fingerprint (``workload.chained_seeds``), so no input exists
-before the previous forward's whole output does: the forwards cannot be computed ahead, reused,
-or batched together into one wider launch, whatever the fork does to the harness's code,
-synchronisation or timers, and the reply cannot come before all of them are done. The parent
-rebuilds every forward's seeds from the reported fingerprints. A request's time per forward is
-its round trip less the harness's cost, divided by ``count``; the figure is the median over
-requests. ``count`` depends on the length alone (:func:`forwards_per_request`): on CUDA as many
-forwards as make :data:`DEFAULT_TOKENS_PER_REQUEST` tokens (2^18), at most
-``max_forwards_per_request`` (64) and :data:`MAX_TOKENS_PER_REQUEST` tokens, so 512 to 4,096
-tokens run 64 forwards a request, 100k three and 1M one, in every evaluation; on CPU one. At
-512 tokens a forward takes about 1 ms, as little as the pipe, JSON and scheduling around it, and
-many forwards a request make their share and its jitter small. The count is never taken from a
-measured speed: short forwards are bound by the host CPU launching kernels, and a count that
-followed the warm-up's speed made evaluations differ in what they timed. What the harness adds
-(pipe, JSON, making each input and basis, the fingerprints and their one synchronisation per
-forward, the seed chain) is calibrated before any fork code is loaded, with the same code, sizes
-and count of forwards as the length's timed requests, and its minimum over several runs is
-subtracted:
-trusted and conservative (the fork is never credited with more than that minimum; calibrations
-of the same count interleaved with the timed requests can only lower it, and it never exceeds half
-the fastest round trip, so a calibration slowed by a noisy moment cannot inflate a figure). A fork
-may make input generation or the fingerprint itself faster; its gain is bounded by their
-calibrated cost (one pass over the input and one over the output, about 1–2% of a forward).
+that moment from ``secrets``. The child fills the request's buffers from the seeds (workload.py:
+noise ``[count, T, 512]``, fingerprint bases) and runs ``count`` forwards one after another
+under bf16 autocast: forward ``i``'s input is ``noise[i]`` times a ±1 sign per hidden channel
+drawn from the bits of forward ``i - 1``'s fingerprint, and it replies with every fingerprint,
+read back in the request's one synchronisation. No input exists before the previous forward's
+whole output does (every channel's sign enters every projection of the input, so the noise,
+known from the start, lets no work begin early): the forwards cannot be computed ahead, reused
+or batched into one wider launch, whatever the fork does to the harness's code,
+synchronisation or timers, and the reply cannot come before all of them are done. A request's
+time per forward is its round trip less the harness's cost, divided by ``count``; the figure is
+the median over requests.
+
+On CUDA a request is one CUDA graph. Eager forwards at 512 to 2,048 tokens are bound by the host
+CPU launching kernels, whose speed varied by 20–40% between processes on a virtual machine, so
+no eager timing agreed within 2% there; a graph's replay is the GPU's time alone (85 µs a
+forward at 512 tokens on an H100, spread under 1%; benchmarks/RESULTS.md). After a length's
+first warm-up request, which runs eagerly so the fork's Triton kernels compile and tune, the
+child captures a whole request (signs, forwards, fingerprints) and replays it from then on: a
+request costs the host a few launches and one synchronisation, whatever its count. A forward
+that cannot be captured (one that synchronises with the host, say), or whose replay disagrees
+with its eager forwards, runs eagerly, and the report says so and why (``timing``).
+
+``count`` depends on the length alone (:func:`forwards_per_request`): on CUDA as many forwards
+as make :data:`DEFAULT_TOKENS_PER_REQUEST` tokens (2^18), at most ``max_forwards_per_request``
+(64) and :data:`MAX_TOKENS_PER_REQUEST` tokens, so 512 to 4,096 tokens run 64 forwards a request,
+100k three and 1M one, in every evaluation; on CPU one. Many forwards a request make the share
+of the pipe, JSON and scheduling (tens of µs, and jittery) small; the count is never taken from
+a measured speed, so every evaluation times the same requests. What the harness adds (pipe,
+JSON, filling the buffers, the signs, the fingerprints, the synchronisation) is calibrated
+before any fork code is loaded: the same requests, sizes and count with a stand-in for the layer
+that returns a fixed output, captured the same way on CUDA; the minimum over several runs is
+subtracted. It is trusted and conservative: the fork is never credited with more than that
+minimum; calibrations interleaved with the timed requests can only lower it; it never exceeds
+half the fastest round trip, so a calibration slowed by a noisy moment cannot inflate a figure;
+and it is the graph's cost even where the fork's forwards ran eagerly (the child's word on how
+they ran is not trusted), so an eager fork pays the harness's host launches itself. A fork may
+make the harness's own work faster in its process; its gain is bounded by that calibrated cost
+(``subtracted_us`` per forward in the report).
 
 Tamper evidence. The fingerprint of an output ``[1, T, 512]`` is, for each eighth of the
-sequence, 16 random ±1 projections (workload.py) under a basis from a seed of its own per forward.
-After the child has exited, the parent recomputes the reference output
+sequence, 16 random ±1 projections (workload.py) under a basis of its own per forward, from the
+request's basis seed. After the child has exited, the parent recomputes the reference output
 (``QuasarAttentionReference``, float32) for every forward of timed requests it picks at random
 (:data:`VERIFY_SAMPLE` requests; up to :data:`VERIFY_ALL_UP_TO` tokens, enough requests for
-:data:`MAX_VERIFIED` forwards if that is more) and checks each eighth's projections: their mean
-square estimates that eighth's error, so an output that is zeros, noise, stale (a cache), or
-wrong on any part of the sequence fails. The parent sees only a request's total time, so a fork
+:data:`MAX_VERIFIED` forwards if that is more), on the input the child had to use: the noise
+rebuilt from the seed on the same device, times the signs of the fingerprint the child reported
+for the forward before (integer arithmetic, exact on both sides), and checks each eighth's
+projections: their mean square estimates that eighth's error, so an output that is zeros,
+noise, stale (a cache), or wrong on any part of the sequence fails, and so does a forward run on
+any other input than the chain says. The parent sees only a request's total time, so a fork
 gains from any forward it skips in a request; checking whole requests keeps the bound of single
 forwards: a fork must skip work in half the timed requests to move the median, and escapes ``k``
 request checks with probability about 2^-k, whichever forwards of a request it skips. Layer
@@ -63,10 +78,11 @@ than sleep between messages, so no request pays a scheduler wake-up or a cooled-
 the child and the parent's timing thread each run on a physical core of their own, never SMT
 siblings of each other, chosen from the GPU's index so that parallel evaluations on several GPUs
 get distinct cores (pinning.py; the parent's thread gets its CPUs back afterwards). The
-warm-up lasts ``warmup_runs`` requests and, on CUDA, at least ``warmup_seconds`` (1 s) of
-back-to-back forwards, so that compilation, the allocator's growth and the GPU's clock ramp are
-over before the first timed request (a count of warm-up forwards was 10 ms at 100k tokens). The
-timed requests then fill ``timed_seconds`` (2 s), at least ``min_timed_runs`` of them.
+warm-up lasts ``warmup_runs`` requests (the capture after the first) and, on CUDA, at least
+``warmup_seconds`` (1 s) of back-to-back requests, so that compilation, the allocator's growth
+and the GPU's clock ramp are over before the first timed request (a count of warm-up forwards
+was 10 ms at 100k tokens). The timed requests then fill ``timed_seconds`` (2 s), at least
+``min_timed_runs`` of them.
 
 Out of memory at a length is a result ("OOM at T=…, peak …"), not a crash; longer lengths are
 then skipped. A length whose float32 reference does not fit in the parent's device memory fails
@@ -198,19 +214,13 @@ ProgressCallback = Callable[[ProgressEvent], None]
 
 
 @dataclass
-class _Iteration:
-    """One forward: its seeds (rebuilt by the parent) and the fingerprint the child reported."""
+class _Request:
+    """One request: its seeds, the fingerprint the child reported for each forward (as sent), its
+    round trip, and the time per forward credited to the fork."""
 
     input_seed: int
     basis_seed: int
-    fingerprint: list
-
-
-@dataclass
-class _Request:
-    """One timed request: its forwards, its round trip, the time per forward credited to the fork."""
-
-    iterations: list[_Iteration]
+    fingerprints: list
     round_trip_ns: int
     forward_ns: int = 0
 
@@ -219,9 +229,9 @@ class _Request:
 class _LengthRun:
     result: LengthResult
     timed: list[_Request] = field(default_factory=list)
-    check: _Iteration | None = None
+    check: _Request | None = None
     output: torch.Tensor | None = None
-    repeat: _Iteration | None = None
+    repeat: _Request | None = None
 
 
 class _ChildFailure(Exception):
@@ -331,19 +341,14 @@ def _calibrate(session: _Session, runs: dict[int, _LengthRun], counts: dict[int,
     return costs
 
 
-def _iterations(reply: dict, input_seed: int, basis_seed: int, count: int, what: str) -> list[_Iteration]:
-    """The forwards of a ``run`` reply, with the seeds each one's input and basis came from."""
+def _fingerprints(reply: dict, count: int, what: str) -> list:
+    """The fingerprints of a ``run`` reply, one per forward (each checked later, not here)."""
     fingerprints = reply.get("fingerprints")
     if not isinstance(fingerprints, list) or len(fingerprints) != count:
         sent = len(fingerprints) if isinstance(fingerprints, list) else "no list of"
         raise _ChildFailure(ERROR, f"the child broke the protocol during {what}: {sent} fingerprints "
                                    f"for {count} forwards")
-    iterations, previous = [], None
-    for index, values in enumerate(fingerprints):
-        seeds = workload.chained_seeds(input_seed, basis_seed, index, previous)
-        iterations.append(_Iteration(seeds[0], seeds[1], values if isinstance(values, list) else []))
-        previous = values
-    return iterations
+    return fingerprints
 
 
 def _run_request(session: _Session, length: int, count: int, deadline: float, what: str,
@@ -354,7 +359,23 @@ def _run_request(session: _Session, length: int, count: int, deadline: float, wh
     reply, _, elapsed = session.request(header, deadline, what)
     if not reply.get("ok"):
         raise _reply_failure(reply, length, what)
-    return _Request(_iterations(reply, input_seed, basis_seed, count, what), elapsed)
+    return _Request(input_seed, basis_seed, _fingerprints(reply, count, what), elapsed)
+
+
+MAX_TIMING_CHARS = 400
+
+
+def _capture(session: _Session, length: int, count: int, deadline: float) -> str:
+    """Ask the child to capture the requests at ``length`` in a CUDA graph; how they will be timed
+    (``"cuda-graph"``, or eager and why). Informational: the parent's clock times them either way."""
+    what = f"capturing the forwards at T={length}"
+    header = {"op": "capture", "seq_len": length, "count": count, "input_seed": _new_seed(),
+              "basis_seed": _new_seed()}
+    reply, _, _ = session.request(header, deadline, what)
+    if not reply.get("ok"):
+        raise _reply_failure(reply, length, what)
+    timing = reply.get("timing")
+    return timing[:MAX_TIMING_CHARS] if isinstance(timing, str) else "unknown (the child did not say)"
 
 
 def _receive_output(session: _Session, length: int, deadline: float) -> torch.Tensor:
@@ -412,7 +433,12 @@ def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, 
 
     started = time.monotonic()
     warmup_s = options.warmup_seconds if options.device.startswith("cuda") else 0.0
-    request_s, done = None, 0
+    # The first request runs eagerly (the fork's kernels compile and tune at this length); then
+    # the child captures the request in a CUDA graph, which the rest of the warm-up replays.
+    progress(ProgressEvent("warmup", length, 0, max(options.warmup_runs, 1)))
+    request_s = _run_request(session, length, count, deadline, f"warm-up at T={length}").round_trip_ns / 1e9
+    run.result.timing = _capture(session, length, count, deadline)
+    done = 1
     while done < options.warmup_runs or time.monotonic() - started < warmup_s:
         progress(ProgressEvent("warmup", length, done, max(options.warmup_runs, done + 1)))
         request = _run_request(session, length, count, deadline, f"warm-up at T={length}")
@@ -442,10 +468,10 @@ def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, 
 
     started = time.monotonic()
     progress(ProgressEvent("correctness", length, 0, 1))
-    run.check = _run_request(session, length, 1, deadline, f"correctness run at T={length}").iterations[0]
+    run.check = _run_request(session, length, 1, deadline, f"correctness run at T={length}")
     run.output = _receive_output(session, length, deadline)
     run.repeat = _run_request(session, length, 1, deadline, f"repeat run at T={length}",
-                              seeds=(run.check.input_seed, run.check.basis_seed)).iterations[0]
+                              seeds=(run.check.input_seed, run.check.basis_seed))
     timings.correctness_s += time.monotonic() - started
 
     forward = sorted(r.forward_ns for r in run.timed)
@@ -550,10 +576,36 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
                     run.result.timed_runs, run.result.cv)
 
 
-def _reference_output(reference: torch.nn.Module, iteration: _Iteration, length: int, device: str) -> torch.Tensor:
-    hidden = workload.make_input(iteration.input_seed, length, device)
+def _reported_fingerprint(values: object, device: str) -> torch.Tensor | None:
+    """A fingerprint as the child reported it, float32 ``[8, K]`` on ``device``; None if it is not one."""
+    try:
+        tensor = torch.tensor(values, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError, OverflowError):
+        return None
+    if tuple(tensor.shape) != (workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS):
+        return None
+    return tensor.to(device)
+
+
+def _request_buffers(request: _Request, length: int, device: str) -> workload.RequestBuffers:
+    """The noise and bases of ``request``, rebuilt from its seeds as the child made them."""
+    buffers = workload.RequestBuffers.allocate(len(request.fingerprints), length, device)
+    workload.fill_request(buffers, request.input_seed, request.basis_seed)
+    return buffers
+
+
+def _reference_output(reference: torch.nn.Module, buffers: workload.RequestBuffers, request: _Request, index: int,
+                      device: str) -> torch.Tensor | None:
+    """The reference output of forward ``index`` of ``request``, on the input the child had to use:
+    its noise times the signs of the fingerprint the child reported for the forward before. None
+    where that fingerprint is malformed (the input cannot be rebuilt; the forward fails)."""
+    previous = None
+    if index:
+        previous = _reported_fingerprint(request.fingerprints[index - 1], device)
+        if previous is None:
+            return None
     with torch.inference_mode():
-        return reference(hidden)[0]
+        return reference(workload.forward_input(buffers.noise[index], previous))[0]
 
 
 def fingerprint_error(claimed: list, expected: torch.Tensor, reference_norms: torch.Tensor) -> float:
@@ -618,35 +670,40 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
 
     result, length = run.result, run.result.seq_len
     assert run.check is not None and run.output is not None and run.repeat is not None
-    chosen_requests = secrets.SystemRandom().sample(run.timed, min(requests_to_verify(run), len(run.timed)))
-    chosen = [iteration for request in chosen_requests for iteration in request.iterations]
-    progress(ProgressEvent("reference", length, 0, len(chosen) + 1))
-    expected = _reference_output(reference, run.check, length, device)
+    chosen = secrets.SystemRandom().sample(run.timed, min(requests_to_verify(run), len(run.timed)))
+    total = sum(len(request.fingerprints) for request in chosen)
+    progress(ProgressEvent("reference", length, 0, total + 1))
+    buffers = _request_buffers(run.check, length, device)
+    expected = _reference_output(reference, buffers, run.check, 0, device)
     output = run.output.to(device)
     result.finite = bool(torch.isfinite(output).all())
     result.rel_error = relative_error(output, expected)
     bounds = workload.segment_bounds(length)
     result.rel_error_eighths = [relative_error(output[:, a:b], expected[:, a:b]) for a, b in bounds]
     result.worst_block_error = worst_block_error(output, expected)
-    basis = workload.make_basis(run.check.basis_seed, length, device)
-    consistency = fingerprint_error(run.check.fingerprint, workload.fingerprint(output, basis),
+    consistency = fingerprint_error(run.check.fingerprints[0],
+                                    workload.fingerprint(output, buffers.directions[0], buffers.token_weights[0]),
                                     workload.segment_norms(expected))
-    result.repeat_rel_diff = _relative_difference(run.repeat.fingerprint, run.check.fingerprint)
+    result.repeat_rel_diff = _relative_difference(run.repeat.fingerprints[0], run.check.fingerprints[0])
     result.repeat_agree = result.repeat_rel_diff <= REPEAT_TOLERANCE
-    del output, expected
+    del output, expected, buffers
 
-    worst, failed = 0.0, 0
-    for index, iteration in enumerate(chosen):
-        progress(ProgressEvent("reference", length, index + 1, len(chosen) + 1))
-        expected = _reference_output(reference, iteration, length, device)
-        basis = workload.make_basis(iteration.basis_seed, length, device)
-        error = fingerprint_error(iteration.fingerprint, workload.fingerprint(expected, basis),
-                                  workload.segment_norms(expected))
-        worst = max(worst, error)
-        failed += error > FINGERPRINT_TOLERANCE
-        del expected
-    result.runs_verified = len(chosen)
-    result.requests_verified = len(chosen_requests)
+    worst, failed, done = 0.0, 0, 0
+    for request in chosen:
+        buffers = _request_buffers(request, length, device)
+        for index, reported in enumerate(request.fingerprints):
+            done += 1
+            progress(ProgressEvent("reference", length, done, total + 1))
+            expected = _reference_output(reference, buffers, request, index, device)
+            error = math.inf if expected is None else fingerprint_error(
+                reported, workload.fingerprint(expected, buffers.directions[index], buffers.token_weights[index]),
+                workload.segment_norms(expected))
+            worst = max(worst, error)
+            failed += error > FINGERPRINT_TOLERANCE
+            del expected
+        del buffers
+    result.runs_verified = total
+    result.requests_verified = len(chosen)
     result.fingerprint_error = worst
 
     where = f"T={length}"
@@ -668,7 +725,7 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
         reasons.append(f"{where}: the output sent for the check is not the output its run fingerprinted "
                        f"(difference {consistency:.3g})")
     if failed:
-        reasons.append(f"{where}: {failed} of {len(chosen)} timed forwards checked do not match the reference "
+        reasons.append(f"{where}: {failed} of {total} timed forwards checked do not match the reference "
                        f"(largest error {worst:.3g} > {FINGERPRINT_TOLERANCE:g}): the output was not "
                        "computed from that run's input")
     if not result.repeat_agree:
@@ -828,6 +885,10 @@ def evaluate(
             report.lengths[str(length)] = run.result
             if run.result.status not in (OK, SKIPPED) and run.result.error:
                 report.reasons.append(run.result.error if run.result.status == OOM else f"T={length}: {run.result.error}")
+        for length, run in runs.items():
+            if (run.result.timing or "").startswith("eager (capture failed"):
+                report.notes.append(f"T={length}: timed {run.result.timing}; the harness's cost subtracted is that "
+                                    "of a CUDA graph, so a forward that can be captured times faster")
         skipped = [str(length) for length, run in runs.items() if run.result.status == SKIPPED]
         if skipped and not any(r.startswith("sandbox") for r in report.reasons):
             report.notes.append(f"not run: T={', '.join(skipped)}")

@@ -57,7 +57,9 @@ class LengthResult:
     process reported (informational: fork code could fake it). ``rel_error`` is over the whole
     sequence, ``rel_error_eighths`` per eighth, ``worst_block_error`` over 64-token blocks
     relative to the sequence's RMS; ``fingerprint_error`` is the largest estimated error among
-    the timed forwards checked against the reference.
+    the timed forwards checked against the reference. ``timing`` says how the child ran the
+    timed forwards, as it reported (informational, like the memory): ``"cuda-graph"`` (one CUDA
+    graph per request), ``"eager (capture failed: REASON)"`` or ``"eager (cpu)"``.
     """
 
     seq_len: int
@@ -82,6 +84,7 @@ class LengthResult:
     error: str | None = None
     forwards_per_request: int = 0
     requests_verified: int = 0
+    timing: str | None = None
 
 
 @dataclass
@@ -173,6 +176,13 @@ def _flag(value: bool | None) -> str:
     return "-" if value is None else ("[green]yes[/]" if value else "[red]no[/]")
 
 
+def _timing(timing: str | None) -> str:
+    """The timing mode in a table cell: "graph" or "eager" (the reason is in the report's notes)."""
+    if timing is None:
+        return "-"
+    return "graph" if timing == "cuda-graph" else timing.split(" ", 1)[0]
+
+
 def render_report(report: EvaluationReport, console: Any = None) -> None:
     """Print ``report`` as rich tables: one row per length, then the verdict and its reasons."""
     from rich.console import Console
@@ -180,8 +190,8 @@ def render_report(report: EvaluationReport, console: Any = None) -> None:
 
     console = console or Console()
     table = Table(title=f"{report.repo} on {report.device_name or report.device}", title_justify="left")
-    for column in ("T", "status", "tok/s (median)", "slowest", "fastest", "cv", "MiB", "rel err", "1/8 max", "finite",
-                   "repeat", "correct"):
+    for column in ("T", "status", "tok/s (median)", "slowest", "fastest", "cv", "timing", "MiB", "rel err", "1/8 max",
+                   "finite", "repeat", "correct"):
         table.add_column(column, justify="left" if column == "status" else "right")
     for key in sorted(report.lengths, key=int):
         item = report.lengths[key]
@@ -189,7 +199,7 @@ def render_report(report: EvaluationReport, console: Any = None) -> None:
         worst_eighth = max(item.rel_error_eighths) if item.rel_error_eighths else None
         table.add_row(
             f"{item.seq_len:,}", status, _number(item.tokens_per_sec), _number(item.tokens_per_sec_min),
-            _number(item.tokens_per_sec_max), _number(item.cv, ".3f"), _number(item.peak_vram_mb),
+            _number(item.tokens_per_sec_max), _number(item.cv, ".3f"), _timing(item.timing), _number(item.peak_vram_mb),
             _number(item.rel_error, ".2e"), _number(worst_eighth, ".2e"), _flag(item.finite),
             _flag(item.repeat_agree), _flag(item.correct),
         )

@@ -1,20 +1,29 @@
 """What is benchmarked, made the same way on both sides of the sandbox.
 
-The parent (validator) and the sandboxed child build the layer weights, each iteration's input and
-the fingerprint basis from seeds with this one module, so the parent can recompute on its own
-what an honest fork must have produced. It imports only ``torch`` and the standard library: the
-child loads it from the harness's own copy before any fork code runs.
+The parent (validator) and the sandboxed child build the layer weights, every forward's input
+and the fingerprint bases from seeds with this one module, so the parent can recompute on its
+own what an honest fork must have produced. It imports only ``torch`` and the standard library:
+the child loads it from the harness's own copy before any fork code runs.
 
-Determinism: weights come from a CPU generator (identical on every machine); inputs and
+A request of ``count`` forwards at length ``T`` (see :class:`RequestBuffers`): the child fills
+static buffers from the request's two seeds (:func:`fill_request`: the noise ``[count, T, 512]``,
+the directions ``[count, 512, 16]`` and token weights ``[count, 8, T]``), then
+:func:`run_forwards` runs forward ``i`` on ``noise[i]`` times a ±1 vector over the hidden
+channels drawn from the bits of forward ``i - 1``'s fingerprint (:func:`signs_from_fingerprint`,
+integer arithmetic only) and writes forward ``i``'s fingerprint. Nothing in a request waits on
+the host, so the child can capture it whole in one CUDA graph; the parent rebuilds input ``i``
+from the seeds and the fingerprint reported for forward ``i - 1`` (:func:`forward_input`).
+
+Determinism: weights come from a CPU generator (identical on every machine); noise and
 fingerprint bases come from a generator on the evaluation device, which the parent uses too
 (the same device and the same torch build give the same numbers).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -77,31 +86,6 @@ def make_weights(seed: int) -> dict[str, torch.Tensor]:
     return weights
 
 
-def _device_generator(seed: int, device: torch.device | str) -> torch.Generator:
-    return torch.Generator(device=torch.device(device)).manual_seed(seed)
-
-
-def make_input(seed: int, seq_len: int, device: torch.device | str) -> torch.Tensor:
-    """The input ``torch.randn(1, seq_len, 512)`` (float32) for ``seed``, made on ``device``."""
-    generator = _device_generator(seed, device)
-    return torch.randn(1, seq_len, HIDDEN_SIZE, generator=generator, device=device, dtype=torch.float32)
-
-
-def chained_seeds(input_seed: int, basis_seed: int, index: int, previous: list | None) -> tuple[int, int]:
-    """The input and basis seeds of forward ``index`` of a request with seeds ``(input_seed, basis_seed)``.
-
-    Forward 0 uses the request's seeds; forward ``i > 0`` uses seeds hashed from them, ``i`` and the
-    fingerprint reported for forward ``i - 1`` (``previous``, as sent on the pipe), so its input
-    exists only once that forward's output does: the forwards of a request run one after another
-    and cannot be batched together. The parent rebuilds every seed from the reported fingerprints.
-    """
-    if index == 0:
-        return input_seed, basis_seed
-    text = json.dumps([input_seed, basis_seed, index, previous], separators=(",", ":"))
-    digest = hashlib.sha256(text.encode()).digest()
-    mask = (1 << 63) - 1
-    return int.from_bytes(digest[:8], "big") & mask, int.from_bytes(digest[8:16], "big") & mask
-
 
 def segment_bounds(seq_len: int, segments: int = SEGMENTS) -> list[tuple[int, int]]:
     """``segments`` contiguous, nearly equal ``[start, stop)`` token ranges covering the sequence."""
@@ -109,28 +93,119 @@ def segment_bounds(seq_len: int, segments: int = SEGMENTS) -> list[tuple[int, in
     return [(cuts[i], cuts[i + 1]) for i in range(segments)]
 
 
-def make_basis(seed: int, seq_len: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fingerprint basis for ``seed``: ±1 matrix ``R [512, K]`` and ±1 token weights ``w [T]``."""
-    generator = _device_generator(seed, device)
-    directions = torch.randint(0, 2, (HIDDEN_SIZE, FINGERPRINT_DIRECTIONS), generator=generator, device=device)
-    token_signs = torch.randint(0, 2, (seq_len,), generator=generator, device=device)
-    return (directions * 2 - 1).to(torch.float32), (token_signs * 2 - 1).to(torch.float32)
+@dataclass
+class RequestBuffers:
+    """Everything a request of ``count`` forwards at length ``seq_len`` reads and writes, allocated once.
+
+    ``noise [count, T, 512]``: forward ``i``'s input before its signs (``randn``); ``directions
+    [count, 512, K]``: ±1; ``token_weights [count, 8, T]``: row ``e`` holds a random ±1 on the
+    tokens of eighth ``e`` and 0 elsewhere; ``fingerprints [count, 8, K]``: written by
+    :func:`run_forwards`. All float32 on ``device``; the rest is scratch and generators.
+    """
+
+    count: int
+    seq_len: int
+    noise: torch.Tensor
+    directions: torch.Tensor
+    token_weights: torch.Tensor
+    fingerprints: torch.Tensor
+    token_signs: torch.Tensor
+    segment_mask: torch.Tensor
+    input_generator: torch.Generator
+    basis_generator: torch.Generator
+
+    @classmethod
+    def allocate(cls, count: int, seq_len: int, device: torch.device | str) -> RequestBuffers:
+        device = torch.device(device)
+        mask = torch.zeros(SEGMENTS, seq_len, device=device)
+        for row, (start, stop) in enumerate(segment_bounds(seq_len)):
+            mask[row, start:stop] = 1.0
+        return cls(
+            count=count, seq_len=seq_len,
+            noise=torch.empty(count, seq_len, HIDDEN_SIZE, device=device),
+            directions=torch.empty(count, HIDDEN_SIZE, FINGERPRINT_DIRECTIONS, device=device),
+            token_weights=torch.empty(count, SEGMENTS, seq_len, device=device),
+            fingerprints=torch.zeros(count, SEGMENTS, FINGERPRINT_DIRECTIONS, device=device),
+            token_signs=torch.empty(count, seq_len, device=device),
+            segment_mask=mask,
+            input_generator=torch.Generator(device=device),
+            basis_generator=torch.Generator(device=device),
+        )
 
 
-def fingerprint(output: torch.Tensor, basis: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+def fill_request(buffers: RequestBuffers, input_seed: int, basis_seed: int) -> None:
+    """Fill the noise from ``input_seed`` and the fingerprint bases from ``basis_seed`` (a few launches)."""
+    buffers.noise.normal_(generator=buffers.input_generator.manual_seed(input_seed))
+    generator = buffers.basis_generator.manual_seed(basis_seed)
+    buffers.directions.random_(0, 2, generator=generator).mul_(2).sub_(1)
+    buffers.token_signs.random_(0, 2, generator=generator).mul_(2).sub_(1)
+    torch.mul(buffers.segment_mask, buffers.token_signs[:, None, :], out=buffers.token_weights)
+
+
+# signs_from_fingerprint: each fingerprint value's 32 bits times an odd constant (mod 2^32); bits
+# 28-31 of the product depend on all 32 bits of the value. The bits masked to 32 and a multiplier
+# below 2^31 keep every product under 2^63, so int64 arithmetic is exact on every device and in
+# the parent's check.
+SIGN_VALUES = SEGMENTS * FINGERPRINT_DIRECTIONS
+SIGN_BITS = HIDDEN_SIZE // SIGN_VALUES
+_SIGN_MULTIPLIER = 0x2545F491
+_LOW_32 = 0xFFFFFFFF
+
+
+def signs_from_fingerprint(fingerprint_values: torch.Tensor) -> torch.Tensor:
+    """A ±1 int64 vector ``[512]`` from the bits of a float32 fingerprint ``[8, K]``, on its device.
+
+    ``signs[4 p + b]`` is ``-1`` where bit ``28 + b`` of ``(bits of value p) * 0x2545F491`` is set.
+    Integer operations only, so the parent gets exactly the child's signs from the float values
+    the child reported. Six launches, none reading host memory (a CUDA graph captures them).
+    """
+    device = fingerprint_values.device
+    words = fingerprint_values.reshape(-1).contiguous().view(torch.int32).to(torch.int64)
+    mixed = (words & _LOW_32) * _SIGN_MULTIPLIER
+    shifted = mixed[:, None] >> torch.arange(32 - SIGN_BITS, 32, device=device, dtype=torch.int64)
+    # (-1)^n is -1 exactly where n's lowest bit, the bit shifted down, is set.
+    return torch.pow(-1, shifted.reshape(-1))
+
+
+def forward_input(noise: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
+    """A forward's input ``[1, T, 512]``: its noise ``[T, 512]``, times the signs from the previous
+    forward's fingerprint (``None`` for a request's first forward)."""
+    if previous is None:
+        return noise.unsqueeze(0)
+    return (noise * signs_from_fingerprint(previous)).unsqueeze(0)
+
+
+def fingerprint(output: torch.Tensor, directions: torch.Tensor, token_weights: torch.Tensor,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """Random projections of a layer output ``[1, T, 512]``, one row of ``K`` values per eighth.
 
-    Row ``e``, column ``j`` is ``sum over tokens t in eighth e of w_t * <out_t, R_j>``: a projection
-    of the eighth onto a random ±1 pattern, so for any error ``E`` the mean square of the
-    projections of ``E`` over the ``K`` columns estimates ``||E_e||²`` (pairwise-independent
-    signs). One matrix product reads the output once in its own dtype (float32 accumulation);
-    a NaN or infinity anywhere in an eighth makes that row non-finite. Returns float32 ``[8, K]``.
+    Row ``e``, column ``j`` is ``sum over tokens t in eighth e of w_t * <out_t, R_j>`` (``R`` =
+    ``directions [512, K]``, ``token_weights [8, T]`` = ``w_t`` on eighth ``e``'s tokens in row
+    ``e``): a projection of the eighth onto a random ±1 pattern, so for any error ``E`` the mean
+    square of the projections of ``E`` over the ``K`` columns estimates ``||E_e||²``
+    (pairwise-independent signs). The output is read once in its own dtype (float32
+    accumulation); a NaN or infinity anywhere makes the fingerprint non-finite. Returns float32
+    ``[8, K]``, written to ``out`` if given.
     """
-    directions, token_signs = basis
     flat = output.reshape(-1, output.shape[-1])
     projected = (flat @ directions.to(flat.dtype)).to(torch.float32)
-    rows = [token_signs[start:stop] @ projected[start:stop] for start, stop in segment_bounds(flat.shape[0])]
-    return torch.stack(rows)
+    return torch.matmul(token_weights, projected, out=out)
+
+
+def run_forwards(forward: Callable[[torch.Tensor], torch.Tensor], buffers: RequestBuffers) -> torch.Tensor:
+    """The forwards of a filled request, one after another: forward ``i`` runs on
+    ``forward_input(noise[i], fingerprints[i - 1])`` and writes ``fingerprints[i]``. Launches
+    only (no host synchronisation), so it can be captured in a CUDA graph. Returns the last output.
+    """
+    output = None
+    for index in range(buffers.count):
+        previous = buffers.fingerprints[index - 1] if index else None
+        hidden = forward_input(buffers.noise[index], previous)
+        output = None
+        output = forward(hidden)
+        del hidden
+        fingerprint(output, buffers.directions[index], buffers.token_weights[index], out=buffers.fingerprints[index])
+    return output
 
 
 def segment_norms(output: torch.Tensor) -> torch.Tensor:

@@ -27,6 +27,26 @@ def _wrap(body: str) -> str:
     return _WRAPPER.format(body=textwrap.indent(textwrap.dedent(body).strip("\n"), " " * 8))
 
 
+_FROZEN_TIMERS = """
+import time as _time
+
+_real_sleep = _time.sleep
+_time.perf_counter = lambda: 1.0
+_time.perf_counter_ns = lambda: 1_000_000_000
+_time.time = lambda: 1.0
+torch.cuda.synchronize = lambda *a, **k: None
+
+
+class _FrozenEvent:
+    def __init__(self, *a, **k): pass
+    def record(self, *a, **k): pass
+    def synchronize(self): pass
+    def elapsed_time(self, other): return 0.001
+
+
+torch.cuda.Event = _FrozenEvent
+"""
+
 ATTACKS: dict[str, str] = {
     # Skips the work and returns zeros.
     "zeros": _wrap("""
@@ -59,29 +79,25 @@ ATTACKS: dict[str, str] = {
             cache[key] = super().forward(hidden_states, *args, **kwargs)
         return cache[key]
     """),
-    # Freezes every clock and timer it can reach, then takes its time.
-    "timers": """
-import time as _time
-
-_real_sleep = _time.sleep
-_time.perf_counter = lambda: 1.0
-_time.perf_counter_ns = lambda: 1_000_000_000
-_time.time = lambda: 1.0
-torch.cuda.synchronize = lambda *a, **k: None
-
-
-class _FrozenEvent:
-    def __init__(self, *a, **k): pass
-    def record(self, *a, **k): pass
-    def synchronize(self): pass
-    def elapsed_time(self, other): return 0.001
-
-
-torch.cuda.Event = _FrozenEvent
-""" + _wrap("""
+    # Freezes every clock and timer it can reach, then takes its time on the host.
+    "timers": _FROZEN_TIMERS + _wrap("""
     _real_sleep({sleep_seconds})
     return super().forward(hidden_states, *args, **kwargs)
 """),
+    # Freezes every clock and timer it can reach, then takes its time on the GPU (a spin of the
+    # given cycles, which a CUDA graph replays with the forward).
+    "timers_gpu": _FROZEN_TIMERS + _wrap("""
+    torch.cuda._sleep({gpu_cycles})
+    return super().forward(hidden_states, *args, **kwargs)
+"""),
+    # Not an attack: an honest forward that reads a value back to the host, which no CUDA graph
+    # can capture; it must be timed eagerly, with the reason in the report.
+    "host_sync": _wrap("""
+        out, attn, cache = super().forward(hidden_states, *args, **kwargs)
+        if not bool(torch.isfinite(out).all()):
+            raise FloatingPointError("non-finite output")
+        return out, attn, cache
+    """),
     # Floods stdout.
     "flood": _wrap("""
         import sys
@@ -158,8 +174,8 @@ for _path in {paths}:
     except OSError as _error:
         print("WRITE-REFUSED", _path, _error, flush=True)
 """,
-    # Patches the harness's child code: after two honest runs it skips the layer and replays the
-    # last fingerprint the harness computed.
+    # Patches the harness's child code: after two honest forwards it skips the layer and replays
+    # the last fingerprint the harness computed.
     "forge_reply": """
 import sys as _sys
 
@@ -168,11 +184,11 @@ _honest_fingerprint = _workload.fingerprint
 _forged = {"calls": 0, "last": None}
 
 
-def _replayed_fingerprint(output, basis):
+def _replayed_fingerprint(output, directions, token_weights, out=None):
     _forged["calls"] += 1
     if _forged["last"] is None or _forged["calls"] <= 2:
-        _forged["last"] = _honest_fingerprint(output, basis)
-    return _forged["last"]
+        _forged["last"] = _honest_fingerprint(output, directions, token_weights).clone()
+    return out.copy_(_forged["last"]) if out is not None else _forged["last"].clone()
 
 
 _workload.fingerprint = _replayed_fingerprint
@@ -181,24 +197,24 @@ _workload.fingerprint = _replayed_fingerprint
         return torch.empty(hidden_states.shape, dtype=torch.bfloat16, device=hidden_states.device), None, None
     return super().forward(hidden_states, *args, **kwargs)
 """),
-    # Computes only the first forward of each request (the harness's seed chain says which one it
-    # is) and returns zeros for the others.
+    # Computes only the first forward of each request (the harness's input function says which
+    # one it is: the first has no previous fingerprint) and returns zeros for the others.
     "first_only": """
 import sys as _sys
 
 _workload = _sys.modules["workload"]
-_honest_chained_seeds = _workload.chained_seeds
-_position = {"index": 0}
+_honest_forward_input = _workload.forward_input
+_position = {"first": True}
 
 
-def _noting_chained_seeds(input_seed, basis_seed, index, previous):
-    _position["index"] = index
-    return _honest_chained_seeds(input_seed, basis_seed, index, previous)
+def _noting_forward_input(noise, previous):
+    _position["first"] = previous is None
+    return _honest_forward_input(noise, previous)
 
 
-_workload.chained_seeds = _noting_chained_seeds
+_workload.forward_input = _noting_forward_input
 """ + _wrap("""
-    if _position["index"] > 0:
+    if not _position["first"]:
         return torch.zeros_like(hidden_states, dtype=torch.bfloat16), None, None
     return super().forward(hidden_states, *args, **kwargs)
 """),
@@ -207,7 +223,7 @@ _workload.chained_seeds = _noting_chained_seeds
 import sys as _sys
 
 _workload = _sys.modules["workload"]
-_workload.make_input = lambda seed, seq_len, device: torch.zeros(1, seq_len, _workload.HIDDEN_SIZE, device=device)
+_workload.forward_input = lambda noise, previous: torch.zeros(1, *noise.shape, device=noise.device)
 """,
     # Runs out of memory at one length.
     "oom": _wrap("""
