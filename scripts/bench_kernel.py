@@ -132,21 +132,20 @@ def kernel_resources() -> list[dict]:
 
 def conv_sweep(length: int, blocks: list[tuple[int, int, int]], runs: int = 20) -> list[dict]:
     """Median milliseconds of the fused causal conv + SiLU of q, k and v on a ``length``-token tile
-    of the layer's projection (as the layer reads it: a strided view) for each (tokens, channels, warps)."""
+    of the layer's projection (as the layer reads it: in place, after the 3 inputs before the
+    tile) for each (tokens, channels, warps)."""
     import triton.testing
 
     from fla.ops.quasar.layer_kernels import causal_conv_silu
 
     width = 3 * LAYER["hidden_size"]
-    projected = torch.randn(1, length, width + LAYER["head_dim"], device="cuda", dtype=torch.bfloat16)
-    qkv = projected[..., :width]
+    projected = torch.randn(1, 3 + length, width + LAYER["head_dim"], device="cuda", dtype=torch.bfloat16)
     weight = torch.randn(width, 4, device="cuda")
-    cache = torch.randn(1, width, 4, device="cuda", dtype=torch.bfloat16)
     rows = []
     for block in blocks:
-        ms = triton.testing.do_bench(lambda: causal_conv_silu(qkv, weight, cache, 3, False, block), rep=runs * 5,
+        ms = triton.testing.do_bench(lambda: causal_conv_silu(projected, weight, 3, block), rep=runs * 5,
                                      return_mode="median")
-        rows.append({"block": list(block), "length": length, "ms": ms, "gb_per_s": 2 * qkv.numel() * 2 / ms / 1e6})
+        rows.append({"block": list(block), "length": length, "ms": ms, "gb_per_s": 2 * length * width * 2 / ms / 1e6})
     return rows
 
 

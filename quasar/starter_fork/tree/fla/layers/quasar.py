@@ -11,10 +11,13 @@ Per token x (hidden size C, H heads of size D):
 A long sequence runs ``layer_tile_tokens`` (tuning.json) tokens at a time: each tile's
 projections, convolutions (continuing from the previous tile's last inputs), core (continuing
 from its state) and output are computed before the next, so the intermediates of only one tile
-are ever in memory. The input projections W_q, W_k, W_v and W_g1 run as one matrix product; where
-the Triton kernels run, the three convolutions + SiLU run as one kernel reading that product in
-place, and the RMSNorm + gate as another (fla.ops.quasar.layer_kernels), or, when no gradient is
-needed, inside the core's output pass (``chunk_quasar_norm_gated``).
+are ever in memory. The input projections W_q, W_k, W_v and W_g1 run as one matrix product. When
+no gradient is needed (chunk mode, where the Triton kernels run), that product is written after
+the convolution's W - 1 previous inputs, the three convolutions + SiLU run as one kernel reading
+it in place (fla.ops.quasar.layer_kernels), and the RMSNorm + gate run inside the core's output
+pass (``chunk_quasar_norm_gated``). With gradients, the layer's modules run one after another
+(``ShortConvolution``, ``chunk_quasar``, ``FusedRMSNormGated``), so every parameter gets its
+gradient.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from fla.modules import FusedRMSNormGated, ShortConvolution
 from fla.ops.quasar import chunk_quasar, fused_recurrent_quasar
 from fla.ops.quasar.chunk import chunk_quasar_norm_gated
 from fla.ops.quasar.device import triton_can_run_on
-from fla.ops.quasar.layer_kernels import causal_conv_silu, rms_norm_gated
+from fla.ops.quasar.layer_kernels import causal_conv_silu
 from fla.ops.quasar.tuning import load_tuning
 
 
@@ -166,38 +169,60 @@ class QuasarAttention(nn.Module):
         gated, normalised heads ``[B, L, H * D]`` (the output projection's input) and, when
         ``carry``, the states after this tile (else None)."""
         weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj[0].weight])
+        in_kernels = (
+            not torch.is_grad_enabled() and self.mode == "chunk" and self.use_short_conv and cu_seqlens is None
+            and self.key_dim == self.value_dim and self.o_norm.activation == "sigmoid"
+            and self.o_norm.weight is not None and triton_can_run_on(x)
+        )
+        if in_kernels:
+            return self._forward_tile_in_kernels(x, weight, recurrent_state, conv_state, carry)
         projected = F.linear(x, weight)
         qkv, g = projected.split([2 * self.key_dim + self.value_dim, self.head_dim], -1)
-        fused = triton_can_run_on(x) and cu_seqlens is None and self.key_dim == self.value_dim
-        if self.use_short_conv and fused:
-            conv_weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])
-            cache = None if conv_state[0] is None else torch.cat(conv_state, 1)
-            (q, k, v), cache = causal_conv_silu(qkv, conv_weight.squeeze(1), cache, 3, carry)
-            conv_state = cache.split([self.key_dim, self.key_dim, self.value_dim], 1) if carry else (None, None, None)
-        else:
-            q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], -1)
-            if self.use_short_conv:
-                conv_q, conv_k, conv_v = conv_state
-                q, conv_q = self.q_conv1d(q, cache=conv_q, output_final_state=carry, cu_seqlens=cu_seqlens)
-                k, conv_k = self.k_conv1d(k, cache=conv_k, output_final_state=carry, cu_seqlens=cu_seqlens)
-                v, conv_v = self.v_conv1d(v, cache=conv_v, output_final_state=carry, cu_seqlens=cu_seqlens)
-                conv_state = (conv_q, conv_k, conv_v)
+        q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], -1)
+        if self.use_short_conv:
+            conv_q, conv_k, conv_v = conv_state
+            q, conv_q = self.q_conv1d(q, cache=conv_q, output_final_state=carry, cu_seqlens=cu_seqlens)
+            k, conv_k = self.k_conv1d(k, cache=conv_k, output_final_state=carry, cu_seqlens=cu_seqlens)
+            v, conv_v = self.v_conv1d(v, cache=conv_v, output_final_state=carry, cu_seqlens=cu_seqlens)
+            conv_state = (conv_q, conv_k, conv_v)
         q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in (q, k, v))
+        kernel = chunk_quasar if self.mode == "chunk" else fused_recurrent_quasar
+        o, recurrent_state = kernel(
+            q, k, v, F.softplus(self.beta_log.float()), initial_state=recurrent_state, output_final_state=carry,
+            cu_seqlens=cu_seqlens,
+        )
+        return self.o_norm(o, self._gate(g)).flatten(-2), recurrent_state, conv_state
 
-        beta = F.softplus(self.beta_log.float())
-        # g_proj[1] on a 2-D view: one matrix product with its bias (3-D strided input costs an
-        # extra pass for the bias).
-        g = self.g_proj[1](g.flatten(0, -2)).unflatten(0, g.shape[:-1]).unflatten(-1, (self.num_heads, self.head_dim))
-        fused_norm = fused and self.o_norm.activation == "sigmoid" and self.o_norm.weight is not None
-        if fused_norm and self.mode == "chunk" and not torch.is_grad_enabled():
-            o, recurrent_state = chunk_quasar_norm_gated(
-                q, k, v, beta, g, self.o_norm.weight, self.o_norm.eps,
-                initial_state=recurrent_state, output_final_state=carry,
-            )
+    def _gate(self, g: torch.Tensor) -> torch.Tensor:
+        """g_proj[1] of ``g [B, L, D]`` as ``[B, L, H, D]``, run on a 2-D view: one matrix product
+        with its bias (a 3-D strided input costs an extra pass for the bias)."""
+        return self.g_proj[1](g.flatten(0, -2)).unflatten(0, g.shape[:-1]).unflatten(-1, (self.num_heads, self.head_dim))
+
+    def _forward_tile_in_kernels(self, x, weight, recurrent_state, conv_state, carry):
+        """:meth:`_forward_tile` without gradients: one conv kernel reading the projections in place,
+        and the core with the RMSNorm + gate in its output pass."""
+        taps = self.conv_size
+        width = 2 * self.key_dim + self.value_dim
+        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+        # Each row's projections go after the W - 1 conv inputs before this tile (autocast skips
+        # out= calls, so the operands take its dtype here).
+        buffer = x.new_empty(x.shape[0], taps - 1 + x.shape[1], weight.shape[0], dtype=dtype)
+        x, weight = x.to(dtype), weight.to(dtype).t()
+        for row in range(x.shape[0]):
+            torch.matmul(x[row], weight, out=buffer[row, taps - 1:])
+        if conv_state[0] is None:
+            buffer[:, :taps - 1].zero_()
         else:
-            kernel = chunk_quasar if self.mode == "chunk" else fused_recurrent_quasar
-            o, recurrent_state = kernel(
-                q, k, v, beta, initial_state=recurrent_state, output_final_state=carry, cu_seqlens=cu_seqlens,
-            )
-            o = rms_norm_gated(o, g, self.o_norm.weight, self.o_norm.eps) if fused_norm else self.o_norm(o, g)
+            # The cache holds the last W inputs, newest last; the conv reads the last W - 1.
+            buffer[:, :taps - 1, :width].copy_(torch.cat(conv_state, 1)[..., 1:].transpose(1, 2))
+        conv_weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]).squeeze(1)
+        q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in causal_conv_silu(buffer, conv_weight, 3))
+        o, recurrent_state = chunk_quasar_norm_gated(
+            q, k, v, F.softplus(self.beta_log.float()), self._gate(buffer[:, taps - 1:, width:]),
+            self.o_norm.weight, self.o_norm.eps, initial_state=recurrent_state, output_final_state=carry,
+        )
+        conv_state = (None, None, None)
+        if carry:
+            last = buffer[:, -taps:, :width].transpose(1, 2)
+            conv_state = tuple(part.contiguous() for part in last.split([self.key_dim, self.key_dim, self.value_dim], 1))
         return o.flatten(-2), recurrent_state, conv_state

@@ -412,7 +412,7 @@ def chunk_quasar_norm_gated(
     norm done in the output pass (the unnormalised output never goes to memory).
 
     Forward only, on devices where the Triton kernels run: the layer uses it when no gradient is
-    needed, and :func:`chunk_quasar` with ``fla.ops.quasar.layer_kernels.rms_norm_gated`` otherwise.
+    needed, and :func:`chunk_quasar` with its ``FusedRMSNormGated`` module otherwise.
     ``g`` has v's shape, ``norm_weight`` is ``[V]``.
     """
     check_quasar_inputs(q, k, v, beta, initial_state, None)
