@@ -7,7 +7,6 @@ obviously correct version on fresh random inputs.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import random
@@ -157,11 +156,11 @@ def test_signs_are_the_rule_recomputed_from_the_reported_floats():
         values = torch.randn(8, workload.FINGERPRINT_DIRECTIONS) * 10 ** rng.uniform(-6, 6)
         if trial % 4 == 0:
             values.view(-1)[: len(special)] = torch.tensor(special)
-        reported = json.loads(json.dumps(values.tolist()))
         signs = workload.signs_from_fingerprint(values)
-        assert signs.shape == (512,) and signs.tolist() == naive_signs(reported)
-        # What the parent rebuilds from the reply is what the child computed from its tensor.
-        assert torch.equal(workload.signs_from_fingerprint(torch.tensor(reported, dtype=torch.float32)), signs)
+        assert signs.shape == (512,) and signs.tolist() == naive_signs(values.tolist())
+        # What the parent rebuilds from the reply's bytes is what the child computed from its tensor.
+        received = torch.frombuffer(bytearray(memoryview(values.numpy()).cast("B")), dtype=torch.float32)
+        assert torch.equal(workload.signs_from_fingerprint(received.reshape(values.shape)), signs)
     # One unit in the last place of one value changes its signs with probability 15/16.
     values = torch.randn(8, workload.FINGERPRINT_DIRECTIONS)
     changed = 0
@@ -193,7 +192,7 @@ def test_run_forwards_matches_a_slow_per_forward_chain_and_the_parents_rebuild()
     buffers = filled(count, length, input_seed, basis_seed)
     layer = RecordingLayer(rng.randrange(1 << 30))
     last = workload.run_forwards(layer, buffers)
-    reported = json.loads(json.dumps(buffers.fingerprints.tolist()))
+    reported = buffers.fingerprints.tolist()
     assert torch.equal(last, torch.tanh(layer.inputs[-1] @ layer.weight).bfloat16())
 
     # The slow chain: the noise from torch.randn, the signs in plain Python from the floats sent.
@@ -207,15 +206,14 @@ def test_run_forwards_matches_a_slow_per_forward_chain_and_the_parents_rebuild()
         # eighth's scale); a wrong input, basis or row would be off by about 1.
         assert fingerprint_error(reported[index], expected, workload.segment_norms(output)) < 1e-2
 
-    # The parent rebuilds each input from the seeds and the reply (an identity "reference" returns it).
-    request = _Request(input_seed, basis_seed, reported, 0)
+    # The parent rebuilds each input from the seeds and the reply's bytes (an identity "reference" returns it).
+    payload = bytearray(memoryview(buffers.fingerprints.numpy()).cast("B"))
+    request = _Request(input_seed, basis_seed, harness._fingerprints(payload, count, "test"), 0)
+    assert request.fingerprints.tolist() == reported
     rebuilt = harness._request_buffers(request, length, "cpu")
     for index in range(count):
         assert torch.equal(_reference_output(lambda hidden: (hidden,), rebuilt, request, index, "cpu"),
                            layer.inputs[index])
-    # A malformed previous fingerprint leaves the next input unbuildable.
-    broken = _Request(input_seed, basis_seed, [reported[0][:3]] + reported[1:], 0)
-    assert _reference_output(lambda hidden: (hidden,), rebuilt, broken, 1, "cpu") is None
 
 
 def test_each_input_exists_only_after_the_previous_fingerprint():
@@ -514,8 +512,8 @@ def test_report_round_trips_through_json_and_drops_non_finite_numbers():
 
 def child_request(reference: torch.nn.Module, length: int, seeds: tuple[int, int], count: int, fake_after_first=False):
     """What the child sends for a ``run`` request (the chained forwards of workload.run_forwards
-    through the reference layer, bf16 outputs), and the last output. ``fake_after_first``:
-    forwards after the first return zeros, as a fork skipping them would."""
+    through the reference layer, bf16 outputs: the fingerprints' bytes), and the last output.
+    ``fake_after_first``: forwards after the first return zeros, as a fork skipping them would."""
     buffers = filled(count, length, *seeds)
     calls = []
 
@@ -527,7 +525,7 @@ def child_request(reference: torch.nn.Module, length: int, seeds: tuple[int, int
             return reference(hidden)[0].bfloat16()
 
     output = workload.run_forwards(forward, buffers)
-    return {"ok": True, "fingerprints": buffers.fingerprints.tolist()}, output
+    return bytearray(memoryview(buffers.fingerprints.numpy()).cast("B")), output
 
 
 def honest_run(reference: torch.nn.Module, length: int, timed: int = 3, count: int = 1, fake_after_first=False):
@@ -535,8 +533,8 @@ def honest_run(reference: torch.nn.Module, length: int, timed: int = 3, count: i
     from quasar.evaluate.harness import LengthResult, _fingerprints, _LengthRun, _Request
 
     def request(seeds: tuple[int, int], count: int, fake=False):
-        reply, output = child_request(reference, length, seeds, count, fake)
-        return _Request(*seeds, _fingerprints(reply, count, "test"), 1_000_000 * count, 1_000_000), output
+        payload, output = child_request(reference, length, seeds, count, fake)
+        return _Request(*seeds, _fingerprints(payload, count, "test"), 1_000_000 * count, 1_000_000), output
 
     run = _LengthRun(LengthResult(seq_len=length, status="ok", forwards_per_request=count))
     run.timed = [request((10 + i, 20 + i), count, fake_after_first)[0] for i in range(timed)]
@@ -570,12 +568,13 @@ def test_verification_passes_an_honest_run_and_reports_an_unverifiable_length(mo
 def test_the_parent_takes_one_fingerprint_per_forward_from_the_reply():
     from quasar.evaluate.harness import _ChildFailure, _fingerprints
 
-    reply = {"ok": True, "fingerprints": [[[0.25 * i, -1.0]] for i in range(4)]}
-    assert _fingerprints(reply, 4, "test") == reply["fingerprints"]
-    with pytest.raises(_ChildFailure, match="3 fingerprints for 4 forwards"):
-        _fingerprints({"ok": True, "fingerprints": reply["fingerprints"][:3]}, 4, "test")
-    with pytest.raises(_ChildFailure, match="no list of fingerprints"):
-        _fingerprints({"ok": True, "fingerprint": [[1.0]]}, 1, "test")
+    values = torch.randn(4, 8, workload.FINGERPRINT_DIRECTIONS)
+    payload = bytearray(memoryview(values.numpy()).cast("B"))
+    assert torch.equal(_fingerprints(payload, 4, "test"), values)
+    with pytest.raises(_ChildFailure, match="1536 bytes of fingerprints for 4 forwards, expected 2048"):
+        _fingerprints(payload[:1536], 4, "test")
+    with pytest.raises(_ChildFailure, match="0 bytes of fingerprints for 1 forwards"):
+        _fingerprints(None, 1, "test")
 
 
 @pytest.mark.parametrize(("length", "tokens", "cap", "expected"), [
@@ -634,10 +633,10 @@ def test_verification_checks_every_forward_of_the_requests_it_picks():
     reference.load_state_dict(workload.make_weights(9), strict=True)
     runs = {64: honest_run(reference, 64, timed=2, count=3), 128: honest_run(reference, 128, timed=2, count=3,
                                                                               fake_after_first=True)}
-    # A reply whose middle fingerprint is malformed: that forward fails, and so does the next,
-    # whose input cannot be rebuilt without it.
+    # A reply whose middle fingerprint is replaced by NaNs: that forward fails, and so does the
+    # next, whose input the parent rebuilds from the NaNs' bits, not from what the child used.
     runs[96] = honest_run(reference, 96, timed=1, count=3)
-    runs[96].timed[0].fingerprints[1] = "garbage"
+    runs[96].timed[0].fingerprints[1] = math.nan
     reasons = harness._verify(runs, 9, "cpu", Timings(), lambda event: None)
     honest, faked = runs[64].result, runs[128].result
     assert honest.correct is True and honest.runs_verified == 6 and honest.requests_verified == 2

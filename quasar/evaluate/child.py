@@ -9,7 +9,8 @@ Requests (JSON headers; see protocol.py) and replies:
 
 - ``ping`` -> ``pong`` with ``cpus``, the CPUs this process may run on (sandbox start-up, before fork code)
 - ``calibrate {seq_len, input_seed, basis_seed, count}``: a request as ``run`` makes it with a
-  stand-in for the layer that returns a fixed output (on CUDA in a CUDA graph of its own) -> ``{ok}``
+  stand-in for the layer that returns a fixed output (on CUDA in a CUDA graph of its own), reply
+  and payload included -> ``{ok}`` + fingerprints
 - ``load {fork_dir, weights_seed}``: import the fork's ``fla.layers.quasar.QuasarAttention``,
   build the benchmark layer, load the weights -> ``{ok, parameters}``
 - ``capture {seq_len, count, input_seed, basis_seed}``: on CUDA, capture the ``run`` of ``count``
@@ -19,7 +20,8 @@ Requests (JSON headers; see protocol.py) and replies:
   ``"eager (capture failed: REASON)"`` and the forwards stay eager (always eager on CPU)
 - ``run {seq_len, input_seed, basis_seed, count}``: fill the request's buffers from the seeds
   (workload.fill_request), run the ``count`` chained forwards (workload.run_forwards; the graph
-  if captured) -> ``{ok, fingerprints}`` (one per forward, read back in one synchronisation)
+  if captured) -> ``{ok}`` + the fingerprints as payload: float32 ``[count, 8, 16]`` in this
+  machine's byte order, read back in one synchronisation (JSON floats cost the host milliseconds)
 - ``output``: the last forward's output as raw bytes -> ``{ok, dtype, shape}`` + payload
 - ``memory {reset}``: peak device memory since the last reset -> ``{ok, peak_bytes}``
 - ``exit``
@@ -126,15 +128,15 @@ class Server:
     def stand_in_forward(self, slot: Slot):
         """A stand-in for the layer that returns one fixed output (the harness's own cost, calibrated)."""
         if slot.stand_in is None:
-            slot.stand_in = torch.randn(1, slot.buffers.seq_len, workload.HIDDEN_SIZE, device=self.device,
-                                        dtype=workload.AUTOCAST_DTYPE)
+            slot.stand_in = torch.full((1, slot.buffers.seq_len, workload.HIDDEN_SIZE), 0.5, device=self.device,
+                                       dtype=workload.AUTOCAST_DTYPE)
         stand_in = slot.stand_in
         return lambda hidden: stand_in
 
-    def execute(self, request: dict, which: str, forward) -> tuple[list, torch.Tensor]:
+    def execute(self, request: dict, which: str, forward) -> tuple[memoryview, torch.Tensor]:
         """Fill a request's buffers from its seeds and run its forwards (the captured graph of
-        ``which`` if there is one); the fingerprints, read back in the request's one
-        synchronisation, and the last output."""
+        ``which`` if there is one); the fingerprints as raw float32 bytes, read back in the
+        request's one synchronisation, and the last output."""
         slot = self.slot(int(request["seq_len"]), max(int(request.get("count", 1)), 1))
         workload.fill_request(slot.buffers, int(request["input_seed"]), int(request["basis_seed"]))
         if which in slot.graphs:
@@ -142,7 +144,7 @@ class Server:
             graph.replay()
         else:
             output = workload.run_forwards(forward, slot.buffers)
-        return slot.buffers.fingerprints.tolist(), output
+        return memoryview(slot.buffers.fingerprints.cpu().numpy()).cast("B"), output
 
     def capture(self, slot: Slot, which: str, forward, input_seed: int, basis_seed: int) -> None:
         """Capture the forwards of a request of ``slot``'s size in one CUDA graph, kept as ``which``.
@@ -180,14 +182,14 @@ class Server:
             difference = float(torch.linalg.vector_norm(replayed - eager_first)) / max(scale, 1e-30)
         except Exception as error:  # noqa: BLE001  (any failure of the capture, fork code included, is a reason)
             if pool_open:
-                release_pool(self.device, pool)
+                recover_from_failed_capture(self.device, pool)
             raise CaptureFailed(failure_reason(error)) from None
         if not difference <= GRAPH_AGREEMENT_TOLERANCE:
             raise CaptureFailed(f"the graph's replay differs from the eager forwards (relative difference "
                                 f"{difference:.3g} of the first forward's fingerprint)")
         slot.graphs[which] = (graph, output)
 
-    def handle_calibrate(self, request: dict) -> dict:
+    def handle_calibrate(self, request: dict) -> tuple[dict, memoryview | None]:
         slot = self.slot(int(request["seq_len"]), max(int(request.get("count", 1)), 1))
         forward = self.stand_in_forward(slot)
         with torch.inference_mode():
@@ -195,11 +197,11 @@ class Server:
                 try:
                     self.capture(slot, STAND_IN, forward, int(request["input_seed"]), int(request["basis_seed"]))
                 except CaptureFailed as failure:
-                    return {"ok": False, "kind": "error", "error": f"the harness's own CUDA graph: {failure}"}
-            self.execute(request, STAND_IN, forward)
-        return {"ok": True}
+                    return {"ok": False, "kind": "error", "error": f"the harness's own CUDA graph: {failure}"}, None
+            fingerprints, _ = self.execute(request, STAND_IN, forward)
+        return {"ok": True}, fingerprints
 
-    def handle_load(self, request: dict) -> dict:
+    def handle_load(self, request: dict) -> tuple[dict, None]:
         self.slots.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -210,13 +212,13 @@ class Server:
         layer.load_state_dict(workload.make_weights(int(request["weights_seed"])), strict=True)
         self.layer = layer.to(self.device).eval()
         parameters = sum(p.numel() for p in self.layer.parameters())
-        return {"ok": True, "parameters": parameters}
+        return {"ok": True, "parameters": parameters}, None
 
-    def handle_capture(self, request: dict) -> dict:
+    def handle_capture(self, request: dict) -> tuple[dict, None]:
         if self.layer is None:
-            return {"ok": False, "kind": "error", "error": "capture before load"}
+            return {"ok": False, "kind": "error", "error": "capture before load"}, None
         if self.device.type != "cuda":
-            return {"ok": True, "timing": "eager (cpu)"}
+            return {"ok": True, "timing": "eager (cpu)"}, None
         slot = self.slot(int(request["seq_len"]), max(int(request.get("count", 1)), 1))
         self.last_output = None
         slot.graphs.pop(LAYER, None)
@@ -225,20 +227,20 @@ class Server:
                 self.capture(slot, LAYER, self.layer_forward, int(request["input_seed"]), int(request["basis_seed"]))
             except CaptureFailed as failure:
                 torch.cuda.empty_cache()
-                return {"ok": True, "timing": f"eager (capture failed: {failure})"}
-        return {"ok": True, "timing": "cuda-graph"}
+                return {"ok": True, "timing": f"eager (capture failed: {failure})"}, None
+        return {"ok": True, "timing": "cuda-graph"}, None
 
-    def handle_run(self, request: dict) -> dict:
+    def handle_run(self, request: dict) -> tuple[dict, memoryview | None]:
         if self.layer is None:
-            return {"ok": False, "kind": "error", "error": "run before load"}
+            return {"ok": False, "kind": "error", "error": "run before load"}, None
         self.last_output = None
         with torch.inference_mode():
             try:
                 fingerprints, output = self.execute(request, LAYER, self.layer_forward)
             except LayerOutputError as error:
-                return {"ok": False, "kind": "error", "error": str(error)}
+                return {"ok": False, "kind": "error", "error": str(error)}, None
         self.last_output = output
-        return {"ok": True, "fingerprints": fingerprints}
+        return {"ok": True}, fingerprints
 
     def send_output(self) -> None:
         output = self.last_output
@@ -251,13 +253,13 @@ class Server:
         raw = host.view(torch.uint8).numpy() if host.dtype == torch.bfloat16 else host.numpy()
         self.channel.send({"ok": True, "dtype": _DTYPE_NAMES[host.dtype], "shape": list(host.shape)}, memoryview(raw).cast("B"))
 
-    def handle_memory(self, request: dict) -> dict:
+    def handle_memory(self, request: dict) -> tuple[dict, None]:
         if self.device.type != "cuda":
-            return {"ok": True, "peak_bytes": None}
+            return {"ok": True, "peak_bytes": None}, None
         peak = torch.cuda.max_memory_allocated(self.device)
         if request.get("reset"):
             torch.cuda.reset_peak_memory_stats(self.device)
-        return {"ok": True, "peak_bytes": int(peak)}
+        return {"ok": True, "peak_bytes": int(peak)}, None
 
     def serve(self) -> None:
         handlers = {
@@ -278,15 +280,16 @@ class Server:
             if op == "output":
                 self.send_output()
                 continue
+            payload = None
             try:
-                reply = handlers[op](request)
+                reply, payload = handlers[op](request)
             except torch.OutOfMemoryError as error:
                 self.last_output = None
                 reply = {"ok": False, "kind": "oom", "error": str(error)[:MAX_ERROR_CHARS], "peak_bytes": self.peak_bytes()}
             except BaseException:  # noqa: BLE001  (any failure of fork code is reported, not fatal)
                 self.last_output = None
                 reply = {"ok": False, "kind": "error", "error": traceback.format_exc()[-MAX_ERROR_CHARS:]}
-            self.channel.send(reply)
+            self.channel.send(reply, payload)
 
     def peak_bytes(self) -> int | None:
         if self.device.type != "cuda":
@@ -294,16 +297,24 @@ class Server:
         return int(torch.cuda.max_memory_allocated(self.device))
 
 
-def release_pool(device: torch.device, pool: tuple[int, int]) -> None:
-    """Give back the memory pool of a capture that failed before it ended (torch does not: the
-    caching allocator would keep routing to it and holding its blocks). Best effort: these are
-    torch's private hooks, which another version may lack."""
+def recover_from_failed_capture(device: torch.device, pool: tuple[int, int]) -> None:
+    """Undo what a capture that failed before it ended leaves behind in torch (which does not):
+    the caching allocator still routing to the capture's memory pool and holding its blocks, and
+    the default CUDA generator still marked as capturing, so that any later use of it fails
+    ("Offset increment outside graph capture"). Best effort: these are torch's private hooks
+    and a newer Generator method, which another version may lack or not need."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     for hook in ("_cuda_endAllocateToPool", "_cuda_releasePool"):
         try:
             getattr(torch._C, hook)(index, pool)
         except (AttributeError, RuntimeError):
             pass
+    generator = torch.cuda.default_generators[index]
+    try:
+        # A clone of the state keeps the seed and offset and is not marked as capturing.
+        generator.graphsafe_set_state(generator.clone_state())
+    except (AttributeError, RuntimeError):
+        pass
 
 
 def main() -> None:

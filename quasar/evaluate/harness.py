@@ -215,12 +215,12 @@ ProgressCallback = Callable[[ProgressEvent], None]
 
 @dataclass
 class _Request:
-    """One request: its seeds, the fingerprint the child reported for each forward (as sent), its
+    """One request: its seeds, the fingerprints the child reported (float32 ``[count, 8, K]``), its
     round trip, and the time per forward credited to the fork."""
 
     input_seed: int
     basis_seed: int
-    fingerprints: list
+    fingerprints: torch.Tensor
     round_trip_ns: int
     forward_ns: int = 0
 
@@ -341,14 +341,19 @@ def _calibrate(session: _Session, runs: dict[int, _LengthRun], counts: dict[int,
     return costs
 
 
-def _fingerprints(reply: dict, count: int, what: str) -> list:
-    """The fingerprints of a ``run`` reply, one per forward (each checked later, not here)."""
-    fingerprints = reply.get("fingerprints")
-    if not isinstance(fingerprints, list) or len(fingerprints) != count:
-        sent = len(fingerprints) if isinstance(fingerprints, list) else "no list of"
-        raise _ChildFailure(ERROR, f"the child broke the protocol during {what}: {sent} fingerprints "
-                                   f"for {count} forwards")
-    return fingerprints
+def _fingerprint_bytes(count: int) -> int:
+    return count * workload.SEGMENTS * workload.FINGERPRINT_DIRECTIONS * 4
+
+
+def _fingerprints(payload: bytearray | None, count: int, what: str) -> torch.Tensor:
+    """The fingerprints of a ``run`` reply, float32 ``[count, 8, K]`` (each checked later, not here)."""
+    expected = _fingerprint_bytes(count)
+    if payload is None or len(payload) != expected:
+        sent = 0 if payload is None else len(payload)
+        raise _ChildFailure(ERROR, f"the child broke the protocol during {what}: {sent} bytes of fingerprints "
+                                   f"for {count} forwards, expected {expected}")
+    shape = (count, workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS)
+    return torch.frombuffer(payload, dtype=torch.float32).reshape(shape)
 
 
 def _run_request(session: _Session, length: int, count: int, deadline: float, what: str,
@@ -356,10 +361,10 @@ def _run_request(session: _Session, length: int, count: int, deadline: float, wh
     """One ``run`` request of ``count`` chained forwards, seeds drawn now (or ``seeds``), timed by this process."""
     input_seed, basis_seed = seeds if seeds is not None else (_new_seed(), _new_seed())
     header = {"op": "run", "seq_len": length, "input_seed": input_seed, "basis_seed": basis_seed, "count": count}
-    reply, _, elapsed = session.request(header, deadline, what)
+    reply, payload, elapsed = session.request(header, deadline, what, max_payload=_fingerprint_bytes(count))
     if not reply.get("ok"):
         raise _reply_failure(reply, length, what)
-    return _Request(input_seed, basis_seed, _fingerprints(reply, count, what), elapsed)
+    return _Request(input_seed, basis_seed, _fingerprints(payload, count, what), elapsed)
 
 
 MAX_TIMING_CHARS = 400
@@ -406,9 +411,11 @@ def _harness_cost(session: _Session, length: int, count: int, deadline: float) -
     """One round trip of everything a request of ``count`` forwards does but the layer (``calibrate``)."""
     header = {"op": "calibrate", "seq_len": length, "input_seed": _new_seed(), "basis_seed": _new_seed(),
               "count": count}
-    reply, _, elapsed = session.request(header, deadline, f"calibration at T={length}")
+    what = f"calibration at T={length}"
+    reply, payload, elapsed = session.request(header, deadline, what, max_payload=_fingerprint_bytes(count))
     if not reply.get("ok"):
-        raise _reply_failure(reply, length, f"calibration at T={length}")
+        raise _reply_failure(reply, length, what)
+    _fingerprints(payload, count, what)
     return elapsed
 
 
@@ -576,17 +583,6 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
                     run.result.timed_runs, run.result.cv)
 
 
-def _reported_fingerprint(values: object, device: str) -> torch.Tensor | None:
-    """A fingerprint as the child reported it, float32 ``[8, K]`` on ``device``; None if it is not one."""
-    try:
-        tensor = torch.tensor(values, dtype=torch.float32)
-    except (TypeError, ValueError, RuntimeError, OverflowError):
-        return None
-    if tuple(tensor.shape) != (workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS):
-        return None
-    return tensor.to(device)
-
-
 def _request_buffers(request: _Request, length: int, device: str) -> workload.RequestBuffers:
     """The noise and bases of ``request``, rebuilt from its seeds as the child made them."""
     buffers = workload.RequestBuffers.allocate(len(request.fingerprints), length, device)
@@ -595,30 +591,22 @@ def _request_buffers(request: _Request, length: int, device: str) -> workload.Re
 
 
 def _reference_output(reference: torch.nn.Module, buffers: workload.RequestBuffers, request: _Request, index: int,
-                      device: str) -> torch.Tensor | None:
+                      device: str) -> torch.Tensor:
     """The reference output of forward ``index`` of ``request``, on the input the child had to use:
-    its noise times the signs of the fingerprint the child reported for the forward before. None
-    where that fingerprint is malformed (the input cannot be rebuilt; the forward fails)."""
-    previous = None
-    if index:
-        previous = _reported_fingerprint(request.fingerprints[index - 1], device)
-        if previous is None:
-            return None
+    its noise times the signs of the fingerprint the child reported for the forward before."""
+    previous = request.fingerprints[index - 1].to(device) if index else None
     with torch.inference_mode():
         return reference(workload.forward_input(buffers.noise[index], previous))[0]
 
 
-def fingerprint_error(claimed: list, expected: torch.Tensor, reference_norms: torch.Tensor) -> float:
+def fingerprint_error(claimed: torch.Tensor | list, expected: torch.Tensor, reference_norms: torch.Tensor) -> float:
     """Largest per-eighth error estimate of a reported fingerprint against the reference's.
 
     ``||claimed_e - expected_e|| / (sqrt(K) · ||reference_e||)``; ``inf`` for a malformed or
     non-finite fingerprint.
     """
-    try:
-        values = torch.tensor(claimed, dtype=torch.float64)
-    except (TypeError, ValueError, RuntimeError):
-        return math.inf
-    if values.shape != expected.shape or not torch.isfinite(values).all():
+    values = _as_double(claimed)
+    if values is None or values.shape != expected.shape or not torch.isfinite(values).all():
         return math.inf
     difference = torch.linalg.vector_norm(values - expected.double().cpu(), dim=1)
     scale = math.sqrt(expected.shape[1]) * reference_norms.double().cpu()
@@ -644,12 +632,20 @@ def worst_block_error(output: torch.Tensor, reference: torch.Tensor, block: int 
     return float(torch.sqrt(sums / (counts * mean_ref_sq)).max())
 
 
-def _relative_difference(a: list, b: list) -> float:
+def _as_double(values: torch.Tensor | list) -> torch.Tensor | None:
+    """Reported values as a float64 CPU tensor (a tensor, or nested lists of numbers); None if they are not numbers."""
+    if isinstance(values, torch.Tensor):
+        return values.detach().to("cpu", torch.float64)
     try:
-        left, right = torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64)
+        return torch.tensor(values, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):
-        return math.inf
-    if left.shape != right.shape or not (torch.isfinite(left).all() and torch.isfinite(right).all()):
+        return None
+
+
+def _relative_difference(a: torch.Tensor | list, b: torch.Tensor | list) -> float:
+    left, right = _as_double(a), _as_double(b)
+    if left is None or right is None or left.shape != right.shape or not (
+            torch.isfinite(left).all() and torch.isfinite(right).all()):
         return math.inf
     scale = float(torch.linalg.vector_norm(right))
     difference = float(torch.linalg.vector_norm(left - right))
@@ -695,7 +691,7 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
             done += 1
             progress(ProgressEvent("reference", length, done, total + 1))
             expected = _reference_output(reference, buffers, request, index, device)
-            error = math.inf if expected is None else fingerprint_error(
+            error = fingerprint_error(
                 reported, workload.fingerprint(expected, buffers.directions[index], buffers.token_weights[index]),
                 workload.segment_norms(expected))
             worst = max(worst, error)
