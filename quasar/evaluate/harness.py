@@ -23,21 +23,21 @@ the median over requests.
 
 On CUDA a request is one CUDA graph. Eager forwards at 512 to 2,048 tokens are bound by the host
 CPU launching kernels, whose speed varied by 20–40% between processes on a virtual machine, so
-no eager timing agreed within 2% there; a graph's replay is the GPU's time alone (85 µs a
-forward at 512 tokens on an H100, spread under 1%; benchmarks/RESULTS.md). After a length's
-first warm-up request, which runs eagerly so the fork's Triton kernels compile and tune, the
-child captures a whole request (signs, forwards, fingerprints) and replays it from then on: a
-request costs the host a few launches and one synchronisation, whatever its count. A forward
-that cannot be captured (one that synchronises with the host, say), or whose replay disagrees
-with its eager forwards, runs eagerly, and the report says so and why (``timing``).
+no eager timing agreed within 2% there; a graph's replay is the GPU's time alone (87 µs a
+forward at 512 tokens on an H100, requests within about 1% of each other; benchmarks/RESULTS.md).
+After a length's first warm-up request, which runs eagerly so the fork's Triton kernels compile
+and tune, the child captures a whole request (signs, forwards, fingerprints) and replays it from
+then on: a request costs the host a few launches and one synchronisation, whatever its count. A
+forward that cannot be captured (one that synchronises with the host, say), or whose replay
+disagrees with its eager forwards, runs eagerly, and the report says so and why (``timing``).
 
 ``count`` depends on the length alone (:func:`forwards_per_request`): on CUDA as many forwards
 as make :data:`DEFAULT_TOKENS_PER_REQUEST` tokens (2^18), at most ``max_forwards_per_request``
 (64) and :data:`MAX_TOKENS_PER_REQUEST` tokens, so 512 to 4,096 tokens run 64 forwards a request,
 100k three and 1M one, in every evaluation; on CPU one. Many forwards a request make the share
-of the pipe, JSON and scheduling (tens of µs, and jittery) small; the count is never taken from
+of the pipe and scheduling (tens of µs, and jittery) small; the count is never taken from
 a measured speed, so every evaluation times the same requests. What the harness adds (pipe,
-JSON, filling the buffers, the signs, the fingerprints, the synchronisation) is calibrated
+messages, filling the buffers, the signs, the fingerprints, the synchronisation) is calibrated
 before any fork code is loaded: the same requests, sizes and count with a stand-in for the layer
 that returns a fixed output, captured the same way on CUDA; the minimum over several runs is
 subtracted. It is trusted and conservative: the fork is never credited with more than that
