@@ -133,13 +133,16 @@ class QuasarAttention(nn.Module):
         length = hidden_states.shape[1]
         # Packed sequences run whole; one sequence per row runs in tiles carrying its states.
         tile = length if cu_seqlens is not None else max(1, load_tuning().layer_tile_tokens)
-        o = None
+        if self._runs_in_kernels(hidden_states, cu_seqlens):
+            step = _KernelTiles(self, hidden_states)
+        else:
+            def step(x, recurrent_state, conv_state, carry):
+                return self._forward_tile(x, recurrent_state, conv_state, carry, cu_seqlens)
+        o = o_weight = None
         for start in range(0, max(length, 1), tile):
             stop = min(start + tile, length)
             carry = bool(use_cache) or stop < length
-            y, recurrent_state, conv_state = self._forward_tile(
-                hidden_states[:, start:stop], recurrent_state, conv_state, carry, cu_seqlens
-            )
+            y, recurrent_state, conv_state = step(hidden_states[:, start:stop], recurrent_state, conv_state, carry)
             if stop == length and start == 0:
                 o = self.o_proj(y)
                 continue
@@ -150,7 +153,8 @@ class QuasarAttention(nn.Module):
                 # The tile's output projection straight into its rows (autocast skips out= calls,
                 # so the weight takes y's dtype here, as autocast would give it; out= calls are
                 # not differentiable, so with gradients the rows are copied).
-                torch.matmul(y, self.o_proj.weight.to(y.dtype).t(), out=out)
+                o_weight = self.o_proj.weight.to(y.dtype).t() if o_weight is None else o_weight
+                torch.matmul(y, o_weight, out=out)
             else:
                 out.copy_(self.o_proj(y))
         if past_key_values is not None:
@@ -164,18 +168,19 @@ class QuasarAttention(nn.Module):
             o = padded.view(batch_size, q_len, -1)
         return o, None, past_key_values
 
-    def _forward_tile(self, x, recurrent_state, conv_state, carry, cu_seqlens):
-        """One tile ``x [B, L, hidden]`` from the states after the previous one: returns its
-        gated, normalised heads ``[B, L, H * D]`` (the output projection's input) and, when
-        ``carry``, the states after this tile (else None)."""
-        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj[0].weight])
-        in_kernels = (
+    def _runs_in_kernels(self, x: torch.Tensor, cu_seqlens: torch.Tensor | None) -> bool:
+        """Whether the tiles run the no-gradient path of fused kernels (:class:`_KernelTiles`)."""
+        return (
             not torch.is_grad_enabled() and self.mode == "chunk" and self.use_short_conv and cu_seqlens is None
             and self.key_dim == self.value_dim and self.o_norm.activation == "sigmoid"
             and self.o_norm.weight is not None and triton_can_run_on(x)
         )
-        if in_kernels:
-            return self._forward_tile_in_kernels(x, weight, recurrent_state, conv_state, carry)
+
+    def _forward_tile(self, x, recurrent_state, conv_state, carry, cu_seqlens):
+        """One tile ``x [B, L, hidden]`` from the states after the previous one, through the layer's
+        modules (differentiable): returns its gated, normalised heads ``[B, L, H * D]`` (the output
+        projection's input) and, when ``carry``, the states after this tile (else None)."""
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj[0].weight])
         projected = F.linear(x, weight)
         qkv, g = projected.split([2 * self.key_dim + self.value_dim, self.head_dim], -1)
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], -1)
@@ -198,31 +203,47 @@ class QuasarAttention(nn.Module):
         with its bias (a 3-D strided input costs an extra pass for the bias)."""
         return self.g_proj[1](g.flatten(0, -2)).unflatten(0, g.shape[:-1]).unflatten(-1, (self.num_heads, self.head_dim))
 
-    def _forward_tile_in_kernels(self, x, weight, recurrent_state, conv_state, carry):
-        """:meth:`_forward_tile` without gradients: one conv kernel reading the projections in place,
-        and the core with the RMSNorm + gate in its output pass."""
-        taps = self.conv_size
-        width = 2 * self.key_dim + self.value_dim
-        dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+
+class _KernelTiles:
+    """The tiles of one forward without gradients: one conv kernel reading the projections in
+    place, and the core with the RMSNorm + gate in its output pass. The weights are prepared once
+    per forward, not per tile. (Casting the next tile's input on a side stream while this tile's
+    core ran made a 1M forward 3% slower on an H100: benchmarks/RESULTS.md.)"""
+
+    def __init__(self, layer: QuasarAttention, hidden_states: torch.Tensor):
+        self.layer = layer
+        device = hidden_states.device
+        autocast = torch.is_autocast_enabled(device.type)
+        self.dtype = torch.get_autocast_dtype(device.type) if autocast else hidden_states.dtype
+        projections = [layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight, layer.g_proj[0].weight]
+        self.weight = torch.cat(projections).to(self.dtype).t()
+        self.conv_weight = torch.cat([layer.q_conv1d.weight, layer.k_conv1d.weight, layer.v_conv1d.weight]).squeeze(1)
+        self.beta = F.softplus(layer.beta_log.float())
+
+    def __call__(self, x, recurrent_state, conv_state, carry):
+        """Tile ``x [B, L, hidden]`` as :meth:`QuasarAttention._forward_tile` returns it."""
+        layer = self.layer
+        taps = layer.conv_size
+        width = 2 * layer.key_dim + layer.value_dim
+        x_cast = x.to(self.dtype)
         # Each row's projections go after the W - 1 conv inputs before this tile (autocast skips
-        # out= calls, so the operands take its dtype here).
-        buffer = x.new_empty(x.shape[0], taps - 1 + x.shape[1], weight.shape[0], dtype=dtype)
-        x, weight = x.to(dtype), weight.to(dtype).t()
+        # out= calls: the operands have its dtype already).
+        buffer = x.new_empty(x.shape[0], taps - 1 + x.shape[1], self.weight.shape[1], dtype=self.dtype)
         for row in range(x.shape[0]):
-            torch.matmul(x[row], weight, out=buffer[row, taps - 1:])
+            torch.matmul(x_cast[row], self.weight, out=buffer[row, taps - 1:])
+        del x_cast
         if conv_state[0] is None:
             buffer[:, :taps - 1].zero_()
         else:
             # The cache holds the last W inputs, newest last; the conv reads the last W - 1.
             buffer[:, :taps - 1, :width].copy_(torch.cat(conv_state, 1)[..., 1:].transpose(1, 2))
-        conv_weight = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]).squeeze(1)
-        q, k, v = (t.unflatten(-1, (self.num_heads, self.head_dim)) for t in causal_conv_silu(buffer, conv_weight, 3))
+        q, k, v = (t.unflatten(-1, (layer.num_heads, layer.head_dim)) for t in causal_conv_silu(buffer, self.conv_weight, 3))
         o, recurrent_state = chunk_quasar_norm_gated(
-            q, k, v, F.softplus(self.beta_log.float()), self._gate(buffer[:, taps - 1:, width:]),
-            self.o_norm.weight, self.o_norm.eps, initial_state=recurrent_state, output_final_state=carry,
+            q, k, v, self.beta, layer._gate(buffer[:, taps - 1:, width:]),
+            layer.o_norm.weight, layer.o_norm.eps, initial_state=recurrent_state, output_final_state=carry,
         )
         conv_state = (None, None, None)
         if carry:
-            last = buffer[:, -taps:, :width].transpose(1, 2)
-            conv_state = tuple(part.contiguous() for part in last.split([self.key_dim, self.key_dim, self.value_dim], 1))
+            last = buffer[:, -taps:, :width].transpose(1, 2).contiguous()
+            conv_state = last.split([layer.key_dim, layer.key_dim, layer.value_dim], 1)
         return o.flatten(-2), recurrent_state, conv_state
