@@ -207,8 +207,8 @@ class QuasarAttention(nn.Module):
 class _KernelTiles:
     """The tiles of one forward without gradients: one conv kernel reading the projections in
     place, and the core with the RMSNorm + gate in its output pass. The weights are prepared once
-    per forward, not per tile. (Casting the next tile's input on a side stream while this tile's
-    core ran made a 1M forward 3% slower on an H100: benchmarks/RESULTS.md.)"""
+    per forward, not per tile. (A side stream casting the next tile's input during this tile's
+    core gained nothing measurable on an H100: benchmarks/RESULTS.md.)"""
 
     def __init__(self, layer: QuasarAttention, hidden_states: torch.Tensor):
         self.layer = layer
