@@ -188,3 +188,21 @@ def test_workspaces_are_per_hotkey_and_one_hotkey_runs_once(tmp_path):
     for bad in ("../../etc", "not-a-hotkey", HOTKEY_A + "/x"):
         with pytest.raises(WorkspaceError, match="is not an ss58 address"):
             Workspace(tmp_path, bad)
+
+
+def test_a_rejected_push_is_reported_as_rejected_whatever_its_commit_hash_holds(tmp_path):
+    # git names the pushed commit by its full hash; one holding "403" once read as an HTTP 403.
+    bare = tmp_path / "fork.git"
+    git("init", "-q", "--bare", "-b", "main", str(bare))
+    for name in ("elsewhere", "here"):
+        git("clone", "-q", f"file://{bare}", str(tmp_path / name))
+    git("commit", "-q", "--allow-empty", "-m", "pushed from elsewhere", cwd=tmp_path / "elsewhere")
+    git("push", "-q", "origin", "HEAD:main", cwd=tmp_path / "elsewhere")
+    commit, attempt = "", 0
+    while "403" not in commit:  # about one hash in a hundred
+        git("commit", "-q", "--allow-empty", "-m", f"diverged {attempt}", cwd=tmp_path / "here")
+        commit, attempt = git("rev-parse", "HEAD", cwd=tmp_path / "here"), attempt + 1
+    runner = Git(write_askpass(tmp_path / "askpass"), "alice", "", "Alice", "alice@example.invalid")
+    with pytest.raises(GitError) as error:
+        runner.run("push", "--quiet", "origin", f"{commit}:refs/heads/main", cwd=tmp_path / "here", network=True)
+    assert "git push was rejected" in str(error.value) and "authentication" not in str(error.value)

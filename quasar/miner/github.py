@@ -50,8 +50,9 @@ case "$1" in
     *) printf '%s\\n' "${_TOKEN_VARIABLE}" ;;
 esac
 """
+# Matched in git's lowered stderr, which also holds URLs and commit hashes: no bare numbers.
 _AUTH_FAILED = ("authentication failed", "invalid username or password", "could not read username",
-                "could not read password", "terminal prompts disabled", "403", "permission to")
+                "could not read password", "terminal prompts disabled", "returned error: 403", "permission to")
 _NOT_FOUND = ("repository not found", "not found", "does not appear to be a git repository")
 
 
@@ -257,12 +258,12 @@ class Git:
         detail = lines[-1] if lines else "no message"
         lowered = text.lower()
         command = args[0]
-        if command in ("clone", "fetch", "push") and any(marker in lowered for marker in _AUTH_FAILED):
-            return (f"git {command} was refused by the remote: authentication failed ({detail}); check that "
-                    "GITHUB_TOKEN is valid and may write to the fork")
         if command == "push" and ("[rejected]" in text or "non-fast-forward" in lowered):
             return ("git push was rejected: the fork's branch has commits this workspace lacks (pushed from "
                     "elsewhere); the miner never force-pushes: merge them into the workspace or reset the fork")
+        if command in ("clone", "fetch", "push") and any(marker in lowered for marker in _AUTH_FAILED):
+            return (f"git {command} was refused by the remote: authentication failed ({detail}); check that "
+                    "GITHUB_TOKEN is valid and may write to the fork")
         if command in ("clone", "fetch") and any(marker in lowered for marker in _NOT_FOUND):
             return f"git {command}: the fork's repository was not found ({detail})"
         return f"git {' '.join(args[:2])} failed: {detail}"
