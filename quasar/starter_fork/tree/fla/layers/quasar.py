@@ -136,8 +136,10 @@ class QuasarAttention(nn.Module):
         if self._runs_in_kernels(hidden_states, cu_seqlens):
             step = _KernelTiles(self, hidden_states)
         else:
+            weight = self._input_weight()
+
             def step(x, recurrent_state, conv_state, carry):
-                return self._forward_tile(x, recurrent_state, conv_state, carry, cu_seqlens)
+                return self._forward_tile(x, weight, recurrent_state, conv_state, carry, cu_seqlens)
         o = o_weight = None
         for start in range(0, max(length, 1), tile):
             stop = min(start + tile, length)
@@ -176,11 +178,15 @@ class QuasarAttention(nn.Module):
             and self.o_norm.weight is not None and triton_can_run_on(x)
         )
 
-    def _forward_tile(self, x, recurrent_state, conv_state, carry, cu_seqlens):
+    def _input_weight(self) -> torch.Tensor:
+        """W_q, W_k, W_v and W_g1 stacked ``[3 H D + D, hidden]``: the input projections as one product."""
+        return torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj[0].weight])
+
+    def _forward_tile(self, x, weight, recurrent_state, conv_state, carry, cu_seqlens):
         """One tile ``x [B, L, hidden]`` from the states after the previous one, through the layer's
-        modules (differentiable): returns its gated, normalised heads ``[B, L, H * D]`` (the output
-        projection's input) and, when ``carry``, the states after this tile (else None)."""
-        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight, self.g_proj[0].weight])
+        modules (differentiable; ``weight`` is :meth:`_input_weight`): returns its gated, normalised
+        heads ``[B, L, H * D]`` (the output projection's input) and, when ``carry``, the states after
+        this tile (else None)."""
         projected = F.linear(x, weight)
         qkv, g = projected.split([2 * self.key_dim + self.value_dim, self.head_dim], -1)
         q, k, v = qkv.split([self.key_dim, self.key_dim, self.value_dim], -1)
@@ -215,8 +221,7 @@ class _KernelTiles:
         device = hidden_states.device
         autocast = torch.is_autocast_enabled(device.type)
         self.dtype = torch.get_autocast_dtype(device.type) if autocast else hidden_states.dtype
-        projections = [layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight, layer.g_proj[0].weight]
-        self.weight = torch.cat(projections).to(self.dtype).t()
+        self.weight = layer._input_weight().to(self.dtype).t()
         self.conv_weight = torch.cat([layer.q_conv1d.weight, layer.k_conv1d.weight, layer.v_conv1d.weight]).squeeze(1)
         self.beta = F.softplus(layer.beta_log.float())
 
