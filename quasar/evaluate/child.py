@@ -109,6 +109,10 @@ class Server:
             self.slots[key] = Slot(workload.RequestBuffers.allocate(count, seq_len, self.device))
         return self.slots[key]
 
+    def request_slot(self, request: dict) -> Slot:
+        """The slot of a request's ``seq_len`` and ``count`` (at least 1)."""
+        return self.slot(int(request["seq_len"]), max(int(request.get("count", 1)), 1))
+
     def layer_forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """The fork's layer on one input under bf16 autocast, its output checked for shape.
 
@@ -133,11 +137,10 @@ class Server:
         stand_in = slot.stand_in
         return lambda hidden: stand_in
 
-    def execute(self, request: dict, which: str, forward) -> tuple[memoryview, torch.Tensor]:
-        """Fill a request's buffers from its seeds and run its forwards (the captured graph of
-        ``which`` if there is one); the fingerprints as raw float32 bytes, read back in the
-        request's one synchronisation, and the last output."""
-        slot = self.slot(int(request["seq_len"]), max(int(request.get("count", 1)), 1))
+    def execute(self, slot: Slot, request: dict, which: str, forward) -> tuple[memoryview, torch.Tensor]:
+        """Fill the buffers of a request (of ``slot``'s size) from its seeds and run its forwards
+        (the captured graph of ``which`` if there is one); the fingerprints as raw float32 bytes,
+        read back in the request's one synchronisation, and the last output."""
         workload.fill_request(slot.buffers, int(request["input_seed"]), int(request["basis_seed"]))
         if which in slot.graphs:
             graph, output = slot.graphs[which]
@@ -190,7 +193,7 @@ class Server:
         slot.graphs[which] = (graph, output)
 
     def handle_calibrate(self, request: dict) -> tuple[dict, memoryview | None]:
-        slot = self.slot(int(request["seq_len"]), max(int(request.get("count", 1)), 1))
+        slot = self.request_slot(request)
         forward = self.stand_in_forward(slot)
         with torch.inference_mode():
             if self.device.type == "cuda" and STAND_IN not in slot.graphs:
@@ -198,7 +201,7 @@ class Server:
                     self.capture(slot, STAND_IN, forward, int(request["input_seed"]), int(request["basis_seed"]))
                 except CaptureFailed as failure:
                     return {"ok": False, "kind": "error", "error": f"the harness's own CUDA graph: {failure}"}, None
-            fingerprints, _ = self.execute(request, STAND_IN, forward)
+            fingerprints, _ = self.execute(slot, request, STAND_IN, forward)
         return {"ok": True}, fingerprints
 
     def handle_load(self, request: dict) -> tuple[dict, None]:
@@ -219,7 +222,7 @@ class Server:
             return {"ok": False, "kind": "error", "error": "capture before load"}, None
         if self.device.type != "cuda":
             return {"ok": True, "timing": "eager (cpu)"}, None
-        slot = self.slot(int(request["seq_len"]), max(int(request.get("count", 1)), 1))
+        slot = self.request_slot(request)
         self.last_output = None
         slot.graphs.pop(LAYER, None)
         with torch.inference_mode():
@@ -236,7 +239,7 @@ class Server:
         self.last_output = None
         with torch.inference_mode():
             try:
-                fingerprints, output = self.execute(request, LAYER, self.layer_forward)
+                fingerprints, output = self.execute(self.request_slot(request), request, LAYER, self.layer_forward)
             except LayerOutputError as error:
                 return {"ok": False, "kind": "error", "error": str(error)}, None
         self.last_output = output

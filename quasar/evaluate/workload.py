@@ -86,7 +86,6 @@ def make_weights(seed: int) -> dict[str, torch.Tensor]:
     return weights
 
 
-
 def segment_bounds(seq_len: int, segments: int = SEGMENTS) -> list[tuple[int, int]]:
     """``segments`` contiguous, nearly equal ``[start, stop)`` token ranges covering the sequence."""
     cuts = [(i * seq_len) // segments for i in range(segments + 1)]
