@@ -44,7 +44,7 @@ from quasar.evaluate.sandbox import (
     kill_marked_processes,
     scrubbed_environment,
 )
-from quasar.reference import QuasarAttentionReference
+from quasar.reference import QuasarAttentionReference, relative_error
 
 # --- workload: what both sides of the sandbox make from seeds ---------------------------------
 
@@ -184,7 +184,7 @@ class RecordingLayer:
 
 
 def test_run_forwards_matches_a_slow_per_forward_chain_and_the_parents_rebuild():
-    from quasar.evaluate.harness import _reference_output, _Request
+    from quasar.evaluate.harness import _reference_outputs, _Request
 
     rng = random.Random()
     count, length = rng.randint(2, 5), rng.randint(8, 48)
@@ -211,9 +211,24 @@ def test_run_forwards_matches_a_slow_per_forward_chain_and_the_parents_rebuild()
     request = _Request(input_seed, basis_seed, harness._fingerprints(payload, count, "test"), 0)
     assert request.fingerprints.tolist() == reported
     rebuilt = harness._request_buffers(request, length, "cpu")
-    for index in range(count):
-        assert torch.equal(_reference_output(lambda hidden: (hidden,), rebuilt, request, index, "cpu"),
-                           layer.inputs[index])
+    inputs = _reference_outputs(lambda batch: (batch,), rebuilt, request, 0, count, "cpu")
+    assert torch.equal(inputs, torch.cat(layer.inputs))
+
+
+def test_a_batched_reference_matches_one_forward_at_a_time():
+    from quasar.evaluate.harness import _reference_outputs, _Request
+
+    rng = random.Random()
+    count, length = rng.randint(2, 4), rng.randint(64, 200)
+    reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
+    reference.load_state_dict(workload.make_weights(rng.randrange(1 << 30)), strict=True)
+    buffers = filled(count, length, rng.randrange(1 << 63), rng.randrange(1 << 63))
+    request = _Request(0, 0, torch.randn(count, workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS), 0)
+    batched = _reference_outputs(reference, buffers, request, 0, count, "cpu")
+    one_at_a_time = torch.cat([_reference_outputs(reference, buffers, request, index, index + 1, "cpu")
+                               for index in range(count)])
+    assert batched.shape == (count, length, workload.HIDDEN_SIZE)
+    assert relative_error(batched, one_at_a_time) < 1e-5
 
 
 def test_each_input_exists_only_after_the_previous_fingerprint():
@@ -549,14 +564,14 @@ def test_verification_passes_an_honest_run_and_reports_an_unverifiable_length(mo
     reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
     reference.load_state_dict(workload.make_weights(5), strict=True)
     runs = {64: honest_run(reference, 64), 128: honest_run(reference, 128)}
-    real_reference_output = harness._reference_output
+    real_reference_outputs = harness._reference_outputs
 
-    def out_of_memory_at_128(reference, buffers, request, index, device):
+    def out_of_memory_at_128(reference, buffers, request, start, stop, device):
         if buffers.seq_len == 128:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real_reference_output(reference, buffers, request, index, device)
+        return real_reference_outputs(reference, buffers, request, start, stop, device)
 
-    monkeypatch.setattr(harness, "_reference_output", out_of_memory_at_128)
+    monkeypatch.setattr(harness, "_reference_outputs", out_of_memory_at_128)
     reasons = harness._verify(runs, 5, "cpu", Timings(), lambda event: None)
     assert runs[64].result.correct is True and runs[64].result.runs_verified == 3
     assert runs[64].result.rel_error < 5e-3 and runs[64].result.repeat_agree
@@ -626,9 +641,11 @@ def test_bad_tokens_per_request_is_refused(tmp_path):
             evaluate(tmp_path, 64, None, EvaluationOptions(device="cpu", tokens_per_request=bad))
 
 
-def test_verification_checks_every_forward_of_the_requests_it_picks():
+def test_verification_checks_every_forward_of_the_requests_it_picks(monkeypatch):
     from quasar.evaluate import harness
 
+    # Batches of two forwards at 64 tokens and of one above: a request of three is checked in pieces.
+    monkeypatch.setattr(harness, "REFERENCE_BATCH_TOKENS", 128)
     reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
     reference.load_state_dict(workload.make_weights(9), strict=True)
     runs = {64: honest_run(reference, 64, timed=2, count=3), 128: honest_run(reference, 128, timed=2, count=3,

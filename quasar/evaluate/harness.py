@@ -33,10 +33,12 @@ disagrees with its eager forwards, runs eagerly, and the report says so and why 
 
 ``count`` depends on the length alone (:func:`forwards_per_request`): on CUDA as many forwards
 as make :data:`DEFAULT_TOKENS_PER_REQUEST` tokens (2^18), at most ``max_forwards_per_request``
-(64) and :data:`MAX_TOKENS_PER_REQUEST` tokens, so 512 to 4,096 tokens run 64 forwards a request,
-100k three and 1M one, in every evaluation; on CPU one. Many forwards a request make the share
-of the pipe and scheduling (tens of µs, and jittery) small; the count is never taken from
-a measured speed, so every evaluation times the same requests. What the harness adds (pipe,
+(256) and :data:`MAX_TOKENS_PER_REQUEST` tokens, so 512 and 1,024 tokens run 256 forwards a
+request, 2,048 run 128, 100k three and 1M one, in every evaluation; on CPU one. Many forwards a
+request make the share of the host's round trip small: about 200 µs a request on an H100 VM,
+varying between processes and in bursts by as much again, which at 64 forwards of 88 µs moved
+an evaluation's median at 512 tokens by 3% (benchmarks/RESULTS.md). The count is never taken
+from a measured speed, so every evaluation times the same requests. What the harness adds (pipe,
 messages, filling the buffers, the signs, the fingerprints, the synchronisation) is calibrated
 before any fork code is loaded: the same requests, sizes and count with a stand-in for the layer
 that returns a fixed output, captured the same way on CUDA; the minimum over several runs is
@@ -148,6 +150,8 @@ CONSISTENCY_TOLERANCE = 1e-3
 VERIFY_ALL_UP_TO = 16384
 MAX_VERIFIED = 32
 VERIFY_SAMPLE = 4
+# Forwards of a checked request whose reference runs as one batch make at most this many tokens.
+REFERENCE_BATCH_TOKENS = 1 << 18
 
 # Forwards per request (forwards_per_request): on CUDA as many as make this many tokens, within
 # max_forwards_per_request; at most MAX_TOKENS_PER_REQUEST tokens in all (bounds a request and
@@ -194,7 +198,7 @@ class EvaluationOptions:
     # Each request runs as many forwards as make this many tokens (forwards_per_request), at most
     # max_forwards_per_request; None: DEFAULT_TOKENS_PER_REQUEST on CUDA, one forward on CPU.
     tokens_per_request: int | None = None
-    max_forwards_per_request: int = 64
+    max_forwards_per_request: int = 256
     warmup_seconds: float = 1.0
     # Pin the child and the parent's timing thread to cores of their own (pinning.py); None: on CUDA only.
     pin_cpus: bool | None = None
@@ -590,13 +594,25 @@ def _request_buffers(request: _Request, length: int, device: str) -> workload.Re
     return buffers
 
 
-def _reference_output(reference: torch.nn.Module, buffers: workload.RequestBuffers, request: _Request, index: int,
-                      device: str) -> torch.Tensor:
-    """The reference output of forward ``index`` of ``request``, on the input the child had to use:
-    its noise times the signs of the fingerprint the child reported for the forward before."""
-    previous = request.fingerprints[index - 1].to(device) if index else None
+def _reference_outputs(reference: torch.nn.Module, buffers: workload.RequestBuffers, request: _Request, start: int,
+                       stop: int, device: str) -> torch.Tensor:
+    """The reference outputs ``[stop - start, T, 512]`` of forwards ``start`` to ``stop - 1`` of
+    ``request``, in one batch, each on the input the child had to use: its noise times the signs of
+    the fingerprint the child reported for the forward before (known for all of them at once, so
+    a chain of forwards is checked as one batch)."""
+    inputs = []
+    for index in range(start, stop):
+        previous = request.fingerprints[index - 1].to(device) if index else None
+        inputs.append(workload.forward_input(buffers.noise[index], previous))
+    batch = torch.cat(inputs)
+    del inputs
     with torch.inference_mode():
-        return reference(workload.forward_input(buffers.noise[index], previous))[0]
+        return reference(batch)[0]
+
+
+def reference_batch_size(seq_len: int) -> int:
+    """Forwards of a request whose reference runs as one batch: :data:`REFERENCE_BATCH_TOKENS` tokens, at least one."""
+    return max(1, REFERENCE_BATCH_TOKENS // seq_len)
 
 
 def fingerprint_error(claimed: torch.Tensor | list, expected: torch.Tensor, reference_norms: torch.Tensor) -> float:
@@ -670,7 +686,7 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
     total = sum(len(request.fingerprints) for request in chosen)
     progress(ProgressEvent("reference", length, 0, total + 1))
     buffers = _request_buffers(run.check, length, device)
-    expected = _reference_output(reference, buffers, run.check, 0, device)
+    expected = _reference_outputs(reference, buffers, run.check, 0, 1, device)
     output = run.output.to(device)
     result.finite = bool(torch.isfinite(output).all())
     result.rel_error = relative_error(output, expected)
@@ -687,15 +703,20 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
     worst, failed, done = 0.0, 0, 0
     for request in chosen:
         buffers = _request_buffers(request, length, device)
-        for index, reported in enumerate(request.fingerprints):
-            done += 1
+        forwards = len(request.fingerprints)
+        for start in range(0, forwards, reference_batch_size(length)):
+            stop = min(start + reference_batch_size(length), forwards)
+            expected = _reference_outputs(reference, buffers, request, start, stop, device)
+            for offset, index in enumerate(range(start, stop)):
+                one = expected[offset:offset + 1]
+                error = fingerprint_error(
+                    request.fingerprints[index],
+                    workload.fingerprint(one, buffers.directions[index], buffers.token_weights[index]),
+                    workload.segment_norms(one))
+                worst = max(worst, error)
+                failed += error > FINGERPRINT_TOLERANCE
+            done += stop - start
             progress(ProgressEvent("reference", length, done, total + 1))
-            expected = _reference_output(reference, buffers, request, index, device)
-            error = fingerprint_error(
-                reported, workload.fingerprint(expected, buffers.directions[index], buffers.token_weights[index]),
-                workload.segment_norms(expected))
-            worst = max(worst, error)
-            failed += error > FINGERPRINT_TOLERANCE
             del expected
         del buffers
     result.runs_verified = total
