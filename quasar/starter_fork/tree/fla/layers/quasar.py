@@ -14,10 +14,10 @@ from its state) and output are computed before the next, so the intermediates of
 are ever in memory. The input projections W_q, W_k, W_v and W_g1 run as one matrix product. When
 no gradient is needed (chunk mode, where the Triton kernels run), that product is written after
 the convolution's W - 1 previous inputs, the three convolutions + SiLU run as one kernel reading
-it in place (fla.ops.quasar.layer_kernels), and the RMSNorm + gate run inside the core's output
-pass (``chunk_quasar_norm_gated``). With gradients, the layer's modules run one after another
-(``ShortConvolution``, ``chunk_quasar``, ``FusedRMSNormGated``), so every parameter gets its
-gradient.
+it in place (fla.ops.quasar.layer_kernels), and the gate's second projection, the RMSNorm and
+the gate run inside the core's output pass (``chunk_quasar_norm_gated``). With gradients, the
+layer's modules run one after another (``ShortConvolution``, ``chunk_quasar``,
+``FusedRMSNormGated``), so every parameter gets its gradient.
 """
 
 from __future__ import annotations
@@ -212,7 +212,8 @@ class QuasarAttention(nn.Module):
 
 class _KernelTiles:
     """The tiles of one forward without gradients: one conv kernel reading the projections in
-    place, and the core with the RMSNorm + gate in its output pass. The weights are prepared once
+    place, and the core with the RMSNorm + gate (W_g2 and its bias included) in its output pass,
+    reading W_g1 x where the input projection wrote it. The weights are prepared once
     per forward, not per tile. (A side stream casting the next tile's input during this tile's
     core gained nothing measurable on an H100: benchmarks/RESULTS.md.)"""
 
@@ -224,6 +225,7 @@ class _KernelTiles:
         self.weight = layer._input_weight().to(self.dtype).t()
         self.conv_weight = torch.cat([layer.q_conv1d.weight, layer.k_conv1d.weight, layer.v_conv1d.weight]).squeeze(1)
         self.beta = F.softplus(layer.beta_log.float())
+        self.gate_weight = layer.g_proj[1].weight.to(self.dtype)
 
     def __call__(self, x, recurrent_state, conv_state, carry):
         """Tile ``x [B, L, hidden]`` as :meth:`QuasarAttention._forward_tile` returns it."""
@@ -244,7 +246,7 @@ class _KernelTiles:
             buffer[:, :taps - 1, :width].copy_(torch.cat(conv_state, 1)[..., 1:].transpose(1, 2))
         q, k, v = (t.unflatten(-1, (layer.num_heads, layer.head_dim)) for t in causal_conv_silu(buffer, self.conv_weight, 3))
         o, recurrent_state = chunk_quasar_norm_gated(
-            q, k, v, self.beta, layer._gate(buffer[:, taps - 1:, width:]),
+            q, k, v, self.beta, buffer[:, taps - 1:, width:], self.gate_weight, layer.g_proj[1].bias,
             layer.o_norm.weight, layer.o_norm.eps, initial_state=recurrent_state, output_final_state=carry,
         )
         conv_state = (None, None, None)

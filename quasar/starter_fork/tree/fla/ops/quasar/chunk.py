@@ -38,7 +38,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from fla.ops.quasar.chunk_intra_token_parallel import chunk_quasar_output
+from fla.ops.quasar.chunk_intra_token_parallel import OutputGate, chunk_quasar_output
 from fla.ops.quasar.device import IS_TRITON_INTERPRETER, triton_can_run_on
 from fla.ops.quasar.forward_substitution import BLOCK_ROWS, forward_substitution_kernel, load_rows, mm
 from fla.ops.quasar.gate import quasar_alpha_torch
@@ -282,10 +282,11 @@ def _operand_precision(dtype: torch.dtype, tuning: QuasarTuning) -> str:
 
 
 def chunk_quasar_fwd(q, k, v, beta, initial_state, output_final_state, cu_seqlens, tuning: QuasarTuning | None = None,
-                     gate: tuple[torch.Tensor, torch.Tensor, float] | None = None):
+                     gate: OutputGate | None = None):
     """The Triton forward. Returns ``o [B, T, H, V]`` (v's dtype) and the final state or None.
 
-    With ``gate = (g [B, T, H, V], weight [V], eps)`` the output is RMSNorm(o) * weight * sigmoid(g).
+    With ``gate`` (its inputs ``[B T, DG]``, tokens of the batch's rows one after another) the
+    output is the gated RMSNorm of o (:class:`OutputGate`).
     """
     tuning = tuning or load_tuning()
     B, T, H, K = k.shape
@@ -298,8 +299,6 @@ def chunk_quasar_fwd(q, k, v, beta, initial_state, output_final_state, cu_seqlen
         return v.new_empty(B, T, H, V), final_state
     if cu_seqlens is None:
         q, k, v = (x.reshape(1, B * T, H, x.shape[-1]) for x in (q, k, v))
-        if gate is not None:
-            gate = (gate[0].reshape(1, B * T, H, V), *gate[1:])
     NS = tuning.segment_chunks
     segments = Spans(cu_seqlens, B, T, NS * CHUNK_SIZE)
     precision = _operand_precision(q.dtype, tuning)
@@ -402,25 +401,41 @@ def chunk_quasar_norm_gated(
     k: torch.Tensor,
     v: torch.Tensor,
     beta: torch.Tensor,
-    g: torch.Tensor,
+    gate_input: torch.Tensor,
+    gate_weight: torch.Tensor,
+    gate_bias: torch.Tensor | None,
     norm_weight: torch.Tensor,
     eps: float,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`chunk_quasar` followed by ``RMSNorm(o) * norm_weight * sigmoid(g)`` per head, the
-    norm done in the output pass (the unnormalised output never goes to memory).
+    """:func:`chunk_quasar` followed by ``RMSNorm(o) * norm_weight * sigmoid(g)`` per head, with
+    ``g = gate_input @ gate_weight.T + gate_bias`` (the layer's gate after its first projection):
+    the norm and the gate's second projection are done in the output pass, so neither the
+    unnormalised output nor ``g`` goes to memory.
 
     Forward only, on devices where the Triton kernels run: the layer uses it when no gradient is
     needed, and :func:`chunk_quasar` with its ``FusedRMSNormGated`` module otherwise.
-    ``g`` has v's shape, ``norm_weight`` is ``[V]``.
+    ``gate_input`` is ``[B, T, DG]`` (its last dimension contiguous; a view with strided tokens
+    is read in place when B = 1), ``gate_weight [H V, DG]``, ``gate_bias [H V]`` or None,
+    ``norm_weight [V]``.
     """
     check_quasar_inputs(q, k, v, beta, initial_state, None)
-    if g.shape != v.shape or norm_weight.shape != v.shape[-1:]:
-        raise ValueError(f"g must be [B, T, H, V] = {list(v.shape)} and norm_weight [V]; "
-                         f"got {tuple(g.shape)}, {tuple(norm_weight.shape)}")
+    B, T, H, V = v.shape
+    dg = gate_input.shape[-1]
+    if (gate_input.shape[:2] != (B, T) or gate_weight.shape != (H * V, dg) or norm_weight.shape != (V,)
+            or (gate_bias is not None and gate_bias.shape != (H * V,))):
+        bias_shape = None if gate_bias is None else tuple(gate_bias.shape)
+        raise ValueError(f"expected gate_input [B, T, DG] with B, T = {B}, {T}, gate_weight [H V, DG] = [{H * V}, DG], "
+                         f"gate_bias [{H * V}] or None and norm_weight [{V}]; got {tuple(gate_input.shape)}, "
+                         f"{tuple(gate_weight.shape)}, {bias_shape}, {tuple(norm_weight.shape)}")
     if not triton_can_run_on(q) or q.dtype == torch.float64:
         raise ValueError("chunk_quasar_norm_gated runs the Triton kernels: it takes CUDA tensors of "
                          f"float32, bfloat16 or float16; got {q.dtype} on {q.device}")
+    inputs = gate_input.reshape(B * T, dg)
+    if inputs.stride(-1) != 1:
+        inputs = inputs.contiguous()
+    gate = OutputGate(inputs, gate_weight.contiguous(), None if gate_bias is None else gate_bias.contiguous(),
+                norm_weight.contiguous(), float(eps))
     return chunk_quasar_fwd(q.contiguous(), k.contiguous(), v.contiguous(), beta, initial_state, output_final_state,
-                            None, gate=(g.contiguous(), norm_weight.contiguous(), float(eps)))
+                            None, gate=gate)

@@ -10,10 +10,14 @@ the WY factors W, U of pass 0 (wy.py):
 Every token of a chunk is computed at once (64-row tensor-core dots); each token's output uses
 the state after its own update, as the recurrence defines o_t = S_t^T q_t. The per-chunk
 states live in registers only: nothing but the outputs goes back to memory. The layer's
-RMSNorm + sigmoid gate can be applied to each output row before it is written (``gate``).
+RMSNorm + sigmoid gate can be applied to each output row before it is written (``gate``), the
+gate's second projection included: each chunk's gate values are a small dot of the gate's
+low-rank input with the head's slice of the weight, so they never go to memory either.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -21,6 +25,24 @@ import triton.language as tl
 
 from fla.ops.quasar.forward_substitution import BLOCK_ROWS, load_rows, mm, store_block
 from fla.ops.quasar.segments import Spans, span_of
+
+
+@dataclass(frozen=True)
+class OutputGate:
+    """The layer's RMSNorm + sigmoid gate, applied in the output pass.
+
+    Head ``h``'s output row ``o`` at token ``t`` becomes
+    ``RMSNorm(o) * norm_weight * sigmoid(inputs[t] @ weight[h V:(h + 1) V].T + bias[h V:(h + 1) V])``:
+    ``inputs [T, DG]`` (the gate's low-rank input, W_g1 x; rows may be strided, columns
+    contiguous), ``weight [H V, DG]``, ``bias [H V]`` or None, ``norm_weight [V]``, ``eps`` the
+    norm's epsilon.
+    """
+
+    inputs: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    norm_weight: torch.Tensor
+    eps: float
 
 
 @triton.jit
@@ -32,6 +54,9 @@ def chunk_quasar_output_kernel(
     seg_state,
     o,
     g,
+    g_stride,
+    g_weight,
+    g_bias,
     norm_weight,
     eps,
     cu_seqlens,
@@ -45,9 +70,12 @@ def chunk_quasar_output_kernel(
     NS: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    DG: tl.constexpr,
+    BDG: tl.constexpr,
     PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr,
     NORM_GATE: tl.constexpr,
+    GATE_BIAS: tl.constexpr,
 ):
     i_s, i_h = tl.program_id(0), tl.program_id(1)
     bos, T, t_first = span_of(i_s, cu_seqlens, seg_indices, seq_len, segments_per_sequence, NS * BT, IS_VARLEN)
@@ -58,6 +86,14 @@ def chunk_quasar_output_kernel(
     causal = o_t[:, None] >= o_t[None, :]
     m_s = (o_k < K)[:, None] & (o_v < V)[None, :]
     b_s = tl.load(seg_state + (i_s.to(tl.int64) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :], mask=m_s, other=0.0)
+    if NORM_GATE:
+        o_d = tl.arange(0, BDG)
+        # The head's slice of the gate weight, transposed: [DG, V].
+        b_gw = tl.load(g_weight + (i_h * V + o_v)[None, :] * DG + o_d[:, None],
+                       mask=(o_d < DG)[:, None] & (o_v < V)[None, :], other=0.0)
+        b_nw = tl.load(norm_weight + o_v, mask=o_v < V, other=0.0).to(tl.float32)
+        if GATE_BIAS:
+            b_gb = tl.load(g_bias + i_h * V + o_v, mask=o_v < V, other=0.0).to(tl.float32)
     for i_c in range(0, n_chunks):
         r = t_first + i_c * BT + o_t
         b_k = load_rows(k, bos, r, T, i_h, H, K, BK)
@@ -66,11 +102,14 @@ def chunk_quasar_output_kernel(
         b_a = tl.where(causal, mm(b_q, tl.trans(b_k), PRECISION), 0.0)
         b_o = mm(b_q, b_s, PRECISION) + mm(b_a, b_n, PRECISION)
         if NORM_GATE:
-            # y = RMSNorm(o) * w * sigmoid(g) over the head's V values, fp32 inside.
-            b_g = load_rows(g, bos, r, T, i_h, H, V, BV).to(tl.float32)
-            b_w = tl.load(norm_weight + o_v, mask=o_v < V, other=0.0).to(tl.float32)
+            # y = RMSNorm(o) * w * sigmoid(g W_h^T + b_h) over the head's V values, fp32 inside.
+            b_gx = tl.load(g + (bos + r).to(tl.int64)[:, None] * g_stride + o_d[None, :],
+                           mask=(r < T)[:, None] & (o_d < DG)[None, :], other=0.0)
+            b_g = mm(b_gx, b_gw, PRECISION)
+            if GATE_BIAS:
+                b_g += b_gb[None, :]
             rstd = tl.rsqrt(tl.sum(b_o * b_o, 1) / V + eps)
-            b_o = b_o * rstd[:, None] * b_w[None, :] * tl.sigmoid(b_g)
+            b_o = b_o * rstd[:, None] * b_nw[None, :] * tl.sigmoid(b_g)
         store_block(o, b_o, bos, r, o_v, T, i_h, H, V)
         b_s += mm(tl.trans(b_k), b_n, PRECISION)
 
@@ -84,7 +123,7 @@ def chunk_quasar_output(
     cu_seqlens: torch.Tensor | None,
     segments: Spans,
     *,
-    gate: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    gate: OutputGate | None = None,
     segment_chunks: int,
     precision: str,
     num_warps: int,
@@ -94,19 +133,23 @@ def chunk_quasar_output(
 
     ``q, k, w [1, T, H, K]``, ``u [1, T, H, V]`` (sequences laid end to end), ``seg_state
     [NSEG, H, K, V]`` (fp32, the state each segment starts from), ``segments`` of
-    ``segment_chunks`` chunks of 64 tokens. With ``gate = (g [1, T, H, V], weight [V], eps)`` each
-    head's output row is written as RMSNorm(o) * weight * sigmoid(g) instead.
+    ``segment_chunks`` chunks of 64 tokens. With ``gate`` each head's output row is written as
+    RMSNorm(o) * norm_weight * sigmoid(gate values) instead (see :class:`OutputGate`).
     Returns ``o [1, T, H, V]`` in u's dtype.
     """
     _, T, H, K = q.shape
     V = u.shape[-1]
     o = torch.empty(1, T, H, V, device=q.device, dtype=u.dtype)
-    g, norm_weight, eps = gate if gate is not None else (None, None, 0.0)
+    DG = gate.inputs.shape[-1] if gate is not None else 1
     chunk_quasar_output_kernel[(segments.count, H)](
-        q, k, w, u, seg_state, o, g, norm_weight, eps, cu_seqlens, segments.indices, segments.seq_len, segments.per_sequence,
+        q, k, w, u, seg_state, o,
+        *((gate.inputs, gate.inputs.stride(0), gate.weight, gate.bias, gate.norm_weight, gate.eps) if gate is not None
+          else (None, 0, None, None, None, 0.0)),
+        cu_seqlens, segments.indices, segments.seq_len, segments.per_sequence,
         H=H, K=K, V=V, BT=4 * BLOCK_ROWS.value, NS=segment_chunks, BK=max(16, triton.next_power_of_2(K)),
-        BV=max(16, triton.next_power_of_2(V)),
+        BV=max(16, triton.next_power_of_2(V)), DG=DG, BDG=max(16, triton.next_power_of_2(DG)),
         PRECISION=precision, IS_VARLEN=segments.is_varlen, NORM_GATE=gate is not None,
+        GATE_BIAS=gate is not None and gate.bias is not None,
         num_warps=num_warps, num_stages=num_stages,
     )
     return o
