@@ -181,6 +181,8 @@ def world(tmp_path_factory) -> World:
         "first_only": Case("first_only", options=replace(FAST, tokens_per_request=1 << 18, max_forwards_per_request=4)),
         "flood": Case("flood", options=replace(FAST, policy=SandboxPolicy(max_output_bytes=4 << 20))),
         "sleep_forever": Case("sleep_forever", options=replace(FAST, length_timeout_s=8)),
+        "sleep_at_length": Case("sleep_at_length", {"sleep_length": 128}, target=128,
+                                options=replace(FAST, seq_lens=(64,), length_timeout_s=8)),
         "background": Case("background", {"marker": markers["sandboxed"]}),
         "background_unsandboxed": Case("background", {"marker": markers["unsandboxed"]},
                                        options=replace(FAST, policy=unsandboxed)),
@@ -382,6 +384,17 @@ def test_sleeping_forever_times_out(world):
     assert report.verdict == "fail"
     assert "T=64: warm-up at T=64 timed out" in reasons(world, "sleep_forever")
     assert world.seconds["sleep_forever"] < 90
+
+
+def test_a_length_that_never_returns_stops_the_evaluation_before_any_timing(world):
+    # Every length is prepared before the timed rounds: T=64 was ready, T=128 hung in its warm-up.
+    report = world.reports["sleep_at_length"]
+    assert report.verdict == "fail"
+    assert "T=128: warm-up at T=128 timed out" in reasons(world, "sleep_at_length")
+    shorter = report.lengths["64"]
+    assert shorter.error == "not timed: the evaluation stopped at T=128"
+    assert shorter.tokens_per_sec is None and shorter.timed_runs == 0 and shorter.correct is not True
+    assert world.seconds["sleep_at_length"] < 90
 
 
 def test_background_processes_die_with_the_sandbox(world):

@@ -614,6 +614,33 @@ def test_forwards_per_request_depend_on_the_length_alone(length, tokens, cap, ex
         assert count * length >= tokens > (count - 1) * length
 
 
+@pytest.mark.parametrize("trial", range(20))
+def test_timed_rounds_meet_the_bounds_on_the_total_and_share_the_time(trial):
+    from dataclasses import replace
+
+    from quasar.evaluate.harness import TIMED_ROUNDS, EvaluationOptions, round_quota
+
+    rng = random.Random()
+    least_total = rng.randint(1, 30)
+    options = replace(EvaluationOptions(), min_timed_runs=least_total, max_timed_runs=rng.randint(least_total, 300),
+                      timed_seconds=rng.uniform(0.1, 5.0))
+    request_s = rng.choice([1e-4, 1e-3, 0.02, 0.5, 3.0])
+    done = 0
+    for round_index in range(TIMED_ROUNDS):
+        least, planned = round_quota(options, request_s, done, TIMED_ROUNDS - round_index)
+        assert 0 <= least <= planned
+        # A round runs between its least and its planned number (the wall clock ends it in between).
+        done += rng.randint(least, planned)
+    assert options.min_timed_runs <= done <= options.max_timed_runs
+    # Unhurried rounds run the share of the time that fits, within the bounds.
+    done = 0
+    for round_index in range(TIMED_ROUNDS):
+        done += round_quota(options, request_s, done, TIMED_ROUNDS - round_index)[1]
+    fits = math.ceil(options.timed_seconds / TIMED_ROUNDS / request_s) * TIMED_ROUNDS
+    assert done == max(options.min_timed_runs, min(options.max_timed_runs, fits)) or (
+        options.min_timed_runs <= done <= options.max_timed_runs and abs(done - fits) < TIMED_ROUNDS)
+
+
 def test_tokens_per_request_default_by_device():
     from dataclasses import replace
 

@@ -23,10 +23,13 @@ Requests (JSON headers; see protocol.py) and replies:
   if captured) -> ``{ok}`` + the fingerprints as payload: float32 ``[count, 8, 16]`` in this
   machine's byte order, read back in one synchronisation (JSON floats cost the host milliseconds)
 - ``output``: the last forward's output as raw bytes -> ``{ok, dtype, shape}`` + payload
-- ``memory {reset}``: peak device memory since the last reset -> ``{ok, peak_bytes}``
+- ``memory {reset}``: peak device memory since the last reset and memory allocated now ->
+  ``{ok, peak_bytes, allocated_bytes}``
 - ``exit``
 
-A failure replies ``{ok: false, kind: "oom" | "error", error}``; the process keeps serving.
+A failure replies ``{ok: false, kind: "oom" | "error", error}``; the process keeps serving (after
+running out of memory without the slots of that length). From ``load`` on, the slots of every
+length are kept for the rest of the evaluation: the parent times the lengths in rounds.
 """
 
 from __future__ import annotations
@@ -97,17 +100,19 @@ class Server:
         self.slots: dict[tuple[int, int], Slot] = {}
 
     def slot(self, seq_len: int, count: int) -> Slot:
-        """The slot of ``(seq_len, count)``; slots of other lengths are dropped (one length runs at a time)."""
+        """The slot of ``(seq_len, count)``, kept for the rest of the evaluation (the parent times
+        every length in rounds)."""
         key = (seq_len, count)
         if key not in self.slots:
-            stale = [other for other in self.slots if other[0] != seq_len]
-            for other in stale:
-                del self.slots[other]
-            self.last_output = None
-            if stale and self.device.type == "cuda":
-                torch.cuda.empty_cache()
             self.slots[key] = Slot(workload.RequestBuffers.allocate(count, seq_len, self.device))
         return self.slots[key]
+
+    def drop_slots(self, seq_len: int) -> None:
+        """Forget the slots of ``seq_len`` (after it ran out of memory), so other lengths get the memory back."""
+        for key in [key for key in self.slots if key[0] == seq_len]:
+            del self.slots[key]
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def request_slot(self, request: dict) -> Slot:
         """The slot of a request's ``seq_len`` and ``count`` (at least 1)."""
@@ -258,11 +263,11 @@ class Server:
 
     def handle_memory(self, request: dict) -> tuple[dict, None]:
         if self.device.type != "cuda":
-            return {"ok": True, "peak_bytes": None}, None
+            return {"ok": True, "peak_bytes": None, "allocated_bytes": None}, None
         peak = torch.cuda.max_memory_allocated(self.device)
         if request.get("reset"):
             torch.cuda.reset_peak_memory_stats(self.device)
-        return {"ok": True, "peak_bytes": int(peak)}, None
+        return {"ok": True, "peak_bytes": int(peak), "allocated_bytes": int(torch.cuda.memory_allocated(self.device))}, None
 
     def serve(self) -> None:
         handlers = {
@@ -289,6 +294,8 @@ class Server:
             except torch.OutOfMemoryError as error:
                 self.last_output = None
                 reply = {"ok": False, "kind": "oom", "error": str(error)[:MAX_ERROR_CHARS], "peak_bytes": self.peak_bytes()}
+                if "seq_len" in request:
+                    self.drop_slots(int(request["seq_len"]))
             except BaseException:  # noqa: BLE001  (any failure of fork code is reported, not fatal)
                 self.last_output = None
                 reply = {"ok": False, "kind": "error", "error": traceback.format_exc()[-MAX_ERROR_CHARS:]}

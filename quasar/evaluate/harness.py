@@ -83,8 +83,17 @@ get distinct cores (pinning.py; the parent's thread gets its CPUs back afterward
 warm-up lasts ``warmup_runs`` requests (the capture after the first) and, on CUDA, at least
 ``warmup_seconds`` (1 s) of back-to-back requests, so that compilation, the allocator's growth
 and the GPU's clock ramp are over before the first timed request (a count of warm-up forwards
-was 10 ms at 100k tokens). The timed requests then fill ``timed_seconds`` (2 s), at least
-``min_timed_runs`` of them.
+was 10 ms at 100k tokens). Every length is warmed up and checked for correctness first, shortest
+first; then the timed requests run in :data:`TIMED_ROUNDS` rounds over all the lengths, each
+length filling its share of ``timed_seconds`` (2 s in all, at least ``min_timed_runs``
+requests) in every round. On an H100 VM whole windows of a few seconds ran 2-3% slow now and
+then (every request of the window, its fastest included); timed in one window, a length
+took such a slowdown whole and five evaluations disagreed by 3% at 512 or 1,024 tokens
+(benchmarks/RESULTS.md); spread over rounds about ten seconds apart, a slow window touches a
+quarter of a length's requests and the median passes over it. The child keeps every length's
+buffers and graphs until it exits, so a length's peak memory is reported above what was
+allocated before its warm-up (the inputs of its requests, which the harness allocates then, and
+the fork's forwards).
 
 Out of memory at a length is a result ("OOM at T=…, peak …"), not a crash; longer lengths are
 then skipped. A length whose float32 reference does not fit in the parent's device memory fails
@@ -165,6 +174,8 @@ MAX_FORWARDS_PER_REQUEST = 256
 # count of forwards: the minimum of CALIBRATION_RUNS after CALIBRATION_WARMUP.
 CALIBRATION_WARMUP = 2
 CALIBRATION_RUNS = 7
+# The timed requests of every length run in this many rounds over the lengths (see the docstring).
+TIMED_ROUNDS = 4
 # A forward time is never reported below this (calibration noise at tiny lengths).
 MIN_FORWARD_NS = 1000
 LOAD_TIMEOUT_S = 600.0
@@ -231,11 +242,16 @@ class _Request:
 
 @dataclass
 class _LengthRun:
+    """One length's state: its report entry, timed requests, correctness run, output and repeat;
+    the warm-up's request time (plans the timed rounds) and the least harness cost seen."""
+
     result: LengthResult
     timed: list[_Request] = field(default_factory=list)
     check: _Request | None = None
     output: torch.Tensor | None = None
     repeat: _Request | None = None
+    request_s: float = 0.0
+    cost_ns: int = 0
 
 
 class _ChildFailure(Exception):
@@ -405,10 +421,26 @@ def _receive_output(session: _Session, length: int, deadline: float) -> torch.Te
     return torch.frombuffer(payload, dtype=torch.uint8).view(dtype).reshape(expected_shape)
 
 
-def _peak(session: _Session, deadline: float, reset: bool) -> int | None:
+def _memory(session: _Session, deadline: float, reset: bool) -> tuple[int | None, int | None]:
+    """The child's device memory: ``(allocated now, peak since the last reset)`` in bytes (None
+    where it has none to report); ``reset`` starts a new peak."""
     reply, _, _ = session.request({"op": "memory", "reset": reset}, deadline, "reading memory use")
-    peak = reply.get("peak_bytes")
-    return peak if isinstance(peak, int) and not isinstance(peak, bool) else None
+
+    def count(key: str) -> int | None:
+        value = reply.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return count("allocated_bytes"), count("peak_bytes")
+
+
+def _length_peak(before: tuple[int | None, int | None], after: tuple[int | None, int | None]) -> int | None:
+    """A length's peak memory: the peak of its warm-up (``after``) above what was allocated before
+    it (``before``: the layer's weights and the buffers of shorter lengths), so the fork's
+    forwards and this length's inputs, which the harness allocates during the warm-up."""
+    allocated, peak = before[0], after[1]
+    if allocated is None or peak is None:
+        return None
+    return max(peak - allocated, 0)
 
 
 def _harness_cost(session: _Session, length: int, count: int, deadline: float) -> int:
@@ -427,55 +459,32 @@ def _per_forward_ns(request: _Request, count: int, cost_ns: int) -> int:
     return max((request.round_trip_ns - cost_ns) // count, MIN_FORWARD_NS)
 
 
-def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, count: int, trusted_ns: int,
-                timings: Timings, progress: ProgressCallback) -> None:
-    """Warm-up, timed requests, correctness run and repeat at one length; fills ``run``.
+def _prepare_length(session: _Session, run: _LengthRun, options: EvaluationOptions, count: int, timings: Timings,
+                    progress: ProgressCallback) -> None:
+    """Warm-up (with the capture), peak memory, correctness run and repeat at one length.
 
-    Every warm-up and timed request runs ``count`` forwards. The warm-up lasts ``warmup_runs``
-    requests and, on CUDA, at least ``warmup_seconds``. The harness's cost subtracted from each
-    timed round trip is the least of the trusted calibration (``trusted_ns``) and calibrations of
-    the same count interleaved with the timed requests (fork code could slow those down, which
-    the minimum ignores, or speed them up, which only lowers its own figure), and never more than
-    half the fastest round trip.
+    Every warm-up request runs ``count`` forwards. The warm-up lasts ``warmup_runs`` requests
+    and, on CUDA, at least ``warmup_seconds``; its last request's round trip is kept in
+    ``run.request_s`` to plan the timed rounds.
     """
     length = run.result.seq_len
     deadline = time.monotonic() + options.length_timeout_s
-    _peak(session, deadline, reset=True)
+    before = _memory(session, deadline, reset=True)
 
     started = time.monotonic()
     warmup_s = options.warmup_seconds if options.device.startswith("cuda") else 0.0
     # The first request runs eagerly (the fork's kernels compile and tune at this length); then
     # the child captures the request in a CUDA graph, which the rest of the warm-up replays.
     progress(ProgressEvent("warmup", length, 0, max(options.warmup_runs, 1)))
-    request_s = _run_request(session, length, count, deadline, f"warm-up at T={length}").round_trip_ns / 1e9
+    run.request_s = _run_request(session, length, count, deadline, f"warm-up at T={length}").round_trip_ns / 1e9
     run.result.timing = _capture(session, length, count, deadline)
     done = 1
     while done < options.warmup_runs or time.monotonic() - started < warmup_s:
         progress(ProgressEvent("warmup", length, done, max(options.warmup_runs, done + 1)))
-        request = _run_request(session, length, count, deadline, f"warm-up at T={length}")
-        request_s = request.round_trip_ns / 1e9
+        run.request_s = _run_request(session, length, count, deadline, f"warm-up at T={length}").round_trip_ns / 1e9
         done += 1
     timings.warmup_s += time.monotonic() - started
-
-    total = math.ceil(options.timed_seconds / max(request_s or 0.0, 1e-9))
-    total = max(options.min_timed_runs, min(options.max_timed_runs, total))
-    cost_ns = trusted_ns
-    # ``total`` comes from the warm-up's estimate, which a busy host can make far too small; the
-    # wall clock ends the timed phase once ``timed_seconds`` have passed and the minimum is met.
-    timed_started = time.monotonic()
-    for index in range(total):
-        if index >= options.min_timed_runs and time.monotonic() - timed_started >= options.timed_seconds:
-            break
-        progress(ProgressEvent("timed", length, index, total))
-        request = _run_request(session, length, count, deadline, f"timed run at T={length}")
-        timings.timed_s += request.round_trip_ns / 1e9
-        run.timed.append(request)
-        cost_ns = min(cost_ns, _harness_cost(session, length, count, deadline))
-    progress(ProgressEvent("timed", length, len(run.timed), len(run.timed)))
-    cost_ns = min(cost_ns, min(r.round_trip_ns for r in run.timed) // 2)
-    for request in run.timed:
-        request.forward_ns = _per_forward_ns(request, count, cost_ns)
-    run.result.peak_vram_mb = _mib(_peak(session, deadline, reset=False))
+    run.result.peak_vram_mb = _mib(_length_peak(before, _memory(session, deadline, reset=False)))
 
     started = time.monotonic()
     progress(ProgressEvent("correctness", length, 0, 1))
@@ -485,15 +494,54 @@ def _run_length(session: _Session, run: _LengthRun, options: EvaluationOptions, 
                               seeds=(run.check.input_seed, run.check.basis_seed))
     timings.correctness_s += time.monotonic() - started
 
+
+def round_quota(options: EvaluationOptions, request_s: float, done: int, rounds_left: int) -> tuple[int, int]:
+    """``(least, planned)`` timed requests of one length in a round, ``done`` already timed and
+    ``rounds_left`` rounds to go (this one included): the part of ``min_timed_runs`` and
+    ``max_timed_runs`` left, spread over those rounds, and between them the round's share of
+    ``timed_seconds`` at the warm-up's pace."""
+    least = math.ceil(max(options.min_timed_runs - done, 0) / rounds_left)
+    most = max(least, min(math.ceil((options.max_timed_runs - done) / rounds_left), options.max_timed_runs - done))
+    wanted = math.ceil(options.timed_seconds / TIMED_ROUNDS / max(request_s, 1e-9))
+    return least, max(least, min(most, wanted))
+
+
+def _time_round(session: _Session, run: _LengthRun, options: EvaluationOptions, count: int, rounds_left: int,
+                timings: Timings, progress: ProgressCallback) -> None:
+    """One round of timed requests at one length, each followed by a calibration of the same count
+    (their minimum lowers ``run.cost_ns``). The planned number comes from the warm-up's pace,
+    which a busy host can make far too small, so the wall clock also ends the round once its
+    share of ``timed_seconds`` has passed and its least number is met."""
+    length = run.result.seq_len
+    deadline = time.monotonic() + options.length_timeout_s
+    least, planned = round_quota(options, run.request_s, len(run.timed), rounds_left)
+    total = len(run.timed) + planned * rounds_left
+    started = time.monotonic()
+    for index in range(planned):
+        if index >= least and time.monotonic() - started >= options.timed_seconds / TIMED_ROUNDS:
+            break
+        progress(ProgressEvent("timed", length, min(len(run.timed), total - 1), total))
+        request = _run_request(session, length, count, deadline, f"timed run at T={length}")
+        timings.timed_s += request.round_trip_ns / 1e9
+        run.timed.append(request)
+        run.cost_ns = min(run.cost_ns, _harness_cost(session, length, count, deadline))
+
+
+def _finish_length(run: _LengthRun, count: int) -> None:
+    """The length's figures from its timed requests: each one's time per forward, credited after
+    subtracting the harness's cost (never more than half the fastest round trip)."""
+    cost_ns = min(run.cost_ns, min(r.round_trip_ns for r in run.timed) // 2)
+    for request in run.timed:
+        request.forward_ns = _per_forward_ns(request, count, cost_ns)
     forward = sorted(r.forward_ns for r in run.timed)
     median_ns = statistics.median(forward)
     run.result.status = OK
     run.result.timed_runs = len(forward)
     run.result.forwards_per_request = count
     run.result.median_ms = median_ns / 1e6
-    run.result.tokens_per_sec = length / (median_ns / 1e9)
-    run.result.tokens_per_sec_min = length / (forward[-1] / 1e9)
-    run.result.tokens_per_sec_max = length / (forward[0] / 1e9)
+    run.result.tokens_per_sec = run.result.seq_len / (median_ns / 1e9)
+    run.result.tokens_per_sec_min = run.result.seq_len / (forward[-1] / 1e9)
+    run.result.tokens_per_sec_max = run.result.seq_len / (forward[0] / 1e9)
     run.result.cv = statistics.pstdev(forward) / statistics.fmean(forward)
     run.result.subtracted_us = cost_ns / count / 1e3
 
@@ -570,21 +618,66 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
     except _ChildFailure as failure:
         report.reasons.append(failure.message)
         return
+    # Each length is prepared (warm-up, capture, correctness), shortest first; then the timed
+    # requests run in rounds over every prepared length (module docstring, "Stability").
+    prepared: list[int] = []
+    stopped = None
     for length in lengths:
         run = runs[length]
         if length not in harness_ns:
             break
-        try:
-            _run_length(session, run, options, counts[length], harness_ns[length], timings, progress)
-        except _ChildFailure as failure:
-            run.result.status = failure.status
-            run.result.error = failure.message
-            run.timed, run.check, run.output, run.repeat = [], None, None, None
-            if failure.status != ERROR or child.process is None or child.process.poll() is not None:
+        run.cost_ns = harness_ns[length]
+        failed = _length_step(run, lambda: _prepare_length(session, run, options, counts[length], timings, progress))
+        if failed is None:
+            prepared.append(length)
+        elif not _child_usable(child, failed):
+            stopped = f"the evaluation stopped at T={length}"
+            break
+        elif failed == OOM:
+            break
+    for round_index in range(TIMED_ROUNDS if stopped is None else 0):
+        for length in prepared:
+            run = runs[length]
+            if run.result.error is not None:
+                continue
+            failed = _length_step(run, lambda: _time_round(session, run, options, counts[length],
+                                                           TIMED_ROUNDS - round_index, timings, progress))
+            if failed is not None and not _child_usable(child, failed):
+                stopped = f"the evaluation stopped at T={length}"
                 break
+        if stopped is not None:
+            break
+    for length in prepared:
+        run = runs[length]
+        if run.result.error is not None:
             continue
+        if not run.timed:
+            run.result.error = f"not timed: {stopped}"
+            run.check, run.output, run.repeat = None, None, None
+            continue
+        _finish_length(run, counts[length])
+        progress(ProgressEvent("timed", length, run.result.timed_runs, run.result.timed_runs))
         logger.info("T=%d: %.0f tokens/s (median of %d, cv %.3f)", length, run.result.tokens_per_sec,
                     run.result.timed_runs, run.result.cv)
+
+
+def _length_step(run: _LengthRun, step: Callable[[], None]) -> str | None:
+    """Run one step of a length: None, or the status of its failure, with which the length is
+    marked (its reason kept, its runs dropped)."""
+    try:
+        step()
+    except _ChildFailure as failure:
+        run.result.status = failure.status
+        run.result.error = failure.message
+        run.timed, run.check, run.output, run.repeat = [], None, None, None
+        return failure.status
+    return None
+
+
+def _child_usable(child: SandboxedChild, failed: str) -> bool:
+    """Whether the child can serve other lengths after a failure of ``failed`` status: it is
+    running and the failure was an error or out of memory (a timeout leaves it busy)."""
+    return failed in (ERROR, OOM) and child.process is not None and child.process.poll() is None
 
 
 def _request_buffers(request: _Request, length: int, device: str) -> workload.RequestBuffers:

@@ -54,7 +54,8 @@ class LengthResult:
     best the fork did here), ``tokens_per_sec_min`` from the slowest, ``cv`` over them. ``runs_verified`` counts the timed
     forwards checked against the reference (every forward of ``requests_verified`` requests).
     ``peak_vram_mb`` is what the fork's
-    process reported (informational: fork code could fake it). ``rel_error`` is over the whole
+    process reported (informational: fork code could fake it): the peak of the length's warm-up
+    above the memory allocated before it (the fork's forwards and the length's float32 inputs). ``rel_error`` is over the whole
     sequence, ``rel_error_eighths`` per eighth, ``worst_block_error`` over 64-token blocks
     relative to the sequence's RMS; ``fingerprint_error`` is the largest estimated error among
     the timed forwards checked against the reference. ``timing`` says how the child ran the

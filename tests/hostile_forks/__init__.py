@@ -111,6 +111,13 @@ ATTACKS: dict[str, str] = {
         import time
         time.sleep(3600)
     """),
+    # Never returns at one length.
+    "sleep_at_length": _wrap("""
+        if hidden_states.shape[1] == {sleep_length}:
+            import time
+            time.sleep(3600)
+        return super().forward(hidden_states, *args, **kwargs)
+    """),
     # Leaves a background process behind: a double fork with setsid, and a new-session Popen.
     "background": """
 import os as _os
