@@ -35,10 +35,10 @@ disagrees with its eager forwards, runs eagerly, and the report says so and why 
 as make :data:`DEFAULT_TOKENS_PER_REQUEST` tokens (2^18), at most ``max_forwards_per_request``
 (256) and :data:`MAX_TOKENS_PER_REQUEST` tokens, so 512 and 1,024 tokens run 256 forwards a
 request, 2,048 run 128, 100k three and 1M one, in every evaluation; on CPU one. Many forwards a
-request make the share of the host's round trip small: about 200 µs a request on an H100 VM,
-varying between processes and in bursts by as much again, which at 64 forwards of 88 µs moved
-an evaluation's median at 512 tokens by 3% (benchmarks/RESULTS.md). The count is never taken
-from a measured speed, so every evaluation times the same requests. What the harness adds (pipe,
+request make the share of the host's round trip small: 63–260 µs a request on an H100 VM
+(the graph's launch and the synchronisation, varying between processes), under 1% of a request
+of 256 forwards at 512 tokens (benchmarks/RESULTS.md). The count is never taken from a measured
+speed, so every evaluation times the same requests. What the harness adds (pipe,
 messages, filling the buffers, the signs, the fingerprints, the synchronisation) is calibrated
 before any fork code is loaded: the same requests, sizes and count with a stand-in for the layer
 that returns a fixed output, captured the same way on CUDA; the minimum over several runs is
