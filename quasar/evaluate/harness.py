@@ -530,6 +530,7 @@ def _time_round(session: _Session, run: _LengthRun, options: EvaluationOptions, 
 def _finish_length(run: _LengthRun, count: int) -> None:
     """The length's figures from its timed requests: each one's time per forward, credited after
     subtracting the harness's cost (never more than half the fastest round trip)."""
+    length = run.result.seq_len
     cost_ns = min(run.cost_ns, min(r.round_trip_ns for r in run.timed) // 2)
     for request in run.timed:
         request.forward_ns = _per_forward_ns(request, count, cost_ns)
@@ -539,9 +540,9 @@ def _finish_length(run: _LengthRun, count: int) -> None:
     run.result.timed_runs = len(forward)
     run.result.forwards_per_request = count
     run.result.median_ms = median_ns / 1e6
-    run.result.tokens_per_sec = run.result.seq_len / (median_ns / 1e9)
-    run.result.tokens_per_sec_min = run.result.seq_len / (forward[-1] / 1e9)
-    run.result.tokens_per_sec_max = run.result.seq_len / (forward[0] / 1e9)
+    run.result.tokens_per_sec = length / (median_ns / 1e9)
+    run.result.tokens_per_sec_min = length / (forward[-1] / 1e9)
+    run.result.tokens_per_sec_max = length / (forward[0] / 1e9)
     run.result.cv = statistics.pstdev(forward) / statistics.fmean(forward)
     run.result.subtracted_us = cost_ns / count / 1e3
 
@@ -627,7 +628,7 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
         if length not in harness_ns:
             break
         run.cost_ns = harness_ns[length]
-        failed = _length_step(run, lambda: _prepare_length(session, run, options, counts[length], timings, progress))
+        failed = _length_step(run, _prepare_length, session, run, options, counts[length], timings, progress)
         if failed is None:
             prepared.append(length)
         elif not _child_usable(child, failed):
@@ -635,18 +636,8 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
             break
         elif failed == OOM:
             break
-    for round_index in range(TIMED_ROUNDS if stopped is None else 0):
-        for length in prepared:
-            run = runs[length]
-            if run.result.error is not None:
-                continue
-            failed = _length_step(run, lambda: _time_round(session, run, options, counts[length],
-                                                           TIMED_ROUNDS - round_index, timings, progress))
-            if failed is not None and not _child_usable(child, failed):
-                stopped = f"the evaluation stopped at T={length}"
-                break
-        if stopped is not None:
-            break
+    if stopped is None:
+        stopped = _time_rounds(session, child, runs, prepared, counts, options, timings, progress)
     for length in prepared:
         run = runs[length]
         if run.result.error is not None:
@@ -661,11 +652,28 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
                     run.result.timed_runs, run.result.cv)
 
 
-def _length_step(run: _LengthRun, step: Callable[[], None]) -> str | None:
-    """Run one step of a length: None, or the status of its failure, with which the length is
-    marked (its reason kept, its runs dropped)."""
+def _time_rounds(session: _Session, child: SandboxedChild, runs: dict[int, _LengthRun], prepared: list[int],
+                 counts: dict[int, int], options: EvaluationOptions, timings: Timings,
+                 progress: ProgressCallback) -> str | None:
+    """The timed requests of the prepared lengths in :data:`TIMED_ROUNDS` rounds over them (a
+    length that fails drops out); None, or why the child can serve no more."""
+    for round_index in range(TIMED_ROUNDS):
+        for length in prepared:
+            run = runs[length]
+            if run.result.error is not None:
+                continue
+            failed = _length_step(run, _time_round, session, run, options, counts[length], TIMED_ROUNDS - round_index,
+                                  timings, progress)
+            if failed is not None and not _child_usable(child, failed):
+                return f"the evaluation stopped at T={length}"
+    return None
+
+
+def _length_step(run: _LengthRun, step: Callable[..., None], *args: object) -> str | None:
+    """Run one step of a length, ``step(*args)``: None, or the status of its failure, with which
+    the length is marked (its reason kept, its runs dropped)."""
     try:
-        step()
+        step(*args)
     except _ChildFailure as failure:
         run.result.status = failure.status
         run.result.error = failure.message
@@ -794,11 +802,12 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
     del output, expected, buffers
 
     worst, failed, done = 0.0, 0, 0
+    batch = reference_batch_size(length)
     for request in chosen:
         buffers = _request_buffers(request, length, device)
         forwards = len(request.fingerprints)
-        for start in range(0, forwards, reference_batch_size(length)):
-            stop = min(start + reference_batch_size(length), forwards)
+        for start in range(0, forwards, batch):
+            stop = min(start + batch, forwards)
             expected = _reference_outputs(reference, buffers, request, start, stop, device)
             for offset, index in enumerate(range(start, stop)):
                 one = expected[offset:offset + 1]

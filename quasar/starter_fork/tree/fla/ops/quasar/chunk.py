@@ -436,6 +436,6 @@ def chunk_quasar_norm_gated(
     if inputs.stride(-1) != 1:
         inputs = inputs.contiguous()
     gate = OutputGate(inputs, gate_weight.contiguous(), None if gate_bias is None else gate_bias.contiguous(),
-                norm_weight.contiguous(), float(eps))
+                      norm_weight.contiguous(), float(eps))
     return chunk_quasar_fwd(q.contiguous(), k.contiguous(), v.contiguous(), beta, initial_state, output_final_state,
                             None, gate=gate)
