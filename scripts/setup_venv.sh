@@ -2,6 +2,13 @@
 # Create .venv when missing and install the project into it with its test extras; reinstall only
 # when the dependency files changed since the last install. Used by ./scripts/test.sh and
 # ./START_LOCALNET.sh; run from anywhere.
+#
+# Settings (environment):
+#   PYTHON=python3            the interpreter the venv is made from
+#   QUASAR_WHEELHOUSE=DIR     install offline from a folder of wheels (no package index)
+#   QUASAR_TORCH_SITE=DIR     a site-packages folder that already holds a CUDA build of torch and
+#                             triton (a GPU machine's image): the venv reads what it lacks from
+#                             there, and requirements.txt's torch and triton lines are not installed
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,12 +17,28 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 stamp=.venv/.quasar-install-stamp
-wanted=$(cat requirements.txt requirements-test.txt setup.py pyproject.toml | sha256sum | cut -d' ' -f1)
+wanted=$( (cat requirements.txt requirements-test.txt requirements-upstream-fla.txt setup.py pyproject.toml;
+           echo "${QUASAR_TORCH_SITE:-}") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     echo "setup_venv: installing the project into .venv (the first time takes a few minutes)" >&2
-    .venv/bin/python -m pip install -q --upgrade pip
-    # torch first and exactly as pinned, so nothing that depends on it pulls another build.
-    .venv/bin/python -m pip install -q "$(grep -E '^torch==' requirements.txt)"
-    .venv/bin/python -m pip install -q -e ".[test]"
+    pip=(.venv/bin/python -m pip install -q)
+    if [ -n "${QUASAR_WHEELHOUSE:-}" ]; then
+        pip+=(--no-index --find-links "$QUASAR_WHEELHOUSE")
+    else
+        .venv/bin/python -m pip install -q --upgrade pip
+    fi
+    if [ -n "${QUASAR_TORCH_SITE:-}" ]; then
+        site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        echo "$QUASAR_TORCH_SITE" > "$site/quasar-torch-site.pth"
+        grep -vE '^(torch|triton)\b' requirements.txt > .venv/requirements-without-torch.txt
+        "${pip[@]}" -r .venv/requirements-without-torch.txt -r requirements-test.txt
+        "${pip[@]}" --no-deps -e .
+    else
+        # torch first and exactly as pinned, so nothing that depends on it pulls another build.
+        "${pip[@]}" "$(grep -E '^torch==' requirements.txt)"
+        "${pip[@]}" -e ".[test]"
+    fi
+    rm -rf .venv/upstream-fla
+    "${pip[@]}" --no-deps --target .venv/upstream-fla -r requirements-upstream-fla.txt
     echo "$wanted" > "$stamp"
 fi

@@ -41,6 +41,7 @@ from quasar.evaluate.sandbox import (
     SandboxError,
     SandboxPolicy,
     _copy_tree,
+    _python_directories,
     kill_marked_processes,
     scrubbed_environment,
 )
@@ -753,3 +754,15 @@ def test_bench_harness_reports_the_spread_of_medians_and_of_bests():
     assert bench.parse_target("1M") == 1_000_000 and bench.parse_target("100000") == 100_000
     with pytest.raises(Exception, match="one length"):
         bench.parse_target("512,1024")
+
+
+def test_the_sandbox_binds_site_folders_lent_by_a_pth_file_but_no_checkout(tmp_path, monkeypatch):
+    lent = tmp_path / "image" / "lib" / "site-packages"
+    checkout = tmp_path / "checkout"
+    lent.mkdir(parents=True)
+    checkout.mkdir()
+    monkeypatch.setattr(sys, "path", [*sys.path, str(lent), str(checkout)])
+    directories = _python_directories()
+    assert str(lent) in directories
+    assert str(checkout) not in directories
+    assert sys.prefix in directories

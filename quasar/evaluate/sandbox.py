@@ -149,6 +149,9 @@ def _python_directories() -> list[str]:
             paths.add(path)
     executable = os.path.realpath(sys.executable)
     paths.add(os.path.dirname(os.path.dirname(executable)))
+    # Site folders another environment lends through a .pth file (a GPU image's torch, see
+    # scripts/setup_venv.sh); site-packages folders only, never a checkout an editable install adds.
+    paths.update(entry for entry in sys.path if os.path.basename(entry) in ("site-packages", "dist-packages"))
     return sorted(p for p in paths if os.path.isdir(p))
 
 
