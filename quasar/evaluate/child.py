@@ -12,7 +12,9 @@ Requests (JSON headers; see protocol.py) and replies:
   stand-in for the layer that returns a fixed output (on CUDA in a CUDA graph of its own), reply
   and payload included -> ``{ok}`` + fingerprints
 - ``load {fork_dir, weights_seed}``: import the fork's ``fla.layers.quasar.QuasarAttention``,
-  build the benchmark layer, load the weights -> ``{ok, parameters}``
+  build the benchmark layer, load the weights -> ``{ok, parameters}``; an import of a module that
+  neither the fork nor the evaluation environment has -> ``{ok: false, kind: "missing_module",
+  module, error}``
 - ``capture {seq_len, count, input_seed, basis_seed}``: on CUDA, capture the ``run`` of ``count``
   forwards at ``seq_len`` in one CUDA graph (after the eager forwards of a ``run`` there, so the
   fork's kernels are compiled and tuned), check that its replay agrees with the eager forwards,
@@ -27,8 +29,10 @@ Requests (JSON headers; see protocol.py) and replies:
   ``{ok, peak_bytes, allocated_bytes}``
 - ``exit``
 
-A failure replies ``{ok: false, kind: "oom" | "error", error}``; the process keeps serving (after
-running out of memory without the slots of that length). From ``load`` on, the slots of every
+A failure replies ``{ok: false, kind: "oom" | "error" | "needs_gpu", error}``; the process keeps
+serving (after running out of memory without the slots of that length). ``needs_gpu``: on the CPU,
+Triton found no GPU driver to run the fork's kernels (a real fla tree's modules launch Triton
+kernels wherever their tensors are). From ``load`` on, the slots of every
 length are kept for the rest of the evaluation: the parent times the lengths in rounds.
 """
 
@@ -214,7 +218,12 @@ class Server:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         sys.path.insert(0, request["fork_dir"])
-        from fla.layers.quasar import QuasarAttention
+        try:
+            from fla.layers.quasar import QuasarAttention
+        except ModuleNotFoundError as error:
+            reply = {"ok": False, "kind": "missing_module", "module": error.name or "",
+                     "error": traceback.format_exc()[-MAX_ERROR_CHARS:]}
+            return reply, None
 
         layer = QuasarAttention(**workload.LAYER_KWARGS)
         layer.load_state_dict(workload.make_weights(int(request["weights_seed"])), strict=True)
@@ -296,15 +305,29 @@ class Server:
                 reply = {"ok": False, "kind": "oom", "error": str(error)[:MAX_ERROR_CHARS], "peak_bytes": self.peak_bytes()}
                 if "seq_len" in request:
                     self.drop_slots(int(request["seq_len"]))
-            except BaseException:  # noqa: BLE001  (any failure of fork code is reported, not fatal)
+            except BaseException as error:  # noqa: BLE001  (any failure of fork code is reported, not fatal)
                 self.last_output = None
-                reply = {"ok": False, "kind": "error", "error": traceback.format_exc()[-MAX_ERROR_CHARS:]}
+                kind = "needs_gpu" if self.device.type == "cpu" and triton_found_no_driver(error) else "error"
+                reply = {"ok": False, "kind": kind, "error": traceback.format_exc()[-MAX_ERROR_CHARS:]}
             self.channel.send(reply, payload)
 
     def peak_bytes(self) -> int | None:
         if self.device.type != "cuda":
             return None
         return int(torch.cuda.max_memory_allocated(self.device))
+
+
+def triton_found_no_driver(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it arose from) is Triton finding no GPU driver to launch a
+    kernel with ("0 active drivers ([]). There should only be one.")."""
+    visited: set[int] = set()
+    seen: BaseException | None = error
+    while seen is not None and id(seen) not in visited:
+        if isinstance(seen, RuntimeError) and "active drivers" in str(seen):
+            return True
+        visited.add(id(seen))
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def recover_from_failed_capture(device: torch.device, pool: tuple[int, int]) -> None:

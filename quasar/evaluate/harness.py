@@ -95,6 +95,11 @@ buffers and graphs until it exits, so a length's peak memory is reported above w
 allocated before its warm-up (the inputs of its requests, which the harness allocates then, and
 the fork's forwards).
 
+On the CPU, a fork whose forward launches Triton kernels (a real fla tree's modules do, wherever
+their tensors are) fails at its first length with one line saying it needs a GPU (status
+``needs-gpu``), and no other length is tried. A fork importing a module that neither it nor the
+evaluation environment has fails with a reason naming the module (:func:`missing_module_reason`).
+
 Out of memory at a length is a result ("OOM at T=…, peak …"), not a crash; longer lengths are
 then skipped. A length whose float32 reference does not fit in the parent's device memory fails
 as unverifiable. Every length, the load and the whole evaluation have wall-time limits.
@@ -117,6 +122,7 @@ from quasar.evaluate import pinning, protocol, workload
 from quasar.evaluate.report import (
     ERROR,
     FAIL,
+    NEEDS_GPU,
     OK,
     OOM,
     PASS,
@@ -179,6 +185,9 @@ TIMED_ROUNDS = 4
 # A forward time is never reported below this (calibration noise at tiny lengths).
 MIN_FORWARD_NS = 1000
 LOAD_TIMEOUT_S = 600.0
+# What a fork may import beyond its own ``fla`` package and the standard library: the evaluation
+# environment's packages that upstream fla needs at ``import fla`` (requirements.txt) and numpy.
+EVALUATION_PACKAGES = ("torch", "triton", "einops", "transformers", "numpy")
 # On CUDA both ends busy-poll the pipe this long before sleeping (protocol.Channel): a woken
 # process and a cooled-down core add a varying delay to a forward of a millisecond or two.
 GPU_SPIN_SECONDS = 0.5
@@ -312,12 +321,26 @@ class _Session:
         return reply, payload, elapsed
 
 
+def missing_module_reason(module: str) -> str:
+    """Why loading a fork that imports ``module``, which nothing here provides, failed."""
+    if module == "fla" or module.startswith("fla."):
+        return f"the fork's own module {module} is missing (imported by fla.layers.quasar or what it imports)"
+    return (f"the fork imports {module!r}, which is not part of the evaluation environment (a fork may "
+            f"import its own fla package, the standard library and {', '.join(EVALUATION_PACKAGES)})")
+
+
 def _reply_failure(reply: dict, seq_len: int | None, what: str) -> _ChildFailure:
     message = str(reply.get("error", "unknown error"))
-    if reply.get("kind") == "oom":
+    kind = reply.get("kind")
+    if kind == "oom":
         peak = _mib(reply.get("peak_bytes")) if isinstance(reply.get("peak_bytes"), int) else None
         shown = f"{peak:,.0f} MiB" if peak is not None else "unknown"
         return _ChildFailure(OOM, f"OOM at T={seq_len}, peak {shown}")
+    if kind == "missing_module" and isinstance(reply.get("module"), str) and reply["module"]:
+        return _ChildFailure(ERROR, missing_module_reason(reply["module"][:200]))
+    if kind == "needs_gpu":
+        return _ChildFailure(NEEDS_GPU, "the forward needs a CUDA GPU for this fork: its Triton kernels cannot run "
+                                        "on the CPU (no GPU driver); evaluate it where torch sees a GPU")
     last_line = message.strip().splitlines()[-1] if message.strip() else message
     return _ChildFailure(ERROR, f"{what} failed: {last_line}")
 

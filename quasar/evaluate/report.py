@@ -21,6 +21,8 @@ OOM = "oom"
 TIMEOUT = "timeout"
 ERROR = "error"
 SKIPPED = "skipped"
+# On the CPU, the fork's forward launched a Triton kernel, which needs a GPU driver.
+NEEDS_GPU = "needs-gpu"
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -184,27 +186,72 @@ def _timing(timing: str | None) -> str:
     return "graph" if timing == "cuda-graph" else timing.split(" ", 1)[0]
 
 
+# Below this many columns (an 80-column SSH terminal) the lengths table drops the slowest and
+# fastest requests, the timing mode and the worst eighth, shows tokens/s in M or k, and folds the
+# three checks into one column; the notes and the JSON report have the rest.
+WIDE_REPORT_COLUMNS = 150
+
+
+def _compact_rate(value: float | None) -> str:
+    """Tokens/s in M (two decimals) or k (one): ``61.96 M``, ``812.3 k``."""
+    if value is None or not math.isfinite(value):
+        return _number(value)
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:.2f} M"
+    return f"{value / 1e3:.1f} k" if abs(value) >= 1e3 else f"{value:.0f}"
+
+
+def _checks(item: LengthResult) -> str:
+    """The finite, repeat and correctness checks of a length in one cell: ``yes``, or what failed."""
+    failed = [name for name, value in (("nan", item.finite), ("repeat", item.repeat_agree),
+                                       ("wrong", item.correct)) if value is False]
+    if failed:
+        return f"[red]{', '.join(failed)}[/]"
+    return "-" if item.correct is None else "[green]yes[/]"
+
+
+def _lengths_table(report: EvaluationReport, wide: bool) -> Any:
+    """One row per length; ``wide`` adds the slowest and fastest requests, the worst eighth and
+    each check in a column of its own."""
+    from rich import box
+    from rich.table import Table
+
+    title = f"{report.repo} on {report.device_name or report.device}"
+    if wide:
+        table = Table(title=title, title_justify="left")
+        columns = ("T", "status", "tok/s (median)", "slowest", "fastest", "cv", "timing", "MiB", "rel err",
+                   "1/8 max", "finite", "repeat", "correct")
+    else:
+        table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        columns = ("T", "status", "tok/s", "cv", "MiB", "rel err", "checks")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("status", "checks") else "right", no_wrap=True)
+    for key in sorted(report.lengths, key=int):
+        item = report.lengths[key]
+        status = item.status if item.status == OK else f"[red]{item.status}[/]"
+        if wide:
+            worst_eighth = max(item.rel_error_eighths) if item.rel_error_eighths else None
+            cells = (_number(item.tokens_per_sec), _number(item.tokens_per_sec_min), _number(item.tokens_per_sec_max),
+                     _number(item.cv, ".3f"), _timing(item.timing), _number(item.peak_vram_mb),
+                     _number(item.rel_error, ".2e"), _number(worst_eighth, ".2e"), _flag(item.finite),
+                     _flag(item.repeat_agree), _flag(item.correct))
+        else:
+            cells = (_compact_rate(item.tokens_per_sec), _number(item.cv, ".3f"), _number(item.peak_vram_mb),
+                     _number(item.rel_error, ".2e"), _checks(item))
+        table.add_row(f"{item.seq_len:,}", status, *cells)
+    return table
+
+
 def render_report(report: EvaluationReport, console: Any = None) -> None:
-    """Print ``report`` as rich tables: one row per length, then the verdict and its reasons."""
+    """Print ``report`` as rich tables: one row per length, then the verdict and its reasons.
+
+    The lengths table fits the console: every column from :data:`WIDE_REPORT_COLUMNS` columns
+    on, a narrower one below (legible at 80 columns)."""
     from rich.console import Console
     from rich.table import Table
 
     console = console or Console()
-    table = Table(title=f"{report.repo} on {report.device_name or report.device}", title_justify="left")
-    for column in ("T", "status", "tok/s (median)", "slowest", "fastest", "cv", "timing", "MiB", "rel err", "1/8 max",
-                   "finite", "repeat", "correct"):
-        table.add_column(column, justify="left" if column == "status" else "right")
-    for key in sorted(report.lengths, key=int):
-        item = report.lengths[key]
-        status = item.status if item.status == OK else f"[red]{item.status}[/]"
-        worst_eighth = max(item.rel_error_eighths) if item.rel_error_eighths else None
-        table.add_row(
-            f"{item.seq_len:,}", status, _number(item.tokens_per_sec), _number(item.tokens_per_sec_min),
-            _number(item.tokens_per_sec_max), _number(item.cv, ".3f"), _timing(item.timing), _number(item.peak_vram_mb),
-            _number(item.rel_error, ".2e"), _number(worst_eighth, ".2e"), _flag(item.finite),
-            _flag(item.repeat_agree), _flag(item.correct),
-        )
-    console.print(table)
+    console.print(_lengths_table(report, wide=console.width >= WIDE_REPORT_COLUMNS))
 
     summary = Table(show_header=False, box=None)
     summary.add_column(style="bold")
