@@ -36,12 +36,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from quasar.evaluate.__main__ import add_evaluation_arguments, options_from, positive_int  # noqa: E402
 from quasar.evaluate.harness import DEFAULT_SEQ_LENS, EvaluationInputError, ProgressEvent, evaluate  # noqa: E402
 from quasar.evaluate.report import render_report  # noqa: E402
-from quasar.starter_fork import template_files, template_root  # noqa: E402
+from quasar.starter_fork import KERNEL_DIR, LAYER_FILE, kernel_files, template_root  # noqa: E402
 
 logger = logging.getLogger("step1")
 
-KERNEL_DIR = PurePosixPath("fla/ops/quasar")
-LAYER_FILE = PurePosixPath("fla/layers/quasar.py")
 COMMIT_MESSAGE = "QuasarAttention: the QUASAR suite's context-parallel chunk kernels"
 
 
@@ -51,18 +49,15 @@ class Step1Error(RuntimeError):
 
 @dataclasses.dataclass
 class WrittenFiles:
-    """What ``write_kernel`` changed: each path and its previous bytes (None: it did not exist)."""
+    """What ``write_kernel`` changed: each path and its previous bytes (None: it did not exist),
+    and the folders it created, outermost first."""
 
     previous: dict[PurePosixPath, bytes | None]
+    created_folders: list[PurePosixPath] = dataclasses.field(default_factory=list)
 
     @property
     def paths(self) -> list[PurePosixPath]:
         return sorted(self.previous)
-
-
-def kernel_files() -> list[PurePosixPath]:
-    """The files step 1 writes into a fork, relative to its root."""
-    return [p for p in template_files() if p == LAYER_FILE or KERNEL_DIR in p.parents]
 
 
 def _template_bytes(path: PurePosixPath) -> bytes:
@@ -136,23 +131,29 @@ def write_kernel(repo: Path) -> WrittenFiles:
     problems = missing_support(repo)
     if problems:
         raise Step1Error("the fork cannot take the kernel files: " + "; ".join(problems))
-    previous: dict[PurePosixPath, bytes | None] = {}
+    written = WrittenFiles({})
     for path in kernel_files():
         target = repo / path
-        previous[path] = target.read_bytes() if target.is_file() else None
+        written.previous[path] = target.read_bytes() if target.is_file() else None
+        written.created_folders += [folder for folder in reversed(path.parents) if not (repo / folder).exists()]
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(_template_bytes(path))
-    return WrittenFiles(previous)
+    return written
 
 
 def restore(repo: Path, written: WrittenFiles) -> None:
-    """Put back what ``write_kernel`` replaced and remove what it created."""
+    """Put back what ``write_kernel`` replaced and remove what it created (files, then folders)."""
     for path, content in written.previous.items():
         target = repo / path
         if content is None:
             target.unlink(missing_ok=True)
         else:
             target.write_bytes(content)
+    for folder in reversed(written.created_folders):
+        try:
+            (repo / folder).rmdir()
+        except OSError:
+            logger.warning("kept %s: it is not empty", folder)
 
 
 def git(repo: Path, *args: str) -> str:

@@ -56,6 +56,16 @@ def template_files() -> list[PurePosixPath]:
     return sorted(found)
 
 
+# What step 1 writes into a miner's fork (scripts/step1_first_optimization.py): the kernels and the layer.
+KERNEL_DIR = PurePosixPath("fla/ops/quasar")
+LAYER_FILE = PurePosixPath("fla/layers/quasar.py")
+
+
+def kernel_files() -> list[PurePosixPath]:
+    """The template's QuasarAttention files (``fla/ops/quasar/`` and ``fla/layers/quasar.py``), sorted."""
+    return [p for p in template_files() if p == LAYER_FILE or KERNEL_DIR in p.parents]
+
+
 def _check_destination(dest: Path) -> None:
     if dest.exists() and not dest.is_dir():
         raise StarterForkError(f"{dest} exists and is not a folder; choose a new or empty folder")
@@ -115,10 +125,16 @@ def write_starter_fork(dest: Path) -> str:
     _check_destination(dest)
     dest.mkdir(parents=True, exist_ok=True)
     paths = copy_starter_tree(dest)
+    commit = commit_new_repository(dest, paths, COMMIT_MESSAGE)
+    logger.info("starter fork written to %s (%d files), commit %s", dest, len(paths), commit)
+    return commit
+
+
+def commit_new_repository(dest: Path, paths: list[PurePosixPath], message: str) -> str:
+    """Make ``dest`` a git repository on ``main`` whose one commit (fixed identity and date) holds
+    ``paths``; returns the commit id."""
     _git(dest, "init", "--quiet")
     _git(dest, "symbolic-ref", "HEAD", f"refs/heads/{BRANCH}")
     _git(dest, "add", "--", *(str(p) for p in paths))
-    _git(dest, "commit", "--quiet", "--no-verify", "--no-gpg-sign", "-m", COMMIT_MESSAGE)
-    commit = _git(dest, "rev-parse", "HEAD")
-    logger.info("starter fork written to %s (%d files), commit %s", dest, len(paths), commit)
-    return commit
+    _git(dest, "commit", "--quiet", "--no-verify", "--no-gpg-sign", "-m", message)
+    return _git(dest, "rev-parse", "HEAD")

@@ -1,0 +1,95 @@
+"""The tables miners read over SSH stay legible in 80 columns: no line wider than the terminal,
+every figure whole on its line (not wrapped or cut), and the wide layout where there is room."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from quasar.evaluate.report import (
+    NEEDS_GPU,
+    OK,
+    WIDE_REPORT_COLUMNS,
+    EvaluationReport,
+    ImportCheck,
+    LengthResult,
+    render_report,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import step2_kernel_tuning as step2  # noqa: E402
+
+LENGTHS = (512, 1024, 2048, 1_000_000)
+
+
+def random_report(rng: random.Random) -> EvaluationReport:
+    report = EvaluationReport(
+        verdict="fail", reasons=["T=2,048: the output differs from the reference"],
+        repo="/home/miner/work/flash-linear-attention", target_seq_len=1_000_000, seq_lens=list(LENGTHS),
+        device="cuda", device_name="NVIDIA H100 80GB HBM3", import_check=ImportCheck(True, "core"), lengths={},
+        league="1M", multiplier=3.0, measured_tokens_per_sec=rng.uniform(1e7, 2e8),
+    )
+    for length in LENGTHS:
+        rate = rng.uniform(1e5, 3e8)
+        report.lengths[str(length)] = LengthResult(
+            seq_len=length, status=rng.choice([OK, OK, NEEDS_GPU]), tokens_per_sec=rate,
+            tokens_per_sec_min=rate * 0.97, tokens_per_sec_max=rate * 1.02, cv=rng.uniform(0, 0.05),
+            timing="cuda-graph", peak_vram_mb=rng.uniform(10, 80_000), rel_error=rng.uniform(1e-3, 1e-1),
+            rel_error_eighths=[rng.uniform(1e-3, 1e-1)] * 8, finite=True, repeat_agree=rng.random() > 0.2,
+            correct=rng.random() > 0.2)
+    return report
+
+
+def rendered(width: int, draw) -> list[str]:
+    console = Console(width=width, record=True, force_terminal=False, color_system=None)
+    draw(console)
+    return console.export_text().splitlines()
+
+
+def test_the_evaluation_report_fits_80_columns_with_every_figure_whole():
+    rng = random.Random()
+    for _ in range(20):
+        report = random_report(rng)
+        lines = rendered(80, lambda console: render_report(report, console))
+        assert max(len(line) for line in lines) <= 80
+        rows = {line.split()[0]: line for line in lines if line.strip() and line.split()[0] in
+                {f"{length:,}" for length in LENGTHS}}
+        assert len(rows) == len(LENGTHS), lines
+        for length in LENGTHS:
+            item = report.lengths[str(length)]
+            row = rows[f"{length:,}"]
+            assert f"{item.tokens_per_sec / 1e6:.2f} M" in row or f"{item.tokens_per_sec / 1e3:.1f} k" in row, row
+            assert f"{item.rel_error:.2e}" in row and f"{item.peak_vram_mb:,.0f}" in row, row
+            assert item.status in row
+            assert ("wrong" in row) == (item.correct is False)
+            assert ("repeat" in row) == (item.repeat_agree is False)
+
+
+def test_a_wide_terminal_gets_every_column():
+    report = random_report(random.Random(3))
+    lines = rendered(WIDE_REPORT_COLUMNS, lambda console: render_report(report, console))
+    header = "\n".join(lines[:4])
+    for column in ("slowest", "fastest", "1/8 max", "finite", "repeat", "correct"):
+        assert column in header, header
+    item = report.lengths["512"]
+    assert any(f"{item.tokens_per_sec_min:,.0f}" in line for line in lines)
+
+
+def test_the_tuning_table_fits_80_columns_with_every_figure_whole():
+    rng = random.Random()
+    results = []
+    for index in range(6):
+        tuning = {"segment_chunks": rng.choice([8, 16, 32]), "wy_warps": rng.choice([2, 4, 8]),
+                  "layer_tile_tokens": 65536 * (index + 1)}
+        rates = {length: rng.uniform(1e6, 3e8) for length in LENGTHS}
+        results.append(step2.SweepResult(tuning=tuning, passed=index != 2, tokens_per_sec=rates, reasons=[]))
+    lines = rendered(80, lambda console: console.print(step2.render_table(results, results[0])))
+    assert max(len(line) for line in lines) <= 80
+    text = "\n".join(lines)
+    for result in results:
+        for rate in result.tokens_per_sec.values():
+            assert f"{rate / 1e6:.2f} M" in text

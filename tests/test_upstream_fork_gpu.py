@@ -1,0 +1,57 @@
+"""Step 1 and the evaluation on CUDA, on a fork that is upstream flash-linear-attention's whole
+tree (tests/upstream_fork.py): the kernels are written, pass the harness and are committed."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from quasar.evaluate import EvaluationOptions, evaluate
+from quasar.starter_fork import kernel_files
+from tests.upstream_fork import write_upstream_fork
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import step1_first_optimization as step1  # noqa: E402
+
+GPU = EvaluationOptions(seq_lens=(512,), device="cuda", warmup_runs=2, min_timed_runs=10, max_timed_runs=30,
+                        timed_seconds=0.5, length_timeout_s=180, timeout_s=300)
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_step1_on_the_upstream_tree_passes_and_commits_the_kernel_files(tmp_path):
+    fork = tmp_path / "fork"
+    before = write_upstream_fork(fork, quasar=False)
+    git(fork, "config", "user.name", "Miner")
+    git(fork, "config", "user.email", "miner@example.invalid")
+
+    code = step1.main(["--repo-path", str(fork), "--skip-setup", "--seq-len", "8192", "--warmup", "2",
+                       "--repeats", "10"])
+    assert code == 0
+    assert git(fork, "rev-parse", "HEAD~1") == before
+    assert git(fork, "log", "-1", "--format=%s") == step1.COMMIT_MESSAGE
+    assert sorted(git(fork, "show", "--name-only", "--format=", "HEAD").splitlines()) == sorted(
+        str(p) for p in kernel_files())
+    assert git(fork, "status", "--porcelain") == ""
+
+
+def test_the_upstream_tree_with_the_kernels_passes_the_harness(tmp_path):
+    fork = tmp_path / "fork"
+    write_upstream_fork(fork)
+    report = evaluate(fork, 65536, None, GPU)
+    assert report.verdict == "pass", report.reasons
+    assert all(item.timing == "cuda-graph" and item.correct for item in report.lengths.values())
