@@ -211,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     repo = args.repo_path.expanduser().resolve()
     if not repo.is_dir():
         parser.error(f"--repo-path {str(repo)!r} is not a directory")
+    options = options_from(args, DEFAULT_SEQ_LENS)
     if not args.skip_setup:
-        problems = check_setup(repo, args.device)
+        problems = check_setup(repo, options.device)
         if problems:
             for problem in problems:
                 console.print(f"[red]setup:[/red] {problem}")
@@ -234,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 where = f"T={event.seq_len:,}: " if event.seq_len else ""
                 progress.update(task, description=f"{where}{event.stage}", completed=event.done, total=event.total or None)
 
-            report = evaluate(repo, args.seq_len, args.claimed, options_from(args, DEFAULT_SEQ_LENS), progress=show)
+            report = evaluate(repo, args.seq_len, args.claimed, options, progress=show)
     except EvaluationInputError as error:
         restore(repo, written)
         parser.error(str(error))

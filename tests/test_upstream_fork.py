@@ -124,16 +124,21 @@ def test_a_module_missing_from_the_fork_itself_is_named_as_the_forks(reports):
     assert report.reasons[0].startswith("the fork's own module fla.models.utils is missing"), report.reasons
 
 
-def test_step1_on_the_upstream_tree_writes_validates_and_restores_every_file_on_failure(tmp_path, capsys):
+def test_step1_on_the_upstream_tree_writes_validates_and_restores_every_file_on_failure(tmp_path, capsys,
+                                                                                         monkeypatch):
     fork = tmp_path / "fork"
     before_commit = write_upstream_fork(fork, quasar=False)
+    git(fork, "config", "user.name", "Miner")
+    git(fork, "config", "user.email", "miner@example.invalid")
     assert not (fork / "fla" / "ops" / "quasar").exists()
     before = tree_digest(fork)
     assert step1.missing_support(fork) == []
 
-    code = step1.main(["--repo-path", str(fork), "--skip-setup", "--seq-len", "64", "--device", "cpu",
-                       "--warmup", "1", "--repeats", "3"])
+    # The setup check runs on the device the settings name (no --device flag).
+    monkeypatch.setenv("DEVICE", "cpu")
+    code = step1.main(["--repo-path", str(fork), "--seq-len", "64", "--warmup", "1", "--repeats", "3"])
     out = capsys.readouterr().out
+    assert "setup: git checkout, torch, triton and the device are ready" in out
     assert code == 1
     assert f"wrote {len(kernel_files())} files" in out
     assert "needs a CUDA GPU" in out and "put back as they were" in out
