@@ -11,7 +11,7 @@ CSS inline in the page and charts drawn here as SVG: the pages load nothing else
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,7 +21,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
 from quasar.api import schemas
-from quasar.api.charts import Series, bar_chart, line_chart
+from quasar.api.charts import NARROW, WIDE, Layout, Series, bar_chart, compact, line_chart
 from quasar.api.service import ApiError, SubmissionService
 from quasar.api.status import StatusReader
 
@@ -42,6 +42,14 @@ def tokens(value: float | None) -> str:
     return "–" if value is None else f"{value:,.0f}"
 
 
+def tokens_both(value: float | None) -> Markup:
+    """The full figure, and a compact one that narrow screens show instead (``61.3M``)."""
+    if value is None:
+        return Markup("–")
+    return Markup('<span class="full">{}</span><span class="compact">{}</span>').format(
+        f"{value:,.0f}", compact(value))
+
+
 def utc(timestamp: float | None) -> str:
     if timestamp is None:
         return "–"
@@ -49,10 +57,13 @@ def utc(timestamp: float | None) -> str:
 
 
 def duration(seconds: float) -> str:
-    """``1 h 05 min``, ``12 min``, ``40 s``: the round clock."""
+    """``3 d 04 h``, ``1 h 05 min``, ``12 min``, ``40 s``: the round clock."""
     seconds = max(0, int(seconds))
-    hours, rest = divmod(seconds, 3600)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days:,} d {hours:02d} h"
     if hours:
         return f"{hours} h {minutes:02d} min"
     return f"{minutes} min" if minutes else f"{secs} s"
@@ -71,12 +82,27 @@ def yes_no(value: bool | None, unknown: str = "not checked") -> str:
 def _environment() -> Environment:
     environment = Environment(loader=FileSystemLoader(str(TEMPLATES_DIR)), autoescape=select_autoescape(["html"]),
                               trim_blocks=True, lstrip_blocks=True)
-    environment.filters.update(short=short_hotkey, tokens=tokens, utc=utc, memory=memory, yes_no=yes_no,
+    environment.filters.update(short=short_hotkey, tokens=tokens, tokens_both=tokens_both, utc=utc, memory=memory, yes_no=yes_no,
                                duration=duration, state_label=lambda state: STATE_LABELS.get(state, state))
     return environment
 
 
-def lengths_chart(status: schemas.SubmissionStatus) -> str | None:
+def distinct_reasons(status: schemas.SubmissionStatus) -> list[tuple[str, int]]:
+    """Each reason the validators gave, once, with how many gave it (in the order first given)."""
+    counts: dict[str, int] = {}
+    for report in status.reports:
+        for reason in dict.fromkeys(report.reasons):
+            counts[reason] = counts.get(reason, 0) + 1
+    return list(counts.items())
+
+
+def responsive(draw: Callable[[Layout], str]) -> Markup:
+    """A chart drawn for desktops and for phones; the page's CSS shows the one that fits (the charts
+    escape their own labels)."""
+    return Markup(f'<div class="chart-wide">{draw(WIDE)}</div><div class="chart-narrow">{draw(NARROW)}</div>')
+
+
+def lengths_chart(status: schemas.SubmissionStatus) -> Markup | None:
     """Measured tokens/sec per length, one bar per validator (wrong lengths in red); None without figures."""
     lengths = sorted({item.seq_len for report in status.reports for item in report.lengths})
     if not lengths:
@@ -88,18 +114,20 @@ def lengths_chart(status: schemas.SubmissionStatus) -> str | None:
             name=f"validator {short_hotkey(report.validator_hotkey)}",
             values=[by_length[n].tokens_per_sec if n in by_length else None for n in lengths],
             failed=[n in by_length and by_length[n].correct is False for n in lengths]))
-    return bar_chart(f"submission {status.submission_id}: measured tokens/s per sequence length",
-                     [f"T={n:,}" for n in lengths], series, "tokens/s")
+    return responsive(lambda layout: bar_chart(
+        f"submission {status.submission_id}: measured tokens/s per sequence length",
+        [f"T={compact(n) if layout is NARROW else f'{n:,}'}" for n in lengths], series, "tokens/s", layout))
 
 
-def history_chart(history: schemas.MinerHistory) -> str | None:
+def history_chart(history: schemas.MinerHistory) -> Markup | None:
     """A miner's measured tokens/sec per round (failed rounds in red); None before any evaluation."""
     if not history.rounds:
         return None
-    return line_chart(f"{short_hotkey(history.hotkey)}: measured tokens/s per round",
-                      [f"round {point.round_id}" for point in history.rounds],
-                      [point.measured_tokens_per_sec for point in history.rounds], "tokens/s",
-                      failed=[point.state == "failed" for point in history.rounds])
+    return responsive(lambda layout: line_chart(
+        f"{short_hotkey(history.hotkey)}: measured tokens/s per round",
+        [f"round {point.round_id}" for point in history.rounds],
+        [point.measured_tokens_per_sec for point in history.rounds], "tokens/s",
+        failed=[point.state == "failed" for point in history.rounds], layout=layout))
 
 
 def dashboard_router(service: SubmissionService, status_reader: StatusReader) -> APIRouter:
@@ -146,7 +174,7 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader) ->
             return not_found(f"no submissions from {hotkey}")
         chart = history_chart(history)
         return page("miner.html", title=f"Miner {short_hotkey(hotkey)}", hotkey=hotkey, history=history,
-                    page_of=submissions, chart=None if chart is None else Markup(chart))
+                    page_of=submissions, chart=chart)
 
     @router.get("/dashboard/submissions/{submission_id}", response_class=HTMLResponse)
     def submission(submission_id: str) -> HTMLResponse:
@@ -159,6 +187,6 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader) ->
         chart = lengths_chart(status)
         lengths: Sequence[int] = sorted({item.seq_len for report in status.reports for item in report.lengths})
         return page("submission.html", title=f"Submission {status.submission_id}", status=status,
-                    chart=None if chart is None else Markup(chart), lengths=lengths)
+                    chart=chart, lengths=lengths, reasons=distinct_reasons(status))
 
     return router
