@@ -117,8 +117,13 @@ def submission_detail(status: schemas.SubmissionStatus) -> Group:
         parts.append(Text.assemble("\n", (report.verdict, f"bold {style}"),
                                    f" by validator {_short(report.validator_hotkey)} at "
                                    f"{_when(report.reported_at)} UTC; logits {logits}"))
-        for reason in report.reasons:
-            parts.append(Text(f"  - {reason}"))
+        if report.reasons:
+            reasons = Table.grid(padding=(0, 1))
+            reasons.add_column(no_wrap=True)
+            reasons.add_column(overflow="fold")
+            for reason in report.reasons:
+                reasons.add_row("  -", reason)
+            parts.append(reasons)
         if report.lengths:
             parts.append(_lengths_table(report))
     if status.revealed and not status.reports:
@@ -145,6 +150,7 @@ def run_status(settings: Settings, submission_id: int | None, console: Console |
     import bittensor as bt
 
     console = console or Console()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # its request lines would interleave with the tables
     wallet_name = settings.wallet_name_for("miner")
     wallet = bt.Wallet(name=wallet_name, hotkey=settings.wallet_hotkey, path=settings.wallet_path)
     try:
