@@ -11,7 +11,7 @@ CSS inline in the page and charts drawn here as SVG: the pages load nothing else
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -82,8 +82,9 @@ def yes_no(value: bool | None, unknown: str = "not checked") -> str:
 def _environment() -> Environment:
     environment = Environment(loader=FileSystemLoader(str(TEMPLATES_DIR)), autoescape=select_autoescape(["html"]),
                               trim_blocks=True, lstrip_blocks=True)
-    environment.filters.update(short=short_hotkey, tokens=tokens, tokens_both=tokens_both, utc=utc, memory=memory, yes_no=yes_no,
-                               duration=duration, state_label=lambda state: STATE_LABELS.get(state, state))
+    environment.filters.update(short=short_hotkey, tokens=tokens, tokens_both=tokens_both, utc=utc, memory=memory,
+                               yes_no=yes_no, duration=duration,
+                               state_label=lambda state: STATE_LABELS.get(state, state))
     return environment
 
 
@@ -184,9 +185,7 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader) ->
         status = status_reader.submission(int(submission_id))
         if status is None:
             return not_found(f"no submission {submission_id}")
-        chart = lengths_chart(status)
-        lengths: Sequence[int] = sorted({item.seq_len for report in status.reports for item in report.lengths})
         return page("submission.html", title=f"Submission {status.submission_id}", status=status,
-                    chart=chart, lengths=lengths, reasons=distinct_reasons(status))
+                    chart=lengths_chart(status), reasons=distinct_reasons(status))
 
     return router
