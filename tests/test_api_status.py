@@ -175,6 +175,10 @@ def test_dashboard_pages_show_the_round_and_escape_what_miners_wrote(start_api):
     rows = re.findall(r"<tr>\s*<td class=\"num place\">(\d)</td>", index.text)
     assert rows == ["1"] and api.wallets["a"].hotkey.ss58_address in index.text
     assert '<meta name="viewport"' in index.text and "round" in index.text
+    earlier = httpx.get(api.url + "/", params={"round": 7})
+    assert earlier.status_code == 200 and "Leaderboard · round 7" in earlier.text and "No eligible submission" in earlier.text
+    bad_round = httpx.get(api.url + "/", params={"round": -1})
+    assert bad_round.status_code == 422 and "query.round" in bad_round.json()["detail"]
     page = httpx.get(f"{api.url}/dashboard/submissions/{hostile.submission_id}").text
     assert str(escape(WRONG_REASON)) in page and "<svg" in page and "failed" in page
     assert "<script" not in page and "<img" not in page
