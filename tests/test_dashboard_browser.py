@@ -88,6 +88,10 @@ def test_dashboard_pages_in_headless_chromium(tmp_path, chain, wallets):
                     if size_name == "phone":  # nothing wider than the phone's screen but the tables' own scroll
                         width = page.evaluate("document.documentElement.scrollWidth")
                         assert width <= PHONE["width"], width
+                        # and the ranking's columns all fit without scrolling its table
+                        overflow = page.evaluate("(t => t.scrollWidth - t.parentElement.clientWidth)"
+                                                 "(document.getElementById('leaderboard'))")
+                        assert overflow <= 0, overflow
 
                     page.goto(f"{api.url}/dashboard/submissions/{ids['hostile']}")
                     assert page.locator("h1 .badge").inner_text() == "failed"
