@@ -23,7 +23,7 @@ setup(
     include_package_data=True,
     # The starter fork's template tree (not a package of ours: it is copied out verbatim).
     package_data={"quasar.starter_fork": ["tree/**/*", "tree/.gitignore"],
-                  "quasar.api": ["migrations/*.py", "migrations/*.mako", "migrations/versions/*.py"]},
+                  "quasar.api": ["migrations/*.py", "migrations/*.mako", "migrations/versions/*.py", "templates/*.html"]},
     install_requires=read_requirements("requirements.txt"),
     extras_require={"test": read_requirements("requirements-test.txt")},
     entry_points={"console_scripts": ["quasar=quasar.__main__:main"]},

@@ -19,4 +19,14 @@ if ! command -v pg_ctl >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/pg_ctl 
         || echo "could not install postgresql: its API tests will fail under CI and skip locally" >&2
 fi
 
+# The dashboard's browser test drives Debian's Chromium (never a downloaded browser): install it the same way.
+if [ ! -x /usr/bin/chromium ]; then
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo -n"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get install -y -q chromium >/dev/null 2>&1 \
+        || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q chromium >/dev/null; } \
+        || echo "could not install chromium: the dashboard's browser test will skip" >&2
+fi
+
 exec python -m pytest "$@"

@@ -408,7 +408,8 @@ def test_schema_is_migrated_not_reset_and_matches_the_models(start_api, chain, w
         schema = httpx.get(restarted.url + "/openapi.json").json()
         for path in ("/submit_kernel", "/commit_submission", "/reveal_submission", "/pending_reveals",
                      "/get_submission_stats", "/get_current_round", "/health", "/validator/pending",
-                     "/validator/report", "/leaderboard"):
+                     "/validator/report", "/leaderboard", "/submissions/{submission_id}",
+                     "/miners/{hotkey}/submissions"):
             assert path in schema["paths"]
     database = Database(database_url)
     try:

@@ -34,7 +34,7 @@ def test_no_endpoint_answers_5xx_to_fuzzed_requests(start_api):
     api = start_api(allow_local_forks=True)
     schema = schemathesis.openapi.from_dict(httpx.get(api.url + "/openapi.json").json())
     operations = [result.ok() for result in schema.get_all_operations()]
-    assert len(operations) == 10
+    assert len(operations) == 12  # the dashboard pages are not in the schema
     http = httpx.Client(timeout=30)
     seen: dict[int, int] = {}
 

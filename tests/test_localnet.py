@@ -148,6 +148,7 @@ def test_one_round_weights_the_honest_miner_and_not_the_hostile_one(tmp_path):
     assert json.loads((data_dir / "summary.json").read_text()) == summary
     assert "No CUDA device: the validator evaluates on CPU at small lengths" in result.stderr
     assert "the validator fetches, evaluates" in result.stderr
+    assert f"dashboard {summary['api_url']}/" in result.stderr
     assert not wait_gone(str(data_dir)), "a child of the local network outlived it"
 
 

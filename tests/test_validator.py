@@ -201,6 +201,12 @@ def test_validator_steps_evaluate_report_and_set_weights(world, tmp_path, caplog
             assert (c.verdict, c.correct, c.logits_ok) == ("failed", True, False)
             assert any(reason.startswith("logit check failed") for reason in c.reasons)
             assert (u.verdict, u.correct) == ("failed", False) and u.reasons[0].startswith("clone failed")
+            # Per-length figures travel with the report: the honest fork is correct at every length it ran,
+            # the wrong one not everywhere; a fork that was never cloned has none.
+            assert a.lengths and all(item["status"] == "ok" and item["correct"] for item in a.lengths)
+            assert [item["seq_len"] for item in a.lengths] == sorted(int(n) for n in a.benchmarks)
+            assert any(item["correct"] is False for item in b.lengths)
+            assert u.lengths is None
 
             assert validator.step().weights_set is False  # same epoch: no new weights
             subnet.chain.advance(100)

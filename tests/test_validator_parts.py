@@ -14,7 +14,7 @@ import pytest
 from bittensor.sp_core import Keypair
 
 from quasar import scoring
-from quasar.api.schemas import MAX_REASON_LENGTH, MAX_REASONS
+from quasar.api.schemas import MAX_REASON_LENGTH, MAX_REASONS, ReportRequest
 from quasar.chain.base import Metagraph, NeuronInfo
 from quasar.chain.devchain import DevChain
 from quasar.config import resolve
@@ -225,6 +225,18 @@ def test_api_report_passes_only_an_eligible_result():
     assert (wrong.verdict, wrong.correct, wrong.logits_ok, wrong.measured_tokens_per_sec) == \
         ("failed", False, None, None)
     assert wrong.reasons == ("clone failed: not found",)
+
+
+def test_api_report_carries_the_harness_figures_per_length():
+    harness = report(verdict="pass", reasons=[], measured_tokens_per_sec=900.0)
+    harness.lengths["512"].peak_vram_mb = 1536.0
+    evaluated = replace(GOOD, report=harness.to_dict())
+    sent = api_report(record(submission(1, claimed=1000.0), evaluated))
+    assert sent.lengths == (
+        {"seq_len": 512, "status": "ok", "tokens_per_sec": 4000.0, "peak_vram_mb": 1536.0, "correct": True},
+        {"seq_len": 1024, "status": "oom", "tokens_per_sec": None, "peak_vram_mb": None, "correct": None})
+    assert ReportRequest(submission_id=1, verdict="failed", correct=False, lengths=list(sent.lengths)).lengths
+    assert api_report(record(submission(2), BAD, SKIPPED, "not checked")).lengths is None
 
 
 def test_reasons_are_bounded_to_what_the_api_accepts():

@@ -19,7 +19,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
@@ -28,8 +28,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from quasar import auth
 from quasar.api import rules, schemas
+from quasar.api.dashboard import dashboard_router
 from quasar.api.db import Database, DatabaseBusy, DatabaseNonceStore
 from quasar.api.service import ApiConfig, ApiError, SubmissionService
+from quasar.api.status import StatusReader
 from quasar.chain import Chain, ChainError
 
 logger = logging.getLogger(__name__)
@@ -169,6 +171,30 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
     def leaderboard(round_id: Annotated[int | None, Query(ge=0, le=2**40)] = None) -> schemas.Leaderboard:
         """A round ranked from validators' measured results (QUASAR.md §5); default the current round."""
         return service.leaderboard(round_id)
+
+    # --- submission status (public; an unrevealed commitment shows only its hash: quasar/api/status.py) ---
+
+    status_reader = StatusReader(service)
+    Offset = Annotated[int, Query(ge=0, le=2**40)]
+
+    @app.get("/submissions/{submission_id}", response_model=schemas.SubmissionStatus, responses=ERRORS,
+             tags=["public"])
+    def submission_status(
+            submission_id: Annotated[int, Path(ge=1, le=schemas.MAX_ID)]) -> schemas.SubmissionStatus:
+        """A submission's state, and per validator that reported: verdict, figures per length, reasons."""
+        status = status_reader.submission(submission_id)
+        if status is None:
+            raise ApiError(404, f"no submission {submission_id}")
+        return status
+
+    @app.get("/miners/{hotkey}/submissions", response_model=schemas.SubmissionPage, responses=ERRORS,
+             tags=["public"])
+    def miner_submissions(hotkey: Annotated[str, Path(pattern=schemas.HOTKEY_PATTERN)], limit: Limit = 20,
+                          offset: Offset = 0) -> schemas.SubmissionPage:
+        """A miner's submissions with their status, newest first (``limit``/``offset`` page them)."""
+        return status_reader.submissions(hotkey, limit, offset)
+
+    app.include_router(dashboard_router(service, status_reader))
 
     # --- miners (signed, registered hotkey, IP not banned) ---
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel
@@ -101,6 +102,15 @@ class ApiClient:
     def leaderboard(self, round_id: int | None = None) -> schemas.Leaderboard:
         return self._parse(self._get("/leaderboard", {"round_id": round_id}), schemas.Leaderboard)
 
+    def submission_status(self, submission_id: int) -> schemas.SubmissionStatus:
+        """A submission's state, verdicts, reasons and figures (``GET /submissions/{id}``)."""
+        return self._parse(self._get(f"/submissions/{int(submission_id)}"), schemas.SubmissionStatus)
+
+    def miner_submissions(self, hotkey: str, limit: int = 20, offset: int = 0) -> schemas.SubmissionPage:
+        """A miner's submissions with their status, newest first (``GET /miners/{hotkey}/submissions``)."""
+        return self._parse(self._get(f"/miners/{quote(hotkey, safe='')}/submissions",
+                                     {"limit": limit, "offset": offset}), schemas.SubmissionPage)
+
     # --- miners ---
 
     def submit_kernel(self, fork_url: str, commit_hash: str, target_sequence_length: int, tokens_per_sec: float,
@@ -130,9 +140,13 @@ class ApiClient:
 
     def report(self, submission_id: int, verdict: str, correct: bool, logits_ok: bool | None = None,
                measured_tokens_per_sec: float | None = None, benchmarks: Mapping[int, float] | None = None,
-               reasons: Sequence[str] = ()) -> schemas.ReportAccepted:
+               reasons: Sequence[str] = (),
+               lengths: Sequence[Mapping[str, Any]] | None = None) -> schemas.ReportAccepted:
+        """Report on a fetched submission; ``lengths``: per-length figures (``schemas.ReportedLength`` fields)."""
         payload = {"submission_id": submission_id, "verdict": verdict, "correct": correct, "logits_ok": logits_ok,
                    "measured_tokens_per_sec": measured_tokens_per_sec,
                    "benchmarks": None if benchmarks is None else {str(k): v for k, v in benchmarks.items()},
                    "reasons": list(reasons)}
+        if lengths is not None:
+            payload["lengths"] = [dict(item) for item in lengths]
         return self._parse(self.signed("POST", "/validator/report", payload), schemas.ReportAccepted)

@@ -116,6 +116,8 @@ class EvaluationReport(Base):
     measured_tokens_per_sec: Mapped[float | None] = mapped_column(Double)
     benchmarks: Mapped[dict | None] = mapped_column(JSON)
     reasons: Mapped[list] = mapped_column(JSON)
+    # [{"seq_len", "status", "tokens_per_sec", "peak_vram_mb", "correct"}]; NULL in reports from before 0002.
+    lengths: Mapped[list | None] = mapped_column(JSON)
 
     __table_args__ = (
         UniqueConstraint("submission_id", "validator_hotkey", name="uq_evaluation_reports_submission_validator"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 MAX_SEQUENCE_LENGTH = 100_000_000
 MAX_TOKENS_PER_SEC = 1e15  # as quasar.scoring: far above any GPU, keeps every score finite
@@ -31,6 +31,8 @@ CommitHash = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 HOTKEY_PATTERN = r"^[1-9A-HJ-NP-Za-km-z]{40,60}$"
 Hotkey = Annotated[str, StringConstraints(pattern=HOTKEY_PATTERN)]
 Benchmarks = Annotated[dict[SequenceLength, TokensPerSec], Field(max_length=MAX_BENCHMARK_ENTRIES)]
+PeakVramMb = Annotated[float, Field(ge=0, le=10_000_000, allow_inf_nan=False)]
+LengthStatus = Literal["ok", "oom", "timeout", "error", "skipped"]
 MeasuredBenchmarks = Annotated[dict[SequenceLength, MeasuredTokensPerSec], Field(max_length=MAX_BENCHMARK_ENTRIES)]
 
 
@@ -77,6 +79,16 @@ class RevealRequest(Request):
     benchmarks: Benchmarks | None = None
 
 
+class ReportedLength(Request):
+    """What a validator measured at one sequence length."""
+
+    seq_len: SequenceLength
+    status: LengthStatus = Field(description="ok, oom, timeout, error or skipped (the harness's status)")
+    tokens_per_sec: MeasuredTokensPerSec | None = None
+    peak_vram_mb: PeakVramMb | None = Field(default=None, description="peak GPU memory the fork's process reported")
+    correct: bool | None = Field(default=None, description="matched the reference here; null = not checked")
+
+
 class ReportRequest(Request):
     """A validator's result for one submission it fetched."""
 
@@ -90,6 +102,17 @@ class ReportRequest(Request):
     benchmarks: MeasuredBenchmarks | None = Field(default=None, description="measured {seq_len: tokens_per_sec}")
     reasons: list[Reason] = Field(default_factory=list, max_length=MAX_REASONS,
                                   description="why it failed (or notes), for the miner")
+    lengths: list[ReportedLength] | None = Field(
+        default=None, max_length=MAX_BENCHMARK_ENTRIES,
+        description="per sequence length run: measured tokens/sec, peak memory, correctness; null = not sent "
+                    "(reports from before this field have none)")
+
+    @field_validator("lengths")
+    @classmethod
+    def _one_entry_per_length(cls, lengths: list[ReportedLength] | None) -> list[ReportedLength] | None:
+        if lengths is not None and len({item.seq_len for item in lengths}) != len(lengths):
+            raise ValueError("each seq_len may appear once")
+        return lengths
 
 
 class Health(BaseModel):
@@ -211,3 +234,86 @@ class Leaderboard(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: str
+
+
+# --- submission status (GET /submissions/{id}, GET /miners/{hotkey}/submissions) ---
+
+SubmissionState = Literal["committed", "expired", "revealed", "queued", "being_evaluated", "passed", "failed"]
+
+
+class LengthFigures(BaseModel):
+    """One validator's figures at one sequence length (only tokens/sec for reports from before
+    per-length figures were sent: ``status`` and the rest are then null)."""
+
+    seq_len: int
+    status: str | None
+    tokens_per_sec: float | None
+    peak_vram_mb: float | None
+    correct: bool | None
+
+
+class ValidatorVerdict(BaseModel):
+    """One validator's report on a submission, as the miner and the public see it."""
+
+    validator_hotkey: str
+    verdict: Literal["passed", "failed"]
+    correct: bool
+    logits_ok: bool | None
+    measured_tokens_per_sec: float | None
+    lengths: list[LengthFigures]
+    reasons: list[str]
+    reported_at: float
+
+
+class SubmissionStatus(BaseModel):
+    """Where a submission stands. Before a commitment is revealed only its hash, target, time and
+    reveal window are shown: ``fork_url``, ``commit_hash``, the claim and reports are null/empty."""
+
+    submission_id: int
+    hotkey: str
+    method: Literal["direct", "commit_reveal"]
+    state: SubmissionState
+    target_sequence_length: int
+    league: str
+    submitted_at: float = Field(description="the commit's time for commit-reveal: the tie-break time")
+    submitted_block: int
+    commitment_hash: str | None
+    reveal_from_block: int | None
+    reveal_until_block: int | None
+    revealed: bool
+    ready_at: float | None = Field(description="when it became evaluable (direct submission or reveal)")
+    round_id: int | None
+    fork_url: str | None
+    commit_hash: str | None
+    claimed_tokens_per_sec: float | None
+    vram_mb: int | None
+    claimed_benchmarks: dict[int, float] | None
+    measured_tokens_per_sec: float | None = Field(description="median over the validators' reports")
+    weighted_score: float | None = Field(description="verified tokens/sec x league multiplier; 0 when ineligible")
+    validators_evaluating: int = Field(description="validators holding a lease on it without a report yet")
+    reports: list[ValidatorVerdict]
+
+
+class SubmissionPage(BaseModel):
+    """A page of submissions, newest first."""
+
+    hotkey: str | None
+    total: int
+    offset: int
+    limit: int
+    submissions: list[SubmissionStatus]
+
+
+class RoundPoint(BaseModel):
+    """A miner's best evaluated submission in one round."""
+
+    round_id: int
+    submission_id: int
+    measured_tokens_per_sec: float
+    weighted_score: float
+    state: Literal["passed", "failed"]
+
+
+class MinerHistory(BaseModel):
+    hotkey: str
+    rounds: list[RoundPoint]

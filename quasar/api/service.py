@@ -386,6 +386,7 @@ class SubmissionService:
                 correct=request.correct, logits_ok=request.logits_ok,
                 measured_tokens_per_sec=request.measured_tokens_per_sec,
                 benchmarks=_benchmarks_to_json(request.benchmarks), reasons=list(request.reasons),
+                lengths=None if request.lengths is None else [item.model_dump() for item in request.lengths],
             )
             session.add(report)
             session.flush()

@@ -189,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                     return 0
                 err.print(f"\nThe local network keeps running; Ctrl-C stops it.\n"
                           f"  submission API  {network.api_url} (API hotkey {network.hotkey('api')})\n"
+                          f"  dashboard       {network.dashboard_url}\n"
+                          f"  miner status    python -m neurons.miner status --wallet.path {network.wallet_dir} "
+                          f"--wallet.name miner-hostile --wallet.hotkey default --api.url {network.api_url}\n"
                           f"  chain           --subtensor.network devchain --devchain.path {network.chain_path} "
                           f"--netuid {NETUID}\n"
                           f"  GitHub stand-in {network.github.api_url} (repositories in {network.github.root})\n"

@@ -289,6 +289,11 @@ class LocalNetwork:
         return self.data_dir / "validator"
 
     @property
+    def dashboard_url(self) -> str:
+        """The API's web dashboard (the round's leaderboard, miners' and submissions' pages)."""
+        return f"{self.api_url}/"
+
+    @property
     def miners_dir(self) -> Path:
         """The miners' ``WORKSPACE_ROOT``: one workspace per hotkey (clone, state, reports)."""
         return self.data_dir / "miners"
@@ -328,7 +333,7 @@ class LocalNetwork:
         api_port, *miner_ports = distinct_free_ports(1 + len(MINERS))
         inference_ports = dict(zip(MINERS.values(), miner_ports))
         self.api_url = f"http://{HOST}:{api_port}"
-        self.progress.step(f"starting the submission API on {self.api_url} (SQLite)")
+        self.progress.step(f"starting the submission API on {self.api_url} (SQLite); dashboard {self.dashboard_url}")
         api = self.children.start("submission API", [
             sys.executable, "-m", "quasar.api", "serve", "--host", HOST, "--port", str(api_port),
             "--database-url", self.api_database_url, "--api.hotkey", self.hotkey(API), *self._chain_flags()],

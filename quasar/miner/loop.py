@@ -12,7 +12,8 @@ One cycle:
    ``MIN_IMPROVEMENT`` (or by the two measurements' spread, when that is larger), commit it (and
    push it, in direct mode) and submit it; otherwise roll it back. Every attempt is recorded in
    the state, so none is tried twice;
-5. wait ``OPTIMIZATION_INTERVAL`` seconds, revealing a pending commitment when it is due.
+5. wait ``OPTIMIZATION_INTERVAL`` seconds, revealing a pending commitment when it is due and
+   logging each validator's verdict on the miner's submissions as it arrives.
 
 No exception from one cycle ends the loop; the next cycle starts from a clean checkout.
 """
@@ -36,6 +37,7 @@ from quasar.evaluate.report import OK
 from quasar.imports import QUASAR_DIR, validate_repo
 from quasar.miner.github import GitError
 from quasar.miner.state import Measurement, MinerState, StateStore
+from quasar.miner.status import VerdictWatcher
 from quasar.miner.strategies import (
     ERROR,
     FAILED,
@@ -138,7 +140,8 @@ class Miner:
 
     def __init__(self, clone: ForkClone, strategies: Sequence[Strategy], evaluate_fork: Evaluator,
                  submitter: Submitter, state: MinerState, store: StateStore, config: LoopConfig,
-                 console: Console | None = None, before_cycle: Callable[[], None] | None = None):
+                 console: Console | None = None, before_cycle: Callable[[], None] | None = None,
+                 verdicts: VerdictWatcher | None = None):
         if not strategies:
             raise ValueError("the miner needs at least one strategy")
         self.clone = clone
@@ -150,6 +153,7 @@ class Miner:
         self.config = config
         self.console = console or Console()
         self.before_cycle = before_cycle
+        self.verdicts = verdicts
         self._turn = 0
 
     # --- one cycle ---
@@ -323,6 +327,8 @@ class Miner:
                 self.submitter.advance()
             except Exception as error:  # noqa: BLE001 - a failed reveal is retried at the next step
                 logger.error("advancing the pending reveal failed: %s", error)
+            if self.verdicts is not None:
+                self.verdicts.poll()
             left = deadline - time.monotonic()
             if left <= 0:
                 return

@@ -127,6 +127,7 @@ def _run(settings: Settings) -> int:
     from quasar.miner.loop import Evaluator, LoopConfig, Miner
     from quasar.miner.state import MinerStateError, StateStore
     from quasar.miner.strategies import AgentStrategy, TuningStrategy
+    from quasar.miner.status import VerdictWatcher
     from quasar.miner.submission import DIRECT, Submitter
     from quasar.miner.workspace import ForkClone, Workspace, WorkspaceError
 
@@ -205,7 +206,8 @@ def _run(settings: Settings) -> int:
             if not published:
                 published = _publish_endpoint(chain, wallet, settings)
 
-        miner = Miner(clone, strategies, evaluator, submitter, state, store, config, before_cycle=republish)
+        miner = Miner(clone, strategies, evaluator, submitter, state, store, config, before_cycle=republish,
+                      verdicts=VerdictWatcher(client, hotkey))
         stop = threading.Event()
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         logger.info("mining: %d candidate(s) per cycle, %gs between cycles, %s submissions", config.iterations,

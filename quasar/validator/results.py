@@ -7,14 +7,15 @@ API's leaderboard and the weights on chain apply the same rules.
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from quasar import scoring
-from quasar.api.schemas import MAX_REASON_LENGTH, MAX_REASONS
+from quasar.api.schemas import MAX_BENCHMARK_ENTRIES, MAX_REASON_LENGTH, MAX_REASONS
 from quasar.chain.base import Metagraph
 from quasar.validator.state import SubmissionRecord
 
@@ -43,6 +44,20 @@ class ApiReport:
     measured_tokens_per_sec: float | None
     benchmarks: dict[int, float]
     reasons: tuple[str, ...]
+    lengths: tuple[dict[str, Any], ...] | None = None  # schemas.ReportedLength fields, per length run
+
+
+def reported_lengths(harness_report: Mapping[str, Any] | None) -> tuple[dict[str, Any], ...] | None:
+    """The per-length figures of a harness report (``EvaluationReport.to_dict()``) for the API: status,
+    tokens/sec, peak memory and correctness at each length, shortest first; None without a report
+    (the fork was not cloned or not evaluated)."""
+    if harness_report is None:
+        return None
+    items = sorted(harness_report.get("lengths", {}).values(), key=lambda item: item["seq_len"])
+    return tuple({"seq_len": int(item["seq_len"]), "status": item["status"],
+                  "tokens_per_sec": item.get("tokens_per_sec"), "peak_vram_mb": item.get("peak_vram_mb"),
+                  "correct": item.get("correct")}
+                 for item in items[:MAX_BENCHMARK_ENTRIES])
 
 
 def _printable(text: str) -> str:
@@ -78,7 +93,7 @@ def api_report(record: SubmissionRecord) -> ApiReport:
         verdict="passed" if scoring.is_eligible(scored) else "failed",
         correct=result.correct, logits_ok=record.logits_ok,
         measured_tokens_per_sec=result.measured_tokens_per_sec, benchmarks=dict(result.benchmarks),
-        reasons=bounded_reasons(reasons))
+        reasons=bounded_reasons(reasons), lengths=reported_lengths(result.report))
 
 
 @dataclass(frozen=True)

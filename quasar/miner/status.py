@@ -1,0 +1,209 @@
+"""What became of the miner's submissions: ``python -m neurons.miner status [--submission ID]`` and
+the verdicts the running miner logs as validators report them.
+
+Everything here comes from the API's public status endpoints (``GET /miners/{hotkey}/submissions``,
+``GET /submissions/{id}``), so the miner sees what everyone sees: of a commitment it has not
+revealed, only the hash; never the fork or commit its own state file holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timezone
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from quasar.api import schemas
+from quasar.api.charts import compact
+from quasar.api.client import ApiClient, ApiClientError
+from quasar.config import Settings
+
+logger = logging.getLogger(__name__)
+
+RECENT = 10
+STATE_STYLES = {"passed": "green", "failed": "red", "expired": "red"}
+STATE_LABELS = {"being_evaluated": "evaluating"}
+
+
+def _when(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "-"
+    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%m-%d %H:%M")
+
+
+def _tokens(value: float | None) -> str:
+    return "-" if value is None else compact(value)
+
+
+def _state(state: str) -> Text:
+    return Text(STATE_LABELS.get(state, state), style=STATE_STYLES.get(state, "yellow"))
+
+
+def _short(hotkey: str) -> str:
+    return f"{hotkey[:6]}…{hotkey[-4:]}" if len(hotkey) > 12 else hotkey
+
+
+def verdict_summary(status: schemas.SubmissionStatus) -> str:
+    """``2/2 pass``, ``0/1 pass``, or ``-`` before any report."""
+    if not status.reports:
+        return "-"
+    passed = sum(report.verdict == "passed" for report in status.reports)
+    return f"{passed}/{len(status.reports)} pass"
+
+
+def submissions_table(page: schemas.SubmissionPage) -> Table:
+    """The miner's submissions, newest first: state, target, claim, measured, verdicts (fits 80 columns)."""
+    shown = len(page.submissions)
+    title = f"submissions of {_short(page.hotkey or '')}: {shown} newest of {page.total}"
+    table = Table(title=title, title_justify="left")
+    for column in ("id", "state", "target", "claimed", "measured", "verdicts", "submitted"):
+        table.add_column(column, justify="right" if column in ("id", "target", "claimed", "measured") else "left")
+    for status in page.submissions:
+        table.add_row(str(status.submission_id), _state(status.state), compact(status.target_sequence_length),
+                      _tokens(status.claimed_tokens_per_sec), _tokens(status.measured_tokens_per_sec),
+                      verdict_summary(status), _when(status.submitted_at))
+    if not page.submissions:
+        table.add_row("-", "no submissions yet", "", "", "", "", "")
+    return table
+
+
+def _facts(status: schemas.SubmissionStatus) -> Table:
+    facts = Table.grid(padding=(0, 2))
+    facts.add_column(style="dim", no_wrap=True)
+    facts.add_column(overflow="fold")
+    method = "commit-reveal" if status.method == "commit_reveal" else "direct"
+    facts.add_row("state", _state(status.state))
+    facts.add_row("method", method)
+    facts.add_row("target", f"T={status.target_sequence_length:,} ({status.league} league)")
+    facts.add_row("submitted", f"{_when(status.submitted_at)} UTC, block {status.submitted_block:,}")
+    if not status.revealed:
+        facts.add_row("commitment", status.commitment_hash or "-")
+        facts.add_row("reveal", f"blocks {status.reveal_from_block:,} to {status.reveal_until_block:,}")
+        return facts
+    facts.add_row("fork", status.fork_url or "-")
+    facts.add_row("commit", status.commit_hash or "-")
+    facts.add_row("round", str(status.round_id))
+    facts.add_row("claimed", f"{status.claimed_tokens_per_sec:,.0f} tok/s")
+    measured = "-" if status.measured_tokens_per_sec is None else \
+        f"{status.measured_tokens_per_sec:,.0f} tok/s (median of {len(status.reports)})"
+    facts.add_row("measured", measured)
+    facts.add_row("score", "-" if status.weighted_score is None else f"{status.weighted_score:,.0f}")
+    if status.validators_evaluating:
+        facts.add_row("evaluating", f"{status.validators_evaluating} validator(s) now")
+    return facts
+
+
+def _lengths_table(report: schemas.ValidatorVerdict) -> Table:
+    table = Table(box=None, pad_edge=False, padding=(0, 2, 0, 2))
+    for column in ("T", "status", "tok/s", "peak mem", "output"):
+        table.add_column(column, justify="right" if column in ("T", "tok/s", "peak mem") else "left")
+    for item in report.lengths:
+        output = "-" if item.correct is None else Text("correct", "green") if item.correct else Text("wrong", "red")
+        memory = "-" if item.peak_vram_mb is None else f"{item.peak_vram_mb:,.0f} MiB"
+        table.add_row(f"{item.seq_len:,}", item.status or "-", _tokens(item.tokens_per_sec), memory, output)
+    return table
+
+
+def submission_detail(status: schemas.SubmissionStatus) -> Group:
+    """One submission: its facts, then each validator's verdict, reasons and per-length figures."""
+    parts: list = [Text(f"submission {status.submission_id}", style="bold"), _facts(status)]
+    if not status.revealed:
+        parts.append(Text("not revealed: validators see it once it is", style="dim"))
+    for report in status.reports:
+        logits = {True: "passed", False: "failed", None: "not checked"}[report.logits_ok]
+        style = "green" if report.verdict == "passed" else "red"
+        parts.append(Text.assemble("\n", (report.verdict, f"bold {style}"),
+                                   f" by validator {_short(report.validator_hotkey)} at "
+                                   f"{_when(report.reported_at)} UTC; logits {logits}"))
+        if report.reasons:
+            reasons = Table.grid(padding=(0, 1))
+            reasons.add_column(no_wrap=True)
+            reasons.add_column(overflow="fold")
+            for reason in report.reasons:
+                reasons.add_row("  -", reason)
+            parts.append(reasons)
+        if report.lengths:
+            parts.append(_lengths_table(report))
+    if status.revealed and not status.reports:
+        parts.append(Text("no validator has reported yet", style="dim"))
+    return Group(*parts)
+
+
+def print_status(console: Console, client: ApiClient, hotkey: str, submission_id: int | None,
+                 limit: int = RECENT) -> None:
+    """The table of recent submissions and the newest in detail, or only submission ``submission_id``."""
+    if submission_id is not None:
+        console.print(submission_detail(client.submission_status(submission_id)))
+        return
+    page = client.miner_submissions(hotkey, limit=limit)
+    console.print(submissions_table(page))
+    if page.submissions:
+        console.print()
+        console.print(submission_detail(page.submissions[0]))
+
+
+def run_status(settings: Settings, submission_id: int | None, console: Console | None = None) -> int:
+    """``python -m neurons.miner status``: the miner's submissions from the API; exit status 1 when the
+    wallet cannot be read or the API refuses or cannot be reached."""
+    import bittensor as bt
+
+    console = console or Console()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # its request lines would interleave with the tables
+    wallet_name = settings.wallet_name_for("miner")
+    wallet = bt.Wallet(name=wallet_name, hotkey=settings.wallet_hotkey, path=settings.wallet_path)
+    try:
+        hotkey = wallet.hotkey.ss58_address
+    except OSError as error:
+        logger.error("cannot read hotkey %s of wallet %s in %s: %s", settings.wallet_hotkey, wallet_name,
+                     settings.wallet_path, error)
+        return 1
+    with ApiClient(settings.validator_api_url) as client:
+        try:
+            print_status(console, client, hotkey, submission_id)
+        except ApiClientError as error:
+            logger.error("the submission API at %s: %s", settings.validator_api_url, error)
+            return 1
+    return 0
+
+
+class VerdictWatcher:
+    """Logs each validator's verdict on this miner's recent submissions once, as it arrives."""
+
+    def __init__(self, client: ApiClient, hotkey: str, limit: int = RECENT):
+        self.client = client
+        self.hotkey = hotkey
+        self.limit = limit
+        self._seen: set[tuple[int, str]] = set()
+
+    def poll(self) -> list[tuple[int, str]]:
+        """Fetch the recent submissions and log verdicts not logged before; returns their (submission,
+        validator) keys. API errors are logged at debug level and retried at the next poll."""
+        try:
+            page = self.client.miner_submissions(self.hotkey, limit=self.limit)
+        except ApiClientError as error:
+            logger.debug("cannot read this miner's submissions from the API: %s", error)
+            return []
+        new = []
+        for status in page.submissions:
+            for report in status.reports:
+                key = (status.submission_id, report.validator_hotkey)
+                if key in self._seen:
+                    continue
+                self._seen.add(key)
+                new.append(key)
+                self._log(status, report)
+        return new
+
+    @staticmethod
+    def _log(status: schemas.SubmissionStatus, report: schemas.ValidatorVerdict) -> None:
+        measured = "-" if report.measured_tokens_per_sec is None else f"{report.measured_tokens_per_sec:,.0f}"
+        text = (f"submission {status.submission_id} {report.verdict} by validator {_short(report.validator_hotkey)}: "
+                f"measured {measured} tok/s at T={status.target_sequence_length:,} (claimed "
+                f"{status.claimed_tokens_per_sec:,.0f}); now {STATE_LABELS.get(status.state, status.state)}")
+        if report.verdict == "passed":
+            logger.info("%s", text)
+        else:
+            logger.warning("%s; reasons: %s", text, "; ".join(report.reasons) or "none given")
+

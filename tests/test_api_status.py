@@ -1,0 +1,251 @@
+"""Submission status and the dashboard, end to end: a real API on 127.0.0.1 with real wallets, the dev
+chain and both database backends; plus the state machine, the upgrade of a database made at
+revision 0001 with a report in it, and the charts."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from alembic import command
+from markupsafe import escape
+from sqlalchemy import insert
+
+from api_fixtures import (  # noqa: F401  (fixtures)
+    COMMIT, FORK, ApiServer, api_config, chain, database_url, postgres, start_api, wallets,
+)
+from quasar.api.charts import Series, bar_chart, compact, line_chart, nice_ceiling
+from quasar.api.client import ApiClientError
+from quasar.api.db import Database, EvaluationReport, Submission
+from quasar.api.rules import commitment_hash, new_salt
+from quasar.api.status import best_per_round, submission_state
+from quasar.api.schemas import RoundPoint
+
+SECRET_FORK = "https://github.com/secretminer/hidden-kernels"
+SECRET_COMMIT = "feedfacefeedfacefeedfacefeedfacefeedface"
+LENGTHS_OK = [{"seq_len": 512, "status": "ok", "tokens_per_sec": 3.1e5, "peak_vram_mb": 900.0, "correct": True},
+              {"seq_len": 1024, "status": "ok", "tokens_per_sec": 2.9e5, "peak_vram_mb": 1500.0, "correct": True}]
+LENGTHS_WRONG = [{"seq_len": 512, "status": "ok", "tokens_per_sec": 9e5, "peak_vram_mb": 700.0, "correct": True},
+                 {"seq_len": 1024, "status": "ok", "tokens_per_sec": 8.8e5, "peak_vram_mb": 800.0, "correct": False}]
+WRONG_REASON = "T=1024: the output differs from the reference (relative error 0.41 > 0.01)"
+
+
+def commit_of(n: int) -> str:
+    return f"{n:040x}"
+
+
+def refused(call, status: int, *fragments: str) -> str:
+    with pytest.raises(ApiClientError) as raised:
+        call()
+    assert raised.value.status == status, raised.value.detail
+    for fragment in fragments:
+        assert fragment in raised.value.detail, raised.value.detail
+    return raised.value.detail
+
+
+def test_a_submission_moves_through_its_states_with_each_validators_verdict(start_api):
+    api = start_api(evaluation_lease_s=60.0)
+    a, b, v1, v2 = (api.client(name) for name in ("a", "b", "v1", "v2"))
+    b_hotkey = api.wallets["b"].hotkey.ss58_address
+
+    salt = new_salt()
+    committed = b.commit(commitment_hash(salt, SECRET_FORK, SECRET_COMMIT), 1_000_000)
+    status = a.submission_status(committed.submission_id)
+    assert (status.state, status.revealed, status.method) == ("committed", False, "commit_reveal")
+    assert status.commitment_hash == commitment_hash(salt, SECRET_FORK, SECRET_COMMIT)
+    assert (status.reveal_from_block, status.league) == (committed.reveal_from_block, "1M")
+    assert (status.fork_url, status.commit_hash, status.claimed_tokens_per_sec, status.reports) == \
+        (None, None, None, [])
+
+    api.chain.advance(100)
+    b.reveal(committed.submission_id, salt, SECRET_FORK, SECRET_COMMIT, 2.5e5)
+    direct = a.submit_kernel(FORK, COMMIT, 1024, 3e5, benchmarks={512: 3.2e5})
+    assert a.submission_status(direct.submission_id).state == "queued"
+    revealed = a.submission_status(committed.submission_id)
+    assert (revealed.state, revealed.fork_url, revealed.commit_hash) == ("revealed", SECRET_FORK, SECRET_COMMIT)
+
+    v1.fetch_work()
+    assert a.submission_status(direct.submission_id).state == "being_evaluated"
+    assert a.submission_status(direct.submission_id).validators_evaluating == 1
+    api.clock.offset += 61  # v1's lease ran out without a report: back in the queue
+    assert a.submission_status(direct.submission_id).state == "queued"
+    v1.fetch_work()
+    v2.fetch_work()
+
+    v1.report(direct.submission_id, "passed", correct=True, logits_ok=True, measured_tokens_per_sec=2.9e5,
+              benchmarks={512: 3.1e5, 1024: 2.9e5}, lengths=LENGTHS_OK)
+    v1.report(committed.submission_id, "failed", correct=False, logits_ok=None, measured_tokens_per_sec=8.8e5,
+              lengths=LENGTHS_WRONG, reasons=[WRONG_REASON])
+    passed = a.submission_status(direct.submission_id)
+    assert (passed.state, passed.measured_tokens_per_sec, passed.validators_evaluating) == ("passed", 2.9e5, 1)
+    assert passed.weighted_score == pytest.approx(2.9e5 * 0.5)
+    assert passed.claimed_benchmarks == {512: 3.2e5}
+    [verdict] = passed.reports
+    assert verdict.validator_hotkey == api.wallets["v1"].hotkey.ss58_address and verdict.logits_ok is True
+    assert [(x.seq_len, x.tokens_per_sec, x.peak_vram_mb, x.correct) for x in verdict.lengths] == \
+        [(512, 3.1e5, 900.0, True), (1024, 2.9e5, 1500.0, True)]
+    assert verdict.reported_at == pytest.approx(api.clock(), abs=30)
+
+    failed = a.submission_status(committed.submission_id)
+    assert (failed.state, failed.weighted_score) == ("failed", 0.0)
+    assert failed.reports[0].reasons == [WRONG_REASON] and failed.reports[0].lengths[1].correct is False
+
+    # The second validator disagrees: the consensus (strict majority correct) still fails it.
+    v2.report(committed.submission_id, "passed", correct=True, logits_ok=True, measured_tokens_per_sec=8.8e5)
+    both = a.submission_status(committed.submission_id)
+    assert both.state == "failed" and [r.verdict for r in both.reports] == ["failed", "passed"]
+    assert both.reports[1].lengths == []
+
+    page = a.miner_submissions(b_hotkey)
+    assert (page.total, [s.submission_id for s in page.submissions]) == (1, [committed.submission_id])
+
+
+def test_an_unrevealed_commitment_leaks_nothing_and_expires(start_api):
+    api = start_api(reveal_window_blocks=10)
+    b = api.client("b")
+    b_hotkey = api.wallets["b"].hotkey.ss58_address
+    committed = b.commit(commitment_hash(new_salt(), SECRET_FORK, SECRET_COMMIT), 500_000)
+    # The API never stored the URL or commit, and no view derives them: every public page and endpoint.
+    paths = [f"/submissions/{committed.submission_id}", f"/miners/{b_hotkey}/submissions", "/",
+             f"/dashboard/miners/{b_hotkey}", f"/dashboard/submissions/{committed.submission_id}",
+             "/pending_reveals", "/leaderboard"]
+    for path in paths:
+        response = httpx.get(api.url + path)
+        assert response.status_code == 200, (path, response.text)
+        for secret in ("secretminer", "hidden-kernels", SECRET_COMMIT):
+            assert secret not in response.text, path
+    page = httpx.get(f"{api.url}/dashboard/submissions/{committed.submission_id}").text
+    assert "Not revealed" in page and "committed" in page
+    api.chain.advance(110)
+    assert b.submission_status(committed.submission_id).state == "expired"
+
+
+def test_miner_submissions_are_paged_newest_first(start_api):
+    api = start_api()
+    a = api.client("a")
+    a_hotkey = api.wallets["a"].hotkey.ss58_address
+    ids = [a.submit_kernel(FORK, commit_of(n + 1), 500_000, 1e4).submission_id for n in range(5)]
+    api.client("c").submit_kernel(FORK, commit_of(99), 500_000, 1e4)
+    first = a.miner_submissions(a_hotkey, limit=2)
+    assert (first.total, [s.submission_id for s in first.submissions]) == (5, ids[::-1][:2])
+    rest = a.miner_submissions(a_hotkey, limit=10, offset=2)
+    assert [s.submission_id for s in rest.submissions] == ids[::-1][2:]
+    assert a.miner_submissions(api.wallets["b"].hotkey.ss58_address).total == 0
+
+
+def test_bad_status_requests_are_4xx_naming_what_was_wrong(start_api):
+    api = start_api()
+    a = api.client("a")
+    refused(lambda: a.submission_status(12345), 404, "no submission 12345")
+    refused(lambda: a.submission_status(0), 422, "path.submission_id")
+    refused(lambda: a.miner_submissions("not-a-hotkey"), 422, "path.hotkey")
+    refused(lambda: a.miner_submissions(api.wallets["a"].hotkey.ss58_address, limit=0), 422, "query.limit")
+    refused(lambda: a.miner_submissions(api.wallets["a"].hotkey.ss58_address, offset=-1), 422, "query.offset")
+    for path, status, text in (("/dashboard/submissions/999", 404, "no submission 999"),
+                               ("/dashboard/submissions/abc", 422, "Not a submission id"),
+                               ("/dashboard/miners/nobody", 422, "Not a hotkey")):
+        response = httpx.get(api.url + path)
+        assert response.status_code == status and text in response.text, path
+
+    submitted = a.submit_kernel(FORK, COMMIT, 1024, 1e4)
+    api.client("v1").fetch_work()
+    for lengths, fragment in (
+            ([LENGTHS_OK[0], LENGTHS_OK[0]], "each seq_len may appear once"),
+            ([{**LENGTHS_OK[0], "status": "fast"}], "body.lengths.0.status"),
+            ([{**LENGTHS_OK[0], "peak_vram_mb": -1}], "body.lengths.0.peak_vram_mb"),
+            ([{**LENGTHS_OK[0], "gpu": "H100"}], "body.lengths.0.gpu: Extra inputs are not permitted")):
+        refused(lambda: api.client("v1").report(submitted.submission_id, "failed", False, lengths=lengths),
+                422, fragment)
+
+
+def test_dashboard_pages_show_the_round_and_escape_what_miners_wrote(start_api):
+    api = start_api()
+    a, c, v1 = api.client("a"), api.client("c"), api.client("v1")
+    honest = a.submit_kernel(FORK, COMMIT, 1024, 2.8e5)
+    hostile = c.submit_kernel("https://github.com/carol/fla", commit_of(0xC), 1024, 8e5)
+    v1.fetch_work()
+    v1.report(honest.submission_id, "passed", True, True, 2.9e5, lengths=LENGTHS_OK)
+    attack = '<script>alert("x")</script><img src=x onerror=alert(1)>'
+    v1.report(hostile.submission_id, "failed", False, None, 8.8e5, lengths=LENGTHS_WRONG,
+              reasons=[WRONG_REASON, attack])
+
+    index = httpx.get(api.url + "/")
+    assert index.status_code == 200 and index.headers["content-type"].startswith("text/html")
+    rows = re.findall(r"<tr>\s*<td class=\"num place\">(\d)</td>", index.text)
+    assert rows == ["1"] and api.wallets["a"].hotkey.ss58_address in index.text
+    assert '<meta name="viewport"' in index.text and "round" in index.text
+    earlier = httpx.get(api.url + "/", params={"round": 7})
+    assert earlier.status_code == 200 and "Leaderboard · round 7" in earlier.text
+    assert "No eligible submission in round 7" in earlier.text
+    bad_round = httpx.get(api.url + "/", params={"round": -1})
+    assert bad_round.status_code == 422 and "query.round" in bad_round.json()["detail"]
+    page = httpx.get(f"{api.url}/dashboard/submissions/{hostile.submission_id}").text
+    assert str(escape(WRONG_REASON)) in page and "<svg" in page and "failed" in page
+    assert "<script" not in page and "<img" not in page
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;" in page
+    miner = httpx.get(f"{api.url}/dashboard/miners/{api.wallets['a'].hotkey.ss58_address}").text
+    assert "<svg" in miner and f"/dashboard/submissions/{honest.submission_id}" in miner
+    # No external resource: every URL a page names is on this server.
+    for html in (index.text, page, miner):
+        assert not re.search(r"(src|href)=\"(https?:)?//", html)
+
+
+def test_a_database_made_at_revision_0001_upgrades_and_its_old_reports_read(database_url, chain, wallets):
+    old = Database(database_url)
+    try:
+        command.upgrade(old._alembic(), "0001")
+        with old.engine.begin() as connection:
+            connection.execute(insert(Submission.__table__).values(
+                id=1, hotkey=wallets["a"].hotkey.ss58_address, method="direct", state="ready",
+                target_sequence_length=1024, submitted_at=1.7e9, submitted_block=5, ready_at=1.7e9, ready_block=5,
+                round_id=0, fork_url=FORK, commit_hash=COMMIT, claimed_tokens_per_sec=1000.0, client_ip="10.0.0.1"))
+            # The table as 0001 made it (no lengths column): the insert names only the columns it had.
+            connection.execute(insert(EvaluationReport.__table__).values(
+                id=1, submission_id=1, validator_hotkey=wallets["v1"].hotkey.ss58_address, reported_at=1.7e9,
+                verdict="passed", correct=True, logits_ok=True, measured_tokens_per_sec=990.0,
+                benchmarks={"512": 2000.0, "1024": 990.0}, reasons=["cpu: not a benchmark"]))
+    finally:
+        old.dispose()
+    with ApiServer(api_config(wallets["api"].hotkey.ss58_address), chain, database_url) as server:
+        status = httpx.get(server.url + "/submissions/1").json()
+        assert status["state"] == "passed" and status["reports"][0]["reasons"] == ["cpu: not a benchmark"]
+        assert [(x["seq_len"], x["tokens_per_sec"], x["peak_vram_mb"], x["status"])
+                for x in status["reports"][0]["lengths"]] == [(512, 2000.0, None, None), (1024, 990.0, None, None)]
+        assert "cpu: not a benchmark" in httpx.get(server.url + "/dashboard/submissions/1").text
+
+
+# --- pure parts ---
+
+
+@pytest.mark.parametrize("args, state", [
+    (("commit_reveal", False, "waiting", 0, 0, None), "committed"),
+    (("commit_reveal", False, "open", 0, 0, None), "committed"),
+    (("commit_reveal", False, "expired", 0, 0, None), "expired"),
+    (("commit_reveal", True, None, 0, 0, None), "revealed"),
+    (("direct", True, None, 0, 0, None), "queued"),
+    (("direct", True, None, 0, 2, None), "being_evaluated"),
+    (("direct", True, None, 1, 1, True), "passed"),
+    (("commit_reveal", True, None, 2, 0, False), "failed"),
+])
+def test_submission_state(args, state):
+    assert submission_state(*args) == state
+
+
+def test_best_point_per_round():
+    points = [RoundPoint(round_id=2, submission_id=5, measured_tokens_per_sec=10.0, weighted_score=0.0, state="failed"),
+              RoundPoint(round_id=2, submission_id=6, measured_tokens_per_sec=8.0, weighted_score=4.0, state="passed"),
+              RoundPoint(round_id=1, submission_id=3, measured_tokens_per_sec=7.0, weighted_score=3.5, state="passed")]
+    assert [(p.round_id, p.submission_id) for p in best_per_round(points)] == [(1, 3), (2, 6)]
+
+
+def test_charts_scale_label_and_escape():
+    assert [nice_ceiling(v) for v in (0, 0.7, 3, 7.5, 12, 95_000)] == [1.0, 1.0, 5, 10, 20, 100_000]
+    assert [compact(v) for v in (950, 1_500, 2_340_000, 61_600_000)] == ["950", "1.5k", "2.34M", "61.6M"]
+    svg = bar_chart("<b>t</b>", ["T=512", "T=1,024"], [Series("v<1>", [3e5, None], [False, True])], "tokens/s")
+    assert svg.startswith("<svg") and "&lt;b&gt;t&lt;/b&gt;" in svg and "v&lt;1&gt;" in svg
+    assert svg.count("<rect") == 2 and "n/a" in svg  # one bar and the legend's swatch
+    wrong = bar_chart("t", ["T=512"], [Series("v", [1.0], [True])], "tokens/s")
+    assert "#dc2626" in wrong
+    line = line_chart("t", ["round 1", "round 2"], [1e5, 2e5], "tokens/s", failed=[True, False])
+    assert line.count("<circle") == 2 and "<polyline" in line and "#dc2626" in line

@@ -1,0 +1,99 @@
+"""``python -m neurons.miner status`` and the miner's verdict log, against a real API on 127.0.0.1
+(real wallets, the dev chain, both database backends)."""
+
+from __future__ import annotations
+
+import logging
+
+from rich.console import Console
+
+from api_fixtures import COMMIT, FORK, chain, database_url, postgres, start_api, wallets  # noqa: F401  (fixtures)
+from neurons.miner import main as miner_main
+from quasar.api.rules import commitment_hash, new_salt
+from quasar.miner.status import VerdictWatcher, print_status
+
+SECRET_FORK = "https://github.com/minera/unrevealed-kernels"
+SECRET_COMMIT = "5ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2"
+LONG_REASON = ("T=1024: the output differs from the reference (relative error 0.41 > 0.01; the first wrong "
+               "64-token block starts at token 64: the kernel skips the recurrence beyond the first chunk)")
+FIGURES = [{"seq_len": 512, "status": "ok", "tokens_per_sec": 9.1e6, "peak_vram_mb": 210.0, "correct": True},
+           {"seq_len": 1024, "status": "ok", "tokens_per_sec": 1.7e7, "peak_vram_mb": 230.0, "correct": False},
+           {"seq_len": 1_000_000, "status": "oom", "tokens_per_sec": None, "peak_vram_mb": 81_000.0, "correct": None}]
+
+
+def miner_with_history(api) -> dict[str, int]:
+    """Miner a: a passing and a failing direct submission, then an unrevealed commitment."""
+    a, v1, v2 = api.client("a"), api.client("v1"), api.client("v2")
+    good = a.submit_kernel(FORK, COMMIT, 1_000_000, 6.0e7)
+    bad = a.submit_kernel("https://github.com/minera/fla-fast", "d" * 40, 1_000_000, 2.0e8)
+    v1.fetch_work()
+    v1.report(good.submission_id, "passed", True, True, 6.1e7)
+    v1.report(bad.submission_id, "failed", False, None, None, lengths=FIGURES,
+              reasons=[LONG_REASON, "OOM at T=1,000,000, peak 81,000 MiB"])
+    committed = a.commit(commitment_hash(new_salt(), SECRET_FORK, SECRET_COMMIT), 1_000_000)
+    return {"good": good.submission_id, "bad": bad.submission_id, "committed": committed.submission_id}
+
+
+def rendered(call) -> str:
+    console = Console(width=80, record=True, color_system=None)
+    call(console)
+    return console.export_text()
+
+
+def test_status_table_and_detail_fit_80_columns_and_never_show_an_unrevealed_fork(start_api):
+    api = start_api()
+    ids = miner_with_history(api)
+    hotkey = api.wallets["a"].hotkey.ss58_address
+    client = api.client("a")
+
+    overview = rendered(lambda console: print_status(console, client, hotkey, None))
+    assert all(len(line) <= 80 for line in overview.splitlines()), overview
+    rows = [line for line in overview.splitlines() if line.startswith("│")]
+    assert [row.split("│")[1].strip() for row in rows] == [str(ids["committed"]), str(ids["bad"]), str(ids["good"])]
+    assert "committed" in rows[0] and "failed" in rows[1] and "0/1 pass" in rows[1] and "1/1 pass" in rows[2]
+    assert "submission " + str(ids["committed"]) in overview and "not revealed" in overview
+    for secret in ("unrevealed-kernels", SECRET_COMMIT):
+        assert secret not in overview
+
+    detail = rendered(lambda console: print_status(console, client, hotkey, ids["bad"]))
+    assert all(len(line) <= 80 for line in detail.splitlines()), detail
+    flat = " ".join(" ".join(detail.split()).split(" - "))
+    assert "failed by validator" in detail and " ".join(LONG_REASON.split()) in " ".join(detail.split())
+    assert "OOM at T=1,000,000" in flat and "oom" in detail and "81,000 MiB" in detail and "wrong" in detail
+    assert "https://github.com/minera/fla-fast" in detail.replace("\n", "").replace(" ", "")
+
+
+def test_status_command_uses_the_miners_wallet_and_api_flags(start_api, capsys):
+    api = start_api()
+    ids = miner_with_history(api)
+    wallet = api.wallets["a"]
+    flags = ["--wallet.name", wallet.name, "--wallet.hotkey", "default", "--wallet.path", wallet.path,
+             "--api.url", api.url]
+    assert miner_main(["status", *flags]) == 0
+    out = capsys.readouterr().out
+    assert f"{ids['bad']} │ failed" in out and SECRET_COMMIT not in out
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    assert miner_main(["status", "--submission", str(ids["bad"]), *flags]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"submission {ids['bad']}") and "OOM at T=1,000,000" in out
+    assert miner_main(["status", "--submission", "999999", *flags]) == 1
+    assert miner_main(["status", *flags[:-1], "http://127.0.0.1:9"]) == 1  # nothing listens there
+
+
+def test_the_miner_logs_each_verdict_once_as_it_arrives(start_api, caplog):
+    api = start_api()
+    ids = miner_with_history(api)
+    watcher = VerdictWatcher(api.client("a"), api.wallets["a"].hotkey.ss58_address)
+    with caplog.at_level(logging.INFO, logger="quasar.miner.status"):
+        assert sorted(watcher.poll()) == sorted([(ids["good"], api.wallets["v1"].hotkey.ss58_address),
+                                                 (ids["bad"], api.wallets["v1"].hotkey.ss58_address)])
+        assert watcher.poll() == []
+        api.client("v2").fetch_work()
+        api.client("v2").report(ids["good"], "passed", True, True, 5.9e7)
+        assert watcher.poll() == [(ids["good"], api.wallets["v2"].hotkey.ss58_address)]
+    logged = [r for r in caplog.records if r.name == "quasar.miner.status"]
+    failed = [r for r in logged if r.levelno == logging.WARNING]
+    assert len(failed) == 1 and f"submission {ids['bad']} failed" in failed[0].message
+    assert LONG_REASON in failed[0].message
+    passed = [r.message for r in logged if r.levelno == logging.INFO]
+    assert len(passed) == 2 and all(f"submission {ids['good']} passed" in m for m in passed)
