@@ -36,7 +36,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from quasar.evaluate.__main__ import add_evaluation_arguments, options_from, positive_int  # noqa: E402
 from quasar.evaluate.harness import DEFAULT_SEQ_LENS, EvaluationInputError, ProgressEvent, evaluate  # noqa: E402
 from quasar.evaluate.report import render_report  # noqa: E402
-from quasar.starter_fork import KERNEL_DIR, LAYER_FILE, kernel_files, template_root  # noqa: E402
+from quasar.starter_fork import kernel_files, template_root  # noqa: E402
 
 logger = logging.getLogger("step1")
 

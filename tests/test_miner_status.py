@@ -23,7 +23,7 @@ FIGURES = [{"seq_len": 512, "status": "ok", "tokens_per_sec": 9.1e6, "peak_vram_
 
 def miner_with_history(api) -> dict[str, int]:
     """Miner a: a passing and a failing direct submission, then an unrevealed commitment."""
-    a, v1, v2 = api.client("a"), api.client("v1"), api.client("v2")
+    a, v1 = api.client("a"), api.client("v1")
     good = a.submit_kernel(FORK, COMMIT, 1_000_000, 6.0e7)
     bad = a.submit_kernel("https://github.com/minera/fla-fast", "d" * 40, 1_000_000, 2.0e8)
     v1.fetch_work()

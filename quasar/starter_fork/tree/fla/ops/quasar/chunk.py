@@ -38,6 +38,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+# The validators' import rule (strict profile) asks chunk.py for all twelve of the miner guide's
+# import lines, so some below are imported and not used here.
 from fla.ops.quasar.chunk_intra_token_parallel import OutputGate, chunk_quasar_output
 from fla.ops.quasar.device import IS_TRITON_INTERPRETER, triton_can_run_on
 from fla.ops.quasar.forward_substitution import BLOCK_ROWS, forward_substitution_kernel, load_rows, mm
