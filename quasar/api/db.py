@@ -1,14 +1,16 @@
 """The submission API's database: tables, engines, and transactions that are safe under concurrent writers.
 
 SQLite (the default; a file that is never deleted or reset) runs in WAL mode with ``synchronous=FULL``
-(an acknowledged write survives a crash of the process or the machine; only used nonces, which
-matter for seconds, are committed without waiting for the disk) and takes the write lock at
-the start of every write transaction (``BEGIN IMMEDIATE``); writers of one process queue on a lock
-in order, writers of other processes on the busy timeout. PostgreSQL writes run READ COMMITTED and
-take transaction-scoped advisory locks on what a rule reads before it writes (a hotkey for its rate
-limit, a validator for its leases, an IP for its failures; rows are locked with FOR UPDATE), so
-writers that touch different keys never wait for each other. A write transaction is a function
-of a session, run by :meth:`Database.write`, and may run again after a deadlock.
+(an acknowledged write survives a crash of the process or the machine) and takes the write lock at
+the start of every write transaction (``BEGIN IMMEDIATE``). SQLite has one writer at a time: the
+writers of one process queue on a lock in order, and the processes of one server (``--workers``)
+take turns through an exclusive ``flock`` on a file beside the database, which wakes the next one
+as soon as it is released (SQLite's own busy handler polls with sleeps of up to 100 ms). PostgreSQL
+writes run READ COMMITTED and take transaction-scoped advisory locks on what a rule reads before it
+writes (a hotkey for its rate limit, a validator for its leases, an IP for its failures; rows are
+locked with FOR UPDATE), so writers that touch different keys never wait for each other. A write
+transaction is a function of a session, run by :meth:`Database.write`, and may run again after a
+deadlock.
 
 The schema is created and changed only by the Alembic migrations in ``quasar/api/migrations``.
 """
@@ -17,7 +19,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import logging
+import os
 import random
 import threading
 import time
@@ -30,8 +34,10 @@ from alembic.config import Config as AlembicConfig
 from alembic.script import ScriptDirectory
 from sqlalchemy import (
     JSON, BigInteger, Boolean, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint,
-    create_engine, delete, event, insert, text,
+    create_engine, delete, event, text,
 )
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -189,6 +195,54 @@ class FifoLock:
                 self._held = False
 
 
+class FileLock:
+    """An exclusive ``flock`` on ``path``, shared by every process that opens the same file: a waiter
+    sleeps in the kernel and wakes as soon as the holder releases it (or dies: the kernel drops the
+    lock with the process)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: int | None = None
+
+    def __enter__(self) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc_info) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Close the file (when not held); the next :meth:`__enter__` opens it again."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class SqliteWriterLock:
+    """One SQLite writer at a time across the server's processes: this process's writers queue in
+    order (:class:`FifoLock`), and only the one at the head waits for the other processes (:class:`FileLock`)."""
+
+    def __init__(self, database_path: Path):
+        self._in_process = FifoLock()
+        self._across_processes = FileLock(database_path.with_name(database_path.name + "-writer.lock"))
+
+    def __enter__(self) -> None:
+        self._in_process.__enter__()
+        try:
+            self._across_processes.__enter__()
+        except BaseException:
+            self._in_process.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc_info) -> None:
+        self._across_processes.__exit__(*exc_info)
+        self._in_process.__exit__(*exc_info)
+
+    def close(self) -> None:
+        self._across_processes.close()
+
+
 class DatabaseBusy(RuntimeError):
     """The database could not take the write in time (SQLite lock wait, or retries exhausted)."""
 
@@ -214,20 +268,19 @@ class Database:
         if self.dialect == "sqlite":
             if not parsed.database or parsed.database == ":memory:":
                 raise ValueError("the API needs an SQLite file (sqlite:///PATH), not an in-memory database")
-            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            path = Path(parsed.database).expanduser()
+            path.parent.mkdir(parents=True, exist_ok=True)
             self.engine = _sqlite_engine(parsed, synchronous="FULL")
             self._write_engine = self.engine.execution_options(quasar_write=True)
-            self._lazy_engine = _sqlite_engine(parsed, synchronous="NORMAL")
-            self._lazy_write_engine = self._lazy_engine.execution_options(quasar_write=True)
+            # SQLite has one writer at a time anyway: writers wait here, in order, rather than
+            # polling in SQLite's busy handler (whose growing sleeps starve unlucky requests).
+            self._sqlite_writer: contextlib.AbstractContextManager = SqliteWriterLock(path)
         elif self.dialect == "postgresql":
             self.engine = create_engine(parsed, pool_size=20, max_overflow=20, pool_pre_ping=True)
-            self._write_engine = self._lazy_write_engine = self.engine
-            self._lazy_engine = self.engine
+            self._write_engine = self.engine
+            self._sqlite_writer = contextlib.nullcontext()
         else:
             raise ValueError(f"unsupported database {display_url(url)}: use sqlite:///PATH or postgresql://...")
-        # SQLite has one writer at a time anyway: this process's writers wait here, in order, rather
-        # than polling in SQLite's busy handler (whose growing sleeps starve unlucky requests).
-        self._sqlite_writer = FifoLock() if self.dialect == "sqlite" else contextlib.nullcontext()
         # A read sees one snapshot: SQLite's read transactions do; PostgreSQL needs REPEATABLE READ.
         self._read_engine = self.engine if self.dialect == "sqlite" else \
             self.engine.execution_options(isolation_level="REPEATABLE READ")
@@ -253,22 +306,18 @@ class Database:
         with Session(self._read_engine, expire_on_commit=False) as session, session.begin():
             yield session
 
-    def write(self, work: Callable[[Session], T], durable: bool = True, locks: Sequence[str] = ()) -> T:
-        """Run ``work(session)`` in a write transaction and commit; run again after a deadlock.
+    def write(self, work: Callable[[Session], T], locks: Sequence[str] = ()) -> T:
+        """Run ``work(session)`` in a write transaction and commit (durably); run again after a deadlock.
 
         ``work`` must only touch the database (it may run several times). Exceptions it raises roll
         the transaction back and propagate. ``locks``: keys locked for the whole transaction before
         ``work`` runs (see :meth:`lock`). Raises :class:`DatabaseBusy` when the write cannot be
-        taken in time. ``durable=False`` commits without waiting for the disk: the write survives
-        a crash of the process but may be lost with the machine's power (for data that only
-        matters for seconds, like used nonces; a restart takes longer than that).
+        taken in time.
         """
-        engine = self._write_engine if durable else self._lazy_write_engine
         for attempt in range(1, MAX_WRITE_ATTEMPTS + 1):
             try:
-                with self._sqlite_writer, Session(engine, expire_on_commit=False) as session, session.begin():
-                    if not durable and self.dialect == "postgresql":
-                        session.execute(text("SET LOCAL synchronous_commit TO OFF"))
+                with self._sqlite_writer, Session(self._write_engine, expire_on_commit=False) as session, \
+                        session.begin():
                     for key in sorted(set(locks)):  # one order everywhere: no deadlock between them
                         self.lock(session, key)
                     return work(session)
@@ -294,7 +343,8 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
-        self._lazy_engine.dispose()
+        if isinstance(self._sqlite_writer, SqliteWriterLock):
+            self._sqlite_writer.close()
 
 
 def _sqlite_engine(url: URL, synchronous: str) -> Engine:
@@ -322,30 +372,25 @@ def _sqlite_begin(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
-class DatabaseNonceStore:
+class NonceLedger:
     """The ``btauth/1`` replay store in the database, shared by every API process and kept across
-    restarts: an accepted (hotkey, nonce) is a row, so a replayed request fails the insert."""
+    restarts: an accepted (hotkey, nonce) is a row, recorded in the transaction of the request it
+    authenticates, so a replayed request finds it there."""
 
     def __init__(self, database: Database, retention_s: float, clock: Callable[[], float] = time.time):
         self.database = database
-        self.retention = retention_s  # read by bittensor.http_auth.verify to check the window fits
+        self.retention = retention_s
         self.clock = clock
         self._next_prune = 0.0
+        self._insert = postgresql_insert if database.dialect == "postgresql" else sqlite_insert
 
-    def check_and_store(self, hotkey_ss58: str, nonce_ns: int) -> bool:
+    def record(self, session: Session, hotkey_ss58: str, nonce_ns: int) -> bool:
+        """Record (hotkey, nonce) in ``session``'s transaction; False when it is there already (a replay)."""
         now = self.clock()
-        prune = now >= self._next_prune
-        if prune:
+        if now >= self._next_prune:
             self._next_prune = now + self.retention / 2
-
-        def store(session: Session) -> None:
-            if prune:
-                # Nonces are nanosecond timestamps: anything this old is refused as stale anyway.
-                session.execute(delete(UsedNonce).where(UsedNonce.nonce < int((now - self.retention) * 1e9)))
-            session.execute(insert(UsedNonce).values(hotkey=hotkey_ss58, nonce=nonce_ns))
-
-        try:
-            self.database.write(store, durable=False)
-        except IntegrityError:
-            return False
-        return True
+            # Nonces are nanosecond timestamps: anything this old is refused as stale anyway.
+            session.execute(delete(UsedNonce).where(UsedNonce.nonce < int((now - self.retention) * 1e9)))
+        inserted = session.execute(
+            self._insert(UsedNonce).values(hotkey=hotkey_ss58, nonce=nonce_ns).on_conflict_do_nothing())
+        return inserted.rowcount == 1
