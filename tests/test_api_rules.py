@@ -195,18 +195,29 @@ def test_work_queue_matches_model(tmp_path, seed):
     database.dispose()
 
 
-def test_cached_metagraph_refreshes_after_max_age(tmp_path):
-    inner = DevChain(tmp_path / "chain.sqlite3", block_time_s=1e6)
+def test_cached_chain_refuses_a_deregistered_hotkey_once_it_sees_the_next_block(tmp_path):
+    inner = DevChain(tmp_path / "chain.sqlite3", block_time_s=1e6)  # blocks move only through advance()
     clock = Clock()
-    cached = CachedMetagraphChain(inner, max_age_s=12.0, clock=clock)
+    cached = CachedMetagraphChain(inner, block_poll_s=1.0, clock=clock)
     hotkey = Keypair.create_from_mnemonic(Keypair.generate_mnemonic()).ss58_address
-    assert not cached.is_registered(hotkey)
     inner.register(hotkey, hotkey, validator_permit=True)
-    inner.advance(5)
-    assert not cached.is_registered(hotkey)  # the snapshot is still fresh
-    assert cached.current_block() == inner.current_block() == 5  # blocks are always live
-    clock.now += 12.0
+    start = inner.current_block()
     assert cached.is_registered(hotkey) and cached.has_validator_permit(hotkey)
+    inner.deregister(hotkey)
+    assert not inner.is_registered(hotkey)  # the dev chain itself sees its own file at once
+    assert cached.is_registered(hotkey)  # the snapshot holds for the rest of its block
+    inner.advance(1)
+    clock.now += 0.5
+    assert cached.current_block() == start and cached.is_registered(hotkey)  # block start + 1 not read yet
+    clock.now += 0.5  # block_poll_s after the last read: the next block is seen, and the metagraph read again
+    assert cached.current_block() == start + 1
+    assert not cached.is_registered(hotkey) and not cached.has_validator_permit(hotkey)
+    inner.register(hotkey, hotkey)
+    inner.advance(1)
+    clock.now += 1.0
+    assert cached.is_registered(hotkey) and not cached.has_validator_permit(hotkey)
+    with pytest.raises(ValueError, match="shorter than a block"):
+        CachedMetagraphChain(DevChain(tmp_path / "fast.sqlite3", block_time_s=0.5), block_poll_s=1.0)
 
 
 def test_fifo_lock_serves_waiters_in_order():

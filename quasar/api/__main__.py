@@ -1,17 +1,21 @@
 """``python -m quasar.api``: serve the submission API, or bring its database schema up to date.
 
-    python -m quasar.api serve [--host H] [--port P] [--database-url URL] [settings flags...]
+    python -m quasar.api serve [--host H] [--port P] [--workers N] [--database-url URL] [settings flags...]
     python -m quasar.api migrate [--database-url URL]
     python -m quasar.api revision -m "what changed" [--database-url URL]   (developers: new migration)
 
 Settings come from .env, the environment and flags (``python -m quasar.config`` lists them); the
-API needs ``API_HOTKEY``, the ss58 address its clients sign for.
+API needs ``API_HOTKEY``, the ss58 address its clients sign for. With ``--workers N`` (``API_WORKERS``)
+uvicorn runs N processes on one socket, each with its own app built from the same arguments; they
+share nothing but the database (nonces, bans, rate limits) and the chain.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
 
 import uvicorn
@@ -19,6 +23,8 @@ from bittensor.sp_core import decode_ss58
 from sqlalchemy.exc import SQLAlchemyError
 
 from quasar import config
+from fastapi import FastAPI
+
 from quasar.api.app import create_app
 from quasar.api.chaincache import CachedMetagraphChain
 from quasar.api.db import Database, display_url
@@ -29,8 +35,11 @@ from quasar.log import setup_logging
 
 logger = logging.getLogger("quasar.api")
 
-# Requests handled at once before uvicorn answers 503: load beyond this queues in clients, not here.
+# Requests handled at once (per worker) before uvicorn answers 503: load beyond this queues in
+# clients, not here.
 MAX_CONCURRENT_REQUESTS = 1000
+# How `serve --workers N` hands its arguments to the worker processes uvicorn starts.
+WORKER_ARGV_ENV = "QUASAR_API_SERVE_ARGV"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_arguments(serve)
     serve.add_argument("--host", dest="api_host", default=None, help="same as --api.host")
     serve.add_argument("--port", dest="api_port", default=None, help="same as --api.port")
+    serve.add_argument("--workers", dest="api_workers", default=None, help="same as --api.workers")
     migrate = commands.add_parser("migrate", help="create or upgrade the database schema, then exit")
     config.add_arguments(migrate)
     revision = commands.add_parser("revision", help="(developers) write a new migration from the models' changes")
@@ -48,7 +58,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_app(settings: config.Settings, database: Database) -> FastAPI:
+    """The API on ``database`` and the chain ``settings`` name (its metagraph cached per block)."""
+    chain = connect(settings)
+    if settings.network != config.DEV_NETWORK:
+        chain = CachedMetagraphChain(chain)
+    return create_app(ApiConfig.from_settings(settings), chain, database)
+
+
+def worker_app() -> FastAPI:
+    """The app of one worker process of ``serve --workers N`` (uvicorn calls this in each)."""
+    _, settings = config.parse_args(build_parser(), json.loads(os.environ[WORKER_ARGV_ENV]))
+    setup_logging(settings.debug, settings.secrets())
+    return build_app(settings, Database(settings.database_url))
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, settings.secrets())
@@ -68,21 +94,28 @@ def main(argv: list[str] | None = None) -> int:
             decode_ss58(settings.api_hotkey)
         except ValueError:
             parser.error(f"API_HOTKEY {settings.api_hotkey!r} is not an ss58 address")
-        chain = connect(settings)
-        if settings.network != config.DEV_NETWORK:
-            chain = CachedMetagraphChain(chain, max_age_s=chain.block_time_s)
-        app = create_app(ApiConfig.from_settings(settings), chain, database)
+        # Built here also with several workers: a bad chain or database stops the server before
+        # any worker starts, and the schema is migrated once, not by every worker at once.
+        app = build_app(settings, database)
     except ChainError as error:
         print(f"error: chain: {error}", file=sys.stderr)
         return 1
     except (SQLAlchemyError, OSError, ValueError) as error:
         print(f"error: database {where}: {error}", file=sys.stderr)
         return 1
-    logger.info("submission API on %s:%d, database %s, netuid %d (%s), hotkey %s", settings.api_host,
-                settings.api_port, where, chain.netuid, settings.network, settings.api_hotkey)
+    logger.info("submission API on %s:%d with %d worker(s), database %s, netuid %d (%s), hotkey %s",
+                settings.api_host, settings.api_port, settings.api_workers, where, settings.netuid,
+                settings.network, settings.api_hotkey)
     # proxy_headers=False: the client IP comes from TRUSTED_PROXIES only, never from uvicorn's defaults.
-    uvicorn.run(app, host=settings.api_host, port=settings.api_port, proxy_headers=False, server_header=False,
-                log_config=None, limit_concurrency=MAX_CONCURRENT_REQUESTS, timeout_graceful_shutdown=10)
+    options = dict(host=settings.api_host, port=settings.api_port, proxy_headers=False, server_header=False,
+                   log_config=None, limit_concurrency=MAX_CONCURRENT_REQUESTS, timeout_graceful_shutdown=10)
+    if settings.api_workers == 1:
+        uvicorn.run(app, **options)
+    else:
+        database.dispose()
+        os.environ[WORKER_ARGV_ENV] = json.dumps(argv)
+        uvicorn.run("quasar.api.__main__:worker_app", factory=True,
+                    workers=settings.api_workers, **options)
     return 0
 
 
