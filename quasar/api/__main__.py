@@ -107,8 +107,11 @@ def main(argv: list[str] | None = None) -> int:
                 settings.api_host, settings.api_port, settings.api_workers, where, settings.netuid,
                 settings.network, settings.api_hotkey)
     # proxy_headers=False: the client IP comes from TRUSTED_PROXIES only, never from uvicorn's defaults.
+    # A line per request only with --logging.debug: the API logs every state change itself, and at
+    # hundreds of requests a second the access log costs a tenth of the CPU.
     options = dict(host=settings.api_host, port=settings.api_port, proxy_headers=False, server_header=False,
-                   log_config=None, limit_concurrency=MAX_CONCURRENT_REQUESTS, timeout_graceful_shutdown=10)
+                   log_config=None, access_log=settings.debug, limit_concurrency=MAX_CONCURRENT_REQUESTS,
+                   timeout_graceful_shutdown=10)
     if settings.api_workers == 1:
         uvicorn.run(app, **options)
     else:

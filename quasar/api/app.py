@@ -20,7 +20,7 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from quasar import auth
 from quasar.api import rules, schemas
 from quasar.api.db import Database, DatabaseBusy
+from quasar.api.readcache import BlockCache
 from quasar.api.service import NONCE_RETENTION_S, ApiConfig, ApiError, Authenticated, SubmissionService
 from quasar.chain import Chain, ChainError
 
@@ -98,6 +99,7 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
     database.upgrade()
     service = SubmissionService(config, chain, database, clock)
     registered, permitted = auth.require_registered(chain), auth.require_validator_permit(chain)
+    reads = BlockCache(service.current_block)
     trusted = rules.parse_networks(config.trusted_proxies)
 
     @asynccontextmanager
@@ -158,10 +160,12 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
                               blocks_until_reveal=config.blocks_until_reveal,
                               reveal_window_blocks=config.reveal_window_blocks, round_blocks=config.round_blocks)
 
+    # The leaderboard and the current round are cached per chain block (quasar.api.readcache).
+
     @app.get("/get_current_round", response_model=schemas.RoundInfo, responses=ERRORS, tags=["public"])
-    def get_current_round() -> schemas.RoundInfo:
+    async def get_current_round() -> Response:
         """The current round: a fixed number of chain blocks (ROUND_BLOCKS)."""
-        return service.current_round()
+        return await reads.response(("round",), service.current_round)
 
     @app.get("/pending_reveals", response_model=schemas.PendingReveals, responses=ERRORS, tags=["public"])
     def pending_reveals(hotkey: HotkeyFilter = None, limit: Limit = MAX_PAGE) -> schemas.PendingReveals:
@@ -174,9 +178,10 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
         return service.stats(hotkey)
 
     @app.get("/leaderboard", response_model=schemas.Leaderboard, responses=ERRORS, tags=["public"])
-    def leaderboard(round_id: Annotated[int | None, Query(ge=0, le=2**40)] = None) -> schemas.Leaderboard:
-        """A round ranked from validators' measured results (QUASAR.md §5); default the current round."""
-        return service.leaderboard(round_id)
+    async def leaderboard(round_id: Annotated[int | None, Query(ge=0, le=2**40)] = None) -> Response:
+        """A round ranked from validators' measured results (QUASAR.md §5); default the current round.
+        Reports count from the chain block after they arrive."""
+        return await reads.response(("leaderboard", round_id), lambda: service.leaderboard(round_id))
 
     # --- miners (signed, registered hotkey, IP not banned) ---
 

@@ -382,7 +382,8 @@ class NonceLedger:
         self.retention = retention_s
         self.clock = clock
         self._next_prune = 0.0
-        self._insert = postgresql_insert if database.dialect == "postgresql" else sqlite_insert
+        dialect_insert = postgresql_insert if database.dialect == "postgresql" else sqlite_insert
+        self._insert = dialect_insert(UsedNonce.__table__).on_conflict_do_nothing()  # built once: see record()
 
     def record(self, session: Session, hotkey_ss58: str, nonce_ns: int) -> bool:
         """Record (hotkey, nonce) in ``session``'s transaction; False when it is there already (a replay)."""
@@ -391,6 +392,5 @@ class NonceLedger:
             self._next_prune = now + self.retention / 2
             # Nonces are nanosecond timestamps: anything this old is refused as stale anyway.
             session.execute(delete(UsedNonce).where(UsedNonce.nonce < int((now - self.retention) * 1e9)))
-        inserted = session.execute(
-            self._insert(UsedNonce).values(hotkey=hotkey_ss58, nonce=nonce_ns).on_conflict_do_nothing())
+        inserted = session.connection().execute(self._insert, {"hotkey": hotkey_ss58, "nonce": nonce_ns})
         return inserted.rowcount == 1

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TypeVar
 
-from sqlalchemy import exists, func, select
+from sqlalchemy import bindparam, exists, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -99,6 +99,21 @@ class Authenticated:
     authorize: auth.Authorizer
 
 
+# The statements every submission runs, built once (building a statement costs more than running it
+# on SQLite) and run on the session's connection (SQLAlchemy Core, no ORM bookkeeping).
+_SUBMISSIONS, _BANS = Submission.__table__, IpBan.__table__
+_BANNED_UNTIL = select(func.max(_BANS.c.banned_until)).where(
+    _BANS.c.client_ip == bindparam("client_ip"), _BANS.c.banned_until > bindparam("now"))
+_RECENT_SUBMISSIONS = select(func.count(), func.min(_SUBMISSIONS.c.submitted_at)).where(
+    _SUBMISSIONS.c.hotkey == bindparam("hotkey"), _SUBMISSIONS.c.submitted_at > bindparam("since"))
+_SAME_SUBMISSION = select(_SUBMISSIONS.c.id).where(
+    _SUBMISSIONS.c.hotkey == bindparam("hotkey"), _SUBMISSIONS.c.state == "ready",
+    _SUBMISSIONS.c.fork_url == bindparam("fork_url"), _SUBMISSIONS.c.commit_hash == bindparam("commit_hash"),
+    _SUBMISSIONS.c.target_sequence_length == bindparam("target_sequence_length"),
+).limit(1)
+_INSERT_SUBMISSION = insert(_SUBMISSIONS).returning(_SUBMISSIONS.c.id)
+
+
 def _utc(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -153,9 +168,7 @@ class SubmissionService:
     # --- bans and rate limits ---
 
     def _check_not_banned(self, session: Session, client_ip: str, now: float) -> None:
-        until = session.scalar(
-            select(func.max(IpBan.banned_until)).where(IpBan.client_ip == client_ip, IpBan.banned_until > now)
-        )
+        until = session.connection().scalar(_BANNED_UNTIL, {"client_ip": client_ip, "now": now})
         if until is not None:
             raise ApiError(403, f"IP {client_ip} is banned until {_utc(until)} after {rules.BAN_FAILURES} failed "
                                 f"validations within 24 h", {"Retry-After": str(int(until - now) + 1)})
@@ -186,11 +199,8 @@ class SubmissionService:
             raise
 
     def _enforce_rate_limit(self, session: Session, hotkey: str, now: float) -> None:
-        since = now - RATE_WINDOW_S
-        count, oldest = session.execute(
-            select(func.count(), func.min(Submission.submitted_at))
-            .where(Submission.hotkey == hotkey, Submission.submitted_at > since)
-        ).one()
+        count, oldest = session.connection().execute(
+            _RECENT_SUBMISSIONS, {"hotkey": hotkey, "since": now - RATE_WINDOW_S}).one()
         if count >= self.config.submissions_per_hour:
             wait = int(oldest + RATE_WINDOW_S - now) + 1
             raise ApiError(429, f"rate limit: at most {self.config.submissions_per_hour} submissions per hour per "
@@ -229,26 +239,22 @@ class SubmissionService:
 
         def work(session: Session) -> schemas.SubmissionAccepted:
             self._enforce_rate_limit(session, hotkey, now)
-            duplicate = session.scalar(
-                select(Submission.id).where(
-                    Submission.hotkey == hotkey, Submission.state == "ready", Submission.fork_url == url,
-                    Submission.commit_hash == commit,
-                    Submission.target_sequence_length == request.target_sequence_length,
-                ).limit(1)
-            )
+            connection = session.connection()
+            duplicate = connection.scalar(_SAME_SUBMISSION, {
+                "hotkey": hotkey, "fork_url": url, "commit_hash": commit,
+                "target_sequence_length": request.target_sequence_length})
             if duplicate is not None:
                 raise ApiError(409, f"this fork, commit and target length were already submitted as submission "
                                     f"{duplicate}")
-            submission = Submission(
-                hotkey=hotkey, method="direct", state="ready", commitment_hash=None,
-                target_sequence_length=request.target_sequence_length, submitted_at=now, submitted_block=block,
-                ready_at=now, ready_block=block, round_id=round_id, fork_url=url, commit_hash=commit,
-                claimed_tokens_per_sec=request.tokens_per_sec, vram_mb=request.vram_mb,
-                benchmarks=_benchmarks_to_json(request.benchmarks), client_ip=client_ip,
-            )
-            session.add(submission)
-            session.flush()
-            return self._accepted(submission)
+            submission_id = connection.scalar(_INSERT_SUBMISSION, {
+                "hotkey": hotkey, "method": "direct", "state": "ready", "commitment_hash": None,
+                "target_sequence_length": request.target_sequence_length, "submitted_at": now,
+                "submitted_block": block, "ready_at": now, "ready_block": block, "round_id": round_id,
+                "fork_url": url, "commit_hash": commit, "claimed_tokens_per_sec": request.tokens_per_sec,
+                "vram_mb": request.vram_mb, "benchmarks": _benchmarks_to_json(request.benchmarks),
+                "client_ip": client_ip})
+            return schemas.SubmissionAccepted(submission_id=submission_id, hotkey=hotkey, state="ready",
+                                              submitted_at=now, submitted_block=block, round_id=round_id)
 
         accepted = self._write(work, caller, locks=[f"hotkey:{hotkey}"])
         logger.info("submission %d from %s (%s) direct, round %d", accepted.submission_id, hotkey, client_ip, round_id)
