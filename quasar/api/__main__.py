@@ -6,16 +6,14 @@
 
 Settings come from .env, the environment and flags (``python -m quasar.config`` lists them); the
 API needs ``API_HOTKEY``, the ss58 address its clients sign for. With ``--workers N`` (``API_WORKERS``)
-uvicorn runs N processes on one socket, each with its own app built from the same arguments; they
-share nothing but the database (nonces, bans, rate limits) and the chain.
+N processes serve the port (:mod:`quasar.api.workers`), each with its own app built from the same
+arguments; they share nothing but the database (nonces, bans, rate limits) and the chain.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import os
 import sys
 
 import uvicorn
@@ -29,6 +27,7 @@ from quasar.api.app import create_app
 from quasar.api.chaincache import CachedMetagraphChain
 from quasar.api.db import Database, display_url
 from quasar.api.service import ApiConfig
+from quasar.api.workers import run_workers
 from quasar.chain import ChainError
 from quasar.chain.factory import connect
 from quasar.log import setup_logging
@@ -38,8 +37,10 @@ logger = logging.getLogger("quasar.api")
 # Requests handled at once (per worker) before uvicorn answers 503: load beyond this queues in
 # clients, not here.
 MAX_CONCURRENT_REQUESTS = 1000
-# How `serve --workers N` hands its arguments to the worker processes uvicorn starts.
-WORKER_ARGV_ENV = "QUASAR_API_SERVE_ARGV"
+# A thread that holds the database's write lock and waits for the GIL (after each statement) waits
+# up to this long for the event loop's thread to let go of it: Python's default 5 ms made every
+# write transaction take tens of milliseconds under load, and every other writer wait for it.
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,15 +61,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_app(settings: config.Settings, database: Database) -> FastAPI:
     """The API on ``database`` and the chain ``settings`` name (its metagraph cached per block)."""
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     chain = connect(settings)
     if settings.network != config.DEV_NETWORK:
         chain = CachedMetagraphChain(chain)
     return create_app(ApiConfig.from_settings(settings), chain, database)
 
 
-def worker_app() -> FastAPI:
-    """The app of one worker process of ``serve --workers N`` (uvicorn calls this in each)."""
-    _, settings = config.parse_args(build_parser(), json.loads(os.environ[WORKER_ARGV_ENV]))
+def worker_app(argv: list[str]) -> FastAPI:
+    """The app of one worker process of ``serve --workers N``, from the same arguments."""
+    _, settings = config.parse_args(build_parser(), argv)
     setup_logging(settings.debug, settings.secrets())
     return build_app(settings, Database(settings.database_url))
 
@@ -116,9 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         uvicorn.run(app, **options)
     else:
         database.dispose()
-        os.environ[WORKER_ARGV_ENV] = json.dumps(argv)
-        uvicorn.run("quasar.api.__main__:worker_app", factory=True,
-                    workers=settings.api_workers, **options)
+        run_workers(settings.api_workers, "quasar.api.__main__:worker_app", (argv,), options)
     return 0
 
 

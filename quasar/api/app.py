@@ -163,9 +163,9 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
     # The leaderboard and the current round are cached per chain block (quasar.api.readcache).
 
     @app.get("/get_current_round", response_model=schemas.RoundInfo, responses=ERRORS, tags=["public"])
-    async def get_current_round() -> Response:
+    async def get_current_round(request: Request) -> Response:
         """The current round: a fixed number of chain blocks (ROUND_BLOCKS)."""
-        return await reads.response(("round",), service.current_round)
+        return await reads.response(request, service.current_round)
 
     @app.get("/pending_reveals", response_model=schemas.PendingReveals, responses=ERRORS, tags=["public"])
     def pending_reveals(hotkey: HotkeyFilter = None, limit: Limit = MAX_PAGE) -> schemas.PendingReveals:
@@ -178,10 +178,11 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
         return service.stats(hotkey)
 
     @app.get("/leaderboard", response_model=schemas.Leaderboard, responses=ERRORS, tags=["public"])
-    async def leaderboard(round_id: Annotated[int | None, Query(ge=0, le=2**40)] = None) -> Response:
+    async def leaderboard(request: Request,
+                          round_id: Annotated[int | None, Query(ge=0, le=2**40)] = None) -> Response:
         """A round ranked from validators' measured results (QUASAR.md §5); default the current round.
         Reports count from the chain block after they arrive."""
-        return await reads.response(("leaderboard", round_id), lambda: service.leaderboard(round_id))
+        return await reads.response(request, lambda: service.leaderboard(round_id))
 
     # --- miners (signed, registered hotkey, IP not banned) ---
 
@@ -251,4 +252,5 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
         return JSONResponse({"detail": "internal error"}, status_code=500)
 
     app.add_middleware(BodySizeLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(reads.middleware)  # outermost: a cached read skips everything else
     return app

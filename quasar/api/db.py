@@ -2,8 +2,10 @@
 
 SQLite (the default; a file that is never deleted or reset) runs in WAL mode with ``synchronous=FULL``
 (an acknowledged write survives a crash of the process or the machine) and takes the write lock at
-the start of every write transaction (``BEGIN IMMEDIATE``). SQLite has one writer at a time: the
-writers of one process queue on a lock in order, and the processes of one server (``--workers``)
+the start of every write transaction (``BEGIN IMMEDIATE``). SQLite has one writer at a time, so each
+process commits in groups (:class:`GroupCommit`): one thread runs the writes waiting at that moment
+in one transaction, each in a savepoint of its own (a write that fails is undone alone), commits
+once (one fsync for all) and only then answers them. The processes of one server (``--workers``)
 take turns through an exclusive ``flock`` on a file beside the database, which wakes the next one
 as soon as it is released (SQLite's own busy handler polls with sleeps of up to 100 ms). PostgreSQL
 writes run READ COMMITTED and take transaction-scoped advisory locks on what a rule reads before it
@@ -243,6 +245,91 @@ class SqliteWriterLock:
         self._across_processes.close()
 
 
+class _Write:
+    """A write waiting for its group's commit: the work, then its result or its exception."""
+
+    def __init__(self, work: Callable[[Session], Any]):
+        self.work = work
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+
+class GroupCommit:
+    """SQLite writes of one process, committed in groups by one thread (see the module's docstring).
+
+    Under load a group holds every write that arrived while the previous group was committing (up
+    to ``max_group``), so the write lock is taken, and the disk synced, once per group instead of
+    once per write; alone, a write is a group of one.
+    """
+
+    def __init__(self, database: Database, lock: contextlib.AbstractContextManager, max_group: int = 64):
+        self.database = database
+        self.lock = lock
+        self.max_group = max_group
+        self._queue: collections.deque[_Write] = collections.deque()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def run(self, work: Callable[[Session], T]) -> T:
+        """Run ``work`` in the next group's transaction; return its result once the group committed,
+        or raise its exception (or the commit's)."""
+        write = _Write(work)
+        with self._wake:
+            if self._thread is None:
+                self._stopping = False
+                self._thread = threading.Thread(target=self._commit_groups, name="sqlite-group-commit", daemon=True)
+                self._thread.start()
+            self._queue.append(write)
+            self._wake.notify()
+        write.done.wait()
+        if write.error is not None:
+            raise write.error
+        return write.result
+
+    def stop(self) -> None:
+        """End the committing thread once the queue is empty (a later write starts it again)."""
+        with self._wake:
+            thread, self._stopping = self._thread, True
+            self._wake.notify()
+        if thread is not None:
+            thread.join(timeout=30)
+
+    def _commit_groups(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._stopping:
+                    self._wake.wait()
+                if not self._queue:
+                    self._thread = None
+                    return
+                group = [self._queue.popleft() for _ in range(min(self.max_group, len(self._queue)))]
+            self._commit(group)
+
+    def _commit(self, group: list[_Write]) -> None:
+        try:
+            with self.lock, Session(self.database._write_engine, expire_on_commit=False) as session, \
+                    session.begin():
+                for write in group:
+                    try:
+                        with session.begin_nested():
+                            write.result = write.work(session)
+                    except Exception as error:  # undone alone (its savepoint); the caller gets it
+                        write.error = error
+        except OperationalError as error:
+            failure: BaseException = DatabaseBusy("the database is busy; retry shortly") \
+                if "locked" in str(error.orig) else error
+            for write in group:
+                write.error = write.error or failure
+        except BaseException as error:  # the commit failed: nothing of the group was written
+            for write in group:
+                write.error = write.error or error
+        finally:
+            for write in group:
+                write.done.set()
+
+
 class DatabaseBusy(RuntimeError):
     """The database could not take the write in time (SQLite lock wait, or retries exhausted)."""
 
@@ -275,10 +362,12 @@ class Database:
             # SQLite has one writer at a time anyway: writers wait here, in order, rather than
             # polling in SQLite's busy handler (whose growing sleeps starve unlucky requests).
             self._sqlite_writer: contextlib.AbstractContextManager = SqliteWriterLock(path)
+            self._group_commit: GroupCommit | None = GroupCommit(self, self._sqlite_writer)
         elif self.dialect == "postgresql":
             self.engine = create_engine(parsed, pool_size=20, max_overflow=20, pool_pre_ping=True)
             self._write_engine = self.engine
             self._sqlite_writer = contextlib.nullcontext()
+            self._group_commit = None
         else:
             raise ValueError(f"unsupported database {display_url(url)}: use sqlite:///PATH or postgresql://...")
         # A read sees one snapshot: SQLite's read transactions do; PostgreSQL needs REPEATABLE READ.
@@ -310,10 +399,12 @@ class Database:
         """Run ``work(session)`` in a write transaction and commit (durably); run again after a deadlock.
 
         ``work`` must only touch the database (it may run several times). Exceptions it raises roll
-        the transaction back and propagate. ``locks``: keys locked for the whole transaction before
+        back what it wrote and propagate. ``locks``: keys locked for the whole transaction before
         ``work`` runs (see :meth:`lock`). Raises :class:`DatabaseBusy` when the write cannot be
-        taken in time.
+        taken in time. On SQLite ``work`` runs in its process's next group commit (:class:`GroupCommit`).
         """
+        if self._group_commit is not None:
+            return self._group_commit.run(work)
         for attempt in range(1, MAX_WRITE_ATTEMPTS + 1):
             try:
                 with self._sqlite_writer, Session(self._write_engine, expire_on_commit=False) as session, \
@@ -342,6 +433,8 @@ class Database:
                             {"space": _ADVISORY_LOCK_SPACE, "key": key})
 
     def dispose(self) -> None:
+        if self._group_commit is not None:
+            self._group_commit.stop()
         self.engine.dispose()
         if isinstance(self._sqlite_writer, SqliteWriterLock):
             self._sqlite_writer.close()

@@ -143,7 +143,8 @@ def start_api_process(workdir: Path, database_url: str, chain_path: Path, api_ho
 
     Runs in ``workdir`` (so no checkout's ``.env`` is read) and logs to ``workdir/server-PORT.log``;
     returns the process and its base URL once ``/health`` answers (with several workers: once
-    each of them has started), or raises RuntimeError with the log's tail.
+    each of them has started), or raises RuntimeError with the log's tail. The server runs in a
+    session of its own: ``os.killpg(process.pid, SIGKILL)`` kills it with all its workers at once.
     """
     port = free_port()
     root = Path(__file__).resolve().parents[2]
@@ -154,7 +155,7 @@ def start_api_process(workdir: Path, database_url: str, chain_path: Path, api_ho
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "quasar.api", "serve", "--port", str(port),
                                     "--workers", str(workers), "--database-url", database_url], cwd=workdir,
-                                   env=environ, stdout=log, stderr=subprocess.STDOUT)
+                                   env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
