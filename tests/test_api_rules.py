@@ -14,11 +14,13 @@ import pytest
 from bittensor.sp_core import Keypair
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from api_fixtures import api_config, make_wallet
 from quasar.api import rules, schemas
 from quasar.api.chaincache import CachedMetagraphChain
-from quasar.api.db import Database, FifoLock
+from quasar.api.db import Database, FifoLock, UsedNonce, _Write
 from quasar.api.service import MAX_FETCHES_PER_VALIDATOR, ApiError, SubmissionService
 from quasar.chain.devchain import DevChain
 
@@ -218,6 +220,31 @@ def test_cached_chain_refuses_a_deregistered_hotkey_once_it_sees_the_next_block(
     assert cached.is_registered(hotkey) and not cached.has_validator_permit(hotkey)
     with pytest.raises(ValueError, match="shorter than a block"):
         CachedMetagraphChain(DevChain(tmp_path / "fast.sqlite3", block_time_s=0.5), block_poll_s=1.0)
+
+
+def test_a_group_commit_undoes_a_failed_write_alone(tmp_path):
+    database = Database(f"sqlite:///{tmp_path}/api.sqlite3")
+    database.upgrade()
+
+    def add(nonce: int, then: Exception | None = None):
+        def work(session):
+            session.add(UsedNonce(hotkey="h", nonce=nonce))
+            session.flush()
+            if then is not None:
+                raise then
+            return nonce
+        return work
+
+    # 2 repeats 1 (its flush fails: the ORM needs the transaction rolled back, so the group runs
+    # again without it); 4 raises after its insert (rolled back to its savepoint).
+    group = [_Write(work) for work in (add(1), add(1), add(3), add(4, ValueError("refused")), add(5))]
+    database._group_commit._commit(group)
+    assert all(write.done.is_set() for write in group)
+    assert [write.result for write in group] == [1, None, 3, None, 5]
+    assert type(group[1].error) is IntegrityError and str(group[3].error) == "refused"
+    with database.read() as session:
+        assert sorted(session.scalars(select(UsedNonce.nonce))) == [1, 3, 5]
+    database.dispose()
 
 
 def test_fifo_lock_serves_waiters_in_order():

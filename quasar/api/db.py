@@ -308,26 +308,45 @@ class GroupCommit:
             self._commit(group)
 
     def _commit(self, group: list[_Write]) -> None:
+        pending = group
         try:
-            with self.lock, Session(self.database._write_engine, expire_on_commit=False) as session, \
-                    session.begin():
-                for write in group:
-                    try:
-                        with session.begin_nested():
-                            write.result = write.work(session)
-                    except Exception as error:  # undone alone (its savepoint); the caller gets it
-                        write.error = error
+            while pending:
+                pending = self._attempt(pending)
         except OperationalError as error:
             failure: BaseException = DatabaseBusy("the database is busy; retry shortly") \
                 if "locked" in str(error.orig) else error
-            for write in group:
+            for write in pending:
                 write.error = write.error or failure
         except BaseException as error:  # the commit failed: nothing of the group was written
-            for write in group:
+            for write in pending:
                 write.error = write.error or error
         finally:
             for write in group:
                 write.done.set()
+
+    def _attempt(self, group: list[_Write]) -> list[_Write]:
+        """Run and commit ``group``; what is left to run again (empty once committed)."""
+        with self.lock, Session(self.database._write_engine, expire_on_commit=False) as session, \
+                session.begin():
+            connection = session.connection()
+            for write in group:
+                write.result, write.error = None, None
+                # Plain SAVEPOINT statements: the ORM's begin_nested() cost more than the writes.
+                connection.exec_driver_sql("SAVEPOINT quasar_write")
+                try:
+                    write.result = write.work(session)
+                    session.flush()
+                except Exception as error:  # undone alone; the caller gets it
+                    write.error = error
+                    if not session.is_active:
+                        # A failed flush leaves the ORM session needing the whole transaction rolled
+                        # back: do that, and run the group again without this write.
+                        session.rollback()
+                        return [other for other in group if other is not write]
+                    connection.exec_driver_sql("ROLLBACK TO SAVEPOINT quasar_write")
+                    session.expunge_all()  # objects it loaded or added may hold what was undone
+                connection.exec_driver_sql("RELEASE SAVEPOINT quasar_write")
+        return []
 
 
 class DatabaseBusy(RuntimeError):
