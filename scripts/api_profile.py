@@ -48,7 +48,7 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("signature verification (sr25519)", ("http_auth.py",)),
     ("chain lookups (registration, block)", ("devchain.py", "chaincache.py", "require_registered")),
     ("cached read (quasar.api.readcache)", ("BlockCache.response",)),
-    ("the write transaction (SQLAlchemy + sqlite3)", ("service.py", "quasar/api/db.py")),
+    ("service and its database work (SQLAlchemy, sqlite3)", ("service.py", "quasar/api/db.py")),
     ("body parsing and validation (FastAPI, pydantic)", ("request_body_to_args", "_get_body", "raw_body")),
     ("dependency resolution (FastAPI)", ("solve_dependencies",)),
     ("response serialization (FastAPI, pydantic)", ("serialize_response", "jsonable_encoder")),
@@ -65,7 +65,7 @@ def breakdown(raw: Path, hz: float, requests: int) -> list[tuple[str, int, float
     counts: collections.Counter[str] = collections.Counter()
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
-        if "readcache.py" in stack and "applications.py" not in stack:
+        if "readcache.py" in stack and "routing.py" not in stack:
             component = "cached read answered before routing"  # the middleware served it, no app below
         else:
             component = next((name for name, keys in COMPONENTS if any(k in stack for k in keys)), "other")
