@@ -1,8 +1,8 @@
 """``serve --workers N``: N API processes on one port, each with a listening socket of its own.
 
 uvicorn's own workers share one listening socket, and whichever process wakes first accepts every
-connection waiting, so keep-alive clients that connect together all land on one worker (measured:
-one of two workers served 95% of the requests). Here every worker binds the port with
+connection waiting, so keep-alive clients that connect together land on one worker (measured: one
+of two workers did 95% of the work). Here every worker binds the port with
 ``SO_REUSEPORT`` and the kernel spreads new connections evenly across the workers' sockets.
 
 The supervisor (the ``serve`` process) starts the workers, starts a new one when one dies, and
