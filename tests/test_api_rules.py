@@ -7,8 +7,6 @@ import hashlib
 import ipaddress
 import random
 import statistics
-import threading
-import time
 
 import pytest
 from bittensor.sp_core import Keypair
@@ -20,7 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from api_fixtures import api_config, make_wallet
 from quasar.api import rules, schemas
 from quasar.api.chaincache import CachedMetagraphChain
-from quasar.api.db import Database, FifoLock, UsedNonce, _Write
+from quasar.api.db import Database, UsedNonce, _Write
 from quasar.api.service import MAX_FETCHES_PER_VALIDATOR, ApiError, SubmissionService
 from quasar.chain.devchain import DevChain
 
@@ -245,22 +243,3 @@ def test_a_group_commit_undoes_a_failed_write_alone(tmp_path):
     with database.read() as session:
         assert sorted(session.scalars(select(UsedNonce.nonce))) == [1, 3, 5]
     database.dispose()
-
-
-def test_fifo_lock_serves_waiters_in_order():
-    lock = FifoLock()
-    order, threads = [], []
-    lock.__enter__()
-    for n in range(8):
-        thread = threading.Thread(target=lambda n=n: (lock.__enter__(), order.append(n), lock.__exit__()))
-        thread.start()
-        threads.append(thread)
-        while len(lock._waiting) < n + 1:  # each waiter queued before the next one starts
-            time.sleep(0.001)
-    lock.__exit__()
-    for thread in threads:
-        thread.join(timeout=10)
-    assert order == list(range(8))
-    with lock:
-        assert lock._held
-    assert not lock._held

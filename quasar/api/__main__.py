@@ -18,11 +18,10 @@ import sys
 
 import uvicorn
 from bittensor.sp_core import decode_ss58
+from fastapi import FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 
 from quasar import config
-from fastapi import FastAPI
-
 from quasar.api.app import create_app
 from quasar.api.chaincache import CachedMetagraphChain
 from quasar.api.db import Database, display_url

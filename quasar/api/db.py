@@ -41,7 +41,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 logger = logging.getLogger(__name__)
@@ -170,33 +170,6 @@ class UsedNonce(Base):
     __table_args__ = (Index("ix_used_nonces_nonce", "nonce"),)
 
 
-class FifoLock:
-    """A lock granted in the order it was asked for (``threading.Lock`` lets a thread that just
-    released it take it again ahead of the waiting ones, which starves some requests)."""
-
-    def __init__(self):
-        self._guard = threading.Lock()
-        self._waiting: collections.deque[threading.Lock] = collections.deque()
-        self._held = False
-
-    def __enter__(self) -> None:
-        with self._guard:
-            if not self._held:
-                self._held = True
-                return
-            turn = threading.Lock()
-            turn.acquire()
-            self._waiting.append(turn)
-        turn.acquire()  # released by the holder ahead of us, which hands the lock over
-
-    def __exit__(self, *exc_info) -> None:
-        with self._guard:
-            if self._waiting:
-                self._waiting.popleft().release()
-            else:
-                self._held = False
-
-
 class FileLock:
     """An exclusive ``flock`` on ``path``, shared by every process that opens the same file: a waiter
     sleeps in the kernel and wakes as soon as the holder releases it (or dies: the kernel drops the
@@ -221,30 +194,6 @@ class FileLock:
             self._fd = None
 
 
-class SqliteWriterLock:
-    """One SQLite writer at a time across the server's processes: this process's writers queue in
-    order (:class:`FifoLock`), and only the one at the head waits for the other processes (:class:`FileLock`)."""
-
-    def __init__(self, database_path: Path):
-        self._in_process = FifoLock()
-        self._across_processes = FileLock(database_path.with_name(database_path.name + "-writer.lock"))
-
-    def __enter__(self) -> None:
-        self._in_process.__enter__()
-        try:
-            self._across_processes.__enter__()
-        except BaseException:
-            self._in_process.__exit__(None, None, None)
-            raise
-
-    def __exit__(self, *exc_info) -> None:
-        self._across_processes.__exit__(*exc_info)
-        self._in_process.__exit__(*exc_info)
-
-    def close(self) -> None:
-        self._across_processes.close()
-
-
 class _Write:
     """A write waiting for its group's commit: the work, then its result or its exception."""
 
@@ -263,7 +212,7 @@ class GroupCommit:
     once per write; alone, a write is a group of one.
     """
 
-    def __init__(self, database: Database, lock: contextlib.AbstractContextManager, max_group: int = 64):
+    def __init__(self, database: Database, lock: FileLock, max_group: int = 64):
         self.database = database
         self.lock = lock
         self.max_group = max_group
@@ -380,12 +329,13 @@ class Database:
             self._write_engine = self.engine.execution_options(quasar_write=True)
             # SQLite has one writer at a time anyway: writers wait here, in order, rather than
             # polling in SQLite's busy handler (whose growing sleeps starve unlucky requests).
-            self._sqlite_writer: contextlib.AbstractContextManager = SqliteWriterLock(path)
+            # One SQLite writer at a time across the server's processes (each commits its group under it).
+            self._sqlite_writer: FileLock | None = FileLock(path.with_name(path.name + "-writer.lock"))
             self._group_commit: GroupCommit | None = GroupCommit(self, self._sqlite_writer)
         elif self.dialect == "postgresql":
             self.engine = create_engine(parsed, pool_size=20, max_overflow=20, pool_pre_ping=True)
             self._write_engine = self.engine
-            self._sqlite_writer = contextlib.nullcontext()
+            self._sqlite_writer = None
             self._group_commit = None
         else:
             raise ValueError(f"unsupported database {display_url(url)}: use sqlite:///PATH or postgresql://...")
@@ -426,16 +376,10 @@ class Database:
             return self._group_commit.run(work)
         for attempt in range(1, MAX_WRITE_ATTEMPTS + 1):
             try:
-                with self._sqlite_writer, Session(self._write_engine, expire_on_commit=False) as session, \
-                        session.begin():
+                with Session(self._write_engine, expire_on_commit=False) as session, session.begin():
                     for key in sorted(set(locks)):  # one order everywhere: no deadlock between them
                         self.lock(session, key)
                     return work(session)
-            except OperationalError as error:
-                if self.dialect == "sqlite" and "locked" in str(error.orig):
-                    raise DatabaseBusy("the database is busy; retry shortly") from None
-                if not _is_retryable(error):
-                    raise
             except DBAPIError as error:
                 if not _is_retryable(error):
                     raise
@@ -455,7 +399,7 @@ class Database:
         if self._group_commit is not None:
             self._group_commit.stop()
         self.engine.dispose()
-        if isinstance(self._sqlite_writer, SqliteWriterLock):
+        if self._sqlite_writer is not None:
             self._sqlite_writer.close()
 
 
