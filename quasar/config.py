@@ -327,6 +327,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("api_host", "API_HOST", "--api.host", _parse_str, "127.0.0.1",
            "address the submission API listens on (0.0.0.0 for all interfaces)"),
     Option("api_port", "API_PORT", "--api.port", _parse_int(1, 65535), "8000", "port of the submission API"),
+    Option("api_workers", "API_WORKERS", "--api.workers", _parse_int(1, 64), "1",
+           "processes the submission API serves with (about one per CPU core); nonces, bans and rate limits "
+           "are in the database, so they hold across them"),
     Option("api_hotkey", "API_HOTKEY", "--api.hotkey", _parse_str, "",
            "ss58 address of the submission API's hotkey: signed requests name it as receiver (GET /health shows it)"),
     Option("trusted_proxies", "TRUSTED_PROXIES", "--api.trusted-proxies", _parse_ip_networks, "",
@@ -413,6 +416,7 @@ class Settings:
     database_url: str
     api_host: str
     api_port: int
+    api_workers: int
     api_hotkey: str
     trusted_proxies: tuple[str, ...]
     blocks_until_reveal: int

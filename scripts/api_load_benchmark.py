@@ -1,15 +1,28 @@
 #!/usr/bin/env python
-"""Load benchmark of the submission API: many concurrent signed submitters against a real server.
+"""Load benchmark of the submission API: signed submissions and public reads at fixed rates, at once.
 
-Starts ``python -m quasar.api serve`` on 127.0.0.1 (as operators run it) over a fresh SQLite file
-and/or a fresh throwaway PostgreSQL server, registers the submitters' hotkeys on a dev chain, and
-has every submitter send signed ``POST /submit_kernel`` requests back to back. Reports throughput
-(acknowledged requests/sec), latency percentiles, errors, and lost submissions: acknowledged ones
-missing from the database afterwards (must be 0).
+Starts ``python -m quasar.api serve --workers N`` on 127.0.0.1 (as operators run it) over a fresh
+SQLite file and/or a fresh throwaway PostgreSQL server (fsync on), registers the submitters' hotkeys
+on a dev chain, seeds the leaderboard (a validator reports on one submission per submitter), then
+for ``--seconds``:
 
-    python scripts/api_load_benchmark.py --backend both --submitters 32 --requests 40
+- ``--submitters`` hotkeys send ``btauth/1``-signed ``POST /submit_kernel`` requests, together
+  ``--rate`` a second, each on its own keep-alive connection;
+- ``--readers`` connections send ``GET`` requests of the read mix (``READ_MIX``), together
+  ``--read-rate`` a second.
 
-Traffic goes to loopback only and stops after submitters x requests requests.
+Open loop: every request has a scheduled send time, and its latency is measured from that time to
+the last byte of the answer, so a request that waits for its connection (because the server is
+behind) counts the wait. Every request is signed before the timed window, each with a fresh nonce
+that is its scheduled send time (so each is fresh when sent), and its own body; the server verifies
+every one. The client speaks HTTP/1.1 on raw asyncio streams, a small share of the CPU that the
+server and client share. Reported: acknowledged requests a second, latency percentiles, errors,
+lost submissions (acknowledged but missing from the database afterwards; must be 0), and the
+server's CPU time per request.
+
+    python scripts/api_load_benchmark.py --backend both --workers 1 2 4 --repeat 3
+
+Traffic goes to loopback only and stops after the timed window.
 """
 
 from __future__ import annotations
@@ -17,46 +30,82 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import resource
 import secrets
 import signal
 import statistics
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import httpx
 from bittensor import http_auth
 from bittensor.sp_core import Keypair
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from sqlalchemy import select
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from quasar.api.client import ApiClient  # noqa: E402
 from quasar.api.db import Database, Submission  # noqa: E402
 from quasar.api.devdb import TemporaryPostgres, start_api_process  # noqa: E402
 from quasar.chain.devchain import DevChain  # noqa: E402
 
+# The public reads (path, share of the read rate): one line per route.
+READ_MIX: tuple[tuple[str, int], ...] = (
+    ("/leaderboard", 1),
+    ("/get_current_round", 1),
+)
+TARGETS = {  # backend: (submissions/s, submission p99 ms); reads: 1,000/s under 50 ms on both
+    "sqlite": (300, 100.0),
+    "postgresql": (200, 150.0),
+}
+READ_TARGET = (1000, 50.0)
+# By default requests are offered this much above a target rate: a run's acknowledged rate is a
+# little under its offered rate (the window ends with the last answer), and the target is a floor.
+OFFER_ABOVE_TARGET = 1.1
+# Seconds between signing the requests and the start of the timed window.
+START_MARGIN_S = 1.0
+
+
+@dataclass
+class Stream:
+    """One kind of traffic's outcome: latencies (s), statuses, acknowledged submissions."""
+
+    latencies: list[float] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    acknowledged: dict[int, tuple[str, str]] = field(default_factory=dict)
+    ok: int = 0
+    last_done: float = 0.0
+
 
 @dataclass(frozen=True)
 class Figures:
-    """One backend's run."""
+    """One run of one backend with one number of workers."""
 
     backend: str
-    submitters: int
-    requests: int
-    acknowledged: int
-    errors: dict[str, int]
+    workers: int
     seconds: float
-    requests_per_sec: float
+    offered_rate: float
+    submissions_per_sec: float
     p50_ms: float
     p99_ms: float
     max_ms: float
+    errors: dict[str, int]
     lost: int
+    offered_read_rate: float
+    reads_per_sec: float
+    read_p50_ms: float
+    read_p99_ms: float
+    read_errors: dict[str, int]
+    server_cpu_ms_per_request: float
+    client_cpu_share: float
+    load_average: float
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:
@@ -67,62 +116,158 @@ def percentile(sorted_values: list[float], fraction: float) -> float:
     return sorted_values[rank - 1]
 
 
-async def run_submitters(url: str, api_hotkey: str, keys: list[Keypair], requests_each: int,
-                         progress: Progress) -> tuple[list[float], dict[int, tuple[str, str]], dict[str, int]]:
-    latencies: list[float] = []
-    acknowledged: dict[int, tuple[str, str]] = {}
-    errors: dict[str, int] = {}
-    task = progress.add_task("requests", total=len(keys) * requests_each)
-    limits = httpx.Limits(max_connections=len(keys), max_keepalive_connections=len(keys))
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-        async def submitter(index: int, key: Keypair) -> None:
-            for n in range(requests_each):
-                commit = f"{index + 1:08x}{n:032x}"
-                body = json.dumps({"fork_url": f"https://github.com/miner{index}/flash-linear-attention",
-                                   "commit_hash": commit, "target_sequence_length": 1_000_000,
-                                   "tokens_per_sec": 50_000.0}, separators=(",", ":")).encode()
-                headers = http_auth.sign(key, method="POST", path="/submit_kernel", body=body,
-                                         receiver_ss58=api_hotkey)
-                headers["Content-Type"] = "application/json"
-                started = time.perf_counter()
-                try:
-                    response = await client.post(url + "/submit_kernel", content=body, headers=headers)
-                    outcome = str(response.status_code)
-                except httpx.HTTPError as error:
-                    response, outcome = None, type(error).__name__
-                latencies.append(time.perf_counter() - started)
-                if response is not None and response.status_code == 201:
-                    acknowledged[response.json()["submission_id"]] = (key.ss58_address, commit)
-                else:
-                    errors[outcome] = errors.get(outcome, 0) + 1
-                progress.advance(task)
-
-        await asyncio.gather(*(submitter(i, key) for i, key in enumerate(keys)))
-    return latencies, acknowledged, errors
+def http_request(method: str, path: str, host: str, body: bytes = b"", headers: dict[str, str] | None = None) -> bytes:
+    lines = [f"{method} {path} HTTP/1.1", f"Host: {host}"]
+    lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
+    if method == "POST":
+        lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-def run_backend(backend: str, submitters: int, requests_each: int, console: Console) -> Figures:
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes) -> tuple[int, bytes]:
+    """Send one request on a keep-alive connection; the status and the body of the answer."""
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    return status, await reader.readexactly(length) if length else b""
+
+
+async def connection(port: int, schedule: Sequence[tuple[float, bytes, tuple[str, str] | None]], stream: Stream,
+                     start: float) -> None:
+    """Send ``schedule`` (send time after ``start``, request bytes, submission identity) in order."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    loop = asyncio.get_running_loop()
+    try:
+        for offset, request, identity in schedule:
+            due = start + offset
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            try:
+                status, body = await exchange(reader, writer, request)
+            except (OSError, asyncio.IncompleteReadError) as error:
+                stream.errors[type(error).__name__] = stream.errors.get(type(error).__name__, 0) + 1
+                writer.close()
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                continue
+            done = loop.time()
+            stream.latencies.append(done - due)
+            stream.last_done = max(stream.last_done, done)
+            if status in (200, 201):
+                stream.ok += 1
+                if identity is not None:
+                    stream.acknowledged[json.loads(body)["submission_id"]] = identity
+            else:
+                stream.errors[str(status)] = stream.errors.get(str(status), 0) + 1
+    finally:
+        writer.close()
+
+
+def submission_schedules(keys: list[Keypair], api_hotkey: str, host: str, rate: float, seconds: float,
+                         wall_start: float) -> list[list[tuple[float, bytes, tuple[str, str]]]]:
+    """Per submitter, its requests at ``rate`` in all, each signed now with its send time as nonce."""
+    schedules: list[list[tuple[float, bytes, tuple[str, str]]]] = [[] for _ in keys]
+    for n in range(int(rate * seconds)):
+        index = n % len(keys)
+        key, offset = keys[index], n / rate
+        commit = f"{index + 1:08x}{n:032x}"
+        body = json.dumps({"fork_url": f"https://github.com/miner{index}/flash-linear-attention",
+                           "commit_hash": commit, "target_sequence_length": 1_000_000,
+                           "tokens_per_sec": 50_000.0}, separators=(",", ":")).encode()
+        headers = http_auth.sign(key, method="POST", path="/submit_kernel", body=body, receiver_ss58=api_hotkey,
+                                 nonce_ns=int((wall_start + offset) * 1e9))
+        request = http_request("POST", "/submit_kernel", host, body, {**headers, "Content-Type": "application/json"})
+        schedules[index].append((offset, request, (key.ss58_address, commit)))
+    return schedules
+
+
+def read_schedules(readers: int, host: str, rate: float, seconds: float) -> list[list[tuple[float, bytes, None]]]:
+    """Per reader connection, its GETs of the read mix at ``rate`` in all."""
+    mix = [path for path, share in READ_MIX for _ in range(share)]
+    schedules: list[list[tuple[float, bytes, None]]] = [[] for _ in range(readers)]
+    for n in range(int(rate * seconds)):
+        schedules[n % readers].append((n / rate, http_request("GET", mix[n % len(mix)], host), None))
+    return schedules
+
+
+def seed_leaderboard(url: str, api_hotkey: str, keys: list[Keypair], validator: Keypair) -> None:
+    """One evaluated submission per submitter, so the leaderboard ranks something."""
+    for index, key in enumerate(keys):
+        with ApiClient(url, key, api_hotkey=api_hotkey) as miner:
+            miner.submit_kernel(f"https://github.com/miner{index}/flash-linear-attention", f"{index + 1:040x}",
+                                1_000_000, 60_000.0 + index)
+    with ApiClient(url, validator, api_hotkey=api_hotkey) as client:
+        for item in client.fetch_work(limit=len(keys)).items:
+            client.report(item.submission_id, "passed", True, True, 55_000.0 + item.submission_id)
+
+
+def process_tree_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its children (the API's worker processes)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = [pid]
+    try:
+        pids += [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        pass
+    for each in pids:
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def run_once(backend: str, workers: int, args: argparse.Namespace, console: Console) -> Figures:
     with tempfile.TemporaryDirectory(prefix="quasar-load-") as folder:
         workdir = Path(folder)
         postgres = TemporaryPostgres(durable=True).start() if backend == "postgresql" else None
         try:
             database_url = postgres.create_database("quasar_load") if postgres else f"sqlite:///{workdir}/api.sqlite3"
             chain = DevChain(workdir / "devchain.sqlite3", netuid=24, block_time_s=12.0)
-            keys = [Keypair.create_from_seed(secrets.token_bytes(32)) for _ in range(submitters)]
+            keys = [Keypair.create_from_seed(secrets.token_bytes(32)) for _ in range(args.submitters)]
             for key in keys:
                 chain.register(key.ss58_address, key.ss58_address)
+            validator = Keypair.create_from_seed(secrets.token_bytes(32))
+            chain.register(validator.ss58_address, validator.ss58_address, stake=1e4, validator_permit=True)
             api_hotkey = Keypair.create_from_seed(secrets.token_bytes(32)).ss58_address
             try:
-                process, url = start_api_process(workdir, database_url, chain.path, api_hotkey)
+                process, url = start_api_process(workdir, database_url, chain.path, api_hotkey, workers=workers)
             except RuntimeError as error:
                 raise SystemExit(str(error)) from None
             try:
-                with Progress(TextColumn(f"[bold]{backend}"), BarColumn(), MofNCompleteColumn(),
-                              TimeElapsedColumn(), console=console) as progress:
-                    started = time.perf_counter()
-                    latencies, acknowledged, errors = asyncio.run(
-                        run_submitters(url, api_hotkey, keys, requests_each, progress))
-                    seconds = time.perf_counter() - started
+                seed_leaderboard(url, api_hotkey, keys, validator)
+                host = url.removeprefix("http://")
+                port = int(host.rsplit(":", 1)[1])
+                wall_start = time.time() + START_MARGIN_S + args.rate * args.seconds * 60e-6
+                submissions = submission_schedules(keys, api_hotkey, host, args.rate, args.seconds, wall_start)
+                reads = read_schedules(args.readers, host, args.read_rate, args.seconds)
+                load_average = os.getloadavg()[0]
+                submitted, read = Stream(), Stream()
+
+                async def traffic() -> float:
+                    loop = asyncio.get_running_loop()
+                    start = loop.time() + (wall_start - time.time())
+                    tasks = [connection(port, s, submitted, start) for s in submissions]
+                    tasks += [connection(port, s, read, start) for s in reads]
+                    await asyncio.gather(*tasks)
+                    return start
+
+                cpu_before = process_tree_cpu_s(process.pid)
+                client_before = resource.getrusage(resource.RUSAGE_SELF)
+                started = time.perf_counter()
+                console.print(f"[bold]{backend}[/], {workers} worker(s): {args.seconds:g} s of {args.rate:g} "
+                              f"submissions/s and {args.read_rate:g} reads/s (load average {load_average:.2f})")
+                start = asyncio.run(traffic())
+                elapsed = time.perf_counter() - started
+                client_after = resource.getrusage(resource.RUSAGE_SELF)
+                server_cpu = process_tree_cpu_s(process.pid) - cpu_before
             finally:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=60)
@@ -133,35 +278,68 @@ def run_backend(backend: str, submitters: int, requests_each: int, console: Cons
         finally:
             if postgres:
                 postgres.stop()
-    lost = sum(1 for sid, entry in acknowledged.items() if stored.get(sid) != entry)
-    ordered = sorted(latencies)
-    return Figures(backend=backend, submitters=submitters, requests=len(latencies), acknowledged=len(acknowledged),
-                   errors=errors, seconds=seconds, requests_per_sec=len(acknowledged) / seconds,
-                   p50_ms=1000 * statistics.median(ordered), p99_ms=1000 * percentile(ordered, 0.99),
-                   max_ms=1000 * ordered[-1], lost=lost)
+    lost = sum(1 for sid, entry in submitted.acknowledged.items() if stored.get(sid) != entry)
+    window = max(submitted.last_done, read.last_done) - start
+    client_cpu = (client_after.ru_utime + client_after.ru_stime) - (client_before.ru_utime + client_before.ru_stime)
+    ordered, read_ordered = sorted(submitted.latencies), sorted(read.latencies)
+    requests = len(ordered) + len(read_ordered)
+    return Figures(
+        backend=backend, workers=workers, seconds=window, offered_rate=args.rate,
+        submissions_per_sec=len(submitted.acknowledged) / window, p50_ms=1000 * statistics.median(ordered),
+        p99_ms=1000 * percentile(ordered, 0.99), max_ms=1000 * ordered[-1], errors=submitted.errors, lost=lost,
+        offered_read_rate=args.read_rate, reads_per_sec=read.ok / window,
+        read_p50_ms=1000 * statistics.median(read_ordered) if read_ordered else float("nan"),
+        read_p99_ms=1000 * percentile(read_ordered, 0.99), read_errors=read.errors,
+        server_cpu_ms_per_request=1000 * server_cpu / max(1, requests), client_cpu_share=client_cpu / elapsed,
+        load_average=load_average)
+
+
+def meets_targets(r: Figures) -> bool:
+    rate, p99 = TARGETS[r.backend]
+    return (r.submissions_per_sec >= rate and r.p99_ms < p99 and r.lost == 0 and not r.errors
+            and (r.offered_read_rate == 0 or (r.reads_per_sec >= READ_TARGET[0] and r.read_p99_ms < READ_TARGET[1]
+                                              and not r.read_errors)))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="both")
-    parser.add_argument("--submitters", type=int, default=32, help="concurrent signed submitters (hotkeys)")
-    parser.add_argument("--requests", type=int, default=40, help="submissions per submitter")
+    parser.add_argument("--workers", type=int, nargs="+", default=[2], help="API worker processes (one run each)")
+    parser.add_argument("--submitters", type=int, default=32, help="signed submitters (hotkeys), one connection each")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="submissions a second in all (default: 1.1 x the backend's target of 300 SQLite, "
+                             "200 PostgreSQL)")
+    parser.add_argument("--readers", type=int, default=32, help="connections for the reads")
+    parser.add_argument("--read-rate", type=float, default=OFFER_ABOVE_TARGET * READ_TARGET[0],
+                        help="reads a second in all (0: none; default 1.1 x the target of 1,000)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of the timed window")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each backend and number of workers")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    if not (1 <= args.submitters <= 256 and 1 <= args.requests <= 10_000):
-        parser.error("--submitters must be 1..256 (subnet size) and --requests 1..10000")
+    if not (1 <= args.submitters <= 256 and 1 <= args.readers <= 256 and 0 < args.seconds <= 60):
+        parser.error("--submitters and --readers must be 1..256, --seconds 0..60")
     console = Console()
     backends = ("sqlite", "postgresql") if args.backend == "both" else (args.backend,)
-    results = [run_backend(backend, args.submitters, args.requests, console) for backend in backends]
+    results = []
+    for backend in backends:
+        run_args = argparse.Namespace(**{**vars(args), "rate": args.rate or OFFER_ABOVE_TARGET * TARGETS[backend][0]})
+        for workers in args.workers:
+            for _ in range(args.repeat):
+                results.append(run_once(backend, workers, run_args, console))
 
-    table = Table(title=f"submission API under load: {args.submitters} signed submitters x {args.requests} "
-                        f"POST /submit_kernel, server and clients on one machine")
-    for column in ("backend", "requests", "acknowledged", "req/s", "p50 ms", "p99 ms", "max ms", "errors", "lost"):
-        table.add_column(column, justify="left" if column in ("backend", "errors") else "right")
+    table = Table(title=f"submission API under load: {args.submitters} signed submitters and {args.readers} "
+                        f"readers at fixed rates for {args.seconds:g} s, server and clients on one machine")
+    for column in ("backend", "workers", "submit/s", "p50 ms", "p99 ms", "max ms", "errors", "lost", "reads/s",
+                   "read p50", "read p99", "read errors", "server CPU ms/req", "load", "targets"):
+        table.add_column(column, justify="left" if column in ("backend", "errors", "read errors") else "right")
     for r in results:
-        table.add_row(r.backend, str(r.requests), str(r.acknowledged), f"{r.requests_per_sec:,.0f}",
-                      f"{r.p50_ms:.1f}", f"{r.p99_ms:.1f}", f"{r.max_ms:.1f}",
-                      ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())) or "none", str(r.lost))
+        table.add_row(r.backend, str(r.workers), f"{r.submissions_per_sec:,.0f}", f"{r.p50_ms:.1f}",
+                      f"{r.p99_ms:.1f}", f"{r.max_ms:.1f}",
+                      ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())) or "none", str(r.lost),
+                      f"{r.reads_per_sec:,.0f}", f"{r.read_p50_ms:.1f}", f"{r.read_p99_ms:.1f}",
+                      ", ".join(f"{k}: {v}" for k, v in sorted(r.read_errors.items())) or "none",
+                      f"{r.server_cpu_ms_per_request:.2f}", f"{r.load_average:.2f}",
+                      "met" if meets_targets(r) else "missed")
     console.print(table)
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))

@@ -126,6 +126,22 @@ def test_whole_protocol_submit_commit_reveal_evaluate_rank_and_roll_over(start_a
     assert [item.submission_id for item in v1.fetch_work().items] == [late.submission_id]
 
 
+def test_leaderboard_and_round_are_cached_per_chain_block(start_api):
+    api = start_api()
+    a, v1 = api.client("a"), api.client("v1")
+    submitted = a.submit_kernel(FORK, COMMIT, 1_000_000, 100_000.0)
+    before = a.current_round()
+    assert a.leaderboard().entries == [] and a.leaderboard(before.round_id).entries == []
+    v1.fetch_work()
+    v1.report(submitted.submission_id, "passed", correct=True, logits_ok=True, measured_tokens_per_sec=90_000.0)
+    assert a.leaderboard().entries == []  # the same block: the body computed before the report
+    assert a.current_round() == before
+    api.chain.advance(1)
+    assert [e.submission_id for e in a.leaderboard().entries] == [submitted.submission_id]
+    assert [e.submission_id for e in a.leaderboard(before.round_id).entries] == [submitted.submission_id]
+    assert a.current_round().current_block == before.current_block + 1
+
+
 # --- identity and abuse ---
 
 

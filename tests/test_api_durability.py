@@ -1,8 +1,10 @@
-"""Durability: ``python -m quasar.api serve`` killed with SIGKILL in the middle of signed traffic keeps
-every submission it acknowledged, on SQLite and on PostgreSQL, and carries on after a restart."""
+"""Durability: ``python -m quasar.api serve`` (one process, and three workers) killed with SIGKILL, all
+its processes at once, in the middle of signed traffic keeps every submission it acknowledged, on
+SQLite and on PostgreSQL, and carries on after a restart."""
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -19,9 +21,11 @@ MINERS = ("a", "b", "c")
 
 
 @pytest.mark.slow
-def test_sigkill_mid_traffic_loses_no_acknowledged_submission(tmp_path, chain, wallets, database_url):
+@pytest.mark.parametrize("workers", [1, 3])
+def test_sigkill_mid_traffic_loses_no_acknowledged_submission(tmp_path, chain, wallets, database_url, workers):
     api_hotkey = wallets["api"].hotkey.ss58_address
-    process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, submissions_per_hour=100_000)
+    process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, submissions_per_hour=100_000,
+                                     workers=workers)
     acknowledged: dict[int, tuple[str, str]] = {}
     lock = threading.Lock()
     stop = threading.Event()
@@ -47,14 +51,15 @@ def test_sigkill_mid_traffic_loses_no_acknowledged_submission(tmp_path, chain, w
     deadline = time.monotonic() + 30
     while len(acknowledged) < 60 and time.monotonic() < deadline:
         time.sleep(0.01)
-    process.send_signal(signal.SIGKILL)  # mid-traffic: requests are in flight right now
+    os.killpg(process.pid, signal.SIGKILL)  # mid-traffic, every process: requests are in flight right now
     process.wait(timeout=30)
     stop.set()
     for thread in threads:
         thread.join(timeout=30)
     assert len(acknowledged) >= 60
 
-    process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, submissions_per_hour=100_000)
+    process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, submissions_per_hour=100_000,
+                                     workers=workers)
     try:
         database = Database(database_url)
         with database.read() as session:

@@ -7,18 +7,18 @@ import hashlib
 import ipaddress
 import random
 import statistics
-import threading
-import time
 
 import pytest
 from bittensor.sp_core import Keypair
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 
 from api_fixtures import api_config, make_wallet
 from quasar.api import rules, schemas
 from quasar.api.chaincache import CachedMetagraphChain
-from quasar.api.db import Database, FifoLock
+from quasar.api.db import Database, UsedNonce, _Write
 from quasar.api.service import MAX_FETCHES_PER_VALIDATOR, ApiError, SubmissionService
 from quasar.chain.devchain import DevChain
 
@@ -195,34 +195,51 @@ def test_work_queue_matches_model(tmp_path, seed):
     database.dispose()
 
 
-def test_cached_metagraph_refreshes_after_max_age(tmp_path):
-    inner = DevChain(tmp_path / "chain.sqlite3", block_time_s=1e6)
+def test_cached_chain_refuses_a_deregistered_hotkey_once_it_sees_the_next_block(tmp_path):
+    inner = DevChain(tmp_path / "chain.sqlite3", block_time_s=1e6)  # blocks move only through advance()
     clock = Clock()
-    cached = CachedMetagraphChain(inner, max_age_s=12.0, clock=clock)
+    cached = CachedMetagraphChain(inner, block_poll_s=1.0, clock=clock)
     hotkey = Keypair.create_from_mnemonic(Keypair.generate_mnemonic()).ss58_address
-    assert not cached.is_registered(hotkey)
     inner.register(hotkey, hotkey, validator_permit=True)
-    inner.advance(5)
-    assert not cached.is_registered(hotkey)  # the snapshot is still fresh
-    assert cached.current_block() == inner.current_block() == 5  # blocks are always live
-    clock.now += 12.0
+    start = inner.current_block()
     assert cached.is_registered(hotkey) and cached.has_validator_permit(hotkey)
+    inner.deregister(hotkey)
+    assert not inner.is_registered(hotkey)  # the dev chain itself sees its own file at once
+    assert cached.is_registered(hotkey)  # the snapshot holds for the rest of its block
+    inner.advance(1)
+    clock.now += 0.5
+    assert cached.current_block() == start and cached.is_registered(hotkey)  # block start + 1 not read yet
+    clock.now += 0.5  # block_poll_s after the last read: the next block is seen, and the metagraph read again
+    assert cached.current_block() == start + 1
+    assert not cached.is_registered(hotkey) and not cached.has_validator_permit(hotkey)
+    inner.register(hotkey, hotkey)
+    inner.advance(1)
+    clock.now += 1.0
+    assert cached.is_registered(hotkey) and not cached.has_validator_permit(hotkey)
+    with pytest.raises(ValueError, match="shorter than a block"):
+        CachedMetagraphChain(DevChain(tmp_path / "fast.sqlite3", block_time_s=0.5), block_poll_s=1.0)
 
 
-def test_fifo_lock_serves_waiters_in_order():
-    lock = FifoLock()
-    order, threads = [], []
-    lock.__enter__()
-    for n in range(8):
-        thread = threading.Thread(target=lambda n=n: (lock.__enter__(), order.append(n), lock.__exit__()))
-        thread.start()
-        threads.append(thread)
-        while len(lock._waiting) < n + 1:  # each waiter queued before the next one starts
-            time.sleep(0.001)
-    lock.__exit__()
-    for thread in threads:
-        thread.join(timeout=10)
-    assert order == list(range(8))
-    with lock:
-        assert lock._held
-    assert not lock._held
+def test_a_group_commit_undoes_a_failed_write_alone(tmp_path):
+    database = Database(f"sqlite:///{tmp_path}/api.sqlite3")
+    database.upgrade()
+
+    def add(nonce: int, then: Exception | None = None):
+        def work(session):
+            session.add(UsedNonce(hotkey="h", nonce=nonce))
+            session.flush()
+            if then is not None:
+                raise then
+            return nonce
+        return work
+
+    # 2 repeats 1 (its flush fails: the ORM needs the transaction rolled back, so the group runs
+    # again without it); 4 raises after its insert (rolled back to its savepoint).
+    group = [_Write(work) for work in (add(1), add(1), add(3), add(4, ValueError("refused")), add(5))]
+    database._group_commit._commit(group)
+    assert all(write.done.is_set() for write in group)
+    assert [write.result for write in group] == [1, None, 3, None, 5]
+    assert type(group[1].error) is IntegrityError and str(group[3].error) == "refused"
+    with database.read() as session:
+        assert sorted(session.scalars(select(UsedNonce.nonce))) == [1, 3, 5]
+    database.dispose()

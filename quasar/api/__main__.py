@@ -1,11 +1,13 @@
 """``python -m quasar.api``: serve the submission API, or bring its database schema up to date.
 
-    python -m quasar.api serve [--host H] [--port P] [--database-url URL] [settings flags...]
+    python -m quasar.api serve [--host H] [--port P] [--workers N] [--database-url URL] [settings flags...]
     python -m quasar.api migrate [--database-url URL]
     python -m quasar.api revision -m "what changed" [--database-url URL]   (developers: new migration)
 
 Settings come from .env, the environment and flags (``python -m quasar.config`` lists them); the
-API needs ``API_HOTKEY``, the ss58 address its clients sign for.
+API needs ``API_HOTKEY``, the ss58 address its clients sign for. With ``--workers N`` (``API_WORKERS``)
+N processes serve the port (:mod:`quasar.api.workers`), each with its own app built from the same
+arguments; they share nothing but the database (nonces, bans, rate limits) and the chain.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import sys
 
 import uvicorn
 from bittensor.sp_core import decode_ss58
+from fastapi import FastAPI
 from sqlalchemy.exc import SQLAlchemyError
 
 from quasar import config
@@ -23,14 +26,20 @@ from quasar.api.app import create_app
 from quasar.api.chaincache import CachedMetagraphChain
 from quasar.api.db import Database, display_url
 from quasar.api.service import ApiConfig
+from quasar.api.workers import run_workers
 from quasar.chain import ChainError
 from quasar.chain.factory import connect
 from quasar.log import setup_logging
 
 logger = logging.getLogger("quasar.api")
 
-# Requests handled at once before uvicorn answers 503: load beyond this queues in clients, not here.
+# Requests handled at once (per worker) before uvicorn answers 503: load beyond this queues in
+# clients, not here.
 MAX_CONCURRENT_REQUESTS = 1000
+# A thread that holds the database's write lock and waits for the GIL (after each statement) waits
+# up to this long for the event loop's thread to let go of it: Python's default 5 ms made every
+# write transaction take tens of milliseconds under load, and every other writer wait for it.
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_arguments(serve)
     serve.add_argument("--host", dest="api_host", default=None, help="same as --api.host")
     serve.add_argument("--port", dest="api_port", default=None, help="same as --api.port")
+    serve.add_argument("--workers", dest="api_workers", default=None, help="same as --api.workers")
     migrate = commands.add_parser("migrate", help="create or upgrade the database schema, then exit")
     config.add_arguments(migrate)
     revision = commands.add_parser("revision", help="(developers) write a new migration from the models' changes")
@@ -48,7 +58,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_app(settings: config.Settings, database: Database) -> FastAPI:
+    """The API on ``database`` and the chain ``settings`` name (its metagraph cached per block)."""
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    chain = connect(settings)
+    if settings.network != config.DEV_NETWORK:
+        chain = CachedMetagraphChain(chain)
+    return create_app(ApiConfig.from_settings(settings), chain, database)
+
+
+def worker_app(argv: list[str]) -> FastAPI:
+    """The app of one worker process of ``serve --workers N``, from the same arguments."""
+    _, settings = config.parse_args(build_parser(), argv)
+    setup_logging(settings.debug, settings.secrets())
+    return build_app(settings, Database(settings.database_url))
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, settings.secrets())
@@ -68,21 +95,29 @@ def main(argv: list[str] | None = None) -> int:
             decode_ss58(settings.api_hotkey)
         except ValueError:
             parser.error(f"API_HOTKEY {settings.api_hotkey!r} is not an ss58 address")
-        chain = connect(settings)
-        if settings.network != config.DEV_NETWORK:
-            chain = CachedMetagraphChain(chain, max_age_s=chain.block_time_s)
-        app = create_app(ApiConfig.from_settings(settings), chain, database)
+        # Built here also with several workers: a bad chain or database stops the server before
+        # any worker starts, and the schema is migrated once, not by every worker at once.
+        app = build_app(settings, database)
     except ChainError as error:
         print(f"error: chain: {error}", file=sys.stderr)
         return 1
     except (SQLAlchemyError, OSError, ValueError) as error:
         print(f"error: database {where}: {error}", file=sys.stderr)
         return 1
-    logger.info("submission API on %s:%d, database %s, netuid %d (%s), hotkey %s", settings.api_host,
-                settings.api_port, where, chain.netuid, settings.network, settings.api_hotkey)
+    logger.info("submission API on %s:%d with %d worker(s), database %s, netuid %d (%s), hotkey %s",
+                settings.api_host, settings.api_port, settings.api_workers, where, settings.netuid,
+                settings.network, settings.api_hotkey)
     # proxy_headers=False: the client IP comes from TRUSTED_PROXIES only, never from uvicorn's defaults.
-    uvicorn.run(app, host=settings.api_host, port=settings.api_port, proxy_headers=False, server_header=False,
-                log_config=None, limit_concurrency=MAX_CONCURRENT_REQUESTS, timeout_graceful_shutdown=10)
+    # A line per request only with --logging.debug: the API logs every state change itself, and at
+    # hundreds of requests a second the access log costs a tenth of the CPU.
+    options = dict(host=settings.api_host, port=settings.api_port, proxy_headers=False, server_header=False,
+                   log_config=None, access_log=settings.debug, limit_concurrency=MAX_CONCURRENT_REQUESTS,
+                   timeout_graceful_shutdown=10)
+    if settings.api_workers == 1:
+        uvicorn.run(app, **options)
+    else:
+        database.dispose()
+        run_workers(settings.api_workers, "quasar.api.__main__:worker_app", (argv,), options)
     return 0
 
 

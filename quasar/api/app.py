@@ -2,9 +2,9 @@
 
 State-changing requests carry ``btauth/1`` headers (``bittensor.http_auth``) signed by the caller's
 hotkey for this API's hotkey (``GET /health`` names it), over the exact method, path with query,
-body bytes and a fresh nonce; the nonce store is a database table, so a replay is refused in every
-API process and after restarts. Miners must be registered on the subnet, validators must hold a
-validator permit; both come from the chain.
+body bytes and a fresh nonce; the nonce store is a database table, written in the request's own
+transaction, so a replay is refused in every API process and after restarts. Miners must be
+registered on the subnet, validators must hold a validator permit; both come from the chain.
 
 Status codes: 400 bad request or commitment mismatch, 401 authentication, 403 not allowed or IP
 banned, 404 unknown, 409 conflicts (too early, already done), 413 body too large, 422 invalid
@@ -16,12 +16,11 @@ import logging
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -29,16 +28,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from quasar import auth
 from quasar.api import rules, schemas
 from quasar.api.dashboard import dashboard_router
-from quasar.api.db import Database, DatabaseBusy, DatabaseNonceStore
-from quasar.api.service import ApiConfig, ApiError, SubmissionService
+from quasar.api.db import Database, DatabaseBusy
+from quasar.api.readcache import BlockCache
+from quasar.api.service import NONCE_RETENTION_S, ApiConfig, ApiError, Authenticated, SubmissionService
 from quasar.api.status import StatusReader
 from quasar.chain import Chain, ChainError
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
-# Nonces are kept a little longer than the freshness window that verify() enforces.
-NONCE_RETENTION_S = 2 * (auth.MAX_REQUEST_AGE_S + auth.ALLOWED_CLOCK_SKEW_S)
 MAX_PAGE = 100
 
 ERRORS = {status: {"model": schemas.ErrorBody} for status in (400, 401, 403, 404, 409, 413, 422, 429, 503)}
@@ -77,12 +75,19 @@ class BodySizeLimit:
         await self.app(scope, limited_receive, send)
 
 
-@dataclass(frozen=True)
-class Caller:
-    """An authenticated caller and the client IP its request came from."""
+class NoteNonce:
+    """The nonce store ``http_auth.verify`` is given: it only takes note of the nonce, which the
+    service records in the request's own transaction (:class:`Authenticated`), so a request costs
+    one transaction, not two."""
 
-    hotkey: str
-    client_ip: str
+    retention = NONCE_RETENTION_S  # verify() checks that the store outlives its freshness window
+
+    def __init__(self):
+        self.nonce_ns: int | None = None
+
+    def check_and_store(self, _hotkey_ss58: str, nonce_ns: int) -> bool:
+        self.nonce_ns = nonce_ns
+        return True
 
 
 def create_app(config: ApiConfig, chain: Chain, database: Database | str,
@@ -95,7 +100,8 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
         database = Database(database)
     database.upgrade()
     service = SubmissionService(config, chain, database, clock)
-    nonce_store = DatabaseNonceStore(database, NONCE_RETENTION_S, clock)
+    registered, permitted = auth.require_registered(chain), auth.require_validator_permit(chain)
+    reads = BlockCache(service.current_block)
     trusted = rules.parse_networks(config.trusted_proxies)
 
     @asynccontextmanager
@@ -121,24 +127,28 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
     async def raw_body(request: Request) -> bytes:
         return await request.body()
 
-    def authenticate(request: Request, body: bytes, authorize: auth.Authorizer) -> str:
+    def authenticate(request: Request, body: bytes, ip: str, miner: bool) -> Authenticated:
+        """The signature is verified here; the chain, the nonce and bans are checked by the service,
+        the nonce and bans in the transaction of what the request asks for."""
         raw_path = request.scope.get("raw_path") or request.url.path.encode()
         query = request.scope.get("query_string", b"").decode("latin-1")
         target = auth.request_target(raw_path.decode("latin-1"), query)
-        return auth.authenticate(request.headers, body, method=request.method, target=target,
-                                 self_hotkey=config.api_hotkey, nonce_store=nonce_store, authorize=authorize)
+        noted = NoteNonce()
+        hotkey = auth.authenticate(request.headers, body, method=request.method, target=target,
+                                   self_hotkey=config.api_hotkey, nonce_store=noted)
+        return Authenticated(hotkey, noted.nonce_ns, ip, miner, registered if miner else permitted)
 
-    def miner(request: Request, body: Annotated[bytes, Depends(raw_body)],
-              ip: Annotated[str, Depends(client_ip)]) -> Caller:
-        service.check_not_banned(ip)
-        return Caller(authenticate(request, body, auth.require_registered(chain)), ip)
+    # async: CPU only (the signature), so it runs on the event loop; the handler's thread does the rest.
+    async def miner(request: Request, body: Annotated[bytes, Depends(raw_body)],
+                    ip: Annotated[str, Depends(client_ip)]) -> Authenticated:
+        return authenticate(request, body, ip, miner=True)
 
-    def validator(request: Request, body: Annotated[bytes, Depends(raw_body)],
-                  ip: Annotated[str, Depends(client_ip)]) -> Caller:
-        return Caller(authenticate(request, body, auth.require_validator_permit(chain)), ip)
+    async def validator(request: Request, body: Annotated[bytes, Depends(raw_body)],
+                        ip: Annotated[str, Depends(client_ip)]) -> Authenticated:
+        return authenticate(request, body, ip, miner=False)
 
-    MinerCaller = Annotated[Caller, Depends(miner)]
-    ValidatorCaller = Annotated[Caller, Depends(validator)]
+    MinerCaller = Annotated[Authenticated, Depends(miner)]
+    ValidatorCaller = Annotated[Authenticated, Depends(validator)]
     HotkeyFilter = Annotated[str | None, Query(pattern=schemas.HOTKEY_PATTERN, description="only this hotkey")]
     Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
 
@@ -152,10 +162,12 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
                               blocks_until_reveal=config.blocks_until_reveal,
                               reveal_window_blocks=config.reveal_window_blocks, round_blocks=config.round_blocks)
 
+    # The leaderboard and the current round are cached per chain block (quasar.api.readcache).
+
     @app.get("/get_current_round", response_model=schemas.RoundInfo, responses=ERRORS, tags=["public"])
-    def get_current_round() -> schemas.RoundInfo:
+    async def get_current_round(request: Request) -> Response:
         """The current round: a fixed number of chain blocks (ROUND_BLOCKS)."""
-        return service.current_round()
+        return await reads.response(request, service.current_round)
 
     @app.get("/pending_reveals", response_model=schemas.PendingReveals, responses=ERRORS, tags=["public"])
     def pending_reveals(hotkey: HotkeyFilter = None, limit: Limit = MAX_PAGE) -> schemas.PendingReveals:
@@ -168,9 +180,11 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
         return service.stats(hotkey)
 
     @app.get("/leaderboard", response_model=schemas.Leaderboard, responses=ERRORS, tags=["public"])
-    def leaderboard(round_id: Annotated[int | None, Query(ge=0, le=2**40)] = None) -> schemas.Leaderboard:
-        """A round ranked from validators' measured results (QUASAR.md §5); default the current round."""
-        return service.leaderboard(round_id)
+    async def leaderboard(request: Request,
+                          round_id: Annotated[int | None, Query(ge=0, le=2**40)] = None) -> Response:
+        """A round ranked from validators' measured results (QUASAR.md §5); default the current round.
+        Reports count from the chain block after they arrive."""
+        return await reads.response(request, lambda: service.leaderboard(round_id))
 
     # --- submission status (public; an unrevealed commitment shows only its hash: quasar/api/status.py) ---
 
@@ -202,31 +216,31 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
               tags=["miners"])
     def submit_kernel(payload: schemas.SubmitKernelRequest, caller: MinerCaller) -> schemas.SubmissionAccepted:
         """Direct submission, evaluable at once."""
-        return service.submit_direct(caller.hotkey, caller.client_ip, payload)
+        return service.submit_direct(caller.hotkey, caller.client_ip, payload, caller)
 
     @app.post("/commit_submission", response_model=schemas.CommitAccepted, status_code=201, responses=ERRORS,
               tags=["miners"])
     def commit_submission(payload: schemas.CommitRequest, caller: MinerCaller) -> schemas.CommitAccepted:
         """Commit ``sha256(salt + fork_url + commit_hash)``; its time is the submission's time."""
-        return service.commit(caller.hotkey, caller.client_ip, payload)
+        return service.commit(caller.hotkey, caller.client_ip, payload, caller)
 
     @app.post("/reveal_submission", response_model=schemas.SubmissionAccepted, responses=ERRORS, tags=["miners"])
     def reveal_submission(payload: schemas.RevealRequest, caller: MinerCaller) -> schemas.SubmissionAccepted:
         """Reveal a commitment after BLOCKS_UNTIL_REVEAL blocks, inside the reveal window."""
-        return service.reveal(caller.hotkey, caller.client_ip, payload)
+        return service.reveal(caller.hotkey, caller.client_ip, payload, caller)
 
     # --- validators (signed, validator permit) ---
 
     @app.get("/validator/pending", response_model=schemas.WorkBatch, responses=ERRORS, tags=["validators"])
     def validator_pending(caller: ValidatorCaller, limit: Limit = 10) -> schemas.WorkBatch:
         """Submissions this validator has not reported on, leased to it for EVALUATION_LEASE_S."""
-        return service.fetch_work(caller.hotkey, limit)
+        return service.fetch_work(caller.hotkey, limit, caller)
 
     @app.post("/validator/report", response_model=schemas.ReportAccepted, status_code=201, responses=ERRORS,
               tags=["validators"])
     def validator_report(payload: schemas.ReportRequest, caller: ValidatorCaller) -> schemas.ReportAccepted:
         """One validator's result for a submission it fetched (once per submission)."""
-        return service.report(caller.hotkey, payload)
+        return service.report(caller.hotkey, payload, caller)
 
     # --- errors ---
 
@@ -264,4 +278,5 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
         return JSONResponse({"detail": "internal error"}, status_code=500)
 
     app.add_middleware(BodySizeLimit, limit=MAX_BODY_BYTES)
+    app.add_middleware(reads.middleware)  # outermost: a cached read skips everything else
     return app

@@ -1,6 +1,12 @@
-"""A chain whose metagraph is read at most once per ``max_age_s``: the API checks registration and
-permits on every signed request, and a full metagraph read from a subtensor node per request would
-be slow and load the node. Blocks are always read live (commit-reveal and rounds count them)."""
+"""A chain read at most once per block, for the API: it checks registration and permits on every
+signed request, and a metagraph read from a subtensor node per request would be slow and load the node.
+
+Caching rule: the current block is read again at most every ``block_poll_s`` seconds (default 1 s,
+a twelfth of a Bittensor block), and the metagraph (registrations, permits) whenever that block is
+newer than the snapshot's. So a hotkey deregistered (or a permit revoked) in block N is refused
+from the first request after the API has seen block N: at most ``block_poll_s`` plus one metagraph
+read after block N, never a block or more later.
+"""
 
 from __future__ import annotations
 
@@ -10,29 +16,40 @@ from collections.abc import Callable, Mapping
 
 from quasar.chain import Chain, Metagraph
 
+DEFAULT_BLOCK_POLL_S = 1.0
+
 
 class CachedMetagraphChain(Chain):
-    """``inner`` with its metagraph snapshot reused for ``max_age_s`` seconds (registration and
-    permit changes show up that much later)."""
+    """``inner`` with its current block cached for ``block_poll_s`` seconds and its metagraph for
+    one block (see the module's docstring for why that never accepts a deregistered hotkey for a block)."""
 
-    def __init__(self, inner: Chain, max_age_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, inner: Chain, block_poll_s: float = DEFAULT_BLOCK_POLL_S,
+                 clock: Callable[[], float] = time.monotonic):
+        if not 0 < block_poll_s < inner.block_time_s:
+            raise ValueError(f"block_poll_s must be positive and shorter than a block ({inner.block_time_s} s)")
         self.inner = inner
         self.netuid = inner.netuid
         self.block_time_s = inner.block_time_s
-        self.max_age_s = max_age_s
+        self.block_poll_s = block_poll_s
         self.clock = clock
-        self._lock = threading.Lock()
-        self._snapshot: tuple[float, Metagraph] | None = None
-
-    def metagraph(self) -> Metagraph:
-        with self._lock:  # one refresh at a time; the others wait for it rather than all reading the chain
-            now = self.clock()
-            if self._snapshot is None or now - self._snapshot[0] >= self.max_age_s:
-                self._snapshot = (now, self.inner.metagraph())
-            return self._snapshot[1]
+        self._block_lock = threading.Lock()
+        self._metagraph_lock = threading.Lock()
+        self._block: tuple[float, int] | None = None
+        self._snapshot: tuple[int, Metagraph] | None = None
 
     def current_block(self) -> int:
-        return self.inner.current_block()
+        with self._block_lock:  # one read at a time; the others wait for it rather than all asking the node
+            now = self.clock()
+            if self._block is None or now - self._block[0] >= self.block_poll_s:
+                self._block = (now, self.inner.current_block())
+            return self._block[1]
+
+    def metagraph(self) -> Metagraph:
+        block = self.current_block()
+        with self._metagraph_lock:
+            if self._snapshot is None or self._snapshot[0] < block:
+                self._snapshot = (block, self.inner.metagraph())
+            return self._snapshot[1]
 
     def owner_uid(self) -> int:
         return self.inner.owner_uid()

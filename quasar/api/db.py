@@ -1,14 +1,18 @@
 """The submission API's database: tables, engines, and transactions that are safe under concurrent writers.
 
 SQLite (the default; a file that is never deleted or reset) runs in WAL mode with ``synchronous=FULL``
-(an acknowledged write survives a crash of the process or the machine; only used nonces, which
-matter for seconds, are committed without waiting for the disk) and takes the write lock at
-the start of every write transaction (``BEGIN IMMEDIATE``); writers of one process queue on a lock
-in order, writers of other processes on the busy timeout. PostgreSQL writes run READ COMMITTED and
-take transaction-scoped advisory locks on what a rule reads before it writes (a hotkey for its rate
-limit, a validator for its leases, an IP for its failures; rows are locked with FOR UPDATE), so
-writers that touch different keys never wait for each other. A write transaction is a function
-of a session, run by :meth:`Database.write`, and may run again after a deadlock.
+(an acknowledged write survives a crash of the process or the machine) and takes the write lock at
+the start of every write transaction (``BEGIN IMMEDIATE``). SQLite has one writer at a time, so each
+process commits in groups (:class:`GroupCommit`): one thread runs the writes waiting at that moment
+in one transaction, each in a savepoint of its own (a write that fails is undone alone), commits
+once (one fsync for all) and only then answers them. The processes of one server (``--workers``)
+take turns through an exclusive ``flock`` on a file beside the database, which wakes the next one
+as soon as it is released (SQLite's own busy handler polls with sleeps of up to 100 ms). PostgreSQL
+writes run READ COMMITTED and take transaction-scoped advisory locks on what a rule reads before it
+writes (a hotkey for its rate limit, a validator for its leases, an IP for its failures; rows are
+locked with FOR UPDATE), so writers that touch different keys never wait for each other. A write
+transaction is a function of a session, run by :meth:`Database.write`, and may run again after a
+deadlock.
 
 The schema is created and changed only by the Alembic migrations in ``quasar/api/migrations``.
 """
@@ -17,7 +21,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fcntl
 import logging
+import os
 import random
 import threading
 import time
@@ -30,10 +36,12 @@ from alembic.config import Config as AlembicConfig
 from alembic.script import ScriptDirectory
 from sqlalchemy import (
     JSON, BigInteger, Boolean, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint,
-    create_engine, delete, event, insert, text,
+    create_engine, delete, event, text,
 )
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 logger = logging.getLogger(__name__)
@@ -164,31 +172,132 @@ class UsedNonce(Base):
     __table_args__ = (Index("ix_used_nonces_nonce", "nonce"),)
 
 
-class FifoLock:
-    """A lock granted in the order it was asked for (``threading.Lock`` lets a thread that just
-    released it take it again ahead of the waiting ones, which starves some requests)."""
+class FileLock:
+    """An exclusive ``flock`` on ``path``, shared by every process that opens the same file: a waiter
+    sleeps in the kernel and wakes as soon as the holder releases it (or dies: the kernel drops the
+    lock with the process)."""
 
-    def __init__(self):
-        self._guard = threading.Lock()
-        self._waiting: collections.deque[threading.Lock] = collections.deque()
-        self._held = False
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: int | None = None
 
     def __enter__(self) -> None:
-        with self._guard:
-            if not self._held:
-                self._held = True
-                return
-            turn = threading.Lock()
-            turn.acquire()
-            self._waiting.append(turn)
-        turn.acquire()  # released by the holder ahead of us, which hands the lock over
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
 
     def __exit__(self, *exc_info) -> None:
-        with self._guard:
-            if self._waiting:
-                self._waiting.popleft().release()
-            else:
-                self._held = False
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        """Close the file (when not held); the next :meth:`__enter__` opens it again."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class _Write:
+    """A write waiting for its group's commit: the work, then its result or its exception."""
+
+    def __init__(self, work: Callable[[Session], Any]):
+        self.work = work
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+
+
+class GroupCommit:
+    """SQLite writes of one process, committed in groups by one thread (see the module's docstring).
+
+    Under load a group holds every write that arrived while the previous group was committing (up
+    to ``max_group``), so the write lock is taken, and the disk synced, once per group instead of
+    once per write; alone, a write is a group of one.
+    """
+
+    def __init__(self, database: Database, lock: FileLock, max_group: int = 64):
+        self.database = database
+        self.lock = lock
+        self.max_group = max_group
+        self._queue: collections.deque[_Write] = collections.deque()
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def run(self, work: Callable[[Session], T]) -> T:
+        """Run ``work`` in the next group's transaction; return its result once the group committed,
+        or raise its exception (or the commit's)."""
+        write = _Write(work)
+        with self._wake:
+            if self._thread is None:
+                self._stopping = False
+                self._thread = threading.Thread(target=self._commit_groups, name="sqlite-group-commit", daemon=True)
+                self._thread.start()
+            self._queue.append(write)
+            self._wake.notify()
+        write.done.wait()
+        if write.error is not None:
+            raise write.error
+        return write.result
+
+    def stop(self) -> None:
+        """End the committing thread once the queue is empty (a later write starts it again)."""
+        with self._wake:
+            thread, self._stopping = self._thread, True
+            self._wake.notify()
+        if thread is not None:
+            thread.join(timeout=30)
+
+    def _commit_groups(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._stopping:
+                    self._wake.wait()
+                if not self._queue:
+                    self._thread = None
+                    return
+                group = [self._queue.popleft() for _ in range(min(self.max_group, len(self._queue)))]
+            self._commit(group)
+
+    def _commit(self, group: list[_Write]) -> None:
+        pending = group
+        try:
+            while pending:
+                pending = self._attempt(pending)
+        except OperationalError as error:
+            failure: BaseException = DatabaseBusy("the database is busy; retry shortly") \
+                if "locked" in str(error.orig) else error
+            for write in pending:
+                write.error = write.error or failure
+        except BaseException as error:  # the commit failed: nothing of the group was written
+            for write in pending:
+                write.error = write.error or error
+        finally:
+            for write in group:
+                write.done.set()
+
+    def _attempt(self, group: list[_Write]) -> list[_Write]:
+        """Run and commit ``group``; what is left to run again (empty once committed)."""
+        with self.lock, Session(self.database._write_engine, expire_on_commit=False) as session, \
+                session.begin():
+            connection = session.connection()
+            for write in group:
+                write.result, write.error = None, None
+                # Plain SAVEPOINT statements: the ORM's begin_nested() cost more than the writes.
+                connection.exec_driver_sql("SAVEPOINT quasar_write")
+                try:
+                    write.result = write.work(session)
+                    session.flush()
+                except Exception as error:  # undone alone; the caller gets it
+                    write.error = error
+                    if not session.is_active:
+                        # A failed flush leaves the ORM session needing the whole transaction rolled
+                        # back: do that, and run the group again without this write.
+                        session.rollback()
+                        return [other for other in group if other is not write]
+                    connection.exec_driver_sql("ROLLBACK TO SAVEPOINT quasar_write")
+                    session.expunge_all()  # objects it loaded or added may hold what was undone
+                connection.exec_driver_sql("RELEASE SAVEPOINT quasar_write")
+        return []
 
 
 class DatabaseBusy(RuntimeError):
@@ -216,20 +325,22 @@ class Database:
         if self.dialect == "sqlite":
             if not parsed.database or parsed.database == ":memory:":
                 raise ValueError("the API needs an SQLite file (sqlite:///PATH), not an in-memory database")
-            Path(parsed.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            path = Path(parsed.database).expanduser()
+            path.parent.mkdir(parents=True, exist_ok=True)
             self.engine = _sqlite_engine(parsed, synchronous="FULL")
             self._write_engine = self.engine.execution_options(quasar_write=True)
-            self._lazy_engine = _sqlite_engine(parsed, synchronous="NORMAL")
-            self._lazy_write_engine = self._lazy_engine.execution_options(quasar_write=True)
+            # SQLite has one writer at a time anyway: writers wait here, in order, rather than
+            # polling in SQLite's busy handler (whose growing sleeps starve unlucky requests).
+            # One SQLite writer at a time across the server's processes (each commits its group under it).
+            self._sqlite_writer: FileLock | None = FileLock(path.with_name(path.name + "-writer.lock"))
+            self._group_commit: GroupCommit | None = GroupCommit(self, self._sqlite_writer)
         elif self.dialect == "postgresql":
             self.engine = create_engine(parsed, pool_size=20, max_overflow=20, pool_pre_ping=True)
-            self._write_engine = self._lazy_write_engine = self.engine
-            self._lazy_engine = self.engine
+            self._write_engine = self.engine
+            self._sqlite_writer = None
+            self._group_commit = None
         else:
             raise ValueError(f"unsupported database {display_url(url)}: use sqlite:///PATH or postgresql://...")
-        # SQLite has one writer at a time anyway: this process's writers wait here, in order, rather
-        # than polling in SQLite's busy handler (whose growing sleeps starve unlucky requests).
-        self._sqlite_writer = FifoLock() if self.dialect == "sqlite" else contextlib.nullcontext()
         # A read sees one snapshot: SQLite's read transactions do; PostgreSQL needs REPEATABLE READ.
         self._read_engine = self.engine if self.dialect == "sqlite" else \
             self.engine.execution_options(isolation_level="REPEATABLE READ")
@@ -255,30 +366,22 @@ class Database:
         with Session(self._read_engine, expire_on_commit=False) as session, session.begin():
             yield session
 
-    def write(self, work: Callable[[Session], T], durable: bool = True, locks: Sequence[str] = ()) -> T:
-        """Run ``work(session)`` in a write transaction and commit; run again after a deadlock.
+    def write(self, work: Callable[[Session], T], locks: Sequence[str] = ()) -> T:
+        """Run ``work(session)`` in a write transaction and commit (durably); run again after a deadlock.
 
         ``work`` must only touch the database (it may run several times). Exceptions it raises roll
-        the transaction back and propagate. ``locks``: keys locked for the whole transaction before
+        back what it wrote and propagate. ``locks``: keys locked for the whole transaction before
         ``work`` runs (see :meth:`lock`). Raises :class:`DatabaseBusy` when the write cannot be
-        taken in time. ``durable=False`` commits without waiting for the disk: the write survives
-        a crash of the process but may be lost with the machine's power (for data that only
-        matters for seconds, like used nonces; a restart takes longer than that).
+        taken in time. On SQLite ``work`` runs in its process's next group commit (:class:`GroupCommit`).
         """
-        engine = self._write_engine if durable else self._lazy_write_engine
+        if self._group_commit is not None:
+            return self._group_commit.run(work)
         for attempt in range(1, MAX_WRITE_ATTEMPTS + 1):
             try:
-                with self._sqlite_writer, Session(engine, expire_on_commit=False) as session, session.begin():
-                    if not durable and self.dialect == "postgresql":
-                        session.execute(text("SET LOCAL synchronous_commit TO OFF"))
+                with Session(self._write_engine, expire_on_commit=False) as session, session.begin():
                     for key in sorted(set(locks)):  # one order everywhere: no deadlock between them
                         self.lock(session, key)
                     return work(session)
-            except OperationalError as error:
-                if self.dialect == "sqlite" and "locked" in str(error.orig):
-                    raise DatabaseBusy("the database is busy; retry shortly") from None
-                if not _is_retryable(error):
-                    raise
             except DBAPIError as error:
                 if not _is_retryable(error):
                     raise
@@ -295,8 +398,11 @@ class Database:
                             {"space": _ADVISORY_LOCK_SPACE, "key": key})
 
     def dispose(self) -> None:
+        if self._group_commit is not None:
+            self._group_commit.stop()
         self.engine.dispose()
-        self._lazy_engine.dispose()
+        if self._sqlite_writer is not None:
+            self._sqlite_writer.close()
 
 
 def _sqlite_engine(url: URL, synchronous: str) -> Engine:
@@ -324,30 +430,25 @@ def _sqlite_begin(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
-class DatabaseNonceStore:
+class NonceLedger:
     """The ``btauth/1`` replay store in the database, shared by every API process and kept across
-    restarts: an accepted (hotkey, nonce) is a row, so a replayed request fails the insert."""
+    restarts: an accepted (hotkey, nonce) is a row, recorded in the transaction of the request it
+    authenticates, so a replayed request finds it there."""
 
     def __init__(self, database: Database, retention_s: float, clock: Callable[[], float] = time.time):
         self.database = database
-        self.retention = retention_s  # read by bittensor.http_auth.verify to check the window fits
+        self.retention = retention_s
         self.clock = clock
         self._next_prune = 0.0
+        dialect_insert = postgresql_insert if database.dialect == "postgresql" else sqlite_insert
+        self._insert = dialect_insert(UsedNonce.__table__).on_conflict_do_nothing()  # built once: see record()
 
-    def check_and_store(self, hotkey_ss58: str, nonce_ns: int) -> bool:
+    def record(self, session: Session, hotkey_ss58: str, nonce_ns: int) -> bool:
+        """Record (hotkey, nonce) in ``session``'s transaction; False when it is there already (a replay)."""
         now = self.clock()
-        prune = now >= self._next_prune
-        if prune:
+        if now >= self._next_prune:
             self._next_prune = now + self.retention / 2
-
-        def store(session: Session) -> None:
-            if prune:
-                # Nonces are nanosecond timestamps: anything this old is refused as stale anyway.
-                session.execute(delete(UsedNonce).where(UsedNonce.nonce < int((now - self.retention) * 1e9)))
-            session.execute(insert(UsedNonce).values(hotkey=hotkey_ss58, nonce=nonce_ns))
-
-        try:
-            self.database.write(store, durable=False)
-        except IntegrityError:
-            return False
-        return True
+            # Nonces are nanosecond timestamps: anything this old is refused as stale anyway.
+            session.execute(delete(UsedNonce).where(UsedNonce.nonce < int((now - self.retention) * 1e9)))
+        inserted = session.connection().execute(self._insert, {"hotkey": hotkey_ss58, "nonce": nonce_ns})
+        return inserted.rowcount == 1

@@ -137,31 +137,33 @@ class TemporaryPostgres:
 
 
 def start_api_process(workdir: Path, database_url: str, chain_path: Path, api_hotkey: str, *,
-                      submissions_per_hour: int = 1_000_000, timeout_s: float = 120.0
-                      ) -> tuple[subprocess.Popen, str]:
-    """Start ``python -m quasar.api serve`` on a free port over the dev chain at ``chain_path``.
+                      submissions_per_hour: int = 1_000_000, workers: int = 1, trusted_proxies: str = "",
+                      timeout_s: float = 120.0) -> tuple[subprocess.Popen, str]:
+    """Start ``python -m quasar.api serve --workers N`` on a free port over the dev chain at ``chain_path``.
 
     Runs in ``workdir`` (so no checkout's ``.env`` is read) and logs to ``workdir/server-PORT.log``;
-    returns the process and its base URL once ``/health`` answers, or raises RuntimeError with the
-    log's tail.
+    returns the process and its base URL once ``/health`` answers (with several workers: once
+    each of them has started), or raises RuntimeError with the log's tail. The server runs in a
+    session of its own: ``os.killpg(process.pid, SIGKILL)`` kills it with all its workers at once.
     """
     port = free_port()
     root = Path(__file__).resolve().parents[2]
     environ = {**os.environ, "API_HOTKEY": api_hotkey, "SUBTENSOR_NETWORK": "devchain", "NETUID": "24",
                "DEVCHAIN_PATH": str(chain_path), "SUBMISSIONS_PER_HOUR": str(submissions_per_hour),
-               "PYTHONPATH": str(root), "LOGGING_DEBUG": "false"}
+               "PYTHONPATH": str(root), "LOGGING_DEBUG": "false", "TRUSTED_PROXIES": trusted_proxies}
     log_path = workdir / f"server-{port}.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "quasar.api", "serve", "--port", str(port),
-                                    "--database-url", database_url], cwd=workdir, env=environ,
-                                   stdout=log, stderr=subprocess.STDOUT)
+                                    "--workers", str(workers), "--database-url", database_url], cwd=workdir,
+                                   env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"the API server exited:\n{log_path.read_text()[-3000:]}")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            started = log_path.read_text().count("Application startup complete")
+            if started >= workers and httpx.get(url + "/health", timeout=2).status_code == 200:
                 return process, url
         except httpx.HTTPError:
             time.sleep(0.1)

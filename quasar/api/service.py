@@ -4,7 +4,9 @@ queue, reports, failures and bans, rounds and the leaderboard.
 Every state change is one :meth:`Database.write` transaction that first locks what its rule reads
 (the hotkey for the rate limit, the validator for its leases, the IP for its failure count, the
 submission row for a reveal), so a rule that reads before it writes holds under concurrent requests.
-Refusals raise :class:`ApiError` with the HTTP status and a message for the caller.
+A signed request's own checks (its nonce was never used, its IP is not banned) run in that same
+transaction, first (:class:`Authenticated`). Refusals raise :class:`ApiError` with the HTTP status
+and a message for the caller.
 """
 
 from __future__ import annotations
@@ -12,18 +14,19 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import TypeVar
 
-from sqlalchemy import exists, func, select
+from sqlalchemy import bindparam, exists, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from quasar import scoring
+from quasar import auth, scoring
 from quasar.api import rules, schemas
 from quasar.api.db import (
-    Database, EvaluationLease, EvaluationReport, IpBan, Submission, ValidationFailure,
+    Database, EvaluationLease, EvaluationReport, IpBan, NonceLedger, Submission, ValidationFailure,
 )
 from quasar.chain import Chain, ChainError
 from quasar.config import DEV_NETWORK, Settings
@@ -31,11 +34,15 @@ from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 RATE_WINDOW_S = 3600.0
 # A validator that fetched a submission this many times without reporting is not handed it again
 # (a submission that crashes the validator must not be re-fetched forever).
 MAX_FETCHES_PER_VALIDATOR = 3
 MAX_REASON_STORED = 2000
+# Nonces are kept a little longer than the freshness window that btauth/1 verification enforces.
+NONCE_RETENTION_S = 2 * (auth.MAX_REQUEST_AGE_S + auth.ALLOWED_CLOCK_SKEW_S)
 
 
 class ApiError(Exception):
@@ -78,6 +85,35 @@ class ApiConfig:
         )
 
 
+@dataclass(frozen=True)
+class Authenticated:
+    """A request whose ``btauth/1`` signature verified, and what is checked before its work runs:
+    ``authorize`` (the chain: registered, validator permit; raises 403), then, first in the work's
+    transaction, that ``nonce_ns`` is new for ``hotkey`` (else 401, a replay) and, with ``miner``
+    set, that ``client_ip`` is not banned (403)."""
+
+    hotkey: str
+    nonce_ns: int
+    client_ip: str
+    miner: bool
+    authorize: auth.Authorizer
+
+
+# The statements every submission runs, built once (building a statement costs more than running it
+# on SQLite) and run on the session's connection (SQLAlchemy Core, no ORM bookkeeping).
+_SUBMISSIONS, _BANS = Submission.__table__, IpBan.__table__
+_BANNED_UNTIL = select(func.max(_BANS.c.banned_until)).where(
+    _BANS.c.client_ip == bindparam("client_ip"), _BANS.c.banned_until > bindparam("now"))
+_RECENT_SUBMISSIONS = select(func.count(), func.min(_SUBMISSIONS.c.submitted_at)).where(
+    _SUBMISSIONS.c.hotkey == bindparam("hotkey"), _SUBMISSIONS.c.submitted_at > bindparam("since"))
+_SAME_SUBMISSION = select(_SUBMISSIONS.c.id).where(
+    _SUBMISSIONS.c.hotkey == bindparam("hotkey"), _SUBMISSIONS.c.state == "ready",
+    _SUBMISSIONS.c.fork_url == bindparam("fork_url"), _SUBMISSIONS.c.commit_hash == bindparam("commit_hash"),
+    _SUBMISSIONS.c.target_sequence_length == bindparam("target_sequence_length"),
+).limit(1)
+_INSERT_SUBMISSION = insert(_SUBMISSIONS).returning(_SUBMISSIONS.c.id)
+
+
 def _utc(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
@@ -98,6 +134,7 @@ class SubmissionService:
         self.chain = chain
         self.database = database
         self.clock = clock
+        self.nonces = NonceLedger(database, NONCE_RETENTION_S, clock)
 
     # --- chain ---
 
@@ -130,22 +167,40 @@ class SubmissionService:
 
     # --- bans and rate limits ---
 
-    def check_not_banned(self, client_ip: str) -> None:
-        now = self.clock()
-        with self.database.read() as session:
-            until = session.scalar(
-                select(func.max(IpBan.banned_until)).where(IpBan.client_ip == client_ip, IpBan.banned_until > now)
-            )
+    def _check_not_banned(self, session: Session, client_ip: str, now: float) -> None:
+        until = session.connection().scalar(_BANNED_UNTIL, {"client_ip": client_ip, "now": now})
         if until is not None:
             raise ApiError(403, f"IP {client_ip} is banned until {_utc(until)} after {rules.BAN_FAILURES} failed "
                                 f"validations within 24 h", {"Retry-After": str(int(until - now) + 1)})
 
+    def _write(self, work: Callable[[Session], T], caller: Authenticated | None, locks: Sequence[str] = ()) -> T:
+        """``work`` in one write transaction, after ``caller``'s checks (see :class:`Authenticated`).
+        A request that ``work`` refuses still uses up its nonce (recorded then in a transaction of
+        its own); a banned IP's does not."""
+        if caller is None:
+            return self.database.write(work, locks=locks)
+        caller.authorize(caller.hotkey)
+        checked = False
+
+        def guarded(session: Session) -> T:
+            nonlocal checked
+            if caller.miner:
+                self._check_not_banned(session, caller.client_ip, self.clock())
+            if not self.nonces.record(session, caller.hotkey, caller.nonce_ns):
+                raise auth.AuthFailure(401, "authentication failed: this nonce was already accepted from this hotkey")
+            checked = True
+            return work(session)
+
+        try:
+            return self.database.write(guarded, locks=locks)
+        except ApiError:
+            if checked:
+                self.database.write(lambda session: self.nonces.record(session, caller.hotkey, caller.nonce_ns))
+            raise
+
     def _enforce_rate_limit(self, session: Session, hotkey: str, now: float) -> None:
-        since = now - RATE_WINDOW_S
-        count, oldest = session.execute(
-            select(func.count(), func.min(Submission.submitted_at))
-            .where(Submission.hotkey == hotkey, Submission.submitted_at > since)
-        ).one()
+        count, oldest = session.connection().execute(
+            _RECENT_SUBMISSIONS, {"hotkey": hotkey, "since": now - RATE_WINDOW_S}).one()
         if count >= self.config.submissions_per_hour:
             wait = int(oldest + RATE_WINDOW_S - now) + 1
             raise ApiError(429, f"rate limit: at most {self.config.submissions_per_hour} submissions per hour per "
@@ -175,8 +230,8 @@ class SubmissionService:
 
     # --- miners ---
 
-    def submit_direct(self, hotkey: str, client_ip: str,
-                      request: schemas.SubmitKernelRequest) -> schemas.SubmissionAccepted:
+    def submit_direct(self, hotkey: str, client_ip: str, request: schemas.SubmitKernelRequest,
+                      caller: Authenticated | None = None) -> schemas.SubmissionAccepted:
         url, commit = self._fork(request.fork_url, request.commit_hash)
         block = self.current_block()
         now = self.clock()
@@ -184,28 +239,24 @@ class SubmissionService:
 
         def work(session: Session) -> schemas.SubmissionAccepted:
             self._enforce_rate_limit(session, hotkey, now)
-            duplicate = session.scalar(
-                select(Submission.id).where(
-                    Submission.hotkey == hotkey, Submission.state == "ready", Submission.fork_url == url,
-                    Submission.commit_hash == commit,
-                    Submission.target_sequence_length == request.target_sequence_length,
-                ).limit(1)
-            )
+            connection = session.connection()
+            duplicate = connection.scalar(_SAME_SUBMISSION, {
+                "hotkey": hotkey, "fork_url": url, "commit_hash": commit,
+                "target_sequence_length": request.target_sequence_length})
             if duplicate is not None:
                 raise ApiError(409, f"this fork, commit and target length were already submitted as submission "
                                     f"{duplicate}")
-            submission = Submission(
-                hotkey=hotkey, method="direct", state="ready", commitment_hash=None,
-                target_sequence_length=request.target_sequence_length, submitted_at=now, submitted_block=block,
-                ready_at=now, ready_block=block, round_id=round_id, fork_url=url, commit_hash=commit,
-                claimed_tokens_per_sec=request.tokens_per_sec, vram_mb=request.vram_mb,
-                benchmarks=_benchmarks_to_json(request.benchmarks), client_ip=client_ip,
-            )
-            session.add(submission)
-            session.flush()
-            return self._accepted(submission)
+            submission_id = connection.scalar(_INSERT_SUBMISSION, {
+                "hotkey": hotkey, "method": "direct", "state": "ready", "commitment_hash": None,
+                "target_sequence_length": request.target_sequence_length, "submitted_at": now,
+                "submitted_block": block, "ready_at": now, "ready_block": block, "round_id": round_id,
+                "fork_url": url, "commit_hash": commit, "claimed_tokens_per_sec": request.tokens_per_sec,
+                "vram_mb": request.vram_mb, "benchmarks": _benchmarks_to_json(request.benchmarks),
+                "client_ip": client_ip})
+            return schemas.SubmissionAccepted(submission_id=submission_id, hotkey=hotkey, state="ready",
+                                              submitted_at=now, submitted_block=block, round_id=round_id)
 
-        accepted = self.database.write(work, locks=[f"hotkey:{hotkey}"])
+        accepted = self._write(work, caller, locks=[f"hotkey:{hotkey}"])
         logger.info("submission %d from %s (%s) direct, round %d", accepted.submission_id, hotkey, client_ip, round_id)
         return accepted
 
@@ -220,7 +271,8 @@ class SubmissionService:
     def _window(self, commit_block: int) -> rules.RevealWindow:
         return rules.reveal_window(commit_block, self.config.blocks_until_reveal, self.config.reveal_window_blocks)
 
-    def commit(self, hotkey: str, client_ip: str, request: schemas.CommitRequest) -> schemas.CommitAccepted:
+    def commit(self, hotkey: str, client_ip: str, request: schemas.CommitRequest,
+               caller: Authenticated | None = None) -> schemas.CommitAccepted:
         block = self.current_block()
         now = self.clock()
 
@@ -235,14 +287,15 @@ class SubmissionService:
             session.flush()
             return submission.id
 
-        submission_id = self.database.write(work, locks=[f"hotkey:{hotkey}"])
+        submission_id = self._write(work, caller, locks=[f"hotkey:{hotkey}"])
         window = self._window(block)
         logger.info("commitment %d from %s (%s) at block %d", submission_id, hotkey, client_ip, block)
         return schemas.CommitAccepted(submission_id=submission_id, hotkey=hotkey, commit_block=block,
                                       reveal_from_block=window.opens, reveal_until_block=window.closes,
                                       submitted_at=now)
 
-    def reveal(self, hotkey: str, client_ip: str, request: schemas.RevealRequest) -> schemas.SubmissionAccepted:
+    def reveal(self, hotkey: str, client_ip: str, request: schemas.RevealRequest,
+               caller: Authenticated | None = None) -> schemas.SubmissionAccepted:
         block = self.current_block()
         now = self.clock()
         round_id = rules.round_of_block(block, self.config.round_blocks).round_id
@@ -278,7 +331,7 @@ class SubmissionService:
             session.flush()
             return self._accepted(submission)
 
-        accepted = self.database.write(work)
+        accepted = self._write(work, caller)
         if accepted is None:
             self.database.write(lambda session: self._record_failure(
                 session, client_ip, now, "reveal_mismatch", mismatch[-1], request.submission_id))
@@ -329,7 +382,7 @@ class SubmissionService:
 
     # --- validators ---
 
-    def fetch_work(self, validator: str, limit: int) -> schemas.WorkBatch:
+    def fetch_work(self, validator: str, limit: int, caller: Authenticated | None = None) -> schemas.WorkBatch:
         """Up to ``limit`` ready submissions this validator has not reported on and does not hold,
         oldest first, each leased to it for ``evaluation_lease_s``."""
         now = self.clock()
@@ -363,10 +416,11 @@ class SubmissionService:
                     round_id=row.round_id, lease_expires_at=now + lease_s))
             return items
 
-        return schemas.WorkBatch(items=self.database.write(work, locks=[f"validator:{validator}"]),
+        return schemas.WorkBatch(items=self._write(work, caller, locks=[f"validator:{validator}"]),
                                  lease_seconds=lease_s)
 
-    def report(self, validator: str, request: schemas.ReportRequest) -> schemas.ReportAccepted:
+    def report(self, validator: str, request: schemas.ReportRequest,
+               caller: Authenticated | None = None) -> schemas.ReportAccepted:
         if request.verdict == "passed" and (not request.correct or request.logits_ok is False):
             raise ApiError(422, "verdict 'passed' contradicts correct=false or logits_ok=false")
         now = self.clock()
@@ -398,7 +452,7 @@ class SubmissionService:
             return schemas.ReportAccepted(report_id=report.id, submission_id=submission.id, failure_counted=counted)
 
         try:
-            accepted = self.database.write(work)
+            accepted = self._write(work, caller)
         except IntegrityError:
             raise ApiError(409, f"this validator already reported on submission {request.submission_id}") from None
         logger.info("report on submission %d by %s: %s", request.submission_id, validator, request.verdict)
