@@ -191,6 +191,29 @@ def test_dashboard_pages_show_the_round_and_escape_what_miners_wrote(start_api):
         assert not re.search(r"(src|href)=\"(https?:)?//", html)
 
 
+def test_dashboard_pages_are_rendered_once_per_chain_block(start_api):
+    api = start_api()
+    a, v1 = api.client("a"), api.client("v1")
+    hotkey = api.wallets["a"].hotkey.ss58_address
+    submitted = a.submit_kernel(FORK, COMMIT, 1024, 2.8e5)
+    pages = ("/", f"/dashboard/miners/{hotkey}", f"/dashboard/submissions/{submitted.submission_id}")
+    before = {path: httpx.get(api.url + path) for path in pages}
+    assert all(response.status_code == 200 for response in before.values())
+    assert all(response.headers["cache-control"] == "no-store" for response in before.values())
+    v1.fetch_work()
+    v1.report(submitted.submission_id, "failed", False, None, 9e5, lengths=LENGTHS_WRONG, reasons=[WRONG_REASON])
+    same_block = {path: httpx.get(api.url + path) for path in pages}
+    assert {path: r.text for path, r in same_block.items()} == {path: r.text for path, r in before.items()}
+    assert same_block["/"].headers["content-type"] == before["/"].headers["content-type"]
+    missing = httpx.get(f"{api.url}/dashboard/submissions/{submitted.submission_id + 1}")
+    assert missing.status_code == 404  # an error page is not kept: the submission may arrive within the block
+    a.submit_kernel("https://github.com/alice/fla-2", commit_of(0xB), 1024, 3e5)
+    assert httpx.get(f"{api.url}/dashboard/submissions/{submitted.submission_id + 1}").status_code == 200
+    api.chain.advance(1)
+    page = httpx.get(f"{api.url}/dashboard/submissions/{submitted.submission_id}").text
+    assert str(escape(WRONG_REASON)) in page and str(escape(WRONG_REASON)) not in same_block[pages[2]].text
+
+
 def test_a_database_made_at_revision_0001_upgrades_and_its_old_reports_read(database_url, chain, wallets):
     old = Database(database_url)
     try:

@@ -208,7 +208,7 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
         """A miner's submissions with their status, newest first (``limit``/``offset`` page them)."""
         return status_reader.submissions(hotkey, limit, offset)
 
-    app.include_router(dashboard_router(service, status_reader))
+    app.include_router(dashboard_router(service, status_reader, reads))
 
     # --- miners (signed, registered hotkey, IP not banned) ---
 

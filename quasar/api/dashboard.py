@@ -6,6 +6,8 @@ Server-rendered HTML from the same service layer as the JSON endpoints (so it sh
 they return, and nothing of an unrevealed commitment but its hash), Jinja2 templates shipped in
 ``quasar/api/templates`` with autoescaping on (fork URLs and reasons are the miners' own text),
 CSS inline in the page and charts drawn here as SVG: the pages load nothing else.
+A page is rendered once per chain block and kept (quasar.api.readcache), like the leaderboard's
+JSON: a new verdict shows from the next block on.
 """
 
 from __future__ import annotations
@@ -15,13 +17,14 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
 from quasar.api import schemas
 from quasar.api.charts import NARROW, WIDE, Layout, Series, bar_chart, compact, line_chart
+from quasar.api.readcache import BlockCache
 from quasar.api.service import ApiError, SubmissionService
 from quasar.api.status import StatusReader
 
@@ -131,8 +134,9 @@ def history_chart(history: schemas.MinerHistory) -> Markup | None:
         failed=[point.state == "failed" for point in history.rounds], layout=layout))
 
 
-def dashboard_router(service: SubmissionService, status_reader: StatusReader) -> APIRouter:
-    """The dashboard's pages as a router for the API app (kept out of the OpenAPI schema)."""
+def dashboard_router(service: SubmissionService, status_reader: StatusReader, reads: BlockCache) -> APIRouter:
+    """The dashboard's pages as a router for the API app (kept out of the OpenAPI schema); each page
+    is rendered once per chain block and target, like the leaderboard's JSON (``reads``)."""
     router = APIRouter(include_in_schema=False)
     templates = _environment()
 
@@ -158,14 +162,21 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader) ->
         return page("error.html", 404, title="Not found", message=what)
 
     @router.get("/", response_class=HTMLResponse)
-    def index(round_id: int | None = Query(default=None, alias="round", ge=0, le=2**40)) -> HTMLResponse:
+    async def index(request: Request,
+                    round_id: int | None = Query(default=None, alias="round", ge=0, le=2**40)) -> HTMLResponse:
+        return await reads.page(request, lambda: index_page(round_id))
+
+    def index_page(round_id: int | None) -> HTMLResponse:
         board = service.leaderboard(round_id)
         recent = status_reader.submissions(None, RECENT_SUBMISSIONS, 0)
         return page("index.html", title=f"Leaderboard, round {board.round_id}", board=board,
                     recent=recent.submissions)
 
     @router.get("/dashboard/miners/{hotkey}", response_class=HTMLResponse)
-    def miner(hotkey: str) -> HTMLResponse:
+    async def miner(request: Request, hotkey: str) -> HTMLResponse:
+        return await reads.page(request, lambda: miner_page(hotkey))
+
+    def miner_page(hotkey: str) -> HTMLResponse:
         if not _HOTKEY.match(hotkey):
             return page("error.html", 422, title="Not a hotkey",
                         message="a miner's page is /dashboard/miners/<its ss58 hotkey>")
@@ -178,7 +189,10 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader) ->
                     page_of=submissions, chart=chart)
 
     @router.get("/dashboard/submissions/{submission_id}", response_class=HTMLResponse)
-    def submission(submission_id: str) -> HTMLResponse:
+    async def submission(request: Request, submission_id: str) -> HTMLResponse:
+        return await reads.page(request, lambda: submission_page(submission_id))
+
+    def submission_page(submission_id: str) -> HTMLResponse:
         if not submission_id.isdigit() or not 1 <= int(submission_id) <= schemas.MAX_ID:
             return page("error.html", 422, title="Not a submission id",
                         message="a submission's page is /dashboard/submissions/<its number>")
