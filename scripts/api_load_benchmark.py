@@ -56,16 +56,21 @@ from quasar.api.db import Database, Submission  # noqa: E402
 from quasar.api.devdb import TemporaryPostgres, start_api_process  # noqa: E402
 from quasar.chain.devchain import DevChain  # noqa: E402
 
-# The public reads (path, share of the read rate): one line per route.
+# The public reads (path, share of the read rate): one line per route. The dashboard's miner and
+# submission pages take each seeded miner and submission in turn.
 READ_MIX: tuple[tuple[str, int], ...] = (
     ("/leaderboard", 1),
     ("/get_current_round", 1),
+    ("/", 1),
+    ("/dashboard/miners/{hotkey}", 1),
+    ("/dashboard/submissions/{submission_id}", 1),
 )
 TARGETS = {  # backend: (submissions/s, submission p99 ms); reads: 1,000/s under 50 ms on both
     "sqlite": (300, 100.0),
     "postgresql": (200, 150.0),
 }
 READ_TARGET = (1000, 50.0)
+BACKEND_LABELS = {"sqlite": "SQLite", "postgresql": "PG"}
 # By default requests are offered this much above a target rate: a run's acknowledged rate is a
 # little under its offered rate (the window ends with the last answer), and the target is a floor.
 OFFER_ABOVE_TARGET = 1.1
@@ -186,24 +191,32 @@ def submission_schedules(keys: list[Keypair], api_hotkey: str, host: str, rate: 
     return schedules
 
 
-def read_schedules(readers: int, host: str, rate: float, seconds: float) -> list[list[tuple[float, bytes, None]]]:
-    """Per reader connection, its GETs of the read mix at ``rate`` in all."""
+def read_schedules(readers: int, host: str, rate: float, seconds: float,
+                   seeded: Sequence[tuple[str, int]]) -> list[list[tuple[float, bytes, None]]]:
+    """Per reader connection, its GETs of the read mix at ``rate`` in all; the dashboard's pages of
+    the ``seeded`` (hotkey, submission id) pairs in turn."""
     mix = [path for path, share in READ_MIX for _ in range(share)]
     schedules: list[list[tuple[float, bytes, None]]] = [[] for _ in range(readers)]
     for n in range(int(rate * seconds)):
-        schedules[n % readers].append((n / rate, http_request("GET", mix[n % len(mix)], host), None))
+        hotkey, submission_id = seeded[(n // len(mix)) % len(seeded)]
+        path = mix[n % len(mix)].format(hotkey=hotkey, submission_id=submission_id)
+        schedules[n % readers].append((n / rate, http_request("GET", path, host), None))
     return schedules
 
 
-def seed_leaderboard(url: str, api_hotkey: str, keys: list[Keypair], validator: Keypair) -> None:
-    """One evaluated submission per submitter, so the leaderboard ranks something."""
+def seed_leaderboard(url: str, api_hotkey: str, keys: list[Keypair], validator: Keypair) -> list[tuple[str, int]]:
+    """One evaluated submission per submitter, so the leaderboard ranks something and the dashboard
+    has miner and submission pages; their (hotkey, submission id)."""
+    seeded = []
     for index, key in enumerate(keys):
         with ApiClient(url, key, api_hotkey=api_hotkey) as miner:
-            miner.submit_kernel(f"https://github.com/miner{index}/flash-linear-attention", f"{index + 1:040x}",
-                                1_000_000, 60_000.0 + index)
+            accepted = miner.submit_kernel(f"https://github.com/miner{index}/flash-linear-attention",
+                                           f"{index + 1:040x}", 1_000_000, 60_000.0 + index)
+        seeded.append((key.ss58_address, accepted.submission_id))
     with ApiClient(url, validator, api_hotkey=api_hotkey) as client:
         for item in client.fetch_work(limit=len(keys)).items:
             client.report(item.submission_id, "passed", True, True, 55_000.0 + item.submission_id)
+    return seeded
 
 
 def process_tree_cpu_s(pid: int) -> float:
@@ -242,12 +255,12 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
             except RuntimeError as error:
                 raise SystemExit(str(error)) from None
             try:
-                seed_leaderboard(url, api_hotkey, keys, validator)
+                seeded = seed_leaderboard(url, api_hotkey, keys, validator)
                 host = url.removeprefix("http://")
                 port = int(host.rsplit(":", 1)[1])
                 wall_start = time.time() + START_MARGIN_S + args.rate * args.seconds * 60e-6
                 submissions = submission_schedules(keys, api_hotkey, host, args.rate, args.seconds, wall_start)
-                reads = read_schedules(args.readers, host, args.read_rate, args.seconds)
+                reads = read_schedules(args.readers, host, args.read_rate, args.seconds, seeded)
                 load_average = os.getloadavg()[0]
                 submitted, read = Stream(), Stream()
 
@@ -301,6 +314,36 @@ def meets_targets(r: Figures) -> bool:
                                               and not r.read_errors)))
 
 
+def figures_table(results: Sequence[Figures]) -> Table:
+    """One column per run and a row per figure, so six runs fit 80 columns."""
+    table = Table(show_header=True, header_style="bold")
+    table.add_column("figure")
+    for r in results:
+        table.add_column(f"{BACKEND_LABELS[r.backend]}\n×{r.workers}", justify="right")
+
+    def errors(counts: dict[str, int]) -> str:
+        return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
+
+    rows = (
+        ("submit/s", lambda r: f"{r.submissions_per_sec:,.0f}"),
+        ("submit p50 ms", lambda r: f"{r.p50_ms:.1f}"),
+        ("submit p99 ms", lambda r: f"{r.p99_ms:.1f}"),
+        ("submit max ms", lambda r: f"{r.max_ms:.1f}"),
+        ("submit errors", lambda r: errors(r.errors)),
+        ("lost", lambda r: str(r.lost)),
+        ("reads/s", lambda r: f"{r.reads_per_sec:,.0f}"),
+        ("read p50 ms", lambda r: f"{r.read_p50_ms:.1f}"),
+        ("read p99 ms", lambda r: f"{r.read_p99_ms:.1f}"),
+        ("read errors", lambda r: errors(r.read_errors)),
+        ("server CPU ms/req", lambda r: f"{r.server_cpu_ms_per_request:.2f}"),
+        ("load average", lambda r: f"{r.load_average:.2f}"),
+        ("targets", lambda r: "met" if meets_targets(r) else "missed"),
+    )
+    for name, cell in rows:
+        table.add_row(name, *(cell(r) for r in results))
+    return table
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="both")
@@ -327,20 +370,9 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.repeat):
                 results.append(run_once(backend, workers, run_args, console))
 
-    table = Table(title=f"submission API under load: {args.submitters} signed submitters and {args.readers} "
-                        f"readers at fixed rates for {args.seconds:g} s, server and clients on one machine")
-    for column in ("backend", "workers", "submit/s", "p50 ms", "p99 ms", "max ms", "errors", "lost", "reads/s",
-                   "read p50", "read p99", "read errors", "server CPU ms/req", "load", "targets"):
-        table.add_column(column, justify="left" if column in ("backend", "errors", "read errors") else "right")
-    for r in results:
-        table.add_row(r.backend, str(r.workers), f"{r.submissions_per_sec:,.0f}", f"{r.p50_ms:.1f}",
-                      f"{r.p99_ms:.1f}", f"{r.max_ms:.1f}",
-                      ", ".join(f"{k}: {v}" for k, v in sorted(r.errors.items())) or "none", str(r.lost),
-                      f"{r.reads_per_sec:,.0f}", f"{r.read_p50_ms:.1f}", f"{r.read_p99_ms:.1f}",
-                      ", ".join(f"{k}: {v}" for k, v in sorted(r.read_errors.items())) or "none",
-                      f"{r.server_cpu_ms_per_request:.2f}", f"{r.load_average:.2f}",
-                      "met" if meets_targets(r) else "missed")
-    console.print(table)
+    console.print(f"submission API under load: {args.submitters} signed submitters and {args.readers} readers "
+                  f"at fixed rates for {args.seconds:g} s, server and clients on one machine")
+    console.print(figures_table(results))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
     return 1 if any(r.lost for r in results) else 0
