@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from quasar.starter_fork import copy_starter_tree, write_starter_fork
+from quasar.starter_fork import KERNEL_DIR, LAYER_FILE, copy_starter_tree, write_starter_fork
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
@@ -64,8 +64,8 @@ def test_step2_grid_is_checked_against_the_contract():
 
 def test_step1_writes_only_kernel_files_and_checks_the_fork_can_take_them(tmp_path):
     files = step1.kernel_files()
-    assert step1.LAYER_FILE in files and all(
-        p == step1.LAYER_FILE or step1.KERNEL_DIR in p.parents for p in files
+    assert LAYER_FILE in files and all(
+        p == LAYER_FILE or KERNEL_DIR in p.parents for p in files
     )
     assert {"chunk.py", "tuning.py", "quasar_recurrent.cu"} <= {p.name for p in files}
 
@@ -89,7 +89,7 @@ def test_step1_writes_only_kernel_files_and_checks_the_fork_can_take_them(tmp_pa
     (fork / "fla" / "ops" / "quasar" / "chunk.py").write_text("# old kernel\n")
     written = step1.write_kernel(fork)
     assert (fork / "fla" / "ops" / "quasar" / "chunk.py").read_bytes() == before
-    assert written.previous[step1.KERNEL_DIR / "tuning.py"] is None
+    assert written.previous[KERNEL_DIR / "tuning.py"] is None
     step1.restore(fork, written)
     assert not (fork / "fla" / "ops" / "quasar" / "tuning.py").exists()
     assert (fork / "fla" / "ops" / "quasar" / "chunk.py").read_text() == "# old kernel\n"
