@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -146,6 +147,33 @@ def conv_sweep(length: int, blocks: list[tuple[int, int, int]], runs: int = 20) 
         ms = triton.testing.do_bench(lambda: causal_conv_silu(projected, weight, 3, block), rep=runs * 5,
                                      return_mode="median")
         rows.append({"block": list(block), "length": length, "ms": ms, "gb_per_s": 2 * length * width * 2 / ms / 1e6})
+    return rows
+
+
+def compile_sweep(lengths: list[int]) -> list[dict]:
+    """The first and second forward of the fork's layer at each length in turn, as a fresh
+    evaluation meets them, with the Triton kernels compiled for each (new ``.cubin`` files in
+    ``TRITON_CACHE_DIR``, which should start empty): where an evaluation's warm-up time goes."""
+    cache = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
+    layer, _ = fork_layers(seed=0)
+    seen = set(cache.rglob("*.cubin")) if cache.exists() else set()
+    rows = []
+    for length in lengths:
+        x = torch.randn(1, length, LAYER["hidden_size"], device="cuda")
+        seconds = []
+        with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+            for _ in range(2):
+                torch.cuda.synchronize()
+                started = time.perf_counter()
+                layer(x)
+                torch.cuda.synchronize()
+                seconds.append(time.perf_counter() - started)
+        compiled = set(cache.rglob("*.cubin")) - seen
+        seen |= compiled
+        rows.append({"length": length, "first_s": seconds[0], "second_s": seconds[1], "compiled": len(compiled),
+                     "kernels": sorted(path.stem for path in compiled)})
+        del x
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -314,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--upstream", action="store_true", help="also time upstream fla's chunk_delta_rule path")
     parser.add_argument("--upstream-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--compile-lengths", type=parse_lengths, default=[],
+                        help="first: the first and second forward at each of these lengths in turn, and the "
+                             "kernels Triton compiled for each (set TRITON_CACHE_DIR to an empty folder)")
     parser.add_argument("--conv-blocks", type=json.loads, default=[],
                         help="JSON list of [tokens, channels, warps] blocks of the causal conv kernel to time")
     args = parser.parse_args(argv)
@@ -334,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
         log.write(line + "\n")
         (args.out / "bench.json").write_text(json.dumps(report, indent=1))
+
+    for row in compile_sweep(args.compile_lengths):
+        emit("compile", row)
 
     upstream = None
     if args.upstream:
