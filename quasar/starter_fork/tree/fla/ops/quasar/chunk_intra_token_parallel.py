@@ -45,7 +45,8 @@ class OutputGate:
     eps: float
 
 
-@triton.jit
+# One compilation for every length (see fla.ops.quasar.chunk.chunk_quasar_segment_kernel).
+@triton.jit(do_not_specialize=["segments_per_sequence"])
 def chunk_quasar_output_kernel(
     q,
     k,

@@ -17,7 +17,8 @@ from fla.ops.quasar.forward_substitution import BLOCK_ROWS, block_solve, chunk_f
 from fla.ops.quasar.segments import Spans, span_of
 
 
-@triton.jit
+# One compilation for every length (see fla.ops.quasar.chunk.chunk_quasar_segment_kernel).
+@triton.jit(do_not_specialize=["chunks_per_sequence"])
 def chunk_quasar_wy_kernel(
     k,
     v,
