@@ -181,8 +181,9 @@ def world(tmp_path_factory) -> World:
         "first_only": Case("first_only", options=replace(FAST, tokens_per_request=1 << 18, max_forwards_per_request=4)),
         "flood": Case("flood", options=replace(FAST, policy=SandboxPolicy(max_output_bytes=4 << 20))),
         "sleep_forever": Case("sleep_forever", options=replace(FAST, length_timeout_s=8)),
+        # T=64 must be ready within the limit while two other evaluations share the machine's cores.
         "sleep_at_length": Case("sleep_at_length", {"sleep_length": 128}, target=128,
-                                options=replace(FAST, seq_lens=(64,), length_timeout_s=8)),
+                                options=replace(FAST, seq_lens=(64,), length_timeout_s=20)),
         "background": Case("background", {"marker": markers["sandboxed"]}),
         "background_unsandboxed": Case("background", {"marker": markers["unsandboxed"]},
                                        options=replace(FAST, policy=unsandboxed)),
