@@ -22,7 +22,7 @@ import pytest
 import uvicorn
 
 from quasar.api.app import create_app
-from quasar.api.client import ApiClient
+from quasar.api.client import ApiClient, ApiClientError
 from quasar.api.db import Database
 from quasar.api.devdb import PostgresUnavailable, TemporaryPostgres, free_port
 from quasar.api.service import ApiConfig
@@ -32,6 +32,21 @@ BACKENDS = ["sqlite", "postgresql"]
 SLOW_BLOCKS = 1e6  # seconds per block: the dev chain moves only through advance()
 FORK = "https://github.com/miner/flash-linear-attention"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def commit_of(n: int) -> str:
+    """A 40-hex-digit commit hash made from ``n``."""
+    return f"{n:040x}"
+
+
+def refused(call, status: int, *fragments: str) -> str:
+    """Run ``call``; it must fail with ``status`` and a detail containing every fragment."""
+    with pytest.raises(ApiClientError) as raised:
+        call()
+    assert raised.value.status == status, raised.value.detail
+    for fragment in fragments:
+        assert fragment in raised.value.detail, raised.value.detail
+    return raised.value.detail
 
 
 def make_wallet(root: Path, name: str) -> bt.Wallet:

@@ -14,7 +14,7 @@ from alembic.migration import MigrationContext
 from bittensor import http_auth
 
 from api_fixtures import (  # noqa: F401  (fixtures)
-    COMMIT, FORK, ApiServer, api_config, chain, database_url, postgres, start_api, wallets,
+    COMMIT, FORK, ApiServer, api_config, chain, commit_of, database_url, postgres, refused, start_api, wallets,
 )
 from quasar.api.client import ApiClientError
 from quasar.api.db import Base, Database
@@ -22,18 +22,6 @@ from quasar.api.rules import commitment_hash, new_salt
 from quasar.auth import sign_request
 
 
-def commit_of(n: int) -> str:
-    return f"{n:040x}"
-
-
-def refused(call, status: int, *fragments: str) -> str:
-    """Run ``call``; it must fail with ``status`` and a detail containing every fragment."""
-    with pytest.raises(ApiClientError) as raised:
-        call()
-    assert raised.value.status == status, raised.value.detail
-    for fragment in fragments:
-        assert fragment in raised.value.detail
-    return raised.value.detail
 
 
 def send(api, wallet_name: str, method: str, path: str, payload=None, *, body: bytes | None = None,

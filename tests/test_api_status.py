@@ -13,10 +13,9 @@ from markupsafe import escape
 from sqlalchemy import insert
 
 from api_fixtures import (  # noqa: F401  (fixtures)
-    COMMIT, FORK, ApiServer, api_config, chain, database_url, postgres, start_api, wallets,
+    COMMIT, FORK, ApiServer, api_config, chain, commit_of, database_url, postgres, refused, start_api, wallets,
 )
 from quasar.api.charts import Series, bar_chart, compact, line_chart, nice_ceiling
-from quasar.api.client import ApiClientError
 from quasar.api.db import Database, EvaluationReport, Submission
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.api.status import best_per_round, submission_state
@@ -31,17 +30,6 @@ LENGTHS_WRONG = [{"seq_len": 512, "status": "ok", "tokens_per_sec": 9e5, "peak_v
 WRONG_REASON = "T=1024: the output differs from the reference (relative error 0.41 > 0.01)"
 
 
-def commit_of(n: int) -> str:
-    return f"{n:040x}"
-
-
-def refused(call, status: int, *fragments: str) -> str:
-    with pytest.raises(ApiClientError) as raised:
-        call()
-    assert raised.value.status == status, raised.value.detail
-    for fragment in fragments:
-        assert fragment in raised.value.detail, raised.value.detail
-    return raised.value.detail
 
 
 def test_a_submission_moves_through_its_states_with_each_validators_verdict(start_api):
