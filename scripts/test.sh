@@ -8,25 +8,26 @@ cd "$(dirname "$0")/.."
 # shellcheck disable=SC1091
 . .venv/bin/activate
 
+# install_debian_package PACKAGE WHAT_FAILS: apt-get install (after an update if the first try
+# fails), as root or through passwordless sudo; on failure say what the suite loses.
+install_debian_package() {
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo -n"
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get install -y -q "$1" >/dev/null 2>&1 \
+        || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q "$1" >/dev/null; } \
+        || echo "could not install $1: $2" >&2
+}
+
 # The submission API's tests also run on a throwaway PostgreSQL server: install the Debian package
 # when its server binaries are missing (they live in /usr/lib/postgresql/N/bin, off PATH).
 if ! command -v pg_ctl >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1; then
-    sudo=""
-    [ "$(id -u)" = 0 ] || sudo="sudo -n"
-    export DEBIAN_FRONTEND=noninteractive
-    $sudo apt-get install -y -q postgresql >/dev/null 2>&1 \
-        || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q postgresql >/dev/null; } \
-        || echo "could not install postgresql: its API tests will fail under CI and skip locally" >&2
+    install_debian_package postgresql "its API tests will fail under CI and skip locally"
 fi
 
-# The dashboard's browser test drives Debian's Chromium (never a downloaded browser): install it the same way.
+# The dashboard's browser test drives Debian's Chromium (never a downloaded browser).
 if [ ! -x /usr/bin/chromium ]; then
-    sudo=""
-    [ "$(id -u)" = 0 ] || sudo="sudo -n"
-    export DEBIAN_FRONTEND=noninteractive
-    $sudo apt-get install -y -q chromium >/dev/null 2>&1 \
-        || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q chromium >/dev/null; } \
-        || echo "could not install chromium: the dashboard's browser test will skip" >&2
+    install_debian_package chromium "the dashboard's browser test will skip"
 fi
 
 exec python -m pytest "$@"
