@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TypeVar
 
-from sqlalchemy import bindparam, exists, func, insert, select
+from sqlalchemy import ColumnElement, bindparam, exists, func, insert, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -124,6 +123,35 @@ def _benchmarks_to_json(benchmarks: Mapping[int, float] | None) -> dict[str, flo
 
 def _benchmarks_from_json(stored: Mapping[str, float] | None) -> dict[int, float] | None:
     return None if stored is None else {int(length): float(tps) for length, tps in stored.items()}
+
+
+def evaluated_submissions(session: Session,
+                          condition: ColumnElement[bool]) -> list[tuple[Submission, list[EvaluationReport]]]:
+    """The revealed submissions matching ``condition`` that validators reported on, each with its
+    reports, in one query."""
+    rows = session.execute(
+        select(Submission, EvaluationReport)
+        .join(EvaluationReport, EvaluationReport.submission_id == Submission.id)
+        .where(condition, Submission.state == "ready")
+    ).all()
+    evaluated: dict[int, tuple[Submission, list[EvaluationReport]]] = {}
+    for submission, report in rows:
+        evaluated.setdefault(submission.id, (submission, []))[1].append(report)
+    return list(evaluated.values())
+
+
+def consensus_result(submission: Submission,
+                     reports: Sequence[EvaluationReport]) -> tuple[scoring.Result, rules.Consensus]:
+    """The validators' combined view of ``submission`` (at least one report) and its result as
+    scoring ranks it: measured figures from the consensus, never the claim alone."""
+    view = rules.consensus([rules.ValidatorReport(r.validator_hotkey, r.correct, r.logits_ok,
+                                                  r.measured_tokens_per_sec) for r in reports])
+    result = scoring.Result(
+        hotkey=submission.hotkey, submission_id=submission.id, submitted_at=submission.submitted_at,
+        target_sequence_length=submission.target_sequence_length,
+        claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
+        measured_tokens_per_sec=view.measured_tokens_per_sec, correct=view.correct, logits_ok=view.logits_ok)
+    return result, view
 
 
 class SubmissionService:
@@ -466,26 +494,11 @@ class SubmissionService:
         if round_id is None:
             round_id = rules.round_of_block(self.current_block(), self.config.round_blocks).round_id
         with self.database.read() as session:
-            rows = session.execute(
-                select(Submission, EvaluationReport)
-                .join(EvaluationReport, EvaluationReport.submission_id == Submission.id)
-                .where(Submission.round_id == round_id, Submission.state == "ready")
-            ).all()
-        submissions: dict[int, Submission] = {}
-        reports: dict[int, list[rules.ValidatorReport]] = defaultdict(list)
-        for submission, report in rows:
-            submissions[submission.id] = submission
-            reports[submission.id].append(rules.ValidatorReport(
-                report.validator_hotkey, report.correct, report.logits_ok, report.measured_tokens_per_sec))
+            evaluated = evaluated_submissions(session, Submission.round_id == round_id)
         results, agreed = [], {}
-        for submission_id, submission in submissions.items():
-            view = agreed[submission_id] = rules.consensus(reports[submission_id])
-            results.append(scoring.Result(
-                hotkey=submission.hotkey, submission_id=submission.id, submitted_at=submission.submitted_at,
-                target_sequence_length=submission.target_sequence_length,
-                claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
-                measured_tokens_per_sec=view.measured_tokens_per_sec, correct=view.correct,
-                logits_ok=view.logits_ok))
+        for submission, reports in evaluated:
+            result, agreed[submission.id] = consensus_result(submission, reports)
+            results.append(result)
         ranking = scoring.rank(results, epsilon=self.config.tie_epsilon)
         entries = []
         for placement in ranking.placements:

@@ -24,7 +24,7 @@ from sqlalchemy import func, select
 from quasar import scoring
 from quasar.api import rules, schemas
 from quasar.api.db import EvaluationLease, EvaluationReport, Submission
-from quasar.api.service import SubmissionService
+from quasar.api.service import SubmissionService, consensus_result, evaluated_submissions
 
 COMMITTED, EXPIRED, REVEALED, QUEUED = "committed", "expired", "revealed", "queued"
 BEING_EVALUATED, PASSED, FAILED = "being_evaluated", "passed", "failed"
@@ -63,20 +63,6 @@ def length_figures(stored_lengths: Sequence[Mapping] | None,
     return sorted(figures, key=lambda item: item.seq_len)
 
 
-def consensus_result(submission: Submission, reports: Sequence[EvaluationReport]) -> scoring.Result | None:
-    """The validators' combined result for ``submission`` as scoring ranks it (None without reports)."""
-    if not reports:
-        return None
-    view = rules.consensus([rules.ValidatorReport(r.validator_hotkey, r.correct, r.logits_ok,
-                                                  r.measured_tokens_per_sec) for r in reports])
-    return scoring.Result(hotkey=submission.hotkey, submission_id=submission.id,
-                          submitted_at=submission.submitted_at,
-                          target_sequence_length=submission.target_sequence_length,
-                          claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
-                          measured_tokens_per_sec=view.measured_tokens_per_sec, correct=view.correct,
-                          logits_ok=view.logits_ok)
-
-
 def _verdict(report: EvaluationReport) -> schemas.ValidatorVerdict:
     return schemas.ValidatorVerdict(
         validator_hotkey=report.validator_hotkey, verdict=report.verdict, correct=report.correct,
@@ -107,7 +93,7 @@ def build_status(submission: Submission, reports: Sequence[EvaluationReport], ev
     if submission.method == "commit_reveal":
         window = rules.reveal_window(submission.submitted_block, context.blocks_until_reveal,
                                      context.reveal_window_blocks)
-    result = consensus_result(submission, reports) if revealed else None
+    result = consensus_result(submission, reports)[0] if revealed and reports else None
     state = submission_state(submission.method, revealed, None if window is None else window.state(context.block),
                              len(reports) if revealed else 0, evaluating,
                              None if result is None else scoring.is_eligible(result))
@@ -195,22 +181,12 @@ class StatusReader:
     def history(self, hotkey: str) -> schemas.MinerHistory:
         """``hotkey``'s best evaluated submission per round: consensus tokens/sec and weighted score."""
         with self.service.database.read() as session:
-            rows = session.execute(
-                select(Submission, EvaluationReport)
-                .join(EvaluationReport, EvaluationReport.submission_id == Submission.id)
-                .where(Submission.hotkey == hotkey, Submission.state == "ready")
-            ).all()
-        submissions: dict[int, Submission] = {}
-        reports: dict[int, list[EvaluationReport]] = defaultdict(list)
-        for submission, report in rows:
-            submissions[submission.id] = submission
-            reports[submission.id].append(report)
+            evaluated = evaluated_submissions(session, Submission.hotkey == hotkey)
         points = []
-        for submission_id, submission in submissions.items():
-            result = consensus_result(submission, reports[submission_id])
-            assert result is not None
+        for submission, reports in evaluated:
+            result, _ = consensus_result(submission, reports)
             points.append(schemas.RoundPoint(
-                round_id=submission.round_id, submission_id=submission_id,
+                round_id=submission.round_id, submission_id=submission.id,
                 measured_tokens_per_sec=result.measured_tokens_per_sec,
                 weighted_score=scoring.weighted_score(result),
                 state=PASSED if scoring.is_eligible(result) else FAILED))
