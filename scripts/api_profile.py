@@ -52,8 +52,10 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("body parsing and validation (FastAPI, pydantic)", ("request_body_to_args", "_get_body", "raw_body")),
     ("dependency resolution (FastAPI)", ("solve_dependencies",)),
     ("response serialization (FastAPI, pydantic)", ("serialize_response", "jsonable_encoder")),
-    ("thread-pool hand-offs (anyio)", ("anyio/", "run_in_threadpool")),
+    ("thread-pool hand-offs (anyio, executor)", ("anyio/", "run_in_threadpool", "concurrent/futures/",
+                                                 "run_in_executor")),
     ("logging", ("logging/__init__.py",)),
+    ("submission fast lane: body, JSON, response (quasar.api.fastlane)", ("fastlane.py",)),
     ("routing and middleware (Starlette, FastAPI)", ("starlette/", "fastapi/")),
     ("HTTP parsing and socket I/O (uvicorn)", ("uvicorn/protocols",)),
     ("event loop", ("asyncio/", "uvloop")),
@@ -65,7 +67,7 @@ def breakdown(raw: Path, hz: float, requests: int) -> list[tuple[str, int, float
     counts: collections.Counter[str] = collections.Counter()
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
-        if "readcache.py" in stack and "routing.py" not in stack:
+        if "readcache.py" in stack and "routing.py" not in stack and "fastlane.py" not in stack:
             component = "cached read answered before routing"  # the middleware served it, no app below
         else:
             component = next((name for name, keys in COMPONENTS if any(k in stack for k in keys)), "other")
@@ -87,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hz", type=float, default=250.0, help="py-spy samples a second")
     parser.add_argument("--path", default=None, help="GET this path instead of signed submissions")
     parser.add_argument("--json", type=Path, help="also write the breakdown to this JSON file")
+    parser.add_argument("--raw", type=Path, help="also keep py-spy's raw profile (collapsed stacks) here")
     args = parser.parse_args(argv)
     if shutil.which("py-spy") is None:
         parser.error("py-spy is not on PATH: pip install py-spy")
@@ -152,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
             server.wait(timeout=30)
             log.close()
         rows = breakdown(raw, args.hz, count)
+        if args.raw:
+            shutil.copyfile(raw, args.raw)
     samples = sum(n for _, n, _ in rows)
     print(f"{count} requests at {args.rate:g}/s from {args.tree}: statuses {dict(statuses)}")
     print(f"server CPU {1000 * (user + system) / count:.2f} ms a request (user {1000 * user / count:.2f}, system "
@@ -159,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, n, ms in rows:
         print(f"  {ms:6.3f} ms  {100 * n / samples:5.1f}%  {name}")
     if args.json:
-        args.json.write_text(json.dumps({"requests": count, "rate": args.rate, "cpu_ms_per_request": 1000 * (user + system) / count,
+        args.json.write_text(json.dumps({"requests": count, "rate": args.rate,
+                                         "cpu_ms_per_request": 1000 * (user + system) / count,
                                          "user_ms_per_request": 1000 * user / count,
                                          "components": [{"name": n, "samples": s, "ms": m} for n, s, m in rows]},
                                         indent=2))

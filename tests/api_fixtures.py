@@ -77,9 +77,10 @@ class Clock:
 class ApiServer:
     """The API app served by uvicorn in a thread on a free 127.0.0.1 port."""
 
-    def __init__(self, config: ApiConfig, chain: DevChain, database_url: str, clock: Callable[[], float] = time.time):
+    def __init__(self, config: ApiConfig, chain: DevChain, database_url: str, clock: Callable[[], float] = time.time,
+                 fast_lane: bool = True):
         self.database = Database(database_url)
-        self.app = create_app(config, chain, self.database, clock)
+        self.app = create_app(config, chain, self.database, clock, fast_lane)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",

@@ -9,12 +9,12 @@ registered on the subnet, validators must hold a validator permit; both come fro
 Status codes: 400 bad request or commitment mismatch, 401 authentication, 403 not allowed or IP
 banned, 404 unknown, 409 conflicts (too early, already done), 413 body too large, 422 invalid
 fields, 429 rate limit, 503 database or chain busy. Every error body is ``{"detail": "..."}``; an
-unexpected error is logged here and answered with a plain 500, never a traceback.
+unexpected error is logged and answered with a plain 500, never a traceback (quasar/api/errors.py).
 """
 
-import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Annotated
 
@@ -29,14 +29,16 @@ from quasar import auth
 from quasar.api import rules, schemas
 from quasar.api.dashboard import dashboard_router
 from quasar.api.db import Database, DatabaseBusy
+from quasar.api.errors import error_response
+from quasar.api.fastlane import SubmitFastLane
 from quasar.api.readcache import BlockCache
 from quasar.api.service import NONCE_RETENTION_S, ApiConfig, ApiError, Authenticated, SubmissionService
 from quasar.api.status import StatusReader
 from quasar.chain import Chain, ChainError
 
-logger = logging.getLogger(__name__)
-
 MAX_BODY_BYTES = 64 * 1024
+# The submission fast lane runs as many submissions at once as FastAPI's thread pool would (anyio's limit).
+LANE_THREADS = 40
 MAX_PAGE = 100
 
 ERRORS = {status: {"model": schemas.ErrorBody} for status in (400, 401, 403, 404, 409, 413, 422, 429, 503)}
@@ -91,9 +93,10 @@ class NoteNonce:
 
 
 def create_app(config: ApiConfig, chain: Chain, database: Database | str,
-               clock: Callable[[], float] = time.time) -> FastAPI:
+               clock: Callable[[], float] = time.time, fast_lane: bool = True) -> FastAPI:
     """The API on ``database`` (a :class:`Database` or a URL; migrated to the newest schema here)
-    and ``chain`` (registrations, permits and blocks)."""
+    and ``chain`` (registrations, permits and blocks). ``fast_lane``: answer signed direct
+    submissions before routing (quasar/api/fastlane.py); off, the route answers them all."""
     if not config.api_hotkey:
         raise ValueError("API_HOTKEY is not set: the API needs its hotkey's ss58 address as the signed receiver")
     if isinstance(database, str):
@@ -104,9 +107,12 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
     reads = BlockCache(service.current_block)
     trusted = rules.parse_networks(config.trusted_proxies)
 
+    lane_threads = ThreadPoolExecutor(LANE_THREADS, thread_name_prefix="submit")
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         yield
+        lane_threads.shutdown(wait=True)
         database.dispose()
 
     app = FastAPI(
@@ -212,11 +218,15 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
 
     # --- miners (signed, registered hotkey, IP not banned) ---
 
+    def submit(payload: schemas.SubmitKernelRequest, caller: Authenticated) -> schemas.SubmissionAccepted:
+        return service.submit_direct(caller.hotkey, caller.client_ip, payload, caller)
+
+    # The reference of the submission fast lane (quasar/api/fastlane.py), which answers most of its requests.
     @app.post("/submit_kernel", response_model=schemas.SubmissionAccepted, status_code=201, responses=ERRORS,
               tags=["miners"])
     def submit_kernel(payload: schemas.SubmitKernelRequest, caller: MinerCaller) -> schemas.SubmissionAccepted:
         """Direct submission, evaluable at once."""
-        return service.submit_direct(caller.hotkey, caller.client_ip, payload, caller)
+        return submit(payload, caller)
 
     @app.post("/commit_submission", response_model=schemas.CommitAccepted, status_code=201, responses=ERRORS,
               tags=["miners"])
@@ -244,39 +254,23 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
 
     # --- errors ---
 
-    @app.exception_handler(ApiError)
-    async def api_error(_request: Request, error: ApiError) -> JSONResponse:
-        return JSONResponse({"detail": error.detail}, status_code=error.status, headers=error.headers)
-
-    @app.exception_handler(auth.AuthFailure)
-    async def auth_failure(_request: Request, error: auth.AuthFailure) -> JSONResponse:
-        return JSONResponse({"detail": error.reason}, status_code=error.status_code)
-
     @app.exception_handler(RequestValidationError)
     async def invalid_request(_request: Request, error: RequestValidationError) -> JSONResponse:
         problems = [f"{'.'.join(str(part) for part in e['loc'])}: {e['msg']}" for e in error.errors()]
         return JSONResponse({"detail": "invalid request: " + "; ".join(problems)[:2000]}, status_code=422)
 
-    @app.exception_handler(DatabaseBusy)
-    async def database_busy(_request: Request, error: DatabaseBusy) -> JSONResponse:
-        return JSONResponse({"detail": str(error)}, status_code=503, headers={"Retry-After": "1"})
+    async def mapped_error(request: Request, error: Exception) -> JSONResponse:
+        return error_response(error, request.method, request.url.path)
 
-    @app.exception_handler(OperationalError)
-    async def database_unavailable(request: Request, error: OperationalError) -> JSONResponse:
-        logger.error("database error on %s %s: %s", request.method, request.url.path, error.orig)
-        return JSONResponse({"detail": "the database is unavailable; retry shortly"}, status_code=503,
-                            headers={"Retry-After": "5"})
-
-    @app.exception_handler(ChainError)
-    async def chain_error(_request: Request, error: ChainError) -> JSONResponse:
-        return JSONResponse({"detail": f"the chain is unavailable: {error}"}, status_code=503,
-                            headers={"Retry-After": "12"})
-
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, error: Exception) -> JSONResponse:
-        logger.exception("unexpected error on %s %s", request.method, request.url.path)
-        return JSONResponse({"detail": "internal error"}, status_code=500)
+    for error_type in (ApiError, auth.AuthFailure, DatabaseBusy, OperationalError, ChainError, Exception):
+        app.add_exception_handler(error_type, mapped_error)
 
     app.add_middleware(BodySizeLimit, limit=MAX_BODY_BYTES)
+    if fast_lane:
+        async def authenticate_miner(request: Request, body: bytes) -> Authenticated:
+            return await miner(request, body, await client_ip(request))
+
+        app.add_middleware(SubmitFastLane, authenticate=authenticate_miner, submit=submit, threads=lane_threads,
+                           max_body_bytes=MAX_BODY_BYTES)
     app.add_middleware(reads.middleware)  # outermost: a cached read skips everything else
     return app
