@@ -40,8 +40,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.sql import Executable
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 logger = logging.getLogger(__name__)
@@ -172,6 +173,60 @@ class UsedNonce(Base):
     __table_args__ = (Index("ix_used_nonces_nonce", "nonce"),)
 
 
+class PreparedStatement:
+    """A Core statement compiled once per dialect and run straight on the DBAPI cursor of a connection.
+
+    For the few statements every submission runs: on SQLite, SQLAlchemy's execution machinery
+    (execution context, result proxy, events) costs several times the statement itself. The SQL and
+    the parameters are still SQLAlchemy's own (the statement's compilation, its bound literals and each
+    parameter type's bind processor, e.g. JSON), and a driver's error is raised as SQLAlchemy's
+    ``DBAPIError`` like ``Connection.execute`` raises it, so the database sees the same thing and the
+    callers handle the same errors. ``column_keys``: the columns an INSERT is given.
+    tests/test_api_db.py runs both ways on random parameters and compares.
+    """
+
+    def __init__(self, statement: Executable, column_keys: Sequence[str] | None = None):
+        self.statement = statement
+        self.column_keys = list(column_keys) if column_keys is not None else None
+        self._by_dialect: dict[str, tuple[Any, str, Callable[[dict[str, Any]], Any]]] = {}
+
+    def _prepared(self, dialect: Dialect) -> tuple[Any, str, Callable[[dict[str, Any]], Any]]:
+        prepared = self._by_dialect.get(dialect.name)
+        if prepared is None:
+            compiled = self.statement.compile(dialect=dialect, column_keys=self.column_keys,
+                                              compile_kwargs={"render_postcompile": True})
+            names = list(compiled.construct_params(_check=False))
+            processors = {name: processor for name in names
+                          if (processor := compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))}
+
+            def driver_params(params: dict[str, Any]) -> Any:
+                values = compiled.construct_params(params)
+                for name, processor in processors.items():
+                    values[name] = processor(values[name])
+                return [values[name] for name in compiled.positiontup] if compiled.positional else values
+
+            prepared = self._by_dialect[dialect.name] = (compiled, compiled.string, driver_params)
+        return prepared
+
+    def run(self, connection: Connection, params: dict[str, Any]) -> Any:
+        """Execute with ``params`` in ``connection``'s transaction; the DBAPI cursor (rows, rowcount)."""
+        dialect = connection.dialect
+        _, sql, driver_params = self._prepared(dialect)
+        values = driver_params(params)
+        cursor = connection.connection.cursor()
+        try:
+            cursor.execute(sql, values)
+        except dialect.loaded_dbapi.Error as error:
+            raise DBAPIError.instance(sql, values, error, dialect.loaded_dbapi.Error,
+                                      dialect=dialect) from error
+        return cursor
+
+    def scalar(self, connection: Connection, params: dict[str, Any]) -> Any:
+        """The first column of the first row, or None without rows."""
+        rows = self.run(connection, params).fetchall()
+        return rows[0][0] if rows else None
+
+
 class FileLock:
     """An exclusive ``flock`` on ``path``, shared by every process that opens the same file: a waiter
     sleeps in the kernel and wakes as soon as the holder releases it (or dies: the kernel drops the
@@ -203,7 +258,9 @@ class _Write:
         self.work = work
         self.result: Any = None
         self.error: BaseException | None = None
-        self.done = threading.Event()
+        # Held until the group is committed: a bare lock is a cheaper signal than an Event's condition.
+        self.done = threading.Lock()
+        self.done.acquire()
 
 
 class GroupCommit:
@@ -234,7 +291,7 @@ class GroupCommit:
                 self._thread.start()
             self._queue.append(write)
             self._wake.notify()
-        write.done.wait()
+        write.done.acquire()
         if write.error is not None:
             raise write.error
         return write.result
@@ -273,17 +330,17 @@ class GroupCommit:
                 write.error = write.error or error
         finally:
             for write in group:
-                write.done.set()
+                write.done.release()
 
     def _attempt(self, group: list[_Write]) -> list[_Write]:
         """Run and commit ``group``; what is left to run again (empty once committed)."""
         with self.lock, Session(self.database._write_engine, expire_on_commit=False) as session, \
                 session.begin():
-            connection = session.connection()
+            # Plain SAVEPOINT statements on the DBAPI cursor: the ORM's begin_nested() cost more than the writes.
+            cursor = session.connection().connection.cursor()
             for write in group:
                 write.result, write.error = None, None
-                # Plain SAVEPOINT statements: the ORM's begin_nested() cost more than the writes.
-                connection.exec_driver_sql("SAVEPOINT quasar_write")
+                cursor.execute("SAVEPOINT quasar_write")
                 try:
                     write.result = write.work(session)
                     session.flush()
@@ -294,9 +351,9 @@ class GroupCommit:
                         # back: do that, and run the group again without this write.
                         session.rollback()
                         return [other for other in group if other is not write]
-                    connection.exec_driver_sql("ROLLBACK TO SAVEPOINT quasar_write")
+                    cursor.execute("ROLLBACK TO SAVEPOINT quasar_write")
                     session.expunge_all()  # objects it loaded or added may hold what was undone
-                connection.exec_driver_sql("RELEASE SAVEPOINT quasar_write")
+                cursor.execute("RELEASE SAVEPOINT quasar_write")
         return []
 
 
@@ -441,7 +498,8 @@ class NonceLedger:
         self.clock = clock
         self._next_prune = 0.0
         dialect_insert = postgresql_insert if database.dialect == "postgresql" else sqlite_insert
-        self._insert = dialect_insert(UsedNonce.__table__).on_conflict_do_nothing()  # built once: see record()
+        self._insert = PreparedStatement(dialect_insert(UsedNonce.__table__).on_conflict_do_nothing(),
+                                         column_keys=("hotkey", "nonce"))
 
     def record(self, session: Session, hotkey_ss58: str, nonce_ns: int) -> bool:
         """Record (hotkey, nonce) in ``session``'s transaction; False when it is there already (a replay)."""
@@ -450,5 +508,4 @@ class NonceLedger:
             self._next_prune = now + self.retention / 2
             # Nonces are nanosecond timestamps: anything this old is refused as stale anyway.
             session.execute(delete(UsedNonce).where(UsedNonce.nonce < int((now - self.retention) * 1e9)))
-        inserted = session.connection().execute(self._insert, {"hotkey": hotkey_ss58, "nonce": nonce_ns})
-        return inserted.rowcount == 1
+        return self._insert.run(session.connection(), {"hotkey": hotkey_ss58, "nonce": nonce_ns}).rowcount == 1

@@ -25,7 +25,8 @@ from sqlalchemy.orm import Session
 from quasar import auth, scoring
 from quasar.api import rules, schemas
 from quasar.api.db import (
-    Database, EvaluationLease, EvaluationReport, IpBan, NonceLedger, Submission, ValidationFailure,
+    Database, EvaluationLease, EvaluationReport, IpBan, NonceLedger, PreparedStatement, Submission,
+    ValidationFailure,
 )
 from quasar.chain import Chain, ChainError
 from quasar.config import DEV_NETWORK, Settings
@@ -98,19 +99,24 @@ class Authenticated:
     authorize: auth.Authorizer
 
 
-# The statements every submission runs, built once (building a statement costs more than running it
-# on SQLite) and run on the session's connection (SQLAlchemy Core, no ORM bookkeeping).
+# The statements every submission runs, compiled once and run on the DBAPI cursor (PreparedStatement:
+# SQLAlchemy's execution machinery cost several times these statements on SQLite).
 _SUBMISSIONS, _BANS = Submission.__table__, IpBan.__table__
-_BANNED_UNTIL = select(func.max(_BANS.c.banned_until)).where(
-    _BANS.c.client_ip == bindparam("client_ip"), _BANS.c.banned_until > bindparam("now"))
-_RECENT_SUBMISSIONS = select(func.count(), func.min(_SUBMISSIONS.c.submitted_at)).where(
-    _SUBMISSIONS.c.hotkey == bindparam("hotkey"), _SUBMISSIONS.c.submitted_at > bindparam("since"))
-_SAME_SUBMISSION = select(_SUBMISSIONS.c.id).where(
+_BANNED_UNTIL = PreparedStatement(select(func.max(_BANS.c.banned_until)).where(
+    _BANS.c.client_ip == bindparam("client_ip"), _BANS.c.banned_until > bindparam("now")))
+_RECENT_SUBMISSIONS = PreparedStatement(select(func.count(), func.min(_SUBMISSIONS.c.submitted_at)).where(
+    _SUBMISSIONS.c.hotkey == bindparam("hotkey"), _SUBMISSIONS.c.submitted_at > bindparam("since")))
+_SAME_SUBMISSION = PreparedStatement(select(_SUBMISSIONS.c.id).where(
     _SUBMISSIONS.c.hotkey == bindparam("hotkey"), _SUBMISSIONS.c.state == "ready",
     _SUBMISSIONS.c.fork_url == bindparam("fork_url"), _SUBMISSIONS.c.commit_hash == bindparam("commit_hash"),
     _SUBMISSIONS.c.target_sequence_length == bindparam("target_sequence_length"),
-).limit(1)
-_INSERT_SUBMISSION = insert(_SUBMISSIONS).returning(_SUBMISSIONS.c.id)
+).limit(1))
+_DIRECT_SUBMISSION_COLUMNS = (
+    "hotkey", "method", "state", "commitment_hash", "target_sequence_length", "submitted_at", "submitted_block",
+    "ready_at", "ready_block", "round_id", "fork_url", "commit_hash", "claimed_tokens_per_sec", "vram_mb",
+    "benchmarks", "client_ip")
+_INSERT_SUBMISSION = PreparedStatement(insert(_SUBMISSIONS).returning(_SUBMISSIONS.c.id),
+                                       column_keys=_DIRECT_SUBMISSION_COLUMNS)
 
 
 def _utc(timestamp: float) -> str:
@@ -196,7 +202,7 @@ class SubmissionService:
     # --- bans and rate limits ---
 
     def _check_not_banned(self, session: Session, client_ip: str, now: float) -> None:
-        until = session.connection().scalar(_BANNED_UNTIL, {"client_ip": client_ip, "now": now})
+        until = _BANNED_UNTIL.scalar(session.connection(), {"client_ip": client_ip, "now": now})
         if until is not None:
             raise ApiError(403, f"IP {client_ip} is banned until {_utc(until)} after {rules.BAN_FAILURES} failed "
                                 f"validations within 24 h", {"Retry-After": str(int(until - now) + 1)})
@@ -227,8 +233,8 @@ class SubmissionService:
             raise
 
     def _enforce_rate_limit(self, session: Session, hotkey: str, now: float) -> None:
-        count, oldest = session.connection().execute(
-            _RECENT_SUBMISSIONS, {"hotkey": hotkey, "since": now - RATE_WINDOW_S}).one()
+        count, oldest = _RECENT_SUBMISSIONS.run(
+            session.connection(), {"hotkey": hotkey, "since": now - RATE_WINDOW_S}).fetchone()
         if count >= self.config.submissions_per_hour:
             wait = int(oldest + RATE_WINDOW_S - now) + 1
             raise ApiError(429, f"rate limit: at most {self.config.submissions_per_hour} submissions per hour per "
@@ -268,13 +274,13 @@ class SubmissionService:
         def work(session: Session) -> schemas.SubmissionAccepted:
             self._enforce_rate_limit(session, hotkey, now)
             connection = session.connection()
-            duplicate = connection.scalar(_SAME_SUBMISSION, {
+            duplicate = _SAME_SUBMISSION.scalar(connection, {
                 "hotkey": hotkey, "fork_url": url, "commit_hash": commit,
                 "target_sequence_length": request.target_sequence_length})
             if duplicate is not None:
                 raise ApiError(409, f"this fork, commit and target length were already submitted as submission "
                                     f"{duplicate}")
-            submission_id = connection.scalar(_INSERT_SUBMISSION, {
+            submission_id = _INSERT_SUBMISSION.scalar(connection, {
                 "hotkey": hotkey, "method": "direct", "state": "ready", "commitment_hash": None,
                 "target_sequence_length": request.target_sequence_length, "submitted_at": now,
                 "submitted_block": block, "ready_at": now, "ready_block": block, "round_id": round_id,

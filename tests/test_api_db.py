@@ -1,0 +1,112 @@
+"""PreparedStatement (quasar/api/db.py) against its reference, SQLAlchemy's ``Connection.execute``.
+
+The submission's hot statements run on the DBAPI cursor; here the same statements run both ways on
+random parameters, on SQLite and PostgreSQL, and must give the same rows, write the same rows, and
+raise the same SQLAlchemy errors.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+
+from api_fixtures import commit_of, database_url, postgres  # noqa: F401  (fixtures)
+from quasar.api import service
+from quasar.api.db import Database, IpBan, PreparedStatement, Submission, UsedNonce
+
+HOTKEYS = [f"5Hotkey{n}" for n in range(4)]
+IPS = ["10.0.0.1", "10.0.0.2", "2001:db8::7"]
+
+
+@pytest.fixture
+def database(database_url) -> Database:
+    database = Database(database_url)
+    database.upgrade()
+    yield database
+    database.dispose()
+
+
+def random_submission(rng: random.Random, now: float) -> dict:
+    """The columns of a direct submission, with the optional ones sometimes missing."""
+    return {
+        "hotkey": rng.choice(HOTKEYS), "method": "direct", "state": rng.choice(["ready", "committed"]),
+        "commitment_hash": None, "target_sequence_length": rng.choice([512, 4096, 1_000_000]),
+        "submitted_at": now - rng.uniform(0, 7200), "submitted_block": rng.randrange(10**6),
+        "ready_at": now, "ready_block": rng.randrange(10**6), "round_id": rng.randrange(100),
+        "fork_url": rng.choice(["https://github.com/a/fla", "https://github.com/b/fla"]),
+        "commit_hash": commit_of(rng.randrange(5)), "claimed_tokens_per_sec": rng.uniform(1, 1e8),
+        "vram_mb": rng.choice([None, rng.randrange(80_000)]),
+        "benchmarks": rng.choice([None, {str(rng.choice([512, 1024])): rng.uniform(1, 1e8)}]),
+        "client_ip": rng.choice(IPS),
+    }
+
+
+def test_the_submission_statements_read_what_sqlalchemy_reads(database):
+    rng = random.Random(random.randrange(2**32))
+    now = time.time()
+
+    def seed(session) -> None:
+        connection = session.connection()
+        for _ in range(60):
+            connection.execute(insert(Submission.__table__), random_submission(rng, now))
+        for ip in IPS[:2]:
+            connection.execute(insert(IpBan.__table__), {"client_ip": ip, "banned_at": now,
+                                                         "banned_until": now + rng.uniform(-100, 100), "reason": "r"})
+
+    database.write(seed)
+    queries = [
+        (service._BANNED_UNTIL, lambda: {"client_ip": rng.choice(IPS), "now": now + rng.uniform(-200, 200)}),
+        (service._RECENT_SUBMISSIONS, lambda: {"hotkey": rng.choice(HOTKEYS), "since": now - rng.uniform(0, 8000)}),
+        (service._SAME_SUBMISSION, lambda: {
+            "hotkey": rng.choice(HOTKEYS), "fork_url": rng.choice(["https://github.com/a/fla", "https://x/y"]),
+            "commit_hash": commit_of(rng.randrange(5)), "target_sequence_length": rng.choice([512, 4096])}),
+    ]
+    found = 0
+    with database.read() as session:
+        connection = session.connection()
+        for prepared, params_of in queries:
+            for _ in range(40):
+                params = params_of()
+                rows = [tuple(row) for row in prepared.run(connection, params).fetchall()]
+                assert rows == [tuple(row) for row in connection.execute(prepared.statement, params).all()], params
+                found += rows != [] and rows[0][0] not in (None, 0)
+    assert found > 10  # not only empty answers
+
+
+def test_an_insert_writes_what_sqlalchemy_writes(database):
+    rng = random.Random(random.randrange(2**32))
+    now = time.time()
+    table = Submission.__table__
+
+    def insert_both(session) -> list[tuple[int, int]]:
+        connection = session.connection()
+        pairs = []
+        for _ in range(30):
+            values = random_submission(rng, now)
+            prepared = service._INSERT_SUBMISSION.scalar(connection, values)
+            reference = connection.execute(insert(table).returning(table.c.id), values).scalar_one()
+            pairs.append((prepared, reference))
+        return pairs
+
+    pairs = database.write(insert_both)
+    with database.read() as session:
+        for prepared, reference in pairs:
+            rows = [session.execute(select(table).where(table.c.id == id_)).one()._asdict() for id_ in (prepared,
+                                                                                                       reference)]
+            assert rows[0].pop("id") == prepared and rows[1].pop("id") == reference
+            assert rows[0] == rows[1]
+
+
+def test_a_driver_error_is_raised_as_sqlalchemy_raises_it(database):
+    statement = insert(UsedNonce.__table__)
+    prepared = PreparedStatement(statement, column_keys=("hotkey", "nonce"))
+    values = {"hotkey": HOTKEYS[0], "nonce": random.randrange(2**62)}
+    database.write(lambda session: prepared.run(session.connection(), values))
+    for again in (lambda connection: prepared.run(connection, values),
+                  lambda connection: connection.execute(statement, values)):
+        with pytest.raises(IntegrityError):
+            database.write(lambda session: again(session.connection()))
