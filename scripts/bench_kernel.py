@@ -20,6 +20,7 @@ Everything is written to DIR (``bench.json``, ``log.txt``); the tables are print
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -150,10 +152,28 @@ def conv_sweep(length: int, blocks: list[tuple[int, int, int]], runs: int = 20) 
     return rows
 
 
-def compile_sweep(lengths: list[int]) -> list[dict]:
+@contextlib.contextmanager
+def compiling_only(threads: int):
+    """Every Triton kernel launched inside compiles (on ``threads`` threads at once, Triton's
+    AsyncCompileMode) and does not run: a forward inside is a dry run that compiles its kernels."""
+    from triton.runtime import _async_compile
+    from triton.runtime.jit import KernelInterface
+
+    launch = KernelInterface.__getitem__
+    KernelInterface.__getitem__ = lambda kernel, grid: lambda *args, **kwargs: kernel.run(
+        *args, grid=grid, warmup=True, **kwargs)
+    try:
+        with ThreadPoolExecutor(threads) as pool, _async_compile.AsyncCompileMode(pool):
+            yield
+    finally:
+        KernelInterface.__getitem__ = launch
+
+
+def compile_sweep(lengths: list[int], threads: int = 0) -> list[dict]:
     """The first and second forward of the fork's layer at each length in turn, as a fresh
     evaluation meets them, with the Triton kernels compiled for each (new ``.cubin`` files in
-    ``TRITON_CACHE_DIR``, which should start empty): where an evaluation's warm-up time goes."""
+    ``TRITON_CACHE_DIR``, which should start empty): where an evaluation's warm-up time goes.
+    ``threads``: first a dry forward that compiles the length's kernels on that many threads at once."""
     cache = Path(os.environ.get("TRITON_CACHE_DIR", Path.home() / ".triton" / "cache"))
     layer, _ = fork_layers(seed=0)
     seen = set(cache.rglob("*.cubin")) if cache.exists() else set()
@@ -162,6 +182,14 @@ def compile_sweep(lengths: list[int]) -> list[dict]:
         x = torch.randn(1, length, LAYER["hidden_size"], device="cuda")
         seconds = []
         with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+            dry_s = None
+            if threads:
+                torch.cuda.synchronize()
+                started = time.perf_counter()
+                with compiling_only(threads):
+                    layer(x)
+                torch.cuda.synchronize()
+                dry_s = time.perf_counter() - started
             for _ in range(2):
                 torch.cuda.synchronize()
                 started = time.perf_counter()
@@ -170,7 +198,8 @@ def compile_sweep(lengths: list[int]) -> list[dict]:
                 seconds.append(time.perf_counter() - started)
         compiled = set(cache.rglob("*.cubin")) - seen
         seen |= compiled
-        rows.append({"length": length, "first_s": seconds[0], "second_s": seconds[1], "compiled": len(compiled),
+        rows.append({"length": length, "threads": threads, "dry_s": dry_s, "first_s": seconds[0],
+                     "second_s": seconds[1], "compiled": len(compiled),
                      "kernels": sorted(path.stem for path in compiled)})
         del x
         torch.cuda.empty_cache()
@@ -345,6 +374,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile-lengths", type=parse_lengths, default=[],
                         help="first: the first and second forward at each of these lengths in turn, and the "
                              "kernels Triton compiled for each (set TRITON_CACHE_DIR to an empty folder)")
+    parser.add_argument("--compile-threads", type=int, default=0,
+                        help="with --compile-lengths: first compile each length's kernels in a dry forward on "
+                             "this many threads at once (Triton's AsyncCompileMode)")
     parser.add_argument("--conv-blocks", type=json.loads, default=[],
                         help="JSON list of [tokens, channels, warps] blocks of the causal conv kernel to time")
     args = parser.parse_args(argv)
@@ -366,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
         log.write(line + "\n")
         (args.out / "bench.json").write_text(json.dumps(report, indent=1))
 
-    for row in compile_sweep(args.compile_lengths):
+    for row in compile_sweep(args.compile_lengths, args.compile_threads):
         emit("compile", row)
 
     upstream = None
