@@ -84,6 +84,8 @@ def parse_networks(networks: Iterable[str]) -> tuple[IpNetwork, ...]:
 
 
 def _is_trusted(address: str, trusted: Sequence[IpNetwork]) -> bool:
+    if not trusted:  # no proxies configured (the common case): nothing to parse
+        return False
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
