@@ -113,6 +113,7 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
     async def lifespan(_app: FastAPI):
         yield
         lane_threads.shutdown(wait=True)
+        reads.close()
         database.dispose()
 
     app = FastAPI(

@@ -3,9 +3,18 @@
 The leaderboard, the current round and the dashboard's pages are read far more often than they
 change, and what they show moves with the chain: a response is computed at most once per request
 target (path and query string) and chain block in each worker process, rendered once, and served
-as bytes until the chain moves to the next block. So a report or submission shows up on a
-cached page from the next block on (12 s on Bittensor), never later. Concurrent requests for a body
-that is being computed wait for that one computation instead of starting their own.
+as bytes until the chain moves to the next block. Concurrent requests for a body that is being
+computed wait for that one computation instead of starting their own.
+
+The JSON reads (``reads.response``: the leaderboard, the current round; validators and miners act
+on them) are exact: from the next block on (12 s on Bittensor) a request gets that block's body,
+waiting for it if need be. The dashboard's pages (``reads.page``: HTML for people) are rendered on
+one thread of their own, and while a page is re-rendered for a new block, requests for it get the
+page of the block before at once: when the chain moves on, every page in use is rendered again,
+and on many threads at once that burst would take the process's interpreter (the GIL) from the
+event loop and from the database writers for a good part of a second; on one thread it takes at
+most that thread's share, and a new report shows on a page as soon as the page is rendered (a few
+milliseconds to a fraction of a second into the block).
 
 A route fills the cache in one line, ``return await reads.response(request, lambda: ...)`` (a
 model, sent as JSON) or ``reads.page(request, render)`` (any response, a dashboard page); the route
@@ -16,7 +25,8 @@ by :meth:`BlockCache.middleware` before routing (a dictionary look-up and the cu
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -60,15 +70,30 @@ class BlockCache:
         self.max_entries = max_entries
         self._rendered: dict[Target, tuple[int, Rendered]] = {}
         self._computing: dict[tuple[Target, int], asyncio.Future[Rendered]] = {}
+        self._page_renderer = ThreadPoolExecutor(1, thread_name_prefix="render-page")
+
+    def close(self) -> None:
+        """Let the page being rendered finish, and end the page-rendering thread."""
+        self._page_renderer.shutdown(wait=True)
 
     async def response(self, request: Request, compute: Callable[[], BaseModel]) -> Response:
-        """The JSON of ``compute()`` for ``request``'s target at the current block (see :meth:`page`)."""
-        return await self.page(request, lambda: Response(compute().model_dump_json().encode(), media_type=JSON_TYPE))
+        """The JSON of ``compute()`` for ``request``'s target at the current block: cached, or
+        computed in the thread pool (it may read the database) and kept until the block changes.
+        Exceptions of ``compute`` reach every request that waited for it, and nothing is cached."""
+        def render() -> Rendered:
+            return Rendered.of(Response(compute().model_dump_json().encode(), media_type=JSON_TYPE))
+
+        return await self._serve(request, lambda: run_in_threadpool(render), stale_ok=False)
 
     async def page(self, request: Request, render: Callable[[], Response]) -> Response:
-        """The response for ``request``'s target at the current block: cached, or ``render()`` run in
-        the thread pool (it may read the database) and kept until the block changes if it is a 200.
-        Exceptions of ``render`` reach every request that waited for it, and nothing is cached."""
+        """``render()``'s response for ``request``'s target, kept while the block lasts if it is a
+        200: rendered on the page thread; while it renders for a new block, the page kept from an
+        earlier block is sent (a target seen for the first time waits for its render)."""
+        loop = asyncio.get_running_loop()
+        return await self._serve(request, lambda: loop.run_in_executor(self._page_renderer,
+                                                                        lambda: Rendered.of(render())), stale_ok=True)
+
+    async def _serve(self, request: Request, start: Callable[[], Awaitable[Rendered]], stale_ok: bool) -> Response:
         target = (request.scope["path"], request.scope.get("query_string", b""))
         block = self.current_block()
         cached = self._rendered.get(target)
@@ -76,9 +101,11 @@ class BlockCache:
             return cached[1].response()
         computing = self._computing.get((target, block))
         if computing is None:
-            computing = asyncio.ensure_future(run_in_threadpool(lambda: Rendered.of(render())))
+            computing = asyncio.ensure_future(start())
             self._computing[(target, block)] = computing
             computing.add_done_callback(lambda done: self._finished(target, block, done))
+        if stale_ok and cached is not None:
+            return cached[1].response()
         # shield: a client that hangs up must not cancel the computation the others wait for.
         return (await asyncio.shield(computing)).response()
 
