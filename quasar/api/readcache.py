@@ -8,13 +8,15 @@ computed wait for that one computation instead of starting their own.
 
 The JSON reads (``reads.response``: the leaderboard, the current round; validators and miners act
 on them) are exact: from the next block on (12 s on Bittensor) a request gets that block's body,
-waiting for it if need be. The dashboard's pages (``reads.page``: HTML for people) are rendered on
-one thread of their own, and while a page is re-rendered for a new block, requests for it get the
-page of the block before at once: when the chain moves on, every page in use is rendered again,
-and on many threads at once that burst would take the process's interpreter (the GIL) from the
-event loop and from the database writers for a good part of a second; on one thread it takes at
-most that thread's share, and a new report shows on a page as soon as the page is rendered (a few
-milliseconds to a fraction of a second into the block).
+waiting for it if need be. The dashboard's pages (``reads.page``: HTML for people) are rendered
+again for a new block on one thread of their own, and meanwhile requests for a page get the page
+of the block before at once: when the chain moves on, every page in use is rendered again, and on
+many threads at once that burst would take the process's interpreter (the GIL) from the event
+loop and from the database writers for a good part of a second; on one thread it takes at most
+that thread's share, and a new report shows on a page as soon as the page is rendered (a few
+milliseconds to a fraction of a second into the block). A page asked for the first time has
+nothing to send meanwhile: it renders in the thread pool, in parallel with others (on PostgreSQL
+a page waits mostly for the database).
 
 A route fills the cache in one line, ``return await reads.response(request, lambda: ...)`` (a
 model, sent as JSON) or ``reads.page(request, render)`` (any response, a dashboard page); the route
@@ -83,28 +85,38 @@ class BlockCache:
         def render() -> Rendered:
             return Rendered.of(Response(compute().model_dump_json().encode(), media_type=JSON_TYPE))
 
-        return await self._serve(request, lambda: run_in_threadpool(render), stale_ok=False)
+        return await self._serve(request, lambda _stale: run_in_threadpool(render), stale_ok=False)
 
     async def page(self, request: Request, render: Callable[[], Response]) -> Response:
         """``render()``'s response for ``request``'s target, kept while the block lasts if it is a
-        200: rendered on the page thread; while it renders for a new block, the page kept from an
-        earlier block is sent (a target seen for the first time waits for its render)."""
+        200. A target seen for the first time renders in the thread pool and its requests wait; a
+        page kept from an earlier block is sent at once while its new block's page renders on the
+        page thread."""
         loop = asyncio.get_running_loop()
-        return await self._serve(request, lambda: loop.run_in_executor(self._page_renderer,
-                                                                        lambda: Rendered.of(render())), stale_ok=True)
 
-    async def _serve(self, request: Request, start: Callable[[], Awaitable[Rendered]], stale_ok: bool) -> Response:
+        def start(stale: bool) -> Awaitable[Rendered]:
+            if not stale:
+                return run_in_threadpool(lambda: Rendered.of(render()))
+            return loop.run_in_executor(self._page_renderer, lambda: Rendered.of(render()))
+
+        return await self._serve(request, start, stale_ok=True)
+
+    async def _serve(self, request: Request, start: Callable[[bool], Awaitable[Rendered]],
+                     stale_ok: bool) -> Response:
+        """The cached response, or ``start(stale)``'s (``stale``: an earlier block's response will
+        be sent meanwhile)."""
         target = (request.scope["path"], request.scope.get("query_string", b""))
         block = self.current_block()
         cached = self._rendered.get(target)
         if cached is not None and cached[0] == block:
             return cached[1].response()
+        stale = stale_ok and cached is not None
         computing = self._computing.get((target, block))
         if computing is None:
-            computing = asyncio.ensure_future(start())
+            computing = asyncio.ensure_future(start(stale))
             self._computing[(target, block)] = computing
             computing.add_done_callback(lambda done: self._finished(target, block, done))
-        if stale_ok and cached is not None:
+        if stale:
             return cached[1].response()
         # shield: a client that hangs up must not cancel the computation the others wait for.
         return (await asyncio.shield(computing)).response()
