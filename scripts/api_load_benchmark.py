@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import resource
 import secrets
@@ -83,6 +84,7 @@ class Stream:
     """One kind of traffic's outcome: latencies (s), statuses, acknowledged submissions."""
 
     latencies: list[float] = field(default_factory=list)
+    scheduled: list[float] = field(default_factory=list)  # each latency's send time, s into the window
     errors: dict[str, int] = field(default_factory=dict)
     acknowledged: dict[int, tuple[str, str]] = field(default_factory=dict)
     ok: int = 0
@@ -111,6 +113,30 @@ class Figures:
     server_cpu_ms_per_request: float
     client_cpu_share: float
     load_average: float
+    # (second of the window, submission p50, p99, read p50, p99 in ms) of the requests sent in it
+    timeline: tuple[tuple[int, float, float, float, float], ...] = ()
+
+
+def timeline(submitted: Stream, read: Stream, seconds: float) -> tuple[tuple[int, float, float, float, float], ...]:
+    """Latency percentiles (ms) of the requests scheduled in each second of the window: where in
+    the window slow requests were (a start-up, a block change), which the whole run's p99 hides."""
+    rows = []
+    for second in range(math.ceil(seconds)):
+        cells = []
+        for stream in (submitted, read):
+            inside = sorted(latency for latency, at in zip(stream.latencies, stream.scheduled) if int(at) == second)
+            cells += [1000 * statistics.median(inside), 1000 * percentile(inside, 0.99)] if inside else [math.nan] * 2
+        rows.append((second, *cells))
+    return tuple(rows)
+
+
+def timeline_table(run: Figures) -> Table:
+    table = Table(title=f"{BACKEND_LABELS[run.backend]} x{run.workers}: latency by second of the window (ms)")
+    for heading in ("second", "submit p50", "submit p99", "read p50", "read p99"):
+        table.add_column(heading, justify="right")
+    for second, *cells in run.timeline:
+        table.add_row(str(second), *(f"{cell:,.0f}" for cell in cells))
+    return table
 
 
 def percentile(sorted_values: list[float], fraction: float) -> float:
@@ -162,6 +188,7 @@ async def connection(port: int, schedule: Sequence[tuple[float, bytes, tuple[str
                 continue
             done = loop.time()
             stream.latencies.append(done - due)
+            stream.scheduled.append(offset)
             stream.last_done = max(stream.last_done, done)
             if status in (200, 201):
                 stream.ok += 1
@@ -304,7 +331,7 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
         read_p50_ms=1000 * statistics.median(read_ordered) if read_ordered else float("nan"),
         read_p99_ms=1000 * percentile(read_ordered, 0.99), read_errors=read.errors,
         server_cpu_ms_per_request=1000 * server_cpu / max(1, requests), client_cpu_share=client_cpu / elapsed,
-        load_average=load_average)
+        load_average=load_average, timeline=timeline(submitted, read, args.seconds))
 
 
 def meets_targets(r: Figures) -> bool:
@@ -371,6 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the timed window")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each backend and number of workers")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--timeline", action="store_true",
+                        help="also show each run's latency percentiles by second of the window")
     args = parser.parse_args(argv)
     if not (1 <= args.submitters <= 256 and 1 <= args.readers <= 256 and 0 < args.seconds <= 60):
         parser.error("--submitters and --readers must be 1..256, --seconds 0..60")
@@ -386,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"submission API under load: {args.submitters} signed submitters and {args.readers} readers "
                   f"at fixed rates for {args.seconds:g} s, server and clients on one machine")
     console.print(figures_table(results))
+    if args.timeline:
+        for run in results:
+            console.print(timeline_table(run))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
     return 1 if any(r.lost for r in results) else 0

@@ -14,7 +14,7 @@ from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from api_load_benchmark import Figures, figures_table  # noqa: E402
+from api_load_benchmark import Figures, Stream, figures_table, timeline  # noqa: E402
 
 
 def test_load_benchmark_runs_every_read_and_loses_nothing(tmp_path):
@@ -22,7 +22,8 @@ def test_load_benchmark_runs_every_read_and_loses_nothing(tmp_path):
     figures_file = tmp_path / "figures.json"
     run = subprocess.run(
         [sys.executable, "scripts/api_load_benchmark.py", "--backend", backend, "--workers", "2", "--seconds", "2",
-         "--rate", "20", "--read-rate", "50", "--submitters", "4", "--readers", "4", "--json", str(figures_file)],
+         "--rate", "20", "--read-rate", "50", "--submitters", "4", "--readers", "4", "--json", str(figures_file),
+         "--timeline"],
         cwd=ROOT, capture_output=True, text=True, timeout=240, env={**os.environ, "COLUMNS": "80"})
     assert run.returncode == 0, run.stdout + run.stderr
     [figures] = json.loads(figures_file.read_text())
@@ -31,6 +32,10 @@ def test_load_benchmark_runs_every_read_and_loses_nothing(tmp_path):
     assert figures["submissions_per_sec"] > 5 and figures["reads_per_sec"] > 10
     assert max(len(line) for line in run.stdout.splitlines()) <= 80, run.stdout
     assert "read p99 ms" in run.stdout and "0 of 1" in run.stdout  # 20/s is below the target
+    # One row per second of the window; every second had requests of both kinds.
+    assert [row[0] for row in figures["timeline"]] == [0, 1]
+    assert all(0 < row[1] <= row[2] < 10_000 and 0 < row[3] <= row[4] < 10_000 for row in figures["timeline"])
+    assert "latency by second of the window" in run.stdout
 
 
 def test_figures_table_takes_medians_per_configuration_within_80_columns():
@@ -48,3 +53,13 @@ def test_figures_table_takes_medians_per_configuration_within_80_columns():
             for line in text.splitlines() if line.startswith("│")}
     assert rows["submit/s"] == ["329"] * 6 and rows["submit p99 ms"] == ["30.0"] * 6
     assert rows["submit errors"] == ["503: 1"] * 6 and rows["targets met"] == ["2 of 3"] * 6
+
+
+def test_the_timeline_puts_each_request_in_the_second_it_was_scheduled_in():
+    submitted = Stream(latencies=[0.010, 0.030, 0.500, 0.002], scheduled=[0.1, 0.9, 1.2, 1.9])
+    read = Stream(latencies=[0.001, 0.004], scheduled=[0.5, 2.5])
+    rows = timeline(submitted, read, 3.0)
+    assert [row[0] for row in rows] == [0, 1, 2]
+    assert rows[0][1:] == (20.0, 30.0, 1.0, 1.0)  # median of 10 and 30 ms; nearest-rank p99
+    assert rows[1][1:3] == (251.0, 500.0) and rows[1][3] != rows[1][3]  # no read in second 1: NaN
+    assert rows[2][1] != rows[2][1] and rows[2][3:] == (4.0, 4.0)
