@@ -103,7 +103,7 @@ def test_an_insert_writes_what_sqlalchemy_writes(database):
 
 def test_a_driver_error_is_raised_as_sqlalchemy_raises_it(database):
     statement = insert(UsedNonce.__table__)
-    prepared = PreparedStatement(statement, column_keys=("hotkey", "nonce"))
+    prepared = PreparedStatement(statement)
     values = {"hotkey": HOTKEYS[0], "nonce": random.randrange(2**62)}
     database.write(lambda session: prepared.run(session.connection(), values))
     for again in (lambda connection: prepared.run(connection, values),

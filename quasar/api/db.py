@@ -178,40 +178,39 @@ class PreparedStatement:
 
     For the few statements every submission runs: on SQLite, SQLAlchemy's execution machinery
     (execution context, result proxy, events) costs several times the statement itself. The SQL and
-    the parameters are still SQLAlchemy's own (the statement's compilation, its bound literals and each
-    parameter type's bind processor, e.g. JSON), and a driver's error is raised as SQLAlchemy's
-    ``DBAPIError`` like ``Connection.execute`` raises it, so the database sees the same thing and the
-    callers handle the same errors. ``column_keys``: the columns an INSERT is given.
-    tests/test_api_db.py runs both ways on random parameters and compares.
+    the parameters are still SQLAlchemy's own (the statement's compilation for the parameters given,
+    as ``Connection.execute`` compiles an INSERT for its keys, its bound literals and each parameter
+    type's bind processor, e.g. JSON), and a driver's error is raised as SQLAlchemy's ``DBAPIError``
+    like ``Connection.execute`` raises it, so the database sees the same thing and the callers
+    handle the same errors. tests/test_api_db.py runs both ways on random parameters and compares.
     """
 
-    def __init__(self, statement: Executable, column_keys: Sequence[str] | None = None):
+    def __init__(self, statement: Executable):
         self.statement = statement
-        self.column_keys = list(column_keys) if column_keys is not None else None
-        self._by_dialect: dict[str, tuple[Any, str, Callable[[dict[str, Any]], Any]]] = {}
+        self._prepared: dict[tuple[str, tuple[str, ...]], tuple[str, Callable[[dict[str, Any]], Any]]] = {}
 
-    def _prepared(self, dialect: Dialect) -> tuple[Any, str, Callable[[dict[str, Any]], Any]]:
-        prepared = self._by_dialect.get(dialect.name)
-        if prepared is None:
-            compiled = self.statement.compile(dialect=dialect, column_keys=self.column_keys,
-                                              compile_kwargs={"render_postcompile": True})
-            names = list(compiled.construct_params(_check=False))
-            processors = {name: processor for name in names
-                          if (processor := compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))}
+    def _prepare(self, dialect: Dialect, keys: tuple[str, ...]) -> tuple[str, Callable[[dict[str, Any]], Any]]:
+        compiled = self.statement.compile(dialect=dialect, column_keys=list(keys),
+                                          compile_kwargs={"render_postcompile": True})
+        processors = {name: processor for name in compiled.construct_params(_check=False)
+                      if (processor := compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))}
 
-            def driver_params(params: dict[str, Any]) -> Any:
-                values = compiled.construct_params(params)
-                for name, processor in processors.items():
-                    values[name] = processor(values[name])
-                return [values[name] for name in compiled.positiontup] if compiled.positional else values
+        def driver_params(params: dict[str, Any]) -> Any:
+            values = compiled.construct_params(params)
+            for name, processor in processors.items():
+                values[name] = processor(values[name])
+            return [values[name] for name in compiled.positiontup] if compiled.positional else values
 
-            prepared = self._by_dialect[dialect.name] = (compiled, compiled.string, driver_params)
-        return prepared
+        return compiled.string, driver_params
 
     def run(self, connection: Connection, params: dict[str, Any]) -> Any:
         """Execute with ``params`` in ``connection``'s transaction; the DBAPI cursor (rows, rowcount)."""
         dialect = connection.dialect
-        _, sql, driver_params = self._prepared(dialect)
+        key = (dialect.name, tuple(params))
+        prepared = self._prepared.get(key)
+        if prepared is None:
+            prepared = self._prepared[key] = self._prepare(dialect, key[1])
+        sql, driver_params = prepared
         values = driver_params(params)
         cursor = connection.connection.cursor()
         try:
@@ -498,8 +497,7 @@ class NonceLedger:
         self.clock = clock
         self._next_prune = 0.0
         dialect_insert = postgresql_insert if database.dialect == "postgresql" else sqlite_insert
-        self._insert = PreparedStatement(dialect_insert(UsedNonce.__table__).on_conflict_do_nothing(),
-                                         column_keys=("hotkey", "nonce"))
+        self._insert = PreparedStatement(dialect_insert(UsedNonce.__table__).on_conflict_do_nothing())
 
     def record(self, session: Session, hotkey_ss58: str, nonce_ns: int) -> bool:
         """Record (hotkey, nonce) in ``session``'s transaction; False when it is there already (a replay)."""

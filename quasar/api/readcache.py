@@ -94,10 +94,11 @@ class BlockCache:
         page thread."""
         loop = asyncio.get_running_loop()
 
+        def rendered() -> Rendered:
+            return Rendered.of(render())
+
         def start(stale: bool) -> Awaitable[Rendered]:
-            if not stale:
-                return run_in_threadpool(lambda: Rendered.of(render()))
-            return loop.run_in_executor(self._page_renderer, lambda: Rendered.of(render()))
+            return loop.run_in_executor(self._page_renderer, rendered) if stale else run_in_threadpool(rendered)
 
         return await self._serve(request, start, stale_ok=True)
 

@@ -111,12 +111,7 @@ _SAME_SUBMISSION = PreparedStatement(select(_SUBMISSIONS.c.id).where(
     _SUBMISSIONS.c.fork_url == bindparam("fork_url"), _SUBMISSIONS.c.commit_hash == bindparam("commit_hash"),
     _SUBMISSIONS.c.target_sequence_length == bindparam("target_sequence_length"),
 ).limit(1))
-_DIRECT_SUBMISSION_COLUMNS = (
-    "hotkey", "method", "state", "commitment_hash", "target_sequence_length", "submitted_at", "submitted_block",
-    "ready_at", "ready_block", "round_id", "fork_url", "commit_hash", "claimed_tokens_per_sec", "vram_mb",
-    "benchmarks", "client_ip")
-_INSERT_SUBMISSION = PreparedStatement(insert(_SUBMISSIONS).returning(_SUBMISSIONS.c.id),
-                                       column_keys=_DIRECT_SUBMISSION_COLUMNS)
+_INSERT_SUBMISSION = PreparedStatement(insert(_SUBMISSIONS).returning(_SUBMISSIONS.c.id))
 
 
 def _utc(timestamp: float) -> str:
