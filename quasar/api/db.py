@@ -96,6 +96,10 @@ class Submission(Base):
         Index("ix_submissions_hotkey_submitted_at", "hotkey", "submitted_at"),
         Index("ix_submissions_state_ready_at", "state", "ready_at", "id"),
         Index("ix_submissions_round_id", "round_id"),
+        # A hotkey's submissions in a state: the duplicate check of every submission (with the
+        # commit) and a miner's evaluated submissions. Without it SQLite's planner takes the state
+        # index for both and reads every ready submission of every miner.
+        Index("ix_submissions_hotkey_state_commit_hash", "hotkey", "state", "commit_hash"),
     )
 
 
