@@ -505,9 +505,14 @@ class NonceLedger:
 
     def record(self, session: Session, hotkey_ss58: str, nonce_ns: int) -> bool:
         """Record (hotkey, nonce) in ``session``'s transaction; False when it is there already (a replay)."""
+        self.prune_if_due(session)
+        return self._insert.run(session.connection(), {"hotkey": hotkey_ss58, "nonce": nonce_ns}).rowcount == 1
+
+    def prune_if_due(self, session: Session) -> None:
+        """Delete, in ``session``'s transaction, the nonces too old to matter, once every half retention
+        period (:meth:`record` does it; call it too where a nonce is recorded any other way)."""
         now = self.clock()
         if now >= self._next_prune:
             self._next_prune = now + self.retention / 2
             # Nonces are nanosecond timestamps: anything this old is refused as stale anyway.
             session.execute(delete(UsedNonce).where(UsedNonce.nonce < int((now - self.retention) * 1e9)))
-        return self._insert.run(session.connection(), {"hotkey": hotkey_ss58, "nonce": nonce_ns}).rowcount == 1
