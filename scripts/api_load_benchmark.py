@@ -13,7 +13,11 @@ for ``--seconds``:
 
 Open loop: every request has a scheduled send time, and its latency is measured from that time to
 the last byte of the answer, so a request that waits for its connection (because the server is
-behind) counts the wait. Every request is signed before the timed window, each with a fresh nonce
+behind) counts the wait. The same traffic runs for ``--warmup`` seconds before the timed window
+(the connections open, and each worker renders every page once, as a server that has been up for
+a while has): its requests are answered and checked for loss like the others, and shown in the
+timeline (negative seconds), but they are not in the window's figures. ``--warmup 0`` measures
+from a cold start. Every request is signed before the traffic starts, each with a fresh nonce
 that is its scheduled send time (so each is fresh when sent), and its own body; the server verifies
 every one. The client speaks HTTP/1.1 on raw asyncio streams, a small share of the CPU that the
 server and client share. Reported: acknowledged requests a second, latency percentiles, errors,
@@ -75,20 +79,29 @@ BACKEND_LABELS = {"sqlite": "SQLite", "postgresql": "PG"}
 # By default requests are offered this much above a target rate: a run's acknowledged rate is a
 # little under its offered rate (the window ends with the last answer), and the target is a floor.
 OFFER_ABOVE_TARGET = 1.1
-# Seconds between signing the requests and the start of the timed window.
+# Seconds between signing the requests and the start of the traffic.
 START_MARGIN_S = 1.0
+# Seconds of traffic before the timed window: long enough for every worker to have rendered each
+# page of the read mix once and for every connection to be open.
+DEFAULT_WARMUP_S = 2.0
 
 
 @dataclass
 class Stream:
-    """One kind of traffic's outcome: latencies (s), statuses, acknowledged submissions."""
+    """One kind of traffic's outcome: each answer's latency (s) and when it was scheduled (s into
+    the timed window; negative in the warm-up), statuses and acknowledged submissions (warm-up
+    included), answers ok in the window and the window's last answer (loop time)."""
 
     latencies: list[float] = field(default_factory=list)
-    scheduled: list[float] = field(default_factory=list)  # each latency's send time, s into the window
+    scheduled: list[float] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
     acknowledged: dict[int, tuple[str, str]] = field(default_factory=dict)
     ok: int = 0
     last_done: float = 0.0
+
+    def in_window(self) -> list[float]:
+        """The latencies of the requests scheduled in the timed window, ascending."""
+        return sorted(latency for latency, at in zip(self.latencies, self.scheduled) if at >= 0)
 
 
 @dataclass(frozen=True)
@@ -113,18 +126,23 @@ class Figures:
     server_cpu_ms_per_request: float
     client_cpu_share: float
     load_average: float
-    # (second of the window, submission p50, p99, read p50, p99 in ms) of the requests sent in it
+    warmup_s: float = 0.0
+    # (second of the window, negative in the warm-up; submission p50, p99, read p50, p99 in ms) of the
+    # requests scheduled in it
     timeline: tuple[tuple[int, float, float, float, float], ...] = ()
 
 
-def timeline(submitted: Stream, read: Stream, seconds: float) -> tuple[tuple[int, float, float, float, float], ...]:
-    """Latency percentiles (ms) of the requests scheduled in each second of the window: where in
-    the window slow requests were (a start-up, a block change), which the whole run's p99 hides."""
+def timeline(submitted: Stream, read: Stream, seconds: float,
+             warmup: float = 0.0) -> tuple[tuple[int, float, float, float, float], ...]:
+    """Latency percentiles (ms) of the requests scheduled in each second of the warm-up (negative
+    seconds) and of the window: where slow requests were (a start-up, a block change), which the
+    whole run's p99 hides."""
     rows = []
-    for second in range(math.ceil(seconds)):
+    for second in range(-math.ceil(warmup), math.ceil(seconds)):
         cells = []
         for stream in (submitted, read):
-            inside = sorted(latency for latency, at in zip(stream.latencies, stream.scheduled) if int(at) == second)
+            inside = sorted(latency for latency, at in zip(stream.latencies, stream.scheduled)
+                            if math.floor(at) == second)
             cells += [1000 * statistics.median(inside), 1000 * percentile(inside, 0.99)] if inside else [math.nan] * 2
         rows.append((second, *cells))
     return tuple(rows)
@@ -169,8 +187,9 @@ async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, r
 
 
 async def connection(port: int, schedule: Sequence[tuple[float, bytes, tuple[str, str] | None]], stream: Stream,
-                     start: float) -> None:
-    """Send ``schedule`` (send time after ``start``, request bytes, submission identity) in order."""
+                     start: float, warmup: float) -> None:
+    """Send ``schedule`` (send time after ``start``, request bytes, submission identity) in order;
+    the timed window starts ``warmup`` seconds after ``start``."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     loop = asyncio.get_running_loop()
     try:
@@ -188,10 +207,11 @@ async def connection(port: int, schedule: Sequence[tuple[float, bytes, tuple[str
                 continue
             done = loop.time()
             stream.latencies.append(done - due)
-            stream.scheduled.append(offset)
-            stream.last_done = max(stream.last_done, done)
+            stream.scheduled.append(offset - warmup)
+            if offset >= warmup:
+                stream.last_done = max(stream.last_done, done)
+                stream.ok += status in (200, 201)
             if status in (200, 201):
-                stream.ok += 1
                 if identity is not None:
                     stream.acknowledged[json.loads(body)["submission_id"]] = identity
             else:
@@ -285,29 +305,37 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
                 seeded = seed_leaderboard(url, api_hotkey, keys, validator)
                 host = url.removeprefix("http://")
                 port = int(host.rsplit(":", 1)[1])
-                wall_start = time.time() + START_MARGIN_S + args.rate * args.seconds * 60e-6
-                submissions = submission_schedules(keys, api_hotkey, host, args.rate, args.seconds, wall_start)
-                reads = read_schedules(args.readers, host, args.read_rate, args.seconds, seeded)
+                total = args.warmup + args.seconds
+                wall_start = time.time() + START_MARGIN_S + args.rate * total * 60e-6
+                submissions = submission_schedules(keys, api_hotkey, host, args.rate, total, wall_start)
+                reads = read_schedules(args.readers, host, args.read_rate, total, seeded)
                 load_average = os.getloadavg()[0]
                 submitted, read = Stream(), Stream()
+                at_window: dict[str, float] = {}
+
+                async def window_opens(when: float) -> None:
+                    """The CPU counters when the timed window starts (the warm-up's work is not in the figures)."""
+                    await asyncio.sleep(max(0.0, when - asyncio.get_running_loop().time()))
+                    usage = resource.getrusage(resource.RUSAGE_SELF)
+                    at_window.update(server=process_tree_cpu_s(process.pid), client=usage.ru_utime + usage.ru_stime,
+                                     wall=time.perf_counter())
 
                 async def traffic() -> float:
                     loop = asyncio.get_running_loop()
                     start = loop.time() + (wall_start - time.time())
-                    tasks = [connection(port, s, submitted, start) for s in submissions]
-                    tasks += [connection(port, s, read, start) for s in reads]
-                    await asyncio.gather(*tasks)
-                    return start
+                    tasks = [connection(port, s, submitted, start, args.warmup) for s in submissions]
+                    tasks += [connection(port, s, read, start, args.warmup) for s in reads]
+                    await asyncio.gather(window_opens(start + args.warmup), *tasks)
+                    return start + args.warmup
 
-                cpu_before = process_tree_cpu_s(process.pid)
-                client_before = resource.getrusage(resource.RUSAGE_SELF)
-                started = time.perf_counter()
                 console.print(f"[bold]{backend}[/], {workers} worker(s): {args.seconds:g} s of {args.rate:g} "
-                              f"submissions/s and {args.read_rate:g} reads/s (load average {load_average:.2f})")
-                start = asyncio.run(traffic())
-                elapsed = time.perf_counter() - started
-                client_after = resource.getrusage(resource.RUSAGE_SELF)
-                server_cpu = process_tree_cpu_s(process.pid) - cpu_before
+                              f"submissions/s and {args.read_rate:g} reads/s after {args.warmup:g} s of warm-up "
+                              f"(load average {load_average:.2f})")
+                window_start = asyncio.run(traffic())
+                elapsed = time.perf_counter() - at_window["wall"]
+                usage = resource.getrusage(resource.RUSAGE_SELF)
+                client_cpu = usage.ru_utime + usage.ru_stime - at_window["client"]
+                server_cpu = process_tree_cpu_s(process.pid) - at_window["server"]
             finally:
                 process.send_signal(signal.SIGTERM)
                 process.wait(timeout=60)
@@ -319,19 +347,18 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
             if postgres:
                 postgres.stop()
     lost = sum(1 for sid, entry in submitted.acknowledged.items() if stored.get(sid) != entry)
-    window = max(submitted.last_done, read.last_done) - start
-    client_cpu = (client_after.ru_utime + client_after.ru_stime) - (client_before.ru_utime + client_before.ru_stime)
-    ordered, read_ordered = sorted(submitted.latencies), sorted(read.latencies)
+    window = max(submitted.last_done, read.last_done) - window_start
+    ordered, read_ordered = submitted.in_window(), read.in_window()
     requests = len(ordered) + len(read_ordered)
     return Figures(
-        backend=backend, workers=workers, seconds=window, offered_rate=args.rate,
-        submissions_per_sec=len(submitted.acknowledged) / window, p50_ms=1000 * statistics.median(ordered),
+        backend=backend, workers=workers, seconds=window, offered_rate=args.rate, warmup_s=args.warmup,
+        submissions_per_sec=submitted.ok / window, p50_ms=1000 * statistics.median(ordered),
         p99_ms=1000 * percentile(ordered, 0.99), max_ms=1000 * ordered[-1], errors=submitted.errors, lost=lost,
         offered_read_rate=args.read_rate, reads_per_sec=read.ok / window,
         read_p50_ms=1000 * statistics.median(read_ordered) if read_ordered else float("nan"),
         read_p99_ms=1000 * percentile(read_ordered, 0.99), read_errors=read.errors,
         server_cpu_ms_per_request=1000 * server_cpu / max(1, requests), client_cpu_share=client_cpu / elapsed,
-        load_average=load_average, timeline=timeline(submitted, read, args.seconds))
+        load_average=load_average, timeline=timeline(submitted, read, args.seconds, args.warmup))
 
 
 def meets_targets(r: Figures) -> bool:
@@ -396,13 +423,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--read-rate", type=float, default=OFFER_ABOVE_TARGET * READ_TARGET[0],
                         help="reads a second in all (0: none; default 1.1 x the target of 1,000)")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the timed window")
+    parser.add_argument("--warmup", type=float, default=DEFAULT_WARMUP_S,
+                        help="seconds of the same traffic before the timed window, not in its figures "
+                             "(0: measure from a cold start)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each backend and number of workers")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--timeline", action="store_true",
                         help="also show each run's latency percentiles by second of the window")
     args = parser.parse_args(argv)
-    if not (1 <= args.submitters <= 256 and 1 <= args.readers <= 256 and 0 < args.seconds <= 60):
-        parser.error("--submitters and --readers must be 1..256, --seconds 0..60")
+    if not (1 <= args.submitters <= 256 and 1 <= args.readers <= 256 and 0 < args.seconds <= 60
+            and 0 <= args.warmup <= 60):
+        parser.error("--submitters and --readers must be 1..256, --seconds 0..60, --warmup 0..60")
     console = Console()
     backends = ("sqlite", "postgresql") if args.backend == "both" else (args.backend,)
     results = []

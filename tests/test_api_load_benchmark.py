@@ -22,8 +22,8 @@ def test_load_benchmark_runs_every_read_and_loses_nothing(tmp_path):
     figures_file = tmp_path / "figures.json"
     run = subprocess.run(
         [sys.executable, "scripts/api_load_benchmark.py", "--backend", backend, "--workers", "2", "--seconds", "2",
-         "--rate", "20", "--read-rate", "50", "--submitters", "4", "--readers", "4", "--json", str(figures_file),
-         "--timeline"],
+         "--warmup", "1", "--rate", "20", "--read-rate", "50", "--submitters", "4", "--readers", "4",
+         "--json", str(figures_file), "--timeline"],
         cwd=ROOT, capture_output=True, text=True, timeout=240, env={**os.environ, "COLUMNS": "80"})
     assert run.returncode == 0, run.stdout + run.stderr
     [figures] = json.loads(figures_file.read_text())
@@ -32,8 +32,8 @@ def test_load_benchmark_runs_every_read_and_loses_nothing(tmp_path):
     assert figures["submissions_per_sec"] > 5 and figures["reads_per_sec"] > 10
     assert max(len(line) for line in run.stdout.splitlines()) <= 80, run.stdout
     assert "read p99 ms" in run.stdout and "0 of 1" in run.stdout  # 20/s is below the target
-    # One row per second of the window; every second had requests of both kinds.
-    assert [row[0] for row in figures["timeline"]] == [0, 1]
+    # One row per second of the warm-up and of the window; every second had requests of both kinds.
+    assert figures["warmup_s"] == 1 and [row[0] for row in figures["timeline"]] == [-1, 0, 1]
     assert all(0 < row[1] <= row[2] < 10_000 and 0 < row[3] <= row[4] < 10_000 for row in figures["timeline"])
     assert "latency by second of the window" in run.stdout
 
@@ -63,3 +63,12 @@ def test_the_timeline_puts_each_request_in_the_second_it_was_scheduled_in():
     assert rows[0][1:] == (20.0, 30.0, 1.0, 1.0)  # median of 10 and 30 ms; nearest-rank p99
     assert rows[1][1:3] == (251.0, 500.0) and rows[1][3] != rows[1][3]  # no read in second 1: NaN
     assert rows[2][1] != rows[2][1] and rows[2][3:] == (4.0, 4.0)
+
+
+def test_the_warm_up_is_in_the_timeline_and_not_in_the_window():
+    submitted = Stream(latencies=[0.200, 0.010, 0.030], scheduled=[-0.5, 0.3, -1.0])
+    assert submitted.in_window() == [0.010]
+    rows = timeline(submitted, Stream(latencies=[0.002], scheduled=[0.7]), 1.0, warmup=1.0)
+    assert [row[0] for row in rows] == [-1, 0]
+    assert rows[0][1] == 115.0 and rows[0][3] != rows[0][3]  # the warm-up's two; no read then
+    assert rows[1][1:] == (10.0, 10.0, 2.0, 2.0)
