@@ -1,5 +1,6 @@
 """The per-block read cache (quasar/api/readcache.py) on its own: JSON bodies exact per block, pages
-rendered one at a time, and a page of the block before sent while the new block's renders."""
+rendered one at a time, a page of the block before sent while the new block's renders, the page
+thread resting between renders, and a render skipped when its block ended before its turn."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def request(path: str) -> Request:
 
 def test_pages_render_again_one_at_a_time_and_the_previous_block_is_served_meanwhile():
     block = [1]
-    cache = BlockCache(lambda: block[0])
+    cache = BlockCache(lambda: block[0], page_render_duty=1.0)  # no rest between renders: see below
     running, most, renders = [0], [0], []
     lock = threading.Lock()
 
@@ -78,3 +79,42 @@ def test_json_reads_wait_for_the_current_block():
 
     assert asyncio.run(scenario()) == [5, 6]
     cache.close()
+
+
+def test_the_page_thread_rests_between_renders_and_skips_a_block_that_has_ended():
+    block = [1]
+    cache = BlockCache(lambda: block[0], page_render_duty=0.25)
+    renders: list[tuple[str, int, float, float]] = []  # (path, block, start, end)
+
+    def render(path: str):
+        def page() -> Response:
+            began = time.monotonic()
+            time.sleep(0.05)
+            renders.append((path, block[0], began, time.monotonic()))
+            return Response(f"{path} at {block[0]}".encode())
+        return page
+
+    paths = [f"/dashboard/submissions/{n}" for n in range(6)]
+
+    async def scenario() -> None:
+        await asyncio.gather(*(cache.page(request(p), render(p)) for p in paths))  # first renders: the pool
+        block[0] = 2
+        await asyncio.gather(*(cache.page(request(p), render(p)) for p in paths))  # six queued on the page thread
+        while len(renders) < len(paths) + 2:
+            await asyncio.sleep(0.01)
+        block[0] = 3  # the other four renders for block 2 are now pointless
+        await asyncio.gather(*(cache.page(request(p), render(p)) for p in paths))
+        while len(renders) < 3 * len(paths) - 4 or cache._computing:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # nothing else renders
+        fresh = await asyncio.gather(*(cache.page(request(p), render(p)) for p in paths))
+        assert [r.body.decode() for r in fresh] == [f"{p} at 3" for p in paths]
+
+    asyncio.run(scenario())
+    cache.close()
+    on_thread = renders[len(paths):]
+    # Two renders for block 2, then the ones for block 3: the four left for block 2 were skipped.
+    assert [b for _, b, _, _ in on_thread] == [2, 2] + [3] * len(paths)
+    # Each render began at least three times its length after the one before ended (a quarter of the time).
+    for (_, _, _, ended), (_, _, began, _), (_, _, b0, e0) in zip(on_thread, on_thread[1:], on_thread):
+        assert began - ended >= 3 * (e0 - b0) * 0.95

@@ -12,9 +12,12 @@ waiting for it if need be. The dashboard's pages (``reads.page``: HTML for peopl
 again for a new block on one thread of their own, and meanwhile requests for a page get the page
 of the block before at once: when the chain moves on, every page in use is rendered again, and on
 many threads at once that burst would take the process's interpreter (the GIL) from the event
-loop and from the database writers for a good part of a second; on one thread it takes at most
-that thread's share, and a new report shows on a page as soon as the page is rendered (a few
-milliseconds to a fraction of a second into the block). A page asked for the first time has
+loop and from the database writers for a good part of a second. The page thread renders for at
+most ``PAGE_RENDER_DUTY`` of the time (after a render it rests for the rest of that share), so
+the burst is spread out and the requests and writes around it keep their pace; a new report
+shows on a page as soon as the page is rendered (milliseconds into the block on an idle server;
+under the load benchmark's 67 pages in use and 1,430 requests a second, up to about 10 s). A
+render whose block ended before its turn came is skipped. A page asked for the first time has
 nothing to send meanwhile: it renders in the thread pool, in parallel with others (on PostgreSQL
 a page waits mostly for the database).
 
@@ -27,6 +30,7 @@ by :meth:`BlockCache.middleware` before routing (a dictionary look-up and the cu
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,10 +42,19 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 DEFAULT_MAX_ENTRIES = 1024
+# Share of the time the page thread spends rendering. Under 330 signed submissions and 1,100 reads
+# a second with two workers (benchmarks/RESULTS.md), the re-rendering of every page at a block
+# change back to back slowed the submissions around it to 500-650 ms (p99 of those seconds); at a
+# quarter of the time, to 100-300 ms; at a tenth, no second's p99 went past 120 ms.
+PAGE_RENDER_DUTY = 0.1
 JSON_TYPE = "application/json"
 HTML_TYPE = "text/html; charset=utf-8"
 
 Target = tuple[str, bytes]  # (path, query string) as received
+
+
+class _Superseded(Exception):
+    """A page's render for a block that ended before its turn came (the next block's is wanted)."""
 
 
 @dataclass(frozen=True)
@@ -65,14 +78,20 @@ class Rendered:
 class BlockCache:
     """Rendered bodies by request target and block; ``current_block`` must be cheap (it is asked on
     every cached read). Only 200 responses are kept (an error page is computed each time); at most
-    ``max_entries`` targets are kept, the least recently computed dropped first."""
+    ``max_entries`` targets are kept, the least recently computed dropped first. The page thread
+    renders for at most ``page_render_duty`` of the time."""
 
-    def __init__(self, current_block: Callable[[], int], max_entries: int = DEFAULT_MAX_ENTRIES):
+    def __init__(self, current_block: Callable[[], int], max_entries: int = DEFAULT_MAX_ENTRIES,
+                 page_render_duty: float = PAGE_RENDER_DUTY):
+        if not 0 < page_render_duty <= 1:
+            raise ValueError(f"page_render_duty must be in (0, 1], got {page_render_duty}")
         self.current_block = current_block
         self.max_entries = max_entries
+        self.page_render_duty = page_render_duty
         self._rendered: dict[Target, tuple[int, Rendered]] = {}
         self._computing: dict[tuple[Target, int], asyncio.Future[Rendered]] = {}
         self._page_renderer = ThreadPoolExecutor(1, thread_name_prefix="render-page")
+        self._next_page_render = 0.0  # monotonic time before which the page thread rests
 
     def close(self) -> None:
         """Let the page being rendered finish, and end the page-rendering thread."""
@@ -85,7 +104,7 @@ class BlockCache:
         def render() -> Rendered:
             return Rendered.of(Response(compute().model_dump_json().encode(), media_type=JSON_TYPE))
 
-        return await self._serve(request, lambda _stale: run_in_threadpool(render), stale_ok=False)
+        return await self._serve(request, lambda _stale, _block: run_in_threadpool(render), stale_ok=False)
 
     async def page(self, request: Request, render: Callable[[], Response]) -> Response:
         """``render()``'s response for ``request``'s target, kept while the block lasts if it is a
@@ -97,15 +116,30 @@ class BlockCache:
         def rendered() -> Rendered:
             return Rendered.of(render())
 
-        def start(stale: bool) -> Awaitable[Rendered]:
-            return loop.run_in_executor(self._page_renderer, rendered) if stale else run_in_threadpool(rendered)
+        def rendered_in_turn(block: int) -> Rendered:
+            """On the page thread: rest out the last render's share, then render (unless the chain
+            has moved past ``block`` meanwhile)."""
+            time.sleep(max(0.0, self._next_page_render - time.monotonic()))
+            if self.current_block() != block:
+                raise _Superseded
+            began = time.monotonic()
+            try:
+                return rendered()
+            finally:
+                ended = time.monotonic()
+                self._next_page_render = ended + (ended - began) * (1 / self.page_render_duty - 1)
+
+        def start(stale: bool, block: int) -> Awaitable[Rendered]:
+            if stale:
+                return loop.run_in_executor(self._page_renderer, rendered_in_turn, block)
+            return run_in_threadpool(rendered)
 
         return await self._serve(request, start, stale_ok=True)
 
-    async def _serve(self, request: Request, start: Callable[[bool], Awaitable[Rendered]],
+    async def _serve(self, request: Request, start: Callable[[bool, int], Awaitable[Rendered]],
                      stale_ok: bool) -> Response:
-        """The cached response, or ``start(stale)``'s (``stale``: an earlier block's response will
-        be sent meanwhile)."""
+        """The cached response, or ``start(stale, block)``'s (``stale``: an earlier block's response
+        will be sent meanwhile)."""
         target = (request.scope["path"], request.scope.get("query_string", b""))
         block = self.current_block()
         cached = self._rendered.get(target)
@@ -114,7 +148,7 @@ class BlockCache:
         stale = stale_ok and cached is not None
         computing = self._computing.get((target, block))
         if computing is None:
-            computing = asyncio.ensure_future(start(stale))
+            computing = asyncio.ensure_future(start(stale, block))
             self._computing[(target, block)] = computing
             computing.add_done_callback(lambda done: self._finished(target, block, done))
         if stale:
