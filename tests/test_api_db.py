@@ -11,7 +11,7 @@ import random
 import time
 
 import pytest
-from sqlalchemy import insert, select
+from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
 from api_fixtures import commit_of, database_url, postgres  # noqa: F401  (fixtures)
@@ -110,3 +110,17 @@ def test_a_driver_error_is_raised_as_sqlalchemy_raises_it(database):
                   lambda connection: connection.execute(statement, values)):
         with pytest.raises(IntegrityError):
             database.write(lambda session: again(session.connection()))
+
+
+def test_open_connections_starts_the_pools_backends_before_any_request(database):
+    pool = database.engine.pool
+    before = pool.checkedin()
+    database.open_connections()
+    if database.dialect == "sqlite":
+        assert pool.checkedin() == before  # nothing to gain there
+        return
+    assert pool.checkedin() == pool.size() == 20 and pool.checkedout() == 0
+    with database.read() as session:
+        backends = session.scalar(select(func.count()).select_from(text("pg_stat_activity"))
+                                  .where(text("datname = current_database()")))
+    assert backends >= pool.size()

@@ -19,6 +19,7 @@ from contextlib import asynccontextmanager
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
@@ -111,6 +112,7 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
+        await run_in_threadpool(database.open_connections)  # before the first request
         yield
         lane_threads.shutdown(wait=True)
         reads.close()
