@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import tempfile
+from pathlib import Path
 
 import uvicorn
 from bittensor.sp_core import decode_ss58
@@ -58,20 +60,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_app(settings: config.Settings, database: Database) -> FastAPI:
-    """The API on ``database`` and the chain ``settings`` name (its metagraph cached per block)."""
+def build_app(settings: config.Settings, database: Database, shared_pages: Path | None = None) -> FastAPI:
+    """The API on ``database`` and the chain ``settings`` name (its metagraph cached per block);
+    ``shared_pages``: the directory where the server's workers share their cached reads."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     chain = connect(settings)
     if settings.network != config.DEV_NETWORK:
         chain = CachedMetagraphChain(chain)
-    return create_app(ApiConfig.from_settings(settings), chain, database)
+    return create_app(ApiConfig.from_settings(settings), chain, database, shared_pages=shared_pages)
 
 
-def worker_app(argv: list[str]) -> FastAPI:
-    """The app of one worker process of ``serve --workers N``, from the same arguments."""
+def worker_app(argv: list[str], shared_pages: str) -> FastAPI:
+    """The app of one worker process of ``serve --workers N``, from the same arguments, sharing its
+    cached reads with the other workers through ``shared_pages``."""
     _, settings = config.parse_args(build_parser(), argv)
     setup_logging(settings.debug, settings.secrets())
-    return build_app(settings, Database(settings.database_url))
+    return build_app(settings, Database(settings.database_url), Path(shared_pages))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         uvicorn.run(app, **options)
     else:
         database.dispose()
-        run_workers(settings.api_workers, "quasar.api.__main__:worker_app", (argv,), options)
+        # Private to this server (mode 0700) and removed when it stops: the workers' shared reads.
+        with tempfile.TemporaryDirectory(prefix="quasar-api-reads-") as shared_pages:
+            run_workers(settings.api_workers, "quasar.api.__main__:worker_app", (argv, shared_pages), options)
     return 0
 
 

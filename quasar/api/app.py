@@ -12,6 +12,7 @@ fields, 429 rate limit, 503 database or chain busy. Every error body is ``{"deta
 unexpected error is logged and answered with a plain 500, never a traceback (quasar/api/errors.py).
 """
 
+import pathlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,7 @@ from quasar.api.db import Database, DatabaseBusy
 from quasar.api.errors import error_response
 from quasar.api.fastlane import SubmitFastLane
 from quasar.api.readcache import BlockCache
+from quasar.api.sharedpages import SharedPages
 from quasar.api.service import NONCE_RETENTION_S, ApiConfig, ApiError, Authenticated, SubmissionService
 from quasar.api.status import StatusReader
 from quasar.chain import Chain, ChainError
@@ -94,10 +96,13 @@ class NoteNonce:
 
 
 def create_app(config: ApiConfig, chain: Chain, database: Database | str,
-               clock: Callable[[], float] = time.time, fast_lane: bool = True) -> FastAPI:
+               clock: Callable[[], float] = time.time, fast_lane: bool = True,
+               shared_pages: pathlib.Path | None = None) -> FastAPI:
     """The API on ``database`` (a :class:`Database` or a URL; migrated to the newest schema here)
     and ``chain`` (registrations, permits and blocks). ``fast_lane``: answer signed direct
-    submissions before routing (quasar/api/fastlane.py); off, the route answers them all."""
+    submissions before routing (quasar/api/fastlane.py); off, the route answers them all.
+    ``shared_pages``: a directory where the server's worker processes share their cached reads
+    (quasar/api/sharedpages.py)."""
     if not config.api_hotkey:
         raise ValueError("API_HOTKEY is not set: the API needs its hotkey's ss58 address as the signed receiver")
     if isinstance(database, str):
@@ -105,7 +110,7 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
     database.upgrade()
     service = SubmissionService(config, chain, database, clock)
     registered, permitted = auth.require_registered(chain), auth.require_validator_permit(chain)
-    reads = BlockCache(service.current_block)
+    reads = BlockCache(service.current_block, shared=None if shared_pages is None else SharedPages(shared_pages))
     trusted = rules.parse_networks(config.trusted_proxies)
 
     lane_threads = ThreadPoolExecutor(LANE_THREADS, thread_name_prefix="submit")

@@ -34,12 +34,16 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+if TYPE_CHECKING:
+    from quasar.api.sharedpages import SharedPages
 
 DEFAULT_MAX_ENTRIES = 1024
 # Share of the time the page thread spends rendering. Under 330 signed submissions and 1,100 reads
@@ -79,15 +83,17 @@ class BlockCache:
     """Rendered bodies by request target and block; ``current_block`` must be cheap (it is asked on
     every cached read). Only 200 responses are kept (an error page is computed each time); at most
     ``max_entries`` targets are kept, the least recently computed dropped first. The page thread
-    renders for at most ``page_render_duty`` of the time."""
+    renders for at most ``page_render_duty`` of the time. With ``shared``, what a (target, block)
+    renders to is computed once by all the server's workers (quasar.api.sharedpages)."""
 
     def __init__(self, current_block: Callable[[], int], max_entries: int = DEFAULT_MAX_ENTRIES,
-                 page_render_duty: float = PAGE_RENDER_DUTY):
+                 page_render_duty: float = PAGE_RENDER_DUTY, shared: SharedPages | None = None):
         if not 0 < page_render_duty <= 1:
             raise ValueError(f"page_render_duty must be in (0, 1], got {page_render_duty}")
         self.current_block = current_block
         self.max_entries = max_entries
         self.page_render_duty = page_render_duty
+        self.shared = shared
         self._rendered: dict[Target, tuple[int, Rendered]] = {}
         self._computing: dict[tuple[Target, int], asyncio.Future[Rendered]] = {}
         self._page_renderer = ThreadPoolExecutor(1, thread_name_prefix="render-page")
@@ -104,7 +110,8 @@ class BlockCache:
         def render() -> Rendered:
             return Rendered.of(Response(compute().model_dump_json().encode(), media_type=JSON_TYPE))
 
-        return await self._serve(request, lambda _stale, _block: run_in_threadpool(render), stale_ok=False)
+        return await self._serve(request, lambda _stale, target, block: run_in_threadpool(
+            self._computed, target, block, render), stale_ok=False)
 
     async def page(self, request: Request, render: Callable[[], Response]) -> Response:
         """``render()``'s response for ``request``'s target, kept while the block lasts if it is a
@@ -116,7 +123,7 @@ class BlockCache:
         def rendered() -> Rendered:
             return Rendered.of(render())
 
-        def rendered_in_turn(block: int) -> Rendered:
+        def rendered_in_turn(target: Target, block: int) -> Rendered:
             """On the page thread: rest out the last render's share, then render (unless the chain
             has moved past ``block`` meanwhile)."""
             time.sleep(max(0.0, self._next_page_render - time.monotonic()))
@@ -124,22 +131,25 @@ class BlockCache:
                 raise _Superseded
             began = time.monotonic()
             try:
-                return rendered()
+                return self._computed(target, block, rendered)
             finally:
                 ended = time.monotonic()
                 self._next_page_render = ended + (ended - began) * (1 / self.page_render_duty - 1)
 
-        def start(stale: bool, block: int) -> Awaitable[Rendered]:
+        def start(stale: bool, target: Target, block: int) -> Awaitable[Rendered]:
             if stale:
-                return loop.run_in_executor(self._page_renderer, rendered_in_turn, block)
-            return run_in_threadpool(rendered)
+                return loop.run_in_executor(self._page_renderer, rendered_in_turn, target, block)
+            return run_in_threadpool(self._computed, target, block, rendered)
 
         return await self._serve(request, start, stale_ok=True)
 
-    async def _serve(self, request: Request, start: Callable[[bool, int], Awaitable[Rendered]],
+    def _computed(self, target: Target, block: int, compute: Callable[[], Rendered]) -> Rendered:
+        return compute() if self.shared is None else self.shared.render(target, block, compute)
+
+    async def _serve(self, request: Request, start: Callable[[bool, Target, int], Awaitable[Rendered]],
                      stale_ok: bool) -> Response:
-        """The cached response, or ``start(stale, block)``'s (``stale``: an earlier block's response
-        will be sent meanwhile)."""
+        """The cached response, or ``start(stale, target, block)``'s (``stale``: an earlier block's
+        response will be sent meanwhile)."""
         target = (request.scope["path"], request.scope.get("query_string", b""))
         block = self.current_block()
         cached = self._rendered.get(target)
@@ -148,7 +158,7 @@ class BlockCache:
         stale = stale_ok and cached is not None
         computing = self._computing.get((target, block))
         if computing is None:
-            computing = asyncio.ensure_future(start(stale, block))
+            computing = asyncio.ensure_future(start(stale, target, block))
             self._computing[(target, block)] = computing
             computing.add_done_callback(lambda done: self._finished(target, block, done))
         if stale:

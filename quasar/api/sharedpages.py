@@ -1,0 +1,83 @@
+"""Cached reads shared by the worker processes of one server (``serve --workers N``).
+
+Each worker keeps its own cache of rendered reads per chain block (quasar.api.readcache), so
+without sharing every worker renders every dashboard page and computes every cached JSON body for
+itself, N times the work at the start and at every block change. Through this store the first
+worker to need a (target, block) computes it while it holds an ``flock`` on the target's slot, and
+writes it to a file in a directory private to the server (the supervisor makes it, mode 0700, and
+removes it at exit); a worker that needs the same meanwhile waits on the lock, then reads the file.
+
+The directory holds at most ``slots`` files (one per hash slot of the request target) and their
+lock files, whatever targets clients ask for; a file names its target and block, and a file of
+another target or an older block is a miss (the slot is computed again and overwritten). Only 200
+responses are written. A file is replaced atomically (written beside it, then renamed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from quasar.api.readcache import Rendered, Target
+
+DEFAULT_SLOTS = 1024
+
+
+class SharedPages:
+    """Rendered responses by target and block in ``directory``, computed once across processes."""
+
+    def __init__(self, directory: Path, slots: int = DEFAULT_SLOTS):
+        self.directory = Path(directory)
+        self.slots = slots
+
+    def render(self, target: Target, block: int, compute: Callable[[], Rendered]) -> Rendered:
+        """``target``'s response at ``block``: another process's, if one computed it, else ``compute()``'s
+        (kept for the others when it is a 200). Blocks while another process computes the same slot."""
+        slot = self._slot(target)
+        with self._locked(slot):
+            found = self._read(slot, target, block)
+            if found is not None:
+                return found
+            rendered = compute()
+            if rendered.status == 200:
+                self._write(slot, target, block, rendered)
+            return rendered
+
+    def _slot(self, target: Target) -> str:
+        path, query = target
+        digest = hashlib.blake2b(path.encode() + b"?" + query, digest_size=8).digest()
+        return f"{int.from_bytes(digest, 'big') % self.slots:04x}"
+
+    @contextlib.contextmanager
+    def _locked(self, slot: str) -> Iterator[None]:
+        # A descriptor of its own per call: flock then also keeps out the other threads of this process.
+        descriptor = os.open(self.directory / f"{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(descriptor)  # releases the lock
+
+    def _read(self, slot: str, target: Target, block: int) -> Rendered | None:
+        try:
+            data = (self.directory / slot).read_bytes()
+        except FileNotFoundError:
+            return None
+        head, _, body = data.partition(b"\n")
+        meta = json.loads(head)
+        if meta["target"] != [target[0], target[1].decode("latin-1")] or meta["block"] != block:
+            return None
+        headers = tuple((name.encode("latin-1"), value.encode("latin-1")) for name, value in meta["headers"])
+        return Rendered(meta["status"], headers, body)
+
+    def _write(self, slot: str, target: Target, block: int, rendered: Rendered) -> None:
+        meta = {"target": [target[0], target[1].decode("latin-1")], "block": block, "status": rendered.status,
+                "headers": [[name.decode("latin-1"), value.decode("latin-1")] for name, value in rendered.headers]}
+        partial = self.directory / f"{slot}.partial"
+        partial.write_bytes(json.dumps(meta, separators=(",", ":")).encode() + b"\n" + rendered.body)
+        os.replace(partial, self.directory / slot)
