@@ -18,8 +18,9 @@ the burst is spread out and the requests and writes around it keep their pace; a
 shows on a page as soon as the page is rendered (milliseconds into the block on an idle server;
 under the load benchmark's 67 pages in use and 1,430 requests a second, up to about 10 s). A
 render whose block ended before its turn came is skipped. A page asked for the first time has
-nothing to send meanwhile: it renders in the thread pool, in parallel with others (on PostgreSQL
-a page waits mostly for the database).
+nothing to send meanwhile: it renders in the thread pool, at most ``FIRST_RENDERS`` at once (each
+of a new worker's pages is asked for in its first second: forty renders at once on forty threads
+took the interpreter from the submissions and finished no sooner).
 
 A route fills the cache in one line, ``return await reads.response(request, lambda: ...)`` (a
 model, sent as JSON) or ``reads.page(request, render)`` (any response, a dashboard page); the route
@@ -36,6 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import anyio
+import anyio.to_thread
 from fastapi import Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
@@ -51,6 +54,9 @@ DEFAULT_MAX_ENTRIES = 1024
 # change back to back slowed the submissions around it to 500-650 ms (p99 of those seconds); at a
 # quarter of the time, to 100-300 ms; at a tenth, no second's p99 went past 120 ms.
 PAGE_RENDER_DUTY = 0.1
+# Pages rendered at once for the first time, per worker. PostgreSQL with two workers, six runs each
+# alternating (benchmarks/RESULTS.md): 4 of 6 met the targets with 4, 2 of 6 with the pool's 40.
+FIRST_RENDERS = 4
 JSON_TYPE = "application/json"
 HTML_TYPE = "text/html; charset=utf-8"
 
@@ -98,6 +104,7 @@ class BlockCache:
         self._computing: dict[tuple[Target, int], asyncio.Future[Rendered]] = {}
         self._page_renderer = ThreadPoolExecutor(1, thread_name_prefix="render-page")
         self._next_page_render = 0.0  # monotonic time before which the page thread rests
+        self._first_renders: anyio.CapacityLimiter | None = None  # made in the event loop, on first use
 
     def close(self) -> None:
         """Let the page being rendered finish, and end the page-rendering thread."""
@@ -139,7 +146,9 @@ class BlockCache:
         def start(stale: bool, target: Target, block: int) -> Awaitable[Rendered]:
             if stale:
                 return loop.run_in_executor(self._page_renderer, rendered_in_turn, target, block)
-            return run_in_threadpool(self._computed, target, block, rendered)
+            if self._first_renders is None:
+                self._first_renders = anyio.CapacityLimiter(FIRST_RENDERS)
+            return anyio.to_thread.run_sync(self._computed, target, block, rendered, limiter=self._first_renders)
 
         return await self._serve(request, start, stale_ok=True)
 
