@@ -35,14 +35,14 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.script import ScriptDirectory
 from sqlalchemy import (
-    JSON, BigInteger, Boolean, Double, ForeignKey, Index, Integer, String, Text, UniqueConstraint,
+    JSON, BigInteger, Boolean, Double, ForeignKey, Index, Integer, String, Table, Text, UniqueConstraint,
     create_engine, delete, event, literal, select, text,
 )
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.sql import Executable
+from sqlalchemy.sql import Executable, Insert
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 logger = logging.getLogger(__name__)
@@ -233,6 +233,11 @@ class PreparedStatement:
 # Every PostgreSQL submission takes one (its hotkey's): through Session.execute it cost a third of
 # the submission's database work in the API process.
 _ADVISORY_LOCK = PreparedStatement(text("SELECT pg_advisory_xact_lock(:space, hashtext(:key))"))
+
+
+def dialect_insert(dialect: str, table: Table) -> Insert:
+    """An INSERT into ``table`` in ``dialect``'s own form, which has ``on_conflict_do_nothing``."""
+    return (postgresql_insert if dialect == "postgresql" else sqlite_insert)(table)
 
 
 class FileLock:
@@ -522,8 +527,7 @@ class NonceLedger:
         self.retention = retention_s
         self.clock = clock
         self._next_prune = 0.0
-        dialect_insert = postgresql_insert if database.dialect == "postgresql" else sqlite_insert
-        self._insert = PreparedStatement(dialect_insert(UsedNonce.__table__).on_conflict_do_nothing())
+        self._insert = PreparedStatement(dialect_insert(database.dialect, UsedNonce.__table__).on_conflict_do_nothing())
 
     def record(self, session: Session, hotkey_ss58: str, nonce_ns: int) -> bool:
         """Record (hotkey, nonce) in ``session``'s transaction; False when it is there already (a replay)."""

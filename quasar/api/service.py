@@ -19,8 +19,6 @@ from datetime import datetime, timezone
 from typing import TypeVar
 
 from sqlalchemy import BigInteger, ColumnElement, String, bindparam, exists, func, insert, select
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -28,7 +26,7 @@ from quasar import auth, scoring
 from quasar.api import rules, schemas
 from quasar.api.db import (
     Database, EvaluationLease, EvaluationReport, IpBan, NonceLedger, PreparedStatement, Submission, UsedNonce,
-    ValidationFailure,
+    ValidationFailure, dialect_insert,
 )
 from quasar.chain import Chain, ChainError
 from quasar.config import DEV_NETWORK, Settings
@@ -104,10 +102,11 @@ class Authenticated:
 # The statements every submission runs, compiled once and run on the DBAPI cursor (PreparedStatement:
 # SQLAlchemy's execution machinery cost several times these statements on SQLite).
 _SUBMISSIONS, _BANS = Submission.__table__, IpBan.__table__
-_BANNED_UNTIL = PreparedStatement(select(func.max(_BANS.c.banned_until)).where(
-    _BANS.c.client_ip == bindparam("client_ip"), _BANS.c.banned_until > bindparam("now")))
-_RECENT_SUBMISSIONS = PreparedStatement(select(func.count(), func.min(_SUBMISSIONS.c.submitted_at)).where(
-    _SUBMISSIONS.c.hotkey == bindparam("hotkey"), _SUBMISSIONS.c.submitted_at > bindparam("since")))
+_BANNED_WHERE = (_BANS.c.client_ip == bindparam("client_ip"), _BANS.c.banned_until > bindparam("now"))
+_BANNED_UNTIL = PreparedStatement(select(func.max(_BANS.c.banned_until)).where(*_BANNED_WHERE))
+_RECENT_WHERE = (_SUBMISSIONS.c.hotkey == bindparam("hotkey"), _SUBMISSIONS.c.submitted_at > bindparam("since"))
+_RECENT_SUBMISSIONS = PreparedStatement(select(func.count(), func.min(_SUBMISSIONS.c.submitted_at))
+                                        .where(*_RECENT_WHERE))
 _SAME_SUBMISSION_WHERE = (
     _SUBMISSIONS.c.hotkey == bindparam("hotkey"), _SUBMISSIONS.c.state == "ready",
     _SUBMISSIONS.c.fork_url == bindparam("fork_url"), _SUBMISSIONS.c.commit_hash == bindparam("commit_hash"),
@@ -125,14 +124,11 @@ def _nonce_if_submission_allowed(dialect: str) -> PreparedStatement:
     process's write lock is held, so a submission's write holds that lock for a fraction of the
     time the checks take one by one (``_check_not_banned``, ``NonceLedger.record``,
     ``_enforce_rate_limit``, ``_SAME_SUBMISSION``: the reference, which also names a refusal)."""
-    dialect_insert = postgresql_insert if dialect == "postgresql" else sqlite_insert
-    banned = exists().where(_BANS.c.client_ip == bindparam("banned_ip"), _BANS.c.banned_until > bindparam("checked_at"))
-    recent = (select(func.count()).select_from(_SUBMISSIONS)
-              .where(_SUBMISSIONS.c.hotkey == bindparam("hotkey"), _SUBMISSIONS.c.submitted_at > bindparam("since"))
-              .scalar_subquery())
+    recent = select(func.count()).select_from(_SUBMISSIONS).where(*_RECENT_WHERE).scalar_subquery()
     allowed = (select(bindparam("nonce_hotkey", type_=String()), bindparam("nonce", type_=BigInteger()))
-               .where(~banned, recent < bindparam("limit"), ~exists().where(*_SAME_SUBMISSION_WHERE)))
-    return PreparedStatement(dialect_insert(UsedNonce.__table__).from_select(["hotkey", "nonce"], allowed)
+               .where(~exists().where(*_BANNED_WHERE), recent < bindparam("limit"),
+                      ~exists().where(*_SAME_SUBMISSION_WHERE)))
+    return PreparedStatement(dialect_insert(dialect, UsedNonce.__table__).from_select(["hotkey", "nonce"], allowed)
                              .on_conflict_do_nothing())
 
 
@@ -310,7 +306,7 @@ class SubmissionService:
 
         def fused(session: Session) -> schemas.SubmissionAccepted | None:
             recorded = self._nonce_if_submission_allowed.run(session.connection(), {
-                **same, "banned_ip": caller.client_ip, "checked_at": self.clock(), "nonce_hotkey": caller.hotkey,
+                **same, "client_ip": caller.client_ip, "now": self.clock(), "nonce_hotkey": caller.hotkey,
                 "nonce": caller.nonce_ns, "since": now - RATE_WINDOW_S, "limit": self.config.submissions_per_hour})
             if recorded.rowcount != 1:
                 return None
