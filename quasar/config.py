@@ -76,6 +76,14 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+def _parse_share(raw: str) -> float:
+    """A share in (0, 1]."""
+    value = _parse_float(0.0)(raw)
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"must be above 0 and at most 1, got {raw}")
+    return value
+
+
 def _parse_bool(raw: str) -> bool:
     lowered = raw.strip().lower()
     if lowered in _TRUE:
@@ -273,6 +281,8 @@ OPTIONS: tuple[Option, ...] = (
            "direct", "direct (submit at once) or commit-reveal (commit a hash, push and reveal after BLOCKS_UNTIL_REVEAL)"),
     Option("min_improvement", "MIN_IMPROVEMENT", "--min-improvement", _parse_float(0.0), "0.02",
            "relative speed-up over the best a candidate needs to be kept and resubmitted (keep above benchmark noise)"),
+    Option("claim_share", "CLAIM_SHARE", "--claim-share", _parse_share, "1.0",
+           "share of the evaluation's recommended claim the miner submits; below 1 leaves room for a slower validator GPU"),
     Option("agent_api_url", "AGENT_API_URL", "--agent.url", _parse_optional_http_url, "",
            "OpenAI-compatible API (e.g. http://127.0.0.1:8080/v1) the agent strategy asks for kernel edits; empty = no agent"),
     Option("agent_model", "AGENT_MODEL", "--agent.model", _parse_str, "", "model name the agent strategy asks for"),
@@ -391,6 +401,7 @@ class Settings:
     workspace_root: str
     submission_mode: str
     min_improvement: float
+    claim_share: float
     agent_api_url: str
     agent_model: str
     agent_api_key: str = field(repr=False)

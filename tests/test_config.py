@@ -62,6 +62,8 @@ def test_bittensor_flag_spelling(tmp_path):
         ({"VALIDATOR_API_URL": "ftp://x"}, "VALIDATOR_API_URL (from environment): expected an http"),
         ({"WALLET_HOTKEY": "../../etc"}, "WALLET_HOTKEY (from environment): expected a plain name"),
         ({"LOGGING_DEBUG": "maybe"}, "LOGGING_DEBUG (from environment): expected true or false"),
+        ({"CLAIM_SHARE": "1.2"}, "CLAIM_SHARE (from environment): must be above 0 and at most 1, got 1.2"),
+        ({"CLAIM_SHARE": "0"}, "CLAIM_SHARE (from environment): must be above 0 and at most 1, got 0"),
         ({"DATABASE_URL": "postgresql://quasar:hunter2@db:5432/quasar"},
          "DATABASE_URL (from environment): must not contain a password"),
     ],

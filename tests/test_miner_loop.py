@@ -218,7 +218,7 @@ def test_the_neuron_forks_submits_publishes_and_stops_cleanly(tmp_path):
             env = neuron_environment(tmp_path, github, api, api_wallet.hotkey.ss58_address)
             command = [sys.executable, "-m", "neurons.miner", "--wallet.name", "miner", "--wallet.hotkey", "default",
                        "--wallet.path", str(wallets), "--subtensor.network", "devchain", "--netuid", "24",
-                       "--axon.port", "8091"]
+                       "--axon.port", "8091", "--claim-share", "0.5"]
             process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True)
             hotkey = miner.hotkey.ss58_address
@@ -247,6 +247,8 @@ def test_the_neuron_forks_submits_publishes_and_stops_cleanly(tmp_path):
             assert state.last_submission.measurement.commit == bare_head(github.bare(UPSTREAM))
             latest = (workspace.reports / "latest.json").read_text()
             assert "STANDIN-ENVIRONMENT" in latest and TOKEN not in latest
+            recommended = json.loads(latest)["recommended_claim"]
+            assert state.last_submission.measurement.claim == pytest.approx(0.5 * recommended)
 
 
 def test_the_neuron_explains_what_is_missing(tmp_path):

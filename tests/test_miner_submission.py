@@ -278,6 +278,20 @@ def test_measurement_takes_the_recommended_claim_of_a_passing_report():
     assert measurement_from_report(replace(passed, verdict=FAIL, reasons=["wrong"]), "a" * 40) is None
 
 
+@pytest.mark.parametrize("share", [0.25, 0.8, 1.0])
+def test_measurement_claims_its_share_of_the_recommended_claim(share):
+    passed = report([length(4096, 8000.0)], 4096)
+    taken = measurement_from_report(passed, "a" * 40, claim_share=share)
+    assert taken.claim == pytest.approx(share * 7200.0)
+    assert taken.tokens_per_sec == 8000.0  # what was measured does not change
+
+
+@pytest.mark.parametrize("share", [0.0, -0.5, 1.01])
+def test_a_claim_share_outside_zero_to_one_is_refused(share):
+    with pytest.raises(ValueError, match="claim_share"):
+        measurement_from_report(report([length(4096, 8000.0)], 4096), "a" * 40, claim_share=share)
+
+
 def test_improvement_is_the_weighted_claim_beyond_the_minimum_gain():
     from quasar.miner.state import SubmissionRecord
 

@@ -65,7 +65,7 @@ MAX_REASONS_SHOWN = 3
 @dataclass(frozen=True)
 class LoopConfig:
     """How the loop runs (from settings: AGENT_ITERATIONS, OPTIMIZATION_INTERVAL, MIN_IMPROVEMENT,
-    TARGET_SEQUENCE_LENGTH, SUBMISSION_MODE)."""
+    TARGET_SEQUENCE_LENGTH, SUBMISSION_MODE, CLAIM_SHARE)."""
 
     iterations: int
     interval_s: float
@@ -73,6 +73,7 @@ class LoopConfig:
     target_seq_len: int | None = None
     candidate_lengths: tuple[int, ...] = DEFAULT_CANDIDATE_LENGTHS
     push_on_keep: bool = True  # direct mode; commit-reveal pushes at the reveal
+    claim_share: float = 1.0
 
 
 @dataclass
@@ -171,7 +172,7 @@ class Miner:
         if target is None:
             return summary
         report = self.evaluate(self.clone.path, target, label=f"baseline {head[:12]}")
-        baseline = measurement_from_report(report, head)
+        baseline = measurement_from_report(report, head, self.config.claim_share)
         summary.baseline = summary.best = baseline
         if baseline is None:
             logger.error("the fork's head %s fails evaluation at T=%d: %s. Candidates are still tried; to start "
@@ -281,7 +282,7 @@ class Miner:
                     return attempt(SLOWER, measured, f"{gain:+.1%} vs best; needs more than {needed:+.1%}")
             commit = self.clone.commit(candidate.paths, self._message(candidate, measured, best_tps, target, report))
             kept = True
-            measurement = measurement_from_report(report, commit)
+            measurement = measurement_from_report(report, commit, self.config.claim_share)
             self.state.best = measurement
             self.store.save(self.state)
             self.evaluate.save(report, "best")

@@ -199,6 +199,7 @@ def _run(settings: Settings) -> int:
                               min_gain=settings.min_improvement)
         config = LoopConfig(iterations=settings.agent_iterations, interval_s=settings.optimization_interval,
                             min_improvement=settings.min_improvement, target_seq_len=settings.target_sequence_length,
+                            claim_share=settings.claim_share,
                             push_on_keep=settings.submission_mode == DIRECT)
 
         def republish() -> None:

@@ -8,7 +8,9 @@
   unacknowledged commitment among the API's pending reveals (or sends it again with the same
   salt) and reveals it when due.
 
-The claim is the harness's recommended claim at the target length; the miner submits only
+The claim is the harness's recommended claim at the target length, times ``CLAIM_SHARE``
+(1 by default; less leaves room for a validator whose GPU is slower or busier than the
+miner's, since a measurement under 0.9 × the claim fails); the miner submits only
 when the weighted score of the claim beats the last submission by the minimum improvement.
 """
 
@@ -40,8 +42,11 @@ SALT_BYTES = 32
 _RETRY_STATUSES = {0, 429, 500, 502, 503, 504}
 
 
-def measurement_from_report(report: EvaluationReport, commit: str) -> Measurement | None:
-    """What a passing evaluation of ``commit`` supports claiming; None if it failed or has no claim."""
+def measurement_from_report(report: EvaluationReport, commit: str, claim_share: float = 1.0) -> Measurement | None:
+    """What a passing evaluation of ``commit`` supports claiming (``claim_share`` of its recommended
+    claim); None if it failed or has no claim."""
+    if not 0.0 < claim_share <= 1.0:
+        raise ValueError(f"claim_share must be above 0 and at most 1, got {claim_share}")
     if not report.passed or report.measured_tokens_per_sec is None or not report.recommended_claim:
         return None
     benchmarks = {int(key): float(item.tokens_per_sec) for key, item in report.lengths.items()
@@ -49,7 +54,7 @@ def measurement_from_report(report: EvaluationReport, commit: str) -> Measuremen
     target = report.lengths.get(str(report.target_seq_len))
     vram = int(target.peak_vram_mb) if target is not None and target.peak_vram_mb is not None else None
     return Measurement(commit=commit, target_seq_len=report.target_seq_len,
-                       tokens_per_sec=float(report.measured_tokens_per_sec), claim=float(report.recommended_claim),
+                       tokens_per_sec=float(report.measured_tokens_per_sec), claim=float(report.recommended_claim) * claim_share,
                        benchmarks=benchmarks, vram_mb=vram, device_name=report.device_name,
                        cv=target.cv if target is not None else None)
 
