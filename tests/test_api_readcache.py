@@ -118,3 +118,66 @@ def test_the_page_thread_rests_between_renders_and_skips_a_block_that_has_ended(
     # Each render began at least three times its length after the one before ended (a quarter of the time).
     for (_, _, _, ended), (_, _, began, _), (_, _, b0, e0) in zip(on_thread, on_thread[1:], on_thread):
         assert began - ended >= 3 * (e0 - b0) * 0.95
+
+
+def test_the_middleware_answers_what_the_route_would_without_routing():
+    """Cached at this block: answered before routing. A page whose render for this block is under
+    way: its earlier block's page, as the route would send, also before routing. Exact JSON of an
+    earlier block never: the route computes it."""
+    block = [1]
+    cache = BlockCache(lambda: block[0], page_render_duty=1.0)
+    routed: list[str] = []
+    release = threading.Event()
+
+    def page() -> Response:
+        if block[0] > 1:
+            release.wait(5)
+        return Response(f"page at {block[0]}".encode())
+
+    def body() -> Body:
+        if block[0] > 1:
+            release.wait(5)
+        return Body(block=block[0])
+
+    async def route(scope, receive, send) -> None:
+        routed.append(scope["path"])
+        if scope["path"] == "/page":
+            response = await cache.page(Request(scope), page)
+        else:
+            response = await cache.response(Request(scope), body)
+        await response(scope, receive, send)
+
+    app = cache.middleware(route)
+
+    async def get(path: str) -> bytes:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        await app({"type": "http", "method": "GET", "path": path, "query_string": b"", "headers": []}, None, send)
+        assert sent[0]["status"] == 200
+        return b"".join(m.get("body", b"") for m in sent[1:])
+
+    async def scenario() -> None:
+        assert (await get("/page"), await get("/json")) == (b"page at 1", b'{"block":1}')
+        assert (await get("/page"), await get("/json")) == (b"page at 1", b'{"block":1}')
+        assert routed == ["/page", "/json"]  # the second of each was answered from the cache
+        block[0] = 2
+        assert await get("/page") == b"page at 1"  # the route starts the render and sends the kept page
+        assert [await get("/page") for _ in range(3)] == [b"page at 1"] * 3
+        assert routed == ["/page", "/json", "/page"]  # the render is under way: answered before routing
+        computing = asyncio.ensure_future(get("/json"))
+        while len(cache._computing) < 2:
+            await asyncio.sleep(0.01)
+        waiting = asyncio.ensure_future(get("/json"))  # exact: it waits in the route for block 2's
+        await asyncio.sleep(0.05)
+        release.set()
+        assert await asyncio.gather(computing, waiting) == [b'{"block":2}'] * 2
+        while cache._computing:
+            await asyncio.sleep(0.01)
+        assert await get("/page") == b"page at 2"
+        assert routed == ["/page", "/json", "/page", "/json", "/json"]
+
+    asyncio.run(scenario())
+    cache.close()

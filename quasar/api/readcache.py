@@ -25,7 +25,10 @@ took the interpreter from the submissions and finished no sooner).
 A route fills the cache in one line, ``return await reads.response(request, lambda: ...)`` (a
 model, sent as JSON) or ``reads.page(request, render)`` (any response, a dashboard page); the route
 validated the request, so a later request for the same target at the same block is answered
-by :meth:`BlockCache.middleware` before routing (a dictionary look-up and the current block).
+by :meth:`BlockCache.middleware` before routing (a dictionary look-up and the current block). So
+is a request for a page whose new block's render is already under way: the route would send the
+page kept from the block before, and going through it costs several times the look-up, for every
+request of every page in use until the page thread has rendered them all.
 """
 
 from __future__ import annotations
@@ -68,6 +71,16 @@ class _Superseded(Exception):
 
 
 @dataclass(frozen=True)
+class _Kept:
+    """A target's newest rendered response: the block it was computed at, and whether it is a page
+    (sent while its next block's render is under way) or exact JSON."""
+
+    block: int
+    rendered: Rendered
+    page: bool
+
+
+@dataclass(frozen=True)
 class Rendered:
     """A response as sent: status, headers (content type and length included) and body."""
 
@@ -100,7 +113,7 @@ class BlockCache:
         self.max_entries = max_entries
         self.page_render_duty = page_render_duty
         self.shared = shared
-        self._rendered: dict[Target, tuple[int, Rendered]] = {}
+        self._rendered: dict[Target, _Kept] = {}
         self._computing: dict[tuple[Target, int], asyncio.Future[Rendered]] = {}
         self._page_renderer = ThreadPoolExecutor(1, thread_name_prefix="render-page")
         self._next_page_render = 0.0  # monotonic time before which the page thread rests
@@ -162,44 +175,47 @@ class BlockCache:
         target = (request.scope["path"], request.scope.get("query_string", b""))
         block = self.current_block()
         cached = self._rendered.get(target)
-        if cached is not None and cached[0] == block:
-            return cached[1].response()
+        if cached is not None and cached.block == block:
+            return cached.rendered.response()
         stale = stale_ok and cached is not None
         computing = self._computing.get((target, block))
         if computing is None:
             computing = asyncio.ensure_future(start(stale, target, block))
             self._computing[(target, block)] = computing
-            computing.add_done_callback(lambda done: self._finished(target, block, done))
+            computing.add_done_callback(lambda done: self._finished(target, block, done, stale_ok))
         if stale:
-            return cached[1].response()
+            return cached.rendered.response()
         # shield: a client that hangs up must not cancel the computation the others wait for.
         return (await asyncio.shield(computing)).response()
 
-    def _finished(self, target: Target, block: int, done: asyncio.Future[Rendered]) -> None:
+    def _finished(self, target: Target, block: int, done: asyncio.Future[Rendered], page: bool) -> None:
         del self._computing[(target, block)]
         if done.cancelled() or done.exception() is not None or done.result().status != 200:
             return
         cached = self._rendered.get(target)
-        if cached is None or cached[0] <= block:
+        if cached is None or cached.block <= block:
             self._rendered.pop(target, None)  # re-inserted last: the dict's order is least recently computed first
-            self._rendered[target] = (block, done.result())
+            self._rendered[target] = _Kept(block, done.result(), page)
             while len(self._rendered) > self.max_entries:
                 del self._rendered[next(iter(self._rendered))]
 
     def middleware(self, app: ASGIApp) -> ASGIApp:
-        """ASGI middleware: a GET whose target has a response cached at the current block is
-        answered here; everything else (and any failure to read the block) goes on to ``app``."""
+        """ASGI middleware: a GET whose target has a response cached at the current block, or a page
+        whose render for the current block is under way, is answered here as the route would answer
+        it; everything else (and any failure to read the block) goes on to ``app``."""
 
         async def serve(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] == "http" and scope["method"] == "GET":
-                cached = self._rendered.get((scope["path"], scope.get("query_string", b"")))
+                target = (scope["path"], scope.get("query_string", b""))
+                cached = self._rendered.get(target)
                 if cached is not None:
                     try:
-                        fresh = cached[0] == self.current_block()
+                        block = self.current_block()
                     except Exception:  # the route reports the chain's failure properly
-                        fresh = False
-                    if fresh:
-                        rendered = cached[1]
+                        block = None
+                    if block is not None and (cached.block == block
+                                              or (cached.page and (target, block) in self._computing)):
+                        rendered = cached.rendered
                         await send({"type": "http.response.start", "status": rendered.status,
                                     "headers": list(rendered.headers)})
                         await send({"type": "http.response.body", "body": rendered.body})
