@@ -8,6 +8,7 @@ raise the same SQLAlchemy errors.
 from __future__ import annotations
 
 import random
+import threading
 import time
 
 import pytest
@@ -124,3 +125,35 @@ def test_open_connections_starts_the_pools_backends_before_any_request(database)
         backends = session.scalar(select(func.count()).select_from(text("pg_stat_activity"))
                                   .where(text("datname = current_database()")))
     assert backends >= pool.size()
+
+
+def test_a_read_inside_a_read_is_the_same_snapshot(database):
+    """A page reads in several places inside one read: one session, one snapshot, even when a
+    write commits between its reads; other threads and later reads get their own."""
+    rng = random.Random()
+    count = select(func.count()).select_from(Submission)
+
+    def add_one() -> None:
+        row = random_submission(rng, time.time())
+        database.write(lambda session: session.execute(insert(Submission).values(**row)))
+
+    add_one()
+    with database.read() as outer:
+        before = outer.scalar(count)
+        add_one()  # committed by another session while the outer read is open
+        with database.read() as inner:
+            assert inner is outer
+            assert inner.scalar(count) == before
+        assert outer.scalar(count) == before  # the inner read did not end the outer one
+        elsewhere = []
+        thread = threading.Thread(target=lambda: elsewhere.append(_count_in_new_read(database, count)))
+        thread.start()
+        thread.join()
+        assert elsewhere == [before + 1]  # another thread's read is its own, and sees the write
+    with database.read() as later:
+        assert later is not outer and later.scalar(count) == before + 1
+
+
+def _count_in_new_read(database: Database, count) -> int:
+    with database.read() as session:
+        return session.scalar(count)

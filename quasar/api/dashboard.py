@@ -12,6 +12,7 @@ JSON: a new verdict shows from the next block on.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -158,6 +159,14 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
         except ApiError:
             return None
 
+    def in_one_read(render: Callable[..., HTMLResponse]) -> Callable[..., HTMLResponse]:
+        """``render`` with every read it makes in one database snapshot (one transaction)."""
+        @functools.wraps(render)
+        def rendered(*args: object) -> HTMLResponse:
+            with service.database.read():
+                return render(*args)
+        return rendered
+
     def not_found(what: str) -> HTMLResponse:
         return page("error.html", 404, title="Not found", message=what)
 
@@ -166,6 +175,7 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
                     round_id: int | None = Query(default=None, alias="round", ge=0, le=2**40)) -> HTMLResponse:
         return await reads.page(request, lambda: index_page(round_id))
 
+    @in_one_read
     def index_page(round_id: int | None) -> HTMLResponse:
         board = service.leaderboard(round_id)
         recent = status_reader.submissions(None, RECENT_SUBMISSIONS, 0)
@@ -176,6 +186,7 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
     async def miner(request: Request, hotkey: str) -> HTMLResponse:
         return await reads.page(request, lambda: miner_page(hotkey))
 
+    @in_one_read
     def miner_page(hotkey: str) -> HTMLResponse:
         if not _HOTKEY.match(hotkey):
             return page("error.html", 422, title="Not a hotkey",
@@ -192,6 +203,7 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
     async def submission(request: Request, submission_id: str) -> HTMLResponse:
         return await reads.page(request, lambda: submission_page(submission_id))
 
+    @in_one_read
     def submission_page(submission_id: str) -> HTMLResponse:
         if not submission_id.isdigit() or not 1 <= int(submission_id) <= schemas.MAX_ID:
             return page("error.html", 422, title="Not a submission id",

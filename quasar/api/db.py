@@ -411,6 +411,7 @@ class Database:
             self._group_commit = None
         else:
             raise ValueError(f"unsupported database {display_url(url)}: use sqlite:///PATH or postgresql://...")
+        self._reading = threading.local()  # the session of the read under way in each thread
         # A read sees one snapshot: SQLite's read transactions do; PostgreSQL needs REPEATABLE READ.
         self._read_engine = self.engine if self.dialect == "sqlite" else \
             self.engine.execution_options(isolation_level="REPEATABLE READ")
@@ -432,9 +433,21 @@ class Database:
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Session]:
-        """A read-only session (one consistent snapshot on both backends)."""
-        with Session(self._read_engine, expire_on_commit=False) as session, session.begin():
+        """A read-only session (one consistent snapshot on both backends). Inside another
+        :meth:`read` of the same thread it is that read's session: a page that reads in several
+        places sees one snapshot, and on PostgreSQL pays for one transaction (a pool check-out
+        with its ping, BEGIN and COMMIT: round trips to a backend that, on a busy machine, each
+        wait for their turn on a CPU)."""
+        session = getattr(self._reading, "session", None)
+        if session is not None:
             yield session
+            return
+        with Session(self._read_engine, expire_on_commit=False) as session, session.begin():
+            self._reading.session = session
+            try:
+                yield session
+            finally:
+                self._reading.session = None
 
     def write(self, work: Callable[[Session], T], locks: Sequence[str] = ()) -> T:
         """Run ``work(session)`` in a write transaction and commit (durably); run again after a deadlock.
