@@ -21,8 +21,9 @@ from a cold start. Every request is signed before the traffic starts, each with 
 that is its scheduled send time (so each is fresh when sent), and its own body; the server verifies
 every one. The client speaks HTTP/1.1 on raw asyncio streams, a small share of the CPU that the
 server and client share. Reported: acknowledged requests a second, latency percentiles, errors,
-lost submissions (acknowledged but missing from the database afterwards; must be 0), and the
-server's CPU time per request.
+lost submissions (acknowledged but missing from the database afterwards; must be 0), the
+server's CPU time per request, and how long a fixed Python loop took just before the run (this
+machine's speed at the time: on a shared machine it varies with the neighbours).
 
     python scripts/api_load_benchmark.py --backend both --workers 1 2 4 --repeat 3
 
@@ -126,10 +127,22 @@ class Figures:
     server_cpu_ms_per_request: float
     client_cpu_share: float
     load_average: float
+    machine_ms: float = 0.0  # the reference loop's time before the run (machine_speed_ms)
     warmup_s: float = 0.0
     # (second of the window, negative in the warm-up; submission p50, p99, read p50, p99 in ms) of the
     # requests scheduled in it
     timeline: tuple[tuple[int, float, float, float, float], ...] = ()
+
+
+def machine_speed_ms(iterations: int = 1_000_000) -> float:
+    """Milliseconds a fixed pure-Python loop takes here now: on a shared machine the CPU time a
+    process gets per second varies with its neighbours (not shown by the load average), and runs
+    are comparable only at similar figures."""
+    started = time.perf_counter()
+    total = 0
+    for n in range(iterations):
+        total += n * n % 7
+    return (time.perf_counter() - started) * 1e3
 
 
 def timeline(submitted: Stream, read: Stream, seconds: float,
@@ -310,6 +323,7 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
                 submissions = submission_schedules(keys, api_hotkey, host, args.rate, total, wall_start)
                 reads = read_schedules(args.readers, host, args.read_rate, total, seeded)
                 load_average = os.getloadavg()[0]
+                machine_ms = machine_speed_ms()
                 submitted, read = Stream(), Stream()
                 at_window: dict[str, float] = {}
 
@@ -330,7 +344,7 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
 
                 console.print(f"[bold]{backend}[/], {workers} worker(s): {args.seconds:g} s of {args.rate:g} "
                               f"submissions/s and {args.read_rate:g} reads/s after {args.warmup:g} s of warm-up "
-                              f"(load average {load_average:.2f})")
+                              f"(load average {load_average:.2f}, reference loop {machine_ms:.0f} ms)")
                 window_start = asyncio.run(traffic())
                 elapsed = time.perf_counter() - at_window["wall"]
                 usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -358,7 +372,7 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
         read_p50_ms=1000 * statistics.median(read_ordered) if read_ordered else float("nan"),
         read_p99_ms=1000 * percentile(read_ordered, 0.99), read_errors=read.errors,
         server_cpu_ms_per_request=1000 * server_cpu / max(1, requests), client_cpu_share=client_cpu / elapsed,
-        load_average=load_average, timeline=timeline(submitted, read, args.seconds, args.warmup))
+        load_average=load_average, machine_ms=machine_ms, timeline=timeline(submitted, read, args.seconds, args.warmup))
 
 
 def meets_targets(r: Figures) -> bool:
@@ -404,6 +418,7 @@ def figures_table(results: Sequence[Figures]) -> Table:
         ("read errors", errors(lambda r: r.read_errors)),
         ("server CPU ms/req", median(lambda r: r.server_cpu_ms_per_request, ".2f")),
         ("load average", median(lambda r: r.load_average, ".2f")),
+        ("reference loop ms", median(lambda r: r.machine_ms, ".0f")),
         ("targets met", lambda runs: f"{sum(meets_targets(r) for r in runs)} of {len(runs)}"),
     )
     for name, cell in rows:

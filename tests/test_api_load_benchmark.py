@@ -14,7 +14,7 @@ from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from api_load_benchmark import Figures, Stream, figures_table, timeline  # noqa: E402
+from api_load_benchmark import Figures, Stream, figures_table, machine_speed_ms, timeline  # noqa: E402
 
 
 def test_load_benchmark_runs_every_read_and_loses_nothing(tmp_path):
@@ -36,6 +36,7 @@ def test_load_benchmark_runs_every_read_and_loses_nothing(tmp_path):
     assert figures["warmup_s"] == 1 and [row[0] for row in figures["timeline"]] == [-1, 0, 1]
     assert all(0 < row[1] <= row[2] < 10_000 and 0 < row[3] <= row[4] < 10_000 for row in figures["timeline"])
     assert "latency by second of the window" in run.stdout
+    assert figures["machine_ms"] > 0 and "reference loop ms" in run.stdout
 
 
 def test_figures_table_takes_medians_per_configuration_within_80_columns():
@@ -72,3 +73,8 @@ def test_the_warm_up_is_in_the_timeline_and_not_in_the_window():
     assert [row[0] for row in rows] == [-1, 0]
     assert rows[0][1] == 115.0 and rows[0][3] != rows[0][3]  # the warm-up's two; no read then
     assert rows[1][1:] == (10.0, 10.0, 2.0, 2.0)
+
+
+def test_the_reference_loop_takes_longer_for_more_iterations():
+    short, long = min(machine_speed_ms(100_000) for _ in range(3)), min(machine_speed_ms(400_000) for _ in range(3))
+    assert 0 < short < long
