@@ -13,14 +13,22 @@ for ``--seconds``:
 
 Open loop: every request has a scheduled send time, and its latency is measured from that time to
 the last byte of the answer, so a request that waits for its connection (because the server is
-behind) counts the wait. The same traffic runs for ``--warmup`` seconds before the timed window
-(the connections open, and each worker renders every page once, as a server that has been up for
-a while has): its requests are answered and checked for loss like the others, and shown in the
-timeline (negative seconds), but they are not in the window's figures. ``--warmup 0`` measures
-from a cold start. Every request is signed before the traffic starts, each with a fresh nonce
-that is its scheduled send time (so each is fresh when sent), and its own body; the server verifies
-every one. The client speaks HTTP/1.1 on raw asyncio streams, a small share of the CPU that the
-server and client share. Reported: acknowledged requests a second, latency percentiles, errors,
+behind) counts the wait.
+
+The window measures a server that has been up for a while, at its hardest moment: before the
+traffic, every target of the read mix is asked for once on each of ``PRIME_CONNECTIONS``
+connections, so that each worker has every page rendered once, as a server that has been up has
+(the time it took is reported; ``--cold`` skips it); the traffic is timed so that the chain moves
+to a new block at second ``BLOCK_CHANGE_AT_S`` of the window, when every page in use is rendered
+again while the requests keep coming. The same traffic runs for ``--warmup`` seconds before the
+window (the connections open): its requests are answered and checked for loss like the others,
+and shown in the timeline (negative seconds), but they are not in the window's figures.
+``--cold --warmup 0`` measures from a cold start.
+
+Every request is signed before the traffic starts, each with a fresh nonce that is its scheduled
+send time (so each is fresh when sent), and its own body; the server verifies every one. The
+client speaks HTTP/1.1 on raw asyncio streams, a small share of the CPU that the server and
+client share. Reported: acknowledged requests a second, latency percentiles, errors,
 lost submissions (acknowledged but missing from the database afterwards; must be 0), the
 server's CPU time per request, and how long a fixed Python loop took just before the run (this
 machine's speed at the time: on a shared machine it varies with the neighbours).
@@ -48,6 +56,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import httpx
 from bittensor import http_auth
 from bittensor.sp_core import Keypair
 from rich.console import Console
@@ -85,6 +94,11 @@ START_MARGIN_S = 1.0
 # Seconds of traffic before the timed window: long enough for every worker to have rendered each
 # page of the read mix once and for every connection to be open.
 DEFAULT_WARMUP_S = 2.0
+# Connections that ask for every read target before the traffic: the kernel spreads connections
+# over the workers, so with eight each of up to four workers very likely gets at least one.
+PRIME_CONNECTIONS = 8
+# The second of the timed window at which the chain moves to the next block (its middle if shorter).
+BLOCK_CHANGE_AT_S = 3.0
 
 
 @dataclass
@@ -127,6 +141,8 @@ class Figures:
     server_cpu_ms_per_request: float
     client_cpu_share: float
     load_average: float
+    primed_s: float | None = None  # seconds the first renders took before the traffic; None: --cold
+    block_change_s: float = 0.0  # second of the window at which the chain moved to the next block
     machine_ms: float = 0.0  # the reference loop's time before the run (machine_speed_ms)
     warmup_s: float = 0.0
     # (second of the window, negative in the warm-up; submission p50, p99, read p50, p99 in ms) of the
@@ -162,11 +178,13 @@ def timeline(submitted: Stream, read: Stream, seconds: float,
 
 
 def timeline_table(run: Figures) -> Table:
-    table = Table(title=f"{BACKEND_LABELS[run.backend]} x{run.workers}: latency by second of the window (ms)")
+    table = Table(title=f"{BACKEND_LABELS[run.backend]} x{run.workers}: latency by second of the window (ms)",
+                  caption="* the chain moved to a new block in this second")
     for heading in ("second", "submit p50", "submit p99", "read p50", "read p99"):
         table.add_column(heading, justify="right")
     for second, *cells in run.timeline:
-        table.add_row(str(second), *(f"{cell:,.0f}" for cell in cells))
+        mark = " *" if second == math.floor(run.block_change_s) else ""
+        table.add_row(f"{second}{mark}", *(f"{cell:,.0f}" for cell in cells))
     return table
 
 
@@ -264,6 +282,43 @@ def read_schedules(readers: int, host: str, rate: float, seconds: float,
     return schedules
 
 
+def read_targets(seeded: Sequence[tuple[str, int]]) -> list[str]:
+    """Every path the read mix asks for, once each."""
+    paths = (path.format(hotkey=hotkey, submission_id=submission_id)
+             for hotkey, submission_id in seeded for path, _ in READ_MIX)
+    return list(dict.fromkeys(paths))
+
+
+def prime_reads(url: str, paths: Sequence[str], connections: int = PRIME_CONNECTIONS) -> float:
+    """Ask for every one of ``paths`` on each of ``connections`` connections in turn, so that each
+    worker has rendered every page (or read it from the one that did); the seconds it took."""
+    started = time.perf_counter()
+    clients = [httpx.Client(base_url=url, timeout=60) for _ in range(connections)]
+    try:
+        for client in clients:
+            for path in paths:
+                client.get(path).raise_for_status()
+    finally:
+        for client in clients:
+            client.close()
+    return time.perf_counter() - started
+
+
+def start_for_block_change(chain: DevChain, earliest: float, warmup: float, seconds: float) -> tuple[float, float]:
+    """A wall-clock time, not before ``earliest``, at which to start the traffic so that the chain
+    moves to a new block at second ``BLOCK_CHANGE_AT_S`` of the window (the middle of a shorter
+    one); returns (that time, that second). Waits for a block change to know the chain's phase."""
+    block = chain.current_block()
+    while chain.current_block() == block:
+        time.sleep(0.005)
+    changed = time.time()
+    at = min(BLOCK_CHANGE_AT_S, seconds / 2)
+    start = changed + chain.block_time_s - at - warmup
+    while start < earliest:
+        start += chain.block_time_s
+    return start, at
+
+
 def seed_leaderboard(url: str, api_hotkey: str, keys: list[Keypair], validator: Keypair) -> list[tuple[str, int]]:
     """One evaluated submission per submitter, so the leaderboard ranks something and the dashboard
     has miner and submission pages; their (hotkey, submission id)."""
@@ -316,10 +371,12 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
                 raise SystemExit(str(error)) from None
             try:
                 seeded = seed_leaderboard(url, api_hotkey, keys, validator)
+                primed_s = None if args.cold else prime_reads(url, read_targets(seeded))
                 host = url.removeprefix("http://")
                 port = int(host.rsplit(":", 1)[1])
                 total = args.warmup + args.seconds
-                wall_start = time.time() + START_MARGIN_S + args.rate * total * 60e-6
+                wall_start, block_change_s = start_for_block_change(
+                    chain, time.time() + START_MARGIN_S + args.rate * total * 60e-6, args.warmup, args.seconds)
                 submissions = submission_schedules(keys, api_hotkey, host, args.rate, total, wall_start)
                 reads = read_schedules(args.readers, host, args.read_rate, total, seeded)
                 load_average = os.getloadavg()[0]
@@ -342,9 +399,11 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
                     await asyncio.gather(window_opens(start + args.warmup), *tasks)
                     return start + args.warmup
 
+                primed = "cold: no page rendered before" if primed_s is None else f"first renders {primed_s:.2f} s"
                 console.print(f"[bold]{backend}[/], {workers} worker(s): {args.seconds:g} s of {args.rate:g} "
-                              f"submissions/s and {args.read_rate:g} reads/s after {args.warmup:g} s of warm-up "
-                              f"(load average {load_average:.2f}, reference loop {machine_ms:.0f} ms)")
+                              f"submissions/s and {args.read_rate:g} reads/s after {args.warmup:g} s of warm-up, "
+                              f"a new block at second {block_change_s:g} ({primed}; load average "
+                              f"{load_average:.2f}, reference loop {machine_ms:.0f} ms)")
                 window_start = asyncio.run(traffic())
                 elapsed = time.perf_counter() - at_window["wall"]
                 usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -372,7 +431,8 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
         read_p50_ms=1000 * statistics.median(read_ordered) if read_ordered else float("nan"),
         read_p99_ms=1000 * percentile(read_ordered, 0.99), read_errors=read.errors,
         server_cpu_ms_per_request=1000 * server_cpu / max(1, requests), client_cpu_share=client_cpu / elapsed,
-        load_average=load_average, machine_ms=machine_ms, timeline=timeline(submitted, read, args.seconds, args.warmup))
+        load_average=load_average, primed_s=primed_s, block_change_s=block_change_s, machine_ms=machine_ms,
+        timeline=timeline(submitted, read, args.seconds, args.warmup))
 
 
 def meets_targets(r: Figures) -> bool:
@@ -439,8 +499,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="reads a second in all (0: none; default 1.1 x the target of 1,000)")
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the timed window")
     parser.add_argument("--warmup", type=float, default=DEFAULT_WARMUP_S,
-                        help="seconds of the same traffic before the timed window, not in its figures "
-                             "(0: measure from a cold start)")
+                        help="seconds of the same traffic before the timed window, not in its figures")
+    parser.add_argument("--cold", action="store_true",
+                        help="do not ask for every read target before the traffic (with --warmup 0: measure "
+                             "from a cold start)")
     parser.add_argument("--repeat", type=int, default=1, help="runs of each backend and number of workers")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--timeline", action="store_true",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,16 @@ from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from api_load_benchmark import Figures, Stream, figures_table, machine_speed_ms, timeline  # noqa: E402
+from api_load_benchmark import (  # noqa: E402
+    Figures,
+    Stream,
+    figures_table,
+    machine_speed_ms,
+    read_targets,
+    start_for_block_change,
+    timeline,
+)
+from quasar.chain.devchain import DevChain  # noqa: E402
 
 
 def test_load_benchmark_runs_every_read_and_loses_nothing(tmp_path):
@@ -37,6 +47,8 @@ def test_load_benchmark_runs_every_read_and_loses_nothing(tmp_path):
     assert all(0 < row[1] <= row[2] < 10_000 and 0 < row[3] <= row[4] < 10_000 for row in figures["timeline"])
     assert "latency by second of the window" in run.stdout
     assert figures["machine_ms"] > 0 and "reference loop ms" in run.stdout
+    assert figures["primed_s"] > 0 and figures["block_change_s"] == 1.0  # the middle of a 2 s window
+    assert "1 *" in run.stdout  # the block change's second is marked in the timeline
 
 
 def test_figures_table_takes_medians_per_configuration_within_80_columns():
@@ -78,3 +90,20 @@ def test_the_warm_up_is_in_the_timeline_and_not_in_the_window():
 def test_the_reference_loop_takes_longer_for_more_iterations():
     short, long = min(machine_speed_ms(100_000) for _ in range(3)), min(machine_speed_ms(400_000) for _ in range(3))
     assert 0 < short < long
+
+
+def test_the_read_targets_are_every_page_of_the_mix_once():
+    targets = read_targets([("5Alice", 1), ("5Bob", 2), ("5Alice", 1)])
+    assert len(targets) == len(set(targets))
+    assert {"/leaderboard", "/", "/dashboard/miners/5Bob", "/dashboard/submissions/2"} <= set(targets)
+
+
+def test_the_traffic_is_timed_to_meet_a_block_change_in_the_window(tmp_path):
+    chain = DevChain(tmp_path / "chain.sqlite3", netuid=24, block_time_s=0.4)
+    earliest = time.time() + 0.5
+    start, at = start_for_block_change(chain, earliest, warmup=0.3, seconds=2.0)
+    assert start >= earliest and at == 1.0  # the middle of a 2 s window (shorter than 2 x 3 s)
+    time.sleep(max(0.0, start + 0.3 + at - 0.1 - time.time()))
+    before = chain.current_block()
+    time.sleep(0.2)
+    assert chain.current_block() == before + 1  # the block changed around second `at` of the window
