@@ -71,16 +71,6 @@ class _Superseded(Exception):
 
 
 @dataclass(frozen=True)
-class _Kept:
-    """A target's newest rendered response: the block it was computed at, and whether it is a page
-    (sent while its next block's render is under way) or exact JSON."""
-
-    block: int
-    rendered: Rendered
-    page: bool
-
-
-@dataclass(frozen=True)
 class Rendered:
     """A response as sent: status, headers (content type and length included) and body."""
 
@@ -96,6 +86,16 @@ class Rendered:
         response = Response(self.body, status_code=self.status)
         response.raw_headers = list(self.headers)
         return response
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """A target's newest rendered response: the block it was computed at, and whether it is a page
+    (sent while its next block's render is under way) or exact JSON."""
+
+    block: int
+    rendered: Rendered
+    page: bool
 
 
 class BlockCache:
