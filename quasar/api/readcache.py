@@ -66,6 +66,10 @@ HTML_TYPE = "text/html; charset=utf-8"
 Target = tuple[str, bytes]  # (path, query string) as received
 
 
+def _target(scope: Scope) -> Target:
+    return (scope["path"], scope.get("query_string", b""))
+
+
 class _Superseded(Exception):
     """A page's render for a block that ended before its turn came (the next block's is wanted)."""
 
@@ -165,6 +169,15 @@ class BlockCache:
 
         return await self._serve(request, start, stale_ok=True)
 
+    def _kept_answer(self, target: Target, block: int) -> Rendered | None:
+        """What answers a request for ``target`` at ``block`` without starting any work: the response
+        kept for ``block`` itself, or, for a page whose render for ``block`` is under way, the page
+        kept from the block before. None when there is none."""
+        cached = self._rendered.get(target)
+        if cached is not None and (cached.block == block or (cached.page and (target, block) in self._computing)):
+            return cached.rendered
+        return None
+
     def _computed(self, target: Target, block: int, compute: Callable[[], Rendered]) -> Rendered:
         return compute() if self.shared is None else self.shared.render(target, block, compute)
 
@@ -172,11 +185,12 @@ class BlockCache:
                      stale_ok: bool) -> Response:
         """The cached response, or ``start(stale, target, block)``'s (``stale``: an earlier block's
         response will be sent meanwhile)."""
-        target = (request.scope["path"], request.scope.get("query_string", b""))
+        target = _target(request.scope)
         block = self.current_block()
+        answer = self._kept_answer(target, block)
+        if answer is not None:
+            return answer.response()
         cached = self._rendered.get(target)
-        if cached is not None and cached.block == block:
-            return cached.rendered.response()
         stale = stale_ok and cached is not None
         computing = self._computing.get((target, block))
         if computing is None:
@@ -206,16 +220,14 @@ class BlockCache:
 
         async def serve(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] == "http" and scope["method"] == "GET":
-                target = (scope["path"], scope.get("query_string", b""))
-                cached = self._rendered.get(target)
-                if cached is not None:
+                target = _target(scope)
+                if target in self._rendered:
                     try:
                         block = self.current_block()
                     except Exception:  # the route reports the chain's failure properly
                         block = None
-                    if block is not None and (cached.block == block
-                                              or (cached.page and (target, block) in self._computing)):
-                        rendered = cached.rendered
+                    rendered = None if block is None else self._kept_answer(target, block)
+                    if rendered is not None:
                         await send({"type": "http.response.start", "status": rendered.status,
                                     "headers": list(rendered.headers)})
                         await send({"type": "http.response.body", "body": rendered.body})

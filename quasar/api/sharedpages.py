@@ -70,14 +70,20 @@ class SharedPages:
             return None
         head, _, body = data.partition(b"\n")
         meta = json.loads(head)
-        if meta["target"] != [target[0], target[1].decode("latin-1")] or meta["block"] != block:
+        if meta["target"] != _stored_target(target) or meta["block"] != block:
             return None
         headers = tuple((name.encode("latin-1"), value.encode("latin-1")) for name, value in meta["headers"])
         return Rendered(meta["status"], headers, body)
 
     def _write(self, slot: str, target: Target, block: int, rendered: Rendered) -> None:
-        meta = {"target": [target[0], target[1].decode("latin-1")], "block": block, "status": rendered.status,
+        meta = {"target": _stored_target(target), "block": block, "status": rendered.status,
                 "headers": [[name.decode("latin-1"), value.decode("latin-1")] for name, value in rendered.headers]}
         partial = self.directory / f"{slot}.partial"
         partial.write_bytes(json.dumps(meta, separators=(",", ":")).encode() + b"\n" + rendered.body)
         os.replace(partial, self.directory / slot)
+
+
+def _stored_target(target: Target) -> list[str]:
+    """``target`` as a slot file names it (JSON: the query string's bytes as latin-1)."""
+    path, query = target
+    return [path, query.decode("latin-1")]
