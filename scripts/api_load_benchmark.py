@@ -91,8 +91,8 @@ BACKEND_LABELS = {"sqlite": "SQLite", "postgresql": "PG"}
 OFFER_ABOVE_TARGET = 1.1
 # Seconds between signing the requests and the start of the traffic.
 START_MARGIN_S = 1.0
-# Seconds of traffic before the timed window: long enough for every worker to have rendered each
-# page of the read mix once and for every connection to be open.
+# Seconds of traffic before the timed window: long enough for every connection to be open (the
+# pages were rendered before the traffic: PRIME_CONNECTIONS).
 DEFAULT_WARMUP_S = 2.0
 # Connections that ask for every read target before the traffic: the kernel spreads connections
 # over the workers, so with eight each of up to four workers very likely gets at least one.
