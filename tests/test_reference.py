@@ -100,6 +100,19 @@ def test_chunk_equals_naive_in_float64(gen, batch, length, heads, d_k, d_v, with
     assert relative_error(s_chunk, s_naive) < 1e-10, f"seed {seed}"
 
 
+@pytest.mark.parametrize("chunks_per_block", [None, 5, 16], ids=["one-block", "blocks-of-5", "blocks-of-16"])
+@pytest.mark.parametrize("length", [837, 1024])
+def test_scan_over_many_chunks_equals_naive_in_float64(gen, length, chunks_per_block):
+    # 14 and 16 chunks: the scan's passes of step 1, 2, 4 and 8, with a ragged last pass and
+    # blocks that end on and off a power of two, each starting from the state the last one left.
+    q, k, v, beta, state = make_core_inputs(gen, 1, length, 2, 16, 8, with_state=True)
+    o_naive, s_naive = naive_quasar(q, k, v, beta, state, output_final_state=True)
+    o_chunk, s_chunk = chunk_quasar_reference(q, k, v, beta, state, output_final_state=True,
+                                              chunks_per_block=chunks_per_block)
+    assert relative_error(o_chunk, o_naive) < 1e-10, f"seed {gen.initial_seed()}"
+    assert relative_error(s_chunk, s_naive) < 1e-10, f"seed {gen.initial_seed()}"
+
+
 def test_final_state_only_when_asked(gen):
     q, k, v, beta, state = make_core_inputs(gen, 1, 10, 2, 8, 8, with_state=True)
     assert naive_quasar(q, k, v, beta, state)[1] is None
