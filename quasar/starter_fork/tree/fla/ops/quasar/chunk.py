@@ -128,8 +128,10 @@ def chunk_quasar_segment_kernel(
         tl.store(seg_trans + base * K * K + o_k[:, None] * K + o_k[None, :], b_m, mask=m_k[:, None] & m_k[None, :])
 
 
-# One compilation for every length (see chunk_quasar_segment_kernel).
-@triton.jit(do_not_specialize=["segments_per_sequence"])
+# One compilation for every length (see chunk_quasar_segment_kernel), and for every tile of a
+# long sequence: whether a tile starts from a state and keeps its final one are run-time flags
+# (as constexprs, the first, middle and last tiles compiled three more variants, 0.6 s each).
+@triton.jit(do_not_specialize=["segments_per_sequence", "use_initial_state", "store_final_state"])
 def chunk_quasar_combine_kernel(
     seg_state,
     seg_trans,
@@ -137,13 +139,13 @@ def chunk_quasar_combine_kernel(
     segments_per_sequence,
     h0,
     ht,
+    use_initial_state,
+    store_final_state,
     H: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
-    USE_INITIAL_STATE: tl.constexpr,
-    STORE_FINAL_STATE: tl.constexpr,
     PRECISION: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
@@ -163,7 +165,7 @@ def chunk_quasar_combine_kernel(
     m_m = m_k[:, None] & m_k[None, :]
 
     b_s = tl.zeros([BK, BV], dtype=tl.float32)
-    if USE_INITIAL_STATE:
+    if use_initial_state != 0:
         b_s += tl.load(h0 + i_nh.to(tl.int64) * K * V + p_s, mask=m_s, other=0.0)
     for i_s in range(first, last):
         base = i_s * H + i_h
@@ -171,7 +173,7 @@ def chunk_quasar_combine_kernel(
         b_m = tl.load(seg_trans + base * K * K + p_m, mask=m_m, other=0.0)
         tl.store(seg_state + base * K * V + p_s, b_s, mask=m_s)
         b_s = tl.dot(b_m, b_s, input_precision=PRECISION) + b_c
-    if STORE_FINAL_STATE:
+    if store_final_state != 0:
         tl.store(ht + i_nh.to(tl.int64) * K * V + p_s, b_s, mask=m_s)
 
 
@@ -315,7 +317,7 @@ def chunk_quasar_fwd(q, k, v, beta, initial_state, output_final_state, cu_seqlen
     beta = beta.float().contiguous()
 
     w, u = chunk_quasar_wy(k, v, beta, cu_seqlens, Spans(cu_seqlens, B, T, CHUNK_SIZE),
-                           precision=precision, num_warps=tuning.wy_warps)
+                           precision=precision, num_warps=tuning.wy_warps, inverse=tuning.wy_inverse)
     seg_state = q.new_empty(segments.count, H, K, V, dtype=torch.float32)
     seg_trans = q.new_empty(segments.count, H, K, K, dtype=torch.float32)
     chunk_quasar_segment_kernel[(segments.count, H, 2 if tuning.split_transition else 1)](
@@ -327,9 +329,11 @@ def chunk_quasar_fwd(q, k, v, beta, initial_state, output_final_state, cu_seqlen
     h0 = initial_state.to(torch.float32).contiguous() if initial_state is not None else None
     combine_block_v = min(BV, tuning.combine_block_v)
     chunk_quasar_combine_kernel[(triton.cdiv(V, combine_block_v), N * H)](
-        seg_state, seg_trans, segments.offsets, segments.per_sequence, h0, final_state,
+        seg_state, seg_trans, segments.offsets, segments.per_sequence,
+        # A missing state's pointer is never followed (its flag is 0); seg_state stands in for it.
+        seg_state if h0 is None else h0, seg_state if final_state is None else final_state,
+        int(h0 is not None), int(final_state is not None),
         H=H, K=K, V=V, BK=BK, BV=combine_block_v,
-        USE_INITIAL_STATE=h0 is not None, STORE_FINAL_STATE=final_state is not None,
         PRECISION="ieee" if precision == "ieee" else "tf32", IS_VARLEN=segments.is_varlen,
         num_warps=tuning.combine_warps,
     )

@@ -7,6 +7,9 @@ blocks of 16 rows:
 - ``forward_substitution_batched`` inverts diagonal blocks, one row at a time: row i of the
   inverse is e_i - sum_{j<i} L[i, j] A[j, :], every row j < i being final already (a batch of
   blocks at once; ``forward_substitution_kernel`` is the one-block form);
+- ``product_inverse_batched`` inverts the same blocks with tensor-core dots instead: L is
+  nilpotent (L^16 = 0 for a 16-row block), so (I + L)^-1 = (I - L)(I + L^2)(I + L^4)(I + L^8),
+  three squarings and three products where the substitution takes 15 dependent steps;
 - ``chunk_factors`` computes alpha, the four diagonal inverses (together) and the six
   off-diagonal blocks L_ij = diag(alpha_i) K_i K_j^T of a chunk;
 - ``block_solve`` solves (I + L) X = R block row by block row (tensor-core dots), so the 64x64
@@ -23,6 +26,10 @@ from fla.ops.quasar.gate import quasar_alpha
 
 # Rows of the sub-blocks a 64-token chunk is split into (a constexpr: the kernels read it).
 BLOCK_ROWS = tl.constexpr(16)
+# How the chunk kernels invert the diagonal blocks (tuning.json's ``wy_inverse``).
+INVERSES = ("substitution", "product")
+# The product form's factors after (I - L) for a block of BLOCK_ROWS rows: log2(BLOCK_ROWS) - 1.
+BLOCK_SQUARINGS = tl.constexpr(BLOCK_ROWS.value.bit_length() - 2)
 
 
 @triton.jit
@@ -40,6 +47,33 @@ def forward_substitution_batched(b_L, BT: tl.constexpr):
         b_a = tl.sum(b_l[:, :, None] * b_A, 1)
         b_A = tl.where(row == i, b_A - b_a[:, None, :], b_A)
     return b_A
+
+
+@triton.jit
+def product_inverse_batched(b_L, BT: tl.constexpr, SQUARINGS: tl.constexpr, PRECISION: tl.constexpr):
+    """(I + L)^-1 of each of a batch of strictly lower-triangular fp32 blocks ``b_L [NB, BT, BT]``
+    as the product (I - L)(I + L^2)(I + L^4)...(I + L^(BT/2)), exact because L^BT = 0
+    (``SQUARINGS`` = log2(BT) - 1, the factors after the first).
+
+    The dots take fp32 operands ("ieee" for "ieee", else TF32): the factors' rounding stays far
+    under the bf16 rounding of the operands the inverse is then applied to.
+    """
+    o_i = tl.arange(0, BT)
+    eye = tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)[None, :, :]
+    b_A = eye - b_L
+    b_P = b_L
+    for _ in tl.static_range(SQUARINGS):
+        b_P = _fp32_dot(b_P, b_P, PRECISION)
+        b_A += _fp32_dot(b_A, b_P, PRECISION)
+    return b_A
+
+
+@triton.jit
+def _fp32_dot(a, b, PRECISION: tl.constexpr):
+    if PRECISION == "ieee":
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision="tf32")
 
 
 @triton.jit
@@ -79,16 +113,21 @@ def store_block(x, value, bos, rows, cols, T, i_h, H: tl.constexpr, D: tl.conste
 
 
 @triton.jit
-def chunk_factors(k0, k1, k2, k3, k_blocks, b_beta, PRECISION: tl.constexpr):
+def chunk_factors(k0, k1, k2, k3, k_blocks, b_beta, PRECISION: tl.constexpr, INVERSE: tl.constexpr):
     """alpha of each block, the inverses of the diagonal blocks of (I + strict_tril(D K K^T)),
     and its blocks below the diagonal, for one chunk of four 16-row key blocks (``k_blocks`` is
-    the same chunk as one ``[4, 16, BK]`` block: the diagonal blocks are inverted together)."""
+    the same chunk as one ``[4, 16, BK]`` block: the diagonal blocks are inverted together, by
+    forward substitution or as a product, as ``INVERSE`` says)."""
     o_c = tl.arange(0, BLOCK_ROWS)
     strict = (o_c[:, None] > o_c[None, :])[None, :, :]
     k_float = k_blocks.to(tl.float32)
     alpha = quasar_alpha(tl.sum(k_float * k_float, 2), b_beta)
     gram = mm(k_blocks, tl.permute(k_blocks, (0, 2, 1)), PRECISION)
-    inverses = forward_substitution_batched(tl.where(strict, gram * alpha[:, :, None], 0.0), BLOCK_ROWS)
+    lower = tl.where(strict, gram * alpha[:, :, None], 0.0)
+    if INVERSE == "product":
+        inverses = product_inverse_batched(lower, BLOCK_ROWS, BLOCK_SQUARINGS, PRECISION)
+    else:
+        inverses = forward_substitution_batched(lower, BLOCK_ROWS)
     o_b = tl.arange(0, 4)[:, None, None]
     i0 = tl.sum(tl.where(o_b == 0, inverses, 0.0), 0)
     i1 = tl.sum(tl.where(o_b == 1, inverses, 0.0), 0)
@@ -118,26 +157,34 @@ def block_solve(i0, i1, i2, i3, l10, l20, l21, l30, l31, l32, r0, r1, r2, r3, PR
 
 
 @triton.jit
-def unit_lower_inverse_kernel(L, A, BT: tl.constexpr):
+def unit_lower_inverse_kernel(L, A, BT: tl.constexpr, PRODUCT: tl.constexpr, SQUARINGS: tl.constexpr):
     i_b = tl.program_id(0).to(tl.int64)
     o_i = tl.arange(0, BT)
     p = i_b * BT * BT + o_i[:, None] * BT + o_i[None, :]
     b_L = tl.load(L + p).to(tl.float32)
     b_L = tl.where(o_i[:, None] > o_i[None, :], b_L, 0.0)
-    tl.store(A + p, forward_substitution_kernel(b_L, BT))
+    if PRODUCT:
+        b_A = tl.reshape(product_inverse_batched(tl.reshape(b_L, (1, BT, BT)), BT, SQUARINGS, "ieee"), (BT, BT))
+    else:
+        b_A = forward_substitution_kernel(b_L, BT)
+    tl.store(A + p, b_A)
 
 
-def unit_lower_inverse(L: torch.Tensor) -> torch.Tensor:
+def unit_lower_inverse(L: torch.Tensor, method: str = "substitution") -> torch.Tensor:
     """(I + strict_tril(L))^-1 for a batch ``L [..., BT, BT]`` (BT a power of two), in float32.
 
-    The entries of L on and above the diagonal are ignored. The standalone form of what the
-    chunk kernel does in registers; useful to test the substitution by itself.
+    The entries of L on and above the diagonal are ignored. ``method`` is one of
+    :data:`INVERSES` (the product form takes BT >= 16, the smallest tensor-core dot). The
+    standalone form of what the chunk kernel does in registers; useful to test each by itself.
     """
     if L.dim() < 2 or L.shape[-2] != L.shape[-1] or L.shape[-1] < 1 or L.shape[-1] & (L.shape[-1] - 1):
         raise ValueError(f"L must be [..., BT, BT] with BT a power of two, got {tuple(L.shape)}")
+    if method not in INVERSES or (method == "product" and L.shape[-1] < 16):
+        raise ValueError(f"method must be one of {INVERSES} (product: BT >= 16); got {method!r} with BT={L.shape[-1]}")
     BT = L.shape[-1]
     flat = L.reshape(-1, BT, BT).to(torch.float32).contiguous()
     A = torch.empty_like(flat)
     if flat.shape[0]:
-        unit_lower_inverse_kernel[(flat.shape[0],)](flat, A, BT=BT)
+        unit_lower_inverse_kernel[(flat.shape[0],)](flat, A, BT=BT, PRODUCT=method == "product",
+                                                     SQUARINGS=BT.bit_length() - 2)
     return A.reshape(L.shape)

@@ -6,6 +6,9 @@ optional, defaults in :data:`DEFAULTS`:
 ``segment_chunks``    chunks of 64 tokens per segment of the two-level scan (power of two, 1..256):
                       more means fewer segment programs and a shorter sequential combine.
 ``wy_warps``          num_warps of the WY kernel (pass 0: W and U of every chunk).
+``wy_inverse``        how the WY kernel inverts a chunk's 16-row diagonal blocks: "substitution"
+                      (15 dependent row steps) or "product" ((I - L)(I + L^2)(I + L^4)(I + L^8),
+                      six tensor-core dots).
 ``segment_warps``     num_warps of the segment kernel (pass 1: segment-local state and transition).
 ``split_transition``  pass 1 computes a segment's state and its transition in two programs
                       (true/false): twice the programs, half the sequential work each.
@@ -36,6 +39,7 @@ class QuasarTuning:
 
     segment_chunks: int = 32
     wy_warps: int = 1
+    wy_inverse: str = "substitution"
     segment_warps: int = 4
     split_transition: bool = False
     output_warps: int = 4
@@ -51,6 +55,7 @@ DEFAULTS = QuasarTuning()
 _ALLOWED = {
     "segment_chunks": {1, 2, 4, 8, 16, 32, 64, 128, 256},
     "wy_warps": {1, 2, 4, 8, 16},
+    "wy_inverse": {"substitution", "product"},
     "segment_warps": {1, 2, 4, 8, 16},
     "split_transition": {True, False},
     "output_warps": {1, 2, 4, 8, 16},

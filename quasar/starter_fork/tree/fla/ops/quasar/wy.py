@@ -35,6 +35,7 @@ def chunk_quasar_wy_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     PRECISION: tl.constexpr,
+    INVERSE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
@@ -53,7 +54,7 @@ def chunk_quasar_wy_kernel(
     k_blocks = tl.load(k + ((bos + rows)[:, :, None] * H + i_h) * K + o_k[None, None, :],
                        mask=(rows < T)[:, :, None] & (o_k < K)[None, None, :], other=0.0)
     a0, a1, a2, a3, i0, i1, i2, i3, l10, l20, l21, l30, l31, l32 = chunk_factors(
-        k0, k1, k2, k3, k_blocks, b_beta, PRECISION,
+        k0, k1, k2, k3, k_blocks, b_beta, PRECISION, INVERSE,
     )
     w0, w1, w2, w3 = block_solve(
         i0, i1, i2, i3, l10, l20, l21, l30, l31, l32,
@@ -87,10 +88,12 @@ def chunk_quasar_wy(
     *,
     precision: str,
     num_warps: int,
+    inverse: str = "substitution",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``W [1, T, H, K]`` and ``U [1, T, H, V]`` (k's and v's dtypes) of every chunk of ``chunks``.
 
-    ``k [1, T, H, K]``, ``v [1, T, H, V]`` (sequences laid end to end), ``beta [H]`` fp32.
+    ``k [1, T, H, K]``, ``v [1, T, H, V]`` (sequences laid end to end), ``beta [H]`` fp32;
+    ``inverse`` says how the diagonal blocks are inverted (forward_substitution.INVERSES).
     """
     _, T, H, K = k.shape
     V = v.shape[-1]
@@ -99,6 +102,6 @@ def chunk_quasar_wy(
     chunk_quasar_wy_kernel[(chunks.count, H)](
         k, v, beta, w, u, cu_seqlens, chunks.indices, chunks.seq_len, chunks.per_sequence,
         H=H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BV=max(16, triton.next_power_of_2(V)),
-        PRECISION=precision, IS_VARLEN=chunks.is_varlen, num_warps=num_warps,
+        PRECISION=precision, INVERSE=inverse, IS_VARLEN=chunks.is_varlen, num_warps=num_warps,
     )
     return w, u
