@@ -432,11 +432,19 @@ INTERPRETER_SCRIPT = textwrap.dedent(
     assert o.dtype == torch.bfloat16 and ht.dtype == torch.float32
     record("chunk-bf16", o, ht, *exact(q, k, v, beta, h0))
 
-    # the substitution by itself
+    # the WY pass with the diagonal blocks inverted as a product instead of by substitution
+    import dataclasses
+    from fla.ops.quasar.chunk import chunk_quasar_fwd
+    from fla.ops.quasar.tuning import DEFAULTS
+    q, k, v, beta, h0, cu = inputs([70, 5, 55], 2, 64, 0.15, 8)
+    o, ht = chunk_quasar_fwd(q, k, v, beta, h0, True, cu, tuning=dataclasses.replace(DEFAULTS, wy_inverse="product"))
+    record("chunk-product-inverse", o, ht, *exact(q, k, v, beta, h0, cu))
+
+    # the substitution and the product by themselves
     L = torch.randn(4, 64, 64, generator=torch.Generator().manual_seed(6)) * 0.1
-    A = unit_lower_inverse(L)
     ref = torch.linalg.inv(torch.eye(64, dtype=torch.float64) + torch.tril(L.double(), -1))
-    results["forward-substitution"] = {"inverse": relative_error(A, ref)}
+    results["forward-substitution"] = {"inverse": relative_error(unit_lower_inverse(L), ref)}
+    results["product-inverse"] = {"inverse": relative_error(unit_lower_inverse(L, "product"), ref)}
 
     # the backward of the Triton path (it recomputes through the PyTorch path)
     q, k, v, beta, h0, _ = inputs([70], 2, 16, 0.3, 7, batch=2)
@@ -465,7 +473,7 @@ def interpreted(fork):
 
 INTERPRETED_CASES = [
     f"{op}-{case}" for op in ("chunk", "fused_recurrent") for case in ("batch", "varlen", "small-keys")
-] + ["chunk-head-dim-64"]
+] + ["chunk-head-dim-64", "chunk-product-inverse"]
 
 
 @pytest.mark.slow
@@ -484,8 +492,9 @@ def test_triton_chunk_takes_bf16_inputs(interpreted):
 
 
 @pytest.mark.slow
-def test_forward_substitution_kernel_inverts(interpreted):
-    assert interpreted["forward-substitution"]["inverse"] < 1e-5
+@pytest.mark.parametrize("method", ["forward-substitution", "product-inverse"])
+def test_unit_lower_inverse_kernel_inverts(interpreted, method):
+    assert interpreted[method]["inverse"] < 1e-5
 
 
 @pytest.mark.slow
