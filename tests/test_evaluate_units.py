@@ -212,7 +212,7 @@ def test_run_forwards_matches_a_slow_per_forward_chain_and_the_parents_rebuild()
     request = _Request(input_seed, basis_seed, harness._fingerprints(payload, count, "test"), 0)
     assert request.fingerprints.tolist() == reported
     rebuilt = harness._request_buffers(request, length, "cpu")
-    inputs = _reference_outputs(lambda batch: (batch,), rebuilt, request, 0, count, "cpu")
+    inputs = _reference_outputs(lambda batch: (batch,), rebuilt, request, 0, count)
     assert torch.equal(inputs, torch.cat(layer.inputs))
 
 
@@ -225,11 +225,33 @@ def test_a_batched_reference_matches_one_forward_at_a_time():
     reference.load_state_dict(workload.make_weights(rng.randrange(1 << 30)), strict=True)
     buffers = filled(count, length, rng.randrange(1 << 63), rng.randrange(1 << 63))
     request = _Request(0, 0, torch.randn(count, workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS), 0)
-    batched = _reference_outputs(reference, buffers, request, 0, count, "cpu")
-    one_at_a_time = torch.cat([_reference_outputs(reference, buffers, request, index, index + 1, "cpu")
+    batched = _reference_outputs(reference, buffers, request, 0, count)
+    one_at_a_time = torch.cat([_reference_outputs(reference, buffers, request, index, index + 1)
                                for index in range(count)])
     assert batched.shape == (count, length, workload.HIDDEN_SIZE)
     assert relative_error(batched, one_at_a_time) < 1e-5
+
+
+def test_the_parents_batched_checks_match_one_forward_at_a_time():
+    # The parent's fast path (a batch of forwards' inputs, fingerprints, norms and signs at once)
+    # against the per-forward functions the child runs, on fresh random outputs and bases.
+    rng = random.Random()
+    count, length = rng.randint(2, 6), rng.randint(8, 300)
+    buffers = filled(count, length, rng.randrange(1 << 63), rng.randrange(1 << 63))
+    reported = torch.randn(count, workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS)
+    outputs = torch.randn(count, length, workload.HIDDEN_SIZE)
+    singles = torch.stack([workload.fingerprint(outputs[i:i + 1], buffers.directions[i], buffers.token_weights[i])
+                           for i in range(count)])
+    assert relative_error(workload.fingerprints_of(outputs, buffers.directions, buffers.token_weights), singles) < 1e-6
+    assert relative_error(workload.segment_norms_of(outputs),
+                          torch.stack([workload.segment_norms(outputs[i:i + 1]) for i in range(count)])) < 1e-6
+    assert torch.equal(workload.signs_from_fingerprint(reported),
+                       torch.stack([workload.signs_from_fingerprint(values) for values in reported]))
+    start = rng.randrange(count)
+    stop = rng.randint(start + 1, count)
+    one_by_one = torch.cat([workload.forward_input(buffers.noise[i], reported[i - 1] if i else None)
+                            for i in range(start, stop)])
+    assert torch.equal(workload.chained_inputs(buffers.noise, reported, start, stop), one_by_one)
 
 
 def test_each_input_exists_only_after_the_previous_fingerprint():
@@ -567,10 +589,10 @@ def test_verification_passes_an_honest_run_and_reports_an_unverifiable_length(mo
     runs = {64: honest_run(reference, 64), 128: honest_run(reference, 128)}
     real_reference_outputs = harness._reference_outputs
 
-    def out_of_memory_at_128(reference, buffers, request, start, stop, device):
+    def out_of_memory_at_128(reference, buffers, request, start, stop):
         if buffers.seq_len == 128:
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real_reference_outputs(reference, buffers, request, start, stop, device)
+        return real_reference_outputs(reference, buffers, request, start, stop)
 
     monkeypatch.setattr(harness, "_reference_outputs", out_of_memory_at_128)
     reasons = harness._verify(runs, 5, "cpu", Timings(), lambda event: None)

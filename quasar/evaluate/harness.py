@@ -719,17 +719,12 @@ def _request_buffers(request: _Request, length: int, device: str) -> workload.Re
 
 
 def _reference_outputs(reference: torch.nn.Module, buffers: workload.RequestBuffers, request: _Request, start: int,
-                       stop: int, device: str) -> torch.Tensor:
+                       stop: int) -> torch.Tensor:
     """The reference outputs ``[stop - start, T, 512]`` of forwards ``start`` to ``stop - 1`` of
     ``request``, in one batch, each on the input the child had to use: its noise times the signs of
     the fingerprint the child reported for the forward before (known for all of them at once, so
     a chain of forwards is checked as one batch)."""
-    inputs = []
-    for index in range(start, stop):
-        previous = request.fingerprints[index - 1].to(device) if index else None
-        inputs.append(workload.forward_input(buffers.noise[index], previous))
-    batch = torch.cat(inputs)
-    del inputs
+    batch = workload.chained_inputs(buffers.noise, request.fingerprints, start, stop)
     with torch.inference_mode():
         return reference(batch)[0]
 
@@ -810,7 +805,7 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
     total = sum(len(request.fingerprints) for request in chosen)
     progress(ProgressEvent("reference", length, 0, total + 1))
     buffers = _request_buffers(run.check, length, device)
-    expected = _reference_outputs(reference, buffers, run.check, 0, 1, device)
+    expected = _reference_outputs(reference, buffers, run.check, 0, 1)
     output = run.output.to(device)
     result.finite = bool(torch.isfinite(output).all())
     result.rel_error = relative_error(output, expected)
@@ -831,13 +826,14 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
         forwards = len(request.fingerprints)
         for start in range(0, forwards, batch):
             stop = min(start + batch, forwards)
-            expected = _reference_outputs(reference, buffers, request, start, stop, device)
+            expected = _reference_outputs(reference, buffers, request, start, stop)
+            # The batch's fingerprints and norms in a few launches and one copy to the host, then
+            # each forward compared on its own.
+            fingerprints = workload.fingerprints_of(expected, buffers.directions[start:stop],
+                                                    buffers.token_weights[start:stop]).cpu()
+            norms = workload.segment_norms_of(expected).cpu()
             for offset, index in enumerate(range(start, stop)):
-                one = expected[offset:offset + 1]
-                error = fingerprint_error(
-                    request.fingerprints[index],
-                    workload.fingerprint(one, buffers.directions[index], buffers.token_weights[index]),
-                    workload.segment_norms(one))
+                error = fingerprint_error(request.fingerprints[index], fingerprints[offset], norms[offset])
                 worst = max(worst, error)
                 failed += error > FINGERPRINT_TOLERANCE
             done += stop - start

@@ -152,18 +152,20 @@ _LOW_32 = 0xFFFFFFFF
 
 
 def signs_from_fingerprint(fingerprint_values: torch.Tensor) -> torch.Tensor:
-    """A ±1 int64 vector ``[512]`` from the bits of a float32 fingerprint ``[8, K]``, on its device.
+    """A ±1 int64 vector ``[512]`` from the bits of a float32 fingerprint ``[8, K]``, on its device
+    (``[..., 512]`` from fingerprints ``[..., 8, K]``, each on its own).
 
     ``signs[4 p + b]`` is ``-1`` where bit ``28 + b`` of ``(bits of value p) * 0x2545F491`` is set.
     Integer operations only, so the parent gets exactly the child's signs from the float values
     the child reported. Six launches, none reading host memory (a CUDA graph captures them).
     """
     device = fingerprint_values.device
-    words = fingerprint_values.reshape(-1).contiguous().view(torch.int32).to(torch.int64)
+    leading = fingerprint_values.shape[:-2]
+    words = fingerprint_values.reshape(*leading, -1).contiguous().view(torch.int32).to(torch.int64)
     mixed = (words & _LOW_32) * _SIGN_MULTIPLIER
-    shifted = mixed[:, None] >> torch.arange(32 - SIGN_BITS, 32, device=device, dtype=torch.int64)
+    shifted = mixed[..., None] >> torch.arange(32 - SIGN_BITS, 32, device=device, dtype=torch.int64)
     # (-1)^n is -1 exactly where n's lowest bit, the bit shifted down, is set.
-    return torch.pow(-1, shifted.reshape(-1))
+    return torch.pow(-1, shifted.reshape(*leading, -1))
 
 
 def forward_input(noise: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
@@ -172,6 +174,19 @@ def forward_input(noise: torch.Tensor, previous: torch.Tensor | None) -> torch.T
     if previous is None:
         return noise.unsqueeze(0)
     return (noise * signs_from_fingerprint(previous)).unsqueeze(0)
+
+
+def chained_inputs(noise: torch.Tensor, fingerprints: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """The inputs ``[stop - start, T, 512]`` of forwards ``start`` to ``stop - 1`` of a request, at
+    once: each one's ``noise [count, T, 512]`` times the signs of the fingerprint ``fingerprints
+    [count, 8, K]`` holds for the forward before (none for the request's first), as
+    :func:`forward_input` makes them one by one."""
+    inputs = noise[start:stop].clone()
+    signed = max(start, 1)
+    if signed < stop:
+        signs = signs_from_fingerprint(fingerprints[signed - 1:stop - 1].to(noise.device))
+        inputs[signed - start:] *= signs[:, None, :]
+    return inputs
 
 
 def fingerprint(output: torch.Tensor, directions: torch.Tensor, token_weights: torch.Tensor,
@@ -205,6 +220,19 @@ def run_forwards(forward: Callable[[torch.Tensor], torch.Tensor], buffers: Reque
         del hidden
         fingerprint(output, buffers.directions[index], buffers.token_weights[index], out=buffers.fingerprints[index])
     return output
+
+
+def fingerprints_of(outputs: torch.Tensor, directions: torch.Tensor, token_weights: torch.Tensor) -> torch.Tensor:
+    """:func:`fingerprint` of each of ``outputs [n, T, 512]`` under its own basis (``directions
+    [n, 512, K]``, ``token_weights [n, 8, T]``), in two batched products: float32 ``[n, 8, K]``."""
+    projected = torch.bmm(outputs, directions.to(outputs.dtype)).to(torch.float32)
+    return torch.bmm(token_weights, projected)
+
+
+def segment_norms_of(outputs: torch.Tensor) -> torch.Tensor:
+    """:func:`segment_norms` of each of ``outputs [n, T, 512]``: float32 ``[n, 8]``."""
+    return torch.stack([torch.linalg.vector_norm(outputs[:, start:stop], dim=(1, 2), dtype=torch.float32)
+                        for start, stop in segment_bounds(outputs.shape[1])], 1)
 
 
 def segment_norms(output: torch.Tensor) -> torch.Tensor:
