@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timed-seconds", type=float, default=defaults.timed_seconds,
                         help="timed requests per length fill this long (default %(default)s)")
     parser.add_argument("--warmup-seconds", type=float, default=defaults.warmup_seconds,
-                        help="warm-up per length on CUDA, at least (default %(default)s)")
+                        help="warm-up on CUDA from the first length's start, at least (default %(default)s)")
     parser.add_argument("--tokens-per-request", type=int, default=None,
                         help=f"forwards per request make this many tokens (default {DEFAULT_TOKENS_PER_REQUEST} on CUDA)")
     parser.add_argument("--no-pin", action="store_true",

@@ -47,11 +47,11 @@ logger = logging.getLogger("step2")
 
 TUNING_PATH = Path("fla/ops/quasar/tuning.json")
 DEFAULT_SEQ_LENS = (65_536, 262_144, 1_000_000)
-# The tunables that moved the layer most on an H100 (benchmarks/RESULTS.md): segment size and the
-# WY pass's warps.
+# The tunables that moved the layer most on an H100 (benchmarks/RESULTS.md): segment size, the
+# WY pass's warps and how it inverts its diagonal blocks.
 DEFAULT_GRID = [
-    {"segment_chunks": chunks, "wy_warps": warps}
-    for chunks, warps in itertools.product((16, 32, 64), (1, 2))
+    {"segment_chunks": chunks, "wy_warps": warps, "wy_inverse": inverse}
+    for chunks, warps, inverse in itertools.product((16, 32, 64), (1, 2), ("substitution", "product"))
 ]
 
 

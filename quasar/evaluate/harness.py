@@ -80,10 +80,11 @@ than sleep between messages, so no request pays a scheduler wake-up or a cooled-
 the child and the parent's timing thread each run on a physical core of their own, never SMT
 siblings of each other, chosen from the GPU's index so that parallel evaluations on several GPUs
 get distinct cores (pinning.py; the parent's thread gets its CPUs back afterwards). The
-warm-up lasts ``warmup_runs`` requests (the capture after the first) and, on CUDA, at least
-``warmup_seconds`` (1 s) of back-to-back requests, so that compilation, the allocator's growth
-and the GPU's clock ramp are over before the first timed request (a count of warm-up forwards
-was 10 ms at 100k tokens). Every length is warmed up and checked for correctness first, shortest
+warm-up lasts ``warmup_runs`` requests at each length (the capture after the first), so that
+compilation and the allocator's growth are over, and, on CUDA, until ``warmup_seconds`` (1 s) of
+back-to-back requests have passed since the first length's began, so that the GPU's clock ramp
+is too (a count of warm-up forwards was 10 ms at 100k tokens; a second at every length added 4 s
+to an evaluation whose timed requests all come after every length's warm-up). Every length is warmed up and checked for correctness first, shortest
 first; then the timed requests run in :data:`TIMED_ROUNDS` rounds over all the lengths, each
 length filling its share of ``timed_seconds`` (2 s in all, at least ``min_timed_runs``
 requests) in every round. On an H100 VM whole windows of a few seconds ran 2-3% slow now and
@@ -207,7 +208,8 @@ class EvaluationOptions:
     length_timeout_s: float = 900.0
     import_profile: str = "core"
     require_cu: bool = False
-    # Warm-up requests per length; on CUDA the warm-up also lasts at least warmup_seconds.
+    # Warm-up requests per length; on CUDA the warm-up also goes on until warmup_seconds have
+    # passed since the first length's began.
     warmup_runs: int = 3
     # Timed requests ("runs") per length: as many as fit in timed_seconds, within these bounds.
     min_timed_runs: int = 10
@@ -483,11 +485,12 @@ def _per_forward_ns(request: _Request, count: int, cost_ns: int) -> int:
 
 
 def _prepare_length(session: _Session, run: _LengthRun, options: EvaluationOptions, count: int, timings: Timings,
-                    progress: ProgressCallback) -> None:
+                    progress: ProgressCallback, warmup_since: float) -> None:
     """Warm-up (with the capture), peak memory, correctness run and repeat at one length.
 
     Every warm-up request runs ``count`` forwards. The warm-up lasts ``warmup_runs`` requests
-    and, on CUDA, at least ``warmup_seconds``; its last request's round trip is kept in
+    and, on CUDA, until ``warmup_seconds`` have passed since ``warmup_since`` (the monotonic
+    time the evaluation's first warm-up began); its last request's round trip is kept in
     ``run.request_s`` to plan the timed rounds.
     """
     length = run.result.seq_len
@@ -502,7 +505,7 @@ def _prepare_length(session: _Session, run: _LengthRun, options: EvaluationOptio
     run.request_s = _run_request(session, length, count, deadline, f"warm-up at T={length}").round_trip_ns / 1e9
     run.result.timing = _capture(session, length, count, deadline)
     done = 1
-    while done < options.warmup_runs or time.monotonic() - started < warmup_s:
+    while done < options.warmup_runs or time.monotonic() - warmup_since < warmup_s:
         progress(ProgressEvent("warmup", length, done, max(options.warmup_runs, done + 1)))
         run.request_s = _run_request(session, length, count, deadline, f"warm-up at T={length}").round_trip_ns / 1e9
         done += 1
@@ -646,12 +649,14 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
     # requests run in rounds over every prepared length (module docstring, "Stability").
     prepared: list[int] = []
     stopped = None
+    warmup_since = time.monotonic()
     for length in lengths:
         run = runs[length]
         if length not in harness_ns:
             break
         run.cost_ns = harness_ns[length]
-        failed = _length_step(run, _prepare_length, session, run, options, counts[length], timings, progress)
+        failed = _length_step(run, _prepare_length, session, run, options, counts[length], timings, progress,
+                              warmup_since)
         if failed is None:
             prepared.append(length)
         elif not _child_usable(child, failed):
