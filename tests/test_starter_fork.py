@@ -432,13 +432,13 @@ INTERPRETER_SCRIPT = textwrap.dedent(
     assert o.dtype == torch.bfloat16 and ht.dtype == torch.float32
     record("chunk-bf16", o, ht, *exact(q, k, v, beta, h0))
 
-    # the WY pass with the diagonal blocks inverted as a product instead of by substitution
+    # the WY pass with the diagonal blocks inverted by substitution instead of as a product (the default)
     import dataclasses
     from fla.ops.quasar.chunk import chunk_quasar_fwd
     from fla.ops.quasar.tuning import DEFAULTS
     q, k, v, beta, h0, cu = inputs([70, 5, 55], 2, 64, 0.15, 8)
-    o, ht = chunk_quasar_fwd(q, k, v, beta, h0, True, cu, tuning=dataclasses.replace(DEFAULTS, wy_inverse="product"))
-    record("chunk-product-inverse", o, ht, *exact(q, k, v, beta, h0, cu))
+    o, ht = chunk_quasar_fwd(q, k, v, beta, h0, True, cu, tuning=dataclasses.replace(DEFAULTS, wy_inverse="substitution"))
+    record("chunk-substitution-inverse", o, ht, *exact(q, k, v, beta, h0, cu))
 
     # the substitution and the product by themselves
     L = torch.randn(4, 64, 64, generator=torch.Generator().manual_seed(6)) * 0.1
@@ -473,7 +473,7 @@ def interpreted(fork):
 
 INTERPRETED_CASES = [
     f"{op}-{case}" for op in ("chunk", "fused_recurrent") for case in ("batch", "varlen", "small-keys")
-] + ["chunk-head-dim-64", "chunk-product-inverse"]
+] + ["chunk-head-dim-64", "chunk-substitution-inverse"]
 
 
 @pytest.mark.slow

@@ -38,8 +38,8 @@ class QuasarTuning:
     """One set of tunables (see the module docstring for each field)."""
 
     segment_chunks: int = 32
-    wy_warps: int = 1
-    wy_inverse: str = "substitution"
+    wy_warps: int = 2
+    wy_inverse: str = "product"
     segment_warps: int = 4
     split_transition: bool = False
     output_warps: int = 4
