@@ -595,12 +595,40 @@ def test_verification_passes_an_honest_run_and_reports_an_unverifiable_length(mo
         return real_reference_outputs(reference, buffers, request, start, stop)
 
     monkeypatch.setattr(harness, "_reference_outputs", out_of_memory_at_128)
-    reasons = harness._verify(runs, 5, "cpu", Timings(), lambda event: None)
+    reasons = harness._verify(runs, harness._ReferenceWork(5, "cpu", []), Timings(), lambda event: None)
     assert runs[64].result.correct is True and runs[64].result.runs_verified == 3
     assert runs[64].result.rel_error < 5e-3 and runs[64].result.repeat_agree
     assert runs[128].result.correct is False
     assert reasons == [("T=128: the float32 reference does not fit in the memory of cpu here, so this length "
                         "cannot be verified on this machine")]
+
+
+def test_correctness_references_computed_ahead_are_those_of_the_runs_the_child_makes():
+    # The parent computes each length's correctness reference on a thread while the child starts,
+    # from seeds drawn before the child exists; a run made with those seeds verifies against it
+    # as it would against one computed afterwards, and a run with other seeds does not.
+    from quasar.evaluate import harness
+
+    references = harness._ReferenceWork(7, "cpu", [64, 96])
+    reference = references.wait()
+    assert sorted(references.expected) == [64, 96] and len(set(references.check_seeds.values())) == 2
+    for length, seeds in references.check_seeds.items():
+        buffers = filled(1, length, *seeds)
+        with torch.inference_mode():
+            assert torch.equal(references.expected[length], reference(buffers.noise[0:1])[0])
+    runs = {length: honest_run(reference, length) for length in (64, 96)}
+    for length, run in runs.items():
+        seeds = references.check_seeds[length]
+        # At 96 the child runs the correctness run on another input than the seeds it was sent.
+        used = seeds if length == 64 else (seeds[0] + 1, seeds[1])
+        payload, run.output = child_request(reference, length, used, 1)
+        run.check = harness._Request(*seeds, harness._fingerprints(payload, 1, "test"), 1)
+        run.repeat = run.check
+    reasons = harness._verify(runs, references, Timings(), lambda event: None)
+    assert runs[64].result.correct is True and runs[64].result.rel_error < 5e-3
+    assert runs[96].result.correct is False and runs[96].result.rel_error > 0.3
+    assert any(reason.startswith("T=96: the output differs from the reference") for reason in reasons)
+    assert references.expected == {}
 
 
 def test_the_parent_takes_one_fingerprint_per_forward_from_the_reply():
@@ -704,7 +732,7 @@ def test_verification_checks_every_forward_of_the_requests_it_picks(monkeypatch)
     # next, whose input the parent rebuilds from the NaNs' bits, not from what the child used.
     runs[96] = honest_run(reference, 96, timed=1, count=3)
     runs[96].timed[0].fingerprints[1] = math.nan
-    reasons = harness._verify(runs, 9, "cpu", Timings(), lambda event: None)
+    reasons = harness._verify(runs, harness._ReferenceWork(9, "cpu", []), Timings(), lambda event: None)
     honest, faked = runs[64].result, runs[128].result
     assert honest.correct is True and honest.runs_verified == 6 and honest.requests_verified == 2
     assert faked.correct is False and faked.runs_verified == 6

@@ -112,6 +112,7 @@ import logging
 import math
 import secrets
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -485,13 +486,13 @@ def _per_forward_ns(request: _Request, count: int, cost_ns: int) -> int:
 
 
 def _prepare_length(session: _Session, run: _LengthRun, options: EvaluationOptions, count: int, timings: Timings,
-                    progress: ProgressCallback, warmup_since: float) -> None:
+                    progress: ProgressCallback, warmup_since: float, check_seeds: tuple[int, int]) -> None:
     """Warm-up (with the capture), peak memory, correctness run and repeat at one length.
 
     Every warm-up request runs ``count`` forwards. The warm-up lasts ``warmup_runs`` requests
     and, on CUDA, until ``warmup_seconds`` have passed since ``warmup_since`` (the monotonic
     time the evaluation's first warm-up began); its last request's round trip is kept in
-    ``run.request_s`` to plan the timed rounds.
+    ``run.request_s`` to plan the timed rounds. The correctness run uses ``check_seeds``.
     """
     length = run.result.seq_len
     deadline = time.monotonic() + options.length_timeout_s
@@ -514,7 +515,7 @@ def _prepare_length(session: _Session, run: _LengthRun, options: EvaluationOptio
 
     started = time.monotonic()
     progress(ProgressEvent("correctness", length, 0, 1))
-    run.check = _run_request(session, length, 1, deadline, f"correctness run at T={length}")
+    run.check = _run_request(session, length, 1, deadline, f"correctness run at T={length}", seeds=check_seeds)
     run.output = _receive_output(session, length, deadline)
     run.repeat = _run_request(session, length, 1, deadline, f"repeat run at T={length}",
                               seeds=(run.check.input_seed, run.check.basis_seed))
@@ -593,11 +594,17 @@ def _pinning_note(plan: pinning.CpuPlan | None, note: str, child_cpus: list[int]
     return note + "".join(f"; {problem}" for problem in problems)
 
 
-def _benchmark_in_sandbox(repo: Path, lengths: list[int], weights_seed: int, options: EvaluationOptions,
+def _benchmark_in_sandbox(repo: Path, lengths: list[int], references: _ReferenceWork, options: EvaluationOptions,
                           deadline: float, timings: Timings, progress: ProgressCallback,
-                          report: EvaluationReport) -> dict[int, _LengthRun]:
+                          report: EvaluationReport) -> tuple[dict[int, _LengthRun], Callable[[], None]]:
     """Start the sandboxed child and run every length in it; the parent's timing thread runs
-    pinned (if planned) until the child is gone, then gets its own CPUs back."""
+    pinned (if planned) until the child is done, then gets its own CPUs back.
+
+    Returns the runs and a function to call once the parent's own work is done: it waits for the
+    child to be gone and records its output. The child is closed on a thread of its own meanwhile
+    (its exit, its GPU context torn down, the straggler scan: about a second on an H100 machine),
+    since nothing it could do after its last reply changes the parent's verdict.
+    """
     runs = {length: _LengthRun(LengthResult(seq_len=length)) for length in lengths}
     started = time.monotonic()
     progress(ProgressEvent("start"))
@@ -608,29 +615,41 @@ def _benchmark_in_sandbox(repo: Path, lengths: list[int], weights_seed: int, opt
                                cpus=plan.child if plan is not None else None).__enter__()
     except SandboxUnavailable as error:
         report.reasons.append(f"sandbox unavailable: {error}")
-        return runs
+        return runs, lambda: None
     except SandboxError as error:
         report.reasons.append(f"sandbox: {error}")
-        return runs
+        return runs, lambda: None
     try:
         timings.startup_s = time.monotonic() - started
         report.sandbox = child.isolation_note
         with pinning.pinned(plan.timing if plan is not None else None) as timing_pinned:
             report.cpu_pinning = _pinning_note(plan, note, child.child_cpus, timing_pinned)
-            _measure(child, runs, lengths, weights_seed, options, deadline, timings, progress, report)
-    finally:
+            _measure(child, runs, lengths, references, options, deadline, timings, progress, report)
+    except BaseException:
         child.close()
+        raise
+    closing = threading.Thread(target=child.close, name="quasar-sandbox-close")
+    closing.start()
+
+    def closed() -> None:
+        closing.join()
         report.log_tail = child.output.text()[-8000:]
         if child.stragglers_killed:
             report.reasons.append(f"{child.stragglers_killed} process(es) started by the fork outlived it and were killed")
-    return runs
+
+    return runs, closed
 
 
-def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[int], weights_seed: int,
+def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[int], references: _ReferenceWork,
              options: EvaluationOptions, deadline: float, timings: Timings, progress: ProgressCallback,
              report: EvaluationReport) -> None:
     """Calibrate, load the fork and run every length in a started child; fills ``runs``."""
     session = _Session(child, deadline)
+    weights_seed = references.weights_seed
+    # The parent's reference work ends before the first measurement (the calibration).
+    waited = time.monotonic()
+    references.wait()
+    timings.reference_s += time.monotonic() - waited
     try:
         counts = {length: forwards_per_request(length, tokens_per_request(options), options.max_forwards_per_request)
                   for length in lengths}
@@ -656,7 +675,7 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
             break
         run.cost_ns = harness_ns[length]
         failed = _length_step(run, _prepare_length, session, run, options, counts[length], timings, progress,
-                              warmup_since)
+                              warmup_since, references.check_seeds[length])
         if failed is None:
             prepared.append(length)
         elif not _child_usable(child, failed):
@@ -800,8 +819,10 @@ def requests_to_verify(run: _LengthRun) -> int:
     return VERIFY_SAMPLE
 
 
-def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, progress: ProgressCallback) -> list[str]:
-    """Check one length's correctness run, repeat and timed runs against the reference; the reasons to fail."""
+def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, progress: ProgressCallback,
+                   expected_check: torch.Tensor | None = None) -> list[str]:
+    """Check one length's correctness run, repeat and timed runs against the reference; the reasons
+    to fail. ``expected_check``: the correctness run's reference output if already computed."""
     from quasar.reference import relative_error
 
     result, length = run.result, run.result.seq_len
@@ -810,7 +831,7 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
     total = sum(len(request.fingerprints) for request in chosen)
     progress(ProgressEvent("reference", length, 0, total + 1))
     buffers = _request_buffers(run.check, length, device)
-    expected = _reference_outputs(reference, buffers, run.check, 0, 1)
+    expected = expected_check if expected_check is not None else _reference_outputs(reference, buffers, run.check, 0, 1)
     output = run.output.to(device)
     result.finite = bool(torch.isfinite(output).all())
     result.rel_error = relative_error(output, expected)
@@ -878,26 +899,72 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
     return reasons
 
 
-def _verify(runs: dict[int, _LengthRun], weights_seed: int, device: str, timings: Timings,
+class _ReferenceWork:
+    """The parent's reference layer and the expected outputs of the correctness runs, computed on a
+    thread of their own while the sandboxed child starts (its interpreter importing torch, 4-5 s on
+    an H100 machine, during which this process had nothing to do).
+
+    A correctness run's input depends on its seeds alone (it is its request's only forward), so
+    they are drawn here, before the child exists, and kept in this process until the run is asked
+    for. :meth:`wait` ends the thread before anything is measured (the child's calibration comes
+    after it), so the reference never shares the GPU with a measurement. A length whose expected
+    output did not fit in memory is left to :func:`_verify_length`, which reports it.
+    """
+
+    def __init__(self, weights_seed: int, device: str, lengths: Sequence[int]):
+        self.weights_seed = weights_seed
+        self.device = device
+        self.check_seeds = {length: (_new_seed(), _new_seed()) for length in lengths}
+        self.expected: dict[int, torch.Tensor] = {}
+        self.reference: torch.nn.Module | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._compute, name="quasar-reference", daemon=True)
+        self._thread.start()
+
+    def _compute(self) -> None:
+        from quasar.reference import QuasarAttentionReference
+
+        try:
+            reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
+            reference.load_state_dict(workload.make_weights(self.weights_seed), strict=True)
+            self.reference = reference.to(self.device).eval()
+            for length, seeds in self.check_seeds.items():
+                buffers = workload.RequestBuffers.allocate(1, length, self.device)
+                workload.fill_request(buffers, *seeds)
+                check = _Request(*seeds, buffers.fingerprints, round_trip_ns=0)
+                try:
+                    self.expected[length] = _reference_outputs(self.reference, buffers, check, 0, 1)
+                except torch.OutOfMemoryError:
+                    break
+                finally:
+                    del buffers
+        except BaseException as error:  # re-raised by wait(), in the evaluation's own thread
+            self._error = error
+
+    def wait(self) -> torch.nn.Module:
+        """Wait for the thread; the reference layer (raises what the thread raised)."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self.reference is not None
+        return self.reference
+
+
+def _verify(runs: dict[int, _LengthRun], references: _ReferenceWork, timings: Timings,
             progress: ProgressCallback) -> list[str]:
     """Check every run against the reference in this process (shortest first); the reasons to fail.
 
     A length whose float32 reference does not fit in this device's memory cannot be verified:
     it fails with that reason, and the other lengths are still checked.
     """
-    from quasar.reference import QuasarAttentionReference
-
-    pending = [run for run in runs.values() if run.check is not None and run.output is not None]
-    if not pending:
-        return []
     started = time.monotonic()
+    reference = references.wait()
+    device = references.device
+    pending = [run for run in runs.values() if run.check is not None and run.output is not None]
     reasons: list[str] = []
-    reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
-    reference.load_state_dict(workload.make_weights(weights_seed), strict=True)
-    reference = reference.to(device).eval()
     for run in pending:
         try:
-            reasons += _verify_length(run, reference, device, progress)
+            reasons += _verify_length(run, reference, device, progress, references.expected.pop(run.result.seq_len, None))
         except torch.OutOfMemoryError:
             run.result.correct = False
             reasons.append(f"T={run.result.seq_len}: the float32 reference does not fit in the memory of "
@@ -906,7 +973,8 @@ def _verify(runs: dict[int, _LengthRun], weights_seed: int, device: str, timings
             run.output = None
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
-    timings.reference_s = time.monotonic() - started
+    references.expected.clear()
+    timings.reference_s += time.monotonic() - started
     return reasons
 
 
@@ -1022,8 +1090,12 @@ def evaluate(
         report.reasons += [f"import check: {error}" for error in report.import_check.errors]
     else:
         deadline = time.monotonic() + options.timeout_s
-        runs = _benchmark_in_sandbox(repo, lengths, weights_seed, options, deadline, timings, progress, report)
-        report.reasons += _verify(runs, weights_seed, options.device, timings, progress)
+        references = _ReferenceWork(weights_seed, options.device, lengths)
+        runs, closed = _benchmark_in_sandbox(repo, lengths, references, options, deadline, timings, progress, report)
+        try:
+            report.reasons += _verify(runs, references, timings, progress)
+        finally:
+            closed()
         for length, run in runs.items():
             report.lengths[str(length)] = run.result
             if run.result.status not in (OK, SKIPPED) and run.result.error:
