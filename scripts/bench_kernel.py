@@ -373,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--compile-lengths", type=parse_lengths, default=[],
                         help="first: the first and second forward at each of these lengths in turn, and the "
-                             "kernels Triton compiled for each (set TRITON_CACHE_DIR to an empty folder)")
+                             "kernels Triton compiled for each (set TRITON_CACHE_DIR to an empty folder), "
+                             "under each of --variants in turn")
     parser.add_argument("--compile-threads", type=int, default=0,
                         help="with --compile-lengths: first compile each length's kernels in a dry forward on "
                              "this many threads at once (Triton's AsyncCompileMode)")
@@ -398,8 +399,14 @@ def main(argv: list[str] | None = None) -> int:
         log.write(line + "\n")
         (args.out / "bench.json").write_text(json.dumps(report, indent=1))
 
-    for row in compile_sweep(args.compile_lengths, args.compile_threads):
-        emit("compile", row)
+    folder = Path(tempfile.mkdtemp(prefix="tuning-"))
+    # With several variants, each one's sweep compiles only what differs from the ones before it
+    # (Triton's cache holds the rest): the first variant's row is a fresh evaluation's compilation.
+    for variant in (args.variants or [None]) if args.compile_lengths else []:
+        if variant is not None:  # with no variants, the fork's own tuning.json
+            use_tuning(variant, folder)
+        for row in compile_sweep(args.compile_lengths, args.compile_threads):
+            emit("compile", {**row, "tuning": variant})
 
     upstream = None
     if args.upstream:
@@ -428,7 +435,6 @@ def main(argv: list[str] | None = None) -> int:
             emit("conv_block", row)
 
     longest = max(args.lengths)
-    folder = Path(tempfile.mkdtemp(prefix="tuning-"))
     layer, _ = fork_layers(seed=0)
     best = None
     for variant in args.variants:
