@@ -43,7 +43,7 @@ class QuasarTuning:
     segment_warps: int = 4
     split_transition: bool = False
     output_warps: int = 4
-    num_stages: int = 1
+    num_stages: int = 2
     combine_block_v: int = 16
     combine_warps: int = 4
     precision: str = "bf16"
