@@ -52,7 +52,7 @@ make the harness's own work faster in its process; its gain is bounded by that c
 
 Tamper evidence. The fingerprint of an output ``[1, T, 512]`` is, for each eighth of the
 sequence, 16 random ±1 projections (workload.py) under a basis of its own per forward, from the
-request's basis seed. After the child has exited, the parent recomputes the reference output
+request's basis seed. After the child's last reply, the parent recomputes the reference output
 (``QuasarAttentionReference``, float32) for every forward of timed requests it picks at random
 (:data:`VERIFY_SAMPLE` requests; up to :data:`VERIFY_ALL_UP_TO` tokens, enough requests for
 :data:`MAX_VERIFIED` forwards if that is more), on the input the child had to use: the noise
@@ -66,8 +66,9 @@ forwards: a fork must skip work in half the timed requests to move the median, a
 request checks with probability about 2^-k, whichever forwards of a request it skips. Layer
 weights come from a seed drawn per evaluation.
 
-Correctness. One more run, on a fresh seed, is followed by a request for its whole output; the
-parent compares it with the reference over the whole sequence, each eighth, and each 64-token
+Correctness. One more run, on a seed drawn when the evaluation starts (its reference output is
+computed while the child starts, :class:`_ReferenceWork`), is followed by a request for its whole
+output; the parent compares it with the reference over the whole sequence, each eighth, and each 64-token
 block (relative to the sequence's RMS, which catches a wrong tail that an eighth would dilute),
 checks it is finite, checks it is the output the run fingerprinted, and runs the same input
 again to check the two agree. The threshold :data:`REL_ERROR_THRESHOLD` = 2e-2: the honest
@@ -84,8 +85,8 @@ warm-up lasts ``warmup_runs`` requests at each length (the capture after the fir
 compilation and the allocator's growth are over, and, on CUDA, until ``warmup_seconds`` (1 s) of
 back-to-back requests have passed since the first length's began, so that the GPU's clock ramp
 is too (a count of warm-up forwards was 10 ms at 100k tokens; a second at every length added 4 s
-to an evaluation whose timed requests all come after every length's warm-up). Every length is warmed up and checked for correctness first, shortest
-first; then the timed requests run in :data:`TIMED_ROUNDS` rounds over all the lengths, each
+to an evaluation whose timed requests all come after every length's warm-up). Every length is
+warmed up and checked for correctness first, shortest first; then the timed requests run in :data:`TIMED_ROUNDS` rounds over all the lengths, each
 length filling its share of ``timed_seconds`` (2 s in all, at least ``min_timed_runs``
 requests) in every round. On an H100 VM whole windows of a few seconds ran 2-3% slow now and
 then (every request of the window, its fastest included); timed in one window, a length
