@@ -156,3 +156,24 @@ def test_step2_needs_a_fork_with_the_kernel(tmp_path):
     (tmp_path / "fork").mkdir()
     with pytest.raises(SystemExit):
         step2.main(["--repo-path", str(tmp_path / "fork"), "--device", "cpu"])
+
+
+# --- the validator's reference work (scripts/bench_reference.py) ---
+
+
+def test_bench_reference_times_each_length_and_writes_its_figures(tmp_path, capsys):
+    import bench_reference
+    import torch
+
+    from quasar.evaluate.harness import requests_to_verify
+
+    assert bench_reference.main(["--out", str(tmp_path), "--device", "cpu", "--lens", "64,96"]) == 0
+    found = json.loads((tmp_path / "reference.json").read_text())
+    assert [row["length"] for row in found["lengths"]] == [64, 96]
+    # Every forward of the requests a length's verification picks, and the correctness run.
+    run = bench_reference.made_up_run(64, "cpu", torch.Generator().manual_seed(1))
+    assert found["lengths"][0]["forwards"] == len(run.timed) * run.result.forwards_per_request + 1
+    assert len(run.timed) == requests_to_verify(run)
+    assert all(row["seconds"] > 0 for row in found["lengths"])
+    printed = capsys.readouterr().out
+    assert "the parent's reference per length" in printed and all(len(line) <= 80 for line in printed.splitlines())
