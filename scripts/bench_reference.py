@@ -43,7 +43,7 @@ from quasar.evaluate.report import LengthResult
 from quasar.reference import QuasarAttentionReference
 
 
-def made_up_run(length: int, device: str, generator: torch.Generator) -> _LengthRun:
+def made_up_run(length: int, generator: torch.Generator) -> _LengthRun:
     """A length's run as the child would leave it, with random fingerprints and output."""
     count = forwards_per_request(length, DEFAULT_TOKENS_PER_REQUEST, MAX_FORWARDS_PER_REQUEST)
     shape = (workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS)
@@ -69,7 +69,7 @@ def profile(reference: torch.nn.Module, length: int, device: str, generator: tor
     """Device and host time per operator (the largest) of one length's verification, and its wall time."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    run = made_up_run(length, device, generator)
+    run = made_up_run(length, generator)
     synchronize(device)
     started = time.perf_counter()
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -99,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     reference.load_state_dict(workload.make_weights(0), strict=True)
     reference = reference.to(args.device).eval()
     # The shortest length once first, untimed: the allocator's growth and the libraries' start-up.
-    _verify_length(made_up_run(min(args.lens), args.device, generator), reference, args.device, lambda event: None)
+    _verify_length(made_up_run(min(args.lens), generator), reference, args.device, lambda event: None)
     rows = []
     for length in args.lens:
-        run = made_up_run(length, args.device, generator)
+        run = made_up_run(length, generator)
         forwards = sum(len(r.fingerprints) for r in run.timed) + 1
         synchronize(args.device)
         started = time.perf_counter()

@@ -171,7 +171,7 @@ def test_bench_reference_times_each_length_and_writes_its_figures(tmp_path, caps
     found = json.loads((tmp_path / "reference.json").read_text())
     assert [row["length"] for row in found["lengths"]] == [64, 96]
     # Every forward of the requests a length's verification picks, and the correctness run.
-    run = bench_reference.made_up_run(64, "cpu", torch.Generator().manual_seed(1))
+    run = bench_reference.made_up_run(64, torch.Generator().manual_seed(1))
     assert found["lengths"][0]["forwards"] == len(run.timed) * run.result.forwards_per_request + 1
     assert len(run.timed) == requests_to_verify(run)
     assert all(row["seconds"] > 0 for row in found["lengths"])
