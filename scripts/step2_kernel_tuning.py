@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
-import importlib.util
 import itertools
 import json
 import logging
@@ -41,7 +39,7 @@ from rich.table import Table  # noqa: E402
 from quasar.evaluate.__main__ import add_evaluation_arguments, options_from, parse_seq_lens  # noqa: E402
 from quasar.evaluate.harness import EvaluationInputError, evaluate  # noqa: E402
 from quasar.evaluate.report import OK  # noqa: E402
-from quasar.starter_fork import template_root  # noqa: E402
+from quasar.starter_fork import tuning_contract  # noqa: E402
 
 logger = logging.getLogger("step2")
 
@@ -53,18 +51,6 @@ DEFAULT_GRID = [
     {"segment_chunks": chunks, "wy_warps": warps, "wy_inverse": inverse}
     for chunks, warps, inverse in itertools.product((16, 32, 64), (1, 2), ("substitution", "product"))
 ]
-
-
-@functools.cache
-def _tuning_contract():
-    """The suite's own tuning module (the contract), loaded from the template by path: the
-    fork's copy is never imported into this process."""
-    source = Path(str(template_root() / "fla" / "ops" / "quasar" / "tuning.py"))
-    spec = importlib.util.spec_from_file_location("quasar_kernel_tuning_contract", source)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
 @dataclasses.dataclass
@@ -85,7 +71,7 @@ def parse_grid(text: str) -> list[dict]:
         raise ValueError(f"--grid is not valid JSON: {error}") from None
     if not isinstance(grid, list) or not grid:
         raise ValueError("--grid must be a non-empty JSON list of objects")
-    contract = _tuning_contract()
+    contract = tuning_contract()
     for index, entry in enumerate(grid):
         contract.parse_tuning(entry, f"--grid entry {index}")
     return grid

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from quasar.starter_fork import KERNEL_DIR, LAYER_FILE, copy_starter_tree, write_starter_fork
+from quasar.starter_fork import KERNEL_DIR, LAYER_FILE, copy_starter_tree, tuning_contract, write_starter_fork
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
@@ -29,7 +29,7 @@ def git(repo: Path, *args: str) -> str:
 
 
 def test_tuning_contract_defaults_and_errors(tmp_path):
-    contract = step2._tuning_contract()
+    contract = tuning_contract()
     assert contract.parse_tuning({}) == contract.DEFAULTS
     tuned = contract.parse_tuning({"segment_chunks": 32, "precision": "tf32", "layer_tile_tokens": 4096})
     assert (tuned.segment_chunks, tuned.precision, tuned.layer_tile_tokens) == (32, "tf32", 4096)

@@ -15,6 +15,7 @@ from quasar.starter_fork.writer import (
     kernel_files,
     template_files,
     template_root,
+    tuning_contract,
     write_starter_fork,
 )
 
@@ -29,5 +30,6 @@ __all__ = [
     "kernel_files",
     "template_files",
     "template_root",
+    "tuning_contract",
     "write_starter_fork",
 ]

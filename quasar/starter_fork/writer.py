@@ -6,10 +6,13 @@ the same commit id: a starter fork can be recognised by its commit.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
 import os
 import shutil
 import subprocess
+import sys
 from importlib.resources import files
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
@@ -64,6 +67,18 @@ LAYER_FILE = PurePosixPath("fla/layers/quasar.py")
 def kernel_files() -> list[PurePosixPath]:
     """The template's QuasarAttention files (``fla/ops/quasar/`` and ``fla/layers/quasar.py``), sorted."""
     return [p for p in template_files() if p == LAYER_FILE or KERNEL_DIR in p.parents]
+
+
+@functools.cache
+def tuning_contract():
+    """The template's ``fla/ops/quasar/tuning.py`` (the tunables' contract: ``parse_tuning``,
+    ``DEFAULTS``), loaded by path: a fork's own copy is never imported into this process."""
+    source = Path(str(template_root() / KERNEL_DIR / "tuning.py"))
+    spec = importlib.util.spec_from_file_location("quasar_kernel_tuning_contract", source)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def _check_destination(dest: Path) -> None:
