@@ -3,7 +3,7 @@
 
     python scripts/bench_harness.py --out DIR [--device cuda] [--runs 5] [--budget-seconds 300]
         [--lens 512,1024,2048,100k] [--target 1M] [--timed-seconds S] [--warmup-seconds S]
-        [--tokens-per-request N] [--no-pin]
+        [--tokens-per-request N] [--no-pin] [--tuning JSON] [--process-per-evaluation]
 
 Runs up to ``--runs`` separate evaluations (each a fresh sandbox) of the starter fork at
 ``--lens`` with target ``--target`` (default 512, 1024, 2048, 100k and 1M), and after each one
@@ -11,7 +11,12 @@ prints the running agreement per length: the medians so far and their spread
 ``max / min - 1``, which must stay within 2% on one H100, and beside them each evaluation's
 best (its fastest timed request) and their spread. A new evaluation is not started when the
 last one's duration would overrun ``--budget-seconds``. Each report is written to DIR as JSON as
-soon as it exists, with ``summary.json`` rewritten after each; the overhead table is last.
+soon as it exists, with ``summary.json`` rewritten after each; the overhead table is last,
+then where the evaluations' time went, step by step (each progress event of the harness to the
+next, summed per step and length: the median over evaluations). ``--tuning`` sets tunables of the
+starter fork's ``tuning.json`` (checked against the contract), to compare tunings in the harness.
+``--process-per-evaluation`` runs each evaluation in a fresh interpreter, as a validator does (one
+worker process per evaluation); by default they share this process.
 
 On one H100 an evaluation of the five default lengths took 42–51 s (benchmarks/RESULTS.md; most
 of its overhead the fork's Triton compilation, paid again in every fresh sandbox), so five fit
@@ -24,6 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
+import statistics
 import sys
 import tempfile
 import time
@@ -40,11 +47,12 @@ from quasar.evaluate.__main__ import parse_seq_lens
 from quasar.evaluate.harness import (
     DEFAULT_TOKENS_PER_REQUEST,
     EvaluationOptions,
+    ProgressEvent,
     evaluate,
 )
 from quasar.evaluate.report import EvaluationReport
 from quasar.evaluate.sandbox import SandboxPolicy
-from quasar.starter_fork import copy_starter_tree
+from quasar.starter_fork import KERNEL_DIR, copy_starter_tree, tuning_contract
 
 
 def parse_target(text: str) -> int:
@@ -58,6 +66,62 @@ def parse_target(text: str) -> int:
 def spread(values: list[float]) -> float:
     """``max / min - 1`` of positive values."""
     return max(values) / min(values) - 1
+
+
+def parse_tuning(text: str) -> dict:
+    """``--tuning``: a JSON object of tunables, checked against the starter fork's contract."""
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {error}") from None
+    try:
+        tuning_contract().parse_tuning(values, "--tuning")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return values
+
+
+class Timeline:
+    """The harness's progress events with the seconds since the evaluation began; :meth:`steps`
+    turns them into the time from each step's first event to the next step's, per length."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.events: list[tuple[float, str, int | None]] = []
+
+    def __call__(self, event: ProgressEvent) -> None:
+        self.events.append((time.monotonic() - self.started, event.stage, event.seq_len))
+
+    def steps(self) -> dict[str, float]:
+        """Seconds per step, keyed ``stage`` or ``stage@T``, in the order the steps first came."""
+        found: dict[str, float] = {}
+        for (at, stage, length), (after, _, _) in zip(self.events, self.events[1:], strict=False):
+            key = stage if length is None else f"{stage}@{length}"
+            found[key] = found.get(key, 0.0) + after - at
+        return found
+
+
+def evaluate_with_steps(fork: Path, target: int, options: EvaluationOptions) -> tuple[dict, dict[str, float]]:
+    """One evaluation: its report (as a dict) and its :meth:`Timeline.steps`."""
+    timeline = Timeline()
+    report = evaluate(fork, target, None, options, progress=timeline)
+    return report.to_dict(), timeline.steps()
+
+
+def evaluate_in_fresh_process(fork: Path, target: int, options: EvaluationOptions) -> tuple[dict, dict[str, float]]:
+    """:func:`evaluate_with_steps` in a new interpreter (spawned), as a validator's worker runs it."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(evaluate_with_steps, (fork, target, options))
+
+
+def steps_table(steps: list[dict[str, float]]) -> Table:
+    table = Table(title="where the time went: seconds per step (median, min-max over evaluations)")
+    for column in ("step", "median", "range"):
+        table.add_column(column, justify="left" if column == "step" else "right")
+    for key in steps[0]:
+        values = [found.get(key, 0.0) for found in steps]
+        table.add_row(key, f"{statistics.median(values):.2f}", f"{min(values):.2f}-{max(values):.2f}")
+    return table
 
 
 def agreement(reports: list[EvaluationReport]) -> dict[str, dict]:
@@ -136,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"forwards per request make this many tokens (default {DEFAULT_TOKENS_PER_REQUEST} on CUDA)")
     parser.add_argument("--no-pin", action="store_true",
                         help="leave the child and the timing thread on the CPUs the OS picks (for comparison)")
+    parser.add_argument("--tuning", type=parse_tuning, default=None,
+                        help="tunables written over the starter fork's tuning.json, e.g. '{\"num_stages\": 1}'")
+    parser.add_argument("--process-per-evaluation", action="store_true",
+                        help="each evaluation in a fresh interpreter, as a validator's worker runs it")
     parser.add_argument("--allow-unsandboxed", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -143,33 +211,42 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     fork = Path(tempfile.mkdtemp(prefix="starter-")) / "fork"
     copy_starter_tree(fork)
+    if args.tuning is not None:
+        tuning_file = fork / KERNEL_DIR / "tuning.json"
+        tuning_file.write_text(json.dumps({**json.loads(tuning_file.read_text()), **args.tuning}, indent=1) + "\n")
     options = EvaluationOptions(seq_lens=tuple(args.lens), device=args.device, timed_seconds=args.timed_seconds,
                                 warmup_seconds=args.warmup_seconds, tokens_per_request=args.tokens_per_request,
                                 pin_cpus=False if args.no_pin else None,
                                 policy=SandboxPolicy(allow_unsandboxed=args.allow_unsandboxed))
     meta = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
-            "options": {k: v for k, v in vars(options).items() if k != "policy"}}
+            "options": {k: v for k, v in vars(options).items() if k != "policy"}, "tuning": args.tuning,
+            "process_per_evaluation": args.process_per_evaluation}
     started = time.monotonic()
     reports: list[EvaluationReport] = []
+    steps: list[dict[str, float]] = []
     last_s = 0.0
     for index in range(args.runs):
         if reports and time.monotonic() - started + last_s > args.budget_seconds:
             console.print(f"[yellow]budget of {args.budget_seconds:.0f} s reached: {len(reports)} evaluation(s)[/]")
             break
         begun = time.monotonic()
-        report = evaluate(fork, args.target, None, options)
+        run_one = evaluate_in_fresh_process if args.process_per_evaluation else evaluate_with_steps
+        found_report, found_steps = run_one(fork, args.target, options)
         last_s = time.monotonic() - begun
+        report = EvaluationReport.from_dict(found_report)
         reports.append(report)
+        steps.append(found_steps)
         (args.out / f"evaluation_{index}.json").write_text(report.to_json())
         console.print(f"evaluation {index}: {report.verdict} in {last_s:.0f} s; CPUs: {report.cpu_pinning}; "
                       f"reasons: {report.reasons}")
         found = agreement(reports)
         console.print(agreement_table(reports, found))
         summary = {"meta": meta, "agreement": found,
-                   "timings": [report.to_dict()["timings"] for report in reports],
+                   "timings": [report.to_dict()["timings"] for report in reports], "steps": steps,
                    "cpu_pinning": [report.cpu_pinning for report in reports]}
         (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     console.print(overhead_table(reports))
+    console.print(steps_table(steps))
     console.print(f"sandbox: {reports[0].sandbox}; date {meta['date']}")
     return 0 if all(report.passed for report in reports) else 1
 
