@@ -191,7 +191,8 @@ def test_run_forwards_matches_a_slow_per_forward_chain_and_the_parents_rebuild()
     count, length = rng.randint(2, 5), rng.randint(8, 48)
     input_seed, basis_seed = rng.randrange(1 << 63), rng.randrange(1 << 63)
     buffers = filled(count, length, input_seed, basis_seed)
-    layer = RecordingLayer(rng.randrange(1 << 30))
+    layer_seed = rng.randrange(1 << 30)
+    layer = RecordingLayer(layer_seed)
     last = workload.run_forwards(layer, buffers)
     reported = buffers.fingerprints.tolist()
     assert torch.equal(last, torch.tanh(layer.inputs[-1] @ layer.weight).bfloat16())
@@ -214,6 +215,13 @@ def test_run_forwards_matches_a_slow_per_forward_chain_and_the_parents_rebuild()
     rebuilt = harness._request_buffers(request, length, "cpu")
     inputs = _reference_outputs(lambda batch: (batch,), rebuilt, request, 0, count)
     assert torch.equal(inputs, torch.cat(layer.inputs))
+
+    # count=1 (the capture's eager pass): the first forward alone, with the same fingerprint.
+    first_only = RecordingLayer(layer_seed)
+    again = filled(count, length, input_seed, basis_seed)
+    workload.run_forwards(first_only, again, count=1)
+    assert len(first_only.inputs) == 1 and torch.equal(first_only.inputs[0], layer.inputs[0])
+    assert again.fingerprints[0].tolist() == reported[0] and not again.fingerprints[1:].any()
 
 
 def test_a_batched_reference_matches_one_forward_at_a_time():
@@ -373,6 +381,28 @@ def test_channel_carries_headers_and_large_payloads(pipe_pair):
     sender.join()
     assert header == {"ok": True, "shape": [1, 2], "nbytes": len(payload)}
     assert bytes(received) == payload
+
+
+def test_a_shared_area_written_by_another_process_is_copied_out_and_released():
+    area = protocol.SharedArea.create(1 << 20)
+    try:
+        payload = os.urandom(300_000)
+        writer = ("import mmap, os, sys; fd = int(sys.argv[1]); area = mmap.mmap(fd, os.fstat(fd).st_size); "
+                  "data = sys.stdin.buffer.read(); area[:len(data)] = data")
+        subprocess.run([sys.executable, "-c", writer, str(area.fd)], input=payload, pass_fds=(area.fd,), check=True)
+        copy = area.read(len(payload))
+        assert bytes(copy) == payload
+        # The copy is the parent's own: a later write to the area does not reach it.
+        subprocess.run([sys.executable, "-c", writer, str(area.fd)], input=b"\xff" * 1000, pass_fds=(area.fd,),
+                       check=True)
+        assert bytes(copy) == payload and bytes(area.read(1000)) == b"\xff" * 1000
+        area.release()
+        assert bytes(area.read(len(payload))) == bytes(len(payload))
+        with pytest.raises(protocol.ChannelError, match="does not fit the 1048576-byte area"):
+            area.read((1 << 20) + 1)
+    finally:
+        area.close()
+    assert protocol.SharedArea.create(0) is None
 
 
 def test_channel_refuses_oversized_payload(pipe_pair):
@@ -805,6 +835,19 @@ def test_bench_harness_reports_the_spread_of_medians_and_of_bests():
     with pytest.raises(Exception, match="one length"):
         bench.parse_target("512,1024")
 
+    # The steps: each event to the next, summed per stage and length, in the order they came.
+    timeline = bench.Timeline()
+    timeline.events = [(0.0, "start", None), (4.5, "calibrate", 512), (5.0, "warmup", 512), (5.5, "warmup", 512),
+                       (9.0, "timed", 512), (10.0, "warmup", 512), (10.25, "done", None)]
+    assert timeline.steps() == {"start": 4.5, "calibrate@512": 0.5, "warmup@512": 4.25, "timed@512": 1.0}
+    console = Console(file=io.StringIO(), width=80)
+    console.print(bench.steps_table([timeline.steps(), {"start": 3.5}]))
+    text = console.file.getvalue()
+    assert "warmup@512" in text and "4.00" in text and "3.50-4.50" in text
+    assert bench.parse_tuning('{"num_stages": 1}') == {"num_stages": 1}
+    with pytest.raises(Exception, match="unknown tunable 'stages'"):
+        bench.parse_tuning('{"stages": 1}')
+
 
 def test_the_sandbox_binds_site_folders_lent_by_a_pth_file_but_no_checkout(tmp_path, monkeypatch):
     lent = tmp_path / "image" / "lib" / "site-packages"
@@ -816,3 +859,26 @@ def test_the_sandbox_binds_site_folders_lent_by_a_pth_file_but_no_checkout(tmp_p
     assert str(lent) in directories
     assert str(checkout) not in directories
     assert sys.prefix in directories
+
+
+def test_an_output_comes_back_the_same_through_the_shared_area_and_the_pipe(tmp_path):
+    from quasar.evaluate.sandbox import SandboxedChild
+    from quasar.starter_fork import copy_starter_tree
+
+    copy_starter_tree(tmp_path / "fork")
+    rng = random.Random()
+    length, weights_seed = 64, rng.randrange(1 << 30)
+    seeds = {"input_seed": rng.randrange(1 << 63), "basis_seed": rng.randrange(1 << 63)}
+    received = {}
+    for shared_bytes in (length * workload.HIDDEN_SIZE * 4, 0):
+        with SandboxedChild(tmp_path / "fork", "cpu", SandboxPolicy(), shared_bytes=shared_bytes) as child:
+            session = harness._Session(child, time.monotonic() + 120)
+            session.request({"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed},
+                            time.monotonic() + 120, "load")
+            session.request({"op": "run", "seq_len": length, "count": 1, **seeds}, time.monotonic() + 60, "run",
+                            max_payload=1 << 20)
+            reply, payload, _ = session.request({"op": "output"}, time.monotonic() + 60, "output", max_payload=1 << 24)
+            assert ("shared_bytes" in reply) == (shared_bytes > 0) and (payload is None) == (shared_bytes > 0), reply
+            received[shared_bytes > 0] = harness._receive_output(session, length, time.monotonic() + 60)
+    assert received[True].shape == (1, length, workload.HIDDEN_SIZE) and received[True].abs().sum() > 0
+    assert torch.equal(received[True], received[False])

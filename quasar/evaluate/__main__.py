@@ -63,7 +63,7 @@ def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
                         help="limit for the whole evaluation (default 3600)")
     parser.add_argument("--length-timeout", type=positive_float, default=900.0, metavar="SECONDS",
                         help="limit for one length: warm-up, timed runs and check (default 900)")
-    parser.add_argument("--warmup", type=int, default=3, metavar="N", help="warm-up runs per length (default 3)")
+    parser.add_argument("--warmup", type=int, default=3, metavar="N", help="warm-up requests per length (default 3, at least 2)")
     parser.add_argument("--repeats", type=positive_int, metavar="N",
                         help="timed runs per length (default: as many as fit in 2 s, 10 to 200)")
     parser.add_argument("--import-profile", choices=("core", "strict"), default="core")

@@ -1,7 +1,7 @@
 """The code that runs inside the sandbox: it serves the parent's requests over the harness's pipe.
 
-Started as ``python -I child.py READ_FD WRITE_FD DEVICE SPIN_SECONDS`` from the harness's own copy of this
-directory. Until the ``load`` request it runs only this file, ``protocol.py``, ``workload.py`` and
+Started as ``python -I child.py READ_FD WRITE_FD DEVICE SPIN_SECONDS SHARED_FD`` from the harness's own copy
+of this directory (``SHARED_FD``: the parent's protocol.SharedArea for outputs, or -1). Until the ``load`` request it runs only this file, ``protocol.py``, ``workload.py`` and
 torch, so its answers to ``calibrate`` are trusted; from ``load`` on, the fork's code shares the
 process and may patch anything, and the parent trusts nothing it says without checking.
 
@@ -24,7 +24,8 @@ Requests (JSON headers; see protocol.py) and replies:
   (workload.fill_request), run the ``count`` chained forwards (workload.run_forwards; the graph
   if captured) -> ``{ok}`` + the fingerprints as payload: float32 ``[count, 8, 16]`` in this
   machine's byte order, read back in one synchronisation (JSON floats cost the host milliseconds)
-- ``output``: the last forward's output as raw bytes -> ``{ok, dtype, shape}`` + payload
+- ``output``: the last forward's output as raw bytes -> ``{ok, dtype, shape}`` + payload, or, where
+  the shared area holds it, ``{ok, dtype, shape, shared_bytes}`` with the bytes in the area
 - ``memory {reset}``: peak device memory since the last reset and memory allocated now ->
   ``{ok, peak_bytes, allocated_bytes}``
 - ``exit``
@@ -96,8 +97,9 @@ class Slot:
 class Server:
     """State of the child between requests: the device, the layer, the request slots, the last output."""
 
-    def __init__(self, channel: protocol.Channel, device: str):
+    def __init__(self, channel: protocol.Channel, device: str, shared: protocol.SharedArea | None = None):
         self.channel = channel
+        self.shared = shared
         self.device = torch.device(device)
         self.layer = None
         self.last_output: torch.Tensor | None = None
@@ -161,10 +163,12 @@ class Server:
     def capture(self, slot: Slot, which: str, forward, input_seed: int, basis_seed: int) -> None:
         """Capture the forwards of a request of ``slot``'s size in one CUDA graph, kept as ``which``.
 
-        As torch.cuda.graph does: eager forwards on a side stream first (cuBLAS and the
-        allocator set up there), then the capture on it, from a private memory pool. The graph is
-        replayed on the eager forwards' input and must agree with them. Raises CaptureFailed
-        with the reason; the private pool is then released.
+        As torch.cuda.graph does: an eager forward on a side stream first (cuBLAS and the
+        allocator set up there; the request's first forward alone: every forward of a request runs
+        the same kernels, and the eager first forward is all the check below compares), then the
+        capture on it, from a private memory pool. The graph is replayed on the eager forward's
+        input and must agree with it. Raises CaptureFailed with the reason; the private pool is
+        then released.
         """
         buffers = slot.buffers
         current = torch.cuda.current_stream(self.device)
@@ -176,7 +180,7 @@ class Server:
         try:
             with torch.cuda.stream(side):
                 workload.fill_request(buffers, input_seed, basis_seed)
-                workload.run_forwards(forward, buffers)
+                workload.run_forwards(forward, buffers, count=1)
                 eager_first = buffers.fingerprints[0].clone()
                 torch.cuda.empty_cache()
                 pool_open = True
@@ -266,9 +270,14 @@ class Server:
             return
         if output.dtype not in _DTYPE_NAMES:
             output = output.float()
-        host = output.detach().to("cpu").contiguous()
-        raw = host.view(torch.uint8).numpy() if host.dtype == torch.bfloat16 else host.numpy()
-        self.channel.send({"ok": True, "dtype": _DTYPE_NAMES[host.dtype], "shape": list(host.shape)}, memoryview(raw).cast("B"))
+        header = {"ok": True, "dtype": _DTYPE_NAMES[output.dtype], "shape": list(output.shape)}
+        raw = output.detach().contiguous().reshape(-1).view(torch.uint8)
+        if self.shared is not None and raw.numel() <= self.shared.size:
+            # Straight from the device into the parent's area: no host copy, no pipe.
+            torch.frombuffer(self.shared.mapping(), dtype=torch.uint8, count=raw.numel()).copy_(raw)
+            self.channel.send({**header, "shared_bytes": raw.numel()})
+            return
+        self.channel.send(header, memoryview(raw.cpu().numpy()).cast("B"))
 
     def handle_memory(self, request: dict) -> tuple[dict, None]:
         if self.device.type != "cuda":
@@ -352,8 +361,10 @@ def recover_from_failed_capture(device: torch.device, pool: tuple[int, int]) -> 
 
 def main() -> None:
     read_fd, write_fd, device, spin_seconds = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+    shared_fd = int(sys.argv[5])
     channel = protocol.Channel(read_fd, write_fd, spin_seconds=spin_seconds)
-    Server(channel, device).serve()
+    shared = protocol.SharedArea(shared_fd, os.fstat(shared_fd).st_size) if shared_fd >= 0 else None
+    Server(channel, device, shared).serve()
 
 
 if __name__ == "__main__":

@@ -25,9 +25,9 @@ On CUDA a request is one CUDA graph. Eager forwards at 512 to 2,048 tokens are b
 CPU launching kernels, whose speed varied by 20–40% between processes on a virtual machine, so
 no eager timing agreed within 2% there; a graph's replay is the GPU's time alone (87 µs a
 forward at 512 tokens on an H100, requests within about 1% of each other; benchmarks/RESULTS.md).
-After a length's first warm-up request, which runs eagerly so the fork's Triton kernels compile
-and tune, the child captures a whole request (signs, forwards, fingerprints) and replays it from
-then on: a request costs the host a few launches and one synchronisation, whatever its count. A
+After a length's first warm-up request, one forward run eagerly so the fork's Triton kernels
+compile and tune, the child captures a whole request (signs, forwards, fingerprints) and replays
+it from then on: a request costs the host a few launches and one synchronisation, whatever its count. A
 forward that cannot be captured (one that synchronises with the host, say), or whose replay
 disagrees with its eager forwards, runs eagerly, and the report says so and why (``timing``).
 
@@ -81,8 +81,8 @@ than sleep between messages, so no request pays a scheduler wake-up or a cooled-
 the child and the parent's timing thread each run on a physical core of their own, never SMT
 siblings of each other, chosen from the GPU's index so that parallel evaluations on several GPUs
 get distinct cores (pinning.py; the parent's thread gets its CPUs back afterwards). The
-warm-up lasts ``warmup_runs`` requests at each length (the capture after the first), so that
-compilation and the allocator's growth are over, and, on CUDA, until ``warmup_seconds`` (1 s) of
+warm-up lasts ``warmup_runs`` requests at each length, at least two (the capture after the
+first), so that compilation and the allocator's growth are over, and, on CUDA, until ``warmup_seconds`` (1 s) of
 back-to-back requests have passed since the first length's began, so that the GPU's clock ramp
 is too (a count of warm-up forwards was 10 ms at 100k tokens; a second at every length added 4 s
 to an evaluation whose timed requests all come after every length's warm-up). Every length is
@@ -431,10 +431,19 @@ def _capture(session: _Session, length: int, count: int, deadline: float) -> str
 
 
 def _receive_output(session: _Session, length: int, deadline: float) -> torch.Tensor:
+    """The last forward's output, through the pipe or the shared area (a copy of this process's own)."""
     limit = length * workload.HIDDEN_SIZE * 4
     reply, payload, _ = session.request({"op": "output"}, deadline, "sending the output", max_payload=limit)
     if not reply.get("ok"):
         raise _reply_failure(reply, length, "sending the output")
+    shared = reply.get("shared_bytes")
+    if shared is not None:
+        if payload is not None or isinstance(shared, bool) or not isinstance(shared, int) or not 0 <= shared <= limit:
+            raise _ChildFailure(ERROR, f"the child broke the protocol sending the output: shared_bytes={shared!r}")
+        try:
+            payload = session.child.shared_payload(shared)
+        except protocol.ChannelError as error:
+            raise _ChildFailure(ERROR, f"the child broke the protocol sending the output: {error}") from None
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     dtype = dtypes.get(reply.get("dtype"))
     shape = reply.get("shape")
@@ -490,10 +499,14 @@ def _prepare_length(session: _Session, run: _LengthRun, options: EvaluationOptio
                     progress: ProgressCallback, warmup_since: float, check_seeds: tuple[int, int]) -> None:
     """Warm-up (with the capture), peak memory, correctness run and repeat at one length.
 
-    Every warm-up request runs ``count`` forwards. The warm-up lasts ``warmup_runs`` requests
-    and, on CUDA, until ``warmup_seconds`` have passed since ``warmup_since`` (the monotonic
-    time the evaluation's first warm-up began); its last request's round trip is kept in
-    ``run.request_s`` to plan the timed rounds. The correctness run uses ``check_seeds``.
+    The first warm-up request runs one forward, eagerly: the fork's kernels compile there (a
+    request of ``count`` eager forwards cost the host about 1.5 ms each at 512 to 2,048 tokens
+    on an H100 machine, a few tenths of a second a length). Then the child captures a request of
+    ``count`` forwards, and every later warm-up request runs ``count``: at least one, in all
+    ``warmup_runs`` requests and, on CUDA, until ``warmup_seconds`` have passed since
+    ``warmup_since`` (the monotonic time the evaluation's first warm-up began); the last one's
+    round trip is kept in ``run.request_s`` to plan the timed rounds. The correctness run uses
+    ``check_seeds``.
     """
     length = run.result.seq_len
     deadline = time.monotonic() + options.length_timeout_s
@@ -501,14 +514,16 @@ def _prepare_length(session: _Session, run: _LengthRun, options: EvaluationOptio
 
     started = time.monotonic()
     warmup_s = options.warmup_seconds if options.device.startswith("cuda") else 0.0
-    # The first request runs eagerly (the fork's kernels compile and tune at this length); then
-    # the child captures the request in a CUDA graph, which the rest of the warm-up replays.
-    progress(ProgressEvent("warmup", length, 0, max(options.warmup_runs, 1)))
-    run.request_s = _run_request(session, length, count, deadline, f"warm-up at T={length}").round_trip_ns / 1e9
+    # The first request runs one forward eagerly (the fork's kernels compile and tune at this
+    # length); then the child captures a request of count forwards in a CUDA graph, which the
+    # rest of the warm-up replays.
+    runs = max(options.warmup_runs, 2)
+    progress(ProgressEvent("warmup", length, 0, runs))
+    _run_request(session, length, 1, deadline, f"warm-up at T={length}")
     run.result.timing = _capture(session, length, count, deadline)
     done = 1
-    while done < options.warmup_runs or time.monotonic() - warmup_since < warmup_s:
-        progress(ProgressEvent("warmup", length, done, max(options.warmup_runs, done + 1)))
+    while done < runs or time.monotonic() - warmup_since < warmup_s:
+        progress(ProgressEvent("warmup", length, done, max(runs, done + 1)))
         run.request_s = _run_request(session, length, count, deadline, f"warm-up at T={length}").round_trip_ns / 1e9
         done += 1
     timings.warmup_s += time.monotonic() - started
@@ -613,7 +628,8 @@ def _benchmark_in_sandbox(repo: Path, lengths: list[int], references: _Reference
     try:
         spin = GPU_SPIN_SECONDS if options.device.startswith("cuda") else 0.0
         child = SandboxedChild(repo, options.device, options.policy, spin_seconds=spin,
-                               cpus=plan.child if plan is not None else None).__enter__()
+                               cpus=plan.child if plan is not None else None,
+                               shared_bytes=max(lengths) * workload.HIDDEN_SIZE * 4).__enter__()
     except SandboxUnavailable as error:
         report.reasons.append(f"sandbox unavailable: {error}")
         return runs, lambda: None

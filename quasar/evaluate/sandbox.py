@@ -230,8 +230,11 @@ class SandboxedChild:
     """One sandboxed child process serving the harness's requests; use as a context manager."""
 
     def __init__(self, fork_dir: str | os.PathLike, device: str, policy: SandboxPolicy, spin_seconds: float = 0.0,
-                 cpus: frozenset[int] | None = None):
+                 cpus: frozenset[int] | None = None, shared_bytes: int = 0):
         self.fork_source = Path(fork_dir).resolve()
+        # The child's outputs up to this size come back through a shared memory file (protocol.SharedArea).
+        self.shared_bytes = shared_bytes
+        self.shared: protocol.SharedArea | None = None
         self.device = device
         self.policy = policy
         # Both ends busy-poll the pipe this long before sleeping (protocol.Channel).
@@ -270,7 +273,8 @@ class SandboxedChild:
         env = scrubbed_environment(home, self.device, self.policy, self.marker)
         python = sys.executable
         argv = [python, "-I", f"{harness}/child.py", str(child_fds[0]), str(child_fds[1]),
-                "cuda" if self.device.startswith("cuda") else "cpu", repr(float(self.spin_seconds))]
+                "cuda" if self.device.startswith("cuda") else "cpu", repr(float(self.spin_seconds)),
+                str(self.shared.fd if self.shared is not None else -1)]
         rlimits = {"CORE": 0, "NOFILE": self.policy.max_open_files, "FSIZE": self.policy.max_file_bytes}
         if mode == "root":
             # Counted per uid: in root mode the child is the only user of uid nobody we know of.
@@ -304,6 +308,16 @@ class SandboxedChild:
                 ],
             })
         return config
+
+    def shared_payload(self, nbytes: int) -> bytearray:
+        """A copy of the first ``nbytes`` bytes the child put in the shared area, whose pages are
+        then released; protocol.ChannelError if there is no area or it holds fewer."""
+        if self.shared is None:
+            raise protocol.ChannelError("the child named a shared payload, but it has no shared area")
+        try:
+            return self.shared.read(nbytes)
+        finally:
+            self.shared.release()
 
     def _nvidia_devices(self) -> list[str]:
         if not self.device.startswith("cuda") or not os.path.isdir("/dev"):
@@ -368,6 +382,8 @@ class SandboxedChild:
             pass
         child_fds = (to_child_read, from_child_write)
         self._parent_fds = [to_child_write, from_child_read]
+        if self.shared is None:
+            self.shared = protocol.SharedArea.create(self.shared_bytes)
         config = self._config(mode, child_fds)
         init = [sys.executable, "-I", "-S", str(self.workdir / "harness" / "sandbox_init.py"), json.dumps(config)]
         if mode == "none":
@@ -387,7 +403,7 @@ class SandboxedChild:
         with pinning.pinned(self.cpus):
             self.process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                pass_fds=child_fds, start_new_session=True, env=config["env"], cwd=str(self.workdir),
+                pass_fds=child_fds + ((self.shared.fd,) if self.shared is not None else ()), start_new_session=True, env=config["env"], cwd=str(self.workdir),
                 # Only where setpriv is missing; the hook makes one system call.
                 preexec_fn=_die_with_parent if mode != "none" and command[0] != "setpriv" else None,  # noqa: PLW1509
             )
@@ -451,6 +467,9 @@ class SandboxedChild:
             except OSError:
                 pass
         self._parent_fds = []
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
         if self.process is not None and self.process.stdout is not None:
             self.process.stdout.close()
 

@@ -206,13 +206,15 @@ def fingerprint(output: torch.Tensor, directions: torch.Tensor, token_weights: t
     return torch.matmul(token_weights, projected, out=out)
 
 
-def run_forwards(forward: Callable[[torch.Tensor], torch.Tensor], buffers: RequestBuffers) -> torch.Tensor:
+def run_forwards(forward: Callable[[torch.Tensor], torch.Tensor], buffers: RequestBuffers,
+                 count: int | None = None) -> torch.Tensor:
     """The forwards of a filled request, one after another: forward ``i`` runs on
     ``forward_input(noise[i], fingerprints[i - 1])`` and writes ``fingerprints[i]``. Launches
-    only (no host synchronisation), so it can be captured in a CUDA graph. Returns the last output.
+    only (no host synchronisation), so it can be captured in a CUDA graph. ``count``: only the
+    first ``count`` forwards (default all). Returns the last output.
     """
     output = None
-    for index in range(buffers.count):
+    for index in range(buffers.count if count is None else min(count, buffers.count)):
         previous = buffers.fingerprints[index - 1] if index else None
         hidden = forward_input(buffers.noise[index], previous)
         output = None
