@@ -171,13 +171,13 @@ def agreement_table(reports: list[EvaluationReport], found: dict[str, dict]) -> 
 def overhead_table(reports: list[EvaluationReport]) -> Table:
     table = Table(title="seconds per evaluation (overhead = total - timed)")
     for column in ("evaluation", "verdict", "total", "timed", "overhead", "startup", "calibration", "load",
-                   "warm-up", "correctness", "reference"):
+                   "warm-up", "first forwards", "correctness", "output", "reference"):
         table.add_column(column)
     for index, report in enumerate(reports):
         t = report.timings
         table.add_row(str(index), report.verdict, *(f"{v:.1f}" for v in (
-            t.total_s, t.timed_s, t.overhead_s, t.startup_s, t.calibration_s, t.load_s, t.warmup_s, t.correctness_s,
-            t.reference_s)))
+            t.total_s, t.timed_s, t.overhead_s, t.startup_s, t.calibration_s, t.load_s, t.warmup_s, t.first_forward_s,
+            t.correctness_s, t.output_s, t.reference_s)))
     return table
 
 

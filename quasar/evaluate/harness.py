@@ -519,7 +519,7 @@ def _prepare_length(session: _Session, run: _LengthRun, options: EvaluationOptio
     # rest of the warm-up replays.
     runs = max(options.warmup_runs, 2)
     progress(ProgressEvent("warmup", length, 0, runs))
-    _run_request(session, length, 1, deadline, f"warm-up at T={length}")
+    timings.first_forward_s += _run_request(session, length, 1, deadline, f"warm-up at T={length}").round_trip_ns / 1e9
     run.result.timing = _capture(session, length, count, deadline)
     done = 1
     while done < runs or time.monotonic() - warmup_since < warmup_s:
@@ -532,7 +532,9 @@ def _prepare_length(session: _Session, run: _LengthRun, options: EvaluationOptio
     started = time.monotonic()
     progress(ProgressEvent("correctness", length, 0, 1))
     run.check = _run_request(session, length, 1, deadline, f"correctness run at T={length}", seeds=check_seeds)
+    receiving = time.monotonic()
     run.output = _receive_output(session, length, deadline)
+    timings.output_s += time.monotonic() - receiving
     run.repeat = _run_request(session, length, 1, deadline, f"repeat run at T={length}",
                               seeds=(run.check.input_seed, run.check.basis_seed))
     timings.correctness_s += time.monotonic() - started

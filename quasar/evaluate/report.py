@@ -99,8 +99,12 @@ class Timings:
     calibration_s: float = 0.0
     load_s: float = 0.0
     warmup_s: float = 0.0
+    # Of warmup_s: each length's first forward, where the fork's kernels compile.
+    first_forward_s: float = 0.0
     timed_s: float = 0.0
     correctness_s: float = 0.0
+    # Of correctness_s: receiving the correctness runs' outputs from the child.
+    output_s: float = 0.0
     reference_s: float = 0.0
     total_s: float = 0.0
 
