@@ -383,23 +383,31 @@ def test_channel_carries_headers_and_large_payloads(pipe_pair):
     assert bytes(received) == payload
 
 
-def test_a_shared_area_written_by_another_process_is_copied_out_and_released():
+def test_a_shared_area_written_by_another_process_is_copied_out_or_read_in_place():
     area = protocol.SharedArea.create(1 << 20)
     try:
-        payload = os.urandom(300_000)
-        writer = ("import mmap, os, sys; fd = int(sys.argv[1]); area = mmap.mmap(fd, os.fstat(fd).st_size); "
-                  "data = sys.stdin.buffer.read(); area[:len(data)] = data")
-        subprocess.run([sys.executable, "-c", writer, str(area.fd)], input=payload, pass_fds=(area.fd,), check=True)
-        copy = area.read(len(payload))
-        assert bytes(copy) == payload
-        # The copy is the parent's own: a later write to the area does not reach it.
-        subprocess.run([sys.executable, "-c", writer, str(area.fd)], input=b"\xff" * 1000, pass_fds=(area.fd,),
-                       check=True)
-        assert bytes(copy) == payload and bytes(area.read(1000)) == b"\xff" * 1000
-        area.release()
-        assert bytes(area.read(len(payload))) == bytes(len(payload))
-        with pytest.raises(protocol.ChannelError, match="does not fit the 1048576-byte area"):
-            area.read((1 << 20) + 1)
+        payload, offset = os.urandom(300_000), random.randrange(1 << 19)
+        writer = ("import mmap, os, sys; fd, at = int(sys.argv[1]), int(sys.argv[2]); "
+                  "area = mmap.mmap(fd, os.fstat(fd).st_size); data = sys.stdin.buffer.read(); "
+                  "area[at:at + len(data)] = data")
+
+        def write(data: bytes, at: int) -> None:
+            subprocess.run([sys.executable, "-c", writer, str(area.fd), str(at)], input=data, pass_fds=(area.fd,),
+                           check=True)
+
+        write(payload, offset)
+        copy = area.read(len(payload), offset)
+        in_place = area.view(len(payload), offset)
+        assert bytes(copy) == payload and bytes(in_place) == payload
+        # The copy is this process's own; the view shows what the writer does next.
+        write(b"\xff" * 1000, offset)
+        assert bytes(copy) == payload and bytes(in_place[:1000]) == b"\xff" * 1000
+        in_place.release()
+        for nbytes, at in ((1 << 20, 1), ((1 << 20) + 1, 0), (10, -1)):
+            with pytest.raises(protocol.ChannelError, match="does not fit the 1048576-byte area"):
+                area.read(nbytes, at)
+            with pytest.raises(protocol.ChannelError, match="does not fit"):
+                area.view(nbytes, at)
     finally:
         area.close()
     assert protocol.SharedArea.create(0) is None
@@ -661,6 +669,25 @@ def test_correctness_references_computed_ahead_are_those_of_the_runs_the_child_m
     assert references.expected == {}
 
 
+def test_the_rehearsal_checks_a_made_up_batch_as_a_timed_request_is_checked(monkeypatch):
+    from quasar.evaluate import harness
+
+    references = harness._ReferenceWork(3, "cpu", [64])
+    references.wait()
+    batches = []
+    real = harness._reference_outputs
+
+    def recording(reference, buffers, request, start, stop):
+        batches.append((buffers.seq_len, stop - start, tuple(request.fingerprints.shape)))
+        return real(reference, buffers, request, start, stop)
+
+    monkeypatch.setattr(harness, "_reference_outputs", recording)
+    monkeypatch.setattr(harness, "MAX_FORWARDS_PER_REQUEST", 4)  # a request's most; small for the CPU
+    references._rehearse(64)
+    assert batches == [(64, 4, (4, 8, 16))]
+    assert sorted(references.expected) == [64]
+
+
 def test_the_parent_takes_one_fingerprint_per_forward_from_the_reply():
     from quasar.evaluate.harness import _ChildFailure, _fingerprints
 
@@ -861,7 +888,7 @@ def test_the_sandbox_binds_site_folders_lent_by_a_pth_file_but_no_checkout(tmp_p
     assert sys.prefix in directories
 
 
-def test_an_output_comes_back_the_same_through_the_shared_area_and_the_pipe(tmp_path):
+def test_an_output_comes_back_the_same_through_the_shared_area_and_the_pipe(tmp_path, monkeypatch):
     from quasar.evaluate.sandbox import SandboxedChild
     from quasar.starter_fork import copy_starter_tree
 
@@ -869,16 +896,28 @@ def test_an_output_comes_back_the_same_through_the_shared_area_and_the_pipe(tmp_
     rng = random.Random()
     length, weights_seed = 64, rng.randrange(1 << 30)
     seeds = {"input_seed": rng.randrange(1 << 63), "basis_seed": rng.randrange(1 << 63)}
+    offsets = harness.output_offsets([length, 128])
+    area = protocol.SharedArea.create(offsets[-1])
     received = {}
-    for shared_bytes in (length * workload.HIDDEN_SIZE * 4, 0):
-        with SandboxedChild(tmp_path / "fork", "cpu", SandboxPolicy(), shared_bytes=shared_bytes) as child:
-            session = harness._Session(child, time.monotonic() + 120)
-            session.request({"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed},
-                            time.monotonic() + 120, "load")
-            session.request({"op": "run", "seq_len": length, "count": 1, **seeds}, time.monotonic() + 60, "run",
-                            max_payload=1 << 20)
-            reply, payload, _ = session.request({"op": "output"}, time.monotonic() + 60, "output", max_payload=1 << 24)
-            assert ("shared_bytes" in reply) == (shared_bytes > 0) and (payload is None) == (shared_bytes > 0), reply
-            received[shared_bytes > 0] = harness._receive_output(session, length, time.monotonic() + 60)
-    assert received[True].shape == (1, length, workload.HIDDEN_SIZE) and received[True].abs().sum() > 0
-    assert torch.equal(received[True], received[False])
+    try:
+        # Through the pipe (no area), copied out of the area, and left in it to read once the child is gone.
+        for way, shared, copy_up_to in (("pipe", None, 0), ("copied", area, 1 << 30), ("in place", area, 0)):
+            monkeypatch.setattr(harness, "COPY_OUTPUTS_UP_TO", copy_up_to)
+            with SandboxedChild(tmp_path / "fork", "cpu", SandboxPolicy(), shared=shared) as child:
+                session = harness._Session(child, time.monotonic() + 120)
+                session.request({"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed},
+                                time.monotonic() + 120, "load")
+                session.request({"op": "run", "seq_len": length, "count": 1, **seeds}, time.monotonic() + 60, "run",
+                                max_payload=1 << 20)
+                output = harness._receive_output(session, length, offsets[length], time.monotonic() + 60)
+                assert isinstance(output, harness._SharedOutput) == (way == "in place"), way
+                if way == "in place":
+                    assert not child.gone.is_set()
+            assert child.gone.is_set()
+            received[way] = harness.output_tensor(output).clone()
+            del output
+    finally:
+        area.close()
+    assert received["pipe"].shape == (1, length, workload.HIDDEN_SIZE) and received["pipe"].abs().sum() > 0
+    assert torch.equal(received["pipe"], received["copied"]) and torch.equal(received["pipe"], received["in place"])
+    assert offsets == {64: 0, 128: 64 * 512 * 4, -1: 192 * 512 * 4}

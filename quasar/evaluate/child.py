@@ -24,8 +24,9 @@ Requests (JSON headers; see protocol.py) and replies:
   (workload.fill_request), run the ``count`` chained forwards (workload.run_forwards; the graph
   if captured) -> ``{ok}`` + the fingerprints as payload: float32 ``[count, 8, 16]`` in this
   machine's byte order, read back in one synchronisation (JSON floats cost the host milliseconds)
-- ``output``: the last forward's output as raw bytes -> ``{ok, dtype, shape}`` + payload, or, where
-  the shared area holds it, ``{ok, dtype, shape, shared_bytes}`` with the bytes in the area
+- ``output {offset}``: the last forward's output as raw bytes -> ``{ok, dtype, shape}`` + payload,
+  or, where the shared area holds it from ``offset`` on, ``{ok, dtype, shape, shared_bytes}`` with
+  the bytes there
 - ``memory {reset}``: peak device memory since the last reset and memory allocated now ->
   ``{ok, peak_bytes, allocated_bytes}``
 - ``exit``
@@ -263,7 +264,7 @@ class Server:
         self.last_output = output
         return {"ok": True}, fingerprints
 
-    def send_output(self) -> None:
+    def send_output(self, request: dict) -> None:
         output = self.last_output
         if output is None:
             self.channel.send({"ok": False, "kind": "error", "error": "no output to send"})
@@ -272,9 +273,11 @@ class Server:
             output = output.float()
         header = {"ok": True, "dtype": _DTYPE_NAMES[output.dtype], "shape": list(output.shape)}
         raw = output.detach().contiguous().reshape(-1).view(torch.uint8)
-        if self.shared is not None and raw.numel() <= self.shared.size:
+        offset = request.get("offset", 0)
+        if (self.shared is not None and isinstance(offset, int) and 0 <= offset
+                and offset + raw.numel() <= self.shared.size):
             # Straight from the device into the parent's area: no host copy, no pipe.
-            torch.frombuffer(self.shared.mapping(), dtype=torch.uint8, count=raw.numel()).copy_(raw)
+            torch.frombuffer(self.shared.mapping(), dtype=torch.uint8, count=raw.numel(), offset=offset).copy_(raw)
             self.channel.send({**header, "shared_bytes": raw.numel()})
             return
         self.channel.send(header, memoryview(raw.cpu().numpy()).cast("B"))
@@ -304,7 +307,7 @@ class Server:
                 self.channel.send({"ok": True, "op": "pong", "cpus": allowed_cpus()})
                 continue
             if op == "output":
-                self.send_output()
+                self.send_output(request)
                 continue
             payload = None
             try:

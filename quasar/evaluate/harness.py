@@ -68,7 +68,8 @@ weights come from a seed drawn per evaluation.
 
 Correctness. One more run, on a seed drawn when the evaluation starts (its reference output is
 computed while the child starts, :class:`_ReferenceWork`), is followed by a request for its whole
-output; the parent compares it with the reference over the whole sequence, each eighth, and each 64-token
+output (written by the child into a shared memory file, read by the parent after the child is
+gone where it is large: :data:`COPY_OUTPUTS_UP_TO`); the parent compares it with the reference over the whole sequence, each eighth, and each 64-token
 block (relative to the sequence's RMS, which catches a wrong tail that an eighth would dilute),
 checks it is finite, checks it is the output the run fingerprinted, and runs the same input
 again to check the two agree. The threshold :data:`REL_ERROR_THRESHOLD` = 2e-2: the honest
@@ -163,6 +164,11 @@ FINGERPRINT_TOLERANCE = 2 * REL_ERROR_THRESHOLD
 REPEAT_TOLERANCE = REL_ERROR_THRESHOLD / 4
 # The output sent for the check against the run's own fingerprint: the same tensor, up to rounding.
 CONSISTENCY_TOLERANCE = 1e-3
+
+# Correctness outputs come back through a shared memory file (protocol.SharedArea, a region per
+# length); one up to this size is copied out when it arrives, a larger one is read in place once the
+# child is gone and nothing can write to it any more (a copy of 1 GiB at a million tokens saved).
+COPY_OUTPUTS_UP_TO = 64 << 20
 
 # Which timed requests are checked against the reference, every forward of each (see the docstring).
 VERIFY_ALL_UP_TO = 16384
@@ -261,10 +267,45 @@ class _LengthRun:
     result: LengthResult
     timed: list[_Request] = field(default_factory=list)
     check: _Request | None = None
-    output: torch.Tensor | None = None
+    output: torch.Tensor | _SharedOutput | None = None
     repeat: _Request | None = None
     request_s: float = 0.0
     cost_ns: int = 0
+    # Where the correctness output goes in the shared area.
+    output_offset: int = 0
+
+
+@dataclass
+class _SharedOutput:
+    """A correctness output left in the shared area, read in place once the child is ``gone``."""
+
+    area: protocol.SharedArea
+    offset: int
+    dtype: torch.dtype
+    shape: list[int]
+    gone: threading.Event
+
+    def tensor(self) -> torch.Tensor:
+        """The output (waits until no process of the sandbox can write to the area)."""
+        self.gone.wait()
+        nbytes = math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+        raw = torch.frombuffer(self.area.view(nbytes, self.offset), dtype=torch.uint8)
+        return raw.view(self.dtype).reshape(self.shape)
+
+
+def output_tensor(output: torch.Tensor | _SharedOutput) -> torch.Tensor:
+    """A correctness output as a tensor, wherever it was kept."""
+    return output.tensor() if isinstance(output, _SharedOutput) else output
+
+
+def output_offsets(lengths: Sequence[int]) -> dict[int, int]:
+    """Each length's region of the shared area (room for a float32 output), and the area's size under key -1."""
+    offsets, end = {}, 0
+    for length in sorted(lengths):
+        offsets[length] = end
+        end += length * workload.HIDDEN_SIZE * 4
+    offsets[-1] = end
+    return offsets
 
 
 class _ChildFailure(Exception):
@@ -430,30 +471,33 @@ def _capture(session: _Session, length: int, count: int, deadline: float) -> str
     return timing[:MAX_TIMING_CHARS] if isinstance(timing, str) else "unknown (the child did not say)"
 
 
-def _receive_output(session: _Session, length: int, deadline: float) -> torch.Tensor:
-    """The last forward's output, through the pipe or the shared area (a copy of this process's own)."""
+def _receive_output(session: _Session, length: int, offset: int, deadline: float) -> torch.Tensor | _SharedOutput:
+    """The last forward's output: through the pipe, or the shared area at ``offset`` (copied out,
+    or left there to read once the child is gone when over :data:`COPY_OUTPUTS_UP_TO` bytes)."""
     limit = length * workload.HIDDEN_SIZE * 4
-    reply, payload, _ = session.request({"op": "output"}, deadline, "sending the output", max_payload=limit)
+    header = {"op": "output", "offset": offset}
+    reply, payload, _ = session.request(header, deadline, "sending the output", max_payload=limit)
     if not reply.get("ok"):
         raise _reply_failure(reply, length, "sending the output")
-    shared = reply.get("shared_bytes")
-    if shared is not None:
-        if payload is not None or isinstance(shared, bool) or not isinstance(shared, int) or not 0 <= shared <= limit:
-            raise _ChildFailure(ERROR, f"the child broke the protocol sending the output: shared_bytes={shared!r}")
-        try:
-            payload = session.child.shared_payload(shared)
-        except protocol.ChannelError as error:
-            raise _ChildFailure(ERROR, f"the child broke the protocol sending the output: {error}") from None
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     dtype = dtypes.get(reply.get("dtype"))
     shape = reply.get("shape")
     expected_shape = [1, length, workload.HIDDEN_SIZE]
-    if dtype is None or shape != expected_shape or payload is None:
+    if dtype is None or shape != expected_shape:
         raise _ChildFailure(ERROR, f"the output sent has dtype {reply.get('dtype')!r} and shape {shape}, "
                                    f"expected a float tensor of shape {expected_shape}")
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if len(payload) != length * workload.HIDDEN_SIZE * itemsize:
-        raise _ChildFailure(ERROR, f"the output sent has {len(payload)} bytes, expected {length * workload.HIDDEN_SIZE * itemsize}")
+    nbytes = length * workload.HIDDEN_SIZE * torch.empty((), dtype=dtype).element_size()
+    shared, area = reply.get("shared_bytes"), session.child.shared
+    if shared is not None:
+        if payload is not None or area is None or shared != nbytes or offset + nbytes > area.size:
+            raise _ChildFailure(ERROR, f"the child broke the protocol sending the output: shared_bytes={shared!r}, "
+                                       f"expected {nbytes}")
+        if nbytes > COPY_OUTPUTS_UP_TO:
+            return _SharedOutput(area, offset, dtype, expected_shape, session.child.gone)
+        payload = area.read(nbytes, offset)
+    if payload is None or len(payload) != nbytes:
+        sent = 0 if payload is None else len(payload)
+        raise _ChildFailure(ERROR, f"the output sent has {sent} bytes, expected {nbytes}")
     return torch.frombuffer(payload, dtype=torch.uint8).view(dtype).reshape(expected_shape)
 
 
@@ -533,7 +577,7 @@ def _prepare_length(session: _Session, run: _LengthRun, options: EvaluationOptio
     progress(ProgressEvent("correctness", length, 0, 1))
     run.check = _run_request(session, length, 1, deadline, f"correctness run at T={length}", seeds=check_seeds)
     receiving = time.monotonic()
-    run.output = _receive_output(session, length, deadline)
+    run.output = _receive_output(session, length, run.output_offset, deadline)
     timings.output_s += time.monotonic() - receiving
     run.repeat = _run_request(session, length, 1, deadline, f"repeat run at T={length}",
                               seeds=(run.check.input_seed, run.check.basis_seed))
@@ -613,7 +657,8 @@ def _pinning_note(plan: pinning.CpuPlan | None, note: str, child_cpus: list[int]
 
 
 def _benchmark_in_sandbox(repo: Path, lengths: list[int], references: _ReferenceWork, options: EvaluationOptions,
-                          deadline: float, timings: Timings, progress: ProgressCallback,
+                          area: protocol.SharedArea | None, deadline: float, timings: Timings,
+                          progress: ProgressCallback,
                           report: EvaluationReport) -> tuple[dict[int, _LengthRun], Callable[[], None]]:
     """Start the sandboxed child and run every length in it; the parent's timing thread runs
     pinned (if planned) until the child is done, then gets its own CPUs back.
@@ -623,15 +668,15 @@ def _benchmark_in_sandbox(repo: Path, lengths: list[int], references: _Reference
     (its exit, its GPU context torn down, the straggler scan: about a second on an H100 machine),
     since nothing it could do after its last reply changes the parent's verdict.
     """
-    runs = {length: _LengthRun(LengthResult(seq_len=length)) for length in lengths}
+    offsets = output_offsets(lengths)
+    runs = {length: _LengthRun(LengthResult(seq_len=length), output_offset=offsets[length]) for length in lengths}
     started = time.monotonic()
     progress(ProgressEvent("start"))
     plan, note = _cpu_plan(options)
     try:
         spin = GPU_SPIN_SECONDS if options.device.startswith("cuda") else 0.0
         child = SandboxedChild(repo, options.device, options.policy, spin_seconds=spin,
-                               cpus=plan.child if plan is not None else None,
-                               shared_bytes=max(lengths) * workload.HIDDEN_SIZE * 4).__enter__()
+                               cpus=plan.child if plan is not None else None, shared=area).__enter__()
     except SandboxUnavailable as error:
         report.reasons.append(f"sandbox unavailable: {error}")
         return runs, lambda: None
@@ -851,7 +896,7 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
     progress(ProgressEvent("reference", length, 0, total + 1))
     buffers = _request_buffers(run.check, length, device)
     expected = expected_check if expected_check is not None else _reference_outputs(reference, buffers, run.check, 0, 1)
-    output = run.output.to(device)
+    output = output_tensor(run.output).to(device)
     result.finite = bool(torch.isfinite(output).all())
     result.rel_error = relative_error(output, expected)
     bounds = workload.segment_bounds(length)
@@ -957,8 +1002,26 @@ class _ReferenceWork:
                     break
                 finally:
                     del buffers
+            if self.device.startswith("cuda"):
+                self._rehearse(min(self.check_seeds))
         except BaseException as error:  # re-raised by wait(), in the evaluation's own thread
             self._error = error
+
+    def _rehearse(self, length: int) -> None:
+        """Check one made-up batch of timed forwards at ``length`` as :func:`_verify_length` checks
+        a request's (the batched reference, fingerprints and norms), and forget the result: in a
+        fresh process (a validator's worker) their kernels load at first use, a quarter of a
+        second on an H100 machine, which is then spent here while the child starts."""
+        count = min(reference_batch_size(length), MAX_FORWARDS_PER_REQUEST)
+        try:
+            buffers = workload.RequestBuffers.allocate(count, length, self.device)
+            workload.fill_request(buffers, _new_seed(), _new_seed())
+            request = _Request(0, 0, torch.zeros(count, workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS), 0)
+            expected = _reference_outputs(self.reference, buffers, request, 0, count)
+            workload.fingerprints_of(expected, buffers.directions, buffers.token_weights).cpu()
+            workload.segment_norms_of(expected).cpu()
+        except torch.OutOfMemoryError:
+            pass  # a rehearsal only: the verification meets the same limit and reports it
 
     def wait(self) -> torch.nn.Module:
         """Wait for the thread; the reference layer (raises what the thread raised)."""
@@ -1110,11 +1173,17 @@ def evaluate(
     else:
         deadline = time.monotonic() + options.timeout_s
         references = _ReferenceWork(weights_seed, options.device, lengths)
-        runs, closed = _benchmark_in_sandbox(repo, lengths, references, options, deadline, timings, progress, report)
+        area = protocol.SharedArea.create(output_offsets(lengths)[-1])
         try:
-            report.reasons += _verify(runs, references, timings, progress)
+            runs, closed = _benchmark_in_sandbox(repo, lengths, references, options, area, deadline, timings,
+                                                 progress, report)
+            try:
+                report.reasons += _verify(runs, references, timings, progress)
+            finally:
+                closed()
         finally:
-            closed()
+            if area is not None:
+                area.close()
         for length, run in runs.items():
             report.lengths[str(length)] = run.result
             if run.result.status not in (OK, SKIPPED) and run.result.error:

@@ -7,9 +7,10 @@ has a deadline. Standard library only: the child imports this file from the harn
 
 Large payloads (a layer output: 1 GiB at a million tokens in bfloat16) can go through a
 :class:`SharedArea` instead, a memory file the parent creates and the child inherits: the child
-copies the bytes into its mapping and says how many in the reply's header, and the parent copies
-them out into memory of its own before it looks at them (the child can write to the area at any
-time). A pipe moved such an output in about 1.8 s on an H100 machine, most of a correctness check.
+copies the bytes into its mapping where the parent said and names how many in the reply's
+header. The child can write to the area at any time, so the parent either copies a payload out
+into memory of its own at once, or reads it in place only after every process of the sandbox
+is gone.
 """
 
 from __future__ import annotations
@@ -121,9 +122,10 @@ class Channel:
 class SharedArea:
     """A memory file (``memfd``) of ``size`` bytes shared by the parent and the child.
 
-    The parent creates it (:meth:`create`) and passes :attr:`fd` to the child, which maps it
-    once (:meth:`mapping`) and writes a payload at offset 0; the parent copies it out into a
-    buffer of its own (:meth:`read`), then gives the pages back (:meth:`release`).
+    The parent creates it (:meth:`create`) and passes :attr:`fd` to the child, which maps it once
+    (:meth:`mapping`) and writes each payload at the offset the parent names; the parent copies a
+    payload out into memory of its own (:meth:`read`), or, once the child is gone and nothing can
+    write to the area any more, reads it in place (:meth:`view`).
     """
 
     def __init__(self, fd: int, size: int):
@@ -141,32 +143,41 @@ class SharedArea:
         return cls(fd, size)
 
     def mapping(self) -> mmap.mmap:
-        """The area mapped into this process (once), for writing."""
+        """The area mapped into this process (once)."""
         if self._mapping is None:
             self._mapping = mmap.mmap(self.fd, self.size)
         return self._mapping
 
-    def read(self, nbytes: int) -> bytearray:
-        """A copy of the area's first ``nbytes`` bytes; ChannelError if it holds fewer."""
-        if not 0 <= nbytes <= self.size:
-            raise ChannelError(f"a shared payload of {nbytes} bytes does not fit the {self.size}-byte area")
+    def _check(self, offset: int, nbytes: int) -> None:
+        if not (0 <= offset and 0 <= nbytes and offset + nbytes <= self.size):
+            raise ChannelError(f"a shared payload of {nbytes} bytes at offset {offset} does not fit the "
+                               f"{self.size}-byte area")
+
+    def read(self, nbytes: int, offset: int = 0) -> bytearray:
+        """A copy of ``nbytes`` bytes at ``offset``; ChannelError if they lie outside the area."""
+        self._check(offset, nbytes)
         buffer = bytearray(nbytes)
         view = memoryview(buffer)
         filled = 0
         while filled < nbytes:
-            count = os.preadv(self.fd, [view[filled:]], filled)
+            count = os.preadv(self.fd, [view[filled:]], offset + filled)
             if count == 0:
-                raise ChannelError(f"the shared area holds {filled} bytes, the reply said {nbytes}")
+                raise ChannelError(f"the shared area ends {filled} bytes into a payload of {nbytes}")
             filled += count
         return buffer
 
-    def release(self) -> None:
-        """Give the pages written back to the system (the area stays usable, reading as zeros)."""
-        os.ftruncate(self.fd, 0)
-        os.ftruncate(self.fd, self.size)
+    def view(self, nbytes: int, offset: int = 0) -> memoryview:
+        """The ``nbytes`` bytes at ``offset`` in place (no copy): only for an area no other process
+        can write to any more."""
+        self._check(offset, nbytes)
+        return memoryview(self.mapping())[offset:offset + nbytes]
 
     def close(self) -> None:
+        """Close the area; a mapping still viewed somewhere goes when its last view does."""
         if self._mapping is not None:
-            self._mapping.close()
+            try:
+                self._mapping.close()
+            except BufferError:
+                pass
             self._mapping = None
         os.close(self.fd)

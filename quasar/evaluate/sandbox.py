@@ -230,11 +230,12 @@ class SandboxedChild:
     """One sandboxed child process serving the harness's requests; use as a context manager."""
 
     def __init__(self, fork_dir: str | os.PathLike, device: str, policy: SandboxPolicy, spin_seconds: float = 0.0,
-                 cpus: frozenset[int] | None = None, shared_bytes: int = 0):
+                 cpus: frozenset[int] | None = None, shared: protocol.SharedArea | None = None):
         self.fork_source = Path(fork_dir).resolve()
-        # The child's outputs up to this size come back through a shared memory file (protocol.SharedArea).
-        self.shared_bytes = shared_bytes
-        self.shared: protocol.SharedArea | None = None
+        # Where the child may put large payloads (protocol.SharedArea); the caller's, which outlives the child.
+        self.shared = shared
+        # Set once close() has returned: no process of the sandbox is left to write to the shared area.
+        self.gone = threading.Event()
         self.device = device
         self.policy = policy
         # Both ends busy-poll the pipe this long before sleeping (protocol.Channel).
@@ -309,16 +310,6 @@ class SandboxedChild:
             })
         return config
 
-    def shared_payload(self, nbytes: int) -> bytearray:
-        """A copy of the first ``nbytes`` bytes the child put in the shared area, whose pages are
-        then released; protocol.ChannelError if there is no area or it holds fewer."""
-        if self.shared is None:
-            raise protocol.ChannelError("the child named a shared payload, but it has no shared area")
-        try:
-            return self.shared.read(nbytes)
-        finally:
-            self.shared.release()
-
     def _nvidia_devices(self) -> list[str]:
         if not self.device.startswith("cuda") or not os.path.isdir("/dev"):
             return []
@@ -382,8 +373,6 @@ class SandboxedChild:
             pass
         child_fds = (to_child_read, from_child_write)
         self._parent_fds = [to_child_write, from_child_read]
-        if self.shared is None:
-            self.shared = protocol.SharedArea.create(self.shared_bytes)
         config = self._config(mode, child_fds)
         init = [sys.executable, "-I", "-S", str(self.workdir / "harness" / "sandbox_init.py"), json.dumps(config)]
         if mode == "none":
@@ -467,24 +456,24 @@ class SandboxedChild:
             except OSError:
                 pass
         self._parent_fds = []
-        if self.shared is not None:
-            self.shared.close()
-            self.shared = None
         if self.process is not None and self.process.stdout is not None:
             self.process.stdout.close()
 
     def close(self) -> None:
         """Kill everything the child started and delete the temporary directory."""
-        if self.channel is not None and self.process is not None and self.process.poll() is None:
-            try:
-                self.channel.send({"op": "exit"})
-                self.process.wait(timeout=2)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        self._terminate()
-        if self.workdir is not None:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            self.workdir = None
+        try:
+            if self.channel is not None and self.process is not None and self.process.poll() is None:
+                try:
+                    self.channel.send({"op": "exit"})
+                    self.process.wait(timeout=2)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+            self._terminate()
+            if self.workdir is not None:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+                self.workdir = None
+        finally:
+            self.gone.set()
 
 
 def _marked(pid: int, needle: bytes) -> bool:
