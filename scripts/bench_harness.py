@@ -18,10 +18,10 @@ starter fork's ``tuning.json`` (checked against the contract), to compare tuning
 ``--process-per-evaluation`` runs each evaluation in a fresh interpreter, as a validator does (one
 worker process per evaluation); by default they share this process.
 
-On one H100 an evaluation of the five default lengths took 42–51 s (benchmarks/RESULTS.md; most
-of its overhead the fork's Triton compilation, paid again in every fresh sandbox), so five fit
-in about five minutes, and ``--budget-seconds 450`` ends the run within 8 minutes even if they
-are slower.
+On one H100 an evaluation of the five default lengths took 25–30 s (benchmarks/RESULTS.md; most
+of its overhead the fork's Triton compilation and the child's start, both on one pinned core),
+so five fit in under three minutes, and the default ``--budget-seconds 300`` ends the run within
+six even if they are slower.
 """
 
 from __future__ import annotations
