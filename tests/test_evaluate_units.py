@@ -403,6 +403,14 @@ def test_a_shared_area_written_by_another_process_is_copied_out_or_read_in_place
         write(b"\xff" * 1000, offset)
         assert bytes(copy) == payload and bytes(in_place[:1000]) == b"\xff" * 1000
         in_place.release()
+        # Its size is sealed: another process can neither shrink it (a read in place past the end
+        # would kill this one) nor grow it.
+        resize = "import os, sys; os.ftruncate(int(sys.argv[1]), int(sys.argv[2]))"
+        for size in (0, 1 << 21):
+            refused = subprocess.run([sys.executable, "-c", resize, str(area.fd), str(size)], pass_fds=(area.fd,),
+                                     capture_output=True, text=True)
+            assert refused.returncode != 0 and "Operation not permitted" in refused.stderr
+        assert os.fstat(area.fd).st_size == 1 << 20
         for nbytes, at in ((1 << 20, 1), ((1 << 20) + 1, 0), (10, -1)):
             with pytest.raises(protocol.ChannelError, match="does not fit the 1048576-byte area"):
                 area.read(nbytes, at)
@@ -641,6 +649,45 @@ def test_verification_passes_an_honest_run_and_reports_an_unverifiable_length(mo
                         "cannot be verified on this machine")]
 
 
+def test_the_longest_length_checked_beside_the_others_gets_the_same_verdicts(monkeypatch):
+    from quasar.evaluate import harness
+
+    reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
+    reference.load_state_dict(workload.make_weights(6), strict=True)
+
+    def make_runs() -> dict:
+        # 96 tokens: a fork that skips every forward of a request but the first.
+        return {64: honest_run(reference, 64), 96: honest_run(reference, 96, count=2, fake_after_first=True),
+                128: honest_run(reference, 128)}
+
+    serial_runs, beside_runs = make_runs(), make_runs()
+    serial = harness._verify(serial_runs, harness._ReferenceWork(6, "cpu", []), Timings(), lambda event: None,
+                             longest_beside=False)
+    # The longest runs out of memory beside the others once; it is checked again alone.
+    real_verify_length = harness._verify_length
+    threads, failed_once = [], []
+
+    def verify_length(run, *args):
+        threads.append((run.result.seq_len, threading.current_thread().name))
+        if run.result.seq_len == 128 and not failed_once:
+            failed_once.append(True)
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real_verify_length(run, *args)
+
+    monkeypatch.setattr(harness, "_verify_length", verify_length)
+    beside = harness._verify(beside_runs, harness._ReferenceWork(6, "cpu", []), Timings(), lambda event: None,
+                             longest_beside=True)
+    assert serial == beside and len(serial) == 1 and serial[0].startswith("T=96: ")
+    for length in (64, 96, 128):
+        assert serial_runs[length].result == beside_runs[length].result, length
+        assert beside_runs[length].output is None
+    assert beside_runs[128].result.correct is True and beside_runs[96].result.correct is False
+    # First on a thread of its own, then again alone on the evaluation's thread, after the others.
+    assert [name for length, name in threads if length == 128] == ["quasar-verify-longest",
+                                                                   threading.current_thread().name]
+    assert threads[-1][0] == 128
+
+
 def test_correctness_references_computed_ahead_are_those_of_the_runs_the_child_makes():
     # The parent computes each length's correctness reference on a thread while the child starts,
     # from seeds drawn before the child exists; a run made with those seeds verifies against it
@@ -794,12 +841,13 @@ def test_verification_checks_every_forward_of_the_requests_it_picks(monkeypatch)
     assert honest.correct is True and honest.runs_verified == 6 and honest.requests_verified == 2
     assert faked.correct is False and faked.runs_verified == 6
     assert runs[96].result.correct is False and runs[96].result.runs_verified == 3
+    # The reasons come shortest length first, whatever the order of the runs.
     assert reasons == [
+        (f"T=96: 2 of 3 timed forwards checked do not match the reference (largest error inf > "
+         f"{harness.FINGERPRINT_TOLERANCE:g}): the output was not computed from that run's input"),
         (f"T=128: 4 of 6 timed forwards checked do not match the reference (largest error "
          f"{faked.fingerprint_error:.3g} > {harness.FINGERPRINT_TOLERANCE:g}): the output was not "
-         "computed from that run's input"),
-        (f"T=96: 2 of 3 timed forwards checked do not match the reference (largest error inf > "
-         f"{harness.FINGERPRINT_TOLERANCE:g}): the output was not computed from that run's input")]
+         "computed from that run's input")]
 
 
 def test_requests_to_verify_cover_max_verified_forwards_at_short_lengths():
@@ -921,3 +969,41 @@ def test_an_output_comes_back_the_same_through_the_shared_area_and_the_pipe(tmp_
     assert received["pipe"].shape == (1, length, workload.HIDDEN_SIZE) and received["pipe"].abs().sum() > 0
     assert torch.equal(received["pipe"], received["copied"]) and torch.equal(received["pipe"], received["in place"])
     assert offsets == {64: 0, 128: 64 * 512 * 4, -1: 192 * 512 * 4}
+
+
+def test_a_fork_failing_the_import_check_has_its_started_child_killed_at_once(tmp_path, monkeypatch):
+    # The child starts before the import check (its torch import overlaps the check); a fork that
+    # fails the check never reaches the child's load, and the child, still starting, is killed
+    # without the two seconds an exit request would wait for a reply.
+    from quasar.evaluate import harness
+    from quasar.evaluate.sandbox import SandboxedChild
+    from quasar.starter_fork import copy_starter_tree
+
+    fork = tmp_path / "fork"
+    copy_starter_tree(fork)
+    chunk = fork / "fla" / "ops" / "quasar" / "chunk.py"
+    chunk.write_text("from fla.ops.gla import chunk_gla\n" + chunk.read_text())
+    started, closed = [], []
+    real_start, real_close = SandboxedChild.start, SandboxedChild.close
+
+    def start(self):
+        started.append(time.monotonic())
+        return real_start(self)
+
+    def close(self):
+        began = time.monotonic()
+        real_close(self)
+        closed.append((began, time.monotonic(), self.process.poll() if self.process else None, self.workdir))
+
+    monkeypatch.setattr(SandboxedChild, "start", start)
+    monkeypatch.setattr(SandboxedChild, "close", close)
+    checked = []
+    real_check = harness._import_check
+    monkeypatch.setattr(harness, "_import_check", lambda repo, options: checked.append(time.monotonic())
+                        or real_check(repo, options))
+    report = harness.evaluate(fork, 64, None, harness.EvaluationOptions(seq_lens=(), device="cpu"))
+    assert report.verdict == "fail" and report.import_check.ok is False
+    assert any(reason.startswith("import check: fla/ops/quasar/chunk.py:1: forbidden-import") for reason in report.reasons)
+    assert len(started) == 1 and started[0] < checked[0]
+    (began, ended, exit_status, workdir), = closed
+    assert ended - began < 1.5 and exit_status is not None and workdir is None

@@ -1,9 +1,10 @@
 """The code that runs inside the sandbox: it serves the parent's requests over the harness's pipe.
 
-Started as ``python -I child.py READ_FD WRITE_FD DEVICE SPIN_SECONDS SHARED_FD`` from the harness's own copy
-of this directory (``SHARED_FD``: the parent's protocol.SharedArea for outputs, or -1). Until the ``load`` request it runs only this file, ``protocol.py``, ``workload.py`` and
-torch, so its answers to ``calibrate`` are trusted; from ``load`` on, the fork's code shares the
-process and may patch anything, and the parent trusts nothing it says without checking.
+Started as ``python -I child.py READ_FD WRITE_FD DEVICE SPIN_SECONDS SHARED_FD`` from the harness's
+own copy of this directory (``SHARED_FD``: the parent's protocol.SharedArea for outputs, or -1).
+Until the ``load`` request it runs only this file, ``protocol.py``, ``workload.py`` and torch, so
+its answers to ``calibrate`` are trusted; from ``load`` on, the fork's code shares the process and
+may patch anything, and the parent trusts nothing it says without checking.
 
 Requests (JSON headers; see protocol.py) and replies:
 

@@ -27,8 +27,8 @@ no eager timing agreed within 2% there; a graph's replay is the GPU's time alone
 forward at 512 tokens on an H100, requests within about 1% of each other; benchmarks/RESULTS.md).
 After a length's first warm-up request, one forward run eagerly so the fork's Triton kernels
 compile and tune, the child captures a whole request (signs, forwards, fingerprints) and replays
-it from then on: a request costs the host a few launches and one synchronisation, whatever its count. A
-forward that cannot be captured (one that synchronises with the host, say), or whose replay
+it from then on: a request costs the host a few launches and one synchronisation, whatever its
+count. A forward that cannot be captured (one that synchronises with the host, say), or whose replay
 disagrees with its eager forwards, runs eagerly, and the report says so and why (``timing``).
 
 ``count`` depends on the length alone (:func:`forwards_per_request`): on CUDA as many forwards
@@ -68,34 +68,34 @@ weights come from a seed drawn per evaluation.
 
 Correctness. One more run, on a seed drawn when the evaluation starts (its reference output is
 computed while the child starts, :class:`_ReferenceWork`), is followed by a request for its whole
-output (written by the child into a shared memory file, read by the parent after the child is
-gone where it is large: :data:`COPY_OUTPUTS_UP_TO`); the parent compares it with the reference over the whole sequence, each eighth, and each 64-token
-block (relative to the sequence's RMS, which catches a wrong tail that an eighth would dilute),
-checks it is finite, checks it is the output the run fingerprinted, and runs the same input
-again to check the two agree. The threshold :data:`REL_ERROR_THRESHOLD` = 2e-2: the honest
-starter fork under bf16 autocast is at 0.95e-2 to 0.98e-2 against the float32 reference, on CPU
-and on an H100 alike, at every length from 64 to 1M (benchmarks/RESULTS.md); zeros, noise or a
-skipped part give 0.3 and more.
+output (written by the child into a shared memory file, read by the parent after the child is gone
+where it is large: :data:`COPY_OUTPUTS_UP_TO`); the parent compares it with the reference over the
+whole sequence, each eighth, and each 64-token block (relative to the sequence's RMS, which catches
+a wrong tail that an eighth would dilute), checks it is finite, checks it is the output the run
+fingerprinted, and runs the same input again to check the two agree. The threshold
+:data:`REL_ERROR_THRESHOLD` = 2e-2: the honest starter fork under bf16 autocast is at 0.95e-2 to
+0.98e-2 against the float32 reference, on CPU and on an H100 alike, at every length from 64 to 1M
+(benchmarks/RESULTS.md); zeros, noise or a skipped part give 0.3 and more.
 
 Stability. On CUDA the parent and the child busy-poll the pipe (:data:`GPU_SPIN_SECONDS`) rather
-than sleep between messages, so no request pays a scheduler wake-up or a cooled-down core, and
-the child and the parent's timing thread each run on a physical core of their own, never SMT
-siblings of each other, chosen from the GPU's index so that parallel evaluations on several GPUs
-get distinct cores (pinning.py; the parent's thread gets its CPUs back afterwards). The
-warm-up lasts ``warmup_runs`` requests at each length, at least two (the capture after the
-first), so that compilation and the allocator's growth are over, and, on CUDA, until ``warmup_seconds`` (1 s) of
-back-to-back requests have passed since the first length's began, so that the GPU's clock ramp
-is too (a count of warm-up forwards was 10 ms at 100k tokens; a second at every length added 4 s
-to an evaluation whose timed requests all come after every length's warm-up). Every length is
-warmed up and checked for correctness first, shortest first; then the timed requests run in :data:`TIMED_ROUNDS` rounds over all the lengths, each
-length filling its share of ``timed_seconds`` (2 s in all, at least ``min_timed_runs``
-requests) in every round. On an H100 VM whole windows of a few seconds ran 2-3% slow now and
-then (every request of the window, its fastest included); timed in one window, a length
-took such a slowdown whole and five evaluations disagreed by 3% at 512 or 1,024 tokens
-(benchmarks/RESULTS.md); spread over rounds about ten seconds apart, a slow window touches a
-quarter of a length's requests and the median passes over it. The child keeps every length's
-buffers and graphs until it exits, so a length's peak memory is reported above what was
-allocated before its warm-up (the inputs of its requests, which the harness allocates then, and
+than sleep between messages, so no request pays a scheduler wake-up or a cooled-down core, and the
+child and the parent's timing thread each run on a physical core of their own, never SMT siblings
+of each other, chosen from the GPU's index so that parallel evaluations on several GPUs get
+distinct cores (pinning.py; the parent's thread gets its CPUs back afterwards). The warm-up lasts
+``warmup_runs`` requests at each length, at least two (the capture after the first), so that
+compilation and the allocator's growth are over, and, on CUDA, until ``warmup_seconds`` (1 s) of
+back-to-back requests have passed since the first length's began, so that the GPU's clock ramp is
+too (a count of warm-up forwards was 10 ms at 100k tokens; a second at every length added 4 s to an
+evaluation whose timed requests all come after every length's warm-up). Every length is warmed up
+and checked for correctness first, shortest first; then the timed requests run in
+:data:`TIMED_ROUNDS` rounds over all the lengths, each length filling its share of
+``timed_seconds`` (2 s in all, at least ``min_timed_runs`` requests) in every round. On an H100 VM
+whole windows of a few seconds ran 2-3% slow now and then (every request of the window, its fastest
+included); timed in one window, a length took such a slowdown whole and five evaluations disagreed
+by 3% at 512 or 1,024 tokens (benchmarks/RESULTS.md); spread over rounds about ten seconds apart, a
+slow window touches a quarter of a length's requests and the median passes over it. The child keeps
+every length's buffers and graphs until it exits, so a length's peak memory is reported above what
+was allocated before its warm-up (the inputs of its requests, which the harness allocates then, and
 the fork's forwards).
 
 On the CPU, a fork whose forward launches Triton kernels (a real fla tree's modules do, wherever
@@ -110,6 +110,7 @@ as unverifiable. Every length, the load and the whole evaluation have wall-time 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import secrets
@@ -656,11 +657,43 @@ def _pinning_note(plan: pinning.CpuPlan | None, note: str, child_cpus: list[int]
     return note + "".join(f"; {problem}" for problem in problems)
 
 
-def _benchmark_in_sandbox(repo: Path, lengths: list[int], references: _ReferenceWork, options: EvaluationOptions,
-                          area: protocol.SharedArea | None, deadline: float, timings: Timings,
-                          progress: ProgressCallback,
+class _SandboxStart:
+    """The sandboxed child, started before the import check so that its start-up (its interpreter
+    importing torch on one pinned core, 3.5-6 s on an H100 machine) overlaps the check; no fork
+    code runs in it before ``load``, and a fork that fails the check has its child killed at once.
+    Holds the shared area for the child's outputs, the CPU plan, and why the child could not start."""
+
+    def __init__(self, repo: Path, lengths: list[int], options: EvaluationOptions):
+        self.started = time.monotonic()
+        self.plan, self.note = _cpu_plan(options)
+        self.area = protocol.SharedArea.create(output_offsets(lengths)[-1])
+        spin = GPU_SPIN_SECONDS if options.device.startswith("cuda") else 0.0
+        self.child = SandboxedChild(repo, options.device, options.policy, spin_seconds=spin,
+                                    cpus=self.plan.child if self.plan is not None else None, shared=self.area)
+        self.error: SandboxError | None = None
+        try:
+            self.child.start()
+        except SandboxError as error:
+            self.error = error
+
+    def wait(self) -> SandboxedChild:
+        """The child once it has replied; raises the SandboxError that kept it from starting."""
+        if self.error is not None:
+            raise self.error
+        self.child.wait_started()
+        return self.child
+
+    def close(self) -> None:
+        """Kill the child if it is still there, then close the shared area."""
+        self.child.close()
+        if self.area is not None:
+            self.area.close()
+
+
+def _benchmark_in_sandbox(sandbox: _SandboxStart, lengths: list[int], references: _ReferenceWork,
+                          options: EvaluationOptions, deadline: float, timings: Timings, progress: ProgressCallback,
                           report: EvaluationReport) -> tuple[dict[int, _LengthRun], Callable[[], None]]:
-    """Start the sandboxed child and run every length in it; the parent's timing thread runs
+    """Wait for the sandboxed child and run every length in it; the parent's timing thread runs
     pinned (if planned) until the child is done, then gets its own CPUs back.
 
     Returns the runs and a function to call once the parent's own work is done: it waits for the
@@ -670,13 +703,10 @@ def _benchmark_in_sandbox(repo: Path, lengths: list[int], references: _Reference
     """
     offsets = output_offsets(lengths)
     runs = {length: _LengthRun(LengthResult(seq_len=length), output_offset=offsets[length]) for length in lengths}
-    started = time.monotonic()
     progress(ProgressEvent("start"))
-    plan, note = _cpu_plan(options)
+    plan, note = sandbox.plan, sandbox.note
     try:
-        spin = GPU_SPIN_SECONDS if options.device.startswith("cuda") else 0.0
-        child = SandboxedChild(repo, options.device, options.policy, spin_seconds=spin,
-                               cpus=plan.child if plan is not None else None, shared=area).__enter__()
+        child = sandbox.wait()
     except SandboxUnavailable as error:
         report.reasons.append(f"sandbox unavailable: {error}")
         return runs, lambda: None
@@ -684,7 +714,7 @@ def _benchmark_in_sandbox(repo: Path, lengths: list[int], references: _Reference
         report.reasons.append(f"sandbox: {error}")
         return runs, lambda: None
     try:
-        timings.startup_s = time.monotonic() - started
+        timings.startup_s = time.monotonic() - sandbox.started
         report.sandbox = child.isolation_note
         with pinning.pinned(plan.timing if plan is not None else None) as timing_pinned:
             report.cpu_pinning = _pinning_note(plan, note, child.child_cpus, timing_pinned)
@@ -894,21 +924,6 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
     chosen = secrets.SystemRandom().sample(run.timed, min(requests_to_verify(run), len(run.timed)))
     total = sum(len(request.fingerprints) for request in chosen)
     progress(ProgressEvent("reference", length, 0, total + 1))
-    buffers = _request_buffers(run.check, length, device)
-    expected = expected_check if expected_check is not None else _reference_outputs(reference, buffers, run.check, 0, 1)
-    output = output_tensor(run.output).to(device)
-    result.finite = bool(torch.isfinite(output).all())
-    result.rel_error = relative_error(output, expected)
-    bounds = workload.segment_bounds(length)
-    result.rel_error_eighths = [relative_error(output[:, a:b], expected[:, a:b]) for a, b in bounds]
-    result.worst_block_error = worst_block_error(output, expected)
-    consistency = fingerprint_error(run.check.fingerprints[0],
-                                    workload.fingerprint(output, buffers.directions[0], buffers.token_weights[0]),
-                                    workload.segment_norms(expected))
-    result.repeat_rel_diff = _relative_difference(run.repeat.fingerprints[0], run.check.fingerprints[0])
-    result.repeat_agree = result.repeat_rel_diff <= REPEAT_TOLERANCE
-    del output, expected, buffers
-
     worst, failed, done = 0.0, 0, 0
     batch = reference_batch_size(length)
     for request in chosen:
@@ -930,6 +945,22 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
             progress(ProgressEvent("reference", length, done, total + 1))
             del expected
         del buffers
+    # The correctness output last: read in place, it waits for the sandbox to be gone.
+    buffers = _request_buffers(run.check, length, device)
+    expected = expected_check if expected_check is not None else _reference_outputs(reference, buffers, run.check, 0, 1)
+    output = output_tensor(run.output).to(device)
+    result.finite = bool(torch.isfinite(output).all())
+    result.rel_error = relative_error(output, expected)
+    bounds = workload.segment_bounds(length)
+    result.rel_error_eighths = [relative_error(output[:, a:b], expected[:, a:b]) for a, b in bounds]
+    result.worst_block_error = worst_block_error(output, expected)
+    consistency = fingerprint_error(run.check.fingerprints[0],
+                                    workload.fingerprint(output, buffers.directions[0], buffers.token_weights[0]),
+                                    workload.segment_norms(expected))
+    result.repeat_rel_diff = _relative_difference(run.repeat.fingerprints[0], run.check.fingerprints[0])
+    result.repeat_agree = result.repeat_rel_diff <= REPEAT_TOLERANCE
+    del output, expected, buffers
+
     result.runs_verified = total
     result.requests_verified = len(chosen)
     result.fingerprint_error = worst
@@ -1033,31 +1064,78 @@ class _ReferenceWork:
 
 
 def _verify(runs: dict[int, _LengthRun], references: _ReferenceWork, timings: Timings,
-            progress: ProgressCallback) -> list[str]:
-    """Check every run against the reference in this process (shortest first); the reasons to fail.
+            progress: ProgressCallback, longest_beside: bool | None = None) -> list[str]:
+    """Check every run against the reference in this process; the reasons to fail, shortest length first.
 
-    A length whose float32 reference does not fit in this device's memory cannot be verified:
-    it fails with that reason, and the other lengths are still checked.
+    With ``longest_beside`` (default: on CUDA) the longest length is checked on a thread (and
+    CUDA stream) of its own while the others are checked here: its float32 reference keeps the
+    GPU busy while the shorter lengths' checks wait on the host. A length that runs out of memory
+    beside the other is checked again alone afterwards; one whose float32 reference does not fit
+    in this device's memory even alone cannot be verified: it fails with that reason, and the
+    other lengths are still checked.
     """
     started = time.monotonic()
     reference = references.wait()
     device = references.device
     pending = [run for run in runs.values() if run.check is not None and run.output is not None]
-    reasons: list[str] = []
-    for run in pending:
+    found: dict[int, list[str]] = {}
+    again: list[_LengthRun] = []
+
+    def check(run: _LengthRun, alone: bool) -> None:
+        length = run.result.seq_len
+        expected = references.expected.pop(length, None)
         try:
-            reasons += _verify_length(run, reference, device, progress, references.expected.pop(run.result.seq_len, None))
+            found[length] = _verify_length(run, reference, device, progress, expected)
         except torch.OutOfMemoryError:
+            if not alone:
+                if expected is not None:
+                    references.expected[length] = expected
+                again.append(run)
+                return
             run.result.correct = False
-            reasons.append(f"T={run.result.seq_len}: the float32 reference does not fit in the memory of "
-                           f"{device} here, so this length cannot be verified on this machine")
+            found[length] = [f"T={length}: the float32 reference does not fit in the memory of {device} here, "
+                             "so this length cannot be verified on this machine"]
         finally:
-            run.output = None
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
+        run.output = None
+
+    if longest_beside is None:
+        longest_beside = device.startswith("cuda")
+    beside = pending[-1] if longest_beside and len(pending) > 1 else None
+    failure: list[BaseException] = []
+    worker = None
+    if beside is not None:
+        stream = torch.cuda.Stream(device) if device.startswith("cuda") else None
+        if stream is not None:
+            # The correctness references were computed on this thread's stream.
+            stream.wait_stream(torch.cuda.current_stream(device))
+
+        def check_beside() -> None:
+            try:
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    check(beside, alone=False)
+                if stream is not None:
+                    stream.synchronize()
+            except BaseException as error:  # re-raised below, in the evaluation's own thread
+                failure.append(error)
+
+        worker = threading.Thread(target=check_beside, name="quasar-verify-longest")
+        worker.start()
+    try:
+        for run in pending:
+            if run is not beside:
+                check(run, alone=beside is None)
+    finally:
+        if worker is not None:
+            worker.join()
+    if failure:
+        raise failure[0]
+    for run in sorted(again, key=lambda item: item.result.seq_len):
+        check(run, alone=True)
     references.expected.clear()
     timings.reference_s += time.monotonic() - started
-    return reasons
+    return [reason for length in sorted(found) for reason in found[length]]
 
 
 def _device_name(device: str) -> str:
@@ -1128,9 +1206,10 @@ def evaluate(
 ) -> EvaluationReport:
     """Evaluate the fork checked out at ``repo_path`` for ``target_seq_len``; never raises for the fork's faults.
 
-    Runs the import check, then (if it passes) the fork's layer in a sandboxed child at every
+    Starts the sandboxed child (no fork code runs in it before ``load``) and runs the import
+    check while it starts; if the check passes, runs the fork's layer in the child at every
     length of ``options.seq_lens`` plus the target, checks it against the reference, the claim
-    and the score. Raises :class:`EvaluationInputError` only for bad arguments (a missing
+    and the score; if not, kills the child. Raises :class:`EvaluationInputError` only for bad arguments (a missing
     directory, a length out of range, a non-positive claim).
     """
     options = options or EvaluationOptions()
@@ -1166,24 +1245,24 @@ def evaluate(
     timings = report.timings
 
     progress(ProgressEvent("import-check"))
-    report.import_check = _import_check(repo, options)
-    timings.import_check_s = time.monotonic() - started
-    if not report.import_check.ok:
-        report.reasons += [f"import check: {error}" for error in report.import_check.errors]
-    else:
-        deadline = time.monotonic() + options.timeout_s
-        references = _ReferenceWork(weights_seed, options.device, lengths)
-        area = protocol.SharedArea.create(output_offsets(lengths)[-1])
-        try:
-            runs, closed = _benchmark_in_sandbox(repo, lengths, references, options, area, deadline, timings,
-                                                 progress, report)
+    sandbox = _SandboxStart(repo, lengths, options)
+    try:
+        report.import_check = _import_check(repo, options)
+        timings.import_check_s = time.monotonic() - started
+        if not report.import_check.ok:
+            report.reasons += [f"import check: {error}" for error in report.import_check.errors]
+        else:
+            deadline = time.monotonic() + options.timeout_s
+            references = _ReferenceWork(weights_seed, options.device, lengths)
+            runs, closed = _benchmark_in_sandbox(sandbox, lengths, references, options, deadline, timings, progress,
+                                                 report)
             try:
                 report.reasons += _verify(runs, references, timings, progress)
             finally:
                 closed()
-        finally:
-            if area is not None:
-                area.close()
+    finally:
+        sandbox.close()
+    if report.import_check.ok:
         for length, run in runs.items():
             report.lengths[str(length)] = run.result
             if run.result.status not in (OK, SKIPPED) and run.result.error:

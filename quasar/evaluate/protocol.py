@@ -15,6 +15,7 @@ is gone.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import mmap
 import os
@@ -135,11 +136,16 @@ class SharedArea:
 
     @classmethod
     def create(cls, size: int) -> SharedArea | None:
-        """A new area, or None where memory files are unavailable (then payloads use the pipe)."""
-        if size <= 0 or not hasattr(os, "memfd_create"):
+        """A new area, or None where memory files are unavailable (then payloads use the pipe).
+
+        Its size is sealed: a child that shrank it would make a read in place of a page past the
+        end kill this process (SIGBUS), and one that grew it would hold memory beyond the bound.
+        """
+        if size <= 0 or not hasattr(os, "memfd_create") or not hasattr(fcntl, "F_ADD_SEALS"):
             return None
-        fd = os.memfd_create("quasar-shared-output", 0)
+        fd = os.memfd_create("quasar-shared-output", os.MFD_ALLOW_SEALING)
         os.ftruncate(fd, size)
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         return cls(fd, size)
 
     def mapping(self) -> mmap.mmap:

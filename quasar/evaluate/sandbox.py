@@ -1,16 +1,17 @@
 """Start the fork's code in a sandboxed child process and end it completely.
 
 :class:`SandboxedChild` copies the fork (without ``.git``) and the harness's child code into a
-fresh temporary directory the parent owns, starts ``sandbox_init.py`` under ``unshare`` (new
-network, mount, PID, IPC and UTS namespaces; see that file for the private root it builds), and
-talks to it over a pipe pair it owns (protocol.py). Given ``cpus``, the child starts with that
-CPU affinity (pinning.py). Its stdout and stderr go to one pipe the
-parent drains: the first and last :data:`KEPT_OUTPUT_BYTES` are kept, and a child writing more
-than ``max_output_bytes`` in all is killed. The child's environment holds only what
-:func:`scrubbed_environment` lists: no tokens, no wallet paths, HOME and TMPDIR inside the
-sandbox. Closing kills the whole process group (the PID namespace takes every descendant with
-its init), then looks for stragglers carrying the sandbox's marker variable and kills those too.
-If the parent itself dies (even by SIGKILL), the parent-death signal takes the sandbox with it.
+fresh temporary directory the parent owns (``start``; ``wait_started`` waits for its first reply,
+so the caller can work while the child imports torch), starts ``sandbox_init.py`` under ``unshare``
+(new network, mount, PID, IPC and UTS namespaces; see that file for the private root it builds),
+and talks to it over a pipe pair it owns (protocol.py). Given ``cpus``, the child starts with that
+CPU affinity (pinning.py). Its stdout and stderr go to one pipe the parent drains: the first and
+last :data:`KEPT_OUTPUT_BYTES` are kept, and a child writing more than ``max_output_bytes`` in all
+is killed. The child's environment holds only what :func:`scrubbed_environment` lists: no tokens,
+no wallet paths, HOME and TMPDIR inside the sandbox. Closing kills the whole process group (the PID
+namespace takes every descendant with its init), then looks for stragglers carrying the sandbox's
+marker variable and kills those too. If the parent itself dies (even by SIGKILL), the parent-death
+signal takes the sandbox with it.
 
 Isolation levels (``SandboxedChild.isolation``):
 
@@ -254,6 +255,9 @@ class SandboxedChild:
         self.channel: protocol.Channel | None = None
         self._parent_fds: list[int] = []
         self._drain_thread: threading.Thread | None = None
+        # How the child was started ("root", "userns" or "none"), and whether it has replied yet.
+        self._mode = "none"
+        self._replied = False
         self.flood_reason = ""
 
     # --- paths as the child sees them ---
@@ -318,6 +322,17 @@ class SandboxedChild:
     # --- lifecycle ---
 
     def __enter__(self) -> SandboxedChild:
+        self.start()
+        self.wait_started()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def start(self) -> SandboxedChild:
+        """Copy the fork and the harness's files and start the child, without waiting for it (its
+        interpreter imports torch: seconds, which the caller may spend on other work);
+        :meth:`wait_started` waits. On a failure everything is closed before the error propagates."""
         self.workdir = Path(tempfile.mkdtemp(prefix="quasar-eval-"))
         try:
             _copy_tree(self.fork_source, self.workdir / "fork")
@@ -328,36 +343,47 @@ class SandboxedChild:
             (self.workdir / "root").mkdir(mode=0o700)
             home = self.workdir / "home"
             (home / "tmp").mkdir(parents=True, mode=0o700)
-            self._start()
+            supported, why = namespaces_supported()
+            if self.policy.force_unsandboxed:
+                supported, why = False, "unsandboxed mode was forced"
+            if supported:
+                self._mode = "root" if os.geteuid() == 0 else "userns"
+                self._spawn(self._mode)
+            else:
+                self._spawn_unsandboxed(why)
         except BaseException:
             self.close()
             raise
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def wait_started(self) -> None:
+        """Wait for the started child's first reply; where the namespaces fail to come up, start it
+        again without them if the policy allows (else SandboxUnavailable). Closes on a failure."""
+        try:
+            if self._mode != "none":
+                try:
+                    self._await_first_reply()
+                except SandboxUnavailable as error:
+                    self._terminate()
+                    self._spawn_unsandboxed(str(error))
+                else:
+                    self.isolation = "namespaces"
+                    self.isolation_note = (
+                        "namespaces (network, mount, pid, ipc, uts); private read-only root; "
+                        + ("uid nobody" if self._mode == "root" else "unprivileged user namespace")
+                    )
+                    return
+            self._await_first_reply()
+        except BaseException:
+            self.close()
+            raise
 
-    def _start(self) -> None:
-        supported, why = namespaces_supported()
-        if self.policy.force_unsandboxed:
-            supported, why = False, "unsandboxed mode was forced"
-        if supported:
-            mode = "root" if os.geteuid() == 0 else "userns"
-            try:
-                self._spawn(mode)
-                self.isolation = "namespaces"
-                self.isolation_note = (
-                    "namespaces (network, mount, pid, ipc, uts); private read-only root; "
-                    + ("uid nobody" if mode == "root" else "unprivileged user namespace")
-                )
-                return
-            except SandboxUnavailable as error:
-                self._terminate()
-                why = str(error)
+    def _spawn_unsandboxed(self, why: str) -> None:
         if not self.policy.allow_unsandboxed:
             raise SandboxUnavailable(f"{why}; refusing to run the fork without a sandbox "
                                      "(pass --allow-unsandboxed to run it anyway)")
         logger.warning("running the fork WITHOUT a sandbox: %s", why)
+        self._mode = "none"
         self._spawn("none")
         self.isolation = "none"
         self.isolation_note = f"UNSANDBOXED ({why}): fork code ran with this user's files and network"
@@ -389,10 +415,11 @@ class SandboxedChild:
                 command = ["setpriv", "--pdeathsig", "KILL", *command]
         self.output = CapturedOutput()
         # A new process inherits the affinity of the thread that starts it, and so does all it starts.
+        passed = child_fds + ((self.shared.fd,) if self.shared is not None else ())
         with pinning.pinned(self.cpus):
             self.process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                pass_fds=child_fds + ((self.shared.fd,) if self.shared is not None else ()), start_new_session=True, env=config["env"], cwd=str(self.workdir),
+                pass_fds=passed, start_new_session=True, env=config["env"], cwd=str(self.workdir),
                 # Only where setpriv is missing; the hook makes one system call.
                 preexec_fn=_die_with_parent if mode != "none" and command[0] != "setpriv" else None,  # noqa: PLW1509
             )
@@ -401,7 +428,6 @@ class SandboxedChild:
         self.channel = protocol.Channel(from_child_read, to_child_write, spin_seconds=self.spin_seconds)
         self._drain_thread = threading.Thread(target=self._drain, daemon=True)
         self._drain_thread.start()
-        self._await_first_reply()
 
     def _await_first_reply(self) -> None:
         """Ping through a fresh sandbox: a setup failure arrives as a ``sandbox`` error instead."""
@@ -416,6 +442,7 @@ class SandboxedChild:
         cpus = reply.get("cpus")
         if isinstance(cpus, list) and all(isinstance(cpu, int) and not isinstance(cpu, bool) for cpu in cpus):
             self.child_cpus = cpus
+        self._replied = True
 
     def _drain(self) -> None:
         assert self.process is not None and self.process.stdout is not None
@@ -460,9 +487,13 @@ class SandboxedChild:
             self.process.stdout.close()
 
     def close(self) -> None:
-        """Kill everything the child started and delete the temporary directory."""
+        """Kill everything the child started and delete the temporary directory (once)."""
+        if self.gone.is_set():
+            return
         try:
-            if self.channel is not None and self.process is not None and self.process.poll() is None:
+            # Only a child that has replied reads its pipe; one still starting is killed at once.
+            running = self.process is not None and self.process.poll() is None
+            if self._replied and self.channel is not None and running:
                 try:
                     self.channel.send({"op": "exit"})
                     self.process.wait(timeout=2)
