@@ -1247,8 +1247,9 @@ def evaluate(
     progress(ProgressEvent("import-check"))
     sandbox = _SandboxStart(repo, lengths, options)
     try:
+        checking = time.monotonic()
         report.import_check = _import_check(repo, options)
-        timings.import_check_s = time.monotonic() - started
+        timings.import_check_s = time.monotonic() - checking
         if not report.import_check.ok:
             report.reasons += [f"import check: {error}" for error in report.import_check.errors]
         else:
