@@ -14,7 +14,8 @@ last one's duration would overrun ``--budget-seconds``. Each report is written t
 soon as it exists, with ``summary.json`` rewritten after each; the overhead table is last,
 then where the evaluations' time went, step by step (each progress event of the harness to the
 next, summed per step and length: the median over evaluations). ``--tuning`` sets tunables of the
-starter fork's ``tuning.json`` (checked against the contract), to compare tunings in the harness.
+starter fork's ``tuning.json`` (checked against the contract; they apply on every chip), to compare
+tunings in the harness.
 ``--process-per-evaluation`` runs each evaluation in a fresh interpreter, as a validator does (one
 worker process per evaluation); by default they share this process.
 
@@ -212,8 +213,10 @@ def main(argv: list[str] | None = None) -> int:
     fork = Path(tempfile.mkdtemp(prefix="starter-")) / "fork"
     copy_starter_tree(fork)
     if args.tuning is not None:
+        # The tunables asked for apply on every chip: the shipped per-chip entries (devices) are dropped.
         tuning_file = fork / KERNEL_DIR / "tuning.json"
-        tuning_file.write_text(json.dumps({**json.loads(tuning_file.read_text()), **args.tuning}, indent=1) + "\n")
+        shipped = {key: value for key, value in json.loads(tuning_file.read_text()).items() if key != "devices"}
+        tuning_file.write_text(json.dumps({**shipped, **args.tuning}, indent=1) + "\n")
     options = EvaluationOptions(seq_lens=tuple(args.lens), device=args.device, timed_seconds=args.timed_seconds,
                                 warmup_seconds=args.warmup_seconds, tokens_per_request=args.tokens_per_request,
                                 pin_cpus=False if args.no_pin else None,

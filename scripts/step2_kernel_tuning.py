@@ -8,7 +8,8 @@ Every configuration of the grid (default: segment sizes 16, 32, 64 chunks x 1 or
 written as ``fla/ops/quasar/tuning.json`` into a scratch copy of the fork and evaluated by the
 harness (sandboxed, checked against the reference) at every ``--seq-lens`` (the longest is the
 target). The fastest configuration that passes at the target is written into the fork's
-``tuning.json`` (committed with ``--commit``). Prints a table of tokens/sec per configuration and
+``tuning.json``, replacing it whole, per-chip ``devices`` entries included, so that it applies on
+every chip (committed with ``--commit``). Prints a table of tokens/sec per configuration and
 length, and saves a plot of tokens/sec against sequence length (``--plot``, PNG) and the raw
 results (``--results``, JSON).
 

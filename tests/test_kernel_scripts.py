@@ -9,8 +9,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-from quasar.starter_fork import KERNEL_DIR, LAYER_FILE, copy_starter_tree, tuning_contract, write_starter_fork
+from quasar.starter_fork import (
+    KERNEL_DIR,
+    LAYER_FILE,
+    copy_starter_tree,
+    template_root,
+    tuning_contract,
+    write_starter_fork,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
@@ -49,6 +57,30 @@ def test_tuning_contract_defaults_and_errors(tmp_path):
     good.write_text(json.dumps({"segment_warps": 8}))
     assert contract.load_tuning(str(good)).segment_warps == 8
     assert contract.load_tuning(str(tmp_path / "absent.json")) == contract.DEFAULTS
+
+
+def test_a_tuning_for_one_chip_applies_on_that_chip_alone(tmp_path):
+    contract = tuning_contract()
+    values = {"segment_chunks": 64, "devices": {"H200": {"wy_warps": 1}, "nvidia h": {"wy_warps": 4}}}
+    assert contract.parse_tuning(values).wy_warps == contract.DEFAULTS.wy_warps
+    for device, warps in (("NVIDIA H200", 1), ("NVIDIA H100 80GB HBM3", 4), ("NVIDIA A100-SXM4-80GB", 2), (None, 2)):
+        tuned = contract.parse_tuning(values, device=device)
+        assert (tuned.wy_warps, tuned.segment_chunks) == (warps, 64), device
+    for bad, message in (({"devices": []}, "devices must map"), ({"devices": {" ": {}}}, "empty device-name"),
+                         ({"devices": {"H200": {"wy_warps": 3}}}, r"devices\['H200'\]: wy_warps must be one of"),
+                         ({"devices": {"H200": {"devices": {}}}}, "unknown tunable 'devices'")):
+        with pytest.raises(ValueError, match=message):
+            contract.parse_tuning(bad, device="NVIDIA H200")
+    # The shipped file: one WY warp on an H200 (benchmarks/RESULTS.md), the rest everywhere.
+    shipped = json.loads((Path(str(template_root())) / KERNEL_DIR / "tuning.json").read_text())
+    on_h200 = contract.parse_tuning(shipped, device="NVIDIA H200")
+    on_h100 = contract.parse_tuning(shipped, device="NVIDIA H100 80GB HBM3")
+    assert on_h100 == contract.parse_tuning(shipped) == contract.DEFAULTS
+    assert on_h200 == contract.dataclasses.replace(contract.DEFAULTS, wy_warps=1)
+    file = tmp_path / "chips.json"
+    file.write_text(json.dumps(values))
+    assert contract.load_tuning(str(file), "NVIDIA H200").wy_warps == 1 and contract.load_tuning(str(file)).wy_warps == 2
+    assert contract.device_name_of(torch.zeros(1)) is None
 
 
 def test_step2_grid_is_checked_against_the_contract():

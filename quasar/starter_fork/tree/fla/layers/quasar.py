@@ -32,7 +32,7 @@ from fla.ops.quasar import chunk_quasar, fused_recurrent_quasar
 from fla.ops.quasar.chunk import chunk_quasar_norm_gated
 from fla.ops.quasar.device import triton_can_run_on
 from fla.ops.quasar.layer_kernels import causal_conv_silu
-from fla.ops.quasar.tuning import load_tuning
+from fla.ops.quasar.tuning import device_name_of, load_tuning
 
 
 class QuasarAttention(nn.Module):
@@ -132,7 +132,8 @@ class QuasarAttention(nn.Module):
         conv_state = last_state["conv_state"] if last_state is not None and self.use_short_conv else (None, None, None)
         length = hidden_states.shape[1]
         # Packed sequences run whole; one sequence per row runs in tiles carrying its states.
-        tile = length if cu_seqlens is not None else max(1, load_tuning().layer_tile_tokens)
+        tiling = load_tuning(device=device_name_of(hidden_states)).layer_tile_tokens
+        tile = length if cu_seqlens is not None else max(1, tiling)
         if self._runs_in_kernels(hidden_states, cu_seqlens):
             step = _KernelTiles(self, hidden_states)
         else:

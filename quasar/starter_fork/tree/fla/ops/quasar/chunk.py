@@ -45,7 +45,7 @@ from fla.ops.quasar.device import IS_TRITON_INTERPRETER, triton_can_run_on
 from fla.ops.quasar.forward_substitution import BLOCK_ROWS, forward_substitution_kernel, load_rows, mm
 from fla.ops.quasar.gate import quasar_alpha_torch
 from fla.ops.quasar.segments import Spans, span_of, spans_of_sequence
-from fla.ops.quasar.tuning import QuasarTuning, load_tuning
+from fla.ops.quasar.tuning import QuasarTuning, device_name_of, load_tuning
 from fla.ops.quasar.wy import chunk_quasar_wy
 from fla.ops.utils.index import prepare_chunk_indices
 from fla.utils import IS_AMD
@@ -298,7 +298,7 @@ def chunk_quasar_fwd(q, k, v, beta, initial_state, output_final_state, cu_seqlen
     With ``gate`` (its inputs ``[B T, DG]``, tokens of the batch's rows one after another) the
     output is the gated RMSNorm of o (:class:`OutputGate`).
     """
-    tuning = tuning or load_tuning()
+    tuning = tuning or load_tuning(device=device_name_of(k))
     B, T, H, K = k.shape
     V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1

@@ -19,6 +19,10 @@ optional, defaults in :data:`DEFAULTS`:
 ``precision``         tensor-core operands for bf16 inputs: "bf16" (fast) or "tf32" (closer).
 ``layer_tile_tokens`` the layer runs its projections, convolutions and core this many tokens at
                       a time (multiple of 64), carrying the states; bounds peak memory.
+``devices``           tunings for particular chips: an object mapping a fragment of a CUDA
+                      device's name (``"H200"``, found case-insensitively in
+                      ``torch.cuda.get_device_name()``) to an object of the keys above, which
+                      apply over the file's own on that chip (the first fragment that matches).
 
 Unknown keys or bad values raise ValueError naming the key, so a typo never goes unnoticed.
 """
@@ -66,8 +70,8 @@ _ALLOWED = {
 }
 
 
-def parse_tuning(values: dict, source: str = "tuning") -> QuasarTuning:
-    """A :class:`QuasarTuning` from a dict; ValueError names the bad key and its value."""
+def _check_tunables(values: object, source: str) -> dict:
+    """``values`` if it is an object of known tunables with allowed values; else ValueError."""
     if not isinstance(values, dict):
         raise ValueError(f"{source}: expected a JSON object of tunables, got {type(values).__name__}")
     fields = {f.name for f in dataclasses.fields(QuasarTuning)}
@@ -79,12 +83,41 @@ def parse_tuning(values: dict, source: str = "tuning") -> QuasarTuning:
                 raise ValueError(f"{source}: layer_tile_tokens must be a positive multiple of 64; got {value!r}")
         elif value not in _ALLOWED[key] or isinstance(value, bool) != (key == "split_transition"):
             raise ValueError(f"{source}: {key} must be one of {sorted(_ALLOWED[key])}; got {value!r}")
-    return dataclasses.replace(DEFAULTS, **values)
+    return values
+
+
+def parse_tuning(values: dict, source: str = "tuning", device: str | None = None) -> QuasarTuning:
+    """A :class:`QuasarTuning` from a dict, for the CUDA device named ``device`` (its ``devices``
+    entry, if one matches, over the rest); ValueError names the bad key and its value."""
+    if not isinstance(values, dict):
+        raise ValueError(f"{source}: expected a JSON object of tunables, got {type(values).__name__}")
+    chips = values.get("devices", {})
+    tunables = _check_tunables({key: value for key, value in values.items() if key != "devices"}, source)
+    if not isinstance(chips, dict):
+        raise ValueError(f"{source}: devices must map device-name fragments to tunables; got {chips!r}")
+    chosen: dict = {}
+    for fragment, overrides in chips.items():
+        if not fragment.strip():
+            raise ValueError(f"{source}: devices has an empty device-name fragment")
+        _check_tunables(overrides, f"{source}: devices[{fragment!r}]")
+        if not chosen and device is not None and fragment.lower() in device.lower():
+            chosen = overrides
+    return dataclasses.replace(DEFAULTS, **{**tunables, **chosen})
+
+
+def device_name_of(tensor) -> str | None:
+    """The name of the CUDA device ``tensor`` is on (what ``devices`` matches), None off CUDA."""
+    if tensor.device.type != "cuda":
+        return None
+    import torch
+
+    return torch.cuda.get_device_name(tensor.device)
 
 
 @functools.cache
-def load_tuning(path: str | None = None) -> QuasarTuning:
-    """The tunables of ``path`` (default ``tuning.json`` beside this file; defaults if absent)."""
+def load_tuning(path: str | None = None, device: str | None = None) -> QuasarTuning:
+    """The tunables of ``path`` (default ``tuning.json`` beside this file; defaults if absent) for
+    the CUDA device named ``device`` (:func:`device_name_of`; None: the file's own)."""
     file = Path(path) if path is not None else TUNING_FILE
     if not file.exists():
         return DEFAULTS
@@ -92,4 +125,4 @@ def load_tuning(path: str | None = None) -> QuasarTuning:
         values = json.loads(file.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{file}: not valid JSON ({error})") from None
-    return parse_tuning(values, str(file))
+    return parse_tuning(values, str(file), device)
