@@ -299,14 +299,13 @@ def output_tensor(output: torch.Tensor | _SharedOutput) -> torch.Tensor:
     return output.tensor() if isinstance(output, _SharedOutput) else output
 
 
-def output_offsets(lengths: Sequence[int]) -> dict[int, int]:
-    """Each length's region of the shared area (room for a float32 output), and the area's size under key -1."""
+def output_offsets(lengths: Sequence[int]) -> tuple[dict[int, int], int]:
+    """Where each length's region of the shared area begins (room for a float32 output), and the area's size."""
     offsets, end = {}, 0
     for length in sorted(lengths):
         offsets[length] = end
         end += length * workload.HIDDEN_SIZE * 4
-    offsets[-1] = end
-    return offsets
+    return offsets, end
 
 
 class _ChildFailure(Exception):
@@ -661,12 +660,14 @@ class _SandboxStart:
     """The sandboxed child, started before the import check so that its start-up (its interpreter
     importing torch on one pinned core, 3.5-6 s on an H100 machine) overlaps the check; no fork
     code runs in it before ``load``, and a fork that fails the check has its child killed at once.
-    Holds the shared area for the child's outputs, the CPU plan, and why the child could not start."""
+    Holds the shared area for the child's outputs (a region per length at ``offsets``), the CPU
+    plan, and why the child could not start."""
 
     def __init__(self, repo: Path, lengths: list[int], options: EvaluationOptions):
         self.started = time.monotonic()
         self.plan, self.note = _cpu_plan(options)
-        self.area = protocol.SharedArea.create(output_offsets(lengths)[-1])
+        self.offsets, size = output_offsets(lengths)
+        self.area = protocol.SharedArea.create(size)
         spin = GPU_SPIN_SECONDS if options.device.startswith("cuda") else 0.0
         self.child = SandboxedChild(repo, options.device, options.policy, spin_seconds=spin,
                                     cpus=self.plan.child if self.plan is not None else None, shared=self.area)
@@ -701,8 +702,8 @@ def _benchmark_in_sandbox(sandbox: _SandboxStart, lengths: list[int], references
     (its exit, its GPU context torn down, the straggler scan: about a second on an H100 machine),
     since nothing it could do after its last reply changes the parent's verdict.
     """
-    offsets = output_offsets(lengths)
-    runs = {length: _LengthRun(LengthResult(seq_len=length), output_offset=offsets[length]) for length in lengths}
+    runs = {length: _LengthRun(LengthResult(seq_len=length), output_offset=sandbox.offsets[length])
+            for length in lengths}
     progress(ProgressEvent("start"))
     plan, note = sandbox.plan, sandbox.note
     try:
