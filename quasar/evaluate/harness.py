@@ -1210,8 +1210,8 @@ def evaluate(
     Starts the sandboxed child (no fork code runs in it before ``load``) and runs the import
     check while it starts; if the check passes, runs the fork's layer in the child at every
     length of ``options.seq_lens`` plus the target, checks it against the reference, the claim
-    and the score; if not, kills the child. Raises :class:`EvaluationInputError` only for bad arguments (a missing
-    directory, a length out of range, a non-positive claim).
+    and the score; if not, kills the child. Raises :class:`EvaluationInputError` only for bad
+    arguments (a missing directory, a length out of range, a non-positive claim).
     """
     options = options or EvaluationOptions()
     progress = progress or (lambda event: None)
