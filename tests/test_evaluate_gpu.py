@@ -107,3 +107,42 @@ def test_real_out_of_memory_is_a_verdict(tmp_path):
     assert report.lengths["512"].correct is True
     assert report.lengths["1024"].status == "oom" and report.lengths["2048"].status == "skipped"
     assert any(reason.startswith("OOM at T=1024, peak ") and "MiB" in reason for reason in report.reasons), report.reasons
+
+
+def _child_module():
+    """The sandbox's child.py as a module of this process (it puts its own folder first on the path)."""
+    import importlib.util
+    from pathlib import Path
+
+    import quasar.evaluate
+
+    path = Path(quasar.evaluate.__file__).parent / "child.py"
+    spec = importlib.util.spec_from_file_location("quasar_child_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_large_output_goes_into_the_shared_area_by_dma():
+    from quasar.evaluate import protocol
+
+    child = _child_module()
+    nbytes = child.DMA_COPY_FROM_BYTES + 12_345  # neither end on a page boundary
+    offset = 1000
+    area = protocol.SharedArea.create(offset + nbytes + 4096)
+    try:
+        area.populate()
+        source = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
+        destination = torch.frombuffer(area.mapping(), dtype=torch.uint8, count=nbytes, offset=offset)
+        assert not destination.is_pinned()
+        with child.registered_for_dma(destination, source.device):
+            assert destination.is_pinned()  # page-locked for the copy: a DMA, not a staged copy
+            destination.copy_(source)
+        assert not destination.is_pinned()
+        assert torch.equal(destination, source.cpu())
+        small = destination[: child.DMA_COPY_FROM_BYTES - 1]
+        with child.registered_for_dma(small, source.device):
+            assert not small.is_pinned()
+        del destination, small
+    finally:
+        area.close()

@@ -244,10 +244,9 @@ def test_an_evaluation_pins_the_child_and_its_timing_thread_then_restores(tmp_pa
 
 
 def test_pinning_is_on_cuda_unless_turned_off_or_forced():
-    from quasar.evaluate import EvaluationOptions
-    from quasar.evaluate.harness import _cpu_plan
+    from quasar.evaluate.start import cpu_plan
 
-    assert _cpu_plan(EvaluationOptions(device="cpu")) == (None, "not pinned (CPU device)")
-    assert _cpu_plan(EvaluationOptions(device="cuda", pin_cpus=False)) == (None, "not pinned (pin_cpus is off)")
-    assert _cpu_plan(EvaluationOptions(device="cuda")) == pinning.plan_for("cuda")
-    assert _cpu_plan(EvaluationOptions(device="cpu", pin_cpus=True)) == pinning.plan_for("cpu")
+    assert cpu_plan("cpu", None) == (None, "not pinned (CPU device)")
+    assert cpu_plan("cuda", False) == (None, "not pinned (pin_cpus is off)")
+    assert cpu_plan("cuda", None) == pinning.plan_for("cuda")
+    assert cpu_plan("cpu", True) == pinning.plan_for("cpu")

@@ -21,7 +21,7 @@ import time
 import pytest
 import torch
 
-from quasar.evaluate import harness, protocol, workload
+from quasar.evaluate import harness, protocol, start, workload
 from quasar.evaluate.__main__ import main as evaluate_main
 from quasar.evaluate.__main__ import parse_seq_lens
 from quasar.evaluate.harness import (
@@ -641,7 +641,7 @@ def test_verification_passes_an_honest_run_and_reports_an_unverifiable_length(mo
         return real_reference_outputs(reference, buffers, request, start, stop)
 
     monkeypatch.setattr(harness, "_reference_outputs", out_of_memory_at_128)
-    reasons = harness._verify(runs, harness._ReferenceWork(5, "cpu", []), Timings(), lambda event: None)
+    reasons = harness._verify(runs, harness.ReferenceWork(5, "cpu", []), Timings(), lambda event: None)
     assert runs[64].result.correct is True and runs[64].result.runs_verified == 3
     assert runs[64].result.rel_error < 5e-3 and runs[64].result.repeat_agree
     assert runs[128].result.correct is False
@@ -661,7 +661,7 @@ def test_the_longest_length_checked_beside_the_others_gets_the_same_verdicts(mon
                 128: honest_run(reference, 128)}
 
     serial_runs, beside_runs = make_runs(), make_runs()
-    serial = harness._verify(serial_runs, harness._ReferenceWork(6, "cpu", []), Timings(), lambda event: None,
+    serial = harness._verify(serial_runs, harness.ReferenceWork(6, "cpu", []), Timings(), lambda event: None,
                              longest_beside=False)
     # The longest runs out of memory beside the others once; it is checked again alone.
     real_verify_length = harness._verify_length
@@ -675,7 +675,7 @@ def test_the_longest_length_checked_beside_the_others_gets_the_same_verdicts(mon
         return real_verify_length(run, *args)
 
     monkeypatch.setattr(harness, "_verify_length", verify_length)
-    beside = harness._verify(beside_runs, harness._ReferenceWork(6, "cpu", []), Timings(), lambda event: None,
+    beside = harness._verify(beside_runs, harness.ReferenceWork(6, "cpu", []), Timings(), lambda event: None,
                              longest_beside=True)
     assert serial == beside and len(serial) == 1 and serial[0].startswith("T=96: ")
     for length in (64, 96, 128):
@@ -694,7 +694,7 @@ def test_correctness_references_computed_ahead_are_those_of_the_runs_the_child_m
     # as it would against one computed afterwards, and a run with other seeds does not.
     from quasar.evaluate import harness
 
-    references = harness._ReferenceWork(7, "cpu", [64, 96])
+    references = harness.ReferenceWork(7, "cpu", [64, 96])
     reference = references.wait()
     assert sorted(references.expected) == [64, 96] and len(set(references.check_seeds.values())) == 2
     for length, seeds in references.check_seeds.items():
@@ -719,7 +719,7 @@ def test_correctness_references_computed_ahead_are_those_of_the_runs_the_child_m
 def test_the_rehearsal_checks_a_made_up_batch_as_a_timed_request_is_checked(monkeypatch):
     from quasar.evaluate import harness
 
-    references = harness._ReferenceWork(3, "cpu", [64])
+    references = harness.ReferenceWork(3, "cpu", [64])
     references.wait()
     batches = []
     real = harness._reference_outputs
@@ -836,7 +836,7 @@ def test_verification_checks_every_forward_of_the_requests_it_picks(monkeypatch)
     # next, whose input the parent rebuilds from the NaNs' bits, not from what the child used.
     runs[96] = honest_run(reference, 96, timed=1, count=3)
     runs[96].timed[0].fingerprints[1] = math.nan
-    reasons = harness._verify(runs, harness._ReferenceWork(9, "cpu", []), Timings(), lambda event: None)
+    reasons = harness._verify(runs, harness.ReferenceWork(9, "cpu", []), Timings(), lambda event: None)
     honest, faked = runs[64].result, runs[128].result
     assert honest.correct is True and honest.runs_verified == 6 and honest.requests_verified == 2
     assert faked.correct is False and faked.runs_verified == 6
@@ -944,7 +944,7 @@ def test_an_output_comes_back_the_same_through_the_shared_area_and_the_pipe(tmp_
     rng = random.Random()
     length, weights_seed = 64, rng.randrange(1 << 30)
     seeds = {"input_seed": rng.randrange(1 << 63), "basis_seed": rng.randrange(1 << 63)}
-    offsets, size = harness.output_offsets([length, 128])
+    offsets, size = start.output_offsets([length, 128])
     area = protocol.SharedArea.create(size)
     received = {}
     try:
@@ -1007,3 +1007,15 @@ def test_a_fork_failing_the_import_check_has_its_started_child_killed_at_once(tm
     assert len(started) == 1 and started[0] < checked[0]
     (began, ended, exit_status, workdir), = closed
     assert ended - began < 1.5 and exit_status is not None and workdir is None
+
+
+def test_a_populated_area_has_every_page_and_a_closed_one_is_left_alone():
+    area = protocol.SharedArea.create(8 << 20)
+    assert os.fstat(area.fd).st_blocks == 0
+    area.populate()
+    assert os.fstat(area.fd).st_blocks * 512 >= 8 << 20
+    assert bytes(area.read(4096, (8 << 20) - 4096)) == bytes(4096)
+    area.close()
+    closed = protocol.SharedArea.create(1 << 20)
+    closed.close()
+    closed.populate()  # nothing to do, and no error: the area is gone

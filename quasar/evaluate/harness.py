@@ -67,7 +67,7 @@ request checks with probability about 2^-k, whichever forwards of a request it s
 weights come from a seed drawn per evaluation.
 
 Correctness. One more run, on a seed drawn when the evaluation starts (its reference output is
-computed while the child starts, :class:`_ReferenceWork`), is followed by a request for its whole
+computed while the child warms up, :class:`ReferenceWork`), is followed by a request for its whole
 output (written by the child into a shared memory file, read by the parent after the child is gone
 where it is large: :data:`COPY_OUTPUTS_UP_TO`); the parent compares it with the reference over the
 whole sequence, each eighth, and each 64-token block (relative to the sequence's RMS, which catches
@@ -77,7 +77,7 @@ fingerprinted, and runs the same input again to check the two agree. The thresho
 0.98e-2 against the float32 reference, on CPU and on an H100 alike, at every length from 64 to 1M
 (benchmarks/RESULTS.md); zeros, noise or a skipped part give 0.3 and more.
 
-Stability. On CUDA the parent and the child busy-poll the pipe (:data:`GPU_SPIN_SECONDS`) rather
+Stability. On CUDA the parent and the child busy-poll the pipe (start.py's ``GPU_SPIN_SECONDS``) rather
 than sleep between messages, so no request pays a scheduler wake-up or a cooled-down core, and the
 child and the parent's timing thread each run on a physical core of their own, never SMT siblings
 of each other, chosen from the GPU's index so that parallel evaluations on several GPUs get
@@ -144,6 +144,7 @@ from quasar.evaluate.sandbox import (
     SandboxPolicy,
     SandboxUnavailable,
 )
+from quasar.evaluate.start import SandboxStart
 
 logger = logging.getLogger(__name__)
 
@@ -198,9 +199,6 @@ LOAD_TIMEOUT_S = 600.0
 # What a fork may import beyond its own ``fla`` package and the standard library: the evaluation
 # environment's packages that upstream fla needs at ``import fla`` (requirements.txt) and numpy.
 EVALUATION_PACKAGES = ("torch", "triton", "einops", "transformers", "numpy")
-# On CUDA both ends busy-poll the pipe this long before sleeping (protocol.Channel): a woken
-# process and a cooled-down core add a varying delay to a forward of a millisecond or two.
-GPU_SPIN_SECONDS = 0.5
 
 
 class EvaluationInputError(ValueError):
@@ -297,15 +295,6 @@ class _SharedOutput:
 def output_tensor(output: torch.Tensor | _SharedOutput) -> torch.Tensor:
     """A correctness output as a tensor, wherever it was kept."""
     return output.tensor() if isinstance(output, _SharedOutput) else output
-
-
-def output_offsets(lengths: Sequence[int]) -> tuple[dict[int, int], int]:
-    """Where each length's region of the shared area begins (room for a float32 output), and the area's size."""
-    offsets, end = {}, 0
-    for length in sorted(lengths):
-        offsets[length] = end
-        end += length * workload.HIDDEN_SIZE * 4
-    return offsets, end
 
 
 class _ChildFailure(Exception):
@@ -636,14 +625,6 @@ def _finish_length(run: _LengthRun, count: int) -> None:
     run.result.subtracted_us = cost_ns / count / 1e3
 
 
-def _cpu_plan(options: EvaluationOptions) -> tuple[pinning.CpuPlan | None, str]:
-    """Where the child and the timing thread run (pinning.py), and a note for the report."""
-    pin = options.pin_cpus if options.pin_cpus is not None else options.device.startswith("cuda")
-    if not pin:
-        return None, "not pinned (" + ("pin_cpus is off" if options.pin_cpus is False else "CPU device") + ")"
-    return pinning.plan_for(options.device)
-
-
 def _pinning_note(plan: pinning.CpuPlan | None, note: str, child_cpus: list[int] | None, timing_pinned: bool) -> str:
     """What the report says about pinning: the plan, and where it did not take effect."""
     if plan is None:
@@ -656,42 +637,7 @@ def _pinning_note(plan: pinning.CpuPlan | None, note: str, child_cpus: list[int]
     return note + "".join(f"; {problem}" for problem in problems)
 
 
-class _SandboxStart:
-    """The sandboxed child, started before the import check so that its start-up (its interpreter
-    importing torch on one pinned core, 3.5-6 s on an H100 machine) overlaps the check; no fork
-    code runs in it before ``load``, and a fork that fails the check has its child killed at once.
-    Holds the shared area for the child's outputs (a region per length at ``offsets``), the CPU
-    plan, and why the child could not start."""
-
-    def __init__(self, repo: Path, lengths: list[int], options: EvaluationOptions):
-        self.started = time.monotonic()
-        self.plan, self.note = _cpu_plan(options)
-        self.offsets, size = output_offsets(lengths)
-        self.area = protocol.SharedArea.create(size)
-        spin = GPU_SPIN_SECONDS if options.device.startswith("cuda") else 0.0
-        self.child = SandboxedChild(repo, options.device, options.policy, spin_seconds=spin,
-                                    cpus=self.plan.child if self.plan is not None else None, shared=self.area)
-        self.error: SandboxError | None = None
-        try:
-            self.child.start()
-        except SandboxError as error:
-            self.error = error
-
-    def wait(self) -> SandboxedChild:
-        """The child once it has replied; raises the SandboxError that kept it from starting."""
-        if self.error is not None:
-            raise self.error
-        self.child.wait_started()
-        return self.child
-
-    def close(self) -> None:
-        """Kill the child if it is still there, then close the shared area."""
-        self.child.close()
-        if self.area is not None:
-            self.area.close()
-
-
-def _benchmark_in_sandbox(sandbox: _SandboxStart, lengths: list[int], references: _ReferenceWork,
+def _benchmark_in_sandbox(sandbox: SandboxStart, lengths: list[int], references: ReferenceWork,
                           options: EvaluationOptions, deadline: float, timings: Timings, progress: ProgressCallback,
                           report: EvaluationReport) -> tuple[dict[int, _LengthRun], Callable[[], None]]:
     """Wait for the sandboxed child and run every length in it; the parent's timing thread runs
@@ -715,7 +661,8 @@ def _benchmark_in_sandbox(sandbox: _SandboxStart, lengths: list[int], references
         report.reasons.append(f"sandbox: {error}")
         return runs, lambda: None
     try:
-        timings.startup_s = time.monotonic() - sandbox.started
+        # What this evaluation waited for: a child started before it (started_before_s) may be up already.
+        timings.startup_s = max(0.0, time.monotonic() - sandbox.started - timings.started_before_s)
         report.sandbox = child.isolation_note
         with pinning.pinned(plan.timing if plan is not None else None) as timing_pinned:
             report.cpu_pinning = _pinning_note(plan, note, child.child_cpus, timing_pinned)
@@ -735,20 +682,20 @@ def _benchmark_in_sandbox(sandbox: _SandboxStart, lengths: list[int], references
     return runs, closed
 
 
-def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[int], references: _ReferenceWork,
+def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[int], references: ReferenceWork,
              options: EvaluationOptions, deadline: float, timings: Timings, progress: ProgressCallback,
              report: EvaluationReport) -> None:
     """Calibrate, load the fork and run every length in a started child; fills ``runs``."""
     session = _Session(child, deadline)
     weights_seed = references.weights_seed
-    # The parent's reference work ends before the first measurement (the calibration).
-    waited = time.monotonic()
-    references.wait()
-    timings.reference_s += time.monotonic() - waited
     try:
         counts = {length: forwards_per_request(length, tokens_per_request(options), options.max_forwards_per_request)
                   for length in lengths}
-        harness_ns = _calibrate(session, runs, counts, timings, progress)
+        try:
+            harness_ns = _calibrate(session, runs, counts, timings, progress)
+        finally:
+            # The parent's reference work runs on the device while the child warms up (not measured).
+            references.release()
         started = time.monotonic()
         progress(ProgressEvent("load"))
         header = {"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed}
@@ -779,6 +726,10 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
         elif failed == OOM:
             break
     if stopped is None:
+        # ... and ends before the timed requests.
+        waited = time.monotonic()
+        references.wait()
+        timings.reference_s += time.monotonic() - waited
         stopped = _time_rounds(session, child, runs, prepared, counts, options, timings, progress)
     for length in prepared:
         run = runs[length]
@@ -995,15 +946,17 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
     return reasons
 
 
-class _ReferenceWork:
+class ReferenceWork:
     """The parent's reference layer and the expected outputs of the correctness runs, computed on a
-    thread of their own while the sandboxed child starts (its interpreter importing torch, 4-5 s on
-    an H100 machine, during which this process had nothing to do).
+    thread of their own while the sandboxed child warms up (the fork's kernels compile on the
+    child's one core for seconds while the device has little to do). A validator's worker starts
+    it while the fork is being cloned and hands it to :func:`evaluate` with the started child.
 
     A correctness run's input depends on its seeds alone (it is its request's only forward), so
     they are drawn here, before the child exists, and kept in this process until the run is asked
-    for. :meth:`wait` ends the thread before anything is measured (the child's calibration comes
-    after it), so the reference never shares the GPU with a measurement. A length whose expected
+    for. The thread builds the layer on the host at once and touches the device only once
+    released (:meth:`release`, after the child's calibration); :meth:`wait` ends it before the
+    timed requests: the reference never shares the device with a measurement. A length whose expected
     output did not fit in memory is left to :func:`_verify_length`, which reports it.
     """
 
@@ -1014,6 +967,7 @@ class _ReferenceWork:
         self.expected: dict[int, torch.Tensor] = {}
         self.reference: torch.nn.Module | None = None
         self._error: BaseException | None = None
+        self._released = threading.Event()
         self._thread = threading.Thread(target=self._compute, name="quasar-reference", daemon=True)
         self._thread.start()
 
@@ -1023,6 +977,7 @@ class _ReferenceWork:
         try:
             reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
             reference.load_state_dict(workload.make_weights(self.weights_seed), strict=True)
+            self._released.wait()
             self.reference = reference.to(self.device).eval()
             for length, seeds in self.check_seeds.items():
                 buffers = workload.RequestBuffers.allocate(1, length, self.device)
@@ -1043,7 +998,7 @@ class _ReferenceWork:
         """Check one made-up batch of timed forwards at ``length`` as :func:`_verify_length` checks
         a request's (the batched reference, fingerprints and norms), and forget the result: in a
         fresh process (a validator's worker) their kernels load at first use, a quarter of a
-        second on an H100 machine, which is then spent here while the child starts."""
+        second on an H100 machine, which is then spent here while the child warms up."""
         count = min(reference_batch_size(length), MAX_FORWARDS_PER_REQUEST)
         try:
             buffers = workload.RequestBuffers.allocate(count, length, self.device)
@@ -1055,16 +1010,34 @@ class _ReferenceWork:
         except torch.OutOfMemoryError:
             pass  # a rehearsal only: the verification meets the same limit and reports it
 
-    def wait(self) -> torch.nn.Module:
-        """Wait for the thread; the reference layer (raises what the thread raised)."""
+    def release(self) -> None:
+        """Let the thread use the device from now on."""
+        self._released.set()
+
+    def join(self) -> None:
+        """Release the thread and wait for it to end (what it raised stays for :meth:`wait`)."""
+        self.release()
         self._thread.join()
+
+    def wait(self) -> torch.nn.Module:
+        """Release the thread and wait for it; the reference layer (raises what the thread raised)."""
+        self.join()
         if self._error is not None:
             raise self._error
         assert self.reference is not None
         return self.reference
 
 
-def _verify(runs: dict[int, _LengthRun], references: _ReferenceWork, timings: Timings,
+def start_references(target_seq_len: int, options: EvaluationOptions) -> ReferenceWork:
+    """The reference work of an evaluation of ``target_seq_len`` with ``options``, started now
+    with the weights seed the evaluation will use (for :func:`evaluate`'s ``references``); raises
+    :class:`EvaluationInputError` for lengths it would refuse."""
+    lengths = check_lengths(options.seq_lens, target_seq_len, options.device)
+    weights_seed = options.weights_seed if options.weights_seed is not None else _new_seed()
+    return ReferenceWork(weights_seed, options.device, lengths)
+
+
+def _verify(runs: dict[int, _LengthRun], references: ReferenceWork, timings: Timings,
             progress: ProgressCallback, longest_beside: bool | None = None) -> list[str]:
     """Check every run against the reference in this process; the reasons to fail, shortest length first.
 
@@ -1204,6 +1177,8 @@ def evaluate(
     claimed_tokens_per_sec: float | None = None,
     options: EvaluationOptions | None = None,
     progress: ProgressCallback | None = None,
+    sandbox: SandboxStart | None = None,
+    references: ReferenceWork | None = None,
 ) -> EvaluationReport:
     """Evaluate the fork checked out at ``repo_path`` for ``target_seq_len``; never raises for the fork's faults.
 
@@ -1211,10 +1186,27 @@ def evaluate(
     check while it starts; if the check passes, runs the fork's layer in the child at every
     length of ``options.seq_lens`` plus the target, checks it against the reference, the claim
     and the score; if not, kills the child. Raises :class:`EvaluationInputError` only for bad
-    arguments (a missing directory, a length out of range, a non-positive claim).
+    arguments (a missing directory, a length out of range, a non-positive claim, a ``sandbox``
+    or ``references`` started for other lengths, device or weights).
+
+    ``sandbox``: a child started without its fork for these lengths and options (start.py), which
+    gets the fork here; ``references``: the reference work already started for them
+    (:class:`ReferenceWork`). A validator's worker starts both while it clones the fork; the
+    evaluation owns them from here and closes them on every path.
     """
-    options = options or EvaluationOptions()
-    progress = progress or (lambda event: None)
+    try:
+        return _evaluate(repo_path, target_seq_len, claimed_tokens_per_sec, options or EvaluationOptions(),
+                         progress or (lambda event: None), sandbox, references)
+    finally:
+        if sandbox is not None:
+            sandbox.close()
+        if references is not None:
+            references.join()
+
+
+def _evaluate(repo_path: str | Path, target_seq_len: int, claimed_tokens_per_sec: float | None,
+              options: EvaluationOptions, progress: ProgressCallback, sandbox: SandboxStart | None,
+              references: ReferenceWork | None) -> EvaluationReport:
     started = time.monotonic()
     repo = Path(repo_path)
     if not repo.is_dir():
@@ -1234,7 +1226,17 @@ def evaluate(
             isinstance(options.tokens_per_request, int) and 0 <= options.tokens_per_request <= MAX_TOKENS_PER_REQUEST):
         raise EvaluationInputError(f"tokens_per_request {options.tokens_per_request!r}: expected an integer from 0 "
                                    f"to {MAX_TOKENS_PER_REQUEST}")
-    weights_seed = options.weights_seed if options.weights_seed is not None else _new_seed()
+    if sandbox is not None and (sandbox.lengths != lengths or sandbox.device != options.device):
+        raise EvaluationInputError(f"the sandbox was started for T={sandbox.lengths} on {sandbox.device}, "
+                                   f"not for T={lengths} on {options.device}")
+    if references is not None and (sorted(references.check_seeds) != lengths or references.device != options.device
+                                   or options.weights_seed not in (None, references.weights_seed)):
+        raise EvaluationInputError(f"the reference work was started for T={sorted(references.check_seeds)} on "
+                                   f"{references.device} with other weights than asked for")
+    if references is not None:
+        weights_seed = references.weights_seed
+    else:
+        weights_seed = options.weights_seed if options.weights_seed is not None else _new_seed()
     report = EvaluationReport(
         verdict=FAIL, reasons=[], repo=str(repo), target_seq_len=target_seq_len, seq_lens=lengths,
         device=options.device, device_name="", import_check=None,
@@ -1246,7 +1248,11 @@ def evaluate(
     timings = report.timings
 
     progress(ProgressEvent("import-check"))
-    sandbox = _SandboxStart(repo, lengths, options)
+    if sandbox is None:
+        sandbox = SandboxStart(lengths, options.device, options.policy, options.pin_cpus, repo=repo)
+    else:
+        sandbox.provide_fork(repo)
+        timings.started_before_s = started - sandbox.started
     try:
         checking = time.monotonic()
         report.import_check = _import_check(repo, options)
@@ -1255,7 +1261,8 @@ def evaluate(
             report.reasons += [f"import check: {error}" for error in report.import_check.errors]
         else:
             deadline = time.monotonic() + options.timeout_s
-            references = _ReferenceWork(weights_seed, options.device, lengths)
+            if references is None:
+                references = ReferenceWork(weights_seed, options.device, lengths)
             runs, closed = _benchmark_in_sandbox(sandbox, lengths, references, options, deadline, timings, progress,
                                                  report)
             try:

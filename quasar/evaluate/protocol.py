@@ -15,6 +15,7 @@ is gone.
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import json
 import mmap
@@ -120,6 +121,11 @@ class Channel:
         return header, payload
 
 
+# madvise(2) advice (Linux 5.14): fault every page of a range in, writable, now.
+_MADV_POPULATE_WRITE = 23
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
 class SharedArea:
     """A memory file (``memfd``) of ``size`` bytes shared by the parent and the child.
 
@@ -154,6 +160,21 @@ class SharedArea:
             self._mapping = mmap.mmap(self.fd, self.size)
         return self._mapping
 
+    def populate(self) -> None:
+        """Allocate, zero and map every page of the area in this process now, without holding the
+        GIL (a thread may do it while other work goes on): the child's copy into the area then
+        finds its pages (about half of a 1 GiB copy's time on one core is faulting fresh pages
+        in), and so do this process's reads in place. Where the kernel cannot (before Linux 5.14)
+        the pages come at first touch as before."""
+        try:
+            anchor = ctypes.c_char.from_buffer(self.mapping())
+        except (OSError, ValueError):
+            return  # closed meanwhile: nothing left to populate
+        try:
+            _LIBC.madvise(ctypes.c_void_p(ctypes.addressof(anchor)), ctypes.c_size_t(self.size), _MADV_POPULATE_WRITE)
+        finally:
+            del anchor
+
     def _check(self, offset: int, nbytes: int) -> None:
         if not (0 <= offset and 0 <= nbytes and offset + nbytes <= self.size):
             raise ChannelError(f"a shared payload of {nbytes} bytes at offset {offset} does not fit the "
@@ -186,4 +207,5 @@ class SharedArea:
             except BufferError:
                 pass
             self._mapping = None
-        os.close(self.fd)
+        fd, self.fd = self.fd, -1  # a later mapping() fails instead of mapping whatever reuses the number
+        os.close(fd)

@@ -95,6 +95,10 @@ class Timings:
     """Wall-clock seconds spent in each part of an evaluation (for the overhead figure)."""
 
     import_check_s: float = 0.0
+    # How long before the evaluation began its sandboxed child was started (a validator's worker
+    # starts it while cloning the fork); 0 when the evaluation started it.
+    started_before_s: float = 0.0
+    # The part of the child's start the evaluation waited for (the import check runs meanwhile).
     startup_s: float = 0.0
     calibration_s: float = 0.0
     load_s: float = 0.0

@@ -2,7 +2,8 @@
 
 :class:`SandboxedChild` copies the fork (without ``.git``) and the harness's child code into a
 fresh temporary directory the parent owns (``start``; ``wait_started`` waits for its first reply,
-so the caller can work while the child imports torch), starts ``sandbox_init.py`` under ``unshare``
+so the caller can work while the child imports torch; a child started before its fork is known
+gets it from :meth:`SandboxedChild.provide_fork`, before ``load``), starts ``sandbox_init.py`` under ``unshare``
 (new network, mount, PID, IPC and UTS namespaces; see that file for the private root it builds),
 and talks to it over a pipe pair it owns (protocol.py). Given ``cpus``, the child starts with that
 CPU affinity (pinning.py). Its stdout and stderr go to one pipe the parent drains: the first and
@@ -218,7 +219,7 @@ def _copy_tree(source: Path, destination: Path) -> None:
             raise SandboxError(f"the fork is larger than {MAX_FORK_BYTES >> 20} MiB without .git")
         return skipped
 
-    shutil.copytree(source, destination, symlinks=True, ignore=ignore)
+    shutil.copytree(source, destination, symlinks=True, ignore=ignore, dirs_exist_ok=True)
     for directory, dirnames, filenames in os.walk(destination):
         os.chmod(directory, 0o755)
         for name in filenames:
@@ -230,9 +231,10 @@ def _copy_tree(source: Path, destination: Path) -> None:
 class SandboxedChild:
     """One sandboxed child process serving the harness's requests; use as a context manager."""
 
-    def __init__(self, fork_dir: str | os.PathLike, device: str, policy: SandboxPolicy, spin_seconds: float = 0.0,
+    def __init__(self, fork_dir: str | os.PathLike | None, device: str, policy: SandboxPolicy, spin_seconds: float = 0.0,
                  cpus: frozenset[int] | None = None, shared: protocol.SharedArea | None = None):
-        self.fork_source = Path(fork_dir).resolve()
+        # None: the child starts with an empty fork directory, filled by provide_fork() before ``load``.
+        self.fork_source = Path(fork_dir).resolve() if fork_dir is not None else None
         # Where the child may put large payloads (protocol.SharedArea); the caller's, which outlives the child.
         self.shared = shared
         # Set once close() has returned: no process of the sandbox is left to write to the shared area.
@@ -335,7 +337,11 @@ class SandboxedChild:
         :meth:`wait_started` waits. On a failure everything is closed before the error propagates."""
         self.workdir = Path(tempfile.mkdtemp(prefix="quasar-eval-"))
         try:
-            _copy_tree(self.fork_source, self.workdir / "fork")
+            if self.fork_source is not None:
+                _copy_tree(self.fork_source, self.workdir / "fork")
+            else:
+                (self.workdir / "fork").mkdir()
+                os.chmod(self.workdir / "fork", 0o755)
             (self.workdir / "harness").mkdir(mode=0o755)
             for name in HARNESS_FILES:
                 shutil.copyfile(HARNESS_DIR / name, self.workdir / "harness" / name)
@@ -355,6 +361,15 @@ class SandboxedChild:
             self.close()
             raise
         return self
+
+    def provide_fork(self, fork_dir: str | os.PathLike) -> None:
+        """Copy the fork into a child started without one (its read-only fork directory is a bind
+        of the one filled here, so the files appear inside); the child must not have loaded
+        anything yet. Raises SandboxError for a fork that cannot be copied (too large)."""
+        if self.workdir is None or self.fork_source is not None:
+            raise SandboxError("provide_fork: the child was not started without a fork")
+        self.fork_source = Path(fork_dir).resolve()
+        _copy_tree(self.fork_source, self.workdir / "fork")
 
     def wait_started(self) -> None:
         """Wait for the started child's first reply; where the namespaces fail to come up, start it

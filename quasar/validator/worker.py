@@ -7,7 +7,11 @@ in the harness's sandboxed child below it.
 
 The job file names the fork, commit, target, clone cache and evaluation options; the worker clones
 the fork, evaluates it without a claim (the claim check is the validator's, per submission),
-deletes the checkout, and writes its outcome as JSON to ``result_path`` (atomically):
+deletes the checkout, and writes its outcome as JSON to ``result_path`` (atomically). What does
+not need the fork starts first and runs while the fork is cloned (:class:`HeadStart`): the
+sandboxed child, before this process imports torch (its start is seconds of importing torch on
+one pinned core; no fork code runs in it before the evaluation hands it the fork), and on a thread
+the harness's import and the parent's reference work. Outcomes:
 
 - ``{"outcome": "evaluated", "report": EvaluationReport.to_dict()}``
 - ``{"outcome": "clone_failed", "error": ...}``: the fork or commit cannot be fetched;
@@ -28,6 +32,7 @@ import os
 import shutil
 import signal
 import sys
+import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -45,12 +50,17 @@ def options_to_json(options) -> dict[str, Any]:
     return asdict(options)
 
 
-def options_from_json(data: dict[str, Any]):
-    from quasar.evaluate import EvaluationOptions, SandboxPolicy
+def policy_from_json(data: dict[str, Any]):
+    """The ``SandboxPolicy`` of :func:`options_to_json`'s ``policy`` (no torch imported)."""
+    from quasar.evaluate.sandbox import SandboxPolicy
 
-    policy = dict(data["policy"])
-    policy["extra_readonly_paths"] = tuple(policy.get("extra_readonly_paths", ()))
-    values = {**data, "seq_lens": tuple(data["seq_lens"]), "policy": SandboxPolicy(**policy)}
+    return SandboxPolicy(**{**data, "extra_readonly_paths": tuple(data.get("extra_readonly_paths", ()))})
+
+
+def options_from_json(data: dict[str, Any]):
+    from quasar.evaluate import EvaluationOptions
+
+    values = {**data, "seq_lens": tuple(data["seq_lens"]), "policy": policy_from_json(data["policy"])}
     return EvaluationOptions(**values)
 
 
@@ -84,26 +94,84 @@ def _die_with_parent(parent_pid: int) -> None:
         raise SystemExit("the validator that started this evaluation is gone")
 
 
-def run_job(job: dict[str, Any]) -> dict[str, Any]:
-    """Clone, evaluate and clean up; returns the outcome to write."""
-    try:
-        checkout = clone_at_commit(job["fork_url"], job["commit_hash"], job["cache_dir"],
-                                   allow_local=job["allow_local"], timeout_s=job["clone_timeout_s"])
-    except ForkError as error:
-        return {"outcome": "clone_failed", "error": str(error)}
-    try:
-        from quasar.evaluate import EvaluationInputError, evaluate  # torch: only once the clone succeeded
+class HeadStart:
+    """What the worker starts before its clone ends, for the evaluation to take over.
 
-        _STOP.checkpoint()
+    The sandboxed child starts at once, from this thread (torch-free: quasar/evaluate/start.py);
+    a thread then imports the harness (torch) and starts the reference work. A job the
+    evaluation will refuse (a length out of range) gets no reference work, and whatever failed
+    here is met again by ``evaluate``, which reports it. :meth:`close` ends both where no
+    evaluation took them over (a failed clone).
+    """
+
+    def __init__(self, job: dict[str, Any]):
+        from quasar.evaluate.sandbox import SandboxError
+        from quasar.evaluate.start import SandboxStart
+
+        options = job["options"]
+        self.target = job["target_sequence_length"]
+        self.sandbox: SandboxStart | None = None
+        self.references = None
+        lengths = sorted(set(options["seq_lens"]) | {self.target})
         try:
-            # Progress events double as stop checkpoints: the harness closes its sandbox on the way out.
-            report = evaluate(checkout.path, job["target_sequence_length"], None, options_from_json(job["options"]),
-                              progress=_STOP.checkpoint)
-        except EvaluationInputError as error:
-            return {"outcome": "refused", "error": str(error)}
-        return {"outcome": "evaluated", "report": report.to_dict()}
+            self.sandbox = SandboxStart(lengths, options["device"], policy_from_json(options["policy"]),
+                                        options["pin_cpus"])
+        except (OSError, ValueError, SandboxError) as error:
+            logger.warning("could not start the sandbox before the clone (%s); the evaluation starts its own", error)
+        self._thread = threading.Thread(target=self._prepare, args=(options,), name="quasar-head-start", daemon=True)
+        self._thread.start()
+
+    def _prepare(self, options: dict[str, Any]) -> None:
+        from quasar.evaluate import EvaluationInputError, start_references
+
+        try:
+            self.references = start_references(self.target, options_from_json(options))
+        except EvaluationInputError:
+            pass  # evaluate() refuses the job with the same error
+        except Exception as error:  # evaluate() starts its own and meets the same fault
+            logger.warning("could not start the reference work before the clone: %s", error)
+
+    def take(self) -> tuple[Any, Any]:
+        """The started sandbox and reference work (either may be None), for ``evaluate`` to own."""
+        self._thread.join()
+        found = self.sandbox, self.references
+        self.sandbox = self.references = None
+        return found
+
+    def close(self) -> None:
+        """Kill the child and wait for the reference work, where no evaluation took them."""
+        sandbox, references = self.take()
+        if sandbox is not None:
+            sandbox.close()
+        if references is not None:
+            references.join()
+
+
+def run_job(job: dict[str, Any]) -> dict[str, Any]:
+    """Start what needs no fork, clone, evaluate and clean up; returns the outcome to write."""
+    head_start = HeadStart(job)
+    try:
+        try:
+            checkout = clone_at_commit(job["fork_url"], job["commit_hash"], job["cache_dir"],
+                                       allow_local=job["allow_local"], timeout_s=job["clone_timeout_s"])
+        except ForkError as error:
+            return {"outcome": "clone_failed", "error": str(error)}
+        try:
+            from quasar.evaluate import EvaluationInputError, evaluate
+
+            sandbox, references = head_start.take()
+            _STOP.checkpoint()
+            try:
+                # Progress events double as stop checkpoints: the harness closes its sandbox on the way out.
+                report = evaluate(checkout.path, job["target_sequence_length"], None, options_from_json(job["options"]),
+                                  progress=_STOP.checkpoint, sandbox=sandbox, references=references)
+            except EvaluationInputError as error:
+                return {"outcome": "refused", "error": str(error)}
+            return {"outcome": "evaluated", "report": report.to_dict()}
+        finally:
+            shutil.rmtree(checkout.path, ignore_errors=True)
     finally:
-        shutil.rmtree(checkout.path, ignore_errors=True)
+        head_start.close()
 
 
 def write_atomically(path: Path, data: dict[str, Any]) -> None:

@@ -1,0 +1,154 @@
+"""An evaluation whose sandboxed child and reference work were started before its fork existed, as a
+validator's worker starts them while it clones the fork: real sandboxes, real worker processes, a
+real git repository for the fork, the starter fork's layer on the CPU at 64 tokens."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from quasar.evaluate import EvaluationInputError, EvaluationOptions, evaluate, start_references, workload
+from quasar.evaluate.sandbox import SandboxPolicy
+from quasar.evaluate.start import LAYER_WIDTH, SandboxStart, output_offsets
+from quasar.starter_fork import copy_starter_tree, write_starter_fork
+from quasar.validator.devices import Device
+from quasar.validator.evaluator import SubprocessEvaluator
+from quasar.validator.state import EvaluationKey
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = EvaluationOptions(seq_lens=(), device="cpu", warmup_runs=1, min_timed_runs=3, max_timed_runs=3,
+                         timed_seconds=0.1, length_timeout_s=120, timeout_s=300)
+
+
+def test_the_area_is_laid_out_for_the_layers_width():
+    assert LAYER_WIDTH == workload.HIDDEN_SIZE
+    offsets, size = output_offsets([128, 64, 1000])
+    assert offsets == {64: 0, 128: 64 * 512 * 4, 1000: 192 * 512 * 4} and size == 1192 * 512 * 4
+
+
+def test_starting_the_sandbox_imports_neither_torch_nor_the_harness():
+    code = ("import sys, quasar.validator.worker, quasar.evaluate.start, quasar.evaluate.sandbox; "
+            "print(sorted(m for m in ('torch', 'quasar.evaluate.harness') if m in sys.modules))")
+    found = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert found.stdout.strip() == "[]"
+
+
+def test_a_child_started_before_its_fork_existed_evaluates_it(tmp_path):
+    sandbox = SandboxStart([64], "cpu", SandboxPolicy())
+    references = start_references(64, FAST)
+    time.sleep(0.2)
+    fork = tmp_path / "fork"
+    copy_starter_tree(fork)  # the fork appears only now, after the child started
+    report = evaluate(fork, 64, None, FAST, sandbox=sandbox, references=references)
+    assert report.passed, report.reasons
+    assert report.sandbox.startswith("namespaces")
+    assert report.weights_seed == references.weights_seed
+    assert report.timings.started_before_s >= 0.2
+    assert report.lengths["64"].rel_error < 2e-2
+    assert sandbox.child.gone.is_set() and sandbox.area is None and sandbox.child.workdir is None
+
+
+def test_a_sandbox_or_references_started_for_something_else_are_refused_and_closed(tmp_path):
+    fork = tmp_path / "fork"
+    copy_starter_tree(fork)
+    sandbox = SandboxStart([64, 128], "cpu", SandboxPolicy())
+    with pytest.raises(EvaluationInputError, match=r"sandbox was started for T=\[64, 128\] on cpu, not for T=\[64\]"):
+        evaluate(fork, 64, None, FAST, sandbox=sandbox)
+    assert sandbox.child.gone.is_set() and sandbox.child.process.poll() is not None
+    references = start_references(128, FAST)
+    with pytest.raises(EvaluationInputError, match=r"reference work was started for T=\[128\]"):
+        evaluate(fork, 64, None, FAST, references=references)
+    seeded = EvaluationOptions(**{**FAST.__dict__, "weights_seed": 5})
+    with pytest.raises(EvaluationInputError, match="other weights"):
+        evaluate(fork, 64, None, seeded, references=start_references(64, FAST))
+
+
+def test_a_fork_too_large_for_the_started_child_fails_the_evaluation_clearly(tmp_path, monkeypatch):
+    from quasar.evaluate import sandbox as sandbox_module
+
+    fork = tmp_path / "fork"
+    copy_starter_tree(fork)
+    sandbox = SandboxStart([64], "cpu", SandboxPolicy())
+    monkeypatch.setattr(sandbox_module, "MAX_FORK_BYTES", 1024)
+    report = evaluate(fork, 64, None, FAST, sandbox=sandbox)
+    assert report.verdict == "fail"
+    assert report.reasons[0] == "sandbox: the fork is larger than 0 MiB without .git"
+    assert sandbox.child.gone.is_set() and sandbox.child.workdir is None
+
+
+def test_a_validator_worker_starts_the_child_before_cloning_and_evaluates(tmp_path):
+    commit = write_starter_fork(tmp_path / "fork")
+    evaluator = SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True)
+    running = evaluator.start(EvaluationKey(str(tmp_path / "fork"), commit, 64), Device("cpu", ""))
+    deadline = time.monotonic() + 240
+    while (outcome := running.poll()) is None:
+        assert time.monotonic() < deadline, "the worker did not finish"
+        time.sleep(0.1)
+    assert outcome.error is None and outcome.result.correct, outcome
+    report = outcome.result.report
+    # The evaluation took over a child the worker had started before its clone and its torch import.
+    assert report["timings"]["started_before_s"] > 0
+    assert report["sandbox"].startswith("namespaces")
+
+
+def test_a_worker_whose_clone_fails_leaves_no_child_behind(tmp_path, monkeypatch):
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))  # where the worker's sandbox puts its directory
+    evaluator = SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True)
+    running = evaluator.start(EvaluationKey(str(tmp_path / "missing"), "0" * 40, 64), Device("cpu", ""))
+    deadline = time.monotonic() + 120
+    while (outcome := running.poll()) is None:
+        assert time.monotonic() < deadline, "the worker did not finish"
+        time.sleep(0.1)
+    assert outcome.result is not None and outcome.result.reasons[0].startswith("clone failed:")
+    assert not list(temporary.glob("quasar-eval-*")), "the started child's directory is left behind"
+    marker = str(temporary).encode()
+    alive = [pid for pid in Path("/proc").iterdir() if pid.name.isdigit() and marker in _cmdline(pid)]
+    assert not alive
+
+
+def _cmdline(pid: Path) -> bytes:
+    try:
+        return (pid / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def test_the_reference_waits_for_the_calibration_and_ends_before_the_timed_requests(tmp_path, monkeypatch):
+    from quasar.evaluate import harness
+
+    references = start_references(64, FAST)
+    time.sleep(0.3)
+    assert references.reference is None and not references.expected  # nothing on the device yet
+    seen: dict[str, float | bool] = {}
+    real_calibrate, real_release, real_rounds = harness._calibrate, harness.ReferenceWork.release, harness._time_rounds
+
+    def calibrate(*args, **kwargs):
+        found = real_calibrate(*args, **kwargs)
+        seen["calibrated"] = time.monotonic()
+        seen["reference_during_calibration"] = references.reference is not None
+        return found
+
+    def release(self):
+        seen.setdefault("released", time.monotonic())
+        real_release(self)
+
+    def time_rounds(*args, **kwargs):
+        seen["reference_done_before_rounds"] = not references._thread.is_alive() and 64 in references.expected
+        return real_rounds(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "_calibrate", calibrate)
+    monkeypatch.setattr(harness.ReferenceWork, "release", release)
+    monkeypatch.setattr(harness, "_time_rounds", time_rounds)
+    fork = tmp_path / "fork"
+    copy_starter_tree(fork)
+    report = evaluate(fork, 64, None, FAST, references=references)
+    assert report.passed, report.reasons
+    assert seen["reference_during_calibration"] is False
+    assert seen["calibrated"] <= seen["released"]
+    assert seen["reference_done_before_rounds"] is True
