@@ -3,7 +3,7 @@
 
     python scripts/bench_harness.py --out DIR [--device cuda] [--runs 5] [--budget-seconds 300]
         [--lens 512,1024,2048,100k] [--target 1M] [--timed-seconds S] [--warmup-seconds S]
-        [--tokens-per-request N] [--no-pin] [--tuning JSON] [--process-per-evaluation]
+        [--tokens-per-request N] [--no-pin] [--tuning JSON] [--process-per-evaluation | --worker]
 
 Runs up to ``--runs`` separate evaluations (each a fresh sandbox) of the starter fork at
 ``--lens`` with target ``--target`` (default 512, 1024, 2048, 100k and 1M), and after each one
@@ -16,8 +16,11 @@ then where the evaluations' time went, step by step (each progress event of the 
 next, summed per step and length: the median over evaluations). ``--tuning`` sets tunables of the
 starter fork's ``tuning.json`` (checked against the contract; they apply on every chip), to compare
 tunings in the harness.
-``--process-per-evaluation`` runs each evaluation in a fresh interpreter, as a validator does (one
-worker process per evaluation); by default they share this process.
+``--process-per-evaluation`` runs each evaluation in a fresh interpreter (``evaluate`` alone);
+``--worker`` runs each as a validator does: its worker process (quasar/validator/worker.py) clones
+the fork from a local git repository, starting the sandboxed child and the reference work while it
+clones, then evaluates; ``wall`` is then the worker's whole life, from its start to its result.
+By default the evaluations share this process.
 
 On one H100 an evaluation of the five default lengths took 25–30 s (benchmarks/RESULTS.md; most
 of its overhead the fork's Triton compilation and the child's start, both on one pinned core),
@@ -31,6 +34,7 @@ import argparse
 import json
 import logging
 import multiprocessing
+import os
 import statistics
 import sys
 import tempfile
@@ -54,6 +58,10 @@ from quasar.evaluate.harness import (
 from quasar.evaluate.report import EvaluationReport
 from quasar.evaluate.sandbox import SandboxPolicy
 from quasar.starter_fork import KERNEL_DIR, copy_starter_tree, tuning_contract
+from quasar.starter_fork.writer import commit_new_repository
+from quasar.validator.devices import Device
+from quasar.validator.evaluator import SubprocessEvaluator
+from quasar.validator.state import EvaluationKey
 
 
 def parse_target(text: str) -> int:
@@ -115,6 +123,21 @@ def evaluate_in_fresh_process(fork: Path, target: int, options: EvaluationOption
         return pool.apply(evaluate_with_steps, (fork, target, options))
 
 
+def evaluate_in_worker(fork: Path, commit: str, target: int, options: EvaluationOptions,
+                       work_dir: Path) -> tuple[dict, dict[str, float]]:
+    """One evaluation by the validator's own worker process, as the validator starts it; its
+    report (as a dict) and no steps (the worker's progress stays in its process)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] if options.device == "cuda" else ""
+    device = Device("cuda" if options.device == "cuda" else "cpu", visible)
+    running = SubprocessEvaluator(work_dir, options, allow_local=True).start(
+        EvaluationKey(str(fork), commit, target), device)
+    while (outcome := running.poll()) is None:
+        time.sleep(0.05)
+    if outcome.result is None or outcome.result.report is None:
+        raise SystemExit(f"the worker gave no report: {outcome}")
+    return outcome.result.report, {}
+
+
 def steps_table(steps: list[dict[str, float]]) -> Table:
     table = Table(title="where the time went: seconds per step (median, min-max over evaluations)")
     for column in ("step", "median", "range"):
@@ -169,16 +192,17 @@ def agreement_table(reports: list[EvaluationReport], found: dict[str, dict]) -> 
     return table
 
 
-def overhead_table(reports: list[EvaluationReport]) -> Table:
-    table = Table(title="seconds per evaluation (overhead = total - timed)")
-    for column in ("evaluation", "verdict", "total", "timed", "overhead", "startup", "calibration", "load",
-                   "warm-up", "first forwards", "correctness", "output", "reference"):
+def overhead_table(reports: list[EvaluationReport], walls: list[float]) -> Table:
+    table = Table(title="seconds per evaluation (wall: as this script waited for it; total: evaluate's own; "
+                        "overhead = total - timed)")
+    for column in ("evaluation", "verdict", "wall", "total", "timed", "overhead", "started before", "startup",
+                   "calibration", "load", "warm-up", "first forwards", "correctness", "output", "reference"):
         table.add_column(column)
-    for index, report in enumerate(reports):
+    for index, (report, wall) in enumerate(zip(reports, walls, strict=True)):
         t = report.timings
         table.add_row(str(index), report.verdict, *(f"{v:.1f}" for v in (
-            t.total_s, t.timed_s, t.overhead_s, t.startup_s, t.calibration_s, t.load_s, t.warmup_s, t.first_forward_s,
-            t.correctness_s, t.output_s, t.reference_s)))
+            wall, t.total_s, t.timed_s, t.overhead_s, t.started_before_s, t.startup_s, t.calibration_s, t.load_s,
+            t.warmup_s, t.first_forward_s, t.correctness_s, t.output_s, t.reference_s)))
     return table
 
 
@@ -203,39 +227,49 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave the child and the timing thread on the CPUs the OS picks (for comparison)")
     parser.add_argument("--tuning", type=parse_tuning, default=None,
                         help="tunables written over the starter fork's tuning.json, e.g. '{\"num_stages\": 1}'")
-    parser.add_argument("--process-per-evaluation", action="store_true",
-                        help="each evaluation in a fresh interpreter, as a validator's worker runs it")
+    fresh = parser.add_mutually_exclusive_group()
+    fresh.add_argument("--process-per-evaluation", action="store_true",
+                       help="each evaluation (evaluate alone) in a fresh interpreter")
+    fresh.add_argument("--worker", action="store_true",
+                       help="each evaluation by the validator's worker process, cloning the fork from a local repository")
     parser.add_argument("--allow-unsandboxed", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     console = Console(width=180)
     args.out.mkdir(parents=True, exist_ok=True)
-    fork = Path(tempfile.mkdtemp(prefix="starter-")) / "fork"
-    copy_starter_tree(fork)
+    scratch = Path(tempfile.mkdtemp(prefix="starter-"))
+    fork = scratch / "fork"
+    paths = copy_starter_tree(fork)
     if args.tuning is not None:
         # The tunables asked for apply on every chip: the shipped per-chip entries (devices) are dropped.
         tuning_file = fork / KERNEL_DIR / "tuning.json"
         shipped = {key: value for key, value in json.loads(tuning_file.read_text()).items() if key != "devices"}
         tuning_file.write_text(json.dumps({**shipped, **args.tuning}, indent=1) + "\n")
+    commit = commit_new_repository(fork, paths, "bench_harness") if args.worker else ""
     options = EvaluationOptions(seq_lens=tuple(args.lens), device=args.device, timed_seconds=args.timed_seconds,
                                 warmup_seconds=args.warmup_seconds, tokens_per_request=args.tokens_per_request,
                                 pin_cpus=False if args.no_pin else None,
                                 policy=SandboxPolicy(allow_unsandboxed=args.allow_unsandboxed))
     meta = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
             "options": {k: v for k, v in vars(options).items() if k != "policy"}, "tuning": args.tuning,
-            "process_per_evaluation": args.process_per_evaluation}
+            "process_per_evaluation": args.process_per_evaluation, "worker": args.worker}
     started = time.monotonic()
     reports: list[EvaluationReport] = []
     steps: list[dict[str, float]] = []
+    walls: list[float] = []
     last_s = 0.0
     for index in range(args.runs):
         if reports and time.monotonic() - started + last_s > args.budget_seconds:
             console.print(f"[yellow]budget of {args.budget_seconds:.0f} s reached: {len(reports)} evaluation(s)[/]")
             break
         begun = time.monotonic()
-        run_one = evaluate_in_fresh_process if args.process_per_evaluation else evaluate_with_steps
-        found_report, found_steps = run_one(fork, args.target, options)
+        if args.worker:
+            found_report, found_steps = evaluate_in_worker(fork, commit, args.target, options, scratch / "work")
+        else:
+            run_one = evaluate_in_fresh_process if args.process_per_evaluation else evaluate_with_steps
+            found_report, found_steps = run_one(fork, args.target, options)
         last_s = time.monotonic() - begun
+        walls.append(last_s)
         report = EvaluationReport.from_dict(found_report)
         reports.append(report)
         steps.append(found_steps)
@@ -245,11 +279,12 @@ def main(argv: list[str] | None = None) -> int:
         found = agreement(reports)
         console.print(agreement_table(reports, found))
         summary = {"meta": meta, "agreement": found,
-                   "timings": [report.to_dict()["timings"] for report in reports], "steps": steps,
+                   "timings": [report.to_dict()["timings"] for report in reports], "walls": walls, "steps": steps,
                    "cpu_pinning": [report.cpu_pinning for report in reports]}
         (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    console.print(overhead_table(reports))
-    console.print(steps_table(steps))
+    console.print(overhead_table(reports, walls))
+    if steps[0]:
+        console.print(steps_table(steps))
     console.print(f"sandbox: {reports[0].sandbox}; date {meta['date']}")
     return 0 if all(report.passed for report in reports) else 1
 
