@@ -119,14 +119,19 @@ def _cmdline(pid: Path) -> bytes:
         return b""
 
 
-def test_the_reference_waits_for_the_calibration_and_ends_before_the_timed_requests(tmp_path, monkeypatch):
+def test_the_reference_waits_for_the_calibration_and_ends_before_the_longest_length(tmp_path, monkeypatch):
     from quasar.evaluate import harness
 
-    references = start_references(64, FAST)
+    options = EvaluationOptions(**{**FAST.__dict__, "seq_lens": (64,)})
+    references = start_references(128, options)
     time.sleep(0.3)
     assert references.reference is None and not references.expected  # nothing on the device yet
     seen: dict[str, float | bool] = {}
-    real_calibrate, real_release, real_rounds = harness._calibrate, harness.ReferenceWork.release, harness._time_rounds
+    real_calibrate, real_release = harness._calibrate, harness.ReferenceWork.release
+    real_prepare, real_rounds = harness._prepare_length, harness._time_rounds
+
+    def done() -> bool:
+        return not references._thread.is_alive() and {64, 128} <= set(references.expected)
 
     def calibrate(*args, **kwargs):
         found = real_calibrate(*args, **kwargs)
@@ -138,17 +143,22 @@ def test_the_reference_waits_for_the_calibration_and_ends_before_the_timed_reque
         seen.setdefault("released", time.monotonic())
         real_release(self)
 
+    def prepare(session, run, *args, **kwargs):
+        seen[f"done before warming up {run.result.seq_len}"] = done()
+        return real_prepare(session, run, *args, **kwargs)
+
     def time_rounds(*args, **kwargs):
-        seen["reference_done_before_rounds"] = not references._thread.is_alive() and 64 in references.expected
+        seen["done before the rounds"] = done()
         return real_rounds(*args, **kwargs)
 
     monkeypatch.setattr(harness, "_calibrate", calibrate)
     monkeypatch.setattr(harness.ReferenceWork, "release", release)
+    monkeypatch.setattr(harness, "_prepare_length", prepare)
     monkeypatch.setattr(harness, "_time_rounds", time_rounds)
     fork = tmp_path / "fork"
     copy_starter_tree(fork)
-    report = evaluate(fork, 64, None, FAST, references=references)
+    report = evaluate(fork, 128, None, options, references=references)
     assert report.passed, report.reasons
     assert seen["reference_during_calibration"] is False
     assert seen["calibrated"] <= seen["released"]
-    assert seen["reference_done_before_rounds"] is True
+    assert seen["done before warming up 128"] is True and seen["done before the rounds"] is True

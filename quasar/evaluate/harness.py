@@ -711,10 +711,20 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
     prepared: list[int] = []
     stopped = None
     warmup_since = time.monotonic()
+
+    def references_done() -> None:
+        waited = time.monotonic()
+        references.wait()
+        timings.reference_s += time.monotonic() - waited
+
     for length in lengths:
         run = runs[length]
         if length not in harness_ns:
             break
+        if length == lengths[-1]:
+            # The longest length's warm-up needs the most memory: the reference (its transient
+            # float32 work on the device included) is done before it, so it never costs the fork memory.
+            references_done()
         run.cost_ns = harness_ns[length]
         failed = _length_step(run, _prepare_length, session, run, options, counts[length], timings, progress,
                               warmup_since, references.check_seeds[length])
@@ -727,9 +737,7 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
             break
     if stopped is None:
         # ... and ends before the timed requests.
-        waited = time.monotonic()
-        references.wait()
-        timings.reference_s += time.monotonic() - waited
+        references_done()
         stopped = _time_rounds(session, child, runs, prepared, counts, options, timings, progress)
     for length in prepared:
         run = runs[length]
@@ -956,8 +964,9 @@ class ReferenceWork:
     they are drawn here, before the child exists, and kept in this process until the run is asked
     for. The thread builds the layer on the host at once and touches the device only once
     released (:meth:`release`, after the child's calibration); :meth:`wait` ends it before the
-    timed requests: the reference never shares the device with a measurement. A length whose expected
-    output did not fit in memory is left to :func:`_verify_length`, which reports it.
+    longest length's warm-up and the timed requests: the reference never shares the device with
+    a measurement, nor its memory with the fork's largest forwards. A length whose expected output
+    did not fit in memory is left to :func:`_verify_length`, which reports it.
     """
 
     def __init__(self, weights_seed: int, device: str, lengths: Sequence[int]):

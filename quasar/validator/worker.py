@@ -97,8 +97,9 @@ def _die_with_parent(parent_pid: int) -> None:
 class HeadStart:
     """What the worker starts before its clone ends, for the evaluation to take over.
 
-    The sandboxed child starts at once, from this thread (torch-free: quasar/evaluate/start.py);
-    a thread then imports the harness (torch) and starts the reference work. A job the
+    The sandboxed child starts at once, from the calling (main) thread, whose life its
+    parent-death signal follows (torch-free: quasar/evaluate/start.py); a thread then imports the
+    harness (torch) and starts the reference work. A job the
     evaluation will refuse (a length out of range) gets no reference work, and whatever failed
     here is met again by ``evaluate``, which reports it. :meth:`close` ends both where no
     evaluation took them over (a failed clone).
@@ -116,7 +117,7 @@ class HeadStart:
         try:
             self.sandbox = SandboxStart(lengths, options["device"], policy_from_json(options["policy"]),
                                         options["pin_cpus"])
-        except (OSError, ValueError, SandboxError) as error:
+        except (OSError, KeyError, TypeError, ValueError, SandboxError) as error:
             logger.warning("could not start the sandbox before the clone (%s); the evaluation starts its own", error)
         self._thread = threading.Thread(target=self._prepare, args=(options,), name="quasar-head-start", daemon=True)
         self._thread.start()
