@@ -162,3 +162,21 @@ def test_the_reference_waits_for_the_calibration_and_ends_before_the_longest_len
     assert seen["reference_during_calibration"] is False
     assert seen["calibrated"] <= seen["released"]
     assert seen["done before warming up 128"] is True and seen["done before the rounds"] is True
+
+
+def test_bench_harness_times_the_validators_worker(tmp_path, capsys):
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("bench_harness", ROOT / "scripts" / "bench_harness.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    code = bench.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--lens", "64", "--target", "128",
+                       "--runs", "2", "--worker", "--timed-seconds", "0.1", "--warmup-seconds", "0"])
+    assert code == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["meta"]["worker"] is True and len(summary["walls"]) == 2
+    for wall, timings in zip(summary["walls"], summary["timings"], strict=True):
+        # The worker's life holds evaluate's own time and what it did before (the child's head start).
+        assert timings["started_before_s"] > 0 and wall > timings["total_s"] + timings["started_before_s"]
+    assert "started before" in capsys.readouterr().out
