@@ -143,6 +143,15 @@ def test_a_large_output_goes_into_the_shared_area_by_dma():
         small = destination[: child.DMA_COPY_FROM_BYTES - 1]
         with child.registered_for_dma(small, source.device):
             assert not small.is_pinned()
+        # A registration that fails (the range is registered already) leaves no error behind for
+        # torch's next kernel launch: the copy goes on as a pageable one.
+        with child.registered_for_dma(destination, source.device):
+            with child.registered_for_dma(destination, source.device):
+                destination.copy_(source.flip(0))
+            assert destination.is_pinned()
+        assert torch.equal(destination, source.flip(0).cpu())
+        assert float((torch.ones(4, device="cuda") * 2).sum()) == 8.0
+        torch.cuda.synchronize()
         del destination, small
     finally:
         area.close()

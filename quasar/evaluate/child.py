@@ -42,6 +42,7 @@ length are kept for the rest of the evaluation: the parent times the lengths in 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import mmap
 import os
 import sys
@@ -72,27 +73,41 @@ DMA_COPY_FROM_BYTES = 64 << 20
 PAGE_BYTES = mmap.PAGESIZE
 
 
+def loaded_cuda_runtime() -> ctypes.CDLL | None:
+    """The CUDA runtime library torch loaded into this process, or None (a torch that links it
+    statically). A failed call leaves its error for the thread's next ``cudaGetLastError``, which
+    torch's next kernel launch check would raise: only through the same library can it be cleared."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcudart.so" in line}
+    except OSError:
+        return None
+    found = sorted(path for path in paths if os.path.basename(path).startswith("libcudart.so"))
+    return ctypes.CDLL(found[0]) if found else None
+
+
 @contextlib.contextmanager
 def registered_for_dma(destination: torch.Tensor, source_device: torch.device) -> Iterator[None]:
     """Page-lock the pages of the host tensor ``destination`` with CUDA while the block copies into
     it from ``source_device`` (when CUDA and :data:`DMA_COPY_FROM_BYTES` or more); where the
-    registration fails the copy goes on as a pageable one."""
+    runtime is not at hand or the registration fails (its error cleared) the copy goes on as a
+    pageable one."""
     nbytes = destination.numel() * destination.element_size()
-    if source_device.type != "cuda" or nbytes < DMA_COPY_FROM_BYTES:
+    runtime = loaded_cuda_runtime() if source_device.type == "cuda" and nbytes >= DMA_COPY_FROM_BYTES else None
+    if runtime is None:
         yield
         return
-    start = destination.data_ptr() // PAGE_BYTES * PAGE_BYTES
-    size = -(-(destination.data_ptr() + nbytes - start) // PAGE_BYTES) * PAGE_BYTES
-    cudart = torch.cuda.cudart()
-    try:
-        torch.cuda.check_error(cudart.cudaHostRegister(start, size, 0))
-    except RuntimeError:
+    start = ctypes.c_void_p(destination.data_ptr() // PAGE_BYTES * PAGE_BYTES)
+    size = -(-(destination.data_ptr() + nbytes - start.value) // PAGE_BYTES) * PAGE_BYTES
+    if runtime.cudaHostRegister(start, ctypes.c_size_t(size), ctypes.c_uint(0)) != 0:
+        runtime.cudaGetLastError()
         yield
         return
     try:
         yield
     finally:
-        cudart.cudaHostUnregister(start)
+        if runtime.cudaHostUnregister(start) != 0:
+            runtime.cudaGetLastError()
 
 
 class LayerOutputError(Exception):
