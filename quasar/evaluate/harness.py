@@ -144,7 +144,7 @@ from quasar.evaluate.sandbox import (
     SandboxPolicy,
     SandboxUnavailable,
 )
-from quasar.evaluate.start import SandboxStart
+from quasar.evaluate.start import SandboxStart, evaluation_lengths
 
 logger = logging.getLogger(__name__)
 
@@ -314,7 +314,7 @@ def _mib(nbytes: int | None) -> float | None:
 
 def check_lengths(seq_lens: Sequence[int], target_seq_len: int, device: str) -> list[int]:
     """The sorted lengths to run (``seq_lens`` plus the target); raises EvaluationInputError."""
-    lengths = sorted(set(seq_lens) | {target_seq_len})
+    lengths = evaluation_lengths(seq_lens, target_seq_len)
     for length in lengths:
         if isinstance(length, bool) or not isinstance(length, int) or not MIN_SEQ_LEN <= length <= MAX_SEQ_LEN:
             raise EvaluationInputError(f"sequence length {length!r}: expected an integer from {MIN_SEQ_LEN} to {MAX_SEQ_LEN}")

@@ -27,6 +27,12 @@ LAYER_WIDTH = 512
 GPU_SPIN_SECONDS = 0.5
 
 
+def evaluation_lengths(seq_lens: Sequence[int], target_seq_len: int) -> list[int]:
+    """The lengths an evaluation runs, shortest first: ``seq_lens`` plus the target (unchecked:
+    the harness's ``check_lengths`` refuses a bad one)."""
+    return sorted(set(seq_lens) | {target_seq_len})
+
+
 def output_offsets(lengths: Sequence[int]) -> tuple[dict[int, int], int]:
     """Where each length's region of the shared area begins (room for a float32 output), and the area's size."""
     offsets, end = {}, 0
@@ -61,7 +67,8 @@ class SandboxStart:
         self.area = protocol.SharedArea.create(size)
         if self.area is not None and device.startswith("cuda"):
             # Its pages made now, on a thread beside the child's start, not by the child's one
-            # core in the middle of the evaluation (the 1M output: 1 GiB).
+            # core in the middle of the evaluation (the 1M output: 1 GiB). The mapping is made
+            # here, so the thread never races close() to make it.
             self.area.mapping()
             threading.Thread(target=self.area.populate, name="quasar-area-populate", daemon=True).start()
         spin = GPU_SPIN_SECONDS if device.startswith("cuda") else 0.0

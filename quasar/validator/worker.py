@@ -107,14 +107,14 @@ class HeadStart:
 
     def __init__(self, job: dict[str, Any]):
         from quasar.evaluate.sandbox import SandboxError
-        from quasar.evaluate.start import SandboxStart
+        from quasar.evaluate.start import SandboxStart, evaluation_lengths
 
         options = job["options"]
         self.target = job["target_sequence_length"]
         self.sandbox: SandboxStart | None = None
         self.references = None
-        lengths = sorted(set(options["seq_lens"]) | {self.target})
         try:
+            lengths = evaluation_lengths(options["seq_lens"], self.target)
             self.sandbox = SandboxStart(lengths, options["device"], policy_from_json(options["policy"]),
                                         options["pin_cpus"])
         except (OSError, KeyError, TypeError, ValueError, SandboxError) as error:
