@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -365,6 +366,52 @@ def test_ops_reject_bad_shapes_clearly(fla):
         chunk_quasar(q, q, q, torch.ones(2), initial_state=torch.zeros(1, 2, 16, 16))
     with pytest.raises(ValueError, match="cu_seqlens must rise"):
         chunk_quasar(q[:1], q[:1], q[:1], torch.ones(2), cu_seqlens=torch.tensor([0, 7, 4, 10]))
+
+
+# --- the Triton kernels compiled for an H100 (sm_90) here, without a GPU ---
+
+
+def compiled_registers(kernel, types: dict, constants: dict, options: dict, folder: Path) -> int:
+    """Registers per thread of ``kernel`` compiled for sm_90 (``types`` of its runtime arguments,
+    ``constants`` of the rest) under launch ``options``, read from its cubin (written to ``folder``)
+    with Triton's cuobjdump."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        pytest.skip(f"this Triton has no CUDA tools ({tool} is missing)")
+    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
+    # Tensors' storage is 16-byte aligned, as Triton assumes of the pointers it launches with.
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name in types
+               and types[name].startswith("*")}
+    source = ASTSource(kernel, signature=signature, constexprs=constants, attrs=aligned)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    cubin = folder / "kernel.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    usage = subprocess.run([str(tool), "--dump-resource-usage", str(cubin)], capture_output=True, text=True,
+                           check=True).stdout
+    return int(re.search(r"REG:(\d+)", usage).group(1))
+
+
+@pytest.mark.slow
+def test_the_wy_register_cap_reaches_the_compiler(fla, tmp_path, monkeypatch):
+    from fla.ops.quasar import wy
+    from fla.ops.quasar.tuning import load_tuning
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    tuning = load_tuning(device="NVIDIA H100 80GB HBM3")
+    assert tuning.wy_maxnreg == 168
+    types = {"k": "*bf16", "v": "*bf16", "beta": "*fp32", "w": "*bf16", "u": "*bf16", "seq_len": "i32",
+             "chunks_per_sequence": "i32"}
+    constants = {"cu_seqlens": None, "chunk_indices": None, "H": 8, "K": 64, "V": 64, "BK": 64, "BV": 64,
+                 "PRECISION": "bf16", "INVERSE": tuning.wy_inverse, "IS_VARLEN": False}
+    capped = compiled_registers(wy.chunk_quasar_wy_kernel, types, constants,
+                                wy.launch_options(tuning.wy_warps, tuning.wy_maxnreg), tmp_path)
+    free = compiled_registers(wy.chunk_quasar_wy_kernel, types, constants, wy.launch_options(tuning.wy_warps, 0),
+                              tmp_path)
+    assert capped <= tuning.wy_maxnreg < free, (capped, free)
 
 
 # --- the Triton kernels, run by Triton's interpreter on the CPU ---

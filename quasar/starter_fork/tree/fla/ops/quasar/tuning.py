@@ -9,6 +9,9 @@ optional, defaults in :data:`DEFAULTS`:
 ``wy_inverse``        how the WY kernel inverts a chunk's 16-row diagonal blocks: "substitution"
                       (15 dependent row steps) or "product" ((I - L)(I + L^2)(I + L^4)(I + L^8),
                       six tensor-core dots).
+``wy_maxnreg``        registers per thread the WY kernel may use (0: the compiler's choice; else a
+                      multiple of 8 from 64 to 248): fewer registers, more programs per SM, some
+                      spills.
 ``segment_warps``     num_warps of the segment kernel (pass 1: segment-local state and transition).
 ``split_transition``  pass 1 computes a segment's state and its transition in two programs
                       (true/false): twice the programs, half the sequential work each.
@@ -44,6 +47,7 @@ class QuasarTuning:
     segment_chunks: int = 32
     wy_warps: int = 2
     wy_inverse: str = "product"
+    wy_maxnreg: int = 168
     segment_warps: int = 4
     split_transition: bool = False
     output_warps: int = 4
@@ -81,6 +85,11 @@ def _check_tunables(values: object, source: str) -> dict:
         if key == "layer_tile_tokens":
             if not isinstance(value, int) or isinstance(value, bool) or value < 64 or value % 64:
                 raise ValueError(f"{source}: layer_tile_tokens must be a positive multiple of 64; got {value!r}")
+        elif key == "wy_maxnreg":
+            integer = isinstance(value, int) and not isinstance(value, bool)
+            if not integer or not (value == 0 or (64 <= value <= 248 and value % 8 == 0)):
+                raise ValueError(f"{source}: wy_maxnreg must be 0 (the compiler's choice) or a multiple of 8 from 64 "
+                                 f"to 248; got {value!r}")
         elif value not in _ALLOWED[key] or isinstance(value, bool) != (key == "split_transition"):
             raise ValueError(f"{source}: {key} must be one of {sorted(_ALLOWED[key])}; got {value!r}")
     return values

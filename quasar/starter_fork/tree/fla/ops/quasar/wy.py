@@ -15,6 +15,7 @@ import triton.language as tl
 
 from fla.ops.quasar.forward_substitution import BLOCK_ROWS, block_solve, chunk_factors, load_rows, store_block
 from fla.ops.quasar.segments import Spans, span_of
+from fla.utils import IS_AMD
 
 
 # One compilation for every length (see fla.ops.quasar.chunk.chunk_quasar_segment_kernel).
@@ -79,6 +80,16 @@ def chunk_quasar_wy_kernel(
     store_block(u, u3, bos, r + 3 * BLOCK_ROWS, o_v, T, i_h, H, V)
 
 
+def launch_options(num_warps: int, maxnreg: int) -> dict:
+    """The WY kernel's launch options: ``num_warps``, and ptxas's cap on registers per thread
+    (``maxnreg``; 0 leaves it to the compiler). The cap trades a few spills for more programs per
+    SM: this pass is bound by latency (a chain of small dots per chunk), not by memory. ROCm's
+    Triton has no such option."""
+    if maxnreg and not IS_AMD:
+        return {"num_warps": num_warps, "maxnreg": maxnreg}
+    return {"num_warps": num_warps}
+
+
 def chunk_quasar_wy(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -89,11 +100,13 @@ def chunk_quasar_wy(
     precision: str,
     num_warps: int,
     inverse: str = "substitution",
+    maxnreg: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``W [1, T, H, K]`` and ``U [1, T, H, V]`` (k's and v's dtypes) of every chunk of ``chunks``.
 
     ``k [1, T, H, K]``, ``v [1, T, H, V]`` (sequences laid end to end), ``beta [H]`` fp32;
-    ``inverse`` says how the diagonal blocks are inverted (forward_substitution.INVERSES).
+    ``inverse`` says how the diagonal blocks are inverted (forward_substitution.INVERSES);
+    ``maxnreg`` caps the registers per thread (0: the compiler's choice; CUDA only).
     """
     _, T, H, K = k.shape
     V = v.shape[-1]
@@ -102,6 +115,7 @@ def chunk_quasar_wy(
     chunk_quasar_wy_kernel[(chunks.count, H)](
         k, v, beta, w, u, cu_seqlens, chunks.indices, chunks.seq_len, chunks.per_sequence,
         H=H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BV=max(16, triton.next_power_of_2(V)),
-        PRECISION=precision, INVERSE=inverse, IS_VARLEN=chunks.is_varlen, num_warps=num_warps,
+        PRECISION=precision, INVERSE=inverse, IS_VARLEN=chunks.is_varlen,
+        **launch_options(num_warps, maxnreg),
     )
     return w, u
