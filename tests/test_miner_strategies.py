@@ -170,6 +170,7 @@ def test_the_starter_forks_tunables_are_found(starter):
     space = read_space(starter)
     assert space is not None and space.choices
     assert all(space.defaults[name] in options for name, options in space.choices.items())
+    assert {"wy_warps", "wy_maxnreg", "segment_chunks"} <= set(space.choices)
 
 
 @pytest.mark.parametrize(("document", "message"), [

@@ -9,9 +9,9 @@ optional, defaults in :data:`DEFAULTS`:
 ``wy_inverse``        how the WY kernel inverts a chunk's 16-row diagonal blocks: "substitution"
                       (15 dependent row steps) or "product" ((I - L)(I + L^2)(I + L^4)(I + L^8),
                       six tensor-core dots).
-``wy_maxnreg``        registers per thread the WY kernel may use (0: the compiler's choice; else a
-                      multiple of 8 from 64 to 248): fewer registers, more programs per SM, some
-                      spills.
+``wy_maxnreg``        registers per thread the WY kernel may use: 0 (the compiler's choice) or a
+                      cap at which an SM (65,536 registers) holds one more of its programs at 1,
+                      2 or 4 warps; fewer registers, more programs per SM, some spills.
 ``segment_warps``     num_warps of the segment kernel (pass 1: segment-local state and transition).
 ``split_transition``  pass 1 computes a segment's state and its transition in two programs
                       (true/false): twice the programs, half the sequential work each.
@@ -64,6 +64,7 @@ _ALLOWED = {
     "segment_chunks": {1, 2, 4, 8, 16, 32, 64, 128, 256},
     "wy_warps": {1, 2, 4, 8, 16},
     "wy_inverse": {"substitution", "product"},
+    "wy_maxnreg": {0, 128, 136, 144, 152, 168, 184, 200, 224},
     "segment_warps": {1, 2, 4, 8, 16},
     "split_transition": {True, False},
     "output_warps": {1, 2, 4, 8, 16},
@@ -85,11 +86,6 @@ def _check_tunables(values: object, source: str) -> dict:
         if key == "layer_tile_tokens":
             if not isinstance(value, int) or isinstance(value, bool) or value < 64 or value % 64:
                 raise ValueError(f"{source}: layer_tile_tokens must be a positive multiple of 64; got {value!r}")
-        elif key == "wy_maxnreg":
-            integer = isinstance(value, int) and not isinstance(value, bool)
-            if not integer or not (value == 0 or (64 <= value <= 248 and value % 8 == 0)):
-                raise ValueError(f"{source}: wy_maxnreg must be 0 (the compiler's choice) or a multiple of 8 from 64 "
-                                 f"to 248; got {value!r}")
         elif value not in _ALLOWED[key] or isinstance(value, bool) != (key == "split_transition"):
             raise ValueError(f"{source}: {key} must be one of {sorted(_ALLOWED[key])}; got {value!r}")
     return values
