@@ -24,13 +24,16 @@ from quasar.miner.strategies import (
 )
 from quasar.miner.strategies.agent import apply_diff, build_messages, parse_reply
 from quasar.miner.strategies.tuning import (
+    DEVICES,
     SPACE_FILE,
     TUNING_FILE,
     TUNING_SOURCE,
+    chip_entry,
     code_digest,
     configuration_key,
     parse_space,
     read_source_space,
+    with_change,
 )
 from quasar.starter_fork import write_starter_fork
 from test_miner_standins import CHUNK_FILE, ChatStandIn, file_reply, git
@@ -228,6 +231,45 @@ def test_tuning_keys_name_the_gpu_and_the_kernel_code(starter):
     edited_code = code_digest(starter)
     (starter / TUNING_FILE).write_text('{"bv": 16}\n')
     assert code_digest(starter) == edited_code  # the tuning file is not kernel code
+
+
+def test_tuning_on_a_gpu_with_its_own_entry_changes_that_entry(starter):
+    # The starter fork ships {"devices": {"H200": {"wy_warps": 1, "wy_maxnreg": 0}}}: on an H200 the
+    # search starts from those values and writes into that entry; elsewhere at the top level.
+    shipped = json.loads((starter / TUNING_FILE).read_text())
+    assert shipped["devices"]["H200"]["wy_warps"] == 1 and shipped["wy_warps"] == 2
+    space = read_space(starter)
+    on_h200 = space.current(shipped, "NVIDIA H200")
+    assert (on_h200["wy_warps"], on_h200["wy_maxnreg"]) == (1, 0) and DEVICES not in on_h200
+    assert space.current(shipped, "NVIDIA H100 80GB HBM3")["wy_warps"] == 2
+    for device, chip in (("NVIDIA H200", "H200"), ("NVIDIA H100 80GB HBM3", None)):
+        strategy, history, seen = TuningStrategy(device), [], []
+        while (candidate := strategy.propose(starter, history)) is not None and len(seen) < 40:
+            written = json.loads(candidate.changes[TUNING_FILE])
+            name = candidate.description.split()[0]
+            effective = space.current(written, device)
+            assert effective == {**space.current(shipped, device), name: effective[name]}, candidate.description
+            assert effective[name] != space.current(shipped, device)[name]
+            where = written[DEVICES][chip] if chip else written
+            assert where[name] == effective[name]
+            # Only the entry that applies on this GPU changed: the others' tunings are the shipped ones.
+            for other in (set(space.choices) - {name}):
+                assert written.get(other) == shipped.get(other)
+            if chip:
+                assert {k: v for k, v in written.items() if k != DEVICES} == \
+                       {k: v for k, v in shipped.items() if k != DEVICES}
+            seen.append(candidate.description)
+            history.append(Attempt("tuning", candidate.key, candidate.description, SLOWER))
+        assert seen and any(text.startswith("wy_warps 1 -> ") for text in seen) == (chip is not None)
+
+
+def test_the_entry_for_a_gpu_is_the_first_fragment_found_in_its_name():
+    written = {"bv": 16, DEVICES: {"h100": {"bv": 32}, "NVIDIA H100 80GB": {"bv": 64}, "": {"bv": 8}}}
+    assert chip_entry(written, "NVIDIA H100 80GB HBM3") == "h100"
+    assert chip_entry(written, "NVIDIA A100") is None and chip_entry(written, None) is None
+    assert chip_entry({DEVICES: {"H200": [1]}}, "NVIDIA H200") is None
+    assert with_change(written, "NVIDIA H100 80GB HBM3", "bv", 128)[DEVICES]["h100"] == {"bv": 128}
+    assert with_change(written, "NVIDIA A100", "bv", 128)["bv"] == 128
 
 
 def test_tuning_without_a_declared_space_or_with_a_broken_file_proposes_nothing(starter, caplog):

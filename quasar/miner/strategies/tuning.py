@@ -20,6 +20,12 @@ What may be searched, and each tunable's default, the tuner learns without runni
 Only tunables with both a default and a list of choices are searched. Every choice must be
 correct for the kernels (the harness checks anyway) but may be slower.
 
+Tunings per chip: ``tuning.json`` may hold ``"devices": {fragment: {name: value}}``, whose first
+fragment found (case-insensitively) in the GPU's name applies over the file's own values on that
+GPU (the starter fork's contract). On a GPU one of them matches, the search starts from that
+entry's values and writes its changes into it: a change at the top level would not take effect
+there, and the other chips keep their tunings.
+
 The search: greedy coordinate descent from the configuration in use (defaults overlaid with
 ``tuning.json``). Each proposal changes one tunable to another choice, nearest values first; a
 change that is faster is committed and becomes the new base, and the search goes on from there.
@@ -44,6 +50,7 @@ from quasar.miner.strategies.base import Attempt, Candidate
 logger = logging.getLogger(__name__)
 
 TUNING_FILE = f"{QUASAR_DIR}/tuning.json"
+DEVICES = "devices"
 SPACE_FILE = f"{QUASAR_DIR}/tuning_space.json"
 TUNING_SOURCE = f"{QUASAR_DIR}/tuning.py"
 MAX_CHOICES = 64
@@ -62,9 +69,12 @@ class TuningSpace:
     choices: dict[str, list[Any]]
     source: str
 
-    def current(self, written: dict[str, Any]) -> dict[str, Any]:
-        """The configuration in use: the defaults overlaid with what ``tuning.json`` holds."""
-        return {**self.defaults, **written}
+    def current(self, written: dict[str, Any], device: str | None = None) -> dict[str, Any]:
+        """The configuration in use on ``device``: the defaults overlaid with what ``tuning.json``
+        holds, and with its entry for that device (:func:`chip_entry`), if one matches."""
+        values = {**self.defaults, **{name: value for name, value in written.items() if name != DEVICES}}
+        fragment = chip_entry(written, device)
+        return values if fragment is None else {**values, **written[DEVICES][fragment]}
 
 
 def _sorted_choices(name: str, values: Any, where: str) -> list[Any]:
@@ -149,6 +159,28 @@ def read_space(repo: Path) -> TuningSpace | None:
     return None
 
 
+def chip_entry(written: dict[str, Any], device: str | None) -> str | None:
+    """The fragment of ``written``'s ``devices`` that applies on the GPU named ``device``: the first
+    found in the name, case-insensitively (None: no such entry, or no GPU)."""
+    chips = written.get(DEVICES)
+    if device is None or not isinstance(chips, dict):
+        return None
+    for fragment, values in chips.items():
+        if fragment.strip() and fragment.lower() in device.lower():
+            return fragment if isinstance(values, dict) else None
+    return None
+
+
+def with_change(written: dict[str, Any], device: str | None, name: str, value: Any) -> dict[str, Any]:
+    """``written`` with ``name`` set to ``value`` where it takes effect on ``device``: in the
+    device's entry when one matches, else at the top level."""
+    fragment = chip_entry(written, device)
+    if fragment is None:
+        return {**written, name: value}
+    chips = {**written[DEVICES], fragment: {**written[DEVICES][fragment], name: value}}
+    return {**written, DEVICES: chips}
+
+
 def read_written(repo: Path) -> dict[str, Any]:
     """What ``tuning.json`` holds now ({} when absent); raises :class:`TuningFileError`."""
     path = Path(repo) / TUNING_FILE
@@ -219,7 +251,7 @@ class TuningStrategy:
                        "there is nothing to tune (the contract: quasar/miner/strategies/tuning.py)")
             return None
         code = code_digest(repo)
-        current = space.current(written)
+        current = space.current(written, self.device)
         # A configuration that was the base once (measured as the best) is not worth going back to.
         self._bases.add(configuration_key(code, self.device, current))
         tried = {attempt.key for attempt in history} | self._bases
@@ -228,7 +260,7 @@ class TuningStrategy:
             if key in tried:
                 continue
             where = f" on {self.device}" if self.device else ""
-            text = json.dumps({**written, name: value}, indent=2, sort_keys=True) + "\n"
+            text = json.dumps(with_change(written, self.device, name, value), indent=2, sort_keys=True) + "\n"
             return Candidate(strategy=self.name, description=f"{name} {json.dumps(current[name])} -> "
                                                              f"{json.dumps(value)}{where}",
                              changes={TUNING_FILE: text}, key=key)
