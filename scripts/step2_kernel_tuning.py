@@ -4,7 +4,8 @@
     python scripts/step2_kernel_tuning.py --repo-path FORK [--seq-lens 65536,262144,1M] [--commit]
     python scripts/step2_kernel_tuning.py --repo-path FORK --grid '[{"segment_chunks": 8}, {}]'
 
-Every configuration of the grid (default: segment sizes 16, 32, 64 chunks x 1 or 2 WY warps) is
+Every configuration of the grid (default: segment sizes 16, 32, 64 chunks x the WY pass's warps
+and register cap, 1 warp uncapped or 2 warps uncapped or capped at 168, x its two inverses) is
 written as ``fla/ops/quasar/tuning.json`` into a scratch copy of the fork and evaluated by the
 harness (sandboxed, checked against the reference) at every ``--seq-lens`` (the longest is the
 target). The fastest configuration that passes at the target is written into the fork's
