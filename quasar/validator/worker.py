@@ -160,11 +160,14 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         try:
             from quasar.evaluate import EvaluationInputError, evaluate
 
-            sandbox, references = head_start.take()
+            options = options_from_json(job["options"])
             _STOP.checkpoint()
+            # Taken only now: from here on evaluate() owns them and closes them on every path; a stop
+            # or an error before leaves them to head_start.close().
+            sandbox, references = head_start.take()
             try:
                 # Progress events double as stop checkpoints: the harness closes its sandbox on the way out.
-                report = evaluate(checkout.path, job["target_sequence_length"], None, options_from_json(job["options"]),
+                report = evaluate(checkout.path, job["target_sequence_length"], None, options,
                                   progress=_STOP.checkpoint, sandbox=sandbox, references=references)
             except EvaluationInputError as error:
                 return {"outcome": "refused", "error": str(error)}
