@@ -424,11 +424,14 @@ def main(argv: list[str] | None = None) -> int:
                 emit("upstream", json.loads(line))
         upstream.wait()
 
+    def check_layers(**tuning) -> None:
+        for length in args.check_lengths:
+            emit("layer_check", {**check_layer(length), **tuning})
+            torch.cuda.empty_cache()
+
     for row in check_core():
         emit("core_check", row)
-    for length in args.check_lengths:
-        emit("layer_check", check_layer(length))
-        torch.cuda.empty_cache()
+    check_layers()
 
     if args.conv_blocks:
         for row in conv_sweep(65_536, [tuple(block) for block in args.conv_blocks]):
@@ -448,9 +451,7 @@ def main(argv: list[str] | None = None) -> int:
         report["best_tuning"] = best[0]
         if best[0] != args.variants[0]:
             # The checks above ran the fork's own tuning: a faster variant is checked before it counts.
-            for length in args.check_lengths:
-                emit("layer_check", {**check_layer(length), "tuning": best[0]})
-                torch.cuda.empty_cache()
+            check_layers(tuning=best[0])
     for length in args.lengths:
         seconds, peak = time_forward(layer, length, args.runs)
         emit("fork", {"length": length, "tokens_per_sec": length / seconds, "peak_gib": peak / 2**30})
