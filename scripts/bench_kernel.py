@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Check and time the starter fork's QuasarAttention kernels on one GPU, in one call.
 
-    python scripts/bench_kernel.py --out DIR [--fork PATH] [--quick]
+    python scripts/bench_kernel.py --out DIR [--fork PATH] [--lengths ...] [--variants JSON]
 
 1. Correctness: the benchmark layer under bf16 autocast against ``QuasarAttentionReference`` (fp32)
    at every ``--check-lengths`` (each eighth of the sequence on its own), and the core op against
@@ -13,6 +13,10 @@
 4. Where the time goes at the longest length: device time per kernel and per operator
    (torch.profiler), and the registers and spills of each compiled kernel.
 5. With ``--conv-blocks``, the causal conv kernel alone under each block shape.
+
+``--forward-only T`` runs one forward of the fork's layer at T tokens and nothing else: a target
+for a profiler, e.g. ``ncu --kernel-name regex:quasar --launch-count 5 python scripts/bench_kernel.py
+--out DIR --forward-only 65536``.
 
 Everything is written to DIR (``bench.json``, ``log.txt``); the tables are printed last.
 """
@@ -58,9 +62,10 @@ def parse_lengths(text: str) -> list[int]:
     return [int(float(x)) for x in text.split(",") if x]
 
 
-def time_forward(layer: nn.Module, length: int, runs: int, warmup: int = 2) -> tuple[float, int]:
-    """Median seconds of one forward of ``randn(1, length, 512)`` under bf16 autocast, and the peak
-    device memory (bytes, input included) of one forward."""
+def time_forward(layer: nn.Module, length: int, runs: int, warmup: int = 2) -> tuple[float, int, float]:
+    """Median seconds of one forward of ``randn(1, length, 512)`` under bf16 autocast, the peak
+    device memory (bytes, input included) of one forward, and the runs' spread: (slowest -
+    fastest) / median."""
     x = torch.randn(1, length, LAYER["hidden_size"], device="cuda")
     times = []
     with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
@@ -79,7 +84,8 @@ def time_forward(layer: nn.Module, length: int, runs: int, warmup: int = 2) -> t
     peak = torch.cuda.max_memory_allocated()
     del x
     torch.cuda.empty_cache()
-    return statistics.median(times), peak
+    median = statistics.median(times)
+    return median, peak, (max(times) - min(times)) / median
 
 
 def kernel_breakdown(layer: nn.Module, length: int) -> tuple[list[dict], list[dict]]:
@@ -271,8 +277,8 @@ def upstream_main(args) -> int:
     layer = UpstreamLayer().cuda()
     results = []
     for length in args.lengths:
-        seconds, peak = time_forward(layer, length, args.runs)
-        results.append({"length": length, "tokens_per_sec": length / seconds, "peak_gib": peak / 2**30})
+        seconds, peak, spread = time_forward(layer, length, args.runs)
+        results.append({"length": length, "tokens_per_sec": length / seconds, "peak_gib": peak / 2**30, "spread": spread})
         print(json.dumps(results[-1]), flush=True)
     from fla.ops.delta_rule import chunk_delta_rule
 
@@ -360,13 +366,27 @@ def use_tuning(variant: dict, folder: Path) -> None:
     tuning.load_tuning.cache_clear()
 
 
+def forward_once(length: int, variant: dict | None, folder: Path) -> int:
+    """One forward of the fork's layer at ``length`` tokens under ``variant`` (None: the fork's
+    own tuning.json)."""
+    if variant is not None:
+        use_tuning(variant, folder)
+    layer, _ = fork_layers(seed=0)
+    x = torch.randn(1, length, LAYER["hidden_size"], device="cuda")
+    with torch.inference_mode(), torch.autocast("cuda", dtype=torch.bfloat16):
+        layer(x)
+    torch.cuda.synchronize()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--fork", type=Path, default=REPO_ROOT / "quasar" / "starter_fork" / "tree")
     parser.add_argument("--lengths", type=parse_lengths, default=parse_lengths("65536,262144,1000000"))
     parser.add_argument("--check-lengths", type=parse_lengths, default=parse_lengths("512,1024,2048,65536,262144,1000000"))
-    parser.add_argument("--variants", type=json.loads, default=DEFAULT_VARIANTS)
+    parser.add_argument("--variants", type=json.loads, default=None,
+                        help="JSON list of tunings to time at the longest length (default: a small sweep)")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--upstream", action="store_true", help="also time upstream fla's chunk_delta_rule path")
     parser.add_argument("--upstream-only", action="store_true", help=argparse.SUPPRESS)
@@ -380,12 +400,19 @@ def main(argv: list[str] | None = None) -> int:
                              "this many threads at once (Triton's AsyncCompileMode)")
     parser.add_argument("--conv-blocks", type=json.loads, default=[],
                         help="JSON list of [tokens, channels, warps] blocks of the causal conv kernel to time")
+    parser.add_argument("--forward-only", type=int, default=0, metavar="T",
+                        help="only run one forward of the fork's layer at T tokens (under the first of "
+                             "--variants, if given): a target for a profiler such as ncu")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.upstream_only:
         return upstream_main(args)
 
     sys.path.insert(0, str(args.fork.resolve()))
+    if args.forward_only:
+        return forward_once(args.forward_only, args.variants[0] if args.variants else None, args.out)
+    if args.variants is None:
+        args.variants = DEFAULT_VARIANTS
     report: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton
 
@@ -442,8 +469,9 @@ def main(argv: list[str] | None = None) -> int:
     best = None
     for variant in args.variants:
         use_tuning(variant, folder)
-        seconds, peak = time_forward(layer, longest, args.runs)
-        emit("variant", {"tuning": variant, "length": longest, "tokens_per_sec": longest / seconds, "peak_gib": peak / 2**30})
+        seconds, peak, spread = time_forward(layer, longest, args.runs)
+        emit("variant", {"tuning": variant, "length": longest, "tokens_per_sec": longest / seconds,
+                         "peak_gib": peak / 2**30, "spread": spread})
         if best is None or longest / seconds > best[1]:
             best = (variant, longest / seconds)
     if best is not None:  # with no variants the fork's shipped tuning.json is what gets timed
@@ -453,8 +481,8 @@ def main(argv: list[str] | None = None) -> int:
             # The checks above ran the fork's own tuning: a faster variant is checked before it counts.
             check_layers(tuning=best[0])
     for length in args.lengths:
-        seconds, peak = time_forward(layer, length, args.runs)
-        emit("fork", {"length": length, "tokens_per_sec": length / seconds, "peak_gib": peak / 2**30})
+        seconds, peak, spread = time_forward(layer, length, args.runs)
+        emit("fork", {"length": length, "tokens_per_sec": length / seconds, "peak_gib": peak / 2**30, "spread": spread})
     from fla.ops.quasar import chunk_quasar
 
     seconds = time_core(chunk_quasar, longest, args.runs)
