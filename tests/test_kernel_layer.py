@@ -36,19 +36,24 @@ SCRIPT = textwrap.dedent(
 
     torch.manual_seed(0)
     res = {}
-    # three convolutions from a strided view of a wider tensor whose first 3 rows are the inputs
-    # before the sequence (a cache, or zeros), with and without a ragged last block of tokens
-    convs = [ShortConvolution(32, 4) for _ in range(3)]
-    weight = torch.cat([m.weight for m in convs]).squeeze(1)
-    for name, length, cache in (("conv-cache", 37, torch.randn(2, 96, 4)), ("conv-zero", 48, None)):
-        x = torch.randn(2, length, 100)[..., :96]
-        history = torch.zeros(2, 3, 100) if cache is None else F.pad(cache[..., 1:].transpose(1, 2), (0, 4))
-        padded = torch.cat([history, torch.randn(2, length, 100)], 1)
-        padded[:, 3:, :96] = x
-        y = causal_conv_silu(padded, weight, 3)
-        ref = [m(x[..., 32 * i:32 * (i + 1)].contiguous(),
-                 cache=None if cache is None else cache[:, 32 * i:32 * (i + 1)])[0] for i, m in enumerate(convs)]
-        res[name] = max(relative_error(y[i], ref[i]) for i in range(3))
+    # three convolutions from a strided view of a wider tensor whose first W - 1 rows are the
+    # inputs before the sequence (a cache, or zeros), with and without a ragged last block of
+    # tokens, in tiles and in walks (of several sizes, channel blocks and warps)
+    for taps in (4, 2):
+        convs = [ShortConvolution(32, taps) for _ in range(3)]
+        weight = torch.cat([m.weight for m in convs]).squeeze(1)
+        for name, length, cache in (("conv-cache", 37, torch.randn(2, 96, taps)), ("conv-zero", 48, None)):
+            x = torch.randn(2, length, 100)[..., :96]
+            history = (torch.zeros(2, taps - 1, 100) if cache is None
+                       else F.pad(cache[..., 1:].transpose(1, 2), (0, 4)))
+            padded = torch.cat([history, torch.randn(2, length, 100)], 1)
+            padded[:, taps - 1:, :96] = x
+            ref = [m(x[..., 32 * i:32 * (i + 1)].contiguous(),
+                     cache=None if cache is None else cache[:, 32 * i:32 * (i + 1)])[0] for i, m in enumerate(convs)]
+            for kind, options in (("", {}), ("-walk", {"block": (16, 32, 1), "walk": True}),
+                                  ("-walk-long", {"block": (32, 16, 2), "walk": True})):
+                y = causal_conv_silu(padded, weight, 3, **options)
+                res[f"{name}{kind}-{taps}"] = max(relative_error(y[i], ref[i]) for i in range(3))
 
     # the whole layer: one pass, tiles of 128 tokens, and decoding with a cache
     layer = QuasarAttention(hidden_size=64, head_dim=16, num_heads=4, layer_idx=0)
@@ -72,6 +77,10 @@ SCRIPT = textwrap.dedent(
     with torch.inference_mode():  # without gradients the convolutions run inside the core's kernels
         res["layer-inference"] = relative_error(layer(x)[0], expected)
     tuning.TUNING_FILE = Path(sys.argv[2])
+    tuning.TUNING_FILE.write_text('{"layer_tile_tokens": 128, "segment_chunks": 1, "conv_walk_tokens": 64}')
+    tuning.load_tuning.cache_clear()
+    with torch.inference_mode():  # the conv walking 64 tokens (the second tile's last walk is ragged)
+        res["layer-walk-inference"] = relative_error(layer(x)[0], expected)
     tuning.TUNING_FILE.write_text('{"layer_tile_tokens": 128, "segment_chunks": 1}')
     tuning.load_tuning.cache_clear()
     res["layer-tiles"] = relative_error(layer(x)[0], expected)
@@ -120,14 +129,15 @@ def interpreted(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["conv-cache", "conv-zero"])
+@pytest.mark.parametrize("case", [f"conv-{start}{kind}-{taps}" for start in ("cache", "zero")
+                                  for kind in ("", "-walk", "-walk-long") for taps in (4, 2)])
 def test_fused_conv_matches_the_modules(interpreted, case):
     assert interpreted[case] < 1e-5, interpreted
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["layer", "layer-inference", "layer-tiles", "layer-tiles-inference", "layer-decoding",
-                                  "layer-decoding-inference"])
+@pytest.mark.parametrize("case", ["layer", "layer-inference", "layer-tiles", "layer-tiles-inference", "layer-walk-inference",
+                                  "layer-decoding", "layer-decoding-inference"])
 def test_fused_tiled_layer_matches_reference(interpreted, case):
     assert interpreted[case] < 1e-5, interpreted
 
