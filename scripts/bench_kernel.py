@@ -139,11 +139,10 @@ def kernel_resources() -> list[dict]:
     return rows
 
 
-def conv_sweep(length: int, blocks: list[list], runs: int = 20) -> list[dict]:
+def conv_sweep(length: int, blocks: list[tuple[int, int, int]], runs: int = 20) -> list[dict]:
     """Median milliseconds of the fused causal conv + SiLU of q, k and v on a ``length``-token tile
     of the layer's projection (as the layer reads it: in place, after the 3 inputs before the
-    tile) for each [tokens, channels, warps] (a tile per program), or [tokens, channels, warps,
-    true] (each program walks the tokens row by row)."""
+    tile) for each (tokens, channels, warps)."""
     import triton.testing
 
     from fla.ops.quasar.layer_kernels import causal_conv_silu
@@ -153,8 +152,7 @@ def conv_sweep(length: int, blocks: list[list], runs: int = 20) -> list[dict]:
     weight = torch.randn(width, 4, device="cuda")
     rows = []
     for block in blocks:
-        shape, walk = tuple(block[:3]), bool(block[3:] and block[3])
-        ms = triton.testing.do_bench(lambda: causal_conv_silu(projected, weight, 3, shape, walk=walk), rep=runs * 5,
+        ms = triton.testing.do_bench(lambda: causal_conv_silu(projected, weight, 3, block), rep=runs * 5,
                                      return_mode="median")
         rows.append({"block": list(block), "length": length, "ms": ms, "gb_per_s": 2 * length * width * 2 / ms / 1e6})
     return rows
@@ -401,8 +399,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --compile-lengths: first compile each length's kernels in a dry forward on "
                              "this many threads at once (Triton's AsyncCompileMode)")
     parser.add_argument("--conv-blocks", type=json.loads, default=[],
-                        help="JSON list of [tokens, channels, warps] blocks of the causal conv kernel to time "
-                             "([tokens, channels, warps, true]: each program walks the tokens row by row)")
+                        help="JSON list of [tokens, channels, warps] blocks of the causal conv kernel to time")
     parser.add_argument("--forward-only", type=int, default=0, metavar="T",
                         help="only run one forward of the fork's layer at T tokens (under the first of "
                              "--variants, if given): a target for a profiler such as ncu")
@@ -464,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     check_layers()
 
     if args.conv_blocks:
-        for row in conv_sweep(65_536, args.conv_blocks):
+        for row in conv_sweep(65_536, [tuple(block) for block in args.conv_blocks]):
             emit("conv_block", row)
 
     longest = max(args.lengths)

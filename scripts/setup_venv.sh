@@ -17,7 +17,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 stamp=.venv/.quasar-install-stamp
-wanted=$( (cat requirements.txt requirements-test.txt requirements-upstream-fla.txt setup.py pyproject.toml;
+wanted=$( (cat requirements.txt requirements-test.txt requirements-upstream-fla.txt requirements-gpu-triton.txt \
+           setup.py pyproject.toml;
            echo "${QUASAR_TORCH_SITE:-}") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     echo "setup_venv: installing the project into .venv (the first time takes a few minutes)" >&2
@@ -38,7 +39,8 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
         "${pip[@]}" "$(grep -E '^torch==' requirements.txt)"
         "${pip[@]}" -e ".[test]"
     fi
-    rm -rf .venv/upstream-fla
+    rm -rf .venv/upstream-fla .venv/triton-gpu-image
     "${pip[@]}" --no-deps --target .venv/upstream-fla -r requirements-upstream-fla.txt
+    "${pip[@]}" --no-deps --target .venv/triton-gpu-image -r requirements-gpu-triton.txt
     echo "$wanted" > "$stamp"
 fi

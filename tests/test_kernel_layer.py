@@ -38,7 +38,7 @@ SCRIPT = textwrap.dedent(
     res = {}
     # three convolutions from a strided view of a wider tensor whose first W - 1 rows are the
     # inputs before the sequence (a cache, or zeros), with and without a ragged last block of
-    # tokens, in tiles and in walks (of several sizes, channel blocks and warps)
+    # tokens, in blocks of all of a group's channels and of part of them
     for taps in (4, 2):
         convs = [ShortConvolution(32, taps) for _ in range(3)]
         weight = torch.cat([m.weight for m in convs]).squeeze(1)
@@ -50,9 +50,8 @@ SCRIPT = textwrap.dedent(
             padded[:, taps - 1:, :96] = x
             ref = [m(x[..., 32 * i:32 * (i + 1)].contiguous(),
                      cache=None if cache is None else cache[:, 32 * i:32 * (i + 1)])[0] for i, m in enumerate(convs)]
-            for kind, options in (("", {}), ("-walk", {"block": (16, 32, 1), "walk": True}),
-                                  ("-walk-long", {"block": (32, 16, 2), "walk": True})):
-                y = causal_conv_silu(padded, weight, 3, **options)
+            for kind, block in (("", (16, 256, 4)), ("-narrow", (16, 16, 1))):
+                y = causal_conv_silu(padded, weight, 3, block)
                 res[f"{name}{kind}-{taps}"] = max(relative_error(y[i], ref[i]) for i in range(3))
 
     # the whole layer: one pass, tiles of 128 tokens, and decoding with a cache
@@ -77,10 +76,6 @@ SCRIPT = textwrap.dedent(
     with torch.inference_mode():  # without gradients the convolutions run inside the core's kernels
         res["layer-inference"] = relative_error(layer(x)[0], expected)
     tuning.TUNING_FILE = Path(sys.argv[2])
-    tuning.TUNING_FILE.write_text('{"layer_tile_tokens": 128, "segment_chunks": 1, "conv_walk_tokens": 64}')
-    tuning.load_tuning.cache_clear()
-    with torch.inference_mode():  # the conv walking 64 tokens (the second tile's last walk is ragged)
-        res["layer-walk-inference"] = relative_error(layer(x)[0], expected)
     tuning.TUNING_FILE.write_text('{"layer_tile_tokens": 128, "segment_chunks": 1}')
     tuning.load_tuning.cache_clear()
     res["layer-tiles"] = relative_error(layer(x)[0], expected)
@@ -130,14 +125,14 @@ def interpreted(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [f"conv-{start}{kind}-{taps}" for start in ("cache", "zero")
-                                  for kind in ("", "-walk", "-walk-long") for taps in (4, 2)])
+                                  for kind in ("", "-narrow") for taps in (4, 2)])
 def test_fused_conv_matches_the_modules(interpreted, case):
     assert interpreted[case] < 1e-5, interpreted
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["layer", "layer-inference", "layer-tiles", "layer-tiles-inference", "layer-walk-inference",
-                                  "layer-decoding", "layer-decoding-inference"])
+@pytest.mark.parametrize("case", ["layer", "layer-inference", "layer-tiles", "layer-tiles-inference", "layer-decoding",
+                                  "layer-decoding-inference"])
 def test_fused_tiled_layer_matches_reference(interpreted, case):
     assert interpreted[case] < 1e-5, interpreted
 

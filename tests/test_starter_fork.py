@@ -414,6 +414,57 @@ def test_the_wy_register_cap_reaches_the_compiler(fla, tmp_path, monkeypatch):
     assert capped <= tuning.wy_maxnreg < free, (capped, free)
 
 
+# Compiles the conv kernel for sm_90 with whichever Triton the child imports and prints its
+# global store instructions (argv: the fork, a folder for the cubin).
+CONV_STORES_SCRIPT = textwrap.dedent(
+    """
+    import json, re, subprocess, sys
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from fla.ops.quasar import layer_kernels
+
+    kernel = layer_kernels.causal_conv_silu_kernel
+    types = {"x": "*bf16", "w": "*fp32", "y": "*bf16", "B": "i32", "T": "i32", "stride_xb": "i32", "stride_xt": "i32"}
+    constants = {"CG": 512, "W": 4, "BT": 16, "BC": 256, "EVEN_T": True}
+    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if types.get(name, "").startswith("*")}
+    compiled = triton.compile(ASTSource(kernel, signature=signature, constexprs=constants, attrs=aligned),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    cubin = Path(sys.argv[2]) / "conv.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    sass = subprocess.run([str(tool), "--dump-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
+    print(json.dumps({"triton": triton.__version__, "stores": re.findall(r"\\bSTG\\.E[.\\w]*", sass)}))
+    """
+)
+
+GPU_IMAGE_TRITON = REPO_ROOT / ".venv" / "triton-gpu-image"
+GPU_IMAGE_TRITON_VERSION = re.search(r"^triton==(\S+)", (REPO_ROOT / "requirements-gpu-triton.txt").read_text(), re.M)[1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compiler", ["installed", "gpu-image"])
+def test_the_conv_kernel_stores_whole_vectors(fork, tmp_path, compiler):
+    # Each thread's run of 8 bf16 outputs is 16 bytes, stored in one instruction. Triton 3.6 (GPU
+    # images with torch 2.11) stored them 2 bytes at a time until the kernel said its columns'
+    # alignment; requirements.txt's Triton vectorised them either way.
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    if compiler == "gpu-image":
+        if not (GPU_IMAGE_TRITON / "triton").is_dir():
+            pytest.fail(f"{GPU_IMAGE_TRITON} is missing: ./scripts/setup_venv.sh installs it (requirements-gpu-triton.txt)")
+        env["PYTHONPATH"] = str(GPU_IMAGE_TRITON)
+    result = subprocess.run([sys.executable, "-c", CONV_STORES_SCRIPT, str(fork[0]), str(tmp_path)],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-4000:]
+    compiled = json.loads(result.stdout.strip().splitlines()[-1])
+    if compiler == "gpu-image":
+        assert compiled["triton"] == GPU_IMAGE_TRITON_VERSION, compiled
+    assert compiled["stores"] and set(compiled["stores"]) == {"STG.E.128"}, compiled
+
+
 # --- the Triton kernels, run by Triton's interpreter on the CPU ---
 
 # Runs in a child process: TRITON_INTERPRET must be set before triton is imported.

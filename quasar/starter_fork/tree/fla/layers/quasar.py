@@ -32,7 +32,7 @@ from fla.ops.quasar import chunk_quasar, fused_recurrent_quasar
 from fla.ops.quasar.chunk import chunk_quasar_norm_gated
 from fla.ops.quasar.device import triton_can_run_on
 from fla.ops.quasar.layer_kernels import causal_conv_silu
-from fla.ops.quasar.tuning import QuasarTuning, device_name_of, load_tuning
+from fla.ops.quasar.tuning import device_name_of, load_tuning
 
 
 class QuasarAttention(nn.Module):
@@ -132,10 +132,10 @@ class QuasarAttention(nn.Module):
         conv_state = last_state["conv_state"] if last_state is not None and self.use_short_conv else (None, None, None)
         length = hidden_states.shape[1]
         # Packed sequences run whole; one sequence per row runs in tiles carrying its states.
-        tuning = load_tuning(device=device_name_of(hidden_states))
-        tile = length if cu_seqlens is not None else max(1, tuning.layer_tile_tokens)
+        tiling = load_tuning(device=device_name_of(hidden_states)).layer_tile_tokens
+        tile = length if cu_seqlens is not None else max(1, tiling)
         if self._runs_in_kernels(hidden_states, cu_seqlens):
-            step = _KernelTiles(self, hidden_states, tuning)
+            step = _KernelTiles(self, hidden_states)
         else:
             weight = self._input_weight()
 
@@ -213,16 +213,13 @@ class QuasarAttention(nn.Module):
 
 class _KernelTiles:
     """The tiles of one forward without gradients: one conv kernel reading the projections in
-    place (tiles or walks, as tuning.json's ``conv_walk_tokens`` says), and the core with the
-    RMSNorm + gate (W_g2 and its bias included) in its output pass, reading W_g1 x where the input
-    projection wrote it. The weights are prepared once per forward, not per tile. (A side stream
-    casting the next tile's input during this tile's core gained nothing measurable on an H100:
-    benchmarks/RESULTS.md.)"""
+    place, and the core with the RMSNorm + gate (W_g2 and its bias included) in its output pass,
+    reading W_g1 x where the input projection wrote it. The weights are prepared once
+    per forward, not per tile. (A side stream casting the next tile's input during this tile's
+    core gained nothing measurable on an H100: benchmarks/RESULTS.md.)"""
 
-    def __init__(self, layer: QuasarAttention, hidden_states: torch.Tensor, tuning: QuasarTuning):
+    def __init__(self, layer: QuasarAttention, hidden_states: torch.Tensor):
         self.layer = layer
-        walk = tuning.conv_walk_tokens if layer.conv_size <= 4 else 0  # a walk keeps at most 3 rows back
-        self.conv_options = {"block": (walk, 512, 4), "walk": True} if walk else {}
         device = hidden_states.device
         autocast = torch.is_autocast_enabled(device.type)
         self.dtype = torch.get_autocast_dtype(device.type) if autocast else hidden_states.dtype
@@ -248,7 +245,7 @@ class _KernelTiles:
         else:
             # The cache holds the last W inputs, newest last; the conv reads the last W - 1.
             buffer[:, :taps - 1, :width].copy_(torch.cat(conv_state, 1)[..., 1:].transpose(1, 2))
-        q, k, v = (t.unflatten(-1, (layer.num_heads, layer.head_dim)) for t in causal_conv_silu(buffer, self.conv_weight, 3, **self.conv_options))
+        q, k, v = (t.unflatten(-1, (layer.num_heads, layer.head_dim)) for t in causal_conv_silu(buffer, self.conv_weight, 3))
         o, recurrent_state = chunk_quasar_norm_gated(
             q, k, v, self.beta, buffer[:, taps - 1:, width:], self.gate_weight, layer.g_proj[1].bias,
             layer.o_norm.weight, layer.o_norm.eps, initial_state=recurrent_state, output_final_state=carry,

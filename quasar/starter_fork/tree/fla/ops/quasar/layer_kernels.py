@@ -4,11 +4,6 @@ convolution (kernel W) + SiLU of q, k and v in one launch, reading the fused pro
 results as separate contiguous tensors. (The RMSNorm + gate runs inside the core's output pass,
 ``fla.ops.quasar.chunk.chunk_quasar_norm_gated``.)
 
-Two kernels compute it: ``causal_conv_silu_kernel`` takes a tile of tokens x channels per program
-and reads each input row W times (once per tap, from its cache); ``causal_conv_silu_walk_kernel``
-(W <= 4) walks a run of tokens one row at a time, keeping the W - 1 previous rows in registers,
-so each input is read once.
-
 Its PyTorch reference is ``fla.modules.ShortConvolution`` (the layer's module, whose weights it
 takes); the tests compare them on random inputs.
 """
@@ -53,8 +48,8 @@ def causal_conv_silu_kernel(
     acc = acc * tl.sigmoid(acc)
     # A block of channels lies inside one group (BC divides CG): its columns stay contiguous.
     group = (i_c * BC) // CG
-    # BC divides CG: the block's first column in its group is a multiple of BC (said, so that the
-    # stores are vectorised).
+    # BC divides CG, so the block's first column in its group is a multiple of BC; said, so that
+    # the stores are vectorised (without it they went 2 bytes at a time: 2.58 -> 2.52 ms at 1M).
     o_g = tl.multiple_of((i_c * BC) % CG, BC) + tl.arange(0, BC)
     p_y = y + ((group.to(tl.int64) * B + i_b) * T + o_t[:, None]) * CG + o_g[None, :]
     if EVEN_T:
@@ -63,86 +58,17 @@ def causal_conv_silu_kernel(
         tl.store(p_y, acc.to(y.dtype.element_ty), mask=(o_t < T)[:, None])
 
 
-@triton.jit
-def causal_conv_silu_walk_kernel(
-    x,
-    w,
-    y,
-    B,
-    T,
-    stride_xb,
-    stride_xt,
-    CG: tl.constexpr,
-    W: tl.constexpr,
-    ROWS: tl.constexpr,
-    UNROLL: tl.constexpr,
-    BC: tl.constexpr,
-    EVEN_T: tl.constexpr,
-):
-    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    t_first = i_t * ROWS
-    o_c = i_c * BC + tl.arange(0, BC)
-    # Row W - 1 of the batch row is the sequence's first token (the rows before it hold the inputs
-    # before the sequence): the rows up to W - 1 before any token exist.
-    p_x = x + i_b.to(tl.int64) * stride_xb + (W - 1) * stride_xt + o_c
-    group = (i_c * BC) // CG
-    y_first = (group.to(tl.int64) * B + i_b) * T  # the output row of the sequence's first token
-    # BC divides CG: the block's first column in its group is a multiple of BC (said, so that the
-    # stores are vectorised).
-    o_g = tl.multiple_of((i_c * BC) % CG, BC) + tl.arange(0, BC)
-    # Tap s multiplies the input s rows back (weight column W - 1 - s); taps past W are zero.
-    w0 = tl.load(w + o_c * W + (W - 1)).to(tl.float32)
-    w1 = tl.zeros([BC], dtype=tl.float32)
-    w2 = tl.zeros([BC], dtype=tl.float32)
-    w3 = tl.zeros([BC], dtype=tl.float32)
-    x1 = tl.zeros([BC], dtype=tl.float32)
-    x2 = tl.zeros([BC], dtype=tl.float32)
-    x3 = tl.zeros([BC], dtype=tl.float32)
-    if W > 1:
-        w1 = tl.load(w + o_c * W + (W - 2)).to(tl.float32)
-        x1 = tl.load(p_x + (t_first - 1).to(tl.int64) * stride_xt).to(tl.float32)
-    if W > 2:
-        w2 = tl.load(w + o_c * W + (W - 3)).to(tl.float32)
-        x2 = tl.load(p_x + (t_first - 2).to(tl.int64) * stride_xt).to(tl.float32)
-    if W > 3:
-        w3 = tl.load(w + o_c * W + (W - 4)).to(tl.float32)
-        x3 = tl.load(p_x + (t_first - 3).to(tl.int64) * stride_xt).to(tl.float32)
-    for i_r in range(0, ROWS, UNROLL):
-        # UNROLL independent row loads per step, so that many are in flight at once.
-        for i_u in tl.static_range(UNROLL):
-            t = t_first + i_r + i_u
-            in_sequence = tl.full([BC], t, tl.int32) < T
-            if EVEN_T:
-                x0 = tl.load(p_x + t.to(tl.int64) * stride_xt).to(tl.float32)
-            else:
-                x0 = tl.load(p_x + t.to(tl.int64) * stride_xt, mask=in_sequence, other=0.0).to(tl.float32)
-            acc = w0 * x0 + w1 * x1 + w2 * x2 + w3 * x3
-            acc = acc * tl.sigmoid(acc)
-            if EVEN_T:
-                tl.store(y + (y_first + t) * CG + o_g, acc.to(y.dtype.element_ty))
-            else:
-                tl.store(y + (y_first + t) * CG + o_g, acc.to(y.dtype.element_ty), mask=in_sequence)
-            x3 = x2
-            x2 = x1
-            x1 = x0
-
-
-# Rows a walking program loads before it computes any of them.
-WALK_UNROLL = 16
-
-
 def causal_conv_silu(
-    x: torch.Tensor, weight: torch.Tensor, groups: int, block: tuple[int, int, int] = (16, 256, 4), walk: bool = False,
+    x: torch.Tensor, weight: torch.Tensor, groups: int, block: tuple[int, int, int] = (16, 256, 4),
 ) -> torch.Tensor:
     """SiLU(causal depthwise conv) of ``x [B, W - 1 + T, >= C]`` (any row stride, unit column
     stride), whose first W - 1 rows are the inputs before the sequence (zeros at its start, or the
     previous tokens' inputs), with ``weight [C, W]``; only x's first C columns are read.
 
     Returns ``y [groups, B, T, C / groups]`` in x's dtype (group g holds channels g*C/groups on).
-    ``block`` is (tokens, channels, warps) per program: a tile (16 x 256 with 4 warps ran at 2.4
-    TB/s on an H100, 2.7 times the 16 x 64 blocks of the conv that read a separate cache:
-    benchmarks/RESULTS.md), or with ``walk`` (W <= 4) the run of tokens each program walks row by
-    row (a multiple of 16).
+    ``block`` is (tokens, channels, warps) per program: 16 x 256 with 4 warps ran at 2.4 TB/s on an
+    H100, 2.7 times the 16 x 64 blocks of the conv that read a separate cache
+    (benchmarks/RESULTS.md).
     """
     C, W = weight.shape
     B, rows = x.shape[:2]
@@ -150,22 +76,12 @@ def causal_conv_silu(
     if x.dim() != 3 or x.stride(-1) != 1 or T < 0 or x.shape[-1] < C or C % groups:
         raise ValueError(f"x must be [B, W - 1 + T, >= C] with unit column stride (W = {W}, C = {C}, divisible "
                          f"by {groups}); got {tuple(x.shape)} with strides {x.stride()}")
-    BT, BC, warps = block
-    if walk and (BT % WALK_UNROLL or W > 4):
-        raise ValueError(f"a walk takes a multiple of {WALK_UNROLL} tokens and at most 4 taps; got {BT} tokens, W = {W}")
     CG = C // groups
     y = torch.empty(groups, B, T, CG, device=x.device, dtype=x.dtype)
+    BT, BC, warps = block
     BC = min(BC, CG & -CG)  # a power of two dividing the group's width
-    if not (T and B):
-        return y
-    grid = (triton.cdiv(T, BT), C // BC, B)
-    if walk:
-        causal_conv_silu_walk_kernel[grid](
-            x, weight.contiguous(), y, B, T, x.stride(0), x.stride(1),
-            CG=CG, W=W, ROWS=BT, UNROLL=WALK_UNROLL, BC=BC, EVEN_T=T % BT == 0, num_warps=warps,
-        )
-    else:
-        causal_conv_silu_kernel[grid](
+    if T and B:
+        causal_conv_silu_kernel[(triton.cdiv(T, BT), C // BC, B)](
             x, weight.contiguous(), y, B, T, x.stride(0), x.stride(1),
             CG=CG, W=W, BT=BT, BC=BC, EVEN_T=T % BT == 0, num_warps=warps,
         )

@@ -22,9 +22,6 @@ optional, defaults in :data:`DEFAULTS`:
 ``precision``         tensor-core operands for bf16 inputs: "bf16" (fast) or "tf32" (closer).
 ``layer_tile_tokens`` the layer runs its projections, convolutions and core this many tokens at
                       a time (multiple of 64), carrying the states; bounds peak memory.
-``conv_walk_tokens``  the q, k, v convolution + SiLU (layer_kernels.py): 0 runs tiles of 16 tokens
-                      x 256 channels; N walks runs of N tokens x 512 channels row by row, so each
-                      input is read once.
 ``devices``           tunings for particular chips: an object mapping a fragment of a CUDA
                       device's name (``"H200"``, found case-insensitively in
                       ``torch.cuda.get_device_name()``) to an object of the keys above, which
@@ -59,7 +56,6 @@ class QuasarTuning:
     combine_warps: int = 4
     precision: str = "bf16"
     layer_tile_tokens: int = 65_536
-    conv_walk_tokens: int = 0
 
 
 DEFAULTS = QuasarTuning()
@@ -76,7 +72,6 @@ _ALLOWED = {
     "combine_block_v": {16, 32, 64},
     "combine_warps": {1, 2, 4, 8},
     "precision": {"bf16", "tf32"},
-    "conv_walk_tokens": {0, 64, 128, 256, 512, 1024},
 }
 
 
