@@ -105,20 +105,6 @@ SCRIPT = textwrap.dedent(
         variant = tuning.QuasarTuning(segment_chunks=chunks, split_transition=split)
         o, s = chunk_quasar_fwd(q, k, v, beta, h0, True, None, variant)
         res[f"segments-{chunks}"] = max(relative_error(o, ref_o), relative_error(s, ref_s))
-    # several chunks a WY program: batch rows of 4 chunks each (8 in all), and packed sequences of
-    # 2 + 1 + 3 chunks (the last program repeats the last chunk)
-    cu = torch.tensor([0, 70, 75, 205], dtype=torch.int32)
-    packed = [x.reshape(1, 400, 2, 32)[:, :205].contiguous() for x in (q, k, v)]
-    h0_packed = torch.cat([h0, h0[:1]])
-    expected = [naive_quasar(*(x[:, a:b].double() for x in packed), beta.double(), h0_packed[n:n + 1].double(),
-                             output_final_state=True) for n, (a, b) in enumerate(zip(cu.tolist(), cu.tolist()[1:]))]
-    ref_packed = torch.cat([e[0] for e in expected], 1), torch.cat([e[1] for e in expected])
-    for wy_chunks in (2, 4):
-        variant = tuning.QuasarTuning(segment_chunks=1, wy_chunks=wy_chunks)
-        o, s = chunk_quasar_fwd(q, k, v, beta, h0, True, None, variant)
-        res[f"wy-chunks-{wy_chunks}"] = max(relative_error(o, ref_o), relative_error(s, ref_s))
-        o, s = chunk_quasar_fwd(*packed, beta, h0_packed, True, cu, variant)
-        res[f"wy-chunks-{wy_chunks}-packed"] = max(relative_error(o, ref_packed[0]), relative_error(s, ref_packed[1]))
     print(json.dumps(res))
     """
 )
@@ -162,9 +148,3 @@ def test_layer_gradients_match_finite_differences_of_the_reference(interpreted):
 @pytest.mark.parametrize("chunks", [1, 2, 4])
 def test_two_level_scan_matches_naive_at_every_segment_size_and_split(interpreted, chunks):
     assert interpreted[f"segments-{chunks}"] < 1e-5, interpreted
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", ["wy-chunks-2", "wy-chunks-4", "wy-chunks-2-packed", "wy-chunks-4-packed"])
-def test_several_chunks_a_wy_program_match_the_recurrence(interpreted, case):
-    assert interpreted[case] < 1e-5, interpreted

@@ -404,9 +404,9 @@ def test_the_wy_register_cap_reaches_the_compiler(fla, tmp_path, monkeypatch):
     tuning = load_tuning(device="NVIDIA H100 80GB HBM3")
     assert tuning.wy_maxnreg == 168
     types = {"k": "*bf16", "v": "*bf16", "beta": "*fp32", "w": "*bf16", "u": "*bf16", "seq_len": "i32",
-             "chunks_per_sequence": "i32", "chunk_count": "i32"}
+             "chunks_per_sequence": "i32"}
     constants = {"cu_seqlens": None, "chunk_indices": None, "H": 8, "K": 64, "V": 64, "BK": 64, "BV": 64,
-                 "PRECISION": "bf16", "INVERSE": tuning.wy_inverse, "IS_VARLEN": False, "CHUNKS": tuning.wy_chunks}
+                 "PRECISION": "bf16", "INVERSE": tuning.wy_inverse, "IS_VARLEN": False}
     capped = compiled_registers(wy.chunk_quasar_wy_kernel, types, constants,
                                 wy.launch_options(tuning.wy_warps, tuning.wy_maxnreg), tmp_path)
     free = compiled_registers(wy.chunk_quasar_wy_kernel, types, constants, wy.launch_options(tuning.wy_warps, 0),

@@ -318,7 +318,7 @@ def chunk_quasar_fwd(q, k, v, beta, initial_state, output_final_state, cu_seqlen
 
     w, u = chunk_quasar_wy(k, v, beta, cu_seqlens, Spans(cu_seqlens, B, T, CHUNK_SIZE),
                            precision=precision, num_warps=tuning.wy_warps, inverse=tuning.wy_inverse,
-                           maxnreg=tuning.wy_maxnreg, chunks_per_program=tuning.wy_chunks)
+                           maxnreg=tuning.wy_maxnreg)
     seg_state = q.new_empty(segments.count, H, K, V, dtype=torch.float32)
     seg_trans = q.new_empty(segments.count, H, K, K, dtype=torch.float32)
     chunk_quasar_segment_kernel[(segments.count, H, 2 if tuning.split_transition else 1)](

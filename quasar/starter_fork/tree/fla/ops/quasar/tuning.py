@@ -12,8 +12,6 @@ optional, defaults in :data:`DEFAULTS`:
 ``wy_maxnreg``        registers per thread the WY kernel may use: 0 (the compiler's choice) or a
                       cap at which an SM (65,536 registers) holds one more of its programs at 1,
                       2 or 4 warps; fewer registers, more programs per SM, some spills.
-``wy_chunks``         chunks each WY program solves in turn (1, 2, 4, 8 or 16): above 1, the next
-                      chunk's loads are in flight (pipelined) while one is solved.
 ``segment_warps``     num_warps of the segment kernel (pass 1: segment-local state and transition).
 ``split_transition``  pass 1 computes a segment's state and its transition in two programs
                       (true/false): twice the programs, half the sequential work each.
@@ -50,7 +48,6 @@ class QuasarTuning:
     wy_warps: int = 2
     wy_inverse: str = "product"
     wy_maxnreg: int = 168
-    wy_chunks: int = 1
     segment_warps: int = 4
     split_transition: bool = False
     output_warps: int = 4
@@ -68,7 +65,6 @@ _ALLOWED = {
     "wy_warps": {1, 2, 4, 8, 16},
     "wy_inverse": {"substitution", "product"},
     "wy_maxnreg": {0, 128, 136, 144, 152, 168, 184, 200, 224},
-    "wy_chunks": {1, 2, 4, 8, 16},
     "segment_warps": {1, 2, 4, 8, 16},
     "split_transition": {True, False},
     "output_warps": {1, 2, 4, 8, 16},

@@ -18,12 +18,30 @@ from fla.ops.quasar.segments import Spans, span_of
 from fla.utils import IS_AMD
 
 
-@triton.jit
-def _wy_chunk(k, v, w, u, b_beta, i_c, i_h, cu_seqlens, chunk_indices, seq_len, chunks_per_sequence,
-              H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-              PRECISION: tl.constexpr, INVERSE: tl.constexpr, IS_VARLEN: tl.constexpr):
-    """W and U of chunk ``i_c`` of head ``i_h``."""
+# One compilation for every length (see fla.ops.quasar.chunk.chunk_quasar_segment_kernel).
+@triton.jit(do_not_specialize=["chunks_per_sequence"])
+def chunk_quasar_wy_kernel(
+    k,
+    v,
+    beta,
+    w,
+    u,
+    cu_seqlens,
+    chunk_indices,
+    seq_len,
+    chunks_per_sequence,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    PRECISION: tl.constexpr,
+    INVERSE: tl.constexpr,
+    IS_VARLEN: tl.constexpr,
+):
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
     bos, T, t_first = span_of(i_c, cu_seqlens, chunk_indices, seq_len, chunks_per_sequence, 4 * BLOCK_ROWS, IS_VARLEN)
+    b_beta = tl.load(beta + i_h).to(tl.float32)
     r = t_first + tl.arange(0, BLOCK_ROWS)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
@@ -62,44 +80,6 @@ def _wy_chunk(k, v, w, u, b_beta, i_c, i_h, cu_seqlens, chunk_indices, seq_len, 
     store_block(u, u3, bos, r + 3 * BLOCK_ROWS, o_v, T, i_h, H, V)
 
 
-# One compilation for every length (see fla.ops.quasar.chunk.chunk_quasar_segment_kernel).
-@triton.jit(do_not_specialize=["chunks_per_sequence", "chunk_count"])
-def chunk_quasar_wy_kernel(
-    k,
-    v,
-    beta,
-    w,
-    u,
-    cu_seqlens,
-    chunk_indices,
-    seq_len,
-    chunks_per_sequence,
-    chunk_count,
-    H: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    PRECISION: tl.constexpr,
-    INVERSE: tl.constexpr,
-    IS_VARLEN: tl.constexpr,
-    CHUNKS: tl.constexpr,
-):
-    i_p, i_h = tl.program_id(0), tl.program_id(1)
-    b_beta = tl.load(beta + i_h).to(tl.float32)
-    if CHUNKS == 1:
-        _wy_chunk(k, v, w, u, b_beta, i_p, i_h, cu_seqlens, chunk_indices, seq_len, chunks_per_sequence,
-                  H, K, V, BK, BV, PRECISION, INVERSE, IS_VARLEN)
-    else:
-        # CHUNKS chunks one after another, the next one's loads in flight (two pipeline stages)
-        # while this one is solved. The last program may repeat the last chunk: it writes the
-        # same W and U again.
-        for i_in in tl.range(0, CHUNKS, num_stages=2):
-            i_c = tl.minimum(i_p * CHUNKS + i_in, chunk_count - 1)
-            _wy_chunk(k, v, w, u, b_beta, i_c, i_h, cu_seqlens, chunk_indices, seq_len, chunks_per_sequence,
-                      H, K, V, BK, BV, PRECISION, INVERSE, IS_VARLEN)
-
-
 def launch_options(num_warps: int, maxnreg: int) -> dict:
     """The WY kernel's launch options: ``num_warps``, and ptxas's cap on registers per thread
     (``maxnreg``; 0 leaves it to the compiler). The cap trades a few spills for more programs per
@@ -121,23 +101,21 @@ def chunk_quasar_wy(
     num_warps: int,
     inverse: str = "substitution",
     maxnreg: int = 0,
-    chunks_per_program: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``W [1, T, H, K]`` and ``U [1, T, H, V]`` (k's and v's dtypes) of every chunk of ``chunks``.
 
     ``k [1, T, H, K]``, ``v [1, T, H, V]`` (sequences laid end to end), ``beta [H]`` fp32;
     ``inverse`` says how the diagonal blocks are inverted (forward_substitution.INVERSES);
-    ``maxnreg`` caps the registers per thread (0: the compiler's choice; CUDA only);
-    ``chunks_per_program`` chunks are solved by each program in turn, the next one's loads in flight.
+    ``maxnreg`` caps the registers per thread (0: the compiler's choice; CUDA only).
     """
     _, T, H, K = k.shape
     V = v.shape[-1]
     w = torch.empty_like(k)
     u = torch.empty_like(v)
-    chunk_quasar_wy_kernel[(triton.cdiv(chunks.count, chunks_per_program), H)](
-        k, v, beta, w, u, cu_seqlens, chunks.indices, chunks.seq_len, chunks.per_sequence, chunks.count,
+    chunk_quasar_wy_kernel[(chunks.count, H)](
+        k, v, beta, w, u, cu_seqlens, chunks.indices, chunks.seq_len, chunks.per_sequence,
         H=H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BV=max(16, triton.next_power_of_2(V)),
-        PRECISION=precision, INVERSE=inverse, IS_VARLEN=chunks.is_varlen, CHUNKS=chunks_per_program,
+        PRECISION=precision, INVERSE=inverse, IS_VARLEN=chunks.is_varlen,
         **launch_options(num_warps, maxnreg),
     )
     return w, u
