@@ -371,78 +371,81 @@ def test_ops_reject_bad_shapes_clearly(fla):
 # --- the Triton kernels compiled for an H100 (sm_90) here, without a GPU ---
 
 
-def compiled_registers(kernel, types: dict, constants: dict, options: dict, folder: Path) -> int:
-    """Registers per thread of ``kernel`` compiled for sm_90 (``types`` of its runtime arguments,
-    ``constants`` of the rest) under launch ``options``, read from its cubin (written to ``folder``)
-    with Triton's cuobjdump."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    if not tool.exists():
-        pytest.skip(f"this Triton has no CUDA tools ({tool} is missing)")
-    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
-    # Tensors' storage is 16-byte aligned, as Triton assumes of the pointers it launches with.
-    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if name in types
-               and types[name].startswith("*")}
-    source = ASTSource(kernel, signature=signature, constexprs=constants, attrs=aligned)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-    cubin = folder / "kernel.cubin"
-    cubin.write_bytes(compiled.asm["cubin"])
-    usage = subprocess.run([str(tool), "--dump-resource-usage", str(cubin)], capture_output=True, text=True,
-                           check=True).stdout
-    return int(re.search(r"REG:(\d+)", usage).group(1))
-
-
-@pytest.mark.slow
-def test_the_wy_register_cap_reaches_the_compiler(fla, tmp_path, monkeypatch):
-    from fla.ops.quasar import wy
-    from fla.ops.quasar.tuning import load_tuning
-
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
-    tuning = load_tuning(device="NVIDIA H100 80GB HBM3")
-    assert tuning.wy_maxnreg == 168
-    types = {"k": "*bf16", "v": "*bf16", "beta": "*fp32", "w": "*bf16", "u": "*bf16", "seq_len": "i32",
-             "chunks_per_sequence": "i32"}
-    constants = {"cu_seqlens": None, "chunk_indices": None, "H": 8, "K": 64, "V": 64, "BK": 64, "BV": 64,
-                 "PRECISION": "bf16", "INVERSE": tuning.wy_inverse, "IS_VARLEN": False}
-    capped = compiled_registers(wy.chunk_quasar_wy_kernel, types, constants,
-                                wy.launch_options(tuning.wy_warps, tuning.wy_maxnreg), tmp_path)
-    free = compiled_registers(wy.chunk_quasar_wy_kernel, types, constants, wy.launch_options(tuning.wy_warps, 0),
-                              tmp_path)
-    assert capped <= tuning.wy_maxnreg < free, (capped, free)
-
-
-# Compiles the conv kernel for sm_90 with whichever Triton the child imports and prints its
-# global store instructions (argv: the fork, a folder for the cubin).
-CONV_STORES_SCRIPT = textwrap.dedent(
+# Compiles one kernel of the fork for sm_90 with whichever Triton the child imports, and prints its
+# registers per thread and global store instructions, read from the cubin with Triton's cuobjdump.
+# argv: the fork, a folder for the cubin, and a JSON spec: the kernel's module and name, the
+# ``types`` of its runtime arguments, the ``constants`` of the rest, and the launch ``options``.
+COMPILE_SCRIPT = textwrap.dedent(
     """
-    import json, re, subprocess, sys
+    import importlib, json, re, subprocess, sys
     from pathlib import Path
     sys.path.insert(0, sys.argv[1])
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from fla.ops.quasar import layer_kernels
 
-    kernel = layer_kernels.causal_conv_silu_kernel
-    types = {"x": "*bf16", "w": "*fp32", "y": "*bf16", "B": "i32", "T": "i32", "stride_xb": "i32", "stride_xt": "i32"}
-    constants = {"CG": 512, "W": 4, "BT": 16, "BC": 256, "EVEN_T": True}
-    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names) if types.get(name, "").startswith("*")}
-    compiled = triton.compile(ASTSource(kernel, signature=signature, constexprs=constants, attrs=aligned),
-                              target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    cubin = Path(sys.argv[2]) / "conv.cubin"
-    cubin.write_bytes(compiled.asm["cubin"])
+    spec = json.loads(sys.argv[3])
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.exists():
+        print(json.dumps({"missing": str(tool)}))
+        sys.exit(0)
+    kernel = getattr(importlib.import_module(spec["module"]), spec["kernel"])
+    types = spec["types"]
+    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
+    # Tensors' storage is 16-byte aligned, as Triton assumes of the pointers it launches with.
+    aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(kernel.arg_names)
+               if types.get(name, "").startswith("*")}
+    compiled = triton.compile(ASTSource(kernel, signature=signature, constexprs=spec["constants"], attrs=aligned),
+                              target=GPUTarget("cuda", 90, 32), options=spec["options"])
+    cubin = Path(sys.argv[2]) / "kernel.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])
+    usage = subprocess.run([str(tool), "--dump-resource-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
     sass = subprocess.run([str(tool), "--dump-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
-    print(json.dumps({"triton": triton.__version__, "stores": re.findall(r"\\bSTG\\.E[.\\w]*", sass)}))
+    print(json.dumps({"triton": triton.__version__, "registers": int(re.search(r"REG:(\\d+)", usage).group(1)),
+                      "stores": re.findall(r"\\bSTG\\.E[.\\w]*", sass)}))
     """
 )
 
 GPU_IMAGE_TRITON = REPO_ROOT / ".venv" / "triton-gpu-image"
 GPU_IMAGE_TRITON_VERSION = re.search(r"^triton==(\S+)", (REPO_ROOT / "requirements-gpu-triton.txt").read_text(), re.M)[1]
+
+
+def compiled_for_h100(fork: Path, spec: dict, folder: Path, compiler: str = "installed") -> dict:
+    """:data:`COMPILE_SCRIPT`'s report on the kernel of ``spec``, compiled in a child process by the
+    installed Triton or (``compiler`` "gpu-image") by the GPU images' Triton in
+    ``.venv/triton-gpu-image``; the test is skipped where that Triton has no CUDA tools."""
+    env = {**os.environ, "TRITON_CACHE_DIR": str(folder / "cache")}
+    if compiler == "gpu-image":
+        if not (GPU_IMAGE_TRITON / "triton").is_dir():
+            pytest.fail(f"{GPU_IMAGE_TRITON} is missing: ./scripts/setup_venv.sh installs it (requirements-gpu-triton.txt)")
+        env["PYTHONPATH"] = str(GPU_IMAGE_TRITON)
+    result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, str(fork), str(folder), json.dumps(spec)],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-4000:]
+    compiled = json.loads(result.stdout.strip().splitlines()[-1])
+    if "missing" in compiled:
+        pytest.skip(f"this Triton has no CUDA tools ({compiled['missing']} is missing)")
+    if compiler == "gpu-image":
+        assert compiled["triton"] == GPU_IMAGE_TRITON_VERSION, compiled
+    return compiled
+
+
+@pytest.mark.slow
+def test_the_wy_register_cap_reaches_the_compiler(fork, fla, tmp_path):
+    from fla.ops.quasar import wy
+    from fla.ops.quasar.tuning import load_tuning
+
+    tuning = load_tuning(device="NVIDIA H100 80GB HBM3")
+    assert tuning.wy_maxnreg == 168
+    spec = {"module": "fla.ops.quasar.wy", "kernel": "chunk_quasar_wy_kernel",
+            "types": {"k": "*bf16", "v": "*bf16", "beta": "*fp32", "w": "*bf16", "u": "*bf16", "seq_len": "i32",
+                      "chunks_per_sequence": "i32"},
+            "constants": {"cu_seqlens": None, "chunk_indices": None, "H": 8, "K": 64, "V": 64, "BK": 64, "BV": 64,
+                          "PRECISION": "bf16", "INVERSE": tuning.wy_inverse, "IS_VARLEN": False}}
+    capped = compiled_for_h100(fork[0], {**spec, "options": wy.launch_options(tuning.wy_warps, tuning.wy_maxnreg)},
+                               tmp_path)["registers"]
+    free = compiled_for_h100(fork[0], {**spec, "options": wy.launch_options(tuning.wy_warps, 0)}, tmp_path)["registers"]
+    assert capped <= tuning.wy_maxnreg < free, (capped, free)
 
 
 @pytest.mark.slow
@@ -451,17 +454,11 @@ def test_the_conv_kernel_stores_whole_vectors(fork, tmp_path, compiler):
     # Each thread's run of 8 bf16 outputs is 16 bytes, stored in one instruction. Triton 3.6 (GPU
     # images with torch 2.11) stored them 2 bytes at a time until the kernel said its columns'
     # alignment; requirements.txt's Triton vectorised them either way.
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}
-    if compiler == "gpu-image":
-        if not (GPU_IMAGE_TRITON / "triton").is_dir():
-            pytest.fail(f"{GPU_IMAGE_TRITON} is missing: ./scripts/setup_venv.sh installs it (requirements-gpu-triton.txt)")
-        env["PYTHONPATH"] = str(GPU_IMAGE_TRITON)
-    result = subprocess.run([sys.executable, "-c", CONV_STORES_SCRIPT, str(fork[0]), str(tmp_path)],
-                            env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-4000:]
-    compiled = json.loads(result.stdout.strip().splitlines()[-1])
-    if compiler == "gpu-image":
-        assert compiled["triton"] == GPU_IMAGE_TRITON_VERSION, compiled
+    spec = {"module": "fla.ops.quasar.layer_kernels", "kernel": "causal_conv_silu_kernel",
+            "types": {"x": "*bf16", "w": "*fp32", "y": "*bf16", "B": "i32", "T": "i32", "stride_xb": "i32",
+                      "stride_xt": "i32"},
+            "constants": {"CG": 512, "W": 4, "BT": 16, "BC": 256, "EVEN_T": True}, "options": {"num_warps": 4}}
+    compiled = compiled_for_h100(fork[0], spec, tmp_path, compiler)
     assert compiled["stores"] and set(compiled["stores"]) == {"STG.E.128"}, compiled
 
 
