@@ -308,6 +308,11 @@ def _new_seed() -> int:
     return secrets.randbits(63)
 
 
+def _weights_seed(options: EvaluationOptions) -> int:
+    """The seed of an evaluation's layer weights: the one ``options`` asks for, else a new one."""
+    return options.weights_seed if options.weights_seed is not None else _new_seed()
+
+
 def _mib(nbytes: int | None) -> float | None:
     return None if nbytes is None else nbytes / (1 << 20)
 
@@ -1042,8 +1047,7 @@ def start_references(target_seq_len: int, options: EvaluationOptions) -> Referen
     with the weights seed the evaluation will use (for :func:`evaluate`'s ``references``); raises
     :class:`EvaluationInputError` for lengths it would refuse."""
     lengths = check_lengths(options.seq_lens, target_seq_len, options.device)
-    weights_seed = options.weights_seed if options.weights_seed is not None else _new_seed()
-    return ReferenceWork(weights_seed, options.device, lengths)
+    return ReferenceWork(_weights_seed(options), options.device, lengths)
 
 
 def _verify(runs: dict[int, _LengthRun], references: ReferenceWork, timings: Timings,
@@ -1242,10 +1246,7 @@ def _evaluate(repo_path: str | Path, target_seq_len: int, claimed_tokens_per_sec
                                    or options.weights_seed not in (None, references.weights_seed)):
         raise EvaluationInputError(f"the reference work was started for T={sorted(references.check_seeds)} on "
                                    f"{references.device} with other weights than asked for")
-    if references is not None:
-        weights_seed = references.weights_seed
-    else:
-        weights_seed = options.weights_seed if options.weights_seed is not None else _new_seed()
+    weights_seed = references.weights_seed if references is not None else _weights_seed(options)
     report = EvaluationReport(
         verdict=FAIL, reasons=[], repo=str(repo), target_seq_len=target_seq_len, seq_lens=lengths,
         device=options.device, device_name="", import_check=None,
