@@ -6,7 +6,8 @@
 1. Correctness: the benchmark layer under bf16 autocast against ``QuasarAttentionReference`` (fp32)
    at every ``--check-lengths`` (each eighth of the sequence on its own), and the core op against
    ``chunk_quasar_reference`` in fp32 and bf16 with packed sequences and states.
-2. Variants: the layer at the longest length under each tuning in ``--variants`` (JSON list).
+2. Variants: the layer at the longest length under each tuning in ``--variants`` (JSON list);
+   with ``--check-variants`` each one is also checked as in 1.
 3. Speed and peak memory of the fork's layer (best variant) at ``--lengths``; with ``--upstream``,
    the same layer with upstream fla's ``chunk_delta_rule`` as its core (``fla-core`` on the path of a
    child process, since both packages are named ``fla``), side by side.
@@ -388,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", type=json.loads, default=None,
                         help="JSON list of tunings to time at the longest length (default: a small sweep)")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--check-variants", action="store_true",
+                        help="check the layer at --check-lengths under every variant, not only the fastest")
     parser.add_argument("--upstream", action="store_true", help="also time upstream fla's chunk_delta_rule path")
     parser.add_argument("--upstream-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
@@ -472,12 +475,14 @@ def main(argv: list[str] | None = None) -> int:
         seconds, peak, spread = time_forward(layer, longest, args.runs)
         emit("variant", {"tuning": variant, "length": longest, "tokens_per_sec": longest / seconds,
                          "peak_gib": peak / 2**30, "spread": spread})
+        if args.check_variants:
+            check_layers(tuning=variant)
         if best is None or longest / seconds > best[1]:
             best = (variant, longest / seconds)
     if best is not None:  # with no variants the fork's shipped tuning.json is what gets timed
         use_tuning(best[0], folder)
         report["best_tuning"] = best[0]
-        if best[0] != args.variants[0]:
+        if best[0] != args.variants[0] and not args.check_variants:
             # The checks above ran the fork's own tuning: a faster variant is checked before it counts.
             check_layers(tuning=best[0])
     for length in args.lengths:

@@ -1,5 +1,6 @@
 """The fused conv kernel of the starter fork (fla/ops/quasar/layer_kernels.py) and the layer's
-tiled paths (with gradients, and the fused one without), run by Triton's interpreter on the CPU against their PyTorch references; and
+tiled paths (with gradients, and the fused one without, the core's kernels convolving q, k, v
+themselves or not), run by Triton's interpreter on the CPU against their PyTorch references; and
 the two-level scan at every segment size against the float64 recurrence."""
 
 from __future__ import annotations
@@ -86,6 +87,20 @@ SCRIPT = textwrap.dedent(
     pieces += [layer(x[:, t:t + 1], past_key_values=cache, use_cache=True)[0] for t in range(130, 132)]
     pieces.append(layer(x[:, 132:], past_key_values=cache, use_cache=True)[0])
     res["layer-decoding"] = relative_error(torch.cat(pieces, 1), expected)
+    # the core's kernels convolving q, k, v themselves (fused_conv), in tiles carrying the conv's
+    # inputs, on two batch rows: against the reference, and against the conv kernel's path
+    rows = torch.randn(2, 200, 64)
+    rows_expected = reference(rows)[0]
+    with torch.inference_mode():
+        unfused = layer(rows)[0]
+        for fused in ("q", "v", "kv", "qkv"):
+            tuning.TUNING_FILE.write_text(json.dumps({"layer_tile_tokens": 128, "segment_chunks": 1, "fused_conv": fused}))
+            tuning.load_tuning.cache_clear()
+            out = layer(rows)[0]
+            res[f"fused-conv-{fused}"] = relative_error(out, rows_expected)
+            res[f"fused-conv-{fused}-against-unfused"] = relative_error(out, unfused)
+    tuning.TUNING_FILE.write_text('{"layer_tile_tokens": 128, "segment_chunks": 1}')
+    tuning.load_tuning.cache_clear()
     with torch.inference_mode():
         cache = Cache()
         pieces = [layer(x[:, :130], past_key_values=cache, use_cache=True)[0]]
@@ -135,6 +150,14 @@ def test_fused_conv_matches_the_modules(interpreted, case):
                                   "layer-decoding-inference"])
 def test_fused_tiled_layer_matches_reference(interpreted, case):
     assert interpreted[case] < 1e-5, interpreted
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fused", ["q", "v", "kv", "qkv"])
+def test_core_kernels_convolving_their_inputs_match(interpreted, fused):
+    # The same fp32 sums in the same order as the conv kernel's: the outputs agree to rounding.
+    assert interpreted[f"fused-conv-{fused}"] < 1e-5, interpreted
+    assert interpreted[f"fused-conv-{fused}-against-unfused"] < 1e-6, interpreted
 
 
 @pytest.mark.slow

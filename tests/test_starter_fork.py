@@ -368,6 +368,33 @@ def test_ops_reject_bad_shapes_clearly(fla):
         chunk_quasar(q[:1], q[:1], q[:1], torch.ones(2), cu_seqlens=torch.tensor([0, 7, 4, 10]))
 
 
+def test_convolved_inputs_are_rejected_clearly_when_they_do_not_fit(fla):
+    from fla.ops.quasar.chunk import chunk_quasar_norm_gated
+    from fla.ops.quasar.layer_kernels import ConvolvedInputs
+
+    heads, dim, taps, length = 2, 16, 4, 10
+    projections = torch.randn(1, taps - 1 + length, 3 * heads * dim + dim)
+    weight = torch.randn(3 * heads * dim, taps)
+    q = torch.randn(1, length, heads, dim)
+    gate = (torch.randn(1, length, dim), torch.randn(heads * dim, dim), None, torch.ones(dim), 1e-5)
+
+    def run(q, k, v, convolved):
+        return chunk_quasar_norm_gated(q, k, v, torch.ones(heads), *gate, convolved=convolved)
+
+    with pytest.raises(ValueError, match="q must be None exactly when convolved.fused"):
+        run(None, None, None, ConvolvedInputs(projections, weight, "kv"))
+    with pytest.raises(ValueError, match="k must be None exactly when convolved.fused"):
+        run(None, q, None, ConvolvedInputs(projections, weight, "qkv"))
+    with pytest.raises(ValueError, match="names inputs among 'qkv'"):
+        run(None, None, None, ConvolvedInputs(projections, weight, "qkvx"))
+    with pytest.raises(ValueError, match="unit column stride"):
+        run(None, None, None, ConvolvedInputs(projections.transpose(1, 2), weight, "qkv"))
+    with pytest.raises(ValueError, match=r"weight \[3 H D, W\], contiguous"):
+        run(None, None, None, ConvolvedInputs(projections, weight.t().contiguous().t(), "qkv"))
+    with pytest.raises(ValueError, match=r"q and k must both be \[B, T, H, K\]"):
+        run(q[:, :5], None, None, ConvolvedInputs(projections, weight, "kv"))
+
+
 # --- the Triton kernels compiled for an H100 (sm_90) here, without a GPU ---
 
 
@@ -441,7 +468,9 @@ def test_the_wy_register_cap_reaches_the_compiler(fork, fla, tmp_path):
             "types": {"k": "*bf16", "v": "*bf16", "beta": "*fp32", "w": "*bf16", "u": "*bf16", "seq_len": "i32",
                       "chunks_per_sequence": "i32"},
             "constants": {"cu_seqlens": None, "chunk_indices": None, "H": 8, "K": 64, "V": 64, "BK": 64, "BV": 64,
-                          "PRECISION": "bf16", "INVERSE": tuning.wy_inverse, "IS_VARLEN": False}}
+                          "PRECISION": "bf16", "INVERSE": tuning.wy_inverse, "IS_VARLEN": False,
+                          "proj": None, "proj_stride": 0, "conv_weight": None, "CONV_K": False, "CONV_V": False,
+                          "TAPS": 1}}
     capped = compiled_for_h100(fork[0], {**spec, "options": wy.launch_options(tuning.wy_warps, tuning.wy_maxnreg)},
                                tmp_path)["registers"]
     free = compiled_for_h100(fork[0], {**spec, "options": wy.launch_options(tuning.wy_warps, 0)}, tmp_path)["registers"]

@@ -197,3 +197,31 @@ def test_layer_tiles_match_one_pass(fla, tmp_path):
     assert relative_error(tiled, expected) < BF16_TOLERANCE
     assert max(eighths_errors(tiled, expected)) < BF16_TOLERANCE
     assert relative_error(tiled, whole) < 1e-2
+
+
+@pytest.mark.parametrize("fused", ["q", "v", "kv", "qkv"])
+def test_core_kernels_convolving_their_inputs_match_the_conv_kernel(fla, tmp_path, fused):
+    import json
+
+    import fla.ops.quasar.tuning as tuning
+
+    layer, reference = benchmark_layers(seed=6)
+    # Two batch rows, tiles carrying the conv's inputs, a ragged last tile.
+    x = torch.randn(2, 9000 + 37, 512, device=CUDA)
+    original = tuning.TUNING_FILE
+    outputs = {}
+    try:
+        tuning.TUNING_FILE = tmp_path / "tuning.json"
+        for variant in ("", fused):
+            tuning.TUNING_FILE.write_text(json.dumps({"layer_tile_tokens": 4096, "fused_conv": variant}))
+            tuning.load_tuning.cache_clear()
+            with torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
+                outputs[variant] = layer(x)[0]
+    finally:
+        tuning.TUNING_FILE = original
+        tuning.load_tuning.cache_clear()
+    expected = reference(x)[0]
+    assert relative_error(outputs[fused], expected) < BF16_TOLERANCE
+    assert max(eighths_errors(outputs[fused], expected)) < BF16_TOLERANCE
+    # The same bf16 convolutions (up to the compiler's fused multiply-adds): the same layer.
+    assert relative_error(outputs[fused], outputs[""]) < 1e-3

@@ -14,7 +14,8 @@ from its state) and output are computed before the next, so the intermediates of
 are ever in memory. The input projections W_q, W_k, W_v and W_g1 run as one matrix product. When
 no gradient is needed (chunk mode, where the Triton kernels run), that product is written after
 the convolution's W - 1 previous inputs, the three convolutions + SiLU run as one kernel reading
-it in place (fla.ops.quasar.layer_kernels), and the gate's second projection, the RMSNorm and
+it in place (fla.ops.quasar.layer_kernels; or the core's kernels convolve those of q, k, v that
+tuning.json's ``fused_conv`` names as they load them), and the gate's second projection, the RMSNorm and
 the gate run inside the core's output pass (``chunk_quasar_norm_gated``). With gradients, the
 layer's modules run one after another (``ShortConvolution``, ``chunk_quasar``,
 ``FusedRMSNormGated``), so every parameter gets its gradient.
@@ -31,7 +32,7 @@ from fla.modules import FusedRMSNormGated, ShortConvolution
 from fla.ops.quasar import chunk_quasar, fused_recurrent_quasar
 from fla.ops.quasar.chunk import chunk_quasar_norm_gated
 from fla.ops.quasar.device import triton_can_run_on
-from fla.ops.quasar.layer_kernels import causal_conv_silu
+from fla.ops.quasar.layer_kernels import CONVOLVED_INPUTS, ConvolvedInputs, causal_conv_silu
 from fla.ops.quasar.tuning import device_name_of, load_tuning
 
 
@@ -213,7 +214,7 @@ class QuasarAttention(nn.Module):
 
 class _KernelTiles:
     """The tiles of one forward without gradients: one conv kernel reading the projections in
-    place, and the core with the RMSNorm + gate (W_g2 and its bias included) in its output pass,
+    place (or the core's kernels convolving some of q, k, v as they load them), and the core with the RMSNorm + gate (W_g2 and its bias included) in its output pass,
     reading W_g1 x where the input projection wrote it. The weights are prepared once
     per forward, not per tile. (A side stream casting the next tile's input during this tile's
     core gained nothing measurable on an H100: benchmarks/RESULTS.md.)"""
@@ -227,6 +228,8 @@ class _KernelTiles:
         self.conv_weight = torch.cat([layer.q_conv1d.weight, layer.k_conv1d.weight, layer.v_conv1d.weight]).squeeze(1)
         self.beta = F.softplus(layer.beta_log.float())
         self.gate_weight = layer.g_proj[1].weight.to(self.dtype)
+        # Those of q, k, v the core's kernels convolve as they load them (tuning.json's fused_conv).
+        self.fused = load_tuning(device=device_name_of(hidden_states)).fused_conv
 
     def __call__(self, x, recurrent_state, conv_state, carry):
         """Tile ``x [B, L, hidden]`` as :meth:`QuasarAttention._forward_tile` returns it."""
@@ -245,10 +248,19 @@ class _KernelTiles:
         else:
             # The cache holds the last W inputs, newest last; the conv reads the last W - 1.
             buffer[:, :taps - 1, :width].copy_(torch.cat(conv_state, 1)[..., 1:].transpose(1, 2))
-        q, k, v = (t.unflatten(-1, (layer.num_heads, layer.head_dim)) for t in causal_conv_silu(buffer, self.conv_weight, 3))
+        # The conv kernel writes the others, a contiguous run of the three (tuning.py says which).
+        inputs = [None, None, None]
+        rest = [i for i, name in enumerate(CONVOLVED_INPUTS) if name not in self.fused]
+        if rest:
+            start, stop = rest[0] * layer.key_dim, (rest[-1] + 1) * layer.key_dim
+            written = causal_conv_silu(buffer[..., start:], self.conv_weight[start:stop], len(rest))
+            for i, y in zip(rest, written):
+                inputs[i] = y.unflatten(-1, (layer.num_heads, layer.head_dim))
+        convolved = ConvolvedInputs(buffer, self.conv_weight, self.fused) if self.fused else None
         o, recurrent_state = chunk_quasar_norm_gated(
-            q, k, v, self.beta, buffer[:, taps - 1:, width:], self.gate_weight, layer.g_proj[1].bias,
+            *inputs, self.beta, buffer[:, taps - 1:, width:], self.gate_weight, layer.g_proj[1].bias,
             layer.o_norm.weight, layer.o_norm.eps, initial_state=recurrent_state, output_final_state=carry,
+            convolved=convolved,
         )
         conv_state = (None, None, None)
         if carry:

@@ -12,7 +12,9 @@ the state after its own update, as the recurrence defines o_t = S_t^T q_t. The p
 states live in registers only: nothing but the outputs goes back to memory. The layer's
 RMSNorm + sigmoid gate can be applied to each output row before it is written (``gate``), the
 gate's second projection included: each chunk's gate values are a small dot of the gate's
-low-rank input with the head's slice of the weight, so they never go to memory either.
+low-rank input with the head's slice of the weight, so they never go to memory either. With
+:class:`~fla.ops.quasar.layer_kernels.ConvolvedInputs` naming q, the pass convolves q itself as it
+loads it from the layer's projections (no other pass reads q).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import triton
 import triton.language as tl
 
 from fla.ops.quasar.forward_substitution import BLOCK_ROWS, load_rows, mm, store_block
+from fla.ops.quasar.layer_kernels import ConvolvedInputs, load_convolved_rows
 from fla.ops.quasar.segments import Spans, span_of
 
 
@@ -60,6 +63,9 @@ def chunk_quasar_output_kernel(
     g_bias,
     norm_weight,
     eps,
+    proj,
+    proj_stride,
+    conv_weight,
     cu_seqlens,
     seg_indices,
     seq_len,
@@ -77,6 +83,8 @@ def chunk_quasar_output_kernel(
     IS_VARLEN: tl.constexpr,
     NORM_GATE: tl.constexpr,
     GATE_BIAS: tl.constexpr,
+    CONV_Q: tl.constexpr,
+    TAPS: tl.constexpr,
 ):
     i_s, i_h = tl.program_id(0), tl.program_id(1)
     bos, T, t_first = span_of(i_s, cu_seqlens, seg_indices, seq_len, segments_per_sequence, NS * BT, IS_VARLEN)
@@ -99,7 +107,10 @@ def chunk_quasar_output_kernel(
         r = t_first + i_c * BT + o_t
         b_k = load_rows(k, bos, r, T, i_h, H, K, BK)
         b_n = load_rows(u, bos, r, T, i_h, H, V, BV).to(tl.float32) - mm(load_rows(w, bos, r, T, i_h, H, K, BK), b_s, PRECISION)
-        b_q = load_rows(q, bos, r, T, i_h, H, K, BK)
+        if CONV_Q:
+            b_q = load_convolved_rows(proj, proj_stride, conv_weight, bos, r, T, i_h * K, K, BK, TAPS)
+        else:
+            b_q = load_rows(q, bos, r, T, i_h, H, K, BK)
         b_a = tl.where(causal, mm(b_q, tl.trans(b_k), PRECISION), 0.0)
         b_o = mm(b_q, b_s, PRECISION) + mm(b_a, b_n, PRECISION)
         if NORM_GATE:
@@ -116,7 +127,7 @@ def chunk_quasar_output_kernel(
 
 
 def chunk_quasar_output(
-    q: torch.Tensor,
+    q: torch.Tensor | None,
     k: torch.Tensor,
     w: torch.Tensor,
     u: torch.Tensor,
@@ -129,28 +140,34 @@ def chunk_quasar_output(
     precision: str,
     num_warps: int,
     num_stages: int,
+    convolved: ConvolvedInputs | None = None,
 ) -> torch.Tensor:
     """Outputs of every segment from its start state.
 
     ``q, k, w [1, T, H, K]``, ``u [1, T, H, V]`` (sequences laid end to end), ``seg_state
     [NSEG, H, K, V]`` (fp32, the state each segment starts from), ``segments`` of
     ``segment_chunks`` chunks of 64 tokens. With ``gate`` each head's output row is written as
-    RMSNorm(o) * norm_weight * sigmoid(gate values) instead (see :class:`OutputGate`).
+    RMSNorm(o) * norm_weight * sigmoid(gate values) instead (see :class:`OutputGate`). q is None
+    when ``convolved`` names it: the pass convolves it from the projections.
     Returns ``o [1, T, H, V]`` in u's dtype.
     """
-    _, T, H, K = q.shape
+    _, T, H, K = k.shape
     V = u.shape[-1]
-    o = torch.empty(1, T, H, V, device=q.device, dtype=u.dtype)
+    o = torch.empty(1, T, H, V, device=k.device, dtype=u.dtype)
     DG = gate.inputs.shape[-1] if gate is not None else 1
+    projections = None if convolved is None else convolved.projections
     chunk_quasar_output_kernel[(segments.count, H)](
         q, k, w, u, seg_state, o,
         *((gate.inputs, gate.inputs.stride(0), gate.weight, gate.bias, gate.norm_weight, gate.eps) if gate is not None
           else (None, 0, None, None, None, 0.0)),
+        projections, 0 if projections is None else projections.stride(1),
+        None if convolved is None else convolved.weight,
         cu_seqlens, segments.indices, segments.seq_len, segments.per_sequence,
         H=H, K=K, V=V, BT=4 * BLOCK_ROWS.value, NS=segment_chunks, BK=max(16, triton.next_power_of_2(K)),
         BV=max(16, triton.next_power_of_2(V)), DG=DG, BDG=max(16, triton.next_power_of_2(DG)),
         PRECISION=precision, IS_VARLEN=segments.is_varlen, NORM_GATE=gate is not None,
         GATE_BIAS=gate is not None and gate.bias is not None,
+        CONV_Q=convolved is not None and "q" in convolved.fused, TAPS=1 if convolved is None else convolved.taps,
         num_warps=num_warps, num_stages=num_stages,
     )
     return o

@@ -4,15 +4,71 @@ convolution (kernel W) + SiLU of q, k and v in one launch, reading the fused pro
 results as separate contiguous tensors. (The RMSNorm + gate runs inside the core's output pass,
 ``fla.ops.quasar.chunk.chunk_quasar_norm_gated``.)
 
+The core's kernels can also convolve q, k or v themselves as they load them
+(``load_convolved_rows``, :class:`ConvolvedInputs`, tuning.json's ``fused_conv``), so that what
+they read is never written to memory first.
+
 Its PyTorch reference is ``fla.modules.ShortConvolution`` (the layer's module, whose weights it
 takes); the tests compare them on random inputs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
+
+# The inputs the core's kernels can convolve as they load them, in the projections' column order.
+CONVOLVED_INPUTS = "qkv"
+
+
+@dataclass(frozen=True)
+class ConvolvedInputs:
+    """q, k and v given as the projections they are convolved from, for the core's kernels.
+
+    ``projections [B, W - 1 + T, >= 3 H D]`` (unit column stride, any row stride) holds q, k and v
+    before the convolution side by side in its first 3 H D columns, after the W - 1 rows of
+    inputs before the tile, as :func:`causal_conv_silu` reads it; ``weight [3 H D, W]`` are the
+    three convolutions' weights; ``fused`` names the ones (of "q", "k", "v") the core computes
+    itself, SiLU(conv) of these columns, exactly as :func:`causal_conv_silu` would write them.
+    """
+
+    projections: torch.Tensor
+    weight: torch.Tensor
+    fused: str
+
+    @property
+    def taps(self) -> int:
+        """W, the convolutions' kernel size."""
+        return self.weight.shape[1]
+
+    def shape(self, heads: int) -> tuple[int, int, int, int]:
+        """``(B, T, H, D)``: the shape of q (and of k and v) these projections give."""
+        rows, tokens = self.projections.shape[0], self.projections.shape[1] - (self.taps - 1)
+        return rows, tokens, heads, self.weight.shape[0] // (3 * heads)
+
+
+@triton.jit
+def load_convolved_rows(x, stride_t, w, bos, rows, T, col0, D: tl.constexpr, BD: tl.constexpr, W: tl.constexpr):
+    """SiLU(causal conv) of columns ``col0 .. col0 + D`` of a projections buffer (see
+    :class:`ConvolvedInputs`; ``w`` its contiguous ``[C, W]`` weight) at ``rows`` of the sequence
+    whose first token is row ``bos`` of the batch laid end to end (sequences of equal length T):
+    a ``[len(rows), BD]`` block in the buffer's dtype, rows at or past T and columns past D zero,
+    the values :func:`causal_conv_silu` writes."""
+    cols = tl.arange(0, BD)
+    m_c = cols < D
+    # Each sequence's rows come after its own W - 1 rows of earlier inputs.
+    first = x + (bos + (bos // T) * (W - 1) + (W - 1)) * stride_t + col0
+    mask = (rows < T)[:, None] & m_c[None, :]
+    acc = tl.zeros([rows.shape[0], BD], dtype=tl.float32)
+    for s in tl.static_range(W):
+        b_x = tl.load(first + (rows - s).to(tl.int64)[:, None] * stride_t + cols[None, :], mask=mask, other=0.0)
+        b_w = tl.load(w + (col0 + cols) * W + (W - 1 - s), mask=m_c, other=0.0)
+        acc += b_x.to(tl.float32) * b_w.to(tl.float32)[None, :]
+    acc = acc * tl.sigmoid(acc)
+    return acc.to(x.dtype.element_ty)
 
 
 @triton.jit
