@@ -199,8 +199,7 @@ def test_layer_tiles_match_one_pass(fla, tmp_path):
     assert relative_error(tiled, whole) < 1e-2
 
 
-@pytest.mark.parametrize("fused", ["q", "v", "kv", "qkv"])
-def test_core_kernels_convolving_their_inputs_match_the_conv_kernel(fla, tmp_path, fused):
+def test_output_pass_convolving_q_matches_the_conv_kernel(fla, tmp_path):
     import json
 
     import fla.ops.quasar.tuning as tuning
@@ -212,16 +211,17 @@ def test_core_kernels_convolving_their_inputs_match_the_conv_kernel(fla, tmp_pat
     outputs = {}
     try:
         tuning.TUNING_FILE = tmp_path / "tuning.json"
-        for variant in ("", fused):
-            tuning.TUNING_FILE.write_text(json.dumps({"layer_tile_tokens": 4096, "fused_conv": variant}))
+        for fused in ("", "q"):
+            tuning.TUNING_FILE.write_text(json.dumps({"layer_tile_tokens": 4096, "fused_conv": fused}))
             tuning.load_tuning.cache_clear()
             with torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
-                outputs[variant] = layer(x)[0]
+                outputs[fused] = layer(x)[0]
     finally:
         tuning.TUNING_FILE = original
         tuning.load_tuning.cache_clear()
     expected = reference(x)[0]
-    assert relative_error(outputs[fused], expected) < BF16_TOLERANCE
-    assert max(eighths_errors(outputs[fused], expected)) < BF16_TOLERANCE
+    for out in outputs.values():
+        assert relative_error(out, expected) < BF16_TOLERANCE
+        assert max(eighths_errors(out, expected)) < BF16_TOLERANCE
     # The same bf16 convolutions (up to the compiler's fused multiply-adds): the same layer.
-    assert relative_error(outputs[fused], outputs[""]) < 1e-3
+    assert relative_error(outputs["q"], outputs[""]) < 1e-3

@@ -44,7 +44,7 @@ from fla.ops.quasar.chunk_intra_token_parallel import OutputGate, chunk_quasar_o
 from fla.ops.quasar.device import IS_TRITON_INTERPRETER, triton_can_run_on
 from fla.ops.quasar.forward_substitution import BLOCK_ROWS, forward_substitution_kernel, load_rows, mm
 from fla.ops.quasar.gate import quasar_alpha_torch
-from fla.ops.quasar.layer_kernels import CONVOLVED_INPUTS, ConvolvedInputs
+from fla.ops.quasar.layer_kernels import CORE_CONVOLVED, ConvolvedInputs
 from fla.ops.quasar.segments import Spans, span_of, spans_of_sequence
 from fla.ops.quasar.tuning import QuasarTuning, device_name_of, load_tuning
 from fla.ops.quasar.wy import chunk_quasar_wy
@@ -297,36 +297,34 @@ def chunk_quasar_fwd(q, k, v, beta, initial_state, output_final_state, cu_seqlen
     """The Triton forward. Returns ``o [B, T, H, V]`` (v's dtype) and the final state or None.
 
     With ``gate`` (its inputs ``[B T, DG]``, tokens of the batch's rows one after another) the
-    output is the gated RMSNorm of o (:class:`OutputGate`). With ``convolved`` (no cu_seqlens),
-    those of q, k, v that it names are None: the kernels convolve them from the projections.
+    output is the gated RMSNorm of o (:class:`OutputGate`). With ``convolved`` (no cu_seqlens)
+    naming q, q is None: the output pass convolves it from the projections.
     """
-    if k is not None:
-        B, T, H, K = k.shape
-    else:
-        B, T, H, K = convolved.shape(beta.shape[0])
-    V = v.shape[-1] if v is not None else K
-    dtype = next(x.dtype for x in (q, k, v, None if convolved is None else convolved.projections) if x is not None)
-    tuning = tuning or load_tuning(device=device_name_of(beta))
+    tuning = tuning or load_tuning(device=device_name_of(k))
+    B, T, H, K = k.shape
+    V = v.shape[-1]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    final_state = beta.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
+    final_state = k.new_empty(N, H, K, V, dtype=torch.float32) if output_final_state else None
     if T == 0:
         if final_state is not None:
             final_state.copy_(initial_state if initial_state is not None else 0)
-        return beta.new_empty(B, T, H, V, dtype=dtype), final_state
+        return v.new_empty(B, T, H, V), final_state
+    if convolved is not None and cu_seqlens is not None:
+        raise ValueError("convolved inputs take sequences of equal length (no cu_seqlens)")
     if cu_seqlens is None:
         q, k, v = (None if x is None else x.reshape(1, B * T, H, x.shape[-1]) for x in (q, k, v))
     NS = tuning.segment_chunks
     segments = Spans(cu_seqlens, B, T, NS * CHUNK_SIZE)
-    precision = _operand_precision(dtype, tuning)
+    precision = _operand_precision(k.dtype, tuning)
     BK = max(16, triton.next_power_of_2(K))
     BV = max(16, triton.next_power_of_2(V))
     beta = beta.float().contiguous()
 
-    w, u, k = chunk_quasar_wy(k, v, beta, cu_seqlens, Spans(cu_seqlens, B, T, CHUNK_SIZE),
-                              precision=precision, num_warps=tuning.wy_warps, inverse=tuning.wy_inverse,
-                              maxnreg=tuning.wy_maxnreg, convolved=convolved)
-    seg_state = beta.new_empty(segments.count, H, K, V, dtype=torch.float32)
-    seg_trans = beta.new_empty(segments.count, H, K, K, dtype=torch.float32)
+    w, u = chunk_quasar_wy(k, v, beta, cu_seqlens, Spans(cu_seqlens, B, T, CHUNK_SIZE),
+                           precision=precision, num_warps=tuning.wy_warps, inverse=tuning.wy_inverse,
+                           maxnreg=tuning.wy_maxnreg)
+    seg_state = k.new_empty(segments.count, H, K, V, dtype=torch.float32)
+    seg_trans = k.new_empty(segments.count, H, K, K, dtype=torch.float32)
     chunk_quasar_segment_kernel[(segments.count, H, 2 if tuning.split_transition else 1)](
         k, w, u, seg_state, seg_trans, cu_seqlens, segments.indices, segments.seq_len, segments.per_sequence,
         H=H, K=K, V=V, BT=CHUNK_SIZE, NS=NS, BK=BK, BV=BV, PRECISION=precision,
@@ -417,8 +415,8 @@ def chunk_quasar(
 
 def chunk_quasar_norm_gated(
     q: torch.Tensor | None,
-    k: torch.Tensor | None,
-    v: torch.Tensor | None,
+    k: torch.Tensor,
+    v: torch.Tensor,
     beta: torch.Tensor,
     gate_input: torch.Tensor,
     gate_weight: torch.Tensor,
@@ -438,8 +436,8 @@ def chunk_quasar_norm_gated(
     needed, and :func:`chunk_quasar` with its ``FusedRMSNormGated`` module otherwise.
     ``gate_input`` is ``[B, T, DG]`` (its last dimension contiguous; a view with strided tokens
     is read in place when B = 1), ``gate_weight [H V, DG]``, ``gate_bias [H V]`` or None,
-    ``norm_weight [V]``. With ``convolved``, each of q, k, v that its ``fused`` names is None: the
-    kernels compute it from the layer's projections as they load it.
+    ``norm_weight [V]``. With ``convolved`` (naming q), q is None: the output pass computes it from
+    the layer's projections as it loads it.
     """
     given = (q, k, v)
     if convolved is not None:
@@ -466,24 +464,20 @@ def chunk_quasar_norm_gated(
 
 
 def _convolved_stand_ins(q, k, v, beta, convolved: ConvolvedInputs):
-    """q, k, v for :func:`check_quasar_inputs`: each that ``convolved`` computes (and that must
-    therefore be None) stands in as a tensor of the shape, dtype and device the convolution gives,
-    holding no data. ValueError names what does not fit."""
+    """q, k, v for :func:`check_quasar_inputs`: q, which the output pass convolves (and which
+    must therefore be None), stands in as a tensor of the shape, dtype and device the convolution
+    gives, holding no data. ValueError names what does not fit."""
     projections, weight = convolved.projections, convolved.weight
-    if set(convolved.fused) - set(CONVOLVED_INPUTS):
-        raise ValueError(f"convolved.fused names inputs among {CONVOLVED_INPUTS!r}; got {convolved.fused!r}")
+    if convolved.fused != CORE_CONVOLVED:
+        raise ValueError(f"convolved.fused must be {CORE_CONVOLVED!r} (the core convolves q; k and v come as tensors); "
+                         f"got {convolved.fused!r}")
+    if q is not None:
+        raise ValueError("q must be None when convolved.fused names it: the output pass convolves it")
     heads = beta.shape[0] if beta.dim() == 1 else 0
     if (projections.dim() != 3 or projections.stride(-1) != 1 or weight.dim() != 2 or not weight.is_contiguous()
-            or heads == 0
-            or weight.shape[0] % (3 * heads) or projections.shape[-1] < weight.shape[0]
+            or heads == 0 or weight.shape[0] % (3 * heads) or projections.shape[-1] < weight.shape[0]
             or projections.shape[1] < weight.shape[1] - 1):
         raise ValueError(f"convolved needs projections [B, W - 1 + T, >= 3 H D] with unit column stride and a weight "
                          f"[3 H D, W], contiguous (H = {heads}); got {tuple(projections.shape)} with strides "
                          f"{projections.stride()} and {tuple(weight.shape)}")
-    shape = convolved.shape(heads)
-    inputs = []
-    for name, x in zip(CONVOLVED_INPUTS, (q, k, v)):
-        if (x is None) != (name in convolved.fused):
-            raise ValueError(f"{name} must be None exactly when convolved.fused ({convolved.fused!r}) names it")
-        inputs.append(projections.new_empty(1).as_strided(shape, (0,) * 4) if x is None else x)
-    return inputs
+    return projections.new_empty(1).as_strided(convolved.shape(heads), (0,) * 4), k, v

@@ -4,9 +4,9 @@ convolution (kernel W) + SiLU of q, k and v in one launch, reading the fused pro
 results as separate contiguous tensors. (The RMSNorm + gate runs inside the core's output pass,
 ``fla.ops.quasar.chunk.chunk_quasar_norm_gated``.)
 
-The core's kernels can also convolve q, k or v themselves as they load them
-(``load_convolved_rows``, :class:`ConvolvedInputs`, tuning.json's ``fused_conv``), so that what
-they read is never written to memory first.
+The core's output pass can also convolve q itself as it loads it (``load_convolved_rows``,
+:class:`ConvolvedInputs`, tuning.json's ``fused_conv``), so that q is never written to memory
+first; the kernel here then writes only k and v.
 
 Its PyTorch reference is ``fla.modules.ShortConvolution`` (the layer's module, whose weights it
 takes); the tests compare them on random inputs.
@@ -20,8 +20,11 @@ import torch
 import triton
 import triton.language as tl
 
-# The inputs the core's kernels can convolve as they load them, in the projections' column order.
+# The convolved inputs, in the order of their columns in the projections.
 CONVOLVED_INPUTS = "qkv"
+# Those the core's kernels can convolve as they load them: q, in the output pass. k and v in the
+# WY pass cost that pass more than the conv kernel's time they saved (benchmarks/RESULTS.md).
+CORE_CONVOLVED = "q"
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,9 @@ class ConvolvedInputs:
     ``projections [B, W - 1 + T, >= 3 H D]`` (unit column stride, any row stride) holds q, k and v
     before the convolution side by side in its first 3 H D columns, after the W - 1 rows of
     inputs before the tile, as :func:`causal_conv_silu` reads it; ``weight [3 H D, W]`` are the
-    three convolutions' weights; ``fused`` names the ones (of "q", "k", "v") the core computes
-    itself, SiLU(conv) of these columns, exactly as :func:`causal_conv_silu` would write them.
+    three convolutions' weights; ``fused`` names the ones the core computes itself
+    (:data:`CORE_CONVOLVED`), SiLU(conv) of their columns, as :func:`causal_conv_silu` would write
+    them.
     """
 
     projections: torch.Tensor

@@ -20,11 +20,9 @@ optional, defaults in :data:`DEFAULTS`:
 ``combine_block_v``   value columns per program of the sequential combine (pass 2): 16, 32 or 64.
 ``combine_warps``     num_warps of the combine kernel.
 ``precision``         tensor-core operands for bf16 inputs: "bf16" (fast) or "tf32" (closer).
-``fused_conv``        which of q, k, v the core's kernels convolve (+ SiLU) themselves as they load
-                      them from the input projections, instead of the conv kernel writing them
-                      first: "" (none), or letters of "qkv" in that order leaving the rest
-                      contiguous ("q", "v", "qk", "qv", "kv", "qkv"). v and k go to the WY pass
-                      (which then writes k for the passes after it), q to the output pass.
+``fused_conv``        "q": the core's output pass convolves q (+ SiLU) itself as it loads it from
+                      the input projections, and the conv kernel writes only k and v; "": the conv
+                      kernel writes all three.
 ``layer_tile_tokens`` the layer runs its projections, convolutions and core this many tokens at
                       a time (multiple of 64), carrying the states; bounds peak memory.
 ``devices``           tunings for particular chips: an object mapping a fragment of a CUDA
@@ -60,7 +58,7 @@ class QuasarTuning:
     combine_block_v: int = 16
     combine_warps: int = 4
     precision: str = "bf16"
-    fused_conv: str = ""
+    fused_conv: str = "q"
     layer_tile_tokens: int = 65_536
 
 
@@ -78,8 +76,7 @@ _ALLOWED = {
     "combine_block_v": {16, 32, 64},
     "combine_warps": {1, 2, 4, 8},
     "precision": {"bf16", "tf32"},
-    # Every subset of q, k, v whose complement the conv kernel can write in one launch.
-    "fused_conv": {"", "q", "v", "qk", "qv", "kv", "qkv"},
+    "fused_conv": {"", "q"},
 }
 
 

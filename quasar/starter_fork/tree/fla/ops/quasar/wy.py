@@ -5,10 +5,6 @@ chunk's update of the state is S <- S + K^T (U - W S). W and U depend on the chu
 pass runs one program per (chunk, head), all at once, and the sequential passes after it
 (chunk.py, chunk_intra_token_parallel.py) only multiply by them. They are stored in the inputs'
 dtype, as upstream fla stores its ``w`` and ``u``.
-
-With :class:`~fla.ops.quasar.layer_kernels.ConvolvedInputs` the pass convolves k or v itself as it
-loads them from the layer's projections; k convolved here is also written out, for the passes
-after this one.
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ import triton
 import triton.language as tl
 
 from fla.ops.quasar.forward_substitution import BLOCK_ROWS, block_solve, chunk_factors, load_rows, store_block
-from fla.ops.quasar.layer_kernels import ConvolvedInputs, load_convolved_rows
 from fla.ops.quasar.segments import Spans, span_of
 from fla.utils import IS_AMD
 
@@ -31,9 +26,6 @@ def chunk_quasar_wy_kernel(
     beta,
     w,
     u,
-    proj,
-    proj_stride,
-    conv_weight,
     cu_seqlens,
     chunk_indices,
     seq_len,
@@ -46,9 +38,6 @@ def chunk_quasar_wy_kernel(
     PRECISION: tl.constexpr,
     INVERSE: tl.constexpr,
     IS_VARLEN: tl.constexpr,
-    CONV_K: tl.constexpr,
-    CONV_V: tl.constexpr,
-    TAPS: tl.constexpr,
 ):
     i_c, i_h = tl.program_id(0), tl.program_id(1)
     bos, T, t_first = span_of(i_c, cu_seqlens, chunk_indices, seq_len, chunks_per_sequence, 4 * BLOCK_ROWS, IS_VARLEN)
@@ -56,25 +45,6 @@ def chunk_quasar_wy_kernel(
     r = t_first + tl.arange(0, BLOCK_ROWS)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
-    if CONV_K or CONV_V:
-        # The chunk's k and v, convolved from the projections, go to memory (k for the passes
-        # after this one; v over U's rows, which only this program writes, later) and are read
-        # back below as the unfused pass reads them, once every thread's stores are done. A loop
-        # of 16-row blocks, not unrolled, keeps the taps' loads of one block in registers at once.
-        for block in tl.range(0, 4, num_stages=1):
-            rows = r + block * BLOCK_ROWS
-            if CONV_K:
-                b_k = load_convolved_rows(proj, proj_stride, conv_weight, bos, rows, T, H * K + i_h * K, K, BK, TAPS)
-                store_block(k, b_k, bos, rows, o_k, T, i_h, H, K)
-            if CONV_V:
-                b_v = load_convolved_rows(proj, proj_stride, conv_weight, bos, rows, T, 2 * H * K + i_h * V, V, BV,
-                                          TAPS)
-                store_block(u, b_v, bos, rows, o_v, T, i_h, H, V)
-        tl.debug_barrier()
-    if CONV_V:
-        v_rows = u
-    else:
-        v_rows = v
     k0 = load_rows(k, bos, r, T, i_h, H, K, BK)
     k1 = load_rows(k, bos, r + BLOCK_ROWS, T, i_h, H, K, BK)
     k2 = load_rows(k, bos, r + 2 * BLOCK_ROWS, T, i_h, H, K, BK)
@@ -96,10 +66,10 @@ def chunk_quasar_wy_kernel(
     store_block(w, w1, bos, r + BLOCK_ROWS, o_k, T, i_h, H, K)
     store_block(w, w2, bos, r + 2 * BLOCK_ROWS, o_k, T, i_h, H, K)
     store_block(w, w3, bos, r + 3 * BLOCK_ROWS, o_k, T, i_h, H, K)
-    v0 = load_rows(v_rows, bos, r, T, i_h, H, V, BV).to(tl.float32)
-    v1 = load_rows(v_rows, bos, r + BLOCK_ROWS, T, i_h, H, V, BV).to(tl.float32)
-    v2 = load_rows(v_rows, bos, r + 2 * BLOCK_ROWS, T, i_h, H, V, BV).to(tl.float32)
-    v3 = load_rows(v_rows, bos, r + 3 * BLOCK_ROWS, T, i_h, H, V, BV).to(tl.float32)
+    v0 = load_rows(v, bos, r, T, i_h, H, V, BV).to(tl.float32)
+    v1 = load_rows(v, bos, r + BLOCK_ROWS, T, i_h, H, V, BV).to(tl.float32)
+    v2 = load_rows(v, bos, r + 2 * BLOCK_ROWS, T, i_h, H, V, BV).to(tl.float32)
+    v3 = load_rows(v, bos, r + 3 * BLOCK_ROWS, T, i_h, H, V, BV).to(tl.float32)
     u0, u1, u2, u3 = block_solve(
         i0, i1, i2, i3, l10, l20, l21, l30, l31, l32,
         a0[:, None] * v0, a1[:, None] * v1, a2[:, None] * v2, a3[:, None] * v3, PRECISION,
@@ -121,8 +91,8 @@ def launch_options(num_warps: int, maxnreg: int) -> dict:
 
 
 def chunk_quasar_wy(
-    k: torch.Tensor | None,
-    v: torch.Tensor | None,
+    k: torch.Tensor,
+    v: torch.Tensor,
     beta: torch.Tensor,
     cu_seqlens: torch.Tensor | None,
     chunks: Spans,
@@ -131,38 +101,21 @@ def chunk_quasar_wy(
     num_warps: int,
     inverse: str = "substitution",
     maxnreg: int = 0,
-    convolved: ConvolvedInputs | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``W [1, T, H, K]`` and ``U [1, T, H, V]`` of every chunk of ``chunks``, and k.
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``W [1, T, H, K]`` and ``U [1, T, H, V]`` (k's and v's dtypes) of every chunk of ``chunks``.
 
     ``k [1, T, H, K]``, ``v [1, T, H, V]`` (sequences laid end to end), ``beta [H]`` fp32;
     ``inverse`` says how the diagonal blocks are inverted (forward_substitution.INVERSES);
     ``maxnreg`` caps the registers per thread (0: the compiler's choice; CUDA only).
-    With ``convolved`` (sequences of equal length only), k or v is None when its ``fused`` names
-    it, and is convolved here from the projections. Returns W, U and k (the one given, or the one
-    convolved here); W has k's dtype, U v's.
     """
-    fused = "" if convolved is None else convolved.fused
-    if convolved is not None and cu_seqlens is not None:
-        raise ValueError("convolved inputs take sequences of equal length (no cu_seqlens)")
-    if k is not None:
-        _, T, H, K = k.shape
-    else:
-        rows, tokens, H, K = convolved.shape(beta.shape[0])
-        T = rows * tokens
-    V = v.shape[-1] if v is not None else K
-    if k is None:
-        k = convolved.projections.new_empty(1, T, H, K)
+    _, T, H, K = k.shape
+    V = v.shape[-1]
     w = torch.empty_like(k)
-    u = torch.empty(1, T, H, V, device=k.device, dtype=k.dtype if v is None else v.dtype)
-    projections = None if convolved is None else convolved.projections
+    u = torch.empty_like(v)
     chunk_quasar_wy_kernel[(chunks.count, H)](
-        k, v, beta, w, u, projections, 0 if projections is None else projections.stride(1),
-        None if convolved is None else convolved.weight,
-        cu_seqlens, chunks.indices, chunks.seq_len, chunks.per_sequence,
+        k, v, beta, w, u, cu_seqlens, chunks.indices, chunks.seq_len, chunks.per_sequence,
         H=H, K=K, V=V, BK=max(16, triton.next_power_of_2(K)), BV=max(16, triton.next_power_of_2(V)),
         PRECISION=precision, INVERSE=inverse, IS_VARLEN=chunks.is_varlen,
-        CONV_K="k" in fused, CONV_V="v" in fused, TAPS=1 if convolved is None else convolved.taps,
         **launch_options(num_warps, maxnreg),
     )
-    return w, u, k
+    return w, u
