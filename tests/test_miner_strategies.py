@@ -234,7 +234,7 @@ def test_tuning_keys_name_the_gpu_and_the_kernel_code(starter):
 
 
 def test_tuning_on_a_gpu_with_its_own_entry_changes_that_entry(starter):
-    # The starter fork ships {"devices": {"H200": {"wy_warps": 1, "wy_maxnreg": 0}}}: on an H200 the
+    # The starter fork ships {"devices": {"H200": {"wy_warps": 1, "wy_maxnreg": 0, ...}}}: on an H200 the
     # search starts from those values and writes into that entry; elsewhere at the top level.
     shipped = json.loads((starter / TUNING_FILE).read_text())
     assert shipped["devices"]["H200"]["wy_warps"] == 1 and shipped["wy_warps"] == 2
