@@ -88,18 +88,26 @@ SCRIPT = textwrap.dedent(
     pieces.append(layer(x[:, 132:], past_key_values=cache, use_cache=True)[0])
     res["layer-decoding"] = relative_error(torch.cat(pieces, 1), expected)
     # q convolved by the output pass as it loads it (fused_conv "q", the default) or written by the
-    # conv kernel first (""), in tiles carrying the conv's inputs, on two batch rows
+    # conv kernel first (""), in tiles carrying the conv's inputs, on two batch rows; and tiles
+    # shorter than fused_conv_min_tokens keeping the conv kernel for q
+    import fla.layers.quasar as layer_module
+    conv_kernel, channels = layer_module.causal_conv_silu, []
+    layer_module.causal_conv_silu = lambda x, weight, *rest: channels.append(weight.shape[0]) or conv_kernel(x, weight, *rest)
     rows = torch.randn(2, 200, 64)
     rows_expected = reference(rows)[0]
     outputs = {}
     with torch.inference_mode():
-        for fused in ("", "q"):
-            tuning.TUNING_FILE.write_text(json.dumps({"layer_tile_tokens": 128, "segment_chunks": 1, "fused_conv": fused}))
+        for fused, least in (("", 0), ("q", 0), ("q", 4096)):
+            tuning.TUNING_FILE.write_text(json.dumps({"layer_tile_tokens": 128, "segment_chunks": 1, "fused_conv": fused,
+                                                      "fused_conv_min_tokens": least}))
             tuning.load_tuning.cache_clear()
-            outputs[fused] = layer(rows)[0]
-    res["conv-q-in-output-pass"] = relative_error(outputs["q"], rows_expected)
-    res["conv-q-by-conv-kernel"] = relative_error(outputs[""], rows_expected)
-    res["conv-q-paths-against-each-other"] = relative_error(outputs["q"], outputs[""])
+            channels.clear()
+            outputs[fused, least] = layer(rows)[0]
+            res[f"conv-kernel-channels-{fused}-{least}"] = channels[:]
+    layer_module.causal_conv_silu = conv_kernel
+    res["conv-q-in-output-pass"] = relative_error(outputs["q", 0], rows_expected)
+    res["conv-q-by-conv-kernel"] = relative_error(outputs["", 0], rows_expected)
+    res["conv-q-paths-against-each-other"] = relative_error(outputs["q", 0], outputs["", 0])
     tuning.TUNING_FILE.write_text('{"layer_tile_tokens": 128, "segment_chunks": 1}')
     tuning.load_tuning.cache_clear()
     with torch.inference_mode():
@@ -154,11 +162,16 @@ def test_fused_tiled_layer_matches_reference(interpreted, case):
 
 
 @pytest.mark.slow
-def test_output_pass_convolving_q_matches_the_conv_kernel(interpreted):
+def test_output_pass_convolving_q_matches_the_conv_kernel_in_long_tiles(interpreted):
     # The same fp32 sums in the same order as the conv kernel's: the outputs agree to rounding.
     assert interpreted["conv-q-in-output-pass"] < 1e-5, interpreted
     assert interpreted["conv-q-by-conv-kernel"] < 1e-5, interpreted
     assert interpreted["conv-q-paths-against-each-other"] < 1e-6, interpreted
+    # The conv kernel writes k and v (128 channels of 192) in fused tiles, all three in the others:
+    # tiles of 128 and 72 tokens, fused from 0 tokens on, not from 4,096.
+    assert interpreted["conv-kernel-channels-q-0"] == [128, 128], interpreted
+    assert interpreted["conv-kernel-channels--0"] == [192, 192], interpreted
+    assert interpreted["conv-kernel-channels-q-4096"] == [192, 192], interpreted
 
 
 @pytest.mark.slow

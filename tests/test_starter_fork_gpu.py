@@ -212,7 +212,8 @@ def test_output_pass_convolving_q_matches_the_conv_kernel(fla, tmp_path):
     try:
         tuning.TUNING_FILE = tmp_path / "tuning.json"
         for fused in ("", "q"):
-            tuning.TUNING_FILE.write_text(json.dumps({"layer_tile_tokens": 4096, "fused_conv": fused}))
+            tuning.TUNING_FILE.write_text(json.dumps({"layer_tile_tokens": 4096, "fused_conv": fused,
+                                                      "fused_conv_min_tokens": 0}))
             tuning.load_tuning.cache_clear()
             with torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
                 outputs[fused] = layer(x)[0]

@@ -228,8 +228,12 @@ class _KernelTiles:
         self.conv_weight = torch.cat([layer.q_conv1d.weight, layer.k_conv1d.weight, layer.v_conv1d.weight]).squeeze(1)
         self.beta = F.softplus(layer.beta_log.float())
         self.gate_weight = layer.g_proj[1].weight.to(self.dtype)
-        # Those of q, k, v the core's kernels convolve as they load them (tuning.json's fused_conv).
-        self.fused = load_tuning(device=device_name_of(hidden_states)).fused_conv
+        tuning = load_tuning(device=device_name_of(hidden_states))
+        # Those of q, k, v the core's kernels convolve as they load them (tuning.json's fused_conv),
+        # in tiles long enough for it to pay: on an H100 it gave +2% at 1M, +0.9% at 65,536 and
+        # -14% to -22% at 512 to 8,192 tokens (benchmarks/RESULTS.md).
+        self.fused = tuning.fused_conv
+        self.fused_min_tokens = tuning.fused_conv_min_tokens
 
     def __call__(self, x, recurrent_state, conv_state, carry):
         """Tile ``x [B, L, hidden]`` as :meth:`QuasarAttention._forward_tile` returns it."""
@@ -250,13 +254,14 @@ class _KernelTiles:
             buffer[:, :taps - 1, :width].copy_(torch.cat(conv_state, 1)[..., 1:].transpose(1, 2))
         # The conv kernel writes the others, a contiguous run of the three (tuning.py says which).
         inputs = [None, None, None]
-        rest = [i for i, name in enumerate(CONVOLVED_INPUTS) if name not in self.fused]
+        fused = self.fused if x.shape[1] >= self.fused_min_tokens else ""
+        rest = [i for i, name in enumerate(CONVOLVED_INPUTS) if name not in fused]
         if rest:
             start, stop = rest[0] * layer.key_dim, (rest[-1] + 1) * layer.key_dim
             written = causal_conv_silu(buffer[..., start:], self.conv_weight[start:stop], len(rest))
             for i, y in zip(rest, written):
                 inputs[i] = y.unflatten(-1, (layer.num_heads, layer.head_dim))
-        convolved = ConvolvedInputs(buffer, self.conv_weight, self.fused) if self.fused else None
+        convolved = ConvolvedInputs(buffer, self.conv_weight, fused) if fused else None
         o, recurrent_state = chunk_quasar_norm_gated(
             *inputs, self.beta, buffer[:, taps - 1:, width:], self.gate_weight, layer.g_proj[1].bias,
             layer.o_norm.weight, layer.o_norm.eps, initial_state=recurrent_state, output_final_state=carry,

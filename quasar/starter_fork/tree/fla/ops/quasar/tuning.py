@@ -23,6 +23,8 @@ optional, defaults in :data:`DEFAULTS`:
 ``fused_conv``        "q": the core's output pass convolves q (+ SiLU) itself as it loads it from
                       the input projections, and the conv kernel writes only k and v; "": the conv
                       kernel writes all three.
+``fused_conv_min_tokens`` the layer's tiles shorter than this keep the conv kernel for q: their
+                      output pass has too few programs to hide the extra loads (0: every tile).
 ``layer_tile_tokens`` the layer runs its projections, convolutions and core this many tokens at
                       a time (multiple of 64), carrying the states; bounds peak memory.
 ``devices``           tunings for particular chips: an object mapping a fragment of a CUDA
@@ -59,6 +61,7 @@ class QuasarTuning:
     combine_warps: int = 4
     precision: str = "bf16"
     fused_conv: str = "q"
+    fused_conv_min_tokens: int = 65_536
     layer_tile_tokens: int = 65_536
 
 
@@ -77,6 +80,7 @@ _ALLOWED = {
     "combine_warps": {1, 2, 4, 8},
     "precision": {"bf16", "tf32"},
     "fused_conv": {"", "q"},
+    "fused_conv_min_tokens": {0, 4096, 16384, 32768, 65536, 131072},
 }
 
 
