@@ -92,14 +92,19 @@ SCRIPT = textwrap.dedent(
     # shorter than fused_conv_min_tokens keeping the conv kernel for q
     import fla.layers.quasar as layer_module
     conv_kernel, channels = layer_module.causal_conv_silu, []
-    layer_module.causal_conv_silu = lambda x, weight, *rest: channels.append(weight.shape[0]) or conv_kernel(x, weight, *rest)
+
+    def counted_conv(x, weight, *rest):
+        channels.append(weight.shape[0])
+        return conv_kernel(x, weight, *rest)
+
+    layer_module.causal_conv_silu = counted_conv
     rows = torch.randn(2, 200, 64)
     rows_expected = reference(rows)[0]
     outputs = {}
     with torch.inference_mode():
         for fused, least in (("", 0), ("q", 0), ("q", 4096)):
-            tuning.TUNING_FILE.write_text(json.dumps({"layer_tile_tokens": 128, "segment_chunks": 1, "fused_conv": fused,
-                                                      "fused_conv_min_tokens": least}))
+            tuning.TUNING_FILE.write_text(json.dumps({"layer_tile_tokens": 128, "segment_chunks": 1,
+                                                      "fused_conv": fused, "fused_conv_min_tokens": least}))
             tuning.load_tuning.cache_clear()
             channels.clear()
             outputs[fused, least] = layer(rows)[0]

@@ -13,9 +13,9 @@ projections, convolutions (continuing from the previous tile's last inputs), cor
 from its state) and output are computed before the next, so the intermediates of only one tile
 are ever in memory. The input projections W_q, W_k, W_v and W_g1 run as one matrix product. When
 no gradient is needed (chunk mode, where the Triton kernels run), that product is written after
-the convolution's W - 1 previous inputs, the three convolutions + SiLU run as one kernel reading
-it in place (fla.ops.quasar.layer_kernels; or the core's kernels convolve those of q, k, v that
-tuning.json's ``fused_conv`` names as they load them), and the gate's second projection, the RMSNorm and
+the convolution's W - 1 previous inputs, the convolutions + SiLU run as one kernel reading it in
+place (fla.ops.quasar.layer_kernels; in long tiles the core's output pass convolves q itself as
+it loads it, tuning.json's ``fused_conv``), and the gate's second projection, the RMSNorm and
 the gate run inside the core's output pass (``chunk_quasar_norm_gated``). With gradients, the
 layer's modules run one after another (``ShortConvolution``, ``chunk_quasar``,
 ``FusedRMSNormGated``), so every parameter gets its gradient.
@@ -214,9 +214,9 @@ class QuasarAttention(nn.Module):
 
 class _KernelTiles:
     """The tiles of one forward without gradients: one conv kernel reading the projections in
-    place (or the core's kernels convolving some of q, k, v as they load them), and the core with the RMSNorm + gate (W_g2 and its bias included) in its output pass,
-    reading W_g1 x where the input projection wrote it. The weights are prepared once
-    per forward, not per tile. (A side stream casting the next tile's input during this tile's
+    place (q left to the core's output pass in long tiles), and the core with the RMSNorm + gate
+    (W_g2 and its bias included) in its output pass, reading W_g1 x where the input projection
+    wrote it. The weights are prepared once per forward, not per tile. (A side stream casting the next tile's input during this tile's
     core gained nothing measurable on an H100: benchmarks/RESULTS.md.)"""
 
     def __init__(self, layer: QuasarAttention, hidden_states: torch.Tensor):
@@ -230,7 +230,7 @@ class _KernelTiles:
         self.gate_weight = layer.g_proj[1].weight.to(self.dtype)
         tuning = load_tuning(device=device_name_of(hidden_states))
         # Those of q, k, v the core's kernels convolve as they load them (tuning.json's fused_conv),
-        # in tiles long enough for it to pay: on an H100 it gave +2% at 1M, +0.9% at 65,536 and
+        # in tiles long enough for it to pay: on an H100 it gave +2% at 1M, +1.2% at 65,536 and
         # -14% to -22% at 512 to 8,192 tokens (benchmarks/RESULTS.md).
         self.fused = tuning.fused_conv
         self.fused_min_tokens = tuning.fused_conv_min_tokens
