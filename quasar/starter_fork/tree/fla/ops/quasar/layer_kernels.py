@@ -55,6 +55,31 @@ class ConvolvedInputs:
 
 
 @triton.jit
+def convolve_silu(first, stride_t, w, w_col0, rows, cols, row_mask, col_mask, W: tl.constexpr):
+    """SiLU(sum_s w[w_col0 + c, W - 1 - s] x[r - s, c]) of a block of ``rows`` r and ``cols`` c,
+    in fp32: x's row r at ``first + r * stride_t`` (the W - 1 rows before row 0 are the inputs
+    before the sequence), ``w`` a contiguous ``[C, W]`` weight. ``row_mask`` zeroes x's rows
+    outside it, ``col_mask`` (given with a ``row_mask``) its columns and their weights; None: no
+    mask. The one sum of the conv kernel and of the passes that convolve as they load, so both
+    give the same values."""
+    acc = tl.zeros([rows.shape[0], cols.shape[0]], dtype=tl.float32)
+    for s in tl.static_range(W):
+        p_x = first + (rows - s).to(tl.int64)[:, None] * stride_t + cols[None, :]
+        p_w = w + (w_col0 + cols) * W + (W - 1 - s)
+        if col_mask is None:
+            if row_mask is None:
+                b_x = tl.load(p_x)
+            else:
+                b_x = tl.load(p_x, mask=row_mask[:, None], other=0.0)
+            b_w = tl.load(p_w)
+        else:
+            b_x = tl.load(p_x, mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+            b_w = tl.load(p_w, mask=col_mask, other=0.0)
+        acc += b_x.to(tl.float32) * b_w.to(tl.float32)[None, :]
+    return acc * tl.sigmoid(acc)
+
+
+@triton.jit
 def load_convolved_rows(x, stride_t, w, bos, rows, T, col0, D: tl.constexpr, BD: tl.constexpr, W: tl.constexpr):
     """SiLU(causal conv) of columns ``col0 .. col0 + D`` of a projections buffer (see
     :class:`ConvolvedInputs`; ``w`` its contiguous ``[C, W]`` weight) at ``rows`` of the sequence
@@ -62,16 +87,9 @@ def load_convolved_rows(x, stride_t, w, bos, rows, T, col0, D: tl.constexpr, BD:
     a ``[len(rows), BD]`` block in the buffer's dtype, rows at or past T and columns past D zero,
     the values :func:`causal_conv_silu` writes."""
     cols = tl.arange(0, BD)
-    m_c = cols < D
     # Each sequence's rows come after its own W - 1 rows of earlier inputs.
     first = x + (bos + (bos // T) * (W - 1) + (W - 1)) * stride_t + col0
-    mask = (rows < T)[:, None] & m_c[None, :]
-    acc = tl.zeros([rows.shape[0], BD], dtype=tl.float32)
-    for s in tl.static_range(W):
-        b_x = tl.load(first + (rows - s).to(tl.int64)[:, None] * stride_t + cols[None, :], mask=mask, other=0.0)
-        b_w = tl.load(w + (col0 + cols) * W + (W - 1 - s), mask=m_c, other=0.0)
-        acc += b_x.to(tl.float32) * b_w.to(tl.float32)[None, :]
-    acc = acc * tl.sigmoid(acc)
+    acc = convolve_silu(first, stride_t, w, col0, rows, cols, rows < T, cols < D, W)
     return acc.to(x.dtype.element_ty)
 
 
@@ -96,16 +114,10 @@ def causal_conv_silu_kernel(
     # Row W - 1 of the batch row is the sequence's first token; the W - 1 rows before it hold the
     # inputs before the sequence, so every shifted row exists and only the tail needs a mask.
     first = x + i_b.to(tl.int64) * stride_xb + (W - 1) * stride_xt
-    acc = tl.zeros([BT, BC], dtype=tl.float32)
-    for s in tl.static_range(W):
-        p_x = first + (o_t - s).to(tl.int64)[:, None] * stride_xt + o_c[None, :]
-        if EVEN_T:
-            b_x = tl.load(p_x)
-        else:
-            b_x = tl.load(p_x, mask=(o_t < T)[:, None], other=0.0)
-        b_w = tl.load(w + o_c * W + (W - 1 - s))
-        acc += b_x.to(tl.float32) * b_w.to(tl.float32)[None, :]
-    acc = acc * tl.sigmoid(acc)
+    if EVEN_T:
+        acc = convolve_silu(first, stride_xt, w, 0, o_t, o_c, None, None, W)
+    else:
+        acc = convolve_silu(first, stride_xt, w, 0, o_t, o_c, o_t < T, None, W)
     # A block of channels lies inside one group (BC divides CG): its columns stay contiguous.
     group = (i_c * BC) // CG
     # BC divides CG, so the block's first column in its group is a multiple of BC; said, so that
