@@ -32,7 +32,7 @@ from fla.modules import FusedRMSNormGated, ShortConvolution
 from fla.ops.quasar import chunk_quasar, fused_recurrent_quasar
 from fla.ops.quasar.chunk import chunk_quasar_norm_gated
 from fla.ops.quasar.device import triton_can_run_on
-from fla.ops.quasar.layer_kernels import CONVOLVED_INPUTS, ConvolvedInputs, causal_conv_silu
+from fla.ops.quasar.layer_kernels import ConvolvedInputs, causal_conv_silu
 from fla.ops.quasar.tuning import device_name_of, load_tuning
 
 
@@ -252,18 +252,16 @@ class _KernelTiles:
         else:
             # The cache holds the last W inputs, newest last; the conv reads the last W - 1.
             buffer[:, :taps - 1, :width].copy_(torch.cat(conv_state, 1)[..., 1:].transpose(1, 2))
-        # The conv kernel writes the others, a contiguous run of the three (tuning.py says which).
-        inputs = [None, None, None]
+        # The conv kernel writes k and v, and q (the first of the projections' q | k | v columns)
+        # unless the output pass convolves it.
         fused = self.fused if x.shape[1] >= self.fused_min_tokens else ""
-        rest = [i for i, name in enumerate(CONVOLVED_INPUTS) if name not in fused]
-        if rest:
-            start, stop = rest[0] * layer.key_dim, (rest[-1] + 1) * layer.key_dim
-            written = causal_conv_silu(buffer[..., start:], self.conv_weight[start:stop], len(rest))
-            for i, y in zip(rest, written):
-                inputs[i] = y.unflatten(-1, (layer.num_heads, layer.head_dim))
+        groups = 2 if fused else 3
+        start = (3 - groups) * layer.key_dim
+        written = causal_conv_silu(buffer[..., start:], self.conv_weight[start:], groups)
+        q, k, v = [None] * (3 - groups) + [y.unflatten(-1, (layer.num_heads, layer.head_dim)) for y in written]
         convolved = ConvolvedInputs(buffer, self.conv_weight, fused) if fused else None
         o, recurrent_state = chunk_quasar_norm_gated(
-            *inputs, self.beta, buffer[:, taps - 1:, width:], self.gate_weight, layer.g_proj[1].bias,
+            q, k, v, self.beta, buffer[:, taps - 1:, width:], self.gate_weight, layer.g_proj[1].bias,
             layer.o_norm.weight, layer.o_norm.eps, initial_state=recurrent_state, output_final_state=carry,
             convolved=convolved,
         )

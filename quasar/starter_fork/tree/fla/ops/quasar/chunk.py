@@ -439,10 +439,8 @@ def chunk_quasar_norm_gated(
     ``norm_weight [V]``. With ``convolved`` (naming q), q is None: the output pass computes it from
     the layer's projections as it loads it.
     """
-    given = (q, k, v)
-    if convolved is not None:
-        q, k, v = _convolved_stand_ins(q, k, v, beta, convolved)
-    check_quasar_inputs(q, k, v, beta, initial_state, None)
+    checked_q = q if convolved is None else _convolved_q_stand_in(q, beta, convolved)
+    check_quasar_inputs(checked_q, k, v, beta, initial_state, None)
     B, T, H, V = v.shape
     dg = gate_input.shape[-1]
     if (gate_input.shape[:2] != (B, T) or gate_weight.shape != (H * V, dg) or norm_weight.shape != (V,)
@@ -451,22 +449,22 @@ def chunk_quasar_norm_gated(
         raise ValueError(f"expected gate_input [B, T, DG] with B, T = {B}, {T}, gate_weight [H V, DG] = [{H * V}, DG], "
                          f"gate_bias [{H * V}] or None and norm_weight [{V}]; got {tuple(gate_input.shape)}, "
                          f"{tuple(gate_weight.shape)}, {bias_shape}, {tuple(norm_weight.shape)}")
-    if not triton_can_run_on(q) or q.dtype == torch.float64:
+    if not triton_can_run_on(checked_q) or checked_q.dtype == torch.float64:
         raise ValueError("chunk_quasar_norm_gated runs the Triton kernels: it takes CUDA tensors of "
-                         f"float32, bfloat16 or float16; got {q.dtype} on {q.device}")
+                         f"float32, bfloat16 or float16; got {checked_q.dtype} on {checked_q.device}")
     inputs = gate_input.reshape(B * T, dg)
     if inputs.stride(-1) != 1:
         inputs = inputs.contiguous()
     gate = OutputGate(inputs, gate_weight.contiguous(), None if gate_bias is None else gate_bias.contiguous(),
                       norm_weight.contiguous(), float(eps))
-    q, k, v = (None if x is None else x.contiguous() for x in given)
-    return chunk_quasar_fwd(q, k, v, beta, initial_state, output_final_state, None, gate=gate, convolved=convolved)
+    return chunk_quasar_fwd(None if q is None else q.contiguous(), k.contiguous(), v.contiguous(), beta, initial_state,
+                            output_final_state, None, gate=gate, convolved=convolved)
 
 
-def _convolved_stand_ins(q, k, v, beta, convolved: ConvolvedInputs):
-    """q, k, v for :func:`check_quasar_inputs`: q, which the output pass convolves (and which
-    must therefore be None), stands in as a tensor of the shape, dtype and device the convolution
-    gives, holding no data. ValueError names what does not fit."""
+def _convolved_q_stand_in(q, beta, convolved: ConvolvedInputs) -> torch.Tensor:
+    """q for :func:`check_quasar_inputs` when the output pass convolves it (so q must be None): a
+    tensor of the shape, dtype and device the convolution gives, holding no data. ValueError
+    names what does not fit."""
     projections, weight = convolved.projections, convolved.weight
     if convolved.fused != CORE_CONVOLVED:
         raise ValueError(f"convolved.fused must be {CORE_CONVOLVED!r} (the core convolves q; k and v come as tensors); "
@@ -480,4 +478,4 @@ def _convolved_stand_ins(q, k, v, beta, convolved: ConvolvedInputs):
         raise ValueError(f"convolved needs projections [B, W - 1 + T, >= 3 H D] with unit column stride and a weight "
                          f"[3 H D, W], contiguous (H = {heads}); got {tuple(projections.shape)} with strides "
                          f"{projections.stride()} and {tuple(weight.shape)}")
-    return projections.new_empty(1).as_strided(convolved.shape(heads), (0,) * 4), k, v
+    return projections.new_empty(1).as_strided(convolved.shape(heads), (0,) * 4)

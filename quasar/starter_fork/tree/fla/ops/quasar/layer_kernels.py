@@ -20,8 +20,6 @@ import torch
 import triton
 import triton.language as tl
 
-# The convolved inputs, in the order of their columns in the projections.
-CONVOLVED_INPUTS = "qkv"
 # Those the core's kernels can convolve as they load them: q, in the output pass. k and v in the
 # WY pass cost that pass more than the conv kernel's time they saved (benchmarks/RESULTS.md).
 CORE_CONVOLVED = "q"
