@@ -3,6 +3,8 @@ the benchmark's lengths (and 1M tokens), the Triton ops in fp32 and bf16, and th
 
 from __future__ import annotations
 
+import contextlib
+import json
 import shutil
 import sys
 
@@ -176,21 +178,28 @@ def test_chunk_matches_reference_for_each_segment_size(fla, segment_chunks, dtyp
     assert relative_error(final, expected_final) < tolerance
 
 
-def test_layer_tiles_match_one_pass(fla, tmp_path):
+@contextlib.contextmanager
+def tuned(folder, values: dict):
+    """The fork's kernels read ``values`` as their tuning.json (written in ``folder``) inside."""
     import fla.ops.quasar.tuning as tuning
 
-    layer, reference = benchmark_layers(seed=5)
-    x = torch.randn(1, 20_000, 512, device=CUDA)
     original = tuning.TUNING_FILE
     try:
-        tuning.TUNING_FILE = tmp_path / "tuning.json"
-        tuning.TUNING_FILE.write_text('{"layer_tile_tokens": 4096}')
+        tuning.TUNING_FILE = folder / "tuning.json"
+        tuning.TUNING_FILE.write_text(json.dumps(values))
         tuning.load_tuning.cache_clear()
-        with torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
-            tiled = layer(x)[0]
+        yield
     finally:
         tuning.TUNING_FILE = original
         tuning.load_tuning.cache_clear()
+
+
+def test_layer_tiles_match_one_pass(fla, tmp_path):
+    layer, reference = benchmark_layers(seed=5)
+    x = torch.randn(1, 20_000, 512, device=CUDA)
+    with tuned(tmp_path, {"layer_tile_tokens": 4096}), torch.inference_mode(), \
+            torch.autocast(CUDA, dtype=torch.bfloat16):
+        tiled = layer(x)[0]
     with torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
         whole = layer(x)[0]
     expected = reference(x)[0]
@@ -200,26 +209,14 @@ def test_layer_tiles_match_one_pass(fla, tmp_path):
 
 
 def test_output_pass_convolving_q_matches_the_conv_kernel(fla, tmp_path):
-    import json
-
-    import fla.ops.quasar.tuning as tuning
-
     layer, reference = benchmark_layers(seed=6)
     # Two batch rows, tiles carrying the conv's inputs, a ragged last tile.
     x = torch.randn(2, 9000 + 37, 512, device=CUDA)
-    original = tuning.TUNING_FILE
     outputs = {}
-    try:
-        tuning.TUNING_FILE = tmp_path / "tuning.json"
-        for fused in ("", "q"):
-            tuning.TUNING_FILE.write_text(json.dumps({"layer_tile_tokens": 4096, "fused_conv": fused,
-                                                      "fused_conv_min_tokens": 0}))
-            tuning.load_tuning.cache_clear()
-            with torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
-                outputs[fused] = layer(x)[0]
-    finally:
-        tuning.TUNING_FILE = original
-        tuning.load_tuning.cache_clear()
+    for fused in ("", "q"):
+        with tuned(tmp_path, {"layer_tile_tokens": 4096, "fused_conv": fused, "fused_conv_min_tokens": 0}), \
+                torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
+            outputs[fused] = layer(x)[0]
     expected = reference(x)[0]
     for out in outputs.values():
         assert relative_error(out, expected) < BF16_TOLERANCE
