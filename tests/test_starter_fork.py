@@ -485,7 +485,7 @@ def test_the_conv_kernel_stores_whole_vectors(fork, tmp_path, compiler):
     spec = {"module": "fla.ops.quasar.layer_kernels", "kernel": "causal_conv_silu_kernel",
             "types": {"x": "*bf16", "w": "*fp32", "y": "*bf16", "B": "i32", "T": "i32", "stride_xb": "i32",
                       "stride_xt": "i32"},
-            "constants": {"CG": 512, "W": 4, "BT": 16, "BC": 256, "EVEN_T": True}, "options": {"num_warps": 4}}
+            "constants": {"CG": 512, "W": 4, "BT": 8, "BC": 512, "EVEN_T": True}, "options": {"num_warps": 4}}
     compiled = compiled_for_h100(fork[0], spec, tmp_path, compiler)
     assert compiled["stores"] and set(compiled["stores"]) == {"STG.E.128"}, compiled
 
