@@ -31,7 +31,7 @@ SCRIPT = textwrap.dedent(
     from fla.models import Cache
     from fla.modules import FusedRMSNormGated, ShortConvolution
     from fla.ops.quasar.chunk import chunk_quasar_fwd
-    from fla.ops.quasar.layer_kernels import causal_conv_silu
+    from fla.ops.quasar.layer_kernels import CONV_BLOCK, causal_conv_silu
     from quasar.reference import QuasarAttentionReference, naive_quasar, relative_error
     from quasar.reference.layer import reference_layer_forward
 
@@ -51,7 +51,7 @@ SCRIPT = textwrap.dedent(
             padded[:, taps - 1:, :96] = x
             ref = [m(x[..., 32 * i:32 * (i + 1)].contiguous(),
                      cache=None if cache is None else cache[:, 32 * i:32 * (i + 1)])[0] for i, m in enumerate(convs)]
-            for kind, block in (("", (8, 512, 4)), ("-narrow", (16, 16, 1))):
+            for kind, block in (("", CONV_BLOCK), ("-narrow", (16, 16, 1))):
                 y = causal_conv_silu(padded, weight, 3, block)
                 res[f"{name}{kind}-{taps}"] = max(relative_error(y[i], ref[i]) for i in range(3))
 

@@ -460,6 +460,16 @@ def compiled_for_h100(fork: Path, spec: dict, folder: Path, compiler: str = "ins
     return compiled
 
 
+def wy_kernel_spec(tuning) -> dict:
+    """:func:`compiled_for_h100`'s spec of the WY kernel at the benchmark's sizes under ``tuning``,
+    without its launch options."""
+    return {"module": "fla.ops.quasar.wy", "kernel": "chunk_quasar_wy_kernel",
+            "types": {"k": "*bf16", "v": "*bf16", "beta": "*fp32", "w": "*bf16", "u": "*bf16", "seq_len": "i32",
+                      "chunks_per_sequence": "i32"},
+            "constants": {"cu_seqlens": None, "chunk_indices": None, "H": 8, "K": 64, "V": 64, "BK": 64, "BV": 64,
+                          "PRECISION": "bf16", "INVERSE": tuning.wy_inverse, "IS_VARLEN": False}}
+
+
 @pytest.mark.slow
 def test_the_wy_register_cap_reaches_the_compiler(fork, fla, tmp_path):
     from fla.ops.quasar import wy
@@ -467,11 +477,7 @@ def test_the_wy_register_cap_reaches_the_compiler(fork, fla, tmp_path):
 
     tuning = load_tuning(device="NVIDIA H100 80GB HBM3")
     assert tuning.wy_maxnreg == 168
-    spec = {"module": "fla.ops.quasar.wy", "kernel": "chunk_quasar_wy_kernel",
-            "types": {"k": "*bf16", "v": "*bf16", "beta": "*fp32", "w": "*bf16", "u": "*bf16", "seq_len": "i32",
-                      "chunks_per_sequence": "i32"},
-            "constants": {"cu_seqlens": None, "chunk_indices": None, "H": 8, "K": 64, "V": 64, "BK": 64, "BV": 64,
-                          "PRECISION": "bf16", "INVERSE": tuning.wy_inverse, "IS_VARLEN": False}}
+    spec = wy_kernel_spec(tuning)
     capped = compiled_for_h100(fork[0], {**spec, "options": wy.launch_options(tuning.wy_warps, tuning.wy_maxnreg)},
                                tmp_path)["registers"]
     free = compiled_for_h100(fork[0], {**spec, "options": wy.launch_options(tuning.wy_warps, 0)}, tmp_path)["registers"]
@@ -488,26 +494,25 @@ def test_the_wy_pass_moves_shared_memory_in_vectors(fork, fla, tmp_path):
     from fla.ops.quasar.tuning import load_tuning
 
     tuning = load_tuning(device="NVIDIA H100 80GB HBM3")
-    spec = {"module": "fla.ops.quasar.wy", "kernel": "chunk_quasar_wy_kernel",
-            "types": {"k": "*bf16", "v": "*bf16", "beta": "*fp32", "w": "*bf16", "u": "*bf16", "seq_len": "i32",
-                      "chunks_per_sequence": "i32"},
-            "constants": {"cu_seqlens": None, "chunk_indices": None, "H": 8, "K": 64, "V": 64, "BK": 64, "BV": 64,
-                          "PRECISION": "bf16", "INVERSE": tuning.wy_inverse, "IS_VARLEN": False},
-            "options": wy.launch_options(tuning.wy_warps, tuning.wy_maxnreg)}
+    spec = {**wy_kernel_spec(tuning), "options": wy.launch_options(tuning.wy_warps, tuning.wy_maxnreg)}
     compiled = compiled_for_h100(fork[0], spec, tmp_path, "gpu-image")
     assert compiled["shared_scalar"] == [], sorted(set(compiled["shared_scalar"]))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("compiler", ["installed", "gpu-image"])
-def test_the_conv_kernel_stores_whole_vectors(fork, tmp_path, compiler):
+def test_the_conv_kernel_stores_whole_vectors(fork, fla, tmp_path, compiler):
     # Each thread's run of 8 bf16 outputs is 16 bytes, stored in one instruction. Triton 3.6 (GPU
     # images with torch 2.11) stored them 2 bytes at a time until the kernel said its columns'
-    # alignment; requirements.txt's Triton vectorised them either way.
+    # alignment; requirements.txt's Triton vectorised them either way. At the shipped block:
+    from fla.ops.quasar.layer_kernels import CONV_BLOCK
+
+    tokens, channels, warps = CONV_BLOCK
     spec = {"module": "fla.ops.quasar.layer_kernels", "kernel": "causal_conv_silu_kernel",
             "types": {"x": "*bf16", "w": "*fp32", "y": "*bf16", "B": "i32", "T": "i32", "stride_xb": "i32",
                       "stride_xt": "i32"},
-            "constants": {"CG": 512, "W": 4, "BT": 8, "BC": 512, "EVEN_T": True}, "options": {"num_warps": 4}}
+            "constants": {"CG": 512, "W": 4, "BT": tokens, "BC": channels, "EVEN_T": True},
+            "options": {"num_warps": warps}}
     compiled = compiled_for_h100(fork[0], spec, tmp_path, compiler)
     assert compiled["stores"] and set(compiled["stores"]) == {"STG.E.128"}, compiled
 

@@ -216,8 +216,9 @@ class _KernelTiles:
     """The tiles of one forward without gradients: one conv kernel reading the projections in
     place (q left to the core's output pass in long tiles), and the core with the RMSNorm + gate
     (W_g2 and its bias included) in its output pass, reading W_g1 x where the input projection
-    wrote it. The weights are prepared once per forward, not per tile. (A side stream casting the next tile's input during this tile's
-    core gained nothing measurable on an H100: benchmarks/RESULTS.md.)"""
+    wrote it. The weights are prepared once per forward, not per tile. (A side stream casting the
+    next tile's input during this tile's core gained nothing measurable on an H100:
+    benchmarks/RESULTS.md.)"""
 
     def __init__(self, layer: QuasarAttention, hidden_states: torch.Tensor):
         self.layer = layer

@@ -23,6 +23,10 @@ import triton.language as tl
 # Those the core's kernels can convolve as they load them: q, in the output pass. k and v in the
 # WY pass cost that pass more than the conv kernel's time they saved (benchmarks/RESULTS.md).
 CORE_CONVOLVED = "q"
+# The conv kernel's (tokens, channels, warps) per program: 8 x 512 with 4 warps ran at 2.47 TB/s
+# on an H100, 1% ahead of 16 x 256 in two sessions' interleaved repeats and 2.7 times the 16 x 64
+# blocks of the conv that read a separate cache (benchmarks/RESULTS.md).
+CONV_BLOCK = (8, 512, 4)
 
 
 @dataclass(frozen=True)
@@ -130,16 +134,14 @@ def causal_conv_silu_kernel(
 
 
 def causal_conv_silu(
-    x: torch.Tensor, weight: torch.Tensor, groups: int, block: tuple[int, int, int] = (8, 512, 4),
+    x: torch.Tensor, weight: torch.Tensor, groups: int, block: tuple[int, int, int] = CONV_BLOCK,
 ) -> torch.Tensor:
     """SiLU(causal depthwise conv) of ``x [B, W - 1 + T, >= C]`` (any row stride, unit column
     stride), whose first W - 1 rows are the inputs before the sequence (zeros at its start, or the
     previous tokens' inputs), with ``weight [C, W]``; only x's first C columns are read.
 
     Returns ``y [groups, B, T, C / groups]`` in x's dtype (group g holds channels g*C/groups on).
-    ``block`` is (tokens, channels, warps) per program: 8 x 512 with 4 warps ran at 2.47 TB/s on an
-    H100, 1% ahead of 16 x 256 in two sessions' interleaved repeats and 2.7 times the 16 x 64 blocks
-    of the conv that read a separate cache (benchmarks/RESULTS.md).
+    ``block`` is (tokens, channels, warps) per program (:data:`CONV_BLOCK`).
     """
     C, W = weight.shape
     B, rows = x.shape[:2]
