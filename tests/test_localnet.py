@@ -95,6 +95,22 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
+def outermost(processes: list[str]) -> list[str]:
+    """Those of ``processes`` (as :func:`processes_mentioning` gives them) whose parent is not one of
+    them: a child a process forks shows its parent's command line until it execs (a miner starting
+    its sandbox, for one), and is not a second copy of it."""
+    pids = {line.split(":", 1)[0] for line in processes}
+
+    def parent(pid: str) -> str:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return ""
+        return re.search(r"^PPid:\s*(\d+)", status, re.M)[1]
+
+    return [line for line in processes if parent(line.split(":", 1)[0]) not in pids]
+
+
 def wait_gone(text: str, timeout_s: float = 30) -> list[str]:
     deadline = time.monotonic() + timeout_s
     while (left := processes_mentioning(text)) and time.monotonic() < deadline:
@@ -166,7 +182,8 @@ def test_ctrl_c_stops_the_network_and_every_child(tmp_path):
             assert time.monotonic() < deadline, log.read_text()[-4000:]
             time.sleep(0.2)
         assert processes_mentioning(str(data_dir / "validator"))
-        assert len([p for p in processes_mentioning(str(data_dir / "miners")) if "neurons.miner" in p]) == 2
+        miners = [p for p in processes_mentioning(str(data_dir / "miners")) if "neurons.miner" in p]
+        assert len(outermost(miners)) == 2, miners
         process.send_signal(signal.SIGINT)
         status = process.wait(timeout=90)
     finally:
