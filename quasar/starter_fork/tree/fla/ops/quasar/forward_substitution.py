@@ -128,18 +128,19 @@ def chunk_factors(k0, k1, k2, k3, k_blocks, b_beta, PRECISION: tl.constexpr, INV
         inverses = product_inverse_batched(lower, BLOCK_ROWS, BLOCK_SQUARINGS, PRECISION)
     else:
         inverses = forward_substitution_batched(lower, BLOCK_ROWS)
-    # The four inverses taken out of the batch by splitting its index (b = 2 h + l) off as the
-    # last two axes: a selection in registers. Summing the batch masked to each block (before)
-    # reduced across the warps through shared memory, 64 scalar stores and loads a program: the
-    # WY pass took 0.201 ms a 65,536-token tile that way, 0.177 ms now (benchmarks/RESULTS.md).
+    # The four inverses and alphas taken out of their batches by splitting the batch index
+    # (b = 2 h + l) off as the last two axes: a selection in registers. Summing the batch masked
+    # to each block reduced across the warps through shared memory, 64 scalar stores and loads a
+    # program (0.201 ms a 65,536-token tile on an H100); each alpha computed again from its block
+    # cost more instructions, barriers and spills (0.175 ms). Both split: 0.165 ms
+    # (benchmarks/RESULTS.md).
     halves = tl.permute(tl.reshape(inverses, (2, 2, BLOCK_ROWS, BLOCK_ROWS)), (2, 3, 0, 1))
     even, odd = tl.split(halves)
     i0, i2 = tl.split(even)
     i1, i3 = tl.split(odd)
-    a0 = quasar_alpha(tl.sum(k0.to(tl.float32) * k0.to(tl.float32), 1), b_beta)
-    a1 = quasar_alpha(tl.sum(k1.to(tl.float32) * k1.to(tl.float32), 1), b_beta)
-    a2 = quasar_alpha(tl.sum(k2.to(tl.float32) * k2.to(tl.float32), 1), b_beta)
-    a3 = quasar_alpha(tl.sum(k3.to(tl.float32) * k3.to(tl.float32), 1), b_beta)
+    alpha_even, alpha_odd = tl.split(tl.permute(tl.reshape(alpha, (2, 2, BLOCK_ROWS)), (2, 0, 1)))
+    a0, a2 = tl.split(alpha_even)
+    a1, a3 = tl.split(alpha_odd)
     l10 = mm(k1, tl.trans(k0), PRECISION) * a1[:, None]
     l20 = mm(k2, tl.trans(k0), PRECISION) * a2[:, None]
     l21 = mm(k2, tl.trans(k1), PRECISION) * a2[:, None]
