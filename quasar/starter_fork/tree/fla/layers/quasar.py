@@ -13,7 +13,8 @@ projections, convolutions (continuing from the previous tile's last inputs), cor
 from its state) and output are computed before the next, so the intermediates of only one tile
 are ever in memory. The input projections W_q, W_k, W_v and W_g1 run as one matrix product. When
 no gradient is needed (chunk mode, where the Triton kernels run), that product is written after
-the convolution's W - 1 previous inputs, the convolutions + SiLU run as one kernel reading it in
+the convolution's W - 1 previous inputs (in a later tile, the product of the W - 1 tokens before
+it, projected again with the tile's own), the convolutions + SiLU run as one kernel reading it in
 place (fla.ops.quasar.layer_kernels; in long tiles the core's output pass convolves q itself as
 it loads it, tuning.json's ``fused_conv``), and the gate's second projection, the RMSNorm and
 the gate run inside the core's output pass (``chunk_quasar_norm_gated``). With gradients, the
@@ -134,19 +135,22 @@ class QuasarAttention(nn.Module):
         length = hidden_states.shape[1]
         # Packed sequences run whole; one sequence per row runs in tiles carrying its states.
         tiling = load_tuning(device=device_name_of(hidden_states)).layer_tile_tokens
-        tile = length if cu_seqlens is not None else max(1, tiling)
+        # A tile is at least the conv's kernel wide, so a later tile's conv inputs before it are
+        # tokens of the sequence (_KernelTiles projects them again).
+        tile = length if cu_seqlens is not None else max(self.conv_size, tiling)
         if self._runs_in_kernels(hidden_states, cu_seqlens):
             step = _KernelTiles(self, hidden_states)
         else:
             weight = self._input_weight()
 
-            def step(x, recurrent_state, conv_state, carry):
-                return self._forward_tile(x, weight, recurrent_state, conv_state, carry, cu_seqlens)
+            def step(start, stop, recurrent_state, conv_state, carry):
+                return self._forward_tile(hidden_states[:, start:stop], weight, recurrent_state, conv_state, carry,
+                                          cu_seqlens)
         o = o_weight = None
         for start in range(0, max(length, 1), tile):
             stop = min(start + tile, length)
             carry = bool(use_cache) or stop < length
-            y, recurrent_state, conv_state = step(hidden_states[:, start:stop], recurrent_state, conv_state, carry)
+            y, recurrent_state, conv_state = step(start, stop, recurrent_state, conv_state, carry)
             if stop == length and start == 0:
                 o = self.o_proj(y)
                 continue
@@ -222,6 +226,7 @@ class _KernelTiles:
 
     def __init__(self, layer: QuasarAttention, hidden_states: torch.Tensor):
         self.layer = layer
+        self.hidden_states = hidden_states
         device = hidden_states.device
         autocast = torch.is_autocast_enabled(device.type)
         self.dtype = torch.get_autocast_dtype(device.type) if autocast else hidden_states.dtype
@@ -236,29 +241,39 @@ class _KernelTiles:
         self.fused = tuning.fused_conv
         self.fused_min_tokens = tuning.fused_conv_min_tokens
 
-    def __call__(self, x, recurrent_state, conv_state, carry):
-        """Tile ``x [B, L, hidden]`` as :meth:`QuasarAttention._forward_tile` returns it."""
+    def __call__(self, start, stop, recurrent_state, conv_state, carry):
+        """Tokens ``start`` to ``stop`` of the hidden states as :meth:`QuasarAttention._forward_tile`
+        returns a tile, but the conv states after the tile only where they leave the layer (after
+        its last tile): a later tile projects its W - 1 inputs before it again from the hidden
+        states."""
         layer = self.layer
         taps = layer.conv_size
         width = 2 * layer.key_dim + layer.value_dim
+        # A tile after the first projects the sequence's W - 1 tokens before it again, with its own:
+        # W - 1 more rows of the product instead of the previous tile's conv inputs carried across
+        # (a concatenation and two copies a tile: 0.11 ms of kernels at 1M on an H100, and the
+        # harness measured 75.2-75.6 M tokens/s instead of 74.7-74.9 M; benchmarks/RESULTS.md).
+        inputs_before = taps - 1 if start else 0
+        x = self.hidden_states[:, start - inputs_before:stop]
         x_cast = x.to(self.dtype)
         # Each row's projections go after the W - 1 conv inputs before this tile (autocast skips
         # out= calls: the operands have its dtype already).
-        buffer = x.new_empty(x.shape[0], taps - 1 + x.shape[1], self.weight.shape[1], dtype=self.dtype)
+        buffer = x.new_empty(x.shape[0], taps - 1 + stop - start, self.weight.shape[1], dtype=self.dtype)
         for row in range(x.shape[0]):
-            torch.matmul(x_cast[row], self.weight, out=buffer[row, taps - 1:])
+            torch.matmul(x_cast[row], self.weight, out=buffer[row, taps - 1 - inputs_before:])
         del x_cast
-        if conv_state[0] is None:
-            buffer[:, :taps - 1].zero_()
-        else:
-            # The cache holds the last W inputs, newest last; the conv reads the last W - 1.
-            buffer[:, :taps - 1, :width].copy_(torch.cat(conv_state, 1)[..., 1:].transpose(1, 2))
+        if not inputs_before:
+            if conv_state[0] is None:
+                buffer[:, :taps - 1].zero_()
+            else:
+                # The cache holds the last W inputs, newest last; the conv reads the last W - 1.
+                buffer[:, :taps - 1, :width].copy_(torch.cat(conv_state, 1)[..., 1:].transpose(1, 2))
         # The conv kernel writes k and v, and q (the first of the projections' q | k | v columns)
         # unless the output pass convolves it.
-        fused = self.fused if x.shape[1] >= self.fused_min_tokens else ""
+        fused = self.fused if stop - start >= self.fused_min_tokens else ""
         groups = 2 if fused else 3
-        start = (3 - groups) * layer.key_dim
-        written = causal_conv_silu(buffer[..., start:], self.conv_weight[start:], groups)
+        first_column = (3 - groups) * layer.key_dim
+        written = causal_conv_silu(buffer[..., first_column:], self.conv_weight[first_column:], groups)
         q, k, v = [None] * (3 - groups) + [y.unflatten(-1, (layer.num_heads, layer.head_dim)) for y in written]
         convolved = ConvolvedInputs(buffer, self.conv_weight, fused) if fused else None
         o, recurrent_state = chunk_quasar_norm_gated(
@@ -267,7 +282,7 @@ class _KernelTiles:
             convolved=convolved,
         )
         conv_state = (None, None, None)
-        if carry:
+        if carry and stop == self.hidden_states.shape[1]:
             last = buffer[:, -taps:, :width].transpose(1, 2).contiguous()
             conv_state = last.split([layer.key_dim, layer.key_dim, layer.value_dim], 1)
         return o.flatten(-2), recurrent_state, conv_state
