@@ -3,7 +3,8 @@
 
     python scripts/bench_harness.py --out DIR [--device cuda] [--runs 5] [--budget-seconds 300]
         [--lens 512,1024,2048,100k] [--target 1M] [--timed-seconds S] [--warmup-seconds S]
-        [--tokens-per-request N] [--no-pin] [--tuning JSON] [--process-per-evaluation | --worker]
+        [--tokens-per-request N] [--no-pin] [--tuning JSON] [--fork PATH]
+        [--process-per-evaluation | --worker]
 
 Runs up to ``--runs`` separate evaluations (each a fresh sandbox) of the starter fork at
 ``--lens`` with target ``--target`` (default 512, 1024, 2048, 100k and 1M), and after each one
@@ -15,7 +16,8 @@ soon as it exists, with ``summary.json`` rewritten after each; the overhead tabl
 then where the evaluations' time went, step by step (each progress event of the harness to the
 next, summed per step and length: the median over evaluations). ``--tuning`` sets tunables of the
 starter fork's ``tuning.json`` (checked against the contract; they apply on every chip), to compare
-tunings in the harness.
+tunings in the harness. ``--fork PATH`` evaluates the files of another tree instead of the starter
+fork (an older starter tree, a miner's fork), to compare trees in the harness.
 ``--process-per-evaluation`` runs each evaluation in a fresh interpreter (``evaluate`` alone);
 ``--worker`` runs each as a validator does: its worker process (quasar/validator/worker.py) clones
 the fork from a local git repository, starting the sandboxed child and the reference work while it
@@ -35,12 +37,13 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import statistics
 import sys
 import tempfile
 import time
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -88,6 +91,15 @@ def parse_tuning(text: str) -> dict:
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
     return values
+
+
+def copy_fork_tree(source: Path, dest: Path) -> list[PurePosixPath]:
+    """Copy the files of the tree ``source`` (its ``.git`` left out) into the new folder ``dest``;
+    return their relative paths."""
+    if not (source / "fla" / "layers" / "quasar.py").is_file():
+        raise SystemExit(f"--fork {source}: not a fork's tree (no fla/layers/quasar.py)")
+    shutil.copytree(source, dest, ignore=shutil.ignore_patterns(".git"))
+    return sorted(PurePosixPath(path.relative_to(dest).as_posix()) for path in dest.rglob("*") if path.is_file())
 
 
 class Timeline:
@@ -227,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="leave the child and the timing thread on the CPUs the OS picks (for comparison)")
     parser.add_argument("--tuning", type=parse_tuning, default=None,
                         help="tunables written over the starter fork's tuning.json, e.g. '{\"num_stages\": 1}'")
+    parser.add_argument("--fork", type=Path, default=None,
+                        help="a fork's tree to evaluate instead of the starter fork (its files are copied)")
     fresh = parser.add_mutually_exclusive_group()
     fresh.add_argument("--process-per-evaluation", action="store_true",
                        help="each evaluation (evaluate alone) in a fresh interpreter")
@@ -239,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="starter-"))
     fork = scratch / "fork"
-    paths = copy_starter_tree(fork)
+    paths = copy_starter_tree(fork) if args.fork is None else copy_fork_tree(args.fork, fork)
     if args.tuning is not None:
         # The tunables asked for apply on every chip: the shipped per-chip entries (devices) are dropped.
         tuning_file = fork / KERNEL_DIR / "tuning.json"
@@ -252,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
                                 policy=SandboxPolicy(allow_unsandboxed=args.allow_unsandboxed))
     meta = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
             "options": {k: v for k, v in vars(options).items() if k != "policy"}, "tuning": args.tuning,
+            "fork": str(args.fork) if args.fork else "starter",
             "process_per_evaluation": args.process_per_evaluation, "worker": args.worker}
     started = time.monotonic()
     reports: list[EvaluationReport] = []

@@ -924,6 +924,28 @@ def test_bench_harness_reports_the_spread_of_medians_and_of_bests():
         bench.parse_tuning('{"stages": 1}')
 
 
+def test_bench_harness_evaluates_another_trees_files(tmp_path):
+    import importlib.util
+
+    from quasar.starter_fork import copy_starter_tree
+
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "bench_harness.py")
+    spec = importlib.util.spec_from_file_location("bench_harness", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    tree = tmp_path / "older"
+    starter = sorted(copy_starter_tree(tree))
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    copied = bench.copy_fork_tree(tree, tmp_path / "copy")
+    assert copied == starter
+    assert not (tmp_path / "copy" / ".git").exists()
+    assert (tmp_path / "copy" / "fla" / "layers" / "quasar.py").read_bytes() == (tree / "fla" / "layers" / "quasar.py").read_bytes()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="not a fork's tree"):
+        bench.copy_fork_tree(tmp_path / "empty", tmp_path / "copy2")
+
+
 def test_the_sandbox_binds_site_folders_lent_by_a_pth_file_but_no_checkout(tmp_path, monkeypatch):
     lent = tmp_path / "image" / "lib" / "site-packages"
     checkout = tmp_path / "checkout"

@@ -199,6 +199,61 @@ def test_step2_needs_a_fork_with_the_kernel(tmp_path):
         step2.main(["--repo-path", str(tmp_path / "fork"), "--device", "cpu"])
 
 
+# --- the passes at copy speed (scripts/bench_floor.py) ---
+
+
+def test_bench_floor_counts_the_bytes_of_the_starter_layers_passes():
+    import bench_floor
+
+    from quasar.reference import QuasarAttentionReference
+
+    layer = QuasarAttentionReference(**bench_floor.LAYER)
+    hidden, heads = layer.hidden_size, layer.o_proj.in_features
+    # The starter layer's input product: W_q | W_k | W_v | W_g1 stacked.
+    projections = sum(linear.out_features for linear in (layer.q_proj, layer.k_proj, layer.v_proj, layer.g_proj[0]))
+    today = {found.name: found for found in bench_floor.pass_bytes(**bench_floor.LAYER, fused=False)}
+    assert (today["cast"].read, today["cast"].write) == (4 * hidden, 2 * hidden)
+    assert (today["input product"].read, today["input product"].write) == (2 * hidden, 2 * projections)
+    assert today["output product"].read == 2 * heads and today["output product"].write == 2 * hidden
+    # benchmarks/RESULTS.md's table of what each pass moves at 1M (issue 16, eighth session).
+    assert sum(found.read + found.write for found in today.values()) == 25_856
+    fused = {found.name: found for found in bench_floor.pass_bytes(**bench_floor.LAYER, fused=True)}
+    assert "cast" not in fused and fused["input product, fp32 in"].read == 4 * hidden
+    assert fused["conv k, v + WY"].write == today["WY"].write + 2 * heads  # k, written for the later passes
+    # Fused: no cast, the product reads fp32 (1,024 more), no conv pass, the WY pass writes k.
+    assert sum(found.read + found.write for found in fused.values()) == 25_856 - 3_072 + 1_024 - 4_096 + 1_024
+
+
+def test_bench_floor_times_both_sequences_and_prints_them_in_80_columns(tmp_path, capsys):
+    import bench_floor
+
+    assert bench_floor.main(["--out", str(tmp_path), "--device", "cpu", "--lengths", "200", "--tile", "128",
+                             "--runs", "2"]) == 0
+    found = json.loads((tmp_path / "floor.json").read_text())["lengths"]["200"]
+    for sequence, fused in (("today", False), ("fused", True)):
+        expected = bench_floor.pass_bytes(**bench_floor.LAYER, fused=fused)
+        rows = found[sequence]["passes"]
+        assert [row["name"] for row in rows] == [each.name for each in expected]
+        for row in rows:
+            assert row["seconds"] > 0
+            assert row["bytes_per_second"] == pytest.approx((row["read"] + row["write"]) * 200 / row["seconds"])
+        assert found[sequence]["tokens_per_second"] == pytest.approx(200 / found[sequence]["seconds"])
+    printed = capsys.readouterr().out
+    assert "today, T = 200" in printed and all(len(line) <= 80 for line in printed.splitlines())
+
+
+def test_a_stand_in_moves_its_bytes_tile_by_tile():
+    import bench_floor
+
+    x = torch.randn(300, bench_floor.LAYER["hidden_size"])
+    passes = bench_floor.pass_bytes(**bench_floor.LAYER, fused=False)
+    tiles = bench_floor.Tiles(x, 128, passes)
+    tiles.run(["cast", "input product", "output product"], 128)
+    # The last tile's cast holds the input's last 44 rows; every output row was written.
+    assert torch.equal(tiles.x_bf16[:44], x[256:].to(torch.bfloat16))
+    assert torch.isfinite(tiles.out.float()).all()
+
+
 # --- the validator's reference work (scripts/bench_reference.py) ---
 
 
