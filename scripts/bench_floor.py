@@ -73,8 +73,9 @@ def pass_bytes(hidden_size: int, head_dim: int, num_heads: int, fused: bool) -> 
 
 
 class Tiles:
-    """The tensors of one tile (``tile`` tokens) and an ``apply(name, start, stop)`` per pass,
-    over an input ``x [T, hidden]`` in fp32 and an output ``[T, hidden]`` in bf16."""
+    """The tensors of one tile (``tile`` tokens) and, per pass, its step ``steps[name](start, stop)``
+    over tokens ``start`` to ``stop`` of an input ``x [T, hidden]`` in fp32 and an output
+    ``[T, hidden]`` in bf16."""
 
     def __init__(self, x: torch.Tensor, tile: int, passes: list[PassBytes]):
         hidden = x.shape[1]
@@ -82,7 +83,6 @@ class Tiles:
         self.x = x
         self.out = torch.empty(x.shape, device=device, dtype=torch.bfloat16)
         self.x_bf16 = torch.empty(tile, hidden, device=device, dtype=torch.bfloat16)
-        self.x_cast_once = x.to(torch.bfloat16)
         self.steps = {}
         for found in passes:
             if found.operation == "cast":
@@ -97,11 +97,11 @@ class Tiles:
 
     def _product(self, found: PassBytes, tile: int, device) -> Callable[[int, int], None]:
         if found.name.startswith("input"):
-            # The fused product's input is the whole sequence cast before timing (see the module's docstring).
             width = found.write // BF16
             weight = torch.randn(width, self.x.shape[1], device=device, dtype=torch.bfloat16).t()
             result = torch.empty(tile, width, device=device, dtype=torch.bfloat16)
-            source = self.x_cast_once if found.read == FP32 * self.x.shape[1] else None
+            # The fused product's input is the whole sequence cast before timing (see the module's docstring).
+            source = self.x.to(torch.bfloat16) if found.read == FP32 * self.x.shape[1] else None
 
             def product(start: int, stop: int) -> None:
                 operand = source[start:stop] if source is not None else self.x_bf16[:stop - start]
