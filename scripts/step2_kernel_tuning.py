@@ -48,8 +48,8 @@ logger = logging.getLogger("step2")
 TUNING_PATH = Path("fla/ops/quasar/tuning.json")
 DEFAULT_SEQ_LENS = (65_536, 262_144, 1_000_000)
 # The tunables that moved the layer most on an H100 and an H200 (benchmarks/RESULTS.md): segment
-# size, the WY pass's warps with its register cap (one warp: the compiler's registers, as on an
-# H200; two: uncapped, or 168 as on an H100) and how it inverts its diagonal blocks.
+# size, the WY pass's warps with its register cap (one warp with the compiler's registers; two:
+# uncapped, or 168, the shipped cap) and how it inverts its diagonal blocks.
 DEFAULT_GRID = [
     {"segment_chunks": chunks, "wy_warps": warps, "wy_maxnreg": maxnreg, "wy_inverse": inverse}
     for chunks, (warps, maxnreg), inverse in itertools.product(

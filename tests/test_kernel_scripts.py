@@ -76,13 +76,11 @@ def test_a_tuning_for_one_chip_applies_on_that_chip_alone(tmp_path):
                          ({"devices": {"H200": {"devices": {}}}}, "unknown tunable 'devices'")):
         with pytest.raises(ValueError, match=message):
             contract.parse_tuning(bad, device="NVIDIA H200")
-    # The shipped file: one WY warp with the compiler's registers and q convolved by the conv kernel
-    # on an H200 (as measured there: benchmarks/RESULTS.md), the rest everywhere.
+    # The shipped file is the defaults on every chip: the H100's tuning measured faster on an H200
+    # too than the H200's own entry did (benchmarks/RESULTS.md, issue 16's ninth session).
     shipped = json.loads((Path(str(template_root())) / KERNEL_DIR / "tuning.json").read_text())
-    on_h200 = contract.parse_tuning(shipped, device="NVIDIA H200")
-    on_h100 = contract.parse_tuning(shipped, device="NVIDIA H100 80GB HBM3")
-    assert on_h100 == contract.parse_tuning(shipped) == contract.DEFAULTS
-    assert on_h200 == contract.dataclasses.replace(contract.DEFAULTS, wy_warps=1, wy_maxnreg=0, fused_conv="")
+    for device in ("NVIDIA H200", "NVIDIA H100 80GB HBM3", None):
+        assert contract.parse_tuning(shipped, device=device) == contract.DEFAULTS
     file = tmp_path / "chips.json"
     file.write_text(json.dumps(values))
     assert contract.load_tuning(str(file), "NVIDIA H200").wy_warps == 1 and contract.load_tuning(str(file)).wy_warps == 2
