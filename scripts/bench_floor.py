@@ -37,7 +37,14 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-LAYER = {"hidden_size": 512, "head_dim": 64, "num_heads": 8}
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from quasar.evaluate.workload import HEAD_DIM, HIDDEN_SIZE, NUM_HEADS  # noqa: E402
+
+# The layer validators benchmark (quasar.evaluate.workload).
+LAYER = {"hidden_size": HIDDEN_SIZE, "head_dim": HEAD_DIM, "num_heads": NUM_HEADS}
 BF16, FP32 = 2, 4
 
 

@@ -45,9 +45,11 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from quasar.evaluate.harness import worst_block_error  # noqa: E402
+from quasar.evaluate.workload import HEAD_DIM, HIDDEN_SIZE, NUM_HEADS  # noqa: E402
 from quasar.reference import QuasarAttentionReference, chunk_quasar_reference, relative_error  # noqa: E402
 
-LAYER = {"hidden_size": 512, "head_dim": 64, "num_heads": 8}
+# The layer validators benchmark (quasar.evaluate.workload).
+LAYER = {"hidden_size": HIDDEN_SIZE, "head_dim": HEAD_DIM, "num_heads": NUM_HEADS}
 DEFAULT_VARIANTS = [
     {},
     {"segment_chunks": 8},
