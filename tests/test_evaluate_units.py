@@ -878,16 +878,23 @@ def test_recommended_claim_is_the_speed_three_in_four_requests_reached():
     assert claim <= 4096 / (statistics.median(durations) / 1e9)
 
 
-def test_bench_harness_reports_the_spread_of_medians_and_of_bests():
+def load_bench_harness():
+    """scripts/bench_harness.py as a module."""
     import importlib.util
-    import io
-
-    from rich.console import Console
 
     path = os.path.join(os.path.dirname(__file__), "..", "scripts", "bench_harness.py")
     spec = importlib.util.spec_from_file_location("bench_harness", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_harness_reports_the_spread_of_medians_and_of_bests():
+    import io
+
+    from rich.console import Console
+
+    bench = load_bench_harness()
 
     def report(median: float, best: float) -> EvaluationReport:
         item = LengthResult(seq_len=512, status="ok", tokens_per_sec=median, tokens_per_sec_max=best,
@@ -925,14 +932,9 @@ def test_bench_harness_reports_the_spread_of_medians_and_of_bests():
 
 
 def test_bench_harness_evaluates_another_trees_files(tmp_path):
-    import importlib.util
-
     from quasar.starter_fork import copy_starter_tree
 
-    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "bench_harness.py")
-    spec = importlib.util.spec_from_file_location("bench_harness", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_bench_harness()
 
     tree = tmp_path / "older"
     starter = sorted(copy_starter_tree(tree))
