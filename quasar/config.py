@@ -84,6 +84,14 @@ def _parse_share(raw: str) -> float:
     return value
 
 
+def _parse_majority_share(raw: str) -> float:
+    """A share in [0.5, 1]."""
+    value = _parse_float(0.0)(raw)
+    if not 0.5 <= value <= 1.0:
+        raise ValueError(f"must be at least 0.5 and at most 1, got {raw}")
+    return value
+
+
 def _parse_bool(raw: str) -> bool:
     lowered = raw.strip().lower()
     if lowered in _TRUE:
@@ -342,6 +350,10 @@ OPTIONS: tuple[Option, ...] = (
            "are in the database, so they hold across them"),
     Option("api_hotkey", "API_HOTKEY", "--api.hotkey", _parse_str, "",
            "ss58 address of the submission API's hotkey: signed requests name it as receiver (GET /health shows it)"),
+    Option("api_max_header_bytes", "API_MAX_HEADER_BYTES", "--api.max-header-bytes", _parse_int(1024, 1 << 20),
+           "16384", "largest request line and headers the API reads; a larger request gets 431 and is closed"),
+    Option("api_header_timeout", "API_HEADER_TIMEOUT", "--api.header-timeout", _parse_float(0.1), "10",
+           "seconds a client has to send a whole request line and headers before the API closes the connection"),
     Option("trusted_proxies", "TRUSTED_PROXIES", "--api.trusted-proxies", _parse_ip_networks, "",
            "comma-separated IPs/CIDRs of reverse proxies whose X-Forwarded-For the API believes; empty = none"),
     Option("blocks_until_reveal", "BLOCKS_UNTIL_REVEAL", "--blocks-until-reveal", _parse_int(0), "100",
@@ -352,6 +364,10 @@ OPTIONS: tuple[Option, ...] = (
            "length of a competition round in chain blocks (round N = blocks N*ROUND_BLOCKS ...)"),
     Option("submissions_per_hour", "SUBMISSIONS_PER_HOUR", None, _parse_int(1), "10",
            "submissions (direct or commits) one hotkey may make per hour"),
+    Option("quorum_stake_share", "QUORUM_STAKE_SHARE", None, _parse_majority_share, "0.6",
+           "share of the validators' stake (0.5 to 1) that must have reported before a submission is judged"),
+    Option("quorum_min_validators", "QUORUM_MIN_VALIDATORS", None, _parse_int(1), "2",
+           "validators that must have reported before a submission is judged (all of them, when fewer)"),
     Option("evaluation_lease_s", "EVALUATION_LEASE_S", None, _parse_float(1.0), "3600",
            "seconds a validator holds a fetched submission before it is handed to that validator again"),
     Option("devchain_path", "DEVCHAIN_PATH", "--devchain.path", _parse_str, "data/devchain.sqlite3",
@@ -429,11 +445,15 @@ class Settings:
     api_port: int
     api_workers: int
     api_hotkey: str
+    api_max_header_bytes: int
+    api_header_timeout: float
     trusted_proxies: tuple[str, ...]
     blocks_until_reveal: int
     reveal_window_blocks: int
     round_blocks: int
     submissions_per_hour: int
+    quorum_stake_share: float
+    quorum_min_validators: int
     evaluation_lease_s: float
     devchain_path: str
     devchain_block_time: float

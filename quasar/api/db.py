@@ -100,6 +100,8 @@ class Submission(Base):
         # commit) and a miner's evaluated submissions. Without it SQLite's planner takes the state
         # index for both and reads every ready submission of every miner.
         Index("ix_submissions_hotkey_state_commit_hash", "hotkey", "state", "commit_hash"),
+        # Another hotkey's submission of the same commit: the originality check of every submission.
+        Index("ix_submissions_commit_hash", "commit_hash"),
     )
 
 
@@ -131,9 +133,12 @@ class EvaluationReport(Base):
     reasons: Mapped[list] = mapped_column(JSON)
     # [{"seq_len", "status", "tokens_per_sec", "peak_vram_mb", "correct"}]; NULL in reports from before 0002.
     lengths: Mapped[list | None] = mapped_column(JSON)
+    # The normalised content hash of the fork's kernel files (quasar/originality.py); NULL before 0004.
+    content_hash: Mapped[str | None] = mapped_column(String(64))
 
     __table_args__ = (
         UniqueConstraint("submission_id", "validator_hotkey", name="uq_evaluation_reports_submission_validator"),
+        Index("ix_evaluation_reports_content_hash", "content_hash"),
     )
 
 

@@ -22,7 +22,7 @@ from sqlalchemy import BigInteger, ColumnElement, String, bindparam, exists, fun
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from quasar import auth, scoring
+from quasar import auth, consensus, originality, scoring
 from quasar.api import rules, schemas
 from quasar.api.db import (
     Database, EvaluationLease, EvaluationReport, IpBan, NonceLedger, PreparedStatement, Submission, UsedNonce,
@@ -68,6 +68,12 @@ class ApiConfig:
     trusted_proxies: tuple[str, ...]
     allow_local_forks: bool
     tie_epsilon: float
+    quorum_stake_share: float
+    quorum_min_validators: int
+
+    @property
+    def quorum(self) -> consensus.Quorum:
+        return consensus.Quorum(self.quorum_stake_share, self.quorum_min_validators)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiConfig:
@@ -82,6 +88,8 @@ class ApiConfig:
             trusted_proxies=settings.trusted_proxies,
             allow_local_forks=settings.network in (DEV_NETWORK, "local"),
             tie_epsilon=settings.tie_epsilon,
+            quorum_stake_share=settings.quorum_stake_share,
+            quorum_min_validators=settings.quorum_min_validators,
         )
 
 
@@ -113,21 +121,27 @@ _SAME_SUBMISSION_WHERE = (
     _SUBMISSIONS.c.target_sequence_length == bindparam("target_sequence_length"),
 )
 _SAME_SUBMISSION = PreparedStatement(select(_SUBMISSIONS.c.id).where(*_SAME_SUBMISSION_WHERE).limit(1))
+# Another hotkey's submission of the same commit, made ready earlier: a copy (quasar/originality.py).
+_COPIED_WHERE = (_SUBMISSIONS.c.commit_hash == bindparam("commit_hash"), _SUBMISSIONS.c.state == "ready",
+                 _SUBMISSIONS.c.hotkey != bindparam("hotkey"))
+_COPIED = PreparedStatement(select(_SUBMISSIONS.c.id, _SUBMISSIONS.c.hotkey).where(*_COPIED_WHERE)
+                            .order_by(_SUBMISSIONS.c.id).limit(1))
 _INSERT_SUBMISSION = PreparedStatement(insert(_SUBMISSIONS).returning(_SUBMISSIONS.c.id))
 
 
 def _nonce_if_submission_allowed(dialect: str) -> PreparedStatement:
     """Record the caller's nonce only if its IP is not banned, the nonce is new, the hotkey is under
-    its rate limit and the same submission is not ready already: a direct submission's four checks
-    in one statement (rowcount 1: all passed, the nonce is recorded; 0: nothing was written). On
+    its rate limit, the same submission is not ready already and no other hotkey submitted the
+    commit: a direct submission's five checks in one statement (rowcount 1: all passed, the nonce
+    is recorded; 0: nothing was written). On
     SQLite every statement lets go of the interpreter (the GIL) and waits to get it back while the
     process's write lock is held, so a submission's write holds that lock for a fraction of the
     time the checks take one by one (``_check_not_banned``, ``NonceLedger.record``,
-    ``_enforce_rate_limit``, ``_SAME_SUBMISSION``: the reference, which also names a refusal)."""
+    ``_enforce_rate_limit``, ``_SAME_SUBMISSION``, ``_COPIED``: the reference, which also names a refusal)."""
     recent = select(func.count()).select_from(_SUBMISSIONS).where(*_RECENT_WHERE).scalar_subquery()
     allowed = (select(bindparam("nonce_hotkey", type_=String()), bindparam("nonce", type_=BigInteger()))
                .where(~exists().where(*_BANNED_WHERE), recent < bindparam("limit"),
-                      ~exists().where(*_SAME_SUBMISSION_WHERE)))
+                      ~exists().where(*_SAME_SUBMISSION_WHERE), ~exists().where(*_COPIED_WHERE)))
     return PreparedStatement(dialect_insert(dialect, UsedNonce.__table__).from_select(["hotkey", "nonce"], allowed)
                              .on_conflict_do_nothing())
 
@@ -159,18 +173,79 @@ def evaluated_submissions(session: Session,
     return list(evaluated.values())
 
 
-def consensus_result(submission: Submission,
-                     reports: Sequence[EvaluationReport]) -> tuple[scoring.Result, rules.Consensus]:
-    """The validators' combined view of ``submission`` (at least one report) and its result as
-    scoring ranks it: measured figures from the consensus, never the claim alone."""
-    view = rules.consensus([rules.ValidatorReport(r.validator_hotkey, r.correct, r.logits_ok,
-                                                  r.measured_tokens_per_sec) for r in reports])
-    result = scoring.Result(
+def consensus_reports(reports: Sequence[EvaluationReport]) -> list[consensus.Report]:
+    """Stored reports as the consensus reads them."""
+    return [consensus.Report(r.validator_hotkey, r.verdict == "passed", r.logits_ok, r.measured_tokens_per_sec,
+                             r.content_hash) for r in reports]
+
+
+def ranked_result(submission: Submission, view: consensus.Consensus) -> scoring.Result | None:
+    """``submission`` as scoring ranks it once the validators' consensus passed it (the consensus
+    figure, never the claim alone); None while it is not passed."""
+    if view.state != consensus.PASSED:
+        return None
+    return scoring.Result(
         hotkey=submission.hotkey, submission_id=submission.id, submitted_at=submission.submitted_at,
         target_sequence_length=submission.target_sequence_length,
         claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
-        measured_tokens_per_sec=view.measured_tokens_per_sec, correct=view.correct, logits_ok=view.logits_ok)
-    return result, view
+        measured_tokens_per_sec=view.measured_tokens_per_sec or 0.0, correct=True, logits_ok=view.logits_ok)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A submission validators reported on, with its reports, their consensus and, when it is a
+    copy of another hotkey's earlier submission, which (quasar/originality.py)."""
+
+    submission: Submission
+    reports: list[EvaluationReport]
+    consensus: consensus.Consensus
+    copy_of: originality.CopyOf | None
+
+    @property
+    def result(self) -> scoring.Result | None:
+        """Its result as ranked: passed by the consensus and not a copy; else None."""
+        return None if self.copy_of is not None else ranked_result(self.submission, self.consensus)
+
+
+def copies_among(session: Session, prints: Sequence[originality.Fingerprint], electorate: consensus.Electorate,
+                 quorum: consensus.Quorum) -> dict[int, originality.CopyOf]:
+    """Which of ``prints`` copy an earlier submission of another hotkey: compared with every
+    earlier revealed submission of the same commit, or whose validators' consensus found the same
+    kernel content."""
+    if not prints:
+        return {}
+    newest = max(fingerprint.submission_id for fingerprint in prints)
+    known = {fingerprint.submission_id for fingerprint in prints}
+    commits = {fingerprint.commit_hash for fingerprint in prints if fingerprint.commit_hash is not None}
+    contents = {fingerprint.content_hash for fingerprint in prints if fingerprint.content_hash is not None}
+    earlier: list[originality.Fingerprint] = []
+    if commits:
+        rows = session.execute(select(Submission.id, Submission.hotkey, Submission.commit_hash).where(
+            Submission.commit_hash.in_(commits), Submission.state == "ready", Submission.id < newest)).all()
+        earlier += [originality.Fingerprint(row.id, row.hotkey, row.commit_hash, None)
+                    for row in rows if row.id not in known]
+    if contents:
+        ids = set(session.scalars(select(EvaluationReport.submission_id).where(
+            EvaluationReport.content_hash.in_(contents), EvaluationReport.submission_id < newest)))
+        for submission, reports in evaluated_submissions(session, Submission.id.in_(ids - known)):
+            view = consensus.decide(consensus_reports(reports), electorate, quorum)
+            earlier.append(originality.Fingerprint(submission.id, submission.hotkey, submission.commit_hash,
+                                                   view.content_hash))
+    found = originality.find_copies([*prints, *earlier])
+    return {submission_id: copy for submission_id, copy in found.items() if submission_id in known}
+
+
+def judge(session: Session, evaluated: Sequence[tuple[Submission, list[EvaluationReport]]],
+          electorate: consensus.Electorate, quorum: consensus.Quorum) -> list[Judged]:
+    """The consensus of each evaluated submission and whether it is a copy (one database read for
+    the originals)."""
+    views = {submission.id: consensus.decide(consensus_reports(reports), electorate, quorum)
+             for submission, reports in evaluated}
+    prints = [originality.Fingerprint(submission.id, submission.hotkey, submission.commit_hash,
+                                      views[submission.id].content_hash) for submission, _ in evaluated]
+    copies = copies_among(session, prints, electorate, quorum)
+    return [Judged(submission, reports, views[submission.id], copies.get(submission.id))
+            for submission, reports in evaluated]
 
 
 class SubmissionService:
@@ -186,8 +261,25 @@ class SubmissionService:
         self.clock = clock
         self.nonces = NonceLedger(database, NONCE_RETENTION_S, clock)
         self._nonce_if_submission_allowed = _nonce_if_submission_allowed(database.dialect) if fused_checks else None
+        self.quorum = config.quorum
 
     # --- chain ---
+
+    def validator_stakes(self) -> dict[str, float]:
+        """The stake of each hotkey holding a validator permit now."""
+        try:
+            metagraph = self.chain.metagraph()
+        except ChainError as error:
+            raise ApiError(503, f"the chain is unavailable: {error}", {"Retry-After": "12"}) from None
+        return {neuron.hotkey: neuron.stake for neuron in metagraph.neurons if neuron.validator_permit}
+
+    def electorate(self) -> consensus.Electorate:
+        """The validators whose reports count now, weighted by their stake (quasar/consensus.py)."""
+        return consensus.Electorate.from_stakes(self.validator_stakes())
+
+    def judge(self, session: Session, evaluated: Sequence[tuple[Submission, list[EvaluationReport]]],
+              electorate: consensus.Electorate) -> list[Judged]:
+        return judge(session, evaluated, electorate, self.quorum)
 
     def current_block(self) -> int:
         try:
@@ -302,6 +394,7 @@ class SubmissionService:
             if duplicate is not None:
                 raise ApiError(409, f"this fork, commit and target length were already submitted as submission "
                                     f"{duplicate}")
+            self._refuse_copy(session, hotkey, commit)
             return insert(session)
 
         def fused(session: Session) -> schemas.SubmissionAccepted | None:
@@ -330,6 +423,15 @@ class SubmissionService:
         accepted = self._write(work, caller, locks=[f"hotkey:{hotkey}"], fused=fused if use_fused else None)
         logger.info("submission %d from %s (%s) direct, round %d", accepted.submission_id, hotkey, client_ip, round_id)
         return accepted
+
+    @staticmethod
+    def _refuse_copy(session: Session, hotkey: str, commit: str, before_id: int | None = None) -> None:
+        """Refuse (409) a commit that another hotkey made ready earlier (before ``before_id``, when
+        given): a copy (quasar/originality.py)."""
+        original = _COPIED.run(session.connection(), {"commit_hash": commit, "hotkey": hotkey}).fetchone()
+        if original is not None and (before_id is None or original[0] < before_id):
+            raise ApiError(409, f"commit {commit} was submitted first by another hotkey ({original[1]}, "
+                                f"submission {original[0]}): a copy is not accepted")
 
     @staticmethod
     def _accepted(submission: Submission) -> schemas.SubmissionAccepted:
@@ -392,6 +494,8 @@ class SubmissionService:
                 mismatch.append(f"reveal does not match commitment {submission.id}: sha256(salt + fork_url + "
                                 f"commit_hash) is {digest}, the commitment is {submission.commitment_hash}")
                 return None
+            # A commitment made before another hotkey's submission of the same commit is the original.
+            self._refuse_copy(session, hotkey, commit, before_id=submission.id)
             submission.state = "ready"
             submission.fork_url, submission.commit_hash = url, commit
             submission.claimed_tokens_per_sec = request.tokens_per_sec
@@ -492,9 +596,14 @@ class SubmissionService:
 
     def report(self, validator: str, request: schemas.ReportRequest,
                caller: Authenticated | None = None) -> schemas.ReportAccepted:
+        """Store one validator's report; when with it the validators' consensus fails the submission,
+        charge a failed validation to the miner's IP (once per submission, never on one validator's word)."""
         if request.verdict == "passed" and (not request.correct or request.logits_ok is False):
             raise ApiError(422, "verdict 'passed' contradicts correct=false or logits_ok=false")
+        if request.verdict == "passed" and request.measured_tokens_per_sec is None:
+            raise ApiError(422, "verdict 'passed' needs measured_tokens_per_sec")
         now = self.clock()
+        electorate = self.electorate()
 
         def work(session: Session) -> schemas.ReportAccepted:
             submission = session.get(Submission, request.submission_id)
@@ -506,18 +615,28 @@ class SubmissionService:
             if session.scalar(select(exists().where(EvaluationReport.submission_id == submission.id,
                                                     EvaluationReport.validator_hotkey == validator))):
                 raise ApiError(409, f"this validator already reported on submission {submission.id}")
+            floor = scoring.CLAIM_FACTOR * submission.claimed_tokens_per_sec
+            if request.verdict == "passed" and request.measured_tokens_per_sec < floor:
+                raise ApiError(422, f"verdict 'passed' contradicts measured_tokens_per_sec "
+                                    f"{request.measured_tokens_per_sec:g} < {scoring.CLAIM_FACTOR} x the claim "
+                                    f"{submission.claimed_tokens_per_sec:g}")
             report = EvaluationReport(
                 submission_id=submission.id, validator_hotkey=validator, reported_at=now, verdict=request.verdict,
                 correct=request.correct, logits_ok=request.logits_ok,
                 measured_tokens_per_sec=request.measured_tokens_per_sec,
                 benchmarks=_benchmarks_to_json(request.benchmarks), reasons=list(request.reasons),
                 lengths=None if request.lengths is None else [item.model_dump() for item in request.lengths],
+                content_hash=request.content_hash,
             )
             session.add(report)
             session.flush()
+            reports = session.scalars(select(EvaluationReport).where(
+                EvaluationReport.submission_id == submission.id)).all()
+            view = consensus.decide(consensus_reports(reports), electorate, self.quorum)
             counted = False
-            if request.verdict == "failed":
-                reason = "; ".join(request.reasons) or "failed evaluation"
+            if view.state == consensus.FAILED:
+                given = dict.fromkeys(reason for r in reports if r.verdict == "failed" for reason in r.reasons)
+                reason = "; ".join([view.reason, *given])
                 counted = self._record_failure(session, submission.client_ip, now, "evaluation", reason,
                                                submission.id, dedupe_key=f"evaluation:{submission.id}")
             return schemas.ReportAccepted(report_id=report.id, submission_id=submission.id, failure_counted=counted)
@@ -531,21 +650,30 @@ class SubmissionService:
 
     # --- leaderboard ---
 
-    def leaderboard(self, round_id: int | None) -> schemas.Leaderboard:
-        """Round ``round_id`` (default: the current one) ranked by quasar.scoring from the validators'
-        measured figures (never the claims): per submission, the consensus of its reports."""
+    def _round(self, round_id: int | None) -> int:
         if round_id is None:
-            round_id = rules.round_of_block(self.current_block(), self.config.round_blocks).round_id
+            return rules.round_of_block(self.current_block(), self.config.round_blocks).round_id
+        return round_id
+
+    def judged_round(self, round_id: int) -> tuple[list[Judged], consensus.Electorate]:
+        """The round's evaluated submissions judged (consensus, copies), and the electorate used."""
+        electorate = self.electorate()
         with self.database.read() as session:
             evaluated = evaluated_submissions(session, Submission.round_id == round_id)
-        results, agreed = [], {}
-        for submission, reports in evaluated:
-            result, agreed[submission.id] = consensus_result(submission, reports)
-            results.append(result)
-        ranking = scoring.rank(results, epsilon=self.config.tie_epsilon)
+            return self.judge(session, evaluated, electorate), electorate
+
+    def leaderboard(self, round_id: int | None) -> schemas.Leaderboard:
+        """Round ``round_id`` (default: the current one) ranked by quasar.scoring from the validators'
+        consensus figures (never the claims); submissions awaiting a quorum, disputed, failed or
+        copies are not ranked (the first three and the copies are listed with why)."""
+        round_id = self._round(round_id)
+        judged, electorate = self.judged_round(round_id)
+        results = {item.submission.id: item for item in judged if item.result is not None}
+        ranking = scoring.rank([item.result for item in results.values()], epsilon=self.config.tie_epsilon)
         entries = []
         for placement in ranking.placements:
             result, league = placement.result, scoring.league_for(placement.result.target_sequence_length)
+            view = results[result.submission_id].consensus
             entries.append(schemas.LeaderboardEntry(
                 place=placement.place, hotkey=result.hotkey, submission_id=result.submission_id,
                 league=league.name, multiplier=league.multiplier,
@@ -553,6 +681,51 @@ class SubmissionService:
                 claimed_tokens_per_sec=result.claimed_tokens_per_sec,
                 measured_tokens_per_sec=result.measured_tokens_per_sec,
                 weighted_score=placement.weighted_score, share=placement.share,
-                validators=agreed[result.submission_id].validators, submitted_at=result.submitted_at))
-        return schemas.Leaderboard(round_id=round_id, epsilon=ranking.epsilon, entries=entries,
-                                   unassigned=ranking.unassigned, evaluated_submissions=len(results))
+                validators=view.reported, reported_stake_share=view.reported_share, submitted_at=result.submitted_at))
+        not_ranked = []
+        for item in sorted(judged, key=lambda item: -item.submission.id):
+            view, copy = item.consensus, item.copy_of
+            if copy is not None and view.state != consensus.FAILED:
+                state, reason = "copy", copy.reason
+            elif not view.settled:
+                state, reason = view.state, view.reason
+            else:
+                continue
+            not_ranked.append(schemas.NotRanked(
+                submission_id=item.submission.id, hotkey=item.submission.hotkey, state=state, reason=reason,
+                validators_reported=view.reported, reported_stake_share=view.reported_share))
+        counts = {state: sum(1 for item in judged if item.consensus.state == state)
+                  for state in (consensus.AWAITING_QUORUM, consensus.DISPUTED, consensus.FAILED)}
+        return schemas.Leaderboard(
+            round_id=round_id, epsilon=ranking.epsilon, entries=entries, unassigned=ranking.unassigned,
+            evaluated_submissions=len(judged), quorum_stake_share=self.quorum.stake_share,
+            quorum_min_validators=self.quorum.min_validators, validators=len(electorate),
+            awaiting_quorum=counts[consensus.AWAITING_QUORUM], disputed=counts[consensus.DISPUTED],
+            failed=counts[consensus.FAILED],
+            copies=sum(1 for item in not_ranked if item.state == "copy"),
+            not_ranked=not_ranked[:schemas.MAX_NOT_RANKED_SHOWN])
+
+    def validator_agreement(self, round_id: int | None) -> schemas.ValidatorAgreements:
+        """Per validator: its reports on round ``round_id``'s submissions (default: the current round)
+        against the validators' settled consensus, and its weight in the consensus now."""
+        round_id = self._round(round_id)
+        judged, electorate = self.judged_round(round_id)
+        agreements = {item.validator_hotkey: item for item in consensus.agreement(
+            (item.consensus, consensus_reports(item.reports)) for item in judged)}
+        reports: dict[str, int] = {}
+        for item in judged:
+            for report in item.reports:
+                reports[report.validator_hotkey] = reports.get(report.validator_hotkey, 0) + 1
+        stakes = self.validator_stakes()
+        total = electorate.total
+        validators = []
+        for hotkey in sorted(set(electorate.weights) | set(reports),
+                             key=lambda hotkey: (-electorate.weight(hotkey), hotkey)):
+            found = agreements.get(hotkey)
+            validators.append(schemas.ValidatorAgreement(
+                validator_hotkey=hotkey, stake=stakes.get(hotkey),
+                stake_share=electorate.weight(hotkey) / total if total else 0.0, reports=reports.get(hotkey, 0),
+                judged=found.judged if found else 0, agreed=found.agreed if found else 0,
+                disagreed=found.disagreed if found else 0, agreement=found.share if found else None,
+                median_deviation=found.median_deviation if found else None))
+        return schemas.ValidatorAgreements(round_id=round_id, validators=validators)

@@ -331,7 +331,7 @@ class Validator:
         try:
             accepted = self.api.report(report.submission_id, report.verdict, report.correct, report.logits_ok,
                                        report.measured_tokens_per_sec, report.benchmarks, report.reasons,
-                                       report.lengths)
+                                       report.lengths, report.content_hash)
         except ApiClientError as error:
             if error.status in FINAL_REPORT_STATUSES:
                 done = error.status == 409 and "already reported" in error.detail
