@@ -377,6 +377,10 @@ OPTIONS: tuple[Option, ...] = (
     # Validator.
     Option("validator_data_dir", "VALIDATOR_DATA_DIR", "--validator.data-dir", _parse_str, "data/validator",
            "validator's folder: its state database (one per network, subnet and hotkey) and fork checkouts"),
+    Option("validator_role", "VALIDATOR_ROLE", "--validator.role", _parse_choice("full", "primary", "worker"), "full",
+           "full: evaluate and set weights from this process's results; several processes or hosts of one hotkey: "
+           "one primary (evaluates, adds the results the API holds of the hotkey's other processes, sets weights) "
+           "and workers (evaluate and report only)"),
     Option("epoch_blocks", "EPOCH_BLOCKS", "--epoch-blocks", _parse_int(1), "360",
            "chain blocks between two weight settings of the validator"),
     Option("eval_seq_lens", "EVAL_SEQ_LENS", "--eval.seq-lens", _parse_seq_lens, "512,1024,2048",
@@ -458,6 +462,7 @@ class Settings:
     devchain_path: str
     devchain_block_time: float
     validator_data_dir: str
+    validator_role: str
     epoch_blocks: int
     eval_seq_lens: tuple[int, ...]
     eval_timeout: float

@@ -125,66 +125,95 @@ class Clock:
 
 
 class QueueModel:
-    """What GET /validator/pending must return, kept in plain Python."""
+    """What GET /validator/pending must return, kept in plain Python: supersession, fairness per
+    validator and round, the highest upper bound first, leases (nothing here places four miners,
+    so nothing is deferred: tests/test_api_schedule.py covers that)."""
 
     def __init__(self, lease_s):
         self.lease_s = lease_s
-        self.ready: list[int] = []
+        self.ready: dict[int, tuple[str, float, float, int]] = {}  # id -> (hotkey, ready_at, upper bound, round)
+        self.superseded: set[int] = set()
         self.reported: set[tuple[int, str]] = set()
-        self.leases: dict[tuple[int, str], tuple[float, int]] = {}
+        self.leases: dict[tuple[int, str], tuple[float, int, int]] = {}  # -> (until, fetches, first round)
 
-    def fetch(self, validator, limit, now):
-        chosen = []
-        for submission_id in self.ready:
-            until, count = self.leases.get((submission_id, validator), (0.0, 0))
-            if (submission_id, validator) in self.reported or until > now or count >= MAX_FETCHES_PER_VALIDATOR:
+    def submit(self, submission_id, hotkey, ready_at, bound, round_id):
+        """A newer submission supersedes its hotkey's older ones of the scheduled rounds without reports."""
+        for i, (owner, _, _, round_of) in self.ready.items():
+            if owner == hotkey and round_of >= round_id - 1 and not any(k == i for k, _ in self.reported):
+                self.superseded.add(i)
+        self.ready[submission_id] = (hotkey, ready_at, bound, round_id)
+
+    def fetch(self, validator, limit, now, round_id):
+        window = {i: entry for i, entry in self.ready.items()
+                  if i not in self.superseded and entry[3] >= round_id - 1}
+        waiting = []
+        for i, (hotkey, ready_at, bound, _) in window.items():
+            until, fetches, _ = self.leases.get((i, validator), (0.0, 0, 0))
+            if i in self.superseded or (i, validator) in self.reported or until > now \
+                    or fetches >= MAX_FETCHES_PER_VALIDATOR:
                 continue
-            chosen.append(submission_id)
-            if len(chosen) == limit:
-                break
-        for submission_id in chosen:
-            self.leases[(submission_id, validator)] = (now + self.lease_s, self.leases.get(
-                (submission_id, validator), (0.0, 0))[1] + 1)
+            waiting.append((i, hotkey, ready_at, bound))
+        taken: dict[str, int] = {}
+        for (i, v), (_, _, first_round) in self.leases.items():
+            if v == validator and first_round == round_id:
+                taken[self.ready[i][0]] = taken.get(self.ready[i][0], 0) + 1
+        chosen = []
+        while waiting and len(chosen) < limit:  # the least served hotkey, then the highest bound, then the oldest
+            pick = min(waiting, key=lambda w: (taken.get(w[1], 0), -w[3], w[2], w[0]))
+            waiting.remove(pick)
+            taken[pick[1]] = taken.get(pick[1], 0) + 1
+            chosen.append(pick[0])
+        for i in chosen:
+            _, fetches, first_round = self.leases.get((i, validator), (0.0, 0, round_id))
+            self.leases[(i, validator)] = (now + self.lease_s, fetches + 1, first_round)
         return chosen
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_work_queue_matches_model(tmp_path, seed):
     rng = random.Random(seed)
-    wallets = {name: make_wallet(tmp_path / "w", name) for name in ("m", "v1", "v2")}
+    miners = ("m1", "m2", "m3")
+    wallets = {name: make_wallet(tmp_path / "w", name) for name in (*miners, "v1", "v2")}
     chain = DevChain(tmp_path / "chain.sqlite3", block_time_s=1e6)
     clock = Clock()
     database = Database(f"sqlite:///{tmp_path}/api.sqlite3")
     database.upgrade()
-    service = SubmissionService(api_config(wallets["m"].hotkey.ss58_address, evaluation_lease_s=100.0), chain,
-                                database, clock)
+    service = SubmissionService(api_config(wallets["m1"].hotkey.ss58_address, evaluation_lease_s=100.0,
+                                           round_blocks=10), chain, database, clock)
     model = QueueModel(100.0)
-    miner = wallets["m"].hotkey.ss58_address
     validators = [wallets["v1"].hotkey.ss58_address, wallets["v2"].hotkey.ss58_address]
-    for step in range(120):
+    for step in range(160):
         action = rng.random()
-        if action < 0.25:
+        round_id = chain.current_block() // 10
+        if action < 0.3:
+            miner = wallets[rng.choice(miners)].hotkey.ss58_address
+            claim, target = rng.choice([1.0, 2.0, 3.0]), rng.choice([1000, 1_000_000])
             accepted = service.submit_direct(miner, "192.0.2.1", schemas.SubmitKernelRequest(
-                fork_url="https://github.com/m/fla", commit_hash=f"{step + 1:040x}", target_sequence_length=1000,
-                tokens_per_sec=1.0))
-            model.ready.append(accepted.submission_id)
+                fork_url="https://github.com/m/fla", commit_hash=f"{step + 1:040x}", target_sequence_length=target,
+                tokens_per_sec=claim))
+            model.submit(accepted.submission_id, miner, clock.now, claim * (3.0 if target > 1000 else 0.5), round_id)
+            clock.now += 0.001  # ready times apart, as they are
         elif action < 0.6:
             validator, limit = rng.choice(validators), rng.randint(1, 4)
             got = [item.submission_id for item in service.fetch_work(validator, limit).items]
-            assert got == model.fetch(validator, limit, clock.now), step
+            assert got == model.fetch(validator, limit, clock.now, round_id), step
         elif action < 0.85:
             validator = rng.choice(validators)
-            leased = [key[0] for key in model.leases if key[1] == validator and key not in model.reported]
+            leased = [key[0] for key in model.leases if key[1] == validator and key not in model.reported
+                      and key[0] not in model.superseded]
             if leased:
                 submission_id = rng.choice(leased)
                 service.report(validator, schemas.ReportRequest(submission_id=submission_id, verdict="passed",
-                                                                correct=True, measured_tokens_per_sec=1.0))
+                                                                correct=True, measured_tokens_per_sec=3.0))
                 model.reported.add((submission_id, validator))
                 with pytest.raises(ApiError):
                     service.report(validator, schemas.ReportRequest(submission_id=submission_id, verdict="passed",
-                                                                    correct=True))
-        else:
+                                                                    correct=True, measured_tokens_per_sec=3.0))
+        elif action < 0.95:
             clock.now += rng.choice([10.0, 60.0, 101.0])
+        else:
+            chain.advance(10)  # the next round: fairness counts again; two rounds on, a submission lapses
+    assert model.superseded  # the sequence reached supersession
     database.dispose()
 
 

@@ -54,6 +54,7 @@ def populate(api: Api) -> dict[str, int]:
         validator.report(hostile.submission_id, "failed", False, None, 2.2e8 * scale, reasons=REASONS,
                          lengths=figures((512, 9.0e6 * scale, 200, True), (1024, 1.7e7 * scale, 210, False),
                                          (2048, 3.3e7 * scale, 220, False), (1_000_000, 2.2e8 * scale, 900, False)))
+    api.chain.advance(1)  # reports count from the block after they arrive
     return {"honest": honest.submission_id, "hostile": hostile.submission_id}
 
 

@@ -172,7 +172,8 @@ def test_validator_steps_evaluate_report_and_set_weights(world, tmp_path, caplog
                                   logit_checker(world, subnet), state, devices=[Device("cpu", "")], interval_s=0.2)
 
             first = validator.step()
-            assert first.fetched == 4 and first.weights_set and not first.failed_phases
+            # As much work as its one device can start: the rest waits at the API, in the schedule's order.
+            assert first.fetched == 1 and first.weights_set and not first.failed_phases
             honest_key = EvaluationKey(*world["honest"], TARGET)
             assert first.started == [honest_key]
             # Nothing is evaluated yet: the first epoch's weights all go to the owner.
@@ -336,7 +337,6 @@ def test_killed_mid_evaluation_the_validator_resumes_without_redoing_finished_wo
             state_path = default_state_path(data_dir, "devchain", NETUID, subnet.hotkey("validator"))
             honest = (*world["honest"], TARGET)
             zeros = (*world["zeros"], TARGET)
-            copy = (*world["copy"], TARGET)
 
             first_log = tmp_path / "first.log"
             with open(first_log, "w") as log:

@@ -271,6 +271,15 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
         compare with the settled consensus (default the current round)."""
         return await reads.response(request, lambda: service.validator_agreement(round_id), {"round_id": round_id})
 
+    @app.get("/validators/{hotkey}/reports", response_model=schemas.ValidatorReports, responses=ERRORS,
+             dependencies=STRICT_QUERY, tags=["public"])
+    def validator_reports(hotkey: Annotated[str, Path(pattern=schemas.HOTKEY_PATTERN)],
+                          after_id: Annotated[int, Query(ge=0, le=schemas.MAX_ID)] = 0,
+                          limit: Limit = MAX_PAGE) -> schemas.ValidatorReports:
+        """A validator's reports with an id above ``after_id``, oldest first, each with its submission
+        (how the processes of one validator hotkey share their results)."""
+        return service.validator_reports(hotkey, after_id, limit)
+
     # --- submission status (public; an unrevealed commitment shows only its hash: quasar/api/status.py) ---
 
     status_reader = StatusReader(service)

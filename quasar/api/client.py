@@ -102,6 +102,11 @@ class ApiClient:
     def leaderboard(self, round_id: int | None = None) -> schemas.Leaderboard:
         return self._parse(self._get("/leaderboard", {"round_id": round_id}), schemas.Leaderboard)
 
+    def validator_reports(self, hotkey: str, after_id: int = 0, limit: int = 100) -> schemas.ValidatorReports:
+        """``hotkey``'s reports above ``after_id``, oldest first (``GET /validators/{hotkey}/reports``)."""
+        return self._parse(self._get(f"/validators/{quote(hotkey, safe='')}/reports",
+                                     {"after_id": after_id, "limit": limit}), schemas.ValidatorReports)
+
     def validators(self, round_id: int | None = None) -> schemas.ValidatorAgreements:
         """Each validator's weight and agreement with the consensus in a round (``GET /validators``)."""
         return self._parse(self._get("/validators", {"round_id": round_id}), schemas.ValidatorAgreements)

@@ -34,6 +34,7 @@ TEMPLATES_DIR = Path(__file__).with_name("templates")
 RECENT_SUBMISSIONS = 20
 MINER_SUBMISSIONS = 50
 STATE_LABELS = {"committed": "committed", "expired": "expired", "revealed": "revealed", "queued": "queued",
+                "deferred": "deferred", "superseded": "superseded", "lapsed": "lapsed",
                 "being_evaluated": "being evaluated", "awaiting_quorum": "awaiting quorum", "disputed": "disputed",
                 "passed": "passed", "failed": "failed", "copy": "copy"}
 # fullmatch: "$" would also match before a trailing newline.

@@ -322,14 +322,44 @@ class ValidatorAgreements(BaseModel):
     validators: list[ValidatorAgreement]
 
 
+class ReportedWork(BaseModel):
+    """One report of a validator with the submission it is on, as the validator's processes share
+    their results (``VALIDATOR_ROLE``)."""
+
+    report_id: int
+    submission_id: int
+    hotkey: str
+    fork_url: str
+    commit_hash: str
+    target_sequence_length: int
+    claimed_tokens_per_sec: float
+    submitted_at: float
+    round_id: int
+    verdict: Literal["passed", "failed"]
+    correct: bool
+    logits_ok: bool | None
+    measured_tokens_per_sec: float | None
+    benchmarks: dict[int, float] | None
+    reasons: list[str]
+    content_hash: str | None
+    reported_at: float
+
+
+class ValidatorReports(BaseModel):
+    """A validator's reports after ``after_id``, oldest first."""
+
+    validator_hotkey: str
+    reports: list[ReportedWork]
+
+
 class ErrorBody(BaseModel):
     detail: str
 
 
 # --- submission status (GET /submissions/{id}, GET /miners/{hotkey}/submissions) ---
 
-SubmissionState = Literal["committed", "expired", "revealed", "queued", "being_evaluated", "awaiting_quorum",
-                          "disputed", "passed", "failed", "copy"]
+SubmissionState = Literal["committed", "expired", "revealed", "queued", "deferred", "superseded", "lapsed",
+                          "being_evaluated", "awaiting_quorum", "disputed", "passed", "failed", "copy"]
 
 
 class LengthFigures(BaseModel):
@@ -388,6 +418,8 @@ class SubmissionStatus(BaseModel):
     validators_evaluating: int = Field(description="validators holding a lease on it without a report yet")
     consensus: ConsensusView | None = Field(description="the validators' consensus; null before any report")
     copy_of: int | None = Field(description="the earlier submission of another hotkey this one copies")
+    superseded_by: int | None = Field(description="the newer submission of its hotkey that replaced it before any "
+                                                  "validator reported on it")
     reports: list[ValidatorVerdict]
 
 

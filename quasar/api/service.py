@@ -11,18 +11,20 @@ and a message for the caller.
 
 from __future__ import annotations
 
+import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import BigInteger, ColumnElement, String, bindparam, exists, func, insert, select
+from sqlalchemy import BigInteger, ColumnElement, String, bindparam, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from quasar import auth, consensus, originality, scoring
+from quasar import auth, consensus, originality, scheduling, scoring
 from quasar.api import rules, schemas
 from quasar.api.db import (
     Database, EvaluationLease, EvaluationReport, IpBan, NonceLedger, PreparedStatement, Submission, UsedNonce,
@@ -40,6 +42,9 @@ RATE_WINDOW_S = 3600.0
 # A validator that fetched a submission this many times without reporting is not handed it again
 # (a submission that crashes the validator must not be re-fetched forever).
 MAX_FETCHES_PER_VALIDATOR = 3
+# Submissions are handed out in their own round and the next (quasar/scheduling.py); older ones
+# cannot change the ranking of the round being played.
+SCHEDULED_ROUNDS = 2
 MAX_REASON_STORED = 2000
 # Nonces are kept a little longer than the freshness window that btauth/1 verification enforces.
 NONCE_RETENTION_S = 2 * (auth.MAX_REQUEST_AGE_S + auth.ALLOWED_CLOCK_SKEW_S)
@@ -122,11 +127,26 @@ _SAME_SUBMISSION_WHERE = (
 )
 _SAME_SUBMISSION = PreparedStatement(select(_SUBMISSIONS.c.id).where(*_SAME_SUBMISSION_WHERE).limit(1))
 # Another hotkey's submission of the same commit, made ready earlier: a copy (quasar/originality.py).
-_COPIED_WHERE = (_SUBMISSIONS.c.commit_hash == bindparam("commit_hash"), _SUBMISSIONS.c.state == "ready",
+# (Made ready: every state but committed; a superseded one was ready, and its commit is its miner's.)
+_COPIED_WHERE = (_SUBMISSIONS.c.commit_hash == bindparam("commit_hash"), _SUBMISSIONS.c.state != "committed",
                  _SUBMISSIONS.c.hotkey != bindparam("hotkey"))
 _COPIED = PreparedStatement(select(_SUBMISSIONS.c.id, _SUBMISSIONS.c.hotkey).where(*_COPIED_WHERE)
                             .order_by(_SUBMISSIONS.c.id).limit(1))
 _INSERT_SUBMISSION = PreparedStatement(insert(_SUBMISSIONS).returning(_SUBMISSIONS.c.id))
+# A hotkey's ready submissions of the scheduled rounds, and whether any validator reported on each:
+# what a newer one may supersede (quasar/scheduling.py).
+_HOTKEY_READY_WHERE = (_SUBMISSIONS.c.hotkey == bindparam("hotkey"), _SUBMISSIONS.c.state == "ready",
+                       _SUBMISSIONS.c.round_id >= bindparam("first_round"))
+_REPORTS = EvaluationReport.__table__
+_HOTKEY_READY = PreparedStatement(select(
+    _SUBMISSIONS.c.id, _SUBMISSIONS.c.ready_at, _SUBMISSIONS.c.target_sequence_length,
+    _SUBMISSIONS.c.claimed_tokens_per_sec, exists().where(_REPORTS.c.submission_id == _SUBMISSIONS.c.id).label("reported"),
+).where(*_HOTKEY_READY_WHERE))
+_LOCK_HOTKEY_READY = PreparedStatement(select(_SUBMISSIONS.c.id).where(*_HOTKEY_READY_WHERE)
+                                       .order_by(_SUBMISSIONS.c.id).with_for_update())
+_SUPERSEDE = PreparedStatement(update(_SUBMISSIONS).where(_SUBMISSIONS.c.id == bindparam("old_id"),
+                                                          _SUBMISSIONS.c.state == "ready")
+                               .values(state="superseded", superseded_by=bindparam("new_id")))
 
 
 def _nonce_if_submission_allowed(dialect: str) -> PreparedStatement:
@@ -158,18 +178,28 @@ def _benchmarks_from_json(stored: Mapping[str, float] | None) -> dict[int, float
     return None if stored is None else {int(length): float(tps) for length, tps in stored.items()}
 
 
-def evaluated_submissions(session: Session,
-                          condition: ColumnElement[bool]) -> list[tuple[Submission, list[EvaluationReport]]]:
-    """The revealed submissions matching ``condition`` that validators reported on, each with its
-    reports, in one query."""
+# What ranking reads of a submission and of a report (not their JSON figures and reasons, which
+# cost most of reading them).
+_RANKED_COLUMNS = (Submission.id, Submission.hotkey, Submission.submitted_at, Submission.target_sequence_length,
+                   Submission.claimed_tokens_per_sec, Submission.commit_hash, Submission.round_id)
+_REPORT_COLUMNS = (EvaluationReport.validator_hotkey, EvaluationReport.verdict, EvaluationReport.logits_ok,
+                   EvaluationReport.measured_tokens_per_sec, EvaluationReport.content_hash)
+
+
+def evaluated_submissions(session: Session, condition: ColumnElement[bool]) -> list[tuple[Any, list[consensus.Report]]]:
+    """The revealed submissions matching ``condition`` that validators reported on (rows with the
+    columns of ``_RANKED_COLUMNS``), each with its reports as the consensus reads them, in one query."""
     rows = session.execute(
-        select(Submission, EvaluationReport)
+        select(*_RANKED_COLUMNS, *_REPORT_COLUMNS)
         .join(EvaluationReport, EvaluationReport.submission_id == Submission.id)
         .where(condition, Submission.state == "ready")
     ).all()
-    evaluated: dict[int, tuple[Submission, list[EvaluationReport]]] = {}
-    for submission, report in rows:
-        evaluated.setdefault(submission.id, (submission, []))[1].append(report)
+    evaluated: dict[int, tuple[Any, list[consensus.Report]]] = {}
+    width = len(_RANKED_COLUMNS)
+    for row in rows:
+        validator, verdict, logits_ok, measured, content_hash = row[width:]
+        report = consensus.Report(validator, verdict == "passed", logits_ok, measured, content_hash)
+        evaluated.setdefault(row.id, (row, []))[1].append(report)
     return list(evaluated.values())
 
 
@@ -179,9 +209,10 @@ def consensus_reports(reports: Sequence[EvaluationReport]) -> list[consensus.Rep
                              r.content_hash) for r in reports]
 
 
-def ranked_result(submission: Submission, view: consensus.Consensus) -> scoring.Result | None:
-    """``submission`` as scoring ranks it once the validators' consensus passed it (the consensus
-    figure, never the claim alone); None while it is not passed."""
+def ranked_result(submission: Any, view: consensus.Consensus) -> scoring.Result | None:
+    """``submission`` (a Submission or a row of its ``_RANKED_COLUMNS``) as scoring ranks it once the
+    validators' consensus passed it (the consensus figure, never the claim alone); None while it is
+    not passed."""
     if view.state != consensus.PASSED:
         return None
     return scoring.Result(
@@ -193,15 +224,16 @@ def ranked_result(submission: Submission, view: consensus.Consensus) -> scoring.
 
 @dataclass(frozen=True)
 class Judged:
-    """A submission validators reported on, with its reports, their consensus and, when it is a
-    copy of another hotkey's earlier submission, which (quasar/originality.py)."""
+    """A submission validators reported on (a Submission or a row of its ``_RANKED_COLUMNS``), with
+    its reports, their consensus and, when it is a copy of another hotkey's earlier submission,
+    which (quasar/originality.py)."""
 
-    submission: Submission
-    reports: list[EvaluationReport]
+    submission: Any
+    reports: list[consensus.Report]
     consensus: consensus.Consensus
     copy_of: originality.CopyOf | None
 
-    @property
+    @functools.cached_property
     def result(self) -> scoring.Result | None:
         """Its result as ranked: passed by the consensus and not a copy; else None."""
         return None if self.copy_of is not None else ranked_result(self.submission, self.consensus)
@@ -221,25 +253,25 @@ def copies_among(session: Session, prints: Sequence[originality.Fingerprint], el
     earlier: list[originality.Fingerprint] = []
     if commits:
         rows = session.execute(select(Submission.id, Submission.hotkey, Submission.commit_hash).where(
-            Submission.commit_hash.in_(commits), Submission.state == "ready", Submission.id < newest)).all()
+            Submission.commit_hash.in_(commits), Submission.state != "committed", Submission.id < newest)).all()
         earlier += [originality.Fingerprint(row.id, row.hotkey, row.commit_hash, None)
                     for row in rows if row.id not in known]
     if contents:
         ids = set(session.scalars(select(EvaluationReport.submission_id).where(
             EvaluationReport.content_hash.in_(contents), EvaluationReport.submission_id < newest)))
         for submission, reports in evaluated_submissions(session, Submission.id.in_(ids - known)):
-            view = consensus.decide(consensus_reports(reports), electorate, quorum)
+            view = consensus.decide(reports, electorate, quorum)
             earlier.append(originality.Fingerprint(submission.id, submission.hotkey, submission.commit_hash,
                                                    view.content_hash))
     found = originality.find_copies([*prints, *earlier])
     return {submission_id: copy for submission_id, copy in found.items() if submission_id in known}
 
 
-def judge(session: Session, evaluated: Sequence[tuple[Submission, list[EvaluationReport]]],
+def judge(session: Session, evaluated: Sequence[tuple[Any, list[consensus.Report]]],
           electorate: consensus.Electorate, quorum: consensus.Quorum) -> list[Judged]:
     """The consensus of each evaluated submission and whether it is a copy (one database read for
     the originals)."""
-    views = {submission.id: consensus.decide(consensus_reports(reports), electorate, quorum)
+    views = {submission.id: consensus.decide(reports, electorate, quorum)
              for submission, reports in evaluated}
     prints = [originality.Fingerprint(submission.id, submission.hotkey, submission.commit_hash,
                                       views[submission.id].content_hash) for submission, _ in evaluated]
@@ -262,6 +294,10 @@ class SubmissionService:
         self.nonces = NonceLedger(database, NONCE_RETENTION_S, clock)
         self._nonce_if_submission_allowed = _nonce_if_submission_allowed(database.dialect) if fused_checks else None
         self.quorum = config.quorum
+        # The newest leaderboards by (round, block): the leaderboard route and the work schedule's
+        # fourth place compute each once per block and process.
+        self._leaderboards: dict[tuple[int, int], schemas.Leaderboard] = {}
+        self._leaderboards_lock = threading.Lock()
 
     # --- chain ---
 
@@ -277,7 +313,7 @@ class SubmissionService:
         """The validators whose reports count now, weighted by their stake (quasar/consensus.py)."""
         return consensus.Electorate.from_stakes(self.validator_stakes())
 
-    def judge(self, session: Session, evaluated: Sequence[tuple[Submission, list[EvaluationReport]]],
+    def judge(self, session: Session, evaluated: Sequence[tuple[Any, list[consensus.Report]]],
               electorate: consensus.Electorate) -> list[Judged]:
         return judge(session, evaluated, electorate, self.quorum)
 
@@ -416,6 +452,7 @@ class SubmissionService:
                 "fork_url": url, "commit_hash": commit, "claimed_tokens_per_sec": request.tokens_per_sec,
                 "vram_mb": request.vram_mb, "benchmarks": _benchmarks_to_json(request.benchmarks),
                 "client_ip": client_ip})
+            self._supersede_older(session, hotkey, submission_id, round_id)
             return schemas.SubmissionAccepted(submission_id=submission_id, hotkey=hotkey, state="ready",
                                               submitted_at=now, submitted_block=block, round_id=round_id)
 
@@ -504,9 +541,10 @@ class SubmissionService:
             submission.ready_at, submission.ready_block, submission.round_id = now, block, round_id
             submission.client_ip = client_ip
             session.flush()
+            self._supersede_older(session, hotkey, submission.id, round_id)
             return self._accepted(submission)
 
-        accepted = self._write(work, caller)
+        accepted = self._write(work, caller, locks=[f"hotkey:{hotkey}"])
         if accepted is None:
             self.database.write(lambda session: self._record_failure(
                 session, client_ip, now, "reveal_mismatch", mismatch[-1], request.submission_id))
@@ -557,29 +595,51 @@ class SubmissionService:
 
     # --- validators ---
 
+    def first_scheduled_round(self, round_id: int) -> int:
+        """The oldest round whose submissions are still handed out while round ``round_id`` runs."""
+        return max(0, round_id - SCHEDULED_ROUNDS + 1)
+
+    def fourth_place(self, round_id: int) -> float | None:
+        """The weighted score of round ``round_id``'s fourth place now (None while fewer than four
+        placed): what a submission's upper bound must reach to be scheduled before the deferred ones."""
+        return scheduling.fourth_place(entry.weighted_score for entry in self.leaderboard(round_id).entries)
+
     def fetch_work(self, validator: str, limit: int, caller: Authenticated | None = None) -> schemas.WorkBatch:
-        """Up to ``limit`` ready submissions this validator has not reported on and does not hold,
-        oldest first, each leased to it for ``evaluation_lease_s``."""
+        """Up to ``limit`` submissions for this validator, by the schedule's rules (quasar/scheduling.py),
+        each leased to it for ``evaluation_lease_s``: ready submissions of the scheduled rounds (a
+        superseded one is not ready) that it has neither reported on nor holds."""
         now = self.clock()
         lease_s = self.config.evaluation_lease_s
+        round_id = rules.round_of_block(self.current_block(), self.config.round_blocks).round_id
+        fourth = self.fourth_place(round_id)
 
         def work(session: Session) -> list[schemas.WorkItem]:
-            reported = select(EvaluationReport.submission_id).where(EvaluationReport.validator_hotkey == validator)
-            held = select(EvaluationLease.submission_id).where(
-                EvaluationLease.validator_hotkey == validator,
-                (EvaluationLease.leased_until > now) | (EvaluationLease.fetch_count >= MAX_FETCHES_PER_VALIDATOR),
-            )
-            rows = session.scalars(
-                select(Submission)
-                .where(Submission.state == "ready", Submission.id.not_in(reported), Submission.id.not_in(held))
-                .order_by(Submission.ready_at, Submission.id).limit(limit)
+            mine = exists().where(EvaluationReport.submission_id == Submission.id,
+                                  EvaluationReport.validator_hotkey == validator)
+            held = exists().where(
+                EvaluationLease.submission_id == Submission.id, EvaluationLease.validator_hotkey == validator,
+                (EvaluationLease.leased_until > now) | (EvaluationLease.fetch_count >= MAX_FETCHES_PER_VALIDATOR))
+            rows = session.execute(
+                select(Submission.id, Submission.hotkey, Submission.ready_at, Submission.target_sequence_length,
+                       Submission.claimed_tokens_per_sec)
+                .where(Submission.state == "ready", Submission.round_id >= self.first_scheduled_round(round_id),
+                       ~mine, ~held)
             ).all()
+            candidates = [scheduling.Queued(row.id, row.hotkey, row.ready_at, row.target_sequence_length,
+                                            row.claimed_tokens_per_sec, reported=False) for row in rows]
+            taken = dict(session.execute(
+                select(Submission.hotkey, func.count())
+                .select_from(EvaluationLease).join(Submission, Submission.id == EvaluationLease.submission_id)
+                .where(EvaluationLease.validator_hotkey == validator, EvaluationLease.first_round == round_id)
+                .group_by(Submission.hotkey)).all())
+            chosen = scheduling.order_work(candidates, taken, fourth, limit)
             items = []
-            for row in rows:
+            for pick in chosen:
+                row = session.get(Submission, pick.submission_id)
                 lease = session.get(EvaluationLease, (row.id, validator))
                 if lease is None:
                     session.add(EvaluationLease(submission_id=row.id, validator_hotkey=validator,
-                                                leased_until=now + lease_s, fetch_count=1))
+                                                leased_until=now + lease_s, fetch_count=1, first_round=round_id))
                 else:
                     lease.leased_until = now + lease_s
                     lease.fetch_count += 1
@@ -594,6 +654,20 @@ class SubmissionService:
         return schemas.WorkBatch(items=self._write(work, caller, locks=[f"validator:{validator}"]),
                                  lease_seconds=lease_s)
 
+    def _supersede_older(self, session: Session, hotkey: str, newest: int, round_id: int) -> None:
+        """Supersede ``hotkey``'s older ready submissions that no validator reported on, ``newest``
+        having just become ready (the rule of quasar/scheduling.py). On PostgreSQL their rows are
+        locked first and then read afresh: a report being stored meanwhile (it locks its submission's
+        row) is then seen, and keeps its submission."""
+        params = {"hotkey": hotkey, "first_round": self.first_scheduled_round(round_id)}
+        connection = session.connection()
+        if self.database.dialect == "postgresql":
+            _LOCK_HOTKEY_READY.run(connection, params)
+        rows = _HOTKEY_READY.run(connection, params).fetchall()
+        queued = [scheduling.Queued(row[0], hotkey, row[1], row[2], row[3], bool(row[4])) for row in rows]
+        for old in scheduling.superseded(queued):
+            _SUPERSEDE.run(connection, {"old_id": old, "new_id": newest})
+
     def report(self, validator: str, request: schemas.ReportRequest,
                caller: Authenticated | None = None) -> schemas.ReportAccepted:
         """Store one validator's report; when with it the validators' consensus fails the submission,
@@ -606,7 +680,12 @@ class SubmissionService:
         electorate = self.electorate()
 
         def work(session: Session) -> schemas.ReportAccepted:
-            submission = session.get(Submission, request.submission_id)
+            # Locked: the schedule does not supersede it while this report is being stored.
+            submission = session.get(Submission, request.submission_id, with_for_update=True)
+            if submission is not None and submission.state == "superseded":
+                raise ApiError(409, f"submission {submission.id} was superseded by submission "
+                                    f"{submission.superseded_by} of the same hotkey before any validator "
+                                    f"reported on it: it is not evaluated")
             if submission is None or submission.state != "ready":
                 raise ApiError(404, f"no submission {request.submission_id} ready for evaluation")
             if session.get(EvaluationLease, (submission.id, validator)) is None:
@@ -665,8 +744,21 @@ class SubmissionService:
     def leaderboard(self, round_id: int | None) -> schemas.Leaderboard:
         """Round ``round_id`` (default: the current one) ranked by quasar.scoring from the validators'
         consensus figures (never the claims); submissions awaiting a quorum, disputed, failed or
-        copies are not ranked (the first three and the copies are listed with why)."""
-        round_id = self._round(round_id)
+        copies are not ranked (the first three and the copies are listed with why). Computed once
+        per chain block: reports count from the block after they arrive."""
+        block = self.current_block()
+        round_id = rules.round_of_block(block, self.config.round_blocks).round_id if round_id is None else round_id
+        with self._leaderboards_lock:
+            kept = self._leaderboards.get((round_id, block))
+        if kept is not None:
+            return kept
+        board = self._ranked(round_id)
+        with self._leaderboards_lock:
+            self._leaderboards = {key: value for key, value in self._leaderboards.items() if key[1] == block}
+            self._leaderboards[(round_id, block)] = board
+        return board
+
+    def _ranked(self, round_id: int) -> schemas.Leaderboard:
         judged, electorate = self.judged_round(round_id)
         results = {item.submission.id: item for item in judged if item.result is not None}
         ranking = scoring.rank([item.result for item in results.values()], epsilon=self.config.tie_epsilon)
@@ -705,13 +797,30 @@ class SubmissionService:
             copies=sum(1 for item in not_ranked if item.state == "copy"),
             not_ranked=not_ranked[:schemas.MAX_NOT_RANKED_SHOWN])
 
+    def validator_reports(self, validator: str, after_id: int, limit: int) -> schemas.ValidatorReports:
+        """``validator``'s reports with an id above ``after_id``, oldest first, at most ``limit``, each
+        with its submission: what its other processes reported (quasar/validator/loop.py)."""
+        with self.database.read() as session:
+            rows = session.execute(
+                select(EvaluationReport, Submission).join(Submission, Submission.id == EvaluationReport.submission_id)
+                .where(EvaluationReport.validator_hotkey == validator, EvaluationReport.id > after_id)
+                .order_by(EvaluationReport.id).limit(limit)).all()
+        return schemas.ValidatorReports(validator_hotkey=validator, reports=[schemas.ReportedWork(
+            report_id=report.id, submission_id=submission.id, hotkey=submission.hotkey, fork_url=submission.fork_url,
+            commit_hash=submission.commit_hash, target_sequence_length=submission.target_sequence_length,
+            claimed_tokens_per_sec=submission.claimed_tokens_per_sec, submitted_at=submission.submitted_at,
+            round_id=submission.round_id, verdict=report.verdict, correct=report.correct, logits_ok=report.logits_ok,
+            measured_tokens_per_sec=report.measured_tokens_per_sec, benchmarks=_benchmarks_from_json(report.benchmarks),
+            reasons=list(report.reasons), content_hash=report.content_hash, reported_at=report.reported_at)
+            for report, submission in rows])
+
     def validator_agreement(self, round_id: int | None) -> schemas.ValidatorAgreements:
         """Per validator: its reports on round ``round_id``'s submissions (default: the current round)
         against the validators' settled consensus, and its weight in the consensus now."""
         round_id = self._round(round_id)
         judged, electorate = self.judged_round(round_id)
         agreements = {item.validator_hotkey: item for item in consensus.agreement(
-            (item.consensus, consensus_reports(item.reports)) for item in judged)}
+            (item.consensus, item.reports) for item in judged)}
         reports: dict[str, int] = {}
         for item in judged:
             for report in item.reports:

@@ -23,7 +23,8 @@ from quasar.config import Settings
 logger = logging.getLogger(__name__)
 
 RECENT = 10
-STATE_STYLES = {"passed": "green", "failed": "red", "expired": "red", "copy": "red"}
+STATE_STYLES = {"passed": "green", "failed": "red", "expired": "red", "copy": "red", "superseded": "dim",
+                "lapsed": "dim"}
 STATE_LABELS = {"being_evaluated": "evaluating", "awaiting_quorum": "no quorum"}
 
 

@@ -326,6 +326,22 @@ class ValidatorState:
                                                                     reasons=(reason,)), now)
         return True
 
+    def import_result(self, submission: Submission, result: EvaluationResult, logits: str, detail: str,
+                      now: float) -> bool:
+        """Record a submission that another process of this validator's hotkey evaluated and
+        reported (its ``result`` and ``logits`` outcome): it ranks as this process's own results do.
+        False when the submission is known here already (this process fetched it)."""
+        if logits not in (PASSED, FAILED, SKIPPED):
+            raise ValueError(f"logit outcome must be passed, failed or skipped, got {logits!r}")
+        if not self.add_submission(submission, now):
+            return False
+        if self.evaluation(submission.key).status == PENDING:
+            self.start_evaluation(submission.key, "another process", now)
+            self.finish_evaluation(submission.key, result, now)
+        self.record_logits(submission.submission_id, logits, "checked by another process of this hotkey", now)
+        self.record_report(submission.submission_id, REPORTED, detail, now)
+        return True
+
     def pending_evaluations(self) -> list[EvaluationKey]:
         """Evaluations to run, in the order of their earliest submission."""
         rows = self._connection.execute(
