@@ -9,6 +9,9 @@ its validators can evaluate, so the work goes where it can change the ranking:
 2. **Upper bound**: a submission can never score more than ``claimed × league multiplier``
    (scoring takes ``min(claimed, measured)``). One whose bound is below the current fourth place's
    score cannot place: it is *deferred*, handed out only when nothing that could place is waiting.
+   So is every submission, for the rest of the round, of a hotkey whose submission this round the
+   validators found to be a copy (quasar/originality.py): a copy is never ranked, and a copier
+   claiming more than the leader would otherwise be evaluated first, every time.
 3. **Fairness**: no hotkey gets a second evaluation from a validator in a round while another
    hotkey waits for its first (then a third while another waits for its second, and so on), so a
    few hotkeys submitting at their limit cannot starve the others.
@@ -70,17 +73,27 @@ def fourth_place(scores: Iterable[float]) -> float | None:
     return ordered[3] if len(ordered) >= 4 else None
 
 
-def could_place(item: Queued, fourth: float | None) -> bool:
-    """Rule 2: whether ``item``'s upper bound reaches the fourth place's score ``fourth``."""
-    return fourth is None or item.upper_bound >= fourth
+@dataclass(frozen=True)
+class Standing:
+    """What rule 2 reads of the round now: the fourth place's weighted score (None while fewer than
+    four placed) and the hotkeys found copying in it."""
+
+    fourth: float | None = None
+    copiers: frozenset[str] = frozenset()
 
 
-def order_work(candidates: Sequence[Queued], evaluations_this_round: Mapping[str, int], fourth: float | None,
+def could_place(item: Queued, standing: Standing) -> bool:
+    """Rule 2: whether ``item`` could place: its hotkey was not found copying this round, and its
+    upper bound reaches the fourth place's score."""
+    return item.hotkey not in standing.copiers and (standing.fourth is None or item.upper_bound >= standing.fourth)
+
+
+def order_work(candidates: Sequence[Queued], evaluations_this_round: Mapping[str, int], standing: Standing,
                limit: int) -> list[Queued]:
     """Up to ``limit`` of ``candidates`` (ready, not superseded, neither reported on nor held by this
     validator) in the order this validator should evaluate them (rules 2 to 4).
     ``evaluations_this_round``: per hotkey, the submissions this validator took this round."""
-    placeable = [item for item in candidates if could_place(item, fourth)]
+    placeable = [item for item in candidates if could_place(item, standing)]
     pool = placeable or list(candidates)  # the deferred only when nothing that could place waits
     by_hotkey: dict[str, list[Queued]] = {}
     for item in sorted(pool, key=lambda item: (-item.upper_bound, item.age_key)):
@@ -99,9 +112,12 @@ def order_work(candidates: Sequence[Queued], evaluations_this_round: Mapping[str
     return chosen
 
 
-def deferred_reason(item: Queued, fourth: float) -> str:
-    """Why ``item`` is deferred, for the miner."""
+def deferred_reason(item: Queued, standing: Standing) -> str:
+    """Why ``item`` is deferred (it cannot place under ``standing``), for the miner."""
+    if item.hotkey in standing.copiers:
+        return ("deferred: a submission of this hotkey in this round is a copy of another hotkey's; its "
+                "submissions wait, for the rest of the round, until nothing that could place is waiting")
     return (f"deferred: its upper bound ({item.claimed_tokens_per_sec:,.0f} tok/s claimed x "
             f"{scoring.league_for(item.target_sequence_length).multiplier:g}, {item.upper_bound:,.0f}) is below "
-            f"the fourth place's score ({fourth:,.0f}); validators evaluate it only when nothing that could "
+            f"the fourth place's score ({standing.fourth:,.0f}); validators evaluate it only when nothing that could "
             f"place is waiting")

@@ -72,6 +72,7 @@ sys.path.insert(0, str(ROOT))
 import bittensor as bt  # noqa: E402
 
 from quasar import config, scheduling, scoring  # noqa: E402
+from quasar.api.__main__ import GIL_SWITCH_INTERVAL_S  # noqa: E402
 from quasar.api.client import ApiClient, ApiClientError  # noqa: E402
 from quasar.api.db import Database, EvaluationReport, Submission  # noqa: E402
 from quasar.api.devdb import TemporaryPostgres, free_port  # noqa: E402
@@ -112,6 +113,8 @@ def serve_api(database_url: str, chain_path: str, api_hotkey: str, port: int, cl
     from quasar.api.app import create_app
     from quasar.api.protocol import protocol_factory
     from quasar.api.service import ApiConfig
+
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     settings = config.resolve({}, environ={}, dotenv_path=None)
     api_config = ApiConfig(
@@ -314,6 +317,7 @@ class RoundFigures:
     gpu_capacity_hours: float  # the validators' devices for the round
     newest_within_round: bool  # every validator evaluated every honest hotkey's newest within a round
     newest_worst_min: float
+    newest_late: int  # (honest submission, validator) pairs past a round
     top4: list[str]
     true_top4: list[str]
 
@@ -434,8 +438,9 @@ def figures_per_round(database: Database, world: World, validators: list[str], w
                 not_placeable.append(kernel)
         # Each validator, for each honest submission: how long until it evaluated it or a newer one
         # of the same hotkey (a newer one supersedes it: evaluating that is evaluating the newest).
-        worst = max((evaluated_by[row.id].get(validator, math.inf) - row.ready_at
-                     for row in honest for validator in validators), default=0.0)
+        delays = [evaluated_by[row.id].get(validator, math.inf) - row.ready_at
+                  for row in honest for validator in validators]
+        worst = max(delays, default=0.0)
         samples = queue.get(round_id, [])
         figures.append(RoundFigures(
             round_id=round_id, submissions=len(honest),
@@ -446,6 +451,7 @@ def figures_per_round(database: Database, world: World, validators: list[str], w
             gpu_hours=len(spent) * eval_s / 3600, gpu_hours_not_placeable=len(not_placeable) * eval_s / 3600,
             gpu_capacity_hours=len(validators) * workers * round_s / 3600,
             newest_within_round=worst <= round_s, newest_worst_min=worst / 60,
+            newest_late=sum(1 for delay in delays if delay > round_s),
             top4=leaderboards.get(round_id, []), true_top4=true_top4))
     return figures, all_waits
 
@@ -591,7 +597,7 @@ def figures_table(run_figures: RunFigures) -> Table:
         waits = ("-", "-", "-") if item.waits_min is None else tuple(f"{value:.1f}" for value in item.waits_min)
         share = item.gpu_hours_not_placeable / item.gpu_hours if item.gpu_hours else 0.0
         table.add_row(str(item.round_id + 1), f"{item.queue_mean:.0f}/{item.queue_max}", *waits,
-                      f"{item.gpu_hours:.1f}/{item.gpu_capacity_hours:.1f}", f"{share:.0%}",
+                      f"{item.gpu_hours:.3g}/{item.gpu_capacity_hours:.3g}", f"{share:.0%}",
                       "yes" if item.newest_within_round else f"no {item.newest_worst_min:.0f}m",
                       "true" if item.top4_true else "NOT")
     return table
@@ -627,6 +633,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("quasar").setLevel(logging.ERROR)
     if args.spammers + args.copiers >= args.miners:
         parser.error("--miners must leave room for honest miners beside the spammers and copiers")
+    # Many threads (the validators' loops, the miners) share this process: hand the interpreter
+    # over as often as the API's own processes do, so none waits on the others for long.
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     console = Console()
     results = []
     for backend in (("sqlite", "postgresql") if args.backend == "both" else (args.backend,)):

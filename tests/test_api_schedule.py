@@ -112,6 +112,28 @@ def test_no_hotkey_gets_a_second_evaluation_while_another_waits_for_its_first_in
     assert ids(v1.fetch_work(limit=1)) == [later_b.submission_id]
 
 
+def test_a_hotkey_caught_copying_waits_behind_the_others_for_the_rest_of_the_round(start_api):
+    api = start_api(round_blocks=50)
+    a, c, v1 = api.client("a"), api.client("c"), api.client("v1")
+    original = a.submit_kernel(FORK, commit_of(1), MILLION, 1e5)
+    copy = c.submit_kernel(FORK, commit_of(2), MILLION, 1.03e5)
+    v1.fetch_work(limit=2)
+    v1.report(original.submission_id, "passed", True, True, 1e5, content_hash="ab" * 32)
+    v1.report(copy.submission_id, "passed", True, True, 1.03e5, content_hash="ab" * 32)  # the same kernel files
+    api.chain.advance(1)
+    assert c.submission_status(copy.submission_id).state == "copy"
+    # c claims far more than a now: c still waits, a goes first.
+    again = c.submit_kernel(FORK, commit_of(3), MILLION, 9e5)
+    honest = a.submit_kernel(FORK, commit_of(4), MILLION, 2e5)
+    status = c.submission_status(again.submission_id)
+    assert status.state == "deferred" and "is a copy of another hotkey's" in status.state_reason
+    assert ids(v1.fetch_work(limit=1)) == [honest.submission_id]
+    assert ids(v1.fetch_work(limit=1)) == [again.submission_id]  # nothing else waits: now c's
+    api.chain.advance(50)  # the next round: c is judged on its own again
+    fresh = c.submit_kernel(FORK, commit_of(5), MILLION, 9e5)
+    assert c.submission_status(fresh.submission_id).state == "queued"
+
+
 def test_a_submission_lapses_two_rounds_on_and_the_order_breaks_ties_by_age(start_api):
     api = start_api(round_blocks=50)
     a, b, v1 = api.client("a"), api.client("b"), api.client("v1")
@@ -148,11 +170,17 @@ def test_the_rules_on_their_own():
     assert scheduling.upper_bound(10.0, 1000) == 5.0 and queued[0].upper_bound == 30.0
     assert scheduling.fourth_place([5.0, 1.0, 9.0]) is None and scheduling.fourth_place([5, 1, 9, 7, 2]) == 2
     waiting = [queued[1], queued[2], queued[3]]
+    fourth_at_4 = scheduling.Standing(fourth=4.0)
     # Fourth place at 4.0: b (bound 3) cannot place and waits; a's two by bound.
-    assert [q.submission_id for q in scheduling.order_work(waiting, {}, 4.0, 5)] == [3, 2]
-    assert [q.submission_id for q in scheduling.order_work(waiting, {"a": 1}, None, 5)] == [4, 3, 2]
-    assert [q.submission_id for q in scheduling.order_work([queued[3]], {}, 4.0, 5)] == [4]
-    assert scheduling.order_work(waiting, {}, None, 0) == []
+    assert [q.submission_id for q in scheduling.order_work(waiting, {}, fourth_at_4, 5)] == [3, 2]
+    assert [q.submission_id for q in scheduling.order_work(waiting, {"a": 1}, scheduling.Standing(), 5)] == [4, 3, 2]
+    assert [q.submission_id for q in scheduling.order_work([queued[3]], {}, fourth_at_4, 5)] == [4]
+    assert scheduling.order_work(waiting, {}, scheduling.Standing(), 0) == []
+    # a was found copying this round: whatever it claims, b goes first, and a only once b is done.
+    caught = scheduling.Standing(copiers=frozenset({"a"}))
+    assert [q.submission_id for q in scheduling.order_work(waiting, {}, caught, 5)] == [4]
+    assert [q.submission_id for q in scheduling.order_work(waiting[:2], {}, caught, 5)] == [3, 2]
+    assert scheduling.deferred_reason(queued[2], caught).startswith("deferred: a submission of this hotkey")
 
 
 @pytest.mark.parametrize("limit", [1, 3, 10])
@@ -160,10 +188,10 @@ def test_order_matches_one_pick_at_a_time(limit):
     """A batch of ``limit`` is the same as ``limit`` fetches of one (the counts carried along)."""
     items = [scheduling.Queued(n, f"h{n % 3}", float(n), MILLION, float((n * 7) % 5 + 1), reported=False)
              for n in range(12)]
-    batch = scheduling.order_work(items, {"h0": 1}, None, limit)
+    batch = scheduling.order_work(items, {"h0": 1}, scheduling.Standing(), limit)
     taken, remaining, one_by_one = {"h0": 1}, list(items), []
     for _ in range(min(limit, len(items))):
-        [pick] = scheduling.order_work(remaining, taken, None, 1)
+        [pick] = scheduling.order_work(remaining, taken, scheduling.Standing(), 1)
         one_by_one.append(pick)
         remaining.remove(pick)
         taken[pick.hotkey] = taken.get(pick.hotkey, 0) + 1

@@ -294,9 +294,9 @@ class SubmissionService:
         self.nonces = NonceLedger(database, NONCE_RETENTION_S, clock)
         self._nonce_if_submission_allowed = _nonce_if_submission_allowed(database.dialect) if fused_checks else None
         self.quorum = config.quorum
-        # The newest leaderboards by (round, block): the leaderboard route and the work schedule's
-        # fourth place compute each once per block and process.
-        self._leaderboards: dict[tuple[int, int], schemas.Leaderboard] = {}
+        # The newest leaderboards by (round, block), with the hotkeys found copying: the leaderboard
+        # route and the work schedule's standing compute each once per block and process.
+        self._leaderboards: dict[tuple[int, int], tuple[schemas.Leaderboard, frozenset[str]]] = {}
         self._leaderboards_lock = threading.Lock()
 
     # --- chain ---
@@ -452,7 +452,7 @@ class SubmissionService:
                 "fork_url": url, "commit_hash": commit, "claimed_tokens_per_sec": request.tokens_per_sec,
                 "vram_mb": request.vram_mb, "benchmarks": _benchmarks_to_json(request.benchmarks),
                 "client_ip": client_ip})
-            self._supersede_older(session, hotkey, submission_id, round_id)
+            self._supersede_older(session, hotkey, round_id)
             return schemas.SubmissionAccepted(submission_id=submission_id, hotkey=hotkey, state="ready",
                                               submitted_at=now, submitted_block=block, round_id=round_id)
 
@@ -541,7 +541,7 @@ class SubmissionService:
             submission.ready_at, submission.ready_block, submission.round_id = now, block, round_id
             submission.client_ip = client_ip
             session.flush()
-            self._supersede_older(session, hotkey, submission.id, round_id)
+            self._supersede_older(session, hotkey, round_id)
             return self._accepted(submission)
 
         accepted = self._write(work, caller, locks=[f"hotkey:{hotkey}"])
@@ -599,10 +599,11 @@ class SubmissionService:
         """The oldest round whose submissions are still handed out while round ``round_id`` runs."""
         return max(0, round_id - SCHEDULED_ROUNDS + 1)
 
-    def fourth_place(self, round_id: int) -> float | None:
-        """The weighted score of round ``round_id``'s fourth place now (None while fewer than four
-        placed): what a submission's upper bound must reach to be scheduled before the deferred ones."""
-        return scheduling.fourth_place(entry.weighted_score for entry in self.leaderboard(round_id).entries)
+    def standing(self, round_id: int) -> scheduling.Standing:
+        """Round ``round_id`` as the schedule's rule 2 reads it now: its fourth place's score and
+        the hotkeys found copying in it (quasar/scheduling.py)."""
+        board, copiers = self._judged_board(round_id)
+        return scheduling.Standing(scheduling.fourth_place(entry.weighted_score for entry in board.entries), copiers)
 
     def fetch_work(self, validator: str, limit: int, caller: Authenticated | None = None) -> schemas.WorkBatch:
         """Up to ``limit`` submissions for this validator, by the schedule's rules (quasar/scheduling.py),
@@ -611,7 +612,7 @@ class SubmissionService:
         now = self.clock()
         lease_s = self.config.evaluation_lease_s
         round_id = rules.round_of_block(self.current_block(), self.config.round_blocks).round_id
-        fourth = self.fourth_place(round_id)
+        standing = self.standing(round_id)
 
         def work(session: Session) -> list[schemas.WorkItem]:
             mine = exists().where(EvaluationReport.submission_id == Submission.id,
@@ -632,7 +633,7 @@ class SubmissionService:
                 .select_from(EvaluationLease).join(Submission, Submission.id == EvaluationLease.submission_id)
                 .where(EvaluationLease.validator_hotkey == validator, EvaluationLease.first_round == round_id)
                 .group_by(Submission.hotkey)).all())
-            chosen = scheduling.order_work(candidates, taken, fourth, limit)
+            chosen = scheduling.order_work(candidates, taken, standing, limit)
             items = []
             for pick in chosen:
                 row = session.get(Submission, pick.submission_id)
@@ -654,19 +655,19 @@ class SubmissionService:
         return schemas.WorkBatch(items=self._write(work, caller, locks=[f"validator:{validator}"]),
                                  lease_seconds=lease_s)
 
-    def _supersede_older(self, session: Session, hotkey: str, newest: int, round_id: int) -> None:
-        """Supersede ``hotkey``'s older ready submissions that no validator reported on, ``newest``
-        having just become ready (the rule of quasar/scheduling.py). On PostgreSQL their rows are
-        locked first and then read afresh: a report being stored meanwhile (it locks its submission's
-        row) is then seen, and keeps its submission."""
+    def _supersede_older(self, session: Session, hotkey: str, round_id: int) -> None:
+        """Supersede ``hotkey``'s older ready submissions that no validator reported on, one of its
+        submissions having just become ready (the rule of quasar/scheduling.py). On PostgreSQL their
+        rows are locked first and then read afresh: a report being stored meanwhile (it locks its
+        submission's row) is then seen, and keeps its submission."""
         params = {"hotkey": hotkey, "first_round": self.first_scheduled_round(round_id)}
         connection = session.connection()
         if self.database.dialect == "postgresql":
             _LOCK_HOTKEY_READY.run(connection, params)
         rows = _HOTKEY_READY.run(connection, params).fetchall()
         queued = [scheduling.Queued(row[0], hotkey, row[1], row[2], row[3], bool(row[4])) for row in rows]
-        for old in scheduling.superseded(queued):
-            _SUPERSEDE.run(connection, {"old_id": old, "new_id": newest})
+        for old, new in scheduling.superseded(queued).items():
+            _SUPERSEDE.run(connection, {"old_id": old, "new_id": new})
 
     def report(self, validator: str, request: schemas.ReportRequest,
                caller: Authenticated | None = None) -> schemas.ReportAccepted:
@@ -746,20 +747,26 @@ class SubmissionService:
         consensus figures (never the claims); submissions awaiting a quorum, disputed, failed or
         copies are not ranked (the first three and the copies are listed with why). Computed once
         per chain block: reports count from the block after they arrive."""
+        return self._judged_board(round_id)[0]
+
+    def _judged_board(self, round_id: int | None) -> tuple[schemas.Leaderboard, frozenset[str]]:
+        """The leaderboard of round ``round_id`` (default: the current one) and the hotkeys found
+        copying in it, computed once per block and process."""
         block = self.current_block()
         round_id = rules.round_of_block(block, self.config.round_blocks).round_id if round_id is None else round_id
         with self._leaderboards_lock:
             kept = self._leaderboards.get((round_id, block))
         if kept is not None:
             return kept
-        board = self._ranked(round_id)
+        judged, electorate = self.judged_round(round_id)
+        ranked = (self._ranked(round_id, judged, electorate),
+                  frozenset(item.submission.hotkey for item in judged if item.copy_of is not None))
         with self._leaderboards_lock:
             self._leaderboards = {key: value for key, value in self._leaderboards.items() if key[1] == block}
-            self._leaderboards[(round_id, block)] = board
-        return board
+            self._leaderboards[(round_id, block)] = ranked
+        return ranked
 
-    def _ranked(self, round_id: int) -> schemas.Leaderboard:
-        judged, electorate = self.judged_round(round_id)
+    def _ranked(self, round_id: int, judged: list[Judged], electorate: consensus.Electorate) -> schemas.Leaderboard:
         results = {item.submission.id: item for item in judged if item.result is not None}
         ranking = scoring.rank([item.result for item in results.values()], epsilon=self.config.tie_epsilon)
         entries = []

@@ -97,8 +97,8 @@ def waiting_of(submission: Submission, context: StatusContext) -> Waiting | None
                                f"{submission.round_id} and the next are over")
     queued = scheduling.Queued(submission.id, submission.hotkey, submission.ready_at,
                                submission.target_sequence_length, submission.claimed_tokens_per_sec, reported=False)
-    if not scheduling.could_place(queued, context.fourth_place):
-        return Waiting(DEFERRED, scheduling.deferred_reason(queued, context.fourth_place))
+    if not scheduling.could_place(queued, context.standing):
+        return Waiting(DEFERRED, scheduling.deferred_reason(queued, context.standing))
     return None
 
 
@@ -142,7 +142,7 @@ def _benchmarks(stored: Mapping[str, float] | None) -> dict[int, float] | None:
 class StatusContext:
     """What a status is computed against: the chain's block, the time, the reveal parameters, the
     validators whose reports count, the oldest round still scheduled and the current round's
-    fourth place (None while fewer than four placed)."""
+    standing (its fourth place and copiers: quasar/scheduling.py)."""
 
     block: int
     now: float
@@ -150,7 +150,7 @@ class StatusContext:
     reveal_window_blocks: int
     electorate: consensus.Electorate
     first_scheduled_round: int
-    fourth_place: float | None
+    standing: scheduling.Standing
 
 
 def build_status(submission: Submission, reports: Sequence[EvaluationReport], judged: Judged | None,
@@ -223,7 +223,7 @@ class StatusReader:
         round_id = rules.round_of_block(block, config.round_blocks).round_id
         return StatusContext(block, self.service.clock(), config.blocks_until_reveal, config.reveal_window_blocks,
                              self.service.electorate(), self.service.first_scheduled_round(round_id),
-                             self.service.fourth_place(round_id))
+                             self.service.standing(round_id))
 
     def _statuses(self, session, submissions: Sequence[Submission],
                   context: StatusContext) -> list[schemas.SubmissionStatus]:
