@@ -368,7 +368,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("eval_timeout", "EVAL_TIMEOUT", "--eval.timeout", _parse_float(1.0), "3600",
            "seconds one evaluation (sandboxed benchmark and checks, after the clone) may take"),
     Option("eval_timed_seconds", "EVAL_TIMED_SECONDS", "--eval.timed-seconds", _parse_float(0.0), "2",
-           "seconds of timed runs per length: as many runs as fit, at least 10 and at most 100"),
+           "seconds of timed runs per length: as many runs as fit, at least 10 and at most 200"),
+    Option("eval_load_timeout", "EVAL_LOAD_TIMEOUT", "--eval.load-timeout", _parse_float(1.0), "120",
+           "seconds a fork has to import and build its layer in the sandbox (a real fla tree needs a few)"),
+    Option("sandbox_memory_mb", "SANDBOX_MEMORY_MB", "--sandbox.memory-mb", _parse_int(256), "16384",
+           "memory one evaluation's sandboxed processes may hold (its cgroup, or a watchdog where there is none)"),
+    Option("sandbox_cgroup", "SANDBOX_CGROUP", "--sandbox.cgroup", _parse_str, "",
+           "a cgroup v2 folder delegated to this process (memory and pids enabled for its children) to make "
+           "each sandbox's cgroup in; empty = found (cgroup v1, or this process's own v2 cgroup)"),
 )
 
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
@@ -442,6 +449,9 @@ class Settings:
     eval_seq_lens: tuple[int, ...]
     eval_timeout: float
     eval_timed_seconds: float
+    eval_load_timeout: float
+    sandbox_memory_mb: int
+    sandbox_cgroup: str
 
     def wallet_name_for(self, role: str) -> str:
         """The wallet name for ``role`` ("miner" or "validator"): ``--wallet.name`` wins."""

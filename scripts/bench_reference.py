@@ -4,9 +4,10 @@
     python scripts/bench_reference.py --out DIR [--lens 512,1024,2048,100k,1M] [--profile-lens 512,1M]
 
 For each length, the parent's verification of one length as an evaluation runs it
-(``harness._verify_length``: the correctness run, its repeat and the timed requests it picks,
-every forward of each against ``QuasarAttentionReference``) on made-up child replies of the
-evaluation's sizes: the same reference work, whatever the fingerprints say. Prints the seconds
+(``harness._verify_length``: the timed requests it draws, the correctness request among them,
+every forward of each against ``QuasarAttentionReference``, and the correctness request's whole
+output) on made-up child replies of the evaluation's sizes, the longest length as the target
+(more requests checked there): the same reference work, whatever the fingerprints say. Prints the seconds
 per length and, at each of ``--profile-lens``, where that time goes (device time per operator from
 torch.profiler, against the wall time: a wall far above the device time is host-bound).
 Written to DIR/reference.json as well.
@@ -43,9 +44,13 @@ from quasar.evaluate.report import LengthResult
 from quasar.reference import QuasarAttentionReference
 
 
-def made_up_run(length: int, generator: torch.Generator) -> _LengthRun:
+# Timed requests of a made-up length (an evaluation times 2 s of them: 100 to 200 at most lengths).
+TIMED_REQUESTS = 150
+
+
+def made_up_run(length: int, generator: torch.Generator, tokens_per_request: int = DEFAULT_TOKENS_PER_REQUEST) -> _LengthRun:
     """A length's run as the child would leave it, with random fingerprints and output."""
-    count = forwards_per_request(length, DEFAULT_TOKENS_PER_REQUEST, MAX_FORWARDS_PER_REQUEST)
+    count = forwards_per_request(length, tokens_per_request, MAX_FORWARDS_PER_REQUEST)
     shape = (workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS)
 
     def request(forwards: int) -> _Request:
@@ -53,8 +58,8 @@ def made_up_run(length: int, generator: torch.Generator) -> _LengthRun:
         return _Request(seeds[0], seeds[1], torch.randn(forwards, *shape, generator=generator), round_trip_ns=1)
 
     run = _LengthRun(LengthResult(seq_len=length, forwards_per_request=count))
-    run.timed = [request(count) for _ in range(requests_to_verify(run))]
-    run.check = request(1)
+    run.timed = [request(count) for _ in range(TIMED_REQUESTS)]
+    run.check = run.timed[TIMED_REQUESTS // 2]
     run.repeat = _Request(run.check.input_seed, run.check.basis_seed, run.check.fingerprints.clone(), 1)
     run.output = torch.randn(1, length, workload.HIDDEN_SIZE, generator=generator).to(torch.bfloat16)
     return run
@@ -65,15 +70,16 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def profile(reference: torch.nn.Module, length: int, device: str, generator: torch.Generator) -> dict:
+def profile(reference: torch.nn.Module, length: int, device: str, generator: torch.Generator, target: bool,
+            tokens_per_request: int) -> dict:
     """Device and host time per operator (the largest) of one length's verification, and its wall time."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    run = made_up_run(length, generator)
+    run = made_up_run(length, generator, tokens_per_request)
     synchronize(device)
     started = time.perf_counter()
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        _verify_length(run, reference, device, lambda event: None)
+        _verify_length(run, reference, device, lambda event: None, target=target)
         synchronize(device)
     wall = time.perf_counter() - started
     rows = sorted(
@@ -91,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--lens", type=parse_seq_lens, default=(512, 1024, 2048, 100_000, 1_000_000))
     parser.add_argument("--profile-lens", type=parse_seq_lens, default=())
+    parser.add_argument("--tokens-per-request", type=int, default=DEFAULT_TOKENS_PER_REQUEST,
+                        help="tokens a request's forwards make (default: an evaluation's on CUDA, 2^18)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console(width=80)
@@ -99,20 +107,23 @@ def main(argv: list[str] | None = None) -> int:
     reference.load_state_dict(workload.make_weights(0), strict=True)
     reference = reference.to(args.device).eval()
     # The shortest length once first, untimed: the allocator's growth and the libraries' start-up.
-    _verify_length(made_up_run(min(args.lens), generator), reference, args.device, lambda event: None)
+    _verify_length(made_up_run(min(args.lens), generator, args.tokens_per_request), reference, args.device,
+                   lambda event: None)
     rows = []
     for length in args.lens:
-        run = made_up_run(length, generator)
-        forwards = sum(len(r.fingerprints) for r in run.timed) + 1
+        run = made_up_run(length, generator, args.tokens_per_request)
+        target = length == max(args.lens)
+        forwards = requests_to_verify(run, target) * run.result.forwards_per_request
         synchronize(args.device)
         started = time.perf_counter()
-        _verify_length(run, reference, args.device, lambda event: None)
+        _verify_length(run, reference, args.device, lambda event: None, target=target)
         synchronize(args.device)
         seconds = time.perf_counter() - started
         rows.append({"length": length, "seconds": seconds, "forwards": forwards,
                      "tokens_per_sec": forwards * length / seconds})
     result = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "lengths": rows}
-    result["profiles"] = [profile(reference, length, args.device, generator) for length in args.profile_lens]
+    result["profiles"] = [profile(reference, length, args.device, generator, length == max(args.lens),
+                                  args.tokens_per_request) for length in args.profile_lens]
     (args.out / "reference.json").write_text(json.dumps(result, indent=1))
 
     table = Table(title=f"the parent's reference per length ({result['device']})")

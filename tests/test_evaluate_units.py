@@ -41,7 +41,7 @@ from quasar.evaluate.sandbox import (
     SandboxError,
     SandboxPolicy,
     _copy_tree,
-    _python_directories,
+    _python_installation,
     kill_marked_processes,
     scrubbed_environment,
 )
@@ -130,7 +130,7 @@ def naive_fingerprint(output: torch.Tensor, directions: torch.Tensor, token_weig
 def naive_signs(values: list) -> list[int]:
     """signs_from_fingerprint in plain Python from the reported floats, as the rule says."""
     signs = []
-    for value in itertools.chain.from_iterable(values):
+    for value in itertools.chain.from_iterable(row[:workload.SIGN_DIRECTIONS] for row in values):
         bits = struct.unpack("<I", struct.pack("<f", value))[0]
         product = (bits * 0x2545F491) % (1 << 32)
         signs += [-1 if (product >> shift) & 1 else 1 for shift in (28, 29, 30, 31)]
@@ -162,14 +162,15 @@ def test_signs_are_the_rule_recomputed_from_the_reported_floats():
         # What the parent rebuilds from the reply's bytes is what the child computed from its tensor.
         received = torch.frombuffer(bytearray(memoryview(values.numpy()).cast("B")), dtype=torch.float32)
         assert torch.equal(workload.signs_from_fingerprint(received.reshape(values.shape)), signs)
-    # One unit in the last place of one value changes its signs with probability 15/16.
+    # One unit in the last place of one value the signs are drawn from changes its four signs.
     values = torch.randn(8, workload.FINGERPRINT_DIRECTIONS)
     changed = 0
-    for position in range(values.numel()):
+    for position in [row * workload.FINGERPRINT_DIRECTIONS + column for row in range(8)
+                     for column in range(workload.SIGN_DIRECTIONS)]:
         nudged = values.clone()
         nudged.view(-1)[position] = torch.nextafter(nudged.view(-1)[position], torch.tensor(math.inf))
         changed += not torch.equal(workload.signs_from_fingerprint(nudged), workload.signs_from_fingerprint(values))
-    assert changed > 0.8 * values.numel()
+    assert changed > 0.8 * workload.SIGN_VALUES
 
 
 class RecordingLayer:
@@ -622,8 +623,10 @@ def honest_run(reference: torch.nn.Module, length: int, timed: int = 3, count: i
 
     run = _LengthRun(LengthResult(seq_len=length, status="ok", forwards_per_request=count))
     run.timed = [request((10 + i, 20 + i), count, fake_after_first)[0] for i in range(timed)]
-    run.check, run.output = request((1, 2), 1)
-    run.repeat = request((1, 2), 1)[0]
+    # The correctness request is a timed request like the others, its output the last forward's.
+    run.check, run.output = request((1, 2), count, fake_after_first)
+    run.timed.insert(timed // 2, run.check)
+    run.repeat = request((1, 2), count, fake_after_first)[0]
     return run
 
 
@@ -641,8 +644,8 @@ def test_verification_passes_an_honest_run_and_reports_an_unverifiable_length(mo
         return real_reference_outputs(reference, buffers, request, start, stop)
 
     monkeypatch.setattr(harness, "_reference_outputs", out_of_memory_at_128)
-    reasons = harness._verify(runs, harness.ReferenceWork(5, "cpu", []), Timings(), lambda event: None)
-    assert runs[64].result.correct is True and runs[64].result.runs_verified == 3
+    reasons = harness._verify(runs, harness.ReferenceWork(5, "cpu", [], {}), Timings(), lambda event: None, 128)
+    assert runs[64].result.correct is True and runs[64].result.runs_verified == 4
     assert runs[64].result.rel_error < 5e-3 and runs[64].result.repeat_agree
     assert runs[128].result.correct is False
     assert reasons == [("T=128: the float32 reference does not fit in the memory of cpu here, so this length "
@@ -661,25 +664,28 @@ def test_the_longest_length_checked_beside_the_others_gets_the_same_verdicts(mon
                 128: honest_run(reference, 128)}
 
     serial_runs, beside_runs = make_runs(), make_runs()
-    serial = harness._verify(serial_runs, harness.ReferenceWork(6, "cpu", []), Timings(), lambda event: None,
+    serial = harness._verify(serial_runs, harness.ReferenceWork(6, "cpu", [], {}), Timings(), lambda event: None, 128,
                              longest_beside=False)
     # The longest runs out of memory beside the others once; it is checked again alone.
     real_verify_length = harness._verify_length
     threads, failed_once = [], []
 
-    def verify_length(run, *args):
+    def verify_length(run, *args, **kwargs):
         threads.append((run.result.seq_len, threading.current_thread().name))
         if run.result.seq_len == 128 and not failed_once:
             failed_once.append(True)
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
-        return real_verify_length(run, *args)
+        return real_verify_length(run, *args, **kwargs)
 
     monkeypatch.setattr(harness, "_verify_length", verify_length)
-    beside = harness._verify(beside_runs, harness.ReferenceWork(6, "cpu", []), Timings(), lambda event: None,
+    beside = harness._verify(beside_runs, harness.ReferenceWork(6, "cpu", [], {}), Timings(), lambda event: None, 128,
                              longest_beside=True)
-    assert serial == beside and len(serial) == 1 and serial[0].startswith("T=96: ")
+    # 96's forwards after the first of each request are zeros, its correctness request's too.
+    assert serial == beside and serial and all(reason.startswith("T=96: ") for reason in serial)
     for length in (64, 96, 128):
-        assert serial_runs[length].result == beside_runs[length].result, length
+        serial_result, beside_result = serial_runs[length].result, beside_runs[length].result
+        # Which timed requests were drawn differs between the two; all were checked, so no figure does.
+        assert serial_result == beside_result, length
         assert beside_runs[length].output is None
     assert beside_runs[128].result.correct is True and beside_runs[96].result.correct is False
     # First on a thread of its own, then again alone on the evaluation's thread, after the others.
@@ -694,7 +700,7 @@ def test_correctness_references_computed_ahead_are_those_of_the_runs_the_child_m
     # as it would against one computed afterwards, and a run with other seeds does not.
     from quasar.evaluate import harness
 
-    references = harness.ReferenceWork(7, "cpu", [64, 96])
+    references = harness.ReferenceWork(7, "cpu", [64, 96], {64: 1, 96: 1})
     reference = references.wait()
     assert sorted(references.expected) == [64, 96] and len(set(references.check_seeds.values())) == 2
     for length, seeds in references.check_seeds.items():
@@ -707,9 +713,11 @@ def test_correctness_references_computed_ahead_are_those_of_the_runs_the_child_m
         # At 96 the child runs the correctness run on another input than the seeds it was sent.
         used = seeds if length == 64 else (seeds[0] + 1, seeds[1])
         payload, run.output = child_request(reference, length, used, 1)
+        run.timed.remove(run.check)
         run.check = harness._Request(*seeds, harness._fingerprints(payload, 1, "test"), 1)
+        run.timed.append(run.check)
         run.repeat = run.check
-    reasons = harness._verify(runs, references, Timings(), lambda event: None)
+    reasons = harness._verify(runs, references, Timings(), lambda event: None, 96)
     assert runs[64].result.correct is True and runs[64].result.rel_error < 5e-3
     assert runs[96].result.correct is False and runs[96].result.rel_error > 0.3
     assert any(reason.startswith("T=96: the output differs from the reference") for reason in reasons)
@@ -719,7 +727,7 @@ def test_correctness_references_computed_ahead_are_those_of_the_runs_the_child_m
 def test_the_rehearsal_checks_a_made_up_batch_as_a_timed_request_is_checked(monkeypatch):
     from quasar.evaluate import harness
 
-    references = harness.ReferenceWork(3, "cpu", [64])
+    references = harness.ReferenceWork(3, "cpu", [64], {64: 1})
     references.wait()
     batches = []
     real = harness._reference_outputs
@@ -731,7 +739,7 @@ def test_the_rehearsal_checks_a_made_up_batch_as_a_timed_request_is_checked(monk
     monkeypatch.setattr(harness, "_reference_outputs", recording)
     monkeypatch.setattr(harness, "MAX_FORWARDS_PER_REQUEST", 4)  # a request's most; small for the CPU
     references._rehearse(64)
-    assert batches == [(64, 4, (4, 8, 16))]
+    assert batches == [(64, 4, (4, 8, workload.FINGERPRINT_DIRECTIONS))]
     assert sorted(references.expected) == [64]
 
 
@@ -741,7 +749,7 @@ def test_the_parent_takes_one_fingerprint_per_forward_from_the_reply():
     values = torch.randn(4, 8, workload.FINGERPRINT_DIRECTIONS)
     payload = bytearray(memoryview(values.numpy()).cast("B"))
     assert torch.equal(_fingerprints(payload, 4, "test"), values)
-    with pytest.raises(_ChildFailure, match="1536 bytes of fingerprints for 4 forwards, expected 2048"):
+    with pytest.raises(_ChildFailure, match=f"1536 bytes of fingerprints for 4 forwards, expected {4 * 8 * 4 * workload.FINGERPRINT_DIRECTIONS}"):
         _fingerprints(payload[:1536], 4, "test")
     with pytest.raises(_ChildFailure, match="0 bytes of fingerprints for 1 forwards"):
         _fingerprints(None, 1, "test")
@@ -835,37 +843,166 @@ def test_verification_checks_every_forward_of_the_requests_it_picks(monkeypatch)
     # A reply whose middle fingerprint is replaced by NaNs: that forward fails, and so does the
     # next, whose input the parent rebuilds from the NaNs' bits, not from what the child used.
     runs[96] = honest_run(reference, 96, timed=1, count=3)
-    runs[96].timed[0].fingerprints[1] = math.nan
-    reasons = harness._verify(runs, harness.ReferenceWork(9, "cpu", []), Timings(), lambda event: None)
+    assert runs[96].timed[-1] is not runs[96].check
+    runs[96].timed[-1].fingerprints[1] = math.nan
+    reasons = harness._verify(runs, harness.ReferenceWork(9, "cpu", [], {}), Timings(), lambda event: None, 128)
     honest, faked = runs[64].result, runs[128].result
-    assert honest.correct is True and honest.runs_verified == 6 and honest.requests_verified == 2
-    assert faked.correct is False and faked.runs_verified == 6
-    assert runs[96].result.correct is False and runs[96].result.runs_verified == 3
+    # Two timed requests and the correctness request, every forward of each.
+    assert honest.correct is True and honest.runs_verified == 9 and honest.requests_verified == 3
+    assert faked.correct is False and faked.runs_verified == 9
+    assert runs[96].result.correct is False and runs[96].result.runs_verified == 6
     # The reasons come shortest length first, whatever the order of the runs.
-    assert reasons == [
-        (f"T=96: 2 of 3 timed forwards checked do not match the reference (largest error inf > "
-         f"{harness.FINGERPRINT_TOLERANCE:g}): the output was not computed from that run's input"),
-        (f"T=128: 4 of 6 timed forwards checked do not match the reference (largest error "
-         f"{faked.fingerprint_error:.3g} > {harness.FINGERPRINT_TOLERANCE:g}): the output was not "
-         "computed from that run's input")]
+    assert reasons[0] == (f"T=96: 2 of 6 timed forwards checked do not match the reference (largest error inf > "
+                          f"{harness.FINGERPRINT_TOLERANCE:g}): the output was not computed from that run's input")
+    assert len([reason for reason in reasons if reason.startswith("T=96")]) == 1
+    assert (f"T=128: 6 of 9 timed forwards checked do not match the reference (largest error "
+            f"{faked.fingerprint_error:.3g} > {harness.FINGERPRINT_TOLERANCE:g}): the output was not "
+            "computed from that run's input") in reasons
+    # Its correctness request skipped the same forwards: its last output is zeros.
+    assert "T=128: the output differs from the reference: relative error 1 > 0.02 over the whole sequence" in reasons
 
 
-def test_requests_to_verify_cover_max_verified_forwards_at_short_lengths():
+def _timed_run(length: int, count: int, timed: int):
+    from quasar.evaluate.harness import LengthResult, _LengthRun, _Request
+
+    run = _LengthRun(LengthResult(seq_len=length, forwards_per_request=count))
+    run.timed = [_Request(index, index, torch.zeros(count, 8, workload.FINGERPRINT_DIRECTIONS), 1) for index in range(timed)]
+    run.check = run.timed[timed // 3]
+    return run
+
+
+def test_requests_to_verify_cover_max_verified_forwards_at_short_lengths_and_the_bound_at_the_target():
     from quasar.evaluate.harness import (
+        ESCAPE_BOUND,
         MAX_VERIFIED,
         VERIFY_SAMPLE,
-        LengthResult,
-        _LengthRun,
+        degraded_to_move_median,
+        escape_probability,
         requests_to_verify,
     )
 
-    def run(length: int, count: int) -> _LengthRun:
-        return _LengthRun(LengthResult(seq_len=length, forwards_per_request=count))
+    assert requests_to_verify(_timed_run(512, 1, 200), target=False) == MAX_VERIFIED
+    assert requests_to_verify(_timed_run(512, 4, 200), target=False) == MAX_VERIFIED // 4
+    assert requests_to_verify(_timed_run(512, 25, 200), target=False) == VERIFY_SAMPLE
+    assert requests_to_verify(_timed_run(100_000, 1, 200), target=False) == VERIFY_SAMPLE
+    assert requests_to_verify(_timed_run(100_000, 8, 200), target=False) == VERIFY_SAMPLE
+    # Never more than were timed.
+    assert requests_to_verify(_timed_run(512, 1, 5), target=False) == 5
+    for timed in (3, 10, 11, 20, 57, 100, 150, 200):
+        run = _timed_run(1_000_000, 1, timed)
+        wanted = requests_to_verify(run, target=True)
+        degraded = degraded_to_move_median(timed)
+        # The least that meets the bound (or every request when none fewer does).
+        assert escape_probability(timed, wanted, degraded) <= ESCAPE_BOUND or wanted == timed
+        assert wanted == min(VERIFY_SAMPLE, timed) or escape_probability(timed, wanted - 1, degraded) > ESCAPE_BOUND
+    assert requests_to_verify(_timed_run(1_000_000, 1, 150), target=True) == 10
 
-    assert requests_to_verify(run(512, 1)) == MAX_VERIFIED
-    assert requests_to_verify(run(512, 4)) == MAX_VERIFIED // 4
-    assert requests_to_verify(run(512, 25)) == VERIFY_SAMPLE
-    assert requests_to_verify(run(100_000, 1)) == requests_to_verify(run(100_000, 8)) == VERIFY_SAMPLE
+
+@pytest.mark.parametrize("trial", range(3))
+def test_escape_probability_is_the_chance_of_drawing_no_degraded_request(trial):
+    # The formula against every subset (small sizes), and against the harness's own draw.
+    from quasar.evaluate.harness import _checked_requests, escape_probability
+
+    rng = random.Random()
+    timed, verified = rng.randint(4, 9), rng.randint(1, 4)
+    degraded = rng.randint(0, timed - 1)
+    subsets = list(itertools.combinations(range(timed), verified))
+    missed = sum(all(index >= degraded for index in subset) for subset in subsets)
+    assert escape_probability(timed, verified, degraded) == pytest.approx(missed / len(subsets))
+
+    # The check's place is drawn before the requests run; the others after. Degrade a random
+    # half plus one: the draw misses all of them about as often as the formula says.
+    run = _timed_run(1_000_000, 1, 40)
+    bad = set(rng.sample(range(40), 21))
+    draws = 4000
+    escaped = 0
+    for _ in range(draws):
+        run.check = run.timed[rng.randrange(40)]
+        chosen = _checked_requests(run, target=False)
+        assert len(chosen) == len(set(map(id, chosen))) == 4 and chosen[0] is run.check
+        escaped += not any(request.input_seed in bad for request in chosen)
+    expected = escape_probability(40, 4, 21)
+    assert abs(escaped / draws - expected) < 4 * math.sqrt(expected * (1 - expected) / draws) + 1e-3
+
+
+@pytest.mark.parametrize("trial", range(2))
+def test_the_draw_takes_checks_computed_ahead_and_stays_uniform(trial):
+    # Places computed ahead: a uniformly random set of the pool; the timed requests took the first
+    # places. Over many evaluations, each timed request is checked equally often, and the draw
+    # takes requests computed ahead first.
+    from quasar.evaluate.harness import _checked_requests, requests_to_verify
+
+    rng = random.Random()
+    pool, timed = 200, rng.randint(40, 150)
+    inclusion = [0] * timed
+    draws, ahead_used = 3000, 0
+    for _ in range(draws):
+        run = _timed_run(1_000_000, 1, timed + 1)
+        run.check = run.timed.pop(rng.randrange(len(run.timed) + 0) if run.timed else 0)
+        for position, request in enumerate(run.timed):
+            request.position = position
+        run.timed.insert(rng.randrange(len(run.timed) + 1), run.check)
+        run.precomputed = {place: None for place in rng.sample(range(pool), 24)}
+        chosen = _checked_requests(run, target=True)
+        wanted = requests_to_verify(run, True)
+        assert len(chosen) == wanted and chosen[0] is run.check
+        timed_ahead = [request for request in run.timed if request.position in run.precomputed]
+        ahead_used += sum(request.position in run.precomputed for request in chosen[1:])
+        assert sum(request.position in run.precomputed for request in chosen[1:]) == min(len(timed_ahead), wanted - 1)
+        for request in chosen[1:]:
+            inclusion[request.position] += 1
+    expected = draws * (requests_to_verify(_timed_run(1_000_000, 1, timed + 1), True) - 1) / timed
+    # Each request's count is binomial around the same mean: none far from it.
+    assert max(abs(count - expected) for count in inclusion) < 5 * math.sqrt(expected) + 2
+    assert ahead_used > 0
+
+
+def test_checks_computed_ahead_are_those_of_the_requests_the_child_makes():
+    # ReferenceWork computes, while the child warms up, the expected fingerprints of timed requests
+    # at random places of the seed pool; a request made on those seeds checks against them as it
+    # would against a reference computed afterwards.
+    from quasar.evaluate import harness
+
+    references = harness.ReferenceWork(11, "cpu", [64], {64: 1}, pool_size=30, ahead=True)
+    references.complete()
+    reference = references.wait()
+    ahead = references.precomputed[64]
+    assert len(ahead) == min(harness.AHEAD_REQUESTS, 30) and set(ahead) <= set(range(30))
+    for place, (fingerprints, norms) in ahead.items():
+        buffers = filled(1, 64, *references.timed_seeds[64][place])
+        with torch.inference_mode():
+            output = reference(buffers.noise[0:1])[0]
+        assert torch.allclose(fingerprints, workload.fingerprint(output, buffers.directions[0], buffers.token_weights[0]),
+                              rtol=1e-4, atol=1e-4)
+        assert torch.allclose(norms, workload.segment_norms(output), rtol=1e-5)
+    # An honest run whose timed requests took the pool's seeds passes; one whose requests were
+    # answered on other inputs fails, checked from the values computed ahead alone.
+    for honest in (True, False):
+        run = honest_run(reference, 64, timed=12)
+        regular = [request for request in run.timed if request is not run.check]
+        for position, request in enumerate(regular):
+            seeds = references.timed_seeds[64][position]
+            used = seeds if honest else (seeds[0] + 1, seeds[1])
+            payload, _ = child_request(reference, 64, used, 1)
+            request.input_seed, request.basis_seed = seeds
+            request.fingerprints, request.position = harness._fingerprints(payload, 1, "test"), position
+        run.precomputed = ahead
+        real = harness._reference_outputs
+        computed = []
+
+        def counting(reference, buffers, request, start, stop):
+            computed.append(request)
+            return real(reference, buffers, request, start, stop)
+
+        harness._reference_outputs = counting
+        try:
+            reasons = harness._verify_length(run, reference, "cpu", lambda event: None, target=True)
+        finally:
+            harness._reference_outputs = real
+        assert (reasons == []) is honest, reasons
+        # Only the correctness request (and drawn requests not computed ahead) needed a reference now.
+        drawn_not_ahead = [r for r in computed if r is not run.check]
+        assert all(request.position not in ahead for request in drawn_not_ahead)
 
 
 def test_recommended_claim_is_the_speed_three_in_four_requests_reached():
@@ -948,16 +1085,22 @@ def test_bench_harness_evaluates_another_trees_files(tmp_path):
         bench.copy_fork_tree(tmp_path / "empty", tmp_path / "copy2")
 
 
-def test_the_sandbox_binds_site_folders_lent_by_a_pth_file_but_no_checkout(tmp_path, monkeypatch):
+def test_the_sandbox_hides_site_folders_lent_by_a_pth_file_and_binds_no_checkout(tmp_path, monkeypatch):
+    from quasar.evaluate.sandbox import site_folders
+
     lent = tmp_path / "image" / "lib" / "site-packages"
     checkout = tmp_path / "checkout"
     lent.mkdir(parents=True)
     checkout.mkdir()
     monkeypatch.setattr(sys, "path", [*sys.path, str(lent), str(checkout)])
-    directories = _python_directories()
-    assert str(lent) in directories
-    assert str(checkout) not in directories
-    assert sys.prefix in directories
+    # A folder of packages is hidden inside the sandbox wherever it lies in what is bound;
+    # the child's Python is the installation, not this process's virtual environment.
+    assert str(lent) in site_folders()
+    assert str(checkout) not in site_folders()
+    installation = _python_installation()
+    assert all(not folder.startswith(str(checkout)) for folder in installation)
+    if sys.prefix != sys.base_prefix:
+        assert sys.prefix not in installation
 
 
 def test_an_output_comes_back_the_same_through_the_shared_area_and_the_pipe(tmp_path, monkeypatch):

@@ -261,13 +261,17 @@ def test_bench_reference_times_each_length_and_writes_its_figures(tmp_path, caps
 
     from quasar.evaluate.harness import requests_to_verify
 
-    assert bench_reference.main(["--out", str(tmp_path), "--device", "cpu", "--lens", "64,96"]) == 0
+    assert bench_reference.main(["--out", str(tmp_path), "--device", "cpu", "--lens", "64,96",
+                                 "--tokens-per-request", "256"]) == 0
     found = json.loads((tmp_path / "reference.json").read_text())
     assert [row["length"] for row in found["lengths"]] == [64, 96]
-    # Every forward of the requests a length's verification picks, and the correctness run.
-    run = bench_reference.made_up_run(64, torch.Generator().manual_seed(1))
-    assert found["lengths"][0]["forwards"] == len(run.timed) * run.result.forwards_per_request + 1
-    assert len(run.timed) == requests_to_verify(run)
+    # Every forward of the requests a length's verification draws (the correctness request among
+    # them), more at the longest length, the target.
+    run = bench_reference.made_up_run(64, torch.Generator().manual_seed(1), 256)
+    assert run.check in run.timed and len(run.timed) == bench_reference.TIMED_REQUESTS
+    assert found["lengths"][0]["forwards"] == requests_to_verify(run, False) * run.result.forwards_per_request
+    target_run = bench_reference.made_up_run(96, torch.Generator().manual_seed(1), 256)
+    assert found["lengths"][1]["forwards"] == requests_to_verify(target_run, True) * target_run.result.forwards_per_request
     assert all(row["seconds"] > 0 for row in found["lengths"])
     printed = capsys.readouterr().out
     assert "the parent's reference per length" in printed and all(len(line) <= 80 for line in printed.splitlines())

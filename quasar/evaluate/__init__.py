@@ -20,6 +20,7 @@ _WHERE = {
     "ProgressEvent": "harness",
     "ReferenceWork": "harness",
     "evaluate": "harness",
+    "options_from_settings": "harness",
     "start_references": "harness",
     "EvaluationReport": "report",
     "ImportCheck": "report",

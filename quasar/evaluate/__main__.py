@@ -16,9 +16,9 @@ from quasar.evaluate.harness import (
     EvaluationInputError,
     EvaluationOptions,
     evaluate,
+    options_from_settings,
 )
 from quasar.evaluate.report import render_report
-from quasar.evaluate.sandbox import SandboxPolicy
 
 
 def parse_seq_lens(text: str) -> tuple[int, ...]:
@@ -76,18 +76,17 @@ def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def options_from(args: argparse.Namespace, seq_lens: Sequence[int]) -> EvaluationOptions:
-    """EvaluationOptions from parsed flags; the device (unless given) and PYTORCH_CUDA_ALLOC_CONF
-    come from the settings (quasar/config.py: environment, then .env). Raises SettingsError."""
+    """EvaluationOptions from parsed flags; the rest (the device unless given, the timed seconds,
+    the load limit and the sandbox's) from the settings (quasar/config.py: environment, then
+    .env), as a validator's. Raises SettingsError."""
     from quasar import config
 
     settings = config.resolve()
     repeats = {"min_timed_runs": args.repeats, "max_timed_runs": args.repeats} if args.repeats else {}
-    policy = SandboxPolicy(allow_unsandboxed=args.allow_unsandboxed,
-                           pytorch_cuda_alloc_conf=settings.pytorch_cuda_alloc_conf)
-    return EvaluationOptions(
-        seq_lens=tuple(seq_lens), device=args.device or settings.device, timeout_s=args.timeout,
-        length_timeout_s=args.length_timeout, import_profile=args.import_profile, require_cu=args.require_cu,
-        warmup_runs=max(args.warmup, 0), policy=policy, **repeats,
+    return options_from_settings(
+        settings, allow_unsandboxed=args.allow_unsandboxed, seq_lens=tuple(seq_lens),
+        device=args.device or settings.device, timeout_s=args.timeout, length_timeout_s=args.length_timeout,
+        import_profile=args.import_profile, require_cu=args.require_cu, warmup_runs=max(args.warmup, 0), **repeats,
     )
 
 

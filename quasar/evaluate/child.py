@@ -1,7 +1,9 @@
 """The code that runs inside the sandbox: it serves the parent's requests over the harness's pipe.
 
-Started as ``python -I child.py READ_FD WRITE_FD DEVICE SPIN_SECONDS SHARED_FD`` from the harness's
-own copy of this directory (``SHARED_FD``: the parent's protocol.SharedArea for outputs, or -1).
+Started as ``python -I -S child.py READ_FD WRITE_FD DEVICE SPIN_SECONDS SHARED_FD SITES`` from the
+harness's own copy of this directory (``SHARED_FD``: the parent's protocol.SharedArea for outputs,
+or -1; ``SITES``: a JSON list of the evaluation environment's site folders, the only packages on
+its import path besides the standard library, this directory and, from ``load`` on, the fork).
 Until the ``load`` request it runs only this file, ``protocol.py``, ``workload.py`` and torch, so
 its answers to ``calibrate`` are trusted; from ``load`` on, the fork's code shares the process and
 may patch anything, and the parent trusts nothing it says without checking.
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import mmap
 import os
 import sys
@@ -50,8 +53,9 @@ import traceback
 from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.extend(json.loads(sys.argv[6]))
 
-# torch comes from the environment's site-packages now, before the fork's directory is on the
+# torch comes from the environment's site folders now, before the fork's directory is on the
 # path, so a fork cannot shadow it (or anything else imported here).
 import protocol
 import torch

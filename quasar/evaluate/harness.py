@@ -50,29 +50,42 @@ they ran is not trusted), so an eager fork pays the harness's host launches itse
 make the harness's own work faster in its process; its gain is bounded by that calibrated cost
 (``subtracted_us`` per forward in the report).
 
-Tamper evidence. The fingerprint of an output ``[1, T, 512]`` is, for each eighth of the
-sequence, 16 random ±1 projections (workload.py) under a basis of its own per forward, from the
-request's basis seed. After the child's last reply, the parent recomputes the reference output
-(``QuasarAttentionReference``, float32) for every forward of timed requests it picks at random
-(:data:`VERIFY_SAMPLE` requests; up to :data:`VERIFY_ALL_UP_TO` tokens, enough requests for
-:data:`MAX_VERIFIED` forwards if that is more), on the input the child had to use: the noise
-rebuilt from the seed on the same device, times the signs of the fingerprint the child reported
-for the forward before (integer arithmetic, exact on both sides), and checks each eighth's
-projections: their mean square estimates that eighth's error, so an output that is zeros,
-noise, stale (a cache), or wrong on any part of the sequence fails, and so does a forward run on
-any other input than the chain says. The parent sees only a request's total time, so a fork
-gains from any forward it skips in a request; checking whole requests keeps the bound of single
-forwards: a fork must skip work in half the timed requests to move the median, and escapes ``k``
-request checks with probability about 2^-k, whichever forwards of a request it skips. Layer
+Tamper evidence. The fork sees and can patch everything in its process, the harness's own child
+code included: so nothing the child knows before or during a forward tells it which requests
+will be checked, or how. The fingerprint of an output ``[1, T, 512]`` is, for each eighth of the
+sequence, 32 random ±1 projections (workload.py) under a basis of its own per forward, from the
+request's basis seed. After the child's last reply, the parent draws which timed requests to
+check (:func:`requests_to_verify`: 4, or enough for :data:`MAX_VERIFIED` forwards up to
+:data:`VERIFY_ALL_UP_TO` tokens; at the target length enough that a fork degrading just over half
+of the timed requests, what it takes to move their median, escapes with probability at most
+:data:`ESCAPE_BOUND`, 0.1%: 10 of 100 or more) and recomputes the reference output
+(``QuasarAttentionReference``, float32) of every forward of each, on the input the child had to
+use: the noise rebuilt from the seed on the same device, times the signs of the fingerprint the
+child reported for the forward before (integer arithmetic, exact on both sides). Each eighth's
+projections estimate that eighth's error (their mean square), so an output that is zeros, noise,
+stale (a cache), or wrong on any part of the sequence fails (:data:`FINGERPRINT_TOLERANCE`, per
+forward and eighth), and so does a forward run on any other input than the chain says; and all
+the projections of a request together estimate its error within about 4%, which must stay under
+:data:`REQUEST_TOLERANCE` (1.15 × the correctness threshold): a timed request is held as exact as
+the correctness request, up to that margin. The parent sees only a request's total time, so a
+fork gains from any forward it skips or spoils in a request; checking whole requests keeps the
+bound of single forwards. The chance that a fork degrading a share ``s`` of ``n`` timed requests
+escapes ``k`` checks is ``C(n - sn, k) / C(n, k)`` (about ``(1 - s)^k``; :func:`escape_probability`,
+in the report per length). At a length whose requests are one forward (a million tokens on CUDA),
+the seeds of every request it may time are drawn when the evaluation starts, and the expected
+fingerprints of requests at places drawn at random among them are computed while the fork's
+kernels compile (:class:`ReferenceWork`); the draw takes from those, and stays uniform. Layer
 weights come from a seed drawn per evaluation.
 
-Correctness. One more run, on a seed drawn when the evaluation starts (its reference output is
-computed while the child warms up, :class:`ReferenceWork`), is followed by a request for its whole
-output (written by the child into a shared memory file, read by the parent after the child is gone
-where it is large: :data:`COPY_OUTPUTS_UP_TO`); the parent compares it with the reference over the
-whole sequence, each eighth, and each 64-token block (relative to the sequence's RMS, which catches
-a wrong tail that an eighth would dilute), checks it is finite, checks it is the output the run
-fingerprinted, and runs the same input again to check the two agree. The threshold
+Correctness. One timed request of each length, at a place drawn at random among them (its
+round, and its place in the round), runs on seeds drawn when the evaluation starts; only after it
+ran does the parent ask for its last forward's whole output (written by the child into a shared
+memory file, read by the parent after the child is gone where it is large:
+:data:`COPY_OUTPUTS_UP_TO`) and run the same seeds once more, untimed. The parent compares the
+output with the reference (computed while the child warms up where the request is one forward) over
+the whole sequence, each eighth, and each 64-token block (relative to the sequence's RMS, which
+catches a wrong tail that an eighth would dilute), checks it is finite, checks it is the output
+the request fingerprinted, and that the repeat's fingerprints agree. The threshold
 :data:`REL_ERROR_THRESHOLD` = 2e-2: the honest starter fork under bf16 autocast is at 0.95e-2 to
 0.98e-2 against the float32 reference, on CPU and on an H100 alike, at every length from 64 to 1M
 (benchmarks/RESULTS.md); zeros, noise or a skipped part give 0.3 and more.
@@ -87,7 +100,7 @@ compilation and the allocator's growth are over, and, on CUDA, until ``warmup_se
 back-to-back requests have passed since the first length's began, so that the GPU's clock ramp is
 too (a count of warm-up forwards was 10 ms at 100k tokens; a second at every length added 4 s to an
 evaluation whose timed requests all come after every length's warm-up). Every length is warmed up
-and checked for correctness first, shortest first; then the timed requests run in
+first, shortest first; then the timed requests (the correctness request among them) run in
 :data:`TIMED_ROUNDS` rounds over all the lengths, each length filling its share of
 ``timed_seconds`` (2 s in all, at least ``min_timed_runs`` requests) in every round. On an H100 VM
 whole windows of a few seconds ran 2-3% slow now and then (every request of the window, its fastest
@@ -115,6 +128,7 @@ import logging
 import math
 import secrets
 import statistics
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -137,6 +151,7 @@ from quasar.evaluate.report import (
     ImportCheck,
     LengthResult,
     Timings,
+    clean_text,
 )
 from quasar.evaluate.sandbox import (
     SandboxedChild,
@@ -144,6 +159,7 @@ from quasar.evaluate.sandbox import (
     SandboxPolicy,
     SandboxUnavailable,
 )
+from quasar.evaluate.environment import EVALUATION_PACKAGES, evaluation_environment
 from quasar.evaluate.start import SandboxStart, evaluation_lengths
 
 logger = logging.getLogger(__name__)
@@ -159,9 +175,15 @@ CPU_NOTE = "cpu: for tests and small lengths only, not a benchmark"
 REL_ERROR_THRESHOLD = 2e-2
 BLOCK_TOKENS = 64
 BLOCK_ERROR_THRESHOLD = 2 * REL_ERROR_THRESHOLD
-# A timed run's fingerprint estimates its error with the noise of a 16-sample mean square; twice
-# the threshold leaves an honest fork a margin the noise essentially never crosses.
+# A timed forward's fingerprint estimates the error of each eighth with the noise of a mean square
+# of workload.FINGERPRINT_DIRECTIONS samples: twice the threshold there catches a forward that
+# skipped or spoiled part of the sequence, and never an honest one.
 FINGERPRINT_TOLERANCE = 2 * REL_ERROR_THRESHOLD
+# A checked request's error, estimated from every projection of every forward in it (at least
+# 8 x FINGERPRINT_DIRECTIONS = 256 samples, one standard deviation about 4% of the estimate):
+# timed requests are held to the correctness threshold plus that noise's margin, so a fork that is
+# exact where it is checked in full and sloppier where it is timed gains at most this much slack.
+REQUEST_TOLERANCE = 1.15 * REL_ERROR_THRESHOLD
 # Two runs on the same input (deterministic kernels agree exactly).
 REPEAT_TOLERANCE = REL_ERROR_THRESHOLD / 4
 # The output sent for the check against the run's own fingerprint: the same tensor, up to rounding.
@@ -176,6 +198,13 @@ COPY_OUTPUTS_UP_TO = 64 << 20
 VERIFY_ALL_UP_TO = 16384
 MAX_VERIFIED = 32
 VERIFY_SAMPLE = 4
+# At the target length, as many requests are checked as make the chance that a fork degrading just
+# over half of the timed requests (enough to move the median) escapes every check at most this.
+ESCAPE_BOUND = 1e-3
+# Timed requests of one forward whose expected fingerprints the parent computes ahead, while the
+# fork's kernels compile (ReferenceWork): twice the 10 a length of 100 to 200 timed requests needs,
+# so that most of those drawn are among them.
+AHEAD_REQUESTS = 24
 # Forwards of a checked request whose reference runs as one batch make at most this many tokens.
 REFERENCE_BATCH_TOKENS = 1 << 18
 
@@ -195,10 +224,10 @@ CALIBRATION_RUNS = 7
 TIMED_ROUNDS = 4
 # A forward time is never reported below this (calibration noise at tiny lengths).
 MIN_FORWARD_NS = 1000
-LOAD_TIMEOUT_S = 600.0
-# What a fork may import beyond its own ``fla`` package and the standard library: the evaluation
-# environment's packages that upstream fla needs at ``import fla`` (requirements.txt) and numpy.
-EVALUATION_PACKAGES = ("torch", "triton", "einops", "transformers", "numpy")
+# Seconds the child has to import the fork's layer and build it (``load``; its kernels compile
+# later, in each length's first forward, under ``length_timeout_s``); see benchmarks/RESULTS.md
+# for what a real fla tree's import takes on an H100 machine's one pinned core.
+DEFAULT_LOAD_TIMEOUT_S = 120.0
 
 
 class EvaluationInputError(ValueError):
@@ -213,6 +242,7 @@ class EvaluationOptions:
     device: str = "cuda"
     timeout_s: float = 3600.0
     length_timeout_s: float = 900.0
+    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
     import_profile: str = "core"
     require_cu: bool = False
     # Warm-up requests per length; on CUDA the warm-up also goes on until warmup_seconds have
@@ -231,6 +261,17 @@ class EvaluationOptions:
     warmup_seconds: float = 1.0
     # Pin the child and the parent's timing thread to cores of their own (pinning.py); None: on CUDA only.
     pin_cpus: bool | None = None
+
+
+def options_from_settings(settings, allow_unsandboxed: bool = False, **changes) -> EvaluationOptions:
+    """The options a validator's settings give (quasar/config.py: lengths, device, limits, the
+    sandbox's memory, cgroup and allocator settings), with ``changes`` to any field."""
+    policy = SandboxPolicy(allow_unsandboxed=allow_unsandboxed, pytorch_cuda_alloc_conf=settings.pytorch_cuda_alloc_conf,
+                           memory_bytes=settings.sandbox_memory_mb << 20, cgroup_path=settings.sandbox_cgroup or None)
+    values = {"seq_lens": settings.eval_seq_lens, "device": settings.device, "timeout_s": settings.eval_timeout,
+              "timed_seconds": settings.eval_timed_seconds, "load_timeout_s": settings.eval_load_timeout,
+              "policy": policy}
+    return EvaluationOptions(**{**values, **changes})
 
 
 @dataclass(frozen=True)
@@ -256,12 +297,15 @@ class _Request:
     fingerprints: torch.Tensor
     round_trip_ns: int
     forward_ns: int = 0
+    # Its place in its length's pool of seeds drawn ahead (ReferenceWork), if it took one.
+    position: int | None = None
 
 
 @dataclass
 class _LengthRun:
-    """One length's state: its report entry, timed requests, correctness run, output and repeat;
-    the warm-up's request time (plans the timed rounds) and the least harness cost seen."""
+    """One length's state: its report entry, timed requests (the correctness request among them),
+    the correctness request's output and repeat; the warm-up's request time (plans the timed
+    rounds) and the least harness cost seen."""
 
     result: LengthResult
     timed: list[_Request] = field(default_factory=list)
@@ -272,6 +316,14 @@ class _LengthRun:
     cost_ns: int = 0
     # Where the correctness output goes in the shared area.
     output_offset: int = 0
+    # The correctness request's seeds (drawn before the child exists) and the round it runs in,
+    # drawn by this process: nothing the child sees tells it apart from the timed requests.
+    check_seeds: tuple[int, int] = (0, 0)
+    check_round: int = 0
+    # Seeds drawn ahead for the timed requests, in order (lengths of one forward a request; see
+    # ReferenceWork), and the expected fingerprints and norms the parent computed for some of them.
+    seed_pool: list[tuple[int, int]] = field(default_factory=list)
+    precomputed: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 @dataclass
@@ -297,8 +349,18 @@ def output_tensor(output: torch.Tensor | _SharedOutput) -> torch.Tensor:
     return output.tensor() if isinstance(output, _SharedOutput) else output
 
 
+# The most of one reason that may come from the child (an error message, its last output lines).
+MAX_REASON_CHARS = 600
+# How many of the child's last output lines a reason quotes when the child dies.
+DEATH_OUTPUT_LINES = 4
+
+
 class _ChildFailure(Exception):
+    """A length or the evaluation failed because of the child; ``message`` is safe to print
+    (:func:`clean_text`: it may quote the child)."""
+
     def __init__(self, status: str, message: str):
+        message = clean_text(message, MAX_REASON_CHARS)
         super().__init__(message)
         self.status = status
         self.message = message
@@ -336,13 +398,29 @@ class _Session:
         self.deadline = deadline
 
     def _failure(self, error: Exception, what: str) -> _ChildFailure:
-        if self.child.flood_reason:
-            return _ChildFailure(ERROR, self.child.flood_reason)
+        if isinstance(error, (protocol.ChannelClosed, BrokenPipeError)):
+            return _ChildFailure(ERROR, self._death(what))
+        if self.child.killed_reason:
+            return _ChildFailure(ERROR, self.child.killed_reason)
         if isinstance(error, protocol.ChannelTimeout):
             return _ChildFailure(TIMEOUT, f"{what} timed out")
-        if isinstance(error, (protocol.ChannelClosed, BrokenPipeError)):
-            return _ChildFailure(ERROR, f"the child process exited during {what}")
         return _ChildFailure(ERROR, f"the child broke the protocol during {what}: {error}")
+
+    def _death(self, what: str) -> str:
+        """Why the child went away during ``what``: the limit that killed it, or how it ended and
+        the last lines it wrote."""
+        process = self.child.process
+        try:
+            status = process.wait(timeout=2) if process is not None else None
+        except subprocess.TimeoutExpired:
+            status = None
+        self.child.drained(timeout=2)
+        if self.child.killed_reason:
+            return f"{self.child.killed_reason} (during {what})"
+        how = ("" if status is None else f", killed by signal {-status}" if status < 0 else f", exit status {status}")
+        lines = [line for line in self.child.output.text().splitlines() if line.strip()][-DEATH_OUTPUT_LINES:]
+        said = f"; its last output: {' | '.join(line.strip() for line in lines)}" if lines else "; it wrote nothing"
+        return f"the child process exited during {what}{how}{said}"
 
     def request(self, header: dict, deadline: float, what: str, max_payload: int = 0) -> tuple[dict, bytearray | None, int]:
         """Send ``header``, wait for the reply; returns ``(reply, payload, round-trip ns)``."""
@@ -355,8 +433,8 @@ class _Session:
             elapsed = time.perf_counter_ns() - start
         except (protocol.ChannelError, OSError) as error:
             raise self._failure(error, what) from None
-        if self.child.flood_reason:
-            raise _ChildFailure(ERROR, self.child.flood_reason)
+        if self.child.killed_reason:
+            raise _ChildFailure(ERROR, self.child.killed_reason)
         return reply, payload, elapsed
 
 
@@ -449,7 +527,7 @@ def _run_request(session: _Session, length: int, count: int, deadline: float, wh
     return _Request(input_seed, basis_seed, _fingerprints(payload, count, what), elapsed)
 
 
-MAX_TIMING_CHARS = 400
+MAX_TIMING_CHARS = 300
 
 
 def _capture(session: _Session, length: int, count: int, deadline: float) -> str:
@@ -462,7 +540,7 @@ def _capture(session: _Session, length: int, count: int, deadline: float) -> str
     if not reply.get("ok"):
         raise _reply_failure(reply, length, what)
     timing = reply.get("timing")
-    return timing[:MAX_TIMING_CHARS] if isinstance(timing, str) else "unknown (the child did not say)"
+    return clean_text(timing, MAX_TIMING_CHARS) if isinstance(timing, str) else "unknown (the child did not say)"
 
 
 def _receive_output(session: _Session, length: int, offset: int, deadline: float) -> torch.Tensor | _SharedOutput:
@@ -534,8 +612,8 @@ def _per_forward_ns(request: _Request, count: int, cost_ns: int) -> int:
 
 
 def _prepare_length(session: _Session, run: _LengthRun, options: EvaluationOptions, count: int, timings: Timings,
-                    progress: ProgressCallback, warmup_since: float, check_seeds: tuple[int, int]) -> None:
-    """Warm-up (with the capture), peak memory, correctness run and repeat at one length.
+                    progress: ProgressCallback, warmup_since: float) -> None:
+    """Warm-up (with the capture) and peak memory at one length.
 
     The first warm-up request runs one forward, eagerly: the fork's kernels compile there (a
     request of ``count`` eager forwards cost the host about 1.5 ms each at 512 to 2,048 tokens
@@ -543,8 +621,8 @@ def _prepare_length(session: _Session, run: _LengthRun, options: EvaluationOptio
     ``count`` forwards, and every later warm-up request runs ``count``: at least one, in all
     ``warmup_runs`` requests and, on CUDA, until ``warmup_seconds`` have passed since
     ``warmup_since`` (the monotonic time the evaluation's first warm-up began); the last one's
-    round trip is kept in ``run.request_s`` to plan the timed rounds. The correctness run uses
-    ``check_seeds``.
+    round trip is kept in ``run.request_s`` to plan the timed rounds. The correctness request
+    runs later, among the timed ones (:func:`_time_round`).
     """
     length = run.result.seq_len
     deadline = time.monotonic() + options.length_timeout_s
@@ -567,15 +645,22 @@ def _prepare_length(session: _Session, run: _LengthRun, options: EvaluationOptio
     timings.warmup_s += time.monotonic() - started
     run.result.peak_vram_mb = _mib(_length_peak(before, _memory(session, deadline, reset=False)))
 
-    started = time.monotonic()
+
+def _correctness_request(session: _Session, run: _LengthRun, count: int, deadline: float, timings: Timings,
+                         progress: ProgressCallback) -> _Request:
+    """The correctness request: a timed request like the others, on the seeds drawn for it; then
+    (untimed) its last forward's whole output and a repeat of it on the same seeds. Only once the
+    request has run does the child learn it was the one checked in full."""
+    length = run.result.seq_len
     progress(ProgressEvent("correctness", length, 0, 1))
-    run.check = _run_request(session, length, 1, deadline, f"correctness run at T={length}", seeds=check_seeds)
-    receiving = time.monotonic()
+    request = _run_request(session, length, count, deadline, f"timed run at T={length}", seeds=run.check_seeds)
+    started = time.monotonic()
+    run.check = request
     run.output = _receive_output(session, length, run.output_offset, deadline)
-    timings.output_s += time.monotonic() - receiving
-    run.repeat = _run_request(session, length, 1, deadline, f"repeat run at T={length}",
-                              seeds=(run.check.input_seed, run.check.basis_seed))
+    timings.output_s += time.monotonic() - started
+    run.repeat = _run_request(session, length, count, deadline, f"repeat run at T={length}", seeds=run.check_seeds)
     timings.correctness_s += time.monotonic() - started
+    return request
 
 
 def round_quota(options: EvaluationOptions, request_s: float, done: int, rounds_left: int) -> tuple[int, int]:
@@ -594,17 +679,34 @@ def _time_round(session: _Session, run: _LengthRun, options: EvaluationOptions, 
     """One round of timed requests at one length, each followed by a calibration of the same count
     (their minimum lowers ``run.cost_ns``). The planned number comes from the warm-up's pace,
     which a busy host can make far too small, so the wall clock also ends the round once its
-    share of ``timed_seconds`` has passed and its least number is met."""
+    share of ``timed_seconds`` has passed and its least number is met. In the round drawn for it
+    (``run.check_round``, or the next with requests planned), the correctness request takes a
+    place drawn among the planned ones (or the round's last, should the round end before it)."""
     length = run.result.seq_len
     deadline = time.monotonic() + options.length_timeout_s
     least, planned = round_quota(options, run.request_s, len(run.timed), rounds_left)
+    # The correctness request is due from its round on (a round may have no quota left when the
+    # timed requests' bounds are met early); the last round makes room for it if need be.
+    due = run.check is None and TIMED_ROUNDS - rounds_left >= run.check_round
+    if due and planned == 0 and rounds_left == 1:
+        least = planned = 1
+    check_at = secrets.randbelow(planned) if due and planned > 0 else None
     total = len(run.timed) + planned * rounds_left
     started = time.monotonic()
     for index in range(planned):
-        if index >= least and time.monotonic() - started >= options.timed_seconds / TIMED_ROUNDS:
+        out_of_time = index >= least and time.monotonic() - started >= options.timed_seconds / TIMED_ROUNDS
+        if out_of_time and check_at is None:
             break
         progress(ProgressEvent("timed", length, min(len(run.timed), total - 1), total))
-        request = _run_request(session, length, count, deadline, f"timed run at T={length}")
+        if out_of_time or index == check_at:
+            check_at = None
+            request = _correctness_request(session, run, count, deadline, timings, progress)
+        else:
+            position = sum(1 for timed in run.timed if timed.position is not None)
+            pooled = position < len(run.seed_pool)
+            request = _run_request(session, length, count, deadline, f"timed run at T={length}",
+                                   seeds=run.seed_pool[position] if pooled else None)
+            request.position = position if pooled else None
         timings.timed_s += request.round_trip_ns / 1e9
         run.timed.append(request)
         run.cost_ns = min(run.cost_ns, _harness_cost(session, length, count, deadline))
@@ -680,7 +782,7 @@ def _benchmark_in_sandbox(sandbox: SandboxStart, lengths: list[int], references:
 
     def closed() -> None:
         closing.join()
-        report.log_tail = child.output.text()[-8000:]
+        report.log_tail = clean_text(child.output.text()[-8000:], 8000)
         if child.stragglers_killed:
             report.reasons.append(f"{child.stragglers_killed} process(es) started by the fork outlived it and were killed")
 
@@ -694,8 +796,7 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
     session = _Session(child, deadline)
     weights_seed = references.weights_seed
     try:
-        counts = {length: forwards_per_request(length, tokens_per_request(options), options.max_forwards_per_request)
-                  for length in lengths}
+        counts = request_counts(lengths, options)
         try:
             harness_ns = _calibrate(session, runs, counts, timings, progress)
         finally:
@@ -704,7 +805,8 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
         started = time.monotonic()
         progress(ProgressEvent("load"))
         header = {"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed}
-        reply, _, _ = session.request(header, time.monotonic() + LOAD_TIMEOUT_S, "loading the fork's layer")
+        reply, _, _ = session.request(header, time.monotonic() + options.load_timeout_s,
+                                      f"loading the fork's layer (limit {options.load_timeout_s:g} s)")
         timings.load_s = time.monotonic() - started
         if not reply.get("ok"):
             raise _reply_failure(reply, None, "loading the fork's layer (fla.layers.quasar.QuasarAttention)")
@@ -731,8 +833,12 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
             # float32 work on the device included) is done before it, so it never costs the fork memory.
             references_done()
         run.cost_ns = harness_ns[length]
+        run.check_seeds = references.check_seeds[length]
+        run.seed_pool = references.timed_seeds.get(length, [])
+        run.precomputed = references.precomputed.get(length, {})
+        run.check_round = secrets.randbelow(TIMED_ROUNDS)
         failed = _length_step(run, _prepare_length, session, run, options, counts[length], timings, progress,
-                              warmup_since, references.check_seeds[length])
+                              warmup_since)
         if failed is None:
             prepared.append(length)
         elif not _child_usable(child, failed):
@@ -748,9 +854,9 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
         run = runs[length]
         if run.result.error is not None:
             continue
-        if not run.timed:
+        if not run.timed or run.check is None:
             run.result.error = f"not timed: {stopped}"
-            run.check, run.output, run.repeat = None, None, None
+            run.timed, run.check, run.output, run.repeat = [], None, None, None
             continue
         _finish_length(run, counts[length])
         progress(ProgressEvent("timed", length, run.result.timed_runs, run.result.timed_runs))
@@ -870,65 +976,132 @@ def _relative_difference(a: torch.Tensor | list, b: torch.Tensor | list) -> floa
     return difference / scale if scale > 0 else (0.0 if difference == 0 else math.inf)
 
 
-def requests_to_verify(run: _LengthRun) -> int:
-    """How many timed requests to check, every forward of each (see the module docstring)."""
+def escape_probability(timed: int, verified: int, degraded: int) -> float:
+    """The chance that none of ``verified`` requests drawn at random (without replacement) from
+    ``timed`` is one of the ``degraded`` ones: ``C(timed - degraded, verified) / C(timed, verified)``."""
+    if not 0 <= degraded <= timed or not 0 <= verified <= timed:
+        raise ValueError(f"escape_probability({timed}, {verified}, {degraded}): counts out of range")
+    return math.comb(timed - degraded, verified) / math.comb(timed, verified)
+
+
+def degraded_to_move_median(timed: int) -> int:
+    """How many of ``timed`` requests a fork must speed up to move their median: just over half."""
+    return timed // 2 + 1
+
+
+def requests_to_verify(run: _LengthRun, target: bool) -> int:
+    """How many timed requests to check, every forward of each, the correctness request among them.
+
+    At least :data:`VERIFY_SAMPLE` (up to :data:`VERIFY_ALL_UP_TO` tokens, enough requests for
+    :data:`MAX_VERIFIED` forwards if that is more); at the ``target`` length, enough that a fork
+    degrading just over half of the timed requests escapes with probability at most
+    :data:`ESCAPE_BOUND` (10 of 100 or more requests); never more than were timed.
+    """
+    timed = len(run.timed)
     count = run.result.forwards_per_request or 1
-    if run.result.seq_len <= VERIFY_ALL_UP_TO:
-        return max(VERIFY_SAMPLE, MAX_VERIFIED // count)
-    return VERIFY_SAMPLE
+    wanted = max(VERIFY_SAMPLE, MAX_VERIFIED // count) if run.result.seq_len <= VERIFY_ALL_UP_TO else VERIFY_SAMPLE
+    if target:
+        degraded = degraded_to_move_median(timed)
+        while wanted < timed and escape_probability(timed, wanted, degraded) > ESCAPE_BOUND:
+            wanted += 1
+    return min(wanted, timed)
+
+
+def _checked_requests(run: _LengthRun, target: bool) -> list[_Request]:
+    """The requests to check: the correctness request (its place among the timed ones was drawn
+    before they ran) and others drawn at random now, after the child's last reply, uniformly
+    among the rest of the timed requests.
+
+    Where the parent computed some timed requests' expected fingerprints ahead (``run.precomputed``:
+    a uniformly random set of places in the seed pool, which holds a place for every request a
+    length may time), the draw takes as many of those as it can: all of them that were timed, if
+    no more than wanted, else a random choice of them; and the rest at random among the others.
+    The places computed ahead that were timed are a uniformly random set of the timed requests, of
+    a size that does not depend on which they are, so the draw stays uniform among them.
+    """
+    assert run.check is not None
+    wanted = requests_to_verify(run, target) - 1
+    others = [request for request in run.timed if request is not run.check]
+    chooser = secrets.SystemRandom()
+    ahead = [request for request in others if request.position in run.precomputed]
+    if len(ahead) >= wanted:
+        return [run.check, *chooser.sample(ahead, wanted)]
+    rest = [request for request in others if request.position not in run.precomputed]
+    return [run.check, *ahead, *chooser.sample(rest, min(wanted - len(ahead), len(rest)))]
 
 
 def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, progress: ProgressCallback,
-                   expected_check: torch.Tensor | None = None) -> list[str]:
-    """Check one length's correctness run, repeat and timed runs against the reference; the reasons
-    to fail. ``expected_check``: the correctness run's reference output if already computed."""
+                   expected_check: torch.Tensor | None = None, target: bool = False) -> list[str]:
+    """Check one length's timed requests (every forward of those drawn, each alone and each request
+    as a whole), the correctness request's whole output and its repeat against the reference;
+    the reasons to fail. ``expected_check``: the reference output of the correctness request's
+    last forward if already computed; ``target``: the length is the target (more requests checked)."""
     from quasar.reference import relative_error
 
     result, length = run.result, run.result.seq_len
     assert run.check is not None and run.output is not None and run.repeat is not None
-    chosen = secrets.SystemRandom().sample(run.timed, min(requests_to_verify(run), len(run.timed)))
+    chosen = _checked_requests(run, target)
     total = sum(len(request.fingerprints) for request in chosen)
     progress(ProgressEvent("reference", length, 0, total + 1))
     worst, failed, done = 0.0, 0, 0
+    request_errors: list[float] = []
     batch = reference_batch_size(length)
+    last = len(run.check.fingerprints) - 1
     for request in chosen:
-        buffers = _request_buffers(request, length, device)
+        ahead = run.precomputed.get(request.position) if request.position is not None else None
+        buffers = _request_buffers(request, length, device) if ahead is None else None
         forwards = len(request.fingerprints)
+        difference_sq = reference_sq = 0.0
         for start in range(0, forwards, batch):
             stop = min(start + batch, forwards)
-            expected = _reference_outputs(reference, buffers, request, start, stop)
-            # The batch's fingerprints and norms in a few launches and one copy to the host, then
-            # each forward compared on its own.
-            fingerprints = workload.fingerprints_of(expected, buffers.directions[start:stop],
-                                                    buffers.token_weights[start:stop]).cpu()
-            norms = workload.segment_norms_of(expected).cpu()
+            if ahead is not None:
+                # Computed while the child warmed up (a request of one forward).
+                fingerprints, norms = ahead[0][None], ahead[1][None]
+            else:
+                assert buffers is not None
+                expected = _reference_outputs(reference, buffers, request, start, stop)
+                if request is run.check and expected_check is None and start <= last < stop:
+                    expected_check = expected[last - start:last - start + 1].clone()
+                # The batch's fingerprints and norms in a few launches and one copy to the host,
+                # then each forward compared on its own and summed into the request's estimate.
+                fingerprints = workload.fingerprints_of(expected, buffers.directions[start:stop],
+                                                        buffers.token_weights[start:stop]).cpu()
+                norms = workload.segment_norms_of(expected).cpu()
+                del expected
             for offset, index in enumerate(range(start, stop)):
                 error = fingerprint_error(request.fingerprints[index], fingerprints[offset], norms[offset])
                 worst = max(worst, error)
                 failed += error > FINGERPRINT_TOLERANCE
+                difference_sq += float((request.fingerprints[index].double() - fingerprints[offset].double())
+                                       .square().sum())
+                reference_sq += workload.FINGERPRINT_DIRECTIONS * float(norms[offset].double().square().sum())
             done += stop - start
             progress(ProgressEvent("reference", length, done, total + 1))
-            del expected
+        request_errors.append(_estimated_error(difference_sq, reference_sq))
         del buffers
     # The correctness output last: read in place, it waits for the sandbox to be gone.
     buffers = _request_buffers(run.check, length, device)
-    expected = expected_check if expected_check is not None else _reference_outputs(reference, buffers, run.check, 0, 1)
+    if expected_check is None:
+        expected_check = _reference_outputs(reference, buffers, run.check, last, last + 1)
+    expected = expected_check
     output = output_tensor(run.output).to(device)
     result.finite = bool(torch.isfinite(output).all())
     result.rel_error = relative_error(output, expected)
     bounds = workload.segment_bounds(length)
     result.rel_error_eighths = [relative_error(output[:, a:b], expected[:, a:b]) for a, b in bounds]
     result.worst_block_error = worst_block_error(output, expected)
-    consistency = fingerprint_error(run.check.fingerprints[0],
-                                    workload.fingerprint(output, buffers.directions[0], buffers.token_weights[0]),
+    consistency = fingerprint_error(run.check.fingerprints[last],
+                                    workload.fingerprint(output, buffers.directions[last], buffers.token_weights[last]),
                                     workload.segment_norms(expected))
-    result.repeat_rel_diff = _relative_difference(run.repeat.fingerprints[0], run.check.fingerprints[0])
+    result.repeat_rel_diff = _relative_difference(run.repeat.fingerprints, run.check.fingerprints)
     result.repeat_agree = result.repeat_rel_diff <= REPEAT_TOLERANCE
-    del output, expected, buffers
+    del output, expected, expected_check, buffers
 
     result.runs_verified = total
     result.requests_verified = len(chosen)
     result.fingerprint_error = worst
+    result.request_error = max(request_errors)
+    result.escape_probability = escape_probability(len(run.timed), len(chosen), degraded_to_move_median(len(run.timed)))
 
     where = f"T={length}"
     reasons = []
@@ -952,11 +1125,26 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
         reasons.append(f"{where}: {failed} of {total} timed forwards checked do not match the reference "
                        f"(largest error {worst:.3g} > {FINGERPRINT_TOLERANCE:g}): the output was not "
                        "computed from that run's input")
+    inexact = [error for error in request_errors if not error <= REQUEST_TOLERANCE]
+    if inexact and not failed:
+        reasons.append(f"{where}: {len(inexact)} of {len(chosen)} timed requests checked are less exact than "
+                       f"the correctness threshold allows (estimated error {max(inexact):.3g} > "
+                       f"{REQUEST_TOLERANCE:g})")
     if not result.repeat_agree:
         reasons.append(f"{where}: two runs on the same input disagree (relative difference "
                        f"{result.repeat_rel_diff:.3g} > {REPEAT_TOLERANCE:g})")
     result.correct = not reasons
     return reasons
+
+
+def _estimated_error(difference_sq: float, reference_sq: float) -> float:
+    """A relative error estimated from summed squared fingerprint differences and the reference's
+    summed squared norms (each eighth's weighted by the number of directions)."""
+    if not math.isfinite(difference_sq):
+        return math.inf
+    if reference_sq <= 0:
+        return 0.0 if difference_sq == 0 else math.inf
+    return math.sqrt(difference_sq / reference_sq)
 
 
 class ReferenceWork:
@@ -965,22 +1153,44 @@ class ReferenceWork:
     child's one core for seconds while the device has little to do). A validator's worker starts
     it while the fork is being cloned and hands it to :func:`evaluate` with the started child.
 
-    A correctness run's input depends on its seeds alone (it is its request's only forward), so
-    they are drawn here, before the child exists, and kept in this process until the run is asked
-    for. The thread builds the layer on the host at once and touches the device only once
-    released (:meth:`release`, after the child's calibration); :meth:`wait` ends it before the
-    longest length's warm-up and the timed requests: the reference never shares the device with
-    a measurement, nor its memory with the fork's largest forwards. A length whose expected output
-    did not fit in memory is left to :func:`_verify_length`, which reports it.
+    The correctness requests' seeds are drawn here, before the child exists, and kept in this
+    process until the request is asked for. Where a request is one forward (``counts``: forwards
+    per request at each length, one from about 131k tokens on CUDA), that forward's input depends
+    on the seeds alone and its output is computed here; a request of several forwards chains each
+    input to the fingerprint the child reports for the forward before, so its last forward's
+    output is computed with the timed requests' checks.
+
+    At such a length the seeds of every timed request it may time (``pool_size``) are drawn here
+    too (``timed_seeds``, used in order), and once the correctness outputs are done the thread
+    computes the expected fingerprints of timed requests at places drawn at random in that pool
+    (``precomputed``), up to :data:`AHEAD_REQUESTS`, until it is stopped (on CUDA only, unless
+    ``ahead`` says otherwise: on a CPU it would share the cores with the child): at a million tokens the
+    checks of the timed requests (a reference forward of about 0.3 s each on an H100) are then done
+    while the fork's kernels compile, and :func:`_checked_requests` draws from them.
+
+    The thread builds the layer on the host at once and touches the device only once released
+    (:meth:`release`, after the child's calibration); :meth:`wait` stops it after the reference it
+    is computing and ends it, before the longest length's warm-up and the timed requests: the
+    reference never shares the device with a measurement, nor its memory with the fork's largest
+    forwards. A length whose expected output did not fit in memory is left to
+    :func:`_verify_length`, which reports it.
     """
 
-    def __init__(self, weights_seed: int, device: str, lengths: Sequence[int]):
+    def __init__(self, weights_seed: int, device: str, lengths: Sequence[int], counts: dict[int, int],
+                 pool_size: int = 0, ahead: bool | None = None):
         self.weights_seed = weights_seed
         self.device = device
+        self.counts = dict(counts)
+        # On a CPU the child's warm-up and this work would share the cores: there they wait.
+        self.ahead = device.startswith("cuda") if ahead is None else ahead
         self.check_seeds = {length: (_new_seed(), _new_seed()) for length in lengths}
+        pooled = [length for length in lengths if self.counts[length] == 1]
+        self.timed_seeds = {length: [(_new_seed(), _new_seed()) for _ in range(pool_size)] for length in pooled}
+        self.precomputed: dict[int, dict[int, tuple[torch.Tensor, torch.Tensor]]] = {length: {} for length in pooled}
         self.expected: dict[int, torch.Tensor] = {}
         self.reference: torch.nn.Module | None = None
         self._error: BaseException | None = None
+        self._stop = threading.Event()
         self._released = threading.Event()
         self._thread = threading.Thread(target=self._compute, name="quasar-reference", daemon=True)
         self._thread.start()
@@ -994,6 +1204,8 @@ class ReferenceWork:
             self._released.wait()
             self.reference = reference.to(self.device).eval()
             for length, seeds in self.check_seeds.items():
+                if self.counts[length] != 1:
+                    continue
                 buffers = workload.RequestBuffers.allocate(1, length, self.device)
                 workload.fill_request(buffers, *seeds)
                 check = _Request(*seeds, buffers.fingerprints, round_trip_ns=0)
@@ -1005,8 +1217,32 @@ class ReferenceWork:
                     del buffers
             if self.device.startswith("cuda"):
                 self._rehearse(min(self.check_seeds))
+            for length in sorted(self.timed_seeds, reverse=True) if self.ahead else ():
+                self._compute_ahead(length)
         except BaseException as error:  # re-raised by wait(), in the evaluation's own thread
             self._error = error
+
+    def _compute_ahead(self, length: int) -> None:
+        """Expected fingerprints and norms of timed requests at ``length`` at places of its seed
+        pool drawn at random, until :data:`AHEAD_REQUESTS` or a stop."""
+        places = list(range(len(self.timed_seeds[length])))
+        secrets.SystemRandom().shuffle(places)
+        buffers = workload.RequestBuffers.allocate(1, length, self.device)
+        try:
+            for place in places[:AHEAD_REQUESTS]:
+                if self._stop.is_set():
+                    return
+                seeds = self.timed_seeds[length][place]
+                workload.fill_request(buffers, *seeds)
+                request = _Request(*seeds, buffers.fingerprints, round_trip_ns=0)
+                expected = _reference_outputs(self.reference, buffers, request, 0, 1)
+                fingerprints = workload.fingerprints_of(expected, buffers.directions, buffers.token_weights)[0].cpu()
+                self.precomputed[length][place] = (fingerprints, workload.segment_norms_of(expected)[0].cpu())
+                del expected
+        except torch.OutOfMemoryError:
+            pass  # the rest is checked afterwards, where the verification reports what does not fit
+        finally:
+            del buffers
 
     def _rehearse(self, length: int) -> None:
         """Check one made-up batch of timed forwards at ``length`` as :func:`_verify_length` checks
@@ -1028,8 +1264,15 @@ class ReferenceWork:
         """Let the thread use the device from now on."""
         self._released.set()
 
+    def complete(self) -> None:
+        """Release the thread and wait until it has done all its work, the work ahead included."""
+        self.release()
+        self._thread.join()
+
     def join(self) -> None:
-        """Release the thread and wait for it to end (what it raised stays for :meth:`wait`)."""
+        """Stop the thread's work ahead, release it and wait for it to end (what it raised stays
+        for :meth:`wait`)."""
+        self._stop.set()
         self.release()
         self._thread.join()
 
@@ -1047,12 +1290,20 @@ def start_references(target_seq_len: int, options: EvaluationOptions) -> Referen
     with the weights seed the evaluation will use (for :func:`evaluate`'s ``references``); raises
     :class:`EvaluationInputError` for lengths it would refuse."""
     lengths = check_lengths(options.seq_lens, target_seq_len, options.device)
-    return ReferenceWork(_weights_seed(options), options.device, lengths)
+    return ReferenceWork(_weights_seed(options), options.device, lengths, request_counts(lengths, options),
+                         options.max_timed_runs)
+
+
+def request_counts(lengths: Sequence[int], options: EvaluationOptions) -> dict[int, int]:
+    """Forwards per request at each length (:func:`forwards_per_request` with ``options``)."""
+    return {length: forwards_per_request(length, tokens_per_request(options), options.max_forwards_per_request)
+            for length in lengths}
 
 
 def _verify(runs: dict[int, _LengthRun], references: ReferenceWork, timings: Timings,
-            progress: ProgressCallback, longest_beside: bool | None = None) -> list[str]:
-    """Check every run against the reference in this process; the reasons to fail, shortest length first.
+            progress: ProgressCallback, target: int, longest_beside: bool | None = None) -> list[str]:
+    """Check every run against the reference in this process; the reasons to fail, shortest length
+    first. At the ``target`` length more timed requests are checked (:func:`requests_to_verify`).
 
     With ``longest_beside`` (default: on CUDA) the longest length is checked on a thread (and
     CUDA stream) of its own while the others are checked here: its float32 reference keeps the
@@ -1072,7 +1323,7 @@ def _verify(runs: dict[int, _LengthRun], references: ReferenceWork, timings: Tim
         length = run.result.seq_len
         expected = references.expected.pop(length, None)
         try:
-            found[length] = _verify_length(run, reference, device, progress, expected)
+            found[length] = _verify_length(run, reference, device, progress, expected, target=length == target)
         except torch.OutOfMemoryError:
             if not alone:
                 if expected is not None:
@@ -1255,6 +1506,7 @@ def _evaluate(repo_path: str | Path, target_seq_len: int, claimed_tokens_per_sec
     )
     if options.device == "cpu":
         report.notes.append(CPU_NOTE)
+    report.environment = evaluation_environment().describe()
     timings = report.timings
 
     progress(ProgressEvent("import-check"))
@@ -1272,11 +1524,12 @@ def _evaluate(repo_path: str | Path, target_seq_len: int, claimed_tokens_per_sec
         else:
             deadline = time.monotonic() + options.timeout_s
             if references is None:
-                references = ReferenceWork(weights_seed, options.device, lengths)
+                references = ReferenceWork(weights_seed, options.device, lengths, request_counts(lengths, options),
+                                           options.max_timed_runs)
             runs, closed = _benchmark_in_sandbox(sandbox, lengths, references, options, deadline, timings, progress,
                                                  report)
             try:
-                report.reasons += _verify(runs, references, timings, progress)
+                report.reasons += _verify(runs, references, timings, progress, target_seq_len)
             finally:
                 closed()
     finally:

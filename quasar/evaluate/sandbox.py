@@ -42,20 +42,26 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from quasar.evaluate import pinning, protocol
+from quasar.evaluate import pinning, protocol, syscall_filter
+from quasar.evaluate.confinement import Confinement, ConfinementError
+from quasar.evaluate.environment import evaluation_environment
 
 logger = logging.getLogger(__name__)
 
-HARNESS_FILES = ("child.py", "protocol.py", "workload.py", "sandbox_init.py")
+HARNESS_FILES = ("child.py", "protocol.py", "workload.py", "sandbox_init.py", "syscall_filter.py")
 HARNESS_DIR = Path(__file__).resolve().parent
 SANDBOX_FORK = "/sandbox/fork"
 SANDBOX_HARNESS = "/sandbox/harness"
 SANDBOX_HOME = "/sandbox/home"
+# The evaluation environment's site folders inside the sandbox: /sandbox/site/0, /sandbox/site/1…
+SANDBOX_SITE = "/sandbox/site"
 MARKER_VARIABLE = "QUASAR_SANDBOX_ID"
 KEPT_OUTPUT_BYTES = 32 * 1024
 # A fork bigger than this (without .git) is refused rather than copied.
 MAX_FORK_BYTES = 512 * 1024 * 1024
 NOBODY = 65534
+# The sandbox's user and group names in its own /etc/passwd and /etc/group.
+SANDBOX_USER = "sandbox"
 # Variables passed through from the parent's environment when set: library lookup and device
 # selection only, never credentials.
 PASSED_VARIABLES = (
@@ -64,7 +70,14 @@ PASSED_VARIABLES = (
     "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
 )
 # Read-only system directories of the private root (those that exist on this machine).
-SYSTEM_DIRECTORIES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt/conda")
+SYSTEM_DIRECTORIES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt/conda")
+# What the sandbox's /etc holds of the host's: the dynamic linker's cache and configuration (the
+# loader and Triton's `ldconfig -p` read them), the time zone, the name service switch (with the
+# files below, lookups stay inside) and the alternatives' links (/usr/bin/cc and the like).
+ETC_BINDS = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives")
+# The parts of /sys the sandbox sees, read-only: the CPUs and NUMA nodes (os.cpu_count, torch's
+# thread pools, the CUDA driver's placement) and the NVIDIA kernel modules' parameters.
+SYS_BINDS = ("/sys/devices/system/cpu", "/sys/devices/system/node", "/sys/module/nvidia", "/sys/module/nvidia_uvm")
 DEVICE_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # The child's first reply (Python and torch imported) must come within this many seconds.
 STARTUP_SECONDS = 180
@@ -90,8 +103,14 @@ class SandboxPolicy:
     shm_tmpfs_bytes: int = 1 << 30
     max_output_bytes: int = 64 << 20
     max_open_files: int = 4096
+    # Processes and threads, through the sandbox's cgroup (or its own uid's RLIMIT_NPROC).
     max_processes: int = 4096
     max_file_bytes: int = 4 << 30
+    # Memory of the sandbox's processes, through its cgroup or the watchdog (confinement.py).
+    memory_bytes: int = 16 << 30
+    # A cgroup v2 folder, delegated to this process, to make the sandboxes' cgroups in; None: found.
+    cgroup_path: str | None = None
+    sys_paths: tuple[str, ...] = SYS_BINDS
     extra_readonly_paths: tuple[str, ...] = ()
     pytorch_cuda_alloc_conf: str = "expandable_segments:True"
 
@@ -142,19 +161,52 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
-def _python_directories() -> list[str]:
-    """Directories the child's Python needs: its installation, environment and site-packages."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    for key in ("stdlib", "platstdlib", "purelib", "platlib", "include"):
-        path = sysconfig.get_paths().get(key)
+def python_executable() -> str:
+    """The interpreter the child runs: this one's real file, outside any virtual environment
+    (the child runs without ``site``; its packages are the evaluation environment's alone)."""
+    return os.path.realpath(sys.executable)
+
+
+def _python_installation() -> list[str]:
+    """Directories of the child's Python: the installation its real executable belongs to (the
+    standard library, headers Triton compiles against, libpython) and that executable's folder."""
+    executable = python_executable()
+    prefix = os.path.dirname(os.path.dirname(executable))
+    paths = {prefix, os.path.dirname(executable), sys.base_prefix, sys.base_exec_prefix}
+    for key in ("stdlib", "platstdlib", "include", "platinclude"):
+        path = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix}).get(key)
         if path:
             paths.add(path)
-    executable = os.path.realpath(sys.executable)
-    paths.add(os.path.dirname(os.path.dirname(executable)))
-    # Site folders another environment lends through a .pth file (a GPU image's torch, see
-    # scripts/setup_venv.sh); site-packages folders only, never a checkout an editable install adds.
-    paths.update(entry for entry in sys.path if os.path.basename(entry) in ("site-packages", "dist-packages"))
     return sorted(p for p in paths if os.path.isdir(p))
+
+
+def site_folders() -> list[str]:
+    """Every folder of installed packages this machine's Pythons may have, that exists: this
+    process's own, its base installation's, Debian's, and those on ``sys.path``."""
+    import site
+
+    candidates = set(site.getsitepackages()) | {site.getusersitepackages()}
+    for key in ("purelib", "platlib"):
+        candidates.add(sysconfig.get_paths()[key])
+        candidates.add(sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})[key])
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    candidates |= {"/usr/lib/python3/dist-packages", f"/usr/lib/{version}/site-packages",
+                   f"/usr/local/lib/{version}/dist-packages", f"/usr/local/lib/{version}/site-packages"}
+    candidates |= {entry for entry in sys.path if os.path.basename(entry) in ("site-packages", "dist-packages")}
+    return sorted(os.path.normpath(c) for c in candidates if c and os.path.isdir(c))
+
+
+def _inside_any(path: str, folders: list[str]) -> bool:
+    return any(path == folder or path.startswith(folder.rstrip("/") + "/") for folder in folders)
+
+
+def _etc_files(uid: int) -> dict[str, str]:
+    """The files written into the sandbox's /etc: its users, groups and hosts, nothing of the host's."""
+    accounts = (("root", 0), ("nobody", NOBODY)) + (((SANDBOX_USER, uid),) if uid not in (0, NOBODY) else ())
+    users = "".join(f"{name}:x:{number}:{number}:{name}:{SANDBOX_HOME}:/usr/sbin/nologin\n" for name, number in accounts)
+    groups = "".join(f"{name}:x:{number}:\n" for name, number in accounts)
+    return {"passwd": users, "group": groups, "hosts": "127.0.0.1 localhost\n::1 localhost\n",
+            "hostname": "sandbox\n"}
 
 
 def _outermost(paths: list[str]) -> list[str]:
@@ -168,7 +220,7 @@ def _outermost(paths: list[str]) -> list[str]:
 
 def scrubbed_environment(home: str, device: str, policy: SandboxPolicy, marker: str) -> dict[str, str]:
     """The child's whole environment: nothing of the parent's except :data:`PASSED_VARIABLES`."""
-    python_bin = os.path.dirname(sys.executable)
+    python_bin = os.path.dirname(python_executable())
     env = {
         "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
@@ -261,6 +313,9 @@ class SandboxedChild:
         self._mode = "none"
         self._replied = False
         self.flood_reason = ""
+        # The sandbox's own limits (confinement.py), and whether its seccomp filter is loaded.
+        self.confinement: Confinement | None = None
+        self.seccomp = False
 
     # --- paths as the child sees them ---
 
@@ -278,35 +333,50 @@ class SandboxedChild:
         namespaced = mode != "none"
         _, harness, home = self._layout(namespaced)
         env = scrubbed_environment(home, self.device, self.policy, self.marker)
-        python = sys.executable
-        argv = [python, "-I", f"{harness}/child.py", str(child_fds[0]), str(child_fds[1]),
+        sites = self._site_paths(namespaced)
+        argv = [python_executable(), "-I", "-S", f"{harness}/child.py", str(child_fds[0]), str(child_fds[1]),
                 "cuda" if self.device.startswith("cuda") else "cpu", repr(float(self.spin_seconds)),
-                str(self.shared.fd if self.shared is not None else -1)]
+                str(self.shared.fd if self.shared is not None else -1), json.dumps(sites)]
         rlimits = {"CORE": 0, "NOFILE": self.policy.max_open_files, "FSIZE": self.policy.max_file_bytes}
+        uid = gid = NOBODY
         if mode == "root":
-            # Counted per uid: in root mode the child is the only user of uid nobody we know of.
+            assert self.confinement is not None and self.confinement.uid is not None
+            uid = gid = self.confinement.uid.uid
+            # Counted per uid, and the uid is this sandbox's alone (confinement.py).
             rlimits["NPROC"] = self.policy.max_processes
         assert self.workdir is not None
+        cgroup = self.confinement.cgroup if self.confinement is not None else None
         config = {
             "mode": mode, "read_fd": child_fds[0], "write_fd": child_fds[1], "argv": argv, "env": env,
-            "cwd": home, "rlimits": rlimits, "uid": NOBODY, "gid": NOBODY,
+            "cwd": home, "rlimits": rlimits, "uid": uid, "gid": gid,
             "root_dir": str(self.workdir / "root"),
+            "cgroup_procs": cgroup.procs_files if cgroup is not None else [],
+            "seccomp": self.seccomp,
         }
         if namespaced:
-            directories = list(SYSTEM_DIRECTORIES) + _python_directories() + list(self.policy.extra_readonly_paths)
+            folders = site_folders()
+            directories = list(SYSTEM_DIRECTORIES) + _python_installation() + list(self.policy.extra_readonly_paths)
             for variable in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH"):
-                directories += [p for p in os.environ.get(variable, "").split(":") if p]
+                directories += [p for p in os.environ.get(variable, "").split(":") if p and not _inside_any(p, folders)]
             binds, links = [], []
             for path in _outermost([p for p in directories if os.path.lexists(p)]):
                 if os.path.islink(path) and os.path.dirname(path) == "/":
                     links.append([os.readlink(path), path])
                 elif os.path.isdir(path):
                     binds.append([path, path])
+            bound = [target for _, target in binds]
+            for index, site in enumerate(evaluation_environment().sites):
+                binds += [[os.path.join(site.path, entry), f"{SANDBOX_SITE}/{index}/{entry}"] for entry in site.entries]
             binds += [[str(self.workdir / "fork"), SANDBOX_FORK], [str(self.workdir / "harness"), SANDBOX_HARNESS]]
-            owner = f",uid={NOBODY},gid={NOBODY}" if mode == "root" else ""
+            owner = f",uid={uid},gid={gid}" if mode == "root" else ""
             config.update({
                 "ro_binds": binds,
                 "symlinks": links,
+                "hidden": [folder for folder in folders if _inside_any(folder, bound)],
+                "etc_files": _etc_files(uid),
+                "etc_binds": list(ETC_BINDS),
+                "sys_binds": [path for path in self.policy.sys_paths if os.path.isdir(path)],
+                "sys_links": [],
                 "devices": [d for d in DEVICE_NODES if os.path.exists(d)] + self._nvidia_devices(),
                 "tmpfs": [
                     [SANDBOX_HOME, f"mode=0700,size={self.policy.home_tmpfs_bytes}{owner}"],
@@ -315,6 +385,24 @@ class SandboxedChild:
                 ],
             })
         return config
+
+    def _site_paths(self, namespaced: bool) -> list[str]:
+        """The child's site folders, as it sees them: the binds under /sandbox/site, or (without
+        namespaces) folders of links to the environment's entries, made here."""
+        sites = evaluation_environment().sites
+        if namespaced:
+            return [f"{SANDBOX_SITE}/{index}" for index in range(len(sites))]
+        assert self.workdir is not None
+        paths = []
+        for index, site in enumerate(sites):
+            folder = self.workdir / "site" / str(index)
+            folder.mkdir(parents=True, exist_ok=True)
+            for entry in site.entries:
+                link = folder / entry
+                if not link.exists():
+                    link.symlink_to(os.path.join(site.path, entry))
+            paths.append(str(folder))
+        return paths
 
     def _nvidia_devices(self) -> list[str]:
         if not self.device.startswith("cuda") or not os.path.isdir("/dev"):
@@ -350,10 +438,14 @@ class SandboxedChild:
             home = self.workdir / "home"
             (home / "tmp").mkdir(parents=True, mode=0o700)
             supported, why = namespaces_supported()
+            self.seccomp, no_filter = syscall_filter.available()
+            if supported and not self.seccomp:
+                supported, why = False, f"no seccomp filter can be loaded ({no_filter})"
             if self.policy.force_unsandboxed:
                 supported, why = False, "unsandboxed mode was forced"
             if supported:
                 self._mode = "root" if os.geteuid() == 0 else "userns"
+                self._confine(root=self._mode == "root")
                 self._spawn(self._mode)
             else:
                 self._spawn_unsandboxed(why)
@@ -383,9 +475,12 @@ class SandboxedChild:
                     self._spawn_unsandboxed(str(error))
                 else:
                     self.isolation = "namespaces"
+                    assert self.confinement is not None
                     self.isolation_note = (
-                        "namespaces (network, mount, pid, ipc, uts); private read-only root; "
-                        + ("uid nobody" if self._mode == "root" else "unprivileged user namespace")
+                        "namespaces (network, mount, pid, ipc, uts); private read-only root, own /etc, "
+                        "/sys of CPUs and driver only; seccomp; "
+                        + ("" if self._mode == "root" else "unprivileged user namespace, ")
+                        + self.confinement.describe()
                     )
                     return
             self._await_first_reply()
@@ -399,9 +494,27 @@ class SandboxedChild:
                                      "(pass --allow-unsandboxed to run it anyway)")
         logger.warning("running the fork WITHOUT a sandbox: %s", why)
         self._mode = "none"
+        self._confine(root=False)
         self._spawn("none")
         self.isolation = "none"
         self.isolation_note = f"UNSANDBOXED ({why}): fork code ran with this user's files and network"
+
+    def _confine(self, root: bool) -> None:
+        """The sandbox's own uid (as root) and cgroup, made afresh (confinement.py)."""
+        if self.confinement is not None:
+            self.confinement.release()
+        try:
+            self.confinement = Confinement.prepare(root, self.policy.memory_bytes, self.policy.max_processes,
+                                                   self.policy.cgroup_path)
+        except ConfinementError as error:
+            raise SandboxError(f"the sandbox's limits could not be set up: {error}") from None
+
+    @property
+    def killed_reason(self) -> str:
+        """Why the parent or the sandbox's limits killed the child, or ``""``."""
+        if self.flood_reason:
+            return self.flood_reason
+        return self.confinement.killed_reason() if self.confinement is not None else ""
 
     def _spawn(self, mode: str) -> None:
         assert self.workdir is not None
@@ -441,6 +554,8 @@ class SandboxedChild:
         os.close(to_child_read)
         os.close(from_child_write)
         self.channel = protocol.Channel(from_child_read, to_child_write, spin_seconds=self.spin_seconds)
+        assert self.confinement is not None
+        self.confinement.start_watchdog(self.process.pid, self._kill_group)
         self._drain_thread = threading.Thread(target=self._drain, daemon=True)
         self._drain_thread.start()
 
@@ -472,6 +587,12 @@ class SandboxedChild:
                 self.flood_reason = (f"the fork wrote over {self.policy.max_output_bytes >> 20} MiB to "
                                      "stdout/stderr; the child was killed")
                 self._kill_group()
+
+    def drained(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the child's output to be read to its end (once every
+        process of the sandbox has closed it)."""
+        if self._drain_thread is not None:
+            self._drain_thread.join(timeout=timeout)
 
     def _kill_group(self) -> None:
         if self.process is None:
@@ -515,6 +636,8 @@ class SandboxedChild:
                 except (OSError, subprocess.TimeoutExpired):
                     pass
             self._terminate()
+            if self.confinement is not None:
+                self.confinement.release()
             if self.workdir is not None:
                 shutil.rmtree(self.workdir, ignore_errors=True)
                 self.workdir = None

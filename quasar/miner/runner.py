@@ -122,7 +122,7 @@ def _run(settings: Settings) -> int:
     from quasar.api.client import ApiClient
     from quasar.chain import ChainError
     from quasar.chain.factory import connect
-    from quasar.evaluate import EvaluationOptions, SandboxPolicy
+    from quasar.evaluate import options_from_settings
     from quasar.miner.github import Git, GitError, GitHubClient, GitHubError, write_askpass
     from quasar.miner.loop import Evaluator, LoopConfig, Miner
     from quasar.miner.state import MinerStateError, StateStore
@@ -188,12 +188,8 @@ def _run(settings: Settings) -> int:
                                             settings.agent_timeout))
         else:
             logger.info("AGENT_API_URL is empty: the agent strategy is off; tuning only")
-        policy = SandboxPolicy(allow_unsandboxed=settings.miner_allow_unsandboxed,
-                               pytorch_cuda_alloc_conf=settings.pytorch_cuda_alloc_conf)
         # The validators' evaluation settings, so the miner sees what a validator will see.
-        options = EvaluationOptions(seq_lens=settings.eval_seq_lens, device=settings.device,
-                                    timeout_s=settings.eval_timeout, timed_seconds=settings.eval_timed_seconds,
-                                    policy=policy)
+        options = options_from_settings(settings, allow_unsandboxed=settings.miner_allow_unsandboxed)
         evaluator = Evaluator(options, workspace.reports)
         submitter = Submitter(client, chain, state, store, settings.submission_mode, url, publish=clone.push,
                               min_gain=settings.min_improvement)

@@ -24,7 +24,7 @@ from typing import Protocol
 import quasar
 from quasar import forks
 from quasar.config import DEV_NETWORK
-from quasar.evaluate import EvaluationOptions, EvaluationReport, SandboxPolicy
+from quasar.evaluate import EvaluationOptions, EvaluationReport, options_from_settings
 from quasar.evaluate.report import OK
 from quasar.validator.devices import Device
 from quasar.validator.state import EvaluationKey, EvaluationResult
@@ -180,9 +180,7 @@ class SubprocessEvaluator:
     def from_settings(cls, settings, work_dir: str | os.PathLike) -> SubprocessEvaluator:
         """Lengths, time limit and allocator settings from ``settings``; local fork paths only on
         the dev chain and a local subtensor, as the API accepts them."""
-        options = EvaluationOptions(
-            seq_lens=settings.eval_seq_lens, timeout_s=settings.eval_timeout, timed_seconds=settings.eval_timed_seconds,
-            policy=SandboxPolicy(pytorch_cuda_alloc_conf=settings.pytorch_cuda_alloc_conf))
+        options = options_from_settings(settings)
         return cls(work_dir, options, allow_local=settings.network in (DEV_NETWORK, "local"), debug=settings.debug)
 
     def start(self, key: EvaluationKey, device: Device) -> WorkerEvaluation:
