@@ -63,7 +63,8 @@ def _own_cgroup_or_skip(memory: int, tasks: int) -> confinement.Cgroup:
 def test_a_sandbox_cgroup_carries_its_limits_and_is_removed_with_what_is_left_in_it():
     cgroup = _own_cgroup_or_skip(256 << 20, 17)
     try:
-        assert (cgroup.directories["pids"] / "pids.max").read_text().strip() == "17"
+        if "pids" in cgroup.directories:
+            assert (cgroup.directories["pids"] / "pids.max").read_text().strip() == "17"
         memory = cgroup.directories["memory"]
         limit = memory / ("memory.max" if cgroup.version == 2 else "memory.limit_in_bytes")
         assert int(limit.read_text()) == 256 << 20
@@ -76,7 +77,7 @@ def test_a_sandbox_cgroup_carries_its_limits_and_is_removed_with_what_is_left_in
             time.sleep(60)
         """)], stdout=subprocess.PIPE, text=True)
         assert sleeper.stdout.readline().strip() == "JOINED"
-        assert str(sleeper.pid) in (cgroup.directories["pids"] / "cgroup.procs").read_text().split()
+        assert str(sleeper.pid) in (cgroup.directories["memory"] / "cgroup.procs").read_text().split()
     finally:
         cgroup.remove()
     assert sleeper.wait(timeout=10) == -9
@@ -85,6 +86,9 @@ def test_a_sandbox_cgroup_carries_its_limits_and_is_removed_with_what_is_left_in
 
 def test_a_cgroup_refuses_processes_over_its_limit():
     cgroup = _own_cgroup_or_skip(1 << 30, 8)
+    if "pids" not in cgroup.directories:
+        cgroup.remove()
+        pytest.skip("no pids controller for the sandbox's cgroup here")
     try:
         done = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
             import os, time

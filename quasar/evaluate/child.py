@@ -53,7 +53,8 @@ import traceback
 from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.extend(json.loads(sys.argv[6]))
+if __name__ == "__main__":
+    sys.path.extend(json.loads(sys.argv[6]))
 
 # torch comes from the environment's site folders now, before the fork's directory is on the
 # path, so a fork cannot shadow it (or anything else imported here).

@@ -11,9 +11,10 @@ the child starts and undone when it is closed:
   sandbox.
 - **its own cgroup** where the host lets this process make one (cgroup v1 hierarchies of the
   ``pids`` and ``memory`` controllers that it can write, or a cgroup v2 directory whose
-  ``cgroup.subtree_control`` enables both: its own cgroup, or ``SANDBOX_CGROUP``): ``pids.max``
-  bounds its processes and threads and the memory limit its memory, the tmpfs it writes
-  included; sandbox_init.py joins it before anything else runs in the sandbox.
+  ``cgroup.subtree_control`` enables ``memory``, and ``pids`` where the host has it: its own
+  cgroup, or ``SANDBOX_CGROUP``): the memory limit bounds its memory, the tmpfs it writes
+  included, and ``pids.max`` its processes and threads (else the uid's ``RLIMIT_NPROC`` does);
+  sandbox_init.py joins it before anything else runs in the sandbox.
 - otherwise, **a watchdog**: a thread of the parent that sums the anonymous memory of the
   sandbox's processes every :data:`WATCHDOG_SECONDS` and kills the sandbox above the limit (its
   tmpfs are bounded by their sizes), and processes are bounded by the uid's ``RLIMIT_NPROC``.
@@ -145,7 +146,8 @@ class Cgroup:
         (self.directories[controller] / name).write_text(value)
 
     def apply_limits(self) -> None:
-        self._write("pids", "pids.max", str(self.max_processes))
+        if "pids" in self.directories:
+            self._write("pids", "pids.max", str(self.max_processes))
         if self.version == 2:
             self._write("memory", "memory.max", str(self.memory_bytes))
             try:
@@ -249,19 +251,20 @@ def make_cgroup(name: str, memory_bytes: int, max_processes: int, configured: st
     except OSError as error:
         reasons.append(f"cgroup v2 {parent}: {error.strerror or error}")
         return None, "; ".join(reasons)
-    missing = {"memory", "pids"} - enabled
-    if missing:
-        reasons.append(f"cgroup v2 {parent} does not enable {' and '.join(sorted(missing))} for its children "
+    if "memory" not in enabled:
+        reasons.append(f"cgroup v2 {parent} does not enable memory for its children "
                        "(set SANDBOX_CGROUP to a delegated cgroup that does)")
         return None, "; ".join(reasons)
     directory = parent / name
+    # pids where the host has the controller; else processes are bounded by the sandbox uid's RLIMIT_NPROC.
+    controllers = {"memory": directory, **({"pids": directory} if "pids" in enabled else {})}
     try:
         directory.mkdir(mode=0o755)
-        cgroup = Cgroup(2, {"pids": directory, "memory": directory}, memory_bytes, max_processes)
+        cgroup = Cgroup(2, controllers, memory_bytes, max_processes)
         cgroup.apply_limits()
         return cgroup, ""
     except OSError as error:
-        Cgroup(2, {"pids": directory, "memory": directory}, memory_bytes, max_processes).remove()
+        Cgroup(2, controllers, memory_bytes, max_processes).remove()
         reasons.append(f"cgroup v2 {directory}: {error.strerror or error}")
         return None, "; ".join(reasons)
 
@@ -378,9 +381,10 @@ class Confinement:
         parts = []
         if self.uid is not None:
             parts.append(f"own uid {self.uid.uid}")
-        limits = f"{self.memory_bytes >> 20:,} MiB, {self.max_processes:,} tasks"
         if self.cgroup is not None:
-            parts.append(f"cgroup v{self.cgroup.version} ({limits})")
+            tasks = (f"{self.max_processes:,} tasks" if "pids" in self.cgroup.directories
+                     else f"{self.max_processes:,} tasks by RLIMIT_NPROC" if self.uid is not None else "tasks not limited")
+            parts.append(f"cgroup v{self.cgroup.version} ({self.memory_bytes >> 20:,} MiB, {tasks})")
         else:
             tasks = f"{self.max_processes:,} tasks by RLIMIT_NPROC" if self.uid is not None else "tasks not limited"
             parts.append(f"memory watchdog ({self.memory_bytes >> 20:,} MiB; {tasks}; no cgroup: {self.cgroup_note})")

@@ -228,6 +228,8 @@ MIN_FORWARD_NS = 1000
 # later, in each length's first forward, under ``length_timeout_s``); see benchmarks/RESULTS.md
 # for what a real fla tree's import takes on an H100 machine's one pinned core.
 DEFAULT_LOAD_TIMEOUT_S = 120.0
+# The longest the load waits for the fork's bytecode, compiled beside the import check (sandbox.py).
+PRECOMPILE_WAIT_S = 30.0
 
 
 class EvaluationInputError(ValueError):
@@ -804,6 +806,7 @@ def _measure(child: SandboxedChild, runs: dict[int, _LengthRun], lengths: list[i
             references.release()
         started = time.monotonic()
         progress(ProgressEvent("load"))
+        child.precompiled(timeout=PRECOMPILE_WAIT_S)
         header = {"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed}
         reply, _, _ = session.request(header, time.monotonic() + options.load_timeout_s,
                                       f"loading the fork's layer (limit {options.load_timeout_s:g} s)")
@@ -1101,6 +1104,8 @@ def _verify_length(run: _LengthRun, reference: torch.nn.Module, device: str, pro
     result.requests_verified = len(chosen)
     result.fingerprint_error = worst
     result.request_error = max(request_errors)
+    result.requests_checked_ahead = sum(request.position in run.precomputed for request in chosen
+                                        if request.position is not None)
     result.escape_probability = escape_probability(len(run.timed), len(chosen), degraded_to_move_median(len(run.timed)))
 
     where = f"T={length}"

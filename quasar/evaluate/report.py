@@ -74,7 +74,8 @@ class LengthResult:
     ``requests_verified`` requests, the correctness request among them); ``request_error`` is the
     largest error estimated for one of those requests from all its forwards' fingerprints, and
     ``escape_probability`` the chance that a fork degrading just over half of the timed requests
-    (enough to move their median) had none of them checked.
+    (enough to move their median) had none of them checked; ``requests_checked_ahead`` how many of
+    them the parent computed while the child warmed up.
     ``peak_vram_mb`` is what the fork's
     process reported (informational: fork code could fake it): the peak of the length's warm-up
     above the memory allocated before it (the fork's forwards and the length's float32 inputs). ``rel_error`` is over the whole
@@ -106,6 +107,7 @@ class LengthResult:
     subtracted_us: float | None = None
     request_error: float | None = None
     escape_probability: float | None = None
+    requests_checked_ahead: int = 0
     error: str | None = None
     forwards_per_request: int = 0
     requests_verified: int = 0

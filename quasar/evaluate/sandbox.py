@@ -241,24 +241,73 @@ def scrubbed_environment(home: str, device: str, policy: SandboxPolicy, marker: 
         if name in os.environ:
             env[name] = os.environ[name]
     if device.startswith("cuda"):
-        index = int(device.split(":")[1]) if ":" in device else 0
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        choices = [v.strip() for v in visible.split(",")] if visible else None
-        if choices is not None and index >= len(choices):
-            raise SandboxError(f"device {device}: CUDA_VISIBLE_DEVICES={visible} has no device {index}")
-        env["CUDA_VISIBLE_DEVICES"] = choices[index] if choices is not None else str(index)
+        physical = physical_gpu_id(device)
+        gpu = assigned_gpu(physical, nvidia_gpus())
+        # By UUID where the driver says it: the one GPU whose device node the sandbox holds.
+        env["CUDA_VISIBLE_DEVICES"] = gpu.uuid if gpu is not None else physical
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 
+def physical_gpu_id(device: str) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of ``cuda`` / ``cuda:N`` in this process's view (an index
+    in PCI order, a ``GPU-`` UUID or a MIG id). Raises SandboxError for a device not visible."""
+    index = int(device.split(":")[1]) if ":" in device else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    choices = [v.strip() for v in visible.split(",")] if visible else None
+    if choices is not None and index >= len(choices):
+        raise SandboxError(f"device {device}: CUDA_VISIBLE_DEVICES={visible} has no device {index}")
+    return choices[index] if choices is not None else str(index)
+
+
+@dataclass(frozen=True)
+class NvidiaGpu:
+    """A GPU as the NVIDIA driver lists it (/proc/driver/nvidia/gpus): PCI bus, device node minor, UUID."""
+
+    bus: str
+    minor: int
+    uuid: str
+
+
+def nvidia_gpus(root: str = "/proc/driver/nvidia/gpus") -> list[NvidiaGpu]:
+    """The driver's GPUs in PCI bus order (the order ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` numbers them);
+    empty where there is no NVIDIA driver or its listing is unreadable."""
+    found = []
+    try:
+        buses = os.listdir(root)
+    except OSError:
+        return []
+    for bus in buses:
+        fields = {}
+        try:
+            with open(os.path.join(root, bus, "information")) as information:
+                for line in information:
+                    key, _, value = line.partition(":")
+                    fields[key.strip()] = value.strip()
+            found.append(NvidiaGpu(bus.lower(), int(fields["Device Minor"]), fields["GPU UUID"]))
+        except (OSError, KeyError, ValueError):
+            return []
+    return sorted(found, key=lambda gpu: gpu.bus)
+
+
+def assigned_gpu(physical: str, gpus: list[NvidiaGpu]) -> NvidiaGpu | None:
+    """The GPU ``physical`` (a PCI-order index or a UUID) names, or None (a MIG id, or unknown)."""
+    if physical.isdigit() and int(physical) < len(gpus):
+        return gpus[int(physical)]
+    return next((gpu for gpu in gpus if gpu.uuid == physical), None)
+
+
 def _copy_tree(source: Path, destination: Path) -> None:
-    """Copy a fork without ``.git``, without following links out of it, world-readable."""
+    """Copy a fork without ``.git`` and its bytecode caches (the sandbox compiles its own, from
+    the sources the import check read), without following links out of it, world-readable."""
     total = 0
 
     def ignore(directory: str, names: list[str]) -> set[str]:
         nonlocal total
         skipped = {".git"} if directory == str(source) else set()
+        skipped |= {name for name in names if name == "__pycache__"}
         for name in names:
             path = os.path.join(directory, name)
             if os.path.islink(path):
@@ -316,6 +365,10 @@ class SandboxedChild:
         # The sandbox's own limits (confinement.py), and whether its seccomp filter is loaded.
         self.confinement: Confinement | None = None
         self.seccomp = False
+        # Which GPU device nodes the sandbox holds (namespaced, on CUDA).
+        self.gpu_note = ""
+        # The compilation of the fork copy's bytecode (_start_precompile), while it runs.
+        self._compiling: subprocess.Popen | None = None
 
     # --- paths as the child sees them ---
 
@@ -405,9 +458,18 @@ class SandboxedChild:
         return paths
 
     def _nvidia_devices(self) -> list[str]:
+        """The NVIDIA device nodes the sandbox holds: the driver's control nodes and its own GPU's,
+        or every GPU's where the driver does not say which node is its GPU (noted in the report)."""
         if not self.device.startswith("cuda") or not os.path.isdir("/dev"):
             return []
-        return sorted(f"/dev/{name}" for name in os.listdir("/dev") if name.startswith("nvidia"))
+        gpu = assigned_gpu(physical_gpu_id(self.device), nvidia_gpus())
+        names = sorted(name for name in os.listdir("/dev") if name.startswith("nvidia"))
+        per_gpu = [name for name in names if name[len("nvidia"):].isdigit()]
+        if gpu is None:
+            self.gpu_note = "every GPU's device node (which is its own is unknown here)"
+            return [f"/dev/{name}" for name in names]
+        self.gpu_note = f"its own GPU's device node only ({gpu.bus})"
+        return [f"/dev/{name}" for name in names if name not in per_gpu or name == f"nvidia{gpu.minor}"]
 
     # --- lifecycle ---
 
@@ -449,6 +511,8 @@ class SandboxedChild:
                 self._spawn(self._mode)
             else:
                 self._spawn_unsandboxed(why)
+            if self.fork_source is not None:
+                self._start_precompile()
         except BaseException:
             self.close()
             raise
@@ -462,6 +526,30 @@ class SandboxedChild:
             raise SandboxError("provide_fork: the child was not started without a fork")
         self.fork_source = Path(fork_dir).resolve()
         _copy_tree(self.fork_source, self.workdir / "fork")
+        self._start_precompile()
+
+    def _start_precompile(self) -> None:
+        """Compile the fork copy's Python sources to bytecode now, in a process of their own on
+        every core, beside the import check (the child, one pinned core, would compile a real fla
+        tree's 571 modules itself at import: seconds). Only compiled, never run; where it fails or
+        is late the child compiles what is missing, as Python always does."""
+        assert self.workdir is not None
+        shown = SANDBOX_FORK if self._mode != "none" else str(self.workdir / "fork")
+        command = [python_executable(), "-I", "-m", "compileall", "-q", "-j", "0", "-d", shown,
+                   str(self.workdir / "fork")]
+        self._compiling = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                                           start_new_session=True)
+
+    def precompiled(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the fork's bytecode, then stop its compilation."""
+        if self._compiling is None:
+            return
+        try:
+            self._compiling.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._compiling.pid, signal.SIGKILL)
+            self._compiling.wait()
 
     def wait_started(self) -> None:
         """Wait for the started child's first reply; where the namespaces fail to come up, start it
@@ -481,6 +569,7 @@ class SandboxedChild:
                         "/sys of CPUs and driver only; seccomp; "
                         + ("" if self._mode == "root" else "unprivileged user namespace, ")
                         + self.confinement.describe()
+                        + (f"; {self.gpu_note}" if self.gpu_note else "")
                     )
                     return
             self._await_first_reply()
@@ -636,6 +725,7 @@ class SandboxedChild:
                 except (OSError, subprocess.TimeoutExpired):
                     pass
             self._terminate()
+            self.precompiled(timeout=0)
             if self.confinement is not None:
                 self.confinement.release()
             if self.workdir is not None:

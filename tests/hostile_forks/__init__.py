@@ -286,41 +286,40 @@ def _attempt(name, *arguments):
 """
 
 PACKAGE_ATTACKS: dict[str, str] = {
-    # The timing attack of issue 32: exact only on what it takes for the correctness run (a request
-    # whose seeds came before: the repeat; the first request after each length's capture, where the
-    # correctness run used to sit), 2.2% RMS noise added to every other forward's output.
+    # The timing attack of issue 32, as it beat the harness before: exact only where the correctness
+    # run used to be (a request of one forward among requests of many, or the {exact_request}-th
+    # request at a length, right after the warm-up, where every request is one forward) and on
+    # repeated seeds; {noise} RMS noise on every other forward's output. With {eager} its forward
+    # reads a value back to the host, so that no CUDA graph captures it and its Python decides at
+    # every request (a graph would replay one choice).
     "sloppy_timed": """
 import sys as _sys
 
 import torch
 
-_child, _workload = _sys.modules["__main__"], _sys.modules["workload"]
-_state = {"seen": set(), "exact": True, "after_capture": set(), "length": None}
-_real_fill, _real_capture = _workload.fill_request, _child.Server.handle_capture
+_workload = _sys.modules["workload"]
+_state = {"seen": set(), "requests": {}, "exact": True}
+_real_fill = _workload.fill_request
 
 
 def _fill(buffers, input_seed, basis_seed):
-    length = buffers.seq_len
-    seeds = (input_seed, basis_seed)
-    first_after_capture = length in _state["after_capture"]
-    _state["after_capture"].discard(length)
-    _state["exact"] = seeds in _state["seen"] or first_after_capture
+    length, seeds = buffers.seq_len, (input_seed, basis_seed)
+    made = _state["requests"][length] = _state["requests"].get(length, 0) + 1
+    one_of_many = buffers.count == 1 and buffers.noise.is_cuda and made > 1
+    _state["exact"] = seeds in _state["seen"] or one_of_many or made == {exact_request}
     _state["seen"].add(seeds)
     return _real_fill(buffers, input_seed, basis_seed)
 
 
-def _capture(self, request):
-    _state["after_capture"].add(int(request["seq_len"]))
-    return _real_capture(self, request)
-
-
 _workload.fill_request = _fill
-_child.Server.handle_capture = _capture
+_child = _sys.modules["__main__"]
 _real_layer_forward = _child.Server.layer_forward
 
 
 def _layer_forward(self, hidden):
     output = _real_layer_forward(self, hidden)
+    if {eager}:
+        float(output.float().sum())
     if _state["exact"]:
         return output
     scale = output.float().square().mean().sqrt()
@@ -417,6 +416,29 @@ for _path in ("/etc/hostname", "/etc/machine-id", "/etc/shadow", "/etc/ssh", "/e
                 print("HOST-READ", _path, repr(_file.read(200)), flush=True)
     except OSError as _error:
         print("HOST-UNREADABLE", _path, _error.strerror, flush=True)
+""",
+    # Looks for the host's other GPUs (a neighbour's evaluation runs there) and keeps every GPU it
+    # can reach busy for {burn_seconds} s from a process of its own, whatever CUDA_VISIBLE_DEVICES says.
+    "other_gpus": """
+import os as _os
+import subprocess as _subprocess
+import sys as _sys
+
+print("GPU-NODES", sorted(name for name in _os.listdir("/dev") if name.startswith("nvidia")), flush=True)
+_burner = (
+    "import time, torch\\n"
+    "count = torch.cuda.device_count()\\n"
+    "print('GPUS-REACHED', count, flush=True)\\n"
+    "tensors = [torch.randn(8192, 8192, device=f'cuda:{i}') for i in range(count)]\\n"
+    "end = time.monotonic() + " + repr({burn_seconds}) + "\\n"
+    "while time.monotonic() < end:\\n"
+    "    for tensor in tensors:\\n"
+    "        tensor @ tensor\\n"
+    "    torch.cuda.synchronize()\\n"
+)
+_environment = {key: value for key, value in _os.environ.items() if key != "CUDA_VISIBLE_DEVICES"}
+_environment["PYTHONPATH"] = _os.pathsep.join(_sys.path)
+_subprocess.Popen([_sys.executable, "-c", _burner], env=_environment, start_new_session=True)
 """,
     # Holds far more memory than the sandbox allows: anonymous memory, touched.
     "memory_hog": """
