@@ -174,6 +174,17 @@ def _parse_optional_http_url(raw: str) -> str:
     return "" if raw.strip() == "" else _parse_http_url(raw)
 
 
+def _parse_optional_ip(raw: str) -> str:
+    """An IPv4 or IPv6 address (the chain stores addresses, not names); empty means none."""
+    value = raw.strip()
+    if not value:
+        return ""
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ValueError(f"expected an IPv4 or IPv6 address (the chain stores no host names), got {raw!r}") from None
+
+
 def _parse_choice(*choices: str) -> Callable[[str], str]:
     def parse(raw: str) -> str:
         value = raw.strip()
@@ -226,6 +237,7 @@ class Option:
     default: str
     help: str
     secret: bool = False
+    aliases: tuple[str, ...] = ()  # other spellings of ``flag``
 
 
 # The single table of settings. ``default`` is written as it would appear in .env.
@@ -247,15 +259,14 @@ OPTIONS: tuple[Option, ...] = (
            _parse_chain_endpoint, "", "ws:// or wss:// URL of a subtensor node; overrides the network's default"),
     Option("netuid", "NETUID", "--netuid", _parse_int(0, 65535), "24",
            "subnet id of QUASAR on the chosen network"),
-    Option("axon_port", "AXON_PORT", "--axon.port", _parse_int(1, 65535), "8091",
-           "port a neuron publishes on chain"),
     Option("debug", "LOGGING_DEBUG", "--logging.debug", _parse_bool, "false",
            "log at debug level"),
     # Services.
-    Option("validator_api_url", "VALIDATOR_API_URL", "--api.url", _parse_http_url,
-           "http://127.0.0.1:8000", "base URL of the submission API"),
+    Option("validator_api_url", "VALIDATOR_API_URL", "--api.url", _parse_optional_http_url, "",
+           "base URL of the submission API; empty = the URL the subnet owner published on chain"),
     Option("miner_inference_port", "MINER_INFERENCE_PORT", "--inference.port", _parse_int(1, 65535),
-           "8001", "port of the miner inference server"),
+           "8001", "port the miner inference server (the miner's axon) listens on: open it to the internet (TCP)",
+           aliases=("--axon.port",)),
     # Miner.
     Option("github_token", "GITHUB_TOKEN", None, _parse_str, "",
            "GitHub token the miner uses to fork and push (never logged, never stored in .git/config)",
@@ -290,8 +301,12 @@ OPTIONS: tuple[Option, ...] = (
            "bearer key for AGENT_API_URL, if it needs one (never logged)", secret=True),
     Option("agent_timeout", "AGENT_TIMEOUT", None, _parse_float(1.0), "300",
            "seconds the agent strategy waits for one reply"),
-    Option("axon_external_ip", "AXON_EXTERNAL_IP", "--axon.external_ip", _parse_str, "",
-           "address the miner publishes on chain for its inference server; empty = this machine's outward address"),
+    Option("axon_external_ip", "AXON_EXTERNAL_IP", "--axon.external_ip", _parse_optional_ip, "",
+           "public IP address the miner publishes on chain for its inference server; empty = this machine's "
+           "outward address (on finney and test a private or loopback one is refused: set this)"),
+    Option("axon_external_port", "AXON_EXTERNAL_PORT", "--axon.external_port", _parse_optional_int(1), "",
+           "port the miner publishes on chain; empty = MINER_INFERENCE_PORT (set it when a router forwards "
+           "another public port to MINER_INFERENCE_PORT)"),
     Option("git_author_name", "GIT_AUTHOR_NAME", None, _parse_str, "",
            "author of the miner's commits; empty = GITHUB_USERNAME"),
     Option("git_author_email", "GIT_AUTHOR_EMAIL", None, _parse_str, "",
@@ -354,6 +369,9 @@ OPTIONS: tuple[Option, ...] = (
            "submissions (direct or commits) one hotkey may make per hour"),
     Option("evaluation_lease_s", "EVALUATION_LEASE_S", None, _parse_float(1.0), "3600",
            "seconds a validator holds a fetched submission before it is handed to that validator again"),
+    Option("allow_local_forks", "ALLOW_LOCAL_FORKS", None, _parse_bool, "false",
+           "accept local-path and file:// fork URLs on networks other than devchain: the API and validators then "
+           "clone any path of their machine a miner names; only for a private subnet whose miners you trust"),
     Option("devchain_path", "DEVCHAIN_PATH", "--devchain.path", _parse_str, "data/devchain.sqlite3",
            "SQLite file of the embedded dev chain (network devchain)"),
     Option("devchain_block_time", "DEVCHAIN_BLOCK_TIME", "--devchain.block-time", _parse_float(0.01), "12",
@@ -393,7 +411,6 @@ class Settings:
     network: str
     chain_endpoint: str
     netuid: int
-    axon_port: int
     debug: bool
     validator_api_url: str
     miner_inference_port: int
@@ -414,6 +431,7 @@ class Settings:
     agent_api_key: str = field(repr=False)
     agent_timeout: float
     axon_external_ip: str
+    axon_external_port: int | None
     git_author_name: str
     git_author_email: str
     miner_allow_unsandboxed: bool
@@ -442,6 +460,7 @@ class Settings:
     round_blocks: int
     submissions_per_hour: int
     evaluation_lease_s: float
+    allow_local_forks: bool
     devchain_path: str
     devchain_block_time: float
     validator_data_dir: str
@@ -462,6 +481,12 @@ class Settings:
         if role == "validator":
             return self.wallet_validator_name
         raise ValueError(f"unknown role {role!r}")
+
+    @property
+    def local_forks_allowed(self) -> bool:
+        """Whether fork URLs may be local paths or file:// URLs: on the embedded dev chain, or where
+        ALLOW_LOCAL_FORKS says so (QUASAR.md section 3)."""
+        return self.network == DEV_NETWORK or self.allow_local_forks
 
     @property
     def wallet_dir(self) -> Path:
@@ -489,10 +514,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         source = f"env {option.env}, " if option.env else ""
         if option.parse is _parse_bool:
-            group.add_argument(option.flag, dest=option.key, action="store_const", const="true",
+            group.add_argument(option.flag, *option.aliases, dest=option.key, action="store_const", const="true",
                                default=None, help=f"{option.help} ({source}default {option.default})")
         else:
-            group.add_argument(option.flag, dest=option.key, default=None, metavar="VALUE",
+            group.add_argument(option.flag, *option.aliases, dest=option.key, default=None, metavar="VALUE",
                                help=f"{option.help} ({source}default {option.default!r})")
 
 
@@ -564,7 +589,7 @@ def env_example() -> str:
     for option in OPTIONS:
         if option.env is None:
             continue
-        flag = f" (flag {option.flag})" if option.flag else ""
+        flag = f" (flag {' or '.join((option.flag, *option.aliases))})" if option.flag else ""
         lines.append(f"# {option.help}{flag}")
         lines.append(f"{option.env}={option.default}")
         lines.append("")

@@ -103,7 +103,7 @@ def normalize_fork_url(url: str, allow_local: bool = False) -> str:
 
     Accepted: ``https://github.com/OWNER/REPO``, optionally with ``.git`` and/or one trailing
     slash; canonical form ``https://github.com/owner/repo`` (GitHub names are case-insensitive, so
-    one fork spelled two ways is one key). With ``allow_local`` (dev/local networks, tests) also an
+    one fork spelled two ways is one key). With ``allow_local`` (the dev chain, ALLOW_LOCAL_FORKS, tests) also an
     absolute local path or a ``file:///`` URL, canonical form ``file:///abs/path``.
     Refused: other hosts and schemes, ssh, credentials, ports, query strings, fragments, ``..``,
     option-like strings, whitespace, control and non-ASCII characters, over-long URLs.
@@ -130,7 +130,8 @@ def normalize_fork_url(url: str, allow_local: bool = False) -> str:
 def _normalize_local(url: str, allow_local: bool) -> str:
     if not allow_local:
         raise ForkError(f"fork URL {_shown(url)} is a local source (a path or file:// URL); local sources "
-                        "are allowed only on a dev/local network, otherwise use https://github.com/OWNER/REPO")
+                        "are allowed only on the dev chain (or with ALLOW_LOCAL_FORKS), otherwise use "
+                        "https://github.com/OWNER/REPO")
     if url.lower().startswith("file:"):
         if not url.startswith("file:///"):
             raise ForkError(f"local fork URL {_shown(url)} must be file:///ABSOLUTE/PATH (no host)")

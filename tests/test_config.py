@@ -29,14 +29,14 @@ def test_defaults_when_nothing_is_set(tmp_path):
 
 def test_precedence_dotenv_then_environment_then_flag(tmp_path):
     dotenv = tmp_path / ".env"
-    dotenv.write_text("NETUID=3\nSUBTENSOR_NETWORK=test\nAXON_PORT=9000\nDEVICE=cpu\n")
+    dotenv.write_text("NETUID=3\nSUBTENSOR_NETWORK=test\nAXON_EXTERNAL_PORT=9000\nDEVICE=cpu\n")
     environ = {"NETUID": "5", "SUBTENSOR_NETWORK": "local"}
     parser = make_parser()
     namespace = parser.parse_args(["--netuid", "7"])
     settings = config.resolve(namespace, environ=environ, dotenv_path=dotenv)
     assert settings.netuid == 7  # flag beats environment
     assert settings.network == "local"  # environment beats .env
-    assert settings.axon_port == 9000  # .env beats default
+    assert settings.axon_external_port == 9000  # .env beats default
     assert settings.device == "cpu"
 
 
@@ -44,12 +44,27 @@ def test_bittensor_flag_spelling(tmp_path):
     parser = make_parser()
     argv = ["--wallet.name", "alice", "--wallet.hotkey", "hk", "--wallet.path", "/w",
             "--subtensor.network", "devchain", "--subtensor.chain_endpoint", "ws://127.0.0.1:9944",
-            "--netuid", "1", "--axon.port", "8092", "--logging.debug"]
+            "--netuid", "1", "--axon.port", "8092", "--axon.external_ip", "203.0.113.7", "--axon.external_port", "443",
+            "--logging.debug"]
     settings = config.resolve(parser.parse_args(argv), environ={}, dotenv_path=None)
     assert (settings.wallet_name_for("miner"), settings.wallet_hotkey, settings.wallet_path) == ("alice", "hk", "/w")
     assert settings.network == "devchain"
     assert settings.chain_endpoint == "ws://127.0.0.1:9944"
-    assert (settings.netuid, settings.axon_port, settings.debug) == (1, 8092, True)
+    # --axon.port is the inference server's port (the miner's axon); the external pair is what is published.
+    assert (settings.netuid, settings.miner_inference_port, settings.debug) == (1, 8092, True)
+    assert (settings.axon_external_ip, settings.axon_external_port) == ("203.0.113.7", 443)
+    inference = config.resolve(parser.parse_args(["--inference.port", "8093"]), environ={}, dotenv_path=None)
+    assert inference.miner_inference_port == 8093 and inference.axon_external_port is None
+
+
+def test_local_forks_only_on_the_dev_chain_or_when_allowed():
+    def allowed(**environ: str) -> bool:
+        return config.resolve({}, environ=environ, dotenv_path=None).local_forks_allowed
+
+    assert allowed(SUBTENSOR_NETWORK="devchain")
+    # A subtensor node on this machine is a real chain: its miners are strangers as on finney.
+    assert not allowed(SUBTENSOR_NETWORK="local") and not allowed(SUBTENSOR_NETWORK="finney")
+    assert allowed(SUBTENSOR_NETWORK="local", ALLOW_LOCAL_FORKS="true")
 
 
 @pytest.mark.parametrize(
@@ -60,6 +75,8 @@ def test_bittensor_flag_spelling(tmp_path):
         ({"MINER_INFERENCE_PORT": "70000"}, "MINER_INFERENCE_PORT (from environment): must be between 1 and 65535"),
         ({"DEVICE": "gpu"}, "DEVICE (from environment): expected cpu, cuda or cuda:N"),
         ({"VALIDATOR_API_URL": "ftp://x"}, "VALIDATOR_API_URL (from environment): expected an http"),
+        ({"AXON_EXTERNAL_IP": "miner.example.org"}, "AXON_EXTERNAL_IP (from environment): expected an IPv4 or IPv6"),
+        ({"AXON_EXTERNAL_PORT": "0"}, "AXON_EXTERNAL_PORT (from environment): must be at least 1, got 0"),
         ({"WALLET_HOTKEY": "../../etc"}, "WALLET_HOTKEY (from environment): expected a plain name"),
         ({"LOGGING_DEBUG": "maybe"}, "LOGGING_DEBUG (from environment): expected true or false"),
         ({"CLAIM_SHARE": "1.2"}, "CLAIM_SHARE (from environment): must be above 0 and at most 1, got 1.2"),

@@ -29,7 +29,7 @@ from quasar.api.db import (
     ValidationFailure, dialect_insert,
 )
 from quasar.chain import Chain, ChainError
-from quasar.config import DEV_NETWORK, Settings
+from quasar.config import Settings
 from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class ApiConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiConfig:
-        """Local fork paths are accepted only on the dev chain and a local subtensor (QUASAR.md §3)."""
+        """Local fork paths are accepted only on the dev chain, or where ALLOW_LOCAL_FORKS says so (QUASAR.md §3)."""
         return cls(
             api_hotkey=settings.api_hotkey,
             blocks_until_reveal=settings.blocks_until_reveal,
@@ -80,7 +80,7 @@ class ApiConfig:
             submissions_per_hour=settings.submissions_per_hour,
             evaluation_lease_s=settings.evaluation_lease_s,
             trusted_proxies=settings.trusted_proxies,
-            allow_local_forks=settings.network in (DEV_NETWORK, "local"),
+            allow_local_forks=settings.local_forks_allowed,
             tie_epsilon=settings.tie_epsilon,
         )
 

@@ -23,7 +23,6 @@ from typing import Protocol
 
 import quasar
 from quasar import forks
-from quasar.config import DEV_NETWORK
 from quasar.evaluate import EvaluationOptions, EvaluationReport, options_from_settings
 from quasar.evaluate.report import OK
 from quasar.validator.devices import Device
@@ -179,9 +178,9 @@ class SubprocessEvaluator:
     @classmethod
     def from_settings(cls, settings, work_dir: str | os.PathLike) -> SubprocessEvaluator:
         """Lengths, time limit and allocator settings from ``settings``; local fork paths only on
-        the dev chain and a local subtensor, as the API accepts them."""
+        the dev chain or with ALLOW_LOCAL_FORKS, as the API accepts them."""
         options = options_from_settings(settings)
-        return cls(work_dir, options, allow_local=settings.network in (DEV_NETWORK, "local"), debug=settings.debug)
+        return cls(work_dir, options, allow_local=settings.local_forks_allowed, debug=settings.debug)
 
     def start(self, key: EvaluationKey, device: Device) -> WorkerEvaluation:
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
