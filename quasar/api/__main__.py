@@ -3,11 +3,16 @@
     python -m quasar.api serve [--host H] [--port P] [--workers N] [--database-url URL] [settings flags...]
     python -m quasar.api migrate [--database-url URL]
     python -m quasar.api revision -m "what changed" [--database-url URL]   (developers: new migration)
+    python -m quasar.api publish-url URL --wallet.name OWNER [--subtensor.network N --netuid N]
 
 Settings come from .env, the environment and flags (``python -m quasar.config`` lists them); the
 API needs ``API_HOTKEY``, the ss58 address its clients sign for. With ``--workers N`` (``API_WORKERS``)
 N processes serve the port (:mod:`quasar.api.workers`), each with its own app built from the same
 arguments; they share nothing but the database (nonces, bans, rate limits) and the chain.
+
+``publish-url`` is the subnet owner's: it writes the API's public URL and hotkey into the subnet
+identity on chain, signed by the owner's coldkey, once the API answers ``GET /health`` there; miners
+and validators read it when ``VALIDATOR_API_URL`` is empty (quasar/api/lookup.py).
 """
 
 from __future__ import annotations
@@ -57,7 +62,32 @@ def build_parser() -> argparse.ArgumentParser:
     revision = commands.add_parser("revision", help="(developers) write a new migration from the models' changes")
     revision.add_argument("-m", "--message", required=True, help="what the migration changes")
     config.add_arguments(revision)
+    publish = commands.add_parser("publish-url", help="(subnet owner) publish the API's public URL and hotkey on "
+                                                      "chain, signed by the owner's coldkey (--wallet.name)")
+    publish.add_argument("url", help="the URL miners and validators reach the API at, e.g. https://api.example.org")
+    config.add_arguments(publish)
     return parser
+
+
+def publish_url(settings: config.Settings, url: str) -> int:
+    """``publish-url``: the owner's wallet signs the subnet identity carrying ``url`` and the hotkey
+    the API answers with."""
+    import bittensor as bt
+
+    from quasar.api.lookup import ApiNotFound, publish_api
+
+    if not settings.wallet_name:
+        print("error: name the subnet owner's wallet (its coldkey owns the subnet) with --wallet.name or WALLET_NAME",
+              file=sys.stderr)
+        return 1
+    wallet = bt.Wallet(name=settings.wallet_name, hotkey=settings.wallet_hotkey, path=str(settings.wallet_dir))
+    try:
+        location = publish_api(connect(settings), wallet, url, settings.api_hotkey)
+    except (ApiNotFound, ChainError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"published {location.url} (API hotkey {location.hotkey}) on subnet {settings.netuid} of {settings.network}")
+    return 0
 
 
 def build_app(settings: config.Settings, database: Database, shared_pages: Path | None = None) -> FastAPI:
@@ -83,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, settings.secrets())
+    if args.command == "publish-url":
+        return publish_url(settings, args.url)
     where = display_url(settings.database_url)
     try:
         database = Database(settings.database_url)

@@ -159,11 +159,20 @@ def run_status(settings: Settings, submission_id: int | None, console: Console |
         logger.error("cannot read hotkey %s of wallet %s in %s: %s", settings.wallet_hotkey, wallet_name,
                      settings.wallet_path, error)
         return 1
-    with ApiClient(settings.validator_api_url) as client:
+    from quasar.api.lookup import ApiNotFound, find_api
+    from quasar.chain import ChainError
+    from quasar.chain.factory import connect
+
+    try:
+        url = settings.validator_api_url or find_api(settings, connect(settings)).url
+    except (ApiNotFound, ChainError) as error:
+        logger.error("cannot find the submission API: %s", error)
+        return 1
+    with ApiClient(url) as client:
         try:
             print_status(console, client, hotkey, submission_id)
         except ApiClientError as error:
-            logger.error("the submission API at %s: %s", settings.validator_api_url, error)
+            logger.error("the submission API at %s: %s", url, error)
             return 1
     return 0
 
