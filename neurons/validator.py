@@ -1,7 +1,10 @@
 """QUASAR validator: ``python -m neurons.validator --wallet.name … --wallet.hotkey … --netuid …``.
 
-Pulls submissions from the API, evaluates each in a sandbox (one at a time per GPU), checks the
-miner's logits, reports, and sets weights every EPOCH_BLOCKS from its own results. Ctrl-C (or
+Pulls submissions from the API (``VALIDATOR_API_URL``, else the one the subnet owner published on
+chain), evaluates each in a sandbox (one at a time per GPU), checks the miner's logits, reports,
+and sets weights every EPOCH_BLOCKS from its own results. At start it checks its wallet, its
+registration and the subnet's rules for weights (version key, max_weight_limit,
+min_allowed_weights: what cannot work stops it, the rest is logged). Ctrl-C (or
 SIGTERM) stops it cleanly; a restart resumes from its state file under VALIDATOR_DATA_DIR.
 """
 
@@ -22,13 +25,15 @@ def run(settings: config.Settings) -> int:
     """Build the validator from ``settings`` and run it until stopped."""
     import torch
 
+    import quasar
     from quasar.api.client import ApiClient
+    from quasar.api.lookup import find_api
     from quasar.chain.factory import connect
     from quasar.validator.evaluator import SubprocessEvaluator
     from quasar.validator.logit_check import MinerLogitChecker
     from quasar.validator.loop import Validator
     from quasar.validator.devices import device_warnings, evaluation_devices
-    from quasar.validator.preflight import check_registration, load_wallet
+    from quasar.validator.preflight import check_registration, check_subnet_rules, load_wallet
     from quasar.validator.state import ValidatorState, default_state_path
 
     wallet = load_wallet(settings)
@@ -39,9 +44,12 @@ def run(settings: config.Settings) -> int:
         log.warning("%s", warning)
     chain = connect(settings)
     check_registration(chain, hotkey, settings.network)
+    check_subnet_rules(chain, settings, quasar.version_key())
+    api_target = find_api(settings, chain)
+    log.info("submission API: %s (from %s)", api_target.url, api_target.source)
     state_path = default_state_path(settings.validator_data_dir, settings.network, chain.netuid, hotkey)
     with ValidatorState.open(state_path) as state, \
-            ApiClient(settings.validator_api_url, wallet, api_hotkey=settings.api_hotkey or None) as api:
+            ApiClient(api_target.url, wallet, api_hotkey=api_target.hotkey) as api:
         log.info("validator state: %s", state.path)
         checker = MinerLogitChecker.from_settings(settings, wallet, devices[0].name)
         evaluator = SubprocessEvaluator.from_settings(settings, state.path.with_name(state.path.stem + "-work"))
@@ -56,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(settings.debug, secrets=settings.secrets())
     if not settings.debug:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per API poll otherwise
+    from quasar.api.lookup import ApiNotFound
     from quasar.chain.base import ChainError
     from quasar.logits import ModelLoadError
     from quasar.validator.devices import ValidatorSetupError
@@ -63,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return run(settings)
-    except (ValidatorSetupError, StateError, ChainError, ModelLoadError) as error:
+    except (ValidatorSetupError, StateError, ChainError, ModelLoadError, ApiNotFound) as error:
         log.error("%s", error)
         return 1
     except KeyboardInterrupt:

@@ -16,14 +16,21 @@ from bittensor.sp_core import Keypair
 from quasar import scoring
 from quasar.api.schemas import MAX_REASON_LENGTH, MAX_REASONS, ReportRequest
 from quasar.chain.base import Metagraph, NeuronInfo
-from quasar.chain.devchain import DevChain
+from quasar.chain.devchain import FINNEY, DevChain
 from quasar.config import resolve
 from quasar.evaluate import EvaluationOptions, EvaluationReport, ImportCheck, LengthResult, SandboxPolicy
 from quasar.validator.evaluator import outcome_from_worker, result_from_report
 from quasar.validator.loop import submission_from_work
 from quasar.validator.devices import Device, ValidatorSetupError, device_warnings, evaluation_devices
-from quasar.validator.preflight import check_registration, load_wallet
-from quasar.validator.results import api_report, bounded_reasons, plan_weights, scoring_result, weights_table
+from quasar.validator.preflight import assess_subnet_rules, check_registration, load_wallet
+from quasar.validator.results import (
+    api_report,
+    bounded_reasons,
+    plan_weights,
+    scoring_result,
+    weights_refusal,
+    weights_table,
+)
 from quasar.validator.state import (
     ABANDONED,
     FAILED,
@@ -265,6 +272,67 @@ def test_plan_weights_maps_the_top_four_to_uids_and_burns_the_rest():
     assert [p.hotkey for p in plan.ranking.placements] == [HOTKEYS[0], HOTKEYS[1]]
     table = weights_table(plan)
     assert HOTKEYS[0] in table and "subnet owner" in table and "0.15" in table
+
+
+def test_without_an_owner_uid_the_placed_shares_are_set_alone():
+    """The owner's hotkey holds no uid: places 1 and 2 (0.60 and 0.25) are set as 0.60/0.85 and
+    0.25/0.85; the unassigned 0.15 is said, not set."""
+    graph = Metagraph(24, 100, (neuron(3, HOTKEYS[0]), neuron(7, HOTKEYS[1])))
+    results = [scoring_result(record(submission(1, HOTKEYS[0], claimed=900.0), GOOD)),
+               scoring_result(record(submission(2, HOTKEYS[1], commit="f" * 40, claimed=500.0), GOOD))]
+    plan = plan_weights(results, graph, owner_uid=None, epsilon=0.01)
+    assert plan.weights == {3: pytest.approx(0.60 / 0.85), 7: pytest.approx(0.25 / 0.85)}
+    assert plan.dropped == pytest.approx(0.15) and plan.owner_uid is None
+    assert plan.hotkeys == {3: HOTKEYS[0], 7: HOTKEYS[1]}
+    table = weights_table(plan)
+    assert "owner's hotkey holds no uid" in table and "not set" in table and "0.7059" in table
+    empty = plan_weights([], graph, owner_uid=None, epsilon=0.01)
+    assert empty.weights == {} and empty.dropped == pytest.approx(1.0)
+    burned = plan_weights([], graph, owner_uid=7, epsilon=0.01)
+    assert burned.weights == {7: pytest.approx(1.0)} and burned.hotkeys == {7: HOTKEYS[1]} and burned.dropped == 0
+
+
+def test_a_split_the_subnets_limits_would_change_is_refused():
+    graph = Metagraph(24, 100, tuple(neuron(uid, hotkey) for uid, hotkey in enumerate(HOTKEYS)))
+    results = [scoring_result(record(submission(1, HOTKEYS[1], claimed=900.0), GOOD))]
+    plan = plan_weights(results, graph, owner_uid=0, epsilon=0.01)  # 0.60 to uid 1, 0.40 to uid 0
+    assert weights_refusal(plan, FINNEY, len(graph.neurons), setter_uid=5) is None
+    capped = replace(FINNEY, max_weight_limit=32768)
+    assert "the largest weight, 0.6000, is above the subnet's max_weight_limit (32768" in \
+        weights_refusal(plan, capped, len(graph.neurons), setter_uid=5)
+    assert weights_refusal(plan, replace(FINNEY, max_weight_limit=39321), 6, setter_uid=5) is None  # 0.6 exactly
+    needs_three = replace(FINNEY, min_allowed_weights=3)
+    assert "at least 3 uids (min_allowed_weights 3) and this epoch's split names 2" in \
+        weights_refusal(plan, needs_three, len(graph.neurons), setter_uid=5)
+    assert weights_refusal(plan, needs_three, 2, setter_uid=5) is None  # capped by a subnet of two
+    alone = plan_weights([], graph, owner_uid=5, epsilon=0.01)  # the validator is the owner: a self-weight
+    assert weights_refusal(alone, capped, len(graph.neurons), setter_uid=5) is None
+    assert "above the subnet's max_weight_limit" in weights_refusal(alone, capped, len(graph.neurons), setter_uid=4)
+
+
+def test_the_subnets_rules_are_checked_against_the_validator_at_start():
+    check = assess_subnet_rules(FINNEY, version_key=100, epoch_blocks=360, block_time_s=12.0, subnet_size=256)
+    assert check.problems == ()
+    assert check.notes == ("commit-reveal is on: weights are committed, and the chain applies them when it reveals "
+                           "them, 1 epoch(s) of 360 blocks later (about 72 min at 12 s a block)",)
+    old = assess_subnet_rules(replace(FINNEY, weights_version_key=101), 100, 360, 12.0, 256)
+    (problem,) = old.problems
+    assert "this QUASAR's weights version key is 100, below the subnet's WeightsVersionKey 101" in problem
+    assert "git pull, then ./scripts/setup_venv.sh" in problem
+    capped = assess_subnet_rules(replace(FINNEY, max_weight_limit=30000), 100, 360, 12.0, 256)
+    assert "caps a uid at 0.4578 of the weights, below first place's 0.60" in capped.problems[0]
+    many = assess_subnet_rules(replace(FINNEY, min_allowed_weights=8), 100, 360, 12.0, 256)
+    assert "needs weights on at least 8 uids" in many.problems[0]
+    assert assess_subnet_rules(replace(FINNEY, min_allowed_weights=8), 100, 360, 12.0, 5).problems == ()
+    quick = assess_subnet_rules(replace(FINNEY, commit_reveal_enabled=False, max_weight_limit=50000,
+                                        min_allowed_weights=3), 100, 5, 0.25, 256)
+    assert quick.problems == ()
+    assert quick.notes == (
+        "max_weight_limit 50000 caps a uid at 0.7630 of the weights: an epoch whose split gives one uid more (the "
+        "owner's burn when few miners place) is not submitted",
+        "min_allowed_weights 3: an epoch whose split names fewer than 3 uids is not submitted",
+        "EPOCH_BLOCKS 5 is shorter than the subnet's weights rate limit (100 blocks): weights go out every 100 "
+        "blocks at most")
 
 
 def test_plan_weights_agrees_with_scoring_on_random_results():

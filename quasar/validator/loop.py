@@ -12,7 +12,8 @@ One :meth:`Validator.step` does each phase once, in this order:
 5. report each evaluated and checked submission to the API;
 6. start evaluations on idle devices: one at a time per device, never two of one fork at once;
 7. every EPOCH_BLOCKS chain blocks, rank this validator's own results (quasar/scoring.py) and set
-   weights: places 1-4 by uid, the unassigned share to the subnet owner's uid.
+   weights (see :meth:`Validator._maybe_set_weights`): places 1-4 by uid, the unassigned share to
+   the subnet owner's uid, or, when the owner's hotkey holds no uid, the placed shares alone.
 
 A phase that raises is logged and the step goes on; so does the loop. :meth:`run_forever` steps
 until SIGINT/SIGTERM, then stops running evaluations (their sandboxes are killed), puts them back
@@ -32,13 +33,13 @@ from dataclasses import dataclass, field
 import quasar
 from quasar.api.client import ApiClient, ApiClientError
 from quasar.api.schemas import WorkItem
-from quasar.chain.base import Chain, ChainError, Metagraph
-from quasar.config import DEV_NETWORK, Settings
+from quasar.chain.base import Chain, ChainError, Metagraph, RateLimited, UidsChanged
+from quasar.config import Settings
 from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
 from quasar.validator.logit_check import LogitChecker
 from quasar.validator.devices import Device
-from quasar.validator.results import api_report, plan_weights, scoring_result, weights_table
+from quasar.validator.results import api_report, plan_weights, scoring_result, weights_refusal, weights_table
 from quasar.validator.state import (
     ABANDONED,
     FAILED,
@@ -59,8 +60,11 @@ FETCH_LIMIT = 10
 STOP_GRACE_S = 20.0
 POLL_S = 0.5
 LAST_WEIGHTS_BLOCK = "last_weights_block"
-# After a failed weight setting (no permit, rate limit, chain unreachable), blocks before the next try.
+# After a failed weight setting (the chain refused or could not be reached), blocks before the next
+# try; a rate limit waits the blocks the chain says instead.
 WEIGHTS_RETRY_BLOCKS = 10
+# Plans made in one weights phase when uids change hands between planning and submitting.
+PLAN_ATTEMPTS = 2
 # API answers after which a report is never sent again: unknown submission, already reported or
 # conflicting, invalid. Anything else (unreachable, 5xx, 401/403, 429) is retried next step.
 FINAL_REPORT_STATUSES = (404, 409, 422)
@@ -113,7 +117,7 @@ class Validator:
         self.devices = list(devices)
         self.clock = clock
         self.interval_s = interval_s if interval_s is not None else max(1.0, min(12.0, chain.block_time_s))
-        self.allow_local_forks = settings.network in (DEV_NETWORK, "local")
+        self.allow_local_forks = settings.local_forks_allowed
         self.metagraph: Metagraph | None = None
         self.running: dict[str, RunningEvaluation] = {}  # device name -> its evaluation
         self._stop = threading.Event()
@@ -374,6 +378,13 @@ class Validator:
                 logger.info("evaluation of %s: attempt %d", key, attempt)
 
     def _maybe_set_weights(self, summary: StepSummary) -> None:
+        """Once an epoch (EPOCH_BLOCKS), set weights from this validator's own results, as the chain
+        will take them: the metagraph is read again right before planning, and the chain checks at
+        the block of submission that every uid is still held by the hotkey it was planned for (a uid
+        that changed hands meanwhile is planned again, so a new hotkey never gets an old one's
+        share). Nothing is submitted without a validator permit (the subnet owner needs none), nor a
+        split the subnet's max_weight_limit or min_allowed_weights would change: one line an epoch
+        says why. A rate-limited submission waits the blocks the chain says."""
         if self.metagraph is None:
             return
         block = self.metagraph.block
@@ -387,18 +398,64 @@ class Validator:
         for record in self.state.scored():
             with self._item(f"scoring submission {record.submission.submission_id}"):
                 results.append(scoring_result(record))
-        try:
-            plan = plan_weights(results, self.metagraph, self.chain.owner_uid(), self.settings.tie_epsilon)
-            self.chain.set_weights(self.wallet, plan.weights, quasar.version_key())
-        except ChainError as error:
-            self._weights_retry_at = block + min(WEIGHTS_RETRY_BLOCKS, self.settings.epoch_blocks)
-            logger.warning("cannot set weights at block %d: %s; retrying at block %d", block, error,
-                           self._weights_retry_at)
-            return
+        for attempt in range(1, PLAN_ATTEMPTS + 1):
+            try:
+                metagraph = self.chain.metagraph()
+                block = metagraph.block
+                me = metagraph.by_hotkey(self.hotkey)
+                owner_uid = self.chain.owner_uid()
+                if me is None:
+                    self._skip_epoch(block, f"hotkey {self.hotkey} is not registered on subnet {self.chain.netuid}: "
+                                            "no weights until it is (btcli subnets register)")
+                    return
+                if not me.validator_permit and me.uid != owner_uid:
+                    self._skip_epoch(block, f"uid {me.uid} has no validator permit on subnet {self.chain.netuid} "
+                                            f"(stake {me.stake:,.2f}): no weights submitted this epoch; the chain "
+                                            "gives permits to the subnet's top validators by stake")
+                    return
+                plan = plan_weights(results, metagraph, owner_uid, self.settings.tie_epsilon)
+                if plan.dropped:
+                    logger.warning("the subnet owner's hotkey holds no uid on subnet %d: the unassigned share %.2f is "
+                                   "not set; the placed shares are set alone, scaled to sum 1", self.chain.netuid,
+                                   plan.dropped)
+                if not plan.weights:
+                    self._skip_epoch(block, "no miner holds a place and the owner's hotkey holds no uid: no weights "
+                                            "to set this epoch")
+                    return
+                refusal = weights_refusal(plan, self.chain.hyperparameters(), len(metagraph.neurons), me.uid)
+                if refusal:
+                    self._skip_epoch(block, f"weights not submitted this epoch: {refusal}")
+                    return
+                submission = self.chain.set_weights(self.wallet, plan.weights, quasar.version_key(), plan.hotkeys)
+            except UidsChanged as changed:
+                if attempt == PLAN_ATTEMPTS:
+                    self._retry_weights(block, WEIGHTS_RETRY_BLOCKS, f"cannot set weights at block {block}: {changed}")
+                    return
+                logger.info("%s; planning the weights again", changed)
+                continue
+            except RateLimited as limited:
+                wait = limited.blocks_to_wait or min(WEIGHTS_RETRY_BLOCKS, self.settings.epoch_blocks)
+                self._retry_weights(block, wait, f"the chain's weights rate limit holds at block {block}: {limited}")
+                return
+            except ChainError as error:
+                self._retry_weights(block, min(WEIGHTS_RETRY_BLOCKS, self.settings.epoch_blocks),
+                                    f"cannot set weights at block {block}: {error}")
+                return
+            break
         self._weights_retry_at = None
         self.state.set_meta(LAST_WEIGHTS_BLOCK, str(block))
         summary.weights_set = True
         if plan.unregistered:
             logger.info("left out of the ranking (no longer registered): %s", ", ".join(plan.unregistered))
-        logger.info("weights set at block %d (next after block %d):\n%s", block,
+        what = ("committed (the chain applies them when it reveals them)" if submission.committed else "set")
+        logger.info("weights %s at block %d (%s; next after block %d):\n%s", what, block, submission.detail,
                     block + self.settings.epoch_blocks, weights_table(plan))
+
+    def _skip_epoch(self, block: int, why: str) -> None:
+        """No weights this epoch: say why once, and look again next epoch."""
+        self._weights_retry_at = block + self.settings.epoch_blocks
+        logger.warning("%s (next look at block %d)", why, self._weights_retry_at)
+
+    def _retry_weights(self, block: int, blocks: int, why: str) -> None:
+        self._weights_retry_at = block + blocks
+        logger.warning("%s; retrying at block %d", why, self._weights_retry_at)

@@ -1,4 +1,5 @@
-"""What a validator checks before it starts: its wallet and its registration (its devices: devices.py).
+"""What a validator checks before it starts: its wallet, its registration and the subnet's rules for
+weights (its devices: devices.py).
 
 Each check raises :class:`ValidatorSetupError` with a message that names what is wrong and how to fix it.
 """
@@ -6,12 +7,15 @@ Each check raises :class:`ValidatorSetupError` with a message that names what is
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import bittensor as bt
 
-from quasar.chain.base import Chain
+from quasar import scoring
+from quasar.chain.base import Chain, SubnetHyperparameters
 from quasar.config import DEV_NETWORK, Settings
 from quasar.validator.devices import ValidatorSetupError
+from quasar.validator.results import MAX_WEIGHTED_UIDS
 
 logger = logging.getLogger(__name__)
 
@@ -51,3 +55,65 @@ def check_registration(chain: Chain, hotkey: str, network: str) -> None:
     if not neuron.validator_permit:
         logger.warning("hotkey %s (uid %d) has no validator permit on subnet %d: the API refuses its requests "
                        "and the chain its weights until it has one", hotkey, neuron.uid, chain.netuid)
+
+
+@dataclass(frozen=True)
+class SubnetRulesCheck:
+    """The subnet's rules for weights against what this validator does: ``problems`` cannot work (the
+    validator refuses to start), ``notes`` change how it sets weights (it logs them)."""
+
+    problems: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def assess_subnet_rules(hyperparameters: SubnetHyperparameters, version_key: int, epoch_blocks: int,
+                        block_time_s: float, subnet_size: int) -> SubnetRulesCheck:
+    """Check the subnet's hyperparameters against this validator's version key and weights (pure)."""
+    h = hyperparameters
+    problems, notes = [], []
+    if h.weights_version_key and version_key < h.weights_version_key:
+        problems.append(
+            f"this QUASAR's weights version key is {version_key}, below the subnet's WeightsVersionKey "
+            f"{h.weights_version_key}: the chain refuses its weights (IncorrectWeightVersionKey). Update QUASAR to "
+            "the subnet's current release (git pull, then ./scripts/setup_venv.sh) and start again")
+    first = scoring.PLACE_SHARES[0]
+    if h.max_weight_share < first:
+        problems.append(
+            f"the subnet's max_weight_limit {h.max_weight_limit} caps a uid at {h.max_weight_share:.4f} of the "
+            f"weights, below first place's {first:.2f}: QUASAR's split can never be set (the SDK would move the "
+            "excess to other uids); the subnet owner must raise max_weight_limit")
+    elif h.max_weight_limit < 65535:
+        notes.append(
+            f"max_weight_limit {h.max_weight_limit} caps a uid at {h.max_weight_share:.4f} of the weights: an epoch "
+            "whose split gives one uid more (the owner's burn when few miners place) is not submitted")
+    needed = min(subnet_size, h.min_allowed_weights)
+    if needed > MAX_WEIGHTED_UIDS:
+        problems.append(
+            f"the subnet needs weights on at least {needed} uids (min_allowed_weights {h.min_allowed_weights}) but "
+            f"QUASAR names at most {MAX_WEIGHTED_UIDS} (four places and the owner): the chain would refuse every "
+            "setting (WeightVecLengthIsLow); the subnet owner must lower min_allowed_weights")
+    elif needed > 1:
+        notes.append(f"min_allowed_weights {h.min_allowed_weights}: an epoch whose split names fewer than {needed} "
+                     "uids is not submitted")
+    if h.weights_rate_limit > epoch_blocks:
+        notes.append(f"EPOCH_BLOCKS {epoch_blocks} is shorter than the subnet's weights rate limit "
+                     f"({h.weights_rate_limit} blocks): weights go out every {h.weights_rate_limit} blocks at most")
+    if h.commit_reveal_enabled:
+        blocks = h.reveal_period_epochs * h.tempo
+        notes.append(f"commit-reveal is on: weights are committed, and the chain applies them when it reveals them, "
+                     f"{h.reveal_period_epochs} epoch(s) of {h.tempo} blocks later (about "
+                     f"{blocks * block_time_s / 60:.0f} min at {block_time_s:g} s a block)")
+    return SubnetRulesCheck(tuple(problems), tuple(notes))
+
+
+def check_subnet_rules(chain: Chain, settings: Settings, version_key: int) -> SubnetHyperparameters:
+    """Read the subnet's hyperparameters and block time from the chain, refuse to start on what cannot
+    work (:class:`ValidatorSetupError` naming each problem and its fix) and log the rest."""
+    hyperparameters = chain.hyperparameters()
+    check = assess_subnet_rules(hyperparameters, version_key, settings.epoch_blocks, chain.block_time_s,
+                                len(chain.metagraph().neurons))
+    if check.problems:
+        raise ValidatorSetupError(f"subnet {chain.netuid} of {settings.network}: " + "; ".join(check.problems))
+    for note in check.notes:
+        logger.info("subnet %d: %s", chain.netuid, note)
+    return hyperparameters
