@@ -1,10 +1,12 @@
 """QUASAR miner: ``python -m neurons.miner --wallet.name … --wallet.hotkey … --subtensor.network … --netuid …``.
 
 Forks the QUASAR kernels on GitHub, optimizes them on this machine's GPU, commits and pushes
-improvements, submits them to the submission API, and publishes the inference endpoint on
-chain. Settings: ``.env``, the environment and the flags below (``python -m quasar.config``).
-``--axon.port`` is accepted as the miner guide writes it; the port published on chain is the
-inference server's (``MINER_INFERENCE_PORT``), which is what validators call.
+improvements, submits them to the submission API (``VALIDATOR_API_URL``, else the one the subnet
+owner published on chain), and publishes the inference endpoint on chain. Settings: ``.env``, the
+environment and the flags below (``python -m quasar.config``). The inference server is the miner's
+axon: ``--axon.port`` is another spelling of ``--inference.port`` (``MINER_INFERENCE_PORT``, where it
+listens), and what is published on chain is ``AXON_EXTERNAL_IP:AXON_EXTERNAL_PORT`` (by default
+this machine's outward address and that port), which is what validators call.
 
 ``python -m neurons.miner status [--submission ID]`` (same wallet and API flags) prints this miner's
 recent submissions and one in detail: state, each validator's verdict, reasons and figures.

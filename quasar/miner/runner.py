@@ -1,14 +1,15 @@
 """Build the miner from settings and run it (what ``python -m neurons.miner`` does).
 
 Start-up, in order, each failure a clear message and exit status 1: the GitHub settings, the
-wallet's hotkey, the device, the workspace lock, the chain (registration is checked, the
-inference endpoint published), the fork on GitHub (created when missing), the workspace clone
-and the saved state. Then the loop runs until SIGINT or SIGTERM (pm2 stop), which stop it
+wallet's hotkey, the device, the address to publish, the workspace lock, the chain (registration
+is checked, the inference endpoint published, the API found), the fork on GitHub (created when
+missing), the workspace clone and the saved state. Then the loop runs until SIGINT or SIGTERM (pm2 stop), which stop it
 cleanly: a candidate being evaluated is rolled back and the lock released.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -23,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 # Secret settings the miner reads once; removed from its environment so no child inherits them.
 SECRET_VARIABLES = ("GITHUB_TOKEN", "AGENT_API_KEY")
+# Networks whose validators reach miners over the internet: a published address must be public there.
+PUBLIC_NETWORKS = ("finney", "test", "archive")
 
 
 class MinerSetupError(RuntimeError):
@@ -37,6 +40,24 @@ def outward_address() -> str:
             return probe.getsockname()[0]
     except OSError:
         return "127.0.0.1"
+
+
+def published_endpoint(settings: Settings) -> tuple[str, int]:
+    """The address and port the miner publishes for its inference server: AXON_EXTERNAL_IP (else this
+    machine's outward address) and AXON_EXTERNAL_PORT (else MINER_INFERENCE_PORT, where the server
+    listens). On finney and test an address that is not public (private, loopback, link-local,
+    shared, unspecified) is refused with :class:`MinerSetupError`: validators there cannot reach it."""
+    host = settings.axon_external_ip or outward_address()
+    port = settings.axon_external_port or settings.miner_inference_port
+    address = ipaddress.ip_address(host)
+    if settings.network in PUBLIC_NETWORKS and not address.is_global:
+        source = "AXON_EXTERNAL_IP" if settings.axon_external_ip else "this machine's outward address"
+        kind = "a loopback address" if address.is_loopback else "not a public address"
+        raise MinerSetupError(
+            f"{source} {host} is {kind}: validators on {settings.network} could not reach the inference server "
+            f"there. Set AXON_EXTERNAL_IP to this machine's public IP address; behind NAT, forward a public TCP port "
+            f"to this machine's MINER_INFERENCE_PORT ({settings.miner_inference_port}) and set AXON_EXTERNAL_PORT to it")
+    return str(address), port
 
 
 def remote_url(git_remote_base: str, full_name: str) -> str:
@@ -68,19 +89,17 @@ def _check_settings(settings: Settings) -> None:
         raise MinerSetupError("AGENT_API_URL is set but AGENT_MODEL is empty: name the model the endpoint serves")
 
 
-def _publish_endpoint(chain, wallet, settings: Settings) -> bool:
+def _publish_endpoint(chain, wallet, endpoint: tuple[str, int]) -> bool:
     from quasar.chain import ChainError
 
-    host = settings.axon_external_ip or outward_address()
+    host, port = endpoint
     try:
-        chain.publish_endpoint(wallet, host, settings.miner_inference_port)
+        chain.publish_endpoint(wallet, host, port)
     except ChainError as error:
         logger.error("cannot publish the inference endpoint %s:%d on chain: %s (validators cannot check this "
-                     "miner's logits until it is published; retrying every cycle)", host,
-                     settings.miner_inference_port, error)
+                     "miner's logits until it is published; retrying every cycle)", host, port, error)
         return False
-    logger.info("published the inference endpoint %s:%d on subnet %d", host, settings.miner_inference_port,
-                chain.netuid)
+    logger.info("published the inference endpoint %s:%d on subnet %d", host, port, chain.netuid)
     return True
 
 
@@ -89,10 +108,10 @@ def _check_services(settings: Settings, client) -> None:
 
     try:
         health = client.health()
-        logger.info("submission API %s is up (chain block %d)", settings.validator_api_url, health.current_block)
+        logger.info("submission API %s is up (chain block %d)", client.base_url, health.current_block)
     except ApiClientError as error:
         logger.warning("the submission API at %s does not answer (%s); submissions are retried every cycle",
-                       settings.validator_api_url, error)
+                       client.base_url, error)
     url = f"http://127.0.0.1:{settings.miner_inference_port}/health"
     try:
         httpx.get(url, timeout=5).raise_for_status()
@@ -120,6 +139,7 @@ def _run(settings: Settings) -> int:
     import bittensor as bt
 
     from quasar.api.client import ApiClient
+    from quasar.api.lookup import ApiNotFound, find_api
     from quasar.chain import ChainError
     from quasar.chain.factory import connect
     from quasar.evaluate import options_from_settings
@@ -139,6 +159,7 @@ def _run(settings: Settings) -> int:
         raise MinerSetupError(f"cannot read hotkey {settings.wallet_hotkey} of wallet {wallet_name} in "
                               f"{settings.wallet_path}: {error} (create it with `btcli wallet new_hotkey`)") from None
     device_name = _device_name(settings.device)
+    endpoint = published_endpoint(settings)
     try:
         workspace = Workspace(settings.workspace_root, hotkey)
         workspace.acquire()
@@ -151,10 +172,14 @@ def _run(settings: Settings) -> int:
             chain = connect(settings)
             if not chain.is_registered(hotkey):
                 logger.warning("hotkey %s is not registered on subnet %d: the API refuses its submissions until "
-                               "it is (btcli subnet register)", hotkey, chain.netuid)
+                               "it is (btcli subnets register)", hotkey, chain.netuid)
+            api = find_api(settings, chain)
         except ChainError as error:
             raise MinerSetupError(f"chain: {error}") from None
-        published = _publish_endpoint(chain, wallet, settings)
+        except ApiNotFound as error:
+            raise MinerSetupError(str(error)) from None
+        logger.info("submission API: %s (from %s)", api.url, api.source)
+        published = _publish_endpoint(chain, wallet, endpoint)
 
         github = GitHubClient(settings.github_api_url, settings.github_token)
         try:
@@ -180,7 +205,7 @@ def _run(settings: Settings) -> int:
         state.fork_url = url
         store.save(state)
 
-        client = ApiClient(settings.validator_api_url, wallet, api_hotkey=settings.api_hotkey or None)
+        client = ApiClient(api.url, wallet, api_hotkey=api.hotkey)
         _check_services(settings, client)
         strategies: list = [TuningStrategy(device_name)]
         if settings.agent_api_url:
@@ -201,7 +226,7 @@ def _run(settings: Settings) -> int:
         def republish() -> None:
             nonlocal published
             if not published:
-                published = _publish_endpoint(chain, wallet, settings)
+                published = _publish_endpoint(chain, wallet, endpoint)
 
         miner = Miner(clone, strategies, evaluator, submitter, state, store, config, before_cycle=republish,
                       verdicts=VerdictWatcher(client, hotkey))
