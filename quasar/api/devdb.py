@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import httpx
-import psycopg2
 
 SUPERUSER = "quasar"
 
@@ -107,6 +106,8 @@ class TemporaryPostgres:
         """Create an empty database ``name`` (letters, digits, underscores) and return its URL."""
         if not name.replace("_", "").isalnum():
             raise ValueError(f"database name {name!r}: use letters, digits and underscores")
+        import psycopg2  # here, not at the top: this module's free_port serves SQLite-only callers too
+
         connection = psycopg2.connect(host="127.0.0.1", port=self.port, user=SUPERUSER, dbname="postgres")
         try:
             connection.autocommit = True

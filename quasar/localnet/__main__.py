@@ -128,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "CPU, 512,1024,2048 on CUDA); one must exceed 64, or nothing shows the hostile fork wrong")
     parser.add_argument("--round-timeout", type=float, default=None, metavar="SECONDS",
                         help="give up when the validator has not reported by then (default 1800 on CPU, 900 on CUDA)")
+    parser.add_argument("--hyperparameters", choices=("localnet", "finney"), default="localnet",
+                        help="the subnet's hyperparameters: finney's defaults for a new subnet (a round takes minutes: "
+                             "tempo 360 blocks, weights rate limit 100), or finney's with a tempo of 20 blocks and a "
+                             "weights rate limit of 5 (default)")
     parser.add_argument("--debug", action="store_true", help="log the local network's own debug messages")
     return parser
 
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         device = detect_device(args.device)
         options = default_options(args.data_dir, device, args.reference_model, args.stand_in_model, args.target,
-                                  args.seq_lens, args.round_timeout)
+                                  args.seq_lens, args.round_timeout, args.hyperparameters)
         lengths = ", ".join(f"{length:,}" for length in evaluated_lengths(options))
         if device == "cpu":
             err.print(f"[yellow]No CUDA device: the validator evaluates on CPU at small lengths (T = {lengths}). "
@@ -191,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
                           f"  submission API  {network.api_url} (API hotkey {network.hotkey('api')})\n"
                           f"  dashboard       {network.dashboard_url}\n"
                           f"  miner status    python -m neurons.miner status --wallet.path {network.wallet_dir} "
-                          f"--wallet.name miner-hostile --wallet.hotkey default --api.url {network.api_url}\n"
+                          f"--wallet.name miner-hostile --wallet.hotkey default --subtensor.network devchain "
+                          f"--devchain.path {network.chain_path} --netuid {NETUID}\n"
                           f"  chain           --subtensor.network devchain --devchain.path {network.chain_path} "
                           f"--netuid {NETUID}\n"
                           f"  GitHub stand-in {network.github.api_url} (repositories in {network.github.root})\n"

@@ -3,16 +3,22 @@
 :meth:`LocalNetwork.start` builds it in ``data_dir``:
 
 1. new wallets (owner, API, validator, two miners; unencrypted) under ``data_dir/wallets``;
-2. the embedded dev chain (``data_dir/devchain.sqlite3``, fast blocks), the owner registered
-   first (uid 0, the subnet owner), the validator with stake and a permit, then the miners;
-3. the submission API on SQLite (``python -m quasar.api serve``) on a free 127.0.0.1 port;
+2. the embedded dev chain (``data_dir/devchain.sqlite3``, fast blocks) with the subnet's rules:
+   finney's hyperparameters (``--hyperparameters finney``), or by default finney's with a short
+   tempo and weights rate limit (:data:`LOCALNET_HYPERPARAMETERS`: a round takes seconds, not
+   minutes, and commit-reveal stays on); the owner registered first (uid 0, the subnet owner), the
+   validator with stake and a permit, then the miners. Its one allowance the real chain does not
+   have: loopback endpoints, since every server here listens on 127.0.0.1 only;
+3. the submission API on SQLite (``python -m quasar.api serve``) on a free 127.0.0.1 port, its URL
+   published on chain by the owner (``python -m quasar.api publish-url``), where the validator and
+   the miners find it, as on finney;
 4. the reference model: ``REFERENCE_MODEL`` when it is in the local Hugging Face cache (or a
    folder), else a tiny random Qwen2 stand-in built into ``data_dir/model`` (said so);
 5. each miner's inference server (``python -m quasar.inference serve``); the hostile miner
    serves the honest model: its kernel is what is hostile;
-6. the validator neuron (``python -m neurons.validator``), started early so it loads its model
-   while the rest starts; it fetches, evaluates in its sandbox, checks the miners' logits,
-   reports and sets weights every few blocks;
+6. the validator neuron (``python -m neurons.validator``), started as soon as the API's URL is on
+   chain so it loads its model while the rest starts; it fetches, evaluates in its sandbox, checks
+   the miners' logits, reports and sets weights (commits them, on commit-reveal) every few blocks;
 7. the two forks (quasar/localnet/forks.py) served by a GitHub stand-in
    (quasar/localnet/github_standin.py, bare repositories in ``data_dir/github``): the upstream
    ``UPSTREAM_REPO`` holds the starter fork, and the hostile miner's account already holds its
@@ -28,7 +34,8 @@
 
 :meth:`LocalNetwork.start` returns when both submissions are in the API;
 :meth:`LocalNetwork.wait_for_round` waits until the validator has reported on every submission
-and then set weights, and returns the :class:`~quasar.localnet.summary.RoundSummary`.
+and then set weights (and the chain revealed them, on commit-reveal), and returns the
+:class:`~quasar.localnet.summary.RoundSummary`.
 :meth:`LocalNetwork.stop` stops every child (the validator first). Each child's output goes to
 ``data_dir/logs/NAME.log``; a child that fails is named with its log's path and last lines.
 """
@@ -36,6 +43,7 @@ and then set weights, and returns the :class:`~quasar.localnet.summary.RoundSumm
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -43,6 +51,7 @@ import math
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -54,6 +63,8 @@ import httpx
 
 import quasar
 from quasar import config
+from quasar.chain.base import SubnetHyperparameters
+from quasar.chain.devchain import FINNEY
 from quasar.config import DEV_NETWORK
 from quasar.localnet.forks import HONEST, HOSTILE, HOSTILE_EXACT_UP_TO, Fork, write_forks
 from quasar.localnet.github_standin import GitHubStandIn
@@ -72,6 +83,10 @@ NETUID = 24
 BLOCK_TIME_S = 0.2
 # The validator sets weights every EPOCH_BLOCKS (one second at BLOCK_TIME_S).
 EPOCH_BLOCKS = 5
+# The local network's subnet: finney's rules, with a tempo of 4 s and a weights rate limit of one
+# EPOCH_BLOCKS at BLOCK_TIME_S (finney's 72 s and 20 s there would make a round minutes longer).
+LOCALNET_HYPERPARAMETERS = dataclasses.replace(FINNEY, tempo=20, weights_rate_limit=EPOCH_BLOCKS)
+HYPERPARAMETER_SETS = {"localnet": LOCALNET_HYPERPARAMETERS, "finney": FINNEY}
 # One API round spans the whole demo (10 minutes at BLOCK_TIME_S), so its leaderboard holds both miners.
 ROUND_BLOCKS = 3000
 VALIDATOR_STAKE = 1e4
@@ -116,6 +131,7 @@ class LocalnetOptions:
     claim_share: float = CUDA_CLAIM_SHARE
     block_time_s: float = BLOCK_TIME_S
     epoch_blocks: int = EPOCH_BLOCKS
+    hyperparameters: SubnetHyperparameters = LOCALNET_HYPERPARAMETERS
 
 
 @dataclass(frozen=True)
@@ -147,12 +163,14 @@ class Progress(Protocol):
 
 def default_options(data_dir: Path, device: str, reference_model: str = "", stand_in_model: bool = False,
                     target: int | None = None, seq_lens: tuple[int, ...] | None = None,
-                    round_timeout_s: float | None = None) -> LocalnetOptions:
+                    round_timeout_s: float | None = None, hyperparameters: str = "localnet") -> LocalnetOptions:
     """Options with the defaults for ``device``: small lengths on CPU (not a benchmark), the
-    validator's usual lengths and a 64k target on CUDA. Raises :class:`LocalnetError` when the
-    validator would run no length that shows the hostile fork wrong."""
+    validator's usual lengths and a 64k target on CUDA; the subnet's hyperparameters by name
+    (:data:`HYPERPARAMETER_SETS`). Raises :class:`LocalnetError` when the validator would run no
+    length that shows the hostile fork wrong."""
     cpu = device == "cpu"
     options = LocalnetOptions(
+        hyperparameters=HYPERPARAMETER_SETS[hyperparameters],
         data_dir=Path(data_dir), device=device, reference_model=reference_model, stand_in_model=stand_in_model,
         target=target if target is not None else (CPU_TARGET if cpu else CUDA_TARGET),
         seq_lens=seq_lens if seq_lens is not None else (CPU_SEQ_LENS if cpu else CUDA_SEQ_LENS),
@@ -329,6 +347,10 @@ class LocalNetwork:
 
         self.progress.step(f"starting the dev chain ({options.block_time_s:g} s blocks) and registering the neurons")
         self.chain = DevChain(self.chain_path, netuid=NETUID, block_time_s=options.block_time_s)
+        self.chain.set_hyperparameters(**dataclasses.asdict(options.hyperparameters))
+        # Every server here listens on 127.0.0.1 only, so their endpoints on chain are loopback ones,
+        # which subtensor refuses: the one allowance of this dev chain file.
+        self.chain.allow_loopback_axons(True)
         self.uids[OWNER] = self.chain.register_wallet(self.wallets[OWNER])
         self.chain.set_owner(self.hotkey(OWNER))
         self.uids[VALIDATOR] = self.chain.register_wallet(self.wallets[VALIDATOR], stake=VALIDATOR_STAKE,
@@ -357,11 +379,16 @@ class LocalNetwork:
                 "--reference-model", self.reference_model, "--device", options.device,
                 "--inference.host", HOST, "--inference.port", str(port)], f"inference-{kind}.log"))
 
+        self.progress.step("waiting for the API, then publishing its URL on chain as the subnet owner")
+        wait_until(lambda: self._answers(f"{self.api_url}/health"), START_TIMEOUT_S, "the submission API",
+                   [api, *servers])
+        self._publish_api_url()
+
         # Started now, it loads its model while the rest starts; it polls the API until work comes.
-        self.progress.step("starting the validator")
+        self.progress.step("starting the validator (it finds the API on chain)")
         self.validator = self.children.start("validator", [
             sys.executable, "-m", "neurons.validator", *self._wallet_flags(VALIDATOR), *self._chain_flags(),
-            "--api.url", self.api_url, "--api.hotkey", self.hotkey(API), "--device", options.device,
+            "--device", options.device,
             "--reference-model", self.reference_model, "--validator.data-dir", str(self.validator_dir),
             "--eval.seq-lens", ",".join(str(length) for length in options.seq_lens),
             "--eval.timed-seconds", str(options.timed_seconds), "--epoch-blocks", str(options.epoch_blocks)],
@@ -373,8 +400,7 @@ class LocalNetwork:
 
         # The miners start as an operator starts one: once the API and their inference servers answer.
         started = [api, *servers, self.validator]
-        self.progress.step("waiting for the API and the inference servers to answer")
-        wait_until(lambda: self._answers(f"{self.api_url}/health"), START_TIMEOUT_S, "the submission API", started)
+        self.progress.step("waiting for the inference servers to answer")
         for name, server in zip(MINERS.values(), servers):
             port = inference_ports[name]
             wait_until(lambda port=port: self._answers(f"http://{HOST}:{port}/health"), START_TIMEOUT_S,
@@ -384,6 +410,20 @@ class LocalNetwork:
             self.miners[name] = self.children.start(name, self._miner_command(kind, name, inference_ports[name]),
                                                     f"{name}.log", self._miner_environment(name))
         self._wait_for_submissions([*started, *self.miners.values()])
+
+    def _publish_api_url(self) -> None:
+        """The API's URL and hotkey into the subnet identity, by the owner's coldkey, with the command
+        a subnet owner runs (``python -m quasar.api publish-url``); its output goes to its log."""
+        command = [sys.executable, "-m", "quasar.api", "publish-url", self.api_url, *self._wallet_flags(OWNER),
+                   *self._chain_flags()]
+        log_path = self.logs_dir / "publish-url.log"
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            result = subprocess.run(command, cwd=self.data_dir, env=self.children.environment, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, timeout=START_TIMEOUT_S, check=False)
+        if result.returncode != 0:
+            raise LocalnetError(f"publishing the API's URL on chain failed (status {result.returncode}); its log is "
+                                f"{log_path}:\n{log_path.read_text(errors='replace')[-2000:]}")
 
     @staticmethod
     def _answers(url: str) -> bool:
@@ -432,7 +472,7 @@ class LocalNetwork:
         options = self.options
         target, seq_lens = (options.target, options.seq_lens) if kind == HONEST else (HOSTILE_TARGET, ())
         return [sys.executable, "-m", "neurons.miner", *self._wallet_flags(name), *self._chain_flags(),
-                "--api.url", self.api_url, "--api.hotkey", self.hotkey(API), "--device", options.device,
+                "--device", options.device,
                 "--target-sequence-length", str(target), "--eval.seq-lens", ",".join(str(n) for n in seq_lens),
                 "--eval.timed-seconds", str(options.timed_seconds), "--claim-share", str(options.claim_share),
                 "--agent-iterations", "0",
@@ -566,10 +606,32 @@ class LocalNetwork:
         after = self.chain.current_block()
         self.progress.step(f"every submission is reported (block {after}); waiting for the validator's next weights")
         state_path = self._state_path()
-        wait_until(lambda: (read_weights_block(state_path) or -1) > after,
-                   max(60.0, 10 * self.options.epoch_blocks * self.options.block_time_s), "the validator's weights",
+        rules = self.options.hyperparameters
+        # The next epoch, the rate limit and (commit-reveal) the epochs until the reveal, with room.
+        blocks = self.options.epoch_blocks + rules.weights_rate_limit + rules.tempo * (rules.reveal_period_epochs + 1)
+        timeout_s = max(60.0, 2 * blocks * self.options.block_time_s)
+        wait_until(lambda: (read_weights_block(state_path) or -1) > after, timeout_s, "the validator's weights",
                    watched, poll_s=0.2)
-        return self.summary(read_weights_block(state_path) or after)
+        weights_block = read_weights_block(state_path) or after
+        if rules.commit_reveal_enabled:
+            self.progress.step(f"the validator committed weights at block {weights_block}; waiting for the chain "
+                               "to reveal them")
+            wait_until(lambda: self._revealed(weights_block), timeout_s, "the reveal of the validator's weights",
+                       watched, poll_s=0.2)
+        return self.summary(weights_block)
+
+    def _revealed(self, commit_block: int) -> bool:
+        """Whether the validator's commit of ``commit_block`` is revealed; LocalnetError when the chain
+        dropped it (its weights broke a rule when they were revealed)."""
+        validator = self.hotkey(VALIDATOR)
+        commit = next((c for c in self.chain.commits() if c.hotkey == validator and c.commit_block >= commit_block),
+                      None)
+        if commit is None or commit.outcome is None:
+            return False
+        if commit.outcome != "revealed":
+            raise LocalnetError(f"the chain dropped the validator's weights committed at block {commit_block} at their "
+                                f"reveal: {commit.outcome}")
+        return True
 
     def watch(self, on_new_weights: Callable[[RoundSummary], None], poll_s: float = 2.0) -> None:
         """Keep the network running until interrupted; call ``on_new_weights`` whenever the
