@@ -324,6 +324,8 @@ def test_the_subnets_rules_are_checked_against_the_validator_at_start():
     many = assess_subnet_rules(replace(FINNEY, min_allowed_weights=8), 100, 360, 12.0, 256)
     assert "needs weights on at least 8 uids" in many.problems[0]
     assert assess_subnet_rules(replace(FINNEY, min_allowed_weights=8), 100, 360, 12.0, 5).problems == ()
+    fast = assess_subnet_rules(replace(FINNEY, tempo=20), 100, 360, 0.25, 256)
+    assert fast.notes[0].endswith("1 epoch(s) of 20 blocks later (about 5 s at 0.25 s a block)")
     quick = assess_subnet_rules(replace(FINNEY, commit_reveal_enabled=False, max_weight_limit=50000,
                                         min_allowed_weights=3), 100, 5, 0.25, 256)
     assert quick.problems == ()

@@ -443,13 +443,13 @@ class Validator:
                 return
             break
         self._weights_retry_at = None
-        self.state.set_meta(LAST_WEIGHTS_BLOCK, str(block))
+        self.state.set_meta(LAST_WEIGHTS_BLOCK, str(submission.block))
         summary.weights_set = True
         if plan.unregistered:
             logger.info("left out of the ranking (no longer registered): %s", ", ".join(plan.unregistered))
         what = ("committed (the chain applies them when it reveals them)" if submission.committed else "set")
-        logger.info("weights %s at block %d (%s; next after block %d):\n%s", what, block, submission.detail,
-                    block + self.settings.epoch_blocks, weights_table(plan))
+        logger.info("weights %s at block %d (%s; next after block %d):\n%s", what, submission.block, submission.detail,
+                    submission.block + self.settings.epoch_blocks, weights_table(plan))
 
     def _skip_epoch(self, block: int, why: str) -> None:
         """No weights this epoch: say why once, and look again next epoch."""

@@ -99,10 +99,11 @@ def assess_subnet_rules(hyperparameters: SubnetHyperparameters, version_key: int
         notes.append(f"EPOCH_BLOCKS {epoch_blocks} is shorter than the subnet's weights rate limit "
                      f"({h.weights_rate_limit} blocks): weights go out every {h.weights_rate_limit} blocks at most")
     if h.commit_reveal_enabled:
-        blocks = h.reveal_period_epochs * h.tempo
+        seconds = h.reveal_period_epochs * h.tempo * block_time_s
+        later = f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
         notes.append(f"commit-reveal is on: weights are committed, and the chain applies them when it reveals them, "
-                     f"{h.reveal_period_epochs} epoch(s) of {h.tempo} blocks later (about "
-                     f"{blocks * block_time_s / 60:.0f} min at {block_time_s:g} s a block)")
+                     f"{h.reveal_period_epochs} epoch(s) of {h.tempo} blocks later (about {later} at "
+                     f"{block_time_s:g} s a block)")
     return SubnetRulesCheck(tuple(problems), tuple(notes))
 
 
