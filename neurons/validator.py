@@ -43,7 +43,7 @@ def run(settings: config.Settings) -> int:
     for warning in device_warnings(settings.network, settings.device):
         log.warning("%s", warning)
     chain = connect(settings)
-    check_registration(chain, hotkey, settings.network)
+    check_registration(chain, hotkey, settings)
     check_subnet_rules(chain, settings, quasar.version_key())
     api_target = find_api(settings, chain)
     log.info("submission API: %s (from %s)", api_target.url, api_target.source)

@@ -405,11 +405,19 @@ def test_load_wallet_names_the_missing_file(tmp_path):
 
 def test_registration_is_required_a_permit_is_warned_about(tmp_path, caplog):
     chain = DevChain(tmp_path / "chain.sqlite3", netuid=24)
-    with pytest.raises(ValidatorSetupError, match=f"hotkey {HOTKEYS[0]} is not registered on subnet 24 of devchain"):
-        check_registration(chain, HOTKEYS[0], "devchain")
+    settings = resolve({"network": "devchain", "devchain_path": str(chain.path), "wallet_name": "v"}, environ={},
+                       dotenv_path=None)
+    with pytest.raises(ValidatorSetupError, match=f"hotkey {HOTKEYS[0]} is not registered on subnet 24 of devchain: "
+                                                  f"register it first \\(python -m quasar.chain.devchain --path "):
+        check_registration(chain, HOTKEYS[0], settings)
+    finney = resolve({"wallet_name": "v"}, environ={}, dotenv_path=None)
+    with pytest.raises(ValidatorSetupError, match="register it first \\(btcli subnets register --netuid 24 --wallet v "
+                                                  "--wallet-hotkey default --network finney\\)"):
+        check_registration(chain, HOTKEYS[0], finney)
     chain.register(HOTKEYS[0], HOTKEYS[1])
-    check_registration(chain, HOTKEYS[0], "devchain")
+    check_registration(chain, HOTKEYS[0], settings)
     assert "has no validator permit" in caplog.text
+    assert "btcli stake add --netuid 24 --wallet v --wallet-hotkey default --amount-tao AMOUNT" in caplog.text
 
 
 # --- what workers write ---

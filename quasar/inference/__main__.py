@@ -35,8 +35,11 @@ def serve(settings: config.Settings) -> int:
     try:
         hotkey = wallet.hotkey.ss58_address
     except OSError as error:
-        log.error("cannot read hotkey %s of wallet %s in %s: %s (create it with `btcli wallet new_hotkey`)",
-                  settings.wallet_hotkey, wallet_name, settings.wallet_path, error)
+        from quasar.chain import btcli
+
+        log.error("cannot read hotkey %s of wallet %s in %s: %s (create it with `%s`)", settings.wallet_hotkey,
+                  wallet_name, settings.wallet_path, error,
+                  btcli.new_hotkey(wallet_name, settings.wallet_hotkey, settings.wallet_path))
         return 1
     try:
         chain = connect(settings)

@@ -140,7 +140,7 @@ def _run(settings: Settings) -> int:
 
     from quasar.api.client import ApiClient
     from quasar.api.lookup import ApiNotFound, find_api
-    from quasar.chain import ChainError
+    from quasar.chain import ChainError, btcli
     from quasar.chain.factory import connect
     from quasar.evaluate import options_from_settings
     from quasar.miner.github import Git, GitError, GitHubClient, GitHubError, write_askpass
@@ -157,7 +157,10 @@ def _run(settings: Settings) -> int:
         hotkey = wallet.hotkey.ss58_address
     except OSError as error:
         raise MinerSetupError(f"cannot read hotkey {settings.wallet_hotkey} of wallet {wallet_name} in "
-                              f"{settings.wallet_path}: {error} (create it with `btcli wallet new_hotkey`)") from None
+                              f"{settings.wallet_path}: {error} (create the wallet with "
+                              f"`{btcli.wallet_create(wallet_name, settings.wallet_hotkey, settings.wallet_path)}`, or "
+                              f"only its hotkey with "
+                              f"`{btcli.new_hotkey(wallet_name, settings.wallet_hotkey, settings.wallet_path)}`)") from None
     device_name = _device_name(settings.device)
     endpoint = published_endpoint(settings)
     try:
@@ -172,7 +175,7 @@ def _run(settings: Settings) -> int:
             chain = connect(settings)
             if not chain.is_registered(hotkey):
                 logger.warning("hotkey %s is not registered on subnet %d: the API refuses its submissions until "
-                               "it is (btcli subnets register)", hotkey, chain.netuid)
+                               "it is (%s)", hotkey, chain.netuid, btcli.registration_hint(settings, wallet_name, hotkey))
             api = find_api(settings, chain)
         except ChainError as error:
             raise MinerSetupError(f"chain: {error}") from None

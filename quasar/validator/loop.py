@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import quasar
 from quasar.api.client import ApiClient, ApiClientError
 from quasar.api.schemas import WorkItem
+from quasar.chain import btcli
 from quasar.chain.base import Chain, ChainError, Metagraph, RateLimited, UidsChanged
 from quasar.config import Settings
 from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
@@ -405,8 +406,10 @@ class Validator:
                 me = metagraph.by_hotkey(self.hotkey)
                 owner_uid = self.chain.owner_uid()
                 if me is None:
+                    how = btcli.registration_hint(self.settings, self.settings.wallet_name_for("validator"),
+                                                  self.hotkey)
                     self._skip_epoch(block, f"hotkey {self.hotkey} is not registered on subnet {self.chain.netuid}: "
-                                            "no weights until it is (btcli subnets register)")
+                                            f"no weights until it is ({how})")
                     return
                 if not me.validator_permit and me.uid != owner_uid:
                     self._skip_epoch(block, f"uid {me.uid} has no validator permit on subnet {self.chain.netuid} "

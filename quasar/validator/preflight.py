@@ -12,8 +12,9 @@ from dataclasses import dataclass
 import bittensor as bt
 
 from quasar import scoring
+from quasar.chain import btcli
 from quasar.chain.base import Chain, SubnetHyperparameters
-from quasar.config import DEV_NETWORK, Settings
+from quasar.config import Settings
 from quasar.validator.devices import ValidatorSetupError
 from quasar.validator.results import MAX_WEIGHTED_UIDS
 
@@ -29,8 +30,9 @@ def load_wallet(settings: Settings) -> bt.Wallet:
     for what, keyfile in (("coldkeypub", wallet.coldkeypub_file), ("hotkey", wallet.hotkey_file)):
         if not keyfile.exists_on_device():
             raise ValidatorSetupError(
-                f"wallet {what} file {keyfile.path} does not exist ({where}): create the wallet with btcli "
-                "(btcli wallet create) or point WALLET_PATH / WALLET_NAME / WALLET_HOTKEY at it")
+                f"wallet {what} file {keyfile.path} does not exist ({where}): create the wallet "
+                f"({btcli.wallet_create(name, settings.wallet_hotkey, settings.wallet_path)}) or point WALLET_PATH / "
+                "WALLET_NAME / WALLET_HOTKEY at it")
         if not keyfile.is_readable():
             raise ValidatorSetupError(f"wallet {what} file {keyfile.path} is not readable by this user")
     if wallet.hotkey_file.is_encrypted():
@@ -43,18 +45,20 @@ def load_wallet(settings: Settings) -> bt.Wallet:
     return wallet
 
 
-def check_registration(chain: Chain, hotkey: str, network: str) -> None:
+def check_registration(chain: Chain, hotkey: str, settings: Settings) -> None:
     """The hotkey must be registered on the subnet; a missing validator permit is only warned
     about (permits follow stake and can come later)."""
+    wallet = settings.wallet_name_for("validator")
     neuron = chain.neuron(hotkey)
     if neuron is None:
-        how = ("python -m quasar.chain.devchain --path DEVCHAIN_PATH register --hotkey HOTKEY --coldkey COLDKEY "
-               "--validator" if network == DEV_NETWORK else "btcli subnet register")
-        raise ValidatorSetupError(f"hotkey {hotkey} is not registered on subnet {chain.netuid} of {network}: "
+        how = btcli.registration_hint(settings, wallet, hotkey)
+        raise ValidatorSetupError(f"hotkey {hotkey} is not registered on subnet {chain.netuid} of {settings.network}: "
                                   f"register it first ({how})")
     if not neuron.validator_permit:
-        logger.warning("hotkey %s (uid %d) has no validator permit on subnet %d: the API refuses its requests "
-                       "and the chain its weights until it has one", hotkey, neuron.uid, chain.netuid)
+        logger.warning("hotkey %s (uid %d) has no validator permit on subnet %d: the API refuses its requests and "
+                       "the chain drops its weights until it has one; each epoch the chain gives permits to the "
+                       "subnet's top validators by stake (%s)", hotkey, neuron.uid, chain.netuid,
+                       btcli.stake_add(settings, wallet))
 
 
 @dataclass(frozen=True)
