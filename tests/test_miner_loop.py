@@ -326,6 +326,15 @@ def test_start_script_names_each_missing_prerequisite(script_dir, tmp_path):
     result = run_script(script_dir, {})
     assert result.returncode == 1 and "GITHUB_USERNAME is not set" in result.stderr
     (script_dir / ".env").write_text(f'GITHUB_TOKEN="{TOKEN}"\nGITHUB_USERNAME=alice\nDEVICE=cpu\n')
+    result = run_script(script_dir, {})
+    wallets = script_dir / ".bittensor" / "wallets"  # the default WALLET_PATH under this HOME
+    assert result.returncode == 1 and (f"wallet file {wallets}/quasar_miner/coldkeypub.txt does not exist: create the "
+                                       "wallet (btcli wallet create --wallet quasar_miner --wallet-hotkey default)"
+                                       in result.stderr)
+    result = run_script(script_dir, {}, "--wallet.path", str(tmp_path / "w"), "--wallet.name", "m")
+    assert "(btcli wallet create --wallet m --wallet-hotkey default --wallet-path " + str(tmp_path / "w") in \
+        result.stderr
+    make_wallet(wallets, "quasar_miner")
     result = run_script(script_dir, {"VALIDATOR_API_URL": "http://127.0.0.1:9"})
     assert result.returncode == 1
     assert "the submission API at http://127.0.0.1:9 does not answer GET /health" in result.stderr
@@ -342,6 +351,7 @@ def test_start_script_checks_cuda_unless_the_device_is_cpu(script_dir):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA; the message is for machines without it")
     (script_dir / ".env").write_text(f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\n")
+    make_wallet(script_dir / ".bittensor" / "wallets", "quasar_miner")
     result = run_script(script_dir, {})
     assert result.returncode == 1 and "DEVICE=cuda but PyTorch sees no CUDA GPU" in result.stderr
 
@@ -353,10 +363,15 @@ def test_start_script_runs_the_miner_when_all_is_ready(script_dir, tmp_path):
     with ApiServer(api_config(api_wallet.hotkey.ss58_address), chain, f"sqlite:///{tmp_path}/api.sqlite3") as api:
         # .env says cuda (unavailable here) but the environment says cpu: the environment must win.
         (script_dir / ".env").write_text(f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\nDEVICE=cuda\n"
-                                         f"VALIDATOR_API_URL={api.url}\n")
+                                         f"VALIDATOR_API_URL={api.url}\nWALLET_PATH={wallets}\nWALLET_NAME=api\n")
         result = run_script(script_dir, {"DEVICE": "cpu"}, "--help")
     assert result.returncode == 0, result.stderr
     assert "usage: python -m neurons.miner" in result.stdout and "--wallet.hotkey" in result.stdout
+    # Without VALIDATOR_API_URL the script leaves finding the API to the miner, which reads the chain.
+    (script_dir / ".env").write_text(f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\nWALLET_PATH={wallets}\n"
+                                     "WALLET_NAME=api\n")
+    result = run_script(script_dir, {"DEVICE": "cpu"}, "--help")
+    assert result.returncode == 0 and "the miner reads the submission API's URL from the chain" in result.stderr
 
 
 def test_ecosystem_file_starts_the_four_processes():

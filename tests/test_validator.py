@@ -589,7 +589,8 @@ def run_start_script(*flags: str, **env: str) -> subprocess.CompletedProcess:
 def test_start_script_names_a_missing_wallet(tmp_path):
     result = run_start_script("--wallet.path", str(tmp_path / "wallets"), "--wallet.name", "nobody", DEVICE="cpu")
     assert result.returncode == 1
-    assert f"wallet file {tmp_path}/wallets/nobody/coldkeypub.txt does not exist" in result.stderr
+    assert (f"wallet file {tmp_path}/wallets/nobody/coldkeypub.txt does not exist: create the wallet (btcli wallet "
+            f"create --wallet nobody --wallet-hotkey default --wallet-path {tmp_path}/wallets)") in result.stderr
 
 
 def test_start_script_says_when_the_api_does_not_answer(world):
