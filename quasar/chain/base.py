@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 # Weights and the max-weight limit are u16 on chain: 65535 is a share of 1.
 U16_MAX = 65535
+# A hotkey may hold at most this many commits waiting for their reveal (subtensor: TooManyUnrevealedCommits).
+MAX_UNREVEALED_COMMITS = 10
 
 
 class ChainError(RuntimeError):

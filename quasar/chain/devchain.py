@@ -59,6 +59,7 @@ from rich.console import Console
 from rich.table import Table
 
 from quasar.chain.base import (
+    MAX_UNREVEALED_COMMITS,
     U16_MAX,
     ApiLocation,
     Chain,
@@ -80,8 +81,6 @@ DEFAULT_BLOCK_TIME_S = 12.0
 DEFAULT_NETUID = 24
 BUSY_TIMEOUT_S = 30.0
 SCHEMA_VERSION = 2
-# A hotkey may hold at most this many unrevealed commits (subtensor: TooManyUnrevealedCommits).
-MAX_UNREVEALED_COMMITS = 10
 
 # A new subnet on finney: tempo INITIAL_SUBNET_TEMPO (360), DefaultWeightsSetRateLimit (100),
 # init_new_network's min_allowed_weights (1), max_allowed_uids (256) and immunity_period (5000),

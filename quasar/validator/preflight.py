@@ -7,13 +7,14 @@ Each check raises :class:`ValidatorSetupError` with a message that names what is
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import bittensor as bt
 
 from quasar import scoring
 from quasar.chain import btcli
-from quasar.chain.base import Chain, SubnetHyperparameters
+from quasar.chain.base import MAX_UNREVEALED_COMMITS, Chain, SubnetHyperparameters
 from quasar.config import Settings
 from quasar.validator.devices import ValidatorSetupError
 from quasar.validator.results import MAX_WEIGHTED_UIDS
@@ -103,6 +104,15 @@ def assess_subnet_rules(hyperparameters: SubnetHyperparameters, version_key: int
         notes.append(f"EPOCH_BLOCKS {epoch_blocks} is shorter than the subnet's weights rate limit "
                      f"({h.weights_rate_limit} blocks): weights go out every {h.weights_rate_limit} blocks at most")
     if h.commit_reveal_enabled:
+        # Commits wait up to reveal_period_epochs + 1 epochs for their reveal, and the chain holds at
+        # most MAX_UNREVEALED_COMMITS of one hotkey's (TooManyUnrevealedCommits).
+        interval = max(epoch_blocks, h.weights_rate_limit, 1)
+        pending = math.ceil((h.reveal_period_epochs + 1) * h.tempo / interval)
+        if pending > MAX_UNREVEALED_COMMITS:
+            least = math.ceil((h.reveal_period_epochs + 1) * h.tempo / MAX_UNREVEALED_COMMITS)
+            notes.append(f"committing every {interval} blocks leaves up to {pending} commits waiting for their reveal "
+                         f"(tempo {h.tempo}), more than the chain holds ({MAX_UNREVEALED_COMMITS}): some are refused "
+                         f"until older ones reveal; EPOCH_BLOCKS of at least {least} avoids it")
         seconds = h.reveal_period_epochs * h.tempo * block_time_s
         later = f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
         notes.append(f"commit-reveal is on: weights are committed, and the chain applies them when it reveals them, "
