@@ -3,7 +3,6 @@ chain here, with finney's rules), miners and validators read it when VALIDATOR_A
 
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys
@@ -17,7 +16,6 @@ from quasar.api.lookup import ApiNotFound, find_api, publish_api
 from quasar.api.devdb import free_port
 from quasar.chain import ApiLocation, ChainError
 from quasar.chain.devchain import DevChain
-from neurons.miner import main as miner_main
 
 ROOT = Path(__file__).resolve().parent.parent
 NETUID = 24
@@ -77,26 +75,29 @@ def test_publishing_checks_the_api_answers_and_needs_the_owners_coldkey(chain, w
     assert chain.api_location() == ApiLocation(server.url, api_hotkey)
 
 
-def test_the_owners_command_publishes_and_a_miner_finds_the_api_from_the_chain(chain, wallets, tmp_path, caplog,
-                                                                               monkeypatch):
-    for name in ("VALIDATOR_API_URL", "API_HOTKEY"):
-        monkeypatch.delenv(name, raising=False)
+def test_the_owners_command_publishes_and_a_miner_finds_the_api_from_the_chain(chain, wallets, tmp_path):
     api_hotkey = wallets["api"].hotkey.ss58_address
     wallet_root = str(Path(wallets["owner"].path))
     chain_flags = ["--subtensor.network", "devchain", "--devchain.path", str(chain.path), "--netuid", str(NETUID)]
     environment = {key: value for key, value in os.environ.items() if key not in ("VALIDATOR_API_URL", "API_HOTKEY")}
     environment["PYTHONPATH"] = str(ROOT)
+
+    def run(*command: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", *command], cwd=tmp_path, env=environment, capture_output=True,
+                              text=True, timeout=120)
+
     with ApiServer(api_config(api_hotkey), chain, f"sqlite:///{tmp_path}/api.sqlite3") as server:
-        command = [sys.executable, "-m", "quasar.api", "publish-url", server.url, "--wallet.path", wallet_root,
-                   *chain_flags]
-        unnamed = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120)
+        # The miner's status command has no --api.url, and nothing names the API yet.
+        status = ["neurons.miner", "status", "--wallet.path", wallet_root, "--wallet.name", "miner", *chain_flags]
+        lost = run(*status)
+        assert lost.returncode == 1 and "names no submission API" in lost.stderr
+        publish = ["quasar.api", "publish-url", server.url, "--wallet.path", wallet_root, *chain_flags]
+        unnamed = run(*publish)
         assert unnamed.returncode == 1 and "name the subnet owner's wallet" in unnamed.stderr
-        result = subprocess.run([*command, "--wallet.name", "owner"], cwd=tmp_path, env=environment,
-                                capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.strip() == f"published {server.url} (API hotkey {api_hotkey}) on subnet {NETUID} of devchain"
-        # The miner's status command has no --api.url: it reads the chain (nothing else names the API).
-        flags = ["status", "--wallet.path", wallet_root, "--wallet.name", "miner", *chain_flags]
-        with caplog.at_level(logging.ERROR):
-            assert miner_main(flags) == 0
-        assert not caplog.records
+        published = run(*publish, "--wallet.name", "owner")
+        assert published.returncode == 0, published.stderr
+        assert published.stdout.strip() == (f"published {server.url} (API hotkey {api_hotkey}) on subnet {NETUID} of "
+                                            "devchain")
+        found = run(*status)  # now it reads the URL from the chain
+        assert found.returncode == 0, found.stderr
+        assert "no submissions yet" in found.stdout

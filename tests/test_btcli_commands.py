@@ -1,16 +1,17 @@
 """Every ``btcli`` command the README, the START scripts and QUASAR's messages tell an operator to run
 is one the btcli that requirements.txt installs takes: its subcommand exists and each flag is in its
-``--help`` (bittensor 11's btcli wants ``--wallet`` and ``--wallet-hotkey``, not ``--wallet.name``)."""
+``--help`` (bittensor 11's btcli wants ``--wallet`` and ``--wallet-hotkey``, not ``--wallet.name``).
+The help comes from btcli's own command-line app (what the ``btcli`` script runs), in this process."""
 
 from __future__ import annotations
 
 import functools
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from bittensor.cli.main import app as btcli_app
+from typer.testing import CliRunner
 
 from quasar.chain import btcli
 from quasar.config import resolve
@@ -23,19 +24,11 @@ README_COMMAND = re.compile(r"^btcli ([^#\n]+)|`btcli ([^`]+)`", re.MULTILINE)
 SCRIPT_COMMAND = re.compile(r"\(btcli ([^)\"]+)\)")
 
 
-def btcli_path() -> str:
-    found = shutil.which("btcli") or str(ROOT / ".venv" / "bin" / "btcli")
-    if not Path(found).is_file():
-        pytest.skip("btcli is not installed (./scripts/setup_venv.sh installs bittensor, which brings it)")
-    return found
-
-
 @functools.lru_cache(maxsize=None)
 def help_text(subcommand: tuple[str, ...]) -> str:
-    result = subprocess.run([btcli_path(), *subcommand, "--help"], capture_output=True, text=True, timeout=120,
-                            env={"COLUMNS": "250", "PATH": "/usr/bin:/bin", "HOME": "/tmp"})
-    assert result.returncode == 0, f"btcli {' '.join(subcommand)} --help failed: {result.stderr[-2000:]}"
-    return result.stdout
+    result = CliRunner().invoke(btcli_app, [*subcommand, "--help"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, f"btcli {' '.join(subcommand)} --help failed: {result.output[-2000:]}"
+    return result.output
 
 
 def parsed(command: str) -> tuple[tuple[str, ...], list[str]]:

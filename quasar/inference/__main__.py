@@ -57,7 +57,11 @@ def serve(settings: config.Settings) -> int:
         return 1
     limits = InferenceLimits(settings.inference_max_prompt_len, settings.inference_max_gen_len,
                              settings.inference_queue_size)
-    app = create_inference_app(model, chain, hotkey, limits)
+    try:
+        app = create_inference_app(model, chain, hotkey, limits)
+    except ChainError as error:  # its per-block cache reads the chain's block time
+        log.error("chain: %s", error)
+        return 1
     log.info("serving %s (%s on %s) for hotkey %s on %s:%d", model.name, model.dtype_name, model.device,
              hotkey, settings.inference_host, settings.miner_inference_port)
     uvicorn.run(app, host=settings.inference_host, port=settings.miner_inference_port, log_config=None)

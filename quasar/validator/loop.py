@@ -31,16 +31,24 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import quasar
+from quasar import scoring
 from quasar.api.client import ApiClient, ApiClientError
 from quasar.api.schemas import WorkItem
 from quasar.chain import btcli
-from quasar.chain.base import Chain, ChainError, Metagraph, RateLimited, UidsChanged
+from quasar.chain.base import Chain, ChainError, Metagraph, RateLimited, UidsChanged, WeightsSubmission
 from quasar.config import Settings
 from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
 from quasar.validator.logit_check import LogitChecker
 from quasar.validator.devices import Device
-from quasar.validator.results import api_report, plan_weights, scoring_result, weights_refusal, weights_table
+from quasar.validator.results import (
+    WeightPlan,
+    api_report,
+    plan_weights,
+    scoring_result,
+    weights_refusal,
+    weights_table,
+)
 from quasar.validator.state import (
     ABANDONED,
     FAILED,
@@ -401,35 +409,7 @@ class Validator:
                 results.append(scoring_result(record))
         for attempt in range(1, PLAN_ATTEMPTS + 1):
             try:
-                metagraph = self.chain.metagraph()
-                block = metagraph.block
-                me = metagraph.by_hotkey(self.hotkey)
-                owner_uid = self.chain.owner_uid()
-                if me is None:
-                    how = btcli.registration_hint(self.settings, self.settings.wallet_name_for("validator"),
-                                                  self.hotkey)
-                    self._skip_epoch(block, f"hotkey {self.hotkey} is not registered on subnet {self.chain.netuid}: "
-                                            f"no weights until it is ({how})")
-                    return
-                if not me.validator_permit and me.uid != owner_uid:
-                    self._skip_epoch(block, f"uid {me.uid} has no validator permit on subnet {self.chain.netuid} "
-                                            f"(stake {me.stake:,.2f}): no weights submitted this epoch; the chain "
-                                            "gives permits to the subnet's top validators by stake")
-                    return
-                plan = plan_weights(results, metagraph, owner_uid, self.settings.tie_epsilon)
-                if plan.dropped:
-                    logger.warning("the subnet owner's hotkey holds no uid on subnet %d: the unassigned share %.2f is "
-                                   "not set; the placed shares are set alone, scaled to sum 1", self.chain.netuid,
-                                   plan.dropped)
-                if not plan.weights:
-                    self._skip_epoch(block, "no miner holds a place and the owner's hotkey holds no uid: no weights "
-                                            "to set this epoch")
-                    return
-                refusal = weights_refusal(plan, self.chain.hyperparameters(), len(metagraph.neurons), me.uid)
-                if refusal:
-                    self._skip_epoch(block, f"weights not submitted this epoch: {refusal}")
-                    return
-                submission = self.chain.set_weights(self.wallet, plan.weights, quasar.version_key(), plan.hotkeys)
+                planned = self._plan_and_submit(results)
             except UidsChanged as changed:
                 if attempt == PLAN_ATTEMPTS:
                     self._retry_weights(block, WEIGHTS_RETRY_BLOCKS, f"cannot set weights at block {block}: {changed}")
@@ -445,6 +425,9 @@ class Validator:
                                     f"cannot set weights at block {block}: {error}")
                 return
             break
+        if planned is None:
+            return
+        plan, submission = planned
         self._weights_retry_at = None
         self.state.set_meta(LAST_WEIGHTS_BLOCK, str(submission.block))
         summary.weights_set = True
@@ -453,6 +436,37 @@ class Validator:
         what = ("committed (the chain applies them when it reveals them)" if submission.committed else "set")
         logger.info("weights %s at block %d (%s; next after block %d):\n%s", what, submission.block, submission.detail,
                     submission.block + self.settings.epoch_blocks, weights_table(plan))
+
+    def _plan_and_submit(self, results: list[scoring.Result]) -> tuple[WeightPlan, WeightsSubmission] | None:
+        """Plan the weights on the metagraph as it is now and submit them with the hotkeys they were
+        planned for; None (said in one line, looked at again next epoch) when nothing may go out."""
+        metagraph = self.chain.metagraph()
+        block = metagraph.block
+        me = metagraph.by_hotkey(self.hotkey)
+        owner_uid = self.chain.owner_uid()
+        if me is None:
+            how = btcli.registration_hint(self.settings, self.settings.wallet_name_for("validator"), self.hotkey)
+            self._skip_epoch(block, f"hotkey {self.hotkey} is not registered on subnet {self.chain.netuid}: no weights "
+                                    f"until it is ({how})")
+            return None
+        if not me.validator_permit and me.uid != owner_uid:
+            self._skip_epoch(block, f"uid {me.uid} has no validator permit on subnet {self.chain.netuid} (stake "
+                                    f"{me.stake:,.2f}): no weights submitted this epoch; the chain gives permits to "
+                                    "the subnet's top validators by stake")
+            return None
+        plan = plan_weights(results, metagraph, owner_uid, self.settings.tie_epsilon)
+        if plan.dropped:
+            logger.warning("the subnet owner's hotkey holds no uid on subnet %d: the unassigned share %.2f is not "
+                           "set; the placed shares are set alone, scaled to sum 1", self.chain.netuid, plan.dropped)
+        if not plan.weights:
+            self._skip_epoch(block, "no miner holds a place and the owner's hotkey holds no uid: no weights to set "
+                                    "this epoch")
+            return None
+        refusal = weights_refusal(plan, self.chain.hyperparameters(), len(metagraph.neurons), me.uid)
+        if refusal:
+            self._skip_epoch(block, f"weights not submitted this epoch: {refusal}")
+            return None
+        return plan, self.chain.set_weights(self.wallet, plan.weights, quasar.version_key(), plan.hotkeys)
 
     def _skip_epoch(self, block: int, why: str) -> None:
         """No weights this epoch: say why once, and look again next epoch."""
