@@ -40,8 +40,8 @@ from quasar.validator.state import EvaluationKey
 from tests.hostile_forks import write_hostile_fork
 
 HOSTILE_PARAMETERS = {
-    "exhaust_processes": {"most": 100_000, "name": "qneighbour", "hold_seconds": 90},
-    "other_gpus": {"burn_seconds": 90},
+    "exhaust_processes": {"most": 100_000, "name": "qneighbour", "hold_seconds": 35},
+    "other_gpus": {"burn_seconds": 35},
 }
 
 

@@ -53,7 +53,8 @@ def measures(configured_cgroup: str | None) -> list[tuple[str, bool, str]]:
     found.append(("own uid", root, "root: a uid per sandbox" if root else "not root: an unprivileged user namespace"))
     cgroup, why = confinement.make_cgroup(confinement.CGROUP_PREFIX + "check", 1 << 30, 64, configured_cgroup)
     if cgroup is not None:
-        found.append(("own cgroup", True, f"cgroup v{cgroup.version}: processes and memory limited"))
+        limited = "processes and memory" if "pids" in cgroup.directories else "memory (processes: the uid's limit)"
+        found.append(("own cgroup", True, f"cgroup v{cgroup.version}: {limited} limited"))
         cgroup.remove()
     else:
         found.append(("own cgroup", False, f"memory watchdog instead ({why})"))

@@ -292,14 +292,17 @@ def descendants(pid: int) -> list[int]:
 
 
 def anonymous_bytes(pid: int) -> int:
-    """The private anonymous memory of one process (RssAnon), 0 if it is gone."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
+    """The anonymous memory of one process, its share of pages it shares with others (Pss_Anon:
+    forked processes share their parent's pages until they write them, and RssAnon would count
+    those once per process), else RssAnon where the kernel has no Pss_Anon; 0 if it is gone."""
+    for path, field in ((f"/proc/{pid}/smaps_rollup", "Pss_Anon:"), (f"/proc/{pid}/status", "RssAnon:")):
+        try:
+            with open(path) as lines:
+                for line in lines:
+                    if line.startswith(field):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError):
+            return 0
     return 0
 
 

@@ -225,8 +225,9 @@ TIMED_ROUNDS = 4
 # A forward time is never reported below this (calibration noise at tiny lengths).
 MIN_FORWARD_NS = 1000
 # Seconds the child has to import the fork's layer and build it (``load``; its kernels compile
-# later, in each length's first forward, under ``length_timeout_s``); see benchmarks/RESULTS.md
-# for what a real fla tree's import takes on an H100 machine's one pinned core.
+# later, in each length's first forward, under ``length_timeout_s``): a real fla tree's import took
+# 9.4-16.4 s on an H100 machine's one pinned core (benchmarks/RESULTS.md, issue 32), the starter
+# fork's 0.2-0.4 s; seven times the slowest.
 DEFAULT_LOAD_TIMEOUT_S = 120.0
 # The longest the load waits for the fork's bytecode, compiled beside the import check (sandbox.py).
 PRECOMPILE_WAIT_S = 30.0

