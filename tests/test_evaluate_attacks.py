@@ -488,11 +488,13 @@ def test_a_fork_exact_only_where_the_correctness_run_used_to_be_is_caught(world)
     for key in ("64", "128"):
         item = report.lengths[key]
         assert item.correct is False
-        assert REL_ERROR_THRESHOLD < item.rel_error < 0.03, item.rel_error
+        # Its correctness output is exact only where the draw put the correctness request on the
+        # place the fork guessed (one in ten here), else 2.2% off (0.024); the other timed
+        # requests checked are off either way.
+        assert item.rel_error < 0.03, item.rel_error
         assert item.request_error > REQUEST_TOLERANCE, item.request_error
-    text = reasons(world, "sloppy_timed")
-    assert "T=128: the output differs from the reference" in text
-    assert "timed requests checked are less exact than the correctness threshold allows" in text
+        assert any(reason.startswith(f"T={key}: ") and "less exact than the correctness threshold allows" in reason
+                   for reason in report.reasons), report.reasons
 
 
 def test_a_fork_that_turns_sloppy_once_checked_is_caught_in_the_requests_after(tmp_path, monkeypatch):

@@ -1186,3 +1186,36 @@ def test_a_populated_area_has_every_page_and_a_closed_one_is_left_alone():
     closed = protocol.SharedArea.create(1 << 20)
     closed.close()
     closed.populate()  # nothing to do, and no error: the area is gone
+
+
+@pytest.mark.parametrize("timed", [(3, 3), (10, 10), (10, 200), (4, 6)])
+def test_the_correctness_request_runs_once_in_every_round_it_may_be_drawn_for(monkeypatch, timed):
+    # Whatever round is drawn for it, and however the bounds on the timed requests fall in the
+    # rounds, the correctness request runs exactly once, among the timed requests, and their
+    # number stays within min_timed_runs and max_timed_runs.
+    from quasar.evaluate.harness import TIMED_ROUNDS, EvaluationOptions, LengthResult, _LengthRun, _Request, _time_rounds
+
+    made = []
+
+    def run_request(session, length, count, deadline, what, seeds=None):
+        made.append("timed")
+        return _Request(1, 1, torch.zeros(count, 8, workload.FINGERPRINT_DIRECTIONS), 1_000_000)
+
+    def correctness_request(session, run, count, deadline, timings, progress):
+        made.append("check")
+        run.check = _Request(*run.check_seeds, torch.zeros(count, 8, workload.FINGERPRINT_DIRECTIONS), 1_000_000)
+        return run.check
+
+    monkeypatch.setattr(harness, "_run_request", run_request)
+    monkeypatch.setattr(harness, "_correctness_request", correctness_request)
+    monkeypatch.setattr(harness, "_harness_cost", lambda *args: 1000)
+    least, most = timed
+    options = EvaluationOptions(device="cpu", min_timed_runs=least, max_timed_runs=most, timed_seconds=0.01)
+    for check_round in range(TIMED_ROUNDS):
+        for request_s in (1e-9, 10.0):  # a pace that fills every quota, and one that meets only the least
+            made.clear()
+            run = _LengthRun(LengthResult(seq_len=64, forwards_per_request=1), request_s=request_s, cost_ns=10**6,
+                             check_seeds=(5, 6), check_round=check_round)
+            assert _time_rounds(None, None, {64: run}, [64], {64: 1}, options, Timings(), lambda event: None) is None
+            assert made.count("check") == 1, (check_round, request_s, made)
+            assert least <= len(run.timed) <= most and run.check in run.timed, (check_round, request_s, made)

@@ -683,16 +683,16 @@ def _time_round(session: _Session, run: _LengthRun, options: EvaluationOptions, 
     (their minimum lowers ``run.cost_ns``). The planned number comes from the warm-up's pace,
     which a busy host can make far too small, so the wall clock also ends the round once its
     share of ``timed_seconds`` has passed and its least number is met. In the round drawn for it
-    (``run.check_round``, or the next with requests planned), the correctness request takes a
-    place drawn among the planned ones (or the round's last, should the round end before it)."""
+    (``run.check_round``, or an earlier one that takes every request left), the correctness
+    request takes a place drawn among the planned ones (or the round's last, should the round end
+    before it)."""
     length = run.result.seq_len
     deadline = time.monotonic() + options.length_timeout_s
     least, planned = round_quota(options, run.request_s, len(run.timed), rounds_left)
-    # The correctness request is due from its round on (a round may have no quota left when the
-    # timed requests' bounds are met early); the last round makes room for it if need be.
-    due = run.check is None and TIMED_ROUNDS - rounds_left >= run.check_round
-    if due and planned == 0 and rounds_left == 1:
-        least = planned = 1
+    # The correctness request is due from its round on, or in a round that takes every request
+    # left under max_timed_runs (the bounds can be met before its round comes).
+    due = run.check is None and (TIMED_ROUNDS - rounds_left >= run.check_round
+                                 or len(run.timed) + planned >= options.max_timed_runs)
     check_at = secrets.randbelow(planned) if due and planned > 0 else None
     total = len(run.timed) + planned * rounds_left
     started = time.monotonic()
@@ -1154,7 +1154,7 @@ def _estimated_error(difference_sq: float, reference_sq: float) -> float:
 
 
 class ReferenceWork:
-    """The parent's reference layer and the expected outputs of the correctness runs, computed on a
+    """The parent's reference layer and the expected outputs of the correctness requests, computed on a
     thread of their own while the sandboxed child warms up (the fork's kernels compile on the
     child's one core for seconds while the device has little to do). A validator's worker starts
     it while the fork is being cloned and hands it to :func:`evaluate` with the started child.

@@ -131,7 +131,7 @@ class Timings:
     first_forward_s: float = 0.0
     timed_s: float = 0.0
     correctness_s: float = 0.0
-    # Of correctness_s: receiving the correctness runs' outputs from the child.
+    # Of correctness_s: receiving the correctness requests' outputs from the child.
     output_s: float = 0.0
     reference_s: float = 0.0
     total_s: float = 0.0
