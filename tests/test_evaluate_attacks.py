@@ -96,17 +96,21 @@ def host_addresses() -> list[str]:
     return addresses
 
 
-def processes_with(marker: str) -> list[int]:
+def processes_where(field: str, matches) -> list[int]:
+    """The processes whose /proc/PID/``field`` (bytes) ``matches``."""
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
-                with open(f"/proc/{name}/cmdline", "rb") as cmdline:
-                    if marker.encode() in cmdline.read():
-                        found.append(int(name))
+                if matches(Path(f"/proc/{name}/{field}").read_bytes()):
+                    found.append(int(name))
             except OSError:
                 pass
     return found
+
+
+def processes_with(marker: str) -> list[int]:
+    return processes_where("cmdline", lambda cmdline: marker.encode() in cmdline)
 
 
 def file_digest(path: Path) -> str:
@@ -600,14 +604,7 @@ def test_a_dead_childs_last_words_are_in_the_reason(world):
 
 
 def _processes_named(name: str) -> int:
-    count = 0
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                count += Path(f"/proc/{entry}/comm").read_text().strip() == name
-            except OSError:
-                pass
-    return count
+    return len(processes_where("comm", lambda comm: comm.strip() == name.encode()))
 
 
 def test_an_exhausting_neighbour_cannot_sink_an_honest_evaluation(tmp_path, monkeypatch):

@@ -203,6 +203,19 @@ class Cgroup:
                     logger.warning("could not remove the sandbox cgroup %s: %s", directory, error)
 
 
+def _new_cgroup(version: int, directories: dict[str, Path], memory_bytes: int, max_processes: int) -> Cgroup:
+    """Make a sandbox's cgroup folders and set its limits; raises OSError, having removed what it made."""
+    cgroup = Cgroup(version, directories, memory_bytes, max_processes)
+    try:
+        for directory in dict.fromkeys(directories.values()):
+            directory.mkdir(mode=0o755)
+        cgroup.apply_limits()
+    except OSError:
+        cgroup.remove()
+        raise
+    return cgroup
+
+
 def _v2_parent(configured: str | None, mounts: list[_Mount], own: dict[str, str]) -> tuple[Path | None, str]:
     points = [mount.point for mount in mounts if mount.version == 2]
     if configured:
@@ -227,18 +240,11 @@ def make_cgroup(name: str, memory_bytes: int, max_processes: int, configured: st
         v1 = {controller: next((m for m in mounts if m.version == 1 and controller in m.controllers), None)
               for controller in ("pids", "memory")}
         if all(v1.values()) and all(controller in own for controller in v1):
-            directories = {}
+            directories = {controller: Path(mount.point) / own[controller].lstrip("/") / name
+                           for controller, mount in v1.items() if mount is not None}
             try:
-                for controller, mount in v1.items():
-                    assert mount is not None
-                    directory = Path(mount.point) / own[controller].lstrip("/") / name
-                    directory.mkdir(mode=0o755)
-                    directories[controller] = directory
-                cgroup = Cgroup(1, directories, memory_bytes, max_processes)
-                cgroup.apply_limits()
-                return cgroup, ""
+                return _new_cgroup(1, directories, memory_bytes, max_processes), ""
             except OSError as error:
-                Cgroup(1, directories, memory_bytes, max_processes).remove()
                 reasons.append(f"cgroup v1: {error.strerror or error}")
         else:
             reasons.append("no cgroup v1 pids and memory hierarchies")
@@ -259,12 +265,8 @@ def make_cgroup(name: str, memory_bytes: int, max_processes: int, configured: st
     # pids where the host has the controller; else processes are bounded by the sandbox uid's RLIMIT_NPROC.
     controllers = {"memory": directory, **({"pids": directory} if "pids" in enabled else {})}
     try:
-        directory.mkdir(mode=0o755)
-        cgroup = Cgroup(2, controllers, memory_bytes, max_processes)
-        cgroup.apply_limits()
-        return cgroup, ""
+        return _new_cgroup(2, controllers, memory_bytes, max_processes), ""
     except OSError as error:
-        Cgroup(2, controllers, memory_bytes, max_processes).remove()
         reasons.append(f"cgroup v2 {directory}: {error.strerror or error}")
         return None, "; ".join(reasons)
 

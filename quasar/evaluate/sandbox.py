@@ -429,7 +429,6 @@ class SandboxedChild:
                 "etc_files": _etc_files(uid),
                 "etc_binds": list(ETC_BINDS),
                 "sys_binds": [path for path in self.policy.sys_paths if os.path.isdir(path)],
-                "sys_links": [],
                 "devices": [d for d in DEVICE_NODES if os.path.exists(d)] + self._nvidia_devices(),
                 "tmpfs": [
                     [SANDBOX_HOME, f"mode=0700,size={self.policy.home_tmpfs_bytes}{owner}"],

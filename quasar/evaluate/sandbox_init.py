@@ -126,6 +126,20 @@ def _submounts(root: str) -> list[str]:
     return sorted(set(points), key=len)
 
 
+def _bind(root: str, source: str, target: str) -> str:
+    """Bind ``source`` (and its submounts) at ``target`` inside ``root``; the mount point inside."""
+    inner = _inside(root, target)
+    _make_mountpoint(inner, os.path.isdir(source))
+    _mount(source, inner, None, MS_BIND | MS_REC)
+    return inner
+
+
+def _link(root: str, link_target: str, link_path: str) -> None:
+    inner = _inside(root, link_path)
+    os.makedirs(os.path.dirname(inner), mode=0o755, exist_ok=True)
+    os.symlink(link_target, inner)
+
+
 def _mount_tmpfs(root: str, target: str, options: str) -> None:
     inner = _inside(root, target)
     _make_mountpoint(inner, True)
@@ -175,16 +189,9 @@ def build_root(config: dict) -> None:
         if not target.startswith("/dev/"):
             _mount_tmpfs(root, target, options)
 
-    readonly_targets = []
-    for source, target in config["ro_binds"]:
-        inner = _inside(root, target)
-        _make_mountpoint(inner, os.path.isdir(source))
-        _mount(source, inner, None, MS_BIND | MS_REC)
-        readonly_targets.append(inner)
+    readonly_targets = [_bind(root, source, target) for source, target in config["ro_binds"]]
     for link_target, link_path in config["symlinks"]:
-        inner = _inside(root, link_path)
-        os.makedirs(os.path.dirname(inner), mode=0o755, exist_ok=True)
-        os.symlink(link_target, inner)
+        _link(root, link_target, link_path)
     # Empty read-only folders over the site-packages inside the bound Python installation: the
     # packages the child may import are the evaluation environment's alone (/sandbox/site).
     for hidden in config["hidden"]:
@@ -197,9 +204,7 @@ def build_root(config: dict) -> None:
     _make_mountpoint(dev, True)
     _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=1m")
     for device in config["devices"]:
-        inner = _inside(root, device)
-        _make_mountpoint(inner, os.path.isdir(device))
-        _mount(device, inner, None, MS_BIND | MS_REC)
+        _bind(root, device, device)
     for name, link_target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                               ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(link_target, os.path.join(dev, name))
@@ -213,16 +218,7 @@ def build_root(config: dict) -> None:
     _mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     sys_dir = _inside(root, "/sys")
     _make_mountpoint(sys_dir, True)
-    for path in config["sys_binds"]:
-        if os.path.isdir(path):
-            inner = _inside(root, path)
-            _make_mountpoint(inner, True)
-            _mount(path, inner, None, MS_BIND | MS_REC)
-            readonly_targets.append(inner)
-    for link_target, link_path in config["sys_links"]:
-        inner = _inside(root, link_path)
-        os.makedirs(os.path.dirname(inner), mode=0o755, exist_ok=True)
-        os.symlink(link_target, inner)
+    readonly_targets += [_bind(root, path, path) for path in config["sys_binds"] if os.path.isdir(path)]
 
     # Every bind is read-only, its submounts too (a recursive bind copies them writable).
     for target in readonly_targets:
