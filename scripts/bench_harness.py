@@ -52,12 +52,8 @@ from rich.console import Console
 from rich.table import Table
 
 from quasar.evaluate.__main__ import parse_seq_lens
-from quasar.evaluate.harness import (
-    DEFAULT_TOKENS_PER_REQUEST,
-    EvaluationOptions,
-    ProgressEvent,
-    evaluate,
-)
+from quasar.evaluate.harness import evaluate
+from quasar.evaluate.options import DEFAULT_TOKENS_PER_REQUEST, EvaluationOptions, ProgressEvent
 from quasar.evaluate.report import EvaluationReport
 from quasar.evaluate.sandbox import SandboxPolicy
 from quasar.starter_fork import KERNEL_DIR, copy_starter_tree, tuning_contract

@@ -44,7 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from quasar.evaluate.harness import worst_block_error  # noqa: E402
+from quasar.evaluate.verification import worst_block_error  # noqa: E402
 from quasar.evaluate.workload import HEAD_DIM, HIDDEN_SIZE, NUM_HEADS  # noqa: E402
 from quasar.reference import QuasarAttentionReference, chunk_quasar_reference, relative_error  # noqa: E402
 

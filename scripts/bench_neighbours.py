@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from quasar.evaluate.__main__ import parse_seq_lens
-from quasar.evaluate.harness import EvaluationOptions
+from quasar.evaluate.options import EvaluationOptions
 from quasar.evaluate.report import EvaluationReport
 from quasar.starter_fork import commit_new_repository, copy_starter_tree
 from quasar.validator.devices import Device

@@ -4,7 +4,7 @@
     python scripts/bench_reference.py --out DIR [--lens 512,1024,2048,100k,1M] [--profile-lens 512,1M]
 
 For each length, the parent's verification of one length as an evaluation runs it
-(``harness._verify_length``: the timed requests it draws, the correctness request among them,
+(``verification.verify_length``: the timed requests it draws, the correctness request among them,
 every forward of each against ``QuasarAttentionReference``, and the correctness request's whole
 output) on made-up child replies of the evaluation's sizes, the longest length as the target
 (more requests checked there): the same reference work, whatever the fingerprints say. Prints the seconds
@@ -31,15 +31,10 @@ from rich.table import Table
 
 from quasar.evaluate import workload
 from quasar.evaluate.__main__ import parse_seq_lens
-from quasar.evaluate.harness import (
-    DEFAULT_TOKENS_PER_REQUEST,
-    MAX_FORWARDS_PER_REQUEST,
-    _LengthRun,
-    _Request,
-    _verify_length,
-    forwards_per_request,
-    requests_to_verify,
-)
+from quasar.evaluate.options import DEFAULT_TOKENS_PER_REQUEST, MAX_FORWARDS_PER_REQUEST, forwards_per_request
+from quasar.evaluate.session import Request
+from quasar.evaluate.timing import LengthRun
+from quasar.evaluate.verification import requests_to_verify, verify_length
 from quasar.evaluate.report import LengthResult
 from quasar.reference import QuasarAttentionReference
 
@@ -48,19 +43,19 @@ from quasar.reference import QuasarAttentionReference
 TIMED_REQUESTS = 150
 
 
-def made_up_run(length: int, generator: torch.Generator, tokens_per_request: int = DEFAULT_TOKENS_PER_REQUEST) -> _LengthRun:
+def made_up_run(length: int, generator: torch.Generator, tokens_per_request: int = DEFAULT_TOKENS_PER_REQUEST) -> LengthRun:
     """A length's run as the child would leave it, with random fingerprints and output."""
     count = forwards_per_request(length, tokens_per_request, MAX_FORWARDS_PER_REQUEST)
     shape = (workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS)
 
-    def request(forwards: int) -> _Request:
+    def request(forwards: int) -> Request:
         seeds = torch.randint(0, 2**62, (2,), generator=generator).tolist()
-        return _Request(seeds[0], seeds[1], torch.randn(forwards, *shape, generator=generator), round_trip_ns=1)
+        return Request(seeds[0], seeds[1], torch.randn(forwards, *shape, generator=generator), round_trip_ns=1)
 
-    run = _LengthRun(LengthResult(seq_len=length, forwards_per_request=count))
+    run = LengthRun(LengthResult(seq_len=length, forwards_per_request=count))
     run.timed = [request(count) for _ in range(TIMED_REQUESTS)]
     run.check = run.timed[TIMED_REQUESTS // 2]
-    run.repeat = _Request(run.check.input_seed, run.check.basis_seed, run.check.fingerprints.clone(), 1)
+    run.repeat = Request(run.check.input_seed, run.check.basis_seed, run.check.fingerprints.clone(), 1)
     run.output = torch.randn(1, length, workload.HIDDEN_SIZE, generator=generator).to(torch.bfloat16)
     return run
 
@@ -79,7 +74,7 @@ def profile(reference: torch.nn.Module, length: int, device: str, generator: tor
     synchronize(device)
     started = time.perf_counter()
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        _verify_length(run, reference, device, lambda event: None, target=target)
+        verify_length(run, reference, device, lambda event: None, target=target)
         synchronize(device)
     wall = time.perf_counter() - started
     rows = sorted(
@@ -107,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     reference.load_state_dict(workload.make_weights(0), strict=True)
     reference = reference.to(args.device).eval()
     # The shortest length once first, untimed: the allocator's growth and the libraries' start-up.
-    _verify_length(made_up_run(min(args.lens), generator, args.tokens_per_request), reference, args.device,
+    verify_length(made_up_run(min(args.lens), generator, args.tokens_per_request), reference, args.device,
                    lambda event: None)
     rows = []
     for length in args.lens:
@@ -116,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         forwards = requests_to_verify(run, target) * run.result.forwards_per_request
         synchronize(args.device)
         started = time.perf_counter()
-        _verify_length(run, reference, args.device, lambda event: None, target=target)
+        verify_length(run, reference, args.device, lambda event: None, target=target)
         synchronize(args.device)
         seconds = time.perf_counter() - started
         rows.append({"length": length, "seconds": seconds, "forwards": forwards,

@@ -33,8 +33,10 @@ from rich.table import Table
 from quasar import config
 from quasar.evaluate import confinement, syscall_filter
 from quasar.evaluate.environment import evaluation_environment
-from quasar.evaluate.harness import EvaluationOptions, evaluate
-from quasar.evaluate.sandbox import SYS_BINDS, SandboxPolicy, namespaces_supported
+from quasar.evaluate.harness import evaluate
+from quasar.evaluate.options import EvaluationOptions
+from quasar.evaluate.sandbox import SandboxPolicy, namespaces_supported
+from quasar.evaluate.sandbox_layout import SYS_BINDS
 from quasar.starter_fork import write_starter_fork
 
 # /sys as the default sandbox has it, then with the PCI devices (where the CUDA driver finds its

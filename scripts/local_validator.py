@@ -36,7 +36,8 @@ from quasar.evaluate.__main__ import (
     options_from,
     positive_int,
 )
-from quasar.evaluate.harness import EvaluationInputError, ProgressEvent, evaluate
+from quasar.evaluate.harness import evaluate
+from quasar.evaluate.options import EvaluationInputError, ProgressEvent
 from quasar.evaluate.report import OK, EvaluationReport, render_report
 
 FULL_SEQ_LENS = (512, 1024, 2048, 100_000, 500_000, 1_000_000)

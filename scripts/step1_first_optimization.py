@@ -34,7 +34,8 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
 
 from quasar.evaluate.__main__ import add_evaluation_arguments, options_from, positive_int  # noqa: E402
-from quasar.evaluate.harness import DEFAULT_SEQ_LENS, EvaluationInputError, ProgressEvent, evaluate  # noqa: E402
+from quasar.evaluate.harness import evaluate  # noqa: E402
+from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, ProgressEvent  # noqa: E402
 from quasar.evaluate.report import render_report  # noqa: E402
 from quasar.starter_fork import kernel_files, template_root  # noqa: E402
 

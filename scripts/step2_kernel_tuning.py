@@ -39,7 +39,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # 
 from rich.table import Table  # noqa: E402
 
 from quasar.evaluate.__main__ import add_evaluation_arguments, options_from, parse_seq_lens  # noqa: E402
-from quasar.evaluate.harness import EvaluationInputError, evaluate  # noqa: E402
+from quasar.evaluate.harness import evaluate  # noqa: E402
+from quasar.evaluate.options import EvaluationInputError  # noqa: E402
 from quasar.evaluate.report import OK  # noqa: E402
 from quasar.starter_fork import tuning_contract  # noqa: E402
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from quasar.evaluate import EvaluationOptions, EvaluationReport, SandboxPolicy, evaluate
-from quasar.evaluate.harness import REL_ERROR_THRESHOLD, REQUEST_TOLERANCE
+from quasar.evaluate.verification import REL_ERROR_THRESHOLD, REQUEST_TOLERANCE
 from quasar.evaluate.report import render_report
 from quasar.evaluate.sandbox import SandboxedChild, SandboxUnavailable
 from quasar.starter_fork import write_starter_fork

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from quasar.evaluate import EvaluationOptions, evaluate, workload
-from quasar.evaluate.harness import REL_ERROR_THRESHOLD, REQUEST_TOLERANCE
+from quasar.evaluate.verification import REL_ERROR_THRESHOLD, REQUEST_TOLERANCE
 from quasar.starter_fork import copy_starter_tree
 from tests.hostile_forks import write_hostile_fork
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from quasar.evaluate.report import EvaluationReport, LengthResult
 from quasar.starter_fork import (
     KERNEL_DIR,
     LAYER_FILE,
@@ -259,7 +260,7 @@ def test_bench_reference_times_each_length_and_writes_its_figures(tmp_path, caps
     import bench_reference
     import torch
 
-    from quasar.evaluate.harness import requests_to_verify
+    from quasar.evaluate.verification import requests_to_verify
 
     assert bench_reference.main(["--out", str(tmp_path), "--device", "cpu", "--lens", "64,96",
                                  "--tokens-per-request", "256"]) == 0
@@ -275,3 +276,65 @@ def test_bench_reference_times_each_length_and_writes_its_figures(tmp_path, caps
     assert all(row["seconds"] > 0 for row in found["lengths"])
     printed = capsys.readouterr().out
     assert "the parent's reference per length" in printed and all(len(line) <= 80 for line in printed.splitlines())
+
+
+# --- the harness's agreement over evaluations (scripts/bench_harness.py) ---
+
+
+def test_bench_harness_reports_the_spread_of_medians_and_of_bests():
+    import io
+
+    from rich.console import Console
+
+    import bench_harness as bench
+
+    def report(median: float, best: float) -> EvaluationReport:
+        item = LengthResult(seq_len=512, status="ok", tokens_per_sec=median, tokens_per_sec_max=best,
+                            tokens_per_sec_min=median / 2, cv=0.1, rel_error=0.01, forwards_per_request=64, subtracted_us=1.5)
+        missing = LengthResult(seq_len=1024, status="oom")
+        return EvaluationReport(verdict="pass", reasons=[], repo="r", target_seq_len=1024, seq_lens=[512, 1024],
+                                device="cuda", device_name="gpu", import_check=None,
+                                lengths={"512": item, "1024": missing})
+
+    reports = [report(100.0, 200.0), report(104.0, 201.0), report(101.0, 202.0)]
+    found = bench.agreement(reports)
+    assert found["512"]["medians"] == [100.0, 104.0, 101.0] and found["512"]["bests"] == [200.0, 201.0, 202.0]
+    assert found["512"]["spread"] == pytest.approx(0.04) and found["512"]["best_spread"] == pytest.approx(0.01)
+    assert found["1024"] == {"medians": None, "statuses": ["oom"] * 3}
+    console = Console(file=io.StringIO(), width=300)
+    console.print(bench.agreement_table(reports, found))
+    text = console.file.getvalue()
+    assert "100 · 104 · 101" in text and "4.00%" in text and "200 · 201 · 202" in text and "1.00%" in text
+    assert bench.parse_target("1M") == 1_000_000 and bench.parse_target("100000") == 100_000
+    with pytest.raises(Exception, match="one length"):
+        bench.parse_target("512,1024")
+
+    # The steps: each event to the next, summed per stage and length, in the order they came.
+    timeline = bench.Timeline()
+    timeline.events = [(0.0, "start", None), (4.5, "calibrate", 512), (5.0, "warmup", 512), (5.5, "warmup", 512),
+                       (9.0, "timed", 512), (10.0, "warmup", 512), (10.25, "done", None)]
+    assert timeline.steps() == {"start": 4.5, "calibrate@512": 0.5, "warmup@512": 4.25, "timed@512": 1.0}
+    console = Console(file=io.StringIO(), width=80)
+    console.print(bench.steps_table([timeline.steps(), {"start": 3.5}]))
+    text = console.file.getvalue()
+    assert "warmup@512" in text and "4.00" in text and "3.50-4.50" in text
+    assert bench.parse_tuning('{"num_stages": 1}') == {"num_stages": 1}
+    with pytest.raises(Exception, match="unknown tunable 'stages'"):
+        bench.parse_tuning('{"stages": 1}')
+
+
+def test_bench_harness_evaluates_another_trees_files(tmp_path):
+    from quasar.starter_fork import copy_starter_tree
+
+    import bench_harness as bench
+
+    tree = tmp_path / "older"
+    starter = sorted(copy_starter_tree(tree))
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    copied = bench.copy_fork_tree(tree, tmp_path / "copy")
+    assert copied == starter
+    assert not (tmp_path / "copy" / ".git").exists()
+    assert (tmp_path / "copy" / "fla" / "layers" / "quasar.py").read_bytes() == (tree / "fla" / "layers" / "quasar.py").read_bytes()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="not a fork's tree"):
+        bench.copy_fork_tree(tmp_path / "empty", tmp_path / "copy2")

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from quasar.evaluate import EvaluationOptions, SandboxPolicy, evaluate
-from quasar.evaluate.harness import EVALUATION_PACKAGES, missing_module_reason
+from quasar.evaluate.environment import EVALUATION_PACKAGES
+from quasar.evaluate.session import missing_module_reason
 from quasar.evaluate.report import NEEDS_GPU, SKIPPED
 from quasar.evaluate.sandbox import SandboxedChild
 from quasar.imports import validate_repo

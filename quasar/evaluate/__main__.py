@@ -11,13 +11,8 @@ import sys
 from collections.abc import Sequence
 
 from quasar.config import SettingsError
-from quasar.evaluate.harness import (
-    DEFAULT_SEQ_LENS,
-    EvaluationInputError,
-    EvaluationOptions,
-    evaluate,
-    options_from_settings,
-)
+from quasar.evaluate.harness import evaluate
+from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, EvaluationOptions, options_from_settings
 from quasar.evaluate.report import render_report
 
 

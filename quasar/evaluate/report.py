@@ -65,7 +65,7 @@ class ImportCheck:
 class LengthResult:
     """Benchmark and correctness at one sequence length.
 
-    Speeds come from the parent's clock (see harness.py): ``timed_runs`` timed requests of
+    Speeds come from the parent's clock (docs/evaluation.md, "Timing"): ``timed_runs`` timed requests of
     ``forwards_per_request`` forwards each, one time per forward from each request (its round
     trip less the harness's cost, divided by the count; ``subtracted_us`` per forward);
     ``tokens_per_sec`` from their median, ``tokens_per_sec_max`` from the fastest request (the
@@ -166,7 +166,7 @@ class EvaluationReport:
     sandbox: str = ""
     # The packages the fork could import besides its own (environment.py).
     environment: str = ""
-    # Where the child and the parent's timing thread ran (harness.py, pinning.py).
+    # Where the child and the parent's timing thread ran (timing and pinning: docs/evaluation.md, pinning.py).
     cpu_pinning: str = ""
     weights_seed: int | None = None
     timings: Timings = field(default_factory=Timings)

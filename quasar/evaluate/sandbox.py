@@ -25,7 +25,6 @@ Isolation levels (``SandboxedChild.isolation``):
 
 from __future__ import annotations
 
-import collections
 import fcntl
 import json
 import logging
@@ -35,33 +34,35 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from quasar.evaluate import pinning, protocol, syscall_filter
 from quasar.evaluate.confinement import Confinement, ConfinementError
+from quasar.evaluate.captured_output import CapturedOutput
 from quasar.evaluate.environment import evaluation_environment
+from quasar.evaluate.gpus import assigned_gpu, nvidia_gpus
+from quasar.evaluate.stragglers import MARKER_VARIABLE, kill_marked_processes
+from quasar.evaluate.sandbox_layout import (
+    NOBODY,
+    SANDBOX_FORK,
+    SANDBOX_HARNESS,
+    SANDBOX_HOME,
+    SANDBOX_SITE,
+    SYS_BINDS,
+    python_executable,
+    root_mounts,
+)
 
 logger = logging.getLogger(__name__)
 
 HARNESS_FILES = ("child.py", "protocol.py", "workload.py", "sandbox_init.py", "syscall_filter.py")
 HARNESS_DIR = Path(__file__).resolve().parent
-SANDBOX_FORK = "/sandbox/fork"
-SANDBOX_HARNESS = "/sandbox/harness"
-SANDBOX_HOME = "/sandbox/home"
-# The evaluation environment's site folders inside the sandbox: /sandbox/site/0, /sandbox/site/1…
-SANDBOX_SITE = "/sandbox/site"
-MARKER_VARIABLE = "QUASAR_SANDBOX_ID"
-KEPT_OUTPUT_BYTES = 32 * 1024
 # A fork bigger than this (without .git) is refused rather than copied.
 MAX_FORK_BYTES = 512 * 1024 * 1024
-NOBODY = 65534
-# The sandbox's user and group names in its own /etc/passwd and /etc/group.
-SANDBOX_USER = "sandbox"
 # Variables passed through from the parent's environment when set: library lookup and device
 # selection only, never credentials.
 PASSED_VARIABLES = (
@@ -69,16 +70,6 @@ PASSED_VARIABLES = (
     "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
     "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
 )
-# Read-only system directories of the private root (those that exist on this machine).
-SYSTEM_DIRECTORIES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/opt/conda")
-# What the sandbox's /etc holds of the host's: the dynamic linker's cache and configuration (the
-# loader and Triton's `ldconfig -p` read them), the time zone, the name service switch (with the
-# files below, lookups stay inside) and the alternatives' links (/usr/bin/cc and the like).
-ETC_BINDS = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch.conf", "alternatives")
-# The parts of /sys the sandbox sees, read-only: the CPUs and NUMA nodes (os.cpu_count, torch's
-# thread pools, the CUDA driver's placement) and the NVIDIA kernel modules' parameters.
-SYS_BINDS = ("/sys/devices/system/cpu", "/sys/devices/system/node", "/sys/module/nvidia", "/sys/module/nvidia_uvm")
-DEVICE_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # The child's first reply (Python and torch imported) must come within this many seconds.
 STARTUP_SECONDS = 180
 
@@ -115,36 +106,6 @@ class SandboxPolicy:
     pytorch_cuda_alloc_conf: str = "expandable_segments:True"
 
 
-@dataclass
-class CapturedOutput:
-    """What the child wrote to stdout and stderr: its head and tail, and how much in all."""
-
-    total_bytes: int = 0
-    head: bytearray = field(default_factory=bytearray)
-    tail: collections.deque = field(default_factory=collections.deque)
-    tail_bytes: int = 0
-    flooded: bool = False
-
-    def add(self, chunk: bytes) -> None:
-        self.total_bytes += len(chunk)
-        room = KEPT_OUTPUT_BYTES - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail.append(chunk)
-            self.tail_bytes += len(chunk)
-            while self.tail_bytes - len(self.tail[0]) >= KEPT_OUTPUT_BYTES:
-                self.tail_bytes -= len(self.tail.popleft())
-
-    def text(self) -> str:
-        """Head and tail as text, with a note of what was left out between them."""
-        tail = b"".join(self.tail)[-KEPT_OUTPUT_BYTES:]
-        skipped = self.total_bytes - len(self.head) - len(tail)
-        middle = f"\n[... {skipped} bytes left out ...]\n".encode() if skipped > 0 else b""
-        return (bytes(self.head) + middle + tail).decode("utf-8", errors="replace")
-
-
 def namespaces_supported() -> tuple[bool, str]:
     """Whether this machine can give the child its own namespaces, and why not."""
     if not sys.platform.startswith("linux"):
@@ -159,63 +120,6 @@ def _die_with_parent() -> None:
     import ctypes
 
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-def python_executable() -> str:
-    """The interpreter the child runs: this one's real file, outside any virtual environment
-    (the child runs without ``site``; its packages are the evaluation environment's alone)."""
-    return os.path.realpath(sys.executable)
-
-
-def _python_installation() -> list[str]:
-    """Directories of the child's Python: the installation its real executable belongs to (the
-    standard library, headers Triton compiles against, libpython) and that executable's folder."""
-    executable = python_executable()
-    prefix = os.path.dirname(os.path.dirname(executable))
-    paths = {prefix, os.path.dirname(executable), sys.base_prefix, sys.base_exec_prefix}
-    for key in ("stdlib", "platstdlib", "include", "platinclude"):
-        path = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix}).get(key)
-        if path:
-            paths.add(path)
-    return sorted(p for p in paths if os.path.isdir(p))
-
-
-def site_folders() -> list[str]:
-    """Every folder of installed packages this machine's Pythons may have, that exists: this
-    process's own, its base installation's, Debian's, and those on ``sys.path``."""
-    import site
-
-    candidates = set(site.getsitepackages()) | {site.getusersitepackages()}
-    for key in ("purelib", "platlib"):
-        candidates.add(sysconfig.get_paths()[key])
-        candidates.add(sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})[key])
-    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    candidates |= {"/usr/lib/python3/dist-packages", f"/usr/lib/{version}/site-packages",
-                   f"/usr/local/lib/{version}/dist-packages", f"/usr/local/lib/{version}/site-packages"}
-    candidates |= {entry for entry in sys.path if os.path.basename(entry) in ("site-packages", "dist-packages")}
-    return sorted(os.path.normpath(c) for c in candidates if c and os.path.isdir(c))
-
-
-def _inside_any(path: str, folders: list[str]) -> bool:
-    return any(path == folder or path.startswith(folder.rstrip("/") + "/") for folder in folders)
-
-
-def _etc_files(uid: int) -> dict[str, str]:
-    """The files written into the sandbox's /etc: its users, groups and hosts, nothing of the host's."""
-    accounts = (("root", 0), ("nobody", NOBODY)) + (((SANDBOX_USER, uid),) if uid not in (0, NOBODY) else ())
-    users = "".join(f"{name}:x:{number}:{number}:{name}:{SANDBOX_HOME}:/usr/sbin/nologin\n" for name, number in accounts)
-    groups = "".join(f"{name}:x:{number}:\n" for name, number in accounts)
-    return {"passwd": users, "group": groups, "hosts": "127.0.0.1 localhost\n::1 localhost\n",
-            "hostname": "sandbox\n"}
-
-
-def _outermost(paths: list[str]) -> list[str]:
-    """Drop paths that lie inside another path of the list."""
-    kept: list[str] = []
-    for path in sorted({os.path.normpath(p) for p in paths}, key=len):
-        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
-            kept.append(path)
-    return kept
 
 
 def scrubbed_environment(home: str, device: str, policy: SandboxPolicy, marker: str) -> dict[str, str]:
@@ -262,44 +166,7 @@ def physical_gpu_id(device: str) -> str:
     return choices[index] if choices is not None else str(index)
 
 
-@dataclass(frozen=True)
-class NvidiaGpu:
-    """A GPU as the NVIDIA driver lists it (/proc/driver/nvidia/gpus): PCI bus, device node minor, UUID."""
-
-    bus: str
-    minor: int
-    uuid: str
-
-
-def nvidia_gpus(root: str = "/proc/driver/nvidia/gpus") -> list[NvidiaGpu]:
-    """The driver's GPUs in PCI bus order (the order ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` numbers them);
-    empty where there is no NVIDIA driver or its listing is unreadable."""
-    found = []
-    try:
-        buses = os.listdir(root)
-    except OSError:
-        return []
-    for bus in buses:
-        fields = {}
-        try:
-            with open(os.path.join(root, bus, "information")) as information:
-                for line in information:
-                    key, _, value = line.partition(":")
-                    fields[key.strip()] = value.strip()
-            found.append(NvidiaGpu(bus.lower(), int(fields["Device Minor"]), fields["GPU UUID"]))
-        except (OSError, KeyError, ValueError):
-            return []
-    return sorted(found, key=lambda gpu: gpu.bus)
-
-
-def assigned_gpu(physical: str, gpus: list[NvidiaGpu]) -> NvidiaGpu | None:
-    """The GPU ``physical`` (a PCI-order index or a UUID) names, or None (a MIG id, or unknown)."""
-    if physical.isdigit() and int(physical) < len(gpus):
-        return gpus[int(physical)]
-    return next((gpu for gpu in gpus if gpu.uuid == physical), None)
-
-
-def _copy_tree(source: Path, destination: Path) -> None:
+def copy_tree(source: Path, destination: Path) -> None:
     """Copy a fork without ``.git`` and its bytecode caches (the sandbox compiles its own, from
     the sources the import check read), without following links out of it, world-readable."""
     total = 0
@@ -407,35 +274,8 @@ class SandboxedChild:
             "seccomp": self.seccomp,
         }
         if namespaced:
-            folders = site_folders()
-            directories = list(SYSTEM_DIRECTORIES) + _python_installation() + list(self.policy.extra_readonly_paths)
-            for variable in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH"):
-                directories += [p for p in os.environ.get(variable, "").split(":") if p and not _inside_any(p, folders)]
-            binds, links = [], []
-            for path in _outermost([p for p in directories if os.path.lexists(p)]):
-                if os.path.islink(path) and os.path.dirname(path) == "/":
-                    links.append([os.readlink(path), path])
-                elif os.path.isdir(path):
-                    binds.append([path, path])
-            bound = [target for _, target in binds]
-            for index, site in enumerate(evaluation_environment().sites):
-                binds += [[os.path.join(site.path, entry), f"{SANDBOX_SITE}/{index}/{entry}"] for entry in site.entries]
-            binds += [[str(self.workdir / "fork"), SANDBOX_FORK], [str(self.workdir / "harness"), SANDBOX_HARNESS]]
-            owner = f",uid={uid},gid={gid}" if mode == "root" else ""
-            config.update({
-                "ro_binds": binds,
-                "symlinks": links,
-                "hidden": [folder for folder in folders if _inside_any(folder, bound)],
-                "etc_files": _etc_files(uid),
-                "etc_binds": list(ETC_BINDS),
-                "sys_binds": [path for path in self.policy.sys_paths if os.path.isdir(path)],
-                "devices": [d for d in DEVICE_NODES if os.path.exists(d)] + self._nvidia_devices(),
-                "tmpfs": [
-                    [SANDBOX_HOME, f"mode=0700,size={self.policy.home_tmpfs_bytes}{owner}"],
-                    ["/tmp", f"mode=1777,size={self.policy.tmp_tmpfs_bytes}"],
-                    ["/dev/shm", f"mode=1777,size={self.policy.shm_tmpfs_bytes}"],
-                ],
-            })
+            assert self.workdir is not None
+            config.update(root_mounts(self.workdir, mode, uid, self.policy, self._nvidia_devices()))
         return config
 
     def _site_paths(self, namespaced: bool) -> list[str]:
@@ -487,7 +327,7 @@ class SandboxedChild:
         self.workdir = Path(tempfile.mkdtemp(prefix="quasar-eval-"))
         try:
             if self.fork_source is not None:
-                _copy_tree(self.fork_source, self.workdir / "fork")
+                copy_tree(self.fork_source, self.workdir / "fork")
             else:
                 (self.workdir / "fork").mkdir()
                 os.chmod(self.workdir / "fork", 0o755)
@@ -524,7 +364,7 @@ class SandboxedChild:
         if self.workdir is None or self.fork_source is not None:
             raise SandboxError("provide_fork: the child was not started without a fork")
         self.fork_source = Path(fork_dir).resolve()
-        _copy_tree(self.fork_source, self.workdir / "fork")
+        copy_tree(self.fork_source, self.workdir / "fork")
         self._start_precompile()
 
     def _start_precompile(self) -> None:
@@ -734,38 +574,3 @@ class SandboxedChild:
             self.gone.set()
 
 
-def _marked(pid: int, needle: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as environ:
-            return needle in environ.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def kill_marked_processes(marker: str, grace_seconds: float = 2.0) -> int:
-    """Kill processes whose environment carries ``QUASAR_SANDBOX_ID=marker``; return how many.
-
-    The PID namespace already ends every sandboxed process with its init; this catches what
-    slips out in unsandboxed mode (a double fork with setsid) and waits ``grace_seconds`` for a
-    dying namespace to empty before counting.
-    """
-    if not os.path.isdir("/proc"):
-        return 0
-    needle = f"{MARKER_VARIABLE}={marker}".encode()
-    killed: set[int] = set()
-    deadline = time.monotonic() + grace_seconds
-    while True:
-        found = [int(name) for name in os.listdir("/proc") if name.isdigit() and _marked(int(name), needle)]
-        if not found:
-            return len(killed)
-        if time.monotonic() >= deadline:
-            for pid in found:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.add(pid)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            if killed.issuperset(found):
-                time.sleep(0.1)
-                return len(killed)
-        time.sleep(0.05)

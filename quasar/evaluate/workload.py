@@ -58,7 +58,7 @@ SEGMENTS = 8
 # Random +-1 directions per segment in a fingerprint; see ``fingerprint``. Each direction adds one
 # sample to the mean square that estimates an eighth's error: 32 of them per eighth, 256 per
 # forward, put the estimate of a forward's whole error within about 4% (one standard deviation),
-# so the timed forwards can be held close to the correctness threshold (harness.py).
+# so the timed forwards can be held close to the correctness threshold (verification.py).
 FINGERPRINT_DIRECTIONS = 32
 
 
