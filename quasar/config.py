@@ -485,7 +485,7 @@ class Settings:
     @property
     def local_forks_allowed(self) -> bool:
         """Whether fork URLs may be local paths or file:// URLs: on the embedded dev chain, or where
-        ALLOW_LOCAL_FORKS says so (QUASAR.md section 3)."""
+        ALLOW_LOCAL_FORKS says so (docs/rules.md section 3)."""
         return self.network == DEV_NETWORK or self.allow_local_forks
 
     @property

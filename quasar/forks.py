@@ -4,7 +4,7 @@ A submission names a fork by URL and a full commit id. :func:`normalize_fork_url
 :func:`validate_commit_hash` are the pure rules (the submission API uses them too);
 :func:`clone_at_commit` fetches exactly that commit into a cache directory of its own.
 
-What the clone defends against (QUASAR.md section 8):
+What the clone defends against (docs/rules.md section 8):
 
 - the URL picks the host, never a path: only ``https://github.com/OWNER/REPO`` (local sources only
   when the caller allows them), and the directory name is a hash of (URL, commit), never URL text;

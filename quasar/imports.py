@@ -1,4 +1,4 @@
-"""Import validation of a QUASAR fork (QUASAR.md section 4 step 2), by parsing, never by substring.
+"""Import validation of a QUASAR fork (docs/rules.md section 4 step 2), by parsing, never by substring.
 
 ``python -m quasar.imports REPO [--profile core|strict] [--require-cu] [--json]`` checks a fork
 checked out at REPO; exit status 0 iff it passes, 1 if not, 2 for a usage error. Every message
@@ -1281,7 +1281,7 @@ class _Repo:
 
 
 def validate_repo(repo_path: str | os.PathLike, profile: str = "core", require_cu: bool = False) -> ImportReport:
-    """Check a fork checked out at ``repo_path`` against QUASAR.md section 4 step 2.
+    """Check a fork checked out at ``repo_path`` against docs/rules.md section 4 step 2.
 
     Raises NotADirectoryError when ``repo_path`` is not a directory and ValueError for an unknown
     profile; everything wrong with the fork itself is a finding in the report.
@@ -1347,7 +1347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``python -m quasar.imports``: 0 iff the fork passes, 1 if not, 2 for a usage error."""
     parser = argparse.ArgumentParser(
         prog="python -m quasar.imports",
-        description="Check a QUASAR fork's imports (QUASAR.md section 4 step 2).",
+        description="Check a QUASAR fork's imports (docs/rules.md section 4 step 2).",
     )
     parser.add_argument("repo", help="path of the fork's checkout")
     parser.add_argument(

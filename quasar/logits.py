@@ -1,4 +1,4 @@
-"""Logit verification (QUASAR.md §4 step 6): the reference model, challenges and the comparison.
+"""Logit verification (docs/rules.md §4 step 6): the reference model, challenges and the comparison.
 
 A validator draws a :class:`Challenge` (random token-id prompt, generation length, decode step),
 a miner's inference server runs greedy decoding with the KV cache and returns its tokens and the
@@ -341,7 +341,7 @@ def draw_challenge(tokens: TokenRange, limits: ChallengeLimits, rng: random.Rand
 
 @dataclass(frozen=True)
 class LogitThresholds:
-    """Pass iff cosine ≥ ``min_cosine`` and max |diff| ≤ ``max_abs_diff`` (QUASAR.md §4 step 6)."""
+    """Pass iff cosine ≥ ``min_cosine`` and max |diff| ≤ ``max_abs_diff`` (docs/rules.md §4 step 6)."""
 
     min_cosine: float = 0.99
     max_abs_diff: float = 0.1

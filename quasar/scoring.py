@@ -1,4 +1,4 @@
-"""The scoring rules of QUASAR (QUASAR.md section 5) as pure functions, and a command to apply them.
+"""The scoring rules of QUASAR (docs/rules.md section 5) as pure functions, and a command to apply them.
 
 The validator (weights on chain), the submission API (its leaderboard) and the miner (simulating its
 rank) all score through :func:`rank`, so they agree by construction:
@@ -218,7 +218,7 @@ def best_per_hotkey(results: Iterable[Result]) -> dict[str, Result]:
 
 
 def _order_with_tie_margin(scored: Sequence[tuple[float, Result]], epsilon: float) -> list[tuple[float, Result]]:
-    """QUASAR.md's order: repeatedly take the highest remaining score m; among the remaining entries
+    """docs/rules.md's order: repeatedly take the highest remaining score m; among the remaining entries
     with score ≥ m/(1+ε), place the earliest (time, then id) next.
 
     O(n log n): m never rises, so the set of entries within the margin only grows; they wait in
@@ -295,7 +295,7 @@ def _check_epsilon(epsilon: float) -> float:
 
 
 def rank(results: Iterable[Result], epsilon: float = DEFAULT_EPSILON) -> Ranking:
-    """Rank ``results`` by QUASAR.md section 5 with tie margin ``epsilon`` (0 = exact ties only).
+    """Rank ``results`` by docs/rules.md section 5 with tie margin ``epsilon`` (0 = exact ties only).
 
     Raises ValueError for a negative or non-finite epsilon, or a submission id that appears in
     more than one result (the tie-break needs ids to be unique).
@@ -400,7 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     option = config.OPTIONS_BY_KEY["tie_epsilon"]
     parser = argparse.ArgumentParser(
         prog="python -m quasar.scoring",
-        description="Rank QUASAR results (QUASAR.md section 5) and print the weight split as JSON.")
+        description="Rank QUASAR results (docs/rules.md section 5) and print the weight split as JSON.")
     parser.add_argument("--input", required=True, metavar="FILE",
                         help="JSON list of results ('-' reads standard input); messages number entries from 0")
     parser.add_argument("--epsilon", option.flag, dest=option.key, default=None, metavar="E",

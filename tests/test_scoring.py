@@ -1,4 +1,4 @@
-"""Scoring (QUASAR.md section 5): leagues, eligibility, the tie margin, the top-4 split, the CLI.
+"""Scoring (docs/rules.md section 5): leagues, eligibility, the tie margin, the top-4 split, the CLI.
 
 The ranking is compared with a slow transcription of the rule (``reference_rank``) on random
 inputs built to hold many near-ties, exact ties and equal submission times.
@@ -22,7 +22,7 @@ from quasar.scoring import InvalidResult, Result, ScoringInputError
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "results.json"
 
-# QUASAR.md's league table, row by row: (lowest length, highest length, league, multiplier).
+# docs/rules.md's league table, row by row: (lowest length, highest length, league, multiplier).
 LEAGUE_TABLE = [
     (1, 199_999, "100k", 0.5),
     (200_000, 299_999, "200k", 0.75),
@@ -52,7 +52,7 @@ def reference_eligible(r):
 
 
 def reference_rank(results, epsilon):
-    """The rule as QUASAR.md words it, with no cleverness: [(hotkey, submission_id, score)] in order."""
+    """The rule as docs/rules.md words it, with no cleverness: [(hotkey, submission_id, score)] in order."""
     eligible = [r for r in results if reference_eligible(r)]
     best = []
     for hotkey in {r.hotkey for r in eligible}:

@@ -33,7 +33,7 @@ import step1_first_optimization as step1  # noqa: E402
 
 FAST = EvaluationOptions(seq_lens=(), device="cpu", warmup_runs=1, min_timed_runs=3, max_timed_runs=3,
                          timed_seconds=0.1, length_timeout_s=120, timeout_s=300)
-# QUASAR.md section 6: the benchmark layer's parameter count.
+# docs/rules.md section 6: the benchmark layer's parameter count.
 LAYER_PARAMETERS = 1_120_840
 NEEDS_GPU_LINE = "T=64: the forward needs a CUDA GPU for this fork"
 ABSENT_DEPENDENCY = "quasar_absent_dependency"

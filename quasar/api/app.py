@@ -196,7 +196,7 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
     @app.get("/leaderboard", response_model=schemas.Leaderboard, responses=ERRORS, tags=["public"])
     async def leaderboard(request: Request,
                           round_id: Annotated[int | None, Query(ge=0, le=2**40)] = None) -> Response:
-        """A round ranked from validators' measured results (QUASAR.md §5); default the current round.
+        """A round ranked from validators' measured results (docs/rules.md §5); default the current round.
         Reports count from the chain block after they arrive."""
         return await reads.response(request, lambda: service.leaderboard(round_id))
 

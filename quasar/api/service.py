@@ -71,7 +71,7 @@ class ApiConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> ApiConfig:
-        """Local fork paths are accepted only on the dev chain, or where ALLOW_LOCAL_FORKS says so (QUASAR.md §3)."""
+        """Local fork paths are accepted only on the dev chain, or where ALLOW_LOCAL_FORKS says so (docs/rules.md §3)."""
         return cls(
             api_hotkey=settings.api_hotkey,
             blocks_until_reveal=settings.blocks_until_reveal,

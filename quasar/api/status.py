@@ -10,7 +10,7 @@ The state machine (:func:`submission_state`): a commitment is ``committed`` unti
 (``revealed``) or its reveal window closes (``expired``); a direct submission starts ``queued``.
 A ready submission is ``being_evaluated`` while a validator holds an unexpired lease on it and
 none has reported; once reports arrive it is ``passed`` or ``failed`` by the validators'
-consensus, the same rule the leaderboard ranks by (QUASAR.md section 5).
+consensus, the same rule the leaderboard ranks by (docs/rules.md section 5).
 """
 
 from __future__ import annotations

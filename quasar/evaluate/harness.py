@@ -217,7 +217,7 @@ def _import_check(repo: Path, options: EvaluationOptions) -> ImportCheck:
 
 
 def _score(report: EvaluationReport, runs: dict[int, LengthRun]) -> None:
-    """Claim check, league, weighted score and recommended claim (QUASAR.md section 5)."""
+    """Claim check, league, weighted score and recommended claim (docs/rules.md section 5)."""
     from quasar import scoring
 
     target = report.target_seq_len

@@ -53,7 +53,7 @@ def _finite_or_none(value: Any) -> Any:
 
 @dataclass
 class ImportCheck:
-    """Result of the import validation of ``fla/ops/quasar/`` (QUASAR.md section 4 step 2)."""
+    """Result of the import validation of ``fla/ops/quasar/`` (docs/rules.md section 4 step 2)."""
 
     ok: bool
     profile: str

@@ -31,13 +31,13 @@ HIDDEN_SIZE = 512
 HEAD_DIM = 64
 NUM_HEADS = 8
 MODE = "chunk"
-# The benchmark layer of QUASAR.md section 4 step 3.
+# The benchmark layer of docs/rules.md section 4 step 3.
 LAYER_KWARGS = {"hidden_size": HIDDEN_SIZE, "head_dim": HEAD_DIM, "num_heads": NUM_HEADS, "mode": MODE}
 AUTOCAST_DTYPE = torch.bfloat16
 
 WIDTH = NUM_HEADS * HEAD_DIM
 CONV_SIZE = 4
-# Parameter names and shapes of QUASAR.md section 6 (1,120,840 parameters).
+# Parameter names and shapes of docs/rules.md section 6 (1,120,840 parameters).
 PARAMETER_SHAPES: dict[str, tuple[int, ...]] = {
     "q_proj.weight": (WIDTH, HIDDEN_SIZE),
     "k_proj.weight": (WIDTH, HIDDEN_SIZE),
@@ -53,7 +53,7 @@ PARAMETER_SHAPES: dict[str, tuple[int, ...]] = {
     "o_proj.weight": (HIDDEN_SIZE, WIDTH),
 }
 
-# The output is checked on each eighth of the sequence separately (QUASAR.md section 4 step 4).
+# The output is checked on each eighth of the sequence separately (docs/rules.md section 4 step 4).
 SEGMENTS = 8
 # Random +-1 directions per segment in a fingerprint; see ``fingerprint``. Each direction adds one
 # sample to the mean square that estimates an eighth's error: 32 of them per eighth, 256 per

@@ -1,4 +1,4 @@
-"""The miner inference server and the validator's client for logit verification (QUASAR.md §4 step 6).
+"""The miner inference server and the validator's client for logit verification (docs/rules.md §4 step 6).
 
 - :mod:`quasar.inference.server`: ``create_inference_app`` (FastAPI), run by
   ``python -m quasar.inference serve`` / ``./START_MINER_INFERENCE.sh``;

@@ -68,7 +68,7 @@ class Measurement:
 
     @property
     def weighted_score(self) -> float:
-        """The claim times the league multiplier: what validators will rank (QUASAR.md section 5)."""
+        """The claim times the league multiplier: what validators will rank (docs/rules.md section 5)."""
         return self.claim * scoring.league_for(self.target_seq_len).multiplier
 
     def to_dict(self) -> dict[str, Any]:

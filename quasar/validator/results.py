@@ -118,7 +118,7 @@ def plan_weights(results: Iterable[scoring.Result], metagraph: Metagraph, owner_
     """Rank the results of hotkeys registered now (others are dropped before ranking, so they hold
     no place) and turn the top-4 shares into uid weights; the unassigned share goes to ``owner_uid``,
     or, when it is None (the owner's hotkey holds no uid), nowhere: the placed shares are scaled to
-    sum 1 (QUASAR.md section 5)."""
+    sum 1 (docs/rules.md section 5)."""
     uids = {neuron.hotkey: neuron.uid for neuron in metagraph.neurons}
     results = list(results)
     registered = [result for result in results if result.hotkey in uids]

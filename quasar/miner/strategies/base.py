@@ -1,7 +1,7 @@
 """What every optimization strategy shares: the candidate edit, its checks, and the history record.
 
 A strategy proposes a :class:`Candidate`: full new contents for files under ``fla/ops/quasar/``
-(the only folder a miner may change, QUASAR.md section 1). Every candidate is checked when it is
+(the only folder a miner may change, docs/rules.md section 1). Every candidate is checked when it is
 made, whatever strategy made it: paths stay inside ``fla/ops/quasar/`` (no ``..``, no absolute
 paths, no links, only source-like file types), sizes are bounded, and Python files must pass
 the import validator's forbidden-import check (``quasar.imports.check_source``) before anything
