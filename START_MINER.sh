@@ -25,7 +25,7 @@ if [ -f .env ]; then
 fi
 
 if [ ! -f .venv/bin/activate ]; then
-    fail "no .venv here: run ./scripts/test.sh once (or python3 -m venv .venv && .venv/bin/pip install -e .)"
+    fail "no .venv here: run ./scripts/setup_venv.sh once (it makes .venv and installs the suite)"
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate

@@ -29,7 +29,7 @@ if [ -f .env ]; then
 fi
 
 if [ ! -x .venv/bin/python ]; then
-    fail "no Python environment in $(pwd)/.venv: create it with ./scripts/test.sh (or python3 -m venv .venv && .venv/bin/pip install -e .)"
+    fail "no Python environment in $(pwd)/.venv: run ./scripts/setup_venv.sh once (it makes .venv and installs the suite)"
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 from dotenv import dotenv_values
@@ -316,6 +316,9 @@ OPTIONS: tuple[Option, ...] = (
     # Evaluation.
     Option("reference_model", "REFERENCE_MODEL", "--reference-model", _parse_str,
            "Qwen/Qwen2.5-0.5B-Instruct", "model for logit verification: a Hugging Face id or a local folder"),
+    Option("hf_hub_offline", "HF_HUB_OFFLINE", None, _parse_bool, "0",
+           "1: the reference model comes from the local Hugging Face cache only, never the network (fill the "
+           "cache first: hf download Qwen/Qwen2.5-0.5B-Instruct); Hugging Face reads it from the environment"),
     Option("device", "DEVICE", "--device", _parse_device, "cuda",
            "torch device for benchmarks and the reference model: cuda, cuda:N or cpu"),
     Option("pytorch_cuda_alloc_conf", "PYTORCH_CUDA_ALLOC_CONF", None, _parse_str,
@@ -436,6 +439,7 @@ class Settings:
     git_author_email: str
     miner_allow_unsandboxed: bool
     reference_model: str
+    hf_hub_offline: bool
     device: str
     pytorch_cuda_alloc_conf: str
     reference_dtype: str
@@ -521,23 +525,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                help=f"{option.help} ({source}default {option.default!r})")
 
 
+# The checkout this package runs from (an editable install's), where .env.example and a .env live.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Variables libraries read from the process environment (Hugging Face's hub and cache): a .env
+# setting them reaches them too, below the environment's own.
+LIBRARY_VARIABLES = ("HF_HUB_OFFLINE", "HF_HOME", "HF_ENDPOINT")
+
+
+def default_dotenv_path() -> Path:
+    """The .env to read: the current folder's, else the checkout's (a command started from
+    another folder reads the same settings as one started in the checkout)."""
+    here = Path.cwd() / ".env"
+    return here if here.is_file() else PROJECT_ROOT / ".env"
+
+
 def resolve(
     flags: Mapping[str, str | None] | argparse.Namespace | None = None,
     environ: Mapping[str, str] | None = None,
-    dotenv_path: str | os.PathLike | None = ".env",
+    dotenv_path: str | os.PathLike | None | Literal["default"] = "default",
 ) -> Settings:
     """Resolve every setting: default < ``.env`` < ``environ`` < ``flags``.
 
     ``flags`` maps setting keys to raw strings (None = not given), or is the namespace from a
-    parser built with :func:`add_arguments`. ``environ`` defaults to ``os.environ``.
+    parser built with :func:`add_arguments`. ``environ`` defaults to ``os.environ``, into which the
+    .env's :data:`LIBRARY_VARIABLES` the environment does not set are then put.
+    ``dotenv_path``: :func:`default_dotenv_path` by default; None reads no .env.
     """
     if isinstance(flags, argparse.Namespace):
         flags = vars(flags)
     flags = flags or {}
+    exported = environ is None
     environ = os.environ if environ is None else environ
+    if dotenv_path == "default":
+        dotenv_path = default_dotenv_path()
     dotenv: dict[str, str | None] = {}
     if dotenv_path is not None and Path(dotenv_path).is_file():
         dotenv = dotenv_values(dotenv_path)
+    if exported:
+        for name in LIBRARY_VARIABLES:
+            if name not in os.environ and dotenv.get(name) is not None:
+                os.environ[name] = str(dotenv[name])
 
     values: dict[str, Any] = {}
     for option in OPTIONS:

@@ -1,6 +1,7 @@
 """Settings: precedence default < .env < environment < flag, clear errors, .env.example in step."""
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,26 @@ def test_neuron_rejects_bad_flag_with_clear_message():
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "--netuid (from command line): expected an integer, got 'nope'" in result.stderr
+
+
+def test_a_command_started_from_another_folder_reads_the_checkouts_env(tmp_path, monkeypatch):
+    checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
+    checkout.mkdir()
+    elsewhere.mkdir()
+    (checkout / ".env").write_text("API_HOTKEY=5FromTheCheckout\n")
+    monkeypatch.setattr(config, "PROJECT_ROOT", checkout)
+    monkeypatch.chdir(elsewhere)
+    assert config.resolve({}, environ={}).api_hotkey == "5FromTheCheckout"
+    # A .env in the current folder is the one read.
+    (elsewhere / ".env").write_text("API_HOTKEY=5FromHere\n")
+    assert config.resolve({}, environ={}).api_hotkey == "5FromHere"
+
+
+def test_the_envs_hugging_face_variables_reach_the_environment_below_its_own(tmp_path, monkeypatch):
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("HF_HUB_OFFLINE=1\nHF_HOME=/from/dotenv\n")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HOME", "/from/environment")
+    settings = config.resolve({}, dotenv_path=dotenv)
+    assert settings.hf_hub_offline is True
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["HF_HOME"] == "/from/environment"
