@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from rich.logging import RichHandler
 
 REDACTED = "***"
+# Libraries that log every request or block at INFO: WARNING and above only, unless debugging.
+CHATTY_LIBRARIES = ("bittensor", "httpx", "httpcore", "urllib3", "websockets")
 
 
 class RedactSecrets(logging.Filter):
@@ -31,7 +33,7 @@ def setup_logging(debug: bool = False, secrets: Iterable[str] = (), stream=None)
     """Configure the root logger once per process.
 
     Terminals get rich's handler; pipes and files (pm2, systemd) get plain timestamped lines.
-    The Bittensor SDK logs under ``bittensor.*`` and stays at WARNING unless ``debug``.
+    The Bittensor SDK and the HTTP clients (:data:`CHATTY_LIBRARIES`) stay at WARNING unless ``debug``.
     """
     stream = stream or sys.stderr
     if stream.isatty():
@@ -46,4 +48,5 @@ def setup_logging(debug: bool = False, secrets: Iterable[str] = (), stream=None)
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(logging.DEBUG if debug else logging.INFO)
-    logging.getLogger("bittensor").setLevel(logging.DEBUG if debug else logging.WARNING)
+    for name in CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.WARNING)

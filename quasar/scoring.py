@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from quasar import config
+from quasar.terminal import compact_rate, compact_table, short_hotkey
 
 # Shares of the weight for places 1, 2, 3 and 4.
 PLACE_SHARES: tuple[float, ...] = (0.60, 0.25, 0.10, 0.05)
@@ -365,24 +365,22 @@ def load_results(path: str) -> list[Result]:
 
 def print_tables(results: Sequence[Result], ranking: Ranking, console: Console) -> None:
     """Ranking and left-out results as tables for people (the JSON output is for programs)."""
-    table = Table(title=f"QUASAR ranking (tie margin ε = {ranking.epsilon:g}; tokens/s in millions)")
-    table.add_column("place", justify="right", no_wrap=True)
-    table.add_column("hotkey", overflow="fold")
-    for column in ("submission", "league", "verified", "×", "score", "share"):
-        table.add_column(column, justify="left" if column == "league" else "right", no_wrap=True)
+    table = compact_table(f"QUASAR ranking (tie margin ε = {ranking.epsilon:g})")
+    for column in ("#", "hotkey", "sub", "league", "verified", "×", "score", "share"):
+        table.add_column(column, justify="left" if column in ("hotkey", "league") else "right", no_wrap=True)
     for p in ranking.placements:
         league = league_for(p.result.target_sequence_length)
-        table.add_row(str(p.place), p.hotkey, str(p.submission_id), league.name,
-                      f"{verified_tokens_per_sec(p.result) / 1e6:,.2f}", f"{league.multiplier:g}",
-                      f"{p.weighted_score / 1e6:,.2f}", f"{p.share:.2f}")
+        table.add_row(str(p.place), short_hotkey(p.hotkey), str(p.submission_id), league.name,
+                      compact_rate(verified_tokens_per_sec(p.result)), f"{league.multiplier:g}",
+                      compact_rate(p.weighted_score), f"{p.share:.2f}")
     console.print(table)
     console.print(f"unassigned (burned): {ranking.unassigned:.2f}")
 
     placed_ids = {p.submission_id for p in ranking.placements}
     best = best_per_hotkey(results)
-    left_out = Table(title="not placed")
-    left_out.add_column("hotkey", overflow="fold")
-    left_out.add_column("submission", justify="right", no_wrap=True)
+    left_out = compact_table("not placed")
+    left_out.add_column("hotkey", no_wrap=True)
+    left_out.add_column("sub", justify="right", no_wrap=True)
     left_out.add_column("why")
     for result in results:
         if result.submission_id in placed_ids:
@@ -390,7 +388,7 @@ def print_tables(results: Sequence[Result], ranking: Ranking, console: Console) 
         reason = ineligibility_reason(result)
         if reason is None:
             reason = f"the hotkey's submission {best[result.hotkey].submission_id} scores higher"
-        left_out.add_row(result.hotkey, str(result.submission_id), reason)
+        left_out.add_row(short_hotkey(result.hotkey), str(result.submission_id), reason)
     if left_out.row_count:
         console.print(left_out)
 

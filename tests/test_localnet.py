@@ -508,10 +508,12 @@ def test_summary_json_has_string_uids_and_each_miners_verdict():
         [(2, "5miner-honest", HONEST, PASS), (3, "5miner-hostile", HOSTILE, FAIL)]
 
 
-def test_summary_tables():
-    console = Console(record=True, width=200)
+def test_summary_tables_fit_80_columns():
+    console = Console(record=True, width=80)
     render_summary(_summary(), console, {0: "owner", 1: "validator", 2: "miner-honest", 3: "miner-hostile"})
     text = console.export_text()
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    assert any("miner-honest" in line and "20" in line and "pass" in line for line in text.splitlines())
     assert "Weights set by the validator (uid 1) at block 42" in text
     assert "owner (subnet owner: unassigned places burn here)" in text
     assert "wrong output" in text and "miner-hostile" in text

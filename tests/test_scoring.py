@@ -419,11 +419,12 @@ def test_cli_epsilon_from_environment_and_flag(tmp_path):
     assert json.loads(flag_beats_env.stdout) == EXPECTED_EXAMPLE
 
 
-def test_cli_table(tmp_path):
-    done = run_cli(["--input", str(EXAMPLE), "--table"], tmp_path, COLUMNS="200")
+def test_cli_table_fits_80_columns(tmp_path):
+    done = run_cli(["--input", str(EXAMPLE), "--table"], tmp_path, COLUMNS="80")
     assert done.returncode == 0, done.stderr
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
     assert "QUASAR ranking" in done.stdout and "unassigned (burned): 0.05" in done.stdout
-    assert "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY" in done.stdout
+    assert "5GrwvaEF…utQY" in done.stdout  # the hotkey shortened to fit
     assert "logit verification failed" in done.stdout
     assert "the hotkey's submission 105 scores higher" in done.stdout
 

@@ -556,6 +556,33 @@ def test_sigint_stops_a_running_evaluation_and_puts_it_back(world, tmp_path):
         subnet.close()
 
 
+def test_an_idle_validator_says_where_it_stands_every_heartbeat(world, tmp_path, caplog):
+    """Nothing to evaluate for a whole epoch: the log still shows the validator alive, at which
+    block, and when weights are due."""
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
+    try:
+        with running_api(subnet, tmp_path) as server, \
+                ValidatorState.open(tmp_path / "state.sqlite3") as state, \
+                ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api:
+            validator = Validator(settings_for(), subnet.chain, api, subnet.wallets["validator"],
+                                  SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
+                                  logit_checker(world, subnet), state, devices=[Device("cpu", "")],
+                                  interval_s=0.2, heartbeat_s=0.5)
+            interrupt = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+            interrupt.start()
+            with caplog.at_level(logging.INFO, logger="quasar.validator.loop"):
+                validator.run_forever()
+            interrupt.join()
+    finally:
+        subnet.close()
+    beats = [record.getMessage() for record in caplog.records if "evaluation(s) running" in record.getMessage()]
+    assert 2 <= len(beats) <= 4, beats
+    block = subnet.chain.current_block()
+    assert all(beat.startswith("at block ") and "0 evaluation(s) running, 0 submission(s) open" in beat
+               for beat in beats), beats
+    assert int(beats[-1].split()[2].rstrip(":")) <= block
+
+
 def test_a_version_key_below_the_subnets_is_refused_at_start(world, tmp_path):
     subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS, rules=FINNEY)
     required = quasar.version_key() + 1

@@ -18,6 +18,7 @@ from quasar.api.schemas import MAX_REASON_LENGTH, MAX_REASONS, ReportRequest
 from quasar.chain.base import Metagraph, NeuronInfo
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.config import resolve
+from quasar.terminal import rendered_text, short_hotkey
 from quasar.evaluate import EvaluationOptions, EvaluationReport, ImportCheck, LengthResult, SandboxPolicy
 from quasar.validator.evaluator import outcome_from_worker, result_from_report
 from quasar.validator.loop import submission_from_work
@@ -270,8 +271,8 @@ def test_plan_weights_maps_the_top_four_to_uids_and_burns_the_rest():
     assert plan.weights == {3: 0.60, 7: 0.25, 0: pytest.approx(0.15)}
     assert sum(plan.weights.values()) == pytest.approx(1.0)
     assert [p.hotkey for p in plan.ranking.placements] == [HOTKEYS[0], HOTKEYS[1]]
-    table = weights_table(plan)
-    assert HOTKEYS[0] in table and "subnet owner" in table and "0.15" in table
+    table = rendered_text(weights_table(plan))
+    assert short_hotkey(HOTKEYS[0]) in table and "subnet owner" in table and "0.15" in table
 
 
 def test_without_an_owner_uid_the_placed_shares_are_set_alone():
@@ -284,7 +285,7 @@ def test_without_an_owner_uid_the_placed_shares_are_set_alone():
     assert plan.weights == {3: pytest.approx(0.60 / 0.85), 7: pytest.approx(0.25 / 0.85)}
     assert plan.dropped == pytest.approx(0.15) and plan.owner_uid is None
     assert plan.hotkeys == {3: HOTKEYS[0], 7: HOTKEYS[1]}
-    table = weights_table(plan)
+    table = rendered_text(weights_table(plan))
     assert "owner's hotkey holds no uid" in table and "not set" in table and "0.7059" in table
     empty = plan_weights([], graph, owner_uid=None, epsilon=0.01)
     assert empty.weights == {} and empty.dropped == pytest.approx(1.0)

@@ -28,6 +28,7 @@ from quasar.api.charts import NARROW, WIDE, Layout, Series, bar_chart, compact, 
 from quasar.api.readcache import BlockCache
 from quasar.api.service import ApiError, SubmissionService
 from quasar.api.status import StatusReader
+from quasar.terminal import short_hotkey
 
 TEMPLATES_DIR = Path(__file__).with_name("templates")
 RECENT_SUBMISSIONS = 20
@@ -35,11 +36,6 @@ MINER_SUBMISSIONS = 50
 STATE_LABELS = {"committed": "committed", "expired": "expired", "revealed": "revealed", "queued": "queued",
                 "being_evaluated": "being evaluated", "passed": "passed", "failed": "failed"}
 _HOTKEY = re.compile(schemas.HOTKEY_PATTERN)
-
-
-def short_hotkey(hotkey: str) -> str:
-    """``5F3sa2TJ…hv8K``: enough of an ss58 address to tell miners apart in a table."""
-    return f"{hotkey[:8]}…{hotkey[-4:]}" if len(hotkey) > 14 else hotkey
 
 
 def tokens(value: float | None) -> str:

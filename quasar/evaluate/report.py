@@ -226,13 +226,29 @@ def _timing(timing: str | None) -> str:
 WIDE_REPORT_COLUMNS = 150
 
 
-def _compact_rate(value: float | None) -> str:
-    """Tokens/s in M (two decimals) or k (one): ``61.96 M``, ``812.3 k``."""
-    if value is None or not math.isfinite(value):
-        return _number(value)
-    if abs(value) >= 1e6:
-        return f"{value / 1e6:.2f} M"
-    return f"{value / 1e3:.1f} k" if abs(value) >= 1e3 else f"{value:.0f}"
+# Timed requests whose durations vary more than this (coefficient of variation) make the measured
+# speed and the recommended claim unreliable: something else shares the GPU or the CPU.
+HIGH_CV = 0.10
+
+
+def noise_warnings(report: EvaluationReport) -> list[str]:
+    """One line per length whose timed requests varied more than :data:`HIGH_CV`, saying what it costs."""
+    warnings = []
+    for key in sorted(report.lengths, key=int):
+        item = report.lengths[key]
+        if item.cv is not None and math.isfinite(item.cv) and item.cv > HIGH_CV:
+            cost = (" and the recommended claim sits far under the median"
+                    if item.seq_len == report.target_seq_len else "")
+            warnings.append(f"T={item.seq_len:,}: timed requests vary by cv {item.cv:.3f} (over {HIGH_CV:g}): the "
+                            f"speed is uncertain{cost}; measure again on an idle GPU "
+                            "(nvidia-smi shows other processes)")
+    return warnings
+
+
+def _cv(value: float | None) -> str:
+    """The cv cell, marked red when over :data:`HIGH_CV`."""
+    text = _number(value, ".3f")
+    return f"[red]{text}![/]" if value is not None and math.isfinite(value) and value > HIGH_CV else text
 
 
 def _checks(item: LengthResult) -> str:
@@ -252,6 +268,8 @@ def _lengths_table(report: EvaluationReport, wide: bool) -> Any:
 
     from rich.markup import escape
 
+    from quasar.terminal import compact_rate
+
     title = escape(f"{report.repo} on {report.device_name or report.device}")
     if wide:
         table = Table(title=title, title_justify="left")
@@ -268,11 +286,11 @@ def _lengths_table(report: EvaluationReport, wide: bool) -> Any:
         if wide:
             worst_eighth = max(item.rel_error_eighths) if item.rel_error_eighths else None
             cells = (_number(item.tokens_per_sec), _number(item.tokens_per_sec_min), _number(item.tokens_per_sec_max),
-                     _number(item.cv, ".3f"), escape(_timing(item.timing)), _number(item.peak_vram_mb),
+                     _cv(item.cv), escape(_timing(item.timing)), _number(item.peak_vram_mb),
                      _number(item.rel_error, ".2e"), _number(worst_eighth, ".2e"), _flag(item.finite),
                      _flag(item.repeat_agree), _flag(item.correct))
         else:
-            cells = (_compact_rate(item.tokens_per_sec), _number(item.cv, ".3f"), _number(item.peak_vram_mb),
+            cells = (compact_rate(item.tokens_per_sec), _cv(item.cv), _number(item.peak_vram_mb),
                      _number(item.rel_error, ".2e"), _checks(item))
         table.add_row(f"{item.seq_len:,}", status, *cells)
     return table
@@ -312,8 +330,19 @@ def render_report(report: EvaluationReport, console: Any = None) -> None:
     summary.add_row("measured at target", f"{_number(report.measured_tokens_per_sec)} tokens/s")
     if report.claimed_tokens_per_sec is not None:
         summary.add_row("claimed", f"{_number(report.claimed_tokens_per_sec)} tokens/s ({'ok' if report.claim_ok else 'FAILS the 0.9 × claim check'})")
-    summary.add_row("weighted score", _number(report.weighted_score))
-    summary.add_row("recommended claim", f"{_number(report.recommended_claim)} tokens/s")
+    multiplier = report.multiplier
+    if report.weighted_score is not None and multiplier:
+        summary.add_row("weighted score", f"{_number(report.weighted_score)} (scored at the "
+                        f"{'claimed' if report.claimed_tokens_per_sec is not None else 'measured'} speed × {multiplier:g})")
+    else:
+        summary.add_row("weighted score", _number(report.weighted_score))
+    recommended = report.recommended_claim
+    if recommended is not None and multiplier and report.measured_tokens_per_sec is not None:
+        scores = min(recommended, report.measured_tokens_per_sec) * multiplier if report.passed else 0.0
+        summary.add_row("recommended claim", f"{_number(recommended)} tokens/s (a submission claiming it scores "
+                                             f"{_number(scores)}: min(claimed, measured) × {multiplier:g})")
+    else:
+        summary.add_row("recommended claim", f"{_number(recommended)} tokens/s")
     if report.import_check is not None:
         state = "ok" if report.import_check.ok else f"{len(report.import_check.errors)} error(s)"
         summary.add_row("import check", f"{state}, {len(report.import_check.warnings)} warning(s) ({report.import_check.profile})")
@@ -326,6 +355,8 @@ def render_report(report: EvaluationReport, console: Any = None) -> None:
     summary.add_row("CPUs", escape(report.cpu_pinning) or "-")
     summary.add_row("time", f"{report.timings.total_s:.1f} s in all, {report.timings.timed_s:.1f} s timed")
     console.print(summary)
+    for warning in noise_warnings(report):
+        console.print(f"[yellow]noisy:[/] {escape(warning)}", highlight=False)
     for note in report.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     for warning in report.import_check.warnings if report.import_check else []:

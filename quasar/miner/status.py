@@ -19,6 +19,7 @@ from quasar.api import schemas
 from quasar.api.charts import compact
 from quasar.api.client import ApiClient, ApiClientError
 from quasar.config import Settings
+from quasar.terminal import short_hotkey
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +42,6 @@ def _state(state: str) -> Text:
     return Text(STATE_LABELS.get(state, state), style=STATE_STYLES.get(state, "yellow"))
 
 
-def _short(hotkey: str) -> str:
-    return f"{hotkey[:6]}…{hotkey[-4:]}" if len(hotkey) > 12 else hotkey
-
-
 def verdict_summary(status: schemas.SubmissionStatus) -> str:
     """``2/2 pass``, ``0/1 pass``, or ``-`` before any report."""
     if not status.reports:
@@ -56,7 +53,7 @@ def verdict_summary(status: schemas.SubmissionStatus) -> str:
 def submissions_table(page: schemas.SubmissionPage) -> Table:
     """The miner's submissions, newest first: state, target, claim, measured, verdicts (fits 80 columns)."""
     shown = len(page.submissions)
-    title = f"submissions of {_short(page.hotkey or '')}: {shown} newest of {page.total}"
+    title = f"submissions of {short_hotkey(page.hotkey or '')}: {shown} newest of {page.total}"
     table = Table(title=title, title_justify="left")
     for column in ("id", "state", "target", "claimed", "measured", "verdicts", "submitted"):
         table.add_column(column, justify="right" if column in ("id", "target", "claimed", "measured") else "left")
@@ -115,7 +112,7 @@ def submission_detail(status: schemas.SubmissionStatus) -> Group:
         logits = {True: "passed", False: "failed", None: "not checked"}[report.logits_ok]
         style = "green" if report.verdict == "passed" else "red"
         parts.append(Text.assemble("\n", (report.verdict, f"bold {style}"),
-                                   f" by validator {_short(report.validator_hotkey)} at "
+                                   f" by validator {short_hotkey(report.validator_hotkey)} at "
                                    f"{_when(report.reported_at)} UTC; logits {logits}"))
         if report.reasons:
             reasons = Table.grid(padding=(0, 1))
@@ -208,7 +205,7 @@ class VerdictWatcher:
     @staticmethod
     def _log(status: schemas.SubmissionStatus, report: schemas.ValidatorVerdict) -> None:
         measured = "-" if report.measured_tokens_per_sec is None else f"{report.measured_tokens_per_sec:,.0f}"
-        text = (f"submission {status.submission_id} {report.verdict} by validator {_short(report.validator_hotkey)}: "
+        text = (f"submission {status.submission_id} {report.verdict} by validator {short_hotkey(report.validator_hotkey)}: "
                 f"measured {measured} tok/s at T={status.target_sequence_length:,} (claimed "
                 f"{status.claimed_tokens_per_sec:,.0f}); now {STATE_LABELS.get(status.state, status.state)}")
         if report.verdict == "passed":

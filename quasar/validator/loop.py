@@ -38,6 +38,7 @@ from quasar.chain import btcli
 from quasar.chain.base import Chain, ChainError, Metagraph, RateLimited, UidsChanged, WeightsSubmission
 from quasar.config import Settings
 from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
+from quasar.terminal import log_table
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
 from quasar.validator.logit_check import LogitChecker
 from quasar.validator.devices import Device
@@ -68,6 +69,8 @@ FETCH_LIMIT = 10
 # Seconds running evaluations get to stop cleanly (kill their sandbox) before they are killed.
 STOP_GRACE_S = 20.0
 POLL_S = 0.5
+# However quiet the subnet, a running validator says where it stands this often (one line).
+HEARTBEAT_S = 600.0
 LAST_WEIGHTS_BLOCK = "last_weights_block"
 # After a failed weight setting (the chain refused or could not be reached), blocks before the next
 # try; a rate limit waits the blocks the chain says instead.
@@ -112,7 +115,8 @@ class Validator:
 
     def __init__(self, settings: Settings, chain: Chain, api: ApiClient, wallet, evaluator: Evaluator,
                  logit_checker: LogitChecker, state: ValidatorState, *, devices: Sequence[Device],
-                 clock: Callable[[], float] = time.time, interval_s: float | None = None):
+                 clock: Callable[[], float] = time.time, interval_s: float | None = None,
+                 heartbeat_s: float = HEARTBEAT_S):
         if not devices:
             raise ValueError("a validator needs at least one device to evaluate on")
         self.settings = settings
@@ -126,6 +130,7 @@ class Validator:
         self.devices = list(devices)
         self.clock = clock
         self.interval_s = interval_s if interval_s is not None else max(1.0, min(12.0, chain.block_time_s))
+        self.heartbeat_s = heartbeat_s
         self.allow_local_forks = settings.local_forks_allowed
         self.metagraph: Metagraph | None = None
         self.running: dict[str, RunningEvaluation] = {}  # device name -> its evaluation
@@ -171,12 +176,25 @@ class Validator:
                     ", ".join(device.name for device in self.devices), self.settings.epoch_blocks)
         with self._signals_stop():
             try:
+                last_heartbeat = time.monotonic()
                 while not self.stopping:
                     self.step()
+                    if time.monotonic() - last_heartbeat >= self.heartbeat_s:
+                        logger.info("%s", self.status_line())
+                        last_heartbeat = time.monotonic()
                     self._sleep(self.interval_s)
             finally:
                 self.shutdown()
         logger.info("validator stopped")
+
+    def status_line(self) -> str:
+        """Where the validator stands: the block, evaluations running, submissions open and when
+        weights are next due (the heartbeat :meth:`run_forever` logs every ``heartbeat_s``)."""
+        block = self.metagraph.block if self.metagraph is not None else None
+        stored = self.state.get_meta(LAST_WEIGHTS_BLOCK)
+        due = "at the next step" if stored is None else f"after block {int(stored) + self.settings.epoch_blocks}"
+        return (f"at block {block if block is not None else '?'}: {len(self.running)} evaluation(s) running, "
+                f"{self.state.open_submissions()} submission(s) open; weights due {due}")
 
     def run_until_idle(self, timeout_s: float) -> None:
         """Step until :attr:`idle` (tests and one-off runs); TimeoutError after ``timeout_s``."""
@@ -434,8 +452,8 @@ class Validator:
         if plan.unregistered:
             logger.info("left out of the ranking (no longer registered): %s", ", ".join(plan.unregistered))
         what = ("committed (the chain applies them when it reveals them)" if submission.committed else "set")
-        logger.info("weights %s at block %d (%s; next after block %d):\n%s", what, submission.block, submission.detail,
-                    submission.block + self.settings.epoch_blocks, weights_table(plan))
+        log_table(logger, f"weights {what} at block {submission.block} ({submission.detail}; next after block "
+                          f"{submission.block + self.settings.epoch_blocks}):", weights_table(plan))
 
     def _plan_and_submit(self, results: list[scoring.Result]) -> tuple[WeightPlan, WeightsSubmission] | None:
         """Plan the weights on the metagraph as it is now and submit them with the hotkeys they were

@@ -6,17 +6,16 @@ API's leaderboard and the weights on chain apply the same rules.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from quasar import scoring
 from quasar.api.schemas import MAX_BENCHMARK_ENTRIES, MAX_REASON_LENGTH, MAX_REASONS
 from quasar.chain.base import Metagraph, SubnetHyperparameters
+from quasar.terminal import compact_rate, compact_table, short_hotkey
 from quasar.validator.state import SubmissionRecord
 
 
@@ -164,25 +163,26 @@ def weights_refusal(plan: WeightPlan, hyperparameters: SubnetHyperparameters, su
     return None
 
 
-def weights_table(plan: WeightPlan) -> str:
-    """The ranking behind ``plan``, each placed uid's weight and the owner's share, as a rich table
-    rendered to text for the log."""
-    table = Table(title=f"QUASAR weights (tie margin ε = {plan.ranking.epsilon:g})")
-    for column in ("place", "uid", "hotkey", "submission", "league", "verified tok/s", "score", "share", "weight"):
-        table.add_column(column, justify="left" if column in ("hotkey", "league") else "right")
+def weights_table(plan: WeightPlan) -> Table:
+    """The ranking behind ``plan``: each placed uid's score, share and weight, and where the
+    unassigned share goes; 80 columns wide (hotkeys shortened, tokens/s in M)."""
+    table = compact_table(f"QUASAR weights (tie margin ε = {plan.ranking.epsilon:g})")
+    for column in ("#", "uid", "hotkey", "sub", "league", "verified", "score", "share", "weight"):
+        table.add_column(column, justify="left" if column in ("hotkey", "league") else "right", no_wrap=True)
     for placement in plan.ranking.placements:
         result = placement.result
         uid = plan.uids[placement.hotkey]
-        table.add_row(str(placement.place), str(uid), placement.hotkey,
-                      str(result.submission_id), scoring.league_for(result.target_sequence_length).name,
-                      f"{scoring.verified_tokens_per_sec(result):,.0f}", f"{placement.weighted_score:,.0f}",
+        table.add_row(str(placement.place), str(uid), short_hotkey(placement.hotkey), str(result.submission_id),
+                      scoring.league_for(result.target_sequence_length).name,
+                      compact_rate(scoring.verified_tokens_per_sec(result)), compact_rate(placement.weighted_score),
                       f"{placement.share:.2f}", f"{plan.weights.get(uid, 0.0):.4f}")
     if plan.ranking.unassigned > 0 and plan.owner_uid is not None:
-        table.add_row("-", str(plan.owner_uid), "subnet owner (unassigned places)", "", "", "", "",
+        table.add_row("-", str(plan.owner_uid), "owner", "", "unassigned", "", "",
                       f"{plan.ranking.unassigned:.2f}", f"{plan.weights.get(plan.owner_uid, 0.0):.4f}")
     elif plan.dropped > 0:
-        table.add_row("-", "-", "unassigned places: the owner's hotkey holds no uid", "", "", "", "",
-                      f"{plan.dropped:.2f}", "not set")
-    out = io.StringIO()
-    Console(file=out, width=160, no_color=True).print(table)
-    return out.getvalue().rstrip()
+        table.add_row("-", "-", "owner", "", "no uid", "", "", f"{plan.dropped:.2f}", "-")
+    if plan.ranking.unassigned > 0:
+        table.caption = ("unassigned places go to the subnet owner's uid (burned)" if plan.owner_uid is not None
+                         else "unassigned places not set: the owner's hotkey holds no uid")
+        table.caption_justify = "left"
+    return table
