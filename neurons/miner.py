@@ -24,12 +24,13 @@ from quasar.miner.status import run_status
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m neurons.miner", description=__doc__.split("\n")[0])
-    parser.add_argument("command", nargs="?", choices=("run", "status"), default="run",
-                        help="run: mine (the default); status: this miner's submissions, verdicts and reasons")
+    parser = argparse.ArgumentParser(
+        prog="python -m neurons.miner", usage="%(prog)s [-h] [run | status [--submission ID]] [FLAGS]",
+        description="The QUASAR miner: mines (run, the default) or shows its submissions (status).")
+    parser.add_argument("command", nargs="?", choices=("run", "status"), default="run", help=argparse.SUPPRESS)
     parser.add_argument("--submission", type=int, default=None, metavar="ID",
                         help="status: show only submission ID, in detail")
-    config.add_arguments(parser)
+    config.add_arguments(parser, "miner")
     args, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, secrets=settings.secrets())
     if args.command == "status":

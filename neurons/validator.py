@@ -58,12 +58,10 @@ def run(settings: config.Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m neurons.validator", description=__doc__.split("\n\n")[0])
-    config.add_arguments(parser)
+    parser = argparse.ArgumentParser(prog="python -m neurons.validator", description="The QUASAR validator: evaluates submissions and sets weights.")
+    config.add_arguments(parser, "validator")
     _, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, secrets=settings.secrets())
-    if not settings.debug:
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per API poll otherwise
     from quasar.api.lookup import ApiNotFound
     from quasar.chain.base import ChainError
     from quasar.logits import ModelLoadError

@@ -1,7 +1,9 @@
 """Settings: precedence default < .env < environment < flag, clear errors, .env.example in step."""
 
 import argparse
+import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,9 +134,11 @@ def test_a_command_started_from_another_folder_reads_the_checkouts_env(tmp_path,
     checkout.mkdir()
     elsewhere.mkdir()
     (checkout / ".env").write_text("API_HOTKEY=5FromTheCheckout\n")
-    monkeypatch.setattr(config, "PROJECT_ROOT", checkout)
+    monkeypatch.setattr(config.settings, "PROJECT_ROOT", checkout)
     monkeypatch.chdir(elsewhere)
     assert config.resolve({}, environ={}).api_hotkey == "5FromTheCheckout"
+    # What every command does: parse its flags, then resolve.
+    assert config.parse_args(make_parser(), [], environ={})[1].api_hotkey == "5FromTheCheckout"
     # A .env in the current folder is the one read.
     (elsewhere / ".env").write_text("API_HOTKEY=5FromHere\n")
     assert config.resolve({}, environ={}).api_hotkey == "5FromHere"
@@ -148,3 +152,97 @@ def test_the_envs_hugging_face_variables_reach_the_environment_below_its_own(tmp
     settings = config.resolve({}, dotenv_path=dotenv)
     assert settings.hf_hub_offline is True
     assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["HF_HOME"] == "/from/environment"
+
+
+# --- each process's --help lists the settings it reads ---
+
+# Each process's entry module.
+PROCESS_ENTRY = {"miner": "neurons.miner", "validator": "neurons.validator", "inference": "quasar.inference.__main__",
+                 "api": "quasar.api.__main__", "evaluate": "quasar.evaluate.__main__"}
+
+
+# Settings read in a module a process imports, by code that process never runs.
+NOT_READ = {
+    "api": {"validator_api_url"},  # quasar/api/lookup.py: how miners and validators find the API
+    "evaluate": {"tie_epsilon"},  # quasar/scoring.py's own command line
+    "miner": {"tie_epsilon"},
+}
+
+
+def module_file(name: str) -> Path | None:
+    path = ROOT.joinpath(*name.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def imported_files(entry: str) -> set[Path]:
+    """The files of this project ``entry`` imports, at any depth (function-level imports too)."""
+    seen: set[Path] = set()
+    todo = [entry]
+    while todo:
+        name = todo.pop()
+        file = module_file(name)
+        if file is None or file in seen:
+            continue
+        seen.add(file)
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                todo += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+    return seen
+
+
+def settings_read_by(entry: str) -> set[str]:
+    text = "".join(file.read_text() for file in imported_files(entry))
+    return {option.key for option in config.OPTIONS if re.search(rf"settings\.{option.key}\b", text)}
+
+
+def test_every_setting_has_a_group_and_a_brief_and_every_role_names_real_settings():
+    for option in config.OPTIONS:
+        assert option.group in config.GROUPS, option.key
+        assert option.brief and "``" not in option.brief, option.key
+    for role, keys in config.ROLES.items():
+        assert set(keys) <= set(config.OPTIONS_BY_KEY), role
+        assert len(set(keys)) == len(keys), role
+
+
+@pytest.mark.parametrize("role", sorted(PROCESS_ENTRY))
+def test_a_process_help_lists_every_setting_its_code_reads(role):
+    """A setting read by a process but missing from its --help would be invisible to its operator."""
+    read = settings_read_by(PROCESS_ENTRY[role]) - NOT_READ.get(role, set())
+    assert read, role
+    assert read <= set(config.ROLES[role]), sorted(read - set(config.ROLES[role]))
+
+
+@pytest.mark.parametrize("command, role, most_lines", [
+    (["neurons.miner"], "miner", 60), (["neurons.validator"], "validator", 60),
+    (["quasar.api", "serve"], "api", 60), (["quasar.inference", "serve"], "inference", 60)])
+def test_help_shows_the_process_settings_grouped_in_plain_text_at_80_columns(command, role, most_lines):
+    done = subprocess.run([sys.executable, "-m", *command, "--help"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "80"}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) <= most_lines and max(map(len, lines)) <= 80, done.stdout
+    assert "``" not in done.stdout
+    shown = set(config.ROLES[role])
+    for option in config.OPTIONS:
+        name = option.flag or option.env
+        listed = any(line.split()[:1] == [name] for line in lines)
+        assert listed == (option.key in shown), (role, name)
+    headings = [line[:-1] for line in lines if line.endswith(":") and line[:-1] in config.GROUPS]
+    assert headings == sorted(set(headings), key=config.GROUPS.index)
+
+
+def test_a_flag_another_process_reads_is_refused():
+    parser = argparse.ArgumentParser(prog="miner")
+    config.add_arguments(parser, "miner")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--database-url", "sqlite:///x.sqlite3"])
+    assert parser.parse_args(["--eval.timeout", "9"]).eval_timeout == "9"
+    with pytest.raises(ValueError, match="unknown process 'minr'"):
+        config.add_arguments(argparse.ArgumentParser(), "minr")

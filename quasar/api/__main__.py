@@ -50,22 +50,22 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m quasar.api", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m quasar.api", description="The QUASAR submission API: serve it, or bring its database up to date.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the API")
-    config.add_arguments(serve)
+    config.add_arguments(serve, "api")
     serve.add_argument("--host", dest="api_host", default=None, help="same as --api.host")
     serve.add_argument("--port", dest="api_port", default=None, help="same as --api.port")
     serve.add_argument("--workers", dest="api_workers", default=None, help="same as --api.workers")
     migrate = commands.add_parser("migrate", help="create or upgrade the database schema, then exit")
-    config.add_arguments(migrate)
+    config.add_arguments(migrate, "api")
     revision = commands.add_parser("revision", help="(developers) write a new migration from the models' changes")
     revision.add_argument("-m", "--message", required=True, help="what the migration changes")
-    config.add_arguments(revision)
+    config.add_arguments(revision, "api")
     publish = commands.add_parser("publish-url", help="(subnet owner) publish the API's public URL and hotkey on "
                                                       "chain, signed by the owner's coldkey (--wallet.name)")
     publish.add_argument("url", help="the URL miners and validators reach the API at, e.g. https://api.example.org")
-    config.add_arguments(publish)
+    config.add_arguments(publish, "api")
     return parser
 
 

@@ -69,10 +69,10 @@ def serve(settings: config.Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m quasar.inference", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m quasar.inference", description="The miner inference server: logits of the reference model.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="run the miner inference server")
-    config.add_arguments(serve_parser)
+    config.add_arguments(serve_parser, "inference")
     _, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, secrets=settings.secrets())
     return serve(settings)
