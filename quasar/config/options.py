@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quasar.config.values import (
+    DEFAULT_SEQ_LENS,
     parse_bool,
     parse_chain_endpoint,
     parse_choice,
@@ -255,7 +256,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("epoch_blocks", "EPOCH_BLOCKS", "--epoch-blocks", parse_int(1), "360",
            "chain blocks between two weight settings of the validator",
            group='validator', brief='blocks between weight settings'),
-    Option("eval_seq_lens", "EVAL_SEQ_LENS", "--eval.seq-lens", parse_seq_lens, "512,1024,2048",
+    Option("eval_seq_lens", "EVAL_SEQ_LENS", "--eval.seq-lens", parse_seq_lens,
+           ",".join(map(str, DEFAULT_SEQ_LENS)),
            "lengths a validator benchmarks besides each submission's target (comma-separated; empty = target only)",
            group='evaluation', brief='lengths benchmarked besides the target'),
     Option("eval_timeout", "EVAL_TIMEOUT", "--eval.timeout", parse_float(1.0), "3600",

@@ -16,6 +16,8 @@ from urllib.parse import urlparse
 BITTENSOR_NETWORKS = ("finney", "test", "local", "archive")
 DEV_NETWORK = "devchain"
 NETWORKS = BITTENSOR_NETWORKS + (DEV_NETWORK,)
+# The lengths an evaluation benchmarks besides the target unless told otherwise (EVAL_SEQ_LENS).
+DEFAULT_SEQ_LENS = (512, 1024, 2048)
 
 
 def parse_int(low: int, high: int | None = None) -> Callable[[str], int]:

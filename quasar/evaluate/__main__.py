@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("repo", help="path of the checked-out fork")
     parser.add_argument("--target", type=positive_int, required=True, metavar="N", help="target sequence length")
     parser.add_argument("--seq-lens", type=parse_seq_lens, default=DEFAULT_SEQ_LENS, metavar="LIST",
-                        help="lengths run besides the target (default 512,1024,2048)")
+                        help=f"lengths run besides the target (default {','.join(map(str, DEFAULT_SEQ_LENS))})")
     add_evaluation_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, stream=sys.stderr,

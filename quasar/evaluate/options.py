@@ -11,11 +11,9 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from quasar.config.values import DEFAULT_SEQ_LENS
 from quasar.evaluate.sandbox import SandboxPolicy
 from quasar.evaluate.start import evaluation_lengths
-
-
-DEFAULT_SEQ_LENS = (512, 1024, 2048)
 
 MIN_SEQ_LEN = 64
 

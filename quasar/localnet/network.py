@@ -65,7 +65,7 @@ import quasar
 from quasar import config
 from quasar.chain.base import SubnetHyperparameters
 from quasar.chain.devchain import FINNEY
-from quasar.config import DEV_NETWORK
+from quasar.config import DEFAULT_SEQ_LENS, DEV_NETWORK
 from quasar.localnet.forks import HONEST, HOSTILE, HOSTILE_EXACT_UP_TO, Fork, write_forks
 from quasar.localnet.github_standin import GitHubStandIn
 from quasar.localnet.processes import Child, Children, wait_until
@@ -91,7 +91,7 @@ HYPERPARAMETER_SETS = {"localnet": LOCALNET_HYPERPARAMETERS, "finney": FINNEY}
 ROUND_BLOCKS = 3000
 VALIDATOR_STAKE = 1e4
 CPU_TARGET, CPU_SEQ_LENS = 128, (64, 128)
-CUDA_TARGET, CUDA_SEQ_LENS = 65536, (512, 1024, 2048)
+CUDA_TARGET, CUDA_SEQ_LENS = 65536, DEFAULT_SEQ_LENS
 # The hostile miner targets the length its kernel is exact at, and checks only that.
 HOSTILE_TARGET = HOSTILE_EXACT_UP_TO
 # Seconds of timed runs per length (EVAL_TIMED_SECONDS): on CPU the harness's minimum of timed runs
