@@ -16,6 +16,7 @@ import os
 import sys
 
 from quasar import config
+from quasar.errors import QuasarError
 from quasar.log import setup_logging
 
 log = logging.getLogger("quasar.validator")
@@ -29,14 +30,15 @@ def run(settings: config.Settings) -> int:
     from quasar.api.client import ApiClient
     from quasar.api.lookup import find_api
     from quasar.chain.factory import connect
+    from quasar.chain.wallets import open_wallet
     from quasar.validator.evaluator import SubprocessEvaluator
     from quasar.validator.logit_check import MinerLogitChecker
     from quasar.validator.loop import Validator
     from quasar.validator.devices import device_warnings, evaluation_devices
-    from quasar.validator.preflight import check_registration, check_subnet_rules, load_wallet
+    from quasar.validator.preflight import check_registration, check_subnet_rules
     from quasar.validator.state import ValidatorState, default_state_path
 
-    wallet = load_wallet(settings)
+    wallet = open_wallet(settings, "validator")
     hotkey = wallet.hotkey.ss58_address
     cuda_count = torch.cuda.device_count() if settings.device != "cpu" else 0
     devices = evaluation_devices(settings.device, cuda_count, os.environ.get("CUDA_VISIBLE_DEVICES"))
@@ -58,19 +60,14 @@ def run(settings: config.Settings) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m neurons.validator", description="The QUASAR validator: evaluates submissions and sets weights.")
+    parser = argparse.ArgumentParser(prog="python -m neurons.validator",
+                                     description="The QUASAR validator: evaluates submissions and sets weights.")
     config.add_arguments(parser, "validator")
     _, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, secrets=settings.secrets())
-    from quasar.api.lookup import ApiNotFound
-    from quasar.chain.base import ChainError
-    from quasar.logits import ModelLoadError
-    from quasar.validator.devices import ValidatorSetupError
-    from quasar.validator.state import StateError
-
     try:
         return run(settings)
-    except (ValidatorSetupError, StateError, ChainError, ModelLoadError, ApiNotFound) as error:
+    except QuasarError as error:
         log.error("%s", error)
         return 1
     except KeyboardInterrupt:

@@ -44,6 +44,8 @@ from pathlib import Path
 
 import git
 
+from quasar.errors import QuasarError
+
 logger = logging.getLogger(__name__)
 
 GITHUB_HOST = "github.com"
@@ -78,7 +80,7 @@ _REPO_MISSING = ("not found", "terminal prompts disabled", "does not appear to b
                  "could not read from remote repository", "could not read username")
 
 
-class ForkError(ValueError):
+class ForkError(QuasarError, ValueError):
     """A fork URL or commit is refused, or cloning it failed; the message says what was wrong."""
 
 

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from quasar.errors import QuasarError
+
 log = logging.getLogger(__name__)
 
 DTYPES: dict[str, torch.dtype] = {
@@ -43,11 +45,11 @@ DTYPES: dict[str, torch.dtype] = {
 CHALLENGE_MIN_PROMPT_LEN = 8
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(QuasarError, RuntimeError):
     """The reference model could not be loaded; the message names the model and the fix."""
 
 
-class ChallengeError(ValueError):
+class ChallengeError(QuasarError, ValueError):
     """A generation request is out of range for the model (empty prompt, bad id, bad step...)."""
 
 
@@ -185,7 +187,9 @@ def load_reference_model(
     is set, else downloaded when missing. Raises :class:`ModelLoadError` naming the model and the fix.
     Remote code is never trusted: the architecture must be one transformers ships.
     """
-    from huggingface_hub import snapshot_download  # heavy imports, only where a model is loaded
+    from huggingface_hub import (
+        snapshot_download,  # heavy imports, only where a model is loaded
+    )
     from transformers import AutoModelForCausalLM
 
     torch_dtype = resolve_dtype(dtype)

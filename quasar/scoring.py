@@ -34,6 +34,7 @@ from typing import Any
 from rich.console import Console
 
 from quasar import config
+from quasar.errors import QuasarError
 from quasar.terminal import compact_rate, compact_table, short_hotkey
 
 # Shares of the weight for places 1, 2, 3 and 4.
@@ -80,7 +81,7 @@ def league_for(target_sequence_length: int) -> League:
     return next(league for league in reversed(LEAGUES) if target_sequence_length >= league.min_length)
 
 
-class ScoringInputError(ValueError):
+class ScoringInputError(QuasarError, ValueError):
     """Input to scoring that cannot be used; the message says what and where."""
 
 

@@ -324,7 +324,7 @@ def test_serve_reports_a_missing_model_or_wallet_and_exits(world, tmp_path, monk
     assert cli.main(argv) == 1
     assert f"{tmp_path / 'missing-model'} does not exist" in caplog.text
     assert cli.main([*argv[:2], "nobody", *argv[3:]]) == 1
-    assert "cannot read hotkey default of wallet nobody" in caplog.text
+    assert "hotkey file" in caplog.text and "nobody/hotkeys/default does not exist" in caplog.text
 
 
 # --- the chain behind the server ---

@@ -294,7 +294,7 @@ def test_the_neuron_explains_what_is_missing(tmp_path):
     result = subprocess.run([sys.executable, "-m", "neurons.miner"], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 1
-    assert "cannot read hotkey default of wallet quasar_miner" in result.stderr
+    assert "quasar_miner/hotkeys/default does not exist" in result.stderr
     assert TOKEN not in result.stderr
 
 

@@ -7,6 +7,7 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 from dataclasses import replace
 
 import bittensor as bt
@@ -23,7 +24,8 @@ from quasar.evaluate import EvaluationOptions, EvaluationReport, ImportCheck, Le
 from quasar.validator.evaluator import outcome_from_worker, result_from_report
 from quasar.validator.loop import submission_from_work
 from quasar.validator.devices import Device, ValidatorSetupError, device_warnings, evaluation_devices
-from quasar.validator.preflight import assess_subnet_rules, check_registration, load_wallet
+from quasar.chain.wallets import WalletError, open_wallet
+from quasar.validator.preflight import assess_subnet_rules, check_registration
 from quasar.validator.results import (
     api_report,
     bounded_reasons,
@@ -395,18 +397,28 @@ def wallet_settings(tmp_path, name="validator"):
                    environ={}, dotenv_path=None)
 
 
-def test_load_wallet_names_the_missing_file(tmp_path):
-    with pytest.raises(ValidatorSetupError, match=f"coldkeypub file {tmp_path}/validator/coldkeypub.txt does not"):
-        load_wallet(wallet_settings(tmp_path))
+def test_open_wallet_names_the_missing_file(tmp_path):
+    with pytest.raises(WalletError, match=f"hotkey file {tmp_path}/validator/hotkeys/default does not exist"):
+        open_wallet(wallet_settings(tmp_path), "validator")
     wallet = bt.Wallet(name="validator", hotkey="default", path=str(tmp_path))
-    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-    with pytest.raises(ValidatorSetupError, match=f"hotkey file {tmp_path}/validator/hotkeys/default does not"):
-        load_wallet(wallet_settings(tmp_path))
     wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-    assert load_wallet(wallet_settings(tmp_path)).hotkey.ss58_address == wallet.hotkey.ss58_address
+    # The hotkey alone is enough: the coldkey need not be on a validator's machine.
+    assert open_wallet(wallet_settings(tmp_path), "validator").hotkey.ss58_address == wallet.hotkey.ss58_address
     (tmp_path / "validator" / "hotkeys" / "default").write_text("not a key")
-    with pytest.raises(ValidatorSetupError, match="cannot read hotkey file"):
-        load_wallet(wallet_settings(tmp_path))
+    with pytest.raises(WalletError, match="cannot read hotkey file"):
+        open_wallet(wallet_settings(tmp_path), "validator")
+
+
+def test_open_wallet_expands_the_home_folder_in_every_role(tmp_path, monkeypatch):
+    """WALLET_PATH=~/wallets means the same folder for the miner, its inference server and the validator."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("quasar_miner", "quasar_validator"):
+        bt.Wallet(name=name, hotkey="default", path=str(tmp_path / "wallets")).create_new_hotkey(
+            use_password=False, overwrite=True, suppress=True)
+    settings = resolve({"wallet_path": "~/wallets"}, environ={}, dotenv_path=None)
+    for role in ("miner", "validator"):
+        wallet = open_wallet(settings, role)
+        assert Path(wallet.hotkey_file.path).is_relative_to(tmp_path / "wallets"), wallet.hotkey_file.path
 
 
 def test_registration_is_required_a_permit_is_warned_about(tmp_path, caplog):

@@ -72,15 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
 def publish_url(settings: config.Settings, url: str) -> int:
     """``publish-url``: the owner's wallet signs the subnet identity carrying ``url`` and the hotkey
     the API answers with."""
-    import bittensor as bt
-
     from quasar.api.lookup import ApiNotFound, publish_api
+    from quasar.chain.wallets import wallet_at
 
     if not settings.wallet_name:
         print("error: name the subnet owner's wallet (its coldkey owns the subnet) with --wallet.name or WALLET_NAME",
               file=sys.stderr)
         return 1
-    wallet = bt.Wallet(name=settings.wallet_name, hotkey=settings.wallet_hotkey, path=str(settings.wallet_dir))
+    wallet = wallet_at(settings, settings.wallet_name)
     try:
         location = publish_api(connect(settings), wallet, url, settings.api_hotkey)
     except (ApiNotFound, ChainError) as error:

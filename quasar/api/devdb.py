@@ -21,10 +21,12 @@ from pathlib import Path
 
 import httpx
 
+from quasar.errors import QuasarError
+
 SUPERUSER = "quasar"
 
 
-class PostgresUnavailable(RuntimeError):
+class PostgresUnavailable(QuasarError, RuntimeError):
     """No PostgreSQL server could be started here; the message says why."""
 
 

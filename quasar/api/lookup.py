@@ -22,11 +22,12 @@ from bittensor.sp_core import decode_ss58
 
 from quasar.chain.base import ApiLocation, Chain
 from quasar.config import Settings
+from quasar.errors import QuasarError
 
 logger = logging.getLogger(__name__)
 
 
-class ApiNotFound(RuntimeError):
+class ApiNotFound(QuasarError, RuntimeError):
     """Where the API is cannot be known; the message says what to set or ask for."""
 
 

@@ -18,18 +18,36 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TypeVar
 
-from sqlalchemy import BigInteger, ColumnElement, String, bindparam, exists, func, insert, select
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    String,
+    bindparam,
+    exists,
+    func,
+    insert,
+    select,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from quasar import auth, scoring
 from quasar.api import rules, schemas
 from quasar.api.db import (
-    Database, EvaluationLease, EvaluationReport, IpBan, NonceLedger, PreparedStatement, Submission, UsedNonce,
-    ValidationFailure, dialect_insert,
+    Database,
+    EvaluationLease,
+    EvaluationReport,
+    IpBan,
+    NonceLedger,
+    PreparedStatement,
+    Submission,
+    UsedNonce,
+    ValidationFailure,
+    dialect_insert,
 )
 from quasar.chain import Chain, ChainError
 from quasar.config import Settings
+from quasar.errors import QuasarError
 from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
 
 logger = logging.getLogger(__name__)
@@ -45,7 +63,7 @@ MAX_REASON_STORED = 2000
 NONCE_RETENTION_S = 2 * (auth.MAX_REQUEST_AGE_S + auth.ALLOWED_CLOCK_SKEW_S)
 
 
-class ApiError(Exception):
+class ApiError(QuasarError):
     """A refused request: ``status`` and a ``detail`` safe to return to the caller."""
 
     def __init__(self, status: int, detail: str, headers: Mapping[str, str] | None = None):

@@ -7,13 +7,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from quasar.errors import QuasarError
+
 # Weights and the max-weight limit are u16 on chain: 65535 is a share of 1.
 U16_MAX = 65535
 # A hotkey may hold at most this many commits waiting for their reveal (subtensor: TooManyUnrevealedCommits).
 MAX_UNREVEALED_COMMITS = 10
 
 
-class ChainError(RuntimeError):
+class ChainError(QuasarError, RuntimeError):
     """A chain read or extrinsic failed; the message says which and why."""
 
 

@@ -13,9 +13,10 @@ from dotenv import dotenv_values
 
 from quasar.config.options import OPTIONS
 from quasar.config.values import DEV_NETWORK
+from quasar.errors import QuasarError
 
 
-class SettingsError(ValueError):
+class SettingsError(QuasarError, ValueError):
     """A setting has a value that cannot be used; the message names the setting and its source."""
 
 

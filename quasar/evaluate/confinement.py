@@ -35,6 +35,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from quasar.errors import QuasarError
+
 logger = logging.getLogger(__name__)
 
 # A range of uids no distribution or container runtime hands out (subordinate ranges start at
@@ -46,7 +48,7 @@ WATCHDOG_SECONDS = 0.25
 CGROUP_PREFIX = "quasar-sandbox-"
 
 
-class ConfinementError(Exception):
+class ConfinementError(QuasarError):
     """A limit could not be set up; the message names which."""
 
 

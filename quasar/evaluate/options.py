@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from quasar.config.values import DEFAULT_SEQ_LENS
+from quasar.errors import QuasarError
 from quasar.evaluate.sandbox import SandboxPolicy
 from quasar.evaluate.start import evaluation_lengths
 
@@ -41,7 +42,7 @@ MAX_FORWARDS_PER_REQUEST = 256
 DEFAULT_LOAD_TIMEOUT_S = 120.0
 
 
-class EvaluationInputError(ValueError):
+class EvaluationInputError(QuasarError, ValueError):
     """The evaluation was asked for something it cannot do; the message names the argument."""
 
 

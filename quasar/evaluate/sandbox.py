@@ -40,12 +40,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from quasar.errors import QuasarError
 from quasar.evaluate import pinning, protocol, syscall_filter
-from quasar.evaluate.confinement import Confinement, ConfinementError
 from quasar.evaluate.captured_output import CapturedOutput
+from quasar.evaluate.confinement import Confinement, ConfinementError
 from quasar.evaluate.environment import evaluation_environment
 from quasar.evaluate.gpus import assigned_gpu, nvidia_gpus
-from quasar.evaluate.stragglers import MARKER_VARIABLE, kill_marked_processes
 from quasar.evaluate.sandbox_layout import (
     NOBODY,
     SANDBOX_FORK,
@@ -56,6 +56,7 @@ from quasar.evaluate.sandbox_layout import (
     python_executable,
     root_mounts,
 )
+from quasar.evaluate.stragglers import MARKER_VARIABLE, kill_marked_processes
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ PASSED_VARIABLES = (
 STARTUP_SECONDS = 180
 
 
-class SandboxError(Exception):
+class SandboxError(QuasarError):
     """The sandbox could not be set up or the child misbehaved at the process level."""
 
 

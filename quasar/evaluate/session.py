@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
+from quasar.errors import QuasarError
 from quasar.evaluate import protocol, workload
 from quasar.evaluate.environment import EVALUATION_PACKAGES
 from quasar.evaluate.options import new_seed
 from quasar.evaluate.report import ERROR, NEEDS_GPU, OOM, TIMEOUT, clean_text
 from quasar.evaluate.sandbox import SandboxedChild
-
 
 # Correctness outputs come back through a shared memory file (protocol.SharedArea, a region per
 # length); one up to this size is copied out when it arrives, a larger one is read in place once the
@@ -72,7 +72,7 @@ MAX_REASON_CHARS = 600
 DEATH_OUTPUT_LINES = 4
 
 
-class ChildFailure(Exception):
+class ChildFailure(QuasarError):
     """A length or the evaluation failed because of the child; ``message`` is safe to print
     (:func:`clean_text`: it may quote the child)."""
 

@@ -22,25 +22,20 @@ log = logging.getLogger("quasar.inference")
 
 def serve(settings: config.Settings) -> int:
     """Load the wallet's hotkey, the chain and the model once, then serve until stopped."""
-    import bittensor as bt
     import uvicorn
 
     from quasar.chain import ChainError
     from quasar.chain.factory import connect
+    from quasar.chain.wallets import WalletError, open_wallet
     from quasar.inference.server import InferenceLimits, create_inference_app
     from quasar.logits import ModelLoadError, load_reference_model
 
-    wallet_name = settings.wallet_name_for("miner")
-    wallet = bt.Wallet(name=wallet_name, hotkey=settings.wallet_hotkey, path=settings.wallet_path)
     try:
-        hotkey = wallet.hotkey.ss58_address
-    except OSError as error:
-        from quasar.chain import btcli
-
-        log.error("cannot read hotkey %s of wallet %s in %s: %s (create it with `%s`)", settings.wallet_hotkey,
-                  wallet_name, settings.wallet_path, error,
-                  btcli.new_hotkey(wallet_name, settings.wallet_hotkey, settings.wallet_path))
+        wallet = open_wallet(settings, "miner")
+    except WalletError as error:
+        log.error("%s", error)
         return 1
+    hotkey = wallet.hotkey.ss58_address
     try:
         chain = connect(settings)
         registered = chain.is_registered(hotkey)

@@ -39,6 +39,7 @@ from starlette.concurrency import run_in_threadpool
 from quasar import auth
 from quasar.api.chaincache import CachedMetagraphChain
 from quasar.chain import Chain, ChainError
+from quasar.errors import QuasarError
 from quasar.logits import ChallengeError, ReferenceModel, check_request
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class InferenceRequest(BaseModel):
     logits_at_step: StrictInt
 
 
-class WorkerBusy(Exception):
+class WorkerBusy(QuasarError):
     """The worker has ``pending`` jobs already, its capacity."""
 
     def __init__(self, pending: int):

@@ -20,6 +20,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from quasar.errors import QuasarError
 from quasar.starter_fork import write_starter_fork
 
 HONEST, HOSTILE = "honest", "hostile"
@@ -65,7 +66,7 @@ _IDENTITY = {"GIT_AUTHOR_NAME": "QUASAR local network", "GIT_AUTHOR_EMAIL": "loc
              "GIT_COMMITTER_NAME": "QUASAR local network", "GIT_COMMITTER_EMAIL": "localnet@quasar.invalid"}
 
 
-class ForkWriteError(RuntimeError):
+class ForkWriteError(QuasarError, RuntimeError):
     """A fork could not be written or committed; the message says which and why."""
 
 

@@ -66,10 +66,23 @@ from quasar import config
 from quasar.chain.base import SubnetHyperparameters
 from quasar.chain.devchain import FINNEY
 from quasar.config import DEFAULT_SEQ_LENS, DEV_NETWORK
-from quasar.localnet.forks import HONEST, HOSTILE, HOSTILE_EXACT_UP_TO, Fork, write_forks
+from quasar.errors import QuasarError
+from quasar.localnet.forks import (
+    HONEST,
+    HOSTILE,
+    HOSTILE_EXACT_UP_TO,
+    Fork,
+    write_forks,
+)
 from quasar.localnet.github_standin import GitHubStandIn
 from quasar.localnet.processes import Child, Children, wait_until
-from quasar.localnet.summary import MinerOutcome, RoundSummary, leaderboard_rows, miner_weight, verdict_of
+from quasar.localnet.summary import (
+    MinerOutcome,
+    RoundSummary,
+    leaderboard_rows,
+    miner_weight,
+    verdict_of,
+)
 
 if TYPE_CHECKING:
     import bittensor
@@ -112,7 +125,7 @@ OWNER, API, VALIDATOR = "owner", "api", "validator"
 MINERS = {HONEST: "miner-honest", HOSTILE: "miner-hostile"}
 
 
-class LocalnetError(RuntimeError):
+class LocalnetError(QuasarError, RuntimeError):
     """The local network cannot start or run; the message says what and where to look."""
 
 
@@ -434,7 +447,11 @@ class LocalNetwork:
 
     def _reference_model(self) -> tuple[str, str]:
         """The model every part loads, and a note saying which it is."""
-        from quasar.localnet.model import STAND_IN_NAME, hub_model_cached, write_stand_in_model
+        from quasar.localnet.model import (
+            STAND_IN_NAME,
+            hub_model_cached,
+            write_stand_in_model,
+        )
 
         wanted = self.options.reference_model
         if wanted:

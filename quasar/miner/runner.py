@@ -18,7 +18,9 @@ import threading
 
 import httpx
 
+from quasar.chain.wallets import WalletError, open_wallet
 from quasar.config import Settings
+from quasar.errors import QuasarError
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +30,7 @@ SECRET_VARIABLES = ("GITHUB_TOKEN", "AGENT_API_KEY")
 PUBLIC_NETWORKS = ("finney", "test", "archive")
 
 
-class MinerSetupError(RuntimeError):
+class MinerSetupError(QuasarError, RuntimeError):
     """The miner cannot start; the message says what to fix."""
 
 
@@ -126,7 +128,7 @@ def run_miner(settings: Settings) -> int:
         os.environ.pop(name, None)
     try:
         return _run(settings)
-    except MinerSetupError as error:
+    except (MinerSetupError, WalletError) as error:
         logger.error("%s", error)
         return 1
     except KeyboardInterrupt:
@@ -136,31 +138,28 @@ def run_miner(settings: Settings) -> int:
 
 def _run(settings: Settings) -> int:
     _check_settings(settings)
-    import bittensor as bt
 
     from quasar.api.client import ApiClient
     from quasar.api.lookup import ApiNotFound, find_api
     from quasar.chain import ChainError, btcli
     from quasar.chain.factory import connect
     from quasar.evaluate import options_from_settings
-    from quasar.miner.github import Git, GitError, GitHubClient, GitHubError, write_askpass
+    from quasar.miner.github import (
+        Git,
+        GitError,
+        GitHubClient,
+        GitHubError,
+        write_askpass,
+    )
     from quasar.miner.loop import Evaluator, LoopConfig, Miner
     from quasar.miner.state import MinerStateError, StateStore
-    from quasar.miner.strategies import AgentStrategy, TuningStrategy
     from quasar.miner.status import VerdictWatcher
+    from quasar.miner.strategies import AgentStrategy, TuningStrategy
     from quasar.miner.submission import DIRECT, Submitter
     from quasar.miner.workspace import ForkClone, Workspace, WorkspaceError
 
-    wallet_name = settings.wallet_name_for("miner")
-    wallet = bt.Wallet(name=wallet_name, hotkey=settings.wallet_hotkey, path=settings.wallet_path)
-    try:
-        hotkey = wallet.hotkey.ss58_address
-    except OSError as error:
-        raise MinerSetupError(f"cannot read hotkey {settings.wallet_hotkey} of wallet {wallet_name} in "
-                              f"{settings.wallet_path}: {error} (create the wallet with "
-                              f"`{btcli.wallet_create(wallet_name, settings.wallet_hotkey, settings.wallet_path)}`, or "
-                              f"only its hotkey with "
-                              f"`{btcli.new_hotkey(wallet_name, settings.wallet_hotkey, settings.wallet_path)}`)") from None
+    wallet = open_wallet(settings, "miner")
+    hotkey = wallet.hotkey.ss58_address
     device_name = _device_name(settings.device)
     endpoint = published_endpoint(settings)
     try:
@@ -169,13 +168,13 @@ def _run(settings: Settings) -> int:
     except WorkspaceError as error:
         raise MinerSetupError(str(error)) from None
     try:
-        logger.info("miner %s (wallet %s/%s) on %s netuid %d; workspace %s", hotkey, wallet_name,
+        logger.info("miner %s (wallet %s/%s) on %s netuid %d; workspace %s", hotkey, settings.wallet_name_for("miner"),
                     settings.wallet_hotkey, settings.network, settings.netuid, workspace.path)
         try:
             chain = connect(settings)
             if not chain.is_registered(hotkey):
                 logger.warning("hotkey %s is not registered on subnet %d: the API refuses its submissions until "
-                               "it is (%s)", hotkey, chain.netuid, btcli.registration_hint(settings, wallet_name, hotkey))
+                               "it is (%s)", hotkey, chain.netuid, btcli.registration_hint(settings, settings.wallet_name_for("miner"), hotkey))
             api = find_api(settings, chain)
         except ChainError as error:
             raise MinerSetupError(f"chain: {error}") from None

@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from quasar import scoring
+from quasar.errors import QuasarError
 from quasar.miner.strategies.base import Attempt
 
 STATE_FORMAT = 1
 MAX_ATTEMPTS_KEPT = 500
 
 
-class MinerStateError(ValueError):
+class MinerStateError(QuasarError, ValueError):
     """The state file cannot be read; the message names the file and the field."""
 
 

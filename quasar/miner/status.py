@@ -18,6 +18,7 @@ from rich.text import Text
 from quasar.api import schemas
 from quasar.api.charts import compact
 from quasar.api.client import ApiClient, ApiClientError
+from quasar.chain.wallets import WalletError, open_wallet
 from quasar.config import Settings
 from quasar.terminal import short_hotkey
 
@@ -144,18 +145,14 @@ def print_status(console: Console, client: ApiClient, hotkey: str, submission_id
 def run_status(settings: Settings, submission_id: int | None, console: Console | None = None) -> int:
     """``python -m neurons.miner status``: the miner's submissions from the API; exit status 1 when the
     wallet cannot be read or the API refuses or cannot be reached."""
-    import bittensor as bt
-
     console = console or Console()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # its request lines would interleave with the tables
-    wallet_name = settings.wallet_name_for("miner")
-    wallet = bt.Wallet(name=wallet_name, hotkey=settings.wallet_hotkey, path=settings.wallet_path)
     try:
-        hotkey = wallet.hotkey.ss58_address
-    except OSError as error:
-        logger.error("cannot read hotkey %s of wallet %s in %s: %s", settings.wallet_hotkey, wallet_name,
-                     settings.wallet_path, error)
+        wallet = open_wallet(settings, "miner")
+    except WalletError as error:
+        logger.error("%s", error)
         return 1
+    hotkey = wallet.hotkey.ss58_address
     from quasar.api.lookup import ApiNotFound, find_api
     from quasar.chain import ChainError
     from quasar.chain.factory import connect

@@ -24,6 +24,7 @@ import re
 import shutil
 from pathlib import Path
 
+from quasar.errors import QuasarError
 from quasar.imports import QUASAR_DIR
 from quasar.miner.github import Git
 
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 HOTKEY_PATTERN = re.compile(r"[1-9A-HJ-NP-Za-km-z]{40,60}")
 
 
-class WorkspaceError(RuntimeError):
+class WorkspaceError(QuasarError, RuntimeError):
     """The workspace cannot be used; the message says why and what to do."""
 
 

@@ -10,8 +10,6 @@ import logging
 import math
 from dataclasses import dataclass
 
-import bittensor as bt
-
 from quasar import scoring
 from quasar.chain import btcli
 from quasar.chain.base import MAX_UNREVEALED_COMMITS, Chain, SubnetHyperparameters
@@ -20,30 +18,6 @@ from quasar.validator.devices import ValidatorSetupError
 from quasar.validator.results import MAX_WEIGHTED_UIDS
 
 logger = logging.getLogger(__name__)
-
-
-def load_wallet(settings: Settings) -> bt.Wallet:
-    """The validator's wallet, with its hotkey readable without a password; raises
-    :class:`ValidatorSetupError` naming the missing or unreadable file."""
-    name = settings.wallet_name_for("validator")
-    wallet = bt.Wallet(name=name, hotkey=settings.wallet_hotkey, path=str(settings.wallet_dir))
-    where = f"--wallet.path {settings.wallet_dir} --wallet.name {name} --wallet.hotkey {settings.wallet_hotkey}"
-    for what, keyfile in (("coldkeypub", wallet.coldkeypub_file), ("hotkey", wallet.hotkey_file)):
-        if not keyfile.exists_on_device():
-            raise ValidatorSetupError(
-                f"wallet {what} file {keyfile.path} does not exist ({where}): create the wallet "
-                f"({btcli.wallet_create(name, settings.wallet_hotkey, settings.wallet_path)}) or point WALLET_PATH / "
-                "WALLET_NAME / WALLET_HOTKEY at it")
-        if not keyfile.is_readable():
-            raise ValidatorSetupError(f"wallet {what} file {keyfile.path} is not readable by this user")
-    if wallet.hotkey_file.is_encrypted():
-        raise ValidatorSetupError(f"hotkey file {wallet.hotkey_file.path} is encrypted: a validator signs without "
-                                  "a prompt, so its hotkey must be unencrypted (as btcli creates hotkeys)")
-    try:
-        wallet.hotkey  # noqa: B018  (loads the keypair now, so a broken file fails here)
-    except Exception as error:  # noqa: BLE001  (the SDK raises several kinds for a bad key file)
-        raise ValidatorSetupError(f"cannot read hotkey file {wallet.hotkey_file.path}: {error}") from None
-    return wallet
 
 
 def check_registration(chain: Chain, hotkey: str, settings: Settings) -> None:

@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quasar.errors import QuasarError
+
 logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
@@ -93,7 +95,7 @@ CREATE INDEX IF NOT EXISTS submissions_by_evaluation
 """
 
 
-class StateError(RuntimeError):
+class StateError(QuasarError, RuntimeError):
     """The state file cannot be used (locked by another process, unreadable, another schema)."""
 
 

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
+from quasar.errors import QuasarError
 from quasar.imports import QUASAR_DIR, check_source, module_name_for
 
 ALLOWED_SUFFIXES = (".py", ".json", ".cu", ".cuh", ".cpp", ".h", ".hpp")
@@ -37,7 +38,7 @@ ERROR = "error"  # the strategy could not propose (unreachable endpoint, unusabl
 OUTCOMES = (KEPT, SLOWER, FAILED, REJECTED, ERROR)
 
 
-class StrategyError(Exception):
+class StrategyError(QuasarError):
     """A strategy could not make a candidate this time (the message says why)."""
 
 
