@@ -38,22 +38,16 @@ from quasar.localnet.forks import (
     HOSTILE_KERNEL_FILE,
     write_forks,
 )
-from quasar.localnet.network import (
-    CPU_TARGET,
-    MARKER,
-    MINERS,
-    UPSTREAM,
-    LocalnetError,
-    LocalNetwork,
+from quasar.localnet.host import (
     child_environment,
     data_dir_lock,
-    default_options,
     distinct_free_ports,
-    evaluated_lengths,
     make_wallet,
     read_weights_block,
     reset_data_dir,
 )
+from quasar.localnet.network import LocalNetwork
+from quasar.localnet.options import CPU_TARGET, MARKER, MINERS, UPSTREAM, LocalnetError, default_options, evaluated_lengths
 from quasar.localnet.summary import (
     FAIL,
     NOT_REPORTED,
@@ -469,7 +463,7 @@ def test_the_hostile_fork_is_wrong_on_every_path_the_layer_takes(forks, interpre
 
 
 def test_the_local_network_on_sqlite_never_imports_psycopg2():
-    code = ("import sys; from quasar.localnet.network import distinct_free_ports; distinct_free_ports(3); "
+    code = ("import sys; from quasar.localnet.host import distinct_free_ports; distinct_free_ports(3); "
             "print('psycopg2' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environment(), capture_output=True, text=True,
                             timeout=120)

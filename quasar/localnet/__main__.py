@@ -147,15 +147,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from quasar.chain import ChainError
     from quasar.localnet.forks import ForkWriteError
-    from quasar.localnet.network import (
-        NETUID,
-        LocalNetwork,
-        LocalnetError,
-        data_dir_lock,
-        default_options,
-        evaluated_lengths,
-        reset_data_dir,
-    )
+    from quasar.localnet.host import data_dir_lock, reset_data_dir
+    from quasar.localnet.network import LocalNetwork
+    from quasar.localnet.options import NETUID, LocalnetError, default_options, evaluated_lengths
     from quasar.localnet.processes import ChildFailed
     from quasar.starter_fork import StarterForkError
 

@@ -1,60 +1,17 @@
-"""The local network: a whole QUASAR subnet on one machine, every part real.
-
-:meth:`LocalNetwork.start` builds it in ``data_dir``:
-
-1. new wallets (owner, API, validator, two miners; unencrypted) under ``data_dir/wallets``;
-2. the embedded dev chain (``data_dir/devchain.sqlite3``, fast blocks) with the subnet's rules:
-   finney's hyperparameters (``--hyperparameters finney``), or by default finney's with a short
-   tempo and weights rate limit (:data:`LOCALNET_HYPERPARAMETERS`: a round takes seconds, not
-   minutes, and commit-reveal stays on); the owner registered first (uid 0, the subnet owner), the
-   validator with stake and a permit, then the miners. Its one allowance the real chain does not
-   have: loopback endpoints, since every server here listens on 127.0.0.1 only;
-3. the submission API on SQLite (``python -m quasar.api serve``) on a free 127.0.0.1 port, its URL
-   published on chain by the owner (``python -m quasar.api publish-url``), where the validator and
-   the miners find it, as on finney;
-4. the reference model: ``REFERENCE_MODEL`` when it is in the local Hugging Face cache (or a
-   folder), else a tiny random Qwen2 stand-in built into ``data_dir/model`` (said so);
-5. each miner's inference server (``python -m quasar.inference serve``); the hostile miner
-   serves the honest model: its kernel is what is hostile;
-6. the validator neuron (``python -m neurons.validator``), started as soon as the API's URL is on
-   chain so it loads its model while the rest starts; it fetches, evaluates in its sandbox, checks
-   the miners' logits, reports and sets weights (commits them, on commit-reveal) every few blocks;
-7. the two forks (quasar/localnet/forks.py) served by a GitHub stand-in
-   (quasar/localnet/github_standin.py, bare repositories in ``data_dir/github``): the upstream
-   ``UPSTREAM_REPO`` holds the starter fork, and the hostile miner's account already holds its
-   fork with the hostile commit pushed;
-8. the two miner neurons (``python -m neurons.miner``), each with its own GitHub account and
-   token, its workspace in ``data_dir/miners``, and one cycle without candidates
-   (``AGENT_ITERATIONS=0``): it publishes its inference endpoint on chain, forks through the
-   stand-in (the honest miner creates its fork, the hostile one finds its own), clones it,
-   evaluates its head in its sandbox, pushes and submits directly, claiming what that evaluation
-   supports. The honest miner evaluates as validators do (their ``EVAL_SEQ_LENS`` and its
-   target); the hostile one checks only its target, :data:`HOSTILE_TARGET` tokens, where its
-   kernel is exact, and the validator's longer lengths must catch it.
-
-:meth:`LocalNetwork.start` returns when both submissions are in the API;
-:meth:`LocalNetwork.wait_for_round` waits until the validator has reported on every submission
-and then set weights (and the chain revealed them, on commit-reveal), and returns the
-:class:`~quasar.localnet.summary.RoundSummary`.
-:meth:`LocalNetwork.stop` stops every child (the validator first). Each child's output goes to
-``data_dir/logs/NAME.log``; a child that fails is named with its log's path and last lines.
-"""
+"""The local network: a whole QUASAR subnet on one machine, every part real; what it builds, in
+which order, and what each part does are in docs/localnet.md."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import fcntl
 import json
 import logging
 import math
-import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -63,18 +20,32 @@ import httpx
 
 import quasar
 from quasar import config
-from quasar.chain.base import SubnetHyperparameters
-from quasar.chain.devchain import FINNEY
-from quasar.config import DEFAULT_SEQ_LENS, DEV_NETWORK
-from quasar.errors import QuasarError
+from quasar.config import DEV_NETWORK
 from quasar.localnet.forks import (
     HONEST,
     HOSTILE,
-    HOSTILE_EXACT_UP_TO,
     Fork,
     write_forks,
 )
 from quasar.localnet.github_standin import GitHubStandIn
+from quasar.localnet.host import child_environment, distinct_free_ports, make_wallet, read_weights_block
+from quasar.localnet.options import (
+    API,
+    HOSTILE_TARGET,
+    HOST,
+    MINER_INTERVAL_S,
+    MINERS,
+    NETUID,
+    OWNER,
+    START_TIMEOUT_S,
+    UPSTREAM,
+    VALIDATOR,
+    VALIDATOR_STAKE,
+    WALLET_HOTKEY,
+    LocalnetError,
+    LocalnetOptions,
+    evaluated_lengths,
+)
 from quasar.localnet.processes import Child, Children, wait_until
 from quasar.localnet.summary import (
     MinerOutcome,
@@ -90,62 +61,6 @@ if TYPE_CHECKING:
     from quasar.api.db import EvaluationReport
 
 logger = logging.getLogger(__name__)
-
-HOST = "127.0.0.1"
-NETUID = 24
-BLOCK_TIME_S = 0.2
-# The validator sets weights every EPOCH_BLOCKS (one second at BLOCK_TIME_S).
-EPOCH_BLOCKS = 5
-# The local network's subnet: finney's rules, with a tempo of 4 s and a weights rate limit of one
-# EPOCH_BLOCKS at BLOCK_TIME_S (finney's 72 s and 20 s there would make a round minutes longer).
-LOCALNET_HYPERPARAMETERS = dataclasses.replace(FINNEY, tempo=20, weights_rate_limit=EPOCH_BLOCKS)
-HYPERPARAMETER_SETS = {"localnet": LOCALNET_HYPERPARAMETERS, "finney": FINNEY}
-# One API round spans the whole demo (10 minutes at BLOCK_TIME_S), so its leaderboard holds both miners.
-ROUND_BLOCKS = 3000
-VALIDATOR_STAKE = 1e4
-CPU_TARGET, CPU_SEQ_LENS = 128, (64, 128)
-CUDA_TARGET, CUDA_SEQ_LENS = 65536, DEFAULT_SEQ_LENS
-# The hostile miner targets the length its kernel is exact at, and checks only that.
-HOSTILE_TARGET = HOSTILE_EXACT_UP_TO
-# Seconds of timed runs per length (EVAL_TIMED_SECONDS): on CPU the harness's minimum of timed runs
-# already takes longer, so asking for more only makes the demo slower, not its figures meaningful.
-CPU_TIMED_SECONDS, CUDA_TIMED_SECONDS = 0.5, 2.0
-# The share of their recommended claim the miners submit (CLAIM_SHARE): on CPU the miner and the
-# validator time on the same few busy cores at different moments, and measured 11% apart, past
-# the claim check's 10%; a GPU's timings hold still.
-CPU_CLAIM_SHARE, CUDA_CLAIM_SHARE = 0.75, 1.0
-# The miners run one cycle (evaluate the fork's head, submit) and then wait: a day between cycles.
-MINER_INTERVAL_S = 86400
-UPSTREAM = config.OPTIONS_BY_KEY["upstream_repo"].default
-START_TIMEOUT_S = 180.0
-MARKER = ".quasar-localnet"
-LOCK_NAME = "localnet.lock"
-WALLET_HOTKEY = "default"
-OWNER, API, VALIDATOR = "owner", "api", "validator"
-MINERS = {HONEST: "miner-honest", HOSTILE: "miner-hostile"}
-
-
-class LocalnetError(QuasarError, RuntimeError):
-    """The local network cannot start or run; the message says what and where to look."""
-
-
-@dataclass(frozen=True)
-class LocalnetOptions:
-    """How to run the local network."""
-
-    data_dir: Path
-    device: str  # "cpu" or "cuda"
-    reference_model: str  # a hub id or folder; "" = REFERENCE_MODEL if cached, else the stand-in
-    stand_in_model: bool  # use the tiny stand-in even when the real model is cached
-    target: int
-    seq_lens: tuple[int, ...]
-    round_timeout_s: float
-    timed_seconds: float = CUDA_TIMED_SECONDS
-    claim_share: float = CUDA_CLAIM_SHARE
-    block_time_s: float = BLOCK_TIME_S
-    epoch_blocks: int = EPOCH_BLOCKS
-    hyperparameters: SubnetHyperparameters = LOCALNET_HYPERPARAMETERS
-
 
 @dataclass(frozen=True)
 class Submitted:
@@ -172,115 +87,6 @@ class Progress(Protocol):
     def detail(self, text: str, key: str | None = None) -> None:
         """How the current step is going; ``key`` (default ``text``) changes when it is worth a new
         line where no live display is possible (a log, a pipe)."""
-
-
-def default_options(data_dir: Path, device: str, reference_model: str = "", stand_in_model: bool = False,
-                    target: int | None = None, seq_lens: tuple[int, ...] | None = None,
-                    round_timeout_s: float | None = None, hyperparameters: str = "localnet") -> LocalnetOptions:
-    """Options with the defaults for ``device``: small lengths on CPU (not a benchmark), the
-    validator's usual lengths and a 64k target on CUDA; the subnet's hyperparameters by name
-    (:data:`HYPERPARAMETER_SETS`). Raises :class:`LocalnetError` when the validator would run no
-    length that shows the hostile fork wrong."""
-    cpu = device == "cpu"
-    options = LocalnetOptions(
-        hyperparameters=HYPERPARAMETER_SETS[hyperparameters],
-        data_dir=Path(data_dir), device=device, reference_model=reference_model, stand_in_model=stand_in_model,
-        target=target if target is not None else (CPU_TARGET if cpu else CUDA_TARGET),
-        seq_lens=seq_lens if seq_lens is not None else (CPU_SEQ_LENS if cpu else CUDA_SEQ_LENS),
-        round_timeout_s=round_timeout_s if round_timeout_s is not None else (1800.0 if cpu else 900.0),
-        timed_seconds=CPU_TIMED_SECONDS if cpu else CUDA_TIMED_SECONDS,
-        claim_share=CPU_CLAIM_SHARE if cpu else CUDA_CLAIM_SHARE)
-    if not any(length > HOSTILE_TARGET for length in options.seq_lens):
-        shown = ", ".join(str(length) for length in options.seq_lens) or "none"
-        raise LocalnetError(f"the validator's lengths (--seq-lens: {shown}) need one above {HOSTILE_TARGET} tokens: "
-                            f"the hostile miner's kernel is exact up to {HOSTILE_TARGET} (its target, all it checks), "
-                            "so only a longer length shows it wrong")
-    return options
-
-
-def evaluated_lengths(options: LocalnetOptions) -> tuple[int, ...]:
-    """Every length the validator runs in this network: its own, and both miners' targets."""
-    return tuple(sorted({*options.seq_lens, options.target, HOSTILE_TARGET}))
-
-
-def child_environment(repo_root: Path) -> dict[str, str]:
-    """The children's environment: this one without any QUASAR setting (the children get theirs as
-    flags, so a stray variable or ``.env`` never points them at a real network), the checkout on
-    ``PYTHONPATH``, unbuffered output and the Hugging Face cache only."""
-    settings = {option.env for option in config.OPTIONS if option.env}
-    env = {key: value for key, value in os.environ.items() if key not in settings}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(repo_root), env.get("PYTHONPATH"))))
-    env["PYTHONUNBUFFERED"] = "1"
-    env["HF_HUB_OFFLINE"] = "1"
-    # Settings without a command-line flag.
-    env["ROUND_BLOCKS"] = str(ROUND_BLOCKS)
-    return env
-
-
-def distinct_free_ports(count: int) -> list[int]:
-    """``count`` different ports free on 127.0.0.1 now (each child binds its own moments later)."""
-    from quasar.api.devdb import free_port
-
-    ports: list[int] = []
-    while len(ports) < count:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
-
-
-@contextlib.contextmanager
-def data_dir_lock(data_dir: Path) -> Iterator[None]:
-    """Hold ``data_dir``'s lock for a run; a second local network on the same folder is refused."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(data_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LocalnetError(f"another local network is running in {data_dir}; stop it or pass another "
-                                "--data-dir") from None
-        yield
-    finally:
-        os.close(fd)
-
-
-def reset_data_dir(data_dir: Path) -> None:
-    """Empty ``data_dir`` for a new network: only a folder this command made (it holds the marker
-    file) or an empty one; anything else is refused, so a mistyped path is never wiped."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    entries = [entry for entry in data_dir.iterdir() if entry.name != LOCK_NAME]
-    if entries and not (data_dir / MARKER).is_file():
-        raise LocalnetError(f"{data_dir} is not empty and was not made by the local network (no {MARKER} "
-                            "file in it): pass an empty or new folder with --data-dir")
-    for entry in entries:
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-    (data_dir / MARKER).write_text("made by python -m quasar.localnet; emptied at each start\n")
-    # Git ignores the whole folder, wherever it is inside a checkout.
-    (data_dir / ".gitignore").write_text("*\n")
-
-
-def make_wallet(root: Path, name: str):
-    """A new bittensor wallet ``name`` (coldkey and hotkey ``default``, unencrypted) under ``root``."""
-    import bittensor as bt
-
-    wallet = bt.Wallet(name=name, hotkey=WALLET_HOTKEY, path=str(root))
-    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-    wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-    return wallet
-
-
-def read_weights_block(state_path: Path) -> int | None:
-    """The block of the validator's last weight setting, from its state file (read while it runs);
-    None before the first."""
-    from quasar.validator.loop import LAST_WEIGHTS_BLOCK
-    from quasar.validator.state import read_meta
-
-    block = read_meta(state_path, LAST_WEIGHTS_BLOCK)
-    return None if block is None else int(block)
 
 
 class LocalNetwork:
