@@ -508,7 +508,7 @@ def test_target_that_is_a_folder(tmp_path):
 
 
 def test_oversized_file_is_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(imports, "MAX_SOURCE_BYTES", 100)
+    monkeypatch.setattr(imports.repository, "MAX_SOURCE_BYTES", 100)
     report = validate_repo(make_fork(tmp_path))
     assert (CHUNK, None, Rule.UNREADABLE_FILE) in error_keys(report)
 
