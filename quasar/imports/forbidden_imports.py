@@ -1,10 +1,8 @@
 """The check of one file for forbidden and unverifiable imports (rules ``forbidden-import``,
-``unverifiable-import`` and ``bad-relative-import``): an AST visitor that resolves every name,
-attribute, subscript and call to the dotted names it may stand for, and reports what loads or names
-``fla.ops.gla``/``fla.ops.kda`` and what it cannot follow.
-
-Names are followed without regard to scope or order: a name bound anywhere in a file to a
-forbidden module or to the import machinery counts everywhere in that file.
+``unverifiable-import`` and ``bad-relative-import``, as the package docstring states them): an AST
+visitor that resolves every name, attribute, subscript and call to the dotted names it may stand
+for, without regard to scope or order, and reports what loads or names ``fla.ops.gla``/
+``fla.ops.kda`` and what it cannot follow.
 """
 
 from __future__ import annotations
