@@ -22,7 +22,8 @@ setup(
     packages=find_packages(include=["quasar", "quasar.*", "neurons"]),
     include_package_data=True,
     # The starter fork's template tree (not a package of ours: it is copied out verbatim).
-    package_data={"quasar.starter_fork": ["tree/**/*", "tree/.gitignore"],
+    package_data={"quasar.config": ["settings.toml"],
+                  "quasar.starter_fork": ["tree/**/*", "tree/.gitignore"],
                   "quasar.api": ["migrations/*.py", "migrations/*.mako", "migrations/versions/*.py", "templates/*.html"]},
     install_requires=read_requirements("requirements.txt"),
     extras_require={"test": read_requirements("requirements-test.txt")},

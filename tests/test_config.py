@@ -246,3 +246,24 @@ def test_a_flag_another_process_reads_is_refused():
     assert parser.parse_args(["--eval.timeout", "9"]).eval_timeout == "9"
     with pytest.raises(ValueError, match="unknown process 'minr'"):
         config.add_arguments(argparse.ArgumentParser(), "minr")
+
+
+def test_every_default_in_the_table_parses():
+    for option in config.OPTIONS:
+        option.parse(option.default)
+
+
+@pytest.mark.parametrize("entry, message", [
+    ('[x]\nkind = "str"\ndefault = ""\ngroup = "wallet"\nbrief = "b"\nhelp = "h"\ncolour = "red"\n',
+     r"settings.toml \[x\]: unknown field\(s\) colour"),
+    ('[x]\nkind = "str"\ndefault = ""\ngroup = "wallet"\nbrief = "b"\n', r"settings.toml \[x\]: missing field 'help'"),
+    ('[x]\nkind = "int"\ndefault = "1"\ngroup = "wallet"\nbrief = "b"\nhelp = "h"\n',
+     r"settings.toml \[x\]: kind int needs low"),
+    ('[x]\nkind = "colour"\ndefault = ""\ngroup = "wallet"\nbrief = "b"\nhelp = "h"\n',
+     r"settings.toml \[x\]: unknown kind 'colour'"),
+])
+def test_a_bad_settings_table_names_the_entry_and_field(tmp_path, entry, message):
+    table = tmp_path / "settings.toml"
+    table.write_text(entry)
+    with pytest.raises(ValueError, match=message):
+        config.options.load_options(table)

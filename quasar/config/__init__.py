@@ -9,7 +9,7 @@ A bad value raises :class:`SettingsError` naming the setting and where the value
 """
 
 from quasar.config.cli import add_arguments, env_example, parse_args, role_options, settings_help
-from quasar.config.options import GROUPS, OPTIONS, OPTIONS_BY_KEY, ROLES, Option
+from quasar.config.options import DEFAULT_SEQ_LENS, GROUPS, OPTIONS, OPTIONS_BY_KEY, ROLES, Option
 from quasar.config.settings import (
     LIBRARY_VARIABLES,
     PROJECT_ROOT,
@@ -19,7 +19,7 @@ from quasar.config.settings import (
     resolve,
     settings_keys,
 )
-from quasar.config.values import BITTENSOR_NETWORKS, DEFAULT_SEQ_LENS, DEV_NETWORK, NETWORKS
+from quasar.config.values import BITTENSOR_NETWORKS, DEV_NETWORK, NETWORKS
 
 __all__ = [
     "BITTENSOR_NETWORKS", "DEFAULT_SEQ_LENS", "DEV_NETWORK", "GROUPS", "LIBRARY_VARIABLES", "NETWORKS", "OPTIONS", "OPTIONS_BY_KEY",

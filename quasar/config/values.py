@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 from urllib.parse import urlparse
 
 # Bittensor's own network names, plus our embedded one-machine chain ("devchain", so it never
@@ -16,8 +17,6 @@ from urllib.parse import urlparse
 BITTENSOR_NETWORKS = ("finney", "test", "local", "archive")
 DEV_NETWORK = "devchain"
 NETWORKS = BITTENSOR_NETWORKS + (DEV_NETWORK,)
-# The lengths an evaluation benchmarks besides the target unless told otherwise (EVAL_SEQ_LENS).
-DEFAULT_SEQ_LENS = (512, 1024, 2048)
 
 
 def parse_int(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -208,3 +207,35 @@ def parse_seq_lens(raw: str) -> tuple[int, ...]:
             raise ValueError(f"expected comma-separated positive integers, got {part!r}")
         lengths.append(int(part))
     return tuple(lengths)
+
+
+# Parsers by the ``kind`` settings.toml names; the factories take the entry's low, high or choices.
+PARSERS: dict[str, Callable[[str], Any]] = {
+    "bool": parse_bool, "chain_endpoint": parse_chain_endpoint, "database_url": parse_database_url,
+    "device": parse_device, "dtype": parse_dtype, "git_remote_base": parse_git_remote_base,
+    "http_url": parse_http_url, "ip_networks": parse_ip_networks, "name": parse_name, "network": parse_network,
+    "optional_http_url": parse_optional_http_url, "optional_ip": parse_optional_ip,
+    "optional_name": parse_optional_name, "repo_slug": parse_repo_slug, "seq_lens": parse_seq_lens,
+    "share": parse_share, "str": parse_str,
+}
+BOUNDED_PARSERS: dict[str, Callable[..., Callable[[str], Any]]] = {
+    "int": parse_int, "optional_int": parse_optional_int, "float": parse_float,
+}
+
+
+def parser_for(kind: str, low: float | None = None, high: float | None = None,
+               choices: Sequence[str] = ()) -> Callable[[str], Any]:
+    """The parser of ``kind``: a plain one, a bounded one (``int``, ``optional_int``, ``float``
+    from ``low``, to ``high`` for ``int``) or ``choice`` among ``choices``."""
+    if kind == "choice":
+        if not choices:
+            raise ValueError("kind choice needs choices")
+        return parse_choice(*choices)
+    if kind in BOUNDED_PARSERS:
+        if low is None:
+            raise ValueError(f"kind {kind} needs low")
+        return BOUNDED_PARSERS[kind](low, high) if high is not None else BOUNDED_PARSERS[kind](low)
+    if kind not in PARSERS:
+        raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(sorted([*PARSERS, *BOUNDED_PARSERS, 'choice']))}")
+    return PARSERS[kind]
+

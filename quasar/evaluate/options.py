@@ -11,7 +11,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from quasar.config.values import DEFAULT_SEQ_LENS
+from quasar.config.options import DEFAULT_SEQ_LENS
 from quasar.errors import QuasarError
 from quasar.evaluate.sandbox import SandboxPolicy
 from quasar.evaluate.start import evaluation_lengths
