@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
-"""Time the validator's own share of an evaluation: the float32 reference that checks the fork.
+"""``quasar bench reference``: time the validator's own share of an evaluation, the float32
+reference that checks the fork.
 
-    python scripts/bench_reference.py --out DIR [--lens 512,1024,2048,100k,1M] [--profile-lens 512,1M]
+    quasar bench reference --out DIR [--lens 512,1024,2048,100k,1M] [--profile-lens 512,1M]
 
 For each length, the parent's verification of one length as an evaluation runs it
 (``verification.verify_length``: the timed requests it draws, the correctness request among them,
@@ -17,25 +17,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from rich.console import Console
 from rich.table import Table
 
 from quasar.evaluate import workload
-from quasar.evaluate.__main__ import parse_seq_lens
+from quasar.evaluate.cli import parse_seq_lens
 from quasar.evaluate.options import DEFAULT_TOKENS_PER_REQUEST, MAX_FORWARDS_PER_REQUEST, forwards_per_request
 from quasar.evaluate.session import Request
 from quasar.evaluate.timing import LengthRun
 from quasar.evaluate.verification import requests_to_verify, verify_length
 from quasar.evaluate.report import LengthResult
+from quasar.log import setup_logging
 from quasar.reference import QuasarAttentionReference
 
 
@@ -86,8 +83,10 @@ def profile(reference: torch.nn.Module, length: int, device: str, generator: tor
     return {"length": length, "wall_s": wall, "device_s": sum(r["device_ms"] for r in rows) / 1e3, "operators": rows[:15]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "quasar bench reference") -> int:
+    """Time the reference work per length; the tables on stdout, everything in --out."""
+    parser = argparse.ArgumentParser(prog=prog, description="Time the validator's own share of an evaluation: "
+                                                            "the float32 reference that checks the fork.")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--lens", type=parse_seq_lens, default=(512, 1024, 2048, 100_000, 1_000_000))
@@ -95,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens-per-request", type=int, default=DEFAULT_TOKENS_PER_REQUEST,
                         help="tokens a request's forwards make (default: an evaluation's on CUDA, 2^18)")
     args = parser.parse_args(argv)
+    setup_logging(quiet=True)
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console(width=80)
     generator = torch.Generator().manual_seed(0)
@@ -137,7 +137,3 @@ def main(argv: list[str] | None = None) -> int:
             table.add_row(row["operator"][:40], f"{row['device_ms']:.1f}", f"{row['host_ms']:.1f}", str(row["calls"]))
         console.print(table)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,5 @@
-#!/usr/bin/env python
-"""Load benchmark of the submission API: signed submissions and public reads at fixed rates, at once.
+"""``quasar bench api-load``: load benchmark of the submission API, signed submissions and public
+reads at fixed rates, at once.
 
 Starts ``python -m quasar.api serve --workers N`` on 127.0.0.1 (as operators run it) over a fresh
 SQLite file and/or a fresh throwaway PostgreSQL server (fsync on), registers the submitters' hotkeys
@@ -33,7 +33,7 @@ lost submissions (acknowledged but missing from the database afterwards; must be
 server's CPU time per request, and how long a fixed Python loop took just before the run (this
 machine's speed at the time: on a shared machine it varies with the neighbours).
 
-    python scripts/api_load_benchmark.py --backend both --workers 1 2 4 --repeat 3
+    quasar bench api-load --backend both --workers 1 2 4 --repeat 3
 
 Traffic goes to loopback only and stops after the timed window.
 """
@@ -49,7 +49,6 @@ import resource
 import secrets
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -63,13 +62,11 @@ from rich.console import Console
 from rich.table import Table
 from sqlalchemy import select
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from quasar.api.client import ApiClient  # noqa: E402
-from quasar.api.db import Database, Submission  # noqa: E402
-from quasar.api.devdb import TemporaryPostgres, start_api_process  # noqa: E402
-from quasar.chain.devchain import DevChain  # noqa: E402
+from quasar.api.client import ApiClient
+from quasar.api.db import Database, Submission
+from quasar.api.devdb import TemporaryPostgres, start_api_process
+from quasar.chain.devchain import DevChain
+from quasar.log import setup_logging
 
 # The public reads (path, share of the read rate): one line per route. The dashboard's miner and
 # submission pages take each seeded miner and submission in turn.
@@ -486,8 +483,10 @@ def figures_table(results: Sequence[Figures]) -> Table:
     return table
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-load") -> int:
+    """Run the load; exit status 1 when an acknowledged submission was lost."""
+    parser = argparse.ArgumentParser(prog=prog, description="Load benchmark of the submission API: signed "
+                                                            "submissions and public reads at fixed rates, at once.")
     parser.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="both")
     parser.add_argument("--workers", type=int, nargs="+", default=[2], help="API worker processes (one run each)")
     parser.add_argument("--submitters", type=int, default=32, help="signed submitters (hotkeys), one connection each")
@@ -511,6 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (1 <= args.submitters <= 256 and 1 <= args.readers <= 256 and 0 < args.seconds <= 60
             and 0 <= args.warmup <= 60):
         parser.error("--submitters and --readers must be 1..256, --seconds 0..60, --warmup 0..60")
+    setup_logging(quiet=True)
     console = Console()
     backends = ("sqlite", "postgresql") if args.backend == "both" else (args.backend,)
     results = []
@@ -529,7 +529,3 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
     return 1 if any(r.lost for r in results) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

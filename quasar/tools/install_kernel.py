@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
-"""Step 1 for a miner: bring a fork checkout to the suite's QuasarAttention kernel.
+"""``quasar step1``, a miner's first step: bring a fork checkout to the suite's QuasarAttention kernel.
 
-    python scripts/step1_first_optimization.py --repo-path ~/flash-linear-attention [--seq-len 1M]
-    python scripts/step1_first_optimization.py --skip-setup --repo-path FORK --push
+    quasar step1 --repo-path ~/flash-linear-attention [--seq-len 1M]
+    quasar step1 --skip-setup --repo-path FORK --push
 
 1. Setup (skipped with ``--skip-setup``): the fork is a git checkout with a commit identity,
    torch and triton import, and the evaluation device (``--device``, default cuda) is there.
@@ -24,22 +23,19 @@ import dataclasses
 import importlib.util
 import logging
 import subprocess
-import sys
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
+from quasar.evaluate.cli import add_evaluation_arguments, options_from, positive_int, start
+from quasar.evaluate.harness import evaluate
+from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, ProgressEvent
+from quasar.evaluate.report import render_report
+from quasar.starter_fork import kernel_files, template_root
 
-from quasar.evaluate.__main__ import add_evaluation_arguments, options_from, positive_int  # noqa: E402
-from quasar.evaluate.harness import evaluate  # noqa: E402
-from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, ProgressEvent  # noqa: E402
-from quasar.evaluate.report import render_report  # noqa: E402
-from quasar.starter_fork import kernel_files, template_root  # noqa: E402
-
-logger = logging.getLogger("step1")
+logger = logging.getLogger(__name__)
 
 COMMIT_MESSAGE = "QuasarAttention: the QUASAR suite's context-parallel chunk kernels"
 
@@ -195,9 +191,10 @@ def check_setup(repo: Path, device: str) -> list[str]:
     return problems
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: Sequence[str] | None = None, prog: str = "quasar step1") -> int:
+    """Step 1; exit status 0 on a pass, 1 on a fail, 2 for bad arguments or a fork that cannot take the files."""
+    parser = argparse.ArgumentParser(prog=prog, description="Step 1 for a miner: bring a fork checkout to the "
+                                                            "suite's QuasarAttention kernel, validate it, commit.")
     parser.add_argument("--repo-path", type=Path, required=True, help="the fork, checked out")
     parser.add_argument("--skip-setup", action="store_true", help="skip the environment checks")
     parser.add_argument("--seq-len", type=positive_int, default=1_000_000, metavar="N",
@@ -205,14 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--push", action="store_true", help="git push after the commit")
     parser.add_argument("--keep-on-failure", action="store_true", help="leave the files written when validation fails")
     add_evaluation_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    args, settings = start(parser, argv)
     console = Console()
     repo = args.repo_path.expanduser().resolve()
     if not repo.is_dir():
         parser.error(f"--repo-path {str(repo)!r} is not a directory")
-    options = options_from(args, DEFAULT_SEQ_LENS)
+    options = options_from(args, DEFAULT_SEQ_LENS, settings)
     if not args.skip_setup:
         problems = check_setup(repo, options.device)
         if problems:
@@ -256,7 +251,3 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]{error}[/red]")
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

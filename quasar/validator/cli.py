@@ -1,4 +1,6 @@
-"""QUASAR validator: ``python -m neurons.validator --wallet.name … --wallet.hotkey … --netuid …``.
+"""``quasar validator`` (``python -m neurons.validator``): the validator neuron.
+
+    quasar validator --wallet.name … --wallet.hotkey … --netuid …
 
 Pulls submissions from the API (``VALIDATOR_API_URL``, else the one the subnet owner published on
 chain), evaluates each in a sandbox (one at a time per GPU), checks the miner's logits, reports,
@@ -13,7 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
+from collections.abc import Sequence
 
 from quasar import config
 from quasar.log import setup_logging
@@ -57,8 +59,13 @@ def run(settings: config.Settings) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m neurons.validator", description=__doc__.split("\n\n")[0])
+DESCRIPTION = ("QUASAR validator: evaluates the submissions in a sandbox, checks the miners' logits, reports to "
+               "the API and sets weights from its own results.")
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "quasar validator") -> int:
+    """Run the validator until stopped; exit status 1 when it cannot start."""
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     config.add_arguments(parser)
     _, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, secrets=settings.secrets())
@@ -78,7 +85,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.info("interrupted before the validator loop started")
         return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

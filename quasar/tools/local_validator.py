@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
-"""A miner's local validator: the same evaluation a validator runs, before you submit.
+"""``quasar local-validator``: the same evaluation a validator runs, before you submit.
 
-    python scripts/local_validator.py --repo-path ~/flash-linear-attention --seq-len 100000 --claimed 2.4e6
-    python scripts/local_validator.py --repo-path ~/flash-linear-attention --full
+    quasar local-validator --repo-path ~/flash-linear-attention --seq-len 100000 --claimed 2.4e6
+    quasar local-validator --repo-path ~/flash-linear-attention --full
 
 ``--seq-len N`` runs that one length (it is the target); ``--full`` runs 512, 1024, 2048, 100k,
 500k and 1M, as memory allows (an out-of-memory ends the run there), with the target 1M unless
@@ -14,12 +13,7 @@ verdict is pass, 1 when it is fail, 2 for bad arguments.
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
-from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.progress import (
@@ -30,12 +24,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from quasar.config import SettingsError
-from quasar.evaluate.__main__ import (
-    add_evaluation_arguments,
-    options_from,
-    positive_int,
-)
+from quasar.evaluate.cli import add_evaluation_arguments, options_from, positive_int, start
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import EvaluationInputError, ProgressEvent
 from quasar.evaluate.report import OK, EvaluationReport, render_report
@@ -80,18 +69,17 @@ class ProgressDisplay:
         self.progress.update(self.task, description=f"{where}{stage}", completed=event.done, total=total)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: Sequence[str] | None = None, prog: str = "quasar local-validator") -> int:
+    """Evaluate the fork with progress bars; exit status 0 on a pass, 1 on a fail, 2 for bad arguments."""
+    parser = argparse.ArgumentParser(prog=prog, description="A miner's local validator: the same evaluation a "
+                                                            "validator runs, before you submit.")
     parser.add_argument("--repo-path", required=True, help="your fork, checked out")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--seq-len", type=positive_int, metavar="N", help="run this one length (the target)")
     which.add_argument("--full", action="store_true", help="run 512, 1024, 2048, 100k, 500k and 1M as memory allows")
     parser.add_argument("--target", type=positive_int, metavar="N", help="target length with --full (default 1M)")
     add_evaluation_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    args, settings = start(parser, argv)
     if args.full:
         seq_lens, target = FULL_SEQ_LENS, args.target or FULL_SEQ_LENS[-1]
     else:
@@ -103,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, console=console, transient=True) as progress:
-            report = evaluate(args.repo_path, target, args.claimed, options_from(args, seq_lens),
+            report = evaluate(args.repo_path, target, args.claimed, options_from(args, seq_lens, settings),
                               progress=ProgressDisplay(progress))
-    except (EvaluationInputError, SettingsError) as error:
+    except EvaluationInputError as error:
         parser.error(str(error))
     if args.json:
         print(report.to_json())
@@ -115,7 +103,3 @@ def main(argv: list[str] | None = None) -> int:
     if best is not None and len(report.lengths) > 1:
         console.print(f"best target among the lengths run: T={best[0]:,} (tokens/s × league multiplier = {best[1]:,.0f})")
     return 0 if report.passed else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

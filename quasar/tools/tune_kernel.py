@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
-"""Step 2 for a miner: tune the QuasarAttention kernel's tunables on this GPU.
+"""``quasar step2``, a miner's second step: tune the QuasarAttention kernel's tunables on this GPU.
 
-    python scripts/step2_kernel_tuning.py --repo-path FORK [--seq-lens 65536,262144,1M] [--commit]
-    python scripts/step2_kernel_tuning.py --repo-path FORK --grid '[{"segment_chunks": 8}, {}]'
+    quasar step2 --repo-path FORK [--seq-lens 65536,262144,1M] [--commit]
+    quasar step2 --repo-path FORK --grid '[{"segment_chunks": 8}, {}]'
 
 Every configuration of the grid (default: segment sizes 16, 32, 64 chunks x the WY pass's warps
 and register cap, 1 warp uncapped or 2 warps uncapped or capped at 168, x its two inverses) is
@@ -24,27 +23,21 @@ import argparse
 import dataclasses
 import itertools
 import json
-import logging
 import shutil
 import subprocess
-import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
-from rich.console import Console  # noqa: E402
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from quasar.evaluate.__main__ import add_evaluation_arguments, options_from, parse_seq_lens  # noqa: E402
-from quasar.evaluate.harness import evaluate  # noqa: E402
-from quasar.evaluate.options import EvaluationInputError  # noqa: E402
-from quasar.evaluate.report import OK  # noqa: E402
-from quasar.starter_fork import tuning_contract  # noqa: E402
-
-logger = logging.getLogger("step2")
+from quasar.evaluate.cli import add_evaluation_arguments, options_from, parse_seq_lens, start
+from quasar.evaluate.harness import evaluate
+from quasar.evaluate.options import EvaluationInputError
+from quasar.evaluate.report import OK
+from quasar.starter_fork import tuning_contract
 
 TUNING_PATH = Path("fla/ops/quasar/tuning.json")
 DEFAULT_SEQ_LENS = (65_536, 262_144, 1_000_000)
@@ -146,9 +139,10 @@ def save_plot(results: list[SweepResult], path: Path) -> None:
     plt.close(figure)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: Sequence[str] | None = None, prog: str = "quasar step2") -> int:
+    """Step 2; exit status 0 when a passing configuration was found, 1 when none passed, 2 for bad arguments."""
+    parser = argparse.ArgumentParser(prog=prog, description="Step 2 for a miner: tune the QuasarAttention "
+                                                            "kernel's tunables on this GPU.")
     parser.add_argument("--repo-path", type=Path, required=True, help="the fork (after step 1), checked out")
     parser.add_argument("--seq-lens", type=parse_seq_lens, default=DEFAULT_SEQ_LENS, metavar="LIST",
                         help="lengths to time; the longest is the target (default 65536,262144,1M)")
@@ -157,18 +151,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=None, help="JSON file for the raw results")
     parser.add_argument("--commit", action="store_true", help="commit the fork's new tuning.json")
     add_evaluation_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    args, settings = start(parser, argv)
     repo = args.repo_path.expanduser().resolve()
     if not (repo / "fla" / "ops" / "quasar" / "tuning.py").is_file():
-        parser.error(f"{repo} has no fla/ops/quasar/tuning.py: run scripts/step1_first_optimization.py first")
+        parser.error(f"{repo} has no fla/ops/quasar/tuning.py: run quasar step1 first")
     try:
         grid = parse_grid(args.grid) if args.grid else DEFAULT_GRID
     except ValueError as error:
         parser.error(str(error))
     console = Console()
-    options = options_from(args, ())
+    options = options_from(args, (), settings)
     results: list[SweepResult] = []
     with tempfile.TemporaryDirectory(prefix="quasar-tuning-") as scratch:
         columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -202,7 +194,3 @@ def main(argv: list[str] | None = None) -> int:
                        cwd=repo, check=True)
         console.print("committed the new tuning.json")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
-"""What this machine's evaluation sandbox enforces, and whether a fork's kernels run inside it.
+"""``quasar check-sandbox``: what this machine's evaluation sandbox enforces, and whether a fork's
+kernels run inside it.
 
-    python scripts/check_sandbox.py [--device cuda] [--out DIR] [--sys-variants]
+    quasar check-sandbox [--device cuda] [--out DIR] [--sys-variants]
 
 For validators (and miners) setting up a host: prints, at 80 columns, each measure of the sandbox
 (README, "The evaluation sandbox") and whether it holds here: namespaces, the seccomp filter, a uid
@@ -18,23 +18,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from quasar import config
 from quasar.evaluate import confinement, syscall_filter
+from quasar.evaluate.cli import start
 from quasar.evaluate.environment import evaluation_environment
 from quasar.evaluate.harness import evaluate
-from quasar.evaluate.options import EvaluationOptions
+from quasar.evaluate.options import EvaluationInputError, EvaluationOptions
 from quasar.evaluate.sandbox import SandboxPolicy, namespaces_supported
 from quasar.evaluate.sandbox_layout import SYS_BINDS
 from quasar.starter_fork import write_starter_fork
@@ -75,14 +72,17 @@ def try_variant(fork: Path, device: str, sys_paths: tuple[str, ...], configured_
             "reasons": report.reasons, "log_tail": report.log_tail[-2000:]}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--out", type=Path)
+def main(argv: Sequence[str] | None = None, prog: str = "quasar check-sandbox") -> int:
+    """Print the measures and the starter fork's verdict; exit status 0 when it passes in the default sandbox."""
+    parser = argparse.ArgumentParser(prog=prog, description="What this machine's evaluation sandbox enforces, "
+                                                            "and whether a fork's kernels run inside it.")
+    parser.add_argument("--device", default="cuda", help="where the starter fork runs (default cuda)")
+    parser.add_argument("--out", type=Path, help="also write DIR/sandbox.json")
     parser.add_argument("--sys-variants", action="store_true", help="if the default sandbox fails, try more of /sys")
-    args = parser.parse_args(argv)
+    parser.add_argument("--debug", action="store_true", help="log at debug level")
+    args, settings = start(parser, argv)
     console = Console(width=80)
-    configured_cgroup = config.resolve().sandbox_cgroup or None
+    configured_cgroup = settings.sandbox_cgroup or None
     found = measures(configured_cgroup)
     table = Table(title="the evaluation sandbox on this machine")
     for column in ("measure", "holds", "how"):
@@ -98,7 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         for name, sys_paths in SYS_VARIANTS.items():
             if name != "default" and (not args.sys_variants or results["default"]["verdict"] == "pass"):
                 break
-            results[name] = try_variant(fork, args.device, sys_paths, configured_cgroup)
+            try:
+                results[name] = try_variant(fork, args.device, sys_paths, configured_cgroup)
+            except EvaluationInputError as error:
+                parser.error(str(error))
             result = results[name]
             console.print(f"/sys {name}: starter fork {result['verdict']} in {result['seconds']:.1f} s", highlight=False)
             for reason in result["reasons"]:
@@ -110,7 +113,3 @@ def main(argv: list[str] | None = None) -> int:
         summary = {"measures": [{"measure": n, "holds": h, "how": w} for n, h, w in found], "variants": results}
         (args.out / "sandbox.json").write_text(json.dumps(summary, indent=1))
     return 0 if results["default"]["verdict"] == "pass" else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

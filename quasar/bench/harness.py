@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
-"""Five-run agreement of the evaluation harness on the starter fork, for benchmarks/RESULTS.md.
+"""``quasar bench harness``: five-run agreement of the evaluation harness on the starter fork.
 
-    python scripts/bench_harness.py --out DIR [--device cuda] [--runs 5] [--budget-seconds 300]
+    quasar bench harness --out DIR [--device cuda] [--runs 5] [--budget-seconds 300]
         [--lens 512,1024,2048,100k] [--target 1M] [--timed-seconds S] [--warmup-seconds S]
         [--tokens-per-request N] [--no-pin] [--tuning JSON] [--fork PATH]
         [--process-per-evaluation | --worker]
@@ -34,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import multiprocessing
 import os
 import shutil
@@ -42,20 +40,19 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rich.console import Console
 from rich.table import Table
 
-from quasar.evaluate.__main__ import parse_seq_lens
+from quasar.evaluate.cli import parse_seq_lens
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import DEFAULT_TOKENS_PER_REQUEST, EvaluationOptions, ProgressEvent
 from quasar.evaluate.report import EvaluationReport
 from quasar.evaluate.sandbox import SandboxPolicy
+from quasar.log import setup_logging
 from quasar.starter_fork import KERNEL_DIR, copy_starter_tree, tuning_contract
 from quasar.starter_fork.writer import commit_new_repository
 from quasar.validator.devices import Device
@@ -214,8 +211,11 @@ def overhead_table(reports: list[EvaluationReport], walls: list[float]) -> Table
     return table
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "quasar bench harness") -> int:
+    """Run the evaluations; exit status 0 when every one passed."""
+    started = time.monotonic()
+    parser = argparse.ArgumentParser(prog=prog, description="Five-run agreement of the evaluation harness on "
+                                                            "the starter fork, for benchmarks/RESULTS.md.")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--runs", type=int, default=5)
@@ -244,7 +244,14 @@ def main(argv: list[str] | None = None) -> int:
                        help="each evaluation by the validator's worker process, cloning the fork from a local repository")
     parser.add_argument("--allow-unsandboxed", action="store_true")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    setup_logging()
+    code = run(args, " ".join([prog, *(argv if argv is not None else sys.argv[1:])]))
+    print(f"{prog}: {time.monotonic() - started:.0f} s")
+    return code
+
+
+def run(args: argparse.Namespace, command: str) -> int:
+    """The evaluations ``args`` ask for (``command``: the command line, kept in summary.json)."""
     console = Console(width=180)
     args.out.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="starter-"))
@@ -260,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
                                 warmup_seconds=args.warmup_seconds, tokens_per_request=args.tokens_per_request,
                                 pin_cpus=False if args.no_pin else None,
                                 policy=SandboxPolicy(allow_unsandboxed=args.allow_unsandboxed))
-    meta = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": " ".join(sys.argv),
+    meta = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": command,
             "options": {k: v for k, v in vars(options).items() if k != "policy"}, "tuning": args.tuning,
             "fork": str(args.fork) if args.fork else "starter",
             "process_per_evaluation": args.process_per_evaluation, "worker": args.worker}
@@ -298,10 +305,3 @@ def main(argv: list[str] | None = None) -> int:
         console.print(steps_table(steps))
     console.print(f"sandbox: {reports[0].sandbox}; date {meta['date']}")
     return 0 if all(report.passed for report in reports) else 1
-
-
-if __name__ == "__main__":
-    start = time.monotonic()
-    code = main()
-    print(f"bench_harness: {time.monotonic() - start:.0f} s")
-    sys.exit(code)

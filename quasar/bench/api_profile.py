@@ -1,5 +1,5 @@
-#!/usr/bin/env python
-"""Where a request's milliseconds go in the submission API: py-spy on a real server under a steady load.
+"""``quasar bench api-profile``: where a request's milliseconds go in the submission API, py-spy on
+a real server under a steady load.
 
 Starts ``python -m quasar.api serve`` (one worker) from the checkout ``--tree`` (default this one;
 another commit's tree for a before/after comparison) over a fresh SQLite file and a dev chain, sends
@@ -10,7 +10,7 @@ request, and the server's whole CPU time per request (user + system, from /proc,
 work outside the GIL: SQLite's C code, syscalls).
 
     pip install py-spy   # not a dependency of the project
-    python scripts/api_profile.py --rate 100 --seconds 10
+    quasar bench api-profile --rate 100 --seconds 10
 
 Loopback only; needs root or ptrace permission for py-spy.
 """
@@ -29,17 +29,19 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 from bittensor import http_auth
 from bittensor.sp_core import Keypair
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from quasar.api.devdb import free_port
+from quasar.chain.devchain import DevChain
+from quasar.log import setup_logging
 
-from quasar.api.devdb import free_port  # noqa: E402
-from quasar.chain.devchain import DevChain  # noqa: E402
+# The checkout this package is in: the default tree whose quasar.api is profiled.
+CHECKOUT = Path(__file__).resolve().parents[2]
 
 # (component, substrings of a frame): a sample counts for the first component any of its frames matches.
 COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -81,9 +83,12 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
     return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tree", type=Path, default=ROOT, help="checkout whose quasar.api to run")
+def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-profile") -> int:
+    """Profile the server under the load; the breakdown on stdout."""
+    parser = argparse.ArgumentParser(prog=prog, description="Where a request's milliseconds go in the submission "
+                                                            "API: py-spy on a real server under a steady load.")
+    parser.add_argument("--tree", type=Path, default=CHECKOUT,
+                        help="checkout whose quasar.api to run (default the one this command is from)")
     parser.add_argument("--rate", type=float, default=100.0, help="requests a second (steady, one at a time each)")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--hz", type=float, default=250.0, help="py-spy samples a second")
@@ -93,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if shutil.which("py-spy") is None:
         parser.error("py-spy is not on PATH: pip install py-spy")
+    setup_logging(quiet=True)
     with tempfile.TemporaryDirectory(prefix="quasar-profile-") as folder:
         workdir = Path(folder)
         chain = DevChain(workdir / "devchain.sqlite3", netuid=24, block_time_s=12.0)
@@ -170,7 +176,3 @@ def main(argv: list[str] | None = None) -> int:
                                          "components": [{"name": n, "samples": s, "ms": m} for n, s, m in rows]},
                                         indent=2))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
-"""Check and time the starter fork's QuasarAttention kernels on one GPU, in one call.
+"""``quasar bench kernel``: check and time the starter fork's QuasarAttention kernels on one GPU.
 
-    python scripts/bench_kernel.py --out DIR [--fork PATH] [--lengths ...] [--variants JSON]
+    quasar bench kernel --out DIR [--fork PATH] [--lengths ...] [--variants JSON]
 
 1. Correctness: the benchmark layer under bf16 autocast against ``QuasarAttentionReference`` (fp32)
    at every ``--check-lengths`` (each eighth of the sequence on its own), and the core op against
@@ -16,7 +15,7 @@
 5. With ``--conv-blocks``, the causal conv kernel alone under each block shape.
 
 ``--forward-only T`` runs one forward of the fork's layer at T tokens and nothing else: a target
-for a profiler, e.g. ``ncu --kernel-name regex:quasar --launch-count 5 python scripts/bench_kernel.py
+for a profiler, e.g. ``ncu --kernel-name regex:quasar --launch-count 5 quasar bench kernel
 --out DIR --forward-only 65536``.
 
 Everything is written to DIR (``bench.json``, ``log.txt``); the tables are printed last.
@@ -33,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -40,13 +40,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from quasar.evaluate.verification import worst_block_error  # noqa: E402
-from quasar.evaluate.workload import HEAD_DIM, HIDDEN_SIZE, NUM_HEADS  # noqa: E402
-from quasar.reference import QuasarAttentionReference, chunk_quasar_reference, relative_error  # noqa: E402
+from quasar.evaluate.verification import worst_block_error
+from quasar.evaluate.workload import HEAD_DIM, HIDDEN_SIZE, NUM_HEADS
+from quasar.log import setup_logging
+from quasar.reference import QuasarAttentionReference, chunk_quasar_reference, relative_error
+from quasar.starter_fork import template_root
 
 # The layer validators benchmark (quasar.evaluate.workload).
 LAYER = {"hidden_size": HIDDEN_SIZE, "head_dim": HEAD_DIM, "num_heads": NUM_HEADS}
@@ -382,10 +380,13 @@ def forward_once(length: int, variant: dict | None, folder: Path) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "quasar bench kernel") -> int:
+    """Check, time and profile the fork's kernels; everything is written to --out."""
+    parser = argparse.ArgumentParser(prog=prog, description="Check and time the starter fork's QuasarAttention "
+                                                            "kernels on one GPU, in one call.")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--fork", type=Path, default=REPO_ROOT / "quasar" / "starter_fork" / "tree")
+    parser.add_argument("--fork", type=Path, default=Path(str(template_root())),
+                        help="the fork's tree whose fla is checked and timed (default the starter fork's)")
     parser.add_argument("--lengths", type=parse_lengths, default=parse_lengths("65536,262144,1000000"))
     parser.add_argument("--check-lengths", type=parse_lengths, default=parse_lengths("512,1024,2048,65536,262144,1000000"))
     parser.add_argument("--variants", type=json.loads, default=None,
@@ -409,10 +410,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="only run one forward of the fork's layer at T tokens (under the first of "
                              "--variants, if given): a target for a profiler such as ncu")
     args = parser.parse_args(argv)
+    setup_logging(quiet=True)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.upstream_only:
         return upstream_main(args)
 
+    # The fork's own package is named fla, as upstream's is: its tree goes first on the import path
+    # of this process (the upstream path runs in a child process of its own, below).
     sys.path.insert(0, str(args.fork.resolve()))
     if args.forward_only:
         return forward_once(args.forward_only, args.variants[0] if args.variants else None, args.out)
@@ -443,9 +447,10 @@ def main(argv: list[str] | None = None) -> int:
     upstream = None
     if args.upstream:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""),) if p)}
+        # -P: the current folder stays off the child's import path (a fork's fla there would shadow upstream's).
         upstream = subprocess.Popen(
-            [sys.executable, __file__, "--upstream-only", "--check", "--out", str(args.out),
-             "--lengths", ",".join(map(str, args.lengths)), "--check-lengths", "65536", "--runs", str(args.runs)],
+            [sys.executable, "-P", "-m", "quasar", "bench", "kernel", "--upstream-only", "--check",
+             "--out", str(args.out), "--lengths", ",".join(map(str, args.lengths)), "--check-lengths", "65536", "--runs", str(args.runs)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         # One GPU: wait for the child before timing anything here.
@@ -515,7 +520,3 @@ def main(argv: list[str] | None = None) -> int:
               + (f"{up['tokens_per_sec'] / 1e6:14.2f}  {up['peak_gib']:8.2f}  {row['tokens_per_sec'] / up['tokens_per_sec']:5.2f}"
                  if up else "-"))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
-"""An honest evaluation beside a hostile one, as a validator with two GPUs runs them.
+"""``quasar bench neighbours``: an honest evaluation beside a hostile one, as a validator with two
+GPUs runs them.
 
-    python scripts/bench_neighbours.py --out DIR [--runs 2] [--lens 512,1024,2048] [--target 1M]
+    quasar bench neighbours --out DIR [--runs 2] [--lens 512,1024,2048] [--target 1M]
         [--hostile exhaust_processes,other_gpus]
 
 The starter fork is evaluated by the validator's worker process (quasar/validator/worker.py) on
@@ -10,39 +10,51 @@ worker evaluates on GPU 1 at the same moment: ``exhaust_processes`` starts proce
 sandbox refuses more and holds them; ``other_gpus`` keeps every GPU it can reach busy from a
 process of its own. Prints, at 80 columns, the starter's median tokens/s per length alone and
 beside each (their ratio must stay within 2%), its verdicts, and what the hostile forks reached;
-writes every report and ``neighbours.json`` to DIR. Needs two GPUs.
+writes every report and ``neighbours.json`` to DIR. Needs two GPUs, and a checkout of the
+repository: the hostile forks are the attack tests' (tests/hostile_forks).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import statistics
-import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
-from quasar.evaluate.__main__ import parse_seq_lens
+from quasar.evaluate.cli import parse_seq_lens
 from quasar.evaluate.options import EvaluationOptions
 from quasar.evaluate.report import EvaluationReport
+from quasar.log import setup_logging
 from quasar.starter_fork import commit_new_repository, copy_starter_tree
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import SubprocessEvaluator
 from quasar.validator.state import EvaluationKey
-from tests.hostile_forks import write_hostile_fork
 
 HOSTILE_PARAMETERS = {
     "exhaust_processes": {"most": 100_000, "name": "qneighbour", "hold_seconds": 35},
     "other_gpus": {"burn_seconds": 35},
 }
+
+
+def write_hostile_fork(dest: Path, attack: str, **params: object) -> Path:
+    """The attack tests' hostile fork ``attack`` written into ``dest``. The attacks are test code, not
+    part of the installed package: they are read from the checkout this package runs from."""
+    corpus = Path(__file__).resolve().parents[2] / "tests" / "hostile_forks" / "__init__.py"
+    if not corpus.is_file():
+        raise SystemExit(f"{corpus} is missing: this benchmark runs from a checkout of the repository, "
+                         "whose attack tests' hostile forks it evaluates")
+    spec = importlib.util.spec_from_file_location("hostile_forks", corpus)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.write_hostile_fork(dest, attack, **params)
 
 
 def committed(tree: Path, paths: list | None = None) -> str:
@@ -79,14 +91,18 @@ def medians(reports: list[EvaluationReport]) -> dict[str, float | None]:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "quasar bench neighbours") -> int:
+    """Run the evaluations; exit status 0 when every honest one passed within 2% of alone."""
+    parser = argparse.ArgumentParser(prog=prog, description="An honest evaluation beside a hostile one, as a "
+                                                            "validator with two GPUs runs them.")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--lens", type=parse_seq_lens, default=(512, 1024, 2048))
     parser.add_argument("--target", type=parse_seq_lens, default=(1_000_000,))
-    parser.add_argument("--hostile", default=",".join(HOSTILE_PARAMETERS))
+    parser.add_argument("--hostile", default=",".join(HOSTILE_PARAMETERS),
+                        help=f"hostile forks beside the honest one (default {','.join(HOSTILE_PARAMETERS)})")
     args = parser.parse_args(argv)
+    setup_logging(quiet=True)
     if torch.cuda.device_count() < 2:
         raise SystemExit("needs two GPUs")
     console = Console(width=80)
@@ -143,7 +159,3 @@ def main(argv: list[str] | None = None) -> int:
                  for name in hostile_reports for key in alone if alone[key] and summary["beside"][name][key])
     console.print(f"every honest evaluation passed: {honest_ok}; within 2% of alone at every length: {within}")
     return 0 if honest_ok and within else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

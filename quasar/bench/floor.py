@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
-"""What the benchmark layer's sequence of passes costs when every pass moves its bytes at copy speed.
+"""``quasar bench floor``: what the benchmark layer's sequence of passes costs when every pass moves
+its bytes at copy speed.
 
-    python scripts/bench_floor.py --out DIR [--lengths 65536,1000000] [--tile 65536] [--runs 20]
+    quasar bench floor --out DIR [--lengths 65536,1000000] [--tile 65536] [--runs 20]
 
 The starter fork's layer runs, per tile: the fp32 -> bf16 cast of the input, the input product
 (cuBLAS), the conv + SiLU of k and v, the WY pass, the segment pass, the combine, the output pass
@@ -27,9 +27,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -37,11 +36,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from quasar.evaluate.workload import HEAD_DIM, HIDDEN_SIZE, NUM_HEADS  # noqa: E402
+from quasar.evaluate.workload import HEAD_DIM, HIDDEN_SIZE, NUM_HEADS
+from quasar.log import setup_logging
 
 # The layer validators benchmark (quasar.evaluate.workload).
 LAYER = {"hidden_size": HIDDEN_SIZE, "head_dim": HEAD_DIM, "num_heads": NUM_HEADS}
@@ -214,14 +210,17 @@ def table(length: int, sequence: str, measured: dict) -> Table:
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: Sequence[str] | None = None, prog: str = "quasar bench floor") -> int:
+    """Time both sequences at every length; the tables on stdout, everything in --out."""
+    parser = argparse.ArgumentParser(prog=prog, description="What the benchmark layer's sequence of passes "
+                                                            "costs when every pass moves its bytes at copy speed.")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--lengths", default="65536,1000000", help="comma-separated token counts")
     parser.add_argument("--tile", type=int, default=65_536, help="tokens per tile, as the layer's layer_tile_tokens")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args(argv)
+    setup_logging(quiet=True)
     device = torch.device(args.device)
     lengths = [int(float(text)) for text in args.lengths.split(",") if text]
     console = Console(width=80)
@@ -237,7 +236,3 @@ def main(argv: list[str] | None = None) -> int:
             (args.out / "floor.json").write_text(json.dumps(results, indent=2))
     console.print(f"device: {name}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

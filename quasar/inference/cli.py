@@ -1,4 +1,5 @@
-"""``python -m quasar.inference serve``: run the miner inference server with the reference model.
+"""``quasar inference serve`` (``python -m quasar.inference serve``): run the miner inference server
+with the reference model.
 
 Settings come from quasar.config (flag > environment > .env > default): the wallet whose hotkey
 validators address (``--wallet.name``/``--wallet.hotkey``), the chain that says who holds a
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
-import sys
+from collections.abc import Sequence
 
 from quasar import config
 from quasar.log import setup_logging
@@ -68,15 +69,13 @@ def serve(settings: config.Settings) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m quasar.inference", description=__doc__.splitlines()[0])
+def main(argv: Sequence[str] | None = None, prog: str = "quasar inference") -> int:
+    """Serve until stopped; exit status 1 when the wallet, the chain or the model cannot be loaded."""
+    parser = argparse.ArgumentParser(prog=prog, description="Run the miner inference server with the reference "
+                                                            "model.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="run the miner inference server")
     config.add_arguments(serve_parser)
     _, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, secrets=settings.secrets())
     return serve(settings)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

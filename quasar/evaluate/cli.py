@@ -1,19 +1,20 @@
-"""``python -m quasar.evaluate REPO --target N``: evaluate a checked-out fork as a validator would.
+"""``quasar evaluate REPO --target N``: evaluate a checked-out fork as a validator would.
 
-Exit status: 0 when the verdict is pass, 1 when it is fail, 2 for bad arguments.
+Exit status: 0 when the verdict is pass, 1 when it is fail, 2 for bad arguments. The flags and the
+start-up of the miner's other evaluating tools (``quasar local-validator``, ``step1``, ``step2``)
+are here too: :func:`add_evaluation_arguments`, :func:`start` and :func:`options_from`.
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 from collections.abc import Sequence
 
-from quasar.config import SettingsError
+from quasar import config
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, EvaluationOptions, options_from_settings
 from quasar.evaluate.report import render_report
+from quasar.log import setup_logging
 
 
 def parse_seq_lens(text: str) -> tuple[int, ...]:
@@ -50,7 +51,7 @@ def positive_float(text: str) -> float:
 
 
 def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
-    """Flags shared with scripts/local_validator.py."""
+    """The evaluation's flags, shared by every tool that evaluates a fork."""
     parser.add_argument("--claimed", type=positive_float, metavar="TPS", help="claimed tokens/sec at the target")
     parser.add_argument("--device", help="cuda, cuda:N or cpu (cpu: tests and small lengths only; default: the "
                                          "DEVICE setting, cuda)")
@@ -70,13 +71,23 @@ def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="log at debug level")
 
 
-def options_from(args: argparse.Namespace, seq_lens: Sequence[int]) -> EvaluationOptions:
-    """EvaluationOptions from parsed flags; the rest (the device unless given, the timed seconds,
-    the load limit and the sandbox's) from the settings (quasar/config.py: environment, then
-    .env), as a validator's. Raises SettingsError."""
-    from quasar import config
+def start(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> tuple[argparse.Namespace, config.Settings]:
+    """Parse ``argv``, resolve the settings (quasar/config.py: environment, then .env; a bad one
+    exits through ``parser.error``, naming it) and set up logging: warnings only (the tools show
+    their own progress) unless ``--debug``, the settings' secrets masked."""
+    args = parser.parse_args(argv)
+    try:
+        settings = config.resolve()
+    except config.SettingsError as error:
+        parser.error(str(error))
+    setup_logging(args.debug, settings.secrets(), quiet=True)
+    return args, settings
 
-    settings = config.resolve()
+
+def options_from(args: argparse.Namespace, seq_lens: Sequence[int], settings: config.Settings) -> EvaluationOptions:
+    """EvaluationOptions from parsed flags; the rest (the device unless given, the timed seconds,
+    the load limit and the sandbox's) from ``settings``, as a validator's. Raises
+    EvaluationInputError."""
     repeats = {"min_timed_runs": args.repeats, "max_timed_runs": args.repeats} if args.repeats else {}
     return options_from_settings(
         settings, allow_unsandboxed=args.allow_unsandboxed, seq_lens=tuple(seq_lens),
@@ -85,9 +96,10 @@ def options_from(args: argparse.Namespace, seq_lens: Sequence[int]) -> Evaluatio
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "quasar evaluate") -> int:
+    """Evaluate the fork; exit status 0 on a pass, 1 on a fail, 2 for bad arguments."""
     parser = argparse.ArgumentParser(
-        prog="python -m quasar.evaluate",
+        prog=prog,
         description="Evaluate a checked-out fork: import check, sandboxed benchmark, correctness, claim and score.",
     )
     parser.add_argument("repo", help="path of the checked-out fork")
@@ -95,19 +107,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seq-lens", type=parse_seq_lens, default=DEFAULT_SEQ_LENS, metavar="LIST",
                         help="lengths run besides the target (default 512,1024,2048)")
     add_evaluation_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    args, settings = start(parser, argv)
     try:
-        report = evaluate(args.repo, args.target, args.claimed, options_from(args, args.seq_lens))
-    except (EvaluationInputError, SettingsError) as error:
+        report = evaluate(args.repo, args.target, args.claimed, options_from(args, args.seq_lens, settings))
+    except EvaluationInputError as error:
         parser.error(str(error))
     if args.json:
         print(report.to_json())
     else:
         render_report(report)
     return 0 if report.passed else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,5 @@
-"""``python -m quasar.localnet``: run a whole QUASAR subnet on this machine (``./START_LOCALNET.sh``).
+"""``quasar localnet`` (``python -m quasar.localnet``, ``./START_LOCALNET.sh``): run a whole QUASAR
+subnet on this machine.
 
 Starts the dev chain, the submission API, a GitHub stand-in, the validator neuron and two miner
 neurons (one on an honest fork, one on a hostile fork), lets the miners evaluate and submit and
@@ -15,10 +16,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import signal
-import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
@@ -103,10 +103,16 @@ def detect_device(asked: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m quasar.localnet", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+def build_parser(prog: str = "quasar localnet") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Run a whole QUASAR subnet on this machine (./START_LOCALNET.sh): the dev chain, the submission "
+                    "API, a GitHub stand-in, the validator neuron and two miner neurons (one on an honest fork, one "
+                    "on a hostile fork). Prints the miners' verdicts, the API's leaderboard and the weights the "
+                    "validator set on chain. Evaluates on CUDA when torch sees a GPU, otherwise on CPU at small "
+                    "lengths (not a benchmark). Progress goes to stderr.",
+        epilog="Without --once the network keeps running after the first round (submit your own fork to the "
+               "printed API) until Ctrl-C.")
     parser.add_argument("--once", action="store_true", help="exit (status 0) after the first round")
     parser.add_argument("--json", action="store_true", help="print only the summary, as JSON, on stdout")
     parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
@@ -136,13 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> int:
+    """Run the network; exit status 0 (after the first round with --once, or when stopped), 1 on an error."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
     if args.target is not None and args.target < 64:
-        build_parser().error(f"--target must be at least 64, got {args.target}")
-    setup_logging(args.debug)
-    if not args.debug:
-        logging.getLogger().setLevel(logging.WARNING)
+        parser.error(f"--target must be at least 64, got {args.target}")
+    setup_logging(args.debug, quiet=True)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
 
     from quasar.chain import ChainError
@@ -194,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
                 err.print(f"\nThe local network keeps running; Ctrl-C stops it.\n"
                           f"  submission API  {network.api_url} (API hotkey {network.hotkey('api')})\n"
                           f"  dashboard       {network.dashboard_url}\n"
-                          f"  miner status    python -m neurons.miner status --wallet.path {network.wallet_dir} "
+                          f"  miner status    quasar status --wallet.path {network.wallet_dir} "
                           f"--wallet.name miner-hostile --wallet.hotkey default --subtensor.network devchain "
                           f"--devchain.path {network.chain_path} --netuid {NETUID}\n"
                           f"  chain           --subtensor.network devchain --devchain.path {network.chain_path} "
@@ -229,7 +235,3 @@ def _emit(summary, as_json: bool, out: Console, network) -> None:
         print(json.dumps(data), flush=True)
     else:
         render_summary(summary, out, network.uid_names())
-
-
-if __name__ == "__main__":
-    sys.exit(main())
