@@ -583,7 +583,7 @@ def env_example() -> str:
     """The text of ``.env.example``: every setting with its default and meaning."""
     lines = [
         "# QUASAR settings. Copy to .env and edit. Precedence: default < .env < environment < flag.",
-        "# Regenerate with: python -m quasar.config > .env.example",
+        "# Regenerate with: quasar config > .env.example",
         "",
     ]
     for option in OPTIONS:
