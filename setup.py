@@ -27,5 +27,5 @@ setup(
                   "quasar.api": ["migrations/*.py", "migrations/*.mako", "migrations/versions/*.py", "templates/*.html"]},
     install_requires=read_requirements("requirements.txt"),
     extras_require={"test": read_requirements("requirements-test.txt")},
-    entry_points={"console_scripts": ["quasar=quasar.__main__:main"]},
+    entry_points={"console_scripts": ["quasar=quasar.cli:main"]},
 )

@@ -12,7 +12,7 @@ rank) all score through :func:`rank`, so they agree by construction:
 
 Command line, for validators auditing weights and miners simulating their rank::
 
-    python -m quasar.scoring --input results.json [--epsilon E] [--table]
+    quasar scoring --input results.json [--epsilon E] [--table]     (or python -m quasar.scoring)
 
 It prints ``{"ranking": [...], "weights": {hotkey: share}, "unassigned": share}`` as JSON (or
 tables with ``--table``). Malformed input exits with code 2 and a message naming the entry and field.
@@ -35,6 +35,7 @@ from rich.console import Console
 
 from quasar import config
 from quasar.errors import QuasarError
+from quasar.log import setup_logging
 from quasar.terminal import compact_rate, compact_table, short_hotkey
 
 # Shares of the weight for places 1, 2, 3 and 4.
@@ -394,11 +395,11 @@ def print_tables(results: Sequence[Result], ranking: Ranking, console: Console) 
         console.print(left_out)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m quasar.scoring``: rank a JSON file of results; exit 2 on malformed input."""
+def main(argv: Sequence[str] | None = None, prog: str = "quasar scoring") -> int:
+    """``quasar scoring``: rank a JSON file of results; exit 2 on malformed input."""
     option = config.OPTIONS_BY_KEY["tie_epsilon"]
     parser = argparse.ArgumentParser(
-        prog="python -m quasar.scoring",
+        prog=prog,
         description="Rank QUASAR results (docs/rules.md section 5) and print the weight split as JSON.")
     parser.add_argument("--input", required=True, metavar="FILE",
                         help="JSON list of results ('-' reads standard input); messages number entries from 0")
@@ -406,6 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"{option.help} (env {option.env}, default {option.default})")
     parser.add_argument("--table", action="store_true", help="print tables for people instead of JSON")
     args, settings = config.parse_args(parser, argv)
+    setup_logging(settings.debug, settings.secrets(), quiet=True)
     try:
         results = load_results(args.input)
         ranking = rank(results, settings.tie_epsilon)
@@ -420,4 +422,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m quasar.scoring"))

@@ -151,10 +151,10 @@ def sandbox_unavailable_reason(empty_dir: Path) -> str | None:
 
 # The two command lines, on the honest starter fork, JSON out.
 COMMANDS = {
-    "evaluate": ["-m", "quasar.evaluate", "{fork}", "--target", "64", "--seq-lens", "64", "--device", "cpu",
+    "evaluate": ["-m", "quasar", "evaluate", "{fork}", "--target", "64", "--seq-lens", "64", "--device", "cpu",
                  "--repeats", "2", "--warmup", "1", "--claimed", "1", "--json"],
-    "local_validator": ["scripts/local_validator.py", "--repo-path", "{fork}", "--seq-len", "64", "--device", "cpu",
-                        "--repeats", "2", "--warmup", "1", "--json"],
+    "local_validator": ["-m", "quasar", "local-validator", "--repo-path", "{fork}", "--seq-len", "64", "--device",
+                        "cpu", "--repeats", "2", "--warmup", "1", "--json"],
 }
 
 

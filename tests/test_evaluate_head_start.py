@@ -166,12 +166,10 @@ def test_the_reference_waits_for_the_calibration_and_ends_before_the_longest_len
 
 
 def test_bench_harness_times_the_validators_worker(tmp_path, capsys):
-    import importlib.util
     import json
 
-    spec = importlib.util.spec_from_file_location("bench_harness", ROOT / "scripts" / "bench_harness.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from quasar.bench import harness as bench
+
     code = bench.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--lens", "64", "--target", "128",
                        "--runs", "2", "--worker", "--timed-seconds", "0.1", "--warmup-seconds", "0"])
     assert code == 0

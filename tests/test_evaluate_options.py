@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from quasar.evaluate.__main__ import main as evaluate_main
-from quasar.evaluate.__main__ import parse_seq_lens
+from quasar.evaluate.cli import main as evaluate_main
+from quasar.evaluate.cli import parse_seq_lens
 from quasar.evaluate.options import (
     CPU_MAX_SEQ_LEN,
     EvaluationInputError,

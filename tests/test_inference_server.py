@@ -315,7 +315,7 @@ def test_start_script_serves_the_model_for_validators(world, tmp_path):
 
 
 def test_serve_reports_a_missing_model_or_wallet_and_exits(world, tmp_path, monkeypatch, caplog):
-    from quasar.inference import __main__ as cli
+    from quasar.inference import cli
 
     monkeypatch.setattr(cli, "setup_logging", lambda *args, **kwargs: None)  # keep pytest's log capture
     argv = ["serve", "--wallet.name", "miner", "--wallet.path", str(world["root"] / "wallets"),

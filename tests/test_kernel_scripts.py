@@ -1,16 +1,20 @@
-"""The kernel's tunables contract and the miner's kernel scripts (step 1: write the kernel into a
-fork, validate, commit; step 2: sweep the tunables through the harness), on the CPU."""
+"""The kernel's tunables contract, the miner's kernel tools (``quasar step1``: write the kernel into
+a fork, validate, commit; ``quasar step2``: sweep the tunables through the harness) and the
+benchmarks of the kernel and the harness (``quasar bench floor``, ``reference``, ``harness``), on the
+CPU."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from quasar.bench import floor as bench_floor
+from quasar.bench import harness as bench
+from quasar.bench import reference as bench_reference
 from quasar.evaluate.report import EvaluationReport, LengthResult
 from quasar.starter_fork import (
     KERNEL_DIR,
@@ -20,12 +24,8 @@ from quasar.starter_fork import (
     tuning_contract,
     write_starter_fork,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "scripts"))
-
-import step1_first_optimization as step1  # noqa: E402
-import step2_kernel_tuning as step2  # noqa: E402
+from quasar.tools import install_kernel as step1
+from quasar.tools import tune_kernel as step2
 
 FAST_EVAL = ["--device", "cpu", "--warmup", "1", "--repeats", "3"]
 
@@ -198,12 +198,10 @@ def test_step2_needs_a_fork_with_the_kernel(tmp_path):
         step2.main(["--repo-path", str(tmp_path / "fork"), "--device", "cpu"])
 
 
-# --- the passes at copy speed (scripts/bench_floor.py) ---
+# --- the passes at copy speed (quasar bench floor) ---
 
 
 def test_bench_floor_counts_the_bytes_of_the_starter_layers_passes():
-    import bench_floor
-
     from quasar.reference import QuasarAttentionReference
 
     layer = QuasarAttentionReference(**bench_floor.LAYER)
@@ -224,8 +222,6 @@ def test_bench_floor_counts_the_bytes_of_the_starter_layers_passes():
 
 
 def test_bench_floor_times_both_sequences_and_prints_them_in_80_columns(tmp_path, capsys):
-    import bench_floor
-
     assert bench_floor.main(["--out", str(tmp_path), "--device", "cpu", "--lengths", "200", "--tile", "128",
                              "--runs", "2"]) == 0
     found = json.loads((tmp_path / "floor.json").read_text())["lengths"]["200"]
@@ -242,8 +238,6 @@ def test_bench_floor_times_both_sequences_and_prints_them_in_80_columns(tmp_path
 
 
 def test_a_stand_in_moves_its_bytes_tile_by_tile():
-    import bench_floor
-
     x = torch.randn(300, bench_floor.LAYER["hidden_size"])
     passes = bench_floor.pass_bytes(**bench_floor.LAYER, fused=False)
     tiles = bench_floor.Tiles(x, 128, passes)
@@ -253,13 +247,10 @@ def test_a_stand_in_moves_its_bytes_tile_by_tile():
     assert torch.isfinite(tiles.out.float()).all()
 
 
-# --- the validator's reference work (scripts/bench_reference.py) ---
+# --- the validator's reference work (quasar bench reference) ---
 
 
 def test_bench_reference_times_each_length_and_writes_its_figures(tmp_path, capsys):
-    import bench_reference
-    import torch
-
     from quasar.evaluate.verification import requests_to_verify
 
     assert bench_reference.main(["--out", str(tmp_path), "--device", "cpu", "--lens", "64,96",
@@ -278,15 +269,13 @@ def test_bench_reference_times_each_length_and_writes_its_figures(tmp_path, caps
     assert "the parent's reference per length" in printed and all(len(line) <= 80 for line in printed.splitlines())
 
 
-# --- the harness's agreement over evaluations (scripts/bench_harness.py) ---
+# --- the harness's agreement over evaluations (quasar bench harness) ---
 
 
 def test_bench_harness_reports_the_spread_of_medians_and_of_bests():
     import io
 
     from rich.console import Console
-
-    import bench_harness as bench
 
     def report(median: float, best: float) -> EvaluationReport:
         item = LengthResult(seq_len=512, status="ok", tokens_per_sec=median, tokens_per_sec_max=best,
@@ -324,10 +313,6 @@ def test_bench_harness_reports_the_spread_of_medians_and_of_bests():
 
 
 def test_bench_harness_evaluates_another_trees_files(tmp_path):
-    from quasar.starter_fork import copy_starter_tree
-
-    import bench_harness as bench
-
     tree = tmp_path / "older"
     starter = sorted(copy_starter_tree(tree))
     subprocess.run(["git", "init", "-q", str(tree)], check=True)

@@ -29,7 +29,7 @@ from rich.console import Console
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.evaluate import EvaluationReport
 from quasar.imports import validate_repo
-from quasar.localnet.__main__ import seq_lens
+from quasar.localnet.cli import seq_lens
 from quasar.localnet.forks import (
     HONEST,
     HOSTILE,

@@ -244,7 +244,7 @@ def test_the_filter_refuses_its_calls_in_a_process_and_its_children_and_allows_t
 
 
 def test_check_sandbox_says_what_holds_here_and_runs_the_starter_fork_in_it(tmp_path):
-    done = subprocess.run([sys.executable, "scripts/check_sandbox.py", "--device", "cpu", "--out", str(tmp_path)],
+    done = subprocess.run([sys.executable, "-m", "quasar", "check-sandbox", "--device", "cpu", "--out", str(tmp_path)],
                           capture_output=True, text=True, cwd=ROOT, timeout=240)
     assert done.returncode == 0, done.stdout + done.stderr
     assert all(len(line) <= 80 for line in done.stdout.splitlines())

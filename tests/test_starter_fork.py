@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from quasar.__main__ import main
+from quasar.cli import main
 from quasar.reference import QuasarAttentionReference, naive_quasar, relative_error
 from quasar.starter_fork import (
     AUTHOR_EMAIL,
@@ -130,7 +130,7 @@ def test_cli_runs_as_python_dash_m_quasar(tmp_path):
     assert result.returncode == 0, result.stderr
     assert git(tmp_path / "m", "rev-parse", "HEAD") in result.stdout
     bad = subprocess.run([sys.executable, "-m", "quasar", "no-such-command"], cwd=REPO_ROOT, capture_output=True, text=True)
-    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+    assert bad.returncode == 2 and "unknown command 'no-such-command'" in bad.stderr
 
 
 def test_fork_is_standalone_and_never_imports_quasar(fork):

@@ -426,7 +426,7 @@ def test_registration_is_required_a_permit_is_warned_about(tmp_path, caplog):
     settings = resolve({"network": "devchain", "devchain_path": str(chain.path), "wallet_name": "v"}, environ={},
                        dotenv_path=None)
     with pytest.raises(ValidatorSetupError, match=f"hotkey {HOTKEYS[0]} is not registered on subnet 24 of devchain: "
-                                                  f"register it first \\(python -m quasar.chain.devchain --path "):
+                                                  f"register it first \\(quasar devchain --path "):
         check_registration(chain, HOTKEYS[0], settings)
     finney = resolve({"wallet_name": "v"}, environ={}, dotenv_path=None)
     with pytest.raises(ValidatorSetupError, match="register it first \\(btcli subnets register --netuid 24 --wallet v "

@@ -18,10 +18,7 @@ import sys
 from importlib import metadata
 from pathlib import Path, PurePosixPath
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from quasar.starter_fork import commit_new_repository, kernel_files, template_root  # noqa: E402
+from quasar.starter_fork import commit_new_repository, kernel_files, template_root
 
 UPSTREAM_DISTRIBUTIONS = ("flash-linear-attention", "fla-core")
 COMMIT_MESSAGE = "upstream flash-linear-attention, as installed from its packages\n"

@@ -1,4 +1,5 @@
-"""``python -m quasar.api``: serve the submission API, or bring its database schema up to date.
+"""``quasar api`` (``python -m quasar.api``): serve the submission API, or bring its database
+schema up to date.
 
     python -m quasar.api serve [--host H] [--port P] [--workers N] [--database-url URL] [settings flags...]
     python -m quasar.api migrate [--database-url URL]
@@ -49,8 +50,9 @@ MAX_CONCURRENT_REQUESTS = 1000
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m quasar.api", description="The QUASAR submission API: serve it, or bring its database up to date.")
+def build_parser(prog: str = "quasar api") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Serve the submission API, or bring its database "
+                                                            "schema up to date.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the API")
     config.add_arguments(serve, "api")
@@ -107,9 +109,9 @@ def worker_app(argv: list[str], shared_pages: str) -> FastAPI:
     return build_app(settings, Database(settings.database_url), Path(shared_pages))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "quasar api") -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
+    parser = build_parser(prog)
     args, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, settings.secrets())
     if args.command == "publish-url":
@@ -159,4 +161,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m quasar.api"))

@@ -48,6 +48,6 @@ def stake_add(settings: Settings, wallet: str, amount: str = "AMOUNT") -> str:
 def registration_hint(settings: Settings, wallet: str, hotkey: str, coldkey: str = "COLDKEY") -> str:
     """How to register ``hotkey``: btcli on a Bittensor network, the dev chain's CLI on devchain."""
     if settings.network == DEV_NETWORK:
-        return (f"python -m quasar.chain.devchain --path {settings.devchain_path} register --hotkey {hotkey} "
+        return (f"quasar devchain --path {settings.devchain_path} register --hotkey {hotkey} "
                 f"--coldkey {coldkey}")
     return register(settings, wallet)

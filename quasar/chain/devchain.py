@@ -30,9 +30,10 @@ offset and the neurons) that each thread keeps on a connection of its own and re
 after some connection, in any process, committed to the file (``PRAGMA data_version``): exact, and
 a few microseconds instead of opening the file for every lookup.
 
-CLI (``python -m quasar.chain.devchain --path FILE COMMAND``): ``init``, ``register``,
-``deregister``, ``set-owner``, ``set-permit``, ``advance``, ``block``, ``neurons``, ``weights``,
-``commits``, ``hyperparameters``, ``set-hyperparameter``, ``allow-loopback``, ``identity``.
+CLI (``quasar devchain --path FILE COMMAND``, or ``python -m quasar.chain.devchain``): ``init``,
+``register``, ``deregister``, ``set-owner``, ``set-permit``, ``advance``, ``block``, ``neurons``,
+``weights``, ``commits``, ``hyperparameters``, ``set-hyperparameter``, ``allow-loopback``,
+``identity``.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ from quasar.chain.base import (
     decode_api_location,
     encode_api_location,
 )
+from quasar.log import setup_logging
 
 logger = logging.getLogger(__name__)
 
@@ -748,12 +750,12 @@ def _hyperparameter_value(name: str, raw: str) -> int | bool:
         raise ChainError(f"{name} takes an integer, got {raw!r}") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m quasar.chain.devchain", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--path", required=True, help="the dev chain's SQLite file (created when missing)")
     parser.add_argument("--netuid", type=int, default=None, help="subnet id for a new file (default 24)")
     parser.add_argument("--block-time", type=float, default=None, help="seconds per block for a new file (default 12)")
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser("init", help="create the file (no-op when it exists)")
     register = commands.add_parser("register", help="register a hotkey; prints its uid")
     register.add_argument("--hotkey", required=True, help="hotkey ss58 address")
@@ -783,6 +785,7 @@ def main(argv: list[str] | None = None) -> int:
     loopback.add_argument("state", choices=("on", "off"))
     commands.add_parser("identity", help="print the API location published in the subnet identity")
     args = parser.parse_args(argv)
+    setup_logging(quiet=True)
     console = Console()
     try:
         chain = DevChain(args.path, netuid=args.netuid, block_time_s=args.block_time)
@@ -821,4 +824,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m quasar.chain.devchain"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -45,7 +47,11 @@ def settings_help(role: str | None) -> str:
 def add_arguments(parser: argparse.ArgumentParser, role: str | None = None) -> None:
     """Add the flags of the settings process ``role`` reads (every setting's for None) to ``parser``
     and list those settings in its --help; absent flags leave the value unset (None)."""
+    # The settings list is laid out already; the description is wrapped here, as argparse would.
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    if parser.description:
+        width = min(shutil.get_terminal_size().columns, HELP_WIDTH) - 2
+        parser.description = textwrap.fill(" ".join(parser.description.split()), width)
     parser.epilog = settings_help(role) if not parser.epilog else f"{parser.epilog}\n\n{settings_help(role)}"
     for option in role_options(role):
         if option.flag is None:
@@ -79,7 +85,7 @@ def env_example() -> str:
     """The text of ``.env.example``: every setting with its default and meaning."""
     lines = [
         "# QUASAR settings. Copy to .env and edit. Precedence: default < .env < environment < flag.",
-        "# Regenerate with: python -m quasar.config > .env.example",
+        "# Regenerate with: quasar config > .env.example",
         "",
     ]
     for option in OPTIONS:

@@ -2,7 +2,7 @@
 
 ``evaluate(repo, target_seq_len, claimed, options)`` returns an :class:`EvaluationReport`; the
 design and the threat model are in docs/evaluation.md, the sandbox in sandbox.py, and the command
-line in ``python -m quasar.evaluate --help``.
+line in ``quasar evaluate --help`` (cli.py).
 
 The names below load on first use, so that start.py (a validator's worker starts the sandboxed
 child before anything imports torch) and sandbox.py can be imported without the harness.

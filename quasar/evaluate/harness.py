@@ -1,6 +1,6 @@
 """Evaluate a checked-out fork: import check, sandboxed benchmark, correctness, claim, score.
 
-:func:`evaluate` is what a validator runs on a submission and what ``scripts/local_validator.py``
+:func:`evaluate` is what a validator runs on a submission and what ``quasar local-validator``
 runs for a miner. The design, the threat model and the figures behind it: docs/evaluation.md;
 the parts: options.py, session.py, timing.py, references.py, verification.py.
 """

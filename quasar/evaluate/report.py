@@ -1,7 +1,7 @@
 """The evaluation report: typed results that cross from the harness to validators and miners.
 
-``EvaluationReport.to_dict()`` is the JSON of ``python -m quasar.evaluate --json`` and of
-``scripts/local_validator.py --json``; ``from_dict`` reads it back. ``render_report`` prints it as
+``EvaluationReport.to_dict()`` is the JSON of ``quasar evaluate --json`` and of
+``quasar local-validator --json``; ``from_dict`` reads it back. ``render_report`` prints it as
 rich tables.
 """
 

@@ -177,7 +177,7 @@ class Miner:
         summary.baseline = summary.best = baseline
         if baseline is None:
             logger.error("the fork's head %s fails evaluation at T=%d: %s. Candidates are still tried; to start "
-                         "from correct kernels, push the starter fork (python -m quasar starter-fork DIR) to the fork",
+                         "from correct kernels, push the starter fork (quasar starter-fork DIR) to the fork",
                          head[:12], target, _reasons(report))
         else:
             logger.info("baseline %s: %s tokens/s at T=%d (claim %s)", head[:12],

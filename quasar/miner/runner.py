@@ -1,4 +1,4 @@
-"""Build the miner from settings and run it (what ``python -m neurons.miner`` does).
+"""Build the miner from settings and run it (what ``quasar miner`` does).
 
 Start-up, in order, each failure a clear message and exit status 1: the GitHub settings, the
 wallet's hotkey, the device, the address to publish, the workspace lock, the chain (registration

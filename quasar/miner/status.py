@@ -1,4 +1,4 @@
-"""What became of the miner's submissions: ``python -m neurons.miner status [--submission ID]`` and
+"""What became of the miner's submissions: ``quasar status [--submission ID]`` and
 the verdicts the running miner logs as validators report them.
 
 Everything here comes from the API's public status endpoints (``GET /miners/{hotkey}/submissions``,
@@ -143,7 +143,7 @@ def print_status(console: Console, client: ApiClient, hotkey: str, submission_id
 
 
 def run_status(settings: Settings, submission_id: int | None, console: Console | None = None) -> int:
-    """``python -m neurons.miner status``: the miner's submissions from the API; exit status 1 when the
+    """``quasar status``: the miner's submissions from the API; exit status 1 when the
     wallet cannot be read or the API refuses or cannot be reached."""
     console = console or Console()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # its request lines would interleave with the tables

@@ -7,7 +7,7 @@ Layout, under ``WORKSPACE_ROOT`` (default ``~/.quasar/miner``)::
         fork/          the clone of the miner's fork; the miner edits, commits and pushes here
         state.json     what the miner must remember across restarts (state.py)
         askpass.sh     git's credential helper (no secret in it; github.py)
-        reports/       the last evaluation reports, as JSON (python -m quasar.evaluate renders them)
+        reports/       the last evaluation reports, as JSON (quasar evaluate renders them)
 
 Two miners with different hotkeys never share a file; a second miner with the same hotkey
 refuses to start. Between candidates the clone is always clean at its branch's head: a
