@@ -1,5 +1,5 @@
 """Every ``btcli`` command the README, the START scripts and QUASAR's messages tell an operator to run
-is one the btcli that requirements.txt installs takes: its subcommand exists and each flag is in its
+is one the btcli that pyproject.toml pins takes: its subcommand exists and each flag is in its
 ``--help`` (bittensor 11's btcli wants ``--wallet`` and ``--wallet-hotkey``, not ``--wallet.name``).
 The help comes from btcli's own command-line app (what the ``btcli`` script runs), in this process."""
 

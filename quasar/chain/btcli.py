@@ -1,5 +1,5 @@
 """The ``btcli`` commands QUASAR's messages tell operators to run, spelled as the btcli that
-requirements.txt installs (bittensor 11) takes them: ``--wallet``, ``--wallet-hotkey``,
+pyproject.toml installs (bittensor 11) takes them: ``--wallet``, ``--wallet-hotkey``,
 ``--wallet-path``, ``--network`` (tests/test_btcli_commands.py checks each against ``btcli ... --help``)."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A miner's fork is a flash-linear-attention tree, and it runs with the Python packages every
 validator has for it: :data:`EVALUATION_PACKAGES` and what they need, as installed from
-``requirements.txt`` (torch and triton, pinned; transformers, einops and numpy, pinned too), and
+``pyproject.toml``'s dependencies (torch and triton, pinned; transformers, einops and numpy), and
 nothing else of the validator's virtual environment (bittensor, the API's packages, requests…),
 whatever else the validator has installed. The child runs without ``site`` (``python -I -S``)
 with an import path of the harness, these packages and the fork; in the namespaced sandbox the
