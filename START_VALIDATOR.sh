@@ -29,7 +29,7 @@ if [ -f .env ]; then
 fi
 
 if [ ! -x .venv/bin/python ]; then
-    fail "no Python environment in $(pwd)/.venv: create it with ./scripts/test.sh (or python3 -m venv .venv && .venv/bin/pip install -e .)"
+    fail "no Python environment in $(pwd)/.venv: run ./scripts/setup_venv.sh once (it makes .venv and installs the suite)"
 fi
 # shellcheck disable=SC1091
 . .venv/bin/activate
@@ -57,12 +57,16 @@ wallet_hotkey=$(flag_value --wallet.hotkey "${WALLET_HOTKEY:-default}")
 wallet_path=$(flag_value --wallet.path "${WALLET_PATH:-~/.bittensor/wallets}")
 wallet_path=${wallet_path/#\~/$HOME}
 device=$(flag_value --device "${DEVICE:-cuda}")
-api_url=$(flag_value --api.url "${VALIDATOR_API_URL:-http://127.0.0.1:8000}")
+api_url=$(flag_value --api.url "${VALIDATOR_API_URL:-}")
 api_url=${api_url%/}
 
+path_flag=""
+if [ "$wallet_path" != "$HOME/.bittensor/wallets" ]; then
+    path_flag=" --wallet-path $wallet_path"
+fi
 for file in "$wallet_path/$wallet_name/coldkeypub.txt" "$wallet_path/$wallet_name/hotkeys/$wallet_hotkey"; do
     if [ ! -f "$file" ]; then
-        fail "wallet file $file does not exist: create the wallet (btcli wallet create --wallet.name $wallet_name --wallet.hotkey $wallet_hotkey) or set WALLET_PATH / WALLET_NAME / WALLET_HOTKEY (or --wallet.path / --wallet.name / --wallet.hotkey)"
+        fail "wallet file $file does not exist: create the wallet (btcli wallet create --wallet $wallet_name --wallet-hotkey $wallet_hotkey$path_flag) or set WALLET_PATH / WALLET_NAME / WALLET_HOTKEY (or --wallet.path / --wallet.name / --wallet.hotkey)"
     fi
 done
 
@@ -72,11 +76,15 @@ if [ "$device" != "cpu" ]; then
     fi
 fi
 
-if ! command -v curl >/dev/null; then
-    fail "curl is not installed (needed to check the submission API): apt-get install curl"
-fi
-if ! curl -fsS --max-time 10 "$api_url/health" >/dev/null 2>&1; then
-    fail "the submission API at $api_url does not answer GET /health: start it (./START_SERVER.sh) or set VALIDATOR_API_URL (or --api.url) to where it runs"
+if [ -z "$api_url" ]; then
+    echo "START_VALIDATOR: VALIDATOR_API_URL is empty: the validator reads the submission API's URL from the chain, where the subnet owner published it" >&2
+else
+    if ! command -v curl >/dev/null; then
+        fail "curl is not installed (needed to check the submission API): apt-get install curl"
+    fi
+    if ! curl -fsS --max-time 10 "$api_url/health" >/dev/null 2>&1; then
+        fail "the submission API at $api_url does not answer GET /health: start it (./START_SERVER.sh) or set VALIDATOR_API_URL (or --api.url) to where it runs, or leave it empty to use the URL the subnet owner published on chain"
+    fi
 fi
 
 exec python -m neurons.validator "$@"

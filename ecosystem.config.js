@@ -2,6 +2,10 @@
 //   pm2 start ecosystem.config.js --only quasar-miner
 // A miner runs quasar-miner-inference and quasar-miner; a validator runs quasar-validator; the
 // subnet owner runs quasar-api. Settings come from .env in this folder (see .env.example).
+// Wallets: the miner and its inference server load WALLET_MINER_NAME, the validator
+// WALLET_VALIDATOR_NAME (or WALLET_NAME for both), each with WALLET_HOTKEY under WALLET_PATH; set them
+// in .env, or give one app its own flags, e.g.
+//   args: ["--wallet.name", "my_coldkey", "--wallet.hotkey", "my_hotkey"],
 const path = require("path");
 
 const here = __dirname;

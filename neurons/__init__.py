@@ -1,1 +1,2 @@
-"""Entry points of the two processes users run: ``python -m neurons.miner`` and ``python -m neurons.validator``."""
+"""The neurons' older spellings, ``python -m neurons.miner`` and ``python -m neurons.validator``:
+the same as ``quasar miner`` and ``quasar validator`` (:mod:`quasar.cli`)."""

@@ -1,41 +1,9 @@
-"""QUASAR miner: ``python -m neurons.miner --wallet.name … --wallet.hotkey … --subtensor.network … --netuid …``.
+"""``python -m neurons.miner`` (or ``python neurons/miner.py``): the same as ``quasar miner``
+(:mod:`quasar.miner.cli`)."""
 
-Forks the QUASAR kernels on GitHub, optimizes them on this machine's GPU, commits and pushes
-improvements, submits them to the submission API, and publishes the inference endpoint on
-chain. Settings: ``.env``, the environment and the flags below (``python -m quasar.config``).
-``--axon.port`` is accepted as the miner guide writes it; the port published on chain is the
-inference server's (``MINER_INFERENCE_PORT``), which is what validators call.
-
-``python -m neurons.miner status [--submission ID]`` (same wallet and API flags) prints this miner's
-recent submissions and one in detail: state, each validator's verdict, reasons and figures.
-"""
-
-from __future__ import annotations
-
-import argparse
 import sys
 
-from quasar import config
-from quasar.log import setup_logging
-from quasar.miner.runner import run_miner
-from quasar.miner.status import run_status
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m neurons.miner", description=__doc__.split("\n")[0])
-    parser.add_argument("command", nargs="?", choices=("run", "status"), default="run",
-                        help="run: mine (the default); status: this miner's submissions, verdicts and reasons")
-    parser.add_argument("--submission", type=int, default=None, metavar="ID",
-                        help="status: show only submission ID, in detail")
-    config.add_arguments(parser)
-    args, settings = config.parse_args(parser, argv)
-    setup_logging(settings.debug, secrets=settings.secrets())
-    if args.command == "status":
-        return run_status(settings, args.submission)
-    if args.submission is not None:
-        parser.error("--submission goes with the status command")
-    return run_miner(settings)
-
+from quasar.miner.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m neurons.miner"))

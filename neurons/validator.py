@@ -1,75 +1,8 @@
-"""QUASAR validator: ``python -m neurons.validator --wallet.name … --wallet.hotkey … --netuid …``.
+"""``python -m neurons.validator``: the same as ``quasar validator`` (:mod:`quasar.validator.cli`)."""
 
-Pulls submissions from the API, evaluates each in a sandbox (one at a time per GPU), checks the
-miner's logits, reports, and sets weights every EPOCH_BLOCKS from its own results. Ctrl-C (or
-SIGTERM) stops it cleanly; a restart resumes from its state file under VALIDATOR_DATA_DIR.
-"""
-
-from __future__ import annotations
-
-import argparse
-import logging
-import os
 import sys
 
-from quasar import config
-from quasar.log import setup_logging
-
-log = logging.getLogger("quasar.validator")
-
-
-def run(settings: config.Settings) -> int:
-    """Build the validator from ``settings`` and run it until stopped."""
-    import torch
-
-    from quasar.api.client import ApiClient
-    from quasar.chain.factory import connect
-    from quasar.validator.evaluator import SubprocessEvaluator
-    from quasar.validator.logit_check import MinerLogitChecker
-    from quasar.validator.loop import Validator
-    from quasar.validator.devices import device_warnings, evaluation_devices
-    from quasar.validator.preflight import check_registration, load_wallet
-    from quasar.validator.state import ValidatorState, default_state_path
-
-    wallet = load_wallet(settings)
-    hotkey = wallet.hotkey.ss58_address
-    cuda_count = torch.cuda.device_count() if settings.device != "cpu" else 0
-    devices = evaluation_devices(settings.device, cuda_count, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    for warning in device_warnings(settings.network, settings.device):
-        log.warning("%s", warning)
-    chain = connect(settings)
-    check_registration(chain, hotkey, settings.network)
-    state_path = default_state_path(settings.validator_data_dir, settings.network, chain.netuid, hotkey)
-    with ValidatorState.open(state_path) as state, \
-            ApiClient(settings.validator_api_url, wallet, api_hotkey=settings.api_hotkey or None) as api:
-        log.info("validator state: %s", state.path)
-        checker = MinerLogitChecker.from_settings(settings, wallet, devices[0].name)
-        evaluator = SubprocessEvaluator.from_settings(settings, state.path.with_name(state.path.stem + "-work"))
-        Validator(settings, chain, api, wallet, evaluator, checker, state, devices=devices).run_forever()
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m neurons.validator", description=__doc__.split("\n\n")[0])
-    config.add_arguments(parser)
-    _, settings = config.parse_args(parser, argv)
-    setup_logging(settings.debug, secrets=settings.secrets())
-    if not settings.debug:
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per API poll otherwise
-    from quasar.chain.base import ChainError
-    from quasar.logits import ModelLoadError
-    from quasar.validator.devices import ValidatorSetupError
-    from quasar.validator.state import StateError
-
-    try:
-        return run(settings)
-    except (ValidatorSetupError, StateError, ChainError, ModelLoadError) as error:
-        log.error("%s", error)
-        return 1
-    except KeyboardInterrupt:
-        log.info("interrupted before the validator loop started")
-        return 0
-
+from quasar.validator.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m neurons.validator"))

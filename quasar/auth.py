@@ -18,13 +18,14 @@ from urllib.parse import urlsplit
 from bittensor import http_auth
 
 from quasar.chain import Chain
+from quasar.errors import QuasarError
 
 # Requests older than this (seconds) are refused; the nonce store must retain at least this long.
 MAX_REQUEST_AGE_S = http_auth.DEFAULT_MAX_AGE
 ALLOWED_CLOCK_SKEW_S = http_auth.DEFAULT_ALLOWED_SKEW
 
 
-class AuthFailure(Exception):
+class AuthFailure(QuasarError):
     """A request failed authentication (401) or authorization (403); ``reason`` is safe to return."""
 
     def __init__(self, status_code: int, reason: str):

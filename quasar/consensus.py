@@ -1,4 +1,4 @@
-"""The validators' consensus on a submission (QUASAR.md section 5), as pure functions.
+"""The validators' consensus on a submission (docs/rules.md section 5), as pure functions.
 
 No single validator decides alone. Every validator with a permit on the subnet votes with its
 stake (its weight); if no validator holds any stake (a fresh local network) each counts one.

@@ -4,7 +4,7 @@ A submission names a fork by URL and a full commit id. :func:`normalize_fork_url
 :func:`validate_commit_hash` are the pure rules (the submission API uses them too);
 :func:`clone_at_commit` fetches exactly that commit into a cache directory of its own.
 
-What the clone defends against (QUASAR.md section 8):
+What the clone defends against (docs/rules.md section 8):
 
 - the URL picks the host, never a path: only ``https://github.com/OWNER/REPO`` (local sources only
   when the caller allows them), and the directory name is a hash of (URL, commit), never URL text;
@@ -44,6 +44,8 @@ from pathlib import Path
 
 import git
 
+from quasar.errors import QuasarError
+
 logger = logging.getLogger(__name__)
 
 GITHUB_HOST = "github.com"
@@ -78,7 +80,7 @@ _REPO_MISSING = ("not found", "terminal prompts disabled", "does not appear to b
                  "could not read from remote repository", "could not read username")
 
 
-class ForkError(ValueError):
+class ForkError(QuasarError, ValueError):
     """A fork URL or commit is refused, or cloning it failed; the message says what was wrong."""
 
 
@@ -103,7 +105,7 @@ def normalize_fork_url(url: str, allow_local: bool = False) -> str:
 
     Accepted: ``https://github.com/OWNER/REPO``, optionally with ``.git`` and/or one trailing
     slash; canonical form ``https://github.com/owner/repo`` (GitHub names are case-insensitive, so
-    one fork spelled two ways is one key). With ``allow_local`` (dev/local networks, tests) also an
+    one fork spelled two ways is one key). With ``allow_local`` (the dev chain, ALLOW_LOCAL_FORKS, tests) also an
     absolute local path or a ``file:///`` URL, canonical form ``file:///abs/path``.
     Refused: other hosts and schemes, ssh, credentials, ports, query strings, fragments, ``..``,
     option-like strings, whitespace, control and non-ASCII characters, over-long URLs.
@@ -130,7 +132,8 @@ def normalize_fork_url(url: str, allow_local: bool = False) -> str:
 def _normalize_local(url: str, allow_local: bool) -> str:
     if not allow_local:
         raise ForkError(f"fork URL {_shown(url)} is a local source (a path or file:// URL); local sources "
-                        "are allowed only on a dev/local network, otherwise use https://github.com/OWNER/REPO")
+                        "are allowed only on the dev chain (or with ALLOW_LOCAL_FORKS), otherwise use "
+                        "https://github.com/OWNER/REPO")
     if url.lower().startswith("file:"):
         if not url.startswith("file:///"):
             raise ForkError(f"local fork URL {_shown(url)} must be file:///ABSOLUTE/PATH (no host)")

@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from rich.logging import RichHandler
 
 REDACTED = "***"
+# Libraries that log every request or block at INFO: WARNING and above only, unless debugging.
+CHATTY_LIBRARIES = ("bittensor", "httpx", "httpcore", "urllib3", "websockets")
 
 
 class RedactSecrets(logging.Filter):
@@ -27,11 +29,14 @@ class RedactSecrets(logging.Filter):
         return True
 
 
-def setup_logging(debug: bool = False, secrets: Iterable[str] = (), stream=None) -> None:
-    """Configure the root logger once per process.
+def setup_logging(debug: bool = False, secrets: Iterable[str] = (), stream=None, quiet: bool = False) -> None:
+    """Configure the root logger once per process; every ``quasar`` command calls it first.
 
     Terminals get rich's handler; pipes and files (pm2, systemd) get plain timestamped lines.
-    The Bittensor SDK logs under ``bittensor.*`` and stays at WARNING unless ``debug``.
+    ``secrets`` (``Settings.secrets()``) are masked in every record. The root logger logs INFO, or
+    only warnings and errors when ``quiet`` (tools that print their own progress and results),
+    and DEBUG with ``debug`` either way. The Bittensor SDK and the HTTP clients
+    (:data:`CHATTY_LIBRARIES`) stay at WARNING unless ``debug``.
     """
     stream = stream or sys.stderr
     if stream.isatty():
@@ -45,5 +50,6 @@ def setup_logging(debug: bool = False, secrets: Iterable[str] = (), stream=None)
     for old in list(root.handlers):
         root.removeHandler(old)
     root.addHandler(handler)
-    root.setLevel(logging.DEBUG if debug else logging.INFO)
-    logging.getLogger("bittensor").setLevel(logging.DEBUG if debug else logging.WARNING)
+    root.setLevel(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)
+    for name in CHATTY_LIBRARIES:
+        logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.WARNING)

@@ -1,4 +1,4 @@
-"""Logit verification (QUASAR.md §4 step 6): the reference model, challenges and the comparison.
+"""Logit verification (docs/rules.md §4 step 6): the reference model, challenges and the comparison.
 
 A validator draws a :class:`Challenge` (random token-id prompt, generation length, decode step),
 a miner's inference server runs greedy decoding with the KV cache and returns its tokens and the
@@ -23,11 +23,14 @@ import math
 import os
 import random
 import secrets
+import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from quasar.errors import QuasarError
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +45,11 @@ DTYPES: dict[str, torch.dtype] = {
 CHALLENGE_MIN_PROMPT_LEN = 8
 
 
-class ModelLoadError(RuntimeError):
+class ModelLoadError(QuasarError, RuntimeError):
     """The reference model could not be loaded; the message names the model and the fix."""
 
 
-class ChallengeError(ValueError):
+class ChallengeError(QuasarError, ValueError):
     """A generation request is out of range for the model (empty prompt, bad id, bad step...)."""
 
 
@@ -139,6 +142,26 @@ def offline_mode(environ=None) -> bool:
                for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
+# How long a miner or validator waits to learn whether the Hugging Face hub can be reached at all.
+HUB_PROBE_SECONDS = 3.0
+
+
+def hub_reachable(environ=None, timeout: float = HUB_PROBE_SECONDS) -> tuple[bool, str]:
+    """Whether a TCP connection to the hub (``HF_ENDPOINT``, default huggingface.co) opens within
+    ``timeout`` seconds, and the endpoint: without it, a download would retry for half a minute."""
+    from urllib.parse import urlsplit
+
+    environ = os.environ if environ is None else environ
+    endpoint = environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    parts = urlsplit(endpoint)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname or "", port), timeout=timeout).close()
+    except OSError:
+        return False, endpoint
+    return True, endpoint
+
+
 def _looks_like_path(name: str) -> bool:
     """Hub ids are ``name`` or ``owner/name``; anything else with a slash is meant as a folder."""
     return name.startswith(("/", ".", "~")) or name.count("/") > 1 or (os.sep != "/" and os.sep in name)
@@ -164,7 +187,9 @@ def load_reference_model(
     is set, else downloaded when missing. Raises :class:`ModelLoadError` naming the model and the fix.
     Remote code is never trusted: the architecture must be one transformers ships.
     """
-    from huggingface_hub import snapshot_download  # heavy imports, only where a model is loaded
+    from huggingface_hub import (
+        snapshot_download,  # heavy imports, only where a model is loaded
+    )
     from transformers import AutoModelForCausalLM
 
     torch_dtype = resolve_dtype(dtype)
@@ -183,8 +208,21 @@ def load_reference_model(
     else:
         source, from_hub = name_or_path, True
     offline = offline_mode()
+    if from_hub and not offline:
+        # From the cache when it is there; else only if the hub answers at all (a download against
+        # a closed network retries for half a minute, a screen of warnings, before failing).
+        try:
+            source, offline = snapshot_download(name_or_path, local_files_only=True), True
+        except (OSError, ValueError):
+            reachable, endpoint = hub_reachable()
+            if not reachable:
+                raise ModelLoadError(
+                    f"cannot load reference model {name_or_path!r}: it is not in the local Hugging Face cache and "
+                    f"{endpoint} cannot be reached. Download it with `hf download {name_or_path}` on a machine "
+                    "with internet, or point REFERENCE_MODEL at a local folder holding config.json and the "
+                    "weights.") from None
     try:
-        if offline and from_hub:
+        if offline and from_hub and source == name_or_path:
             # Resolve the cached snapshot first: from_pretrained would still probe the Hub for
             # optional files (adapter configs) when the variable was set after import.
             source = snapshot_download(name_or_path, local_files_only=True)
@@ -341,7 +379,7 @@ def draw_challenge(tokens: TokenRange, limits: ChallengeLimits, rng: random.Rand
 
 @dataclass(frozen=True)
 class LogitThresholds:
-    """Pass iff cosine ≥ ``min_cosine`` and max |diff| ≤ ``max_abs_diff`` (QUASAR.md §4 step 6)."""
+    """Pass iff cosine ≥ ``min_cosine`` and max |diff| ≤ ``max_abs_diff`` (docs/rules.md §4 step 6)."""
 
     min_cosine: float = 0.99
     max_abs_diff: float = 0.1

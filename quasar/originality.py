@@ -1,4 +1,4 @@
-"""What counts as a copy of another miner's kernel (QUASAR.md section 5), as pure functions.
+"""What counts as a copy of another miner's kernel (docs/rules.md section 5), as pure functions.
 
 A submission is a **copy** when another hotkey made a submission earlier (a lower submission id:
 ids follow the time a submission was made, or committed for commit-reveal) with

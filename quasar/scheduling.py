@@ -15,7 +15,11 @@ its validators can evaluate, so the work goes where it can change the ranking:
 3. **Fairness**: no hotkey gets a second evaluation from a validator in a round while another
    hotkey waits for its first (then a third while another waits for its second, and so on), so a
    few hotkeys submitting at their limit cannot starve the others.
-4. **Order**: among those, the highest upper bound first, then the oldest (ready time, then id).
+4. **Order**: among those, first a submission other validators have reported on (its consensus
+   waits for this validator's report: without it nothing of that hotkey ranks), then the highest
+   upper bound, then the oldest (ready time, then id).
+5. **Rounds**: a submission is handed out in its round and the next (``SCHEDULED_ROUNDS``); older
+   ones can no longer change the ranking of the round being played.
 """
 
 from __future__ import annotations
@@ -25,6 +29,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from quasar import scoring
+
+SCHEDULED_ROUNDS = 2
+
+
+def first_scheduled_round(round_id: int) -> int:
+    """Rule 5: the oldest round whose submissions are still handed out while round ``round_id`` runs."""
+    return max(0, round_id - SCHEDULED_ROUNDS + 1)
 
 
 def upper_bound(claimed_tokens_per_sec: float, target_sequence_length: int) -> float:
@@ -50,6 +61,11 @@ class Queued:
     @property
     def age_key(self) -> tuple[float, int]:
         return (self.ready_at, self.submission_id)
+
+    @property
+    def order_key(self) -> tuple[bool, float, float, int]:
+        """Rule 4: reported on by others first, then the highest upper bound, then the oldest."""
+        return (not self.reported, -self.upper_bound, *self.age_key)
 
 
 def superseded(ready: Iterable[Queued]) -> dict[int, int]:
@@ -91,24 +107,24 @@ def could_place(item: Queued, standing: Standing) -> bool:
 def order_work(candidates: Sequence[Queued], evaluations_this_round: Mapping[str, int], standing: Standing,
                limit: int) -> list[Queued]:
     """Up to ``limit`` of ``candidates`` (ready, not superseded, neither reported on nor held by this
-    validator) in the order this validator should evaluate them (rules 2 to 4).
+    validator; ``reported``: another validator reported on it) in the order this validator should
+    evaluate them (rules 2 to 4).
     ``evaluations_this_round``: per hotkey, the submissions this validator took this round."""
     placeable = [item for item in candidates if could_place(item, standing)]
     pool = placeable or list(candidates)  # the deferred only when nothing that could place waits
     by_hotkey: dict[str, list[Queued]] = {}
-    for item in sorted(pool, key=lambda item: (-item.upper_bound, item.age_key)):
+    for item in sorted(pool, key=lambda item: item.order_key):
         by_hotkey.setdefault(item.hotkey, []).append(item)
     taken = dict(evaluations_this_round)
-    heap = [(taken.get(hotkey, 0), -items[0].upper_bound, items[0].age_key, hotkey)
-            for hotkey, items in by_hotkey.items()]
+    heap = [(taken.get(hotkey, 0), items[0].order_key, hotkey) for hotkey, items in by_hotkey.items()]
     heapq.heapify(heap)
     chosen: list[Queued] = []
     while heap and len(chosen) < limit:
-        count, _, _, hotkey = heapq.heappop(heap)
+        count, _, hotkey = heapq.heappop(heap)
         items = by_hotkey[hotkey]
         chosen.append(items.pop(0))
         if items:
-            heapq.heappush(heap, (count + 1, -items[0].upper_bound, items[0].age_key, hotkey))
+            heapq.heappush(heap, (count + 1, items[0].order_key, hotkey))
     return chosen
 
 

@@ -1,4 +1,4 @@
-"""The scoring rules of QUASAR (QUASAR.md section 5) as pure functions, and a command to apply them.
+"""The scoring rules of QUASAR (docs/rules.md section 5) as pure functions, and a command to apply them.
 
 The validator (weights on chain), the submission API (its leaderboard) and the miner (simulating its
 rank) all score through :func:`rank`, so they agree by construction:
@@ -12,7 +12,7 @@ rank) all score through :func:`rank`, so they agree by construction:
 
 Command line, for validators auditing weights and miners simulating their rank::
 
-    python -m quasar.scoring --input results.json [--epsilon E] [--table]
+    quasar scoring --input results.json [--epsilon E] [--table]     (or python -m quasar.scoring)
 
 It prints ``{"ranking": [...], "weights": {hotkey: share}, "unassigned": share}`` as JSON (or
 tables with ``--table``). Malformed input exits with code 2 and a message naming the entry and field.
@@ -32,9 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from quasar import config
+from quasar.errors import QuasarError
+from quasar.log import setup_logging
+from quasar.terminal import compact_rate, compact_table, short_hotkey
 
 # Shares of the weight for places 1, 2, 3 and 4.
 PLACE_SHARES: tuple[float, ...] = (0.60, 0.25, 0.10, 0.05)
@@ -80,7 +82,7 @@ def league_for(target_sequence_length: int) -> League:
     return next(league for league in reversed(LEAGUES) if target_sequence_length >= league.min_length)
 
 
-class ScoringInputError(ValueError):
+class ScoringInputError(QuasarError, ValueError):
     """Input to scoring that cannot be used; the message says what and where."""
 
 
@@ -218,7 +220,7 @@ def best_per_hotkey(results: Iterable[Result]) -> dict[str, Result]:
 
 
 def _order_with_tie_margin(scored: Sequence[tuple[float, Result]], epsilon: float) -> list[tuple[float, Result]]:
-    """QUASAR.md's order: repeatedly take the highest remaining score m; among the remaining entries
+    """docs/rules.md's order: repeatedly take the highest remaining score m; among the remaining entries
     with score ≥ m/(1+ε), place the earliest (time, then id) next.
 
     O(n log n): m never rises, so the set of entries within the margin only grows; they wait in
@@ -295,7 +297,7 @@ def _check_epsilon(epsilon: float) -> float:
 
 
 def rank(results: Iterable[Result], epsilon: float = DEFAULT_EPSILON) -> Ranking:
-    """Rank ``results`` by QUASAR.md section 5 with tie margin ``epsilon`` (0 = exact ties only).
+    """Rank ``results`` by docs/rules.md section 5 with tie margin ``epsilon`` (0 = exact ties only).
 
     Raises ValueError for a negative or non-finite epsilon, or a submission id that appears in
     more than one result (the tie-break needs ids to be unique).
@@ -365,24 +367,22 @@ def load_results(path: str) -> list[Result]:
 
 def print_tables(results: Sequence[Result], ranking: Ranking, console: Console) -> None:
     """Ranking and left-out results as tables for people (the JSON output is for programs)."""
-    table = Table(title=f"QUASAR ranking (tie margin ε = {ranking.epsilon:g}; tokens/s in millions)")
-    table.add_column("place", justify="right", no_wrap=True)
-    table.add_column("hotkey", overflow="fold")
-    for column in ("submission", "league", "verified", "×", "score", "share"):
-        table.add_column(column, justify="left" if column == "league" else "right", no_wrap=True)
+    table = compact_table(f"QUASAR ranking (tie margin ε = {ranking.epsilon:g})")
+    for column in ("#", "hotkey", "sub", "league", "verified", "×", "score", "share"):
+        table.add_column(column, justify="left" if column in ("hotkey", "league") else "right", no_wrap=True)
     for p in ranking.placements:
         league = league_for(p.result.target_sequence_length)
-        table.add_row(str(p.place), p.hotkey, str(p.submission_id), league.name,
-                      f"{verified_tokens_per_sec(p.result) / 1e6:,.2f}", f"{league.multiplier:g}",
-                      f"{p.weighted_score / 1e6:,.2f}", f"{p.share:.2f}")
+        table.add_row(str(p.place), short_hotkey(p.hotkey), str(p.submission_id), league.name,
+                      compact_rate(verified_tokens_per_sec(p.result)), f"{league.multiplier:g}",
+                      compact_rate(p.weighted_score), f"{p.share:.2f}")
     console.print(table)
     console.print(f"unassigned (burned): {ranking.unassigned:.2f}")
 
     placed_ids = {p.submission_id for p in ranking.placements}
     best = best_per_hotkey(results)
-    left_out = Table(title="not placed")
-    left_out.add_column("hotkey", overflow="fold")
-    left_out.add_column("submission", justify="right", no_wrap=True)
+    left_out = compact_table("not placed")
+    left_out.add_column("hotkey", no_wrap=True)
+    left_out.add_column("sub", justify="right", no_wrap=True)
     left_out.add_column("why")
     for result in results:
         if result.submission_id in placed_ids:
@@ -390,23 +390,24 @@ def print_tables(results: Sequence[Result], ranking: Ranking, console: Console) 
         reason = ineligibility_reason(result)
         if reason is None:
             reason = f"the hotkey's submission {best[result.hotkey].submission_id} scores higher"
-        left_out.add_row(result.hotkey, str(result.submission_id), reason)
+        left_out.add_row(short_hotkey(result.hotkey), str(result.submission_id), reason)
     if left_out.row_count:
         console.print(left_out)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m quasar.scoring``: rank a JSON file of results; exit 2 on malformed input."""
+def main(argv: Sequence[str] | None = None, prog: str = "quasar scoring") -> int:
+    """``quasar scoring``: rank a JSON file of results; exit 2 on malformed input."""
     option = config.OPTIONS_BY_KEY["tie_epsilon"]
     parser = argparse.ArgumentParser(
-        prog="python -m quasar.scoring",
-        description="Rank QUASAR results (QUASAR.md section 5) and print the weight split as JSON.")
+        prog=prog,
+        description="Rank QUASAR results (docs/rules.md section 5) and print the weight split as JSON.")
     parser.add_argument("--input", required=True, metavar="FILE",
                         help="JSON list of results ('-' reads standard input); messages number entries from 0")
     parser.add_argument("--epsilon", option.flag, dest=option.key, default=None, metavar="E",
                         help=f"{option.help} (env {option.env}, default {option.default})")
     parser.add_argument("--table", action="store_true", help="print tables for people instead of JSON")
     args, settings = config.parse_args(parser, argv)
+    setup_logging(settings.debug, settings.secrets(), quiet=True)
     try:
         results = load_results(args.input)
         ranking = rank(results, settings.tie_epsilon)
@@ -421,4 +422,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m quasar.scoring"))

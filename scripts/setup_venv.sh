@@ -8,7 +8,7 @@
 #   QUASAR_WHEELHOUSE=DIR     install offline from a folder of wheels (no package index)
 #   QUASAR_TORCH_SITE=DIR     a site-packages folder that already holds a CUDA build of torch and
 #                             triton (a GPU machine's image): the venv reads what it lacks from
-#                             there, and requirements.txt's torch and triton lines are not installed
+#                             there, and pyproject.toml's torch and triton are not installed
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,10 +16,25 @@ if [ ! -x .venv/bin/python ]; then
     "${PYTHON:-python3}" -m venv .venv
 fi
 
+# requirements GROUP: one requirement a line from pyproject.toml, the one place they are written:
+# "runtime" (the project's dependencies), an optional group ("test"), or a [tool.quasar.off-path] one.
+requirements() {
+    .venv/bin/python - "$1" <<'PY'
+import sys
+import tomllib
+
+with open("pyproject.toml", "rb") as file:
+    pyproject = tomllib.load(file)
+group = sys.argv[1]
+project = pyproject["project"]
+groups = {"runtime": project["dependencies"], **project["optional-dependencies"],
+          **pyproject["tool"]["quasar"]["off-path"]}
+print("\n".join(groups[group]))
+PY
+}
+
 stamp=.venv/.quasar-install-stamp
-wanted=$( (cat requirements.txt requirements-test.txt requirements-upstream-fla.txt requirements-gpu-triton.txt \
-           setup.py pyproject.toml;
-           echo "${QUASAR_TORCH_SITE:-}") | sha256sum | cut -d' ' -f1)
+wanted=$( (cat pyproject.toml; echo "${QUASAR_TORCH_SITE:-}") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     echo "setup_venv: installing the project into .venv (the first time takes a few minutes)" >&2
     pip=(.venv/bin/python -m pip install -q)
@@ -31,16 +46,19 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     if [ -n "${QUASAR_TORCH_SITE:-}" ]; then
         site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
         echo "$QUASAR_TORCH_SITE" > "$site/quasar-torch-site.pth"
-        grep -vE '^(torch|triton)\b' requirements.txt > .venv/requirements-without-torch.txt
-        "${pip[@]}" -r .venv/requirements-without-torch.txt -r requirements-test.txt
+        requirements runtime | grep -vE '^(torch|triton)\b' > .venv/requirements-without-torch.txt
+        requirements test > .venv/requirements-test.txt
+        "${pip[@]}" -r .venv/requirements-without-torch.txt -r .venv/requirements-test.txt
         "${pip[@]}" --no-deps -e .
     else
         # torch first and exactly as pinned, so nothing that depends on it pulls another build.
-        "${pip[@]}" "$(grep -E '^torch==' requirements.txt)"
+        "${pip[@]}" "$(requirements runtime | grep -E '^torch==')"
         "${pip[@]}" -e ".[test]"
     fi
     rm -rf .venv/upstream-fla .venv/triton-gpu-image
-    "${pip[@]}" --no-deps --target .venv/upstream-fla -r requirements-upstream-fla.txt
-    "${pip[@]}" --no-deps --target .venv/triton-gpu-image -r requirements-gpu-triton.txt
+    requirements upstream-fla > .venv/requirements-upstream-fla.txt
+    requirements gpu-image-triton > .venv/requirements-gpu-image-triton.txt
+    "${pip[@]}" --no-deps --target .venv/upstream-fla -r .venv/requirements-upstream-fla.txt
+    "${pip[@]}" --no-deps --target .venv/triton-gpu-image -r .venv/requirements-gpu-image-triton.txt
     echo "$wanted" > "$stamp"
 fi

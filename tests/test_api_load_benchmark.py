@@ -1,6 +1,6 @@
-"""scripts/api_load_benchmark.py, briefly and at low rates: the real server with two workers on SQLite,
-signed submissions and every route of the read mix (the dashboard's pages included) answered,
-nothing acknowledged lost, and its table legible at 80 columns."""
+"""``quasar bench api-load`` (quasar/bench/api_load.py), briefly and at low rates: the real server
+with two workers on SQLite, signed submissions and every route of the read mix (the dashboard's
+pages included) answered, nothing acknowledged lost, and its table legible at 80 columns."""
 
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from api_load_benchmark import (  # noqa: E402
+from quasar.bench.api_load import (
     Figures,
     Stream,
     figures_table,
@@ -24,14 +22,16 @@ from api_load_benchmark import (  # noqa: E402
     start_for_block_change,
     timeline,
 )
-from quasar.chain.devchain import DevChain  # noqa: E402
+from quasar.chain.devchain import DevChain
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_load_benchmark_runs_every_read_and_loses_nothing(tmp_path):
     backend = "sqlite"  # the PostgreSQL path of the API is the one the other API tests run on both backends
     figures_file = tmp_path / "figures.json"
     run = subprocess.run(
-        [sys.executable, "scripts/api_load_benchmark.py", "--backend", backend, "--workers", "2", "--seconds", "2",
+        [sys.executable, "-m", "quasar", "bench", "api-load", "--backend", backend, "--workers", "2", "--seconds", "2",
          "--warmup", "1", "--rate", "20", "--read-rate", "50", "--submitters", "4", "--readers", "4",
          "--json", str(figures_file), "--timeline"],
         cwd=ROOT, capture_output=True, text=True, timeout=240, env={**os.environ, "COLUMNS": "80"})

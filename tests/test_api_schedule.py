@@ -37,7 +37,8 @@ def test_a_newer_submission_supersedes_the_older_ones_no_validator_reported_on(s
     # One a validator reported on stays, so that the others can complete its consensus.
     v2.report(second.submission_id, "passed", True, True, 1e5)
     third = a.submit_kernel(FORK, commit_of(3), MILLION, 2e5)
-    assert ids(v1.fetch_work()) == [third.submission_id, second.submission_id]
+    # v1 completes the consensus on the second first, though the third claims more.
+    assert ids(v1.fetch_work()) == [second.submission_id, third.submission_id]
     assert a.submission_status(second.submission_id).state != "superseded"
     # A commit that was superseded is still its miner's: another hotkey submitting it is a copy.
     refused(lambda: api.client("b").submit_kernel(FORK, commit_of(1), MILLION, 1e5), 409, "a copy is not accepted")
@@ -73,9 +74,9 @@ def test_a_submission_that_cannot_place_waits_until_nothing_that_could_place_doe
         assert ids(v1.fetch_work(limit=10)) == [fast.submission_id]  # not the deferred one beside it
         # Nothing that could place is waiting for v1 any more: now the deferred one.
         assert ids(v1.fetch_work(limit=10)) == [slow.submission_id]
-        # v2 has not evaluated the placed four: by upper bound with fast, and the deferred one last.
-        assert ids(v2.fetch_work(limit=10)) == [*(p.submission_id for p in reversed(placed[1:])),
-                                                fast.submission_id, placed[0].submission_id]
+        # v2 has not evaluated the placed four: first those (v1 reported on them: their consensus waits
+        # for v2), by upper bound; then fast, and the deferred one last.
+        assert ids(v2.fetch_work(limit=10)) == [*(p.submission_id for p in reversed(placed)), fast.submission_id]
         assert ids(v2.fetch_work(limit=10)) == [slow.submission_id]
     finally:
         for miner in miners:
@@ -110,6 +111,23 @@ def test_no_hotkey_gets_a_second_evaluation_while_another_waits_for_its_first_in
     later_b = b.submit_kernel(FORK, commit_of(8), MILLION, 1e5)
     assert ids(v1.fetch_work(limit=1)) == [later_a.submission_id]
     assert ids(v1.fetch_work(limit=1)) == [later_b.submission_id]
+
+
+def test_a_submission_another_validator_reported_on_goes_first_so_its_consensus_completes(start_api):
+    """Without the rule, v2 would always take a's newest (its claim grows), v1 the one after, and no
+    submission of a would ever have two reports: the quorum (two validators here) never met."""
+    api = start_api(quorum_min_validators=2, quorum_stake_share=0.6)
+    a, b, v1, v2 = api.client("a"), api.client("b"), api.client("v1"), api.client("v2")
+    first = a.submit_kernel(FORK, commit_of(1), MILLION, 1e5)
+    assert ids(v1.fetch_work(limit=1)) == [first.submission_id]
+    v1.report(first.submission_id, "passed", True, True, 1e5)
+    newer = a.submit_kernel(FORK, commit_of(2), MILLION, 3e5)  # claims three times more
+    other = b.submit_kernel(FORK, commit_of(3), MILLION, 5e5)
+    # The one v1 reported on first, though b's and a's newer claim more; then b's (a had its turn).
+    assert ids(v2.fetch_work(limit=3)) == [first.submission_id, other.submission_id, newer.submission_id]
+    v2.report(first.submission_id, "passed", True, True, 1e5)
+    api.chain.advance(1)
+    assert a.submission_status(first.submission_id).state == "passed"
 
 
 def test_a_hotkey_caught_copying_waits_behind_the_others_for_the_rest_of_the_round(start_api):
@@ -171,15 +189,20 @@ def test_the_rules_on_their_own():
     assert scheduling.fourth_place([5.0, 1.0, 9.0]) is None and scheduling.fourth_place([5, 1, 9, 7, 2]) == 2
     waiting = [queued[1], queued[2], queued[3]]
     fourth_at_4 = scheduling.Standing(fourth=4.0)
-    # Fourth place at 4.0: b (bound 3) cannot place and waits; a's two by bound.
-    assert [q.submission_id for q in scheduling.order_work(waiting, {}, fourth_at_4, 5)] == [3, 2]
-    assert [q.submission_id for q in scheduling.order_work(waiting, {"a": 1}, scheduling.Standing(), 5)] == [4, 3, 2]
+    # Fourth place at 4.0: b (bound 3) cannot place and waits; of a's two, 2 first: another validator
+    # reported on it (its consensus waits), though 3's bound is higher.
+    assert [q.submission_id for q in scheduling.order_work(waiting, {}, fourth_at_4, 5)] == [2, 3]
+    assert [q.submission_id for q in scheduling.order_work(waiting, {"a": 1}, scheduling.Standing(), 5)] == [4, 2, 3]
     assert [q.submission_id for q in scheduling.order_work([queued[3]], {}, fourth_at_4, 5)] == [4]
     assert scheduling.order_work(waiting, {}, scheduling.Standing(), 0) == []
+    # Among the reported, the highest bound first; the unreported after them.
+    helped = scheduling.Queued(9, "a", 9.0, MILLION, 1.0, reported=True)
+    assert [q.submission_id for q in scheduling.order_work([*waiting, helped], {}, scheduling.Standing(), 5)] == [
+        2, 4, 9, 3]
     # a was found copying this round: whatever it claims, b goes first, and a only once b is done.
     caught = scheduling.Standing(copiers=frozenset({"a"}))
     assert [q.submission_id for q in scheduling.order_work(waiting, {}, caught, 5)] == [4]
-    assert [q.submission_id for q in scheduling.order_work(waiting[:2], {}, caught, 5)] == [3, 2]
+    assert [q.submission_id for q in scheduling.order_work(waiting[:2], {}, caught, 5)] == [2, 3]
     assert scheduling.deferred_reason(queued[2], caught).startswith("deferred: a submission of this hotkey")
 
 

@@ -21,6 +21,7 @@ class StaticChain(Chain):
     """A chain whose metagraph is fixed: enough to test authorization decisions."""
 
     netuid = 1
+    block_time_s = 12.0
 
     def __init__(self, neurons):
         self.neurons = tuple(neurons)
@@ -34,10 +35,19 @@ class StaticChain(Chain):
     def owner_uid(self):
         return 0
 
+    def hyperparameters(self):
+        raise NotImplementedError
+
     def publish_endpoint(self, wallet, host, port):
         raise NotImplementedError
 
-    def set_weights(self, wallet, weights, version_key):
+    def set_weights(self, wallet, weights, version_key, hotkeys=None):
+        raise NotImplementedError
+
+    def api_location(self):
+        raise NotImplementedError
+
+    def publish_api_location(self, wallet, location):
         raise NotImplementedError
 
 

@@ -3,8 +3,9 @@
 The fake stands in for ``bittensor.Subtensor`` only: the reads BittensorChain makes and
 ``execute``. It answers with the SDK's own types: metagraphs decoded by the SDK's decoder from a
 runtime-API-shaped record, real ``ExtrinsicResult`` and ``ChainError`` objects, the SDK's
-exceptions; it keeps the chain state a subnet has (uids, last updates, axons, weights) and applies
-the chain's rules to ``SetWeights`` and ``ServeAxon``, so rate limits come out as the chain gives them.
+exceptions; it keeps the chain state a subnet has (uids, last updates, axons, weights, identity) and
+applies the chain's rules to ``SetWeights``, ``ServeAxon`` and ``SetSubnetIdentity``, so rate limits
+and refusals come out as the chain gives them.
 """
 
 from __future__ import annotations
@@ -15,18 +16,19 @@ from dataclasses import dataclass, field
 
 import bittensor as bt
 import pytest
-from bittensor.intents import ServeAxon, SetWeights
+from bittensor.intents import ServeAxon, SetSubnetIdentity, SetWeights
 from bittensor.metagraph import _build as sdk_decode_metagraph
 from bittensor.sp_core import Keypair
 
 from quasar import config, version_key
-from quasar.chain import ChainError, Endpoint
+from quasar.chain import ApiLocation, ChainError, Endpoint, SubnetHyperparameters, UidsChanged
 from quasar.chain.bittensor_chain import (
     BittensorChain,
     RateLimited,
     blocks_until_weights_allowed,
     endpoint_from_axon,
     normalize_weights,
+    to_hyperparameters,
 )
 from quasar.chain.factory import connect
 
@@ -78,7 +80,16 @@ class FakeChain:
     def __init__(self, netuid: int = NETUID, block: int = 10_000, weights_rate_limit: int = 100):
         self.netuid = netuid
         self.block = block
+        self.block_time = 12.0
         self.weights_rate_limit = weights_rate_limit
+        self.commit_reveal = False
+        # What get_subnet_hyperparams_v3 returns, as the SDK flattens it (a few of its many names).
+        self.hyperparameters = {"tempo": 360, "weights_version": 0, "min_allowed_weights": 1,
+                                "max_weights_limit": 65535, "commit_reveal_period": 1, "serving_rate_limit": 50,
+                                "max_allowed_uids": 256, "immunity_period": 5000, "kappa": 32767,
+                                "activity_cutoff": 5000}
+        self.identity: dict | None = None
+        self.owner_coldkey = ""
         self.neurons: list[FakeNeuron] = []
         self.owner_hotkey = ""
         self.weights: dict[int, tuple[dict[int, float], int]] = {}  # setter uid -> (weights, version_key)
@@ -144,12 +155,25 @@ class FakeChain:
                 return failed("SettingWeightsTooFast")
             self.weights[uid] = (dict(zip(intent.uids, intent.weights)), intent.version_key)
             neuron.last_update = self.block
+            if self.commit_reveal:
+                return bt.ExtrinsicResult(success=True, message="Success", extrinsic_id=f"{self.block}-0003",
+                                          data={"reveal_round": 4242})
         elif isinstance(intent, ServeAxon):
             neuron.axon = axon_record(intent.ip, intent.port)
         else:
             raise AssertionError(f"unexpected intent {intent!r}")
         return bt.ExtrinsicResult(success=True, message="Success", block_hash="0x" + "ab" * 32,
                                   extrinsic_id=f"{self.block}-0002")
+
+    def apply_coldkey(self, intent, wallet) -> bt.ExtrinsicResult:
+        """set_subnet_identity: only the subnet owner's coldkey (NotSubnetOwner)."""
+        self.executed.append(intent)
+        if bt.resolve_signer(wallet, role="coldkey").ss58_address != self.owner_coldkey:
+            return failed("NotSubnetOwner", "the signer does not own the subnet")
+        self.identity = {name: getattr(intent, name) for name in (
+            "subnet_name", "github_repo", "subnet_contact", "subnet_url", "discord", "description", "logo_url",
+            "additional")}
+        return bt.ExtrinsicResult(success=True, message="Success", extrinsic_id=f"{self.block}-0004")
 
 
 def failed(name: str, message: str | None = None) -> bt.ExtrinsicResult:
@@ -165,7 +189,8 @@ class _View:
     def __init__(self, chain: FakeChain, block: int | None):
         self._chain = chain
         self._block = block
-        self.subnets = _Namespace(metagraph=self._metagraph)
+        self.subnets = _Namespace(metagraph=self._metagraph, subnet_hyperparameters=self._hyperparameters,
+                                  subnet_identity=self._identity, commit_reveal_enabled=self._commit_reveal)
         self.neurons = _Namespace(uid=self._uid)
         self.hyperparameters = _Namespace(weights_rate_limit=self._weights_rate_limit)
         self.epochs = _Namespace(blocks_since_last_update=self._blocks_since_last_update)
@@ -176,6 +201,20 @@ class _View:
                 return None
             return sdk_decode_metagraph(netuid, self._chain.runtime_metagraph(), {})
         return self._chain.answer("subnets.metagraph", compute)
+
+    def _hyperparameters(self, netuid, *, block=None):
+        def compute():
+            if netuid != self._chain.netuid:
+                return None
+            return {**self._chain.hyperparameters, "weights_rate_limit": self._chain.weights_rate_limit,
+                    "commit_reveal_weights_enabled": self._chain.commit_reveal}
+        return self._chain.answer("subnets.subnet_hyperparameters", compute)
+
+    def _identity(self, netuid, *, block=None):
+        return self._chain.answer("subnets.subnet_identity", lambda: self._chain.identity)
+
+    def _commit_reveal(self, netuid, block=None):
+        return self._chain.answer("subnets.commit_reveal_enabled", lambda: self._chain.commit_reveal)
 
     def _uid(self, hotkey_ss58, netuid, *, block=None):
         return self._chain.answer("neurons.uid", lambda: self._chain.uid_of(hotkey_ss58))
@@ -214,7 +253,12 @@ class FakeSubtensor(_View):
         view.block = pinned
         return view
 
+    def block_time(self):
+        return self._chain.answer("block_time", lambda: self._chain.block_time)
+
     def execute(self, intent, wallet, **kwargs):
+        if isinstance(intent, SetSubnetIdentity):
+            return self._chain.answer("execute", lambda: self._chain.apply_coldkey(intent, wallet))
         return self._chain.answer("execute", lambda: self._chain.apply(intent, wallet))
 
     def close(self):
@@ -289,15 +333,33 @@ def test_current_block_and_owner_uid(chain, subnet):
     assert chain.owner_uid() == 3
 
 
-def test_owner_without_a_uid_and_a_missing_subnet_are_errors(sleep, subnet):
+def test_an_owner_without_a_uid_is_none_and_a_missing_subnet_an_error(sleep, subnet):
     subnet.owner_hotkey = address()
     chain = BittensorChain("test", NETUID, sleep=sleep, client_factory=subnet.factory)
-    with pytest.raises(ChainError, match="holds no uid"):
-        chain.owner_uid()
+    assert chain.owner_uid() is None
     other = BittensorChain("test", NETUID + 1, sleep=sleep, client_factory=subnet.factory)
     with pytest.raises(ChainError, match=f"subnet {NETUID + 1} does not exist"):
         other.metagraph()
+    with pytest.raises(ChainError, match=f"subnet {NETUID + 1} does not exist"):
+        other.hyperparameters()
     assert sleep.delays == []
+
+
+def test_hyperparameters_and_the_block_time_come_from_the_chain(chain, subnet):
+    subnet.commit_reveal = True
+    subnet.hyperparameters["weights_version"] = 30_201
+    assert chain.hyperparameters() == SubnetHyperparameters(
+        tempo=360, weights_version_key=30_201, weights_rate_limit=100, min_allowed_weights=1, max_weight_limit=65535,
+        commit_reveal_enabled=True, reveal_period_epochs=1, serving_rate_limit=50, max_allowed_uids=256,
+        immunity_period=5000)
+    subnet.block_time = 0.25  # a fast-block node
+    assert chain.block_time_s == 0.25
+    subnet.block_time = 12.0
+    assert chain.block_time_s == 0.25 and subnet.calls.count("block_time") == 1  # read once
+    partial = {**subnet.hyperparameters, "weights_rate_limit": 100, "commit_reveal_weights_enabled": True}
+    del partial["max_weights_limit"], partial["tempo"]
+    with pytest.raises(ChainError, match="hyperparameters lack max_weights_limit, tempo$"):
+        to_hyperparameters(partial)
 
 
 def test_endpoint_overrides_the_network_name(fake):
@@ -347,6 +409,28 @@ def test_rate_limit_pre_check_refuses_without_submitting(chain, subnet, wallets)
     subnet.block += 60
     chain.set_weights(wallets["validator"], {2: 1.0}, version_key=1)
     assert subnet.weights[1][0] == {2: 1.0}
+
+
+def test_weights_for_a_uid_that_changed_hands_are_not_submitted(chain, subnet, wallets, sleep):
+    planned = {0: subnet.neurons[0].hotkey, 2: subnet.neurons[2].hotkey}
+    subnet.neurons[2].hotkey = address()  # uid 2 deregistered and taken by a new hotkey
+    with pytest.raises(UidsChanged) as raised:
+        chain.set_weights(wallets["validator"], {0: 0.4, 2: 0.6}, version_key=1, hotkeys=planned)
+    assert raised.value.changed == {2: (planned[2], None)}
+    assert "execute" not in subnet.calls and sleep.delays == []
+    chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1, hotkeys={0: planned[0]})
+    assert subnet.weights[1][0] == {0: 1.0}
+
+
+def test_on_a_commit_reveal_subnet_the_weights_are_committed(chain, subnet, wallets):
+    subnet.commit_reveal = True
+    submission = chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1)
+    assert submission.committed and submission.block == subnet.block
+    assert submission.detail == "10000-0003, revealed at drand round 4242"
+    subnet.commit_reveal = False
+    subnet.block += 100
+    submission = chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1)
+    assert not submission.committed and submission.detail == "10100-0002"
 
 
 def test_an_unregistered_hotkey_is_refused_before_submitting(chain, subnet, wallets, sleep):
@@ -501,6 +585,28 @@ def test_a_wallet_without_a_hotkey_file_is_a_clear_error(chain, subnet, tmp_path
     with pytest.raises(ChainError, match="cannot read the wallet's hotkey"):
         chain.set_weights(wallet, {0: 1.0}, version_key=1)
     assert subnet.calls == []
+
+
+# --- the API's location in the subnet identity ---
+
+
+def test_the_owner_publishes_the_api_location_keeping_the_identity(chain, subnet, wallets):
+    subnet.owner_coldkey = wallets["validator"].coldkeypub.ss58_address  # this test's owner
+    assert chain.api_location() is None
+    subnet.identity = {"subnet_name": "QUASAR", "github_repo": "https://github.com/q/q", "subnet_contact": "",
+                       "subnet_url": "https://quasar.example", "discord": "", "description": "long context",
+                       "logo_url": "", "additional": "see the docs"}
+    location = ApiLocation("https://api.quasar.example", address())
+    chain.publish_api_location(wallets["validator"], location)
+    (intent,) = subnet.executed
+    assert isinstance(intent, SetSubnetIdentity) and intent.netuid == NETUID
+    assert (intent.subnet_name, intent.subnet_url, intent.description) == ("QUASAR", "https://quasar.example",
+                                                                           "long context")
+    assert intent.additional == f"see the docs quasar-api=https://api.quasar.example quasar-api-hotkey={location.hotkey}"
+    assert chain.api_location() == location
+    with pytest.raises(ChainError, match="NotSubnetOwner"):
+        chain.publish_api_location(wallets["miner"], ApiLocation("https://evil.example"))
+    assert chain.api_location() == location
 
 
 def test_endpoint_from_axon():

@@ -1,6 +1,9 @@
 """Settings: precedence default < .env < environment < flag, clear errors, .env.example in step."""
 
 import argparse
+import ast
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -29,14 +32,14 @@ def test_defaults_when_nothing_is_set(tmp_path):
 
 def test_precedence_dotenv_then_environment_then_flag(tmp_path):
     dotenv = tmp_path / ".env"
-    dotenv.write_text("NETUID=3\nSUBTENSOR_NETWORK=test\nAXON_PORT=9000\nDEVICE=cpu\n")
+    dotenv.write_text("NETUID=3\nSUBTENSOR_NETWORK=test\nAXON_EXTERNAL_PORT=9000\nDEVICE=cpu\n")
     environ = {"NETUID": "5", "SUBTENSOR_NETWORK": "local"}
     parser = make_parser()
     namespace = parser.parse_args(["--netuid", "7"])
     settings = config.resolve(namespace, environ=environ, dotenv_path=dotenv)
     assert settings.netuid == 7  # flag beats environment
     assert settings.network == "local"  # environment beats .env
-    assert settings.axon_port == 9000  # .env beats default
+    assert settings.axon_external_port == 9000  # .env beats default
     assert settings.device == "cpu"
 
 
@@ -44,12 +47,27 @@ def test_bittensor_flag_spelling(tmp_path):
     parser = make_parser()
     argv = ["--wallet.name", "alice", "--wallet.hotkey", "hk", "--wallet.path", "/w",
             "--subtensor.network", "devchain", "--subtensor.chain_endpoint", "ws://127.0.0.1:9944",
-            "--netuid", "1", "--axon.port", "8092", "--logging.debug"]
+            "--netuid", "1", "--axon.port", "8092", "--axon.external_ip", "203.0.113.7", "--axon.external_port", "443",
+            "--logging.debug"]
     settings = config.resolve(parser.parse_args(argv), environ={}, dotenv_path=None)
     assert (settings.wallet_name_for("miner"), settings.wallet_hotkey, settings.wallet_path) == ("alice", "hk", "/w")
     assert settings.network == "devchain"
     assert settings.chain_endpoint == "ws://127.0.0.1:9944"
-    assert (settings.netuid, settings.axon_port, settings.debug) == (1, 8092, True)
+    # --axon.port is the inference server's port (the miner's axon); the external pair is what is published.
+    assert (settings.netuid, settings.miner_inference_port, settings.debug) == (1, 8092, True)
+    assert (settings.axon_external_ip, settings.axon_external_port) == ("203.0.113.7", 443)
+    inference = config.resolve(parser.parse_args(["--inference.port", "8093"]), environ={}, dotenv_path=None)
+    assert inference.miner_inference_port == 8093 and inference.axon_external_port is None
+
+
+def test_local_forks_only_on_the_dev_chain_or_when_allowed():
+    def allowed(**environ: str) -> bool:
+        return config.resolve({}, environ=environ, dotenv_path=None).local_forks_allowed
+
+    assert allowed(SUBTENSOR_NETWORK="devchain")
+    # A subtensor node on this machine is a real chain: its miners are strangers as on finney.
+    assert not allowed(SUBTENSOR_NETWORK="local") and not allowed(SUBTENSOR_NETWORK="finney")
+    assert allowed(SUBTENSOR_NETWORK="local", ALLOW_LOCAL_FORKS="true")
 
 
 @pytest.mark.parametrize(
@@ -60,6 +78,8 @@ def test_bittensor_flag_spelling(tmp_path):
         ({"MINER_INFERENCE_PORT": "70000"}, "MINER_INFERENCE_PORT (from environment): must be between 1 and 65535"),
         ({"DEVICE": "gpu"}, "DEVICE (from environment): expected cpu, cuda or cuda:N"),
         ({"VALIDATOR_API_URL": "ftp://x"}, "VALIDATOR_API_URL (from environment): expected an http"),
+        ({"AXON_EXTERNAL_IP": "miner.example.org"}, "AXON_EXTERNAL_IP (from environment): expected an IPv4 or IPv6"),
+        ({"AXON_EXTERNAL_PORT": "0"}, "AXON_EXTERNAL_PORT (from environment): must be at least 1, got 0"),
         ({"WALLET_HOTKEY": "../../etc"}, "WALLET_HOTKEY (from environment): expected a plain name"),
         ({"LOGGING_DEBUG": "maybe"}, "LOGGING_DEBUG (from environment): expected true or false"),
         ({"CLAIM_SHARE": "1.2"}, "CLAIM_SHARE (from environment): must be above 0 and at most 1, got 1.2"),
@@ -107,3 +127,143 @@ def test_neuron_rejects_bad_flag_with_clear_message():
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "--netuid (from command line): expected an integer, got 'nope'" in result.stderr
+
+
+def test_a_command_started_from_another_folder_reads_the_checkouts_env(tmp_path, monkeypatch):
+    checkout, elsewhere = tmp_path / "checkout", tmp_path / "elsewhere"
+    checkout.mkdir()
+    elsewhere.mkdir()
+    (checkout / ".env").write_text("API_HOTKEY=5FromTheCheckout\n")
+    monkeypatch.setattr(config.settings, "PROJECT_ROOT", checkout)
+    monkeypatch.chdir(elsewhere)
+    assert config.resolve({}, environ={}).api_hotkey == "5FromTheCheckout"
+    # What every command does: parse its flags, then resolve.
+    assert config.parse_args(make_parser(), [], environ={})[1].api_hotkey == "5FromTheCheckout"
+    # A .env in the current folder is the one read.
+    (elsewhere / ".env").write_text("API_HOTKEY=5FromHere\n")
+    assert config.resolve({}, environ={}).api_hotkey == "5FromHere"
+
+
+def test_the_envs_hugging_face_variables_reach_the_environment_below_its_own(tmp_path, monkeypatch):
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("HF_HUB_OFFLINE=1\nHF_HOME=/from/dotenv\n")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HOME", "/from/environment")
+    settings = config.resolve({}, dotenv_path=dotenv)
+    assert settings.hf_hub_offline is True
+    assert os.environ["HF_HUB_OFFLINE"] == "1" and os.environ["HF_HOME"] == "/from/environment"
+
+
+# --- each process's --help lists the settings it reads ---
+
+# Each process's entry module.
+PROCESS_ENTRY = {"miner": "neurons.miner", "validator": "neurons.validator", "inference": "quasar.inference.__main__",
+                 "api": "quasar.api.__main__", "evaluate": "quasar.evaluate.__main__"}
+
+
+# Settings read in a module a process imports, by code that process never runs.
+NOT_READ = {
+    "api": {"validator_api_url"},  # quasar/api/lookup.py: how miners and validators find the API
+    "evaluate": {"tie_epsilon"},  # quasar/scoring.py's own command line
+    "miner": {"tie_epsilon"},
+}
+
+
+def module_file(name: str) -> Path | None:
+    path = ROOT.joinpath(*name.split("."))
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def imported_files(entry: str) -> set[Path]:
+    """The files of this project ``entry`` imports, at any depth (function-level imports too)."""
+    seen: set[Path] = set()
+    todo = [entry]
+    while todo:
+        name = todo.pop()
+        file = module_file(name)
+        if file is None or file in seen:
+            continue
+        seen.add(file)
+        for node in ast.walk(ast.parse(file.read_text())):
+            if isinstance(node, ast.Import):
+                todo += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                todo += [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+    return seen
+
+
+def settings_read_by(entry: str) -> set[str]:
+    text = "".join(file.read_text() for file in imported_files(entry))
+    return {option.key for option in config.OPTIONS if re.search(rf"settings\.{option.key}\b", text)}
+
+
+def test_every_setting_has_a_group_and_a_brief_and_every_role_names_real_settings():
+    for option in config.OPTIONS:
+        assert option.group in config.GROUPS, option.key
+        assert option.brief and "``" not in option.brief, option.key
+    for role, keys in config.ROLES.items():
+        assert set(keys) <= set(config.OPTIONS_BY_KEY), role
+        assert len(set(keys)) == len(keys), role
+
+
+@pytest.mark.parametrize("role", sorted(PROCESS_ENTRY))
+def test_a_process_help_lists_every_setting_its_code_reads(role):
+    """A setting read by a process but missing from its --help would be invisible to its operator."""
+    read = settings_read_by(PROCESS_ENTRY[role]) - NOT_READ.get(role, set())
+    assert read, role
+    assert read <= set(config.ROLES[role]), sorted(read - set(config.ROLES[role]))
+
+
+@pytest.mark.parametrize("command, role, most_lines", [
+    (["neurons.miner"], "miner", 60), (["neurons.validator"], "validator", 60),
+    (["quasar.api", "serve"], "api", 60), (["quasar.inference", "serve"], "inference", 60)])
+def test_help_shows_the_process_settings_grouped_in_plain_text_at_80_columns(command, role, most_lines):
+    done = subprocess.run([sys.executable, "-m", *command, "--help"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "80"}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) <= most_lines and max(map(len, lines)) <= 80, done.stdout
+    assert "``" not in done.stdout
+    shown = set(config.ROLES[role])
+    for option in config.OPTIONS:
+        name = option.flag or option.env
+        listed = any(line.split()[:1] == [name] for line in lines)
+        assert listed == (option.key in shown), (role, name)
+    headings = [line[:-1] for line in lines if line.endswith(":") and line[:-1] in config.GROUPS]
+    assert headings == sorted(set(headings), key=config.GROUPS.index)
+
+
+def test_a_flag_another_process_reads_is_refused():
+    parser = argparse.ArgumentParser(prog="miner")
+    config.add_arguments(parser, "miner")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--database-url", "sqlite:///x.sqlite3"])
+    assert parser.parse_args(["--eval.timeout", "9"]).eval_timeout == "9"
+    with pytest.raises(ValueError, match="unknown process 'minr'"):
+        config.add_arguments(argparse.ArgumentParser(), "minr")
+
+
+def test_every_default_in_the_table_parses():
+    for option in config.OPTIONS:
+        option.parse(option.default)
+
+
+@pytest.mark.parametrize("entry, message", [
+    ('[x]\nkind = "str"\ndefault = ""\ngroup = "wallet"\nbrief = "b"\nhelp = "h"\ncolour = "red"\n',
+     r"settings.toml \[x\]: unknown field\(s\) colour"),
+    ('[x]\nkind = "str"\ndefault = ""\ngroup = "wallet"\nbrief = "b"\n', r"settings.toml \[x\]: missing field 'help'"),
+    ('[x]\nkind = "int"\ndefault = "1"\ngroup = "wallet"\nbrief = "b"\nhelp = "h"\n',
+     r"settings.toml \[x\]: kind int needs low"),
+    ('[x]\nkind = "colour"\ndefault = ""\ngroup = "wallet"\nbrief = "b"\nhelp = "h"\n',
+     r"settings.toml \[x\]: unknown kind 'colour'"),
+])
+def test_a_bad_settings_table_names_the_entry_and_field(tmp_path, entry, message):
+    table = tmp_path / "settings.toml"
+    table.write_text(entry)
+    with pytest.raises(ValueError, match=message):
+        config.options.load_options(table)

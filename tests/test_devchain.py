@@ -1,5 +1,7 @@
-"""The embedded dev chain: registration, blocks from a stored genesis, weights, endpoints, many processes."""
+"""The embedded dev chain: registration, blocks from a stored genesis, many processes, and subtensor's
+rules under finney's hyperparameters (weights, commit-reveal, serving, re-registration, identity)."""
 
+import dataclasses
 import math
 import subprocess
 import sys
@@ -11,8 +13,9 @@ import pytest
 from bittensor.sp_core import Keypair
 
 from quasar import config
-from quasar.chain import ChainError, Endpoint
-from quasar.chain.devchain import DevChain
+from quasar.chain import ApiLocation, ChainError, Endpoint, RateLimited, UidsChanged
+from quasar.chain.base import decode_api_location, encode_api_location
+from quasar.chain.devchain import FINNEY, DevChain, u16_weights
 from quasar.chain.factory import connect
 
 SLOW_BLOCKS = 1e6  # seconds per block: blocks move only through advance()
@@ -30,16 +33,31 @@ def chain(tmp_path):
 @pytest.fixture(scope="module")
 def wallets(tmp_path_factory):
     root = tmp_path_factory.mktemp("wallets")
-    made = []
-    for name in ("validator", "miner"):
+    made = {}
+    for name in ("validator", "miner", "owner", "other"):
         wallet = bt.Wallet(name=name, hotkey="default", path=str(root))
         wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
         wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-        made.append(wallet)
+        made[name] = wallet
     return made
 
 
-def test_register_assigns_lowest_free_uids_and_refuses_duplicates(chain):
+def hotkey(wallet) -> str:
+    return wallet.hotkey.ss58_address
+
+
+@pytest.fixture
+def subnet(chain, wallets):
+    """uid 0 the owner, uid 1 the validator (stake, permit), uid 2 the miner, uid 3 another miner."""
+    for name, permit in (("owner", False), ("validator", True), ("miner", False), ("other", False)):
+        chain.register_wallet(wallets[name], stake=1e4 if permit else 0.0, validator_permit=permit)
+    return chain
+
+
+# --- registration, blocks, files ---
+
+
+def test_register_assigns_uids_in_order_and_refuses_duplicates(chain):
     hotkeys = [address() for _ in range(3)]
     coldkey = address()
     assert [chain.register(h, coldkey, stake=float(i)) for i, h in enumerate(hotkeys)] == [0, 1, 2]
@@ -93,42 +111,261 @@ def test_netuid_of_an_existing_file_cannot_change(chain):
         DevChain(chain.path, netuid=7)
 
 
-def test_set_weights_checks_setter_and_values_and_normalizes(chain, wallets):
-    validator, miner = wallets
-    assert chain.register_wallet(validator, stake=1e4, validator_permit=True) == 0
-    assert chain.register_wallet(miner) == 1
-    chain.set_weights(validator, {0: 1.0, 1: 3.0}, version_key=7)
-    assert chain.weights() == {0: {0: 0.25, 1: 0.75}}
-    chain.set_weights(validator, {1: 2.0}, version_key=7)  # replaces the setter's previous weights
-    assert chain.weights() == {0: {1: 1.0}}
-    with pytest.raises(ChainError, match="no validator permit"):
-        chain.set_weights(miner, {0: 1.0}, version_key=7)
-    for bad in ({0: -0.1, 1: 1.0}, {0: math.nan}, {0: math.inf}, {0: 0.0}, {}):
+def test_a_new_file_has_finneys_hyperparameters(chain):
+    # Subtensor's defaults for a new subnet (see FINNEY's comment for where each comes from).
+    assert dataclasses.asdict(chain.hyperparameters()) == {
+        "tempo": 360, "weights_version_key": 0, "weights_rate_limit": 100, "min_allowed_weights": 1,
+        "max_weight_limit": 65535, "commit_reveal_enabled": True, "reveal_period_epochs": 1,
+        "serving_rate_limit": 50, "max_allowed_uids": 256, "immunity_period": 5000}
+    assert chain.hyperparameters() == FINNEY
+    changed = chain.set_hyperparameters(tempo=10, commit_reveal_enabled=False)
+    assert (changed.tempo, changed.commit_reveal_enabled, changed.weights_rate_limit) == (10, False, 100)
+    assert DevChain(chain.path).hyperparameters() == changed  # stored in the file
+    for bad, message in (({"tempo": 0}, "at least 1"), ({"max_weight_limit": 70000}, "u16"),
+                         ({"weights_rate_limit": -1}, "non-negative integer"), ({"nope": 1}, "unknown"),
+                         ({"commit_reveal_enabled": 1}, "true or false")):
+        with pytest.raises(ChainError, match=message):
+            chain.set_hyperparameters(**bad)
+    assert chain.hyperparameters() == changed
+
+
+# --- weights, set directly (commit-reveal off) ---
+
+
+def direct(chain: DevChain, **values) -> None:
+    chain.set_hyperparameters(commit_reveal_enabled=False, **values)
+
+
+def test_set_weights_checks_values_and_normalizes(subnet, wallets):
+    direct(subnet)
+    validator = wallets["validator"]
+    submission = subnet.set_weights(validator, {0: 1.0, 2: 3.0}, version_key=7)
+    assert not submission.committed and submission.block == subnet.current_block()
+    assert subnet.weights() == {1: {0: 0.25, 2: 0.75}}
+    subnet.set_hyperparameters(weights_rate_limit=0)
+    subnet.set_weights(validator, {2: 2.0}, version_key=7)  # replaces the setter's previous weights
+    assert subnet.weights() == {1: {2: 1.0}}
+    for bad in ({0: -0.1, 2: 1.0}, {0: math.nan}, {0: math.inf}, {0: 0.0}, {}):
         with pytest.raises(ChainError):
-            chain.set_weights(validator, bad, version_key=7)
-    with pytest.raises(ChainError, match="unregistered uids \\[9\\]"):
-        chain.set_weights(validator, {9: 1.0}, version_key=7)
-    assert chain.weights() == {0: {1: 1.0}}
+            subnet.set_weights(validator, bad, version_key=7)
+    with pytest.raises(ChainError, match=r"UidVecContainInvalidOne: uids \[9\]"):
+        subnet.set_weights(validator, {9: 1.0}, version_key=7)
+    assert subnet.weights() == {1: {2: 1.0}}
 
 
-def test_set_weights_by_unregistered_wallet_is_refused(chain, wallets):
-    validator, _ = wallets
-    with pytest.raises(ChainError, match="not registered"):
-        chain.set_weights(validator, {0: 1.0}, version_key=1)
+def test_set_weights_by_an_unregistered_wallet_is_refused(chain, wallets):
+    with pytest.raises(ChainError, match="HotKeyNotRegisteredInSubNet"):
+        chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1)
 
 
-def test_publish_endpoint(chain, wallets):
-    validator, miner = wallets
-    with pytest.raises(ChainError, match="not registered"):
-        chain.publish_endpoint(miner, "127.0.0.1", 8001)
+def test_the_weights_rate_limit_counts_from_registration_and_each_setting(chain, wallets):
+    """check_rate_limit: LastUpdate is the registration block (append_neuron) and then each setting's;
+    0 means never. A uid registered at block 10 waits until block 110."""
+    direct(chain)
+    chain.register_wallet(wallets["owner"])
+    chain.advance(10)
+    chain.register_wallet(wallets["validator"], stake=1e4, validator_permit=True)
+    with pytest.raises(RateLimited, match="SettingWeightsTooFast") as raised:
+        chain.set_weights(wallets["validator"], {0: 1.0}, version_key=0)
+    assert raised.value.blocks_to_wait == 100
+    chain.advance(99)
+    with pytest.raises(RateLimited) as raised:
+        chain.set_weights(wallets["validator"], {0: 1.0}, version_key=0)
+    assert raised.value.blocks_to_wait == 1
+    chain.advance(1)
+    chain.set_weights(wallets["validator"], {0: 1.0}, version_key=0)
+    with pytest.raises(RateLimited) as raised:
+        chain.set_weights(wallets["validator"], {1: 1.0}, version_key=0)
+    assert raised.value.blocks_to_wait == 100
+    assert chain.weights() == {1: {0: 1.0}}
+
+
+def test_a_version_key_below_the_subnets_is_refused(subnet, wallets):
+    """check_version_key: WeightsVersionKey 0 takes any key; otherwise at least it."""
+    direct(subnet, weights_rate_limit=0)
+    subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
+    subnet.set_hyperparameters(weights_version_key=10)
+    with pytest.raises(ChainError, match="IncorrectWeightVersionKey: version_key 9 is below the subnet's "
+                                         "WeightsVersionKey 10"):
+        subnet.set_weights(wallets["validator"], {3: 1.0}, version_key=9)
+    subnet.set_weights(wallets["validator"], {3: 1.0}, version_key=10)
+    assert subnet.weights() == {1: {3: 1.0}}
+
+
+def test_weights_need_a_permit_except_the_owners_and_a_self_weight(subnet, wallets):
+    """check_validator_permit: a permit, or the subnet owner's uid, or one weight on the setter's own uid."""
+    direct(subnet, weights_rate_limit=0)
+    with pytest.raises(ChainError, match="NeuronNoValidatorPermit: uid 2 has no validator permit"):
+        subnet.set_weights(wallets["miner"], {3: 1.0}, version_key=0)
+    subnet.set_weights(wallets["miner"], {2: 1.0}, version_key=0)  # a self-weight
+    subnet.set_weights(wallets["owner"], {2: 1.0, 3: 1.0}, version_key=0)  # the owner, without a permit
+    assert subnet.weights() == {0: {2: 0.5, 3: 0.5}, 2: {2: 1.0}}
+
+
+def test_min_allowed_weights_counts_nonzero_weights_up_to_the_subnets_size(subnet, wallets):
+    """check_length: at least min(subnet size, MinAllowedWeights) weights (the SDK drops zeros)."""
+    direct(subnet, weights_rate_limit=0, min_allowed_weights=3)
+    with pytest.raises(ChainError, match="WeightVecLengthIsLow: 2 weights, the subnet needs at least 3"):
+        subnet.set_weights(wallets["validator"], {0: 1.0, 2: 1.0, 3: 0.0}, version_key=0)
+    subnet.set_weights(wallets["validator"], {0: 1.0, 2: 1.0, 3: 1.0}, version_key=0)
+    subnet.set_hyperparameters(min_allowed_weights=1024)  # capped by the subnet's 4 neurons
+    subnet.set_weights(wallets["validator"], {0: 1.0, 1: 1.0, 2: 1.0, 3: 1.0}, version_key=0)
+    assert len(subnet.weights()[1]) == 4
+
+
+def test_max_weight_limit_caps_the_largest_share(subnet, wallets):
+    """max_weight_limited: no share above MaxWeightsLimit / 65535 (a self-weight apart)."""
+    direct(subnet, weights_rate_limit=0, max_weight_limit=32768)
+    with pytest.raises(ChainError, match=r"MaxWeightExceeded: a share of 0.6000 is above the subnet's "
+                                         r"max_weight_limit 32768 \(0.5000\)"):
+        subnet.set_weights(wallets["validator"], {2: 0.6, 3: 0.4}, version_key=0)
+    with pytest.raises(ChainError, match="MaxWeightExceeded"):
+        subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
+    subnet.set_weights(wallets["validator"], {2: 0.5, 3: 0.5}, version_key=0)
+    subnet.set_weights(wallets["validator"], {1: 1.0}, version_key=0)  # all on itself
+    assert subnet.weights() == {1: {1: 1.0}}
+
+
+def test_u16_weights_are_what_the_sdk_sends():
+    assert u16_weights({0: 0.6, 1: 0.25, 5: 0.0}) == {0: 65535, 1: 27306}
+    assert u16_weights({3: 1e-9, 4: 1.0}) == {4: 65535}  # rounds to zero: dropped
+    assert u16_weights({}) == {}
+
+
+def test_weights_planned_for_a_uid_that_changed_hands_are_refused(subnet, wallets):
+    direct(subnet, weights_rate_limit=0)
+    planned = {0: hotkey(wallets["owner"]), 2: hotkey(wallets["miner"])}
+    subnet.deregister(hotkey(wallets["miner"]))
+    newcomer = address()
+    assert subnet.register(newcomer, address()) == 2
+    with pytest.raises(UidsChanged) as raised:
+        subnet.set_weights(wallets["validator"], {0: 0.4, 2: 0.6}, version_key=0, hotkeys=planned)
+    assert raised.value.changed == {2: (hotkey(wallets["miner"]), newcomer)}
+    assert "uid 2: planned for" in str(raised.value) and "nothing was submitted" in str(raised.value)
+    assert subnet.weights() == {}
+    subnet.set_weights(wallets["validator"], {0: 1.0}, version_key=0, hotkeys={0: hotkey(wallets["owner"])})
+    assert subnet.weights() == {1: {0: 1.0}}
+
+
+# --- commit-reveal (finney's default) ---
+
+
+def test_committed_weights_are_invisible_until_the_next_epoch_reveals_them(subnet, wallets):
+    subnet.advance(1000)  # epoch 2 of tempo 360 runs from block 720 to 1079
+    submission = subnet.set_weights(wallets["validator"], {2: 3.0, 3: 1.0}, version_key=0)
+    assert submission.committed and submission.detail == "committed at block 1000, revealed at block 1080"
+    assert subnet.weights() == {}
+    (commit,) = subnet.commits()
+    assert (commit.commit_block, commit.reveal_block, commit.outcome) == (1000, 1080, None)
+    # The commit counts for the rate limit at once (LastUpdate is the commit block).
+    with pytest.raises(RateLimited, match="CommittingWeightsTooFast"):
+        subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
+    subnet.advance(79)
+    assert subnet.weights() == {}
+    subnet.advance(1)
+    assert subnet.weights() == {1: {2: 0.75, 3: 0.25}}
+    assert subnet.commits()[0].outcome == "revealed"
+
+
+def test_a_commit_that_breaks_a_rule_at_its_reveal_is_dropped_silently(subnet, wallets):
+    """The commit itself checks only registration and the rate limit; the reveal runs do_set_weights,
+    and a failure there is dropped without a word (reveal_crv3_commits_for_subnet): a validator
+    without a permit may see its commits accepted and nothing ever applied."""
+    subnet.set_hyperparameters(weights_version_key=5)
+    assert subnet.set_weights(wallets["miner"], {3: 1.0}, version_key=5).committed  # no permit: accepted
+    assert subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=4).committed  # old key: accepted
+    subnet.advance(360)
+    assert subnet.weights() == {}
+    outcomes = [commit.outcome for commit in subnet.commits()]
+    assert outcomes[0].startswith("dropped: cannot set weights: NeuronNoValidatorPermit")
+    assert outcomes[1].startswith("dropped: cannot set weights: IncorrectWeightVersionKey")
+
+
+def test_at_most_ten_commits_wait_for_their_reveal(subnet, wallets):
+    subnet.set_hyperparameters(weights_rate_limit=0)
+    for _ in range(10):
+        subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
+    with pytest.raises(ChainError, match="TooManyUnrevealedCommits"):
+        subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
+    subnet.advance(360)
+    subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
+    assert [commit.outcome for commit in subnet.commits()].count("revealed") == 10
+
+
+# --- serving ---
+
+
+def test_publish_endpoint_follows_the_serving_rules(chain, wallets):
+    miner = wallets["miner"]
+    with pytest.raises(ChainError, match="HotKeyNotRegisteredInNetwork"):
+        chain.publish_endpoint(miner, "203.0.113.5", 8001)
     chain.register_wallet(miner)
+    chain.advance(10)  # at block 0 a publication would count as none (the last serve's block 0 means never)
+    chain.publish_endpoint(miner, "203.0.113.5", 8001)
+    assert chain.neuron(hotkey(miner)).endpoint == Endpoint("203.0.113.5", 8001)
+    chain.publish_endpoint(miner, "203.0.113.5", 8001)  # the same endpoint: nothing to do, no rate limit spent
+    for host, port, problem in (("miner.example.org", 8001, "stores an IPv4 or IPv6 address"),
+                                ("203.0.113.5", 0, "InvalidPort"), ("203.0.113.5", 70000, "InvalidPort")):
+        with pytest.raises(ChainError, match=problem):
+            chain.publish_endpoint(miner, host, port)
+    # axon_passes_rate_limit: another endpoint only ServingRateLimit (50) blocks after the last one.
+    with pytest.raises(RateLimited, match="ServingRateLimitExceeded") as raised:
+        chain.publish_endpoint(miner, "203.0.113.6", 8001)
+    assert raised.value.blocks_to_wait == 50
+    chain.advance(50)
+    chain.publish_endpoint(miner, "2001:db8::6", 8002)
+    assert chain.neuron(hotkey(miner)).endpoint == Endpoint("2001:db8::6", 8002)
+
+
+def test_loopback_endpoints_are_refused_unless_the_file_allows_them(chain, wallets):
+    """is_valid_ip_address refuses 127.0.0.1 and ::1, the two loopback addresses it names."""
+    chain.set_hyperparameters(serving_rate_limit=0)
+    miner = wallets["miner"]
+    chain.register_wallet(miner)
+    for host in ("127.0.0.1", "::1"):
+        with pytest.raises(ChainError, match=f"InvalidIpAddress: {host} is the loopback address"):
+            chain.publish_endpoint(miner, host, 8001)
+    assert chain.neuron(hotkey(miner)).endpoint is None
+    chain.allow_loopback_axons(True)
     chain.publish_endpoint(miner, "127.0.0.1", 8001)
-    assert chain.neuron(miner.hotkey.ss58_address).endpoint == Endpoint("127.0.0.1", 8001)
-    with pytest.raises(ChainError, match="invalid endpoint"):
-        chain.publish_endpoint(miner, "127.0.0.1", 70000)
+    assert chain.neuron(hotkey(miner)).endpoint == Endpoint("127.0.0.1", 8001)
 
 
-def test_owner_uid_defaults_to_uid0_and_follows_set_owner(chain):
+# --- deregistration and re-registration ---
+
+
+def test_a_full_subnet_replaces_its_least_staked_neuron_past_immunity(subnet, wallets):
+    """replace_neuron: a new hotkey takes the uid, the old one's weights, endpoint and permit go, and
+    the weights others set on the uid become 0; the owner's hotkey and immune neurons stay."""
+    direct(subnet, weights_rate_limit=0, serving_rate_limit=0, max_allowed_uids=4, immunity_period=100)
+    subnet.publish_endpoint(wallets["miner"], "203.0.113.2", 8001)
+    subnet.set_weights(wallets["validator"], {2: 0.6, 3: 0.4}, version_key=0)
+    subnet.set_weights(wallets["other"], {3: 1.0}, version_key=0)  # a self-weight of uid 3
+    with pytest.raises(ChainError, match="every neuron is within its immunity period"):
+        subnet.register(address(), address())
+    subnet.advance(100)
+    newcomer = address()
+    assert subnet.register(newcomer, address()) == 2  # uids 2 and 3 hold no stake; 2 registered first
+    neuron = subnet.metagraph().by_uid(2)
+    assert (neuron.hotkey, neuron.endpoint, neuron.validator_permit) == (newcomer, None, False)
+    assert subnet.weights() == {1: {2: 0.0, 3: 0.4}, 3: {3: 1.0}}
+    assert not subnet.is_registered(hotkey(wallets["miner"])) and len(subnet.metagraph().neurons) == 4
+    assert subnet.register(address(), address()) == 3  # then uid 3; the owner's uid 0 is never taken
+
+
+def test_a_deregistered_uid_goes_to_the_next_registration(subnet, wallets):
+    direct(subnet, weights_rate_limit=0)
+    subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
+    subnet.deregister(hotkey(wallets["miner"]))
+    assert subnet.weights() == {1: {2: 0.0}}
+    assert subnet.register(address(), address()) == 2
+    assert subnet.register(address(), address()) == 4
+
+
+# --- owner and identity ---
+
+
+def test_owner_uid_defaults_to_uid0_and_is_none_without_a_uid(chain, wallets):
     with pytest.raises(ChainError, match="no subnet owner"):
         chain.owner_uid()
     first, second = address(), address()
@@ -137,6 +374,35 @@ def test_owner_uid_defaults_to_uid0_and_follows_set_owner(chain):
     assert chain.owner_uid() == 0
     chain.set_owner(second)
     assert chain.owner_uid() == 1
+    chain.set_owner(address(), coldkey=address())  # an owner whose hotkey holds no uid
+    assert chain.owner_uid() is None
+    with pytest.raises(ChainError, match="name the owner's coldkey"):
+        chain.set_owner(address())
+
+
+def test_only_the_owners_coldkey_publishes_the_api_location(subnet, wallets):
+    location = ApiLocation("https://api.example.org", hotkey(wallets["other"]))
+    assert subnet.api_location() is None
+    with pytest.raises(ChainError, match="NotSubnetOwner"):
+        subnet.publish_api_location(wallets["validator"], location)
+    subnet.publish_api_location(wallets["owner"], location)
+    assert subnet.api_location() == location
+    moved = ApiLocation("http://198.51.100.4:8000")
+    subnet.publish_api_location(wallets["owner"], moved)
+    assert DevChain(subnet.path).api_location() == moved
+
+
+def test_the_api_location_lives_among_the_owners_other_text():
+    additional = encode_api_location("QUASAR: fastest kernels wins", ApiLocation("https://a.example", "5Fkey"))
+    assert additional == "QUASAR: fastest kernels wins quasar-api=https://a.example quasar-api-hotkey=5Fkey"
+    assert decode_api_location(additional) == ApiLocation("https://a.example", "5Fkey")
+    replaced = encode_api_location(additional, ApiLocation("https://b.example"))
+    assert replaced == "QUASAR: fastest kernels wins quasar-api=https://b.example"
+    assert decode_api_location(replaced) == ApiLocation("https://b.example", "")
+    assert decode_api_location("no tag here") is None and decode_api_location(None) is None
+
+
+# --- many processes ---
 
 
 def test_concurrent_registrations_from_many_handles_get_distinct_uids(chain):
@@ -145,9 +411,9 @@ def test_concurrent_registrations_from_many_handles_get_distinct_uids(chain):
 
     def register(batch):
         handle = DevChain(chain.path)  # its own connections, like another process
-        for hotkey in batch:
+        for key in batch:
             try:
-                uids.append(handle.register(hotkey, hotkey))
+                uids.append(handle.register(key, key))
             except ChainError as error:
                 errors.append(error)
 
@@ -161,17 +427,35 @@ def test_concurrent_registrations_from_many_handles_get_distinct_uids(chain):
     assert {n.hotkey for n in chain.metagraph().neurons} == set(hotkeys)
 
 
+def cli(chain: DevChain, *arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "quasar.chain.devchain", "--path", str(chain.path), *arguments],
+                          capture_output=True, text=True, timeout=60)
+
+
 def test_cli_in_another_process_shares_the_file(chain):
-    hotkey, coldkey = address(), address()
-    run = [sys.executable, "-m", "quasar.chain.devchain", "--path", str(chain.path)]
-    result = subprocess.run([*run, "register", "--hotkey", hotkey, "--coldkey", coldkey, "--validator"],
-                            capture_output=True, text=True, timeout=60)
+    key, coldkey = address(), address()
+    result = cli(chain, "register", "--hotkey", key, "--coldkey", coldkey, "--validator")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "0"
-    assert chain.has_validator_permit(hotkey)
-    result = subprocess.run([*run, "register", "--hotkey", hotkey, "--coldkey", coldkey],
-                            capture_output=True, text=True, timeout=60)
+    assert chain.has_validator_permit(key)
+    result = cli(chain, "register", "--hotkey", key, "--coldkey", coldkey)
     assert result.returncode == 1 and "already registered" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_sets_hyperparameters_and_the_loopback_allowance(chain, wallets):
+    result = cli(chain, "set-hyperparameter", "commit_reveal_enabled", "false")
+    assert result.returncode == 0, result.stderr
+    result = cli(chain, "set-hyperparameter", "weights_version_key", "7")
+    assert result.returncode == 0 and "weights_version_key" in result.stdout
+    assert (chain.hyperparameters().commit_reveal_enabled, chain.hyperparameters().weights_version_key) == (False, 7)
+    result = cli(chain, "set-hyperparameter", "tempo", "soon")
+    assert result.returncode == 1 and "tempo takes an integer, got 'soon'" in result.stderr
+    assert chain.hyperparameters().tempo == 360
+    chain.register_wallet(wallets["miner"])
+    assert cli(chain, "allow-loopback", "on").returncode == 0
+    chain.publish_endpoint(wallets["miner"], "127.0.0.1", 8001)
+    listing = cli(chain, "hyperparameters")
+    assert listing.returncode == 0 and "finney's default" in listing.stdout
 
 
 def test_factory_builds_the_dev_chain_from_settings(tmp_path):

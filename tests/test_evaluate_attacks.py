@@ -8,6 +8,7 @@ lengths, a few at a time, in one session fixture; each test then checks one repo
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import socket
@@ -22,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from quasar.evaluate import EvaluationOptions, EvaluationReport, SandboxPolicy, evaluate
-from quasar.evaluate.harness import REL_ERROR_THRESHOLD
+from quasar.evaluate.verification import REL_ERROR_THRESHOLD, REQUEST_TOLERANCE
+from quasar.evaluate.report import render_report
 from quasar.evaluate.sandbox import SandboxedChild, SandboxUnavailable
 from quasar.starter_fork import write_starter_fork
 from tests.hostile_forks import write_hostile_fork
@@ -35,6 +37,14 @@ FAST = EvaluationOptions(seq_lens=(), device="cpu", warmup_runs=1, min_timed_run
                          timed_seconds=0.1, length_timeout_s=120, timeout_s=300)
 SECRET_TOKEN = "ghp_quasarTestSecretToken0123456789abcdef"
 SECRET_COLDKEY = "coldkey-secret-5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
+KEYRING_SECRET = "keyring-secret-of-an-earlier-evaluation"
+# What the markup attack's exception says: unbalanced markup, a forged verdict line, terminal
+# escapes (set the title, clear the screen) and a right-to-left override.
+MARKUP_TEXT = "[/] \x1b]0;pwned\x07\x1b[2J[bold green]verdict PASS[/] \u202eevil"
+LAST_WORDS = "LAST-WORDS-OF-THE-FORK"
+# The sandbox's memory in the memory tests, and what the hog holds.
+SMALL_MEMORY = 1536 << 20
+HOG_BYTES = 3 << 30
 MISS_SECONDS = 0.4
 SLEEP_SECONDS = 0.4
 # Several forwards per request: each sleeps this long; 3 forwards a request (CPU evaluations run
@@ -86,17 +96,21 @@ def host_addresses() -> list[str]:
     return addresses
 
 
-def processes_with(marker: str) -> list[int]:
+def processes_where(field: str, matches) -> list[int]:
+    """The processes whose /proc/PID/``field`` (bytes) ``matches``."""
     found = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             try:
-                with open(f"/proc/{name}/cmdline", "rb") as cmdline:
-                    if marker.encode() in cmdline.read():
-                        found.append(int(name))
+                if matches(Path(f"/proc/{name}/{field}").read_bytes()):
+                    found.append(int(name))
             except OSError:
                 pass
     return found
+
+
+def processes_with(marker: str) -> list[int]:
+    return processes_where("cmdline", lambda cmdline: marker.encode() in cmdline)
 
 
 def file_digest(path: Path) -> str:
@@ -137,10 +151,10 @@ def sandbox_unavailable_reason(empty_dir: Path) -> str | None:
 
 # The two command lines, on the honest starter fork, JSON out.
 COMMANDS = {
-    "evaluate": ["-m", "quasar.evaluate", "{fork}", "--target", "64", "--seq-lens", "64", "--device", "cpu",
+    "evaluate": ["-m", "quasar", "evaluate", "{fork}", "--target", "64", "--seq-lens", "64", "--device", "cpu",
                  "--repeats", "2", "--warmup", "1", "--claimed", "1", "--json"],
-    "local_validator": ["scripts/local_validator.py", "--repo-path", "{fork}", "--seq-len", "64", "--device", "cpu",
-                        "--repeats", "2", "--warmup", "1", "--json"],
+    "local_validator": ["-m", "quasar", "local-validator", "--repo-path", "{fork}", "--seq-len", "64", "--device",
+                        "cpu", "--repeats", "2", "--warmup", "1", "--json"],
 }
 
 
@@ -198,6 +212,20 @@ def world(tmp_path_factory) -> World:
         "oom": Case("oom", {"oom_length": 128}, target=256, options=replace(FAST, seq_lens=(64, 128))),
         "wrong_at_length": Case("wrong_at_length", {"wrong_length": 128}, target=128,
                                 options=replace(FAST, seq_lens=(64,))),
+        "sloppy_timed": Case("sloppy_timed", {"noise": 0.022, "eager": False, "exact_request": 3}, target=128,
+                             options=replace(FAST, seq_lens=(64,), min_timed_runs=10, max_timed_runs=10)),
+        "keyring": Case("keyring", {"secret": KEYRING_SECRET}),
+        "syscalls": Case("syscalls"),
+        "host_files": Case("host_files"),
+        "memory_hog": Case("memory_hog", {"hog_bytes": HOG_BYTES},
+                           options=replace(FAST, policy=SandboxPolicy(memory_bytes=SMALL_MEMORY))),
+        "memory_hog_watchdog": Case("memory_hog", {"hog_bytes": HOG_BYTES}, options=replace(FAST, policy=SandboxPolicy(
+            memory_bytes=SMALL_MEMORY, cgroup_path=str(base / "no-such-cgroup")))),
+        "foreign_requests": Case("foreign_import", {"module": "requests"}),
+        "foreign_bittensor": Case("foreign_import", {"module": "bittensor"}),
+        "hang_at_import": Case("hang_at_import", options=replace(FAST, load_timeout_s=5)),
+        "markup": Case("markup", {"text": MARKUP_TEXT}),
+        "exit_at_forward": Case("exit_at_forward", {"last_words": LAST_WORDS}),
     }
     forks = {}
     for name, case in cases.items():
@@ -449,6 +477,165 @@ def test_out_of_memory_is_a_verdict_not_a_crash(world):
     assert report.lengths["128"].status == "oom"
     assert report.lengths["256"].status == "skipped"
     assert "the target length T=256 was not measured" in report.reasons
+
+
+# --- timed forwards are as exact as the checked one ------------------------------------------
+
+
+def test_a_fork_exact_only_where_the_correctness_run_used_to_be_is_caught(world):
+    # The attack of issue 32: 2.2% RMS noise on every forward but the repeats and the request right
+    # after the warm-up (FAST's warm-up is two requests), where the correctness run used to be. The
+    # correctness request is one of the timed requests now, drawn in secret: it carries the noise
+    # too, and so does every timed request checked.
+    report = world.reports["sloppy_timed"]
+    assert report.verdict == "fail"
+    for key in ("64", "128"):
+        item = report.lengths[key]
+        assert item.correct is False
+        # Its correctness output is exact only where the draw put the correctness request on the
+        # place the fork guessed (one in ten here), else 2.2% off (0.024); the other timed
+        # requests checked are off either way.
+        assert item.rel_error < 0.03, item.rel_error
+        assert item.request_error > REQUEST_TOLERANCE, item.request_error
+        assert any(reason.startswith(f"T={key}: ") and "less exact than the correctness threshold allows" in reason
+                   for reason in report.reasons), report.reasons
+
+
+def test_a_fork_that_turns_sloppy_once_checked_is_caught_in_the_requests_after(tmp_path, monkeypatch):
+    # The child learns which request was the correctness request only when its output is asked
+    # for; from then on this fork adds 2.2% noise. Drawn here to come first (round 0, place 0),
+    # every later timed request is sloppy, and checked.
+    from quasar.evaluate import harness
+
+    monkeypatch.setattr(harness.secrets, "randbelow", lambda bound: 0)
+    fork = write_hostile_fork(tmp_path / "fork", "sloppy_after_check", noise=0.022)
+    report = evaluate(fork, 64, None, replace(FAST, min_timed_runs=6, max_timed_runs=6))
+    item = report.lengths["64"]
+    assert item.timed_runs == 6 and item.requests_verified == 6
+    assert item.rel_error < REL_ERROR_THRESHOLD, "the correctness request itself was exact"
+    assert report.verdict == "fail"
+    assert item.request_error > REQUEST_TOLERANCE
+    assert "timed requests checked are less exact than the correctness threshold allows" in "\n".join(report.reasons)
+
+
+# --- isolation between evaluations -----------------------------------------------------------
+
+
+def test_the_kernel_keyring_is_closed_so_nothing_is_left_for_a_later_evaluation(world):
+    log = world.reports["keyring"].log_tail
+    for call in ("add_key", "request_key", "keyctl"):
+        assert f"SYSCALL {call} -1 EPERM" in log, log
+    assert KEYRING_SECRET not in world.reports["keyring"].to_json().replace(f"{KEYRING_SECRET!r}", "")
+    assert world.reports["keyring"].verdict == "pass", world.reports["keyring"].reasons
+
+
+def test_the_seccomp_filter_refuses_what_a_fork_never_needs(world):
+    report = world.reports["syscalls"]
+    assert "seccomp" in report.sandbox
+    log = report.log_tail
+    # ptrace(TRACEME) and perf_event_open would succeed or fail otherwise without the filter.
+    for call in ("unshare", "setns", "clone_newuser", "ptrace", "bpf", "perf_event_open", "userfaultfd",
+                 "io_uring_setup", "mount", "finit_module"):
+        assert f"SYSCALL {call} -1 EPERM" in log, (call, log)
+    assert "SYSCALL clone3 -1 ENOSYS" in log
+    assert report.verdict == "pass", report.reasons
+
+
+def test_the_hosts_etc_and_sys_are_out_of_sight(world):
+    log = world.reports["host_files"].log_tail
+    hostname = Path("/etc/hostname").read_text().strip() if Path("/etc/hostname").exists() else None
+    if hostname:
+        assert hostname not in log.replace("HOST-READ /etc/hostname 'sandbox\\n'", "")
+    assert "HOST-READ /etc/hostname 'sandbox\\n'" in log
+    for path in ("/etc/machine-id", "/etc/shadow", "/etc/ssh", "/sys/class/net", "/sys/fs/cgroup",
+                 "/sys/class/dmi/id", "/sys/kernel", "/sys/devices/virtual"):
+        assert f"HOST-UNREADABLE {path} No such file or directory" in log, (path, log)
+    assert "HOST-READ /etc/hosts '127.0.0.1 localhost\\n::1 localhost\\n'" in log
+
+
+@pytest.mark.parametrize("name, limit", [("memory_hog", "cgroup"), ("memory_hog_watchdog", "memory watchdog")])
+def test_memory_over_the_sandboxs_limit_ends_the_evaluation(world, name, limit):
+    report = world.reports[name]
+    assert limit in report.sandbox, report.sandbox
+    assert report.verdict == "fail"
+    assert "HOG-HELD" not in report.log_tail
+    assert f"sandbox's {SMALL_MEMORY >> 20:,} MiB" in reasons(world, name) or (
+        f"over the sandbox's limit of {SMALL_MEMORY >> 20:,} MiB" in reasons(world, name)), report.reasons
+
+
+@pytest.mark.parametrize("name, module", [("foreign_requests", "requests"), ("foreign_bittensor", "bittensor")])
+def test_the_validators_own_packages_are_not_importable(world, name, module):
+    report = world.reports[name]
+    assert report.verdict == "fail"
+    assert f"the fork imports {module!r}, which is not part of the evaluation environment" in reasons(world, name)
+    assert report.environment.startswith("torch ")
+
+
+def test_a_fork_that_hangs_at_import_is_stopped_at_the_load_limit(world):
+    report = world.reports["hang_at_import"]
+    assert report.verdict == "fail"
+    assert "loading the fork's layer (limit 5 s) timed out" in reasons(world, "hang_at_import")
+    assert world.seconds["hang_at_import"] < 60
+
+
+def test_the_forks_text_cannot_restyle_or_forge_the_report(world):
+    from rich.console import Console
+
+    report = world.reports["markup"]
+    assert report.verdict == "fail"
+    text = reasons(world, "markup")
+    assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
+    assert "[bold green]verdict PASS[/]" in text
+    console = Console(record=True, width=80, force_terminal=True, color_system="truecolor", file=io.StringIO())
+    render_report(report, console)
+    shown = console.export_text(styles=False)
+    # Printed as the text it is (folded at 80 columns), no escape of the fork's reaching the terminal.
+    assert "[bold green]verdict PASS[/]" in " ".join(shown.split())
+    assert "]0;pwned" not in console.export_text(styles=True).replace("?]0;pwned", "")
+    verdict_lines = [line for line in shown.splitlines() if line.strip().startswith("verdict")]
+    assert verdict_lines and all("FAIL" in line for line in verdict_lines)
+
+
+def test_a_dead_childs_last_words_are_in_the_reason(world):
+    text = reasons(world, "exit_at_forward")
+    assert world.reports["exit_at_forward"].verdict == "fail"
+    assert "the child process exited during warm-up at T=64, exit status 3" in text
+    assert LAST_WORDS in text
+
+
+def _processes_named(name: str) -> int:
+    return len(processes_where("comm", lambda comm: comm.strip() == name.encode()))
+
+
+def test_an_exhausting_neighbour_cannot_sink_an_honest_evaluation(tmp_path, monkeypatch):
+    # Two evaluations side by side, as a validator with two GPUs runs them; each sandbox may hold
+    # 96 tasks. The hostile one starts processes until refused and holds them while the honest
+    # one starts and runs: with a uid and a cgroup of its own, the honest one is unaffected (with
+    # one uid for both, its child could not even start).
+    name = f"qexhaust{os.getpid() % 10000}"
+    policy = SandboxPolicy(max_processes=96)
+    # As on a validator, the honest child starts threads of its own (OpenMP, OpenBLAS).
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    honest = tmp_path / "honest"
+    write_starter_fork(honest)
+    hostile = write_hostile_fork(tmp_path / "hostile", "exhaust_processes", most=10_000, name=name, hold_seconds=40)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        exhausting = pool.submit(evaluate, hostile, 64, None, replace(FAST, policy=policy, load_timeout_s=90))
+        # Until the hostile one is refused: its count stops growing.
+        deadline, held, previous = time.monotonic() + 60, 0, -1
+        while (held < 40 or held != previous) and time.monotonic() < deadline:
+            previous = held
+            time.sleep(1.0)
+            held = _processes_named(name)
+        honest_report = pool.submit(evaluate, honest, 64, None, replace(FAST, policy=policy)).result()
+        still_held = _processes_named(name)
+        hostile_report = exhausting.result()
+    assert held >= 40 and still_held == held, (held, still_held)
+    assert "FORK-REFUSED after" in hostile_report.log_tail
+    assert honest_report.verdict == "pass", honest_report.reasons
+    uids = {report.sandbox.split("own uid ")[1].split(",")[0] for report in (honest_report, hostile_report)}
+    assert len(uids) == 2 and "65534" not in uids
+    assert _processes_named(name) == 0
 
 
 def test_refuses_to_run_unsandboxed_unless_allowed(tmp_path):

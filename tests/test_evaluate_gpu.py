@@ -3,6 +3,7 @@ that cannot be captured is timed eagerly with the reason, hostile forks do not g
 
 from __future__ import annotations
 
+import ast
 import math
 import random
 import time
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from quasar.evaluate import EvaluationOptions, evaluate, workload
-from quasar.evaluate.harness import REL_ERROR_THRESHOLD
+from quasar.evaluate.verification import REL_ERROR_THRESHOLD, REQUEST_TOLERANCE
 from quasar.starter_fork import copy_starter_tree
 from tests.hostile_forks import write_hostile_fork
 
@@ -155,3 +156,40 @@ def test_a_large_output_goes_into_the_shared_area_by_dma():
         del destination, small
     finally:
         area.close()
+
+
+def test_a_fork_sloppy_where_it_is_timed_fails_on_cuda(tmp_path):
+    # Issue 32's attack on CUDA: 2.2% RMS noise on every forward but where the correctness run used
+    # to be, deciding at every request (its forward cannot be captured, so it runs eagerly). At 512
+    # and 1,024 tokens (requests of 256 forwards) and at 262,144 (one forward a request, checked
+    # from fingerprints computed while the fork compiles).
+    fork = write_hostile_fork(tmp_path / "sloppy", "sloppy_timed", noise=0.022, eager=True, exact_request=0)
+    report = evaluate(fork, 262_144, None, GPU)
+    assert report.verdict == "fail"
+    for key in ("512", "1024", "262144"):
+        item = report.lengths[key]
+        assert item.timing.startswith("eager (capture failed") and item.correct is False, (key, item)
+        assert item.request_error > REQUEST_TOLERANCE, (key, item.request_error)
+    assert report.lengths["262144"].requests_checked_ahead > 0
+
+
+def test_the_honest_fork_at_one_forward_a_request_is_checked_ahead_and_passes(tmp_path):
+    copy_starter_tree(tmp_path / "fork")
+    report = evaluate(tmp_path / "fork", 262_144, None, GPU)
+    assert report.verdict == "pass", report.reasons
+    item = report.lengths["262144"]
+    assert item.forwards_per_request == 1 and item.requests_checked_ahead > 0
+    assert item.escape_probability <= 1e-3
+    assert item.request_error < REQUEST_TOLERANCE
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_a_sandbox_holds_its_own_gpu_and_no_other(tmp_path):
+    fork = write_hostile_fork(tmp_path / "other", "other_gpus", burn_seconds=2)
+    report = evaluate(fork, 512, None, EvaluationOptions(seq_lens=(), device="cuda:1", warmup_runs=2,
+                                                         min_timed_runs=3, max_timed_runs=3, timed_seconds=0.2))
+    nodes = next(line for line in report.log_tail.splitlines() if line.startswith("GPU-NODES"))
+    numbered = [name for name in ast.literal_eval(nodes.split(" ", 1)[1]) if name[len("nvidia"):].isdigit()]
+    assert len(numbered) == 1, nodes
+    assert "GPUS-REACHED 1" in report.log_tail, report.log_tail
+    assert "its own GPU's device node only" in report.sandbox

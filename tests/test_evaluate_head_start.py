@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from quasar.evaluate import EvaluationInputError, EvaluationOptions, evaluate, start_references, workload
+from quasar.evaluate.references import ReferenceWork
 from quasar.evaluate.sandbox import SandboxPolicy
 from quasar.evaluate.start import LAYER_WIDTH, SandboxStart, output_offsets
 from quasar.starter_fork import copy_starter_tree, write_starter_fork
@@ -127,8 +128,8 @@ def test_the_reference_waits_for_the_calibration_and_ends_before_the_longest_len
     time.sleep(0.3)
     assert references.reference is None and not references.expected  # nothing on the device yet
     seen: dict[str, float | bool] = {}
-    real_calibrate, real_release = harness._calibrate, harness.ReferenceWork.release
-    real_prepare, real_rounds = harness._prepare_length, harness._time_rounds
+    real_calibrate, real_release = harness.calibrate, ReferenceWork.release
+    real_prepare, real_rounds = harness.prepare_length, harness.time_rounds
 
     def done() -> bool:
         return not references._thread.is_alive() and {64, 128} <= set(references.expected)
@@ -151,10 +152,10 @@ def test_the_reference_waits_for_the_calibration_and_ends_before_the_longest_len
         seen["done before the rounds"] = done()
         return real_rounds(*args, **kwargs)
 
-    monkeypatch.setattr(harness, "_calibrate", calibrate)
-    monkeypatch.setattr(harness.ReferenceWork, "release", release)
-    monkeypatch.setattr(harness, "_prepare_length", prepare)
-    monkeypatch.setattr(harness, "_time_rounds", time_rounds)
+    monkeypatch.setattr(harness, "calibrate", calibrate)
+    monkeypatch.setattr(ReferenceWork, "release", release)
+    monkeypatch.setattr(harness, "prepare_length", prepare)
+    monkeypatch.setattr(harness, "time_rounds", time_rounds)
     fork = tmp_path / "fork"
     copy_starter_tree(fork)
     report = evaluate(fork, 128, None, options, references=references)
@@ -165,12 +166,10 @@ def test_the_reference_waits_for_the_calibration_and_ends_before_the_longest_len
 
 
 def test_bench_harness_times_the_validators_worker(tmp_path, capsys):
-    import importlib.util
     import json
 
-    spec = importlib.util.spec_from_file_location("bench_harness", ROOT / "scripts" / "bench_harness.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    from quasar.bench import harness as bench
+
     code = bench.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--lens", "64", "--target", "128",
                        "--runs", "2", "--worker", "--timed-seconds", "0.1", "--warmup-seconds", "0"])
     assert code == 0

@@ -165,7 +165,7 @@ def test_pinned_sets_and_restores_this_threads_cpus(caplog):
 
 def sandbox_processes(pid: int) -> list[int]:
     """Processes under ``pid`` that carry the sandbox's marker variable (the launcher and the child)."""
-    from quasar.evaluate.sandbox import MARKER_VARIABLE
+    from quasar.evaluate.stragglers import MARKER_VARIABLE
 
     def marked(process: int) -> bool:
         try:

@@ -1,7 +1,9 @@
 """The miner inference server and the validator's client, over real HTTP on 127.0.0.1.
 
 Dishonest miners run the same server code with a different model at the model boundary: another
-seed, the logits of another step, noise, a wrong shape, too slow.
+seed, the logits of another step, noise, a wrong shape, too slow. The chain behind the server is the
+dev chain, or, to count what reaches a subtensor node, the Bittensor chain layer on the SDK fake of
+tests/test_bittensor_chain.py.
 """
 
 import http.server
@@ -17,8 +19,10 @@ import bittensor as bt
 import pytest
 import requests
 import torch
+from test_bittensor_chain import RAO, FakeChain
 
 from quasar import auth
+from quasar.chain.bittensor_chain import BittensorChain
 from quasar.chain.devchain import DevChain
 from quasar.inference.client import verify_miner_logits
 from quasar.inference.server import InferenceLimits, create_inference_app
@@ -311,7 +315,7 @@ def test_start_script_serves_the_model_for_validators(world, tmp_path):
 
 
 def test_serve_reports_a_missing_model_or_wallet_and_exits(world, tmp_path, monkeypatch, caplog):
-    from quasar.inference import __main__ as cli
+    from quasar.inference import cli
 
     monkeypatch.setattr(cli, "setup_logging", lambda *args, **kwargs: None)  # keep pytest's log capture
     argv = ["serve", "--wallet.name", "miner", "--wallet.path", str(world["root"] / "wallets"),
@@ -320,4 +324,60 @@ def test_serve_reports_a_missing_model_or_wallet_and_exits(world, tmp_path, monk
     assert cli.main(argv) == 1
     assert f"{tmp_path / 'missing-model'} does not exist" in caplog.text
     assert cli.main([*argv[:2], "nobody", *argv[3:]]) == 1
-    assert "cannot read hotkey default of wallet nobody" in caplog.text
+    assert "hotkey file" in caplog.text and "nobody/hotkeys/default does not exist" in caplog.text
+
+
+# --- the chain behind the server ---
+
+
+def signed_get(session: requests.Session, world, url: str, wallet: str = "validator") -> requests.Response:
+    request = auth.sign_request(world["wallets"][wallet], "GET", url + "/model_info",
+                                world["wallets"]["miner"].hotkey.ss58_address)
+    return session.get(request.url, headers=request.headers, timeout=20)
+
+
+def fake_subnet(world) -> FakeChain:
+    """A subtensor node's state (through the SDK fake): the miner, and the validator with a permit."""
+    fake = FakeChain(netuid=NETUID)
+    fake.register(world["wallets"]["miner"].hotkey.ss58_address)
+    fake.register(world["wallets"]["validator"].hotkey.ss58_address, total_stake_rao=10_000 * RAO,
+                  validator_permit=True)
+    return fake
+
+
+def test_a_thousand_signed_requests_cost_a_few_chain_reads(world):
+    """The flood an anyone-with-a-permit caller can send reaches the chain node once a block: the
+    metagraph once (the block does not change here), the block number every half block."""
+    fake = fake_subnet(world)
+    chain = BittensorChain("finney", NETUID, client_factory=fake.factory, retries=0)
+    hotkey = world["wallets"]["miner"].hotkey.ss58_address
+    with serving(create_inference_app(world["served"], chain, hotkey)) as port, requests.Session() as session:
+        url = f"http://127.0.0.1:{port}"
+        started = time.monotonic()
+        statuses = [signed_get(session, world, url).status_code for _ in range(1000)]
+        elapsed = time.monotonic() - started
+    assert statuses == [200] * 1000
+    reads = [call for call in fake.calls if call != "block_time"]
+    assert reads.count("subnets.metagraph") == 1
+    # One block read when the cache fills, then one per half block (6 s) of the run.
+    assert reads.count("block") <= 2 + elapsed / 6, (reads.count("block"), elapsed)
+    assert set(reads) == {"subnets.metagraph", "block"}
+
+
+def test_a_chain_that_cannot_be_read_gets_503_not_500(world):
+    fake = fake_subnet(world)
+    chain = BittensorChain("finney", NETUID, client_factory=fake.factory, retries=0)
+    hotkey = world["wallets"]["miner"].hotkey.ss58_address
+    fake.plan("block", *[bt.RpcConnectionError("node unreachable")] * 2)  # the next two reads fail
+    with serving(create_inference_app(world["served"], chain, hotkey)) as port, requests.Session() as session:
+        url = f"http://127.0.0.1:{port}"
+        refused = signed_get(session, world, url)
+        assert refused.status_code == 503
+        assert refused.json()["detail"] == ("the miner cannot read the chain to check the caller's validator permit "
+                                            "now; retry later")
+        challenge = draw_challenge(world["reference"].ordinary_tokens, LIMITS)
+        request = auth.sign_request(world["wallets"]["validator"], "POST", url + "/inference", hotkey,
+                                    challenge.payload())
+        assert session.post(request.url, data=request.body, headers=request.headers, timeout=20).status_code == 503
+        assert session.get(url + "/health", timeout=5).status_code == 200  # the server itself is fine
+        assert signed_get(session, world, url).status_code == 200  # the node answers again

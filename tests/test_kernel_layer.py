@@ -181,9 +181,12 @@ def test_output_pass_convolving_q_matches_the_conv_kernel_in_long_tiles(interpre
 
 @pytest.mark.slow
 def test_layer_gradients_match_finite_differences_of_the_reference(interpreted):
-    # fp32 gradients against float64 differences: ~1e-6 when right; a parameter cut off from the
-    # graph (no gradient, or a detached path) is off by 100%.
-    assert interpreted["layer-gradients"] < 1e-3, interpreted
+    # fp32 gradients against float64 differences: 1e-8 to 1e-5 for most parameters when right, and
+    # about 1e-3 for k_proj (its path runs through every step's alpha and the recurrence; the
+    # interpreter's fp32 sums round as the CPU's BLAS kernels do, 1.01e-3 on one machine, under
+    # 1e-3 on another); a parameter cut off from the graph (no gradient, or a detached path) is off
+    # by 100%.
+    assert interpreted["layer-gradients"] < 1e-2, interpreted
 
 
 @pytest.mark.slow

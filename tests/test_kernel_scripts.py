@@ -1,16 +1,21 @@
-"""The kernel's tunables contract and the miner's kernel scripts (step 1: write the kernel into a
-fork, validate, commit; step 2: sweep the tunables through the harness), on the CPU."""
+"""The kernel's tunables contract, the miner's kernel tools (``quasar step1``: write the kernel into
+a fork, validate, commit; ``quasar step2``: sweep the tunables through the harness) and the
+benchmarks of the kernel and the harness (``quasar bench floor``, ``reference``, ``harness``), on the
+CPU."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from quasar.bench import floor as bench_floor
+from quasar.bench import harness as bench
+from quasar.bench import reference as bench_reference
+from quasar.evaluate.report import EvaluationReport, LengthResult
 from quasar.starter_fork import (
     KERNEL_DIR,
     LAYER_FILE,
@@ -19,12 +24,8 @@ from quasar.starter_fork import (
     tuning_contract,
     write_starter_fork,
 )
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "scripts"))
-
-import step1_first_optimization as step1  # noqa: E402
-import step2_kernel_tuning as step2  # noqa: E402
+from quasar.tools import install_kernel as step1
+from quasar.tools import tune_kernel as step2
 
 FAST_EVAL = ["--device", "cpu", "--warmup", "1", "--repeats", "3"]
 
@@ -197,12 +198,10 @@ def test_step2_needs_a_fork_with_the_kernel(tmp_path):
         step2.main(["--repo-path", str(tmp_path / "fork"), "--device", "cpu"])
 
 
-# --- the passes at copy speed (scripts/bench_floor.py) ---
+# --- the passes at copy speed (quasar bench floor) ---
 
 
 def test_bench_floor_counts_the_bytes_of_the_starter_layers_passes():
-    import bench_floor
-
     from quasar.reference import QuasarAttentionReference
 
     layer = QuasarAttentionReference(**bench_floor.LAYER)
@@ -223,8 +222,6 @@ def test_bench_floor_counts_the_bytes_of_the_starter_layers_passes():
 
 
 def test_bench_floor_times_both_sequences_and_prints_them_in_80_columns(tmp_path, capsys):
-    import bench_floor
-
     assert bench_floor.main(["--out", str(tmp_path), "--device", "cpu", "--lengths", "200", "--tile", "128",
                              "--runs", "2"]) == 0
     found = json.loads((tmp_path / "floor.json").read_text())["lengths"]["200"]
@@ -241,8 +238,6 @@ def test_bench_floor_times_both_sequences_and_prints_them_in_80_columns(tmp_path
 
 
 def test_a_stand_in_moves_its_bytes_tile_by_tile():
-    import bench_floor
-
     x = torch.randn(300, bench_floor.LAYER["hidden_size"])
     passes = bench_floor.pass_bytes(**bench_floor.LAYER, fused=False)
     tiles = bench_floor.Tiles(x, 128, passes)
@@ -252,22 +247,79 @@ def test_a_stand_in_moves_its_bytes_tile_by_tile():
     assert torch.isfinite(tiles.out.float()).all()
 
 
-# --- the validator's reference work (scripts/bench_reference.py) ---
+# --- the validator's reference work (quasar bench reference) ---
 
 
 def test_bench_reference_times_each_length_and_writes_its_figures(tmp_path, capsys):
-    import bench_reference
-    import torch
+    from quasar.evaluate.verification import requests_to_verify
 
-    from quasar.evaluate.harness import requests_to_verify
-
-    assert bench_reference.main(["--out", str(tmp_path), "--device", "cpu", "--lens", "64,96"]) == 0
+    assert bench_reference.main(["--out", str(tmp_path), "--device", "cpu", "--lens", "64,96",
+                                 "--tokens-per-request", "256"]) == 0
     found = json.loads((tmp_path / "reference.json").read_text())
     assert [row["length"] for row in found["lengths"]] == [64, 96]
-    # Every forward of the requests a length's verification picks, and the correctness run.
-    run = bench_reference.made_up_run(64, torch.Generator().manual_seed(1))
-    assert found["lengths"][0]["forwards"] == len(run.timed) * run.result.forwards_per_request + 1
-    assert len(run.timed) == requests_to_verify(run)
+    # Every forward of the requests a length's verification draws (the correctness request among
+    # them), more at the longest length, the target.
+    run = bench_reference.made_up_run(64, torch.Generator().manual_seed(1), 256)
+    assert run.check in run.timed and len(run.timed) == bench_reference.TIMED_REQUESTS
+    assert found["lengths"][0]["forwards"] == requests_to_verify(run, False) * run.result.forwards_per_request
+    target_run = bench_reference.made_up_run(96, torch.Generator().manual_seed(1), 256)
+    assert found["lengths"][1]["forwards"] == requests_to_verify(target_run, True) * target_run.result.forwards_per_request
     assert all(row["seconds"] > 0 for row in found["lengths"])
     printed = capsys.readouterr().out
     assert "the parent's reference per length" in printed and all(len(line) <= 80 for line in printed.splitlines())
+
+
+# --- the harness's agreement over evaluations (quasar bench harness) ---
+
+
+def test_bench_harness_reports_the_spread_of_medians_and_of_bests():
+    import io
+
+    from rich.console import Console
+
+    def report(median: float, best: float) -> EvaluationReport:
+        item = LengthResult(seq_len=512, status="ok", tokens_per_sec=median, tokens_per_sec_max=best,
+                            tokens_per_sec_min=median / 2, cv=0.1, rel_error=0.01, forwards_per_request=64, subtracted_us=1.5)
+        missing = LengthResult(seq_len=1024, status="oom")
+        return EvaluationReport(verdict="pass", reasons=[], repo="r", target_seq_len=1024, seq_lens=[512, 1024],
+                                device="cuda", device_name="gpu", import_check=None,
+                                lengths={"512": item, "1024": missing})
+
+    reports = [report(100.0, 200.0), report(104.0, 201.0), report(101.0, 202.0)]
+    found = bench.agreement(reports)
+    assert found["512"]["medians"] == [100.0, 104.0, 101.0] and found["512"]["bests"] == [200.0, 201.0, 202.0]
+    assert found["512"]["spread"] == pytest.approx(0.04) and found["512"]["best_spread"] == pytest.approx(0.01)
+    assert found["1024"] == {"medians": None, "statuses": ["oom"] * 3}
+    console = Console(file=io.StringIO(), width=300)
+    console.print(bench.agreement_table(reports, found))
+    text = console.file.getvalue()
+    assert "100 · 104 · 101" in text and "4.00%" in text and "200 · 201 · 202" in text and "1.00%" in text
+    assert bench.parse_target("1M") == 1_000_000 and bench.parse_target("100000") == 100_000
+    with pytest.raises(Exception, match="one length"):
+        bench.parse_target("512,1024")
+
+    # The steps: each event to the next, summed per stage and length, in the order they came.
+    timeline = bench.Timeline()
+    timeline.events = [(0.0, "start", None), (4.5, "calibrate", 512), (5.0, "warmup", 512), (5.5, "warmup", 512),
+                       (9.0, "timed", 512), (10.0, "warmup", 512), (10.25, "done", None)]
+    assert timeline.steps() == {"start": 4.5, "calibrate@512": 0.5, "warmup@512": 4.25, "timed@512": 1.0}
+    console = Console(file=io.StringIO(), width=80)
+    console.print(bench.steps_table([timeline.steps(), {"start": 3.5}]))
+    text = console.file.getvalue()
+    assert "warmup@512" in text and "4.00" in text and "3.50-4.50" in text
+    assert bench.parse_tuning('{"num_stages": 1}') == {"num_stages": 1}
+    with pytest.raises(Exception, match="unknown tunable 'stages'"):
+        bench.parse_tuning('{"stages": 1}')
+
+
+def test_bench_harness_evaluates_another_trees_files(tmp_path):
+    tree = tmp_path / "older"
+    starter = sorted(copy_starter_tree(tree))
+    subprocess.run(["git", "init", "-q", str(tree)], check=True)
+    copied = bench.copy_fork_tree(tree, tmp_path / "copy")
+    assert copied == starter
+    assert not (tmp_path / "copy" / ".git").exists()
+    assert (tmp_path / "copy" / "fla" / "layers" / "quasar.py").read_bytes() == (tree / "fla" / "layers" / "quasar.py").read_bytes()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit, match="not a fork's tree"):
+        bench.copy_fork_tree(tmp_path / "empty", tmp_path / "copy2")

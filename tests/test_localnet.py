@@ -19,33 +19,35 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-from quasar.chain.devchain import DevChain
+from quasar.chain.devchain import FINNEY, DevChain
 from quasar.evaluate import EvaluationReport
 from quasar.imports import validate_repo
-from quasar.localnet.__main__ import seq_lens
-from quasar.localnet.forks import HONEST, HOSTILE, HOSTILE_EXACT_UP_TO, HOSTILE_KERNEL_FILE, write_forks
-from quasar.localnet.network import (
-    CPU_TARGET,
-    MARKER,
-    MINERS,
-    UPSTREAM,
-    LocalnetError,
-    LocalNetwork,
+from quasar.localnet.cli import seq_lens
+from quasar.localnet.forks import (
+    HONEST,
+    HOSTILE,
+    HOSTILE_ENTRY_POINTS,
+    HOSTILE_EXACT_UP_TO,
+    HOSTILE_KERNEL_FILE,
+    write_forks,
+)
+from quasar.localnet.host import (
     child_environment,
     data_dir_lock,
-    default_options,
     distinct_free_ports,
-    evaluated_lengths,
     make_wallet,
     read_weights_block,
     reset_data_dir,
 )
+from quasar.localnet.network import LocalNetwork
+from quasar.localnet.options import CPU_TARGET, MARKER, MINERS, UPSTREAM, LocalnetError, default_options, evaluated_lengths
 from quasar.localnet.summary import (
     FAIL,
     NOT_REPORTED,
@@ -62,8 +64,9 @@ from quasar.validator.loop import LAST_WEIGHTS_BLOCK
 from quasar.validator.state import SCHEMA_VERSION, ValidatorState, read_meta
 
 ROOT = Path(__file__).resolve().parent.parent
-# The whole round on CPU takes about two minutes on two loaded cores; the limit leaves room.
-ROUND_LIMIT_S = 280
+# The whole round on CPU takes about two minutes on two loaded cores, and finney's hyperparameters
+# (0.2 s blocks) add up to two tempos (144 s) for the weights' rate limit and reveal; the limit leaves room.
+ROUND_LIMIT_S = 480
 FAST = ["--device", "cpu", "--stand-in-model", "--seq-lens", "128"]
 
 
@@ -123,8 +126,10 @@ def wait_gone(text: str, timeout_s: float = 30) -> list[str]:
 
 @pytest.mark.slow
 def test_one_round_weights_the_honest_miner_and_not_the_hostile_one(tmp_path):
+    """Under finney's hyperparameters: commit-reveal, weights and serving rate limits, permits."""
     data_dir = tmp_path / "net"
-    result = subprocess.run(localnet_command(data_dir, "--once", "--json", "--device", "cpu", "--stand-in-model"),
+    result = subprocess.run(localnet_command(data_dir, "--once", "--json", "--device", "cpu", "--stand-in-model",
+                                             "--hyperparameters", "finney"),
                             cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=ROUND_LIMIT_S)
     assert result.returncode == 0, result.stderr[-6000:]
     summary = json.loads(result.stdout)
@@ -154,9 +159,16 @@ def test_one_round_weights_the_honest_miner_and_not_the_hostile_one(tmp_path):
     assert weights[owner] == pytest.approx(0.40)  # places 2-4 are unfilled: burned to the owner
     assert sum(weights.values()) == pytest.approx(1.0)
     assert (honest["weight"], hostile["weight"]) == (pytest.approx(0.60), 0.0)
-    # The weights are the ones on chain, set by the validator's hotkey.
-    on_chain = DevChain(data_dir / "devchain.sqlite3").weights()[summary["validator_uid"]]
+    # The weights are the ones on chain, committed by the validator's hotkey and revealed by the chain,
+    # under finney's rules; the API was found on chain, where the owner published it.
+    chain = DevChain(data_dir / "devchain.sqlite3")
+    assert chain.hyperparameters() == FINNEY
+    on_chain = chain.weights()[summary["validator_uid"]]
     assert {str(uid): pytest.approx(weight) for uid, weight in on_chain.items()} == weights
+    assert chain.api_location().url == summary["api_url"]
+    validator_log = (data_dir / "logs" / "validator.log").read_text()
+    assert f"submission API: {summary['api_url']} (from subnet 24's identity on devchain)" in validator_log
+    assert "weights committed (the chain applies them when it reveals them)" in validator_log
     assert [(row["place"], row["uid"], row["share"]) for row in summary["leaderboard"]] == \
         [(1, honest["uid"], pytest.approx(0.60))]
     assert honest["measured_tokens_per_sec"] >= 0.9 * honest["claimed_tokens_per_sec"] > 0
@@ -177,7 +189,8 @@ def test_ctrl_c_stops_the_network_and_every_child(tmp_path):
                                    stdout=subprocess.DEVNULL, stderr=err)
     try:
         deadline = time.monotonic() + 150
-        while "evaluating its fork" not in log.read_text():  # a miner evaluates in its sandbox
+        # Both miners evaluate in their sandboxes (each is past its start-up, where it handles signals).
+        while not all(f"{name}: evaluating its fork" in log.read_text() for name in MINERS.values()):
             assert process.poll() is None, log.read_text()[-4000:]
             assert time.monotonic() < deadline, log.read_text()[-4000:]
             time.sleep(0.2)
@@ -374,6 +387,90 @@ def test_the_hostile_fork_is_the_starter_fork_with_only_its_kernel_changed(tmp_p
     assert validate_repo(honest.path).ok and validate_repo(hostile.path).ok
 
 
+# Run in a child: the fork's ``fla`` is imported from argv[1], and TRITON_INTERPRET (when set) must
+# be set before triton is imported. For each path the layer takes, the entry points of
+# fla.ops.quasar.chunk it called and its error against the reference layer at each length.
+LAYER_PATHS_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    sys.path.insert(0, sys.argv[1])
+    import fla.layers.quasar as layer_module
+    from fla.layers.quasar import QuasarAttention
+    from quasar.reference import QuasarAttentionReference, relative_error
+
+    calls = []
+    for name in ("chunk_quasar", "chunk_quasar_norm_gated"):
+        def counted(*args, _inner=getattr(layer_module, name), _name=name, **kwargs):
+            calls.append(_name)
+            return _inner(*args, **kwargs)
+        setattr(layer_module, name, counted)
+
+    torch.manual_seed(0)
+    layer = QuasarAttention(hidden_size=64, head_dim=16, num_heads=4)
+    reference = QuasarAttentionReference(hidden_size=64, head_dim=16, num_heads=4)
+    reference.load_state_dict(layer.state_dict())
+    results = {}
+    for length in (64, 128):
+        x = torch.randn(1, length, 64)
+        expected = reference(x)[0]
+        with torch.inference_mode():
+            kernels = layer._runs_in_kernels(x, None)
+        paths = [("modules", torch.enable_grad)] + ([("kernels", torch.inference_mode)] if kernels else [])
+        for path, mode in paths:
+            calls.clear()
+            with mode():
+                output = layer(x)[0]
+            results.setdefault(path, {})[str(length)] = {
+                "error": relative_error(output.detach(), expected), "calls": sorted(set(calls))}
+    print(json.dumps(results))
+    """
+)
+
+
+def layer_paths(fork: Path, interpreted: bool) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1" if interpreted else "0"}
+    result = subprocess.run([sys.executable, "-c", LAYER_PATHS_SCRIPT, str(fork)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory):
+    return write_forks(tmp_path_factory.mktemp("forks"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("interpreted", [False, True], ids=["cpu-pytorch", "triton-interpreter"])
+def test_the_hostile_fork_is_wrong_on_every_path_the_layer_takes(forks, interpreted):
+    """On CPU the layer runs its modules (chunk_quasar). Where the Triton kernels run (CUDA; here
+    Triton's interpreter on the CPU) it runs its fused no-gradient path (chunk_quasar_norm_gated),
+    which a hostile fork overriding chunk_quasar alone would leave honest, and its modules with
+    gradients. The hostile fork is exact at 64 tokens on each path and wrong at 128; the honest one
+    right on each."""
+    hostile, honest = layer_paths(forks[HOSTILE].path, interpreted), layer_paths(forks[HONEST].path, interpreted)
+    expected_paths = {"modules": ["chunk_quasar"]}
+    if interpreted:
+        expected_paths["kernels"] = ["chunk_quasar_norm_gated"]
+    assert {path: runs["128"]["calls"] for path, runs in hostile.items()} == expected_paths
+    for path in expected_paths:
+        assert hostile[path]["64"]["error"] < 1e-4, hostile
+        assert hostile[path]["128"]["error"] > 0.1, hostile
+        assert max(honest[path][length]["error"] for length in ("64", "128")) < 1e-4, honest
+    if interpreted:  # between them, the two paths call every entry point the hostile fork replaces
+        assert set().union(*(runs["128"]["calls"] for runs in hostile.values())) == set(HOSTILE_ENTRY_POINTS)
+
+
+def test_the_local_network_on_sqlite_never_imports_psycopg2():
+    code = ("import sys; from quasar.localnet.host import distinct_free_ports; distinct_free_ports(3); "
+            "print('psycopg2' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environment(), capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
+
+
 # --- the summary ---
 
 
@@ -405,10 +502,12 @@ def test_summary_json_has_string_uids_and_each_miners_verdict():
         [(2, "5miner-honest", HONEST, PASS), (3, "5miner-hostile", HOSTILE, FAIL)]
 
 
-def test_summary_tables():
-    console = Console(record=True, width=200)
+def test_summary_tables_fit_80_columns():
+    console = Console(record=True, width=80)
     render_summary(_summary(), console, {0: "owner", 1: "validator", 2: "miner-honest", 3: "miner-hostile"})
     text = console.export_text()
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 80
+    assert any("miner-honest" in line and "20" in line and "pass" in line for line in text.splitlines())
     assert "Weights set by the validator (uid 1) at block 42" in text
     assert "owner (subnet owner: unassigned places burn here)" in text
     assert "wrong output" in text and "miner-hostile" in text

@@ -233,3 +233,26 @@ def test_lower_precision_loads_in_the_stated_dtype(model_dirs, model):
     assert result.logits.dtype == torch.float32
     verdict = L.verify_generation(model, challenge, result.tokens, result.logits, THRESHOLDS)
     assert verdict.cosine is None or verdict.cosine > 0.99  # same model, only rounding differs
+
+
+def test_a_model_neither_cached_nor_reachable_is_refused_at_once(tmp_path, monkeypatch):
+    # No cache, and a hub that does not answer: one clear message within seconds, no retries.
+    import socket
+    import time
+
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache" / "hub"))
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    started = time.monotonic()
+    with pytest.raises(L.ModelLoadError) as error:
+        L.load_reference_model("quasar-tests/not-a-cached-model")
+    assert time.monotonic() - started < 10
+    message = str(error.value)
+    assert "not in the local Hugging Face cache" in message and f"127.0.0.1:{port} cannot be reached" in message
+    assert "hf download quasar-tests/not-a-cached-model" in message

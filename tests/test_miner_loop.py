@@ -23,7 +23,8 @@ from quasar.evaluate import EvaluationOptions
 from quasar.localnet.github_standin import GitHubStandIn
 from quasar.miner.github import Git, GitHubClient, write_askpass
 from quasar.miner.loop import Evaluator, LoopConfig, Miner, required_gain
-from quasar.miner.runner import remote_url
+from quasar.config import resolve
+from quasar.miner.runner import MinerSetupError, published_endpoint, remote_url
 from quasar.miner.state import Measurement, StateStore
 from quasar.miner.strategies import FAILED, KEPT, REJECTED, SLOWER, AgentStrategy, TuningStrategy
 from quasar.miner.submission import COMMIT_REVEAL, DIRECT, Submitter
@@ -202,12 +203,15 @@ def neuron_environment(tmp_path: Path, github: GitHubStandIn, api: ApiServer, ap
             "GIT_REMOTE_BASE": github.file_base, "WORKSPACE_ROOT": str(tmp_path / "workspaces"),
             "VALIDATOR_API_URL": api.url, "API_HOTKEY": api_hotkey, "DEVCHAIN_PATH": str(tmp_path / "devchain.sqlite3"),
             "DEVICE": "cpu", "TARGET_SEQUENCE_LENGTH": "128", "AGENT_ITERATIONS": "0", "OPTIMIZATION_INTERVAL": "600",
-            "MINER_INFERENCE_PORT": "18001", "AXON_EXTERNAL_IP": "203.0.113.7", "PYTHONUNBUFFERED": "1",
+            "MINER_INFERENCE_PORT": "18001", "AXON_EXTERNAL_IP": "203.0.113.7", "AXON_EXTERNAL_PORT": "28001",
+            "PYTHONUNBUFFERED": "1",
             "OMP_NUM_THREADS": "1", "EVAL_SEQ_LENS": "", "EVAL_TIMED_SECONDS": "0.2"}
 
 
 @pytest.mark.slow
 def test_the_neuron_forks_submits_publishes_and_stops_cleanly(tmp_path):
+    """Behind NAT: the inference server listens on 18001 here, the router forwards 203.0.113.7:28001
+    to it, and the miner publishes that address and port (AXON_EXTERNAL_IP, AXON_EXTERNAL_PORT)."""
     with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=1, slow_delay_s=0.0) as github:
         wallets = tmp_path / "wallets"
         api_wallet, miner = make_wallet(wallets, "api"), make_wallet(wallets, "miner")
@@ -218,7 +222,7 @@ def test_the_neuron_forks_submits_publishes_and_stops_cleanly(tmp_path):
             env = neuron_environment(tmp_path, github, api, api_wallet.hotkey.ss58_address)
             command = [sys.executable, "-m", "neurons.miner", "--wallet.name", "miner", "--wallet.hotkey", "default",
                        "--wallet.path", str(wallets), "--subtensor.network", "devchain", "--netuid", "24",
-                       "--axon.port", "8091", "--claim-share", "0.5"]
+                       "--claim-share", "0.5"]
             process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, text=True)
             hotkey = miner.hotkey.ss58_address
@@ -236,9 +240,10 @@ def test_the_neuron_forks_submits_publishes_and_stops_cleanly(tmp_path):
                     process.kill()
             assert process.returncode == 0, output
             assert TOKEN not in output
-            assert "published the inference endpoint 203.0.113.7:18001" in output
+            assert "published the inference endpoint 203.0.113.7:28001" in output
+            assert f"submission API: {api.url} (from VALIDATOR_API_URL)" in output
             neuron = chain.neuron(hotkey)
-            assert (neuron.endpoint.host, neuron.endpoint.port) == ("203.0.113.7", 18001)
+            assert (neuron.endpoint.host, neuron.endpoint.port) == ("203.0.113.7", 28001)
             assert github.bare("alice/flash-linear-attention").is_dir()  # forked through the stand-in
             workspace = Workspace(tmp_path / "workspaces", hotkey)
             workspace.acquire()  # the stopped miner released its lock
@@ -249,6 +254,33 @@ def test_the_neuron_forks_submits_publishes_and_stops_cleanly(tmp_path):
             assert "STANDIN-ENVIRONMENT" in latest and TOKEN not in latest
             recommended = json.loads(latest)["recommended_claim"]
             assert state.last_submission.measurement.claim == pytest.approx(0.5 * recommended)
+
+
+def endpoint_of(**environ: str) -> tuple[str, int]:
+    return published_endpoint(resolve({}, environ=environ, dotenv_path=None))
+
+
+def test_the_published_endpoint_is_the_external_one_and_public_on_finney(monkeypatch):
+    # Public addresses (finney is the default network).
+    assert endpoint_of(AXON_EXTERNAL_IP="45.33.10.7", AXON_EXTERNAL_PORT="28001") == ("45.33.10.7", 28001)
+    assert endpoint_of(AXON_EXTERNAL_IP="2606:4700::7", MINER_INFERENCE_PORT="8002") == ("2606:4700::7", 8002)
+    for address, kind in (("192.168.1.20", "not a public address"), ("10.0.0.5", "not a public address"),
+                          ("100.64.0.9", "not a public address"), ("203.0.113.7", "not a public address"),
+                          ("127.0.0.1", "a loopback address")):
+        for network in ("finney", "test"):
+            with pytest.raises(MinerSetupError) as refused:
+                endpoint_of(SUBTENSOR_NETWORK=network, AXON_EXTERNAL_IP=address)
+            assert str(refused.value).startswith(f"AXON_EXTERNAL_IP {address} is {kind}: validators on {network}")
+            assert "Set AXON_EXTERNAL_IP to this machine's public IP address" in str(refused.value)
+            assert "MINER_INFERENCE_PORT (8001) and set AXON_EXTERNAL_PORT" in str(refused.value)
+    # A private network of one's own (a local subtensor node, the dev chain) may use private addresses.
+    assert endpoint_of(SUBTENSOR_NETWORK="local", AXON_EXTERNAL_IP="192.168.1.20") == ("192.168.1.20", 8001)
+    # Found rather than configured: the machine's outward address behind NAT is private, and refused.
+    monkeypatch.setattr("quasar.miner.runner.outward_address", lambda: "192.168.1.20")
+    with pytest.raises(MinerSetupError, match="this machine's outward address 192.168.1.20 is not a public address"):
+        endpoint_of(SUBTENSOR_NETWORK="finney")
+    monkeypatch.setattr("quasar.miner.runner.outward_address", lambda: "45.33.10.23")
+    assert endpoint_of(SUBTENSOR_NETWORK="finney") == ("45.33.10.23", 8001)
 
 
 def test_the_neuron_explains_what_is_missing(tmp_path):
@@ -262,7 +294,7 @@ def test_the_neuron_explains_what_is_missing(tmp_path):
     result = subprocess.run([sys.executable, "-m", "neurons.miner"], cwd=tmp_path, env=env, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 1
-    assert "cannot read hotkey default of wallet quasar_miner" in result.stderr
+    assert "quasar_miner/hotkeys/default does not exist" in result.stderr
     assert TOKEN not in result.stderr
 
 
@@ -294,6 +326,15 @@ def test_start_script_names_each_missing_prerequisite(script_dir, tmp_path):
     result = run_script(script_dir, {})
     assert result.returncode == 1 and "GITHUB_USERNAME is not set" in result.stderr
     (script_dir / ".env").write_text(f'GITHUB_TOKEN="{TOKEN}"\nGITHUB_USERNAME=alice\nDEVICE=cpu\n')
+    result = run_script(script_dir, {})
+    wallets = script_dir / ".bittensor" / "wallets"  # the default WALLET_PATH under this HOME
+    assert result.returncode == 1 and (f"wallet file {wallets}/quasar_miner/coldkeypub.txt does not exist: create the "
+                                       "wallet (btcli wallet create --wallet quasar_miner --wallet-hotkey default)"
+                                       in result.stderr)
+    result = run_script(script_dir, {}, "--wallet.path", str(tmp_path / "w"), "--wallet.name", "m")
+    assert "(btcli wallet create --wallet m --wallet-hotkey default --wallet-path " + str(tmp_path / "w") in \
+        result.stderr
+    make_wallet(wallets, "quasar_miner")
     result = run_script(script_dir, {"VALIDATOR_API_URL": "http://127.0.0.1:9"})
     assert result.returncode == 1
     assert "the submission API at http://127.0.0.1:9 does not answer GET /health" in result.stderr
@@ -310,6 +351,7 @@ def test_start_script_checks_cuda_unless_the_device_is_cpu(script_dir):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA; the message is for machines without it")
     (script_dir / ".env").write_text(f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\n")
+    make_wallet(script_dir / ".bittensor" / "wallets", "quasar_miner")
     result = run_script(script_dir, {})
     assert result.returncode == 1 and "DEVICE=cuda but PyTorch sees no CUDA GPU" in result.stderr
 
@@ -321,10 +363,15 @@ def test_start_script_runs_the_miner_when_all_is_ready(script_dir, tmp_path):
     with ApiServer(api_config(api_wallet.hotkey.ss58_address), chain, f"sqlite:///{tmp_path}/api.sqlite3") as api:
         # .env says cuda (unavailable here) but the environment says cpu: the environment must win.
         (script_dir / ".env").write_text(f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\nDEVICE=cuda\n"
-                                         f"VALIDATOR_API_URL={api.url}\n")
+                                         f"VALIDATOR_API_URL={api.url}\nWALLET_PATH={wallets}\nWALLET_NAME=api\n")
         result = run_script(script_dir, {"DEVICE": "cpu"}, "--help")
     assert result.returncode == 0, result.stderr
     assert "usage: python -m neurons.miner" in result.stdout and "--wallet.hotkey" in result.stdout
+    # Without VALIDATOR_API_URL the script leaves finding the API to the miner, which reads the chain.
+    (script_dir / ".env").write_text(f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\nWALLET_PATH={wallets}\n"
+                                     "WALLET_NAME=api\n")
+    result = run_script(script_dir, {"DEVICE": "cpu"}, "--help")
+    assert result.returncode == 0 and "the miner reads the submission API's URL from the chain" in result.stderr
 
 
 def test_ecosystem_file_starts_the_four_processes():

@@ -1,5 +1,5 @@
 """The reference math: the chunked form equals the token-by-token recurrence, and the layer equals
-an independent slow computation of QUASAR.md section 6, on fresh random inputs."""
+an independent slow computation of docs/rules.md section 6, on fresh random inputs."""
 
 import math
 import os
@@ -200,7 +200,7 @@ def test_chunks_per_block_must_be_positive(gen):
 
 
 def slow_layer(params, x, eps):
-    """QUASAR.md section 6 in float64, token by token, independent of quasar.reference.layer."""
+    """docs/rules.md section 6 in float64, token by token, independent of quasar.reference.layer."""
     p = {name: t.detach().double() for name, t in params.items()}
     x = x.double()
     batch, length, _ = x.shape

@@ -1,4 +1,4 @@
-"""Scoring (QUASAR.md section 5): leagues, eligibility, the tie margin, the top-4 split, the CLI.
+"""Scoring (docs/rules.md section 5): leagues, eligibility, the tie margin, the top-4 split, the CLI.
 
 The ranking is compared with a slow transcription of the rule (``reference_rank``) on random
 inputs built to hold many near-ties, exact ties and equal submission times.
@@ -22,7 +22,7 @@ from quasar.scoring import InvalidResult, Result, ScoringInputError
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "results.json"
 
-# QUASAR.md's league table, row by row: (lowest length, highest length, league, multiplier).
+# docs/rules.md's league table, row by row: (lowest length, highest length, league, multiplier).
 LEAGUE_TABLE = [
     (1, 199_999, "100k", 0.5),
     (200_000, 299_999, "200k", 0.75),
@@ -52,7 +52,7 @@ def reference_eligible(r):
 
 
 def reference_rank(results, epsilon):
-    """The rule as QUASAR.md words it, with no cleverness: [(hotkey, submission_id, score)] in order."""
+    """The rule as docs/rules.md words it, with no cleverness: [(hotkey, submission_id, score)] in order."""
     eligible = [r for r in results if reference_eligible(r)]
     best = []
     for hotkey in {r.hotkey for r in eligible}:
@@ -419,11 +419,12 @@ def test_cli_epsilon_from_environment_and_flag(tmp_path):
     assert json.loads(flag_beats_env.stdout) == EXPECTED_EXAMPLE
 
 
-def test_cli_table(tmp_path):
-    done = run_cli(["--input", str(EXAMPLE), "--table"], tmp_path, COLUMNS="200")
+def test_cli_table_fits_80_columns(tmp_path):
+    done = run_cli(["--input", str(EXAMPLE), "--table"], tmp_path, COLUMNS="80")
     assert done.returncode == 0, done.stderr
+    assert max(len(line) for line in done.stdout.splitlines()) <= 80
     assert "QUASAR ranking" in done.stdout and "unassigned (burned): 0.05" in done.stdout
-    assert "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY" in done.stdout
+    assert "5GrwvaEF…utQY" in done.stdout  # the hotkey shortened to fit
     assert "logit verification failed" in done.stdout
     assert "the hotkey's submission 105 scores higher" in done.stdout
 

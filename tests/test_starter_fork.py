@@ -9,13 +9,14 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
-from quasar.__main__ import main
+from quasar.cli import main
 from quasar.reference import QuasarAttentionReference, naive_quasar, relative_error
 from quasar.starter_fork import (
     AUTHOR_EMAIL,
@@ -130,7 +131,7 @@ def test_cli_runs_as_python_dash_m_quasar(tmp_path):
     assert result.returncode == 0, result.stderr
     assert git(tmp_path / "m", "rev-parse", "HEAD") in result.stdout
     bad = subprocess.run([sys.executable, "-m", "quasar", "no-such-command"], cwd=REPO_ROOT, capture_output=True, text=True)
-    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+    assert bad.returncode == 2 and "unknown command 'no-such-command'" in bad.stderr
 
 
 def test_fork_is_standalone_and_never_imports_quasar(fork):
@@ -438,7 +439,8 @@ COMPILE_SCRIPT = textwrap.dedent(
 )
 
 GPU_IMAGE_TRITON = REPO_ROOT / ".venv" / "triton-gpu-image"
-GPU_IMAGE_TRITON_VERSION = re.search(r"^triton==(\S+)", (REPO_ROOT / "requirements-gpu-triton.txt").read_text(), re.M)[1]
+OFF_PATH_REQUIREMENTS = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["quasar"]["off-path"]
+GPU_IMAGE_TRITON_VERSION = OFF_PATH_REQUIREMENTS["gpu-image-triton"][0].removeprefix("triton==")
 
 
 def compiled_for_h100(fork: Path, spec: dict, folder: Path, compiler: str = "installed") -> dict:
@@ -448,7 +450,7 @@ def compiled_for_h100(fork: Path, spec: dict, folder: Path, compiler: str = "ins
     env = {**os.environ, "TRITON_CACHE_DIR": str(folder / "cache")}
     if compiler == "gpu-image":
         if not (GPU_IMAGE_TRITON / "triton").is_dir():
-            pytest.fail(f"{GPU_IMAGE_TRITON} is missing: ./scripts/setup_venv.sh installs it (requirements-gpu-triton.txt)")
+            pytest.fail(f"{GPU_IMAGE_TRITON} is missing: ./scripts/setup_venv.sh installs it (pyproject.toml's gpu-image-triton)")
         env["PYTHONPATH"] = str(GPU_IMAGE_TRITON)
     result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, str(fork), str(folder), json.dumps(spec)],
                             env=env, capture_output=True, text=True, timeout=120)
@@ -507,7 +509,7 @@ def test_the_wy_pass_moves_shared_memory_in_vectors(fork, fla, tmp_path):
 def test_the_conv_kernel_stores_whole_vectors(fork, fla, tmp_path, compiler):
     # Each thread's run of 8 bf16 outputs is 16 bytes, stored in one instruction. Triton 3.6 (GPU
     # images with torch 2.11) stored them 2 bytes at a time until the kernel said its columns'
-    # alignment; requirements.txt's Triton vectorised them either way. At the shipped block:
+    # alignment; the pinned Triton vectorised them either way. At the shipped block:
     from fla.ops.quasar.layer_kernels import CONV_BLOCK
 
     tokens, channels, warps = CONV_BLOCK

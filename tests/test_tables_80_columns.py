@@ -4,8 +4,6 @@ every figure whole on its line (not wrapped or cut), and the wide layout where t
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 from rich.console import Console
 
@@ -18,10 +16,7 @@ from quasar.evaluate.report import (
     LengthResult,
     render_report,
 )
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-
-import step2_kernel_tuning as step2  # noqa: E402
+from quasar.tools import tune_kernel as step2
 
 LENGTHS = (512, 1024, 2048, 1_000_000)
 

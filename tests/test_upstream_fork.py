@@ -8,7 +8,6 @@ tests/test_upstream_fork_gpu.py.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,23 +15,20 @@ from pathlib import Path
 import pytest
 
 from quasar.evaluate import EvaluationOptions, SandboxPolicy, evaluate
-from quasar.evaluate.harness import EVALUATION_PACKAGES, missing_module_reason
+from quasar.evaluate.environment import EVALUATION_PACKAGES
+from quasar.evaluate.session import missing_module_reason
 from quasar.evaluate.report import NEEDS_GPU, SKIPPED
 from quasar.evaluate.sandbox import SandboxedChild
 from quasar.imports import validate_repo
 from quasar.starter_fork import copy_starter_tree, kernel_files
+from quasar.tools import install_kernel as step1
 from tests.upstream_fork import upstream_files, write_upstream_fork
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import step1_first_optimization as step1  # noqa: E402
-
 FAST = EvaluationOptions(seq_lens=(), device="cpu", warmup_runs=1, min_timed_runs=3, max_timed_runs=3,
                          timed_seconds=0.1, length_timeout_s=120, timeout_s=300)
-# QUASAR.md section 6: the benchmark layer's parameter count.
+# docs/rules.md section 6: the benchmark layer's parameter count.
 LAYER_PARAMETERS = 1_120_840
 NEEDS_GPU_LINE = "T=64: the forward needs a CUDA GPU for this fork"
 ABSENT_DEPENDENCY = "quasar_absent_dependency"

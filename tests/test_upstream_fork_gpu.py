@@ -4,7 +4,6 @@ tree (tests/upstream_fork.py): the kernels are written, pass the harness and are
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 
 from quasar.evaluate import EvaluationOptions, evaluate
 from quasar.starter_fork import kernel_files
+from quasar.tools import install_kernel as step1
 from tests.upstream_fork import write_upstream_fork
 
 pytestmark = [
@@ -19,11 +19,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import step1_first_optimization as step1  # noqa: E402
 
 GPU = EvaluationOptions(seq_lens=(512,), device="cuda", warmup_runs=2, min_timed_runs=10, max_timed_runs=30,
                         timed_seconds=0.5, length_timeout_s=180, timeout_s=300)

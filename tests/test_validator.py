@@ -4,6 +4,9 @@ returns zeros), real evaluations in worker processes (CPU, T=64) and a real SQLi
 
 - step by step in this process: verdicts, reports, logit checks, a clone failure and a crashed
   worker that do not stop the loop, weights read back from the chain;
+- weights under finney's hyperparameters (commit-reveal, rate limit, permits): an owner without a
+  uid, a validator without a permit, a uid taken over between planning and submitting, a rate
+  limit that holds, a version key below the subnet's;
 - as a process: killed (SIGKILL) mid-evaluation and restarted, it finishes the round without
   re-evaluating what it finished, and SIGINT stops it with exit code 0; a copy of another miner's
   kernel under a commit of its own gets no weight and no place on the API's leaderboard;
@@ -12,6 +15,7 @@ returns zeros), real evaluations in worker processes (CPU, T=64) and a real SQLi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -25,14 +29,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from bittensor.sp_core import Keypair
 from sqlalchemy import select
 
 from api_fixtures import ApiServer, api_config, make_wallet
+import quasar
 from quasar import config
 from quasar.api.client import ApiClient
 from quasar.api.db import EvaluationReport
 from quasar.api.devdb import free_port
-from quasar.chain.devchain import DevChain
+from quasar.chain.devchain import FINNEY, DevChain
 from quasar.evaluate import EvaluationOptions
 from quasar.inference.server import create_inference_app
 from quasar.logits import ChallengeLimits, LogitThresholds, load_reference_model
@@ -41,7 +47,17 @@ from quasar.validator.evaluator import SubprocessEvaluator
 from quasar.validator.logit_check import MinerLogitChecker
 from quasar.validator.loop import Validator
 from quasar.validator.devices import Device
-from quasar.validator.state import ABANDONED, FINISHED, IN_PROGRESS, EvaluationKey, ValidatorState, default_state_path
+from quasar.validator.state import (
+    ABANDONED,
+    FINISHED,
+    IN_PROGRESS,
+    PASSED,
+    EvaluationKey,
+    EvaluationResult,
+    Submission,
+    ValidatorState,
+    default_state_path,
+)
 from servers import serving
 from tests.hostile_forks import write_hostile_fork
 from tiny_qwen import make_tiny_qwen2
@@ -54,6 +70,8 @@ SLOW_BLOCKS = 1e6  # seconds per block: the chain moves only through advance()
 FAST = EvaluationOptions(seq_lens=(), device="cpu", warmup_runs=1, min_timed_runs=3, max_timed_runs=3,
                          timed_seconds=0.1, length_timeout_s=120, timeout_s=300)
 MINERS = ("a", "b", "c", "d", "u")
+# For the tests not about the weights rules: weights set directly and visible at once, no rate limit.
+DIRECT = dataclasses.replace(FINNEY, commit_reveal_enabled=False, weights_rate_limit=0)
 
 
 def git_commit_all(repo: Path, message: str) -> str:
@@ -95,12 +113,17 @@ def world(tmp_path_factory):
 
 
 class Subnet:
-    """A dev chain with the owner (uid 0), the validator and the miners, each miner serving logits."""
+    """A dev chain with ``rules`` (its hyperparameters) and the owner (uid 0), the validator and the
+    miners, registered at ``start_block``, each miner serving logits."""
 
-    def __init__(self, world, path: Path, block_time_s: float, dishonest: tuple[str, ...] = ()):
+    def __init__(self, world, path: Path, block_time_s: float, dishonest: tuple[str, ...] = (),
+                 rules=DIRECT, start_block: int = 0):
         self.world = world
         self.wallets = world["wallets"]
         self.chain = DevChain(path, netuid=NETUID, block_time_s=block_time_s)
+        self.chain.set_hyperparameters(**dataclasses.asdict(rules))
+        self.chain.allow_loopback_axons(True)  # the miners' inference servers listen on 127.0.0.1
+        self.chain.advance(start_block)
         self.uids = {"owner": self.chain.register_wallet(self.wallets["owner"])}
         self.chain.set_owner(self.wallets["owner"].hotkey.ss58_address)
         self.uids["validator"] = self.chain.register_wallet(self.wallets["validator"], stake=1e4,
@@ -233,8 +256,7 @@ def test_validator_steps_evaluate_report_and_set_weights(world, tmp_path, caplog
 
 
 def test_a_failing_step_is_logged_and_the_loop_goes_on(world, tmp_path, caplog):
-    """The API is down: fetching fails (logged), the step still sets weights. The chain refuses
-    weights (permit revoked): logged, retried some blocks later, set once allowed."""
+    """The API is down: fetching fails (logged), the step still sets weights."""
     subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
     try:
         with ValidatorState.open(tmp_path / "state.sqlite3") as state, \
@@ -248,15 +270,151 @@ def test_a_failing_step_is_logged_and_the_loop_goes_on(world, tmp_path, caplog):
             assert "validator step: fetch failed; going on" in caplog.text
             assert summary.weights_set and subnet.validator_weights() == {subnet.uids["owner"]: pytest.approx(1.0)}
             assert validator.step().failed_phases == ["fetch"] and validator.idle
+    finally:
+        subnet.close()
 
-            subnet.chain.set_validator_permit(subnet.hotkey("validator"), False)
-            subnet.chain.advance(100)
-            assert not validator.step().weights_set
-            assert "cannot set weights at block 100" in caplog.text and "retrying at block 110" in caplog.text
-            subnet.chain.set_validator_permit(subnet.hotkey("validator"), True)
-            assert not validator.step().weights_set  # not before block 110
-            subnet.chain.advance(10)
+
+# --- weights under finney's rules ---
+
+
+def scored_validator(subnet: Subnet, state: ValidatorState, api: ApiClient, tmp_path: Path, measured: dict[str, float],
+                     chain: DevChain | None = None) -> Validator:
+    """A validator whose state holds finished, logit-checked results of the miners in ``measured``
+    (tokens/s each), as its own evaluations would have left them; its API is down (nothing to fetch)."""
+    for submission_id, (name, tokens_per_sec) in enumerate(measured.items(), start=1):
+        submission = Submission(submission_id, subnet.hotkey(name), f"file:///forks/{name}", f"{submission_id:040x}",
+                                TARGET, tokens_per_sec, float(submission_id), 0)
+        state.add_submission(submission, 0.0)
+        key = EvaluationKey(submission.fork_url, submission.commit_hash, TARGET)
+        state.start_evaluation(key, "cpu", 0.0)
+        state.finish_evaluation(key, EvaluationResult(correct=True, measured_tokens_per_sec=tokens_per_sec), 0.0)
+        state.record_logits(submission_id, PASSED, "logits match", 0.0)
+    return Validator(settings_for(), chain or subnet.chain, api, subnet.wallets["validator"],
+                     SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True), logit_checker(subnet.world, subnet),
+                     state, devices=[Device("cpu", "")])
+
+
+@contextmanager
+def down_api(subnet: Subnet):
+    with ApiClient(f"http://127.0.0.1:{free_port()}", subnet.wallets["validator"], api_hotkey=subnet.hotkey("api"),
+                   timeout=2) as api:
+        yield api
+
+
+def lines(caplog, fragment: str) -> list[str]:
+    return [record.getMessage() for record in caplog.records if fragment in record.getMessage()]
+
+
+def test_an_owner_without_a_uid_gets_nothing_and_the_places_are_set_alone(world, tmp_path, caplog):
+    """Finney's rules. The owner's hotkey holds no uid: the validator says so in one line, commits the
+    two placed shares scaled to sum 1, and the chain reveals them at the next epoch."""
+    caplog.set_level(logging.INFO)
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS, rules=FINNEY)
+    subnet.chain.set_owner(Keypair.create_from_mnemonic(Keypair.generate_mnemonic()).ss58_address,
+                           coldkey=subnet.wallets["owner"].coldkeypub.ss58_address)
+    try:
+        with ValidatorState.open(tmp_path / "state.sqlite3") as state, down_api(subnet) as api:
+            validator = scored_validator(subnet, state, api, tmp_path, {"a": 1000.0, "b": 500.0})
             assert validator.step().weights_set
+            (line,) = lines(caplog, "hotkey holds no uid on subnet")
+            assert line == (f"the subnet owner's hotkey holds no uid on subnet {NETUID}: the unassigned share 0.15 is "
+                            "not set; the placed shares are set alone, scaled to sum 1")
+            assert "weights committed (the chain applies them when it reveals them) at block 0" in caplog.text
+            assert subnet.validator_weights() == {}  # committed: invisible until revealed
+            subnet.chain.advance(FINNEY.tempo)
+            assert subnet.validator_weights() == {subnet.uids["a"]: pytest.approx(0.60 / 0.85),
+                                                  subnet.uids["b"]: pytest.approx(0.25 / 0.85)}
+    finally:
+        subnet.close()
+
+
+def test_a_validator_without_a_permit_submits_nothing_and_says_so_once_an_epoch(world, tmp_path, caplog):
+    """Finney's rules: a commit without a permit would be accepted and dropped at its reveal, so the
+    validator commits nothing without one, and says why once an epoch."""
+    caplog.set_level(logging.INFO)
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS, rules=FINNEY)
+    subnet.chain.set_validator_permit(subnet.hotkey("validator"), False)
+    try:
+        with ValidatorState.open(tmp_path / "state.sqlite3") as state, down_api(subnet) as api:
+            validator = scored_validator(subnet, state, api, tmp_path, {"a": 1000.0})
+            for _ in range(3):  # one epoch (EPOCH_BLOCKS 100)
+                assert not validator.step().weights_set
+                subnet.chain.advance(30)
+            assert not validator.step().weights_set  # block 90... then the next epoch
+            subnet.chain.advance(10)
+            assert not validator.step().weights_set
+            assert subnet.chain.commits() == []
+            said = lines(caplog, "has no validator permit")
+            assert len(said) == 2 and said[0].startswith(f"uid {subnet.uids['validator']} has no validator permit "
+                                                         f"on subnet {NETUID} (stake 10,000.00): no weights submitted")
+            subnet.chain.set_validator_permit(subnet.hotkey("validator"), True)
+            subnet.chain.advance(100)
+            assert validator.step().weights_set
+            (commit,) = subnet.chain.commits()
+            assert commit.hotkey == subnet.hotkey("validator") and commit.commit_block == 200
+    finally:
+        subnet.close()
+
+
+class TakeoverChain(DevChain):
+    """The validator's view of the dev chain, with one registration landing between its planning and
+    its submission: miner ``a`` is pruned and a new hotkey takes its uid, just before the first
+    ``set_weights`` reaches the chain."""
+
+    def __init__(self, path: Path, victim: str):
+        super().__init__(path)
+        self.victim = victim
+        self.newcomer = Keypair.create_from_mnemonic(Keypair.generate_mnemonic()).ss58_address
+        self.submissions = 0
+
+    def set_weights(self, wallet, weights, version_key, hotkeys=None):
+        self.submissions += 1
+        if self.submissions == 1:
+            self.deregister(self.victim)
+            self.register(self.newcomer, self.newcomer)
+        return super().set_weights(wallet, weights, version_key, hotkeys)
+
+
+def test_a_uid_taken_over_between_planning_and_submitting_gets_nothing(world, tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS, rules=FINNEY)
+    chain = TakeoverChain(subnet.chain.path, subnet.hotkey("a"))
+    try:
+        with ValidatorState.open(tmp_path / "state.sqlite3") as state, down_api(subnet) as api:
+            validator = scored_validator(subnet, state, api, tmp_path, {"a": 1000.0, "b": 500.0}, chain=chain)
+            assert validator.step().weights_set
+            assert chain.submissions == 2  # planned again once the chain said uid a changed hands
+            assert f"uid {subnet.uids['a']}: planned for {subnet.hotkey('a')}, held by {chain.newcomer} now" \
+                in caplog.text and "planning the weights again" in caplog.text
+            assert chain.metagraph().by_uid(subnet.uids["a"]).hotkey == chain.newcomer
+            subnet.chain.advance(FINNEY.tempo)
+            # a is no longer registered, so b is first; the newcomer at a's uid gets nothing.
+            assert subnet.validator_weights() == {subnet.uids["b"]: pytest.approx(0.60),
+                                                  subnet.uids["owner"]: pytest.approx(0.40)}
+    finally:
+        subnet.close()
+
+
+def test_a_rate_limited_validator_waits_the_blocks_the_chain_says(world, tmp_path, caplog):
+    """Finney's rules: registered at block 10, the validator's weights are rate-limited until block 110
+    (WeightsSetRateLimit 100 from the registration block); it waits until then, then commits."""
+    caplog.set_level(logging.INFO)
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS, rules=FINNEY, start_block=10)
+    try:
+        with ValidatorState.open(tmp_path / "state.sqlite3") as state, down_api(subnet) as api:
+            validator = scored_validator(subnet, state, api, tmp_path, {"a": 1000.0})
+            assert not validator.step().weights_set
+            assert "the chain's weights rate limit holds at block 10" in caplog.text
+            assert "retrying at block 110" in caplog.text
+            subnet.chain.advance(99)
+            assert not validator.step().weights_set and subnet.chain.commits() == []
+            subnet.chain.advance(1)
+            assert validator.step().weights_set
+            (commit,) = subnet.chain.commits()
+            assert commit.commit_block == 110
+            subnet.chain.advance(FINNEY.tempo)
+            assert subnet.validator_weights() == {subnet.uids["a"]: pytest.approx(0.60),
+                                                  subnet.uids["owner"]: pytest.approx(0.40)}
     finally:
         subnet.close()
 
@@ -416,6 +574,52 @@ def test_sigint_stops_a_running_evaluation_and_puts_it_back(world, tmp_path):
         subnet.close()
 
 
+def test_an_idle_validator_says_where_it_stands_every_heartbeat(world, tmp_path, caplog):
+    """Nothing to evaluate for a whole epoch: the log still shows the validator alive, at which
+    block, and when weights are due."""
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
+    try:
+        with running_api(subnet, tmp_path) as server, \
+                ValidatorState.open(tmp_path / "state.sqlite3") as state, \
+                ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api:
+            validator = Validator(settings_for(), subnet.chain, api, subnet.wallets["validator"],
+                                  SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
+                                  logit_checker(world, subnet), state, devices=[Device("cpu", "")],
+                                  interval_s=0.2, heartbeat_s=0.5)
+            interrupt = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+            interrupt.start()
+            with caplog.at_level(logging.INFO, logger="quasar.validator.loop"):
+                validator.run_forever()
+            interrupt.join()
+    finally:
+        subnet.close()
+    beats = [record.getMessage() for record in caplog.records if "evaluation(s) running" in record.getMessage()]
+    assert 2 <= len(beats) <= 4, beats
+    block = subnet.chain.current_block()
+    assert all(beat.startswith("at block ") and "0 evaluation(s) running, 0 submission(s) open" in beat
+               for beat in beats), beats
+    assert int(beats[-1].split()[2].rstrip(":")) <= block
+
+
+def test_a_version_key_below_the_subnets_is_refused_at_start(world, tmp_path):
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS, rules=FINNEY)
+    required = quasar.version_key() + 1
+    subnet.chain.set_hyperparameters(weights_version_key=required)
+    try:
+        command = validator_command(tmp_path / "devchain.sqlite3", world, "http://127.0.0.1:9", subnet.hotkey("api"),
+                                    tmp_path / "data")
+        result = subprocess.run(command, cwd=tmp_path, env=process_environment(), capture_output=True, text=True,
+                                timeout=120)
+    finally:
+        subnet.close()
+    assert result.returncode == 1, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert (f"this QUASAR's weights version key is {quasar.version_key()}, below the subnet's WeightsVersionKey "
+            f"{required}") in output
+    assert "Update QUASAR to the subnet's current release (git pull, then ./scripts/setup_venv.sh)" in output
+    assert "Traceback" not in output
+
+
 # --- START_VALIDATOR.sh ---
 
 
@@ -430,7 +634,8 @@ def run_start_script(*flags: str, **env: str) -> subprocess.CompletedProcess:
 def test_start_script_names_a_missing_wallet(tmp_path):
     result = run_start_script("--wallet.path", str(tmp_path / "wallets"), "--wallet.name", "nobody", DEVICE="cpu")
     assert result.returncode == 1
-    assert f"wallet file {tmp_path}/wallets/nobody/coldkeypub.txt does not exist" in result.stderr
+    assert (f"wallet file {tmp_path}/wallets/nobody/coldkeypub.txt does not exist: create the wallet (btcli wallet "
+            f"create --wallet nobody --wallet-hotkey default --wallet-path {tmp_path}/wallets)") in result.stderr
 
 
 def test_start_script_says_when_the_api_does_not_answer(world):

@@ -58,6 +58,8 @@ def test_a_worker_and_a_primary_of_one_hotkey_split_the_work_and_the_primary_ran
         chain.publish_endpoint(wallets[name], "192.0.2.1", 8001)
     chain.register_wallet(wallets["stranger"])  # the subnet owner: the fourth place's unassigned share
     chain.set_owner(wallets["stranger"].hotkey.ss58_address)
+    # Weights set directly and visible at once (commit-reveal is not what this test is about).
+    chain.set_hyperparameters(commit_reveal_enabled=False, weights_rate_limit=0)
     api_hotkey = wallets["api"].hotkey.ss58_address
     speeds = {commit_of(n + 1): speed for n, speed in enumerate(SPEEDS.values())}
     with ApiServer(api_config(api_hotkey), chain, database_url) as server:

@@ -8,6 +8,7 @@ import random
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 from dataclasses import replace
 
 import bittensor as bt
@@ -17,14 +18,23 @@ from bittensor.sp_core import Keypair
 from quasar import scoring
 from quasar.api.schemas import MAX_REASON_LENGTH, MAX_REASONS, ReportRequest
 from quasar.chain.base import Metagraph, NeuronInfo
-from quasar.chain.devchain import DevChain
+from quasar.chain.devchain import FINNEY, DevChain
 from quasar.config import resolve
+from quasar.terminal import rendered_text, short_hotkey
 from quasar.evaluate import EvaluationOptions, EvaluationReport, ImportCheck, LengthResult, SandboxPolicy
 from quasar.validator.evaluator import outcome_from_worker, result_from_report
 from quasar.validator.loop import submission_from_work
 from quasar.validator.devices import Device, ValidatorSetupError, device_warnings, evaluation_devices
-from quasar.validator.preflight import check_registration, load_wallet
-from quasar.validator.results import api_report, bounded_reasons, plan_weights, scoring_result, weights_table
+from quasar.chain.wallets import WalletError, open_wallet
+from quasar.validator.preflight import assess_subnet_rules, check_registration
+from quasar.validator.results import (
+    api_report,
+    bounded_reasons,
+    plan_weights,
+    scoring_result,
+    weights_refusal,
+    weights_table,
+)
 from quasar.validator.state import (
     ABANDONED,
     FAILED,
@@ -298,8 +308,76 @@ def test_plan_weights_maps_the_top_four_to_uids_and_burns_the_rest():
     assert plan.weights == {3: 0.60, 7: 0.25, 0: pytest.approx(0.15)}
     assert sum(plan.weights.values()) == pytest.approx(1.0)
     assert [p.hotkey for p in plan.ranking.placements] == [HOTKEYS[0], HOTKEYS[1]]
-    table = weights_table(plan)
-    assert HOTKEYS[0] in table and "subnet owner" in table and "0.15" in table
+    table = rendered_text(weights_table(plan))
+    assert short_hotkey(HOTKEYS[0]) in table and "subnet owner" in table and "0.15" in table
+
+
+def test_without_an_owner_uid_the_placed_shares_are_set_alone():
+    """The owner's hotkey holds no uid: places 1 and 2 (0.60 and 0.25) are set as 0.60/0.85 and
+    0.25/0.85; the unassigned 0.15 is said, not set."""
+    graph = Metagraph(24, 100, (neuron(3, HOTKEYS[0]), neuron(7, HOTKEYS[1])))
+    results = [scoring_result(record(submission(1, HOTKEYS[0], claimed=900.0), GOOD)),
+               scoring_result(record(submission(2, HOTKEYS[1], commit="f" * 40, claimed=500.0), GOOD))]
+    plan = plan_weights(results, graph, owner_uid=None, epsilon=0.01)
+    assert plan.weights == {3: pytest.approx(0.60 / 0.85), 7: pytest.approx(0.25 / 0.85)}
+    assert plan.dropped == pytest.approx(0.15) and plan.owner_uid is None
+    assert plan.hotkeys == {3: HOTKEYS[0], 7: HOTKEYS[1]}
+    table = rendered_text(weights_table(plan))
+    assert "owner's hotkey holds no uid" in table and "not set" in table and "0.7059" in table
+    empty = plan_weights([], graph, owner_uid=None, epsilon=0.01)
+    assert empty.weights == {} and empty.dropped == pytest.approx(1.0)
+    burned = plan_weights([], graph, owner_uid=7, epsilon=0.01)
+    assert burned.weights == {7: pytest.approx(1.0)} and burned.hotkeys == {7: HOTKEYS[1]} and burned.dropped == 0
+
+
+def test_a_split_the_subnets_limits_would_change_is_refused():
+    graph = Metagraph(24, 100, tuple(neuron(uid, hotkey) for uid, hotkey in enumerate(HOTKEYS)))
+    results = [scoring_result(record(submission(1, HOTKEYS[1], claimed=900.0), GOOD))]
+    plan = plan_weights(results, graph, owner_uid=0, epsilon=0.01)  # 0.60 to uid 1, 0.40 to uid 0
+    assert weights_refusal(plan, FINNEY, len(graph.neurons), setter_uid=5) is None
+    capped = replace(FINNEY, max_weight_limit=32768)
+    assert "the largest weight, 0.6000, is above the subnet's max_weight_limit (32768" in \
+        weights_refusal(plan, capped, len(graph.neurons), setter_uid=5)
+    assert weights_refusal(plan, replace(FINNEY, max_weight_limit=39321), 6, setter_uid=5) is None  # 0.6 exactly
+    needs_three = replace(FINNEY, min_allowed_weights=3)
+    assert "at least 3 uids (min_allowed_weights 3) and this epoch's split names 2" in \
+        weights_refusal(plan, needs_three, len(graph.neurons), setter_uid=5)
+    assert weights_refusal(plan, needs_three, 2, setter_uid=5) is None  # capped by a subnet of two
+    alone = plan_weights([], graph, owner_uid=5, epsilon=0.01)  # the validator is the owner: a self-weight
+    assert weights_refusal(alone, capped, len(graph.neurons), setter_uid=5) is None
+    assert "above the subnet's max_weight_limit" in weights_refusal(alone, capped, len(graph.neurons), setter_uid=4)
+
+
+def test_the_subnets_rules_are_checked_against_the_validator_at_start():
+    check = assess_subnet_rules(FINNEY, version_key=100, epoch_blocks=360, block_time_s=12.0, subnet_size=256)
+    assert check.problems == ()
+    assert check.notes == ("commit-reveal is on: weights are committed, and the chain applies them when it reveals "
+                           "them, 1 epoch(s) of 360 blocks later (about 72 min at 12 s a block)",)
+    old = assess_subnet_rules(replace(FINNEY, weights_version_key=101), 100, 360, 12.0, 256)
+    (problem,) = old.problems
+    assert "this QUASAR's weights version key is 100, below the subnet's WeightsVersionKey 101" in problem
+    assert "git pull, then ./scripts/setup_venv.sh" in problem
+    capped = assess_subnet_rules(replace(FINNEY, max_weight_limit=30000), 100, 360, 12.0, 256)
+    assert "caps a uid at 0.4578 of the weights, below first place's 0.60" in capped.problems[0]
+    many = assess_subnet_rules(replace(FINNEY, min_allowed_weights=8), 100, 360, 12.0, 256)
+    assert "needs weights on at least 8 uids" in many.problems[0]
+    assert assess_subnet_rules(replace(FINNEY, min_allowed_weights=8), 100, 360, 12.0, 5).problems == ()
+    fast = assess_subnet_rules(replace(FINNEY, tempo=20), 100, 360, 0.25, 256)
+    assert fast.notes[0].endswith("1 epoch(s) of 20 blocks later (about 5 s at 0.25 s a block)")
+    # Every 5 blocks (rate limit 5) with two epochs of 360 blocks to a reveal: 144 commits would wait.
+    crowded = assess_subnet_rules(replace(FINNEY, weights_rate_limit=5), 100, 5, 12.0, 256)
+    assert crowded.notes[0] == ("committing every 5 blocks leaves up to 144 commits waiting for their reveal (tempo "
+                                "360), more than the chain holds (10): some are refused until older ones reveal; "
+                                "EPOCH_BLOCKS of at least 72 avoids it")
+    quick = assess_subnet_rules(replace(FINNEY, commit_reveal_enabled=False, max_weight_limit=50000,
+                                        min_allowed_weights=3), 100, 5, 0.25, 256)
+    assert quick.problems == ()
+    assert quick.notes == (
+        "max_weight_limit 50000 caps a uid at 0.7630 of the weights: an epoch whose split gives one uid more (the "
+        "owner's burn when few miners place) is not submitted",
+        "min_allowed_weights 3: an epoch whose split names fewer than 3 uids is not submitted",
+        "EPOCH_BLOCKS 5 is shorter than the subnet's weights rate limit (100 blocks): weights go out every 100 "
+        "blocks at most")
 
 
 def test_plan_weights_agrees_with_scoring_on_random_results():
@@ -354,27 +432,45 @@ def wallet_settings(tmp_path, name="validator"):
                    environ={}, dotenv_path=None)
 
 
-def test_load_wallet_names_the_missing_file(tmp_path):
-    with pytest.raises(ValidatorSetupError, match=f"coldkeypub file {tmp_path}/validator/coldkeypub.txt does not"):
-        load_wallet(wallet_settings(tmp_path))
+def test_open_wallet_names_the_missing_file(tmp_path):
+    with pytest.raises(WalletError, match=f"hotkey file {tmp_path}/validator/hotkeys/default does not exist"):
+        open_wallet(wallet_settings(tmp_path), "validator")
     wallet = bt.Wallet(name="validator", hotkey="default", path=str(tmp_path))
-    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-    with pytest.raises(ValidatorSetupError, match=f"hotkey file {tmp_path}/validator/hotkeys/default does not"):
-        load_wallet(wallet_settings(tmp_path))
     wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-    assert load_wallet(wallet_settings(tmp_path)).hotkey.ss58_address == wallet.hotkey.ss58_address
+    # The hotkey alone is enough: the coldkey need not be on a validator's machine.
+    assert open_wallet(wallet_settings(tmp_path), "validator").hotkey.ss58_address == wallet.hotkey.ss58_address
     (tmp_path / "validator" / "hotkeys" / "default").write_text("not a key")
-    with pytest.raises(ValidatorSetupError, match="cannot read hotkey file"):
-        load_wallet(wallet_settings(tmp_path))
+    with pytest.raises(WalletError, match="cannot read hotkey file"):
+        open_wallet(wallet_settings(tmp_path), "validator")
+
+
+def test_open_wallet_expands_the_home_folder_in_every_role(tmp_path, monkeypatch):
+    """WALLET_PATH=~/wallets means the same folder for the miner, its inference server and the validator."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("quasar_miner", "quasar_validator"):
+        bt.Wallet(name=name, hotkey="default", path=str(tmp_path / "wallets")).create_new_hotkey(
+            use_password=False, overwrite=True, suppress=True)
+    settings = resolve({"wallet_path": "~/wallets"}, environ={}, dotenv_path=None)
+    for role in ("miner", "validator"):
+        wallet = open_wallet(settings, role)
+        assert Path(wallet.hotkey_file.path).is_relative_to(tmp_path / "wallets"), wallet.hotkey_file.path
 
 
 def test_registration_is_required_a_permit_is_warned_about(tmp_path, caplog):
     chain = DevChain(tmp_path / "chain.sqlite3", netuid=24)
-    with pytest.raises(ValidatorSetupError, match=f"hotkey {HOTKEYS[0]} is not registered on subnet 24 of devchain"):
-        check_registration(chain, HOTKEYS[0], "devchain")
+    settings = resolve({"network": "devchain", "devchain_path": str(chain.path), "wallet_name": "v"}, environ={},
+                       dotenv_path=None)
+    with pytest.raises(ValidatorSetupError, match=f"hotkey {HOTKEYS[0]} is not registered on subnet 24 of devchain: "
+                                                  f"register it first \\(quasar devchain --path "):
+        check_registration(chain, HOTKEYS[0], settings)
+    finney = resolve({"wallet_name": "v"}, environ={}, dotenv_path=None)
+    with pytest.raises(ValidatorSetupError, match="register it first \\(btcli subnets register --netuid 24 --wallet v "
+                                                  "--wallet-hotkey default --network finney\\)"):
+        check_registration(chain, HOTKEYS[0], finney)
     chain.register(HOTKEYS[0], HOTKEYS[1])
-    check_registration(chain, HOTKEYS[0], "devchain")
+    check_registration(chain, HOTKEYS[0], settings)
     assert "has no validator permit" in caplog.text
+    assert "btcli stake add --netuid 24 --wallet v --wallet-hotkey default --amount-tao AMOUNT" in caplog.text
 
 
 # --- what workers write ---

@@ -2,7 +2,7 @@
 
 The files come from the ``flash-linear-attention`` and ``fla-core`` packages as pip installed them
 (``scripts/setup_venv.sh`` puts them in ``.venv/upstream-fla``, off the import path; see
-``requirements-upstream-fla.txt``), listed by their installed metadata; nothing of them is kept in
+pyproject.toml's ``upstream-fla``), listed by their installed metadata; nothing of them is kept in
 this repository. With ``quasar=True`` the starter fork's QuasarAttention files (what step 1 writes)
 are laid over them. The tree is committed as a git repository, like a clone of a fork.
 
@@ -18,10 +18,7 @@ import sys
 from importlib import metadata
 from pathlib import Path, PurePosixPath
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from quasar.starter_fork import commit_new_repository, kernel_files, template_root  # noqa: E402
+from quasar.starter_fork import commit_new_repository, kernel_files, template_root
 
 UPSTREAM_DISTRIBUTIONS = ("flash-linear-attention", "fla-core")
 COMMIT_MESSAGE = "upstream flash-linear-attention, as installed from its packages\n"
@@ -52,7 +49,7 @@ def upstream_files(site: Path | None = None) -> dict[PurePosixPath, Path]:
                 found[relative] = Path(distribution.locate_file(file))
     if names != set(UPSTREAM_DISTRIBUTIONS):
         raise UpstreamFlaMissing(f"{', '.join(sorted(set(UPSTREAM_DISTRIBUTIONS) - names))} not installed in {site} "
-                                 "(./scripts/setup_venv.sh installs requirements-upstream-fla.txt there)")
+                                 "(./scripts/setup_venv.sh installs pyproject.toml's upstream-fla there)")
     return found
 
 

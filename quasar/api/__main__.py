@@ -1,13 +1,19 @@
-"""``python -m quasar.api``: serve the submission API, or bring its database schema up to date.
+"""``quasar api`` (``python -m quasar.api``): serve the submission API, or bring its database
+schema up to date.
 
     python -m quasar.api serve [--host H] [--port P] [--workers N] [--database-url URL] [settings flags...]
     python -m quasar.api migrate [--database-url URL]
     python -m quasar.api revision -m "what changed" [--database-url URL]   (developers: new migration)
+    python -m quasar.api publish-url URL --wallet.name OWNER [--subtensor.network N --netuid N]
 
 Settings come from .env, the environment and flags (``python -m quasar.config`` lists them); the
 API needs ``API_HOTKEY``, the ss58 address its clients sign for. With ``--workers N`` (``API_WORKERS``)
 N processes serve the port (:mod:`quasar.api.workers`), each with its own app built from the same
 arguments; they share nothing but the database (nonces, bans, rate limits) and the chain.
+
+``publish-url`` is the subnet owner's: it writes the API's public URL and hotkey into the subnet
+identity on chain, signed by the owner's coldkey, once the API answers ``GET /health`` there; miners
+and validators read it when ``VALIDATOR_API_URL`` is empty (quasar/api/lookup.py).
 """
 
 from __future__ import annotations
@@ -45,20 +51,45 @@ MAX_CONCURRENT_REQUESTS = 1000
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m quasar.api", description=__doc__.split("\n")[0])
+def build_parser(prog: str = "quasar api") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Serve the submission API, or bring its database "
+                                                            "schema up to date.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the API")
-    config.add_arguments(serve)
+    config.add_arguments(serve, "api")
     serve.add_argument("--host", dest="api_host", default=None, help="same as --api.host")
     serve.add_argument("--port", dest="api_port", default=None, help="same as --api.port")
     serve.add_argument("--workers", dest="api_workers", default=None, help="same as --api.workers")
     migrate = commands.add_parser("migrate", help="create or upgrade the database schema, then exit")
-    config.add_arguments(migrate)
+    config.add_arguments(migrate, "api")
     revision = commands.add_parser("revision", help="(developers) write a new migration from the models' changes")
     revision.add_argument("-m", "--message", required=True, help="what the migration changes")
-    config.add_arguments(revision)
+    config.add_arguments(revision, "api")
+    publish = commands.add_parser("publish-url", help="(subnet owner) publish the API's public URL and hotkey on "
+                                                      "chain, signed by the owner's coldkey (--wallet.name)")
+    publish.add_argument("url", help="the URL miners and validators reach the API at, e.g. https://api.example.org")
+    config.add_arguments(publish, "api")
     return parser
+
+
+def publish_url(settings: config.Settings, url: str) -> int:
+    """``publish-url``: the owner's wallet signs the subnet identity carrying ``url`` and the hotkey
+    the API answers with."""
+    from quasar.api.lookup import ApiNotFound, publish_api
+    from quasar.chain.wallets import wallet_at
+
+    if not settings.wallet_name:
+        print("error: name the subnet owner's wallet (its coldkey owns the subnet) with --wallet.name or WALLET_NAME",
+              file=sys.stderr)
+        return 1
+    wallet = wallet_at(settings, settings.wallet_name)
+    try:
+        location = publish_api(connect(settings), wallet, url, settings.api_hotkey)
+    except (ApiNotFound, ChainError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"published {location.url} (API hotkey {location.hotkey}) on subnet {settings.netuid} of {settings.network}")
+    return 0
 
 
 def build_app(settings: config.Settings, database: Database, shared_pages: Path | None = None) -> FastAPI:
@@ -79,11 +110,13 @@ def worker_app(argv: list[str], shared_pages: str) -> FastAPI:
     return build_app(settings, Database(settings.database_url), Path(shared_pages))
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "quasar api") -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
+    parser = build_parser(prog)
     args, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, settings.secrets())
+    if args.command == "publish-url":
+        return publish_url(settings, args.url)
     where = display_url(settings.database_url)
     try:
         database = Database(settings.database_url)
@@ -131,4 +164,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m quasar.api"))

@@ -260,7 +260,7 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
     @app.get("/leaderboard", response_model=schemas.Leaderboard, responses=ERRORS,
              dependencies=STRICT_QUERY, tags=["public"])
     async def leaderboard(request: Request, round_id: RoundId = None) -> Response:
-        """A round ranked from the validators' stake-weighted consensus (QUASAR.md §5); default the
+        """A round ranked from the validators' stake-weighted consensus (docs/rules.md §5); default the
         current round. Reports count from the chain block after they arrive."""
         return await reads.response(request, lambda: service.leaderboard(round_id), {"round_id": round_id})
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from quasar.chain import Chain, Metagraph
+from quasar.chain.base import ApiLocation, SubnetHyperparameters, WeightsSubmission
 
 DEFAULT_BLOCK_POLL_S = 1.0
 
@@ -51,11 +52,21 @@ class CachedMetagraphChain(Chain):
                 self._snapshot = (block, self.inner.metagraph())
             return self._snapshot[1]
 
-    def owner_uid(self) -> int:
+    def owner_uid(self) -> int | None:
         return self.inner.owner_uid()
+
+    def hyperparameters(self) -> SubnetHyperparameters:
+        return self.inner.hyperparameters()
 
     def publish_endpoint(self, wallet, host: str, port: int) -> None:
         self.inner.publish_endpoint(wallet, host, port)
 
-    def set_weights(self, wallet, weights: Mapping[int, float], version_key: int) -> None:
-        self.inner.set_weights(wallet, weights, version_key)
+    def set_weights(self, wallet, weights: Mapping[int, float], version_key: int,
+                    hotkeys: Mapping[int, str] | None = None) -> WeightsSubmission:
+        return self.inner.set_weights(wallet, weights, version_key, hotkeys)
+
+    def api_location(self) -> ApiLocation | None:
+        return self.inner.api_location()
+
+    def publish_api_location(self, wallet, location: ApiLocation) -> None:
+        self.inner.publish_api_location(wallet, location)

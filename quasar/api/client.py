@@ -12,11 +12,12 @@ from pydantic import BaseModel
 
 from quasar.api import schemas
 from quasar.auth import sign_request
+from quasar.errors import QuasarError
 
 Model = TypeVar("Model", bound=BaseModel)
 
 
-class ApiClientError(Exception):
+class ApiClientError(QuasarError):
     """The API refused a request (``status`` and its ``detail``) or could not be reached (status 0)."""
 
     def __init__(self, status: int, detail: str):

@@ -29,6 +29,7 @@ from quasar.api.charts import NARROW, WIDE, Layout, Series, bar_chart, compact, 
 from quasar.api.readcache import BlockCache
 from quasar.api.service import ApiError, SubmissionService
 from quasar.api.status import StatusReader
+from quasar.terminal import short_hotkey
 
 TEMPLATES_DIR = Path(__file__).with_name("templates")
 RECENT_SUBMISSIONS = 20
@@ -40,11 +41,6 @@ STATE_LABELS = {"committed": "committed", "expired": "expired", "revealed": "rev
 # fullmatch: "$" would also match before a trailing newline.
 _HOTKEY = re.compile(schemas.HOTKEY_PATTERN.removeprefix("^").removesuffix("$"))
 _ID = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
-
-
-def short_hotkey(hotkey: str) -> str:
-    """``5F3sa2TJ…hv8K``: enough of an ss58 address to tell miners apart in a table."""
-    return f"{hotkey[:8]}…{hotkey[-4:]}" if len(hotkey) > 14 else hotkey
 
 
 def tokens(value: float | None) -> str:

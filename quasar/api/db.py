@@ -35,15 +35,32 @@ from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.script import ScriptDirectory
 from sqlalchemy import (
-    JSON, BigInteger, Boolean, Double, ForeignKey, Index, Integer, String, Table, Text, UniqueConstraint,
-    create_engine, delete, event, literal, select, text,
+    JSON,
+    BigInteger,
+    Boolean,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    delete,
+    event,
+    literal,
+    select,
+    text,
 )
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.sql import Executable, Insert
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.sql import Executable, Insert
+
+from quasar.errors import QuasarError
 
 logger = logging.getLogger(__name__)
 
@@ -385,7 +402,7 @@ class GroupCommit:
         return []
 
 
-class DatabaseBusy(RuntimeError):
+class DatabaseBusy(QuasarError, RuntimeError):
     """The database could not take the write in time (SQLite lock wait, or retries exhausted)."""
 
 

@@ -21,12 +21,13 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
-import psycopg2
+
+from quasar.errors import QuasarError
 
 SUPERUSER = "quasar"
 
 
-class PostgresUnavailable(RuntimeError):
+class PostgresUnavailable(QuasarError, RuntimeError):
     """No PostgreSQL server could be started here; the message says why."""
 
 
@@ -108,6 +109,8 @@ class TemporaryPostgres:
         """Create an empty database ``name`` (letters, digits, underscores) and return its URL."""
         if not name.replace("_", "").isalnum():
             raise ValueError(f"database name {name!r}: use letters, digits and underscores")
+        import psycopg2  # here, not at the top: this module's free_port serves SQLite-only callers too
+
         connection = psycopg2.connect(host="127.0.0.1", port=self.port, user=SUPERUSER, dbname="postgres")
         try:
             connection.autocommit = True

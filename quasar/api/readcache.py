@@ -42,7 +42,6 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
 import anyio
@@ -53,8 +52,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-if TYPE_CHECKING:
-    from quasar.api.sharedpages import SharedPages
+from quasar.api.rendered import Rendered, SharedRenders, Target
 
 DEFAULT_MAX_ENTRIES = 1024
 # Share of the time the page thread spends rendering. Under 330 signed submissions and 1,100 reads
@@ -68,7 +66,6 @@ FIRST_RENDERS = 4
 JSON_TYPE = "application/json"
 HTML_TYPE = "text/html; charset=utf-8"
 
-Target = tuple[str, bytes]  # (path, query string)
 Params = Mapping[str, object]
 
 
@@ -83,24 +80,6 @@ def canonical_query(params: Params | None) -> bytes:
 
 class _Superseded(Exception):
     """A page's render for a block that ended before its turn came (the next block's is wanted)."""
-
-
-@dataclass(frozen=True)
-class Rendered:
-    """A response as sent: status, headers (content type and length included) and body."""
-
-    status: int
-    headers: tuple[tuple[bytes, bytes], ...]
-    body: bytes
-
-    @classmethod
-    def of(cls, response: Response) -> Rendered:
-        return cls(response.status_code, tuple(response.raw_headers), bytes(response.body))
-
-    def response(self) -> Response:
-        response = Response(self.body, status_code=self.status)
-        response.raw_headers = list(self.headers)
-        return response
 
 
 @dataclass(frozen=True)
@@ -121,7 +100,7 @@ class BlockCache:
     renders to is computed once by all the server's workers (quasar.api.sharedpages)."""
 
     def __init__(self, current_block: Callable[[], int], max_entries: int = DEFAULT_MAX_ENTRIES,
-                 page_render_duty: float = PAGE_RENDER_DUTY, shared: SharedPages | None = None):
+                 page_render_duty: float = PAGE_RENDER_DUTY, shared: SharedRenders | None = None):
         if not 0 < page_render_duty <= 1:
             raise ValueError(f"page_render_duty must be in (0, 1], got {page_render_duty}")
         self.current_block = current_block

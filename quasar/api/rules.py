@@ -12,10 +12,10 @@ import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-SALT_MIN_HEX = 32  # 16 bytes, QUASAR.md section 3
+SALT_MIN_HEX = 32  # 16 bytes, docs/rules.md section 3
 SALT_MAX_HEX = 128
 
-# IP bans (QUASAR.md section 3): this many failed validations from one IP inside the window ban it.
+# IP bans (docs/rules.md section 3): this many failed validations from one IP inside the window ban it.
 BAN_FAILURES = 5
 BAN_WINDOW_S = 24 * 3600.0
 BAN_DURATION_S = 24 * 3600.0

@@ -30,7 +30,8 @@ from sqlalchemy import func, select
 from quasar import consensus, originality, scheduling, scoring
 from quasar.api import rules, schemas
 from quasar.api.db import EvaluationLease, EvaluationReport, Submission
-from quasar.api.service import Judged, SubmissionService, consensus_reports, evaluated_submissions, judge
+from quasar.api.judging import Judged, consensus_reports, evaluated_submissions, judge
+from quasar.api.service import SubmissionService
 
 COMMITTED, EXPIRED, REVEALED, QUEUED = "committed", "expired", "revealed", "queued"
 SUPERSEDED, DEFERRED, LAPSED = "superseded", "deferred", "lapsed"
@@ -222,7 +223,7 @@ class StatusReader:
         block = self.service.current_block()
         round_id = rules.round_of_block(block, config.round_blocks).round_id
         return StatusContext(block, self.service.clock(), config.blocks_until_reveal, config.reveal_window_blocks,
-                             self.service.electorate(), self.service.first_scheduled_round(round_id),
+                             self.service.electorate(), scheduling.first_scheduled_round(round_id),
                              self.service.standing(round_id))
 
     def _statuses(self, session, submissions: Sequence[Submission],

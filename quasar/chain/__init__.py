@@ -8,6 +8,18 @@ Implementations:
 Everything else (API, inference server, neurons) talks to :class:`Chain` only.
 """
 
-from quasar.chain.base import Chain, ChainError, Endpoint, Metagraph, NeuronInfo
+from quasar.chain.base import (
+    ApiLocation,
+    Chain,
+    ChainError,
+    Endpoint,
+    Metagraph,
+    NeuronInfo,
+    RateLimited,
+    SubnetHyperparameters,
+    UidsChanged,
+    WeightsSubmission,
+)
 
-__all__ = ["Chain", "ChainError", "Endpoint", "Metagraph", "NeuronInfo"]
+__all__ = ["ApiLocation", "Chain", "ChainError", "Endpoint", "Metagraph", "NeuronInfo", "RateLimited",
+           "SubnetHyperparameters", "UidsChanged", "WeightsSubmission"]

@@ -3,12 +3,45 @@
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from quasar.errors import QuasarError
 
-class ChainError(RuntimeError):
+# Weights and the max-weight limit are u16 on chain: 65535 is a share of 1.
+U16_MAX = 65535
+# A hotkey may hold at most this many commits waiting for their reveal (subtensor: TooManyUnrevealedCommits).
+MAX_UNREVEALED_COMMITS = 10
+
+
+class ChainError(QuasarError, RuntimeError):
     """A chain read or extrinsic failed; the message says which and why."""
+
+
+class RateLimited(ChainError):
+    """The chain refuses this write for now because of a rate limit (weights or serving).
+
+    ``blocks_to_wait`` is how many blocks until the chain accepts it, when known (computed from
+    the subnet's rate limit and the neuron's last write); None when the chain refused without
+    saying for how long.
+    """
+
+    def __init__(self, blocks_to_wait: int | None, message: str):
+        super().__init__(message)
+        self.blocks_to_wait = blocks_to_wait
+
+
+class UidsChanged(ChainError):
+    """Weights were planned for uids that other hotkeys hold now (a uid deregistered and taken by a
+    new hotkey between planning and submitting); nothing was submitted. ``changed`` maps each such
+    uid to (the hotkey planned, the hotkey holding it now or None)."""
+
+    def __init__(self, changed: Mapping[int, tuple[str, str | None]]):
+        self.changed = dict(changed)
+        shown = "; ".join(f"uid {uid}: planned for {planned}, held by {now or 'nobody'} now"
+                          for uid, (planned, now) in sorted(self.changed.items()))
+        super().__init__(f"the subnet changed since the weights were planned ({shown}); nothing was submitted")
 
 
 @dataclass(frozen=True)
@@ -51,12 +84,77 @@ class Metagraph:
         return next((n for n in self.neurons if n.uid == uid), None)
 
 
+@dataclass(frozen=True)
+class SubnetHyperparameters:
+    """The subnet's rules a validator and a miner depend on, as the chain holds them (subtensor's
+    storage names in brackets)."""
+
+    tempo: int  # blocks per epoch [Tempo]
+    weights_version_key: int  # weights carry at least this version key; 0: any [WeightsVersionKey]
+    weights_rate_limit: int  # blocks between two weight settings (or commits) of a uid [WeightsSetRateLimit]
+    min_allowed_weights: int  # fewest uids one setting may name, capped by the subnet's size [MinAllowedWeights]
+    max_weight_limit: int  # largest share of one uid, in u16 (65535: no cap) [MaxWeightsLimit]
+    commit_reveal_enabled: bool  # weights are committed, applied when the chain reveals them [CommitRevealWeightsEnabled]
+    reveal_period_epochs: int  # epochs from a commit to its reveal [RevealPeriodEpochs]
+    serving_rate_limit: int  # blocks between two endpoint publications of a hotkey [ServingRateLimit]
+    max_allowed_uids: int  # neurons the subnet holds before a registration replaces one [MaxAllowedUids]
+    immunity_period: int  # blocks a new registration cannot be replaced [ImmunityPeriod]
+
+    @property
+    def max_weight_share(self) -> float:
+        """The largest share of the total one uid may receive (max_weight_limit / 65535)."""
+        return self.max_weight_limit / U16_MAX
+
+
+@dataclass(frozen=True)
+class WeightsSubmission:
+    """What :meth:`Chain.set_weights` did: set the weights (``committed`` False), or committed them
+    for the chain to apply when it reveals them (``committed`` True, commit-reveal subnets);
+    ``detail`` names the extrinsic or the reveal."""
+
+    block: int
+    committed: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class ApiLocation:
+    """Where the subnet's submission API is, as its owner published it on chain: its base URL and
+    the ss58 address of the hotkey it signs as (empty when not published)."""
+
+    url: str
+    hotkey: str = ""
+
+
+# The API's location lives in the subnet identity's free-text ``additional`` field as
+# ``quasar-api=URL`` and ``quasar-api-hotkey=SS58``, among whatever else the owner wrote there.
+API_URL_KEY = "quasar-api"
+API_HOTKEY_KEY = "quasar-api-hotkey"
+_TAGGED = re.compile(rf"(?:^|\s)({API_URL_KEY}|{API_HOTKEY_KEY})=(\S*)")
+
+
+def decode_api_location(additional: str | None) -> ApiLocation | None:
+    """The API location written in a subnet identity's ``additional`` text, or None without one."""
+    found = dict(match.groups() for match in _TAGGED.finditer(additional or ""))
+    url = found.get(API_URL_KEY, "")
+    return ApiLocation(url, found.get(API_HOTKEY_KEY, "")) if url else None
+
+
+def encode_api_location(additional: str | None, location: ApiLocation) -> str:
+    """``additional`` with the API location written in it, replacing an earlier one and keeping the
+    rest of the owner's text."""
+    kept = _TAGGED.sub("", additional or "").strip()
+    tags = f"{API_URL_KEY}={location.url}" + (f" {API_HOTKEY_KEY}={location.hotkey}" if location.hotkey else "")
+    return f"{kept} {tags}".strip()
+
+
 class Chain(abc.ABC):
     """What QUASAR reads from and writes to the chain, for one subnet (``netuid``)."""
 
     netuid: int
-    # Target seconds per block: only for estimating wall time from block counts (Bittensor: 12 s).
-    block_time_s: float = 12.0
+    # Seconds per block, as the chain states it (12 on finney, 0.25 on fast-block nodes): only for
+    # turning block counts into wall time. Each implementation reads it from its chain.
+    block_time_s: float
 
     @abc.abstractmethod
     def current_block(self) -> int:
@@ -67,16 +165,36 @@ class Chain(abc.ABC):
         """The subnet's neurons now."""
 
     @abc.abstractmethod
-    def owner_uid(self) -> int:
-        """The uid of the subnet owner's hotkey: unassigned weight goes there (burn)."""
+    def owner_uid(self) -> int | None:
+        """The uid of the subnet owner's hotkey (unassigned weight goes there: burn), or None when
+        the owner's hotkey holds no uid on the subnet."""
+
+    @abc.abstractmethod
+    def hyperparameters(self) -> SubnetHyperparameters:
+        """The subnet's hyperparameters now."""
 
     @abc.abstractmethod
     def publish_endpoint(self, wallet, host: str, port: int) -> None:
-        """Publish ``host:port`` as ``wallet``'s hotkey's endpoint; raise ChainError on failure."""
+        """Publish ``host:port`` as ``wallet``'s hotkey's endpoint; nothing when it is already the one
+        on chain. :class:`RateLimited` within the serving rate limit, ChainError on other failures."""
 
     @abc.abstractmethod
-    def set_weights(self, wallet, weights: Mapping[int, float], version_key: int) -> None:
-        """Set ``wallet``'s weights (uid -> weight); raise ChainError if the extrinsic fails."""
+    def set_weights(self, wallet, weights: Mapping[int, float], version_key: int,
+                    hotkeys: Mapping[int, str] | None = None) -> WeightsSubmission:
+        """Set ``wallet``'s weights (uid -> weight), or commit them on a commit-reveal subnet.
+
+        ``hotkeys`` (uid -> the hotkey the weights were planned for) is checked against the chain at
+        the block the weights are submitted: :class:`UidsChanged` when a uid changed hands.
+        :class:`RateLimited` within the weights rate limit; ChainError when the extrinsic fails.
+        """
+
+    @abc.abstractmethod
+    def api_location(self) -> ApiLocation | None:
+        """The submission API's location its owner published on chain (subnet identity), or None."""
+
+    @abc.abstractmethod
+    def publish_api_location(self, wallet, location: ApiLocation) -> None:
+        """Publish ``location`` in the subnet identity; ``wallet``'s coldkey must own the subnet."""
 
     def neuron(self, hotkey: str) -> NeuronInfo | None:
         """The neuron registered with ``hotkey``, or None."""

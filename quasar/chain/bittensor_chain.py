@@ -11,9 +11,14 @@ Resilience, all bounded by ``retries`` with exponential back-off (``backoff_s``,
   its own reconnects are exhausted; reads and writes alike;
 - a write the chain refuses for a rate limit is retried (the transaction pool's "priority too
   low" clears in a block or two);
-- before submitting weights, the subnet's ``weights_rate_limit`` and the hotkey's last update are
-  read at one block: a submission the chain would refuse is not sent; :class:`RateLimited` says
-  how many blocks to wait.
+- before submitting weights, the subnet's ``weights_rate_limit``, the hotkey's last update and the
+  uids the weights were planned for are read at one block: a submission the chain would refuse is
+  not sent (:class:`RateLimited` says how many blocks to wait), nor one for a uid that another
+  hotkey holds now (:class:`UidsChanged`).
+
+The block time is the chain's own (its Aura slot duration: 12 s on finney, 0.25 s on fast-block
+nodes), read once. The API's location is read from and written to the subnet identity's
+``additional`` field (quasar/chain/base.py).
 
 Stake is the neuron's stake weight in the subnet's own units (alpha): its alpha stake plus its
 root TAO stake times the chain's TAO weight, as the chain computes it for validator permits.
@@ -33,10 +38,23 @@ from typing import Any, TypeVar
 import bittensor
 from bittensor import BittensorError, ConnectionNotReady, ErrorCode, ExtrinsicResult, RpcConnectionError
 from bittensor import ChainError as SdkChainError
-from bittensor.intents import ServeAxon, SetWeights
+from bittensor.intents import ServeAxon, SetSubnetIdentity, SetWeights
 
 from quasar import version_key as package_version_key
-from quasar.chain.base import Chain, ChainError, Endpoint, Metagraph, NeuronInfo
+from quasar.chain.base import (
+    ApiLocation,
+    Chain,
+    ChainError,
+    Endpoint,
+    Metagraph,
+    NeuronInfo,
+    RateLimited,
+    SubnetHyperparameters,
+    UidsChanged,
+    WeightsSubmission,
+    decode_api_location,
+    encode_api_location,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -45,16 +63,17 @@ T = TypeVar("T")
 MAX_UID = 65535  # uids are u16 on chain
 
 
-class RateLimited(ChainError):
-    """The chain refuses this write for now because of a rate limit.
-
-    ``blocks_to_wait`` is how many blocks until the chain accepts it, when known (the weights
-    pre-check computes it); None when the chain refused without saying for how long.
-    """
-
-    def __init__(self, blocks_to_wait: int | None, message: str):
-        super().__init__(message)
-        self.blocks_to_wait = blocks_to_wait
+# Our hyperparameter -> the name in the chain's get_subnet_hyperparams_v3 (the SDK's subnet_hyperparameters).
+HYPERPARAMETER_SOURCES = {
+    "tempo": "tempo", "weights_version_key": "weights_version", "weights_rate_limit": "weights_rate_limit",
+    "min_allowed_weights": "min_allowed_weights", "max_weight_limit": "max_weights_limit",
+    "commit_reveal_enabled": "commit_reveal_weights_enabled", "reveal_period_epochs": "commit_reveal_period",
+    "serving_rate_limit": "serving_rate_limit", "max_allowed_uids": "max_allowed_uids",
+    "immunity_period": "immunity_period",
+}
+# The subnet identity's fields, all rewritten by set_subnet_identity (empty ones are cleared).
+IDENTITY_FIELDS = ("subnet_name", "github_repo", "subnet_contact", "subnet_url", "discord", "description",
+                   "logo_url", "additional")
 
 
 class _RefusedForRateLimit(Exception):
@@ -96,6 +115,16 @@ def endpoint_from_axon(axon: str | None) -> Endpoint | None:
     if not host or not port.isdigit() or int(port) == 0:
         return None
     return Endpoint(host.strip("[]"), int(port))
+
+
+def to_hyperparameters(raw: Mapping[str, Any]) -> SubnetHyperparameters:
+    """Our :class:`SubnetHyperparameters` from the SDK's flat ``subnet_hyperparameters`` mapping."""
+    missing = sorted(name for name in HYPERPARAMETER_SOURCES.values() if name not in raw)
+    if missing:
+        raise ChainError(f"the chain's subnet hyperparameters lack {', '.join(missing)}")
+    values = {ours: raw[theirs] for ours, theirs in HYPERPARAMETER_SOURCES.items()}
+    return SubnetHyperparameters(**{name: bool(value) if name == "commit_reveal_enabled" else int(value)
+                                    for name, value in values.items()})
 
 
 def to_metagraph(graph: bittensor.Metagraph) -> Metagraph:
@@ -178,6 +207,7 @@ class BittensorChain(Chain):
         self._client_factory = client_factory or bittensor.Subtensor
         self._lock = threading.Lock()
         self._client = self._new_client()
+        self._block_time_s: float | None = None
 
     def __repr__(self) -> str:
         return f"BittensorChain(target={self.target!r}, netuid={self.netuid})"
@@ -244,6 +274,13 @@ class BittensorChain(Chain):
 
     # --- Chain ---
 
+    @property
+    def block_time_s(self) -> float:
+        """Seconds per block as the chain states it, read on first use."""
+        if self._block_time_s is None:
+            self._block_time_s = float(self._attempts("read the block time", lambda client: client.block_time()))
+        return self._block_time_s
+
     def current_block(self) -> int:
         return int(self._attempts("read the current block", lambda client: client.block))
 
@@ -256,13 +293,38 @@ class BittensorChain(Chain):
     def metagraph(self) -> Metagraph:
         return to_metagraph(self._attempts("read the metagraph", self._sdk_metagraph))
 
-    def owner_uid(self) -> int:
+    def owner_uid(self) -> int | None:
         graph = self._attempts("read the metagraph", self._sdk_metagraph)
-        owner = graph.by_hotkey(graph.owner_hotkey)
-        if owner is None:
-            raise ChainError(f"the owner hotkey {graph.owner_hotkey} of subnet {self.netuid} on {self.target} "
-                             "holds no uid, so no weight can go to the owner")
-        return owner.uid
+        owner = graph.by_hotkey(graph.owner_hotkey) if graph.owner_hotkey else None
+        return None if owner is None else owner.uid
+
+    def hyperparameters(self) -> SubnetHyperparameters:
+        def read(client: Any) -> Mapping[str, Any]:
+            raw = client.subnets.subnet_hyperparameters(self.netuid)
+            if raw is None:
+                raise ChainError(f"subnet {self.netuid} does not exist on {self.target}")
+            return raw
+
+        return to_hyperparameters(self._attempts("read the subnet's hyperparameters", read))
+
+    def api_location(self) -> ApiLocation | None:
+        identity = self._attempts("read the subnet identity", lambda client: client.subnets.subnet_identity(self.netuid))
+        return decode_api_location((identity or {}).get("additional"))
+
+    def publish_api_location(self, wallet, location: ApiLocation) -> None:
+        """Write ``location`` into the subnet identity's ``additional`` field with ``SetSubnetIdentity``,
+        keeping the identity's other fields; signed by ``wallet``'s coldkey, the subnet's owner."""
+
+        def publish(client: Any) -> None:
+            identity = client.subnets.subnet_identity(self.netuid) or {}
+            fields = {name: str(identity.get(name) or "") for name in IDENTITY_FIELDS}
+            fields["additional"] = encode_api_location(fields["additional"], location)
+            intent = SetSubnetIdentity(netuid=self.netuid, **fields)
+            result = _check_extrinsic("setting the subnet identity", client.execute(intent, wallet))
+            logger.info("published the API location %s on subnet %d (%s)", location.url, self.netuid,
+                        result.extrinsic_id or result.message)
+
+        self._attempts("publish the API location", publish)
 
     def publish_endpoint(self, wallet, host: str, port: int) -> None:
         """Publish ``host:port`` (an IP address: the chain stores no names) with ``ServeAxon``.
@@ -299,30 +361,44 @@ class BittensorChain(Chain):
 
         self._attempts("publish the endpoint", publish)
 
-    def set_weights(self, wallet, weights: Mapping[int, float], version_key: int) -> None:
-        """Submit ``weights`` (normalized to sum 1) with ``SetWeights``.
+    def set_weights(self, wallet, weights: Mapping[int, float], version_key: int,
+                    hotkeys: Mapping[int, str] | None = None) -> WeightsSubmission:
+        """Submit ``weights`` (normalized to sum 1) with ``SetWeights``, which commits them on a
+        commit-reveal subnet (the chain applies them when it reveals them).
 
-        Raises :class:`RateLimited` without submitting when the subnet's weights rate limit has
-        not passed since this hotkey's last update, and ChainError when the extrinsic fails.
+        Raises, without submitting, :class:`RateLimited` when the subnet's weights rate limit has not
+        passed since this hotkey's last update, and :class:`UidsChanged` when a uid of ``hotkeys`` is
+        not held by its planned hotkey at the block of the check; ChainError when the extrinsic fails.
         """
         normalized = normalize_weights(weights)
         hotkey = _hotkey_address(wallet)
 
-        def submit(client: Any) -> None:
+        def submit(client: Any) -> WeightsSubmission:
             view = client.at()
             uid = view.neurons.uid(hotkey, self.netuid)
             if uid is None:
                 raise ChainError(f"cannot set weights: hotkey {hotkey} is not registered on "
                                  f"subnet {self.netuid} of {self.target}")
+            changed = {}
+            for planned_uid, planned in (hotkeys or {}).items():
+                held = view.neurons.uid(planned, self.netuid)
+                if held != planned_uid:
+                    changed[planned_uid] = (planned, None)
+            if changed:
+                raise UidsChanged(changed)
             rate_limit = int(view.hyperparameters.weights_rate_limit(self.netuid))
             since = view.epochs.blocks_since_last_update(self.netuid, uid)
             wait = blocks_until_weights_allowed(view.block, since, rate_limit)
             if wait:
                 raise RateLimited(wait, f"weights of uid {uid} on subnet {self.netuid} were set {since} blocks "
                                         f"ago; the rate limit is {rate_limit} blocks: wait {wait} more")
+            committed = bool(view.subnets.commit_reveal_enabled(self.netuid))
             intent = SetWeights(netuid=self.netuid, weights=normalized, version_key=int(version_key))
             result = _check_extrinsic("setting weights", client.execute(intent, wallet))
-            logger.info("set weights for %d uids on subnet %d as uid %d (version_key %d, %s)",
-                        len(normalized), self.netuid, uid, version_key, result.extrinsic_id or result.message)
+            reveal = result.data.get("reveal_round") if committed else None
+            detail = (result.extrinsic_id or result.message) + (f", revealed at drand round {reveal}" if reveal else "")
+            logger.info("%s weights for %d uids on subnet %d as uid %d (version_key %d, %s)",
+                        "committed" if committed else "set", len(normalized), self.netuid, uid, version_key, detail)
+            return WeightsSubmission(view.block, committed, detail)
 
-        self._attempts("set weights", submit)
+        return self._attempts("set weights", submit)

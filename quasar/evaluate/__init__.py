@@ -1,8 +1,8 @@
 """The evaluation harness: sandboxed, tamper-evident benchmark and correctness check of a fork.
 
-``evaluate(repo, target_seq_len, claimed, options)`` returns an :class:`EvaluationReport`; see
-harness.py for the design and threat model, sandbox.py for the isolation, and
-``python -m quasar.evaluate --help`` for the command line.
+``evaluate(repo, target_seq_len, claimed, options)`` returns an :class:`EvaluationReport`; the
+design and the threat model are in docs/evaluation.md, the sandbox in sandbox.py, and the command
+line in ``quasar evaluate --help`` (cli.py).
 
 The names below load on first use, so that start.py (a validator's worker starts the sandboxed
 child before anything imports torch) and sandbox.py can be imported without the harness.
@@ -13,14 +13,15 @@ from __future__ import annotations
 import importlib
 
 _WHERE = {
-    "DEFAULT_SEQ_LENS": "harness",
-    "REL_ERROR_THRESHOLD": "harness",
-    "EvaluationInputError": "harness",
-    "EvaluationOptions": "harness",
-    "ProgressEvent": "harness",
-    "ReferenceWork": "harness",
+    "DEFAULT_SEQ_LENS": "options",
+    "EvaluationInputError": "options",
+    "EvaluationOptions": "options",
+    "ProgressEvent": "options",
+    "options_from_settings": "options",
+    "REL_ERROR_THRESHOLD": "verification",
+    "ReferenceWork": "references",
+    "start_references": "references",
     "evaluate": "harness",
-    "start_references": "harness",
     "EvaluationReport": "report",
     "ImportCheck": "report",
     "LengthResult": "report",

@@ -1,7 +1,7 @@
 """The evaluation report: typed results that cross from the harness to validators and miners.
 
-``EvaluationReport.to_dict()`` is the JSON of ``python -m quasar.evaluate --json`` and of
-``scripts/local_validator.py --json``; ``from_dict`` reads it back. ``render_report`` prints it as
+``EvaluationReport.to_dict()`` is the JSON of ``quasar evaluate --json`` and of
+``quasar local-validator --json``; ``from_dict`` reads it back. ``render_report`` prints it as
 rich tables.
 """
 
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -25,6 +26,21 @@ SKIPPED = "skipped"
 NEEDS_GPU = "needs-gpu"
 
 
+# Characters a fork's text never brings into a report: control characters but newline and tab
+# (terminal escapes among them), and the bidirectional controls that make a line read otherwise
+# than it is.
+_UNSAFE_CHARACTERS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def clean_text(text: object, limit: int) -> str:
+    """``text`` as it may enter a report: unsafe characters replaced by ``?``, at most ``limit``
+    characters (the end cut and marked). Every string that comes from the sandboxed child
+    (error messages, its timing note, its output) goes through here; rich markup in it is
+    escaped where the report is printed (:func:`render_report`)."""
+    cleaned = _UNSAFE_CHARACTERS.sub("?", str(text))
+    return cleaned if len(cleaned) <= limit else cleaned[:max(limit - 1, 0)] + "…"
+
+
 def _finite_or_none(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -37,7 +53,7 @@ def _finite_or_none(value: Any) -> Any:
 
 @dataclass
 class ImportCheck:
-    """Result of the import validation of ``fla/ops/quasar/`` (QUASAR.md section 4 step 2)."""
+    """Result of the import validation of ``fla/ops/quasar/`` (docs/rules.md section 4 step 2)."""
 
     ok: bool
     profile: str
@@ -49,12 +65,17 @@ class ImportCheck:
 class LengthResult:
     """Benchmark and correctness at one sequence length.
 
-    Speeds come from the parent's clock (see harness.py): ``timed_runs`` timed requests of
+    Speeds come from the parent's clock (docs/evaluation.md, "Timing"): ``timed_runs`` timed requests of
     ``forwards_per_request`` forwards each, one time per forward from each request (its round
     trip less the harness's cost, divided by the count; ``subtracted_us`` per forward);
     ``tokens_per_sec`` from their median, ``tokens_per_sec_max`` from the fastest request (the
-    best the fork did here), ``tokens_per_sec_min`` from the slowest, ``cv`` over them. ``runs_verified`` counts the timed
-    forwards checked against the reference (every forward of ``requests_verified`` requests).
+    best the fork did here), ``tokens_per_sec_min`` from the slowest, ``cv`` over them.
+    ``runs_verified`` counts the timed forwards checked against the reference (every forward of
+    ``requests_verified`` requests, the correctness request among them); ``request_error`` is the
+    largest error estimated for one of those requests from all its forwards' fingerprints, and
+    ``escape_probability`` the chance that a fork degrading just over half of the timed requests
+    (enough to move their median) had none of them checked; ``requests_checked_ahead`` how many of
+    them the parent computed while the child warmed up.
     ``peak_vram_mb`` is what the fork's
     process reported (informational: fork code could fake it): the peak of the length's warm-up
     above the memory allocated before it (the fork's forwards and the length's float32 inputs). ``rel_error`` is over the whole
@@ -84,6 +105,9 @@ class LengthResult:
     runs_verified: int = 0
     fingerprint_error: float | None = None
     subtracted_us: float | None = None
+    request_error: float | None = None
+    escape_probability: float | None = None
+    requests_checked_ahead: int = 0
     error: str | None = None
     forwards_per_request: int = 0
     requests_verified: int = 0
@@ -107,7 +131,7 @@ class Timings:
     first_forward_s: float = 0.0
     timed_s: float = 0.0
     correctness_s: float = 0.0
-    # Of correctness_s: receiving the correctness runs' outputs from the child.
+    # Of correctness_s: receiving the correctness requests' outputs from the child.
     output_s: float = 0.0
     reference_s: float = 0.0
     total_s: float = 0.0
@@ -140,7 +164,9 @@ class EvaluationReport:
     recommended_claim: float | None = None
     notes: list[str] = field(default_factory=list)
     sandbox: str = ""
-    # Where the child and the parent's timing thread ran (harness.py, pinning.py).
+    # The packages the fork could import besides its own (environment.py).
+    environment: str = ""
+    # Where the child and the parent's timing thread ran (timing and pinning: docs/evaluation.md, pinning.py).
     cpu_pinning: str = ""
     weights_seed: int | None = None
     timings: Timings = field(default_factory=Timings)
@@ -200,13 +226,29 @@ def _timing(timing: str | None) -> str:
 WIDE_REPORT_COLUMNS = 150
 
 
-def _compact_rate(value: float | None) -> str:
-    """Tokens/s in M (two decimals) or k (one): ``61.96 M``, ``812.3 k``."""
-    if value is None or not math.isfinite(value):
-        return _number(value)
-    if abs(value) >= 1e6:
-        return f"{value / 1e6:.2f} M"
-    return f"{value / 1e3:.1f} k" if abs(value) >= 1e3 else f"{value:.0f}"
+# Timed requests whose durations vary more than this (coefficient of variation) make the measured
+# speed and the recommended claim unreliable: something else shares the GPU or the CPU.
+HIGH_CV = 0.10
+
+
+def noise_warnings(report: EvaluationReport) -> list[str]:
+    """One line per length whose timed requests varied more than :data:`HIGH_CV`, saying what it costs."""
+    warnings = []
+    for key in sorted(report.lengths, key=int):
+        item = report.lengths[key]
+        if item.cv is not None and math.isfinite(item.cv) and item.cv > HIGH_CV:
+            cost = (" and the recommended claim sits far under the median"
+                    if item.seq_len == report.target_seq_len else "")
+            warnings.append(f"T={item.seq_len:,}: timed requests vary by cv {item.cv:.3f} (over {HIGH_CV:g}): the "
+                            f"speed is uncertain{cost}; measure again on an idle GPU "
+                            "(nvidia-smi shows other processes)")
+    return warnings
+
+
+def _cv(value: float | None) -> str:
+    """The cv cell, marked red when over :data:`HIGH_CV`."""
+    text = _number(value, ".3f")
+    return f"[red]{text}![/]" if value is not None and math.isfinite(value) and value > HIGH_CV else text
 
 
 def _checks(item: LengthResult) -> str:
@@ -224,7 +266,11 @@ def _lengths_table(report: EvaluationReport, wide: bool) -> Any:
     from rich import box
     from rich.table import Table
 
-    title = f"{report.repo} on {report.device_name or report.device}"
+    from rich.markup import escape
+
+    from quasar.terminal import compact_rate
+
+    title = escape(f"{report.repo} on {report.device_name or report.device}")
     if wide:
         table = Table(title=title, title_justify="left")
         columns = ("T", "status", "tok/s (median)", "slowest", "fastest", "cv", "timing", "MiB", "rel err",
@@ -236,26 +282,40 @@ def _lengths_table(report: EvaluationReport, wide: bool) -> Any:
         table.add_column(column, justify="left" if column in ("status", "checks") else "right", no_wrap=True)
     for key in sorted(report.lengths, key=int):
         item = report.lengths[key]
-        status = item.status if item.status == OK else f"[red]{item.status}[/]"
+        status = item.status if item.status == OK else f"[red]{escape(item.status)}[/]"
         if wide:
             worst_eighth = max(item.rel_error_eighths) if item.rel_error_eighths else None
             cells = (_number(item.tokens_per_sec), _number(item.tokens_per_sec_min), _number(item.tokens_per_sec_max),
-                     _number(item.cv, ".3f"), _timing(item.timing), _number(item.peak_vram_mb),
+                     _cv(item.cv), escape(_timing(item.timing)), _number(item.peak_vram_mb),
                      _number(item.rel_error, ".2e"), _number(worst_eighth, ".2e"), _flag(item.finite),
                      _flag(item.repeat_agree), _flag(item.correct))
         else:
-            cells = (_compact_rate(item.tokens_per_sec), _number(item.cv, ".3f"), _number(item.peak_vram_mb),
+            cells = (compact_rate(item.tokens_per_sec), _cv(item.cv), _number(item.peak_vram_mb),
                      _number(item.rel_error, ".2e"), _checks(item))
         table.add_row(f"{item.seq_len:,}", status, *cells)
     return table
+
+
+def _checks_line(report: EvaluationReport) -> str | None:
+    """How the target length's timed requests were checked, and the chance a fork degrading just
+    over half of them escaped (None where it was not measured)."""
+    item = report.lengths.get(str(report.target_seq_len))
+    if item is None or item.escape_probability is None or not item.timed_runs:
+        return None
+    probability = item.escape_probability
+    shown = "0" if probability == 0 else f"{probability:.2%}" if probability >= 1e-4 else f"{probability:.1e}"
+    return (f"{item.requests_verified} of {item.timed_runs} timed requests at T={item.seq_len:,} checked in full; "
+            f"a fork degrading over half escapes with p = {shown}")
 
 
 def render_report(report: EvaluationReport, console: Any = None) -> None:
     """Print ``report`` as rich tables: one row per length, then the verdict and its reasons.
 
     The lengths table fits the console: every column from :data:`WIDE_REPORT_COLUMNS` columns
-    on, a narrower one below (legible at 80 columns)."""
+    on, a narrower one below (legible at 80 columns). Text that may come from the fork (reasons,
+    notes, the timing mode) is printed as text: rich markup in it is escaped."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
@@ -270,18 +330,36 @@ def render_report(report: EvaluationReport, console: Any = None) -> None:
     summary.add_row("measured at target", f"{_number(report.measured_tokens_per_sec)} tokens/s")
     if report.claimed_tokens_per_sec is not None:
         summary.add_row("claimed", f"{_number(report.claimed_tokens_per_sec)} tokens/s ({'ok' if report.claim_ok else 'FAILS the 0.9 × claim check'})")
-    summary.add_row("weighted score", _number(report.weighted_score))
-    summary.add_row("recommended claim", f"{_number(report.recommended_claim)} tokens/s")
+    multiplier = report.multiplier
+    if report.weighted_score is not None and multiplier:
+        summary.add_row("weighted score", f"{_number(report.weighted_score)} (scored at the "
+                        f"{'claimed' if report.claimed_tokens_per_sec is not None else 'measured'} speed × {multiplier:g})")
+    else:
+        summary.add_row("weighted score", _number(report.weighted_score))
+    recommended = report.recommended_claim
+    if recommended is not None and multiplier and report.measured_tokens_per_sec is not None:
+        scores = min(recommended, report.measured_tokens_per_sec) * multiplier if report.passed else 0.0
+        summary.add_row("recommended claim", f"{_number(recommended)} tokens/s (a submission claiming it scores "
+                                             f"{_number(scores)}: min(claimed, measured) × {multiplier:g})")
+    else:
+        summary.add_row("recommended claim", f"{_number(recommended)} tokens/s")
     if report.import_check is not None:
         state = "ok" if report.import_check.ok else f"{len(report.import_check.errors)} error(s)"
         summary.add_row("import check", f"{state}, {len(report.import_check.warnings)} warning(s) ({report.import_check.profile})")
-    summary.add_row("sandbox", report.sandbox or "-")
-    summary.add_row("CPUs", report.cpu_pinning or "-")
+    checks = _checks_line(report)
+    if checks is not None:
+        summary.add_row("timed checks", checks)
+    summary.add_row("sandbox", escape(report.sandbox) or "-")
+    if report.environment:
+        summary.add_row("environment", escape(report.environment))
+    summary.add_row("CPUs", escape(report.cpu_pinning) or "-")
     summary.add_row("time", f"{report.timings.total_s:.1f} s in all, {report.timings.timed_s:.1f} s timed")
     console.print(summary)
+    for warning in noise_warnings(report):
+        console.print(f"[yellow]noisy:[/] {escape(warning)}", highlight=False)
     for note in report.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {escape(note)}", highlight=False)
     for warning in report.import_check.warnings if report.import_check else []:
-        console.print(f"[yellow]import warning:[/] {warning}")
+        console.print(f"[yellow]import warning:[/] {escape(warning)}", highlight=False)
     for reason in report.reasons:
-        console.print(f"[red]reason:[/] {reason}", highlight=False)
+        console.print(f"[red]reason:[/] {escape(reason)}", highlight=False)

@@ -25,7 +25,6 @@ Isolation levels (``SandboxedChild.isolation``):
 
 from __future__ import annotations
 
-import collections
 import fcntl
 import json
 import logging
@@ -35,27 +34,36 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from quasar.evaluate import pinning, protocol
+from quasar.errors import QuasarError
+from quasar.evaluate import pinning, protocol, syscall_filter
+from quasar.evaluate.captured_output import CapturedOutput
+from quasar.evaluate.confinement import Confinement, ConfinementError
+from quasar.evaluate.environment import evaluation_environment
+from quasar.evaluate.gpus import assigned_gpu, nvidia_gpus
+from quasar.evaluate.sandbox_layout import (
+    NOBODY,
+    SANDBOX_FORK,
+    SANDBOX_HARNESS,
+    SANDBOX_HOME,
+    SANDBOX_SITE,
+    SYS_BINDS,
+    python_executable,
+    root_mounts,
+)
+from quasar.evaluate.stragglers import MARKER_VARIABLE, kill_marked_processes
 
 logger = logging.getLogger(__name__)
 
-HARNESS_FILES = ("child.py", "protocol.py", "workload.py", "sandbox_init.py")
+HARNESS_FILES = ("child.py", "protocol.py", "workload.py", "sandbox_init.py", "syscall_filter.py")
 HARNESS_DIR = Path(__file__).resolve().parent
-SANDBOX_FORK = "/sandbox/fork"
-SANDBOX_HARNESS = "/sandbox/harness"
-SANDBOX_HOME = "/sandbox/home"
-MARKER_VARIABLE = "QUASAR_SANDBOX_ID"
-KEPT_OUTPUT_BYTES = 32 * 1024
 # A fork bigger than this (without .git) is refused rather than copied.
 MAX_FORK_BYTES = 512 * 1024 * 1024
-NOBODY = 65534
 # Variables passed through from the parent's environment when set: library lookup and device
 # selection only, never credentials.
 PASSED_VARIABLES = (
@@ -63,14 +71,11 @@ PASSED_VARIABLES = (
     "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
     "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
 )
-# Read-only system directories of the private root (those that exist on this machine).
-SYSTEM_DIRECTORIES = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt/conda")
-DEVICE_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 # The child's first reply (Python and torch imported) must come within this many seconds.
 STARTUP_SECONDS = 180
 
 
-class SandboxError(Exception):
+class SandboxError(QuasarError):
     """The sandbox could not be set up or the child misbehaved at the process level."""
 
 
@@ -90,40 +95,16 @@ class SandboxPolicy:
     shm_tmpfs_bytes: int = 1 << 30
     max_output_bytes: int = 64 << 20
     max_open_files: int = 4096
+    # Processes and threads, through the sandbox's cgroup (or its own uid's RLIMIT_NPROC).
     max_processes: int = 4096
     max_file_bytes: int = 4 << 30
+    # Memory of the sandbox's processes, through its cgroup or the watchdog (confinement.py).
+    memory_bytes: int = 16 << 30
+    # A cgroup v2 folder, delegated to this process, to make the sandboxes' cgroups in; None: found.
+    cgroup_path: str | None = None
+    sys_paths: tuple[str, ...] = SYS_BINDS
     extra_readonly_paths: tuple[str, ...] = ()
     pytorch_cuda_alloc_conf: str = "expandable_segments:True"
-
-
-@dataclass
-class CapturedOutput:
-    """What the child wrote to stdout and stderr: its head and tail, and how much in all."""
-
-    total_bytes: int = 0
-    head: bytearray = field(default_factory=bytearray)
-    tail: collections.deque = field(default_factory=collections.deque)
-    tail_bytes: int = 0
-    flooded: bool = False
-
-    def add(self, chunk: bytes) -> None:
-        self.total_bytes += len(chunk)
-        room = KEPT_OUTPUT_BYTES - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail.append(chunk)
-            self.tail_bytes += len(chunk)
-            while self.tail_bytes - len(self.tail[0]) >= KEPT_OUTPUT_BYTES:
-                self.tail_bytes -= len(self.tail.popleft())
-
-    def text(self) -> str:
-        """Head and tail as text, with a note of what was left out between them."""
-        tail = b"".join(self.tail)[-KEPT_OUTPUT_BYTES:]
-        skipped = self.total_bytes - len(self.head) - len(tail)
-        middle = f"\n[... {skipped} bytes left out ...]\n".encode() if skipped > 0 else b""
-        return (bytes(self.head) + middle + tail).decode("utf-8", errors="replace")
 
 
 def namespaces_supported() -> tuple[bool, str]:
@@ -142,33 +123,9 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
-def _python_directories() -> list[str]:
-    """Directories the child's Python needs: its installation, environment and site-packages."""
-    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
-    for key in ("stdlib", "platstdlib", "purelib", "platlib", "include"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            paths.add(path)
-    executable = os.path.realpath(sys.executable)
-    paths.add(os.path.dirname(os.path.dirname(executable)))
-    # Site folders another environment lends through a .pth file (a GPU image's torch, see
-    # scripts/setup_venv.sh); site-packages folders only, never a checkout an editable install adds.
-    paths.update(entry for entry in sys.path if os.path.basename(entry) in ("site-packages", "dist-packages"))
-    return sorted(p for p in paths if os.path.isdir(p))
-
-
-def _outermost(paths: list[str]) -> list[str]:
-    """Drop paths that lie inside another path of the list."""
-    kept: list[str] = []
-    for path in sorted({os.path.normpath(p) for p in paths}, key=len):
-        if not any(path == k or path.startswith(k.rstrip("/") + "/") for k in kept):
-            kept.append(path)
-    return kept
-
-
 def scrubbed_environment(home: str, device: str, policy: SandboxPolicy, marker: str) -> dict[str, str]:
     """The child's whole environment: nothing of the parent's except :data:`PASSED_VARIABLES`."""
-    python_bin = os.path.dirname(sys.executable)
+    python_bin = os.path.dirname(python_executable())
     env = {
         "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
         "LANG": "C.UTF-8",
@@ -189,24 +146,36 @@ def scrubbed_environment(home: str, device: str, policy: SandboxPolicy, marker: 
         if name in os.environ:
             env[name] = os.environ[name]
     if device.startswith("cuda"):
-        index = int(device.split(":")[1]) if ":" in device else 0
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        choices = [v.strip() for v in visible.split(",")] if visible else None
-        if choices is not None and index >= len(choices):
-            raise SandboxError(f"device {device}: CUDA_VISIBLE_DEVICES={visible} has no device {index}")
-        env["CUDA_VISIBLE_DEVICES"] = choices[index] if choices is not None else str(index)
+        physical = physical_gpu_id(device)
+        gpu = assigned_gpu(physical, nvidia_gpus())
+        # By UUID where the driver says it: the one GPU whose device node the sandbox holds.
+        env["CUDA_VISIBLE_DEVICES"] = gpu.uuid if gpu is not None else physical
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     else:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
 
 
-def _copy_tree(source: Path, destination: Path) -> None:
-    """Copy a fork without ``.git``, without following links out of it, world-readable."""
+def physical_gpu_id(device: str) -> str:
+    """The ``CUDA_VISIBLE_DEVICES`` entry of ``cuda`` / ``cuda:N`` in this process's view (an index
+    in PCI order, a ``GPU-`` UUID or a MIG id). Raises SandboxError for a device not visible."""
+    index = int(device.split(":")[1]) if ":" in device else 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    choices = [v.strip() for v in visible.split(",")] if visible else None
+    if choices is not None and index >= len(choices):
+        raise SandboxError(f"device {device}: CUDA_VISIBLE_DEVICES={visible} has no device {index}")
+    return choices[index] if choices is not None else str(index)
+
+
+def copy_tree(source: Path, destination: Path) -> None:
+    """Copy a fork without ``.git`` and its bytecode caches (the sandbox compiles its own, from
+    the sources the import check read), without following links out of it, world-readable."""
     total = 0
 
     def ignore(directory: str, names: list[str]) -> set[str]:
         nonlocal total
         skipped = {".git"} if directory == str(source) else set()
+        skipped |= {name for name in names if name == "__pycache__"}
         for name in names:
             path = os.path.join(directory, name)
             if os.path.islink(path):
@@ -261,6 +230,13 @@ class SandboxedChild:
         self._mode = "none"
         self._replied = False
         self.flood_reason = ""
+        # The sandbox's own limits (confinement.py), and whether its seccomp filter is loaded.
+        self.confinement: Confinement | None = None
+        self.seccomp = False
+        # Which GPU device nodes the sandbox holds (namespaced, on CUDA).
+        self.gpu_note = ""
+        # The compilation of the fork copy's bytecode (_start_precompile), while it runs.
+        self._compiling: subprocess.Popen | None = None
 
     # --- paths as the child sees them ---
 
@@ -278,48 +254,62 @@ class SandboxedChild:
         namespaced = mode != "none"
         _, harness, home = self._layout(namespaced)
         env = scrubbed_environment(home, self.device, self.policy, self.marker)
-        python = sys.executable
-        argv = [python, "-I", f"{harness}/child.py", str(child_fds[0]), str(child_fds[1]),
+        sites = self._site_paths(namespaced)
+        argv = [python_executable(), "-I", "-S", f"{harness}/child.py", str(child_fds[0]), str(child_fds[1]),
                 "cuda" if self.device.startswith("cuda") else "cpu", repr(float(self.spin_seconds)),
-                str(self.shared.fd if self.shared is not None else -1)]
+                str(self.shared.fd if self.shared is not None else -1), json.dumps(sites)]
         rlimits = {"CORE": 0, "NOFILE": self.policy.max_open_files, "FSIZE": self.policy.max_file_bytes}
+        uid = gid = NOBODY
         if mode == "root":
-            # Counted per uid: in root mode the child is the only user of uid nobody we know of.
+            assert self.confinement is not None and self.confinement.uid is not None
+            uid = gid = self.confinement.uid.uid
+            # Counted per uid, and the uid is this sandbox's alone (confinement.py).
             rlimits["NPROC"] = self.policy.max_processes
         assert self.workdir is not None
+        cgroup = self.confinement.cgroup if self.confinement is not None else None
         config = {
             "mode": mode, "read_fd": child_fds[0], "write_fd": child_fds[1], "argv": argv, "env": env,
-            "cwd": home, "rlimits": rlimits, "uid": NOBODY, "gid": NOBODY,
+            "cwd": home, "rlimits": rlimits, "uid": uid, "gid": gid,
             "root_dir": str(self.workdir / "root"),
+            "cgroup_procs": cgroup.procs_files if cgroup is not None else [],
+            "seccomp": self.seccomp,
         }
         if namespaced:
-            directories = list(SYSTEM_DIRECTORIES) + _python_directories() + list(self.policy.extra_readonly_paths)
-            for variable in ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH"):
-                directories += [p for p in os.environ.get(variable, "").split(":") if p]
-            binds, links = [], []
-            for path in _outermost([p for p in directories if os.path.lexists(p)]):
-                if os.path.islink(path) and os.path.dirname(path) == "/":
-                    links.append([os.readlink(path), path])
-                elif os.path.isdir(path):
-                    binds.append([path, path])
-            binds += [[str(self.workdir / "fork"), SANDBOX_FORK], [str(self.workdir / "harness"), SANDBOX_HARNESS]]
-            owner = f",uid={NOBODY},gid={NOBODY}" if mode == "root" else ""
-            config.update({
-                "ro_binds": binds,
-                "symlinks": links,
-                "devices": [d for d in DEVICE_NODES if os.path.exists(d)] + self._nvidia_devices(),
-                "tmpfs": [
-                    [SANDBOX_HOME, f"mode=0700,size={self.policy.home_tmpfs_bytes}{owner}"],
-                    ["/tmp", f"mode=1777,size={self.policy.tmp_tmpfs_bytes}"],
-                    ["/dev/shm", f"mode=1777,size={self.policy.shm_tmpfs_bytes}"],
-                ],
-            })
+            assert self.workdir is not None
+            config.update(root_mounts(self.workdir, mode, uid, self.policy, self._nvidia_devices()))
         return config
 
+    def _site_paths(self, namespaced: bool) -> list[str]:
+        """The child's site folders, as it sees them: the binds under /sandbox/site, or (without
+        namespaces) folders of links to the environment's entries, made here."""
+        sites = evaluation_environment().sites
+        if namespaced:
+            return [f"{SANDBOX_SITE}/{index}" for index in range(len(sites))]
+        assert self.workdir is not None
+        paths = []
+        for index, site in enumerate(sites):
+            folder = self.workdir / "site" / str(index)
+            folder.mkdir(parents=True, exist_ok=True)
+            for entry in site.entries:
+                link = folder / entry
+                if not link.exists():
+                    link.symlink_to(os.path.join(site.path, entry))
+            paths.append(str(folder))
+        return paths
+
     def _nvidia_devices(self) -> list[str]:
+        """The NVIDIA device nodes the sandbox holds: the driver's control nodes and its own GPU's,
+        or every GPU's where the driver does not say which node is its GPU (noted in the report)."""
         if not self.device.startswith("cuda") or not os.path.isdir("/dev"):
             return []
-        return sorted(f"/dev/{name}" for name in os.listdir("/dev") if name.startswith("nvidia"))
+        gpu = assigned_gpu(physical_gpu_id(self.device), nvidia_gpus())
+        names = sorted(name for name in os.listdir("/dev") if name.startswith("nvidia"))
+        per_gpu = [name for name in names if name[len("nvidia"):].isdigit()]
+        if gpu is None:
+            self.gpu_note = "every GPU's device node (which is its own is unknown here)"
+            return [f"/dev/{name}" for name in names]
+        self.gpu_note = f"its own GPU's device node only ({gpu.bus})"
+        return [f"/dev/{name}" for name in names if name not in per_gpu or name == f"nvidia{gpu.minor}"]
 
     # --- lifecycle ---
 
@@ -338,7 +328,7 @@ class SandboxedChild:
         self.workdir = Path(tempfile.mkdtemp(prefix="quasar-eval-"))
         try:
             if self.fork_source is not None:
-                _copy_tree(self.fork_source, self.workdir / "fork")
+                copy_tree(self.fork_source, self.workdir / "fork")
             else:
                 (self.workdir / "fork").mkdir()
                 os.chmod(self.workdir / "fork", 0o755)
@@ -350,13 +340,19 @@ class SandboxedChild:
             home = self.workdir / "home"
             (home / "tmp").mkdir(parents=True, mode=0o700)
             supported, why = namespaces_supported()
+            self.seccomp, no_filter = syscall_filter.available()
+            if supported and not self.seccomp:
+                supported, why = False, f"no seccomp filter can be loaded ({no_filter})"
             if self.policy.force_unsandboxed:
                 supported, why = False, "unsandboxed mode was forced"
             if supported:
                 self._mode = "root" if os.geteuid() == 0 else "userns"
+                self._confine(root=self._mode == "root")
                 self._spawn(self._mode)
             else:
                 self._spawn_unsandboxed(why)
+            if self.fork_source is not None:
+                self._start_precompile()
         except BaseException:
             self.close()
             raise
@@ -369,7 +365,31 @@ class SandboxedChild:
         if self.workdir is None or self.fork_source is not None:
             raise SandboxError("provide_fork: the child was not started without a fork")
         self.fork_source = Path(fork_dir).resolve()
-        _copy_tree(self.fork_source, self.workdir / "fork")
+        copy_tree(self.fork_source, self.workdir / "fork")
+        self._start_precompile()
+
+    def _start_precompile(self) -> None:
+        """Compile the fork copy's Python sources to bytecode now, in a process of their own on
+        every core, beside the import check (the child, one pinned core, would compile a real fla
+        tree's 571 modules itself at import: seconds). Only compiled, never run; where it fails or
+        is late the child compiles what is missing, as Python always does."""
+        assert self.workdir is not None
+        shown = SANDBOX_FORK if self._mode != "none" else str(self.workdir / "fork")
+        command = [python_executable(), "-I", "-m", "compileall", "-q", "-j", "0", "-d", shown,
+                   str(self.workdir / "fork")]
+        self._compiling = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                           stderr=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+                                           start_new_session=True)
+
+    def precompiled(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the fork's bytecode, then stop its compilation."""
+        if self._compiling is None:
+            return
+        try:
+            self._compiling.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._compiling.pid, signal.SIGKILL)
+            self._compiling.wait()
 
     def wait_started(self) -> None:
         """Wait for the started child's first reply; where the namespaces fail to come up, start it
@@ -383,9 +403,13 @@ class SandboxedChild:
                     self._spawn_unsandboxed(str(error))
                 else:
                     self.isolation = "namespaces"
+                    assert self.confinement is not None
                     self.isolation_note = (
-                        "namespaces (network, mount, pid, ipc, uts); private read-only root; "
-                        + ("uid nobody" if self._mode == "root" else "unprivileged user namespace")
+                        "namespaces (network, mount, pid, ipc, uts); private read-only root, own /etc, "
+                        "/sys of CPUs and driver only; seccomp; "
+                        + ("" if self._mode == "root" else "unprivileged user namespace, ")
+                        + self.confinement.describe()
+                        + (f"; {self.gpu_note}" if self.gpu_note else "")
                     )
                     return
             self._await_first_reply()
@@ -399,9 +423,27 @@ class SandboxedChild:
                                      "(pass --allow-unsandboxed to run it anyway)")
         logger.warning("running the fork WITHOUT a sandbox: %s", why)
         self._mode = "none"
+        self._confine(root=False)
         self._spawn("none")
         self.isolation = "none"
         self.isolation_note = f"UNSANDBOXED ({why}): fork code ran with this user's files and network"
+
+    def _confine(self, root: bool) -> None:
+        """The sandbox's own uid (as root) and cgroup, made afresh (confinement.py)."""
+        if self.confinement is not None:
+            self.confinement.release()
+        try:
+            self.confinement = Confinement.prepare(root, self.policy.memory_bytes, self.policy.max_processes,
+                                                   self.policy.cgroup_path)
+        except ConfinementError as error:
+            raise SandboxError(f"the sandbox's limits could not be set up: {error}") from None
+
+    @property
+    def killed_reason(self) -> str:
+        """Why the parent or the sandbox's limits killed the child, or ``""``."""
+        if self.flood_reason:
+            return self.flood_reason
+        return self.confinement.killed_reason() if self.confinement is not None else ""
 
     def _spawn(self, mode: str) -> None:
         assert self.workdir is not None
@@ -441,6 +483,8 @@ class SandboxedChild:
         os.close(to_child_read)
         os.close(from_child_write)
         self.channel = protocol.Channel(from_child_read, to_child_write, spin_seconds=self.spin_seconds)
+        assert self.confinement is not None
+        self.confinement.start_watchdog(self.process.pid, self._kill_group)
         self._drain_thread = threading.Thread(target=self._drain, daemon=True)
         self._drain_thread.start()
 
@@ -472,6 +516,12 @@ class SandboxedChild:
                 self.flood_reason = (f"the fork wrote over {self.policy.max_output_bytes >> 20} MiB to "
                                      "stdout/stderr; the child was killed")
                 self._kill_group()
+
+    def drained(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the child's output to be read to its end (once every
+        process of the sandbox has closed it)."""
+        if self._drain_thread is not None:
+            self._drain_thread.join(timeout=timeout)
 
     def _kill_group(self) -> None:
         if self.process is None:
@@ -515,6 +565,9 @@ class SandboxedChild:
                 except (OSError, subprocess.TimeoutExpired):
                     pass
             self._terminate()
+            self.precompiled(timeout=0)
+            if self.confinement is not None:
+                self.confinement.release()
             if self.workdir is not None:
                 shutil.rmtree(self.workdir, ignore_errors=True)
                 self.workdir = None
@@ -522,38 +575,3 @@ class SandboxedChild:
             self.gone.set()
 
 
-def _marked(pid: int, needle: bytes) -> bool:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as environ:
-            return needle in environ.read().split(b"\0")
-    except OSError:
-        return False
-
-
-def kill_marked_processes(marker: str, grace_seconds: float = 2.0) -> int:
-    """Kill processes whose environment carries ``QUASAR_SANDBOX_ID=marker``; return how many.
-
-    The PID namespace already ends every sandboxed process with its init; this catches what
-    slips out in unsandboxed mode (a double fork with setsid) and waits ``grace_seconds`` for a
-    dying namespace to empty before counting.
-    """
-    if not os.path.isdir("/proc"):
-        return 0
-    needle = f"{MARKER_VARIABLE}={marker}".encode()
-    killed: set[int] = set()
-    deadline = time.monotonic() + grace_seconds
-    while True:
-        found = [int(name) for name in os.listdir("/proc") if name.isdigit() and _marked(int(name), needle)]
-        if not found:
-            return len(killed)
-        if time.monotonic() >= deadline:
-            for pid in found:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.add(pid)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            if killed.issuperset(found):
-                time.sleep(0.1)
-                return len(killed)
-        time.sleep(0.05)

@@ -1,24 +1,30 @@
 """Set up the sandbox from inside its fresh namespaces, then exec the child.
 
 Run by the parent as ``[unshare --net --mount --pid --ipc --uts --fork --kill-child [--user
---map-root-user]] python -I -S sandbox_init.py CONFIG_JSON``; standard library only. In the new
-mount namespace it builds a private root on a tmpfs that holds only:
+--map-root-user]] python -I -S sandbox_init.py CONFIG_JSON``; standard library only. It first
+joins the sandbox's cgroups, if the parent made any (confinement.py), so everything it starts is
+counted there. In the new mount namespace it builds a private root on a tmpfs that holds only:
 
-- read-only binds: the system directories (``/usr``, ``/etc``, ``/bin``, ``/lib``…), the Python
-  installation and its environment, the fork's copy (``/sandbox/fork``) and the harness's copy
-  (``/sandbox/harness``); everything else of the host (``/root``, ``/home``, the validator's
-  checkout, wallets, ``/run``, ``/var``, ``/tmp``) does not exist inside;
+- read-only binds: the system directories (``/usr``, ``/bin``, ``/lib``…), the Python
+  installation without its site-packages, the evaluation environment's packages
+  (``/sandbox/site``, environment.py), the fork's copy (``/sandbox/fork``) and the harness's
+  copy (``/sandbox/harness``); everything else of the host (``/root``, ``/home``, the validator's
+  checkout and virtual environment, wallets, ``/run``, ``/var``, ``/tmp``) does not exist inside;
+- an ``/etc`` of its own: the dynamic linker's cache and configuration, the time zone and the
+  compiler alternatives bound from the host, and ``passwd``, ``group`` and ``hosts`` written for
+  the sandbox (no host names, users, keys or machine id);
 - size-limited writable tmpfs: ``/sandbox/home`` (HOME, caches), ``/tmp`` and ``/dev/shm``;
 - a minimal ``/dev`` (null, zero, full, random, urandom, the NVIDIA device nodes), a fresh
-  ``/proc`` of the new PID namespace and a read-only ``/sys``;
+  ``/proc`` of the new PID namespace and a ``/sys`` of the few read-only parts the config names
+  (CPU and NUMA topology, and what CUDA reads);
 
 then ``pivot_root`` into it and detaches the old root, so nothing else is reachable even by path.
-Privileges are then dropped: as real root, to uid/gid ``nobody``; as an ordinary user (the
-``--user`` variant), into a nested user namespace whose uid is unmapped, which removes every
+Privileges are then dropped: as real root, to the sandbox's own uid and gid; as an ordinary user
+(the ``--user`` variant), into a nested user namespace whose uid is unmapped, which removes every
 capability at exec and locks the mounts. ``no_new_privs`` is set, the parent-death signal is
-SIGKILL, the OOM killer prefers this process, and resource limits apply; then ``execve`` of the
-child with the scrubbed environment. Mode ``none`` (``--allow-unsandboxed``) skips the namespaces
-and mounts but keeps the rest.
+SIGKILL, the OOM killer prefers this process, and resource limits apply; the seccomp filter
+(syscall_filter.py) is loaded last; then ``execve`` of the child with the scrubbed environment.
+Mode ``none`` (``--allow-unsandboxed``) skips the namespaces and mounts but keeps the rest.
 
 A setup failure is reported on the harness's channel as ``{ok: false, kind: "sandbox", error}``
 and the process exits with status 70, before any fork code ran.
@@ -38,6 +44,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import protocol
+import syscall_filter
 
 MS_RDONLY = 1
 MS_NOSUID = 2
@@ -119,10 +126,54 @@ def _submounts(root: str) -> list[str]:
     return sorted(set(points), key=len)
 
 
+def _bind(root: str, source: str, target: str) -> str:
+    """Bind ``source`` (and its submounts) at ``target`` inside ``root``; the mount point inside."""
+    inner = _inside(root, target)
+    _make_mountpoint(inner, os.path.isdir(source))
+    _mount(source, inner, None, MS_BIND | MS_REC)
+    return inner
+
+
+def _link(root: str, link_target: str, link_path: str) -> None:
+    inner = _inside(root, link_path)
+    os.makedirs(os.path.dirname(inner), mode=0o755, exist_ok=True)
+    os.symlink(link_target, inner)
+
+
 def _mount_tmpfs(root: str, target: str, options: str) -> None:
     inner = _inside(root, target)
     _make_mountpoint(inner, True)
     _mount("tmpfs", inner, "tmpfs", MS_NOSUID | MS_NODEV, options)
+
+
+def join_cgroups(config: dict) -> None:
+    """Move this process (and so all it starts) into the sandbox's cgroups."""
+    for procs in config.get("cgroup_procs", []):
+        try:
+            with open(procs, "w") as joining:
+                joining.write("0")
+        except OSError as error:
+            raise SetupError(f"join the cgroup {os.path.dirname(procs)}: {error.strerror}") from None
+
+
+def _build_etc(root: str, config: dict) -> None:
+    """The sandbox's /etc: files written from the config, host entries bound read-only."""
+    etc = _inside(root, "/etc")
+    _make_mountpoint(etc, True)
+    _mount("tmpfs", etc, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    for name, text in config["etc_files"].items():
+        with open(os.path.join(etc, name), "w") as written:
+            written.write(text)
+        os.chmod(os.path.join(etc, name), 0o644)
+    for name in config["etc_binds"]:
+        source, inner = os.path.join("/etc", name), os.path.join(etc, name)
+        if os.path.islink(source):
+            os.symlink(os.readlink(source), inner)
+        elif os.path.exists(source):
+            _make_mountpoint(inner, os.path.isdir(source))
+            _mount(source, inner, None, MS_BIND | MS_REC)
+            _remount_readonly(inner, MS_NODEV)
+    _remount_readonly(etc, MS_NODEV)
 
 
 def build_root(config: dict) -> None:
@@ -138,24 +189,22 @@ def build_root(config: dict) -> None:
         if not target.startswith("/dev/"):
             _mount_tmpfs(root, target, options)
 
-    readonly_targets = []
-    for source, target in config["ro_binds"]:
-        inner = _inside(root, target)
-        _make_mountpoint(inner, os.path.isdir(source))
-        _mount(source, inner, None, MS_BIND | MS_REC)
-        readonly_targets.append(inner)
+    readonly_targets = [_bind(root, source, target) for source, target in config["ro_binds"]]
     for link_target, link_path in config["symlinks"]:
-        inner = _inside(root, link_path)
-        os.makedirs(os.path.dirname(inner), mode=0o755, exist_ok=True)
-        os.symlink(link_target, inner)
+        _link(root, link_target, link_path)
+    # Empty read-only folders over the site-packages inside the bound Python installation: the
+    # packages the child may import are the evaluation environment's alone (/sandbox/site).
+    for hidden in config["hidden"]:
+        inner = _inside(root, hidden)
+        if os.path.isdir(inner):
+            _mount("tmpfs", inner, "tmpfs", MS_NOSUID | MS_NODEV | MS_RDONLY, "mode=0755,size=4k")
+    _build_etc(root, config)
 
     dev = _inside(root, "/dev")
     _make_mountpoint(dev, True)
     _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=1m")
     for device in config["devices"]:
-        inner = _inside(root, device)
-        _make_mountpoint(inner, os.path.isdir(device))
-        _mount(device, inner, None, MS_BIND | MS_REC)
+        _bind(root, device, device)
     for name, link_target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
                               ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
         os.symlink(link_target, os.path.join(dev, name))
@@ -169,8 +218,7 @@ def build_root(config: dict) -> None:
     _mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     sys_dir = _inside(root, "/sys")
     _make_mountpoint(sys_dir, True)
-    _mount("/sys", sys_dir, None, MS_BIND | MS_REC)
-    readonly_targets.append(sys_dir)
+    readonly_targets += [_bind(root, path, path) for path in config["sys_binds"] if os.path.isdir(path)]
 
     # Every bind is read-only, its submounts too (a recursive bind copies them writable).
     for target in readonly_targets:
@@ -216,6 +264,9 @@ def apply_limits(config: dict) -> None:
 def main() -> None:
     config = json.loads(sys.argv[1])
     try:
+        join_cgroups(config)
+        # libseccomp is loaded while the host's library paths are still in view.
+        library = syscall_filter.load_library() if config["seccomp"] else None
         if config["mode"] in ("root", "userns"):
             build_root(config)
         apply_limits(config)
@@ -223,7 +274,9 @@ def main() -> None:
         # After the credential change, which clears it: die when unshare (or the parent) dies.
         _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(pdeathsig)")
         os.chdir(config["cwd"])
-    except (SetupError, OSError) as error:
+        if library is not None:
+            syscall_filter.install(library)
+    except (SetupError, OSError, syscall_filter.FilterError) as error:
         channel = protocol.Channel(config["read_fd"], config["write_fd"])
         channel.send({"ok": False, "kind": "sandbox", "error": f"sandbox setup failed: {error}"})
         sys.exit(EXIT_SETUP_FAILED)

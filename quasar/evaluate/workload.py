@@ -31,13 +31,13 @@ HIDDEN_SIZE = 512
 HEAD_DIM = 64
 NUM_HEADS = 8
 MODE = "chunk"
-# The benchmark layer of QUASAR.md section 4 step 3.
+# The benchmark layer of docs/rules.md section 4 step 3.
 LAYER_KWARGS = {"hidden_size": HIDDEN_SIZE, "head_dim": HEAD_DIM, "num_heads": NUM_HEADS, "mode": MODE}
 AUTOCAST_DTYPE = torch.bfloat16
 
 WIDTH = NUM_HEADS * HEAD_DIM
 CONV_SIZE = 4
-# Parameter names and shapes of QUASAR.md section 6 (1,120,840 parameters).
+# Parameter names and shapes of docs/rules.md section 6 (1,120,840 parameters).
 PARAMETER_SHAPES: dict[str, tuple[int, ...]] = {
     "q_proj.weight": (WIDTH, HIDDEN_SIZE),
     "k_proj.weight": (WIDTH, HIDDEN_SIZE),
@@ -53,10 +53,13 @@ PARAMETER_SHAPES: dict[str, tuple[int, ...]] = {
     "o_proj.weight": (HIDDEN_SIZE, WIDTH),
 }
 
-# The output is checked on each eighth of the sequence separately (QUASAR.md section 4 step 4).
+# The output is checked on each eighth of the sequence separately (docs/rules.md section 4 step 4).
 SEGMENTS = 8
-# Random +-1 directions per segment in a fingerprint; see ``fingerprint``.
-FINGERPRINT_DIRECTIONS = 16
+# Random +-1 directions per segment in a fingerprint; see ``fingerprint``. Each direction adds one
+# sample to the mean square that estimates an eighth's error: 32 of them per eighth, 256 per
+# forward, put the estimate of a forward's whole error within about 4% (one standard deviation),
+# so the timed forwards can be held close to the correctness threshold (verification.py).
+FINGERPRINT_DIRECTIONS = 32
 
 
 def make_weights(seed: int) -> dict[str, torch.Tensor]:
@@ -141,11 +144,13 @@ def fill_request(buffers: RequestBuffers, input_seed: int, basis_seed: int) -> N
     torch.mul(buffers.segment_mask, buffers.token_signs[:, None, :], out=buffers.token_weights)
 
 
-# signs_from_fingerprint: each fingerprint value's 32 bits times an odd constant (mod 2^32); bits
-# 28-31 of the product depend on all 32 bits of the value. The bits masked to 32 and a multiplier
-# below 2^31 keep every product under 2^63, so int64 arithmetic is exact on every device and in
-# the parent's check.
-SIGN_VALUES = SEGMENTS * FINGERPRINT_DIRECTIONS
+# signs_from_fingerprint: the values of the first SIGN_DIRECTIONS directions of every eighth, each
+# value's 32 bits times an odd constant (mod 2^32); bits 28-31 of the product depend on all 32 bits
+# of the value, and one unit in its last place changes them. The bits masked to 32 and a
+# multiplier below 2^31 keep every product under 2^63, so int64 arithmetic is exact on every
+# device and in the parent's check.
+SIGN_DIRECTIONS = 16
+SIGN_VALUES = SEGMENTS * SIGN_DIRECTIONS
 SIGN_BITS = HIDDEN_SIZE // SIGN_VALUES
 _SIGN_MULTIPLIER = 0x2545F491
 _LOW_32 = 0xFFFFFFFF
@@ -155,13 +160,15 @@ def signs_from_fingerprint(fingerprint_values: torch.Tensor) -> torch.Tensor:
     """A ±1 int64 vector ``[512]`` from the bits of a float32 fingerprint ``[8, K]``, on its device
     (``[..., 512]`` from fingerprints ``[..., 8, K]``, each on its own).
 
-    ``signs[4 p + b]`` is ``-1`` where bit ``28 + b`` of ``(bits of value p) * 0x2545F491`` is set.
+    ``signs[4 p + b]`` is ``-1`` where bit ``28 + b`` of ``(bits of value p) * 0x2545F491`` is set,
+    value ``p`` being the fingerprint's ``[p // 16, p % 16]`` (the first 16 directions of each eighth).
     Integer operations only, so the parent gets exactly the child's signs from the float values
     the child reported. Six launches, none reading host memory (a CUDA graph captures them).
     """
     device = fingerprint_values.device
     leading = fingerprint_values.shape[:-2]
-    words = fingerprint_values.reshape(*leading, -1).contiguous().view(torch.int32).to(torch.int64)
+    used = fingerprint_values[..., :SIGN_DIRECTIONS]
+    words = used.reshape(*leading, -1).contiguous().view(torch.int32).to(torch.int64)
     mixed = (words & _LOW_32) * _SIGN_MULTIPLIER
     shifted = mixed[..., None] >> torch.arange(32 - SIGN_BITS, 32, device=device, dtype=torch.int64)
     # (-1)^n is -1 exactly where n's lowest bit, the bit shifted down, is set.
@@ -197,13 +204,15 @@ def fingerprint(output: torch.Tensor, directions: torch.Tensor, token_weights: t
     ``directions [512, K]``, ``token_weights [8, T]`` = ``w_t`` on eighth ``e``'s tokens in row
     ``e``): a projection of the eighth onto a random ±1 pattern, so for any error ``E`` the mean
     square of the projections of ``E`` over the ``K`` columns estimates ``||E_e||²``
-    (pairwise-independent signs). The output is read once in its own dtype (float32
-    accumulation); a NaN or infinity anywhere makes the fingerprint non-finite. Returns float32
-    ``[8, K]``, written to ``out`` if given.
+    (pairwise-independent signs). Computed as ``(token_weights @ out) @ R``: the output is read
+    once, in its own dtype with float32 accumulation, into eight rows of 512 (rounded to that
+    dtype: about 1e-3 of an eighth's scale in bfloat16), whatever ``K``; a NaN or infinity
+    anywhere makes the fingerprint non-finite. Returns float32 ``[8, K]``, written to ``out`` if
+    given.
     """
     flat = output.reshape(-1, output.shape[-1])
-    projected = (flat @ directions.to(flat.dtype)).to(torch.float32)
-    return torch.matmul(token_weights, projected, out=out)
+    summed = (token_weights.to(flat.dtype) @ flat).to(torch.float32)
+    return torch.matmul(summed, directions, out=out)
 
 
 def run_forwards(forward: Callable[[torch.Tensor], torch.Tensor], buffers: RequestBuffers,
@@ -227,8 +236,8 @@ def run_forwards(forward: Callable[[torch.Tensor], torch.Tensor], buffers: Reque
 def fingerprints_of(outputs: torch.Tensor, directions: torch.Tensor, token_weights: torch.Tensor) -> torch.Tensor:
     """:func:`fingerprint` of each of ``outputs [n, T, 512]`` under its own basis (``directions
     [n, 512, K]``, ``token_weights [n, 8, T]``), in two batched products: float32 ``[n, 8, K]``."""
-    projected = torch.bmm(outputs, directions.to(outputs.dtype)).to(torch.float32)
-    return torch.bmm(token_weights, projected)
+    summed = torch.bmm(token_weights.to(outputs.dtype), outputs).to(torch.float32)
+    return torch.bmm(summed, directions)
 
 
 def segment_norms_of(outputs: torch.Tensor) -> torch.Tensor:

@@ -1,75 +1,8 @@
-"""``python -m quasar.inference serve``: run the miner inference server with the reference model.
+"""``python -m quasar.inference``: the same as ``quasar inference`` (:mod:`quasar.inference.cli`)."""
 
-Settings come from quasar.config (flag > environment > .env > default): the wallet whose hotkey
-validators address (``--wallet.name``/``--wallet.hotkey``), the chain that says who holds a
-validator permit (``--subtensor.network``, ``--netuid``), the model (``--reference-model``,
-``--device``, ``--reference-dtype``) and the server (``--inference.host``, ``--inference.port``,
-``--inference.max-prompt-len``, ``--inference.max-gen-len``, ``--inference.queue-size``).
-The miner neuron publishes this server's port on chain; this command only serves.
-"""
-
-from __future__ import annotations
-
-import argparse
-import logging
 import sys
 
-from quasar import config
-from quasar.log import setup_logging
-
-log = logging.getLogger("quasar.inference")
-
-
-def serve(settings: config.Settings) -> int:
-    """Load the wallet's hotkey, the chain and the model once, then serve until stopped."""
-    import bittensor as bt
-    import uvicorn
-
-    from quasar.chain import ChainError
-    from quasar.chain.factory import connect
-    from quasar.inference.server import InferenceLimits, create_inference_app
-    from quasar.logits import ModelLoadError, load_reference_model
-
-    wallet_name = settings.wallet_name_for("miner")
-    wallet = bt.Wallet(name=wallet_name, hotkey=settings.wallet_hotkey, path=settings.wallet_path)
-    try:
-        hotkey = wallet.hotkey.ss58_address
-    except OSError as error:
-        log.error("cannot read hotkey %s of wallet %s in %s: %s (create it with `btcli wallet new_hotkey`)",
-                  settings.wallet_hotkey, wallet_name, settings.wallet_path, error)
-        return 1
-    try:
-        chain = connect(settings)
-        registered = chain.is_registered(hotkey)
-    except ChainError as error:
-        log.error("chain: %s", error)
-        return 1
-    if not registered:
-        log.warning("hotkey %s is not registered on subnet %d: validators will not find this server",
-                    hotkey, chain.netuid)
-    try:
-        model = load_reference_model(settings.reference_model, settings.device, settings.reference_dtype)
-    except ModelLoadError as error:
-        log.error("%s", error)
-        return 1
-    limits = InferenceLimits(settings.inference_max_prompt_len, settings.inference_max_gen_len,
-                             settings.inference_queue_size)
-    app = create_inference_app(model, chain, hotkey, limits)
-    log.info("serving %s (%s on %s) for hotkey %s on %s:%d", model.name, model.dtype_name, model.device,
-             hotkey, settings.inference_host, settings.miner_inference_port)
-    uvicorn.run(app, host=settings.inference_host, port=settings.miner_inference_port, log_config=None)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m quasar.inference", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve_parser = commands.add_parser("serve", help="run the miner inference server")
-    config.add_arguments(serve_parser)
-    _, settings = config.parse_args(parser, argv)
-    setup_logging(settings.debug, secrets=settings.secrets())
-    return serve(settings)
-
+from quasar.inference.cli import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog="python -m quasar.inference"))

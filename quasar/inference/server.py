@@ -9,7 +9,11 @@ Endpoints:
 - ``GET /health``: liveness and queue depth, unsigned (for the operator's monitoring).
 
 Signed endpoints need a ``btauth/1`` request addressed to this miner's hotkey from a hotkey with a
-validator permit on the subnet (401 unsigned/bad signature/replay, 403 no permit). Bad bodies get
+validator permit on the subnet (401 unsigned/bad signature/replay, 403 no permit). Callers are
+checked against the metagraph read at most once per chain block (quasar/api/chaincache.py; the block
+number is polled every half block), so no request rate makes the server load its chain node; when the
+chain cannot be read, signed requests
+get 503 (the caller cannot be checked: retry later). Bad bodies get
 422 with the field at fault, oversized bodies 413. The model runs one request at a time on a
 single worker thread; at most ``queue_size`` more wait, and beyond that requests get 503.
 """
@@ -33,7 +37,9 @@ from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from quasar import auth
-from quasar.chain import Chain
+from quasar.api.chaincache import CachedMetagraphChain
+from quasar.chain import Chain, ChainError
+from quasar.errors import QuasarError
 from quasar.logits import ChallengeError, ReferenceModel, check_request
 
 log = logging.getLogger(__name__)
@@ -67,7 +73,7 @@ class InferenceRequest(BaseModel):
     logits_at_step: StrictInt
 
 
-class WorkerBusy(Exception):
+class WorkerBusy(QuasarError):
     """The worker has ``pending`` jobs already, its capacity."""
 
     def __init__(self, pending: int):
@@ -141,10 +147,12 @@ def create_inference_app(
     """The inference server app for ``model``; requests must be addressed to ``self_hotkey``.
 
     ``model`` needs ``generate(prompt, gen_len, logits_at_step)`` and the attributes of
-    :class:`~quasar.logits.ReferenceModel`; it is loaded once by the caller and shared.
+    :class:`~quasar.logits.ReferenceModel`; it is loaded once by the caller and shared. ``chain`` is
+    read through a per-block cache: its metagraph once per new block, its block number every half block.
     """
     nonce_store = nonce_store or http_auth.InMemoryNonceStore()
-    authorize = auth.require_validator_permit(chain)
+    cached = CachedMetagraphChain(chain, block_poll_s=chain.block_time_s / 2)
+    authorize = auth.require_validator_permit(cached)
     worker = BoundedWorker(limits.queue_size)
 
     @asynccontextmanager
@@ -156,11 +164,18 @@ def create_inference_app(
                   docs_url=None, redoc_url=None, openapi_url=None)
 
     async def authenticated(request: Request, body: bytes) -> str:
+        """The caller's hotkey; :class:`auth.AuthFailure` (401/403, or 503 when the chain that says
+        who holds a permit cannot be read)."""
         target = auth.request_target(request.url.path, request.url.query)
-        return await run_in_threadpool(
-            auth.authenticate, request.headers, body, method=request.method, target=target,
-            self_hotkey=self_hotkey, nonce_store=nonce_store, authorize=authorize,
-        )
+        try:
+            return await run_in_threadpool(
+                auth.authenticate, request.headers, body, method=request.method, target=target,
+                self_hotkey=self_hotkey, nonce_store=nonce_store, authorize=authorize,
+            )
+        except ChainError as error:
+            log.warning("cannot check a caller's validator permit: %s", error)
+            raise auth.AuthFailure(503, "the miner cannot read the chain to check the caller's validator permit "
+                                        "now; retry later") from None
 
     @app.get("/health")
     async def health() -> dict:

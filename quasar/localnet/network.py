@@ -1,51 +1,17 @@
-"""The local network: a whole QUASAR subnet on one machine, every part real.
-
-:meth:`LocalNetwork.start` builds it in ``data_dir``:
-
-1. new wallets (owner, API, validator, two miners; unencrypted) under ``data_dir/wallets``;
-2. the embedded dev chain (``data_dir/devchain.sqlite3``, fast blocks), the owner registered
-   first (uid 0, the subnet owner), the validator with stake and a permit, then the miners;
-3. the submission API on SQLite (``python -m quasar.api serve``) on a free 127.0.0.1 port;
-4. the reference model: ``REFERENCE_MODEL`` when it is in the local Hugging Face cache (or a
-   folder), else a tiny random Qwen2 stand-in built into ``data_dir/model`` (said so);
-5. each miner's inference server (``python -m quasar.inference serve``); the hostile miner
-   serves the honest model: its kernel is what is hostile;
-6. the validator neuron (``python -m neurons.validator``), started early so it loads its model
-   while the rest starts; it fetches, evaluates in its sandbox, checks the miners' logits,
-   reports and sets weights every few blocks;
-7. the two forks (quasar/localnet/forks.py) served by a GitHub stand-in
-   (quasar/localnet/github_standin.py, bare repositories in ``data_dir/github``): the upstream
-   ``UPSTREAM_REPO`` holds the starter fork, and the hostile miner's account already holds its
-   fork with the hostile commit pushed;
-8. the two miner neurons (``python -m neurons.miner``), each with its own GitHub account and
-   token, its workspace in ``data_dir/miners``, and one cycle without candidates
-   (``AGENT_ITERATIONS=0``): it publishes its inference endpoint on chain, forks through the
-   stand-in (the honest miner creates its fork, the hostile one finds its own), clones it,
-   evaluates its head in its sandbox, pushes and submits directly, claiming what that evaluation
-   supports. The honest miner evaluates as validators do (their ``EVAL_SEQ_LENS`` and its
-   target); the hostile one checks only its target, :data:`HOSTILE_TARGET` tokens, where its
-   kernel is exact, and the validator's longer lengths must catch it.
-
-:meth:`LocalNetwork.start` returns when both submissions are in the API;
-:meth:`LocalNetwork.wait_for_round` waits until the validator has reported on every submission
-and then set weights, and returns the :class:`~quasar.localnet.summary.RoundSummary`.
-:meth:`LocalNetwork.stop` stops every child (the validator first). Each child's output goes to
-``data_dir/logs/NAME.log``; a child that fails is named with its log's path and last lines.
-"""
+"""The local network: a whole QUASAR subnet on one machine, every part real; what it builds, in
+which order, and what each part does are in docs/localnet.md."""
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
+import dataclasses
 import json
 import logging
 import math
-import os
 import secrets
-import shutil
+import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -55,10 +21,39 @@ import httpx
 import quasar
 from quasar import config
 from quasar.config import DEV_NETWORK
-from quasar.localnet.forks import HONEST, HOSTILE, HOSTILE_EXACT_UP_TO, Fork, write_forks
+from quasar.localnet.forks import (
+    HONEST,
+    HOSTILE,
+    Fork,
+    write_forks,
+)
 from quasar.localnet.github_standin import GitHubStandIn
+from quasar.localnet.host import child_environment, distinct_free_ports, make_wallet, read_weights_block
+from quasar.localnet.options import (
+    API,
+    HOSTILE_TARGET,
+    HOST,
+    MINER_INTERVAL_S,
+    MINERS,
+    NETUID,
+    OWNER,
+    START_TIMEOUT_S,
+    UPSTREAM,
+    VALIDATOR,
+    VALIDATOR_STAKE,
+    WALLET_HOTKEY,
+    LocalnetError,
+    LocalnetOptions,
+    evaluated_lengths,
+)
 from quasar.localnet.processes import Child, Children, wait_until
-from quasar.localnet.summary import MinerOutcome, RoundSummary, leaderboard_rows, miner_weight, verdict_of
+from quasar.localnet.summary import (
+    MinerOutcome,
+    RoundSummary,
+    leaderboard_rows,
+    miner_weight,
+    verdict_of,
+)
 
 if TYPE_CHECKING:
     import bittensor
@@ -66,57 +61,6 @@ if TYPE_CHECKING:
     from quasar.api.db import EvaluationReport
 
 logger = logging.getLogger(__name__)
-
-HOST = "127.0.0.1"
-NETUID = 24
-BLOCK_TIME_S = 0.2
-# The validator sets weights every EPOCH_BLOCKS (one second at BLOCK_TIME_S).
-EPOCH_BLOCKS = 5
-# One API round spans the whole demo (10 minutes at BLOCK_TIME_S), so its leaderboard holds both miners.
-ROUND_BLOCKS = 3000
-VALIDATOR_STAKE = 1e4
-CPU_TARGET, CPU_SEQ_LENS = 128, (64, 128)
-CUDA_TARGET, CUDA_SEQ_LENS = 65536, (512, 1024, 2048)
-# The hostile miner targets the length its kernel is exact at, and checks only that.
-HOSTILE_TARGET = HOSTILE_EXACT_UP_TO
-# Seconds of timed runs per length (EVAL_TIMED_SECONDS): on CPU the harness's minimum of timed runs
-# already takes longer, so asking for more only makes the demo slower, not its figures meaningful.
-CPU_TIMED_SECONDS, CUDA_TIMED_SECONDS = 0.5, 2.0
-# The share of their recommended claim the miners submit (CLAIM_SHARE): on CPU the miner and the
-# validator time on the same few busy cores at different moments, and measured 11% apart, past
-# the claim check's 10%; a GPU's timings hold still.
-CPU_CLAIM_SHARE, CUDA_CLAIM_SHARE = 0.75, 1.0
-# The miners run one cycle (evaluate the fork's head, submit) and then wait: a day between cycles.
-MINER_INTERVAL_S = 86400
-UPSTREAM = config.OPTIONS_BY_KEY["upstream_repo"].default
-START_TIMEOUT_S = 180.0
-MARKER = ".quasar-localnet"
-LOCK_NAME = "localnet.lock"
-WALLET_HOTKEY = "default"
-OWNER, API, VALIDATOR = "owner", "api", "validator"
-MINERS = {HONEST: "miner-honest", HOSTILE: "miner-hostile"}
-
-
-class LocalnetError(RuntimeError):
-    """The local network cannot start or run; the message says what and where to look."""
-
-
-@dataclass(frozen=True)
-class LocalnetOptions:
-    """How to run the local network."""
-
-    data_dir: Path
-    device: str  # "cpu" or "cuda"
-    reference_model: str  # a hub id or folder; "" = REFERENCE_MODEL if cached, else the stand-in
-    stand_in_model: bool  # use the tiny stand-in even when the real model is cached
-    target: int
-    seq_lens: tuple[int, ...]
-    round_timeout_s: float
-    timed_seconds: float = CUDA_TIMED_SECONDS
-    claim_share: float = CUDA_CLAIM_SHARE
-    block_time_s: float = BLOCK_TIME_S
-    epoch_blocks: int = EPOCH_BLOCKS
-
 
 @dataclass(frozen=True)
 class Submitted:
@@ -143,113 +87,6 @@ class Progress(Protocol):
     def detail(self, text: str, key: str | None = None) -> None:
         """How the current step is going; ``key`` (default ``text``) changes when it is worth a new
         line where no live display is possible (a log, a pipe)."""
-
-
-def default_options(data_dir: Path, device: str, reference_model: str = "", stand_in_model: bool = False,
-                    target: int | None = None, seq_lens: tuple[int, ...] | None = None,
-                    round_timeout_s: float | None = None) -> LocalnetOptions:
-    """Options with the defaults for ``device``: small lengths on CPU (not a benchmark), the
-    validator's usual lengths and a 64k target on CUDA. Raises :class:`LocalnetError` when the
-    validator would run no length that shows the hostile fork wrong."""
-    cpu = device == "cpu"
-    options = LocalnetOptions(
-        data_dir=Path(data_dir), device=device, reference_model=reference_model, stand_in_model=stand_in_model,
-        target=target if target is not None else (CPU_TARGET if cpu else CUDA_TARGET),
-        seq_lens=seq_lens if seq_lens is not None else (CPU_SEQ_LENS if cpu else CUDA_SEQ_LENS),
-        round_timeout_s=round_timeout_s if round_timeout_s is not None else (1800.0 if cpu else 900.0),
-        timed_seconds=CPU_TIMED_SECONDS if cpu else CUDA_TIMED_SECONDS,
-        claim_share=CPU_CLAIM_SHARE if cpu else CUDA_CLAIM_SHARE)
-    if not any(length > HOSTILE_TARGET for length in options.seq_lens):
-        shown = ", ".join(str(length) for length in options.seq_lens) or "none"
-        raise LocalnetError(f"the validator's lengths (--seq-lens: {shown}) need one above {HOSTILE_TARGET} tokens: "
-                            f"the hostile miner's kernel is exact up to {HOSTILE_TARGET} (its target, all it checks), "
-                            "so only a longer length shows it wrong")
-    return options
-
-
-def evaluated_lengths(options: LocalnetOptions) -> tuple[int, ...]:
-    """Every length the validator runs in this network: its own, and both miners' targets."""
-    return tuple(sorted({*options.seq_lens, options.target, HOSTILE_TARGET}))
-
-
-def child_environment(repo_root: Path) -> dict[str, str]:
-    """The children's environment: this one without any QUASAR setting (the children get theirs as
-    flags, so a stray variable or ``.env`` never points them at a real network), the checkout on
-    ``PYTHONPATH``, unbuffered output and the Hugging Face cache only."""
-    settings = {option.env for option in config.OPTIONS if option.env}
-    env = {key: value for key, value in os.environ.items() if key not in settings}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(repo_root), env.get("PYTHONPATH"))))
-    env["PYTHONUNBUFFERED"] = "1"
-    env["HF_HUB_OFFLINE"] = "1"
-    # Settings without a command-line flag.
-    env["ROUND_BLOCKS"] = str(ROUND_BLOCKS)
-    return env
-
-
-def distinct_free_ports(count: int) -> list[int]:
-    """``count`` different ports free on 127.0.0.1 now (each child binds its own moments later)."""
-    from quasar.api.devdb import free_port
-
-    ports: list[int] = []
-    while len(ports) < count:
-        port = free_port()
-        if port not in ports:
-            ports.append(port)
-    return ports
-
-
-@contextlib.contextmanager
-def data_dir_lock(data_dir: Path) -> Iterator[None]:
-    """Hold ``data_dir``'s lock for a run; a second local network on the same folder is refused."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(data_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise LocalnetError(f"another local network is running in {data_dir}; stop it or pass another "
-                                "--data-dir") from None
-        yield
-    finally:
-        os.close(fd)
-
-
-def reset_data_dir(data_dir: Path) -> None:
-    """Empty ``data_dir`` for a new network: only a folder this command made (it holds the marker
-    file) or an empty one; anything else is refused, so a mistyped path is never wiped."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    entries = [entry for entry in data_dir.iterdir() if entry.name != LOCK_NAME]
-    if entries and not (data_dir / MARKER).is_file():
-        raise LocalnetError(f"{data_dir} is not empty and was not made by the local network (no {MARKER} "
-                            "file in it): pass an empty or new folder with --data-dir")
-    for entry in entries:
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-    (data_dir / MARKER).write_text("made by python -m quasar.localnet; emptied at each start\n")
-    # Git ignores the whole folder, wherever it is inside a checkout.
-    (data_dir / ".gitignore").write_text("*\n")
-
-
-def make_wallet(root: Path, name: str):
-    """A new bittensor wallet ``name`` (coldkey and hotkey ``default``, unencrypted) under ``root``."""
-    import bittensor as bt
-
-    wallet = bt.Wallet(name=name, hotkey=WALLET_HOTKEY, path=str(root))
-    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-    wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-    return wallet
-
-
-def read_weights_block(state_path: Path) -> int | None:
-    """The block of the validator's last weight setting, from its state file (read while it runs);
-    None before the first."""
-    from quasar.validator.loop import LAST_WEIGHTS_BLOCK
-    from quasar.validator.state import read_meta
-
-    block = read_meta(state_path, LAST_WEIGHTS_BLOCK)
-    return None if block is None else int(block)
 
 
 class LocalNetwork:
@@ -329,6 +166,10 @@ class LocalNetwork:
 
         self.progress.step(f"starting the dev chain ({options.block_time_s:g} s blocks) and registering the neurons")
         self.chain = DevChain(self.chain_path, netuid=NETUID, block_time_s=options.block_time_s)
+        self.chain.set_hyperparameters(**dataclasses.asdict(options.hyperparameters))
+        # Every server here listens on 127.0.0.1 only, so their endpoints on chain are loopback ones,
+        # which subtensor refuses: the one allowance of this dev chain file.
+        self.chain.allow_loopback_axons(True)
         self.uids[OWNER] = self.chain.register_wallet(self.wallets[OWNER])
         self.chain.set_owner(self.hotkey(OWNER))
         self.uids[VALIDATOR] = self.chain.register_wallet(self.wallets[VALIDATOR], stake=VALIDATOR_STAKE,
@@ -357,11 +198,16 @@ class LocalNetwork:
                 "--reference-model", self.reference_model, "--device", options.device,
                 "--inference.host", HOST, "--inference.port", str(port)], f"inference-{kind}.log"))
 
+        self.progress.step("waiting for the API, then publishing its URL on chain as the subnet owner")
+        wait_until(lambda: self._answers(f"{self.api_url}/health"), START_TIMEOUT_S, "the submission API",
+                   [api, *servers])
+        self._publish_api_url()
+
         # Started now, it loads its model while the rest starts; it polls the API until work comes.
-        self.progress.step("starting the validator")
+        self.progress.step("starting the validator (it finds the API on chain)")
         self.validator = self.children.start("validator", [
             sys.executable, "-m", "neurons.validator", *self._wallet_flags(VALIDATOR), *self._chain_flags(),
-            "--api.url", self.api_url, "--api.hotkey", self.hotkey(API), "--device", options.device,
+            "--device", options.device,
             "--reference-model", self.reference_model, "--validator.data-dir", str(self.validator_dir),
             "--eval.seq-lens", ",".join(str(length) for length in options.seq_lens),
             "--eval.timed-seconds", str(options.timed_seconds), "--epoch-blocks", str(options.epoch_blocks)],
@@ -373,8 +219,7 @@ class LocalNetwork:
 
         # The miners start as an operator starts one: once the API and their inference servers answer.
         started = [api, *servers, self.validator]
-        self.progress.step("waiting for the API and the inference servers to answer")
-        wait_until(lambda: self._answers(f"{self.api_url}/health"), START_TIMEOUT_S, "the submission API", started)
+        self.progress.step("waiting for the inference servers to answer")
         for name, server in zip(MINERS.values(), servers):
             port = inference_ports[name]
             wait_until(lambda port=port: self._answers(f"http://{HOST}:{port}/health"), START_TIMEOUT_S,
@@ -385,6 +230,20 @@ class LocalNetwork:
                                                     f"{name}.log", self._miner_environment(name))
         self._wait_for_submissions([*started, *self.miners.values()])
 
+    def _publish_api_url(self) -> None:
+        """The API's URL and hotkey into the subnet identity, by the owner's coldkey, with the command
+        a subnet owner runs (``python -m quasar.api publish-url``); its output goes to its log."""
+        command = [sys.executable, "-m", "quasar.api", "publish-url", self.api_url, *self._wallet_flags(OWNER),
+                   *self._chain_flags()]
+        log_path = self.logs_dir / "publish-url.log"
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as log:
+            result = subprocess.run(command, cwd=self.data_dir, env=self.children.environment, stdin=subprocess.DEVNULL,
+                                    stdout=log, stderr=subprocess.STDOUT, timeout=START_TIMEOUT_S, check=False)
+        if result.returncode != 0:
+            raise LocalnetError(f"publishing the API's URL on chain failed (status {result.returncode}); its log is "
+                                f"{log_path}:\n{log_path.read_text(errors='replace')[-2000:]}")
+
     @staticmethod
     def _answers(url: str) -> bool:
         try:
@@ -394,7 +253,11 @@ class LocalNetwork:
 
     def _reference_model(self) -> tuple[str, str]:
         """The model every part loads, and a note saying which it is."""
-        from quasar.localnet.model import STAND_IN_NAME, hub_model_cached, write_stand_in_model
+        from quasar.localnet.model import (
+            STAND_IN_NAME,
+            hub_model_cached,
+            write_stand_in_model,
+        )
 
         wanted = self.options.reference_model
         if wanted:
@@ -432,7 +295,7 @@ class LocalNetwork:
         options = self.options
         target, seq_lens = (options.target, options.seq_lens) if kind == HONEST else (HOSTILE_TARGET, ())
         return [sys.executable, "-m", "neurons.miner", *self._wallet_flags(name), *self._chain_flags(),
-                "--api.url", self.api_url, "--api.hotkey", self.hotkey(API), "--device", options.device,
+                "--device", options.device,
                 "--target-sequence-length", str(target), "--eval.seq-lens", ",".join(str(n) for n in seq_lens),
                 "--eval.timed-seconds", str(options.timed_seconds), "--claim-share", str(options.claim_share),
                 "--agent-iterations", "0",
@@ -566,10 +429,32 @@ class LocalNetwork:
         after = self.chain.current_block()
         self.progress.step(f"every submission is reported (block {after}); waiting for the validator's next weights")
         state_path = self._state_path()
-        wait_until(lambda: (read_weights_block(state_path) or -1) > after,
-                   max(60.0, 10 * self.options.epoch_blocks * self.options.block_time_s), "the validator's weights",
+        rules = self.options.hyperparameters
+        # The next epoch, the rate limit and (commit-reveal) the epochs until the reveal, with room.
+        blocks = self.options.epoch_blocks + rules.weights_rate_limit + rules.tempo * (rules.reveal_period_epochs + 1)
+        timeout_s = max(60.0, 2 * blocks * self.options.block_time_s)
+        wait_until(lambda: (read_weights_block(state_path) or -1) > after, timeout_s, "the validator's weights",
                    watched, poll_s=0.2)
-        return self.summary(read_weights_block(state_path) or after)
+        weights_block = read_weights_block(state_path) or after
+        if rules.commit_reveal_enabled:
+            self.progress.step(f"the validator committed weights at block {weights_block}; waiting for the chain "
+                               "to reveal them")
+            wait_until(lambda: self._revealed(weights_block), timeout_s, "the reveal of the validator's weights",
+                       watched, poll_s=0.2)
+        return self.summary(weights_block)
+
+    def _revealed(self, commit_block: int) -> bool:
+        """Whether the validator's commit of ``commit_block`` is revealed; LocalnetError when the chain
+        dropped it (its weights broke a rule when they were revealed)."""
+        validator = self.hotkey(VALIDATOR)
+        commit = next((c for c in self.chain.commits() if c.hotkey == validator and c.commit_block >= commit_block),
+                      None)
+        if commit is None or commit.outcome is None:
+            return False
+        if commit.outcome != "revealed":
+            raise LocalnetError(f"the chain dropped the validator's weights committed at block {commit_block} at their "
+                                f"reveal: {commit.outcome}")
+        return True
 
     def watch(self, on_new_weights: Callable[[RoundSummary], None], poll_s: float = 2.0) -> None:
         """Keep the network running until interrupted; call ``on_new_weights`` whenever the

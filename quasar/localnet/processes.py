@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from quasar.errors import QuasarError
+
 logger = logging.getLogger(__name__)
 
 STOP_GRACE_S = 30.0
@@ -25,7 +27,7 @@ LOG_TAIL_LINES = 25
 _PR_SET_PDEATHSIG = 1
 
 
-class ChildFailed(RuntimeError):
+class ChildFailed(QuasarError, RuntimeError):
     """A child process exited or did not become ready; the message names it and its log file."""
 
 

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
+
+from quasar.terminal import compact_rate, compact_table, short_hotkey
 
 # A miner's verdict in the summary: the validator's report ("passed"/"failed"), or none yet.
 PASS, FAIL, NOT_REPORTED = "pass", "fail", "not reported"
@@ -112,52 +114,51 @@ def miner_weight(weights: Mapping[int, float], uid: int) -> float:
     return float(weights.get(uid, 0.0))
 
 
-def _tokens(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.0f}"
-
-
-def _short(hotkey: str) -> str:
-    return f"{hotkey[:8]}…{hotkey[-4:]}" if len(hotkey) > 14 else hotkey
-
-
 def render_summary(summary: RoundSummary, console: Console, uid_names: Mapping[int, str]) -> None:
-    """Print the miners, the API's leaderboard and the weights on chain as tables.
+    """Print the miners, the API's leaderboard and the weights on chain as tables that fit 80
+    columns (a failed miner's first reason is listed under the miners' table).
 
     ``uid_names`` names the network's neurons by uid (owner, validator, miners) for the weights table.
     """
-    miners = Table(title=f"Miners (round {summary.round_id}, evaluated on {summary.device})")
-    for column in ("uid", "miner", "fork", "target", "claimed tok/s", "measured tok/s", "verdict", "why"):
-        miners.add_column(column, justify="right" if "tok/s" in column or column in ("uid", "target") else "left",
-                          overflow="fold")
+    miners = compact_table(f"Miners (round {summary.round_id}, evaluated on {summary.device})")
+    for column in ("uid", "miner", "fork", "target", "claimed", "measured", "verdict"):
+        miners.add_column(column, justify="right" if column in ("uid", "target", "claimed", "measured") else "left",
+                          no_wrap=column != "miner")
+    reasons = []
     for m in summary.miners:
         style = "green" if m.verdict == PASS else "red" if m.verdict == FAIL else "yellow"
-        why = m.reasons[0] if m.reasons and m.verdict != PASS else ""
-        miners.add_row(str(m.uid), m.name, m.kind, f"{m.target_sequence_length:,}", _tokens(m.claimed_tokens_per_sec),
-                       _tokens(m.measured_tokens_per_sec), f"[{style}]{m.verdict}[/{style}]", why)
+        miners.add_row(str(m.uid), escape(m.name), escape(m.kind), f"{m.target_sequence_length:,}",
+                       compact_rate(m.claimed_tokens_per_sec), compact_rate(m.measured_tokens_per_sec),
+                       f"[{style}]{m.verdict}[/{style}]")
+        if m.reasons and m.verdict != PASS:
+            reasons.append(f"uid {m.uid} {escape(m.name)}: {escape(m.reasons[0])}")
     console.print(miners)
+    for reason in reasons:
+        console.print(reason, highlight=False)
 
-    board = Table(title=f"Leaderboard of round {summary.round_id} (submission API)")
-    for column in ("place", "uid", "hotkey", "league", "measured tok/s", "score", "share"):
-        board.add_column(column, justify="left" if column in ("hotkey", "league") else "right")
+    board = compact_table(f"Leaderboard of round {summary.round_id} (submission API)")
+    for column in ("place", "uid", "hotkey", "league", "measured", "score", "share"):
+        board.add_column(column, justify="left" if column in ("hotkey", "league") else "right", no_wrap=True)
     for row in summary.leaderboard:
-        board.add_row(str(row.place), "-" if row.uid is None else str(row.uid), _short(row.hotkey), row.league,
-                      _tokens(row.measured_tokens_per_sec), f"{row.weighted_score:,.0f}", f"{row.share:.2f}")
+        board.add_row(str(row.place), "-" if row.uid is None else str(row.uid), short_hotkey(row.hotkey), row.league,
+                      compact_rate(row.measured_tokens_per_sec), compact_rate(row.weighted_score), f"{row.share:.2f}")
     if not summary.leaderboard:
-        board.add_row("-", "-", "no eligible submission", "", "", "", "")
+        board.add_row("-", "-", "none", "", "", "", "")
+        board.caption, board.caption_justify = "no eligible submission", "left"
     console.print(board)
 
-    weights = Table(title=f"Weights set by the validator (uid {summary.validator_uid}) at block "
-                          f"{summary.weights_block}")
+    weights = compact_table(f"Weights set by the validator (uid {summary.validator_uid}) at block "
+                            f"{summary.weights_block}")
     for column in ("uid", "neuron", "weight"):
         weights.add_column(column, justify="left" if column == "neuron" else "right")
     for uid, weight in sorted(summary.weights.items(), key=lambda item: (-item[1], item[0])):
         name = uid_names.get(uid, "")
         if uid == summary.owner_uid:
             name = f"{name} (subnet owner: unassigned places burn here)"
-        weights.add_row(str(uid), name, f"{weight:.4f}")
+        weights.add_row(str(uid), escape(name), f"{weight:.4f}")
     console.print(weights)
     for note in summary.notes:
-        console.print(f"note: {note}")
+        console.print(f"note: {escape(note)}", highlight=False)
 
 
 def leaderboard_rows(entries: Sequence[Any], uids: Mapping[str, int]) -> tuple[LeaderboardRow, ...]:

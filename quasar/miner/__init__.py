@@ -6,5 +6,6 @@
 - loop.py: the optimization loop (evaluate, keep or roll back, commit, push, submit);
 - submission.py: direct and commit-reveal submissions, the target length and the claim;
 - state.py: what survives a restart, written atomically;
-- runner.py: building all of it from settings (``python -m neurons.miner``).
+- runner.py: building all of it from settings;
+- cli.py: the commands ``quasar miner`` (``python -m neurons.miner``) and ``quasar status``.
 """

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import httpx
 
+from quasar.errors import QuasarError
+
 logger = logging.getLogger(__name__)
 
 API_VERSION = "2022-11-28"
@@ -56,11 +58,11 @@ _AUTH_FAILED = ("authentication failed", "invalid username or password", "could 
 _NOT_FOUND = ("repository not found", "not found", "does not appear to be a git repository")
 
 
-class GitHubError(RuntimeError):
+class GitHubError(QuasarError, RuntimeError):
     """The GitHub API refused or failed a request; the message says what to do about it."""
 
 
-class GitError(RuntimeError):
+class GitError(QuasarError, RuntimeError):
     """A git command failed; the message names the command and git's last line of explanation."""
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.markup import escape
 
 from quasar import scoring
 from quasar.evaluate import EvaluationOptions, EvaluationReport, ProgressEvent, evaluate
@@ -53,6 +53,7 @@ from quasar.miner.strategies import (
 )
 from quasar.miner.submission import Submitter, choose_target_length, measurement_from_report
 from quasar.miner.workspace import ForkClone
+from quasar.terminal import compact_rate, compact_table
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ class Miner:
         summary.baseline = summary.best = baseline
         if baseline is None:
             logger.error("the fork's head %s fails evaluation at T=%d: %s. Candidates are still tried; to start "
-                         "from correct kernels, push the starter fork (python -m quasar starter-fork DIR) to the fork",
+                         "from correct kernels, push the starter fork (quasar starter-fork DIR) to the fork",
                          head[:12], target, _reasons(report))
         else:
             logger.info("baseline %s: %s tokens/s at T=%d (claim %s)", head[:12],
@@ -338,7 +339,7 @@ class Miner:
     # --- tables ---
 
     def _print_lengths(self, report: EvaluationReport) -> None:
-        table = Table(title="target length candidates", title_justify="left")
+        table = compact_table("target length candidates")
         for column in ("T", "league", "status", "tok/s", "weighted", "correct"):
             table.add_column(column, justify="left" if column in ("league", "status") else "right")
         for key in sorted(report.lengths, key=int):
@@ -346,22 +347,28 @@ class Miner:
             league = scoring.league_for(item.seq_len)
             weighted = item.tokens_per_sec * league.multiplier if item.status == OK and item.tokens_per_sec else None
             table.add_row(f"{item.seq_len:,}", f"{league.name} x{league.multiplier:g}", item.status,
-                          f"{item.tokens_per_sec:,.0f}" if item.tokens_per_sec else "-",
-                          f"{weighted:,.0f}" if weighted else "-",
+                          compact_rate(item.tokens_per_sec) if item.tokens_per_sec else "-",
+                          compact_rate(weighted) if weighted else "-",
                           "-" if item.correct is None else ("yes" if item.correct else "no"))
         self.console.print(table)
 
     def _print_cycle(self, summary: CycleSummary) -> None:
-        table = Table(title=f"cycle at T={summary.target_seq_len or 0:,}", title_justify="left")
-        for column in ("strategy", "candidate", "outcome", "tok/s", "vs best", "reason"):
-            table.add_column(column, justify="right" if column in ("tok/s", "vs best") else "left")
-        for attempt in summary.attempts:
+        table = compact_table(f"cycle at T={summary.target_seq_len or 0:,}")
+        for column in ("#", "strategy", "candidate", "outcome", "tok/s", "vs best"):
+            table.add_column(column, justify="right" if column in ("#", "tok/s", "vs best") else "left",
+                             no_wrap=column != "candidate")
+        reasons = []
+        for number, attempt in enumerate(summary.attempts, 1):
             measured = attempt.measured_tokens_per_sec
             relative = (f"{measured / attempt.best_tokens_per_sec - 1:+.1%}"
                         if measured and attempt.best_tokens_per_sec else "-")
-            table.add_row(attempt.strategy, attempt.description[:60], attempt.outcome,
-                          f"{measured:,.0f}" if measured else "-", relative, attempt.reason[:80])
+            table.add_row(str(number), escape(attempt.strategy), escape(attempt.description), escape(attempt.outcome),
+                          compact_rate(measured) if measured else "-", relative)
+            if attempt.reason:
+                reasons.append(f"{number}: {escape(attempt.reason)}")
         self.console.print(table)
+        for reason in reasons:
+            self.console.print(reason, highlight=False)
         best = summary.best
         if best is not None:
             self.console.print(f"best {best.commit[:12]}: {best.tokens_per_sec:,.0f} tokens/s at "

@@ -1,14 +1,15 @@
-"""Build the miner from settings and run it (what ``python -m neurons.miner`` does).
+"""Build the miner from settings and run it (what ``quasar miner`` does).
 
 Start-up, in order, each failure a clear message and exit status 1: the GitHub settings, the
-wallet's hotkey, the device, the workspace lock, the chain (registration is checked, the
-inference endpoint published), the fork on GitHub (created when missing), the workspace clone
-and the saved state. Then the loop runs until SIGINT or SIGTERM (pm2 stop), which stop it
+wallet's hotkey, the device, the address to publish, the workspace lock, the chain (registration
+is checked, the inference endpoint published, the API found), the fork on GitHub (created when
+missing), the workspace clone and the saved state. Then the loop runs until SIGINT or SIGTERM (pm2 stop), which stop it
 cleanly: a candidate being evaluated is rolled back and the lock released.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -17,15 +18,19 @@ import threading
 
 import httpx
 
+from quasar.chain.wallets import WalletError, open_wallet
 from quasar.config import Settings
+from quasar.errors import QuasarError
 
 logger = logging.getLogger(__name__)
 
 # Secret settings the miner reads once; removed from its environment so no child inherits them.
 SECRET_VARIABLES = ("GITHUB_TOKEN", "AGENT_API_KEY")
+# Networks whose validators reach miners over the internet: a published address must be public there.
+PUBLIC_NETWORKS = ("finney", "test", "archive")
 
 
-class MinerSetupError(RuntimeError):
+class MinerSetupError(QuasarError, RuntimeError):
     """The miner cannot start; the message says what to fix."""
 
 
@@ -37,6 +42,24 @@ def outward_address() -> str:
             return probe.getsockname()[0]
     except OSError:
         return "127.0.0.1"
+
+
+def published_endpoint(settings: Settings) -> tuple[str, int]:
+    """The address and port the miner publishes for its inference server: AXON_EXTERNAL_IP (else this
+    machine's outward address) and AXON_EXTERNAL_PORT (else MINER_INFERENCE_PORT, where the server
+    listens). On finney and test an address that is not public (private, loopback, link-local,
+    shared, unspecified) is refused with :class:`MinerSetupError`: validators there cannot reach it."""
+    host = settings.axon_external_ip or outward_address()
+    port = settings.axon_external_port or settings.miner_inference_port
+    address = ipaddress.ip_address(host)
+    if settings.network in PUBLIC_NETWORKS and not address.is_global:
+        source = "AXON_EXTERNAL_IP" if settings.axon_external_ip else "this machine's outward address"
+        kind = "a loopback address" if address.is_loopback else "not a public address"
+        raise MinerSetupError(
+            f"{source} {host} is {kind}: validators on {settings.network} could not reach the inference server "
+            f"there. Set AXON_EXTERNAL_IP to this machine's public IP address; behind NAT, forward a public TCP port "
+            f"to this machine's MINER_INFERENCE_PORT ({settings.miner_inference_port}) and set AXON_EXTERNAL_PORT to it")
+    return str(address), port
 
 
 def remote_url(git_remote_base: str, full_name: str) -> str:
@@ -68,19 +91,17 @@ def _check_settings(settings: Settings) -> None:
         raise MinerSetupError("AGENT_API_URL is set but AGENT_MODEL is empty: name the model the endpoint serves")
 
 
-def _publish_endpoint(chain, wallet, settings: Settings) -> bool:
+def _publish_endpoint(chain, wallet, endpoint: tuple[str, int]) -> bool:
     from quasar.chain import ChainError
 
-    host = settings.axon_external_ip or outward_address()
+    host, port = endpoint
     try:
-        chain.publish_endpoint(wallet, host, settings.miner_inference_port)
+        chain.publish_endpoint(wallet, host, port)
     except ChainError as error:
         logger.error("cannot publish the inference endpoint %s:%d on chain: %s (validators cannot check this "
-                     "miner's logits until it is published; retrying every cycle)", host,
-                     settings.miner_inference_port, error)
+                     "miner's logits until it is published; retrying every cycle)", host, port, error)
         return False
-    logger.info("published the inference endpoint %s:%d on subnet %d", host, settings.miner_inference_port,
-                chain.netuid)
+    logger.info("published the inference endpoint %s:%d on subnet %d", host, port, chain.netuid)
     return True
 
 
@@ -89,10 +110,10 @@ def _check_services(settings: Settings, client) -> None:
 
     try:
         health = client.health()
-        logger.info("submission API %s is up (chain block %d)", settings.validator_api_url, health.current_block)
+        logger.info("submission API %s is up (chain block %d)", client.base_url, health.current_block)
     except ApiClientError as error:
         logger.warning("the submission API at %s does not answer (%s); submissions are retried every cycle",
-                       settings.validator_api_url, error)
+                       client.base_url, error)
     url = f"http://127.0.0.1:{settings.miner_inference_port}/health"
     try:
         httpx.get(url, timeout=5).raise_for_status()
@@ -107,7 +128,7 @@ def run_miner(settings: Settings) -> int:
         os.environ.pop(name, None)
     try:
         return _run(settings)
-    except MinerSetupError as error:
+    except (MinerSetupError, WalletError) as error:
         logger.error("%s", error)
         return 1
     except KeyboardInterrupt:
@@ -117,44 +138,50 @@ def run_miner(settings: Settings) -> int:
 
 def _run(settings: Settings) -> int:
     _check_settings(settings)
-    import bittensor as bt
 
     from quasar.api.client import ApiClient
-    from quasar.chain import ChainError
+    from quasar.api.lookup import ApiNotFound, find_api
+    from quasar.chain import ChainError, btcli
     from quasar.chain.factory import connect
-    from quasar.evaluate import EvaluationOptions, SandboxPolicy
-    from quasar.miner.github import Git, GitError, GitHubClient, GitHubError, write_askpass
+    from quasar.evaluate import options_from_settings
+    from quasar.miner.github import (
+        Git,
+        GitError,
+        GitHubClient,
+        GitHubError,
+        write_askpass,
+    )
     from quasar.miner.loop import Evaluator, LoopConfig, Miner
     from quasar.miner.state import MinerStateError, StateStore
-    from quasar.miner.strategies import AgentStrategy, TuningStrategy
     from quasar.miner.status import VerdictWatcher
+    from quasar.miner.strategies import AgentStrategy, TuningStrategy
     from quasar.miner.submission import DIRECT, Submitter
     from quasar.miner.workspace import ForkClone, Workspace, WorkspaceError
 
-    wallet_name = settings.wallet_name_for("miner")
-    wallet = bt.Wallet(name=wallet_name, hotkey=settings.wallet_hotkey, path=settings.wallet_path)
-    try:
-        hotkey = wallet.hotkey.ss58_address
-    except OSError as error:
-        raise MinerSetupError(f"cannot read hotkey {settings.wallet_hotkey} of wallet {wallet_name} in "
-                              f"{settings.wallet_path}: {error} (create it with `btcli wallet new_hotkey`)") from None
+    wallet = open_wallet(settings, "miner")
+    hotkey = wallet.hotkey.ss58_address
     device_name = _device_name(settings.device)
+    endpoint = published_endpoint(settings)
     try:
         workspace = Workspace(settings.workspace_root, hotkey)
         workspace.acquire()
     except WorkspaceError as error:
         raise MinerSetupError(str(error)) from None
     try:
-        logger.info("miner %s (wallet %s/%s) on %s netuid %d; workspace %s", hotkey, wallet_name,
+        logger.info("miner %s (wallet %s/%s) on %s netuid %d; workspace %s", hotkey, settings.wallet_name_for("miner"),
                     settings.wallet_hotkey, settings.network, settings.netuid, workspace.path)
         try:
             chain = connect(settings)
             if not chain.is_registered(hotkey):
                 logger.warning("hotkey %s is not registered on subnet %d: the API refuses its submissions until "
-                               "it is (btcli subnet register)", hotkey, chain.netuid)
+                               "it is (%s)", hotkey, chain.netuid, btcli.registration_hint(settings, settings.wallet_name_for("miner"), hotkey))
+            api = find_api(settings, chain)
         except ChainError as error:
             raise MinerSetupError(f"chain: {error}") from None
-        published = _publish_endpoint(chain, wallet, settings)
+        except ApiNotFound as error:
+            raise MinerSetupError(str(error)) from None
+        logger.info("submission API: %s (from %s)", api.url, api.source)
+        published = _publish_endpoint(chain, wallet, endpoint)
 
         github = GitHubClient(settings.github_api_url, settings.github_token)
         try:
@@ -180,7 +207,7 @@ def _run(settings: Settings) -> int:
         state.fork_url = url
         store.save(state)
 
-        client = ApiClient(settings.validator_api_url, wallet, api_hotkey=settings.api_hotkey or None)
+        client = ApiClient(api.url, wallet, api_hotkey=api.hotkey)
         _check_services(settings, client)
         strategies: list = [TuningStrategy(device_name)]
         if settings.agent_api_url:
@@ -188,12 +215,8 @@ def _run(settings: Settings) -> int:
                                             settings.agent_timeout))
         else:
             logger.info("AGENT_API_URL is empty: the agent strategy is off; tuning only")
-        policy = SandboxPolicy(allow_unsandboxed=settings.miner_allow_unsandboxed,
-                               pytorch_cuda_alloc_conf=settings.pytorch_cuda_alloc_conf)
         # The validators' evaluation settings, so the miner sees what a validator will see.
-        options = EvaluationOptions(seq_lens=settings.eval_seq_lens, device=settings.device,
-                                    timeout_s=settings.eval_timeout, timed_seconds=settings.eval_timed_seconds,
-                                    policy=policy)
+        options = options_from_settings(settings, allow_unsandboxed=settings.miner_allow_unsandboxed)
         evaluator = Evaluator(options, workspace.reports)
         submitter = Submitter(client, chain, state, store, settings.submission_mode, url, publish=clone.push,
                               min_gain=settings.min_improvement)
@@ -205,7 +228,7 @@ def _run(settings: Settings) -> int:
         def republish() -> None:
             nonlocal published
             if not published:
-                published = _publish_endpoint(chain, wallet, settings)
+                published = _publish_endpoint(chain, wallet, endpoint)
 
         miner = Miner(clone, strategies, evaluator, submitter, state, store, config, before_cycle=republish,
                       verdicts=VerdictWatcher(client, hotkey))

@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from quasar import scoring
+from quasar.errors import QuasarError
 from quasar.miner.strategies.base import Attempt
 
 STATE_FORMAT = 1
 MAX_ATTEMPTS_KEPT = 500
 
 
-class MinerStateError(ValueError):
+class MinerStateError(QuasarError, ValueError):
     """The state file cannot be read; the message names the file and the field."""
 
 
@@ -68,7 +69,7 @@ class Measurement:
 
     @property
     def weighted_score(self) -> float:
-        """The claim times the league multiplier: what validators will rank (QUASAR.md section 5)."""
+        """The claim times the league multiplier: what validators will rank (docs/rules.md section 5)."""
         return self.claim * scoring.league_for(self.target_seq_len).multiplier
 
     def to_dict(self) -> dict[str, Any]:

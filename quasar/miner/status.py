@@ -1,4 +1,4 @@
-"""What became of the miner's submissions: ``python -m neurons.miner status [--submission ID]`` and
+"""What became of the miner's submissions: ``quasar status [--submission ID]`` and
 the verdicts the running miner logs as validators report them.
 
 Everything here comes from the API's public status endpoints (``GET /miners/{hotkey}/submissions``,
@@ -18,7 +18,9 @@ from rich.text import Text
 from quasar.api import schemas
 from quasar.api.charts import compact
 from quasar.api.client import ApiClient, ApiClientError
+from quasar.chain.wallets import WalletError, open_wallet
 from quasar.config import Settings
+from quasar.terminal import short_hotkey
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +44,6 @@ def _state(state: str) -> Text:
     return Text(STATE_LABELS.get(state, state), style=STATE_STYLES.get(state, "yellow"))
 
 
-def _short(hotkey: str) -> str:
-    return f"{hotkey[:6]}…{hotkey[-4:]}" if len(hotkey) > 12 else hotkey
-
-
 def verdict_summary(status: schemas.SubmissionStatus) -> str:
     """``2/2 pass``, ``0/1 pass``, or ``-`` before any report."""
     if not status.reports:
@@ -57,7 +55,7 @@ def verdict_summary(status: schemas.SubmissionStatus) -> str:
 def submissions_table(page: schemas.SubmissionPage) -> Table:
     """The miner's submissions, newest first: state, target, claim, measured, verdicts (fits 80 columns)."""
     shown = len(page.submissions)
-    title = f"submissions of {_short(page.hotkey or '')}: {shown} newest of {page.total}"
+    title = f"submissions of {short_hotkey(page.hotkey or '')}: {shown} newest of {page.total}"
     table = Table(title=title, title_justify="left")
     for column in ("id", "state", "target", "claimed", "measured", "verdicts", "submitted"):
         table.add_column(column, justify="right" if column in ("id", "target", "claimed", "measured") else "left")
@@ -118,7 +116,7 @@ def submission_detail(status: schemas.SubmissionStatus) -> Group:
         logits = {True: "passed", False: "failed", None: "not checked"}[report.logits_ok]
         style = "green" if report.verdict == "passed" else "red"
         parts.append(Text.assemble("\n", (report.verdict, f"bold {style}"),
-                                   f" by validator {_short(report.validator_hotkey)} at "
+                                   f" by validator {short_hotkey(report.validator_hotkey)} at "
                                    f"{_when(report.reported_at)} UTC; logits {logits}"))
         if report.reasons:
             reasons = Table.grid(padding=(0, 1))
@@ -148,25 +146,30 @@ def print_status(console: Console, client: ApiClient, hotkey: str, submission_id
 
 
 def run_status(settings: Settings, submission_id: int | None, console: Console | None = None) -> int:
-    """``python -m neurons.miner status``: the miner's submissions from the API; exit status 1 when the
+    """``quasar status``: the miner's submissions from the API; exit status 1 when the
     wallet cannot be read or the API refuses or cannot be reached."""
-    import bittensor as bt
-
     console = console or Console()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # its request lines would interleave with the tables
-    wallet_name = settings.wallet_name_for("miner")
-    wallet = bt.Wallet(name=wallet_name, hotkey=settings.wallet_hotkey, path=settings.wallet_path)
     try:
-        hotkey = wallet.hotkey.ss58_address
-    except OSError as error:
-        logger.error("cannot read hotkey %s of wallet %s in %s: %s", settings.wallet_hotkey, wallet_name,
-                     settings.wallet_path, error)
+        wallet = open_wallet(settings, "miner")
+    except WalletError as error:
+        logger.error("%s", error)
         return 1
-    with ApiClient(settings.validator_api_url) as client:
+    hotkey = wallet.hotkey.ss58_address
+    from quasar.api.lookup import ApiNotFound, find_api
+    from quasar.chain import ChainError
+    from quasar.chain.factory import connect
+
+    try:
+        url = settings.validator_api_url or find_api(settings, connect(settings)).url
+    except (ApiNotFound, ChainError) as error:
+        logger.error("cannot find the submission API: %s", error)
+        return 1
+    with ApiClient(url) as client:
         try:
             print_status(console, client, hotkey, submission_id)
         except ApiClientError as error:
-            logger.error("the submission API at %s: %s", settings.validator_api_url, error)
+            logger.error("the submission API at %s: %s", url, error)
             return 1
     return 0
 
@@ -202,7 +205,7 @@ class VerdictWatcher:
     @staticmethod
     def _log(status: schemas.SubmissionStatus, report: schemas.ValidatorVerdict) -> None:
         measured = "-" if report.measured_tokens_per_sec is None else f"{report.measured_tokens_per_sec:,.0f}"
-        text = (f"submission {status.submission_id} {report.verdict} by validator {_short(report.validator_hotkey)}: "
+        text = (f"submission {status.submission_id} {report.verdict} by validator {short_hotkey(report.validator_hotkey)}: "
                 f"measured {measured} tok/s at T={status.target_sequence_length:,} (claimed "
                 f"{status.claimed_tokens_per_sec:,.0f}); now {STATE_LABELS.get(status.state, status.state)}")
         if report.verdict == "passed":

@@ -2,7 +2,7 @@
 
 - Direct: push the commit, then ``POST /submit_kernel``.
 - Commit-reveal: draw a salt, save it in the state, *then* ``POST /commit_submission`` with
-  ``sha256(salt + fork_url + commit)`` (QUASAR.md section 3). The commit stays unpublished
+  ``sha256(salt + fork_url + commit)`` (docs/rules.md section 3). The commit stays unpublished
   until the reveal: once the chain reaches the block the API named, the miner pushes the
   commit and ``POST /reveal_submission``. After a crash, :meth:`Submitter.advance` finds an
   unacknowledged commitment among the API's pending reveals (or sends it again with the same

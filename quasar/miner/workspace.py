@@ -7,7 +7,7 @@ Layout, under ``WORKSPACE_ROOT`` (default ``~/.quasar/miner``)::
         fork/          the clone of the miner's fork; the miner edits, commits and pushes here
         state.json     what the miner must remember across restarts (state.py)
         askpass.sh     git's credential helper (no secret in it; github.py)
-        reports/       the last evaluation reports, as JSON (python -m quasar.evaluate renders them)
+        reports/       the last evaluation reports, as JSON (quasar evaluate renders them)
 
 Two miners with different hotkeys never share a file; a second miner with the same hotkey
 refuses to start. Between candidates the clone is always clean at its branch's head: a
@@ -24,6 +24,7 @@ import re
 import shutil
 from pathlib import Path
 
+from quasar.errors import QuasarError
 from quasar.imports import QUASAR_DIR
 from quasar.miner.github import Git
 
@@ -32,7 +33,7 @@ logger = logging.getLogger(__name__)
 HOTKEY_PATTERN = re.compile(r"[1-9A-HJ-NP-Za-km-z]{40,60}")
 
 
-class WorkspaceError(RuntimeError):
+class WorkspaceError(QuasarError, RuntimeError):
     """The workspace cannot be used; the message says why and what to do."""
 
 

@@ -1,4 +1,4 @@
-"""Reference math for QuasarAttention (QUASAR.md section 6): what miners' kernels are checked against.
+"""Reference math for QuasarAttention (docs/rules.md section 6): what miners' kernels are checked against.
 
 - ``naive_quasar``: the token-by-token recurrence, obviously correct, any dtype.
 - ``chunk_quasar_reference``: the exact chunked (WY) form, fast enough for a 1M-token sequence.

@@ -1,6 +1,6 @@
 """The QuasarAttention recurrence in exact chunked (WY) form: fast enough to check a whole 1M sequence.
 
-QuasarAttention is the delta rule with per-token step ``alpha_t`` and scale 1 (QUASAR.md section
+QuasarAttention is the delta rule with per-token step ``alpha_t`` and scale 1 (docs/rules.md section
 6). Over a chunk of C = 64 tokens with keys ``K``, values ``V``, queries ``Q`` (rows are tokens),
 ``D = diag(alpha)`` and the state ``S`` before the chunk, the per-token "new values"
 ``V'_t = alpha_t (v_t - S_{t-1}^T k_t)`` satisfy

@@ -1,4 +1,4 @@
-"""The QuasarAttention layer in plain PyTorch (QUASAR.md section 6): the validator's reference.
+"""The QuasarAttention layer in plain PyTorch (docs/rules.md section 6): the validator's reference.
 
 Same constructor, forward call and parameter names as ``fla.layers.quasar.QuasarAttention`` in
 ``troy12x/flash-linear-attention``, so a fork layer's ``state_dict()`` loads into it and back::

@@ -1,4 +1,4 @@
-"""The QuasarAttention recurrence token by token (QUASAR.md section 6): slow and obviously correct.
+"""The QuasarAttention recurrence token by token (docs/rules.md section 6): slow and obviously correct.
 
 Per batch b and head h, with a state ``S`` of shape ``[D_k, D_v]``::
 

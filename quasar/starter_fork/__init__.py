@@ -1,5 +1,5 @@
 """The project's starter fork of flash-linear-attention: a minimal fla tree with QuasarAttention
-and correct Triton kernels (``tree/``), and the writer behind ``python -m quasar starter-fork DIR``.
+and correct Triton kernels (``tree/``), and the writer behind ``quasar starter-fork DIR`` (:mod:`quasar.starter_fork.cli`).
 
 The tree is standalone: it never imports ``quasar`` (miners push it to GitHub as their fork).
 """

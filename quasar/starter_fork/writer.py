@@ -17,6 +17,8 @@ from importlib.resources import files
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
+from quasar.errors import QuasarError
+
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
@@ -33,7 +35,7 @@ _SKIPPED_NAMES = {"__pycache__", ".pytest_cache"}
 _SKIPPED_SUFFIXES = (".pyc", ".pyo")
 
 
-class StarterForkError(RuntimeError):
+class StarterForkError(QuasarError, RuntimeError):
     """The starter fork could not be written (the message says why)."""
 
 

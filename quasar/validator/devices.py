@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from quasar.config import DEV_NETWORK
+from quasar.errors import QuasarError
 
 
-class ValidatorSetupError(RuntimeError):
+class ValidatorSetupError(QuasarError, RuntimeError):
     """The validator cannot start as configured; the message says what to fix."""
 
 

@@ -24,8 +24,7 @@ from typing import Protocol
 
 import quasar
 from quasar import forks
-from quasar.config import DEV_NETWORK
-from quasar.evaluate import EvaluationOptions, EvaluationReport, SandboxPolicy
+from quasar.evaluate import EvaluationOptions, EvaluationReport, options_from_settings
 from quasar.evaluate.report import OK
 from quasar.validator.devices import Device
 from quasar.validator.state import EvaluationKey, EvaluationResult
@@ -189,11 +188,9 @@ class SubprocessEvaluator:
     @classmethod
     def from_settings(cls, settings, work_dir: str | os.PathLike) -> SubprocessEvaluator:
         """Lengths, time limit and allocator settings from ``settings``; local fork paths only on
-        the dev chain and a local subtensor, as the API accepts them."""
-        options = EvaluationOptions(
-            seq_lens=settings.eval_seq_lens, timeout_s=settings.eval_timeout, timed_seconds=settings.eval_timed_seconds,
-            policy=SandboxPolicy(pytorch_cuda_alloc_conf=settings.pytorch_cuda_alloc_conf))
-        return cls(work_dir, options, allow_local=settings.network in (DEV_NETWORK, "local"), debug=settings.debug)
+        the dev chain or with ALLOW_LOCAL_FORKS, as the API accepts them."""
+        options = options_from_settings(settings)
+        return cls(work_dir, options, allow_local=settings.local_forks_allowed, debug=settings.debug)
 
     def start(self, key: EvaluationKey, device: Device) -> WorkerEvaluation:
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -212,6 +209,8 @@ class SubprocessEvaluator:
         job_path.write_text(json.dumps(job))
         env = dict(os.environ)
         env["CUDA_VISIBLE_DEVICES"] = device.cuda_visible_devices
+        # GPUs numbered in PCI bus order, as nvidia-smi and the sandbox's device nodes number them.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         package_root = str(Path(quasar.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (package_root, env.get("PYTHONPATH"))))
         # Started from the loop's (main) thread: PR_SET_PDEATHSIG follows the thread that forked.

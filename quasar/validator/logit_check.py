@@ -1,4 +1,4 @@
-"""The validator's logit check of a miner (QUASAR.md section 4 step 6): the :class:`LogitChecker`
+"""The validator's logit check of a miner (docs/rules.md section 4 step 6): the :class:`LogitChecker`
 protocol and its production implementation, a fresh random challenge per check against this
 validator's own reference model."""
 

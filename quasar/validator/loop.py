@@ -16,8 +16,9 @@ One :meth:`Validator.step` does each phase once, in this order:
 7. with ``VALIDATOR_ROLE=primary``, add the results that the hotkey's other processes (workers,
    on this host or others) reported, as the API holds them (``GET /validators/{hotkey}/reports``);
 8. every EPOCH_BLOCKS chain blocks, rank this validator's own results (quasar/scoring.py) and set
-   weights: places 1-4 by uid, the unassigned share to the subnet owner's uid. A worker
-   (``VALIDATOR_ROLE=worker``) never sets weights: its hotkey's primary does.
+   weights (see :meth:`Validator._maybe_set_weights`): places 1-4 by uid, the unassigned share to
+   the subnet owner's uid, or, when the owner's hotkey holds no uid, the placed shares alone. A
+   worker (``VALIDATOR_ROLE=worker``) never sets weights: its hotkey's primary does.
 
 A phase that raises is logged and the step goes on; so does the loop. :meth:`run_forever` steps
 until SIGINT/SIGTERM, then stops running evaluations (their sandboxes are killed), puts them back
@@ -35,15 +36,25 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import quasar
+from quasar import scoring
 from quasar.api.client import ApiClient, ApiClientError
 from quasar.api.schemas import ReportedWork, WorkItem
-from quasar.chain.base import Chain, ChainError, Metagraph
-from quasar.config import DEV_NETWORK, Settings
+from quasar.chain import btcli
+from quasar.chain.base import Chain, ChainError, Metagraph, RateLimited, UidsChanged, WeightsSubmission
+from quasar.config import Settings
 from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
+from quasar.terminal import log_table
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
 from quasar.validator.logit_check import LogitChecker
 from quasar.validator.devices import Device
-from quasar.validator.results import api_report, plan_weights, scoring_result, weights_table
+from quasar.validator.results import (
+    WeightPlan,
+    api_report,
+    plan_weights,
+    scoring_result,
+    weights_refusal,
+    weights_table,
+)
 from quasar.validator.state import (
     ABANDONED,
     FAILED,
@@ -63,13 +74,18 @@ logger = logging.getLogger(__name__)
 # Seconds running evaluations get to stop cleanly (kill their sandbox) before they are killed.
 STOP_GRACE_S = 20.0
 POLL_S = 0.5
+# However quiet the subnet, a running validator says where it stands this often (one line).
+HEARTBEAT_S = 600.0
 LAST_WEIGHTS_BLOCK = "last_weights_block"
 # The API's id of the last report of this hotkey that a primary has looked at.
 IMPORTED_AFTER = "imported_reports_after"
 PRIMARY, WORKER = "primary", "worker"
 IMPORT_BATCH = 100
-# After a failed weight setting (no permit, rate limit, chain unreachable), blocks before the next try.
+# After a failed weight setting (the chain refused or could not be reached), blocks before the next
+# try; a rate limit waits the blocks the chain says instead.
 WEIGHTS_RETRY_BLOCKS = 10
+# Plans made in one weights phase when uids change hands between planning and submitting.
+PLAN_ATTEMPTS = 2
 # API answers after which a report is never sent again: unknown submission, already reported or
 # conflicting, invalid. Anything else (unreachable, 5xx, 401/403, 429) is retried next step.
 FINAL_REPORT_STATUSES = (404, 409, 422)
@@ -109,7 +125,8 @@ class Validator:
 
     def __init__(self, settings: Settings, chain: Chain, api: ApiClient, wallet, evaluator: Evaluator,
                  logit_checker: LogitChecker, state: ValidatorState, *, devices: Sequence[Device],
-                 clock: Callable[[], float] = time.time, interval_s: float | None = None):
+                 clock: Callable[[], float] = time.time, interval_s: float | None = None,
+                 heartbeat_s: float = HEARTBEAT_S):
         if not devices:
             raise ValueError("a validator needs at least one device to evaluate on")
         self.settings = settings
@@ -123,7 +140,8 @@ class Validator:
         self.devices = list(devices)
         self.clock = clock
         self.interval_s = interval_s if interval_s is not None else max(1.0, min(12.0, chain.block_time_s))
-        self.allow_local_forks = settings.network in (DEV_NETWORK, "local")
+        self.heartbeat_s = heartbeat_s
+        self.allow_local_forks = settings.local_forks_allowed
         self.metagraph: Metagraph | None = None
         self.running: dict[str, RunningEvaluation] = {}  # device name -> its evaluation
         self._stop = threading.Event()
@@ -171,12 +189,25 @@ class Validator:
                     ", ".join(device.name for device in self.devices), self.settings.epoch_blocks)
         with self._signals_stop():
             try:
+                last_heartbeat = time.monotonic()
                 while not self.stopping:
                     self.step()
+                    if time.monotonic() - last_heartbeat >= self.heartbeat_s:
+                        logger.info("%s", self.status_line())
+                        last_heartbeat = time.monotonic()
                     self._sleep(self.interval_s)
             finally:
                 self.shutdown()
         logger.info("validator stopped")
+
+    def status_line(self) -> str:
+        """Where the validator stands: the block, evaluations running, submissions open and when
+        weights are next due (the heartbeat :meth:`run_forever` logs every ``heartbeat_s``)."""
+        block = self.metagraph.block if self.metagraph is not None else None
+        stored = self.state.get_meta(LAST_WEIGHTS_BLOCK)
+        due = "at the next step" if stored is None else f"after block {int(stored) + self.settings.epoch_blocks}"
+        return (f"at block {block if block is not None else '?'}: {len(self.running)} evaluation(s) running, "
+                f"{self.state.open_submissions()} submission(s) open; weights due {due}")
 
     def run_until_idle(self, timeout_s: float) -> None:
         """Step until :attr:`idle` (tests and one-off runs); TimeoutError after ``timeout_s``."""
@@ -406,6 +437,13 @@ class Validator:
                 logger.info("evaluation of %s: attempt %d", key, attempt)
 
     def _maybe_set_weights(self, summary: StepSummary) -> None:
+        """Once an epoch (EPOCH_BLOCKS), set weights from this validator's own results, as the chain
+        will take them: the metagraph is read again right before planning, and the chain checks at
+        the block of submission that every uid is still held by the hotkey it was planned for (a uid
+        that changed hands meanwhile is planned again, so a new hotkey never gets an old one's
+        share). Nothing is submitted without a validator permit (the subnet owner needs none), nor a
+        split the subnet's max_weight_limit or min_allowed_weights would change: one line an epoch
+        says why. A rate-limited submission waits the blocks the chain says."""
         if self.metagraph is None:
             return
         block = self.metagraph.block
@@ -419,18 +457,72 @@ class Validator:
         for record in self.state.scored():
             with self._item(f"scoring submission {record.submission.submission_id}"):
                 results.append(scoring_result(record))
-        try:
-            plan = plan_weights(results, self.metagraph, self.chain.owner_uid(), self.settings.tie_epsilon)
-            self.chain.set_weights(self.wallet, plan.weights, quasar.version_key())
-        except ChainError as error:
-            self._weights_retry_at = block + min(WEIGHTS_RETRY_BLOCKS, self.settings.epoch_blocks)
-            logger.warning("cannot set weights at block %d: %s; retrying at block %d", block, error,
-                           self._weights_retry_at)
+        for attempt in range(1, PLAN_ATTEMPTS + 1):
+            try:
+                planned = self._plan_and_submit(results)
+            except UidsChanged as changed:
+                if attempt == PLAN_ATTEMPTS:
+                    self._retry_weights(block, WEIGHTS_RETRY_BLOCKS, f"cannot set weights at block {block}: {changed}")
+                    return
+                logger.info("%s; planning the weights again", changed)
+                continue
+            except RateLimited as limited:
+                wait = limited.blocks_to_wait or min(WEIGHTS_RETRY_BLOCKS, self.settings.epoch_blocks)
+                self._retry_weights(block, wait, f"the chain's weights rate limit holds at block {block}: {limited}")
+                return
+            except ChainError as error:
+                self._retry_weights(block, min(WEIGHTS_RETRY_BLOCKS, self.settings.epoch_blocks),
+                                    f"cannot set weights at block {block}: {error}")
+                return
+            break
+        if planned is None:
             return
+        plan, submission = planned
         self._weights_retry_at = None
-        self.state.set_meta(LAST_WEIGHTS_BLOCK, str(block))
+        self.state.set_meta(LAST_WEIGHTS_BLOCK, str(submission.block))
         summary.weights_set = True
         if plan.unregistered:
             logger.info("left out of the ranking (no longer registered): %s", ", ".join(plan.unregistered))
-        logger.info("weights set at block %d (next after block %d):\n%s", block,
-                    block + self.settings.epoch_blocks, weights_table(plan))
+        what = ("committed (the chain applies them when it reveals them)" if submission.committed else "set")
+        log_table(logger, f"weights {what} at block {submission.block} ({submission.detail}; next after block "
+                          f"{submission.block + self.settings.epoch_blocks}):", weights_table(plan))
+
+    def _plan_and_submit(self, results: list[scoring.Result]) -> tuple[WeightPlan, WeightsSubmission] | None:
+        """Plan the weights on the metagraph as it is now and submit them with the hotkeys they were
+        planned for; None (said in one line, looked at again next epoch) when nothing may go out."""
+        metagraph = self.chain.metagraph()
+        block = metagraph.block
+        me = metagraph.by_hotkey(self.hotkey)
+        owner_uid = self.chain.owner_uid()
+        if me is None:
+            how = btcli.registration_hint(self.settings, self.settings.wallet_name_for("validator"), self.hotkey)
+            self._skip_epoch(block, f"hotkey {self.hotkey} is not registered on subnet {self.chain.netuid}: no weights "
+                                    f"until it is ({how})")
+            return None
+        if not me.validator_permit and me.uid != owner_uid:
+            self._skip_epoch(block, f"uid {me.uid} has no validator permit on subnet {self.chain.netuid} (stake "
+                                    f"{me.stake:,.2f}): no weights submitted this epoch; the chain gives permits to "
+                                    "the subnet's top validators by stake")
+            return None
+        plan = plan_weights(results, metagraph, owner_uid, self.settings.tie_epsilon)
+        if plan.dropped:
+            logger.warning("the subnet owner's hotkey holds no uid on subnet %d: the unassigned share %.2f is not "
+                           "set; the placed shares are set alone, scaled to sum 1", self.chain.netuid, plan.dropped)
+        if not plan.weights:
+            self._skip_epoch(block, "no miner holds a place and the owner's hotkey holds no uid: no weights to set "
+                                    "this epoch")
+            return None
+        refusal = weights_refusal(plan, self.chain.hyperparameters(), len(metagraph.neurons), me.uid)
+        if refusal:
+            self._skip_epoch(block, f"weights not submitted this epoch: {refusal}")
+            return None
+        return plan, self.chain.set_weights(self.wallet, plan.weights, quasar.version_key(), plan.hotkeys)
+
+    def _skip_epoch(self, block: int, why: str) -> None:
+        """No weights this epoch: say why once, and look again next epoch."""
+        self._weights_retry_at = block + self.settings.epoch_blocks
+        logger.warning("%s (next look at block %d)", why, self._weights_retry_at)
+
+    def _retry_weights(self, block: int, blocks: int, why: str) -> None:
+        self._weights_retry_at = block + blocks
+        logger.warning("%s; retrying at block %d", why, self._weights_retry_at)

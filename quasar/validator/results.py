@@ -6,17 +6,16 @@ API's leaderboard and the weights on chain apply the same rules.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
 from quasar import scoring
 from quasar.api.schemas import MAX_BENCHMARK_ENTRIES, MAX_REASON_LENGTH, MAX_REASONS
-from quasar.chain.base import Metagraph
+from quasar.chain.base import Metagraph, SubnetHyperparameters
+from quasar.terminal import compact_rate, compact_table, short_hotkey
 from quasar.validator.state import SubmissionRecord
 
 
@@ -99,19 +98,27 @@ def api_report(record: SubmissionRecord) -> ApiReport:
 
 @dataclass(frozen=True)
 class WeightPlan:
-    """The weights to set: places 1-4 by uid, and the unassigned share on the owner's uid."""
+    """The weights to set: places 1-4 by uid, and the unassigned share on the owner's uid.
+
+    When the owner's hotkey holds no uid (``owner_uid`` None) the unassigned share goes nowhere
+    (``dropped``) and the placed shares are set alone, scaled to sum 1.
+    """
 
     ranking: scoring.Ranking
-    weights: dict[int, float]  # uid -> weight; sums to 1
+    weights: dict[int, float]  # uid -> weight; sums to 1 (empty: nothing to set)
     uids: dict[str, int]  # hotkey -> uid of every placed hotkey
-    owner_uid: int
+    hotkeys: dict[int, str]  # uid -> hotkey of every uid in ``weights`` (checked on chain when submitting)
+    owner_uid: int | None
+    dropped: float  # the unassigned share not set because the owner's hotkey holds no uid
     unregistered: tuple[str, ...]  # hotkeys with results that are no longer registered (left out)
 
 
-def plan_weights(results: Iterable[scoring.Result], metagraph: Metagraph, owner_uid: int,
+def plan_weights(results: Iterable[scoring.Result], metagraph: Metagraph, owner_uid: int | None,
                  epsilon: float) -> WeightPlan:
     """Rank the results of hotkeys registered now (others are dropped before ranking, so they hold
-    no place) and turn the top-4 shares into uid weights; the unassigned share goes to ``owner_uid``."""
+    no place) and turn the top-4 shares into uid weights; the unassigned share goes to ``owner_uid``,
+    or, when it is None (the owner's hotkey holds no uid), nowhere: the placed shares are scaled to
+    sum 1 (docs/rules.md section 5)."""
     uids = {neuron.hotkey: neuron.uid for neuron in metagraph.neurons}
     results = list(results)
     registered = [result for result in results if result.hotkey in uids]
@@ -120,26 +127,63 @@ def plan_weights(results: Iterable[scoring.Result], metagraph: Metagraph, owner_
     weights: dict[int, float] = {}
     for hotkey, share in ranking.weights.items():
         weights[uids[hotkey]] = weights.get(uids[hotkey], 0.0) + share
-    if ranking.unassigned > 0:
+    dropped = 0.0
+    if ranking.unassigned > 0 and owner_uid is not None:
         weights[owner_uid] = weights.get(owner_uid, 0.0) + ranking.unassigned
-    placed = {placement.hotkey: uids[placement.hotkey] for placement in ranking.placements}
-    return WeightPlan(ranking, weights, placed, owner_uid, unregistered)
+    elif ranking.unassigned > 0:
+        dropped = ranking.unassigned
+        placed = sum(weights.values())
+        weights = {uid: weight / placed for uid, weight in weights.items()} if placed > 0 else {}
+    holders = {neuron.uid: neuron.hotkey for neuron in metagraph.neurons}
+    placed_uids = {placement.hotkey: uids[placement.hotkey] for placement in ranking.placements}
+    return WeightPlan(ranking, weights, placed_uids, {uid: holders[uid] for uid in weights if uid in holders},
+                      owner_uid, dropped, unregistered)
 
 
-def weights_table(plan: WeightPlan) -> str:
-    """The ranking behind ``plan`` and the owner's share, as a rich table rendered to text for the log."""
-    table = Table(title=f"QUASAR weights (tie margin ε = {plan.ranking.epsilon:g})")
-    for column in ("place", "uid", "hotkey", "submission", "league", "verified tok/s", "score", "weight"):
-        table.add_column(column, justify="left" if column in ("hotkey", "league") else "right")
+# The most uids a plan names: the four places and the owner.
+MAX_WEIGHTED_UIDS = len(scoring.PLACE_SHARES) + 1
+
+
+def weights_refusal(plan: WeightPlan, hyperparameters: SubnetHyperparameters, subnet_size: int,
+                    setter_uid: int) -> str | None:
+    """Why ``plan`` cannot be set as the rules split the weights on a subnet with these
+    hyperparameters (None when it can): a share above ``max_weight_limit`` (the SDK would move the
+    excess to the other uids, the chain refuse it), or fewer uids than ``min_allowed_weights``. A
+    weight on the setter's own uid alone is exempt from both, as on chain."""
+    if not plan.weights or list(plan.weights) == [setter_uid]:
+        return None
+    largest = max(plan.weights.values())
+    if largest > hyperparameters.max_weight_share + 1e-9:
+        return (f"the largest weight, {largest:.4f}, is above the subnet's max_weight_limit "
+                f"({hyperparameters.max_weight_limit}, a share of {hyperparameters.max_weight_share:.4f}): the SDK "
+                "would move the excess to the other uids, which QUASAR's split does not allow")
+    needed = min(subnet_size, hyperparameters.min_allowed_weights)
+    if len(plan.weights) < needed:
+        return (f"the subnet needs weights on at least {needed} uids (min_allowed_weights "
+                f"{hyperparameters.min_allowed_weights}) and this epoch's split names {len(plan.weights)}")
+    return None
+
+
+def weights_table(plan: WeightPlan) -> Table:
+    """The ranking behind ``plan``: each placed uid's score, share and weight, and where the
+    unassigned share goes; 80 columns wide (hotkeys shortened, tokens/s in M)."""
+    table = compact_table(f"QUASAR weights (tie margin ε = {plan.ranking.epsilon:g})")
+    for column in ("#", "uid", "hotkey", "sub", "league", "verified", "score", "share", "weight"):
+        table.add_column(column, justify="left" if column in ("hotkey", "league") else "right", no_wrap=True)
     for placement in plan.ranking.placements:
         result = placement.result
-        table.add_row(str(placement.place), str(plan.uids[placement.hotkey]), placement.hotkey,
-                      str(result.submission_id), scoring.league_for(result.target_sequence_length).name,
-                      f"{scoring.verified_tokens_per_sec(result):,.0f}", f"{placement.weighted_score:,.0f}",
-                      f"{placement.share:.2f}")
+        uid = plan.uids[placement.hotkey]
+        table.add_row(str(placement.place), str(uid), short_hotkey(placement.hotkey), str(result.submission_id),
+                      scoring.league_for(result.target_sequence_length).name,
+                      compact_rate(scoring.verified_tokens_per_sec(result)), compact_rate(placement.weighted_score),
+                      f"{placement.share:.2f}", f"{plan.weights.get(uid, 0.0):.4f}")
+    if plan.ranking.unassigned > 0 and plan.owner_uid is not None:
+        table.add_row("-", str(plan.owner_uid), "owner", "", "unassigned", "", "",
+                      f"{plan.ranking.unassigned:.2f}", f"{plan.weights.get(plan.owner_uid, 0.0):.4f}")
+    elif plan.dropped > 0:
+        table.add_row("-", "-", "owner", "", "no uid", "", "", f"{plan.dropped:.2f}", "-")
     if plan.ranking.unassigned > 0:
-        table.add_row("-", str(plan.owner_uid), "subnet owner (unassigned places)", "", "", "", "",
-                      f"{plan.ranking.unassigned:.2f}")
-    out = io.StringIO()
-    Console(file=out, width=160, no_color=True).print(table)
-    return out.getvalue().rstrip()
+        table.caption = ("unassigned places go to the subnet owner's uid (burned)" if plan.owner_uid is not None
+                         else "unassigned places not set: the owner's hotkey holds no uid")
+        table.caption_justify = "left"
+    return table

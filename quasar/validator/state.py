@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from quasar import originality
+from quasar.errors import QuasarError
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ CREATE INDEX IF NOT EXISTS submissions_by_evaluation
 """
 
 
-class StateError(RuntimeError):
+class StateError(QuasarError, RuntimeError):
     """The state file cannot be used (locked by another process, unreadable, another schema)."""
 
 

@@ -86,7 +86,8 @@ def policy_from_json(data: dict[str, Any]):
     """The ``SandboxPolicy`` of :func:`options_to_json`'s ``policy`` (no torch imported)."""
     from quasar.evaluate.sandbox import SandboxPolicy
 
-    return SandboxPolicy(**{**data, "extra_readonly_paths": tuple(data.get("extra_readonly_paths", ()))})
+    tuples = {key: tuple(data[key]) for key in ("extra_readonly_paths", "sys_paths") if key in data}
+    return SandboxPolicy(**{**data, **tuples})
 
 
 def options_from_json(data: dict[str, Any]):

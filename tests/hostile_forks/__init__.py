@@ -1,9 +1,10 @@
 """Hostile forks for the evaluation harness's attack tests.
 
-Each is the project's starter fork with a patch appended to ``fla/layers/quasar.py``: it wraps the
-honest ``QuasarAttention`` (or runs code at import) to attack the harness. ``write_hostile_fork``
-writes one; ``ATTACKS`` names them all. Parameters (paths, ports, markers) are substituted as
-Python literals with ``repr``.
+Each is the project's starter fork with a patch appended to ``fla/layers/quasar.py`` (``ATTACKS``:
+it wraps the honest ``QuasarAttention``, or runs code at import) or to ``fla/__init__.py``
+(``PACKAGE_ATTACKS``: code that runs at ``import fla``, in a file the import check does not read,
+as a real fork's payload would hide). ``write_hostile_fork`` writes one. Parameters (paths, ports,
+markers, sizes) are substituted as Python literals with ``repr``.
 """
 
 from __future__ import annotations
@@ -232,6 +233,18 @@ import sys as _sys
 _workload = _sys.modules["workload"]
 _workload.forward_input = lambda noise, previous: torch.zeros(1, *noise.shape, device=noise.device)
 """,
+    # Text that attacks the report: rich markup (unbalanced, and a forged verdict) and terminal
+    # escapes in the exception the forward raises.
+    "markup": _wrap("""
+        raise RuntimeError({text})
+    """),
+    # Writes a last word to stderr and exits at its first forward.
+    "exit_at_forward": _wrap("""
+        import os, sys
+        sys.stderr.write({last_words} + "\\n")
+        sys.stderr.flush()
+        os._exit(3)
+    """),
     # Runs out of memory at one length.
     "oom": _wrap("""
         if hidden_states.shape[1] == {oom_length}:
@@ -253,12 +266,209 @@ _workload.forward_input = lambda noise, previous: torch.zeros(1, *noise.shape, d
 }
 
 
+# Payloads of fla/__init__.py. Each prints what it tried and what happened, one line each, for
+# the tests to read in the report's log tail.
+_SYSCALL = """
+import ctypes as _ctypes
+import errno as _errno
+import os as _os
+
+_libc = _ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = _ctypes.c_long
+
+
+def _attempt(name, *arguments):
+    result = _libc.syscall(*arguments)
+    if result == 0 and name.startswith("clone"):
+        _os._exit(0)  # the new process, had the call succeeded
+    error = _errno.errorcode.get(_ctypes.get_errno(), "?") if result < 0 else "none"
+    print("SYSCALL", name, result, error, flush=True)
+"""
+
+PACKAGE_ATTACKS: dict[str, str] = {
+    # The timing attack of issue 32, as it beat the harness before: exact only where the correctness
+    # run used to be (a request of one forward among requests of many, or the {exact_request}-th
+    # request at a length, right after the warm-up, where every request is one forward) and on
+    # repeated seeds; {noise} RMS noise on every other forward's output. With {eager} its forward
+    # reads a value back to the host, so that no CUDA graph captures it and its Python decides at
+    # every request (a graph would replay one choice).
+    "sloppy_timed": """
+import sys as _sys
+
+import torch
+
+_workload = _sys.modules["workload"]
+_state = {"seen": set(), "requests": {}, "batched": set(), "exact": True}
+_real_fill = _workload.fill_request
+
+
+def _fill(buffers, input_seed, basis_seed):
+    length, seeds = buffers.seq_len, (input_seed, basis_seed)
+    made = _state["requests"][length] = _state["requests"].get(length, 0) + 1
+    if buffers.count > 1:
+        _state["batched"].add(length)
+    one_of_many = buffers.count == 1 and length in _state["batched"]
+    _state["exact"] = seeds in _state["seen"] or one_of_many or made == {exact_request}
+    _state["seen"].add(seeds)
+    return _real_fill(buffers, input_seed, basis_seed)
+
+
+_workload.fill_request = _fill
+_child = _sys.modules["__main__"]
+_real_layer_forward = _child.Server.layer_forward
+
+
+def _layer_forward(self, hidden):
+    output = _real_layer_forward(self, hidden)
+    if {eager}:
+        float(output.float().sum())
+    if _state["exact"]:
+        return output
+    scale = output.float().square().mean().sqrt()
+    return output + (torch.randn_like(output.float()) * ({noise} * scale)).to(output.dtype)
+
+
+_child.Server.layer_forward = _layer_forward
+""",
+    # Exact until the parent asks for an output at a length (the correctness request has run),
+    # sloppy on every later forward there.
+    "sloppy_after_check": """
+import sys as _sys
+
+import torch
+
+_child = _sys.modules["__main__"]
+_checked = set()
+_real_send_output, _real_layer_forward = _child.Server.send_output, _child.Server.layer_forward
+
+
+def _send_output(self, request):
+    if self.last_output is not None:
+        _checked.add(self.last_output.shape[1])
+    return _real_send_output(self, request)
+
+
+def _layer_forward(self, hidden):
+    output = _real_layer_forward(self, hidden)
+    if hidden.shape[1] not in _checked:
+        return output
+    scale = output.float().square().mean().sqrt()
+    return output + (torch.randn_like(output.float()) * ({noise} * scale)).to(output.dtype)
+
+
+_child.Server.send_output = _send_output
+_child.Server.layer_forward = _layer_forward
+""",
+    # Starts processes until the sandbox's limit refuses more (each named {name} for the test to
+    # count), and keeps them for {hold_seconds} s while its import goes on.
+    "exhaust_processes": """
+import ctypes as _ctypes
+import os as _os
+import time as _time
+
+_libc = _ctypes.CDLL(None)
+_started = 0
+while _started < {most}:
+    try:
+        _pid = _os.fork()
+    except OSError as _error:
+        print("FORK-REFUSED after", _started, _error, flush=True)
+        break
+    if _pid == 0:
+        _libc.prctl(15, {name}.encode(), 0, 0, 0)  # PR_SET_NAME
+        _time.sleep(3600)
+        _os._exit(0)
+    _started += 1
+_time.sleep({hold_seconds})
+""",
+    # Leaves a secret in the kernel keyring of its uid, for a later evaluation to read, and looks
+    # for one a previous evaluation left.
+    "keyring": _SYSCALL + """
+_KEY_SPEC_USER_KEYRING = -4
+_attempt("add_key", 248, b"user", b"quasar-leak", b"{secret}", len({secret}), _KEY_SPEC_USER_KEYRING)
+_attempt("request_key", 249, b"user", b"quasar-leak", None, 0)
+_attempt("keyctl", 250, 1, _KEY_SPEC_USER_KEYRING, 0)
+""",
+    # System calls a fork never needs: new namespaces, tracing, BPF, perf counters, userfaultfd,
+    # io_uring, mounts, modules.
+    "syscalls": _SYSCALL + """
+_attempt("unshare", 272, 0x10000000)
+_attempt("setns", 308, 0, 0)
+_attempt("clone_newuser", 56, 0x10000000 | 17, 0, 0, 0, 0)
+_attempt("ptrace", 101, 0, 0, 0, 0)
+_attempt("bpf", 321, 0, 0, 0)
+_attempt("perf_event_open", 298, 0, 0, -1, -1, 0)
+_attempt("userfaultfd", 323, 0)
+_attempt("io_uring_setup", 425, 1, 0)
+_attempt("mount", 165, b"none", b"/tmp", b"tmpfs", 0, 0)
+_attempt("finit_module", 313, -1, b"", 0)
+_attempt("clone3", 435, 0, 0)
+""",
+    # Reads what the host's /etc and /sys say about the machine, its network and its neighbours.
+    "host_files": """
+import os as _os
+
+for _path in ("/etc/hostname", "/etc/machine-id", "/etc/shadow", "/etc/ssh", "/etc/hosts", "/sys/class/net",
+              "/sys/fs/cgroup", "/sys/class/dmi/id", "/sys/kernel", "/sys/devices/virtual"):
+    try:
+        if _os.path.isdir(_path):
+            print("HOST-LISTED", _path, sorted(_os.listdir(_path)), flush=True)
+        else:
+            with open(_path) as _file:
+                print("HOST-READ", _path, repr(_file.read(200)), flush=True)
+    except OSError as _error:
+        print("HOST-UNREADABLE", _path, _error.strerror, flush=True)
+""",
+    # Looks for the host's other GPUs (a neighbour's evaluation runs there) and keeps every GPU it
+    # can reach busy for {burn_seconds} s from a process of its own, whatever CUDA_VISIBLE_DEVICES says.
+    "other_gpus": """
+import os as _os
+import subprocess as _subprocess
+import sys as _sys
+
+print("GPU-NODES", sorted(name for name in _os.listdir("/dev") if name.startswith("nvidia")), flush=True)
+_burner = (
+    "import time, torch\\n"
+    "count = torch.cuda.device_count()\\n"
+    "print('GPUS-REACHED', count, flush=True)\\n"
+    "tensors = [torch.randn(8192, 8192, device=f'cuda:{i}') for i in range(count)]\\n"
+    "end = time.monotonic() + " + repr({burn_seconds}) + "\\n"
+    "while time.monotonic() < end:\\n"
+    "    for tensor in tensors:\\n"
+    "        tensor @ tensor\\n"
+    "    torch.cuda.synchronize()\\n"
+)
+_environment = {key: value for key, value in _os.environ.items() if key != "CUDA_VISIBLE_DEVICES"}
+_environment["PYTHONPATH"] = _os.pathsep.join(_sys.path)
+_subprocess.Popen([_sys.executable, "-c", _burner], env=_environment, start_new_session=True)
+""",
+    # Holds far more memory than the sandbox allows: anonymous memory, touched.
+    "memory_hog": """
+_hog = bytearray({hog_bytes})
+for _offset in range(0, len(_hog), 4096):
+    _hog[_offset] = 1
+print("HOG-HELD", len(_hog), flush=True)
+""",
+    # Imports a package of the validator's environment that is not the evaluation's.
+    "foreign_import": """
+__import__({module})
+""",
+    # Never finishes its import.
+    "hang_at_import": """
+import time as _time
+
+_time.sleep(3600)
+""",
+}
+
+
 def write_hostile_fork(dest: Path, attack: str, **params: object) -> Path:
     """Write the starter fork's files to ``dest`` with ``attack``'s patch; returns ``dest``."""
     copy_starter_tree(dest)
-    code = ATTACKS[attack]
+    package = attack in PACKAGE_ATTACKS
+    code = PACKAGE_ATTACKS[attack] if package else ATTACKS[attack]
     for name, value in params.items():
         code = code.replace("{" + name + "}", repr(value))
-    layer = dest / "fla" / "layers" / "quasar.py"
-    layer.write_text(layer.read_text() + f"\n\n# --- hostile patch: {attack} ---\n" + code)
+    target = dest / "fla" / ("__init__.py" if package else "layers/quasar.py")
+    target.write_text(target.read_text() + f"\n\n# --- hostile patch: {attack} ---\n" + code)
     return dest

@@ -1,7 +1,7 @@
 """What every optimization strategy shares: the candidate edit, its checks, and the history record.
 
 A strategy proposes a :class:`Candidate`: full new contents for files under ``fla/ops/quasar/``
-(the only folder a miner may change, QUASAR.md section 1). Every candidate is checked when it is
+(the only folder a miner may change, docs/rules.md section 1). Every candidate is checked when it is
 made, whatever strategy made it: paths stay inside ``fla/ops/quasar/`` (no ``..``, no absolute
 paths, no links, only source-like file types), sizes are bounded, and Python files must pass
 the import validator's forbidden-import check (``quasar.imports.check_source``) before anything
@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Protocol
 
+from quasar.errors import QuasarError
 from quasar.imports import QUASAR_DIR, check_source, module_name_for
 
 ALLOWED_SUFFIXES = (".py", ".json", ".cu", ".cuh", ".cpp", ".h", ".hpp")
@@ -37,7 +38,7 @@ ERROR = "error"  # the strategy could not propose (unreachable endpoint, unusabl
 OUTCOMES = (KEPT, SLOWER, FAILED, REJECTED, ERROR)
 
 
-class StrategyError(Exception):
+class StrategyError(QuasarError):
     """A strategy could not make a candidate this time (the message says why)."""
 
 

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quasar.errors import QuasarError
 from quasar.imports import QUASAR_DIR
 from quasar.miner.strategies.base import Attempt, Candidate
 
@@ -57,7 +58,7 @@ MAX_CHOICES = 64
 _SCALARS = (bool, int, float, str)
 
 
-class TuningFileError(ValueError):
+class TuningFileError(QuasarError, ValueError):
     """A tuning file does not follow the contract; the message names the file and the field."""
 
 

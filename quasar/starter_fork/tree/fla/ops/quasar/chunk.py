@@ -60,8 +60,8 @@ CHUNK_SIZE = 4 * BLOCK_ROWS.value
 MAX_HEAD_DIM = 128
 
 # autotune_cache_kwargs, check_shared_mem, forward_substitution_kernel and prepare_chunk_indices
-# are imported because the subnet's import check requires these lines in chunk.py (QUASAR.md
-# section 4); the kernels here are launched with the tunables of tuning.json instead of fla's
+# are imported because the subnet's import check requires these lines in chunk.py (the node
+# suite's docs/rules.md, section 4); the kernels here are launched with the tunables of tuning.json instead of fla's
 # autotuner, and segments.py builds the chunk tables.
 
 

@@ -1,0 +1,98 @@
+"""Settings on the command line: each process's flags and its ``--help``, and ``.env.example``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from quasar.config.options import GROUPS, OPTIONS, ROLES, Option
+from quasar.config.settings import Settings, SettingsError, resolve
+from quasar.config.values import parse_bool
+
+
+# --help lays the settings out for this many columns (an SSH terminal).
+HELP_WIDTH = 80
+_NAME_WIDTH = 27
+
+
+def role_options(role: str | None) -> list[Option]:
+    """The settings process ``role`` reads (every setting for None), in :data:`GROUPS` order."""
+    if role is not None and role not in ROLES:
+        raise ValueError(f"unknown process {role!r}; expected one of {', '.join(ROLES)}")
+    keys = set(ROLES[role]) if role is not None else {option.key for option in OPTIONS}
+    return sorted((option for option in OPTIONS if option.key in keys), key=lambda option: GROUPS.index(option.group))
+
+
+def settings_help(role: str | None) -> str:
+    """The settings of ``role`` under their group headings, one line each: the flag (or the
+    environment variable where there is no flag), what it is and, where it fits, its default."""
+    lines = ["settings (flag > environment > .env > default; all of them in .env.example):"]
+    group = None
+    for option in role_options(role):
+        if option.group != group:
+            group = option.group
+            lines.append(f"{group}:")
+        name = option.flag or option.env or option.key
+        line = f"  {name:<{_NAME_WIDTH}} {option.brief}"
+        if option.default and not option.secret and len(line) + len(option.default) + 3 <= HELP_WIDTH:
+            line += f" [{option.default}]"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def add_arguments(parser: argparse.ArgumentParser, role: str | None = None) -> None:
+    """Add the flags of the settings process ``role`` reads (every setting's for None) to ``parser``
+    and list those settings in its --help; absent flags leave the value unset (None)."""
+    # The settings list is laid out already; the description is wrapped here, as argparse would.
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    if parser.description:
+        width = min(shutil.get_terminal_size().columns, HELP_WIDTH) - 2
+        parser.description = textwrap.fill(" ".join(parser.description.split()), width)
+    parser.epilog = settings_help(role) if not parser.epilog else f"{parser.epilog}\n\n{settings_help(role)}"
+    for option in role_options(role):
+        if option.flag is None:
+            continue
+        if option.parse is parse_bool:
+            parser.add_argument(option.flag, *option.aliases, dest=option.key, action="store_const", const="true",
+                                default=None, help=argparse.SUPPRESS)
+        else:
+            parser.add_argument(option.flag, *option.aliases, dest=option.key, default=None, help=argparse.SUPPRESS)
+
+
+def parse_args(
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None = None,
+    environ: Mapping[str, str] | None = None,
+    dotenv_path: str | os.PathLike | None | Literal["default"] = "default",
+) -> tuple[argparse.Namespace, Settings]:
+    """Parse ``argv`` with ``parser`` (which must have :func:`add_arguments` applied) and resolve.
+
+    A bad value exits through ``parser.error`` with the message naming the setting.
+    """
+    namespace = parser.parse_args(argv)
+    try:
+        settings = resolve(namespace, environ=environ, dotenv_path=dotenv_path)
+    except SettingsError as error:
+        parser.error(str(error))
+    return namespace, settings
+
+
+def env_example() -> str:
+    """The text of ``.env.example``: every setting with its default and meaning."""
+    lines = [
+        "# QUASAR settings. Copy to .env and edit. Precedence: default < .env < environment < flag.",
+        "# Regenerate with: quasar config > .env.example",
+        "",
+    ]
+    for option in OPTIONS:
+        if option.env is None:
+            continue
+        flag = f" (flag {' or '.join((option.flag, *option.aliases))})" if option.flag else ""
+        lines.append(f"# {option.help}{flag}")
+        lines.append(f"{option.env}={option.default}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,231 @@
+"""``quasar localnet`` (``python -m quasar.localnet``, ``./START_LOCALNET.sh``): run a whole QUASAR
+subnet on this machine.
+
+Starts the dev chain, the submission API, a GitHub stand-in, the validator neuron and two miner
+neurons (one on an honest fork, one on a hostile fork), lets the miners evaluate and submit and
+the validator evaluate both, and prints the miners' verdicts, the API's leaderboard and the
+weights the validator set on chain. Evaluates on CUDA when torch sees a GPU,
+otherwise on CPU at small lengths (not a benchmark). Progress goes to stderr.
+
+``--once`` stops after the first round (exit status 0); otherwise the network keeps running
+(submit your own fork to the printed API) until Ctrl-C. ``--json`` prints only the summary as a
+JSON object on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from quasar.log import setup_logging
+
+DEFAULT_DATA_DIR = Path("localnet-data")
+SUMMARY_FILE = "summary.json"
+PIPED_WIDTH = 160
+
+
+class Display:
+    """Progress on stderr: a spinner with the current step on a terminal, timestamped lines otherwise."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.started = time.monotonic()
+        self.current: str | None = None
+        self.step_started = self.started
+        self.last_key: str | None = None
+        self.progress: Progress | None = None
+        self.task = None
+        if console.is_terminal:
+            self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                     console=console, transient=True)
+            self.progress.start()
+
+    def step(self, text: str) -> None:
+        self._finish(ok=True)
+        self.current, self.step_started, self.last_key = text, time.monotonic(), None
+        if self.progress is not None:
+            self.task = self.progress.add_task(text, total=None)
+        else:
+            self.console.print(f"[{time.monotonic() - self.started:6.1f}s] {text}", highlight=False)
+
+    def detail(self, text: str, key: str | None = None) -> None:
+        if self.progress is not None and self.task is not None:
+            self.progress.update(self.task, description=f"{self.current}\n  {text}")
+        elif (key or text) != self.last_key:
+            self.console.print(f"[{time.monotonic() - self.started:6.1f}s]   {text}", highlight=False)
+        self.last_key = key or text
+
+    def _finish(self, ok: bool) -> None:
+        if self.current is None:
+            return
+        if self.progress is not None and self.task is not None:
+            self.progress.remove_task(self.task)
+            mark = "[green]✓[/green]" if ok else "[red]✗[/red]"
+            self.console.print(f"{mark} {self.current} [dim]({time.monotonic() - self.step_started:.1f} s)[/dim]",
+                               highlight=False)
+            self.task = None
+        self.current = None
+
+    def close(self, ok: bool) -> None:
+        self._finish(ok)
+        if self.progress is not None:
+            self.progress.stop()
+            self.progress = None
+
+
+def seq_lens(raw: str) -> tuple[int, ...]:
+    """``--seq-lens``: comma-separated lengths of at least 64 (``64,128``); empty means none."""
+    lengths = []
+    for part in filter(None, (item.strip().replace("_", "") for item in raw.split(","))):
+        if not part.isdigit() or int(part) < 64:
+            raise argparse.ArgumentTypeError(f"expected comma-separated lengths of at least 64, got {part!r}")
+        lengths.append(int(part))
+    return tuple(lengths)
+
+
+def _stop_on_sigterm(signum: int, _frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def detect_device(asked: str) -> str:
+    """``cuda`` when asked for or (``auto``) when torch sees a CUDA device, else ``cpu``."""
+    if asked != "auto":
+        return asked
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build_parser(prog: str = "quasar localnet") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Run a whole QUASAR subnet on this machine (./START_LOCALNET.sh): the dev chain, the submission "
+                    "API, a GitHub stand-in, the validator neuron and two miner neurons (one on an honest fork, one "
+                    "on a hostile fork). Prints the miners' verdicts, the API's leaderboard and the weights the "
+                    "validator set on chain. Evaluates on CUDA when torch sees a GPU, otherwise on CPU at small "
+                    "lengths (not a benchmark). Progress goes to stderr.",
+        epilog="Without --once the network keeps running after the first round (submit your own fork to the "
+               "printed API) until Ctrl-C.")
+    parser.add_argument("--once", action="store_true", help="exit (status 0) after the first round")
+    parser.add_argument("--json", action="store_true", help="print only the summary, as JSON, on stdout")
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
+                        help="folder for the network's files: chain, API database, wallets, forks and their GitHub "
+                             "stand-in, the miners' workspaces, logs; emptied at each start (default ./localnet-data)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="where the miners and the validator evaluate (default: cuda when torch sees a GPU, "
+                             "else cpu)")
+    parser.add_argument("--reference-model", default="",
+                        help="model for logit checks: a folder or a cached Hugging Face id (default: "
+                             "REFERENCE_MODEL's default when cached, else a tiny random stand-in)")
+    parser.add_argument("--stand-in-model", action="store_true",
+                        help="use the tiny random stand-in model even when the real one is cached")
+    parser.add_argument("--target", type=int, default=None,
+                        help="the honest miner's target sequence length (default 128 on CPU, 65536 on CUDA; the "
+                             "hostile miner targets 64)")
+    parser.add_argument("--seq-lens", type=seq_lens, default=None, metavar="LIST",
+                        help="lengths the validator (and the honest miner) run besides the target (default 64,128 on "
+                             "CPU, 512,1024,2048 on CUDA); one must exceed 64, or nothing shows the hostile fork wrong")
+    parser.add_argument("--round-timeout", type=float, default=None, metavar="SECONDS",
+                        help="give up when the validator has not reported by then (default 1800 on CPU, 900 on CUDA)")
+    parser.add_argument("--hyperparameters", choices=("localnet", "finney"), default="localnet",
+                        help="the subnet's hyperparameters: finney's defaults for a new subnet (a round takes minutes: "
+                             "tempo 360 blocks, weights rate limit 100), or finney's with a tempo of 20 blocks and a "
+                             "weights rate limit of 5 (default)")
+    parser.add_argument("--debug", action="store_true", help="log the local network's own debug messages")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> int:
+    """Run the network; exit status 0 (after the first round with --once, or when stopped), 1 on an error."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if args.target is not None and args.target < 64:
+        parser.error(f"--target must be at least 64, got {args.target}")
+    setup_logging(args.debug, quiet=True)
+    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+
+    from quasar.chain import ChainError
+    from quasar.localnet.forks import ForkWriteError
+    from quasar.localnet.host import data_dir_lock, reset_data_dir
+    from quasar.localnet.network import LocalNetwork
+    from quasar.localnet.options import NETUID, LocalnetError, default_options, evaluated_lengths
+    from quasar.localnet.processes import ChildFailed
+    from quasar.starter_fork import StarterForkError
+
+    # Messages are never wrapped (paths in them stay whole); piped tables get room.
+    err = Console(stderr=True, soft_wrap=True)
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=PIPED_WIDTH)
+    display = Display(err)
+    ok = False
+    try:
+        device = detect_device(args.device)
+        options = default_options(args.data_dir, device, args.reference_model, args.stand_in_model, args.target,
+                                  args.seq_lens, args.round_timeout, args.hyperparameters)
+        lengths = ", ".join(f"{length:,}" for length in evaluated_lengths(options))
+        if device == "cpu":
+            err.print(f"[yellow]No CUDA device: the validator evaluates on CPU at small lengths (T = {lengths}). "
+                      "CPU figures are not benchmarks; on a GPU machine this runs on CUDA.[/yellow]")
+        else:
+            err.print(f"Evaluating on CUDA at T = {lengths}.")
+        with data_dir_lock(options.data_dir.resolve()):
+            reset_data_dir(options.data_dir.resolve())
+            network = LocalNetwork(options, display)
+            err.print(f"Data, wallets and logs: {network.data_dir}")
+            try:
+                network.start()
+                summary = network.wait_for_round()
+                display.step("round done")
+                if args.once:
+                    network.stop()
+                display.close(ok=True)
+                _emit(summary, args.json, out, network)
+                if args.once:
+                    ok = True
+                    return 0
+                err.print(f"\nThe local network keeps running; Ctrl-C stops it.\n"
+                          f"  submission API  {network.api_url} (API hotkey {network.hotkey('api')})\n"
+                          f"  dashboard       {network.dashboard_url}\n"
+                          f"  miner status    quasar status --wallet.path {network.wallet_dir} "
+                          f"--wallet.name miner-hostile --wallet.hotkey default --subtensor.network devchain "
+                          f"--devchain.path {network.chain_path} --netuid {NETUID}\n"
+                          f"  chain           --subtensor.network devchain --devchain.path {network.chain_path} "
+                          f"--netuid {NETUID}\n"
+                          f"  GitHub stand-in {network.github.api_url} (repositories in {network.github.root})\n"
+                          f"  wallets         {network.wallet_dir}\n"
+                          f"  miners' work    {network.miners_dir}\n"
+                          f"  logs            {network.logs_dir}")
+                network.watch(lambda new: _emit(new, args.json, out, network))
+            finally:
+                network.stop()
+    except KeyboardInterrupt:
+        display.close(ok=False)
+        err.print("stopped")
+        return 0 if not args.once else 130
+    except (LocalnetError, ChildFailed, TimeoutError, ChainError, StarterForkError, ForkWriteError) as error:
+        display.close(ok=False)
+        err.print(f"[red]error:[/red] {error}", highlight=False)
+        return 1
+    finally:
+        display.close(ok=ok)
+    return 0
+
+
+def _emit(summary, as_json: bool, out: Console, network) -> None:
+    """Print the summary (tables or JSON) and keep it in the data folder as JSON."""
+    from quasar.localnet.summary import render_summary
+
+    data = summary.to_json()
+    (network.data_dir / SUMMARY_FILE).write_text(json.dumps(data, indent=2) + "\n")
+    if as_json:
+        print(json.dumps(data), flush=True)
+    else:
+        render_summary(summary, out, network.uid_names())

@@ -1,0 +1,73 @@
+"""What people read in a terminal: tables that fit 80 columns, short forms of long figures, and
+tables shown beside log lines without being folded into a log record's message column.
+
+Most miners and validators work over SSH in an 80-column terminal, so every table the suite prints
+while running keeps to :data:`TABLE_WIDTH` and every figure in it stays whole on its line.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+
+from rich import box
+from rich.console import Console, RenderableType
+from rich.logging import RichHandler
+from rich.table import Table
+
+# The width tables are laid out for when they are written into a log (pm2, systemd, a file).
+TABLE_WIDTH = 80
+
+
+def short_hotkey(hotkey: str) -> str:
+    """``5F3sa2TJ…hv8K``: enough of an ss58 address to tell miners apart in a table."""
+    return f"{hotkey[:8]}…{hotkey[-4:]}" if len(hotkey) > 14 else hotkey
+
+
+def compact_rate(value: float | None) -> str:
+    """Tokens/s in M (two decimals) or k (one): ``61.96 M``, ``812.3 k``; ``-`` for none."""
+    if value is None:
+        return "-"
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 1e6:
+        return f"{value / 1e6:,.2f} M"
+    return f"{value / 1e3:.1f} k" if abs(value) >= 1e3 else f"{value:.0f}"
+
+
+def compact_table(title: str | None = None, **options) -> Table:
+    """A table with one rule under its header and no outer frame: the most columns 80 fit."""
+    return Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, **options)
+
+
+def rendered_text(renderable: RenderableType, width: int = TABLE_WIDTH) -> str:
+    """``renderable`` as plain text laid out for ``width`` columns (no colour, no trailing blanks)."""
+    out = io.StringIO()
+    Console(file=out, width=width, no_color=True, color_system=None, force_terminal=False).print(renderable)
+    return "\n".join(line.rstrip() for line in out.getvalue().rstrip().splitlines())
+
+
+def _terminal_console() -> Console | None:
+    """The console of the root logger's rich handler (a terminal), if it has one."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, RichHandler):
+            return handler.console
+    return None
+
+
+def log_table(logger: logging.Logger, message: str, table: RenderableType, level: int = logging.INFO) -> None:
+    """Log ``message`` and show ``table`` below it.
+
+    On a terminal the table is printed on the log's console at full width, not inside the
+    record's message column (where it would wrap every row); in a plain log (pm2, files) it
+    follows the message in the same record, laid out for :data:`TABLE_WIDTH` columns.
+    """
+    if not logger.isEnabledFor(level):
+        return
+    console = _terminal_console()
+    if console is not None:
+        logger.log(level, "%s", message)
+        console.print(table)
+    else:
+        logger.log(level, "%s\n%s", message, rendered_text(table))

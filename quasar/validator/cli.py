@@ -1,0 +1,81 @@
+"""``quasar validator`` (``python -m neurons.validator``): the validator neuron.
+
+    quasar validator --wallet.name … --wallet.hotkey … --netuid …
+
+Pulls submissions from the API (``VALIDATOR_API_URL``, else the one the subnet owner published on
+chain), evaluates each in a sandbox (one at a time per GPU), checks the miner's logits, reports,
+and sets weights every EPOCH_BLOCKS from its own results. At start it checks its wallet, its
+registration and the subnet's rules for weights (version key, max_weight_limit,
+min_allowed_weights: what cannot work stops it, the rest is logged). Ctrl-C (or
+SIGTERM) stops it cleanly; a restart resumes from its state file under VALIDATOR_DATA_DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Sequence
+
+from quasar import config
+from quasar.errors import QuasarError
+from quasar.log import setup_logging
+
+log = logging.getLogger("quasar.validator")
+
+
+def run(settings: config.Settings) -> int:
+    """Build the validator from ``settings`` and run it until stopped."""
+    import torch
+
+    import quasar
+    from quasar.api.client import ApiClient
+    from quasar.api.lookup import find_api
+    from quasar.chain.factory import connect
+    from quasar.chain.wallets import open_wallet
+    from quasar.validator.evaluator import SubprocessEvaluator
+    from quasar.validator.logit_check import MinerLogitChecker
+    from quasar.validator.loop import Validator
+    from quasar.validator.devices import device_warnings, evaluation_devices
+    from quasar.validator.preflight import check_registration, check_subnet_rules
+    from quasar.validator.state import ValidatorState, default_state_path
+
+    wallet = open_wallet(settings, "validator")
+    hotkey = wallet.hotkey.ss58_address
+    cuda_count = torch.cuda.device_count() if settings.device != "cpu" else 0
+    devices = evaluation_devices(settings.device, cuda_count, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    for warning in device_warnings(settings.network, settings.device):
+        log.warning("%s", warning)
+    chain = connect(settings)
+    check_registration(chain, hotkey, settings)
+    check_subnet_rules(chain, settings, quasar.version_key())
+    api_target = find_api(settings, chain)
+    log.info("submission API: %s (from %s)", api_target.url, api_target.source)
+    state_path = default_state_path(settings.validator_data_dir, settings.network, chain.netuid, hotkey)
+    with ValidatorState.open(state_path) as state, \
+            ApiClient(api_target.url, wallet, api_hotkey=api_target.hotkey) as api:
+        log.info("validator state: %s", state.path)
+        checker = MinerLogitChecker.from_settings(settings, wallet, devices[0].name)
+        evaluator = SubprocessEvaluator.from_settings(settings, state.path.with_name(state.path.stem + "-work"))
+        Validator(settings, chain, api, wallet, evaluator, checker, state, devices=devices).run_forever()
+    return 0
+
+
+DESCRIPTION = ("QUASAR validator: evaluates the submissions in a sandbox, checks the miners' logits, reports to "
+               "the API and sets weights from its own results.")
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "quasar validator") -> int:
+    """Run the validator until stopped; exit status 1 when it cannot start."""
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    config.add_arguments(parser, "validator")
+    _, settings = config.parse_args(parser, argv)
+    setup_logging(settings.debug, secrets=settings.secrets())
+    try:
+        return run(settings)
+    except QuasarError as error:
+        log.error("%s", error)
+        return 1
+    except KeyboardInterrupt:
+        log.info("interrupted before the validator loop started")
+        return 0

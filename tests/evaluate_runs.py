@@ -1,0 +1,125 @@
+"""Helpers of the evaluation tests: seeded buffers, slow versions of the fast paths, made-up runs."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import struct
+
+import torch
+
+from quasar.evaluate import workload
+from quasar.evaluate.captured_output import KEPT_OUTPUT_BYTES
+
+
+def naive_noise(seed: int, count: int, length: int) -> torch.Tensor:
+    return torch.randn(count, length, 512, generator=torch.Generator().manual_seed(seed))
+
+
+def filled(count: int, length: int, input_seed: int, basis_seed: int) -> workload.RequestBuffers:
+    buffers = workload.RequestBuffers.allocate(count, length, "cpu")
+    workload.fill_request(buffers, input_seed, basis_seed)
+    return buffers
+
+
+def naive_fingerprint(output: torch.Tensor, directions: torch.Tensor, token_weights: torch.Tensor) -> torch.Tensor:
+    directions, weights = directions.double(), token_weights.double()
+    flat = output.reshape(-1, output.shape[-1]).double()
+    rows = []
+    for row, (start, stop) in enumerate(workload.segment_bounds(flat.shape[0])):
+        rows.append([sum(float(weights[row, t]) * float(flat[t] @ directions[:, j]) for t in range(start, stop))
+                     for j in range(directions.shape[1])])
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def naive_signs(values: list) -> list[int]:
+    """signs_from_fingerprint in plain Python from the reported floats, as the rule says."""
+    signs = []
+    for value in itertools.chain.from_iterable(row[:workload.SIGN_DIRECTIONS] for row in values):
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+        product = (bits * 0x2545F491) % (1 << 32)
+        signs += [-1 if (product >> shift) & 1 else 1 for shift in (28, 29, 30, 31)]
+    return signs
+
+
+class RecordingLayer:
+    """A deterministic non-linear stand-in for the layer (bf16 output) that keeps every input it saw."""
+
+    def __init__(self, seed: int):
+        self.weight = torch.randn(512, 512, generator=torch.Generator().manual_seed(seed)) / 512 ** 0.5
+        self.inputs: list[torch.Tensor] = []
+
+    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
+        self.inputs.append(hidden.clone())
+        return torch.tanh(hidden @ self.weight).bfloat16()
+
+
+def naive_worst_block_error(output: torch.Tensor, reference: torch.Tensor, block: int) -> float:
+    out = output.reshape(-1, output.shape[-1]).double()
+    ref = reference.reshape(-1, reference.shape[-1]).double()
+    mean_square = float((ref ** 2).sum()) / ref.shape[0]
+    worst = 0.0
+    for start in range(0, out.shape[0], block):
+        part = slice(start, min(start + block, out.shape[0]))
+        tokens = part.stop - part.start
+        worst = max(worst, math.sqrt(float(((out[part] - ref[part]) ** 2).sum()) / (tokens * mean_square)))
+    return worst
+
+
+def naive_capture_text(chunks: list[bytes]) -> str:
+    data = b"".join(chunks)
+    head, rest = data[:KEPT_OUTPUT_BYTES], data[KEPT_OUTPUT_BYTES:]
+    tail = rest[-KEPT_OUTPUT_BYTES:]
+    skipped = len(rest) - len(tail)
+    middle = f"\n[... {skipped} bytes left out ...]\n".encode() if skipped > 0 else b""
+    return (head + middle + tail).decode("utf-8", errors="replace")
+
+
+def child_request(reference: torch.nn.Module, length: int, seeds: tuple[int, int], count: int, fake_after_first=False):
+    """What the child sends for a ``run`` request (the chained forwards of workload.run_forwards
+    through the reference layer, bf16 outputs: the fingerprints' bytes), and the last output.
+    ``fake_after_first``: forwards after the first return zeros, as a fork skipping them would."""
+    buffers = filled(count, length, *seeds)
+    calls = []
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        calls.append(len(calls))
+        if fake_after_first and len(calls) > 1:
+            return torch.zeros(1, length, 512, dtype=torch.bfloat16)
+        with torch.inference_mode():
+            return reference(hidden)[0].bfloat16()
+
+    output = workload.run_forwards(forward, buffers)
+    return bytearray(memoryview(buffers.fingerprints.numpy()).cast("B")), output
+
+
+def honest_run(reference: torch.nn.Module, length: int, timed: int = 3, count: int = 1, fake_after_first=False):
+    """A LengthRun as the parent builds it from an honest (or first-only) fork's replies."""
+    from quasar.evaluate.report import LengthResult
+    from quasar.evaluate.session import Request, parse_fingerprints
+    from quasar.evaluate.timing import LengthRun
+
+    def request(seeds: tuple[int, int], count: int, fake=False):
+        payload, output = child_request(reference, length, seeds, count, fake)
+        return Request(*seeds, parse_fingerprints(payload, count, "test"), 1_000_000 * count, 1_000_000), output
+
+    run = LengthRun(LengthResult(seq_len=length, status="ok", forwards_per_request=count))
+    run.timed = [request((10 + i, 20 + i), count, fake_after_first)[0] for i in range(timed)]
+    # The correctness request is a timed request like the others, its output the last forward's.
+    run.check, run.output = request((1, 2), count, fake_after_first)
+    run.timed.insert(timed // 2, run.check)
+    run.repeat = request((1, 2), count, fake_after_first)[0]
+    return run
+
+
+def timed_run(length: int, count: int, timed: int):
+    from quasar.evaluate.report import LengthResult
+    from quasar.evaluate.session import Request
+    from quasar.evaluate.timing import LengthRun
+
+    run = LengthRun(LengthResult(seq_len=length, forwards_per_request=count))
+    run.timed = [Request(index, index, torch.zeros(count, 8, workload.FINGERPRINT_DIRECTIONS), 1) for index in range(timed)]
+    run.check = run.timed[timed // 3]
+    return run
+
+

@@ -1,0 +1,108 @@
+"""What an evaluation is asked for (quasar/evaluate/options.py and its command line): lengths, forwards
+per request, bad arguments; and the report's JSON."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from quasar.evaluate.cli import main as evaluate_main
+from quasar.evaluate.cli import parse_seq_lens
+from quasar.evaluate.options import (
+    CPU_MAX_SEQ_LEN,
+    EvaluationInputError,
+    check_lengths,
+)
+from quasar.evaluate.report import EvaluationReport, ImportCheck, LengthResult, Timings
+
+
+
+def test_lengths_are_checked():
+    assert check_lengths((1024, 512), 2048, "cuda") == [512, 1024, 2048]
+    assert check_lengths((512,), 512, "cpu") == [512]
+    for bad, message in [((32,), "from 64"), ((True,), "from 64"), ((CPU_MAX_SEQ_LEN + 1,), "CPU runs are limited")]:
+        with pytest.raises(EvaluationInputError, match=message):
+            check_lengths(bad, 512, "cpu")
+
+
+def test_seq_lens_parse_with_suffixes():
+    assert parse_seq_lens("512, 1k,2_048,1M") == (512, 1000, 2048, 1_000_000)
+    with pytest.raises(Exception, match="comma-separated"):
+        parse_seq_lens("512,abc")
+
+
+def test_command_line_refuses_bad_arguments(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_main([str(tmp_path / "missing"), "--target", "512", "--device", "cpu"])
+    assert exit_info.value.code == 2
+    assert "is not a directory" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_main([str(tmp_path), "--target", "512", "--claimed", "-5"])
+    assert exit_info.value.code == 2
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit) as exit_info:
+            evaluate_main([str(tmp_path), "--target", "512", "--device", "cuda"])
+        assert exit_info.value.code == 2
+        assert "CUDA is not available here" in capsys.readouterr().err
+
+
+def test_report_round_trips_through_json_and_drops_non_finite_numbers():
+    report = EvaluationReport(
+        verdict="fail", reasons=["T=64: the output has NaN or infinite values"], repo="/r", target_seq_len=64,
+        seq_lens=[64], device="cpu", device_name="cpu", import_check=ImportCheck(ok=True, profile="core"),
+        lengths={"64": LengthResult(seq_len=64, status="ok", rel_error=math.inf, rel_error_eighths=[math.nan] * 8,
+                                    finite=False, correct=False)},
+        timings=Timings(total_s=3.0, timed_s=1.0),
+    )
+    import json
+
+    data = json.loads(report.to_json())
+    assert data["lengths"]["64"]["rel_error"] is None and data["lengths"]["64"]["rel_error_eighths"] == [None] * 8
+    assert data["timings"]["overhead_s"] == 2.0
+    again = EvaluationReport.from_dict(data)
+    assert again.reasons == report.reasons and again.lengths["64"].finite is False
+    assert again.import_check == report.import_check and again.timings.total_s == 3.0
+
+
+@pytest.mark.parametrize(("length", "tokens", "cap", "expected"), [
+    (512, 1 << 18, 64, 64),
+    (1024, 1 << 18, 64, 64),
+    (2048, 1 << 18, 64, 64),
+    (8192, 1 << 18, 64, 32),
+    (100_000, 1 << 18, 64, 3),
+    (1_000_000, 1 << 18, 64, 1),
+    (512, 1 << 18, 256, 256),
+    (1 << 20, 1 << 22, 64, 2),
+    (512, 0, 64, 1),
+    (512, 5000, 64, 10),
+])
+def test_forwards_per_request_depend_on_the_length_alone(length, tokens, cap, expected):
+    from quasar.evaluate.options import MAX_TOKENS_PER_REQUEST, forwards_per_request
+
+    count = forwards_per_request(length, tokens, cap)
+    assert count == expected
+    assert 1 <= count <= cap and (count == 1 or count * length <= MAX_TOKENS_PER_REQUEST)
+    if 1 < count < min(cap, MAX_TOKENS_PER_REQUEST // length):
+        assert count * length >= tokens > (count - 1) * length
+
+
+def test_tokens_per_request_default_by_device():
+    from dataclasses import replace
+
+    from quasar.evaluate.options import DEFAULT_TOKENS_PER_REQUEST, EvaluationOptions, tokens_per_request
+
+    assert tokens_per_request(EvaluationOptions(device="cuda")) == DEFAULT_TOKENS_PER_REQUEST
+    assert tokens_per_request(EvaluationOptions(device="cuda:3")) == DEFAULT_TOKENS_PER_REQUEST
+    assert tokens_per_request(EvaluationOptions(device="cpu")) == 0
+    assert tokens_per_request(replace(EvaluationOptions(device="cpu"), tokens_per_request=4096)) == 4096
+
+
+def test_bad_tokens_per_request_is_refused(tmp_path):
+    from quasar.evaluate.harness import evaluate
+    from quasar.evaluate.options import EvaluationInputError, EvaluationOptions
+
+    for bad in (-1, 1 << 30, 1.5):
+        with pytest.raises(EvaluationInputError, match="tokens_per_request"):
+            evaluate(tmp_path, 64, None, EvaluationOptions(device="cpu", tokens_per_request=bad))
