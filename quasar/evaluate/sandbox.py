@@ -26,6 +26,7 @@ Isolation levels (``SandboxedChild.isolation``):
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import logging
 import os
@@ -506,6 +507,7 @@ class SandboxedChild:
     def _drain(self) -> None:
         assert self.process is not None and self.process.stdout is not None
         stream = self.process.stdout
+        assert isinstance(stream, io.BufferedReader)  # Popen's pipe, opened in binary mode
         while True:
             chunk = stream.read1(1 << 16)
             if not chunk:
@@ -561,6 +563,7 @@ class SandboxedChild:
             if self._replied and self.channel is not None and running:
                 try:
                     self.channel.send({"op": "exit"})
+                    assert self.process is not None  # running says so
                     self.process.wait(timeout=2)
                 except (OSError, subprocess.TimeoutExpired):
                     pass
