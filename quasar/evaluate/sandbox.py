@@ -38,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from quasar.errors import QuasarError
@@ -53,7 +52,7 @@ from quasar.evaluate.sandbox_layout import (
     SANDBOX_HARNESS,
     SANDBOX_HOME,
     SANDBOX_SITE,
-    SYS_BINDS,
+    SandboxPolicy,
     python_executable,
     root_mounts,
 )
@@ -82,30 +81,6 @@ class SandboxError(QuasarError):
 
 class SandboxUnavailable(SandboxError):
     """Namespaces cannot be created here; running needs ``allow_unsandboxed``."""
-
-
-@dataclass(frozen=True)
-class SandboxPolicy:
-    """Limits and permissions of one sandboxed child."""
-
-    allow_unsandboxed: bool = False
-    # Force the unsandboxed mode even where namespaces work (tests of the fallback path).
-    force_unsandboxed: bool = False
-    home_tmpfs_bytes: int = 4 << 30
-    tmp_tmpfs_bytes: int = 1 << 30
-    shm_tmpfs_bytes: int = 1 << 30
-    max_output_bytes: int = 64 << 20
-    max_open_files: int = 4096
-    # Processes and threads, through the sandbox's cgroup (or its own uid's RLIMIT_NPROC).
-    max_processes: int = 4096
-    max_file_bytes: int = 4 << 30
-    # Memory of the sandbox's processes, through its cgroup or the watchdog (confinement.py).
-    memory_bytes: int = 16 << 30
-    # A cgroup v2 folder, delegated to this process, to make the sandboxes' cgroups in; None: found.
-    cgroup_path: str | None = None
-    sys_paths: tuple[str, ...] = SYS_BINDS
-    extra_readonly_paths: tuple[str, ...] = ()
-    pytorch_cuda_alloc_conf: str = "expandable_segments:True"
 
 
 def namespaces_supported() -> tuple[bool, str]:
