@@ -57,8 +57,8 @@ class Group:
             lines = []
             for member in members:
                 if isinstance(member, Group):
-                    lines += [(f"{member.name} {command.name}", command.summary)
-                              for command in member.members().values()]
+                    lines += [(f"{member.name} {name}", command.summary)
+                              for name, command in member.members().items() if isinstance(command, Command)]
                 else:
                     lines.append((member.name, member.summary))
             sections.append((title, lines))

@@ -26,6 +26,7 @@ import secrets
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -226,7 +227,8 @@ def load_reference_model(
             # Resolve the cached snapshot first: from_pretrained would still probe the Hub for
             # optional files (adapter configs) when the variable was set after import.
             source = snapshot_download(name_or_path, local_files_only=True)
-        module = AutoModelForCausalLM.from_pretrained(
+        # transformers' annotations of the model's methods (to, get_*_embeddings) are looser than it.
+        module: Any = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, local_files_only=offline, trust_remote_code=False
         )
     except (OSError, ValueError) as error:

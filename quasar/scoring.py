@@ -398,6 +398,7 @@ def print_tables(results: Sequence[Result], ranking: Ranking, console: Console) 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar scoring") -> int:
     """``quasar scoring``: rank a JSON file of results; exit 2 on malformed input."""
     option = config.OPTIONS_BY_KEY["tie_epsilon"]
+    assert option.flag is not None, "TIE_EPSILON has a flag in the settings table"
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Rank QUASAR results (docs/rules.md section 5) and print the weight split as JSON.")

@@ -25,6 +25,7 @@ tables are printed, and everything is written to DIR/floor.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -40,7 +41,7 @@ from quasar.evaluate.workload import HEAD_DIM, HIDDEN_SIZE, NUM_HEADS
 from quasar.log import setup_logging
 
 # The layer validators benchmark (quasar.evaluate.workload).
-LAYER = {"hidden_size": HIDDEN_SIZE, "head_dim": HEAD_DIM, "num_heads": NUM_HEADS}
+LAYER: dict[str, int] = {"hidden_size": HIDDEN_SIZE, "head_dim": HEAD_DIM, "num_heads": NUM_HEADS}
 BF16, FP32 = 2, 4
 
 
@@ -86,7 +87,7 @@ class Tiles:
         self.x = x
         self.out = torch.empty(x.shape, device=device, dtype=torch.bfloat16)
         self.x_bf16 = torch.empty(tile, hidden, device=device, dtype=torch.bfloat16)
-        self.steps = {}
+        self.steps: dict[str, Callable[[int, int], None]] = {}
         for found in passes:
             if found.operation == "cast":
                 self.steps[found.name] = self._cast
@@ -178,24 +179,28 @@ def median_seconds(work: Callable[[], None], runs: int, device: torch.device) ->
     return statistics.median(times), max(times) / min(times) - 1
 
 
+def measure_sequence(x: torch.Tensor, tile: int, fused: bool, runs: int, device: torch.device) -> dict:
+    """One sequence of passes over ``x``: each pass alone, then all of them in one graph. Its tiles'
+    buffers are freed on return, before the next sequence allocates its own."""
+    length = x.shape[0]
+    passes = pass_bytes(**LAYER, fused=fused)
+    tiles = Tiles(x, tile, passes)
+    rows = []
+    for each in passes:
+        seconds, spread = median_seconds(functools.partial(tiles.run, [each.name], tile), runs, device)
+        rows.append({**asdict(each), "seconds": seconds, "spread": spread,
+                     "bytes_per_second": (each.read + each.write) * length / seconds})
+    names = [each.name for each in passes]
+    seconds, spread = median_seconds(lambda: tiles.run(names, tile), runs, device)
+    return {"passes": rows, "seconds": seconds, "spread": spread, "tokens_per_second": length / seconds,
+            "bytes_per_token": sum(each.read + each.write for each in passes)}
+
+
 def measure(length: int, tile: int, runs: int, device: torch.device) -> dict:
     """Each sequence at ``length`` tokens: every pass alone and all of them in one graph."""
     x = torch.randn(length, LAYER["hidden_size"], device=device)
-    found = {}
-    for sequence, fused in (("today", False), ("fused", True)):
-        passes = pass_bytes(**LAYER, fused=fused)
-        tiles = Tiles(x, tile, passes)
-        rows = []
-        for each in passes:
-            seconds, spread = median_seconds(lambda name=each.name: tiles.run([name], tile), runs, device)
-            rows.append({**asdict(each), "seconds": seconds, "spread": spread,
-                         "bytes_per_second": (each.read + each.write) * length / seconds})
-        names = [each.name for each in passes]
-        seconds, spread = median_seconds(lambda: tiles.run(names, tile), runs, device)
-        found[sequence] = {"passes": rows, "seconds": seconds, "spread": spread, "tokens_per_second": length / seconds,
-                           "bytes_per_token": sum(each.read + each.write for each in passes)}
-        del tiles
-    return found
+    return {sequence: measure_sequence(x, tile, fused, runs, device)
+            for sequence, fused in (("today", False), ("fused", True))}
 
 
 def table(length: int, sequence: str, measured: dict) -> Table:

@@ -158,18 +158,18 @@ def agreement(reports: list[EvaluationReport]) -> dict[str, dict]:
     found: dict[str, dict] = {}
     for key in reports[0].lengths:
         items = [report.lengths[key] for report in reports]
-        if not all(item.tokens_per_sec for item in items):
+        medians = [item.tokens_per_sec for item in items if item.tokens_per_sec]
+        bests = [item.tokens_per_sec_max or 0.0 for item in items]
+        if len(medians) < len(items):
             found[key] = {"medians": None, "statuses": [item.status for item in items]}
             continue
-        medians = [item.tokens_per_sec for item in items]
-        bests = [item.tokens_per_sec_max for item in items]
         found[key] = {
             "medians": medians, "spread": spread(medians), "bests": bests, "best_spread": spread(bests),
-            "cv_max": max(item.cv for item in items),
+            "cv_max": max(item.cv or 0.0 for item in items),
             "forwards_per_request": [item.forwards_per_request for item in items],
             "timed_requests": [item.timed_runs for item in items],
             "verified": [item.runs_verified for item in items],
-            "rel_error_max": max(item.rel_error for item in items),
+            "rel_error_max": max(item.rel_error or 0.0 for item in items),
             "subtracted_us": [item.subtracted_us for item in items],
         }
     return found

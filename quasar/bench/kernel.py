@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -47,7 +48,7 @@ from quasar.reference import QuasarAttentionReference, chunk_quasar_reference, r
 from quasar.starter_fork import template_root
 
 # The layer validators benchmark (quasar.evaluate.workload).
-LAYER = {"hidden_size": HIDDEN_SIZE, "head_dim": HEAD_DIM, "num_heads": NUM_HEADS}
+LAYER: dict[str, Any] = {"hidden_size": HIDDEN_SIZE, "head_dim": HEAD_DIM, "num_heads": NUM_HEADS}
 DEFAULT_VARIANTS = [
     {},
     {"segment_chunks": 8},
@@ -107,7 +108,8 @@ def kernel_breakdown(layer: nn.Module, length: int) -> tuple[list[dict], list[di
             entry = totals.setdefault(event.name, [0.0, 0])
             entry[0] += event.device_time_total / 1e3
             entry[1] += 1
-    kernels = sorted(({"kernel": k[:90], "ms": v[0], "calls": v[1]} for k, v in totals.items()), key=lambda r: -r["ms"])
+    kernels = [{"kernel": k[:90], "ms": v[0], "calls": v[1]}
+               for k, v in sorted(totals.items(), key=lambda item: item[1][0], reverse=True)]
     operators = sorted(
         ({"operator": row.key, "shapes": str(row.input_shapes)[:120], "ms": row.self_device_time_total / 1e3, "calls": row.count}
          for row in prof.key_averages(group_by_input_shape=True) if row.self_device_time_total > 0),
@@ -153,7 +155,7 @@ def conv_sweep(length: int, blocks: list[tuple[int, int, int]], runs: int = 20) 
     weight = torch.randn(width, 4, device="cuda")
     rows = []
     for block in blocks:
-        ms = triton.testing.do_bench(lambda: causal_conv_silu(projected, weight, 3, block), rep=runs * 5,
+        ms = triton.testing.do_bench(lambda block=block: causal_conv_silu(projected, weight, 3, block), rep=runs * 5,
                                      return_mode="median")
         rows.append({"block": list(block), "length": length, "ms": ms, "gb_per_s": 2 * length * width * 2 / ms / 1e6})
     return rows
@@ -227,8 +229,9 @@ class UpstreamLayer(nn.Module):
         self.reference = QuasarAttentionReference(**LAYER, mode="chunk")
         params = dict(self.reference.named_parameters())
         width = LAYER["num_heads"] * LAYER["head_dim"]
-        self.convs = nn.ModuleList(ShortConvolution(width, 4, bias=False, activation="silu") for _ in "qkv")
-        for conv, name in zip(self.convs, "qkv"):
+        convs = [ShortConvolution(width, 4, bias=False, activation="silu") for _ in "qkv"]
+        self.convs = nn.ModuleList(convs)
+        for conv, name in zip(convs, "qkv", strict=True):
             conv.weight.data.copy_(params[f"{name}_conv1d.weight"])
         self.norm = FusedRMSNormGated(LAYER["head_dim"], activation="sigmoid", eps=1e-5)
         self.norm.weight.data.copy_(params["o_norm.weight"])
@@ -349,6 +352,7 @@ def check_core() -> list[dict]:
         for n in range(5):
             a, b = bounds[n], bounds[n + 1]
             ro, rs = chunk_quasar_reference(qd[:, a:b], kd[:, a:b], vd[:, a:b], beta, h0[n:n + 1], output_final_state=True)
+            assert rs is not None  # output_final_state=True
             outs.append(ro)
             states.append(rs)
         rows.append({"core": str(dtype), "output_error": relative_error(o, torch.cat(outs, 1)),
@@ -454,6 +458,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench kernel") -
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         # One GPU: wait for the child before timing anything here.
+        assert upstream.stdout is not None  # stdout=PIPE
         for line in upstream.stdout:
             log.write("upstream: " + line)
             print("upstream:", line.rstrip(), flush=True)

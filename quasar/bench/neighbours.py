@@ -23,7 +23,8 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -38,7 +39,7 @@ from quasar.validator.devices import Device
 from quasar.validator.evaluator import SubprocessEvaluator
 from quasar.validator.state import EvaluationKey
 
-HOSTILE_PARAMETERS = {
+HOSTILE_PARAMETERS: dict[str, dict[str, Any]] = {
     "exhaust_processes": {"most": 100_000, "name": "qneighbour", "hold_seconds": 35},
     "other_gpus": {"burn_seconds": 35},
 }
@@ -52,14 +53,16 @@ def write_hostile_fork(dest: Path, attack: str, **params: object) -> Path:
         raise SystemExit(f"{corpus} is missing: this benchmark runs from a checkout of the repository, "
                          "whose attack tests' hostile forks it evaluates")
     spec = importlib.util.spec_from_file_location("hostile_forks", corpus)
+    assert spec is not None and spec.loader is not None, corpus
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.write_hostile_fork(dest, attack, **params)
 
 
-def committed(tree: Path, paths: list | None = None) -> str:
+def committed(tree: Path, paths: list[PurePosixPath] | None = None) -> str:
     """Commit ``tree`` as a fresh repository (the worker clones it); the commit."""
-    files = paths if paths is not None else sorted(p.relative_to(tree) for p in tree.rglob("*") if p.is_file())
+    files = paths if paths is not None else sorted(PurePosixPath(p.relative_to(tree).as_posix())
+                                                   for p in tree.rglob("*") if p.is_file())
     return commit_new_repository(tree, files, "bench_neighbours")
 
 
@@ -84,10 +87,11 @@ def run_workers(jobs: list[tuple[Path, str, Device]], target: int, options: Eval
 
 def medians(reports: list[EvaluationReport]) -> dict[str, float | None]:
     """The median over evaluations of each length's median tokens/s (None where one was not measured)."""
-    found = {}
+    found: dict[str, float | None] = {}
     for key in reports[0].lengths:
         values = [report.lengths[key].tokens_per_sec for report in reports]
-        found[key] = statistics.median(values) if all(values) else None
+        measured = [value for value in values if value]
+        found[key] = statistics.median(measured) if len(measured) == len(values) else None
     return found
 
 
@@ -143,14 +147,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench neighbours
     table.add_column("alone", justify="right")
     for name in hostile_reports:
         table.add_column(f"beside {name}", justify="right", overflow="fold")
-    summary = {"alone": alone, "beside": {}, "verdicts": {k: [r.verdict for r in v] for k, v in results.items()}}
+    summary: dict[str, Any] = {"alone": alone, "beside": {}, "verdicts": {k: [r.verdict for r in v] for k, v in results.items()}}
     for key in alone:
-        cells = [f"{int(key):,}", f"{alone[key] / 1e6:.2f} M" if alone[key] else "-"]
+        base = alone[key]
+        cells = [f"{int(key):,}", f"{base / 1e6:.2f} M" if base else "-"]
         for name in hostile_reports:
             beside = medians(results[name])[key]
             summary["beside"].setdefault(name, {})[key] = beside
-            ratio = beside / alone[key] if beside and alone[key] else None
-            cells.append(f"{beside / 1e6:.2f} M ({ratio - 1:+.1%})" if ratio else "-")
+            cells.append(f"{beside / 1e6:.2f} M ({beside / base - 1:+.1%})" if beside and base else "-")
         table.add_row(*cells)
     console.print(table)
     (args.out / "neighbours.json").write_text(json.dumps(summary, indent=1))

@@ -20,6 +20,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -116,7 +117,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench reference"
         seconds = time.perf_counter() - started
         rows.append({"length": length, "seconds": seconds, "forwards": forwards,
                      "tokens_per_sec": forwards * length / seconds})
-    result = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "lengths": rows}
+    result: dict[str, Any] = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "lengths": rows}
     result["profiles"] = [profile(reference, length, args.device, generator, length == max(args.lens),
                                   args.tokens_per_request) for length in args.profile_lens]
     (args.out / "reference.json").write_text(json.dumps(result, indent=1))

@@ -177,7 +177,8 @@ def resolve(
 
     values: dict[str, Any] = {}
     for option in OPTIONS:
-        raw, source = option.default, "default"
+        raw: Any = option.default
+        source = "default"
         if option.env and dotenv.get(option.env) is not None:
             raw, source = dotenv[option.env], f"{dotenv_path}"
         if option.env and option.env in environ:
@@ -187,8 +188,8 @@ def resolve(
         try:
             values[option.key] = option.parse(raw)
         except ValueError as error:
-            name = option.flag if source == "command line" else (option.env or option.key)
-            raise SettingsError(f"{name} (from {source}): {error}") from None
+            named = option.flag if source == "command line" else (option.env or option.key)
+            raise SettingsError(f"{named} (from {source}): {error}") from None
     return Settings(**values)
 
 

@@ -106,7 +106,7 @@ def registered_for_dma(destination: torch.Tensor, source_device: torch.device) -
         yield
         return
     start = ctypes.c_void_p(destination.data_ptr() // PAGE_BYTES * PAGE_BYTES)
-    size = -(-(destination.data_ptr() + nbytes - start.value) // PAGE_BYTES) * PAGE_BYTES
+    size = -(-(destination.data_ptr() + nbytes - (start.value or 0)) // PAGE_BYTES) * PAGE_BYTES
     if runtime.cudaHostRegister(start, ctypes.c_size_t(size), ctypes.c_uint(0)) != 0:
         runtime.cudaGetLastError()
         yield
@@ -159,7 +159,7 @@ class Server:
         self.channel = channel
         self.shared = shared
         self.device = torch.device(device)
-        self.layer = None
+        self.layer: torch.nn.Module | None = None
         self.last_output: torch.Tensor | None = None
         self.slots: dict[tuple[int, int], Slot] = {}
 
@@ -188,6 +188,7 @@ class Server:
         The autocast cache is off: a CUDA graph must not keep casts made outside it (and the
         cast weights are the same either way).
         """
+        assert self.layer is not None, "a forward before the layer was loaded"
         with torch.autocast(self.device.type, dtype=workload.AUTOCAST_DTYPE, cache_enabled=False):
             result = self.layer(hidden)
         output = result[0] if isinstance(result, (tuple, list)) else result
@@ -293,7 +294,7 @@ class Server:
         layer = QuasarAttention(**workload.LAYER_KWARGS)
         layer.load_state_dict(workload.make_weights(int(request["weights_seed"])), strict=True)
         self.layer = layer.to(self.device).eval()
-        parameters = sum(p.numel() for p in self.layer.parameters())
+        parameters = sum(p.numel() for p in layer.parameters())
         return {"ok": True, "parameters": parameters}, None
 
     def handle_capture(self, request: dict) -> tuple[dict, None]:
@@ -342,7 +343,7 @@ class Server:
                 destination.copy_(raw)
             self.channel.send({**header, "shared_bytes": raw.numel()})
             return
-        self.channel.send(header, memoryview(raw.cpu().numpy()).cast("B"))
+        self.channel.send(header, memoryview(raw.cpu().numpy().data).cast("B"))
 
     def handle_memory(self, request: dict) -> tuple[dict, None]:
         if self.device.type != "cuda":

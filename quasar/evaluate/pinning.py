@@ -64,14 +64,15 @@ def format_cpu_list(cpus: Iterable[int]) -> str:
     """The kernel's CPU list notation of ``cpus`` (``0-3,8``)."""
     ordered = sorted(set(cpus))
     parts: list[str] = []
-    start = previous = None
+    start: int | None = None
+    previous = -1
     for cpu in [*ordered, None]:
         if start is not None and (cpu is None or cpu != previous + 1):
             parts.append(str(start) if start == previous else f"{start}-{previous}")
             start = None
-        if cpu is not None and start is None:
-            start = cpu
-        previous = cpu
+        if cpu is not None:
+            start = cpu if start is None else start
+            previous = cpu
     return ",".join(parts)
 
 

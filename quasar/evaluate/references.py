@@ -110,7 +110,8 @@ class ReferenceWork:
             reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
             reference.load_state_dict(workload.make_weights(self.weights_seed), strict=True)
             self._released.wait()
-            self.reference = reference.to(self.device).eval()
+            reference = reference.to(self.device).eval()
+            self.reference = reference
             for length, seeds in self.check_seeds.items():
                 if self.counts[length] != 1:
                     continue
@@ -118,7 +119,7 @@ class ReferenceWork:
                 workload.fill_request(buffers, *seeds)
                 check = Request(*seeds, buffers.fingerprints, round_trip_ns=0)
                 try:
-                    self.expected[length] = reference_outputs(self.reference, buffers, check, 0, 1)
+                    self.expected[length] = reference_outputs(reference, buffers, check, 0, 1)
                 except torch.OutOfMemoryError:
                     break
                 finally:
@@ -143,7 +144,7 @@ class ReferenceWork:
                 seeds = self.timed_seeds[length][place]
                 workload.fill_request(buffers, *seeds)
                 request = Request(*seeds, buffers.fingerprints, round_trip_ns=0)
-                expected = reference_outputs(self.reference, buffers, request, 0, 1)
+                expected = reference_outputs(self._loaded(), buffers, request, 0, 1)
                 fingerprints = workload.fingerprints_of(expected, buffers.directions, buffers.token_weights)[0].cpu()
                 self.precomputed[length][place] = (fingerprints, workload.segment_norms_of(expected)[0].cpu())
                 del expected
@@ -162,7 +163,7 @@ class ReferenceWork:
             buffers = workload.RequestBuffers.allocate(count, length, self.device)
             workload.fill_request(buffers, new_seed(), new_seed())
             request = Request(0, 0, torch.zeros(count, workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS), 0)
-            expected = reference_outputs(self.reference, buffers, request, 0, count)
+            expected = reference_outputs(self._loaded(), buffers, request, 0, count)
             workload.fingerprints_of(expected, buffers.directions, buffers.token_weights).cpu()
             workload.segment_norms_of(expected).cpu()
         except torch.OutOfMemoryError:
@@ -184,13 +185,17 @@ class ReferenceWork:
         self.release()
         self._thread.join()
 
+    def _loaded(self) -> torch.nn.Module:
+        """The reference layer, which the thread loads before computing anything else."""
+        assert self.reference is not None
+        return self.reference
+
     def wait(self) -> torch.nn.Module:
         """Release the thread and wait for it; the reference layer (raises what the thread raised)."""
         self.join()
         if self._error is not None:
             raise self._error
-        assert self.reference is not None
-        return self.reference
+        return self._loaded()
 
 
 def start_references(target_seq_len: int, options: EvaluationOptions) -> ReferenceWork:

@@ -26,6 +26,7 @@ Isolation levels (``SandboxedChild.isolation``):
 from __future__ import annotations
 
 import fcntl
+import io
 import json
 import logging
 import os
@@ -37,7 +38,6 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from quasar.errors import QuasarError
@@ -52,7 +52,7 @@ from quasar.evaluate.sandbox_layout import (
     SANDBOX_HARNESS,
     SANDBOX_HOME,
     SANDBOX_SITE,
-    SYS_BINDS,
+    SandboxPolicy,
     python_executable,
     root_mounts,
 )
@@ -81,30 +81,6 @@ class SandboxError(QuasarError):
 
 class SandboxUnavailable(SandboxError):
     """Namespaces cannot be created here; running needs ``allow_unsandboxed``."""
-
-
-@dataclass(frozen=True)
-class SandboxPolicy:
-    """Limits and permissions of one sandboxed child."""
-
-    allow_unsandboxed: bool = False
-    # Force the unsandboxed mode even where namespaces work (tests of the fallback path).
-    force_unsandboxed: bool = False
-    home_tmpfs_bytes: int = 4 << 30
-    tmp_tmpfs_bytes: int = 1 << 30
-    shm_tmpfs_bytes: int = 1 << 30
-    max_output_bytes: int = 64 << 20
-    max_open_files: int = 4096
-    # Processes and threads, through the sandbox's cgroup (or its own uid's RLIMIT_NPROC).
-    max_processes: int = 4096
-    max_file_bytes: int = 4 << 30
-    # Memory of the sandbox's processes, through its cgroup or the watchdog (confinement.py).
-    memory_bytes: int = 16 << 30
-    # A cgroup v2 folder, delegated to this process, to make the sandboxes' cgroups in; None: found.
-    cgroup_path: str | None = None
-    sys_paths: tuple[str, ...] = SYS_BINDS
-    extra_readonly_paths: tuple[str, ...] = ()
-    pytorch_cuda_alloc_conf: str = "expandable_segments:True"
 
 
 def namespaces_supported() -> tuple[bool, str]:
@@ -506,6 +482,7 @@ class SandboxedChild:
     def _drain(self) -> None:
         assert self.process is not None and self.process.stdout is not None
         stream = self.process.stdout
+        assert isinstance(stream, io.BufferedReader)  # Popen's pipe, opened in binary mode
         while True:
             chunk = stream.read1(1 << 16)
             if not chunk:
@@ -561,6 +538,7 @@ class SandboxedChild:
             if self._replied and self.channel is not None and running:
                 try:
                     self.channel.send({"op": "exit"})
+                    assert self.process is not None  # running says so
                     self.process.wait(timeout=2)
                 except (OSError, subprocess.TimeoutExpired):
                     pass

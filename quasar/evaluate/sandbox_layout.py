@@ -1,7 +1,8 @@
-"""What the sandbox's private root holds: its folders, the host's directories it binds read-only,
-the Python installation without its packages, the evaluation environment's entries, its own /etc,
-the parts of /sys it sees and its device nodes (README, "The evaluation sandbox"). sandbox_init.py
-builds the root from :func:`root_mounts`' part of its config.
+"""The policy a sandbox is made with (its limits and permissions) and what its private root
+holds: its folders, the host's directories it binds read-only, the Python installation without
+its packages, the evaluation environment's entries, its own /etc, the parts of /sys it sees and
+its device nodes (README, "The evaluation sandbox"). sandbox_init.py builds the root from
+:func:`root_mounts`' part of its config.
 """
 
 from __future__ import annotations
@@ -10,13 +11,10 @@ import os
 import site
 import sys
 import sysconfig
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from quasar.evaluate.environment import evaluation_environment
-
-if TYPE_CHECKING:
-    from quasar.evaluate.sandbox import SandboxPolicy
 
 SANDBOX_FORK = "/sandbox/fork"
 
@@ -43,6 +41,31 @@ ETC_BINDS = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "nsswitch
 # The parts of /sys the sandbox sees, read-only: the CPUs and NUMA nodes (os.cpu_count, torch's
 # thread pools, the CUDA driver's placement) and the NVIDIA kernel modules' parameters.
 SYS_BINDS = ("/sys/devices/system/cpu", "/sys/devices/system/node", "/sys/module/nvidia", "/sys/module/nvidia_uvm")
+
+
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """Limits and permissions of one sandboxed child."""
+
+    allow_unsandboxed: bool = False
+    # Force the unsandboxed mode even where namespaces work (tests of the fallback path).
+    force_unsandboxed: bool = False
+    home_tmpfs_bytes: int = 4 << 30
+    tmp_tmpfs_bytes: int = 1 << 30
+    shm_tmpfs_bytes: int = 1 << 30
+    max_output_bytes: int = 64 << 20
+    max_open_files: int = 4096
+    # Processes and threads, through the sandbox's cgroup (or its own uid's RLIMIT_NPROC).
+    max_processes: int = 4096
+    max_file_bytes: int = 4 << 30
+    # Memory of the sandbox's processes, through its cgroup or the watchdog (confinement.py).
+    memory_bytes: int = 16 << 30
+    # A cgroup v2 folder, delegated to this process, to make the sandboxes' cgroups in; None: found.
+    cgroup_path: str | None = None
+    sys_paths: tuple[str, ...] = SYS_BINDS
+    extra_readonly_paths: tuple[str, ...] = ()
+    pytorch_cuda_alloc_conf: str = "expandable_segments:True"
+
 
 DEVICE_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 

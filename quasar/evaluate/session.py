@@ -210,7 +210,7 @@ def receive_output(session: Session, length: int, offset: int, deadline: float) 
     if not reply.get("ok"):
         raise reply_failure(reply, length, "sending the output")
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    dtype = dtypes.get(reply.get("dtype"))
+    dtype = dtypes.get(str(reply.get("dtype")))
     shape = reply.get("shape")
     expected_shape = [1, length, workload.HIDDEN_SIZE]
     if dtype is None or shape != expected_shape:

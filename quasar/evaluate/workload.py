@@ -22,6 +22,7 @@ fingerprint bases come from a generator on the evaluation device, which the pare
 from __future__ import annotations
 
 import math
+from typing import Any
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,7 +33,7 @@ HEAD_DIM = 64
 NUM_HEADS = 8
 MODE = "chunk"
 # The benchmark layer of docs/rules.md section 4 step 3.
-LAYER_KWARGS = {"hidden_size": HIDDEN_SIZE, "head_dim": HEAD_DIM, "num_heads": NUM_HEADS, "mode": MODE}
+LAYER_KWARGS: dict[str, Any] = {"hidden_size": HIDDEN_SIZE, "head_dim": HEAD_DIM, "num_heads": NUM_HEADS, "mode": MODE}
 AUTOCAST_DTYPE = torch.bfloat16
 
 WIDTH = NUM_HEADS * HEAD_DIM
@@ -222,7 +223,7 @@ def run_forwards(forward: Callable[[torch.Tensor], torch.Tensor], buffers: Reque
     only (no host synchronisation), so it can be captured in a CUDA graph. ``count``: only the
     first ``count`` forwards (default all). Returns the last output.
     """
-    output = None
+    output: torch.Tensor | None = None
     for index in range(buffers.count if count is None else min(count, buffers.count)):
         previous = buffers.fingerprints[index - 1] if index else None
         hidden = forward_input(buffers.noise[index], previous)
@@ -230,6 +231,7 @@ def run_forwards(forward: Callable[[torch.Tensor], torch.Tensor], buffers: Reque
         output = forward(hidden)
         del hidden
         fingerprint(output, buffers.directions[index], buffers.token_weights[index], out=buffers.fingerprints[index])
+    assert output is not None, "a request has at least one forward"
     return output
 
 

@@ -349,7 +349,7 @@ class _ForbiddenImportChecker:
         if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
             return None
         bound = dict(zip(params, node.args, strict=False))  # extra positionals are the caller's TypeError
-        bound.update({k.arg: k.value for k in node.keywords if k.arg})  # type: ignore[misc]
+        bound.update({k.arg: k.value for k in node.keywords if k.arg})
         return bound
 
     def _dynamic_targets(self, node: ast.Call, function: str) -> tuple[str, list[str]] | None:

@@ -186,9 +186,9 @@ class Miner:
             self.store.save(self.state)
             self.evaluate.save(report, "best")
             summary.submissions += self.submitter.submit_if_better(baseline)
-        for strategy in self.strategies:
-            if isinstance(strategy, AgentStrategy):
-                strategy.target_seq_len = target
+        for configured in self.strategies:
+            if isinstance(configured, AgentStrategy):
+                configured.target_seq_len = target
         exhausted: set[str] = set()
         for _ in range(self.config.iterations):
             if stop.is_set():

@@ -20,6 +20,7 @@ Two entry points: ``reference_layer_forward(params, x)`` on a plain ``{name: ten
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -266,7 +267,7 @@ class QuasarAttentionReference(nn.Module):
         past_key_values: object | None = None,
         use_cache: bool | None = False,
         output_attentions: bool | None = False,
-        **kwargs: object,
+        **kwargs: Any,
     ) -> tuple[torch.Tensor, None, None]:
         """fla's call: returns ``(output, None, past_key_values)`` with ``past_key_values`` None.
 

@@ -56,10 +56,10 @@ def check_quasar_inputs(
             f"initial_state: expected shape [B, H, D_k, D_v] = {[batch, heads, d_k, d_v]}, "
             f"got {list(initial_state.shape)}"
         )
-    named = {"k": k, "v": v, "beta": beta, "initial_state": initial_state}
-    for name, tensor in named.items():
-        if tensor is not None and tensor.device != q.device:
-            raise ValueError(f"{name}: on {tensor.device}, expected q's device {q.device}")
+    named: dict[str, torch.Tensor | None] = {"k": k, "v": v, "beta": beta, "initial_state": initial_state}
+    for name, given in named.items():
+        if given is not None and given.device != q.device:
+            raise ValueError(f"{name}: on {given.device}, expected q's device {q.device}")
 
 
 @torch.no_grad()

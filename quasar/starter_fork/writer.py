@@ -77,6 +77,7 @@ def tuning_contract():
     ``DEFAULTS``), loaded by path: a fork's own copy is never imported into this process."""
     source = Path(str(template_root() / KERNEL_DIR / "tuning.py"))
     spec = importlib.util.spec_from_file_location("quasar_kernel_tuning_contract", source)
+    assert spec is not None and spec.loader is not None, source
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)

@@ -21,6 +21,7 @@ import os
 import tempfile
 import time
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 from rich.console import Console
@@ -91,7 +92,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar check-sandbox") 
         table.add_row(name, "[green]yes[/]" if holds else "[red]no[/]", escape(note))
     console.print(table)
 
-    results = {}
+    results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="quasar-check-") as scratch:
         fork = Path(scratch) / "starter"
         write_starter_fork(fork)

@@ -81,7 +81,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar local-validator"
     add_evaluation_arguments(parser)
     args, settings = start(parser, argv)
     if args.full:
-        seq_lens, target = FULL_SEQ_LENS, args.target or FULL_SEQ_LENS[-1]
+        seq_lens: tuple[int, ...] = FULL_SEQ_LENS
+        target = args.target or FULL_SEQ_LENS[-1]
     else:
         if args.target is not None:
             parser.error("--target goes with --full; with --seq-len the length is the target")

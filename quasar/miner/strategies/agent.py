@@ -181,7 +181,8 @@ def parse_reply(reply: str) -> tuple[str, dict[str, str | None], list[str]]:
 
 def _diff_paths(diff: str) -> tuple[set[str], set[str]]:
     """Paths a unified diff reads (---) and writes (+++), without a/ b/ prefixes; /dev/null left out."""
-    old, new = set(), set()
+    old: set[str] = set()
+    new: set[str] = set()
     for line in diff.splitlines():
         for prefix, found in (("--- ", old), ("+++ ", new)):
             if line.startswith(prefix):
