@@ -137,6 +137,15 @@ def postgres() -> Iterator[TemporaryPostgres]:
     server.stop()
 
 
+@pytest.fixture
+def database(database_url) -> Iterator[Database]:
+    """A fresh database on each backend, migrated."""
+    database = Database(database_url)
+    database.upgrade()
+    yield database
+    database.dispose()
+
+
 @pytest.fixture(params=BACKENDS)
 def database_url(request, tmp_path) -> str:
     """A fresh, empty database on each backend."""

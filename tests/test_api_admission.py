@@ -13,9 +13,11 @@ from __future__ import annotations
 import time
 
 import pytest
+from api_fixtures import (  # noqa: F401  (fixtures)
+    api_config, chain, commit_of, database, database_url, postgres, wallets,
+)
 from sqlalchemy import delete
 
-from api_fixtures import api_config, chain, commit_of, database_url, postgres, wallets  # noqa: F401  (fixtures)
 from quasar import auth
 from quasar.api import admission, schemas
 from quasar.api.db import Database, IpBan, Submission
@@ -65,14 +67,6 @@ class Undone(Exception):
 def params_of(miner: str, now: float) -> dict:
     return {"client_ip": CLIENT, "now": now, "hotkey": miner, "limit": LIMIT, "fork_url": FORK,
             "commit_hash": commit_of(1), "target_sequence_length": TARGET, "before_id": admission.NO_SUBMISSION_YET}
-
-
-@pytest.fixture
-def database(database_url) -> Database:
-    database = Database(database_url)
-    database.upgrade()
-    yield database
-    database.dispose()
 
 
 def test_the_rule_is_the_four_checks_in_order():

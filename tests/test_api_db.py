@@ -15,20 +15,12 @@ import pytest
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
-from api_fixtures import commit_of, database_url, postgres  # noqa: F401  (fixtures)
+from api_fixtures import commit_of, database, database_url, postgres  # noqa: F401  (fixtures)
 from quasar.api import admission
 from quasar.api.db import Database, IpBan, PreparedStatement, Submission, UsedNonce
 
 HOTKEYS = [f"5Hotkey{n}" for n in range(4)]
 IPS = ["10.0.0.1", "10.0.0.2", "2001:db8::7"]
-
-
-@pytest.fixture
-def database(database_url) -> Database:
-    database = Database(database_url)
-    database.upgrade()
-    yield database
-    database.dispose()
 
 
 def random_submission(rng: random.Random, now: float) -> dict:

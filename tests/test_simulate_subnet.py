@@ -1,6 +1,6 @@
-"""quasar bench simulate-subnet (quasar/bench/simulate_subnet.py), small and fast: a real API process on SQLite, the validators' own loop
-with stand-in GPUs, honest, spamming and copying miners; what it reports, at 80 columns; and its
-figures on made-up reports, against a plain count."""
+"""quasar bench simulate-subnet (quasar/bench/simulate_subnet.py), small and fast: a real API process
+on SQLite, the validators' own loop with stand-in GPUs, honest, spamming and copying miners; what it
+reports, at 80 columns; and its figures on made-up reports, against a plain count."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_small_subnet_runs_and_reports_every_round(tmp_path):
     figures_file = tmp_path / "figures.json"
     run = subprocess.run(
-        [sys.executable, "-m", "quasar", "bench", "simulate-subnet", "--miners", "12", "--spammers", "2", "--copiers", "1",
-         "--validators", "2", "--workers", "3", "--eval-seconds", "25", "--rounds", "2", "--round-blocks", "20",
-         "--submissions-per-hour", "30", "--speedup", "100", "--json", str(figures_file)],
+        [sys.executable, "-m", "quasar", "bench", "simulate-subnet", "--miners", "12", "--spammers", "2",
+         "--copiers", "1", "--validators", "2", "--workers", "3", "--eval-seconds", "25", "--rounds", "2",
+         "--round-blocks", "20", "--submissions-per-hour", "30", "--speedup", "100", "--json", str(figures_file)],
         cwd=ROOT, capture_output=True, text=True, timeout=240, env={**os.environ, "COLUMNS": "80"})
     assert run.returncode == 0, run.stdout + run.stderr
     assert all(len(line) <= 80 for line in run.stdout.splitlines()), run.stdout

@@ -208,8 +208,8 @@ class SubmissionStats(BaseModel):
     hotkey_submissions: int | None = None
 
 
-class WorkItem(BaseModel):
-    """A submission for a validator to evaluate, held for it until ``lease_expires_at``."""
+class EvaluatedSubmission(BaseModel):
+    """What a validator evaluates of a submission: whose, which fork and commit, at what target and claim."""
 
     submission_id: int
     hotkey: str
@@ -217,10 +217,15 @@ class WorkItem(BaseModel):
     commit_hash: str
     target_sequence_length: int
     claimed_tokens_per_sec: float
-    vram_mb: int | None
-    benchmarks: dict[int, float] | None
     submitted_at: float
     round_id: int
+
+
+class WorkItem(EvaluatedSubmission):
+    """A submission for a validator to evaluate, held for it until ``lease_expires_at``."""
+
+    vram_mb: int | None
+    benchmarks: dict[int, float] | None
     lease_expires_at: float
 
 
@@ -322,19 +327,11 @@ class ValidatorAgreements(BaseModel):
     validators: list[ValidatorAgreement]
 
 
-class ReportedWork(BaseModel):
+class ReportedWork(EvaluatedSubmission):
     """One report of a validator with the submission it is on, as the validator's processes share
     their results (``VALIDATOR_ROLE``)."""
 
     report_id: int
-    submission_id: int
-    hotkey: str
-    fork_url: str
-    commit_hash: str
-    target_sequence_length: int
-    claimed_tokens_per_sec: float
-    submitted_at: float
-    round_id: int
     verdict: Literal["passed", "failed"]
     correct: bool
     logits_ok: bool | None

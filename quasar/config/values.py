@@ -222,7 +222,8 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "bool": parse_bool, "chain_endpoint": parse_chain_endpoint, "database_url": parse_database_url,
     "device": parse_device, "dtype": parse_dtype, "git_remote_base": parse_git_remote_base,
     "http_url": parse_http_url, "ip_networks": parse_ip_networks, "name": parse_name, "network": parse_network,
-    "majority_share": parse_majority_share, "optional_http_url": parse_optional_http_url, "optional_ip": parse_optional_ip,
+    "majority_share": parse_majority_share, "optional_http_url": parse_optional_http_url,
+    "optional_ip": parse_optional_ip,
     "optional_name": parse_optional_name, "repo_slug": parse_repo_slug, "seq_lens": parse_seq_lens,
     "share": parse_share, "str": parse_str,
 }
