@@ -175,15 +175,15 @@ def figures_per_round(database: Database, world: World, validators: list[str], w
 def figures_table(run_figures: RunFigures) -> Table:
     """One row per round, in 80 columns."""
     table = Table(title=f"{run_figures.backend}: per round, in simulated time. queue: mean/max; p50 p95 max: "
-                        f"minutes to an honest submission's first evaluation; GPU h: used/the devices'; no "
-                        f"place: share of it on what could not place", title_justify="left")
-    for column in ("round", "queue", "p50", "p95", "max", "GPU h", "no place", "newest", "top 4"):
-        table.add_column(column, justify="left" if column in ("round", "newest", "top 4") else "right")
+                        f"minutes to an honest submission's first evaluation; GPU: share of the devices' time "
+                        f"used; no place: share of that on what could not place; late: (honest submission, "
+                        f"validator) pairs evaluated after a round, or never", title_justify="left")
+    for column in ("round", "queue", "p50", "p95", "max", "GPU", "no place", "late", "top 4"):
+        table.add_column(column, justify="left" if column in ("round", "top 4") else "right")
     for item in run_figures.rounds:
-        waits = ("-", "-", "-") if item.waits_min is None else tuple(f"{value:.1f}" for value in item.waits_min)
+        waits = ("-", "-", "-") if item.waits_min is None else tuple(f"{value:.0f}" for value in item.waits_min)
         share = item.gpu_hours_not_placeable / item.gpu_hours if item.gpu_hours else 0.0
-        table.add_row(str(item.round_id + 1), f"{item.queue_mean:.0f}/{item.queue_max}", *waits,
-                      f"{item.gpu_hours:.3g}/{item.gpu_capacity_hours:.3g}", f"{share:.0%}",
-                      "yes" if item.newest_within_round else f"no {item.newest_worst_min:.0f}m",
-                      "true" if item.top4_true else "NOT")
+        used = item.gpu_hours / item.gpu_capacity_hours if item.gpu_capacity_hours else 0.0
+        table.add_row(str(item.round_id + 1), f"{item.queue_mean:.0f}/{item.queue_max}", *waits, f"{used:.0%}",
+                      f"{share:.0%}", str(item.newest_late), "true" if item.top4_true else "NOT")
     return table
