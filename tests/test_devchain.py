@@ -15,8 +15,9 @@ from bittensor.sp_core import Keypair
 from quasar import config
 from quasar.chain import ApiLocation, ChainError, Endpoint, RateLimited, UidsChanged
 from quasar.chain.base import decode_api_location, encode_api_location
-from quasar.chain.devchain import FINNEY, DevChain, u16_weights
+from quasar.chain.devchain import FINNEY, DevChain
 from quasar.chain.factory import connect
+from quasar.chain.subtensor_rules import u16_weights
 
 SLOW_BLOCKS = 1e6  # seconds per block: blocks move only through advance()
 
