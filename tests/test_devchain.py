@@ -8,7 +8,6 @@ import sys
 import threading
 import time
 
-import bittensor as bt
 import pytest
 from bittensor.sp_core import Keypair
 
@@ -18,6 +17,7 @@ from quasar.chain.base import decode_api_location, encode_api_location
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.chain.factory import connect
 from quasar.chain.subtensor_rules import u16_weights
+from quasar.localnet.host import make_wallet
 
 SLOW_BLOCKS = 1e6  # seconds per block: blocks move only through advance()
 
@@ -34,13 +34,7 @@ def chain(tmp_path):
 @pytest.fixture(scope="module")
 def wallets(tmp_path_factory):
     root = tmp_path_factory.mktemp("wallets")
-    made = {}
-    for name in ("validator", "miner", "owner", "other"):
-        wallet = bt.Wallet(name=name, hotkey="default", path=str(root))
-        wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-        wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-        made[name] = wallet
-    return made
+    return {name: make_wallet(root, name) for name in ("validator", "miner", "owner", "other")}
 
 
 def hotkey(wallet) -> str:

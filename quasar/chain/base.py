@@ -9,6 +9,20 @@ from dataclasses import dataclass
 
 from quasar.errors import QuasarError
 
+# What ``quasar.chain`` exports: the interface and its records.
+__all__ = [
+    "ApiLocation",
+    "Chain",
+    "ChainError",
+    "Endpoint",
+    "Metagraph",
+    "NeuronInfo",
+    "RateLimited",
+    "SubnetHyperparameters",
+    "UidsChanged",
+    "WeightsSubmission",
+]
+
 # Weights and the max-weight limit are u16 on chain: 65535 is a share of 1.
 U16_MAX = 65535
 # A hotkey may hold at most this many commits waiting for their reveal (subtensor: TooManyUnrevealedCommits).

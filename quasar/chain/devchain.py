@@ -37,20 +37,17 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bittensor import resolve_signer
 from bittensor.sp_core import decode_ss58
 
 from quasar.chain.base import (
     MAX_UNREVEALED_COMMITS,
-    ApiLocation,
     Chain,
     ChainError,
     Metagraph,
-    NeuronInfo,
     RateLimited,
-    SubnetHyperparameters,
     UidsChanged,
     WeightsSubmission,
     decode_api_location,
@@ -66,6 +63,9 @@ from quasar.chain.subtensor_rules import (
     reveal_block_for,
     weights_refusal,
 )
+
+if TYPE_CHECKING:  # the records only annotated here
+    from quasar.chain.base import ApiLocation, NeuronInfo, SubnetHyperparameters
 
 __all__ = ["FINNEY", "DevChain", "WeightCommit"]
 
