@@ -38,7 +38,7 @@ def _print_neurons(chain: DevChain, console: Console) -> None:
             short_hotkey(n.coldkey),
             f"{n.stake:g}",
             "yes" if n.validator_permit else "",
-            n.endpoint.base_url if n.endpoint else "",
+            n.endpoint.base_url.removeprefix("http://") if n.endpoint else "",
         )
     console.print(table)
 
