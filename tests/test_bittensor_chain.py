@@ -31,6 +31,7 @@ from quasar.chain.bittensor_chain import (
     to_hyperparameters,
 )
 from quasar.chain.factory import connect
+from quasar.localnet.host import make_wallet
 
 NETUID = 7
 RAO = 10**9
@@ -43,13 +44,7 @@ def address() -> str:
 @pytest.fixture(scope="module")
 def wallets(tmp_path_factory):
     root = tmp_path_factory.mktemp("wallets")
-    made = {}
-    for name in ("validator", "miner"):
-        wallet = bt.Wallet(name=name, hotkey="default", path=str(root))
-        wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-        wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-        made[name] = wallet
-    return made
+    return {name: make_wallet(root, name) for name in ("validator", "miner")}
 
 
 def hotkey_of(wallet) -> str:
@@ -153,7 +148,7 @@ class FakeChain:
                 return failed("NeuronNoValidatorPermit")
             if neuron.last_update and self.block - neuron.last_update < self.weights_rate_limit:
                 return failed("SettingWeightsTooFast")
-            self.weights[uid] = (dict(zip(intent.uids, intent.weights)), intent.version_key)
+            self.weights[uid] = (dict(zip(intent.uids or [], intent.weights or [], strict=True)), intent.version_key)
             neuron.last_update = self.block
             if self.commit_reveal:
                 return bt.ExtrinsicResult(success=True, message="Success", extrinsic_id=f"{self.block}-0003",
@@ -602,7 +597,8 @@ def test_the_owner_publishes_the_api_location_keeping_the_identity(chain, subnet
     assert isinstance(intent, SetSubnetIdentity) and intent.netuid == NETUID
     assert (intent.subnet_name, intent.subnet_url, intent.description) == ("QUASAR", "https://quasar.example",
                                                                            "long context")
-    assert intent.additional == f"see the docs quasar-api=https://api.quasar.example quasar-api-hotkey={location.hotkey}"
+    assert intent.additional == ("see the docs quasar-api=https://api.quasar.example "
+                                 f"quasar-api-hotkey={location.hotkey}")
     assert chain.api_location() == location
     with pytest.raises(ChainError, match="NotSubnetOwner"):
         chain.publish_api_location(wallets["miner"], ApiLocation("https://evil.example"))

@@ -24,7 +24,7 @@ README_COMMAND = re.compile(r"^btcli ([^#\n]+)|`btcli ([^`]+)`", re.MULTILINE)
 SCRIPT_COMMAND = re.compile(r"\(btcli ([^)\"]+)\)")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def help_text(subcommand: tuple[str, ...]) -> str:
     result = CliRunner().invoke(btcli_app, [*subcommand, "--help"], env={"COLUMNS": "250"})
     assert result.exit_code == 0, f"btcli {' '.join(subcommand)} --help failed: {result.output[-2000:]}"
@@ -61,7 +61,7 @@ def test_the_readme_and_the_start_scripts_use_real_btcli_commands():
     found["README.md"] = commands_in((ROOT / "README.md").read_text(), README_COMMAND)
     assert len(found["README.md"]) >= 8, found["README.md"]  # wallets, registration, stake, hyperparameters...
     assert found["START_MINER.sh"] and found["START_VALIDATOR.sh"]
-    for source, commands in found.items():
+    for commands in found.values():
         for command in commands:
             check(command)
 

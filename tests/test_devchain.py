@@ -3,20 +3,23 @@ rules under finney's hyperparameters (weights, commit-reveal, serving, re-regist
 
 import dataclasses
 import math
+import os
 import subprocess
 import sys
 import threading
 import time
 
-import bittensor as bt
 import pytest
 from bittensor.sp_core import Keypair
 
 from quasar import config
 from quasar.chain import ApiLocation, ChainError, Endpoint, RateLimited, UidsChanged
 from quasar.chain.base import decode_api_location, encode_api_location
-from quasar.chain.devchain import FINNEY, DevChain, u16_weights
+from quasar.chain.devchain import FINNEY, DevChain
 from quasar.chain.factory import connect
+from quasar.chain.subtensor_rules import u16_weights
+from quasar.localnet.host import make_wallet
+from quasar.terminal import short_hotkey
 
 SLOW_BLOCKS = 1e6  # seconds per block: blocks move only through advance()
 
@@ -33,13 +36,7 @@ def chain(tmp_path):
 @pytest.fixture(scope="module")
 def wallets(tmp_path_factory):
     root = tmp_path_factory.mktemp("wallets")
-    made = {}
-    for name in ("validator", "miner", "owner", "other"):
-        wallet = bt.Wallet(name=name, hotkey="default", path=str(root))
-        wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-        wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-        made[name] = wallet
-    return made
+    return {name: make_wallet(root, name) for name in ("validator", "miner", "owner", "other")}
 
 
 def hotkey(wallet) -> str:
@@ -150,6 +147,10 @@ def test_set_weights_checks_values_and_normalizes(subnet, wallets):
             subnet.set_weights(validator, bad, version_key=7)
     with pytest.raises(ChainError, match=r"UidVecContainInvalidOne: uids \[9\]"):
         subnet.set_weights(validator, {9: 1.0}, version_key=7)
+    # uids are u16 on chain: 65,538 is no uid (wrapped to u16 it would be uid 2's), nor is "2".
+    for bad_uid in (65_538, -1, "2"):
+        with pytest.raises(ChainError, match="uids must be integers in 0..65535"):
+            subnet.set_weights(validator, {bad_uid: 1.0}, version_key=7)
     assert subnet.weights() == {1: {2: 1.0}}
 
 
@@ -427,9 +428,10 @@ def test_concurrent_registrations_from_many_handles_get_distinct_uids(chain):
     assert {n.hotkey for n in chain.metagraph().neurons} == set(hotkeys)
 
 
-def cli(chain: DevChain, *arguments: str) -> subprocess.CompletedProcess:
+def cli(chain: DevChain, *arguments: str, columns: int | None = None) -> subprocess.CompletedProcess:
+    environment = None if columns is None else {**os.environ, "COLUMNS": str(columns)}
     return subprocess.run([sys.executable, "-m", "quasar.chain.devchain", "--path", str(chain.path), *arguments],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, env=environment)
 
 
 def test_cli_in_another_process_shares_the_file(chain):
@@ -456,6 +458,29 @@ def test_cli_sets_hyperparameters_and_the_loopback_allowance(chain, wallets):
     chain.publish_endpoint(wallets["miner"], "127.0.0.1", 8001)
     listing = cli(chain, "hyperparameters")
     assert listing.returncode == 0 and "finney's default" in listing.stdout
+
+
+def test_cli_tables_fit_80_columns_with_every_figure_whole(subnet, wallets):
+    subnet.set_hyperparameters(weights_rate_limit=0)
+    subnet.publish_endpoint(wallets["miner"], "203.0.113.250", 8091)
+    subnet.publish_endpoint(wallets["other"], "2001:db8:85a3::8a2e:370:7334", 8091)
+    subnet.set_weights(wallets["validator"], {2: 0.6, 3: 0.4}, version_key=0)
+    subnet.set_weights(wallets["validator"], {2: 0.5, 99: 0.5}, version_key=0)  # dropped at its reveal
+    subnet.advance(FINNEY.tempo)
+    listings = {command: cli(subnet, command, columns=80) for command in
+                ("neurons", "weights", "commits", "hyperparameters")}
+    for command, listing in listings.items():
+        assert listing.returncode == 0, listing.stderr
+        assert max(len(line) for line in listing.stdout.splitlines()) <= 80, (command, listing.stdout)
+    neurons = listings["neurons"].stdout
+    for neuron in subnet.metagraph().neurons:  # short forms whole, on the neuron's own line
+        (line,) = [line for line in neurons.splitlines() if short_hotkey(neuron.hotkey) in line]
+        assert short_hotkey(neuron.coldkey) in line and line.split()[0] == str(neuron.uid)
+    assert " 203.0.113.250:8091" in neurons and "10000" in neurons
+    assert "0.600000" in listings["weights"].stdout and "0.400000" in listings["weights"].stdout
+    commits = " ".join(listings["commits"].stdout.split())
+    assert "revealed" in commits and "UidVecContainInvalidOne: uids [99] are not registered" in commits
+    assert "immunity_period 5000 5000" in " ".join(listings["hyperparameters"].stdout.split())
 
 
 def test_factory_builds_the_dev_chain_from_settings(tmp_path):

@@ -29,7 +29,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
-import numbers
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -55,13 +54,11 @@ from quasar.chain.base import (
     decode_api_location,
     encode_api_location,
 )
+from quasar.chain.subtensor_rules import blocks_until_allowed, checked_weights
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-
-MAX_UID = 65535  # uids are u16 on chain
-
 
 # Our hyperparameter -> the name in the chain's get_subnet_hyperparams_v3 (the SDK's subnet_hyperparameters).
 HYPERPARAMETER_SOURCES = {
@@ -81,30 +78,21 @@ class _RefusedForRateLimit(Exception):
 
 
 def blocks_until_weights_allowed(block: int, blocks_since_update: int | None, rate_limit: int) -> int:
-    """Blocks to wait before the chain accepts new weights from a uid (0: now).
-
-    The chain's rule: allowed when the uid never set weights (its last update is 0) or when at
-    least ``rate_limit`` blocks passed since its last update. ``blocks_since_update`` is the SDK's
+    """Blocks to wait before the chain accepts new weights from a uid (0: now): the chain's rate limit
+    (:func:`~quasar.chain.subtensor_rules.blocks_until_allowed`) with the uid's last update at
+    ``block - blocks_since_update``, where ``blocks_since_update`` is the SDK's
     ``epochs.blocks_since_last_update`` read at ``block`` (None: no last-update entry).
     """
-    if rate_limit <= 0 or blocks_since_update is None or block - blocks_since_update <= 0:
+    if blocks_since_update is None:
         return 0
-    return max(0, rate_limit - blocks_since_update)
+    return blocks_until_allowed(block, block - blocks_since_update, rate_limit)
 
 
 def normalize_weights(weights: Mapping[int, float]) -> dict[int, float]:
     """``weights`` scaled to sum 1; ChainError naming the bad entries (uid, finiteness, sign, sum)."""
-    bad_uids = [uid for uid in weights if not isinstance(uid, numbers.Integral) or not 0 <= uid <= MAX_UID]
-    if bad_uids:
-        raise ChainError(f"weights: uids must be integers in 0..{MAX_UID}; got {bad_uids}")
-    values = {int(uid): float(weight) for uid, weight in weights.items()}
-    bad = {uid: weight for uid, weight in values.items() if not math.isfinite(weight) or weight < 0}
-    if bad:
-        raise ChainError(f"weights must be finite and non-negative; got {bad}")
+    values = checked_weights(weights)
     total = sum(values.values())
-    if total <= 0:
-        raise ChainError("weights are empty or all zero: nothing to set")
-    return {uid: weight / total for uid, weight in sorted(values.items())}
+    return {uid: weight / total for uid, weight in values.items()}
 
 
 def endpoint_from_axon(axon: str | None) -> Endpoint | None:
@@ -123,8 +111,9 @@ def to_hyperparameters(raw: Mapping[str, Any]) -> SubnetHyperparameters:
     if missing:
         raise ChainError(f"the chain's subnet hyperparameters lack {', '.join(missing)}")
     values = {ours: raw[theirs] for ours, theirs in HYPERPARAMETER_SOURCES.items()}
-    return SubnetHyperparameters(**{name: bool(value) if name == "commit_reveal_enabled" else int(value)
-                                    for name, value in values.items()})
+    fields: dict[str, Any] = {name: bool(value) if name == "commit_reveal_enabled" else int(value)
+                              for name, value in values.items()}
+    return SubnetHyperparameters(**fields)
 
 
 def to_metagraph(graph: bittensor.Metagraph) -> Metagraph:
@@ -274,8 +263,10 @@ class BittensorChain(Chain):
 
     # --- Chain ---
 
+    # Chain declares block_time_s as an attribute (the dev chain sets it from its file); here it is
+    # read-only, read from the chain on first use (nothing connects before).
     @property
-    def block_time_s(self) -> float:
+    def block_time_s(self) -> float:  # type: ignore[override]
         """Seconds per block as the chain states it, read on first use."""
         if self._block_time_s is None:
             self._block_time_s = float(self._attempts("read the block time", lambda client: client.block_time()))
@@ -308,7 +299,8 @@ class BittensorChain(Chain):
         return to_hyperparameters(self._attempts("read the subnet's hyperparameters", read))
 
     def api_location(self) -> ApiLocation | None:
-        identity = self._attempts("read the subnet identity", lambda client: client.subnets.subnet_identity(self.netuid))
+        identity = self._attempts("read the subnet identity",
+                                  lambda client: client.subnets.subnet_identity(self.netuid))
         return decode_api_location((identity or {}).get("additional"))
 
     def publish_api_location(self, wallet, location: ApiLocation) -> None:
@@ -393,7 +385,8 @@ class BittensorChain(Chain):
                 raise RateLimited(wait, f"weights of uid {uid} on subnet {self.netuid} were set {since} blocks "
                                         f"ago; the rate limit is {rate_limit} blocks: wait {wait} more")
             committed = bool(view.subnets.commit_reveal_enabled(self.netuid))
-            intent = SetWeights(netuid=self.netuid, weights=normalized, version_key=int(version_key))
+            intent = SetWeights(netuid=self.netuid, uids=list(normalized), weights=list(normalized.values()),
+                                version_key=int(version_key))
             result = _check_extrinsic("setting weights", client.execute(intent, wallet))
             reveal = result.data.get("reveal_round") if committed else None
             detail = (result.extrinsic_id or result.message) + (f", revealed at drand round {reveal}" if reveal else "")
