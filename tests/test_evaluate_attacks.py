@@ -361,21 +361,15 @@ def fastest_possible(item, seconds: float) -> float:
     return item.seq_len / (seconds - item.subtracted_us / 1e6)
 
 
-def test_caching_by_input_gains_nothing(world):
-    report = world.reports["cache_by_input"]
+# Caching by input gains nothing: every timed input was fresh, so every run paid the miss.
+# Patched timers do not change the measurement: every run is credited with its real sleep.
+@pytest.mark.parametrize(("attack", "seconds"), [("cache_by_input", MISS_SECONDS), ("timers", SLEEP_SECONDS)])
+def test_a_run_is_credited_with_no_less_than_the_time_it_took(world, attack, seconds):
+    report = world.reports[attack]
     assert report.verdict == "pass", report.reasons
     item = report.lengths["64"]
-    # Every timed input was fresh: every run paid the miss.
-    assert item.tokens_per_sec_max <= fastest_possible(item, MISS_SECONDS)
-    assert item.subtracted_us / 1e6 < MISS_SECONDS / 4
-
-
-def test_patched_timers_do_not_change_the_measurement(world):
-    report = world.reports["timers"]
-    assert report.verdict == "pass", report.reasons
-    item = report.lengths["64"]
-    assert item.tokens_per_sec_max <= fastest_possible(item, SLEEP_SECONDS)
-    assert item.subtracted_us / 1e6 < SLEEP_SECONDS / 4
+    assert item.tokens_per_sec_max <= fastest_possible(item, seconds)
+    assert item.subtracted_us / 1e6 < seconds / 4
 
 
 def test_several_forwards_per_request_are_timed_and_verified_one_by_one(world):
