@@ -36,6 +36,12 @@ def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
 
 
+def set_identity(repo: Path) -> None:
+    """The git identity a miner's checkout has (step 1's set-up checks it; commits need it)."""
+    git(repo, "config", "user.name", "Miner")
+    git(repo, "config", "user.email", "miner@example.invalid")
+
+
 # --- the tunables contract (fla/ops/quasar/tuning.py of the template) ---
 
 
@@ -142,8 +148,7 @@ def test_step1_writes_only_kernel_files_and_checks_the_fork_can_take_them(tmp_pa
 def test_step1_validates_and_commits_only_the_kernel_files(tmp_path):
     fork = tmp_path / "fork"
     write_starter_fork(fork)
-    git(fork, "config", "user.name", "Miner")
-    git(fork, "config", "user.email", "miner@example.invalid")
+    set_identity(fork)
     chunk = fork / "fla" / "ops" / "quasar" / "chunk.py"
     chunk.write_text(chunk.read_text() + "\n# an older kernel\n")
     (fork / "notes.txt").write_text("the miner's own file\n")
@@ -240,8 +245,7 @@ def test_step2_writes_the_fork_only_with_commit_and_its_files_beside_it(tmp_path
     # --commit: the chosen configuration, whole, in one commit of that file alone.
     monkeypatch.delenv("GIT_AUTHOR_NAME")
     monkeypatch.delenv("GIT_COMMITTER_NAME")
-    git(fork, "config", "user.name", "Miner")
-    git(fork, "config", "user.email", "miner@example.invalid")
+    set_identity(fork)
     assert step2.main(["--repo-path", str(fork), "--device", "cpu", "--commit"]) == 0
     assert json.loads((fork / step2.TUNING_PATH).read_text()) == better
     assert git(fork, "rev-parse", "HEAD~1") == head
@@ -253,8 +257,7 @@ def test_step2_writes_the_fork_only_with_commit_and_its_files_beside_it(tmp_path
 def test_step2_on_the_cpu_keeps_the_tuning_and_says_why(tmp_path, monkeypatch, capsys):
     fork = tmp_path / "fork"
     write_starter_fork(fork)
-    git(fork, "config", "user.name", "Miner")
-    git(fork, "config", "user.email", "miner@example.invalid")
+    set_identity(fork)
     head, shipped = git(fork, "rev-parse", "HEAD"), (fork / step2.TUNING_PATH).read_bytes()
     monkeypatch.chdir(tmp_path)
     # The second entry is the shipped tuning written out: the chip runs it as the current one.
