@@ -41,12 +41,10 @@ def serve(settings: config.Settings) -> int:
         model = load_reference_model(settings.reference_model, settings.device, settings.reference_dtype)
         limits = InferenceLimits(settings.inference_max_prompt_len, settings.inference_max_gen_len,
                                  settings.inference_queue_size)
-        app = create_inference_app(model, chain, hotkey, limits)  # its per-block cache reads the chain's block time
-    except ChainError as error:
-        log.error("chain: %s", error)
-        return 1
-    except (WalletError, ModelLoadError) as error:
-        log.error("%s", error)
+        # Its per-block cache reads the chain's block time (a ChainError).
+        app = create_inference_app(model, chain, hotkey, limits)
+    except (WalletError, ChainError, ModelLoadError) as error:
+        log.error("%s%s", "chain: " if isinstance(error, ChainError) else "", error)
         return 1
     log.info("serving %s (%s on %s) for hotkey %s on %s:%d", model.name, model.dtype_name, model.device,
              hotkey, settings.inference_host, settings.miner_inference_port)

@@ -154,11 +154,8 @@ def run_status(settings: Settings, submission_id: int | None, console: Console |
     try:
         hotkey = open_wallet(settings, "miner").hotkey.ss58_address
         url = settings.validator_api_url or find_api(settings, connect(settings)).url
-    except WalletError as error:
-        logger.error("%s", error)
-        return 1
-    except (ApiNotFound, ChainError) as error:
-        logger.error("cannot find the submission API: %s", error)
+    except (WalletError, ApiNotFound, ChainError) as error:
+        logger.error("%s%s", "" if isinstance(error, WalletError) else "cannot find the submission API: ", error)
         return 1
     with ApiClient(url) as client:
         try:
