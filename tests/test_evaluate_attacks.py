@@ -402,11 +402,16 @@ def test_flooding_stdout_is_cut_off(world):
     assert world.seconds["flood"] < 120
 
 
-def test_sleeping_forever_times_out(world):
-    report = world.reports["sleep_forever"]
-    assert report.verdict == "fail"
-    assert "T=64: warm-up at T=64 timed out" in reasons(world, "sleep_forever")
-    assert world.seconds["sleep_forever"] < 90
+# A fork that sleeps forever in its forward, or hangs at import, is stopped at the limit of
+# that stage (the warm-up's, the load's), failed, and the evaluation ends in bounded time.
+@pytest.mark.parametrize(("attack", "reason", "seconds"), [
+    ("sleep_forever", "T=64: warm-up at T=64 timed out", 90),
+    ("hang_at_import", "loading the fork's layer (limit 5 s) timed out", 60),
+])
+def test_a_fork_that_hangs_is_stopped_at_its_stages_limit(world, attack, reason, seconds):
+    assert world.reports[attack].verdict == "fail"
+    assert reason in reasons(world, attack)
+    assert world.seconds[attack] < seconds
 
 
 def test_a_length_that_never_returns_stops_the_evaluation_before_any_timing(world):
@@ -563,13 +568,6 @@ def test_the_validators_own_packages_are_not_importable(world, name, module):
     assert report.verdict == "fail"
     assert f"the fork imports {module!r}, which is not part of the evaluation environment" in reasons(world, name)
     assert report.environment.startswith("torch ")
-
-
-def test_a_fork_that_hangs_at_import_is_stopped_at_the_load_limit(world):
-    report = world.reports["hang_at_import"]
-    assert report.verdict == "fail"
-    assert "loading the fork's layer (limit 5 s) timed out" in reasons(world, "hang_at_import")
-    assert world.seconds["hang_at_import"] < 60
 
 
 def test_the_forks_text_cannot_restyle_or_forge_the_report(world):
