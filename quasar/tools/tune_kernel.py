@@ -246,7 +246,7 @@ def render_table(results: list[SweepResult], choice: Choice) -> Table:
     keys, values = varying_tunables(results)
     current = next((r.target_rate for r in results if r.current), None)
     # No padding: the box's one space between columns is enough, and the tunables and three lengths fit 80.
-    table = compact_table("tokens/sec at each length T (M = 10^6, k = 10^3)", padding=0)
+    table = compact_table("tokens/sec (M = 10^6, k = 10^3)", padding=0)
     for key in keys:
         numbers = all(isinstance(v[key], int) and not isinstance(v[key], bool) for v in values)
         table.add_column(key.replace("_", "\n"), justify="right" if numbers else "left", overflow="fold")
