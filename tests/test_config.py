@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from quasar import config
+from quasar.tools.install_kernel import module_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,21 +170,13 @@ NOT_READ = {
 }
 
 
-def module_file(name: str) -> Path | None:
-    path = ROOT.joinpath(*name.split("."))
-    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def imported_files(entry: str) -> set[Path]:
     """The files of this project ``entry`` imports, at any depth (function-level imports too)."""
     seen: set[Path] = set()
     todo = [entry]
     while todo:
         name = todo.pop()
-        file = module_file(name)
+        file = module_file(ROOT, name)
         if file is None or file in seen:
             continue
         seen.add(file)

@@ -5,7 +5,9 @@ CPU."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import subprocess
 from pathlib import Path
 
@@ -32,6 +34,12 @@ FAST_EVAL = ["--device", "cpu", "--warmup", "1", "--repeats", "3"]
 
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def set_identity(repo: Path) -> None:
+    """The git identity a miner's checkout has (step 1's set-up checks it; commits need it)."""
+    git(repo, "config", "user.name", "Miner")
+    git(repo, "config", "user.email", "miner@example.invalid")
 
 
 # --- the tunables contract (fla/ops/quasar/tuning.py of the template) ---
@@ -84,7 +92,8 @@ def test_a_tuning_for_one_chip_applies_on_that_chip_alone(tmp_path):
         assert contract.parse_tuning(shipped, device=device) == contract.DEFAULTS
     file = tmp_path / "chips.json"
     file.write_text(json.dumps(values))
-    assert contract.load_tuning(str(file), "NVIDIA H200").wy_warps == 1 and contract.load_tuning(str(file)).wy_warps == 2
+    assert contract.load_tuning(str(file), "NVIDIA H200").wy_warps == 1
+    assert contract.load_tuning(str(file)).wy_warps == 2
     assert contract.device_name_of(torch.zeros(1)) is None
 
 
@@ -139,9 +148,9 @@ def test_step1_writes_only_kernel_files_and_checks_the_fork_can_take_them(tmp_pa
 def test_step1_validates_and_commits_only_the_kernel_files(tmp_path):
     fork = tmp_path / "fork"
     write_starter_fork(fork)
-    git(fork, "config", "user.name", "Miner")
-    git(fork, "config", "user.email", "miner@example.invalid")
-    (fork / "fla" / "ops" / "quasar" / "chunk.py").write_text((fork / "fla" / "ops" / "quasar" / "chunk.py").read_text() + "\n# an older kernel\n")
+    set_identity(fork)
+    chunk = fork / "fla" / "ops" / "quasar" / "chunk.py"
+    chunk.write_text(chunk.read_text() + "\n# an older kernel\n")
     (fork / "notes.txt").write_text("the miner's own file\n")
     git(fork, "add", "fla/ops/quasar/chunk.py")
     git(fork, "commit", "-q", "-m", "older kernel")
@@ -172,24 +181,99 @@ def test_step1_refuses_a_fork_that_cannot_take_the_kernel(tmp_path, capsys):
 # --- step 2 ---
 
 
-@pytest.mark.slow
-def test_step2_sweeps_writes_the_best_and_plots(tmp_path):
+def gpu_result(tuning: dict, rate: float, noise: float = 0.002, current: bool = False, passed: bool = True):
+    """A configuration's figures as an evaluation on an H100 would give them (no GPU here)."""
+    lengths = (65_536, 1_000_000)
+    return step2.SweepResult(tuning, passed, {n: rate if passed else None for n in lengths}, [],
+                             {n: noise for n in lengths}, "cuda", "NVIDIA H100 80GB HBM3", current)
+
+
+def test_step2_chooses_only_what_the_figures_can_tell_apart():
+    current = gpu_result({}, 60e6, current=True)
+    # Within the 2% two evaluations of one tree differ by: noise, the current tuning stays.
+    close = gpu_result({"segment_chunks": 16}, 61e6)
+    choice = step2.choose([current, close])
+    assert choice.best is None and choice.fastest is close and "within the measurement noise" in choice.why
+    # Beyond it: the faster configuration is chosen.
+    faster = gpu_result({"segment_chunks": 64}, 63e6)
+    assert step2.choose([current, close, faster]).best is faster
+    # Noisy medians widen the margin past 2%: twice their combined standard error.
+    noisy = [gpu_result({}, 60e6, noise=0.02, current=True), gpu_result({"segment_chunks": 64}, 63e6, noise=0.02)]
+    assert step2.noise_margin(*noisy) == pytest.approx(2 * math.hypot(0.02, 0.02))
+    assert step2.choose(noisy).best is None
+    # On the CPU the interpreter's timings say nothing about a GPU, whatever they show.
+    cpu = [dataclasses.replace(r, device="cpu", device_name="") for r in (current, faster)]
+    choice = step2.choose(cpu)
+    assert choice.best is None and choice.why.startswith("no CUDA: these figures come from the CPU")
+    # The current tuning fastest, failing, or nothing passing.
+    assert step2.choose([current, gpu_result({"segment_chunks": 16}, 50e6)]).best is None
+    failing = gpu_result({}, 0.0, current=True, passed=False)
+    assert step2.choose([failing, close]).best is close
+    assert step2.choose([failing]).fastest is None
+
+
+def test_step2_writes_the_fork_only_with_commit_and_its_files_beside_it(tmp_path, monkeypatch, capsys):
     fork = tmp_path / "fork"
     write_starter_fork(fork)
-    git(fork, "config", "user.name", "Miner")
-    git(fork, "config", "user.email", "miner@example.invalid")
-    plot, results = tmp_path / "sweep.png", tmp_path / "sweep.json"
-    grid = [{"segment_chunks": 1}, {"layer_tile_tokens": 256}]
+    shipped = (fork / step2.TUNING_PATH).read_bytes()
+    head = git(fork, "rev-parse", "HEAD")
+    better = {"segment_chunks": 64, "wy_warps": 1}
+    monkeypatch.setattr(step2, "sweep", lambda *args: [gpu_result({}, 60e6, current=True),
+                                                       gpu_result(better, 66e6), gpu_result({"wy_warps": 4}, 50e6)])
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    monkeypatch.chdir(suite)
+    assert step2.main(["--repo-path", str(fork), "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    # A dry run: the fork as it was, what --commit would write shown; the plot beside the fork.
+    assert (fork / step2.TUNING_PATH).read_bytes() == shipped and git(fork, "status", "--porcelain") == ""
+    assert "without --commit nothing was written" in printed and '"segment_chunks": 64' in printed
+    out = tmp_path / "fork-tuning"
+    assert f"plot: {out / step2.PLOT_NAME}" in printed
+    assert (out / step2.PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = json.loads((out / step2.RESULTS_NAME).read_text())
+    assert [row["tuning"] for row in rows] == [{}, better, {"wy_warps": 4}]
+    assert list(suite.iterdir()) == []
+    # --commit where git refuses to commit (an empty name): nothing changed, git's reason said.
+    monkeypatch.setenv("GIT_AUTHOR_NAME", "")
+    monkeypatch.setenv("GIT_COMMITTER_NAME", "")
+    other = tmp_path / "plots"
+    assert step2.main(["--repo-path", str(fork), "--device", "cpu", "--commit", "--out", str(other)]) == 2
+    assert "git commit failed" in capsys.readouterr().out
+    assert (fork / step2.TUNING_PATH).read_bytes() == shipped and git(fork, "status", "--porcelain") == ""
+    assert (other / step2.PLOT_NAME).is_file()
+    # --commit: the chosen configuration, whole, in one commit of that file alone.
+    monkeypatch.delenv("GIT_AUTHOR_NAME")
+    monkeypatch.delenv("GIT_COMMITTER_NAME")
+    set_identity(fork)
+    assert step2.main(["--repo-path", str(fork), "--device", "cpu", "--commit"]) == 0
+    assert json.loads((fork / step2.TUNING_PATH).read_text()) == better
+    assert git(fork, "rev-parse", "HEAD~1") == head
+    assert git(fork, "show", "--name-only", "--format=%s", "HEAD").splitlines() == [
+        "Kernel tuning: segment_chunks=64, wy_warps=1", "", "fla/ops/quasar/tuning.json"]
+
+
+@pytest.mark.slow
+def test_step2_on_the_cpu_keeps_the_tuning_and_says_why(tmp_path, monkeypatch, capsys):
+    fork = tmp_path / "fork"
+    write_starter_fork(fork)
+    set_identity(fork)
+    head, shipped = git(fork, "rev-parse", "HEAD"), (fork / step2.TUNING_PATH).read_bytes()
+    monkeypatch.chdir(tmp_path)
+    # The second entry is the shipped tuning written out: the chip runs it as the current one.
+    grid = [{"segment_chunks": 1}, {"segment_chunks": 32, "wy_warps": 2}, {"layer_tile_tokens": 256}]
     code = step2.main(["--repo-path", str(fork), "--seq-lens", "256,512", "--grid", json.dumps(grid),
-                       "--plot", str(plot), "--results", str(results), "--commit", *FAST_EVAL])
+                       "--commit", *FAST_EVAL])
     assert code == 0
-    rows = json.loads(results.read_text())
-    assert [r["tuning"] for r in rows] == grid
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "no CUDA: these figures come from the CPU" in printed and "The fork's tuning stays as it is" in printed
+    assert git(fork, "rev-parse", "HEAD") == head and (fork / step2.TUNING_PATH).read_bytes() == shipped
+    rows = json.loads((tmp_path / "fork-tuning" / step2.RESULTS_NAME).read_text())
+    assert [(r["tuning"], r["current"]) for r in rows] == [
+        (json.loads(shipped), True), (grid[0], False), (grid[2], False)]
     assert all(r["passed"] and all(v > 0 for v in r["tokens_per_sec"].values()) for r in rows)
-    best = max(rows, key=lambda r: r["tokens_per_sec"]["512"])
-    assert json.loads((fork / "fla" / "ops" / "quasar" / "tuning.json").read_text()) == best["tuning"]
-    assert git(fork, "log", "-1", "--format=%s").startswith("Kernel tuning:")
-    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "fork-tuning" / step2.PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fork", "fork-tuning"]
 
 
 def test_step2_needs_a_fork_with_the_kernel(tmp_path):
@@ -263,7 +347,8 @@ def test_bench_reference_times_each_length_and_writes_its_figures(tmp_path, caps
     assert run.check in run.timed and len(run.timed) == bench_reference.TIMED_REQUESTS
     assert found["lengths"][0]["forwards"] == requests_to_verify(run, False) * run.result.forwards_per_request
     target_run = bench_reference.made_up_run(96, torch.Generator().manual_seed(1), 256)
-    assert found["lengths"][1]["forwards"] == requests_to_verify(target_run, True) * target_run.result.forwards_per_request
+    target_forwards = requests_to_verify(target_run, True) * target_run.result.forwards_per_request
+    assert found["lengths"][1]["forwards"] == target_forwards
     assert all(row["seconds"] > 0 for row in found["lengths"])
     printed = capsys.readouterr().out
     assert "the parent's reference per length" in printed and all(len(line) <= 80 for line in printed.splitlines())
@@ -279,7 +364,8 @@ def test_bench_harness_reports_the_spread_of_medians_and_of_bests():
 
     def report(median: float, best: float) -> EvaluationReport:
         item = LengthResult(seq_len=512, status="ok", tokens_per_sec=median, tokens_per_sec_max=best,
-                            tokens_per_sec_min=median / 2, cv=0.1, rel_error=0.01, forwards_per_request=64, subtracted_us=1.5)
+                            tokens_per_sec_min=median / 2, cv=0.1, rel_error=0.01, forwards_per_request=64,
+                            subtracted_us=1.5)
         missing = LengthResult(seq_len=1024, status="oom")
         return EvaluationReport(verdict="pass", reasons=[], repo="r", target_seq_len=1024, seq_lens=[512, 1024],
                                 device="cuda", device_name="gpu", import_check=None,
@@ -319,7 +405,8 @@ def test_bench_harness_evaluates_another_trees_files(tmp_path):
     copied = bench.copy_fork_tree(tree, tmp_path / "copy")
     assert copied == starter
     assert not (tmp_path / "copy" / ".git").exists()
-    assert (tmp_path / "copy" / "fla" / "layers" / "quasar.py").read_bytes() == (tree / "fla" / "layers" / "quasar.py").read_bytes()
+    layer = Path("fla") / "layers" / "quasar.py"
+    assert (tmp_path / "copy" / layer).read_bytes() == (tree / layer).read_bytes()
     (tmp_path / "empty").mkdir()
     with pytest.raises(SystemExit, match="not a fork's tree"):
         bench.copy_fork_tree(tmp_path / "empty", tmp_path / "copy2")

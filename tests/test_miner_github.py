@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
-from quasar.miner.github import Git, GitError, GitHubClient, GitHubError, write_askpass
+from quasar.localnet.github_standin import GitHubStandIn
+from quasar.miner.github import Git, GitError, GitHubClient, GitHubError, Repository, write_askpass
 from quasar.miner.runner import remote_url
 from quasar.miner.workspace import ForkClone, Workspace, WorkspaceError, WorkspaceLocked
 from test_miner_standins import (
@@ -34,6 +38,27 @@ def make_clone(tmp_path: Path, base: str, full_name: str, token: str = TOKEN, ho
     workspace.acquire()
     git_runner = Git(write_askpass(workspace.askpass), username, token, "Alice", "alice@example.invalid")
     return workspace, ForkClone(workspace.fork, git_runner, remote_url(base, full_name), "main")
+
+
+class SyncedFork(NamedTuple):
+    github: GitHubStandIn
+    fork: Repository
+    workspace: Workspace
+    clone: ForkClone
+    start: str
+
+
+@contextmanager
+def synced_fork(tmp_path: Path, over_http: bool) -> Iterator[SyncedFork]:
+    """Alice's fork of the upstream on a GitHub stand-in, cloned into her hotkey's workspace over
+    the stand-in's smart HTTP (or its file:// remote) and synced; the workspace released after."""
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
+        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
+        workspace, clone = make_clone(tmp_path, github.git_base if over_http else github.file_base, fork.full_name)
+        try:
+            yield SyncedFork(github, fork, workspace, clone, clone.sync())
+        finally:
+            workspace.release()
 
 
 def files_containing(root: Path, needle: bytes) -> list[Path]:
@@ -93,10 +118,7 @@ def test_missing_upstream_is_a_clear_error(tmp_path):
 def test_clone_and_push_over_http_keep_the_token_out_of_the_workspace_and_logs(tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
     environment_before = dict(os.environ)
-    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
-        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
-        workspace, clone = make_clone(tmp_path, github.git_base, fork.full_name)
-        start = clone.sync()
+    with synced_fork(tmp_path, over_http=True) as (github, fork, workspace, clone, start):
         assert start == bare_head(github.bare(UPSTREAM))
         assert TOKEN in github.git_passwords  # the askpass helper gave the token to git's basic auth
 
@@ -114,14 +136,10 @@ def test_clone_and_push_over_http_keep_the_token_out_of_the_workspace_and_logs(t
         assert git("remote", "get-url", "origin", cwd=clone.path) == f"{github.git_base}/{fork.full_name}.git"
         assert TOKEN not in caplog.text
         assert dict(os.environ) == environment_before
-        workspace.release()
 
 
 def test_push_with_a_wrong_token_fails_clearly(tmp_path):
-    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
-        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
-        workspace, clone = make_clone(tmp_path, github.git_base, fork.full_name)
-        clone.sync()
+    with synced_fork(tmp_path, over_http=True) as (github, fork, _, clone, _):
         wrong = "ghp_revokedTokenRevokedToken00000000"
         _, wrong_clone = make_clone(tmp_path / "other", github.git_base, fork.full_name, token=wrong)
         wrong_clone.path = clone.path
@@ -132,14 +150,10 @@ def test_push_with_a_wrong_token_fails_clearly(tmp_path):
         assert "authentication failed" in str(error.value) and "GITHUB_TOKEN" in str(error.value)
         assert wrong not in str(error.value)
         assert not bare_has(github.bare(fork.full_name), commit)
-        workspace.release()
 
 
 def test_local_bare_remote_push_lands(tmp_path):
-    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
-        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
-        workspace, clone = make_clone(tmp_path, github.file_base, fork.full_name)
-        clone.sync()
+    with synced_fork(tmp_path, over_http=False) as (github, fork, _, clone, _):
         (clone.path / "fla/ops/quasar/tuning.json").write_text('{"format": 1, "values": {}, "choices": {}}\n')
         commit = clone.commit(["fla/ops/quasar/tuning.json"], "add tuning.json")
         assert not clone.remote_has(commit)
@@ -147,14 +161,10 @@ def test_local_bare_remote_push_lands(tmp_path):
         clone.fetch()
         assert clone.remote_has(commit)
         assert bare_head(github.bare(fork.full_name)) == commit
-        workspace.release()
 
 
 def test_sync_repairs_a_half_applied_candidate_and_takes_commits_pushed_elsewhere(tmp_path):
-    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
-        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
-        workspace, clone = make_clone(tmp_path, github.file_base, fork.full_name)
-        clone.sync()
+    with synced_fork(tmp_path, over_http=False) as (github, fork, _, clone, _):
         committed = (clone.path / CHUNK_FILE).read_text()
         (clone.path / CHUNK_FILE).write_text("# a crash left this here\n")
         (clone.path / "fla/ops/quasar/new_kernel.py").write_text("x = 1\n")
@@ -171,7 +181,6 @@ def test_sync_repairs_a_half_applied_candidate_and_takes_commits_pushed_elsewher
         assert (clone.path / CHUNK_FILE).read_text() == committed
         assert not (clone.path / "fla/ops/quasar/new_kernel.py").exists()
         assert clone.changed_paths() == ["notes.txt"]  # outside fla/ops/quasar: left alone
-        workspace.release()
 
 
 def test_workspaces_are_per_hotkey_and_one_hotkey_runs_once(tmp_path):

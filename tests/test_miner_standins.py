@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from quasar.localnet.github_standin import GitHubStandIn
+from quasar.localnet.github_standin import GitHubStandIn, send_json
 from quasar.starter_fork import write_starter_fork
 
 UPSTREAM = "troy12x/flash-linear-attention"
@@ -165,12 +165,7 @@ class ChatStandIn:
                     status, answer = 200, {"id": "x", "object": "chat.completion", "model": body.get("model"),
                                            "choices": [{"index": 0, "finish_reason": "stop",
                                                         "message": {"role": "assistant", "content": content}}]}
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, answer)
 
         return Handler
 

@@ -3,6 +3,7 @@ and the agent strategy against a stand-in chat endpoint on 127.0.0.1."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -35,7 +36,7 @@ from quasar.miner.strategies.tuning import (
     read_source_space,
     with_change,
 )
-from quasar.starter_fork import write_starter_fork
+from quasar.starter_fork import KERNEL_DIR, template_root, tuning_contract, write_starter_fork
 from test_miner_standins import CHUNK_FILE, ChatStandIn, file_reply, git
 
 GATE_FILE = "fla/ops/quasar/gate.py"
@@ -133,36 +134,16 @@ def test_apply_refuses_to_write_through_links(starter, tmp_path):
 
 # --- tuning ---
 
-STARTER_LIKE_TUNING_PY = """
-import dataclasses
-
-@dataclasses.dataclass(frozen=True)
-class Tunables:
-    segment_chunks: int = 16
-    num_stages: int = 1
-    precision: str = "bf16"
-    layer_tile_tokens: int = 131_072
-
-DEFAULTS = Tunables()
-
-_ALLOWED = {
-    "segment_chunks": {1, 2, 4, 8, 16, 32, 64},
-    "num_stages": {1, 2, 3, 4},
-    "precision": {"bf16", "tf32"},
-}
-"""
-
-
 def write_space(repo: Path, defaults: dict, choices: dict) -> None:
     (repo / SPACE_FILE).write_text(json.dumps({"defaults": defaults, "choices": choices}) + "\n")
 
 
 def test_the_space_is_read_from_tuning_py_literals_without_running_it():
-    space = read_source_space(STARTER_LIKE_TUNING_PY)
-    assert space.defaults == {"segment_chunks": 16, "num_stages": 1, "precision": "bf16",
-                              "layer_tile_tokens": 131072}
-    assert space.choices == {"segment_chunks": [1, 2, 4, 8, 16, 32, 64], "num_stages": [1, 2, 3, 4],
-                             "precision": ["bf16", "tf32"]}
+    # The starter fork's own tuning.py, read as text, against the contract it defines when run.
+    space = read_source_space((Path(str(template_root())) / KERNEL_DIR / "tuning.py").read_text())
+    contract = tuning_contract()
+    assert space is not None and space.defaults == dataclasses.asdict(contract.DEFAULTS)
+    assert space.choices == {name: sorted(allowed) for name, allowed in contract._ALLOWED.items()}
     assert read_source_space("raise SystemExit('never run')\n") is None
     assert read_source_space("def broken(:\n") is None
 

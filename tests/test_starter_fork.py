@@ -6,7 +6,6 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import subprocess
 import sys
 import tomllib
@@ -130,7 +129,8 @@ def test_cli_runs_as_python_dash_m_quasar(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert git(tmp_path / "m", "rev-parse", "HEAD") in result.stdout
-    bad = subprocess.run([sys.executable, "-m", "quasar", "no-such-command"], cwd=REPO_ROOT, capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-m", "quasar", "no-such-command"], cwd=REPO_ROOT, capture_output=True,
+                         text=True)
     assert bad.returncode == 2 and "unknown command 'no-such-command'" in bad.stderr
 
 
@@ -142,8 +142,8 @@ def test_fork_is_standalone_and_never_imports_quasar(fork):
                 imported |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 imported.add(node.module.split(".")[0])
-    assert imported <= {"__future__", "contextlib", "dataclasses", "functools", "inspect", "json", "os", "pathlib", "typing",
-                        "collections", "torch", "triton", "fla"}, imported
+    assert imported <= {"__future__", "contextlib", "dataclasses", "functools", "inspect", "json", "os", "pathlib",
+                        "typing", "collections", "torch", "triton", "fla"}, imported
 
 
 def test_fork_passes_the_strict_import_check(fork):
@@ -328,11 +328,14 @@ def random_inputs(lengths, heads=2, dim=16, dtype=torch.float64, key_scale=0.3, 
     return q, k, v, beta, h0, cu
 
 
-def naive_per_sequence(q, k, v, beta, h0, cu):
+def per_sequence(recurrence, q, k, v, beta, h0, cu_seqlens):
+    """``recurrence`` (a reference form: ``naive_quasar``, ``chunk_quasar_reference``) run on each
+    sequence packed at the offsets ``cu_seqlens``: the outputs and final states an op returns."""
+    bounds = [int(bound) for bound in cu_seqlens.tolist()]
     outputs, states = [], []
-    for n in range(len(cu) - 1):
-        a, b = int(cu[n]), int(cu[n + 1])
-        o, s = naive_quasar(q[:, a:b], k[:, a:b], v[:, a:b], beta, h0[n : n + 1], output_final_state=True)
+    for n in range(len(bounds) - 1):
+        a, b = bounds[n], bounds[n + 1]
+        o, s = recurrence(q[:, a:b], k[:, a:b], v[:, a:b], beta, h0[n : n + 1], output_final_state=True)
         outputs.append(o)
         states.append(s)
     return torch.cat(outputs, 1), torch.cat(states)
@@ -345,7 +348,7 @@ def test_pytorch_paths_match_naive_in_float64(fla, op_name):
     op = getattr(ops, op_name)
     q, k, v, beta, h0, cu = random_inputs([70, 5, 0, 130])
     o, final = op(q, k, v, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
-    expected_o, expected_final = naive_per_sequence(q, k, v, beta, h0, cu)
+    expected_o, expected_final = per_sequence(naive_quasar, q, k, v, beta, h0, cu)
     assert o.dtype == torch.float64
     assert relative_error(o, expected_o) < 1e-12 and relative_error(final, expected_final) < 1e-12
 
@@ -429,7 +432,8 @@ COMPILE_SCRIPT = textwrap.dedent(
                               target=GPUTarget("cuda", 90, 32), options=spec["options"])
     cubin = Path(sys.argv[2]) / "kernel.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
-    usage = subprocess.run([str(tool), "--dump-resource-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+    usage = subprocess.run([str(tool), "--dump-resource-usage", str(cubin)], capture_output=True, text=True,
+                           check=True).stdout
     sass = subprocess.run([str(tool), "--dump-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     print(json.dumps({"triton": triton.__version__, "registers": int(re.search(r"REG:(\\d+)", usage).group(1)),
                       "stores": re.findall(r"\\bSTG\\.E[.\\w]*", sass),
@@ -450,7 +454,8 @@ def compiled_for_h100(fork: Path, spec: dict, folder: Path, compiler: str = "ins
     env = {**os.environ, "TRITON_CACHE_DIR": str(folder / "cache")}
     if compiler == "gpu-image":
         if not (GPU_IMAGE_TRITON / "triton").is_dir():
-            pytest.fail(f"{GPU_IMAGE_TRITON} is missing: ./scripts/setup_venv.sh installs it (pyproject.toml's gpu-image-triton)")
+            pytest.fail(f"{GPU_IMAGE_TRITON} is missing: ./scripts/setup_venv.sh installs it "
+                        "(pyproject.toml's gpu-image-triton)")
         env["PYTHONPATH"] = str(GPU_IMAGE_TRITON)
     result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, str(fork), str(folder), json.dumps(spec)],
                             env=env, capture_output=True, text=True, timeout=120)
@@ -592,7 +597,8 @@ INTERPRETER_SCRIPT = textwrap.dedent(
     from fla.ops.quasar.chunk import chunk_quasar_fwd
     from fla.ops.quasar.tuning import DEFAULTS
     q, k, v, beta, h0, cu = inputs([70, 5, 55], 2, 64, 0.15, 8)
-    o, ht = chunk_quasar_fwd(q, k, v, beta, h0, True, cu, tuning=dataclasses.replace(DEFAULTS, wy_inverse="substitution"))
+    substitution = dataclasses.replace(DEFAULTS, wy_inverse="substitution")
+    o, ht = chunk_quasar_fwd(q, k, v, beta, h0, True, cu, tuning=substitution)
     record("chunk-substitution-inverse", o, ht, *exact(q, k, v, beta, h0, cu))
 
     # the substitution and the product by themselves

@@ -20,7 +20,7 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -205,6 +205,7 @@ def write_askpass(path: Path) -> Path:
     return path
 
 
+@dataclass(eq=False)
 class Git:
     """Runs git for the miner's own workspace.
 
@@ -213,14 +214,12 @@ class Git:
     (clone, fetch, push) get the token through the askpass helper for that one process.
     """
 
-    def __init__(self, askpass: Path, username: str, token: str, author_name: str, author_email: str,
-                 timeout_s: float = DEFAULT_GIT_TIMEOUT_S):
-        self.askpass = askpass
-        self._username = username
-        self._token = token
-        self.author_name = author_name
-        self.author_email = author_email
-        self.timeout_s = timeout_s
+    askpass: Path
+    username: str
+    token: str = field(repr=False)  # never in a repr, a log line or an error
+    author_name: str
+    author_email: str
+    timeout_s: float = DEFAULT_GIT_TIMEOUT_S
 
     def _environment(self, network: bool) -> dict[str, str]:
         env = {name: value for name, value in os.environ.items() if name in _KEPT_ENVIRONMENT}
@@ -230,9 +229,9 @@ class Git:
             "GIT_AUTHOR_NAME": self.author_name, "GIT_AUTHOR_EMAIL": self.author_email,
             "GIT_COMMITTER_NAME": self.author_name, "GIT_COMMITTER_EMAIL": self.author_email,
         })
-        if network and self._token:
-            env.update({"GIT_ASKPASS": str(self.askpass), _USERNAME_VARIABLE: self._username,
-                        _TOKEN_VARIABLE: self._token})
+        if network and self.token:
+            env.update({"GIT_ASKPASS": str(self.askpass), _USERNAME_VARIABLE: self.username,
+                        _TOKEN_VARIABLE: self.token})
         return env
 
     def run(self, *args: str, cwd: Path, network: bool = False, check: bool = True) -> subprocess.CompletedProcess:
@@ -255,7 +254,7 @@ class Git:
         return self.run(*args, cwd=cwd).stdout.strip()
 
     def _explain(self, args: tuple[str, ...], stderr: str) -> str:
-        text = stderr.replace(self._token, "***") if self._token else stderr
+        text = stderr.replace(self.token, "***") if self.token else stderr
         lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("hint:")]
         detail = lines[-1] if lines else "no message"
         lowered = text.lower()

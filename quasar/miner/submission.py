@@ -21,7 +21,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from quasar import scoring
 from quasar.api.client import ApiClient, ApiClientError
@@ -54,7 +54,8 @@ def measurement_from_report(report: EvaluationReport, commit: str, claim_share: 
     target = report.lengths.get(str(report.target_seq_len))
     vram = int(target.peak_vram_mb) if target is not None and target.peak_vram_mb is not None else None
     return Measurement(commit=commit, target_seq_len=report.target_seq_len,
-                       tokens_per_sec=float(report.measured_tokens_per_sec), claim=float(report.recommended_claim) * claim_share,
+                       tokens_per_sec=float(report.measured_tokens_per_sec),
+                       claim=float(report.recommended_claim) * claim_share,
                        benchmarks=benchmarks, vram_mb=vram, device_name=report.device_name,
                        cv=target.cv if target is not None else None)
 
@@ -83,6 +84,7 @@ def is_improvement(candidate: Measurement, last: SubmissionRecord | None, min_ga
     return candidate.weighted_score > previous.weighted_score * (1 + min_gain)
 
 
+@dataclass(eq=False)
 class Submitter:
     """Submits for one hotkey through ``client`` in ``mode``, keeping ``state`` saved in ``store``.
 
@@ -90,18 +92,18 @@ class Submitter:
     right before a direct submission and right before a reveal.
     """
 
-    def __init__(self, client: ApiClient, chain: Chain, state: MinerState, store: StateStore, mode: str,
-                 fork_url: str, publish: Callable[[str], None], min_gain: float = 0.0):
-        if mode not in MODES:
-            raise ValueError(f"submission mode must be one of {', '.join(MODES)}, got {mode!r}")
-        self.client = client
-        self.chain = chain
-        self.state = state
-        self.store = store
-        self.mode = mode
-        self.fork_url = fork_url
-        self.publish = publish
-        self.min_gain = min_gain
+    client: ApiClient
+    chain: Chain
+    state: MinerState
+    store: StateStore
+    mode: str
+    fork_url: str
+    publish: Callable[[str], None]
+    min_gain: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"submission mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 
     def _save(self) -> None:
         self.store.save(self.state)
