@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 from quasar.log import setup_logging
 
@@ -41,7 +41,7 @@ class Display:
         self.step_started = self.started
         self.last_key: str | None = None
         self.progress: Progress | None = None
-        self.task = None
+        self.task: TaskID | None = None
         if console.is_terminal:
             self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                                      console=console, transient=True)
@@ -191,6 +191,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
                 if args.once:
                     ok = True
                     return 0
+                github = network.github
+                assert github is not None  # started with the network, stopped only by stop()
                 err.print(f"\nThe local network keeps running; Ctrl-C stops it.\n"
                           f"  submission API  {network.api_url} (API hotkey {network.hotkey('api')})\n"
                           f"  dashboard       {network.dashboard_url}\n"
@@ -199,7 +201,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
                           f"--devchain.path {network.chain_path} --netuid {NETUID}\n"
                           f"  chain           --subtensor.network devchain --devchain.path {network.chain_path} "
                           f"--netuid {NETUID}\n"
-                          f"  GitHub stand-in {network.github.api_url} (repositories in {network.github.root})\n"
+                          f"  GitHub stand-in {github.api_url} (repositories in {github.root})\n"
                           f"  wallets         {network.wallet_dir}\n"
                           f"  miners' work    {network.miners_dir}\n"
                           f"  logs            {network.logs_dir}")

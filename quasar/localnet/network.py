@@ -4,6 +4,7 @@ which order, and what each part does are in docs/localnet.md."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -58,7 +59,8 @@ from quasar.localnet.summary import (
 if TYPE_CHECKING:
     import bittensor
 
-    from quasar.api.db import EvaluationReport
+    from quasar.api.db import Database, EvaluationReport
+    from quasar.chain.devchain import DevChain
 
 logger = logging.getLogger(__name__)
 
@@ -101,8 +103,8 @@ class LocalNetwork:
         self.children = Children(self.logs_dir, self.data_dir, child_environment(self.repo_root))
         self.wallets: dict[str, bittensor.Wallet] = {}
         self.uids: dict[str, int] = {}
-        self.chain = None
-        self.database = None
+        self._chain: DevChain | None = None
+        self.database: Database | None = None
         self.api_url = ""
         self.reference_model = ""
         self.reference_note = ""
@@ -165,7 +167,7 @@ class LocalNetwork:
             self.wallets[name] = make_wallet(self.wallet_dir, name)
 
         self.progress.step(f"starting the dev chain ({options.block_time_s:g} s blocks) and registering the neurons")
-        self.chain = DevChain(self.chain_path, netuid=NETUID, block_time_s=options.block_time_s)
+        self._chain = DevChain(self.chain_path, netuid=NETUID, block_time_s=options.block_time_s)
         self.chain.set_hyperparameters(**dataclasses.asdict(options.hyperparameters))
         # Every server here listens on 127.0.0.1 only, so their endpoints on chain are loopback ones,
         # which subtensor refuses: the one allowance of this dev chain file.
@@ -222,8 +224,8 @@ class LocalNetwork:
         self.progress.step("waiting for the inference servers to answer")
         for name, server in zip(MINERS.values(), servers):
             port = inference_ports[name]
-            wait_until(lambda port=port: self._answers(f"http://{HOST}:{port}/health"), START_TIMEOUT_S,
-                       server.name, started)
+            health = f"http://{HOST}:{port}/health"
+            wait_until(functools.partial(self._answers, health), START_TIMEOUT_S, server.name, started)
         for kind, name in MINERS.items():
             self.progress.step(f"starting {name} (python -m neurons.miner) on its {kind} fork")
             self.miners[name] = self.children.start(name, self._miner_command(kind, name, inference_ports[name]),
@@ -383,7 +385,13 @@ class LocalNetwork:
                 EvaluationReport.validator_hotkey == self.hotkey(VALIDATOR)))
             return {row.submission_id: row for row in rows}
 
-    def _database(self):
+    @property
+    def chain(self) -> DevChain:
+        """The dev chain, once :meth:`start` has made it."""
+        assert self._chain is not None, "the local network's chain is used before it was started"
+        return self._chain
+
+    def _database(self) -> Database:
         """The API's database, read directly (the local network's own, on SQLite)."""
         from quasar.api.db import Database
 
@@ -486,7 +494,7 @@ class LocalNetwork:
             miners.append(MinerOutcome(
                 name=s.name, kind=s.kind, uid=s.uid, hotkey=s.hotkey, submission_id=s.submission_id,
                 fork_url=s.fork_url, commit=s.commit, target_sequence_length=s.target_sequence_length,
-                claimed_tokens_per_sec=s.claimed_tokens_per_sec, verdict=verdict_of(report and report.verdict),
+                claimed_tokens_per_sec=s.claimed_tokens_per_sec, verdict=verdict_of(None if report is None else report.verdict),
                 measured_tokens_per_sec=None if measured is None or not math.isfinite(measured) else measured,
                 reasons=tuple(report.reasons) if report is not None else (), weight=miner_weight(weights, s.uid)))
         notes = [self.reference_note]
