@@ -52,8 +52,9 @@ def check(command: str) -> None:
     assert subcommand, f"no subcommand in btcli {command}"
     text = help_text(subcommand)
     for flag in flags:
-        assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), \
+        assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), (
             f"btcli {' '.join(subcommand)} takes no {flag} (in: btcli {command})"
+        )
 
 
 def test_the_readme_and_the_start_scripts_use_real_btcli_commands():
@@ -69,12 +70,19 @@ def test_the_readme_and_the_start_scripts_use_real_btcli_commands():
 def test_the_commands_quasar_prints_are_real_btcli_commands():
     finney = resolve({"wallet_path": "/srv/wallets"}, environ={}, dotenv_path=None)
     local = resolve({"network": "local", "chain_endpoint": "ws://10.0.0.2:9944"}, environ={}, dotenv_path=None)
-    printed = [btcli.wallet_create("miner", "default"), btcli.wallet_create("v", "hk", "/srv/wallets"),
-               btcli.new_hotkey("miner", "default"), btcli.register(finney, "miner"), btcli.register(local, "miner"),
-               btcli.stake_add(finney, "validator", "100")]
+    printed = [
+        btcli.wallet_create("miner", "default"),
+        btcli.wallet_create("v", "hk", "/srv/wallets"),
+        btcli.new_hotkey("miner", "default"),
+        btcli.register(finney, "miner"),
+        btcli.register(local, "miner"),
+        btcli.stake_add(finney, "validator", "100"),
+    ]
     assert printed[0] == "btcli wallet create --wallet miner --wallet-hotkey default"
-    assert printed[3] == ("btcli subnets register --netuid 24 --wallet miner --wallet-hotkey default --wallet-path "
-                          "/srv/wallets --network finney")
+    assert printed[3] == (
+        "btcli subnets register --netuid 24 --wallet miner --wallet-hotkey default --wallet-path "
+        "/srv/wallets --network finney"
+    )
     assert printed[4].endswith("--network ws://10.0.0.2:9944")
     for command in printed:
         check(command.removeprefix("btcli "))

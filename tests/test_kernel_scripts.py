@@ -80,9 +80,12 @@ def test_a_tuning_for_one_chip_applies_on_that_chip_alone(tmp_path):
     for device, warps in (("NVIDIA H200", 1), ("NVIDIA H100 80GB HBM3", 4), ("NVIDIA A100-SXM4-80GB", 2), (None, 2)):
         tuned = contract.parse_tuning(values, device=device)
         assert (tuned.wy_warps, tuned.segment_chunks) == (warps, 64), device
-    for bad, message in (({"devices": []}, "devices must map"), ({"devices": {" ": {}}}, "empty device-name"),
-                         ({"devices": {"H200": {"wy_warps": 3}}}, r"devices\['H200'\]: wy_warps must be one of"),
-                         ({"devices": {"H200": {"devices": {}}}}, "unknown tunable 'devices'")):
+    for bad, message in (
+        ({"devices": []}, "devices must map"),
+        ({"devices": {" ": {}}}, "empty device-name"),
+        ({"devices": {"H200": {"wy_warps": 3}}}, r"devices\['H200'\]: wy_warps must be one of"),
+        ({"devices": {"H200": {"devices": {}}}}, "unknown tunable 'devices'"),
+    ):
         with pytest.raises(ValueError, match=message):
             contract.parse_tuning(bad, device="NVIDIA H200")
     # The shipped file is the defaults on every chip: the H100's tuning measured faster on an H200
@@ -113,9 +116,7 @@ def test_step2_grid_is_checked_against_the_contract():
 
 def test_step1_writes_only_kernel_files_and_checks_the_fork_can_take_them(tmp_path):
     files = step1.kernel_files()
-    assert LAYER_FILE in files and all(
-        p == LAYER_FILE or KERNEL_DIR in p.parents for p in files
-    )
+    assert LAYER_FILE in files and all(p == LAYER_FILE or KERNEL_DIR in p.parents for p in files)
     assert {"chunk.py", "tuning.py", "quasar_recurrent.cu"} <= {p.name for p in files}
 
     fork = tmp_path / "fork"
@@ -184,8 +185,16 @@ def test_step1_refuses_a_fork_that_cannot_take_the_kernel(tmp_path, capsys):
 def gpu_result(tuning: dict, rate: float, noise: float = 0.002, current: bool = False, passed: bool = True):
     """A configuration's figures as an evaluation on an H100 would give them (no GPU here)."""
     lengths = (65_536, 1_000_000)
-    return step2.SweepResult(tuning, passed, {n: rate if passed else None for n in lengths}, [],
-                             {n: noise for n in lengths}, "cuda", "NVIDIA H100 80GB HBM3", current)
+    return step2.SweepResult(
+        tuning,
+        passed,
+        {n: rate if passed else None for n in lengths},
+        [],
+        {n: noise for n in lengths},
+        "cuda",
+        "NVIDIA H100 80GB HBM3",
+        current,
+    )
 
 
 def test_step2_chooses_only_what_the_figures_can_tell_apart():
@@ -218,8 +227,11 @@ def test_step2_writes_the_fork_only_with_commit_and_its_files_beside_it(tmp_path
     shipped = (fork / step2.TUNING_PATH).read_bytes()
     head = git(fork, "rev-parse", "HEAD")
     better = {"segment_chunks": 64, "wy_warps": 1}
-    monkeypatch.setattr(step2, "sweep", lambda *args: [gpu_result({}, 60e6, current=True),
-                                                       gpu_result(better, 66e6), gpu_result({"wy_warps": 4}, 50e6)])
+    monkeypatch.setattr(
+        step2,
+        "sweep",
+        lambda *args: [gpu_result({}, 60e6, current=True), gpu_result(better, 66e6), gpu_result({"wy_warps": 4}, 50e6)],
+    )
     suite = tmp_path / "suite"
     suite.mkdir()
     monkeypatch.chdir(suite)
@@ -250,7 +262,10 @@ def test_step2_writes_the_fork_only_with_commit_and_its_files_beside_it(tmp_path
     assert json.loads((fork / step2.TUNING_PATH).read_text()) == better
     assert git(fork, "rev-parse", "HEAD~1") == head
     assert git(fork, "show", "--name-only", "--format=%s", "HEAD").splitlines() == [
-        "Kernel tuning: segment_chunks=64, wy_warps=1", "", "fla/ops/quasar/tuning.json"]
+        "Kernel tuning: segment_chunks=64, wy_warps=1",
+        "",
+        "fla/ops/quasar/tuning.json",
+    ]
 
 
 @pytest.mark.slow
@@ -262,15 +277,19 @@ def test_step2_on_the_cpu_keeps_the_tuning_and_says_why(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)
     # The second entry is the shipped tuning written out: the chip runs it as the current one.
     grid = [{"segment_chunks": 1}, {"segment_chunks": 32, "wy_warps": 2}, {"layer_tile_tokens": 256}]
-    code = step2.main(["--repo-path", str(fork), "--seq-lens", "256,512", "--grid", json.dumps(grid),
-                       "--commit", *FAST_EVAL])
+    code = step2.main(
+        ["--repo-path", str(fork), "--seq-lens", "256,512", "--grid", json.dumps(grid), "--commit", *FAST_EVAL]
+    )
     assert code == 0
     printed = " ".join(capsys.readouterr().out.split())
     assert "no CUDA: these figures come from the CPU" in printed and "The fork's tuning stays as it is" in printed
     assert git(fork, "rev-parse", "HEAD") == head and (fork / step2.TUNING_PATH).read_bytes() == shipped
     rows = json.loads((tmp_path / "fork-tuning" / step2.RESULTS_NAME).read_text())
     assert [(r["tuning"], r["current"]) for r in rows] == [
-        (json.loads(shipped), True), (grid[0], False), (grid[2], False)]
+        (json.loads(shipped), True),
+        (grid[0], False),
+        (grid[2], False),
+    ]
     assert all(r["passed"] and all(v > 0 for v in r["tokens_per_sec"].values()) for r in rows)
     assert (tmp_path / "fork-tuning" / step2.PLOT_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fork", "fork-tuning"]
@@ -306,8 +325,12 @@ def test_bench_floor_counts_the_bytes_of_the_starter_layers_passes():
 
 
 def test_bench_floor_times_both_sequences_and_prints_them_in_80_columns(tmp_path, capsys):
-    assert bench_floor.main(["--out", str(tmp_path), "--device", "cpu", "--lengths", "200", "--tile", "128",
-                             "--runs", "2"]) == 0
+    assert (
+        bench_floor.main(
+            ["--out", str(tmp_path), "--device", "cpu", "--lengths", "200", "--tile", "128", "--runs", "2"]
+        )
+        == 0
+    )
     found = json.loads((tmp_path / "floor.json").read_text())["lengths"]["200"]
     for sequence, fused in (("today", False), ("fused", True)):
         expected = bench_floor.pass_bytes(**bench_floor.LAYER, fused=fused)
@@ -337,8 +360,12 @@ def test_a_stand_in_moves_its_bytes_tile_by_tile():
 def test_bench_reference_times_each_length_and_writes_its_figures(tmp_path, capsys):
     from quasar.evaluate.verification import requests_to_verify
 
-    assert bench_reference.main(["--out", str(tmp_path), "--device", "cpu", "--lens", "64,96",
-                                 "--tokens-per-request", "256"]) == 0
+    assert (
+        bench_reference.main(
+            ["--out", str(tmp_path), "--device", "cpu", "--lens", "64,96", "--tokens-per-request", "256"]
+        )
+        == 0
+    )
     found = json.loads((tmp_path / "reference.json").read_text())
     assert [row["length"] for row in found["lengths"]] == [64, 96]
     # Every forward of the requests a length's verification draws (the correctness request among
@@ -363,13 +390,29 @@ def test_bench_harness_reports_the_spread_of_medians_and_of_bests():
     from rich.console import Console
 
     def report(median: float, best: float) -> EvaluationReport:
-        item = LengthResult(seq_len=512, status="ok", tokens_per_sec=median, tokens_per_sec_max=best,
-                            tokens_per_sec_min=median / 2, cv=0.1, rel_error=0.01, forwards_per_request=64,
-                            subtracted_us=1.5)
+        item = LengthResult(
+            seq_len=512,
+            status="ok",
+            tokens_per_sec=median,
+            tokens_per_sec_max=best,
+            tokens_per_sec_min=median / 2,
+            cv=0.1,
+            rel_error=0.01,
+            forwards_per_request=64,
+            subtracted_us=1.5,
+        )
         missing = LengthResult(seq_len=1024, status="oom")
-        return EvaluationReport(verdict="pass", reasons=[], repo="r", target_seq_len=1024, seq_lens=[512, 1024],
-                                device="cuda", device_name="gpu", import_check=None,
-                                lengths={"512": item, "1024": missing})
+        return EvaluationReport(
+            verdict="pass",
+            reasons=[],
+            repo="r",
+            target_seq_len=1024,
+            seq_lens=[512, 1024],
+            device="cuda",
+            device_name="gpu",
+            import_check=None,
+            lengths={"512": item, "1024": missing},
+        )
 
     reports = [report(100.0, 200.0), report(104.0, 201.0), report(101.0, 202.0)]
     found = bench.agreement(reports)
@@ -386,8 +429,15 @@ def test_bench_harness_reports_the_spread_of_medians_and_of_bests():
 
     # The steps: each event to the next, summed per stage and length, in the order they came.
     timeline = bench.Timeline()
-    timeline.events = [(0.0, "start", None), (4.5, "calibrate", 512), (5.0, "warmup", 512), (5.5, "warmup", 512),
-                       (9.0, "timed", 512), (10.0, "warmup", 512), (10.25, "done", None)]
+    timeline.events = [
+        (0.0, "start", None),
+        (4.5, "calibrate", 512),
+        (5.0, "warmup", 512),
+        (5.5, "warmup", 512),
+        (9.0, "timed", 512),
+        (10.0, "warmup", 512),
+        (10.25, "done", None),
+    ]
     assert timeline.steps() == {"start": 4.5, "calibrate@512": 0.5, "warmup@512": 4.25, "timed@512": 1.0}
     console = Console(file=io.StringIO(), width=80)
     console.print(bench.steps_table([timeline.steps(), {"start": 3.5}]))

@@ -32,8 +32,9 @@ HOTKEY_B = "5FHneW46xGXgs5mUiveU4sbTyGBzmstUspZC92UhjJM694ty"
 OTHER_TOKEN = "ghp_otherAccountToken9876543210zyxwvu"
 
 
-def make_clone(tmp_path: Path, base: str, full_name: str, token: str = TOKEN, hotkey: str = HOTKEY_A,
-               username: str = "alice") -> tuple[Workspace, ForkClone]:
+def make_clone(
+    tmp_path: Path, base: str, full_name: str, token: str = TOKEN, hotkey: str = HOTKEY_A, username: str = "alice"
+) -> tuple[Workspace, ForkClone]:
     workspace = Workspace(tmp_path / "workspaces", hotkey)
     workspace.acquire()
     git_runner = Git(write_askpass(workspace.askpass), username, token, "Alice", "alice@example.invalid")
@@ -62,8 +63,9 @@ def synced_fork(tmp_path: Path, over_http: bool) -> Iterator[SyncedFork]:
 
 
 def files_containing(root: Path, needle: bytes) -> list[Path]:
-    return [path for path in root.rglob("*") if path.is_file() and not path.is_symlink()
-            and needle in path.read_bytes()]
+    return [
+        path for path in root.rglob("*") if path.is_file() and not path.is_symlink() and needle in path.read_bytes()
+    ]
 
 
 def test_fork_is_created_when_missing_and_reused_when_present(tmp_path):

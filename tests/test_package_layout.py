@@ -20,8 +20,11 @@ MAX_LINES = 600
 
 
 def package_files() -> list[Path]:
-    return sorted(path for path in PACKAGE.rglob("*") if path.is_file() and TEMPLATE not in path.parents
-                  and "__pycache__" not in path.parts)
+    return sorted(
+        path
+        for path in PACKAGE.rglob("*")
+        if path.is_file() and TEMPLATE not in path.parents and "__pycache__" not in path.parts
+    )
 
 
 def module_name(path: Path) -> str:
@@ -30,8 +33,12 @@ def module_name(path: Path) -> str:
 
 
 def is_main_block(node: ast.AST) -> bool:
-    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
-            and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__")
+    return (
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Name)
+        and node.test.left.id == "__name__"
+    )
 
 
 def module_nodes(tree: ast.Module) -> list[ast.AST]:

@@ -8,8 +8,8 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -125,12 +125,16 @@ def test_cli_writes_the_fork_and_prints_path_and_commit(tmp_path, capsys, fork):
 def test_cli_runs_as_python_dash_m_quasar(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "quasar", "starter-fork", str(tmp_path / "m")],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert git(tmp_path / "m", "rev-parse", "HEAD") in result.stdout
-    bad = subprocess.run([sys.executable, "-m", "quasar", "no-such-command"], cwd=REPO_ROOT, capture_output=True,
-                         text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "quasar", "no-such-command"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "unknown command 'no-such-command'" in bad.stderr
 
 
@@ -142,14 +146,30 @@ def test_fork_is_standalone_and_never_imports_quasar(fork):
                 imported |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 imported.add(node.module.split(".")[0])
-    assert imported <= {"__future__", "contextlib", "dataclasses", "functools", "inspect", "json", "os", "pathlib",
-                        "typing", "collections", "torch", "triton", "fla"}, imported
+    assert imported <= {
+        "__future__",
+        "contextlib",
+        "dataclasses",
+        "functools",
+        "inspect",
+        "json",
+        "os",
+        "pathlib",
+        "typing",
+        "collections",
+        "torch",
+        "triton",
+        "fla",
+    }, imported
 
 
 def test_fork_passes_the_strict_import_check(fork):
     result = subprocess.run(
         [sys.executable, "-m", "quasar.imports", str(fork[0]), "--profile", "strict", "--require-cu"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -454,11 +474,18 @@ def compiled_for_h100(fork: Path, spec: dict, folder: Path, compiler: str = "ins
     env = {**os.environ, "TRITON_CACHE_DIR": str(folder / "cache")}
     if compiler == "gpu-image":
         if not (GPU_IMAGE_TRITON / "triton").is_dir():
-            pytest.fail(f"{GPU_IMAGE_TRITON} is missing: ./scripts/setup_venv.sh installs it "
-                        "(pyproject.toml's gpu-image-triton)")
+            pytest.fail(
+                f"{GPU_IMAGE_TRITON} is missing: ./scripts/setup_venv.sh installs it "
+                "(pyproject.toml's gpu-image-triton)"
+            )
         env["PYTHONPATH"] = str(GPU_IMAGE_TRITON)
-    result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, str(fork), str(folder), json.dumps(spec)],
-                            env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", COMPILE_SCRIPT, str(fork), str(folder), json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     compiled = json.loads(result.stdout.strip().splitlines()[-1])
     if "missing" in compiled:
@@ -471,11 +498,31 @@ def compiled_for_h100(fork: Path, spec: dict, folder: Path, compiler: str = "ins
 def wy_kernel_spec(tuning) -> dict:
     """:func:`compiled_for_h100`'s spec of the WY kernel at the benchmark's sizes under ``tuning``,
     without its launch options."""
-    return {"module": "fla.ops.quasar.wy", "kernel": "chunk_quasar_wy_kernel",
-            "types": {"k": "*bf16", "v": "*bf16", "beta": "*fp32", "w": "*bf16", "u": "*bf16", "seq_len": "i32",
-                      "chunks_per_sequence": "i32"},
-            "constants": {"cu_seqlens": None, "chunk_indices": None, "H": 8, "K": 64, "V": 64, "BK": 64, "BV": 64,
-                          "PRECISION": "bf16", "INVERSE": tuning.wy_inverse, "IS_VARLEN": False}}
+    return {
+        "module": "fla.ops.quasar.wy",
+        "kernel": "chunk_quasar_wy_kernel",
+        "types": {
+            "k": "*bf16",
+            "v": "*bf16",
+            "beta": "*fp32",
+            "w": "*bf16",
+            "u": "*bf16",
+            "seq_len": "i32",
+            "chunks_per_sequence": "i32",
+        },
+        "constants": {
+            "cu_seqlens": None,
+            "chunk_indices": None,
+            "H": 8,
+            "K": 64,
+            "V": 64,
+            "BK": 64,
+            "BV": 64,
+            "PRECISION": "bf16",
+            "INVERSE": tuning.wy_inverse,
+            "IS_VARLEN": False,
+        },
+    }
 
 
 @pytest.mark.slow
@@ -486,8 +533,9 @@ def test_the_wy_register_cap_reaches_the_compiler(fork, fla, tmp_path):
     tuning = load_tuning(device="NVIDIA H100 80GB HBM3")
     assert tuning.wy_maxnreg == 168
     spec = wy_kernel_spec(tuning)
-    capped = compiled_for_h100(fork[0], {**spec, "options": wy.launch_options(tuning.wy_warps, tuning.wy_maxnreg)},
-                               tmp_path)["registers"]
+    capped = compiled_for_h100(
+        fork[0], {**spec, "options": wy.launch_options(tuning.wy_warps, tuning.wy_maxnreg)}, tmp_path
+    )["registers"]
     free = compiled_for_h100(fork[0], {**spec, "options": wy.launch_options(tuning.wy_warps, 0)}, tmp_path)["registers"]
     assert capped <= tuning.wy_maxnreg < free, (capped, free)
 
@@ -518,11 +566,21 @@ def test_the_conv_kernel_stores_whole_vectors(fork, fla, tmp_path, compiler):
     from fla.ops.quasar.layer_kernels import CONV_BLOCK
 
     tokens, channels, warps = CONV_BLOCK
-    spec = {"module": "fla.ops.quasar.layer_kernels", "kernel": "causal_conv_silu_kernel",
-            "types": {"x": "*bf16", "w": "*fp32", "y": "*bf16", "B": "i32", "T": "i32", "stride_xb": "i32",
-                      "stride_xt": "i32"},
-            "constants": {"CG": 512, "W": 4, "BT": tokens, "BC": channels, "EVEN_T": True},
-            "options": {"num_warps": warps}}
+    spec = {
+        "module": "fla.ops.quasar.layer_kernels",
+        "kernel": "causal_conv_silu_kernel",
+        "types": {
+            "x": "*bf16",
+            "w": "*fp32",
+            "y": "*bf16",
+            "B": "i32",
+            "T": "i32",
+            "stride_xb": "i32",
+            "stride_xt": "i32",
+        },
+        "constants": {"CG": 512, "W": 4, "BT": tokens, "BC": channels, "EVEN_T": True},
+        "options": {"num_warps": warps},
+    }
     compiled = compiled_for_h100(fork[0], spec, tmp_path, compiler)
     assert compiled["stores"] and set(compiled["stores"]) == {"STG.E.128"}, compiled
 
@@ -626,7 +684,11 @@ def interpreted(fork):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
     result = subprocess.run(
         [sys.executable, "-c", INTERPRETER_SCRIPT, str(fork[0])],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -661,4 +723,3 @@ def test_unit_lower_inverse_kernel_inverts(interpreted, method):
 @pytest.mark.slow
 def test_triton_chunk_backward_matches_autograd(interpreted):
     assert max(interpreted["backward"].values()) < 1e-5, interpreted["backward"]
-

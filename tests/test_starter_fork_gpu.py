@@ -143,8 +143,9 @@ def test_cuda_kernel_matches_reference(fla, dtype):
     cu_seqlens = torch.tensor([0, 700, 703, 1500], device=CUDA, dtype=torch.int32)
     q, k, v, beta, _ = random_qkv(1, 1500, dtype=dtype, seed=4)
     h0 = torch.randn(3, 8, 64, 64, device=CUDA) * 0.1
-    o, final = fused_recurrent_quasar_cuda(q, k, v, beta, initial_state=h0, output_final_state=True,
-                                           cu_seqlens=cu_seqlens)
+    o, final = fused_recurrent_quasar_cuda(
+        q, k, v, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens
+    )
     expected_o, expected_final = per_sequence(chunk_quasar_reference, q, k, v, beta, h0, cu_seqlens)
     assert relative_error(o, expected_o) < tolerance
     assert relative_error(final, expected_final) < tolerance
@@ -189,8 +190,11 @@ def tuned(folder, values: dict):
 def test_layer_tiles_match_one_pass(fla, tmp_path):
     layer, reference = benchmark_layers(seed=5)
     x = torch.randn(1, 20_000, 512, device=CUDA)
-    with tuned(tmp_path, {"layer_tile_tokens": 4096}), torch.inference_mode(), \
-            torch.autocast(CUDA, dtype=torch.bfloat16):
+    with (
+        tuned(tmp_path, {"layer_tile_tokens": 4096}),
+        torch.inference_mode(),
+        torch.autocast(CUDA, dtype=torch.bfloat16),
+    ):
         tiled = layer(x)[0]
     with torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
         whole = layer(x)[0]
@@ -206,8 +210,11 @@ def test_output_pass_convolving_q_matches_the_conv_kernel(fla, tmp_path):
     x = torch.randn(2, 9000 + 37, 512, device=CUDA)
     outputs = {}
     for fused in ("", "q"):
-        with tuned(tmp_path, {"layer_tile_tokens": 4096, "fused_conv": fused, "fused_conv_min_tokens": 0}), \
-                torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
+        with (
+            tuned(tmp_path, {"layer_tile_tokens": 4096, "fused_conv": fused, "fused_conv_min_tokens": 0}),
+            torch.inference_mode(),
+            torch.autocast(CUDA, dtype=torch.bfloat16),
+        ):
             outputs[fused] = layer(x)[0]
     expected = reference(x)[0]
     for out in outputs.values():

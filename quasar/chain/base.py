@@ -53,8 +53,10 @@ class UidsChanged(ChainError):
 
     def __init__(self, changed: Mapping[int, tuple[str, str | None]]):
         self.changed = dict(changed)
-        shown = "; ".join(f"uid {uid}: planned for {planned}, held by {now or 'nobody'} now"
-                          for uid, (planned, now) in sorted(self.changed.items()))
+        shown = "; ".join(
+            f"uid {uid}: planned for {planned}, held by {now or 'nobody'} now"
+            for uid, (planned, now) in sorted(self.changed.items())
+        )
         super().__init__(f"the subnet changed since the weights were planned ({shown}); nothing was submitted")
 
 
@@ -193,8 +195,9 @@ class Chain(abc.ABC):
         on chain. :class:`RateLimited` within the serving rate limit, ChainError on other failures."""
 
     @abc.abstractmethod
-    def set_weights(self, wallet, weights: Mapping[int, float], version_key: int,
-                    hotkeys: Mapping[int, str] | None = None) -> WeightsSubmission:
+    def set_weights(
+        self, wallet, weights: Mapping[int, float], version_key: int, hotkeys: Mapping[int, str] | None = None
+    ) -> WeightsSubmission:
         """Set ``wallet``'s weights (uid -> weight), or commit them on a commit-reveal subnet.
 
         ``hotkeys`` (uid -> the hotkey the weights were planned for) is checked against the chain at

@@ -62,15 +62,28 @@ T = TypeVar("T")
 
 # Our hyperparameter -> the name in the chain's get_subnet_hyperparams_v3 (the SDK's subnet_hyperparameters).
 HYPERPARAMETER_SOURCES = {
-    "tempo": "tempo", "weights_version_key": "weights_version", "weights_rate_limit": "weights_rate_limit",
-    "min_allowed_weights": "min_allowed_weights", "max_weight_limit": "max_weights_limit",
-    "commit_reveal_enabled": "commit_reveal_weights_enabled", "reveal_period_epochs": "commit_reveal_period",
-    "serving_rate_limit": "serving_rate_limit", "max_allowed_uids": "max_allowed_uids",
+    "tempo": "tempo",
+    "weights_version_key": "weights_version",
+    "weights_rate_limit": "weights_rate_limit",
+    "min_allowed_weights": "min_allowed_weights",
+    "max_weight_limit": "max_weights_limit",
+    "commit_reveal_enabled": "commit_reveal_weights_enabled",
+    "reveal_period_epochs": "commit_reveal_period",
+    "serving_rate_limit": "serving_rate_limit",
+    "max_allowed_uids": "max_allowed_uids",
     "immunity_period": "immunity_period",
 }
 # The subnet identity's fields, all rewritten by set_subnet_identity (empty ones are cleared).
-IDENTITY_FIELDS = ("subnet_name", "github_repo", "subnet_contact", "subnet_url", "discord", "description",
-                   "logo_url", "additional")
+IDENTITY_FIELDS = (
+    "subnet_name",
+    "github_repo",
+    "subnet_contact",
+    "subnet_url",
+    "discord",
+    "description",
+    "logo_url",
+    "additional",
+)
 
 
 class _RefusedForRateLimit(Exception):
@@ -111,8 +124,9 @@ def to_hyperparameters(raw: Mapping[str, Any]) -> SubnetHyperparameters:
     if missing:
         raise ChainError(f"the chain's subnet hyperparameters lack {', '.join(missing)}")
     values = {ours: raw[theirs] for ours, theirs in HYPERPARAMETER_SOURCES.items()}
-    fields: dict[str, Any] = {name: bool(value) if name == "commit_reveal_enabled" else int(value)
-                              for name, value in values.items()}
+    fields: dict[str, Any] = {
+        name: bool(value) if name == "commit_reveal_enabled" else int(value) for name, value in values.items()
+    }
     return SubnetHyperparameters(**fields)
 
 
@@ -232,8 +246,15 @@ class BittensorChain(Chain):
         for attempt in range(attempts):
             if failure is not None:
                 delay = self.backoff_s * 2 ** (attempt - 1)
-                logger.warning("%s on %s: %s; retrying in %.1f s (attempt %d of %d)",
-                               what, self.target, failure, delay, attempt + 1, attempts)
+                logger.warning(
+                    "%s on %s: %s; retrying in %.1f s (attempt %d of %d)",
+                    what,
+                    self.target,
+                    failure,
+                    delay,
+                    attempt + 1,
+                    attempts,
+                )
                 self._sleep(delay)
             client = self._current_client()
             try:
@@ -256,10 +277,12 @@ class BittensorChain(Chain):
                 self._discard(client)
                 failure = error
         if isinstance(failure, _RefusedForRateLimit):
-            raise RateLimited(None, f"{what}: the chain still refuses it for a rate limit after "
-                                    f"{attempts} attempts: {failure}")
-        raise ChainError(f"{what}: cannot reach {self.target} after {attempts} attempts: "
-                         f"{type(failure).__name__}: {failure}")
+            raise RateLimited(
+                None, f"{what}: the chain still refuses it for a rate limit after {attempts} attempts: {failure}"
+            )
+        raise ChainError(
+            f"{what}: cannot reach {self.target} after {attempts} attempts: {type(failure).__name__}: {failure}"
+        )
 
     # --- Chain ---
 
@@ -299,8 +322,9 @@ class BittensorChain(Chain):
         return to_hyperparameters(self._attempts("read the subnet's hyperparameters", read))
 
     def api_location(self) -> ApiLocation | None:
-        identity = self._attempts("read the subnet identity",
-                                  lambda client: client.subnets.subnet_identity(self.netuid))
+        identity = self._attempts(
+            "read the subnet identity", lambda client: client.subnets.subnet_identity(self.netuid)
+        )
         return decode_api_location((identity or {}).get("additional"))
 
     def publish_api_location(self, wallet, location: ApiLocation) -> None:
@@ -313,8 +337,12 @@ class BittensorChain(Chain):
             fields["additional"] = encode_api_location(fields["additional"], location)
             intent = SetSubnetIdentity(netuid=self.netuid, **fields)
             result = _check_extrinsic("setting the subnet identity", client.execute(intent, wallet))
-            logger.info("published the API location %s on subnet %d (%s)", location.url, self.netuid,
-                        result.extrinsic_id or result.message)
+            logger.info(
+                "published the API location %s on subnet %d (%s)",
+                location.url,
+                self.netuid,
+                result.extrinsic_id or result.message,
+            )
 
         self._attempts("publish the API location", publish)
 
@@ -327,8 +355,10 @@ class BittensorChain(Chain):
         try:
             address = ipaddress.ip_address(host)
         except ValueError:
-            raise ChainError(f"endpoint host {host!r} is not an IP address; the chain stores an IPv4 "
-                             "or IPv6 address, not a host name") from None
+            raise ChainError(
+                f"endpoint host {host!r} is not an IP address; the chain stores an IPv4 "
+                "or IPv6 address, not a host name"
+            ) from None
         if address.is_unspecified:
             raise ChainError(f"endpoint host {host!r} is unspecified; publish the address others reach you at")
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
@@ -341,20 +371,28 @@ class BittensorChain(Chain):
         def publish(client: Any) -> None:
             neuron = to_metagraph(self._sdk_metagraph(client)).by_hotkey(hotkey)
             if neuron is None:
-                raise ChainError(f"cannot publish an endpoint: hotkey {hotkey} is not registered on "
-                                 f"subnet {self.netuid} of {self.target}")
+                raise ChainError(
+                    f"cannot publish an endpoint: hotkey {hotkey} is not registered on "
+                    f"subnet {self.netuid} of {self.target}"
+                )
             if neuron.endpoint == wanted:
                 logger.info("endpoint %s of uid %d is already on chain", wanted.base_url, neuron.uid)
                 return
             intent = ServeAxon(netuid=self.netuid, ip=str(address), port=port, version=package_version_key())
             result = _check_extrinsic("publishing the endpoint", client.execute(intent, wallet))
-            logger.info("published endpoint %s for uid %d on subnet %d (%s)",
-                        wanted.base_url, neuron.uid, self.netuid, result.extrinsic_id or result.message)
+            logger.info(
+                "published endpoint %s for uid %d on subnet %d (%s)",
+                wanted.base_url,
+                neuron.uid,
+                self.netuid,
+                result.extrinsic_id or result.message,
+            )
 
         self._attempts("publish the endpoint", publish)
 
-    def set_weights(self, wallet, weights: Mapping[int, float], version_key: int,
-                    hotkeys: Mapping[int, str] | None = None) -> WeightsSubmission:
+    def set_weights(
+        self, wallet, weights: Mapping[int, float], version_key: int, hotkeys: Mapping[int, str] | None = None
+    ) -> WeightsSubmission:
         """Submit ``weights`` (normalized to sum 1) with ``SetWeights``, which commits them on a
         commit-reveal subnet (the chain applies them when it reveals them).
 
@@ -369,8 +407,9 @@ class BittensorChain(Chain):
             view = client.at()
             uid = view.neurons.uid(hotkey, self.netuid)
             if uid is None:
-                raise ChainError(f"cannot set weights: hotkey {hotkey} is not registered on "
-                                 f"subnet {self.netuid} of {self.target}")
+                raise ChainError(
+                    f"cannot set weights: hotkey {hotkey} is not registered on subnet {self.netuid} of {self.target}"
+                )
             changed = {}
             for planned_uid, planned in (hotkeys or {}).items():
                 held = view.neurons.uid(planned, self.netuid)
@@ -382,16 +421,30 @@ class BittensorChain(Chain):
             since = view.epochs.blocks_since_last_update(self.netuid, uid)
             wait = blocks_until_weights_allowed(view.block, since, rate_limit)
             if wait:
-                raise RateLimited(wait, f"weights of uid {uid} on subnet {self.netuid} were set {since} blocks "
-                                        f"ago; the rate limit is {rate_limit} blocks: wait {wait} more")
+                raise RateLimited(
+                    wait,
+                    f"weights of uid {uid} on subnet {self.netuid} were set {since} blocks "
+                    f"ago; the rate limit is {rate_limit} blocks: wait {wait} more",
+                )
             committed = bool(view.subnets.commit_reveal_enabled(self.netuid))
-            intent = SetWeights(netuid=self.netuid, uids=list(normalized), weights=list(normalized.values()),
-                                version_key=int(version_key))
+            intent = SetWeights(
+                netuid=self.netuid,
+                uids=list(normalized),
+                weights=list(normalized.values()),
+                version_key=int(version_key),
+            )
             result = _check_extrinsic("setting weights", client.execute(intent, wallet))
             reveal = result.data.get("reveal_round") if committed else None
             detail = (result.extrinsic_id or result.message) + (f", revealed at drand round {reveal}" if reveal else "")
-            logger.info("%s weights for %d uids on subnet %d as uid %d (version_key %d, %s)",
-                        "committed" if committed else "set", len(normalized), self.netuid, uid, version_key, detail)
+            logger.info(
+                "%s weights for %d uids on subnet %d as uid %d (version_key %d, %s)",
+                "committed" if committed else "set",
+                len(normalized),
+                self.netuid,
+                uid,
+                version_key,
+                detail,
+            )
             return WeightsSubmission(view.block, committed, detail)
 
         return self._attempts("set weights", submit)

@@ -145,7 +145,9 @@ class DevChain(Chain):
         block = self._file.block_at(connection)
         due = connection.execute(
             "SELECT id, hotkey, weights, version_key, reveal_block FROM weight_commits "
-            "WHERE outcome IS NULL AND reveal_block <= ? ORDER BY reveal_block, id", (block,)).fetchall()
+            "WHERE outcome IS NULL AND reveal_block <= ? ORDER BY reveal_block, id",
+            (block,),
+        ).fetchall()
         for commit_id, hotkey, weights, version_key, reveal_block in due:
             values = {int(uid): weight for uid, weight in json.loads(weights).items()}
             try:
@@ -153,19 +155,31 @@ class DevChain(Chain):
                 outcome = "revealed"
             except ChainError as error:
                 outcome = f"dropped: {error}"
-                logger.info("dev chain: the weights %s committed for block %d were dropped at their reveal: %s",
-                            hotkey, reveal_block, error)
+                logger.info(
+                    "dev chain: the weights %s committed for block %d were dropped at their reveal: %s",
+                    hotkey,
+                    reveal_block,
+                    error,
+                )
             connection.execute("UPDATE weight_commits SET outcome = ? WHERE id = ?", (outcome, commit_id))
 
-    def _apply_weights(self, connection: sqlite3.Connection, hotkey: str, weights: Mapping[int, float],
-                       version_key: int, block: int) -> None:
+    def _apply_weights(
+        self, connection: sqlite3.Connection, hotkey: str, weights: Mapping[int, float], version_key: int, block: int
+    ) -> None:
         """Subtensor's internal_set_weights without the rate limit: check, then store normalized."""
         setter = connection.execute("SELECT uid, validator_permit FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
         if setter is None:
             raise ChainError(f"HotKeyNotRegisteredInSubNet: hotkey {hotkey} is not registered on subnet {self.netuid}")
         uids = {uid for (uid,) in connection.execute("SELECT uid FROM neurons")}
-        refusal = weights_refusal(weights, setter[0], bool(setter[1]), self._owner_uid_in(connection), version_key,
-                                  uids, hyperparameters_in(connection))
+        refusal = weights_refusal(
+            weights,
+            setter[0],
+            bool(setter[1]),
+            self._owner_uid_in(connection),
+            version_key,
+            uids,
+            hyperparameters_in(connection),
+        )
         if refusal:
             raise ChainError(f"cannot set weights: {refusal}")
         total = sum(weights.values())
@@ -218,28 +232,38 @@ class DevChain(Chain):
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
             raise ChainError(f"invalid endpoint {host!r}:{port!r}: InvalidPort, need a port in 1..65535")
         with self._write() as connection:
-            row = connection.execute("SELECT uid, host, port, served_block FROM neurons WHERE hotkey = ?",
-                                     (hotkey,)).fetchone()
+            row = connection.execute(
+                "SELECT uid, host, port, served_block FROM neurons WHERE hotkey = ?", (hotkey,)
+            ).fetchone()
             if row is None:
-                raise ChainError(f"cannot publish an endpoint: HotKeyNotRegisteredInNetwork: hotkey {hotkey} is not "
-                                 f"registered on subnet {self.netuid}")
+                raise ChainError(
+                    f"cannot publish an endpoint: HotKeyNotRegisteredInNetwork: hotkey {hotkey} is not "
+                    f"registered on subnet {self.netuid}"
+                )
             uid, old_host, old_port, served_block = row
             if (old_host, old_port) == (address, port):
                 return
             refusal = refused_axon_address(address)
             if refusal and meta(connection, "allow_loopback_axons") != "1":
-                raise ChainError(f"cannot publish {address}:{port}: {refusal} (a dev chain file stores it only "
-                                 "with allow-loopback, as the local network sets)")
+                raise ChainError(
+                    f"cannot publish {address}:{port}: {refusal} (a dev chain file stores it only "
+                    "with allow-loopback, as the local network sets)"
+                )
             block = self._file.block_at(connection)
             wait = blocks_until_allowed(block, served_block, hyperparameters_in(connection).serving_rate_limit)
             if wait:
-                raise RateLimited(wait, f"cannot publish an endpoint: ServingRateLimitExceeded: uid {uid} published "
-                                        f"one at block {served_block}; wait {wait} more blocks")
-            connection.execute("UPDATE neurons SET host = ?, port = ?, served_block = ? WHERE uid = ?",
-                               (address, port, block, uid))
+                raise RateLimited(
+                    wait,
+                    f"cannot publish an endpoint: ServingRateLimitExceeded: uid {uid} published "
+                    f"one at block {served_block}; wait {wait} more blocks",
+                )
+            connection.execute(
+                "UPDATE neurons SET host = ?, port = ?, served_block = ? WHERE uid = ?", (address, port, block, uid)
+            )
 
-    def set_weights(self, wallet, weights: Mapping[int, float], version_key: int,
-                    hotkeys: Mapping[int, str] | None = None) -> WeightsSubmission:
+    def set_weights(
+        self, wallet, weights: Mapping[int, float], version_key: int, hotkeys: Mapping[int, str] | None = None
+    ) -> WeightsSubmission:
         """Set ``wallet``'s weights (stored normalized to sum 1, as the chain does), or commit them when
         the subnet runs commit-reveal, under subtensor's rules (module docstring)."""
         hotkey = _hotkey_of(wallet)
@@ -247,11 +271,16 @@ class DevChain(Chain):
         with self._write() as connection:
             setter = connection.execute("SELECT uid, last_update FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
             if setter is None:
-                raise ChainError(f"cannot set weights: HotKeyNotRegisteredInSubNet: hotkey {hotkey} is not registered "
-                                 f"on subnet {self.netuid}")
+                raise ChainError(
+                    f"cannot set weights: HotKeyNotRegisteredInSubNet: hotkey {hotkey} is not registered "
+                    f"on subnet {self.netuid}"
+                )
             holders = dict(connection.execute("SELECT uid, hotkey FROM neurons").fetchall())
-            changed = {uid: (planned, holders.get(uid)) for uid, planned in (hotkeys or {}).items()
-                       if holders.get(uid) != planned}
+            changed = {
+                uid: (planned, holders.get(uid))
+                for uid, planned in (hotkeys or {}).items()
+                if holders.get(uid) != planned
+            }
             if changed:
                 raise UidsChanged(changed)
             uid, last_update = setter
@@ -261,21 +290,30 @@ class DevChain(Chain):
             wait = blocks_until_allowed(block, last_update, hyperparameters.weights_rate_limit)
             if wait:
                 name = "CommittingWeightsTooFast" if hyperparameters.commit_reveal_enabled else "SettingWeightsTooFast"
-                raise RateLimited(wait, f"cannot set weights: {name}: uid {uid} set weights at block {last_update}; "
-                                        f"the rate limit is {hyperparameters.weights_rate_limit} blocks: wait {wait} "
-                                        "more")
+                raise RateLimited(
+                    wait,
+                    f"cannot set weights: {name}: uid {uid} set weights at block {last_update}; "
+                    f"the rate limit is {hyperparameters.weights_rate_limit} blocks: wait {wait} "
+                    "more",
+                )
             if hyperparameters.commit_reveal_enabled:
-                pending = connection.execute("SELECT COUNT(*) FROM weight_commits WHERE hotkey = ? AND outcome IS NULL",
-                                             (hotkey,)).fetchone()[0]
+                pending = connection.execute(
+                    "SELECT COUNT(*) FROM weight_commits WHERE hotkey = ? AND outcome IS NULL", (hotkey,)
+                ).fetchone()[0]
                 if pending >= MAX_UNREVEALED_COMMITS:
-                    raise ChainError(f"cannot commit weights: TooManyUnrevealedCommits: {pending} commits of uid {uid} "
-                                     "wait for their reveal")
+                    raise ChainError(
+                        f"cannot commit weights: TooManyUnrevealedCommits: {pending} commits of uid {uid} "
+                        "wait for their reveal"
+                    )
                 reveal_block = reveal_block_for(block, hyperparameters)
                 connection.execute(
                     "INSERT INTO weight_commits (hotkey, weights, version_key, commit_block, reveal_block) "
-                    "VALUES (?, ?, ?, ?, ?)", (hotkey, json.dumps(values), int(version_key), block, reveal_block))
-                submission = WeightsSubmission(block, True, f"committed at block {block}, revealed at block "
-                                                            f"{reveal_block}")
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (hotkey, json.dumps(values), int(version_key), block, reveal_block),
+                )
+                submission = WeightsSubmission(
+                    block, True, f"committed at block {block}, revealed at block {reveal_block}"
+                )
             else:
                 self._apply_weights(connection, hotkey, values, version_key, block)
                 submission = WeightsSubmission(block, False, f"set at block {block}")
@@ -293,8 +331,10 @@ class DevChain(Chain):
         with self._write() as connection:
             _, owner_coldkey = self._owner_in(connection)
             if coldkey != owner_coldkey:
-                raise ChainError(f"cannot set the subnet identity: NotSubnetOwner: coldkey {coldkey} does not own "
-                                 f"subnet {self.netuid}")
+                raise ChainError(
+                    f"cannot set the subnet identity: NotSubnetOwner: coldkey {coldkey} does not own "
+                    f"subnet {self.netuid}"
+                )
             additional = meta(connection, "identity_additional")
             set_meta(connection, "identity_additional", encode_api_location(additional, location))
 
@@ -345,10 +385,14 @@ class DevChain(Chain):
         immunity = hyperparameters_in(connection).immunity_period
         row = connection.execute(
             "SELECT uid FROM neurons WHERE hotkey IS NOT ? AND registered_block + ? <= ? "
-            "ORDER BY stake, registered_block, uid LIMIT 1", (owner_hotkey, immunity, block)).fetchone()
+            "ORDER BY stake, registered_block, uid LIMIT 1",
+            (owner_hotkey, immunity, block),
+        ).fetchone()
         if row is None:
-            raise ChainError(f"subnet {self.netuid} is full and every neuron is within its immunity period "
-                             f"({immunity} blocks) or the owner's: nothing can be replaced")
+            raise ChainError(
+                f"subnet {self.netuid} is full and every neuron is within its immunity period "
+                f"({immunity} blocks) or the owner's: nothing can be replaced"
+            )
         return int(row[0])
 
     def register_wallet(self, wallet, stake: float = 0.0, validator_permit: bool = False) -> int:
@@ -380,8 +424,9 @@ class DevChain(Chain):
             if coldkey is None:
                 row = connection.execute("SELECT coldkey FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
                 if row is None:
-                    raise ChainError(f"hotkey {hotkey} is not registered on subnet {self.netuid}: name the owner's "
-                                     "coldkey too")
+                    raise ChainError(
+                        f"hotkey {hotkey} is not registered on subnet {self.netuid}: name the owner's coldkey too"
+                    )
                 coldkey = row[0]
             set_meta(connection, "owner_hotkey", hotkey)
             set_meta(connection, "owner_coldkey", coldkey)
@@ -419,7 +464,8 @@ class DevChain(Chain):
         weight on uids that changed hands since). Commits are here once revealed."""
         with self._write() as connection:
             rows = connection.execute(
-                "SELECT setter_uid, target_uid, weight FROM weights ORDER BY setter_uid, target_uid").fetchall()
+                "SELECT setter_uid, target_uid, weight FROM weights ORDER BY setter_uid, target_uid"
+            ).fetchall()
         result: dict[int, dict[int, float]] = {}
         for setter, target, weight in rows:
             result.setdefault(setter, {})[target] = weight
@@ -428,11 +474,21 @@ class DevChain(Chain):
     def commits(self) -> list[WeightCommit]:
         """Every commit of weights, oldest first, with its outcome once its reveal block has come."""
         with self._write() as connection:
-            rows = connection.execute("SELECT hotkey, weights, version_key, commit_block, reveal_block, outcome "
-                                      "FROM weight_commits ORDER BY id").fetchall()
-        return [WeightCommit(hotkey, {int(uid): w for uid, w in json.loads(weights).items()}, version_key,
-                             commit_block, reveal_block, outcome)
-                for hotkey, weights, version_key, commit_block, reveal_block, outcome in rows]
+            rows = connection.execute(
+                "SELECT hotkey, weights, version_key, commit_block, reveal_block, outcome "
+                "FROM weight_commits ORDER BY id"
+            ).fetchall()
+        return [
+            WeightCommit(
+                hotkey,
+                {int(uid): w for uid, w in json.loads(weights).items()},
+                version_key,
+                commit_block,
+                reveal_block,
+                outcome,
+            )
+            for hotkey, weights, version_key, commit_block, reveal_block, outcome in rows
+        ]
 
 
 if __name__ == "__main__":

@@ -45,8 +45,9 @@ _REPO = re.compile(r"/api/repos/([A-Za-z0-9-]+)/([A-Za-z0-9._-]+)")
 _FORKS = re.compile(r"/api/repos/([A-Za-z0-9-]+)/([A-Za-z0-9._-]+)/forks")
 
 
-def send_bytes(handler: BaseHTTPRequestHandler, status: int, payload: bytes,
-               headers: Sequence[tuple[str, str]] = ()) -> None:
+def send_bytes(
+    handler: BaseHTTPRequestHandler, status: int, payload: bytes, headers: Sequence[tuple[str, str]] = ()
+) -> None:
     """Answer ``handler``'s request: ``status``, ``headers``, the length and ``payload``."""
     handler.send_response(status)
     for name, value in headers:
@@ -107,8 +108,12 @@ class GitHubStandIn:
         bare = self.bare(full_name)
         self._clone_bare(str(source), bare)
         with self.lock:
-            self.repos[full_name.lower()] = {"full_name": full_name, "fork": parent is not None, "parent": parent,
-                                             "default_branch": DEFAULT_BRANCH}
+            self.repos[full_name.lower()] = {
+                "full_name": full_name,
+                "fork": parent is not None,
+                "parent": parent,
+                "default_branch": DEFAULT_BRANCH,
+            }
         return bare
 
     @staticmethod
@@ -159,8 +164,12 @@ class GitHubStandIn:
                 except ForkWriteError as error:
                     logger.error("GitHub stand-in: forking %s failed: %s", upstream, error)
                     return 500, {"message": "fork failed"}
-                self.repos[key] = {"full_name": full_name, "fork": True, "parent": source["full_name"],
-                                   "default_branch": source["default_branch"]}
+                self.repos[key] = {
+                    "full_name": full_name,
+                    "fork": True,
+                    "parent": source["full_name"],
+                    "default_branch": source["default_branch"],
+                }
                 self.hidden[key] = self.fork_delay_polls
             return 202, _repo_json(self.repos[key])
 
@@ -224,12 +233,21 @@ class GitHubStandIn:
                     self.end_headers()
                     return
                 body = self._read_body()
-                path, _, query = self.path[len("/git"):].partition("?")
-                env = {"PATH": os.environ.get("PATH", ""), "GIT_PROJECT_ROOT": str(stand_in.root),
-                       "GIT_HTTP_EXPORT_ALL": "1", "PATH_INFO": path, "QUERY_STRING": query, "REQUEST_METHOD": method,
-                       "CONTENT_TYPE": self.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
-                       "REMOTE_USER": stand_in.tokens[password], "REMOTE_ADDR": "127.0.0.1",
-                       "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+                path, _, query = self.path[len("/git") :].partition("?")
+                env = {
+                    "PATH": os.environ.get("PATH", ""),
+                    "GIT_PROJECT_ROOT": str(stand_in.root),
+                    "GIT_HTTP_EXPORT_ALL": "1",
+                    "PATH_INFO": path,
+                    "QUERY_STRING": query,
+                    "REQUEST_METHOD": method,
+                    "CONTENT_TYPE": self.headers.get("Content-Type", ""),
+                    "CONTENT_LENGTH": str(len(body)),
+                    "REMOTE_USER": stand_in.tokens[password],
+                    "REMOTE_ADDR": "127.0.0.1",
+                    "GIT_CONFIG_GLOBAL": os.devnull,
+                    "GIT_CONFIG_NOSYSTEM": "1",
+                }
                 for name in ("Content-Encoding", "Git-Protocol"):
                     if self.headers.get(name):
                         env["HTTP_" + name.upper().replace("-", "_")] = self.headers[name]
@@ -260,8 +278,12 @@ class GitHubStandIn:
 
 
 def _repo_json(record: dict) -> dict:
-    data = {"full_name": record["full_name"], "name": record["full_name"].split("/")[1], "fork": record["fork"],
-            "default_branch": record["default_branch"]}
+    data = {
+        "full_name": record["full_name"],
+        "name": record["full_name"].split("/")[1],
+        "fork": record["fork"],
+        "default_branch": record["default_branch"],
+    }
     if record["parent"]:
         data["parent"] = {"full_name": record["parent"]}
     return data

@@ -61,7 +61,8 @@ DEFAULT_SEQ_LENS = (65_536, 262_144, 1_000_000)
 DEFAULT_GRID = [
     {"segment_chunks": chunks, "wy_warps": warps, "wy_maxnreg": maxnreg, "wy_inverse": inverse}
     for chunks, (warps, maxnreg), inverse in itertools.product(
-        (16, 32, 64), ((1, 0), (2, 0), (2, 168)), ("substitution", "product"))
+        (16, 32, 64), ((1, 0), (2, 0), (2, 168)), ("substitution", "product")
+    )
 ]
 # How far apart two evaluations of the same tree on the same GPU may put a length's median: the
 # harness's agreement bound (benchmarks/RESULTS.md, `quasar bench harness`). A smaller gain is noise.
@@ -181,24 +182,38 @@ def choose(results: list[SweepResult]) -> Choice:
     target = f"T={length_label(max(fastest.tokens_per_sec))}"
     if not fastest.device.startswith("cuda"):
         where = "the CPU" if fastest.device == "cpu" else f"device {fastest.device}"
-        return Choice(None, fastest, f"no CUDA: these figures come from {where}, where Triton's "
-                                     "interpreter runs the kernels; its timings say nothing about a GPU and "
-                                     "cannot separate the configurations. The fork's tuning stays as it is: "
-                                     "run step 2 on the GPU you mine with.")
+        return Choice(
+            None,
+            fastest,
+            f"no CUDA: these figures come from {where}, where Triton's "
+            "interpreter runs the kernels; its timings say nothing about a GPU and "
+            "cannot separate the configurations. The fork's tuning stays as it is: "
+            "run step 2 on the GPU you mine with.",
+        )
     current = next((r for r in results if r.current), None)
     if current is None or not current.passed or not current.target_rate:
-        return Choice(fastest, fastest, f"the current tuning did not pass at {target}: the fastest passing "
-                                        "configuration replaces it")
+        return Choice(
+            fastest,
+            fastest,
+            f"the current tuning did not pass at {target}: the fastest passing configuration replaces it",
+        )
     if fastest is current:
         return Choice(None, fastest, f"the current tuning is the fastest at {target}: nothing to change")
     gain = fastest.target_rate / current.target_rate - 1  # type: ignore[operator]
     margin = noise_margin(fastest, current)
     if gain <= margin:
-        return Choice(None, fastest, f"the fastest, {describe(fastest.tuning)}, is {gain:.1%} faster than the "
-                                     f"current tuning at {target}, within the measurement noise (±{margin:.1%}): "
-                                     "the figures cannot separate them. The fork's tuning stays as it is.")
-    return Choice(fastest, fastest, f"{describe(fastest.tuning)} is {gain:.1%} faster than the current tuning "
-                                    f"at {target} (noise ±{margin:.1%})")
+        return Choice(
+            None,
+            fastest,
+            f"the fastest, {describe(fastest.tuning)}, is {gain:.1%} faster than the "
+            f"current tuning at {target}, within the measurement noise (±{margin:.1%}): "
+            "the figures cannot separate them. The fork's tuning stays as it is.",
+        )
+    return Choice(
+        fastest,
+        fastest,
+        f"{describe(fastest.tuning)} is {gain:.1%} faster than the current tuning at {target} (noise ±{margin:.1%})",
+    )
 
 
 def describe(tuning: dict) -> str:
@@ -257,16 +272,26 @@ def render_table(results: list[SweepResult], choice: Choice) -> Table:
     for result, shown in zip(results, values, strict=True):
         cells = [compact_rate(result.tokens_per_sec[n]) for n in lengths]
         gain = f"{result.target_rate / current - 1:+.1%}" if current and result.target_rate else "-"
-        table.add_row(*(str(shown[key]) for key in keys), *cells, "current" if result.current else gain,
-                      verdict_of(result, choice))
+        table.add_row(
+            *(str(shown[key]) for key in keys),
+            *cells,
+            "current" if result.current else gain,
+            verdict_of(result, choice),
+        )
     return table
 
 
 # The configurations the plot draws in colour besides the current tuning (the rest thin and grey):
 # one colour and marker each, so every line is told apart.
 PLOT_HIGHLIGHTS = 6
-_PLOT_STYLES = [("tab:blue", "o"), ("tab:orange", "^"), ("tab:green", "D"), ("tab:red", "v"), ("tab:purple", "P"),
-                ("tab:brown", "X")]
+_PLOT_STYLES = [
+    ("tab:blue", "o"),
+    ("tab:orange", "^"),
+    ("tab:green", "D"),
+    ("tab:red", "v"),
+    ("tab:purple", "P"),
+    ("tab:brown", "X"),
+]
 
 
 def save_plot(results: list[SweepResult], choice: Choice, path: Path) -> None:
@@ -280,11 +305,14 @@ def save_plot(results: list[SweepResult], choice: Choice, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     _, values = varying_tunables(results)
-    labels = {id(r): short_label(v) + (" (current)" if r.current else "") + (" (best)" if r is choice.best else "")
-              for r, v in zip(results, values, strict=True)}
+    labels = {
+        id(r): short_label(v) + (" (current)" if r.current else "") + (" (best)" if r is choice.best else "")
+        for r, v in zip(results, values, strict=True)
+    }
     # Only configurations that passed are drawn: the table lists the others.
-    ranked = sorted((r for r in results if r.passed and r.target_rate), key=lambda r: r.target_rate or 0.0,
-                    reverse=True)
+    ranked = sorted(
+        (r for r in results if r.passed and r.target_rate), key=lambda r: r.target_rate or 0.0, reverse=True
+    )
     shown = [r for r in ranked if not r.current][:PLOT_HIGHLIGHTS]
     styles = {id(r): style for r, style in zip(shown, _PLOT_STYLES, strict=False)}
     grey = [r for r in ranked if id(r) not in styles and not r.current]
@@ -297,14 +325,21 @@ def save_plot(results: list[SweepResult], choice: Choice, path: Path) -> None:
     for result in [r for r in ranked if r.current] + shown + grey:
         xs, ys = zip(*sorted((n, v / scale) for n, v in result.tokens_per_sec.items() if v), strict=True)
         if result.current:
-            lines.plot(xs, ys, color="black", linestyle="--", linewidth=2.4, marker="s", label=labels[id(result)],
-                       zorder=4)
+            lines.plot(
+                xs, ys, color="black", linestyle="--", linewidth=2.4, marker="s", label=labels[id(result)], zorder=4
+            )
         elif id(result) in styles:
             colour, marker = styles[id(result)]
             lines.plot(xs, ys, color=colour, marker=marker, linewidth=1.6, label=labels[id(result)], zorder=3)
         else:
-            lines.plot(xs, ys, color="0.78", linewidth=0.8, zorder=1,
-                       label=f"{len(grey)} others (grey)" if result is grey[0] else None)
+            lines.plot(
+                xs,
+                ys,
+                color="0.78",
+                linewidth=0.8,
+                zorder=1,
+                label=f"{len(grey)} others (grey)" if result is grey[0] else None,
+            )
     lines.set_xscale("log")
     lines.set_xticks(lengths, [length_label(n) for n in lengths])
     lines.minorticks_off()
@@ -320,15 +355,23 @@ def save_plot(results: list[SweepResult], choice: Choice, path: Path) -> None:
     if current is not None and choice.fastest is not None:
         rate = (current.target_rate or 0.0) / scale
         margin = noise_margin(choice.fastest, current)
-        bars.axvspan(rate * max(1 - margin, 0.0), rate * (1 + margin), color="tab:gray", alpha=0.25, zorder=0,
-                     label=f"current ±{margin:.1%}: not separable from it")
+        bars.axvspan(
+            rate * max(1 - margin, 0.0),
+            rate * (1 + margin),
+            color="tab:gray",
+            alpha=0.25,
+            zorder=0,
+            label=f"current ±{margin:.1%}: not separable from it",
+        )
         bars.legend(fontsize=7, loc="lower right")
     bars.set(xlabel=f"{unit} tokens/sec", title=f"at the target T={length_label(max(lengths))}")
     bars.grid(True, axis="x", alpha=0.3)
     on_gpu = results[0].device.startswith("cuda")
     chip = results[0].device_name if on_gpu and results[0].device_name else results[0].device.upper()
-    figure.suptitle(f"QuasarAttention layer forward on {chip}"
-                    + ("" if on_gpu else ": no CUDA, these timings say nothing about a GPU"))
+    figure.suptitle(
+        f"QuasarAttention layer forward on {chip}"
+        + ("" if on_gpu else ": no CUDA, these timings say nothing about a GPU")
+    )
     figure.savefig(path, dpi=120)
     plt.close(figure)
 
@@ -347,8 +390,10 @@ def commit_tuning(repo: Path, tuning: dict, message: str) -> None:
                 path.unlink()
             else:
                 path.write_bytes(before)
-            raise TuningError(f"git {args[0]} failed in {repo}: {(done.stderr or done.stdout).strip()}; "
-                              "the fork's tuning.json is unchanged")
+            raise TuningError(
+                f"git {args[0]} failed in {repo}: {(done.stderr or done.stdout).strip()}; "
+                "the fork's tuning.json is unchanged"
+            )
 
 
 def default_out(repo: Path) -> Path:
@@ -362,12 +407,17 @@ def sweep(repo: Path, grid: list[dict], seq_lens: tuple[int, ...], options, cons
     current = current_tuning(repo)
     results: list[SweepResult] = []
     with tempfile.TemporaryDirectory(prefix="quasar-tuning-") as scratch:
-        columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                   TimeElapsedColumn())
+        columns = (
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+        )
         with Progress(*columns, console=console, transient=True) as progress:
             task = progress.add_task("current tuning", total=len(grid) + 1)
-            results.append(dataclasses.replace(evaluate_tuning(repo, current, seq_lens, options, Path(scratch)),
-                                               current=True))
+            results.append(
+                dataclasses.replace(evaluate_tuning(repo, current, seq_lens, options, Path(scratch)), current=True)
+            )
             progress.advance(task)
             for tuning in grid:
                 if runs_alike(tuning, current, results[0].device_name):
@@ -381,17 +431,31 @@ def sweep(repo: Path, grid: list[dict], seq_lens: tuple[int, ...], options, cons
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar step2") -> int:
     """Step 2; exit status 0 when a configuration passed, 1 when none did, 2 for bad arguments or a failed commit."""
-    parser = argparse.ArgumentParser(prog=prog, description="Step 2 for a miner: tune the QuasarAttention "
-                                                            "kernel's tunables on this GPU.")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Step 2 for a miner: tune the QuasarAttention kernel's tunables on this GPU."
+    )
     parser.add_argument("--repo-path", type=Path, required=True, help="the fork (after step 1), checked out")
-    parser.add_argument("--seq-lens", type=parse_seq_lens, default=DEFAULT_SEQ_LENS, metavar="LIST",
-                        help="lengths to time; the longest is the target (default 65536,262144,1M)")
+    parser.add_argument(
+        "--seq-lens",
+        type=parse_seq_lens,
+        default=DEFAULT_SEQ_LENS,
+        metavar="LIST",
+        help="lengths to time; the longest is the target (default 65536,262144,1M)",
+    )
     parser.add_argument("--grid", default=None, metavar="JSON", help="configurations to try (JSON list of objects)")
-    parser.add_argument("--out", type=Path, default=None, metavar="DIR",
-                        help=f"folder for {PLOT_NAME} and {RESULTS_NAME} (default: FORK-tuning beside the fork)")
-    parser.add_argument("--commit", action="store_true",
-                        help="write the chosen configuration into the fork's tuning.json and commit it "
-                             "(without it, only show what would be written)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=f"folder for {PLOT_NAME} and {RESULTS_NAME} (default: FORK-tuning beside the fork)",
+    )
+    parser.add_argument(
+        "--commit",
+        action="store_true",
+        help="write the chosen configuration into the fork's tuning.json and commit it "
+        "(without it, only show what would be written)",
+    )
     add_evaluation_arguments(parser)
     args, settings = start(parser, argv)
     repo = args.repo_path.expanduser().resolve()
@@ -424,10 +488,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar step2") -> int:
         return 0
     text = json.dumps(choice.best.tuning, indent=1)
     if not args.commit:
-        console.print(f"without --commit nothing was written; --commit would write {repo / TUNING_PATH}:",
-                      escape(text), "and commit it. To check it against the current tuning once more and "
-                      f"commit it: {prog} --repo-path {repo} --grid '{json.dumps([choice.best.tuning])}' --commit",
-                      sep="\n", soft_wrap=True)
+        console.print(
+            f"without --commit nothing was written; --commit would write {repo / TUNING_PATH}:",
+            escape(text),
+            "and commit it. To check it against the current tuning once more and "
+            f"commit it: {prog} --repo-path {repo} --grid '{json.dumps([choice.best.tuning])}' --commit",
+            sep="\n",
+            soft_wrap=True,
+        )
         return 0
     try:
         commit_tuning(repo, choice.best.tuning, f"Kernel tuning: {describe(choice.best.tuning)}")
