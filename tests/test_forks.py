@@ -22,25 +22,12 @@ from quasar.forks import (
     normalize_fork_url,
     validate_commit_hash,
 )
+from tests.gitrepo import git
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
 
 # --- helpers: local repositories standing in for GitHub ----------------------------------------
-
-
-def _git(cwd: Path, *args: str) -> str:
-    env = {name: value for name, value in os.environ.items() if not name.startswith("GIT_")}
-    env.update(
-        GIT_CONFIG_NOSYSTEM="1",
-        GIT_CONFIG_GLOBAL=os.devnull,
-        GIT_AUTHOR_NAME="miner",
-        GIT_AUTHOR_EMAIL="miner@example.com",
-        GIT_COMMITTER_NAME="miner",
-        GIT_COMMITTER_EMAIL="miner@example.com",
-    )
-    done = subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True)
-    return done.stdout.strip()
 
 
 def make_source(tmp_path: Path, commits: list[dict[str, bytes | str]], name: str = "fork") -> tuple[Path, list[str]]:
@@ -50,7 +37,7 @@ def make_source(tmp_path: Path, commits: list[dict[str, bytes | str]], name: str
     """
     work = tmp_path / f"{name}-work"
     work.mkdir()
-    _git(work, "init", "-q", "-b", "main")
+    git(work, "init", "-q", "-b", "main")
     shas = []
     for files in commits:
         for path, content in files.items():
@@ -61,11 +48,11 @@ def make_source(tmp_path: Path, commits: list[dict[str, bytes | str]], name: str
                 target.symlink_to(content[2:])
             else:
                 target.write_bytes(content.encode() if isinstance(content, str) else content)
-        _git(work, "add", "-A")
-        _git(work, "commit", "-q", "--allow-empty", "-m", f"commit {len(shas)}")
-        shas.append(_git(work, "rev-parse", "HEAD"))
+        git(work, "add", "-A")
+        git(work, "commit", "-q", "--allow-empty", "-m", f"commit {len(shas)}")
+        shas.append(git(work, "rev-parse", "HEAD"))
     bare = tmp_path / f"{name}.git"
-    _git(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
+    git(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
     return bare, shas
 
 
@@ -322,9 +309,9 @@ def test_clone_checks_out_the_exact_commit_not_the_tip(tmp_path, source):
     )
     assert (checkout.path / "fla/ops/quasar/chunk.py").read_text() == "VERSION = 1\n"
     assert (checkout.path / ".git" / "HEAD").read_text().strip() == first  # detached at the commit
-    assert _git(checkout.path, "rev-list", "--count", "HEAD") == "1"  # shallow: only that commit
-    assert _git(checkout.path, "tag") == ""
-    assert _git(checkout.path, "status", "--porcelain", "--untracked-files=all") == ""
+    assert git(checkout.path, "rev-list", "--count", "HEAD") == "1"  # shallow: only that commit
+    assert git(checkout.path, "tag") == ""
+    assert git(checkout.path, "status", "--porcelain", "--untracked-files=all") == ""
 
     tip = clone_at_commit(str(bare), second.upper(), cache, allow_local=True)
     assert tip.path != checkout.path and tip.commit_hash == second
@@ -379,7 +366,7 @@ def test_commit_that_does_not_exist_is_a_clear_error(tmp_path, source):
 
 def test_object_that_is_not_a_commit_is_refused(tmp_path, source):
     bare, (first, _) = source
-    blob = _git(bare, "rev-parse", f"{first}:README.md")
+    blob = git(bare, "rev-parse", f"{first}:README.md")
     with pytest.raises(ForkError, match=f"object {blob} in file://{bare} is not a commit"):
         clone_at_commit(str(bare), blob, tmp_path / "cache", allow_local=True)
     assert leftovers(tmp_path / "cache") == []
@@ -438,7 +425,7 @@ def test_inherited_git_variables_do_not_redirect_the_clone(tmp_path, source, mon
     bare, (first, _) = source
     bystander = tmp_path / "bystander"
     bystander.mkdir()
-    _git(bystander, "init", "-q")
+    git(bystander, "init", "-q")
     config_before = (bystander / ".git" / "config").read_text()
     monkeypatch.setenv("GIT_DIR", str(bystander / ".git"))
     monkeypatch.setenv("GIT_WORK_TREE", str(bystander))
@@ -450,7 +437,7 @@ def test_inherited_git_variables_do_not_redirect_the_clone(tmp_path, source, mon
     assert not (bystander / ".git" / "index").exists()
 
 
-def test_extra_environment_reaches_git(tmp_path, source):
+def test_extra_environment_reachesgit(tmp_path, source):
     bare, (first, _) = source
     trace = tmp_path / "trace.log"
     clone_at_commit(str(bare), first, tmp_path / "cache", allow_local=True, env={"GIT_TRACE": str(trace)})

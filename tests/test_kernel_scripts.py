@@ -28,18 +28,9 @@ from quasar.starter_fork import (
 )
 from quasar.tools import install_kernel as step1
 from quasar.tools import tune_kernel as step2
+from tests.gitrepo import git, set_identity
 
 FAST_EVAL = ["--device", "cpu", "--warmup", "1", "--repeats", "3"]
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def set_identity(repo: Path) -> None:
-    """The git identity a miner's checkout has (step 1's set-up checks it; commits need it)."""
-    git(repo, "config", "user.name", "Miner")
-    git(repo, "config", "user.email", "miner@example.invalid")
 
 
 # --- the tunables contract (fla/ops/quasar/tuning.py of the template) ---

@@ -70,6 +70,7 @@ from quasar.miner.github import GitHubClient
 from quasar.miner.workspace import Workspace
 from quasar.validator.loop import LAST_WEIGHTS_BLOCK
 from quasar.validator.state import SCHEMA_VERSION, ValidatorState, read_meta
+from tests.gitrepo import head
 
 ROOT = Path(__file__).resolve().parent.parent
 # The whole round on CPU takes about two minutes on two loaded cores, and finney's hyperparameters
@@ -80,15 +81,6 @@ FAST = ["--device", "cpu", "--stand-in-model", "--seq-lens", "128"]
 
 def localnet_command(data_dir: Path, *flags: str) -> list[str]:
     return [sys.executable, "-m", "quasar.localnet", "--data-dir", str(data_dir), *flags]
-
-
-def git_head(repo: Path) -> str:
-    return subprocess.run(
-        ["git", "--git-dir" if repo.suffix == ".git" else "-C", str(repo), "rev-parse", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
 
 
 def environment() -> dict[str, str]:
@@ -167,7 +159,7 @@ def test_one_round_weights_the_honest_miner_and_not_the_hostile_one(tmp_path):
     for kind, miner in miners.items():
         bare = data_dir.resolve() / "github" / MINERS[kind] / f"{repo_name}.git"
         assert miner["fork_url"] == bare.as_uri()
-        assert miner["commit"] == git_head(bare) == git_head(data_dir / "forks" / kind)
+        assert miner["commit"] == head(bare) == head(data_dir / "forks" / kind)
         assert (data_dir / "logs" / f"{MINERS[kind]}.log").read_text().count("submitted ") == 1
     assert summary["seq_lens"] == [64, 128]
 
@@ -330,7 +322,7 @@ def test_each_miner_runs_the_miner_neuron_against_the_stand_ins(tmp_path):
             client.close()
             assert fork.created == (name == MINERS[HONEST])  # the hostile miner's fork is already there
             assert (
-                git_head(network.github.bare(fork.repository.full_name))
+                head(network.github.bare(fork.repository.full_name))
                 == network.forks[HONEST if name == MINERS[HONEST] else HOSTILE].commit
             )
     finally:

@@ -23,9 +23,9 @@ from test_miner_standins import (
     UPSTREAM,
     bare_has,
     bare_head,
-    git,
     github_with_upstream,
 )
+from tests.gitrepo import git
 
 HOTKEY_A = "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
 HOTKEY_B = "5FHneW46xGXgs5mUiveU4sbTyGBzmstUspZC92UhjJM694ty"
@@ -130,12 +130,12 @@ def test_clone_and_push_over_http_keep_the_token_out_of_the_workspace_and_logs(t
         clone.push(commit)
         assert bare_head(github.bare(fork.full_name)) == commit
         assert bare_head(github.bare(UPSTREAM)) == start  # the upstream is untouched
-        author = git("log", "-1", "--format=%an <%ae>", cwd=clone.path)
+        author = git(clone.path, "log", "-1", "--format=%an <%ae>")
         assert author == "Alice <alice@example.invalid>"
 
         assert files_containing(workspace.path, TOKEN.encode()) == []
         assert TOKEN not in (clone.path / ".git" / "config").read_text()
-        assert git("remote", "get-url", "origin", cwd=clone.path) == f"{github.git_base}/{fork.full_name}.git"
+        assert git(clone.path, "remote", "get-url", "origin") == f"{github.git_base}/{fork.full_name}.git"
         assert TOKEN not in caplog.text
         assert dict(os.environ) == environment_before
 
@@ -173,11 +173,11 @@ def test_sync_repairs_a_half_applied_candidate_and_takes_commits_pushed_elsewher
         (clone.path / "notes.txt").write_text("the user's own file\n")
 
         elsewhere = tmp_path / "elsewhere"
-        git("clone", "-q", remote_url(github.file_base, fork.full_name), str(elsewhere))
+        git(None, "clone", "-q", remote_url(github.file_base, fork.full_name), str(elsewhere))
         (elsewhere / "README.md").write_text("pushed by hand\n")
-        git("commit", "-q", "-am", "by hand", cwd=elsewhere)
-        git("push", "-q", "origin", "main", cwd=elsewhere)
-        pushed = git("rev-parse", "HEAD", cwd=elsewhere)
+        git(elsewhere, "commit", "-q", "-am", "by hand")
+        git(elsewhere, "push", "-q", "origin", "main")
+        pushed = git(elsewhere, "rev-parse", "HEAD")
 
         assert clone.sync() == pushed
         assert (clone.path / CHUNK_FILE).read_text() == committed
@@ -204,15 +204,15 @@ def test_workspaces_are_per_hotkey_and_one_hotkey_runs_once(tmp_path):
 def test_a_rejected_push_is_reported_as_rejected_whatever_its_commit_hash_holds(tmp_path):
     # git names the pushed commit by its full hash; one holding "403" once read as an HTTP 403.
     bare = tmp_path / "fork.git"
-    git("init", "-q", "--bare", "-b", "main", str(bare))
+    git(None, "init", "-q", "--bare", "-b", "main", str(bare))
     for name in ("elsewhere", "here"):
-        git("clone", "-q", f"file://{bare}", str(tmp_path / name))
-    git("commit", "-q", "--allow-empty", "-m", "pushed from elsewhere", cwd=tmp_path / "elsewhere")
-    git("push", "-q", "origin", "HEAD:main", cwd=tmp_path / "elsewhere")
+        git(None, "clone", "-q", f"file://{bare}", str(tmp_path / name))
+    git(tmp_path / "elsewhere", "commit", "-q", "--allow-empty", "-m", "pushed from elsewhere")
+    git(tmp_path / "elsewhere", "push", "-q", "origin", "HEAD:main")
     commit, attempt = "", 0
     while "403" not in commit:  # about one hash in a hundred
-        git("commit", "-q", "--allow-empty", "-m", f"diverged {attempt}", cwd=tmp_path / "here")
-        commit, attempt = git("rev-parse", "HEAD", cwd=tmp_path / "here"), attempt + 1
+        git(tmp_path / "here", "commit", "-q", "--allow-empty", "-m", f"diverged {attempt}")
+        commit, attempt = git(tmp_path / "here", "rev-parse", "HEAD"), attempt + 1
     runner = Git(write_askpass(tmp_path / "askpass"), "alice", "", "Alice", "alice@example.invalid")
     with pytest.raises(GitError) as error:
         runner.run("push", "--quiet", "origin", f"{commit}:refs/heads/main", cwd=tmp_path / "here", network=True)

@@ -37,11 +37,11 @@ from test_miner_standins import (
     bare_head,
     fast_chunk_source,
     file_reply,
-    git,
     github_with_upstream,
     write_tuning_fork,
     wrong_chunk_source,
 )
+from tests.gitrepo import git
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -144,7 +144,7 @@ def test_agent_candidates_are_kept_when_faster_and_rolled_back_or_rejected_other
 
             kept = summary.attempts[0].commit
             assert bare_head(rig.bare) == kept  # pushed
-            assert git("log", "-1", "--format=%s", kept, cwd=rig.clone.path) == "agent: drop the sleep"
+            assert git(rig.clone.path, "log", "-1", "--format=%s", kept) == "agent: drop the sleep"
             assert (rig.clone.path / CHUNK_FILE).read_text() == fast  # the wrong edit was rolled back
             assert rig.clone.changed_paths() == []
             assert summary.baseline.commit == start
@@ -183,7 +183,7 @@ def test_tuning_picks_the_target_length_and_walks_the_tuning_file(tmp_path):
             assert len(described) == 2  # then nothing is left to try
             final = 64 if described[1][1] == KEPT else 32
             head = bare_head(rig.bare)
-            pushed = json.loads(git("--git-dir", str(rig.bare), "show", f"{head}:fla/ops/quasar/tuning.json"))
+            pushed = json.loads(git(None, "--git-dir", str(rig.bare), "show", f"{head}:fla/ops/quasar/tuning.json"))
             assert pushed["combine_block_v"] == final
             assert rig.clone.changed_paths() == []
         finally:

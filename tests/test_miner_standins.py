@@ -25,6 +25,7 @@ import pytest
 
 from quasar.localnet.github_standin import GitHubStandIn, send_json
 from quasar.starter_fork import write_starter_fork
+from tests.gitrepo import git
 
 UPSTREAM = "troy12x/flash-linear-attention"
 TOKEN = "ghp_standInToken0123456789abcdefQUASAR"
@@ -32,22 +33,8 @@ CHUNK_FILE = "fla/ops/quasar/chunk.py"
 SLOW_MARK = "time.sleep(_STANDIN_DELAY_S)"
 
 
-def git(*args: str, cwd: Path | None = None) -> str:
-    """Run git with no user configuration; returns stdout."""
-    env = {
-        **os.environ,
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t",
-    }
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
-
-
 def bare_head(bare: Path, branch: str = "main") -> str:
-    return git("--git-dir", str(bare), "rev-parse", f"refs/heads/{branch}")
+    return git(None, "--git-dir", str(bare), "rev-parse", f"refs/heads/{branch}")
 
 
 def bare_has(bare: Path, commit: str) -> bool:
@@ -98,8 +85,8 @@ def write_slow_fork(dest: Path, delay_s: float = 0.2) -> str:
     write_starter_fork(dest)
     chunk = dest / CHUNK_FILE
     chunk.write_text(slow_chunk_source(chunk.read_text(), delay_s))
-    git("commit", "-q", "-am", "slow starter", cwd=dest)
-    return git("rev-parse", "HEAD", cwd=dest)
+    git(dest, "commit", "-q", "-am", "slow starter")
+    return git(dest, "rev-parse", "HEAD")
 
 
 def write_tuning_fork(dest: Path) -> str:
@@ -123,9 +110,9 @@ def write_tuning_fork(dest: Path) -> str:
     chunk.write_text(source)
     space = {"defaults": {"combine_block_v": 16}, "choices": {"combine_block_v": [16, 32, 64]}}
     (dest / "fla/ops/quasar/tuning_space.json").write_text(json.dumps(space, indent=2) + "\n")
-    git("add", "-A", cwd=dest)
-    git("commit", "-q", "-m", "tunable starter", cwd=dest)
-    return git("rev-parse", "HEAD", cwd=dest)
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "tunable starter")
+    return git(dest, "rev-parse", "HEAD")
 
 
 # --- GitHub ---

@@ -37,7 +37,8 @@ from quasar.miner.strategies.tuning import (
     with_change,
 )
 from quasar.starter_fork import KERNEL_DIR, template_root, tuning_contract, write_starter_fork
-from test_miner_standins import CHUNK_FILE, ChatStandIn, file_reply, git
+from test_miner_standins import CHUNK_FILE, ChatStandIn, file_reply
+from tests.gitrepo import git
 
 GATE_FILE = "fla/ops/quasar/gate.py"
 
@@ -130,7 +131,7 @@ def test_apply_and_rollback_restore_every_byte(starter):
     applied.rollback()
     assert not (starter / "fla/ops/quasar/helpers/extra.py").exists()
     assert (starter / GATE_FILE).read_bytes() == gate and (starter / CHUNK_FILE).read_bytes() == chunk
-    assert git("status", "--porcelain", "--untracked-files=no", cwd=starter) == ""
+    assert git(starter, "status", "--porcelain", "--untracked-files=no") == ""
 
 
 def test_apply_refuses_to_write_through_links(starter, tmp_path):
@@ -393,7 +394,7 @@ def test_agent_edits_outside_the_kernels_or_with_forbidden_imports_are_rejected(
             agent.propose(starter, [])
         with pytest.raises(StrategyError, match="changes nothing"):
             agent.propose(starter, [])
-    assert git("status", "--porcelain", cwd=starter) == ""
+    assert git(starter, "status", "--porcelain") == ""
 
 
 def test_agent_endpoint_failures_are_strategy_errors(starter):

@@ -29,7 +29,8 @@ from quasar.miner.submission import (
 )
 from quasar.miner.workspace import ForkClone, Workspace
 from quasar.starter_fork import write_starter_fork
-from test_miner_standins import CHUNK_FILE, bare_has, git
+from test_miner_standins import CHUNK_FILE, bare_has
+from tests.gitrepo import git
 
 
 class Setup:
@@ -49,7 +50,7 @@ class Setup:
         source = tmp_path / "source"
         write_starter_fork(source)
         self.bare = tmp_path / "remotes" / "alice" / "flash-linear-attention.git"
-        git("clone", "-q", "--bare", str(source), str(self.bare))
+        git(None, "clone", "-q", "--bare", str(source), str(self.bare))
         self.fork_url = remote_url("file://" + str(tmp_path / "remotes"), "alice/flash-linear-attention")
         self.workspace = Workspace(tmp_path / "workspaces", self.hotkey)
         self.workspace.acquire()
@@ -154,10 +155,10 @@ def test_a_direct_submission_sent_before_a_crash_is_recognised(setup):
 
 def test_a_commit_that_cannot_be_pushed_is_not_submitted(setup, caplog):
     elsewhere = setup.tmp / "elsewhere"
-    git("clone", "-q", setup.fork_url, str(elsewhere))
+    git(None, "clone", "-q", setup.fork_url, str(elsewhere))
     (elsewhere / "README.md").write_text("pushed by someone else\n")
-    git("commit", "-q", "-am", "elsewhere", cwd=elsewhere)
-    git("push", "-q", "origin", "main", cwd=elsewhere)
+    git(elsewhere, "commit", "-q", "-am", "elsewhere")
+    git(elsewhere, "push", "-q", "origin", "main")
     commit = setup.new_commit("diverged")  # on top of the old head: the push is not a fast-forward
     submitter = setup.submitter(DIRECT)
     assert not submitter.submit_if_better(measurement(commit, 1000.0))

@@ -25,6 +25,7 @@ from quasar.starter_fork import (
     template_files,
     write_starter_fork,
 )
+from tests.gitrepo import git
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,10 +45,6 @@ REQUIRED_FILES = {
     "pyproject.toml",
     ".gitignore",
 }
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
 
 
 @pytest.fixture(scope="module")

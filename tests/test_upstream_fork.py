@@ -7,7 +7,6 @@ tests/test_upstream_fork_gpu.py.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,6 +21,7 @@ from quasar.evaluate.session import missing_module_reason
 from quasar.imports import validate_repo
 from quasar.starter_fork import copy_starter_tree, kernel_files
 from quasar.tools import install_kernel as step1
+from tests.gitrepo import git
 from tests.upstream_fork import upstream_files, write_upstream_fork
 
 pytestmark = pytest.mark.slow
@@ -40,10 +40,6 @@ FAST = EvaluationOptions(
 LAYER_PARAMETERS = 1_120_840
 NEEDS_GPU_LINE = "T=64: the forward needs a CUDA GPU for this fork"
 ABSENT_DEPENDENCY = "quasar_absent_dependency"
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def tree_digest(repo: Path) -> dict[str, bytes]:

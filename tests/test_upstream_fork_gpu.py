@@ -3,15 +3,13 @@ tree (tests/upstream_fork.py): the kernels are written, pass the harness and are
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pytest
 import torch
 
 from quasar.evaluate import EvaluationOptions, evaluate
 from quasar.starter_fork import kernel_files
 from quasar.tools import install_kernel as step1
+from tests.gitrepo import git
 from tests.upstream_fork import write_upstream_fork
 
 pytestmark = [
@@ -30,10 +28,6 @@ GPU = EvaluationOptions(
     length_timeout_s=180,
     timeout_s=300,
 )
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def test_step1_on_the_upstream_tree_passes_and_commits_the_kernel_files(tmp_path):
