@@ -1,20 +1,13 @@
 """Signed requests: accepted once from the right hotkey, refused when replayed, tampered or unauthorized."""
 
-import bittensor as bt
 import pytest
 from bittensor import http_auth
 
 from quasar import auth
 from quasar.chain import Chain, Metagraph, NeuronInfo
+from quasar.localnet.host import make_wallet
 
 RECEIVER = "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
-
-
-def make_wallet(tmp_path, name):
-    wallet = bt.Wallet(name=name, hotkey="default", path=str(tmp_path))
-    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-    wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-    return wallet
 
 
 class StaticChain(Chain):

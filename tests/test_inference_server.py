@@ -25,6 +25,7 @@ from quasar.chain.bittensor_chain import BittensorChain
 from quasar.chain.devchain import DevChain
 from quasar.inference.client import verify_miner_logits
 from quasar.inference.server import InferenceLimits, create_inference_app
+from quasar.localnet.host import make_wallet
 from quasar.logits import (
     ChallengeLimits,
     Generation,
@@ -41,13 +42,6 @@ ROOT = Path(__file__).resolve().parent.parent
 LIMITS = ChallengeLimits(max_prompt_len=32, max_gen_len=8)
 THRESHOLDS = LogitThresholds(min_cosine=0.99, max_abs_diff=0.1)
 NETUID = 3
-
-
-def make_wallet(root, name):
-    wallet = bt.Wallet(name=name, hotkey="default", path=str(root))
-    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-    wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-    return wallet
 
 
 @pytest.fixture(scope="module")
