@@ -4,6 +4,7 @@ import argparse
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -136,7 +137,7 @@ def test_secret_is_kept_out_of_repr_and_listing():
 
 
 def test_every_setting_has_one_option_and_the_example_is_current():
-    assert [o.key for o in config.OPTIONS] == config.settings_keys()
+    assert sorted(o.key for o in config.OPTIONS) == sorted(config.settings_keys())
     assert (ROOT / ".env.example").read_text() == config.env_example()
     for option in config.OPTIONS:
         option.parse(option.default)  # every documented default is itself valid
@@ -291,25 +292,54 @@ def test_every_default_in_the_table_parses():
     "entry, message",
     [
         (
-            '[x]\nkind = "str"\ndefault = ""\ngroup = "wallet"\nbrief = "b"\nhelp = "h"\ncolour = "red"\n',
-            r"settings.toml \[x\]: unknown field\(s\) colour",
+            '[x]\nkind = "str"\ndefault = ""\nbrief = "b"\nhelp = "h"\ncolour = "red"\n',
+            r"wallet.toml \[x\]: unknown field\(s\) colour",
         ),
         (
-            '[x]\nkind = "str"\ndefault = ""\ngroup = "wallet"\nbrief = "b"\n',
-            r"settings.toml \[x\]: missing field 'help'",
+            '[x]\nkind = "str"\ndefault = ""\nbrief = "b"\n',
+            r"wallet.toml \[x\]: missing field 'help'",
         ),
         (
-            '[x]\nkind = "int"\ndefault = "1"\ngroup = "wallet"\nbrief = "b"\nhelp = "h"\n',
-            r"settings.toml \[x\]: kind int needs low",
+            '[x]\nkind = "int"\ndefault = "1"\nbrief = "b"\nhelp = "h"\n',
+            r"wallet.toml \[x\]: kind int needs low",
         ),
         (
-            '[x]\nkind = "colour"\ndefault = ""\ngroup = "wallet"\nbrief = "b"\nhelp = "h"\n',
-            r"settings.toml \[x\]: unknown kind 'colour'",
+            '[x]\nkind = "colour"\ndefault = ""\nbrief = "b"\nhelp = "h"\n',
+            r"wallet.toml \[x\]: unknown kind 'colour'",
         ),
     ],
 )
 def test_a_bad_settings_table_names_the_entry_and_field(tmp_path, entry, message):
-    table = tmp_path / "settings.toml"
+    table = tmp_path / "wallet.toml"
     table.write_text(entry)
     with pytest.raises(ValueError, match=message):
-        config.options.load_options(table)
+        config.options.load_group(table, "wallet")
+
+
+def settings_folder(tmp_path, files: dict[str, str]):
+    """A copy of the settings folder with ``files`` (name: text) written over it (text None: removed)."""
+    folder = tmp_path / "settings"
+    shutil.copytree(config.options.SETTINGS_DIR, folder)
+    for name, text in files.items():
+        if text is None:
+            (folder / name).unlink()
+        else:
+            (folder / name).write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({"colours.toml": ""}, r"colours.toml name no group of GROUPS"),
+        ({"scoring.toml": None}, r"the group 'scoring' has no file scoring.toml"),
+        (
+            {"scoring.toml": '[netuid]\nkind = "str"\ndefault = ""\nbrief = "b"\nhelp = "h"\n'},
+            r"netuid defined in more than one file",
+        ),
+    ],
+)
+def test_a_bad_settings_folder_is_named(tmp_path, files, message):
+    assert len(config.options.load_options(settings_folder(tmp_path, {}))) == len(config.OPTIONS)
+    with pytest.raises(ValueError, match=message):
+        config.options.load_options(settings_folder(tmp_path / "bad", files))

@@ -94,9 +94,13 @@ def env_example() -> str:
         "# Regenerate with: quasar config > .env.example",
         "",
     ]
+    group = None
     for option in OPTIONS:
         if option.env is None:
             continue
+        if option.group != group:
+            group = option.group
+            lines += [f"# --- {group} ---", ""]
         flag = f" (flag {' or '.join((option.flag, *option.aliases))})" if option.flag else ""
         lines.append(f"# {option.help}{flag}")
         lines.append(f"{option.env}={option.default}")
