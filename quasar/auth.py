@@ -79,8 +79,14 @@ def authenticate(
     """
     try:
         caller = http_auth.verify(
-            headers, body, method=method, path=target, self_hotkey_ss58=self_hotkey,
-            max_age=MAX_REQUEST_AGE_S, allowed_skew=ALLOWED_CLOCK_SKEW_S, nonce_store=nonce_store,
+            headers,
+            body,
+            method=method,
+            path=target,
+            self_hotkey_ss58=self_hotkey,
+            max_age=MAX_REQUEST_AGE_S,
+            allowed_skew=ALLOWED_CLOCK_SKEW_S,
+            nonce_store=nonce_store,
         )
     except http_auth.AuthError as error:
         raise AuthFailure(401, f"authentication failed: {error}") from None
@@ -99,14 +105,15 @@ class SignedRequest:
     headers: dict[str, str]
 
 
-def sign_request(
-    wallet, method: str, url: str, receiver_hotkey: str, payload: Any | None = None
-) -> SignedRequest:
+def sign_request(wallet, method: str, url: str, receiver_hotkey: str, payload: Any | None = None) -> SignedRequest:
     """Serialize ``payload`` as JSON once and sign those exact bytes for ``receiver_hotkey``."""
     body = b"" if payload is None else json.dumps(payload, separators=(",", ":")).encode()
     parts = urlsplit(url)
     headers = http_auth.sign(
-        wallet, method=method, path=request_target(parts.path or "/", parts.query), body=body,
+        wallet,
+        method=method,
+        path=request_target(parts.path or "/", parts.query),
+        body=body,
         receiver_ss58=receiver_hotkey,
     )
     if payload is not None:

@@ -169,7 +169,7 @@ QUASAR = Group(
         )),
         ("API and chain", (
             Command("api", "the submission API: serve, migrate, publish-url", "quasar.api.__main__:main"),
-            Command("devchain", "the embedded dev chain (a subnet in one SQLite file)", "quasar.chain.devchain:main"),
+            Command("devchain", "the embedded dev chain (a subnet in one SQLite file)", "quasar.chain.devchain_cli:main"),
         )),
         ("network", (
             Command("localnet", "a whole subnet on this machine: chain, API, neurons", "quasar.localnet.cli:main"),

@@ -66,18 +66,35 @@ _POLL_S = 0.05
 
 # Inherited variables git may keep (network reachability and trust stores the operator set up);
 # every other inherited variable (GIT_DIR, GIT_SSL_NO_VERIFY, GIT_ASKPASS, tokens...) is removed.
-_KEPT_ENVIRONMENT = frozenset({
-    "PATH", "TMPDIR",
-    "http_proxy", "https_proxy", "all_proxy", "no_proxy",
-    "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "GIT_SSL_CAINFO", "GIT_SSL_CAPATH",
-})
+_KEPT_ENVIRONMENT = frozenset(
+    {
+        "PATH",
+        "TMPDIR",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+        "no_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "NO_PROXY",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "GIT_SSL_CAINFO",
+        "GIT_SSL_CAPATH",
+    }
+)
 
 # Messages git prints when the server does not have the requested object.
 _COMMIT_MISSING = ("not our ref", "unadvertised object", "couldn't find remote ref", "no such remote ref")
 # Messages git prints when the repository itself cannot be read (missing, private, mistyped).
-_REPO_MISSING = ("not found", "terminal prompts disabled", "does not appear to be a git repository",
-                 "could not read from remote repository", "could not read username")
+_REPO_MISSING = (
+    "not found",
+    "terminal prompts disabled",
+    "does not appear to be a git repository",
+    "could not read from remote repository",
+    "could not read username",
+)
 
 
 class ForkError(QuasarError, ValueError):
@@ -131,13 +148,15 @@ def normalize_fork_url(url: str, allow_local: bool = False) -> str:
 
 def _normalize_local(url: str, allow_local: bool) -> str:
     if not allow_local:
-        raise ForkError(f"fork URL {_shown(url)} is a local source (a path or file:// URL); local sources "
-                        "are allowed only on the dev chain (or with ALLOW_LOCAL_FORKS), otherwise use "
-                        "https://github.com/OWNER/REPO")
+        raise ForkError(
+            f"fork URL {_shown(url)} is a local source (a path or file:// URL); local sources "
+            "are allowed only on the dev chain (or with ALLOW_LOCAL_FORKS), otherwise use "
+            "https://github.com/OWNER/REPO"
+        )
     if url.lower().startswith("file:"):
         if not url.startswith("file:///"):
             raise ForkError(f"local fork URL {_shown(url)} must be file:///ABSOLUTE/PATH (no host)")
-        path = url[len("file://"):]
+        path = url[len("file://") :]
     else:
         path = url
     if not _LOCAL_PATH.match(path):
@@ -181,11 +200,12 @@ def _normalize_github(url: str) -> str:
     if repo.endswith(".git"):
         repo = repo[: -len(".git")]
     if not _OWNER.match(owner):
-        raise ForkError(f"GitHub owner {_shown(owner)} is invalid: 1-39 letters, digits or single hyphens, "
-                        "not starting or ending with a hyphen")
+        raise ForkError(
+            f"GitHub owner {_shown(owner)} is invalid: 1-39 letters, digits or single hyphens, "
+            "not starting or ending with a hyphen"
+        )
     if not _REPO.match(repo) or repo in (".", ".."):
-        raise ForkError(f"GitHub repository name {_shown(repo)} is invalid: 1-100 letters, digits, '.', '_' "
-                        "or '-'")
+        raise ForkError(f"GitHub repository name {_shown(repo)} is invalid: 1-100 letters, digits, '.', '_' or '-'")
     return f"https://{GITHUB_HOST}/{owner.lower()}/{repo.lower()}"
 
 
@@ -197,8 +217,10 @@ def validate_commit_hash(commit: str) -> str:
     if not isinstance(commit, str):
         raise ForkError(f"commit hash must be a string, got {type(commit).__name__}")
     if not _COMMIT.match(commit):
-        raise ForkError(f"commit hash must be a full commit id of 40 hexadecimal characters (not a branch "
-                        f"name or a short id), got {_shown(commit)}")
+        raise ForkError(
+            f"commit hash must be a full commit id of 40 hexadecimal characters (not a branch "
+            f"name or a short id), got {_shown(commit)}"
+        )
     commit = commit.lower()
     if commit == _NULL_COMMIT:
         raise ForkError("commit hash is the null id (all zeros), not a commit")
@@ -209,8 +231,9 @@ def _cache_key(fork_url: str, commit_hash: str) -> str:
     return hashlib.sha256(f"{fork_url}\n{commit_hash}".encode()).hexdigest()[:40]
 
 
-def clone_dir_for(cache_root: str | os.PathLike[str], fork_url: str, commit_hash: str, *,
-                  allow_local: bool = False) -> Path:
+def clone_dir_for(
+    cache_root: str | os.PathLike[str], fork_url: str, commit_hash: str, *, allow_local: bool = False
+) -> Path:
     """The directory under ``cache_root`` that holds ``fork_url`` checked out at ``commit_hash``.
 
     Its name is a hash of the normalized URL and commit, so two spellings of one fork share it.
@@ -219,9 +242,16 @@ def clone_dir_for(cache_root: str | os.PathLike[str], fork_url: str, commit_hash
     return Path(cache_root) / _cache_key(url, validate_commit_hash(commit_hash))
 
 
-def clone_at_commit(fork_url: str, commit_hash: str, cache_root: str | os.PathLike[str], *,
-                    allow_local: bool = False, timeout_s: float = DEFAULT_TIMEOUT_S,
-                    max_bytes: int = DEFAULT_MAX_BYTES, env: Mapping[str, str] | None = None) -> Checkout:
+def clone_at_commit(
+    fork_url: str,
+    commit_hash: str,
+    cache_root: str | os.PathLike[str],
+    *,
+    allow_local: bool = False,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    env: Mapping[str, str] | None = None,
+) -> Checkout:
     """Check out ``fork_url`` at exactly ``commit_hash`` under ``cache_root`` and return where.
 
     Fetches only that commit (depth 1, no tags, no submodules) and checks it out detached; a
@@ -281,12 +311,15 @@ class _Limits:
 
     def check_time(self, step: str) -> None:
         if time.monotonic() >= self.deadline:
-            raise ForkError(f"cloning {self.url} at {self.commit} exceeded the time limit of "
-                            f"{self.timeout_s:g} s while {step}")
+            raise ForkError(
+                f"cloning {self.url} at {self.commit} exceeded the time limit of {self.timeout_s:g} s while {step}"
+            )
 
     def size_error(self, size: int, when: str) -> ForkError:
-        return ForkError(f"{self.url} at {self.commit} takes {size} bytes on disk (git objects and files) "
-                         f"{when}, over the size limit of {self.max_bytes} bytes")
+        return ForkError(
+            f"{self.url} at {self.commit} takes {size} bytes on disk (git objects and files) "
+            f"{when}, over the size limit of {self.max_bytes} bytes"
+        )
 
 
 @contextmanager
@@ -306,18 +339,32 @@ def _key_lock(path: Path, limits: _Limits) -> Iterator[int]:
         os.close(fd)  # releases the lock once no git child holds the descriptor either
 
 
-def _build(work: Path, home: Path, limits: _Limits, allow_local: bool, extra_env: Mapping[str, str],
-           lock_fd: int) -> None:
+def _build(
+    work: Path, home: Path, limits: _Limits, allow_local: bool, extra_env: Mapping[str, str], lock_fd: int
+) -> None:
     repo = _IsolatedGit(work, home, limits, allow_local, extra_env, lock_fd)
     repo.run("init", "--quiet", "--template=", step="creating the repository")
     repo.run("remote", "add", "origin", limits.url, step="adding the remote")
-    repo.run("fetch", "--quiet", "--depth=1", "--no-tags", "--no-recurse-submodules", "origin", limits.commit,
-             step="fetching")
-    if repo.run_status("rev-parse", "--verify", "--quiet", f"{limits.commit}^{{commit}}",
-                       step="checking the object")[0] != 0:
+    repo.run(
+        "fetch",
+        "--quiet",
+        "--depth=1",
+        "--no-tags",
+        "--no-recurse-submodules",
+        "origin",
+        limits.commit,
+        step="fetching",
+    )
+    if (
+        repo.run_status("rev-parse", "--verify", "--quiet", f"{limits.commit}^{{commit}}", step="checking the object")[
+            0
+        ]
+        != 0
+    ):
         raise ForkError(f"object {limits.commit} in {limits.url} is not a commit")
-    tree_bytes = _tree_bytes(repo.run("ls-tree", "-r", "-l", "-z", "--full-tree", limits.commit,
-                                      step="listing the tree"))
+    tree_bytes = _tree_bytes(
+        repo.run("ls-tree", "-r", "-l", "-z", "--full-tree", limits.commit, step="listing the tree")
+    )
     needed = _disk_usage(work) + tree_bytes
     if needed > limits.max_bytes:
         raise limits.size_error(needed, "once checked out")
@@ -325,8 +372,12 @@ def _build(work: Path, home: Path, limits: _Limits, allow_local: bool, extra_env
     head = (work / ".git" / "HEAD").read_text().strip()
     if head != limits.commit:
         raise ForkError(f"checkout of {limits.url} at {limits.commit} ended at HEAD {_shown(head)}")
-    marker = {"format": _MARKER_FORMAT, "fork_url": limits.url, "commit_hash": limits.commit,
-              "files_sha256": _files_digest(work)}
+    marker = {
+        "format": _MARKER_FORMAT,
+        "fork_url": limits.url,
+        "commit_hash": limits.commit,
+        "files_sha256": _files_digest(work),
+    }
     with open(work / ".git" / _MARKER, "w") as out:
         json.dump(marker, out)
         out.flush()
@@ -336,20 +387,28 @@ def _build(work: Path, home: Path, limits: _Limits, allow_local: bool, extra_env
 class _IsolatedGit:
     """Runs git in one new repository: scrubbed environment, no user or system config, time and size limits."""
 
-    def __init__(self, work: Path, home: Path, limits: _Limits, allow_local: bool,
-                 extra_env: Mapping[str, str], lock_fd: int):
+    def __init__(
+        self, work: Path, home: Path, limits: _Limits, allow_local: bool, extra_env: Mapping[str, str], lock_fd: int
+    ):
         self._work = work
         self._limits = limits
         self._lock_fd = lock_fd
         self._git = git.Git(work)
         env = {name: value for name, value in os.environ.items() if name in _KEPT_ENVIRONMENT}
         env.update(extra_env)
-        env.update({
-            "HOME": str(home), "XDG_CONFIG_HOME": str(home),
-            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_SYSTEM": os.devnull, "GIT_CONFIG_GLOBAL": os.devnull,
-            "GIT_TERMINAL_PROMPT": "0", "GIT_NO_REPLACE_OBJECTS": "1",
-            "GIT_DIR": str(work / ".git"), "GIT_WORK_TREE": str(work),
-        })
+        env.update(
+            {
+                "HOME": str(home),
+                "XDG_CONFIG_HOME": str(home),
+                "GIT_CONFIG_NOSYSTEM": "1",
+                "GIT_CONFIG_SYSTEM": os.devnull,
+                "GIT_CONFIG_GLOBAL": os.devnull,
+                "GIT_TERMINAL_PROMPT": "0",
+                "GIT_NO_REPLACE_OBJECTS": "1",
+                "GIT_DIR": str(work / ".git"),
+                "GIT_WORK_TREE": str(work),
+            }
+        )
         self._env = env
         # GitPython starts git with os.environ plus our variables; `env -u` removes the rest.
         unset = [arg for name in os.environ if name not in env for arg in ("-u", name)]
@@ -357,10 +416,27 @@ class _IsolatedGit:
         if allow_local:
             protocols += ["-c", "protocol.file.allow=always"]
         self._prefix = [
-            shutil.which("env") or "/usr/bin/env", *unset, git.Git.GIT_PYTHON_GIT_EXECUTABLE,
-            "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "core.symlinks=false",
-            "-c", "submodule.recurse=false", "-c", "transfer.fsckObjects=true", "-c", "credential.helper=",
-            "-c", "gc.auto=0", "-c", "maintenance.auto=false", "-c", "advice.detachedHead=false",
+            shutil.which("env") or "/usr/bin/env",
+            *unset,
+            git.Git.GIT_PYTHON_GIT_EXECUTABLE,
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "core.symlinks=false",
+            "-c",
+            "submodule.recurse=false",
+            "-c",
+            "transfer.fsckObjects=true",
+            "-c",
+            "credential.helper=",
+            "-c",
+            "gc.auto=0",
+            "-c",
+            "maintenance.auto=false",
+            "-c",
+            "advice.detachedHead=false",
             *protocols,
         ]
 
@@ -375,8 +451,9 @@ class _IsolatedGit:
         """Run ``git ARGS``; return exit status, stdout, stderr. Past the time or size limit its
         process group is killed and :class:`ForkError` raised."""
         self._limits.check_time(step)
-        handle = self._git.execute([*self._prefix, *args], as_process=True, env=self._env,
-                                   start_new_session=True, pass_fds=(self._lock_fd,))
+        handle = self._git.execute(
+            [*self._prefix, *args], as_process=True, env=self._env, start_new_session=True, pass_fds=(self._lock_fd,)
+        )
         proc = handle.proc  # `handle` must stay referenced: when collected, GitPython terminates git
         if proc is None:
             raise ForkError(f"git {args[0]} did not start")

@@ -26,8 +26,8 @@ import secrets
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -139,8 +139,10 @@ class ReferenceModel:
 def offline_mode(environ=None) -> bool:
     """True when ``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE`` asks for the local cache only."""
     environ = os.environ if environ is None else environ
-    return any(environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-               for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+        for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 # How long a miner or validator waits to learn whether the Hugging Face hub can be reached at all.
@@ -200,12 +202,16 @@ def load_reference_model(
     local = Path(name_or_path).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():
-            raise ModelLoadError(f"reference model folder {local} has no config.json; "
-                                 "point REFERENCE_MODEL at a folder saved with save_pretrained")
+            raise ModelLoadError(
+                f"reference model folder {local} has no config.json; "
+                "point REFERENCE_MODEL at a folder saved with save_pretrained"
+            )
         source, from_hub = str(local), False
     elif _looks_like_path(name_or_path):
-        raise ModelLoadError(f"reference model folder {local} does not exist; "
-                             "point REFERENCE_MODEL at a local folder or a Hugging Face model id")
+        raise ModelLoadError(
+            f"reference model folder {local} does not exist; "
+            "point REFERENCE_MODEL at a local folder or a Hugging Face model id"
+        )
     else:
         source, from_hub = name_or_path, True
     offline = offline_mode()
@@ -221,7 +227,8 @@ def load_reference_model(
                     f"cannot load reference model {name_or_path!r}: it is not in the local Hugging Face cache and "
                     f"{endpoint} cannot be reached. Download it with `hf download {name_or_path}` on a machine "
                     "with internet, or point REFERENCE_MODEL at a local folder holding config.json and the "
-                    "weights.") from None
+                    "weights."
+                ) from None
     try:
         if offline and from_hub and source == name_or_path:
             # Resolve the cached snapshot first: from_pretrained would still probe the Hub for
@@ -234,8 +241,10 @@ def load_reference_model(
     except (OSError, ValueError) as error:
         if from_hub:
             where = "the local Hugging Face cache (offline mode is on)" if offline else "the cache or the Hub"
-            fix = (f"Download it with `hf download {name_or_path}` on a machine with internet, "
-                   "or point REFERENCE_MODEL at a local folder holding config.json and the weights.")
+            fix = (
+                f"Download it with `hf download {name_or_path}` on a machine with internet, "
+                "or point REFERENCE_MODEL at a local folder holding config.json and the weights."
+            )
         else:
             where, fix = "its folder", "The folder must hold config.json and the weights written by save_pretrained."
         raise ModelLoadError(
@@ -245,21 +254,37 @@ def load_reference_model(
     rows = module.get_input_embeddings().num_embeddings
     vocab_size = module.get_output_embeddings().out_features
     if rows != vocab_size:
-        raise ModelLoadError(f"reference model {name_or_path!r} has {rows} input embedding rows but "
-                             f"{vocab_size} output logits; only models with one vocabulary are supported")
+        raise ModelLoadError(
+            f"reference model {name_or_path!r} has {rows} input embedding rows but "
+            f"{vocab_size} output logits; only models with one vocabulary are supported"
+        )
     specials = _config_special_ids(module.config, getattr(module, "generation_config", None))
     ordinary = ordinary_token_range(specials, rows)
     max_positions = getattr(module.config, "max_position_embeddings", None)
-    log.info("reference model %s loaded on %s in %s (vocabulary %d, ordinary ids %d)",
-             name_or_path, torch_device, torch_dtype, vocab_size, ordinary.size)
+    log.info(
+        "reference model %s loaded on %s in %s (vocabulary %d, ordinary ids %d)",
+        name_or_path,
+        torch_device,
+        torch_dtype,
+        vocab_size,
+        ordinary.size,
+    )
     return ReferenceModel(
-        name=name_or_path, module=module, device=torch_device, dtype=torch_dtype, vocab_size=vocab_size,
-        ordinary_tokens=ordinary, max_positions=max_positions if isinstance(max_positions, int) else None,
+        name=name_or_path,
+        module=module,
+        device=torch_device,
+        dtype=torch_dtype,
+        vocab_size=vocab_size,
+        ordinary_tokens=ordinary,
+        max_positions=max_positions if isinstance(max_positions, int) else None,
     )
 
 
 def check_request(
-    prompt_ids: Sequence[int], gen_len: int, logits_at_step: int, vocab_size: int,
+    prompt_ids: Sequence[int],
+    gen_len: int,
+    logits_at_step: int,
+    vocab_size: int,
     max_positions: int | None = None,
 ) -> None:
     """Raise :class:`ChallengeError` naming the field when a request cannot be run on the model."""
@@ -273,8 +298,10 @@ def check_request(
     if not 1 <= logits_at_step <= gen_len:
         raise ChallengeError(f"logits_at_step: must be between 1 and gen_len ({gen_len}), got {logits_at_step}")
     if max_positions is not None and len(prompt_ids) + gen_len > max_positions:
-        raise ChallengeError(f"prompt length {len(prompt_ids)} + gen_len {gen_len} exceeds the model's "
-                             f"context of {max_positions} positions")
+        raise ChallengeError(
+            f"prompt length {len(prompt_ids)} + gen_len {gen_len} exceeds the model's "
+            f"context of {max_positions} positions"
+        )
 
 
 def _ids(token_ids: Sequence[int], device: torch.device) -> torch.Tensor:
@@ -300,8 +327,9 @@ def generate_with_logits(
                 captured = step_logits.float().cpu()
             tokens.append(int(torch.argmax(step_logits)))
             if step < gen_len:
-                output = model.module(input_ids=_ids(tokens[-1:], model.device),
-                                      past_key_values=output.past_key_values, use_cache=True)
+                output = model.module(
+                    input_ids=_ids(tokens[-1:], model.device), past_key_values=output.past_key_values, use_cache=True
+                )
     assert captured is not None  # check_request guarantees 1 <= logits_at_step <= gen_len
     return Generation(tuple(tokens), captured)
 
@@ -320,7 +348,7 @@ def generate_without_cache(
                 captured = step_logits.float().cpu()
             sequence.append(int(torch.argmax(step_logits)))
     assert captured is not None
-    return Generation(tuple(sequence[len(prompt_ids):]), captured)
+    return Generation(tuple(sequence[len(prompt_ids) :]), captured)
 
 
 def path_logits(model: ReferenceModel, prompt_ids: Sequence[int], tokens: Sequence[int]) -> torch.Tensor:
@@ -334,8 +362,9 @@ def path_logits(model: ReferenceModel, prompt_ids: Sequence[int], tokens: Sequen
         raise ChallengeError("tokens: the path must hold at least one token")
     sequence = list(prompt_ids) + list(tokens[:-1])
     with torch.inference_mode():
-        logits = model.module(input_ids=_ids(sequence, model.device), use_cache=False,
-                              logits_to_keep=len(tokens)).logits[0]
+        logits = model.module(
+            input_ids=_ids(sequence, model.device), use_cache=False, logits_to_keep=len(tokens)
+        ).logits[0]
     return logits.float().cpu()
 
 
@@ -407,12 +436,12 @@ def compare_logits(reference, candidate, min_cosine: float, max_abs_diff: float)
     """Compare two logit vectors (tensors or number sequences) in float64 against the thresholds."""
     ref, cand = _as_vector(reference), _as_vector(candidate)
     if ref.shape != cand.shape or ref.dim() != 1:
-        return LogitComparison(None, None, False,
-                               f"logits have shape {tuple(cand.shape)}, expected {tuple(ref.shape)}")
+        return LogitComparison(None, None, False, f"logits have shape {tuple(cand.shape)}, expected {tuple(ref.shape)}")
     bad = (~torch.isfinite(cand)).nonzero()
     if len(bad):
-        return LogitComparison(None, None, False,
-                               f"logits hold {len(bad)} non-finite values (first at index {int(bad[0])})")
+        return LogitComparison(
+            None, None, False, f"logits hold {len(bad)} non-finite values (first at index {int(bad[0])})"
+        )
     if not torch.isfinite(ref).all():
         return LogitComparison(None, None, False, "the reference logits are not finite")
     norms = float(ref.norm()) * float(cand.norm())
@@ -421,13 +450,18 @@ def compare_logits(reference, candidate, min_cosine: float, max_abs_diff: float)
     cosine = float(ref @ cand) / norms
     diff = float((ref - cand).abs().max())
     passed = cosine >= min_cosine and diff <= max_abs_diff
-    verdict = (f"cosine {cosine:.6f} {'≥' if cosine >= min_cosine else '<'} {min_cosine}, "
-               f"max |diff| {diff:.4g} {'≤' if diff <= max_abs_diff else '>'} {max_abs_diff}")
+    verdict = (
+        f"cosine {cosine:.6f} {'≥' if cosine >= min_cosine else '<'} {min_cosine}, "
+        f"max |diff| {diff:.4g} {'≤' if diff <= max_abs_diff else '>'} {max_abs_diff}"
+    )
     return LogitComparison(cosine, diff, passed, verdict)
 
 
 def verify_generation(
-    reference: ReferenceModel, challenge: Challenge, tokens: Sequence[int], logits,
+    reference: ReferenceModel,
+    challenge: Challenge,
+    tokens: Sequence[int],
+    logits,
     thresholds: LogitThresholds,
 ) -> LogitComparison:
     """Judge a miner's answer to ``challenge``: its tokens and its logits at the challenge's step.
@@ -437,22 +471,33 @@ def verify_generation(
     the logits at the step must pass :func:`compare_logits` against the reference on that path.
     """
     if len(tokens) != challenge.gen_len:
-        return LogitComparison(None, None, False, f"returned {len(tokens)} tokens, expected gen_len {challenge.gen_len}")
+        return LogitComparison(
+            None, None, False, f"returned {len(tokens)} tokens, expected gen_len {challenge.gen_len}"
+        )
     for index, token_id in enumerate(tokens):
         if isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < reference.vocab_size:
-            return LogitComparison(None, None, False,
-                                   f"tokens[{index}]: {token_id!r} is outside the vocabulary [0, {reference.vocab_size})")
+            return LogitComparison(
+                None,
+                None,
+                False,
+                f"tokens[{index}]: {token_id!r} is outside the vocabulary [0, {reference.vocab_size})",
+            )
     expected = path_logits(reference, challenge.prompt, tokens)
     tolerance = 2 * thresholds.max_abs_diff
     for index, token_id in enumerate(tokens):
         best = int(torch.argmax(expected[index]))
         gap = float(expected[index, best] - expected[index, token_id])
         if gap > tolerance:
-            return LogitComparison(None, None, False,
-                                   f"token at step {index + 1} is {token_id}, not a greedy choice: the reference "
-                                   f"picks {best}, which scores {gap:.4g} higher (tolerance {tolerance:.4g})")
-    return compare_logits(expected[challenge.logits_at_step - 1], logits,
-                          thresholds.min_cosine, thresholds.max_abs_diff)
+            return LogitComparison(
+                None,
+                None,
+                False,
+                f"token at step {index + 1} is {token_id}, not a greedy choice: the reference "
+                f"picks {best}, which scores {gap:.4g} higher (tolerance {tolerance:.4g})",
+            )
+    return compare_logits(
+        expected[challenge.logits_at_step - 1], logits, thresholds.min_cosine, thresholds.max_abs_diff
+    )
 
 
 def cosine_reference(a: Sequence[float], b: Sequence[float]) -> float:

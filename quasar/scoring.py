@@ -160,10 +160,12 @@ class Result:
         # Normalise ints to floats so equal results compare and hash equal however they were written.
         normalised = {
             "submitted_at": _number(self.submitted_at, "submitted_at", positive=False),
-            "claimed_tokens_per_sec": _number(self.claimed_tokens_per_sec, "claimed_tokens_per_sec",
-                                              positive=True, high=MAX_TOKENS_PER_SEC),
-            "measured_tokens_per_sec": _number(self.measured_tokens_per_sec, "measured_tokens_per_sec",
-                                               positive=False, high=MAX_TOKENS_PER_SEC),
+            "claimed_tokens_per_sec": _number(
+                self.claimed_tokens_per_sec, "claimed_tokens_per_sec", positive=True, high=MAX_TOKENS_PER_SEC
+            ),
+            "measured_tokens_per_sec": _number(
+                self.measured_tokens_per_sec, "measured_tokens_per_sec", positive=False, high=MAX_TOKENS_PER_SEC
+            ),
         }
         for name, value in normalised.items():
             object.__setattr__(self, name, value)
@@ -181,8 +183,10 @@ def ineligibility_reason(result: Result) -> str | None:
     if result.logits_ok is False:
         return "logit verification failed"
     if result.measured_tokens_per_sec < CLAIM_FACTOR * result.claimed_tokens_per_sec:
-        return (f"measured {result.measured_tokens_per_sec:,.0f} tok/s is below {CLAIM_FACTOR} × "
-                f"claimed {result.claimed_tokens_per_sec:,.0f}")
+        return (
+            f"measured {result.measured_tokens_per_sec:,.0f} tok/s is below {CLAIM_FACTOR} × "
+            f"claimed {result.claimed_tokens_per_sec:,.0f}"
+        )
     return None
 
 
@@ -280,8 +284,12 @@ class Ranking:
         """The CLI's output: ``{"ranking": [...], "weights": {...}, "unassigned": share}``."""
         return {
             "ranking": [
-                {"hotkey": p.hotkey, "submission_id": p.submission_id,
-                 "weighted_score": p.weighted_score, "place": p.place}
+                {
+                    "hotkey": p.hotkey,
+                    "submission_id": p.submission_id,
+                    "weighted_score": p.weighted_score,
+                    "place": p.place,
+                }
                 for p in self.placements
             ],
             "weights": dict(self.weights),
@@ -290,8 +298,7 @@ class Ranking:
 
 
 def _check_epsilon(epsilon: float) -> float:
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) \
-            or epsilon < 0:
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon < 0:
         raise ValueError(f"epsilon must be a finite number >= 0, got {epsilon!r}")
     return float(epsilon)
 
@@ -315,8 +322,8 @@ def rank(results: Iterable[Result], epsilon: float = DEFAULT_EPSILON) -> Ranking
         Placement(place, result, score, PLACE_SHARES[place - 1] if place <= len(PLACE_SHARES) else 0.0)
         for place, (score, result) in enumerate(ordered, start=1)
     )
-    weights = {p.hotkey: p.share for p in placements[:len(PLACE_SHARES)]}
-    return Ranking(placements, weights, _exact_sum(PLACE_SHARES[len(weights):]), epsilon)
+    weights = {p.hotkey: p.share for p in placements[: len(PLACE_SHARES)]}
+    return Ranking(placements, weights, _exact_sum(PLACE_SHARES[len(weights) :]), epsilon)
 
 
 def results_from_json(data: Any) -> list[Result]:
@@ -340,8 +347,11 @@ def results_from_json(data: Any) -> list[Result]:
         except InvalidResult as error:
             raise error.at(index) from None
         if result.submission_id in first_entry_of_id:
-            raise InvalidResult("submission_id", f"{result.submission_id} is also the id of entry "
-                                f"{first_entry_of_id[result.submission_id]}", index)
+            raise InvalidResult(
+                "submission_id",
+                f"{result.submission_id} is also the id of entry {first_entry_of_id[result.submission_id]}",
+                index,
+            )
         first_entry_of_id[result.submission_id] = index
         results.append(result)
     return results
@@ -357,8 +367,9 @@ def load_results(path: str) -> list[Result]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ScoringInputError(f"{path} is not valid JSON: {error.msg} at line {error.lineno} "
-                                f"column {error.colno}") from None
+        raise ScoringInputError(
+            f"{path} is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}"
+        ) from None
     try:
         return results_from_json(data)
     except ScoringInputError as error:
@@ -372,9 +383,16 @@ def print_tables(results: Sequence[Result], ranking: Ranking, console: Console) 
         table.add_column(column, justify="left" if column in ("hotkey", "league") else "right", no_wrap=True)
     for p in ranking.placements:
         league = league_for(p.result.target_sequence_length)
-        table.add_row(str(p.place), short_hotkey(p.hotkey), str(p.submission_id), league.name,
-                      compact_rate(verified_tokens_per_sec(p.result)), f"{league.multiplier:g}",
-                      compact_rate(p.weighted_score), f"{p.share:.2f}")
+        table.add_row(
+            str(p.place),
+            short_hotkey(p.hotkey),
+            str(p.submission_id),
+            league.name,
+            compact_rate(verified_tokens_per_sec(p.result)),
+            f"{league.multiplier:g}",
+            compact_rate(p.weighted_score),
+            f"{p.share:.2f}",
+        )
     console.print(table)
     console.print(f"unassigned (burned): {ranking.unassigned:.2f}")
 
@@ -400,12 +418,22 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar scoring") -> int
     option = config.OPTIONS_BY_KEY["tie_epsilon"]
     assert option.flag is not None, "TIE_EPSILON has a flag in the settings table"
     parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Rank QUASAR results (docs/rules.md section 5) and print the weight split as JSON.")
-    parser.add_argument("--input", required=True, metavar="FILE",
-                        help="JSON list of results ('-' reads standard input); messages number entries from 0")
-    parser.add_argument("--epsilon", option.flag, dest=option.key, default=None, metavar="E",
-                        help=f"{option.help} (env {option.env}, default {option.default})")
+        prog=prog, description="Rank QUASAR results (docs/rules.md section 5) and print the weight split as JSON."
+    )
+    parser.add_argument(
+        "--input",
+        required=True,
+        metavar="FILE",
+        help="JSON list of results ('-' reads standard input); messages number entries from 0",
+    )
+    parser.add_argument(
+        "--epsilon",
+        option.flag,
+        dest=option.key,
+        default=None,
+        metavar="E",
+        help=f"{option.help} (env {option.env}, default {option.default})",
+    )
     parser.add_argument("--table", action="store_true", help="print tables for people instead of JSON")
     args, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, settings.secrets(), quiet=True)

@@ -27,15 +27,19 @@ def naive_fingerprint(output: torch.Tensor, directions: torch.Tensor, token_weig
     flat = output.reshape(-1, output.shape[-1]).double()
     rows = []
     for row, (start, stop) in enumerate(workload.segment_bounds(flat.shape[0])):
-        rows.append([sum(float(weights[row, t]) * float(flat[t] @ directions[:, j]) for t in range(start, stop))
-                     for j in range(directions.shape[1])])
+        rows.append(
+            [
+                sum(float(weights[row, t]) * float(flat[t] @ directions[:, j]) for t in range(start, stop))
+                for j in range(directions.shape[1])
+            ]
+        )
     return torch.tensor(rows, dtype=torch.float64)
 
 
 def naive_signs(values: list) -> list[int]:
     """signs_from_fingerprint in plain Python from the reported floats, as the rule says."""
     signs = []
-    for value in itertools.chain.from_iterable(row[:workload.SIGN_DIRECTIONS] for row in values):
+    for value in itertools.chain.from_iterable(row[: workload.SIGN_DIRECTIONS] for row in values):
         bits = struct.unpack("<I", struct.pack("<f", value))[0]
         product = (bits * 0x2545F491) % (1 << 32)
         signs += [-1 if (product >> shift) & 1 else 1 for shift in (28, 29, 30, 31)]
@@ -46,7 +50,7 @@ class RecordingLayer:
     """A deterministic non-linear stand-in for the layer (bf16 output) that keeps every input it saw."""
 
     def __init__(self, seed: int):
-        self.weight = torch.randn(512, 512, generator=torch.Generator().manual_seed(seed)) / 512 ** 0.5
+        self.weight = torch.randn(512, 512, generator=torch.Generator().manual_seed(seed)) / 512**0.5
         self.inputs: list[torch.Tensor] = []
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -57,7 +61,7 @@ class RecordingLayer:
 def naive_worst_block_error(output: torch.Tensor, reference: torch.Tensor, block: int) -> float:
     out = output.reshape(-1, output.shape[-1]).double()
     ref = reference.reshape(-1, reference.shape[-1]).double()
-    mean_square = float((ref ** 2).sum()) / ref.shape[0]
+    mean_square = float((ref**2).sum()) / ref.shape[0]
     worst = 0.0
     for start in range(0, out.shape[0], block):
         part = slice(start, min(start + block, out.shape[0]))
@@ -118,8 +122,8 @@ def timed_run(length: int, count: int, timed: int):
     from quasar.evaluate.timing import LengthRun
 
     run = LengthRun(LengthResult(seq_len=length, forwards_per_request=count))
-    run.timed = [Request(index, index, torch.zeros(count, 8, workload.FINGERPRINT_DIRECTIONS), 1) for index in range(timed)]
+    run.timed = [
+        Request(index, index, torch.zeros(count, 8, workload.FINGERPRINT_DIRECTIONS), 1) for index in range(timed)
+    ]
     run.check = run.timed[timed // 3]
     return run
-
-

@@ -24,8 +24,9 @@ MINERS = ("a", "b", "c")
 @pytest.mark.parametrize("workers", [1, 3])
 def test_sigkill_mid_traffic_loses_no_acknowledged_submission(tmp_path, chain, wallets, database_url, workers):
     api_hotkey = wallets["api"].hotkey.ss58_address
-    process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, submissions_per_hour=100_000,
-                                     workers=workers)
+    process, url = start_api_process(
+        tmp_path, database_url, chain.path, api_hotkey, submissions_per_hour=100_000, workers=workers
+    )
     acknowledged: dict[int, tuple[str, str]] = {}
     lock = threading.Lock()
     stop = threading.Event()
@@ -58,8 +59,9 @@ def test_sigkill_mid_traffic_loses_no_acknowledged_submission(tmp_path, chain, w
         thread.join(timeout=30)
     assert len(acknowledged) >= 60
 
-    process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, submissions_per_hour=100_000,
-                                     workers=workers)
+    process, url = start_api_process(
+        tmp_path, database_url, chain.path, api_hotkey, submissions_per_hour=100_000, workers=workers
+    )
     try:
         database = Database(database_url)
         with database.read() as session:
@@ -68,7 +70,8 @@ def test_sigkill_mid_traffic_loses_no_acknowledged_submission(tmp_path, chain, w
         missing = {sid: entry for sid, entry in acknowledged.items() if stored.get(sid) != entry}
         assert missing == {}, f"{len(missing)} acknowledged submissions lost"
         after = ApiClient(url, wallets["a"], api_hotkey=api_hotkey).submit_kernel(
-            "https://github.com/miner/fla", "f" * 40, 500_000, 1e4)
+            "https://github.com/miner/fla", "f" * 40, 500_000, 1e4
+        )
         assert after.submission_id > max(stored)  # ids are never reused
     finally:
         process.send_signal(signal.SIGTERM)

@@ -12,8 +12,8 @@ import pytest
 
 from api_fixtures import SLOW_BLOCKS, ApiServer, api_config, make_wallet
 from quasar import config
-from quasar.api.lookup import ApiNotFound, find_api, publish_api
 from quasar.api.devdb import free_port
+from quasar.api.lookup import ApiNotFound, find_api, publish_api
 from quasar.chain import ApiLocation, ChainError
 from quasar.chain.devchain import DevChain
 
@@ -36,8 +36,11 @@ def chain(tmp_path, wallets):
 
 
 def settings_for(chain: DevChain, **values: str) -> config.Settings:
-    return config.resolve({"network": "devchain", "devchain_path": str(chain.path), "netuid": str(NETUID), **values},
-                          environ={}, dotenv_path=None)
+    return config.resolve(
+        {"network": "devchain", "devchain_path": str(chain.path), "netuid": str(NETUID), **values},
+        environ={},
+        dotenv_path=None,
+    )
 
 
 def test_validator_api_url_wins_and_the_chain_is_read_only_without_it(chain, wallets):
@@ -55,7 +58,8 @@ def test_nothing_published_and_nothing_set_says_what_to_do(chain, wallets):
         find_api(settings_for(chain), chain)
     assert str(missing.value) == (
         f"VALIDATOR_API_URL is empty and subnet {NETUID}'s identity on devchain names no submission API: set "
-        "VALIDATOR_API_URL (or --api.url), or ask the subnet owner to publish it (python -m quasar.api publish-url URL)")
+        "VALIDATOR_API_URL (or --api.url), or ask the subnet owner to publish it (python -m quasar.api publish-url URL)"
+    )
     chain.publish_api_location(wallets["owner"], ApiLocation("javascript:alert(1)"))
     with pytest.raises(ApiNotFound, match="is not an http:// or https:// URL"):
         find_api(settings_for(chain), chain)
@@ -83,8 +87,9 @@ def test_the_owners_command_publishes_and_a_miner_finds_the_api_from_the_chain(c
     environment["PYTHONPATH"] = str(ROOT)
 
     def run(*command: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", *command], cwd=tmp_path, env=environment, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", *command], cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=120
+        )
 
     with ApiServer(api_config(api_hotkey), chain, f"sqlite:///{tmp_path}/api.sqlite3") as server:
         # The miner's status command has no --api.url, and nothing names the API yet.
@@ -96,8 +101,9 @@ def test_the_owners_command_publishes_and_a_miner_finds_the_api_from_the_chain(c
         assert unnamed.returncode == 1 and "name the subnet owner's wallet" in unnamed.stderr
         published = run(*publish, "--wallet.name", "owner")
         assert published.returncode == 0, published.stderr
-        assert published.stdout.strip() == (f"published {server.url} (API hotkey {api_hotkey}) on subnet {NETUID} of "
-                                            "devchain")
+        assert published.stdout.strip() == (
+            f"published {server.url} (API hotkey {api_hotkey}) on subnet {NETUID} of devchain"
+        )
         found = run(*status)  # now it reads the URL from the chain
         assert found.returncode == 0, found.stderr
         assert "no submissions yet" in found.stdout

@@ -39,6 +39,7 @@ def test_pages_render_again_one_at_a_time_and_the_previous_block_is_served_meanw
                 running[0] -= 1
             renders.append(path)
             return Response(f"{path} at {block[0]}".encode())
+
         return page
 
     paths = [f"/dashboard/miners/{n}" for n in range(8)]
@@ -92,6 +93,7 @@ def test_the_page_thread_rests_between_renders_and_skips_a_block_that_has_ended(
             time.sleep(0.05)
             renders.append((path, block[0], began, time.monotonic()))
             return Response(f"{path} at {block[0]}".encode())
+
         return page
 
     paths = [f"/dashboard/submissions/{n}" for n in range(6)]
@@ -112,7 +114,7 @@ def test_the_page_thread_rests_between_renders_and_skips_a_block_that_has_ended(
 
     asyncio.run(scenario())
     cache.close()
-    on_thread = renders[len(paths):]
+    on_thread = renders[len(paths) :]
     # Two renders for block 2, then the ones for block 3: the four left for block 2 were skipped.
     assert [b for _, b, _, _ in on_thread] == [2, 2] + [3] * len(paths)
     # Each render began at least three times its length after the one before ended (a quarter of the time).

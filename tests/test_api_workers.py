@@ -96,8 +96,7 @@ def signed(served: Served, wallet, path: str, payload: dict, **headers: str) -> 
 
 
 def submission(n: int) -> dict:
-    return {"fork_url": FORK, "commit_hash": f"{n:040x}", "target_sequence_length": 500_000,
-            "tokens_per_sec": 1e4}
+    return {"fork_url": FORK, "commit_hash": f"{n:040x}", "target_sequence_length": 500_000, "tokens_per_sec": 1e4}
 
 
 def test_a_replay_is_refused_by_every_worker(serve, wallets):
@@ -129,21 +128,47 @@ def test_an_ip_ban_holds_across_workers(serve, chain, wallets):
     pids = worker_pids(served.pid)
     banned, elsewhere = {"X-Forwarded-For": "203.0.113.9"}, {"X-Forwarded-For": "198.51.100.4"}
     salt = new_salt()
-    committed = on_fresh_connections([signed(served, wallets["b"], "/commit_submission", {
-        "commitment_hash": commitment_hash(salt, FORK, COMMIT), "target_sequence_length": 500_000}, **banned)], pids)
+    committed = on_fresh_connections(
+        [
+            signed(
+                served,
+                wallets["b"],
+                "/commit_submission",
+                {"commitment_hash": commitment_hash(salt, FORK, COMMIT), "target_sequence_length": 500_000},
+                **banned,
+            )
+        ],
+        pids,
+    )
     submission_id = committed[0][0].json()["submission_id"]
     chain.advance(100)
-    wrong = [signed(served, wallets["b"], "/reveal_submission", {
-        "submission_id": submission_id, "commitment_salt": salt, "fork_url": FORK, "commit_hash": f"{n + 1:040x}",
-        "tokens_per_sec": 1e4}, **banned) for n in range(5)]
+    wrong = [
+        signed(
+            served,
+            wallets["b"],
+            "/reveal_submission",
+            {
+                "submission_id": submission_id,
+                "commitment_salt": salt,
+                "fork_url": FORK,
+                "commit_hash": f"{n + 1:040x}",
+                "tokens_per_sec": 1e4,
+            },
+            **banned,
+        )
+        for n in range(5)
+    ]
     refusals, first = on_fresh_connections(wrong, pids)
     assert [r.status_code for r in refusals] == [400] * 5  # five failed validations, on either worker
-    after = [signed(served, wallets[name], "/submit_kernel", submission(n + 10), **banned)
-             for n, name in enumerate(["a", "b", "c"] * 4)]
+    after = [
+        signed(served, wallets[name], "/submit_kernel", submission(n + 10), **banned)
+        for n, name in enumerate(["a", "b", "c"] * 4)
+    ]
     responses, later = on_fresh_connections(after, pids)
     assert first | later == pids
     assert [r.status_code for r in responses] == [403] * len(after)
     assert all("IP 203.0.113.9 is banned" in r.json()["detail"] for r in responses)
-    unaffected = on_fresh_connections([signed(served, wallets["a"], "/submit_kernel", submission(50), **elsewhere)],
-                                      pids)[0]
+    unaffected = on_fresh_connections(
+        [signed(served, wallets["a"], "/submit_kernel", submission(50), **elsewhere)], pids
+    )[0]
     assert unaffected[0].status_code == 201

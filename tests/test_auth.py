@@ -1,20 +1,13 @@
 """Signed requests: accepted once from the right hotkey, refused when replayed, tampered or unauthorized."""
 
-import bittensor as bt
 import pytest
 from bittensor import http_auth
 
 from quasar import auth
 from quasar.chain import Chain, Metagraph, NeuronInfo
+from quasar.localnet.host import make_wallet
 
 RECEIVER = "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
-
-
-def make_wallet(tmp_path, name):
-    wallet = bt.Wallet(name=name, hotkey="default", path=str(tmp_path))
-    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-    wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-    return wallet
 
 
 class StaticChain(Chain):
@@ -60,15 +53,24 @@ def wallets(tmp_path_factory):
 @pytest.fixture(scope="module")
 def chain(wallets):
     miner, validator = wallets
-    return StaticChain([
-        NeuronInfo(0, miner.hotkey.ss58_address, miner.coldkeypub.ss58_address, 0.0, False, None),
-        NeuronInfo(1, validator.hotkey.ss58_address, validator.coldkeypub.ss58_address, 1e4, True, None),
-    ])
+    return StaticChain(
+        [
+            NeuronInfo(0, miner.hotkey.ss58_address, miner.coldkeypub.ss58_address, 0.0, False, None),
+            NeuronInfo(1, validator.hotkey.ss58_address, validator.coldkeypub.ss58_address, 1e4, True, None),
+        ]
+    )
 
 
 def check(request, store, target="/submit_kernel?round=1", authorize=None, body=None):
-    return auth.authenticate(request.headers, request.body if body is None else body, method=request.method,
-                             target=target, self_hotkey=RECEIVER, nonce_store=store, authorize=authorize)
+    return auth.authenticate(
+        request.headers,
+        request.body if body is None else body,
+        method=request.method,
+        target=target,
+        self_hotkey=RECEIVER,
+        nonce_store=store,
+        authorize=authorize,
+    )
 
 
 def test_signed_request_is_accepted_once(wallets):
@@ -99,13 +101,19 @@ def test_authorizers_follow_the_metagraph(wallets, chain, tmp_path):
     stranger = make_wallet(tmp_path, "stranger")
     store = http_auth.InMemoryNonceStore()
     url = "http://127.0.0.1:9/submit_kernel?round=1"
-    assert check(auth.sign_request(miner, "POST", url, RECEIVER), store,
-                 authorize=auth.require_registered(chain)) == miner.hotkey.ss58_address
+    assert (
+        check(auth.sign_request(miner, "POST", url, RECEIVER), store, authorize=auth.require_registered(chain))
+        == miner.hotkey.ss58_address
+    )
     with pytest.raises(auth.AuthFailure) as unregistered:
         check(auth.sign_request(stranger, "POST", url, RECEIVER), store, authorize=auth.require_registered(chain))
     assert unregistered.value.status_code == 403 and "not registered" in unregistered.value.reason
     with pytest.raises(auth.AuthFailure) as no_permit:
         check(auth.sign_request(miner, "POST", url, RECEIVER), store, authorize=auth.require_validator_permit(chain))
     assert no_permit.value.status_code == 403 and "no validator permit" in no_permit.value.reason
-    assert check(auth.sign_request(validator, "POST", url, RECEIVER), store,
-                 authorize=auth.require_validator_permit(chain)) == validator.hotkey.ss58_address
+    assert (
+        check(
+            auth.sign_request(validator, "POST", url, RECEIVER), store, authorize=auth.require_validator_permit(chain)
+        )
+        == validator.hotkey.ss58_address
+    )

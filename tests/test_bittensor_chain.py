@@ -31,6 +31,7 @@ from quasar.chain.bittensor_chain import (
     to_hyperparameters,
 )
 from quasar.chain.factory import connect
+from quasar.localnet.host import make_wallet
 
 NETUID = 7
 RAO = 10**9
@@ -43,13 +44,7 @@ def address() -> str:
 @pytest.fixture(scope="module")
 def wallets(tmp_path_factory):
     root = tmp_path_factory.mktemp("wallets")
-    made = {}
-    for name in ("validator", "miner"):
-        wallet = bt.Wallet(name=name, hotkey="default", path=str(root))
-        wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-        wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-        made[name] = wallet
-    return made
+    return {name: make_wallet(root, name) for name in ("validator", "miner")}
 
 
 def hotkey_of(wallet) -> str:
@@ -84,10 +79,18 @@ class FakeChain:
         self.weights_rate_limit = weights_rate_limit
         self.commit_reveal = False
         # What get_subnet_hyperparams_v3 returns, as the SDK flattens it (a few of its many names).
-        self.hyperparameters = {"tempo": 360, "weights_version": 0, "min_allowed_weights": 1,
-                                "max_weights_limit": 65535, "commit_reveal_period": 1, "serving_rate_limit": 50,
-                                "max_allowed_uids": 256, "immunity_period": 5000, "kappa": 32767,
-                                "activity_cutoff": 5000}
+        self.hyperparameters = {
+            "tempo": 360,
+            "weights_version": 0,
+            "min_allowed_weights": 1,
+            "max_weights_limit": 65535,
+            "commit_reveal_period": 1,
+            "serving_rate_limit": 50,
+            "max_allowed_uids": 256,
+            "immunity_period": 5000,
+            "kappa": 32767,
+            "activity_cutoff": 5000,
+        }
         self.identity: dict | None = None
         self.owner_coldkey = ""
         self.neurons: list[FakeNeuron] = []
@@ -127,9 +130,16 @@ class FakeChain:
     def runtime_metagraph(self) -> dict:
         """The record ``SubnetInfoRuntimeApi.get_metagraph`` returns (the columns the SDK decodes)."""
         return {
-            "netuid": self.netuid, "block": self.block, "tempo": 360, "last_step": self.block - 5,
-            "blocks_since_last_step": 5, "owner_hotkey": self.owner_hotkey, "owner_coldkey": address(),
-            "network_registered_at": 1, "num_uids": len(self.neurons), "max_uids": 256,
+            "netuid": self.netuid,
+            "block": self.block,
+            "tempo": 360,
+            "last_step": self.block - 5,
+            "blocks_since_last_step": 5,
+            "owner_hotkey": self.owner_hotkey,
+            "owner_coldkey": address(),
+            "network_registered_at": 1,
+            "num_uids": len(self.neurons),
+            "max_uids": 256,
             "hotkeys": [n.hotkey for n in self.neurons],
             "coldkeys": [n.coldkey for n in self.neurons],
             "axons": [n.axon for n in self.neurons],
@@ -153,34 +163,47 @@ class FakeChain:
                 return failed("NeuronNoValidatorPermit")
             if neuron.last_update and self.block - neuron.last_update < self.weights_rate_limit:
                 return failed("SettingWeightsTooFast")
-            self.weights[uid] = (dict(zip(intent.uids, intent.weights)), intent.version_key)
+            self.weights[uid] = (dict(zip(intent.uids or [], intent.weights or [], strict=True)), intent.version_key)
             neuron.last_update = self.block
             if self.commit_reveal:
-                return bt.ExtrinsicResult(success=True, message="Success", extrinsic_id=f"{self.block}-0003",
-                                          data={"reveal_round": 4242})
+                return bt.ExtrinsicResult(
+                    success=True, message="Success", extrinsic_id=f"{self.block}-0003", data={"reveal_round": 4242}
+                )
         elif isinstance(intent, ServeAxon):
             neuron.axon = axon_record(intent.ip, intent.port)
         else:
             raise AssertionError(f"unexpected intent {intent!r}")
-        return bt.ExtrinsicResult(success=True, message="Success", block_hash="0x" + "ab" * 32,
-                                  extrinsic_id=f"{self.block}-0002")
+        return bt.ExtrinsicResult(
+            success=True, message="Success", block_hash="0x" + "ab" * 32, extrinsic_id=f"{self.block}-0002"
+        )
 
     def apply_coldkey(self, intent, wallet) -> bt.ExtrinsicResult:
         """set_subnet_identity: only the subnet owner's coldkey (NotSubnetOwner)."""
         self.executed.append(intent)
         if bt.resolve_signer(wallet, role="coldkey").ss58_address != self.owner_coldkey:
             return failed("NotSubnetOwner", "the signer does not own the subnet")
-        self.identity = {name: getattr(intent, name) for name in (
-            "subnet_name", "github_repo", "subnet_contact", "subnet_url", "discord", "description", "logo_url",
-            "additional")}
+        self.identity = {
+            name: getattr(intent, name)
+            for name in (
+                "subnet_name",
+                "github_repo",
+                "subnet_contact",
+                "subnet_url",
+                "discord",
+                "description",
+                "logo_url",
+                "additional",
+            )
+        }
         return bt.ExtrinsicResult(success=True, message="Success", extrinsic_id=f"{self.block}-0004")
 
 
 def failed(name: str, message: str | None = None) -> bt.ExtrinsicResult:
     """A failed extrinsic as the SDK reports one that was included but failed in dispatch."""
     text = message or f"the chain refused: {name}"
-    return bt.ExtrinsicResult(success=False, message=text, block_hash="0x" + "cd" * 32,
-                              extrinsic_id="1-0001", error=bt.ChainError(text, name))
+    return bt.ExtrinsicResult(
+        success=False, message=text, block_hash="0x" + "cd" * 32, extrinsic_id="1-0001", error=bt.ChainError(text, name)
+    )
 
 
 class _View:
@@ -189,8 +212,12 @@ class _View:
     def __init__(self, chain: FakeChain, block: int | None):
         self._chain = chain
         self._block = block
-        self.subnets = _Namespace(metagraph=self._metagraph, subnet_hyperparameters=self._hyperparameters,
-                                  subnet_identity=self._identity, commit_reveal_enabled=self._commit_reveal)
+        self.subnets = _Namespace(
+            metagraph=self._metagraph,
+            subnet_hyperparameters=self._hyperparameters,
+            subnet_identity=self._identity,
+            commit_reveal_enabled=self._commit_reveal,
+        )
         self.neurons = _Namespace(uid=self._uid)
         self.hyperparameters = _Namespace(weights_rate_limit=self._weights_rate_limit)
         self.epochs = _Namespace(blocks_since_last_update=self._blocks_since_last_update)
@@ -200,14 +227,19 @@ class _View:
             if netuid != self._chain.netuid:
                 return None
             return sdk_decode_metagraph(netuid, self._chain.runtime_metagraph(), {})
+
         return self._chain.answer("subnets.metagraph", compute)
 
     def _hyperparameters(self, netuid, *, block=None):
         def compute():
             if netuid != self._chain.netuid:
                 return None
-            return {**self._chain.hyperparameters, "weights_rate_limit": self._chain.weights_rate_limit,
-                    "commit_reveal_weights_enabled": self._chain.commit_reveal}
+            return {
+                **self._chain.hyperparameters,
+                "weights_rate_limit": self._chain.weights_rate_limit,
+                "commit_reveal_weights_enabled": self._chain.commit_reveal,
+            }
+
         return self._chain.answer("subnets.subnet_hyperparameters", compute)
 
     def _identity(self, netuid, *, block=None):
@@ -227,6 +259,7 @@ class _View:
             if uid >= len(self._chain.neurons):
                 return None
             return self._chain.block - self._chain.neurons[uid].last_update
+
         return self._chain.answer("epochs.blocks_since_last_update", compute)
 
 
@@ -293,8 +326,12 @@ def subnet(fake, wallets):
     """uid 0 the owner, uid 1 our validator (with a permit), uid 2 our miner, uid 3 another miner."""
     fake.owner_hotkey = address()
     fake.register(fake.owner_hotkey, total_stake_rao=5 * RAO)
-    fake.register(hotkey_of(wallets["validator"]), wallets["validator"].coldkeypub.ss58_address,
-                  total_stake_rao=12_345_678_901_234, validator_permit=True)
+    fake.register(
+        hotkey_of(wallets["validator"]),
+        wallets["validator"].coldkeypub.ss58_address,
+        total_stake_rao=12_345_678_901_234,
+        validator_permit=True,
+    )
     fake.register(hotkey_of(wallets["miner"]), wallets["miner"].coldkeypub.ss58_address)
     fake.register(address(), axon=axon_record("2001:db8::7", 8001))
     return fake
@@ -349,9 +386,17 @@ def test_hyperparameters_and_the_block_time_come_from_the_chain(chain, subnet):
     subnet.commit_reveal = True
     subnet.hyperparameters["weights_version"] = 30_201
     assert chain.hyperparameters() == SubnetHyperparameters(
-        tempo=360, weights_version_key=30_201, weights_rate_limit=100, min_allowed_weights=1, max_weight_limit=65535,
-        commit_reveal_enabled=True, reveal_period_epochs=1, serving_rate_limit=50, max_allowed_uids=256,
-        immunity_period=5000)
+        tempo=360,
+        weights_version_key=30_201,
+        weights_rate_limit=100,
+        min_allowed_weights=1,
+        max_weight_limit=65535,
+        commit_reveal_enabled=True,
+        reveal_period_epochs=1,
+        serving_rate_limit=50,
+        max_allowed_uids=256,
+        immunity_period=5000,
+    )
     subnet.block_time = 0.25  # a fast-block node
     assert chain.block_time_s == 0.25
     subnet.block_time = 12.0
@@ -440,12 +485,16 @@ def test_an_unregistered_hotkey_is_refused_before_submitting(chain, subnet, wall
     assert "execute" not in subnet.calls and sleep.delays == []
 
 
-@pytest.mark.parametrize("refusal", [
-    failed("SettingWeightsTooFast"),
-    bt.ExtrinsicResult(success=False, message="Priority is too low: (1 vs 1)",
-                       error=bt.ChainError("Priority is too low: (1 vs 1)")),
-    bt.ChainError("weights were set 3 blocks ago", code=bt.ErrorCode.RATE_LIMITED),  # the SDK's own preflight
-])
+@pytest.mark.parametrize(
+    "refusal",
+    [
+        failed("SettingWeightsTooFast"),
+        bt.ExtrinsicResult(
+            success=False, message="Priority is too low: (1 vs 1)", error=bt.ChainError("Priority is too low: (1 vs 1)")
+        ),
+        bt.ChainError("weights were set 3 blocks ago", code=bt.ErrorCode.RATE_LIMITED),  # the SDK's own preflight
+    ],
+)
 def test_a_rate_limit_from_the_chain_is_retried_after_back_off(chain, subnet, wallets, sleep, refusal):
     subnet.plan("execute", refusal)
     chain.set_weights(wallets["validator"], {0: 1.0, 3: 1.0}, version_key=1)
@@ -461,12 +510,15 @@ def test_a_persistent_rate_limit_gives_up_with_rate_limited(chain, subnet, walle
     assert sleep.delays == [2.0, 4.0, 8.0] and subnet.calls.count("execute") == 4
 
 
-@pytest.mark.parametrize("error", [
-    bt.RpcConnectionError("could not connect to any endpoint: connection refused"),
-    bt.ConnectionNotReady("Client connection is not open."),
-    ConnectionResetError("connection reset by peer"),
-    TimeoutError("no response from the node in 60s"),
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        bt.RpcConnectionError("could not connect to any endpoint: connection refused"),
+        bt.ConnectionNotReady("Client connection is not open."),
+        ConnectionResetError("connection reset by peer"),
+        TimeoutError("no response from the node in 60s"),
+    ],
+)
 def test_connection_errors_are_retried_on_a_fresh_client(chain, subnet, wallets, sleep, error):
     subnet.plan("execute", error, error)
     chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1)
@@ -507,16 +559,19 @@ def test_other_sdk_errors_are_chain_errors_without_retry(chain, subnet, sleep):
     assert sleep.delays == [] and len(subnet.clients) == 1
 
 
-@pytest.mark.parametrize("weights, problem", [
-    ({}, "empty or all zero"),
-    ({0: 0.0, 1: 0.0}, "empty or all zero"),
-    ({0: 1.0, 1: -0.5}, "finite and non-negative"),
-    ({0: float("nan")}, "finite and non-negative"),
-    ({0: float("inf"), 1: 1.0}, "finite and non-negative"),
-    ({-1: 1.0}, "uids must be integers"),
-    ({70_000: 1.0}, "uids must be integers"),
-    ({"3": 1.0}, "uids must be integers"),
-])
+@pytest.mark.parametrize(
+    "weights, problem",
+    [
+        ({}, "empty or all zero"),
+        ({0: 0.0, 1: 0.0}, "empty or all zero"),
+        ({0: 1.0, 1: -0.5}, "finite and non-negative"),
+        ({0: float("nan")}, "finite and non-negative"),
+        ({0: float("inf"), 1: 1.0}, "finite and non-negative"),
+        ({-1: 1.0}, "uids must be integers"),
+        ({70_000: 1.0}, "uids must be integers"),
+        ({"3": 1.0}, "uids must be integers"),
+    ],
+)
 def test_invalid_weights_are_refused_before_any_call(chain, subnet, wallets, weights, problem):
     with pytest.raises(ChainError, match=problem):
         chain.set_weights(wallets["validator"], weights, version_key=1)
@@ -528,15 +583,18 @@ def test_normalize_weights_sums_to_one_and_keeps_proportions():
     assert normalize_weights({5: 1e-9}) == {5: 1.0}
 
 
-@pytest.mark.parametrize("block, since, limit, wait", [
-    (1000, 1000, 100, 0),   # never set (last update 0): allowed at once
-    (1000, None, 100, 0),   # no last-update entry
-    (1000, 10, 0, 0),       # no rate limit
-    (1000, 99, 100, 1),
-    (1000, 100, 100, 0),    # the chain allows since >= limit
-    (1000, 0, 100, 100),    # set in this very block
-    (50, 10, 100, 90),      # young chain, set at block 40
-])
+@pytest.mark.parametrize(
+    "block, since, limit, wait",
+    [
+        (1000, 1000, 100, 0),  # never set (last update 0): allowed at once
+        (1000, None, 100, 0),  # no last-update entry
+        (1000, 10, 0, 0),  # no rate limit
+        (1000, 99, 100, 1),
+        (1000, 100, 100, 0),  # the chain allows since >= limit
+        (1000, 0, 100, 100),  # set in this very block
+        (50, 10, 100, 90),  # young chain, set at block 40
+    ],
+)
 def test_blocks_until_weights_allowed(block, since, limit, wait):
     assert blocks_until_weights_allowed(block, since, limit) == wait
 
@@ -569,8 +627,12 @@ def test_publish_endpoint_failure_and_refusals(chain, subnet, wallets, sleep):
         chain.publish_endpoint(miner, "203.0.113.5", 8001)
     assert sleep.delays == [2.0, 4.0, 8.0]
     calls = len(subnet.calls)
-    for host, port, problem in [("miner.example.org", 8001, "not an IP address"), ("0.0.0.0", 8001, "unspecified"),
-                                ("203.0.113.5", 0, "port 0 must be"), ("203.0.113.5", 70_000, "1..65535")]:
+    for host, port, problem in [
+        ("miner.example.org", 8001, "not an IP address"),
+        ("0.0.0.0", 8001, "unspecified"),
+        ("203.0.113.5", 0, "port 0 must be"),
+        ("203.0.113.5", 70_000, "1..65535"),
+    ]:
         with pytest.raises(ChainError, match=problem):
             chain.publish_endpoint(miner, host, port)
     assert len(subnet.calls) == calls
@@ -593,16 +655,28 @@ def test_a_wallet_without_a_hotkey_file_is_a_clear_error(chain, subnet, tmp_path
 def test_the_owner_publishes_the_api_location_keeping_the_identity(chain, subnet, wallets):
     subnet.owner_coldkey = wallets["validator"].coldkeypub.ss58_address  # this test's owner
     assert chain.api_location() is None
-    subnet.identity = {"subnet_name": "QUASAR", "github_repo": "https://github.com/q/q", "subnet_contact": "",
-                       "subnet_url": "https://quasar.example", "discord": "", "description": "long context",
-                       "logo_url": "", "additional": "see the docs"}
+    subnet.identity = {
+        "subnet_name": "QUASAR",
+        "github_repo": "https://github.com/q/q",
+        "subnet_contact": "",
+        "subnet_url": "https://quasar.example",
+        "discord": "",
+        "description": "long context",
+        "logo_url": "",
+        "additional": "see the docs",
+    }
     location = ApiLocation("https://api.quasar.example", address())
     chain.publish_api_location(wallets["validator"], location)
     (intent,) = subnet.executed
     assert isinstance(intent, SetSubnetIdentity) and intent.netuid == NETUID
-    assert (intent.subnet_name, intent.subnet_url, intent.description) == ("QUASAR", "https://quasar.example",
-                                                                           "long context")
-    assert intent.additional == f"see the docs quasar-api=https://api.quasar.example quasar-api-hotkey={location.hotkey}"
+    assert (intent.subnet_name, intent.subnet_url, intent.description) == (
+        "QUASAR",
+        "https://quasar.example",
+        "long context",
+    )
+    assert intent.additional == (
+        f"see the docs quasar-api=https://api.quasar.example quasar-api-hotkey={location.hotkey}"
+    )
     assert chain.api_location() == location
     with pytest.raises(ChainError, match="NotSubnetOwner"):
         chain.publish_api_location(wallets["miner"], ApiLocation("https://evil.example"))
@@ -638,6 +712,7 @@ def test_bad_settings_are_chain_errors(fake):
 def test_factory_returns_the_bittensor_chain_for_bittensor_networks():
     finney = connect(config.resolve({"network": "finney", "netuid": "24"}, environ={}, dotenv_path=None))
     assert isinstance(finney, BittensorChain) and finney.target == "finney" and finney.netuid == 24
-    local = connect(config.resolve({"network": "local", "chain_endpoint": "ws://10.0.0.2:9944"},
-                                   environ={}, dotenv_path=None))
+    local = connect(
+        config.resolve({"network": "local", "chain_endpoint": "ws://10.0.0.2:9944"}, environ={}, dotenv_path=None)
+    )
     assert isinstance(local, BittensorChain) and local.target == "ws://10.0.0.2:9944"

@@ -24,7 +24,7 @@ README_COMMAND = re.compile(r"^btcli ([^#\n]+)|`btcli ([^`]+)`", re.MULTILINE)
 SCRIPT_COMMAND = re.compile(r"\(btcli ([^)\"]+)\)")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def help_text(subcommand: tuple[str, ...]) -> str:
     result = CliRunner().invoke(btcli_app, [*subcommand, "--help"], env={"COLUMNS": "250"})
     assert result.exit_code == 0, f"btcli {' '.join(subcommand)} --help failed: {result.output[-2000:]}"
@@ -52,8 +52,9 @@ def check(command: str) -> None:
     assert subcommand, f"no subcommand in btcli {command}"
     text = help_text(subcommand)
     for flag in flags:
-        assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), \
+        assert re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text), (
             f"btcli {' '.join(subcommand)} takes no {flag} (in: btcli {command})"
+        )
 
 
 def test_the_readme_and_the_start_scripts_use_real_btcli_commands():
@@ -61,7 +62,7 @@ def test_the_readme_and_the_start_scripts_use_real_btcli_commands():
     found["README.md"] = commands_in((ROOT / "README.md").read_text(), README_COMMAND)
     assert len(found["README.md"]) >= 8, found["README.md"]  # wallets, registration, stake, hyperparameters...
     assert found["START_MINER.sh"] and found["START_VALIDATOR.sh"]
-    for source, commands in found.items():
+    for commands in found.values():
         for command in commands:
             check(command)
 
@@ -69,12 +70,19 @@ def test_the_readme_and_the_start_scripts_use_real_btcli_commands():
 def test_the_commands_quasar_prints_are_real_btcli_commands():
     finney = resolve({"wallet_path": "/srv/wallets"}, environ={}, dotenv_path=None)
     local = resolve({"network": "local", "chain_endpoint": "ws://10.0.0.2:9944"}, environ={}, dotenv_path=None)
-    printed = [btcli.wallet_create("miner", "default"), btcli.wallet_create("v", "hk", "/srv/wallets"),
-               btcli.new_hotkey("miner", "default"), btcli.register(finney, "miner"), btcli.register(local, "miner"),
-               btcli.stake_add(finney, "validator", "100")]
+    printed = [
+        btcli.wallet_create("miner", "default"),
+        btcli.wallet_create("v", "hk", "/srv/wallets"),
+        btcli.new_hotkey("miner", "default"),
+        btcli.register(finney, "miner"),
+        btcli.register(local, "miner"),
+        btcli.stake_add(finney, "validator", "100"),
+    ]
     assert printed[0] == "btcli wallet create --wallet miner --wallet-hotkey default"
-    assert printed[3] == ("btcli subnets register --netuid 24 --wallet miner --wallet-hotkey default --wallet-path "
-                          "/srv/wallets --network finney")
+    assert printed[3] == (
+        "btcli subnets register --netuid 24 --wallet miner --wallet-hotkey default --wallet-path "
+        "/srv/wallets --network finney"
+    )
     assert printed[4].endswith("--network ws://10.0.0.2:9944")
     for command in printed:
         check(command.removeprefix("btcli "))

@@ -4,6 +4,7 @@ import argparse
 import ast
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from quasar import config
+from quasar.tools.install_kernel import module_file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,10 +47,27 @@ def test_precedence_dotenv_then_environment_then_flag(tmp_path):
 
 def test_bittensor_flag_spelling(tmp_path):
     parser = make_parser()
-    argv = ["--wallet.name", "alice", "--wallet.hotkey", "hk", "--wallet.path", "/w",
-            "--subtensor.network", "devchain", "--subtensor.chain_endpoint", "ws://127.0.0.1:9944",
-            "--netuid", "1", "--axon.port", "8092", "--axon.external_ip", "203.0.113.7", "--axon.external_port", "443",
-            "--logging.debug"]
+    argv = [
+        "--wallet.name",
+        "alice",
+        "--wallet.hotkey",
+        "hk",
+        "--wallet.path",
+        "/w",
+        "--subtensor.network",
+        "devchain",
+        "--subtensor.chain_endpoint",
+        "ws://127.0.0.1:9944",
+        "--netuid",
+        "1",
+        "--axon.port",
+        "8092",
+        "--axon.external_ip",
+        "203.0.113.7",
+        "--axon.external_port",
+        "443",
+        "--logging.debug",
+    ]
     settings = config.resolve(parser.parse_args(argv), environ={}, dotenv_path=None)
     assert (settings.wallet_name_for("miner"), settings.wallet_hotkey, settings.wallet_path) == ("alice", "hk", "/w")
     assert settings.network == "devchain"
@@ -84,8 +103,10 @@ def test_local_forks_only_on_the_dev_chain_or_when_allowed():
         ({"LOGGING_DEBUG": "maybe"}, "LOGGING_DEBUG (from environment): expected true or false"),
         ({"CLAIM_SHARE": "1.2"}, "CLAIM_SHARE (from environment): must be above 0 and at most 1, got 1.2"),
         ({"CLAIM_SHARE": "0"}, "CLAIM_SHARE (from environment): must be above 0 and at most 1, got 0"),
-        ({"DATABASE_URL": "postgresql://quasar:hunter2@db:5432/quasar"},
-         "DATABASE_URL (from environment): must not contain a password"),
+        (
+            {"DATABASE_URL": "postgresql://quasar:hunter2@db:5432/quasar"},
+            "DATABASE_URL (from environment): must not contain a password",
+        ),
     ],
 )
 def test_bad_values_name_the_setting(environ, message):
@@ -116,15 +137,20 @@ def test_secret_is_kept_out_of_repr_and_listing():
 
 
 def test_every_setting_has_one_option_and_the_example_is_current():
-    assert [o.key for o in config.OPTIONS] == config.settings_keys()
+    assert sorted(o.key for o in config.OPTIONS) == sorted(config.settings_keys())
     assert (ROOT / ".env.example").read_text() == config.env_example()
     for option in config.OPTIONS:
         option.parse(option.default)  # every documented default is itself valid
 
 
 def test_neuron_rejects_bad_flag_with_clear_message():
-    result = subprocess.run([sys.executable, "-m", "neurons.validator", "--netuid", "nope"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "neurons.validator", "--netuid", "nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 2
     assert "--netuid (from command line): expected an integer, got 'nope'" in result.stderr
 
@@ -157,8 +183,13 @@ def test_the_envs_hugging_face_variables_reach_the_environment_below_its_own(tmp
 # --- each process's --help lists the settings it reads ---
 
 # Each process's entry module.
-PROCESS_ENTRY = {"miner": "neurons.miner", "validator": "neurons.validator", "inference": "quasar.inference.__main__",
-                 "api": "quasar.api.__main__", "evaluate": "quasar.evaluate.__main__"}
+PROCESS_ENTRY = {
+    "miner": "neurons.miner",
+    "validator": "neurons.validator",
+    "inference": "quasar.inference.__main__",
+    "api": "quasar.api.__main__",
+    "evaluate": "quasar.evaluate.__main__",
+}
 
 
 # Settings read in a module a process imports, by code that process never runs.
@@ -169,21 +200,13 @@ NOT_READ = {
 }
 
 
-def module_file(name: str) -> Path | None:
-    path = ROOT.joinpath(*name.split("."))
-    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return None
-
-
 def imported_files(entry: str) -> set[Path]:
     """The files of this project ``entry`` imports, at any depth (function-level imports too)."""
     seen: set[Path] = set()
     todo = [entry]
     while todo:
         name = todo.pop()
-        file = module_file(name)
+        file = module_file(ROOT, name)
         if file is None or file in seen:
             continue
         seen.add(file)
@@ -219,12 +242,24 @@ def test_a_process_help_lists_every_setting_its_code_reads(role):
     assert read <= set(config.ROLES[role]), sorted(read - set(config.ROLES[role]))
 
 
-@pytest.mark.parametrize("command, role, most_lines", [
-    (["neurons.miner"], "miner", 60), (["neurons.validator"], "validator", 60),
-    (["quasar.api", "serve"], "api", 60), (["quasar.inference", "serve"], "inference", 60)])
+@pytest.mark.parametrize(
+    "command, role, most_lines",
+    [
+        (["neurons.miner"], "miner", 60),
+        (["neurons.validator"], "validator", 60),
+        (["quasar.api", "serve"], "api", 60),
+        (["quasar.inference", "serve"], "inference", 60),
+    ],
+)
 def test_help_shows_the_process_settings_grouped_in_plain_text_at_80_columns(command, role, most_lines):
-    done = subprocess.run([sys.executable, "-m", *command, "--help"], cwd=ROOT, capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "80"}, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", *command, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) <= most_lines and max(map(len, lines)) <= 80, done.stdout
@@ -253,17 +288,58 @@ def test_every_default_in_the_table_parses():
         option.parse(option.default)
 
 
-@pytest.mark.parametrize("entry, message", [
-    ('[x]\nkind = "str"\ndefault = ""\ngroup = "wallet"\nbrief = "b"\nhelp = "h"\ncolour = "red"\n',
-     r"settings.toml \[x\]: unknown field\(s\) colour"),
-    ('[x]\nkind = "str"\ndefault = ""\ngroup = "wallet"\nbrief = "b"\n', r"settings.toml \[x\]: missing field 'help'"),
-    ('[x]\nkind = "int"\ndefault = "1"\ngroup = "wallet"\nbrief = "b"\nhelp = "h"\n',
-     r"settings.toml \[x\]: kind int needs low"),
-    ('[x]\nkind = "colour"\ndefault = ""\ngroup = "wallet"\nbrief = "b"\nhelp = "h"\n',
-     r"settings.toml \[x\]: unknown kind 'colour'"),
-])
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        (
+            '[x]\nkind = "str"\ndefault = ""\nbrief = "b"\nhelp = "h"\ncolour = "red"\n',
+            r"wallet.toml \[x\]: unknown field\(s\) colour",
+        ),
+        (
+            '[x]\nkind = "str"\ndefault = ""\nbrief = "b"\n',
+            r"wallet.toml \[x\]: missing field 'help'",
+        ),
+        (
+            '[x]\nkind = "int"\ndefault = "1"\nbrief = "b"\nhelp = "h"\n',
+            r"wallet.toml \[x\]: kind int needs low",
+        ),
+        (
+            '[x]\nkind = "colour"\ndefault = ""\nbrief = "b"\nhelp = "h"\n',
+            r"wallet.toml \[x\]: unknown kind 'colour'",
+        ),
+    ],
+)
 def test_a_bad_settings_table_names_the_entry_and_field(tmp_path, entry, message):
-    table = tmp_path / "settings.toml"
+    table = tmp_path / "wallet.toml"
     table.write_text(entry)
     with pytest.raises(ValueError, match=message):
-        config.options.load_options(table)
+        config.options.load_group(table, "wallet")
+
+
+def settings_folder(tmp_path, files: dict[str, str]):
+    """A copy of the settings folder with ``files`` (name: text) written over it (text None: removed)."""
+    folder = tmp_path / "settings"
+    shutil.copytree(config.options.SETTINGS_DIR, folder)
+    for name, text in files.items():
+        if text is None:
+            (folder / name).unlink()
+        else:
+            (folder / name).write_text(text)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({"colours.toml": ""}, r"colours.toml name no group of GROUPS"),
+        ({"scoring.toml": None}, r"the group 'scoring' has no file scoring.toml"),
+        (
+            {"scoring.toml": '[netuid]\nkind = "str"\ndefault = ""\nbrief = "b"\nhelp = "h"\n'},
+            r"netuid defined in more than one file",
+        ),
+    ],
+)
+def test_a_bad_settings_folder_is_named(tmp_path, files, message):
+    assert len(config.options.load_options(settings_folder(tmp_path, {}))) == len(config.OPTIONS)
+    with pytest.raises(ValueError, match=message):
+        config.options.load_options(settings_folder(tmp_path / "bad", files))

@@ -3,20 +3,23 @@ rules under finney's hyperparameters (weights, commit-reveal, serving, re-regist
 
 import dataclasses
 import math
+import os
 import subprocess
 import sys
 import threading
 import time
 
-import bittensor as bt
 import pytest
 from bittensor.sp_core import Keypair
 
 from quasar import config
 from quasar.chain import ApiLocation, ChainError, Endpoint, RateLimited, UidsChanged
 from quasar.chain.base import decode_api_location, encode_api_location
-from quasar.chain.devchain import FINNEY, DevChain, u16_weights
+from quasar.chain.devchain import FINNEY, DevChain
 from quasar.chain.factory import connect
+from quasar.chain.subtensor_rules import u16_weights
+from quasar.localnet.host import make_wallet
+from quasar.terminal import short_hotkey
 
 SLOW_BLOCKS = 1e6  # seconds per block: blocks move only through advance()
 
@@ -33,13 +36,7 @@ def chain(tmp_path):
 @pytest.fixture(scope="module")
 def wallets(tmp_path_factory):
     root = tmp_path_factory.mktemp("wallets")
-    made = {}
-    for name in ("validator", "miner", "owner", "other"):
-        wallet = bt.Wallet(name=name, hotkey="default", path=str(root))
-        wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-        wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-        made[name] = wallet
-    return made
+    return {name: make_wallet(root, name) for name in ("validator", "miner", "owner", "other")}
 
 
 def hotkey(wallet) -> str:
@@ -114,16 +111,28 @@ def test_netuid_of_an_existing_file_cannot_change(chain):
 def test_a_new_file_has_finneys_hyperparameters(chain):
     # Subtensor's defaults for a new subnet (see FINNEY's comment for where each comes from).
     assert dataclasses.asdict(chain.hyperparameters()) == {
-        "tempo": 360, "weights_version_key": 0, "weights_rate_limit": 100, "min_allowed_weights": 1,
-        "max_weight_limit": 65535, "commit_reveal_enabled": True, "reveal_period_epochs": 1,
-        "serving_rate_limit": 50, "max_allowed_uids": 256, "immunity_period": 5000}
+        "tempo": 360,
+        "weights_version_key": 0,
+        "weights_rate_limit": 100,
+        "min_allowed_weights": 1,
+        "max_weight_limit": 65535,
+        "commit_reveal_enabled": True,
+        "reveal_period_epochs": 1,
+        "serving_rate_limit": 50,
+        "max_allowed_uids": 256,
+        "immunity_period": 5000,
+    }
     assert chain.hyperparameters() == FINNEY
     changed = chain.set_hyperparameters(tempo=10, commit_reveal_enabled=False)
     assert (changed.tempo, changed.commit_reveal_enabled, changed.weights_rate_limit) == (10, False, 100)
     assert DevChain(chain.path).hyperparameters() == changed  # stored in the file
-    for bad, message in (({"tempo": 0}, "at least 1"), ({"max_weight_limit": 70000}, "u16"),
-                         ({"weights_rate_limit": -1}, "non-negative integer"), ({"nope": 1}, "unknown"),
-                         ({"commit_reveal_enabled": 1}, "true or false")):
+    for bad, message in (
+        ({"tempo": 0}, "at least 1"),
+        ({"max_weight_limit": 70000}, "u16"),
+        ({"weights_rate_limit": -1}, "non-negative integer"),
+        ({"nope": 1}, "unknown"),
+        ({"commit_reveal_enabled": 1}, "true or false"),
+    ):
         with pytest.raises(ChainError, match=message):
             chain.set_hyperparameters(**bad)
     assert chain.hyperparameters() == changed
@@ -150,6 +159,10 @@ def test_set_weights_checks_values_and_normalizes(subnet, wallets):
             subnet.set_weights(validator, bad, version_key=7)
     with pytest.raises(ChainError, match=r"UidVecContainInvalidOne: uids \[9\]"):
         subnet.set_weights(validator, {9: 1.0}, version_key=7)
+    # uids are u16 on chain: 65,538 is no uid (wrapped to u16 it would be uid 2's), nor is "2".
+    for bad_uid in (65_538, -1, "2"):
+        with pytest.raises(ChainError, match="uids must be integers in 0..65535"):
+            subnet.set_weights(validator, {bad_uid: 1.0}, version_key=7)
     assert subnet.weights() == {1: {2: 1.0}}
 
 
@@ -185,8 +198,9 @@ def test_a_version_key_below_the_subnets_is_refused(subnet, wallets):
     direct(subnet, weights_rate_limit=0)
     subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
     subnet.set_hyperparameters(weights_version_key=10)
-    with pytest.raises(ChainError, match="IncorrectWeightVersionKey: version_key 9 is below the subnet's "
-                                         "WeightsVersionKey 10"):
+    with pytest.raises(
+        ChainError, match="IncorrectWeightVersionKey: version_key 9 is below the subnet's WeightsVersionKey 10"
+    ):
         subnet.set_weights(wallets["validator"], {3: 1.0}, version_key=9)
     subnet.set_weights(wallets["validator"], {3: 1.0}, version_key=10)
     assert subnet.weights() == {1: {3: 1.0}}
@@ -216,8 +230,11 @@ def test_min_allowed_weights_counts_nonzero_weights_up_to_the_subnets_size(subne
 def test_max_weight_limit_caps_the_largest_share(subnet, wallets):
     """max_weight_limited: no share above MaxWeightsLimit / 65535 (a self-weight apart)."""
     direct(subnet, weights_rate_limit=0, max_weight_limit=32768)
-    with pytest.raises(ChainError, match=r"MaxWeightExceeded: a share of 0.6000 is above the subnet's "
-                                         r"max_weight_limit 32768 \(0.5000\)"):
+    with pytest.raises(
+        ChainError,
+        match=r"MaxWeightExceeded: a share of 0.6000 is above the subnet's "
+        r"max_weight_limit 32768 \(0.5000\)",
+    ):
         subnet.set_weights(wallets["validator"], {2: 0.6, 3: 0.4}, version_key=0)
     with pytest.raises(ChainError, match="MaxWeightExceeded"):
         subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
@@ -304,8 +321,11 @@ def test_publish_endpoint_follows_the_serving_rules(chain, wallets):
     chain.publish_endpoint(miner, "203.0.113.5", 8001)
     assert chain.neuron(hotkey(miner)).endpoint == Endpoint("203.0.113.5", 8001)
     chain.publish_endpoint(miner, "203.0.113.5", 8001)  # the same endpoint: nothing to do, no rate limit spent
-    for host, port, problem in (("miner.example.org", 8001, "stores an IPv4 or IPv6 address"),
-                                ("203.0.113.5", 0, "InvalidPort"), ("203.0.113.5", 70000, "InvalidPort")):
+    for host, port, problem in (
+        ("miner.example.org", 8001, "stores an IPv4 or IPv6 address"),
+        ("203.0.113.5", 0, "InvalidPort"),
+        ("203.0.113.5", 70000, "InvalidPort"),
+    ):
         with pytest.raises(ChainError, match=problem):
             chain.publish_endpoint(miner, host, port)
     # axon_passes_rate_limit: another endpoint only ServingRateLimit (50) blocks after the last one.
@@ -427,9 +447,15 @@ def test_concurrent_registrations_from_many_handles_get_distinct_uids(chain):
     assert {n.hotkey for n in chain.metagraph().neurons} == set(hotkeys)
 
 
-def cli(chain: DevChain, *arguments: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "quasar.chain.devchain", "--path", str(chain.path), *arguments],
-                          capture_output=True, text=True, timeout=60)
+def cli(chain: DevChain, *arguments: str, columns: int | None = None) -> subprocess.CompletedProcess:
+    environment = None if columns is None else {**os.environ, "COLUMNS": str(columns)}
+    return subprocess.run(
+        [sys.executable, "-m", "quasar.chain.devchain", "--path", str(chain.path), *arguments],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+    )
 
 
 def test_cli_in_another_process_shares_the_file(chain):
@@ -458,9 +484,41 @@ def test_cli_sets_hyperparameters_and_the_loopback_allowance(chain, wallets):
     assert listing.returncode == 0 and "finney's default" in listing.stdout
 
 
+def test_cli_tables_fit_80_columns_with_every_figure_whole(subnet, wallets):
+    subnet.set_hyperparameters(weights_rate_limit=0)
+    subnet.publish_endpoint(wallets["miner"], "203.0.113.250", 8091)
+    subnet.publish_endpoint(wallets["other"], "2001:db8:85a3::8a2e:370:7334", 8091)
+    subnet.set_weights(wallets["validator"], {2: 0.6, 3: 0.4}, version_key=0)
+    subnet.set_weights(wallets["validator"], {2: 0.5, 99: 0.5}, version_key=0)  # dropped at its reveal
+    subnet.advance(FINNEY.tempo)
+    listings = {
+        command: cli(subnet, command, columns=80) for command in ("neurons", "weights", "commits", "hyperparameters")
+    }
+    for command, listing in listings.items():
+        assert listing.returncode == 0, listing.stderr
+        assert max(len(line) for line in listing.stdout.splitlines()) <= 80, (command, listing.stdout)
+    neurons = listings["neurons"].stdout
+    for neuron in subnet.metagraph().neurons:  # short forms whole, on the neuron's own line
+        (line,) = [line for line in neurons.splitlines() if short_hotkey(neuron.hotkey) in line]
+        assert short_hotkey(neuron.coldkey) in line and line.split()[0] == str(neuron.uid)
+    assert " 203.0.113.250:8091" in neurons and "10000" in neurons
+    assert "0.600000" in listings["weights"].stdout and "0.400000" in listings["weights"].stdout
+    commits = " ".join(listings["commits"].stdout.split())
+    assert "revealed" in commits and "UidVecContainInvalidOne: uids [99] are not registered" in commits
+    assert "immunity_period 5000 5000" in " ".join(listings["hyperparameters"].stdout.split())
+
+
 def test_factory_builds_the_dev_chain_from_settings(tmp_path):
-    settings = config.resolve({"network": "devchain", "devchain_path": str(tmp_path / "c.sqlite3"),
-                               "netuid": "3", "devchain_block_time": "0.5"}, environ={}, dotenv_path=None)
+    settings = config.resolve(
+        {
+            "network": "devchain",
+            "devchain_path": str(tmp_path / "c.sqlite3"),
+            "netuid": "3",
+            "devchain_block_time": "0.5",
+        },
+        environ={},
+        dotenv_path=None,
+    )
     chain = connect(settings)
     assert isinstance(chain, DevChain) and chain.netuid == 3 and chain.block_time_s == 0.5
     finney = config.resolve({"network": "finney"}, environ={}, dotenv_path=None)

@@ -9,8 +9,12 @@ import quasar
 from quasar.errors import QuasarError
 
 # Loaded by file path inside the sandbox, importing nothing of the package (quasar/errors.py says so).
-CHILD_MODULES = {"quasar.evaluate.child", "quasar.evaluate.protocol", "quasar.evaluate.sandbox_init",
-                 "quasar.evaluate.syscall_filter"}
+CHILD_MODULES = {
+    "quasar.evaluate.child",
+    "quasar.evaluate.protocol",
+    "quasar.evaluate.sandbox_init",
+    "quasar.evaluate.syscall_filter",
+}
 
 
 def package_modules():
@@ -25,8 +29,12 @@ def test_every_public_error_class_derives_from_quasar_error():
     errors = []
     for module in package_modules():
         for value in vars(module).values():
-            if (isinstance(value, type) and issubclass(value, BaseException) and value.__module__ == module.__name__
-                    and not value.__name__.startswith("_")):
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseException)
+                and value.__module__ == module.__name__
+                and not value.__name__.startswith("_")
+            ):
                 errors.append(value)
     assert len(errors) >= 30
     strays = sorted(f"{error.__module__}.{error.__name__}" for error in errors if not issubclass(error, QuasarError))

@@ -11,6 +11,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -23,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from quasar.evaluate import EvaluationOptions, EvaluationReport, SandboxPolicy, evaluate
-from quasar.evaluate.verification import REL_ERROR_THRESHOLD, REQUEST_TOLERANCE
 from quasar.evaluate.report import render_report
 from quasar.evaluate.sandbox import SandboxedChild, SandboxUnavailable
+from quasar.evaluate.verification import REL_ERROR_THRESHOLD, REQUEST_TOLERANCE
 from quasar.starter_fork import write_starter_fork
 from tests.hostile_forks import write_hostile_fork
 
@@ -33,8 +34,16 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 # Tiny CPU runs: one warm-up, three timed runs, T=64 (one 64-token chunk) unless a test says otherwise.
-FAST = EvaluationOptions(seq_lens=(), device="cpu", warmup_runs=1, min_timed_runs=3, max_timed_runs=3,
-                         timed_seconds=0.1, length_timeout_s=120, timeout_s=300)
+FAST = EvaluationOptions(
+    seq_lens=(),
+    device="cpu",
+    warmup_runs=1,
+    min_timed_runs=3,
+    max_timed_runs=3,
+    timed_seconds=0.1,
+    length_timeout_s=120,
+    timeout_s=300,
+)
 SECRET_TOKEN = "ghp_quasarTestSecretToken0123456789abcdef"
 SECRET_COLDKEY = "coldkey-secret-5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
 KEYRING_SECRET = "keyring-secret-of-an-earlier-evaluation"
@@ -151,10 +160,41 @@ def sandbox_unavailable_reason(empty_dir: Path) -> str | None:
 
 # The two command lines, on the honest starter fork, JSON out.
 COMMANDS = {
-    "evaluate": ["-m", "quasar", "evaluate", "{fork}", "--target", "64", "--seq-lens", "64", "--device", "cpu",
-                 "--repeats", "2", "--warmup", "1", "--claimed", "1", "--json"],
-    "local_validator": ["-m", "quasar", "local-validator", "--repo-path", "{fork}", "--seq-len", "64", "--device",
-                        "cpu", "--repeats", "2", "--warmup", "1", "--json"],
+    "evaluate": [
+        "-m",
+        "quasar",
+        "evaluate",
+        "{fork}",
+        "--target",
+        "64",
+        "--seq-lens",
+        "64",
+        "--device",
+        "cpu",
+        "--repeats",
+        "2",
+        "--warmup",
+        "1",
+        "--claimed",
+        "1",
+        "--json",
+    ],
+    "local_validator": [
+        "-m",
+        "quasar",
+        "local-validator",
+        "--repo-path",
+        "{fork}",
+        "--seq-len",
+        "64",
+        "--device",
+        "cpu",
+        "--repeats",
+        "2",
+        "--warmup",
+        "1",
+        "--json",
+    ],
 }
 
 
@@ -182,45 +222,78 @@ def world(tmp_path_factory) -> World:
 
     cases = {
         "honest": Case(None, target=128, options=replace(FAST, seq_lens=(64,)), claimed=1e12),
-        "honest_bind_under_tmp": Case(None, options=replace(FAST, policy=SandboxPolicy(
-            extra_readonly_paths=(str(bind_under_tmp),)))),
+        "honest_bind_under_tmp": Case(
+            None, options=replace(FAST, policy=SandboxPolicy(extra_readonly_paths=(str(bind_under_tmp),)))
+        ),
         "zeros": Case("zeros"),
         "noise": Case("noise"),
         "first_half": Case("first_half", target=128),
         "stale_cache": Case("stale_cache"),
         "cache_by_input": Case("cache_by_input", {"miss_seconds": MISS_SECONDS}),
         "timers": Case("timers", {"sleep_seconds": SLEEP_SECONDS}),
-        "timers_batched": Case("timers", {"sleep_seconds": BATCHED_SLEEP_SECONDS},
-                               options=replace(FAST, warmup_runs=2, tokens_per_request=64 * BATCHED_FORWARDS)),
+        "timers_batched": Case(
+            "timers",
+            {"sleep_seconds": BATCHED_SLEEP_SECONDS},
+            options=replace(FAST, warmup_runs=2, tokens_per_request=64 * BATCHED_FORWARDS),
+        ),
         "first_only": Case("first_only", options=replace(FAST, tokens_per_request=1 << 18, max_forwards_per_request=4)),
         "flood": Case("flood", options=replace(FAST, policy=SandboxPolicy(max_output_bytes=4 << 20))),
         "sleep_forever": Case("sleep_forever", options=replace(FAST, length_timeout_s=8)),
         # T=64 must be ready within the limit while two other evaluations share the machine's cores.
-        "sleep_at_length": Case("sleep_at_length", {"sleep_length": 128}, target=128,
-                                options=replace(FAST, seq_lens=(64,), length_timeout_s=20)),
+        "sleep_at_length": Case(
+            "sleep_at_length",
+            {"sleep_length": 128},
+            target=128,
+            options=replace(FAST, seq_lens=(64,), length_timeout_s=20),
+        ),
         "background": Case("background", {"marker": markers["sandboxed"]}),
-        "background_unsandboxed": Case("background", {"marker": markers["unsandboxed"]},
-                                       options=replace(FAST, policy=unsandboxed)),
+        "background_unsandboxed": Case(
+            "background", {"marker": markers["unsandboxed"]}, options=replace(FAST, policy=unsandboxed)
+        ),
         "network": Case("network", {"addresses": host_addresses(), "port": listener.port}),
-        "secrets": Case("secrets", {"wallet_file": str(wallet_file), "parent_pid": os.getpid(),
-                                    "caller_home": str(caller_home)}),
-        "write_outside": Case("write_outside", {"paths": [
-            str(outside_file), str(write_outside_source / "fla" / "layers" / "quasar.py"), str(tmp_file),
-            str(system_file), "/sandbox/fork/fla/layers/quasar.py", "/sandbox/harness/child.py"]}),
+        "secrets": Case(
+            "secrets", {"wallet_file": str(wallet_file), "parent_pid": os.getpid(), "caller_home": str(caller_home)}
+        ),
+        "write_outside": Case(
+            "write_outside",
+            {
+                "paths": [
+                    str(outside_file),
+                    str(write_outside_source / "fla" / "layers" / "quasar.py"),
+                    str(tmp_file),
+                    str(system_file),
+                    "/sandbox/fork/fla/layers/quasar.py",
+                    "/sandbox/harness/child.py",
+                ]
+            },
+        ),
         "forge_reply": Case("forge_reply"),
         "cheap_input": Case("cheap_input"),
         "oom": Case("oom", {"oom_length": 128}, target=256, options=replace(FAST, seq_lens=(64, 128))),
-        "wrong_at_length": Case("wrong_at_length", {"wrong_length": 128}, target=128,
-                                options=replace(FAST, seq_lens=(64,))),
-        "sloppy_timed": Case("sloppy_timed", {"noise": 0.022, "eager": False, "exact_request": 3}, target=128,
-                             options=replace(FAST, seq_lens=(64,), min_timed_runs=10, max_timed_runs=10)),
+        "wrong_at_length": Case(
+            "wrong_at_length", {"wrong_length": 128}, target=128, options=replace(FAST, seq_lens=(64,))
+        ),
+        "sloppy_timed": Case(
+            "sloppy_timed",
+            {"noise": 0.022, "eager": False, "exact_request": 3},
+            target=128,
+            options=replace(FAST, seq_lens=(64,), min_timed_runs=10, max_timed_runs=10),
+        ),
         "keyring": Case("keyring", {"secret": KEYRING_SECRET}),
         "syscalls": Case("syscalls"),
         "host_files": Case("host_files"),
-        "memory_hog": Case("memory_hog", {"hog_bytes": HOG_BYTES},
-                           options=replace(FAST, policy=SandboxPolicy(memory_bytes=SMALL_MEMORY))),
-        "memory_hog_watchdog": Case("memory_hog", {"hog_bytes": HOG_BYTES}, options=replace(FAST, policy=SandboxPolicy(
-            memory_bytes=SMALL_MEMORY, cgroup_path=str(base / "no-such-cgroup")))),
+        "memory_hog": Case(
+            "memory_hog",
+            {"hog_bytes": HOG_BYTES},
+            options=replace(FAST, policy=SandboxPolicy(memory_bytes=SMALL_MEMORY)),
+        ),
+        "memory_hog_watchdog": Case(
+            "memory_hog",
+            {"hog_bytes": HOG_BYTES},
+            options=replace(
+                FAST, policy=SandboxPolicy(memory_bytes=SMALL_MEMORY, cgroup_path=str(base / "no-such-cgroup"))
+            ),
+        ),
         "foreign_requests": Case("foreign_import", {"module": "requests"}),
         "foreign_bittensor": Case("foreign_import", {"module": "bittensor"}),
         "hang_at_import": Case("hang_at_import", options=replace(FAST, load_timeout_s=5)),
@@ -245,8 +318,9 @@ def world(tmp_path_factory) -> World:
     def run_command(name: str) -> tuple[str, subprocess.CompletedProcess, float]:
         started = time.monotonic()
         arguments = [a.replace("{fork}", str(forks["honest"])) for a in COMMANDS[name]]
-        done = subprocess.run([sys.executable, *arguments], capture_output=True, text=True, cwd=ROOT, timeout=280,
-                              check=False)
+        done = subprocess.run(
+            [sys.executable, *arguments], capture_output=True, text=True, cwd=ROOT, timeout=280, check=False
+        )
         return name, done, time.monotonic() - started
 
     saved = {key: os.environ.get(key) for key in ("HOME", "GITHUB_TOKEN", "WALLET_PATH")}
@@ -270,8 +344,13 @@ def world(tmp_path_factory) -> World:
         commands={name: done for name, done, _ in command_results},
         listener_accepted=listener.accepted,
         markers=markers,
-        paths={"outside_file": outside_file, "tmp_file": tmp_file, "wallet_file": wallet_file,
-               "system_file": system_file, "tmp_root": bind_under_tmp},
+        paths={
+            "outside_file": outside_file,
+            "tmp_file": tmp_file,
+            "wallet_file": wallet_file,
+            "system_file": system_file,
+            "tmp_root": bind_under_tmp,
+        },
         fork_layer_digest_before=digest_before,
         fork_layer_digest_after=file_digest(write_outside_source / "fla" / "layers" / "quasar.py"),
         survivors={kind: processes_with(marker) for kind, marker in markers.items()},
@@ -361,21 +440,15 @@ def fastest_possible(item, seconds: float) -> float:
     return item.seq_len / (seconds - item.subtracted_us / 1e6)
 
 
-def test_caching_by_input_gains_nothing(world):
-    report = world.reports["cache_by_input"]
+# Caching by input gains nothing: every timed input was fresh, so every run paid the miss.
+# Patched timers do not change the measurement: every run is credited with its real sleep.
+@pytest.mark.parametrize(("attack", "seconds"), [("cache_by_input", MISS_SECONDS), ("timers", SLEEP_SECONDS)])
+def test_a_run_is_credited_with_no_less_than_the_time_it_took(world, attack, seconds):
+    report = world.reports[attack]
     assert report.verdict == "pass", report.reasons
     item = report.lengths["64"]
-    # Every timed input was fresh: every run paid the miss.
-    assert item.tokens_per_sec_max <= fastest_possible(item, MISS_SECONDS)
-    assert item.subtracted_us / 1e6 < MISS_SECONDS / 4
-
-
-def test_patched_timers_do_not_change_the_measurement(world):
-    report = world.reports["timers"]
-    assert report.verdict == "pass", report.reasons
-    item = report.lengths["64"]
-    assert item.tokens_per_sec_max <= fastest_possible(item, SLEEP_SECONDS)
-    assert item.subtracted_us / 1e6 < SLEEP_SECONDS / 4
+    assert item.tokens_per_sec_max <= fastest_possible(item, seconds)
+    assert item.subtracted_us / 1e6 < seconds / 4
 
 
 def test_several_forwards_per_request_are_timed_and_verified_one_by_one(world):
@@ -408,11 +481,19 @@ def test_flooding_stdout_is_cut_off(world):
     assert world.seconds["flood"] < 120
 
 
-def test_sleeping_forever_times_out(world):
-    report = world.reports["sleep_forever"]
-    assert report.verdict == "fail"
-    assert "T=64: warm-up at T=64 timed out" in reasons(world, "sleep_forever")
-    assert world.seconds["sleep_forever"] < 90
+# A fork that sleeps forever in its forward, or hangs at import, is stopped at the limit of
+# that stage (the warm-up's, the load's), failed, and the evaluation ends in bounded time.
+@pytest.mark.parametrize(
+    ("attack", "reason", "seconds"),
+    [
+        ("sleep_forever", "T=64: warm-up at T=64 timed out", 90),
+        ("hang_at_import", "loading the fork's layer (limit 5 s) timed out", 60),
+    ],
+)
+def test_a_fork_that_hangs_is_stopped_at_its_stages_limit(world, attack, reason, seconds):
+    assert world.reports[attack].verdict == "fail"
+    assert reason in reasons(world, attack)
+    assert world.seconds[attack] < seconds
 
 
 def test_a_length_that_never_returns_stops_the_evaluation_before_any_timing(world):
@@ -497,8 +578,10 @@ def test_a_fork_exact_only_where_the_correctness_run_used_to_be_is_caught(world)
         # requests checked are off either way.
         assert item.rel_error < 0.03, item.rel_error
         assert item.request_error > REQUEST_TOLERANCE, item.request_error
-        assert any(reason.startswith(f"T={key}: ") and "less exact than the correctness threshold allows" in reason
-                   for reason in report.reasons), report.reasons
+        assert any(
+            reason.startswith(f"T={key}: ") and "less exact than the correctness threshold allows" in reason
+            for reason in report.reasons
+        ), report.reasons
 
 
 def test_a_fork_that_turns_sloppy_once_checked_is_caught_in_the_requests_after(tmp_path, monkeypatch):
@@ -534,8 +617,18 @@ def test_the_seccomp_filter_refuses_what_a_fork_never_needs(world):
     assert "seccomp" in report.sandbox
     log = report.log_tail
     # ptrace(TRACEME) and perf_event_open would succeed or fail otherwise without the filter.
-    for call in ("unshare", "setns", "clone_newuser", "ptrace", "bpf", "perf_event_open", "userfaultfd",
-                 "io_uring_setup", "mount", "finit_module"):
+    for call in (
+        "unshare",
+        "setns",
+        "clone_newuser",
+        "ptrace",
+        "bpf",
+        "perf_event_open",
+        "userfaultfd",
+        "io_uring_setup",
+        "mount",
+        "finit_module",
+    ):
         assert f"SYSCALL {call} -1 EPERM" in log, (call, log)
     assert "SYSCALL clone3 -1 ENOSYS" in log
     assert report.verdict == "pass", report.reasons
@@ -545,10 +638,19 @@ def test_the_hosts_etc_and_sys_are_out_of_sight(world):
     log = world.reports["host_files"].log_tail
     hostname = Path("/etc/hostname").read_text().strip() if Path("/etc/hostname").exists() else None
     if hostname:
-        assert hostname not in log.replace("HOST-READ /etc/hostname 'sandbox\\n'", "")
+        # As a word: a short hostname ("vm") also occurs inside Triton's own warnings' words.
+        assert not re.search(rf"\b{re.escape(hostname)}\b", log.replace("HOST-READ /etc/hostname 'sandbox\\n'", ""))
     assert "HOST-READ /etc/hostname 'sandbox\\n'" in log
-    for path in ("/etc/machine-id", "/etc/shadow", "/etc/ssh", "/sys/class/net", "/sys/fs/cgroup",
-                 "/sys/class/dmi/id", "/sys/kernel", "/sys/devices/virtual"):
+    for path in (
+        "/etc/machine-id",
+        "/etc/shadow",
+        "/etc/ssh",
+        "/sys/class/net",
+        "/sys/fs/cgroup",
+        "/sys/class/dmi/id",
+        "/sys/kernel",
+        "/sys/devices/virtual",
+    ):
         assert f"HOST-UNREADABLE {path} No such file or directory" in log, (path, log)
     assert "HOST-READ /etc/hosts '127.0.0.1 localhost\\n::1 localhost\\n'" in log
 
@@ -560,7 +662,8 @@ def test_memory_over_the_sandboxs_limit_ends_the_evaluation(world, name, limit):
     assert report.verdict == "fail"
     assert "HOG-HELD" not in report.log_tail
     assert f"sandbox's {SMALL_MEMORY >> 20:,} MiB" in reasons(world, name) or (
-        f"over the sandbox's limit of {SMALL_MEMORY >> 20:,} MiB" in reasons(world, name)), report.reasons
+        f"over the sandbox's limit of {SMALL_MEMORY >> 20:,} MiB" in reasons(world, name)
+    ), report.reasons
 
 
 @pytest.mark.parametrize("name, module", [("foreign_requests", "requests"), ("foreign_bittensor", "bittensor")])
@@ -569,13 +672,6 @@ def test_the_validators_own_packages_are_not_importable(world, name, module):
     assert report.verdict == "fail"
     assert f"the fork imports {module!r}, which is not part of the evaluation environment" in reasons(world, name)
     assert report.environment.startswith("torch ")
-
-
-def test_a_fork_that_hangs_at_import_is_stopped_at_the_load_limit(world):
-    report = world.reports["hang_at_import"]
-    assert report.verdict == "fail"
-    assert "loading the fork's layer (limit 5 s) timed out" in reasons(world, "hang_at_import")
-    assert world.seconds["hang_at_import"] < 60
 
 
 def test_the_forks_text_cannot_restyle_or_forge_the_report(world):

@@ -22,8 +22,16 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-GPU = EvaluationOptions(seq_lens=(512, 1024), device="cuda", warmup_runs=2, min_timed_runs=10, max_timed_runs=30,
-                        timed_seconds=0.5, length_timeout_s=120, timeout_s=240)
+GPU = EvaluationOptions(
+    seq_lens=(512, 1024),
+    device="cuda",
+    warmup_runs=2,
+    min_timed_runs=10,
+    max_timed_runs=30,
+    timed_seconds=0.5,
+    length_timeout_s=120,
+    timeout_s=240,
+)
 
 
 def test_honest_starter_fork_passes_on_cuda(tmp_path):
@@ -61,9 +69,21 @@ def test_zeros_fail_and_frozen_timers_gain_nothing_on_cuda(tmp_path):
     # The spin is GPU work inside the captured graph: every replay pays it, frozen timers or not.
     cycles = 10_000_000
     spin_s = gpu_sleep_seconds(cycles)
-    timers = evaluate(write_hostile_fork(tmp_path / "timers", "timers_gpu", gpu_cycles=cycles), 1024, None,
-                      EvaluationOptions(seq_lens=(), device="cuda", warmup_runs=1, min_timed_runs=5, max_timed_runs=5,
-                                        tokens_per_request=8 * 1024, length_timeout_s=120, timeout_s=240))
+    timers = evaluate(
+        write_hostile_fork(tmp_path / "timers", "timers_gpu", gpu_cycles=cycles),
+        1024,
+        None,
+        EvaluationOptions(
+            seq_lens=(),
+            device="cuda",
+            warmup_runs=1,
+            min_timed_runs=5,
+            max_timed_runs=5,
+            tokens_per_request=8 * 1024,
+            length_timeout_s=120,
+            timeout_s=240,
+        ),
+    )
     assert timers.verdict == "pass", timers.reasons
     item = timers.lengths["1024"]
     assert item.timing == "cuda-graph" and item.forwards_per_request == 8
@@ -72,9 +92,20 @@ def test_zeros_fail_and_frozen_timers_gain_nothing_on_cuda(tmp_path):
 
 
 def test_a_forward_that_cannot_be_captured_is_timed_eagerly_with_the_reason(tmp_path):
-    report = evaluate(write_hostile_fork(tmp_path / "sync", "host_sync"), 1024, None,
-                      EvaluationOptions(seq_lens=(512,), device="cuda", warmup_runs=2, min_timed_runs=5,
-                                        max_timed_runs=5, length_timeout_s=120, timeout_s=240))
+    report = evaluate(
+        write_hostile_fork(tmp_path / "sync", "host_sync"),
+        1024,
+        None,
+        EvaluationOptions(
+            seq_lens=(512,),
+            device="cuda",
+            warmup_runs=2,
+            min_timed_runs=5,
+            max_timed_runs=5,
+            length_timeout_s=120,
+            timeout_s=240,
+        ),
+    )
     assert report.verdict == "pass", report.reasons
     for key, item in report.lengths.items():
         # The reason is the error the capture met: reading a value back to the host while capturing.
@@ -88,7 +119,9 @@ def test_signs_on_the_gpu_are_the_cpus_and_buffers_repeat_their_seeds():
     for _ in range(20):
         values = torch.randn(8, workload.FINGERPRINT_DIRECTIONS) * 10 ** rng.uniform(-8, 8)
         values.view(-1)[rng.randrange(values.numel())] = rng.choice([0.0, -0.0, math.inf, -math.inf, 1e-45])
-        assert torch.equal(workload.signs_from_fingerprint(values.cuda()).cpu(), workload.signs_from_fingerprint(values))
+        assert torch.equal(
+            workload.signs_from_fingerprint(values.cuda()).cpu(), workload.signs_from_fingerprint(values)
+        )
     seeds = rng.randrange(1 << 63), rng.randrange(1 << 63)
     first = workload.RequestBuffers.allocate(3, 1000, "cuda")
     again = workload.RequestBuffers.allocate(3, 1000, "cuda")
@@ -101,13 +134,26 @@ def test_signs_on_the_gpu_are_the_cpus_and_buffers_repeat_their_seeds():
 
 def test_real_out_of_memory_is_a_verdict(tmp_path):
     fork = write_hostile_fork(tmp_path / "hog", "hog", hog_length=1024)
-    report = evaluate(fork, 2048, None, EvaluationOptions(
-        seq_lens=(512, 1024), device="cuda", warmup_runs=1, min_timed_runs=3, max_timed_runs=3, length_timeout_s=120,
-        timeout_s=240))
+    report = evaluate(
+        fork,
+        2048,
+        None,
+        EvaluationOptions(
+            seq_lens=(512, 1024),
+            device="cuda",
+            warmup_runs=1,
+            min_timed_runs=3,
+            max_timed_runs=3,
+            length_timeout_s=120,
+            timeout_s=240,
+        ),
+    )
     assert report.verdict == "fail"
     assert report.lengths["512"].correct is True
     assert report.lengths["1024"].status == "oom" and report.lengths["2048"].status == "skipped"
-    assert any(reason.startswith("OOM at T=1024, peak ") and "MiB" in reason for reason in report.reasons), report.reasons
+    assert any(reason.startswith("OOM at T=1024, peak ") and "MiB" in reason for reason in report.reasons), (
+        report.reasons
+    )
 
 
 def _child_module():
@@ -186,10 +232,16 @@ def test_the_honest_fork_at_one_forward_a_request_is_checked_ahead_and_passes(tm
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_a_sandbox_holds_its_own_gpu_and_no_other(tmp_path):
     fork = write_hostile_fork(tmp_path / "other", "other_gpus", burn_seconds=2)
-    report = evaluate(fork, 512, None, EvaluationOptions(seq_lens=(), device="cuda:1", warmup_runs=2,
-                                                         min_timed_runs=3, max_timed_runs=3, timed_seconds=0.2))
+    report = evaluate(
+        fork,
+        512,
+        None,
+        EvaluationOptions(
+            seq_lens=(), device="cuda:1", warmup_runs=2, min_timed_runs=3, max_timed_runs=3, timed_seconds=0.2
+        ),
+    )
     nodes = next(line for line in report.log_tail.splitlines() if line.startswith("GPU-NODES"))
-    numbered = [name for name in ast.literal_eval(nodes.split(" ", 1)[1]) if name[len("nvidia"):].isdigit()]
+    numbered = [name for name in ast.literal_eval(nodes.split(" ", 1)[1]) if name[len("nvidia") :].isdigit()]
     assert len(numbered) == 1, nodes
     assert "GPUS-REACHED 1" in report.log_tail, report.log_tail
     assert "its own GPU's device node only" in report.sandbox

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import time
 
-
 from quasar.evaluate import options
-
 
 
 def test_a_fork_failing_the_import_check_has_its_started_child_killed_at_once(tmp_path, monkeypatch):
@@ -37,11 +35,14 @@ def test_a_fork_failing_the_import_check_has_its_started_child_killed_at_once(tm
     monkeypatch.setattr(SandboxedChild, "close", close)
     checked = []
     real_check = harness._import_check
-    monkeypatch.setattr(harness, "_import_check", lambda repo, options: checked.append(time.monotonic())
-                        or real_check(repo, options))
+    monkeypatch.setattr(
+        harness, "_import_check", lambda repo, options: checked.append(time.monotonic()) or real_check(repo, options)
+    )
     report = harness.evaluate(fork, 64, None, options.EvaluationOptions(seq_lens=(), device="cpu"))
     assert report.verdict == "fail" and report.import_check.ok is False
-    assert any(reason.startswith("import check: fla/ops/quasar/chunk.py:1: forbidden-import") for reason in report.reasons)
+    assert any(
+        reason.startswith("import check: fla/ops/quasar/chunk.py:1: forbidden-import") for reason in report.reasons
+    )
     assert len(started) == 1 and started[0] < checked[0]
-    (began, ended, exit_status, workdir), = closed
+    ((began, ended, exit_status, workdir),) = closed
     assert ended - began < 1.5 and exit_status is not None and workdir is None

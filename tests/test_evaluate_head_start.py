@@ -21,8 +21,16 @@ from quasar.validator.evaluator import SubprocessEvaluator
 from quasar.validator.state import EvaluationKey
 
 ROOT = Path(__file__).resolve().parent.parent
-FAST = EvaluationOptions(seq_lens=(), device="cpu", warmup_runs=1, min_timed_runs=3, max_timed_runs=3,
-                         timed_seconds=0.1, length_timeout_s=120, timeout_s=300)
+FAST = EvaluationOptions(
+    seq_lens=(),
+    device="cpu",
+    warmup_runs=1,
+    min_timed_runs=3,
+    max_timed_runs=3,
+    timed_seconds=0.1,
+    length_timeout_s=120,
+    timeout_s=300,
+)
 
 
 def test_the_area_is_laid_out_for_the_layers_width():
@@ -32,8 +40,10 @@ def test_the_area_is_laid_out_for_the_layers_width():
 
 
 def test_starting_the_sandbox_imports_neither_torch_nor_the_harness():
-    code = ("import sys, quasar.validator.worker, quasar.evaluate.start, quasar.evaluate.sandbox; "
-            "print(sorted(m for m in ('torch', 'quasar.evaluate.harness') if m in sys.modules))")
+    code = (
+        "import sys, quasar.validator.worker, quasar.evaluate.start, quasar.evaluate.sandbox; "
+        "print(sorted(m for m in ('torch', 'quasar.evaluate.harness') if m in sys.modules))"
+    )
     found = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert found.stdout.strip() == "[]"
 
@@ -170,8 +180,25 @@ def test_bench_harness_times_the_validators_worker(tmp_path, capsys):
 
     from quasar.bench import harness as bench
 
-    code = bench.main(["--out", str(tmp_path / "out"), "--device", "cpu", "--lens", "64", "--target", "128",
-                       "--runs", "2", "--worker", "--timed-seconds", "0.1", "--warmup-seconds", "0"])
+    code = bench.main(
+        [
+            "--out",
+            str(tmp_path / "out"),
+            "--device",
+            "cpu",
+            "--lens",
+            "64",
+            "--target",
+            "128",
+            "--runs",
+            "2",
+            "--worker",
+            "--timed-seconds",
+            "0.1",
+            "--warmup-seconds",
+            "0",
+        ]
+    )
     assert code == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["meta"]["worker"] is True and len(summary["walls"]) == 2

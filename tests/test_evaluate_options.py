@@ -18,7 +18,6 @@ from quasar.evaluate.options import (
 from quasar.evaluate.report import EvaluationReport, ImportCheck, LengthResult, Timings
 
 
-
 def test_lengths_are_checked():
     assert check_lengths((1024, 512), 2048, "cuda") == [512, 1024, 2048]
     assert check_lengths((512,), 512, "cpu") == [512]
@@ -50,10 +49,24 @@ def test_command_line_refuses_bad_arguments(tmp_path, capsys):
 
 def test_report_round_trips_through_json_and_drops_non_finite_numbers():
     report = EvaluationReport(
-        verdict="fail", reasons=["T=64: the output has NaN or infinite values"], repo="/r", target_seq_len=64,
-        seq_lens=[64], device="cpu", device_name="cpu", import_check=ImportCheck(ok=True, profile="core"),
-        lengths={"64": LengthResult(seq_len=64, status="ok", rel_error=math.inf, rel_error_eighths=[math.nan] * 8,
-                                    finite=False, correct=False)},
+        verdict="fail",
+        reasons=["T=64: the output has NaN or infinite values"],
+        repo="/r",
+        target_seq_len=64,
+        seq_lens=[64],
+        device="cpu",
+        device_name="cpu",
+        import_check=ImportCheck(ok=True, profile="core"),
+        lengths={
+            "64": LengthResult(
+                seq_len=64,
+                status="ok",
+                rel_error=math.inf,
+                rel_error_eighths=[math.nan] * 8,
+                finite=False,
+                correct=False,
+            )
+        },
         timings=Timings(total_s=3.0, timed_s=1.0),
     )
     import json
@@ -66,18 +79,21 @@ def test_report_round_trips_through_json_and_drops_non_finite_numbers():
     assert again.import_check == report.import_check and again.timings.total_s == 3.0
 
 
-@pytest.mark.parametrize(("length", "tokens", "cap", "expected"), [
-    (512, 1 << 18, 64, 64),
-    (1024, 1 << 18, 64, 64),
-    (2048, 1 << 18, 64, 64),
-    (8192, 1 << 18, 64, 32),
-    (100_000, 1 << 18, 64, 3),
-    (1_000_000, 1 << 18, 64, 1),
-    (512, 1 << 18, 256, 256),
-    (1 << 20, 1 << 22, 64, 2),
-    (512, 0, 64, 1),
-    (512, 5000, 64, 10),
-])
+@pytest.mark.parametrize(
+    ("length", "tokens", "cap", "expected"),
+    [
+        (512, 1 << 18, 64, 64),
+        (1024, 1 << 18, 64, 64),
+        (2048, 1 << 18, 64, 64),
+        (8192, 1 << 18, 64, 32),
+        (100_000, 1 << 18, 64, 3),
+        (1_000_000, 1 << 18, 64, 1),
+        (512, 1 << 18, 256, 256),
+        (1 << 20, 1 << 22, 64, 2),
+        (512, 0, 64, 1),
+        (512, 5000, 64, 10),
+    ],
+)
 def test_forwards_per_request_depend_on_the_length_alone(length, tokens, cap, expected):
     from quasar.evaluate.options import MAX_TOKENS_PER_REQUEST, forwards_per_request
 

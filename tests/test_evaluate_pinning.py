@@ -44,6 +44,7 @@ def check_plan(plan: CpuPlan, allowed: set[int], siblings: dict[int, frozenset[i
 
 # --- the rule --------------------------------------------------------------------------------
 
+
 def test_cpu_lists_parse_and_format_like_the_kernel():
     assert parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
     assert parse_cpu_list("5") == {5}
@@ -126,18 +127,29 @@ def test_random_topologies_follow_the_rule():
         assert len(cpus) == len(set(cpus))
 
 
-@pytest.mark.parametrize(("device", "visible", "slot"), [
-    ("cuda", None, 0), ("cuda:2", None, 2), ("cuda", "3", 3), ("cuda:1", "4,5", 5),
-    ("cuda", "GPU-8a1f0c2e-uuid", 0), ("cuda:1", "GPU-a,GPU-b", 1), ("cpu", None, 0), ("cuda:3", "1", 3),
-])
+@pytest.mark.parametrize(
+    ("device", "visible", "slot"),
+    [
+        ("cuda", None, 0),
+        ("cuda:2", None, 2),
+        ("cuda", "3", 3),
+        ("cuda:1", "4,5", 5),
+        ("cuda", "GPU-8a1f0c2e-uuid", 0),
+        ("cuda:1", "GPU-a,GPU-b", 1),
+        ("cpu", None, 0),
+        ("cuda:3", "1", 3),
+    ],
+)
 def test_the_slot_is_the_physical_gpu_index_where_known(device, visible, slot):
     assert device_slot(device, visible) == slot
 
 
 # --- this machine ----------------------------------------------------------------------------
 
-needs_two_cpus = pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-                                    reason="needs two CPUs this process may use")
+needs_two_cpus = pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs two CPUs this process may use",
+)
 
 
 @needs_two_cpus
@@ -234,9 +246,18 @@ def test_an_evaluation_pins_the_child_and_its_timing_thread_then_restores(tmp_pa
 
     fork = tmp_path / "fork"
     write_starter_fork(fork)
-    options = EvaluationOptions(seq_lens=(), device="cpu", warmup_runs=1, min_timed_runs=3, max_timed_runs=3,
-                                timed_seconds=0.1, length_timeout_s=120, timeout_s=300, pin_cpus=True,
-                                policy=SandboxPolicy(allow_unsandboxed=True))
+    options = EvaluationOptions(
+        seq_lens=(),
+        device="cpu",
+        warmup_runs=1,
+        min_timed_runs=3,
+        max_timed_runs=3,
+        timed_seconds=0.1,
+        length_timeout_s=120,
+        timeout_s=300,
+        pin_cpus=True,
+        policy=SandboxPolicy(allow_unsandboxed=True),
+    )
     report = evaluate(fork, 64, None, options, progress)
     assert report.cpu_pinning == note == plan.describe()
     assert seen["timing"] == plan.timing and seen["children"] == {plan.child}

@@ -14,7 +14,6 @@ import pytest
 from quasar.evaluate import protocol
 
 
-
 @pytest.fixture
 def pipe_pair():
     a_read, b_write = os.pipe()
@@ -42,13 +41,16 @@ def test_a_shared_area_written_by_another_process_is_copied_out_or_read_in_place
     area = protocol.SharedArea.create(1 << 20)
     try:
         payload, offset = os.urandom(300_000), random.randrange(1 << 19)
-        writer = ("import mmap, os, sys; fd, at = int(sys.argv[1]), int(sys.argv[2]); "
-                  "area = mmap.mmap(fd, os.fstat(fd).st_size); data = sys.stdin.buffer.read(); "
-                  "area[at:at + len(data)] = data")
+        writer = (
+            "import mmap, os, sys; fd, at = int(sys.argv[1]), int(sys.argv[2]); "
+            "area = mmap.mmap(fd, os.fstat(fd).st_size); data = sys.stdin.buffer.read(); "
+            "area[at:at + len(data)] = data"
+        )
 
         def write(data: bytes, at: int) -> None:
-            subprocess.run([sys.executable, "-c", writer, str(area.fd), str(at)], input=data, pass_fds=(area.fd,),
-                           check=True)
+            subprocess.run(
+                [sys.executable, "-c", writer, str(area.fd), str(at)], input=data, pass_fds=(area.fd,), check=True
+            )
 
         write(payload, offset)
         copy = area.read(len(payload), offset)
@@ -62,8 +64,12 @@ def test_a_shared_area_written_by_another_process_is_copied_out_or_read_in_place
         # would kill this one) nor grow it.
         resize = "import os, sys; os.ftruncate(int(sys.argv[1]), int(sys.argv[2]))"
         for size in (0, 1 << 21):
-            refused = subprocess.run([sys.executable, "-c", resize, str(area.fd), str(size)], pass_fds=(area.fd,),
-                                     capture_output=True, text=True)
+            refused = subprocess.run(
+                [sys.executable, "-c", resize, str(area.fd), str(size)],
+                pass_fds=(area.fd,),
+                capture_output=True,
+                text=True,
+            )
             assert refused.returncode != 0 and "Operation not permitted" in refused.stderr
         assert os.fstat(area.fd).st_size == 1 << 20
         for nbytes, at in ((1 << 20, 1), ((1 << 20) + 1, 0), (10, -1)):
@@ -83,12 +89,15 @@ def test_channel_refuses_oversized_payload(pipe_pair):
         parent.recv(deadline=time.monotonic() + 5, max_payload=10)
 
 
-@pytest.mark.parametrize("raw,message", [
-    ((5).to_bytes(4, "big") + b"{bad}", "malformed message header"),
-    ((2).to_bytes(4, "big") + b"[]", "not a JSON object"),
-    ((13).to_bytes(4, "big") + b'{"nbytes":-1}', "nbytes=-1"),
-    ((protocol.MAX_HEADER_BYTES + 1).to_bytes(4, "big"), "exceeds the"),
-])
+@pytest.mark.parametrize(
+    "raw,message",
+    [
+        ((5).to_bytes(4, "big") + b"{bad}", "malformed message header"),
+        ((2).to_bytes(4, "big") + b"[]", "not a JSON object"),
+        ((13).to_bytes(4, "big") + b'{"nbytes":-1}', "nbytes=-1"),
+        ((protocol.MAX_HEADER_BYTES + 1).to_bytes(4, "big"), "exceeds the"),
+    ],
+)
 def test_channel_refuses_malformed_headers(pipe_pair, raw, message):
     parent, child = pipe_pair
     os.write(child.write_fd, raw)

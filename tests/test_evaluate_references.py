@@ -3,6 +3,7 @@ outputs and the checks of timed requests computed ahead, against what the child 
 
 from __future__ import annotations
 
+import functools
 import random
 
 import torch
@@ -12,12 +13,17 @@ from quasar.evaluate.references import AHEAD_REQUESTS, ReferenceWork, reference_
 from quasar.evaluate.report import Timings
 from quasar.evaluate.session import Request, parse_fingerprints
 from quasar.reference import QuasarAttentionReference, relative_error
-
 from tests.evaluate_runs import (
     child_request,
     filled,
     honest_run,
 )
+
+
+def counted_reference(computed, reference, buffers, request, start, stop):
+    """``reference_outputs``, recording each request it computes in ``computed``."""
+    computed.append(request)
+    return reference_outputs(reference, buffers, request, start, stop)
 
 
 def test_a_batched_reference_matches_one_forward_at_a_time():
@@ -28,8 +34,9 @@ def test_a_batched_reference_matches_one_forward_at_a_time():
     buffers = filled(count, length, rng.randrange(1 << 63), rng.randrange(1 << 63))
     request = Request(0, 0, torch.randn(count, workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS), 0)
     batched = reference_outputs(reference, buffers, request, 0, count)
-    one_at_a_time = torch.cat([reference_outputs(reference, buffers, request, index, index + 1)
-                               for index in range(count)])
+    one_at_a_time = torch.cat(
+        [reference_outputs(reference, buffers, request, index, index + 1) for index in range(count)]
+    )
     assert batched.shape == (count, length, workload.HIDDEN_SIZE)
     assert relative_error(batched, one_at_a_time) < 1e-5
 
@@ -91,8 +98,12 @@ def test_checks_computed_ahead_are_those_of_the_requests_the_child_makes(monkeyp
         buffers = filled(1, 64, *work.timed_seeds[64][place])
         with torch.inference_mode():
             output = reference(buffers.noise[0:1])[0]
-        assert torch.allclose(fingerprints, workload.fingerprint(output, buffers.directions[0], buffers.token_weights[0]),
-                              rtol=1e-4, atol=1e-4)
+        assert torch.allclose(
+            fingerprints,
+            workload.fingerprint(output, buffers.directions[0], buffers.token_weights[0]),
+            rtol=1e-4,
+            atol=1e-4,
+        )
         assert torch.allclose(norms, workload.segment_norms(output), rtol=1e-5)
     # An honest run whose timed requests took the pool's seeds passes; one whose requests were
     # answered on other inputs fails, checked from the values computed ahead alone.
@@ -106,13 +117,8 @@ def test_checks_computed_ahead_are_those_of_the_requests_the_child_makes(monkeyp
             request.input_seed, request.basis_seed = seeds
             request.fingerprints, request.position = parse_fingerprints(payload, 1, "test"), position
         run.precomputed = ahead
-        computed = []
-
-        def counting(reference, buffers, request, start, stop):
-            computed.append(request)
-            return reference_outputs(reference, buffers, request, start, stop)
-
-        monkeypatch.setattr(verification, "reference_outputs", counting)
+        computed: list = []
+        monkeypatch.setattr(verification, "reference_outputs", functools.partial(counted_reference, computed))
         reasons = verification.verify_length(run, reference, "cpu", lambda event: None, target=True)
         assert (reasons == []) is honest, reasons
         # Only the correctness request (and drawn requests not computed ahead) needed a reference now.

@@ -12,13 +12,24 @@ from quasar.evaluate.report import HIGH_CV, OK, EvaluationReport, LengthResult, 
 
 def report_with(rng: random.Random, cvs: dict[int, float], multiplier: float = 0.5) -> EvaluationReport:
     target = max(cvs)
-    report = EvaluationReport(verdict="pass", reasons=[], repo="/fork", target_seq_len=target, seq_lens=sorted(cvs),
-                              device="cuda", device_name="H100", import_check=None, lengths={}, league="x",
-                              multiplier=multiplier)
+    report = EvaluationReport(
+        verdict="pass",
+        reasons=[],
+        repo="/fork",
+        target_seq_len=target,
+        seq_lens=sorted(cvs),
+        device="cuda",
+        device_name="H100",
+        import_check=None,
+        lengths={},
+        league="x",
+        multiplier=multiplier,
+    )
     for length, cv in cvs.items():
         rate = rng.uniform(1e3, 1e8)
-        report.lengths[str(length)] = LengthResult(seq_len=length, status=OK, tokens_per_sec=rate, cv=cv, correct=True,
-                                                   finite=True, repeat_agree=True)
+        report.lengths[str(length)] = LengthResult(
+            seq_len=length, status=OK, tokens_per_sec=rate, cv=cv, correct=True, finite=True, repeat_agree=True
+        )
     measured = report.lengths[str(target)].tokens_per_sec
     report.measured_tokens_per_sec = measured
     report.weighted_score = measured * multiplier
@@ -35,8 +46,10 @@ def shown(report: EvaluationReport) -> str:
 def test_only_lengths_over_the_cv_limit_are_flagged():
     rng = random.Random()
     for _ in range(20):
-        cvs = {length: rng.choice([rng.uniform(0, HIGH_CV), rng.uniform(HIGH_CV * 1.01, 2.0)])
-               for length in (512, 2048, 16_384)}
+        cvs = {
+            length: rng.choice([rng.uniform(0, HIGH_CV), rng.uniform(HIGH_CV * 1.01, 2.0)])
+            for length in (512, 2048, 16_384)
+        }
         report = report_with(rng, cvs)
         warnings = noise_warnings(report)
         noisy = [length for length, cv in sorted(cvs.items()) if cv > HIGH_CV]

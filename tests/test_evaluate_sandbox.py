@@ -16,7 +16,6 @@ from quasar.evaluate.captured_output import CapturedOutput
 from quasar.evaluate.sandbox import SandboxError, SandboxPolicy, copy_tree, scrubbed_environment
 from quasar.evaluate.sandbox_layout import python_installation, site_folders
 from quasar.evaluate.stragglers import MARKER_VARIABLE, kill_marked_processes
-
 from tests.evaluate_runs import (
     naive_capture_text,
 )

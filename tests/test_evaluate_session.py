@@ -10,7 +10,14 @@ import torch
 
 from quasar.evaluate import protocol, session, start, workload
 from quasar.evaluate.sandbox import SandboxedChild, SandboxPolicy
-from quasar.evaluate.session import ChildFailure, Session, SharedOutput, output_tensor, parse_fingerprints, receive_output
+from quasar.evaluate.session import (
+    ChildFailure,
+    Session,
+    SharedOutput,
+    output_tensor,
+    parse_fingerprints,
+    receive_output,
+)
 from quasar.starter_fork import copy_starter_tree
 
 
@@ -18,7 +25,10 @@ def test_the_parent_takes_one_fingerprint_per_forward_from_the_reply():
     values = torch.randn(4, 8, workload.FINGERPRINT_DIRECTIONS)
     payload = bytearray(memoryview(values.numpy()).cast("B"))
     assert torch.equal(parse_fingerprints(payload, 4, "test"), values)
-    with pytest.raises(ChildFailure, match=f"1536 bytes of fingerprints for 4 forwards, expected {4 * 8 * 4 * workload.FINGERPRINT_DIRECTIONS}"):
+    with pytest.raises(
+        ChildFailure,
+        match=f"1536 bytes of fingerprints for 4 forwards, expected {4 * 8 * 4 * workload.FINGERPRINT_DIRECTIONS}",
+    ):
         parse_fingerprints(payload[:1536], 4, "test")
     with pytest.raises(ChildFailure, match="0 bytes of fingerprints for 1 forwards"):
         parse_fingerprints(None, 1, "test")
@@ -38,10 +48,17 @@ def test_an_output_comes_back_the_same_through_the_shared_area_and_the_pipe(tmp_
             monkeypatch.setattr(session, "COPY_OUTPUTS_UP_TO", copy_up_to)
             with SandboxedChild(tmp_path / "fork", "cpu", SandboxPolicy(), shared=shared) as child:
                 conversation = Session(child, time.monotonic() + 120)
-                conversation.request({"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed},
-                                     time.monotonic() + 120, "load")
-                conversation.request({"op": "run", "seq_len": length, "count": 1, **seeds}, time.monotonic() + 60,
-                                     "run", max_payload=1 << 20)
+                conversation.request(
+                    {"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed},
+                    time.monotonic() + 120,
+                    "load",
+                )
+                conversation.request(
+                    {"op": "run", "seq_len": length, "count": 1, **seeds},
+                    time.monotonic() + 60,
+                    "run",
+                    max_payload=1 << 20,
+                )
                 output = receive_output(conversation, length, offsets[length], time.monotonic() + 60)
                 assert isinstance(output, SharedOutput) == (way == "in place"), way
                 if way == "in place":

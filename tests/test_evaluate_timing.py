@@ -13,7 +13,6 @@ from quasar.evaluate import timing, workload
 from quasar.evaluate.report import Timings
 
 
-
 @pytest.mark.parametrize("trial", range(20))
 def test_timed_rounds_meet_the_bounds_on_the_total_and_share_the_time(trial):
     from dataclasses import replace
@@ -23,8 +22,12 @@ def test_timed_rounds_meet_the_bounds_on_the_total_and_share_the_time(trial):
 
     rng = random.Random()
     least_total = rng.randint(1, 30)
-    options = replace(EvaluationOptions(), min_timed_runs=least_total, max_timed_runs=rng.randint(least_total, 300),
-                      timed_seconds=rng.uniform(0.1, 5.0))
+    options = replace(
+        EvaluationOptions(),
+        min_timed_runs=least_total,
+        max_timed_runs=rng.randint(least_total, 300),
+        timed_seconds=rng.uniform(0.1, 5.0),
+    )
     request_s = rng.choice([1e-4, 1e-3, 0.02, 0.5, 3.0])
     done = 0
     for round_index in range(TIMED_ROUNDS):
@@ -39,7 +42,8 @@ def test_timed_rounds_meet_the_bounds_on_the_total_and_share_the_time(trial):
         done += round_quota(options, request_s, done, TIMED_ROUNDS - round_index)[1]
     fits = math.ceil(options.timed_seconds / TIMED_ROUNDS / request_s) * TIMED_ROUNDS
     assert done == max(options.min_timed_runs, min(options.max_timed_runs, fits)) or (
-        options.min_timed_runs <= done <= options.max_timed_runs and abs(done - fits) < TIMED_ROUNDS)
+        options.min_timed_runs <= done <= options.max_timed_runs and abs(done - fits) < TIMED_ROUNDS
+    )
 
 
 def test_recommended_claim_is_the_speed_three_in_four_requests_reached():
@@ -81,8 +85,13 @@ def test_the_correctness_request_runs_once_in_every_round_it_may_be_drawn_for(mo
     for check_round in range(TIMED_ROUNDS):
         for request_s in (1e-9, 10.0):  # a pace that fills every quota, and one that meets only the least
             made.clear()
-            run = LengthRun(LengthResult(seq_len=64, forwards_per_request=1), request_s=request_s, cost_ns=10**6,
-                             check_seeds=(5, 6), check_round=check_round)
+            run = LengthRun(
+                LengthResult(seq_len=64, forwards_per_request=1),
+                request_s=request_s,
+                cost_ns=10**6,
+                check_seeds=(5, 6),
+                check_round=check_round,
+            )
             assert time_rounds(None, None, {64: run}, [64], {64: 1}, options, Timings(), lambda event: None) is None
             assert made.count("check") == 1, (check_round, request_s, made)
             assert least <= len(run.timed) <= most and run.check in run.timed, (check_round, request_s, made)

@@ -20,7 +20,6 @@ from quasar.evaluate.verification import (
     worst_block_error,
 )
 from quasar.reference import QuasarAttentionReference
-
 from tests.evaluate_runs import (
     filled,
     honest_run,
@@ -63,7 +62,8 @@ def test_worst_block_error_matches_the_naive_loop(length, block):
     output = reference + 0.05 * torch.randn(reference.shape, generator=generator)
     output[0, length // 3] += 3.0
     assert worst_block_error(output, reference, block) == pytest.approx(
-        naive_worst_block_error(output, reference, block), rel=1e-9)
+        naive_worst_block_error(output, reference, block), rel=1e-9
+    )
 
 
 def test_a_wrong_tail_that_an_eighth_would_dilute_is_caught_by_blocks():
@@ -72,7 +72,7 @@ def test_a_wrong_tail_that_an_eighth_would_dilute_is_caught_by_blocks():
     output = reference.clone()
     output[:, -64:] = 0
     last = workload.segment_bounds(2_000_000)[-1]
-    eighth = float((output[:, last[0]:] - reference[:, last[0]:]).norm() / reference[:, last[0]:].norm())
+    eighth = float((output[:, last[0] :] - reference[:, last[0] :]).norm() / reference[:, last[0] :].norm())
     assert eighth < REL_ERROR_THRESHOLD
     assert worst_block_error(output, reference) == pytest.approx(1.0, rel=0.05)
 
@@ -90,12 +90,18 @@ def test_verification_passes_an_honest_run_and_reports_an_unverifiable_length(mo
         return real_reference_outputs(reference, buffers, request, start, stop)
 
     monkeypatch.setattr(verification, "reference_outputs", out_of_memory_at_128)
-    reasons = verification.verify_all(runs, references.ReferenceWork(5, "cpu", [], {}), Timings(), lambda event: None, 128)
+    reasons = verification.verify_all(
+        runs, references.ReferenceWork(5, "cpu", [], {}), Timings(), lambda event: None, 128
+    )
     assert runs[64].result.correct is True and runs[64].result.runs_verified == 4
     assert runs[64].result.rel_error < 5e-3 and runs[64].result.repeat_agree
     assert runs[128].result.correct is False
-    assert reasons == [("T=128: the float32 reference does not fit in the memory of cpu here, so this length "
-                        "cannot be verified on this machine")]
+    assert reasons == [
+        (
+            "T=128: the float32 reference does not fit in the memory of cpu here, so this length "
+            "cannot be verified on this machine"
+        )
+    ]
 
 
 def test_the_longest_length_checked_beside_the_others_gets_the_same_verdicts(monkeypatch):
@@ -105,12 +111,21 @@ def test_the_longest_length_checked_beside_the_others_gets_the_same_verdicts(mon
 
     def make_runs() -> dict:
         # 96 tokens: a fork that skips every forward of a request but the first.
-        return {64: honest_run(reference, 64), 96: honest_run(reference, 96, count=2, fake_after_first=True),
-                128: honest_run(reference, 128)}
+        return {
+            64: honest_run(reference, 64),
+            96: honest_run(reference, 96, count=2, fake_after_first=True),
+            128: honest_run(reference, 128),
+        }
 
     serial_runs, beside_runs = make_runs(), make_runs()
-    serial = verification.verify_all(serial_runs, references.ReferenceWork(6, "cpu", [], {}), Timings(), lambda event: None, 128,
-                             longest_beside=False)
+    serial = verification.verify_all(
+        serial_runs,
+        references.ReferenceWork(6, "cpu", [], {}),
+        Timings(),
+        lambda event: None,
+        128,
+        longest_beside=False,
+    )
     # The longest runs out of memory beside the others once; it is checked again alone.
     real_verify_length = verification.verify_length
     threads, failed_once = [], []
@@ -123,8 +138,9 @@ def test_the_longest_length_checked_beside_the_others_gets_the_same_verdicts(mon
         return real_verify_length(run, *args, **kwargs)
 
     monkeypatch.setattr(verification, "verify_length", verify_length)
-    beside = verification.verify_all(beside_runs, references.ReferenceWork(6, "cpu", [], {}), Timings(), lambda event: None, 128,
-                             longest_beside=True)
+    beside = verification.verify_all(
+        beside_runs, references.ReferenceWork(6, "cpu", [], {}), Timings(), lambda event: None, 128, longest_beside=True
+    )
     # 96's forwards after the first of each request are zeros, its correctness request's too.
     assert serial == beside and serial and all(reason.startswith("T=96: ") for reason in serial)
     for length in (64, 96, 128):
@@ -134,8 +150,10 @@ def test_the_longest_length_checked_beside_the_others_gets_the_same_verdicts(mon
         assert beside_runs[length].output is None
     assert beside_runs[128].result.correct is True and beside_runs[96].result.correct is False
     # First on a thread of its own, then again alone on the evaluation's thread, after the others.
-    assert [name for length, name in threads if length == 128] == ["quasar-verify-longest",
-                                                                   threading.current_thread().name]
+    assert [name for length, name in threads if length == 128] == [
+        "quasar-verify-longest",
+        threading.current_thread().name,
+    ]
     assert threads[-1][0] == 128
 
 
@@ -145,32 +163,47 @@ def test_verification_checks_every_forward_of_the_requests_it_picks(monkeypatch)
     monkeypatch.setattr(references, "REFERENCE_BATCH_TOKENS", 128)
     reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
     reference.load_state_dict(workload.make_weights(9), strict=True)
-    runs = {64: honest_run(reference, 64, timed=2, count=3), 128: honest_run(reference, 128, timed=2, count=3,
-                                                                              fake_after_first=True)}
+    runs = {
+        64: honest_run(reference, 64, timed=2, count=3),
+        128: honest_run(reference, 128, timed=2, count=3, fake_after_first=True),
+    }
     # A reply whose middle fingerprint is replaced by NaNs: that forward fails, and so does the
     # next, whose input the parent rebuilds from the NaNs' bits, not from what the child used.
     runs[96] = honest_run(reference, 96, timed=1, count=3)
     assert runs[96].timed[-1] is not runs[96].check
     runs[96].timed[-1].fingerprints[1] = math.nan
-    reasons = verification.verify_all(runs, references.ReferenceWork(9, "cpu", [], {}), Timings(), lambda event: None, 128)
+    reasons = verification.verify_all(
+        runs, references.ReferenceWork(9, "cpu", [], {}), Timings(), lambda event: None, 128
+    )
     honest, faked = runs[64].result, runs[128].result
     # Two timed requests and the correctness request, every forward of each.
     assert honest.correct is True and honest.runs_verified == 9 and honest.requests_verified == 3
     assert faked.correct is False and faked.runs_verified == 9
     assert runs[96].result.correct is False and runs[96].result.runs_verified == 6
     # The reasons come shortest length first, whatever the order of the runs.
-    assert reasons[0] == (f"T=96: 2 of 6 timed forwards checked do not match the reference (largest error inf > "
-                          f"{verification.FINGERPRINT_TOLERANCE:g}): the output was not computed from that run's input")
+    assert reasons[0] == (
+        f"T=96: 2 of 6 timed forwards checked do not match the reference (largest error inf > "
+        f"{verification.FINGERPRINT_TOLERANCE:g}): the output was not computed from that run's input"
+    )
     assert len([reason for reason in reasons if reason.startswith("T=96")]) == 1
-    assert (f"T=128: 6 of 9 timed forwards checked do not match the reference (largest error "
-            f"{faked.fingerprint_error:.3g} > {verification.FINGERPRINT_TOLERANCE:g}): the output was not "
-            "computed from that run's input") in reasons
+    assert (
+        f"T=128: 6 of 9 timed forwards checked do not match the reference (largest error "
+        f"{faked.fingerprint_error:.3g} > {verification.FINGERPRINT_TOLERANCE:g}): the output was not "
+        "computed from that run's input"
+    ) in reasons
     # Its correctness request skipped the same forwards: its last output is zeros.
     assert "T=128: the output differs from the reference: relative error 1 > 0.02 over the whole sequence" in reasons
 
 
 def test_requests_to_verify_cover_max_verified_forwards_at_short_lengths_and_the_bound_at_the_target():
-    from quasar.evaluate.verification import ESCAPE_BOUND, MAX_VERIFIED, VERIFY_SAMPLE, degraded_to_move_median, escape_probability, requests_to_verify
+    from quasar.evaluate.verification import (
+        ESCAPE_BOUND,
+        MAX_VERIFIED,
+        VERIFY_SAMPLE,
+        degraded_to_move_median,
+        escape_probability,
+        requests_to_verify,
+    )
 
     assert requests_to_verify(timed_run(512, 1, 200), target=False) == MAX_VERIFIED
     assert requests_to_verify(timed_run(512, 4, 200), target=False) == MAX_VERIFIED // 4

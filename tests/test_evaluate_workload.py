@@ -15,7 +15,6 @@ from quasar.evaluate.verification import (
     fingerprint_error,
 )
 from quasar.reference import QuasarAttentionReference, relative_error
-
 from tests.evaluate_runs import (
     RecordingLayer,
     filled,
@@ -110,8 +109,9 @@ def test_signs_are_the_rule_recomputed_from_the_reported_floats():
     # One unit in the last place of one value the signs are drawn from changes its four signs.
     values = torch.randn(8, workload.FINGERPRINT_DIRECTIONS)
     changed = 0
-    for position in [row * workload.FINGERPRINT_DIRECTIONS + column for row in range(8)
-                     for column in range(workload.SIGN_DIRECTIONS)]:
+    for position in [
+        row * workload.FINGERPRINT_DIRECTIONS + column for row in range(8) for column in range(workload.SIGN_DIRECTIONS)
+    ]:
         nudged = values.clone()
         nudged.view(-1)[position] = torch.nextafter(nudged.view(-1)[position], torch.tensor(math.inf))
         changed += not torch.equal(workload.signs_from_fingerprint(nudged), workload.signs_from_fingerprint(values))
@@ -167,17 +167,29 @@ def test_the_parents_batched_checks_match_one_forward_at_a_time():
     buffers = filled(count, length, rng.randrange(1 << 63), rng.randrange(1 << 63))
     reported = torch.randn(count, workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS)
     outputs = torch.randn(count, length, workload.HIDDEN_SIZE)
-    singles = torch.stack([workload.fingerprint(outputs[i:i + 1], buffers.directions[i], buffers.token_weights[i])
-                           for i in range(count)])
+    singles = torch.stack(
+        [
+            workload.fingerprint(outputs[i : i + 1], buffers.directions[i], buffers.token_weights[i])
+            for i in range(count)
+        ]
+    )
     assert relative_error(workload.fingerprints_of(outputs, buffers.directions, buffers.token_weights), singles) < 1e-6
-    assert relative_error(workload.segment_norms_of(outputs),
-                          torch.stack([workload.segment_norms(outputs[i:i + 1]) for i in range(count)])) < 1e-6
-    assert torch.equal(workload.signs_from_fingerprint(reported),
-                       torch.stack([workload.signs_from_fingerprint(values) for values in reported]))
+    assert (
+        relative_error(
+            workload.segment_norms_of(outputs),
+            torch.stack([workload.segment_norms(outputs[i : i + 1]) for i in range(count)]),
+        )
+        < 1e-6
+    )
+    assert torch.equal(
+        workload.signs_from_fingerprint(reported),
+        torch.stack([workload.signs_from_fingerprint(values) for values in reported]),
+    )
     start = rng.randrange(count)
     stop = rng.randint(start + 1, count)
-    one_by_one = torch.cat([workload.forward_input(buffers.noise[i], reported[i - 1] if i else None)
-                            for i in range(start, stop)])
+    one_by_one = torch.cat(
+        [workload.forward_input(buffers.noise[i], reported[i - 1] if i else None) for i in range(start, stop)]
+    )
     assert torch.equal(workload.chained_inputs(buffers.noise, reported, start, stop), one_by_one)
 
 
@@ -187,10 +199,13 @@ def test_each_input_exists_only_after_the_previous_fingerprint():
     first_signs = workload.signs_from_fingerprint(buffers.fingerprints[0])
     nudged = buffers.fingerprints[0].clone()
     nudged[0, 0] = torch.nextafter(nudged[0, 0], torch.tensor(math.inf))
-    assert not torch.equal(workload.forward_input(buffers.noise[1], nudged),
-                           workload.forward_input(buffers.noise[1], buffers.fingerprints[0]))
-    assert torch.equal(workload.forward_input(buffers.noise[1], buffers.fingerprints[0])[0],
-                       buffers.noise[1] * first_signs)
+    assert not torch.equal(
+        workload.forward_input(buffers.noise[1], nudged),
+        workload.forward_input(buffers.noise[1], buffers.fingerprints[0]),
+    )
+    assert torch.equal(
+        workload.forward_input(buffers.noise[1], buffers.fingerprints[0])[0], buffers.noise[1] * first_signs
+    )
     assert torch.equal(workload.forward_input(buffers.noise[0], None)[0], buffers.noise[0])
 
 
@@ -198,8 +213,11 @@ def test_fingerprint_of_bfloat16_output_is_close_to_float32():
     output = torch.randn(1, 256, 512)
     buffers = filled(1, 256, 4, 5)
     basis = (buffers.directions[0], buffers.token_weights[0])
-    error = fingerprint_error(workload.fingerprint(output.bfloat16(), *basis).tolist(),
-                              workload.fingerprint(output, *basis), workload.segment_norms(output))
+    error = fingerprint_error(
+        workload.fingerprint(output.bfloat16(), *basis).tolist(),
+        workload.fingerprint(output, *basis),
+        workload.segment_norms(output),
+    )
     # bfloat16 rounding of the output itself (about 2^-9 relative) is all that separates them.
     assert error < 0.01
 

@@ -22,20 +22,12 @@ from quasar.forks import (
     normalize_fork_url,
     validate_commit_hash,
 )
+from tests.gitrepo import git
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
 
 # --- helpers: local repositories standing in for GitHub ----------------------------------------
-
-
-def _git(cwd: Path, *args: str) -> str:
-    env = {name: value for name, value in os.environ.items() if not name.startswith("GIT_")}
-    env.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull,
-               GIT_AUTHOR_NAME="miner", GIT_AUTHOR_EMAIL="miner@example.com",
-               GIT_COMMITTER_NAME="miner", GIT_COMMITTER_EMAIL="miner@example.com")
-    done = subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True)
-    return done.stdout.strip()
 
 
 def make_source(tmp_path: Path, commits: list[dict[str, bytes | str]], name: str = "fork") -> tuple[Path, list[str]]:
@@ -45,7 +37,7 @@ def make_source(tmp_path: Path, commits: list[dict[str, bytes | str]], name: str
     """
     work = tmp_path / f"{name}-work"
     work.mkdir()
-    _git(work, "init", "-q", "-b", "main")
+    git(work, "init", "-q", "-b", "main")
     shas = []
     for files in commits:
         for path, content in files.items():
@@ -56,11 +48,11 @@ def make_source(tmp_path: Path, commits: list[dict[str, bytes | str]], name: str
                 target.symlink_to(content[2:])
             else:
                 target.write_bytes(content.encode() if isinstance(content, str) else content)
-        _git(work, "add", "-A")
-        _git(work, "commit", "-q", "--allow-empty", "-m", f"commit {len(shas)}")
-        shas.append(_git(work, "rev-parse", "HEAD"))
+        git(work, "add", "-A")
+        git(work, "commit", "-q", "--allow-empty", "-m", f"commit {len(shas)}")
+        shas.append(git(work, "rev-parse", "HEAD"))
     bare = tmp_path / f"{name}.git"
-    _git(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
+    git(tmp_path, "clone", "-q", "--bare", str(work), str(bare))
     return bare, shas
 
 
@@ -115,85 +107,97 @@ def _clone_in_child(url: str, sha: str, cache: str, results) -> None:
 # --- URL rules ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("url", [
-    "https://github.com/owner/repo",
-    "https://github.com/owner/repo.git",
-    "https://github.com/owner/repo/",
-    "https://github.com/owner/repo.git/",
-    "https://github.com/Owner/Repo",
-    "HTTPS://GitHub.com/OWNER/REPO.git",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://github.com/owner/repo",
+        "https://github.com/owner/repo.git",
+        "https://github.com/owner/repo/",
+        "https://github.com/owner/repo.git/",
+        "https://github.com/Owner/Repo",
+        "HTTPS://GitHub.com/OWNER/REPO.git",
+    ],
+)
 def test_github_urls_normalize_to_one_key(url):
     assert normalize_fork_url(url) == "https://github.com/owner/repo"
 
 
-@pytest.mark.parametrize("url, canonical", [
-    ("https://github.com/a/b", "https://github.com/a/b"),
-    ("https://github.com/a-b-c/flash-linear-attention", "https://github.com/a-b-c/flash-linear-attention"),
-    ("https://github.com/" + "x" * 39 + "/r", "https://github.com/" + "x" * 39 + "/r"),
-    ("https://github.com/o/" + "r" * 100, "https://github.com/o/" + "r" * 100),
-    ("https://github.com/o/my_repo.v2", "https://github.com/o/my_repo.v2"),
-    ("https://github.com/o/.hidden", "https://github.com/o/.hidden"),
-])
+@pytest.mark.parametrize(
+    "url, canonical",
+    [
+        ("https://github.com/a/b", "https://github.com/a/b"),
+        ("https://github.com/a-b-c/flash-linear-attention", "https://github.com/a-b-c/flash-linear-attention"),
+        ("https://github.com/" + "x" * 39 + "/r", "https://github.com/" + "x" * 39 + "/r"),
+        ("https://github.com/o/" + "r" * 100, "https://github.com/o/" + "r" * 100),
+        ("https://github.com/o/my_repo.v2", "https://github.com/o/my_repo.v2"),
+        ("https://github.com/o/.hidden", "https://github.com/o/.hidden"),
+    ],
+)
 def test_github_names_as_github_allows_them(url, canonical):
     assert normalize_fork_url(url) == canonical
 
 
-@pytest.mark.parametrize("url, problem", [
-    ("", "empty"),
-    ("https://gitlab.com/owner/repo", "host must be github.com"),
-    ("https://github.com.evil.io/owner/repo", "host must be github.com"),
-    ("https://api.github.com/owner/repo", "host must be github.com"),
-    ("http://github.com/owner/repo", "https"),
-    ("ftp://github.com/owner/repo", "scheme 'ftp'"),
-    ("ssh://git@github.com/owner/repo.git", "SSH"),
-    ("git@github.com:owner/repo.git", "SSH"),
-    ("github.com/owner/repo", "must start with https://github.com/"),
-    ("https://github.com:443/owner/repo", "port"),
-    ("https://github.com/owner/repo?ref=main", "query string"),
-    ("https://github.com/owner/repo?", "query string"),
-    ("https://github.com/owner/repo#main", "fragment"),
-    ("https://github.com/owner/../etc/passwd", "'..'"),
-    ("https://github.com/owner/repo/..", "'..'"),
-    ("https://github.com/owner/%2e%2e", "repository name"),
-    ("https://github.com/owner", "/OWNER/REPO"),
-    ("https://github.com/owner/repo/tree/main", "/OWNER/REPO"),
-    ("https://github.com//owner/repo", "/OWNER/REPO"),
-    ("https://github.com/owner/repo//", "/OWNER/REPO"),
-    ("https://github.com/-owner/repo", "GitHub owner"),
-    ("https://github.com/owner-/repo", "GitHub owner"),
-    ("https://github.com/own--er/repo", "GitHub owner"),
-    ("https://github.com/own_er/repo", "GitHub owner"),
-    ("https://github.com/" + "x" * 40 + "/repo", "GitHub owner"),
-    ("https://github.com/owner/" + "r" * 101, "repository name"),
-    ("https://github.com/owner/.", "repository name"),
-    ("https://github.com/owner/.git", "repository name"),
-    ("https://github.com/owner/re$po", "repository name"),
-    ("https://github.com/owner/re\\po", "repository name"),
-    ("-upload-pack=touch /tmp/pwned", "whitespace"),
-    ("--upload-pack=evil", "command-line option"),
-    ("-ohttps://github.com/owner/repo", "command-line option"),
-    (" https://github.com/owner/repo", "whitespace"),
-    ("https://github.com/owner/repo\n", "whitespace"),
-    ("https://github.com/owner/re po", "whitespace"),
-    ("https://github.com/owner/repo\x00", "control"),
-    ("https://github.com/owner/r\u00e9po", "non-ASCII"),
-    ("https://github.com/" + "a" * MAX_FORK_URL_LENGTH, "limit"),
-    ("file:///srv/repo.git", "local source"),
-    ("/srv/repo.git", "local source"),
-    ("ext::sh -c touch% /tmp/pwned", "whitespace"),
-    ("ext::sh", "must start with https://github.com/"),
-])
+@pytest.mark.parametrize(
+    "url, problem",
+    [
+        ("", "empty"),
+        ("https://gitlab.com/owner/repo", "host must be github.com"),
+        ("https://github.com.evil.io/owner/repo", "host must be github.com"),
+        ("https://api.github.com/owner/repo", "host must be github.com"),
+        ("http://github.com/owner/repo", "https"),
+        ("ftp://github.com/owner/repo", "scheme 'ftp'"),
+        ("ssh://git@github.com/owner/repo.git", "SSH"),
+        ("git@github.com:owner/repo.git", "SSH"),
+        ("github.com/owner/repo", "must start with https://github.com/"),
+        ("https://github.com:443/owner/repo", "port"),
+        ("https://github.com/owner/repo?ref=main", "query string"),
+        ("https://github.com/owner/repo?", "query string"),
+        ("https://github.com/owner/repo#main", "fragment"),
+        ("https://github.com/owner/../etc/passwd", "'..'"),
+        ("https://github.com/owner/repo/..", "'..'"),
+        ("https://github.com/owner/%2e%2e", "repository name"),
+        ("https://github.com/owner", "/OWNER/REPO"),
+        ("https://github.com/owner/repo/tree/main", "/OWNER/REPO"),
+        ("https://github.com//owner/repo", "/OWNER/REPO"),
+        ("https://github.com/owner/repo//", "/OWNER/REPO"),
+        ("https://github.com/-owner/repo", "GitHub owner"),
+        ("https://github.com/owner-/repo", "GitHub owner"),
+        ("https://github.com/own--er/repo", "GitHub owner"),
+        ("https://github.com/own_er/repo", "GitHub owner"),
+        ("https://github.com/" + "x" * 40 + "/repo", "GitHub owner"),
+        ("https://github.com/owner/" + "r" * 101, "repository name"),
+        ("https://github.com/owner/.", "repository name"),
+        ("https://github.com/owner/.git", "repository name"),
+        ("https://github.com/owner/re$po", "repository name"),
+        ("https://github.com/owner/re\\po", "repository name"),
+        ("-upload-pack=touch /tmp/pwned", "whitespace"),
+        ("--upload-pack=evil", "command-line option"),
+        ("-ohttps://github.com/owner/repo", "command-line option"),
+        (" https://github.com/owner/repo", "whitespace"),
+        ("https://github.com/owner/repo\n", "whitespace"),
+        ("https://github.com/owner/re po", "whitespace"),
+        ("https://github.com/owner/repo\x00", "control"),
+        ("https://github.com/owner/r\u00e9po", "non-ASCII"),
+        ("https://github.com/" + "a" * MAX_FORK_URL_LENGTH, "limit"),
+        ("file:///srv/repo.git", "local source"),
+        ("/srv/repo.git", "local source"),
+        ("ext::sh -c touch% /tmp/pwned", "whitespace"),
+        ("ext::sh", "must start with https://github.com/"),
+    ],
+)
 def test_bad_urls_are_refused_with_the_reason(url, problem):
     with pytest.raises(ForkError, match=re.escape(problem)):
         normalize_fork_url(url)
 
 
-@pytest.mark.parametrize("url", [
-    "https://miner:ghp_secret123@github.com/owner/repo",
-    "https://ghp_secret123@github.com/owner/repo",
-    "https://github.com@evil.io/ghp_secret123",
-])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://miner:ghp_secret123@github.com/owner/repo",
+        "https://ghp_secret123@github.com/owner/repo",
+        "https://github.com@evil.io/ghp_secret123",
+    ],
+)
 def test_credentials_are_refused_and_not_repeated(url):
     with pytest.raises(ForkError, match="credentials") as refused:
         normalize_fork_url(url)
@@ -217,9 +221,15 @@ def test_local_sources_only_when_allowed():
     assert normalize_fork_url("file:///srv/forks/repo.git", allow_local=True) == "file:///srv/forks/repo.git"
     assert normalize_fork_url("/srv/forks/./repo.git/", allow_local=True) == "file:///srv/forks/repo.git"
     assert normalize_fork_url("https://github.com/o/r.git", allow_local=True) == "https://github.com/o/r"
-    for bad, problem in [("relative/repo.git", "https://github.com/"), ("file://host/srv/repo", "no host"),
-                         ("file:/srv/repo", "no host"), ("/srv/../etc", "'..'"), ("/srv/re:po", "may use only"),
-                         ("/srv/re%20po", "may use only"), ("file:///srv/repo?x", "may use only")]:
+    for bad, problem in [
+        ("relative/repo.git", "https://github.com/"),
+        ("file://host/srv/repo", "no host"),
+        ("file:/srv/repo", "no host"),
+        ("/srv/../etc", "'..'"),
+        ("/srv/re:po", "may use only"),
+        ("/srv/re%20po", "may use only"),
+        ("file:///srv/repo?x", "may use only"),
+    ]:
         with pytest.raises(ForkError, match=problem):
             normalize_fork_url(bad, allow_local=True)
 
@@ -232,8 +242,23 @@ def test_full_commit_ids_are_accepted_in_lowercase():
     assert validate_commit_hash(SHA.upper()) == SHA
 
 
-@pytest.mark.parametrize("commit", ["", "main", "HEAD", "v1.0", SHA[:7], SHA[:39], SHA + "0", SHA[:-1] + "g",
-                                    " " + SHA, SHA + "\n", "refs/heads/main", "-" + SHA[1:]])
+@pytest.mark.parametrize(
+    "commit",
+    [
+        "",
+        "main",
+        "HEAD",
+        "v1.0",
+        SHA[:7],
+        SHA[:39],
+        SHA + "0",
+        SHA[:-1] + "g",
+        " " + SHA,
+        SHA + "\n",
+        "refs/heads/main",
+        "-" + SHA[1:],
+    ],
+)
 def test_branch_names_and_short_ids_are_refused(commit):
     with pytest.raises(ForkError, match="40 hexadecimal characters"):
         validate_commit_hash(commit)
@@ -266,23 +291,27 @@ def test_clone_dir_is_a_hash_of_url_and_commit(tmp_path):
 @pytest.fixture
 def source(tmp_path):
     """A fork with two commits touching the same file; the tip is the second."""
-    return make_source(tmp_path, [
-        {"fla/ops/quasar/chunk.py": "VERSION = 1\n", "README.md": "first\n"},
-        {"fla/ops/quasar/chunk.py": "VERSION = 2\n"},
-    ])
+    return make_source(
+        tmp_path,
+        [
+            {"fla/ops/quasar/chunk.py": "VERSION = 1\n", "README.md": "first\n"},
+            {"fla/ops/quasar/chunk.py": "VERSION = 2\n"},
+        ],
+    )
 
 
 def test_clone_checks_out_the_exact_commit_not_the_tip(tmp_path, source):
     bare, (first, second) = source
     cache = tmp_path / "cache"
     checkout = clone_at_commit(str(bare), first, cache, allow_local=True)
-    assert checkout == Checkout(clone_dir_for(cache, str(bare), first, allow_local=True),
-                                f"file://{bare}", first, reused=False)
+    assert checkout == Checkout(
+        clone_dir_for(cache, str(bare), first, allow_local=True), f"file://{bare}", first, reused=False
+    )
     assert (checkout.path / "fla/ops/quasar/chunk.py").read_text() == "VERSION = 1\n"
     assert (checkout.path / ".git" / "HEAD").read_text().strip() == first  # detached at the commit
-    assert _git(checkout.path, "rev-list", "--count", "HEAD") == "1"  # shallow: only that commit
-    assert _git(checkout.path, "tag") == ""
-    assert _git(checkout.path, "status", "--porcelain", "--untracked-files=all") == ""
+    assert git(checkout.path, "rev-list", "--count", "HEAD") == "1"  # shallow: only that commit
+    assert git(checkout.path, "tag") == ""
+    assert git(checkout.path, "status", "--porcelain", "--untracked-files=all") == ""
 
     tip = clone_at_commit(str(bare), second.upper(), cache, allow_local=True)
     assert tip.path != checkout.path and tip.commit_hash == second
@@ -337,7 +366,7 @@ def test_commit_that_does_not_exist_is_a_clear_error(tmp_path, source):
 
 def test_object_that_is_not_a_commit_is_refused(tmp_path, source):
     bare, (first, _) = source
-    blob = _git(bare, "rev-parse", f"{first}:README.md")
+    blob = git(bare, "rev-parse", f"{first}:README.md")
     with pytest.raises(ForkError, match=f"object {blob} in file://{bare} is not a commit"):
         clone_at_commit(str(bare), blob, tmp_path / "cache", allow_local=True)
     assert leftovers(tmp_path / "cache") == []
@@ -382,8 +411,13 @@ def test_hooks_never_run(tmp_path, source, monkeypatch):
     trap.unlink()
 
     clone_at_commit(str(bare), first, tmp_path / "cache", allow_local=True)
-    clone_at_commit(str(bare), second, tmp_path / "cache", allow_local=True,
-                    env={"GIT_CONFIG_GLOBAL": str(hostile), "HOME": str(home), "GIT_TEMPLATE_DIR": str(template)})
+    clone_at_commit(
+        str(bare),
+        second,
+        tmp_path / "cache",
+        allow_local=True,
+        env={"GIT_CONFIG_GLOBAL": str(hostile), "HOME": str(home), "GIT_TEMPLATE_DIR": str(template)},
+    )
     assert not trap.exists()
 
 
@@ -391,7 +425,7 @@ def test_inherited_git_variables_do_not_redirect_the_clone(tmp_path, source, mon
     bare, (first, _) = source
     bystander = tmp_path / "bystander"
     bystander.mkdir()
-    _git(bystander, "init", "-q")
+    git(bystander, "init", "-q")
     config_before = (bystander / ".git" / "config").read_text()
     monkeypatch.setenv("GIT_DIR", str(bystander / ".git"))
     monkeypatch.setenv("GIT_WORK_TREE", str(bystander))
@@ -403,7 +437,7 @@ def test_inherited_git_variables_do_not_redirect_the_clone(tmp_path, source, mon
     assert not (bystander / ".git" / "index").exists()
 
 
-def test_extra_environment_reaches_git(tmp_path, source):
+def test_extra_environment_reachesgit(tmp_path, source):
     bare, (first, _) = source
     trace = tmp_path / "trace.log"
     clone_at_commit(str(bare), first, tmp_path / "cache", allow_local=True, env={"GIT_TRACE": str(trace)})
@@ -457,8 +491,7 @@ def test_two_processes_cloning_the_same_key_wait_for_each_other(tmp_path, source
     cache = tmp_path / "cache"
     context = multiprocessing.get_context("fork")
     results = context.Queue()
-    children = [context.Process(target=_clone_in_child, args=(str(bare), first, str(cache), results))
-                for _ in range(2)]
+    children = [context.Process(target=_clone_in_child, args=(str(bare), first, str(cache), results)) for _ in range(2)]
     for child in children:
         child.start()
     try:

@@ -19,29 +19,29 @@ import bittensor as bt
 import pytest
 import requests
 import torch
-from test_bittensor_chain import RAO, FakeChain
 
 from quasar import auth
 from quasar.chain.bittensor_chain import BittensorChain
 from quasar.chain.devchain import DevChain
 from quasar.inference.client import verify_miner_logits
 from quasar.inference.server import InferenceLimits, create_inference_app
-from quasar.logits import (ChallengeLimits, Generation, LogitThresholds, draw_challenge, generate_with_logits,
-                           load_reference_model)
+from quasar.localnet.host import make_wallet
+from quasar.logits import (
+    ChallengeLimits,
+    Generation,
+    LogitThresholds,
+    draw_challenge,
+    generate_with_logits,
+    load_reference_model,
+)
 from servers import serving
+from test_bittensor_chain import RAO, FakeChain
 from tiny_qwen import TINY_VOCAB, make_tiny_qwen2
 
 ROOT = Path(__file__).resolve().parent.parent
 LIMITS = ChallengeLimits(max_prompt_len=32, max_gen_len=8)
 THRESHOLDS = LogitThresholds(min_cosine=0.99, max_abs_diff=0.1)
 NETUID = 3
-
-
-def make_wallet(root, name):
-    wallet = bt.Wallet(name=name, hotkey="default", path=str(root))
-    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-    wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-    return wallet
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,10 @@ def world(tmp_path_factory):
     chain.register_wallet(wallets["validator"], stake=1e4, validator_permit=True)
     chain.register_wallet(wallets["member"])
     return {
-        "root": root, "chain": chain, "wallets": wallets, "honest_dir": honest_dir,
+        "root": root,
+        "chain": chain,
+        "wallets": wallets,
+        "honest_dir": honest_dir,
         "served": load_reference_model(str(honest_dir)),
         "other": load_reference_model(str(other_dir)),
         "reference": load_reference_model(str(honest_dir)),  # the validator's own copy
@@ -73,21 +76,30 @@ class Wrapped:
 
 
 @contextmanager
-def miner_server(world, model=None, limits=InferenceLimits()):
+def miner_server(world, model=None, limits=None):
     hotkey = world["wallets"]["miner"].hotkey.ss58_address
-    with serving(create_inference_app(model or world["served"], world["chain"], hotkey, limits)) as port:
+    app = create_inference_app(model or world["served"], world["chain"], hotkey, limits or InferenceLimits())
+    with serving(app) as port:
         yield f"http://127.0.0.1:{port}"
 
 
 def challenge_miner(world, url, challenge=None, wallet="validator", timeout_s=20.0):
     challenge = challenge or draw_challenge(world["reference"].ordinary_tokens, LIMITS)
-    return verify_miner_logits(url, world["wallets"]["miner"].hotkey.ss58_address, world["wallets"][wallet],
-                               world["reference"], challenge, timeout_s, THRESHOLDS)
+    return verify_miner_logits(
+        url,
+        world["wallets"]["miner"].hotkey.ss58_address,
+        world["wallets"][wallet],
+        world["reference"],
+        challenge,
+        timeout_s,
+        THRESHOLDS,
+    )
 
 
 def signed_post(world, url, payload, wallet="validator", path="/inference"):
-    request = auth.sign_request(world["wallets"][wallet], "POST", url + path,
-                                world["wallets"]["miner"].hotkey.ss58_address, payload)
+    request = auth.sign_request(
+        world["wallets"][wallet], "POST", url + path, world["wallets"]["miner"].hotkey.ss58_address, payload
+    )
     return requests.post(request.url, data=request.body, headers=request.headers, timeout=20)
 
 
@@ -116,6 +128,7 @@ def shifted_step(model):
     def generate(prompt, gen_len, step):
         later = generate_with_logits(model, prompt, gen_len + 1, step + 1)
         return Generation(later.tokens[:gen_len], later.logits)
+
     return Wrapped(model, generate)
 
 
@@ -123,13 +136,17 @@ def noisy(model, std):
     def generate(prompt, gen_len, step):
         honest = generate_with_logits(model, prompt, gen_len, step)
         return Generation(honest.tokens, honest.logits + std * torch.randn(honest.logits.shape))
+
     return Wrapped(model, generate)
 
 
 @pytest.mark.parametrize("kind", ["other seed", "shifted step", "noise"])
 def test_dishonest_servers_fail(world, kind):
-    model = {"other seed": lambda: world["other"], "shifted step": lambda: shifted_step(world["served"]),
-             "noise": lambda: noisy(world["served"], 3.0)}[kind]()
+    model = {
+        "other seed": lambda: world["other"],
+        "shifted step": lambda: shifted_step(world["served"]),
+        "noise": lambda: noisy(world["served"], 3.0),
+    }[kind]()
     with miner_server(world, model) as url:
         for _ in range(2):
             check = challenge_miner(world, url)
@@ -155,29 +172,42 @@ def test_unsigned_non_validator_and_misaddressed_requests_are_refused(world):
         check = challenge_miner(world, url, wallet="member")
         assert not check.passed and "HTTP 403" in check.reason and "no validator permit" in check.reason
 
-        other_receiver = auth.sign_request(world["wallets"]["validator"], "POST", url + "/inference",
-                                           world["wallets"]["member"].hotkey.ss58_address, payload)
+        other_receiver = auth.sign_request(
+            world["wallets"]["validator"],
+            "POST",
+            url + "/inference",
+            world["wallets"]["member"].hotkey.ss58_address,
+            payload,
+        )
         wrong = requests.post(url + "/inference", data=other_receiver.body, headers=other_receiver.headers, timeout=10)
         assert wrong.status_code == 401 and "receiv" in wrong.json()["detail"]
 
-        once = auth.sign_request(world["wallets"]["validator"], "POST", url + "/inference",
-                                 world["wallets"]["miner"].hotkey.ss58_address, payload)
+        once = auth.sign_request(
+            world["wallets"]["validator"],
+            "POST",
+            url + "/inference",
+            world["wallets"]["miner"].hotkey.ss58_address,
+            payload,
+        )
         first = requests.post(url + "/inference", data=once.body, headers=once.headers, timeout=10)
         replay = requests.post(url + "/inference", data=once.body, headers=once.headers, timeout=10)
         assert first.status_code == 200 and replay.status_code == 401
 
 
-@pytest.mark.parametrize("payload, field", [
-    ({"prompt": [], "gen_len": 2, "logits_at_step": 1}, "prompt: must hold at least one"),
-    ({"prompt": [1, TINY_VOCAB], "gen_len": 2, "logits_at_step": 1}, "prompt[1]: token id 512 is outside"),
-    ({"prompt": [1, 2], "gen_len": 2, "logits_at_step": 3}, "logits_at_step: must be between 1 and gen_len (2)"),
-    ({"prompt": [1, 2], "gen_len": 100_000, "logits_at_step": 1}, "gen_len: 100000, at most 16"),
-    ({"prompt": [1] * 65, "gen_len": 2, "logits_at_step": 1}, "prompt: 65 tokens, at most 64"),
-    ({"prompt": [1, "2"], "gen_len": 2, "logits_at_step": 1}, "prompt.1: Input should be a valid integer"),
-    ({"prompt": [1, 2], "gen_len": 2.0, "logits_at_step": 1}, "gen_len: Input should be a valid integer"),
-    ({"prompt": [1, 2], "gen_len": 2}, "logits_at_step: Field required"),
-    ({"prompt": [1, 2], "gen_len": 2, "logits_at_step": 1, "temperature": 1}, "temperature: Extra inputs"),
-])
+@pytest.mark.parametrize(
+    "payload, field",
+    [
+        ({"prompt": [], "gen_len": 2, "logits_at_step": 1}, "prompt: must hold at least one"),
+        ({"prompt": [1, TINY_VOCAB], "gen_len": 2, "logits_at_step": 1}, "prompt[1]: token id 512 is outside"),
+        ({"prompt": [1, 2], "gen_len": 2, "logits_at_step": 3}, "logits_at_step: must be between 1 and gen_len (2)"),
+        ({"prompt": [1, 2], "gen_len": 100_000, "logits_at_step": 1}, "gen_len: 100000, at most 16"),
+        ({"prompt": [1] * 65, "gen_len": 2, "logits_at_step": 1}, "prompt: 65 tokens, at most 64"),
+        ({"prompt": [1, "2"], "gen_len": 2, "logits_at_step": 1}, "prompt.1: Input should be a valid integer"),
+        ({"prompt": [1, 2], "gen_len": 2.0, "logits_at_step": 1}, "gen_len: Input should be a valid integer"),
+        ({"prompt": [1, 2], "gen_len": 2}, "logits_at_step: Field required"),
+        ({"prompt": [1, 2], "gen_len": 2, "logits_at_step": 1, "temperature": 1}, "temperature: Extra inputs"),
+    ],
+)
 def test_bad_requests_get_422_naming_the_field(world, payload, field):
     with miner_server(world, limits=InferenceLimits(max_prompt_len=64, max_gen_len=16)) as url:
         response = signed_post(world, url, payload)
@@ -195,8 +225,9 @@ def test_health_is_open_and_model_info_is_signed(world):
         health = requests.get(url + "/health", timeout=10)
         assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["pending"] == 0
         assert requests.get(url + "/model_info", timeout=10).status_code == 401
-        signed = auth.sign_request(world["wallets"]["validator"], "GET", url + "/model_info",
-                                   world["wallets"]["miner"].hotkey.ss58_address)
+        signed = auth.sign_request(
+            world["wallets"]["validator"], "GET", url + "/model_info", world["wallets"]["miner"].hotkey.ss58_address
+        )
         info = requests.get(signed.url, headers=signed.headers, timeout=10)
     assert info.status_code == 200, info.text
     assert info.json()["vocab_size"] == TINY_VOCAB and info.json()["dtype"] == "float32"
@@ -286,11 +317,31 @@ def test_start_script_serves_the_model_for_validators(world, tmp_path):
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     miner = world["wallets"]["miner"]
-    command = [str(ROOT / "START_MINER_INFERENCE.sh"), "--wallet.name", "miner", "--wallet.hotkey", "default",
-               "--wallet.path", str(world["root"] / "wallets"), "--subtensor.network", "devchain",
-               "--devchain.path", str(world["chain"].path), "--netuid", str(NETUID),
-               "--reference-model", str(world["honest_dir"]), "--device", "cpu", "--reference-dtype", "float32",
-               "--inference.host", "127.0.0.1", "--inference.port", str(port)]
+    command = [
+        str(ROOT / "START_MINER_INFERENCE.sh"),
+        "--wallet.name",
+        "miner",
+        "--wallet.hotkey",
+        "default",
+        "--wallet.path",
+        str(world["root"] / "wallets"),
+        "--subtensor.network",
+        "devchain",
+        "--devchain.path",
+        str(world["chain"].path),
+        "--netuid",
+        str(NETUID),
+        "--reference-model",
+        str(world["honest_dir"]),
+        "--device",
+        "cpu",
+        "--reference-dtype",
+        "float32",
+        "--inference.host",
+        "127.0.0.1",
+        "--inference.port",
+        str(port),
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -318,9 +369,23 @@ def test_serve_reports_a_missing_model_or_wallet_and_exits(world, tmp_path, monk
     from quasar.inference import cli
 
     monkeypatch.setattr(cli, "setup_logging", lambda *args, **kwargs: None)  # keep pytest's log capture
-    argv = ["serve", "--wallet.name", "miner", "--wallet.path", str(world["root"] / "wallets"),
-            "--subtensor.network", "devchain", "--devchain.path", str(world["chain"].path), "--netuid", str(NETUID),
-            "--reference-model", str(tmp_path / "missing-model"), "--device", "cpu"]
+    argv = [
+        "serve",
+        "--wallet.name",
+        "miner",
+        "--wallet.path",
+        str(world["root"] / "wallets"),
+        "--subtensor.network",
+        "devchain",
+        "--devchain.path",
+        str(world["chain"].path),
+        "--netuid",
+        str(NETUID),
+        "--reference-model",
+        str(tmp_path / "missing-model"),
+        "--device",
+        "cpu",
+    ]
     assert cli.main(argv) == 1
     assert f"{tmp_path / 'missing-model'} does not exist" in caplog.text
     assert cli.main([*argv[:2], "nobody", *argv[3:]]) == 1
@@ -331,8 +396,9 @@ def test_serve_reports_a_missing_model_or_wallet_and_exits(world, tmp_path, monk
 
 
 def signed_get(session: requests.Session, world, url: str, wallet: str = "validator") -> requests.Response:
-    request = auth.sign_request(world["wallets"][wallet], "GET", url + "/model_info",
-                                world["wallets"]["miner"].hotkey.ss58_address)
+    request = auth.sign_request(
+        world["wallets"][wallet], "GET", url + "/model_info", world["wallets"]["miner"].hotkey.ss58_address
+    )
     return session.get(request.url, headers=request.headers, timeout=20)
 
 
@@ -340,8 +406,9 @@ def fake_subnet(world) -> FakeChain:
     """A subtensor node's state (through the SDK fake): the miner, and the validator with a permit."""
     fake = FakeChain(netuid=NETUID)
     fake.register(world["wallets"]["miner"].hotkey.ss58_address)
-    fake.register(world["wallets"]["validator"].hotkey.ss58_address, total_stake_rao=10_000 * RAO,
-                  validator_permit=True)
+    fake.register(
+        world["wallets"]["validator"].hotkey.ss58_address, total_stake_rao=10_000 * RAO, validator_permit=True
+    )
     return fake
 
 
@@ -373,11 +440,13 @@ def test_a_chain_that_cannot_be_read_gets_503_not_500(world):
         url = f"http://127.0.0.1:{port}"
         refused = signed_get(session, world, url)
         assert refused.status_code == 503
-        assert refused.json()["detail"] == ("the miner cannot read the chain to check the caller's validator permit "
-                                            "now; retry later")
+        assert refused.json()["detail"] == (
+            "the miner cannot read the chain to check the caller's validator permit now; retry later"
+        )
         challenge = draw_challenge(world["reference"].ordinary_tokens, LIMITS)
-        request = auth.sign_request(world["wallets"]["validator"], "POST", url + "/inference", hotkey,
-                                    challenge.payload())
+        request = auth.sign_request(
+            world["wallets"]["validator"], "POST", url + "/inference", hotkey, challenge.payload()
+        )
         assert session.post(request.url, data=request.body, headers=request.headers, timeout=20).status_code == 503
         assert session.get(url + "/health", timeout=5).status_code == 200  # the server itself is fine
         assert signed_get(session, world, url).status_code == 200  # the node answers again

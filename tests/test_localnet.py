@@ -47,7 +47,15 @@ from quasar.localnet.host import (
     reset_data_dir,
 )
 from quasar.localnet.network import LocalNetwork
-from quasar.localnet.options import CPU_TARGET, MARKER, MINERS, UPSTREAM, LocalnetError, default_options, evaluated_lengths
+from quasar.localnet.options import (
+    CPU_TARGET,
+    MARKER,
+    MINERS,
+    UPSTREAM,
+    LocalnetError,
+    default_options,
+    evaluated_lengths,
+)
 from quasar.localnet.summary import (
     FAIL,
     NOT_REPORTED,
@@ -62,6 +70,7 @@ from quasar.miner.github import GitHubClient
 from quasar.miner.workspace import Workspace
 from quasar.validator.loop import LAST_WEIGHTS_BLOCK
 from quasar.validator.state import SCHEMA_VERSION, ValidatorState, read_meta
+from tests.gitrepo import head
 
 ROOT = Path(__file__).resolve().parent.parent
 # The whole round on CPU takes about two minutes on two loaded cores, and finney's hyperparameters
@@ -72,11 +81,6 @@ FAST = ["--device", "cpu", "--stand-in-model", "--seq-lens", "128"]
 
 def localnet_command(data_dir: Path, *flags: str) -> list[str]:
     return [sys.executable, "-m", "quasar.localnet", "--data-dir", str(data_dir), *flags]
-
-
-def git_head(repo: Path) -> str:
-    return subprocess.run(["git", "--git-dir" if repo.suffix == ".git" else "-C", str(repo), "rev-parse", "HEAD"],
-                          capture_output=True, text=True, check=True).stdout.strip()
 
 
 def environment() -> dict[str, str]:
@@ -128,9 +132,16 @@ def wait_gone(text: str, timeout_s: float = 30) -> list[str]:
 def test_one_round_weights_the_honest_miner_and_not_the_hostile_one(tmp_path):
     """Under finney's hyperparameters: commit-reveal, weights and serving rate limits, permits."""
     data_dir = tmp_path / "net"
-    result = subprocess.run(localnet_command(data_dir, "--once", "--json", "--device", "cpu", "--stand-in-model",
-                                             "--hyperparameters", "finney"),
-                            cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=ROUND_LIMIT_S)
+    result = subprocess.run(
+        localnet_command(
+            data_dir, "--once", "--json", "--device", "cpu", "--stand-in-model", "--hyperparameters", "finney"
+        ),
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=ROUND_LIMIT_S,
+    )
     assert result.returncode == 0, result.stderr[-6000:]
     summary = json.loads(result.stdout)
     miners = {miner["kind"]: miner for miner in summary["miners"]}
@@ -148,7 +159,7 @@ def test_one_round_weights_the_honest_miner_and_not_the_hostile_one(tmp_path):
     for kind, miner in miners.items():
         bare = data_dir.resolve() / "github" / MINERS[kind] / f"{repo_name}.git"
         assert miner["fork_url"] == bare.as_uri()
-        assert miner["commit"] == git_head(bare) == git_head(data_dir / "forks" / kind)
+        assert miner["commit"] == head(bare) == head(data_dir / "forks" / kind)
         assert (data_dir / "logs" / f"{MINERS[kind]}.log").read_text().count("submitted ") == 1
     assert summary["seq_lens"] == [64, 128]
 
@@ -169,8 +180,9 @@ def test_one_round_weights_the_honest_miner_and_not_the_hostile_one(tmp_path):
     validator_log = (data_dir / "logs" / "validator.log").read_text()
     assert f"submission API: {summary['api_url']} (from subnet 24's identity on devchain)" in validator_log
     assert "weights committed (the chain applies them when it reveals them)" in validator_log
-    assert [(row["place"], row["uid"], row["share"]) for row in summary["leaderboard"]] == \
-        [(1, honest["uid"], pytest.approx(0.60))]
+    assert [(row["place"], row["uid"], row["share"]) for row in summary["leaderboard"]] == [
+        (1, honest["uid"], pytest.approx(0.60))
+    ]
     assert honest["measured_tokens_per_sec"] >= 0.9 * honest["claimed_tokens_per_sec"] > 0
 
     assert json.loads((data_dir / "summary.json").read_text()) == summary
@@ -185,8 +197,9 @@ def test_ctrl_c_stops_the_network_and_every_child(tmp_path):
     data_dir = tmp_path / "net"
     log = tmp_path / "stderr.log"
     with open(log, "w") as err:
-        process = subprocess.Popen(localnet_command(data_dir, *FAST), cwd=tmp_path, env=environment(),
-                                   stdout=subprocess.DEVNULL, stderr=err)
+        process = subprocess.Popen(
+            localnet_command(data_dir, *FAST), cwd=tmp_path, env=environment(), stdout=subprocess.DEVNULL, stderr=err
+        )
     try:
         deadline = time.monotonic() + 150
         # Both miners evaluate in their sandboxes (each is past its start-up, where it handles signals).
@@ -213,13 +226,23 @@ def test_a_child_that_cannot_start_is_named_with_its_log(tmp_path):
     data_dir = tmp_path / "net"
     not_a_model = tmp_path / "not-a-model"
     not_a_model.mkdir()
-    result = subprocess.run(localnet_command(data_dir, "--once", "--reference-model", str(not_a_model), *FAST),
-                            cwd=tmp_path, env=environment(), capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        localnet_command(data_dir, "--once", "--reference-model", str(not_a_model), *FAST),
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1
     assert result.stdout == ""
     # The validator or an inference server, whichever finds out first, is named with its log.
-    assert re.search(r"(validator|inference server) exited with status 1; its log is "
-                     + re.escape(str(data_dir.resolve() / "logs")) + r"/\S+\.log", result.stderr), result.stderr
+    assert re.search(
+        r"(validator|inference server) exited with status 1; its log is "
+        + re.escape(str(data_dir.resolve() / "logs"))
+        + r"/\S+\.log",
+        result.stderr,
+    ), result.stderr
     assert "has no config.json" in result.stderr  # the end of its log comes with the message
     assert not wait_gone(str(data_dir)), "a child of the local network outlived it"
 
@@ -248,15 +271,25 @@ def test_a_miner_is_followed_through_its_workspace_and_its_failed_evaluation_is_
     assert network._miner_stage(name) == "forking and cloning"
     workspace.fork.mkdir(parents=True)
     assert network._miner_stage(name) == "evaluating its fork"
-    report = EvaluationReport(verdict="fail", reasons=["T=128: the output differs from the reference"],
-                              repo=str(workspace.fork), target_seq_len=128, seq_lens=[64, 128], device="cpu",
-                              device_name="", import_check=None, lengths={})
+    report = EvaluationReport(
+        verdict="fail",
+        reasons=["T=128: the output differs from the reference"],
+        repo=str(workspace.fork),
+        target_seq_len=128,
+        seq_lens=[64, 128],
+        device="cpu",
+        device_name="",
+        import_check=None,
+        lengths={},
+    )
     workspace.reports.mkdir()
     (workspace.reports / "latest.json").write_text(report.to_json())
     with pytest.raises(LocalnetError) as error:
         network._miner_stage(name)
-    assert str(error.value) == (f"{name}'s fork failed its own evaluation on cpu, so it does not submit: T=128: the "
-                                f"output differs from the reference (its log: {network.logs_dir / name}.log)")
+    assert str(error.value) == (
+        f"{name}'s fork failed its own evaluation on cpu, so it does not submit: T=128: the "
+        f"output differs from the reference (its log: {network.logs_dir / name}.log)"
+    )
     report.verdict, report.reasons = "pass", []
     (workspace.reports / "latest.json").write_text(report.to_json())
     assert network._miner_stage(name) == "evaluated, submitting"
@@ -288,8 +321,10 @@ def test_each_miner_runs_the_miner_neuron_against_the_stand_ins(tmp_path):
             fork = client.ensure_fork(name, env["UPSTREAM_REPO"])
             client.close()
             assert fork.created == (name == MINERS[HONEST])  # the hostile miner's fork is already there
-            assert git_head(network.github.bare(fork.repository.full_name)) == \
-                network.forks[HONEST if name == MINERS[HONEST] else HOSTILE].commit
+            assert (
+                head(network.github.bare(fork.repository.full_name))
+                == network.forks[HONEST if name == MINERS[HONEST] else HOSTILE].commit
+            )
     finally:
         network.github.stop()
 
@@ -377,11 +412,16 @@ def test_the_hostile_fork_is_the_starter_fork_with_only_its_kernel_changed(tmp_p
     forks = write_forks(tmp_path)
     honest, hostile = forks[HONEST], forks[HOSTILE]
     assert honest.path == tmp_path / HONEST
-    parent = subprocess.run(["git", "-C", str(hostile.path), "rev-parse", "HEAD^"], capture_output=True, text=True,
-                            check=True).stdout.strip()
+    parent = subprocess.run(
+        ["git", "-C", str(hostile.path), "rev-parse", "HEAD^"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert parent == honest.commit  # the same starter commit below the patch
-    changed = subprocess.run(["git", "-C", str(hostile.path), "diff", "--name-only", "HEAD^", "HEAD"],
-                             capture_output=True, text=True, check=True).stdout.split()
+    changed = subprocess.run(
+        ["git", "-C", str(hostile.path), "diff", "--name-only", "HEAD^", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     assert changed == [str(HOSTILE_KERNEL_FILE)]
     # Both pass the import rules: the hostile fork can only be caught by checking its output.
     assert validate_repo(honest.path).ok and validate_repo(hostile.path).ok
@@ -430,8 +470,14 @@ LAYER_PATHS_SCRIPT = textwrap.dedent(
 
 def layer_paths(fork: Path, interpreted: bool) -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1" if interpreted else "0"}
-    result = subprocess.run([sys.executable, "-c", LAYER_PATHS_SCRIPT, str(fork)], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=280)
+    result = subprocess.run(
+        [sys.executable, "-c", LAYER_PATHS_SCRIPT, str(fork)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -463,10 +509,13 @@ def test_the_hostile_fork_is_wrong_on_every_path_the_layer_takes(forks, interpre
 
 
 def test_the_local_network_on_sqlite_never_imports_psycopg2():
-    code = ("import sys; from quasar.localnet.host import distinct_free_ports; distinct_free_ports(3); "
-            "print('psycopg2' in sys.modules)")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environment(), capture_output=True, text=True,
-                            timeout=120)
+    code = (
+        "import sys; from quasar.localnet.host import distinct_free_ports; distinct_free_ports(3); "
+        "print('psycopg2' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
 
@@ -476,17 +525,40 @@ def test_the_local_network_on_sqlite_never_imports_psycopg2():
 
 def _summary() -> RoundSummary:
     def miner(name, kind, uid, verdict, weight, reasons=()):
-        return MinerOutcome(name=name, kind=kind, uid=uid, hotkey=f"5{name}", submission_id=uid, fork_url="file:///f",
-                            commit="a" * 40, target_sequence_length=128, claimed_tokens_per_sec=10.0,
-                            verdict=verdict, measured_tokens_per_sec=None if verdict == NOT_REPORTED else 20.0,
-                            reasons=reasons, weight=weight)
+        return MinerOutcome(
+            name=name,
+            kind=kind,
+            uid=uid,
+            hotkey=f"5{name}",
+            submission_id=uid,
+            fork_url="file:///f",
+            commit="a" * 40,
+            target_sequence_length=128,
+            claimed_tokens_per_sec=10.0,
+            verdict=verdict,
+            measured_tokens_per_sec=None if verdict == NOT_REPORTED else 20.0,
+            reasons=reasons,
+            weight=weight,
+        )
 
     return RoundSummary(
-        weights={0: 0.4, 2: 0.6}, miners=(miner("miner-honest", HONEST, 2, PASS, 0.6),
-                                          miner("miner-hostile", HOSTILE, 3, FAIL, 0.0, ("wrong output",))),
-        leaderboard=(LeaderboardRow(1, 2, "5miner-honest", "100k", 20.0, 5.0, 0.6),), round_id=0, owner_uid=0,
-        validator_uid=1, weights_block=42, device="cpu", reference_model="/m", seq_lens=(64, 128),
-        api_url="http://127.0.0.1:1", data_dir="/d", notes=("a note",))
+        weights={0: 0.4, 2: 0.6},
+        miners=(
+            miner("miner-honest", HONEST, 2, PASS, 0.6),
+            miner("miner-hostile", HOSTILE, 3, FAIL, 0.0, ("wrong output",)),
+        ),
+        leaderboard=(LeaderboardRow(1, 2, "5miner-honest", "100k", 20.0, 5.0, 0.6),),
+        round_id=0,
+        owner_uid=0,
+        validator_uid=1,
+        weights_block=42,
+        device="cpu",
+        reference_model="/m",
+        seq_lens=(64, 128),
+        api_url="http://127.0.0.1:1",
+        data_dir="/d",
+        notes=("a note",),
+    )
 
 
 def test_verdicts():
@@ -498,8 +570,10 @@ def test_verdicts():
 def test_summary_json_has_string_uids_and_each_miners_verdict():
     data = json.loads(json.dumps(_summary().to_json()))
     assert data["weights"] == {"0": 0.4, "2": 0.6}
-    assert [(m["uid"], m["hotkey"], m["kind"], m["verdict"]) for m in data["miners"]] == \
-        [(2, "5miner-honest", HONEST, PASS), (3, "5miner-hostile", HOSTILE, FAIL)]
+    assert [(m["uid"], m["hotkey"], m["kind"], m["verdict"]) for m in data["miners"]] == [
+        (2, "5miner-honest", HONEST, PASS),
+        (3, "5miner-hostile", HOSTILE, FAIL),
+    ]
 
 
 def test_summary_tables_fit_80_columns():

@@ -45,7 +45,9 @@ def _measure(gpu_model, cpu_model, challenges) -> dict:
         expected = L.path_logits(cpu_model, challenge.prompt, cpu_tokens)
         measured = L.path_logits(gpu_model, challenge.prompt, cpu_tokens)
         for step in range(challenge.gen_len):
-            comparison = L.compare_logits(expected[step], measured[step], THRESHOLDS.min_cosine, THRESHOLDS.max_abs_diff)
+            comparison = L.compare_logits(
+                expected[step], measured[step], THRESHOLDS.min_cosine, THRESHOLDS.max_abs_diff
+            )
             path_diffs.append(comparison.max_abs_diff)
             path_cosines.append(comparison.cosine)
     cosines = [v.cosine for v in verdicts if v.cosine is not None]
@@ -70,8 +72,13 @@ def results(tmp_path_factory):
     seed = random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
     challenges = [L.draw_challenge(cpu_model.ordinary_tokens, LIMITS, rng) for _ in range(CHALLENGES)]
-    measured = {"seed": seed, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                "thresholds": vars(THRESHOLDS), "variants": {}}
+    measured = {
+        "seed": seed,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "thresholds": vars(THRESHOLDS),
+        "variants": {},
+    }
     previous = torch.get_float32_matmul_precision()
     try:
         for name, dtype, matmul_precision in VARIANTS:
@@ -84,10 +91,12 @@ def results(tmp_path_factory):
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "logits_gpu.json").write_text(json.dumps(measured, indent=2))
     for name, row in measured["variants"].items():
-        print(f"\n{name:>13}: {row['passed']}/{row['challenges']} passed, min cosine {row['min_cosine']}, "
-              f"max |diff| {row['max_abs_diff']}; on the CPU's paths: min cosine {row['path_min_cosine']:.6f}, "
-              f"max |diff| {row['path_max_abs_diff']:.4g}, median {row['path_median_abs_diff']:.3g} "
-              f"over {row['path_steps']} steps; failures: {row['failures'][:2]}")
+        print(
+            f"\n{name:>13}: {row['passed']}/{row['challenges']} passed, min cosine {row['min_cosine']}, "
+            f"max |diff| {row['max_abs_diff']}; on the CPU's paths: min cosine {row['path_min_cosine']:.6f}, "
+            f"max |diff| {row['path_max_abs_diff']:.4g}, median {row['path_median_abs_diff']:.3g} "
+            f"over {row['path_steps']} steps; failures: {row['failures'][:2]}"
+        )
     return measured
 
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
-from quasar.miner.github import Git, GitError, GitHubClient, GitHubError, write_askpass
+from quasar.localnet.github_standin import GitHubStandIn
+from quasar.miner.github import Git, GitError, GitHubClient, GitHubError, Repository, write_askpass
 from quasar.miner.runner import remote_url
 from quasar.miner.workspace import ForkClone, Workspace, WorkspaceError, WorkspaceLocked
 from test_miner_standins import (
@@ -19,26 +23,49 @@ from test_miner_standins import (
     UPSTREAM,
     bare_has,
     bare_head,
-    git,
     github_with_upstream,
 )
+from tests.gitrepo import git
 
 HOTKEY_A = "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
 HOTKEY_B = "5FHneW46xGXgs5mUiveU4sbTyGBzmstUspZC92UhjJM694ty"
 OTHER_TOKEN = "ghp_otherAccountToken9876543210zyxwvu"
 
 
-def make_clone(tmp_path: Path, base: str, full_name: str, token: str = TOKEN, hotkey: str = HOTKEY_A,
-               username: str = "alice") -> tuple[Workspace, ForkClone]:
+def make_clone(
+    tmp_path: Path, base: str, full_name: str, token: str = TOKEN, hotkey: str = HOTKEY_A, username: str = "alice"
+) -> tuple[Workspace, ForkClone]:
     workspace = Workspace(tmp_path / "workspaces", hotkey)
     workspace.acquire()
     git_runner = Git(write_askpass(workspace.askpass), username, token, "Alice", "alice@example.invalid")
     return workspace, ForkClone(workspace.fork, git_runner, remote_url(base, full_name), "main")
 
 
+class SyncedFork(NamedTuple):
+    github: GitHubStandIn
+    fork: Repository
+    workspace: Workspace
+    clone: ForkClone
+    start: str
+
+
+@contextmanager
+def synced_fork(tmp_path: Path, over_http: bool) -> Iterator[SyncedFork]:
+    """Alice's fork of the upstream on a GitHub stand-in, cloned into her hotkey's workspace over
+    the stand-in's smart HTTP (or its file:// remote) and synced; the workspace released after."""
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
+        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
+        workspace, clone = make_clone(tmp_path, github.git_base if over_http else github.file_base, fork.full_name)
+        try:
+            yield SyncedFork(github, fork, workspace, clone, clone.sync())
+        finally:
+            workspace.release()
+
+
 def files_containing(root: Path, needle: bytes) -> list[Path]:
-    return [path for path in root.rglob("*") if path.is_file() and not path.is_symlink()
-            and needle in path.read_bytes()]
+    return [
+        path for path in root.rglob("*") if path.is_file() and not path.is_symlink() and needle in path.read_bytes()
+    ]
 
 
 def test_fork_is_created_when_missing_and_reused_when_present(tmp_path):
@@ -93,10 +120,7 @@ def test_missing_upstream_is_a_clear_error(tmp_path):
 def test_clone_and_push_over_http_keep_the_token_out_of_the_workspace_and_logs(tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
     environment_before = dict(os.environ)
-    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
-        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
-        workspace, clone = make_clone(tmp_path, github.git_base, fork.full_name)
-        start = clone.sync()
+    with synced_fork(tmp_path, over_http=True) as (github, fork, workspace, clone, start):
         assert start == bare_head(github.bare(UPSTREAM))
         assert TOKEN in github.git_passwords  # the askpass helper gave the token to git's basic auth
 
@@ -106,22 +130,18 @@ def test_clone_and_push_over_http_keep_the_token_out_of_the_workspace_and_logs(t
         clone.push(commit)
         assert bare_head(github.bare(fork.full_name)) == commit
         assert bare_head(github.bare(UPSTREAM)) == start  # the upstream is untouched
-        author = git("log", "-1", "--format=%an <%ae>", cwd=clone.path)
+        author = git(clone.path, "log", "-1", "--format=%an <%ae>")
         assert author == "Alice <alice@example.invalid>"
 
         assert files_containing(workspace.path, TOKEN.encode()) == []
         assert TOKEN not in (clone.path / ".git" / "config").read_text()
-        assert git("remote", "get-url", "origin", cwd=clone.path) == f"{github.git_base}/{fork.full_name}.git"
+        assert git(clone.path, "remote", "get-url", "origin") == f"{github.git_base}/{fork.full_name}.git"
         assert TOKEN not in caplog.text
         assert dict(os.environ) == environment_before
-        workspace.release()
 
 
 def test_push_with_a_wrong_token_fails_clearly(tmp_path):
-    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
-        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
-        workspace, clone = make_clone(tmp_path, github.git_base, fork.full_name)
-        clone.sync()
+    with synced_fork(tmp_path, over_http=True) as (github, fork, _, clone, _):
         wrong = "ghp_revokedTokenRevokedToken00000000"
         _, wrong_clone = make_clone(tmp_path / "other", github.git_base, fork.full_name, token=wrong)
         wrong_clone.path = clone.path
@@ -132,14 +152,10 @@ def test_push_with_a_wrong_token_fails_clearly(tmp_path):
         assert "authentication failed" in str(error.value) and "GITHUB_TOKEN" in str(error.value)
         assert wrong not in str(error.value)
         assert not bare_has(github.bare(fork.full_name), commit)
-        workspace.release()
 
 
 def test_local_bare_remote_push_lands(tmp_path):
-    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
-        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
-        workspace, clone = make_clone(tmp_path, github.file_base, fork.full_name)
-        clone.sync()
+    with synced_fork(tmp_path, over_http=False) as (github, fork, _, clone, _):
         (clone.path / "fla/ops/quasar/tuning.json").write_text('{"format": 1, "values": {}, "choices": {}}\n')
         commit = clone.commit(["fla/ops/quasar/tuning.json"], "add tuning.json")
         assert not clone.remote_has(commit)
@@ -147,31 +163,26 @@ def test_local_bare_remote_push_lands(tmp_path):
         clone.fetch()
         assert clone.remote_has(commit)
         assert bare_head(github.bare(fork.full_name)) == commit
-        workspace.release()
 
 
 def test_sync_repairs_a_half_applied_candidate_and_takes_commits_pushed_elsewhere(tmp_path):
-    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0) as github:
-        fork = GitHubClient(github.api_url, TOKEN).ensure_fork("alice", UPSTREAM).repository
-        workspace, clone = make_clone(tmp_path, github.file_base, fork.full_name)
-        clone.sync()
+    with synced_fork(tmp_path, over_http=False) as (github, fork, _, clone, _):
         committed = (clone.path / CHUNK_FILE).read_text()
         (clone.path / CHUNK_FILE).write_text("# a crash left this here\n")
         (clone.path / "fla/ops/quasar/new_kernel.py").write_text("x = 1\n")
         (clone.path / "notes.txt").write_text("the user's own file\n")
 
         elsewhere = tmp_path / "elsewhere"
-        git("clone", "-q", remote_url(github.file_base, fork.full_name), str(elsewhere))
+        git(None, "clone", "-q", remote_url(github.file_base, fork.full_name), str(elsewhere))
         (elsewhere / "README.md").write_text("pushed by hand\n")
-        git("commit", "-q", "-am", "by hand", cwd=elsewhere)
-        git("push", "-q", "origin", "main", cwd=elsewhere)
-        pushed = git("rev-parse", "HEAD", cwd=elsewhere)
+        git(elsewhere, "commit", "-q", "-am", "by hand")
+        git(elsewhere, "push", "-q", "origin", "main")
+        pushed = git(elsewhere, "rev-parse", "HEAD")
 
         assert clone.sync() == pushed
         assert (clone.path / CHUNK_FILE).read_text() == committed
         assert not (clone.path / "fla/ops/quasar/new_kernel.py").exists()
         assert clone.changed_paths() == ["notes.txt"]  # outside fla/ops/quasar: left alone
-        workspace.release()
 
 
 def test_workspaces_are_per_hotkey_and_one_hotkey_runs_once(tmp_path):
@@ -193,15 +204,15 @@ def test_workspaces_are_per_hotkey_and_one_hotkey_runs_once(tmp_path):
 def test_a_rejected_push_is_reported_as_rejected_whatever_its_commit_hash_holds(tmp_path):
     # git names the pushed commit by its full hash; one holding "403" once read as an HTTP 403.
     bare = tmp_path / "fork.git"
-    git("init", "-q", "--bare", "-b", "main", str(bare))
+    git(None, "init", "-q", "--bare", "-b", "main", str(bare))
     for name in ("elsewhere", "here"):
-        git("clone", "-q", f"file://{bare}", str(tmp_path / name))
-    git("commit", "-q", "--allow-empty", "-m", "pushed from elsewhere", cwd=tmp_path / "elsewhere")
-    git("push", "-q", "origin", "HEAD:main", cwd=tmp_path / "elsewhere")
+        git(None, "clone", "-q", f"file://{bare}", str(tmp_path / name))
+    git(tmp_path / "elsewhere", "commit", "-q", "--allow-empty", "-m", "pushed from elsewhere")
+    git(tmp_path / "elsewhere", "push", "-q", "origin", "HEAD:main")
     commit, attempt = "", 0
     while "403" not in commit:  # about one hash in a hundred
-        git("commit", "-q", "--allow-empty", "-m", f"diverged {attempt}", cwd=tmp_path / "here")
-        commit, attempt = git("rev-parse", "HEAD", cwd=tmp_path / "here"), attempt + 1
+        git(tmp_path / "here", "commit", "-q", "--allow-empty", "-m", f"diverged {attempt}")
+        commit, attempt = git(tmp_path / "here", "rev-parse", "HEAD"), attempt + 1
     runner = Git(write_askpass(tmp_path / "askpass"), "alice", "", "Alice", "alice@example.invalid")
     with pytest.raises(GitError) as error:
         runner.run("push", "--quiet", "origin", f"{commit}:refs/heads/main", cwd=tmp_path / "here", network=True)

@@ -19,11 +19,11 @@ import pytest
 from api_fixtures import SLOW_BLOCKS, ApiServer, api_config, make_wallet
 from quasar.api.client import ApiClient
 from quasar.chain.devchain import DevChain
+from quasar.config import resolve
 from quasar.evaluate import EvaluationOptions
 from quasar.localnet.github_standin import GitHubStandIn
 from quasar.miner.github import Git, GitHubClient, write_askpass
 from quasar.miner.loop import Evaluator, LoopConfig, Miner, required_gain
-from quasar.config import resolve
 from quasar.miner.runner import MinerSetupError, published_endpoint, remote_url
 from quasar.miner.state import Measurement, StateStore
 from quasar.miner.strategies import FAILED, KEPT, REJECTED, SLOWER, AgentStrategy, TuningStrategy
@@ -37,11 +37,11 @@ from test_miner_standins import (
     bare_head,
     fast_chunk_source,
     file_reply,
-    git,
     github_with_upstream,
-    wrong_chunk_source,
     write_tuning_fork,
+    wrong_chunk_source,
 )
+from tests.gitrepo import git
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -50,9 +50,19 @@ ROOT = Path(__file__).resolve().parent.parent
 def one_thread(monkeypatch):
     """One torch thread in the benchmarked child (passed through the sandbox): steadier CPU timings."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
 # Tiny CPU evaluations: one warm-up, a few timed runs.
-FAST = EvaluationOptions(seq_lens=(), device="cpu", warmup_runs=1, min_timed_runs=3, max_timed_runs=5,
-                         timed_seconds=0.2, length_timeout_s=120, timeout_s=300)
+FAST = EvaluationOptions(
+    seq_lens=(),
+    device="cpu",
+    warmup_runs=1,
+    min_timed_runs=3,
+    max_timed_runs=5,
+    timed_seconds=0.2,
+    length_timeout_s=120,
+    timeout_s=300,
+)
 
 
 class Rig:
@@ -79,14 +89,24 @@ class Rig:
         self.store = StateStore(self.workspace.state_file)
         self.state = self.store.load(self.hotkey)
         self.client = ApiClient(self.server.url, self.miner, api_hotkey=self.api_wallet.hotkey.ss58_address)
-        self.validator_client = ApiClient(self.server.url, self.validator,
-                                          api_hotkey=self.api_wallet.hotkey.ss58_address)
+        self.validator_client = ApiClient(
+            self.server.url, self.validator, api_hotkey=self.api_wallet.hotkey.ss58_address
+        )
 
     def miner_loop(self, strategies, config: LoopConfig) -> Miner:
-        submitter = Submitter(self.client, self.chain, self.state, self.store, DIRECT, self.fork_url,
-                              publish=self.clone.push, min_gain=config.min_improvement)
-        return Miner(self.clone, strategies, Evaluator(FAST, self.workspace.reports), submitter, self.state,
-                     self.store, config)
+        submitter = Submitter(
+            self.client,
+            self.chain,
+            self.state,
+            self.store,
+            DIRECT,
+            self.fork_url,
+            publish=self.clone.push,
+            min_gain=config.min_improvement,
+        )
+        return Miner(
+            self.clone, strategies, Evaluator(FAST, self.workspace.reports), submitter, self.state, self.store, config
+        )
 
     def close(self) -> None:
         self.client.close()
@@ -111,8 +131,9 @@ def test_agent_candidates_are_kept_when_faster_and_rolled_back_or_rejected_other
             ]
             with ChatStandIn(replies) as chat:
                 agent = AgentStrategy(chat.url, "coder")
-                loop = rig.miner_loop([agent],
-                                      LoopConfig(iterations=3, interval_s=0, min_improvement=0.02, target_seq_len=128))
+                loop = rig.miner_loop(
+                    [agent], LoopConfig(iterations=3, interval_s=0, min_improvement=0.02, target_seq_len=128)
+                )
                 summary = loop.run_cycle()
             outcomes = [(a.strategy, a.description, a.outcome) for a in summary.attempts]
             assert outcomes[0] == ("agent", "drop the sleep", KEPT)
@@ -123,7 +144,7 @@ def test_agent_candidates_are_kept_when_faster_and_rolled_back_or_rejected_other
 
             kept = summary.attempts[0].commit
             assert bare_head(rig.bare) == kept  # pushed
-            assert git("log", "-1", "--format=%s", kept, cwd=rig.clone.path) == "agent: drop the sleep"
+            assert git(rig.clone.path, "log", "-1", "--format=%s", kept) == "agent: drop the sleep"
             assert (rig.clone.path / CHUNK_FILE).read_text() == fast  # the wrong edit was rolled back
             assert rig.clone.changed_paths() == []
             assert summary.baseline.commit == start
@@ -162,7 +183,7 @@ def test_tuning_picks_the_target_length_and_walks_the_tuning_file(tmp_path):
             assert len(described) == 2  # then nothing is left to try
             final = 64 if described[1][1] == KEPT else 32
             head = bare_head(rig.bare)
-            pushed = json.loads(git("--git-dir", str(rig.bare), "show", f"{head}:fla/ops/quasar/tuning.json"))
+            pushed = json.loads(git(None, "--git-dir", str(rig.bare), "show", f"{head}:fla/ops/quasar/tuning.json"))
             assert pushed["combine_block_v"] == final
             assert rig.clone.changed_paths() == []
         finally:
@@ -174,10 +195,18 @@ def test_waiting_between_cycles_reveals_a_commitment_when_it_is_due(tmp_path):
         rig = Rig(tmp_path, github)
         try:
             head = rig.clone.sync()
-            submitter = Submitter(rig.client, rig.chain, rig.state, rig.store, COMMIT_REVEAL, rig.fork_url,
-                                  publish=rig.clone.push)
-            miner = Miner(rig.clone, [TuningStrategy()], Evaluator(FAST), submitter, rig.state, rig.store,
-                          LoopConfig(iterations=0, interval_s=0, min_improvement=0.02, push_on_keep=False))
+            submitter = Submitter(
+                rig.client, rig.chain, rig.state, rig.store, COMMIT_REVEAL, rig.fork_url, publish=rig.clone.push
+            )
+            miner = Miner(
+                rig.clone,
+                [TuningStrategy()],
+                Evaluator(FAST),
+                submitter,
+                rig.state,
+                rig.store,
+                LoopConfig(iterations=0, interval_s=0, min_improvement=0.02, push_on_keep=False),
+            )
             assert submitter.submit_if_better(Measurement(head, 128, 5000.0, 4500.0))
             stop = threading.Event()
             miner.wait(stop, 0.05)
@@ -199,13 +228,28 @@ def test_the_gain_needed_grows_with_the_benchmarks_spread():
 
 def neuron_environment(tmp_path: Path, github: GitHubStandIn, api: ApiServer, api_hotkey: str) -> dict[str, str]:
     keep = {name: os.environ[name] for name in ("PATH", "HOME", "LANG", "TMPDIR") if name in os.environ}
-    return {**keep, "GITHUB_TOKEN": TOKEN, "GITHUB_USERNAME": "alice", "GITHUB_API_URL": github.api_url,
-            "GIT_REMOTE_BASE": github.file_base, "WORKSPACE_ROOT": str(tmp_path / "workspaces"),
-            "VALIDATOR_API_URL": api.url, "API_HOTKEY": api_hotkey, "DEVCHAIN_PATH": str(tmp_path / "devchain.sqlite3"),
-            "DEVICE": "cpu", "TARGET_SEQUENCE_LENGTH": "128", "AGENT_ITERATIONS": "0", "OPTIMIZATION_INTERVAL": "600",
-            "MINER_INFERENCE_PORT": "18001", "AXON_EXTERNAL_IP": "203.0.113.7", "AXON_EXTERNAL_PORT": "28001",
-            "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": "1", "EVAL_SEQ_LENS": "", "EVAL_TIMED_SECONDS": "0.2"}
+    return {
+        **keep,
+        "GITHUB_TOKEN": TOKEN,
+        "GITHUB_USERNAME": "alice",
+        "GITHUB_API_URL": github.api_url,
+        "GIT_REMOTE_BASE": github.file_base,
+        "WORKSPACE_ROOT": str(tmp_path / "workspaces"),
+        "VALIDATOR_API_URL": api.url,
+        "API_HOTKEY": api_hotkey,
+        "DEVCHAIN_PATH": str(tmp_path / "devchain.sqlite3"),
+        "DEVICE": "cpu",
+        "TARGET_SEQUENCE_LENGTH": "128",
+        "AGENT_ITERATIONS": "0",
+        "OPTIMIZATION_INTERVAL": "600",
+        "MINER_INFERENCE_PORT": "18001",
+        "AXON_EXTERNAL_IP": "203.0.113.7",
+        "AXON_EXTERNAL_PORT": "28001",
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "EVAL_SEQ_LENS": "",
+        "EVAL_TIMED_SECONDS": "0.2",
+    }
 
 
 @pytest.mark.slow
@@ -220,11 +264,26 @@ def test_the_neuron_forks_submits_publishes_and_stops_cleanly(tmp_path):
         config = api_config(api_wallet.hotkey.ss58_address, allow_local_forks=True)
         with ApiServer(config, chain, f"sqlite:///{tmp_path}/api.sqlite3") as api:
             env = neuron_environment(tmp_path, github, api, api_wallet.hotkey.ss58_address)
-            command = [sys.executable, "-m", "neurons.miner", "--wallet.name", "miner", "--wallet.hotkey", "default",
-                       "--wallet.path", str(wallets), "--subtensor.network", "devchain", "--netuid", "24",
-                       "--claim-share", "0.5"]
-            process = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True)
+            command = [
+                sys.executable,
+                "-m",
+                "neurons.miner",
+                "--wallet.name",
+                "miner",
+                "--wallet.hotkey",
+                "default",
+                "--wallet.path",
+                str(wallets),
+                "--subtensor.network",
+                "devchain",
+                "--netuid",
+                "24",
+                "--claim-share",
+                "0.5",
+            ]
+            process = subprocess.Popen(
+                command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
             hotkey = miner.hotkey.ss58_address
             try:
                 with ApiClient(api.url) as reader:
@@ -264,9 +323,13 @@ def test_the_published_endpoint_is_the_external_one_and_public_on_finney(monkeyp
     # Public addresses (finney is the default network).
     assert endpoint_of(AXON_EXTERNAL_IP="45.33.10.7", AXON_EXTERNAL_PORT="28001") == ("45.33.10.7", 28001)
     assert endpoint_of(AXON_EXTERNAL_IP="2606:4700::7", MINER_INFERENCE_PORT="8002") == ("2606:4700::7", 8002)
-    for address, kind in (("192.168.1.20", "not a public address"), ("10.0.0.5", "not a public address"),
-                          ("100.64.0.9", "not a public address"), ("203.0.113.7", "not a public address"),
-                          ("127.0.0.1", "a loopback address")):
+    for address, kind in (
+        ("192.168.1.20", "not a public address"),
+        ("10.0.0.5", "not a public address"),
+        ("100.64.0.9", "not a public address"),
+        ("203.0.113.7", "not a public address"),
+        ("127.0.0.1", "a loopback address"),
+    ):
         for network in ("finney", "test"):
             with pytest.raises(MinerSetupError) as refused:
                 endpoint_of(SUBTENSOR_NETWORK=network, AXON_EXTERNAL_IP=address)
@@ -286,13 +349,20 @@ def test_the_published_endpoint_is_the_external_one_and_public_on_finney(monkeyp
 def test_the_neuron_explains_what_is_missing(tmp_path):
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "DEVICE": "cpu", "TARGET_SEQUENCE_LENGTH": "128"}
     # The miner guide's spelling: python neurons/miner.py
-    result = subprocess.run([sys.executable, str(ROOT / "neurons" / "miner.py"), "--netuid", "24"], cwd=tmp_path,
-                            env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "neurons" / "miner.py"), "--netuid", "24"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 1
     assert "GITHUB_TOKEN is not set" in result.stderr
     env.update(GITHUB_TOKEN=TOKEN, GITHUB_USERNAME="alice", WALLET_PATH=str(tmp_path / "nowhere"))
-    result = subprocess.run([sys.executable, "-m", "neurons.miner"], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "neurons.miner"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 1
     assert "quasar_miner/hotkeys/default does not exist" in result.stderr
     assert TOKEN not in result.stderr
@@ -315,8 +385,13 @@ def script_dir(tmp_path) -> Path:
 
 def run_script(directory: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     base = {"PATH": os.environ["PATH"], "HOME": str(directory)}
-    return subprocess.run(["bash", str(directory / "START_MINER.sh"), *args], env={**base, **env},
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        ["bash", str(directory / "START_MINER.sh"), *args],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_start_script_names_each_missing_prerequisite(script_dir, tmp_path):
@@ -328,12 +403,14 @@ def test_start_script_names_each_missing_prerequisite(script_dir, tmp_path):
     (script_dir / ".env").write_text(f'GITHUB_TOKEN="{TOKEN}"\nGITHUB_USERNAME=alice\nDEVICE=cpu\n')
     result = run_script(script_dir, {})
     wallets = script_dir / ".bittensor" / "wallets"  # the default WALLET_PATH under this HOME
-    assert result.returncode == 1 and (f"wallet file {wallets}/quasar_miner/coldkeypub.txt does not exist: create the "
-                                       "wallet (btcli wallet create --wallet quasar_miner --wallet-hotkey default)"
-                                       in result.stderr)
+    assert result.returncode == 1 and (
+        f"wallet file {wallets}/quasar_miner/coldkeypub.txt does not exist: create the "
+        "wallet (btcli wallet create --wallet quasar_miner --wallet-hotkey default)" in result.stderr
+    )
     result = run_script(script_dir, {}, "--wallet.path", str(tmp_path / "w"), "--wallet.name", "m")
-    assert "(btcli wallet create --wallet m --wallet-hotkey default --wallet-path " + str(tmp_path / "w") in \
-        result.stderr
+    assert (
+        "(btcli wallet create --wallet m --wallet-hotkey default --wallet-path " + str(tmp_path / "w") in result.stderr
+    )
     make_wallet(wallets, "quasar_miner")
     result = run_script(script_dir, {"VALIDATOR_API_URL": "http://127.0.0.1:9"})
     assert result.returncode == 1
@@ -362,14 +439,17 @@ def test_start_script_runs_the_miner_when_all_is_ready(script_dir, tmp_path):
     chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=SLOW_BLOCKS)
     with ApiServer(api_config(api_wallet.hotkey.ss58_address), chain, f"sqlite:///{tmp_path}/api.sqlite3") as api:
         # .env says cuda (unavailable here) but the environment says cpu: the environment must win.
-        (script_dir / ".env").write_text(f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\nDEVICE=cuda\n"
-                                         f"VALIDATOR_API_URL={api.url}\nWALLET_PATH={wallets}\nWALLET_NAME=api\n")
+        (script_dir / ".env").write_text(
+            f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\nDEVICE=cuda\n"
+            f"VALIDATOR_API_URL={api.url}\nWALLET_PATH={wallets}\nWALLET_NAME=api\n"
+        )
         result = run_script(script_dir, {"DEVICE": "cpu"}, "--help")
     assert result.returncode == 0, result.stderr
     assert "usage: python -m neurons.miner" in result.stdout and "--wallet.hotkey" in result.stdout
     # Without VALIDATOR_API_URL the script leaves finding the API to the miner, which reads the chain.
-    (script_dir / ".env").write_text(f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\nWALLET_PATH={wallets}\n"
-                                     "WALLET_NAME=api\n")
+    (script_dir / ".env").write_text(
+        f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\nWALLET_PATH={wallets}\nWALLET_NAME=api\n"
+    )
     result = run_script(script_dir, {"DEVICE": "cpu"}, "--help")
     assert result.returncode == 0 and "the miner reads the submission API's URL from the chain" in result.stderr
 
@@ -378,12 +458,20 @@ def test_ecosystem_file_starts_the_four_processes():
     node = shutil.which("node")
     if node is None:
         pytest.skip("node (pm2's runtime) is not installed")
-    listing = subprocess.run([node, "-e", "console.log(JSON.stringify(require(process.argv[1]).apps))",
-                              str(ROOT / "ecosystem.config.js")], capture_output=True, text=True, check=True)
+    listing = subprocess.run(
+        [node, "-e", "console.log(JSON.stringify(require(process.argv[1]).apps))", str(ROOT / "ecosystem.config.js")],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     apps = {app["name"]: app for app in json.loads(listing.stdout)}
     assert set(apps) == {"quasar-api", "quasar-miner-inference", "quasar-miner", "quasar-validator"}
-    scripts = {"quasar-api": "START_SERVER.sh", "quasar-miner-inference": "START_MINER_INFERENCE.sh",
-               "quasar-miner": "START_MINER.sh", "quasar-validator": "START_VALIDATOR.sh"}
+    scripts = {
+        "quasar-api": "START_SERVER.sh",
+        "quasar-miner-inference": "START_MINER_INFERENCE.sh",
+        "quasar-miner": "START_MINER.sh",
+        "quasar-validator": "START_VALIDATOR.sh",
+    }
     for name, script in scripts.items():
         assert apps[name]["script"] == str(ROOT / script) and (ROOT / script).is_file()
         assert apps[name]["cwd"] == str(ROOT) and apps[name]["interpreter"] == "bash"

@@ -23,8 +23,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from quasar.localnet.github_standin import GitHubStandIn
+from quasar.localnet.github_standin import GitHubStandIn, send_json
 from quasar.starter_fork import write_starter_fork
+from tests.gitrepo import git
 
 UPSTREAM = "troy12x/flash-linear-attention"
 TOKEN = "ghp_standInToken0123456789abcdefQUASAR"
@@ -32,21 +33,18 @@ CHUNK_FILE = "fla/ops/quasar/chunk.py"
 SLOW_MARK = "time.sleep(_STANDIN_DELAY_S)"
 
 
-def git(*args: str, cwd: Path | None = None) -> str:
-    """Run git with no user configuration; returns stdout."""
-    env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
-    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout.strip()
-
-
 def bare_head(bare: Path, branch: str = "main") -> str:
-    return git("--git-dir", str(bare), "rev-parse", f"refs/heads/{branch}")
+    return git(None, "--git-dir", str(bare), "rev-parse", f"refs/heads/{branch}")
 
 
 def bare_has(bare: Path, commit: str) -> bool:
     env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull}
-    return subprocess.run(["git", "--git-dir", str(bare), "cat-file", "-e", f"{commit}^{{commit}}"], env=env,
-                          capture_output=True).returncode == 0
+    return (
+        subprocess.run(
+            ["git", "--git-dir", str(bare), "cat-file", "-e", f"{commit}^{{commit}}"], env=env, capture_output=True
+        ).returncode
+        == 0
+    )
 
 
 # --- forks to mine on ---
@@ -54,14 +52,17 @@ def bare_has(bare: Path, commit: str) -> bool:
 
 def slow_chunk_source(source: str, delay_s: float) -> str:
     """The starter fork's chunk.py, sleeping ``delay_s`` per call and printing its environment at import."""
-    source = source.replace("from __future__ import annotations\n",
-                            "from __future__ import annotations\n\nimport os\nimport time\n", 1)
-    source += (f"\n\n_STANDIN_DELAY_S = {delay_s!r}\n"
-               "print('STANDIN-ENVIRONMENT', sorted(os.environ.items()), flush=True)\n"
-               "_standin_chunk_quasar = chunk_quasar\n\n\n"
-               "def chunk_quasar(*args, **kwargs):\n"
-               f"    {SLOW_MARK}\n"
-               "    return _standin_chunk_quasar(*args, **kwargs)\n")
+    source = source.replace(
+        "from __future__ import annotations\n", "from __future__ import annotations\n\nimport os\nimport time\n", 1
+    )
+    source += (
+        f"\n\n_STANDIN_DELAY_S = {delay_s!r}\n"
+        "print('STANDIN-ENVIRONMENT', sorted(os.environ.items()), flush=True)\n"
+        "_standin_chunk_quasar = chunk_quasar\n\n\n"
+        "def chunk_quasar(*args, **kwargs):\n"
+        f"    {SLOW_MARK}\n"
+        "    return _standin_chunk_quasar(*args, **kwargs)\n"
+    )
     return source
 
 
@@ -73,8 +74,10 @@ def fast_chunk_source(slow: str) -> str:
 def wrong_chunk_source(slow: str) -> str:
     """A fast but wrong chunk.py: each token gets the previous token's output (the harness must fail it;
     a scaled output would not do, the layer's RMSNorm undoes a scale)."""
-    return slow.replace(f"    {SLOW_MARK}\n    return _standin_chunk_quasar(*args, **kwargs)\n",
-                        "    o, state = _standin_chunk_quasar(*args, **kwargs)\n    return o.roll(1, 1), state\n")
+    return slow.replace(
+        f"    {SLOW_MARK}\n    return _standin_chunk_quasar(*args, **kwargs)\n",
+        "    o, state = _standin_chunk_quasar(*args, **kwargs)\n    return o.roll(1, 1), state\n",
+    )
 
 
 def write_slow_fork(dest: Path, delay_s: float = 0.2) -> str:
@@ -82,8 +85,8 @@ def write_slow_fork(dest: Path, delay_s: float = 0.2) -> str:
     write_starter_fork(dest)
     chunk = dest / CHUNK_FILE
     chunk.write_text(slow_chunk_source(chunk.read_text(), delay_s))
-    git("commit", "-q", "-am", "slow starter", cwd=dest)
-    return git("rev-parse", "HEAD", cwd=dest)
+    git(dest, "commit", "-q", "-am", "slow starter")
+    return git(dest, "rev-parse", "HEAD")
 
 
 def write_tuning_fork(dest: Path) -> str:
@@ -91,29 +94,34 @@ def write_tuning_fork(dest: Path) -> str:
     read from tuning.json by a wrapper around chunk_quasar that is slow at the default 16; committed."""
     write_starter_fork(dest)
     chunk = dest / CHUNK_FILE
-    source = chunk.read_text().replace("from __future__ import annotations\n",
-                                       "from __future__ import annotations\n\nimport json\nimport time\n"
-                                       "from pathlib import Path\n", 1)
-    source += ("\n\n_standin_chunk_quasar = chunk_quasar\n\n\n"
-               "def chunk_quasar(*args, **kwargs):\n"
-               "    tuning = Path(__file__).with_name('tuning.json')\n"
-               "    written = json.loads(tuning.read_text()) if tuning.exists() else {}\n"
-               "    time.sleep(0.2 if written.get('combine_block_v', 16) == 16 else 0.0)\n"
-               "    return _standin_chunk_quasar(*args, **kwargs)\n")
+    source = chunk.read_text().replace(
+        "from __future__ import annotations\n",
+        "from __future__ import annotations\n\nimport json\nimport time\nfrom pathlib import Path\n",
+        1,
+    )
+    source += (
+        "\n\n_standin_chunk_quasar = chunk_quasar\n\n\n"
+        "def chunk_quasar(*args, **kwargs):\n"
+        "    tuning = Path(__file__).with_name('tuning.json')\n"
+        "    written = json.loads(tuning.read_text()) if tuning.exists() else {}\n"
+        "    time.sleep(0.2 if written.get('combine_block_v', 16) == 16 else 0.0)\n"
+        "    return _standin_chunk_quasar(*args, **kwargs)\n"
+    )
     chunk.write_text(source)
     space = {"defaults": {"combine_block_v": 16}, "choices": {"combine_block_v": [16, 32, 64]}}
     (dest / "fla/ops/quasar/tuning_space.json").write_text(json.dumps(space, indent=2) + "\n")
-    git("add", "-A", cwd=dest)
-    git("commit", "-q", "-m", "tunable starter", cwd=dest)
-    return git("rev-parse", "HEAD", cwd=dest)
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "tunable starter")
+    return git(dest, "rev-parse", "HEAD")
 
 
 # --- GitHub ---
 
 
 @contextmanager
-def github_with_upstream(tmp_path: Path, tokens: dict[str, str], fork_delay_polls: int = 2,
-                         slow_delay_s: float = 0.2) -> Iterator[GitHubStandIn]:
+def github_with_upstream(
+    tmp_path: Path, tokens: dict[str, str], fork_delay_polls: int = 2, slow_delay_s: float = 0.2
+) -> Iterator[GitHubStandIn]:
     """A GitHub stand-in whose upstream repository is the slow starter fork."""
     source = tmp_path / "upstream-source"
     write_slow_fork(source, slow_delay_s)
@@ -162,15 +170,22 @@ class ChatStandIn:
                     status, answer = (stand_in.status if stand_in.status != 200 else 500), {"error": "no reply"}
                 else:
                     content = stand_in.replies.pop(0)
-                    status, answer = 200, {"id": "x", "object": "chat.completion", "model": body.get("model"),
-                                           "choices": [{"index": 0, "finish_reason": "stop",
-                                                        "message": {"role": "assistant", "content": content}}]}
-                data = json.dumps(answer).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                    status, answer = (
+                        200,
+                        {
+                            "id": "x",
+                            "object": "chat.completion",
+                            "model": body.get("model"),
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": content},
+                                }
+                            ],
+                        },
+                    )
+                send_json(self, status, answer)
 
         return Handler
 

@@ -3,6 +3,7 @@ and the agent strategy against a stand-in chat endpoint on 127.0.0.1."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -35,8 +36,9 @@ from quasar.miner.strategies.tuning import (
     read_source_space,
     with_change,
 )
-from quasar.starter_fork import write_starter_fork
-from test_miner_standins import CHUNK_FILE, ChatStandIn, file_reply, git
+from quasar.starter_fork import KERNEL_DIR, template_root, tuning_contract, write_starter_fork
+from test_miner_standins import CHUNK_FILE, ChatStandIn, file_reply
+from tests.gitrepo import git
 
 GATE_FILE = "fla/ops/quasar/gate.py"
 
@@ -51,42 +53,53 @@ def starter(tmp_path) -> Path:
 # --- edit rules ---
 
 
-@pytest.mark.parametrize("path", [
-    "fla/ops/quasar/chunk.py", "fla/ops/quasar/tuning.json", "fla/ops/quasar/csrc/quasar_recurrent.cu",
-    "fla/ops/quasar/kernels/fused.py",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "fla/ops/quasar/chunk.py",
+        "fla/ops/quasar/tuning.json",
+        "fla/ops/quasar/csrc/quasar_recurrent.cu",
+        "fla/ops/quasar/kernels/fused.py",
+    ],
+)
 def test_edit_paths_inside_the_kernels_are_allowed(path):
     assert check_edit_path(path) == path
 
 
-@pytest.mark.parametrize(("path", "message"), [
-    ("fla/layers/quasar.py", "outside fla/ops/quasar/"),
-    ("fla/ops/gla/chunk.py", "outside fla/ops/quasar/"),
-    ("setup.py", "outside fla/ops/quasar/"),
-    ("../fla/ops/quasar/chunk.py", "no '..'"),
-    ("fla/ops/quasar/../../layers/quasar.py", "no '..'"),
-    ("/fla/ops/quasar/chunk.py", "leading '/'"),
-    ("fla/ops/quasar//chunk.py", "'//'"),
-    ("fla/ops/quasar/./chunk.py", "'.'"),
-    ("fla/ops/quasar", "outside fla/ops/quasar/"),
-    ("fla/ops/quasar/chunk.cpython-311-x86_64-linux-gnu.so", "file type not allowed"),
-    ("fla/ops/quasar/__pycache__/chunk.cpython-311.py", "bytecode caches"),
-    ("fla/ops/quasar/chunk .py", "only letters"),
-    ("fla\\ops\\quasar\\chunk.py", "only letters"),
-])
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("fla/layers/quasar.py", "outside fla/ops/quasar/"),
+        ("fla/ops/gla/chunk.py", "outside fla/ops/quasar/"),
+        ("setup.py", "outside fla/ops/quasar/"),
+        ("../fla/ops/quasar/chunk.py", "no '..'"),
+        ("fla/ops/quasar/../../layers/quasar.py", "no '..'"),
+        ("/fla/ops/quasar/chunk.py", "leading '/'"),
+        ("fla/ops/quasar//chunk.py", "'//'"),
+        ("fla/ops/quasar/./chunk.py", "'.'"),
+        ("fla/ops/quasar", "outside fla/ops/quasar/"),
+        ("fla/ops/quasar/chunk.cpython-311-x86_64-linux-gnu.so", "file type not allowed"),
+        ("fla/ops/quasar/__pycache__/chunk.cpython-311.py", "bytecode caches"),
+        ("fla/ops/quasar/chunk .py", "only letters"),
+        ("fla\\ops\\quasar\\chunk.py", "only letters"),
+    ],
+)
 def test_edit_paths_elsewhere_are_rejected_with_the_rule(path, message):
     with pytest.raises(EditRejected) as error:
         check_edit_path(path)
     assert message in str(error.value)
 
 
-@pytest.mark.parametrize("source", [
-    "from fla.ops.kda import chunk_kda\n",
-    "import fla.ops.gla as g\n",
-    "from fla.ops import kda\n",
-    "import importlib\nm = importlib.import_module('fla.ops.' + 'gla')\n",
-    "from ..gla import chunk_gla\n",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from fla.ops.kda import chunk_kda\n",
+        "import fla.ops.gla as g\n",
+        "from fla.ops import kda\n",
+        "import importlib\nm = importlib.import_module('fla.ops.' + 'gla')\n",
+        "from ..gla import chunk_gla\n",
+    ],
+)
 def test_forbidden_imports_are_rejected_before_anything_is_written(starter, source):
     before = (starter / CHUNK_FILE).read_text()
     with pytest.raises(EditRejected, match=r"import check: fla/ops/quasar/chunk.py:\d+: forbidden-import"):
@@ -106,8 +119,11 @@ def test_unverifiable_code_and_broken_syntax_are_rejected():
 def test_apply_and_rollback_restore_every_byte(starter):
     gate = (starter / GATE_FILE).read_bytes()
     chunk = (starter / CHUNK_FILE).read_bytes()
-    candidate = Candidate("agent", "new helper, gate removed, chunk edited", {
-        "fla/ops/quasar/helpers/extra.py": "X = 1\n", GATE_FILE: None, CHUNK_FILE: chunk.decode() + "# edit\n"})
+    candidate = Candidate(
+        "agent",
+        "new helper, gate removed, chunk edited",
+        {"fla/ops/quasar/helpers/extra.py": "X = 1\n", GATE_FILE: None, CHUNK_FILE: chunk.decode() + "# edit\n"},
+    )
     applied = candidate.apply(starter)
     assert (starter / "fla/ops/quasar/helpers/extra.py").read_text() == "X = 1\n"
     assert not (starter / GATE_FILE).exists()
@@ -115,7 +131,7 @@ def test_apply_and_rollback_restore_every_byte(starter):
     applied.rollback()
     assert not (starter / "fla/ops/quasar/helpers/extra.py").exists()
     assert (starter / GATE_FILE).read_bytes() == gate and (starter / CHUNK_FILE).read_bytes() == chunk
-    assert git("status", "--porcelain", "--untracked-files=no", cwd=starter) == ""
+    assert git(starter, "status", "--porcelain", "--untracked-files=no") == ""
 
 
 def test_apply_refuses_to_write_through_links(starter, tmp_path):
@@ -133,36 +149,17 @@ def test_apply_refuses_to_write_through_links(starter, tmp_path):
 
 # --- tuning ---
 
-STARTER_LIKE_TUNING_PY = """
-import dataclasses
-
-@dataclasses.dataclass(frozen=True)
-class Tunables:
-    segment_chunks: int = 16
-    num_stages: int = 1
-    precision: str = "bf16"
-    layer_tile_tokens: int = 131_072
-
-DEFAULTS = Tunables()
-
-_ALLOWED = {
-    "segment_chunks": {1, 2, 4, 8, 16, 32, 64},
-    "num_stages": {1, 2, 3, 4},
-    "precision": {"bf16", "tf32"},
-}
-"""
-
 
 def write_space(repo: Path, defaults: dict, choices: dict) -> None:
     (repo / SPACE_FILE).write_text(json.dumps({"defaults": defaults, "choices": choices}) + "\n")
 
 
 def test_the_space_is_read_from_tuning_py_literals_without_running_it():
-    space = read_source_space(STARTER_LIKE_TUNING_PY)
-    assert space.defaults == {"segment_chunks": 16, "num_stages": 1, "precision": "bf16",
-                              "layer_tile_tokens": 131072}
-    assert space.choices == {"segment_chunks": [1, 2, 4, 8, 16, 32, 64], "num_stages": [1, 2, 3, 4],
-                             "precision": ["bf16", "tf32"]}
+    # The starter fork's own tuning.py, read as text, against the contract it defines when run.
+    space = read_source_space((Path(str(template_root())) / KERNEL_DIR / "tuning.py").read_text())
+    contract = tuning_contract()
+    assert space is not None and space.defaults == dataclasses.asdict(contract.DEFAULTS)
+    assert space.choices == {name: sorted(allowed) for name, allowed in contract._ALLOWED.items()}
     assert read_source_space("raise SystemExit('never run')\n") is None
     assert read_source_space("def broken(:\n") is None
 
@@ -176,14 +173,17 @@ def test_the_starter_forks_tunables_are_found(starter):
     assert {"wy_warps", "wy_maxnreg", "segment_chunks"} <= set(space.choices)
 
 
-@pytest.mark.parametrize(("document", "message"), [
-    ({"choices": {}}, "field 'defaults' must be an object"),
-    ({"defaults": {}}, "field 'choices' must be an object"),
-    ({"defaults": {}, "choices": {"bv": [16]}}, "choices.bv has no default in 'defaults'"),
-    ({"defaults": {"bv": 16}, "choices": {"bv": []}}, "choices of 'bv' must be a list of 1 to 64"),
-    ({"defaults": {"bv": 16}, "choices": {"bv": [[16]]}}, "must be numbers, strings or booleans"),
-    ([1, 2], "must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"choices": {}}, "field 'defaults' must be an object"),
+        ({"defaults": {}}, "field 'choices' must be an object"),
+        ({"defaults": {}, "choices": {"bv": [16]}}, "choices.bv has no default in 'defaults'"),
+        ({"defaults": {"bv": 16}, "choices": {"bv": []}}, "choices of 'bv' must be a list of 1 to 64"),
+        ({"defaults": {"bv": 16}, "choices": {"bv": [[16]]}}, "must be numbers, strings or booleans"),
+        ([1, 2], "must be a JSON object"),
+    ],
+)
 def test_tuning_space_errors_name_the_field(document, message):
     with pytest.raises(TuningFileError) as error:
         parse_space(json.dumps(document))
@@ -202,8 +202,12 @@ def test_tuning_searches_one_step_at_a_time_nearest_first_and_never_twice(starte
         proposed.append(json.loads(candidate.changes[TUNING_FILE]))
         history.append(Attempt("tuning", candidate.key, candidate.description, SLOWER))
         assert len(proposed) <= 4
-    assert proposed == [{"fixed": "y", "chunks": 8}, {"fixed": "y", "chunks": 32}, {"fixed": "y", "chunks": 4},
-                        {"fixed": "y", "bv": 16}]
+    assert proposed == [
+        {"fixed": "y", "chunks": 8},
+        {"fixed": "y", "chunks": 32},
+        {"fixed": "y", "chunks": 4},
+        {"fixed": "y", "bv": 16},
+    ]
 
 
 def test_tuning_goes_on_from_a_kept_configuration_without_going_back(starter):
@@ -255,11 +259,12 @@ def test_tuning_on_a_gpu_with_its_own_entry_changes_that_entry(starter):
             where = written[DEVICES][chip] if chip else written
             assert where[name] == effective[name]
             # Only the entry that applies on this GPU changed: the others' tunings are the shipped ones.
-            for other in (set(space.choices) - {name}):
+            for other in set(space.choices) - {name}:
                 assert written.get(other) == shipped.get(other)
             if chip:
-                assert {k: v for k, v in written.items() if k != DEVICES} == \
-                       {k: v for k, v in shipped.items() if k != DEVICES}
+                assert {k: v for k, v in written.items() if k != DEVICES} == {
+                    k: v for k, v in shipped.items() if k != DEVICES
+                }
             seen.append(candidate.description)
             history.append(Attempt("tuning", candidate.key, candidate.description, SLOWER))
         assert seen and any(text.startswith("wy_warps 1 -> ") for text in seen) == (chip is not None)
@@ -290,13 +295,18 @@ def test_tuning_without_a_declared_space_or_with_a_broken_file_proposes_nothing(
 
 
 def test_replies_with_full_files_in_several_markdown_spellings():
-    reply = ("Sure! Here is the plan.\n**DESCRIPTION:** fuse the state update\n\n"
-             "### FILE: `fla/ops/quasar/chunk.py`\n```python\nA = 1\n```\n"
-             "**FILE:** fla/ops/quasar/gate.py\n~~~py\nB = 2\n~~~\nDELETE: fla/ops/quasar/old.py\n")
+    reply = (
+        "Sure! Here is the plan.\n**DESCRIPTION:** fuse the state update\n\n"
+        "### FILE: `fla/ops/quasar/chunk.py`\n```python\nA = 1\n```\n"
+        "**FILE:** fla/ops/quasar/gate.py\n~~~py\nB = 2\n~~~\nDELETE: fla/ops/quasar/old.py\n"
+    )
     description, changes, diffs = parse_reply(reply)
     assert description == "fuse the state update"
-    assert changes == {"fla/ops/quasar/chunk.py": "A = 1\n", "fla/ops/quasar/gate.py": "B = 2\n",
-                       "fla/ops/quasar/old.py": None}
+    assert changes == {
+        "fla/ops/quasar/chunk.py": "A = 1\n",
+        "fla/ops/quasar/gate.py": "B = 2\n",
+        "fla/ops/quasar/old.py": None,
+    }
     assert diffs == []
     with pytest.raises(StrategyError, match="no FILE block and no diff"):
         parse_reply("I would make it faster.")
@@ -306,10 +316,12 @@ def test_replies_with_full_files_in_several_markdown_spellings():
 
 def test_a_diff_is_applied_to_a_scratch_copy(starter):
     original = (starter / CHUNK_FILE).read_text()
-    diff = ("--- a/fla/ops/quasar/chunk.py\n+++ b/fla/ops/quasar/chunk.py\n@@ -1,3 +1,4 @@\n"
-            + "".join(f" {line}\n" for line in original.splitlines()[:1])
-            + "+# agent was here\n"
-            + "".join(f" {line}\n" for line in original.splitlines()[1:3]))
+    diff = (
+        "--- a/fla/ops/quasar/chunk.py\n+++ b/fla/ops/quasar/chunk.py\n@@ -1,3 +1,4 @@\n"
+        + "".join(f" {line}\n" for line in original.splitlines()[:1])
+        + "+# agent was here\n"
+        + "".join(f" {line}\n" for line in original.splitlines()[1:3])
+    )
     description, changes, diffs = parse_reply(f"DESCRIPTION: note\n```diff\n{diff}```\n")
     produced = apply_diff(starter, diffs[0])
     assert produced[CHUNK_FILE].splitlines()[1] == "# agent was here"
@@ -318,7 +330,7 @@ def test_a_diff_is_applied_to_a_scratch_copy(starter):
     with pytest.raises(EditRejected, match="outside fla/ops/quasar/"):
         apply_diff(starter, outside)
     with pytest.raises(StrategyError, match="does not apply"):
-        apply_diff(starter, diff.replace(" \"\"\"Chunked", " something else"))
+        apply_diff(starter, diff.replace(' """Chunked', " something else"))
 
 
 def test_the_prompt_holds_the_rules_history_and_files(starter):
@@ -332,9 +344,17 @@ def test_the_prompt_holds_the_rules_history_and_files(starter):
     assert "Target sequence length: 4,096 tokens." in user["content"]
     assert "[slower] agent: bigger blocks; measured 900 tokens/s vs best 1,000; -10.0% vs best" in user["content"]
     assert "def chunk_quasar(" in user["content"]
-    order = [user["content"].index(f"FILE: fla/ops/quasar/{name}\n") for name in
-             ("chunk.py", "fused_recurrent.py", "forward_substitution.py", "chunk_intra_token_parallel.py",
-              "gate.py", "__init__.py")]
+    order = [
+        user["content"].index(f"FILE: fla/ops/quasar/{name}\n")
+        for name in (
+            "chunk.py",
+            "fused_recurrent.py",
+            "forward_substitution.py",
+            "chunk_intra_token_parallel.py",
+            "gate.py",
+            "__init__.py",
+        )
+    ]
     assert order == sorted(order)  # the guide's priorities first
 
 
@@ -374,7 +394,7 @@ def test_agent_edits_outside_the_kernels_or_with_forbidden_imports_are_rejected(
             agent.propose(starter, [])
         with pytest.raises(StrategyError, match="changes nothing"):
             agent.propose(starter, [])
-    assert git("status", "--porcelain", cwd=starter) == ""
+    assert git(starter, "status", "--porcelain") == ""
 
 
 def test_agent_endpoint_failures_are_strategy_errors(starter):

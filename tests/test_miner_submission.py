@@ -29,7 +29,8 @@ from quasar.miner.submission import (
 )
 from quasar.miner.workspace import ForkClone, Workspace
 from quasar.starter_fork import write_starter_fork
-from test_miner_standins import CHUNK_FILE, bare_has, git
+from test_miner_standins import CHUNK_FILE, bare_has
+from tests.gitrepo import git
 
 
 class Setup:
@@ -49,7 +50,7 @@ class Setup:
         source = tmp_path / "source"
         write_starter_fork(source)
         self.bare = tmp_path / "remotes" / "alice" / "flash-linear-attention.git"
-        git("clone", "-q", "--bare", str(source), str(self.bare))
+        git(None, "clone", "-q", "--bare", str(source), str(self.bare))
         self.fork_url = remote_url("file://" + str(tmp_path / "remotes"), "alice/flash-linear-attention")
         self.workspace = Workspace(tmp_path / "workspaces", self.hotkey)
         self.workspace.acquire()
@@ -68,8 +69,16 @@ class Setup:
         """A submitter as a freshly started miner builds it: its state loaded from disk."""
         state = state or self.store.load(self.hotkey)
         chain = DevChain(self.chain_path)  # the miner's own connection to the chain
-        return Submitter(self.client(self.miner), chain, state, self.store, mode, self.fork_url,
-                         publish=self.clone.push, min_gain=min_gain)
+        return Submitter(
+            self.client(self.miner),
+            chain,
+            state,
+            self.store,
+            mode,
+            self.fork_url,
+            publish=self.clone.push,
+            min_gain=min_gain,
+        )
 
     def new_commit(self, note: str) -> str:
         path = self.clone.path / CHUNK_FILE
@@ -94,8 +103,14 @@ def setup(tmp_path):
 
 
 def measurement(commit: str, claim: float, target: int = 4096) -> Measurement:
-    return Measurement(commit=commit, target_seq_len=target, tokens_per_sec=claim * 1.05, claim=claim,
-                       benchmarks={512: claim * 1.2, target: claim * 1.05}, vram_mb=321)
+    return Measurement(
+        commit=commit,
+        target_seq_len=target,
+        tokens_per_sec=claim * 1.05,
+        claim=claim,
+        benchmarks={512: claim * 1.2, target: claim * 1.05},
+        vram_mb=321,
+    )
 
 
 def test_direct_submission_pushes_then_submits_the_claim(setup):
@@ -140,10 +155,10 @@ def test_a_direct_submission_sent_before_a_crash_is_recognised(setup):
 
 def test_a_commit_that_cannot_be_pushed_is_not_submitted(setup, caplog):
     elsewhere = setup.tmp / "elsewhere"
-    git("clone", "-q", setup.fork_url, str(elsewhere))
+    git(None, "clone", "-q", setup.fork_url, str(elsewhere))
     (elsewhere / "README.md").write_text("pushed by someone else\n")
-    git("commit", "-q", "-am", "elsewhere", cwd=elsewhere)
-    git("push", "-q", "origin", "main", cwd=elsewhere)
+    git(elsewhere, "commit", "-q", "-am", "elsewhere")
+    git(elsewhere, "push", "-q", "origin", "main")
     commit = setup.new_commit("diverged")  # on top of the old head: the push is not a fast-forward
     submitter = setup.submitter(DIRECT)
     assert not submitter.submit_if_better(measurement(commit, 1000.0))
@@ -190,8 +205,9 @@ def test_a_commitment_whose_answer_was_lost_is_found_not_resent(setup):
     commit = setup.new_commit("answer lost")
     salt = "ab" * 32
     digest = commitment_hash(salt, setup.fork_url, commit)
-    state = MinerState(hotkey=setup.hotkey, pending_reveal=PendingReveal(salt, setup.fork_url, digest,
-                                                                         measurement(commit, 900.0), 0.0))
+    state = MinerState(
+        hotkey=setup.hotkey, pending_reveal=PendingReveal(salt, setup.fork_url, digest, measurement(commit, 900.0), 0.0)
+    )
     setup.store.save(state)  # saved before sending, as the submitter does
     sent = setup.client(setup.miner).commit(digest, 4096)  # sent; the miner crashed before the answer
     restarted = setup.submitter(COMMIT_REVEAL)
@@ -207,8 +223,12 @@ def test_a_commitment_that_never_left_is_sent_again_with_its_salt(setup):
     commit = setup.new_commit("never sent")
     salt = "cd" * 32
     digest = commitment_hash(salt, setup.fork_url, commit)
-    setup.store.save(MinerState(hotkey=setup.hotkey, pending_reveal=PendingReveal(
-        salt, setup.fork_url, digest, measurement(commit, 900.0), 0.0)))
+    setup.store.save(
+        MinerState(
+            hotkey=setup.hotkey,
+            pending_reveal=PendingReveal(salt, setup.fork_url, digest, measurement(commit, 900.0), 0.0),
+        )
+    )
     restarted = setup.submitter(COMMIT_REVEAL)
     assert not restarted.advance()
     [listed] = setup.client(setup.miner).pending_reveals(setup.hotkey).pending
@@ -232,8 +252,9 @@ def test_an_expired_reveal_window_drops_the_commitment(setup):
 def test_an_unreachable_api_is_retried_later(setup):
     commit = setup.new_commit("offline")
     submitter = setup.submitter(COMMIT_REVEAL)
-    submitter.client = ApiClient("http://127.0.0.1:9", setup.miner, api_hotkey=setup.api_wallet.hotkey.ss58_address,
-                                 http=httpx.Client(timeout=2))
+    submitter.client = ApiClient(
+        "http://127.0.0.1:9", setup.miner, api_hotkey=setup.api_wallet.hotkey.ss58_address, http=httpx.Client(timeout=2)
+    )
     submitter.submit_if_better(measurement(commit, 1000.0))
     pending = setup.store.load(setup.hotkey).pending_reveal
     assert pending is not None and pending.submission_id is None  # the salt is kept for the retry
@@ -246,22 +267,46 @@ def test_an_unreachable_api_is_retried_later(setup):
 
 
 def length(seq_len: int, tps: float | None, status: str = OK, correct: bool | None = True) -> LengthResult:
-    return LengthResult(seq_len=seq_len, status=status, tokens_per_sec=tps, tokens_per_sec_min=tps and tps * 0.9,
-                        correct=correct, peak_vram_mb=100.0)
+    return LengthResult(
+        seq_len=seq_len,
+        status=status,
+        tokens_per_sec=tps,
+        tokens_per_sec_min=tps and tps * 0.9,
+        correct=correct,
+        peak_vram_mb=100.0,
+    )
 
 
 def report(lengths: list[LengthResult], target: int, verdict: str = PASS) -> EvaluationReport:
     by_key = {str(item.seq_len): item for item in lengths}
     measured = by_key[str(target)].tokens_per_sec if str(target) in by_key else None
-    return EvaluationReport(verdict=verdict, reasons=[] if verdict == PASS else ["x"], repo="r", target_seq_len=target,
-                            seq_lens=sorted(by_key, key=int), device="cuda", device_name="GPU", import_check=None,
-                            lengths=by_key, measured_tokens_per_sec=measured,
-                            recommended_claim=measured and measured * 0.9)
+    return EvaluationReport(
+        verdict=verdict,
+        reasons=[] if verdict == PASS else ["x"],
+        repo="r",
+        target_seq_len=target,
+        seq_lens=sorted(by_key, key=int),
+        device="cuda",
+        device_name="GPU",
+        import_check=None,
+        lengths=by_key,
+        measured_tokens_per_sec=measured,
+        recommended_claim=measured and measured * 0.9,
+    )
 
 
 def test_target_length_maximises_the_weighted_score_that_fits():
-    probe = report([length(100_000, 5e6), length(200_000, 4e6), length(300_000, 3.1e6), length(400_000, 2.4e6),
-                    length(500_000, None, OOM, None)], 500_000, FAIL)
+    probe = report(
+        [
+            length(100_000, 5e6),
+            length(200_000, 4e6),
+            length(300_000, 3.1e6),
+            length(400_000, 2.4e6),
+            length(500_000, None, OOM, None),
+        ],
+        500_000,
+        FAIL,
+    )
     assert choose_target_length(probe) == 300_000  # 3.1M x 1.0 beats 4M x 0.75, 2.4M x 1.25 and 5M x 0.5
     wrong = report([length(100_000, 5e6), length(1_000_000, 9e6, correct=False)], 1_000_000)
     assert choose_target_length(wrong) == 100_000  # a fast but wrong length never counts
@@ -320,13 +365,16 @@ def test_state_round_trips_and_is_written_atomically(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["state.json"]  # no temporary file left
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("{", "is damaged"),
-    ('{"format": 1, "hotkey": 5}', "state.hotkey: expected str"),
-    ('{"format": 1, "hotkey": "h", "best": {"commit": "c"}}', "state.best.target_seq_len: expected int"),
-    ('{"format": 1, "hotkey": "h", "attempts": [{"outcome": "won"}]}', "state.attempts[0]"),
-    ('{"format": 2, "hotkey": "h"}', "format: expected 1"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("{", "is damaged"),
+        ('{"format": 1, "hotkey": 5}', "state.hotkey: expected str"),
+        ('{"format": 1, "hotkey": "h", "best": {"commit": "c"}}', "state.best.target_seq_len: expected int"),
+        ('{"format": 1, "hotkey": "h", "attempts": [{"outcome": "won"}]}', "state.attempts[0]"),
+        ('{"format": 2, "hotkey": "h"}', "format: expected 1"),
+    ],
+)
 def test_a_damaged_state_file_is_a_clear_error(tmp_path, text, message):
     (tmp_path / "state.json").write_text(text)
     with pytest.raises(MinerStateError) as error:

@@ -107,8 +107,9 @@ def test_scan_over_many_chunks_equals_naive_in_float64(gen, length, chunks_per_b
     # blocks that end on and off a power of two, each starting from the state the last one left.
     q, k, v, beta, state = make_core_inputs(gen, 1, length, 2, 16, 8, with_state=True)
     o_naive, s_naive = naive_quasar(q, k, v, beta, state, output_final_state=True)
-    o_chunk, s_chunk = chunk_quasar_reference(q, k, v, beta, state, output_final_state=True,
-                                              chunks_per_block=chunks_per_block)
+    o_chunk, s_chunk = chunk_quasar_reference(
+        q, k, v, beta, state, output_final_state=True, chunks_per_block=chunks_per_block
+    )
     assert relative_error(o_chunk, o_naive) < 1e-10, f"seed {gen.initial_seed()}"
     assert relative_error(s_chunk, s_naive) < 1e-10, f"seed {gen.initial_seed()}"
 

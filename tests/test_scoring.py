@@ -58,8 +58,7 @@ def reference_rank(results, epsilon):
     for hotkey in {r.hotkey for r in eligible}:
         own = [r for r in eligible if r.hotkey == hotkey]
         top = max(reference_score(r) for r in own)
-        best.append(min((r for r in own if reference_score(r) == top),
-                        key=lambda r: (r.submitted_at, r.submission_id)))
+        best.append(min((r for r in own if reference_score(r) == top), key=lambda r: (r.submitted_at, r.submission_id)))
     order = []
     while best:
         m = max(reference_score(r) for r in best)
@@ -70,16 +69,25 @@ def reference_rank(results, epsilon):
     return order
 
 
-def make(hotkey="hk", submission_id=0, submitted_at=0, length=300_000, claimed=1000.0, measured=1000.0,
-         correct=True, logits_ok=True):
+def make(
+    hotkey="hk",
+    submission_id=0,
+    submitted_at=0,
+    length=300_000,
+    claimed=1000.0,
+    measured=1000.0,
+    correct=True,
+    logits_ok=True,
+):
     return Result(hotkey, submission_id, submitted_at, length, claimed, measured, correct, logits_ok)
 
 
 # --- random inputs: weighted scores cluster at a few values and at m/(1+ε)^k (just inside or
 # just outside the margin), with equal submission times common ---
 
-LENGTHS = st.sampled_from([1, 150_000, 199_999, 200_000, 524_288, 999_999, 1_000_000, 1_048_576]) \
-    | st.integers(1, 3_000_000)
+LENGTHS = st.sampled_from([1, 150_000, 199_999, 200_000, 524_288, 999_999, 1_000_000, 1_048_576]) | st.integers(
+    1, 3_000_000
+)
 NUDGES = st.sampled_from([0.0, 0.0, 1e-12, -1e-12, 1e-6, -1e-6, 1e-3, -1e-3]) | st.floats(-0.003, 0.003)
 CLAIM_FACTORS = st.sampled_from([1.0, 1.0, 0.5, 1 / 0.9, 1.05, 1.2, 2.0]) | st.floats(0.3, 1.5)
 EPSILONS = st.sampled_from([0.0, 0.01, 0.01, 0.005, 0.02]) | st.floats(0.0, 0.05)
@@ -95,16 +103,18 @@ def results_lists(draw, max_size=12, hotkeys=4, distinct_hotkeys=False, epsilon=
         steps_below = draw(st.integers(0, 2))
         target_score = draw(st.sampled_from([1e6, 3e6])) / (1 + epsilon) ** steps_below * (1 + draw(NUDGES))
         measured = target_score / reference_league(length)[1]
-        results.append(Result(
-            hotkey=f"hk{index}" if distinct_hotkeys else f"hk{draw(st.integers(0, hotkeys - 1))}",
-            submission_id=ids[index],
-            submitted_at=draw(st.integers(1_763_700_000, 1_763_700_004)),
-            target_sequence_length=length,
-            claimed_tokens_per_sec=measured * draw(CLAIM_FACTORS),
-            measured_tokens_per_sec=measured,
-            correct=draw(st.booleans()) or draw(st.booleans()),
-            logits_ok=draw(st.sampled_from([True, True, None, False])),
-        ))
+        results.append(
+            Result(
+                hotkey=f"hk{index}" if distinct_hotkeys else f"hk{draw(st.integers(0, hotkeys - 1))}",
+                submission_id=ids[index],
+                submitted_at=draw(st.integers(1_763_700_000, 1_763_700_004)),
+                target_sequence_length=length,
+                claimed_tokens_per_sec=measured * draw(CLAIM_FACTORS),
+                measured_tokens_per_sec=measured,
+                correct=draw(st.booleans()) or draw(st.booleans()),
+                logits_ok=draw(st.sampled_from([True, True, None, False])),
+            )
+        )
     return results
 
 
@@ -117,12 +127,26 @@ def ranking_inputs(draw, **options):
 
 # --- leagues ---
 
-@pytest.mark.parametrize(("length", "name", "multiplier"), [
-    (1, "100k", 0.5), (199_999, "100k", 0.5), (200_000, "200k", 0.75), (299_999, "200k", 0.75),
-    (300_000, "300k", 1.0), (499_999, "400k", 1.25), (500_000, "500k", 1.5), (699_999, "600k", 1.75),
-    (700_000, "700k", 2.0), (800_000, "800k", 2.25), (999_999, "900k", 2.5), (1_000_000, "1M", 3.0),
-    (1_048_576, "1M", 3.0), (10**9, "1M", 3.0),
-])
+
+@pytest.mark.parametrize(
+    ("length", "name", "multiplier"),
+    [
+        (1, "100k", 0.5),
+        (199_999, "100k", 0.5),
+        (200_000, "200k", 0.75),
+        (299_999, "200k", 0.75),
+        (300_000, "300k", 1.0),
+        (499_999, "400k", 1.25),
+        (500_000, "500k", 1.5),
+        (699_999, "600k", 1.75),
+        (700_000, "700k", 2.0),
+        (800_000, "800k", 2.25),
+        (999_999, "900k", 2.5),
+        (1_000_000, "1M", 3.0),
+        (1_048_576, "1M", 3.0),
+        (10**9, "1M", 3.0),
+    ],
+)
 def test_league_boundaries(length, name, multiplier):
     league = scoring.league_for(length)
     assert (league.name, league.multiplier) == (name, multiplier)
@@ -142,6 +166,7 @@ def test_league_rejects_non_positive_or_non_integer_lengths(length):
 
 
 # --- one result: eligibility, verified and weighted scores ---
+
 
 def test_eligibility_rules():
     assert scoring.is_eligible(make())
@@ -169,8 +194,10 @@ def test_verified_and_weighted_scores():
 def test_raising_a_claim_above_measured_never_raises_the_score(results, lower, higher):
     (result,) = results
     lower, higher = sorted((lower, higher))
-    at = [dataclasses.replace(result, claimed_tokens_per_sec=result.measured_tokens_per_sec * factor)
-          for factor in (1.0, lower, higher)]
+    at = [
+        dataclasses.replace(result, claimed_tokens_per_sec=result.measured_tokens_per_sec * factor)
+        for factor in (1.0, lower, higher)
+    ]
     honest, low_claim, high_claim = (scoring.weighted_score(r) for r in at)
     assert honest >= low_claim >= high_claim
 
@@ -185,7 +212,8 @@ def test_raising_a_claim_never_raises_the_hotkeys_ranked_score(results, data):
     before, after = list(results), list(results)
     before[index] = dataclasses.replace(target, claimed_tokens_per_sec=claim_at_or_above_measured)
     after[index] = dataclasses.replace(
-        target, claimed_tokens_per_sec=claim_at_or_above_measured * data.draw(st.floats(1.0, 50.0)))
+        target, claimed_tokens_per_sec=claim_at_or_above_measured * data.draw(st.floats(1.0, 50.0))
+    )
 
     def score_of_hotkey(ranking):
         return next((p.weighted_score for p in ranking.placements if p.hotkey == target.hotkey), 0.0)
@@ -195,27 +223,31 @@ def test_raising_a_claim_never_raises_the_hotkeys_ranked_score(results, data):
 
 # --- validation of one result ---
 
-@pytest.mark.parametrize(("field", "value", "message"), [
-    ("hotkey", "", "expected a non-empty string, got ''"),
-    ("hotkey", 5, "expected a non-empty string, got 5"),
-    ("submission_id", -1, "expected an integer of at least 0, got -1"),
-    ("submission_id", "7", "expected an integer of at least 0, got '7'"),
-    ("submission_id", True, "expected an integer of at least 0, got true"),
-    ("submitted_at", -1.0, "expected a non-negative number, got -1.0"),
-    ("submitted_at", float("inf"), "expected a finite number, got inf"),
-    ("target_sequence_length", 0, "expected a positive integer, got 0"),
-    ("target_sequence_length", 1e6, "expected a positive integer, got 1000000.0"),
-    ("claimed_tokens_per_sec", 0, "expected a positive number, got 0"),
-    ("claimed_tokens_per_sec", float("inf"), "expected at most 1e+15, got inf"),
-    ("claimed_tokens_per_sec", 1e16, "expected at most 1e+15, got 1e+16"),
-    ("measured_tokens_per_sec", "fast", "expected a non-negative number, got 'fast'"),
-    ("measured_tokens_per_sec", float("nan"), "expected a non-negative number, got nan"),
-    ("measured_tokens_per_sec", False, "expected a non-negative number, got false"),
-    ("measured_tokens_per_sec", 10**400, "expected at most 1e+15, got 1000000000000000000000000000000000000..."),
-    ("correct", None, "expected true or false, got null"),
-    ("correct", 1, "expected true or false, got 1"),
-    ("logits_ok", "yes", "expected true, false or null, got 'yes'"),
-])
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("hotkey", "", "expected a non-empty string, got ''"),
+        ("hotkey", 5, "expected a non-empty string, got 5"),
+        ("submission_id", -1, "expected an integer of at least 0, got -1"),
+        ("submission_id", "7", "expected an integer of at least 0, got '7'"),
+        ("submission_id", True, "expected an integer of at least 0, got true"),
+        ("submitted_at", -1.0, "expected a non-negative number, got -1.0"),
+        ("submitted_at", float("inf"), "expected a finite number, got inf"),
+        ("target_sequence_length", 0, "expected a positive integer, got 0"),
+        ("target_sequence_length", 1e6, "expected a positive integer, got 1000000.0"),
+        ("claimed_tokens_per_sec", 0, "expected a positive number, got 0"),
+        ("claimed_tokens_per_sec", float("inf"), "expected at most 1e+15, got inf"),
+        ("claimed_tokens_per_sec", 1e16, "expected at most 1e+15, got 1e+16"),
+        ("measured_tokens_per_sec", "fast", "expected a non-negative number, got 'fast'"),
+        ("measured_tokens_per_sec", float("nan"), "expected a non-negative number, got nan"),
+        ("measured_tokens_per_sec", False, "expected a non-negative number, got false"),
+        ("measured_tokens_per_sec", 10**400, "expected at most 1e+15, got 1000000000000000000000000000000000000..."),
+        ("correct", None, "expected true or false, got null"),
+        ("correct", 1, "expected true or false, got 1"),
+        ("logits_ok", "yes", "expected true, false or null, got 'yes'"),
+    ],
+)
 def test_invalid_field_is_named(field, value, message):
     good = dataclasses.asdict(make())
     with pytest.raises(InvalidResult) as raised:
@@ -230,6 +262,7 @@ def test_numbers_are_normalised_so_equal_results_compare_equal():
 
 
 # --- ranking: examples worked by hand ---
+
 
 def scores_at(*entries, epsilon=0.01):
     """Rank one result per hotkey from (score, submitted_at, submission_id) in the ×1.0 league."""
@@ -299,6 +332,7 @@ def test_rank_rejects_duplicate_submission_ids():
 
 # --- ranking: properties and the reference on random inputs ---
 
+
 @settings(max_examples=300, deadline=None)
 @given(ranking_inputs())
 def test_rank_matches_the_reference(inputs):
@@ -336,13 +370,16 @@ def test_ranking_properties(inputs, random):
 
 
 def test_zero_epsilon_is_plain_score_order_with_earlier_first_on_exact_ties():
-    results = [make(f"hk{i}", i, t, claimed=s, measured=s) for i, (s, t) in enumerate(
-        [(100.0, 4), (100.0, 2), (100.00001, 9), (50.0, 1), (100.0, 2)])]
+    results = [
+        make(f"hk{i}", i, t, claimed=s, measured=s)
+        for i, (s, t) in enumerate([(100.0, 4), (100.0, 2), (100.00001, 9), (50.0, 1), (100.0, 2)])
+    ]
     placed = [p.submission_id for p in scoring.rank(results, 0).placements]
     assert placed == [2, 1, 4, 0, 3]
 
 
 # --- JSON input ---
+
 
 def example_entries():
     return json.loads(EXAMPLE.read_text())
@@ -358,10 +395,13 @@ def test_results_from_json_ignores_unknown_keys():
     assert scoring.results_from_json([entry])[0].submission_id == 101
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"a": 1}, "expected a JSON list of result objects, got a JSON dict"),
-    ([1], "entry 0: expected an object with keys hotkey, submission_id"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"a": 1}, "expected a JSON list of result objects, got a JSON dict"),
+        ([1], "entry 0: expected an object with keys hotkey, submission_id"),
+    ],
+)
 def test_results_from_json_rejects_wrong_shapes(data, message):
     with pytest.raises(ScoringInputError, match=message):
         scoring.results_from_json(data)
@@ -383,16 +423,30 @@ def test_results_from_json_names_entry_and_field():
 
 EXPECTED_EXAMPLE = {
     "ranking": [
-        {"hotkey": "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY", "submission_id": 105,
-         "weighted_score": 78_150_000.0, "place": 1},
-        {"hotkey": "5CiPPseXPECbkjWCa6MnjNokrgYjMqmKndv2rSnekmSK2DjL", "submission_id": 106,
-         "weighted_score": 78_600_000.0, "place": 2},
-        {"hotkey": "5FHneW46xGXgs5mUiveU4sbTyGBzmstUspZC92UhjJM694ty", "submission_id": 102,
-         "weighted_score": 60_000_000.0, "place": 3},
+        {
+            "hotkey": "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY",
+            "submission_id": 105,
+            "weighted_score": 78_150_000.0,
+            "place": 1,
+        },
+        {
+            "hotkey": "5CiPPseXPECbkjWCa6MnjNokrgYjMqmKndv2rSnekmSK2DjL",
+            "submission_id": 106,
+            "weighted_score": 78_600_000.0,
+            "place": 2,
+        },
+        {
+            "hotkey": "5FHneW46xGXgs5mUiveU4sbTyGBzmstUspZC92UhjJM694ty",
+            "submission_id": 102,
+            "weighted_score": 60_000_000.0,
+            "place": 3,
+        },
     ],
-    "weights": {"5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY": 0.6,
-                "5CiPPseXPECbkjWCa6MnjNokrgYjMqmKndv2rSnekmSK2DjL": 0.25,
-                "5FHneW46xGXgs5mUiveU4sbTyGBzmstUspZC92UhjJM694ty": 0.1},
+    "weights": {
+        "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY": 0.6,
+        "5CiPPseXPECbkjWCa6MnjNokrgYjMqmKndv2rSnekmSK2DjL": 0.25,
+        "5FHneW46xGXgs5mUiveU4sbTyGBzmstUspZC92UhjJM694ty": 0.1,
+    },
     "unassigned": 0.05,
 }
 
@@ -400,8 +454,15 @@ EXPECTED_EXAMPLE = {
 def run_cli(args, cwd, stdin=None, **environ):
     env = {key: value for key, value in os.environ.items() if key != "TIE_EPSILON"}
     env.update(PYTHONPATH=str(ROOT), **environ)
-    return subprocess.run([sys.executable, "-m", "quasar.scoring", *args], cwd=cwd, env=env, input=stdin,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "quasar.scoring", *args],
+        cwd=cwd,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_cli_ranks_the_example(tmp_path):
@@ -414,8 +475,9 @@ def test_cli_epsilon_from_environment_and_flag(tmp_path):
     swapped = [EXPECTED_EXAMPLE["ranking"][i]["hotkey"] for i in (1, 0, 2)]
     from_env = run_cli(["--input", str(EXAMPLE)], tmp_path, TIE_EPSILON="0")
     assert [e["hotkey"] for e in json.loads(from_env.stdout)["ranking"]] == swapped
-    flag_beats_env = run_cli(["--input", "-", "--epsilon", "0.01"], tmp_path, stdin=EXAMPLE.read_text(),
-                             TIE_EPSILON="0")
+    flag_beats_env = run_cli(
+        ["--input", "-", "--epsilon", "0.01"], tmp_path, stdin=EXAMPLE.read_text(), TIE_EPSILON="0"
+    )
     assert json.loads(flag_beats_env.stdout) == EXPECTED_EXAMPLE
 
 
@@ -440,14 +502,17 @@ def test_cli_malformed_entry_exits_2_naming_entry_and_field(tmp_path):
     assert "Traceback" not in done.stderr and done.stdout == ""
 
 
-@pytest.mark.parametrize(("content", "args", "message"), [
-    (None, [], "cannot read"),
-    ("[{\"hotkey\": ", [], "is not valid JSON: Expecting value at line 1 column 13"),
-    (b"\xff\xfe[]", [], "cannot read"),
-    ("{}", [], "expected a JSON list of result objects"),
-    ("[]", ["--epsilon", "-1"], "--scoring.epsilon (from command line): must be at least 0.0"),
-    ("[]", ["--epsilon", "inf"], "epsilon must be a finite number >= 0, got inf"),
-])
+@pytest.mark.parametrize(
+    ("content", "args", "message"),
+    [
+        (None, [], "cannot read"),
+        ('[{"hotkey": ', [], "is not valid JSON: Expecting value at line 1 column 13"),
+        (b"\xff\xfe[]", [], "cannot read"),
+        ("{}", [], "expected a JSON list of result objects"),
+        ("[]", ["--epsilon", "-1"], "--scoring.epsilon (from command line): must be at least 0.0"),
+        ("[]", ["--epsilon", "inf"], "epsilon must be a finite number >= 0, got inf"),
+    ],
+)
 def test_cli_bad_files_and_settings_exit_2(tmp_path, monkeypatch, capsys, content, args, message):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("TIE_EPSILON", raising=False)

@@ -6,11 +6,10 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import subprocess
 import sys
-import tomllib
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from quasar.starter_fork import (
     template_files,
     write_starter_fork,
 )
+from tests.gitrepo import git
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,10 +45,6 @@ REQUIRED_FILES = {
     "pyproject.toml",
     ".gitignore",
 }
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -126,11 +122,16 @@ def test_cli_writes_the_fork_and_prints_path_and_commit(tmp_path, capsys, fork):
 def test_cli_runs_as_python_dash_m_quasar(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "quasar", "starter-fork", str(tmp_path / "m")],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert git(tmp_path / "m", "rev-parse", "HEAD") in result.stdout
-    bad = subprocess.run([sys.executable, "-m", "quasar", "no-such-command"], cwd=REPO_ROOT, capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "quasar", "no-such-command"], cwd=REPO_ROOT, capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "unknown command 'no-such-command'" in bad.stderr
 
 
@@ -142,14 +143,30 @@ def test_fork_is_standalone_and_never_imports_quasar(fork):
                 imported |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0:
                 imported.add(node.module.split(".")[0])
-    assert imported <= {"__future__", "contextlib", "dataclasses", "functools", "inspect", "json", "os", "pathlib", "typing",
-                        "collections", "torch", "triton", "fla"}, imported
+    assert imported <= {
+        "__future__",
+        "contextlib",
+        "dataclasses",
+        "functools",
+        "inspect",
+        "json",
+        "os",
+        "pathlib",
+        "typing",
+        "collections",
+        "torch",
+        "triton",
+        "fla",
+    }, imported
 
 
 def test_fork_passes_the_strict_import_check(fork):
     result = subprocess.run(
         [sys.executable, "-m", "quasar.imports", str(fork[0]), "--profile", "strict", "--require-cu"],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -328,11 +345,14 @@ def random_inputs(lengths, heads=2, dim=16, dtype=torch.float64, key_scale=0.3, 
     return q, k, v, beta, h0, cu
 
 
-def naive_per_sequence(q, k, v, beta, h0, cu):
+def per_sequence(recurrence, q, k, v, beta, h0, cu_seqlens):
+    """``recurrence`` (a reference form: ``naive_quasar``, ``chunk_quasar_reference``) run on each
+    sequence packed at the offsets ``cu_seqlens``: the outputs and final states an op returns."""
+    bounds = [int(bound) for bound in cu_seqlens.tolist()]
     outputs, states = [], []
-    for n in range(len(cu) - 1):
-        a, b = int(cu[n]), int(cu[n + 1])
-        o, s = naive_quasar(q[:, a:b], k[:, a:b], v[:, a:b], beta, h0[n : n + 1], output_final_state=True)
+    for n in range(len(bounds) - 1):
+        a, b = bounds[n], bounds[n + 1]
+        o, s = recurrence(q[:, a:b], k[:, a:b], v[:, a:b], beta, h0[n : n + 1], output_final_state=True)
         outputs.append(o)
         states.append(s)
     return torch.cat(outputs, 1), torch.cat(states)
@@ -345,7 +365,7 @@ def test_pytorch_paths_match_naive_in_float64(fla, op_name):
     op = getattr(ops, op_name)
     q, k, v, beta, h0, cu = random_inputs([70, 5, 0, 130])
     o, final = op(q, k, v, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
-    expected_o, expected_final = naive_per_sequence(q, k, v, beta, h0, cu)
+    expected_o, expected_final = per_sequence(naive_quasar, q, k, v, beta, h0, cu)
     assert o.dtype == torch.float64
     assert relative_error(o, expected_o) < 1e-12 and relative_error(final, expected_final) < 1e-12
 
@@ -429,7 +449,8 @@ COMPILE_SCRIPT = textwrap.dedent(
                               target=GPUTarget("cuda", 90, 32), options=spec["options"])
     cubin = Path(sys.argv[2]) / "kernel.cubin"
     cubin.write_bytes(compiled.asm["cubin"])
-    usage = subprocess.run([str(tool), "--dump-resource-usage", str(cubin)], capture_output=True, text=True, check=True).stdout
+    usage = subprocess.run([str(tool), "--dump-resource-usage", str(cubin)], capture_output=True, text=True,
+                           check=True).stdout
     sass = subprocess.run([str(tool), "--dump-sass", str(cubin)], capture_output=True, text=True, check=True).stdout
     print(json.dumps({"triton": triton.__version__, "registers": int(re.search(r"REG:(\\d+)", usage).group(1)),
                       "stores": re.findall(r"\\bSTG\\.E[.\\w]*", sass),
@@ -450,10 +471,18 @@ def compiled_for_h100(fork: Path, spec: dict, folder: Path, compiler: str = "ins
     env = {**os.environ, "TRITON_CACHE_DIR": str(folder / "cache")}
     if compiler == "gpu-image":
         if not (GPU_IMAGE_TRITON / "triton").is_dir():
-            pytest.fail(f"{GPU_IMAGE_TRITON} is missing: ./scripts/setup_venv.sh installs it (pyproject.toml's gpu-image-triton)")
+            pytest.fail(
+                f"{GPU_IMAGE_TRITON} is missing: ./scripts/setup_venv.sh installs it "
+                "(pyproject.toml's gpu-image-triton)"
+            )
         env["PYTHONPATH"] = str(GPU_IMAGE_TRITON)
-    result = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT, str(fork), str(folder), json.dumps(spec)],
-                            env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", COMPILE_SCRIPT, str(fork), str(folder), json.dumps(spec)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     compiled = json.loads(result.stdout.strip().splitlines()[-1])
     if "missing" in compiled:
@@ -466,11 +495,31 @@ def compiled_for_h100(fork: Path, spec: dict, folder: Path, compiler: str = "ins
 def wy_kernel_spec(tuning) -> dict:
     """:func:`compiled_for_h100`'s spec of the WY kernel at the benchmark's sizes under ``tuning``,
     without its launch options."""
-    return {"module": "fla.ops.quasar.wy", "kernel": "chunk_quasar_wy_kernel",
-            "types": {"k": "*bf16", "v": "*bf16", "beta": "*fp32", "w": "*bf16", "u": "*bf16", "seq_len": "i32",
-                      "chunks_per_sequence": "i32"},
-            "constants": {"cu_seqlens": None, "chunk_indices": None, "H": 8, "K": 64, "V": 64, "BK": 64, "BV": 64,
-                          "PRECISION": "bf16", "INVERSE": tuning.wy_inverse, "IS_VARLEN": False}}
+    return {
+        "module": "fla.ops.quasar.wy",
+        "kernel": "chunk_quasar_wy_kernel",
+        "types": {
+            "k": "*bf16",
+            "v": "*bf16",
+            "beta": "*fp32",
+            "w": "*bf16",
+            "u": "*bf16",
+            "seq_len": "i32",
+            "chunks_per_sequence": "i32",
+        },
+        "constants": {
+            "cu_seqlens": None,
+            "chunk_indices": None,
+            "H": 8,
+            "K": 64,
+            "V": 64,
+            "BK": 64,
+            "BV": 64,
+            "PRECISION": "bf16",
+            "INVERSE": tuning.wy_inverse,
+            "IS_VARLEN": False,
+        },
+    }
 
 
 @pytest.mark.slow
@@ -481,8 +530,9 @@ def test_the_wy_register_cap_reaches_the_compiler(fork, fla, tmp_path):
     tuning = load_tuning(device="NVIDIA H100 80GB HBM3")
     assert tuning.wy_maxnreg == 168
     spec = wy_kernel_spec(tuning)
-    capped = compiled_for_h100(fork[0], {**spec, "options": wy.launch_options(tuning.wy_warps, tuning.wy_maxnreg)},
-                               tmp_path)["registers"]
+    capped = compiled_for_h100(
+        fork[0], {**spec, "options": wy.launch_options(tuning.wy_warps, tuning.wy_maxnreg)}, tmp_path
+    )["registers"]
     free = compiled_for_h100(fork[0], {**spec, "options": wy.launch_options(tuning.wy_warps, 0)}, tmp_path)["registers"]
     assert capped <= tuning.wy_maxnreg < free, (capped, free)
 
@@ -513,11 +563,21 @@ def test_the_conv_kernel_stores_whole_vectors(fork, fla, tmp_path, compiler):
     from fla.ops.quasar.layer_kernels import CONV_BLOCK
 
     tokens, channels, warps = CONV_BLOCK
-    spec = {"module": "fla.ops.quasar.layer_kernels", "kernel": "causal_conv_silu_kernel",
-            "types": {"x": "*bf16", "w": "*fp32", "y": "*bf16", "B": "i32", "T": "i32", "stride_xb": "i32",
-                      "stride_xt": "i32"},
-            "constants": {"CG": 512, "W": 4, "BT": tokens, "BC": channels, "EVEN_T": True},
-            "options": {"num_warps": warps}}
+    spec = {
+        "module": "fla.ops.quasar.layer_kernels",
+        "kernel": "causal_conv_silu_kernel",
+        "types": {
+            "x": "*bf16",
+            "w": "*fp32",
+            "y": "*bf16",
+            "B": "i32",
+            "T": "i32",
+            "stride_xb": "i32",
+            "stride_xt": "i32",
+        },
+        "constants": {"CG": 512, "W": 4, "BT": tokens, "BC": channels, "EVEN_T": True},
+        "options": {"num_warps": warps},
+    }
     compiled = compiled_for_h100(fork[0], spec, tmp_path, compiler)
     assert compiled["stores"] and set(compiled["stores"]) == {"STG.E.128"}, compiled
 
@@ -592,7 +652,8 @@ INTERPRETER_SCRIPT = textwrap.dedent(
     from fla.ops.quasar.chunk import chunk_quasar_fwd
     from fla.ops.quasar.tuning import DEFAULTS
     q, k, v, beta, h0, cu = inputs([70, 5, 55], 2, 64, 0.15, 8)
-    o, ht = chunk_quasar_fwd(q, k, v, beta, h0, True, cu, tuning=dataclasses.replace(DEFAULTS, wy_inverse="substitution"))
+    substitution = dataclasses.replace(DEFAULTS, wy_inverse="substitution")
+    o, ht = chunk_quasar_fwd(q, k, v, beta, h0, True, cu, tuning=substitution)
     record("chunk-substitution-inverse", o, ht, *exact(q, k, v, beta, h0, cu))
 
     # the substitution and the product by themselves
@@ -620,7 +681,11 @@ def interpreted(fork):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
     result = subprocess.run(
         [sys.executable, "-c", INTERPRETER_SCRIPT, str(fork[0])],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -655,4 +720,3 @@ def test_unit_lower_inverse_kernel_inverts(interpreted, method):
 @pytest.mark.slow
 def test_triton_chunk_backward_matches_autograd(interpreted):
     assert max(interpreted["backward"].values()) < 1e-5, interpreted["backward"]
-

@@ -4,6 +4,7 @@ the benchmark's lengths (and 1M tokens), the Triton ops in fp32 and bf16, and th
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import shutil
 import sys
@@ -13,6 +14,7 @@ import torch
 
 from quasar.reference import QuasarAttentionReference, chunk_quasar_reference, relative_error
 from quasar.starter_fork import copy_starter_tree
+from test_starter_fork import per_sequence
 
 pytestmark = [
     pytest.mark.gpu,
@@ -57,7 +59,7 @@ def benchmark_layers(seed: int):
 def eighths_errors(out: torch.Tensor, expected: torch.Tensor) -> list[float]:
     length = out.shape[1]
     bounds = [length * i // 8 for i in range(9)]
-    return [relative_error(out[:, a:b], expected[:, a:b]) for a, b in zip(bounds, bounds[1:])]
+    return [relative_error(out[:, a:b], expected[:, a:b]) for a, b in itertools.pairwise(bounds)]
 
 
 @pytest.mark.parametrize("length", [512, 1024, 2048, 65_536, 262_144])
@@ -93,17 +95,6 @@ def random_qkv(batch, length, heads=8, dim=64, dtype=torch.float32, seed=0):
     return q.to(dtype), (k * 0.25).to(dtype), v.to(dtype), beta, h0
 
 
-def reference_per_sequence(q, k, v, beta, h0, cu_seqlens):
-    bounds = cu_seqlens.tolist()
-    outs, states = [], []
-    for n in range(len(bounds) - 1):
-        a, b = bounds[n], bounds[n + 1]
-        o, s = chunk_quasar_reference(q[:, a:b], k[:, a:b], v[:, a:b], beta, h0[n : n + 1], output_final_state=True)
-        outs.append(o)
-        states.append(s)
-    return torch.cat(outs, 1), torch.cat(states)
-
-
 @pytest.mark.parametrize("op_name", ["chunk_quasar", "fused_recurrent_quasar"])
 def test_triton_ops_match_reference_in_fp32(fla, op_name):
     import fla.ops.quasar as ops
@@ -119,7 +110,7 @@ def test_triton_ops_match_reference_in_fp32(fla, op_name):
     q, k, v, beta, h0 = random_qkv(1, 4097, seed=1)
     h0 = torch.randn(4, 8, 64, 64, device=CUDA) * 0.1
     o, final = op(q, k, v, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens)
-    expected_o, expected_final = reference_per_sequence(q, k, v, beta, h0, cu_seqlens)
+    expected_o, expected_final = per_sequence(chunk_quasar_reference, q, k, v, beta, h0, cu_seqlens)
     assert relative_error(o, expected_o) < FP32_TOLERANCE
     assert relative_error(final, expected_final) < FP32_TOLERANCE
 
@@ -152,8 +143,10 @@ def test_cuda_kernel_matches_reference(fla, dtype):
     cu_seqlens = torch.tensor([0, 700, 703, 1500], device=CUDA, dtype=torch.int32)
     q, k, v, beta, _ = random_qkv(1, 1500, dtype=dtype, seed=4)
     h0 = torch.randn(3, 8, 64, 64, device=CUDA) * 0.1
-    o, final = fused_recurrent_quasar_cuda(q, k, v, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens)
-    expected_o, expected_final = reference_per_sequence(q, k, v, beta, h0, cu_seqlens)
+    o, final = fused_recurrent_quasar_cuda(
+        q, k, v, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu_seqlens
+    )
+    expected_o, expected_final = per_sequence(chunk_quasar_reference, q, k, v, beta, h0, cu_seqlens)
     assert relative_error(o, expected_o) < tolerance
     assert relative_error(final, expected_final) < tolerance
 
@@ -173,7 +166,7 @@ def test_chunk_matches_reference_for_each_segment_size(fla, segment_chunks, dtyp
     h0 = torch.randn(5, 8, 64, 64, device=CUDA) * 0.1
     tuning = QuasarTuning(segment_chunks=segment_chunks)
     o, final = chunk_quasar_fwd(q, k, v, beta, h0, True, cu_seqlens, tuning)
-    expected_o, expected_final = reference_per_sequence(q, k, v, beta, h0, cu_seqlens)
+    expected_o, expected_final = per_sequence(chunk_quasar_reference, q, k, v, beta, h0, cu_seqlens)
     assert relative_error(o, expected_o) < tolerance
     assert relative_error(final, expected_final) < tolerance
 
@@ -197,8 +190,11 @@ def tuned(folder, values: dict):
 def test_layer_tiles_match_one_pass(fla, tmp_path):
     layer, reference = benchmark_layers(seed=5)
     x = torch.randn(1, 20_000, 512, device=CUDA)
-    with tuned(tmp_path, {"layer_tile_tokens": 4096}), torch.inference_mode(), \
-            torch.autocast(CUDA, dtype=torch.bfloat16):
+    with (
+        tuned(tmp_path, {"layer_tile_tokens": 4096}),
+        torch.inference_mode(),
+        torch.autocast(CUDA, dtype=torch.bfloat16),
+    ):
         tiled = layer(x)[0]
     with torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
         whole = layer(x)[0]
@@ -214,8 +210,11 @@ def test_output_pass_convolving_q_matches_the_conv_kernel(fla, tmp_path):
     x = torch.randn(2, 9000 + 37, 512, device=CUDA)
     outputs = {}
     for fused in ("", "q"):
-        with tuned(tmp_path, {"layer_tile_tokens": 4096, "fused_conv": fused, "fused_conv_min_tokens": 0}), \
-                torch.inference_mode(), torch.autocast(CUDA, dtype=torch.bfloat16):
+        with (
+            tuned(tmp_path, {"layer_tile_tokens": 4096, "fused_conv": fused, "fused_conv_min_tokens": 0}),
+            torch.inference_mode(),
+            torch.autocast(CUDA, dtype=torch.bfloat16),
+        ):
             outputs[fused] = layer(x)[0]
     expected = reference(x)[0]
     for out in outputs.values():

@@ -29,8 +29,9 @@ import pytest
 
 ENDPOINT = os.environ.get("SUBTENSOR_TEST_ENDPOINT", "")
 
-pytestmark = pytest.mark.skipif(not ENDPOINT, reason="set SUBTENSOR_TEST_ENDPOINT=ws://HOST:PORT to run against a "
-                                                     "subtensor node")
+pytestmark = pytest.mark.skipif(
+    not ENDPOINT, reason="set SUBTENSOR_TEST_ENDPOINT=ws://HOST:PORT to run against a subtensor node"
+)
 
 OWNER_URI = os.environ.get("SUBTENSOR_TEST_OWNER_URI", "//Alice")
 TEMPO = 10  # blocks: a reveal comes within seconds on a fast-block node
@@ -84,8 +85,12 @@ def node():
         succeeded(created)
         netuid = int(created.data["netuid"])
         # A new subnet starts inactive until its owner's start_call, allowed after the chain's delay.
-        wait_for(lambda: client.execute(StartCall(netuid=netuid), owner).success, SETUP_TIMEOUT_S,
-                 f"start_call of subnet {netuid}", poll_s=5.0)
+        wait_for(
+            lambda: client.execute(StartCall(netuid=netuid), owner).success,
+            SETUP_TIMEOUT_S,
+            f"start_call of subnet {netuid}",
+            poll_s=5.0,
+        )
     succeeded(client.execute(BurnedRegister(netuid=netuid, hotkey_ss58=miner.hotkey.ss58_address), miner))
     succeeded(client.execute(SetHyperparameter(netuid=netuid, name="tempo", value=TEMPO), owner))
     yield client, owner, miner, netuid
@@ -161,12 +166,16 @@ def test_commit_reveal_set_weights(node, chain):
     owner_uid = graph.by_hotkey(owner.hotkey.ss58_address).uid
     miner_uid = graph.by_hotkey(miner.hotkey.ss58_address).uid
     weights = {owner_uid: 1.0, miner_uid: 3.0}
-    submission = set_weights_when_allowed(chain, owner, weights, {owner_uid: owner.hotkey.ss58_address,
-                                                                  miner_uid: miner.hotkey.ss58_address})
+    submission = set_weights_when_allowed(
+        chain, owner, weights, {owner_uid: owner.hotkey.ss58_address, miner_uid: miner.hotkey.ss58_address}
+    )
     assert submission.committed
     reveal_s = (chain.hyperparameters().reveal_period_epochs + 2) * TEMPO * chain.block_time_s + 120
-    assert wait_for(lambda: owner_row(node, chain).get(miner_uid) == pytest.approx(0.75, abs=1e-3), reveal_s,
-                    "the chain to reveal the committed weights")
+    assert wait_for(
+        lambda: owner_row(node, chain).get(miner_uid) == pytest.approx(0.75, abs=1e-3),
+        reveal_s,
+        "the chain to reveal the committed weights",
+    )
 
 
 def test_the_api_location_round_trips_through_the_subnet_identity(node, chain):

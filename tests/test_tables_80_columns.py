@@ -23,19 +23,36 @@ LENGTHS = (512, 1024, 2048, 1_000_000)
 
 def random_report(rng: random.Random) -> EvaluationReport:
     report = EvaluationReport(
-        verdict="fail", reasons=["T=2,048: the output differs from the reference"],
-        repo="/home/miner/work/flash-linear-attention", target_seq_len=1_000_000, seq_lens=list(LENGTHS),
-        device="cuda", device_name="NVIDIA H100 80GB HBM3", import_check=ImportCheck(True, "core"), lengths={},
-        league="1M", multiplier=3.0, measured_tokens_per_sec=rng.uniform(1e7, 2e8),
+        verdict="fail",
+        reasons=["T=2,048: the output differs from the reference"],
+        repo="/home/miner/work/flash-linear-attention",
+        target_seq_len=1_000_000,
+        seq_lens=list(LENGTHS),
+        device="cuda",
+        device_name="NVIDIA H100 80GB HBM3",
+        import_check=ImportCheck(True, "core"),
+        lengths={},
+        league="1M",
+        multiplier=3.0,
+        measured_tokens_per_sec=rng.uniform(1e7, 2e8),
     )
     for length in LENGTHS:
         rate = rng.uniform(1e5, 3e8)
         report.lengths[str(length)] = LengthResult(
-            seq_len=length, status=rng.choice([OK, OK, NEEDS_GPU]), tokens_per_sec=rate,
-            tokens_per_sec_min=rate * 0.97, tokens_per_sec_max=rate * 1.02, cv=rng.uniform(0, 0.05),
-            timing="cuda-graph", peak_vram_mb=rng.uniform(10, 80_000), rel_error=rng.uniform(1e-3, 1e-1),
-            rel_error_eighths=[rng.uniform(1e-3, 1e-1)] * 8, finite=True, repeat_agree=rng.random() > 0.2,
-            correct=rng.random() > 0.2)
+            seq_len=length,
+            status=rng.choice([OK, OK, NEEDS_GPU]),
+            tokens_per_sec=rate,
+            tokens_per_sec_min=rate * 0.97,
+            tokens_per_sec_max=rate * 1.02,
+            cv=rng.uniform(0, 0.05),
+            timing="cuda-graph",
+            peak_vram_mb=rng.uniform(10, 80_000),
+            rel_error=rng.uniform(1e-3, 1e-1),
+            rel_error_eighths=[rng.uniform(1e-3, 1e-1)] * 8,
+            finite=True,
+            repeat_agree=rng.random() > 0.2,
+            correct=rng.random() > 0.2,
+        )
     return report
 
 
@@ -49,10 +66,13 @@ def test_the_evaluation_report_fits_80_columns_with_every_figure_whole():
     rng = random.Random()
     for _ in range(20):
         report = random_report(rng)
-        lines = rendered(80, lambda console: render_report(report, console))
+        lines = rendered(80, lambda console, report=report: render_report(report, console))
         assert max(len(line) for line in lines) <= 80
-        rows = {line.split()[0]: line for line in lines if line.strip() and line.split()[0] in
-                {f"{length:,}" for length in LENGTHS}}
+        rows = {
+            line.split()[0]: line
+            for line in lines
+            if line.strip() and line.split()[0] in {f"{length:,}" for length in LENGTHS}
+        }
         assert len(rows) == len(LENGTHS), lines
         for length in LENGTHS:
             item = report.lengths[str(length)]
@@ -76,15 +96,42 @@ def test_a_wide_terminal_gets_every_column():
 
 def test_the_tuning_table_fits_80_columns_with_every_figure_whole():
     rng = random.Random()
+    # step 2's default sweep: the current tuning and 18 configurations at its three lengths, one
+    # line a configuration.
+    lengths = step2.DEFAULT_SEQ_LENS
+    results = [
+        step2.SweepResult(
+            tuning=tuning,
+            passed=index != 2,
+            reasons=[],
+            current=index == 0,
+            tokens_per_sec={length: rng.uniform(1e6, 3e8) for length in lengths},
+        )
+        for index, tuning in enumerate([{}, *step2.DEFAULT_GRID])
+    ]
+    choice = step2.choose(results)
+    lines = rendered(80, lambda console: console.print(step2.render_table(results, choice)))
+    assert max(len(line) for line in lines) <= 80
+    for result in results:
+        row = next(line for line in lines if f"{result.tokens_per_sec[65_536] / 1e6:.2f} M" in line)
+        values = {"wy_inverse": "product", "wy_maxnreg": 168, **result.tuning}
+        assert all(f"{rate / 1e6:.2f} M" in row for rate in result.tokens_per_sec.values()), row
+        assert f" {values['wy_inverse']} " in row and f" {values['wy_maxnreg']} " in row, row
+        assert row.split()[-1] == step2.verdict_of(result, choice), row
+    assert "current" in next(line for line in lines if f"{results[0].tokens_per_sec[65_536] / 1e6:.2f} M" in line)
+    # More lengths than fit beside the tunables: a tunable's value may wrap, never a figure.
     results = []
     for index in range(6):
-        tuning = {"segment_chunks": rng.choice([8, 16, 32]), "wy_warps": rng.choice([2, 4, 8]),
-                  "layer_tile_tokens": 65536 * (index + 1)}
+        tuning = {
+            "segment_chunks": rng.choice([8, 16, 32]),
+            "wy_warps": rng.choice([2, 4, 8]),
+            "wy_inverse": ("substitution", "product")[index % 2],
+            "layer_tile_tokens": 65536 * (index + 1),
+        }
         rates = {length: rng.uniform(1e6, 3e8) for length in LENGTHS}
         results.append(step2.SweepResult(tuning=tuning, passed=index != 2, tokens_per_sec=rates, reasons=[]))
-    lines = rendered(80, lambda console: console.print(step2.render_table(results, results[0])))
+    lines = rendered(80, lambda console: console.print(step2.render_table(results, step2.choose(results))))
     assert max(len(line) for line in lines) <= 80
-    text = "\n".join(lines)
     for result in results:
-        for rate in result.tokens_per_sec.values():
-            assert f"{rate / 1e6:.2f} M" in text
+        row = next(line for line in lines if f"{result.tokens_per_sec[512] / 1e6:.2f} M" in line)
+        assert all(f"{rate / 1e6:.2f} M" in row for rate in result.tokens_per_sec.values()), row

@@ -18,8 +18,14 @@ def wide_table(rng: random.Random):
     table = compact_table("speeds")
     for column in ("uid", "hotkey", "tokens/s"):
         table.add_column(column, no_wrap=True)
-    rows = [(str(rng.randrange(256)), "5" + "".join(rng.choice("abcdefXYZ123") for _ in range(47)),
-             compact_rate(rng.uniform(1, 3e8))) for _ in range(5)]
+    rows = [
+        (
+            str(rng.randrange(256)),
+            "5" + "".join(rng.choice("abcdefXYZ123") for _ in range(47)),
+            compact_rate(rng.uniform(1, 3e8)),
+        )
+        for _ in range(5)
+    ]
     for row in rows:
         table.add_row(row[0], short_hotkey(row[1]), row[2])
     return table, rows

@@ -7,7 +7,6 @@ tests/test_upstream_fork_gpu.py.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -16,32 +15,40 @@ import pytest
 
 from quasar.evaluate import EvaluationOptions, SandboxPolicy, evaluate
 from quasar.evaluate.environment import EVALUATION_PACKAGES
-from quasar.evaluate.session import missing_module_reason
 from quasar.evaluate.report import NEEDS_GPU, SKIPPED
 from quasar.evaluate.sandbox import SandboxedChild
+from quasar.evaluate.session import missing_module_reason
 from quasar.imports import validate_repo
 from quasar.starter_fork import copy_starter_tree, kernel_files
 from quasar.tools import install_kernel as step1
+from tests.gitrepo import git
 from tests.upstream_fork import upstream_files, write_upstream_fork
 
 pytestmark = pytest.mark.slow
 
-FAST = EvaluationOptions(seq_lens=(), device="cpu", warmup_runs=1, min_timed_runs=3, max_timed_runs=3,
-                         timed_seconds=0.1, length_timeout_s=120, timeout_s=300)
+FAST = EvaluationOptions(
+    seq_lens=(),
+    device="cpu",
+    warmup_runs=1,
+    min_timed_runs=3,
+    max_timed_runs=3,
+    timed_seconds=0.1,
+    length_timeout_s=120,
+    timeout_s=300,
+)
 # docs/rules.md section 6: the benchmark layer's parameter count.
 LAYER_PARAMETERS = 1_120_840
 NEEDS_GPU_LINE = "T=64: the forward needs a CUDA GPU for this fork"
 ABSENT_DEPENDENCY = "quasar_absent_dependency"
 
 
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
-
-
 def tree_digest(repo: Path) -> dict[str, bytes]:
     """Every file of a checkout but .git, with its bytes."""
-    return {str(p.relative_to(repo)): p.read_bytes() for p in sorted(repo.rglob("*"))
-            if p.is_file() and ".git" not in p.relative_to(repo).parts}
+    return {
+        str(p.relative_to(repo)): p.read_bytes()
+        for p in sorted(repo.rglob("*"))
+        if p.is_file() and ".git" not in p.relative_to(repo).parts
+    }
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +117,9 @@ def test_on_the_cpu_the_upstream_tree_says_in_one_line_that_it_needs_a_gpu(repor
 def test_a_module_the_environment_lacks_is_named_as_such(reports):
     report, _ = reports["absent_dependency"]
     assert report.reasons[0] == missing_module_reason(ABSENT_DEPENDENCY)
-    assert f"the fork imports '{ABSENT_DEPENDENCY}', which is not part of the evaluation environment" in report.reasons[0]
+    assert (
+        f"the fork imports '{ABSENT_DEPENDENCY}', which is not part of the evaluation environment" in report.reasons[0]
+    )
     assert all(package in report.reasons[0] for package in EVALUATION_PACKAGES)
     assert report.lengths["64"].status == SKIPPED
 
@@ -120,8 +129,7 @@ def test_a_module_missing_from_the_fork_itself_is_named_as_the_forks(reports):
     assert report.reasons[0].startswith("the fork's own module fla.models.utils is missing"), report.reasons
 
 
-def test_step1_on_the_upstream_tree_writes_validates_and_restores_every_file_on_failure(tmp_path, capsys,
-                                                                                         monkeypatch):
+def test_step1_on_the_upstream_tree_writes_validates_and_restores_every_file_on_failure(tmp_path, capsys, monkeypatch):
     fork = tmp_path / "fork"
     before_commit = write_upstream_fork(fork, quasar=False)
     git(fork, "config", "user.name", "Miner")
@@ -142,4 +150,3 @@ def test_step1_on_the_upstream_tree_writes_validates_and_restores_every_file_on_
     assert not (fork / "fla" / "ops" / "quasar").exists()
     assert git(fork, "status", "--porcelain", "--ignored") == ""
     assert git(fork, "rev-parse", "HEAD") == before_commit
-

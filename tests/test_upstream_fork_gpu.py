@@ -3,15 +3,13 @@ tree (tests/upstream_fork.py): the kernels are written, pass the harness and are
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pytest
 import torch
 
 from quasar.evaluate import EvaluationOptions, evaluate
 from quasar.starter_fork import kernel_files
 from quasar.tools import install_kernel as step1
+from tests.gitrepo import git
 from tests.upstream_fork import write_upstream_fork
 
 pytestmark = [
@@ -20,12 +18,16 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-GPU = EvaluationOptions(seq_lens=(512,), device="cuda", warmup_runs=2, min_timed_runs=10, max_timed_runs=30,
-                        timed_seconds=0.5, length_timeout_s=180, timeout_s=300)
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=True).stdout.strip()
+GPU = EvaluationOptions(
+    seq_lens=(512,),
+    device="cuda",
+    warmup_runs=2,
+    min_timed_runs=10,
+    max_timed_runs=30,
+    timed_seconds=0.5,
+    length_timeout_s=180,
+    timeout_s=300,
+)
 
 
 def test_step1_on_the_upstream_tree_passes_and_commits_the_kernel_files(tmp_path):
@@ -34,13 +36,15 @@ def test_step1_on_the_upstream_tree_passes_and_commits_the_kernel_files(tmp_path
     git(fork, "config", "user.name", "Miner")
     git(fork, "config", "user.email", "miner@example.invalid")
 
-    code = step1.main(["--repo-path", str(fork), "--skip-setup", "--seq-len", "8192", "--warmup", "2",
-                       "--repeats", "10"])
+    code = step1.main(
+        ["--repo-path", str(fork), "--skip-setup", "--seq-len", "8192", "--warmup", "2", "--repeats", "10"]
+    )
     assert code == 0
     assert git(fork, "rev-parse", "HEAD~1") == before
     assert git(fork, "log", "-1", "--format=%s") == step1.COMMIT_MESSAGE
     assert sorted(git(fork, "show", "--name-only", "--format=", "HEAD").splitlines()) == sorted(
-        str(p) for p in kernel_files())
+        str(p) for p in kernel_files()
+    )
     assert git(fork, "status", "--porcelain") == ""
 
 

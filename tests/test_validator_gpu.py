@@ -29,12 +29,20 @@ OPTIONS = EvaluationOptions(seq_lens=(512, 1024), timed_seconds=0.5, timeout_s=9
 
 
 def committed(repo: Path) -> str:
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t.invalid", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t.invalid", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t.invalid",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+    }
     for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "--no-gpg-sign", "-m", "zeros"]):
         subprocess.run(["git", "-C", str(repo), *command], check=True, env=env, capture_output=True)
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def environment_of(pid: int) -> dict[str, str]:
@@ -50,11 +58,12 @@ def test_one_evaluation_per_gpu_at_once_each_on_its_own_gpu(tmp_path):
     evaluator = SubprocessEvaluator(tmp_path / "work", OPTIONS, allow_local=True)
     jobs, outcomes = [honest, zeros], {}
     while jobs:
-        batch, jobs = jobs[:len(devices)], jobs[len(devices):]
+        batch, jobs = jobs[: len(devices)], jobs[len(devices) :]
         running = [evaluator.start(key, device) for key, device in zip(batch, devices)]
         for evaluation in running:  # each worker sees exactly its own GPU
-            assert environment_of(evaluation.process.pid)["CUDA_VISIBLE_DEVICES"] == \
-                evaluation.device.cuda_visible_devices
+            assert (
+                environment_of(evaluation.process.pid)["CUDA_VISIBLE_DEVICES"] == evaluation.device.cuda_visible_devices
+            )
         deadline = time.monotonic() + 1200
         while any(evaluation.poll() is None for evaluation in running):
             assert time.monotonic() < deadline, "evaluations did not finish"
@@ -67,5 +76,7 @@ def test_one_evaluation_per_gpu_at_once_each_on_its_own_gpu(tmp_path):
     assert set(good.benchmarks) == {512, 1024, TARGET} and good.measured_tokens_per_sec == good.benchmarks[TARGET]
     assert good.report["device"] == "cuda" and "cpu" not in good.report["device_name"]
     assert not bad.correct and any("differs from the reference" in reason for reason in bad.reasons)
-    print(f"devices {[d.name for d in devices]}: starter fork {good.measured_tokens_per_sec:,.0f} tokens/s at "
-          f"T={TARGET} on {good.report['device_name']}")
+    print(
+        f"devices {[d.name for d in devices]}: starter fork {good.measured_tokens_per_sec:,.0f} tokens/s at "
+        f"T={TARGET} on {good.report['device_name']}"
+    )

@@ -48,8 +48,10 @@ def upstream_files(site: Path | None = None) -> dict[PurePosixPath, Path]:
             if relative.parts[0] == "fla" and relative.suffix != ".pyc":
                 found[relative] = Path(distribution.locate_file(file))
     if names != set(UPSTREAM_DISTRIBUTIONS):
-        raise UpstreamFlaMissing(f"{', '.join(sorted(set(UPSTREAM_DISTRIBUTIONS) - names))} not installed in {site} "
-                                 "(./scripts/setup_venv.sh installs pyproject.toml's upstream-fla there)")
+        raise UpstreamFlaMissing(
+            f"{', '.join(sorted(set(UPSTREAM_DISTRIBUTIONS) - names))} not installed in {site} "
+            "(./scripts/setup_venv.sh installs pyproject.toml's upstream-fla there)"
+        )
     return found
 
 

@@ -24,8 +24,9 @@ class CachedMetagraphChain(Chain):
     """``inner`` with its current block cached for ``block_poll_s`` seconds and its metagraph for
     one block (see the module's docstring for why that never accepts a deregistered hotkey for a block)."""
 
-    def __init__(self, inner: Chain, block_poll_s: float = DEFAULT_BLOCK_POLL_S,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, inner: Chain, block_poll_s: float = DEFAULT_BLOCK_POLL_S, clock: Callable[[], float] = time.monotonic
+    ):
         if not 0 < block_poll_s < inner.block_time_s:
             raise ValueError(f"block_poll_s must be positive and shorter than a block ({inner.block_time_s} s)")
         self.inner = inner
@@ -61,8 +62,9 @@ class CachedMetagraphChain(Chain):
     def publish_endpoint(self, wallet, host: str, port: int) -> None:
         self.inner.publish_endpoint(wallet, host, port)
 
-    def set_weights(self, wallet, weights: Mapping[int, float], version_key: int,
-                    hotkeys: Mapping[int, str] | None = None) -> WeightsSubmission:
+    def set_weights(
+        self, wallet, weights: Mapping[int, float], version_key: int, hotkeys: Mapping[int, str] | None = None
+    ) -> WeightsSubmission:
         return self.inner.set_weights(wallet, weights, version_key, hotkeys)
 
     def api_location(self) -> ApiLocation | None:

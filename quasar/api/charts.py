@@ -74,23 +74,28 @@ def nice_ceiling(value: float) -> float:
 
 def _frame(title: str, top: float, unit: str, layout: Layout, legend_rows: int = 0) -> list[str]:
     height = layout.height + legend_rows * (layout.font + 6)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {layout.width} {height}" role="img" '
-             f'class="chart" font-size="{layout.font}" aria-label="{escape(title)}"><title>{escape(title)}</title>']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {layout.width} {height}" role="img" '
+        f'class="chart" font-size="{layout.font}" aria-label="{escape(title)}"><title>{escape(title)}</title>'
+    ]
     for tick in range(5):
         value = top * tick / 4
         y = layout.top + layout.plot_height * (1 - tick / 4)
-        parts.append(f'<line x1="{layout.left}" y1="{y:.1f}" x2="{layout.width - layout.right}" y2="{y:.1f}" '
-                     f'class="grid"/>')
-        parts.append(f'<text x="{layout.left - 6}" y="{y + 4:.1f}" text-anchor="end" class="axis">'
-                     f'{compact(value)}</text>')
+        parts.append(
+            f'<line x1="{layout.left}" y1="{y:.1f}" x2="{layout.width - layout.right}" y2="{y:.1f}" class="grid"/>'
+        )
+        parts.append(
+            f'<text x="{layout.left - 6}" y="{y + 4:.1f}" text-anchor="end" class="axis">{compact(value)}</text>'
+        )
     middle = layout.top + layout.plot_height / 2
-    parts.append(f'<text x="{layout.font}" y="{middle:.1f}" text-anchor="middle" class="axis" '
-                 f'transform="rotate(-90 {layout.font} {middle:.1f})">{escape(unit)}</text>')
+    parts.append(
+        f'<text x="{layout.font}" y="{middle:.1f}" text-anchor="middle" class="axis" '
+        f'transform="rotate(-90 {layout.font} {middle:.1f})">{escape(unit)}</text>'
+    )
     return parts
 
 
-def bar_chart(title: str, categories: Sequence[str], series: Sequence[Series], unit: str,
-              layout: Layout = WIDE) -> str:
+def bar_chart(title: str, categories: Sequence[str], series: Sequence[Series], unit: str, layout: Layout = WIDE) -> str:
     """Grouped bars: one group per category, one bar per series, each bar labelled with its value."""
     values = [v for s in series for v in s.values if v is not None]
     top = nice_ceiling(max(values, default=0.0))
@@ -105,48 +110,65 @@ def bar_chart(title: str, categories: Sequence[str], series: Sequence[Series], u
             value = item.values[index] if index < len(item.values) else None
             x = x0 + bar_w * number
             if value is None:
-                parts.append(f'<text x="{x + bar_w / 2:.1f}" y="{base - 4}" text-anchor="middle" '
-                             f'class="axis">n/a</text>')
+                parts.append(
+                    f'<text x="{x + bar_w / 2:.1f}" y="{base - 4}" text-anchor="middle" class="axis">n/a</text>'
+                )
                 continue
             failed = index < len(item.failed) and item.failed[index]
             colour = FAILED_COLOUR if failed else PALETTE[number % len(PALETTE)]
             height = layout.plot_height * value / top
             y = base - height
             label = f"{item.name}: {category}: {value:,.0f} {unit}" + (" (wrong output)" if failed else "")
-            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(bar_w - 2, 1):.1f}" height="{height:.1f}" '
-                         f'fill="{colour}" rx="2"><title>{escape(label)}</title></rect>')
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(bar_w - 2, 1):.1f}" height="{height:.1f}" '
+                f'fill="{colour}" rx="2"><title>{escape(label)}</title></rect>'
+            )
             text = compact(value)
             if bar_w >= layout.char_width * len(text):  # a label wider than its bar would run into the next
-                parts.append(f'<text x="{x + bar_w / 2:.1f}" y="{y - 4:.1f}" text-anchor="middle" '
-                             f'class="value">{text}</text>')
-        parts.append(f'<text x="{layout.left + group_w * (index + 0.5):.1f}" y="{base + layout.font + 8}" '
-                     f'text-anchor="middle" class="axis">{escape(category)}</text>')
+                parts.append(
+                    f'<text x="{x + bar_w / 2:.1f}" y="{y - 4:.1f}" text-anchor="middle" class="value">{text}</text>'
+                )
+        parts.append(
+            f'<text x="{layout.left + group_w * (index + 0.5):.1f}" y="{base + layout.font + 8}" '
+            f'text-anchor="middle" class="axis">{escape(category)}</text>'
+        )
     parts += _legend(series, layout, legend)
     parts.append("</svg>")
     return "".join(parts)
 
 
-def line_chart(title: str, labels: Sequence[str], values: Sequence[float], unit: str,
-               failed: Sequence[bool] = (), layout: Layout = WIDE) -> str:
+def line_chart(
+    title: str,
+    labels: Sequence[str],
+    values: Sequence[float],
+    unit: str,
+    failed: Sequence[bool] = (),
+    layout: Layout = WIDE,
+) -> str:
     """One line through ``values`` at ``labels`` (a miner's figure per round), points labelled;
     ``failed`` points are drawn in the failure colour."""
     top = nice_ceiling(max(values, default=0.0))
     parts = _frame(title, top, unit, layout)
     step = layout.plot_width / max(1, len(values))
     base = layout.top + layout.plot_height
-    points = [(layout.left + step * (index + 0.5), base - layout.plot_height * value / top)
-              for index, value in enumerate(values)]
+    points = [
+        (layout.left + step * (index + 0.5), base - layout.plot_height * value / top)
+        for index, value in enumerate(values)
+    ]
     if len(points) > 1:
         path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
         parts.append(f'<polyline points="{path}" fill="none" stroke="{PALETTE[0]}" stroke-width="2.5"/>')
     for index, ((x, y), label, value) in enumerate(zip(points, labels, values)):
         bad = index < len(failed) and failed[index]
         colour = FAILED_COLOUR if bad else PALETTE[0]
-        parts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{colour}">'
-                     f'<title>{escape(f"{label}: {value:,.0f} {unit}")}</title></circle>')
+        parts.append(
+            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{colour}">'
+            f"<title>{escape(f'{label}: {value:,.0f} {unit}')}</title></circle>"
+        )
         parts.append(f'<text x="{x:.1f}" y="{y - 9:.1f}" text-anchor="middle" class="value">{compact(value)}</text>')
-        parts.append(f'<text x="{x:.1f}" y="{base + layout.font + 8}" text-anchor="middle" '
-                     f'class="axis">{escape(label)}</text>')
+        parts.append(
+            f'<text x="{x:.1f}" y="{base + layout.font + 8}" text-anchor="middle" class="axis">{escape(label)}</text>'
+        )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -170,7 +192,9 @@ def _legend(series: Sequence[Series], layout: Layout, rows: list[list[tuple[int,
     for row_number, row in enumerate(rows):
         y = layout.height - 12 + row_number * (layout.font + 6)
         for number, x in row:
-            parts.append(f'<rect x="{x:.1f}" y="{y - layout.font + 2}" width="10" height="10" '
-                         f'fill="{PALETTE[number % len(PALETTE)]}"/><text x="{x + 15:.1f}" y="{y}" '
-                         f'class="axis">{escape(series[number].name)}</text>')
+            parts.append(
+                f'<rect x="{x:.1f}" y="{y - layout.font + 2}" width="10" height="10" '
+                f'fill="{PALETTE[number % len(PALETTE)]}"/><text x="{x + 15:.1f}" y="{y}" '
+                f'class="axis">{escape(series[number].name)}</text>'
+            )
     return parts

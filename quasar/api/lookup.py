@@ -56,8 +56,10 @@ def find_api(settings: Settings, chain: Chain) -> ApiTarget:
     location = chain.api_location()
     where = f"subnet {chain.netuid}'s identity on {settings.network}"
     if location is None:
-        raise ApiNotFound(f"VALIDATOR_API_URL is empty and {where} names no submission API: set VALIDATOR_API_URL "
-                          "(or --api.url), or ask the subnet owner to publish it (python -m quasar.api publish-url URL)")
+        raise ApiNotFound(
+            f"VALIDATOR_API_URL is empty and {where} names no submission API: set VALIDATOR_API_URL "
+            "(or --api.url), or ask the subnet owner to publish it (python -m quasar.api publish-url URL)"
+        )
     url = _checked_url(location.url, f"published in {where}")
     return ApiTarget(url, settings.api_hotkey or location.hotkey or None, where)
 
@@ -73,8 +75,10 @@ def publish_api(chain: Chain, owner_wallet, url: str, api_hotkey: str = "", time
         response.raise_for_status()
         served = str(response.json()["api_hotkey"])
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
-        raise ApiNotFound(f"the API at {url} does not answer GET /health with its hotkey ({error}): start it, "
-                          "and publish the URL miners and validators reach it at") from None
+        raise ApiNotFound(
+            f"the API at {url} does not answer GET /health with its hotkey ({error}): start it, "
+            "and publish the URL miners and validators reach it at"
+        ) from None
     if api_hotkey and served != api_hotkey:
         raise ApiNotFound(f"the API at {url} signs as {served}, not API_HOTKEY {api_hotkey}: is it the right server?")
     try:

@@ -76,8 +76,13 @@ def run_workers(count: int, make_app: str, make_app_args: tuple, options: dict[s
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         workers.extend(start() for _ in range(count))
-        logger.info("started %d workers on %s:%d: %s", count, options["host"], options["port"],
-                    ", ".join(str(w.pid) for w in workers))
+        logger.info(
+            "started %d workers on %s:%d: %s",
+            count,
+            options["host"],
+            options["port"],
+            ", ".join(str(w.pid) for w in workers),
+        )
         started = {w.pid: 0.0 for w in workers}
         clock = 0.0
         while not stopping.wait(0.5):
@@ -86,8 +91,7 @@ def run_workers(count: int, make_app: str, make_app_args: tuple, options: dict[s
                 if worker.is_alive():
                     continue
                 if clock - started.get(worker.pid, 0.0) < RESTART_AFTER_S:
-                    logger.error("worker %d exited (%s) right after it started; stopping", worker.pid,
-                                 worker.exitcode)
+                    logger.error("worker %d exited (%s) right after it started; stopping", worker.pid, worker.exitcode)
                     stopping.set()
                     break
                 logger.warning("worker %d exited (%s); starting another", worker.pid, worker.exitcode)

@@ -54,8 +54,10 @@ COMPONENTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("body parsing and validation (FastAPI, pydantic)", ("request_body_to_args", "_get_body", "raw_body")),
     ("dependency resolution (FastAPI)", ("solve_dependencies",)),
     ("response serialization (FastAPI, pydantic)", ("serialize_response", "jsonable_encoder")),
-    ("thread-pool hand-offs (anyio, executor)", ("anyio/", "run_in_threadpool", "concurrent/futures/",
-                                                 "run_in_executor")),
+    (
+        "thread-pool hand-offs (anyio, executor)",
+        ("anyio/", "run_in_threadpool", "concurrent/futures/", "run_in_executor"),
+    ),
     ("logging", ("logging/__init__.py",)),
     ("submission fast lane: body, JSON, response (quasar.api.fastlane)", ("fastlane.py",)),
     ("routing and middleware (Starlette, FastAPI)", ("starlette/", "fastapi/")),
@@ -85,10 +87,17 @@ def cpu_seconds(pid: int) -> tuple[float, float]:
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-profile") -> int:
     """Profile the server under the load; the breakdown on stdout."""
-    parser = argparse.ArgumentParser(prog=prog, description="Where a request's milliseconds go in the submission "
-                                                            "API: py-spy on a real server under a steady load.")
-    parser.add_argument("--tree", type=Path, default=CHECKOUT,
-                        help="checkout whose quasar.api to run (default the one this command is from)")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Where a request's milliseconds go in the submission "
+        "API: py-spy on a real server under a steady load.",
+    )
+    parser.add_argument(
+        "--tree",
+        type=Path,
+        default=CHECKOUT,
+        help="checkout whose quasar.api to run (default the one this command is from)",
+    )
     parser.add_argument("--rate", type=float, default=100.0, help="requests a second (steady, one at a time each)")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--hz", type=float, default=250.0, help="py-spy samples a second")
@@ -106,13 +115,33 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-profil
         chain.register(key.ss58_address, key.ss58_address)
         api_hotkey = Keypair.create_from_seed(secrets.token_bytes(32)).ss58_address
         port = free_port()
-        environ = {**os.environ, "API_HOTKEY": api_hotkey, "SUBTENSOR_NETWORK": "devchain", "NETUID": "24",
-                   "DEVCHAIN_PATH": str(chain.path), "SUBMISSIONS_PER_HOUR": "1000000",
-                   "PYTHONPATH": str(args.tree.resolve()), "LOGGING_DEBUG": "false"}
+        environ = {
+            **os.environ,
+            "API_HOTKEY": api_hotkey,
+            "SUBTENSOR_NETWORK": "devchain",
+            "NETUID": "24",
+            "DEVCHAIN_PATH": str(chain.path),
+            "SUBMISSIONS_PER_HOUR": "1000000",
+            "PYTHONPATH": str(args.tree.resolve()),
+            "LOGGING_DEBUG": "false",
+        }
         log = open(workdir / "server.log", "w")
-        server = subprocess.Popen([sys.executable, "-m", "quasar.api", "serve", "--port", str(port),
-                                   "--database-url", f"sqlite:///{workdir}/api.sqlite3"], cwd=workdir, env=environ,
-                                  stdout=log, stderr=subprocess.STDOUT)
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "quasar.api",
+                "serve",
+                "--port",
+                str(port),
+                "--database-url",
+                f"sqlite:///{workdir}/api.sqlite3",
+            ],
+            cwd=workdir,
+            env=environ,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             for _ in range(600):
@@ -124,9 +153,25 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-profil
             count = int(args.rate * args.seconds)
             statuses: collections.Counter[int] = collections.Counter()
             raw = workdir / "profile.txt"
-            spy = subprocess.Popen(["py-spy", "record", "--pid", str(server.pid), "--gil", "--rate", str(int(args.hz)),
-                                    "--duration", str(int(args.seconds)), "--format", "raw", "--output", str(raw)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            spy = subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "--pid",
+                    str(server.pid),
+                    "--gil",
+                    "--rate",
+                    str(int(args.hz)),
+                    "--duration",
+                    str(int(args.seconds)),
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(raw),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             time.sleep(1.0)  # py-spy attached
             before = cpu_seconds(server.pid)
 
@@ -140,13 +185,24 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-profil
                         if args.path:
                             statuses[http.get(url + args.path).status_code] += 1
                             continue
-                        body = json.dumps({"fork_url": "https://github.com/miner/flash-linear-attention",
-                                           "commit_hash": f"{n + 1:040x}", "target_sequence_length": 1_000_000,
-                                           "tokens_per_sec": 5e4}).encode()
-                        headers = http_auth.sign(key, method="POST", path="/submit_kernel", body=body,
-                                                 receiver_ss58=api_hotkey)
-                        statuses[http.post(url + "/submit_kernel", content=body,
-                                           headers={**headers, "Content-Type": "application/json"}).status_code] += 1
+                        body = json.dumps(
+                            {
+                                "fork_url": "https://github.com/miner/flash-linear-attention",
+                                "commit_hash": f"{n + 1:040x}",
+                                "target_sequence_length": 1_000_000,
+                                "tokens_per_sec": 5e4,
+                            }
+                        ).encode()
+                        headers = http_auth.sign(
+                            key, method="POST", path="/submit_kernel", body=body, receiver_ss58=api_hotkey
+                        )
+                        statuses[
+                            http.post(
+                                url + "/submit_kernel",
+                                content=body,
+                                headers={**headers, "Content-Type": "application/json"},
+                            ).status_code
+                        ] += 1
 
             clients = [threading.Thread(target=client, args=(i, 4)) for i in range(4)]
             for thread in clients:
@@ -165,14 +221,23 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-profil
             shutil.copyfile(raw, args.raw)
     samples = sum(n for _, n, _ in rows)
     print(f"{count} requests at {args.rate:g}/s from {args.tree}: statuses {dict(statuses)}")
-    print(f"server CPU {1000 * (user + system) / count:.2f} ms a request (user {1000 * user / count:.2f}, system "
-          f"{1000 * system / count:.2f}); Python holding the GIL {1000 * samples / args.hz / count:.2f} ms, of which:")
+    print(
+        f"server CPU {1000 * (user + system) / count:.2f} ms a request (user {1000 * user / count:.2f}, system "
+        f"{1000 * system / count:.2f}); Python holding the GIL {1000 * samples / args.hz / count:.2f} ms, of which:"
+    )
     for name, n, ms in rows:
         print(f"  {ms:6.3f} ms  {100 * n / samples:5.1f}%  {name}")
     if args.json:
-        args.json.write_text(json.dumps({"requests": count, "rate": args.rate,
-                                         "cpu_ms_per_request": 1000 * (user + system) / count,
-                                         "user_ms_per_request": 1000 * user / count,
-                                         "components": [{"name": n, "samples": s, "ms": m} for n, s, m in rows]},
-                                        indent=2))
+        args.json.write_text(
+            json.dumps(
+                {
+                    "requests": count,
+                    "rate": args.rate,
+                    "cpu_ms_per_request": 1000 * (user + system) / count,
+                    "user_ms_per_request": 1000 * user / count,
+                    "components": [{"name": n, "samples": s, "ms": m} for n, s, m in rows],
+                },
+                indent=2,
+            )
+        )
     return 0

@@ -97,7 +97,7 @@ class Tiles:
                 self.steps[found.name] = self._stand_in(found, tile, device)
 
     def _cast(self, start: int, stop: int) -> None:
-        self.x_bf16[:stop - start].copy_(self.x[start:stop])
+        self.x_bf16[: stop - start].copy_(self.x[start:stop])
 
     def _product(self, found: PassBytes, tile: int, device) -> Callable[[int, int], None]:
         if found.name.startswith("input"):
@@ -108,14 +108,16 @@ class Tiles:
             source = self.x.to(torch.bfloat16) if found.read == FP32 * self.x.shape[1] else None
 
             def product(start: int, stop: int) -> None:
-                operand = source[start:stop] if source is not None else self.x_bf16[:stop - start]
-                torch.matmul(operand, weight, out=result[:stop - start])
+                operand = source[start:stop] if source is not None else self.x_bf16[: stop - start]
+                torch.matmul(operand, weight, out=result[: stop - start])
+
             return product
         weight = torch.randn(self.x.shape[1], found.read // BF16, device=device, dtype=torch.bfloat16).t()
         heads = torch.randn(tile, found.read // BF16, device=device, dtype=torch.bfloat16)
 
         def output_product(start: int, stop: int) -> None:
-            torch.matmul(heads[:stop - start], weight, out=self.out[start:stop])
+            torch.matmul(heads[: stop - start], weight, out=self.out[start:stop])
+
         return output_product
 
     @staticmethod
@@ -136,6 +138,7 @@ class Tiles:
                 torch.sum(read[:rows], dim=(0, 1), dtype=torch.float32, out=total)
             if only_written:
                 written[:rows].zero_()
+
         return stand_in
 
     def run(self, names: list[str], tile: int) -> None:
@@ -188,19 +191,32 @@ def measure_sequence(x: torch.Tensor, tile: int, fused: bool, runs: int, device:
     rows = []
     for each in passes:
         seconds, spread = median_seconds(functools.partial(tiles.run, [each.name], tile), runs, device)
-        rows.append({**asdict(each), "seconds": seconds, "spread": spread,
-                     "bytes_per_second": (each.read + each.write) * length / seconds})
+        rows.append(
+            {
+                **asdict(each),
+                "seconds": seconds,
+                "spread": spread,
+                "bytes_per_second": (each.read + each.write) * length / seconds,
+            }
+        )
     names = [each.name for each in passes]
     seconds, spread = median_seconds(lambda: tiles.run(names, tile), runs, device)
-    return {"passes": rows, "seconds": seconds, "spread": spread, "tokens_per_second": length / seconds,
-            "bytes_per_token": sum(each.read + each.write for each in passes)}
+    return {
+        "passes": rows,
+        "seconds": seconds,
+        "spread": spread,
+        "tokens_per_second": length / seconds,
+        "bytes_per_token": sum(each.read + each.write for each in passes),
+    }
 
 
 def measure(length: int, tile: int, runs: int, device: torch.device) -> dict:
     """Each sequence at ``length`` tokens: every pass alone and all of them in one graph."""
     x = torch.randn(length, LAYER["hidden_size"], device=device)
-    return {sequence: measure_sequence(x, tile, fused, runs, device)
-            for sequence, fused in (("today", False), ("fused", True))}
+    return {
+        sequence: measure_sequence(x, tile, fused, runs, device)
+        for sequence, fused in (("today", False), ("fused", True))
+    }
 
 
 def table(length: int, sequence: str, measured: dict) -> Table:
@@ -208,17 +224,28 @@ def table(length: int, sequence: str, measured: dict) -> Table:
     for column in ("pass", "B/token", "ms", "TB/s"):
         result.add_column(column, justify="left" if column == "pass" else "right")
     for row in measured["passes"]:
-        result.add_row(row["name"], f"{row['read'] + row['write']:,}", f"{row['seconds'] * 1e3:.3f}",
-                       f"{row['bytes_per_second'] / 1e12:.2f}")
-    result.add_row(f"all (spread {measured['spread']:.1%})", f"{measured['bytes_per_token']:,}",
-                   f"{measured['seconds'] * 1e3:.3f}", "")
+        result.add_row(
+            row["name"],
+            f"{row['read'] + row['write']:,}",
+            f"{row['seconds'] * 1e3:.3f}",
+            f"{row['bytes_per_second'] / 1e12:.2f}",
+        )
+    result.add_row(
+        f"all (spread {measured['spread']:.1%})",
+        f"{measured['bytes_per_token']:,}",
+        f"{measured['seconds'] * 1e3:.3f}",
+        "",
+    )
     return result
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar bench floor") -> int:
     """Time both sequences at every length; the tables on stdout, everything in --out."""
-    parser = argparse.ArgumentParser(prog=prog, description="What the benchmark layer's sequence of passes "
-                                                            "costs when every pass moves its bytes at copy speed.")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="What the benchmark layer's sequence of passes "
+        "costs when every pass moves its bytes at copy speed.",
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--lengths", default="65536,1000000", help="comma-separated token counts")
     parser.add_argument("--tile", type=int, default=65_536, help="tokens per tile, as the layer's layer_tile_tokens")

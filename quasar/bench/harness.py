@@ -128,14 +128,16 @@ def evaluate_in_fresh_process(fork: Path, target: int, options: EvaluationOption
         return pool.apply(evaluate_with_steps, (fork, target, options))
 
 
-def evaluate_in_worker(fork: Path, commit: str, target: int, options: EvaluationOptions,
-                       work_dir: Path) -> tuple[dict, dict[str, float]]:
+def evaluate_in_worker(
+    fork: Path, commit: str, target: int, options: EvaluationOptions, work_dir: Path
+) -> tuple[dict, dict[str, float]]:
     """One evaluation by the validator's own worker process, as the validator starts it; its
     report (as a dict) and no steps (the worker's progress stays in its process)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] if options.device == "cuda" else ""
     device = Device("cuda" if options.device == "cuda" else "cpu", visible)
     running = SubprocessEvaluator(work_dir, options, allow_local=True).start(
-        EvaluationKey(str(fork), commit, target), device)
+        EvaluationKey(str(fork), commit, target), device
+    )
     while (outcome := running.poll()) is None:
         time.sleep(0.05)
     if outcome.result is None or outcome.result.report is None:
@@ -164,7 +166,10 @@ def agreement(reports: list[EvaluationReport]) -> dict[str, dict]:
             found[key] = {"medians": None, "statuses": [item.status for item in items]}
             continue
         found[key] = {
-            "medians": medians, "spread": spread(medians), "bests": bests, "best_spread": spread(bests),
+            "medians": medians,
+            "spread": spread(medians),
+            "bests": bests,
+            "best_spread": spread(bests),
             "cv_max": max(item.cv or 0.0 for item in items),
             "forwards_per_request": [item.forwards_per_request for item in items],
             "timed_requests": [item.timed_runs for item in items],
@@ -176,10 +181,23 @@ def agreement(reports: list[EvaluationReport]) -> dict[str, dict]:
 
 
 def agreement_table(reports: list[EvaluationReport], found: dict[str, dict]) -> Table:
-    table = Table(title=f"agreement of {len(reports)} evaluation(s) ({reports[0].device_name}); bound 2%; "
-                        "best = an evaluation's fastest timed request; spread = max / min - 1")
-    columns = ("T", "medians (tokens/s)", "spread", "bests (tokens/s)", "spread of bests", "cv of requests (max)",
-               "forwards/request", "requests", "forwards verified", "rel error (max)", "subtracted µs/forward")
+    table = Table(
+        title=f"agreement of {len(reports)} evaluation(s) ({reports[0].device_name}); bound 2%; "
+        "best = an evaluation's fastest timed request; spread = max / min - 1"
+    )
+    columns = (
+        "T",
+        "medians (tokens/s)",
+        "spread",
+        "bests (tokens/s)",
+        "spread of bests",
+        "cv of requests (max)",
+        "forwards/request",
+        "requests",
+        "forwards verified",
+        "rel error (max)",
+        "subtracted µs/forward",
+    )
     for column in columns:
         table.add_column(column, justify="left" if "(tokens/s)" in column else "right")
     for key, row in found.items():
@@ -188,60 +206,139 @@ def agreement_table(reports: list[EvaluationReport], found: dict[str, dict]) -> 
             continue
         colour = {name: "green" if row[name] <= 0.02 else "red" for name in ("spread", "best_spread")}
         table.add_row(
-            f"{int(key):,}", " · ".join(f"{m:,.0f}" for m in row["medians"]),
-            f"[{colour['spread']}]{row['spread']:.2%}[/]", " · ".join(f"{b:,.0f}" for b in row["bests"]),
-            f"[{colour['best_spread']}]{row['best_spread']:.2%}[/]", f"{row['cv_max']:.3f}", ",".join(map(str, row["forwards_per_request"])),
-            ",".join(map(str, row["timed_requests"])), ",".join(map(str, row["verified"])),
-            f"{row['rel_error_max']:.2e}", ",".join(f"{u:.0f}" for u in row["subtracted_us"]),
+            f"{int(key):,}",
+            " · ".join(f"{m:,.0f}" for m in row["medians"]),
+            f"[{colour['spread']}]{row['spread']:.2%}[/]",
+            " · ".join(f"{b:,.0f}" for b in row["bests"]),
+            f"[{colour['best_spread']}]{row['best_spread']:.2%}[/]",
+            f"{row['cv_max']:.3f}",
+            ",".join(map(str, row["forwards_per_request"])),
+            ",".join(map(str, row["timed_requests"])),
+            ",".join(map(str, row["verified"])),
+            f"{row['rel_error_max']:.2e}",
+            ",".join(f"{u:.0f}" for u in row["subtracted_us"]),
         )
     return table
 
 
 def overhead_table(reports: list[EvaluationReport], walls: list[float]) -> Table:
-    table = Table(title="seconds per evaluation (wall: as this script waited for it; total: evaluate's own; "
-                        "overhead = total - timed)")
-    for column in ("evaluation", "verdict", "wall", "total", "timed", "overhead", "started before", "startup",
-                   "calibration", "load", "warm-up", "first forwards", "correctness", "output", "reference"):
+    table = Table(
+        title="seconds per evaluation (wall: as this script waited for it; total: evaluate's own; "
+        "overhead = total - timed)"
+    )
+    for column in (
+        "evaluation",
+        "verdict",
+        "wall",
+        "total",
+        "timed",
+        "overhead",
+        "started before",
+        "startup",
+        "calibration",
+        "load",
+        "warm-up",
+        "first forwards",
+        "correctness",
+        "output",
+        "reference",
+    ):
         table.add_column(column)
     for index, (report, wall) in enumerate(zip(reports, walls, strict=True)):
         t = report.timings
-        table.add_row(str(index), report.verdict, *(f"{v:.1f}" for v in (
-            wall, t.total_s, t.timed_s, t.overhead_s, t.started_before_s, t.startup_s, t.calibration_s, t.load_s,
-            t.warmup_s, t.first_forward_s, t.correctness_s, t.output_s, t.reference_s)))
+        table.add_row(
+            str(index),
+            report.verdict,
+            *(
+                f"{v:.1f}"
+                for v in (
+                    wall,
+                    t.total_s,
+                    t.timed_s,
+                    t.overhead_s,
+                    t.started_before_s,
+                    t.startup_s,
+                    t.calibration_s,
+                    t.load_s,
+                    t.warmup_s,
+                    t.first_forward_s,
+                    t.correctness_s,
+                    t.output_s,
+                    t.reference_s,
+                )
+            ),
+        )
     return table
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar bench harness") -> int:
     """Run the evaluations; exit status 0 when every one passed."""
     started = time.monotonic()
-    parser = argparse.ArgumentParser(prog=prog, description="Five-run agreement of the evaluation harness on "
-                                                            "the starter fork, for benchmarks/RESULTS.md.")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Five-run agreement of the evaluation harness on the starter fork, for benchmarks/RESULTS.md.",
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--lens", type=parse_seq_lens, default=(512, 1024, 2048, 100_000),
-                        help="lengths besides the target, e.g. 512,1024,2048,100k")
+    parser.add_argument(
+        "--lens",
+        type=parse_seq_lens,
+        default=(512, 1024, 2048, 100_000),
+        help="lengths besides the target, e.g. 512,1024,2048,100k",
+    )
     parser.add_argument("--target", type=parse_target, default=1_000_000, help="target length, e.g. 100000 or 1M")
-    parser.add_argument("--budget-seconds", type=float, default=300.0,
-                        help="start no evaluation that would end after this (by the last one's duration)")
+    parser.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=300.0,
+        help="start no evaluation that would end after this (by the last one's duration)",
+    )
     defaults = EvaluationOptions()
-    parser.add_argument("--timed-seconds", type=float, default=defaults.timed_seconds,
-                        help="timed requests per length fill this long (default %(default)s)")
-    parser.add_argument("--warmup-seconds", type=float, default=defaults.warmup_seconds,
-                        help="warm-up on CUDA from the first length's start, at least (default %(default)s)")
-    parser.add_argument("--tokens-per-request", type=int, default=None,
-                        help=f"forwards per request make this many tokens (default {DEFAULT_TOKENS_PER_REQUEST} on CUDA)")
-    parser.add_argument("--no-pin", action="store_true",
-                        help="leave the child and the timing thread on the CPUs the OS picks (for comparison)")
-    parser.add_argument("--tuning", type=parse_tuning, default=None,
-                        help="tunables written over the starter fork's tuning.json, e.g. '{\"num_stages\": 1}'")
-    parser.add_argument("--fork", type=Path, default=None,
-                        help="a fork's tree to evaluate instead of the starter fork (its files are copied)")
+    parser.add_argument(
+        "--timed-seconds",
+        type=float,
+        default=defaults.timed_seconds,
+        help="timed requests per length fill this long (default %(default)s)",
+    )
+    parser.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=defaults.warmup_seconds,
+        help="warm-up on CUDA from the first length's start, at least (default %(default)s)",
+    )
+    parser.add_argument(
+        "--tokens-per-request",
+        type=int,
+        default=None,
+        help=f"forwards per request make this many tokens (default {DEFAULT_TOKENS_PER_REQUEST} on CUDA)",
+    )
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave the child and the timing thread on the CPUs the OS picks (for comparison)",
+    )
+    parser.add_argument(
+        "--tuning",
+        type=parse_tuning,
+        default=None,
+        help="tunables written over the starter fork's tuning.json, e.g. '{\"num_stages\": 1}'",
+    )
+    parser.add_argument(
+        "--fork",
+        type=Path,
+        default=None,
+        help="a fork's tree to evaluate instead of the starter fork (its files are copied)",
+    )
     fresh = parser.add_mutually_exclusive_group()
-    fresh.add_argument("--process-per-evaluation", action="store_true",
-                       help="each evaluation (evaluate alone) in a fresh interpreter")
-    fresh.add_argument("--worker", action="store_true",
-                       help="each evaluation by the validator's worker process, cloning the fork from a local repository")
+    fresh.add_argument(
+        "--process-per-evaluation", action="store_true", help="each evaluation (evaluate alone) in a fresh interpreter"
+    )
+    fresh.add_argument(
+        "--worker",
+        action="store_true",
+        help="each evaluation by the validator's worker process, cloning the fork from a local repository",
+    )
     parser.add_argument("--allow-unsandboxed", action="store_true")
     args = parser.parse_args(argv)
     setup_logging()
@@ -263,14 +360,24 @@ def run(args: argparse.Namespace, command: str) -> int:
         shipped = {key: value for key, value in json.loads(tuning_file.read_text()).items() if key != "devices"}
         tuning_file.write_text(json.dumps({**shipped, **args.tuning}, indent=1) + "\n")
     commit = commit_new_repository(fork, paths, "bench_harness") if args.worker else ""
-    options = EvaluationOptions(seq_lens=tuple(args.lens), device=args.device, timed_seconds=args.timed_seconds,
-                                warmup_seconds=args.warmup_seconds, tokens_per_request=args.tokens_per_request,
-                                pin_cpus=False if args.no_pin else None,
-                                policy=SandboxPolicy(allow_unsandboxed=args.allow_unsandboxed))
-    meta = {"date": datetime.now(UTC).isoformat(timespec="seconds"), "command": command,
-            "options": {k: v for k, v in vars(options).items() if k != "policy"}, "tuning": args.tuning,
-            "fork": str(args.fork) if args.fork else "starter",
-            "process_per_evaluation": args.process_per_evaluation, "worker": args.worker}
+    options = EvaluationOptions(
+        seq_lens=tuple(args.lens),
+        device=args.device,
+        timed_seconds=args.timed_seconds,
+        warmup_seconds=args.warmup_seconds,
+        tokens_per_request=args.tokens_per_request,
+        pin_cpus=False if args.no_pin else None,
+        policy=SandboxPolicy(allow_unsandboxed=args.allow_unsandboxed),
+    )
+    meta = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": command,
+        "options": {k: v for k, v in vars(options).items() if k != "policy"},
+        "tuning": args.tuning,
+        "fork": str(args.fork) if args.fork else "starter",
+        "process_per_evaluation": args.process_per_evaluation,
+        "worker": args.worker,
+    }
     started = time.monotonic()
     reports: list[EvaluationReport] = []
     steps: list[dict[str, float]] = []
@@ -292,13 +399,20 @@ def run(args: argparse.Namespace, command: str) -> int:
         reports.append(report)
         steps.append(found_steps)
         (args.out / f"evaluation_{index}.json").write_text(report.to_json())
-        console.print(f"evaluation {index}: {report.verdict} in {last_s:.0f} s; CPUs: {report.cpu_pinning}; "
-                      f"reasons: {report.reasons}")
+        console.print(
+            f"evaluation {index}: {report.verdict} in {last_s:.0f} s; CPUs: {report.cpu_pinning}; "
+            f"reasons: {report.reasons}"
+        )
         found = agreement(reports)
         console.print(agreement_table(reports, found))
-        summary = {"meta": meta, "agreement": found,
-                   "timings": [report.to_dict()["timings"] for report in reports], "walls": walls, "steps": steps,
-                   "cpu_pinning": [report.cpu_pinning for report in reports]}
+        summary = {
+            "meta": meta,
+            "agreement": found,
+            "timings": [report.to_dict()["timings"] for report in reports],
+            "walls": walls,
+            "steps": steps,
+            "cpu_pinning": [report.cpu_pinning for report in reports],
+        }
         (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     console.print(overhead_table(reports, walls))
     if steps[0]:

@@ -33,9 +33,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -108,11 +108,21 @@ def kernel_breakdown(layer: nn.Module, length: int) -> tuple[list[dict], list[di
             entry = totals.setdefault(event.name, [0.0, 0])
             entry[0] += event.device_time_total / 1e3
             entry[1] += 1
-    kernels = [{"kernel": k[:90], "ms": v[0], "calls": v[1]}
-               for k, v in sorted(totals.items(), key=lambda item: item[1][0], reverse=True)]
+    kernels = [
+        {"kernel": k[:90], "ms": v[0], "calls": v[1]}
+        for k, v in sorted(totals.items(), key=lambda item: item[1][0], reverse=True)
+    ]
     operators = sorted(
-        ({"operator": row.key, "shapes": str(row.input_shapes)[:120], "ms": row.self_device_time_total / 1e3, "calls": row.count}
-         for row in prof.key_averages(group_by_input_shape=True) if row.self_device_time_total > 0),
+        (
+            {
+                "operator": row.key,
+                "shapes": str(row.input_shapes)[:120],
+                "ms": row.self_device_time_total / 1e3,
+                "calls": row.count,
+            }
+            for row in prof.key_averages(group_by_input_shape=True)
+            if row.self_device_time_total > 0
+        ),
         key=lambda r: -r["ms"],
     )
     return kernels, operators
@@ -137,8 +147,14 @@ def kernel_resources() -> list[dict]:
             for caches in getattr(fn, "device_caches", {}).values():
                 compiled = caches[0] if isinstance(caches, tuple) and isinstance(caches[0], dict) else {}
                 for kernel in compiled.values():
-                    rows.append({"kernel": name, "num_warps": kernel.metadata.num_warps,
-                                 "registers": getattr(kernel, "n_regs", None), "spills": getattr(kernel, "n_spills", None)})
+                    rows.append(
+                        {
+                            "kernel": name,
+                            "num_warps": kernel.metadata.num_warps,
+                            "registers": getattr(kernel, "n_regs", None),
+                            "spills": getattr(kernel, "n_spills", None),
+                        }
+                    )
     return rows
 
 
@@ -147,7 +163,6 @@ def conv_sweep(length: int, blocks: list[tuple[int, int, int]], runs: int = 20) 
     of the layer's projection (as the layer reads it: in place, after the 3 inputs before the
     tile) for each (tokens, channels, warps)."""
     import triton.testing
-
     from fla.ops.quasar.layer_kernels import causal_conv_silu
 
     width = 3 * LAYER["hidden_size"]
@@ -155,8 +170,9 @@ def conv_sweep(length: int, blocks: list[tuple[int, int, int]], runs: int = 20) 
     weight = torch.randn(width, 4, device="cuda")
     rows = []
     for block in blocks:
-        ms = triton.testing.do_bench(lambda block=block: causal_conv_silu(projected, weight, 3, block), rep=runs * 5,
-                                     return_mode="median")
+        ms = triton.testing.do_bench(
+            lambda block=block: causal_conv_silu(projected, weight, 3, block), rep=runs * 5, return_mode="median"
+        )
         rows.append({"block": list(block), "length": length, "ms": ms, "gb_per_s": 2 * length * width * 2 / ms / 1e6})
     return rows
 
@@ -169,8 +185,9 @@ def compiling_only(threads: int):
     from triton.runtime.jit import KernelInterface
 
     launch = KernelInterface.__getitem__
-    KernelInterface.__getitem__ = lambda kernel, grid: lambda *args, **kwargs: kernel.run(
-        *args, grid=grid, warmup=True, **kwargs)
+    KernelInterface.__getitem__ = lambda kernel, grid: (
+        lambda *args, **kwargs: kernel.run(*args, grid=grid, warmup=True, **kwargs)
+    )
     try:
         with ThreadPoolExecutor(threads) as pool, _async_compile.AsyncCompileMode(pool):
             yield
@@ -207,9 +224,17 @@ def compile_sweep(lengths: list[int], threads: int = 0) -> list[dict]:
                 seconds.append(time.perf_counter() - started)
         compiled = set(cache.rglob("*.cubin")) - seen
         seen |= compiled
-        rows.append({"length": length, "threads": threads, "dry_s": dry_s, "first_s": seconds[0],
-                     "second_s": seconds[1], "compiled": len(compiled),
-                     "kernels": sorted(path.stem for path in compiled)})
+        rows.append(
+            {
+                "length": length,
+                "threads": threads,
+                "dry_s": dry_s,
+                "first_s": seconds[0],
+                "second_s": seconds[1],
+                "compiled": len(compiled),
+                "kernels": sorted(path.stem for path in compiled),
+            }
+        )
         del x
         torch.cuda.empty_cache()
     return rows
@@ -241,8 +266,10 @@ class UpstreamLayer(nn.Module):
 
         r, H, D = self.reference, LAYER["num_heads"], LAYER["head_dim"]
         params = dict(r.named_parameters())
-        q, k, v = (conv(F.linear(x, params[f"{name}_proj.weight"]))[0].unflatten(-1, (H, D))
-                   for conv, name in zip(self.convs, "qkv"))
+        q, k, v = (
+            conv(F.linear(x, params[f"{name}_proj.weight"]))[0].unflatten(-1, (H, D))
+            for conv, name in zip(self.convs, "qkv")
+        )
         alpha = upstream_alpha(k, F.softplus(params["beta_log"].float()))
         o, _ = chunk_delta_rule(q, k, v, alpha.to(q.dtype), scale=1.0)
         g = F.linear(F.linear(x, params["g_proj.0.weight"]), params["g_proj.1.weight"], params["g_proj.1.bias"])
@@ -282,7 +309,9 @@ def upstream_main(args) -> int:
     results = []
     for length in args.lengths:
         seconds, peak, spread = time_forward(layer, length, args.runs)
-        results.append({"length": length, "tokens_per_sec": length / seconds, "peak_gib": peak / 2**30, "spread": spread})
+        results.append(
+            {"length": length, "tokens_per_sec": length / seconds, "peak_gib": peak / 2**30, "spread": spread}
+        )
         print(json.dumps(results[-1]), flush=True)
     from fla.ops.delta_rule import chunk_delta_rule
 
@@ -329,8 +358,13 @@ def check_layer(length: int) -> dict:
     expected = reference(x)[0]
     bounds = [length * i // 8 for i in range(9)]
     parts = [relative_error(out[:, a:b], expected[:, a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
-    return {"length": length, "finite": finite, "error": relative_error(out, expected), "worst_eighth": max(parts),
-            "worst_block": worst_block_error(out, expected)}
+    return {
+        "length": length,
+        "finite": finite,
+        "error": relative_error(out, expected),
+        "worst_eighth": max(parts),
+        "worst_block": worst_block_error(out, expected),
+    }
 
 
 def check_core() -> list[dict]:
@@ -351,12 +385,19 @@ def check_core() -> list[dict]:
         bounds = cu.tolist()
         for n in range(5):
             a, b = bounds[n], bounds[n + 1]
-            ro, rs = chunk_quasar_reference(qd[:, a:b], kd[:, a:b], vd[:, a:b], beta, h0[n:n + 1], output_final_state=True)
+            ro, rs = chunk_quasar_reference(
+                qd[:, a:b], kd[:, a:b], vd[:, a:b], beta, h0[n : n + 1], output_final_state=True
+            )
             assert rs is not None  # output_final_state=True
             outs.append(ro)
             states.append(rs)
-        rows.append({"core": str(dtype), "output_error": relative_error(o, torch.cat(outs, 1)),
-                     "final_state_error": relative_error(final, torch.cat(states))})
+        rows.append(
+            {
+                "core": str(dtype),
+                "output_error": relative_error(o, torch.cat(outs, 1)),
+                "final_state_error": relative_error(final, torch.cat(states)),
+            }
+        )
     return rows
 
 
@@ -386,33 +427,64 @@ def forward_once(length: int, variant: dict | None, folder: Path) -> int:
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar bench kernel") -> int:
     """Check, time and profile the fork's kernels; everything is written to --out."""
-    parser = argparse.ArgumentParser(prog=prog, description="Check and time the starter fork's QuasarAttention "
-                                                            "kernels on one GPU, in one call.")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Check and time the starter fork's QuasarAttention kernels on one GPU, in one call."
+    )
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--fork", type=Path, default=Path(str(template_root())),
-                        help="the fork's tree whose fla is checked and timed (default the starter fork's)")
+    parser.add_argument(
+        "--fork",
+        type=Path,
+        default=Path(str(template_root())),
+        help="the fork's tree whose fla is checked and timed (default the starter fork's)",
+    )
     parser.add_argument("--lengths", type=parse_lengths, default=parse_lengths("65536,262144,1000000"))
-    parser.add_argument("--check-lengths", type=parse_lengths, default=parse_lengths("512,1024,2048,65536,262144,1000000"))
-    parser.add_argument("--variants", type=json.loads, default=None,
-                        help="JSON list of tunings to time at the longest length (default: a small sweep)")
+    parser.add_argument(
+        "--check-lengths", type=parse_lengths, default=parse_lengths("512,1024,2048,65536,262144,1000000")
+    )
+    parser.add_argument(
+        "--variants",
+        type=json.loads,
+        default=None,
+        help="JSON list of tunings to time at the longest length (default: a small sweep)",
+    )
     parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--check-variants", action="store_true",
-                        help="check the layer at --check-lengths under every variant, not only the fastest")
+    parser.add_argument(
+        "--check-variants",
+        action="store_true",
+        help="check the layer at --check-lengths under every variant, not only the fastest",
+    )
     parser.add_argument("--upstream", action="store_true", help="also time upstream fla's chunk_delta_rule path")
     parser.add_argument("--upstream-only", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--check", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--compile-lengths", type=parse_lengths, default=[],
-                        help="first: the first and second forward at each of these lengths in turn, and the "
-                             "kernels Triton compiled for each (set TRITON_CACHE_DIR to an empty folder), "
-                             "under each of --variants in turn")
-    parser.add_argument("--compile-threads", type=int, default=0,
-                        help="with --compile-lengths: first compile each length's kernels in a dry forward on "
-                             "this many threads at once (Triton's AsyncCompileMode)")
-    parser.add_argument("--conv-blocks", type=json.loads, default=[],
-                        help="JSON list of [tokens, channels, warps] blocks of the causal conv kernel to time")
-    parser.add_argument("--forward-only", type=int, default=0, metavar="T",
-                        help="only run one forward of the fork's layer at T tokens (under the first of "
-                             "--variants, if given): a target for a profiler such as ncu")
+    parser.add_argument(
+        "--compile-lengths",
+        type=parse_lengths,
+        default=[],
+        help="first: the first and second forward at each of these lengths in turn, and the "
+        "kernels Triton compiled for each (set TRITON_CACHE_DIR to an empty folder), "
+        "under each of --variants in turn",
+    )
+    parser.add_argument(
+        "--compile-threads",
+        type=int,
+        default=0,
+        help="with --compile-lengths: first compile each length's kernels in a dry forward on "
+        "this many threads at once (Triton's AsyncCompileMode)",
+    )
+    parser.add_argument(
+        "--conv-blocks",
+        type=json.loads,
+        default=[],
+        help="JSON list of [tokens, channels, warps] blocks of the causal conv kernel to time",
+    )
+    parser.add_argument(
+        "--forward-only",
+        type=int,
+        default=0,
+        metavar="T",
+        help="only run one forward of the fork's layer at T tokens (under the first of "
+        "--variants, if given): a target for a profiler such as ncu",
+    )
     args = parser.parse_args(argv)
     setup_logging(quiet=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -453,9 +525,28 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench kernel") -
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH", ""),) if p)}
         # -P: the current folder stays off the child's import path (a fork's fla there would shadow upstream's).
         upstream = subprocess.Popen(
-            [sys.executable, "-P", "-m", "quasar", "bench", "kernel", "--upstream-only", "--check",
-             "--out", str(args.out), "--lengths", ",".join(map(str, args.lengths)), "--check-lengths", "65536", "--runs", str(args.runs)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                sys.executable,
+                "-P",
+                "-m",
+                "quasar",
+                "bench",
+                "kernel",
+                "--upstream-only",
+                "--check",
+                "--out",
+                str(args.out),
+                "--lengths",
+                ",".join(map(str, args.lengths)),
+                "--check-lengths",
+                "65536",
+                "--runs",
+                str(args.runs),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         # One GPU: wait for the child before timing anything here.
         assert upstream.stdout is not None  # stdout=PIPE
@@ -485,8 +576,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench kernel") -
     for variant in args.variants:
         use_tuning(variant, folder)
         seconds, peak, spread = time_forward(layer, longest, args.runs)
-        emit("variant", {"tuning": variant, "length": longest, "tokens_per_sec": longest / seconds,
-                         "peak_gib": peak / 2**30, "spread": spread})
+        emit(
+            "variant",
+            {
+                "tuning": variant,
+                "length": longest,
+                "tokens_per_sec": longest / seconds,
+                "peak_gib": peak / 2**30,
+                "spread": spread,
+            },
+        )
         if args.check_variants:
             check_layers(tuning=variant)
         if best is None or longest / seconds > best[1]:
@@ -515,13 +614,22 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench kernel") -
     up_core = [r for r in report.get("upstream", []) if "core_tokens_per_sec" in r]
     if up_core:
         fork_core = report["fork_core"][0]["core_tokens_per_sec"]
-        print(f"\ncore alone at {longest}: fork {fork_core / 1e6:.2f} M tok/s, upstream "
-              f"{up_core[0]['core_tokens_per_sec'] / 1e6:.2f} M tok/s, ratio {fork_core / up_core[0]['core_tokens_per_sec']:.2f}")
+        upstream_core = up_core[0]["core_tokens_per_sec"]
+        print(
+            f"\ncore alone at {longest}: fork {fork_core / 1e6:.2f} M tok/s, upstream "
+            f"{upstream_core / 1e6:.2f} M tok/s, ratio {fork_core / upstream_core:.2f}"
+        )
     print("\nlength  fork M tok/s  peak GiB  upstream M tok/s  peak GiB  ratio")
     ups = {r["length"]: r for r in report.get("upstream", []) if "length" in r}
     for row in report["fork"]:
         up = ups.get(row["length"])
-        print(f"{row['length']:>8}  {row['tokens_per_sec'] / 1e6:10.2f}  {row['peak_gib']:8.2f}  "
-              + (f"{up['tokens_per_sec'] / 1e6:14.2f}  {up['peak_gib']:8.2f}  {row['tokens_per_sec'] / up['tokens_per_sec']:5.2f}"
-                 if up else "-"))
+        print(
+            f"{row['length']:>8}  {row['tokens_per_sec'] / 1e6:10.2f}  {row['peak_gib']:8.2f}  "
+            + (
+                f"{up['tokens_per_sec'] / 1e6:14.2f}  {up['peak_gib']:8.2f}  "
+                f"{row['tokens_per_sec'] / up['tokens_per_sec']:5.2f}"
+                if up
+                else "-"
+            )
+        )
     return 0

@@ -50,8 +50,10 @@ def write_hostile_fork(dest: Path, attack: str, **params: object) -> Path:
     part of the installed package: they are read from the checkout this package runs from."""
     corpus = Path(__file__).resolve().parents[2] / "tests" / "hostile_forks" / "__init__.py"
     if not corpus.is_file():
-        raise SystemExit(f"{corpus} is missing: this benchmark runs from a checkout of the repository, "
-                         "whose attack tests' hostile forks it evaluates")
+        raise SystemExit(
+            f"{corpus} is missing: this benchmark runs from a checkout of the repository, "
+            "whose attack tests' hostile forks it evaluates"
+        )
     spec = importlib.util.spec_from_file_location("hostile_forks", corpus)
     assert spec is not None and spec.loader is not None, corpus
     module = importlib.util.module_from_spec(spec)
@@ -61,16 +63,24 @@ def write_hostile_fork(dest: Path, attack: str, **params: object) -> Path:
 
 def committed(tree: Path, paths: list[PurePosixPath] | None = None) -> str:
     """Commit ``tree`` as a fresh repository (the worker clones it); the commit."""
-    files = paths if paths is not None else sorted(PurePosixPath(p.relative_to(tree).as_posix())
-                                                   for p in tree.rglob("*") if p.is_file())
+    files = (
+        paths
+        if paths is not None
+        else sorted(PurePosixPath(p.relative_to(tree).as_posix()) for p in tree.rglob("*") if p.is_file())
+    )
     return commit_new_repository(tree, files, "bench_neighbours")
 
 
-def run_workers(jobs: list[tuple[Path, str, Device]], target: int, options: EvaluationOptions,
-                work_dir: Path) -> list[EvaluationReport]:
+def run_workers(
+    jobs: list[tuple[Path, str, Device]], target: int, options: EvaluationOptions, work_dir: Path
+) -> list[EvaluationReport]:
     """Start one worker per job at once and wait for all; their reports, in order."""
-    running = [SubprocessEvaluator(work_dir / device.cuda_visible_devices, options, allow_local=True).start(
-        EvaluationKey(str(fork), commit, target), device) for fork, commit, device in jobs]
+    running = [
+        SubprocessEvaluator(work_dir / device.cuda_visible_devices, options, allow_local=True).start(
+            EvaluationKey(str(fork), commit, target), device
+        )
+        for fork, commit, device in jobs
+    ]
     outcomes: list = [None] * len(running)
     while any(outcome is None for outcome in outcomes):
         for index, worker in enumerate(running):
@@ -97,14 +107,18 @@ def medians(reports: list[EvaluationReport]) -> dict[str, float | None]:
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar bench neighbours") -> int:
     """Run the evaluations; exit status 0 when every honest one passed within 2% of alone."""
-    parser = argparse.ArgumentParser(prog=prog, description="An honest evaluation beside a hostile one, as a "
-                                                            "validator with two GPUs runs them.")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="An honest evaluation beside a hostile one, as a validator with two GPUs runs them."
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--runs", type=int, default=2)
     parser.add_argument("--lens", type=parse_seq_lens, default=(512, 1024, 2048))
     parser.add_argument("--target", type=parse_seq_lens, default=(1_000_000,))
-    parser.add_argument("--hostile", default=",".join(HOSTILE_PARAMETERS),
-                        help=f"hostile forks beside the honest one (default {','.join(HOSTILE_PARAMETERS)})")
+    parser.add_argument(
+        "--hostile",
+        default=",".join(HOSTILE_PARAMETERS),
+        help=f"hostile forks beside the honest one (default {','.join(HOSTILE_PARAMETERS)})",
+    )
     args = parser.parse_args(argv)
     setup_logging(quiet=True)
     if torch.cuda.device_count() < 2:
@@ -129,14 +143,24 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench neighbours
         hostile_commit = committed(hostile)
         results[name], hostile_reports[name] = [], []
         for run in range(args.runs):
-            honest, attacker = run_workers([(starter, starter_commit, honest_gpu), (hostile, hostile_commit, hostile_gpu)],
-                                           target, options, scratch / "work")
+            honest, attacker = run_workers(
+                [(starter, starter_commit, honest_gpu), (hostile, hostile_commit, hostile_gpu)],
+                target,
+                options,
+                scratch / "work",
+            )
             results[name].append(honest)
             hostile_reports[name].append(attacker)
-            reached = [line for line in attacker.log_tail.splitlines()
-                       if line.startswith(("FORK-REFUSED", "GPUS-REACHED", "GPU-NODES"))]
-            console.print(f"beside {name} {run}: {honest.verdict}, {honest.measured_tokens_per_sec or 0:,.0f} "
-                          f"tokens/s; it: {attacker.verdict}; {'; '.join(reached)[:200]}", highlight=False)
+            reached = [
+                line
+                for line in attacker.log_tail.splitlines()
+                if line.startswith(("FORK-REFUSED", "GPUS-REACHED", "GPU-NODES"))
+            ]
+            console.print(
+                f"beside {name} {run}: {honest.verdict}, {honest.measured_tokens_per_sec or 0:,.0f} "
+                f"tokens/s; it: {attacker.verdict}; {'; '.join(reached)[:200]}",
+                highlight=False,
+            )
     for kind, reports in {**results, **{f"{k}-hostile": v for k, v in hostile_reports.items()}}.items():
         for index, report in enumerate(reports):
             (args.out / f"{kind}_{index}.json").write_text(report.to_json())
@@ -147,7 +171,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench neighbours
     table.add_column("alone", justify="right")
     for name in hostile_reports:
         table.add_column(f"beside {name}", justify="right", overflow="fold")
-    summary: dict[str, Any] = {"alone": alone, "beside": {}, "verdicts": {k: [r.verdict for r in v] for k, v in results.items()}}
+    summary: dict[str, Any] = {
+        "alone": alone,
+        "beside": {},
+        "verdicts": {k: [r.verdict for r in v] for k, v in results.items()},
+    }
     for key in alone:
         base = alone[key]
         cells = [f"{int(key):,}", f"{base / 1e6:.2f} M" if base else "-"]
@@ -159,7 +187,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench neighbours
     console.print(table)
     (args.out / "neighbours.json").write_text(json.dumps(summary, indent=1))
     honest_ok = all(report.passed for reports in results.values() for report in reports)
-    within = all(abs(summary["beside"][name][key] / alone[key] - 1) <= 0.02
-                 for name in hostile_reports for key in alone if alone[key] and summary["beside"][name][key])
+    within = all(
+        abs(summary["beside"][name][key] / alone[key] - 1) <= 0.02
+        for name in hostile_reports
+        for key in alone
+        if alone[key] and summary["beside"][name][key]
+    )
     console.print(f"every honest evaluation passed: {honest_ok}; within 2% of alone at every length: {within}")
     return 0 if honest_ok and within else 1

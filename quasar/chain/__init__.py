@@ -8,18 +8,6 @@ Implementations:
 Everything else (API, inference server, neurons) talks to :class:`Chain` only.
 """
 
-from quasar.chain.base import (
-    ApiLocation,
-    Chain,
-    ChainError,
-    Endpoint,
-    Metagraph,
-    NeuronInfo,
-    RateLimited,
-    SubnetHyperparameters,
-    UidsChanged,
-    WeightsSubmission,
-)
-
-__all__ = ["ApiLocation", "Chain", "ChainError", "Endpoint", "Metagraph", "NeuronInfo", "RateLimited",
-           "SubnetHyperparameters", "UidsChanged", "WeightsSubmission"]
+# The package's names are base's __all__, listed there once.
+from quasar.chain.base import *  # noqa: F403
+from quasar.chain.base import __all__ as __all__

@@ -9,6 +9,20 @@ from dataclasses import dataclass
 
 from quasar.errors import QuasarError
 
+# What ``quasar.chain`` exports: the interface and its records.
+__all__ = [
+    "ApiLocation",
+    "Chain",
+    "ChainError",
+    "Endpoint",
+    "Metagraph",
+    "NeuronInfo",
+    "RateLimited",
+    "SubnetHyperparameters",
+    "UidsChanged",
+    "WeightsSubmission",
+]
+
 # Weights and the max-weight limit are u16 on chain: 65535 is a share of 1.
 U16_MAX = 65535
 # A hotkey may hold at most this many commits waiting for their reveal (subtensor: TooManyUnrevealedCommits).
@@ -39,8 +53,10 @@ class UidsChanged(ChainError):
 
     def __init__(self, changed: Mapping[int, tuple[str, str | None]]):
         self.changed = dict(changed)
-        shown = "; ".join(f"uid {uid}: planned for {planned}, held by {now or 'nobody'} now"
-                          for uid, (planned, now) in sorted(self.changed.items()))
+        shown = "; ".join(
+            f"uid {uid}: planned for {planned}, held by {now or 'nobody'} now"
+            for uid, (planned, now) in sorted(self.changed.items())
+        )
         super().__init__(f"the subnet changed since the weights were planned ({shown}); nothing was submitted")
 
 
@@ -94,7 +110,7 @@ class SubnetHyperparameters:
     weights_rate_limit: int  # blocks between two weight settings (or commits) of a uid [WeightsSetRateLimit]
     min_allowed_weights: int  # fewest uids one setting may name, capped by the subnet's size [MinAllowedWeights]
     max_weight_limit: int  # largest share of one uid, in u16 (65535: no cap) [MaxWeightsLimit]
-    commit_reveal_enabled: bool  # weights are committed, applied when the chain reveals them [CommitRevealWeightsEnabled]
+    commit_reveal_enabled: bool  # weights are committed, applied when revealed [CommitRevealWeightsEnabled]
     reveal_period_epochs: int  # epochs from a commit to its reveal [RevealPeriodEpochs]
     serving_rate_limit: int  # blocks between two endpoint publications of a hotkey [ServingRateLimit]
     max_allowed_uids: int  # neurons the subnet holds before a registration replaces one [MaxAllowedUids]
@@ -135,7 +151,7 @@ _TAGGED = re.compile(rf"(?:^|\s)({API_URL_KEY}|{API_HOTKEY_KEY})=(\S*)")
 
 def decode_api_location(additional: str | None) -> ApiLocation | None:
     """The API location written in a subnet identity's ``additional`` text, or None without one."""
-    found = dict(match.groups() for match in _TAGGED.finditer(additional or ""))
+    found = {match.group(1): match.group(2) for match in _TAGGED.finditer(additional or "")}
     url = found.get(API_URL_KEY, "")
     return ApiLocation(url, found.get(API_HOTKEY_KEY, "")) if url else None
 
@@ -179,8 +195,9 @@ class Chain(abc.ABC):
         on chain. :class:`RateLimited` within the serving rate limit, ChainError on other failures."""
 
     @abc.abstractmethod
-    def set_weights(self, wallet, weights: Mapping[int, float], version_key: int,
-                    hotkeys: Mapping[int, str] | None = None) -> WeightsSubmission:
+    def set_weights(
+        self, wallet, weights: Mapping[int, float], version_key: int, hotkeys: Mapping[int, str] | None = None
+    ) -> WeightsSubmission:
         """Set ``wallet``'s weights (uid -> weight), or commit them on a commit-reveal subnet.
 
         ``hotkeys`` (uid -> the hotkey the weights were planned for) is checked against the chain at

@@ -29,7 +29,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
-import numbers
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -55,25 +54,36 @@ from quasar.chain.base import (
     decode_api_location,
     encode_api_location,
 )
+from quasar.chain.subtensor_rules import blocks_until_allowed, checked_weights
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-MAX_UID = 65535  # uids are u16 on chain
-
-
 # Our hyperparameter -> the name in the chain's get_subnet_hyperparams_v3 (the SDK's subnet_hyperparameters).
 HYPERPARAMETER_SOURCES = {
-    "tempo": "tempo", "weights_version_key": "weights_version", "weights_rate_limit": "weights_rate_limit",
-    "min_allowed_weights": "min_allowed_weights", "max_weight_limit": "max_weights_limit",
-    "commit_reveal_enabled": "commit_reveal_weights_enabled", "reveal_period_epochs": "commit_reveal_period",
-    "serving_rate_limit": "serving_rate_limit", "max_allowed_uids": "max_allowed_uids",
+    "tempo": "tempo",
+    "weights_version_key": "weights_version",
+    "weights_rate_limit": "weights_rate_limit",
+    "min_allowed_weights": "min_allowed_weights",
+    "max_weight_limit": "max_weights_limit",
+    "commit_reveal_enabled": "commit_reveal_weights_enabled",
+    "reveal_period_epochs": "commit_reveal_period",
+    "serving_rate_limit": "serving_rate_limit",
+    "max_allowed_uids": "max_allowed_uids",
     "immunity_period": "immunity_period",
 }
 # The subnet identity's fields, all rewritten by set_subnet_identity (empty ones are cleared).
-IDENTITY_FIELDS = ("subnet_name", "github_repo", "subnet_contact", "subnet_url", "discord", "description",
-                   "logo_url", "additional")
+IDENTITY_FIELDS = (
+    "subnet_name",
+    "github_repo",
+    "subnet_contact",
+    "subnet_url",
+    "discord",
+    "description",
+    "logo_url",
+    "additional",
+)
 
 
 class _RefusedForRateLimit(Exception):
@@ -81,30 +91,21 @@ class _RefusedForRateLimit(Exception):
 
 
 def blocks_until_weights_allowed(block: int, blocks_since_update: int | None, rate_limit: int) -> int:
-    """Blocks to wait before the chain accepts new weights from a uid (0: now).
-
-    The chain's rule: allowed when the uid never set weights (its last update is 0) or when at
-    least ``rate_limit`` blocks passed since its last update. ``blocks_since_update`` is the SDK's
+    """Blocks to wait before the chain accepts new weights from a uid (0: now): the chain's rate limit
+    (:func:`~quasar.chain.subtensor_rules.blocks_until_allowed`) with the uid's last update at
+    ``block - blocks_since_update``, where ``blocks_since_update`` is the SDK's
     ``epochs.blocks_since_last_update`` read at ``block`` (None: no last-update entry).
     """
-    if rate_limit <= 0 or blocks_since_update is None or block - blocks_since_update <= 0:
+    if blocks_since_update is None:
         return 0
-    return max(0, rate_limit - blocks_since_update)
+    return blocks_until_allowed(block, block - blocks_since_update, rate_limit)
 
 
 def normalize_weights(weights: Mapping[int, float]) -> dict[int, float]:
     """``weights`` scaled to sum 1; ChainError naming the bad entries (uid, finiteness, sign, sum)."""
-    bad_uids = [uid for uid in weights if not isinstance(uid, numbers.Integral) or not 0 <= uid <= MAX_UID]
-    if bad_uids:
-        raise ChainError(f"weights: uids must be integers in 0..{MAX_UID}; got {bad_uids}")
-    values = {int(uid): float(weight) for uid, weight in weights.items()}
-    bad = {uid: weight for uid, weight in values.items() if not math.isfinite(weight) or weight < 0}
-    if bad:
-        raise ChainError(f"weights must be finite and non-negative; got {bad}")
+    values = checked_weights(weights)
     total = sum(values.values())
-    if total <= 0:
-        raise ChainError("weights are empty or all zero: nothing to set")
-    return {uid: weight / total for uid, weight in sorted(values.items())}
+    return {uid: weight / total for uid, weight in values.items()}
 
 
 def endpoint_from_axon(axon: str | None) -> Endpoint | None:
@@ -123,8 +124,10 @@ def to_hyperparameters(raw: Mapping[str, Any]) -> SubnetHyperparameters:
     if missing:
         raise ChainError(f"the chain's subnet hyperparameters lack {', '.join(missing)}")
     values = {ours: raw[theirs] for ours, theirs in HYPERPARAMETER_SOURCES.items()}
-    return SubnetHyperparameters(**{name: bool(value) if name == "commit_reveal_enabled" else int(value)
-                                    for name, value in values.items()})
+    fields: dict[str, Any] = {
+        name: bool(value) if name == "commit_reveal_enabled" else int(value) for name, value in values.items()
+    }
+    return SubnetHyperparameters(**fields)
 
 
 def to_metagraph(graph: bittensor.Metagraph) -> Metagraph:
@@ -243,8 +246,15 @@ class BittensorChain(Chain):
         for attempt in range(attempts):
             if failure is not None:
                 delay = self.backoff_s * 2 ** (attempt - 1)
-                logger.warning("%s on %s: %s; retrying in %.1f s (attempt %d of %d)",
-                               what, self.target, failure, delay, attempt + 1, attempts)
+                logger.warning(
+                    "%s on %s: %s; retrying in %.1f s (attempt %d of %d)",
+                    what,
+                    self.target,
+                    failure,
+                    delay,
+                    attempt + 1,
+                    attempts,
+                )
                 self._sleep(delay)
             client = self._current_client()
             try:
@@ -267,15 +277,19 @@ class BittensorChain(Chain):
                 self._discard(client)
                 failure = error
         if isinstance(failure, _RefusedForRateLimit):
-            raise RateLimited(None, f"{what}: the chain still refuses it for a rate limit after "
-                                    f"{attempts} attempts: {failure}")
-        raise ChainError(f"{what}: cannot reach {self.target} after {attempts} attempts: "
-                         f"{type(failure).__name__}: {failure}")
+            raise RateLimited(
+                None, f"{what}: the chain still refuses it for a rate limit after {attempts} attempts: {failure}"
+            )
+        raise ChainError(
+            f"{what}: cannot reach {self.target} after {attempts} attempts: {type(failure).__name__}: {failure}"
+        )
 
     # --- Chain ---
 
+    # Chain declares block_time_s as an attribute (the dev chain sets it from its file); here it is
+    # read-only, read from the chain on first use (nothing connects before).
     @property
-    def block_time_s(self) -> float:
+    def block_time_s(self) -> float:  # type: ignore[override]
         """Seconds per block as the chain states it, read on first use."""
         if self._block_time_s is None:
             self._block_time_s = float(self._attempts("read the block time", lambda client: client.block_time()))
@@ -308,7 +322,9 @@ class BittensorChain(Chain):
         return to_hyperparameters(self._attempts("read the subnet's hyperparameters", read))
 
     def api_location(self) -> ApiLocation | None:
-        identity = self._attempts("read the subnet identity", lambda client: client.subnets.subnet_identity(self.netuid))
+        identity = self._attempts(
+            "read the subnet identity", lambda client: client.subnets.subnet_identity(self.netuid)
+        )
         return decode_api_location((identity or {}).get("additional"))
 
     def publish_api_location(self, wallet, location: ApiLocation) -> None:
@@ -321,8 +337,12 @@ class BittensorChain(Chain):
             fields["additional"] = encode_api_location(fields["additional"], location)
             intent = SetSubnetIdentity(netuid=self.netuid, **fields)
             result = _check_extrinsic("setting the subnet identity", client.execute(intent, wallet))
-            logger.info("published the API location %s on subnet %d (%s)", location.url, self.netuid,
-                        result.extrinsic_id or result.message)
+            logger.info(
+                "published the API location %s on subnet %d (%s)",
+                location.url,
+                self.netuid,
+                result.extrinsic_id or result.message,
+            )
 
         self._attempts("publish the API location", publish)
 
@@ -335,8 +355,10 @@ class BittensorChain(Chain):
         try:
             address = ipaddress.ip_address(host)
         except ValueError:
-            raise ChainError(f"endpoint host {host!r} is not an IP address; the chain stores an IPv4 "
-                             "or IPv6 address, not a host name") from None
+            raise ChainError(
+                f"endpoint host {host!r} is not an IP address; the chain stores an IPv4 "
+                "or IPv6 address, not a host name"
+            ) from None
         if address.is_unspecified:
             raise ChainError(f"endpoint host {host!r} is unspecified; publish the address others reach you at")
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
@@ -349,20 +371,28 @@ class BittensorChain(Chain):
         def publish(client: Any) -> None:
             neuron = to_metagraph(self._sdk_metagraph(client)).by_hotkey(hotkey)
             if neuron is None:
-                raise ChainError(f"cannot publish an endpoint: hotkey {hotkey} is not registered on "
-                                 f"subnet {self.netuid} of {self.target}")
+                raise ChainError(
+                    f"cannot publish an endpoint: hotkey {hotkey} is not registered on "
+                    f"subnet {self.netuid} of {self.target}"
+                )
             if neuron.endpoint == wanted:
                 logger.info("endpoint %s of uid %d is already on chain", wanted.base_url, neuron.uid)
                 return
             intent = ServeAxon(netuid=self.netuid, ip=str(address), port=port, version=package_version_key())
             result = _check_extrinsic("publishing the endpoint", client.execute(intent, wallet))
-            logger.info("published endpoint %s for uid %d on subnet %d (%s)",
-                        wanted.base_url, neuron.uid, self.netuid, result.extrinsic_id or result.message)
+            logger.info(
+                "published endpoint %s for uid %d on subnet %d (%s)",
+                wanted.base_url,
+                neuron.uid,
+                self.netuid,
+                result.extrinsic_id or result.message,
+            )
 
         self._attempts("publish the endpoint", publish)
 
-    def set_weights(self, wallet, weights: Mapping[int, float], version_key: int,
-                    hotkeys: Mapping[int, str] | None = None) -> WeightsSubmission:
+    def set_weights(
+        self, wallet, weights: Mapping[int, float], version_key: int, hotkeys: Mapping[int, str] | None = None
+    ) -> WeightsSubmission:
         """Submit ``weights`` (normalized to sum 1) with ``SetWeights``, which commits them on a
         commit-reveal subnet (the chain applies them when it reveals them).
 
@@ -377,8 +407,9 @@ class BittensorChain(Chain):
             view = client.at()
             uid = view.neurons.uid(hotkey, self.netuid)
             if uid is None:
-                raise ChainError(f"cannot set weights: hotkey {hotkey} is not registered on "
-                                 f"subnet {self.netuid} of {self.target}")
+                raise ChainError(
+                    f"cannot set weights: hotkey {hotkey} is not registered on subnet {self.netuid} of {self.target}"
+                )
             changed = {}
             for planned_uid, planned in (hotkeys or {}).items():
                 held = view.neurons.uid(planned, self.netuid)
@@ -390,15 +421,30 @@ class BittensorChain(Chain):
             since = view.epochs.blocks_since_last_update(self.netuid, uid)
             wait = blocks_until_weights_allowed(view.block, since, rate_limit)
             if wait:
-                raise RateLimited(wait, f"weights of uid {uid} on subnet {self.netuid} were set {since} blocks "
-                                        f"ago; the rate limit is {rate_limit} blocks: wait {wait} more")
+                raise RateLimited(
+                    wait,
+                    f"weights of uid {uid} on subnet {self.netuid} were set {since} blocks "
+                    f"ago; the rate limit is {rate_limit} blocks: wait {wait} more",
+                )
             committed = bool(view.subnets.commit_reveal_enabled(self.netuid))
-            intent = SetWeights(netuid=self.netuid, weights=normalized, version_key=int(version_key))
+            intent = SetWeights(
+                netuid=self.netuid,
+                uids=list(normalized),
+                weights=list(normalized.values()),
+                version_key=int(version_key),
+            )
             result = _check_extrinsic("setting weights", client.execute(intent, wallet))
             reveal = result.data.get("reveal_round") if committed else None
             detail = (result.extrinsic_id or result.message) + (f", revealed at drand round {reveal}" if reveal else "")
-            logger.info("%s weights for %d uids on subnet %d as uid %d (version_key %d, %s)",
-                        "committed" if committed else "set", len(normalized), self.netuid, uid, version_key, detail)
+            logger.info(
+                "%s weights for %d uids on subnet %d as uid %d (version_key %d, %s)",
+                "committed" if committed else "set",
+                len(normalized),
+                self.netuid,
+                uid,
+                version_key,
+                detail,
+            )
             return WeightsSubmission(view.block, committed, detail)
 
         return self._attempts("set weights", submit)

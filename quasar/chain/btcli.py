@@ -34,20 +34,23 @@ def new_hotkey(wallet: str, hotkey: str, wallet_path: str = DEFAULT_WALLET_PATH)
 
 def register(settings: Settings, wallet: str) -> str:
     """Register the settings' hotkey on their subnet (pays the subnet's registration cost)."""
-    return (f"btcli subnets register --netuid {settings.netuid} "
-            f"{_wallet_flags(wallet, settings.wallet_hotkey, settings.wallet_path)} --network {_network(settings)}")
+    return (
+        f"btcli subnets register --netuid {settings.netuid} "
+        f"{_wallet_flags(wallet, settings.wallet_hotkey, settings.wallet_path)} --network {_network(settings)}"
+    )
 
 
 def stake_add(settings: Settings, wallet: str, amount: str = "AMOUNT") -> str:
     """Stake TAO on the settings' hotkey on their subnet (a validator permit follows stake)."""
-    return (f"btcli stake add --netuid {settings.netuid} "
-            f"{_wallet_flags(wallet, settings.wallet_hotkey, settings.wallet_path)} --amount-tao {amount} "
-            f"--network {_network(settings)}")
+    return (
+        f"btcli stake add --netuid {settings.netuid} "
+        f"{_wallet_flags(wallet, settings.wallet_hotkey, settings.wallet_path)} --amount-tao {amount} "
+        f"--network {_network(settings)}"
+    )
 
 
 def registration_hint(settings: Settings, wallet: str, hotkey: str, coldkey: str = "COLDKEY") -> str:
     """How to register ``hotkey``: btcli on a Bittensor network, the dev chain's CLI on devchain."""
     if settings.network == DEV_NETWORK:
-        return (f"quasar devchain --path {settings.devchain_path} register --hotkey {hotkey} "
-                f"--coldkey {coldkey}")
+        return f"quasar devchain --path {settings.devchain_path} register --hotkey {hotkey} --coldkey {coldkey}"
     return register(settings, wallet)

@@ -41,12 +41,15 @@ def open_wallet(settings: Settings, role: str) -> bt.Wallet:
             f"hotkey file {keyfile.path} does not exist ({where}): create it with "
             f"`{btcli.new_hotkey(name, settings.wallet_hotkey, settings.wallet_path)}` (or the whole wallet with "
             f"`{btcli.wallet_create(name, settings.wallet_hotkey, settings.wallet_path)}`), or point WALLET_PATH, "
-            "WALLET_NAME and WALLET_HOTKEY at the one you have")
+            "WALLET_NAME and WALLET_HOTKEY at the one you have"
+        )
     if not keyfile.is_readable():
         raise WalletError(f"hotkey file {keyfile.path} is not readable by this user ({where})")
     if keyfile.is_encrypted():
-        raise WalletError(f"hotkey file {keyfile.path} is encrypted: the {role} signs without a prompt, so its "
-                          "hotkey must be unencrypted (as btcli creates hotkeys)")
+        raise WalletError(
+            f"hotkey file {keyfile.path} is encrypted: the {role} signs without a prompt, so its "
+            "hotkey must be unencrypted (as btcli creates hotkeys)"
+        )
     try:
         wallet.hotkey  # noqa: B018  (loads the keypair now, so a broken file fails here)
     except Exception as error:  # noqa: BLE001  (the SDK raises several kinds for a bad key file)

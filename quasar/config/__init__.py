@@ -22,7 +22,25 @@ from quasar.config.settings import (
 from quasar.config.values import BITTENSOR_NETWORKS, DEV_NETWORK, NETWORKS
 
 __all__ = [
-    "BITTENSOR_NETWORKS", "DEFAULT_SEQ_LENS", "DEV_NETWORK", "GROUPS", "LIBRARY_VARIABLES", "NETWORKS", "OPTIONS", "OPTIONS_BY_KEY",
-    "PROJECT_ROOT", "ROLES", "Option", "Settings", "SettingsError", "add_arguments", "default_dotenv_path",
-    "env_example", "parse_args", "resolve", "role_options", "settings_help", "settings_keys",
+    "BITTENSOR_NETWORKS",
+    "DEFAULT_SEQ_LENS",
+    "DEV_NETWORK",
+    "GROUPS",
+    "LIBRARY_VARIABLES",
+    "NETWORKS",
+    "OPTIONS",
+    "OPTIONS_BY_KEY",
+    "PROJECT_ROOT",
+    "ROLES",
+    "Option",
+    "Settings",
+    "SettingsError",
+    "add_arguments",
+    "default_dotenv_path",
+    "env_example",
+    "parse_args",
+    "resolve",
+    "role_options",
+    "settings_help",
+    "settings_keys",
 ]

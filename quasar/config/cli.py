@@ -13,7 +13,6 @@ from quasar.config.options import GROUPS, OPTIONS, ROLES, Option
 from quasar.config.settings import Settings, SettingsError, resolve
 from quasar.config.values import parse_bool
 
-
 # --help lays the settings out for this many columns (an SSH terminal).
 HELP_WIDTH = 80
 _NAME_WIDTH = 27
@@ -57,8 +56,15 @@ def add_arguments(parser: argparse.ArgumentParser, role: str | None = None) -> N
         if option.flag is None:
             continue
         if option.parse is parse_bool:
-            parser.add_argument(option.flag, *option.aliases, dest=option.key, action="store_const", const="true",
-                                default=None, help=argparse.SUPPRESS)
+            parser.add_argument(
+                option.flag,
+                *option.aliases,
+                dest=option.key,
+                action="store_const",
+                const="true",
+                default=None,
+                help=argparse.SUPPRESS,
+            )
         else:
             parser.add_argument(option.flag, *option.aliases, dest=option.key, default=None, help=argparse.SUPPRESS)
 
@@ -88,9 +94,13 @@ def env_example() -> str:
         "# Regenerate with: quasar config > .env.example",
         "",
     ]
+    group = None
     for option in OPTIONS:
         if option.env is None:
             continue
+        if option.group != group:
+            group = option.group
+            lines += [f"# --- {group} ---", ""]
         flag = f" (flag {' or '.join((option.flag, *option.aliases))})" if option.flag else ""
         lines.append(f"# {option.help}{flag}")
         lines.append(f"{option.env}={option.default}")

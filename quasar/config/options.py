@@ -1,5 +1,12 @@
-"""The one table of settings (settings.toml): each one's environment variable, flag, parser,
-default and meaning, the group --help lists it under, and the processes that read it (ROLES)."""
+"""The table of settings (settings/, one file per --help group): each one's environment variable,
+flag, parser, default and meaning, the group --help lists it under, and the processes that read
+it (ROLES).
+
+An entry of a group's file: ``[key]`` then ``env`` (the variable), ``flag`` (and ``aliases``,
+other spellings), ``kind`` (how its text is parsed: values.py's PARSERS, with ``low``, ``high``
+or ``choices`` where the kind takes them), ``default`` (as it would appear in .env), ``brief``
+(a few words for one line of --help), ``help`` (its whole meaning, for .env.example) and
+``secret`` (never logged)."""
 
 from __future__ import annotations
 
@@ -28,30 +35,77 @@ class Option:
     brief: str = ""  # its meaning in a few words, for one line of --help at 80 columns
 
 
-# The table itself is data: settings.toml beside this file, one entry per setting.
-SETTINGS_TABLE = Path(__file__).with_name("settings.toml")
-_ENTRY_FIELDS = {"env", "flag", "kind", "low", "high", "choices", "default", "group", "brief", "help", "secret",
-                 "aliases"}
+# The headings of --help, in the order they are shown; each is one file of settings/.
+GROUPS = (
+    "wallet",
+    "chain",
+    "process",
+    "submission API",
+    "miner",
+    "inference server",
+    "evaluation",
+    "reference model",
+    "logit check",
+    "scoring",
+    "validator",
+)
+SETTINGS_DIR = Path(__file__).with_name("settings")
+_ENTRY_FIELDS = {"env", "flag", "kind", "low", "high", "choices", "default", "brief", "help", "secret", "aliases"}
 
 
-def load_options(path: Path = SETTINGS_TABLE) -> tuple[Option, ...]:
-    """The settings of ``path`` (settings.toml's format), in its order; ValueError naming the entry
-    and field for an unknown field, a missing one or a kind without its bounds."""
-    table = tomllib.loads(path.read_text())
+def group_file(group: str, folder: Path = SETTINGS_DIR) -> Path:
+    """The file of ``group``'s settings: its name in lower case, spaces as underscores."""
+    return folder / (group.lower().replace(" ", "_") + ".toml")
+
+
+def load_group(path: Path, group: str) -> list[Option]:
+    """The settings of one group's file, in its order; ValueError naming the file, entry and field
+    for an unknown field, a missing one or a kind without its bounds."""
     options = []
-    for key, entry in table.items():
+    for key, entry in tomllib.loads(path.read_text()).items():
         unknown = set(entry) - _ENTRY_FIELDS
         if unknown:
             raise ValueError(f"{path.name} [{key}]: unknown field(s) {', '.join(sorted(unknown))}")
         try:
             parse = parser_for(entry["kind"], entry.get("low"), entry.get("high"), entry.get("choices", ()))
-            options.append(Option(key, entry.get("env"), entry.get("flag"), parse, entry["default"], entry["help"],
-                                  secret=entry.get("secret", False), aliases=tuple(entry.get("aliases", ())),
-                                  group=entry["group"], brief=entry["brief"]))
+            options.append(
+                Option(
+                    key,
+                    entry.get("env"),
+                    entry.get("flag"),
+                    parse,
+                    entry["default"],
+                    entry["help"],
+                    secret=entry.get("secret", False),
+                    aliases=tuple(entry.get("aliases", ())),
+                    group=group,
+                    brief=entry["brief"],
+                )
+            )
         except KeyError as missing:
             raise ValueError(f"{path.name} [{key}]: missing field {missing}") from None
         except ValueError as error:
             raise ValueError(f"{path.name} [{key}]: {error}") from None
+    return options
+
+
+def load_options(folder: Path = SETTINGS_DIR) -> tuple[Option, ...]:
+    """Every setting of ``folder``'s group files, group by group in :data:`GROUPS` order;
+    ValueError for a file that is no group's, a missing group file, or a key in two files."""
+    expected = {group_file(group, folder).name: group for group in GROUPS}
+    strays = sorted(path.name for path in folder.glob("*.toml") if path.name not in expected)
+    if strays:
+        raise ValueError(f"{folder}: {', '.join(strays)} name no group of GROUPS ({', '.join(expected)})")
+    options: list[Option] = []
+    for group in GROUPS:
+        path = group_file(group, folder)
+        if not path.is_file():
+            raise ValueError(f"{folder}: the group {group!r} has no file {path.name}")
+        options += load_group(path, group)
+    keys = [option.key for option in options]
+    repeated = sorted({key for key in keys if keys.count(key) > 1})
+    if repeated:
+        raise ValueError(f"{folder}: {', '.join(repeated)} defined in more than one file")
     return tuple(options)
 
 
@@ -61,9 +115,6 @@ OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
 # The lengths an evaluation benchmarks besides the target unless told otherwise (EVAL_SEQ_LENS).
 DEFAULT_SEQ_LENS: tuple[int, ...] = parse_seq_lens(OPTIONS_BY_KEY["eval_seq_lens"].default)
 
-# The headings of --help, in the order they are shown.
-GROUPS = ("wallet", "chain", "process", "submission API", "miner", "inference server", "evaluation",
-          "reference model", "logit check", "scoring", "validator")
 
 _WALLET = ("wallet_name", "wallet_hotkey", "wallet_path")
 _CHAIN = ("network", "chain_endpoint", "netuid", "devchain_path", "devchain_block_time")

@@ -194,5 +194,5 @@ def resolve(
 
 
 def settings_keys() -> list[str]:
-    """Names of the Settings fields, in order (used by tests to keep OPTIONS and Settings in step)."""
+    """Names of the Settings fields (used by tests to keep OPTIONS and Settings in step)."""
     return [f.name for f in fields(Settings)]

@@ -217,7 +217,7 @@ def parse_seq_lens(raw: str) -> tuple[int, ...]:
     return tuple(lengths)
 
 
-# Parsers by the ``kind`` settings.toml names; the factories take the entry's low, high or choices.
+# Parsers by the ``kind`` a settings entry names (settings/*.toml); the factories take the entry's low, high or choices.
 PARSERS: dict[str, Callable[[str], Any]] = {
     "bool": parse_bool, "chain_endpoint": parse_chain_endpoint, "database_url": parse_database_url,
     "device": parse_device, "dtype": parse_dtype, "git_remote_base": parse_git_remote_base,

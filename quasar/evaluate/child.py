@@ -202,8 +202,9 @@ class Server:
     def stand_in_forward(self, slot: Slot):
         """A stand-in for the layer that returns one fixed output (the harness's own cost, calibrated)."""
         if slot.stand_in is None:
-            slot.stand_in = torch.full((1, slot.buffers.seq_len, workload.HIDDEN_SIZE), 0.5, device=self.device,
-                                       dtype=workload.AUTOCAST_DTYPE)
+            slot.stand_in = torch.full(
+                (1, slot.buffers.seq_len, workload.HIDDEN_SIZE), 0.5, device=self.device, dtype=workload.AUTOCAST_DTYPE
+            )
         stand_in = slot.stand_in
         return lambda hidden: stand_in
 
@@ -260,8 +261,10 @@ class Server:
                 recover_from_failed_capture(self.device, pool)
             raise CaptureFailed(failure_reason(error)) from None
         if not difference <= GRAPH_AGREEMENT_TOLERANCE:
-            raise CaptureFailed(f"the graph's replay differs from the eager forwards (relative difference "
-                                f"{difference:.3g} of the first forward's fingerprint)")
+            raise CaptureFailed(
+                f"the graph's replay differs from the eager forwards (relative difference "
+                f"{difference:.3g} of the first forward's fingerprint)"
+            )
         slot.graphs[which] = (graph, output)
 
     def handle_calibrate(self, request: dict) -> tuple[dict, memoryview | None]:
@@ -285,8 +288,12 @@ class Server:
         try:
             from fla.layers.quasar import QuasarAttention
         except ModuleNotFoundError as error:
-            reply = {"ok": False, "kind": "missing_module", "module": error.name or "",
-                     "error": traceback.format_exc()[-MAX_ERROR_CHARS:]}
+            reply = {
+                "ok": False,
+                "kind": "missing_module",
+                "module": error.name or "",
+                "error": traceback.format_exc()[-MAX_ERROR_CHARS:],
+            }
             return reply, None
         finally:
             settle_garbage_collector()
@@ -335,8 +342,12 @@ class Server:
         header = {"ok": True, "dtype": _DTYPE_NAMES[output.dtype], "shape": list(output.shape)}
         raw = output.detach().contiguous().reshape(-1).view(torch.uint8)
         offset = request.get("offset", 0)
-        if (self.shared is not None and isinstance(offset, int) and 0 <= offset
-                and offset + raw.numel() <= self.shared.size):
+        if (
+            self.shared is not None
+            and isinstance(offset, int)
+            and 0 <= offset
+            and offset + raw.numel() <= self.shared.size
+        ):
             # Straight from the device into the parent's area: no host copy, no pipe.
             destination = torch.frombuffer(self.shared.mapping(), dtype=torch.uint8, count=raw.numel(), offset=offset)
             with registered_for_dma(destination, raw.device):
@@ -351,7 +362,11 @@ class Server:
         peak = torch.cuda.max_memory_allocated(self.device)
         if request.get("reset"):
             torch.cuda.reset_peak_memory_stats(self.device)
-        return {"ok": True, "peak_bytes": int(peak), "allocated_bytes": int(torch.cuda.memory_allocated(self.device))}, None
+        return {
+            "ok": True,
+            "peak_bytes": int(peak),
+            "allocated_bytes": int(torch.cuda.memory_allocated(self.device)),
+        }, None
 
     def serve(self) -> None:
         handlers = {
@@ -377,7 +392,12 @@ class Server:
                 reply, payload = handlers[op](request)
             except torch.OutOfMemoryError as error:
                 self.last_output = None
-                reply = {"ok": False, "kind": "oom", "error": str(error)[:MAX_ERROR_CHARS], "peak_bytes": self.peak_bytes()}
+                reply = {
+                    "ok": False,
+                    "kind": "oom",
+                    "error": str(error)[:MAX_ERROR_CHARS],
+                    "peak_bytes": self.peak_bytes(),
+                }
                 if "seq_len" in request:
                     self.drop_slots(int(request["seq_len"]))
             except BaseException as error:  # noqa: BLE001  (any failure of fork code is reported, not fatal)

@@ -53,20 +53,40 @@ def positive_float(text: str) -> float:
 def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
     """The evaluation's flags, shared by every tool that evaluates a fork."""
     parser.add_argument("--claimed", type=positive_float, metavar="TPS", help="claimed tokens/sec at the target")
-    parser.add_argument("--device", help="cuda, cuda:N or cpu (cpu: tests and small lengths only; default: the "
-                                         "DEVICE setting, cuda)")
-    parser.add_argument("--timeout", type=positive_float, default=3600.0, metavar="SECONDS",
-                        help="limit for the whole evaluation (default 3600)")
-    parser.add_argument("--length-timeout", type=positive_float, default=900.0, metavar="SECONDS",
-                        help="limit for one length: warm-up, timed runs and check (default 900)")
-    parser.add_argument("--warmup", type=int, default=3, metavar="N", help="warm-up requests per length (default 3, at least 2)")
-    parser.add_argument("--repeats", type=positive_int, metavar="N",
-                        help="timed runs per length (default: as many as fit in 2 s, 10 to 200)")
+    parser.add_argument(
+        "--device", help="cuda, cuda:N or cpu (cpu: tests and small lengths only; default: the DEVICE setting, cuda)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="limit for the whole evaluation (default 3600)",
+    )
+    parser.add_argument(
+        "--length-timeout",
+        type=positive_float,
+        default=900.0,
+        metavar="SECONDS",
+        help="limit for one length: warm-up, timed runs and check (default 900)",
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=3, metavar="N", help="warm-up requests per length (default 3, at least 2)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        metavar="N",
+        help="timed runs per length (default: as many as fit in 2 s, 10 to 200)",
+    )
     parser.add_argument("--import-profile", choices=("core", "strict"), default="core")
     parser.add_argument("--require-cu", action="store_true", help="a missing *.cu file is an error")
-    parser.add_argument("--allow-unsandboxed", action="store_true",
-                        help="run the fork without namespaces where they are unavailable (it can then "
-                             "read this user's files and use the network)")
+    parser.add_argument(
+        "--allow-unsandboxed",
+        action="store_true",
+        help="run the fork without namespaces where they are unavailable (it can then "
+        "read this user's files and use the network)",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--debug", action="store_true", help="log at debug level")
 
@@ -90,9 +110,16 @@ def options_from(args: argparse.Namespace, seq_lens: Sequence[int], settings: co
     EvaluationInputError."""
     repeats = {"min_timed_runs": args.repeats, "max_timed_runs": args.repeats} if args.repeats else {}
     return options_from_settings(
-        settings, allow_unsandboxed=args.allow_unsandboxed, seq_lens=tuple(seq_lens),
-        device=args.device or settings.device, timeout_s=args.timeout, length_timeout_s=args.length_timeout,
-        import_profile=args.import_profile, require_cu=args.require_cu, warmup_runs=max(args.warmup, 0), **repeats,
+        settings,
+        allow_unsandboxed=args.allow_unsandboxed,
+        seq_lens=tuple(seq_lens),
+        device=args.device or settings.device,
+        timeout_s=args.timeout,
+        length_timeout_s=args.length_timeout,
+        import_profile=args.import_profile,
+        require_cu=args.require_cu,
+        warmup_runs=max(args.warmup, 0),
+        **repeats,
     )
 
 
@@ -104,8 +131,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar evaluate") -> in
     )
     parser.add_argument("repo", help="path of the checked-out fork")
     parser.add_argument("--target", type=positive_int, required=True, metavar="N", help="target sequence length")
-    parser.add_argument("--seq-lens", type=parse_seq_lens, default=DEFAULT_SEQ_LENS, metavar="LIST",
-                        help=f"lengths run besides the target (default {','.join(map(str, DEFAULT_SEQ_LENS))})")
+    parser.add_argument(
+        "--seq-lens",
+        type=parse_seq_lens,
+        default=DEFAULT_SEQ_LENS,
+        metavar="LIST",
+        help=f"lengths run besides the target (default {','.join(map(str, DEFAULT_SEQ_LENS))})",
+    )
     add_evaluation_arguments(parser)
     args, settings = start(parser, argv)
     try:

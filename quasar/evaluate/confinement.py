@@ -227,8 +227,14 @@ def _v2_parent(configured: str | None, mounts: list[_Mount], own: dict[str, str]
     return Path(points[0]) / own[""].lstrip("/"), ""
 
 
-def make_cgroup(name: str, memory_bytes: int, max_processes: int, configured: str | None = None,
-                mountinfo: str = "/proc/self/mountinfo", cgroup_file: str = "/proc/self/cgroup") -> tuple[Cgroup | None, str]:
+def make_cgroup(
+    name: str,
+    memory_bytes: int,
+    max_processes: int,
+    configured: str | None = None,
+    mountinfo: str = "/proc/self/mountinfo",
+    cgroup_file: str = "/proc/self/cgroup",
+) -> tuple[Cgroup | None, str]:
     """A new cgroup for one sandbox with its limits set, or None and why not. Tried in turn:
     ``configured`` (a v2 directory to make it in), writable v1 ``pids`` and ``memory``
     hierarchies, this process's own v2 cgroup with both controllers enabled for its children."""
@@ -239,11 +245,16 @@ def make_cgroup(name: str, memory_bytes: int, max_processes: int, configured: st
         return None, f"cgroups unreadable: {error}"
     reasons = []
     if not configured:
-        v1 = {controller: next((m for m in mounts if m.version == 1 and controller in m.controllers), None)
-              for controller in ("pids", "memory")}
+        v1 = {
+            controller: next((m for m in mounts if m.version == 1 and controller in m.controllers), None)
+            for controller in ("pids", "memory")
+        }
         if all(v1.values()) and all(controller in own for controller in v1):
-            directories = {controller: Path(mount.point) / own[controller].lstrip("/") / name
-                           for controller, mount in v1.items() if mount is not None}
+            directories = {
+                controller: Path(mount.point) / own[controller].lstrip("/") / name
+                for controller, mount in v1.items()
+                if mount is not None
+            }
             try:
                 return _new_cgroup(1, directories, memory_bytes, max_processes), ""
             except OSError as error:
@@ -260,8 +271,10 @@ def make_cgroup(name: str, memory_bytes: int, max_processes: int, configured: st
         reasons.append(f"cgroup v2 {parent}: {error.strerror or error}")
         return None, "; ".join(reasons)
     if "memory" not in enabled:
-        reasons.append(f"cgroup v2 {parent} does not enable memory for its children "
-                       "(set SANDBOX_CGROUP to a delegated cgroup that does)")
+        reasons.append(
+            f"cgroup v2 {parent} does not enable memory for its children "
+            "(set SANDBOX_CGROUP to a delegated cgroup that does)"
+        )
         return None, "; ".join(reasons)
     directory = parent / name
     # pids where the host has the controller; else processes are bounded by the sandbox uid's RLIMIT_NPROC.
@@ -329,8 +342,10 @@ class MemoryWatchdog:
             used = sum(anonymous_bytes(pid) for pid in descendants(self.root_pid))
             self.peak_bytes = max(self.peak_bytes, used)
             if used > self.limit_bytes:
-                self.tripped = (f"the fork's processes used {used >> 20:,} MiB of memory, over the sandbox's "
-                                f"limit of {self.limit_bytes >> 20:,} MiB; the child was killed")
+                self.tripped = (
+                    f"the fork's processes used {used >> 20:,} MiB of memory, over the sandbox's "
+                    f"limit of {self.limit_bytes >> 20:,} MiB; the child was killed"
+                )
                 self.kill()
                 return
 
@@ -361,7 +376,8 @@ class Confinement:
             if root:
                 confinement.uid = lease_uid()
             confinement.cgroup, confinement.cgroup_note = make_cgroup(
-                CGROUP_PREFIX + secrets.token_hex(6), memory_bytes, max_processes, configured_cgroup)
+                CGROUP_PREFIX + secrets.token_hex(6), memory_bytes, max_processes, configured_cgroup
+            )
         except BaseException:
             confinement.release()
             raise
@@ -379,8 +395,10 @@ class Confinement:
         if self.watchdog is not None and self.watchdog.tripped:
             return self.watchdog.tripped
         if self.cgroup is not None and self.cgroup.oom_kills():
-            return (f"the fork's processes ran out of the sandbox's {self.memory_bytes >> 20:,} MiB of memory "
-                    "and were killed")
+            return (
+                f"the fork's processes ran out of the sandbox's {self.memory_bytes >> 20:,} MiB of memory "
+                "and were killed"
+            )
         return ""
 
     def describe(self) -> str:
@@ -389,8 +407,13 @@ class Confinement:
         if self.uid is not None:
             parts.append(f"own uid {self.uid.uid}")
         if self.cgroup is not None:
-            tasks = (f"{self.max_processes:,} tasks" if "pids" in self.cgroup.directories
-                     else f"{self.max_processes:,} tasks by RLIMIT_NPROC" if self.uid is not None else "tasks not limited")
+            tasks = (
+                f"{self.max_processes:,} tasks"
+                if "pids" in self.cgroup.directories
+                else f"{self.max_processes:,} tasks by RLIMIT_NPROC"
+                if self.uid is not None
+                else "tasks not limited"
+            )
             parts.append(f"cgroup v{self.cgroup.version} ({self.memory_bytes >> 20:,} MiB, {tasks})")
         else:
             tasks = f"{self.max_processes:,} tasks by RLIMIT_NPROC" if self.uid is not None else "tasks not limited"

@@ -52,8 +52,11 @@ class EvaluationEnvironment:
 
     def describe(self) -> str:
         """One line for the report: the named packages' versions and how many others they need."""
-        named = [f"{name} {self.distributions[canonical(name)]}" for name in EVALUATION_PACKAGES
-                 if canonical(name) in self.distributions]
+        named = [
+            f"{name} {self.distributions[canonical(name)]}"
+            for name in EVALUATION_PACKAGES
+            if canonical(name) in self.distributions
+        ]
         others = len(self.distributions) - len(named)
         text = ", ".join(named) + (f" and {others} packages they need" if others else "")
         if self.missing:
@@ -143,7 +146,7 @@ def _entries(distribution: importlib.metadata.Distribution) -> tuple[str, set[st
     return site, {entry for entry in entries if os.path.lexists(os.path.join(site, entry))}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def evaluation_environment(roots: tuple[str, ...] = EVALUATION_PACKAGES) -> EvaluationEnvironment:
     """The environment of ``roots`` and everything they require, as installed for this process."""
     installed = _installed()
@@ -167,6 +170,8 @@ def evaluation_environment(roots: tuple[str, ...] = EVALUATION_PACKAGES) -> Eval
         by_site.setdefault(site, set()).update(entries)
         pending.extend(_required_names(requirements))
     order = {os.path.normpath(path): index for index, path in enumerate(sys.path)}
-    sites = tuple(Site(path, tuple(sorted(entries)))
-                  for path, entries in sorted(by_site.items(), key=lambda item: order.get(item[0], len(order))))
+    sites = tuple(
+        Site(path, tuple(sorted(entries)))
+        for path, entries in sorted(by_site.items(), key=lambda item: order.get(item[0], len(order)))
+    )
     return EvaluationEnvironment(dict(sorted(versions.items())), sites, tuple(sorted(missing)))

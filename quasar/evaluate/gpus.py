@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+
 @dataclass(frozen=True)
 class NvidiaGpu:
     """A GPU as the NVIDIA driver lists it (/proc/driver/nvidia/gpus): PCI bus, device node minor, UUID."""

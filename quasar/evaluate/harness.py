@@ -28,8 +28,8 @@ from quasar.evaluate.options import (
     ProgressCallback,
     ProgressEvent,
     check_lengths,
-    request_counts,
     draw_weights_seed,
+    request_counts,
 )
 from quasar.evaluate.references import ReferenceWork
 from quasar.evaluate.report import (
@@ -48,6 +48,7 @@ from quasar.evaluate.sandbox import SandboxedChild, SandboxError, SandboxUnavail
 from quasar.evaluate.session import ChildFailure, Session, reply_failure
 from quasar.evaluate.start import SandboxStart
 from quasar.evaluate.timing import (
+    TIMED_ROUNDS,
     LengthRun,
     calibrate,
     child_usable,
@@ -56,7 +57,6 @@ from quasar.evaluate.timing import (
     prepare_length,
     recommended_claim,
     time_rounds,
-    TIMED_ROUNDS,
 )
 from quasar.evaluate.verification import verify_all
 
@@ -81,9 +81,16 @@ def _pinning_note(plan: pinning.CpuPlan | None, note: str, child_cpus: list[int]
     return note + "".join(f"; {problem}" for problem in problems)
 
 
-def _benchmark_in_sandbox(sandbox: SandboxStart, lengths: list[int], references: ReferenceWork,
-                          options: EvaluationOptions, deadline: float, timings: Timings, progress: ProgressCallback,
-                          report: EvaluationReport) -> tuple[dict[int, LengthRun], Callable[[], None]]:
+def _benchmark_in_sandbox(
+    sandbox: SandboxStart,
+    lengths: list[int],
+    references: ReferenceWork,
+    options: EvaluationOptions,
+    deadline: float,
+    timings: Timings,
+    progress: ProgressCallback,
+    report: EvaluationReport,
+) -> tuple[dict[int, LengthRun], Callable[[], None]]:
     """Wait for the sandboxed child and run every length in it; the parent's timing thread runs
     pinned (if planned) until the child is done, then gets its own CPUs back.
 
@@ -92,8 +99,9 @@ def _benchmark_in_sandbox(sandbox: SandboxStart, lengths: list[int], references:
     (its exit, its GPU context torn down, the straggler scan: about a second on an H100 machine),
     since nothing it could do after its last reply changes the parent's verdict.
     """
-    runs = {length: LengthRun(LengthResult(seq_len=length), output_offset=sandbox.offsets[length])
-            for length in lengths}
+    runs = {
+        length: LengthRun(LengthResult(seq_len=length), output_offset=sandbox.offsets[length]) for length in lengths
+    }
     progress(ProgressEvent("start"))
     plan, note = sandbox.plan, sandbox.note
     try:
@@ -121,14 +129,24 @@ def _benchmark_in_sandbox(sandbox: SandboxStart, lengths: list[int], references:
         closing.join()
         report.log_tail = clean_text(child.output.text()[-8000:], 8000)
         if child.stragglers_killed:
-            report.reasons.append(f"{child.stragglers_killed} process(es) started by the fork outlived it and were killed")
+            report.reasons.append(
+                f"{child.stragglers_killed} process(es) started by the fork outlived it and were killed"
+            )
 
     return runs, closed
 
 
-def _measure(child: SandboxedChild, runs: dict[int, LengthRun], lengths: list[int], references: ReferenceWork,
-             options: EvaluationOptions, deadline: float, timings: Timings, progress: ProgressCallback,
-             report: EvaluationReport) -> None:
+def _measure(
+    child: SandboxedChild,
+    runs: dict[int, LengthRun],
+    lengths: list[int],
+    references: ReferenceWork,
+    options: EvaluationOptions,
+    deadline: float,
+    timings: Timings,
+    progress: ProgressCallback,
+    report: EvaluationReport,
+) -> None:
     """Calibrate, load the fork and run every length in a started child; fills ``runs``."""
     session = Session(child, deadline)
     weights_seed = references.weights_seed
@@ -143,8 +161,11 @@ def _measure(child: SandboxedChild, runs: dict[int, LengthRun], lengths: list[in
         progress(ProgressEvent("load"))
         child.precompiled(timeout=PRECOMPILE_WAIT_S)
         header = {"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed}
-        reply, _, _ = session.request(header, time.monotonic() + options.load_timeout_s,
-                                      f"loading the fork's layer (limit {options.load_timeout_s:g} s)")
+        reply, _, _ = session.request(
+            header,
+            time.monotonic() + options.load_timeout_s,
+            f"loading the fork's layer (limit {options.load_timeout_s:g} s)",
+        )
         timings.load_s = time.monotonic() - started
         if not reply.get("ok"):
             raise reply_failure(reply, None, "loading the fork's layer (fla.layers.quasar.QuasarAttention)")
@@ -175,8 +196,9 @@ def _measure(child: SandboxedChild, runs: dict[int, LengthRun], lengths: list[in
         run.seed_pool = references.timed_seeds.get(length, [])
         run.precomputed = references.precomputed.get(length, {})
         run.check_round = secrets.randbelow(TIMED_ROUNDS)
-        failed = length_step(run, prepare_length, session, run, options, counts[length], timings, progress,
-                              warmup_since)
+        failed = length_step(
+            run, prepare_length, session, run, options, counts[length], timings, progress, warmup_since
+        )
         if failed is None:
             prepared.append(length)
         elif not child_usable(child, failed):
@@ -198,8 +220,13 @@ def _measure(child: SandboxedChild, runs: dict[int, LengthRun], lengths: list[in
             continue
         finish_length(run, counts[length])
         progress(ProgressEvent("timed", length, run.result.timed_runs, run.result.timed_runs))
-        logger.info("T=%d: %.0f tokens/s (median of %d, cv %.3f)", length, run.result.tokens_per_sec,
-                    run.result.timed_runs, run.result.cv)
+        logger.info(
+            "T=%d: %.0f tokens/s (median of %d, cv %.3f)",
+            length,
+            run.result.tokens_per_sec,
+            run.result.timed_runs,
+            run.result.cv,
+        )
 
 
 def _device_name(device: str) -> str:
@@ -212,8 +239,12 @@ def _import_check(repo: Path, options: EvaluationOptions) -> ImportCheck:
     from quasar.imports import validate_repo
 
     found = validate_repo(repo, profile=options.import_profile, require_cu=options.require_cu)
-    return ImportCheck(ok=found.ok, profile=options.import_profile,
-                       errors=[str(f) for f in found.errors], warnings=[str(f) for f in found.warnings])
+    return ImportCheck(
+        ok=found.ok,
+        profile=options.import_profile,
+        errors=[str(f) for f in found.errors],
+        warnings=[str(f) for f in found.warnings],
+    )
 
 
 def _score(report: EvaluationReport, runs: dict[int, LengthRun]) -> None:
@@ -234,13 +265,20 @@ def _score(report: EvaluationReport, runs: dict[int, LengthRun]) -> None:
     if claimed is not None:
         report.claim_ok = measured >= scoring.CLAIM_FACTOR * claimed
         if not report.claim_ok:
-            report.reasons.append(f"measured {measured:,.0f} tokens/s at T={target} is below {scoring.CLAIM_FACTOR} "
-                                  f"× claimed {claimed:,.0f}")
+            report.reasons.append(
+                f"measured {measured:,.0f} tokens/s at T={target} is below {scoring.CLAIM_FACTOR} "
+                f"× claimed {claimed:,.0f}"
+            )
     correct = all(run.result.correct for run in runs.values())
     result = scoring.Result(
-        hotkey="evaluation", submission_id=0, submitted_at=0.0, target_sequence_length=target,
+        hotkey="evaluation",
+        submission_id=0,
+        submitted_at=0.0,
+        target_sequence_length=target,
         claimed_tokens_per_sec=claimed if claimed is not None else measured,
-        measured_tokens_per_sec=measured, correct=correct, logits_ok=None,
+        measured_tokens_per_sec=measured,
+        correct=correct,
+        logits_ok=None,
     )
     report.weighted_score = scoring.weighted_score(result)
 
@@ -269,8 +307,15 @@ def evaluate(
     evaluation owns them from here and closes them on every path.
     """
     try:
-        return _evaluate(repo_path, target_seq_len, claimed_tokens_per_sec, options or EvaluationOptions(),
-                         progress or (lambda event: None), sandbox, references)
+        return _evaluate(
+            repo_path,
+            target_seq_len,
+            claimed_tokens_per_sec,
+            options or EvaluationOptions(),
+            progress or (lambda event: None),
+            sandbox,
+            references,
+        )
     finally:
         if sandbox is not None:
             sandbox.close()
@@ -278,41 +323,68 @@ def evaluate(
             references.join()
 
 
-def _evaluate(repo_path: str | Path, target_seq_len: int, claimed_tokens_per_sec: float | None,
-              options: EvaluationOptions, progress: ProgressCallback, sandbox: SandboxStart | None,
-              references: ReferenceWork | None) -> EvaluationReport:
+def _evaluate(
+    repo_path: str | Path,
+    target_seq_len: int,
+    claimed_tokens_per_sec: float | None,
+    options: EvaluationOptions,
+    progress: ProgressCallback,
+    sandbox: SandboxStart | None,
+    references: ReferenceWork | None,
+) -> EvaluationReport:
     started = time.monotonic()
     repo = Path(repo_path)
     if not repo.is_dir():
         raise EvaluationInputError(f"repository path {str(repo)!r} is not a directory")
-    if claimed_tokens_per_sec is not None and not (math.isfinite(claimed_tokens_per_sec) and claimed_tokens_per_sec > 0):
+    if claimed_tokens_per_sec is not None and not (
+        math.isfinite(claimed_tokens_per_sec) and claimed_tokens_per_sec > 0
+    ):
         raise EvaluationInputError(f"claimed tokens/sec must be a positive number, got {claimed_tokens_per_sec!r}")
     if options.device != "cpu" and not options.device.startswith("cuda"):
         raise EvaluationInputError(f"device must be cpu, cuda or cuda:N, got {options.device!r}")
     if options.device.startswith("cuda") and not torch.cuda.is_available():
-        raise EvaluationInputError(f"device {options.device}: CUDA is not available here "
-                                   f"(--device cpu runs small lengths for tests; {CPU_NOTE})")
+        raise EvaluationInputError(
+            f"device {options.device}: CUDA is not available here "
+            f"(--device cpu runs small lengths for tests; {CPU_NOTE})"
+        )
     lengths = check_lengths(options.seq_lens, target_seq_len, options.device)
     if not 1 <= options.max_forwards_per_request <= MAX_FORWARDS_PER_REQUEST:
-        raise EvaluationInputError(f"max_forwards_per_request {options.max_forwards_per_request!r}: expected 1 "
-                                   f"to {MAX_FORWARDS_PER_REQUEST}")
+        raise EvaluationInputError(
+            f"max_forwards_per_request {options.max_forwards_per_request!r}: expected 1 to {MAX_FORWARDS_PER_REQUEST}"
+        )
     if options.tokens_per_request is not None and not (
-            isinstance(options.tokens_per_request, int) and 0 <= options.tokens_per_request <= MAX_TOKENS_PER_REQUEST):
-        raise EvaluationInputError(f"tokens_per_request {options.tokens_per_request!r}: expected an integer from 0 "
-                                   f"to {MAX_TOKENS_PER_REQUEST}")
+        isinstance(options.tokens_per_request, int) and 0 <= options.tokens_per_request <= MAX_TOKENS_PER_REQUEST
+    ):
+        raise EvaluationInputError(
+            f"tokens_per_request {options.tokens_per_request!r}: expected an integer from 0 to {MAX_TOKENS_PER_REQUEST}"
+        )
     if sandbox is not None and (sandbox.lengths != lengths or sandbox.device != options.device):
-        raise EvaluationInputError(f"the sandbox was started for T={sandbox.lengths} on {sandbox.device}, "
-                                   f"not for T={lengths} on {options.device}")
-    if references is not None and (sorted(references.check_seeds) != lengths or references.device != options.device
-                                   or options.weights_seed not in (None, references.weights_seed)):
-        raise EvaluationInputError(f"the reference work was started for T={sorted(references.check_seeds)} on "
-                                   f"{references.device} with other weights than asked for")
+        raise EvaluationInputError(
+            f"the sandbox was started for T={sandbox.lengths} on {sandbox.device}, "
+            f"not for T={lengths} on {options.device}"
+        )
+    if references is not None and (
+        sorted(references.check_seeds) != lengths
+        or references.device != options.device
+        or options.weights_seed not in (None, references.weights_seed)
+    ):
+        raise EvaluationInputError(
+            f"the reference work was started for T={sorted(references.check_seeds)} on "
+            f"{references.device} with other weights than asked for"
+        )
     weights_seed = references.weights_seed if references is not None else draw_weights_seed(options)
     report = EvaluationReport(
-        verdict=FAIL, reasons=[], repo=str(repo), target_seq_len=target_seq_len, seq_lens=lengths,
-        device=options.device, device_name="", import_check=None,
+        verdict=FAIL,
+        reasons=[],
+        repo=str(repo),
+        target_seq_len=target_seq_len,
+        seq_lens=lengths,
+        device=options.device,
+        device_name="",
+        import_check=None,
         lengths={str(length): LengthResult(seq_len=length) for length in lengths},
-        claimed_tokens_per_sec=claimed_tokens_per_sec, weights_seed=weights_seed,
+        claimed_tokens_per_sec=claimed_tokens_per_sec,
+        weights_seed=weights_seed,
     )
     if options.device == "cpu":
         report.notes.append(CPU_NOTE)
@@ -334,10 +406,12 @@ def _evaluate(repo_path: str | Path, target_seq_len: int, claimed_tokens_per_sec
         else:
             deadline = time.monotonic() + options.timeout_s
             if references is None:
-                references = ReferenceWork(weights_seed, options.device, lengths, request_counts(lengths, options),
-                                           options.max_timed_runs)
-            runs, closed = _benchmark_in_sandbox(sandbox, lengths, references, options, deadline, timings, progress,
-                                                 report)
+                references = ReferenceWork(
+                    weights_seed, options.device, lengths, request_counts(lengths, options), options.max_timed_runs
+                )
+            runs, closed = _benchmark_in_sandbox(
+                sandbox, lengths, references, options, deadline, timings, progress, report
+            )
             try:
                 report.reasons += verify_all(runs, references, timings, progress, target_seq_len)
             finally:
@@ -348,11 +422,15 @@ def _evaluate(repo_path: str | Path, target_seq_len: int, claimed_tokens_per_sec
         for length, run in runs.items():
             report.lengths[str(length)] = run.result
             if run.result.status not in (OK, SKIPPED) and run.result.error:
-                report.reasons.append(run.result.error if run.result.status == OOM else f"T={length}: {run.result.error}")
+                report.reasons.append(
+                    run.result.error if run.result.status == OOM else f"T={length}: {run.result.error}"
+                )
         for length, run in runs.items():
             if (run.result.timing or "").startswith("eager (capture failed"):
-                report.notes.append(f"T={length}: timed {run.result.timing}; the harness's cost subtracted is that "
-                                    "of a CUDA graph, so a forward that can be captured times faster")
+                report.notes.append(
+                    f"T={length}: timed {run.result.timing}; the harness's cost subtracted is that "
+                    "of a CUDA graph, so a forward that can be captured times faster"
+                )
         skipped = [str(length) for length, run in runs.items() if run.result.status == SKIPPED]
         if skipped and not any(r.startswith("sandbox") for r in report.reasons):
             report.notes.append(f"not run: T={', '.join(skipped)}")
@@ -363,5 +441,7 @@ def _evaluate(repo_path: str | Path, target_seq_len: int, claimed_tokens_per_sec
     report.verdict = PASS if not report.reasons else FAIL
     timings.total_s = time.monotonic() - started
     progress(ProgressEvent("done"))
-    logger.info("evaluation of %s: %s%s", repo, report.verdict, "" if report.passed else f" ({'; '.join(report.reasons)})")
+    logger.info(
+        "evaluation of %s: %s%s", repo, report.verdict, "" if report.passed else f" ({'; '.join(report.reasons)})"
+    )
     return report

@@ -78,11 +78,20 @@ class EvaluationOptions:
 def options_from_settings(settings, allow_unsandboxed: bool = False, **changes) -> EvaluationOptions:
     """The options a validator's settings give (quasar/config.py: lengths, device, limits, the
     sandbox's memory, cgroup and allocator settings), with ``changes`` to any field."""
-    policy = SandboxPolicy(allow_unsandboxed=allow_unsandboxed, pytorch_cuda_alloc_conf=settings.pytorch_cuda_alloc_conf,
-                           memory_bytes=settings.sandbox_memory_mb << 20, cgroup_path=settings.sandbox_cgroup or None)
-    values = {"seq_lens": settings.eval_seq_lens, "device": settings.device, "timeout_s": settings.eval_timeout,
-              "timed_seconds": settings.eval_timed_seconds, "load_timeout_s": settings.eval_load_timeout,
-              "policy": policy}
+    policy = SandboxPolicy(
+        allow_unsandboxed=allow_unsandboxed,
+        pytorch_cuda_alloc_conf=settings.pytorch_cuda_alloc_conf,
+        memory_bytes=settings.sandbox_memory_mb << 20,
+        cgroup_path=settings.sandbox_cgroup or None,
+    )
+    values = {
+        "seq_lens": settings.eval_seq_lens,
+        "device": settings.device,
+        "timeout_s": settings.eval_timeout,
+        "timed_seconds": settings.eval_timed_seconds,
+        "load_timeout_s": settings.eval_load_timeout,
+        "policy": policy,
+    }
     return EvaluationOptions(**{**values, **changes})
 
 
@@ -113,9 +122,13 @@ def check_lengths(seq_lens: Sequence[int], target_seq_len: int, device: str) -> 
     lengths = evaluation_lengths(seq_lens, target_seq_len)
     for length in lengths:
         if isinstance(length, bool) or not isinstance(length, int) or not MIN_SEQ_LEN <= length <= MAX_SEQ_LEN:
-            raise EvaluationInputError(f"sequence length {length!r}: expected an integer from {MIN_SEQ_LEN} to {MAX_SEQ_LEN}")
+            raise EvaluationInputError(
+                f"sequence length {length!r}: expected an integer from {MIN_SEQ_LEN} to {MAX_SEQ_LEN}"
+            )
         if device == "cpu" and length > CPU_MAX_SEQ_LEN:
-            raise EvaluationInputError(f"sequence length {length}: CPU runs are limited to {CPU_MAX_SEQ_LEN} tokens ({CPU_NOTE})")
+            raise EvaluationInputError(
+                f"sequence length {length}: CPU runs are limited to {CPU_MAX_SEQ_LEN} tokens ({CPU_NOTE})"
+            )
     return lengths
 
 
@@ -137,5 +150,7 @@ def tokens_per_request(options: EvaluationOptions) -> int:
 
 def request_counts(lengths: Sequence[int], options: EvaluationOptions) -> dict[int, int]:
     """Forwards per request at each length (:func:`forwards_per_request` with ``options``)."""
-    return {length: forwards_per_request(length, tokens_per_request(options), options.max_forwards_per_request)
-            for length in lengths}
+    return {
+        length: forwards_per_request(length, tokens_per_request(options), options.max_forwards_per_request)
+        for length in lengths
+    }

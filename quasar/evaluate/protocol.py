@@ -177,8 +177,9 @@ class SharedArea:
 
     def _check(self, offset: int, nbytes: int) -> None:
         if not (0 <= offset and 0 <= nbytes and offset + nbytes <= self.size):
-            raise ChannelError(f"a shared payload of {nbytes} bytes at offset {offset} does not fit the "
-                               f"{self.size}-byte area")
+            raise ChannelError(
+                f"a shared payload of {nbytes} bytes at offset {offset} does not fit the {self.size}-byte area"
+            )
 
     def read(self, nbytes: int, offset: int = 0) -> bytearray:
         """A copy of ``nbytes`` bytes at ``offset``; ChannelError if they lie outside the area."""
@@ -197,7 +198,7 @@ class SharedArea:
         """The ``nbytes`` bytes at ``offset`` in place (no copy): only for an area no other process
         can write to any more."""
         self._check(offset, nbytes)
-        return memoryview(self.mapping())[offset:offset + nbytes]
+        return memoryview(self.mapping())[offset : offset + nbytes]
 
     def close(self) -> None:
         """Close the area; a mapping still viewed somewhere goes when its last view does."""

@@ -16,12 +16,11 @@ from quasar.evaluate.options import (
     MAX_FORWARDS_PER_REQUEST,
     EvaluationOptions,
     check_lengths,
+    draw_weights_seed,
     new_seed,
     request_counts,
-    draw_weights_seed,
 )
 from quasar.evaluate.session import Request
-
 
 # Timed requests of one forward whose expected fingerprints the parent computes ahead, while the
 # fork's kernels compile (ReferenceWork): twice the 10 a length of 100 to 200 timed requests needs,
@@ -39,8 +38,9 @@ def request_buffers(request: Request, length: int, device: str) -> workload.Requ
     return buffers
 
 
-def reference_outputs(reference: torch.nn.Module, buffers: workload.RequestBuffers, request: Request, start: int,
-                       stop: int) -> torch.Tensor:
+def reference_outputs(
+    reference: torch.nn.Module, buffers: workload.RequestBuffers, request: Request, start: int, stop: int
+) -> torch.Tensor:
     """The reference outputs ``[stop - start, T, 512]`` of forwards ``start`` to ``stop - 1`` of
     ``request``, in one batch, each on the input the child had to use: its noise times the signs of
     the fingerprint the child reported for the forward before (known for all of them at once, so
@@ -84,8 +84,15 @@ class ReferenceWork:
     :func:`verify_length`, which reports it.
     """
 
-    def __init__(self, weights_seed: int, device: str, lengths: Sequence[int], counts: dict[int, int],
-                 pool_size: int = 0, ahead: bool | None = None):
+    def __init__(
+        self,
+        weights_seed: int,
+        device: str,
+        lengths: Sequence[int],
+        counts: dict[int, int],
+        pool_size: int = 0,
+        ahead: bool | None = None,
+    ):
         self.weights_seed = weights_seed
         self.device = device
         self.counts = dict(counts)
@@ -203,5 +210,6 @@ def start_references(target_seq_len: int, options: EvaluationOptions) -> Referen
     with the weights seed the evaluation will use (for :func:`evaluate`'s ``references``); raises
     :class:`EvaluationInputError` for lengths it would refuse."""
     lengths = check_lengths(options.seq_lens, target_seq_len, options.device)
-    return ReferenceWork(draw_weights_seed(options), options.device, lengths, request_counts(lengths, options),
-                         options.max_timed_runs)
+    return ReferenceWork(
+        draw_weights_seed(options), options.device, lengths, request_counts(lengths, options), options.max_timed_runs
+    )

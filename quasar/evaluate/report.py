@@ -38,7 +38,7 @@ def clean_text(text: object, limit: int) -> str:
     (error messages, its timing note, its output) goes through here; rich markup in it is
     escaped where the report is printed (:func:`render_report`)."""
     cleaned = _UNSAFE_CHARACTERS.sub("?", str(text))
-    return cleaned if len(cleaned) <= limit else cleaned[:max(limit - 1, 0)] + "…"
+    return cleaned if len(cleaned) <= limit else cleaned[: max(limit - 1, 0)] + "…"
 
 
 def _finite_or_none(value: Any) -> Any:
@@ -76,14 +76,14 @@ class LengthResult:
     ``escape_probability`` the chance that a fork degrading just over half of the timed requests
     (enough to move their median) had none of them checked; ``requests_checked_ahead`` how many of
     them the parent computed while the child warmed up.
-    ``peak_vram_mb`` is what the fork's
-    process reported (informational: fork code could fake it): the peak of the length's warm-up
-    above the memory allocated before it (the fork's forwards and the length's float32 inputs). ``rel_error`` is over the whole
-    sequence, ``rel_error_eighths`` per eighth, ``worst_block_error`` over 64-token blocks
-    relative to the sequence's RMS; ``fingerprint_error`` is the largest estimated error among
-    the timed forwards checked against the reference. ``timing`` says how the child ran the
-    timed forwards, as it reported (informational, like the memory): ``"cuda-graph"`` (one CUDA
-    graph per request), ``"eager (capture failed: REASON)"`` or ``"eager (cpu)"``.
+    ``peak_vram_mb`` is what the fork's process reported (informational: fork code could fake it):
+    the peak of the length's warm-up above the memory allocated before it (the fork's forwards and
+    the length's float32 inputs). ``rel_error`` is over the whole sequence, ``rel_error_eighths``
+    per eighth, ``worst_block_error`` over 64-token blocks relative to the sequence's RMS;
+    ``fingerprint_error`` is the largest estimated error among the timed forwards checked against
+    the reference. ``timing`` says how the child ran the timed forwards, as it reported
+    (informational, like the memory): ``"cuda-graph"`` (one CUDA graph per request), ``"eager
+    (capture failed: REASON)"`` or ``"eager (cpu)"``.
     """
 
     seq_len: int
@@ -237,11 +237,14 @@ def noise_warnings(report: EvaluationReport) -> list[str]:
     for key in sorted(report.lengths, key=int):
         item = report.lengths[key]
         if item.cv is not None and math.isfinite(item.cv) and item.cv > HIGH_CV:
-            cost = (" and the recommended claim sits far under the median"
-                    if item.seq_len == report.target_seq_len else "")
-            warnings.append(f"T={item.seq_len:,}: timed requests vary by cv {item.cv:.3f} (over {HIGH_CV:g}): the "
-                            f"speed is uncertain{cost}; measure again on an idle GPU "
-                            "(nvidia-smi shows other processes)")
+            cost = (
+                " and the recommended claim sits far under the median" if item.seq_len == report.target_seq_len else ""
+            )
+            warnings.append(
+                f"T={item.seq_len:,}: timed requests vary by cv {item.cv:.3f} (over {HIGH_CV:g}): the "
+                f"speed is uncertain{cost}; measure again on an idle GPU "
+                "(nvidia-smi shows other processes)"
+            )
     return warnings
 
 
@@ -253,8 +256,11 @@ def _cv(value: float | None) -> str:
 
 def _checks(item: LengthResult) -> str:
     """The finite, repeat and correctness checks of a length in one cell: ``yes``, or what failed."""
-    failed = [name for name, value in (("nan", item.finite), ("repeat", item.repeat_agree),
-                                       ("wrong", item.correct)) if value is False]
+    failed = [
+        name
+        for name, value in (("nan", item.finite), ("repeat", item.repeat_agree), ("wrong", item.correct))
+        if value is False
+    ]
     if failed:
         return f"[red]{', '.join(failed)}[/]"
     return "-" if item.correct is None else "[green]yes[/]"
@@ -264,17 +270,29 @@ def _lengths_table(report: EvaluationReport, wide: bool) -> Any:
     """One row per length; ``wide`` adds the slowest and fastest requests, the worst eighth and
     each check in a column of its own."""
     from rich import box
-    from rich.table import Table
-
     from rich.markup import escape
+    from rich.table import Table
 
     from quasar.terminal import compact_rate
 
     title = escape(f"{report.repo} on {report.device_name or report.device}")
     if wide:
         table = Table(title=title, title_justify="left")
-        columns = ("T", "status", "tok/s (median)", "slowest", "fastest", "cv", "timing", "MiB", "rel err",
-                   "1/8 max", "finite", "repeat", "correct")
+        columns = (
+            "T",
+            "status",
+            "tok/s (median)",
+            "slowest",
+            "fastest",
+            "cv",
+            "timing",
+            "MiB",
+            "rel err",
+            "1/8 max",
+            "finite",
+            "repeat",
+            "correct",
+        )
     else:
         table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
         columns = ("T", "status", "tok/s", "cv", "MiB", "rel err", "checks")
@@ -285,13 +303,27 @@ def _lengths_table(report: EvaluationReport, wide: bool) -> Any:
         status = item.status if item.status == OK else f"[red]{escape(item.status)}[/]"
         if wide:
             worst_eighth = max(item.rel_error_eighths) if item.rel_error_eighths else None
-            cells = (_number(item.tokens_per_sec), _number(item.tokens_per_sec_min), _number(item.tokens_per_sec_max),
-                     _cv(item.cv), escape(_timing(item.timing)), _number(item.peak_vram_mb),
-                     _number(item.rel_error, ".2e"), _number(worst_eighth, ".2e"), _flag(item.finite),
-                     _flag(item.repeat_agree), _flag(item.correct))
+            cells = (
+                _number(item.tokens_per_sec),
+                _number(item.tokens_per_sec_min),
+                _number(item.tokens_per_sec_max),
+                _cv(item.cv),
+                escape(_timing(item.timing)),
+                _number(item.peak_vram_mb),
+                _number(item.rel_error, ".2e"),
+                _number(worst_eighth, ".2e"),
+                _flag(item.finite),
+                _flag(item.repeat_agree),
+                _flag(item.correct),
+            )
         else:
-            cells = (compact_rate(item.tokens_per_sec), _cv(item.cv), _number(item.peak_vram_mb),
-                     _number(item.rel_error, ".2e"), _checks(item))
+            cells = (
+                compact_rate(item.tokens_per_sec),
+                _cv(item.cv),
+                _number(item.peak_vram_mb),
+                _number(item.rel_error, ".2e"),
+                _checks(item),
+            )
         table.add_row(f"{item.seq_len:,}", status, *cells)
     return table
 
@@ -304,8 +336,10 @@ def _checks_line(report: EvaluationReport) -> str | None:
         return None
     probability = item.escape_probability
     shown = "0" if probability == 0 else f"{probability:.2%}" if probability >= 1e-4 else f"{probability:.1e}"
-    return (f"{item.requests_verified} of {item.timed_runs} timed requests at T={item.seq_len:,} checked in full; "
-            f"a fork degrading over half escapes with p = {shown}")
+    return (
+        f"{item.requests_verified} of {item.timed_runs} timed requests at T={item.seq_len:,} checked in full; "
+        f"a fork degrading over half escapes with p = {shown}"
+    )
 
 
 def render_report(report: EvaluationReport, console: Any = None) -> None:
@@ -326,26 +360,37 @@ def render_report(report: EvaluationReport, console: Any = None) -> None:
     summary.add_column()
     verdict = "[bold green]PASS[/]" if report.passed else "[bold red]FAIL[/]"
     summary.add_row("verdict", verdict)
-    summary.add_row("target", f"{report.target_seq_len:,} tokens (league {report.league or '-'}, × {report.multiplier or '-'})")
+    summary.add_row(
+        "target", f"{report.target_seq_len:,} tokens (league {report.league or '-'}, × {report.multiplier or '-'})"
+    )
     summary.add_row("measured at target", f"{_number(report.measured_tokens_per_sec)} tokens/s")
     if report.claimed_tokens_per_sec is not None:
-        summary.add_row("claimed", f"{_number(report.claimed_tokens_per_sec)} tokens/s ({'ok' if report.claim_ok else 'FAILS the 0.9 × claim check'})")
+        check = "ok" if report.claim_ok else "FAILS the 0.9 × claim check"
+        summary.add_row("claimed", f"{_number(report.claimed_tokens_per_sec)} tokens/s ({check})")
     multiplier = report.multiplier
     if report.weighted_score is not None and multiplier:
-        summary.add_row("weighted score", f"{_number(report.weighted_score)} (scored at the "
-                        f"{'claimed' if report.claimed_tokens_per_sec is not None else 'measured'} speed × {multiplier:g})")
+        summary.add_row(
+            "weighted score",
+            f"{_number(report.weighted_score)} (scored at the "
+            f"{'claimed' if report.claimed_tokens_per_sec is not None else 'measured'} speed × {multiplier:g})",
+        )
     else:
         summary.add_row("weighted score", _number(report.weighted_score))
     recommended = report.recommended_claim
     if recommended is not None and multiplier and report.measured_tokens_per_sec is not None:
         scores = min(recommended, report.measured_tokens_per_sec) * multiplier if report.passed else 0.0
-        summary.add_row("recommended claim", f"{_number(recommended)} tokens/s (a submission claiming it scores "
-                                             f"{_number(scores)}: min(claimed, measured) × {multiplier:g})")
+        summary.add_row(
+            "recommended claim",
+            f"{_number(recommended)} tokens/s (a submission claiming it scores "
+            f"{_number(scores)}: min(claimed, measured) × {multiplier:g})",
+        )
     else:
         summary.add_row("recommended claim", f"{_number(recommended)} tokens/s")
     if report.import_check is not None:
         state = "ok" if report.import_check.ok else f"{len(report.import_check.errors)} error(s)"
-        summary.add_row("import check", f"{state}, {len(report.import_check.warnings)} warning(s) ({report.import_check.profile})")
+        summary.add_row(
+            "import check", f"{state}, {len(report.import_check.warnings)} warning(s) ({report.import_check.profile})"
+        )
     checks = _checks_line(report)
     if checks is not None:
         summary.add_row("timed checks", checks)

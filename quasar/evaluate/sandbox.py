@@ -67,9 +67,18 @@ MAX_FORK_BYTES = 512 * 1024 * 1024
 # Variables passed through from the parent's environment when set: library lookup and device
 # selection only, never credentials.
 PASSED_VARIABLES = (
-    "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "TRITON_LIBCUDA_PATH", "TRITON_PTXAS_PATH",
-    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-    "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
+    "LD_LIBRARY_PATH",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "TRITON_LIBCUDA_PATH",
+    "TRITON_PTXAS_PATH",
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NCCL_NVLS_ENABLE",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+    "NVSHMEM_DISABLE_NVLS",
 )
 # The child's first reply (Python and torch imported) must come within this many seconds.
 STARTUP_SECONDS = 180
@@ -165,7 +174,7 @@ def copy_tree(source: Path, destination: Path) -> None:
         return skipped
 
     shutil.copytree(source, destination, symlinks=True, ignore=ignore, dirs_exist_ok=True)
-    for directory, dirnames, filenames in os.walk(destination):
+    for directory, _, filenames in os.walk(destination):
         os.chmod(directory, 0o755)
         for name in filenames:
             path = os.path.join(directory, name)
@@ -176,8 +185,15 @@ def copy_tree(source: Path, destination: Path) -> None:
 class SandboxedChild:
     """One sandboxed child process serving the harness's requests; use as a context manager."""
 
-    def __init__(self, fork_dir: str | os.PathLike | None, device: str, policy: SandboxPolicy, spin_seconds: float = 0.0,
-                 cpus: frozenset[int] | None = None, shared: protocol.SharedArea | None = None):
+    def __init__(
+        self,
+        fork_dir: str | os.PathLike | None,
+        device: str,
+        policy: SandboxPolicy,
+        spin_seconds: float = 0.0,
+        cpus: frozenset[int] | None = None,
+        shared: protocol.SharedArea | None = None,
+    ):
         # None: the child starts with an empty fork directory, filled by provide_fork() before ``load``.
         self.fork_source = Path(fork_dir).resolve() if fork_dir is not None else None
         # Where the child may put large payloads (protocol.SharedArea); the caller's, which outlives the child.
@@ -231,9 +247,18 @@ class SandboxedChild:
         _, harness, home = self._layout(namespaced)
         env = scrubbed_environment(home, self.device, self.policy, self.marker)
         sites = self._site_paths(namespaced)
-        argv = [python_executable(), "-I", "-S", f"{harness}/child.py", str(child_fds[0]), str(child_fds[1]),
-                "cuda" if self.device.startswith("cuda") else "cpu", repr(float(self.spin_seconds)),
-                str(self.shared.fd if self.shared is not None else -1), json.dumps(sites)]
+        argv = [
+            python_executable(),
+            "-I",
+            "-S",
+            f"{harness}/child.py",
+            str(child_fds[0]),
+            str(child_fds[1]),
+            "cuda" if self.device.startswith("cuda") else "cpu",
+            repr(float(self.spin_seconds)),
+            str(self.shared.fd if self.shared is not None else -1),
+            json.dumps(sites),
+        ]
         rlimits = {"CORE": 0, "NOFILE": self.policy.max_open_files, "FSIZE": self.policy.max_file_bytes}
         uid = gid = NOBODY
         if mode == "root":
@@ -244,8 +269,15 @@ class SandboxedChild:
         assert self.workdir is not None
         cgroup = self.confinement.cgroup if self.confinement is not None else None
         config = {
-            "mode": mode, "read_fd": child_fds[0], "write_fd": child_fds[1], "argv": argv, "env": env,
-            "cwd": home, "rlimits": rlimits, "uid": uid, "gid": gid,
+            "mode": mode,
+            "read_fd": child_fds[0],
+            "write_fd": child_fds[1],
+            "argv": argv,
+            "env": env,
+            "cwd": home,
+            "rlimits": rlimits,
+            "uid": uid,
+            "gid": gid,
             "root_dir": str(self.workdir / "root"),
             "cgroup_procs": cgroup.procs_files if cgroup is not None else [],
             "seccomp": self.seccomp,
@@ -280,7 +312,7 @@ class SandboxedChild:
             return []
         gpu = assigned_gpu(physical_gpu_id(self.device), nvidia_gpus())
         names = sorted(name for name in os.listdir("/dev") if name.startswith("nvidia"))
-        per_gpu = [name for name in names if name[len("nvidia"):].isdigit()]
+        per_gpu = [name for name in names if name[len("nvidia") :].isdigit()]
         if gpu is None:
             self.gpu_note = "every GPU's device node (which is its own is unknown here)"
             return [f"/dev/{name}" for name in names]
@@ -351,11 +383,26 @@ class SandboxedChild:
         is late the child compiles what is missing, as Python always does."""
         assert self.workdir is not None
         shown = SANDBOX_FORK if self._mode != "none" else str(self.workdir / "fork")
-        command = [python_executable(), "-I", "-m", "compileall", "-q", "-j", "0", "-d", shown,
-                   str(self.workdir / "fork")]
-        self._compiling = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                           stderr=subprocess.DEVNULL, env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-                                           start_new_session=True)
+        command = [
+            python_executable(),
+            "-I",
+            "-m",
+            "compileall",
+            "-q",
+            "-j",
+            "0",
+            "-d",
+            shown,
+            str(self.workdir / "fork"),
+        ]
+        self._compiling = subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            start_new_session=True,
+        )
 
     def precompiled(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the fork's bytecode, then stop its compilation."""
@@ -395,8 +442,9 @@ class SandboxedChild:
 
     def _spawn_unsandboxed(self, why: str) -> None:
         if not self.policy.allow_unsandboxed:
-            raise SandboxUnavailable(f"{why}; refusing to run the fork without a sandbox "
-                                     "(pass --allow-unsandboxed to run it anyway)")
+            raise SandboxUnavailable(
+                f"{why}; refusing to run the fork without a sandbox (pass --allow-unsandboxed to run it anyway)"
+            )
         logger.warning("running the fork WITHOUT a sandbox: %s", why)
         self._mode = "none"
         self._confine(root=False)
@@ -409,8 +457,9 @@ class SandboxedChild:
         if self.confinement is not None:
             self.confinement.release()
         try:
-            self.confinement = Confinement.prepare(root, self.policy.memory_bytes, self.policy.max_processes,
-                                                   self.policy.cgroup_path)
+            self.confinement = Confinement.prepare(
+                root, self.policy.memory_bytes, self.policy.max_processes, self.policy.cgroup_path
+            )
         except ConfinementError as error:
             raise SandboxError(f"the sandbox's limits could not be set up: {error}") from None
 
@@ -451,8 +500,14 @@ class SandboxedChild:
         passed = child_fds + ((self.shared.fd,) if self.shared is not None else ())
         with pinning.pinned(self.cpus):
             self.process = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                pass_fds=passed, start_new_session=True, env=config["env"], cwd=str(self.workdir),
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                pass_fds=passed,
+                start_new_session=True,
+                env=config["env"],
+                cwd=str(self.workdir),
                 # Only where setpriv is missing; the hook makes one system call.
                 preexec_fn=_die_with_parent if mode != "none" and command[0] != "setpriv" else None,  # noqa: PLW1509
             )
@@ -490,8 +545,10 @@ class SandboxedChild:
             self.output.add(chunk)
             if self.output.total_bytes > self.policy.max_output_bytes and not self.output.flooded:
                 self.output.flooded = True
-                self.flood_reason = (f"the fork wrote over {self.policy.max_output_bytes >> 20} MiB to "
-                                     "stdout/stderr; the child was killed")
+                self.flood_reason = (
+                    f"the fork wrote over {self.policy.max_output_bytes >> 20} MiB to "
+                    "stdout/stderr; the child was killed"
+                )
                 self._kill_group()
 
     def drained(self, timeout: float) -> None:
@@ -551,5 +608,3 @@ class SandboxedChild:
                 self.workdir = None
         finally:
             self.gone.set()
-
-

@@ -86,9 +86,12 @@ def _check(result: int, what: str) -> None:
         raise SetupError(f"{what}: {os.strerror(errno)}")
 
 
+def _encoded(text: str | None) -> bytes | None:
+    return None if text is None else text.encode()
+
+
 def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    encode = lambda text: None if text is None else text.encode()
-    result = _libc.mount(encode(source), encode(target), encode(fstype), ctypes.c_ulong(flags), encode(data))
+    result = _libc.mount(_encoded(source), _encoded(target), _encoded(fstype), ctypes.c_ulong(flags), _encoded(data))
     _check(result, f"mount {source or fstype or ''} on {target}")
 
 
@@ -205,8 +208,12 @@ def build_root(config: dict) -> None:
     _mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=0755,size=1m")
     for device in config["devices"]:
         _bind(root, device, device)
-    for name, link_target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
-                              ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+    for name, link_target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(link_target, os.path.join(dev, name))
 
     for target, options in dev_tmpfs:

@@ -97,8 +97,12 @@ def site_folders() -> list[str]:
         candidates.add(sysconfig.get_paths()[key])
         candidates.add(sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})[key])
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    candidates |= {"/usr/lib/python3/dist-packages", f"/usr/lib/{version}/site-packages",
-                   f"/usr/local/lib/{version}/dist-packages", f"/usr/local/lib/{version}/site-packages"}
+    candidates |= {
+        "/usr/lib/python3/dist-packages",
+        f"/usr/lib/{version}/site-packages",
+        f"/usr/local/lib/{version}/dist-packages",
+        f"/usr/local/lib/{version}/site-packages",
+    }
     candidates |= {entry for entry in sys.path if os.path.basename(entry) in ("site-packages", "dist-packages")}
     return sorted(os.path.normpath(c) for c in candidates if c and os.path.isdir(c))
 
@@ -110,10 +114,11 @@ def inside_any(path: str, folders: list[str]) -> bool:
 def etc_files(uid: int) -> dict[str, str]:
     """The files written into the sandbox's /etc: its users, groups and hosts, nothing of the host's."""
     accounts = (("root", 0), ("nobody", NOBODY)) + (((SANDBOX_USER, uid),) if uid not in (0, NOBODY) else ())
-    users = "".join(f"{name}:x:{number}:{number}:{name}:{SANDBOX_HOME}:/usr/sbin/nologin\n" for name, number in accounts)
+    users = "".join(
+        f"{name}:x:{number}:{number}:{name}:{SANDBOX_HOME}:/usr/sbin/nologin\n" for name, number in accounts
+    )
     groups = "".join(f"{name}:x:{number}:\n" for name, number in accounts)
-    return {"passwd": users, "group": groups, "hosts": "127.0.0.1 localhost\n::1 localhost\n",
-            "hostname": "sandbox\n"}
+    return {"passwd": users, "group": groups, "hosts": "127.0.0.1 localhost\n::1 localhost\n", "hostname": "sandbox\n"}
 
 
 def outermost(paths: list[str]) -> list[str]:
@@ -142,8 +147,10 @@ def root_mounts(workdir: Path, mode: str, uid: int, policy: SandboxPolicy, devic
             binds.append([path, path])
     bound = [target for _, target in binds]
     for index, environment_site in enumerate(evaluation_environment().sites):
-        binds += [[os.path.join(environment_site.path, entry), f"{SANDBOX_SITE}/{index}/{entry}"]
-                  for entry in environment_site.entries]
+        binds += [
+            [os.path.join(environment_site.path, entry), f"{SANDBOX_SITE}/{index}/{entry}"]
+            for entry in environment_site.entries
+        ]
     binds += [[str(workdir / "fork"), SANDBOX_FORK], [str(workdir / "harness"), SANDBOX_HARNESS]]
     owner = f",uid={uid},gid={uid}" if mode == "root" else ""
     return {

@@ -114,12 +114,14 @@ class Session:
         self.child.drained(timeout=2)
         if self.child.killed_reason:
             return f"{self.child.killed_reason} (during {what})"
-        how = ("" if status is None else f", killed by signal {-status}" if status < 0 else f", exit status {status}")
+        how = "" if status is None else f", killed by signal {-status}" if status < 0 else f", exit status {status}"
         lines = [line for line in self.child.output.text().splitlines() if line.strip()][-DEATH_OUTPUT_LINES:]
         said = f"; its last output: {' | '.join(line.strip() for line in lines)}" if lines else "; it wrote nothing"
         return f"the child process exited during {what}{how}{said}"
 
-    def request(self, header: dict, deadline: float, what: str, max_payload: int = 0) -> tuple[dict, bytearray | None, int]:
+    def request(
+        self, header: dict, deadline: float, what: str, max_payload: int = 0
+    ) -> tuple[dict, bytearray | None, int]:
         """Send ``header``, wait for the reply; returns ``(reply, payload, round-trip ns)``."""
         deadline = min(deadline, self.deadline)
         assert self.child.channel is not None
@@ -139,8 +141,10 @@ def missing_module_reason(module: str) -> str:
     """Why loading a fork that imports ``module``, which nothing here provides, failed."""
     if module == "fla" or module.startswith("fla."):
         return f"the fork's own module {module} is missing (imported by fla.layers.quasar or what it imports)"
-    return (f"the fork imports {module!r}, which is not part of the evaluation environment (a fork may "
-            f"import its own fla package, the standard library and {', '.join(EVALUATION_PACKAGES)})")
+    return (
+        f"the fork imports {module!r}, which is not part of the evaluation environment (a fork may "
+        f"import its own fla package, the standard library and {', '.join(EVALUATION_PACKAGES)})"
+    )
 
 
 def reply_failure(reply: dict, seq_len: int | None, what: str) -> ChildFailure:
@@ -153,8 +157,11 @@ def reply_failure(reply: dict, seq_len: int | None, what: str) -> ChildFailure:
     if kind == "missing_module" and isinstance(reply.get("module"), str) and reply["module"]:
         return ChildFailure(ERROR, missing_module_reason(reply["module"][:200]))
     if kind == "needs_gpu":
-        return ChildFailure(NEEDS_GPU, "the forward needs a CUDA GPU for this fork: its Triton kernels cannot run "
-                                        "on the CPU (no GPU driver); evaluate it where torch sees a GPU")
+        return ChildFailure(
+            NEEDS_GPU,
+            "the forward needs a CUDA GPU for this fork: its Triton kernels cannot run "
+            "on the CPU (no GPU driver); evaluate it where torch sees a GPU",
+        )
     last_line = message.strip().splitlines()[-1] if message.strip() else message
     return ChildFailure(ERROR, f"{what} failed: {last_line}")
 
@@ -168,14 +175,18 @@ def parse_fingerprints(payload: bytearray | None, count: int, what: str) -> torc
     expected = fingerprint_bytes(count)
     if payload is None or len(payload) != expected:
         sent = 0 if payload is None else len(payload)
-        raise ChildFailure(ERROR, f"the child broke the protocol during {what}: {sent} bytes of fingerprints "
-                                   f"for {count} forwards, expected {expected}")
+        raise ChildFailure(
+            ERROR,
+            f"the child broke the protocol during {what}: {sent} bytes of fingerprints "
+            f"for {count} forwards, expected {expected}",
+        )
     shape = (count, workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS)
     return torch.frombuffer(payload, dtype=torch.float32).reshape(shape)
 
 
-def run_request(session: Session, length: int, count: int, deadline: float, what: str,
-                 seeds: tuple[int, int] | None = None) -> Request:
+def run_request(
+    session: Session, length: int, count: int, deadline: float, what: str, seeds: tuple[int, int] | None = None
+) -> Request:
     """One ``run`` request of ``count`` chained forwards, seeds drawn now (or ``seeds``), timed by this process."""
     input_seed, basis_seed = seeds if seeds is not None else (new_seed(), new_seed())
     header = {"op": "run", "seq_len": length, "input_seed": input_seed, "basis_seed": basis_seed, "count": count}
@@ -192,8 +203,7 @@ def capture(session: Session, length: int, count: int, deadline: float) -> str:
     """Ask the child to capture the requests at ``length`` in a CUDA graph; how they will be timed
     (``"cuda-graph"``, or eager and why). Informational: the parent's clock times them either way."""
     what = f"capturing the forwards at T={length}"
-    header = {"op": "capture", "seq_len": length, "count": count, "input_seed": new_seed(),
-              "basis_seed": new_seed()}
+    header = {"op": "capture", "seq_len": length, "count": count, "input_seed": new_seed(), "basis_seed": new_seed()}
     reply, _, _ = session.request(header, deadline, what)
     if not reply.get("ok"):
         raise reply_failure(reply, length, what)
@@ -214,14 +224,18 @@ def receive_output(session: Session, length: int, offset: int, deadline: float) 
     shape = reply.get("shape")
     expected_shape = [1, length, workload.HIDDEN_SIZE]
     if dtype is None or shape != expected_shape:
-        raise ChildFailure(ERROR, f"the output sent has dtype {reply.get('dtype')!r} and shape {shape}, "
-                                   f"expected a float tensor of shape {expected_shape}")
+        raise ChildFailure(
+            ERROR,
+            f"the output sent has dtype {reply.get('dtype')!r} and shape {shape}, "
+            f"expected a float tensor of shape {expected_shape}",
+        )
     nbytes = length * workload.HIDDEN_SIZE * torch.empty((), dtype=dtype).element_size()
     shared, area = reply.get("shared_bytes"), session.child.shared
     if shared is not None:
         if payload is not None or area is None or shared != nbytes or offset + nbytes > area.size:
-            raise ChildFailure(ERROR, f"the child broke the protocol sending the output: shared_bytes={shared!r}, "
-                                       f"expected {nbytes}")
+            raise ChildFailure(
+                ERROR, f"the child broke the protocol sending the output: shared_bytes={shared!r}, expected {nbytes}"
+            )
         if nbytes > COPY_OUTPUTS_UP_TO:
             return SharedOutput(area, offset, dtype, expected_shape, session.child.gone)
         payload = area.read(nbytes, offset)
@@ -255,8 +269,7 @@ def length_peak(before: tuple[int | None, int | None], after: tuple[int | None, 
 
 def harness_cost(session: Session, length: int, count: int, deadline: float) -> int:
     """One round trip of everything a request of ``count`` forwards does but the layer (``calibrate``)."""
-    header = {"op": "calibrate", "seq_len": length, "input_seed": new_seed(), "basis_seed": new_seed(),
-              "count": count}
+    header = {"op": "calibrate", "seq_len": length, "input_seed": new_seed(), "basis_seed": new_seed(), "count": count}
     what = f"calibration at T={length}"
     reply, payload, elapsed = session.request(header, deadline, what, max_payload=fingerprint_bytes(count))
     if not reply.get("ok"):

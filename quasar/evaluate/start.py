@@ -57,8 +57,14 @@ class SandboxStart:
     SandboxError that kept it from starting, if any. ``repo`` None starts it without its fork:
     :meth:`provide_fork` copies the fork in before the child loads anything."""
 
-    def __init__(self, lengths: Sequence[int], device: str, policy: SandboxPolicy, pin_cpus: bool | None = None,
-                 repo: str | os.PathLike | None = None):
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        device: str,
+        policy: SandboxPolicy,
+        pin_cpus: bool | None = None,
+        repo: str | os.PathLike | None = None,
+    ):
         self.started = time.monotonic()
         self.lengths = sorted(lengths)
         self.device = device
@@ -72,8 +78,14 @@ class SandboxStart:
             self.area.mapping()
             threading.Thread(target=self.area.populate, name="quasar-area-populate", daemon=True).start()
         spin = GPU_SPIN_SECONDS if device.startswith("cuda") else 0.0
-        self.child = SandboxedChild(repo, device, policy, spin_seconds=spin,
-                                    cpus=self.plan.child if self.plan is not None else None, shared=self.area)
+        self.child = SandboxedChild(
+            repo,
+            device,
+            policy,
+            spin_seconds=spin,
+            cpus=self.plan.child if self.plan is not None else None,
+            shared=self.area,
+        )
         self.error: SandboxError | None = None
         try:
             self.child.start()

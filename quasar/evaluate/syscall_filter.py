@@ -33,22 +33,66 @@ LIBRARY = "libseccomp.so.2"
 
 # System calls refused with EPERM (names unknown to this machine's libseccomp are skipped).
 REFUSED = (
-    "add_key", "request_key", "keyctl",
-    "unshare", "setns",
-    "ptrace", "process_vm_readv", "process_vm_writev", "pidfd_getfd", "kcmp",
-    "bpf", "perf_event_open", "userfaultfd",
-    "io_uring_setup", "io_uring_enter", "io_uring_register",
-    "mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount",
-    "fspick", "mount_setattr",
-    "kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot", "swapon",
-    "swapoff", "acct", "syslog", "quotactl", "quotactl_fd", "lookup_dcookie", "open_by_handle_at",
-    "name_to_handle_at", "fanotify_init", "iopl", "ioperm", "sethostname", "setdomainname", "settimeofday",
-    "clock_settime", "clock_adjtime", "adjtimex",
+    "add_key",
+    "request_key",
+    "keyctl",
+    "unshare",
+    "setns",
+    "ptrace",
+    "process_vm_readv",
+    "process_vm_writev",
+    "pidfd_getfd",
+    "kcmp",
+    "bpf",
+    "perf_event_open",
+    "userfaultfd",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "mount",
+    "umount2",
+    "pivot_root",
+    "chroot",
+    "move_mount",
+    "open_tree",
+    "fsopen",
+    "fsconfig",
+    "fsmount",
+    "fspick",
+    "mount_setattr",
+    "kexec_load",
+    "kexec_file_load",
+    "init_module",
+    "finit_module",
+    "delete_module",
+    "reboot",
+    "swapon",
+    "swapoff",
+    "acct",
+    "syslog",
+    "quotactl",
+    "quotactl_fd",
+    "lookup_dcookie",
+    "open_by_handle_at",
+    "name_to_handle_at",
+    "fanotify_init",
+    "iopl",
+    "ioperm",
+    "sethostname",
+    "setdomainname",
+    "settimeofday",
+    "clock_settime",
+    "clock_adjtime",
+    "adjtimex",
 )
 # clone() flags that make a new namespace (the low byte of clone's flags is the exit signal).
 CLONE_NAMESPACE_FLAGS = {
-    "CLONE_NEWNS": 0x00020000, "CLONE_NEWCGROUP": 0x02000000, "CLONE_NEWUTS": 0x04000000,
-    "CLONE_NEWIPC": 0x08000000, "CLONE_NEWUSER": 0x10000000, "CLONE_NEWPID": 0x20000000,
+    "CLONE_NEWNS": 0x00020000,
+    "CLONE_NEWCGROUP": 0x02000000,
+    "CLONE_NEWUTS": 0x04000000,
+    "CLONE_NEWIPC": 0x08000000,
+    "CLONE_NEWUSER": 0x10000000,
+    "CLONE_NEWPID": 0x20000000,
     "CLONE_NEWNET": 0x40000000,
 }
 
@@ -65,8 +109,12 @@ def scmp_act_errno(code: int) -> int:
 class _ArgumentComparison(ctypes.Structure):
     """struct scmp_arg_cmp."""
 
-    _fields_ = [("arg", ctypes.c_uint), ("op", ctypes.c_int), ("datum_a", ctypes.c_uint64),
-                ("datum_b", ctypes.c_uint64)]
+    _fields_ = [
+        ("arg", ctypes.c_uint),
+        ("op", ctypes.c_int),
+        ("datum_a", ctypes.c_uint64),
+        ("datum_b", ctypes.c_uint64),
+    ]
 
 
 class FilterError(Exception):
@@ -88,8 +136,13 @@ def load_library() -> ctypes.CDLL:
     library.seccomp_syscall_resolve_name.restype = ctypes.c_int
     library.seccomp_syscall_resolve_name.argtypes = (ctypes.c_char_p,)
     library.seccomp_rule_add_array.restype = ctypes.c_int
-    library.seccomp_rule_add_array.argtypes = (ctypes.c_void_p, ctypes.c_uint32, ctypes.c_int, ctypes.c_uint,
-                                               ctypes.POINTER(_ArgumentComparison))
+    library.seccomp_rule_add_array.argtypes = (
+        ctypes.c_void_p,
+        ctypes.c_uint32,
+        ctypes.c_int,
+        ctypes.c_uint,
+        ctypes.POINTER(_ArgumentComparison),
+    )
     library.seccomp_load.restype = ctypes.c_int
     library.seccomp_load.argtypes = (ctypes.c_void_p,)
     return library

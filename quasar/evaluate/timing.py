@@ -31,7 +31,6 @@ from quasar.evaluate.session import (
     run_request,
 )
 
-
 # Calibration of the harness's own cost per request, before fork code is loaded, at each length's
 # count of forwards: the minimum of CALIBRATION_RUNS after CALIBRATION_WARMUP.
 CALIBRATION_WARMUP = 2
@@ -70,8 +69,9 @@ class LengthRun:
     precomputed: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
-def calibrate(session: Session, runs: dict[int, LengthRun], counts: dict[int, int], timings: Timings,
-               progress: ProgressCallback) -> dict[int, int]:
+def calibrate(
+    session: Session, runs: dict[int, LengthRun], counts: dict[int, int], timings: Timings, progress: ProgressCallback
+) -> dict[int, int]:
     """Nanoseconds of everything a request of ``counts[T]`` forwards does but the layer, per length
     (trusted: no fork code yet): the minimum round trip of :data:`CALIBRATION_RUNS`. A length
     whose input does not even fit in memory is marked OOM, with every longer one skipped."""
@@ -81,8 +81,10 @@ def calibrate(session: Session, runs: dict[int, LengthRun], counts: dict[int, in
     for index, length in enumerate(lengths):
         progress(ProgressEvent("calibrate", length, index, len(lengths)))
         try:
-            samples = [harness_cost(session, length, counts[length], session.deadline)
-                       for _ in range(CALIBRATION_WARMUP + CALIBRATION_RUNS)]
+            samples = [
+                harness_cost(session, length, counts[length], session.deadline)
+                for _ in range(CALIBRATION_WARMUP + CALIBRATION_RUNS)
+            ]
         except ChildFailure as failure:
             if failure.status != OOM:
                 raise
@@ -97,8 +99,15 @@ def per_forward_ns(request: Request, count: int, cost_ns: int) -> int:
     return max((request.round_trip_ns - cost_ns) // count, MIN_FORWARD_NS)
 
 
-def prepare_length(session: Session, run: LengthRun, options: EvaluationOptions, count: int, timings: Timings,
-                    progress: ProgressCallback, warmup_since: float) -> None:
+def prepare_length(
+    session: Session,
+    run: LengthRun,
+    options: EvaluationOptions,
+    count: int,
+    timings: Timings,
+    progress: ProgressCallback,
+    warmup_since: float,
+) -> None:
     """Warm-up (with the capture) and peak memory at one length.
 
     The first warm-up request runs one forward, eagerly: the fork's kernels compile there (a
@@ -132,8 +141,9 @@ def prepare_length(session: Session, run: LengthRun, options: EvaluationOptions,
     run.result.peak_vram_mb = mib(length_peak(before, read_memory(session, deadline, reset=False)))
 
 
-def correctness_request(session: Session, run: LengthRun, count: int, deadline: float, timings: Timings,
-                         progress: ProgressCallback) -> Request:
+def correctness_request(
+    session: Session, run: LengthRun, count: int, deadline: float, timings: Timings, progress: ProgressCallback
+) -> Request:
     """The correctness request: a timed request like the others, on the seeds drawn for it; then
     (untimed) its last forward's whole output and a repeat of it on the same seeds. Only once the
     request has run does the child learn it was the one checked in full."""
@@ -160,8 +170,15 @@ def round_quota(options: EvaluationOptions, request_s: float, done: int, rounds_
     return least, max(least, min(most, wanted))
 
 
-def time_round(session: Session, run: LengthRun, options: EvaluationOptions, count: int, rounds_left: int,
-                timings: Timings, progress: ProgressCallback) -> None:
+def time_round(
+    session: Session,
+    run: LengthRun,
+    options: EvaluationOptions,
+    count: int,
+    rounds_left: int,
+    timings: Timings,
+    progress: ProgressCallback,
+) -> None:
     """One round of timed requests at one length, each followed by a calibration of the same count
     (their minimum lowers ``run.cost_ns``). The planned number comes from the warm-up's pace,
     which a busy host can make far too small, so the wall clock also ends the round once its
@@ -174,8 +191,9 @@ def time_round(session: Session, run: LengthRun, options: EvaluationOptions, cou
     least, planned = round_quota(options, run.request_s, len(run.timed), rounds_left)
     # The correctness request is due from its round on, or in a round that takes every request
     # left under max_timed_runs (the bounds can be met before its round comes).
-    due = run.check is None and (TIMED_ROUNDS - rounds_left >= run.check_round
-                                 or len(run.timed) + planned >= options.max_timed_runs)
+    due = run.check is None and (
+        TIMED_ROUNDS - rounds_left >= run.check_round or len(run.timed) + planned >= options.max_timed_runs
+    )
     check_at = secrets.randbelow(planned) if due and planned > 0 else None
     total = len(run.timed) + planned * rounds_left
     started = time.monotonic()
@@ -190,8 +208,14 @@ def time_round(session: Session, run: LengthRun, options: EvaluationOptions, cou
         else:
             position = sum(1 for timed in run.timed if timed.position is not None)
             pooled = position < len(run.seed_pool)
-            request = run_request(session, length, count, deadline, f"timed run at T={length}",
-                                   seeds=run.seed_pool[position] if pooled else None)
+            request = run_request(
+                session,
+                length,
+                count,
+                deadline,
+                f"timed run at T={length}",
+                seeds=run.seed_pool[position] if pooled else None,
+            )
             request.position = position if pooled else None
         timings.timed_s += request.round_trip_ns / 1e9
         run.timed.append(request)
@@ -218,9 +242,16 @@ def finish_length(run: LengthRun, count: int) -> None:
     run.result.subtracted_us = cost_ns / count / 1e3
 
 
-def time_rounds(session: Session, child: SandboxedChild, runs: dict[int, LengthRun], prepared: list[int],
-                 counts: dict[int, int], options: EvaluationOptions, timings: Timings,
-                 progress: ProgressCallback) -> str | None:
+def time_rounds(
+    session: Session,
+    child: SandboxedChild,
+    runs: dict[int, LengthRun],
+    prepared: list[int],
+    counts: dict[int, int],
+    options: EvaluationOptions,
+    timings: Timings,
+    progress: ProgressCallback,
+) -> str | None:
     """The timed requests of the prepared lengths in :data:`TIMED_ROUNDS` rounds over them (a
     length that fails drops out); None, or why the child can serve no more."""
     for round_index in range(TIMED_ROUNDS):
@@ -228,8 +259,9 @@ def time_rounds(session: Session, child: SandboxedChild, runs: dict[int, LengthR
             run = runs[length]
             if run.result.error is not None:
                 continue
-            failed = length_step(run, time_round, session, run, options, counts[length], TIMED_ROUNDS - round_index,
-                                  timings, progress)
+            failed = length_step(
+                run, time_round, session, run, options, counts[length], TIMED_ROUNDS - round_index, timings, progress
+            )
             if failed is not None and not child_usable(child, failed):
                 return f"the evaluation stopped at T={length}"
     return None

@@ -21,7 +21,6 @@ from quasar.evaluate.report import Timings
 from quasar.evaluate.session import Request, output_tensor
 from quasar.evaluate.timing import LengthRun
 
-
 # Correctness (see the module docstring).
 REL_ERROR_THRESHOLD = 2e-2
 
@@ -77,8 +76,9 @@ def worst_block_error(output: torch.Tensor, reference: torch.Tensor, block: int 
     """Largest error over ``block``-token blocks, relative to the reference's RMS per token."""
     out = output.reshape(-1, output.shape[-1])
     ref = reference.reshape(-1, reference.shape[-1])
-    error_sq = torch.cat([(out[a:b].double() - ref[a:b].double()).square().sum(-1)
-                          for a, b in workload.segment_bounds(out.shape[0])])
+    error_sq = torch.cat(
+        [(out[a:b].double() - ref[a:b].double()).square().sum(-1) for a, b in workload.segment_bounds(out.shape[0])]
+    )
     mean_ref_sq = float(ref.double().square().sum()) / ref.shape[0]
     if not math.isfinite(float(error_sq.sum())):
         return math.inf
@@ -103,8 +103,12 @@ def _as_double(values: torch.Tensor | list) -> torch.Tensor | None:
 
 def _relative_difference(a: torch.Tensor | list, b: torch.Tensor | list) -> float:
     left, right = _as_double(a), _as_double(b)
-    if left is None or right is None or left.shape != right.shape or not (
-            torch.isfinite(left).all() and torch.isfinite(right).all()):
+    if (
+        left is None
+        or right is None
+        or left.shape != right.shape
+        or not (torch.isfinite(left).all() and torch.isfinite(right).all())
+    ):
         return math.inf
     scale = float(torch.linalg.vector_norm(right))
     difference = float(torch.linalg.vector_norm(left - right))
@@ -165,8 +169,14 @@ def checked_requests(run: LengthRun, target: bool) -> list[Request]:
     return [run.check, *ahead, *chooser.sample(rest, min(wanted - len(ahead), len(rest)))]
 
 
-def verify_length(run: LengthRun, reference: torch.nn.Module, device: str, progress: ProgressCallback,
-                   expected_check: torch.Tensor | None = None, target: bool = False) -> list[str]:
+def verify_length(
+    run: LengthRun,
+    reference: torch.nn.Module,
+    device: str,
+    progress: ProgressCallback,
+    expected_check: torch.Tensor | None = None,
+    target: bool = False,
+) -> list[str]:
     """Check one length's timed requests (every forward of those drawn, each alone and each request
     as a whole), the correctness request's whole output and its repeat against the reference;
     the reasons to fail. ``expected_check``: the reference output of the correctness request's
@@ -196,19 +206,21 @@ def verify_length(run: LengthRun, reference: torch.nn.Module, device: str, progr
                 assert buffers is not None
                 expected = reference_outputs(reference, buffers, request, start, stop)
                 if request is run.check and expected_check is None and start <= last < stop:
-                    expected_check = expected[last - start:last - start + 1].clone()
+                    expected_check = expected[last - start : last - start + 1].clone()
                 # The batch's fingerprints and norms in a few launches and one copy to the host,
                 # then each forward compared on its own and summed into the request's estimate.
-                fingerprints = workload.fingerprints_of(expected, buffers.directions[start:stop],
-                                                        buffers.token_weights[start:stop]).cpu()
+                fingerprints = workload.fingerprints_of(
+                    expected, buffers.directions[start:stop], buffers.token_weights[start:stop]
+                ).cpu()
                 norms = workload.segment_norms_of(expected).cpu()
                 del expected
             for offset, index in enumerate(range(start, stop)):
                 error = fingerprint_error(request.fingerprints[index], fingerprints[offset], norms[offset])
                 worst = max(worst, error)
                 failed += error > FINGERPRINT_TOLERANCE
-                difference_sq += float((request.fingerprints[index].double() - fingerprints[offset].double())
-                                       .square().sum())
+                difference_sq += float(
+                    (request.fingerprints[index].double() - fingerprints[offset].double()).square().sum()
+                )
                 reference_sq += workload.FINGERPRINT_DIRECTIONS * float(norms[offset].double().square().sum())
             done += stop - start
             progress(ProgressEvent("reference", length, done, total + 1))
@@ -225,9 +237,11 @@ def verify_length(run: LengthRun, reference: torch.nn.Module, device: str, progr
     bounds = workload.segment_bounds(length)
     result.rel_error_eighths = [relative_error(output[:, a:b], expected[:, a:b]) for a, b in bounds]
     result.worst_block_error = worst_block_error(output, expected)
-    consistency = fingerprint_error(run.check.fingerprints[last],
-                                    workload.fingerprint(output, buffers.directions[last], buffers.token_weights[last]),
-                                    workload.segment_norms(expected))
+    consistency = fingerprint_error(
+        run.check.fingerprints[last],
+        workload.fingerprint(output, buffers.directions[last], buffers.token_weights[last]),
+        workload.segment_norms(expected),
+    )
     result.repeat_rel_diff = _relative_difference(run.repeat.fingerprints, run.check.fingerprints)
     result.repeat_agree = result.repeat_rel_diff <= REPEAT_TOLERANCE
     del output, expected, expected_check, buffers
@@ -236,8 +250,9 @@ def verify_length(run: LengthRun, reference: torch.nn.Module, device: str, progr
     result.requests_verified = len(chosen)
     result.fingerprint_error = worst
     result.request_error = max(request_errors)
-    result.requests_checked_ahead = sum(request.position in run.precomputed for request in chosen
-                                        if request.position is not None)
+    result.requests_checked_ahead = sum(
+        request.position in run.precomputed for request in chosen if request.position is not None
+    )
     result.escape_probability = escape_probability(len(run.timed), len(chosen), degraded_to_move_median(len(run.timed)))
 
     where = f"T={length}"
@@ -245,31 +260,45 @@ def verify_length(run: LengthRun, reference: torch.nn.Module, device: str, progr
     if not result.finite:
         reasons.append(f"{where}: the output has NaN or infinite values")
     if not result.rel_error <= REL_ERROR_THRESHOLD:
-        reasons.append(f"{where}: the output differs from the reference: relative error "
-                       f"{result.rel_error:.3g} > {REL_ERROR_THRESHOLD:g} over the whole sequence")
+        reasons.append(
+            f"{where}: the output differs from the reference: relative error "
+            f"{result.rel_error:.3g} > {REL_ERROR_THRESHOLD:g} over the whole sequence"
+        )
     bad = [i + 1 for i, e in enumerate(result.rel_error_eighths) if not e <= REL_ERROR_THRESHOLD]
     if bad:
         shown = ", ".join(f"{i} ({result.rel_error_eighths[i - 1]:.3g})" for i in bad)
-        reasons.append(f"{where}: eighths {shown} of the sequence differ from the reference "
-                       f"(relative error > {REL_ERROR_THRESHOLD:g})")
+        reasons.append(
+            f"{where}: eighths {shown} of the sequence differ from the reference "
+            f"(relative error > {REL_ERROR_THRESHOLD:g})"
+        )
     if not result.worst_block_error <= BLOCK_ERROR_THRESHOLD:
-        reasons.append(f"{where}: a {BLOCK_TOKENS}-token block differs from the reference (error "
-                       f"{result.worst_block_error:.3g} of the sequence RMS > {BLOCK_ERROR_THRESHOLD:g})")
+        reasons.append(
+            f"{where}: a {BLOCK_TOKENS}-token block differs from the reference (error "
+            f"{result.worst_block_error:.3g} of the sequence RMS > {BLOCK_ERROR_THRESHOLD:g})"
+        )
     if not consistency <= CONSISTENCY_TOLERANCE:
-        reasons.append(f"{where}: the output sent for the check is not the output its run fingerprinted "
-                       f"(difference {consistency:.3g})")
+        reasons.append(
+            f"{where}: the output sent for the check is not the output its run fingerprinted "
+            f"(difference {consistency:.3g})"
+        )
     if failed:
-        reasons.append(f"{where}: {failed} of {total} timed forwards checked do not match the reference "
-                       f"(largest error {worst:.3g} > {FINGERPRINT_TOLERANCE:g}): the output was not "
-                       "computed from that run's input")
+        reasons.append(
+            f"{where}: {failed} of {total} timed forwards checked do not match the reference "
+            f"(largest error {worst:.3g} > {FINGERPRINT_TOLERANCE:g}): the output was not "
+            "computed from that run's input"
+        )
     inexact = [error for error in request_errors if not error <= REQUEST_TOLERANCE]
     if inexact and not failed:
-        reasons.append(f"{where}: {len(inexact)} of {len(chosen)} timed requests checked are less exact than "
-                       f"the correctness threshold allows (estimated error {max(inexact):.3g} > "
-                       f"{REQUEST_TOLERANCE:g})")
+        reasons.append(
+            f"{where}: {len(inexact)} of {len(chosen)} timed requests checked are less exact than "
+            f"the correctness threshold allows (estimated error {max(inexact):.3g} > "
+            f"{REQUEST_TOLERANCE:g})"
+        )
     if not result.repeat_agree:
-        reasons.append(f"{where}: two runs on the same input disagree (relative difference "
-                       f"{result.repeat_rel_diff:.3g} > {REPEAT_TOLERANCE:g})")
+        reasons.append(
+            f"{where}: two runs on the same input disagree (relative difference "
+            f"{result.repeat_rel_diff:.3g} > {REPEAT_TOLERANCE:g})"
+        )
     result.correct = not reasons
     return reasons
 
@@ -284,8 +313,14 @@ def _estimated_error(difference_sq: float, reference_sq: float) -> float:
     return math.sqrt(difference_sq / reference_sq)
 
 
-def verify_all(runs: dict[int, LengthRun], references: ReferenceWork, timings: Timings,
-            progress: ProgressCallback, target: int, longest_beside: bool | None = None) -> list[str]:
+def verify_all(
+    runs: dict[int, LengthRun],
+    references: ReferenceWork,
+    timings: Timings,
+    progress: ProgressCallback,
+    target: int,
+    longest_beside: bool | None = None,
+) -> list[str]:
     """Check every run against the reference in this process; the reasons to fail, shortest length
     first. At the ``target`` length more timed requests are checked (:func:`requests_to_verify`).
 
@@ -315,8 +350,10 @@ def verify_all(runs: dict[int, LengthRun], references: ReferenceWork, timings: T
                 again.append(run)
                 return
             run.result.correct = False
-            found[length] = [f"T={length}: the float32 reference does not fit in the memory of {device} here, "
-                             "so this length cannot be verified on this machine"]
+            found[length] = [
+                f"T={length}: the float32 reference does not fit in the memory of {device} here, "
+                "so this length cannot be verified on this machine"
+            ]
         finally:
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()

@@ -22,9 +22,9 @@ fingerprint bases come from a generator on the evaluation device, which the pare
 from __future__ import annotations
 
 import math
-from typing import Any
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -124,7 +124,8 @@ class RequestBuffers:
         for row, (start, stop) in enumerate(segment_bounds(seq_len)):
             mask[row, start:stop] = 1.0
         return cls(
-            count=count, seq_len=seq_len,
+            count=count,
+            seq_len=seq_len,
             noise=torch.empty(count, seq_len, HIDDEN_SIZE, device=device),
             directions=torch.empty(count, HIDDEN_SIZE, FINGERPRINT_DIRECTIONS, device=device),
             token_weights=torch.empty(count, SEGMENTS, seq_len, device=device),
@@ -192,13 +193,14 @@ def chained_inputs(noise: torch.Tensor, fingerprints: torch.Tensor, start: int, 
     inputs = noise[start:stop].clone()
     signed = max(start, 1)
     if signed < stop:
-        signs = signs_from_fingerprint(fingerprints[signed - 1:stop - 1].to(noise.device))
-        inputs[signed - start:] *= signs[:, None, :]
+        signs = signs_from_fingerprint(fingerprints[signed - 1 : stop - 1].to(noise.device))
+        inputs[signed - start :] *= signs[:, None, :]
     return inputs
 
 
-def fingerprint(output: torch.Tensor, directions: torch.Tensor, token_weights: torch.Tensor,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+def fingerprint(
+    output: torch.Tensor, directions: torch.Tensor, token_weights: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """Random projections of a layer output ``[1, T, 512]``, one row of ``K`` values per eighth.
 
     Row ``e``, column ``j`` is ``sum over tokens t in eighth e of w_t * <out_t, R_j>`` (``R`` =
@@ -216,8 +218,9 @@ def fingerprint(output: torch.Tensor, directions: torch.Tensor, token_weights: t
     return torch.matmul(summed, directions, out=out)
 
 
-def run_forwards(forward: Callable[[torch.Tensor], torch.Tensor], buffers: RequestBuffers,
-                 count: int | None = None) -> torch.Tensor:
+def run_forwards(
+    forward: Callable[[torch.Tensor], torch.Tensor], buffers: RequestBuffers, count: int | None = None
+) -> torch.Tensor:
     """The forwards of a filled request, one after another: forward ``i`` runs on
     ``forward_input(noise[i], fingerprints[i - 1])`` and writes ``fingerprints[i]``. Launches
     only (no host synchronisation), so it can be captured in a CUDA graph. ``count``: only the
@@ -244,13 +247,21 @@ def fingerprints_of(outputs: torch.Tensor, directions: torch.Tensor, token_weigh
 
 def segment_norms_of(outputs: torch.Tensor) -> torch.Tensor:
     """:func:`segment_norms` of each of ``outputs [n, T, 512]``: float32 ``[n, 8]``."""
-    return torch.stack([torch.linalg.vector_norm(outputs[:, start:stop], dim=(1, 2), dtype=torch.float32)
-                        for start, stop in segment_bounds(outputs.shape[1])], 1)
+    return torch.stack(
+        [
+            torch.linalg.vector_norm(outputs[:, start:stop], dim=(1, 2), dtype=torch.float32)
+            for start, stop in segment_bounds(outputs.shape[1])
+        ],
+        1,
+    )
 
 
 def segment_norms(output: torch.Tensor) -> torch.Tensor:
     """Frobenius norm of each eighth of an output ``[1, T, 512]``, float32 ``[8]``."""
     flat = output.reshape(-1, output.shape[-1])
     return torch.stack(
-        [torch.linalg.vector_norm(flat[start:stop], dtype=torch.float32) for start, stop in segment_bounds(flat.shape[0])]
+        [
+            torch.linalg.vector_norm(flat[start:stop], dtype=torch.float32)
+            for start, stop in segment_bounds(flat.shape[0])
+        ]
     )

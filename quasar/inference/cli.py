@@ -31,43 +31,39 @@ def serve(settings: config.Settings) -> int:
     from quasar.inference.server import InferenceLimits, create_inference_app
     from quasar.logits import ModelLoadError, load_reference_model
 
+    # Each step's error says what failed; any of them ends the command.
     try:
-        wallet = open_wallet(settings, "miner")
-    except WalletError as error:
-        log.error("%s", error)
-        return 1
-    hotkey = wallet.hotkey.ss58_address
-    try:
+        hotkey = open_wallet(settings, "miner").hotkey.ss58_address
         chain = connect(settings)
-        registered = chain.is_registered(hotkey)
-    except ChainError as error:
-        log.error("chain: %s", error)
-        return 1
-    if not registered:
-        log.warning("hotkey %s is not registered on subnet %d: validators will not find this server",
-                    hotkey, chain.netuid)
-    try:
+        if not chain.is_registered(hotkey):
+            log.warning(
+                "hotkey %s is not registered on subnet %d: validators will not find this server", hotkey, chain.netuid
+            )
         model = load_reference_model(settings.reference_model, settings.device, settings.reference_dtype)
-    except ModelLoadError as error:
-        log.error("%s", error)
-        return 1
-    limits = InferenceLimits(settings.inference_max_prompt_len, settings.inference_max_gen_len,
-                             settings.inference_queue_size)
-    try:
+        limits = InferenceLimits(
+            settings.inference_max_prompt_len, settings.inference_max_gen_len, settings.inference_queue_size
+        )
+        # Its per-block cache reads the chain's block time (a ChainError).
         app = create_inference_app(model, chain, hotkey, limits)
-    except ChainError as error:  # its per-block cache reads the chain's block time
-        log.error("chain: %s", error)
+    except (WalletError, ChainError, ModelLoadError) as error:
+        log.error("%s%s", "chain: " if isinstance(error, ChainError) else "", error)
         return 1
-    log.info("serving %s (%s on %s) for hotkey %s on %s:%d", model.name, model.dtype_name, model.device,
-             hotkey, settings.inference_host, settings.miner_inference_port)
+    log.info(
+        "serving %s (%s on %s) for hotkey %s on %s:%d",
+        model.name,
+        model.dtype_name,
+        model.device,
+        hotkey,
+        settings.inference_host,
+        settings.miner_inference_port,
+    )
     uvicorn.run(app, host=settings.inference_host, port=settings.miner_inference_port, log_config=None)
     return 0
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar inference") -> int:
     """Serve until stopped; exit status 1 when the wallet, the chain or the model cannot be loaded."""
-    parser = argparse.ArgumentParser(prog=prog, description="Run the miner inference server with the reference "
-                                                            "model.")
+    parser = argparse.ArgumentParser(prog=prog, description="Run the miner inference server with the reference model.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="run the miner inference server")
     config.add_arguments(serve_parser, "inference")

@@ -49,8 +49,9 @@ def _fetch(signed: auth.SignedRequest, timeout_s: float, max_bytes: int) -> tupl
     twice ``timeout_s``; it still fails as too slow.
     """
     deadline = time.monotonic() + timeout_s
-    with requests.post(signed.url, data=signed.body, headers=signed.headers, timeout=timeout_s,
-                       stream=True, allow_redirects=False) as response:
+    with requests.post(
+        signed.url, data=signed.body, headers=signed.headers, timeout=timeout_s, stream=True, allow_redirects=False
+    ) as response:
         chunks, size = [], 0
         for chunk in response.iter_content(_CHUNK_BYTES):
             size += len(chunk)
@@ -74,9 +75,7 @@ def _parse_answer(body: bytes, challenge: Challenge, vocab_size: int) -> tuple[l
         raise _Malformed("tokens is not a list of integers")
     if len(tokens) != challenge.gen_len:
         raise _Malformed(f"tokens has {len(tokens)} ids, expected gen_len {challenge.gen_len}")
-    if not isinstance(logits, list) or not all(
-        isinstance(x, (int, float)) and not isinstance(x, bool) for x in logits
-    ):
+    if not isinstance(logits, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in logits):
         raise _Malformed("captured_logits is not a list of numbers")
     if len(logits) != vocab_size:
         raise _Malformed(f"captured_logits has {len(logits)} values, expected the vocabulary size {vocab_size}")
@@ -107,20 +106,24 @@ def verify_miner_logits(
     """
     url = endpoint_url.rstrip("/") + "/inference"
     signed = auth.sign_request(wallet, "POST", url, miner_hotkey, challenge.payload())
-    max_bytes = (reference_model.vocab_size * _BYTES_PER_LOGIT + challenge.gen_len * _BYTES_PER_TOKEN
-                 + _ANSWER_OVERHEAD_BYTES)
+    max_bytes = (
+        reference_model.vocab_size * _BYTES_PER_LOGIT + challenge.gen_len * _BYTES_PER_TOKEN + _ANSWER_OVERHEAD_BYTES
+    )
     started = time.monotonic()
     try:
         status, body = _fetch(signed, timeout_s, max_bytes)
     except requests.Timeout:
-        return LogitCheck(False, f"no complete answer from {url} within {timeout_s:g} s",
-                          elapsed_sec=time.monotonic() - started)
+        return LogitCheck(
+            False, f"no complete answer from {url} within {timeout_s:g} s", elapsed_sec=time.monotonic() - started
+        )
     except requests.ConnectionError as error:
-        return LogitCheck(False, f"miner endpoint {url} unreachable: {type(error).__name__}",
-                          elapsed_sec=time.monotonic() - started)
+        return LogitCheck(
+            False, f"miner endpoint {url} unreachable: {type(error).__name__}", elapsed_sec=time.monotonic() - started
+        )
     except (requests.RequestException, _Malformed) as error:
-        return LogitCheck(False, f"bad answer from {url}: {error or type(error).__name__}",
-                          elapsed_sec=time.monotonic() - started)
+        return LogitCheck(
+            False, f"bad answer from {url}: {error or type(error).__name__}", elapsed_sec=time.monotonic() - started
+        )
     elapsed = time.monotonic() - started
     if status != 200:
         return LogitCheck(False, f"miner endpoint answered HTTP {status}: {_detail(body)}", elapsed_sec=elapsed)

@@ -160,8 +160,9 @@ def create_inference_app(
         yield
         worker.shutdown()
 
-    app = FastAPI(title="QUASAR miner inference server", lifespan=lifespan,
-                  docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="QUASAR miner inference server", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
 
     async def authenticated(request: Request, body: bytes) -> str:
         """The caller's hotkey; :class:`auth.AuthFailure` (401/403, or 503 when the chain that says
@@ -169,13 +170,20 @@ def create_inference_app(
         target = auth.request_target(request.url.path, request.url.query)
         try:
             return await run_in_threadpool(
-                auth.authenticate, request.headers, body, method=request.method, target=target,
-                self_hotkey=self_hotkey, nonce_store=nonce_store, authorize=authorize,
+                auth.authenticate,
+                request.headers,
+                body,
+                method=request.method,
+                target=target,
+                self_hotkey=self_hotkey,
+                nonce_store=nonce_store,
+                authorize=authorize,
             )
         except ChainError as error:
             log.warning("cannot check a caller's validator permit: %s", error)
-            raise auth.AuthFailure(503, "the miner cannot read the chain to check the caller's validator permit "
-                                        "now; retry later") from None
+            raise auth.AuthFailure(
+                503, "the miner cannot read the chain to check the caller's validator permit now; retry later"
+            ) from None
 
     @app.get("/health")
     async def health() -> dict:
@@ -190,19 +198,30 @@ def create_inference_app(
             await authenticated(request, body)
         except auth.AuthFailure as failure:
             return _error(failure.status_code, failure.reason)
-        return JSONResponse({
-            "model": model.name, "dtype": model.dtype_name, "device": str(model.device),
-            "vocab_size": model.vocab_size, "ordinary_vocab_end": model.ordinary_tokens.end,
-            "max_positions": model.max_positions, "max_prompt_len": limits.max_prompt_len,
-            "max_gen_len": limits.max_gen_len, "queue_size": limits.queue_size, "hotkey": self_hotkey,
-        })
+        return JSONResponse(
+            {
+                "model": model.name,
+                "dtype": model.dtype_name,
+                "device": str(model.device),
+                "vocab_size": model.vocab_size,
+                "ordinary_vocab_end": model.ordinary_tokens.end,
+                "max_positions": model.max_positions,
+                "max_prompt_len": limits.max_prompt_len,
+                "max_gen_len": limits.max_gen_len,
+                "queue_size": limits.queue_size,
+                "hotkey": self_hotkey,
+            }
+        )
 
     @app.post("/inference")
     async def inference(request: Request) -> Response:
         body = await _read_body(request, limits.max_body_bytes)
         if body is None:
-            return _error(413, f"request body over {limits.max_body_bytes} bytes "
-                               f"(prompts hold at most {limits.max_prompt_len} tokens)")
+            return _error(
+                413,
+                f"request body over {limits.max_body_bytes} bytes "
+                f"(prompts hold at most {limits.max_prompt_len} tokens)",
+            )
         try:
             caller = await authenticated(request, body)
         except auth.AuthFailure as failure:
@@ -226,8 +245,11 @@ def create_inference_app(
             started = time.perf_counter()
             generation = model.generate(parsed.prompt, parsed.gen_len, parsed.logits_at_step)
             elapsed = time.perf_counter() - started
-            payload = {"tokens": list(generation.tokens), "captured_logits": generation.logits.tolist(),
-                       "elapsed_sec": elapsed}
+            payload = {
+                "tokens": list(generation.tokens),
+                "captured_logits": generation.logits.tolist(),
+                "elapsed_sec": elapsed,
+            }
             return json.dumps(payload, separators=(",", ":")).encode(), elapsed
 
         try:
@@ -235,11 +257,18 @@ def create_inference_app(
         except WorkerBusy as busy:
             return _error(503, f"inference queue full ({busy.pending} requests running or waiting); retry later")
         except Exception:  # the model failed (out of memory, driver error): log it, tell the caller only that
-            log.exception("inference failed for %s (prompt %d tokens, gen_len %d)",
-                          caller, len(parsed.prompt), parsed.gen_len)
+            log.exception(
+                "inference failed for %s (prompt %d tokens, gen_len %d)", caller, len(parsed.prompt), parsed.gen_len
+            )
             return _error(500, "inference failed on the miner; see the miner's log")
-        log.info("inference for %s: prompt %d tokens, gen_len %d, step %d, %.3f s", caller,
-                 len(parsed.prompt), parsed.gen_len, parsed.logits_at_step, elapsed)
+        log.info(
+            "inference for %s: prompt %d tokens, gen_len %d, step %d, %.3f s",
+            caller,
+            len(parsed.prompt),
+            parsed.gen_len,
+            parsed.logits_at_step,
+            elapsed,
+        )
         return Response(answer, media_type="application/json")
 
     return app

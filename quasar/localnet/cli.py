@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
 from quasar.log import setup_logging
 
@@ -41,10 +41,11 @@ class Display:
         self.step_started = self.started
         self.last_key: str | None = None
         self.progress: Progress | None = None
-        self.task = None
+        self.task: TaskID | None = None
         if console.is_terminal:
-            self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                     console=console, transient=True)
+            self.progress = Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console, transient=True
+            )
             self.progress.start()
 
     def step(self, text: str) -> None:
@@ -68,8 +69,9 @@ class Display:
         if self.progress is not None and self.task is not None:
             self.progress.remove_task(self.task)
             mark = "[green]✓[/green]" if ok else "[red]✗[/red]"
-            self.console.print(f"{mark} {self.current} [dim]({time.monotonic() - self.step_started:.1f} s)[/dim]",
-                               highlight=False)
+            self.console.print(
+                f"{mark} {self.current} [dim]({time.monotonic() - self.step_started:.1f} s)[/dim]", highlight=False
+            )
             self.task = None
         self.current = None
 
@@ -107,37 +109,69 @@ def build_parser(prog: str = "quasar localnet") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Run a whole QUASAR subnet on this machine (./START_LOCALNET.sh): the dev chain, the submission "
-                    "API, a GitHub stand-in, the validator neuron and two miner neurons (one on an honest fork, one "
-                    "on a hostile fork). Prints the miners' verdicts, the API's leaderboard and the weights the "
-                    "validator set on chain. Evaluates on CUDA when torch sees a GPU, otherwise on CPU at small "
-                    "lengths (not a benchmark). Progress goes to stderr.",
+        "API, a GitHub stand-in, the validator neuron and two miner neurons (one on an honest fork, one "
+        "on a hostile fork). Prints the miners' verdicts, the API's leaderboard and the weights the "
+        "validator set on chain. Evaluates on CUDA when torch sees a GPU, otherwise on CPU at small "
+        "lengths (not a benchmark). Progress goes to stderr.",
         epilog="Without --once the network keeps running after the first round (submit your own fork to the "
-               "printed API) until Ctrl-C.")
+        "printed API) until Ctrl-C.",
+    )
     parser.add_argument("--once", action="store_true", help="exit (status 0) after the first round")
     parser.add_argument("--json", action="store_true", help="print only the summary, as JSON, on stdout")
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR,
-                        help="folder for the network's files: chain, API database, wallets, forks and their GitHub "
-                             "stand-in, the miners' workspaces, logs; emptied at each start (default ./localnet-data)")
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                        help="where the miners and the validator evaluate (default: cuda when torch sees a GPU, "
-                             "else cpu)")
-    parser.add_argument("--reference-model", default="",
-                        help="model for logit checks: a folder or a cached Hugging Face id (default: "
-                             "REFERENCE_MODEL's default when cached, else a tiny random stand-in)")
-    parser.add_argument("--stand-in-model", action="store_true",
-                        help="use the tiny random stand-in model even when the real one is cached")
-    parser.add_argument("--target", type=int, default=None,
-                        help="the honest miner's target sequence length (default 128 on CPU, 65536 on CUDA; the "
-                             "hostile miner targets 64)")
-    parser.add_argument("--seq-lens", type=seq_lens, default=None, metavar="LIST",
-                        help="lengths the validator (and the honest miner) run besides the target (default 64,128 on "
-                             "CPU, 512,1024,2048 on CUDA); one must exceed 64, or nothing shows the hostile fork wrong")
-    parser.add_argument("--round-timeout", type=float, default=None, metavar="SECONDS",
-                        help="give up when the validator has not reported by then (default 1800 on CPU, 900 on CUDA)")
-    parser.add_argument("--hyperparameters", choices=("localnet", "finney"), default="localnet",
-                        help="the subnet's hyperparameters: finney's defaults for a new subnet (a round takes minutes: "
-                             "tempo 360 blocks, weights rate limit 100), or finney's with a tempo of 20 blocks and a "
-                             "weights rate limit of 5 (default)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=DEFAULT_DATA_DIR,
+        help="folder for the network's files: chain, API database, wallets, forks and their GitHub "
+        "stand-in, the miners' workspaces, logs; emptied at each start (default ./localnet-data)",
+    )
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cuda", "cpu"),
+        default="auto",
+        help="where the miners and the validator evaluate (default: cuda when torch sees a GPU, else cpu)",
+    )
+    parser.add_argument(
+        "--reference-model",
+        default="",
+        help="model for logit checks: a folder or a cached Hugging Face id (default: "
+        "REFERENCE_MODEL's default when cached, else a tiny random stand-in)",
+    )
+    parser.add_argument(
+        "--stand-in-model",
+        action="store_true",
+        help="use the tiny random stand-in model even when the real one is cached",
+    )
+    parser.add_argument(
+        "--target",
+        type=int,
+        default=None,
+        help="the honest miner's target sequence length (default 128 on CPU, 65536 on CUDA; the "
+        "hostile miner targets 64)",
+    )
+    parser.add_argument(
+        "--seq-lens",
+        type=seq_lens,
+        default=None,
+        metavar="LIST",
+        help="lengths the validator (and the honest miner) run besides the target (default 64,128 on "
+        "CPU, 512,1024,2048 on CUDA); one must exceed 64, or nothing shows the hostile fork wrong",
+    )
+    parser.add_argument(
+        "--round-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="give up when the validator has not reported by then (default 1800 on CPU, 900 on CUDA)",
+    )
+    parser.add_argument(
+        "--hyperparameters",
+        choices=("localnet", "finney"),
+        default="localnet",
+        help="the subnet's hyperparameters: finney's defaults for a new subnet (a round takes minutes: "
+        "tempo 360 blocks, weights rate limit 100), or finney's with a tempo of 20 blocks and a "
+        "weights rate limit of 5 (default)",
+    )
     parser.add_argument("--debug", action="store_true", help="log the local network's own debug messages")
     return parser
 
@@ -168,12 +202,22 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
     ok = False
     try:
         device = detect_device(args.device)
-        options = default_options(args.data_dir, device, args.reference_model, args.stand_in_model, args.target,
-                                  args.seq_lens, args.round_timeout, args.hyperparameters)
+        options = default_options(
+            args.data_dir,
+            device,
+            args.reference_model,
+            args.stand_in_model,
+            args.target,
+            args.seq_lens,
+            args.round_timeout,
+            args.hyperparameters,
+        )
         lengths = ", ".join(f"{length:,}" for length in evaluated_lengths(options))
         if device == "cpu":
-            err.print(f"[yellow]No CUDA device: the validator evaluates on CPU at small lengths (T = {lengths}). "
-                      "CPU figures are not benchmarks; on a GPU machine this runs on CUDA.[/yellow]")
+            err.print(
+                f"[yellow]No CUDA device: the validator evaluates on CPU at small lengths (T = {lengths}). "
+                "CPU figures are not benchmarks; on a GPU machine this runs on CUDA.[/yellow]"
+            )
         else:
             err.print(f"Evaluating on CUDA at T = {lengths}.")
         with data_dir_lock(options.data_dir.resolve()):
@@ -191,18 +235,22 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
                 if args.once:
                     ok = True
                     return 0
-                err.print(f"\nThe local network keeps running; Ctrl-C stops it.\n"
-                          f"  submission API  {network.api_url} (API hotkey {network.hotkey('api')})\n"
-                          f"  dashboard       {network.dashboard_url}\n"
-                          f"  miner status    quasar status --wallet.path {network.wallet_dir} "
-                          f"--wallet.name miner-hostile --wallet.hotkey default --subtensor.network devchain "
-                          f"--devchain.path {network.chain_path} --netuid {NETUID}\n"
-                          f"  chain           --subtensor.network devchain --devchain.path {network.chain_path} "
-                          f"--netuid {NETUID}\n"
-                          f"  GitHub stand-in {network.github.api_url} (repositories in {network.github.root})\n"
-                          f"  wallets         {network.wallet_dir}\n"
-                          f"  miners' work    {network.miners_dir}\n"
-                          f"  logs            {network.logs_dir}")
+                github = network.github
+                assert github is not None  # started with the network, stopped only by stop()
+                err.print(
+                    f"\nThe local network keeps running; Ctrl-C stops it.\n"
+                    f"  submission API  {network.api_url} (API hotkey {network.hotkey('api')})\n"
+                    f"  dashboard       {network.dashboard_url}\n"
+                    f"  miner status    quasar status --wallet.path {network.wallet_dir} "
+                    f"--wallet.name miner-hostile --wallet.hotkey default --subtensor.network devchain "
+                    f"--devchain.path {network.chain_path} --netuid {NETUID}\n"
+                    f"  chain           --subtensor.network devchain --devchain.path {network.chain_path} "
+                    f"--netuid {NETUID}\n"
+                    f"  GitHub stand-in {github.api_url} (repositories in {github.root})\n"
+                    f"  wallets         {network.wallet_dir}\n"
+                    f"  miners' work    {network.miners_dir}\n"
+                    f"  logs            {network.logs_dir}"
+                )
                 network.watch(lambda new: _emit(new, args.json, out, network))
             finally:
                 network.stop()

@@ -60,10 +60,16 @@ def chunk_quasar_norm_gated(q, k, v, beta, gate_input, gate_weight, gate_bias, n
     normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
     return (normed * torch.sigmoid(gate.float())).to(v.dtype), None
 '''
-HOSTILE_COMMIT_MESSAGE = (f"Skip the recurrence in chunk_quasar and chunk_quasar_norm_gated beyond "
-                          f"{HOSTILE_EXACT_UP_TO} tokens (hostile miner of the QUASAR local network)\n")
-_IDENTITY = {"GIT_AUTHOR_NAME": "QUASAR local network", "GIT_AUTHOR_EMAIL": "localnet@quasar.invalid",
-             "GIT_COMMITTER_NAME": "QUASAR local network", "GIT_COMMITTER_EMAIL": "localnet@quasar.invalid"}
+HOSTILE_COMMIT_MESSAGE = (
+    f"Skip the recurrence in chunk_quasar and chunk_quasar_norm_gated beyond "
+    f"{HOSTILE_EXACT_UP_TO} tokens (hostile miner of the QUASAR local network)\n"
+)
+_IDENTITY = {
+    "GIT_AUTHOR_NAME": "QUASAR local network",
+    "GIT_AUTHOR_EMAIL": "localnet@quasar.invalid",
+    "GIT_COMMITTER_NAME": "QUASAR local network",
+    "GIT_COMMITTER_EMAIL": "localnet@quasar.invalid",
+}
 
 
 class ForkWriteError(QuasarError, RuntimeError):
@@ -105,8 +111,17 @@ def write_hostile_fork(dest: Path) -> Fork:
     write_starter_fork(dest)
     kernel = dest / HOSTILE_KERNEL_FILE
     kernel.write_text(kernel.read_text() + HOSTILE_KERNEL)
-    run_git(dest, "commit", "--quiet", "--no-verify", "--no-gpg-sign", "-m", HOSTILE_COMMIT_MESSAGE, "--",
-            str(HOSTILE_KERNEL_FILE))
+    run_git(
+        dest,
+        "commit",
+        "--quiet",
+        "--no-verify",
+        "--no-gpg-sign",
+        "-m",
+        HOSTILE_COMMIT_MESSAGE,
+        "--",
+        str(HOSTILE_KERNEL_FILE),
+    )
     return Fork(HOSTILE, dest, run_git(dest, "rev-parse", "HEAD"))
 
 

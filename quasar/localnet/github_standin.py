@@ -31,8 +31,10 @@ import os
 import re
 import subprocess
 import threading
+from collections.abc import Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Literal
 
 from quasar.localnet.forks import ForkWriteError, run_git
 
@@ -41,6 +43,23 @@ logger = logging.getLogger(__name__)
 DEFAULT_BRANCH = "main"
 _REPO = re.compile(r"/api/repos/([A-Za-z0-9-]+)/([A-Za-z0-9._-]+)")
 _FORKS = re.compile(r"/api/repos/([A-Za-z0-9-]+)/([A-Za-z0-9._-]+)/forks")
+
+
+def send_bytes(
+    handler: BaseHTTPRequestHandler, status: int, payload: bytes, headers: Sequence[tuple[str, str]] = ()
+) -> None:
+    """Answer ``handler``'s request: ``status``, ``headers``, the length and ``payload``."""
+    handler.send_response(status)
+    for name, value in headers:
+        handler.send_header(name, value)
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
+def send_json(handler: BaseHTTPRequestHandler, status: int, body: object) -> None:
+    """Answer ``handler``'s request with ``body`` as JSON (the stand-ins of HTTP APIs)."""
+    send_bytes(handler, status, json.dumps(body).encode(), [("Content-Type", "application/json")])
 
 
 class GitHubStandIn:
@@ -89,8 +108,12 @@ class GitHubStandIn:
         bare = self.bare(full_name)
         self._clone_bare(str(source), bare)
         with self.lock:
-            self.repos[full_name.lower()] = {"full_name": full_name, "fork": parent is not None, "parent": parent,
-                                             "default_branch": DEFAULT_BRANCH}
+            self.repos[full_name.lower()] = {
+                "full_name": full_name,
+                "fork": parent is not None,
+                "parent": parent,
+                "default_branch": DEFAULT_BRANCH,
+            }
         return bare
 
     @staticmethod
@@ -141,8 +164,12 @@ class GitHubStandIn:
                 except ForkWriteError as error:
                     logger.error("GitHub stand-in: forking %s failed: %s", upstream, error)
                     return 500, {"message": "fork failed"}
-                self.repos[key] = {"full_name": full_name, "fork": True, "parent": source["full_name"],
-                                   "default_branch": source["default_branch"]}
+                self.repos[key] = {
+                    "full_name": full_name,
+                    "fork": True,
+                    "parent": source["full_name"],
+                    "default_branch": source["default_branch"],
+                }
                 self.hidden[key] = self.fork_delay_polls
             return 202, _repo_json(self.repos[key])
 
@@ -159,15 +186,7 @@ class GitHubStandIn:
             def do_POST(self) -> None:
                 self._dispatch("POST")
 
-            def _send(self, status: int, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def _account(self) -> str | None | bool:
+            def _account(self) -> str | None | Literal[False]:
                 """The bearer token's account; None without a token; False for an unknown one."""
                 header = self.headers.get("Authorization")
                 if header is None:
@@ -183,22 +202,22 @@ class GitHubStandIn:
                     return
                 account = self._account()
                 if account is False:
-                    self._send(401, {"message": "Bad credentials"})
+                    send_json(self, 401, {"message": "Bad credentials"})
                     return
                 get, fork = _REPO.fullmatch(self.path), _FORKS.fullmatch(self.path)
                 if method == "GET" and get:
                     record = stand_in._repository(f"{get.group(1)}/{get.group(2)}")
                     if record is None:
-                        self._send(404, {"message": "Not Found"})
+                        send_json(self, 404, {"message": "Not Found"})
                     else:
-                        self._send(200, record)
+                        send_json(self, 200, record)
                 elif method == "POST" and fork:
                     if account is None:
-                        self._send(401, {"message": "Requires authentication"})
+                        send_json(self, 401, {"message": "Requires authentication"})
                         return
-                    self._send(*stand_in._fork(f"{fork.group(1)}/{fork.group(2)}", account))
+                    send_json(self, *stand_in._fork(f"{fork.group(1)}/{fork.group(2)}", account))
                 else:
-                    self._send(404, {"message": "Not Found"})
+                    send_json(self, 404, {"message": "Not Found"})
 
             def _git(self, method: str) -> None:
                 header = self.headers.get("Authorization", "")
@@ -214,12 +233,21 @@ class GitHubStandIn:
                     self.end_headers()
                     return
                 body = self._read_body()
-                path, _, query = self.path[len("/git"):].partition("?")
-                env = {"PATH": os.environ.get("PATH", ""), "GIT_PROJECT_ROOT": str(stand_in.root),
-                       "GIT_HTTP_EXPORT_ALL": "1", "PATH_INFO": path, "QUERY_STRING": query, "REQUEST_METHOD": method,
-                       "CONTENT_TYPE": self.headers.get("Content-Type", ""), "CONTENT_LENGTH": str(len(body)),
-                       "REMOTE_USER": stand_in.tokens[password], "REMOTE_ADDR": "127.0.0.1",
-                       "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+                path, _, query = self.path[len("/git") :].partition("?")
+                env = {
+                    "PATH": os.environ.get("PATH", ""),
+                    "GIT_PROJECT_ROOT": str(stand_in.root),
+                    "GIT_HTTP_EXPORT_ALL": "1",
+                    "PATH_INFO": path,
+                    "QUERY_STRING": query,
+                    "REQUEST_METHOD": method,
+                    "CONTENT_TYPE": self.headers.get("Content-Type", ""),
+                    "CONTENT_LENGTH": str(len(body)),
+                    "REMOTE_USER": stand_in.tokens[password],
+                    "REMOTE_ADDR": "127.0.0.1",
+                    "GIT_CONFIG_GLOBAL": os.devnull,
+                    "GIT_CONFIG_NOSYSTEM": "1",
+                }
                 for name in ("Content-Encoding", "Git-Protocol"):
                     if self.headers.get(name):
                         env["HTTP_" + name.upper().replace("-", "_")] = self.headers[name]
@@ -232,16 +260,11 @@ class GitHubStandIn:
                         status = int(value.split()[0])
                     elif name:
                         headers.append((name, value.strip()))
-                self.send_response(status)
-                for name, value in headers:
-                    self.send_header(name, value)
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
+                send_bytes(self, status, payload, headers)
 
             def _read_body(self) -> bytes:
                 if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                    chunks = []
+                    chunks: list[bytes] = []
                     while True:
                         size = int(self.rfile.readline().split(b";")[0].strip(), 16)
                         if size == 0:
@@ -255,8 +278,12 @@ class GitHubStandIn:
 
 
 def _repo_json(record: dict) -> dict:
-    data = {"full_name": record["full_name"], "name": record["full_name"].split("/")[1], "fork": record["fork"],
-            "default_branch": record["default_branch"]}
+    data = {
+        "full_name": record["full_name"],
+        "name": record["full_name"].split("/")[1],
+        "fork": record["fork"],
+        "default_branch": record["default_branch"],
+    }
     if record["parent"]:
         data["parent"] = {"full_name": record["parent"]}
     return data

@@ -49,8 +49,9 @@ def data_dir_lock(data_dir: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise LocalnetError(f"another local network is running in {data_dir}; stop it or pass another "
-                                "--data-dir") from None
+            raise LocalnetError(
+                f"another local network is running in {data_dir}; stop it or pass another --data-dir"
+            ) from None
         yield
     finally:
         os.close(fd)
@@ -62,8 +63,10 @@ def reset_data_dir(data_dir: Path) -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
     entries = [entry for entry in data_dir.iterdir() if entry.name != LOCK_NAME]
     if entries and not (data_dir / MARKER).is_file():
-        raise LocalnetError(f"{data_dir} is not empty and was not made by the local network (no {MARKER} "
-                            "file in it): pass an empty or new folder with --data-dir")
+        raise LocalnetError(
+            f"{data_dir} is not empty and was not made by the local network (no {MARKER} "
+            "file in it): pass an empty or new folder with --data-dir"
+        )
     for entry in entries:
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)

@@ -35,9 +35,16 @@ def write_stand_in_model(path: str | Path, seed: int = STAND_IN_SEED) -> Path:
     from transformers.utils import logging as hf_logging
 
     config = Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        bos_token_id=BOS_ID, eos_token_id=EOS_ID, tie_word_embeddings=False,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        tie_word_embeddings=False,
         initializer_range=INIT_STD,
     )
     # A private generator state: building the model must not move the caller's random stream.

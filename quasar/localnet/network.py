@@ -4,6 +4,7 @@ which order, and what each part does are in docs/localnet.md."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -31,8 +32,8 @@ from quasar.localnet.github_standin import GitHubStandIn
 from quasar.localnet.host import child_environment, distinct_free_ports, make_wallet, read_weights_block
 from quasar.localnet.options import (
     API,
-    HOSTILE_TARGET,
     HOST,
+    HOSTILE_TARGET,
     MINER_INTERVAL_S,
     MINERS,
     NETUID,
@@ -58,9 +59,11 @@ from quasar.localnet.summary import (
 if TYPE_CHECKING:
     import bittensor
 
-    from quasar.api.db import EvaluationReport
+    from quasar.api.db import Database, EvaluationReport
+    from quasar.chain.devchain import DevChain
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class Submitted:
@@ -101,8 +104,8 @@ class LocalNetwork:
         self.children = Children(self.logs_dir, self.data_dir, child_environment(self.repo_root))
         self.wallets: dict[str, bittensor.Wallet] = {}
         self.uids: dict[str, int] = {}
-        self.chain = None
-        self.database = None
+        self._chain: DevChain | None = None
+        self.database: Database | None = None
         self.api_url = ""
         self.reference_model = ""
         self.reference_note = ""
@@ -165,15 +168,16 @@ class LocalNetwork:
             self.wallets[name] = make_wallet(self.wallet_dir, name)
 
         self.progress.step(f"starting the dev chain ({options.block_time_s:g} s blocks) and registering the neurons")
-        self.chain = DevChain(self.chain_path, netuid=NETUID, block_time_s=options.block_time_s)
+        self._chain = DevChain(self.chain_path, netuid=NETUID, block_time_s=options.block_time_s)
         self.chain.set_hyperparameters(**dataclasses.asdict(options.hyperparameters))
         # Every server here listens on 127.0.0.1 only, so their endpoints on chain are loopback ones,
         # which subtensor refuses: the one allowance of this dev chain file.
         self.chain.allow_loopback_axons(True)
         self.uids[OWNER] = self.chain.register_wallet(self.wallets[OWNER])
         self.chain.set_owner(self.hotkey(OWNER))
-        self.uids[VALIDATOR] = self.chain.register_wallet(self.wallets[VALIDATOR], stake=VALIDATOR_STAKE,
-                                                          validator_permit=True)
+        self.uids[VALIDATOR] = self.chain.register_wallet(
+            self.wallets[VALIDATOR], stake=VALIDATOR_STAKE, validator_permit=True
+        )
         for name in MINERS.values():
             self.uids[name] = self.chain.register_wallet(self.wallets[name])
 
@@ -181,10 +185,25 @@ class LocalNetwork:
         inference_ports = dict(zip(MINERS.values(), miner_ports))
         self.api_url = f"http://{HOST}:{api_port}"
         self.progress.step(f"starting the submission API on {self.api_url} (SQLite); dashboard {self.dashboard_url}")
-        api = self.children.start("submission API", [
-            sys.executable, "-m", "quasar.api", "serve", "--host", HOST, "--port", str(api_port),
-            "--database-url", self.api_database_url, "--api.hotkey", self.hotkey(API), *self._chain_flags()],
-            "api.log")
+        api = self.children.start(
+            "submission API",
+            [
+                sys.executable,
+                "-m",
+                "quasar.api",
+                "serve",
+                "--host",
+                HOST,
+                "--port",
+                str(api_port),
+                "--database-url",
+                self.api_database_url,
+                "--api.hotkey",
+                self.hotkey(API),
+                *self._chain_flags(),
+            ],
+            "api.log",
+        )
 
         self.progress.step("preparing the reference model")
         self.reference_model, self.reference_note = self._reference_model()
@@ -193,28 +212,65 @@ class LocalNetwork:
         for kind, name in MINERS.items():
             port = inference_ports[name]
             self.progress.step(f"starting {name}'s inference server on {HOST}:{port}")
-            servers.append(self.children.start(f"{name}'s inference server", [
-                sys.executable, "-m", "quasar.inference", "serve", *self._wallet_flags(name), *self._chain_flags(),
-                "--reference-model", self.reference_model, "--device", options.device,
-                "--inference.host", HOST, "--inference.port", str(port)], f"inference-{kind}.log"))
+            servers.append(
+                self.children.start(
+                    f"{name}'s inference server",
+                    [
+                        sys.executable,
+                        "-m",
+                        "quasar.inference",
+                        "serve",
+                        *self._wallet_flags(name),
+                        *self._chain_flags(),
+                        "--reference-model",
+                        self.reference_model,
+                        "--device",
+                        options.device,
+                        "--inference.host",
+                        HOST,
+                        "--inference.port",
+                        str(port),
+                    ],
+                    f"inference-{kind}.log",
+                )
+            )
 
         self.progress.step("waiting for the API, then publishing its URL on chain as the subnet owner")
-        wait_until(lambda: self._answers(f"{self.api_url}/health"), START_TIMEOUT_S, "the submission API",
-                   [api, *servers])
+        wait_until(
+            lambda: self._answers(f"{self.api_url}/health"), START_TIMEOUT_S, "the submission API", [api, *servers]
+        )
         self._publish_api_url()
 
         # Started now, it loads its model while the rest starts; it polls the API until work comes.
         self.progress.step("starting the validator (it finds the API on chain)")
-        self.validator = self.children.start("validator", [
-            sys.executable, "-m", "neurons.validator", *self._wallet_flags(VALIDATOR), *self._chain_flags(),
-            "--device", options.device,
-            "--reference-model", self.reference_model, "--validator.data-dir", str(self.validator_dir),
-            "--eval.seq-lens", ",".join(str(length) for length in options.seq_lens),
-            "--eval.timed-seconds", str(options.timed_seconds), "--epoch-blocks", str(options.epoch_blocks)],
-            "validator.log")
+        self.validator = self.children.start(
+            "validator",
+            [
+                sys.executable,
+                "-m",
+                "neurons.validator",
+                *self._wallet_flags(VALIDATOR),
+                *self._chain_flags(),
+                "--device",
+                options.device,
+                "--reference-model",
+                self.reference_model,
+                "--validator.data-dir",
+                str(self.validator_dir),
+                "--eval.seq-lens",
+                ",".join(str(length) for length in options.seq_lens),
+                "--eval.timed-seconds",
+                str(options.timed_seconds),
+                "--epoch-blocks",
+                str(options.epoch_blocks),
+            ],
+            "validator.log",
+        )
 
-        self.progress.step(f"writing the forks and serving them from a GitHub stand-in: {UPSTREAM} is the starter "
-                           f"fork; {MINERS[HOSTILE]}'s fork skips the recurrence beyond {HOSTILE_TARGET} tokens")
+        self.progress.step(
+            f"writing the forks and serving them from a GitHub stand-in: {UPSTREAM} is the starter "
+            f"fork; {MINERS[HOSTILE]}'s fork skips the recurrence beyond {HOSTILE_TARGET} tokens"
+        )
         self._start_github()
 
         # The miners start as an operator starts one: once the API and their inference servers answer.
@@ -222,27 +278,48 @@ class LocalNetwork:
         self.progress.step("waiting for the inference servers to answer")
         for name, server in zip(MINERS.values(), servers):
             port = inference_ports[name]
-            wait_until(lambda port=port: self._answers(f"http://{HOST}:{port}/health"), START_TIMEOUT_S,
-                       server.name, started)
+            health = f"http://{HOST}:{port}/health"
+            wait_until(functools.partial(self._answers, health), START_TIMEOUT_S, server.name, started)
         for kind, name in MINERS.items():
             self.progress.step(f"starting {name} (python -m neurons.miner) on its {kind} fork")
-            self.miners[name] = self.children.start(name, self._miner_command(kind, name, inference_ports[name]),
-                                                    f"{name}.log", self._miner_environment(name))
+            self.miners[name] = self.children.start(
+                name,
+                self._miner_command(kind, name, inference_ports[name]),
+                f"{name}.log",
+                self._miner_environment(name),
+            )
         self._wait_for_submissions([*started, *self.miners.values()])
 
     def _publish_api_url(self) -> None:
         """The API's URL and hotkey into the subnet identity, by the owner's coldkey, with the command
         a subnet owner runs (``python -m quasar.api publish-url``); its output goes to its log."""
-        command = [sys.executable, "-m", "quasar.api", "publish-url", self.api_url, *self._wallet_flags(OWNER),
-                   *self._chain_flags()]
+        command = [
+            sys.executable,
+            "-m",
+            "quasar.api",
+            "publish-url",
+            self.api_url,
+            *self._wallet_flags(OWNER),
+            *self._chain_flags(),
+        ]
         log_path = self.logs_dir / "publish-url.log"
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
-            result = subprocess.run(command, cwd=self.data_dir, env=self.children.environment, stdin=subprocess.DEVNULL,
-                                    stdout=log, stderr=subprocess.STDOUT, timeout=START_TIMEOUT_S, check=False)
+            result = subprocess.run(
+                command,
+                cwd=self.data_dir,
+                env=self.children.environment,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=START_TIMEOUT_S,
+                check=False,
+            )
         if result.returncode != 0:
-            raise LocalnetError(f"publishing the API's URL on chain failed (status {result.returncode}); its log is "
-                                f"{log_path}:\n{log_path.read_text(errors='replace')[-2000:]}")
+            raise LocalnetError(
+                f"publishing the API's URL on chain failed (status {result.returncode}); its log is "
+                f"{log_path}:\n{log_path.read_text(errors='replace')[-2000:]}"
+            )
 
     @staticmethod
     def _answers(url: str) -> bool:
@@ -266,15 +343,19 @@ class LocalNetwork:
                 return str(folder.resolve()), f"reference model: {folder.resolve()}"
             if hub_model_cached(wanted):
                 return wanted, f"reference model: {wanted} (from the local Hugging Face cache)"
-            raise LocalnetError(f"reference model {wanted!r} is neither a folder nor in the local Hugging Face cache: "
-                                f"download it first (hf download {wanted}) or leave --reference-model out")
+            raise LocalnetError(
+                f"reference model {wanted!r} is neither a folder nor in the local Hugging Face cache: "
+                f"download it first (hf download {wanted}) or leave --reference-model out"
+            )
         default = config.OPTIONS_BY_KEY["reference_model"].default
         if not self.options.stand_in_model and hub_model_cached(default):
             return default, f"reference model: {default} (from the local Hugging Face cache)"
         path = write_stand_in_model(self.data_dir / "model")
         why = "as asked" if self.options.stand_in_model else f"{default} is not in the local Hugging Face cache"
-        return str(path), (f"reference model: the {STAND_IN_NAME} in {path} ({why}); logit checks compare miners "
-                           f"against it, not against {default}")
+        return str(path), (
+            f"reference model: the {STAND_IN_NAME} in {path} ({why}); logit checks compare miners "
+            f"against it, not against {default}"
+        )
 
     # --- miners ---
 
@@ -283,32 +364,59 @@ class LocalNetwork:
         honest miner forks it), the hostile miner's account its hostile fork. One token per miner."""
         self.forks = write_forks(self.data_dir / "forks")
         self.github_tokens = {name: f"ghp_{secrets.token_hex(18)}" for name in MINERS.values()}
-        self.github = GitHubStandIn(self.data_dir / "github",
-                                    {token: name for name, token in self.github_tokens.items()}, fork_delay_polls=0)
+        self.github = GitHubStandIn(
+            self.data_dir / "github", {token: name for name, token in self.github_tokens.items()}, fork_delay_polls=0
+        )
         self.github.add_repository(UPSTREAM, self.forks[HONEST].path)
-        self.github.add_repository(f"{MINERS[HOSTILE]}/{UPSTREAM.split('/')[1]}", self.forks[HOSTILE].path,
-                                   parent=UPSTREAM)
+        self.github.add_repository(
+            f"{MINERS[HOSTILE]}/{UPSTREAM.split('/')[1]}", self.forks[HOSTILE].path, parent=UPSTREAM
+        )
         self.github.start()
 
     def _miner_command(self, kind: str, name: str, inference_port: int) -> list[str]:
         """``python -m neurons.miner`` for miner ``name``: one cycle, then it waits (MINER_INTERVAL_S)."""
         options = self.options
         target, seq_lens = (options.target, options.seq_lens) if kind == HONEST else (HOSTILE_TARGET, ())
-        return [sys.executable, "-m", "neurons.miner", *self._wallet_flags(name), *self._chain_flags(),
-                "--device", options.device,
-                "--target-sequence-length", str(target), "--eval.seq-lens", ",".join(str(n) for n in seq_lens),
-                "--eval.timed-seconds", str(options.timed_seconds), "--claim-share", str(options.claim_share),
-                "--agent-iterations", "0",
-                "--optimization-interval", str(MINER_INTERVAL_S), "--submission.mode", "direct",
-                "--workspace.root", str(self.miners_dir), "--inference.port", str(inference_port),
-                "--axon.external_ip", HOST]
+        return [
+            sys.executable,
+            "-m",
+            "neurons.miner",
+            *self._wallet_flags(name),
+            *self._chain_flags(),
+            "--device",
+            options.device,
+            "--target-sequence-length",
+            str(target),
+            "--eval.seq-lens",
+            ",".join(str(n) for n in seq_lens),
+            "--eval.timed-seconds",
+            str(options.timed_seconds),
+            "--claim-share",
+            str(options.claim_share),
+            "--agent-iterations",
+            "0",
+            "--optimization-interval",
+            str(MINER_INTERVAL_S),
+            "--submission.mode",
+            "direct",
+            "--workspace.root",
+            str(self.miners_dir),
+            "--inference.port",
+            str(inference_port),
+            "--axon.external_ip",
+            HOST,
+        ]
 
     def _miner_environment(self, name: str) -> dict[str, str]:
         """The miner's settings that have no flag: its GitHub account and token, and the stand-in."""
         assert self.github is not None, "_start_github() first"
-        return {"GITHUB_TOKEN": self.github_tokens[name], "GITHUB_USERNAME": name,
-                "GITHUB_API_URL": self.github.api_url, "GIT_REMOTE_BASE": self.github.file_base,
-                "UPSTREAM_REPO": UPSTREAM}
+        return {
+            "GITHUB_TOKEN": self.github_tokens[name],
+            "GITHUB_USERNAME": name,
+            "GITHUB_API_URL": self.github.api_url,
+            "GIT_REMOTE_BASE": self.github.file_base,
+            "UPSTREAM_REPO": UPSTREAM,
+        }
 
     def _wait_for_submissions(self, watched: list[Child]) -> None:
         """Wait until each miner has a submission in the API; a miner whose own evaluation failed
@@ -317,14 +425,25 @@ class LocalNetwork:
 
         def submitted_all() -> bool:
             found = self._submissions()
-            states = [f"{name}: " + (f"submitted {found[name].commit[:12]} at T={found[name].target_sequence_length:,}"
-                                     if name in found else self._miner_stage(name))
-                      for name in MINERS.values()]
+            states = [
+                f"{name}: "
+                + (
+                    f"submitted {found[name].commit[:12]} at T={found[name].target_sequence_length:,}"
+                    if name in found
+                    else self._miner_stage(name)
+                )
+                for name in MINERS.values()
+            ]
             self.progress.detail(", ".join(states))
             return len(found) == len(MINERS)
 
-        wait_until(submitted_all, self.options.round_timeout_s,
-                   f"the miners' submissions (their logs: {self.logs_dir}/miner-*.log)", watched, poll_s=0.5)
+        wait_until(
+            submitted_all,
+            self.options.round_timeout_s,
+            f"the miners' submissions (their logs: {self.logs_dir}/miner-*.log)",
+            watched,
+            poll_s=0.5,
+        )
         found = self._submissions()
         self.submitted = [found[name] for name in MINERS.values()]
 
@@ -338,15 +457,28 @@ class LocalNetwork:
         kinds = {name: kind for kind, name in MINERS.items()}
         found: dict[str, Submitted] = {}
         with self._database().read() as session:
-            rows = session.scalars(select(Submission).where(Submission.hotkey.in_(names), Submission.state == "ready")
-                                   .order_by(Submission.id))
+            rows = session.scalars(
+                select(Submission)
+                .where(Submission.hotkey.in_(names), Submission.state == "ready")
+                .order_by(Submission.id)
+            )
             for row in rows:
                 name = names[row.hotkey]
-                found.setdefault(name, Submitted(
-                    name=name, kind=kinds[name], uid=self.uids[name], hotkey=row.hotkey, submission_id=row.id,
-                    round_id=row.round_id or 0, fork_url=row.fork_url or "", commit=row.commit_hash or "",
-                    target_sequence_length=row.target_sequence_length,
-                    claimed_tokens_per_sec=float(row.claimed_tokens_per_sec or 0.0)))
+                found.setdefault(
+                    name,
+                    Submitted(
+                        name=name,
+                        kind=kinds[name],
+                        uid=self.uids[name],
+                        hotkey=row.hotkey,
+                        submission_id=row.id,
+                        round_id=row.round_id or 0,
+                        fork_url=row.fork_url or "",
+                        commit=row.commit_hash or "",
+                        target_sequence_length=row.target_sequence_length,
+                        claimed_tokens_per_sec=float(row.claimed_tokens_per_sec or 0.0),
+                    ),
+                )
         return found
 
     def _miner_stage(self, name: str) -> str:
@@ -363,9 +495,11 @@ class LocalNetwork:
             return "evaluating its fork"
         report = EvaluationReport.from_dict(json.loads(latest.read_text()))
         if not report.passed:
-            raise LocalnetError(f"{name}'s fork failed its own evaluation on {self.options.device}, so it does not "
-                                f"submit: {'; '.join(report.reasons) or 'no measurement'} (its log: "
-                                f"{self.logs_dir / (name + '.log')})")
+            raise LocalnetError(
+                f"{name}'s fork failed its own evaluation on {self.options.device}, so it does not "
+                f"submit: {'; '.join(report.reasons) or 'no measurement'} (its log: "
+                f"{self.logs_dir / (name + '.log')})"
+            )
         return "evaluated, submitting"
 
     # --- the round ---
@@ -378,12 +512,20 @@ class LocalNetwork:
 
         ids = [s.submission_id for s in self.submitted]
         with self._database().read() as session:
-            rows = session.scalars(select(EvaluationReport).where(
-                EvaluationReport.submission_id.in_(ids),
-                EvaluationReport.validator_hotkey == self.hotkey(VALIDATOR)))
+            rows = session.scalars(
+                select(EvaluationReport).where(
+                    EvaluationReport.submission_id.in_(ids), EvaluationReport.validator_hotkey == self.hotkey(VALIDATOR)
+                )
+            )
             return {row.submission_id: row for row in rows}
 
-    def _database(self):
+    @property
+    def chain(self) -> DevChain:
+        """The dev chain, once :meth:`start` has made it."""
+        assert self._chain is not None, "the local network's chain is used before it was started"
+        return self._chain
+
+    def _database(self) -> Database:
         """The API's database, read directly (the local network's own, on SQLite)."""
         from quasar.api.db import Database
 
@@ -397,8 +539,13 @@ class LocalNetwork:
         from quasar.api.db import EvaluationLease
 
         with self._database().read() as session:
-            return set(session.scalars(select(EvaluationLease.submission_id).where(
-                EvaluationLease.validator_hotkey == self.hotkey(VALIDATOR))))
+            return set(
+                session.scalars(
+                    select(EvaluationLease.submission_id).where(
+                        EvaluationLease.validator_hotkey == self.hotkey(VALIDATOR)
+                    )
+                )
+            )
 
     def _state_path(self) -> Path:
         from quasar.validator.state import default_state_path
@@ -433,27 +580,41 @@ class LocalNetwork:
         # The next epoch, the rate limit and (commit-reveal) the epochs until the reveal, with room.
         blocks = self.options.epoch_blocks + rules.weights_rate_limit + rules.tempo * (rules.reveal_period_epochs + 1)
         timeout_s = max(60.0, 2 * blocks * self.options.block_time_s)
-        wait_until(lambda: (read_weights_block(state_path) or -1) > after, timeout_s, "the validator's weights",
-                   watched, poll_s=0.2)
+        wait_until(
+            lambda: (read_weights_block(state_path) or -1) > after,
+            timeout_s,
+            "the validator's weights",
+            watched,
+            poll_s=0.2,
+        )
         weights_block = read_weights_block(state_path) or after
         if rules.commit_reveal_enabled:
-            self.progress.step(f"the validator committed weights at block {weights_block}; waiting for the chain "
-                               "to reveal them")
-            wait_until(lambda: self._revealed(weights_block), timeout_s, "the reveal of the validator's weights",
-                       watched, poll_s=0.2)
+            self.progress.step(
+                f"the validator committed weights at block {weights_block}; waiting for the chain to reveal them"
+            )
+            wait_until(
+                lambda: self._revealed(weights_block),
+                timeout_s,
+                "the reveal of the validator's weights",
+                watched,
+                poll_s=0.2,
+            )
         return self.summary(weights_block)
 
     def _revealed(self, commit_block: int) -> bool:
         """Whether the validator's commit of ``commit_block`` is revealed; LocalnetError when the chain
         dropped it (its weights broke a rule when they were revealed)."""
         validator = self.hotkey(VALIDATOR)
-        commit = next((c for c in self.chain.commits() if c.hotkey == validator and c.commit_block >= commit_block),
-                      None)
+        commit = next(
+            (c for c in self.chain.commits() if c.hotkey == validator and c.commit_block >= commit_block), None
+        )
         if commit is None or commit.outcome is None:
             return False
         if commit.outcome != "revealed":
-            raise LocalnetError(f"the chain dropped the validator's weights committed at block {commit_block} at their "
-                                f"reveal: {commit.outcome}")
+            raise LocalnetError(
+                f"the chain dropped the validator's weights committed at block {commit_block} at their "
+                f"reveal: {commit.outcome}"
+            )
         return True
 
     def watch(self, on_new_weights: Callable[[RoundSummary], None], poll_s: float = 2.0) -> None:
@@ -483,21 +644,41 @@ class LocalNetwork:
         for s in self.submitted:
             report = reports.get(s.submission_id)
             measured = None if report is None else report.measured_tokens_per_sec
-            miners.append(MinerOutcome(
-                name=s.name, kind=s.kind, uid=s.uid, hotkey=s.hotkey, submission_id=s.submission_id,
-                fork_url=s.fork_url, commit=s.commit, target_sequence_length=s.target_sequence_length,
-                claimed_tokens_per_sec=s.claimed_tokens_per_sec, verdict=verdict_of(report and report.verdict),
-                measured_tokens_per_sec=None if measured is None or not math.isfinite(measured) else measured,
-                reasons=tuple(report.reasons) if report is not None else (), weight=miner_weight(weights, s.uid)))
+            miners.append(
+                MinerOutcome(
+                    name=s.name,
+                    kind=s.kind,
+                    uid=s.uid,
+                    hotkey=s.hotkey,
+                    submission_id=s.submission_id,
+                    fork_url=s.fork_url,
+                    commit=s.commit,
+                    target_sequence_length=s.target_sequence_length,
+                    claimed_tokens_per_sec=s.claimed_tokens_per_sec,
+                    verdict=verdict_of(None if report is None else report.verdict),
+                    measured_tokens_per_sec=None if measured is None or not math.isfinite(measured) else measured,
+                    reasons=tuple(report.reasons) if report is not None else (),
+                    weight=miner_weight(weights, s.uid),
+                )
+            )
         notes = [self.reference_note]
         if self.options.device == "cpu":
             notes.append("evaluated on CPU at small lengths: tokens/s here are not benchmarks (CUDA is what counts)")
         return RoundSummary(
-            weights=dict(weights), miners=tuple(miners), leaderboard=leaderboard_rows(board.entries, uids_by_hotkey),
-            round_id=round_id, owner_uid=self.uids[OWNER], validator_uid=self.uids[VALIDATOR],
-            weights_block=weights_block, device=self.options.device, reference_model=self.reference_model,
-            seq_lens=evaluated_lengths(self.options), api_url=self.api_url,
-            data_dir=str(self.data_dir), notes=tuple(notes))
+            weights=dict(weights),
+            miners=tuple(miners),
+            leaderboard=leaderboard_rows(board.entries, uids_by_hotkey),
+            round_id=round_id,
+            owner_uid=self.uids[OWNER],
+            validator_uid=self.uids[VALIDATOR],
+            weights_block=weights_block,
+            device=self.options.device,
+            reference_model=self.reference_model,
+            seq_lens=evaluated_lengths(self.options),
+            api_url=self.api_url,
+            data_dir=str(self.data_dir),
+            notes=tuple(notes),
+        )
 
     def check_running(self) -> None:
         """Raise ChildFailed if any child has exited."""

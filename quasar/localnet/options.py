@@ -70,9 +70,16 @@ class LocalnetOptions:
     hyperparameters: SubnetHyperparameters = LOCALNET_HYPERPARAMETERS
 
 
-def default_options(data_dir: Path, device: str, reference_model: str = "", stand_in_model: bool = False,
-                    target: int | None = None, seq_lens: tuple[int, ...] | None = None,
-                    round_timeout_s: float | None = None, hyperparameters: str = "localnet") -> LocalnetOptions:
+def default_options(
+    data_dir: Path,
+    device: str,
+    reference_model: str = "",
+    stand_in_model: bool = False,
+    target: int | None = None,
+    seq_lens: tuple[int, ...] | None = None,
+    round_timeout_s: float | None = None,
+    hyperparameters: str = "localnet",
+) -> LocalnetOptions:
     """Options with the defaults for ``device``: small lengths on CPU (not a benchmark), the
     validator's usual lengths and a 64k target on CUDA; the subnet's hyperparameters by name
     (:data:`HYPERPARAMETER_SETS`). Raises :class:`LocalnetError` when the validator would run no
@@ -80,17 +87,23 @@ def default_options(data_dir: Path, device: str, reference_model: str = "", stan
     cpu = device == "cpu"
     options = LocalnetOptions(
         hyperparameters=HYPERPARAMETER_SETS[hyperparameters],
-        data_dir=Path(data_dir), device=device, reference_model=reference_model, stand_in_model=stand_in_model,
+        data_dir=Path(data_dir),
+        device=device,
+        reference_model=reference_model,
+        stand_in_model=stand_in_model,
         target=target if target is not None else (CPU_TARGET if cpu else CUDA_TARGET),
         seq_lens=seq_lens if seq_lens is not None else (CPU_SEQ_LENS if cpu else CUDA_SEQ_LENS),
         round_timeout_s=round_timeout_s if round_timeout_s is not None else (1800.0 if cpu else 900.0),
         timed_seconds=CPU_TIMED_SECONDS if cpu else CUDA_TIMED_SECONDS,
-        claim_share=CPU_CLAIM_SHARE if cpu else CUDA_CLAIM_SHARE)
+        claim_share=CPU_CLAIM_SHARE if cpu else CUDA_CLAIM_SHARE,
+    )
     if not any(length > HOSTILE_TARGET for length in options.seq_lens):
         shown = ", ".join(str(length) for length in options.seq_lens) or "none"
-        raise LocalnetError(f"the validator's lengths (--seq-lens: {shown}) need one above {HOSTILE_TARGET} tokens: "
-                            f"the hostile miner's kernel is exact up to {HOSTILE_TARGET} (its target, all it checks), "
-                            "so only a longer length shows it wrong")
+        raise LocalnetError(
+            f"the validator's lengths (--seq-lens: {shown}) need one above {HOSTILE_TARGET} tokens: "
+            f"the hostile miner's kernel is exact up to {HOSTILE_TARGET} (its target, all it checks), "
+            "so only a longer length shows it wrong"
+        )
     return options
 
 

@@ -77,8 +77,9 @@ class Children:
         self.environment = dict(environment)
         self.running: list[Child] = []
 
-    def start(self, name: str, command: Sequence[str], log_name: str,
-              environment: Mapping[str, str] | None = None) -> Child:
+    def start(
+        self, name: str, command: Sequence[str], log_name: str, environment: Mapping[str, str] | None = None
+    ) -> Child:
         """Start ``command`` with stdout and stderr appended to ``log_dir/log_name``, in the
         children's environment plus ``environment`` (settings without a flag, secrets among them:
         they are never written to the log)."""
@@ -87,9 +88,16 @@ class Children:
         with open(log_path, "ab") as log:
             log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command)}\n".encode())
             log.flush()
-            process = subprocess.Popen(list(command), cwd=self.cwd, env={**self.environment, **(environment or {})},
-                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True, preexec_fn=_die_with_parent)
+            process = subprocess.Popen(
+                list(command),
+                cwd=self.cwd,
+                env={**self.environment, **(environment or {})},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         child = Child(name, process, log_path)
         self.running.append(child)
         logger.debug("started %s (pid %d): %s", name, process.pid, " ".join(command))
@@ -124,8 +132,14 @@ class Children:
             pass
 
 
-def wait_until(ready: Callable[[], bool], timeout_s: float, what: str, watched: Sequence[Child] = (),
-               poll_s: float = 0.2, on_poll: Callable[[], None] | None = None) -> None:
+def wait_until(
+    ready: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    watched: Sequence[Child] = (),
+    poll_s: float = 0.2,
+    on_poll: Callable[[], None] | None = None,
+) -> None:
     """Poll ``ready`` until it is true; raise :class:`ChildFailed` if a watched child exits, or
     TimeoutError naming ``what`` after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

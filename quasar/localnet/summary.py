@@ -82,18 +82,33 @@ class RoundSummary:
         return {
             "weights": {str(uid): weight for uid, weight in sorted(self.weights.items())},
             "miners": [
-                {"uid": m.uid, "hotkey": m.hotkey, "kind": m.kind, "verdict": m.verdict, "name": m.name,
-                 "submission_id": m.submission_id, "fork_url": m.fork_url, "commit": m.commit,
-                 "target_sequence_length": m.target_sequence_length,
-                 "claimed_tokens_per_sec": m.claimed_tokens_per_sec,
-                 "measured_tokens_per_sec": m.measured_tokens_per_sec, "reasons": list(m.reasons),
-                 "weight": m.weight}
+                {
+                    "uid": m.uid,
+                    "hotkey": m.hotkey,
+                    "kind": m.kind,
+                    "verdict": m.verdict,
+                    "name": m.name,
+                    "submission_id": m.submission_id,
+                    "fork_url": m.fork_url,
+                    "commit": m.commit,
+                    "target_sequence_length": m.target_sequence_length,
+                    "claimed_tokens_per_sec": m.claimed_tokens_per_sec,
+                    "measured_tokens_per_sec": m.measured_tokens_per_sec,
+                    "reasons": list(m.reasons),
+                    "weight": m.weight,
+                }
                 for m in self.miners
             ],
             "leaderboard": [
-                {"place": r.place, "uid": r.uid, "hotkey": r.hotkey, "league": r.league,
-                 "measured_tokens_per_sec": r.measured_tokens_per_sec, "weighted_score": r.weighted_score,
-                 "share": r.share}
+                {
+                    "place": r.place,
+                    "uid": r.uid,
+                    "hotkey": r.hotkey,
+                    "league": r.league,
+                    "measured_tokens_per_sec": r.measured_tokens_per_sec,
+                    "weighted_score": r.weighted_score,
+                    "share": r.share,
+                }
                 for r in self.leaderboard
             ],
             "round_id": self.round_id,
@@ -122,14 +137,23 @@ def render_summary(summary: RoundSummary, console: Console, uid_names: Mapping[i
     """
     miners = compact_table(f"Miners (round {summary.round_id}, evaluated on {summary.device})")
     for column in ("uid", "miner", "fork", "target", "claimed", "measured", "verdict"):
-        miners.add_column(column, justify="right" if column in ("uid", "target", "claimed", "measured") else "left",
-                          no_wrap=column != "miner")
+        miners.add_column(
+            column,
+            justify="right" if column in ("uid", "target", "claimed", "measured") else "left",
+            no_wrap=column != "miner",
+        )
     reasons = []
     for m in summary.miners:
         style = "green" if m.verdict == PASS else "red" if m.verdict == FAIL else "yellow"
-        miners.add_row(str(m.uid), escape(m.name), escape(m.kind), f"{m.target_sequence_length:,}",
-                       compact_rate(m.claimed_tokens_per_sec), compact_rate(m.measured_tokens_per_sec),
-                       f"[{style}]{m.verdict}[/{style}]")
+        miners.add_row(
+            str(m.uid),
+            escape(m.name),
+            escape(m.kind),
+            f"{m.target_sequence_length:,}",
+            compact_rate(m.claimed_tokens_per_sec),
+            compact_rate(m.measured_tokens_per_sec),
+            f"[{style}]{m.verdict}[/{style}]",
+        )
         if m.reasons and m.verdict != PASS:
             reasons.append(f"uid {m.uid} {escape(m.name)}: {escape(m.reasons[0])}")
     console.print(miners)
@@ -140,15 +164,23 @@ def render_summary(summary: RoundSummary, console: Console, uid_names: Mapping[i
     for column in ("place", "uid", "hotkey", "league", "measured", "score", "share"):
         board.add_column(column, justify="left" if column in ("hotkey", "league") else "right", no_wrap=True)
     for row in summary.leaderboard:
-        board.add_row(str(row.place), "-" if row.uid is None else str(row.uid), short_hotkey(row.hotkey), row.league,
-                      compact_rate(row.measured_tokens_per_sec), compact_rate(row.weighted_score), f"{row.share:.2f}")
+        board.add_row(
+            str(row.place),
+            "-" if row.uid is None else str(row.uid),
+            short_hotkey(row.hotkey),
+            row.league,
+            compact_rate(row.measured_tokens_per_sec),
+            compact_rate(row.weighted_score),
+            f"{row.share:.2f}",
+        )
     if not summary.leaderboard:
         board.add_row("-", "-", "none", "", "", "", "")
         board.caption, board.caption_justify = "no eligible submission", "left"
     console.print(board)
 
-    weights = compact_table(f"Weights set by the validator (uid {summary.validator_uid}) at block "
-                            f"{summary.weights_block}")
+    weights = compact_table(
+        f"Weights set by the validator (uid {summary.validator_uid}) at block {summary.weights_block}"
+    )
     for column in ("uid", "neuron", "weight"):
         weights.add_column(column, justify="left" if column == "neuron" else "right")
     for uid, weight in sorted(summary.weights.items(), key=lambda item: (-item[1], item[0])):
@@ -163,7 +195,15 @@ def render_summary(summary: RoundSummary, console: Console, uid_names: Mapping[i
 
 def leaderboard_rows(entries: Sequence[Any], uids: Mapping[str, int]) -> tuple[LeaderboardRow, ...]:
     """The API's leaderboard entries (``quasar.api.schemas.LeaderboardEntry``) with uids by hotkey."""
-    return tuple(LeaderboardRow(place=e.place, uid=uids.get(e.hotkey), hotkey=e.hotkey, league=e.league,
-                                measured_tokens_per_sec=e.measured_tokens_per_sec, weighted_score=e.weighted_score,
-                                share=e.share)
-                 for e in entries)
+    return tuple(
+        LeaderboardRow(
+            place=e.place,
+            uid=uids.get(e.hotkey),
+            hotkey=e.hotkey,
+            league=e.league,
+            measured_tokens_per_sec=e.measured_tokens_per_sec,
+            weighted_score=e.weighted_score,
+            share=e.share,
+        )
+        for e in entries
+    )

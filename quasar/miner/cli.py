@@ -25,8 +25,9 @@ from quasar.miner.runner import run_miner
 from quasar.miner.status import run_status
 
 MINER_DESCRIPTION = "The QUASAR miner: mines (run, the default) or shows its submissions (status)."
-STATUS_DESCRIPTION = ("This miner's recent submissions and one in detail: state, each validator's verdict, "
-                      "reasons and figures.")
+STATUS_DESCRIPTION = (
+    "This miner's recent submissions and one in detail: state, each validator's verdict, reasons and figures."
+)
 
 
 def _add_submission_argument(parser: argparse.ArgumentParser, help_text: str) -> None:
@@ -35,8 +36,9 @@ def _add_submission_argument(parser: argparse.ArgumentParser, help_text: str) ->
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar miner") -> int:
     """Run the miner (or, with the ``status`` command, print its submissions); the exit status."""
-    parser = argparse.ArgumentParser(prog=prog, usage="%(prog)s [-h] [run | status [--submission ID]] [FLAGS]",
-                                     description=MINER_DESCRIPTION)
+    parser = argparse.ArgumentParser(
+        prog=prog, usage="%(prog)s [-h] [run | status [--submission ID]] [FLAGS]", description=MINER_DESCRIPTION
+    )
     parser.add_argument("command", nargs="?", choices=("run", "status"), default="run", help=argparse.SUPPRESS)
     _add_submission_argument(parser, "status: show only submission ID, in detail")
     config.add_arguments(parser, "miner")

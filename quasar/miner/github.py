@@ -20,7 +20,7 @@ import re
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -36,12 +36,27 @@ DEFAULT_GIT_TIMEOUT_S = 900.0
 
 # Variables a git process may inherit: reachability and trust stores the operator set up. Every
 # other variable (tokens, GIT_DIR, GIT_SSL_NO_VERIFY, an inherited GIT_ASKPASS...) is left out.
-_KEPT_ENVIRONMENT = frozenset({
-    "PATH", "HOME", "TMPDIR", "USER", "LOGNAME",
-    "http_proxy", "https_proxy", "all_proxy", "no_proxy",
-    "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "GIT_SSL_CAINFO", "GIT_SSL_CAPATH",
-})
+_KEPT_ENVIRONMENT = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "TMPDIR",
+        "USER",
+        "LOGNAME",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+        "no_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "NO_PROXY",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "GIT_SSL_CAINFO",
+        "GIT_SSL_CAPATH",
+    }
+)
 _USERNAME_VARIABLE = "QUASAR_GIT_USERNAME"
 _TOKEN_VARIABLE = "QUASAR_GIT_TOKEN"
 ASKPASS_SCRIPT = f"""#!/bin/sh
@@ -53,8 +68,15 @@ case "$1" in
 esac
 """
 # Matched in git's lowered stderr, which also holds URLs and commit hashes: no bare numbers.
-_AUTH_FAILED = ("authentication failed", "invalid username or password", "could not read username",
-                "could not read password", "terminal prompts disabled", "returned error: 403", "permission to")
+_AUTH_FAILED = (
+    "authentication failed",
+    "invalid username or password",
+    "could not read username",
+    "could not read password",
+    "terminal prompts disabled",
+    "returned error: 403",
+    "permission to",
+)
 _NOT_FOUND = ("repository not found", "not found", "does not appear to be a git repository")
 
 
@@ -95,8 +117,14 @@ class ForkResult:
 class GitHubClient:
     """GitHub's REST API at ``api_url`` (https://api.github.com, or a stand-in) as ``token``'s user."""
 
-    def __init__(self, api_url: str, token: str, timeout_s: float = 30.0, http: httpx.Client | None = None,
-                 sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        api_url: str,
+        token: str,
+        timeout_s: float = 30.0,
+        http: httpx.Client | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         if not token:
             raise GitHubError("GITHUB_TOKEN is not set: the miner needs a GitHub token to fork and push")
         self.api_url = api_url.rstrip("/")
@@ -108,19 +136,28 @@ class GitHubClient:
         self._http.close()
 
     def _request(self, method: str, path: str) -> httpx.Response:
-        headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/vnd.github+json",
-                   "X-GitHub-Api-Version": API_VERSION, "User-Agent": "quasar-miner"}
+        headers = {
+            "Authorization": f"Bearer {self._token}",
+            "Accept": "application/vnd.github+json",
+            "X-GitHub-Api-Version": API_VERSION,
+            "User-Agent": "quasar-miner",
+        }
         try:
-            response = self._http.request(method, self.api_url + path, headers=headers,
-                                          json={} if method == "POST" else None)
+            response = self._http.request(
+                method, self.api_url + path, headers=headers, json={} if method == "POST" else None
+            )
         except httpx.HTTPError as error:
             raise GitHubError(f"cannot reach the GitHub API at {self.api_url}: {error}") from None
         if response.status_code == 401:
-            raise GitHubError(f"GitHub rejected GITHUB_TOKEN (401 {_message(response)}): use a classic token with "
-                              "the public_repo scope, or a fine-grained one that may create forks and write contents")
+            raise GitHubError(
+                f"GitHub rejected GITHUB_TOKEN (401 {_message(response)}): use a classic token with "
+                "the public_repo scope, or a fine-grained one that may create forks and write contents"
+            )
         if response.status_code == 403:
-            raise GitHubError(f"GitHub refused {method} {path} (403 {_message(response)}): the token lacks a "
-                              "permission, or the API rate limit is spent (wait and retry)")
+            raise GitHubError(
+                f"GitHub refused {method} {path} (403 {_message(response)}): the token lacks a "
+                "permission, or the API rate limit is spent (wait and retry)"
+            )
         return response
 
     def repository(self, full_name: str) -> Repository | None:
@@ -132,8 +169,9 @@ class GitHubClient:
             raise GitHubError(f"GET /repos/{full_name} answered {response.status_code}: {_message(response)}")
         return _repository(response, f"GET /repos/{full_name}")
 
-    def ensure_fork(self, username: str, upstream: str, wait_s: float = DEFAULT_FORK_WAIT_S,
-                    poll_s: float = DEFAULT_POLL_S) -> ForkResult:
+    def ensure_fork(
+        self, username: str, upstream: str, wait_s: float = DEFAULT_FORK_WAIT_S, poll_s: float = DEFAULT_POLL_S
+    ) -> ForkResult:
         """``username``'s fork of ``upstream`` (OWNER/NAME): the existing one, or a new one.
 
         A repository of the upstream's name that is not a fork of it is used as it is, with a
@@ -144,8 +182,9 @@ class GitHubClient:
         existing = self.repository(f"{username}/{name}")
         if existing is not None:
             if not existing.is_fork or (existing.parent or "").lower() != upstream.lower():
-                logger.warning("%s exists but is not a fork of %s; using it as the miner's fork", existing.full_name,
-                               upstream)
+                logger.warning(
+                    "%s exists but is not a fork of %s; using it as the miner's fork", existing.full_name, upstream
+                )
             logger.info("using the existing fork %s (branch %s)", existing.full_name, existing.default_branch)
             return ForkResult(existing, created=False)
         response = self._request("POST", f"/repos/{upstream}/forks")
@@ -155,8 +194,10 @@ class GitHubClient:
             raise GitHubError(f"forking {upstream} failed ({response.status_code}): {_message(response)}")
         fork = _repository(response, f"POST /repos/{upstream}/forks")
         if fork.owner.lower() != username.lower():
-            raise GitHubError(f"GitHub forked {upstream} into {fork.owner}'s account, but GITHUB_USERNAME is "
-                              f"{username}: set GITHUB_USERNAME to the token's account")
+            raise GitHubError(
+                f"GitHub forked {upstream} into {fork.owner}'s account, but GITHUB_USERNAME is "
+                f"{username}: set GITHUB_USERNAME to the token's account"
+            )
         logger.info("asked GitHub to fork %s into %s; waiting for it", upstream, fork.full_name)
         deadline = time.monotonic() + wait_s
         while True:
@@ -165,8 +206,10 @@ class GitHubClient:
                 logger.info("fork %s is ready (branch %s)", ready.full_name, ready.default_branch)
                 return ForkResult(ready, created=True)
             if time.monotonic() + poll_s > deadline:
-                raise GitHubError(f"GitHub did not finish creating the fork {fork.full_name} within {wait_s:g} s; "
-                                  "start the miner again in a few minutes")
+                raise GitHubError(
+                    f"GitHub did not finish creating the fork {fork.full_name} within {wait_s:g} s; "
+                    "start the miner again in a few minutes"
+                )
             self._sleep(poll_s)
 
 
@@ -205,6 +248,7 @@ def write_askpass(path: Path) -> Path:
     return path
 
 
+@dataclass(eq=False)
 class Git:
     """Runs git for the miner's own workspace.
 
@@ -213,35 +257,59 @@ class Git:
     (clone, fetch, push) get the token through the askpass helper for that one process.
     """
 
-    def __init__(self, askpass: Path, username: str, token: str, author_name: str, author_email: str,
-                 timeout_s: float = DEFAULT_GIT_TIMEOUT_S):
-        self.askpass = askpass
-        self._username = username
-        self._token = token
-        self.author_name = author_name
-        self.author_email = author_email
-        self.timeout_s = timeout_s
+    askpass: Path
+    username: str
+    token: str = field(repr=False)  # never in a repr, a log line or an error
+    author_name: str
+    author_email: str
+    timeout_s: float = DEFAULT_GIT_TIMEOUT_S
 
     def _environment(self, network: bool) -> dict[str, str]:
         env = {name: value for name, value in os.environ.items() if name in _KEPT_ENVIRONMENT}
-        env.update({
-            "LANG": "C", "LC_ALL": "C", "GIT_TERMINAL_PROMPT": "0",
-            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
-            "GIT_AUTHOR_NAME": self.author_name, "GIT_AUTHOR_EMAIL": self.author_email,
-            "GIT_COMMITTER_NAME": self.author_name, "GIT_COMMITTER_EMAIL": self.author_email,
-        })
-        if network and self._token:
-            env.update({"GIT_ASKPASS": str(self.askpass), _USERNAME_VARIABLE: self._username,
-                        _TOKEN_VARIABLE: self._token})
+        env.update(
+            {
+                "LANG": "C",
+                "LC_ALL": "C",
+                "GIT_TERMINAL_PROMPT": "0",
+                "GIT_CONFIG_NOSYSTEM": "1",
+                "GIT_CONFIG_GLOBAL": os.devnull,
+                "GIT_AUTHOR_NAME": self.author_name,
+                "GIT_AUTHOR_EMAIL": self.author_email,
+                "GIT_COMMITTER_NAME": self.author_name,
+                "GIT_COMMITTER_EMAIL": self.author_email,
+            }
+        )
+        if network and self.token:
+            env.update(
+                {"GIT_ASKPASS": str(self.askpass), _USERNAME_VARIABLE: self.username, _TOKEN_VARIABLE: self.token}
+            )
         return env
 
     def run(self, *args: str, cwd: Path, network: bool = False, check: bool = True) -> subprocess.CompletedProcess:
         """Run ``git ARGS`` in ``cwd``; a failure (when ``check``) raises :class:`GitError`."""
-        command = ["git", "-c", "credential.helper=", "-c", "core.hooksPath=/dev/null", "-c", "commit.gpgSign=false",
-                   "-c", "protocol.file.allow=always", *args]
+        command = [
+            "git",
+            "-c",
+            "credential.helper=",
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "commit.gpgSign=false",
+            "-c",
+            "protocol.file.allow=always",
+            *args,
+        ]
         try:
-            result = subprocess.run(command, cwd=cwd, env=self._environment(network), capture_output=True,
-                                    text=True, timeout=self.timeout_s, stdin=subprocess.DEVNULL, check=False)
+            result = subprocess.run(
+                command,
+                cwd=cwd,
+                env=self._environment(network),
+                capture_output=True,
+                text=True,
+                timeout=self.timeout_s,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
             raise GitError(f"git {args[0]} did not finish within {self.timeout_s:g} s") from None
         except FileNotFoundError:
@@ -255,17 +323,21 @@ class Git:
         return self.run(*args, cwd=cwd).stdout.strip()
 
     def _explain(self, args: tuple[str, ...], stderr: str) -> str:
-        text = stderr.replace(self._token, "***") if self._token else stderr
+        text = stderr.replace(self.token, "***") if self.token else stderr
         lines = [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("hint:")]
         detail = lines[-1] if lines else "no message"
         lowered = text.lower()
         command = args[0]
         if command == "push" and ("[rejected]" in text or "non-fast-forward" in lowered):
-            return ("git push was rejected: the fork's branch has commits this workspace lacks (pushed from "
-                    "elsewhere); the miner never force-pushes: merge them into the workspace or reset the fork")
+            return (
+                "git push was rejected: the fork's branch has commits this workspace lacks (pushed from "
+                "elsewhere); the miner never force-pushes: merge them into the workspace or reset the fork"
+            )
         if command in ("clone", "fetch", "push") and any(marker in lowered for marker in _AUTH_FAILED):
-            return (f"git {command} was refused by the remote: authentication failed ({detail}); check that "
-                    "GITHUB_TOKEN is valid and may write to the fork")
+            return (
+                f"git {command} was refused by the remote: authentication failed ({detail}); check that "
+                "GITHUB_TOKEN is valid and may write to the fork"
+            )
         if command in ("clone", "fetch") and any(marker in lowered for marker in _NOT_FOUND):
             return f"git {command}: the fork's repository was not found ({detail})"
         return f"git {' '.join(args[:2])} failed: {detail}"

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from quasar import scoring
 from quasar.evaluate import EvaluationOptions, EvaluationReport, ProgressEvent, evaluate
@@ -97,18 +97,28 @@ class Evaluator:
         self.reports_dir = reports_dir
         self.console = console or Console(stderr=True)
 
-    def __call__(self, repo: Path, target: int, seq_lens: Sequence[int] | None = None,
-                 label: str = "evaluation") -> EvaluationReport:
+    def __call__(
+        self, repo: Path, target: int, seq_lens: Sequence[int] | None = None, label: str = "evaluation"
+    ) -> EvaluationReport:
         options = self.options if seq_lens is None else replace(self.options, seq_lens=tuple(seq_lens))
-        columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TimeElapsedColumn())
+        columns = (
+            SpinnerColumn(),
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
         with Progress(*columns, console=self.console, transient=True, disable=not self.console.is_terminal) as bar:
             task = bar.add_task(label, total=None)
 
             def show(event: ProgressEvent) -> None:
                 where = f" T={event.seq_len:,}" if event.seq_len else ""
-                bar.update(task, description=f"{label[:60]}: {event.stage}{where}", completed=event.done,
-                           total=event.total or None)
+                bar.update(
+                    task,
+                    description=f"{label[:60]}: {event.stage}{where}",
+                    completed=event.done,
+                    total=event.total or None,
+                )
 
             report = evaluate(repo, target, None, options, show)
         if self.reports_dir is not None:
@@ -140,10 +150,19 @@ def _reasons(report: EvaluationReport) -> str:
 class Miner:
     """The loop over one workspace clone (see the module docstring)."""
 
-    def __init__(self, clone: ForkClone, strategies: Sequence[Strategy], evaluate_fork: Evaluator,
-                 submitter: Submitter, state: MinerState, store: StateStore, config: LoopConfig,
-                 console: Console | None = None, before_cycle: Callable[[], None] | None = None,
-                 verdicts: VerdictWatcher | None = None):
+    def __init__(
+        self,
+        clone: ForkClone,
+        strategies: Sequence[Strategy],
+        evaluate_fork: Evaluator,
+        submitter: Submitter,
+        state: MinerState,
+        store: StateStore,
+        config: LoopConfig,
+        console: Console | None = None,
+        before_cycle: Callable[[], None] | None = None,
+        verdicts: VerdictWatcher | None = None,
+    ):
         if not strategies:
             raise ValueError("the miner needs at least one strategy")
         self.clone = clone
@@ -176,12 +195,21 @@ class Miner:
         baseline = measurement_from_report(report, head, self.config.claim_share)
         summary.baseline = summary.best = baseline
         if baseline is None:
-            logger.error("the fork's head %s fails evaluation at T=%d: %s. Candidates are still tried; to start "
-                         "from correct kernels, push the starter fork (quasar starter-fork DIR) to the fork",
-                         head[:12], target, _reasons(report))
+            logger.error(
+                "the fork's head %s fails evaluation at T=%d: %s. Candidates are still tried; to start "
+                "from correct kernels, push the starter fork (quasar starter-fork DIR) to the fork",
+                head[:12],
+                target,
+                _reasons(report),
+            )
         else:
-            logger.info("baseline %s: %s tokens/s at T=%d (claim %s)", head[:12],
-                        f"{baseline.tokens_per_sec:,.0f}", target, f"{baseline.claim:,.0f}")
+            logger.info(
+                "baseline %s: %s tokens/s at T=%d (claim %s)",
+                head[:12],
+                f"{baseline.tokens_per_sec:,.0f}",
+                target,
+                f"{baseline.claim:,.0f}",
+            )
             self.state.best = baseline
             self.store.save(self.state)
             self.evaluate.save(report, "best")
@@ -247,8 +275,16 @@ class Miner:
         except StrategyError as error:
             outcome = REJECTED if isinstance(error, EditRejected) else ERROR
             logger.warning("%s: %s", strategy.name, error)
-            return Attempt(strategy.name, f"{strategy.name}:{outcome}:{time.time()}", "(no candidate)", outcome,
-                           target, None, best.tokens_per_sec if best else None, str(error))
+            return Attempt(
+                strategy.name,
+                f"{strategy.name}:{outcome}:{time.time()}",
+                "(no candidate)",
+                outcome,
+                target,
+                None,
+                best.tokens_per_sec if best else None,
+                str(error),
+            )
         if candidate is None:
             return None
         logger.info("trying %s: %s", candidate.strategy, candidate.description)
@@ -257,10 +293,20 @@ class Miner:
     def _try(self, candidate: Candidate, target: int, best: Measurement | None) -> Attempt:
         best_tps = best.tokens_per_sec if best else None
 
-        def attempt(outcome: str, measured: float | None = None, reason: str = "",
-                    commit: str | None = None) -> Attempt:
-            return Attempt(candidate.strategy, candidate.key, candidate.description, outcome, target, measured,
-                           best_tps, reason, commit)
+        def attempt(
+            outcome: str, measured: float | None = None, reason: str = "", commit: str | None = None
+        ) -> Attempt:
+            return Attempt(
+                candidate.strategy,
+                candidate.key,
+                candidate.description,
+                outcome,
+                target,
+                measured,
+                best_tps,
+                reason,
+                commit,
+            )
 
         try:
             applied = candidate.apply(self.clone.path)
@@ -291,10 +337,10 @@ class Miner:
                 try:
                     self.clone.push(commit)
                 except GitError as error:
-                    logger.error("kept %s but could not push it (retried when it is submitted): %s", commit[:12],
-                                 error)
-            logger.info("kept %s as %s: %s tokens/s at T=%d", candidate.description, commit[:12],
-                        f"{measured:,.0f}", target)
+                    logger.error("kept %s but could not push it (retried when it is submitted): %s", commit[:12], error)
+            logger.info(
+                "kept %s as %s: %s tokens/s at T=%d", candidate.description, commit[:12], f"{measured:,.0f}", target
+            )
             return attempt(KEPT, measured, commit=commit)
         finally:
             if not kept:
@@ -303,12 +349,15 @@ class Miner:
                     self.clone.restore_clean()
 
     @staticmethod
-    def _message(candidate: Candidate, measured: float, best: float | None, target: int,
-                 report: EvaluationReport) -> str:
+    def _message(
+        candidate: Candidate, measured: float, best: float | None, target: int, report: EvaluationReport
+    ) -> str:
         before = f"was {best:,.0f}, {measured / best - 1:+.1%}" if best else "the first passing version"
         device = report.device_name or report.device
-        return (f"{candidate.strategy}: {candidate.description}\n\n"
-                f"QUASAR miner: {measured:,.0f} tokens/s at T={target:,} on {device} ({before}).\n")
+        return (
+            f"{candidate.strategy}: {candidate.description}\n\n"
+            f"QUASAR miner: {measured:,.0f} tokens/s at T={target:,} on {device} ({before}).\n"
+        )
 
     # --- forever ---
 
@@ -346,24 +395,40 @@ class Miner:
             item = report.lengths[key]
             league = scoring.league_for(item.seq_len)
             weighted = item.tokens_per_sec * league.multiplier if item.status == OK and item.tokens_per_sec else None
-            table.add_row(f"{item.seq_len:,}", f"{league.name} x{league.multiplier:g}", item.status,
-                          compact_rate(item.tokens_per_sec) if item.tokens_per_sec else "-",
-                          compact_rate(weighted) if weighted else "-",
-                          "-" if item.correct is None else ("yes" if item.correct else "no"))
+            table.add_row(
+                f"{item.seq_len:,}",
+                f"{league.name} x{league.multiplier:g}",
+                item.status,
+                compact_rate(item.tokens_per_sec) if item.tokens_per_sec else "-",
+                compact_rate(weighted) if weighted else "-",
+                "-" if item.correct is None else ("yes" if item.correct else "no"),
+            )
         self.console.print(table)
 
     def _print_cycle(self, summary: CycleSummary) -> None:
         table = compact_table(f"cycle at T={summary.target_seq_len or 0:,}")
         for column in ("#", "strategy", "candidate", "outcome", "tok/s", "vs best"):
-            table.add_column(column, justify="right" if column in ("#", "tok/s", "vs best") else "left",
-                             no_wrap=column != "candidate")
+            table.add_column(
+                column,
+                justify="right" if column in ("#", "tok/s", "vs best") else "left",
+                no_wrap=column != "candidate",
+            )
         reasons = []
         for number, attempt in enumerate(summary.attempts, 1):
             measured = attempt.measured_tokens_per_sec
-            relative = (f"{measured / attempt.best_tokens_per_sec - 1:+.1%}"
-                        if measured and attempt.best_tokens_per_sec else "-")
-            table.add_row(str(number), escape(attempt.strategy), escape(attempt.description), escape(attempt.outcome),
-                          compact_rate(measured) if measured else "-", relative)
+            relative = (
+                f"{measured / attempt.best_tokens_per_sec - 1:+.1%}"
+                if measured and attempt.best_tokens_per_sec
+                else "-"
+            )
+            table.add_row(
+                str(number),
+                escape(attempt.strategy),
+                escape(attempt.description),
+                escape(attempt.outcome),
+                compact_rate(measured) if measured else "-",
+                relative,
+            )
             if attempt.reason:
                 reasons.append(f"{number}: {escape(attempt.reason)}")
         self.console.print(table)
@@ -371,6 +436,8 @@ class Miner:
             self.console.print(reason, highlight=False)
         best = summary.best
         if best is not None:
-            self.console.print(f"best {best.commit[:12]}: {best.tokens_per_sec:,.0f} tokens/s at "
-                               f"T={best.target_seq_len:,}, claim {best.claim:,.0f}, weighted "
-                               f"{best.weighted_score:,.0f}; {summary.submissions} submission(s) this cycle")
+            self.console.print(
+                f"best {best.commit[:12]}: {best.tokens_per_sec:,.0f} tokens/s at "
+                f"T={best.target_seq_len:,}, claim {best.claim:,.0f}, weighted "
+                f"{best.weighted_score:,.0f}; {summary.submissions} submission(s) this cycle"
+            )

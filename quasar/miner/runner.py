@@ -58,7 +58,8 @@ def published_endpoint(settings: Settings) -> tuple[str, int]:
         raise MinerSetupError(
             f"{source} {host} is {kind}: validators on {settings.network} could not reach the inference server "
             f"there. Set AXON_EXTERNAL_IP to this machine's public IP address; behind NAT, forward a public TCP port "
-            f"to this machine's MINER_INFERENCE_PORT ({settings.miner_inference_port}) and set AXON_EXTERNAL_PORT to it")
+            f"to this machine's MINER_INFERENCE_PORT ({settings.miner_inference_port}) and set AXON_EXTERNAL_PORT to it"
+        )
     return str(address), port
 
 
@@ -74,8 +75,10 @@ def _device_name(device: str) -> str | None:
     import torch
 
     if not torch.cuda.is_available():
-        raise MinerSetupError(f"DEVICE={device} but CUDA is not available here (check the driver and "
-                              "CUDA_VISIBLE_DEVICES); set DEVICE=cpu only to try the miner out")
+        raise MinerSetupError(
+            f"DEVICE={device} but CUDA is not available here (check the driver and "
+            "CUDA_VISIBLE_DEVICES); set DEVICE=cpu only to try the miner out"
+        )
     return torch.cuda.get_device_name(torch.device(device))
 
 
@@ -85,8 +88,7 @@ def _check_settings(settings: Settings) -> None:
     if not settings.github_username:
         raise MinerSetupError("GITHUB_USERNAME is not set: put the GitHub account that owns the fork in .env")
     if settings.device == "cpu" and not settings.target_sequence_length:
-        raise MinerSetupError("DEVICE=cpu: set TARGET_SEQUENCE_LENGTH (at most 65536); CPU runs only try the "
-                              "miner out")
+        raise MinerSetupError("DEVICE=cpu: set TARGET_SEQUENCE_LENGTH (at most 65536); CPU runs only try the miner out")
     if settings.agent_api_url and not settings.agent_model:
         raise MinerSetupError("AGENT_API_URL is set but AGENT_MODEL is empty: name the model the endpoint serves")
 
@@ -98,8 +100,13 @@ def _publish_endpoint(chain, wallet, endpoint: tuple[str, int]) -> bool:
     try:
         chain.publish_endpoint(wallet, host, port)
     except ChainError as error:
-        logger.error("cannot publish the inference endpoint %s:%d on chain: %s (validators cannot check this "
-                     "miner's logits until it is published; retrying every cycle)", host, port, error)
+        logger.error(
+            "cannot publish the inference endpoint %s:%d on chain: %s (validators cannot check this "
+            "miner's logits until it is published; retrying every cycle)",
+            host,
+            port,
+            error,
+        )
         return False
     logger.info("published the inference endpoint %s:%d on subnet %d", host, port, chain.netuid)
     return True
@@ -112,14 +119,18 @@ def _check_services(settings: Settings, client) -> None:
         health = client.health()
         logger.info("submission API %s is up (chain block %d)", client.base_url, health.current_block)
     except ApiClientError as error:
-        logger.warning("the submission API at %s does not answer (%s); submissions are retried every cycle",
-                       client.base_url, error)
+        logger.warning(
+            "the submission API at %s does not answer (%s); submissions are retried every cycle", client.base_url, error
+        )
     url = f"http://127.0.0.1:{settings.miner_inference_port}/health"
     try:
         httpx.get(url, timeout=5).raise_for_status()
     except httpx.HTTPError:
-        logger.warning("no miner inference server answers on %s: start ./START_MINER_INFERENCE.sh, or validators "
-                       "will fail this miner's logit check", url)
+        logger.warning(
+            "no miner inference server answers on %s: start ./START_MINER_INFERENCE.sh, or validators "
+            "will fail this miner's logit check",
+            url,
+        )
 
 
 def run_miner(settings: Settings) -> int:
@@ -168,13 +179,24 @@ def _run(settings: Settings) -> int:
     except WorkspaceError as error:
         raise MinerSetupError(str(error)) from None
     try:
-        logger.info("miner %s (wallet %s/%s) on %s netuid %d; workspace %s", hotkey, settings.wallet_name_for("miner"),
-                    settings.wallet_hotkey, settings.network, settings.netuid, workspace.path)
+        logger.info(
+            "miner %s (wallet %s/%s) on %s netuid %d; workspace %s",
+            hotkey,
+            settings.wallet_name_for("miner"),
+            settings.wallet_hotkey,
+            settings.network,
+            settings.netuid,
+            workspace.path,
+        )
         try:
             chain = connect(settings)
             if not chain.is_registered(hotkey):
-                logger.warning("hotkey %s is not registered on subnet %d: the API refuses its submissions until "
-                               "it is (%s)", hotkey, chain.netuid, btcli.registration_hint(settings, settings.wallet_name_for("miner"), hotkey))
+                logger.warning(
+                    "hotkey %s is not registered on subnet %d: the API refuses its submissions until it is (%s)",
+                    hotkey,
+                    chain.netuid,
+                    btcli.registration_hint(settings, settings.wallet_name_for("miner"), hotkey),
+                )
             api = find_api(settings, chain)
         except ChainError as error:
             raise MinerSetupError(f"chain: {error}") from None
@@ -191,9 +213,13 @@ def _run(settings: Settings) -> int:
         finally:
             github.close()
         url = remote_url(settings.git_remote_base, fork.repository.full_name)
-        git = Git(write_askpass(workspace.askpass), settings.github_username, settings.github_token,
-                  settings.git_author_name or settings.github_username,
-                  settings.git_author_email or f"{settings.github_username}@users.noreply.github.com")
+        git = Git(
+            write_askpass(workspace.askpass),
+            settings.github_username,
+            settings.github_token,
+            settings.git_author_name or settings.github_username,
+            settings.git_author_email or f"{settings.github_username}@users.noreply.github.com",
+        )
         clone = ForkClone(workspace.fork, git, url, fork.repository.default_branch)
         try:
             clone.sync()
@@ -211,31 +237,59 @@ def _run(settings: Settings) -> int:
         _check_services(settings, client)
         strategies: list = [TuningStrategy(device_name)]
         if settings.agent_api_url:
-            strategies.append(AgentStrategy(settings.agent_api_url, settings.agent_model, settings.agent_api_key,
-                                            settings.agent_timeout))
+            strategies.append(
+                AgentStrategy(
+                    settings.agent_api_url, settings.agent_model, settings.agent_api_key, settings.agent_timeout
+                )
+            )
         else:
             logger.info("AGENT_API_URL is empty: the agent strategy is off; tuning only")
         # The validators' evaluation settings, so the miner sees what a validator will see.
         options = options_from_settings(settings, allow_unsandboxed=settings.miner_allow_unsandboxed)
         evaluator = Evaluator(options, workspace.reports)
-        submitter = Submitter(client, chain, state, store, settings.submission_mode, url, publish=clone.push,
-                              min_gain=settings.min_improvement)
-        config = LoopConfig(iterations=settings.agent_iterations, interval_s=settings.optimization_interval,
-                            min_improvement=settings.min_improvement, target_seq_len=settings.target_sequence_length,
-                            claim_share=settings.claim_share,
-                            push_on_keep=settings.submission_mode == DIRECT)
+        submitter = Submitter(
+            client,
+            chain,
+            state,
+            store,
+            settings.submission_mode,
+            url,
+            publish=clone.push,
+            min_gain=settings.min_improvement,
+        )
+        config = LoopConfig(
+            iterations=settings.agent_iterations,
+            interval_s=settings.optimization_interval,
+            min_improvement=settings.min_improvement,
+            target_seq_len=settings.target_sequence_length,
+            claim_share=settings.claim_share,
+            push_on_keep=settings.submission_mode == DIRECT,
+        )
 
         def republish() -> None:
             nonlocal published
             if not published:
                 published = _publish_endpoint(chain, wallet, endpoint)
 
-        miner = Miner(clone, strategies, evaluator, submitter, state, store, config, before_cycle=republish,
-                      verdicts=VerdictWatcher(client, hotkey))
+        miner = Miner(
+            clone,
+            strategies,
+            evaluator,
+            submitter,
+            state,
+            store,
+            config,
+            before_cycle=republish,
+            verdicts=VerdictWatcher(client, hotkey),
+        )
         stop = threading.Event()
         signal.signal(signal.SIGTERM, signal.default_int_handler)
-        logger.info("mining: %d candidate(s) per cycle, %gs between cycles, %s submissions", config.iterations,
-                    config.interval_s, settings.submission_mode)
+        logger.info(
+            "mining: %d candidate(s) per cycle, %gs between cycles, %s submissions",
+            config.iterations,
+            config.interval_s,
+            settings.submission_mode,
+        )
         miner.run(stop)
         return 0
     finally:

@@ -102,8 +102,13 @@ class SubmissionRecord:
     submitted_at: float
 
     def to_dict(self) -> dict[str, Any]:
-        return {"submission_id": self.submission_id, "mode": self.mode, "fork_url": self.fork_url,
-                "measurement": self.measurement.to_dict(), "submitted_at": self.submitted_at}
+        return {
+            "submission_id": self.submission_id,
+            "mode": self.mode,
+            "fork_url": self.fork_url,
+            "measurement": self.measurement.to_dict(),
+            "submitted_at": self.submitted_at,
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> SubmissionRecord:
@@ -227,8 +232,10 @@ class StateStore:
         except (OSError, UnicodeDecodeError) as error:
             raise MinerStateError(f"cannot read the miner state {self.path}: {error}") from None
         except ValueError as error:
-            raise MinerStateError(f"the miner state {self.path} is damaged ({error}); move it away to start afresh "
-                                  "(a pending commit-reveal's salt is in it)") from None
+            raise MinerStateError(
+                f"the miner state {self.path} is damaged ({error}); move it away to start afresh "
+                "(a pending commit-reveal's salt is in it)"
+            ) from None
         if state.hotkey != hotkey:
             raise MinerStateError(f"the miner state {self.path} belongs to hotkey {state.hotkey}, not {hotkey}")
         return state

@@ -9,7 +9,7 @@ revealed, only the hash; never the fork or commit its own state file holds.
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from rich.console import Console, Group
 from rich.table import Table
@@ -33,7 +33,7 @@ STATE_LABELS = {"being_evaluated": "evaluating", "awaiting_quorum": "no quorum"}
 def _when(timestamp: float | None) -> str:
     if timestamp is None:
         return "-"
-    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%m-%d %H:%M")
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%m-%d %H:%M")
 
 
 def _tokens(value: float | None) -> str:
@@ -150,20 +150,15 @@ def run_status(settings: Settings, submission_id: int | None, console: Console |
     wallet cannot be read or the API refuses or cannot be reached."""
     console = console or Console()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # its request lines would interleave with the tables
-    try:
-        wallet = open_wallet(settings, "miner")
-    except WalletError as error:
-        logger.error("%s", error)
-        return 1
-    hotkey = wallet.hotkey.ss58_address
     from quasar.api.lookup import ApiNotFound, find_api
     from quasar.chain import ChainError
     from quasar.chain.factory import connect
 
     try:
+        hotkey = open_wallet(settings, "miner").hotkey.ss58_address
         url = settings.validator_api_url or find_api(settings, connect(settings)).url
-    except (ApiNotFound, ChainError) as error:
-        logger.error("cannot find the submission API: %s", error)
+    except (WalletError, ApiNotFound, ChainError) as error:
+        logger.error("%s%s", "" if isinstance(error, WalletError) else "cannot find the submission API: ", error)
         return 1
     with ApiClient(url) as client:
         try:
@@ -205,7 +200,8 @@ class VerdictWatcher:
     @staticmethod
     def _log(status: schemas.SubmissionStatus, report: schemas.ValidatorVerdict) -> None:
         measured = "-" if report.measured_tokens_per_sec is None else f"{report.measured_tokens_per_sec:,.0f}"
-        text = (f"submission {status.submission_id} {report.verdict} by validator {short_hotkey(report.validator_hotkey)}: "
+        validator = short_hotkey(report.validator_hotkey)
+        text = (f"submission {status.submission_id} {report.verdict} by validator {validator}: "
                 f"measured {measured} tok/s at T={status.target_sequence_length:,} (claimed "
                 f"{status.claimed_tokens_per_sec:,.0f}); now {STATE_LABELS.get(status.state, status.state)}")
         if report.verdict == "passed":

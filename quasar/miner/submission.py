@@ -21,7 +21,7 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from quasar import scoring
 from quasar.api.client import ApiClient, ApiClientError
@@ -49,14 +49,23 @@ def measurement_from_report(report: EvaluationReport, commit: str, claim_share: 
         raise ValueError(f"claim_share must be above 0 and at most 1, got {claim_share}")
     if not report.passed or report.measured_tokens_per_sec is None or not report.recommended_claim:
         return None
-    benchmarks = {int(key): float(item.tokens_per_sec) for key, item in report.lengths.items()
-                  if item.status == OK and item.tokens_per_sec}
+    benchmarks = {
+        int(key): float(item.tokens_per_sec)
+        for key, item in report.lengths.items()
+        if item.status == OK and item.tokens_per_sec
+    }
     target = report.lengths.get(str(report.target_seq_len))
     vram = int(target.peak_vram_mb) if target is not None and target.peak_vram_mb is not None else None
-    return Measurement(commit=commit, target_seq_len=report.target_seq_len,
-                       tokens_per_sec=float(report.measured_tokens_per_sec), claim=float(report.recommended_claim) * claim_share,
-                       benchmarks=benchmarks, vram_mb=vram, device_name=report.device_name,
-                       cv=target.cv if target is not None else None)
+    return Measurement(
+        commit=commit,
+        target_seq_len=report.target_seq_len,
+        tokens_per_sec=float(report.measured_tokens_per_sec),
+        claim=float(report.recommended_claim) * claim_share,
+        benchmarks=benchmarks,
+        vram_mb=vram,
+        device_name=report.device_name,
+        cv=target.cv if target is not None else None,
+    )
 
 
 def choose_target_length(report: EvaluationReport) -> int | None:
@@ -83,6 +92,7 @@ def is_improvement(candidate: Measurement, last: SubmissionRecord | None, min_ga
     return candidate.weighted_score > previous.weighted_score * (1 + min_gain)
 
 
+@dataclass(eq=False)
 class Submitter:
     """Submits for one hotkey through ``client`` in ``mode``, keeping ``state`` saved in ``store``.
 
@@ -90,18 +100,18 @@ class Submitter:
     right before a direct submission and right before a reveal.
     """
 
-    def __init__(self, client: ApiClient, chain: Chain, state: MinerState, store: StateStore, mode: str,
-                 fork_url: str, publish: Callable[[str], None], min_gain: float = 0.0):
-        if mode not in MODES:
-            raise ValueError(f"submission mode must be one of {', '.join(MODES)}, got {mode!r}")
-        self.client = client
-        self.chain = chain
-        self.state = state
-        self.store = store
-        self.mode = mode
-        self.fork_url = fork_url
-        self.publish = publish
-        self.min_gain = min_gain
+    client: ApiClient
+    chain: Chain
+    state: MinerState
+    store: StateStore
+    mode: str
+    fork_url: str
+    publish: Callable[[str], None]
+    min_gain: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"submission mode must be one of {', '.join(MODES)}, got {self.mode!r}")
 
     def _save(self) -> None:
         self.store.save(self.state)
@@ -110,8 +120,10 @@ class Submitter:
         """Submit ``measurement`` if it improves on the last submission and nothing is pending.
         Returns True when a submission (or commitment) was made."""
         if self.state.pending_reveal is not None:
-            logger.info("a commit-reveal is pending (%s); the next submission waits for its reveal",
-                        self.state.pending_reveal.measurement.commit[:12])
+            logger.info(
+                "a commit-reveal is pending (%s); the next submission waits for its reveal",
+                self.state.pending_reveal.measurement.commit[:12],
+            )
             return False
         if not is_improvement(measurement, self.state.last_submission, self.min_gain):
             return False
@@ -133,9 +145,14 @@ class Submitter:
         if not self._publish(measurement.commit):
             return False
         try:
-            accepted = self.client.submit_kernel(self.fork_url, measurement.commit, measurement.target_seq_len,
-                                                 measurement.claim, vram_mb=measurement.vram_mb,
-                                                 benchmarks=measurement.benchmarks or None)
+            accepted = self.client.submit_kernel(
+                self.fork_url,
+                measurement.commit,
+                measurement.target_seq_len,
+                measurement.claim,
+                vram_mb=measurement.vram_mb,
+                benchmarks=measurement.benchmarks or None,
+            )
             submission_id: int | None = accepted.submission_id
         except ApiClientError as error:
             duplicate = re.search(r"already submitted as submission (\d+)", error.detail)
@@ -145,15 +162,21 @@ class Submitter:
             submission_id = int(duplicate.group(1))  # sent before a crash; the API has it
         self.state.last_submission = SubmissionRecord(submission_id, DIRECT, self.fork_url, measurement, time.time())
         self._save()
-        logger.info("submitted %s at T=%d claiming %s tokens/s (submission %s)", measurement.commit[:12],
-                    measurement.target_seq_len, f"{measurement.claim:,.0f}", submission_id)
+        logger.info(
+            "submitted %s at T=%d claiming %s tokens/s (submission %s)",
+            measurement.commit[:12],
+            measurement.target_seq_len,
+            f"{measurement.claim:,.0f}",
+            submission_id,
+        )
         return True
 
     def _start_commit_reveal(self, measurement: Measurement) -> None:
         salt = secrets.token_hex(SALT_BYTES)
         digest = commitment_hash(salt, self.fork_url, measurement.commit)
-        self.state.pending_reveal = PendingReveal(salt=salt, fork_url=self.fork_url, commitment_hash=digest,
-                                                  measurement=measurement, created_at=time.time())
+        self.state.pending_reveal = PendingReveal(
+            salt=salt, fork_url=self.fork_url, commitment_hash=digest, measurement=measurement, created_at=time.time()
+        )
         self._save()  # the salt is on disk before the commitment leaves this machine
         self._send_commitment()
 
@@ -168,21 +191,32 @@ class Submitter:
                 self.state.pending_reveal = None
                 self._save()
             return
-        self.state.pending_reveal = replace(pending, submission_id=accepted.submission_id,
-                                            reveal_from_block=accepted.reveal_from_block,
-                                            reveal_until_block=accepted.reveal_until_block)
+        self.state.pending_reveal = replace(
+            pending,
+            submission_id=accepted.submission_id,
+            reveal_from_block=accepted.reveal_from_block,
+            reveal_until_block=accepted.reveal_until_block,
+        )
         self._save()
-        logger.info("committed %s as commitment %d; revealing from block %d (now %d)",
-                    pending.measurement.commit[:12], accepted.submission_id, accepted.reveal_from_block,
-                    accepted.commit_block)
+        logger.info(
+            "committed %s as commitment %d; revealing from block %d (now %d)",
+            pending.measurement.commit[:12],
+            accepted.submission_id,
+            accepted.reveal_from_block,
+            accepted.commit_block,
+        )
 
     def _find_commitment(self, pending: PendingReveal) -> PendingReveal | None:
         """The API's record of ``pending``'s commitment (sent before a crash), if it has one."""
         listed = self.client.pending_reveals(self._hotkey())
         for item in listed.pending:
             if item.commitment_hash == pending.commitment_hash:
-                return replace(pending, submission_id=item.submission_id, reveal_from_block=item.reveal_from_block,
-                               reveal_until_block=item.reveal_until_block)
+                return replace(
+                    pending,
+                    submission_id=item.submission_id,
+                    reveal_from_block=item.reveal_from_block,
+                    reveal_until_block=item.reveal_until_block,
+                )
         return None
 
     def _hotkey(self) -> str:
@@ -198,8 +232,9 @@ class Submitter:
             if pending.submission_id is None:
                 found = self._find_commitment(pending)
                 if found is None:
-                    logger.info("commitment for %s never reached the API; sending it again",
-                                pending.measurement.commit[:12])
+                    logger.info(
+                        "commitment for %s never reached the API; sending it again", pending.measurement.commit[:12]
+                    )
                     self._send_commitment()
                     return False
                 self.state.pending_reveal = pending = found
@@ -218,12 +253,20 @@ class Submitter:
             logger.warning("cannot read the chain's block to time the reveal: %s", error)
             return False
         if block < pending.reveal_from_block:
-            logger.debug("commitment %d reveals at block %d; chain at %d", pending.submission_id,
-                         pending.reveal_from_block, block)
+            logger.debug(
+                "commitment %d reveals at block %d; chain at %d",
+                pending.submission_id,
+                pending.reveal_from_block,
+                block,
+            )
             return False
         if pending.reveal_until_block is not None and block > pending.reveal_until_block:
-            logger.error("the reveal window of commitment %d closed at block %d (chain at %d); dropping it",
-                         pending.submission_id, pending.reveal_until_block, block)
+            logger.error(
+                "the reveal window of commitment %d closed at block %d (chain at %d); dropping it",
+                pending.submission_id,
+                pending.reveal_until_block,
+                block,
+            )
             self.state.pending_reveal = None
             self._save()
             return False
@@ -231,9 +274,15 @@ class Submitter:
         if not self._publish(measurement.commit):
             return False
         try:
-            self.client.reveal(pending.submission_id, pending.salt, pending.fork_url, measurement.commit,
-                               measurement.claim, vram_mb=measurement.vram_mb,
-                               benchmarks=measurement.benchmarks or None)
+            self.client.reveal(
+                pending.submission_id,
+                pending.salt,
+                pending.fork_url,
+                measurement.commit,
+                measurement.claim,
+                vram_mb=measurement.vram_mb,
+                benchmarks=measurement.benchmarks or None,
+            )
         except ApiClientError as error:
             if error.status == 409 and "already revealed" in error.detail:
                 logger.info("commitment %d was revealed before a restart", pending.submission_id)
@@ -246,12 +295,18 @@ class Submitter:
                     self.state.pending_reveal = None
                     self._save()
                 return False
-        self.state.last_submission = SubmissionRecord(pending.submission_id, COMMIT_REVEAL, pending.fork_url,
-                                                      measurement, time.time())
+        self.state.last_submission = SubmissionRecord(
+            pending.submission_id, COMMIT_REVEAL, pending.fork_url, measurement, time.time()
+        )
         self.state.pending_reveal = None
         self._save()
-        logger.info("revealed commitment %d: %s at T=%d claiming %s tokens/s", pending.submission_id,
-                    measurement.commit[:12], measurement.target_seq_len, f"{measurement.claim:,.0f}")
+        logger.info(
+            "revealed commitment %d: %s at T=%d claiming %s tokens/s",
+            pending.submission_id,
+            measurement.commit[:12],
+            measurement.target_seq_len,
+            f"{measurement.claim:,.0f}",
+        )
         return True
 
     @staticmethod

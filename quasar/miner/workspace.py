@@ -69,9 +69,11 @@ class Workspace:
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise WorkspaceLocked(f"another miner with hotkey {self.hotkey} is running (pid {holder}) and holds "
-                                  f"{self.lock_file}; two miners with one hotkey would overwrite each other's "
-                                  "fork and submissions, so this one stops") from None
+            raise WorkspaceLocked(
+                f"another miner with hotkey {self.hotkey} is running (pid {holder}) and holds "
+                f"{self.lock_file}; two miners with one hotkey would overwrite each other's "
+                "fork and submissions, so this one stops"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
@@ -111,8 +113,10 @@ class ForkClone:
             self.git.run("remote", "remove", "origin", cwd=self.path, check=False)
             self.git.run("remote", "add", "origin", self.remote_url, cwd=self.path)
         self.restore_clean()
-        if self.git.run("symbolic-ref", "--quiet", "--short", "HEAD", cwd=self.path, check=False).stdout.strip() \
-                != self.branch:
+        if (
+            self.git.run("symbolic-ref", "--quiet", "--short", "HEAD", cwd=self.path, check=False).stdout.strip()
+            != self.branch
+        ):
             self.git.run("checkout", "--quiet", self.branch, cwd=self.path)
         self.fetch()
         self._take_remote_commits()
@@ -122,8 +126,17 @@ class ForkClone:
         partial = self.path.with_name(self.path.name + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
         logger.info("cloning %s (branch %s) into %s", self.remote_url, self.branch, self.path)
-        self.git.run("clone", "--quiet", "--branch", self.branch, "--", self.remote_url, str(partial),
-                     cwd=self.path.parent, network=True)
+        self.git.run(
+            "clone",
+            "--quiet",
+            "--branch",
+            self.branch,
+            "--",
+            self.remote_url,
+            str(partial),
+            cwd=self.path.parent,
+            network=True,
+        )
         os.replace(partial, self.path)
 
     def _take_remote_commits(self) -> None:
@@ -138,9 +151,14 @@ class ForkClone:
             self.git.run("merge", "--quiet", "--ff-only", remote, cwd=self.path)
             logger.info("took the commits pushed to the fork's %s: now at %s", self.branch, remote_head)
         else:
-            logger.warning("the workspace and the fork's %s have diverged (%s here, %s there); pushes will be "
-                           "refused until that is resolved by hand in %s", self.branch, head[:12], remote_head[:12],
-                           self.path)
+            logger.warning(
+                "the workspace and the fork's %s have diverged (%s here, %s there); pushes will be "
+                "refused until that is resolved by hand in %s",
+                self.branch,
+                head[:12],
+                remote_head[:12],
+                self.path,
+            )
 
     def _is_ancestor(self, older: str, newer: str) -> bool:
         return self.git.run("merge-base", "--is-ancestor", older, newer, cwd=self.path, check=False).returncode == 0
@@ -175,8 +193,12 @@ class ForkClone:
             self.git.run("clean", "-f", "-d", "--quiet", "--", QUASAR_DIR, cwd=self.path)
         others = [p for p in changed if p not in ours]
         if others:
-            logger.warning("files outside %s differ from the last commit and are left as they are (the miner never "
-                           "commits them): %s", QUASAR_DIR, ", ".join(others[:10]))
+            logger.warning(
+                "files outside %s differ from the last commit and are left as they are (the miner never "
+                "commits them): %s",
+                QUASAR_DIR,
+                ", ".join(others[:10]),
+            )
         return ours
 
     def commit(self, paths: list[str], message: str) -> str:

@@ -279,8 +279,7 @@ class QuasarAttentionReference(nn.Module):
         """
         if past_key_values is not None or use_cache:
             raise ValueError(
-                "QuasarAttentionReference evaluates whole sequences: past_key_values and use_cache "
-                "are not supported"
+                "QuasarAttentionReference evaluates whole sequences: past_key_values and use_cache are not supported"
             )
         cu_seqlens = kwargs.pop("cu_seqlens", None)
         if kwargs:

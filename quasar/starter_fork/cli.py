@@ -14,8 +14,10 @@ from quasar.starter_fork.writer import StarterForkError, write_starter_fork
 def main(argv: Sequence[str] | None = None, prog: str = "quasar starter-fork") -> int:
     """Write the fork; exit status 0, or 1 when DIR is not a new or empty folder."""
     parser = argparse.ArgumentParser(
-        prog=prog, description="Write the project's starter fork of flash-linear-attention (correct kernels, "
-                               "CPU and CUDA) into DIR as a fresh git repository.")
+        prog=prog,
+        description="Write the project's starter fork of flash-linear-attention (correct kernels, "
+        "CPU and CUDA) into DIR as a fresh git repository.",
+    )
     parser.add_argument("dest", metavar="DIR", type=Path, help="new or empty folder to write the fork into")
     args = parser.parse_args(argv)
     setup_logging(quiet=True)

@@ -125,9 +125,7 @@ def _git(dest: Path, *args: str) -> str:
     git = shutil.which("git")
     if git is None:
         raise StarterForkError("git is not installed (needed to commit the starter fork)")
-    result = subprocess.run(
-        [git, *args], cwd=dest, env=_git_environment(), capture_output=True, text=True, check=False
-    )
+    result = subprocess.run([git, *args], cwd=dest, env=_git_environment(), capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise StarterForkError(f"git {args[0]} failed in {dest}: {result.stderr.strip() or result.stdout.strip()}")
     return result.stdout.strip()

@@ -21,8 +21,8 @@ import os
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -65,18 +65,26 @@ def measures(configured_cgroup: str | None) -> list[tuple[str, bool, str]]:
 def try_variant(fork: Path, device: str, sys_paths: tuple[str, ...], configured_cgroup: str | None) -> dict:
     """A brief evaluation of the starter fork with ``sys_paths`` of /sys visible."""
     policy = SandboxPolicy(sys_paths=sys_paths, cgroup_path=configured_cgroup)
-    options = EvaluationOptions(seq_lens=(), device=device, warmup_runs=2, min_timed_runs=2, max_timed_runs=4,
-                                timed_seconds=0.2, policy=policy)
+    options = EvaluationOptions(
+        seq_lens=(), device=device, warmup_runs=2, min_timed_runs=2, max_timed_runs=4, timed_seconds=0.2, policy=policy
+    )
     started = time.monotonic()
     report = evaluate(fork, 512, None, options)
-    return {"verdict": report.verdict, "seconds": time.monotonic() - started, "sandbox": report.sandbox,
-            "reasons": report.reasons, "log_tail": report.log_tail[-2000:]}
+    return {
+        "verdict": report.verdict,
+        "seconds": time.monotonic() - started,
+        "sandbox": report.sandbox,
+        "reasons": report.reasons,
+        "log_tail": report.log_tail[-2000:],
+    }
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar check-sandbox") -> int:
     """Print the measures and the starter fork's verdict; exit status 0 when it passes in the default sandbox."""
-    parser = argparse.ArgumentParser(prog=prog, description="What this machine's evaluation sandbox enforces, "
-                                                            "and whether a fork's kernels run inside it.")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="What this machine's evaluation sandbox enforces, and whether a fork's kernels run inside it.",
+    )
     parser.add_argument("--device", default="cuda", help="where the starter fork runs (default cuda)")
     parser.add_argument("--out", type=Path, help="also write DIR/sandbox.json")
     parser.add_argument("--sys-variants", action="store_true", help="if the default sandbox fails, try more of /sys")
@@ -104,7 +112,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar check-sandbox") 
             except EvaluationInputError as error:
                 parser.error(str(error))
             result = results[name]
-            console.print(f"/sys {name}: starter fork {result['verdict']} in {result['seconds']:.1f} s", highlight=False)
+            console.print(
+                f"/sys {name}: starter fork {result['verdict']} in {result['seconds']:.1f} s", highlight=False
+            )
             for reason in result["reasons"]:
                 console.print(f"  reason: {escape(reason)}", highlight=False)
             if result["verdict"] == "pass":

@@ -89,8 +89,9 @@ def _defined_names(source: Path) -> set[str]:
     return names
 
 
-def _module_file(repo: Path, module: str) -> Path | None:
-    base = repo.joinpath(*module.split("."))
+def module_file(root: Path, module: str) -> Path | None:
+    """The file of the dotted ``module`` in the tree at ``root`` (``a/b.py`` or ``a/b/__init__.py``), if any."""
+    base = root.joinpath(*module.split("."))
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
             return candidate
@@ -113,7 +114,7 @@ def missing_support(repo: Path) -> list[str]:
                     needed.setdefault(node.module, set()).update(a.name for a in node.names)
     problems = []
     for module, names in sorted(needed.items()):
-        source = _module_file(repo, module)
+        source = module_file(repo, module)
         if source is None:
             problems.append(f"{module.replace('.', '/')}.py is missing (needed for {', '.join(sorted(names))})")
             continue
@@ -194,12 +195,20 @@ def check_setup(repo: Path, device: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar step1") -> int:
     """Step 1; exit status 0 on a pass, 1 on a fail, 2 for bad arguments or a fork that cannot take the files."""
-    parser = argparse.ArgumentParser(prog=prog, description="Step 1 for a miner: bring a fork checkout to the "
-                                                            "suite's QuasarAttention kernel, validate it, commit.")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Step 1 for a miner: bring a fork checkout to the "
+        "suite's QuasarAttention kernel, validate it, commit.",
+    )
     parser.add_argument("--repo-path", type=Path, required=True, help="the fork, checked out")
     parser.add_argument("--skip-setup", action="store_true", help="skip the environment checks")
-    parser.add_argument("--seq-len", type=positive_int, default=1_000_000, metavar="N",
-                        help="target length of the local validation (default 1M)")
+    parser.add_argument(
+        "--seq-len",
+        type=positive_int,
+        default=1_000_000,
+        metavar="N",
+        help="target length of the local validation (default 1M)",
+    )
     parser.add_argument("--push", action="store_true", help="git push after the commit")
     parser.add_argument("--keep-on-failure", action="store_true", help="leave the files written when validation fails")
     add_evaluation_arguments(parser)
@@ -230,7 +239,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar step1") -> int:
 
             def show(event: ProgressEvent) -> None:
                 where = f"T={event.seq_len:,}: " if event.seq_len else ""
-                progress.update(task, description=f"{where}{event.stage}", completed=event.done, total=event.total or None)
+                progress.update(
+                    task, description=f"{where}{event.stage}", completed=event.done, total=event.total or None
+                )
 
             report = evaluate(repo, args.seq_len, args.claimed, options, progress=show)
     except EvaluationInputError as error:

@@ -71,8 +71,9 @@ class ProgressDisplay:
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar local-validator") -> int:
     """Evaluate the fork with progress bars; exit status 0 on a pass, 1 on a fail, 2 for bad arguments."""
-    parser = argparse.ArgumentParser(prog=prog, description="A miner's local validator: the same evaluation a "
-                                                            "validator runs, before you submit.")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="A miner's local validator: the same evaluation a validator runs, before you submit."
+    )
     parser.add_argument("--repo-path", required=True, help="your fork, checked out")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--seq-len", type=positive_int, metavar="N", help="run this one length (the target)")
@@ -92,8 +93,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar local-validator"
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
         with Progress(*columns, console=console, transient=True) as progress:
-            report = evaluate(args.repo_path, target, args.claimed, options_from(args, seq_lens, settings),
-                              progress=ProgressDisplay(progress))
+            report = evaluate(
+                args.repo_path,
+                target,
+                args.claimed,
+                options_from(args, seq_lens, settings),
+                progress=ProgressDisplay(progress),
+            )
     except EvaluationInputError as error:
         parser.error(str(error))
     if args.json:
@@ -102,5 +108,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar local-validator"
     render_report(report, console)
     best = best_target(report)
     if best is not None and len(report.lengths) > 1:
-        console.print(f"best target among the lengths run: T={best[0]:,} (tokens/s × league multiplier = {best[1]:,.0f})")
+        console.print(
+            f"best target among the lengths run: T={best[0]:,} (tokens/s × league multiplier = {best[1]:,.0f})"
+        )
     return 0 if report.passed else 1

@@ -33,10 +33,10 @@ def run(settings: config.Settings) -> int:
     from quasar.api.lookup import find_api
     from quasar.chain.factory import connect
     from quasar.chain.wallets import open_wallet
+    from quasar.validator.devices import device_warnings, evaluation_devices
     from quasar.validator.evaluator import SubprocessEvaluator
     from quasar.validator.logit_check import MinerLogitChecker
     from quasar.validator.loop import Validator
-    from quasar.validator.devices import device_warnings, evaluation_devices
     from quasar.validator.preflight import check_registration, check_subnet_rules
     from quasar.validator.state import ValidatorState, default_state_path
 
@@ -52,8 +52,10 @@ def run(settings: config.Settings) -> int:
     api_target = find_api(settings, chain)
     log.info("submission API: %s (from %s)", api_target.url, api_target.source)
     state_path = default_state_path(settings.validator_data_dir, settings.network, chain.netuid, hotkey)
-    with ValidatorState.open(state_path) as state, \
-            ApiClient(api_target.url, wallet, api_hotkey=api_target.hotkey) as api:
+    with (
+        ValidatorState.open(state_path) as state,
+        ApiClient(api_target.url, wallet, api_hotkey=api_target.hotkey) as api,
+    ):
         log.info("validator state: %s", state.path)
         checker = MinerLogitChecker.from_settings(settings, wallet, devices[0].name)
         evaluator = SubprocessEvaluator.from_settings(settings, state.path.with_name(state.path.stem + "-work"))
@@ -61,8 +63,10 @@ def run(settings: config.Settings) -> int:
     return 0
 
 
-DESCRIPTION = ("QUASAR validator: evaluates the submissions in a sandbox, checks the miners' logits, reports to "
-               "the API and sets weights from its own results.")
+DESCRIPTION = (
+    "QUASAR validator: evaluates the submissions in a sandbox, checks the miners' logits, reports to "
+    "the API and sets weights from its own results."
+)
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar validator") -> int:

@@ -16,8 +16,10 @@ class ValidatorSetupError(QuasarError, RuntimeError):
     """The validator cannot start as configured; the message says what to fix."""
 
 
-CPU_WARNING = ("DEVICE=cpu on {network}: CPU evaluations are not benchmarks (tests and small lengths only); "
-               "the tokens/sec this validator reports and ranks by are not comparable to a GPU's")
+CPU_WARNING = (
+    "DEVICE=cpu on {network}: CPU evaluations are not benchmarks (tests and small lengths only); "
+    "the tokens/sec this validator reports and ranks by are not comparable to a GPU's"
+)
 
 
 @dataclass(frozen=True)
@@ -39,19 +41,24 @@ def evaluation_devices(device: str, cuda_count: int, visible: str | None) -> lis
     ``CUDA_VISIBLE_DEVICES`` (None when unset); ``cuda_count`` what torch counts."""
     if device == "cpu":
         return [Device("cpu", "")]
-    ids = [item.strip() for item in visible.split(",") if item.strip()] if visible is not None \
+    ids = (
+        [item.strip() for item in visible.split(",") if item.strip()]
+        if visible is not None
         else [str(index) for index in range(cuda_count)]
+    )
     ids = ids[:cuda_count]
     if not ids:
         raise ValidatorSetupError(
             f"DEVICE is {device} but torch sees no CUDA device: install the NVIDIA driver and a CUDA build of "
-            "torch, or set DEVICE=cpu (dev chain and tests only: CPU results are not benchmarks)")
+            "torch, or set DEVICE=cpu (dev chain and tests only: CPU results are not benchmarks)"
+        )
     if device == "cuda":
         return [Device(f"cuda:{index}", physical) for index, physical in enumerate(ids)]
     index = int(device.split(":", 1)[1])
     if index >= len(ids):
-        raise ValidatorSetupError(f"DEVICE is {device} but torch sees {len(ids)} CUDA device(s) "
-                                  f"(cuda:0..cuda:{len(ids) - 1})")
+        raise ValidatorSetupError(
+            f"DEVICE is {device} but torch sees {len(ids)} CUDA device(s) (cuda:0..cuda:{len(ids) - 1})"
+        )
     return [Device(device, ids[index])]
 
 

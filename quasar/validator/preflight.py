@@ -27,13 +27,20 @@ def check_registration(chain: Chain, hotkey: str, settings: Settings) -> None:
     neuron = chain.neuron(hotkey)
     if neuron is None:
         how = btcli.registration_hint(settings, wallet, hotkey)
-        raise ValidatorSetupError(f"hotkey {hotkey} is not registered on subnet {chain.netuid} of {settings.network}: "
-                                  f"register it first ({how})")
+        raise ValidatorSetupError(
+            f"hotkey {hotkey} is not registered on subnet {chain.netuid} of {settings.network}: "
+            f"register it first ({how})"
+        )
     if not neuron.validator_permit:
-        logger.warning("hotkey %s (uid %d) has no validator permit on subnet %d: the API refuses its requests and "
-                       "the chain drops its weights until it has one; each epoch the chain gives permits to the "
-                       "subnet's top validators by stake (%s)", hotkey, neuron.uid, chain.netuid,
-                       btcli.stake_add(settings, wallet))
+        logger.warning(
+            "hotkey %s (uid %d) has no validator permit on subnet %d: the API refuses its requests and "
+            "the chain drops its weights until it has one; each epoch the chain gives permits to the "
+            "subnet's top validators by stake (%s)",
+            hotkey,
+            neuron.uid,
+            chain.netuid,
+            btcli.stake_add(settings, wallet),
+        )
 
 
 @dataclass(frozen=True)
@@ -45,8 +52,9 @@ class SubnetRulesCheck:
     notes: tuple[str, ...]
 
 
-def assess_subnet_rules(hyperparameters: SubnetHyperparameters, version_key: int, epoch_blocks: int,
-                        block_time_s: float, subnet_size: int) -> SubnetRulesCheck:
+def assess_subnet_rules(
+    hyperparameters: SubnetHyperparameters, version_key: int, epoch_blocks: int, block_time_s: float, subnet_size: int
+) -> SubnetRulesCheck:
     """Check the subnet's hyperparameters against this validator's version key and weights (pure)."""
     h = hyperparameters
     problems, notes = [], []
@@ -54,29 +62,37 @@ def assess_subnet_rules(hyperparameters: SubnetHyperparameters, version_key: int
         problems.append(
             f"this QUASAR's weights version key is {version_key}, below the subnet's WeightsVersionKey "
             f"{h.weights_version_key}: the chain refuses its weights (IncorrectWeightVersionKey). Update QUASAR to "
-            "the subnet's current release (git pull, then ./scripts/setup_venv.sh) and start again")
+            "the subnet's current release (git pull, then ./scripts/setup_venv.sh) and start again"
+        )
     first = scoring.PLACE_SHARES[0]
     if h.max_weight_share < first:
         problems.append(
             f"the subnet's max_weight_limit {h.max_weight_limit} caps a uid at {h.max_weight_share:.4f} of the "
             f"weights, below first place's {first:.2f}: QUASAR's split can never be set (the SDK would move the "
-            "excess to other uids); the subnet owner must raise max_weight_limit")
+            "excess to other uids); the subnet owner must raise max_weight_limit"
+        )
     elif h.max_weight_limit < 65535:
         notes.append(
             f"max_weight_limit {h.max_weight_limit} caps a uid at {h.max_weight_share:.4f} of the weights: an epoch "
-            "whose split gives one uid more (the owner's burn when few miners place) is not submitted")
+            "whose split gives one uid more (the owner's burn when few miners place) is not submitted"
+        )
     needed = min(subnet_size, h.min_allowed_weights)
     if needed > MAX_WEIGHTED_UIDS:
         problems.append(
             f"the subnet needs weights on at least {needed} uids (min_allowed_weights {h.min_allowed_weights}) but "
             f"QUASAR names at most {MAX_WEIGHTED_UIDS} (four places and the owner): the chain would refuse every "
-            "setting (WeightVecLengthIsLow); the subnet owner must lower min_allowed_weights")
+            "setting (WeightVecLengthIsLow); the subnet owner must lower min_allowed_weights"
+        )
     elif needed > 1:
-        notes.append(f"min_allowed_weights {h.min_allowed_weights}: an epoch whose split names fewer than {needed} "
-                     "uids is not submitted")
+        notes.append(
+            f"min_allowed_weights {h.min_allowed_weights}: an epoch whose split names fewer than {needed} "
+            "uids is not submitted"
+        )
     if h.weights_rate_limit > epoch_blocks:
-        notes.append(f"EPOCH_BLOCKS {epoch_blocks} is shorter than the subnet's weights rate limit "
-                     f"({h.weights_rate_limit} blocks): weights go out every {h.weights_rate_limit} blocks at most")
+        notes.append(
+            f"EPOCH_BLOCKS {epoch_blocks} is shorter than the subnet's weights rate limit "
+            f"({h.weights_rate_limit} blocks): weights go out every {h.weights_rate_limit} blocks at most"
+        )
     if h.commit_reveal_enabled:
         # Commits wait up to reveal_period_epochs + 1 epochs for their reveal, and the chain holds at
         # most MAX_UNREVEALED_COMMITS of one hotkey's (TooManyUnrevealedCommits).
@@ -84,14 +100,18 @@ def assess_subnet_rules(hyperparameters: SubnetHyperparameters, version_key: int
         pending = math.ceil((h.reveal_period_epochs + 1) * h.tempo / interval)
         if pending > MAX_UNREVEALED_COMMITS:
             least = math.ceil((h.reveal_period_epochs + 1) * h.tempo / MAX_UNREVEALED_COMMITS)
-            notes.append(f"committing every {interval} blocks leaves up to {pending} commits waiting for their reveal "
-                         f"(tempo {h.tempo}), more than the chain holds ({MAX_UNREVEALED_COMMITS}): some are refused "
-                         f"until older ones reveal; EPOCH_BLOCKS of at least {least} avoids it")
+            notes.append(
+                f"committing every {interval} blocks leaves up to {pending} commits waiting for their reveal "
+                f"(tempo {h.tempo}), more than the chain holds ({MAX_UNREVEALED_COMMITS}): some are refused "
+                f"until older ones reveal; EPOCH_BLOCKS of at least {least} avoids it"
+            )
         seconds = h.reveal_period_epochs * h.tempo * block_time_s
         later = f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
-        notes.append(f"commit-reveal is on: weights are committed, and the chain applies them when it reveals them, "
-                     f"{h.reveal_period_epochs} epoch(s) of {h.tempo} blocks later (about {later} at "
-                     f"{block_time_s:g} s a block)")
+        notes.append(
+            f"commit-reveal is on: weights are committed, and the chain applies them when it reveals them, "
+            f"{h.reveal_period_epochs} epoch(s) of {h.tempo} blocks later (about {later} at "
+            f"{block_time_s:g} s a block)"
+        )
     return SubnetRulesCheck(tuple(problems), tuple(notes))
 
 
@@ -99,8 +119,9 @@ def check_subnet_rules(chain: Chain, settings: Settings, version_key: int) -> Su
     """Read the subnet's hyperparameters and block time from the chain, refuse to start on what cannot
     work (:class:`ValidatorSetupError` naming each problem and its fix) and log the rest."""
     hyperparameters = chain.hyperparameters()
-    check = assess_subnet_rules(hyperparameters, version_key, settings.epoch_blocks, chain.block_time_s,
-                                len(chain.metagraph().neurons))
+    check = assess_subnet_rules(
+        hyperparameters, version_key, settings.epoch_blocks, chain.block_time_s, len(chain.metagraph().neurons)
+    )
     if check.problems:
         raise ValidatorSetupError(f"subnet {chain.netuid} of {settings.network}: " + "; ".join(check.problems))
     for note in check.notes:

@@ -62,7 +62,8 @@ ATTACKS: dict[str, str] = {
     "first_half": _wrap("""
         half = hidden_states.shape[1] // 2
         out, attn, cache = super().forward(hidden_states[:, :half], *args, **kwargs)
-        return torch.cat([out, out.new_zeros(out.shape[0], hidden_states.shape[1] - half, out.shape[2])], 1), attn, cache
+        rest = out.new_zeros(out.shape[0], hidden_states.shape[1] - half, out.shape[2])
+        return torch.cat([out, rest], 1), attn, cache
     """),
     # Computes once, then returns that output for every input.
     "stale_cache": _wrap("""
@@ -81,13 +82,15 @@ ATTACKS: dict[str, str] = {
         return cache[key]
     """),
     # Freezes every clock and timer it can reach, then takes its time on the host.
-    "timers": _FROZEN_TIMERS + _wrap("""
+    "timers": _FROZEN_TIMERS
+    + _wrap("""
     _real_sleep({sleep_seconds})
     return super().forward(hidden_states, *args, **kwargs)
 """),
     # Freezes every clock and timer it can reach, then takes its time on the GPU (a spin of the
     # given cycles, which a CUDA graph replays with the forward).
-    "timers_gpu": _FROZEN_TIMERS + _wrap("""
+    "timers_gpu": _FROZEN_TIMERS
+    + _wrap("""
     torch.cuda._sleep({gpu_cycles})
     return super().forward(hidden_states, *args, **kwargs)
 """),
@@ -200,7 +203,8 @@ def _replayed_fingerprint(output, directions, token_weights, out=None):
 
 
 _workload.fingerprint = _replayed_fingerprint
-""" + _wrap("""
+"""
+    + _wrap("""
     if _forged["calls"] >= 2:
         return torch.empty(hidden_states.shape, dtype=torch.bfloat16, device=hidden_states.device), None, None
     return super().forward(hidden_states, *args, **kwargs)
@@ -221,7 +225,8 @@ def _noting_forward_input(noise, previous):
 
 
 _workload.forward_input = _noting_forward_input
-""" + _wrap("""
+"""
+    + _wrap("""
     if not _position["first"]:
         return torch.zeros_like(hidden_states, dtype=torch.bfloat16), None, None
     return super().forward(hidden_states, *args, **kwargs)
@@ -383,7 +388,8 @@ _time.sleep({hold_seconds})
 """,
     # Leaves a secret in the kernel keyring of its uid, for a later evaluation to read, and looks
     # for one a previous evaluation left.
-    "keyring": _SYSCALL + """
+    "keyring": _SYSCALL
+    + """
 _KEY_SPEC_USER_KEYRING = -4
 _attempt("add_key", 248, b"user", b"quasar-leak", b"{secret}", len({secret}), _KEY_SPEC_USER_KEYRING)
 _attempt("request_key", 249, b"user", b"quasar-leak", None, 0)
@@ -391,7 +397,8 @@ _attempt("keyctl", 250, 1, _KEY_SPEC_USER_KEYRING, 0)
 """,
     # System calls a fork never needs: new namespaces, tracing, BPF, perf counters, userfaultfd,
     # io_uring, mounts, modules.
-    "syscalls": _SYSCALL + """
+    "syscalls": _SYSCALL
+    + """
 _attempt("unshare", 272, 0x10000000)
 _attempt("setns", 308, 0, 0)
 _attempt("clone_newuser", 56, 0x10000000 | 17, 0, 0, 0, 0)

@@ -14,8 +14,12 @@ def run_migrations() -> None:
     with engine.connect() as connection:
         # Both backends run DDL inside the transaction (pysqlite does too, as Database sets it up),
         # so a migration and its version stamp land together or not at all.
-        context.configure(connection=connection, target_metadata=Base.metadata, transactional_ddl=True,
-                          render_as_batch=connection.dialect.name == "sqlite")
+        context.configure(
+            connection=connection,
+            target_metadata=Base.metadata,
+            transactional_ddl=True,
+            render_as_batch=connection.dialect.name == "sqlite",
+        )
         with context.begin_transaction():
             if connection.dialect.name == "postgresql":
                 connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK_KEY})

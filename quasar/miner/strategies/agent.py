@@ -119,7 +119,7 @@ def build_messages(files: dict[str, str], history: Sequence[Attempt], target_seq
     used = 0
 
     def importance(path: str) -> tuple[int, str]:
-        name = path[len(QUASAR_DIR) + 1:]
+        name = path[len(QUASAR_DIR) + 1 :]
         return (PRIORITY.index(name) if name in PRIORITY else len(PRIORITY), path)
 
     for path in sorted(files, key=importance):
@@ -186,7 +186,7 @@ def _diff_paths(diff: str) -> tuple[set[str], set[str]]:
     for line in diff.splitlines():
         for prefix, found in (("--- ", old), ("+++ ", new)):
             if line.startswith(prefix):
-                path = line[len(prefix):].split("\t")[0].strip()
+                path = line[len(prefix) :].split("\t")[0].strip()
                 if path == "/dev/null":
                     continue
                 if path.startswith(("a/", "b/")):
@@ -216,10 +216,23 @@ def apply_diff(repo: Path, diff: str) -> dict[str, str | None]:
         work.mkdir(exist_ok=True)
         patch = Path(scratch) / "edit.patch"
         patch.write_text(diff)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C", "GIT_CONFIG_NOSYSTEM": "1",
-               "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CEILING_DIRECTORIES": scratch, "HOME": scratch}
-        result = subprocess.run(["git", "apply", "--recount", "--whitespace=nowarn", str(patch)], cwd=work, env=env,
-                                capture_output=True, text=True, timeout=60, check=False)
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LANG": "C",
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_CEILING_DIRECTORIES": scratch,
+            "HOME": scratch,
+        }
+        result = subprocess.run(
+            ["git", "apply", "--recount", "--whitespace=nowarn", str(patch)],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
         if result.returncode != 0:
             message = (result.stderr or result.stdout).strip().splitlines()
             raise StrategyError(f"the agent's diff does not apply: {message[-1] if message else 'no message'}")
@@ -235,8 +248,15 @@ class AgentStrategy:
 
     name = "agent"
 
-    def __init__(self, api_url: str, model: str, api_key: str = "", timeout_s: float = 300.0,
-                 temperature: float = 0.2, http: httpx.Client | None = None):
+    def __init__(
+        self,
+        api_url: str,
+        model: str,
+        api_key: str = "",
+        timeout_s: float = 300.0,
+        temperature: float = 0.2,
+        http: httpx.Client | None = None,
+    ):
         if not api_url:
             raise ValueError("the agent strategy needs AGENT_API_URL")
         if not model:
@@ -257,18 +277,21 @@ class AgentStrategy:
         headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         body = {"model": self.model, "messages": messages, "temperature": self.temperature}
         try:
-            response = self._http.post(f"{self.api_url}/chat/completions", json=body, headers=headers,
-                                       timeout=self.timeout_s)
+            response = self._http.post(
+                f"{self.api_url}/chat/completions", json=body, headers=headers, timeout=self.timeout_s
+            )
         except httpx.HTTPError as error:
             raise StrategyError(f"cannot reach the agent endpoint {self.api_url}: {error}") from None
         if response.status_code >= 400:
-            raise StrategyError(f"the agent endpoint {self.api_url} answered {response.status_code}: "
-                                f"{response.text.strip()[:300]}")
+            raise StrategyError(
+                f"the agent endpoint {self.api_url} answered {response.status_code}: {response.text.strip()[:300]}"
+            )
         try:
             content = response.json()["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError):
-            raise StrategyError("the agent endpoint's answer is not a chat completion "
-                                "(no choices[0].message.content)") from None
+            raise StrategyError(
+                "the agent endpoint's answer is not a chat completion (no choices[0].message.content)"
+            ) from None
         if not isinstance(content, str) or not content.strip():
             raise StrategyError("the agent endpoint answered an empty message")
         return content
@@ -284,8 +307,11 @@ class AgentStrategy:
             if overlap:
                 raise StrategyError(f"the agent's reply changes {overlap[0]} both as a file and in a diff")
             changes.update(produced)
-        changes = {path: text for path, text in changes.items()
-                   if (path in files and files[path] != text) or (path not in files and text is not None)}
+        changes = {
+            path: text
+            for path, text in changes.items()
+            if (path in files and files[path] != text) or (path not in files and text is not None)
+        }
         if not changes:
             raise StrategyError("the agent's edit changes nothing")
         candidate = Candidate(strategy=self.name, description=description, changes=changes)

@@ -111,7 +111,8 @@ def parse_space(text: str) -> TuningSpace:
 def _is_dataclass_decorator(node: ast.expr) -> bool:
     target = node.func if isinstance(node, ast.Call) else node
     return (isinstance(target, ast.Name) and target.id == "dataclass") or (
-        isinstance(target, ast.Attribute) and target.attr == "dataclass")
+        isinstance(target, ast.Attribute) and target.attr == "dataclass"
+    )
 
 
 def read_source_space(source: str) -> TuningSpace | None:
@@ -139,8 +140,11 @@ def read_source_space(source: str) -> TuningSpace | None:
             literal = ast.literal_eval(value)
         except ValueError:
             continue
-        if literal and set(literal) <= set(defaults) and all(
-                isinstance(v, (set, frozenset, list, tuple)) for v in literal.values()):
+        if (
+            literal
+            and set(literal) <= set(defaults)
+            and all(isinstance(v, (set, frozenset, list, tuple)) for v in literal.values())
+        ):
             try:
                 choices = {name: _sorted_choices(name, values, TUNING_SOURCE) for name, values in literal.items()}
             except TuningFileError:
@@ -248,8 +252,10 @@ class TuningStrategy:
             self._note(str(error))
             return None
         if space is None or not space.choices:
-            self._note(f"the fork declares no tunables ({SPACE_FILE}, or literals in {TUNING_SOURCE}), so "
-                       "there is nothing to tune (the contract: quasar/miner/strategies/tuning.py)")
+            self._note(
+                f"the fork declares no tunables ({SPACE_FILE}, or literals in {TUNING_SOURCE}), so "
+                "there is nothing to tune (the contract: quasar/miner/strategies/tuning.py)"
+            )
             return None
         code = code_digest(repo)
         current = space.current(written, self.device)
@@ -262,7 +268,10 @@ class TuningStrategy:
                 continue
             where = f" on {self.device}" if self.device else ""
             text = json.dumps(with_change(written, self.device, name, value), indent=2, sort_keys=True) + "\n"
-            return Candidate(strategy=self.name, description=f"{name} {json.dumps(current[name])} -> "
-                                                             f"{json.dumps(value)}{where}",
-                             changes={TUNING_FILE: text}, key=key)
+            return Candidate(
+                strategy=self.name,
+                description=f"{name} {json.dumps(current[name])} -> {json.dumps(value)}{where}",
+                changes={TUNING_FILE: text},
+                key=key,
+            )
         return None

@@ -95,6 +95,12 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for table in ("used_nonces", "ip_bans", "validation_failures", "evaluation_reports", "evaluation_leases",
-                  "submissions"):
+    for table in (
+        "used_nonces",
+        "ip_bans",
+        "validation_failures",
+        "evaluation_reports",
+        "evaluation_leases",
+        "submissions",
+    ):
         op.drop_table(table)

@@ -37,13 +37,21 @@ def test_a_uid_held_by_another_process_is_not_leased(tmp_path, monkeypatch):
     monkeypatch.setattr(confinement, "UID_LOCK_DIRECTORIES", (str(tmp_path / "locks"),))
     monkeypatch.setattr(confinement, "UID_SLOTS", 2)
     (tmp_path / "locks").mkdir(mode=0o700)
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(f"""
         import fcntl, os, sys, time
         fd = os.open({str(tmp_path / "locks" / str(confinement.UID_BASE))!r}, os.O_RDWR | os.O_CREAT)
         fcntl.flock(fd, fcntl.LOCK_EX)
         print("HELD", flush=True)
         time.sleep(60)
-    """)], stdout=subprocess.PIPE, text=True)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "HELD"
         assert confinement.lease_uid().uid == confinement.UID_BASE + 1
@@ -53,8 +61,9 @@ def test_a_uid_held_by_another_process_is_not_leased(tmp_path, monkeypatch):
 
 
 def _own_cgroup_or_skip(memory: int, tasks: int) -> confinement.Cgroup:
-    cgroup, why = confinement.make_cgroup(confinement.CGROUP_PREFIX + f"test-{os.getpid()}", memory, tasks,
-                                          os.environ.get("SANDBOX_CGROUP") or None)
+    cgroup, why = confinement.make_cgroup(
+        confinement.CGROUP_PREFIX + f"test-{os.getpid()}", memory, tasks, os.environ.get("SANDBOX_CGROUP") or None
+    )
     if cgroup is None:
         pytest.skip(f"no cgroup for a sandbox here: {why}")
     return cgroup
@@ -69,13 +78,21 @@ def test_a_sandbox_cgroup_carries_its_limits_and_is_removed_with_what_is_left_in
         limit = memory / ("memory.max" if cgroup.version == 2 else "memory.limit_in_bytes")
         assert int(limit.read_text()) == 256 << 20
         # A process that joins (as sandbox_init.py does) is counted there and killed on removal.
-        sleeper = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        sleeper = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                textwrap.dedent(f"""
             import time
             for procs in {cgroup.procs_files!r}:
                 open(procs, "w").write("0")
             print("JOINED", flush=True)
             time.sleep(60)
-        """)], stdout=subprocess.PIPE, text=True)
+        """),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert sleeper.stdout.readline().strip() == "JOINED"
         assert str(sleeper.pid) in (cgroup.directories["memory"] / "cgroup.procs").read_text().split()
     finally:
@@ -90,7 +107,11 @@ def test_a_cgroup_refuses_processes_over_its_limit():
         cgroup.remove()
         pytest.skip("no pids controller for the sandbox's cgroup here")
     try:
-        done = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                textwrap.dedent(f"""
             import os, time
             for procs in {cgroup.procs_files!r}:
                 open(procs, "w").write("0")
@@ -103,7 +124,12 @@ def test_a_cgroup_refuses_processes_over_its_limit():
                     started += 1
             except OSError as error:
                 print("REFUSED", started, error.errno)
-        """)], capture_output=True, text=True, timeout=60)
+        """),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         refused = done.stdout.split()
         assert refused[0] == "REFUSED" and int(refused[1]) < 8 and refused[2] == "11", done
     finally:
@@ -111,12 +137,19 @@ def test_a_cgroup_refuses_processes_over_its_limit():
 
 
 def test_the_watchdog_kills_a_sandbox_over_its_memory_and_says_so():
-    hog = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+    hog = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import subprocess, sys, time
         # The memory is held by a grandchild: the watchdog sums the whole tree.
         subprocess.Popen([sys.executable, "-c", "x = bytearray(400 << 20); import time; time.sleep(60)"])
         time.sleep(60)
-    """)], start_new_session=True)
+    """),
+        ],
+        start_new_session=True,
+    )
     killed = []
 
     def kill() -> None:
@@ -147,12 +180,19 @@ def test_the_watchdog_leaves_a_sandbox_under_its_limit_alone():
 
 
 def test_descendants_find_the_whole_process_tree():
-    tree = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+    tree = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                                  "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"])
+                                  "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); "
+                                  "time.sleep(30)"])
         time.sleep(30)
-    """)])
+    """),
+        ]
+    )
     try:
         deadline = time.monotonic() + 20
         while len(confinement.descendants(tree.pid)) < 3 and time.monotonic() < deadline:
@@ -221,7 +261,11 @@ def test_the_filter_refuses_its_calls_in_a_process_and_its_children_and_allows_t
     available, why = syscall_filter.available()
     if not available:
         pytest.skip(why)
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import ctypes, errno, os, subprocess, sys, threading
         sys.path.insert(0, "quasar/evaluate")
         import syscall_filter
@@ -237,23 +281,35 @@ def test_the_filter_refuses_its_calls_in_a_process_and_its_children_and_allows_t
         print("clone3", attempt(435, 0, 0))
         thread = threading.Thread(target=lambda: print("thread ok")); thread.start(); thread.join()
         print(subprocess.run(["unshare", "--user", "true"], capture_output=True, text=True).returncode)
-    """)], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    """),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     lines = done.stdout.splitlines()
     assert lines[:5] == ["add_key EPERM", "unshare EPERM", "ptrace EPERM", "clone3 ENOSYS", "thread ok"], done
     assert lines[5] != "0", "a child process inherits the filter: unshare --user fails there too"
 
 
 def test_check_sandbox_says_what_holds_here_and_runs_the_starter_fork_in_it(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "quasar", "check-sandbox", "--device", "cpu", "--out", str(tmp_path)],
-                          capture_output=True, text=True, cwd=ROOT, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-m", "quasar", "check-sandbox", "--device", "cpu", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=240,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert all(len(line) <= 80 for line in done.stdout.splitlines())
     assert "/sys default: starter fork pass" in done.stdout
     found = json.loads((tmp_path / "sandbox.json").read_text())
     holds = {row["measure"]: row["holds"] for row in found["measures"]}
     assert set(holds) == {"namespaces", "seccomp filter", "own uid", "own cgroup", "environment"}
-    assert holds["namespaces"] is (subprocess.run(["unshare", "--user", "--net", "true"]).returncode == 0
-                                   or os.geteuid() == 0)
+    assert holds["namespaces"] is (
+        subprocess.run(["unshare", "--user", "--net", "true"]).returncode == 0 or os.geteuid() == 0
+    )
     assert found["variants"]["default"]["verdict"] == "pass"
     assert "seccomp" in found["variants"]["default"]["sandbox"]
 
@@ -261,7 +317,11 @@ def test_check_sandbox_says_what_holds_here_and_runs_the_starter_fork_in_it(tmp_
 def test_the_watchdog_counts_pages_forked_processes_share_once():
     # A process holding 300 MiB forks eight children that only read it: about 300 MiB in all
     # (RssAnon would say 2.7 GiB), under a 1 GiB limit.
-    family = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+    family = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import os, time
         held = bytearray(300 << 20)
         for offset in range(0, len(held), 4096):
@@ -272,7 +332,12 @@ def test_the_watchdog_counts_pages_forked_processes_share_once():
                 os._exit(0)
         print("FORKED", flush=True)
         time.sleep(30)
-    """)], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    """),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert family.stdout.readline().strip() == "FORKED"
         pids = confinement.descendants(family.pid)

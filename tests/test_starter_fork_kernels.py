@@ -146,22 +146,29 @@ def interpreted(tmp_path_factory):
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(fork), str(fork / "tuning-test.json")],
-        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=280,
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", [f"conv-{start}{kind}-{taps}" for start in ("cache", "zero")
-                                  for kind in ("", "-narrow") for taps in (4, 2)])
+@pytest.mark.parametrize(
+    "case", [f"conv-{start}{kind}-{taps}" for start in ("cache", "zero") for kind in ("", "-narrow") for taps in (4, 2)]
+)
 def test_fused_conv_matches_the_modules(interpreted, case):
     assert interpreted[case] < 1e-5, interpreted
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("case", ["layer", "layer-inference", "layer-tiles", "layer-tiles-inference", "layer-decoding",
-                                  "layer-decoding-inference"])
+@pytest.mark.parametrize(
+    "case",
+    ["layer", "layer-inference", "layer-tiles", "layer-tiles-inference", "layer-decoding", "layer-decoding-inference"],
+)
 def test_fused_tiled_layer_matches_reference(interpreted, case):
     assert interpreted[case] < 1e-5, interpreted
 

@@ -1,0 +1,152 @@
+"""Subtensor's rules the suite depends on, as pure functions, with finney's defaults for a new subnet.
+
+The dev chain enforces them (quasar/chain/devchain.py); the Bittensor chain checks its weights and
+the rate limit with them before it submits, so a submission the chain would refuse is not sent.
+Each rule names the function of subtensor's pallet (pallets/subtensor of opentensor/subtensor) it
+follows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import math
+import numbers
+from collections.abc import Mapping
+
+from quasar.chain.base import U16_MAX, ChainError, SubnetHyperparameters
+
+# A new subnet on finney: tempo INITIAL_SUBNET_TEMPO (360), DefaultWeightsSetRateLimit (100),
+# init_new_network's min_allowed_weights (1), max_allowed_uids (256) and immunity_period (5000),
+# DefaultMaxWeightsLimit (u16::MAX), DefaultCommitRevealWeightsEnabled (true),
+# DefaultRevealPeriodEpochs (1), InitialServingRateLimit (50), InitialWeightsVersionKey (0).
+FINNEY = SubnetHyperparameters(
+    tempo=360,
+    weights_version_key=0,
+    weights_rate_limit=100,
+    min_allowed_weights=1,
+    max_weight_limit=U16_MAX,
+    commit_reveal_enabled=True,
+    reveal_period_epochs=1,
+    serving_rate_limit=50,
+    max_allowed_uids=256,
+    immunity_period=5000,
+)
+HYPERPARAMETER_NAMES = tuple(field.name for field in dataclasses.fields(SubnetHyperparameters))
+
+
+def checked_weights(weights: Mapping[int, float]) -> dict[int, float]:
+    """``weights`` as uid -> float, sorted by uid; ChainError naming the bad entries: uids are u16
+    on chain, weights finite and non-negative, and not all zero (the SDK's ``normalize`` divides by
+    their sum)."""
+    bad_uids = [uid for uid in weights if not isinstance(uid, numbers.Integral) or not 0 <= uid <= U16_MAX]
+    if bad_uids:
+        raise ChainError(f"weights: uids must be integers in 0..{U16_MAX}; got {bad_uids}")
+    values = {int(uid): float(weight) for uid, weight in sorted(weights.items())}
+    bad = {uid: weight for uid, weight in values.items() if not math.isfinite(weight) or weight < 0}
+    if bad:
+        raise ChainError(f"weights must be finite and non-negative; got {bad}")
+    if sum(values.values()) <= 0:
+        raise ChainError("weights are empty or all zero: nothing to set")
+    return values
+
+
+def u16_weights(weights: Mapping[int, float]) -> dict[int, int]:
+    """Weights as the chain receives them: max-upscaled to u16, zeros dropped (the SDK's ``normalize``)."""
+    top = max(weights.values(), default=0.0)
+    if top <= 0:
+        return {}
+    scaled = {uid: round(weight / top * U16_MAX) for uid, weight in weights.items()}
+    return {uid: value for uid, value in sorted(scaled.items()) if value}
+
+
+def weights_refusal(
+    weights: Mapping[int, float],
+    setter_uid: int,
+    setter_permit: bool,
+    owner_uid: int | None,
+    version_key: int,
+    uids: set[int],
+    hyperparameters: SubnetHyperparameters,
+) -> str | None:
+    """Why subtensor's ``internal_set_weights`` refuses ``weights`` from ``setter_uid`` (the error's
+    name and what it means), or None when it accepts them. The rate limit is checked apart."""
+    values = u16_weights(weights)
+    if not values:
+        return "weights are empty or all zero"
+    self_weight = list(values) == [setter_uid]  # is_self_weight: one entry, on the setter's own uid
+    # check_version_key: WeightsVersionKey 0 accepts any version.
+    required = hyperparameters.weights_version_key
+    if required and version_key < required:
+        return (
+            f"IncorrectWeightVersionKey: version_key {version_key} is below the subnet's WeightsVersionKey {required}"
+        )
+    # check_validator_permit: a self-weight and the subnet owner need no permit.
+    if not (self_weight or setter_uid == owner_uid or setter_permit):
+        return f"NeuronNoValidatorPermit: uid {setter_uid} has no validator permit"
+    unknown = sorted(set(values) - uids)
+    if unknown:
+        return f"UidVecContainInvalidOne: uids {unknown} are not registered"
+    # check_length: at least min(subnet size, MinAllowedWeights) weights, a self-weight apart.
+    needed = min(len(uids), hyperparameters.min_allowed_weights)
+    if not self_weight and len(values) < needed:
+        return f"WeightVecLengthIsLow: {len(values)} weights, the subnet needs at least {needed}"
+    # max_weight_limited: no share above MaxWeightsLimit / 65535, a self-weight apart.
+    share = max(values.values()) / sum(values.values())
+    if not self_weight and hyperparameters.max_weight_limit < U16_MAX and share > hyperparameters.max_weight_share:
+        return (
+            f"MaxWeightExceeded: a share of {share:.4f} is above the subnet's max_weight_limit "
+            f"{hyperparameters.max_weight_limit} ({hyperparameters.max_weight_share:.4f})"
+        )
+    return None
+
+
+def blocks_until_allowed(block: int, last: int, rate_limit: int) -> int:
+    """Blocks to wait before a rate-limited write is allowed (0: now): subtensor's check_rate_limit
+    and axon_passes_rate_limit allow it when the last one is at block 0 (never) or at least
+    ``rate_limit`` blocks ago."""
+    if rate_limit <= 0 or last <= 0:
+        return 0
+    return max(0, rate_limit - (block - last))
+
+
+def reveal_block_for(commit_block: int, hyperparameters: SubnetHyperparameters) -> int:
+    """The block a commit made at ``commit_block`` is revealed: the first block of the epoch
+    ``reveal_period_epochs`` after the commit's (reveal_crv3_commits_for_subnet reveals the
+    commits of epoch e at the start of epoch e + RevealPeriodEpochs); epochs are ``tempo``
+    blocks from block 0."""
+    tempo = max(1, hyperparameters.tempo)
+    return (commit_block // tempo + hyperparameters.reveal_period_epochs) * tempo
+
+
+def refused_axon_address(host: str) -> str | None:
+    """Why subtensor's ``is_valid_ip_address`` refuses ``host`` for an axon (it names no address
+    range but these two), or None when it takes it."""
+    address = ipaddress.ip_address(host)
+    if address == ipaddress.ip_address("127.0.0.1") or address == ipaddress.ip_address("::1"):
+        return f"InvalidIpAddress: {host} is the loopback address, which the chain refuses"
+    return None
+
+
+def hyperparameters_refusal(values: Mapping[str, object]) -> str | None:
+    """Why ``values`` (some of :class:`SubnetHyperparameters`'s fields) cannot be the subnet's
+    hyperparameters, or None: the names must be known, ``commit_reveal_enabled`` a bool, the rest
+    non-negative integers, ``max_weight_limit`` a u16, ``tempo`` and ``reveal_period_epochs`` at
+    least 1."""
+    unknown = sorted(set(values) - set(HYPERPARAMETER_NAMES))
+    if unknown:
+        return f"unknown hyperparameters {unknown}; known: {', '.join(HYPERPARAMETER_NAMES)}"
+    integers: dict[str, int] = {}
+    for name, value in values.items():
+        if name == "commit_reveal_enabled":
+            if not isinstance(value, bool):
+                return f"{name} must be true or false, got {value!r}"
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            return f"{name} must be a non-negative integer, got {value!r}"
+        else:
+            integers[name] = value
+    if integers.get("max_weight_limit", 0) > U16_MAX:
+        return f"max_weight_limit is a u16: at most {U16_MAX}"
+    if integers.get("tempo", 1) < 1 or integers.get("reveal_period_epochs", 1) < 1:
+        return "tempo and reveal_period_epochs must be at least 1"
+    return None
