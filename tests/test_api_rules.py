@@ -126,8 +126,9 @@ class Clock:
 
 class QueueModel:
     """What GET /validator/pending must return, kept in plain Python: supersession, fairness per
-    validator and round, the highest upper bound first, leases (nothing here places four miners,
-    so nothing is deferred: tests/test_api_schedule.py covers that)."""
+    validator and round, what another validator reported on first, then the highest upper bound,
+    leases (nothing here places four miners, so nothing is deferred: tests/test_api_schedule.py
+    covers that)."""
 
     def __init__(self, lease_s):
         self.lease_s = lease_s
@@ -158,8 +159,10 @@ class QueueModel:
             if v == validator and first_round == round_id:
                 taken[self.ready[i][0]] = taken.get(self.ready[i][0], 0) + 1
         chosen = []
-        while waiting and len(chosen) < limit:  # the least served hotkey, then the highest bound, then the oldest
-            pick = min(waiting, key=lambda w: (taken.get(w[1], 0), -w[3], w[2], w[0]))
+        helped = {i for i, v in self.reported if v != validator}  # another validator's consensus waits
+        # The least served hotkey, then one another validator reported on, the highest bound, the oldest.
+        while waiting and len(chosen) < limit:
+            pick = min(waiting, key=lambda w: (taken.get(w[1], 0), w[0] not in helped, -w[3], w[2], w[0]))
             waiting.remove(pick)
             taken[pick[1]] = taken.get(pick[1], 0) + 1
             chosen.append(pick[0])
