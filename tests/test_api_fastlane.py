@@ -110,7 +110,7 @@ def test_the_lane_answers_every_submission_as_the_route_does(two_databases, chai
     seed = random.randrange(2**32)
     rng = random.Random(seed)
     api_hotkey = wallets["api"].hotkey.ss58_address
-    config = api_config(api_hotkey, submissions_per_hour=8)
+    config = api_config(api_hotkey, submissions_per_hour=20)  # 429s, and room for 409s before them
     now = time.time()
     lane_url, route_url = two_databases
     caplog.set_level(logging.INFO, logger="quasar.api.intake")
