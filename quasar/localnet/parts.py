@@ -64,6 +64,12 @@ class NetworkParts:
         self.progress = progress
         self.data_dir = options.data_dir.resolve()
         self.logs_dir = self.data_dir / "logs"
+        self.wallet_dir = self.data_dir / "wallets"
+        self.chain_path = self.data_dir / "devchain.sqlite3"
+        self.api_database_url = f"sqlite:///{self.data_dir / 'api.sqlite3'}"
+        self.validator_dir = self.data_dir / "validator"
+        # The miners' ``WORKSPACE_ROOT``: one workspace per hotkey (clone, state, reports).
+        self.miners_dir = self.data_dir / "miners"
         self.repo_root = Path(quasar.__file__).resolve().parent.parent
         self.children = Children(self.logs_dir, self.data_dir, child_environment(self.repo_root))
         self.wallets: dict[str, bittensor.Wallet] = {}
@@ -81,30 +87,9 @@ class NetworkParts:
     # --- paths and names ---
 
     @property
-    def wallet_dir(self) -> Path:
-        return self.data_dir / "wallets"
-
-    @property
-    def chain_path(self) -> Path:
-        return self.data_dir / "devchain.sqlite3"
-
-    @property
-    def api_database_url(self) -> str:
-        return f"sqlite:///{self.data_dir / 'api.sqlite3'}"
-
-    @property
-    def validator_dir(self) -> Path:
-        return self.data_dir / "validator"
-
-    @property
     def dashboard_url(self) -> str:
         """The API's web dashboard (the round's leaderboard, miners' and submissions' pages)."""
         return f"{self.api_url}/"
-
-    @property
-    def miners_dir(self) -> Path:
-        """The miners' ``WORKSPACE_ROOT``: one workspace per hotkey (clone, state, reports)."""
-        return self.data_dir / "miners"
 
     def hotkey(self, name: str) -> str:
         return self.wallets[name].hotkey.ss58_address
