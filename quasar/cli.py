@@ -134,6 +134,8 @@ BENCH = Group(
                 "quasar.bench.neighbours:main"),
         Command("api-load", "load benchmark of the submission API", "quasar.bench.api_load:main"),
         Command("api-profile", "where an API request's time goes (py-spy)", "quasar.bench.api_profile:main"),
+        Command("simulate-subnet", "a whole subnet against the API in compressed time",
+                "quasar.bench.simulate_subnet:main"),
     )),),
 )
 

@@ -58,9 +58,13 @@ def make_wallet(root: Path, name: str) -> bt.Wallet:
 
 
 def api_config(api_hotkey: str, **overrides) -> ApiConfig:
+    """The API's settings for tests. The quorum is the smallest there is (one validator holding half
+    of the stake), and the ``chain`` fixture gives v1 three quarters of the stake: v1's word alone
+    settles a submission, as tests of everything but the consensus want (tests/test_api_consensus.py
+    runs the settings' defaults with three validators)."""
     base = ApiConfig(api_hotkey=api_hotkey, blocks_until_reveal=100, reveal_window_blocks=1000, round_blocks=360,
                      submissions_per_hour=1000, evaluation_lease_s=3600.0, trusted_proxies=(),
-                     allow_local_forks=False, tie_epsilon=0.01)
+                     allow_local_forks=False, tie_epsilon=0.01, quorum_stake_share=0.5, quorum_min_validators=1)
     return replace(base, **overrides)
 
 
@@ -104,9 +108,9 @@ class ApiServer:
 
 @pytest.fixture(scope="session")
 def wallets(tmp_path_factory) -> dict[str, bt.Wallet]:
-    """api (the receiver), miners a/b/c, validators v1/v2, and stranger (never registered)."""
+    """api (the receiver), miners a/b/c, validators v1/v2/v3, and stranger (never registered)."""
     root = tmp_path_factory.mktemp("wallets")
-    return {name: make_wallet(root, name) for name in ("api", "a", "b", "c", "v1", "v2", "stranger")}
+    return {name: make_wallet(root, name) for name in ("api", "a", "b", "c", "v1", "v2", "v3", "stranger")}
 
 
 @pytest.fixture
@@ -114,8 +118,8 @@ def chain(tmp_path, wallets) -> DevChain:
     chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=SLOW_BLOCKS)
     for name in ("a", "b", "c"):
         chain.register_wallet(wallets[name])
-    for name in ("v1", "v2"):
-        chain.register_wallet(wallets[name], stake=1e4, validator_permit=True)
+    chain.register_wallet(wallets["v1"], stake=3e4, validator_permit=True)
+    chain.register_wallet(wallets["v2"], stake=1e4, validator_permit=True)
     return chain
 
 
@@ -131,6 +135,15 @@ def postgres() -> Iterator[TemporaryPostgres]:
         pytest.skip(reason + " (./scripts/test.sh installs it)")
     yield server
     server.stop()
+
+
+@pytest.fixture
+def database(database_url) -> Iterator[Database]:
+    """A fresh database on each backend, migrated."""
+    database = Database(database_url)
+    database.upgrade()
+    yield database
+    database.dispose()
 
 
 @pytest.fixture(params=BACKENDS)

@@ -15,20 +15,12 @@ import pytest
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
-from api_fixtures import commit_of, database_url, postgres  # noqa: F401  (fixtures)
-from quasar.api import service
+from api_fixtures import commit_of, database, database_url, postgres  # noqa: F401  (fixtures)
+from quasar.api import admission
 from quasar.api.db import Database, IpBan, PreparedStatement, Submission, UsedNonce
 
 HOTKEYS = [f"5Hotkey{n}" for n in range(4)]
 IPS = ["10.0.0.1", "10.0.0.2", "2001:db8::7"]
-
-
-@pytest.fixture
-def database(database_url) -> Database:
-    database = Database(database_url)
-    database.upgrade()
-    yield database
-    database.dispose()
 
 
 def random_submission(rng: random.Random, now: float) -> dict:
@@ -60,9 +52,10 @@ def test_the_submission_statements_read_what_sqlalchemy_reads(database):
 
     database.write(seed)
     queries = [
-        (service._BANNED_UNTIL, lambda: {"client_ip": rng.choice(IPS), "now": now + rng.uniform(-200, 200)}),
-        (service._RECENT_SUBMISSIONS, lambda: {"hotkey": rng.choice(HOTKEYS), "since": now - rng.uniform(0, 8000)}),
-        (service._SAME_SUBMISSION, lambda: {
+        (admission.NOT_BANNED.statement, lambda: {"client_ip": rng.choice(IPS), "now": now + rng.uniform(-200, 200)}),
+        (admission.UNDER_RATE_LIMIT.statement, lambda: {"hotkey": rng.choice(HOTKEYS), "limit": rng.randrange(1, 20),
+                                                        "now": now + rng.uniform(-4000, 4000)}),
+        (admission.NOT_ALREADY_READY.statement, lambda: {
             "hotkey": rng.choice(HOTKEYS), "fork_url": rng.choice(["https://github.com/a/fla", "https://x/y"]),
             "commit_hash": commit_of(rng.randrange(5)), "target_sequence_length": rng.choice([512, 4096])}),
     ]
@@ -88,7 +81,7 @@ def test_an_insert_writes_what_sqlalchemy_writes(database):
         pairs = []
         for _ in range(30):
             values = random_submission(rng, now)
-            prepared = service._INSERT_SUBMISSION.scalar(connection, values)
+            prepared = admission.INSERT_SUBMISSION.scalar(connection, values)
             reference = connection.execute(insert(table).returning(table.c.id), values).scalar_one()
             pairs.append((prepared, reference))
         return pairs

@@ -39,10 +39,12 @@ def two_databases(request, tmp_path) -> tuple[str, str]:
     return tuple(server.create_database(f"quasar_{uuid.uuid4().hex[:12]}") for _ in range(2))
 
 
-def random_payload(rng: random.Random) -> dict | list | str:
-    """A submission body: mostly valid, else refused by the model or by the service."""
+def random_payload(rng: random.Random, miner: int) -> dict | list | str:
+    """A submission body of miner number ``miner``: mostly valid, else refused by the model or by the service."""
+    # A small pool of commits per miner (duplicates happen), and one shared by all (copies happen).
+    commit = rng.randrange(6) + 100 * miner if rng.random() < 0.85 else 1000 + rng.randrange(3)
     payload = {"fork_url": "https://github.com/miner/flash-linear-attention",
-               "commit_hash": commit_of(rng.randrange(6)),  # a small pool: duplicates happen
+               "commit_hash": commit_of(commit),
                "target_sequence_length": rng.choice([4096, 1_000_000]),
                "tokens_per_sec": round(rng.uniform(1e3, 1e8), rng.randrange(0, 4))}
     if rng.random() < 0.3:
@@ -72,8 +74,9 @@ def random_request(rng: random.Random, wallets, api_hotkey: str,
     """(path with query, headers, body) of one request; sometimes a replay of one already sent."""
     if sent and rng.random() < 0.05:
         return rng.choice(sent)
-    wallet = wallets["stranger" if rng.random() < 0.05 else rng.choice(MINERS)]
-    body = json.dumps(random_payload(rng), separators=(",", ":")).encode()
+    name = "stranger" if rng.random() < 0.05 else rng.choice(MINERS)
+    wallet = wallets[name]
+    body = json.dumps(random_payload(rng, (*MINERS, "stranger").index(name)), separators=(",", ":")).encode()
     if rng.random() < 0.03:
         body = body[: rng.randrange(1, len(body))]  # not JSON any more
     path = "/submit_kernel?round=1" if rng.random() < 0.04 else "/submit_kernel"
@@ -110,7 +113,7 @@ def test_the_lane_answers_every_submission_as_the_route_does(two_databases, chai
     config = api_config(api_hotkey, submissions_per_hour=8)
     now = time.time()
     lane_url, route_url = two_databases
-    caplog.set_level(logging.INFO, logger="quasar.api.service")
+    caplog.set_level(logging.INFO, logger="quasar.api.intake")
     with ApiServer(config, chain, lane_url, clock=lambda: now) as lane, \
             ApiServer(config, chain, route_url, clock=lambda: now, fast_lane=False) as route, \
             httpx.Client(timeout=30) as http:

@@ -89,13 +89,17 @@ def test_the_fused_checks_decide_every_submission_as_the_checks_one_by_one(two_d
         if used and rng.random() < 0.08:
             hotkey, nonce = rng.choice(used)  # a replay
         else:
-            nonce = rng.choice([time_ns for _, time_ns in used] or [1]) if rng.random() < 0.05 \
-                else int(clock() * 1e9) + rng.randrange(10**6)  # another hotkey's nonce is not a replay
+            # Another hotkey's nonce is not a replay (a fresh one: btauth/1 refuses stale nonces before this).
+            fresh = [time_ns for _, time_ns in used if time_ns > (clock() - auth.MAX_REQUEST_AGE_S) * 1e9]
+            nonce = rng.choice(fresh) if fresh and rng.random() < 0.05 else int(clock() * 1e9) + rng.randrange(10**6)
             used.append((hotkey, nonce))
         caller = Authenticated(hotkey, nonce, rng.choice(IPS), miner=True, authorize=registered)
         request = schemas.SubmitKernelRequest(
             fork_url=f"https://github.com/{rng.choice(['x', 'y'])}/flash-linear-attention",
-            commit_hash=commit_of(rng.randrange(5)), target_sequence_length=rng.choice([4096, 1_000_000]),
+            # A small pool of commits per miner (duplicates happen), and one shared by all (copies happen).
+            commit_hash=commit_of(rng.randrange(5) + 100 * ("a", "b", "c", "stranger").index(name)
+                                  if rng.random() < 0.85 else 1000 + rng.randrange(3)),
+            target_sequence_length=rng.choice([4096, 1_000_000]),
             tokens_per_sec=round(rng.uniform(1e3, 1e8), 1))
         answers = [outcome(lambda service=service: service.submit_direct(hotkey, caller.client_ip, request, caller))
                    for service in (fused, reference)]

@@ -14,7 +14,8 @@ from pathlib import Path
 from fastapi import Request
 from fastapi.responses import Response
 
-from quasar.api.readcache import BlockCache, Rendered
+from quasar.api.readcache import BlockCache
+from quasar.api.rendered import Rendered
 from quasar.api.sharedpages import SharedPages
 
 

@@ -17,7 +17,10 @@ from api_fixtures import (  # noqa: F401  (fixtures)
     COMMIT, FORK, ApiServer, api_config, chain, commit_of, database_url, postgres, refused, start_api, wallets,
 )
 from quasar.api.charts import Series, bar_chart, compact, line_chart, nice_ceiling
-from quasar.api.db import Database, EvaluationReport, Submission
+from quasar.consensus import Consensus
+from quasar.originality import CopyOf
+from quasar.api.client import ApiClient
+from quasar.api.db import Database, EvaluationReport, IpBan, Submission, ValidationFailure
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.api.status import best_per_round, submission_state
 from quasar.api.schemas import RoundPoint
@@ -159,6 +162,7 @@ def test_dashboard_pages_show_the_round_and_escape_what_miners_wrote(start_api):
     v1.report(hostile.submission_id, "failed", False, None, 8.8e5, lengths=LENGTHS_WRONG,
               reasons=[WRONG_REASON, attack])
 
+    api.chain.advance(1)  # reports count from the block after they arrive
     index = httpx.get(api.url + "/")
     assert index.status_code == 200 and index.headers["content-type"].startswith("text/html")
     rows = re.findall(r"<tr>\s*<td class=\"num place\">(\d)</td>", index.text)
@@ -236,18 +240,66 @@ def test_a_database_made_at_revision_0001_upgrades_and_its_old_reports_read(data
         assert "cpu: not a benchmark" in httpx.get(server.url + "/dashboard/submissions/1").text
 
 
+def test_a_database_at_revision_0003_keeps_its_failures_and_bans_counting_by_normalised_address(
+        database_url, chain, wallets):
+    old = Database(database_url)
+    now = time.time()
+    try:
+        command.upgrade(old._alembic(), "0003")
+        with old.engine.begin() as connection:
+            submission_id = connection.execute(insert(Submission.__table__).values(
+                hotkey=wallets["b"].hotkey.ss58_address, method="direct", state="ready",
+                target_sequence_length=1024, submitted_at=now, submitted_block=0, ready_at=now, ready_block=0,
+                round_id=0, fork_url=FORK, commit_hash=COMMIT, claimed_tokens_per_sec=1000.0,
+                client_ip="::ffff:203.0.113.7").returning(Submission.__table__.c.id)).scalar_one()
+            connection.execute(insert(ValidationFailure.__table__), [
+                dict(client_ip="::ffff:203.0.113.7", failed_at=now - n, submission_id=submission_id,
+                     kind="evaluation", reason="failed", dedupe_key=None) for n in range(4)])
+            connection.execute(insert(IpBan.__table__).values(
+                client_ip="2001:db8:1:2::5", banned_at=now, banned_until=now + 3600, reason="five failures"))
+    finally:
+        old.dispose()
+    config_ = api_config(wallets["api"].hotkey.ss58_address, trusted_proxies=("127.0.0.1",))
+    with ApiServer(config_, chain, database_url) as server, \
+            ApiClient(server.url, wallets["b"], api_hotkey=wallets["api"].hotkey.ss58_address,
+                      http=httpx.Client(headers={"X-Forwarded-For": "203.0.113.7"})) as ipv4, \
+            ApiClient(server.url, wallets["a"], api_hotkey=wallets["api"].hotkey.ss58_address,
+                      http=httpx.Client(headers={"X-Forwarded-For": "2001:db8:1:2::99"})) as ipv6:
+        # The /64 of the address banned before the upgrade is banned.
+        refused(lambda: ipv6.submit_kernel(FORK, commit_of(7), 1024, 1.0), 403, "IP 2001:db8:1:2::/64 is banned")
+        # The four failures recorded IPv4-mapped count with a fifth from the plain address: banned.
+        salt = new_salt()
+        committed = ipv4.commit(commitment_hash(salt, FORK, commit_of(8)), 1024)
+        chain.advance(100)
+        refused(lambda: ipv4.reveal(committed.submission_id, salt, FORK, commit_of(9), 1.0), 400)
+        refused(lambda: ipv4.submit_kernel(FORK, commit_of(10), 1024, 1.0), 403, "IP 203.0.113.7 is banned")
+
+
 # --- pure parts ---
 
 
+def view(state: str) -> Consensus:
+    return Consensus(state, reported=1, validators=3, reported_share=0.4, passed_share=0.4, failed_share=0.0,
+                     measured_tokens_per_sec=None, logits_ok=None, content_hash=None, uncounted=(), reason=state)
+
+
+COPIED = CopyOf(9, 3, "5Original", "content")
+
+
 @pytest.mark.parametrize("args, state", [
-    (("commit_reveal", False, "waiting", 0, 0, None), "committed"),
-    (("commit_reveal", False, "open", 0, 0, None), "committed"),
-    (("commit_reveal", False, "expired", 0, 0, None), "expired"),
-    (("commit_reveal", True, None, 0, 0, None), "revealed"),
-    (("direct", True, None, 0, 0, None), "queued"),
-    (("direct", True, None, 0, 2, None), "being_evaluated"),
-    (("direct", True, None, 1, 1, True), "passed"),
-    (("commit_reveal", True, None, 2, 0, False), "failed"),
+    (("commit_reveal", False, "waiting", 0, None, None), "committed"),
+    (("commit_reveal", False, "open", 0, None, None), "committed"),
+    (("commit_reveal", False, "expired", 0, None, None), "expired"),
+    (("commit_reveal", True, None, 0, None, None), "revealed"),
+    (("direct", True, None, 0, None, None), "queued"),
+    (("direct", True, None, 2, None, None), "being_evaluated"),
+    (("direct", True, None, 2, view("awaiting_quorum"), None), "awaiting_quorum"),
+    (("direct", True, None, 0, view("disputed"), None), "disputed"),
+    (("direct", True, None, 1, view("passed"), None), "passed"),
+    (("commit_reveal", True, None, 0, view("failed"), None), "failed"),
+    (("direct", True, None, 0, view("passed"), COPIED), "copy"),
+    (("direct", True, None, 0, view("awaiting_quorum"), COPIED), "copy"),
+    (("direct", True, None, 0, view("failed"), COPIED), "failed"),
 ])
 def test_submission_state(args, state):
     assert submission_state(*args) == state

@@ -78,7 +78,7 @@ def test_quasar_help_lists_every_command_by_role_in_80_columns():
         "API and chain": ["api", "devchain"],
         "network": ["localnet"],
         "measurement": ["bench harness", "bench kernel", "bench floor", "bench reference", "bench neighbours",
-                        "bench api-load", "bench api-profile"],
+                        "bench api-load", "bench api-profile", "bench simulate-subnet"],
         "other": ["imports", "scoring", "config"],
     }
     assert [" ".join(words) for words in command_lines()] == [name for names in sections.values() for name in names]

@@ -54,6 +54,7 @@ def populate(api: Api) -> dict[str, int]:
         validator.report(hostile.submission_id, "failed", False, None, 2.2e8 * scale, reasons=REASONS,
                          lengths=figures((512, 9.0e6 * scale, 200, True), (1024, 1.7e7 * scale, 210, False),
                                          (2048, 3.3e7 * scale, 220, False), (1_000_000, 2.2e8 * scale, 900, False)))
+    api.chain.advance(1)  # reports count from the block after they arrive
     return {"honest": honest.submission_id, "hostile": hostile.submission_id}
 
 
@@ -84,6 +85,8 @@ def test_dashboard_pages_in_headless_chromium(tmp_path, chain, wallets):
                     assert "60%" in rows.first.inner_text()
                     assert page.locator("#recent tbody tr").count() == 4
                     assert HIDDEN_FORK not in page.content()
+                    # The page's own CSS applies under its Content-Security-Policy.
+                    assert page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(15, 23, 42)"
                     page.screenshot(path=str(tmp_path / f"leaderboard-{size_name}.png"), full_page=True)
                     if size_name == "phone":  # nothing wider than the phone's screen but the tables' own scroll
                         width = page.evaluate("document.documentElement.scrollWidth")
@@ -110,6 +113,14 @@ def test_dashboard_pages_in_headless_chromium(tmp_path, chain, wallets):
                 page.wait_for_url("**/dashboard/miners/**")
                 assert page.locator("svg.chart:visible circle").count() == 2  # two rounds
                 page.screenshot(path=str(tmp_path / "miner-desktop.png"), full_page=True)
+                page.goto(api.url + "/")
+                page.get_by_role("link", name="validators", exact=True).click()
+                page.wait_for_url("**/dashboard/validators?round=*")
+                rows = page.locator("#validators tbody tr")
+                assert rows.count() == 2 and "100%" in rows.first.inner_text()  # both agreed on both verdicts
+                page.set_viewport_size(PHONE)
+                assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+                page.screenshot(path=str(tmp_path / "validators-phone.png"), full_page=True)
                 assert outside == []
             finally:
                 context.close()
@@ -119,4 +130,4 @@ def test_dashboard_pages_in_headless_chromium(tmp_path, chain, wallets):
         server.__exit__(None, None, None)
     shots = sorted(path.name for path in tmp_path.glob("*.png"))
     assert shots == ["leaderboard-desktop.png", "leaderboard-phone.png", "miner-desktop.png",
-                     "submission-failed-desktop.png", "submission-failed-phone.png"]
+                     "submission-failed-desktop.png", "submission-failed-phone.png", "validators-phone.png"]

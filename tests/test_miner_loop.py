@@ -150,10 +150,14 @@ def test_agent_candidates_are_kept_when_faster_and_rolled_back_or_rejected_other
             assert summary.baseline.commit == start
             assert summary.best.commit == kept and summary.best.tokens_per_sec > 2 * summary.baseline.tokens_per_sec
 
-            work = rig.validator_client.fetch_work().items
-            assert [item.commit_hash for item in work] == [start, kept]  # the baseline, then the improvement
-            assert work[1].claimed_tokens_per_sec == pytest.approx(summary.best.claim)
-            assert work[1].target_sequence_length == 128
+            # The baseline, then the improvement, which superseded it before any validator reported
+            # (the work schedule, docs/rules.md section 3): validators get the improvement only.
+            sent = rig.client.miner_submissions(rig.hotkey).submissions
+            assert [item.commit_hash for item in reversed(sent)] == [start, kept]
+            assert (sent[1].state, sent[1].superseded_by) == ("superseded", sent[0].submission_id)
+            [work] = rig.validator_client.fetch_work().items
+            assert work.commit_hash == kept and work.claimed_tokens_per_sec == pytest.approx(summary.best.claim)
+            assert work.target_sequence_length == 128
 
             state = StateStore(rig.workspace.state_file).load(rig.hotkey)
             assert state.best.commit == kept and state.last_submission.measurement.commit == kept

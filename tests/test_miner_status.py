@@ -25,9 +25,10 @@ def miner_with_history(api) -> dict[str, int]:
     """Miner a: a passing and a failing direct submission, then an unrevealed commitment."""
     a, v1 = api.client("a"), api.client("v1")
     good = a.submit_kernel(FORK, COMMIT, 1_000_000, 6.0e7)
+    v1.fetch_work()  # reported on before the next (a newer one supersedes one without reports)
+    v1.report(good.submission_id, "passed", True, True, 6.1e7)
     bad = a.submit_kernel("https://github.com/minera/fla-fast", "d" * 40, 1_000_000, 2.0e8)
     v1.fetch_work()
-    v1.report(good.submission_id, "passed", True, True, 6.1e7)
     v1.report(bad.submission_id, "failed", False, None, None, lengths=FIGURES,
               reasons=[LONG_REASON, "OOM at T=1,000,000, peak 81,000 MiB"])
     committed = a.commit(commitment_hash(new_salt(), SECRET_FORK, SECRET_COMMIT), 1_000_000)

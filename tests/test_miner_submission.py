@@ -139,7 +139,10 @@ def test_resubmits_only_on_improvement(setup):
     assert submitter.submit_if_better(measurement(better, 1100.0))
     longer = setup.new_commit("longer")
     assert submitter.submit_if_better(measurement(longer, 400.0, target=1_000_000))  # 400 x 3.0 > 1100 x 0.5
-    assert [item.commit_hash for item in setup.work()] == [first, better, longer]
+    sent = setup.client(setup.miner).miner_submissions(setup.hotkey).submissions
+    assert [item.commit_hash for item in reversed(sent)] == [first, better, longer]
+    # The newest supersedes the older ones no validator reported on (docs/rules.md section 3).
+    assert [item.commit_hash for item in setup.work()] == [longer]
 
 
 def test_a_direct_submission_sent_before_a_crash_is_recognised(setup):

@@ -2,13 +2,14 @@
 inference servers serving a tiny Qwen2, real git forks (the honest starter fork and a hostile one that
 returns zeros), real evaluations in worker processes (CPU, T=64) and a real SQLite state.
 
-- step by step in this process: verdicts, reports, logit checks, reuse of a finished (URL, commit),
-  a clone failure and a crashed worker that do not stop the loop, weights read back from the chain;
+- step by step in this process: verdicts, reports, logit checks, a clone failure and a crashed
+  worker that do not stop the loop, weights read back from the chain;
 - weights under finney's hyperparameters (commit-reveal, rate limit, permits): an owner without a
   uid, a validator without a permit, a uid taken over between planning and submitting, a rate
   limit that holds, a version key below the subnet's;
 - as a process: killed (SIGKILL) mid-evaluation and restarted, it finishes the round without
-  re-evaluating what it finished, and SIGINT stops it with exit code 0;
+  re-evaluating what it finished, and SIGINT stops it with exit code 0; a copy of another miner's
+  kernel under a commit of its own gets no weight and no place on the API's leaderboard;
 - START_VALIDATOR.sh's checks and messages.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -92,10 +94,17 @@ def world(tmp_path_factory):
     zeros = root / "zeros"
     write_hostile_fork(zeros, "zeros")
     zeros_commit = git_commit_all(zeros, "return zeros")
+    # A copier's fork: the honest kernel under a commit of its own, a comment added to hide it.
+    copy = root / "copy"
+    shutil.copytree(honest, copy, ignore=shutil.ignore_patterns(".git"))
+    with open(copy / "fla" / "ops" / "quasar" / "chunk.py", "a") as kernel:
+        kernel.write("\n# my own optimisation\n")
+    copy_commit = git_commit_all(copy, "my kernel")
     honest_model, other_model = make_tiny_qwen2(root / "qwen1", 1), make_tiny_qwen2(root / "qwen2", 2)
     return {
         "root": root, "wallets": wallets,
         "honest": (f"file://{honest}", honest_commit), "zeros": (f"file://{zeros}", zeros_commit),
+        "copy": (f"file://{copy}", copy_commit),
         "missing": (f"file://{root}/no-such-fork", "ab" * 20),
         "model_dir": honest_model,
         "served": load_reference_model(str(honest_model)), "other": load_reference_model(str(other_model)),
@@ -170,8 +179,9 @@ def settings_for(**flags: str) -> config.Settings:
 
 @pytest.mark.slow
 def test_validator_steps_evaluate_report_and_set_weights(world, tmp_path, caplog):
-    """Honest a, a copy c of a's fork whose logits are dishonest, a fork u that cannot be cloned, a
-    zeros fork b; a worker crash on the first try. Only a gets weight; the rest goes to the owner."""
+    """Honest a, c with a copy of a's kernel under its own commit and dishonest logits, a fork u that
+    cannot be cloned, a zeros fork b; a worker crash on the first try. Only a gets weight; the rest
+    goes to the owner."""
     caplog.set_level(logging.INFO)
     subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS, dishonest=("c",))
     try:
@@ -179,13 +189,14 @@ def test_validator_steps_evaluate_report_and_set_weights(world, tmp_path, caplog
                 ValidatorState.open(tmp_path / "state.sqlite3") as state, \
                 ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api:
             ids = {name: submit(server, subnet, name, world[fork])
-                   for name, fork in (("a", "honest"), ("u", "missing"), ("b", "zeros"), ("c", "honest"))}
+                   for name, fork in (("a", "honest"), ("u", "missing"), ("b", "zeros"), ("c", "copy"))}
             evaluator = SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True)
             validator = Validator(settings_for(), subnet.chain, api, subnet.wallets["validator"], evaluator,
                                   logit_checker(world, subnet), state, devices=[Device("cpu", "")], interval_s=0.2)
 
             first = validator.step()
-            assert first.fetched == 4 and first.weights_set and not first.failed_phases
+            # As much work as its one device can start: the rest waits at the API, in the schedule's order.
+            assert first.fetched == 1 and first.weights_set and not first.failed_phases
             honest_key = EvaluationKey(*world["honest"], TARGET)
             assert first.started == [honest_key]
             # Nothing is evaluated yet: the first epoch's weights all go to the owner.
@@ -204,7 +215,7 @@ def test_validator_steps_evaluate_report_and_set_weights(world, tmp_path, caplog
             validator.run_until_idle(timeout_s=200)
 
             evaluations = {record.key: record for record in state.evaluations()}
-            assert len(evaluations) == 3  # c reused a's finished (URL, commit, target)
+            assert len(evaluations) == 4
             honest, zeros = evaluations[honest_key], evaluations[EvaluationKey(*world["zeros"], TARGET)]
             missing = evaluations[EvaluationKey(*world["missing"], TARGET)]
             assert honest.status == FINISHED and honest.attempts == 2 and honest.result.correct
@@ -469,15 +480,16 @@ def worker_processes(marker: str) -> list[int]:
 
 @pytest.mark.slow
 def test_killed_mid_evaluation_the_validator_resumes_without_redoing_finished_work(world, tmp_path):
-    """a (honest), b (zeros), d (a copy of a's fork): SIGKILL while b is evaluated, restart; a is not
-    evaluated again, b is; every submission is reported; weights a 0.60, d 0.25 (the earlier
-    submission keeps the tie), owner 0.15; SIGINT stops the validator with status 0."""
+    """a (honest), b (zeros), d (a's kernel under a commit of d's own): SIGKILL while b is evaluated,
+    restart; a is not evaluated again, b is; every submission is reported, with its kernel content
+    hash; weights a 0.60 and the owner 0.40: d passes but is a copy, ranked neither by the validator
+    nor by the API; SIGINT stops the validator with status 0."""
     subnet = Subnet(world, tmp_path / "devchain.sqlite3", block_time_s=1.0)
     data_dir = tmp_path / "data"
     try:
         with running_api(subnet, tmp_path) as server:
             ids = {name: submit(server, subnet, name, world[fork])
-                   for name, fork in (("a", "honest"), ("b", "zeros"), ("d", "honest"))}
+                   for name, fork in (("a", "honest"), ("b", "zeros"), ("d", "copy"))}
             command = validator_command(tmp_path / "devchain.sqlite3", world, server.url, subnet.hotkey("api"),
                                         data_dir)
             state_path = default_state_path(data_dir, "devchain", NETUID, subnet.hotkey("validator"))
@@ -506,8 +518,7 @@ def test_killed_mid_evaluation_the_validator_resumes_without_redoing_finished_wo
                                           stderr=subprocess.STDOUT)
             try:
                 wait_for(lambda: len(reports_by_submission(server)) == 3, 180, "three reports", second, second_log)
-                expected = {subnet.uids["a"]: pytest.approx(0.60), subnet.uids["d"]: pytest.approx(0.25),
-                            subnet.uids["owner"]: pytest.approx(0.15)}
+                expected = {subnet.uids["a"]: pytest.approx(0.60), subnet.uids["owner"]: pytest.approx(0.40)}
                 wait_for(lambda: subnet.validator_weights() == expected, 60, "the weights", second, second_log)
             finally:
                 second.send_signal(signal.SIGINT)
@@ -522,10 +533,17 @@ def test_killed_mid_evaluation_the_validator_resumes_without_redoing_finished_wo
             assert "validator stopped" in output
 
             evaluations = read_evaluations(state_path)
-            assert evaluations == {honest: (FINISHED, 1), zeros: (FINISHED, 2)}
+            assert evaluations[honest] == (FINISHED, 1) and evaluations[zeros] == (FINISHED, 2)
             reports = reports_by_submission(server)
             assert [reports[ids[name]].verdict for name in ("a", "b", "d")] == ["passed", "failed", "passed"]
-            assert reports[ids["a"]].measured_tokens_per_sec == reports[ids["d"]].measured_tokens_per_sec
+            # The validator fingerprinted both clones: the comment does not hide d's copy.
+            assert reports[ids["a"]].content_hash == reports[ids["d"]].content_hash is not None
+            with ApiClient(server.url) as public:
+                board = public.leaderboard()
+                copied = public.submission_status(ids["d"])
+            assert [entry.hotkey for entry in board.entries] == [subnet.hotkey("a")]
+            assert [(item.submission_id, item.state) for item in board.not_ranked] == [(ids["d"], "copy")]
+            assert (copied.state, copied.copy_of, copied.weighted_score) == ("copy", ids["a"], 0.0)
     finally:
         subnet.close()
 

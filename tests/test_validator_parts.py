@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -169,6 +170,37 @@ def test_one_process_at_a_time(tmp_path):
         pass
 
 
+def test_copies_of_another_hotkeys_kernel_are_left_out_of_what_ranks(state):
+    """The validator's own weights never rank a copy: another hotkey's later submission of the same
+    commit, or of the same kernel content under another commit (quasar/originality.py)."""
+    kernel = "d" * 64
+    forks = {1: (HOTKEYS[0], "a" * 40, kernel), 2: (HOTKEYS[1], "b" * 40, kernel), 3: (HOTKEYS[0], "c" * 40, kernel),
+             4: (HOTKEYS[2], "e" * 40, "f" * 64)}
+    for submission_id, (hotkey, commit, content) in forks.items():
+        state.add_submission(submission(submission_id, hotkey=hotkey, commit=commit), now=1.0)
+        key = submission(submission_id, commit=commit).key
+        state.start_evaluation(key, "cpu", now=2.0)
+        state.finish_evaluation(key, replace(GOOD, content_hash=content), now=3.0)
+        state.record_logits(submission_id, PASSED, "ok", now=4.0)
+    assert state.evaluation(submission(2, commit="b" * 40).key).result.content_hash == kernel
+    # 2 copies 1's kernel; 3 is 1's own hotkey resubmitting it: not a copy.
+    assert [record.submission.submission_id for record in state.scored()] == [1, 3, 4]
+
+
+def test_a_state_file_of_schema_1_gains_the_content_hash(tmp_path):
+    path = tmp_path / "state.sqlite3"
+    with ValidatorState.open(path) as state:
+        state.add_submission(submission(1), now=1.0)
+        state.start_evaluation(submission(1).key, "cpu", now=2.0)
+        state.finish_evaluation(submission(1).key, GOOD, now=3.0)
+    with sqlite3.connect(path) as db:  # as version 1 made it
+        db.execute("ALTER TABLE evaluations DROP COLUMN content_hash")
+        db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    with ValidatorState.open(path) as state:
+        assert state.get_meta("schema_version") == "2"
+        assert state.evaluation(submission(1).key).result == GOOD  # kept, with no content hash
+
+
 def test_a_state_file_of_another_schema_is_refused(tmp_path):
     path = tmp_path / "state.sqlite3"
     with ValidatorState.open(path) as state:
@@ -235,6 +267,9 @@ def test_api_report_passes_only_an_eligible_result():
     assert (wrong.verdict, wrong.correct, wrong.logits_ok, wrong.measured_tokens_per_sec) == \
         ("failed", False, None, None)
     assert wrong.reasons == ("clone failed: not found",)
+    assert wrong.content_hash is None
+    fingerprinted = api_report(record(submission(5, claimed=1000.0), replace(GOOD, content_hash="ef" * 32)))
+    assert fingerprinted.content_hash == "ef" * 32
 
 
 def test_api_report_carries_the_harness_figures_per_length():
@@ -460,6 +495,10 @@ def test_a_report_becomes_a_result_and_a_broken_sandbox_an_error():
 
     passed = result_from_report(report(verdict="pass", reasons=[], measured_tokens_per_sec=900.0))
     assert passed.result.correct and passed.result.measured_tokens_per_sec == 900.0
+    # The kernel content hash travels with the report; anything but 64 lowercase hex digits is dropped.
+    for written, kept in (("ab" * 32, "ab" * 32), ("AB" * 32, None), ("ab" * 31, None), (7, None)):
+        hashed = outcome_from_worker({"outcome": "evaluated", "report": report().to_dict(), "content_hash": written})
+        assert hashed.result.content_hash == kept
 
     broken = result_from_report(report(reasons=["sandbox unavailable: unshare: operation not permitted"]))
     assert broken.result is None and "unshare" in broken.error
@@ -469,8 +508,10 @@ def test_worker_outcomes_for_clone_failures_refusals_and_garbage():
     clone = outcome_from_worker({"outcome": "clone_failed", "error": "commit abc not found in https://github.com/a/b"})
     assert clone.result.correct is False and clone.result.reasons == (
         "clone failed: commit abc not found in https://github.com/a/b",)
-    refused = outcome_from_worker({"outcome": "refused", "error": "sequence length 100000: CPU runs are limited"})
+    refused = outcome_from_worker({"outcome": "refused", "error": "sequence length 100000: CPU runs are limited",
+                                   "content_hash": "cd" * 32})
     assert refused.result.reasons[0].startswith("cannot evaluate: sequence length 100000")
+    assert refused.result.content_hash == "cd" * 32 and clone.result.content_hash is None
     for garbage in ([], {"outcome": "evaluated", "report": "x"}, {"outcome": "weird"},
                     {"outcome": "evaluated", "report": {"verdict": "pass"}}):
         outcome = outcome_from_worker(garbage)

@@ -33,6 +33,7 @@ from quasar import config
 from quasar.api.app import create_app
 from quasar.api.chaincache import CachedMetagraphChain
 from quasar.api.db import Database, display_url
+from quasar.api.protocol import protocol_factory
 from quasar.api.service import ApiConfig
 from quasar.api.workers import run_workers
 from quasar.chain import ChainError
@@ -146,10 +147,12 @@ def main(argv: list[str] | None = None, prog: str = "quasar api") -> int:
                 settings.network, settings.api_hotkey)
     # proxy_headers=False: the client IP comes from TRUSTED_PROXIES only, never from uvicorn's defaults.
     # A line per request only with --logging.debug: the API logs every state change itself, and at
-    # hundreds of requests a second the access log costs a tenth of the CPU.
+    # hundreds of requests a second the access log costs a tenth of the CPU. The request line and
+    # headers are limited in size and time (quasar/api/protocol.py).
     options = dict(host=settings.api_host, port=settings.api_port, proxy_headers=False, server_header=False,
                    log_config=None, access_log=settings.debug, limit_concurrency=MAX_CONCURRENT_REQUESTS,
-                   timeout_graceful_shutdown=10)
+                   timeout_graceful_shutdown=10,
+                   http=protocol_factory(settings.api_max_header_bytes, settings.api_header_timeout))
     if settings.api_workers == 1:
         uvicorn.run(app, **options)
     else:

@@ -7,9 +7,12 @@ transaction, so a replay is refused in every API process and after restarts. Min
 registered on the subnet, validators must hold a validator permit; both come from the chain.
 
 Status codes: 400 bad request or commitment mismatch, 401 authentication, 403 not allowed or IP
-banned, 404 unknown, 409 conflicts (too early, already done), 413 body too large, 422 invalid
-fields, 429 rate limit, 503 database or chain busy. Every error body is ``{"detail": "..."}``; an
-unexpected error is logged and answered with a plain 500, never a traceback (quasar/api/errors.py).
+banned, 404 unknown, 409 conflicts (too early, already done, a copy), 413 body too large, 422
+invalid fields or unknown query parameters, 429 rate limit, 503 database or chain busy. Every
+error body is ``{"detail": "..."}``; an unexpected error is logged and answered with a plain 500,
+never a traceback (quasar/api/errors.py). Every response carries the headers of
+``SECURITY_HEADERS``; there is no ``/docs`` page (it would load scripts from a CDN): the schema is
+``/openapi.json``.
 """
 
 import pathlib
@@ -21,6 +24,7 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import OperationalError
@@ -45,6 +49,57 @@ LANE_THREADS = 40
 MAX_PAGE = 100
 
 ERRORS = {status: {"model": schemas.ErrorBody} for status in (400, 401, 403, 404, 409, 413, 422, 429, 503)}
+# On every response. The dashboard's pages load nothing (CSS in the page, charts inline SVG), so
+# nothing needs to be allowed but inline styles; no page may be framed.
+SECURITY_HEADERS = (
+    (b"content-security-policy", b"default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+                                 b"form-action 'none'; frame-ancestors 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+)
+
+
+class SecurityHeaders:
+    """ASGI middleware: add :data:`SECURITY_HEADERS` to every HTTP response."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _query_names(dependant: Dependant) -> frozenset[str]:
+    """The query parameters a route (its dependant) takes, its dependencies' included."""
+    names = {param.alias for param in dependant.query_params}
+    for dependency in dependant.dependencies:
+        names |= _query_names(dependency)
+    return frozenset(names)
+
+
+async def known_query_only(request: Request) -> None:
+    """Refuse (422) a query parameter the route does not take, naming it."""
+    route = request.scope["route"]
+    names = getattr(route, "quasar_query_names", None)
+    if names is None:  # worked out once per route, and kept on it
+        names = route.quasar_query_names = _query_names(route.dependant)
+    unknown = sorted(set(request.query_params.keys()) - names)
+    if unknown:
+        raise ApiError(422, f"invalid request: unknown query parameter{'s' if len(unknown) > 1 else ''} "
+                            f"{', '.join(repr(name[:40]) for name in unknown[:5])}")
+
+
+STRICT_QUERY = [Depends(known_query_only)]
 
 
 class BodySizeLimit:
@@ -127,16 +182,20 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
         title="QUASAR submission API",
         version="1",
         description="Miners submit kernels (directly or by commit-reveal); validators fetch work, report "
-                    "measured results; the leaderboard ranks the validators' figures. State-changing requests "
-                    "are signed with btauth/1 (bittensor.http_auth) for the hotkey GET /health shows.",
+                    "measured results; the leaderboard ranks the validators' stake-weighted consensus. "
+                    "State-changing requests are signed with btauth/1 (bittensor.http_auth) for the hotkey "
+                    "GET /health shows.",
         lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
     )
+    app.state.reads = reads  # the read cache, for operators' and tests' inspection
 
     # --- dependencies ---
 
     async def client_ip(request: Request) -> str:  # async: pure and quick, no trip to the thread pool
         peer = request.client.host if request.client else None
-        return rules.client_ip(peer, request.headers.getlist("x-forwarded-for"), trusted)
+        return rules.address_key(rules.client_ip(peer, request.headers.getlist("x-forwarded-for"), trusted))
 
     async def raw_body(request: Request) -> bytes:
         return await request.body()
@@ -165,10 +224,12 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
     ValidatorCaller = Annotated[Authenticated, Depends(validator)]
     HotkeyFilter = Annotated[str | None, Query(pattern=schemas.HOTKEY_PATTERN, description="only this hotkey")]
     Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
+    RoundId = Annotated[int | None, Query(ge=0, le=2**40, description="a round; default the current one")]
 
     # --- public reads ---
 
-    @app.get("/health", response_model=schemas.Health, responses=ERRORS, tags=["public"])
+    @app.get("/health", response_model=schemas.Health, responses=ERRORS,
+             dependencies=STRICT_QUERY, tags=["public"])
     def health() -> schemas.Health:
         """Liveness, this API's hotkey (the receiver to sign for) and the commit-reveal parameters."""
         return schemas.Health(status="ok", api_hotkey=config.api_hotkey, netuid=chain.netuid,
@@ -178,27 +239,46 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
 
     # The leaderboard and the current round are cached per chain block (quasar.api.readcache).
 
-    @app.get("/get_current_round", response_model=schemas.RoundInfo, responses=ERRORS, tags=["public"])
+    @app.get("/get_current_round", response_model=schemas.RoundInfo, responses=ERRORS,
+             dependencies=STRICT_QUERY, tags=["public"])
     async def get_current_round(request: Request) -> Response:
         """The current round: a fixed number of chain blocks (ROUND_BLOCKS)."""
-        return await reads.response(request, service.current_round)
+        return await reads.response(request, service.current_round, {})
 
-    @app.get("/pending_reveals", response_model=schemas.PendingReveals, responses=ERRORS, tags=["public"])
+    @app.get("/pending_reveals", response_model=schemas.PendingReveals, responses=ERRORS,
+             dependencies=STRICT_QUERY, tags=["public"])
     def pending_reveals(hotkey: HotkeyFilter = None, limit: Limit = MAX_PAGE) -> schemas.PendingReveals:
         """Commitments not yet revealed whose reveal window has not closed."""
         return service.pending_reveals(hotkey, limit)
 
-    @app.get("/get_submission_stats", response_model=schemas.SubmissionStats, responses=ERRORS, tags=["public"])
+    @app.get("/get_submission_stats", response_model=schemas.SubmissionStats, responses=ERRORS,
+             dependencies=STRICT_QUERY, tags=["public"])
     def get_submission_stats(hotkey: HotkeyFilter = None) -> schemas.SubmissionStats:
         """Counts of submissions, commitments and reports."""
         return service.stats(hotkey)
 
-    @app.get("/leaderboard", response_model=schemas.Leaderboard, responses=ERRORS, tags=["public"])
-    async def leaderboard(request: Request,
-                          round_id: Annotated[int | None, Query(ge=0, le=2**40)] = None) -> Response:
-        """A round ranked from validators' measured results (docs/rules.md §5); default the current round.
-        Reports count from the chain block after they arrive."""
-        return await reads.response(request, lambda: service.leaderboard(round_id))
+    @app.get("/leaderboard", response_model=schemas.Leaderboard, responses=ERRORS,
+             dependencies=STRICT_QUERY, tags=["public"])
+    async def leaderboard(request: Request, round_id: RoundId = None) -> Response:
+        """A round ranked from the validators' stake-weighted consensus (docs/rules.md §5); default the
+        current round. Reports count from the chain block after they arrive."""
+        return await reads.response(request, lambda: service.leaderboard(round_id), {"round_id": round_id})
+
+    @app.get("/validators", response_model=schemas.ValidatorAgreements, responses=ERRORS,
+             dependencies=STRICT_QUERY, tags=["public"])
+    async def validators(request: Request, round_id: RoundId = None) -> Response:
+        """Each validator's weight in the consensus, and how its reports on a round's submissions
+        compare with the settled consensus (default the current round)."""
+        return await reads.response(request, lambda: service.validator_agreement(round_id), {"round_id": round_id})
+
+    @app.get("/validators/{hotkey}/reports", response_model=schemas.ValidatorReports, responses=ERRORS,
+             dependencies=STRICT_QUERY, tags=["public"])
+    def validator_reports(hotkey: Annotated[str, Path(pattern=schemas.HOTKEY_PATTERN)],
+                          after_id: Annotated[int, Query(ge=0, le=schemas.MAX_ID)] = 0,
+                          limit: Limit = MAX_PAGE) -> schemas.ValidatorReports:
+        """A validator's reports with an id above ``after_id``, oldest first, each with its submission
+        (how the processes of one validator hotkey share their results)."""
+        return service.validator_reports(hotkey, after_id, limit)
 
     # --- submission status (public; an unrevealed commitment shows only its hash: quasar/api/status.py) ---
 
@@ -206,7 +286,7 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
     Offset = Annotated[int, Query(ge=0, le=2**40)]
 
     @app.get("/submissions/{submission_id}", response_model=schemas.SubmissionStatus, responses=ERRORS,
-             tags=["public"])
+             dependencies=STRICT_QUERY, tags=["public"])
     def submission_status(
             submission_id: Annotated[int, Path(ge=1, le=schemas.MAX_ID)]) -> schemas.SubmissionStatus:
         """A submission's state, and per validator that reported: verdict, figures per length, reasons."""
@@ -216,7 +296,7 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
         return status
 
     @app.get("/miners/{hotkey}/submissions", response_model=schemas.SubmissionPage, responses=ERRORS,
-             tags=["public"])
+             dependencies=STRICT_QUERY, tags=["public"])
     def miner_submissions(hotkey: Annotated[str, Path(pattern=schemas.HOTKEY_PATTERN)], limit: Limit = 20,
                           offset: Offset = 0) -> schemas.SubmissionPage:
         """A miner's submissions with their status, newest first (``limit``/``offset`` page them)."""
@@ -231,31 +311,33 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
 
     # The reference of the submission fast lane (quasar/api/fastlane.py), which answers most of its requests.
     @app.post("/submit_kernel", response_model=schemas.SubmissionAccepted, status_code=201, responses=ERRORS,
-              tags=["miners"])
+              dependencies=STRICT_QUERY, tags=["miners"])
     def submit_kernel(payload: schemas.SubmitKernelRequest, caller: MinerCaller) -> schemas.SubmissionAccepted:
         """Direct submission, evaluable at once."""
         return submit(payload, caller)
 
     @app.post("/commit_submission", response_model=schemas.CommitAccepted, status_code=201, responses=ERRORS,
-              tags=["miners"])
+              dependencies=STRICT_QUERY, tags=["miners"])
     def commit_submission(payload: schemas.CommitRequest, caller: MinerCaller) -> schemas.CommitAccepted:
         """Commit ``sha256(salt + fork_url + commit_hash)``; its time is the submission's time."""
         return service.commit(caller.hotkey, caller.client_ip, payload, caller)
 
-    @app.post("/reveal_submission", response_model=schemas.SubmissionAccepted, responses=ERRORS, tags=["miners"])
+    @app.post("/reveal_submission", response_model=schemas.SubmissionAccepted, responses=ERRORS,
+              dependencies=STRICT_QUERY, tags=["miners"])
     def reveal_submission(payload: schemas.RevealRequest, caller: MinerCaller) -> schemas.SubmissionAccepted:
         """Reveal a commitment after BLOCKS_UNTIL_REVEAL blocks, inside the reveal window."""
         return service.reveal(caller.hotkey, caller.client_ip, payload, caller)
 
     # --- validators (signed, validator permit) ---
 
-    @app.get("/validator/pending", response_model=schemas.WorkBatch, responses=ERRORS, tags=["validators"])
+    @app.get("/validator/pending", response_model=schemas.WorkBatch, responses=ERRORS,
+             dependencies=STRICT_QUERY, tags=["validators"])
     def validator_pending(caller: ValidatorCaller, limit: Limit = 10) -> schemas.WorkBatch:
         """Submissions this validator has not reported on, leased to it for EVALUATION_LEASE_S."""
         return service.fetch_work(caller.hotkey, limit, caller)
 
     @app.post("/validator/report", response_model=schemas.ReportAccepted, status_code=201, responses=ERRORS,
-              tags=["validators"])
+              dependencies=STRICT_QUERY, tags=["validators"])
     def validator_report(payload: schemas.ReportRequest, caller: ValidatorCaller) -> schemas.ReportAccepted:
         """One validator's result for a submission it fetched (once per submission)."""
         return service.report(caller.hotkey, payload, caller)
@@ -280,5 +362,6 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
 
         app.add_middleware(SubmitFastLane, authenticate=authenticate_miner, submit=submit, threads=lane_threads,
                            max_body_bytes=MAX_BODY_BYTES)
-    app.add_middleware(reads.middleware)  # outermost: a cached read skips everything else
+    app.add_middleware(reads.middleware)  # a cached read skips everything else
+    app.add_middleware(SecurityHeaders)  # outermost: on every response
     return app

@@ -103,6 +103,15 @@ class ApiClient:
     def leaderboard(self, round_id: int | None = None) -> schemas.Leaderboard:
         return self._parse(self._get("/leaderboard", {"round_id": round_id}), schemas.Leaderboard)
 
+    def validator_reports(self, hotkey: str, after_id: int = 0, limit: int = 100) -> schemas.ValidatorReports:
+        """``hotkey``'s reports above ``after_id``, oldest first (``GET /validators/{hotkey}/reports``)."""
+        return self._parse(self._get(f"/validators/{quote(hotkey, safe='')}/reports",
+                                     {"after_id": after_id, "limit": limit}), schemas.ValidatorReports)
+
+    def validators(self, round_id: int | None = None) -> schemas.ValidatorAgreements:
+        """Each validator's weight and agreement with the consensus in a round (``GET /validators``)."""
+        return self._parse(self._get("/validators", {"round_id": round_id}), schemas.ValidatorAgreements)
+
     def submission_status(self, submission_id: int) -> schemas.SubmissionStatus:
         """A submission's state, verdicts, reasons and figures (``GET /submissions/{id}``)."""
         return self._parse(self._get(f"/submissions/{int(submission_id)}"), schemas.SubmissionStatus)
@@ -142,12 +151,16 @@ class ApiClient:
     def report(self, submission_id: int, verdict: str, correct: bool, logits_ok: bool | None = None,
                measured_tokens_per_sec: float | None = None, benchmarks: Mapping[int, float] | None = None,
                reasons: Sequence[str] = (),
-               lengths: Sequence[Mapping[str, Any]] | None = None) -> schemas.ReportAccepted:
-        """Report on a fetched submission; ``lengths``: per-length figures (``schemas.ReportedLength`` fields)."""
+               lengths: Sequence[Mapping[str, Any]] | None = None,
+               content_hash: str | None = None) -> schemas.ReportAccepted:
+        """Report on a fetched submission; ``lengths``: per-length figures (``schemas.ReportedLength``
+        fields); ``content_hash``: of the fork's kernel files (quasar/originality.py)."""
         payload = {"submission_id": submission_id, "verdict": verdict, "correct": correct, "logits_ok": logits_ok,
                    "measured_tokens_per_sec": measured_tokens_per_sec,
                    "benchmarks": None if benchmarks is None else {str(k): v for k, v in benchmarks.items()},
                    "reasons": list(reasons)}
         if lengths is not None:
             payload["lengths"] = [dict(item) for item in lengths]
+        if content_hash is not None:
+            payload["content_hash"] = content_hash
         return self._parse(self.signed("POST", "/validator/report", payload), schemas.ReportAccepted)

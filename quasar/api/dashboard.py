@@ -1,6 +1,7 @@
 """The public web dashboard, served by the API: the round's leaderboard, the round clock and the API's
-health (``GET /``), a miner's history (``/dashboard/miners/{hotkey}``) and a submission's page
-(``/dashboard/submissions/{id}``).
+health (``GET /``), a miner's history (``/dashboard/miners/{hotkey}``), a submission's page
+(``/dashboard/submissions/{id}``) and the validators' agreement with the consensus
+(``/dashboard/validators``).
 
 Server-rendered HTML from the same service layer as the JSON endpoints (so it shows exactly what
 they return, and nothing of an unrevealed commitment but its hash), Jinja2 templates shipped in
@@ -34,8 +35,12 @@ TEMPLATES_DIR = Path(__file__).with_name("templates")
 RECENT_SUBMISSIONS = 20
 MINER_SUBMISSIONS = 50
 STATE_LABELS = {"committed": "committed", "expired": "expired", "revealed": "revealed", "queued": "queued",
-                "being_evaluated": "being evaluated", "passed": "passed", "failed": "failed"}
-_HOTKEY = re.compile(schemas.HOTKEY_PATTERN)
+                "deferred": "deferred", "superseded": "superseded", "lapsed": "lapsed",
+                "being_evaluated": "being evaluated", "awaiting_quorum": "awaiting quorum", "disputed": "disputed",
+                "passed": "passed", "failed": "failed", "copy": "copy"}
+# fullmatch: "$" would also match before a trailing newline.
+_HOTKEY = re.compile(schemas.HOTKEY_PATTERN.removeprefix("^").removesuffix("$"))
+_ID = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
 
 
 def tokens(value: float | None) -> str:
@@ -79,11 +84,15 @@ def yes_no(value: bool | None, unknown: str = "not checked") -> str:
     return unknown if value is None else ("passed" if value else "failed")
 
 
+def percent(share: float | None) -> str:
+    return "–" if share is None else f"{100 * share:.0f}%"
+
+
 def _environment() -> Environment:
     environment = Environment(loader=FileSystemLoader(str(TEMPLATES_DIR)), autoescape=select_autoescape(["html"]),
                               trim_blocks=True, lstrip_blocks=True)
     environment.filters.update(short=short_hotkey, tokens=tokens, tokens_both=tokens_both, utc=utc, memory=memory,
-                               yes_no=yes_no, duration=duration,
+                               yes_no=yes_no, duration=duration, percent=percent,
                                state_label=lambda state: STATE_LABELS.get(state, state))
     return environment
 
@@ -166,10 +175,13 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
     def not_found(what: str) -> HTMLResponse:
         return page("error.html", 404, title="Not found", message=what)
 
+    # Query parameters a page does not take are ignored (a link with tracking parameters still
+    # works); the cache keys a page by the parameters it takes (quasar/api/readcache.py).
+
     @router.get("/", response_class=HTMLResponse)
     async def index(request: Request,
                     round_id: int | None = Query(default=None, alias="round", ge=0, le=2**40)) -> HTMLResponse:
-        return await reads.page(request, lambda: index_page(round_id))
+        return await reads.page(request, lambda: index_page(round_id), {"round": round_id})
 
     @in_one_read
     def index_page(round_id: int | None) -> HTMLResponse:
@@ -178,13 +190,24 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
         return page("index.html", title=f"Leaderboard, round {board.round_id}", board=board,
                     recent=recent.submissions)
 
+    @router.get("/dashboard/validators", response_class=HTMLResponse)
+    async def validators(request: Request,
+                         round_id: int | None = Query(default=None, alias="round", ge=0, le=2**40)) -> HTMLResponse:
+        return await reads.page(request, lambda: validators_page(round_id), {"round": round_id})
+
+    @in_one_read
+    def validators_page(round_id: int | None) -> HTMLResponse:
+        agreements = service.validator_agreement(round_id)
+        return page("validators.html", title=f"Validators, round {agreements.round_id}", agreements=agreements,
+                    quorum=service.quorum)
+
     @router.get("/dashboard/miners/{hotkey}", response_class=HTMLResponse)
     async def miner(request: Request, hotkey: str) -> HTMLResponse:
         return await reads.page(request, lambda: miner_page(hotkey))
 
     @in_one_read
     def miner_page(hotkey: str) -> HTMLResponse:
-        if not _HOTKEY.match(hotkey):
+        if not _HOTKEY.fullmatch(hotkey):
             return page("error.html", 422, title="Not a hotkey",
                         message="a miner's page is /dashboard/miners/<its ss58 hotkey>")
         history = status_reader.history(hotkey)
@@ -201,7 +224,7 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
 
     @in_one_read
     def submission_page(submission_id: str) -> HTMLResponse:
-        if not submission_id.isdigit() or not 1 <= int(submission_id) <= schemas.MAX_ID:
+        if not _ID.fullmatch(submission_id) or not 1 <= int(submission_id) <= schemas.MAX_ID:
             return page("error.html", 422, title="Not a submission id",
                         message="a submission's page is /dashboard/submissions/<its number>")
         status = status_reader.submission(int(submission_id))

@@ -86,7 +86,9 @@ class Submission(Base):
     """A miner's submission: direct (ready at once) or commit-reveal (``committed`` until revealed).
 
     ``submitted_at``/``submitted_block`` are the commit's (the tie-break time); ``ready_*`` and
-    ``round_id`` are set when it becomes evaluable (direct submission or reveal).
+    ``round_id`` are set when it becomes evaluable (direct submission or reveal). A ready one that no
+    validator reported on becomes ``superseded`` by a newer one of its hotkey (``superseded_by``,
+    quasar/scheduling.py).
     """
 
     __tablename__ = "submissions"
@@ -94,7 +96,7 @@ class Submission(Base):
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
     hotkey: Mapped[str] = mapped_column(String(64))
     method: Mapped[str] = mapped_column(String(16))  # "direct" | "commit_reveal"
-    state: Mapped[str] = mapped_column(String(16))  # "committed" | "ready"
+    state: Mapped[str] = mapped_column(String(16))  # "committed" | "ready" | "superseded"
     commitment_hash: Mapped[str | None] = mapped_column(String(64))
     target_sequence_length: Mapped[int] = mapped_column(BigInteger)
     submitted_at: Mapped[float] = mapped_column(Double)  # unix seconds
@@ -108,6 +110,7 @@ class Submission(Base):
     vram_mb: Mapped[int | None] = mapped_column(BigInteger)
     benchmarks: Mapped[dict | None] = mapped_column(JSON)  # {"seq_len": tokens_per_sec}
     client_ip: Mapped[str] = mapped_column(String(64))
+    superseded_by: Mapped[int | None] = mapped_column(Id)  # a submission id
 
     __table_args__ = (
         Index("ix_submissions_hotkey_submitted_at", "hotkey", "submitted_at"),
@@ -117,11 +120,17 @@ class Submission(Base):
         # commit) and a miner's evaluated submissions. Without it SQLite's planner takes the state
         # index for both and reads every ready submission of every miner.
         Index("ix_submissions_hotkey_state_commit_hash", "hotkey", "state", "commit_hash"),
+        # Another hotkey's submission of the same commit: the originality check of every submission.
+        Index("ix_submissions_commit_hash", "commit_hash"),
+        # The ready submissions of the rounds being evaluated: what the work endpoint schedules.
+        Index("ix_submissions_state_round_id", "state", "round_id"),
     )
 
 
 class EvaluationLease(Base):
-    """A submission handed to one validator, until ``leased_until`` (then it is handed out again)."""
+    """A submission handed to one validator, until ``leased_until`` (then it is handed out again);
+    ``first_round``: the round in which it was first handed to it (NULL before 0005), which the
+    schedule's fairness counts."""
 
     __tablename__ = "evaluation_leases"
 
@@ -129,6 +138,9 @@ class EvaluationLease(Base):
     validator_hotkey: Mapped[str] = mapped_column(String(64), primary_key=True)
     leased_until: Mapped[float] = mapped_column(Double)
     fetch_count: Mapped[int] = mapped_column(Integer)
+    first_round: Mapped[int | None] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_evaluation_leases_validator_round", "validator_hotkey", "first_round"),)
 
 
 class EvaluationReport(Base):
@@ -148,9 +160,12 @@ class EvaluationReport(Base):
     reasons: Mapped[list] = mapped_column(JSON)
     # [{"seq_len", "status", "tokens_per_sec", "peak_vram_mb", "correct"}]; NULL in reports from before 0002.
     lengths: Mapped[list | None] = mapped_column(JSON)
+    # The normalised content hash of the fork's kernel files (quasar/originality.py); NULL before 0004.
+    content_hash: Mapped[str | None] = mapped_column(String(64))
 
     __table_args__ = (
         UniqueConstraint("submission_id", "validator_hotkey", name="uq_evaluation_reports_submission_validator"),
+        Index("ix_evaluation_reports_content_hash", "content_hash"),
     )
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -141,9 +142,11 @@ class TemporaryPostgres:
 
 def start_api_process(workdir: Path, database_url: str, chain_path: Path, api_hotkey: str, *,
                       submissions_per_hour: int = 1_000_000, workers: int = 1, trusted_proxies: str = "",
-                      timeout_s: float = 120.0) -> tuple[subprocess.Popen, str]:
+                      timeout_s: float = 120.0, settings: Mapping[str, str] | None = None
+                      ) -> tuple[subprocess.Popen, str]:
     """Start ``python -m quasar.api serve --workers N`` on a free port over the dev chain at ``chain_path``.
 
+    ``settings``: more settings, as environment variables (``{"API_HEADER_TIMEOUT": "1"}``).
     Runs in ``workdir`` (so no checkout's ``.env`` is read) and logs to ``workdir/server-PORT.log``;
     returns the process and its base URL once ``/health`` answers (with several workers: once
     each of them has started), or raises RuntimeError with the log's tail. The server runs in a
@@ -153,7 +156,8 @@ def start_api_process(workdir: Path, database_url: str, chain_path: Path, api_ho
     root = Path(__file__).resolve().parents[2]
     environ = {**os.environ, "API_HOTKEY": api_hotkey, "SUBTENSOR_NETWORK": "devchain", "NETUID": "24",
                "DEVCHAIN_PATH": str(chain_path), "SUBMISSIONS_PER_HOUR": str(submissions_per_hour),
-               "PYTHONPATH": str(root), "LOGGING_DEBUG": "false", "TRUSTED_PROXIES": trusted_proxies}
+               "PYTHONPATH": str(root), "LOGGING_DEBUG": "false", "TRUSTED_PROXIES": trusted_proxies,
+               **(settings or {})}
     log_path = workdir / f"server-{port}.log"
     with open(log_path, "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "quasar.api", "serve", "--port", str(port),

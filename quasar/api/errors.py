@@ -8,16 +8,27 @@ plain 500, never a traceback.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import OperationalError
 
 from quasar import auth
 from quasar.api.db import DatabaseBusy
-from quasar.api.service import ApiError
 from quasar.chain import ChainError
+from quasar.errors import QuasarError
 
 logger = logging.getLogger(__name__)
+
+
+class ApiError(QuasarError):
+    """A refused request: ``status`` and a ``detail`` safe to return to the caller."""
+
+    def __init__(self, status: int, detail: str, headers: Mapping[str, str] | None = None):
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.headers = dict(headers or {})
 
 
 def error_response(error: Exception, method: str, path: str) -> JSONResponse:

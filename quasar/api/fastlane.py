@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from quasar.api import schemas
 from quasar.api.errors import error_response
-from quasar.api.service import Authenticated
+from quasar.api.servicecore import Authenticated
 
 PATH = "/submit_kernel"
 

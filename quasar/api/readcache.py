@@ -2,9 +2,12 @@
 
 The leaderboard, the current round and the dashboard's pages are read far more often than they
 change, and what they show moves with the chain: a response is computed at most once per request
-target (path and query string) and chain block in each worker process, rendered once, and served
-as bytes until the chain moves to the next block. Concurrent requests for a body that is being
-computed wait for that one computation instead of starting their own.
+target and chain block in each worker process, rendered once, and served as bytes until the chain
+moves to the next block. Concurrent requests for a body that is being computed wait for that one
+computation instead of starting their own. A target is the path and the query string the route
+builds from its validated parameters (:func:`canonical_query`), never the query string as sent:
+``?x=1`` or ``?round_id=05`` make no entry of their own, so a client cannot fill the cache with
+targets of its own making and evict the pages in use.
 
 The JSON reads (``reads.response``: the leaderboard, the current round; validators and miners act
 on them) are exact: from the next block on (12 s on Bittensor) a request gets that block's body,
@@ -22,10 +25,11 @@ nothing to send meanwhile: it renders in the thread pool, at most ``FIRST_RENDER
 of a new worker's pages is asked for in its first second: forty renders at once on forty threads
 took the interpreter from the submissions and finished no sooner).
 
-A route fills the cache in one line, ``return await reads.response(request, lambda: ...)`` (a
-model, sent as JSON) or ``reads.page(request, render)`` (any response, a dashboard page); the route
-validated the request, so a later request for the same target at the same block is answered
-by :meth:`BlockCache.middleware` before routing (a dictionary look-up and the current block). So
+A route fills the cache in one line, ``return await reads.response(request, lambda: ..., params)``
+(a model, sent as JSON) or ``reads.page(request, render, params)`` (any response, a dashboard page),
+``params`` being its validated query parameters; the route validated the request, so a later
+request sent with exactly that target at the same block is answered by
+:meth:`BlockCache.middleware` before routing (a dictionary look-up and the current block). So
 is a request for a page whose new block's render is already under way: the route would send the
 page kept from the block before, and going through it costs several times the look-up, for every
 request of every page in use until the page thread has rendered them all.
@@ -35,10 +39,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from urllib.parse import urlencode
 
 import anyio
 import anyio.to_thread
@@ -48,8 +52,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-if TYPE_CHECKING:
-    from quasar.api.sharedpages import SharedPages
+from quasar.api.rendered import Rendered, SharedRenders, Target
 
 DEFAULT_MAX_ENTRIES = 1024
 # Share of the time the page thread spends rendering. Under 330 signed submissions and 1,100 reads
@@ -63,33 +66,20 @@ FIRST_RENDERS = 4
 JSON_TYPE = "application/json"
 HTML_TYPE = "text/html; charset=utf-8"
 
-Target = tuple[str, bytes]  # (path, query string) as received
+Params = Mapping[str, object]
 
 
 def _target(scope: Scope) -> Target:
     return (scope["path"], scope.get("query_string", b""))
 
 
+def canonical_query(params: Params | None) -> bytes:
+    """The query string of validated parameters, in the route's order, leaving out those not given."""
+    return urlencode([(name, str(value)) for name, value in (params or {}).items() if value is not None]).encode()
+
+
 class _Superseded(Exception):
     """A page's render for a block that ended before its turn came (the next block's is wanted)."""
-
-
-@dataclass(frozen=True)
-class Rendered:
-    """A response as sent: status, headers (content type and length included) and body."""
-
-    status: int
-    headers: tuple[tuple[bytes, bytes], ...]
-    body: bytes
-
-    @classmethod
-    def of(cls, response: Response) -> Rendered:
-        return cls(response.status_code, tuple(response.raw_headers), bytes(response.body))
-
-    def response(self) -> Response:
-        response = Response(self.body, status_code=self.status)
-        response.raw_headers = list(self.headers)
-        return response
 
 
 @dataclass(frozen=True)
@@ -110,7 +100,7 @@ class BlockCache:
     renders to is computed once by all the server's workers (quasar.api.sharedpages)."""
 
     def __init__(self, current_block: Callable[[], int], max_entries: int = DEFAULT_MAX_ENTRIES,
-                 page_render_duty: float = PAGE_RENDER_DUTY, shared: SharedPages | None = None):
+                 page_render_duty: float = PAGE_RENDER_DUTY, shared: SharedRenders | None = None):
         if not 0 < page_render_duty <= 1:
             raise ValueError(f"page_render_duty must be in (0, 1], got {page_render_duty}")
         self.current_block = current_block
@@ -127,21 +117,24 @@ class BlockCache:
         """Let the page being rendered finish, and end the page-rendering thread."""
         self._page_renderer.shutdown(wait=True)
 
-    async def response(self, request: Request, compute: Callable[[], BaseModel]) -> Response:
-        """The JSON of ``compute()`` for ``request``'s target at the current block: cached, or
-        computed in the thread pool (it may read the database) and kept until the block changes.
-        Exceptions of ``compute`` reach every request that waited for it, and nothing is cached."""
+    async def response(self, request: Request, compute: Callable[[], BaseModel], params: Params | None = None
+                       ) -> Response:
+        """The JSON of ``compute()`` for ``request``'s path with the validated ``params`` at the
+        current block: cached, or computed in the thread pool (it may read the database) and kept
+        until the block changes. Exceptions of ``compute`` reach every request that waited for it,
+        and nothing is cached."""
         def render() -> Rendered:
             return Rendered.of(Response(compute().model_dump_json().encode(), media_type=JSON_TYPE))
 
-        return await self._serve(request, lambda _stale, target, block: run_in_threadpool(
+        return await self._serve(request, params, lambda _stale, target, block: run_in_threadpool(
             self._computed, target, block, render), stale_ok=False)
 
-    async def page(self, request: Request, render: Callable[[], Response]) -> Response:
-        """``render()``'s response for ``request``'s target, kept while the block lasts if it is a
-        200. A target seen for the first time renders in the thread pool and its requests wait; a
-        page kept from an earlier block is sent at once while its new block's page renders on the
-        page thread."""
+    async def page(self, request: Request, render: Callable[[], Response], params: Params | None = None
+                   ) -> Response:
+        """``render()``'s response for ``request``'s path with the validated ``params``, kept while
+        the block lasts if it is a 200. A target seen for the first time renders in the thread pool
+        and its requests wait; a page kept from an earlier block is sent at once while its new
+        block's page renders on the page thread."""
         loop = asyncio.get_running_loop()
 
         def rendered() -> Rendered:
@@ -167,7 +160,7 @@ class BlockCache:
                 self._first_renders = anyio.CapacityLimiter(FIRST_RENDERS)
             return anyio.to_thread.run_sync(self._computed, target, block, rendered, limiter=self._first_renders)
 
-        return await self._serve(request, start, stale_ok=True)
+        return await self._serve(request, params, start, stale_ok=True)
 
     def _kept_answer(self, target: Target, block: int) -> Rendered | None:
         """What answers a request for ``target`` at ``block`` without starting any work: the response
@@ -181,11 +174,11 @@ class BlockCache:
     def _computed(self, target: Target, block: int, compute: Callable[[], Rendered]) -> Rendered:
         return compute() if self.shared is None else self.shared.render(target, block, compute)
 
-    async def _serve(self, request: Request, start: Callable[[bool, Target, int], Awaitable[Rendered]],
-                     stale_ok: bool) -> Response:
+    async def _serve(self, request: Request, params: Params | None,
+                     start: Callable[[bool, Target, int], Awaitable[Rendered]], stale_ok: bool) -> Response:
         """The cached response, or ``start(stale, target, block)``'s (``stale``: an earlier block's
         response will be sent meanwhile)."""
-        target = _target(request.scope)
+        target = (request.scope["path"], canonical_query(params))
         block = self.current_block()
         answer = self._kept_answer(target, block)
         if answer is not None:

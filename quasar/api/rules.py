@@ -1,4 +1,4 @@
-"""The submission API's rules as pure functions: commitments, reveal windows, rounds, client IPs, verdicts.
+"""The submission API's rules as pure functions: commitments, reveal windows, rounds, client addresses.
 
 Nothing here touches the database, the chain or the clock; the service passes the current block and
 time in, so every rule is tested on its own.
@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import secrets
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +21,8 @@ BAN_WINDOW_S = 24 * 3600.0
 BAN_DURATION_S = 24 * 3600.0
 
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+# An IPv6 client is counted by its /64: one subscriber's network, which it can walk at will.
+IPV6_CLIENT_PREFIX = 64
 
 
 def new_salt() -> str:
@@ -90,6 +91,8 @@ def _is_trusted(address: str, trusted: Sequence[IpNetwork]) -> bool:
         ip = ipaddress.ip_address(address)
     except ValueError:
         return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
     return any(ip in network for network in trusted)
 
 
@@ -112,37 +115,16 @@ def client_ip(peer: str | None, forwarded_for: Sequence[str], trusted: Sequence[
     return current
 
 
-@dataclass(frozen=True)
-class ValidatorReport:
-    """One validator's figures for one submission (what the leaderboard aggregates)."""
-
-    validator_hotkey: str
-    correct: bool
-    logits_ok: bool | None
-    measured_tokens_per_sec: float | None
-
-
-@dataclass(frozen=True)
-class Consensus:
-    """The validators' combined view of a submission.
-
-    ``measured_tokens_per_sec``: the median over the reports (a report without a figure counts 0);
-    ``correct``: a strict majority of reports say correct; ``logits_ok``: None when no report
-    checked logits, else a strict majority of those that did say they passed.
-    """
-
-    measured_tokens_per_sec: float
-    correct: bool
-    logits_ok: bool | None
-    validators: int
-
-
-def consensus(reports: Sequence[ValidatorReport]) -> Consensus:
-    """Combine validators' reports so that no single validator decides alone (see :class:`Consensus`)."""
-    if not reports:
-        raise ValueError("consensus needs at least one report")
-    measured = statistics.median(r.measured_tokens_per_sec or 0.0 for r in reports)
-    correct = 2 * sum(r.correct for r in reports) > len(reports)
-    checked = [r.logits_ok for r in reports if r.logits_ok is not None]
-    logits_ok = None if not checked else 2 * sum(checked) > len(checked)
-    return Consensus(float(measured), correct, logits_ok, len(reports))
+def address_key(address: str) -> str:
+    """The client ``address`` as failures, bans and logs count it: an IPv4 address as it is (also
+    when it arrives IPv4-mapped, ``::ffff:a.b.c.d``); an IPv6 address as its /64 network (``2001:db8:1:2::/64``),
+    since one subscriber holds a whole /64 and could otherwise walk it; anything else unchanged."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((int(ip), IPV6_CLIENT_PREFIX), strict=False))
+    return str(ip)

@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from quasar.api.readcache import Rendered, Target
+from quasar.api.rendered import Rendered, Target
 
 DEFAULT_SLOTS = 1024
 

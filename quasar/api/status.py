@@ -8,9 +8,15 @@ before the reveal, and nothing here reads those columns for it).
 
 The state machine (:func:`submission_state`): a commitment is ``committed`` until it is revealed
 (``revealed``) or its reveal window closes (``expired``); a direct submission starts ``queued``.
-A ready submission is ``being_evaluated`` while a validator holds an unexpired lease on it and
-none has reported; once reports arrive it is ``passed`` or ``failed`` by the validators'
-consensus, the same rule the leaderboard ranks by (docs/rules.md section 5).
+Before any report, the schedule (quasar/scheduling.py) may make it ``superseded`` (a newer one of
+its hotkey replaced it), ``deferred`` (its upper bound is below the current fourth place: it waits
+until nothing that could place does) or ``lapsed`` (its round and the next are over: no longer
+handed out). It is ``being_evaluated`` while a validator holds an unexpired lease on it and none
+has reported. Once reports arrive, the validators' consensus (quasar/consensus.py, the rule
+the leaderboard ranks by) makes it ``awaiting_quorum`` (too few validators reported yet),
+``disputed`` (a quorum, but no side holds more than half of the stake), ``passed`` or ``failed``;
+a copy of another hotkey's earlier submission (quasar/originality.py) that did not fail is
+``copy``, and is not ranked. ``state_reason`` says each state in words.
 """
 
 from __future__ import annotations
@@ -21,30 +27,87 @@ from dataclasses import dataclass
 
 from sqlalchemy import func, select
 
-from quasar import scoring
+from quasar import consensus, originality, scheduling, scoring
 from quasar.api import rules, schemas
 from quasar.api.db import EvaluationLease, EvaluationReport, Submission
-from quasar.api.service import SubmissionService, consensus_result, evaluated_submissions
+from quasar.api.judging import Judged, consensus_reports, evaluated_submissions, judge
+from quasar.api.service import SubmissionService
 
 COMMITTED, EXPIRED, REVEALED, QUEUED = "committed", "expired", "revealed", "queued"
-BEING_EVALUATED, PASSED, FAILED = "being_evaluated", "passed", "failed"
+SUPERSEDED, DEFERRED, LAPSED = "superseded", "deferred", "lapsed"
+BEING_EVALUATED, COPY = "being_evaluated", "copy"
+READY = "ready"  # the stored state of a revealed submission being scheduled or judged
+PASSED, FAILED = consensus.PASSED, consensus.FAILED
 
 
-def submission_state(method: str, revealed: bool, window_state: str | None, reports: int, evaluating: int,
-                     eligible: bool | None) -> str:
+@dataclass(frozen=True)
+class Waiting:
+    """Where the schedule has put a revealed submission no validator reported on: ``superseded``,
+    ``deferred`` or ``lapsed`` (see the module docstring), and why."""
+
+    state: str
+    reason: str
+
+
+def submission_state(method: str, revealed: bool, window_state: str | None, evaluating: int,
+                     view: consensus.Consensus | None, copy_of: originality.CopyOf | None,
+                     waiting: Waiting | None = None) -> str:
     """The state of a submission (module docstring).
 
     ``window_state``: the reveal window's state (``waiting``/``open``/``expired``) of an unrevealed
-    commitment; ``reports``: reports received; ``evaluating``: validators holding a live lease
-    without a report; ``eligible``: the consensus of the reports passes (None without reports).
+    commitment; ``evaluating``: validators holding a live lease without a report; ``view``: the
+    validators' consensus (None without reports); ``copy_of``: the submission it copies, if any;
+    ``waiting``: where the schedule put it while no validator reported on it.
     """
     if not revealed:
         return EXPIRED if window_state == "expired" else COMMITTED
-    if reports:
-        return PASSED if eligible else FAILED
+    if view is not None:
+        return COPY if copy_of is not None and view.state != FAILED else view.state
+    if waiting is not None and waiting.state == SUPERSEDED:
+        return SUPERSEDED  # never evaluated, even by a validator that took it before
     if evaluating:
         return BEING_EVALUATED
+    if waiting is not None:
+        return waiting.state
     return REVEALED if method == "commit_reveal" else QUEUED
+
+
+def state_reason(state: str, evaluating: int, view: consensus.Consensus | None,
+                 copy_of: originality.CopyOf | None, waiting: Waiting | None = None) -> str | None:
+    """The state in words, for the miner (None where the state says it all)."""
+    if state == COPY:
+        return copy_of.reason
+    if view is not None:
+        return view.reason
+    if state == BEING_EVALUATED:
+        return f"{evaluating} validator{'' if evaluating == 1 else 's'} evaluating it now"
+    if waiting is not None and state == waiting.state:
+        return waiting.reason
+    if state in (QUEUED, REVEALED):
+        return "waiting for a validator to fetch it"
+    return None
+
+
+def waiting_of(submission: Submission, context: StatusContext) -> Waiting | None:
+    """Where the schedule has put ``submission`` (a revealed one without reports), or None."""
+    if submission.state == SUPERSEDED:
+        return Waiting(SUPERSEDED, f"superseded by submission {submission.superseded_by}, a newer one of this "
+                                   f"hotkey, before any validator reported on it: it is not evaluated")
+    if submission.round_id < context.first_scheduled_round:
+        return Waiting(LAPSED, f"lapsed: validators evaluate a submission in its round and the next; round "
+                               f"{submission.round_id} and the next are over")
+    queued = scheduling.Queued(submission.id, submission.hotkey, submission.ready_at,
+                               submission.target_sequence_length, submission.claimed_tokens_per_sec, reported=False)
+    if not scheduling.could_place(queued, context.standing):
+        return Waiting(DEFERRED, scheduling.deferred_reason(queued, context.standing))
+    return None
+
+
+def consensus_view(view: consensus.Consensus) -> schemas.ConsensusView:
+    return schemas.ConsensusView(
+        state=view.state, validators_reported=view.reported, validators=view.validators,
+        reported_stake_share=view.reported_share, passed_stake_share=view.passed_share,
+        failed_stake_share=view.failed_share, reason=view.reason, content_hash=view.content_hash)
 
 
 def length_figures(stored_lengths: Sequence[Mapping] | None,
@@ -63,12 +126,13 @@ def length_figures(stored_lengths: Sequence[Mapping] | None,
     return sorted(figures, key=lambda item: item.seq_len)
 
 
-def _verdict(report: EvaluationReport) -> schemas.ValidatorVerdict:
+def _verdict(report: EvaluationReport, electorate: consensus.Electorate) -> schemas.ValidatorVerdict:
     return schemas.ValidatorVerdict(
         validator_hotkey=report.validator_hotkey, verdict=report.verdict, correct=report.correct,
         logits_ok=report.logits_ok, measured_tokens_per_sec=report.measured_tokens_per_sec,
         lengths=length_figures(report.lengths, report.benchmarks), reasons=list(report.reasons),
-        reported_at=report.reported_at)
+        reported_at=report.reported_at, counted=electorate.weight(report.validator_hotkey) > 0,
+        content_hash=report.content_hash)
 
 
 def _benchmarks(stored: Mapping[str, float] | None) -> dict[int, float] | None:
@@ -77,28 +141,38 @@ def _benchmarks(stored: Mapping[str, float] | None) -> dict[int, float] | None:
 
 @dataclass(frozen=True)
 class StatusContext:
-    """What a status is computed against: the chain's block, the time, the reveal parameters."""
+    """What a status is computed against: the chain's block, the time, the reveal parameters, the
+    validators whose reports count, the oldest round still scheduled and the current round's
+    standing (its fourth place and copiers: quasar/scheduling.py)."""
 
     block: int
     now: float
     blocks_until_reveal: int
     reveal_window_blocks: int
+    electorate: consensus.Electorate
+    first_scheduled_round: int
+    standing: scheduling.Standing
 
 
-def build_status(submission: Submission, reports: Sequence[EvaluationReport], evaluating: int,
-                 context: StatusContext) -> schemas.SubmissionStatus:
-    """The public status of ``submission`` (see the module docstring for what an unrevealed one shows)."""
-    revealed = submission.state == "ready"
+def build_status(submission: Submission, reports: Sequence[EvaluationReport], judged: Judged | None,
+                 evaluating: int, context: StatusContext) -> schemas.SubmissionStatus:
+    """The public status of ``submission`` (see the module docstring for what an unrevealed one
+    shows) with its ``reports``; ``judged``: their consensus, None before any report."""
+    revealed = submission.state in (READY, SUPERSEDED)
     window = None
     if submission.method == "commit_reveal":
         window = rules.reveal_window(submission.submitted_block, context.blocks_until_reveal,
                                      context.reveal_window_blocks)
-    result = consensus_result(submission, reports)[0] if revealed and reports else None
+    if not revealed:
+        judged = None
+    view, copy_of = (None, None) if judged is None else (judged.consensus, judged.copy_of)
+    waiting = waiting_of(submission, context) if revealed and judged is None else None
     state = submission_state(submission.method, revealed, None if window is None else window.state(context.block),
-                             len(reports) if revealed else 0, evaluating,
-                             None if result is None else scoring.is_eligible(result))
+                             evaluating, view, copy_of, waiting)
+    result = None if judged is None else judged.result
     common = dict(
         submission_id=submission.id, hotkey=submission.hotkey, method=submission.method, state=state,
+        state_reason=state_reason(state, evaluating, view, copy_of, waiting),
         target_sequence_length=submission.target_sequence_length,
         league=scoring.league_for(submission.target_sequence_length).name,
         submitted_at=submission.submitted_at, submitted_block=submission.submitted_block,
@@ -109,15 +183,21 @@ def build_status(submission: Submission, reports: Sequence[EvaluationReport], ev
         return schemas.SubmissionStatus(
             **common, ready_at=None, round_id=None, fork_url=None, commit_hash=None, claimed_tokens_per_sec=None,
             vram_mb=None, claimed_benchmarks=None, measured_tokens_per_sec=None, weighted_score=None,
-            validators_evaluating=0, reports=[])
+            validators_evaluating=0, consensus=None, copy_of=None, superseded_by=None, reports=[])
+    if result is not None:
+        weighted = scoring.weighted_score(result)
+    else:
+        weighted = 0.0 if state in (FAILED, COPY) else None
     return schemas.SubmissionStatus(
         **common, ready_at=submission.ready_at, round_id=submission.round_id, fork_url=submission.fork_url,
         commit_hash=submission.commit_hash, claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
         vram_mb=submission.vram_mb, claimed_benchmarks=_benchmarks(submission.benchmarks),
-        measured_tokens_per_sec=None if result is None else result.measured_tokens_per_sec,
-        weighted_score=None if result is None else scoring.weighted_score(result),
-        validators_evaluating=evaluating,
-        reports=[_verdict(report) for report in sorted(reports, key=lambda r: (r.reported_at, r.id))])
+        measured_tokens_per_sec=None if view is None else view.measured_tokens_per_sec,
+        weighted_score=weighted, validators_evaluating=evaluating,
+        consensus=None if view is None else consensus_view(view),
+        copy_of=None if copy_of is None else copy_of.original_id, superseded_by=submission.superseded_by,
+        reports=[_verdict(report, context.electorate)
+                 for report in sorted(reports, key=lambda r: (r.reported_at, r.id))])
 
 
 def best_per_round(points: Iterable[schemas.RoundPoint]) -> list[schemas.RoundPoint]:
@@ -140,8 +220,11 @@ class StatusReader:
 
     def _context(self) -> StatusContext:
         config = self.service.config
-        return StatusContext(self.service.current_block(), self.service.clock(), config.blocks_until_reveal,
-                             config.reveal_window_blocks)
+        block = self.service.current_block()
+        round_id = rules.round_of_block(block, config.round_blocks).round_id
+        return StatusContext(block, self.service.clock(), config.blocks_until_reveal, config.reveal_window_blocks,
+                             self.service.electorate(), scheduling.first_scheduled_round(round_id),
+                             self.service.standing(round_id))
 
     def _statuses(self, session, submissions: Sequence[Submission],
                   context: StatusContext) -> list[schemas.SubmissionStatus]:
@@ -156,7 +239,11 @@ class StatusReader:
             for lease in leases:
                 if all(r.validator_hotkey != lease.validator_hotkey for r in reports[lease.submission_id]):
                     evaluating[lease.submission_id] += 1
-        return [build_status(s, reports[s.id], evaluating[s.id], context) for s in submissions]
+        evaluated = [(s, consensus_reports(reports[s.id])) for s in submissions if s.state == READY and reports[s.id]]
+        judged = {item.submission.id: item
+                  for item in judge(session, evaluated, context.electorate, self.service.quorum)}
+        return [build_status(s, reports[s.id] if s.state == READY else [], judged.get(s.id), evaluating[s.id],
+                             context) for s in submissions]
 
     def submission(self, submission_id: int) -> schemas.SubmissionStatus | None:
         """The status of one submission, or None when there is no such submission."""
@@ -179,15 +266,20 @@ class StatusReader:
         return schemas.SubmissionPage(hotkey=hotkey, total=total, offset=offset, limit=limit, submissions=statuses)
 
     def history(self, hotkey: str) -> schemas.MinerHistory:
-        """``hotkey``'s best evaluated submission per round: consensus tokens/sec and weighted score."""
+        """``hotkey``'s best judged submission per round (settled, not a copy): consensus tokens/sec
+        and weighted score."""
+        electorate = self.service.electorate()
         with self.service.database.read() as session:
-            evaluated = evaluated_submissions(session, Submission.hotkey == hotkey)
+            judged = self.service.judge(session, evaluated_submissions(session, Submission.hotkey == hotkey),
+                                        electorate)
         points = []
-        for submission, reports in evaluated:
-            result, _ = consensus_result(submission, reports)
+        for item in judged:
+            if not item.consensus.settled or item.copy_of is not None:
+                continue
+            result = item.result
             points.append(schemas.RoundPoint(
-                round_id=submission.round_id, submission_id=submission.id,
-                measured_tokens_per_sec=result.measured_tokens_per_sec,
-                weighted_score=scoring.weighted_score(result),
-                state=PASSED if scoring.is_eligible(result) else FAILED))
+                round_id=item.submission.round_id, submission_id=item.submission.id,
+                measured_tokens_per_sec=item.consensus.measured_tokens_per_sec or 0.0,
+                weighted_score=0.0 if result is None else scoring.weighted_score(result),
+                state=PASSED if result is not None else FAILED))
         return schemas.MinerHistory(hotkey=hotkey, rounds=best_per_round(points))

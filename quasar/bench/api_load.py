@@ -96,6 +96,8 @@ DEFAULT_WARMUP_S = 2.0
 PRIME_CONNECTIONS = 8
 # The second of the timed window at which the chain moves to the next block (its middle if shorter).
 BLOCK_CHANGE_AT_S = 3.0
+# Seconds before its first request that a connection opens (within the warm-up).
+CONNECT_AHEAD_S = 1.0
 
 
 @dataclass
@@ -217,9 +219,13 @@ async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, r
 async def connection(port: int, schedule: Sequence[tuple[float, bytes, tuple[str, str] | None]], stream: Stream,
                      start: float, warmup: float) -> None:
     """Send ``schedule`` (send time after ``start``, request bytes, submission identity) in order;
-    the timed window starts ``warmup`` seconds after ``start``."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    the timed window starts ``warmup`` seconds after ``start``. The connection opens
+    ``CONNECT_AHEAD_S`` before the first request (the server closes a connection that has sent no
+    request within ``API_HEADER_TIMEOUT``)."""
     loop = asyncio.get_running_loop()
+    if schedule:
+        await asyncio.sleep(max(0.0, start + schedule[0][0] - CONNECT_AHEAD_S - loop.time()))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         for offset, request, identity in schedule:
             due = start + offset

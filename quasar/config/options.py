@@ -132,7 +132,7 @@ ROLES: dict[str, tuple[str, ...]] = {
                   *_EVALUATION,
                   "reference_model", "hf_hub_offline", "reference_dtype",
                   *(option.key for option in OPTIONS if option.group == "logit check"),
-                  "tie_epsilon", "validator_data_dir", "epoch_blocks"),
+                  "tie_epsilon", "validator_data_dir", "validator_role", "epoch_blocks"),
     "inference": (*_WALLET, "wallet_miner_name", *_CHAIN, "debug",
                   *(option.key for option in OPTIONS if option.group == "inference server"),
                   "device", "pytorch_cuda_alloc_conf", "reference_model", "hf_hub_offline", "reference_dtype"),

@@ -77,16 +77,21 @@ class Settings:
     api_port: int
     api_workers: int
     api_hotkey: str
+    api_max_header_bytes: int
+    api_header_timeout: float
     trusted_proxies: tuple[str, ...]
     blocks_until_reveal: int
     reveal_window_blocks: int
     round_blocks: int
     submissions_per_hour: int
+    quorum_stake_share: float
+    quorum_min_validators: int
     evaluation_lease_s: float
     allow_local_forks: bool
     devchain_path: str
     devchain_block_time: float
     validator_data_dir: str
+    validator_role: str
     epoch_blocks: int
     eval_seq_lens: tuple[int, ...]
     eval_timeout: float

@@ -67,6 +67,14 @@ def parse_share(raw: str) -> float:
     return value
 
 
+def parse_majority_share(raw: str) -> float:
+    """A share in [0.5, 1]: more than the stake that could agree on anything else."""
+    value = parse_float(0.0)(raw)
+    if not 0.5 <= value <= 1.0:
+        raise ValueError(f"must be at least 0.5 and at most 1, got {raw}")
+    return value
+
+
 def parse_bool(raw: str) -> bool:
     lowered = raw.strip().lower()
     if lowered in _TRUE:
@@ -214,7 +222,8 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "bool": parse_bool, "chain_endpoint": parse_chain_endpoint, "database_url": parse_database_url,
     "device": parse_device, "dtype": parse_dtype, "git_remote_base": parse_git_remote_base,
     "http_url": parse_http_url, "ip_networks": parse_ip_networks, "name": parse_name, "network": parse_network,
-    "optional_http_url": parse_optional_http_url, "optional_ip": parse_optional_ip,
+    "majority_share": parse_majority_share, "optional_http_url": parse_optional_http_url,
+    "optional_ip": parse_optional_ip,
     "optional_name": parse_optional_name, "repo_slug": parse_repo_slug, "seq_lens": parse_seq_lens,
     "share": parse_share, "str": parse_str,
 }

@@ -25,8 +25,9 @@ from quasar.terminal import short_hotkey
 logger = logging.getLogger(__name__)
 
 RECENT = 10
-STATE_STYLES = {"passed": "green", "failed": "red", "expired": "red"}
-STATE_LABELS = {"being_evaluated": "evaluating"}
+STATE_STYLES = {"passed": "green", "failed": "red", "expired": "red", "copy": "red", "superseded": "dim",
+                "lapsed": "dim"}
+STATE_LABELS = {"being_evaluated": "evaluating", "awaiting_quorum": "no quorum"}
 
 
 def _when(timestamp: float | None) -> str:
@@ -73,6 +74,8 @@ def _facts(status: schemas.SubmissionStatus) -> Table:
     facts.add_column(overflow="fold")
     method = "commit-reveal" if status.method == "commit_reveal" else "direct"
     facts.add_row("state", _state(status.state))
+    if status.state_reason:
+        facts.add_row("why", status.state_reason)
     facts.add_row("method", method)
     facts.add_row("target", f"T={status.target_sequence_length:,} ({status.league} league)")
     facts.add_row("submitted", f"{_when(status.submitted_at)} UTC, block {status.submitted_block:,}")
@@ -85,7 +88,7 @@ def _facts(status: schemas.SubmissionStatus) -> Table:
     facts.add_row("round", str(status.round_id))
     facts.add_row("claimed", f"{status.claimed_tokens_per_sec:,.0f} tok/s")
     measured = "-" if status.measured_tokens_per_sec is None else \
-        f"{status.measured_tokens_per_sec:,.0f} tok/s (median of {len(status.reports)})"
+        f"{status.measured_tokens_per_sec:,.0f} tok/s (the validators' consensus)"
     facts.add_row("measured", measured)
     facts.add_row("score", "-" if status.weighted_score is None else f"{status.weighted_score:,.0f}")
     if status.validators_evaluating:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,7 @@ SANDBOX_UNAVAILABLE = "sandbox unavailable"
 # A worker gets this long beyond the clone and evaluation limits (Python and torch start-up, the report).
 WORKER_MARGIN_S = 300.0
 CANCELLED = "cancelled by the validator"
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -65,10 +67,11 @@ class Evaluator(Protocol):
         """Start evaluating ``key`` on ``device`` and return at once."""
 
 
-def result_from_report(report: EvaluationReport) -> EvaluationOutcome:
+def result_from_report(report: EvaluationReport, content_hash: str | None = None) -> EvaluationOutcome:
     """The outcome of a harness report run without a claim: ``correct`` is its verdict (imports,
     every length run and matching the reference, the target measured). A sandbox that could not
-    be built is an error of this validator, not a result."""
+    be built is an error of this validator, not a result. ``content_hash``: the fork's kernel
+    content hash (quasar/originality.py)."""
     unavailable = [reason for reason in report.reasons if reason.startswith(SANDBOX_UNAVAILABLE)]
     if unavailable:
         return EvaluationOutcome(error="; ".join(unavailable))
@@ -76,7 +79,13 @@ def result_from_report(report: EvaluationReport) -> EvaluationOutcome:
                   if item.status == OK and item.tokens_per_sec is not None}
     return EvaluationOutcome(result=EvaluationResult(
         correct=report.passed, measured_tokens_per_sec=report.measured_tokens_per_sec, benchmarks=benchmarks,
-        reasons=tuple(report.reasons), notes=tuple(report.notes), report=report.to_dict()))
+        reasons=tuple(report.reasons), notes=tuple(report.notes), report=report.to_dict(), content_hash=content_hash))
+
+
+def _content_hash(data: dict) -> str | None:
+    """The worker's content hash when it is one (64 lowercase hex digits), else None."""
+    value = data.get("content_hash")
+    return value if isinstance(value, str) and _SHA256.fullmatch(value) else None
 
 
 def outcome_from_worker(data: object) -> EvaluationOutcome:
@@ -89,13 +98,14 @@ def outcome_from_worker(data: object) -> EvaluationOutcome:
                                                          reasons=(f"clone failed: {error}",)))
     if kind == "refused":
         return EvaluationOutcome(result=EvaluationResult(correct=False, measured_tokens_per_sec=None,
-                                                         reasons=(f"cannot evaluate: {error}",)))
+                                                         reasons=(f"cannot evaluate: {error}",),
+                                                         content_hash=_content_hash(data)))
     if kind == "evaluated" and isinstance(data.get("report"), dict):
         try:
             report = EvaluationReport.from_dict(data["report"])
         except (TypeError, ValueError) as problem:
             return EvaluationOutcome(error=f"the worker's report cannot be read: {problem}")
-        return result_from_report(report)
+        return result_from_report(report, _content_hash(data))
     return EvaluationOutcome(error=f"the worker wrote an unknown outcome {kind!r}")
 
 

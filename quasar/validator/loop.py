@@ -3,17 +3,22 @@
 One :meth:`Validator.step` does each phase once, in this order:
 
 1. sync the metagraph from the chain;
-2. fetch work from the API when fewer evaluations wait than there are devices; record each new
-   submission in the state (a finished (fork, commit, target) is never evaluated again);
-3. collect evaluations that ended: a result is stored for good, an error of this validator is
+2. collect evaluations that ended: a result is stored for good, an error of this validator is
    retried (quasar/validator/state.py);
-4. challenge the miner's inference endpoint of each submission whose evaluation passed, only
+3. challenge the miner's inference endpoint of each submission whose evaluation passed, only
    while no benchmark runs on the reference model's device (so a check never disturbs a timing);
-5. report each evaluated and checked submission to the API;
+4. report each evaluated and checked submission to the API;
+5. fetch from the API as much work as the idle devices can start now, no more: the API's schedule
+   (quasar/scheduling.py) picks what is worth a GPU at the moment it is asked, so work fetched
+   ahead would be evaluated in an order the schedule no longer holds; record each new submission
+   in the state (a finished (fork, commit, target) is never evaluated again);
 6. start evaluations on idle devices: one at a time per device, never two of one fork at once;
-7. every EPOCH_BLOCKS chain blocks, rank this validator's own results (quasar/scoring.py) and set
+7. with ``VALIDATOR_ROLE=primary``, add the results that the hotkey's other processes (workers,
+   on this host or others) reported, as the API holds them (``GET /validators/{hotkey}/reports``);
+8. every EPOCH_BLOCKS chain blocks, rank this validator's own results (quasar/scoring.py) and set
    weights (see :meth:`Validator._maybe_set_weights`): places 1-4 by uid, the unassigned share to
-   the subnet owner's uid, or, when the owner's hotkey holds no uid, the placed shares alone.
+   the subnet owner's uid, or, when the owner's hotkey holds no uid, the placed shares alone. A
+   worker (``VALIDATOR_ROLE=worker``) never sets weights: its hotkey's primary does.
 
 A phase that raises is logged and the step goes on; so does the loop. :meth:`run_forever` steps
 until SIGINT/SIGTERM, then stops running evaluations (their sandboxes are killed), puts them back
@@ -33,7 +38,7 @@ from dataclasses import dataclass, field
 import quasar
 from quasar import scoring
 from quasar.api.client import ApiClient, ApiClientError
-from quasar.api.schemas import WorkItem
+from quasar.api.schemas import ReportedWork, WorkItem
 from quasar.chain import btcli
 from quasar.chain.base import Chain, ChainError, Metagraph, RateLimited, UidsChanged, WeightsSubmission
 from quasar.config import Settings
@@ -58,6 +63,7 @@ from quasar.validator.state import (
     REPORTED,
     SKIPPED,
     EvaluationKey,
+    EvaluationResult,
     Submission,
     SubmissionRecord,
     ValidatorState,
@@ -65,13 +71,16 @@ from quasar.validator.state import (
 
 logger = logging.getLogger(__name__)
 
-FETCH_LIMIT = 10
 # Seconds running evaluations get to stop cleanly (kill their sandbox) before they are killed.
 STOP_GRACE_S = 20.0
 POLL_S = 0.5
 # However quiet the subnet, a running validator says where it stands this often (one line).
 HEARTBEAT_S = 600.0
 LAST_WEIGHTS_BLOCK = "last_weights_block"
+# The API's id of the last report of this hotkey that a primary has looked at.
+IMPORTED_AFTER = "imported_reports_after"
+PRIMARY, WORKER = "primary", "worker"
+IMPORT_BATCH = 100
 # After a failed weight setting (the chain refused or could not be reached), blocks before the next
 # try; a rate limit waits the blocks the chain says instead.
 WEIGHTS_RETRY_BLOCKS = 10
@@ -92,13 +101,14 @@ class StepSummary:
     retried: list[EvaluationKey] = field(default_factory=list)
     logits_checked: int = 0
     reported: int = 0
+    imported: int = 0
     weights_set: bool = False
     failed_phases: list[str] = field(default_factory=list)
 
 
-def submission_from_work(item: WorkItem, allow_local: bool) -> tuple[Submission, str | None]:
-    """The submission of a work item, with its URL normalized and commit checked by this
-    validator's own rules; the second value says why it breaks them (None when it does not)."""
+def submission_from_work(item: WorkItem | ReportedWork, allow_local: bool) -> tuple[Submission, str | None]:
+    """The submission of a work item (or of a report), with its URL normalized and commit checked by
+    this validator's own rules; the second value says why it breaks them (None when it does not)."""
     try:
         url, commit = normalize_fork_url(item.fork_url, allow_local), validate_commit_hash(item.commit_hash)
         problem = None
@@ -155,9 +165,12 @@ class Validator:
     def step(self) -> StepSummary:
         """One iteration of every phase (see the module docstring); never raises for a phase's failure."""
         summary = StepSummary()
-        phases = (("sync", self._sync), ("fetch", self._fetch), ("collect", self._collect),
-                  ("logit checks", self._check_logits), ("report", self._report),
-                  ("start evaluations", self._start_evaluations), ("weights", self._maybe_set_weights))
+        phases = [("sync", self._sync), ("collect", self._collect), ("logit checks", self._check_logits),
+                  ("report", self._report), ("fetch", self._fetch), ("start evaluations", self._start_evaluations)]
+        if self.settings.validator_role == PRIMARY:
+            phases.append(("import results", self._import_results))
+        if self.settings.validator_role != WORKER:
+            phases.append(("weights", self._maybe_set_weights))
         for name, phase in phases:
             if self.stopping:
                 break
@@ -269,9 +282,10 @@ class Validator:
         self.metagraph = self.chain.metagraph()
 
     def _fetch(self, summary: StepSummary) -> None:
-        if len(self.state.pending_evaluations()) >= len(self.devices):
+        wanted = len(self.devices) - len(self.running) - len(self.state.pending_evaluations())
+        if wanted <= 0:
             return
-        batch = self.api.fetch_work(limit=FETCH_LIMIT)
+        batch = self.api.fetch_work(limit=wanted)
         for item in batch.items:
             with self._item(f"recording submission {item.submission_id}"):
                 self._record_work(item, summary)
@@ -362,7 +376,7 @@ class Validator:
         try:
             accepted = self.api.report(report.submission_id, report.verdict, report.correct, report.logits_ok,
                                        report.measured_tokens_per_sec, report.benchmarks, report.reasons,
-                                       report.lengths)
+                                       report.lengths, report.content_hash)
         except ApiClientError as error:
             if error.status in FINAL_REPORT_STATUSES:
                 done = error.status == 409 and "already reported" in error.detail
@@ -378,6 +392,24 @@ class Validator:
         logger.info("reported submission %d: %s%s", report.submission_id, report.verdict,
                     "" if report.verdict == "passed" else f" ({'; '.join(report.reasons)})")
         return True
+
+    def _import_results(self, summary: StepSummary) -> None:
+        """Add what the hotkey's other processes reported since the last look (module docstring, 7)."""
+        after = int(self.state.get_meta(IMPORTED_AFTER) or 0)
+        batch = self.api.validator_reports(self.hotkey, after, IMPORT_BATCH)
+        for item in batch.reports:
+            with self._item(f"importing report {item.report_id}"):
+                submission, _ = submission_from_work(item, self.allow_local_forks)
+                result = EvaluationResult(correct=item.correct, measured_tokens_per_sec=item.measured_tokens_per_sec,
+                                          benchmarks=item.benchmarks or {}, reasons=tuple(item.reasons),
+                                          content_hash=item.content_hash)
+                logits = {True: PASSED, False: FAILED, None: SKIPPED}[item.logits_ok]
+                if self.state.import_result(submission, result, logits, f"report {item.report_id}", self.clock()):
+                    summary.imported += 1
+            after = item.report_id
+        self.state.set_meta(IMPORTED_AFTER, str(after))
+        if summary.imported:
+            logger.info("added %d result(s) reported by this hotkey's other processes", summary.imported)
 
     def _start_evaluations(self, summary: StepSummary) -> None:
         idle = [device for device in self.devices if device.name not in self.running]

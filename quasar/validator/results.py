@@ -44,6 +44,7 @@ class ApiReport:
     benchmarks: dict[int, float]
     reasons: tuple[str, ...]
     lengths: tuple[dict[str, Any], ...] | None = None  # schemas.ReportedLength fields, per length run
+    content_hash: str | None = None  # of the fork's kernel files (quasar/originality.py)
 
 
 def reported_lengths(harness_report: Mapping[str, Any] | None) -> tuple[dict[str, Any], ...] | None:
@@ -92,7 +93,7 @@ def api_report(record: SubmissionRecord) -> ApiReport:
         verdict="passed" if scoring.is_eligible(scored) else "failed",
         correct=result.correct, logits_ok=record.logits_ok,
         measured_tokens_per_sec=result.measured_tokens_per_sec, benchmarks=dict(result.benchmarks),
-        reasons=bounded_reasons(reasons), lengths=reported_lengths(result.report))
+        reasons=bounded_reasons(reasons), lengths=reported_lengths(result.report), content_hash=result.content_hash)
 
 
 @dataclass(frozen=True)

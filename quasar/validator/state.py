@@ -12,7 +12,10 @@ validator goes on where it stopped:
   reported, nothing ranked, the miner is not blamed). An ``in_progress`` row left by a crash is
   made ``pending`` again when the file is opened; each start counts as an attempt, so a fork that
   crashes the validator cannot keep it busy forever;
-- a submission's logit check and its report to the API are recorded when done.
+- a submission's logit check and its report to the API are recorded when done;
+- a finished evaluation keeps the content hash of the fork's kernel files (quasar/originality.py),
+  and :meth:`ValidatorState.scored` leaves out copies of another hotkey's earlier submission, so
+  the weights this validator sets never rank a copy, as the API's leaderboard does not.
 
 Every change is one ``BEGIN IMMEDIATE`` transaction (WAL mode), so a kill at any moment leaves a
 consistent file. One process at a time: :meth:`ValidatorState.open` takes an exclusive lock.
@@ -31,11 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quasar import originality
 from quasar.errors import QuasarError
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MAX_ATTEMPTS = 3
 BUSY_TIMEOUT_S = 30.0
 
@@ -64,6 +68,7 @@ CREATE TABLE IF NOT EXISTS evaluations (
     reasons TEXT,
     notes TEXT,
     report TEXT,
+    content_hash TEXT,
     created_at REAL NOT NULL,
     started_at REAL,
     finished_at REAL,
@@ -140,6 +145,7 @@ class EvaluationResult:
     reasons: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     report: dict[str, Any] | None = None  # the harness's EvaluationReport.to_dict(), when it ran
+    content_hash: str | None = None  # of the fork's kernel files (quasar/originality.py), when cloned
 
 
 @dataclass(frozen=True)
@@ -219,6 +225,9 @@ class ValidatorState:
                 version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
                 if version is None:
                     db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                elif int(version[0]) == 1:  # version 2 added the kernel content hash; older results have none
+                    db.execute("ALTER TABLE evaluations ADD COLUMN content_hash TEXT")
+                    db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
                 elif int(version[0]) != SCHEMA_VERSION:
                     raise StateError(f"validator state {path} has schema version {version[0]}, this validator "
                                      f"reads version {SCHEMA_VERSION}")
@@ -318,6 +327,22 @@ class ValidatorState:
                                                                     reasons=(reason,)), now)
         return True
 
+    def import_result(self, submission: Submission, result: EvaluationResult, logits: str, detail: str,
+                      now: float) -> bool:
+        """Record a submission that another process of this validator's hotkey evaluated and
+        reported (its ``result`` and ``logits`` outcome): it ranks as this process's own results do.
+        False when the submission is known here already (this process fetched it)."""
+        if logits not in (PASSED, FAILED, SKIPPED):
+            raise ValueError(f"logit outcome must be passed, failed or skipped, got {logits!r}")
+        if not self.add_submission(submission, now):
+            return False
+        if self.evaluation(submission.key).status == PENDING:
+            self.start_evaluation(submission.key, "another process", now)
+            self.finish_evaluation(submission.key, result, now)
+        self.record_logits(submission.submission_id, logits, "checked by another process of this hotkey", now)
+        self.record_report(submission.submission_id, REPORTED, detail, now)
+        return True
+
     def pending_evaluations(self) -> list[EvaluationKey]:
         """Evaluations to run, in the order of their earliest submission."""
         rows = self._connection.execute(
@@ -345,13 +370,13 @@ class ValidatorState:
         with self._write() as db:
             updated = db.execute(
                 "UPDATE evaluations SET status = ?, correct = ?, measured_tokens_per_sec = ?, benchmarks = ?, "
-                "reasons = ?, notes = ?, report = ?, last_error = NULL, finished_at = ? "
+                "reasons = ?, notes = ?, report = ?, content_hash = ?, last_error = NULL, finished_at = ? "
                 "WHERE fork_url = ? AND commit_hash = ? AND target_sequence_length = ? AND status = ?",
                 (FINISHED, int(result.correct), result.measured_tokens_per_sec,
                  json.dumps({str(k): v for k, v in sorted(result.benchmarks.items())}),
                  json.dumps(list(result.reasons)), json.dumps(list(result.notes)),
                  None if result.report is None else json.dumps(result.report, allow_nan=False),
-                 now, *_key(key), IN_PROGRESS)).rowcount
+                 result.content_hash, now, *_key(key), IN_PROGRESS)).rowcount
             if not updated:
                 raise StateError(f"evaluation of {key} is not in progress")
 
@@ -424,8 +449,15 @@ class ValidatorState:
                                 (FINISHED, UNCHECKED, UNREPORTED))
 
     def scored(self) -> list[SubmissionRecord]:
-        """Submissions with a complete result (evaluated, logits decided): what ranking uses."""
-        return self.submissions("e.status = ? AND s.logits != ?", (FINISHED, UNCHECKED))
+        """Submissions with a complete result (evaluated, logits decided) that are not a copy of
+        another hotkey's earlier submission (quasar/originality.py): what ranking uses."""
+        records = self.submissions("e.status = ? AND s.logits != ?", (FINISHED, UNCHECKED))
+        known = self.submissions("e.status = ?", (FINISHED,))
+        copies = originality.find_copies(
+            originality.Fingerprint(record.submission.submission_id, record.submission.hotkey,
+                                    record.submission.commit_hash, record.evaluation.result.content_hash)
+            for record in known)
+        return [record for record in records if record.submission.submission_id not in copies]
 
     def open_submissions(self) -> int:
         """Submissions still waiting for an evaluation, a logit check or a report."""
@@ -437,7 +469,7 @@ class ValidatorState:
 
 _EVALUATION_COLUMNS = ("e.fork_url, e.commit_hash, e.target_sequence_length, e.status, e.attempts, e.device, "
                        "e.last_error, e.correct, e.measured_tokens_per_sec, e.benchmarks, e.reasons, e.notes, "
-                       "e.report, e.started_at, e.finished_at")
+                       "e.report, e.content_hash, e.started_at, e.finished_at")
 
 
 def _key(key: EvaluationKey) -> tuple[str, str, int]:
@@ -446,7 +478,7 @@ def _key(key: EvaluationKey) -> tuple[str, str, int]:
 
 def _evaluation(row: tuple) -> EvaluationRecord:
     (url, commit, target, status, attempts, device, last_error, correct, measured, benchmarks, reasons, notes,
-     report, started_at, finished_at) = row
+     report, content_hash, started_at, finished_at) = row
     result = None
     if status == FINISHED:
         stored: Mapping[str, float] = json.loads(benchmarks or "{}")
@@ -454,6 +486,6 @@ def _evaluation(row: tuple) -> EvaluationRecord:
             correct=bool(correct), measured_tokens_per_sec=measured,
             benchmarks={int(length): float(tps) for length, tps in stored.items()},
             reasons=tuple(json.loads(reasons or "[]")), notes=tuple(json.loads(notes or "[]")),
-            report=None if report is None else json.loads(report))
+            report=None if report is None else json.loads(report), content_hash=content_hash)
     return EvaluationRecord(EvaluationKey(url, commit, int(target)), status, int(attempts), device, last_error,
                             result, started_at, finished_at)

@@ -13,10 +13,14 @@ sandboxed child, before this process imports torch (its start is seconds of impo
 one pinned core; no fork code runs in it before the evaluation hands it the fork), and on a thread
 the harness's import and the parent's reference work. Outcomes:
 
-- ``{"outcome": "evaluated", "report": EvaluationReport.to_dict()}``
+- ``{"outcome": "evaluated", "report": EvaluationReport.to_dict(), "content_hash": ...}``
 - ``{"outcome": "clone_failed", "error": ...}``: the fork or commit cannot be fetched;
-- ``{"outcome": "refused", "error": ...}``: the evaluation cannot run as asked (a length this
-  device does not take).
+- ``{"outcome": "refused", "error": ..., "content_hash": ...}``: the evaluation cannot run as
+  asked (a length this device does not take).
+
+``content_hash`` is the normalised content hash of the clone's kernel files
+(:func:`kernel_content_hash`, quasar/originality.py), which the validator reports so that the API
+can tell a copy of another miner's kernel; null when the fork has no readable kernel directory.
 
 Anything else (a crash, a signal) leaves no result: the validator counts a failed attempt.
 SIGTERM stops it cleanly (the sandbox's child is killed); it also arrives when the validator
@@ -37,12 +41,40 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from quasar import originality
 from quasar.forks import ForkError, clone_at_commit
 from quasar.log import setup_logging
 
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+# A fork's kernel directory larger than this is not fingerprinted (no content hash is reported).
+MAX_KERNEL_FILES = 2000
+MAX_KERNEL_BYTES = 64 * 1024 * 1024
+
+
+def kernel_content_hash(checkout: Path) -> str | None:
+    """The content hash (quasar/originality.py) of the regular files under the checkout's
+    ``fla/ops/quasar/`` (symbolic links and ``__pycache__`` left out); None when the directory is
+    missing, or holds more than MAX_KERNEL_FILES files or MAX_KERNEL_BYTES bytes."""
+    root = checkout / originality.KERNEL_DIR
+    if root.is_symlink() or not root.is_dir():
+        return None
+    files: dict[str, bytes] = {}
+    size = 0
+    for directory, subdirectories, names in os.walk(root):
+        subdirectories[:] = sorted(name for name in subdirectories
+                                   if name != "__pycache__" and not os.path.islink(os.path.join(directory, name)))
+        for name in names:
+            path = Path(directory, name)
+            if path.is_symlink() or not path.is_file() or name.endswith(".pyc"):
+                continue
+            size += path.stat().st_size
+            if len(files) >= MAX_KERNEL_FILES or size > MAX_KERNEL_BYTES:
+                logger.warning("the kernel directory of %s is too large to fingerprint", checkout)
+                return None
+            files[path.relative_to(root).as_posix()] = path.read_bytes()
+    return originality.content_hash(files)
 
 
 def options_to_json(options) -> dict[str, Any]:
@@ -159,6 +191,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         except ForkError as error:
             return {"outcome": "clone_failed", "error": str(error)}
         try:
+            content_hash = kernel_content_hash(checkout.path)
             from quasar.evaluate import EvaluationInputError, evaluate
 
             options = options_from_json(job["options"])
@@ -171,8 +204,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 report = evaluate(checkout.path, job["target_sequence_length"], None, options,
                                   progress=_STOP.checkpoint, sandbox=sandbox, references=references)
             except EvaluationInputError as error:
-                return {"outcome": "refused", "error": str(error)}
-            return {"outcome": "evaluated", "report": report.to_dict()}
+                return {"outcome": "refused", "error": str(error), "content_hash": content_hash}
+            return {"outcome": "evaluated", "report": report.to_dict(), "content_hash": content_hash}
         finally:
             shutil.rmtree(checkout.path, ignore_errors=True)
     finally:

@@ -1,0 +1,248 @@
+"""The submission API's standings: the validators' consensus on each evaluated submission
+(quasar/consensus.py), copies (quasar/originality.py), the leaderboard ranked from them, and each
+validator's agreement with the consensus."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import ColumnElement, select
+from sqlalchemy.orm import Session
+
+from quasar import consensus, originality, scoring
+from quasar.api import rules, schemas
+from quasar.api.db import EvaluationReport, Submission
+from quasar.api.servicecore import ServiceCore, benchmarks_from_json
+
+# What ranking reads of a submission and of a report (not their JSON figures and reasons, which
+# cost most of reading them).
+_RANKED_COLUMNS = (Submission.id, Submission.hotkey, Submission.submitted_at, Submission.target_sequence_length,
+                   Submission.claimed_tokens_per_sec, Submission.commit_hash, Submission.round_id)
+_REPORT_COLUMNS = (EvaluationReport.validator_hotkey, EvaluationReport.verdict, EvaluationReport.logits_ok,
+                   EvaluationReport.measured_tokens_per_sec, EvaluationReport.content_hash)
+
+
+def evaluated_submissions(session: Session, condition: ColumnElement[bool]) -> list[tuple[Any, list[consensus.Report]]]:
+    """The revealed submissions matching ``condition`` that validators reported on (rows with the
+    columns of ``_RANKED_COLUMNS``), each with its reports as the consensus reads them, in one query."""
+    rows = session.execute(
+        select(*_RANKED_COLUMNS, *_REPORT_COLUMNS)
+        .join(EvaluationReport, EvaluationReport.submission_id == Submission.id)
+        .where(condition, Submission.state == "ready")
+    ).all()
+    evaluated: dict[int, tuple[Any, list[consensus.Report]]] = {}
+    width = len(_RANKED_COLUMNS)
+    for row in rows:
+        validator, verdict, logits_ok, measured, content_hash = row[width:]
+        report = consensus.Report(validator, verdict == "passed", logits_ok, measured, content_hash)
+        evaluated.setdefault(row.id, (row, []))[1].append(report)
+    return list(evaluated.values())
+
+
+def consensus_reports(reports: Sequence[EvaluationReport]) -> list[consensus.Report]:
+    """Stored reports as the consensus reads them."""
+    return [consensus.Report(r.validator_hotkey, r.verdict == "passed", r.logits_ok, r.measured_tokens_per_sec,
+                             r.content_hash) for r in reports]
+
+
+def ranked_result(submission: Any, view: consensus.Consensus) -> scoring.Result | None:
+    """``submission`` (a Submission or a row of its ``_RANKED_COLUMNS``) as scoring ranks it once the
+    validators' consensus passed it (the consensus figure, never the claim alone); None while it is
+    not passed."""
+    if view.state != consensus.PASSED:
+        return None
+    return scoring.Result(
+        hotkey=submission.hotkey, submission_id=submission.id, submitted_at=submission.submitted_at,
+        target_sequence_length=submission.target_sequence_length,
+        claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
+        measured_tokens_per_sec=view.measured_tokens_per_sec or 0.0, correct=True, logits_ok=view.logits_ok)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A submission validators reported on (a Submission or a row of its ``_RANKED_COLUMNS``), with
+    its reports, their consensus and, when it is a copy of another hotkey's earlier submission,
+    which (quasar/originality.py)."""
+
+    submission: Any
+    reports: list[consensus.Report]
+    consensus: consensus.Consensus
+    copy_of: originality.CopyOf | None
+
+    @functools.cached_property
+    def result(self) -> scoring.Result | None:
+        """Its result as ranked: passed by the consensus and not a copy; else None."""
+        return None if self.copy_of is not None else ranked_result(self.submission, self.consensus)
+
+
+def copies_among(session: Session, prints: Sequence[originality.Fingerprint], electorate: consensus.Electorate,
+                 quorum: consensus.Quorum) -> dict[int, originality.CopyOf]:
+    """Which of ``prints`` copy an earlier submission of another hotkey: compared with every
+    earlier revealed submission of the same commit, or whose validators' consensus found the same
+    kernel content."""
+    if not prints:
+        return {}
+    newest = max(fingerprint.submission_id for fingerprint in prints)
+    known = {fingerprint.submission_id for fingerprint in prints}
+    commits = {fingerprint.commit_hash for fingerprint in prints if fingerprint.commit_hash is not None}
+    contents = {fingerprint.content_hash for fingerprint in prints if fingerprint.content_hash is not None}
+    earlier: list[originality.Fingerprint] = []
+    if commits:
+        rows = session.execute(select(Submission.id, Submission.hotkey, Submission.commit_hash).where(
+            Submission.commit_hash.in_(commits), Submission.state != "committed", Submission.id < newest)).all()
+        earlier += [originality.Fingerprint(row.id, row.hotkey, row.commit_hash, None)
+                    for row in rows if row.id not in known]
+    if contents:
+        ids = set(session.scalars(select(EvaluationReport.submission_id).where(
+            EvaluationReport.content_hash.in_(contents), EvaluationReport.submission_id < newest)))
+        for submission, reports in evaluated_submissions(session, Submission.id.in_(ids - known)):
+            view = consensus.decide(reports, electorate, quorum)
+            earlier.append(originality.Fingerprint(submission.id, submission.hotkey, submission.commit_hash,
+                                                   view.content_hash))
+    found = originality.find_copies([*prints, *earlier])
+    return {submission_id: copy for submission_id, copy in found.items() if submission_id in known}
+
+
+def judge(session: Session, evaluated: Sequence[tuple[Any, list[consensus.Report]]],
+          electorate: consensus.Electorate, quorum: consensus.Quorum) -> list[Judged]:
+    """The consensus of each evaluated submission and whether it is a copy (one database read for
+    the originals)."""
+    views = {submission.id: consensus.decide(reports, electorate, quorum)
+             for submission, reports in evaluated}
+    prints = [originality.Fingerprint(submission.id, submission.hotkey, submission.commit_hash,
+                                      views[submission.id].content_hash) for submission, _ in evaluated]
+    copies = copies_among(session, prints, electorate, quorum)
+    return [Judged(submission, reports, views[submission.id], copies.get(submission.id))
+            for submission, reports in evaluated]
+
+
+class Standings(ServiceCore):
+    """The consensus, copies and the leaderboard, computed once per chain block and process."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # The newest leaderboards by (round, block), with the hotkeys found copying: the leaderboard
+        # route and the work schedule's standing compute each once per block and process.
+        self._leaderboards: dict[tuple[int, int], tuple[schemas.Leaderboard, frozenset[str]]] = {}
+        self._leaderboards_lock = threading.Lock()
+
+    def judge(self, session: Session, evaluated: Sequence[tuple[Any, list[consensus.Report]]],
+              electorate: consensus.Electorate) -> list[Judged]:
+        """The consensus of each of ``evaluated`` under this API's quorum, and which are copies."""
+        return judge(session, evaluated, electorate, self.quorum)
+
+
+    def judged_round(self, round_id: int) -> tuple[list[Judged], consensus.Electorate]:
+        """The round's evaluated submissions judged (consensus, copies), and the electorate used."""
+        electorate = self.electorate()
+        with self.database.read() as session:
+            evaluated = evaluated_submissions(session, Submission.round_id == round_id)
+            return self.judge(session, evaluated, electorate), electorate
+
+    def leaderboard(self, round_id: int | None) -> schemas.Leaderboard:
+        """Round ``round_id`` (default: the current one) ranked by quasar.scoring from the validators'
+        consensus figures (never the claims); submissions awaiting a quorum, disputed, failed or
+        copies are not ranked (the first three and the copies are listed with why). Computed once
+        per chain block: reports count from the block after they arrive."""
+        return self.judged_board(round_id)[0]
+
+    def judged_board(self, round_id: int | None) -> tuple[schemas.Leaderboard, frozenset[str]]:
+        """The leaderboard of round ``round_id`` (default: the current one) and the hotkeys found
+        copying in it, computed once per block and process."""
+        block = self.current_block()
+        round_id = rules.round_of_block(block, self.config.round_blocks).round_id if round_id is None else round_id
+        with self._leaderboards_lock:
+            kept = self._leaderboards.get((round_id, block))
+        if kept is not None:
+            return kept
+        judged, electorate = self.judged_round(round_id)
+        ranked = (self._ranked(round_id, judged, electorate),
+                  frozenset(item.submission.hotkey for item in judged if item.copy_of is not None))
+        with self._leaderboards_lock:
+            self._leaderboards = {key: value for key, value in self._leaderboards.items() if key[1] == block}
+            self._leaderboards[(round_id, block)] = ranked
+        return ranked
+
+    def _ranked(self, round_id: int, judged: list[Judged], electorate: consensus.Electorate) -> schemas.Leaderboard:
+        results = {item.submission.id: item for item in judged if item.result is not None}
+        ranking = scoring.rank([item.result for item in results.values()], epsilon=self.config.tie_epsilon)
+        entries = []
+        for placement in ranking.placements:
+            result, league = placement.result, scoring.league_for(placement.result.target_sequence_length)
+            view = results[result.submission_id].consensus
+            entries.append(schemas.LeaderboardEntry(
+                place=placement.place, hotkey=result.hotkey, submission_id=result.submission_id,
+                league=league.name, multiplier=league.multiplier,
+                target_sequence_length=result.target_sequence_length,
+                claimed_tokens_per_sec=result.claimed_tokens_per_sec,
+                measured_tokens_per_sec=result.measured_tokens_per_sec,
+                weighted_score=placement.weighted_score, share=placement.share,
+                validators=view.reported, reported_stake_share=view.reported_share, submitted_at=result.submitted_at))
+        not_ranked = []
+        for item in sorted(judged, key=lambda item: -item.submission.id):
+            view, copy = item.consensus, item.copy_of
+            if copy is not None and view.state != consensus.FAILED:
+                state, reason = "copy", copy.reason
+            elif not view.settled:
+                state, reason = view.state, view.reason
+            else:
+                continue
+            not_ranked.append(schemas.NotRanked(
+                submission_id=item.submission.id, hotkey=item.submission.hotkey, state=state, reason=reason,
+                validators_reported=view.reported, reported_stake_share=view.reported_share))
+        counts = {state: sum(1 for item in judged if item.consensus.state == state)
+                  for state in (consensus.AWAITING_QUORUM, consensus.DISPUTED, consensus.FAILED)}
+        return schemas.Leaderboard(
+            round_id=round_id, epsilon=ranking.epsilon, entries=entries, unassigned=ranking.unassigned,
+            evaluated_submissions=len(judged), quorum_stake_share=self.quorum.stake_share,
+            quorum_min_validators=self.quorum.min_validators, validators=len(electorate),
+            awaiting_quorum=counts[consensus.AWAITING_QUORUM], disputed=counts[consensus.DISPUTED],
+            failed=counts[consensus.FAILED],
+            copies=sum(1 for item in not_ranked if item.state == "copy"),
+            not_ranked=not_ranked[:schemas.MAX_NOT_RANKED_SHOWN])
+
+    def validator_reports(self, validator: str, after_id: int, limit: int) -> schemas.ValidatorReports:
+        """``validator``'s reports with an id above ``after_id``, oldest first, at most ``limit``, each
+        with its submission: what its other processes reported (quasar/validator/loop.py)."""
+        with self.database.read() as session:
+            rows = session.execute(
+                select(EvaluationReport, Submission).join(Submission, Submission.id == EvaluationReport.submission_id)
+                .where(EvaluationReport.validator_hotkey == validator, EvaluationReport.id > after_id)
+                .order_by(EvaluationReport.id).limit(limit)).all()
+        return schemas.ValidatorReports(validator_hotkey=validator, reports=[schemas.ReportedWork(
+            report_id=report.id, submission_id=submission.id, hotkey=submission.hotkey, fork_url=submission.fork_url,
+            commit_hash=submission.commit_hash, target_sequence_length=submission.target_sequence_length,
+            claimed_tokens_per_sec=submission.claimed_tokens_per_sec, submitted_at=submission.submitted_at,
+            round_id=submission.round_id, verdict=report.verdict, correct=report.correct, logits_ok=report.logits_ok,
+            measured_tokens_per_sec=report.measured_tokens_per_sec, benchmarks=benchmarks_from_json(report.benchmarks),
+            reasons=list(report.reasons), content_hash=report.content_hash, reported_at=report.reported_at)
+            for report, submission in rows])
+
+    def validator_agreement(self, round_id: int | None) -> schemas.ValidatorAgreements:
+        """Per validator: its reports on round ``round_id``'s submissions (default: the current round)
+        against the validators' settled consensus, and its weight in the consensus now."""
+        round_id = self._round(round_id)
+        judged, electorate = self.judged_round(round_id)
+        agreements = {item.validator_hotkey: item for item in consensus.agreement(
+            (item.consensus, item.reports) for item in judged)}
+        reports: dict[str, int] = {}
+        for item in judged:
+            for report in item.reports:
+                reports[report.validator_hotkey] = reports.get(report.validator_hotkey, 0) + 1
+        stakes = self.validator_stakes()
+        total = electorate.total
+        validators = []
+        for hotkey in sorted(set(electorate.weights) | set(reports),
+                             key=lambda hotkey: (-electorate.weight(hotkey), hotkey)):
+            found = agreements.get(hotkey)
+            validators.append(schemas.ValidatorAgreement(
+                validator_hotkey=hotkey, stake=stakes.get(hotkey),
+                stake_share=electorate.weight(hotkey) / total if total else 0.0, reports=reports.get(hotkey, 0),
+                judged=found.judged if found else 0, agreed=found.agreed if found else 0,
+                disagreed=found.disagreed if found else 0, agreement=found.share if found else None,
+                median_deviation=found.median_deviation if found else None))
+        return schemas.ValidatorAgreements(round_id=round_id, validators=validators)

@@ -1,0 +1,189 @@
+"""The simulated subnet's figures (quasar/bench/simulate_subnet.py), per round, from the API's
+database and the simulation's ground truth."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+
+from rich.table import Table
+from sqlalchemy import select
+
+from quasar import scheduling, scoring
+from quasar.api.db import Database, EvaluationReport, Submission
+from quasar.bench.subnet_actors import COPY, HONEST, World
+
+
+@dataclass
+class RoundFigures:
+    round_id: int
+    submissions: int  # honest
+    superseded: int  # honest, replaced by a newer one of their hotkey before any report
+    # honest: from a submission to the first evaluation of it or of a newer one of its hotkey,
+    # median / p95 / max minutes
+    waits_min: tuple[float, float, float] | None
+    unevaluated: int  # honest, neither it nor a newer one of its hotkey evaluated at the end
+    queue_mean: float  # ready submissions some validator has not reported on, sampled
+    queue_max: int
+    gpu_hours: float
+    gpu_hours_not_placeable: float
+    gpu_capacity_hours: float  # the validators' devices for the round
+    newest_within_round: bool  # every validator evaluated every honest hotkey's newest within a round
+    newest_worst_min: float
+    newest_late: int  # (honest submission, validator) pairs past a round
+    top4: list[str]
+    true_top4: list[str]
+
+    @property
+    def top4_true(self) -> bool:
+        return self.top4 == self.true_top4
+
+
+@dataclass
+class RunFigures:
+    backend: str
+    miners: int
+    spammers: int
+    copiers: int
+    validators: int
+    workers: int
+    eval_seconds: float
+    round_blocks: int
+    speedup: float
+    wall_s: float
+    rounds: list[RoundFigures]
+    refused_copies: int
+    miner_errors: dict[str, int]
+    honest_wait_median_min: float | None
+
+
+def percentile(ordered: list[float], fraction: float) -> float:
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
+
+
+def sample_queue(database: Database, validators: list[str], first_round: int) -> int:
+    """The longest queue over the validators: ready submissions of the scheduled rounds it has not reported on."""
+    longest = 0
+    with database.read() as session:
+        ready = session.scalars(select(Submission.id).where(Submission.state == "ready",
+                                                            Submission.round_id >= first_round)).all()
+        reported = session.execute(select(EvaluationReport.validator_hotkey, EvaluationReport.submission_id)
+                                   .where(EvaluationReport.submission_id.in_(ready))).all() if ready else []
+    done = defaultdict(set)
+    for validator, submission_id in reported:
+        done[validator].add(submission_id)
+    for validator in validators:
+        longest = max(longest, len(set(ready) - done[validator]))
+    return longest
+
+
+def evaluations_of_newest(submissions: dict[int, Submission], by_submission: dict[int, dict[str, float]],
+                          validators: list[str]) -> dict[int, dict[str, float]]:
+    """Per submission and validator: when the validator first reported on it or on a newer
+    submission of the same hotkey (by ready time); a validator missing had done neither."""
+    by_hotkey: dict[str, list[Submission]] = defaultdict(list)
+    for row in submissions.values():
+        by_hotkey[row.hotkey].append(row)
+    evaluated_by: dict[int, dict[str, float]] = {}
+    for rows in by_hotkey.values():
+        earliest: dict[str, float] = {}
+        for row in sorted(rows, key=lambda row: (row.ready_at, row.id), reverse=True):
+            for validator in validators:
+                at = by_submission.get(row.id, {}).get(validator)
+                if at is not None:
+                    earliest[validator] = min(at, earliest.get(validator, math.inf))
+            evaluated_by[row.id] = dict(earliest)
+    return evaluated_by
+
+
+def fourth_place_at(samples: list[tuple[float, float | None]], when: float) -> float | None:
+    """The leaderboard's fourth place as last sampled at or before ``when`` (None: none yet)."""
+    earlier = [fourth for at, fourth in samples if at <= when]
+    return earlier[-1] if earlier else None
+
+
+def figures_per_round(database: Database, world: World, validators: list[str], workers: int, first_round: int,
+                      rounds: int, round_s: float, eval_s: float, leaderboards: dict[int, list[str]],
+                      queue: dict[int, list[int]],
+                      fourth_places: dict[int, list[tuple[float, float | None]]]
+                      ) -> tuple[list[RoundFigures], list[float]]:
+    """Each round's figures from the API's database and the ground truth (module docstring), and
+    every honest submission's wait (minutes) until it, or a newer submission of its hotkey, was
+    first evaluated; the simulation's rounds are numbered from 0, the chain's from ``first_round``."""
+    with database.read() as session:
+        rows = session.scalars(select(Submission).where(Submission.round_id.is_not(None)))
+        submissions = {row.id: row for row in rows}
+        reports = session.execute(select(EvaluationReport.submission_id, EvaluationReport.validator_hotkey,
+                                         EvaluationReport.reported_at)).all()
+    by_submission: dict[int, dict[str, float]] = defaultdict(dict)
+    for submission_id, validator, reported_at in reports:
+        by_submission[submission_id][validator] = reported_at
+    kernels = {kernel.submission_id: kernel for kernel in world.kernels.values() if kernel.submission_id is not None}
+    evaluated_at = defaultdict(list)  # round -> (kernel, its upper bound, when its evaluation started)
+    for fork, commit, when in world.evaluations:
+        kernel = world.kernels[(fork, commit)]
+        row = submissions.get(kernel.submission_id)
+        if row is not None:
+            bound = scheduling.upper_bound(row.claimed_tokens_per_sec, row.target_sequence_length)
+            evaluated_at[row.round_id - first_round].append((kernel, bound, when))
+    evaluated_by = evaluations_of_newest(submissions, by_submission, validators)
+    figures, all_waits = [], []
+    for round_id in range(rounds):
+        mine = {sid: row for sid, row in submissions.items() if row.round_id == first_round + round_id}
+        honest = [row for sid, row in mine.items() if kernels.get(sid) and kernels[sid].kind == HONEST]
+        waits = sorted((min(evaluated_by[row.id].values()) - row.ready_at) / 60 for row in honest
+                       if evaluated_by[row.id])
+        all_waits += waits
+        # The ranking a perfect measurement would give what the validators judged (a superseded
+        # kernel never was), by the subnet's own rules; copies are not ranked.
+        truth = [scoring.Result(hotkey=row.hotkey, submission_id=sid, submitted_at=row.submitted_at,
+                                target_sequence_length=row.target_sequence_length,
+                                claimed_tokens_per_sec=row.claimed_tokens_per_sec,
+                                measured_tokens_per_sec=kernels[sid].true_speed, correct=True, logits_ok=True)
+                 for sid, row in mine.items()
+                 if sid in kernels and kernels[sid].kind != COPY
+                 and len(by_submission.get(sid, ())) >= min(2, len(validators))]
+        true_top4 = [placement.hotkey for placement in scoring.rank(truth).placements[:4]]
+        spent = evaluated_at[round_id]
+        not_placeable = []
+        for kernel, bound, when in spent:
+            fourth = fourth_place_at(fourth_places.get(round_id, []), when)
+            if kernel.kind == COPY or (fourth is not None and bound < fourth):
+                not_placeable.append(kernel)
+        # Each validator, for each honest submission: how long until it evaluated it or a newer one
+        # of the same hotkey (a newer one supersedes it: evaluating that is evaluating the newest).
+        delays = [evaluated_by[row.id].get(validator, math.inf) - row.ready_at
+                  for row in honest for validator in validators]
+        worst = max(delays, default=0.0)
+        samples = queue.get(round_id, [])
+        figures.append(RoundFigures(
+            round_id=round_id, submissions=len(honest),
+            superseded=sum(1 for row in honest if row.state == "superseded"),
+            waits_min=(statistics.median(waits), percentile(waits, 0.95), waits[-1]) if waits else None,
+            unevaluated=sum(1 for row in honest if not evaluated_by[row.id]),
+            queue_mean=statistics.fmean(samples) if samples else 0.0, queue_max=max(samples, default=0),
+            gpu_hours=len(spent) * eval_s / 3600, gpu_hours_not_placeable=len(not_placeable) * eval_s / 3600,
+            gpu_capacity_hours=len(validators) * workers * round_s / 3600,
+            newest_within_round=worst <= round_s, newest_worst_min=worst / 60,
+            newest_late=sum(1 for delay in delays if delay > round_s),
+            top4=leaderboards.get(round_id, []), true_top4=true_top4))
+    return figures, all_waits
+
+
+def figures_table(run_figures: RunFigures) -> Table:
+    """One row per round, in 80 columns."""
+    table = Table(title=f"{run_figures.backend}: per round, in simulated time. queue: mean/max; p50 p95 max: "
+                        f"minutes to an honest submission's first evaluation; GPU: share of the devices' time "
+                        f"used; no place: share of that on what could not place; late: (honest submission, "
+                        f"validator) pairs evaluated after a round, or never", title_justify="left")
+    for column in ("round", "queue", "p50", "p95", "max", "GPU", "no place", "late", "top 4"):
+        table.add_column(column, justify="left" if column in ("round", "top 4") else "right")
+    for item in run_figures.rounds:
+        waits = ("-", "-", "-") if item.waits_min is None else tuple(f"{value:.0f}" for value in item.waits_min)
+        share = item.gpu_hours_not_placeable / item.gpu_hours if item.gpu_hours else 0.0
+        used = item.gpu_hours / item.gpu_capacity_hours if item.gpu_capacity_hours else 0.0
+        table.add_row(str(item.round_id + 1), f"{item.queue_mean:.0f}/{item.queue_max}", *waits, f"{used:.0%}",
+                      f"{share:.0%}", str(item.newest_late), "true" if item.top4_true else "NOT")
+    return table

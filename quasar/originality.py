@@ -1,0 +1,142 @@
+"""What counts as a copy of another miner's kernel (docs/rules.md section 5), as pure functions.
+
+A submission is a **copy** when another hotkey made a submission earlier (a lower submission id:
+ids follow the time a submission was made, or committed for commit-reveal) with
+
+- the same commit (a commit id names the whole tree: the same commit in another fork is the same
+  code), or
+- the same kernel files: the files under ``fla/ops/quasar/``, each normalised so that comments,
+  docstrings, blank lines, indentation and spacing do not change it (:func:`content_hash`).
+
+A copy is never ranked: the API refuses a submission whose commit another hotkey already submitted,
+and leaves a copy of the same kernel files under another commit out of the ranking, telling the
+miner which submission it copies. A hotkey resubmitting its own earlier kernel is not a copy.
+
+The API cannot read a fork's files; validators can. Each validator computes the content hash from
+its clone (quasar/validator/worker.py) and reports it with its verdict; the API takes the hash that
+validators holding more than half of the stake reported (quasar/consensus.py).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+KERNEL_DIR = "fla/ops/quasar"
+# Sources of these kinds are compared without comments and whitespace; other files as they are.
+C_LIKE_SUFFIXES = (".cu", ".cuh", ".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp")
+# A string literal (kept as it is) or a comment (dropped) in C-like source.
+_C_TOKENS = re.compile(r'("(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')|(//[^\n]*|/\*.*?\*/)', re.DOTALL)
+_SPACE = re.compile(rb"\s+")
+_SPACE_AROUND_PUNCTUATION = re.compile(rb" ?([^\w ]) ?")
+
+SAME_COMMIT, SAME_CONTENT = "commit", "content"
+
+
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def _collapsed(text: bytes) -> bytes:
+    """Whitespace runs as one space, and none next to punctuation."""
+    return _SPACE_AROUND_PUNCTUATION.sub(rb"\1", _SPACE.sub(b" ", text).strip())
+
+
+def normalised_file(name: str, data: bytes) -> bytes:
+    """``data`` (the file ``name``) in a form that comments and whitespace do not change.
+
+    Python: its syntax tree without docstrings (so formatting, comments and redundant parentheses
+    do not count); C-like sources: without comments, whitespace collapsed; JSON: the parsed value
+    in canonical form; anything else, or a file that does not parse: whitespace collapsed.
+    """
+    if name.endswith(".py"):
+        try:
+            tree = ast.parse(data, filename=name)
+            return ast.dump(_without_docstrings(tree), include_attributes=False).encode()
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return _collapsed(data)
+    if name.endswith(C_LIKE_SUFFIXES):
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return _collapsed(data)
+        stripped = _C_TOKENS.sub(lambda match: match.group(1) or " ", text)
+        return _collapsed(stripped.encode())
+    if name.endswith(".json"):
+        try:
+            return json.dumps(json.loads(data), sort_keys=True, separators=(",", ":")).encode()
+        except (ValueError, RecursionError):
+            return _collapsed(data)
+    return _collapsed(data)
+
+
+def content_hash(files: Mapping[str, bytes]) -> str:
+    """The content hash of the kernel files ``files`` (path relative to the kernel directory ->
+    bytes): sha256 over each path and its normalised content, in path order."""
+    digest = hashlib.sha256()
+    for path in sorted(files):
+        digest.update(path.encode() + b"\0" + hashlib.sha256(normalised_file(path, files[path])).digest())
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """What identifies a submission's code: its commit and (once validators agree on it) the
+    content hash of its kernel files."""
+
+    submission_id: int
+    hotkey: str
+    commit_hash: str | None
+    content_hash: str | None
+
+
+@dataclass(frozen=True)
+class CopyOf:
+    """``submission_id`` copies ``original_id`` of ``original_hotkey``: the same commit or content."""
+
+    submission_id: int
+    original_id: int
+    original_hotkey: str
+    same: str
+
+    @property
+    def reason(self) -> str:
+        what = "the same commit" if self.same == SAME_COMMIT else "the same kernel files (fla/ops/quasar/)"
+        return (f"a copy of submission {self.original_id} by {self.original_hotkey}, made earlier with {what}: "
+                f"a copy is not ranked")
+
+
+def find_copies(fingerprints: Iterable[Fingerprint]) -> dict[int, CopyOf]:
+    """The copies among ``fingerprints`` (see the module docstring), by submission id: each
+    submission's original is the earliest one sharing its commit or its content; it is a copy
+    when that one is another hotkey's."""
+    prints = sorted(fingerprints, key=lambda fingerprint: fingerprint.submission_id)
+    first_by_commit: dict[str, Fingerprint] = {}
+    first_by_content: dict[str, Fingerprint] = {}
+    copies: dict[int, CopyOf] = {}
+    for fingerprint in prints:
+        earlier = []
+        if fingerprint.commit_hash is not None and fingerprint.commit_hash in first_by_commit:
+            earlier.append((first_by_commit[fingerprint.commit_hash], SAME_COMMIT))
+        if fingerprint.content_hash is not None and fingerprint.content_hash in first_by_content:
+            earlier.append((first_by_content[fingerprint.content_hash], SAME_CONTENT))
+        if earlier:
+            original, same = min(earlier, key=lambda entry: entry[0].submission_id)
+            if original.hotkey != fingerprint.hotkey:
+                copies[fingerprint.submission_id] = CopyOf(fingerprint.submission_id, original.submission_id,
+                                                           original.hotkey, same)
+        if fingerprint.commit_hash is not None:
+            first_by_commit.setdefault(fingerprint.commit_hash, fingerprint)
+        if fingerprint.content_hash is not None:
+            first_by_content.setdefault(fingerprint.content_hash, fingerprint)
+    return copies
