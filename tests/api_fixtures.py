@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import bittensor as bt
 import httpx
@@ -27,6 +26,7 @@ from quasar.api.db import Database
 from quasar.api.devdb import PostgresUnavailable, TemporaryPostgres, free_port
 from quasar.api.service import ApiConfig
 from quasar.chain.devchain import DevChain
+from quasar.localnet.host import make_wallet
 
 BACKENDS = ["sqlite", "postgresql"]
 SLOW_BLOCKS = 1e6  # seconds per block: the dev chain moves only through advance()
@@ -47,14 +47,6 @@ def refused(call, status: int, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in raised.value.detail, raised.value.detail
     return raised.value.detail
-
-
-def make_wallet(root: Path, name: str) -> bt.Wallet:
-    """A real bittensor wallet (unencrypted keys) under ``root``."""
-    wallet = bt.Wallet(name=name, hotkey="default", path=str(root))
-    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-    wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-    return wallet
 
 
 def api_config(api_hotkey: str, **overrides) -> ApiConfig:

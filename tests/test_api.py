@@ -13,19 +13,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from bittensor import http_auth
 
-from api_fixtures import (  # noqa: F401  (fixtures)
-    COMMIT,
-    FORK,
-    ApiServer,
-    api_config,
-    chain,
-    commit_of,
-    database_url,
-    postgres,
-    refused,
-    start_api,
-    wallets,
-)
+from api_fixtures import COMMIT, FORK, ApiServer, api_config, commit_of, refused
 from quasar.api.client import ApiClientError
 from quasar.api.db import Base, Database
 from quasar.api.rules import commitment_hash, new_salt

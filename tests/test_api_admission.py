@@ -15,15 +15,7 @@ import time
 import pytest
 from sqlalchemy import delete
 
-from api_fixtures import (  # noqa: F401  (fixtures)
-    api_config,
-    chain,
-    commit_of,
-    database,
-    database_url,
-    postgres,
-    wallets,
-)
+from api_fixtures import api_config, commit_of
 from quasar import auth
 from quasar.api import admission, schemas
 from quasar.api.db import Database, IpBan, Submission

@@ -20,17 +20,7 @@ import httpx
 import pytest
 from bittensor import http_auth
 
-from api_fixtures import (  # noqa: F401  (fixtures)
-    COMMIT,
-    FORK,
-    chain,
-    commit_of,
-    database_url,
-    postgres,
-    refused,
-    start_api,
-    wallets,
-)
+from api_fixtures import COMMIT, FORK, commit_of, refused
 from quasar.api.devdb import start_api_process
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.api.schemas import COMMIT_PATTERN, FORK_URL_PATTERN

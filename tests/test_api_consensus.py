@@ -14,18 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api_fixtures import (  # noqa: F401  (fixtures)
-    FORK,
-    SLOW_BLOCKS,
-    ApiServer,
-    Clock,
-    api_config,
-    commit_of,
-    database_url,
-    postgres,
-    refused,
-    wallets,
-)
+from api_fixtures import FORK, SLOW_BLOCKS, ApiServer, Clock, api_config, commit_of, refused
 from quasar import config
 from quasar.api.client import ApiClient
 from quasar.api.rules import commitment_hash, new_salt
@@ -81,7 +70,7 @@ def fetch_all(subnet: Subnet) -> None:
 def test_a_lying_validator_changes_no_rank_and_bans_no_ip(subnet, lie):
     speeds = {"a": 300_000.0, "b": 200_000.0, "c": 100_000.0}
     submitted = {}
-    for round_trip in range(2):  # six submissions from one IP: five failures would ban it
+    for _ in range(2):  # six submissions from one IP: five failures would ban it
         batch = {}
         for name, speed in speeds.items():
             accepted = subnet.clients[name].submit_kernel(

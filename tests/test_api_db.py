@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
-from api_fixtures import commit_of, database, database_url, postgres  # noqa: F401  (fixtures)
+from api_fixtures import commit_of
 from quasar.api import admission
 from quasar.api.db import Database, IpBan, PreparedStatement, Submission, UsedNonce
 

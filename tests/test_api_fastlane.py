@@ -22,7 +22,7 @@ import pytest
 from bittensor import http_auth
 from sqlalchemy import select
 
-from api_fixtures import ApiServer, api_config, chain, commit_of, postgres, wallets  # noqa: F401  (fixtures)
+from api_fixtures import ApiServer, api_config, commit_of
 from quasar.api.db import IpBan, Submission, UsedNonce
 
 REQUESTS = 160

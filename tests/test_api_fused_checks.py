@@ -18,7 +18,7 @@ import uuid
 import pytest
 from sqlalchemy import select
 
-from api_fixtures import api_config, chain, commit_of, postgres, wallets  # noqa: F401  (fixtures)
+from api_fixtures import api_config, commit_of
 from quasar import auth
 from quasar.api import schemas
 from quasar.api.db import Database, IpBan, Submission, UsedNonce

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis.generation import GenerationMode
 
-from api_fixtures import chain, database_url, postgres, start_api, wallets  # noqa: F401  (fixtures)
 from quasar.api.devdb import start_api_process
 
 EXAMPLES_PER_OPERATION = 20

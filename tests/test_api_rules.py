@@ -14,12 +14,13 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from api_fixtures import api_config, make_wallet
+from api_fixtures import api_config
 from quasar.api import rules, schemas
 from quasar.api.chaincache import CachedMetagraphChain
 from quasar.api.db import Database, UsedNonce, _Write
 from quasar.api.service import MAX_FETCHES_PER_VALIDATOR, ApiError, SubmissionService
 from quasar.chain.devchain import DevChain
+from quasar.localnet.host import make_wallet
 
 
 def test_commitment_is_sha256_of_the_concatenation():

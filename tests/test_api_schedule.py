@@ -8,19 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from api_fixtures import (  # noqa: F401  (fixtures)
-    FORK,
-    chain,
-    commit_of,
-    database_url,
-    make_wallet,
-    postgres,
-    refused,
-    start_api,
-    wallets,
-)
+from api_fixtures import FORK, commit_of, refused
 from quasar import scheduling
 from quasar.api.client import ApiClient
+from quasar.localnet.host import make_wallet
 
 MILLION = 1_000_000  # the 1M league: multiplier 3
 

@@ -13,19 +13,7 @@ from alembic import command
 from markupsafe import escape
 from sqlalchemy import insert
 
-from api_fixtures import (  # noqa: F401  (fixtures)
-    COMMIT,
-    FORK,
-    ApiServer,
-    api_config,
-    chain,
-    commit_of,
-    database_url,
-    postgres,
-    refused,
-    start_api,
-    wallets,
-)
+from api_fixtures import COMMIT, FORK, ApiServer, api_config, commit_of, refused
 from quasar.api.charts import Series, bar_chart, compact, line_chart, nice_ceiling
 from quasar.api.client import ApiClient
 from quasar.api.db import Database, EvaluationReport, IpBan, Submission, ValidationFailure

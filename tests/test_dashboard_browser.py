@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from api_fixtures import COMMIT, FORK, Api, ApiServer, Clock, api_config, chain, wallets  # noqa: F401  (fixtures)
+from api_fixtures import COMMIT, FORK, Api, ApiServer, Clock, api_config
 from quasar.api.rules import commitment_hash, new_salt
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -7,7 +7,7 @@ import logging
 
 from rich.console import Console
 
-from api_fixtures import COMMIT, FORK, chain, database_url, postgres, start_api, wallets  # noqa: F401  (fixtures)
+from api_fixtures import COMMIT, FORK
 from neurons.miner import main as miner_main
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.miner.status import VerdictWatcher, print_status

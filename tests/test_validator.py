@@ -33,7 +33,7 @@ from bittensor.sp_core import Keypair
 from sqlalchemy import select
 
 import quasar
-from api_fixtures import ApiServer, api_config, make_wallet
+from api_fixtures import ApiServer, api_config
 from quasar import config
 from quasar.api.client import ApiClient
 from quasar.api.db import EvaluationReport
@@ -41,6 +41,7 @@ from quasar.api.devdb import free_port
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.evaluate import EvaluationOptions
 from quasar.inference.server import create_inference_app
+from quasar.localnet.host import make_wallet
 from quasar.logits import ChallengeLimits, LogitThresholds, load_reference_model
 from quasar.starter_fork import write_starter_fork
 from quasar.validator.devices import Device

@@ -5,17 +5,7 @@ the validator's own loop; the GPU is a stand-in that measures a known speed at o
 
 from __future__ import annotations
 
-from api_fixtures import (  # noqa: F401  (fixtures)
-    FORK,
-    ApiServer,
-    api_config,
-    chain,
-    commit_of,
-    database_url,
-    make_wallet,
-    postgres,
-    wallets,
-)
+from api_fixtures import FORK, ApiServer, api_config, commit_of
 from quasar import config
 from quasar.api.client import ApiClient
 from quasar.inference.client import LogitCheck
