@@ -17,7 +17,7 @@ connection that pipelines requests, the bytes of a read that ends one request an
 all count against the next, so the limit is then approximate by up to one read.
 
 ``python -m quasar.api serve`` runs every worker with it (``protocol_factory``); a reverse proxy in
-front (README, "Deployment") adds per-IP connection and request limits.
+front (docs/api.md, "Deployment") adds per-IP connection and request limits.
 """
 
 from __future__ import annotations
