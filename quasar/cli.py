@@ -57,8 +57,11 @@ class Group:
             lines = []
             for member in members:
                 if isinstance(member, Group):
-                    lines += [(f"{member.name} {name}", command.summary)
-                              for name, command in member.members().items() if isinstance(command, Command)]
+                    lines += [
+                        (f"{member.name} {name}", command.summary)
+                        for name, command in member.members().items()
+                        if isinstance(command, Command)
+                    ]
                 else:
                     lines.append((member.name, member.summary))
             sections.append((title, lines))
@@ -77,13 +80,17 @@ class Group:
     def parser(self, prog: str) -> argparse.ArgumentParser:
         """``PROG COMMAND [ARGS ...]``: the command's arguments stay unparsed for its own parser."""
         parser = argparse.ArgumentParser(
-            prog=prog, usage=f"{prog} [-h]{' [--version]' if self.version else ''} COMMAND [ARGS ...]",
-            description=self.help_text(), formatter_class=argparse.RawDescriptionHelpFormatter)
+            prog=prog,
+            usage=f"{prog} [-h]{' [--version]' if self.version else ''} COMMAND [ARGS ...]",
+            description=self.help_text(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         if self.version:
             parser.add_argument("--version", action="version", version=self.version)
         parser.add_argument("command", metavar="COMMAND", help="one of the commands above")
-        parser.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
-                            help="the command's arguments and options")
+        parser.add_argument(
+            "args", nargs=argparse.REMAINDER, metavar="ARGS", help="the command's arguments and options"
+        )
         return parser
 
     def run(self, argv: Sequence[str], prog: str) -> int:
@@ -103,8 +110,11 @@ def show_settings(argv: Sequence[str], prog: str) -> int:
     from quasar.config import env_example
     from quasar.log import setup_logging
 
-    parser = argparse.ArgumentParser(prog=prog, description="Print every setting with its default and meaning, "
-                                                            f"as .env.example has them ({prog} > .env.example).")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Print every setting with its default and meaning, "
+        f"as .env.example has them ({prog} > .env.example).",
+    )
     parser.parse_args(argv)
     setup_logging(quiet=True)
     print(env_example(), end="")
@@ -124,62 +134,104 @@ def check_imports(argv: Sequence[str], prog: str) -> int:
 BENCH = Group(
     name="bench",
     description="Measurements of the harness, the kernels and the API; their figures go to "
-                "benchmarks/RESULTS.md with the device, date and command.",
-    sections=(("commands", (
-        Command("harness", "agreement of repeated evaluations of the starter fork", "quasar.bench.harness:main"),
-        Command("kernel", "check and time the starter fork's kernels on one GPU", "quasar.bench.kernel:main"),
-        Command("floor", "what the layer's passes cost at copy speed", "quasar.bench.floor:main"),
-        Command("reference", "time the validator's float32 reference work", "quasar.bench.reference:main"),
-        Command("neighbours", "an honest evaluation beside a hostile one (2 GPUs)",
-                "quasar.bench.neighbours:main"),
-        Command("api-load", "load benchmark of the submission API", "quasar.bench.api_load:main"),
-        Command("api-profile", "where an API request's time goes (py-spy)", "quasar.bench.api_profile:main"),
-        Command("simulate-subnet", "a whole subnet against the API in compressed time",
-                "quasar.bench.simulate_subnet:main"),
-    )),),
+    "benchmarks/RESULTS.md with the device, date and command.",
+    sections=(
+        (
+            "commands",
+            (
+                Command(
+                    "harness", "agreement of repeated evaluations of the starter fork", "quasar.bench.harness:main"
+                ),
+                Command("kernel", "check and time the starter fork's kernels on one GPU", "quasar.bench.kernel:main"),
+                Command("floor", "what the layer's passes cost at copy speed", "quasar.bench.floor:main"),
+                Command("reference", "time the validator's float32 reference work", "quasar.bench.reference:main"),
+                Command(
+                    "neighbours", "an honest evaluation beside a hostile one (2 GPUs)", "quasar.bench.neighbours:main"
+                ),
+                Command("api-load", "load benchmark of the submission API", "quasar.bench.api_load:main"),
+                Command("api-profile", "where an API request's time goes (py-spy)", "quasar.bench.api_profile:main"),
+                Command(
+                    "simulate-subnet",
+                    "a whole subnet against the API in compressed time",
+                    "quasar.bench.simulate_subnet:main",
+                ),
+            ),
+        ),
+    ),
 )
 
 QUASAR = Group(
     name="quasar",
     version=f"quasar {quasar.__version__}",
     description="The QUASAR node suite's tools. `quasar COMMAND --help` shows a command's options; "
-                "settings come from .env, the environment and flags (`quasar config` lists them).",
+    "settings come from .env, the environment and flags (`quasar config` lists them).",
     sections=(
-        ("miner", (
-            Command("starter-fork", "write the starter fork into DIR, a fresh git repository",
-                    "quasar.starter_fork.cli:main"),
-            Command("step1", "put the suite's kernel into your fork, validate, commit",
-                    "quasar.tools.install_kernel:main"),
-            Command("step2", "tune the kernel's tunables on this GPU", "quasar.tools.tune_kernel:main"),
-            Command("local-validator", "evaluate your fork as a validator will, with progress",
-                    "quasar.tools.local_validator:main"),
-            Command("evaluate", "evaluate a checked-out fork: the report as tables or JSON",
-                    "quasar.evaluate.cli:main"),
-            Command("status", "your submissions, each validator's verdict and reasons",
-                    "quasar.miner.cli:status_main"),
-            Command("miner", "run the miner neuron: fork, optimize, push, submit", "quasar.miner.cli:main"),
-            Command("inference", "the miner's inference server (its axon) for validators",
-                    "quasar.inference.cli:main"),
-        )),
-        ("validator", (
-            Command("validator", "run the validator neuron: evaluate, report, set weights",
-                    "quasar.validator.cli:main"),
-            Command("check-sandbox", "what this machine's evaluation sandbox enforces",
-                    "quasar.tools.check_sandbox:main"),
-        )),
-        ("API and chain", (
-            Command("api", "the submission API: serve, migrate, publish-url", "quasar.api.__main__:main"),
-            Command("devchain", "the embedded dev chain (a subnet in one SQLite file)", "quasar.chain.devchain_cli:main"),
-        )),
-        ("network", (
-            Command("localnet", "a whole subnet on this machine: chain, API, neurons", "quasar.localnet.cli:main"),
-        )),
+        (
+            "miner",
+            (
+                Command(
+                    "starter-fork",
+                    "write the starter fork into DIR, a fresh git repository",
+                    "quasar.starter_fork.cli:main",
+                ),
+                Command(
+                    "step1",
+                    "put the suite's kernel into your fork, validate, commit",
+                    "quasar.tools.install_kernel:main",
+                ),
+                Command("step2", "tune the kernel's tunables on this GPU", "quasar.tools.tune_kernel:main"),
+                Command(
+                    "local-validator",
+                    "evaluate your fork as a validator will, with progress",
+                    "quasar.tools.local_validator:main",
+                ),
+                Command(
+                    "evaluate", "evaluate a checked-out fork: the report as tables or JSON", "quasar.evaluate.cli:main"
+                ),
+                Command(
+                    "status", "your submissions, each validator's verdict and reasons", "quasar.miner.cli:status_main"
+                ),
+                Command("miner", "run the miner neuron: fork, optimize, push, submit", "quasar.miner.cli:main"),
+                Command(
+                    "inference", "the miner's inference server (its axon) for validators", "quasar.inference.cli:main"
+                ),
+            ),
+        ),
+        (
+            "validator",
+            (
+                Command(
+                    "validator", "run the validator neuron: evaluate, report, set weights", "quasar.validator.cli:main"
+                ),
+                Command(
+                    "check-sandbox",
+                    "what this machine's evaluation sandbox enforces",
+                    "quasar.tools.check_sandbox:main",
+                ),
+            ),
+        ),
+        (
+            "API and chain",
+            (
+                Command("api", "the submission API: serve, migrate, publish-url", "quasar.api.__main__:main"),
+                Command(
+                    "devchain", "the embedded dev chain (a subnet in one SQLite file)", "quasar.chain.devchain_cli:main"
+                ),
+            ),
+        ),
+        (
+            "network",
+            (Command("localnet", "a whole subnet on this machine: chain, API, neurons", "quasar.localnet.cli:main"),),
+        ),
         ("measurement", (BENCH,)),
-        ("other", (
-            Command("imports", "check a fork's imports against the rules", "quasar.cli:check_imports"),
-            Command("scoring", "rank a JSON file of results, print the weight split", "quasar.scoring:main"),
-            Command("config", "every setting with its default (.env.example)", "quasar.cli:show_settings"),
-        )),
+        (
+            "other",
+            (
+                Command("imports", "check a fork's imports against the rules", "quasar.cli:check_imports"),
+                Command("scoring", "rank a JSON file of results, print the weight split", "quasar.scoring:main"),
+                Command("config", "every setting with its default (.env.example)", "quasar.cli:show_settings"),
+            ),
+        ),
     ),
 )
 

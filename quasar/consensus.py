@@ -148,33 +148,55 @@ def decide(reports: Sequence[Report], electorate: Electorate, quorum: Quorum) ->
     passed = sum(weight(r.validator_hotkey) for r in counted if r.passed)
     failed = reported - passed
     needed_count = min(quorum.min_validators, len(electorate))
-    content_hash = _majority_value(((r.content_hash, weight(r.validator_hotkey)) for r in counted
-                                    if r.content_hash is not None), total)
-    view = functools.partial(Consensus, reported=len(counted), validators=len(electorate),
-                             reported_share=share(reported), passed_share=share(passed),
-                             failed_share=share(failed), content_hash=content_hash, uncounted=uncounted)
-    quorum_words = (f"a quorum is {needed_count} validator{'s' if needed_count != 1 else ''} holding "
-                    f"{_percent(quorum.stake_share)} of the stake")
+    content_hash = _majority_value(
+        ((r.content_hash, weight(r.validator_hotkey)) for r in counted if r.content_hash is not None), total
+    )
+    view = functools.partial(
+        Consensus,
+        reported=len(counted),
+        validators=len(electorate),
+        reported_share=share(reported),
+        passed_share=share(passed),
+        failed_share=share(failed),
+        content_hash=content_hash,
+        uncounted=uncounted,
+    )
+    quorum_words = (
+        f"a quorum is {needed_count} validator{'s' if needed_count != 1 else ''} holding "
+        f"{_percent(quorum.stake_share)} of the stake"
+    )
     if total <= 0 or len(counted) < needed_count or reported < quorum.stake_share * total * (1 - 1e-12):
-        reason = (f"awaiting a quorum: {len(counted)} of {len(electorate)} validators reported, holding "
-                  f"{_percent(share(reported))} of the stake; {quorum_words}")
+        reason = (
+            f"awaiting a quorum: {len(counted)} of {len(electorate)} validators reported, holding "
+            f"{_percent(share(reported))} of the stake; {quorum_words}"
+        )
         return view(AWAITING_QUORUM, measured_tokens_per_sec=None, logits_ok=None, reason=reason)
     if passed > total / 2:
-        figure = majority_figure(((r.measured_tokens_per_sec or 0.0, weight(r.validator_hotkey))
-                                  for r in counted if r.passed), total)
+        figure = majority_figure(
+            ((r.measured_tokens_per_sec or 0.0, weight(r.validator_hotkey)) for r in counted if r.passed), total
+        )
         checked = any(r.logits_ok is not None for r in counted if r.passed)
-        reason = (f"passed by validators holding {_percent(share(passed))} of the stake "
-                  f"({sum(r.passed for r in counted)} of {len(electorate)})")
+        reason = (
+            f"passed by validators holding {_percent(share(passed))} of the stake "
+            f"({sum(r.passed for r in counted)} of {len(electorate)})"
+        )
         return view(PASSED, measured_tokens_per_sec=figure, logits_ok=True if checked else None, reason=reason)
     if failed > total / 2:
-        reason = (f"failed by validators holding {_percent(share(failed))} of the stake "
-                  f"({sum(not r.passed for r in counted)} of {len(electorate)})")
-        measured = [(r.measured_tokens_per_sec, weight(r.validator_hotkey)) for r in counted
-                    if r.measured_tokens_per_sec is not None]
+        reason = (
+            f"failed by validators holding {_percent(share(failed))} of the stake "
+            f"({sum(not r.passed for r in counted)} of {len(electorate)})"
+        )
+        measured = [
+            (r.measured_tokens_per_sec, weight(r.validator_hotkey))
+            for r in counted
+            if r.measured_tokens_per_sec is not None
+        ]
         figure = majority_figure(measured, sum(held for _, held in measured))
         return view(FAILED, measured_tokens_per_sec=figure, logits_ok=None, reason=reason)
-    reason = (f"disputed: passed by {_percent(share(passed))} of the stake, failed by {_percent(share(failed))}; "
-              f"one side needs more than half of the stake")
+    reason = (
+        f"disputed: passed by {_percent(share(passed))} of the stake, failed by {_percent(share(failed))}; "
+        f"one side needs more than half of the stake"
+    )
     return view(DISPUTED, measured_tokens_per_sec=None, logits_ok=None, reason=reason)
 
 
@@ -213,7 +235,11 @@ def agreement(judged: Iterable[tuple[Consensus, Sequence[Report]]]) -> list[Agre
             figure = consensus.measured_tokens_per_sec
             if report.passed and figure and report.measured_tokens_per_sec is not None:
                 deviations.setdefault(report.validator_hotkey, []).append(
-                    abs(report.measured_tokens_per_sec / figure - 1))
-    return [Agreement(hotkey, judged_count, agreed,
-                      statistics.median(deviations[hotkey]) if deviations.get(hotkey) else None)
-            for hotkey, (judged_count, agreed) in sorted(counts.items())]
+                    abs(report.measured_tokens_per_sec / figure - 1)
+                )
+    return [
+        Agreement(
+            hotkey, judged_count, agreed, statistics.median(deviations[hotkey]) if deviations.get(hotkey) else None
+        )
+        for hotkey, (judged_count, agreed) in sorted(counts.items())
+    ]

@@ -41,8 +41,12 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 node.body = body[1:] or [ast.Pass()]
     return tree
 
@@ -112,8 +116,10 @@ class CopyOf:
     @property
     def reason(self) -> str:
         what = "the same commit" if self.same == SAME_COMMIT else "the same kernel files (fla/ops/quasar/)"
-        return (f"a copy of submission {self.original_id} by {self.original_hotkey}, made earlier with {what}: "
-                f"a copy is not ranked")
+        return (
+            f"a copy of submission {self.original_id} by {self.original_hotkey}, made earlier with {what}: "
+            f"a copy is not ranked"
+        )
 
 
 def find_copies(fingerprints: Iterable[Fingerprint]) -> dict[int, CopyOf]:
@@ -133,8 +139,9 @@ def find_copies(fingerprints: Iterable[Fingerprint]) -> dict[int, CopyOf]:
         if earlier:
             original, same = min(earlier, key=lambda entry: entry[0].submission_id)
             if original.hotkey != fingerprint.hotkey:
-                copies[fingerprint.submission_id] = CopyOf(fingerprint.submission_id, original.submission_id,
-                                                           original.hotkey, same)
+                copies[fingerprint.submission_id] = CopyOf(
+                    fingerprint.submission_id, original.submission_id, original.hotkey, same
+                )
         if fingerprint.commit_hash is not None:
             first_by_commit.setdefault(fingerprint.commit_hash, fingerprint)
         if fingerprint.content_hash is not None:

@@ -77,9 +77,12 @@ def superseded(ready: Iterable[Queued]) -> dict[int, int]:
         by_hotkey.setdefault(item.hotkey, []).append(item)
         if item.hotkey not in newest or item.age_key > newest[item.hotkey].age_key:
             newest[item.hotkey] = item
-    return {item.submission_id: newest[hotkey].submission_id
-            for hotkey, items in by_hotkey.items() for item in items
-            if item is not newest[hotkey] and not item.reported}
+    return {
+        item.submission_id: newest[hotkey].submission_id
+        for hotkey, items in by_hotkey.items()
+        for item in items
+        if item is not newest[hotkey] and not item.reported
+    }
 
 
 def fourth_place(scores: Iterable[float]) -> float | None:
@@ -104,8 +107,9 @@ def could_place(item: Queued, standing: Standing) -> bool:
     return item.hotkey not in standing.copiers and (standing.fourth is None or item.upper_bound >= standing.fourth)
 
 
-def order_work(candidates: Sequence[Queued], evaluations_this_round: Mapping[str, int], standing: Standing,
-               limit: int) -> list[Queued]:
+def order_work(
+    candidates: Sequence[Queued], evaluations_this_round: Mapping[str, int], standing: Standing, limit: int
+) -> list[Queued]:
     """Up to ``limit`` of ``candidates`` (ready, not superseded, neither reported on nor held by this
     validator; ``reported``: another validator reported on it) in the order this validator should
     evaluate them (rules 2 to 4).
@@ -131,9 +135,13 @@ def order_work(candidates: Sequence[Queued], evaluations_this_round: Mapping[str
 def deferred_reason(item: Queued, standing: Standing) -> str:
     """Why ``item`` is deferred (it cannot place under ``standing``), for the miner."""
     if item.hotkey in standing.copiers:
-        return ("deferred: a submission of this hotkey in this round is a copy of another hotkey's; its "
-                "submissions wait, for the rest of the round, until nothing that could place is waiting")
-    return (f"deferred: its upper bound ({item.claimed_tokens_per_sec:,.0f} tok/s claimed x "
-            f"{scoring.league_for(item.target_sequence_length).multiplier:g}, {item.upper_bound:,.0f}) is below "
-            f"the fourth place's score ({standing.fourth:,.0f}); validators evaluate it only when nothing that could "
-            f"place is waiting")
+        return (
+            "deferred: a submission of this hotkey in this round is a copy of another hotkey's; its "
+            "submissions wait, for the rest of the round, until nothing that could place is waiting"
+        )
+    return (
+        f"deferred: its upper bound ({item.claimed_tokens_per_sec:,.0f} tok/s claimed x "
+        f"{scoring.league_for(item.target_sequence_length).multiplier:g}, {item.upper_bound:,.0f}) is below "
+        f"the fourth place's score ({standing.fourth:,.0f}); validators evaluate it only when nothing that could "
+        f"place is waiting"
+    )

@@ -14,7 +14,6 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import bittensor as bt
 import httpx
@@ -27,6 +26,7 @@ from quasar.api.db import Database
 from quasar.api.devdb import PostgresUnavailable, TemporaryPostgres, free_port
 from quasar.api.service import ApiConfig
 from quasar.chain.devchain import DevChain
+from quasar.localnet.host import make_wallet
 
 BACKENDS = ["sqlite", "postgresql"]
 SLOW_BLOCKS = 1e6  # seconds per block: the dev chain moves only through advance()
@@ -49,22 +49,24 @@ def refused(call, status: int, *fragments: str) -> str:
     return raised.value.detail
 
 
-def make_wallet(root: Path, name: str) -> bt.Wallet:
-    """A real bittensor wallet (unencrypted keys) under ``root``."""
-    wallet = bt.Wallet(name=name, hotkey="default", path=str(root))
-    wallet.create_new_coldkey(use_password=False, overwrite=True, suppress=True)
-    wallet.create_new_hotkey(use_password=False, overwrite=True, suppress=True)
-    return wallet
-
-
 def api_config(api_hotkey: str, **overrides) -> ApiConfig:
     """The API's settings for tests. The quorum is the smallest there is (one validator holding half
     of the stake), and the ``chain`` fixture gives v1 three quarters of the stake: v1's word alone
     settles a submission, as tests of everything but the consensus want (tests/test_api_consensus.py
     runs the settings' defaults with three validators)."""
-    base = ApiConfig(api_hotkey=api_hotkey, blocks_until_reveal=100, reveal_window_blocks=1000, round_blocks=360,
-                     submissions_per_hour=1000, evaluation_lease_s=3600.0, trusted_proxies=(),
-                     allow_local_forks=False, tie_epsilon=0.01, quorum_stake_share=0.5, quorum_min_validators=1)
+    base = ApiConfig(
+        api_hotkey=api_hotkey,
+        blocks_until_reveal=100,
+        reveal_window_blocks=1000,
+        round_blocks=360,
+        submissions_per_hour=1000,
+        evaluation_lease_s=3600.0,
+        trusted_proxies=(),
+        allow_local_forks=False,
+        tie_epsilon=0.01,
+        quorum_stake_share=0.5,
+        quorum_min_validators=1,
+    )
     return replace(base, **overrides)
 
 
@@ -81,14 +83,23 @@ class Clock:
 class ApiServer:
     """The API app served by uvicorn in a thread on a free 127.0.0.1 port."""
 
-    def __init__(self, config: ApiConfig, chain: DevChain, database_url: str, clock: Callable[[], float] = time.time,
-                 fast_lane: bool = True):
+    def __init__(
+        self,
+        config: ApiConfig,
+        chain: DevChain,
+        database_url: str,
+        clock: Callable[[], float] = time.time,
+        fast_lane: bool = True,
+    ):
         self.database = Database(database_url)
         self.app = create_app(config, chain, self.database, clock, fast_lane)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    proxy_headers=False, log_config=None))
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                self.app, host="127.0.0.1", port=self.port, log_level="warning", proxy_headers=False, log_config=None
+            )
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self) -> ApiServer:
@@ -176,8 +187,9 @@ class Api:
     def client(self, name: str, **headers: str) -> ApiClient:
         key = name + repr(sorted(headers.items()))
         if key not in self.clients:
-            self.clients[key] = ApiClient(self.url, self.wallets[name], api_hotkey=self.hotkey,
-                                          http=httpx.Client(timeout=30, headers=headers))
+            self.clients[key] = ApiClient(
+                self.url, self.wallets[name], api_hotkey=self.hotkey, http=httpx.Client(timeout=30, headers=headers)
+            )
         return self.clients[key]
 
 

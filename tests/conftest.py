@@ -11,3 +11,7 @@ instead of 0.03 to 0.1 s with one thread.
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# The submission API's fixtures (wallets, a dev chain, PostgreSQL, a database on each backend, a
+# started API), for every test file that names them as arguments.
+pytest_plugins = ["api_fixtures"]

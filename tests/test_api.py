@@ -13,23 +13,33 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from bittensor import http_auth
 
-from api_fixtures import (  # noqa: F401  (fixtures)
-    COMMIT, FORK, ApiServer, api_config, chain, commit_of, database_url, postgres, refused, start_api, wallets,
-)
+from api_fixtures import COMMIT, FORK, ApiServer, api_config, commit_of, refused
 from quasar.api.client import ApiClientError
 from quasar.api.db import Base, Database
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.auth import sign_request
 
 
-
-
-def send(api, wallet_name: str, method: str, path: str, payload=None, *, body: bytes | None = None,
-         receiver: str | None = None, headers: dict | None = None) -> httpx.Response:
+def send(
+    api,
+    wallet_name: str,
+    method: str,
+    path: str,
+    payload=None,
+    *,
+    body: bytes | None = None,
+    receiver: str | None = None,
+    headers: dict | None = None,
+) -> httpx.Response:
     """A signed request sent raw, so tests can tamper with any part of it."""
     request = sign_request(api.wallets[wallet_name], method, api.url + path, receiver or api.hotkey, payload)
-    return httpx.request(method, request.url, content=request.body if body is None else body,
-                         headers={**request.headers, **(headers or {})}, timeout=30)
+    return httpx.request(
+        method,
+        request.url,
+        content=request.body if body is None else body,
+        headers={**request.headers, **(headers or {})},
+        timeout=30,
+    )
 
 
 SUBMISSION = {"fork_url": FORK, "commit_hash": COMMIT, "target_sequence_length": 1_000_000, "tokens_per_sec": 5e4}
@@ -51,8 +61,12 @@ def test_whole_protocol_submit_commit_reveal_evaluate_rank_and_roll_over(start_a
     committed = b.commit(commitment_hash(salt, fork_b, commit_b), 1_000_000)
     assert committed.reveal_from_block == committed.commit_block + 100
     assert [(p.submission_id, p.state) for p in a.pending_reveals().pending] == [(committed.submission_id, "waiting")]
-    refused(lambda: b.reveal(committed.submission_id, salt, fork_b, commit_b, 80_000.0), 409, "too early",
-            f"from block {committed.reveal_from_block}")
+    refused(
+        lambda: b.reveal(committed.submission_id, salt, fork_b, commit_b, 80_000.0),
+        409,
+        "too early",
+        f"from block {committed.reveal_from_block}",
+    )
     api.chain.advance(99)
     refused(lambda: b.reveal(committed.submission_id, salt, fork_b, commit_b, 80_000.0), 409, "too early")
     api.chain.advance(1)
@@ -76,16 +90,27 @@ def test_whole_protocol_submit_commit_reveal_evaluate_rank_and_roll_over(start_a
     assert [item.submission_id for item in v2.fetch_work(limit=2).items] == expected[2:]
 
     # a measures 95k of its claimed 100k; b 90k over its claimed 80k (verified 80k); c's claim is 5x too high.
-    measured = {(1, direct.submission_id): 95_000.0, (2, direct.submission_id): 97_000.0,
-                (1, committed.submission_id): 90_000.0, (2, committed.submission_id): 88_000.0,
-                (1, inflated.submission_id): 100_000.0, (2, inflated.submission_id): 100_000.0}
+    measured = {
+        (1, direct.submission_id): 95_000.0,
+        (2, direct.submission_id): 97_000.0,
+        (1, committed.submission_id): 90_000.0,
+        (2, committed.submission_id): 88_000.0,
+        (1, inflated.submission_id): 100_000.0,
+        (2, inflated.submission_id): 100_000.0,
+    }
     for index, validator in ((1, v1), (2, v2)):
         for submission_id in expected:
             figure = measured[(index, submission_id)]
             passed = submission_id != inflated.submission_id
-            validator.report(submission_id, "passed" if passed else "failed", correct=True, logits_ok=True,
-                             measured_tokens_per_sec=figure, benchmarks={1_000_000: figure},
-                             reasons=[] if passed else ["measured 100,000 tok/s is below 0.9 x claimed 500,000"])
+            validator.report(
+                submission_id,
+                "passed" if passed else "failed",
+                correct=True,
+                logits_ok=True,
+                measured_tokens_per_sec=figure,
+                benchmarks={1_000_000: figure},
+                reasons=[] if passed else ["measured 100,000 tok/s is below 0.9 x claimed 500,000"],
+            )
     refused(lambda: v1.report(direct.submission_id, "passed", True, True, 1.0), 409, "already reported")
     assert v1.fetch_work().items == []  # reported: never handed to v1 again
 
@@ -93,7 +118,8 @@ def test_whole_protocol_submit_commit_reveal_evaluate_rank_and_roll_over(start_a
     board = a.leaderboard()
     assert [(e.place, e.hotkey, e.submission_id) for e in board.entries] == [
         (1, api.wallets["a"].hotkey.ss58_address, direct.submission_id),
-        (2, api.wallets["b"].hotkey.ss58_address, committed.submission_id)]
+        (2, api.wallets["b"].hotkey.ss58_address, committed.submission_id),
+    ]
     first, second = board.entries
     # The consensus figure: the highest that validators holding more than half of the stake (v1: 3/4)
     # measured at least.
@@ -162,8 +188,9 @@ def test_forged_tampered_and_misdirected_requests_are_refused(start_api):
     # Signed by the stranger's key but claiming to be miner a.
     forged = send(api, "stranger", "POST", "/submit_kernel", SUBMISSION, headers={"X-Bittensor-Hotkey": a_hotkey})
     assert forged.status_code == 401 and "does not verify" in forged.json()["detail"]
-    tampered = send(api, "a", "POST", "/submit_kernel", SUBMISSION,
-                    body=json.dumps({**SUBMISSION, "tokens_per_sec": 9e9}).encode())
+    tampered = send(
+        api, "a", "POST", "/submit_kernel", SUBMISSION, body=json.dumps({**SUBMISSION, "tokens_per_sec": 9e9}).encode()
+    )
     assert tampered.status_code == 401 and "does not verify" in tampered.json()["detail"]
     elsewhere = send(api, "a", "POST", "/submit_kernel", SUBMISSION, receiver=api.wallets["v1"].hotkey.ss58_address)
     assert elsewhere.status_code == 401 and "different receiving hotkey" in elsewhere.json()["detail"]
@@ -195,8 +222,12 @@ def test_wrong_commitment_is_refused_and_counted_as_a_failure(start_api):
     committed = b.commit(commitment_hash(salt, FORK, COMMIT), 500_000)
     api.chain.advance(100)
     for wrong in ((salt, FORK, commit_of(1)), (new_salt(), FORK, COMMIT), (salt, FORK + "2", COMMIT)):
-        refused(lambda: b.reveal(committed.submission_id, *wrong, 1e4), 400, "does not match commitment",
-                "counted as a failed validation")
+        refused(
+            lambda: b.reveal(committed.submission_id, *wrong, 1e4),
+            400,
+            "does not match commitment",
+            "counted as a failed validation",
+        )
     refused(lambda: api.client("a").reveal(committed.submission_id, salt, FORK, COMMIT, 1e4), 404, "no commitment")
     assert v1.fetch_work().items == []  # nothing was revealed
     assert b.reveal(committed.submission_id, salt, FORK, COMMIT, 1e4).state == "ready"
@@ -274,8 +305,9 @@ def test_duplicate_submission_conflicts(start_api):
     api = start_api()
     a = api.client("a")
     first = a.submit_kernel(FORK, COMMIT, 500_000, 1e4)
-    refused(lambda: a.submit_kernel(FORK + ".git", COMMIT.upper(), 500_000, 2e4), 409,
-            f"submission {first.submission_id}")
+    refused(
+        lambda: a.submit_kernel(FORK + ".git", COMMIT.upper(), 500_000, 2e4), 409, f"submission {first.submission_id}"
+    )
 
 
 BAD_FIELDS = [
@@ -306,21 +338,30 @@ def test_non_finite_numbers_oversize_bodies_and_reports_are_refused(start_api):
     api = start_api()
     # A NaN in the JSON (Python's json accepts it) signed like any other body:
     body = json.dumps({**SUBMISSION, "tokens_per_sec": float("nan")}).encode()
-    headers = http_auth.sign(api.wallets["a"], method="POST", path="/submit_kernel", body=body,
-                             receiver_ss58=api.hotkey)
-    response = httpx.post(api.url + "/submit_kernel", content=body,
-                          headers={**headers, "Content-Type": "application/json"})
+    headers = http_auth.sign(
+        api.wallets["a"], method="POST", path="/submit_kernel", body=body, receiver_ss58=api.hotkey
+    )
+    response = httpx.post(
+        api.url + "/submit_kernel", content=body, headers={**headers, "Content-Type": "application/json"}
+    )
     assert response.status_code == 422 and "finite number" in response.json()["detail"], response.text
     huge = send(api, "a", "POST", "/submit_kernel", {**SUBMISSION, "padding": "x" * 70_000})
     assert huge.status_code == 413 and "larger than 65536 bytes" in huge.json()["detail"]
     v1 = api.client("v1")
     submitted = api.client("a").submit_kernel(FORK, COMMIT, 500_000, 1e4)
     v1.fetch_work()
-    for reasons, fragment in ((["x" * 1001], "at most 1000"), (["ok"] * 21, "at most 20"),
-                              (["nul\x00byte"], "control characters")):
-        response = send(api, "v1", "POST", "/validator/report",
-                        {"submission_id": submitted.submission_id, "verdict": "failed", "correct": False,
-                         "reasons": reasons})
+    for reasons, fragment in (
+        (["x" * 1001], "at most 1000"),
+        (["ok"] * 21, "at most 20"),
+        (["nul\x00byte"], "control characters"),
+    ):
+        response = send(
+            api,
+            "v1",
+            "POST",
+            "/validator/report",
+            {"submission_id": submitted.submission_id, "verdict": "failed", "correct": False, "reasons": reasons},
+        )
         assert response.status_code == 422 and fragment in response.json()["detail"], response.text
     refused(lambda: v1.report(submitted.submission_id, "passed", correct=False), 422, "contradicts")
     refused(lambda: v1.report(10**6, "failed", correct=False), 404, "no submission 1000000")
@@ -358,8 +399,13 @@ def test_concurrent_writers_keep_the_rules(start_api):
     committed = api.client("b").commit(commitment_hash(salt, FORK, COMMIT), 500_000)
     api.chain.advance(100)
     barrier = threading.Barrier(8)
-    payload = {"submission_id": committed.submission_id, "commitment_salt": salt, "fork_url": FORK,
-               "commit_hash": COMMIT, "tokens_per_sec": 1e4}
+    payload = {
+        "submission_id": committed.submission_id,
+        "commitment_salt": salt,
+        "fork_url": FORK,
+        "commit_hash": COMMIT,
+        "tokens_per_sec": 1e4,
+    }
 
     def reveal(_):
         barrier.wait()
@@ -417,10 +463,20 @@ def test_schema_is_migrated_not_reset_and_matches_the_models(start_api, chain, w
     with ApiServer(api_config(api.hotkey), chain, database_url) as restarted:
         assert httpx.get(restarted.url + "/get_submission_stats").json()["submissions"] == 1
         schema = httpx.get(restarted.url + "/openapi.json").json()
-        for path in ("/submit_kernel", "/commit_submission", "/reveal_submission", "/pending_reveals",
-                     "/get_submission_stats", "/get_current_round", "/health", "/validator/pending",
-                     "/validator/report", "/leaderboard", "/submissions/{submission_id}",
-                     "/miners/{hotkey}/submissions"):
+        for path in (
+            "/submit_kernel",
+            "/commit_submission",
+            "/reveal_submission",
+            "/pending_reveals",
+            "/get_submission_stats",
+            "/get_current_round",
+            "/health",
+            "/validator/pending",
+            "/validator/report",
+            "/leaderboard",
+            "/submissions/{submission_id}",
+            "/miners/{hotkey}/submissions",
+        ):
             assert path in schema["paths"]
     database = Database(database_url)
     try:
@@ -429,4 +485,3 @@ def test_schema_is_migrated_not_reset_and_matches_the_models(start_api, chain, w
             assert compare_metadata(MigrationContext.configure(connection), Base.metadata) == []
     finally:
         database.dispose()
-

@@ -13,11 +13,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from api_fixtures import (  # noqa: F401  (fixtures)
-    api_config, chain, commit_of, database, database_url, postgres, wallets,
-)
 from sqlalchemy import delete
 
+from api_fixtures import api_config, commit_of
 from quasar import auth
 from quasar.api import admission, schemas
 from quasar.api.db import Database, IpBan, Submission
@@ -33,10 +31,24 @@ STATUS = {"not banned": 403, "under the rate limit": 429, "not already waiting":
 
 def stored_submission(hotkey: str, commit: str, now: float, state: str = "ready", fork: str = FORK) -> dict:
     """A submission row as the API stores one (admission.INSERT_SUBMISSION's parameters)."""
-    return {"hotkey": hotkey, "method": "direct", "state": state, "commitment_hash": None,
-            "target_sequence_length": TARGET, "submitted_at": now - 60, "submitted_block": 1, "ready_at": now - 60,
-            "ready_block": 1, "round_id": 0, "fork_url": fork, "commit_hash": commit,
-            "claimed_tokens_per_sec": 1e5, "vram_mb": None, "benchmarks": None, "client_ip": "10.0.0.1"}
+    return {
+        "hotkey": hotkey,
+        "method": "direct",
+        "state": state,
+        "commitment_hash": None,
+        "target_sequence_length": TARGET,
+        "submitted_at": now - 60,
+        "submitted_block": 1,
+        "ready_at": now - 60,
+        "ready_block": 1,
+        "round_id": 0,
+        "fork_url": fork,
+        "commit_hash": commit,
+        "claimed_tokens_per_sec": 1e5,
+        "vram_mb": None,
+        "benchmarks": None,
+        "client_ip": "10.0.0.1",
+    }
 
 
 def make_refuse(database: Database, check: str, miner: str, other: str, now: float) -> None:
@@ -49,13 +61,16 @@ def make_refuse(database: Database, check: str, miner: str, other: str, now: flo
             session.add(IpBan(client_ip=CLIENT, banned_at=now, banned_until=now + 600, reason="five failures"))
         elif check == "under the rate limit":
             for n in range(LIMIT):  # commitments: neither waiting nor a commit anyone made ready
-                admission.INSERT_SUBMISSION.scalar(connection, stored_submission(miner, commit_of(50 + n), now,
-                                                                                   state="committed"))
+                admission.INSERT_SUBMISSION.scalar(
+                    connection, stored_submission(miner, commit_of(50 + n), now, state="committed")
+                )
         elif check == "not already waiting":
             admission.INSERT_SUBMISSION.scalar(connection, stored_submission(miner, commit_of(1), now))
         elif check == "not a copy":
-            admission.INSERT_SUBMISSION.scalar(connection, stored_submission(
-                other, commit_of(1), now, fork="https://github.com/author/flash-linear-attention"))
+            admission.INSERT_SUBMISSION.scalar(
+                connection,
+                stored_submission(other, commit_of(1), now, fork="https://github.com/author/flash-linear-attention"),
+            )
 
     database.write(write)
 
@@ -65,8 +80,16 @@ class Undone(Exception):
 
 
 def params_of(miner: str, now: float) -> dict:
-    return {"client_ip": CLIENT, "now": now, "hotkey": miner, "limit": LIMIT, "fork_url": FORK,
-            "commit_hash": commit_of(1), "target_sequence_length": TARGET, "before_id": admission.NO_SUBMISSION_YET}
+    return {
+        "client_ip": CLIENT,
+        "now": now,
+        "hotkey": miner,
+        "limit": LIMIT,
+        "fork_url": FORK,
+        "commit_hash": commit_of(1),
+        "target_sequence_length": TARGET,
+        "before_id": admission.NO_SUBMISSION_YET,
+    }
 
 
 def test_the_rule_is_the_four_checks_in_order():
@@ -82,8 +105,9 @@ def test_each_check_refuses_alike_in_one_statement_and_one_by_one(database, chai
     params = params_of(miner, now)
 
     def one_by_one(session) -> list[str]:
-        return [each.name for each in admission.SUBMISSION_CHECKS
-                if each.refusal(session.connection(), params) is not None]
+        return [
+            each.name for each in admission.SUBMISSION_CHECKS if each.refusal(session.connection(), params) is not None
+        ]
 
     def fused(checks=admission.SUBMISSION_CHECKS):
         statement = admission.fused_statement(database.dialect, checks)
@@ -106,8 +130,9 @@ def test_each_check_refuses_alike_in_one_statement_and_one_by_one(database, chai
 
     # The service, both ways: the same answer, the check's refusal.
     config = api_config(wallets["api"].hotkey.ss58_address, submissions_per_hour=LIMIT)
-    request = schemas.SubmitKernelRequest(fork_url=FORK, commit_hash=commit_of(1), target_sequence_length=TARGET,
-                                          tokens_per_sec=1e5)
+    request = schemas.SubmitKernelRequest(
+        fork_url=FORK, commit_hash=commit_of(1), target_sequence_length=TARGET, tokens_per_sec=1e5
+    )
     answers = []
     for flag in (True, False):
         service = SubmissionService(config, chain, database, lambda: now, fused_checks=flag)
@@ -116,8 +141,11 @@ def test_each_check_refuses_alike_in_one_statement_and_one_by_one(database, chai
             accepted = service.submit_direct(miner, CLIENT, request, caller)
             answers.append(("accepted", None))
             # Gone again, so the other path meets the same database.
-            database.write(lambda session, sid=accepted.submission_id: session.execute(
-                delete(Submission).where(Submission.id == sid)))
+            database.write(
+                lambda session, sid=accepted.submission_id: session.execute(
+                    delete(Submission).where(Submission.id == sid)
+                )
+            )
         except ApiError as error:
             answers.append((error.status, error.detail))
     assert answers[0] == answers[1]

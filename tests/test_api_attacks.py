@@ -20,9 +20,7 @@ import httpx
 import pytest
 from bittensor import http_auth
 
-from api_fixtures import (  # noqa: F401  (fixtures)
-    COMMIT, FORK, chain, commit_of, database_url, postgres, refused, start_api, wallets,
-)
+from api_fixtures import COMMIT, FORK, commit_of, refused
 from quasar.api.devdb import start_api_process
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.api.schemas import COMMIT_PATTERN, FORK_URL_PATTERN
@@ -44,8 +42,9 @@ class Served:
 def served(tmp_path, chain, wallets, database_url) -> Iterator[Served]:
     """The server as shipped (one worker, so its pid is the one serving), with a 1 s header timeout."""
     api_hotkey = wallets["api"].hotkey.ss58_address
-    process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey,
-                                     settings={"API_HEADER_TIMEOUT": str(HEADER_TIMEOUT_S)})
+    process, url = start_api_process(
+        tmp_path, database_url, chain.path, api_hotkey, settings={"API_HEADER_TIMEOUT": str(HEADER_TIMEOUT_S)}
+    )
     yield Served(url, int(url.rsplit(":", 1)[1]), process.pid, next(tmp_path.glob("server-*.log")), api_hotkey)
     os.killpg(process.pid, signal.SIGTERM)
     process.wait(timeout=60)
@@ -87,8 +86,9 @@ def test_huge_headers_are_refused_and_a_flood_of_them_costs_a_worker_no_memory(s
     assert answer.startswith(b"HTTP/1.1 431") and b"larger than 16384 bytes" in answer
     # A flood: 40 connections at once, 8 MB of header each; a long URL; many small headers.
     with ThreadPoolExecutor(40) as pool:
-        answers = list(pool.map(lambda _: send_raw(served.port, b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ", 8 << 20),
-                                range(40)))
+        answers = list(
+            pool.map(lambda _: send_raw(served.port, b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ", 8 << 20), range(40))
+        )
     for answer in answers:
         assert_refused_or_closed(answer)
     assert_refused_or_closed(send_raw(served.port, b"GET /" + b"a" * (1 << 20) + b" HTTP/1.1\r\n"))
@@ -145,8 +145,9 @@ def test_connections_that_never_finish_their_headers_are_closed(served):
 
 def signed(served: Served, wallet, method: str, path: str, body: bytes) -> httpx.Response:
     headers = http_auth.sign(wallet, method=method, path=path, body=body, receiver_ss58=served.api_hotkey)
-    return httpx.request(method, served.url + path, content=body,
-                         headers={**headers, "Content-Type": "application/json"}, timeout=30)
+    return httpx.request(
+        method, served.url + path, content=body, headers={**headers, "Content-Type": "application/json"}, timeout=30
+    )
 
 
 def test_the_route_attacks_get_4xx_and_every_page_its_security_headers(served, wallets):
@@ -154,10 +155,19 @@ def test_the_route_attacks_get_4xx_and_every_page_its_security_headers(served, w
     answers: dict[str, httpx.Response] = {}
     with httpx.Client(base_url=served.url, timeout=30) as http:
         # Unicode digits that str.isdigit() takes and int() does not; a hotkey with a trailing newline.
-        for path in ("/dashboard/submissions/²", "/dashboard/submissions/%C2%B2", "/dashboard/submissions/٣",
-                     f"/dashboard/miners/{hotkey}%0A", f"/miners/{hotkey}%0A/submissions",
-                     f"/pending_reveals?hotkey={hotkey}%0A", "/leaderboard?x=1", "/get_current_round?round=2",
-                     "/leaderboard?round_id=1&x=2", "/validators?x=1", "/health?x=1"):
+        for path in (
+            "/dashboard/submissions/²",
+            "/dashboard/submissions/%C2%B2",
+            "/dashboard/submissions/٣",
+            f"/dashboard/miners/{hotkey}%0A",
+            f"/miners/{hotkey}%0A/submissions",
+            f"/pending_reveals?hotkey={hotkey}%0A",
+            "/leaderboard?x=1",
+            "/get_current_round?round=2",
+            "/leaderboard?round_id=1&x=2",
+            "/validators?x=1",
+            "/health?x=1",
+        ):
             answers[path] = http.get(path)
         for path, response in answers.items():
             assert 400 <= response.status_code < 500, (path, response.status_code, response.text)
@@ -171,11 +181,28 @@ def test_the_route_attacks_get_4xx_and_every_page_its_security_headers(served, w
         for model in ("SubmitKernelRequest", "RevealRequest"):
             assert schema[model]["properties"]["fork_url"]["pattern"] == FORK_URL_PATTERN
             assert schema[model]["properties"]["commit_hash"]["pattern"] == COMMIT_PATTERN
-        every = [http.get(path) for path in ("/", "/leaderboard", "/leaderboard", "/health", "/openapi.json",
-                                              "/dashboard/validators", "/dashboard/submissions/1", "/nowhere")]
+        every = [
+            http.get(path)
+            for path in (
+                "/",
+                "/leaderboard",
+                "/leaderboard",
+                "/health",
+                "/openapi.json",
+                "/dashboard/validators",
+                "/dashboard/submissions/1",
+                "/nowhere",
+            )
+        ]
     # Strict types: true is not a length, "5e4" not a number, a float not a count.
-    for change in ({"target_sequence_length": True}, {"tokens_per_sec": "5e4"}, {"vram_mb": 1.5},
-                   {"benchmarks": {"512": "5e4"}}, {"benchmarks": {"5e2": 1.0}}, {"target_sequence_length": "1000"}):
+    for change in (
+        {"target_sequence_length": True},
+        {"tokens_per_sec": "5e4"},
+        {"vram_mb": 1.5},
+        {"benchmarks": {"512": "5e4"}},
+        {"benchmarks": {"5e2": 1.0}},
+        {"target_sequence_length": "1000"},
+    ):
         response = signed(served, wallets["a"], "POST", "/submit_kernel", json.dumps({**SUBMISSION, **change}).encode())
         assert response.status_code == 422, (change, response.text)
         every.append(response)
@@ -225,12 +252,20 @@ def test_bans_count_a_client_by_its_normalised_address(start_api):
 
     # One IPv4 client, written plain and IPv4-mapped.
     fail_reveals(["::ffff:203.0.113.7", "203.0.113.7", "::ffff:cb00:7107", "203.0.113.7", "::ffff:203.0.113.7"])
-    refused(lambda: api.client("a", **{"X-Forwarded-For": "203.0.113.7"}).submit_kernel(FORK, commit_of(50), 1000, 1.0),
-            403, "IP 203.0.113.7 is banned")
+    refused(
+        lambda: api.client("a", **{"X-Forwarded-For": "203.0.113.7"}).submit_kernel(FORK, commit_of(50), 1000, 1.0),
+        403,
+        "IP 203.0.113.7 is banned",
+    )
     # One IPv6 client walking its /64: five addresses, one client.
     fail_reveals([f"2001:db8:1:2::{n + 1}" for n in range(5)])
-    detail = refused(lambda: api.client("a", **{"X-Forwarded-For": "2001:db8:1:2:ffff:ffff:ffff:9"}).submit_kernel(
-        FORK, commit_of(51), 1000, 1.0), 403, "banned")
+    detail = refused(
+        lambda: api.client("a", **{"X-Forwarded-For": "2001:db8:1:2:ffff:ffff:ffff:9"}).submit_kernel(
+            FORK, commit_of(51), 1000, 1.0
+        ),
+        403,
+        "banned",
+    )
     assert "2001:db8:1:2::/64" in detail
     # The next /64 is someone else.
     other = api.client("a", **{"X-Forwarded-For": "2001:db8:1:3::1"})

@@ -14,9 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api_fixtures import (  # noqa: F401  (fixtures)
-    FORK, SLOW_BLOCKS, ApiServer, Clock, api_config, commit_of, database_url, postgres, refused, wallets,
-)
+from api_fixtures import FORK, SLOW_BLOCKS, ApiServer, Clock, api_config, commit_of, refused
 from quasar import config
 from quasar.api.client import ApiClient
 from quasar.api.rules import commitment_hash, new_salt
@@ -50,13 +48,14 @@ def subnet(tmp_path, wallets, database_url) -> Iterator[Subnet]:
         chain.register_wallet(wallets[name])
     for name, stake in STAKES.items():
         chain.register_wallet(wallets[name], stake=stake, validator_permit=True)
-    shipped = {key: config.OPTIONS_BY_KEY[key].parse(config.OPTIONS_BY_KEY[key].default)
-               for key in ("quorum_stake_share", "quorum_min_validators")}
+    shipped = {
+        key: config.OPTIONS_BY_KEY[key].parse(config.OPTIONS_BY_KEY[key].default)
+        for key in ("quorum_stake_share", "quorum_min_validators")
+    }
     assert shipped == {"quorum_stake_share": 0.6, "quorum_min_validators": 2}
     api_hotkey = wallets["api"].hotkey.ss58_address
     with ApiServer(api_config(api_hotkey, **shipped), chain, database_url, Clock()) as server:
-        clients = {name: ApiClient(server.url, wallets[name], api_hotkey=api_hotkey)
-                   for name in (*MINERS, *STAKES)}
+        clients = {name: ApiClient(server.url, wallets[name], api_hotkey=api_hotkey) for name in (*MINERS, *STAKES)}
         yield Subnet(server.url, chain, clients)
         for client in clients.values():
             client.close()
@@ -71,23 +70,28 @@ def fetch_all(subnet: Subnet) -> None:
 def test_a_lying_validator_changes_no_rank_and_bans_no_ip(subnet, lie):
     speeds = {"a": 300_000.0, "b": 200_000.0, "c": 100_000.0}
     submitted = {}
-    for round_trip in range(2):  # six submissions from one IP: five failures would ban it
+    for _ in range(2):  # six submissions from one IP: five failures would ban it
         batch = {}
         for name, speed in speeds.items():
-            accepted = subnet.clients[name].submit_kernel(FORK, commit_of(len(submitted) + len(batch) + 1),
-                                                          TARGET, speed)
+            accepted = subnet.clients[name].submit_kernel(
+                FORK, commit_of(len(submitted) + len(batch) + 1), TARGET, speed
+            )
             batch[accepted.submission_id] = speed
         fetch_all(subnet)
         for submission_id, speed in batch.items():
             # The liar holds the largest stake and reports first, every time.
             if lie == "fails_everything":
-                lied = subnet.clients["v1"].report(submission_id, "failed", correct=False,
-                                                   reasons=["output differs from the reference"])
+                lied = subnet.clients["v1"].report(
+                    submission_id, "failed", correct=False, reasons=["output differs from the reference"]
+                )
             else:
-                lied = subnet.clients["v1"].report(submission_id, "passed", correct=True, logits_ok=True,
-                                                   measured_tokens_per_sec=1e15)
-            honest = [subnet.clients["v2"].report(submission_id, "passed", True, True, speed),
-                      subnet.clients["v3"].report(submission_id, "passed", True, True, speed * 1.01)]
+                lied = subnet.clients["v1"].report(
+                    submission_id, "passed", correct=True, logits_ok=True, measured_tokens_per_sec=1e15
+                )
+            honest = [
+                subnet.clients["v2"].report(submission_id, "passed", True, True, speed),
+                subnet.clients["v3"].report(submission_id, "passed", True, True, speed * 1.01),
+            ]
             assert not any(accepted.failure_counted for accepted in (lied, *honest))
         submitted.update(batch)
     board = subnet.leaderboard()
@@ -108,8 +112,9 @@ def test_a_lying_validator_changes_no_rank_and_bans_no_ip(subnet, lie):
         assert liar.agreed == 6 and liar.median_deviation > 1e9
     assert (honest_one.agreed, honest_one.disagreed) == (6, 0) and honest_one.median_deviation < 0.011
     page = httpx.get(subnet.url + "/dashboard/validators").text
-    assert subnet.hotkey("v1")[:8] in page and ('<span class="badge failed">6</span>' in page) == \
-        (lie == "fails_everything")
+    assert subnet.hotkey("v1")[:8] in page and ('<span class="badge failed">6</span>' in page) == (
+        lie == "fails_everything"
+    )
 
 
 def test_quorum_not_reached_is_not_ranked_and_the_status_says_why(subnet):
@@ -119,8 +124,10 @@ def test_quorum_not_reached_is_not_ranked_and_the_status_says_why(subnet):
     subnet.clients["v1"].report(first.submission_id, "passed", True, True, 1e5)
     waiting = a.submission_status(first.submission_id)
     assert waiting.state == "awaiting_quorum" and waiting.weighted_score is None
-    assert waiting.state_reason == ("awaiting a quorum: 1 of 3 validators reported, holding 40% of the stake; "
-                                    "a quorum is 2 validators holding 60% of the stake")
+    assert waiting.state_reason == (
+        "awaiting a quorum: 1 of 3 validators reported, holding 40% of the stake; "
+        "a quorum is 2 validators holding 60% of the stake"
+    )
     assert (waiting.consensus.validators_reported, waiting.consensus.validators) == (1, 3)
     board = subnet.leaderboard()
     assert board.entries == [] and board.awaiting_quorum == 1 and board.validators == 3
@@ -141,7 +148,8 @@ def test_quorum_not_reached_is_not_ranked_and_the_status_says_why(subnet):
     assert not subnet.clients["v2"].report(second.submission_id, "passed", True, True, 1e5).failure_counted
     disputed = b.submission_status(second.submission_id)
     assert disputed.state == "disputed" and disputed.state_reason.startswith(
-        "disputed: passed by 35% of the stake, failed by 40%")
+        "disputed: passed by 35% of the stake, failed by 40%"
+    )
     # The third validator fails it too: failed by 65% of the stake, and now the IP is charged, once.
     assert subnet.clients["v3"].report(second.submission_id, "failed", False).failure_counted
     assert b.submission_status(second.submission_id).state == "failed"
@@ -169,14 +177,20 @@ def test_a_copy_after_the_reveal_never_outranks_the_author_even_measured_3_perce
     revealed = author.reveal(committed.submission_id, salt, author_fork, author_commit, 1e5)
     assert revealed.state == "ready"  # committed first: the author's, whoever submitted the commit since
     # After the reveal, the same commit again, directly or by commit-reveal: refused as a copy.
-    detail = refused(lambda: copier.submit_kernel("https://github.com/copier/fla2", author_commit, TARGET, 1.03e5),
-                     409, "a copy is not accepted")
+    detail = refused(
+        lambda: copier.submit_kernel("https://github.com/copier/fla2", author_commit, TARGET, 1.03e5),
+        409,
+        "a copy is not accepted",
+    )
     assert f"submission {committed.submission_id}" in detail and subnet.hotkey("a") in detail
     copier_salt = new_salt()
     late = copier.commit(commitment_hash(copier_salt, FORK, author_commit), TARGET)
     subnet.chain.advance(100)
-    refused(lambda: copier.reveal(late.submission_id, copier_salt, FORK, author_commit, 1.03e5), 409,
-            "a copy is not accepted")
+    refused(
+        lambda: copier.reveal(late.submission_id, copier_salt, FORK, author_commit, 1.03e5),
+        409,
+        "a copy is not accepted",
+    )
     # The same kernel files under a commit of the copier's own, disguised: what validators fingerprint.
     original_hash = kernel_content_hash(write_kernel(tmp_path / "author", disguise=False))
     copied_hash = kernel_content_hash(write_kernel(tmp_path / "copier", disguise=True))
@@ -191,16 +205,20 @@ def test_a_copy_after_the_reveal_never_outranks_the_author_even_measured_3_perce
     for name in STAKES:
         subnet.clients[name].report(disguised.submission_id, "passed", True, True, 1.03e5, content_hash=copied_hash)
     board = subnet.leaderboard()
-    assert [(entry.hotkey, entry.submission_id) for entry in board.entries] == \
-        [(subnet.hotkey("a"), committed.submission_id)]
-    assert sorted((item.submission_id, item.state) for item in board.not_ranked) == \
-        [(early.submission_id, "copy"), (disguised.submission_id, "copy")]
+    assert [(entry.hotkey, entry.submission_id) for entry in board.entries] == [
+        (subnet.hotkey("a"), committed.submission_id)
+    ]
+    assert sorted((item.submission_id, item.state) for item in board.not_ranked) == [
+        (early.submission_id, "copy"),
+        (disguised.submission_id, "copy"),
+    ]
     assert board.copies == 2
     for copy, same in ((early, "the same commit"), (disguised, "the same kernel files")):
         status = copier.submission_status(copy.submission_id)
         assert (status.state, status.copy_of, status.weighted_score) == ("copy", committed.submission_id, 0.0)
-        assert status.state_reason.startswith(f"a copy of submission {committed.submission_id} by "
-                                              f"{subnet.hotkey('a')}, made earlier with {same}")
+        assert status.state_reason.startswith(
+            f"a copy of submission {committed.submission_id} by {subnet.hotkey('a')}, made earlier with {same}"
+        )
         assert status.consensus.state == "passed"  # it passed; being a copy is what keeps it out
     page = httpx.get(f"{subnet.url}/dashboard/submissions/{disguised.submission_id}").text
     assert f'href="/dashboard/submissions/{committed.submission_id}"' in page and "copy" in page

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
-from api_fixtures import commit_of, database, database_url, postgres  # noqa: F401  (fixtures)
+from api_fixtures import commit_of
 from quasar.api import admission
 from quasar.api.db import Database, IpBan, PreparedStatement, Submission, UsedNonce
 
@@ -26,12 +26,19 @@ IPS = ["10.0.0.1", "10.0.0.2", "2001:db8::7"]
 def random_submission(rng: random.Random, now: float) -> dict:
     """The columns of a direct submission, with the optional ones sometimes missing."""
     return {
-        "hotkey": rng.choice(HOTKEYS), "method": "direct", "state": rng.choice(["ready", "committed"]),
-        "commitment_hash": None, "target_sequence_length": rng.choice([512, 4096, 1_000_000]),
-        "submitted_at": now - rng.uniform(0, 7200), "submitted_block": rng.randrange(10**6),
-        "ready_at": now, "ready_block": rng.randrange(10**6), "round_id": rng.randrange(100),
+        "hotkey": rng.choice(HOTKEYS),
+        "method": "direct",
+        "state": rng.choice(["ready", "committed"]),
+        "commitment_hash": None,
+        "target_sequence_length": rng.choice([512, 4096, 1_000_000]),
+        "submitted_at": now - rng.uniform(0, 7200),
+        "submitted_block": rng.randrange(10**6),
+        "ready_at": now,
+        "ready_block": rng.randrange(10**6),
+        "round_id": rng.randrange(100),
         "fork_url": rng.choice(["https://github.com/a/fla", "https://github.com/b/fla"]),
-        "commit_hash": commit_of(rng.randrange(5)), "claimed_tokens_per_sec": rng.uniform(1, 1e8),
+        "commit_hash": commit_of(rng.randrange(5)),
+        "claimed_tokens_per_sec": rng.uniform(1, 1e8),
         "vram_mb": rng.choice([None, rng.randrange(80_000)]),
         "benchmarks": rng.choice([None, {str(rng.choice([512, 1024])): rng.uniform(1, 1e8)}]),
         "client_ip": rng.choice(IPS),
@@ -47,17 +54,31 @@ def test_the_submission_statements_read_what_sqlalchemy_reads(database):
         for _ in range(60):
             connection.execute(insert(Submission.__table__), random_submission(rng, now))
         for ip in IPS[:2]:
-            connection.execute(insert(IpBan.__table__), {"client_ip": ip, "banned_at": now,
-                                                         "banned_until": now + rng.uniform(-100, 100), "reason": "r"})
+            connection.execute(
+                insert(IpBan.__table__),
+                {"client_ip": ip, "banned_at": now, "banned_until": now + rng.uniform(-100, 100), "reason": "r"},
+            )
 
     database.write(seed)
     queries = [
         (admission.NOT_BANNED.statement, lambda: {"client_ip": rng.choice(IPS), "now": now + rng.uniform(-200, 200)}),
-        (admission.UNDER_RATE_LIMIT.statement, lambda: {"hotkey": rng.choice(HOTKEYS), "limit": rng.randrange(1, 20),
-                                                        "now": now + rng.uniform(-4000, 4000)}),
-        (admission.NOT_ALREADY_READY.statement, lambda: {
-            "hotkey": rng.choice(HOTKEYS), "fork_url": rng.choice(["https://github.com/a/fla", "https://x/y"]),
-            "commit_hash": commit_of(rng.randrange(5)), "target_sequence_length": rng.choice([512, 4096])}),
+        (
+            admission.UNDER_RATE_LIMIT.statement,
+            lambda: {
+                "hotkey": rng.choice(HOTKEYS),
+                "limit": rng.randrange(1, 20),
+                "now": now + rng.uniform(-4000, 4000),
+            },
+        ),
+        (
+            admission.NOT_ALREADY_READY.statement,
+            lambda: {
+                "hotkey": rng.choice(HOTKEYS),
+                "fork_url": rng.choice(["https://github.com/a/fla", "https://x/y"]),
+                "commit_hash": commit_of(rng.randrange(5)),
+                "target_sequence_length": rng.choice([512, 4096]),
+            },
+        ),
     ]
     found = 0
     with database.read() as session:
@@ -89,8 +110,9 @@ def test_an_insert_writes_what_sqlalchemy_writes(database):
     pairs = database.write(insert_both)
     with database.read() as session:
         for prepared, reference in pairs:
-            rows = [session.execute(select(table).where(table.c.id == id_)).one()._asdict() for id_ in (prepared,
-                                                                                                       reference)]
+            rows = [
+                session.execute(select(table).where(table.c.id == id_)).one()._asdict() for id_ in (prepared, reference)
+            ]
             assert rows[0].pop("id") == prepared and rows[1].pop("id") == reference
             assert rows[0] == rows[1]
 
@@ -100,8 +122,10 @@ def test_a_driver_error_is_raised_as_sqlalchemy_raises_it(database):
     prepared = PreparedStatement(statement)
     values = {"hotkey": HOTKEYS[0], "nonce": random.randrange(2**62)}
     database.write(lambda session: prepared.run(session.connection(), values))
-    for again in (lambda connection: prepared.run(connection, values),
-                  lambda connection: connection.execute(statement, values)):
+    for again in (
+        lambda connection: prepared.run(connection, values),
+        lambda connection: connection.execute(statement, values),
+    ):
         with pytest.raises(IntegrityError):
             database.write(lambda session: again(session.connection()))
 
@@ -115,8 +139,9 @@ def test_open_connections_starts_the_pools_backends_before_any_request(database)
         return
     assert pool.checkedin() == pool.size() == 20 and pool.checkedout() == 0
     with database.read() as session:
-        backends = session.scalar(select(func.count()).select_from(text("pg_stat_activity"))
-                                  .where(text("datname = current_database()")))
+        backends = session.scalar(
+            select(func.count()).select_from(text("pg_stat_activity")).where(text("datname = current_database()"))
+        )
     assert backends >= pool.size()
 
 

@@ -12,7 +12,6 @@ import time
 import pytest
 from sqlalchemy import select
 
-from api_fixtures import chain, database_url, postgres, wallets  # noqa: F401  (fixtures)
 from quasar.api.client import ApiClient, ApiClientError
 from quasar.api.db import Database, Submission
 from quasar.api.devdb import start_api_process

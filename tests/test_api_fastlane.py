@@ -22,7 +22,7 @@ import pytest
 from bittensor import http_auth
 from sqlalchemy import select
 
-from api_fixtures import ApiServer, api_config, chain, commit_of, postgres, wallets  # noqa: F401  (fixtures)
+from api_fixtures import ApiServer, api_config, commit_of
 from quasar.api.db import IpBan, Submission, UsedNonce
 
 REQUESTS = 160
@@ -43,10 +43,12 @@ def random_payload(rng: random.Random, miner: int) -> dict | list | str:
     """A submission body of miner number ``miner``: mostly valid, else refused by the model or by the service."""
     # A small pool of commits per miner (duplicates happen), and one shared by all (copies happen).
     commit = rng.randrange(6) + 100 * miner if rng.random() < 0.85 else 1000 + rng.randrange(3)
-    payload = {"fork_url": "https://github.com/miner/flash-linear-attention",
-               "commit_hash": commit_of(commit),
-               "target_sequence_length": rng.choice([4096, 1_000_000]),
-               "tokens_per_sec": round(rng.uniform(1e3, 1e8), rng.randrange(0, 4))}
+    payload = {
+        "fork_url": "https://github.com/miner/flash-linear-attention",
+        "commit_hash": commit_of(commit),
+        "target_sequence_length": rng.choice([4096, 1_000_000]),
+        "tokens_per_sec": round(rng.uniform(1e3, 1e8), rng.randrange(0, 4)),
+    }
     if rng.random() < 0.3:
         payload["vram_mb"] = rng.randrange(0, 100_000)
     if rng.random() < 0.3:
@@ -69,8 +71,9 @@ def random_payload(rng: random.Random, miner: int) -> dict | list | str:
     return payload
 
 
-def random_request(rng: random.Random, wallets, api_hotkey: str,
-                   sent: list[tuple[str, dict, bytes]]) -> tuple[str, dict, bytes]:
+def random_request(
+    rng: random.Random, wallets, api_hotkey: str, sent: list[tuple[str, dict, bytes]]
+) -> tuple[str, dict, bytes]:
     """(path with query, headers, body) of one request; sometimes a replay of one already sent."""
     if sent and rng.random() < 0.05:
         return rng.choice(sent)
@@ -95,8 +98,7 @@ def random_request(rng: random.Random, wallets, api_hotkey: str,
 
 
 def answer(response: httpx.Response) -> tuple:
-    return (response.status_code, tuple(response.headers.get(name) for name in COMPARED_HEADERS),
-            response.content)
+    return (response.status_code, tuple(response.headers.get(name) for name in COMPARED_HEADERS), response.content)
 
 
 def stored(server: ApiServer) -> tuple[list, int]:
@@ -114,15 +116,16 @@ def test_the_lane_answers_every_submission_as_the_route_does(two_databases, chai
     now = time.time()
     lane_url, route_url = two_databases
     caplog.set_level(logging.INFO, logger="quasar.api.intake")
-    with ApiServer(config, chain, lane_url, clock=lambda: now) as lane, \
-            ApiServer(config, chain, route_url, clock=lambda: now, fast_lane=False) as route, \
-            httpx.Client(timeout=30) as http:
+    with (
+        ApiServer(config, chain, lane_url, clock=lambda: now) as lane,
+        ApiServer(config, chain, route_url, clock=lambda: now, fast_lane=False) as route,
+        httpx.Client(timeout=30) as http,
+    ):
         sent: list[tuple[str, dict, bytes]] = []
         statuses: dict[int, int] = {}
 
         def send_both(path: str, headers: dict, body: bytes) -> None:
-            answers = [answer(http.post(server.url + path, headers=headers, content=body))
-                       for server in (lane, route)]
+            answers = [answer(http.post(server.url + path, headers=headers, content=body)) for server in (lane, route)]
             assert answers[0] == answers[1], (seed, path, headers, body)
             statuses[answers[0][0]] = statuses.get(answers[0][0], 0) + 1
 
@@ -131,8 +134,11 @@ def test_the_lane_answers_every_submission_as_the_route_does(two_databases, chai
             send_both(*request)
             sent.append(request)
         for server in (lane, route):  # the IP is banned from here on
-            server.database.write(lambda session: session.add(
-                IpBan(client_ip="127.0.0.1", banned_at=now, banned_until=now + 3600, reason="test")))
+            server.database.write(
+                lambda session: session.add(
+                    IpBan(client_ip="127.0.0.1", banned_at=now, banned_until=now + 3600, reason="test")
+                )
+            )
         for _ in range(10):
             send_both(*random_request(rng, wallets, api_hotkey, sent))
         assert stored(lane) == stored(route), seed

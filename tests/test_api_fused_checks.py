@@ -18,7 +18,7 @@ import uuid
 import pytest
 from sqlalchemy import select
 
-from api_fixtures import api_config, chain, commit_of, postgres, wallets  # noqa: F401  (fixtures)
+from api_fixtures import api_config, commit_of
 from quasar import auth
 from quasar.api import schemas
 from quasar.api.db import Database, IpBan, Submission, UsedNonce
@@ -55,8 +55,10 @@ def outcome(call) -> tuple:
 
 def contents(database: Database) -> tuple[list, list, list]:
     with database.read() as session:
-        submissions = [{column: getattr(row, column) for column in Submission.__table__.columns.keys()}
-                       for row in session.scalars(select(Submission).order_by(Submission.id))]
+        submissions = [
+            {column: getattr(row, column) for column in Submission.__table__.columns.keys()}
+            for row in session.scalars(select(Submission).order_by(Submission.id))
+        ]
         nonces = sorted((row.hotkey, row.nonce) for row in session.scalars(select(UsedNonce)))
         bans = sorted((row.client_ip, row.banned_until) for row in session.scalars(select(IpBan)))
     return submissions, nonces, bans
@@ -71,15 +73,21 @@ def test_the_fused_checks_decide_every_submission_as_the_checks_one_by_one(two_d
         return now[0]
 
     config = api_config(wallets["api"].hotkey.ss58_address, submissions_per_hour=4)
-    fused, reference = (SubmissionService(config, chain, database, clock, fused_checks=flag)
-                        for database, flag in zip(two_databases, (True, False)))
+    fused, reference = (
+        SubmissionService(config, chain, database, clock, fused_checks=flag)
+        for database, flag in zip(two_databases, (True, False))
+    )
     registered = auth.require_registered(chain)
     used: list[tuple[str, int]] = []
     kinds: dict[str, int] = {}
     for _ in range(SUBMISSIONS):
         if rng.random() < 0.05:
-            ban = dict(client_ip=rng.choice(IPS), banned_at=clock(), banned_until=clock() + rng.uniform(-60, 900),
-                       reason="five failed validations")
+            ban = dict(
+                client_ip=rng.choice(IPS),
+                banned_at=clock(),
+                banned_until=clock() + rng.uniform(-60, 900),
+                reason="five failed validations",
+            )
             for database in two_databases:
                 database.write(lambda session: session.add(IpBan(**ban)))
         if rng.random() < 0.1:
@@ -97,12 +105,18 @@ def test_the_fused_checks_decide_every_submission_as_the_checks_one_by_one(two_d
         request = schemas.SubmitKernelRequest(
             fork_url=f"https://github.com/{rng.choice(['x', 'y'])}/flash-linear-attention",
             # A small pool of commits per miner (duplicates happen), and one shared by all (copies happen).
-            commit_hash=commit_of(rng.randrange(5) + 100 * ("a", "b", "c", "stranger").index(name)
-                                  if rng.random() < 0.85 else 1000 + rng.randrange(3)),
+            commit_hash=commit_of(
+                rng.randrange(5) + 100 * ("a", "b", "c", "stranger").index(name)
+                if rng.random() < 0.85
+                else 1000 + rng.randrange(3)
+            ),
             target_sequence_length=rng.choice([4096, 1_000_000]),
-            tokens_per_sec=round(rng.uniform(1e3, 1e8), 1))
-        answers = [outcome(lambda service=service: service.submit_direct(hotkey, caller.client_ip, request, caller))
-                   for service in (fused, reference)]
+            tokens_per_sec=round(rng.uniform(1e3, 1e8), 1),
+        )
+        answers = [
+            outcome(lambda service=service: service.submit_direct(hotkey, caller.client_ip, request, caller))
+            for service in (fused, reference)
+        ]
         assert answers[0] == answers[1], (caller, request)
         kind = answers[0][0] if answers[0][0] == "accepted" else f"{answers[0][1]}"
         kinds[kind] = kinds.get(kind, 0) + 1

@@ -14,11 +14,10 @@ import pytest
 import schemathesis
 from bittensor import http_auth
 from hypothesis import HealthCheck, given, settings
-from hypothesis.errors import Unsatisfiable
 from hypothesis import strategies as st
+from hypothesis.errors import Unsatisfiable
 from schemathesis.generation import GenerationMode
 
-from api_fixtures import chain, database_url, postgres, start_api, wallets  # noqa: F401  (fixtures)
 from quasar.api.devdb import start_api_process
 
 EXAMPLES_PER_OPERATION = 20
@@ -60,13 +59,15 @@ def test_no_endpoint_answers_5xx_to_fuzzed_requests(fuzz_target):
         kwargs = case.as_transport_kwargs(base_url=url)
         body = body_bytes(kwargs)
         headers = {k: v for k, v in kwargs.get("headers", {}).items() if k.lower() != "content-length"}
-        request = http.build_request(kwargs["method"], kwargs["url"], params=kwargs.get("params"),
-                                     headers=headers, content=body)
+        request = http.build_request(
+            kwargs["method"], kwargs["url"], params=kwargs.get("params"), headers=headers, content=body
+        )
         if sign:
             signer = wallets["v1" if case.path.startswith("/validator") else "a"]
             target = request.url.raw_path.decode("ascii")
-            request.headers.update(http_auth.sign(signer, method=request.method, path=target, body=body,
-                                                  receiver_ss58=api_hotkey))
+            request.headers.update(
+                http_auth.sign(signer, method=request.method, path=target, body=body, receiver_ss58=api_hotkey)
+            )
         response = http.send(request)
         seen[response.status_code] = seen.get(response.status_code, 0) + 1
         assert response.status_code < 500, (case.method, case.path, kwargs, response.text)
@@ -74,8 +75,13 @@ def test_no_endpoint_answers_5xx_to_fuzzed_requests(fuzz_target):
 
     for operation in operations:
         for mode in GenerationMode:
-            @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, database=None,
-                      suppress_health_check=list(HealthCheck))
+
+            @settings(
+                max_examples=EXAMPLES_PER_OPERATION,
+                deadline=None,
+                database=None,
+                suppress_health_check=list(HealthCheck),
+            )
             @given(case=operation.as_strategy(generation_mode=mode), sign=st.booleans())
             def fuzz(case, sign):
                 send(case, sign)

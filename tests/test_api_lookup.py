@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from api_fixtures import SLOW_BLOCKS, ApiServer, api_config, make_wallet
+from api_fixtures import SLOW_BLOCKS, ApiServer, api_config
 from quasar import config
 from quasar.api.devdb import free_port
 from quasar.api.lookup import ApiNotFound, find_api, publish_api
 from quasar.chain import ApiLocation, ChainError
 from quasar.chain.devchain import DevChain
+from quasar.localnet.host import make_wallet
 
 ROOT = Path(__file__).resolve().parent.parent
 NETUID = 24

@@ -14,12 +14,13 @@ from hypothesis import strategies as st
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from api_fixtures import api_config, make_wallet
+from api_fixtures import api_config
 from quasar.api import rules, schemas
 from quasar.api.chaincache import CachedMetagraphChain
 from quasar.api.db import Database, UsedNonce, _Write
 from quasar.api.service import MAX_FETCHES_PER_VALIDATOR, ApiError, SubmissionService
 from quasar.chain.devchain import DevChain
+from quasar.localnet.host import make_wallet
 
 
 def test_commitment_is_sha256_of_the_concatenation():
@@ -64,16 +65,19 @@ def reference_client_ip(peer, header_values, trusted):
     return hops[index]
 
 
-@pytest.mark.parametrize(("peer", "header", "expected"), [
-    ("203.0.113.5", ["1.2.3.4"], "203.0.113.5"),  # untrusted peer: its header is ignored
-    ("127.0.0.1", [], "127.0.0.1"),  # a trusted proxy without a header is the client
-    ("127.0.0.1", ["198.51.100.1"], "198.51.100.1"),
-    ("127.0.0.1", ["6.6.6.6, 198.51.100.1"], "198.51.100.1"),  # the client's own prefix is not believed
-    ("127.0.0.1", ["6.6.6.6, 198.51.100.1, 10.1.2.3"], "198.51.100.1"),  # two trusted proxies
-    ("127.0.0.1", ["6.6.6.6", "198.51.100.1"], "198.51.100.1"),  # several header lines, in order
-    ("127.0.0.1", ["10.0.0.1, 10.0.0.2"], "10.0.0.1"),  # all trusted: the leftmost
-    ("127.0.0.1", ["2001:db8::1"], "2001:db8::1"),
-])
+@pytest.mark.parametrize(
+    ("peer", "header", "expected"),
+    [
+        ("203.0.113.5", ["1.2.3.4"], "203.0.113.5"),  # untrusted peer: its header is ignored
+        ("127.0.0.1", [], "127.0.0.1"),  # a trusted proxy without a header is the client
+        ("127.0.0.1", ["198.51.100.1"], "198.51.100.1"),
+        ("127.0.0.1", ["6.6.6.6, 198.51.100.1"], "198.51.100.1"),  # the client's own prefix is not believed
+        ("127.0.0.1", ["6.6.6.6, 198.51.100.1, 10.1.2.3"], "198.51.100.1"),  # two trusted proxies
+        ("127.0.0.1", ["6.6.6.6", "198.51.100.1"], "198.51.100.1"),  # several header lines, in order
+        ("127.0.0.1", ["10.0.0.1, 10.0.0.2"], "10.0.0.1"),  # all trusted: the leftmost
+        ("127.0.0.1", ["2001:db8::1"], "2001:db8::1"),
+    ],
+)
 def test_client_ip_cases(peer, header, expected):
     assert rules.client_ip(peer, header, TRUSTED) == expected
 
@@ -145,13 +149,16 @@ class QueueModel:
         self.ready[submission_id] = (hotkey, ready_at, bound, round_id)
 
     def fetch(self, validator, limit, now, round_id):
-        window = {i: entry for i, entry in self.ready.items()
-                  if i not in self.superseded and entry[3] >= round_id - 1}
+        window = {i: entry for i, entry in self.ready.items() if i not in self.superseded and entry[3] >= round_id - 1}
         waiting = []
         for i, (hotkey, ready_at, bound, _) in window.items():
             until, fetches, _ = self.leases.get((i, validator), (0.0, 0, 0))
-            if i in self.superseded or (i, validator) in self.reported or until > now \
-                    or fetches >= MAX_FETCHES_PER_VALIDATOR:
+            if (
+                i in self.superseded
+                or (i, validator) in self.reported
+                or until > now
+                or fetches >= MAX_FETCHES_PER_VALIDATOR
+            ):
                 continue
             waiting.append((i, hotkey, ready_at, bound))
         taken: dict[str, int] = {}
@@ -181,8 +188,9 @@ def test_work_queue_matches_model(tmp_path, seed):
     clock = Clock()
     database = Database(f"sqlite:///{tmp_path}/api.sqlite3")
     database.upgrade()
-    service = SubmissionService(api_config(wallets["m1"].hotkey.ss58_address, evaluation_lease_s=100.0,
-                                           round_blocks=10), chain, database, clock)
+    service = SubmissionService(
+        api_config(wallets["m1"].hotkey.ss58_address, evaluation_lease_s=100.0, round_blocks=10), chain, database, clock
+    )
     model = QueueModel(100.0)
     validators = [wallets["v1"].hotkey.ss58_address, wallets["v2"].hotkey.ss58_address]
     for step in range(160):
@@ -191,9 +199,16 @@ def test_work_queue_matches_model(tmp_path, seed):
         if action < 0.3:
             miner = wallets[rng.choice(miners)].hotkey.ss58_address
             claim, target = rng.choice([1.0, 2.0, 3.0]), rng.choice([1000, 1_000_000])
-            accepted = service.submit_direct(miner, "192.0.2.1", schemas.SubmitKernelRequest(
-                fork_url="https://github.com/m/fla", commit_hash=f"{step + 1:040x}", target_sequence_length=target,
-                tokens_per_sec=claim))
+            accepted = service.submit_direct(
+                miner,
+                "192.0.2.1",
+                schemas.SubmitKernelRequest(
+                    fork_url="https://github.com/m/fla",
+                    commit_hash=f"{step + 1:040x}",
+                    target_sequence_length=target,
+                    tokens_per_sec=claim,
+                ),
+            )
             model.submit(accepted.submission_id, miner, clock.now, claim * (3.0 if target > 1000 else 0.5), round_id)
             clock.now += 0.001  # ready times apart, as they are
         elif action < 0.6:
@@ -202,16 +217,27 @@ def test_work_queue_matches_model(tmp_path, seed):
             assert got == model.fetch(validator, limit, clock.now, round_id), step
         elif action < 0.85:
             validator = rng.choice(validators)
-            leased = [key[0] for key in model.leases if key[1] == validator and key not in model.reported
-                      and key[0] not in model.superseded]
+            leased = [
+                key[0]
+                for key in model.leases
+                if key[1] == validator and key not in model.reported and key[0] not in model.superseded
+            ]
             if leased:
                 submission_id = rng.choice(leased)
-                service.report(validator, schemas.ReportRequest(submission_id=submission_id, verdict="passed",
-                                                                correct=True, measured_tokens_per_sec=3.0))
+                service.report(
+                    validator,
+                    schemas.ReportRequest(
+                        submission_id=submission_id, verdict="passed", correct=True, measured_tokens_per_sec=3.0
+                    ),
+                )
                 model.reported.add((submission_id, validator))
                 with pytest.raises(ApiError):
-                    service.report(validator, schemas.ReportRequest(submission_id=submission_id, verdict="passed",
-                                                                    correct=True, measured_tokens_per_sec=3.0))
+                    service.report(
+                        validator,
+                        schemas.ReportRequest(
+                            submission_id=submission_id, verdict="passed", correct=True, measured_tokens_per_sec=3.0
+                        ),
+                    )
         elif action < 0.95:
             clock.now += rng.choice([10.0, 60.0, 101.0])
         else:
@@ -256,6 +282,7 @@ def test_a_group_commit_undoes_a_failed_write_alone(tmp_path):
             if then is not None:
                 raise then
             return nonce
+
         return work
 
     # 2 repeats 1 (its flush fails: the ORM needs the transaction rolled back, so the group runs

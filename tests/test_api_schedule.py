@@ -8,11 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from api_fixtures import (  # noqa: F401  (fixtures)
-    FORK, chain, commit_of, database_url, make_wallet, postgres, refused, start_api, wallets,
-)
+from api_fixtures import FORK, commit_of, refused
 from quasar import scheduling
 from quasar.api.client import ApiClient
+from quasar.localnet.host import make_wallet
 
 MILLION = 1_000_000  # the 1M league: multiplier 3
 
@@ -32,8 +31,11 @@ def test_a_newer_submission_supersedes_the_older_ones_no_validator_reported_on(s
     old = a.submission_status(first.submission_id)
     assert (old.state, old.superseded_by) == ("superseded", second.submission_id)
     assert old.state_reason.startswith(f"superseded by submission {second.submission_id}, a newer one of this hotkey")
-    refused(lambda: v1.report(first.submission_id, "passed", True, True, 1e5), 409,
-            f"superseded by submission {second.submission_id}")
+    refused(
+        lambda: v1.report(first.submission_id, "passed", True, True, 1e5),
+        409,
+        f"superseded by submission {second.submission_id}",
+    )
     # One a validator reported on stays, so that the others can complete its consensus.
     v2.report(second.submission_id, "passed", True, True, 1e5)
     third = a.submit_kernel(FORK, commit_of(3), MILLION, 2e5)
@@ -58,8 +60,9 @@ def test_a_submission_that_cannot_place_waits_until_nothing_that_could_place_doe
     v1, v2 = api.client("v1"), api.client("v2")
     miners = register_miners(api, tmp_path, 6)
     try:
-        placed = [miner.submit_kernel(FORK, commit_of(n + 1), MILLION, 1e5 * (n + 1))
-                  for n, miner in enumerate(miners[:4])]  # scores 3e5, 6e5, 9e5, 1.2e6: fourth place 3e5
+        placed = [
+            miner.submit_kernel(FORK, commit_of(n + 1), MILLION, 1e5 * (n + 1)) for n, miner in enumerate(miners[:4])
+        ]  # scores 3e5, 6e5, 9e5, 1.2e6: fourth place 3e5
         v1.fetch_work()
         for submission in placed:
             v1.report(submission.submission_id, "passed", True, True, submission_claim(api, submission))
@@ -69,7 +72,8 @@ def test_a_submission_that_cannot_place_waits_until_nothing_that_could_place_doe
         status = miners[4].submission_status(slow.submission_id)
         assert status.state == "deferred" and status.state_reason == (
             "deferred: its upper bound (90,000 tok/s claimed x 3, 270,000) is below the fourth place's score "
-            "(300,000); validators evaluate it only when nothing that could place is waiting")
+            "(300,000); validators evaluate it only when nothing that could place is waiting"
+        )
         assert miners[5].submission_status(fast.submission_id).state == "queued"
         assert ids(v1.fetch_work(limit=10)) == [fast.submission_id]  # not the deferred one beside it
         # Nothing that could place is waiting for v1 any more: now the deferred one.
@@ -99,7 +103,11 @@ def test_no_hotkey_gets_a_second_evaluation_while_another_waits_for_its_first_in
     low_c = c.submit_kernel(FORK, commit_of(4), MILLION, 2e5)
     # a's best bound first; a's second only after b and c had their first; among b and c the higher bound.
     assert [ids(v1.fetch_work(limit=1)) for _ in range(4)] == [
-        [older.submission_id], [low_c.submission_id], [low_b.submission_id], [newer.submission_id]]
+        [older.submission_id],
+        [low_c.submission_id],
+        [low_b.submission_id],
+        [newer.submission_id],
+    ]
     # In one batch the same order.
     again = a.submit_kernel(FORK, commit_of(5), MILLION, 9.5e5)
     fresh_b = b.submit_kernel(FORK, commit_of(6), MILLION, 1e5)
@@ -167,8 +175,10 @@ def test_a_submission_lapses_two_rounds_on_and_the_order_breaks_ties_by_age(star
 
 def test_several_workers_of_one_validator_fetch_disjoint_leases(start_api, wallets):
     api = start_api()
-    submitted = {api.client(name).submit_kernel(FORK, commit_of(n + 1), MILLION, 1e5).submission_id
-                 for n, name in enumerate(("a", "b", "c"))}
+    submitted = {
+        api.client(name).submit_kernel(FORK, commit_of(n + 1), MILLION, 1e5).submission_id
+        for n, name in enumerate(("a", "b", "c"))
+    }
     workers = [ApiClient(api.url, wallets["v1"], api_hotkey=api.hotkey) for _ in range(3)]  # one hotkey
     try:
         with ThreadPoolExecutor(3) as pool:
@@ -180,10 +190,12 @@ def test_several_workers_of_one_validator_fetch_disjoint_leases(start_api, walle
 
 
 def test_the_rules_on_their_own():
-    queued = [scheduling.Queued(1, "a", 1.0, MILLION, 10.0, reported=False),
-              scheduling.Queued(2, "a", 2.0, 1000, 10.0, reported=True),
-              scheduling.Queued(3, "a", 3.0, MILLION, 5.0, reported=False),
-              scheduling.Queued(4, "b", 1.0, MILLION, 1.0, reported=False)]
+    queued = [
+        scheduling.Queued(1, "a", 1.0, MILLION, 10.0, reported=False),
+        scheduling.Queued(2, "a", 2.0, 1000, 10.0, reported=True),
+        scheduling.Queued(3, "a", 3.0, MILLION, 5.0, reported=False),
+        scheduling.Queued(4, "b", 1.0, MILLION, 1.0, reported=False),
+    ]
     assert scheduling.superseded(queued) == {1: 3}  # 2 has a report; b's only one stays
     assert scheduling.upper_bound(10.0, 1000) == 5.0 and queued[0].upper_bound == 30.0
     assert scheduling.fourth_place([5.0, 1.0, 9.0]) is None and scheduling.fourth_place([5, 1, 9, 7, 2]) == 2
@@ -198,7 +210,11 @@ def test_the_rules_on_their_own():
     # Among the reported, the highest bound first; the unreported after them.
     helped = scheduling.Queued(9, "a", 9.0, MILLION, 1.0, reported=True)
     assert [q.submission_id for q in scheduling.order_work([*waiting, helped], {}, scheduling.Standing(), 5)] == [
-        2, 4, 9, 3]
+        2,
+        4,
+        9,
+        3,
+    ]
     # a was found copying this round: whatever it claims, b goes first, and a only once b is done.
     caught = scheduling.Standing(copiers=frozenset({"a"}))
     assert [q.submission_id for q in scheduling.order_work(waiting, {}, caught, 5)] == [4]
@@ -209,8 +225,9 @@ def test_the_rules_on_their_own():
 @pytest.mark.parametrize("limit", [1, 3, 10])
 def test_order_matches_one_pick_at_a_time(limit):
     """A batch of ``limit`` is the same as ``limit`` fetches of one (the counts carried along)."""
-    items = [scheduling.Queued(n, f"h{n % 3}", float(n), MILLION, float((n * 7) % 5 + 1), reported=False)
-             for n in range(12)]
+    items = [
+        scheduling.Queued(n, f"h{n % 3}", float(n), MILLION, float((n * 7) % 5 + 1), reported=False) for n in range(12)
+    ]
     batch = scheduling.order_work(items, {"h0": 1}, scheduling.Standing(), limit)
     taken, remaining, one_by_one = {"h0": 1}, list(items), []
     for _ in range(min(limit, len(items))):

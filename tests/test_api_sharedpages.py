@@ -20,8 +20,15 @@ from quasar.api.sharedpages import SharedPages
 
 
 def rendered(body: bytes, status: int = 200) -> Rendered:
-    return Rendered(status, ((b"content-type", b"text/html; charset=utf-8"),
-                             (b"content-length", str(len(body)).encode()), (b"x-note", "é".encode("latin-1"))), body)
+    return Rendered(
+        status,
+        (
+            (b"content-type", b"text/html; charset=utf-8"),
+            (b"content-length", str(len(body)).encode()),
+            (b"x-note", "é".encode("latin-1")),
+        ),
+        body,
+    )
 
 
 def test_a_response_is_read_back_as_computed_and_only_for_its_target_and_block(tmp_path):
@@ -74,8 +81,9 @@ def _render_in_process(directory: str, counter: str, results: str) -> None:
 def test_processes_that_want_the_same_page_at_once_compute_it_once(tmp_path):
     counter, results = tmp_path / "computes", tmp_path / "results"
     context = multiprocessing.get_context("spawn")
-    processes = [context.Process(target=_render_in_process, args=(str(tmp_path), str(counter), str(results)))
-                 for _ in range(3)]
+    processes = [
+        context.Process(target=_render_in_process, args=(str(tmp_path), str(counter), str(results))) for _ in range(3)
+    ]
     for process in processes:
         process.start()
     for process in processes:
@@ -97,6 +105,7 @@ def test_two_workers_caches_on_one_store_render_each_page_once_per_block(tmp_pat
             renders.append((path, block[0]))
             time.sleep(0.02)
             return Response(f"{path} at block {block[0]}".encode(), headers={"Cache-Control": "no-store"})
+
         return page
 
     def request(path: str) -> Request:
@@ -113,9 +122,10 @@ def test_two_workers_caches_on_one_store_render_each_page_once_per_block(tmp_pat
         assert first == [f"{p} at block 1".encode() for p in paths] * 2
         assert sorted(renders) == sorted((p, 1) for p in paths)  # once each, not once per worker
         reference = await asyncio.gather(*(local.page(request(p), render(p)) for p in paths))
-        assert [r.body for r in reference] == first[:len(paths)]
-        assert [r.headers.raw for r in reference] == [w.headers.raw for w in await asyncio.gather(
-            *(workers[1].page(request(p), render(p)) for p in paths))]
+        assert [r.body for r in reference] == first[: len(paths)]
+        assert [r.headers.raw for r in reference] == [
+            w.headers.raw for w in await asyncio.gather(*(workers[1].page(request(p), render(p)) for p in paths))
+        ]
         renders.clear()
         block[0] = 2
         await everyone_reads()  # the block before's pages, while the new ones render on the page threads

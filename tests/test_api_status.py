@@ -13,27 +13,27 @@ from alembic import command
 from markupsafe import escape
 from sqlalchemy import insert
 
-from api_fixtures import (  # noqa: F401  (fixtures)
-    COMMIT, FORK, ApiServer, api_config, chain, commit_of, database_url, postgres, refused, start_api, wallets,
-)
+from api_fixtures import COMMIT, FORK, ApiServer, api_config, commit_of, refused
 from quasar.api.charts import Series, bar_chart, compact, line_chart, nice_ceiling
-from quasar.consensus import Consensus
-from quasar.originality import CopyOf
 from quasar.api.client import ApiClient
 from quasar.api.db import Database, EvaluationReport, IpBan, Submission, ValidationFailure
 from quasar.api.rules import commitment_hash, new_salt
-from quasar.api.status import best_per_round, submission_state
 from quasar.api.schemas import RoundPoint
+from quasar.api.status import best_per_round, submission_state
+from quasar.consensus import Consensus
+from quasar.originality import CopyOf
 
 SECRET_FORK = "https://github.com/secretminer/hidden-kernels"
 SECRET_COMMIT = "feedfacefeedfacefeedfacefeedfacefeedface"
-LENGTHS_OK = [{"seq_len": 512, "status": "ok", "tokens_per_sec": 3.1e5, "peak_vram_mb": 900.0, "correct": True},
-              {"seq_len": 1024, "status": "ok", "tokens_per_sec": 2.9e5, "peak_vram_mb": 1500.0, "correct": True}]
-LENGTHS_WRONG = [{"seq_len": 512, "status": "ok", "tokens_per_sec": 9e5, "peak_vram_mb": 700.0, "correct": True},
-                 {"seq_len": 1024, "status": "ok", "tokens_per_sec": 8.8e5, "peak_vram_mb": 800.0, "correct": False}]
+LENGTHS_OK = [
+    {"seq_len": 512, "status": "ok", "tokens_per_sec": 3.1e5, "peak_vram_mb": 900.0, "correct": True},
+    {"seq_len": 1024, "status": "ok", "tokens_per_sec": 2.9e5, "peak_vram_mb": 1500.0, "correct": True},
+]
+LENGTHS_WRONG = [
+    {"seq_len": 512, "status": "ok", "tokens_per_sec": 9e5, "peak_vram_mb": 700.0, "correct": True},
+    {"seq_len": 1024, "status": "ok", "tokens_per_sec": 8.8e5, "peak_vram_mb": 800.0, "correct": False},
+]
 WRONG_REASON = "T=1024: the output differs from the reference (relative error 0.41 > 0.01)"
-
-
 
 
 def test_a_submission_moves_through_its_states_with_each_validators_verdict(start_api):
@@ -47,8 +47,12 @@ def test_a_submission_moves_through_its_states_with_each_validators_verdict(star
     assert (status.state, status.revealed, status.method) == ("committed", False, "commit_reveal")
     assert status.commitment_hash == commitment_hash(salt, SECRET_FORK, SECRET_COMMIT)
     assert (status.reveal_from_block, status.league) == (committed.reveal_from_block, "1M")
-    assert (status.fork_url, status.commit_hash, status.claimed_tokens_per_sec, status.reports) == \
-        (None, None, None, [])
+    assert (status.fork_url, status.commit_hash, status.claimed_tokens_per_sec, status.reports) == (
+        None,
+        None,
+        None,
+        [],
+    )
 
     api.chain.advance(100)
     b.reveal(committed.submission_id, salt, SECRET_FORK, SECRET_COMMIT, 2.5e5)
@@ -65,18 +69,34 @@ def test_a_submission_moves_through_its_states_with_each_validators_verdict(star
     v1.fetch_work()
     v2.fetch_work()
 
-    v1.report(direct.submission_id, "passed", correct=True, logits_ok=True, measured_tokens_per_sec=2.9e5,
-              benchmarks={512: 3.1e5, 1024: 2.9e5}, lengths=LENGTHS_OK)
-    v1.report(committed.submission_id, "failed", correct=False, logits_ok=None, measured_tokens_per_sec=8.8e5,
-              lengths=LENGTHS_WRONG, reasons=[WRONG_REASON])
+    v1.report(
+        direct.submission_id,
+        "passed",
+        correct=True,
+        logits_ok=True,
+        measured_tokens_per_sec=2.9e5,
+        benchmarks={512: 3.1e5, 1024: 2.9e5},
+        lengths=LENGTHS_OK,
+    )
+    v1.report(
+        committed.submission_id,
+        "failed",
+        correct=False,
+        logits_ok=None,
+        measured_tokens_per_sec=8.8e5,
+        lengths=LENGTHS_WRONG,
+        reasons=[WRONG_REASON],
+    )
     passed = a.submission_status(direct.submission_id)
     assert (passed.state, passed.measured_tokens_per_sec, passed.validators_evaluating) == ("passed", 2.9e5, 1)
     assert passed.weighted_score == pytest.approx(2.9e5 * 0.5)
     assert passed.claimed_benchmarks == {512: 3.2e5}
     [verdict] = passed.reports
     assert verdict.validator_hotkey == api.wallets["v1"].hotkey.ss58_address and verdict.logits_ok is True
-    assert [(x.seq_len, x.tokens_per_sec, x.peak_vram_mb, x.correct) for x in verdict.lengths] == \
-        [(512, 3.1e5, 900.0, True), (1024, 2.9e5, 1500.0, True)]
+    assert [(x.seq_len, x.tokens_per_sec, x.peak_vram_mb, x.correct) for x in verdict.lengths] == [
+        (512, 3.1e5, 900.0, True),
+        (1024, 2.9e5, 1500.0, True),
+    ]
     assert verdict.reported_at == pytest.approx(api.clock(), abs=30)
 
     failed = a.submission_status(committed.submission_id)
@@ -99,9 +119,15 @@ def test_an_unrevealed_commitment_leaks_nothing_and_expires(start_api):
     b_hotkey = api.wallets["b"].hotkey.ss58_address
     committed = b.commit(commitment_hash(new_salt(), SECRET_FORK, SECRET_COMMIT), 500_000)
     # The API never stored the URL or commit, and no view derives them: every public page and endpoint.
-    paths = [f"/submissions/{committed.submission_id}", f"/miners/{b_hotkey}/submissions", "/",
-             f"/dashboard/miners/{b_hotkey}", f"/dashboard/submissions/{committed.submission_id}",
-             "/pending_reveals", "/leaderboard"]
+    paths = [
+        f"/submissions/{committed.submission_id}",
+        f"/miners/{b_hotkey}/submissions",
+        "/",
+        f"/dashboard/miners/{b_hotkey}",
+        f"/dashboard/submissions/{committed.submission_id}",
+        "/pending_reveals",
+        "/leaderboard",
+    ]
     for path in paths:
         response = httpx.get(api.url + path)
         assert response.status_code == 200, (path, response.text)
@@ -134,21 +160,25 @@ def test_bad_status_requests_are_4xx_naming_what_was_wrong(start_api):
     refused(lambda: a.miner_submissions("not-a-hotkey"), 422, "path.hotkey")
     refused(lambda: a.miner_submissions(api.wallets["a"].hotkey.ss58_address, limit=0), 422, "query.limit")
     refused(lambda: a.miner_submissions(api.wallets["a"].hotkey.ss58_address, offset=-1), 422, "query.offset")
-    for path, status, text in (("/dashboard/submissions/999", 404, "no submission 999"),
-                               ("/dashboard/submissions/abc", 422, "Not a submission id"),
-                               ("/dashboard/miners/nobody", 422, "Not a hotkey")):
+    for path, status, text in (
+        ("/dashboard/submissions/999", 404, "no submission 999"),
+        ("/dashboard/submissions/abc", 422, "Not a submission id"),
+        ("/dashboard/miners/nobody", 422, "Not a hotkey"),
+    ):
         response = httpx.get(api.url + path)
         assert response.status_code == status and text in response.text, path
 
     submitted = a.submit_kernel(FORK, COMMIT, 1024, 1e4)
     api.client("v1").fetch_work()
     for lengths, fragment in (
-            ([LENGTHS_OK[0], LENGTHS_OK[0]], "each seq_len may appear once"),
-            ([{**LENGTHS_OK[0], "status": "fast"}], "body.lengths.0.status"),
-            ([{**LENGTHS_OK[0], "peak_vram_mb": -1}], "body.lengths.0.peak_vram_mb"),
-            ([{**LENGTHS_OK[0], "gpu": "H100"}], "body.lengths.0.gpu: Extra inputs are not permitted")):
-        refused(lambda: api.client("v1").report(submitted.submission_id, "failed", False, lengths=lengths),
-                422, fragment)
+        ([LENGTHS_OK[0], LENGTHS_OK[0]], "each seq_len may appear once"),
+        ([{**LENGTHS_OK[0], "status": "fast"}], "body.lengths.0.status"),
+        ([{**LENGTHS_OK[0], "peak_vram_mb": -1}], "body.lengths.0.peak_vram_mb"),
+        ([{**LENGTHS_OK[0], "gpu": "H100"}], "body.lengths.0.gpu: Extra inputs are not permitted"),
+    ):
+        refused(
+            lambda: api.client("v1").report(submitted.submission_id, "failed", False, lengths=lengths), 422, fragment
+        )
 
 
 def test_dashboard_pages_show_the_round_and_escape_what_miners_wrote(start_api):
@@ -159,8 +189,9 @@ def test_dashboard_pages_show_the_round_and_escape_what_miners_wrote(start_api):
     v1.fetch_work()
     v1.report(honest.submission_id, "passed", True, True, 2.9e5, lengths=LENGTHS_OK)
     attack = '<script>alert("x")</script><img src=x onerror=alert(1)>'
-    v1.report(hostile.submission_id, "failed", False, None, 8.8e5, lengths=LENGTHS_WRONG,
-              reasons=[WRONG_REASON, attack])
+    v1.report(
+        hostile.submission_id, "failed", False, None, 8.8e5, lengths=LENGTHS_WRONG, reasons=[WRONG_REASON, attack]
+    )
 
     api.chain.advance(1)  # reports count from the block after they arrive
     index = httpx.get(api.url + "/")
@@ -221,50 +252,114 @@ def test_a_database_made_at_revision_0001_upgrades_and_its_old_reports_read(data
     try:
         command.upgrade(old._alembic(), "0001")
         with old.engine.begin() as connection:
-            connection.execute(insert(Submission.__table__).values(
-                id=1, hotkey=wallets["a"].hotkey.ss58_address, method="direct", state="ready",
-                target_sequence_length=1024, submitted_at=1.7e9, submitted_block=5, ready_at=1.7e9, ready_block=5,
-                round_id=0, fork_url=FORK, commit_hash=COMMIT, claimed_tokens_per_sec=1000.0, client_ip="10.0.0.1"))
+            connection.execute(
+                insert(Submission.__table__).values(
+                    id=1,
+                    hotkey=wallets["a"].hotkey.ss58_address,
+                    method="direct",
+                    state="ready",
+                    target_sequence_length=1024,
+                    submitted_at=1.7e9,
+                    submitted_block=5,
+                    ready_at=1.7e9,
+                    ready_block=5,
+                    round_id=0,
+                    fork_url=FORK,
+                    commit_hash=COMMIT,
+                    claimed_tokens_per_sec=1000.0,
+                    client_ip="10.0.0.1",
+                )
+            )
             # The table as 0001 made it (no lengths column): the insert names only the columns it had.
-            connection.execute(insert(EvaluationReport.__table__).values(
-                id=1, submission_id=1, validator_hotkey=wallets["v1"].hotkey.ss58_address, reported_at=1.7e9,
-                verdict="passed", correct=True, logits_ok=True, measured_tokens_per_sec=990.0,
-                benchmarks={"512": 2000.0, "1024": 990.0}, reasons=["cpu: not a benchmark"]))
+            connection.execute(
+                insert(EvaluationReport.__table__).values(
+                    id=1,
+                    submission_id=1,
+                    validator_hotkey=wallets["v1"].hotkey.ss58_address,
+                    reported_at=1.7e9,
+                    verdict="passed",
+                    correct=True,
+                    logits_ok=True,
+                    measured_tokens_per_sec=990.0,
+                    benchmarks={"512": 2000.0, "1024": 990.0},
+                    reasons=["cpu: not a benchmark"],
+                )
+            )
     finally:
         old.dispose()
     with ApiServer(api_config(wallets["api"].hotkey.ss58_address), chain, database_url) as server:
         status = httpx.get(server.url + "/submissions/1").json()
         assert status["state"] == "passed" and status["reports"][0]["reasons"] == ["cpu: not a benchmark"]
-        assert [(x["seq_len"], x["tokens_per_sec"], x["peak_vram_mb"], x["status"])
-                for x in status["reports"][0]["lengths"]] == [(512, 2000.0, None, None), (1024, 990.0, None, None)]
+        assert [
+            (x["seq_len"], x["tokens_per_sec"], x["peak_vram_mb"], x["status"]) for x in status["reports"][0]["lengths"]
+        ] == [(512, 2000.0, None, None), (1024, 990.0, None, None)]
         assert "cpu: not a benchmark" in httpx.get(server.url + "/dashboard/submissions/1").text
 
 
 def test_a_database_at_revision_0003_keeps_its_failures_and_bans_counting_by_normalised_address(
-        database_url, chain, wallets):
+    database_url, chain, wallets
+):
     old = Database(database_url)
     now = time.time()
     try:
         command.upgrade(old._alembic(), "0003")
         with old.engine.begin() as connection:
-            submission_id = connection.execute(insert(Submission.__table__).values(
-                hotkey=wallets["b"].hotkey.ss58_address, method="direct", state="ready",
-                target_sequence_length=1024, submitted_at=now, submitted_block=0, ready_at=now, ready_block=0,
-                round_id=0, fork_url=FORK, commit_hash=COMMIT, claimed_tokens_per_sec=1000.0,
-                client_ip="::ffff:203.0.113.7").returning(Submission.__table__.c.id)).scalar_one()
-            connection.execute(insert(ValidationFailure.__table__), [
-                dict(client_ip="::ffff:203.0.113.7", failed_at=now - n, submission_id=submission_id,
-                     kind="evaluation", reason="failed", dedupe_key=None) for n in range(4)])
-            connection.execute(insert(IpBan.__table__).values(
-                client_ip="2001:db8:1:2::5", banned_at=now, banned_until=now + 3600, reason="five failures"))
+            submission_id = connection.execute(
+                insert(Submission.__table__)
+                .values(
+                    hotkey=wallets["b"].hotkey.ss58_address,
+                    method="direct",
+                    state="ready",
+                    target_sequence_length=1024,
+                    submitted_at=now,
+                    submitted_block=0,
+                    ready_at=now,
+                    ready_block=0,
+                    round_id=0,
+                    fork_url=FORK,
+                    commit_hash=COMMIT,
+                    claimed_tokens_per_sec=1000.0,
+                    client_ip="::ffff:203.0.113.7",
+                )
+                .returning(Submission.__table__.c.id)
+            ).scalar_one()
+            connection.execute(
+                insert(ValidationFailure.__table__),
+                [
+                    dict(
+                        client_ip="::ffff:203.0.113.7",
+                        failed_at=now - n,
+                        submission_id=submission_id,
+                        kind="evaluation",
+                        reason="failed",
+                        dedupe_key=None,
+                    )
+                    for n in range(4)
+                ],
+            )
+            connection.execute(
+                insert(IpBan.__table__).values(
+                    client_ip="2001:db8:1:2::5", banned_at=now, banned_until=now + 3600, reason="five failures"
+                )
+            )
     finally:
         old.dispose()
     config_ = api_config(wallets["api"].hotkey.ss58_address, trusted_proxies=("127.0.0.1",))
-    with ApiServer(config_, chain, database_url) as server, \
-            ApiClient(server.url, wallets["b"], api_hotkey=wallets["api"].hotkey.ss58_address,
-                      http=httpx.Client(headers={"X-Forwarded-For": "203.0.113.7"})) as ipv4, \
-            ApiClient(server.url, wallets["a"], api_hotkey=wallets["api"].hotkey.ss58_address,
-                      http=httpx.Client(headers={"X-Forwarded-For": "2001:db8:1:2::99"})) as ipv6:
+    with (
+        ApiServer(config_, chain, database_url) as server,
+        ApiClient(
+            server.url,
+            wallets["b"],
+            api_hotkey=wallets["api"].hotkey.ss58_address,
+            http=httpx.Client(headers={"X-Forwarded-For": "203.0.113.7"}),
+        ) as ipv4,
+        ApiClient(
+            server.url,
+            wallets["a"],
+            api_hotkey=wallets["api"].hotkey.ss58_address,
+            http=httpx.Client(headers={"X-Forwarded-For": "2001:db8:1:2::99"}),
+        ) as ipv6,
+    ):
         # The /64 of the address banned before the upgrade is banned.
         refused(lambda: ipv6.submit_kernel(FORK, commit_of(7), 1024, 1.0), 403, "IP 2001:db8:1:2::/64 is banned")
         # The four failures recorded IPv4-mapped count with a fifth from the plain address: banned.
@@ -279,36 +374,52 @@ def test_a_database_at_revision_0003_keeps_its_failures_and_bans_counting_by_nor
 
 
 def view(state: str) -> Consensus:
-    return Consensus(state, reported=1, validators=3, reported_share=0.4, passed_share=0.4, failed_share=0.0,
-                     measured_tokens_per_sec=None, logits_ok=None, content_hash=None, uncounted=(), reason=state)
+    return Consensus(
+        state,
+        reported=1,
+        validators=3,
+        reported_share=0.4,
+        passed_share=0.4,
+        failed_share=0.0,
+        measured_tokens_per_sec=None,
+        logits_ok=None,
+        content_hash=None,
+        uncounted=(),
+        reason=state,
+    )
 
 
 COPIED = CopyOf(9, 3, "5Original", "content")
 
 
-@pytest.mark.parametrize("args, state", [
-    (("commit_reveal", False, "waiting", 0, None, None), "committed"),
-    (("commit_reveal", False, "open", 0, None, None), "committed"),
-    (("commit_reveal", False, "expired", 0, None, None), "expired"),
-    (("commit_reveal", True, None, 0, None, None), "revealed"),
-    (("direct", True, None, 0, None, None), "queued"),
-    (("direct", True, None, 2, None, None), "being_evaluated"),
-    (("direct", True, None, 2, view("awaiting_quorum"), None), "awaiting_quorum"),
-    (("direct", True, None, 0, view("disputed"), None), "disputed"),
-    (("direct", True, None, 1, view("passed"), None), "passed"),
-    (("commit_reveal", True, None, 0, view("failed"), None), "failed"),
-    (("direct", True, None, 0, view("passed"), COPIED), "copy"),
-    (("direct", True, None, 0, view("awaiting_quorum"), COPIED), "copy"),
-    (("direct", True, None, 0, view("failed"), COPIED), "failed"),
-])
+@pytest.mark.parametrize(
+    "args, state",
+    [
+        (("commit_reveal", False, "waiting", 0, None, None), "committed"),
+        (("commit_reveal", False, "open", 0, None, None), "committed"),
+        (("commit_reveal", False, "expired", 0, None, None), "expired"),
+        (("commit_reveal", True, None, 0, None, None), "revealed"),
+        (("direct", True, None, 0, None, None), "queued"),
+        (("direct", True, None, 2, None, None), "being_evaluated"),
+        (("direct", True, None, 2, view("awaiting_quorum"), None), "awaiting_quorum"),
+        (("direct", True, None, 0, view("disputed"), None), "disputed"),
+        (("direct", True, None, 1, view("passed"), None), "passed"),
+        (("commit_reveal", True, None, 0, view("failed"), None), "failed"),
+        (("direct", True, None, 0, view("passed"), COPIED), "copy"),
+        (("direct", True, None, 0, view("awaiting_quorum"), COPIED), "copy"),
+        (("direct", True, None, 0, view("failed"), COPIED), "failed"),
+    ],
+)
 def test_submission_state(args, state):
     assert submission_state(*args) == state
 
 
 def test_best_point_per_round():
-    points = [RoundPoint(round_id=2, submission_id=5, measured_tokens_per_sec=10.0, weighted_score=0.0, state="failed"),
-              RoundPoint(round_id=2, submission_id=6, measured_tokens_per_sec=8.0, weighted_score=4.0, state="passed"),
-              RoundPoint(round_id=1, submission_id=3, measured_tokens_per_sec=7.0, weighted_score=3.5, state="passed")]
+    points = [
+        RoundPoint(round_id=2, submission_id=5, measured_tokens_per_sec=10.0, weighted_score=0.0, state="failed"),
+        RoundPoint(round_id=2, submission_id=6, measured_tokens_per_sec=8.0, weighted_score=4.0, state="passed"),
+        RoundPoint(round_id=1, submission_id=3, measured_tokens_per_sec=7.0, weighted_score=3.5, state="passed"),
+    ]
     assert [(p.round_id, p.submission_id) for p in best_per_round(points)] == [(1, 3), (2, 6)]
 
 

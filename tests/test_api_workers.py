@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api_fixtures import COMMIT, FORK, chain, database_url, postgres, wallets  # noqa: F401  (fixtures)
+from api_fixtures import COMMIT, FORK
 from quasar.api.devdb import start_api_process
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.auth import sign_request

@@ -1,4 +1,4 @@
-"""Every ``btcli`` command the README, the START scripts and QUASAR's messages tell an operator to run
+"""Every ``btcli`` command the README, docs/, the START scripts and QUASAR's messages tell an operator to run
 is one the btcli that pyproject.toml pins takes: its subcommand exists and each flag is in its
 ``--help`` (bittensor 11's btcli wants ``--wallet`` and ``--wallet-hotkey``, not ``--wallet.name``).
 The help comes from btcli's own command-line app (what the ``btcli`` script runs), in this process."""
@@ -18,7 +18,7 @@ from quasar.config import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ["START_MINER.sh", "START_VALIDATOR.sh", "START_MINER_INFERENCE.sh", "START_SERVER.sh"]
-# In the README: a line of a code block, or a code span, that starts with btcli (up to a comment).
+# In the README and docs/: a line of a code block, or a code span, that starts with btcli (up to a comment).
 README_COMMAND = re.compile(r"^btcli ([^#\n]+)|`btcli ([^`]+)`", re.MULTILINE)
 # In a script's message: a command in parentheses.
 SCRIPT_COMMAND = re.compile(r"\(btcli ([^)\"]+)\)")
@@ -57,9 +57,10 @@ def check(command: str) -> None:
         )
 
 
-def test_the_readme_and_the_start_scripts_use_real_btcli_commands():
+def test_the_readme_docs_and_start_scripts_use_real_btcli_commands():
     found = {script: commands_in((ROOT / script).read_text(), SCRIPT_COMMAND) for script in SCRIPTS}
-    found["README.md"] = commands_in((ROOT / "README.md").read_text(), README_COMMAND)
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        found[str(path.relative_to(ROOT))] = commands_in(path.read_text(), README_COMMAND)
     assert len(found["README.md"]) >= 8, found["README.md"]  # wallets, registration, stake, hyperparameters...
     assert found["START_MINER.sh"] and found["START_VALIDATOR.sh"]
     for commands in found.values():

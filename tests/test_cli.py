@@ -24,12 +24,20 @@ ROOT = Path(__file__).resolve().parents[1]
 QUASAR_SCRIPT = Path(sys.executable).with_name("quasar")
 TOKEN = "ghp_cli_test_token_0123456789"
 # Sub-commands of the tools that have them, each with its own help.
-NESTED = [("api", "serve"), ("api", "migrate"), ("api", "revision"), ("api", "publish-url"), ("inference", "serve"),
-          ("devchain", "--path", "x.sqlite3", "register")]
+NESTED = [
+    ("api", "serve"),
+    ("api", "migrate"),
+    ("api", "revision"),
+    ("api", "publish-url"),
+    ("inference", "serve"),
+    ("devchain", "--path", "x.sqlite3", "register"),
+]
 # The older spellings that must keep working, and the usage line each prints.
 SHIMS = {
-    **{(f"scripts/{path.name}",): f"usage: python scripts/{path.name}"
-       for path in sorted((ROOT / "scripts").glob("*.py"))},
+    **{
+        (f"scripts/{path.name}",): f"usage: python scripts/{path.name}"
+        for path in sorted((ROOT / "scripts").glob("*.py"))
+    },
     ("neurons/miner.py",): "usage: python -m neurons.miner",
     ("-m", "neurons.miner"): "usage: python -m neurons.miner",
     ("-m", "neurons.validator"): "usage: python -m neurons.validator",
@@ -60,8 +68,9 @@ def help_of(words, capsys) -> str:
 
 
 def test_quasar_help_lists_every_command_by_role_in_80_columns():
-    done = subprocess.run([str(QUASAR_SCRIPT), "--help"], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, "COLUMNS": "80"})
+    done = subprocess.run(
+        [str(QUASAR_SCRIPT), "--help"], capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "80"}
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert max(len(line) for line in lines) <= 80
@@ -77,8 +86,16 @@ def test_quasar_help_lists_every_command_by_role_in_80_columns():
         "validator": ["validator", "check-sandbox"],
         "API and chain": ["api", "devchain"],
         "network": ["localnet"],
-        "measurement": ["bench harness", "bench kernel", "bench floor", "bench reference", "bench neighbours",
-                        "bench api-load", "bench api-profile", "bench simulate-subnet"],
+        "measurement": [
+            "bench harness",
+            "bench kernel",
+            "bench floor",
+            "bench reference",
+            "bench neighbours",
+            "bench api-load",
+            "bench api-profile",
+            "bench simulate-subnet",
+        ],
         "other": ["imports", "scoring", "config"],
     }
     assert [" ".join(words) for words in command_lines()] == [name for names in sections.values() for name in names]
@@ -89,18 +106,23 @@ def test_each_commands_help_is_its_own_and_fits_80_columns(words, capsys):
     text = help_of(words, capsys)
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 80, "\n".join(line for line in lines if len(line) > 80)
-    named = [word for index, word in enumerate(words)
-             if not word.startswith("-") and not (index and words[index - 1].startswith("-"))]
+    named = [
+        word
+        for index, word in enumerate(words)
+        if not word.startswith("-") and not (index and words[index - 1].startswith("-"))
+    ]
     if words != ("imports",):  # the import validator's parser names itself python -m quasar.imports
         assert lines[0].startswith(f"usage: quasar {' '.join(named)} "), lines[0]
     assert "``" not in text  # plain text, not reStructuredText
 
 
 def test_a_wrong_command_names_what_was_wrong(capsys):
-    for argv, message in (([], "name a command (`quasar --help` lists them)"),
-                          (["stpe1"], "unknown command 'stpe1' (`quasar --help` lists them)"),
-                          (["bench"], "name a command (`quasar bench --help` lists them)"),
-                          (["bench", "kernal"], "unknown command 'kernal' (`quasar bench --help` lists them)")):
+    for argv, message in (
+        ([], "name a command (`quasar --help` lists them)"),
+        (["stpe1"], "unknown command 'stpe1' (`quasar --help` lists them)"),
+        (["bench"], "name a command (`quasar bench --help` lists them)"),
+        (["bench", "kernal"], "unknown command 'kernal' (`quasar bench --help` lists them)"),
+    ):
         with pytest.raises(SystemExit) as exited:
             main(argv)
         assert exited.value.code == 2 and message in capsys.readouterr().err
@@ -110,10 +132,12 @@ def test_a_wrong_command_names_what_was_wrong(capsys):
 
 
 def test_no_help_loads_torch_or_the_commands_modules():
-    code = ("import sys; from quasar.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
-            "print(sorted(m for m in sys.modules if m in ('torch', 'bittensor') or m.startswith(('quasar.bench', "
-            "'quasar.tools', 'quasar.api', 'quasar.evaluate'))))")
+    code = (
+        "import sys; from quasar.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in sys.modules if m in ('torch', 'bittensor') or m.startswith(('quasar.bench', "
+        "'quasar.tools', 'quasar.api', 'quasar.evaluate'))))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.splitlines()[-1] == "[]", done.stdout + done.stderr
 
@@ -131,8 +155,9 @@ def quiet_world(tmp_path, monkeypatch):
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     # No redacting handler from an earlier test in this process: the command must install its own.
-    root.handlers[:] = [handler for handler in handlers
-                        if not any(isinstance(found, RedactSecrets) for found in handler.filters)]
+    root.handlers[:] = [
+        handler for handler in handlers if not any(isinstance(found, RedactSecrets) for found in handler.filters)
+    ]
     yield tmp_path
     root.handlers[:] = handlers
     root.setLevel(level)
@@ -183,16 +208,18 @@ def test_the_older_spellings_still_work_from_any_folder(tmp_path):
 
     def run(spelling: tuple[str, ...]) -> subprocess.CompletedProcess:
         arguments = [str(ROOT / spelling[0]), *spelling[1:]] if spelling[0].endswith(".py") else list(spelling)
-        return subprocess.run([sys.executable, *arguments, "--help"], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, *arguments, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
 
     with ThreadPoolExecutor(4) as pool:
         done = dict(zip(SHIMS, pool.map(run, SHIMS), strict=True))
     for spelling, usage in SHIMS.items():
         assert done[spelling].returncode == 0, (spelling, done[spelling].stderr[-2000:])
         assert done[spelling].stdout.startswith(usage), (spelling, done[spelling].stdout[:200])
-    config = subprocess.run([sys.executable, "-m", "quasar.config"], cwd=tmp_path, env=env, capture_output=True,
-                            text=True, timeout=60)
+    config = subprocess.run(
+        [sys.executable, "-m", "quasar.config"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
     assert config.stdout == (ROOT / ".env.example").read_text()
 
 
@@ -234,6 +261,6 @@ def test_the_readme_and_docs_name_real_commands_and_flags(capsys):
                     helps.append(output.out)
         assert helps, f"{source}: quasar {' '.join(words)}"
         for flag in (word.split("=")[0] for word in words if word.startswith("--")):
-            assert any(re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text) for text in helps), \
+            assert any(re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", text) for text in helps), (
                 f"{source}: quasar {' '.join(words)}: no flag {flag}"
-
+            )

@@ -8,7 +8,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quasar.consensus import (
-    AWAITING_QUORUM, DISPUTED, FAILED, PASSED, Electorate, Quorum, Report, agreement, decide, majority_figure,
+    AWAITING_QUORUM,
+    DISPUTED,
+    FAILED,
+    PASSED,
+    Electorate,
+    Quorum,
+    Report,
+    agreement,
+    decide,
+    majority_figure,
 )
 
 QUORUM = Quorum(stake_share=0.6, min_validators=2)
@@ -37,8 +46,10 @@ def test_a_quorum_needs_the_stake_share_and_the_count():
     electorate = Electorate.from_stakes(STAKES)
     one = decide([passed("big", 100.0)], electorate, QUORUM)
     assert one.state == AWAITING_QUORUM and one.measured_tokens_per_sec is None
-    assert one.reason == ("awaiting a quorum: 1 of 3 validators reported, holding 40% of the stake; a quorum is "
-                          "2 validators holding 60% of the stake")
+    assert one.reason == (
+        "awaiting a quorum: 1 of 3 validators reported, holding 40% of the stake; a quorum is "
+        "2 validators holding 60% of the stake"
+    )
     small_pair = decide([passed("mid", 100.0), passed("small", 100.0)], electorate, QUORUM)
     assert small_pair.state == PASSED and small_pair.reported_share == pytest.approx(0.6)
     below = decide([passed("big", 100.0), passed("small", 100.0)], electorate, Quorum(0.7, 2))
@@ -78,8 +89,10 @@ def test_reports_without_a_permit_or_stake_count_for_nothing():
 
 def test_the_content_hash_is_the_one_a_majority_of_the_stake_reported():
     electorate = Electorate.from_stakes(STAKES)
-    assert decide([passed("big", 1.0, HASH_B), passed("mid", 1.0), passed("small", 1.0)], electorate,
-                  QUORUM).content_hash == HASH_A
+    assert (
+        decide([passed("big", 1.0, HASH_B), passed("mid", 1.0), passed("small", 1.0)], electorate, QUORUM).content_hash
+        == HASH_A
+    )
     assert decide([passed("big", 1.0, HASH_B), passed("mid", 1.0)], electorate, QUORUM).content_hash is None
 
 

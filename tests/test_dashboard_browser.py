@@ -11,26 +11,41 @@ from pathlib import Path
 
 import pytest
 
-from api_fixtures import COMMIT, FORK, Api, ApiServer, Clock, api_config, chain, wallets  # noqa: F401  (fixtures)
+from api_fixtures import COMMIT, FORK, Api, ApiServer, Clock, api_config
 from quasar.api.rules import commitment_hash, new_salt
 
 CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 HIDDEN_FORK, HIDDEN_COMMIT = "https://github.com/bob/unrevealed-kernels", "b0b" * 13 + "b"
-REASONS = ["T=1024: the output differs from the reference (relative error 0.41 > 0.01; worst 64-token block "
-           "from token 64)", "logit check not run: the evaluation failed",
-           "<script>document.title='pwned'</script>"]
+REASONS = [
+    "T=1024: the output differs from the reference (relative error 0.41 > 0.01; worst 64-token block from token 64)",
+    "logit check not run: the evaluation failed",
+    "<script>document.title='pwned'</script>",
+]
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason=f"no Chromium at {CHROMIUM}: install Debian's "
-                                "chromium package (./scripts/test.sh does) to run the dashboard's browser test")
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason=f"no Chromium at {CHROMIUM}: install Debian's "
+    "chromium package (./scripts/test.sh does) to run the dashboard's browser test",
+)
 
 
 def figures(*rows: tuple[int, float, float, bool]) -> list[dict]:
-    return [{"seq_len": n, "status": "ok", "tokens_per_sec": tps, "peak_vram_mb": mb, "correct": ok}
-            for n, tps, mb, ok in rows]
+    return [
+        {"seq_len": n, "status": "ok", "tokens_per_sec": tps, "peak_vram_mb": mb, "correct": ok}
+        for n, tps, mb, ok in rows
+    ]
 
 
 def populate(api: Api) -> dict[str, int]:
@@ -39,21 +54,47 @@ def populate(api: Api) -> dict[str, int]:
     early = a.submit_kernel(FORK, "1" * 40, 1_000_000, 2.0e5)
     for validator, measured in ((v1, 2.1e5), (v2, 2.05e5)):
         validator.fetch_work()
-        validator.report(early.submission_id, "passed", True, True, measured,
-                         lengths=figures((512, 3.0e5, 300, True), (1024, 2.9e5, 420, True),
-                                         (1_000_000, measured, 3400, True)))
+        validator.report(
+            early.submission_id,
+            "passed",
+            True,
+            True,
+            measured,
+            lengths=figures((512, 3.0e5, 300, True), (1024, 2.9e5, 420, True), (1_000_000, measured, 3400, True)),
+        )
     api.chain.advance(360 - api.chain.current_block() % 360)  # the next round
     honest = a.submit_kernel(FORK, COMMIT, 1_000_000, 6.0e7)
     hostile = c.submit_kernel("https://github.com/carol/flash-linear-attention", "c" * 40, 1_000_000, 2.0e8)
     b.commit(commitment_hash(new_salt(), HIDDEN_FORK, HIDDEN_COMMIT), 1_000_000)
     for validator, scale in ((v1, 1.0), (v2, 0.99)):
         validator.fetch_work()
-        validator.report(honest.submission_id, "passed", True, True, 6.16e7 * scale,
-                         lengths=figures((512, 3.1e6 * scale, 310, True), (1024, 6.0e6 * scale, 330, True),
-                                         (2048, 1.1e7 * scale, 360, True), (1_000_000, 6.16e7 * scale, 3500, True)))
-        validator.report(hostile.submission_id, "failed", False, None, 2.2e8 * scale, reasons=REASONS,
-                         lengths=figures((512, 9.0e6 * scale, 200, True), (1024, 1.7e7 * scale, 210, False),
-                                         (2048, 3.3e7 * scale, 220, False), (1_000_000, 2.2e8 * scale, 900, False)))
+        validator.report(
+            honest.submission_id,
+            "passed",
+            True,
+            True,
+            6.16e7 * scale,
+            lengths=figures(
+                (512, 3.1e6 * scale, 310, True),
+                (1024, 6.0e6 * scale, 330, True),
+                (2048, 1.1e7 * scale, 360, True),
+                (1_000_000, 6.16e7 * scale, 3500, True),
+            ),
+        )
+        validator.report(
+            hostile.submission_id,
+            "failed",
+            False,
+            None,
+            2.2e8 * scale,
+            reasons=REASONS,
+            lengths=figures(
+                (512, 9.0e6 * scale, 200, True),
+                (1024, 1.7e7 * scale, 210, False),
+                (2048, 3.3e7 * scale, 220, False),
+                (1_000_000, 2.2e8 * scale, 900, False),
+            ),
+        )
     api.chain.advance(1)  # reports count from the block after they arrive
     return {"honest": honest.submission_id, "hostile": hostile.submission_id}
 
@@ -62,20 +103,26 @@ def test_dashboard_pages_in_headless_chromium(tmp_path, chain, wallets):
     from playwright.sync_api import sync_playwright
 
     clock = Clock()
-    server = ApiServer(api_config(wallets["api"].hotkey.ss58_address), chain,
-                       f"sqlite:///{tmp_path}/api.sqlite3", clock)
+    server = ApiServer(
+        api_config(wallets["api"].hotkey.ss58_address), chain, f"sqlite:///{tmp_path}/api.sqlite3", clock
+    )
     api = Api(server.__enter__(), chain, wallets, clock)
     try:
         ids = populate(api)
         with sync_playwright() as playwright:
             context = playwright.chromium.launch_persistent_context(
-                str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
-                viewport=DESKTOP)
+                str(tmp_path / "profile"),
+                executable_path=str(CHROMIUM),
+                headless=True,
+                args=CHROMIUM_ARGS,
+                viewport=DESKTOP,
+            )
             try:
                 page = context.new_page()
                 outside: list[str] = []
-                page.on("request", lambda request: None if request.url.startswith(api.url)
-                        else outside.append(request.url))
+                page.on(
+                    "request", lambda request: None if request.url.startswith(api.url) else outside.append(request.url)
+                )
                 for size_name, size in (("desktop", DESKTOP), ("phone", PHONE)):
                     page.set_viewport_size(size)
                     page.goto(api.url + "/")
@@ -92,8 +139,9 @@ def test_dashboard_pages_in_headless_chromium(tmp_path, chain, wallets):
                         width = page.evaluate("document.documentElement.scrollWidth")
                         assert width <= PHONE["width"], width
                         # and the ranking's columns all fit without scrolling its table
-                        overflow = page.evaluate("(t => t.scrollWidth - t.parentElement.clientWidth)"
-                                                 "(document.getElementById('leaderboard'))")
+                        overflow = page.evaluate(
+                            "(t => t.scrollWidth - t.parentElement.clientWidth)(document.getElementById('leaderboard'))"
+                        )
                         assert overflow <= 0, overflow
 
                     page.goto(f"{api.url}/dashboard/submissions/{ids['hostile']}")
@@ -129,5 +177,11 @@ def test_dashboard_pages_in_headless_chromium(tmp_path, chain, wallets):
             client.close()
         server.__exit__(None, None, None)
     shots = sorted(path.name for path in tmp_path.glob("*.png"))
-    assert shots == ["leaderboard-desktop.png", "leaderboard-phone.png", "miner-desktop.png",
-                     "submission-failed-desktop.png", "submission-failed-phone.png", "validators-phone.png"]
+    assert shots == [
+        "leaderboard-desktop.png",
+        "leaderboard-phone.png",
+        "miner-desktop.png",
+        "submission-failed-desktop.png",
+        "submission-failed-phone.png",
+        "validators-phone.png",
+    ]

@@ -79,12 +79,12 @@ def test_a_sandbox_or_references_started_for_something_else_are_refused_and_clos
 
 
 def test_a_fork_too_large_for_the_started_child_fails_the_evaluation_clearly(tmp_path, monkeypatch):
-    from quasar.evaluate import sandbox as sandbox_module
+    from quasar.evaluate import sandbox_contents
 
     fork = tmp_path / "fork"
     copy_starter_tree(fork)
     sandbox = SandboxStart([64], "cpu", SandboxPolicy())
-    monkeypatch.setattr(sandbox_module, "MAX_FORK_BYTES", 1024)
+    monkeypatch.setattr(sandbox_contents, "MAX_FORK_BYTES", 1024)
     report = evaluate(fork, 64, None, FAST, sandbox=sandbox)
     assert report.verdict == "fail"
     assert report.reasons[0] == "sandbox: the fork is larger than 0 MiB without .git"

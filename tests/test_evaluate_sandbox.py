@@ -1,5 +1,5 @@
-"""The sandbox's parent side (quasar/evaluate/sandbox.py): the output it keeps, the environment, the
-fork's copy, the stragglers, the folders it binds and hides."""
+"""The sandbox's parent side (quasar/evaluate/sandbox.py, sandbox_contents.py): the output it keeps,
+the environment, the fork's copy, the stragglers, the folders it binds and hides."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from quasar.evaluate.captured_output import CapturedOutput
-from quasar.evaluate.sandbox import SandboxError, SandboxPolicy, copy_tree, scrubbed_environment
+from quasar.evaluate.sandbox import SandboxError, SandboxPolicy
+from quasar.evaluate.sandbox_contents import copy_tree, scrubbed_environment
 from quasar.evaluate.sandbox_layout import python_installation, site_folders
 from quasar.evaluate.stragglers import MARKER_VARIABLE, kill_marked_processes
 from tests.evaluate_runs import (
@@ -68,7 +69,7 @@ def test_copying_a_fork_skips_git_and_links_leaving_it(tmp_path, monkeypatch):
     assert (copied / "fla" / "a.py").read_text() == "x = 1"
     assert oct((copied / "fla" / "a.py").stat().st_mode & 0o777) == "0o644"
     assert (copied / "fla" / "inside.py").is_symlink() and not (copied / "fla" / "escape").exists()
-    monkeypatch.setattr("quasar.evaluate.sandbox.MAX_FORK_BYTES", 2)
+    monkeypatch.setattr("quasar.evaluate.sandbox_contents.MAX_FORK_BYTES", 2)
     with pytest.raises(SandboxError, match="larger than"):
         copy_tree(source, tmp_path / "copy2")
 

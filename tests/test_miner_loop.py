@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from api_fixtures import SLOW_BLOCKS, ApiServer, api_config, make_wallet
+from api_fixtures import SLOW_BLOCKS, ApiServer, api_config
 from quasar.api.client import ApiClient
 from quasar.chain.devchain import DevChain
 from quasar.config import resolve
 from quasar.evaluate import EvaluationOptions
 from quasar.localnet.github_standin import GitHubStandIn
+from quasar.localnet.host import make_wallet
 from quasar.miner.github import Git, GitHubClient, write_askpass
 from quasar.miner.loop import Evaluator, LoopConfig, Miner, required_gain
 from quasar.miner.runner import MinerSetupError, published_endpoint, remote_url

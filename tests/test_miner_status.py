@@ -7,18 +7,22 @@ import logging
 
 from rich.console import Console
 
-from api_fixtures import COMMIT, FORK, chain, database_url, postgres, start_api, wallets  # noqa: F401  (fixtures)
+from api_fixtures import COMMIT, FORK
 from neurons.miner import main as miner_main
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.miner.status import VerdictWatcher, print_status
 
 SECRET_FORK = "https://github.com/minera/unrevealed-kernels"
 SECRET_COMMIT = "5ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2"
-LONG_REASON = ("T=1024: the output differs from the reference (relative error 0.41 > 0.01; the first wrong "
-               "64-token block starts at token 64: the kernel skips the recurrence beyond the first chunk)")
-FIGURES = [{"seq_len": 512, "status": "ok", "tokens_per_sec": 9.1e6, "peak_vram_mb": 210.0, "correct": True},
-           {"seq_len": 1024, "status": "ok", "tokens_per_sec": 1.7e7, "peak_vram_mb": 230.0, "correct": False},
-           {"seq_len": 1_000_000, "status": "oom", "tokens_per_sec": None, "peak_vram_mb": 81_000.0, "correct": None}]
+LONG_REASON = (
+    "T=1024: the output differs from the reference (relative error 0.41 > 0.01; the first wrong "
+    "64-token block starts at token 64: the kernel skips the recurrence beyond the first chunk)"
+)
+FIGURES = [
+    {"seq_len": 512, "status": "ok", "tokens_per_sec": 9.1e6, "peak_vram_mb": 210.0, "correct": True},
+    {"seq_len": 1024, "status": "ok", "tokens_per_sec": 1.7e7, "peak_vram_mb": 230.0, "correct": False},
+    {"seq_len": 1_000_000, "status": "oom", "tokens_per_sec": None, "peak_vram_mb": 81_000.0, "correct": None},
+]
 
 
 def miner_with_history(api) -> dict[str, int]:
@@ -29,8 +33,15 @@ def miner_with_history(api) -> dict[str, int]:
     v1.report(good.submission_id, "passed", True, True, 6.1e7)
     bad = a.submit_kernel("https://github.com/minera/fla-fast", "d" * 40, 1_000_000, 2.0e8)
     v1.fetch_work()
-    v1.report(bad.submission_id, "failed", False, None, None, lengths=FIGURES,
-              reasons=[LONG_REASON, "OOM at T=1,000,000, peak 81,000 MiB"])
+    v1.report(
+        bad.submission_id,
+        "failed",
+        False,
+        None,
+        None,
+        lengths=FIGURES,
+        reasons=[LONG_REASON, "OOM at T=1,000,000, peak 81,000 MiB"],
+    )
     committed = a.commit(commitment_hash(new_salt(), SECRET_FORK, SECRET_COMMIT), 1_000_000)
     return {"good": good.submission_id, "bad": bad.submission_id, "committed": committed.submission_id}
 
@@ -68,8 +79,16 @@ def test_status_command_uses_the_miners_wallet_and_api_flags(start_api, capsys):
     api = start_api()
     ids = miner_with_history(api)
     wallet = api.wallets["a"]
-    flags = ["--wallet.name", wallet.name, "--wallet.hotkey", "default", "--wallet.path", wallet.path,
-             "--api.url", api.url]
+    flags = [
+        "--wallet.name",
+        wallet.name,
+        "--wallet.hotkey",
+        "default",
+        "--wallet.path",
+        wallet.path,
+        "--api.url",
+        api.url,
+    ]
     assert miner_main(["status", *flags]) == 0
     out = capsys.readouterr().out
     assert f"{ids['bad']} │ failed" in out and SECRET_COMMIT not in out
@@ -86,8 +105,9 @@ def test_the_miner_logs_each_verdict_once_as_it_arrives(start_api, caplog):
     ids = miner_with_history(api)
     watcher = VerdictWatcher(api.client("a"), api.wallets["a"].hotkey.ss58_address)
     with caplog.at_level(logging.INFO, logger="quasar.miner.status"):
-        assert sorted(watcher.poll()) == sorted([(ids["good"], api.wallets["v1"].hotkey.ss58_address),
-                                                 (ids["bad"], api.wallets["v1"].hotkey.ss58_address)])
+        assert sorted(watcher.poll()) == sorted(
+            [(ids["good"], api.wallets["v1"].hotkey.ss58_address), (ids["bad"], api.wallets["v1"].hotkey.ss58_address)]
+        )
         assert watcher.poll() == []
         api.client("v2").fetch_work()
         api.client("v2").report(ids["good"], "passed", True, True, 5.9e7)

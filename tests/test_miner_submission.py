@@ -10,11 +10,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api_fixtures import SLOW_BLOCKS, ApiServer, api_config, make_wallet
+from api_fixtures import SLOW_BLOCKS, ApiServer, api_config
 from quasar.api.client import ApiClient
 from quasar.api.rules import commitment_hash
 from quasar.chain.devchain import DevChain
 from quasar.evaluate.report import FAIL, OK, OOM, PASS, EvaluationReport, LengthResult
+from quasar.localnet.host import make_wallet
 from quasar.miner.github import Git, write_askpass
 from quasar.miner.runner import remote_url
 from quasar.miner.state import Measurement, MinerState, MinerStateError, PendingReveal, StateStore

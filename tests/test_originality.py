@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 
 from quasar.originality import (
-    SAME_COMMIT, SAME_CONTENT, CopyOf, Fingerprint, content_hash, find_copies, normalised_file,
+    SAME_COMMIT,
+    SAME_CONTENT,
+    CopyOf,
+    Fingerprint,
+    content_hash,
+    find_copies,
+    normalised_file,
 )
 from quasar.validator import worker
 from quasar.validator.worker import kernel_content_hash
@@ -21,8 +27,11 @@ KERNEL = Path(__file__).resolve().parents[1] / "quasar" / "starter_fork" / "tree
 
 
 def kernel_files() -> dict[str, bytes]:
-    return {path.relative_to(KERNEL).as_posix(): path.read_bytes()
-            for path in sorted(KERNEL.rglob("*")) if path.is_file() and "__pycache__" not in path.parts}
+    return {
+        path.relative_to(KERNEL).as_posix(): path.read_bytes()
+        for path in sorted(KERNEL.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
 
 
 def disguised_python(source: str) -> str:
@@ -51,14 +60,18 @@ def test_the_starter_forks_kernel_disguised_hashes_the_same_and_a_real_change_do
             disguised[name] = disguised_python(data.decode()).encode()
             assert disguised[name] != data
     cuda = files["csrc/quasar_recurrent.cu"].decode()
-    disguised["csrc/quasar_recurrent.cu"] = ("/* my kernel */\n" + re.sub(r"[ \t]+", "  ", cuda)
-                                             .replace("\n", "\n\n") + "\n// end\n").encode()
+    disguised["csrc/quasar_recurrent.cu"] = (
+        "/* my kernel */\n" + re.sub(r"[ \t]+", "  ", cuda).replace("\n", "\n\n") + "\n// end\n"
+    ).encode()
     disguised["tuning.json"] = json.dumps(json.loads(files["tuning.json"]), indent=7).encode()
     assert content_hash(disguised) == original
     # A real change: one constant, one file more, or a file moved.
     changed = dict(files)
-    changed["gate.py"] = files["gate.py"].replace(b"1e-8", b"1e-7") if b"1e-8" in files["gate.py"] \
+    changed["gate.py"] = (
+        files["gate.py"].replace(b"1e-8", b"1e-7")
+        if b"1e-8" in files["gate.py"]
         else files["gate.py"] + b"\nEXTRA = 1\n"
+    )
     assert content_hash(changed) != original
     assert content_hash({**files, "helper.py": b"X = 1\n"}) != original
     moved = {("moved/" + name if name == "gate.py" else name): data for name, data in files.items()}
@@ -66,9 +79,10 @@ def test_the_starter_forks_kernel_disguised_hashes_the_same_and_a_real_change_do
 
 
 def test_c_sources_lose_comments_and_spacing_but_not_strings():
-    assert normalised_file("k.cu", b"int a = b + c; // sum\n/* block\ncomment */ return a;") == \
-        normalised_file("k.cu", b"int a=b+c;\n\n   return a ;")
-    assert normalised_file("k.cu", b'printf("// not a comment");') != normalised_file("k.cu", b"printf(\"\");")
+    assert normalised_file("k.cu", b"int a = b + c; // sum\n/* block\ncomment */ return a;") == normalised_file(
+        "k.cu", b"int a=b+c;\n\n   return a ;"
+    )
+    assert normalised_file("k.cu", b'printf("// not a comment");') != normalised_file("k.cu", b'printf("");')
     assert normalised_file("k.cu", b"int a;") != normalised_file("k.cu", b"int b;")
 
 

@@ -19,10 +19,41 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_small_subnet_runs_and_reports_every_round(tmp_path):
     figures_file = tmp_path / "figures.json"
     run = subprocess.run(
-        [sys.executable, "-m", "quasar", "bench", "simulate-subnet", "--miners", "12", "--spammers", "2",
-         "--copiers", "1", "--validators", "2", "--workers", "3", "--eval-seconds", "25", "--rounds", "2",
-         "--round-blocks", "20", "--submissions-per-hour", "30", "--speedup", "100", "--json", str(figures_file)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240, env={**os.environ, "COLUMNS": "80"})
+        [
+            sys.executable,
+            "-m",
+            "quasar",
+            "bench",
+            "simulate-subnet",
+            "--miners",
+            "12",
+            "--spammers",
+            "2",
+            "--copiers",
+            "1",
+            "--validators",
+            "2",
+            "--workers",
+            "3",
+            "--eval-seconds",
+            "25",
+            "--rounds",
+            "2",
+            "--round-blocks",
+            "20",
+            "--submissions-per-hour",
+            "30",
+            "--speedup",
+            "100",
+            "--json",
+            str(figures_file),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "COLUMNS": "80"},
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert all(len(line) <= 80 for line in run.stdout.splitlines()), run.stdout
     [figures] = json.loads(figures_file.read_text())

@@ -32,8 +32,8 @@ import pytest
 from bittensor.sp_core import Keypair
 from sqlalchemy import select
 
-from api_fixtures import ApiServer, api_config, make_wallet
 import quasar
+from api_fixtures import ApiServer, api_config
 from quasar import config
 from quasar.api.client import ApiClient
 from quasar.api.db import EvaluationReport
@@ -41,12 +41,13 @@ from quasar.api.devdb import free_port
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.evaluate import EvaluationOptions
 from quasar.inference.server import create_inference_app
+from quasar.localnet.host import make_wallet
 from quasar.logits import ChallengeLimits, LogitThresholds, load_reference_model
 from quasar.starter_fork import write_starter_fork
+from quasar.validator.devices import Device
 from quasar.validator.evaluator import SubprocessEvaluator
 from quasar.validator.logit_check import MinerLogitChecker
 from quasar.validator.loop import Validator
-from quasar.validator.devices import Device
 from quasar.validator.state import (
     ABANDONED,
     FINISHED,
@@ -67,8 +68,16 @@ NETUID = 24
 TARGET = 64
 CLAIM = 1.0  # tokens/s: far below what the CPU measures, so the claim check passes
 SLOW_BLOCKS = 1e6  # seconds per block: the chain moves only through advance()
-FAST = EvaluationOptions(seq_lens=(), device="cpu", warmup_runs=1, min_timed_runs=3, max_timed_runs=3,
-                         timed_seconds=0.1, length_timeout_s=120, timeout_s=300)
+FAST = EvaluationOptions(
+    seq_lens=(),
+    device="cpu",
+    warmup_runs=1,
+    min_timed_runs=3,
+    max_timed_runs=3,
+    timed_seconds=0.1,
+    length_timeout_s=120,
+    timeout_s=300,
+)
 MINERS = ("a", "b", "c", "d", "u")
 # For the tests not about the weights rules: weights set directly and visible at once, no rate limit.
 DIRECT = dataclasses.replace(FINNEY, commit_reveal_enabled=False, weights_rate_limit=0)
@@ -76,12 +85,20 @@ DIRECT = dataclasses.replace(FINNEY, commit_reveal_enabled=False, weights_rate_l
 
 def git_commit_all(repo: Path, message: str) -> str:
     """Commit everything in ``repo`` (made a repository if it is not one); returns the commit id."""
-    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t.invalid", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t.invalid", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t.invalid",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+    }
     for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "--no-gpg-sign", "-m", message]):
         subprocess.run(["git", "-C", str(repo), *command], check=True, env=env, capture_output=True)
-    return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +119,15 @@ def world(tmp_path_factory):
     copy_commit = git_commit_all(copy, "my kernel")
     honest_model, other_model = make_tiny_qwen2(root / "qwen1", 1), make_tiny_qwen2(root / "qwen2", 2)
     return {
-        "root": root, "wallets": wallets,
-        "honest": (f"file://{honest}", honest_commit), "zeros": (f"file://{zeros}", zeros_commit),
+        "root": root,
+        "wallets": wallets,
+        "honest": (f"file://{honest}", honest_commit),
+        "zeros": (f"file://{zeros}", zeros_commit),
         "copy": (f"file://{copy}", copy_commit),
         "missing": (f"file://{root}/no-such-fork", "ab" * 20),
         "model_dir": honest_model,
-        "served": load_reference_model(str(honest_model)), "other": load_reference_model(str(other_model)),
+        "served": load_reference_model(str(honest_model)),
+        "other": load_reference_model(str(other_model)),
         "reference": load_reference_model(str(honest_model)),
     }
 
@@ -116,8 +136,15 @@ class Subnet:
     """A dev chain with ``rules`` (its hyperparameters) and the owner (uid 0), the validator and the
     miners, registered at ``start_block``, each miner serving logits."""
 
-    def __init__(self, world, path: Path, block_time_s: float, dishonest: tuple[str, ...] = (),
-                 rules=DIRECT, start_block: int = 0):
+    def __init__(
+        self,
+        world,
+        path: Path,
+        block_time_s: float,
+        dishonest: tuple[str, ...] = (),
+        rules=DIRECT,
+        start_block: int = 0,
+    ):
         self.world = world
         self.wallets = world["wallets"]
         self.chain = DevChain(path, netuid=NETUID, block_time_s=block_time_s)
@@ -126,8 +153,7 @@ class Subnet:
         self.chain.advance(start_block)
         self.uids = {"owner": self.chain.register_wallet(self.wallets["owner"])}
         self.chain.set_owner(self.wallets["owner"].hotkey.ss58_address)
-        self.uids["validator"] = self.chain.register_wallet(self.wallets["validator"], stake=1e4,
-                                                            validator_permit=True)
+        self.uids["validator"] = self.chain.register_wallet(self.wallets["validator"], stake=1e4, validator_permit=True)
         self._servers = []
         for name in MINERS:
             self.uids[name] = self.chain.register_wallet(self.wallets[name])
@@ -167,13 +193,17 @@ def reports_by_submission(server: ApiServer) -> dict[int, EvaluationReport]:
 
 def logit_checker(world, subnet: Subnet) -> MinerLogitChecker:
     """The validator's checker against the honest tiny model (its own copy of the reference)."""
-    return MinerLogitChecker(subnet.wallets["validator"], world["reference"],
-                             ChallengeLimits(max_prompt_len=32, max_gen_len=8), LogitThresholds(), 20.0)
+    return MinerLogitChecker(
+        subnet.wallets["validator"],
+        world["reference"],
+        ChallengeLimits(max_prompt_len=32, max_gen_len=8),
+        LogitThresholds(),
+        20.0,
+    )
 
 
 def settings_for(**flags: str) -> config.Settings:
-    base = {"network": "devchain", "netuid": str(NETUID), "device": "cpu", "epoch_blocks": "100",
-            "eval_seq_lens": ""}
+    base = {"network": "devchain", "netuid": str(NETUID), "device": "cpu", "epoch_blocks": "100", "eval_seq_lens": ""}
     return config.resolve({**base, **flags}, environ={}, dotenv_path=None)
 
 
@@ -185,14 +215,27 @@ def test_validator_steps_evaluate_report_and_set_weights(world, tmp_path, caplog
     caplog.set_level(logging.INFO)
     subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS, dishonest=("c",))
     try:
-        with running_api(subnet, tmp_path) as server, \
-                ValidatorState.open(tmp_path / "state.sqlite3") as state, \
-                ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api:
-            ids = {name: submit(server, subnet, name, world[fork])
-                   for name, fork in (("a", "honest"), ("u", "missing"), ("b", "zeros"), ("c", "copy"))}
+        with (
+            running_api(subnet, tmp_path) as server,
+            ValidatorState.open(tmp_path / "state.sqlite3") as state,
+            ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api,
+        ):
+            ids = {
+                name: submit(server, subnet, name, world[fork])
+                for name, fork in (("a", "honest"), ("u", "missing"), ("b", "zeros"), ("c", "copy"))
+            }
             evaluator = SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True)
-            validator = Validator(settings_for(), subnet.chain, api, subnet.wallets["validator"], evaluator,
-                                  logit_checker(world, subnet), state, devices=[Device("cpu", "")], interval_s=0.2)
+            validator = Validator(
+                settings_for(),
+                subnet.chain,
+                api,
+                subnet.wallets["validator"],
+                evaluator,
+                logit_checker(world, subnet),
+                state,
+                devices=[Device("cpu", "")],
+                interval_s=0.2,
+            )
 
             first = validator.step()
             # As much work as its one device can start: the rest waits at the API, in the schedule's order.
@@ -259,12 +302,25 @@ def test_a_failing_step_is_logged_and_the_loop_goes_on(world, tmp_path, caplog):
     """The API is down: fetching fails (logged), the step still sets weights."""
     subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
     try:
-        with ValidatorState.open(tmp_path / "state.sqlite3") as state, \
-                ApiClient(f"http://127.0.0.1:{free_port()}", subnet.wallets["validator"],
-                          api_hotkey=subnet.hotkey("api"), timeout=2) as api:
-            validator = Validator(settings_for(), subnet.chain, api, subnet.wallets["validator"],
-                                  SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
-                                  logit_checker(world, subnet), state, devices=[Device("cpu", "")])
+        with (
+            ValidatorState.open(tmp_path / "state.sqlite3") as state,
+            ApiClient(
+                f"http://127.0.0.1:{free_port()}",
+                subnet.wallets["validator"],
+                api_hotkey=subnet.hotkey("api"),
+                timeout=2,
+            ) as api,
+        ):
+            validator = Validator(
+                settings_for(),
+                subnet.chain,
+                api,
+                subnet.wallets["validator"],
+                SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
+                logit_checker(world, subnet),
+                state,
+                devices=[Device("cpu", "")],
+            )
             summary = validator.step()
             assert summary.failed_phases == ["fetch"]
             assert "validator step: fetch failed; going on" in caplog.text
@@ -277,27 +333,49 @@ def test_a_failing_step_is_logged_and_the_loop_goes_on(world, tmp_path, caplog):
 # --- weights under finney's rules ---
 
 
-def scored_validator(subnet: Subnet, state: ValidatorState, api: ApiClient, tmp_path: Path, measured: dict[str, float],
-                     chain: DevChain | None = None) -> Validator:
+def scored_validator(
+    subnet: Subnet,
+    state: ValidatorState,
+    api: ApiClient,
+    tmp_path: Path,
+    measured: dict[str, float],
+    chain: DevChain | None = None,
+) -> Validator:
     """A validator whose state holds finished, logit-checked results of the miners in ``measured``
     (tokens/s each), as its own evaluations would have left them; its API is down (nothing to fetch)."""
     for submission_id, (name, tokens_per_sec) in enumerate(measured.items(), start=1):
-        submission = Submission(submission_id, subnet.hotkey(name), f"file:///forks/{name}", f"{submission_id:040x}",
-                                TARGET, tokens_per_sec, float(submission_id), 0)
+        submission = Submission(
+            submission_id,
+            subnet.hotkey(name),
+            f"file:///forks/{name}",
+            f"{submission_id:040x}",
+            TARGET,
+            tokens_per_sec,
+            float(submission_id),
+            0,
+        )
         state.add_submission(submission, 0.0)
         key = EvaluationKey(submission.fork_url, submission.commit_hash, TARGET)
         state.start_evaluation(key, "cpu", 0.0)
         state.finish_evaluation(key, EvaluationResult(correct=True, measured_tokens_per_sec=tokens_per_sec), 0.0)
         state.record_logits(submission_id, PASSED, "logits match", 0.0)
-    return Validator(settings_for(), chain or subnet.chain, api, subnet.wallets["validator"],
-                     SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True), logit_checker(subnet.world, subnet),
-                     state, devices=[Device("cpu", "")])
+    return Validator(
+        settings_for(),
+        chain or subnet.chain,
+        api,
+        subnet.wallets["validator"],
+        SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
+        logit_checker(subnet.world, subnet),
+        state,
+        devices=[Device("cpu", "")],
+    )
 
 
 @contextmanager
 def down_api(subnet: Subnet):
-    with ApiClient(f"http://127.0.0.1:{free_port()}", subnet.wallets["validator"], api_hotkey=subnet.hotkey("api"),
-                   timeout=2) as api:
+    with ApiClient(
+        f"http://127.0.0.1:{free_port()}", subnet.wallets["validator"], api_hotkey=subnet.hotkey("api"), timeout=2
+    ) as api:
         yield api
 
 
@@ -310,20 +388,26 @@ def test_an_owner_without_a_uid_gets_nothing_and_the_places_are_set_alone(world,
     two placed shares scaled to sum 1, and the chain reveals them at the next epoch."""
     caplog.set_level(logging.INFO)
     subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS, rules=FINNEY)
-    subnet.chain.set_owner(Keypair.create_from_mnemonic(Keypair.generate_mnemonic()).ss58_address,
-                           coldkey=subnet.wallets["owner"].coldkeypub.ss58_address)
+    subnet.chain.set_owner(
+        Keypair.create_from_mnemonic(Keypair.generate_mnemonic()).ss58_address,
+        coldkey=subnet.wallets["owner"].coldkeypub.ss58_address,
+    )
     try:
         with ValidatorState.open(tmp_path / "state.sqlite3") as state, down_api(subnet) as api:
             validator = scored_validator(subnet, state, api, tmp_path, {"a": 1000.0, "b": 500.0})
             assert validator.step().weights_set
             (line,) = lines(caplog, "hotkey holds no uid on subnet")
-            assert line == (f"the subnet owner's hotkey holds no uid on subnet {NETUID}: the unassigned share 0.15 is "
-                            "not set; the placed shares are set alone, scaled to sum 1")
+            assert line == (
+                f"the subnet owner's hotkey holds no uid on subnet {NETUID}: the unassigned share 0.15 is "
+                "not set; the placed shares are set alone, scaled to sum 1"
+            )
             assert "weights committed (the chain applies them when it reveals them) at block 0" in caplog.text
             assert subnet.validator_weights() == {}  # committed: invisible until revealed
             subnet.chain.advance(FINNEY.tempo)
-            assert subnet.validator_weights() == {subnet.uids["a"]: pytest.approx(0.60 / 0.85),
-                                                  subnet.uids["b"]: pytest.approx(0.25 / 0.85)}
+            assert subnet.validator_weights() == {
+                subnet.uids["a"]: pytest.approx(0.60 / 0.85),
+                subnet.uids["b"]: pytest.approx(0.25 / 0.85),
+            }
     finally:
         subnet.close()
 
@@ -345,8 +429,10 @@ def test_a_validator_without_a_permit_submits_nothing_and_says_so_once_an_epoch(
             assert not validator.step().weights_set
             assert subnet.chain.commits() == []
             said = lines(caplog, "has no validator permit")
-            assert len(said) == 2 and said[0].startswith(f"uid {subnet.uids['validator']} has no validator permit "
-                                                         f"on subnet {NETUID} (stake 10,000.00): no weights submitted")
+            assert len(said) == 2 and said[0].startswith(
+                f"uid {subnet.uids['validator']} has no validator permit "
+                f"on subnet {NETUID} (stake 10,000.00): no weights submitted"
+            )
             subnet.chain.set_validator_permit(subnet.hotkey("validator"), True)
             subnet.chain.advance(100)
             assert validator.step().weights_set
@@ -384,13 +470,17 @@ def test_a_uid_taken_over_between_planning_and_submitting_gets_nothing(world, tm
             validator = scored_validator(subnet, state, api, tmp_path, {"a": 1000.0, "b": 500.0}, chain=chain)
             assert validator.step().weights_set
             assert chain.submissions == 2  # planned again once the chain said uid a changed hands
-            assert f"uid {subnet.uids['a']}: planned for {subnet.hotkey('a')}, held by {chain.newcomer} now" \
-                in caplog.text and "planning the weights again" in caplog.text
+            assert (
+                f"uid {subnet.uids['a']}: planned for {subnet.hotkey('a')}, held by {chain.newcomer} now" in caplog.text
+                and "planning the weights again" in caplog.text
+            )
             assert chain.metagraph().by_uid(subnet.uids["a"]).hotkey == chain.newcomer
             subnet.chain.advance(FINNEY.tempo)
             # a is no longer registered, so b is first; the newcomer at a's uid gets nothing.
-            assert subnet.validator_weights() == {subnet.uids["b"]: pytest.approx(0.60),
-                                                  subnet.uids["owner"]: pytest.approx(0.40)}
+            assert subnet.validator_weights() == {
+                subnet.uids["b"]: pytest.approx(0.60),
+                subnet.uids["owner"]: pytest.approx(0.40),
+            }
     finally:
         subnet.close()
 
@@ -413,8 +503,10 @@ def test_a_rate_limited_validator_waits_the_blocks_the_chain_says(world, tmp_pat
             (commit,) = subnet.chain.commits()
             assert commit.commit_block == 110
             subnet.chain.advance(FINNEY.tempo)
-            assert subnet.validator_weights() == {subnet.uids["a"]: pytest.approx(0.60),
-                                                  subnet.uids["owner"]: pytest.approx(0.40)}
+            assert subnet.validator_weights() == {
+                subnet.uids["a"]: pytest.approx(0.60),
+                subnet.uids["owner"]: pytest.approx(0.40),
+            }
     finally:
         subnet.close()
 
@@ -423,13 +515,43 @@ def test_a_rate_limited_validator_waits_the_blocks_the_chain_says(world, tmp_pat
 
 
 def validator_command(subnet_path: Path, world, api_url: str, api_hotkey: str, data_dir: Path) -> list[str]:
-    return [sys.executable, "-m", "neurons.validator", "--subtensor.network", "devchain",
-            "--devchain.path", str(subnet_path), "--netuid", str(NETUID),
-            "--wallet.path", str(world["root"] / "wallets"), "--wallet.name", "validator",
-            "--wallet.hotkey", "default", "--api.url", api_url, "--api.hotkey", api_hotkey, "--device", "cpu",
-            "--reference-model", str(world["model_dir"]), "--validator.data-dir", str(data_dir),
-            "--eval.seq-lens", "", "--eval.timed-seconds", "0", "--epoch-blocks", "3", "--logits.max-prompt-len", "32",
-            "--logits.max-gen-len", "8"]
+    return [
+        sys.executable,
+        "-m",
+        "neurons.validator",
+        "--subtensor.network",
+        "devchain",
+        "--devchain.path",
+        str(subnet_path),
+        "--netuid",
+        str(NETUID),
+        "--wallet.path",
+        str(world["root"] / "wallets"),
+        "--wallet.name",
+        "validator",
+        "--wallet.hotkey",
+        "default",
+        "--api.url",
+        api_url,
+        "--api.hotkey",
+        api_hotkey,
+        "--device",
+        "cpu",
+        "--reference-model",
+        str(world["model_dir"]),
+        "--validator.data-dir",
+        str(data_dir),
+        "--eval.seq-lens",
+        "",
+        "--eval.timed-seconds",
+        "0",
+        "--epoch-blocks",
+        "3",
+        "--logits.max-prompt-len",
+        "32",
+        "--logits.max-gen-len",
+        "8",
+    ]
 
 
 def process_environment() -> dict[str, str]:
@@ -444,8 +566,9 @@ def read_evaluations(path: Path) -> dict[tuple, tuple[str, int]]:
         return {}
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10) as db:
         try:
-            rows = db.execute("SELECT fork_url, commit_hash, target_sequence_length, status, attempts "
-                              "FROM evaluations").fetchall()
+            rows = db.execute(
+                "SELECT fork_url, commit_hash, target_sequence_length, status, attempts FROM evaluations"
+            ).fetchall()
         except sqlite3.OperationalError:  # not created yet
             return {}
     return {tuple(row[:3]): (row[3], row[4]) for row in rows}
@@ -458,8 +581,10 @@ def wait_for(condition, timeout_s: float, what: str, process: subprocess.Popen |
         if value:
             return value
         if process is not None and process.poll() is not None:
-            raise AssertionError(f"the validator exited ({process.returncode}) waiting for {what}:\n"
-                                 f"{log.read_text()[-4000:] if log else ''}")
+            raise AssertionError(
+                f"the validator exited ({process.returncode}) waiting for {what}:\n"
+                f"{log.read_text()[-4000:] if log else ''}"
+            )
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-4000:] if log else ''}")
         time.sleep(0.1)
@@ -488,22 +613,33 @@ def test_killed_mid_evaluation_the_validator_resumes_without_redoing_finished_wo
     data_dir = tmp_path / "data"
     try:
         with running_api(subnet, tmp_path) as server:
-            ids = {name: submit(server, subnet, name, world[fork])
-                   for name, fork in (("a", "honest"), ("b", "zeros"), ("d", "copy"))}
-            command = validator_command(tmp_path / "devchain.sqlite3", world, server.url, subnet.hotkey("api"),
-                                        data_dir)
+            ids = {
+                name: submit(server, subnet, name, world[fork])
+                for name, fork in (("a", "honest"), ("b", "zeros"), ("d", "copy"))
+            }
+            command = validator_command(
+                tmp_path / "devchain.sqlite3", world, server.url, subnet.hotkey("api"), data_dir
+            )
             state_path = default_state_path(data_dir, "devchain", NETUID, subnet.hotkey("validator"))
             honest = (*world["honest"], TARGET)
             zeros = (*world["zeros"], TARGET)
 
             first_log = tmp_path / "first.log"
             with open(first_log, "w") as log:
-                first = subprocess.Popen(command, cwd=tmp_path, env=process_environment(), stdout=log,
-                                         stderr=subprocess.STDOUT)
+                first = subprocess.Popen(
+                    command, cwd=tmp_path, env=process_environment(), stdout=log, stderr=subprocess.STDOUT
+                )
             try:
-                wait_for(lambda: read_evaluations(state_path).get(honest, ("",))[0] == FINISHED
-                         and read_evaluations(state_path).get(zeros, ("",))[0] == IN_PROGRESS,
-                         180, "a finished and b in progress", first, first_log)
+                wait_for(
+                    lambda: (
+                        read_evaluations(state_path).get(honest, ("",))[0] == FINISHED
+                        and read_evaluations(state_path).get(zeros, ("",))[0] == IN_PROGRESS
+                    ),
+                    180,
+                    "a finished and b in progress",
+                    first,
+                    first_log,
+                )
                 wait_for(lambda: worker_processes(str(data_dir)), 30, "b's worker to start", first, first_log)
             finally:
                 first.kill()
@@ -514,8 +650,9 @@ def test_killed_mid_evaluation_the_validator_resumes_without_redoing_finished_wo
 
             second_log = tmp_path / "second.log"
             with open(second_log, "w") as log:
-                second = subprocess.Popen(command, cwd=tmp_path, env=process_environment(), stdout=log,
-                                          stderr=subprocess.STDOUT)
+                second = subprocess.Popen(
+                    command, cwd=tmp_path, env=process_environment(), stdout=log, stderr=subprocess.STDOUT
+                )
             try:
                 wait_for(lambda: len(reports_by_submission(server)) == 3, 180, "three reports", second, second_log)
                 expected = {subnet.uids["a"]: pytest.approx(0.60), subnet.uids["owner"]: pytest.approx(0.40)}
@@ -553,13 +690,22 @@ def test_sigint_stops_a_running_evaluation_and_puts_it_back(world, tmp_path):
     its attempt is not counted."""
     subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
     try:
-        with running_api(subnet, tmp_path) as server, \
-                ValidatorState.open(tmp_path / "state.sqlite3") as state, \
-                ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api:
+        with (
+            running_api(subnet, tmp_path) as server,
+            ValidatorState.open(tmp_path / "state.sqlite3") as state,
+            ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api,
+        ):
             submit(server, subnet, "a", world["honest"])
-            validator = Validator(settings_for(), subnet.chain, api, subnet.wallets["validator"],
-                                  SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
-                                  logit_checker(world, subnet), state, devices=[Device("cpu", "")])
+            validator = Validator(
+                settings_for(),
+                subnet.chain,
+                api,
+                subnet.wallets["validator"],
+                SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
+                logit_checker(world, subnet),
+                state,
+                devices=[Device("cpu", "")],
+            )
             assert validator.step().started
             running = validator.running["cpu"]
             interrupt = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
@@ -579,13 +725,23 @@ def test_an_idle_validator_says_where_it_stands_every_heartbeat(world, tmp_path,
     block, and when weights are due."""
     subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
     try:
-        with running_api(subnet, tmp_path) as server, \
-                ValidatorState.open(tmp_path / "state.sqlite3") as state, \
-                ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api:
-            validator = Validator(settings_for(), subnet.chain, api, subnet.wallets["validator"],
-                                  SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
-                                  logit_checker(world, subnet), state, devices=[Device("cpu", "")],
-                                  interval_s=0.2, heartbeat_s=0.5)
+        with (
+            running_api(subnet, tmp_path) as server,
+            ValidatorState.open(tmp_path / "state.sqlite3") as state,
+            ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api,
+        ):
+            validator = Validator(
+                settings_for(),
+                subnet.chain,
+                api,
+                subnet.wallets["validator"],
+                SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
+                logit_checker(world, subnet),
+                state,
+                devices=[Device("cpu", "")],
+                interval_s=0.2,
+                heartbeat_s=0.5,
+            )
             interrupt = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
             interrupt.start()
             with caplog.at_level(logging.INFO, logger="quasar.validator.loop"):
@@ -596,8 +752,9 @@ def test_an_idle_validator_says_where_it_stands_every_heartbeat(world, tmp_path,
     beats = [record.getMessage() for record in caplog.records if "evaluation(s) running" in record.getMessage()]
     assert 2 <= len(beats) <= 4, beats
     block = subnet.chain.current_block()
-    assert all(beat.startswith("at block ") and "0 evaluation(s) running, 0 submission(s) open" in beat
-               for beat in beats), beats
+    assert all(
+        beat.startswith("at block ") and "0 evaluation(s) running, 0 submission(s) open" in beat for beat in beats
+    ), beats
     assert int(beats[-1].split()[2].rstrip(":")) <= block
 
 
@@ -606,16 +763,19 @@ def test_a_version_key_below_the_subnets_is_refused_at_start(world, tmp_path):
     required = quasar.version_key() + 1
     subnet.chain.set_hyperparameters(weights_version_key=required)
     try:
-        command = validator_command(tmp_path / "devchain.sqlite3", world, "http://127.0.0.1:9", subnet.hotkey("api"),
-                                    tmp_path / "data")
-        result = subprocess.run(command, cwd=tmp_path, env=process_environment(), capture_output=True, text=True,
-                                timeout=120)
+        command = validator_command(
+            tmp_path / "devchain.sqlite3", world, "http://127.0.0.1:9", subnet.hotkey("api"), tmp_path / "data"
+        )
+        result = subprocess.run(
+            command, cwd=tmp_path, env=process_environment(), capture_output=True, text=True, timeout=120
+        )
     finally:
         subnet.close()
     assert result.returncode == 1, result.stderr[-3000:]
     output = result.stdout + result.stderr
-    assert (f"this QUASAR's weights version key is {quasar.version_key()}, below the subnet's WeightsVersionKey "
-            f"{required}") in output
+    assert (
+        f"this QUASAR's weights version key is {quasar.version_key()}, below the subnet's WeightsVersionKey {required}"
+    ) in output
     assert "Update QUASAR to the subnet's current release (git pull, then ./scripts/setup_venv.sh)" in output
     assert "Traceback" not in output
 
@@ -624,32 +784,44 @@ def test_a_version_key_below_the_subnets_is_refused_at_start(world, tmp_path):
 
 
 def run_start_script(*flags: str, **env: str) -> subprocess.CompletedProcess:
-    environment = {key: value for key, value in os.environ.items()
-                   if key not in ("WALLET_NAME", "WALLET_PATH", "WALLET_HOTKEY", "DEVICE", "VALIDATOR_API_URL")}
+    environment = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("WALLET_NAME", "WALLET_PATH", "WALLET_HOTKEY", "DEVICE", "VALIDATOR_API_URL")
+    }
     environment.update(env)
-    return subprocess.run(["bash", str(ROOT / "START_VALIDATOR.sh"), *flags], env=environment, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        ["bash", str(ROOT / "START_VALIDATOR.sh"), *flags], env=environment, capture_output=True, text=True, timeout=120
+    )
 
 
 def test_start_script_names_a_missing_wallet(tmp_path):
     result = run_start_script("--wallet.path", str(tmp_path / "wallets"), "--wallet.name", "nobody", DEVICE="cpu")
     assert result.returncode == 1
-    assert (f"wallet file {tmp_path}/wallets/nobody/coldkeypub.txt does not exist: create the wallet (btcli wallet "
-            f"create --wallet nobody --wallet-hotkey default --wallet-path {tmp_path}/wallets)") in result.stderr
+    assert (
+        f"wallet file {tmp_path}/wallets/nobody/coldkeypub.txt does not exist: create the wallet (btcli wallet "
+        f"create --wallet nobody --wallet-hotkey default --wallet-path {tmp_path}/wallets)"
+    ) in result.stderr
 
 
 def test_start_script_says_when_the_api_does_not_answer(world):
     port = free_port()
-    result = run_start_script("--wallet.name", "validator", DEVICE="cpu", WALLET_PATH=str(world["root"] / "wallets"),
-                              VALIDATOR_API_URL=f"http://127.0.0.1:{port}")
+    result = run_start_script(
+        "--wallet.name",
+        "validator",
+        DEVICE="cpu",
+        WALLET_PATH=str(world["root"] / "wallets"),
+        VALIDATOR_API_URL=f"http://127.0.0.1:{port}",
+    )
     assert result.returncode == 1
     assert f"the submission API at http://127.0.0.1:{port} does not answer GET /health" in result.stderr
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_start_script_says_when_cuda_is_missing(world):
-    result = run_start_script("--wallet.path", str(world["root"] / "wallets"), "--wallet.name", "validator",
-                              DEVICE="cuda")
+    result = run_start_script(
+        "--wallet.path", str(world["root"] / "wallets"), "--wallet.name", "validator", DEVICE="cuda"
+    )
     assert result.returncode == 1
     assert "DEVICE is cuda but torch sees no CUDA device" in result.stderr
 
@@ -660,11 +832,20 @@ def test_start_script_runs_the_validator_which_names_an_unregistered_hotkey(worl
     chain.register_wallet(world["wallets"]["owner"])
     config_ = api_config(world["wallets"]["api"].hotkey.ss58_address, allow_local_forks=True)
     with ApiServer(config_, chain, f"sqlite:///{tmp_path}/api.sqlite3") as server:
-        result = run_start_script("--wallet.path", str(world["root"] / "wallets"), "--wallet.name", "validator",
-                                  "--subtensor.network", "devchain",
-                                  "--devchain.path", str(tmp_path / "devchain.sqlite3"),
-                                  "--validator.data-dir", str(tmp_path / "data"), DEVICE="cpu",
-                                  VALIDATOR_API_URL=server.url)
+        result = run_start_script(
+            "--wallet.path",
+            str(world["root"] / "wallets"),
+            "--wallet.name",
+            "validator",
+            "--subtensor.network",
+            "devchain",
+            "--devchain.path",
+            str(tmp_path / "devchain.sqlite3"),
+            "--validator.data-dir",
+            str(tmp_path / "data"),
+            DEVICE="cpu",
+            VALIDATOR_API_URL=server.url,
+        )
     hotkey = world["wallets"]["validator"].hotkey.ss58_address
     assert result.returncode == 1, result.stderr
     assert f"hotkey {hotkey} is not registered on subnet {NETUID} of devchain" in result.stderr

@@ -5,9 +5,7 @@ the validator's own loop; the GPU is a stand-in that measures a known speed at o
 
 from __future__ import annotations
 
-from api_fixtures import (  # noqa: F401  (fixtures)
-    FORK, ApiServer, api_config, chain, commit_of, database_url, make_wallet, postgres, wallets,
-)
+from api_fixtures import FORK, ApiServer, api_config, commit_of
 from quasar import config
 from quasar.api.client import ApiClient
 from quasar.inference.client import LogitCheck
@@ -24,8 +22,11 @@ class Finished:
 
     def __init__(self, key: EvaluationKey, device: Device, speed: float):
         self.key, self.device = key, device
-        self._outcome = EvaluationOutcome(result=EvaluationResult(correct=True, measured_tokens_per_sec=speed,
-                                                                  benchmarks={key.target_sequence_length: speed}))
+        self._outcome = EvaluationOutcome(
+            result=EvaluationResult(
+                correct=True, measured_tokens_per_sec=speed, benchmarks={key.target_sequence_length: speed}
+            )
+        )
 
     def poll(self) -> EvaluationOutcome:
         return self._outcome
@@ -53,7 +54,8 @@ class Passing:
 
 
 def test_a_worker_and_a_primary_of_one_hotkey_split_the_work_and_the_primary_ranks_all_of_it(
-        tmp_path, chain, wallets, database_url):
+    tmp_path, chain, wallets, database_url
+):
     for name in SPEEDS:
         chain.publish_endpoint(wallets[name], "192.0.2.1", 8001)
     chain.register_wallet(wallets["stranger"])  # the subnet owner: the fourth place's unassigned share
@@ -68,14 +70,24 @@ def test_a_worker_and_a_primary_of_one_hotkey_split_the_work_and_the_primary_ran
                 miner.submit_kernel(FORK, commit_of(n + 1), 1_000_000, SPEEDS[name])
         processes = {}
         for role in ("worker", "primary"):
-            settings = config.resolve({"network": "devchain", "netuid": "24", "device": "cpu", "epoch_blocks": "100",
-                                       "validator_role": role}, environ={}, dotenv_path=None)
+            settings = config.resolve(
+                {"network": "devchain", "netuid": "24", "device": "cpu", "epoch_blocks": "100", "validator_role": role},
+                environ={},
+                dotenv_path=None,
+            )
             state = ValidatorState.open(tmp_path / f"{role}.sqlite3")
             api = ApiClient(server.url, wallets["v1"], api_hotkey=api_hotkey)
             evaluator = KnownSpeeds(speeds)
-            validator = Validator(settings, chain, api, wallets["v1"], evaluator, Passing(), state,
-                                  devices=[Device("gpu0", "0"), Device("gpu1", "1")] if role == "worker"
-                                  else [Device("gpu0", "0")])
+            validator = Validator(
+                settings,
+                chain,
+                api,
+                wallets["v1"],
+                evaluator,
+                Passing(),
+                state,
+                devices=[Device("gpu0", "0"), Device("gpu1", "1")] if role == "worker" else [Device("gpu0", "0")],
+            )
             processes[role] = (validator, state, api, evaluator)
         try:
             worker, primary = processes["worker"][0], processes["primary"][0]

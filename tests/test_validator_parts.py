@@ -8,8 +8,8 @@ import random
 import sqlite3
 import subprocess
 import sys
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 
 import bittensor as bt
 import pytest
@@ -19,13 +19,13 @@ from quasar import scoring
 from quasar.api.schemas import MAX_REASON_LENGTH, MAX_REASONS, ReportRequest
 from quasar.chain.base import Metagraph, NeuronInfo
 from quasar.chain.devchain import FINNEY, DevChain
+from quasar.chain.wallets import WalletError, open_wallet
 from quasar.config import resolve
-from quasar.terminal import rendered_text, short_hotkey
 from quasar.evaluate import EvaluationOptions, EvaluationReport, ImportCheck, LengthResult, SandboxPolicy
+from quasar.terminal import rendered_text, short_hotkey
+from quasar.validator.devices import Device, ValidatorSetupError, device_warnings, evaluation_devices
 from quasar.validator.evaluator import outcome_from_worker, result_from_report
 from quasar.validator.loop import submission_from_work
-from quasar.validator.devices import Device, ValidatorSetupError, device_warnings, evaluation_devices
-from quasar.chain.wallets import WalletError, open_wallet
 from quasar.validator.preflight import assess_subnet_rules, check_registration
 from quasar.validator.results import (
     api_report,
@@ -58,13 +58,24 @@ from quasar.validator.worker import options_from_json, options_to_json
 URL = "https://github.com/miner/flash-linear-attention"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 HOTKEYS = [Keypair.create_from_mnemonic(Keypair.generate_mnemonic()).ss58_address for _ in range(6)]
-GOOD = EvaluationResult(correct=True, measured_tokens_per_sec=1000.0, benchmarks={512: 2000.0, 1024: 1000.0},
-                        notes=("cpu: not a benchmark",))
+GOOD = EvaluationResult(
+    correct=True,
+    measured_tokens_per_sec=1000.0,
+    benchmarks={512: 2000.0, 1024: 1000.0},
+    notes=("cpu: not a benchmark",),
+)
 BAD = EvaluationResult(correct=False, measured_tokens_per_sec=None, reasons=("clone failed: not found",))
 
 
-def submission(submission_id: int, hotkey: str = HOTKEYS[0], url: str = URL, commit: str = COMMIT,
-               target: int = 1024, claimed: float = 900.0, submitted_at: float | None = None) -> Submission:
+def submission(
+    submission_id: int,
+    hotkey: str = HOTKEYS[0],
+    url: str = URL,
+    commit: str = COMMIT,
+    target: int = 1024,
+    claimed: float = 900.0,
+    submitted_at: float | None = None,
+) -> Submission:
     at = float(submission_id) if submitted_at is None else submitted_at
     return Submission(submission_id, hotkey, url, commit, target, claimed, at, 0)
 
@@ -161,9 +172,15 @@ def test_one_process_at_a_time(tmp_path):
     path = tmp_path / "state.sqlite3"
     with ValidatorState.open(path):
         holder = subprocess.run(
-            [sys.executable, "-c", "import sys; from quasar.validator.state import ValidatorState, StateError\n"
-             f"try:\n    ValidatorState.open({str(path)!r})\nexcept StateError as e:\n    print(e); sys.exit(3)"],
-            capture_output=True, text=True)
+            [
+                sys.executable,
+                "-c",
+                "import sys; from quasar.validator.state import ValidatorState, StateError\n"
+                f"try:\n    ValidatorState.open({str(path)!r})\nexcept StateError as e:\n    print(e); sys.exit(3)",
+            ],
+            capture_output=True,
+            text=True,
+        )
     assert holder.returncode == 3
     assert "another validator process (pid " in holder.stdout and str(path) in holder.stdout
     with ValidatorState.open(path):  # released on close
@@ -174,8 +191,12 @@ def test_copies_of_another_hotkeys_kernel_are_left_out_of_what_ranks(state):
     """The validator's own weights never rank a copy: another hotkey's later submission of the same
     commit, or of the same kernel content under another commit (quasar/originality.py)."""
     kernel = "d" * 64
-    forks = {1: (HOTKEYS[0], "a" * 40, kernel), 2: (HOTKEYS[1], "b" * 40, kernel), 3: (HOTKEYS[0], "c" * 40, kernel),
-             4: (HOTKEYS[2], "e" * 40, "f" * 64)}
+    forks = {
+        1: (HOTKEYS[0], "a" * 40, kernel),
+        2: (HOTKEYS[1], "b" * 40, kernel),
+        3: (HOTKEYS[0], "c" * 40, kernel),
+        4: (HOTKEYS[2], "e" * 40, "f" * 64),
+    }
     for submission_id, (hotkey, commit, content) in forks.items():
         state.add_submission(submission(submission_id, hotkey=hotkey, commit=commit), now=1.0)
         key = submission(submission_id, commit=commit).key
@@ -210,8 +231,12 @@ def test_a_state_file_of_another_schema_is_refused(tmp_path):
 
 
 def test_default_state_path_separates_networks_subnets_and_hotkeys(tmp_path):
-    paths = {default_state_path(tmp_path, network, netuid, hotkey)
-             for network in ("finney", "devchain") for netuid in (24, 3) for hotkey in HOTKEYS[:2]}
+    paths = {
+        default_state_path(tmp_path, network, netuid, hotkey)
+        for network in ("finney", "devchain")
+        for netuid in (24, 3)
+        for hotkey in HOTKEYS[:2]
+    }
     assert len(paths) == 8 and all(path.parent == tmp_path for path in paths)
 
 
@@ -225,9 +250,19 @@ def test_refused_submission_is_finished_failed_at_once(state):
 def test_work_items_are_checked_against_the_fork_rules():
     from quasar.api.schemas import WorkItem
 
-    item = WorkItem(submission_id=1, hotkey=HOTKEYS[0], fork_url="https://GitHub.com/Miner/FLA.git",
-                    commit_hash=COMMIT.upper(), target_sequence_length=1024, claimed_tokens_per_sec=5.0,
-                    vram_mb=None, benchmarks=None, submitted_at=3.0, round_id=0, lease_expires_at=9.0)
+    item = WorkItem(
+        submission_id=1,
+        hotkey=HOTKEYS[0],
+        fork_url="https://GitHub.com/Miner/FLA.git",
+        commit_hash=COMMIT.upper(),
+        target_sequence_length=1024,
+        claimed_tokens_per_sec=5.0,
+        vram_mb=None,
+        benchmarks=None,
+        submitted_at=3.0,
+        round_id=0,
+        lease_expires_at=9.0,
+    )
     good, problem = submission_from_work(item, allow_local=False)
     assert problem is None and (good.fork_url, good.commit_hash) == ("https://github.com/miner/fla", COMMIT)
     _, problem = submission_from_work(item.model_copy(update={"fork_url": "file:///tmp/fork"}), allow_local=False)
@@ -239,8 +274,9 @@ def test_work_items_are_checked_against_the_fork_rules():
 # --- verdicts and weights ---
 
 
-def record(submission_: Submission, result: EvaluationResult, logits: str = PASSED,
-           reason: str = "ok") -> SubmissionRecord:
+def record(
+    submission_: Submission, result: EvaluationResult, logits: str = PASSED, reason: str = "ok"
+) -> SubmissionRecord:
     from quasar.validator.state import EvaluationRecord
 
     evaluation = EvaluationRecord(submission_.key, FINISHED, 1, "cpu", None, result, 1.0, 2.0)
@@ -249,8 +285,12 @@ def record(submission_: Submission, result: EvaluationResult, logits: str = PASS
 
 def test_api_report_passes_only_an_eligible_result():
     passed = api_report(record(submission(1, claimed=1000.0), GOOD))
-    assert (passed.verdict, passed.correct, passed.logits_ok, passed.measured_tokens_per_sec) == \
-        ("passed", True, True, 1000.0)
+    assert (passed.verdict, passed.correct, passed.logits_ok, passed.measured_tokens_per_sec) == (
+        "passed",
+        True,
+        True,
+        1000.0,
+    )
     assert passed.benchmarks == {512: 2000.0, 1024: 1000.0}
     assert passed.reasons == ("logit check passed: ok", "cpu: not a benchmark")
 
@@ -264,8 +304,12 @@ def test_api_report_passes_only_an_eligible_result():
     assert any(reason.startswith("claim check") for reason in bad_logits.reasons)
 
     wrong = api_report(record(submission(4), BAD, SKIPPED, "not checked: the evaluation failed"))
-    assert (wrong.verdict, wrong.correct, wrong.logits_ok, wrong.measured_tokens_per_sec) == \
-        ("failed", False, None, None)
+    assert (wrong.verdict, wrong.correct, wrong.logits_ok, wrong.measured_tokens_per_sec) == (
+        "failed",
+        False,
+        None,
+        None,
+    )
     assert wrong.reasons == ("clone failed: not found",)
     assert wrong.content_hash is None
     fingerprinted = api_report(record(submission(5, claimed=1000.0), replace(GOOD, content_hash="ef" * 32)))
@@ -279,7 +323,8 @@ def test_api_report_carries_the_harness_figures_per_length():
     sent = api_report(record(submission(1, claimed=1000.0), evaluated))
     assert sent.lengths == (
         {"seq_len": 512, "status": "ok", "tokens_per_sec": 4000.0, "peak_vram_mb": 1536.0, "correct": True},
-        {"seq_len": 1024, "status": "oom", "tokens_per_sec": None, "peak_vram_mb": None, "correct": None})
+        {"seq_len": 1024, "status": "oom", "tokens_per_sec": None, "peak_vram_mb": None, "correct": None},
+    )
     assert ReportRequest(submission_id=1, verdict="failed", correct=False, lengths=list(sent.lengths)).lengths
     assert api_report(record(submission(2), BAD, SKIPPED, "not checked")).lengths is None
 
@@ -316,8 +361,10 @@ def test_without_an_owner_uid_the_placed_shares_are_set_alone():
     """The owner's hotkey holds no uid: places 1 and 2 (0.60 and 0.25) are set as 0.60/0.85 and
     0.25/0.85; the unassigned 0.15 is said, not set."""
     graph = Metagraph(24, 100, (neuron(3, HOTKEYS[0]), neuron(7, HOTKEYS[1])))
-    results = [scoring_result(record(submission(1, HOTKEYS[0], claimed=900.0), GOOD)),
-               scoring_result(record(submission(2, HOTKEYS[1], commit="f" * 40, claimed=500.0), GOOD))]
+    results = [
+        scoring_result(record(submission(1, HOTKEYS[0], claimed=900.0), GOOD)),
+        scoring_result(record(submission(2, HOTKEYS[1], commit="f" * 40, claimed=500.0), GOOD)),
+    ]
     plan = plan_weights(results, graph, owner_uid=None, epsilon=0.01)
     assert plan.weights == {3: pytest.approx(0.60 / 0.85), 7: pytest.approx(0.25 / 0.85)}
     assert plan.dropped == pytest.approx(0.15) and plan.owner_uid is None
@@ -336,12 +383,14 @@ def test_a_split_the_subnets_limits_would_change_is_refused():
     plan = plan_weights(results, graph, owner_uid=0, epsilon=0.01)  # 0.60 to uid 1, 0.40 to uid 0
     assert weights_refusal(plan, FINNEY, len(graph.neurons), setter_uid=5) is None
     capped = replace(FINNEY, max_weight_limit=32768)
-    assert "the largest weight, 0.6000, is above the subnet's max_weight_limit (32768" in \
-        weights_refusal(plan, capped, len(graph.neurons), setter_uid=5)
+    assert "the largest weight, 0.6000, is above the subnet's max_weight_limit (32768" in weights_refusal(
+        plan, capped, len(graph.neurons), setter_uid=5
+    )
     assert weights_refusal(plan, replace(FINNEY, max_weight_limit=39321), 6, setter_uid=5) is None  # 0.6 exactly
     needs_three = replace(FINNEY, min_allowed_weights=3)
-    assert "at least 3 uids (min_allowed_weights 3) and this epoch's split names 2" in \
-        weights_refusal(plan, needs_three, len(graph.neurons), setter_uid=5)
+    assert "at least 3 uids (min_allowed_weights 3) and this epoch's split names 2" in weights_refusal(
+        plan, needs_three, len(graph.neurons), setter_uid=5
+    )
     assert weights_refusal(plan, needs_three, 2, setter_uid=5) is None  # capped by a subnet of two
     alone = plan_weights([], graph, owner_uid=5, epsilon=0.01)  # the validator is the owner: a self-weight
     assert weights_refusal(alone, capped, len(graph.neurons), setter_uid=5) is None
@@ -351,8 +400,10 @@ def test_a_split_the_subnets_limits_would_change_is_refused():
 def test_the_subnets_rules_are_checked_against_the_validator_at_start():
     check = assess_subnet_rules(FINNEY, version_key=100, epoch_blocks=360, block_time_s=12.0, subnet_size=256)
     assert check.problems == ()
-    assert check.notes == ("commit-reveal is on: weights are committed, and the chain applies them when it reveals "
-                           "them, 1 epoch(s) of 360 blocks later (about 72 min at 12 s a block)",)
+    assert check.notes == (
+        "commit-reveal is on: weights are committed, and the chain applies them when it reveals "
+        "them, 1 epoch(s) of 360 blocks later (about 72 min at 12 s a block)",
+    )
     old = assess_subnet_rules(replace(FINNEY, weights_version_key=101), 100, 360, 12.0, 256)
     (problem,) = old.problems
     assert "this QUASAR's weights version key is 100, below the subnet's WeightsVersionKey 101" in problem
@@ -366,18 +417,22 @@ def test_the_subnets_rules_are_checked_against_the_validator_at_start():
     assert fast.notes[0].endswith("1 epoch(s) of 20 blocks later (about 5 s at 0.25 s a block)")
     # Every 5 blocks (rate limit 5) with two epochs of 360 blocks to a reveal: 144 commits would wait.
     crowded = assess_subnet_rules(replace(FINNEY, weights_rate_limit=5), 100, 5, 12.0, 256)
-    assert crowded.notes[0] == ("committing every 5 blocks leaves up to 144 commits waiting for their reveal (tempo "
-                                "360), more than the chain holds (10): some are refused until older ones reveal; "
-                                "EPOCH_BLOCKS of at least 72 avoids it")
-    quick = assess_subnet_rules(replace(FINNEY, commit_reveal_enabled=False, max_weight_limit=50000,
-                                        min_allowed_weights=3), 100, 5, 0.25, 256)
+    assert crowded.notes[0] == (
+        "committing every 5 blocks leaves up to 144 commits waiting for their reveal (tempo "
+        "360), more than the chain holds (10): some are refused until older ones reveal; "
+        "EPOCH_BLOCKS of at least 72 avoids it"
+    )
+    quick = assess_subnet_rules(
+        replace(FINNEY, commit_reveal_enabled=False, max_weight_limit=50000, min_allowed_weights=3), 100, 5, 0.25, 256
+    )
     assert quick.problems == ()
     assert quick.notes == (
         "max_weight_limit 50000 caps a uid at 0.7630 of the weights: an epoch whose split gives one uid more (the "
         "owner's burn when few miners place) is not submitted",
         "min_allowed_weights 3: an epoch whose split names fewer than 3 uids is not submitted",
         "EPOCH_BLOCKS 5 is shorter than the subnet's weights rate limit (100 blocks): weights go out every 100 "
-        "blocks at most")
+        "blocks at most",
+    )
 
 
 def test_plan_weights_agrees_with_scoring_on_random_results():
@@ -388,11 +443,18 @@ def test_plan_weights_agrees_with_scoring_on_random_results():
         results = []
         for submission_id in range(1, rng.randint(0, 12) + 1):
             measured = rng.choice([0.0, rng.uniform(1, 1000)])
-            results.append(scoring.Result(
-                hotkey=rng.choice(HOTKEYS[1:]), submission_id=submission_id, submitted_at=rng.uniform(0, 100),
-                target_sequence_length=rng.choice([1024, 300_000, 1_000_000]),
-                claimed_tokens_per_sec=rng.uniform(1, 1000), measured_tokens_per_sec=measured,
-                correct=rng.random() < 0.8, logits_ok=rng.choice([True, False, None])))
+            results.append(
+                scoring.Result(
+                    hotkey=rng.choice(HOTKEYS[1:]),
+                    submission_id=submission_id,
+                    submitted_at=rng.uniform(0, 100),
+                    target_sequence_length=rng.choice([1024, 300_000, 1_000_000]),
+                    claimed_tokens_per_sec=rng.uniform(1, 1000),
+                    measured_tokens_per_sec=measured,
+                    correct=rng.random() < 0.8,
+                    logits_ok=rng.choice([True, False, None]),
+                )
+            )
         plan = plan_weights(results, graph, owner_uid=0, epsilon=0.01)
         ranking = scoring.rank(results, epsilon=0.01)
         expected = {HOTKEYS.index(hotkey): share for hotkey, share in ranking.weights.items()}
@@ -428,8 +490,9 @@ def test_cpu_is_a_warning_off_the_dev_chain():
 
 
 def wallet_settings(tmp_path, name="validator"):
-    return resolve({"wallet_path": str(tmp_path), "wallet_name": name, "wallet_hotkey": "default"},
-                   environ={}, dotenv_path=None)
+    return resolve(
+        {"wallet_path": str(tmp_path), "wallet_name": name, "wallet_hotkey": "default"}, environ={}, dotenv_path=None
+    )
 
 
 def test_open_wallet_names_the_missing_file(tmp_path):
@@ -449,7 +512,8 @@ def test_open_wallet_expands_the_home_folder_in_every_role(tmp_path, monkeypatch
     monkeypatch.setenv("HOME", str(tmp_path))
     for name in ("quasar_miner", "quasar_validator"):
         bt.Wallet(name=name, hotkey="default", path=str(tmp_path / "wallets")).create_new_hotkey(
-            use_password=False, overwrite=True, suppress=True)
+            use_password=False, overwrite=True, suppress=True
+        )
     settings = resolve({"wallet_path": "~/wallets"}, environ={}, dotenv_path=None)
     for role in ("miner", "validator"):
         wallet = open_wallet(settings, role)
@@ -458,14 +522,21 @@ def test_open_wallet_expands_the_home_folder_in_every_role(tmp_path, monkeypatch
 
 def test_registration_is_required_a_permit_is_warned_about(tmp_path, caplog):
     chain = DevChain(tmp_path / "chain.sqlite3", netuid=24)
-    settings = resolve({"network": "devchain", "devchain_path": str(chain.path), "wallet_name": "v"}, environ={},
-                       dotenv_path=None)
-    with pytest.raises(ValidatorSetupError, match=f"hotkey {HOTKEYS[0]} is not registered on subnet 24 of devchain: "
-                                                  f"register it first \\(quasar devchain --path "):
+    settings = resolve(
+        {"network": "devchain", "devchain_path": str(chain.path), "wallet_name": "v"}, environ={}, dotenv_path=None
+    )
+    with pytest.raises(
+        ValidatorSetupError,
+        match=f"hotkey {HOTKEYS[0]} is not registered on subnet 24 of devchain: "
+        f"register it first \\(quasar devchain --path ",
+    ):
         check_registration(chain, HOTKEYS[0], settings)
     finney = resolve({"wallet_name": "v"}, environ={}, dotenv_path=None)
-    with pytest.raises(ValidatorSetupError, match="register it first \\(btcli subnets register --netuid 24 --wallet v "
-                                                  "--wallet-hotkey default --network finney\\)"):
+    with pytest.raises(
+        ValidatorSetupError,
+        match="register it first \\(btcli subnets register --netuid 24 --wallet v "
+        "--wallet-hotkey default --network finney\\)",
+    ):
         check_registration(chain, HOTKEYS[0], finney)
     chain.register(HOTKEYS[0], HOTKEYS[1])
     check_registration(chain, HOTKEYS[0], settings)
@@ -477,12 +548,21 @@ def test_registration_is_required_a_permit_is_warned_about(tmp_path, caplog):
 
 
 def report(**changes) -> EvaluationReport:
-    lengths = {"512": LengthResult(seq_len=512, status="ok", tokens_per_sec=4000.0, correct=True),
-               "1024": LengthResult(seq_len=1024, status="oom", error="OOM at T=1024, peak 80,000 MiB")}
-    base = EvaluationReport(verdict="fail", reasons=["OOM at T=1024, peak 80,000 MiB",
-                                                     "the target length T=1024 was not measured"],
-                            repo="/fork", target_seq_len=1024, seq_lens=[512, 1024], device="cuda",
-                            device_name="H100", import_check=ImportCheck(ok=True, profile="core"), lengths=lengths)
+    lengths = {
+        "512": LengthResult(seq_len=512, status="ok", tokens_per_sec=4000.0, correct=True),
+        "1024": LengthResult(seq_len=1024, status="oom", error="OOM at T=1024, peak 80,000 MiB"),
+    }
+    base = EvaluationReport(
+        verdict="fail",
+        reasons=["OOM at T=1024, peak 80,000 MiB", "the target length T=1024 was not measured"],
+        repo="/fork",
+        target_seq_len=1024,
+        seq_lens=[512, 1024],
+        device="cuda",
+        device_name="H100",
+        import_check=ImportCheck(ok=True, profile="core"),
+        lengths=lengths,
+    )
     return replace(base, **changes)
 
 
@@ -507,18 +587,29 @@ def test_a_report_becomes_a_result_and_a_broken_sandbox_an_error():
 def test_worker_outcomes_for_clone_failures_refusals_and_garbage():
     clone = outcome_from_worker({"outcome": "clone_failed", "error": "commit abc not found in https://github.com/a/b"})
     assert clone.result.correct is False and clone.result.reasons == (
-        "clone failed: commit abc not found in https://github.com/a/b",)
-    refused = outcome_from_worker({"outcome": "refused", "error": "sequence length 100000: CPU runs are limited",
-                                   "content_hash": "cd" * 32})
+        "clone failed: commit abc not found in https://github.com/a/b",
+    )
+    refused = outcome_from_worker(
+        {"outcome": "refused", "error": "sequence length 100000: CPU runs are limited", "content_hash": "cd" * 32}
+    )
     assert refused.result.reasons[0].startswith("cannot evaluate: sequence length 100000")
     assert refused.result.content_hash == "cd" * 32 and clone.result.content_hash is None
-    for garbage in ([], {"outcome": "evaluated", "report": "x"}, {"outcome": "weird"},
-                    {"outcome": "evaluated", "report": {"verdict": "pass"}}):
+    for garbage in (
+        [],
+        {"outcome": "evaluated", "report": "x"},
+        {"outcome": "weird"},
+        {"outcome": "evaluated", "report": {"verdict": "pass"}},
+    ):
         outcome = outcome_from_worker(garbage)
         assert outcome.result is None and outcome.error
 
 
 def test_evaluation_options_survive_the_trip_to_the_worker():
-    options = EvaluationOptions(seq_lens=(512, 2048), device="cuda", timeout_s=10.0, warmup_runs=1,
-                                policy=SandboxPolicy(extra_readonly_paths=("/opt/x",), pytorch_cuda_alloc_conf=""))
+    options = EvaluationOptions(
+        seq_lens=(512, 2048),
+        device="cuda",
+        timeout_s=10.0,
+        warmup_runs=1,
+        policy=SandboxPolicy(extra_readonly_paths=("/opt/x",), pytorch_cuda_alloc_conf=""),
+    )
     assert options_from_json(json.loads(json.dumps(options_to_json(options)))) == options

@@ -52,8 +52,9 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def build_parser(prog: str = "quasar api") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="Serve the submission API, or bring its database "
-                                                            "schema up to date.")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Serve the submission API, or bring its database schema up to date."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the API")
     config.add_arguments(serve, "api")
@@ -65,8 +66,11 @@ def build_parser(prog: str = "quasar api") -> argparse.ArgumentParser:
     revision = commands.add_parser("revision", help="(developers) write a new migration from the models' changes")
     revision.add_argument("-m", "--message", required=True, help="what the migration changes")
     config.add_arguments(revision, "api")
-    publish = commands.add_parser("publish-url", help="(subnet owner) publish the API's public URL and hotkey on "
-                                                      "chain, signed by the owner's coldkey (--wallet.name)")
+    publish = commands.add_parser(
+        "publish-url",
+        help="(subnet owner) publish the API's public URL and hotkey on "
+        "chain, signed by the owner's coldkey (--wallet.name)",
+    )
     publish.add_argument("url", help="the URL miners and validators reach the API at, e.g. https://api.example.org")
     config.add_arguments(publish, "api")
     return parser
@@ -79,8 +83,10 @@ def publish_url(settings: config.Settings, url: str) -> int:
     from quasar.chain.wallets import wallet_at
 
     if not settings.wallet_name:
-        print("error: name the subnet owner's wallet (its coldkey owns the subnet) with --wallet.name or WALLET_NAME",
-              file=sys.stderr)
+        print(
+            "error: name the subnet owner's wallet (its coldkey owns the subnet) with --wallet.name or WALLET_NAME",
+            file=sys.stderr,
+        )
         return 1
     wallet = wallet_at(settings, settings.wallet_name)
     try:
@@ -127,8 +133,10 @@ def main(argv: list[str] | None = None, prog: str = "quasar api") -> int:
                 database.new_migration(args.message)
             return 0
         if not settings.api_hotkey:
-            parser.error("API_HOTKEY is not set: give the ss58 address of the API's hotkey (clients sign for it) "
-                         "in .env, the environment or --api.hotkey")
+            parser.error(
+                "API_HOTKEY is not set: give the ss58 address of the API's hotkey (clients sign for it) "
+                "in .env, the environment or --api.hotkey"
+            )
         try:
             decode_ss58(settings.api_hotkey)
         except ValueError:
@@ -142,17 +150,31 @@ def main(argv: list[str] | None = None, prog: str = "quasar api") -> int:
     except (SQLAlchemyError, OSError, ValueError) as error:
         print(f"error: database {where}: {error}", file=sys.stderr)
         return 1
-    logger.info("submission API on %s:%d with %d worker(s), database %s, netuid %d (%s), hotkey %s",
-                settings.api_host, settings.api_port, settings.api_workers, where, settings.netuid,
-                settings.network, settings.api_hotkey)
+    logger.info(
+        "submission API on %s:%d with %d worker(s), database %s, netuid %d (%s), hotkey %s",
+        settings.api_host,
+        settings.api_port,
+        settings.api_workers,
+        where,
+        settings.netuid,
+        settings.network,
+        settings.api_hotkey,
+    )
     # proxy_headers=False: the client IP comes from TRUSTED_PROXIES only, never from uvicorn's defaults.
     # A line per request only with --logging.debug: the API logs every state change itself, and at
     # hundreds of requests a second the access log costs a tenth of the CPU. The request line and
     # headers are limited in size and time (quasar/api/protocol.py).
-    options = dict(host=settings.api_host, port=settings.api_port, proxy_headers=False, server_header=False,
-                   log_config=None, access_log=settings.debug, limit_concurrency=MAX_CONCURRENT_REQUESTS,
-                   timeout_graceful_shutdown=10,
-                   http=protocol_factory(settings.api_max_header_bytes, settings.api_header_timeout))
+    options = dict(
+        host=settings.api_host,
+        port=settings.api_port,
+        proxy_headers=False,
+        server_header=False,
+        log_config=None,
+        access_log=settings.debug,
+        limit_concurrency=MAX_CONCURRENT_REQUESTS,
+        timeout_graceful_shutdown=10,
+        http=protocol_factory(settings.api_max_header_bytes, settings.api_header_timeout),
+    )
     if settings.api_workers == 1:
         uvicorn.run(app, **options)
     else:

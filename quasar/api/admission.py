@@ -68,15 +68,22 @@ class Check:
 
 def _banned(details: tuple[Any, ...], params: Mapping[str, Any]) -> ApiError:
     (until,) = details
-    return ApiError(403, f"IP {params['client_ip']} is banned until {_utc(until)} after {rules.BAN_FAILURES} "
-                         f"failed validations within 24 h", {"Retry-After": str(int(until - params["now"]) + 1)})
+    return ApiError(
+        403,
+        f"IP {params['client_ip']} is banned until {_utc(until)} after {rules.BAN_FAILURES} "
+        f"failed validations within 24 h",
+        {"Retry-After": str(int(until - params["now"]) + 1)},
+    )
 
 
 def _over_rate_limit(details: tuple[Any, ...], params: Mapping[str, Any]) -> ApiError:
     (oldest,) = details
     wait = int(oldest + RATE_WINDOW_S - params["now"]) + 1
-    return ApiError(429, f"rate limit: at most {params['limit']} submissions per hour per hotkey; the next is "
-                         f"allowed in {wait} s", {"Retry-After": str(wait)})
+    return ApiError(
+        429,
+        f"rate limit: at most {params['limit']} submissions per hour per hotkey; the next is allowed in {wait} s",
+        {"Retry-After": str(wait)},
+    )
 
 
 def _already_ready(details: tuple[Any, ...], params: Mapping[str, Any]) -> ApiError:
@@ -85,43 +92,69 @@ def _already_ready(details: tuple[Any, ...], params: Mapping[str, Any]) -> ApiEr
 
 def _a_copy(details: tuple[Any, ...], params: Mapping[str, Any]) -> ApiError:
     original_id, original_hotkey = details
-    return ApiError(409, f"commit {params['commit_hash']} was submitted first by another hotkey ({original_hotkey}, "
-                         f"submission {original_id}): a copy is not accepted")
+    return ApiError(
+        409,
+        f"commit {params['commit_hash']} was submitted first by another hotkey ({original_hotkey}, "
+        f"submission {original_id}): a copy is not accepted",
+    )
 
 
 _BANNED_WHERE = (_BANS.c.client_ip == bindparam("client_ip"), _BANS.c.banned_until > bindparam("now"))
-_RECENT_WHERE = (_SUBMISSIONS.c.hotkey == bindparam("hotkey"),
-                 _SUBMISSIONS.c.submitted_at > bindparam("now") - RATE_WINDOW_S)
+_RECENT_WHERE = (
+    _SUBMISSIONS.c.hotkey == bindparam("hotkey"),
+    _SUBMISSIONS.c.submitted_at > bindparam("now") - RATE_WINDOW_S,
+)
 _RECENT = select(func.count()).select_from(_SUBMISSIONS).where(*_RECENT_WHERE).scalar_subquery()
 _SAME_WHERE = (
-    _SUBMISSIONS.c.hotkey == bindparam("hotkey"), _SUBMISSIONS.c.state == "ready",
-    _SUBMISSIONS.c.fork_url == bindparam("fork_url"), _SUBMISSIONS.c.commit_hash == bindparam("commit_hash"),
+    _SUBMISSIONS.c.hotkey == bindparam("hotkey"),
+    _SUBMISSIONS.c.state == "ready",
+    _SUBMISSIONS.c.fork_url == bindparam("fork_url"),
+    _SUBMISSIONS.c.commit_hash == bindparam("commit_hash"),
     _SUBMISSIONS.c.target_sequence_length == bindparam("target_sequence_length"),
 )
 # Another hotkey's submission of the same commit, made ready before ``before_id`` (every state but
 # committed; a superseded one was ready, and its commit is its miner's).
-_COPIED_WHERE = (_SUBMISSIONS.c.commit_hash == bindparam("commit_hash"), _SUBMISSIONS.c.state != "committed",
-                 _SUBMISSIONS.c.hotkey != bindparam("hotkey"), _SUBMISSIONS.c.id < bindparam("before_id"))
+_COPIED_WHERE = (
+    _SUBMISSIONS.c.commit_hash == bindparam("commit_hash"),
+    _SUBMISSIONS.c.state != "committed",
+    _SUBMISSIONS.c.hotkey != bindparam("hotkey"),
+    _SUBMISSIONS.c.id < bindparam("before_id"),
+)
 _FIRST_COPIED = select(_SUBMISSIONS.c.id, _SUBMISSIONS.c.hotkey).where(*_COPIED_WHERE).order_by(_SUBMISSIONS.c.id)
 
-NOT_BANNED = Check("not banned", exists().where(*_BANNED_WHERE),
-                   (select(func.max(_BANS.c.banned_until)).where(*_BANNED_WHERE).scalar_subquery(),), _banned)
-UNDER_RATE_LIMIT = Check("under the rate limit", _RECENT >= bindparam("limit"),
-                         (select(func.min(_SUBMISSIONS.c.submitted_at)).where(*_RECENT_WHERE).scalar_subquery(),),
-                         _over_rate_limit)
-NOT_ALREADY_READY = Check("not already waiting", exists().where(*_SAME_WHERE),
-                          (select(_SUBMISSIONS.c.id).where(*_SAME_WHERE).limit(1).scalar_subquery(),),
-                          _already_ready)
-NOT_A_COPY = Check("not a copy", exists().where(*_COPIED_WHERE),
-                   (_FIRST_COPIED.with_only_columns(_SUBMISSIONS.c.id).limit(1).scalar_subquery(),
-                    _FIRST_COPIED.with_only_columns(_SUBMISSIONS.c.hotkey).limit(1).scalar_subquery()), _a_copy)
+NOT_BANNED = Check(
+    "not banned",
+    exists().where(*_BANNED_WHERE),
+    (select(func.max(_BANS.c.banned_until)).where(*_BANNED_WHERE).scalar_subquery(),),
+    _banned,
+)
+UNDER_RATE_LIMIT = Check(
+    "under the rate limit",
+    _RECENT >= bindparam("limit"),
+    (select(func.min(_SUBMISSIONS.c.submitted_at)).where(*_RECENT_WHERE).scalar_subquery(),),
+    _over_rate_limit,
+)
+NOT_ALREADY_READY = Check(
+    "not already waiting",
+    exists().where(*_SAME_WHERE),
+    (select(_SUBMISSIONS.c.id).where(*_SAME_WHERE).limit(1).scalar_subquery(),),
+    _already_ready,
+)
+NOT_A_COPY = Check(
+    "not a copy",
+    exists().where(*_COPIED_WHERE),
+    (
+        _FIRST_COPIED.with_only_columns(_SUBMISSIONS.c.id).limit(1).scalar_subquery(),
+        _FIRST_COPIED.with_only_columns(_SUBMISSIONS.c.hotkey).limit(1).scalar_subquery(),
+    ),
+    _a_copy,
+)
 
 # The database checks of a direct submission, in the order they are tried one by one; the nonce is
 # checked between the ban and the rate limit (by the service, as for every signed request).
 SUBMISSION_CHECKS: tuple[Check, ...] = (NOT_BANNED, UNDER_RATE_LIMIT, NOT_ALREADY_READY, NOT_A_COPY)
 # The bind parameters the checks read: the submission's, and the service's limit and time.
-PARAMETERS = ("client_ip", "now", "hotkey", "limit", "fork_url", "commit_hash", "target_sequence_length",
-              "before_id")
+PARAMETERS = ("client_ip", "now", "hotkey", "limit", "fork_url", "commit_hash", "target_sequence_length", "before_id")
 
 INSERT_SUBMISSION = PreparedStatement(insert(_SUBMISSIONS).returning(_SUBMISSIONS.c.id))
 
@@ -133,7 +166,9 @@ def fused_statement(dialect: str, checks: tuple[Check, ...] = SUBMISSION_CHECKS)
     the refusal). On SQLite every statement lets go of the interpreter (the GIL) and waits to get it
     back while the process's write lock is held, so a submission's write holds that lock for a
     fraction of the time the checks take one by one."""
-    allowed = (select(bindparam("nonce_hotkey", type_=String()), bindparam("nonce", type_=BigInteger()))
-               .where(*(~check.refuses for check in checks)))
-    return PreparedStatement(dialect_insert(dialect, UsedNonce.__table__).from_select(["hotkey", "nonce"], allowed)
-                             .on_conflict_do_nothing())
+    allowed = select(bindparam("nonce_hotkey", type_=String()), bindparam("nonce", type_=BigInteger())).where(
+        *(~check.refuses for check in checks)
+    )
+    return PreparedStatement(
+        dialect_insert(dialect, UsedNonce.__table__).from_select(["hotkey", "nonce"], allowed).on_conflict_do_nothing()
+    )

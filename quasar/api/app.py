@@ -38,8 +38,8 @@ from quasar.api.db import Database, DatabaseBusy
 from quasar.api.errors import error_response
 from quasar.api.fastlane import SubmitFastLane
 from quasar.api.readcache import BlockCache
-from quasar.api.sharedpages import SharedPages
 from quasar.api.service import NONCE_RETENTION_S, ApiConfig, ApiError, Authenticated, SubmissionService
+from quasar.api.sharedpages import SharedPages
 from quasar.api.status import StatusReader
 from quasar.chain import Chain, ChainError
 
@@ -52,8 +52,11 @@ ERRORS = {status: {"model": schemas.ErrorBody} for status in (400, 401, 403, 404
 # On every response. The dashboard's pages load nothing (CSS in the page, charts inline SVG), so
 # nothing needs to be allowed but inline styles; no page may be framed.
 SECURITY_HEADERS = (
-    (b"content-security-policy", b"default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
-                                 b"form-action 'none'; frame-ancestors 'none'"),
+    (
+        b"content-security-policy",
+        b"default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+        b"form-action 'none'; frame-ancestors 'none'",
+    ),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
     (b"referrer-policy", b"no-referrer"),
@@ -95,8 +98,11 @@ async def known_query_only(request: Request) -> None:
         names = route.quasar_query_names = _query_names(route.dependant)
     unknown = sorted(set(request.query_params.keys()) - names)
     if unknown:
-        raise ApiError(422, f"invalid request: unknown query parameter{'s' if len(unknown) > 1 else ''} "
-                            f"{', '.join(repr(name[:40]) for name in unknown[:5])}")
+        raise ApiError(
+            422,
+            f"invalid request: unknown query parameter{'s' if len(unknown) > 1 else ''} "
+            f"{', '.join(repr(name[:40]) for name in unknown[:5])}",
+        )
 
 
 STRICT_QUERY = [Depends(known_query_only)]
@@ -150,9 +156,14 @@ class NoteNonce:
         return True
 
 
-def create_app(config: ApiConfig, chain: Chain, database: Database | str,
-               clock: Callable[[], float] = time.time, fast_lane: bool = True,
-               shared_pages: pathlib.Path | None = None) -> FastAPI:
+def create_app(
+    config: ApiConfig,
+    chain: Chain,
+    database: Database | str,
+    clock: Callable[[], float] = time.time,
+    fast_lane: bool = True,
+    shared_pages: pathlib.Path | None = None,
+) -> FastAPI:
     """The API on ``database`` (a :class:`Database` or a URL; migrated to the newest schema here)
     and ``chain`` (registrations, permits and blocks). ``fast_lane``: answer signed direct
     submissions before routing (quasar/api/fastlane.py); off, the route answers them all.
@@ -182,9 +193,9 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
         title="QUASAR submission API",
         version="1",
         description="Miners submit kernels (directly or by commit-reveal); validators fetch work, report "
-                    "measured results; the leaderboard ranks the validators' stake-weighted consensus. "
-                    "State-changing requests are signed with btauth/1 (bittensor.http_auth) for the hotkey "
-                    "GET /health shows.",
+        "measured results; the leaderboard ranks the validators' stake-weighted consensus. "
+        "State-changing requests are signed with btauth/1 (bittensor.http_auth) for the hotkey "
+        "GET /health shows.",
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
@@ -207,17 +218,25 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
         query = request.scope.get("query_string", b"").decode("latin-1")
         target = auth.request_target(raw_path.decode("latin-1"), query)
         noted = NoteNonce()
-        hotkey = auth.authenticate(request.headers, body, method=request.method, target=target,
-                                   self_hotkey=config.api_hotkey, nonce_store=noted)
+        hotkey = auth.authenticate(
+            request.headers,
+            body,
+            method=request.method,
+            target=target,
+            self_hotkey=config.api_hotkey,
+            nonce_store=noted,
+        )
         return Authenticated(hotkey, noted.nonce_ns, ip, miner, registered if miner else permitted)
 
     # async: CPU only (the signature), so it runs on the event loop; the handler's thread does the rest.
-    async def miner(request: Request, body: Annotated[bytes, Depends(raw_body)],
-                    ip: Annotated[str, Depends(client_ip)]) -> Authenticated:
+    async def miner(
+        request: Request, body: Annotated[bytes, Depends(raw_body)], ip: Annotated[str, Depends(client_ip)]
+    ) -> Authenticated:
         return authenticate(request, body, ip, miner=True)
 
-    async def validator(request: Request, body: Annotated[bytes, Depends(raw_body)],
-                        ip: Annotated[str, Depends(client_ip)]) -> Authenticated:
+    async def validator(
+        request: Request, body: Annotated[bytes, Depends(raw_body)], ip: Annotated[str, Depends(client_ip)]
+    ) -> Authenticated:
         return authenticate(request, body, ip, miner=False)
 
     MinerCaller = Annotated[Authenticated, Depends(miner)]
@@ -228,54 +247,86 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
 
     # --- public reads ---
 
-    @app.get("/health", response_model=schemas.Health, responses=ERRORS,
-             dependencies=STRICT_QUERY, tags=["public"])
+    @app.get("/health", response_model=schemas.Health, responses=ERRORS, dependencies=STRICT_QUERY, tags=["public"])
     def health() -> schemas.Health:
         """Liveness, this API's hotkey (the receiver to sign for) and the commit-reveal parameters."""
-        return schemas.Health(status="ok", api_hotkey=config.api_hotkey, netuid=chain.netuid,
-                              current_block=service.current_block(),
-                              blocks_until_reveal=config.blocks_until_reveal,
-                              reveal_window_blocks=config.reveal_window_blocks, round_blocks=config.round_blocks)
+        return schemas.Health(
+            status="ok",
+            api_hotkey=config.api_hotkey,
+            netuid=chain.netuid,
+            current_block=service.current_block(),
+            blocks_until_reveal=config.blocks_until_reveal,
+            reveal_window_blocks=config.reveal_window_blocks,
+            round_blocks=config.round_blocks,
+        )
 
     # The leaderboard and the current round are cached per chain block (quasar.api.readcache).
 
-    @app.get("/get_current_round", response_model=schemas.RoundInfo, responses=ERRORS,
-             dependencies=STRICT_QUERY, tags=["public"])
+    @app.get(
+        "/get_current_round",
+        response_model=schemas.RoundInfo,
+        responses=ERRORS,
+        dependencies=STRICT_QUERY,
+        tags=["public"],
+    )
     async def get_current_round(request: Request) -> Response:
         """The current round: a fixed number of chain blocks (ROUND_BLOCKS)."""
         return await reads.response(request, service.current_round, {})
 
-    @app.get("/pending_reveals", response_model=schemas.PendingReveals, responses=ERRORS,
-             dependencies=STRICT_QUERY, tags=["public"])
+    @app.get(
+        "/pending_reveals",
+        response_model=schemas.PendingReveals,
+        responses=ERRORS,
+        dependencies=STRICT_QUERY,
+        tags=["public"],
+    )
     def pending_reveals(hotkey: HotkeyFilter = None, limit: Limit = MAX_PAGE) -> schemas.PendingReveals:
         """Commitments not yet revealed whose reveal window has not closed."""
         return service.pending_reveals(hotkey, limit)
 
-    @app.get("/get_submission_stats", response_model=schemas.SubmissionStats, responses=ERRORS,
-             dependencies=STRICT_QUERY, tags=["public"])
+    @app.get(
+        "/get_submission_stats",
+        response_model=schemas.SubmissionStats,
+        responses=ERRORS,
+        dependencies=STRICT_QUERY,
+        tags=["public"],
+    )
     def get_submission_stats(hotkey: HotkeyFilter = None) -> schemas.SubmissionStats:
         """Counts of submissions, commitments and reports."""
         return service.stats(hotkey)
 
-    @app.get("/leaderboard", response_model=schemas.Leaderboard, responses=ERRORS,
-             dependencies=STRICT_QUERY, tags=["public"])
+    @app.get(
+        "/leaderboard", response_model=schemas.Leaderboard, responses=ERRORS, dependencies=STRICT_QUERY, tags=["public"]
+    )
     async def leaderboard(request: Request, round_id: RoundId = None) -> Response:
         """A round ranked from the validators' stake-weighted consensus (docs/rules.md §5); default the
         current round. Reports count from the chain block after they arrive."""
         return await reads.response(request, lambda: service.leaderboard(round_id), {"round_id": round_id})
 
-    @app.get("/validators", response_model=schemas.ValidatorAgreements, responses=ERRORS,
-             dependencies=STRICT_QUERY, tags=["public"])
+    @app.get(
+        "/validators",
+        response_model=schemas.ValidatorAgreements,
+        responses=ERRORS,
+        dependencies=STRICT_QUERY,
+        tags=["public"],
+    )
     async def validators(request: Request, round_id: RoundId = None) -> Response:
         """Each validator's weight in the consensus, and how its reports on a round's submissions
         compare with the settled consensus (default the current round)."""
         return await reads.response(request, lambda: service.validator_agreement(round_id), {"round_id": round_id})
 
-    @app.get("/validators/{hotkey}/reports", response_model=schemas.ValidatorReports, responses=ERRORS,
-             dependencies=STRICT_QUERY, tags=["public"])
-    def validator_reports(hotkey: Annotated[str, Path(pattern=schemas.HOTKEY_PATTERN)],
-                          after_id: Annotated[int, Query(ge=0, le=schemas.MAX_ID)] = 0,
-                          limit: Limit = MAX_PAGE) -> schemas.ValidatorReports:
+    @app.get(
+        "/validators/{hotkey}/reports",
+        response_model=schemas.ValidatorReports,
+        responses=ERRORS,
+        dependencies=STRICT_QUERY,
+        tags=["public"],
+    )
+    def validator_reports(
+        hotkey: Annotated[str, Path(pattern=schemas.HOTKEY_PATTERN)],
+        after_id: Annotated[int, Query(ge=0, le=schemas.MAX_ID)] = 0,
+        limit: Limit = MAX_PAGE,
+    ) -> schemas.ValidatorReports:
         """A validator's reports with an id above ``after_id``, oldest first, each with its submission
         (how the processes of one validator hotkey share their results)."""
         return service.validator_reports(hotkey, after_id, limit)
@@ -285,20 +336,30 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
     status_reader = StatusReader(service)
     Offset = Annotated[int, Query(ge=0, le=2**40)]
 
-    @app.get("/submissions/{submission_id}", response_model=schemas.SubmissionStatus, responses=ERRORS,
-             dependencies=STRICT_QUERY, tags=["public"])
-    def submission_status(
-            submission_id: Annotated[int, Path(ge=1, le=schemas.MAX_ID)]) -> schemas.SubmissionStatus:
+    @app.get(
+        "/submissions/{submission_id}",
+        response_model=schemas.SubmissionStatus,
+        responses=ERRORS,
+        dependencies=STRICT_QUERY,
+        tags=["public"],
+    )
+    def submission_status(submission_id: Annotated[int, Path(ge=1, le=schemas.MAX_ID)]) -> schemas.SubmissionStatus:
         """A submission's state, and per validator that reported: verdict, figures per length, reasons."""
         status = status_reader.submission(submission_id)
         if status is None:
             raise ApiError(404, f"no submission {submission_id}")
         return status
 
-    @app.get("/miners/{hotkey}/submissions", response_model=schemas.SubmissionPage, responses=ERRORS,
-             dependencies=STRICT_QUERY, tags=["public"])
-    def miner_submissions(hotkey: Annotated[str, Path(pattern=schemas.HOTKEY_PATTERN)], limit: Limit = 20,
-                          offset: Offset = 0) -> schemas.SubmissionPage:
+    @app.get(
+        "/miners/{hotkey}/submissions",
+        response_model=schemas.SubmissionPage,
+        responses=ERRORS,
+        dependencies=STRICT_QUERY,
+        tags=["public"],
+    )
+    def miner_submissions(
+        hotkey: Annotated[str, Path(pattern=schemas.HOTKEY_PATTERN)], limit: Limit = 20, offset: Offset = 0
+    ) -> schemas.SubmissionPage:
         """A miner's submissions with their status, newest first (``limit``/``offset`` page them)."""
         return status_reader.submissions(hotkey, limit, offset)
 
@@ -310,34 +371,62 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
         return service.submit_direct(caller.hotkey, caller.client_ip, payload, caller)
 
     # The reference of the submission fast lane (quasar/api/fastlane.py), which answers most of its requests.
-    @app.post("/submit_kernel", response_model=schemas.SubmissionAccepted, status_code=201, responses=ERRORS,
-              dependencies=STRICT_QUERY, tags=["miners"])
+    @app.post(
+        "/submit_kernel",
+        response_model=schemas.SubmissionAccepted,
+        status_code=201,
+        responses=ERRORS,
+        dependencies=STRICT_QUERY,
+        tags=["miners"],
+    )
     def submit_kernel(payload: schemas.SubmitKernelRequest, caller: MinerCaller) -> schemas.SubmissionAccepted:
         """Direct submission, evaluable at once."""
         return submit(payload, caller)
 
-    @app.post("/commit_submission", response_model=schemas.CommitAccepted, status_code=201, responses=ERRORS,
-              dependencies=STRICT_QUERY, tags=["miners"])
+    @app.post(
+        "/commit_submission",
+        response_model=schemas.CommitAccepted,
+        status_code=201,
+        responses=ERRORS,
+        dependencies=STRICT_QUERY,
+        tags=["miners"],
+    )
     def commit_submission(payload: schemas.CommitRequest, caller: MinerCaller) -> schemas.CommitAccepted:
         """Commit ``sha256(salt + fork_url + commit_hash)``; its time is the submission's time."""
         return service.commit(caller.hotkey, caller.client_ip, payload, caller)
 
-    @app.post("/reveal_submission", response_model=schemas.SubmissionAccepted, responses=ERRORS,
-              dependencies=STRICT_QUERY, tags=["miners"])
+    @app.post(
+        "/reveal_submission",
+        response_model=schemas.SubmissionAccepted,
+        responses=ERRORS,
+        dependencies=STRICT_QUERY,
+        tags=["miners"],
+    )
     def reveal_submission(payload: schemas.RevealRequest, caller: MinerCaller) -> schemas.SubmissionAccepted:
         """Reveal a commitment after BLOCKS_UNTIL_REVEAL blocks, inside the reveal window."""
         return service.reveal(caller.hotkey, caller.client_ip, payload, caller)
 
     # --- validators (signed, validator permit) ---
 
-    @app.get("/validator/pending", response_model=schemas.WorkBatch, responses=ERRORS,
-             dependencies=STRICT_QUERY, tags=["validators"])
+    @app.get(
+        "/validator/pending",
+        response_model=schemas.WorkBatch,
+        responses=ERRORS,
+        dependencies=STRICT_QUERY,
+        tags=["validators"],
+    )
     def validator_pending(caller: ValidatorCaller, limit: Limit = 10) -> schemas.WorkBatch:
         """Submissions this validator has not reported on, leased to it for EVALUATION_LEASE_S."""
         return service.fetch_work(caller.hotkey, limit, caller)
 
-    @app.post("/validator/report", response_model=schemas.ReportAccepted, status_code=201, responses=ERRORS,
-              dependencies=STRICT_QUERY, tags=["validators"])
+    @app.post(
+        "/validator/report",
+        response_model=schemas.ReportAccepted,
+        status_code=201,
+        responses=ERRORS,
+        dependencies=STRICT_QUERY,
+        tags=["validators"],
+    )
     def validator_report(payload: schemas.ReportRequest, caller: ValidatorCaller) -> schemas.ReportAccepted:
         """One validator's result for a submission it fetched (once per submission)."""
         return service.report(caller.hotkey, payload, caller)
@@ -357,11 +446,17 @@ def create_app(config: ApiConfig, chain: Chain, database: Database | str,
 
     app.add_middleware(BodySizeLimit, limit=MAX_BODY_BYTES)
     if fast_lane:
+
         async def authenticate_miner(request: Request, body: bytes) -> Authenticated:
             return await miner(request, body, await client_ip(request))
 
-        app.add_middleware(SubmitFastLane, authenticate=authenticate_miner, submit=submit, threads=lane_threads,
-                           max_body_bytes=MAX_BODY_BYTES)
+        app.add_middleware(
+            SubmitFastLane,
+            authenticate=authenticate_miner,
+            submit=submit,
+            threads=lane_threads,
+            max_body_bytes=MAX_BODY_BYTES,
+        )
     app.add_middleware(reads.middleware)  # a cached read skips everything else
     app.add_middleware(SecurityHeaders)  # outermost: on every response
     return app

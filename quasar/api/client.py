@@ -33,8 +33,14 @@ class ApiClient:
     (pin it in configuration where the network path to the API is not trusted).
     """
 
-    def __init__(self, base_url: str, wallet: Any = None, api_hotkey: str | None = None, timeout: float = 30.0,
-                 http: httpx.Client | None = None):
+    def __init__(
+        self,
+        base_url: str,
+        wallet: Any = None,
+        api_hotkey: str | None = None,
+        timeout: float = 30.0,
+        http: httpx.Client | None = None,
+    ):
         self.base_url = base_url.rstrip("/")
         self.wallet = wallet
         self._api_hotkey = api_hotkey
@@ -57,8 +63,9 @@ class ApiClient:
 
     # --- plumbing ---
 
-    def signed(self, method: str, path: str, payload: Any | None = None,
-               extra_headers: Mapping[str, str] | None = None) -> httpx.Response:
+    def signed(
+        self, method: str, path: str, payload: Any | None = None, extra_headers: Mapping[str, str] | None = None
+    ) -> httpx.Response:
         """Send a request signed by the wallet's hotkey; ``path`` may carry a query string."""
         if self.wallet is None:
             raise ApiClientError(0, "this client has no wallet to sign with")
@@ -71,8 +78,9 @@ class ApiClient:
 
     def _get(self, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
         try:
-            return self.http.get(self.base_url + path, params={k: v for k, v in (params or {}).items()
-                                                               if v is not None})
+            return self.http.get(
+                self.base_url + path, params={k: v for k, v in (params or {}).items() if v is not None}
+            )
         except httpx.HTTPError as error:
             raise ApiClientError(0, f"cannot reach the API at {self.base_url}: {error}") from None
 
@@ -105,8 +113,10 @@ class ApiClient:
 
     def validator_reports(self, hotkey: str, after_id: int = 0, limit: int = 100) -> schemas.ValidatorReports:
         """``hotkey``'s reports above ``after_id``, oldest first (``GET /validators/{hotkey}/reports``)."""
-        return self._parse(self._get(f"/validators/{quote(hotkey, safe='')}/reports",
-                                     {"after_id": after_id, "limit": limit}), schemas.ValidatorReports)
+        return self._parse(
+            self._get(f"/validators/{quote(hotkey, safe='')}/reports", {"after_id": after_id, "limit": limit}),
+            schemas.ValidatorReports,
+        )
 
     def validators(self, round_id: int | None = None) -> schemas.ValidatorAgreements:
         """Each validator's weight and agreement with the consensus in a round (``GET /validators``)."""
@@ -118,29 +128,55 @@ class ApiClient:
 
     def miner_submissions(self, hotkey: str, limit: int = 20, offset: int = 0) -> schemas.SubmissionPage:
         """A miner's submissions with their status, newest first (``GET /miners/{hotkey}/submissions``)."""
-        return self._parse(self._get(f"/miners/{quote(hotkey, safe='')}/submissions",
-                                     {"limit": limit, "offset": offset}), schemas.SubmissionPage)
+        return self._parse(
+            self._get(f"/miners/{quote(hotkey, safe='')}/submissions", {"limit": limit, "offset": offset}),
+            schemas.SubmissionPage,
+        )
 
     # --- miners ---
 
-    def submit_kernel(self, fork_url: str, commit_hash: str, target_sequence_length: int, tokens_per_sec: float,
-                      vram_mb: int | None = None,
-                      benchmarks: Mapping[int, float] | None = None) -> schemas.SubmissionAccepted:
-        payload = {"fork_url": fork_url, "commit_hash": commit_hash, "target_sequence_length": target_sequence_length,
-                   "tokens_per_sec": tokens_per_sec, "vram_mb": vram_mb,
-                   "benchmarks": None if benchmarks is None else {str(k): v for k, v in benchmarks.items()}}
+    def submit_kernel(
+        self,
+        fork_url: str,
+        commit_hash: str,
+        target_sequence_length: int,
+        tokens_per_sec: float,
+        vram_mb: int | None = None,
+        benchmarks: Mapping[int, float] | None = None,
+    ) -> schemas.SubmissionAccepted:
+        payload = {
+            "fork_url": fork_url,
+            "commit_hash": commit_hash,
+            "target_sequence_length": target_sequence_length,
+            "tokens_per_sec": tokens_per_sec,
+            "vram_mb": vram_mb,
+            "benchmarks": None if benchmarks is None else {str(k): v for k, v in benchmarks.items()},
+        }
         return self._parse(self.signed("POST", "/submit_kernel", payload), schemas.SubmissionAccepted)
 
     def commit(self, commitment_hash: str, target_sequence_length: int) -> schemas.CommitAccepted:
         payload = {"commitment_hash": commitment_hash, "target_sequence_length": target_sequence_length}
         return self._parse(self.signed("POST", "/commit_submission", payload), schemas.CommitAccepted)
 
-    def reveal(self, submission_id: int, salt: str, fork_url: str, commit_hash: str, tokens_per_sec: float,
-               vram_mb: int | None = None,
-               benchmarks: Mapping[int, float] | None = None) -> schemas.SubmissionAccepted:
-        payload = {"submission_id": submission_id, "commitment_salt": salt, "fork_url": fork_url,
-                   "commit_hash": commit_hash, "tokens_per_sec": tokens_per_sec, "vram_mb": vram_mb,
-                   "benchmarks": None if benchmarks is None else {str(k): v for k, v in benchmarks.items()}}
+    def reveal(
+        self,
+        submission_id: int,
+        salt: str,
+        fork_url: str,
+        commit_hash: str,
+        tokens_per_sec: float,
+        vram_mb: int | None = None,
+        benchmarks: Mapping[int, float] | None = None,
+    ) -> schemas.SubmissionAccepted:
+        payload = {
+            "submission_id": submission_id,
+            "commitment_salt": salt,
+            "fork_url": fork_url,
+            "commit_hash": commit_hash,
+            "tokens_per_sec": tokens_per_sec,
+            "vram_mb": vram_mb,
+            "benchmarks": None if benchmarks is None else {str(k): v for k, v in benchmarks.items()},
+        }
         return self._parse(self.signed("POST", "/reveal_submission", payload), schemas.SubmissionAccepted)
 
     # --- validators ---
@@ -148,17 +184,29 @@ class ApiClient:
     def fetch_work(self, limit: int = 10) -> schemas.WorkBatch:
         return self._parse(self.signed("GET", f"/validator/pending?limit={int(limit)}"), schemas.WorkBatch)
 
-    def report(self, submission_id: int, verdict: str, correct: bool, logits_ok: bool | None = None,
-               measured_tokens_per_sec: float | None = None, benchmarks: Mapping[int, float] | None = None,
-               reasons: Sequence[str] = (),
-               lengths: Sequence[Mapping[str, Any]] | None = None,
-               content_hash: str | None = None) -> schemas.ReportAccepted:
+    def report(
+        self,
+        submission_id: int,
+        verdict: str,
+        correct: bool,
+        logits_ok: bool | None = None,
+        measured_tokens_per_sec: float | None = None,
+        benchmarks: Mapping[int, float] | None = None,
+        reasons: Sequence[str] = (),
+        lengths: Sequence[Mapping[str, Any]] | None = None,
+        content_hash: str | None = None,
+    ) -> schemas.ReportAccepted:
         """Report on a fetched submission; ``lengths``: per-length figures (``schemas.ReportedLength``
         fields); ``content_hash``: of the fork's kernel files (quasar/originality.py)."""
-        payload = {"submission_id": submission_id, "verdict": verdict, "correct": correct, "logits_ok": logits_ok,
-                   "measured_tokens_per_sec": measured_tokens_per_sec,
-                   "benchmarks": None if benchmarks is None else {str(k): v for k, v in benchmarks.items()},
-                   "reasons": list(reasons)}
+        payload = {
+            "submission_id": submission_id,
+            "verdict": verdict,
+            "correct": correct,
+            "logits_ok": logits_ok,
+            "measured_tokens_per_sec": measured_tokens_per_sec,
+            "benchmarks": None if benchmarks is None else {str(k): v for k, v in benchmarks.items()},
+            "reasons": list(reasons),
+        }
         if lengths is not None:
             payload["lengths"] = [dict(item) for item in lengths]
         if content_hash is not None:

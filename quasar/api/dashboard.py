@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from fastapi import APIRouter, Query, Request
@@ -34,10 +34,21 @@ from quasar.terminal import short_hotkey
 TEMPLATES_DIR = Path(__file__).with_name("templates")
 RECENT_SUBMISSIONS = 20
 MINER_SUBMISSIONS = 50
-STATE_LABELS = {"committed": "committed", "expired": "expired", "revealed": "revealed", "queued": "queued",
-                "deferred": "deferred", "superseded": "superseded", "lapsed": "lapsed",
-                "being_evaluated": "being evaluated", "awaiting_quorum": "awaiting quorum", "disputed": "disputed",
-                "passed": "passed", "failed": "failed", "copy": "copy"}
+STATE_LABELS = {
+    "committed": "committed",
+    "expired": "expired",
+    "revealed": "revealed",
+    "queued": "queued",
+    "deferred": "deferred",
+    "superseded": "superseded",
+    "lapsed": "lapsed",
+    "being_evaluated": "being evaluated",
+    "awaiting_quorum": "awaiting quorum",
+    "disputed": "disputed",
+    "passed": "passed",
+    "failed": "failed",
+    "copy": "copy",
+}
 # fullmatch: "$" would also match before a trailing newline.
 _HOTKEY = re.compile(schemas.HOTKEY_PATTERN.removeprefix("^").removesuffix("$"))
 _ID = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
@@ -51,14 +62,13 @@ def tokens_both(value: float | None) -> Markup:
     """The full figure, and a compact one that narrow screens show instead (``61.3M``)."""
     if value is None:
         return Markup("–")
-    return Markup('<span class="full">{}</span><span class="compact">{}</span>').format(
-        f"{value:,.0f}", compact(value))
+    return Markup('<span class="full">{}</span><span class="compact">{}</span>').format(f"{value:,.0f}", compact(value))
 
 
 def utc(timestamp: float | None) -> str:
     if timestamp is None:
         return "–"
-    return datetime.fromtimestamp(timestamp, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return datetime.fromtimestamp(timestamp, UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def duration(seconds: float) -> str:
@@ -89,11 +99,23 @@ def percent(share: float | None) -> str:
 
 
 def _environment() -> Environment:
-    environment = Environment(loader=FileSystemLoader(str(TEMPLATES_DIR)), autoescape=select_autoescape(["html"]),
-                              trim_blocks=True, lstrip_blocks=True)
-    environment.filters.update(short=short_hotkey, tokens=tokens, tokens_both=tokens_both, utc=utc, memory=memory,
-                               yes_no=yes_no, duration=duration, percent=percent,
-                               state_label=lambda state: STATE_LABELS.get(state, state))
+    environment = Environment(
+        loader=FileSystemLoader(str(TEMPLATES_DIR)),
+        autoescape=select_autoescape(["html"]),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    environment.filters.update(
+        short=short_hotkey,
+        tokens=tokens,
+        tokens_both=tokens_both,
+        utc=utc,
+        memory=memory,
+        yes_no=yes_no,
+        duration=duration,
+        percent=percent,
+        state_label=lambda state: STATE_LABELS.get(state, state),
+    )
     return environment
 
 
@@ -120,24 +142,38 @@ def lengths_chart(status: schemas.SubmissionStatus) -> Markup | None:
     series = []
     for report in status.reports:
         by_length = {item.seq_len: item for item in report.lengths}
-        series.append(Series(
-            name=f"validator {short_hotkey(report.validator_hotkey)}",
-            values=[by_length[n].tokens_per_sec if n in by_length else None for n in lengths],
-            failed=[n in by_length and by_length[n].correct is False for n in lengths]))
-    return responsive(lambda layout: bar_chart(
-        f"submission {status.submission_id}: measured tokens/s per sequence length",
-        [f"T={compact(n) if layout is NARROW else f'{n:,}'}" for n in lengths], series, "tokens/s", layout))
+        series.append(
+            Series(
+                name=f"validator {short_hotkey(report.validator_hotkey)}",
+                values=[by_length[n].tokens_per_sec if n in by_length else None for n in lengths],
+                failed=[n in by_length and by_length[n].correct is False for n in lengths],
+            )
+        )
+    return responsive(
+        lambda layout: bar_chart(
+            f"submission {status.submission_id}: measured tokens/s per sequence length",
+            [f"T={compact(n) if layout is NARROW else f'{n:,}'}" for n in lengths],
+            series,
+            "tokens/s",
+            layout,
+        )
+    )
 
 
 def history_chart(history: schemas.MinerHistory) -> Markup | None:
     """A miner's measured tokens/sec per round (failed rounds in red); None before any evaluation."""
     if not history.rounds:
         return None
-    return responsive(lambda layout: line_chart(
-        f"{short_hotkey(history.hotkey)}: measured tokens/s per round",
-        [f"round {point.round_id}" for point in history.rounds],
-        [point.measured_tokens_per_sec for point in history.rounds], "tokens/s",
-        failed=[point.state == "failed" for point in history.rounds], layout=layout))
+    return responsive(
+        lambda layout: line_chart(
+            f"{short_hotkey(history.hotkey)}: measured tokens/s per round",
+            [f"round {point.round_id}" for point in history.rounds],
+            [point.measured_tokens_per_sec for point in history.rounds],
+            "tokens/s",
+            failed=[point.state == "failed" for point in history.rounds],
+            layout=layout,
+        )
+    )
 
 
 def dashboard_router(service: SubmissionService, status_reader: StatusReader, reads: BlockCache) -> APIRouter:
@@ -154,8 +190,12 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
         try:
             block = service.current_block()
         except ApiError as error:
-            return {"ok": False, "detail": error.detail, "netuid": service.chain.netuid,
-                    "api_hotkey": service.config.api_hotkey}
+            return {
+                "ok": False,
+                "detail": error.detail,
+                "netuid": service.chain.netuid,
+                "api_hotkey": service.config.api_hotkey,
+            }
         return {"ok": True, "block": block, "netuid": service.chain.netuid, "api_hotkey": service.config.api_hotkey}
 
     def _round() -> schemas.RoundInfo | None:
@@ -166,10 +206,12 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
 
     def in_one_read(render: Callable[..., HTMLResponse]) -> Callable[..., HTMLResponse]:
         """``render`` with every read it makes in one database snapshot (one transaction)."""
+
         @functools.wraps(render)
         def rendered(*args: object) -> HTMLResponse:
             with service.database.read():
                 return render(*args)
+
         return rendered
 
     def not_found(what: str) -> HTMLResponse:
@@ -179,27 +221,32 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
     # works); the cache keys a page by the parameters it takes (quasar/api/readcache.py).
 
     @router.get("/", response_class=HTMLResponse)
-    async def index(request: Request,
-                    round_id: int | None = Query(default=None, alias="round", ge=0, le=2**40)) -> HTMLResponse:
+    async def index(
+        request: Request, round_id: int | None = Query(default=None, alias="round", ge=0, le=2**40)
+    ) -> HTMLResponse:
         return await reads.page(request, lambda: index_page(round_id), {"round": round_id})
 
     @in_one_read
     def index_page(round_id: int | None) -> HTMLResponse:
         board = service.leaderboard(round_id)
         recent = status_reader.submissions(None, RECENT_SUBMISSIONS, 0)
-        return page("index.html", title=f"Leaderboard, round {board.round_id}", board=board,
-                    recent=recent.submissions)
+        return page("index.html", title=f"Leaderboard, round {board.round_id}", board=board, recent=recent.submissions)
 
     @router.get("/dashboard/validators", response_class=HTMLResponse)
-    async def validators(request: Request,
-                         round_id: int | None = Query(default=None, alias="round", ge=0, le=2**40)) -> HTMLResponse:
+    async def validators(
+        request: Request, round_id: int | None = Query(default=None, alias="round", ge=0, le=2**40)
+    ) -> HTMLResponse:
         return await reads.page(request, lambda: validators_page(round_id), {"round": round_id})
 
     @in_one_read
     def validators_page(round_id: int | None) -> HTMLResponse:
         agreements = service.validator_agreement(round_id)
-        return page("validators.html", title=f"Validators, round {agreements.round_id}", agreements=agreements,
-                    quorum=service.quorum)
+        return page(
+            "validators.html",
+            title=f"Validators, round {agreements.round_id}",
+            agreements=agreements,
+            quorum=service.quorum,
+        )
 
     @router.get("/dashboard/miners/{hotkey}", response_class=HTMLResponse)
     async def miner(request: Request, hotkey: str) -> HTMLResponse:
@@ -208,15 +255,22 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
     @in_one_read
     def miner_page(hotkey: str) -> HTMLResponse:
         if not _HOTKEY.fullmatch(hotkey):
-            return page("error.html", 422, title="Not a hotkey",
-                        message="a miner's page is /dashboard/miners/<its ss58 hotkey>")
+            return page(
+                "error.html", 422, title="Not a hotkey", message="a miner's page is /dashboard/miners/<its ss58 hotkey>"
+            )
         history = status_reader.history(hotkey)
         submissions = status_reader.submissions(hotkey, MINER_SUBMISSIONS, 0)
         if not submissions.total:
             return not_found(f"no submissions from {hotkey}")
         chart = history_chart(history)
-        return page("miner.html", title=f"Miner {short_hotkey(hotkey)}", hotkey=hotkey, history=history,
-                    page_of=submissions, chart=chart)
+        return page(
+            "miner.html",
+            title=f"Miner {short_hotkey(hotkey)}",
+            hotkey=hotkey,
+            history=history,
+            page_of=submissions,
+            chart=chart,
+        )
 
     @router.get("/dashboard/submissions/{submission_id}", response_class=HTMLResponse)
     async def submission(request: Request, submission_id: str) -> HTMLResponse:
@@ -225,12 +279,21 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
     @in_one_read
     def submission_page(submission_id: str) -> HTMLResponse:
         if not _ID.fullmatch(submission_id) or not 1 <= int(submission_id) <= schemas.MAX_ID:
-            return page("error.html", 422, title="Not a submission id",
-                        message="a submission's page is /dashboard/submissions/<its number>")
+            return page(
+                "error.html",
+                422,
+                title="Not a submission id",
+                message="a submission's page is /dashboard/submissions/<its number>",
+            )
         status = status_reader.submission(int(submission_id))
         if status is None:
             return not_found(f"no submission {submission_id}")
-        return page("submission.html", title=f"Submission {status.submission_id}", status=status,
-                    chart=lengths_chart(status), reasons=distinct_reasons(status))
+        return page(
+            "submission.html",
+            title=f"Submission {status.submission_id}",
+            status=status,
+            chart=lengths_chart(status),
+            reasons=distinct_reasons(status),
+        )
 
     return router

@@ -226,10 +226,14 @@ class PreparedStatement:
         self._prepared: dict[tuple[str, tuple[str, ...]], tuple[str, Callable[[dict[str, Any]], Any]]] = {}
 
     def _prepare(self, dialect: Dialect, keys: tuple[str, ...]) -> tuple[str, Callable[[dict[str, Any]], Any]]:
-        compiled = self.statement.compile(dialect=dialect, column_keys=list(keys),
-                                          compile_kwargs={"render_postcompile": True})
-        processors = {name: processor for name in compiled.construct_params(_check=False)
-                      if (processor := compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))}
+        compiled = self.statement.compile(
+            dialect=dialect, column_keys=list(keys), compile_kwargs={"render_postcompile": True}
+        )
+        processors = {
+            name: processor
+            for name in compiled.construct_params(_check=False)
+            if (processor := compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))
+        }
 
         def driver_params(params: dict[str, Any]) -> Any:
             values = compiled.construct_params(params)
@@ -252,8 +256,7 @@ class PreparedStatement:
         try:
             cursor.execute(sql, values)
         except dialect.loaded_dbapi.Error as error:
-            raise DBAPIError.instance(sql, values, error, dialect.loaded_dbapi.Error,
-                                      dialect=dialect) from error
+            raise DBAPIError.instance(sql, values, error, dialect.loaded_dbapi.Error, dialect=dialect) from error
         return cursor
 
     def scalar(self, connection: Connection, params: dict[str, Any]) -> Any:
@@ -366,8 +369,9 @@ class GroupCommit:
             while pending:
                 pending = self._attempt(pending)
         except OperationalError as error:
-            failure: BaseException = DatabaseBusy("the database is busy; retry shortly") \
-                if "locked" in str(error.orig) else error
+            failure: BaseException = (
+                DatabaseBusy("the database is busy; retry shortly") if "locked" in str(error.orig) else error
+            )
             for write in pending:
                 write.error = write.error or failure
         except BaseException as error:  # the commit failed: nothing of the group was written
@@ -379,8 +383,7 @@ class GroupCommit:
 
     def _attempt(self, group: list[_Write]) -> list[_Write]:
         """Run and commit ``group``; what is left to run again (empty once committed)."""
-        with self.lock, Session(self.database._write_engine, expire_on_commit=False) as session, \
-                session.begin():
+        with self.lock, Session(self.database._write_engine, expire_on_commit=False) as session, session.begin():
             # Plain SAVEPOINT statements on the DBAPI cursor: the ORM's begin_nested() cost more than the writes.
             cursor = session.connection().connection.cursor()
             for write in group:
@@ -445,8 +448,11 @@ class Database:
             raise ValueError(f"unsupported database {display_url(url)}: use sqlite:///PATH or postgresql://...")
         self._reading = threading.local()  # the session of the read under way in each thread
         # A read sees one snapshot: SQLite's read transactions do; PostgreSQL needs REPEATABLE READ.
-        self._read_engine = self.engine if self.dialect == "sqlite" else \
-            self.engine.execution_options(isolation_level="REPEATABLE READ")
+        self._read_engine = (
+            self.engine
+            if self.dialect == "sqlite"
+            else self.engine.execution_options(isolation_level="REPEATABLE READ")
+        )
 
     def _alembic(self) -> AlembicConfig:
         alembic = AlembicConfig()
@@ -501,7 +507,7 @@ class Database:
                 if not _is_retryable(error):
                     raise
             # Jittered exponential backoff so that colliding transactions do not collide again.
-            time.sleep(random.uniform(0, min(0.2, 0.002 * 2 ** attempt)))
+            time.sleep(random.uniform(0, min(0.2, 0.002 * 2**attempt)))
         raise DatabaseBusy(f"the write did not go through after {MAX_WRITE_ATTEMPTS} attempts; retry shortly")
 
     def lock(self, session: Session, key: str) -> None:
@@ -539,8 +545,9 @@ class Database:
 
 def _sqlite_engine(url: URL, synchronous: str) -> Engine:
     """An engine on the SQLite file ``url``: WAL, foreign keys, a busy timeout, ``synchronous`` as given."""
-    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False},
-                           pool_size=20, max_overflow=20)
+    engine = create_engine(
+        url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}, pool_size=20, max_overflow=20
+    )
 
     def connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy's "begin" event issue BEGIN itself (pysqlite would defer it past the first read).

@@ -36,12 +36,16 @@ def find_server_binaries() -> Path:
     on_path = shutil.which("pg_ctl")
     if on_path and shutil.which("initdb"):
         return Path(os.path.realpath(on_path)).parent
-    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
-                        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0)
+    candidates = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"),
+        key=lambda p: int(Path(p).parent.parent.name) if Path(p).parent.parent.name.isdigit() else 0,
+    )
     if candidates:
         return Path(candidates[-1]).parent
-    raise PostgresUnavailable("PostgreSQL server binaries (initdb, pg_ctl) not found: "
-                              "apt-get install -y postgresql (./scripts/test.sh does this)")
+    raise PostgresUnavailable(
+        "PostgreSQL server binaries (initdb, pg_ctl) not found: "
+        "apt-get install -y postgresql (./scripts/test.sh does this)"
+    )
 
 
 def free_port() -> int:
@@ -80,21 +84,33 @@ class TemporaryPostgres:
             try:
                 account = pwd.getpwnam("postgres")
             except KeyError:
-                raise PostgresUnavailable("running as root and there is no 'postgres' user to run the server as") \
-                    from None
+                raise PostgresUnavailable(
+                    "running as root and there is no 'postgres' user to run the server as"
+                ) from None
             self._run_as = "postgres"
             for path in (self.root, sockets):
                 os.chown(path, account.pw_uid, account.pw_gid)
         try:
-            self._run(str(binaries / "initdb"), "-D", str(data), "-U", SUPERUSER, "--auth=trust",
-                      "-E", "UTF8", "--no-sync")
+            self._run(
+                str(binaries / "initdb"), "-D", str(data), "-U", SUPERUSER, "--auth=trust", "-E", "UTF8", "--no-sync"
+            )
             self.port = free_port()
-            options = [f"-p {self.port}", f"-k {sockets}", "-c listen_addresses=127.0.0.1",
-                       "-c max_connections=300"]
+            options = [f"-p {self.port}", f"-k {sockets}", "-c listen_addresses=127.0.0.1", "-c max_connections=300"]
             if not self.durable:
                 options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
-            self._run(str(binaries / "pg_ctl"), "-D", str(data), "-l", str(self.root / "server.log"),
-                      "-o", " ".join(options), "-w", "-t", "60", "start")
+            self._run(
+                str(binaries / "pg_ctl"),
+                "-D",
+                str(data),
+                "-l",
+                str(self.root / "server.log"),
+                "-o",
+                " ".join(options),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            )
         except (PostgresUnavailable, OSError, subprocess.TimeoutExpired) as error:
             log = self.root / "server.log"
             detail = log.read_text()[-2000:] if log.exists() else ""
@@ -140,10 +156,18 @@ class TemporaryPostgres:
         self.stop()
 
 
-def start_api_process(workdir: Path, database_url: str, chain_path: Path, api_hotkey: str, *,
-                      submissions_per_hour: int = 1_000_000, workers: int = 1, trusted_proxies: str = "",
-                      timeout_s: float = 120.0, settings: Mapping[str, str] | None = None
-                      ) -> tuple[subprocess.Popen, str]:
+def start_api_process(
+    workdir: Path,
+    database_url: str,
+    chain_path: Path,
+    api_hotkey: str,
+    *,
+    submissions_per_hour: int = 1_000_000,
+    workers: int = 1,
+    trusted_proxies: str = "",
+    timeout_s: float = 120.0,
+    settings: Mapping[str, str] | None = None,
+) -> tuple[subprocess.Popen, str]:
     """Start ``python -m quasar.api serve --workers N`` on a free port over the dev chain at ``chain_path``.
 
     ``settings``: more settings, as environment variables (``{"API_HEADER_TIMEOUT": "1"}``).
@@ -154,15 +178,39 @@ def start_api_process(workdir: Path, database_url: str, chain_path: Path, api_ho
     """
     port = free_port()
     root = Path(__file__).resolve().parents[2]
-    environ = {**os.environ, "API_HOTKEY": api_hotkey, "SUBTENSOR_NETWORK": "devchain", "NETUID": "24",
-               "DEVCHAIN_PATH": str(chain_path), "SUBMISSIONS_PER_HOUR": str(submissions_per_hour),
-               "PYTHONPATH": str(root), "LOGGING_DEBUG": "false", "TRUSTED_PROXIES": trusted_proxies,
-               **(settings or {})}
+    environ = {
+        **os.environ,
+        "API_HOTKEY": api_hotkey,
+        "SUBTENSOR_NETWORK": "devchain",
+        "NETUID": "24",
+        "DEVCHAIN_PATH": str(chain_path),
+        "SUBMISSIONS_PER_HOUR": str(submissions_per_hour),
+        "PYTHONPATH": str(root),
+        "LOGGING_DEBUG": "false",
+        "TRUSTED_PROXIES": trusted_proxies,
+        **(settings or {}),
+    }
     log_path = workdir / f"server-{port}.log"
     with open(log_path, "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "quasar.api", "serve", "--port", str(port),
-                                    "--workers", str(workers), "--database-url", database_url], cwd=workdir,
-                                   env=environ, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "quasar.api",
+                "serve",
+                "--port",
+                str(port),
+                "--workers",
+                str(workers),
+                "--database-url",
+                database_url,
+            ],
+            cwd=workdir,
+            env=environ,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

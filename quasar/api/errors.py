@@ -41,10 +41,12 @@ def error_response(error: Exception, method: str, path: str) -> JSONResponse:
         return JSONResponse({"detail": str(error)}, status_code=503, headers={"Retry-After": "1"})
     if isinstance(error, OperationalError):
         logger.error("database error on %s %s: %s", method, path, error.orig)
-        return JSONResponse({"detail": "the database is unavailable; retry shortly"}, status_code=503,
-                            headers={"Retry-After": "5"})
+        return JSONResponse(
+            {"detail": "the database is unavailable; retry shortly"}, status_code=503, headers={"Retry-After": "5"}
+        )
     if isinstance(error, ChainError):
-        return JSONResponse({"detail": f"the chain is unavailable: {error}"}, status_code=503,
-                            headers={"Retry-After": "12"})
+        return JSONResponse(
+            {"detail": f"the chain is unavailable: {error}"}, status_code=503, headers={"Retry-After": "12"}
+        )
     logger.error("unexpected error on %s %s", method, path, exc_info=error)
     return JSONResponse({"detail": "internal error"}, status_code=500)

@@ -44,8 +44,9 @@ class SubmitFastLane:
     ``AuthFailure`` if it does not verify); ``submit(payload, caller)`` is the route's service call,
     run on ``threads`` (it waits for the database)."""
 
-    def __init__(self, app: ASGIApp, authenticate: Authenticate, submit: Submit, threads: Executor,
-                 max_body_bytes: int):
+    def __init__(
+        self, app: ASGIApp, authenticate: Authenticate, submit: Submit, threads: Executor, max_body_bytes: int
+    ):
         self.app = app
         self.authenticate = authenticate
         self.submit = submit
@@ -83,8 +84,12 @@ class SubmitFastLane:
                 length = value
             elif name == b"content-type":
                 content_type = value
-        return (content_type == b"application/json" and length is not None and length.isdigit()
-                and int(length) <= self.max_body_bytes)
+        return (
+            content_type == b"application/json"
+            and length is not None
+            and length.isdigit()
+            and int(length) <= self.max_body_bytes
+        )
 
 
 async def _read_body(receive: Receive) -> bytes | None:

@@ -23,16 +23,24 @@ logger = logging.getLogger(__name__)
 class Intake(ServiceCore):
     """Submissions and commitments: what miners send."""
 
-    def submit_direct(self, hotkey: str, client_ip: str, request: schemas.SubmitKernelRequest,
-                      caller: Authenticated | None = None) -> schemas.SubmissionAccepted:
+    def submit_direct(
+        self, hotkey: str, client_ip: str, request: schemas.SubmitKernelRequest, caller: Authenticated | None = None
+    ) -> schemas.SubmissionAccepted:
         url, commit = self._fork(request.fork_url, request.commit_hash)
         block = self.current_block()
         now = self.clock()
         round_id = rules.round_of_block(block, self.config.round_blocks).round_id
         # The bind parameters of admission.SUBMISSION_CHECKS.
-        params = {"client_ip": client_ip, "now": now, "hotkey": hotkey, "limit": self.config.submissions_per_hour,
-                  "fork_url": url, "commit_hash": commit, "target_sequence_length": request.target_sequence_length,
-                  "before_id": admission.NO_SUBMISSION_YET}
+        params = {
+            "client_ip": client_ip,
+            "now": now,
+            "hotkey": hotkey,
+            "limit": self.config.submissions_per_hour,
+            "fork_url": url,
+            "commit_hash": commit,
+            "target_sequence_length": request.target_sequence_length,
+            "before_id": admission.NO_SUBMISSION_YET,
+        }
 
         def work(session: Session) -> schemas.SubmissionAccepted:
             # The ban and the nonce were checked by _write, as for every signed miner request.
@@ -43,8 +51,10 @@ class Intake(ServiceCore):
 
         def fused(session: Session) -> schemas.SubmissionAccepted | None:
             assert caller is not None and self.fused_checks is not None
-            recorded = self.fused_checks.run(session.connection(), {
-                **params, "client_ip": caller.client_ip, "nonce_hotkey": caller.hotkey, "nonce": caller.nonce_ns})
+            recorded = self.fused_checks.run(
+                session.connection(),
+                {**params, "client_ip": caller.client_ip, "nonce_hotkey": caller.hotkey, "nonce": caller.nonce_ns},
+            )
             if recorded.rowcount != 1:
                 return None
             # After the insert, unlike NonceLedger.record: a fresh nonce is never pruned, and a
@@ -53,16 +63,36 @@ class Intake(ServiceCore):
             return insert(session)
 
         def insert(session: Session) -> schemas.SubmissionAccepted:
-            submission_id = admission.INSERT_SUBMISSION.scalar(session.connection(), {
-                "hotkey": hotkey, "method": "direct", "state": "ready", "commitment_hash": None,
-                "target_sequence_length": request.target_sequence_length, "submitted_at": now,
-                "submitted_block": block, "ready_at": now, "ready_block": block, "round_id": round_id,
-                "fork_url": url, "commit_hash": commit, "claimed_tokens_per_sec": request.tokens_per_sec,
-                "vram_mb": request.vram_mb, "benchmarks": benchmarks_to_json(request.benchmarks),
-                "client_ip": client_ip})
+            submission_id = admission.INSERT_SUBMISSION.scalar(
+                session.connection(),
+                {
+                    "hotkey": hotkey,
+                    "method": "direct",
+                    "state": "ready",
+                    "commitment_hash": None,
+                    "target_sequence_length": request.target_sequence_length,
+                    "submitted_at": now,
+                    "submitted_block": block,
+                    "ready_at": now,
+                    "ready_block": block,
+                    "round_id": round_id,
+                    "fork_url": url,
+                    "commit_hash": commit,
+                    "claimed_tokens_per_sec": request.tokens_per_sec,
+                    "vram_mb": request.vram_mb,
+                    "benchmarks": benchmarks_to_json(request.benchmarks),
+                    "client_ip": client_ip,
+                },
+            )
             supersede_older(session, self.database.dialect, hotkey, round_id)
-            return schemas.SubmissionAccepted(submission_id=submission_id, hotkey=hotkey, state="ready",
-                                              submitted_at=now, submitted_block=block, round_id=round_id)
+            return schemas.SubmissionAccepted(
+                submission_id=submission_id,
+                hotkey=hotkey,
+                state="ready",
+                submitted_at=now,
+                submitted_block=block,
+                round_id=round_id,
+            )
 
         use_fused = caller is not None and caller.miner and self.fused_checks is not None
         accepted = self._write(work, caller, locks=[f"hotkey:{hotkey}"], fused=fused if use_fused else None)
@@ -72,25 +102,37 @@ class Intake(ServiceCore):
     @staticmethod
     def _accepted(submission: Submission) -> schemas.SubmissionAccepted:
         return schemas.SubmissionAccepted(
-            submission_id=submission.id, hotkey=submission.hotkey, state=submission.state,
-            submitted_at=submission.submitted_at, submitted_block=submission.submitted_block,
+            submission_id=submission.id,
+            hotkey=submission.hotkey,
+            state=submission.state,
+            submitted_at=submission.submitted_at,
+            submitted_block=submission.submitted_block,
             round_id=submission.round_id,
         )
 
     def _window(self, commit_block: int) -> rules.RevealWindow:
         return rules.reveal_window(commit_block, self.config.blocks_until_reveal, self.config.reveal_window_blocks)
 
-    def commit(self, hotkey: str, client_ip: str, request: schemas.CommitRequest,
-               caller: Authenticated | None = None) -> schemas.CommitAccepted:
+    def commit(
+        self, hotkey: str, client_ip: str, request: schemas.CommitRequest, caller: Authenticated | None = None
+    ) -> schemas.CommitAccepted:
         block = self.current_block()
         now = self.clock()
 
         def work(session: Session) -> int:
-            self._refuse(session, admission.UNDER_RATE_LIMIT,
-                         {"hotkey": hotkey, "now": now, "limit": self.config.submissions_per_hour})
+            self._refuse(
+                session,
+                admission.UNDER_RATE_LIMIT,
+                {"hotkey": hotkey, "now": now, "limit": self.config.submissions_per_hour},
+            )
             submission = Submission(
-                hotkey=hotkey, method="commit_reveal", state="committed", commitment_hash=request.commitment_hash,
-                target_sequence_length=request.target_sequence_length, submitted_at=now, submitted_block=block,
+                hotkey=hotkey,
+                method="commit_reveal",
+                state="committed",
+                commitment_hash=request.commitment_hash,
+                target_sequence_length=request.target_sequence_length,
+                submitted_at=now,
+                submitted_block=block,
                 client_ip=client_ip,
             )
             session.add(submission)
@@ -100,12 +142,18 @@ class Intake(ServiceCore):
         submission_id = self._write(work, caller, locks=[f"hotkey:{hotkey}"])
         window = self._window(block)
         logger.info("commitment %d from %s (%s) at block %d", submission_id, hotkey, client_ip, block)
-        return schemas.CommitAccepted(submission_id=submission_id, hotkey=hotkey, commit_block=block,
-                                      reveal_from_block=window.opens, reveal_until_block=window.closes,
-                                      submitted_at=now)
+        return schemas.CommitAccepted(
+            submission_id=submission_id,
+            hotkey=hotkey,
+            commit_block=block,
+            reveal_from_block=window.opens,
+            reveal_until_block=window.closes,
+            submitted_at=now,
+        )
 
-    def reveal(self, hotkey: str, client_ip: str, request: schemas.RevealRequest,
-               caller: Authenticated | None = None) -> schemas.SubmissionAccepted:
+    def reveal(
+        self, hotkey: str, client_ip: str, request: schemas.RevealRequest, caller: Authenticated | None = None
+    ) -> schemas.SubmissionAccepted:
         block = self.current_block()
         now = self.clock()
         round_id = rules.round_of_block(block, self.config.round_blocks).round_id
@@ -120,20 +168,29 @@ class Intake(ServiceCore):
             window = self._window(submission.submitted_block)
             state = window.state(block)
             if state == "waiting":
-                raise ApiError(409, f"too early: commitment {submission.id} can be revealed from block "
-                                    f"{window.opens}; the chain is at block {block}")
+                raise ApiError(
+                    409,
+                    f"too early: commitment {submission.id} can be revealed from block "
+                    f"{window.opens}; the chain is at block {block}",
+                )
             if state == "expired":
-                raise ApiError(409, f"the reveal window of commitment {submission.id} closed at block "
-                                    f"{window.closes}; the chain is at block {block}")
+                raise ApiError(
+                    409,
+                    f"the reveal window of commitment {submission.id} closed at block "
+                    f"{window.closes}; the chain is at block {block}",
+                )
             url, commit = self._fork(request.fork_url, request.commit_hash)
             digest = rules.commitment_hash(request.commitment_salt, request.fork_url, request.commit_hash)
             if digest != submission.commitment_hash:
-                mismatch.append(f"reveal does not match commitment {submission.id}: sha256(salt + fork_url + "
-                                f"commit_hash) is {digest}, the commitment is {submission.commitment_hash}")
+                mismatch.append(
+                    f"reveal does not match commitment {submission.id}: sha256(salt + fork_url + "
+                    f"commit_hash) is {digest}, the commitment is {submission.commitment_hash}"
+                )
                 return None
             # A commitment made before another hotkey's submission of the same commit is the original.
-            self._refuse(session, admission.NOT_A_COPY,
-                         {"hotkey": hotkey, "commit_hash": commit, "before_id": submission.id})
+            self._refuse(
+                session, admission.NOT_A_COPY, {"hotkey": hotkey, "commit_hash": commit, "before_id": submission.id}
+            )
             submission.state = "ready"
             submission.fork_url, submission.commit_hash = url, commit
             submission.claimed_tokens_per_sec = request.tokens_per_sec
@@ -147,8 +204,11 @@ class Intake(ServiceCore):
 
         accepted = self._write(work, caller, locks=[f"hotkey:{hotkey}"])
         if accepted is None:
-            self.database.write(lambda session: self._record_failure(
-                session, client_ip, now, "reveal_mismatch", mismatch[-1], request.submission_id))
+            self.database.write(
+                lambda session: self._record_failure(
+                    session, client_ip, now, "reveal_mismatch", mismatch[-1], request.submission_id
+                )
+            )
             raise ApiError(400, f"{mismatch[-1]}; counted as a failed validation")
         logger.info("commitment %d revealed by %s, round %d", accepted.submission_id, hotkey, round_id)
         return accepted
@@ -165,10 +225,18 @@ class Intake(ServiceCore):
         pending = []
         for row in rows:
             window = self._window(row.submitted_block)
-            pending.append(schemas.PendingReveal(
-                submission_id=row.id, hotkey=row.hotkey, commitment_hash=row.commitment_hash,
-                target_sequence_length=row.target_sequence_length, commit_block=row.submitted_block,
-                reveal_from_block=window.opens, reveal_until_block=window.closes, state=window.state(block)))
+            pending.append(
+                schemas.PendingReveal(
+                    submission_id=row.id,
+                    hotkey=row.hotkey,
+                    commitment_hash=row.commitment_hash,
+                    target_sequence_length=row.target_sequence_length,
+                    commit_block=row.submitted_block,
+                    reveal_from_block=window.opens,
+                    reveal_until_block=window.closes,
+                    state=window.state(block),
+                )
+            )
         return schemas.PendingReveals(current_block=block, pending=pending)
 
     def stats(self, hotkey: str | None) -> schemas.SubmissionStats:
@@ -177,12 +245,15 @@ class Intake(ServiceCore):
         oldest_open = block - (self.config.blocks_until_reveal + self.config.reveal_window_blocks - 1)
         committed = Submission.state == "committed"
         with self.database.read() as session:
+
             def count(*where) -> int:
                 return session.scalar(select(func.count()).select_from(Submission).where(*where))
 
             stats = schemas.SubmissionStats(
-                current_block=block, current_round=round_id,
-                submissions=count(), ready=count(Submission.state == "ready"),
+                current_block=block,
+                current_round=round_id,
+                submissions=count(),
+                ready=count(Submission.state == "ready"),
                 awaiting_reveal=count(committed, Submission.submitted_block >= oldest_open),
                 expired_commitments=count(committed, Submission.submitted_block < oldest_open),
                 hotkeys=session.scalar(select(func.count(func.distinct(Submission.hotkey)))),

@@ -20,10 +20,22 @@ from quasar.api.servicecore import ServiceCore, benchmarks_from_json
 
 # What ranking reads of a submission and of a report (not their JSON figures and reasons, which
 # cost most of reading them).
-_RANKED_COLUMNS = (Submission.id, Submission.hotkey, Submission.submitted_at, Submission.target_sequence_length,
-                   Submission.claimed_tokens_per_sec, Submission.commit_hash, Submission.round_id)
-_REPORT_COLUMNS = (EvaluationReport.validator_hotkey, EvaluationReport.verdict, EvaluationReport.logits_ok,
-                   EvaluationReport.measured_tokens_per_sec, EvaluationReport.content_hash)
+_RANKED_COLUMNS = (
+    Submission.id,
+    Submission.hotkey,
+    Submission.submitted_at,
+    Submission.target_sequence_length,
+    Submission.claimed_tokens_per_sec,
+    Submission.commit_hash,
+    Submission.round_id,
+)
+_REPORT_COLUMNS = (
+    EvaluationReport.validator_hotkey,
+    EvaluationReport.verdict,
+    EvaluationReport.logits_ok,
+    EvaluationReport.measured_tokens_per_sec,
+    EvaluationReport.content_hash,
+)
 
 
 def evaluated_submissions(session: Session, condition: ColumnElement[bool]) -> list[tuple[Any, list[consensus.Report]]]:
@@ -45,8 +57,12 @@ def evaluated_submissions(session: Session, condition: ColumnElement[bool]) -> l
 
 def consensus_reports(reports: Sequence[EvaluationReport]) -> list[consensus.Report]:
     """Stored reports as the consensus reads them."""
-    return [consensus.Report(r.validator_hotkey, r.verdict == "passed", r.logits_ok, r.measured_tokens_per_sec,
-                             r.content_hash) for r in reports]
+    return [
+        consensus.Report(
+            r.validator_hotkey, r.verdict == "passed", r.logits_ok, r.measured_tokens_per_sec, r.content_hash
+        )
+        for r in reports
+    ]
 
 
 def ranked_result(submission: Any, view: consensus.Consensus) -> scoring.Result | None:
@@ -56,10 +72,15 @@ def ranked_result(submission: Any, view: consensus.Consensus) -> scoring.Result 
     if view.state != consensus.PASSED:
         return None
     return scoring.Result(
-        hotkey=submission.hotkey, submission_id=submission.id, submitted_at=submission.submitted_at,
+        hotkey=submission.hotkey,
+        submission_id=submission.id,
+        submitted_at=submission.submitted_at,
         target_sequence_length=submission.target_sequence_length,
         claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
-        measured_tokens_per_sec=view.measured_tokens_per_sec or 0.0, correct=True, logits_ok=view.logits_ok)
+        measured_tokens_per_sec=view.measured_tokens_per_sec or 0.0,
+        correct=True,
+        logits_ok=view.logits_ok,
+    )
 
 
 @dataclass(frozen=True)
@@ -79,8 +100,12 @@ class Judged:
         return None if self.copy_of is not None else ranked_result(self.submission, self.consensus)
 
 
-def copies_among(session: Session, prints: Sequence[originality.Fingerprint], electorate: consensus.Electorate,
-                 quorum: consensus.Quorum) -> dict[int, originality.CopyOf]:
+def copies_among(
+    session: Session,
+    prints: Sequence[originality.Fingerprint],
+    electorate: consensus.Electorate,
+    quorum: consensus.Quorum,
+) -> dict[int, originality.CopyOf]:
     """Which of ``prints`` copy an earlier submission of another hotkey: compared with every
     earlier revealed submission of the same commit, or whose validators' consensus found the same
     kernel content."""
@@ -92,32 +117,51 @@ def copies_among(session: Session, prints: Sequence[originality.Fingerprint], el
     contents = {fingerprint.content_hash for fingerprint in prints if fingerprint.content_hash is not None}
     earlier: list[originality.Fingerprint] = []
     if commits:
-        rows = session.execute(select(Submission.id, Submission.hotkey, Submission.commit_hash).where(
-            Submission.commit_hash.in_(commits), Submission.state != "committed", Submission.id < newest)).all()
-        earlier += [originality.Fingerprint(row.id, row.hotkey, row.commit_hash, None)
-                    for row in rows if row.id not in known]
+        rows = session.execute(
+            select(Submission.id, Submission.hotkey, Submission.commit_hash).where(
+                Submission.commit_hash.in_(commits), Submission.state != "committed", Submission.id < newest
+            )
+        ).all()
+        earlier += [
+            originality.Fingerprint(row.id, row.hotkey, row.commit_hash, None) for row in rows if row.id not in known
+        ]
     if contents:
-        ids = set(session.scalars(select(EvaluationReport.submission_id).where(
-            EvaluationReport.content_hash.in_(contents), EvaluationReport.submission_id < newest)))
+        ids = set(
+            session.scalars(
+                select(EvaluationReport.submission_id).where(
+                    EvaluationReport.content_hash.in_(contents), EvaluationReport.submission_id < newest
+                )
+            )
+        )
         for submission, reports in evaluated_submissions(session, Submission.id.in_(ids - known)):
             view = consensus.decide(reports, electorate, quorum)
-            earlier.append(originality.Fingerprint(submission.id, submission.hotkey, submission.commit_hash,
-                                                   view.content_hash))
+            earlier.append(
+                originality.Fingerprint(submission.id, submission.hotkey, submission.commit_hash, view.content_hash)
+            )
     found = originality.find_copies([*prints, *earlier])
     return {submission_id: copy for submission_id, copy in found.items() if submission_id in known}
 
 
-def judge(session: Session, evaluated: Sequence[tuple[Any, list[consensus.Report]]],
-          electorate: consensus.Electorate, quorum: consensus.Quorum) -> list[Judged]:
+def judge(
+    session: Session,
+    evaluated: Sequence[tuple[Any, list[consensus.Report]]],
+    electorate: consensus.Electorate,
+    quorum: consensus.Quorum,
+) -> list[Judged]:
     """The consensus of each evaluated submission and whether it is a copy (one database read for
     the originals)."""
-    views = {submission.id: consensus.decide(reports, electorate, quorum)
-             for submission, reports in evaluated}
-    prints = [originality.Fingerprint(submission.id, submission.hotkey, submission.commit_hash,
-                                      views[submission.id].content_hash) for submission, _ in evaluated]
+    views = {submission.id: consensus.decide(reports, electorate, quorum) for submission, reports in evaluated}
+    prints = [
+        originality.Fingerprint(
+            submission.id, submission.hotkey, submission.commit_hash, views[submission.id].content_hash
+        )
+        for submission, _ in evaluated
+    ]
     copies = copies_among(session, prints, electorate, quorum)
-    return [Judged(submission, reports, views[submission.id], copies.get(submission.id))
-            for submission, reports in evaluated]
+    return [
+        Judged(submission, reports, views[submission.id], copies.get(submission.id))
+        for submission, reports in evaluated
+    ]
 
 
 class Standings(ServiceCore):
@@ -130,11 +174,14 @@ class Standings(ServiceCore):
         self._leaderboards: dict[tuple[int, int], tuple[schemas.Leaderboard, frozenset[str]]] = {}
         self._leaderboards_lock = threading.Lock()
 
-    def judge(self, session: Session, evaluated: Sequence[tuple[Any, list[consensus.Report]]],
-              electorate: consensus.Electorate) -> list[Judged]:
+    def judge(
+        self,
+        session: Session,
+        evaluated: Sequence[tuple[Any, list[consensus.Report]]],
+        electorate: consensus.Electorate,
+    ) -> list[Judged]:
         """The consensus of each of ``evaluated`` under this API's quorum, and which are copies."""
         return judge(session, evaluated, electorate, self.quorum)
-
 
     def judged_round(self, round_id: int) -> tuple[list[Judged], consensus.Electorate]:
         """The round's evaluated submissions judged (consensus, copies), and the electorate used."""
@@ -160,8 +207,10 @@ class Standings(ServiceCore):
         if kept is not None:
             return kept
         judged, electorate = self.judged_round(round_id)
-        ranked = (self._ranked(round_id, judged, electorate),
-                  frozenset(item.submission.hotkey for item in judged if item.copy_of is not None))
+        ranked = (
+            self._ranked(round_id, judged, electorate),
+            frozenset(item.submission.hotkey for item in judged if item.copy_of is not None),
+        )
         with self._leaderboards_lock:
             self._leaderboards = {key: value for key, value in self._leaderboards.items() if key[1] == block}
             self._leaderboards[(round_id, block)] = ranked
@@ -174,14 +223,23 @@ class Standings(ServiceCore):
         for placement in ranking.placements:
             result, league = placement.result, scoring.league_for(placement.result.target_sequence_length)
             view = results[result.submission_id].consensus
-            entries.append(schemas.LeaderboardEntry(
-                place=placement.place, hotkey=result.hotkey, submission_id=result.submission_id,
-                league=league.name, multiplier=league.multiplier,
-                target_sequence_length=result.target_sequence_length,
-                claimed_tokens_per_sec=result.claimed_tokens_per_sec,
-                measured_tokens_per_sec=result.measured_tokens_per_sec,
-                weighted_score=placement.weighted_score, share=placement.share,
-                validators=view.reported, reported_stake_share=view.reported_share, submitted_at=result.submitted_at))
+            entries.append(
+                schemas.LeaderboardEntry(
+                    place=placement.place,
+                    hotkey=result.hotkey,
+                    submission_id=result.submission_id,
+                    league=league.name,
+                    multiplier=league.multiplier,
+                    target_sequence_length=result.target_sequence_length,
+                    claimed_tokens_per_sec=result.claimed_tokens_per_sec,
+                    measured_tokens_per_sec=result.measured_tokens_per_sec,
+                    weighted_score=placement.weighted_score,
+                    share=placement.share,
+                    validators=view.reported,
+                    reported_stake_share=view.reported_share,
+                    submitted_at=result.submitted_at,
+                )
+            )
         not_ranked = []
         for item in sorted(judged, key=lambda item: -item.submission.id):
             view, copy = item.consensus, item.copy_of
@@ -191,44 +249,82 @@ class Standings(ServiceCore):
                 state, reason = view.state, view.reason
             else:
                 continue
-            not_ranked.append(schemas.NotRanked(
-                submission_id=item.submission.id, hotkey=item.submission.hotkey, state=state, reason=reason,
-                validators_reported=view.reported, reported_stake_share=view.reported_share))
-        counts = {state: sum(1 for item in judged if item.consensus.state == state)
-                  for state in (consensus.AWAITING_QUORUM, consensus.DISPUTED, consensus.FAILED)}
+            not_ranked.append(
+                schemas.NotRanked(
+                    submission_id=item.submission.id,
+                    hotkey=item.submission.hotkey,
+                    state=state,
+                    reason=reason,
+                    validators_reported=view.reported,
+                    reported_stake_share=view.reported_share,
+                )
+            )
+        counts = {
+            state: sum(1 for item in judged if item.consensus.state == state)
+            for state in (consensus.AWAITING_QUORUM, consensus.DISPUTED, consensus.FAILED)
+        }
         return schemas.Leaderboard(
-            round_id=round_id, epsilon=ranking.epsilon, entries=entries, unassigned=ranking.unassigned,
-            evaluated_submissions=len(judged), quorum_stake_share=self.quorum.stake_share,
-            quorum_min_validators=self.quorum.min_validators, validators=len(electorate),
-            awaiting_quorum=counts[consensus.AWAITING_QUORUM], disputed=counts[consensus.DISPUTED],
+            round_id=round_id,
+            epsilon=ranking.epsilon,
+            entries=entries,
+            unassigned=ranking.unassigned,
+            evaluated_submissions=len(judged),
+            quorum_stake_share=self.quorum.stake_share,
+            quorum_min_validators=self.quorum.min_validators,
+            validators=len(electorate),
+            awaiting_quorum=counts[consensus.AWAITING_QUORUM],
+            disputed=counts[consensus.DISPUTED],
             failed=counts[consensus.FAILED],
             copies=sum(1 for item in not_ranked if item.state == "copy"),
-            not_ranked=not_ranked[:schemas.MAX_NOT_RANKED_SHOWN])
+            not_ranked=not_ranked[: schemas.MAX_NOT_RANKED_SHOWN],
+        )
 
     def validator_reports(self, validator: str, after_id: int, limit: int) -> schemas.ValidatorReports:
         """``validator``'s reports with an id above ``after_id``, oldest first, at most ``limit``, each
         with its submission: what its other processes reported (quasar/validator/loop.py)."""
         with self.database.read() as session:
             rows = session.execute(
-                select(EvaluationReport, Submission).join(Submission, Submission.id == EvaluationReport.submission_id)
+                select(EvaluationReport, Submission)
+                .join(Submission, Submission.id == EvaluationReport.submission_id)
                 .where(EvaluationReport.validator_hotkey == validator, EvaluationReport.id > after_id)
-                .order_by(EvaluationReport.id).limit(limit)).all()
-        return schemas.ValidatorReports(validator_hotkey=validator, reports=[schemas.ReportedWork(
-            report_id=report.id, submission_id=submission.id, hotkey=submission.hotkey, fork_url=submission.fork_url,
-            commit_hash=submission.commit_hash, target_sequence_length=submission.target_sequence_length,
-            claimed_tokens_per_sec=submission.claimed_tokens_per_sec, submitted_at=submission.submitted_at,
-            round_id=submission.round_id, verdict=report.verdict, correct=report.correct, logits_ok=report.logits_ok,
-            measured_tokens_per_sec=report.measured_tokens_per_sec, benchmarks=benchmarks_from_json(report.benchmarks),
-            reasons=list(report.reasons), content_hash=report.content_hash, reported_at=report.reported_at)
-            for report, submission in rows])
+                .order_by(EvaluationReport.id)
+                .limit(limit)
+            ).all()
+        return schemas.ValidatorReports(
+            validator_hotkey=validator,
+            reports=[
+                schemas.ReportedWork(
+                    report_id=report.id,
+                    submission_id=submission.id,
+                    hotkey=submission.hotkey,
+                    fork_url=submission.fork_url,
+                    commit_hash=submission.commit_hash,
+                    target_sequence_length=submission.target_sequence_length,
+                    claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
+                    submitted_at=submission.submitted_at,
+                    round_id=submission.round_id,
+                    verdict=report.verdict,
+                    correct=report.correct,
+                    logits_ok=report.logits_ok,
+                    measured_tokens_per_sec=report.measured_tokens_per_sec,
+                    benchmarks=benchmarks_from_json(report.benchmarks),
+                    reasons=list(report.reasons),
+                    content_hash=report.content_hash,
+                    reported_at=report.reported_at,
+                )
+                for report, submission in rows
+            ],
+        )
 
     def validator_agreement(self, round_id: int | None) -> schemas.ValidatorAgreements:
         """Per validator: its reports on round ``round_id``'s submissions (default: the current round)
         against the validators' settled consensus, and its weight in the consensus now."""
         round_id = self._round(round_id)
         judged, electorate = self.judged_round(round_id)
-        agreements = {item.validator_hotkey: item for item in consensus.agreement(
-            (item.consensus, item.reports) for item in judged)}
+        agreements = {
+            item.validator_hotkey: item
+            for item in consensus.agreement((item.consensus, item.reports) for item in judged)
+        }
         reports: dict[str, int] = {}
         for item in judged:
             for report in item.reports:
@@ -236,13 +332,21 @@ class Standings(ServiceCore):
         stakes = self.validator_stakes()
         total = electorate.total
         validators = []
-        for hotkey in sorted(set(electorate.weights) | set(reports),
-                             key=lambda hotkey: (-electorate.weight(hotkey), hotkey)):
+        for hotkey in sorted(
+            set(electorate.weights) | set(reports), key=lambda hotkey: (-electorate.weight(hotkey), hotkey)
+        ):
             found = agreements.get(hotkey)
-            validators.append(schemas.ValidatorAgreement(
-                validator_hotkey=hotkey, stake=stakes.get(hotkey),
-                stake_share=electorate.weight(hotkey) / total if total else 0.0, reports=reports.get(hotkey, 0),
-                judged=found.judged if found else 0, agreed=found.agreed if found else 0,
-                disagreed=found.disagreed if found else 0, agreement=found.share if found else None,
-                median_deviation=found.median_deviation if found else None))
+            validators.append(
+                schemas.ValidatorAgreement(
+                    validator_hotkey=hotkey,
+                    stake=stakes.get(hotkey),
+                    stake_share=electorate.weight(hotkey) / total if total else 0.0,
+                    reports=reports.get(hotkey, 0),
+                    judged=found.judged if found else 0,
+                    agreed=found.agreed if found else 0,
+                    disagreed=found.disagreed if found else 0,
+                    agreement=found.share if found else None,
+                    median_deviation=found.median_deviation if found else None,
+                )
+            )
         return schemas.ValidatorAgreements(round_id=round_id, validators=validators)

@@ -17,7 +17,7 @@ connection that pipelines requests, the bytes of a read that ends one request an
 all count against the next, so the limit is then approximate by up to one read.
 
 ``python -m quasar.api serve`` runs every worker with it (``protocol_factory``); a reverse proxy in
-front (README, "Deployment") adds per-IP connection and request limits.
+front (docs/api.md, "Deployment") adds per-IP connection and request limits.
 """
 
 from __future__ import annotations
@@ -66,10 +66,17 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._disarm_header_timer()
         if self.cycle is None or self.cycle.response_complete:
             body = message.encode("ascii")
-            self.transport.write(b"".join([
-                STATUS_LINE[status], b"content-type: text/plain; charset=utf-8\r\n",
-                b"content-length: " + str(len(body)).encode("ascii") + b"\r\n", b"connection: close\r\n\r\n",
-                body]))
+            self.transport.write(
+                b"".join(
+                    [
+                        STATUS_LINE[status],
+                        b"content-type: text/plain; charset=utf-8\r\n",
+                        b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
+                        b"connection: close\r\n\r\n",
+                        body,
+                    ]
+                )
+            )
         self.transport.close()
 
     def _too_large(self) -> str:
@@ -125,5 +132,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 def protocol_factory(max_header_bytes: int, header_timeout_s: float) -> Callable[..., LimitedHttpToolsProtocol]:
     """What uvicorn's ``http`` option takes: a picklable factory of :class:`LimitedHttpToolsProtocol`
     with these limits (``serve --workers N`` hands its options to each worker process)."""
-    return functools.partial(LimitedHttpToolsProtocol, max_header_bytes=max_header_bytes,
-                             header_timeout_s=header_timeout_s)
+    return functools.partial(
+        LimitedHttpToolsProtocol, max_header_bytes=max_header_bytes, header_timeout_s=header_timeout_s
+    )

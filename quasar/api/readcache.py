@@ -99,8 +99,13 @@ class BlockCache:
     renders for at most ``page_render_duty`` of the time. With ``shared``, what a (target, block)
     renders to is computed once by all the server's workers (quasar.api.sharedpages)."""
 
-    def __init__(self, current_block: Callable[[], int], max_entries: int = DEFAULT_MAX_ENTRIES,
-                 page_render_duty: float = PAGE_RENDER_DUTY, shared: SharedRenders | None = None):
+    def __init__(
+        self,
+        current_block: Callable[[], int],
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        page_render_duty: float = PAGE_RENDER_DUTY,
+        shared: SharedRenders | None = None,
+    ):
         if not 0 < page_render_duty <= 1:
             raise ValueError(f"page_render_duty must be in (0, 1], got {page_render_duty}")
         self.current_block = current_block
@@ -117,20 +122,25 @@ class BlockCache:
         """Let the page being rendered finish, and end the page-rendering thread."""
         self._page_renderer.shutdown(wait=True)
 
-    async def response(self, request: Request, compute: Callable[[], BaseModel], params: Params | None = None
-                       ) -> Response:
+    async def response(
+        self, request: Request, compute: Callable[[], BaseModel], params: Params | None = None
+    ) -> Response:
         """The JSON of ``compute()`` for ``request``'s path with the validated ``params`` at the
         current block: cached, or computed in the thread pool (it may read the database) and kept
         until the block changes. Exceptions of ``compute`` reach every request that waited for it,
         and nothing is cached."""
+
         def render() -> Rendered:
             return Rendered.of(Response(compute().model_dump_json().encode(), media_type=JSON_TYPE))
 
-        return await self._serve(request, params, lambda _stale, target, block: run_in_threadpool(
-            self._computed, target, block, render), stale_ok=False)
+        return await self._serve(
+            request,
+            params,
+            lambda _stale, target, block: run_in_threadpool(self._computed, target, block, render),
+            stale_ok=False,
+        )
 
-    async def page(self, request: Request, render: Callable[[], Response], params: Params | None = None
-                   ) -> Response:
+    async def page(self, request: Request, render: Callable[[], Response], params: Params | None = None) -> Response:
         """``render()``'s response for ``request``'s path with the validated ``params``, kept while
         the block lasts if it is a 200. A target seen for the first time renders in the thread pool
         and its requests wait; a page kept from an earlier block is sent at once while its new
@@ -174,8 +184,13 @@ class BlockCache:
     def _computed(self, target: Target, block: int, compute: Callable[[], Rendered]) -> Rendered:
         return compute() if self.shared is None else self.shared.render(target, block, compute)
 
-    async def _serve(self, request: Request, params: Params | None,
-                     start: Callable[[bool, Target, int], Awaitable[Rendered]], stale_ok: bool) -> Response:
+    async def _serve(
+        self,
+        request: Request,
+        params: Params | None,
+        start: Callable[[bool, Target, int], Awaitable[Rendered]],
+        stale_ok: bool,
+    ) -> Response:
         """The cached response, or ``start(stale, target, block)``'s (``stale``: an earlier block's
         response will be sent meanwhile)."""
         target = (request.scope["path"], canonical_query(params))
@@ -221,8 +236,13 @@ class BlockCache:
                         block = None
                     rendered = None if block is None else self._kept_answer(target, block)
                     if rendered is not None:
-                        await send({"type": "http.response.start", "status": rendered.status,
-                                    "headers": list(rendered.headers)})
+                        await send(
+                            {
+                                "type": "http.response.start",
+                                "status": rendered.status,
+                                "headers": list(rendered.headers),
+                            }
+                        )
                         await send({"type": "http.response.body", "body": rendered.body})
                         return
             await app(scope, receive, send)

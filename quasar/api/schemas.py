@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from pydantic import (
-    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StringConstraints, field_validator,
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StringConstraints,
+    field_validator,
 )
 from pydantic.types import Strict
 
@@ -34,13 +41,17 @@ Salt = Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]+$", min_length=32
 # The forms quasar.forks accepts (a GitHub repository; a local path or file:/// URL only on a dev
 # network). The service checks them in full, with the same rules as the validator and a message
 # naming what is wrong; the patterns tell clients (and the OpenAPI schema) the shape.
-FORK_URL_PATTERN = (r"^(?:[Hh][Tt][Tt][Pp][Ss]://[Gg][Ii][Tt][Hh][Uu][Bb]\.[Cc][Oo][Mm]/[A-Za-z0-9-]{1,39}"
-                    r"/[A-Za-z0-9._-]{1,104}/?|[Ff][Ii][Ll][Ee]:///[A-Za-z0-9._/+@,=-]*|/[A-Za-z0-9._/+@,=-]*)$")
+FORK_URL_PATTERN = (
+    r"^(?:[Hh][Tt][Tt][Pp][Ss]://[Gg][Ii][Tt][Hh][Uu][Bb]\.[Cc][Oo][Mm]/[A-Za-z0-9-]{1,39}"
+    r"/[A-Za-z0-9._-]{1,104}/?|[Ff][Ii][Ll][Ee]:///[A-Za-z0-9._/+@,=-]*|/[A-Za-z0-9._/+@,=-]*)$"
+)
 COMMIT_PATTERN = r"^[0-9a-fA-F]{40}$"
-ForkUrl = Annotated[str, StringConstraints(min_length=1, max_length=512),
-                    Field(json_schema_extra={"pattern": FORK_URL_PATTERN})]
-CommitHash = Annotated[str, StringConstraints(min_length=1, max_length=64),
-                       Field(json_schema_extra={"pattern": COMMIT_PATTERN})]
+ForkUrl = Annotated[
+    str, StringConstraints(min_length=1, max_length=512), Field(json_schema_extra={"pattern": FORK_URL_PATTERN})
+]
+CommitHash = Annotated[
+    str, StringConstraints(min_length=1, max_length=64), Field(json_schema_extra={"pattern": COMMIT_PATTERN})
+]
 # ss58 addresses are base58 (no 0, O, I, l).
 HOTKEY_PATTERN = r"^[1-9A-HJ-NP-Za-km-z]{40,60}$"
 Hotkey = Annotated[str, StringConstraints(pattern=HOTKEY_PATTERN)]
@@ -117,21 +128,28 @@ class ReportRequest(Request):
 
     submission_id: SubmissionId
     verdict: Literal["passed", "failed"] = Field(
-        description="passed: correct, logits not failed and measured >= 0.9 x claimed; failed otherwise")
+        description="passed: correct, logits not failed and measured >= 0.9 x claimed; failed otherwise"
+    )
     correct: StrictBool = Field(description="the layer's output matched the reference at every length run")
     logits_ok: StrictBool | None = Field(default=None, description="logit verification result; null = not checked")
     measured_tokens_per_sec: MeasuredTokensPerSec | None = Field(
-        default=None, description="measured tokens/sec at the target length; null = not measured")
+        default=None, description="measured tokens/sec at the target length; null = not measured"
+    )
     benchmarks: MeasuredBenchmarks | None = Field(default=None, description="measured {seq_len: tokens_per_sec}")
-    reasons: list[Reason] = Field(default_factory=list, max_length=MAX_REASONS,
-                                  description="why it failed (or notes), for the miner")
+    reasons: list[Reason] = Field(
+        default_factory=list, max_length=MAX_REASONS, description="why it failed (or notes), for the miner"
+    )
     lengths: list[ReportedLength] | None = Field(
-        default=None, max_length=MAX_BENCHMARK_ENTRIES,
+        default=None,
+        max_length=MAX_BENCHMARK_ENTRIES,
         description="per sequence length run: measured tokens/sec, peak memory, correctness; null = not sent "
-                    "(reports from before this field have none)")
+        "(reports from before this field have none)",
+    )
     content_hash: Sha256Hex | None = Field(
-        default=None, description="sha256 of the fork's kernel files (fla/ops/quasar/) normalised as "
-                                  "quasar.originality.content_hash does; null = not computed (the fork was not cloned)")
+        default=None,
+        description="sha256 of the fork's kernel files (fla/ops/quasar/) normalised as "
+        "quasar.originality.content_hash does; null = not computed (the fork was not cloned)",
+    )
 
     @field_validator("lengths")
     @classmethod
@@ -237,8 +255,10 @@ class WorkBatch(BaseModel):
 class ReportAccepted(BaseModel):
     report_id: int
     submission_id: int
-    failure_counted: bool = Field(description="with this report the validators' consensus failed the submission, "
-                                              "and a failed validation was charged to the miner's IP")
+    failure_counted: bool = Field(
+        description="with this report the validators' consensus failed the submission, "
+        "and a failed validation was charged to the miner's IP"
+    )
 
 
 ConsensusState = Literal["awaiting_quorum", "disputed", "passed", "failed"]
@@ -267,7 +287,8 @@ class LeaderboardEntry(BaseModel):
     claimed_tokens_per_sec: float
     measured_tokens_per_sec: float = Field(
         description="the consensus figure: the highest that passing validators holding more than half of the "
-                    "stake measured at least")
+        "stake measured at least"
+    )
     weighted_score: float
     share: float
     validators: int = Field(description="validators whose reports count that reported on it")
@@ -304,7 +325,8 @@ class Leaderboard(BaseModel):
     copies: int
     not_ranked: list[NotRanked] = Field(
         description="the round's newest evaluated submissions awaiting a quorum, disputed or copies "
-                    f"(at most {MAX_NOT_RANKED_SHOWN})")
+        f"(at most {MAX_NOT_RANKED_SHOWN})"
+    )
 
 
 class ValidatorAgreement(BaseModel):
@@ -319,7 +341,8 @@ class ValidatorAgreement(BaseModel):
     disagreed: int
     agreement: float | None = Field(description="agreed / judged")
     median_deviation: float | None = Field(
-        description="median of |its figure / the consensus figure - 1| where it and the consensus passed")
+        description="median of |its figure / the consensus figure - 1| where it and the consensus passed"
+    )
 
 
 class ValidatorAgreements(BaseModel):
@@ -355,8 +378,21 @@ class ErrorBody(BaseModel):
 
 # --- submission status (GET /submissions/{id}, GET /miners/{hotkey}/submissions) ---
 
-SubmissionState = Literal["committed", "expired", "revealed", "queued", "deferred", "superseded", "lapsed",
-                          "being_evaluated", "awaiting_quorum", "disputed", "passed", "failed", "copy"]
+SubmissionState = Literal[
+    "committed",
+    "expired",
+    "revealed",
+    "queued",
+    "deferred",
+    "superseded",
+    "lapsed",
+    "being_evaluated",
+    "awaiting_quorum",
+    "disputed",
+    "passed",
+    "failed",
+    "copy",
+]
 
 
 class LengthFigures(BaseModel):
@@ -411,12 +447,14 @@ class SubmissionStatus(BaseModel):
     claimed_benchmarks: dict[int, float] | None
     measured_tokens_per_sec: float | None = Field(description="the consensus figure once passed")
     weighted_score: float | None = Field(
-        description="verified tokens/sec x league multiplier once passed; 0 when failed or a copy")
+        description="verified tokens/sec x league multiplier once passed; 0 when failed or a copy"
+    )
     validators_evaluating: int = Field(description="validators holding a lease on it without a report yet")
     consensus: ConsensusView | None = Field(description="the validators' consensus; null before any report")
     copy_of: int | None = Field(description="the earlier submission of another hotkey this one copies")
-    superseded_by: int | None = Field(description="the newer submission of its hotkey that replaced it before any "
-                                                  "validator reported on it")
+    superseded_by: int | None = Field(
+        description="the newer submission of its hotkey that replaced it before any validator reported on it"
+    )
     reports: list[ValidatorVerdict]
 
 

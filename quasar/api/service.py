@@ -16,8 +16,16 @@ from quasar.api.servicecore import NONCE_RETENTION_S, ApiConfig, Authenticated
 from quasar.api.worklist import MAX_FETCHES_PER_VALIDATOR, WorkQueue
 
 __all__ = [
-    "MAX_FETCHES_PER_VALIDATOR", "NONCE_RETENTION_S", "ApiConfig", "ApiError", "Authenticated", "Judged",
-    "SubmissionService", "consensus_reports", "evaluated_submissions", "judge",
+    "MAX_FETCHES_PER_VALIDATOR",
+    "NONCE_RETENTION_S",
+    "ApiConfig",
+    "ApiError",
+    "Authenticated",
+    "Judged",
+    "SubmissionService",
+    "consensus_reports",
+    "evaluated_submissions",
+    "judge",
 ]
 
 

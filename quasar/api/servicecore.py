@@ -107,8 +107,14 @@ def benchmarks_from_json(stored: Mapping[str, float] | None) -> dict[int, float]
 class ServiceCore:
     """The API's shared state and edges: one database, one chain, one clock."""
 
-    def __init__(self, config: ApiConfig, chain: Chain, database: Database, clock: Callable[[], float] = time.time,
-                 fused_checks: bool = True):
+    def __init__(
+        self,
+        config: ApiConfig,
+        chain: Chain,
+        database: Database,
+        clock: Callable[[], float] = time.time,
+        fused_checks: bool = True,
+    ):
         """``fused_checks``: a signed direct submission's checks in one statement while they pass
         (quasar/api/admission.py); False: one by one always (the reference)."""
         self.config = config
@@ -143,9 +149,14 @@ class ServiceCore:
         block = self.current_block()
         current = rules.round_of_block(block, self.config.round_blocks)
         left = current.blocks_left(block)
-        return schemas.RoundInfo(round_id=current.round_id, start_block=current.start_block,
-                                 end_block=current.end_block, current_block=block, blocks_left=left,
-                                 seconds_left_estimate=left * self.chain.block_time_s)
+        return schemas.RoundInfo(
+            round_id=current.round_id,
+            start_block=current.start_block,
+            end_block=current.end_block,
+            current_block=block,
+            blocks_left=left,
+            seconds_left_estimate=left * self.chain.block_time_s,
+        )
 
     def _round(self, round_id: int | None) -> int:
         if round_id is None:
@@ -173,8 +184,13 @@ class ServiceCore:
         if refusal is not None:
             raise refusal
 
-    def _write(self, work: Callable[[Session], T], caller: Authenticated | None, locks: Sequence[str] = (),
-               fused: Callable[[Session], T | None] | None = None) -> T:
+    def _write(
+        self,
+        work: Callable[[Session], T],
+        caller: Authenticated | None,
+        locks: Sequence[str] = (),
+        fused: Callable[[Session], T | None] | None = None,
+    ) -> T:
         """``work`` in one write transaction, after ``caller``'s checks (see :class:`Authenticated`).
         A request that ``work`` refuses still uses up its nonce (recorded then in a transaction of
         its own); a banned IP's does not. ``fused``: the same checks and work in fewer statements,
@@ -203,24 +219,48 @@ class ServiceCore:
                 self.database.write(lambda session: self.nonces.record(session, caller.hotkey, caller.nonce_ns))
             raise
 
-    def _record_failure(self, session: Session, client_ip: str, now: float, kind: str, reason: str,
-                        submission_id: int | None, dedupe_key: str | None = None) -> bool:
+    def _record_failure(
+        self,
+        session: Session,
+        client_ip: str,
+        now: float,
+        kind: str,
+        reason: str,
+        submission_id: int | None,
+        dedupe_key: str | None = None,
+    ) -> bool:
         """Charge a failed validation to ``client_ip``; ban it at the fifth inside 24 h. False if a
         failure with ``dedupe_key`` was already charged."""
         self.database.lock(session, f"ip:{client_ip}")  # the count below must see every earlier failure
         if dedupe_key is not None and session.scalar(
-                select(exists().where(ValidationFailure.dedupe_key == dedupe_key))):
+            select(exists().where(ValidationFailure.dedupe_key == dedupe_key))
+        ):
             return False
-        session.add(ValidationFailure(client_ip=client_ip, failed_at=now, submission_id=submission_id, kind=kind,
-                                      reason=reason[:MAX_REASON_STORED], dedupe_key=dedupe_key))
+        session.add(
+            ValidationFailure(
+                client_ip=client_ip,
+                failed_at=now,
+                submission_id=submission_id,
+                kind=kind,
+                reason=reason[:MAX_REASON_STORED],
+                dedupe_key=dedupe_key,
+            )
+        )
         session.flush()
         failures = session.scalar(
-            select(func.count()).select_from(ValidationFailure)
+            select(func.count())
+            .select_from(ValidationFailure)
             .where(ValidationFailure.client_ip == client_ip, ValidationFailure.failed_at > now - rules.BAN_WINDOW_S)
         )
         banned = session.scalar(select(exists().where(IpBan.client_ip == client_ip, IpBan.banned_until > now)))
         if failures >= rules.BAN_FAILURES and not banned:
-            session.add(IpBan(client_ip=client_ip, banned_at=now, banned_until=now + rules.BAN_DURATION_S,
-                              reason=f"{failures} failed validations within 24 h"))
+            session.add(
+                IpBan(
+                    client_ip=client_ip,
+                    banned_at=now,
+                    banned_until=now + rules.BAN_DURATION_S,
+                    reason=f"{failures} failed validations within 24 h",
+                )
+            )
             logger.warning("banned IP %s for 24 h after %d failed validations", client_ip, failures)
         return True

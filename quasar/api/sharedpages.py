@@ -76,8 +76,12 @@ class SharedPages:
         return Rendered(meta["status"], headers, body)
 
     def _write(self, slot: str, target: Target, block: int, rendered: Rendered) -> None:
-        meta = {"target": _stored_target(target), "block": block, "status": rendered.status,
-                "headers": [[name.decode("latin-1"), value.decode("latin-1")] for name, value in rendered.headers]}
+        meta = {
+            "target": _stored_target(target),
+            "block": block,
+            "status": rendered.status,
+            "headers": [[name.decode("latin-1"), value.decode("latin-1")] for name, value in rendered.headers],
+        }
         partial = self.directory / f"{slot}.partial"
         partial.write_bytes(json.dumps(meta, separators=(",", ":")).encode() + b"\n" + rendered.body)
         os.replace(partial, self.directory / slot)

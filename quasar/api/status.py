@@ -49,9 +49,15 @@ class Waiting:
     reason: str
 
 
-def submission_state(method: str, revealed: bool, window_state: str | None, evaluating: int,
-                     view: consensus.Consensus | None, copy_of: originality.CopyOf | None,
-                     waiting: Waiting | None = None) -> str:
+def submission_state(
+    method: str,
+    revealed: bool,
+    window_state: str | None,
+    evaluating: int,
+    view: consensus.Consensus | None,
+    copy_of: originality.CopyOf | None,
+    waiting: Waiting | None = None,
+) -> str:
     """The state of a submission (module docstring).
 
     ``window_state``: the reveal window's state (``waiting``/``open``/``expired``) of an unrevealed
@@ -72,8 +78,13 @@ def submission_state(method: str, revealed: bool, window_state: str | None, eval
     return REVEALED if method == "commit_reveal" else QUEUED
 
 
-def state_reason(state: str, evaluating: int, view: consensus.Consensus | None,
-                 copy_of: originality.CopyOf | None, waiting: Waiting | None = None) -> str | None:
+def state_reason(
+    state: str,
+    evaluating: int,
+    view: consensus.Consensus | None,
+    copy_of: originality.CopyOf | None,
+    waiting: Waiting | None = None,
+) -> str | None:
     """The state in words, for the miner (None where the state says it all)."""
     if state == COPY:
         return copy_of.reason
@@ -91,13 +102,25 @@ def state_reason(state: str, evaluating: int, view: consensus.Consensus | None,
 def waiting_of(submission: Submission, context: StatusContext) -> Waiting | None:
     """Where the schedule has put ``submission`` (a revealed one without reports), or None."""
     if submission.state == SUPERSEDED:
-        return Waiting(SUPERSEDED, f"superseded by submission {submission.superseded_by}, a newer one of this "
-                                   f"hotkey, before any validator reported on it: it is not evaluated")
+        return Waiting(
+            SUPERSEDED,
+            f"superseded by submission {submission.superseded_by}, a newer one of this "
+            f"hotkey, before any validator reported on it: it is not evaluated",
+        )
     if submission.round_id < context.first_scheduled_round:
-        return Waiting(LAPSED, f"lapsed: validators evaluate a submission in its round and the next; round "
-                               f"{submission.round_id} and the next are over")
-    queued = scheduling.Queued(submission.id, submission.hotkey, submission.ready_at,
-                               submission.target_sequence_length, submission.claimed_tokens_per_sec, reported=False)
+        return Waiting(
+            LAPSED,
+            f"lapsed: validators evaluate a submission in its round and the next; round "
+            f"{submission.round_id} and the next are over",
+        )
+    queued = scheduling.Queued(
+        submission.id,
+        submission.hotkey,
+        submission.ready_at,
+        submission.target_sequence_length,
+        submission.claimed_tokens_per_sec,
+        reported=False,
+    )
     if not scheduling.could_place(queued, context.standing):
         return Waiting(DEFERRED, scheduling.deferred_reason(queued, context.standing))
     return None
@@ -105,34 +128,56 @@ def waiting_of(submission: Submission, context: StatusContext) -> Waiting | None
 
 def consensus_view(view: consensus.Consensus) -> schemas.ConsensusView:
     return schemas.ConsensusView(
-        state=view.state, validators_reported=view.reported, validators=view.validators,
-        reported_stake_share=view.reported_share, passed_stake_share=view.passed_share,
-        failed_stake_share=view.failed_share, reason=view.reason, content_hash=view.content_hash)
+        state=view.state,
+        validators_reported=view.reported,
+        validators=view.validators,
+        reported_stake_share=view.reported_share,
+        passed_stake_share=view.passed_share,
+        failed_stake_share=view.failed_share,
+        reason=view.reason,
+        content_hash=view.content_hash,
+    )
 
 
-def length_figures(stored_lengths: Sequence[Mapping] | None,
-                   stored_benchmarks: Mapping[str, float] | None) -> list[schemas.LengthFigures]:
+def length_figures(
+    stored_lengths: Sequence[Mapping] | None, stored_benchmarks: Mapping[str, float] | None
+) -> list[schemas.LengthFigures]:
     """A report's per-length figures, by length; a report from before per-length figures were
     sent (``lengths`` NULL) gives its ``benchmarks`` tokens/sec with the rest unknown."""
     if stored_lengths is not None:
-        figures = [schemas.LengthFigures(seq_len=int(item["seq_len"]), status=item.get("status"),
-                                         tokens_per_sec=item.get("tokens_per_sec"),
-                                         peak_vram_mb=item.get("peak_vram_mb"), correct=item.get("correct"))
-                   for item in stored_lengths]
+        figures = [
+            schemas.LengthFigures(
+                seq_len=int(item["seq_len"]),
+                status=item.get("status"),
+                tokens_per_sec=item.get("tokens_per_sec"),
+                peak_vram_mb=item.get("peak_vram_mb"),
+                correct=item.get("correct"),
+            )
+            for item in stored_lengths
+        ]
     else:
-        figures = [schemas.LengthFigures(seq_len=int(length), status=None, tokens_per_sec=float(tps),
-                                         peak_vram_mb=None, correct=None)
-                   for length, tps in (stored_benchmarks or {}).items()]
+        figures = [
+            schemas.LengthFigures(
+                seq_len=int(length), status=None, tokens_per_sec=float(tps), peak_vram_mb=None, correct=None
+            )
+            for length, tps in (stored_benchmarks or {}).items()
+        ]
     return sorted(figures, key=lambda item: item.seq_len)
 
 
 def _verdict(report: EvaluationReport, electorate: consensus.Electorate) -> schemas.ValidatorVerdict:
     return schemas.ValidatorVerdict(
-        validator_hotkey=report.validator_hotkey, verdict=report.verdict, correct=report.correct,
-        logits_ok=report.logits_ok, measured_tokens_per_sec=report.measured_tokens_per_sec,
-        lengths=length_figures(report.lengths, report.benchmarks), reasons=list(report.reasons),
-        reported_at=report.reported_at, counted=electorate.weight(report.validator_hotkey) > 0,
-        content_hash=report.content_hash)
+        validator_hotkey=report.validator_hotkey,
+        verdict=report.verdict,
+        correct=report.correct,
+        logits_ok=report.logits_ok,
+        measured_tokens_per_sec=report.measured_tokens_per_sec,
+        lengths=length_figures(report.lengths, report.benchmarks),
+        reasons=list(report.reasons),
+        reported_at=report.reported_at,
+        counted=electorate.weight(report.validator_hotkey) > 0,
+        content_hash=report.content_hash,
+    )
 
 
 def _benchmarks(stored: Mapping[str, float] | None) -> dict[int, float] | None:
@@ -154,50 +199,91 @@ class StatusContext:
     standing: scheduling.Standing
 
 
-def build_status(submission: Submission, reports: Sequence[EvaluationReport], judged: Judged | None,
-                 evaluating: int, context: StatusContext) -> schemas.SubmissionStatus:
+def build_status(
+    submission: Submission,
+    reports: Sequence[EvaluationReport],
+    judged: Judged | None,
+    evaluating: int,
+    context: StatusContext,
+) -> schemas.SubmissionStatus:
     """The public status of ``submission`` (see the module docstring for what an unrevealed one
     shows) with its ``reports``; ``judged``: their consensus, None before any report."""
     revealed = submission.state in (READY, SUPERSEDED)
     window = None
     if submission.method == "commit_reveal":
-        window = rules.reveal_window(submission.submitted_block, context.blocks_until_reveal,
-                                     context.reveal_window_blocks)
+        window = rules.reveal_window(
+            submission.submitted_block, context.blocks_until_reveal, context.reveal_window_blocks
+        )
     if not revealed:
         judged = None
     view, copy_of = (None, None) if judged is None else (judged.consensus, judged.copy_of)
     waiting = waiting_of(submission, context) if revealed and judged is None else None
-    state = submission_state(submission.method, revealed, None if window is None else window.state(context.block),
-                             evaluating, view, copy_of, waiting)
+    state = submission_state(
+        submission.method,
+        revealed,
+        None if window is None else window.state(context.block),
+        evaluating,
+        view,
+        copy_of,
+        waiting,
+    )
     result = None if judged is None else judged.result
     common = dict(
-        submission_id=submission.id, hotkey=submission.hotkey, method=submission.method, state=state,
+        submission_id=submission.id,
+        hotkey=submission.hotkey,
+        method=submission.method,
+        state=state,
         state_reason=state_reason(state, evaluating, view, copy_of, waiting),
         target_sequence_length=submission.target_sequence_length,
         league=scoring.league_for(submission.target_sequence_length).name,
-        submitted_at=submission.submitted_at, submitted_block=submission.submitted_block,
+        submitted_at=submission.submitted_at,
+        submitted_block=submission.submitted_block,
         commitment_hash=submission.commitment_hash,
         reveal_from_block=None if window is None else window.opens,
-        reveal_until_block=None if window is None else window.closes, revealed=revealed)
+        reveal_until_block=None if window is None else window.closes,
+        revealed=revealed,
+    )
     if not revealed:
         return schemas.SubmissionStatus(
-            **common, ready_at=None, round_id=None, fork_url=None, commit_hash=None, claimed_tokens_per_sec=None,
-            vram_mb=None, claimed_benchmarks=None, measured_tokens_per_sec=None, weighted_score=None,
-            validators_evaluating=0, consensus=None, copy_of=None, superseded_by=None, reports=[])
+            **common,
+            ready_at=None,
+            round_id=None,
+            fork_url=None,
+            commit_hash=None,
+            claimed_tokens_per_sec=None,
+            vram_mb=None,
+            claimed_benchmarks=None,
+            measured_tokens_per_sec=None,
+            weighted_score=None,
+            validators_evaluating=0,
+            consensus=None,
+            copy_of=None,
+            superseded_by=None,
+            reports=[],
+        )
     if result is not None:
         weighted = scoring.weighted_score(result)
     else:
         weighted = 0.0 if state in (FAILED, COPY) else None
     return schemas.SubmissionStatus(
-        **common, ready_at=submission.ready_at, round_id=submission.round_id, fork_url=submission.fork_url,
-        commit_hash=submission.commit_hash, claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
-        vram_mb=submission.vram_mb, claimed_benchmarks=_benchmarks(submission.benchmarks),
+        **common,
+        ready_at=submission.ready_at,
+        round_id=submission.round_id,
+        fork_url=submission.fork_url,
+        commit_hash=submission.commit_hash,
+        claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
+        vram_mb=submission.vram_mb,
+        claimed_benchmarks=_benchmarks(submission.benchmarks),
         measured_tokens_per_sec=None if view is None else view.measured_tokens_per_sec,
-        weighted_score=weighted, validators_evaluating=evaluating,
+        weighted_score=weighted,
+        validators_evaluating=evaluating,
         consensus=None if view is None else consensus_view(view),
-        copy_of=None if copy_of is None else copy_of.original_id, superseded_by=submission.superseded_by,
-        reports=[_verdict(report, context.electorate)
-                 for report in sorted(reports, key=lambda r: (r.reported_at, r.id))])
+        copy_of=None if copy_of is None else copy_of.original_id,
+        superseded_by=submission.superseded_by,
+        reports=[
+            _verdict(report, context.electorate) for report in sorted(reports, key=lambda r: (r.reported_at, r.id))
+        ],
+    )
 
 
 def best_per_round(points: Iterable[schemas.RoundPoint]) -> list[schemas.RoundPoint]:
@@ -206,8 +292,11 @@ def best_per_round(points: Iterable[schemas.RoundPoint]) -> list[schemas.RoundPo
     best: dict[int, schemas.RoundPoint] = {}
     for point in points:
         held = best.get(point.round_id)
-        if held is None or (point.weighted_score, point.measured_tokens_per_sec, -point.submission_id) > \
-                (held.weighted_score, held.measured_tokens_per_sec, -held.submission_id):
+        if held is None or (point.weighted_score, point.measured_tokens_per_sec, -point.submission_id) > (
+            held.weighted_score,
+            held.measured_tokens_per_sec,
+            -held.submission_id,
+        ):
             best[point.round_id] = point
     return [best[round_id] for round_id in sorted(best)]
 
@@ -222,28 +311,41 @@ class StatusReader:
         config = self.service.config
         block = self.service.current_block()
         round_id = rules.round_of_block(block, config.round_blocks).round_id
-        return StatusContext(block, self.service.clock(), config.blocks_until_reveal, config.reveal_window_blocks,
-                             self.service.electorate(), scheduling.first_scheduled_round(round_id),
-                             self.service.standing(round_id))
+        return StatusContext(
+            block,
+            self.service.clock(),
+            config.blocks_until_reveal,
+            config.reveal_window_blocks,
+            self.service.electorate(),
+            scheduling.first_scheduled_round(round_id),
+            self.service.standing(round_id),
+        )
 
-    def _statuses(self, session, submissions: Sequence[Submission],
-                  context: StatusContext) -> list[schemas.SubmissionStatus]:
+    def _statuses(
+        self, session, submissions: Sequence[Submission], context: StatusContext
+    ) -> list[schemas.SubmissionStatus]:
         ids = [submission.id for submission in submissions]
         reports: dict[int, list[EvaluationReport]] = defaultdict(list)
         evaluating: dict[int, int] = defaultdict(int)
         if ids:
             for report in session.scalars(select(EvaluationReport).where(EvaluationReport.submission_id.in_(ids))):
                 reports[report.submission_id].append(report)
-            leases = session.scalars(select(EvaluationLease).where(EvaluationLease.submission_id.in_(ids),
-                                                                   EvaluationLease.leased_until > context.now))
+            leases = session.scalars(
+                select(EvaluationLease).where(
+                    EvaluationLease.submission_id.in_(ids), EvaluationLease.leased_until > context.now
+                )
+            )
             for lease in leases:
                 if all(r.validator_hotkey != lease.validator_hotkey for r in reports[lease.submission_id]):
                     evaluating[lease.submission_id] += 1
         evaluated = [(s, consensus_reports(reports[s.id])) for s in submissions if s.state == READY and reports[s.id]]
-        judged = {item.submission.id: item
-                  for item in judge(session, evaluated, context.electorate, self.service.quorum)}
-        return [build_status(s, reports[s.id] if s.state == READY else [], judged.get(s.id), evaluating[s.id],
-                             context) for s in submissions]
+        judged = {
+            item.submission.id: item for item in judge(session, evaluated, context.electorate, self.service.quorum)
+        }
+        return [
+            build_status(s, reports[s.id] if s.state == READY else [], judged.get(s.id), evaluating[s.id], context)
+            for s in submissions
+        ]
 
     def submission(self, submission_id: int) -> schemas.SubmissionStatus | None:
         """The status of one submission, or None when there is no such submission."""
@@ -260,8 +362,9 @@ class StatusReader:
         where = [] if hotkey is None else [Submission.hotkey == hotkey]
         with self.service.database.read() as session:
             total = session.scalar(select(func.count()).select_from(Submission).where(*where))
-            rows = session.scalars(select(Submission).where(*where).order_by(Submission.id.desc())
-                                   .offset(offset).limit(limit)).all()
+            rows = session.scalars(
+                select(Submission).where(*where).order_by(Submission.id.desc()).offset(offset).limit(limit)
+            ).all()
             statuses = self._statuses(session, rows, context)
         return schemas.SubmissionPage(hotkey=hotkey, total=total, offset=offset, limit=limit, submissions=statuses)
 
@@ -270,16 +373,21 @@ class StatusReader:
         and weighted score."""
         electorate = self.service.electorate()
         with self.service.database.read() as session:
-            judged = self.service.judge(session, evaluated_submissions(session, Submission.hotkey == hotkey),
-                                        electorate)
+            judged = self.service.judge(
+                session, evaluated_submissions(session, Submission.hotkey == hotkey), electorate
+            )
         points = []
         for item in judged:
             if not item.consensus.settled or item.copy_of is not None:
                 continue
             result = item.result
-            points.append(schemas.RoundPoint(
-                round_id=item.submission.round_id, submission_id=item.submission.id,
-                measured_tokens_per_sec=item.consensus.measured_tokens_per_sec or 0.0,
-                weighted_score=0.0 if result is None else scoring.weighted_score(result),
-                state=PASSED if result is not None else FAILED))
+            points.append(
+                schemas.RoundPoint(
+                    round_id=item.submission.round_id,
+                    submission_id=item.submission.id,
+                    measured_tokens_per_sec=item.consensus.measured_tokens_per_sec or 0.0,
+                    weighted_score=0.0 if result is None else scoring.weighted_score(result),
+                    state=PASSED if result is not None else FAILED,
+                )
+            )
         return schemas.MinerHistory(hotkey=hotkey, rounds=best_per_round(points))

@@ -25,18 +25,28 @@ MAX_FETCHES_PER_VALIDATOR = 3
 # A hotkey's ready submissions of the scheduled rounds, and whether any validator reported on each:
 # what a newer one may supersede (quasar/scheduling.py).
 _SUBMISSIONS, _REPORTS = Submission.__table__, EvaluationReport.__table__
-_HOTKEY_READY_WHERE = (_SUBMISSIONS.c.hotkey == bindparam("hotkey"), _SUBMISSIONS.c.state == "ready",
-                       _SUBMISSIONS.c.round_id >= bindparam("first_round"))
-_HOTKEY_READY = PreparedStatement(select(
-    _SUBMISSIONS.c.id, _SUBMISSIONS.c.ready_at, _SUBMISSIONS.c.target_sequence_length,
-    _SUBMISSIONS.c.claimed_tokens_per_sec,
-    exists().where(_REPORTS.c.submission_id == _SUBMISSIONS.c.id).label("reported"),
-).where(*_HOTKEY_READY_WHERE))
-_LOCK_HOTKEY_READY = PreparedStatement(select(_SUBMISSIONS.c.id).where(*_HOTKEY_READY_WHERE)
-                                       .order_by(_SUBMISSIONS.c.id).with_for_update())
-_SUPERSEDE = PreparedStatement(update(_SUBMISSIONS).where(_SUBMISSIONS.c.id == bindparam("old_id"),
-                                                          _SUBMISSIONS.c.state == "ready")
-                               .values(state="superseded", superseded_by=bindparam("new_id")))
+_HOTKEY_READY_WHERE = (
+    _SUBMISSIONS.c.hotkey == bindparam("hotkey"),
+    _SUBMISSIONS.c.state == "ready",
+    _SUBMISSIONS.c.round_id >= bindparam("first_round"),
+)
+_HOTKEY_READY = PreparedStatement(
+    select(
+        _SUBMISSIONS.c.id,
+        _SUBMISSIONS.c.ready_at,
+        _SUBMISSIONS.c.target_sequence_length,
+        _SUBMISSIONS.c.claimed_tokens_per_sec,
+        exists().where(_REPORTS.c.submission_id == _SUBMISSIONS.c.id).label("reported"),
+    ).where(*_HOTKEY_READY_WHERE)
+)
+_LOCK_HOTKEY_READY = PreparedStatement(
+    select(_SUBMISSIONS.c.id).where(*_HOTKEY_READY_WHERE).order_by(_SUBMISSIONS.c.id).with_for_update()
+)
+_SUPERSEDE = PreparedStatement(
+    update(_SUBMISSIONS)
+    .where(_SUBMISSIONS.c.id == bindparam("old_id"), _SUBMISSIONS.c.state == "ready")
+    .values(state="superseded", superseded_by=bindparam("new_id"))
+)
 
 
 def supersede_older(session: Session, dialect: str, hotkey: str, round_id: int) -> None:
@@ -73,49 +83,92 @@ class WorkQueue(Standings):
         standing = self.standing(round_id)
 
         def work(session: Session) -> list[schemas.WorkItem]:
-            mine = exists().where(EvaluationReport.submission_id == Submission.id,
-                                  EvaluationReport.validator_hotkey == validator)
+            mine = exists().where(
+                EvaluationReport.submission_id == Submission.id, EvaluationReport.validator_hotkey == validator
+            )
             held = exists().where(
-                EvaluationLease.submission_id == Submission.id, EvaluationLease.validator_hotkey == validator,
-                (EvaluationLease.leased_until > now) | (EvaluationLease.fetch_count >= MAX_FETCHES_PER_VALIDATOR))
+                EvaluationLease.submission_id == Submission.id,
+                EvaluationLease.validator_hotkey == validator,
+                (EvaluationLease.leased_until > now) | (EvaluationLease.fetch_count >= MAX_FETCHES_PER_VALIDATOR),
+            )
             reported = exists().where(EvaluationReport.submission_id == Submission.id)  # by another validator
             rows = session.execute(
-                select(Submission.id, Submission.hotkey, Submission.ready_at, Submission.target_sequence_length,
-                       Submission.claimed_tokens_per_sec, reported.label("reported"))
-                .where(Submission.state == "ready", Submission.round_id >= scheduling.first_scheduled_round(round_id),
-                       ~mine, ~held)
+                select(
+                    Submission.id,
+                    Submission.hotkey,
+                    Submission.ready_at,
+                    Submission.target_sequence_length,
+                    Submission.claimed_tokens_per_sec,
+                    reported.label("reported"),
+                ).where(
+                    Submission.state == "ready",
+                    Submission.round_id >= scheduling.first_scheduled_round(round_id),
+                    ~mine,
+                    ~held,
+                )
             ).all()
-            candidates = [scheduling.Queued(row.id, row.hotkey, row.ready_at, row.target_sequence_length,
-                                            row.claimed_tokens_per_sec, reported=bool(row.reported)) for row in rows]
-            taken = dict(session.execute(
-                select(Submission.hotkey, func.count())
-                .select_from(EvaluationLease).join(Submission, Submission.id == EvaluationLease.submission_id)
-                .where(EvaluationLease.validator_hotkey == validator, EvaluationLease.first_round == round_id)
-                .group_by(Submission.hotkey)).all())
+            candidates = [
+                scheduling.Queued(
+                    row.id,
+                    row.hotkey,
+                    row.ready_at,
+                    row.target_sequence_length,
+                    row.claimed_tokens_per_sec,
+                    reported=bool(row.reported),
+                )
+                for row in rows
+            ]
+            taken = dict(
+                session.execute(
+                    select(Submission.hotkey, func.count())
+                    .select_from(EvaluationLease)
+                    .join(Submission, Submission.id == EvaluationLease.submission_id)
+                    .where(EvaluationLease.validator_hotkey == validator, EvaluationLease.first_round == round_id)
+                    .group_by(Submission.hotkey)
+                ).all()
+            )
             chosen = scheduling.order_work(candidates, taken, standing, limit)
             items = []
             for pick in chosen:
                 row = session.get(Submission, pick.submission_id)
                 lease = session.get(EvaluationLease, (row.id, validator))
                 if lease is None:
-                    session.add(EvaluationLease(submission_id=row.id, validator_hotkey=validator,
-                                                leased_until=now + lease_s, fetch_count=1, first_round=round_id))
+                    session.add(
+                        EvaluationLease(
+                            submission_id=row.id,
+                            validator_hotkey=validator,
+                            leased_until=now + lease_s,
+                            fetch_count=1,
+                            first_round=round_id,
+                        )
+                    )
                 else:
                     lease.leased_until = now + lease_s
                     lease.fetch_count += 1
-                items.append(schemas.WorkItem(
-                    submission_id=row.id, hotkey=row.hotkey, fork_url=row.fork_url, commit_hash=row.commit_hash,
-                    target_sequence_length=row.target_sequence_length,
-                    claimed_tokens_per_sec=row.claimed_tokens_per_sec, vram_mb=row.vram_mb,
-                    benchmarks=benchmarks_from_json(row.benchmarks), submitted_at=row.submitted_at,
-                    round_id=row.round_id, lease_expires_at=now + lease_s))
+                items.append(
+                    schemas.WorkItem(
+                        submission_id=row.id,
+                        hotkey=row.hotkey,
+                        fork_url=row.fork_url,
+                        commit_hash=row.commit_hash,
+                        target_sequence_length=row.target_sequence_length,
+                        claimed_tokens_per_sec=row.claimed_tokens_per_sec,
+                        vram_mb=row.vram_mb,
+                        benchmarks=benchmarks_from_json(row.benchmarks),
+                        submitted_at=row.submitted_at,
+                        round_id=row.round_id,
+                        lease_expires_at=now + lease_s,
+                    )
+                )
             return items
 
-        return schemas.WorkBatch(items=self._write(work, caller, locks=[f"validator:{validator}"]),
-                                 lease_seconds=lease_s)
+        return schemas.WorkBatch(
+            items=self._write(work, caller, locks=[f"validator:{validator}"]), lease_seconds=lease_s
+        )
 
-    def report(self, validator: str, request: schemas.ReportRequest,
-               caller: Authenticated | None = None) -> schemas.ReportAccepted:
+    def report(
+        self, validator: str, request: schemas.ReportRequest, caller: Authenticated | None = None
+    ) -> schemas.ReportAccepted:
         """Store one validator's report; when with it the validators' consensus fails the submission,
         charge a failed validation to the miner's IP (once per submission, never on one validator's word)."""
         if request.verdict == "passed" and (not request.correct or request.logits_ok is False):
@@ -129,41 +182,67 @@ class WorkQueue(Standings):
             # Locked: the schedule does not supersede it while this report is being stored.
             submission = session.get(Submission, request.submission_id, with_for_update=True)
             if submission is not None and submission.state == "superseded":
-                raise ApiError(409, f"submission {submission.id} was superseded by submission "
-                                    f"{submission.superseded_by} of the same hotkey before any validator "
-                                    f"reported on it: it is not evaluated")
+                raise ApiError(
+                    409,
+                    f"submission {submission.id} was superseded by submission "
+                    f"{submission.superseded_by} of the same hotkey before any validator "
+                    f"reported on it: it is not evaluated",
+                )
             if submission is None or submission.state != "ready":
                 raise ApiError(404, f"no submission {request.submission_id} ready for evaluation")
             if session.get(EvaluationLease, (submission.id, validator)) is None:
-                raise ApiError(409, f"submission {submission.id} was never fetched by this validator "
-                                    f"(GET /validator/pending first)")
-            if session.scalar(select(exists().where(EvaluationReport.submission_id == submission.id,
-                                                    EvaluationReport.validator_hotkey == validator))):
+                raise ApiError(
+                    409,
+                    f"submission {submission.id} was never fetched by this validator (GET /validator/pending first)",
+                )
+            if session.scalar(
+                select(
+                    exists().where(
+                        EvaluationReport.submission_id == submission.id, EvaluationReport.validator_hotkey == validator
+                    )
+                )
+            ):
                 raise ApiError(409, f"this validator already reported on submission {submission.id}")
             floor = scoring.CLAIM_FACTOR * submission.claimed_tokens_per_sec
             if request.verdict == "passed" and request.measured_tokens_per_sec < floor:
-                raise ApiError(422, f"verdict 'passed' contradicts measured_tokens_per_sec "
-                                    f"{request.measured_tokens_per_sec:g} < {scoring.CLAIM_FACTOR} x the claim "
-                                    f"{submission.claimed_tokens_per_sec:g}")
+                raise ApiError(
+                    422,
+                    f"verdict 'passed' contradicts measured_tokens_per_sec "
+                    f"{request.measured_tokens_per_sec:g} < {scoring.CLAIM_FACTOR} x the claim "
+                    f"{submission.claimed_tokens_per_sec:g}",
+                )
             report = EvaluationReport(
-                submission_id=submission.id, validator_hotkey=validator, reported_at=now, verdict=request.verdict,
-                correct=request.correct, logits_ok=request.logits_ok,
+                submission_id=submission.id,
+                validator_hotkey=validator,
+                reported_at=now,
+                verdict=request.verdict,
+                correct=request.correct,
+                logits_ok=request.logits_ok,
                 measured_tokens_per_sec=request.measured_tokens_per_sec,
-                benchmarks=benchmarks_to_json(request.benchmarks), reasons=list(request.reasons),
+                benchmarks=benchmarks_to_json(request.benchmarks),
+                reasons=list(request.reasons),
                 lengths=None if request.lengths is None else [item.model_dump() for item in request.lengths],
                 content_hash=request.content_hash,
             )
             session.add(report)
             session.flush()
-            reports = session.scalars(select(EvaluationReport).where(
-                EvaluationReport.submission_id == submission.id)).all()
+            reports = session.scalars(
+                select(EvaluationReport).where(EvaluationReport.submission_id == submission.id)
+            ).all()
             view = consensus.decide(consensus_reports(reports), electorate, self.quorum)
             counted = False
             if view.state == consensus.FAILED:
                 given = dict.fromkeys(reason for r in reports if r.verdict == "failed" for reason in r.reasons)
                 reason = "; ".join([view.reason, *given])
-                counted = self._record_failure(session, submission.client_ip, now, "evaluation", reason,
-                                               submission.id, dedupe_key=f"evaluation:{submission.id}")
+                counted = self._record_failure(
+                    session,
+                    submission.client_ip,
+                    now,
+                    "evaluation",
+                    reason,
+                    submission.id,
+                    dedupe_key=f"evaluation:{submission.id}",
+                )
             return schemas.ReportAccepted(report_id=report.id, submission_id=submission.id, failure_counted=counted)
 
         try:

@@ -160,8 +160,9 @@ def machine_speed_ms(iterations: int = 1_000_000) -> float:
     return (time.perf_counter() - started) * 1e3
 
 
-def timeline(submitted: Stream, read: Stream, seconds: float,
-             warmup: float = 0.0) -> tuple[tuple[int, float, float, float, float], ...]:
+def timeline(
+    submitted: Stream, read: Stream, seconds: float, warmup: float = 0.0
+) -> tuple[tuple[int, float, float, float, float], ...]:
     """Latency percentiles (ms) of the requests scheduled in each second of the warm-up (negative
     seconds) and of the window: where slow requests were (a start-up, a block change), which the
     whole run's p99 hides."""
@@ -169,16 +170,19 @@ def timeline(submitted: Stream, read: Stream, seconds: float,
     for second in range(-math.ceil(warmup), math.ceil(seconds)):
         cells = []
         for stream in (submitted, read):
-            inside = sorted(latency for latency, at in zip(stream.latencies, stream.scheduled)
-                            if math.floor(at) == second)
+            inside = sorted(
+                latency for latency, at in zip(stream.latencies, stream.scheduled) if math.floor(at) == second
+            )
             cells += [1000 * statistics.median(inside), 1000 * percentile(inside, 0.99)] if inside else [math.nan] * 2
         rows.append((second, *cells))
     return tuple(rows)
 
 
 def timeline_table(run: Figures) -> Table:
-    table = Table(title=f"{BACKEND_LABELS[run.backend]} x{run.workers}: latency by second of the window (ms)",
-                  caption="* the chain moved to a new block in this second")
+    table = Table(
+        title=f"{BACKEND_LABELS[run.backend]} x{run.workers}: latency by second of the window (ms)",
+        caption="* the chain moved to a new block in this second",
+    )
     for heading in ("second", "submit p50", "submit p99", "read p50", "read p99"):
         table.add_column(heading, justify="right")
     for second, *cells in run.timeline:
@@ -216,8 +220,13 @@ async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, r
     return status, await reader.readexactly(length) if length else b""
 
 
-async def connection(port: int, schedule: Sequence[tuple[float, bytes, tuple[str, str] | None]], stream: Stream,
-                     start: float, warmup: float) -> None:
+async def connection(
+    port: int,
+    schedule: Sequence[tuple[float, bytes, tuple[str, str] | None]],
+    stream: Stream,
+    start: float,
+    warmup: float,
+) -> None:
     """Send ``schedule`` (send time after ``start``, request bytes, submission identity) in order;
     the timed window starts ``warmup`` seconds after ``start``. The connection opens
     ``CONNECT_AHEAD_S`` before the first request (the server closes a connection that has sent no
@@ -254,26 +263,40 @@ async def connection(port: int, schedule: Sequence[tuple[float, bytes, tuple[str
         writer.close()
 
 
-def submission_schedules(keys: list[Keypair], api_hotkey: str, host: str, rate: float, seconds: float,
-                         wall_start: float) -> list[list[tuple[float, bytes, tuple[str, str]]]]:
+def submission_schedules(
+    keys: list[Keypair], api_hotkey: str, host: str, rate: float, seconds: float, wall_start: float
+) -> list[list[tuple[float, bytes, tuple[str, str]]]]:
     """Per submitter, its requests at ``rate`` in all, each signed now with its send time as nonce."""
     schedules: list[list[tuple[float, bytes, tuple[str, str]]]] = [[] for _ in keys]
     for n in range(int(rate * seconds)):
         index = n % len(keys)
         key, offset = keys[index], n / rate
         commit = f"{index + 1:08x}{n:032x}"
-        body = json.dumps({"fork_url": f"https://github.com/miner{index}/flash-linear-attention",
-                           "commit_hash": commit, "target_sequence_length": 1_000_000,
-                           "tokens_per_sec": 50_000.0}, separators=(",", ":")).encode()
-        headers = http_auth.sign(key, method="POST", path="/submit_kernel", body=body, receiver_ss58=api_hotkey,
-                                 nonce_ns=int((wall_start + offset) * 1e9))
+        body = json.dumps(
+            {
+                "fork_url": f"https://github.com/miner{index}/flash-linear-attention",
+                "commit_hash": commit,
+                "target_sequence_length": 1_000_000,
+                "tokens_per_sec": 50_000.0,
+            },
+            separators=(",", ":"),
+        ).encode()
+        headers = http_auth.sign(
+            key,
+            method="POST",
+            path="/submit_kernel",
+            body=body,
+            receiver_ss58=api_hotkey,
+            nonce_ns=int((wall_start + offset) * 1e9),
+        )
         request = http_request("POST", "/submit_kernel", host, body, {**headers, "Content-Type": "application/json"})
         schedules[index].append((offset, request, (key.ss58_address, commit)))
     return schedules
 
 
-def read_schedules(readers: int, host: str, rate: float, seconds: float,
-                   seeded: Sequence[tuple[str, int]]) -> list[list[tuple[float, bytes, None]]]:
+def read_schedules(
+    readers: int, host: str, rate: float, seconds: float, seeded: Sequence[tuple[str, int]]
+) -> list[list[tuple[float, bytes, None]]]:
     """Per reader connection, its GETs of the read mix at ``rate`` in all; the dashboard's pages of
     the ``seeded`` (hotkey, submission id) pairs in turn."""
     mix = [path for path, share in READ_MIX for _ in range(share)]
@@ -287,8 +310,11 @@ def read_schedules(readers: int, host: str, rate: float, seconds: float,
 
 def read_targets(seeded: Sequence[tuple[str, int]]) -> list[str]:
     """Every path the read mix asks for, once each."""
-    paths = (path.format(hotkey=hotkey, submission_id=submission_id)
-             for hotkey, submission_id in seeded for path, _ in READ_MIX)
+    paths = (
+        path.format(hotkey=hotkey, submission_id=submission_id)
+        for hotkey, submission_id in seeded
+        for path, _ in READ_MIX
+    )
     return list(dict.fromkeys(paths))
 
 
@@ -328,8 +354,12 @@ def seed_leaderboard(url: str, api_hotkey: str, keys: list[Keypair], validator: 
     seeded = []
     for index, key in enumerate(keys):
         with ApiClient(url, key, api_hotkey=api_hotkey) as miner:
-            accepted = miner.submit_kernel(f"https://github.com/miner{index}/flash-linear-attention",
-                                           f"{index + 1:040x}", 1_000_000, 60_000.0 + index)
+            accepted = miner.submit_kernel(
+                f"https://github.com/miner{index}/flash-linear-attention",
+                f"{index + 1:040x}",
+                1_000_000,
+                60_000.0 + index,
+            )
         seeded.append((key.ss58_address, accepted.submission_id))
     with ApiClient(url, validator, api_hotkey=api_hotkey) as client:
         for item in client.fetch_work(limit=len(keys)).items:
@@ -379,7 +409,8 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
                 port = int(host.rsplit(":", 1)[1])
                 total = args.warmup + args.seconds
                 wall_start, block_change_s = start_for_block_change(
-                    chain, time.time() + START_MARGIN_S + args.rate * total * 60e-6, args.warmup, args.seconds)
+                    chain, time.time() + START_MARGIN_S + args.rate * total * 60e-6, args.warmup, args.seconds
+                )
                 submissions = submission_schedules(keys, api_hotkey, host, args.rate, total, wall_start)
                 reads = read_schedules(args.readers, host, args.read_rate, total, seeded)
                 load_average = os.getloadavg()[0]
@@ -391,8 +422,11 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
                     """The CPU counters when the timed window starts (the warm-up's work is not in the figures)."""
                     await asyncio.sleep(max(0.0, when - asyncio.get_running_loop().time()))
                     usage = resource.getrusage(resource.RUSAGE_SELF)
-                    at_window.update(server=process_tree_cpu_s(process.pid), client=usage.ru_utime + usage.ru_stime,
-                                     wall=time.perf_counter())
+                    at_window.update(
+                        server=process_tree_cpu_s(process.pid),
+                        client=usage.ru_utime + usage.ru_stime,
+                        wall=time.perf_counter(),
+                    )
 
                 async def traffic() -> float:
                     loop = asyncio.get_running_loop()
@@ -403,10 +437,12 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
                     return start + args.warmup
 
                 primed = "cold: no page rendered before" if primed_s is None else f"first renders {primed_s:.2f} s"
-                console.print(f"[bold]{backend}[/], {workers} worker(s): {args.seconds:g} s of {args.rate:g} "
-                              f"submissions/s and {args.read_rate:g} reads/s after {args.warmup:g} s of warm-up, "
-                              f"a new block at second {block_change_s:g} ({primed}; load average "
-                              f"{load_average:.2f}, reference loop {machine_ms:.0f} ms)")
+                console.print(
+                    f"[bold]{backend}[/], {workers} worker(s): {args.seconds:g} s of {args.rate:g} "
+                    f"submissions/s and {args.read_rate:g} reads/s after {args.warmup:g} s of warm-up, "
+                    f"a new block at second {block_change_s:g} ({primed}; load average "
+                    f"{load_average:.2f}, reference loop {machine_ms:.0f} ms)"
+                )
                 window_start = asyncio.run(traffic())
                 elapsed = time.perf_counter() - at_window["wall"]
                 usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -427,22 +463,44 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
     ordered, read_ordered = submitted.in_window(), read.in_window()
     requests = len(ordered) + len(read_ordered)
     return Figures(
-        backend=backend, workers=workers, seconds=window, offered_rate=args.rate, warmup_s=args.warmup,
-        submissions_per_sec=submitted.ok / window, p50_ms=1000 * statistics.median(ordered),
-        p99_ms=1000 * percentile(ordered, 0.99), max_ms=1000 * ordered[-1], errors=submitted.errors, lost=lost,
-        offered_read_rate=args.read_rate, reads_per_sec=read.ok / window,
+        backend=backend,
+        workers=workers,
+        seconds=window,
+        offered_rate=args.rate,
+        warmup_s=args.warmup,
+        submissions_per_sec=submitted.ok / window,
+        p50_ms=1000 * statistics.median(ordered),
+        p99_ms=1000 * percentile(ordered, 0.99),
+        max_ms=1000 * ordered[-1],
+        errors=submitted.errors,
+        lost=lost,
+        offered_read_rate=args.read_rate,
+        reads_per_sec=read.ok / window,
         read_p50_ms=1000 * statistics.median(read_ordered) if read_ordered else float("nan"),
-        read_p99_ms=1000 * percentile(read_ordered, 0.99), read_errors=read.errors,
-        server_cpu_ms_per_request=1000 * server_cpu / max(1, requests), client_cpu_share=client_cpu / elapsed,
-        load_average=load_average, primed_s=primed_s, block_change_s=block_change_s, machine_ms=machine_ms,
-        timeline=timeline(submitted, read, args.seconds, args.warmup))
+        read_p99_ms=1000 * percentile(read_ordered, 0.99),
+        read_errors=read.errors,
+        server_cpu_ms_per_request=1000 * server_cpu / max(1, requests),
+        client_cpu_share=client_cpu / elapsed,
+        load_average=load_average,
+        primed_s=primed_s,
+        block_change_s=block_change_s,
+        machine_ms=machine_ms,
+        timeline=timeline(submitted, read, args.seconds, args.warmup),
+    )
 
 
 def meets_targets(r: Figures) -> bool:
     rate, p99 = TARGETS[r.backend]
-    return (r.submissions_per_sec >= rate and r.p99_ms < p99 and r.lost == 0 and not r.errors
-            and (r.offered_read_rate == 0 or (r.reads_per_sec >= READ_TARGET[0] and r.read_p99_ms < READ_TARGET[1]
-                                              and not r.read_errors)))
+    return (
+        r.submissions_per_sec >= rate
+        and r.p99_ms < p99
+        and r.lost == 0
+        and not r.errors
+        and (
+            r.offered_read_rate == 0
+            or (r.reads_per_sec >= READ_TARGET[0] and r.read_p99_ms < READ_TARGET[1] and not r.read_errors)
+        )
+    )
 
 
 def figures_table(results: Sequence[Figures]) -> Table:
@@ -466,6 +524,7 @@ def figures_table(results: Sequence[Figures]) -> Table:
                 for key, count in counts(r).items():
                     total[key] = total.get(key, 0) + count
             return ", ".join(f"{k}: {v}" for k, v in sorted(total.items())) or "none"
+
         return cell
 
     rows = (
@@ -491,30 +550,48 @@ def figures_table(results: Sequence[Figures]) -> Table:
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-load") -> int:
     """Run the load; exit status 1 when an acknowledged submission was lost."""
-    parser = argparse.ArgumentParser(prog=prog, description="Load benchmark of the submission API: signed "
-                                                            "submissions and public reads at fixed rates, at once.")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Load benchmark of the submission API: signed "
+        "submissions and public reads at fixed rates, at once.",
+    )
     parser.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="both")
     parser.add_argument("--workers", type=int, nargs="+", default=[2], help="API worker processes (one run each)")
     parser.add_argument("--submitters", type=int, default=32, help="signed submitters (hotkeys), one connection each")
-    parser.add_argument("--rate", type=float, default=None,
-                        help="submissions a second in all (default: 1.1 x the backend's target of 300 SQLite, "
-                             "200 PostgreSQL)")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="submissions a second in all (default: 1.1 x the backend's target of 300 SQLite, 200 PostgreSQL)",
+    )
     parser.add_argument("--readers", type=int, default=32, help="connections for the reads")
-    parser.add_argument("--read-rate", type=float, default=OFFER_ABOVE_TARGET * READ_TARGET[0],
-                        help="reads a second in all (0: none; default 1.1 x the target of 1,000)")
+    parser.add_argument(
+        "--read-rate",
+        type=float,
+        default=OFFER_ABOVE_TARGET * READ_TARGET[0],
+        help="reads a second in all (0: none; default 1.1 x the target of 1,000)",
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the timed window")
-    parser.add_argument("--warmup", type=float, default=DEFAULT_WARMUP_S,
-                        help="seconds of the same traffic before the timed window, not in its figures")
-    parser.add_argument("--cold", action="store_true",
-                        help="do not ask for every read target before the traffic (with --warmup 0: measure "
-                             "from a cold start)")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=DEFAULT_WARMUP_S,
+        help="seconds of the same traffic before the timed window, not in its figures",
+    )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="do not ask for every read target before the traffic (with --warmup 0: measure from a cold start)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs of each backend and number of workers")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    parser.add_argument("--timeline", action="store_true",
-                        help="also show each run's latency percentiles by second of the window")
+    parser.add_argument(
+        "--timeline", action="store_true", help="also show each run's latency percentiles by second of the window"
+    )
     args = parser.parse_args(argv)
-    if not (1 <= args.submitters <= 256 and 1 <= args.readers <= 256 and 0 < args.seconds <= 60
-            and 0 <= args.warmup <= 60):
+    if not (
+        1 <= args.submitters <= 256 and 1 <= args.readers <= 256 and 0 < args.seconds <= 60 and 0 <= args.warmup <= 60
+    ):
         parser.error("--submitters and --readers must be 1..256, --seconds 0..60, --warmup 0..60")
     setup_logging(quiet=True)
     console = Console()
@@ -526,8 +603,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-load")
             for _ in range(args.repeat):
                 results.append(run_once(backend, workers, run_args, console))
 
-    console.print(f"submission API under load: {args.submitters} signed submitters and {args.readers} readers "
-                  f"at fixed rates for {args.seconds:g} s, server and clients on one machine")
+    console.print(
+        f"submission API under load: {args.submitters} signed submitters and {args.readers} readers "
+        f"at fixed rates for {args.seconds:g} s, server and clients on one machine"
+    )
     console.print(figures_table(results))
     if args.timeline:
         for run in results:

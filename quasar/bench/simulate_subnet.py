@@ -96,8 +96,15 @@ MEMORY_DIR = Path("/dev/shm")
 SUBNET_UIDS = FINNEY.max_allowed_uids
 
 
-def serve_api(database_url: str, chain_path: str, api_hotkey: str, port: int, clock: tuple[float, float, float],
-              round_blocks: int, submissions_per_hour: int) -> None:
+def serve_api(
+    database_url: str,
+    chain_path: str,
+    api_hotkey: str,
+    port: int,
+    clock: tuple[float, float, float],
+    round_blocks: int,
+    submissions_per_hour: int,
+) -> None:
     """The API process: the app with the simulation's clock, served as ``python -m quasar.api`` serves it."""
     import uvicorn
 
@@ -109,14 +116,29 @@ def serve_api(database_url: str, chain_path: str, api_hotkey: str, port: int, cl
 
     settings = config.resolve({}, environ={}, dotenv_path=None)
     api_config = ApiConfig(
-        api_hotkey=api_hotkey, blocks_until_reveal=settings.blocks_until_reveal,
-        reveal_window_blocks=settings.reveal_window_blocks, round_blocks=round_blocks,
-        submissions_per_hour=submissions_per_hour, evaluation_lease_s=settings.evaluation_lease_s,
-        trusted_proxies=("127.0.0.1",), allow_local_forks=False, tie_epsilon=settings.tie_epsilon,
-        quorum_stake_share=settings.quorum_stake_share, quorum_min_validators=settings.quorum_min_validators)
+        api_hotkey=api_hotkey,
+        blocks_until_reveal=settings.blocks_until_reveal,
+        reveal_window_blocks=settings.reveal_window_blocks,
+        round_blocks=round_blocks,
+        submissions_per_hour=submissions_per_hour,
+        evaluation_lease_s=settings.evaluation_lease_s,
+        trusted_proxies=("127.0.0.1",),
+        allow_local_forks=False,
+        tie_epsilon=settings.tie_epsilon,
+        quorum_stake_share=settings.quorum_stake_share,
+        quorum_min_validators=settings.quorum_min_validators,
+    )
     app = create_app(api_config, DevChain(chain_path), database_url, clock=SimClock(*clock))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", log_config=None, access_log=False,
-                proxy_headers=False, http=protocol_factory(settings.api_max_header_bytes, settings.api_header_timeout))
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        log_config=None,
+        access_log=False,
+        proxy_headers=False,
+        http=protocol_factory(settings.api_max_header_bytes, settings.api_header_timeout),
+    )
 
 
 def run(backend: str, args: argparse.Namespace, spammers: int, console: Console) -> RunFigures:
@@ -148,44 +170,70 @@ def run(backend: str, args: argparse.Namespace, spammers: int, console: Console)
             clock = SimClock(time.time(), time.time(), args.speedup)
             port = free_port()
             server = multiprocessing.get_context("spawn").Process(
-                target=serve_api, args=(database_url, str(chain.path), api_key.ss58_address, port,
-                                        (clock.start, clock.real_start, clock.speedup), args.round_blocks,
-                                        args.submissions_per_hour), daemon=True)
+                target=serve_api,
+                args=(
+                    database_url,
+                    str(chain.path),
+                    api_key.ss58_address,
+                    port,
+                    (clock.start, clock.real_start, clock.speedup),
+                    args.round_blocks,
+                    args.submissions_per_hour,
+                ),
+                daemon=True,
+            )
             server.start()
             url = f"http://127.0.0.1:{port}"
             wait_for_api(url, server)
             world = World()
-            settings = config.resolve({"network": "devchain", "netuid": str(NETUID), "device": "cpu",
-                                       "epoch_blocks": str(args.round_blocks)}, environ={}, dotenv_path=None)
+            settings = config.resolve(
+                {"network": "devchain", "netuid": str(NETUID), "device": "cpu", "epoch_blocks": str(args.round_blocks)},
+                environ={},
+                dotenv_path=None,
+            )
             validators: list[Validator] = []
             # The validators' state files in memory where the host has it: their fsyncs are not what
             # this simulation measures, and 24 devices finishing every second of compressed time make
             # a hundred of them a second.
-            states = Path(tempfile.mkdtemp(prefix="quasar-sim-validators-", dir=MEMORY_DIR if MEMORY_DIR.is_dir()
-                                           else workdir))
+            states = Path(
+                tempfile.mkdtemp(prefix="quasar-sim-validators-", dir=MEMORY_DIR if MEMORY_DIR.is_dir() else workdir)
+            )
             started_validators = threading.Barrier(args.validators + 1)
 
             def validate(index: int, wallet: bt.Wallet) -> None:
                 """One validator's loop, in a thread of its own (its state file is this thread's)."""
-                with ValidatorState.open(states / f"validator{index}.sqlite3") as state, \
-                        ApiClient(url, wallet, api_hotkey=api_key.ss58_address, timeout=60) as api:
+                with (
+                    ValidatorState.open(states / f"validator{index}.sqlite3") as state,
+                    ApiClient(url, wallet, api_hotkey=api_key.ss58_address, timeout=60) as api,
+                ):
                     validator = Validator(
-                        settings, chain, api, wallet, StandInEvaluator(world, clock, args.eval_seconds,
-                                                                       random.Random(index)),
-                        PassingLogitChecker(), state, devices=[Device(f"gpu{n}", str(n)) for n in range(args.workers)],
-                        clock=clock, interval_s=clock.real_seconds(1.0))
+                        settings,
+                        chain,
+                        api,
+                        wallet,
+                        StandInEvaluator(world, clock, args.eval_seconds, random.Random(index)),
+                        PassingLogitChecker(),
+                        state,
+                        devices=[Device(f"gpu{n}", str(n)) for n in range(args.workers)],
+                        clock=clock,
+                        interval_s=clock.real_seconds(1.0),
+                    )
                     validators.append(validator)
                     started_validators.wait()
                     validator.run_forever()
 
-            loops = [threading.Thread(target=validate, args=(index, wallet), name=f"validator{index}", daemon=True)
-                     for index, wallet in enumerate(wallets)]
+            loops = [
+                threading.Thread(target=validate, args=(index, wallet), name=f"validator{index}", daemon=True)
+                for index, wallet in enumerate(wallets)
+            ]
             for loop in loops:
                 loop.start()
             started_validators.wait()
-            console.print(f"[bold]{backend}[/]: {len(miners)} miners ({spammers} spamming, {args.copiers} copying), "
-                          f"{args.validators} validators x {args.workers} workers, {args.eval_seconds:g} s "
-                          f"evaluations, {args.rounds} rounds of {args.round_blocks} blocks, {args.speedup:g}x")
+            console.print(
+                f"[bold]{backend}[/]: {len(miners)} miners ({spammers} spamming, {args.copiers} copying), "
+                f"{args.validators} validators x {args.workers} workers, {args.eval_seconds:g} s "
+                f"evaluations, {args.rounds} rounds of {args.round_blocks} blocks, {args.speedup:g}x"
+            )
             database = Database(database_url)
             block = chain.current_block()  # the first round starts now
             chain.advance(args.round_blocks - block % args.round_blocks)
@@ -206,7 +254,8 @@ def run(backend: str, args: argparse.Namespace, spammers: int, console: Console)
                     queue[current - first_round].append(sample_queue(database, validator_hotkeys, current - 1))
                 board = public.leaderboard()
                 fourth_places[board.round_id - first_round].append(
-                    (clock(), scheduling.fourth_place(entry.weighted_score for entry in board.entries)))
+                    (clock(), scheduling.fourth_place(entry.weighted_score for entry in board.entries))
+                )
                 time.sleep(clock.real_seconds(FOURTH_PLACE_EVERY_S))
             submitting.join()
             crowd.close()
@@ -220,20 +269,41 @@ def run(backend: str, args: argparse.Namespace, spammers: int, console: Console)
             public.close()
             shutil.rmtree(states, ignore_errors=True)
             wall_s = time.monotonic() - started
-            figures, waits = figures_per_round(database, world, validator_hotkeys, args.workers, first_round,
-                                               args.rounds, round_s, args.eval_seconds, leaderboards, queue,
-                                               fourth_places)
+            figures, waits = figures_per_round(
+                database,
+                world,
+                validator_hotkeys,
+                args.workers,
+                first_round,
+                args.rounds,
+                round_s,
+                args.eval_seconds,
+                leaderboards,
+                queue,
+                fourth_places,
+            )
             database.dispose()
             server.terminate()
             server.join(timeout=30)
         finally:
             if postgres:
                 postgres.stop()
-    return RunFigures(backend=backend, miners=len(miners), spammers=spammers, copiers=args.copiers,
-                      validators=args.validators, workers=args.workers, eval_seconds=args.eval_seconds,
-                      round_blocks=args.round_blocks, speedup=args.speedup, wall_s=wall_s, rounds=figures,
-                      refused_copies=world.refused_copies, miner_errors=dict(crowd.errors),
-                      honest_wait_median_min=statistics.median(waits) if waits else None)
+    return RunFigures(
+        backend=backend,
+        miners=len(miners),
+        spammers=spammers,
+        copiers=args.copiers,
+        validators=args.validators,
+        workers=args.workers,
+        eval_seconds=args.eval_seconds,
+        round_blocks=args.round_blocks,
+        speedup=args.speedup,
+        wall_s=wall_s,
+        rounds=figures,
+        refused_copies=world.refused_copies,
+        miner_errors=dict(crowd.errors),
+        honest_wait_median_min=statistics.median(waits) if waits else None,
+    )
 
 
 def wait_for_api(url: str, server: multiprocessing.process.BaseProcess, timeout_s: float = 60.0) -> None:
@@ -253,9 +323,13 @@ def main(argv: list[str] | None = None, prog: str = "quasar bench simulate-subne
     """Run the simulation (module docstring) and print its figures per round."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--backend", choices=("sqlite", "postgresql", "both"), default="sqlite")
-    parser.add_argument("--miners", type=int, default=None,
-                        help="hotkeys submitting, spammers and copiers included (default: the rest of a full "
-                             "subnet's 256 uids beside the validators)")
+    parser.add_argument(
+        "--miners",
+        type=int,
+        default=None,
+        help="hotkeys submitting, spammers and copiers included (default: the rest of a full "
+        "subnet's 256 uids beside the validators)",
+    )
     parser.add_argument("--spammers", type=int, default=10, help="hotkeys submitting slow kernels at the limit")
     parser.add_argument("--copiers", type=int, default=5, help="hotkeys copying the round's leader")
     parser.add_argument("--validators", type=int, default=3)
@@ -263,12 +337,19 @@ def main(argv: list[str] | None = None, prog: str = "quasar bench simulate-subne
     parser.add_argument("--eval-seconds", type=float, default=25.0, help="simulated seconds one evaluation takes")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--round-blocks", type=int, default=int(config.OPTIONS_BY_KEY["round_blocks"].default))
-    parser.add_argument("--submissions-per-hour", type=int, metavar="N",
-                        default=int(config.OPTIONS_BY_KEY["submissions_per_hour"].default))
+    parser.add_argument(
+        "--submissions-per-hour",
+        type=int,
+        metavar="N",
+        default=int(config.OPTIONS_BY_KEY["submissions_per_hour"].default),
+    )
     parser.add_argument("--speedup", type=float, default=40.0, help="simulated seconds per real second")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--without-spammers-too", action="store_true",
-                        help="also run without the spammers first, and compare the honest miners' median wait")
+    parser.add_argument(
+        "--without-spammers-too",
+        action="store_true",
+        help="also run without the spammers first, and compare the honest miners' median wait",
+    )
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     if args.miners is None:
@@ -285,21 +366,24 @@ def main(argv: list[str] | None = None, prog: str = "quasar bench simulate-subne
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     console = Console()
     results = []
-    for backend in (("sqlite", "postgresql") if args.backend == "both" else (args.backend,)):
+    for backend in ("sqlite", "postgresql") if args.backend == "both" else (args.backend,):
         if args.without_spammers_too:
             baseline = run(backend, args, 0, console)
             console.print(figures_table(baseline))
             results.append(baseline)
         figures = run(backend, args, args.spammers, console)
         console.print(figures_table(figures))
-        console.print(f"{figures.refused_copies} copies of a leader's commit refused; miner errors: "
-                      f"{figures.miner_errors or 'none'}; {figures.wall_s:.0f} s of wall time")
+        console.print(
+            f"{figures.refused_copies} copies of a leader's commit refused; miner errors: "
+            f"{figures.miner_errors or 'none'}; {figures.wall_s:.0f} s of wall time"
+        )
         if args.without_spammers_too and baseline.honest_wait_median_min and figures.honest_wait_median_min:
             delay = figures.honest_wait_median_min / baseline.honest_wait_median_min - 1
-            console.print(f"the spammers delayed honest miners' median first evaluation by {delay:+.1%} "
-                          f"({baseline.honest_wait_median_min:.1f} -> {figures.honest_wait_median_min:.1f} min)")
+            console.print(
+                f"the spammers delayed honest miners' median first evaluation by {delay:+.1%} "
+                f"({baseline.honest_wait_median_min:.1f} -> {figures.honest_wait_median_min:.1f} min)"
+            )
         results.append(figures)
     if args.json:
         args.json.write_text(json.dumps([asdict(item) for item in results], indent=1))
     return 0
-

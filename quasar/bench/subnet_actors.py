@@ -95,8 +95,12 @@ class StandInEvaluator:
             kernel = self.world.kernels[(key.fork_url, key.commit_hash)]
             self.world.evaluations.append((key.fork_url, key.commit_hash, self.clock()))
             measured = kernel.true_speed * (1 + self.rng.gauss(0, NOISE))
-        result = EvaluationResult(correct=True, measured_tokens_per_sec=measured, benchmarks={TARGET: measured},
-                                  content_hash=hashlib.sha256(kernel.content.encode()).hexdigest())
+        result = EvaluationResult(
+            correct=True,
+            measured_tokens_per_sec=measured,
+            benchmarks={TARGET: measured},
+            content_hash=hashlib.sha256(kernel.content.encode()).hexdigest(),
+        )
         return StandInEvaluation(key, device, time.monotonic() + self.clock.real_seconds(self.eval_s), result)
 
 
@@ -132,8 +136,16 @@ def new_commit(rng: random.Random) -> str:
 class Miners:
     """Every miner submitting at its limit, from one scheduler thread and a pool of HTTP threads."""
 
-    def __init__(self, miners: list[Miner], url: str, api_hotkey: str, world: World, clock: SimClock,
-                 interval_s: float, threads: int = 8):
+    def __init__(
+        self,
+        miners: list[Miner],
+        url: str,
+        api_hotkey: str,
+        world: World,
+        clock: SimClock,
+        interval_s: float,
+        threads: int = 8,
+    ):
         self.miners, self.url, self.api_hotkey, self.world, self.clock = miners, url, api_hotkey, world, clock
         self.interval_s = interval_s
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="miner")
@@ -147,8 +159,12 @@ class Miners:
         if clients is None:
             clients = self.local.clients = {}
         if miner.name not in clients:
-            clients[miner.name] = ApiClient(self.url, miner.key, api_hotkey=self.api_hotkey, http=httpx.Client(
-                timeout=60, headers={"X-Forwarded-For": miner.address}))
+            clients[miner.name] = ApiClient(
+                self.url,
+                miner.key,
+                api_hotkey=self.api_hotkey,
+                http=httpx.Client(timeout=60, headers={"X-Forwarded-For": miner.address}),
+            )
         return clients[miner.name]
 
     def run(self, until: float) -> None:
@@ -196,8 +212,9 @@ class Miners:
         with self.world.lock:
             original = self.world.kernels[(leader.fork_url, leader.commit_hash)]
         try:
-            client.submit_kernel(f"https://github.com/{miner.name}/fla", leader.commit_hash, TARGET,
-                                 leader.claimed_tokens_per_sec * 1.03)
+            client.submit_kernel(
+                f"https://github.com/{miner.name}/fla", leader.commit_hash, TARGET, leader.claimed_tokens_per_sec * 1.03
+            )
         except ApiClientError as error:
             if error.status != 409:
                 raise
@@ -207,8 +224,9 @@ class Miners:
         kernel = Kernel(miner.key.ss58_address, COPY, original.true_speed, original.content)
         with self.world.lock:
             self.world.kernels[(fork, commit)] = kernel
-        kernel.submission_id = client.submit_kernel(fork, commit, TARGET,
-                                                    leader.claimed_tokens_per_sec * 1.03).submission_id
+        kernel.submission_id = client.submit_kernel(
+            fork, commit, TARGET, leader.claimed_tokens_per_sec * 1.03
+        ).submission_id
 
     def close(self) -> None:
         self.stopping.set()

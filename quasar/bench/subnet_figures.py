@@ -67,10 +67,18 @@ def sample_queue(database: Database, validators: list[str], first_round: int) ->
     """The longest queue over the validators: ready submissions of the scheduled rounds it has not reported on."""
     longest = 0
     with database.read() as session:
-        ready = session.scalars(select(Submission.id).where(Submission.state == "ready",
-                                                            Submission.round_id >= first_round)).all()
-        reported = session.execute(select(EvaluationReport.validator_hotkey, EvaluationReport.submission_id)
-                                   .where(EvaluationReport.submission_id.in_(ready))).all() if ready else []
+        ready = session.scalars(
+            select(Submission.id).where(Submission.state == "ready", Submission.round_id >= first_round)
+        ).all()
+        reported = (
+            session.execute(
+                select(EvaluationReport.validator_hotkey, EvaluationReport.submission_id).where(
+                    EvaluationReport.submission_id.in_(ready)
+                )
+            ).all()
+            if ready
+            else []
+        )
     done = defaultdict(set)
     for validator, submission_id in reported:
         done[validator].add(submission_id)
@@ -79,8 +87,9 @@ def sample_queue(database: Database, validators: list[str], first_round: int) ->
     return longest
 
 
-def evaluations_of_newest(submissions: dict[int, Submission], by_submission: dict[int, dict[str, float]],
-                          validators: list[str]) -> dict[int, dict[str, float]]:
+def evaluations_of_newest(
+    submissions: dict[int, Submission], by_submission: dict[int, dict[str, float]], validators: list[str]
+) -> dict[int, dict[str, float]]:
     """Per submission and validator: when the validator first reported on it or on a newer
     submission of the same hotkey (by ready time); a validator missing had done neither."""
     by_hotkey: dict[str, list[Submission]] = defaultdict(list)
@@ -104,19 +113,28 @@ def fourth_place_at(samples: list[tuple[float, float | None]], when: float) -> f
     return earlier[-1] if earlier else None
 
 
-def figures_per_round(database: Database, world: World, validators: list[str], workers: int, first_round: int,
-                      rounds: int, round_s: float, eval_s: float, leaderboards: dict[int, list[str]],
-                      queue: dict[int, list[int]],
-                      fourth_places: dict[int, list[tuple[float, float | None]]]
-                      ) -> tuple[list[RoundFigures], list[float]]:
+def figures_per_round(
+    database: Database,
+    world: World,
+    validators: list[str],
+    workers: int,
+    first_round: int,
+    rounds: int,
+    round_s: float,
+    eval_s: float,
+    leaderboards: dict[int, list[str]],
+    queue: dict[int, list[int]],
+    fourth_places: dict[int, list[tuple[float, float | None]]],
+) -> tuple[list[RoundFigures], list[float]]:
     """Each round's figures from the API's database and the ground truth (module docstring), and
     every honest submission's wait (minutes) until it, or a newer submission of its hotkey, was
     first evaluated; the simulation's rounds are numbered from 0, the chain's from ``first_round``."""
     with database.read() as session:
         rows = session.scalars(select(Submission).where(Submission.round_id.is_not(None)))
         submissions = {row.id: row for row in rows}
-        reports = session.execute(select(EvaluationReport.submission_id, EvaluationReport.validator_hotkey,
-                                         EvaluationReport.reported_at)).all()
+        reports = session.execute(
+            select(EvaluationReport.submission_id, EvaluationReport.validator_hotkey, EvaluationReport.reported_at)
+        ).all()
     by_submission: dict[int, dict[str, float]] = defaultdict(dict)
     for submission_id, validator, reported_at in reports:
         by_submission[submission_id][validator] = reported_at
@@ -133,18 +151,28 @@ def figures_per_round(database: Database, world: World, validators: list[str], w
     for round_id in range(rounds):
         mine = {sid: row for sid, row in submissions.items() if row.round_id == first_round + round_id}
         honest = [row for sid, row in mine.items() if kernels.get(sid) and kernels[sid].kind == HONEST]
-        waits = sorted((min(evaluated_by[row.id].values()) - row.ready_at) / 60 for row in honest
-                       if evaluated_by[row.id])
+        waits = sorted(
+            (min(evaluated_by[row.id].values()) - row.ready_at) / 60 for row in honest if evaluated_by[row.id]
+        )
         all_waits += waits
         # The ranking a perfect measurement would give what the validators judged (a superseded
         # kernel never was), by the subnet's own rules; copies are not ranked.
-        truth = [scoring.Result(hotkey=row.hotkey, submission_id=sid, submitted_at=row.submitted_at,
-                                target_sequence_length=row.target_sequence_length,
-                                claimed_tokens_per_sec=row.claimed_tokens_per_sec,
-                                measured_tokens_per_sec=kernels[sid].true_speed, correct=True, logits_ok=True)
-                 for sid, row in mine.items()
-                 if sid in kernels and kernels[sid].kind != COPY
-                 and len(by_submission.get(sid, ())) >= min(2, len(validators))]
+        truth = [
+            scoring.Result(
+                hotkey=row.hotkey,
+                submission_id=sid,
+                submitted_at=row.submitted_at,
+                target_sequence_length=row.target_sequence_length,
+                claimed_tokens_per_sec=row.claimed_tokens_per_sec,
+                measured_tokens_per_sec=kernels[sid].true_speed,
+                correct=True,
+                logits_ok=True,
+            )
+            for sid, row in mine.items()
+            if sid in kernels
+            and kernels[sid].kind != COPY
+            and len(by_submission.get(sid, ())) >= min(2, len(validators))
+        ]
         true_top4 = [placement.hotkey for placement in scoring.rank(truth).placements[:4]]
         spent = evaluated_at[round_id]
         not_placeable = []
@@ -154,36 +182,55 @@ def figures_per_round(database: Database, world: World, validators: list[str], w
                 not_placeable.append(kernel)
         # Each validator, for each honest submission: how long until it evaluated it or a newer one
         # of the same hotkey (a newer one supersedes it: evaluating that is evaluating the newest).
-        delays = [evaluated_by[row.id].get(validator, math.inf) - row.ready_at
-                  for row in honest for validator in validators]
+        delays = [
+            evaluated_by[row.id].get(validator, math.inf) - row.ready_at for row in honest for validator in validators
+        ]
         worst = max(delays, default=0.0)
         samples = queue.get(round_id, [])
-        figures.append(RoundFigures(
-            round_id=round_id, submissions=len(honest),
-            superseded=sum(1 for row in honest if row.state == "superseded"),
-            waits_min=(statistics.median(waits), percentile(waits, 0.95), waits[-1]) if waits else None,
-            unevaluated=sum(1 for row in honest if not evaluated_by[row.id]),
-            queue_mean=statistics.fmean(samples) if samples else 0.0, queue_max=max(samples, default=0),
-            gpu_hours=len(spent) * eval_s / 3600, gpu_hours_not_placeable=len(not_placeable) * eval_s / 3600,
-            gpu_capacity_hours=len(validators) * workers * round_s / 3600,
-            newest_within_round=worst <= round_s, newest_worst_min=worst / 60,
-            newest_late=sum(1 for delay in delays if delay > round_s),
-            top4=leaderboards.get(round_id, []), true_top4=true_top4))
+        figures.append(
+            RoundFigures(
+                round_id=round_id,
+                submissions=len(honest),
+                superseded=sum(1 for row in honest if row.state == "superseded"),
+                waits_min=(statistics.median(waits), percentile(waits, 0.95), waits[-1]) if waits else None,
+                unevaluated=sum(1 for row in honest if not evaluated_by[row.id]),
+                queue_mean=statistics.fmean(samples) if samples else 0.0,
+                queue_max=max(samples, default=0),
+                gpu_hours=len(spent) * eval_s / 3600,
+                gpu_hours_not_placeable=len(not_placeable) * eval_s / 3600,
+                gpu_capacity_hours=len(validators) * workers * round_s / 3600,
+                newest_within_round=worst <= round_s,
+                newest_worst_min=worst / 60,
+                newest_late=sum(1 for delay in delays if delay > round_s),
+                top4=leaderboards.get(round_id, []),
+                true_top4=true_top4,
+            )
+        )
     return figures, all_waits
 
 
 def figures_table(run_figures: RunFigures) -> Table:
     """One row per round, in 80 columns."""
-    table = Table(title=f"{run_figures.backend}: per round, in simulated time. queue: mean/max; p50 p95 max: "
-                        f"minutes to an honest submission's first evaluation; GPU: share of the devices' time "
-                        f"used; no place: share of that on what could not place; late: (honest submission, "
-                        f"validator) pairs evaluated after a round, or never", title_justify="left")
+    table = Table(
+        title=f"{run_figures.backend}: per round, in simulated time. queue: mean/max; p50 p95 max: "
+        f"minutes to an honest submission's first evaluation; GPU: share of the devices' time "
+        f"used; no place: share of that on what could not place; late: (honest submission, "
+        f"validator) pairs evaluated after a round, or never",
+        title_justify="left",
+    )
     for column in ("round", "queue", "p50", "p95", "max", "GPU", "no place", "late", "top 4"):
         table.add_column(column, justify="left" if column in ("round", "top 4") else "right")
     for item in run_figures.rounds:
         waits = ("-", "-", "-") if item.waits_min is None else tuple(f"{value:.0f}" for value in item.waits_min)
         share = item.gpu_hours_not_placeable / item.gpu_hours if item.gpu_hours else 0.0
         used = item.gpu_hours / item.gpu_capacity_hours if item.gpu_capacity_hours else 0.0
-        table.add_row(str(item.round_id + 1), f"{item.queue_mean:.0f}/{item.queue_max}", *waits, f"{used:.0%}",
-                      f"{share:.0%}", str(item.newest_late), "true" if item.top4_true else "NOT")
+        table.add_row(
+            str(item.round_id + 1),
+            f"{item.queue_mean:.0f}/{item.queue_max}",
+            *waits,
+            f"{used:.0%}",
+            f"{share:.0%}",
+            str(item.newest_late),
+            "true" if item.top4_true else "NOT",
+        )
     return table

@@ -118,24 +118,64 @@ DEFAULT_SEQ_LENS: tuple[int, ...] = parse_seq_lens(OPTIONS_BY_KEY["eval_seq_lens
 
 _WALLET = ("wallet_name", "wallet_hotkey", "wallet_path")
 _CHAIN = ("network", "chain_endpoint", "netuid", "devchain_path", "devchain_block_time")
-_EVALUATION = ("device", "pytorch_cuda_alloc_conf", "eval_seq_lens", "eval_timeout", "eval_timed_seconds",
-               "eval_load_timeout", "sandbox_memory_mb", "sandbox_cgroup")
+_EVALUATION = (
+    "device",
+    "pytorch_cuda_alloc_conf",
+    "eval_seq_lens",
+    "eval_timeout",
+    "eval_timed_seconds",
+    "eval_load_timeout",
+    "sandbox_memory_mb",
+    "sandbox_cgroup",
+)
 _MINER = tuple(option.key for option in OPTIONS if option.group == "miner")
-_API_SERVER = tuple(option.key for option in OPTIONS
-                    if option.group == "submission API" and option.key != "validator_api_url")
+_API_SERVER = tuple(
+    option.key for option in OPTIONS if option.group == "submission API" and option.key != "validator_api_url"
+)
 
 # The settings each process reads (what its --help lists); a process not named here lists them all.
 ROLES: dict[str, tuple[str, ...]] = {
-    "miner": (*_WALLET, "wallet_miner_name", *_CHAIN, "debug", "validator_api_url", "api_hotkey", *_MINER,
-              "miner_inference_port", *_EVALUATION),
-    "validator": (*_WALLET, "wallet_validator_name", *_CHAIN, "allow_local_forks", "debug", "validator_api_url", "api_hotkey",
-                  *_EVALUATION,
-                  "reference_model", "hf_hub_offline", "reference_dtype",
-                  *(option.key for option in OPTIONS if option.group == "logit check"),
-                  "tie_epsilon", "validator_data_dir", "validator_role", "epoch_blocks"),
-    "inference": (*_WALLET, "wallet_miner_name", *_CHAIN, "debug",
-                  *(option.key for option in OPTIONS if option.group == "inference server"),
-                  "device", "pytorch_cuda_alloc_conf", "reference_model", "hf_hub_offline", "reference_dtype"),
+    "miner": (
+        *_WALLET,
+        "wallet_miner_name",
+        *_CHAIN,
+        "debug",
+        "validator_api_url",
+        "api_hotkey",
+        *_MINER,
+        "miner_inference_port",
+        *_EVALUATION,
+    ),
+    "validator": (
+        *_WALLET,
+        "wallet_validator_name",
+        *_CHAIN,
+        "allow_local_forks",
+        "debug",
+        "validator_api_url",
+        "api_hotkey",
+        *_EVALUATION,
+        "reference_model",
+        "hf_hub_offline",
+        "reference_dtype",
+        *(option.key for option in OPTIONS if option.group == "logit check"),
+        "tie_epsilon",
+        "validator_data_dir",
+        "validator_role",
+        "epoch_blocks",
+    ),
+    "inference": (
+        *_WALLET,
+        "wallet_miner_name",
+        *_CHAIN,
+        "debug",
+        *(option.key for option in OPTIONS if option.group == "inference server"),
+        "device",
+        "pytorch_cuda_alloc_conf",
+        "reference_model",
+        "hf_hub_offline",
+        "reference_dtype",
+    ),
     "api": (*_WALLET, *_CHAIN, "allow_local_forks", "debug", *_API_SERVER, "tie_epsilon"),
     "evaluate": ("debug", *_EVALUATION),
 }

@@ -20,7 +20,6 @@ class SettingsError(QuasarError, ValueError):
     """A setting has a value that cannot be used; the message names the setting and its source."""
 
 
-
 @dataclass(frozen=True)
 class Settings:
     """The resolved settings of one process. Secrets are left out of ``repr``."""

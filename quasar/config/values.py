@@ -219,21 +219,35 @@ def parse_seq_lens(raw: str) -> tuple[int, ...]:
 
 # Parsers by the ``kind`` a settings entry names (settings/*.toml); the factories take the entry's low, high or choices.
 PARSERS: dict[str, Callable[[str], Any]] = {
-    "bool": parse_bool, "chain_endpoint": parse_chain_endpoint, "database_url": parse_database_url,
-    "device": parse_device, "dtype": parse_dtype, "git_remote_base": parse_git_remote_base,
-    "http_url": parse_http_url, "ip_networks": parse_ip_networks, "name": parse_name, "network": parse_network,
-    "majority_share": parse_majority_share, "optional_http_url": parse_optional_http_url,
+    "bool": parse_bool,
+    "chain_endpoint": parse_chain_endpoint,
+    "database_url": parse_database_url,
+    "device": parse_device,
+    "dtype": parse_dtype,
+    "git_remote_base": parse_git_remote_base,
+    "http_url": parse_http_url,
+    "ip_networks": parse_ip_networks,
+    "name": parse_name,
+    "network": parse_network,
+    "majority_share": parse_majority_share,
+    "optional_http_url": parse_optional_http_url,
     "optional_ip": parse_optional_ip,
-    "optional_name": parse_optional_name, "repo_slug": parse_repo_slug, "seq_lens": parse_seq_lens,
-    "share": parse_share, "str": parse_str,
+    "optional_name": parse_optional_name,
+    "repo_slug": parse_repo_slug,
+    "seq_lens": parse_seq_lens,
+    "share": parse_share,
+    "str": parse_str,
 }
 BOUNDED_PARSERS: dict[str, Callable[..., Callable[[str], Any]]] = {
-    "int": parse_int, "optional_int": parse_optional_int, "float": parse_float,
+    "int": parse_int,
+    "optional_int": parse_optional_int,
+    "float": parse_float,
 }
 
 
-def parser_for(kind: str, low: float | None = None, high: float | None = None,
-               choices: Sequence[str] = ()) -> Callable[[str], Any]:
+def parser_for(
+    kind: str, low: float | None = None, high: float | None = None, choices: Sequence[str] = ()
+) -> Callable[[str], Any]:
     """The parser of ``kind``: a plain one, a bounded one (``int``, ``optional_int``, ``float``
     from ``low``, to ``high`` for ``int``) or ``choice`` among ``choices``."""
     if kind == "choice":
@@ -245,6 +259,7 @@ def parser_for(kind: str, low: float | None = None, high: float | None = None,
             raise ValueError(f"kind {kind} needs low")
         return BOUNDED_PARSERS[kind](low, high) if high is not None else BOUNDED_PARSERS[kind](low)
     if kind not in PARSERS:
-        raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(sorted([*PARSERS, *BOUNDED_PARSERS, 'choice']))}")
+        raise ValueError(
+            f"unknown kind {kind!r}; expected one of {', '.join(sorted([*PARSERS, *BOUNDED_PARSERS, 'choice']))}"
+        )
     return PARSERS[kind]
-

@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-# What a fork may import besides its own fla package and the standard library (README, "What a
+# What a fork may import besides its own fla package and the standard library (docs/miner.md, "What a
 # fork may import"): upstream fla imports einops and transformers at `import fla`.
 EVALUATION_PACKAGES = ("torch", "triton", "einops", "transformers", "numpy")
 

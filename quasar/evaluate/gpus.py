@@ -1,6 +1,6 @@
 """Which GPU a sandbox is given, as the NVIDIA driver lists them: its device node and its UUID.
 
-A sandbox holds its own GPU's device node only (sandbox.py), so a fork cannot reach the GPU a
+A sandbox holds its own GPU's device node only (sandbox_contents.py), so a fork cannot reach the GPU a
 neighbour's evaluation is timed on; CUDA is told the GPU by its UUID.
 """
 

@@ -65,7 +65,7 @@ logger = logging.getLogger(__name__)
 
 logger = logging.getLogger(__name__)
 
-# The longest the load waits for the fork's bytecode, compiled beside the import check (sandbox.py).
+# The longest the load waits for the fork's bytecode, compiled beside the import check (sandbox_contents.py).
 PRECOMPILE_WAIT_S = 30.0
 
 

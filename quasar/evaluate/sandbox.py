@@ -1,18 +1,20 @@
 """Start the fork's code in a sandboxed child process and end it completely.
 
-:class:`SandboxedChild` copies the fork (without ``.git``) and the harness's child code into a
-fresh temporary directory the parent owns (``start``; ``wait_started`` waits for its first reply,
-so the caller can work while the child imports torch; a child started before its fork is known
-gets it from :meth:`SandboxedChild.provide_fork`, before ``load``), starts ``sandbox_init.py`` under ``unshare``
-(new network, mount, PID, IPC and UTS namespaces; see that file for the private root it builds),
-and talks to it over a pipe pair it owns (protocol.py). Given ``cpus``, the child starts with that
-CPU affinity (pinning.py). Its stdout and stderr go to one pipe the parent drains: the first and
-last :data:`KEPT_OUTPUT_BYTES` are kept, and a child writing more than ``max_output_bytes`` in all
-is killed. The child's environment holds only what :func:`scrubbed_environment` lists: no tokens,
-no wallet paths, HOME and TMPDIR inside the sandbox. Closing kills the whole process group (the PID
-namespace takes every descendant with its init), then looks for stragglers carrying the sandbox's
-marker variable and kills those too. If the parent itself dies (even by SIGKILL), the parent-death
-signal takes the sandbox with it.
+The child's lifecycle. :class:`SandboxedChild` fills a fresh temporary directory the parent owns
+with what the child is given (sandbox_contents.py: the fork's copy without ``.git``, the harness's
+child code, its home; a child started before its fork is known gets it from
+:meth:`SandboxedChild.provide_fork`, before ``load``), starts ``sandbox_init.py`` under ``unshare``
+(new network, mount, PID, IPC and UTS namespaces; see that file for the private root it builds)
+without waiting (``start``; ``wait_started`` waits for its first reply, so the caller can work
+while the child imports torch), and talks to it over a pipe pair it owns (protocol.py). Given
+``cpus``, the child starts with that CPU affinity (pinning.py). Its stdout and stderr go to one
+pipe the parent drains: the first and last :data:`KEPT_OUTPUT_BYTES` are kept, and a child writing
+more than ``max_output_bytes`` in all is killed. The child's environment holds only what
+:func:`~quasar.evaluate.sandbox_contents.scrubbed_environment` lists: no tokens, no wallet paths,
+HOME and TMPDIR inside the sandbox. Closing kills the whole process group (the PID namespace takes
+every descendant with its init), then looks for stragglers carrying the sandbox's marker variable
+and kills those too. If the parent itself dies (even by SIGKILL), the parent-death signal takes
+the sandbox with it.
 
 Isolation levels (``SandboxedChild.isolation``):
 
@@ -40,52 +42,33 @@ import threading
 import time
 from pathlib import Path
 
-from quasar.errors import QuasarError
 from quasar.evaluate import pinning, protocol, syscall_filter
 from quasar.evaluate.captured_output import CapturedOutput
 from quasar.evaluate.confinement import Confinement, ConfinementError
-from quasar.evaluate.environment import evaluation_environment
-from quasar.evaluate.gpus import assigned_gpu, nvidia_gpus
+from quasar.evaluate.sandbox_contents import (
+    SandboxError,
+    compile_fork_copy,
+    copy_tree,
+    nvidia_device_nodes,
+    prepare_workdir,
+    scrubbed_environment,
+    site_paths,
+)
 from quasar.evaluate.sandbox_layout import (
     NOBODY,
     SANDBOX_FORK,
     SANDBOX_HARNESS,
     SANDBOX_HOME,
-    SANDBOX_SITE,
     SandboxPolicy,
     python_executable,
     root_mounts,
 )
-from quasar.evaluate.stragglers import MARKER_VARIABLE, kill_marked_processes
+from quasar.evaluate.stragglers import kill_marked_processes
 
 logger = logging.getLogger(__name__)
 
-HARNESS_FILES = ("child.py", "protocol.py", "workload.py", "sandbox_init.py", "syscall_filter.py")
-HARNESS_DIR = Path(__file__).resolve().parent
-# A fork bigger than this (without .git) is refused rather than copied.
-MAX_FORK_BYTES = 512 * 1024 * 1024
-# Variables passed through from the parent's environment when set: library lookup and device
-# selection only, never credentials.
-PASSED_VARIABLES = (
-    "LD_LIBRARY_PATH",
-    "CUDA_HOME",
-    "CUDA_PATH",
-    "TRITON_LIBCUDA_PATH",
-    "TRITON_PTXAS_PATH",
-    "NVIDIA_VISIBLE_DEVICES",
-    "NVIDIA_DRIVER_CAPABILITIES",
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "NCCL_NVLS_ENABLE",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-    "NVSHMEM_DISABLE_NVLS",
-)
 # The child's first reply (Python and torch imported) must come within this many seconds.
 STARTUP_SECONDS = 180
-
-
-class SandboxError(QuasarError):
-    """The sandbox could not be set up or the child misbehaved at the process level."""
 
 
 class SandboxUnavailable(SandboxError):
@@ -106,80 +89,6 @@ def _die_with_parent() -> None:
     import ctypes
 
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-def scrubbed_environment(home: str, device: str, policy: SandboxPolicy, marker: str) -> dict[str, str]:
-    """The child's whole environment: nothing of the parent's except :data:`PASSED_VARIABLES`."""
-    python_bin = os.path.dirname(python_executable())
-    env = {
-        "PATH": f"{python_bin}:/usr/local/bin:/usr/bin:/bin",
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "HOME": home,
-        "TMPDIR": f"{home}/tmp",
-        "USER": "sandbox",
-        "LOGNAME": "sandbox",
-        "XDG_CACHE_HOME": f"{home}/.cache",
-        "TRITON_CACHE_DIR": f"{home}/.triton/cache",
-        "TORCHINDUCTOR_CACHE_DIR": f"{home}/.cache/torchinductor",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1",
-        "PYTORCH_CUDA_ALLOC_CONF": policy.pytorch_cuda_alloc_conf,
-        MARKER_VARIABLE: marker,
-    }
-    for name in PASSED_VARIABLES:
-        if name in os.environ:
-            env[name] = os.environ[name]
-    if device.startswith("cuda"):
-        physical = physical_gpu_id(device)
-        gpu = assigned_gpu(physical, nvidia_gpus())
-        # By UUID where the driver says it: the one GPU whose device node the sandbox holds.
-        env["CUDA_VISIBLE_DEVICES"] = gpu.uuid if gpu is not None else physical
-        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    else:
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    return env
-
-
-def physical_gpu_id(device: str) -> str:
-    """The ``CUDA_VISIBLE_DEVICES`` entry of ``cuda`` / ``cuda:N`` in this process's view (an index
-    in PCI order, a ``GPU-`` UUID or a MIG id). Raises SandboxError for a device not visible."""
-    index = int(device.split(":")[1]) if ":" in device else 0
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    choices = [v.strip() for v in visible.split(",")] if visible else None
-    if choices is not None and index >= len(choices):
-        raise SandboxError(f"device {device}: CUDA_VISIBLE_DEVICES={visible} has no device {index}")
-    return choices[index] if choices is not None else str(index)
-
-
-def copy_tree(source: Path, destination: Path) -> None:
-    """Copy a fork without ``.git`` and its bytecode caches (the sandbox compiles its own, from
-    the sources the import check read), without following links out of it, world-readable."""
-    total = 0
-
-    def ignore(directory: str, names: list[str]) -> set[str]:
-        nonlocal total
-        skipped = {".git"} if directory == str(source) else set()
-        skipped |= {name for name in names if name == "__pycache__"}
-        for name in names:
-            path = os.path.join(directory, name)
-            if os.path.islink(path):
-                resolved = os.path.realpath(path)
-                if not (resolved == str(source) or resolved.startswith(str(source) + os.sep)):
-                    skipped.add(name)
-            elif os.path.isfile(path):
-                total += os.path.getsize(path)
-        if total > MAX_FORK_BYTES:
-            raise SandboxError(f"the fork is larger than {MAX_FORK_BYTES >> 20} MiB without .git")
-        return skipped
-
-    shutil.copytree(source, destination, symlinks=True, ignore=ignore, dirs_exist_ok=True)
-    for directory, _, filenames in os.walk(destination):
-        os.chmod(directory, 0o755)
-        for name in filenames:
-            path = os.path.join(directory, name)
-            if not os.path.islink(path):
-                os.chmod(path, 0o755 if os.access(path, os.X_OK) else 0o644)
 
 
 class SandboxedChild:
@@ -230,7 +139,7 @@ class SandboxedChild:
         # The compilation of the fork copy's bytecode (_start_precompile), while it runs.
         self._compiling: subprocess.Popen | None = None
 
-    # --- paths as the child sees them ---
+    # --- paths as the child sees them, and its config ---
 
     def _layout(self, namespaced: bool) -> tuple[str, str, str]:
         assert self.workdir is not None
@@ -243,10 +152,12 @@ class SandboxedChild:
         return self._layout(self.isolation == "namespaces")[0]
 
     def _config(self, mode: str, child_fds: tuple[int, int]) -> dict:
+        """What sandbox_init.py is given: the child's command, environment, limits, user and root."""
+        assert self.workdir is not None
         namespaced = mode != "none"
         _, harness, home = self._layout(namespaced)
         env = scrubbed_environment(home, self.device, self.policy, self.marker)
-        sites = self._site_paths(namespaced)
+        sites = site_paths(self.workdir, namespaced)
         argv = [
             python_executable(),
             "-I",
@@ -266,7 +177,6 @@ class SandboxedChild:
             uid = gid = self.confinement.uid.uid
             # Counted per uid, and the uid is this sandbox's alone (confinement.py).
             rlimits["NPROC"] = self.policy.max_processes
-        assert self.workdir is not None
         cgroup = self.confinement.cgroup if self.confinement is not None else None
         config = {
             "mode": mode,
@@ -283,41 +193,9 @@ class SandboxedChild:
             "seccomp": self.seccomp,
         }
         if namespaced:
-            assert self.workdir is not None
-            config.update(root_mounts(self.workdir, mode, uid, self.policy, self._nvidia_devices()))
+            devices, self.gpu_note = nvidia_device_nodes(self.device)
+            config.update(root_mounts(self.workdir, mode, uid, self.policy, devices))
         return config
-
-    def _site_paths(self, namespaced: bool) -> list[str]:
-        """The child's site folders, as it sees them: the binds under /sandbox/site, or (without
-        namespaces) folders of links to the environment's entries, made here."""
-        sites = evaluation_environment().sites
-        if namespaced:
-            return [f"{SANDBOX_SITE}/{index}" for index in range(len(sites))]
-        assert self.workdir is not None
-        paths = []
-        for index, site in enumerate(sites):
-            folder = self.workdir / "site" / str(index)
-            folder.mkdir(parents=True, exist_ok=True)
-            for entry in site.entries:
-                link = folder / entry
-                if not link.exists():
-                    link.symlink_to(os.path.join(site.path, entry))
-            paths.append(str(folder))
-        return paths
-
-    def _nvidia_devices(self) -> list[str]:
-        """The NVIDIA device nodes the sandbox holds: the driver's control nodes and its own GPU's,
-        or every GPU's where the driver does not say which node is its GPU (noted in the report)."""
-        if not self.device.startswith("cuda") or not os.path.isdir("/dev"):
-            return []
-        gpu = assigned_gpu(physical_gpu_id(self.device), nvidia_gpus())
-        names = sorted(name for name in os.listdir("/dev") if name.startswith("nvidia"))
-        per_gpu = [name for name in names if name[len("nvidia") :].isdigit()]
-        if gpu is None:
-            self.gpu_note = "every GPU's device node (which is its own is unknown here)"
-            return [f"/dev/{name}" for name in names]
-        self.gpu_note = f"its own GPU's device node only ({gpu.bus})"
-        return [f"/dev/{name}" for name in names if name not in per_gpu or name == f"nvidia{gpu.minor}"]
 
     # --- lifecycle ---
 
@@ -335,18 +213,7 @@ class SandboxedChild:
         :meth:`wait_started` waits. On a failure everything is closed before the error propagates."""
         self.workdir = Path(tempfile.mkdtemp(prefix="quasar-eval-"))
         try:
-            if self.fork_source is not None:
-                copy_tree(self.fork_source, self.workdir / "fork")
-            else:
-                (self.workdir / "fork").mkdir()
-                os.chmod(self.workdir / "fork", 0o755)
-            (self.workdir / "harness").mkdir(mode=0o755)
-            for name in HARNESS_FILES:
-                shutil.copyfile(HARNESS_DIR / name, self.workdir / "harness" / name)
-                os.chmod(self.workdir / "harness" / name, 0o644)
-            (self.workdir / "root").mkdir(mode=0o700)
-            home = self.workdir / "home"
-            (home / "tmp").mkdir(parents=True, mode=0o700)
+            prepare_workdir(self.workdir, self.fork_source)
             supported, why = namespaces_supported()
             self.seccomp, no_filter = syscall_filter.available()
             if supported and not self.seccomp:
@@ -377,32 +244,10 @@ class SandboxedChild:
         self._start_precompile()
 
     def _start_precompile(self) -> None:
-        """Compile the fork copy's Python sources to bytecode now, in a process of their own on
-        every core, beside the import check (the child, one pinned core, would compile a real fla
-        tree's 571 modules itself at import: seconds). Only compiled, never run; where it fails or
-        is late the child compiles what is missing, as Python always does."""
+        """Compile the fork copy's sources to bytecode beside the import check (compile_fork_copy)."""
         assert self.workdir is not None
         shown = SANDBOX_FORK if self._mode != "none" else str(self.workdir / "fork")
-        command = [
-            python_executable(),
-            "-I",
-            "-m",
-            "compileall",
-            "-q",
-            "-j",
-            "0",
-            "-d",
-            shown,
-            str(self.workdir / "fork"),
-        ]
-        self._compiling = subprocess.Popen(
-            command,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-            start_new_session=True,
-        )
+        self._compiling = compile_fork_copy(self.workdir, shown)
 
     def precompiled(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the fork's bytecode, then stop its compilation."""

@@ -1,7 +1,7 @@
 """The policy a sandbox is made with (its limits and permissions) and what its private root
 holds: its folders, the host's directories it binds read-only, the Python installation without
 its packages, the evaluation environment's entries, its own /etc, the parts of /sys it sees and
-its device nodes (README, "The evaluation sandbox"). sandbox_init.py builds the root from
+its device nodes (docs/validator.md, "The evaluation sandbox"). sandbox_init.py builds the root from
 :func:`root_mounts`' part of its config.
 """
 

@@ -10,7 +10,7 @@ import os
 import signal
 import time
 
-# The variable every sandboxed process carries (sandbox.scrubbed_environment), set to the sandbox's marker.
+# The variable every sandboxed process carries (sandbox_contents.scrubbed_environment), set to the sandbox's marker.
 MARKER_VARIABLE = "QUASAR_SANDBOX_ID"
 
 

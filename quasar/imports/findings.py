@@ -4,10 +4,10 @@ the :class:`ImportReport` of a whole fork."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 
-class Rule(str, Enum):
+class Rule(StrEnum):
     """The rule a finding breaks; its value is the name printed in messages."""
 
     MISSING_FILE = "missing-file"

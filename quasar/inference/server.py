@@ -52,7 +52,7 @@ _MAX_GET_BODY_BYTES = 1024
 
 @dataclass(frozen=True)
 class InferenceLimits:
-    """What one server accepts; a validator's challenges must fit inside (see README)."""
+    """What one server accepts; a validator's challenges must fit inside (docs/miner.md, "Miner inference server")."""
 
     max_prompt_len: int = 2048
     max_gen_len: int = 256

@@ -25,8 +25,14 @@ from quasar.terminal import short_hotkey
 logger = logging.getLogger(__name__)
 
 RECENT = 10
-STATE_STYLES = {"passed": "green", "failed": "red", "expired": "red", "copy": "red", "superseded": "dim",
-                "lapsed": "dim"}
+STATE_STYLES = {
+    "passed": "green",
+    "failed": "red",
+    "expired": "red",
+    "copy": "red",
+    "superseded": "dim",
+    "lapsed": "dim",
+}
 STATE_LABELS = {"being_evaluated": "evaluating", "awaiting_quorum": "no quorum"}
 
 
@@ -60,9 +66,15 @@ def submissions_table(page: schemas.SubmissionPage) -> Table:
     for column in ("id", "state", "target", "claimed", "measured", "verdicts", "submitted"):
         table.add_column(column, justify="right" if column in ("id", "target", "claimed", "measured") else "left")
     for status in page.submissions:
-        table.add_row(str(status.submission_id), _state(status.state), compact(status.target_sequence_length),
-                      _tokens(status.claimed_tokens_per_sec), _tokens(status.measured_tokens_per_sec),
-                      verdict_summary(status), _when(status.submitted_at))
+        table.add_row(
+            str(status.submission_id),
+            _state(status.state),
+            compact(status.target_sequence_length),
+            _tokens(status.claimed_tokens_per_sec),
+            _tokens(status.measured_tokens_per_sec),
+            verdict_summary(status),
+            _when(status.submitted_at),
+        )
     if not page.submissions:
         table.add_row("-", "no submissions yet", "", "", "", "", "")
     return table
@@ -87,8 +99,11 @@ def _facts(status: schemas.SubmissionStatus) -> Table:
     facts.add_row("commit", status.commit_hash or "-")
     facts.add_row("round", str(status.round_id))
     facts.add_row("claimed", f"{status.claimed_tokens_per_sec:,.0f} tok/s")
-    measured = "-" if status.measured_tokens_per_sec is None else \
-        f"{status.measured_tokens_per_sec:,.0f} tok/s (the validators' consensus)"
+    measured = (
+        "-"
+        if status.measured_tokens_per_sec is None
+        else f"{status.measured_tokens_per_sec:,.0f} tok/s (the validators' consensus)"
+    )
     facts.add_row("measured", measured)
     facts.add_row("score", "-" if status.weighted_score is None else f"{status.weighted_score:,.0f}")
     if status.validators_evaluating:
@@ -115,9 +130,14 @@ def submission_detail(status: schemas.SubmissionStatus) -> Group:
     for report in status.reports:
         logits = {True: "passed", False: "failed", None: "not checked"}[report.logits_ok]
         style = "green" if report.verdict == "passed" else "red"
-        parts.append(Text.assemble("\n", (report.verdict, f"bold {style}"),
-                                   f" by validator {short_hotkey(report.validator_hotkey)} at "
-                                   f"{_when(report.reported_at)} UTC; logits {logits}"))
+        parts.append(
+            Text.assemble(
+                "\n",
+                (report.verdict, f"bold {style}"),
+                f" by validator {short_hotkey(report.validator_hotkey)} at "
+                f"{_when(report.reported_at)} UTC; logits {logits}",
+            )
+        )
         if report.reasons:
             reasons = Table.grid(padding=(0, 1))
             reasons.add_column(no_wrap=True)
@@ -132,8 +152,9 @@ def submission_detail(status: schemas.SubmissionStatus) -> Group:
     return Group(*parts)
 
 
-def print_status(console: Console, client: ApiClient, hotkey: str, submission_id: int | None,
-                 limit: int = RECENT) -> None:
+def print_status(
+    console: Console, client: ApiClient, hotkey: str, submission_id: int | None, limit: int = RECENT
+) -> None:
     """The table of recent submissions and the newest in detail, or only submission ``submission_id``."""
     if submission_id is not None:
         console.print(submission_detail(client.submission_status(submission_id)))
@@ -201,11 +222,12 @@ class VerdictWatcher:
     def _log(status: schemas.SubmissionStatus, report: schemas.ValidatorVerdict) -> None:
         measured = "-" if report.measured_tokens_per_sec is None else f"{report.measured_tokens_per_sec:,.0f}"
         validator = short_hotkey(report.validator_hotkey)
-        text = (f"submission {status.submission_id} {report.verdict} by validator {validator}: "
-                f"measured {measured} tok/s at T={status.target_sequence_length:,} (claimed "
-                f"{status.claimed_tokens_per_sec:,.0f}); now {STATE_LABELS.get(status.state, status.state)}")
+        text = (
+            f"submission {status.submission_id} {report.verdict} by validator {validator}: "
+            f"measured {measured} tok/s at T={status.target_sequence_length:,} (claimed "
+            f"{status.claimed_tokens_per_sec:,.0f}); now {STATE_LABELS.get(status.state, status.state)}"
+        )
         if report.verdict == "passed":
             logger.info("%s", text)
         else:
             logger.warning("%s; reasons: %s", text, "; ".join(report.reasons) or "none given")
-

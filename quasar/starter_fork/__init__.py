@@ -1,5 +1,6 @@
 """The project's starter fork of flash-linear-attention: a minimal fla tree with QuasarAttention
-and correct Triton kernels (``tree/``), and the writer behind ``quasar starter-fork DIR`` (:mod:`quasar.starter_fork.cli`).
+and correct Triton kernels (``tree/``), and the writer behind ``quasar starter-fork DIR``
+(:mod:`quasar.starter_fork.cli`).
 
 The tree is standalone: it never imports ``quasar`` (miners push it to GitHub as their fork).
 """

@@ -4,7 +4,7 @@ kernels run inside it.
     quasar check-sandbox [--device cuda] [--out DIR] [--sys-variants]
 
 For validators (and miners) setting up a host: prints, at 80 columns, each measure of the sandbox
-(README, "The evaluation sandbox") and whether it holds here: namespaces, the seccomp filter, a uid
+(docs/validator.md, "The evaluation sandbox") and whether it holds here: namespaces, the seccomp filter, a uid
 of its own, a cgroup of its own (or the memory watchdog standing in for it) and the packages a fork
 may import; then evaluates the starter fork briefly in the sandbox on ``--device`` (its Triton
 kernels compile and run there, the CUDA driver reads what it needs of /sys). With

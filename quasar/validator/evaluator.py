@@ -75,11 +75,22 @@ def result_from_report(report: EvaluationReport, content_hash: str | None = None
     unavailable = [reason for reason in report.reasons if reason.startswith(SANDBOX_UNAVAILABLE)]
     if unavailable:
         return EvaluationOutcome(error="; ".join(unavailable))
-    benchmarks = {item.seq_len: item.tokens_per_sec for item in report.lengths.values()
-                  if item.status == OK and item.tokens_per_sec is not None}
-    return EvaluationOutcome(result=EvaluationResult(
-        correct=report.passed, measured_tokens_per_sec=report.measured_tokens_per_sec, benchmarks=benchmarks,
-        reasons=tuple(report.reasons), notes=tuple(report.notes), report=report.to_dict(), content_hash=content_hash))
+    benchmarks = {
+        item.seq_len: item.tokens_per_sec
+        for item in report.lengths.values()
+        if item.status == OK and item.tokens_per_sec is not None
+    }
+    return EvaluationOutcome(
+        result=EvaluationResult(
+            correct=report.passed,
+            measured_tokens_per_sec=report.measured_tokens_per_sec,
+            benchmarks=benchmarks,
+            reasons=tuple(report.reasons),
+            notes=tuple(report.notes),
+            report=report.to_dict(),
+            content_hash=content_hash,
+        )
+    )
 
 
 def _content_hash(data: dict) -> str | None:
@@ -94,12 +105,18 @@ def outcome_from_worker(data: object) -> EvaluationOutcome:
         return EvaluationOutcome(error="the worker wrote something other than a JSON object")
     kind, error = data.get("outcome"), str(data.get("error", ""))
     if kind == "clone_failed":
-        return EvaluationOutcome(result=EvaluationResult(correct=False, measured_tokens_per_sec=None,
-                                                         reasons=(f"clone failed: {error}",)))
+        return EvaluationOutcome(
+            result=EvaluationResult(correct=False, measured_tokens_per_sec=None, reasons=(f"clone failed: {error}",))
+        )
     if kind == "refused":
-        return EvaluationOutcome(result=EvaluationResult(correct=False, measured_tokens_per_sec=None,
-                                                         reasons=(f"cannot evaluate: {error}",),
-                                                         content_hash=_content_hash(data)))
+        return EvaluationOutcome(
+            result=EvaluationResult(
+                correct=False,
+                measured_tokens_per_sec=None,
+                reasons=(f"cannot evaluate: {error}",),
+                content_hash=_content_hash(data),
+            )
+        )
     if kind == "evaluated" and isinstance(data.get("report"), dict):
         try:
             report = EvaluationReport.from_dict(data["report"])
@@ -112,8 +129,15 @@ def outcome_from_worker(data: object) -> EvaluationOutcome:
 class WorkerEvaluation:
     """One worker process evaluating ``key`` on ``device``."""
 
-    def __init__(self, key: EvaluationKey, device: Device, process: subprocess.Popen, job_path: Path,
-                 result_path: Path, deadline: float):
+    def __init__(
+        self,
+        key: EvaluationKey,
+        device: Device,
+        process: subprocess.Popen,
+        job_path: Path,
+        result_path: Path,
+        deadline: float,
+    ):
         self.key = key
         self.device = device
         self.process = process
@@ -175,8 +199,14 @@ class SubprocessEvaluator:
     """Starts ``python -m quasar.validator.worker`` per evaluation; jobs, results and the clone
     cache live under ``work_dir``."""
 
-    def __init__(self, work_dir: str | os.PathLike, options: EvaluationOptions, allow_local: bool,
-                 clone_timeout_s: float = forks.DEFAULT_TIMEOUT_S, debug: bool = False):
+    def __init__(
+        self,
+        work_dir: str | os.PathLike,
+        options: EvaluationOptions,
+        allow_local: bool,
+        clone_timeout_s: float = forks.DEFAULT_TIMEOUT_S,
+        debug: bool = False,
+    ):
         self.work_dir = Path(work_dir)
         self.options = options
         self.allow_local = allow_local
@@ -200,10 +230,15 @@ class SubprocessEvaluator:
         result_path.unlink(missing_ok=True)
         options = replace(self.options, device=device.torch_device)
         job = {
-            "fork_url": key.fork_url, "commit_hash": key.commit_hash,
-            "target_sequence_length": key.target_sequence_length, "allow_local": self.allow_local,
-            "cache_dir": str(self.cache_dir), "clone_timeout_s": self.clone_timeout_s,
-            "options": options_to_json(options), "result_path": str(result_path), "parent_pid": os.getpid(),
+            "fork_url": key.fork_url,
+            "commit_hash": key.commit_hash,
+            "target_sequence_length": key.target_sequence_length,
+            "allow_local": self.allow_local,
+            "cache_dir": str(self.cache_dir),
+            "clone_timeout_s": self.clone_timeout_s,
+            "options": options_to_json(options),
+            "result_path": str(result_path),
+            "parent_pid": os.getpid(),
             "debug": self.debug,
         }
         job_path.write_text(json.dumps(job))
@@ -214,9 +249,13 @@ class SubprocessEvaluator:
         package_root = str(Path(quasar.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, (package_root, env.get("PYTHONPATH"))))
         # Started from the loop's (main) thread: PR_SET_PDEATHSIG follows the thread that forked.
-        process = subprocess.Popen([sys.executable, "-m", "quasar.validator.worker", str(job_path)],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "quasar.validator.worker", str(job_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + self.clone_timeout_s + self.options.timeout_s + WORKER_MARGIN_S
         logger.info("evaluating %s on %s (worker pid %d)", key, device.name, process.pid)
         return WorkerEvaluation(key, device, process, job_path, result_path, deadline)

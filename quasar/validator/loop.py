@@ -44,9 +44,9 @@ from quasar.chain.base import Chain, ChainError, Metagraph, RateLimited, UidsCha
 from quasar.config import Settings
 from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
 from quasar.terminal import log_table
+from quasar.validator.devices import Device
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
 from quasar.validator.logit_check import LogitChecker
-from quasar.validator.devices import Device
 from quasar.validator.results import (
     WeightPlan,
     api_report,
@@ -114,8 +114,16 @@ def submission_from_work(item: WorkItem | ReportedWork, allow_local: bool) -> tu
         problem = None
     except ForkError as error:
         url, commit, problem = item.fork_url, item.commit_hash, str(error)
-    submission = Submission(item.submission_id, item.hotkey, url, commit, item.target_sequence_length,
-                            item.claimed_tokens_per_sec, item.submitted_at, item.round_id)
+    submission = Submission(
+        item.submission_id,
+        item.hotkey,
+        url,
+        commit,
+        item.target_sequence_length,
+        item.claimed_tokens_per_sec,
+        item.submitted_at,
+        item.round_id,
+    )
     return submission, problem
 
 
@@ -123,10 +131,21 @@ class Validator:
     """The validator of ``wallet``'s hotkey. Every collaborator is passed in, so tests drive it
     step by step against a dev chain, a real API and real evaluations."""
 
-    def __init__(self, settings: Settings, chain: Chain, api: ApiClient, wallet, evaluator: Evaluator,
-                 logit_checker: LogitChecker, state: ValidatorState, *, devices: Sequence[Device],
-                 clock: Callable[[], float] = time.time, interval_s: float | None = None,
-                 heartbeat_s: float = HEARTBEAT_S):
+    def __init__(
+        self,
+        settings: Settings,
+        chain: Chain,
+        api: ApiClient,
+        wallet,
+        evaluator: Evaluator,
+        logit_checker: LogitChecker,
+        state: ValidatorState,
+        *,
+        devices: Sequence[Device],
+        clock: Callable[[], float] = time.time,
+        interval_s: float | None = None,
+        heartbeat_s: float = HEARTBEAT_S,
+    ):
         if not devices:
             raise ValueError("a validator needs at least one device to evaluate on")
         self.settings = settings
@@ -165,8 +184,14 @@ class Validator:
     def step(self) -> StepSummary:
         """One iteration of every phase (see the module docstring); never raises for a phase's failure."""
         summary = StepSummary()
-        phases = [("sync", self._sync), ("collect", self._collect), ("logit checks", self._check_logits),
-                  ("report", self._report), ("fetch", self._fetch), ("start evaluations", self._start_evaluations)]
+        phases = [
+            ("sync", self._sync),
+            ("collect", self._collect),
+            ("logit checks", self._check_logits),
+            ("report", self._report),
+            ("fetch", self._fetch),
+            ("start evaluations", self._start_evaluations),
+        ]
         if self.settings.validator_role == PRIMARY:
             phases.append(("import results", self._import_results))
         if self.settings.validator_role != WORKER:
@@ -184,9 +209,14 @@ class Validator:
     def run_forever(self) -> None:
         """Step every ``interval_s`` (sooner when an evaluation ends) until stopped by
         :meth:`request_stop`, SIGINT or SIGTERM; then stop running evaluations cleanly."""
-        logger.info("validator %s on %s subnet %d: evaluating on %s; weights every %d blocks",
-                    self.hotkey, self.settings.network, self.chain.netuid,
-                    ", ".join(device.name for device in self.devices), self.settings.epoch_blocks)
+        logger.info(
+            "validator %s on %s subnet %d: evaluating on %s; weights every %d blocks",
+            self.hotkey,
+            self.settings.network,
+            self.chain.netuid,
+            ", ".join(device.name for device in self.devices),
+            self.settings.epoch_blocks,
+        )
         with self._signals_stop():
             try:
                 last_heartbeat = time.monotonic()
@@ -206,8 +236,10 @@ class Validator:
         block = self.metagraph.block if self.metagraph is not None else None
         stored = self.state.get_meta(LAST_WEIGHTS_BLOCK)
         due = "at the next step" if stored is None else f"after block {int(stored) + self.settings.epoch_blocks}"
-        return (f"at block {block if block is not None else '?'}: {len(self.running)} evaluation(s) running, "
-                f"{self.state.open_submissions()} submission(s) open; weights due {due}")
+        return (
+            f"at block {block if block is not None else '?'}: {len(self.running)} evaluation(s) running, "
+            f"{self.state.open_submissions()} submission(s) open; weights due {due}"
+        )
 
     def run_until_idle(self, timeout_s: float) -> None:
         """Step until :attr:`idle` (tests and one-off runs); TimeoutError after ``timeout_s``."""
@@ -299,8 +331,13 @@ class Validator:
             added = self.state.add_refused_submission(submission, problem, self.clock())
         if added:
             summary.fetched += 1
-            logger.info("fetched submission %d from %s: %s (claims %.0f tokens/s)", submission.submission_id,
-                        submission.hotkey, submission.key, submission.claimed_tokens_per_sec)
+            logger.info(
+                "fetched submission %d from %s: %s (claims %.0f tokens/s)",
+                submission.submission_id,
+                submission.hotkey,
+                submission.key,
+                submission.claimed_tokens_per_sec,
+            )
 
     def _collect(self, summary: StepSummary) -> None:
         for device_name, evaluation in list(self.running.items()):
@@ -311,28 +348,37 @@ class Validator:
                 self._record_outcome(evaluation, outcome, summary)
                 del self.running[device_name]  # only once recorded: otherwise tried again next step
 
-    def _record_outcome(self, evaluation: RunningEvaluation, outcome: EvaluationOutcome,
-                        summary: StepSummary) -> None:
+    def _record_outcome(self, evaluation: RunningEvaluation, outcome: EvaluationOutcome, summary: StepSummary) -> None:
         key, now = evaluation.key, self.clock()
         if outcome.result is not None:
             self.state.finish_evaluation(key, outcome.result, now)
             summary.finished.append(key)
             result = outcome.result
             measured = "-" if result.measured_tokens_per_sec is None else f"{result.measured_tokens_per_sec:,.0f}"
-            logger.info("evaluation of %s on %s: %s, %s tokens/s at the target%s", key, evaluation.device.name,
-                        "correct" if result.correct else "FAILED", measured,
-                        "" if result.correct else f" ({'; '.join(result.reasons)})")
+            logger.info(
+                "evaluation of %s on %s: %s, %s tokens/s at the target%s",
+                key,
+                evaluation.device.name,
+                "correct" if result.correct else "FAILED",
+                measured,
+                "" if result.correct else f" ({'; '.join(result.reasons)})",
+            )
         elif outcome.error == CANCELLED:
             self.state.cancel_evaluation(key)
         else:
             status = self.state.fail_attempt(key, outcome.error or "unknown error", now)
             summary.retried.append(key)
             if status == ABANDONED:
-                logger.error("evaluation of %s failed on this validator's side too often; abandoned (not reported, "
-                             "not ranked): %s", key, outcome.error)
+                logger.error(
+                    "evaluation of %s failed on this validator's side too often; abandoned (not reported, "
+                    "not ranked): %s",
+                    key,
+                    outcome.error,
+                )
             else:
-                logger.warning("evaluation of %s failed on this validator's side; it runs again: %s", key,
-                               outcome.error)
+                logger.warning(
+                    "evaluation of %s failed on this validator's side; it runs again: %s", key, outcome.error
+                )
 
     def _check_logits(self, summary: StepSummary) -> None:
         if self.metagraph is None or self.devices[0].name in self.running:
@@ -346,8 +392,13 @@ class Validator:
                 self.state.record_logits(record.submission.submission_id, outcome, reason, self.clock())
                 summary.logits_checked += outcome != SKIPPED
                 log = logger.info if outcome != FAILED else logger.warning
-                log("logit check of submission %d from %s: %s (%s)", record.submission.submission_id,
-                    record.submission.hotkey, outcome, reason)
+                log(
+                    "logit check of submission %d from %s: %s (%s)",
+                    record.submission.submission_id,
+                    record.submission.hotkey,
+                    outcome,
+                    reason,
+                )
 
     def _logit_outcome(self, record: SubmissionRecord, metagraph: Metagraph) -> tuple[str, str]:
         result = record.evaluation.result
@@ -374,23 +425,35 @@ class Validator:
         """Report one submission; False when the API cannot take reports now."""
         report = api_report(record)
         try:
-            accepted = self.api.report(report.submission_id, report.verdict, report.correct, report.logits_ok,
-                                       report.measured_tokens_per_sec, report.benchmarks, report.reasons,
-                                       report.lengths, report.content_hash)
+            accepted = self.api.report(
+                report.submission_id,
+                report.verdict,
+                report.correct,
+                report.logits_ok,
+                report.measured_tokens_per_sec,
+                report.benchmarks,
+                report.reasons,
+                report.lengths,
+                report.content_hash,
+            )
         except ApiClientError as error:
             if error.status in FINAL_REPORT_STATUSES:
                 done = error.status == 409 and "already reported" in error.detail
-                self.state.record_report(report.submission_id, REPORTED if done else REFUSED, str(error),
-                                         self.clock())
-                logger.warning("report on submission %d: the API answered %s; not sent again",
-                               report.submission_id, error)
+                self.state.record_report(report.submission_id, REPORTED if done else REFUSED, str(error), self.clock())
+                logger.warning(
+                    "report on submission %d: the API answered %s; not sent again", report.submission_id, error
+                )
                 return True
             logger.warning("cannot report on submission %d now (%s); retrying next step", report.submission_id, error)
             return not (error.status == 0 or error.status >= 500)
         self.state.record_report(report.submission_id, REPORTED, f"report {accepted.report_id}", self.clock())
         summary.reported += 1
-        logger.info("reported submission %d: %s%s", report.submission_id, report.verdict,
-                    "" if report.verdict == "passed" else f" ({'; '.join(report.reasons)})")
+        logger.info(
+            "reported submission %d: %s%s",
+            report.submission_id,
+            report.verdict,
+            "" if report.verdict == "passed" else f" ({'; '.join(report.reasons)})",
+        )
         return True
 
     def _import_results(self, summary: StepSummary) -> None:
@@ -400,9 +463,13 @@ class Validator:
         for item in batch.reports:
             with self._item(f"importing report {item.report_id}"):
                 submission, _ = submission_from_work(item, self.allow_local_forks)
-                result = EvaluationResult(correct=item.correct, measured_tokens_per_sec=item.measured_tokens_per_sec,
-                                          benchmarks=item.benchmarks or {}, reasons=tuple(item.reasons),
-                                          content_hash=item.content_hash)
+                result = EvaluationResult(
+                    correct=item.correct,
+                    measured_tokens_per_sec=item.measured_tokens_per_sec,
+                    benchmarks=item.benchmarks or {},
+                    reasons=tuple(item.reasons),
+                    content_hash=item.content_hash,
+                )
                 logits = {True: PASSED, False: FAILED, None: SKIPPED}[item.logits_ok]
                 if self.state.import_result(submission, result, logits, f"report {item.report_id}", self.clock()):
                     summary.imported += 1
@@ -471,8 +538,11 @@ class Validator:
                 self._retry_weights(block, wait, f"the chain's weights rate limit holds at block {block}: {limited}")
                 return
             except ChainError as error:
-                self._retry_weights(block, min(WEIGHTS_RETRY_BLOCKS, self.settings.epoch_blocks),
-                                    f"cannot set weights at block {block}: {error}")
+                self._retry_weights(
+                    block,
+                    min(WEIGHTS_RETRY_BLOCKS, self.settings.epoch_blocks),
+                    f"cannot set weights at block {block}: {error}",
+                )
                 return
             break
         if planned is None:
@@ -483,9 +553,13 @@ class Validator:
         summary.weights_set = True
         if plan.unregistered:
             logger.info("left out of the ranking (no longer registered): %s", ", ".join(plan.unregistered))
-        what = ("committed (the chain applies them when it reveals them)" if submission.committed else "set")
-        log_table(logger, f"weights {what} at block {submission.block} ({submission.detail}; next after block "
-                          f"{submission.block + self.settings.epoch_blocks}):", weights_table(plan))
+        what = "committed (the chain applies them when it reveals them)" if submission.committed else "set"
+        log_table(
+            logger,
+            f"weights {what} at block {submission.block} ({submission.detail}; next after block "
+            f"{submission.block + self.settings.epoch_blocks}):",
+            weights_table(plan),
+        )
 
     def _plan_and_submit(self, results: list[scoring.Result]) -> tuple[WeightPlan, WeightsSubmission] | None:
         """Plan the weights on the metagraph as it is now and submit them with the hotkeys they were
@@ -496,21 +570,31 @@ class Validator:
         owner_uid = self.chain.owner_uid()
         if me is None:
             how = btcli.registration_hint(self.settings, self.settings.wallet_name_for("validator"), self.hotkey)
-            self._skip_epoch(block, f"hotkey {self.hotkey} is not registered on subnet {self.chain.netuid}: no weights "
-                                    f"until it is ({how})")
+            self._skip_epoch(
+                block,
+                f"hotkey {self.hotkey} is not registered on subnet {self.chain.netuid}: no weights until it is ({how})",
+            )
             return None
         if not me.validator_permit and me.uid != owner_uid:
-            self._skip_epoch(block, f"uid {me.uid} has no validator permit on subnet {self.chain.netuid} (stake "
-                                    f"{me.stake:,.2f}): no weights submitted this epoch; the chain gives permits to "
-                                    "the subnet's top validators by stake")
+            self._skip_epoch(
+                block,
+                f"uid {me.uid} has no validator permit on subnet {self.chain.netuid} (stake "
+                f"{me.stake:,.2f}): no weights submitted this epoch; the chain gives permits to "
+                "the subnet's top validators by stake",
+            )
             return None
         plan = plan_weights(results, metagraph, owner_uid, self.settings.tie_epsilon)
         if plan.dropped:
-            logger.warning("the subnet owner's hotkey holds no uid on subnet %d: the unassigned share %.2f is not "
-                           "set; the placed shares are set alone, scaled to sum 1", self.chain.netuid, plan.dropped)
+            logger.warning(
+                "the subnet owner's hotkey holds no uid on subnet %d: the unassigned share %.2f is not "
+                "set; the placed shares are set alone, scaled to sum 1",
+                self.chain.netuid,
+                plan.dropped,
+            )
         if not plan.weights:
-            self._skip_epoch(block, "no miner holds a place and the owner's hotkey holds no uid: no weights to set "
-                                    "this epoch")
+            self._skip_epoch(
+                block, "no miner holds a place and the owner's hotkey holds no uid: no weights to set this epoch"
+            )
             return None
         refusal = weights_refusal(plan, self.chain.hyperparameters(), len(metagraph.neurons), me.uid)
         if refusal:

@@ -25,11 +25,15 @@ def scoring_result(record: SubmissionRecord) -> scoring.Result:
     if result is None:
         raise ValueError(f"submission {submission.submission_id} has no finished evaluation")
     return scoring.Result(
-        hotkey=submission.hotkey, submission_id=submission.submission_id, submitted_at=submission.submitted_at,
+        hotkey=submission.hotkey,
+        submission_id=submission.submission_id,
+        submitted_at=submission.submitted_at,
         target_sequence_length=submission.target_sequence_length,
         claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
         measured_tokens_per_sec=result.measured_tokens_per_sec or 0.0,
-        correct=result.correct, logits_ok=record.logits_ok)
+        correct=result.correct,
+        logits_ok=record.logits_ok,
+    )
 
 
 @dataclass(frozen=True)
@@ -54,22 +58,28 @@ def reported_lengths(harness_report: Mapping[str, Any] | None) -> tuple[dict[str
     if harness_report is None:
         return None
     items = sorted(harness_report.get("lengths", {}).values(), key=lambda item: item["seq_len"])
-    return tuple({"seq_len": int(item["seq_len"]), "status": item["status"],
-                  "tokens_per_sec": item.get("tokens_per_sec"), "peak_vram_mb": item.get("peak_vram_mb"),
-                  "correct": item.get("correct")}
-                 for item in items[:MAX_BENCHMARK_ENTRIES])
+    return tuple(
+        {
+            "seq_len": int(item["seq_len"]),
+            "status": item["status"],
+            "tokens_per_sec": item.get("tokens_per_sec"),
+            "peak_vram_mb": item.get("peak_vram_mb"),
+            "correct": item.get("correct"),
+        }
+        for item in items[:MAX_BENCHMARK_ENTRIES]
+    )
 
 
 def _printable(text: str) -> str:
     cleaned = "".join(ch if ch in "\n\t" or (ord(ch) >= 32 and ord(ch) != 127) else " " for ch in text).strip()
-    return cleaned if len(cleaned) <= MAX_REASON_LENGTH else cleaned[:MAX_REASON_LENGTH - 3] + "..."
+    return cleaned if len(cleaned) <= MAX_REASON_LENGTH else cleaned[: MAX_REASON_LENGTH - 3] + "..."
 
 
 def bounded_reasons(reasons: Iterable[str]) -> tuple[str, ...]:
     """Reasons within the API's limits: printable, at most MAX_REASON_LENGTH each, MAX_REASONS in all."""
     kept = [text for text in (_printable(reason) for reason in reasons) if text]
     if len(kept) > MAX_REASONS:
-        kept = kept[:MAX_REASONS - 1] + [f"... and {len(kept) - MAX_REASONS + 1} more"]
+        kept = kept[: MAX_REASONS - 1] + [f"... and {len(kept) - MAX_REASONS + 1} more"]
     return tuple(kept)
 
 
@@ -91,9 +101,14 @@ def api_report(record: SubmissionRecord) -> ApiReport:
     return ApiReport(
         submission_id=record.submission.submission_id,
         verdict="passed" if scoring.is_eligible(scored) else "failed",
-        correct=result.correct, logits_ok=record.logits_ok,
-        measured_tokens_per_sec=result.measured_tokens_per_sec, benchmarks=dict(result.benchmarks),
-        reasons=bounded_reasons(reasons), lengths=reported_lengths(result.report), content_hash=result.content_hash)
+        correct=result.correct,
+        logits_ok=record.logits_ok,
+        measured_tokens_per_sec=result.measured_tokens_per_sec,
+        benchmarks=dict(result.benchmarks),
+        reasons=bounded_reasons(reasons),
+        lengths=reported_lengths(result.report),
+        content_hash=result.content_hash,
+    )
 
 
 @dataclass(frozen=True)
@@ -113,8 +128,9 @@ class WeightPlan:
     unregistered: tuple[str, ...]  # hotkeys with results that are no longer registered (left out)
 
 
-def plan_weights(results: Iterable[scoring.Result], metagraph: Metagraph, owner_uid: int | None,
-                 epsilon: float) -> WeightPlan:
+def plan_weights(
+    results: Iterable[scoring.Result], metagraph: Metagraph, owner_uid: int | None, epsilon: float
+) -> WeightPlan:
     """Rank the results of hotkeys registered now (others are dropped before ranking, so they hold
     no place) and turn the top-4 shares into uid weights; the unassigned share goes to ``owner_uid``,
     or, when it is None (the owner's hotkey holds no uid), nowhere: the placed shares are scaled to
@@ -136,16 +152,24 @@ def plan_weights(results: Iterable[scoring.Result], metagraph: Metagraph, owner_
         weights = {uid: weight / placed for uid, weight in weights.items()} if placed > 0 else {}
     holders = {neuron.uid: neuron.hotkey for neuron in metagraph.neurons}
     placed_uids = {placement.hotkey: uids[placement.hotkey] for placement in ranking.placements}
-    return WeightPlan(ranking, weights, placed_uids, {uid: holders[uid] for uid in weights if uid in holders},
-                      owner_uid, dropped, unregistered)
+    return WeightPlan(
+        ranking,
+        weights,
+        placed_uids,
+        {uid: holders[uid] for uid in weights if uid in holders},
+        owner_uid,
+        dropped,
+        unregistered,
+    )
 
 
 # The most uids a plan names: the four places and the owner.
 MAX_WEIGHTED_UIDS = len(scoring.PLACE_SHARES) + 1
 
 
-def weights_refusal(plan: WeightPlan, hyperparameters: SubnetHyperparameters, subnet_size: int,
-                    setter_uid: int) -> str | None:
+def weights_refusal(
+    plan: WeightPlan, hyperparameters: SubnetHyperparameters, subnet_size: int, setter_uid: int
+) -> str | None:
     """Why ``plan`` cannot be set as the rules split the weights on a subnet with these
     hyperparameters (None when it can): a share above ``max_weight_limit`` (the SDK would move the
     excess to the other uids, the chain refuse it), or fewer uids than ``min_allowed_weights``. A
@@ -154,13 +178,17 @@ def weights_refusal(plan: WeightPlan, hyperparameters: SubnetHyperparameters, su
         return None
     largest = max(plan.weights.values())
     if largest > hyperparameters.max_weight_share + 1e-9:
-        return (f"the largest weight, {largest:.4f}, is above the subnet's max_weight_limit "
-                f"({hyperparameters.max_weight_limit}, a share of {hyperparameters.max_weight_share:.4f}): the SDK "
-                "would move the excess to the other uids, which QUASAR's split does not allow")
+        return (
+            f"the largest weight, {largest:.4f}, is above the subnet's max_weight_limit "
+            f"({hyperparameters.max_weight_limit}, a share of {hyperparameters.max_weight_share:.4f}): the SDK "
+            "would move the excess to the other uids, which QUASAR's split does not allow"
+        )
     needed = min(subnet_size, hyperparameters.min_allowed_weights)
     if len(plan.weights) < needed:
-        return (f"the subnet needs weights on at least {needed} uids (min_allowed_weights "
-                f"{hyperparameters.min_allowed_weights}) and this epoch's split names {len(plan.weights)}")
+        return (
+            f"the subnet needs weights on at least {needed} uids (min_allowed_weights "
+            f"{hyperparameters.min_allowed_weights}) and this epoch's split names {len(plan.weights)}"
+        )
     return None
 
 
@@ -173,17 +201,36 @@ def weights_table(plan: WeightPlan) -> Table:
     for placement in plan.ranking.placements:
         result = placement.result
         uid = plan.uids[placement.hotkey]
-        table.add_row(str(placement.place), str(uid), short_hotkey(placement.hotkey), str(result.submission_id),
-                      scoring.league_for(result.target_sequence_length).name,
-                      compact_rate(scoring.verified_tokens_per_sec(result)), compact_rate(placement.weighted_score),
-                      f"{placement.share:.2f}", f"{plan.weights.get(uid, 0.0):.4f}")
+        table.add_row(
+            str(placement.place),
+            str(uid),
+            short_hotkey(placement.hotkey),
+            str(result.submission_id),
+            scoring.league_for(result.target_sequence_length).name,
+            compact_rate(scoring.verified_tokens_per_sec(result)),
+            compact_rate(placement.weighted_score),
+            f"{placement.share:.2f}",
+            f"{plan.weights.get(uid, 0.0):.4f}",
+        )
     if plan.ranking.unassigned > 0 and plan.owner_uid is not None:
-        table.add_row("-", str(plan.owner_uid), "owner", "", "unassigned", "", "",
-                      f"{plan.ranking.unassigned:.2f}", f"{plan.weights.get(plan.owner_uid, 0.0):.4f}")
+        table.add_row(
+            "-",
+            str(plan.owner_uid),
+            "owner",
+            "",
+            "unassigned",
+            "",
+            "",
+            f"{plan.ranking.unassigned:.2f}",
+            f"{plan.weights.get(plan.owner_uid, 0.0):.4f}",
+        )
     elif plan.dropped > 0:
         table.add_row("-", "-", "owner", "", "no uid", "", "", f"{plan.dropped:.2f}", "-")
     if plan.ranking.unassigned > 0:
-        table.caption = ("unassigned places go to the subnet owner's uid (burned)" if plan.owner_uid is not None
-                         else "unassigned places not set: the owner's hotkey holds no uid")
+        table.caption = (
+            "unassigned places go to the subnet owner's uid (burned)"
+            if plan.owner_uid is not None
+            else "unassigned places not set: the owner's hotkey holds no uid"
+        )
         table.caption_justify = "left"
     return table

@@ -229,8 +229,10 @@ class ValidatorState:
                     db.execute("ALTER TABLE evaluations ADD COLUMN content_hash TEXT")
                     db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
                 elif int(version[0]) != SCHEMA_VERSION:
-                    raise StateError(f"validator state {path} has schema version {version[0]}, this validator "
-                                     f"reads version {SCHEMA_VERSION}")
+                    raise StateError(
+                        f"validator state {path} has schema version {version[0]}, this validator "
+                        f"reads version {SCHEMA_VERSION}"
+                    )
             state._recover()
             return state
         except sqlite3.Error as error:
@@ -277,12 +279,14 @@ class ValidatorState:
 
     def _recover(self) -> None:
         with self._write() as db:
-            rows = db.execute("SELECT fork_url, commit_hash, target_sequence_length FROM evaluations "
-                              "WHERE status = ?", (IN_PROGRESS,)).fetchall()
+            rows = db.execute(
+                "SELECT fork_url, commit_hash, target_sequence_length FROM evaluations WHERE status = ?", (IN_PROGRESS,)
+            ).fetchall()
             db.execute("UPDATE evaluations SET status = ? WHERE status = ?", (PENDING, IN_PROGRESS))
         for row in rows:
-            logger.warning("evaluation of %s was interrupted (validator stopped or crashed): it runs again",
-                           EvaluationKey(*row))
+            logger.warning(
+                "evaluation of %s was interrupted (validator stopped or crashed): it runs again", EvaluationKey(*row)
+            )
 
     # --- meta ---
 
@@ -292,8 +296,10 @@ class ValidatorState:
 
     def set_meta(self, key: str, value: str) -> None:
         with self._write() as db:
-            db.execute("INSERT INTO meta (key, value) VALUES (?, ?) "
-                       "ON CONFLICT (key) DO UPDATE SET value = excluded.value", (key, value))
+            db.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
 
     # --- submissions and evaluations ---
 
@@ -302,18 +308,28 @@ class ValidatorState:
         Returns False when the submission was already known."""
         key = submission.key
         with self._write() as db:
-            if db.execute("SELECT 1 FROM submissions WHERE submission_id = ?",
-                          (submission.submission_id,)).fetchone():
+            if db.execute("SELECT 1 FROM submissions WHERE submission_id = ?", (submission.submission_id,)).fetchone():
                 return False
-            db.execute("INSERT OR IGNORE INTO evaluations (fork_url, commit_hash, target_sequence_length, status, "
-                       "created_at) VALUES (?, ?, ?, ?, ?)",
-                       (key.fork_url, key.commit_hash, key.target_sequence_length, PENDING, now))
+            db.execute(
+                "INSERT OR IGNORE INTO evaluations (fork_url, commit_hash, target_sequence_length, status, "
+                "created_at) VALUES (?, ?, ?, ?, ?)",
+                (key.fork_url, key.commit_hash, key.target_sequence_length, PENDING, now),
+            )
             db.execute(
                 "INSERT INTO submissions (submission_id, hotkey, fork_url, commit_hash, target_sequence_length, "
                 "claimed_tokens_per_sec, submitted_at, round_id, fetched_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (submission.submission_id, submission.hotkey, key.fork_url, key.commit_hash,
-                 key.target_sequence_length, submission.claimed_tokens_per_sec, submission.submitted_at,
-                 submission.round_id, now))
+                (
+                    submission.submission_id,
+                    submission.hotkey,
+                    key.fork_url,
+                    key.commit_hash,
+                    key.target_sequence_length,
+                    submission.claimed_tokens_per_sec,
+                    submission.submitted_at,
+                    submission.round_id,
+                    now,
+                ),
+            )
         return True
 
     def add_refused_submission(self, submission: Submission, reason: str, now: float) -> bool:
@@ -323,12 +339,14 @@ class ValidatorState:
             return False
         if self.evaluation(submission.key).status == PENDING:
             self.start_evaluation(submission.key, "none", now)
-            self.finish_evaluation(submission.key, EvaluationResult(correct=False, measured_tokens_per_sec=None,
-                                                                    reasons=(reason,)), now)
+            self.finish_evaluation(
+                submission.key, EvaluationResult(correct=False, measured_tokens_per_sec=None, reasons=(reason,)), now
+            )
         return True
 
-    def import_result(self, submission: Submission, result: EvaluationResult, logits: str, detail: str,
-                      now: float) -> bool:
+    def import_result(
+        self, submission: Submission, result: EvaluationResult, logits: str, detail: str, now: float
+    ) -> bool:
         """Record a submission that another process of this validator's hotkey evaluated and
         reported (its ``result`` and ``logits`` outcome): it ranks as this process's own results do.
         False when the submission is known here already (this process fetched it)."""
@@ -349,7 +367,9 @@ class ValidatorState:
             "SELECT e.fork_url, e.commit_hash, e.target_sequence_length FROM evaluations e "
             "JOIN submissions s USING (fork_url, commit_hash, target_sequence_length) "
             "WHERE e.status = ? GROUP BY e.fork_url, e.commit_hash, e.target_sequence_length "
-            "ORDER BY MIN(s.submission_id)", (PENDING,)).fetchall()
+            "ORDER BY MIN(s.submission_id)",
+            (PENDING,),
+        ).fetchall()
         return [EvaluationKey(*row) for row in rows]
 
     def start_evaluation(self, key: EvaluationKey, device: str, now: float) -> int:
@@ -358,11 +378,15 @@ class ValidatorState:
             updated = db.execute(
                 "UPDATE evaluations SET status = ?, attempts = attempts + 1, device = ?, started_at = ? "
                 "WHERE fork_url = ? AND commit_hash = ? AND target_sequence_length = ? AND status = ?",
-                (IN_PROGRESS, device, now, *_key(key), PENDING)).rowcount
+                (IN_PROGRESS, device, now, *_key(key), PENDING),
+            ).rowcount
             if not updated:
                 raise StateError(f"evaluation of {key} is not pending")
-            (attempts,) = db.execute("SELECT attempts FROM evaluations WHERE fork_url = ? AND commit_hash = ? "
-                                     "AND target_sequence_length = ?", _key(key)).fetchone()
+            (attempts,) = db.execute(
+                "SELECT attempts FROM evaluations WHERE fork_url = ? AND commit_hash = ? "
+                "AND target_sequence_length = ?",
+                _key(key),
+            ).fetchone()
         return int(attempts)
 
     def finish_evaluation(self, key: EvaluationKey, result: EvaluationResult, now: float) -> None:
@@ -372,11 +396,20 @@ class ValidatorState:
                 "UPDATE evaluations SET status = ?, correct = ?, measured_tokens_per_sec = ?, benchmarks = ?, "
                 "reasons = ?, notes = ?, report = ?, content_hash = ?, last_error = NULL, finished_at = ? "
                 "WHERE fork_url = ? AND commit_hash = ? AND target_sequence_length = ? AND status = ?",
-                (FINISHED, int(result.correct), result.measured_tokens_per_sec,
-                 json.dumps({str(k): v for k, v in sorted(result.benchmarks.items())}),
-                 json.dumps(list(result.reasons)), json.dumps(list(result.notes)),
-                 None if result.report is None else json.dumps(result.report, allow_nan=False),
-                 result.content_hash, now, *_key(key), IN_PROGRESS)).rowcount
+                (
+                    FINISHED,
+                    int(result.correct),
+                    result.measured_tokens_per_sec,
+                    json.dumps({str(k): v for k, v in sorted(result.benchmarks.items())}),
+                    json.dumps(list(result.reasons)),
+                    json.dumps(list(result.notes)),
+                    None if result.report is None else json.dumps(result.report, allow_nan=False),
+                    result.content_hash,
+                    now,
+                    *_key(key),
+                    IN_PROGRESS,
+                ),
+            ).rowcount
             if not updated:
                 raise StateError(f"evaluation of {key} is not in progress")
 
@@ -384,28 +417,37 @@ class ValidatorState:
         """The in-progress evaluation ``key`` failed on this validator's side (not the fork's):
         pending again, or abandoned after ``max_attempts``. Returns the new status."""
         with self._write() as db:
-            row = db.execute("SELECT attempts FROM evaluations WHERE fork_url = ? AND commit_hash = ? AND "
-                             "target_sequence_length = ? AND status = ?", (*_key(key), IN_PROGRESS)).fetchone()
+            row = db.execute(
+                "SELECT attempts FROM evaluations WHERE fork_url = ? AND commit_hash = ? AND "
+                "target_sequence_length = ? AND status = ?",
+                (*_key(key), IN_PROGRESS),
+            ).fetchone()
             if row is None:
                 raise StateError(f"evaluation of {key} is not in progress")
             status = ABANDONED if row[0] >= max_attempts else PENDING
-            db.execute("UPDATE evaluations SET status = ?, last_error = ?, finished_at = ? WHERE fork_url = ? AND "
-                       "commit_hash = ? AND target_sequence_length = ?",
-                       (status, error, now if status == ABANDONED else None, *_key(key)))
+            db.execute(
+                "UPDATE evaluations SET status = ?, last_error = ?, finished_at = ? WHERE fork_url = ? AND "
+                "commit_hash = ? AND target_sequence_length = ?",
+                (status, error, now if status == ABANDONED else None, *_key(key)),
+            )
         return status
 
     def cancel_evaluation(self, key: EvaluationKey) -> None:
         """The validator stopped the in-progress evaluation ``key`` itself: pending again, and the
         attempt is not counted."""
         with self._write() as db:
-            db.execute("UPDATE evaluations SET status = ?, attempts = MAX(attempts - 1, 0) WHERE fork_url = ? AND "
-                       "commit_hash = ? AND target_sequence_length = ? AND status = ?",
-                       (PENDING, *_key(key), IN_PROGRESS))
+            db.execute(
+                "UPDATE evaluations SET status = ?, attempts = MAX(attempts - 1, 0) WHERE fork_url = ? AND "
+                "commit_hash = ? AND target_sequence_length = ? AND status = ?",
+                (PENDING, *_key(key), IN_PROGRESS),
+            )
 
     def evaluation(self, key: EvaluationKey) -> EvaluationRecord:
         row = self._connection.execute(
             f"SELECT {_EVALUATION_COLUMNS} FROM evaluations e WHERE fork_url = ? AND commit_hash = ? "
-            "AND target_sequence_length = ?", _key(key)).fetchone()
+            "AND target_sequence_length = ?",
+            _key(key),
+        ).fetchone()
         if row is None:
             raise StateError(f"no evaluation of {key}")
         return _evaluation(row)
@@ -418,15 +460,19 @@ class ValidatorState:
         if outcome not in (PASSED, FAILED, SKIPPED):
             raise ValueError(f"logit outcome must be passed, failed or skipped, got {outcome!r}")
         with self._write() as db:
-            db.execute("UPDATE submissions SET logits = ?, logits_reason = ?, logits_checked_at = ? "
-                       "WHERE submission_id = ?", (outcome, reason, now, submission_id))
+            db.execute(
+                "UPDATE submissions SET logits = ?, logits_reason = ?, logits_checked_at = ? WHERE submission_id = ?",
+                (outcome, reason, now, submission_id),
+            )
 
     def record_report(self, submission_id: int, report_state: str, detail: str, now: float) -> None:
         if report_state not in (REPORTED, REFUSED):
             raise ValueError(f"report state must be reported or refused, got {report_state!r}")
         with self._write() as db:
-            db.execute("UPDATE submissions SET report_state = ?, report_detail = ?, reported_at = ? "
-                       "WHERE submission_id = ?", (report_state, detail, now, submission_id))
+            db.execute(
+                "UPDATE submissions SET report_state = ?, report_detail = ?, reported_at = ? WHERE submission_id = ?",
+                (report_state, detail, now, submission_id),
+            )
 
     def submissions(self, where: str = "", parameters: tuple = ()) -> list[SubmissionRecord]:
         """Submissions with their evaluations, by id; ``where`` is an SQL condition on s./e. columns."""
@@ -435,9 +481,13 @@ class ValidatorState:
             f"s.claimed_tokens_per_sec, s.submitted_at, s.round_id, s.logits, s.logits_reason, s.report_state, "
             f"s.report_detail, {_EVALUATION_COLUMNS} FROM submissions s JOIN evaluations e "
             f"USING (fork_url, commit_hash, target_sequence_length) "
-            f"{'WHERE ' + where if where else ''} ORDER BY s.submission_id", parameters).fetchall()
-        return [SubmissionRecord(Submission(*row[:8]), _evaluation(row[12:]), row[8], row[9], row[10], row[11])
-                for row in rows]
+            f"{'WHERE ' + where if where else ''} ORDER BY s.submission_id",
+            parameters,
+        ).fetchall()
+        return [
+            SubmissionRecord(Submission(*row[:8]), _evaluation(row[12:]), row[8], row[9], row[10], row[11])
+            for row in rows
+        ]
 
     def needing_logit_check(self) -> list[SubmissionRecord]:
         """Submissions whose evaluation finished and whose logits are not checked yet."""
@@ -445,8 +495,9 @@ class ValidatorState:
 
     def ready_to_report(self) -> list[SubmissionRecord]:
         """Submissions evaluated and logit-checked, not reported to the API yet."""
-        return self.submissions("e.status = ? AND s.logits != ? AND s.report_state = ?",
-                                (FINISHED, UNCHECKED, UNREPORTED))
+        return self.submissions(
+            "e.status = ? AND s.logits != ? AND s.report_state = ?", (FINISHED, UNCHECKED, UNREPORTED)
+        )
 
     def scored(self) -> list[SubmissionRecord]:
         """Submissions with a complete result (evaluated, logits decided) that are not a copy of
@@ -454,22 +505,31 @@ class ValidatorState:
         records = self.submissions("e.status = ? AND s.logits != ?", (FINISHED, UNCHECKED))
         known = self.submissions("e.status = ?", (FINISHED,))
         copies = originality.find_copies(
-            originality.Fingerprint(record.submission.submission_id, record.submission.hotkey,
-                                    record.submission.commit_hash, record.evaluation.result.content_hash)
-            for record in known)
+            originality.Fingerprint(
+                record.submission.submission_id,
+                record.submission.hotkey,
+                record.submission.commit_hash,
+                record.evaluation.result.content_hash,
+            )
+            for record in known
+        )
         return [record for record in records if record.submission.submission_id not in copies]
 
     def open_submissions(self) -> int:
         """Submissions still waiting for an evaluation, a logit check or a report."""
         (count,) = self._connection.execute(
             "SELECT COUNT(*) FROM submissions s JOIN evaluations e USING (fork_url, commit_hash, "
-            "target_sequence_length) WHERE e.status != ? AND s.report_state = ?", (ABANDONED, UNREPORTED)).fetchone()
+            "target_sequence_length) WHERE e.status != ? AND s.report_state = ?",
+            (ABANDONED, UNREPORTED),
+        ).fetchone()
         return int(count)
 
 
-_EVALUATION_COLUMNS = ("e.fork_url, e.commit_hash, e.target_sequence_length, e.status, e.attempts, e.device, "
-                       "e.last_error, e.correct, e.measured_tokens_per_sec, e.benchmarks, e.reasons, e.notes, "
-                       "e.report, e.content_hash, e.started_at, e.finished_at")
+_EVALUATION_COLUMNS = (
+    "e.fork_url, e.commit_hash, e.target_sequence_length, e.status, e.attempts, e.device, "
+    "e.last_error, e.correct, e.measured_tokens_per_sec, e.benchmarks, e.reasons, e.notes, "
+    "e.report, e.content_hash, e.started_at, e.finished_at"
+)
 
 
 def _key(key: EvaluationKey) -> tuple[str, str, int]:
@@ -477,15 +537,43 @@ def _key(key: EvaluationKey) -> tuple[str, str, int]:
 
 
 def _evaluation(row: tuple) -> EvaluationRecord:
-    (url, commit, target, status, attempts, device, last_error, correct, measured, benchmarks, reasons, notes,
-     report, content_hash, started_at, finished_at) = row
+    (
+        url,
+        commit,
+        target,
+        status,
+        attempts,
+        device,
+        last_error,
+        correct,
+        measured,
+        benchmarks,
+        reasons,
+        notes,
+        report,
+        content_hash,
+        started_at,
+        finished_at,
+    ) = row
     result = None
     if status == FINISHED:
         stored: Mapping[str, float] = json.loads(benchmarks or "{}")
         result = EvaluationResult(
-            correct=bool(correct), measured_tokens_per_sec=measured,
+            correct=bool(correct),
+            measured_tokens_per_sec=measured,
             benchmarks={int(length): float(tps) for length, tps in stored.items()},
-            reasons=tuple(json.loads(reasons or "[]")), notes=tuple(json.loads(notes or "[]")),
-            report=None if report is None else json.loads(report), content_hash=content_hash)
-    return EvaluationRecord(EvaluationKey(url, commit, int(target)), status, int(attempts), device, last_error,
-                            result, started_at, finished_at)
+            reasons=tuple(json.loads(reasons or "[]")),
+            notes=tuple(json.loads(notes or "[]")),
+            report=None if report is None else json.loads(report),
+            content_hash=content_hash,
+        )
+    return EvaluationRecord(
+        EvaluationKey(url, commit, int(target)),
+        status,
+        int(attempts),
+        device,
+        last_error,
+        result,
+        started_at,
+        finished_at,
+    )

@@ -63,8 +63,11 @@ def kernel_content_hash(checkout: Path) -> str | None:
     files: dict[str, bytes] = {}
     size = 0
     for directory, subdirectories, names in os.walk(root):
-        subdirectories[:] = sorted(name for name in subdirectories
-                                   if name != "__pycache__" and not os.path.islink(os.path.join(directory, name)))
+        subdirectories[:] = sorted(
+            name
+            for name in subdirectories
+            if name != "__pycache__" and not os.path.islink(os.path.join(directory, name))
+        )
         for name in names:
             path = Path(directory, name)
             if path.is_symlink() or not path.is_file() or name.endswith(".pyc"):
@@ -148,8 +151,9 @@ class HeadStart:
         self.references = None
         try:
             lengths = evaluation_lengths(options["seq_lens"], self.target)
-            self.sandbox = SandboxStart(lengths, options["device"], policy_from_json(options["policy"]),
-                                        options["pin_cpus"])
+            self.sandbox = SandboxStart(
+                lengths, options["device"], policy_from_json(options["policy"]), options["pin_cpus"]
+            )
         except (OSError, KeyError, TypeError, ValueError, SandboxError) as error:
             logger.warning("could not start the sandbox before the clone (%s); the evaluation starts its own", error)
         self._thread = threading.Thread(target=self._prepare, args=(options,), name="quasar-head-start", daemon=True)
@@ -186,8 +190,13 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
     head_start = HeadStart(job)
     try:
         try:
-            checkout = clone_at_commit(job["fork_url"], job["commit_hash"], job["cache_dir"],
-                                       allow_local=job["allow_local"], timeout_s=job["clone_timeout_s"])
+            checkout = clone_at_commit(
+                job["fork_url"],
+                job["commit_hash"],
+                job["cache_dir"],
+                allow_local=job["allow_local"],
+                timeout_s=job["clone_timeout_s"],
+            )
         except ForkError as error:
             return {"outcome": "clone_failed", "error": str(error)}
         try:
@@ -201,8 +210,15 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             sandbox, references = head_start.take()
             try:
                 # Progress events double as stop checkpoints: the harness closes its sandbox on the way out.
-                report = evaluate(checkout.path, job["target_sequence_length"], None, options,
-                                  progress=_STOP.checkpoint, sandbox=sandbox, references=references)
+                report = evaluate(
+                    checkout.path,
+                    job["target_sequence_length"],
+                    None,
+                    options,
+                    progress=_STOP.checkpoint,
+                    sandbox=sandbox,
+                    references=references,
+                )
             except EvaluationInputError as error:
                 return {"outcome": "refused", "error": str(error), "content_hash": content_hash}
             return {"outcome": "evaluated", "report": report.to_dict(), "content_hash": content_hash}
