@@ -35,7 +35,7 @@ from quasar.api.chaincache import CachedMetagraphChain
 from quasar.api.db import Database, display_url
 from quasar.api.protocol import protocol_factory
 from quasar.api.service import ApiConfig
-from quasar.api.workers import run_workers
+from quasar.api.workers import ServerOptions, run_workers
 from quasar.chain import ChainError
 from quasar.chain.factory import connect
 from quasar.log import setup_logging
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None, prog: str = "quasar api") -> int:
     # A line per request only with --logging.debug: the API logs every state change itself, and at
     # hundreds of requests a second the access log costs a tenth of the CPU. The request line and
     # headers are limited in size and time (quasar/api/protocol.py).
-    options = dict(
+    options = ServerOptions(
         host=settings.api_host,
         port=settings.api_port,
         proxy_headers=False,
@@ -173,7 +173,9 @@ def main(argv: list[str] | None = None, prog: str = "quasar api") -> int:
         access_log=settings.debug,
         limit_concurrency=MAX_CONCURRENT_REQUESTS,
         timeout_graceful_shutdown=10,
-        http=protocol_factory(settings.api_max_header_bytes, settings.api_header_timeout),
+        # uvicorn calls ``http`` as a protocol factory (server.py's create_protocol), so a partial
+        # works as a class does; its annotation names a class only.
+        http=protocol_factory(settings.api_max_header_bytes, settings.api_header_timeout),  # type: ignore[typeddict-item]
     )
     if settings.api_workers == 1:
         uvicorn.run(app, **options)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -48,7 +48,9 @@ MAX_BODY_BYTES = 64 * 1024
 LANE_THREADS = 40
 MAX_PAGE = 100
 
-ERRORS = {status: {"model": schemas.ErrorBody} for status in (400, 401, 403, 404, 409, 413, 422, 429, 503)}
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": schemas.ErrorBody} for status in (400, 401, 403, 404, 409, 413, 422, 429, 503)
+}
 # On every response. The dashboard's pages load nothing (CSS in the page, charts inline SVG), so
 # nothing needs to be allowed but inline styles; no page may be framed.
 SECURITY_HEADERS = (
@@ -226,6 +228,7 @@ def create_app(
             self_hotkey=config.api_hotkey,
             nonce_store=noted,
         )
+        assert noted.nonce_ns is not None, "verify() notes the nonce of every request it accepts"
         return Authenticated(hotkey, noted.nonce_ns, ip, miner, registered if miner else permitted)
 
     # async: CPU only (the signature), so it runs on the event loop; the handler's thread does the rest.

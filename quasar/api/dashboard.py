@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
@@ -223,7 +223,7 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
     @router.get("/", response_class=HTMLResponse)
     async def index(
         request: Request, round_id: int | None = Query(default=None, alias="round", ge=0, le=2**40)
-    ) -> HTMLResponse:
+    ) -> Response:
         return await reads.page(request, lambda: index_page(round_id), {"round": round_id})
 
     @in_one_read
@@ -235,7 +235,7 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
     @router.get("/dashboard/validators", response_class=HTMLResponse)
     async def validators(
         request: Request, round_id: int | None = Query(default=None, alias="round", ge=0, le=2**40)
-    ) -> HTMLResponse:
+    ) -> Response:
         return await reads.page(request, lambda: validators_page(round_id), {"round": round_id})
 
     @in_one_read
@@ -249,7 +249,7 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
         )
 
     @router.get("/dashboard/miners/{hotkey}", response_class=HTMLResponse)
-    async def miner(request: Request, hotkey: str) -> HTMLResponse:
+    async def miner(request: Request, hotkey: str) -> Response:
         return await reads.page(request, lambda: miner_page(hotkey))
 
     @in_one_read
@@ -273,7 +273,7 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
         )
 
     @router.get("/dashboard/submissions/{submission_id}", response_class=HTMLResponse)
-    async def submission(request: Request, submission_id: str) -> HTMLResponse:
+    async def submission(request: Request, submission_id: str) -> Response:
         return await reads.page(request, lambda: submission_page(submission_id))
 
     @in_one_read

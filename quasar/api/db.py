@@ -34,32 +34,21 @@ from typing import Any, TypeVar
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.script import ScriptDirectory
-from sqlalchemy import (
-    JSON,
-    BigInteger,
-    Boolean,
-    Double,
-    ForeignKey,
-    Index,
-    Integer,
-    String,
-    Table,
-    Text,
-    UniqueConstraint,
-    create_engine,
-    delete,
-    event,
-    literal,
-    select,
-    text,
-)
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import Table, create_engine, delete, event, literal, select, text
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
-from sqlalchemy.sql import Executable, Insert
+from sqlalchemy.orm import Session
+from sqlalchemy.sql import ClauseElement
+from sqlalchemy.sql.compiler import SQLCompiler
 
+from quasar.api.tables import Base as Base
+from quasar.api.tables import EvaluationLease as EvaluationLease
+from quasar.api.tables import EvaluationReport as EvaluationReport
+from quasar.api.tables import IpBan as IpBan
+from quasar.api.tables import Submission as Submission
+from quasar.api.tables import UsedNonce as UsedNonce
+from quasar.api.tables import ValidationFailure as ValidationFailure
 from quasar.errors import QuasarError
 
 logger = logging.getLogger(__name__)
@@ -73,140 +62,8 @@ _RETRYABLE_PGCODES = {"40001", "40P01"}
 # First key of the API's two-key advisory locks (the second is a hash of the locked name).
 _ADVISORY_LOCK_SPACE = 0x51A5
 MAX_WRITE_ATTEMPTS = 30
-
-# Ids: 64-bit on PostgreSQL; on SQLite "INTEGER PRIMARY KEY" (the rowid, itself 64-bit).
-Id = BigInteger().with_variant(Integer(), "sqlite")
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class Submission(Base):
-    """A miner's submission: direct (ready at once) or commit-reveal (``committed`` until revealed).
-
-    ``submitted_at``/``submitted_block`` are the commit's (the tie-break time); ``ready_*`` and
-    ``round_id`` are set when it becomes evaluable (direct submission or reveal). A ready one that no
-    validator reported on becomes ``superseded`` by a newer one of its hotkey (``superseded_by``,
-    quasar/scheduling.py).
-    """
-
-    __tablename__ = "submissions"
-
-    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    hotkey: Mapped[str] = mapped_column(String(64))
-    method: Mapped[str] = mapped_column(String(16))  # "direct" | "commit_reveal"
-    state: Mapped[str] = mapped_column(String(16))  # "committed" | "ready" | "superseded"
-    commitment_hash: Mapped[str | None] = mapped_column(String(64))
-    target_sequence_length: Mapped[int] = mapped_column(BigInteger)
-    submitted_at: Mapped[float] = mapped_column(Double)  # unix seconds
-    submitted_block: Mapped[int] = mapped_column(BigInteger)
-    ready_at: Mapped[float | None] = mapped_column(Double)
-    ready_block: Mapped[int | None] = mapped_column(BigInteger)
-    round_id: Mapped[int | None] = mapped_column(BigInteger)
-    fork_url: Mapped[str | None] = mapped_column(String(512))
-    commit_hash: Mapped[str | None] = mapped_column(String(40))
-    claimed_tokens_per_sec: Mapped[float | None] = mapped_column(Double)
-    vram_mb: Mapped[int | None] = mapped_column(BigInteger)
-    benchmarks: Mapped[dict | None] = mapped_column(JSON)  # {"seq_len": tokens_per_sec}
-    client_ip: Mapped[str] = mapped_column(String(64))
-    superseded_by: Mapped[int | None] = mapped_column(Id)  # a submission id
-
-    __table_args__ = (
-        Index("ix_submissions_hotkey_submitted_at", "hotkey", "submitted_at"),
-        Index("ix_submissions_state_ready_at", "state", "ready_at", "id"),
-        Index("ix_submissions_round_id", "round_id"),
-        # A hotkey's submissions in a state: the duplicate check of every submission (with the
-        # commit) and a miner's evaluated submissions. Without it SQLite's planner takes the state
-        # index for both and reads every ready submission of every miner.
-        Index("ix_submissions_hotkey_state_commit_hash", "hotkey", "state", "commit_hash"),
-        # Another hotkey's submission of the same commit: the originality check of every submission.
-        Index("ix_submissions_commit_hash", "commit_hash"),
-        # The ready submissions of the rounds being evaluated: what the work endpoint schedules.
-        Index("ix_submissions_state_round_id", "state", "round_id"),
-    )
-
-
-class EvaluationLease(Base):
-    """A submission handed to one validator, until ``leased_until`` (then it is handed out again);
-    ``first_round``: the round in which it was first handed to it (NULL before 0005), which the
-    schedule's fairness counts."""
-
-    __tablename__ = "evaluation_leases"
-
-    submission_id: Mapped[int] = mapped_column(Id, ForeignKey("submissions.id"), primary_key=True)
-    validator_hotkey: Mapped[str] = mapped_column(String(64), primary_key=True)
-    leased_until: Mapped[float] = mapped_column(Double)
-    fetch_count: Mapped[int] = mapped_column(Integer)
-    first_round: Mapped[int | None] = mapped_column(BigInteger)
-
-    __table_args__ = (Index("ix_evaluation_leases_validator_round", "validator_hotkey", "first_round"),)
-
-
-class EvaluationReport(Base):
-    """One validator's result for one submission (at most one each)."""
-
-    __tablename__ = "evaluation_reports"
-
-    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    submission_id: Mapped[int] = mapped_column(Id, ForeignKey("submissions.id"))
-    validator_hotkey: Mapped[str] = mapped_column(String(64))
-    reported_at: Mapped[float] = mapped_column(Double)
-    verdict: Mapped[str] = mapped_column(String(16))  # "passed" | "failed"
-    correct: Mapped[bool] = mapped_column(Boolean)
-    logits_ok: Mapped[bool | None] = mapped_column(Boolean)
-    measured_tokens_per_sec: Mapped[float | None] = mapped_column(Double)
-    benchmarks: Mapped[dict | None] = mapped_column(JSON)
-    reasons: Mapped[list] = mapped_column(JSON)
-    # [{"seq_len", "status", "tokens_per_sec", "peak_vram_mb", "correct"}]; NULL in reports from before 0002.
-    lengths: Mapped[list | None] = mapped_column(JSON)
-    # The normalised content hash of the fork's kernel files (quasar/originality.py); NULL before 0004.
-    content_hash: Mapped[str | None] = mapped_column(String(64))
-
-    __table_args__ = (
-        UniqueConstraint("submission_id", "validator_hotkey", name="uq_evaluation_reports_submission_validator"),
-        Index("ix_evaluation_reports_content_hash", "content_hash"),
-    )
-
-
-class ValidationFailure(Base):
-    """A failed validation charged to a client IP (five in 24 h ban the IP). ``dedupe_key`` makes
-    one submission's evaluation failure count once however many validators report it."""
-
-    __tablename__ = "validation_failures"
-
-    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    client_ip: Mapped[str] = mapped_column(String(64))
-    failed_at: Mapped[float] = mapped_column(Double)
-    submission_id: Mapped[int | None] = mapped_column(Id, ForeignKey("submissions.id"))
-    kind: Mapped[str] = mapped_column(String(32))  # "evaluation" | "reveal_mismatch"
-    reason: Mapped[str] = mapped_column(Text)
-    dedupe_key: Mapped[str | None] = mapped_column(String(64), unique=True)
-
-    __table_args__ = (Index("ix_validation_failures_ip_at", "client_ip", "failed_at"),)
-
-
-class IpBan(Base):
-    __tablename__ = "ip_bans"
-
-    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    client_ip: Mapped[str] = mapped_column(String(64))
-    banned_at: Mapped[float] = mapped_column(Double)
-    banned_until: Mapped[float] = mapped_column(Double)
-    reason: Mapped[str] = mapped_column(Text)
-
-    __table_args__ = (Index("ix_ip_bans_ip_until", "client_ip", "banned_until"),)
-
-
-class UsedNonce(Base):
-    """Accepted ``btauth/1`` (hotkey, nonce) pairs: a second insert of one is a replay."""
-
-    __tablename__ = "used_nonces"
-
-    hotkey: Mapped[str] = mapped_column(String(64), primary_key=True)
-    nonce: Mapped[int] = mapped_column(BigInteger, primary_key=True)
-
-    __table_args__ = (Index("ix_used_nonces_nonce", "nonce"),)
+# PostgreSQL connections each API process keeps open (and as many again under load).
+POSTGRESQL_POOL_SIZE = 20
 
 
 class PreparedStatement:
@@ -221,7 +78,7 @@ class PreparedStatement:
     handle the same errors. tests/test_api_db.py runs both ways on random parameters and compares.
     """
 
-    def __init__(self, statement: Executable):
+    def __init__(self, statement: ClauseElement):
         self.statement = statement
         self._prepared: dict[tuple[str, tuple[str, ...]], tuple[str, Callable[[dict[str, Any]], Any]]] = {}
 
@@ -229,17 +86,21 @@ class PreparedStatement:
         compiled = self.statement.compile(
             dialect=dialect, column_keys=list(keys), compile_kwargs={"render_postcompile": True}
         )
+        if not isinstance(compiled, SQLCompiler):
+            raise TypeError(f"PreparedStatement runs SQL statements, not {type(self.statement).__name__}")
         processors = {
             name: processor
             for name in compiled.construct_params(_check=False)
             if (processor := compiled.binds[name].type.dialect_impl(dialect).bind_processor(dialect))
         }
+        # A positional paramstyle (SQLite's qmark) takes the values in the order of the placeholders.
+        positions = compiled.positiontup if compiled.positional else None
 
         def driver_params(params: dict[str, Any]) -> Any:
             values = compiled.construct_params(params)
             for name, processor in processors.items():
                 values[name] = processor(values[name])
-            return [values[name] for name in compiled.positiontup] if compiled.positional else values
+            return values if positions is None else [values[name] for name in positions]
 
         return compiled.string, driver_params
 
@@ -270,9 +131,9 @@ class PreparedStatement:
 _ADVISORY_LOCK = PreparedStatement(text("SELECT pg_advisory_xact_lock(:space, hashtext(:key))"))
 
 
-def dialect_insert(dialect: str, table: Table) -> Insert:
+def dialect_insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
     """An INSERT into ``table`` in ``dialect``'s own form, which has ``on_conflict_do_nothing``."""
-    return (postgresql_insert if dialect == "postgresql" else sqlite_insert)(table)
+    return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
 
 
 class FileLock:
@@ -289,7 +150,8 @@ class FileLock:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX)
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
+        assert self._fd is not None, "FileLock released without being taken"
         fcntl.flock(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
@@ -433,14 +295,16 @@ class Database:
             path = Path(parsed.database).expanduser()
             path.parent.mkdir(parents=True, exist_ok=True)
             self.engine = _sqlite_engine(parsed, synchronous="FULL")
-            self._write_engine = self.engine.execution_options(quasar_write=True)
+            self._write_engine: Engine = self.engine.execution_options(quasar_write=True)
             # SQLite has one writer at a time anyway: writers wait here, in order, rather than
             # polling in SQLite's busy handler (whose growing sleeps starve unlucky requests).
             # One SQLite writer at a time across the server's processes (each commits its group under it).
             self._sqlite_writer: FileLock | None = FileLock(path.with_name(path.name + "-writer.lock"))
             self._group_commit: GroupCommit | None = GroupCommit(self, self._sqlite_writer)
         elif self.dialect == "postgresql":
-            self.engine = create_engine(parsed, pool_size=20, max_overflow=20, pool_pre_ping=True)
+            self.engine = create_engine(
+                parsed, pool_size=POSTGRESQL_POOL_SIZE, max_overflow=POSTGRESQL_POOL_SIZE, pool_pre_ping=True
+            )
             self._write_engine = self.engine
             self._sqlite_writer = None
             self._group_commit = None
@@ -526,7 +390,7 @@ class Database:
             return
         connections = []
         try:
-            for _ in range(self.engine.pool.size()):
+            for _ in range(POSTGRESQL_POOL_SIZE):
                 connections.append(connection := self.engine.connect())
                 for table in Base.metadata.sorted_tables:
                     connection.execute(select(literal(1)).select_from(table).limit(1))

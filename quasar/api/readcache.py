@@ -205,7 +205,7 @@ class BlockCache:
             computing = asyncio.ensure_future(start(stale, target, block))
             self._computing[(target, block)] = computing
             computing.add_done_callback(lambda done: self._finished(target, block, done, stale_ok))
-        if stale:
+        if stale and cached is not None:  # stale implies cached
             return cached.rendered.response()
         # shield: a client that hangs up must not cancel the computation the others wait for.
         return (await asyncio.shield(computing)).response()

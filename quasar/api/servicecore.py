@@ -247,11 +247,11 @@ class ServiceCore:
             )
         )
         session.flush()
-        failures = session.scalar(
+        failures = session.execute(
             select(func.count())
             .select_from(ValidationFailure)
             .where(ValidationFailure.client_ip == client_ip, ValidationFailure.failed_at > now - rules.BAN_WINDOW_S)
-        )
+        ).scalar_one()
         banned = session.scalar(select(exists().where(IpBan.client_ip == client_ip, IpBan.banned_until > now)))
         if failures >= rules.BAN_FAILURES and not banned:
             session.add(

@@ -24,20 +24,36 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final, TypedDict
 
 from sqlalchemy import func, select
+from sqlalchemy.orm import Session
 
 from quasar import consensus, originality, scheduling, scoring
 from quasar.api import rules, schemas
 from quasar.api.db import EvaluationLease, EvaluationReport, Submission
 from quasar.api.judging import Judged, consensus_reports, evaluated_submissions, judge
 from quasar.api.service import SubmissionService
+from quasar.api.tables import SubmissionMethod
 
-COMMITTED, EXPIRED, REVEALED, QUEUED = "committed", "expired", "revealed", "queued"
-SUPERSEDED, DEFERRED, LAPSED = "superseded", "deferred", "lapsed"
-BEING_EVALUATED, COPY = "being_evaluated", "copy"
+COMMITTED: Final = "committed"
+EXPIRED: Final = "expired"
+REVEALED: Final = "revealed"
+QUEUED: Final = "queued"
+SUPERSEDED: Final = "superseded"
+DEFERRED: Final = "deferred"
+LAPSED: Final = "lapsed"
+BEING_EVALUATED: Final = "being_evaluated"
+COPY: Final = "copy"
 READY = "ready"  # the stored state of a revealed submission being scheduled or judged
 PASSED, FAILED = consensus.PASSED, consensus.FAILED
+# The consensus's states as the API names them (the same words).
+_CONSENSUS_STATES: dict[str, schemas.ConsensusState] = {
+    consensus.AWAITING_QUORUM: "awaiting_quorum",
+    consensus.DISPUTED: "disputed",
+    consensus.PASSED: "passed",
+    consensus.FAILED: "failed",
+}
 
 
 @dataclass(frozen=True)
@@ -45,8 +61,13 @@ class Waiting:
     """Where the schedule has put a revealed submission no validator reported on: ``superseded``,
     ``deferred`` or ``lapsed`` (see the module docstring), and why."""
 
-    state: str
+    state: schemas.SubmissionState
     reason: str
+
+
+def consensus_state(view: consensus.Consensus) -> schemas.ConsensusState:
+    """The state of the validators' consensus ``view``, as the API's schemas name it."""
+    return _CONSENSUS_STATES[view.state]
 
 
 def submission_state(
@@ -57,7 +78,7 @@ def submission_state(
     view: consensus.Consensus | None,
     copy_of: originality.CopyOf | None,
     waiting: Waiting | None = None,
-) -> str:
+) -> schemas.SubmissionState:
     """The state of a submission (module docstring).
 
     ``window_state``: the reveal window's state (``waiting``/``open``/``expired``) of an unrevealed
@@ -68,7 +89,7 @@ def submission_state(
     if not revealed:
         return EXPIRED if window_state == "expired" else COMMITTED
     if view is not None:
-        return COPY if copy_of is not None and view.state != FAILED else view.state
+        return COPY if copy_of is not None and view.state != FAILED else consensus_state(view)
     if waiting is not None and waiting.state == SUPERSEDED:
         return SUPERSEDED  # never evaluated, even by a validator that took it before
     if evaluating:
@@ -87,6 +108,7 @@ def state_reason(
 ) -> str | None:
     """The state in words, for the miner (None where the state says it all)."""
     if state == COPY:
+        assert copy_of is not None, "a copy's state comes from what it copies"
         return copy_of.reason
     if view is not None:
         return view.reason
@@ -107,18 +129,19 @@ def waiting_of(submission: Submission, context: StatusContext) -> Waiting | None
             f"superseded by submission {submission.superseded_by}, a newer one of this "
             f"hotkey, before any validator reported on it: it is not evaluated",
         )
-    if submission.round_id < context.first_scheduled_round:
+    revealed = submission.revealed()
+    if revealed.round_id < context.first_scheduled_round:
         return Waiting(
             LAPSED,
             f"lapsed: validators evaluate a submission in its round and the next; round "
-            f"{submission.round_id} and the next are over",
+            f"{revealed.round_id} and the next are over",
         )
     queued = scheduling.Queued(
         submission.id,
         submission.hotkey,
-        submission.ready_at,
+        revealed.ready_at,
         submission.target_sequence_length,
-        submission.claimed_tokens_per_sec,
+        revealed.claimed_tokens_per_sec,
         reported=False,
     )
     if not scheduling.could_place(queued, context.standing):
@@ -128,7 +151,7 @@ def waiting_of(submission: Submission, context: StatusContext) -> Waiting | None
 
 def consensus_view(view: consensus.Consensus) -> schemas.ConsensusView:
     return schemas.ConsensusView(
-        state=view.state,
+        state=consensus_state(view),
         validators_reported=view.reported,
         validators=view.validators,
         reported_stake_share=view.reported_share,
@@ -199,6 +222,24 @@ class StatusContext:
     standing: scheduling.Standing
 
 
+class _CommonStatus(TypedDict):
+    """The fields of a status shown whether or not the submission is revealed."""
+
+    submission_id: int
+    hotkey: str
+    method: SubmissionMethod
+    state: schemas.SubmissionState
+    state_reason: str | None
+    target_sequence_length: int
+    league: str
+    submitted_at: float
+    submitted_block: int
+    commitment_hash: str | None
+    reveal_from_block: int | None
+    reveal_until_block: int | None
+    revealed: bool
+
+
 def build_status(
     submission: Submission,
     reports: Sequence[EvaluationReport],
@@ -228,7 +269,7 @@ def build_status(
         waiting,
     )
     result = None if judged is None else judged.result
-    common = dict(
+    common = _CommonStatus(
         submission_id=submission.id,
         hotkey=submission.hotkey,
         method=submission.method,
@@ -261,6 +302,7 @@ def build_status(
             superseded_by=None,
             reports=[],
         )
+    weighted: float | None
     if result is not None:
         weighted = scoring.weighted_score(result)
     else:
@@ -322,7 +364,7 @@ class StatusReader:
         )
 
     def _statuses(
-        self, session, submissions: Sequence[Submission], context: StatusContext
+        self, session: Session, submissions: Sequence[Submission], context: StatusContext
     ) -> list[schemas.SubmissionStatus]:
         ids = [submission.id for submission in submissions]
         reports: dict[int, list[EvaluationReport]] = defaultdict(list)
@@ -361,7 +403,7 @@ class StatusReader:
         context = self._context()
         where = [] if hotkey is None else [Submission.hotkey == hotkey]
         with self.service.database.read() as session:
-            total = session.scalar(select(func.count()).select_from(Submission).where(*where))
+            total = session.execute(select(func.count()).select_from(Submission).where(*where)).scalar_one()
             rows = session.scalars(
                 select(Submission).where(*where).order_by(Submission.id.desc()).offset(offset).limit(limit)
             ).all()
@@ -387,7 +429,7 @@ class StatusReader:
                     submission_id=item.submission.id,
                     measured_tokens_per_sec=item.consensus.measured_tokens_per_sec or 0.0,
                     weighted_score=0.0 if result is None else scoring.weighted_score(result),
-                    state=PASSED if result is not None else FAILED,
+                    state="passed" if result is not None else "failed",
                 )
             )
         return schemas.MinerHistory(hotkey=hotkey, rounds=best_per_round(points))

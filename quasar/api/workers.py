@@ -12,6 +12,7 @@ outlives a killed server. The workers share nothing but the database and the cha
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import importlib
 import logging
@@ -20,7 +21,7 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any
+from typing import Any, TypedDict
 
 import uvicorn
 
@@ -30,6 +31,20 @@ logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 # A worker that dies this soon after it started is not started again (it would only die again).
 RESTART_AFTER_S = 5.0
+
+
+class ServerOptions(TypedDict):
+    """The uvicorn options the API's server is run with (``uvicorn.run``/``uvicorn.Config``)."""
+
+    host: str
+    port: int
+    proxy_headers: bool
+    server_header: bool
+    log_config: dict[str, Any] | None
+    access_log: bool
+    limit_concurrency: int
+    timeout_graceful_shutdown: int
+    http: type[asyncio.Protocol]
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -48,7 +63,7 @@ def _exit_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _worker(make_app: str, make_app_args: tuple, options: dict[str, Any]) -> None:
+def _worker(make_app: str, make_app_args: tuple, options: ServerOptions) -> None:
     _exit_with_parent()
     module, _, function = make_app.partition(":")
     app = getattr(importlib.import_module(module), function)(*make_app_args)
@@ -56,7 +71,7 @@ def _worker(make_app: str, make_app_args: tuple, options: dict[str, Any]) -> Non
     uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[sock])
 
 
-def run_workers(count: int, make_app: str, make_app_args: tuple, options: dict[str, Any]) -> None:
+def run_workers(count: int, make_app: str, make_app_args: tuple, options: ServerOptions) -> None:
     """Run ``count`` worker processes, each serving ``make_app(*make_app_args)`` (``"module:function"``:
     the workers are spawned, not forked, and import it) with uvicorn ``options`` (host and port
     included), until SIGTERM or SIGINT."""

@@ -131,6 +131,8 @@ class WorkQueue(Standings):
             items = []
             for pick in chosen:
                 row = session.get(Submission, pick.submission_id)
+                assert row is not None, f"submission {pick.submission_id} was read in this transaction"
+                revealed = row.revealed()  # a ready submission is revealed
                 lease = session.get(EvaluationLease, (row.id, validator))
                 if lease is None:
                     session.add(
@@ -149,14 +151,14 @@ class WorkQueue(Standings):
                     schemas.WorkItem(
                         submission_id=row.id,
                         hotkey=row.hotkey,
-                        fork_url=row.fork_url,
-                        commit_hash=row.commit_hash,
+                        fork_url=revealed.fork_url,
+                        commit_hash=revealed.commit_hash,
                         target_sequence_length=row.target_sequence_length,
-                        claimed_tokens_per_sec=row.claimed_tokens_per_sec,
+                        claimed_tokens_per_sec=revealed.claimed_tokens_per_sec,
                         vram_mb=row.vram_mb,
                         benchmarks=benchmarks_from_json(row.benchmarks),
                         submitted_at=row.submitted_at,
-                        round_id=row.round_id,
+                        round_id=revealed.round_id,
                         lease_expires_at=now + lease_s,
                     )
                 )
@@ -203,13 +205,13 @@ class WorkQueue(Standings):
                 )
             ):
                 raise ApiError(409, f"this validator already reported on submission {submission.id}")
-            floor = scoring.CLAIM_FACTOR * submission.claimed_tokens_per_sec
-            if request.verdict == "passed" and request.measured_tokens_per_sec < floor:
+            claimed = submission.revealed().claimed_tokens_per_sec
+            measured = request.measured_tokens_per_sec  # not None when passed: checked above
+            if request.verdict == "passed" and measured is not None and measured < scoring.CLAIM_FACTOR * claimed:
                 raise ApiError(
                     422,
                     f"verdict 'passed' contradicts measured_tokens_per_sec "
-                    f"{request.measured_tokens_per_sec:g} < {scoring.CLAIM_FACTOR} x the claim "
-                    f"{submission.claimed_tokens_per_sec:g}",
+                    f"{measured:g} < {scoring.CLAIM_FACTOR} x the claim {claimed:g}",
                 )
             report = EvaluationReport(
                 submission_id=submission.id,
