@@ -26,9 +26,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Final, Literal
 
-AWAITING_QUORUM, DISPUTED, PASSED, FAILED = "awaiting_quorum", "disputed", "passed", "failed"
-STATES = (AWAITING_QUORUM, DISPUTED, PASSED, FAILED)
+State = Literal["awaiting_quorum", "disputed", "passed", "failed"]
+AWAITING_QUORUM: Final = "awaiting_quorum"
+DISPUTED: Final = "disputed"
+PASSED: Final = "passed"
+FAILED: Final = "failed"
+STATES: tuple[State, ...] = (AWAITING_QUORUM, DISPUTED, PASSED, FAILED)
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,7 @@ class Consensus:
     ``reason``: the state in words, for the miner.
     """
 
-    state: str
+    state: State
     reported: int
     validators: int
     reported_share: float
@@ -150,15 +155,24 @@ def decide(reports: Sequence[Report], electorate: Electorate, quorum: Quorum) ->
     content_hash = _majority_value(
         ((r.content_hash, weight(r.validator_hotkey)) for r in counted if r.content_hash is not None), total
     )
-    common = dict(
-        reported=len(counted),
-        validators=len(electorate),
-        reported_share=share(reported),
-        passed_share=share(passed),
-        failed_share=share(failed),
-        content_hash=content_hash,
-        uncounted=uncounted,
-    )
+
+    def consensus(
+        state: State, measured_tokens_per_sec: float | None, logits_ok: bool | None, reason: str
+    ) -> Consensus:
+        return Consensus(
+            state,
+            reported=len(counted),
+            validators=len(electorate),
+            reported_share=share(reported),
+            passed_share=share(passed),
+            failed_share=share(failed),
+            measured_tokens_per_sec=measured_tokens_per_sec,
+            logits_ok=logits_ok,
+            content_hash=content_hash,
+            uncounted=uncounted,
+            reason=reason,
+        )
+
     quorum_words = (
         f"a quorum is {needed_count} validator{'s' if needed_count != 1 else ''} holding "
         f"{_percent(quorum.stake_share)} of the stake"
@@ -168,7 +182,7 @@ def decide(reports: Sequence[Report], electorate: Electorate, quorum: Quorum) ->
             f"awaiting a quorum: {len(counted)} of {len(electorate)} validators reported, holding "
             f"{_percent(share(reported))} of the stake; {quorum_words}"
         )
-        return Consensus(AWAITING_QUORUM, measured_tokens_per_sec=None, logits_ok=None, reason=reason, **common)
+        return consensus(AWAITING_QUORUM, None, None, reason)
     if passed > total / 2:
         figure = majority_figure(
             ((r.measured_tokens_per_sec or 0.0, weight(r.validator_hotkey)) for r in counted if r.passed), total
@@ -178,9 +192,7 @@ def decide(reports: Sequence[Report], electorate: Electorate, quorum: Quorum) ->
             f"passed by validators holding {_percent(share(passed))} of the stake "
             f"({sum(r.passed for r in counted)} of {len(electorate)})"
         )
-        return Consensus(
-            PASSED, measured_tokens_per_sec=figure, logits_ok=True if checked else None, reason=reason, **common
-        )
+        return consensus(PASSED, figure, True if checked else None, reason)
     if failed > total / 2:
         reason = (
             f"failed by validators holding {_percent(share(failed))} of the stake "
@@ -192,12 +204,12 @@ def decide(reports: Sequence[Report], electorate: Electorate, quorum: Quorum) ->
             if r.measured_tokens_per_sec is not None
         ]
         figure = majority_figure(measured, sum(held for _, held in measured))
-        return Consensus(FAILED, measured_tokens_per_sec=figure, logits_ok=None, reason=reason, **common)
+        return consensus(FAILED, figure, None, reason)
     reason = (
         f"disputed: passed by {_percent(share(passed))} of the stake, failed by {_percent(share(failed))}; "
         f"one side needs more than half of the stake"
     )
-    return Consensus(DISPUTED, measured_tokens_per_sec=None, logits_ok=None, reason=reason, **common)
+    return consensus(DISPUTED, None, None, reason)
 
 
 @dataclass(frozen=True)
