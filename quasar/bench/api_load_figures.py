@@ -58,16 +58,16 @@ def timeline(
     """Latency percentiles (ms) of the requests scheduled in each second of the warm-up (negative
     seconds) and of the window: where slow requests were (a start-up, a block change), which the
     whole run's p99 hides."""
-    rows = []
-    for second in range(-math.ceil(warmup), math.ceil(seconds)):
-        cells = []
-        for stream in (submitted, read):
-            inside = sorted(
-                latency for latency, at in zip(stream.latencies, stream.scheduled) if math.floor(at) == second
-            )
-            cells += [1000 * statistics.median(inside), 1000 * percentile(inside, 0.99)] if inside else [math.nan] * 2
-        rows.append((second, *cells))
-    return tuple(rows)
+    return tuple(
+        (second, *_second_percentiles(submitted, second), *_second_percentiles(read, second))
+        for second in range(-math.ceil(warmup), math.ceil(seconds))
+    )
+
+
+def _second_percentiles(stream: Stream, second: int) -> tuple[float, float]:
+    """The p50 and p99 (ms) of ``stream``'s requests scheduled in ``second``; NaN when there are none."""
+    inside = sorted(latency for latency, at in zip(stream.latencies, stream.scheduled) if math.floor(at) == second)
+    return (1000 * statistics.median(inside), 1000 * percentile(inside, 0.99)) if inside else (math.nan, math.nan)
 
 
 def timeline_table(run: Figures) -> Table:
