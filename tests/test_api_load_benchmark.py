@@ -13,15 +13,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from quasar.bench.api_load import (
-    Figures,
-    Stream,
-    figures_table,
-    machine_speed_ms,
-    read_targets,
-    start_for_block_change,
-    timeline,
-)
+from quasar.bench.api_load import machine_speed_ms, start_for_block_change
+from quasar.bench.api_load_figures import Figures, figures_table, timeline
+from quasar.bench.api_load_traffic import Stream, read_targets
 from quasar.chain.devchain import DevChain
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,9 +9,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
-from quasar.bench.subnet_figures import evaluations_of_newest, fourth_place_at, percentile
+from quasar.bench.subnet_figures import RevealedSubmission, evaluations_of_newest, fourth_place_at, percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,8 +69,8 @@ def test_a_small_subnet_runs_and_reports_every_round(tmp_path):
     assert "round" in run.stdout and "top 4" in run.stdout
 
 
-def row(submission_id: int, hotkey: str, ready_at: float) -> SimpleNamespace:
-    return SimpleNamespace(id=submission_id, hotkey=hotkey, ready_at=ready_at)
+def row(submission_id: int, hotkey: str, ready_at: float) -> RevealedSubmission:
+    return RevealedSubmission(submission_id, hotkey, "ready", ready_at, 1_000_000, 0, ready_at, 50_000.0)
 
 
 def test_a_validator_evaluating_a_newer_submission_evaluated_the_older_one_too():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from quasar.api import admission, rules, schemas
@@ -225,6 +225,9 @@ class Intake(ServiceCore):
         pending = []
         for row in rows:
             window = self._window(row.submitted_block)
+            state = window.state(block)
+            # The query keeps commitments (they carry their hash) whose window has not closed.
+            assert row.commitment_hash is not None and state != "expired", f"commitment {row.id} is not pending"
             pending.append(
                 schemas.PendingReveal(
                     submission_id=row.id,
@@ -234,7 +237,7 @@ class Intake(ServiceCore):
                     commit_block=row.submitted_block,
                     reveal_from_block=window.opens,
                     reveal_until_block=window.closes,
-                    state=window.state(block),
+                    state=state,
                 )
             )
         return schemas.PendingReveals(current_block=block, pending=pending)
@@ -246,8 +249,8 @@ class Intake(ServiceCore):
         committed = Submission.state == "committed"
         with self.database.read() as session:
 
-            def count(*where) -> int:
-                return session.scalar(select(func.count()).select_from(Submission).where(*where))
+            def count(*where: ColumnElement[bool]) -> int:
+                return session.execute(select(func.count()).select_from(Submission).where(*where)).scalar_one()
 
             stats = schemas.SubmissionStats(
                 current_block=block,
@@ -256,8 +259,8 @@ class Intake(ServiceCore):
                 ready=count(Submission.state == "ready"),
                 awaiting_reveal=count(committed, Submission.submitted_block >= oldest_open),
                 expired_commitments=count(committed, Submission.submitted_block < oldest_open),
-                hotkeys=session.scalar(select(func.count(func.distinct(Submission.hotkey)))),
-                reports=session.scalar(select(func.count()).select_from(EvaluationReport)),
+                hotkeys=session.execute(select(func.count(func.distinct(Submission.hotkey)))).scalar_one(),
+                reports=session.execute(select(func.count()).select_from(EvaluationReport)).scalar_one(),
                 submissions_this_round=count(Submission.round_id == round_id),
             )
             if hotkey is not None:

@@ -47,10 +47,10 @@ def evaluated_submissions(session: Session, condition: ColumnElement[bool]) -> l
         .where(condition, Submission.state == "ready")
     ).all()
     evaluated: dict[int, tuple[Any, list[consensus.Report]]] = {}
-    width = len(_RANKED_COLUMNS)
     for row in rows:
-        validator, verdict, logits_ok, measured, content_hash = row[width:]
-        report = consensus.Report(validator, verdict == "passed", logits_ok, measured, content_hash)
+        report = consensus.Report(
+            row.validator_hotkey, row.verdict == "passed", row.logits_ok, row.measured_tokens_per_sec, row.content_hash
+        )
         evaluated.setdefault(row.id, (row, []))[1].append(report)
     return list(evaluated.values())
 
@@ -98,6 +98,35 @@ class Judged:
     def result(self) -> scoring.Result | None:
         """Its result as ranked: passed by the consensus and not a copy; else None."""
         return None if self.copy_of is not None else ranked_result(self.submission, self.consensus)
+
+
+def reported_work(report: EvaluationReport, submission: Submission) -> schemas.ReportedWork:
+    """A stored report with the submission it is on. Validators report only on revealed submissions
+    (quasar/api/intake.py), so its fork, commit, claim and round are set."""
+    fork_url, commit_hash = submission.fork_url, submission.commit_hash
+    claimed, round_id = submission.claimed_tokens_per_sec, submission.round_id
+    assert fork_url is not None and commit_hash is not None and claimed is not None and round_id is not None, (
+        f"submission {submission.id} has a report but was never revealed"
+    )
+    return schemas.ReportedWork(
+        report_id=report.id,
+        submission_id=submission.id,
+        hotkey=submission.hotkey,
+        fork_url=fork_url,
+        commit_hash=commit_hash,
+        target_sequence_length=submission.target_sequence_length,
+        claimed_tokens_per_sec=claimed,
+        submitted_at=submission.submitted_at,
+        round_id=round_id,
+        verdict=report.verdict,
+        correct=report.correct,
+        logits_ok=report.logits_ok,
+        measured_tokens_per_sec=report.measured_tokens_per_sec,
+        benchmarks=benchmarks_from_json(report.benchmarks),
+        reasons=list(report.reasons),
+        content_hash=report.content_hash,
+        reported_at=report.reported_at,
+    )
 
 
 def copies_among(
@@ -217,12 +246,14 @@ class Standings(ServiceCore):
         return ranked
 
     def _ranked(self, round_id: int, judged: list[Judged], electorate: consensus.Electorate) -> schemas.Leaderboard:
-        results = {item.submission.id: item for item in judged if item.result is not None}
-        ranking = scoring.rank([item.result for item in results.values()], epsilon=self.config.tie_epsilon)
+        views = {item.submission.id: item.consensus for item in judged}
+        ranking = scoring.rank(
+            [item.result for item in judged if item.result is not None], epsilon=self.config.tie_epsilon
+        )
         entries = []
         for placement in ranking.placements:
             result, league = placement.result, scoring.league_for(placement.result.target_sequence_length)
-            view = results[result.submission_id].consensus
+            view = views[result.submission_id]
             entries.append(
                 schemas.LeaderboardEntry(
                     place=placement.place,
@@ -243,9 +274,10 @@ class Standings(ServiceCore):
         not_ranked = []
         for item in sorted(judged, key=lambda item: -item.submission.id):
             view, copy = item.consensus, item.copy_of
+            state: schemas.NotRankedState
             if copy is not None and view.state != consensus.FAILED:
                 state, reason = "copy", copy.reason
-            elif not view.settled:
+            elif view.state == consensus.AWAITING_QUORUM or view.state == consensus.DISPUTED:  # not settled
                 state, reason = view.state, view.reason
             else:
                 continue
@@ -292,28 +324,7 @@ class Standings(ServiceCore):
             ).all()
         return schemas.ValidatorReports(
             validator_hotkey=validator,
-            reports=[
-                schemas.ReportedWork(
-                    report_id=report.id,
-                    submission_id=submission.id,
-                    hotkey=submission.hotkey,
-                    fork_url=submission.fork_url,
-                    commit_hash=submission.commit_hash,
-                    target_sequence_length=submission.target_sequence_length,
-                    claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
-                    submitted_at=submission.submitted_at,
-                    round_id=submission.round_id,
-                    verdict=report.verdict,
-                    correct=report.correct,
-                    logits_ok=report.logits_ok,
-                    measured_tokens_per_sec=report.measured_tokens_per_sec,
-                    benchmarks=benchmarks_from_json(report.benchmarks),
-                    reasons=list(report.reasons),
-                    content_hash=report.content_hash,
-                    reported_at=report.reported_at,
-                )
-                for report, submission in rows
-            ],
+            reports=[reported_work(report, submission) for report, submission in rows],
         )
 
     def validator_agreement(self, round_id: int | None) -> schemas.ValidatorAgreements:

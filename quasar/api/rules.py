@@ -11,6 +11,7 @@ import ipaddress
 import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 SALT_MIN_HEX = 32  # 16 bytes, docs/rules.md section 3
 SALT_MAX_HEX = 128
@@ -35,6 +36,9 @@ def commitment_hash(salt: str, fork_url: str, commit_hash: str) -> str:
     return hashlib.sha256((salt + fork_url + commit_hash).encode("utf-8")).hexdigest()
 
 
+RevealState = Literal["waiting", "open", "expired"]
+
+
 @dataclass(frozen=True)
 class RevealWindow:
     """Blocks in which a commitment made at ``commit_block`` may be revealed: ``opens``..``closes``."""
@@ -43,7 +47,7 @@ class RevealWindow:
     opens: int
     closes: int
 
-    def state(self, block: int) -> str:
+    def state(self, block: int) -> RevealState:
         """``waiting`` before the window, ``open`` inside it, ``expired`` after it."""
         if block < self.opens:
             return "waiting"

@@ -137,7 +137,9 @@ def serve_api(
         log_config=None,
         access_log=False,
         proxy_headers=False,
-        http=protocol_factory(settings.api_max_header_bytes, settings.api_header_timeout),
+        # uvicorn types ``http`` as a protocol class or a name, but only calls it to make each
+        # connection's protocol (uvicorn/server.py), so a factory with the API's limits serves.
+        http=protocol_factory(settings.api_max_header_bytes, settings.api_header_timeout),  # type: ignore[arg-type]
     )
 
 

@@ -209,12 +209,13 @@ class Miners:
         if not board.entries:
             return
         leader = client.submission_status(board.entries[0].submission_id)
+        # A ranked submission is revealed: its fork, commit and claim are public.
+        fork_url, commit_hash, claimed = leader.fork_url, leader.commit_hash, leader.claimed_tokens_per_sec
+        assert fork_url is not None and commit_hash is not None and claimed is not None, "the leader is not revealed"
         with self.world.lock:
-            original = self.world.kernels[(leader.fork_url, leader.commit_hash)]
+            original = self.world.kernels[(fork_url, commit_hash)]
         try:
-            client.submit_kernel(
-                f"https://github.com/{miner.name}/fla", leader.commit_hash, TARGET, leader.claimed_tokens_per_sec * 1.03
-            )
+            client.submit_kernel(f"https://github.com/{miner.name}/fla", commit_hash, TARGET, claimed * 1.03)
         except ApiClientError as error:
             if error.status != 409:
                 raise
@@ -224,9 +225,7 @@ class Miners:
         kernel = Kernel(miner.key.ss58_address, COPY, original.true_speed, original.content)
         with self.world.lock:
             self.world.kernels[(fork, commit)] = kernel
-        kernel.submission_id = client.submit_kernel(
-            fork, commit, TARGET, leader.claimed_tokens_per_sec * 1.03
-        ).submission_id
+        kernel.submission_id = client.submit_kernel(fork, commit, TARGET, claimed * 1.03).submission_id
 
     def close(self) -> None:
         self.stopping.set()

@@ -16,6 +16,37 @@ from quasar.api.db import Database, EvaluationReport, Submission
 from quasar.bench.subnet_actors import COPY, HONEST, World
 
 
+@dataclass(frozen=True)
+class RevealedSubmission:
+    """A submission of the API's database once revealed: its round, ready time and claim are set
+    then (``state`` stays the stored one: ready or superseded)."""
+
+    id: int
+    hotkey: str
+    state: str
+    submitted_at: float
+    target_sequence_length: int
+    round_id: int
+    ready_at: float
+    claimed_tokens_per_sec: float
+
+    @classmethod
+    def of(cls, row: Submission) -> RevealedSubmission:
+        """``row`` as revealed; ValueError when it is not."""
+        if row.round_id is None or row.ready_at is None or row.claimed_tokens_per_sec is None:
+            raise ValueError(f"submission {row.id} ({row.state}) is not revealed")
+        return cls(
+            row.id,
+            row.hotkey,
+            row.state,
+            row.submitted_at,
+            row.target_sequence_length,
+            row.round_id,
+            row.ready_at,
+            row.claimed_tokens_per_sec,
+        )
+
+
 @dataclass
 class RoundFigures:
     round_id: int
@@ -88,11 +119,11 @@ def sample_queue(database: Database, validators: list[str], first_round: int) ->
 
 
 def evaluations_of_newest(
-    submissions: dict[int, Submission], by_submission: dict[int, dict[str, float]], validators: list[str]
+    submissions: dict[int, RevealedSubmission], by_submission: dict[int, dict[str, float]], validators: list[str]
 ) -> dict[int, dict[str, float]]:
     """Per submission and validator: when the validator first reported on it or on a newer
     submission of the same hotkey (by ready time); a validator missing had done neither."""
-    by_hotkey: dict[str, list[Submission]] = defaultdict(list)
+    by_hotkey: dict[str, list[RevealedSubmission]] = defaultdict(list)
     for row in submissions.values():
         by_hotkey[row.hotkey].append(row)
     evaluated_by: dict[int, dict[str, float]] = {}
@@ -131,7 +162,7 @@ def figures_per_round(
     first evaluated; the simulation's rounds are numbered from 0, the chain's from ``first_round``."""
     with database.read() as session:
         rows = session.scalars(select(Submission).where(Submission.round_id.is_not(None)))
-        submissions = {row.id: row for row in rows}
+        submissions = {row.id: RevealedSubmission.of(row) for row in rows}
         reports = session.execute(
             select(EvaluationReport.submission_id, EvaluationReport.validator_hotkey, EvaluationReport.reported_at)
         ).all()
@@ -142,7 +173,7 @@ def figures_per_round(
     evaluated_at = defaultdict(list)  # round -> (kernel, its upper bound, when its evaluation started)
     for fork, commit, when in world.evaluations:
         kernel = world.kernels[(fork, commit)]
-        row = submissions.get(kernel.submission_id)
+        row = None if kernel.submission_id is None else submissions.get(kernel.submission_id)
         if row is not None:
             bound = scheduling.upper_bound(row.claimed_tokens_per_sec, row.target_sequence_length)
             evaluated_at[row.round_id - first_round].append((kernel, bound, when))

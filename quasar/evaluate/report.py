@@ -278,7 +278,7 @@ def _lengths_table(report: EvaluationReport, wide: bool) -> Any:
     title = escape(f"{report.repo} on {report.device_name or report.device}")
     if wide:
         table = Table(title=title, title_justify="left")
-        columns = (
+        columns: tuple[str, ...] = (
             "T",
             "status",
             "tok/s (median)",
@@ -303,7 +303,7 @@ def _lengths_table(report: EvaluationReport, wide: bool) -> Any:
         status = item.status if item.status == OK else f"[red]{escape(item.status)}[/]"
         if wide:
             worst_eighth = max(item.rel_error_eighths) if item.rel_error_eighths else None
-            cells = (
+            cells: tuple[str, ...] = (
                 _number(item.tokens_per_sec),
                 _number(item.tokens_per_sec_min),
                 _number(item.tokens_per_sec_max),

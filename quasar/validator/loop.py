@@ -16,7 +16,7 @@ One :meth:`Validator.step` does each phase once, in this order:
 7. with ``VALIDATOR_ROLE=primary``, add the results that the hotkey's other processes (workers,
    on this host or others) reported, as the API holds them (``GET /validators/{hotkey}/reports``);
 8. every EPOCH_BLOCKS chain blocks, rank this validator's own results (quasar/scoring.py) and set
-   weights (see :meth:`Validator._maybe_set_weights`): places 1-4 by uid, the unassigned share to
+   weights (quasar/validator/weight_setting.py): places 1-4 by uid, the unassigned share to
    the subnet owner's uid, or, when the owner's hotkey holds no uid, the placed shares alone. A
    worker (``VALIDATOR_ROLE=worker``) never sets weights: its hotkey's primary does.
 
@@ -35,26 +35,15 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import quasar
-from quasar import scoring
 from quasar.api.client import ApiClient, ApiClientError
 from quasar.api.schemas import ReportedWork, WorkItem
-from quasar.chain import btcli
-from quasar.chain.base import Chain, ChainError, Metagraph, RateLimited, UidsChanged, WeightsSubmission
+from quasar.chain.base import Chain, Metagraph
 from quasar.config import Settings
 from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
-from quasar.terminal import log_table
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
 from quasar.validator.logit_check import LogitChecker
-from quasar.validator.results import (
-    WeightPlan,
-    api_report,
-    plan_weights,
-    scoring_result,
-    weights_refusal,
-    weights_table,
-)
+from quasar.validator.results import api_report, scoring_result
 from quasar.validator.state import (
     ABANDONED,
     FAILED,
@@ -68,6 +57,7 @@ from quasar.validator.state import (
     SubmissionRecord,
     ValidatorState,
 )
+from quasar.validator.weight_setting import LAST_WEIGHTS_BLOCK, WeightSetter
 
 logger = logging.getLogger(__name__)
 
@@ -76,16 +66,10 @@ STOP_GRACE_S = 20.0
 POLL_S = 0.5
 # However quiet the subnet, a running validator says where it stands this often (one line).
 HEARTBEAT_S = 600.0
-LAST_WEIGHTS_BLOCK = "last_weights_block"
 # The API's id of the last report of this hotkey that a primary has looked at.
 IMPORTED_AFTER = "imported_reports_after"
 PRIMARY, WORKER = "primary", "worker"
 IMPORT_BATCH = 100
-# After a failed weight setting (the chain refused or could not be reached), blocks before the next
-# try; a rate limit waits the blocks the chain says instead.
-WEIGHTS_RETRY_BLOCKS = 10
-# Plans made in one weights phase when uids change hands between planning and submitting.
-PLAN_ATTEMPTS = 2
 # API answers after which a report is never sent again: unknown submission, already reported or
 # conflicting, invalid. Anything else (unreachable, 5xx, 401/403, 429) is retried next step.
 FINAL_REPORT_STATUSES = (404, 409, 422)
@@ -164,7 +148,7 @@ class Validator:
         self.metagraph: Metagraph | None = None
         self.running: dict[str, RunningEvaluation] = {}  # device name -> its evaluation
         self._stop = threading.Event()
-        self._weights_retry_at: int | None = None
+        self.weights = WeightSetter(settings, chain, wallet, state)
 
     # --- control ---
 
@@ -504,109 +488,12 @@ class Validator:
                 logger.info("evaluation of %s: attempt %d", key, attempt)
 
     def _maybe_set_weights(self, summary: StepSummary) -> None:
-        """Once an epoch (EPOCH_BLOCKS), set weights from this validator's own results, as the chain
-        will take them: the metagraph is read again right before planning, and the chain checks at
-        the block of submission that every uid is still held by the hotkey it was planned for (a uid
-        that changed hands meanwhile is planned again, so a new hotkey never gets an old one's
-        share). Nothing is submitted without a validator permit (the subnet owner needs none), nor a
-        split the subnet's max_weight_limit or min_allowed_weights would change: one line an epoch
-        says why. A rate-limited submission waits the blocks the chain says."""
-        if self.metagraph is None:
-            return
-        block = self.metagraph.block
-        stored = self.state.get_meta(LAST_WEIGHTS_BLOCK)
-        last = int(stored) if stored is not None else None
-        if last is not None and last <= block < last + self.settings.epoch_blocks:
-            return
-        if self._weights_retry_at is not None and block < self._weights_retry_at:
+        """Once an epoch, rank this validator's own results and set weights (quasar/validator/weight_setting.py)."""
+        if self.metagraph is None or not self.weights.due(self.metagraph.block):
             return
         results = []
         for record in self.state.scored():
             with self._item(f"scoring submission {record.submission.submission_id}"):
                 results.append(scoring_result(record))
-        for attempt in range(1, PLAN_ATTEMPTS + 1):
-            try:
-                planned = self._plan_and_submit(results)
-            except UidsChanged as changed:
-                if attempt == PLAN_ATTEMPTS:
-                    self._retry_weights(block, WEIGHTS_RETRY_BLOCKS, f"cannot set weights at block {block}: {changed}")
-                    return
-                logger.info("%s; planning the weights again", changed)
-                continue
-            except RateLimited as limited:
-                wait = limited.blocks_to_wait or min(WEIGHTS_RETRY_BLOCKS, self.settings.epoch_blocks)
-                self._retry_weights(block, wait, f"the chain's weights rate limit holds at block {block}: {limited}")
-                return
-            except ChainError as error:
-                self._retry_weights(
-                    block,
-                    min(WEIGHTS_RETRY_BLOCKS, self.settings.epoch_blocks),
-                    f"cannot set weights at block {block}: {error}",
-                )
-                return
-            break
-        if planned is None:
-            return
-        plan, submission = planned
-        self._weights_retry_at = None
-        self.state.set_meta(LAST_WEIGHTS_BLOCK, str(submission.block))
-        summary.weights_set = True
-        if plan.unregistered:
-            logger.info("left out of the ranking (no longer registered): %s", ", ".join(plan.unregistered))
-        what = "committed (the chain applies them when it reveals them)" if submission.committed else "set"
-        log_table(
-            logger,
-            f"weights {what} at block {submission.block} ({submission.detail}; next after block "
-            f"{submission.block + self.settings.epoch_blocks}):",
-            weights_table(plan),
-        )
-
-    def _plan_and_submit(self, results: list[scoring.Result]) -> tuple[WeightPlan, WeightsSubmission] | None:
-        """Plan the weights on the metagraph as it is now and submit them with the hotkeys they were
-        planned for; None (said in one line, looked at again next epoch) when nothing may go out."""
-        metagraph = self.chain.metagraph()
-        block = metagraph.block
-        me = metagraph.by_hotkey(self.hotkey)
-        owner_uid = self.chain.owner_uid()
-        if me is None:
-            how = btcli.registration_hint(self.settings, self.settings.wallet_name_for("validator"), self.hotkey)
-            self._skip_epoch(
-                block,
-                f"hotkey {self.hotkey} is not registered on subnet {self.chain.netuid}: no weights until it is ({how})",
-            )
-            return None
-        if not me.validator_permit and me.uid != owner_uid:
-            self._skip_epoch(
-                block,
-                f"uid {me.uid} has no validator permit on subnet {self.chain.netuid} (stake "
-                f"{me.stake:,.2f}): no weights submitted this epoch; the chain gives permits to "
-                "the subnet's top validators by stake",
-            )
-            return None
-        plan = plan_weights(results, metagraph, owner_uid, self.settings.tie_epsilon)
-        if plan.dropped:
-            logger.warning(
-                "the subnet owner's hotkey holds no uid on subnet %d: the unassigned share %.2f is not "
-                "set; the placed shares are set alone, scaled to sum 1",
-                self.chain.netuid,
-                plan.dropped,
-            )
-        if not plan.weights:
-            self._skip_epoch(
-                block, "no miner holds a place and the owner's hotkey holds no uid: no weights to set this epoch"
-            )
-            return None
-        refusal = weights_refusal(plan, self.chain.hyperparameters(), len(metagraph.neurons), me.uid)
-        if refusal:
-            self._skip_epoch(block, f"weights not submitted this epoch: {refusal}")
-            return None
-        return plan, self.chain.set_weights(self.wallet, plan.weights, quasar.version_key(), plan.hotkeys)
-
-    def _skip_epoch(self, block: int, why: str) -> None:
-        """No weights this epoch: say why once, and look again next epoch."""
-        self._weights_retry_at = block + self.settings.epoch_blocks
-        logger.warning("%s (next look at block %d)", why, self._weights_retry_at)
-
-    def _retry_weights(self, block: int, blocks: int, why: str) -> None:
-        self._weights_retry_at = block + blocks
-        logger.warning("%s; retrying at block %d", why, self._weights_retry_at)
+        if self.weights.set_weights(self.metagraph.block, results):
+            summary.weights_set = True

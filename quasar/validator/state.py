@@ -177,6 +177,16 @@ class SubmissionRecord:
         return {PASSED: True, FAILED: False}.get(self.logits)
 
 
+def _fingerprint(record: SubmissionRecord) -> originality.Fingerprint:
+    """A submission with a finished evaluation as originality compares it."""
+    result = record.evaluation.result
+    assert result is not None, f"submission {record.submission.submission_id} is finished without a result"
+    submission = record.submission
+    return originality.Fingerprint(
+        submission.submission_id, submission.hotkey, submission.commit_hash, result.content_hash
+    )
+
+
 def default_state_path(data_dir: str | os.PathLike, network: str, netuid: int, hotkey: str) -> Path:
     """The state file of ``hotkey`` validating subnet ``netuid`` on ``network``, under ``data_dir``."""
     return Path(os.path.expanduser(data_dir)) / f"state-{network}-{netuid}-{hotkey}.sqlite3"
@@ -504,15 +514,7 @@ class ValidatorState:
         another hotkey's earlier submission (quasar/originality.py): what ranking uses."""
         records = self.submissions("e.status = ? AND s.logits != ?", (FINISHED, UNCHECKED))
         known = self.submissions("e.status = ?", (FINISHED,))
-        copies = originality.find_copies(
-            originality.Fingerprint(
-                record.submission.submission_id,
-                record.submission.hotkey,
-                record.submission.commit_hash,
-                record.evaluation.result.content_hash,
-            )
-            for record in known
-        )
+        copies = originality.find_copies(_fingerprint(record) for record in known)
         return [record for record in records if record.submission.submission_id not in copies]
 
     def open_submissions(self) -> int:

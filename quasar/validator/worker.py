@@ -89,7 +89,9 @@ def policy_from_json(data: dict[str, Any]):
     """The ``SandboxPolicy`` of :func:`options_to_json`'s ``policy`` (no torch imported)."""
     from quasar.evaluate.sandbox import SandboxPolicy
 
-    tuples = {key: tuple(data[key]) for key in ("extra_readonly_paths", "sys_paths") if key in data}
+    tuples: dict[str, tuple[str, ...]] = {
+        key: tuple(data[key]) for key in ("extra_readonly_paths", "sys_paths") if key in data
+    }
     return SandboxPolicy(**{**data, **tuples})
 
 

@@ -26,8 +26,8 @@ ADDRESS_TABLES = ("submissions", "validation_failures", "ip_bans")
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("evaluation_reports") as table:
-        table.add_column(sa.Column("content_hash", sa.String(64), nullable=True))
+    with op.batch_alter_table("evaluation_reports") as batch:
+        batch.add_column(sa.Column("content_hash", sa.String(64), nullable=True))
     op.create_index("ix_evaluation_reports_content_hash", "evaluation_reports", ["content_hash"])
     op.create_index("ix_submissions_commit_hash", "submissions", ["commit_hash"])
     connection = op.get_bind()
@@ -42,5 +42,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index("ix_submissions_commit_hash", table_name="submissions")
     op.drop_index("ix_evaluation_reports_content_hash", table_name="evaluation_reports")
-    with op.batch_alter_table("evaluation_reports") as table:
-        table.drop_column("content_hash")
+    with op.batch_alter_table("evaluation_reports") as batch:
+        batch.drop_column("content_hash")

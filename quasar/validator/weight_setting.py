@@ -1,0 +1,146 @@
+"""The validator's weights phase: once an epoch, its own results as weights on chain.
+
+:class:`WeightSetter` holds when weights were last set and when to look again; the validator loop
+(quasar/validator/loop.py) hands it the metagraph's block and the scored results, and it plans
+(quasar/validator/results.py) and submits them as the chain will take them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import quasar
+from quasar import scoring
+from quasar.chain import btcli
+from quasar.chain.base import Chain, ChainError, RateLimited, UidsChanged, WeightsSubmission
+from quasar.config import Settings
+from quasar.terminal import log_table
+from quasar.validator.results import WeightPlan, plan_weights, weights_refusal, weights_table
+from quasar.validator.state import ValidatorState
+
+logger = logging.getLogger(__name__)
+
+LAST_WEIGHTS_BLOCK = "last_weights_block"
+# After a failed weight setting (the chain refused or could not be reached), blocks before the next
+# try; a rate limit waits the blocks the chain says instead.
+WEIGHTS_RETRY_BLOCKS = 10
+# Plans made in one weights phase when uids change hands between planning and submitting.
+PLAN_ATTEMPTS = 2
+
+
+class WeightSetter:
+    """Sets the weights of ``wallet``'s hotkey on ``chain``, at most once an epoch (EPOCH_BLOCKS),
+    remembering the block of the last setting in ``state``."""
+
+    def __init__(self, settings: Settings, chain: Chain, wallet, state: ValidatorState):
+        self.settings = settings
+        self.chain = chain
+        self.wallet = wallet
+        self.hotkey = wallet.hotkey.ss58_address
+        self.state = state
+        self.retry_at: int | None = None
+
+    def due(self, block: int) -> bool:
+        """Whether weights are to be set at ``block``: an epoch after the last setting, and not
+        before a retry or a skipped epoch says to look again."""
+        stored = self.state.get_meta(LAST_WEIGHTS_BLOCK)
+        last = int(stored) if stored is not None else None
+        if last is not None and last <= block < last + self.settings.epoch_blocks:
+            return False
+        return self.retry_at is None or block >= self.retry_at
+
+    def set_weights(self, block: int, results: list[scoring.Result]) -> bool:
+        """Set weights from ``results`` as the chain will take them; True when they went out.
+
+        The metagraph is read again right before planning, and the chain checks at the block of
+        submission that every uid is still held by the hotkey it was planned for (a uid that changed
+        hands meanwhile is planned again, so a new hotkey never gets an old one's share). Nothing is
+        submitted without a validator permit (the subnet owner needs none), nor a split the
+        subnet's max_weight_limit or min_allowed_weights would change: one line an epoch says why.
+        A rate-limited submission waits the blocks the chain says."""
+        for attempt in range(1, PLAN_ATTEMPTS + 1):
+            try:
+                planned = self._plan_and_submit(results)
+            except UidsChanged as changed:
+                if attempt == PLAN_ATTEMPTS:
+                    self._retry(block, WEIGHTS_RETRY_BLOCKS, f"cannot set weights at block {block}: {changed}")
+                    return False
+                logger.info("%s; planning the weights again", changed)
+                continue
+            except RateLimited as limited:
+                wait = limited.blocks_to_wait or min(WEIGHTS_RETRY_BLOCKS, self.settings.epoch_blocks)
+                self._retry(block, wait, f"the chain's weights rate limit holds at block {block}: {limited}")
+                return False
+            except ChainError as error:
+                self._retry(
+                    block,
+                    min(WEIGHTS_RETRY_BLOCKS, self.settings.epoch_blocks),
+                    f"cannot set weights at block {block}: {error}",
+                )
+                return False
+            break
+        if planned is None:
+            return False
+        plan, submission = planned
+        self.retry_at = None
+        self.state.set_meta(LAST_WEIGHTS_BLOCK, str(submission.block))
+        if plan.unregistered:
+            logger.info("left out of the ranking (no longer registered): %s", ", ".join(plan.unregistered))
+        what = "committed (the chain applies them when it reveals them)" if submission.committed else "set"
+        log_table(
+            logger,
+            f"weights {what} at block {submission.block} ({submission.detail}; next after block "
+            f"{submission.block + self.settings.epoch_blocks}):",
+            weights_table(plan),
+        )
+        return True
+
+    def _plan_and_submit(self, results: list[scoring.Result]) -> tuple[WeightPlan, WeightsSubmission] | None:
+        """Plan the weights on the metagraph as it is now and submit them with the hotkeys they were
+        planned for; None (said in one line, looked at again next epoch) when nothing may go out."""
+        metagraph = self.chain.metagraph()
+        block = metagraph.block
+        me = metagraph.by_hotkey(self.hotkey)
+        owner_uid = self.chain.owner_uid()
+        if me is None:
+            how = btcli.registration_hint(self.settings, self.settings.wallet_name_for("validator"), self.hotkey)
+            self._skip_epoch(
+                block,
+                f"hotkey {self.hotkey} is not registered on subnet {self.chain.netuid}: no weights until it is ({how})",
+            )
+            return None
+        if not me.validator_permit and me.uid != owner_uid:
+            self._skip_epoch(
+                block,
+                f"uid {me.uid} has no validator permit on subnet {self.chain.netuid} (stake "
+                f"{me.stake:,.2f}): no weights submitted this epoch; the chain gives permits to "
+                "the subnet's top validators by stake",
+            )
+            return None
+        plan = plan_weights(results, metagraph, owner_uid, self.settings.tie_epsilon)
+        if plan.dropped:
+            logger.warning(
+                "the subnet owner's hotkey holds no uid on subnet %d: the unassigned share %.2f is not "
+                "set; the placed shares are set alone, scaled to sum 1",
+                self.chain.netuid,
+                plan.dropped,
+            )
+        if not plan.weights:
+            self._skip_epoch(
+                block, "no miner holds a place and the owner's hotkey holds no uid: no weights to set this epoch"
+            )
+            return None
+        refusal = weights_refusal(plan, self.chain.hyperparameters(), len(metagraph.neurons), me.uid)
+        if refusal:
+            self._skip_epoch(block, f"weights not submitted this epoch: {refusal}")
+            return None
+        return plan, self.chain.set_weights(self.wallet, plan.weights, quasar.version_key(), plan.hotkeys)
+
+    def _skip_epoch(self, block: int, why: str) -> None:
+        """No weights this epoch: say why once, and look again next epoch."""
+        self.retry_at = block + self.settings.epoch_blocks
+        logger.warning("%s (next look at block %d)", why, self.retry_at)
+
+    def _retry(self, block: int, blocks: int, why: str) -> None:
+        self.retry_at = block + blocks
+        logger.warning("%s; retrying at block %d", why, self.retry_at)
