@@ -277,8 +277,10 @@ class Standings(ServiceCore):
             state: schemas.NotRankedState
             if copy is not None and view.state != consensus.FAILED:
                 state, reason = "copy", copy.reason
-            elif view.state == consensus.AWAITING_QUORUM or view.state == consensus.DISPUTED:  # not settled
-                state, reason = view.state, view.reason
+            elif view.state == consensus.AWAITING_QUORUM:  # not settled
+                state, reason = "awaiting_quorum", view.reason
+            elif view.state == consensus.DISPUTED:
+                state, reason = "disputed", view.reason
             else:
                 continue
             not_ranked.append(
