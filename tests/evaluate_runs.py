@@ -10,6 +10,20 @@ import torch
 
 from quasar.evaluate import workload
 from quasar.evaluate.captured_output import KEPT_OUTPUT_BYTES
+from quasar.evaluate.options import EvaluationOptions
+
+# Tiny CPU evaluations for the tests: one warm-up, three timed runs, T=64 (one 64-token chunk)
+# unless a test says otherwise.
+FAST_CPU = EvaluationOptions(
+    seq_lens=(),
+    device="cpu",
+    warmup_runs=1,
+    min_timed_runs=3,
+    max_timed_runs=3,
+    timed_seconds=0.1,
+    length_timeout_s=120,
+    timeout_s=300,
+)
 
 
 def naive_noise(seed: int, count: int, length: int) -> torch.Tensor:

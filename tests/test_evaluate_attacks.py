@@ -28,22 +28,12 @@ from quasar.evaluate.report import render_report
 from quasar.evaluate.sandbox import SandboxedChild, SandboxUnavailable
 from quasar.evaluate.verification import REL_ERROR_THRESHOLD, REQUEST_TOLERANCE
 from quasar.starter_fork import write_starter_fork
+from tests.evaluate_runs import FAST_CPU
 from tests.hostile_forks import write_hostile_fork
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-# Tiny CPU runs: one warm-up, three timed runs, T=64 (one 64-token chunk) unless a test says otherwise.
-FAST = EvaluationOptions(
-    seq_lens=(),
-    device="cpu",
-    warmup_runs=1,
-    min_timed_runs=3,
-    max_timed_runs=3,
-    timed_seconds=0.1,
-    length_timeout_s=120,
-    timeout_s=300,
-)
 SECRET_TOKEN = "ghp_quasarTestSecretToken0123456789abcdef"
 SECRET_COLDKEY = "coldkey-secret-5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
 KEYRING_SECRET = "keyring-secret-of-an-earlier-evaluation"
@@ -131,7 +121,7 @@ class Case:
     attack: str | None  # None: the honest starter fork
     params: dict = field(default_factory=dict)
     target: int = 64
-    options: EvaluationOptions = FAST
+    options: EvaluationOptions = FAST_CPU
     claimed: float | None = None
 
 
@@ -221,9 +211,9 @@ def world(tmp_path_factory) -> World:
     bind_under_tmp.mkdir()
 
     cases = {
-        "honest": Case(None, target=128, options=replace(FAST, seq_lens=(64,)), claimed=1e12),
+        "honest": Case(None, target=128, options=replace(FAST_CPU, seq_lens=(64,)), claimed=1e12),
         "honest_bind_under_tmp": Case(
-            None, options=replace(FAST, policy=SandboxPolicy(extra_readonly_paths=(str(bind_under_tmp),)))
+            None, options=replace(FAST_CPU, policy=SandboxPolicy(extra_readonly_paths=(str(bind_under_tmp),)))
         ),
         "zeros": Case("zeros"),
         "noise": Case("noise"),
@@ -234,21 +224,23 @@ def world(tmp_path_factory) -> World:
         "timers_batched": Case(
             "timers",
             {"sleep_seconds": BATCHED_SLEEP_SECONDS},
-            options=replace(FAST, warmup_runs=2, tokens_per_request=64 * BATCHED_FORWARDS),
+            options=replace(FAST_CPU, warmup_runs=2, tokens_per_request=64 * BATCHED_FORWARDS),
         ),
-        "first_only": Case("first_only", options=replace(FAST, tokens_per_request=1 << 18, max_forwards_per_request=4)),
-        "flood": Case("flood", options=replace(FAST, policy=SandboxPolicy(max_output_bytes=4 << 20))),
-        "sleep_forever": Case("sleep_forever", options=replace(FAST, length_timeout_s=8)),
+        "first_only": Case(
+            "first_only", options=replace(FAST_CPU, tokens_per_request=1 << 18, max_forwards_per_request=4)
+        ),
+        "flood": Case("flood", options=replace(FAST_CPU, policy=SandboxPolicy(max_output_bytes=4 << 20))),
+        "sleep_forever": Case("sleep_forever", options=replace(FAST_CPU, length_timeout_s=8)),
         # T=64 must be ready within the limit while two other evaluations share the machine's cores.
         "sleep_at_length": Case(
             "sleep_at_length",
             {"sleep_length": 128},
             target=128,
-            options=replace(FAST, seq_lens=(64,), length_timeout_s=20),
+            options=replace(FAST_CPU, seq_lens=(64,), length_timeout_s=20),
         ),
         "background": Case("background", {"marker": markers["sandboxed"]}),
         "background_unsandboxed": Case(
-            "background", {"marker": markers["unsandboxed"]}, options=replace(FAST, policy=unsandboxed)
+            "background", {"marker": markers["unsandboxed"]}, options=replace(FAST_CPU, policy=unsandboxed)
         ),
         "network": Case("network", {"addresses": host_addresses(), "port": listener.port}),
         "secrets": Case(
@@ -269,15 +261,15 @@ def world(tmp_path_factory) -> World:
         ),
         "forge_reply": Case("forge_reply"),
         "cheap_input": Case("cheap_input"),
-        "oom": Case("oom", {"oom_length": 128}, target=256, options=replace(FAST, seq_lens=(64, 128))),
+        "oom": Case("oom", {"oom_length": 128}, target=256, options=replace(FAST_CPU, seq_lens=(64, 128))),
         "wrong_at_length": Case(
-            "wrong_at_length", {"wrong_length": 128}, target=128, options=replace(FAST, seq_lens=(64,))
+            "wrong_at_length", {"wrong_length": 128}, target=128, options=replace(FAST_CPU, seq_lens=(64,))
         ),
         "sloppy_timed": Case(
             "sloppy_timed",
             {"noise": 0.022, "eager": False, "exact_request": 3},
             target=128,
-            options=replace(FAST, seq_lens=(64,), min_timed_runs=10, max_timed_runs=10),
+            options=replace(FAST_CPU, seq_lens=(64,), min_timed_runs=10, max_timed_runs=10),
         ),
         "keyring": Case("keyring", {"secret": KEYRING_SECRET}),
         "syscalls": Case("syscalls"),
@@ -285,18 +277,18 @@ def world(tmp_path_factory) -> World:
         "memory_hog": Case(
             "memory_hog",
             {"hog_bytes": HOG_BYTES},
-            options=replace(FAST, policy=SandboxPolicy(memory_bytes=SMALL_MEMORY)),
+            options=replace(FAST_CPU, policy=SandboxPolicy(memory_bytes=SMALL_MEMORY)),
         ),
         "memory_hog_watchdog": Case(
             "memory_hog",
             {"hog_bytes": HOG_BYTES},
             options=replace(
-                FAST, policy=SandboxPolicy(memory_bytes=SMALL_MEMORY, cgroup_path=str(base / "no-such-cgroup"))
+                FAST_CPU, policy=SandboxPolicy(memory_bytes=SMALL_MEMORY, cgroup_path=str(base / "no-such-cgroup"))
             ),
         ),
         "foreign_requests": Case("foreign_import", {"module": "requests"}),
         "foreign_bittensor": Case("foreign_import", {"module": "bittensor"}),
-        "hang_at_import": Case("hang_at_import", options=replace(FAST, load_timeout_s=5)),
+        "hang_at_import": Case("hang_at_import", options=replace(FAST_CPU, load_timeout_s=5)),
         "markup": Case("markup", {"text": MARKUP_TEXT}),
         "exit_at_forward": Case("exit_at_forward", {"last_words": LAST_WORDS}),
     }
@@ -565,7 +557,7 @@ def test_out_of_memory_is_a_verdict_not_a_crash(world):
 
 def test_a_fork_exact_only_where_the_correctness_run_used_to_be_is_caught(world):
     # The attack of issue 32: 2.2% RMS noise on every forward but the repeats and the request right
-    # after the warm-up (FAST's warm-up is two requests), where the correctness run used to be. The
+    # after the warm-up (FAST_CPU's warm-up is two requests), where the correctness run used to be. The
     # correctness request is one of the timed requests now, drawn in secret: it carries the noise
     # too, and so does every timed request checked.
     report = world.reports["sloppy_timed"]
@@ -592,7 +584,7 @@ def test_a_fork_that_turns_sloppy_once_checked_is_caught_in_the_requests_after(t
 
     monkeypatch.setattr(harness.secrets, "randbelow", lambda bound: 0)
     fork = write_hostile_fork(tmp_path / "fork", "sloppy_after_check", noise=0.022)
-    report = evaluate(fork, 64, None, replace(FAST, min_timed_runs=6, max_timed_runs=6))
+    report = evaluate(fork, 64, None, replace(FAST_CPU, min_timed_runs=6, max_timed_runs=6))
     item = report.lengths["64"]
     assert item.timed_runs == 6 and item.requests_verified == 6
     assert item.rel_error < REL_ERROR_THRESHOLD, "the correctness request itself was exact"
@@ -716,14 +708,14 @@ def test_an_exhausting_neighbour_cannot_sink_an_honest_evaluation(tmp_path, monk
     write_starter_fork(honest)
     hostile = write_hostile_fork(tmp_path / "hostile", "exhaust_processes", most=10_000, name=name, hold_seconds=40)
     with ThreadPoolExecutor(max_workers=2) as pool:
-        exhausting = pool.submit(evaluate, hostile, 64, None, replace(FAST, policy=policy, load_timeout_s=90))
+        exhausting = pool.submit(evaluate, hostile, 64, None, replace(FAST_CPU, policy=policy, load_timeout_s=90))
         # Until the hostile one is refused: its count stops growing.
         deadline, held, previous = time.monotonic() + 60, 0, -1
         while (held < 40 or held != previous) and time.monotonic() < deadline:
             previous = held
             time.sleep(1.0)
             held = _processes_named(name)
-        honest_report = pool.submit(evaluate, honest, 64, None, replace(FAST, policy=policy)).result()
+        honest_report = pool.submit(evaluate, honest, 64, None, replace(FAST_CPU, policy=policy)).result()
         still_held = _processes_named(name)
         hostile_report = exhausting.result()
     assert held >= 40 and still_held == held, (held, still_held)
@@ -736,7 +728,7 @@ def test_an_exhausting_neighbour_cannot_sink_an_honest_evaluation(tmp_path, monk
 
 def test_refuses_to_run_unsandboxed_unless_allowed(tmp_path):
     write_starter_fork(tmp_path / "fork")
-    options = replace(FAST, policy=SandboxPolicy(force_unsandboxed=True))
+    options = replace(FAST_CPU, policy=SandboxPolicy(force_unsandboxed=True))
     report = evaluate(tmp_path / "fork", 64, None, options)
     assert report.verdict == "fail"
     assert any("refusing to run the fork without a sandbox" in r and "--allow-unsandboxed" in r for r in report.reasons)

@@ -19,18 +19,9 @@ from quasar.starter_fork import copy_starter_tree, write_starter_fork
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import SubprocessEvaluator
 from quasar.validator.state import EvaluationKey
+from tests.evaluate_runs import FAST_CPU
 
 ROOT = Path(__file__).resolve().parent.parent
-FAST = EvaluationOptions(
-    seq_lens=(),
-    device="cpu",
-    warmup_runs=1,
-    min_timed_runs=3,
-    max_timed_runs=3,
-    timed_seconds=0.1,
-    length_timeout_s=120,
-    timeout_s=300,
-)
 
 
 def test_the_area_is_laid_out_for_the_layers_width():
@@ -50,11 +41,11 @@ def test_starting_the_sandbox_imports_neither_torch_nor_the_harness():
 
 def test_a_child_started_before_its_fork_existed_evaluates_it(tmp_path):
     sandbox = SandboxStart([64], "cpu", SandboxPolicy())
-    references = start_references(64, FAST)
+    references = start_references(64, FAST_CPU)
     time.sleep(0.2)
     fork = tmp_path / "fork"
     copy_starter_tree(fork)  # the fork appears only now, after the child started
-    report = evaluate(fork, 64, None, FAST, sandbox=sandbox, references=references)
+    report = evaluate(fork, 64, None, FAST_CPU, sandbox=sandbox, references=references)
     assert report.passed, report.reasons
     assert report.sandbox.startswith("namespaces")
     assert report.weights_seed == references.weights_seed
@@ -68,14 +59,14 @@ def test_a_sandbox_or_references_started_for_something_else_are_refused_and_clos
     copy_starter_tree(fork)
     sandbox = SandboxStart([64, 128], "cpu", SandboxPolicy())
     with pytest.raises(EvaluationInputError, match=r"sandbox was started for T=\[64, 128\] on cpu, not for T=\[64\]"):
-        evaluate(fork, 64, None, FAST, sandbox=sandbox)
+        evaluate(fork, 64, None, FAST_CPU, sandbox=sandbox)
     assert sandbox.child.gone.is_set() and sandbox.child.process.poll() is not None
-    references = start_references(128, FAST)
+    references = start_references(128, FAST_CPU)
     with pytest.raises(EvaluationInputError, match=r"reference work was started for T=\[128\]"):
-        evaluate(fork, 64, None, FAST, references=references)
-    seeded = EvaluationOptions(**{**FAST.__dict__, "weights_seed": 5})
+        evaluate(fork, 64, None, FAST_CPU, references=references)
+    seeded = EvaluationOptions(**{**FAST_CPU.__dict__, "weights_seed": 5})
     with pytest.raises(EvaluationInputError, match="other weights"):
-        evaluate(fork, 64, None, seeded, references=start_references(64, FAST))
+        evaluate(fork, 64, None, seeded, references=start_references(64, FAST_CPU))
 
 
 def test_a_fork_too_large_for_the_started_child_fails_the_evaluation_clearly(tmp_path, monkeypatch):
@@ -85,7 +76,7 @@ def test_a_fork_too_large_for_the_started_child_fails_the_evaluation_clearly(tmp
     copy_starter_tree(fork)
     sandbox = SandboxStart([64], "cpu", SandboxPolicy())
     monkeypatch.setattr(sandbox_contents, "MAX_FORK_BYTES", 1024)
-    report = evaluate(fork, 64, None, FAST, sandbox=sandbox)
+    report = evaluate(fork, 64, None, FAST_CPU, sandbox=sandbox)
     assert report.verdict == "fail"
     assert report.reasons[0] == "sandbox: the fork is larger than 0 MiB without .git"
     assert sandbox.child.gone.is_set() and sandbox.child.workdir is None
@@ -93,7 +84,7 @@ def test_a_fork_too_large_for_the_started_child_fails_the_evaluation_clearly(tmp
 
 def test_a_validator_worker_starts_the_child_before_cloning_and_evaluates(tmp_path):
     commit = write_starter_fork(tmp_path / "fork")
-    evaluator = SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True)
+    evaluator = SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True)
     running = evaluator.start(EvaluationKey(str(tmp_path / "fork"), commit, 64), Device("cpu", ""))
     deadline = time.monotonic() + 240
     while (outcome := running.poll()) is None:
@@ -110,7 +101,7 @@ def test_a_worker_whose_clone_fails_leaves_no_child_behind(tmp_path, monkeypatch
     temporary = tmp_path / "tmp"
     temporary.mkdir()
     monkeypatch.setenv("TMPDIR", str(temporary))  # where the worker's sandbox puts its directory
-    evaluator = SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True)
+    evaluator = SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True)
     running = evaluator.start(EvaluationKey(str(tmp_path / "missing"), "0" * 40, 64), Device("cpu", ""))
     deadline = time.monotonic() + 120
     while (outcome := running.poll()) is None:
@@ -133,7 +124,7 @@ def _cmdline(pid: Path) -> bytes:
 def test_the_reference_waits_for_the_calibration_and_ends_before_the_longest_length(tmp_path, monkeypatch):
     from quasar.evaluate import harness
 
-    options = EvaluationOptions(**{**FAST.__dict__, "seq_lens": (64,)})
+    options = EvaluationOptions(**{**FAST_CPU.__dict__, "seq_lens": (64,)})
     references = start_references(128, options)
     time.sleep(0.3)
     assert references.reference is None and not references.expected  # nothing on the device yet

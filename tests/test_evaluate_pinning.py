@@ -3,6 +3,7 @@ machine a real sandboxed child started on the chosen CPUs, the parent's thread g
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -20,6 +21,7 @@ from quasar.evaluate.pinning import (
     physical_cores,
     read_thread_siblings,
 )
+from tests.evaluate_runs import FAST_CPU
 
 
 def smt_topology(cores: int, threads: int) -> dict[int, frozenset[int]]:
@@ -227,7 +229,6 @@ def test_a_real_sandboxed_child_runs_on_the_chosen_cpus(tmp_path):
 @pytest.mark.slow
 def test_an_evaluation_pins_the_child_and_its_timing_thread_then_restores(tmp_path):
     from quasar.evaluate import (
-        EvaluationOptions,
         ProgressEvent,
         SandboxPolicy,
         evaluate,
@@ -246,18 +247,7 @@ def test_an_evaluation_pins_the_child_and_its_timing_thread_then_restores(tmp_pa
 
     fork = tmp_path / "fork"
     write_starter_fork(fork)
-    options = EvaluationOptions(
-        seq_lens=(),
-        device="cpu",
-        warmup_runs=1,
-        min_timed_runs=3,
-        max_timed_runs=3,
-        timed_seconds=0.1,
-        length_timeout_s=120,
-        timeout_s=300,
-        pin_cpus=True,
-        policy=SandboxPolicy(allow_unsandboxed=True),
-    )
+    options = dataclasses.replace(FAST_CPU, pin_cpus=True, policy=SandboxPolicy(allow_unsandboxed=True))
     report = evaluate(fork, 64, None, options, progress)
     assert report.cpu_pinning == note == plan.describe()
     assert seen["timing"] == plan.timing and seen["children"] == {plan.child}

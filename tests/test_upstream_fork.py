@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from quasar.evaluate import EvaluationOptions, SandboxPolicy, evaluate
+from quasar.evaluate import SandboxPolicy, evaluate
 from quasar.evaluate.environment import EVALUATION_PACKAGES
 from quasar.evaluate.report import NEEDS_GPU, SKIPPED
 from quasar.evaluate.sandbox import SandboxedChild
@@ -21,21 +21,12 @@ from quasar.evaluate.session import missing_module_reason
 from quasar.imports import validate_repo
 from quasar.starter_fork import copy_starter_tree, kernel_files
 from quasar.tools import install_kernel as step1
+from tests.evaluate_runs import FAST_CPU
 from tests.gitrepo import git
 from tests.upstream_fork import upstream_files, write_upstream_fork
 
 pytestmark = pytest.mark.slow
 
-FAST = EvaluationOptions(
-    seq_lens=(),
-    device="cpu",
-    warmup_runs=1,
-    min_timed_runs=3,
-    max_timed_runs=3,
-    timed_seconds=0.1,
-    length_timeout_s=120,
-    timeout_s=300,
-)
 # docs/rules.md section 6: the benchmark layer's parameter count.
 LAYER_PARAMETERS = 1_120_840
 NEEDS_GPU_LINE = "T=64: the forward needs a CUDA GPU for this fork"
@@ -73,7 +64,7 @@ def reports(tmp_path_factory, upstream_fork):
 
     def run(name: str):
         started = time.monotonic()
-        return name, evaluate(forks[name], 64, None, FAST), time.monotonic() - started
+        return name, evaluate(forks[name], 64, None, FAST_CPU), time.monotonic() - started
 
     with ThreadPoolExecutor(max_workers=3) as pool:
         return {name: (report, seconds) for name, report, seconds in pool.map(run, forks)}

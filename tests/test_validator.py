@@ -39,7 +39,6 @@ from quasar.api.client import ApiClient
 from quasar.api.db import EvaluationReport
 from quasar.api.devdb import free_port
 from quasar.chain.devchain import FINNEY, DevChain
-from quasar.evaluate import EvaluationOptions
 from quasar.inference.server import create_inference_app
 from quasar.localnet.host import make_wallet
 from quasar.logits import ChallengeLimits, LogitThresholds, load_reference_model
@@ -60,6 +59,7 @@ from quasar.validator.state import (
     default_state_path,
 )
 from servers import serving
+from tests.evaluate_runs import FAST_CPU
 from tests.hostile_forks import write_hostile_fork
 from tiny_qwen import make_tiny_qwen2
 
@@ -68,16 +68,6 @@ NETUID = 24
 TARGET = 64
 CLAIM = 1.0  # tokens/s: far below what the CPU measures, so the claim check passes
 SLOW_BLOCKS = 1e6  # seconds per block: the chain moves only through advance()
-FAST = EvaluationOptions(
-    seq_lens=(),
-    device="cpu",
-    warmup_runs=1,
-    min_timed_runs=3,
-    max_timed_runs=3,
-    timed_seconds=0.1,
-    length_timeout_s=120,
-    timeout_s=300,
-)
 MINERS = ("a", "b", "c", "d", "u")
 # For the tests not about the weights rules: weights set directly and visible at once, no rate limit.
 DIRECT = dataclasses.replace(FINNEY, commit_reveal_enabled=False, weights_rate_limit=0)
@@ -224,7 +214,7 @@ def test_validator_steps_evaluate_report_and_set_weights(world, tmp_path, caplog
                 name: submit(server, subnet, name, world[fork])
                 for name, fork in (("a", "honest"), ("u", "missing"), ("b", "zeros"), ("c", "copy"))
             }
-            evaluator = SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True)
+            evaluator = SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True)
             validator = Validator(
                 settings_for(),
                 subnet.chain,
@@ -316,7 +306,7 @@ def test_a_failing_step_is_logged_and_the_loop_goes_on(world, tmp_path, caplog):
                 subnet.chain,
                 api,
                 subnet.wallets["validator"],
-                SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
+                SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True),
                 logit_checker(world, subnet),
                 state,
                 devices=[Device("cpu", "")],
@@ -364,7 +354,7 @@ def scored_validator(
         chain or subnet.chain,
         api,
         subnet.wallets["validator"],
-        SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
+        SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True),
         logit_checker(subnet.world, subnet),
         state,
         devices=[Device("cpu", "")],
@@ -701,7 +691,7 @@ def test_sigint_stops_a_running_evaluation_and_puts_it_back(world, tmp_path):
                 subnet.chain,
                 api,
                 subnet.wallets["validator"],
-                SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
+                SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True),
                 logit_checker(world, subnet),
                 state,
                 devices=[Device("cpu", "")],
@@ -735,7 +725,7 @@ def test_an_idle_validator_says_where_it_stands_every_heartbeat(world, tmp_path,
                 subnet.chain,
                 api,
                 subnet.wallets["validator"],
-                SubprocessEvaluator(tmp_path / "work", FAST, allow_local=True),
+                SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True),
                 logit_checker(world, subnet),
                 state,
                 devices=[Device("cpu", "")],
