@@ -64,12 +64,11 @@ _MARKER_FORMAT = 1
 _PARTIAL = ".partial-"
 _POLL_S = 0.05
 
-# Inherited variables git may keep (network reachability and trust stores the operator set up);
-# every other inherited variable (GIT_DIR, GIT_SSL_NO_VERIFY, GIT_ASKPASS, tokens...) is removed.
-_KEPT_ENVIRONMENT = frozenset(
+# Inherited variables a git process may keep: how the network is reached and which trust stores
+# the operator set up. Every other inherited variable (GIT_DIR, GIT_SSL_NO_VERIFY, GIT_ASKPASS,
+# tokens...) is removed. The miner's git (quasar/miner/github.py) keeps these too.
+GIT_NETWORK_VARIABLES = frozenset(
     {
-        "PATH",
-        "TMPDIR",
         "http_proxy",
         "https_proxy",
         "all_proxy",
@@ -84,6 +83,7 @@ _KEPT_ENVIRONMENT = frozenset(
         "GIT_SSL_CAPATH",
     }
 )
+_KEPT_ENVIRONMENT = frozenset({"PATH", "TMPDIR", *GIT_NETWORK_VARIABLES})
 
 # Messages git prints when the server does not have the requested object.
 _COMMIT_MISSING = ("not our ref", "unadvertised object", "couldn't find remote ref", "no such remote ref")

@@ -26,6 +26,7 @@ from pathlib import Path
 import httpx
 
 from quasar.errors import QuasarError
+from quasar.forks import GIT_NETWORK_VARIABLES
 
 logger = logging.getLogger(__name__)
 
@@ -34,29 +35,10 @@ DEFAULT_FORK_WAIT_S = 300.0
 DEFAULT_POLL_S = 3.0
 DEFAULT_GIT_TIMEOUT_S = 900.0
 
-# Variables a git process may inherit: reachability and trust stores the operator set up. Every
-# other variable (tokens, GIT_DIR, GIT_SSL_NO_VERIFY, an inherited GIT_ASKPASS...) is left out.
-_KEPT_ENVIRONMENT = frozenset(
-    {
-        "PATH",
-        "HOME",
-        "TMPDIR",
-        "USER",
-        "LOGNAME",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-        "no_proxy",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "NO_PROXY",
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "GIT_SSL_CAINFO",
-        "GIT_SSL_CAPATH",
-    }
-)
+# Variables a git process may inherit: the user's own (git needs a home) and how the network is
+# reached (quasar/forks.py's list). Every other variable (tokens, GIT_DIR, GIT_SSL_NO_VERIFY, an
+# inherited GIT_ASKPASS...) is left out.
+_KEPT_ENVIRONMENT = frozenset({"PATH", "HOME", "TMPDIR", "USER", "LOGNAME", *GIT_NETWORK_VARIABLES})
 _USERNAME_VARIABLE = "QUASAR_GIT_USERNAME"
 _TOKEN_VARIABLE = "QUASAR_GIT_TOKEN"
 ASKPASS_SCRIPT = f"""#!/bin/sh
