@@ -10,6 +10,7 @@ and refusals come out as the chain gives them.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import socket
 from dataclasses import dataclass, field
@@ -182,19 +183,8 @@ class FakeChain:
         self.executed.append(intent)
         if bt.resolve_signer(wallet, role="coldkey").ss58_address != self.owner_coldkey:
             return failed("NotSubnetOwner", "the signer does not own the subnet")
-        self.identity = {
-            name: getattr(intent, name)
-            for name in (
-                "subnet_name",
-                "github_repo",
-                "subnet_contact",
-                "subnet_url",
-                "discord",
-                "description",
-                "logo_url",
-                "additional",
-            )
-        }
+        # The SDK's own fields of the intent (not the code's list), so a field the code forgot shows.
+        self.identity = {f.name: getattr(intent, f.name) for f in dataclasses.fields(intent) if f.name != "netuid"}
         return bt.ExtrinsicResult(success=True, message="Success", extrinsic_id=f"{self.block}-0004")
 
 
