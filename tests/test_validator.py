@@ -60,6 +60,7 @@ from quasar.validator.state import (
 )
 from servers import serving
 from tests.evaluate_runs import FAST_CPU
+from tests.gitrepo import commit_all
 from tests.hostile_forks import write_hostile_fork
 from tiny_qwen import make_tiny_qwen2
 
@@ -73,24 +74,6 @@ MINERS = ("a", "b", "c", "d", "u")
 DIRECT = dataclasses.replace(FINNEY, commit_reveal_enabled=False, weights_rate_limit=0)
 
 
-def git_commit_all(repo: Path, message: str) -> str:
-    """Commit everything in ``repo`` (made a repository if it is not one); returns the commit id."""
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t.invalid",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t.invalid",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_CONFIG_NOSYSTEM": "1",
-    }
-    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "--no-gpg-sign", "-m", message]):
-        subprocess.run(["git", "-C", str(repo), *command], check=True, env=env, capture_output=True)
-    return subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """Wallets, the two forks (committed), and two tiny models: the reference and a dishonest one."""
@@ -100,13 +83,13 @@ def world(tmp_path_factory):
     honest_commit = write_starter_fork(honest)
     zeros = root / "zeros"
     write_hostile_fork(zeros, "zeros")
-    zeros_commit = git_commit_all(zeros, "return zeros")
+    zeros_commit = commit_all(zeros, "return zeros")
     # A copier's fork: the honest kernel under a commit of its own, a comment added to hide it.
     copy = root / "copy"
     shutil.copytree(honest, copy, ignore=shutil.ignore_patterns(".git"))
     with open(copy / "fla" / "ops" / "quasar" / "chunk.py", "a") as kernel:
         kernel.write("\n# my own optimisation\n")
-    copy_commit = git_commit_all(copy, "my kernel")
+    copy_commit = commit_all(copy, "my kernel")
     honest_model, other_model = make_tiny_qwen2(root / "qwen1", 1), make_tiny_qwen2(root / "qwen2", 2)
     return {
         "root": root,

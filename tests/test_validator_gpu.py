@@ -4,7 +4,6 @@ GPU, the honest starter fork correct and the zeros fork refused (real forks, rea
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from quasar.starter_fork import write_starter_fork
 from quasar.validator.devices import evaluation_devices
 from quasar.validator.evaluator import SubprocessEvaluator
 from quasar.validator.state import EvaluationKey
+from tests.gitrepo import commit_all
 from tests.hostile_forks import write_hostile_fork
 
 pytestmark = [
@@ -28,23 +28,6 @@ TARGET = 4096
 OPTIONS = EvaluationOptions(seq_lens=(512, 1024), timed_seconds=0.5, timeout_s=900, length_timeout_s=600)
 
 
-def committed(repo: Path) -> str:
-    env = {
-        **os.environ,
-        "GIT_AUTHOR_NAME": "t",
-        "GIT_AUTHOR_EMAIL": "t@t.invalid",
-        "GIT_COMMITTER_NAME": "t",
-        "GIT_COMMITTER_EMAIL": "t@t.invalid",
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_CONFIG_NOSYSTEM": "1",
-    }
-    for command in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "--no-gpg-sign", "-m", "zeros"]):
-        subprocess.run(["git", "-C", str(repo), *command], check=True, env=env, capture_output=True)
-    return subprocess.run(
-        ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
-    ).stdout.strip()
-
-
 def environment_of(pid: int) -> dict[str, str]:
     pairs = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(pair.decode().split("=", 1) for pair in pairs if b"=" in pair)
@@ -54,7 +37,7 @@ def test_one_evaluation_per_gpu_at_once_each_on_its_own_gpu(tmp_path):
     devices = evaluation_devices("cuda", torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     honest = EvaluationKey(f"file://{tmp_path / 'honest'}", write_starter_fork(tmp_path / "honest"), TARGET)
     write_hostile_fork(tmp_path / "zeros", "zeros")
-    zeros = EvaluationKey(f"file://{tmp_path / 'zeros'}", committed(tmp_path / "zeros"), TARGET)
+    zeros = EvaluationKey(f"file://{tmp_path / 'zeros'}", commit_all(tmp_path / "zeros", "zeros"), TARGET)
     evaluator = SubprocessEvaluator(tmp_path / "work", OPTIONS, allow_local=True)
     jobs, outcomes = [honest, zeros], {}
     while jobs:
