@@ -75,6 +75,20 @@ class Wrapped:
         return getattr(self.inner, name)
 
 
+def chain_flags(world) -> list[str]:
+    """The flags that point a process at the test's wallets and dev chain."""
+    return [
+        "--wallet.path",
+        str(world["root"] / "wallets"),
+        "--subtensor.network",
+        "devchain",
+        "--devchain.path",
+        str(world["chain"].path),
+        "--netuid",
+        str(NETUID),
+    ]
+
+
 @contextmanager
 def miner_server(world, model=None, limits=None):
     hotkey = world["wallets"]["miner"].hotkey.ss58_address
@@ -323,14 +337,7 @@ def test_start_script_serves_the_model_for_validators(world, tmp_path):
         "miner",
         "--wallet.hotkey",
         "default",
-        "--wallet.path",
-        str(world["root"] / "wallets"),
-        "--subtensor.network",
-        "devchain",
-        "--devchain.path",
-        str(world["chain"].path),
-        "--netuid",
-        str(NETUID),
+        *chain_flags(world),
         "--reference-model",
         str(world["honest_dir"]),
         "--device",
@@ -373,14 +380,7 @@ def test_serve_reports_a_missing_model_or_wallet_and_exits(world, tmp_path, monk
         "serve",
         "--wallet.name",
         "miner",
-        "--wallet.path",
-        str(world["root"] / "wallets"),
-        "--subtensor.network",
-        "devchain",
-        "--devchain.path",
-        str(world["chain"].path),
-        "--netuid",
-        str(NETUID),
+        *chain_flags(world),
         "--reference-model",
         str(tmp_path / "missing-model"),
         "--device",
