@@ -197,18 +197,7 @@ def test_validator_steps_evaluate_report_and_set_weights(world, tmp_path, caplog
                 name: submit(server, subnet, name, world[fork])
                 for name, fork in (("a", "honest"), ("u", "missing"), ("b", "zeros"), ("c", "copy"))
             }
-            evaluator = SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True)
-            validator = Validator(
-                settings_for(),
-                subnet.chain,
-                api,
-                subnet.wallets["validator"],
-                evaluator,
-                logit_checker(world, subnet),
-                state,
-                devices=[Device("cpu", "")],
-                interval_s=0.2,
-            )
+            validator = cpu_validator(subnet, api, state, tmp_path, interval_s=0.2)
 
             first = validator.step()
             # As much work as its one device can start: the rest waits at the API, in the schedule's order.
@@ -284,16 +273,7 @@ def test_a_failing_step_is_logged_and_the_loop_goes_on(world, tmp_path, caplog):
                 timeout=2,
             ) as api,
         ):
-            validator = Validator(
-                settings_for(),
-                subnet.chain,
-                api,
-                subnet.wallets["validator"],
-                SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True),
-                logit_checker(world, subnet),
-                state,
-                devices=[Device("cpu", "")],
-            )
+            validator = cpu_validator(subnet, api, state, tmp_path)
             summary = validator.step()
             assert summary.failed_phases == ["fetch"]
             assert "validator step: fetch failed; going on" in caplog.text
@@ -304,6 +284,24 @@ def test_a_failing_step_is_logged_and_the_loop_goes_on(world, tmp_path, caplog):
 
 
 # --- weights under finney's rules ---
+
+
+def cpu_validator(
+    subnet: Subnet, api: ApiClient, state: ValidatorState, tmp_path: Path, chain: DevChain | None = None, **options
+) -> Validator:
+    """The validator under test: the subnet's validator wallet, tiny CPU evaluations in a worker
+    process, the logit checks of the subnet's world, one CPU device; ``options`` go to Validator."""
+    return Validator(
+        settings_for(),
+        chain or subnet.chain,
+        api,
+        subnet.wallets["validator"],
+        SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True),
+        logit_checker(subnet.world, subnet),
+        state,
+        devices=[Device("cpu", "")],
+        **options,
+    )
 
 
 def scored_validator(
@@ -332,16 +330,7 @@ def scored_validator(
         state.start_evaluation(key, "cpu", 0.0)
         state.finish_evaluation(key, EvaluationResult(correct=True, measured_tokens_per_sec=tokens_per_sec), 0.0)
         state.record_logits(submission_id, PASSED, "logits match", 0.0)
-    return Validator(
-        settings_for(),
-        chain or subnet.chain,
-        api,
-        subnet.wallets["validator"],
-        SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True),
-        logit_checker(subnet.world, subnet),
-        state,
-        devices=[Device("cpu", "")],
-    )
+    return cpu_validator(subnet, api, state, tmp_path, chain=chain)
 
 
 @contextmanager
@@ -669,16 +658,7 @@ def test_sigint_stops_a_running_evaluation_and_puts_it_back(world, tmp_path):
             ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api,
         ):
             submit(server, subnet, "a", world["honest"])
-            validator = Validator(
-                settings_for(),
-                subnet.chain,
-                api,
-                subnet.wallets["validator"],
-                SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True),
-                logit_checker(world, subnet),
-                state,
-                devices=[Device("cpu", "")],
-            )
+            validator = cpu_validator(subnet, api, state, tmp_path)
             assert validator.step().started
             running = validator.running["cpu"]
             interrupt = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
@@ -703,18 +683,7 @@ def test_an_idle_validator_says_where_it_stands_every_heartbeat(world, tmp_path,
             ValidatorState.open(tmp_path / "state.sqlite3") as state,
             ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api,
         ):
-            validator = Validator(
-                settings_for(),
-                subnet.chain,
-                api,
-                subnet.wallets["validator"],
-                SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True),
-                logit_checker(world, subnet),
-                state,
-                devices=[Device("cpu", "")],
-                interval_s=0.2,
-                heartbeat_s=0.5,
-            )
+            validator = cpu_validator(subnet, api, state, tmp_path, interval_s=0.2, heartbeat_s=0.5)
             interrupt = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
             interrupt.start()
             with caplog.at_level(logging.INFO, logger="quasar.validator.loop"):
