@@ -4,6 +4,7 @@ process itself; START_MINER.sh's checks; the pm2 ecosystem file."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -20,7 +21,6 @@ from api_fixtures import SLOW_BLOCKS, ApiServer, api_config
 from quasar.api.client import ApiClient
 from quasar.chain.devchain import DevChain
 from quasar.config import resolve
-from quasar.evaluate import EvaluationOptions
 from quasar.localnet.github_standin import GitHubStandIn
 from quasar.localnet.host import make_wallet
 from quasar.miner.github import Git, GitHubClient, write_askpass
@@ -42,6 +42,7 @@ from test_miner_standins import (
     write_tuning_fork,
     wrong_chunk_source,
 )
+from tests.evaluate_runs import FAST_CPU
 from tests.gitrepo import git
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,17 +54,8 @@ def one_thread(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
 
 
-# Tiny CPU evaluations: one warm-up, a few timed runs.
-FAST = EvaluationOptions(
-    seq_lens=(),
-    device="cpu",
-    warmup_runs=1,
-    min_timed_runs=3,
-    max_timed_runs=5,
-    timed_seconds=0.2,
-    length_timeout_s=120,
-    timeout_s=300,
-)
+# Tiny CPU evaluations with a few more timed runs: the loop compares a candidate with its baseline.
+FAST = dataclasses.replace(FAST_CPU, max_timed_runs=5, timed_seconds=0.2)
 
 
 class Rig:
