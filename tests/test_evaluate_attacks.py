@@ -202,6 +202,10 @@ def world(tmp_path_factory) -> World:
     outside_file = base / "outside" / "pwned.txt"
     tmp_file = Path("/tmp") / f"quasar-pwned-{os.getpid()}-{time.monotonic_ns()}"
     system_file = Path("/usr") / f"quasar-pwned-{os.getpid()}"
+    # A Triton cache seed (quasar/evaluate/triton_seed.py) the fork would poison for later evaluations.
+    triton_seed = base / "triton-seed"
+    (triton_seed / "entry").mkdir(parents=True)
+    (triton_seed / "entry" / "kernel.cubin").write_bytes(b"compiled by the starter fork")
     markers = {"sandboxed": f"quasar-bg-{os.getpid()}-a", "unsandboxed": f"quasar-bg-{os.getpid()}-b"}
     listener = Listener()
     write_outside_source = base / "write_outside"
@@ -256,8 +260,11 @@ def world(tmp_path_factory) -> World:
                     str(system_file),
                     "/sandbox/fork/fla/layers/quasar.py",
                     "/sandbox/harness/child.py",
+                    "/sandbox/triton-seed/entry/kernel.cubin",
+                    "/sandbox/triton-seed/new/kernel.cubin",
                 ]
             },
+            options=replace(FAST_CPU, policy=SandboxPolicy(triton_seed=str(triton_seed))),
         ),
         "forge_reply": Case("forge_reply"),
         "cheap_input": Case("cheap_input"),
@@ -342,6 +349,7 @@ def world(tmp_path_factory) -> World:
             "wallet_file": wallet_file,
             "system_file": system_file,
             "tmp_root": bind_under_tmp,
+            "triton_seed": triton_seed,
         },
         fork_layer_digest_before=digest_before,
         fork_layer_digest_after=file_digest(write_outside_source / "fla" / "layers" / "quasar.py"),
@@ -540,6 +548,17 @@ def test_writes_outside_the_sandbox_do_not_happen(world):
     assert not world.paths["system_file"].exists()
     assert world.fork_layer_digest_after == world.fork_layer_digest_before
     assert world.reports["write_outside"].verdict == "pass", world.reports["write_outside"].reasons
+
+
+def test_a_fork_cannot_poison_the_triton_cache_seed_for_later_evaluations(world):
+    # The seed is mounted read-only; the child works on its own copy of it (in its private HOME).
+    log = world.reports["write_outside"].log_tail
+    assert "WRITE-REFUSED /sandbox/triton-seed/entry/kernel.cubin" in log
+    assert "WRITE-REFUSED /sandbox/triton-seed/new/kernel.cubin" in log
+    seed = world.paths["triton_seed"]
+    assert sorted(p.relative_to(seed).as_posix() for p in seed.rglob("*")) == ["entry", "entry/kernel.cubin"]
+    assert (seed / "entry" / "kernel.cubin").read_bytes() == b"compiled by the starter fork"
+    assert any("Triton cache seeded with 1 file(s)" in note for note in world.reports["write_outside"].notes)
 
 
 def test_out_of_memory_is_a_verdict_not_a_crash(world):

@@ -7,11 +7,14 @@ import ast
 import math
 import random
 import time
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 
 from quasar.evaluate import EvaluationOptions, evaluate, workload
+from quasar.evaluate.triton_seed import ensure_seed
 from quasar.evaluate.verification import REL_ERROR_THRESHOLD, REQUEST_TOLERANCE
 from quasar.starter_fork import copy_starter_tree
 from tests.hostile_forks import write_hostile_fork
@@ -48,6 +51,25 @@ def test_honest_starter_fork_passes_on_cuda(tmp_path):
         # The peak of the length's warm-up holds at least the float32 inputs of one request.
         assert item.peak_vram_mb >= item.forwards_per_request * item.seq_len * 512 * 4 / 2**20
     assert report.recommended_claim <= report.measured_tokens_per_sec
+
+
+def test_the_triton_seed_spares_the_starter_forks_compilation(tmp_path):
+    copy_starter_tree(tmp_path / "fork")
+    unseeded = evaluate(tmp_path / "fork", 2048, None, GPU)
+    policy = ensure_seed(str(tmp_path / "seeds"), "cuda", [512, 1024, 2048], GPU.policy)
+    assert policy.triton_seed is not None
+    seed = Path(policy.triton_seed)
+    assert list(seed.rglob("*.cubin")) and list(seed.rglob("__triton_launcher*.so"))
+    seeded = evaluate(tmp_path / "fork", 2048, None, replace(GPU, policy=policy))
+    assert unseeded.passed and seeded.passed, (unseeded.reasons, seeded.reasons)
+    assert any(note.startswith("Triton cache seeded with") for note in seeded.notes), seeded.notes
+    # Every kernel is loaded from the seed instead of compiled (seconds) at its first forward.
+    assert seeded.timings.first_forward_s < unseeded.timings.first_forward_s / 3, (
+        seeded.timings.first_forward_s,
+        unseeded.timings.first_forward_s,
+    )
+    # A second call finds the seed and builds nothing.
+    assert ensure_seed(str(tmp_path / "seeds"), "cuda", [512], GPU.policy) == policy
 
 
 def gpu_sleep_seconds(cycles: int) -> float:

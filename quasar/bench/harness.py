@@ -3,7 +3,7 @@
     quasar bench harness --out DIR [--device cuda] [--runs 5] [--budget-seconds 300]
         [--lens 512,1024,2048,100k] [--target 1M] [--timed-seconds S] [--warmup-seconds S]
         [--tokens-per-request N] [--no-pin] [--tuning JSON] [--fork PATH]
-        [--process-per-evaluation | --worker]
+        [--triton-seed-dir DIR] [--process-per-evaluation | --worker]
 
 Runs up to ``--runs`` separate evaluations (each a fresh sandbox) of the starter fork at
 ``--lens`` with target ``--target`` (default 512, 1024, 2048, 100k and 1M), and after each one
@@ -52,6 +52,8 @@ from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import DEFAULT_TOKENS_PER_REQUEST, EvaluationOptions, ProgressEvent
 from quasar.evaluate.report import EvaluationReport
 from quasar.evaluate.sandbox import SandboxPolicy
+from quasar.evaluate.start import evaluation_lengths
+from quasar.evaluate.triton_seed import ensure_seed
 from quasar.log import setup_logging
 from quasar.starter_fork import KERNEL_DIR, copy_starter_tree, tuning_contract
 from quasar.starter_fork.writer import commit_new_repository
@@ -339,6 +341,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench harness") 
         action="store_true",
         help="each evaluation by the validator's worker process, cloning the fork from a local repository",
     )
+    parser.add_argument(
+        "--triton-seed-dir",
+        default="",
+        help="give every evaluation the Triton cache seed kept here, built first if missing "
+        "(quasar/evaluate/triton_seed.py); default: none, every evaluation compiles everything",
+    )
     parser.add_argument("--allow-unsandboxed", action="store_true")
     args = parser.parse_args(argv)
     setup_logging()
@@ -368,7 +376,14 @@ def run(args: argparse.Namespace, command: str) -> int:
         tokens_per_request=args.tokens_per_request,
         pin_cpus=False if args.no_pin else None,
         policy=SandboxPolicy(allow_unsandboxed=args.allow_unsandboxed),
+        triton_seed_dir=args.triton_seed_dir,
     )
+    if args.triton_seed_dir:
+        # Built here, before the first evaluation, so that every evaluation's figures are alike.
+        seeding = time.monotonic()
+        lengths = evaluation_lengths(options.seq_lens, args.target)
+        seeded = ensure_seed(args.triton_seed_dir, options.device, lengths, options.policy)
+        console.print(f"Triton cache seed: {seeded.triton_seed or 'none'} ({time.monotonic() - seeding:.1f} s)")
     meta = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": command,

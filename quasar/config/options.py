@@ -127,6 +127,7 @@ _EVALUATION = (
     "eval_load_timeout",
     "sandbox_memory_mb",
     "sandbox_cgroup",
+    "triton_seed_dir",
 )
 _MINER = tuple(option.key for option in OPTIONS if option.group == "miner")
 _API_SERVER = tuple(

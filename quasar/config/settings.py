@@ -98,6 +98,7 @@ class Settings:
     eval_load_timeout: float
     sandbox_memory_mb: int
     sandbox_cgroup: str
+    triton_seed_dir: str
 
     def wallet_name_for(self, role: str) -> str:
         """The wallet name for ``role`` ("miner" or "validator"): ``--wallet.name`` wins."""

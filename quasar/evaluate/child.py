@@ -10,7 +10,9 @@ may patch anything, and the parent trusts nothing it says without checking.
 
 Requests (JSON headers; see protocol.py) and replies:
 
-- ``ping`` -> ``pong`` with ``cpus``, the CPUs this process may run on (sandbox start-up, before fork code)
+- ``ping {triton_seed?}`` -> ``pong`` with ``cpus``, the CPUs this process may run on (sandbox
+  start-up, before fork code), and ``seeded``, how many files of the Triton cache seed mounted at
+  ``triton_seed`` it copied into its own cache (triton_seed.py; the first ping only)
 - ``calibrate {seq_len, input_seed, basis_seed, count}``: a request as ``run`` makes it with a
   stand-in for the layer that returns a fixed output (on CUDA in a CUDA graph of its own), reply
   and payload included -> ``{ok}`` + fingerprints
@@ -32,6 +34,8 @@ Requests (JSON headers; see protocol.py) and replies:
   the bytes there
 - ``memory {reset}``: peak device memory since the last reset and memory allocated now ->
   ``{ok, peak_bytes, allocated_bytes}``
+- ``triton_cache`` -> ``{ok, files}`` + its Triton cache folder as an uncompressed tar (how the
+  parent builds the seed from a run of the starter fork: triton_seed.py)
 - ``exit``
 
 A failure replies ``{ok: false, kind: "oom" | "error" | "needs_gpu", error}``; the process keeps
@@ -46,10 +50,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import io
 import json
 import mmap
 import os
+import shutil
 import sys
+import tarfile
 import traceback
 from collections.abc import Iterator
 
@@ -133,6 +140,44 @@ MAX_REASON_CHARS = 300
 LAYER, STAND_IN = "layer", "stand-in"
 
 
+def triton_cache_dir() -> str:
+    """The folder Triton caches its compilations in (the parent sets TRITON_CACHE_DIR in the sandbox)."""
+    return os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+
+
+def copy_triton_seed(seed: str | None) -> int:
+    """Copy the seed the parent mounted at ``seed`` into this process's own, writable Triton cache,
+    before any fork code runs; returns the number of files copied (0 without a seed). The seed holds
+    what Triton compiled for the starter fork's kernels, so a fork whose kernels are the same loads
+    them instead of compiling them again; Triton's own cache keys decide what is reused."""
+    if not isinstance(seed, str) or not os.path.isdir(seed):
+        return 0
+    cache = triton_cache_dir()
+    try:
+        shutil.copytree(seed, cache, symlinks=False, dirs_exist_ok=True)
+    except OSError:
+        # A half-copied seed could hold a truncated file: compile everything instead.
+        shutil.rmtree(cache, ignore_errors=True)
+        return 0
+    return sum(len(names) for _, _, names in os.walk(seed))
+
+
+def triton_cache_archive() -> tuple[bytes, int]:
+    """This process's Triton cache folder as an uncompressed tar of its regular files, and their count."""
+    cache = triton_cache_dir()
+    buffer = io.BytesIO()
+    count = 0
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for directory, subdirectories, names in os.walk(cache):
+            subdirectories.sort()
+            for name in sorted(names):
+                path = os.path.join(directory, name)
+                if os.path.isfile(path) and not os.path.islink(path):
+                    archive.add(path, arcname=os.path.relpath(path, cache), recursive=False)
+                    count += 1
+    return buffer.getvalue(), count
+
+
 def failure_reason(error: BaseException) -> str:
     """The first line of the error that started a chain of exceptions (a failed capture raises
     again when it ends; the first error says why)."""
@@ -158,6 +203,7 @@ class Server:
     def __init__(self, channel: protocol.Channel, device: str, shared: protocol.SharedArea | None = None):
         self.channel = channel
         self.shared = shared
+        self.seeded: int | None = None
         self.device = torch.device(device)
         self.layer: torch.nn.Module | None = None
         self.last_output: torch.Tensor | None = None
@@ -375,6 +421,7 @@ class Server:
             "capture": self.handle_capture,
             "run": self.handle_run,
             "memory": self.handle_memory,
+            "triton_cache": self.handle_triton_cache,
         }
         while True:
             request, _ = self.channel.recv()
@@ -382,7 +429,9 @@ class Server:
             if op == "exit":
                 return
             if op == "ping":
-                self.channel.send({"ok": True, "op": "pong", "cpus": allowed_cpus()})
+                if self.seeded is None:
+                    self.seeded = copy_triton_seed(request.get("triton_seed"))
+                self.channel.send({"ok": True, "op": "pong", "cpus": allowed_cpus(), "seeded": self.seeded})
                 continue
             if op == "output":
                 self.send_output(request)
@@ -405,6 +454,10 @@ class Server:
                 kind = "needs_gpu" if self.device.type == "cpu" and triton_found_no_driver(error) else "error"
                 reply = {"ok": False, "kind": kind, "error": traceback.format_exc()[-MAX_ERROR_CHARS:]}
             self.channel.send(reply, payload)
+
+    def handle_triton_cache(self, request: dict) -> tuple[dict, bytes]:
+        archive, count = triton_cache_archive()
+        return {"ok": True, "files": count}, archive
 
     def peak_bytes(self) -> int | None:
         if self.device.type != "cuda":

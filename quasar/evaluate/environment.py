@@ -24,6 +24,7 @@ import functools
 import importlib.metadata
 import os
 import re
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,3 +176,34 @@ def evaluation_environment(roots: tuple[str, ...] = EVALUATION_PACKAGES) -> Eval
         for path, entries in sorted(by_site.items(), key=lambda item: order.get(item[0], len(order)))
     )
     return EvaluationEnvironment(dict(sorted(versions.items())), sites, tuple(sorted(missing)))
+
+
+def compile_bytecode(environment: EvaluationEnvironment, python: str, timeout_s: float = 600.0) -> str | None:
+    """Write the bytecode the environment's modules lack, beside their sources, with the child's
+    interpreter ``python`` on every core; returns None, or why it could not (said in the log).
+
+    The sandboxed child never writes bytecode (its root is read-only), so a module without any is
+    compiled from source at every evaluation: an install made with ``PYTHONDONTWRITEBYTECODE`` or
+    ``--no-compile`` (container images often are) leaves torch and sympy so, and importing a real
+    fla tree then costs several seconds more on the child's one core. pip writes the same files at
+    install; modules that already have bytecode are only checked."""
+    targets = [
+        os.path.join(site.path, entry)
+        for site in environment.sites
+        for entry in site.entries
+        if entry.endswith(".py") or os.path.isdir(os.path.join(site.path, entry, "")) and "." not in entry
+    ]
+    if not targets:
+        return None
+    command = [python, "-m", "compileall", "-q", "-j", "0", *targets]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return str(error)
+    if done.returncode != 0:
+        # compileall fails on a folder it cannot write (a system install) or a file that does not compile.
+        lines = (done.stdout + done.stderr).strip().splitlines()
+        return (
+            f"{lines[0].strip()} {lines[-1].strip()}" if lines else f"compileall exited with status {done.returncode}"
+        )
+    return None

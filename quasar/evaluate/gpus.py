@@ -12,11 +12,13 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class NvidiaGpu:
-    """A GPU as the NVIDIA driver lists it (/proc/driver/nvidia/gpus): PCI bus, device node minor, UUID."""
+    """A GPU as the NVIDIA driver lists it (/proc/driver/nvidia/gpus): PCI bus, device node minor,
+    UUID and model name."""
 
     bus: str
     minor: int
     uuid: str
+    model: str = ""
 
 
 def nvidia_gpus(root: str = "/proc/driver/nvidia/gpus") -> list[NvidiaGpu]:
@@ -34,7 +36,9 @@ def nvidia_gpus(root: str = "/proc/driver/nvidia/gpus") -> list[NvidiaGpu]:
                 for line in information:
                     key, _, value = line.partition(":")
                     fields[key.strip()] = value.strip()
-            found.append(NvidiaGpu(bus.lower(), int(fields["Device Minor"]), fields["GPU UUID"]))
+            found.append(
+                NvidiaGpu(bus.lower(), int(fields["Device Minor"]), fields["GPU UUID"], fields.get("Model", ""))
+            )
         except (OSError, KeyError, ValueError):
             return []
     return sorted(found, key=lambda gpu: gpu.bus)

@@ -58,6 +58,7 @@ from quasar.evaluate.timing import (
     recommended_claim,
     time_rounds,
 )
+from quasar.evaluate.triton_seed import ensure_seed
 from quasar.evaluate.verification import verify_all
 
 logger = logging.getLogger(__name__)
@@ -116,6 +117,11 @@ def _benchmark_in_sandbox(
         # What this evaluation waited for: a child started before it (started_before_s) may be up already.
         timings.startup_s = max(0.0, time.monotonic() - sandbox.started - timings.started_before_s)
         report.sandbox = child.isolation_note
+        if child.seeded_files:
+            report.notes.append(
+                f"Triton cache seeded with {child.seeded_files} file(s) of the starter fork's compilations: "
+                "kernels the same as the starter's were not compiled again"
+            )
         with pinning.pinned(plan.timing if plan is not None else None) as timing_pinned:
             report.cpu_pinning = _pinning_note(plan, note, child.child_cpus, timing_pinned)
             _measure(child, runs, lengths, references, options, deadline, timings, progress, report)
@@ -393,7 +399,8 @@ def _evaluate(
 
     progress(ProgressEvent("import-check"))
     if sandbox is None:
-        sandbox = SandboxStart(lengths, options.device, options.policy, options.pin_cpus, repo=repo)
+        policy = ensure_seed(options.triton_seed_dir, options.device, lengths, options.policy)
+        sandbox = SandboxStart(lengths, options.device, policy, options.pin_cpus, repo=repo)
     else:
         sandbox.provide_fork(repo)
         timings.started_before_s = started - sandbox.started

@@ -73,6 +73,8 @@ class EvaluationOptions:
     warmup_seconds: float = 1.0
     # Pin the child and the parent's timing thread to cores of their own (pinning.py); None: on CUDA only.
     pin_cpus: bool | None = None
+    # Where the Triton cache seeds live (triton_seed.py; TRITON_SEED_DIR); empty: no seed.
+    triton_seed_dir: str = ""
 
 
 def options_from_settings(settings, allow_unsandboxed: bool = False, **changes) -> EvaluationOptions:
@@ -90,6 +92,7 @@ def options_from_settings(settings, allow_unsandboxed: bool = False, **changes) 
         "timeout_s": settings.eval_timeout,
         "timed_seconds": settings.eval_timed_seconds,
         "load_timeout_s": settings.eval_load_timeout,
+        "triton_seed_dir": settings.triton_seed_dir,
         "policy": policy,
     }
     return EvaluationOptions(**{**values, **changes})

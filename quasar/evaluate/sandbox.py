@@ -59,6 +59,7 @@ from quasar.evaluate.sandbox_layout import (
     SANDBOX_FORK,
     SANDBOX_HARNESS,
     SANDBOX_HOME,
+    SANDBOX_TRITON_SEED,
     SandboxPolicy,
     python_executable,
     root_mounts,
@@ -117,6 +118,8 @@ class SandboxedChild:
         self.cpus = cpus
         # The CPUs the child said it may run on, in its first reply (before any fork code ran).
         self.child_cpus: list[int] | None = None
+        # Files of the Triton cache seed the child copied into its cache at its start (triton_seed.py).
+        self.seeded_files = 0
         self.marker = secrets.token_hex(16)
         self.output = CapturedOutput()
         self.isolation = "none"
@@ -368,7 +371,8 @@ class SandboxedChild:
         """Ping through a fresh sandbox: a setup failure arrives as a ``sandbox`` error instead."""
         assert self.channel is not None
         try:
-            self.channel.send({"op": "ping"})
+            seed = {"triton_seed": SANDBOX_TRITON_SEED} if self._mode != "none" and self.policy.triton_seed else {}
+            self.channel.send({"op": "ping", **seed})
             reply, _ = self.channel.recv(deadline=time.monotonic() + STARTUP_SECONDS)
         except (protocol.ChannelError, OSError) as error:
             raise SandboxUnavailable(f"the sandbox did not start ({error}): {self.output.text()[-2000:]}") from None
@@ -377,6 +381,8 @@ class SandboxedChild:
         cpus = reply.get("cpus")
         if isinstance(cpus, list) and all(isinstance(cpu, int) and not isinstance(cpu, bool) for cpu in cpus):
             self.child_cpus = cpus
+        seeded = reply.get("seeded")
+        self.seeded_files = seeded if isinstance(seeded, int) and not isinstance(seeded, bool) else 0
         self._replied = True
 
     def _drain(self) -> None:

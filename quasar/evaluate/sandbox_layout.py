@@ -22,6 +22,9 @@ SANDBOX_HARNESS = "/sandbox/harness"
 
 SANDBOX_HOME = "/sandbox/home"
 
+# The Triton cache seed (triton_seed.py), read-only, where the policy gives one.
+SANDBOX_TRITON_SEED = "/sandbox/triton-seed"
+
 # The evaluation environment's site folders inside the sandbox: /sandbox/site/0, /sandbox/site/1…
 SANDBOX_SITE = "/sandbox/site"
 
@@ -65,6 +68,10 @@ class SandboxPolicy:
     sys_paths: tuple[str, ...] = SYS_BINDS
     extra_readonly_paths: tuple[str, ...] = ()
     pytorch_cuda_alloc_conf: str = "expandable_segments:True"
+    # A folder of what Triton compiled for the starter fork (triton_seed.py), copied into the
+    # child's own cache at its start; None: the child compiles everything. Namespaced sandboxes
+    # only: unsandboxed, the fork could write into it for later evaluations.
+    triton_seed: str | None = None
 
 
 DEVICE_NODES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
@@ -152,6 +159,8 @@ def root_mounts(workdir: Path, mode: str, uid: int, policy: SandboxPolicy, devic
             for entry in environment_site.entries
         ]
     binds += [[str(workdir / "fork"), SANDBOX_FORK], [str(workdir / "harness"), SANDBOX_HARNESS]]
+    if policy.triton_seed is not None and os.path.isdir(policy.triton_seed):
+        binds.append([policy.triton_seed, SANDBOX_TRITON_SEED])
     owner = f",uid={uid},gid={uid}" if mode == "root" else ""
     return {
         "ro_binds": binds,

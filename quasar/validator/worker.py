@@ -187,8 +187,27 @@ class HeadStart:
             references.join()
 
 
+def with_triton_seed(job: dict[str, Any]) -> dict[str, Any]:
+    """The job with its sandbox policy given the Triton cache seed for its GPU, built first where
+    missing (quasar/evaluate/triton_seed.py): before the head start, whose child copies the seed
+    at its start. Unchanged where seeding is off or the seed cannot be had."""
+    from quasar.evaluate.start import evaluation_lengths
+    from quasar.evaluate.triton_seed import ensure_seed
+
+    options = job["options"]
+    try:
+        lengths = evaluation_lengths(options["seq_lens"], job["target_sequence_length"])
+        given = policy_from_json(options["policy"])
+        policy = ensure_seed(options.get("triton_seed_dir", ""), options["device"], lengths, given)
+    except (KeyError, TypeError, ValueError, OSError) as error:
+        logger.warning("no Triton cache seed for this evaluation: %s", error)
+        return job
+    return job if policy is given else {**job, "options": {**options, "policy": asdict(policy)}}
+
+
 def run_job(job: dict[str, Any]) -> dict[str, Any]:
     """Start what needs no fork, clone, evaluate and clean up; returns the outcome to write."""
+    job = with_triton_seed(job)
     head_start = HeadStart(job)
     try:
         try:
