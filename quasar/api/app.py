@@ -27,6 +27,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.types import DecoratedCallable
+from pydantic import BaseModel
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -248,9 +250,24 @@ def create_app(
     Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]
     RoundId = Annotated[int | None, Query(ge=0, le=2**40, description="a round; default the current one")]
 
+    def route(
+        method: str, path: str, model: type[BaseModel], tag: str, status_code: int | None = None
+    ) -> Callable[[DecoratedCallable], DecoratedCallable]:
+        """Declare a JSON route answering ``model``: every route documents the error bodies of
+        :data:`ERRORS` and refuses unknown query parameters (:data:`STRICT_QUERY`)."""
+        return app.api_route(
+            path,
+            methods=[method],
+            response_model=model,
+            status_code=status_code,
+            responses=ERRORS,
+            dependencies=STRICT_QUERY,
+            tags=[tag],
+        )
+
     # --- public reads ---
 
-    @app.get("/health", response_model=schemas.Health, responses=ERRORS, dependencies=STRICT_QUERY, tags=["public"])
+    @route("GET", "/health", schemas.Health, "public")
     def health() -> schemas.Health:
         """Liveness, this API's hotkey (the receiver to sign for) and the commit-reveal parameters."""
         return schemas.Health(
@@ -265,66 +282,34 @@ def create_app(
 
     # The leaderboard and the current round are cached per chain block (quasar.api.readcache).
 
-    @app.get(
-        "/get_current_round",
-        response_model=schemas.RoundInfo,
-        responses=ERRORS,
-        dependencies=STRICT_QUERY,
-        tags=["public"],
-    )
+    @route("GET", "/get_current_round", schemas.RoundInfo, "public")
     async def get_current_round(request: Request) -> Response:
         """The current round: a fixed number of chain blocks (ROUND_BLOCKS)."""
         return await reads.response(request, service.current_round, {})
 
-    @app.get(
-        "/pending_reveals",
-        response_model=schemas.PendingReveals,
-        responses=ERRORS,
-        dependencies=STRICT_QUERY,
-        tags=["public"],
-    )
+    @route("GET", "/pending_reveals", schemas.PendingReveals, "public")
     def pending_reveals(hotkey: HotkeyFilter = None, limit: Limit = MAX_PAGE) -> schemas.PendingReveals:
         """Commitments not yet revealed whose reveal window has not closed."""
         return service.pending_reveals(hotkey, limit)
 
-    @app.get(
-        "/get_submission_stats",
-        response_model=schemas.SubmissionStats,
-        responses=ERRORS,
-        dependencies=STRICT_QUERY,
-        tags=["public"],
-    )
+    @route("GET", "/get_submission_stats", schemas.SubmissionStats, "public")
     def get_submission_stats(hotkey: HotkeyFilter = None) -> schemas.SubmissionStats:
         """Counts of submissions, commitments and reports."""
         return service.stats(hotkey)
 
-    @app.get(
-        "/leaderboard", response_model=schemas.Leaderboard, responses=ERRORS, dependencies=STRICT_QUERY, tags=["public"]
-    )
+    @route("GET", "/leaderboard", schemas.Leaderboard, "public")
     async def leaderboard(request: Request, round_id: RoundId = None) -> Response:
         """A round ranked from the validators' stake-weighted consensus (docs/rules.md §5); default the
         current round. Reports count from the chain block after they arrive."""
         return await reads.response(request, lambda: service.leaderboard(round_id), {"round_id": round_id})
 
-    @app.get(
-        "/validators",
-        response_model=schemas.ValidatorAgreements,
-        responses=ERRORS,
-        dependencies=STRICT_QUERY,
-        tags=["public"],
-    )
+    @route("GET", "/validators", schemas.ValidatorAgreements, "public")
     async def validators(request: Request, round_id: RoundId = None) -> Response:
         """Each validator's weight in the consensus, and how its reports on a round's submissions
         compare with the settled consensus (default the current round)."""
         return await reads.response(request, lambda: service.validator_agreement(round_id), {"round_id": round_id})
 
-    @app.get(
-        "/validators/{hotkey}/reports",
-        response_model=schemas.ValidatorReports,
-        responses=ERRORS,
-        dependencies=STRICT_QUERY,
-        tags=["public"],
-    )
+    @route("GET", "/validators/{hotkey}/reports", schemas.ValidatorReports, "public")
     def validator_reports(
         hotkey: Annotated[str, Path(pattern=schemas.HOTKEY_PATTERN)],
         after_id: Annotated[int, Query(ge=0, le=schemas.MAX_ID)] = 0,
@@ -339,13 +324,7 @@ def create_app(
     status_reader = StatusReader(service)
     Offset = Annotated[int, Query(ge=0, le=2**40)]
 
-    @app.get(
-        "/submissions/{submission_id}",
-        response_model=schemas.SubmissionStatus,
-        responses=ERRORS,
-        dependencies=STRICT_QUERY,
-        tags=["public"],
-    )
+    @route("GET", "/submissions/{submission_id}", schemas.SubmissionStatus, "public")
     def submission_status(submission_id: Annotated[int, Path(ge=1, le=schemas.MAX_ID)]) -> schemas.SubmissionStatus:
         """A submission's state, and per validator that reported: verdict, figures per length, reasons."""
         status = status_reader.submission(submission_id)
@@ -353,13 +332,7 @@ def create_app(
             raise ApiError(404, f"no submission {submission_id}")
         return status
 
-    @app.get(
-        "/miners/{hotkey}/submissions",
-        response_model=schemas.SubmissionPage,
-        responses=ERRORS,
-        dependencies=STRICT_QUERY,
-        tags=["public"],
-    )
+    @route("GET", "/miners/{hotkey}/submissions", schemas.SubmissionPage, "public")
     def miner_submissions(
         hotkey: Annotated[str, Path(pattern=schemas.HOTKEY_PATTERN)], limit: Limit = 20, offset: Offset = 0
     ) -> schemas.SubmissionPage:
@@ -374,62 +347,29 @@ def create_app(
         return service.submit_direct(caller.hotkey, caller.client_ip, payload, caller)
 
     # The reference of the submission fast lane (quasar/api/fastlane.py), which answers most of its requests.
-    @app.post(
-        "/submit_kernel",
-        response_model=schemas.SubmissionAccepted,
-        status_code=201,
-        responses=ERRORS,
-        dependencies=STRICT_QUERY,
-        tags=["miners"],
-    )
+    @route("POST", "/submit_kernel", schemas.SubmissionAccepted, "miners", status_code=201)
     def submit_kernel(payload: schemas.SubmitKernelRequest, caller: MinerCaller) -> schemas.SubmissionAccepted:
         """Direct submission, evaluable at once."""
         return submit(payload, caller)
 
-    @app.post(
-        "/commit_submission",
-        response_model=schemas.CommitAccepted,
-        status_code=201,
-        responses=ERRORS,
-        dependencies=STRICT_QUERY,
-        tags=["miners"],
-    )
+    @route("POST", "/commit_submission", schemas.CommitAccepted, "miners", status_code=201)
     def commit_submission(payload: schemas.CommitRequest, caller: MinerCaller) -> schemas.CommitAccepted:
         """Commit ``sha256(salt + fork_url + commit_hash)``; its time is the submission's time."""
         return service.commit(caller.hotkey, caller.client_ip, payload, caller)
 
-    @app.post(
-        "/reveal_submission",
-        response_model=schemas.SubmissionAccepted,
-        responses=ERRORS,
-        dependencies=STRICT_QUERY,
-        tags=["miners"],
-    )
+    @route("POST", "/reveal_submission", schemas.SubmissionAccepted, "miners")
     def reveal_submission(payload: schemas.RevealRequest, caller: MinerCaller) -> schemas.SubmissionAccepted:
         """Reveal a commitment after BLOCKS_UNTIL_REVEAL blocks, inside the reveal window."""
         return service.reveal(caller.hotkey, caller.client_ip, payload, caller)
 
     # --- validators (signed, validator permit) ---
 
-    @app.get(
-        "/validator/pending",
-        response_model=schemas.WorkBatch,
-        responses=ERRORS,
-        dependencies=STRICT_QUERY,
-        tags=["validators"],
-    )
+    @route("GET", "/validator/pending", schemas.WorkBatch, "validators")
     def validator_pending(caller: ValidatorCaller, limit: Limit = 10) -> schemas.WorkBatch:
         """Submissions this validator has not reported on, leased to it for EVALUATION_LEASE_S."""
         return service.fetch_work(caller.hotkey, limit, caller)
 
-    @app.post(
-        "/validator/report",
-        response_model=schemas.ReportAccepted,
-        status_code=201,
-        responses=ERRORS,
-        dependencies=STRICT_QUERY,
-        tags=["validators"],
-    )
+    @route("POST", "/validator/report", schemas.ReportAccepted, "validators", status_code=201)
     def validator_report(payload: schemas.ReportRequest, caller: ValidatorCaller) -> schemas.ReportAccepted:
         """One validator's result for a submission it fetched (once per submission)."""
         return service.report(caller.hotkey, payload, caller)

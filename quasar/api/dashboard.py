@@ -18,6 +18,7 @@ import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import HTMLResponse
@@ -51,6 +52,9 @@ STATE_LABELS = {
 }
 # fullmatch: "$" would also match before a trailing newline.
 _HOTKEY = re.compile(schemas.HOTKEY_PATTERN.removeprefix("^").removesuffix("$"))
+# The round a page shows (``?round=N``); the current one when absent.
+RoundQuery = Annotated[int | None, Query(alias="round", ge=0, le=2**40)]
+RoundRender = Callable[[int | None], HTMLResponse]
 _ID = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
 
 
@@ -220,26 +224,29 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
     # Query parameters a page does not take are ignored (a link with tracking parameters still
     # works); the cache keys a page by the parameters it takes (quasar/api/readcache.py).
 
-    @router.get("/", response_class=HTMLResponse)
-    async def index(
-        request: Request, round_id: int | None = Query(default=None, alias="round", ge=0, le=2**40)
-    ) -> Response:
-        return await reads.page(request, lambda: index_page(round_id), {"round": round_id})
+    def round_page(path: str) -> Callable[[RoundRender], RoundRender]:
+        """Serve the decorated ``render(round_id)`` at ``path`` (``?round=N``, default the current
+        round), cached by round and read in one snapshot; the route takes the render's name."""
 
-    @in_one_read
-    def index_page(round_id: int | None) -> HTMLResponse:
+        def register(render: RoundRender) -> RoundRender:
+            rendered = in_one_read(render)
+
+            @router.get(path, response_class=HTMLResponse, name=render.__name__)
+            async def serve(request: Request, round_id: RoundQuery = None) -> Response:
+                return await reads.page(request, lambda: rendered(round_id), {"round": round_id})
+
+            return render
+
+        return register
+
+    @round_page("/")
+    def index(round_id: int | None) -> HTMLResponse:
         board = service.leaderboard(round_id)
         recent = status_reader.submissions(None, RECENT_SUBMISSIONS, 0)
         return page("index.html", title=f"Leaderboard, round {board.round_id}", board=board, recent=recent.submissions)
 
-    @router.get("/dashboard/validators", response_class=HTMLResponse)
-    async def validators(
-        request: Request, round_id: int | None = Query(default=None, alias="round", ge=0, le=2**40)
-    ) -> Response:
-        return await reads.page(request, lambda: validators_page(round_id), {"round": round_id})
-
-    @in_one_read
-    def validators_page(round_id: int | None) -> HTMLResponse:
+    @round_page("/dashboard/validators")
+    def validators(round_id: int | None) -> HTMLResponse:
         agreements = service.validator_agreement(round_id)
         return page(
             "validators.html",

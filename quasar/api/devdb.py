@@ -167,17 +167,19 @@ def start_api_process(
     trusted_proxies: str = "",
     timeout_s: float = 120.0,
     settings: Mapping[str, str] | None = None,
+    checkout: Path | None = None,
 ) -> tuple[subprocess.Popen, str]:
     """Start ``python -m quasar.api serve --workers N`` on a free port over the dev chain at ``chain_path``.
 
     ``settings``: more settings, as environment variables (``{"API_HEADER_TIMEOUT": "1"}``).
+    ``checkout``: the tree whose ``quasar.api`` runs (default the one this module is from).
     Runs in ``workdir`` (so no checkout's ``.env`` is read) and logs to ``workdir/server-PORT.log``;
     returns the process and its base URL once ``/health`` answers (with several workers: once
     each of them has started), or raises RuntimeError with the log's tail. The server runs in a
     session of its own: ``os.killpg(process.pid, SIGKILL)`` kills it with all its workers at once.
     """
     port = free_port()
-    root = Path(__file__).resolve().parents[2]
+    root = checkout or Path(__file__).resolve().parents[2]
     environ = {
         **os.environ,
         "API_HOTKEY": api_hotkey,

@@ -25,7 +25,6 @@ import secrets
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -36,7 +35,7 @@ import httpx
 from bittensor import http_auth
 from bittensor.sp_core import Keypair
 
-from quasar.api.devdb import free_port
+from quasar.api.devdb import start_api_process
 from quasar.chain.devchain import DevChain
 from quasar.log import setup_logging
 
@@ -114,42 +113,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-profil
         key = Keypair.create_from_seed(secrets.token_bytes(32))
         chain.register(key.ss58_address, key.ss58_address)
         api_hotkey = Keypair.create_from_seed(secrets.token_bytes(32)).ss58_address
-        port = free_port()
-        environ = {
-            **os.environ,
-            "API_HOTKEY": api_hotkey,
-            "SUBTENSOR_NETWORK": "devchain",
-            "NETUID": "24",
-            "DEVCHAIN_PATH": str(chain.path),
-            "SUBMISSIONS_PER_HOUR": "1000000",
-            "PYTHONPATH": str(args.tree.resolve()),
-            "LOGGING_DEBUG": "false",
-        }
-        log = open(workdir / "server.log", "w")
-        server = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "quasar.api",
-                "serve",
-                "--port",
-                str(port),
-                "--database-url",
-                f"sqlite:///{workdir}/api.sqlite3",
-            ],
-            cwd=workdir,
-            env=environ,
-            stdout=log,
-            stderr=subprocess.STDOUT,
+        server, url = start_api_process(
+            workdir, f"sqlite:///{workdir}/api.sqlite3", chain.path, api_hotkey, checkout=args.tree.resolve()
         )
-        url = f"http://127.0.0.1:{port}"
         try:
-            for _ in range(600):
-                try:
-                    if httpx.get(url + "/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.1)
             count = int(args.rate * args.seconds)
             statuses: collections.Counter[int] = collections.Counter()
             raw = workdir / "profile.txt"
@@ -215,7 +182,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-profil
         finally:
             server.send_signal(signal.SIGINT)
             server.wait(timeout=30)
-            log.close()
         rows = breakdown(raw, args.hz, count)
         if args.raw:
             shutil.copyfile(raw, args.raw)

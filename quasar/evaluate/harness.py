@@ -13,6 +13,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -63,9 +64,6 @@ from quasar.evaluate.verification import verify_all
 
 logger = logging.getLogger(__name__)
 
-
-logger = logging.getLogger(__name__)
-
 # The longest the load waits for the fork's bytecode, compiled beside the import check (sandbox_contents.py).
 PRECOMPILE_WAIT_S = 30.0
 
@@ -82,16 +80,27 @@ def _pinning_note(plan: pinning.CpuPlan | None, note: str, child_cpus: list[int]
     return note + "".join(f"; {problem}" for problem in problems)
 
 
-def _benchmark_in_sandbox(
-    sandbox: SandboxStart,
-    lengths: list[int],
-    references: ReferenceWork,
-    options: EvaluationOptions,
-    deadline: float,
-    timings: Timings,
-    progress: ProgressCallback,
-    report: EvaluationReport,
-) -> tuple[dict[int, LengthRun], Callable[[], None]]:
+@dataclass(frozen=True)
+class _Benchmark:
+    """What the sandboxed benchmark of one evaluation works with: the reference work, the options,
+    the deadline, where progress goes, and the report it writes its findings and timings to."""
+
+    references: ReferenceWork
+    options: EvaluationOptions
+    deadline: float
+    progress: ProgressCallback
+    report: EvaluationReport
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.report.seq_lens
+
+    @property
+    def timings(self) -> Timings:
+        return self.report.timings
+
+
+def _benchmark_in_sandbox(sandbox: SandboxStart, work: _Benchmark) -> tuple[dict[int, LengthRun], Callable[[], None]]:
     """Wait for the sandboxed child and run every length in it; the parent's timing thread runs
     pinned (if planned) until the child is done, then gets its own CPUs back.
 
@@ -101,30 +110,31 @@ def _benchmark_in_sandbox(
     since nothing it could do after its last reply changes the parent's verdict.
     """
     runs = {
-        length: LengthRun(LengthResult(seq_len=length), output_offset=sandbox.offsets[length]) for length in lengths
+        length: LengthRun(LengthResult(seq_len=length), output_offset=sandbox.offsets[length])
+        for length in work.lengths
     }
-    progress(ProgressEvent("start"))
+    work.progress(ProgressEvent("start"))
     plan, note = sandbox.plan, sandbox.note
     try:
         child = sandbox.wait()
     except SandboxUnavailable as error:
-        report.reasons.append(f"sandbox unavailable: {error}")
+        work.report.reasons.append(f"sandbox unavailable: {error}")
         return runs, lambda: None
     except SandboxError as error:
-        report.reasons.append(f"sandbox: {error}")
+        work.report.reasons.append(f"sandbox: {error}")
         return runs, lambda: None
     try:
         # What this evaluation waited for: a child started before it (started_before_s) may be up already.
-        timings.startup_s = max(0.0, time.monotonic() - sandbox.started - timings.started_before_s)
-        report.sandbox = child.isolation_note
+        work.timings.startup_s = max(0.0, time.monotonic() - sandbox.started - work.timings.started_before_s)
+        work.report.sandbox = child.isolation_note
         if child.seeded_files:
-            report.notes.append(
+            work.report.notes.append(
                 f"Triton cache seeded with {child.seeded_files} file(s) of the starter fork's compilations: "
                 "kernels the same as the starter's were not compiled again"
             )
         with pinning.pinned(plan.timing if plan is not None else None) as timing_pinned:
-            report.cpu_pinning = _pinning_note(plan, note, child.child_cpus, timing_pinned)
-            _measure(child, runs, lengths, references, options, deadline, timings, progress, report)
+            work.report.cpu_pinning = _pinning_note(plan, note, child.child_cpus, timing_pinned)
+            _measure(child, runs, work)
     except BaseException:
         child.close()
         raise
@@ -133,50 +143,40 @@ def _benchmark_in_sandbox(
 
     def closed() -> None:
         closing.join()
-        report.log_tail = clean_text(child.output.text()[-8000:], 8000)
+        work.report.log_tail = clean_text(child.output.text()[-8000:], 8000)
         if child.stragglers_killed:
-            report.reasons.append(
+            work.report.reasons.append(
                 f"{child.stragglers_killed} process(es) started by the fork outlived it and were killed"
             )
 
     return runs, closed
 
 
-def _measure(
-    child: SandboxedChild,
-    runs: dict[int, LengthRun],
-    lengths: list[int],
-    references: ReferenceWork,
-    options: EvaluationOptions,
-    deadline: float,
-    timings: Timings,
-    progress: ProgressCallback,
-    report: EvaluationReport,
-) -> None:
+def _measure(child: SandboxedChild, runs: dict[int, LengthRun], work: _Benchmark) -> None:
     """Calibrate, load the fork and run every length in a started child; fills ``runs``."""
-    session = Session(child, deadline)
-    weights_seed = references.weights_seed
+    session = Session(child, work.deadline)
+    weights_seed = work.references.weights_seed
     try:
-        counts = request_counts(lengths, options)
+        counts = request_counts(work.lengths, work.options)
         try:
-            harness_ns = calibrate(session, runs, counts, timings, progress)
+            harness_ns = calibrate(session, runs, counts, work.timings, work.progress)
         finally:
             # The parent's reference work runs on the device while the child warms up (not measured).
-            references.release()
+            work.references.release()
         started = time.monotonic()
-        progress(ProgressEvent("load"))
+        work.progress(ProgressEvent("load"))
         child.precompiled(timeout=PRECOMPILE_WAIT_S)
         header = {"op": "load", "fork_dir": child.fork_dir, "weights_seed": weights_seed}
         reply, _, _ = session.request(
             header,
-            time.monotonic() + options.load_timeout_s,
-            f"loading the fork's layer (limit {options.load_timeout_s:g} s)",
+            time.monotonic() + work.options.load_timeout_s,
+            f"loading the fork's layer (limit {work.options.load_timeout_s:g} s)",
         )
-        timings.load_s = time.monotonic() - started
+        work.timings.load_s = time.monotonic() - started
         if not reply.get("ok"):
             raise reply_failure(reply, None, "loading the fork's layer (fla.layers.quasar.QuasarAttention)")
     except ChildFailure as failure:
-        report.reasons.append(failure.message)
+        work.report.reasons.append(failure.message)
         return
     # Each length is prepared (warm-up, capture, correctness), shortest first; then the timed
     # requests run in rounds over every prepared length (module docstring, "Stability").
@@ -186,24 +186,24 @@ def _measure(
 
     def references_done() -> None:
         waited = time.monotonic()
-        references.wait()
-        timings.reference_s += time.monotonic() - waited
+        work.references.wait()
+        work.timings.reference_s += time.monotonic() - waited
 
-    for length in lengths:
+    for length in work.lengths:
         run = runs[length]
         if length not in harness_ns:
             break
-        if length == lengths[-1]:
+        if length == work.lengths[-1]:
             # The longest length's warm-up needs the most memory: the reference (its transient
             # float32 work on the device included) is done before it, so it never costs the fork memory.
             references_done()
         run.cost_ns = harness_ns[length]
-        run.check_seeds = references.check_seeds[length]
-        run.seed_pool = references.timed_seeds.get(length, [])
-        run.precomputed = references.precomputed.get(length, {})
+        run.check_seeds = work.references.check_seeds[length]
+        run.seed_pool = work.references.timed_seeds.get(length, [])
+        run.precomputed = work.references.precomputed.get(length, {})
         run.check_round = secrets.randbelow(TIMED_ROUNDS)
         failed = length_step(
-            run, prepare_length, session, run, options, counts[length], timings, progress, warmup_since
+            run, prepare_length, session, run, work.options, counts[length], work.timings, work.progress, warmup_since
         )
         if failed is None:
             prepared.append(length)
@@ -215,7 +215,7 @@ def _measure(
     if stopped is None:
         # ... and ends before the timed requests.
         references_done()
-        stopped = time_rounds(session, child, runs, prepared, counts, options, timings, progress)
+        stopped = time_rounds(session, child, runs, prepared, counts, work.options, work.timings, work.progress)
     for length in prepared:
         run = runs[length]
         if run.result.error is not None:
@@ -225,7 +225,7 @@ def _measure(
             run.timed, run.check, run.output, run.repeat = [], None, None, None
             continue
         finish_length(run, counts[length])
-        progress(ProgressEvent("timed", length, run.result.timed_runs, run.result.timed_runs))
+        work.progress(ProgressEvent("timed", length, run.result.timed_runs, run.result.timed_runs))
         logger.info(
             "T=%d: %.0f tokens/s (median of %d, cv %.3f)",
             length,
@@ -416,9 +416,8 @@ def _evaluate(
                 references = ReferenceWork(
                     weights_seed, options.device, lengths, request_counts(lengths, options), options.max_timed_runs
                 )
-            runs, closed = _benchmark_in_sandbox(
-                sandbox, lengths, references, options, deadline, timings, progress, report
-            )
+            work = _Benchmark(references, options, deadline, progress, report)
+            runs, closed = _benchmark_in_sandbox(sandbox, work)
             try:
                 report.reasons += verify_all(runs, references, timings, progress, target_seq_len)
             finally:

@@ -1,7 +1,5 @@
 """The submission API's tables: submissions, evaluation leases and reports, failures, bans, nonces.
 
-Revision ID: 0001
-Revises:
 Create Date: 2026-05-20
 """
 
@@ -10,8 +8,6 @@ from alembic import op
 
 revision = "0001"
 down_revision = None
-branch_labels = None
-depends_on = None
 
 Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 

@@ -3,8 +3,6 @@
 Reports stored before this revision keep ``lengths`` NULL; their per-length tokens/sec stay in
 ``benchmarks``, which the status endpoints read in that case.
 
-Revision ID: 0002
-Revises: 0001
 Create Date: 2026-11-23
 """
 
@@ -13,8 +11,6 @@ from alembic import op
 
 revision = "0002"
 down_revision = "0001"
-branch_labels = None
-depends_on = None
 
 
 def upgrade() -> None:

@@ -6,8 +6,6 @@ Without this index SQLite answered both through ``ix_submissions_state_ready_at`
 ready submission of every miner, so a submission and a miner's page cost more the more submissions
 were waiting for evaluation.
 
-Revision ID: 0003
-Revises: 0002
 Create Date: 2026-11-23
 """
 
@@ -15,8 +13,6 @@ from alembic import op
 
 revision = "0003"
 down_revision = "0002"
-branch_labels = None
-depends_on = None
 
 INDEX = "ix_submissions_hotkey_state_commit_hash"
 

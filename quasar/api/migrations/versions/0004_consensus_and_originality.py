@@ -7,8 +7,6 @@
   IPv4-mapped IPv6 address becomes the IPv4 address, an IPv6 address its /64. Failures and bans
   recorded before are rewritten, so they keep counting against the same client.
 
-Revision ID: 0004
-Revises: 0003
 Create Date: 2026-11-27
 """
 
@@ -19,8 +17,6 @@ from quasar.api.rules import address_key
 
 revision = "0004"
 down_revision = "0003"
-branch_labels = None
-depends_on = None
 
 ADDRESS_TABLES = ("submissions", "validation_failures", "ip_bans")
 

@@ -7,8 +7,6 @@
 - Indexes of submissions by state and round (the ready ones of the rounds being scheduled) and of
   leases by validator and round.
 
-Revision ID: 0005
-Revises: 0004
 Create Date: 2026-11-27
 """
 
@@ -17,8 +15,6 @@ from alembic import op
 
 revision = "0005"
 down_revision = "0004"
-branch_labels = None
-depends_on = None
 
 Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 
