@@ -30,6 +30,7 @@ from quasar.evaluate.verification import REL_ERROR_THRESHOLD, REQUEST_TOLERANCE
 from quasar.starter_fork import write_starter_fork
 from tests.evaluate_runs import FAST_CPU
 from tests.hostile_forks import write_hostile_fork
+from tests.processes import proc_files
 
 pytestmark = pytest.mark.slow
 
@@ -97,15 +98,7 @@ def host_addresses() -> list[str]:
 
 def processes_where(field: str, matches) -> list[int]:
     """The processes whose /proc/PID/``field`` (bytes) ``matches``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if matches(Path(f"/proc/{name}/{field}").read_bytes()):
-                    found.append(int(name))
-            except OSError:
-                pass
-    return found
+    return [pid for pid, content in proc_files(field) if matches(content)]
 
 
 def processes_with(marker: str) -> list[int]:

@@ -62,6 +62,7 @@ from servers import serving
 from tests.evaluate_runs import FAST_CPU
 from tests.gitrepo import commit_all
 from tests.hostile_forks import write_hostile_fork
+from tests.processes import proc_files
 from tiny_qwen import make_tiny_qwen2
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -553,16 +554,11 @@ def wait_for(condition, timeout_s: float, what: str, process: subprocess.Popen |
 
 
 def worker_processes(marker: str) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"quasar.validator.worker" in cmdline and marker.encode() in cmdline:
-                found.append(int(name))
-    return found
+    return [
+        pid
+        for pid, cmdline in proc_files("cmdline")
+        if b"quasar.validator.worker" in cmdline and marker.encode() in cmdline
+    ]
 
 
 @pytest.mark.slow
