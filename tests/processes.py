@@ -42,3 +42,12 @@ def script_results(script: str, args: list[str], timeout: float, **environ: str)
     result = run_python(["-c", script, *args], REPO_ROOT, timeout, env)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def bench_figures(tool: str, flags: list[str], figures_file: Path) -> tuple[subprocess.CompletedProcess[str], list]:
+    """``quasar bench TOOL FLAGS --json FIGURES_FILE`` in the repository at 80 columns, which must
+    succeed within four minutes; the run and the figures it wrote."""
+    command = ["-m", "quasar", "bench", tool, *flags, "--json", str(figures_file)]
+    run = run_python(command, REPO_ROOT, 240, {**os.environ, "COLUMNS": "80"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run, json.loads(figures_file.read_text())
