@@ -30,7 +30,7 @@ from quasar.evaluate.verification import REL_ERROR_THRESHOLD, REQUEST_TOLERANCE
 from quasar.starter_fork import write_starter_fork
 from tests.evaluate_runs import FAST_CPU
 from tests.hostile_forks import write_hostile_fork
-from tests.processes import proc_files
+from tests.processes import proc_files, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -141,43 +141,11 @@ def sandbox_unavailable_reason(empty_dir: Path) -> str | None:
         return str(error)
 
 
-# The two command lines, on the honest starter fork, JSON out.
+# The two quasar commands, on the honest starter fork, JSON out: the same short CPU run.
+QUICK_CPU_RUN = ["--device", "cpu", "--repeats", "2", "--warmup", "1", "--json"]
 COMMANDS = {
-    "evaluate": [
-        "-m",
-        "quasar",
-        "evaluate",
-        "{fork}",
-        "--target",
-        "64",
-        "--seq-lens",
-        "64",
-        "--device",
-        "cpu",
-        "--repeats",
-        "2",
-        "--warmup",
-        "1",
-        "--claimed",
-        "1",
-        "--json",
-    ],
-    "local_validator": [
-        "-m",
-        "quasar",
-        "local-validator",
-        "--repo-path",
-        "{fork}",
-        "--seq-len",
-        "64",
-        "--device",
-        "cpu",
-        "--repeats",
-        "2",
-        "--warmup",
-        "1",
-        "--json",
-    ],
+    "evaluate": ["evaluate", "{fork}", "--target", "64", "--seq-lens", "64", "--claimed", "1", *QUICK_CPU_RUN],
+    "local_validator": ["local-validator", "--repo-path", "{fork}", "--seq-len", "64", *QUICK_CPU_RUN],
 }
 
 
@@ -303,9 +271,7 @@ def world(tmp_path_factory) -> World:
     def run_command(name: str) -> tuple[str, subprocess.CompletedProcess, float]:
         started = time.monotonic()
         arguments = [a.replace("{fork}", str(forks["honest"])) for a in COMMANDS[name]]
-        done = subprocess.run(
-            [sys.executable, *arguments], capture_output=True, text=True, cwd=ROOT, timeout=280, check=False
-        )
+        done = run_python(["-m", "quasar", *arguments], ROOT, 280)
         return name, done, time.monotonic() - started
 
     saved = {key: os.environ.get(key) for key in ("HOME", "GITHUB_TOKEN", "WALLET_PATH")}
