@@ -4,12 +4,7 @@ pages included) answered, nothing acknowledged lost, and its table legible at 80
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 from rich.console import Console
 
@@ -17,20 +12,14 @@ from quasar.bench.api_load import machine_speed_ms, start_for_block_change
 from quasar.bench.api_load_figures import Figures, figures_table, timeline
 from quasar.bench.api_load_traffic import Stream, read_targets
 from quasar.chain.devchain import DevChain
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.processes import bench_figures
 
 
 def test_load_benchmark_runs_every_read_and_loses_nothing(tmp_path):
     backend = "sqlite"  # the PostgreSQL path of the API is the one the other API tests run on both backends
-    figures_file = tmp_path / "figures.json"
-    run = subprocess.run(
+    run, [figures] = bench_figures(
+        "api-load",
         [
-            sys.executable,
-            "-m",
-            "quasar",
-            "bench",
-            "api-load",
             "--backend",
             backend,
             "--workers",
@@ -47,18 +36,10 @@ def test_load_benchmark_runs_every_read_and_loses_nothing(tmp_path):
             "4",
             "--readers",
             "4",
-            "--json",
-            str(figures_file),
             "--timeline",
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "COLUMNS": "80"},
+        tmp_path / "figures.json",
     )
-    assert run.returncode == 0, run.stdout + run.stderr
-    [figures] = json.loads(figures_file.read_text())
     assert figures["backend"] == backend and figures["workers"] == 2
     assert figures["lost"] == 0 and figures["errors"] == {} and figures["read_errors"] == {}
     assert figures["submissions_per_sec"] > 5 and figures["reads_per_sec"] > 10

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import time
 
+import bittensor as bt
 import httpx
 import pytest
 from alembic import command
@@ -247,6 +248,26 @@ def test_dashboard_pages_are_rendered_once_per_chain_block(start_api):
     assert httpx.get(api.url + "/get_current_round").json()["current_block"] == block + 1
 
 
+def old_ready_submission(hotkey: str, client_ip: str, at: float) -> dict:
+    """A direct submission ready at block 0 (``at`` unix seconds), as a row of the columns the
+    submissions table has had since revision 0001: the upgrade tests write it under the old schema."""
+    return dict(
+        hotkey=hotkey,
+        method="direct",
+        state="ready",
+        target_sequence_length=1024,
+        submitted_at=at,
+        submitted_block=0,
+        ready_at=at,
+        ready_block=0,
+        round_id=0,
+        fork_url=FORK,
+        commit_hash=COMMIT,
+        claimed_tokens_per_sec=1000.0,
+        client_ip=client_ip,
+    )
+
+
 def test_a_database_made_at_revision_0001_upgrades_and_its_old_reports_read(database_url, chain, wallets):
     old = Database(database_url)
     try:
@@ -254,20 +275,7 @@ def test_a_database_made_at_revision_0001_upgrades_and_its_old_reports_read(data
         with old.engine.begin() as connection:
             connection.execute(
                 insert(Submission.__table__).values(
-                    id=1,
-                    hotkey=wallets["a"].hotkey.ss58_address,
-                    method="direct",
-                    state="ready",
-                    target_sequence_length=1024,
-                    submitted_at=1.7e9,
-                    submitted_block=5,
-                    ready_at=1.7e9,
-                    ready_block=5,
-                    round_id=0,
-                    fork_url=FORK,
-                    commit_hash=COMMIT,
-                    claimed_tokens_per_sec=1000.0,
-                    client_ip="10.0.0.1",
+                    id=1, **old_ready_submission(wallets["a"].hotkey.ss58_address, "10.0.0.1", 1.7e9)
                 )
             )
             # The table as 0001 made it (no lengths column): the insert names only the columns it had.
@@ -296,6 +304,11 @@ def test_a_database_made_at_revision_0001_upgrades_and_its_old_reports_read(data
         assert "cpu: not a benchmark" in httpx.get(server.url + "/dashboard/submissions/1").text
 
 
+def proxied_client(url: str, wallet: bt.Wallet, api_hotkey: str, forwarded_for: str) -> ApiClient:
+    """A client of the API at ``url`` behind its trusted proxy, which names ``forwarded_for`` as the caller."""
+    return ApiClient(url, wallet, api_hotkey=api_hotkey, http=httpx.Client(headers={"X-Forwarded-For": forwarded_for}))
+
+
 def test_a_database_at_revision_0003_keeps_its_failures_and_bans_counting_by_normalised_address(
     database_url, chain, wallets
 ):
@@ -306,21 +319,7 @@ def test_a_database_at_revision_0003_keeps_its_failures_and_bans_counting_by_nor
         with old.engine.begin() as connection:
             submission_id = connection.execute(
                 insert(Submission.__table__)
-                .values(
-                    hotkey=wallets["b"].hotkey.ss58_address,
-                    method="direct",
-                    state="ready",
-                    target_sequence_length=1024,
-                    submitted_at=now,
-                    submitted_block=0,
-                    ready_at=now,
-                    ready_block=0,
-                    round_id=0,
-                    fork_url=FORK,
-                    commit_hash=COMMIT,
-                    claimed_tokens_per_sec=1000.0,
-                    client_ip="::ffff:203.0.113.7",
-                )
+                .values(**old_ready_submission(wallets["b"].hotkey.ss58_address, "::ffff:203.0.113.7", now))
                 .returning(Submission.__table__.c.id)
             ).scalar_one()
             connection.execute(
@@ -347,18 +346,8 @@ def test_a_database_at_revision_0003_keeps_its_failures_and_bans_counting_by_nor
     config_ = api_config(wallets["api"].hotkey.ss58_address, trusted_proxies=("127.0.0.1",))
     with (
         ApiServer(config_, chain, database_url) as server,
-        ApiClient(
-            server.url,
-            wallets["b"],
-            api_hotkey=wallets["api"].hotkey.ss58_address,
-            http=httpx.Client(headers={"X-Forwarded-For": "203.0.113.7"}),
-        ) as ipv4,
-        ApiClient(
-            server.url,
-            wallets["a"],
-            api_hotkey=wallets["api"].hotkey.ss58_address,
-            http=httpx.Client(headers={"X-Forwarded-For": "2001:db8:1:2::99"}),
-        ) as ipv6,
+        proxied_client(server.url, wallets["b"], config_.api_hotkey, "203.0.113.7") as ipv4,
+        proxied_client(server.url, wallets["a"], config_.api_hotkey, "2001:db8:1:2::99") as ipv6,
     ):
         # The /64 of the address banned before the upgrade is banned.
         refused(lambda: ipv6.submit_kernel(FORK, commit_of(7), 1024, 1.0), 403, "IP 2001:db8:1:2::/64 is banned")

@@ -22,7 +22,7 @@ from bittensor.metagraph import _build as sdk_decode_metagraph
 from bittensor.sp_core import Keypair
 
 from quasar import config, version_key
-from quasar.chain import ApiLocation, ChainError, Endpoint, SubnetHyperparameters, UidsChanged
+from quasar.chain import ApiLocation, ChainError, Endpoint, UidsChanged
 from quasar.chain.bittensor_chain import (
     BittensorChain,
     RateLimited,
@@ -32,6 +32,7 @@ from quasar.chain.bittensor_chain import (
     to_hyperparameters,
 )
 from quasar.chain.factory import connect
+from quasar.chain.subtensor_rules import FINNEY
 from quasar.localnet.host import make_wallet
 
 NETUID = 7
@@ -375,18 +376,8 @@ def test_an_owner_without_a_uid_is_none_and_a_missing_subnet_an_error(sleep, sub
 def test_hyperparameters_and_the_block_time_come_from_the_chain(chain, subnet):
     subnet.commit_reveal = True
     subnet.hyperparameters["weights_version"] = 30_201
-    assert chain.hyperparameters() == SubnetHyperparameters(
-        tempo=360,
-        weights_version_key=30_201,
-        weights_rate_limit=100,
-        min_allowed_weights=1,
-        max_weight_limit=65535,
-        commit_reveal_enabled=True,
-        reveal_period_epochs=1,
-        serving_rate_limit=50,
-        max_allowed_uids=256,
-        immunity_period=5000,
-    )
+    # The fake subnet is a new subnet on finney (its defaults), but for the version key set here.
+    assert chain.hyperparameters() == dataclasses.replace(FINNEY, weights_version_key=30_201)
     subnet.block_time = 0.25  # a fast-block node
     assert chain.block_time_s == 0.25
     subnet.block_time = 12.0

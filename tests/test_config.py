@@ -5,14 +5,13 @@ import ast
 import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from quasar import config
 from quasar.tools.install_kernel import module_file
+from tests.processes import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -144,13 +143,7 @@ def test_every_setting_has_one_option_and_the_example_is_current():
 
 
 def test_neuron_rejects_bad_flag_with_clear_message():
-    result = subprocess.run(
-        [sys.executable, "-m", "neurons.validator", "--netuid", "nope"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_python(["-m", "neurons.validator", "--netuid", "nope"], ROOT, 60)
     assert result.returncode == 2
     assert "--netuid (from command line): expected an integer, got 'nope'" in result.stderr
 
@@ -252,14 +245,7 @@ def test_a_process_help_lists_every_setting_its_code_reads(role):
     ],
 )
 def test_help_shows_the_process_settings_grouped_in_plain_text_at_80_columns(command, role, most_lines):
-    done = subprocess.run(
-        [sys.executable, "-m", *command, "--help"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "80"},
-        timeout=120,
-    )
+    done = run_python(["-m", *command, "--help"], ROOT, 120, {**os.environ, "COLUMNS": "80"})
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) <= most_lines and max(map(len, lines)) <= 80, done.stdout

@@ -30,6 +30,7 @@ from quasar.evaluate.verification import REL_ERROR_THRESHOLD, REQUEST_TOLERANCE
 from quasar.starter_fork import write_starter_fork
 from tests.evaluate_runs import FAST_CPU
 from tests.hostile_forks import write_hostile_fork
+from tests.processes import proc_files, run_python
 
 pytestmark = pytest.mark.slow
 
@@ -97,15 +98,7 @@ def host_addresses() -> list[str]:
 
 def processes_where(field: str, matches) -> list[int]:
     """The processes whose /proc/PID/``field`` (bytes) ``matches``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if matches(Path(f"/proc/{name}/{field}").read_bytes()):
-                    found.append(int(name))
-            except OSError:
-                pass
-    return found
+    return [pid for pid, content in proc_files(field) if matches(content)]
 
 
 def processes_with(marker: str) -> list[int]:
@@ -148,43 +141,11 @@ def sandbox_unavailable_reason(empty_dir: Path) -> str | None:
         return str(error)
 
 
-# The two command lines, on the honest starter fork, JSON out.
+# The two quasar commands, on the honest starter fork, JSON out: the same short CPU run.
+QUICK_CPU_RUN = ["--device", "cpu", "--repeats", "2", "--warmup", "1", "--json"]
 COMMANDS = {
-    "evaluate": [
-        "-m",
-        "quasar",
-        "evaluate",
-        "{fork}",
-        "--target",
-        "64",
-        "--seq-lens",
-        "64",
-        "--device",
-        "cpu",
-        "--repeats",
-        "2",
-        "--warmup",
-        "1",
-        "--claimed",
-        "1",
-        "--json",
-    ],
-    "local_validator": [
-        "-m",
-        "quasar",
-        "local-validator",
-        "--repo-path",
-        "{fork}",
-        "--seq-len",
-        "64",
-        "--device",
-        "cpu",
-        "--repeats",
-        "2",
-        "--warmup",
-        "1",
-        "--json",
-    ],
+    "evaluate": ["evaluate", "{fork}", "--target", "64", "--seq-lens", "64", "--claimed", "1", *QUICK_CPU_RUN],
+    "local_validator": ["local-validator", "--repo-path", "{fork}", "--seq-len", "64", *QUICK_CPU_RUN],
 }
 
 
@@ -317,9 +278,7 @@ def world(tmp_path_factory) -> World:
     def run_command(name: str) -> tuple[str, subprocess.CompletedProcess, float]:
         started = time.monotonic()
         arguments = [a.replace("{fork}", str(forks["honest"])) for a in COMMANDS[name]]
-        done = subprocess.run(
-            [sys.executable, *arguments], capture_output=True, text=True, cwd=ROOT, timeout=280, check=False
-        )
+        done = run_python(["-m", "quasar", *arguments], ROOT, 280)
         return name, done, time.monotonic() - started
 
     saved = {key: os.environ.get(key) for key in ("HOME", "GITHUB_TOKEN", "WALLET_PATH")}

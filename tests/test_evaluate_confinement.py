@@ -69,6 +69,13 @@ def _own_cgroup_or_skip(memory: int, tasks: int) -> confinement.Cgroup:
     return cgroup
 
 
+def joining(cgroup: confinement.Cgroup, script: str) -> list[str]:
+    """The command of a Python child that joins ``cgroup`` first, as sandbox_init.py does, and then
+    runs ``script`` (dedented)."""
+    join = f"for procs in {cgroup.procs_files!r}:\n    open(procs, 'w').write('0')\n"
+    return [sys.executable, "-c", join + textwrap.dedent(script)]
+
+
 def test_a_sandbox_cgroup_carries_its_limits_and_is_removed_with_what_is_left_in_it():
     cgroup = _own_cgroup_or_skip(256 << 20, 17)
     try:
@@ -79,17 +86,14 @@ def test_a_sandbox_cgroup_carries_its_limits_and_is_removed_with_what_is_left_in
         assert int(limit.read_text()) == 256 << 20
         # A process that joins (as sandbox_init.py does) is counted there and killed on removal.
         sleeper = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                textwrap.dedent(f"""
-            import time
-            for procs in {cgroup.procs_files!r}:
-                open(procs, "w").write("0")
-            print("JOINED", flush=True)
-            time.sleep(60)
-        """),
-            ],
+            joining(
+                cgroup,
+                """
+                import time
+                print("JOINED", flush=True)
+                time.sleep(60)
+                """,
+            ),
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -108,24 +112,21 @@ def test_a_cgroup_refuses_processes_over_its_limit():
         pytest.skip("no pids controller for the sandbox's cgroup here")
     try:
         done = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                textwrap.dedent(f"""
-            import os, time
-            for procs in {cgroup.procs_files!r}:
-                open(procs, "w").write("0")
-            started = 0
-            try:
-                while started < 100:
-                    if os.fork() == 0:
-                        time.sleep(30)
-                        os._exit(0)
-                    started += 1
-            except OSError as error:
-                print("REFUSED", started, error.errno)
-        """),
-            ],
+            joining(
+                cgroup,
+                """
+                import os, time
+                started = 0
+                try:
+                    while started < 100:
+                        if os.fork() == 0:
+                            time.sleep(30)
+                            os._exit(0)
+                        started += 1
+                except OSError as error:
+                    print("REFUSED", started, error.errno)
+                """,
+            ),
             capture_output=True,
             text=True,
             timeout=60,

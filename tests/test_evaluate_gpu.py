@@ -17,6 +17,7 @@ from quasar.evaluate import EvaluationOptions, evaluate, workload
 from quasar.evaluate.triton_seed import ensure_seed
 from quasar.evaluate.verification import REL_ERROR_THRESHOLD, REQUEST_TOLERANCE
 from quasar.starter_fork import copy_starter_tree
+from tests.evaluate_runs import FAST_CUDA
 from tests.hostile_forks import write_hostile_fork
 
 pytestmark = [
@@ -25,16 +26,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-GPU = EvaluationOptions(
-    seq_lens=(512, 1024),
-    device="cuda",
-    warmup_runs=2,
-    min_timed_runs=10,
-    max_timed_runs=30,
-    timed_seconds=0.5,
-    length_timeout_s=120,
-    timeout_s=240,
-)
+GPU = replace(FAST_CUDA, seq_lens=(512, 1024), timeout_s=240)
 
 
 def test_honest_starter_fork_passes_on_cuda(tmp_path):
@@ -95,16 +87,7 @@ def test_zeros_fail_and_frozen_timers_gain_nothing_on_cuda(tmp_path):
         write_hostile_fork(tmp_path / "timers", "timers_gpu", gpu_cycles=cycles),
         1024,
         None,
-        EvaluationOptions(
-            seq_lens=(),
-            device="cuda",
-            warmup_runs=1,
-            min_timed_runs=5,
-            max_timed_runs=5,
-            tokens_per_request=8 * 1024,
-            length_timeout_s=120,
-            timeout_s=240,
-        ),
+        replace(GPU, seq_lens=(), warmup_runs=1, min_timed_runs=5, max_timed_runs=5, tokens_per_request=8 * 1024),
     )
     assert timers.verdict == "pass", timers.reasons
     item = timers.lengths["1024"]
@@ -118,15 +101,7 @@ def test_a_forward_that_cannot_be_captured_is_timed_eagerly_with_the_reason(tmp_
         write_hostile_fork(tmp_path / "sync", "host_sync"),
         1024,
         None,
-        EvaluationOptions(
-            seq_lens=(512,),
-            device="cuda",
-            warmup_runs=2,
-            min_timed_runs=5,
-            max_timed_runs=5,
-            length_timeout_s=120,
-            timeout_s=240,
-        ),
+        replace(GPU, seq_lens=(512,), min_timed_runs=5, max_timed_runs=5),
     )
     assert report.verdict == "pass", report.reasons
     for key, item in report.lengths.items():
@@ -156,20 +131,7 @@ def test_signs_on_the_gpu_are_the_cpus_and_buffers_repeat_their_seeds():
 
 def test_real_out_of_memory_is_a_verdict(tmp_path):
     fork = write_hostile_fork(tmp_path / "hog", "hog", hog_length=1024)
-    report = evaluate(
-        fork,
-        2048,
-        None,
-        EvaluationOptions(
-            seq_lens=(512, 1024),
-            device="cuda",
-            warmup_runs=1,
-            min_timed_runs=3,
-            max_timed_runs=3,
-            length_timeout_s=120,
-            timeout_s=240,
-        ),
-    )
+    report = evaluate(fork, 2048, None, replace(GPU, warmup_runs=1, min_timed_runs=3, max_timed_runs=3))
     assert report.verdict == "fail"
     assert report.lengths["512"].correct is True
     assert report.lengths["1024"].status == "oom" and report.lengths["2048"].status == "skipped"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from quasar.evaluate import pinning
+from quasar.evaluate.confinement import descendants
 from quasar.evaluate.pinning import (
     CpuPlan,
     choose_cpus,
@@ -187,24 +188,7 @@ def sandbox_processes(pid: int) -> list[int]:
         except OSError:
             return False
 
-    return [process for process in descendants(pid) if marked(process)]
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                stat = Path(f"/proc/{name}/stat").read_text()
-            except OSError:
-                continue
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(name))
-    found, stack = [], list(children.get(pid, []))
-    while stack:
-        found.append(stack.pop())
-        stack += children.get(found[-1], [])
-    return found
+    return [process for process in descendants(pid) if process != pid and marked(process)]
 
 
 @needs_two_cpus

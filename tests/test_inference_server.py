@@ -110,11 +110,20 @@ def challenge_miner(world, url, challenge=None, wallet="validator", timeout_s=20
     )
 
 
-def signed_post(world, url, payload, wallet="validator", path="/inference"):
-    request = auth.sign_request(
-        world["wallets"][wallet], "POST", url + path, world["wallets"]["miner"].hotkey.ss58_address, payload
+def signed_request(world, url, payload, wallet="validator", receiver="miner", path="/inference"):
+    """A POST of ``payload`` to ``url + path``, signed by ``wallet`` for ``receiver``'s hotkey."""
+    return auth.sign_request(
+        world["wallets"][wallet], "POST", url + path, world["wallets"][receiver].hotkey.ss58_address, payload
     )
+
+
+def send(request) -> requests.Response:
+    """A signed POST sent as it was signed."""
     return requests.post(request.url, data=request.body, headers=request.headers, timeout=20)
+
+
+def signed_post(world, url, payload, wallet="validator", path="/inference"):
+    return send(signed_request(world, url, payload, wallet, path=path))
 
 
 def test_honest_server_passes_fresh_challenges(world):
@@ -186,25 +195,11 @@ def test_unsigned_non_validator_and_misaddressed_requests_are_refused(world):
         check = challenge_miner(world, url, wallet="member")
         assert not check.passed and "HTTP 403" in check.reason and "no validator permit" in check.reason
 
-        other_receiver = auth.sign_request(
-            world["wallets"]["validator"],
-            "POST",
-            url + "/inference",
-            world["wallets"]["member"].hotkey.ss58_address,
-            payload,
-        )
-        wrong = requests.post(url + "/inference", data=other_receiver.body, headers=other_receiver.headers, timeout=10)
+        wrong = send(signed_request(world, url, payload, receiver="member"))
         assert wrong.status_code == 401 and "receiv" in wrong.json()["detail"]
 
-        once = auth.sign_request(
-            world["wallets"]["validator"],
-            "POST",
-            url + "/inference",
-            world["wallets"]["miner"].hotkey.ss58_address,
-            payload,
-        )
-        first = requests.post(url + "/inference", data=once.body, headers=once.headers, timeout=10)
-        replay = requests.post(url + "/inference", data=once.body, headers=once.headers, timeout=10)
+        once = signed_request(world, url, payload)
+        first, replay = send(once), send(once)
         assert first.status_code == 200 and replay.status_code == 401
 
 

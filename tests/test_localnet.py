@@ -71,6 +71,7 @@ from quasar.miner.workspace import Workspace
 from quasar.validator.state import SCHEMA_VERSION, ValidatorState, read_meta
 from quasar.validator.weight_setting import LAST_WEIGHTS_BLOCK
 from tests.gitrepo import head
+from tests.processes import proc_files, script_results
 
 ROOT = Path(__file__).resolve().parent.parent
 # The whole round on CPU takes about two minutes on two loaded cores, and finney's hyperparameters
@@ -90,15 +91,10 @@ def environment() -> dict[str, str]:
 def processes_mentioning(text: str) -> list[str]:
     """Command lines of running processes that mention ``text`` (the network's data folder)."""
     found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if text in cmdline:
-            found.append(f"{name}: {cmdline}")
+    for pid, raw in proc_files("cmdline"):
+        cmdline = raw.replace(b"\0", b" ").decode(errors="replace")
+        if pid != os.getpid() and text in cmdline:
+            found.append(f"{pid}: {cmdline}")
     return found
 
 
@@ -469,17 +465,7 @@ LAYER_PATHS_SCRIPT = textwrap.dedent(
 
 
 def layer_paths(fork: Path, interpreted: bool) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRITON_INTERPRET": "1" if interpreted else "0"}
-    result = subprocess.run(
-        [sys.executable, "-c", LAYER_PATHS_SCRIPT, str(fork)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return script_results(LAYER_PATHS_SCRIPT, [str(fork)], 280, TRITON_INTERPRET="1" if interpreted else "0")
 
 
 @pytest.fixture(scope="module")

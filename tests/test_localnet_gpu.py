@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from quasar.localnet.forks import HONEST, HOSTILE, HOSTILE_EXACT_UP_TO
+from tests.processes import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -28,25 +27,8 @@ pytestmark = [
 @pytest.mark.timeout(1500)
 def test_one_round_on_cuda_gives_the_hostile_miner_nothing(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "quasar.localnet",
-            "--once",
-            "--json",
-            "--device",
-            "cuda",
-            "--stand-in-model",
-            "--data-dir",
-            str(tmp_path / "net"),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1400,
-    )
+    flags = ["--once", "--json", "--device", "cuda", "--stand-in-model", "--data-dir", str(tmp_path / "net")]
+    result = run_python(["-m", "quasar.localnet", *flags], tmp_path, 1400, env)
     assert result.returncode == 0, result.stderr[-6000:]
     summary = json.loads(result.stdout)
     assert summary["device"] == "cuda" and summary["seq_lens"] == [64, 512, 1024, 2048, 65536]

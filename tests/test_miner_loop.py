@@ -44,6 +44,7 @@ from test_miner_standins import (
 )
 from tests.evaluate_runs import FAST_CPU
 from tests.gitrepo import git
+from tests.processes import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -346,20 +347,11 @@ def test_the_published_endpoint_is_the_external_one_and_public_on_finney(monkeyp
 def test_the_neuron_explains_what_is_missing(tmp_path):
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "DEVICE": "cpu", "TARGET_SEQUENCE_LENGTH": "128"}
     # The miner guide's spelling: python neurons/miner.py
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "neurons" / "miner.py"), "--netuid", "24"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_python([str(ROOT / "neurons" / "miner.py"), "--netuid", "24"], tmp_path, 120, env)
     assert result.returncode == 1
     assert "GITHUB_TOKEN is not set" in result.stderr
     env.update(GITHUB_TOKEN=TOKEN, GITHUB_USERNAME="alice", WALLET_PATH=str(tmp_path / "nowhere"))
-    result = subprocess.run(
-        [sys.executable, "-m", "neurons.miner"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
-    )
+    result = run_python(["-m", "neurons.miner"], tmp_path, 120, env)
     assert result.returncode == 1
     assert "quasar_miner/hotkeys/default does not exist" in result.stderr
     assert TOKEN not in result.stderr

@@ -8,8 +8,6 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from hypothesis import strategies as st
 
 from quasar import scoring
 from quasar.scoring import InvalidResult, Result, ScoringInputError
+from tests.processes import run_python
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "results.json"
@@ -454,15 +453,7 @@ EXPECTED_EXAMPLE = {
 def run_cli(args, cwd, stdin=None, **environ):
     env = {key: value for key, value in os.environ.items() if key != "TIE_EPSILON"}
     env.update(PYTHONPATH=str(ROOT), **environ)
-    return subprocess.run(
-        [sys.executable, "-m", "quasar.scoring", *args],
-        cwd=cwd,
-        env=env,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return run_python(["-m", "quasar.scoring", *args], cwd, 60, env, stdin)
 
 
 def test_cli_ranks_the_example(tmp_path):

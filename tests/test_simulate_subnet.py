@@ -4,26 +4,14 @@ reports, at 80 columns; and its figures on made-up reports, against a plain coun
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 from quasar.bench.subnet_figures import RevealedSubmission, evaluations_of_newest, fourth_place_at, percentile
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.processes import bench_figures
 
 
 def test_a_small_subnet_runs_and_reports_every_round(tmp_path):
-    figures_file = tmp_path / "figures.json"
-    run = subprocess.run(
+    run, [figures] = bench_figures(
+        "simulate-subnet",
         [
-            sys.executable,
-            "-m",
-            "quasar",
-            "bench",
-            "simulate-subnet",
             "--miners",
             "12",
             "--spammers",
@@ -44,18 +32,10 @@ def test_a_small_subnet_runs_and_reports_every_round(tmp_path):
             "30",
             "--speedup",
             "100",
-            "--json",
-            str(figures_file),
         ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={**os.environ, "COLUMNS": "80"},
+        tmp_path / "figures.json",
     )
-    assert run.returncode == 0, run.stdout + run.stderr
     assert all(len(line) <= 80 for line in run.stdout.splitlines()), run.stdout
-    [figures] = json.loads(figures_file.read_text())
     assert (figures["miners"], figures["spammers"], figures["copiers"]) == (12, 2, 1)
     assert [item["round_id"] for item in figures["rounds"]] == [0, 1]
     for item in figures["rounds"]:

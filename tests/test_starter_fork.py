@@ -26,6 +26,7 @@ from quasar.starter_fork import (
     write_starter_fork,
 )
 from tests.gitrepo import git
+from tests.processes import script_results
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -678,17 +679,7 @@ INTERPRETER_SCRIPT = textwrap.dedent(
 @pytest.fixture(scope="module")
 def interpreted(fork):
     """Errors of the Triton kernels (interpreted on the CPU) against the float64 recurrence."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-c", INTERPRETER_SCRIPT, str(fork[0])],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return script_results(INTERPRETER_SCRIPT, [str(fork[0])], 240, TRITON_INTERPRET="1")
 
 
 INTERPRETED_CASES = [

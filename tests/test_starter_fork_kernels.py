@@ -5,18 +5,12 @@ the two-level scan at every segment size against the float64 recurrence."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from quasar.starter_fork import copy_starter_tree
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests.processes import script_results
 
 # TRITON_INTERPRET must be set before triton is imported: a child process.
 SCRIPT = textwrap.dedent(
@@ -143,17 +137,7 @@ SCRIPT = textwrap.dedent(
 def interpreted(tmp_path_factory):
     fork = tmp_path_factory.mktemp("kernel-layer") / "fork"
     copy_starter_tree(fork)
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(fork), str(fork / "tuning-test.json")],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return script_results(SCRIPT, [str(fork), str(fork / "tuning-test.json")], 280, TRITON_INTERPRET="1")
 
 
 @pytest.mark.slow

@@ -3,12 +3,15 @@ tree (tests/upstream_fork.py): the kernels are written, pass the harness and are
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
-from quasar.evaluate import EvaluationOptions, evaluate
+from quasar.evaluate import evaluate
 from quasar.starter_fork import kernel_files
 from quasar.tools import install_kernel as step1
+from tests.evaluate_runs import FAST_CUDA
 from tests.gitrepo import git
 from tests.upstream_fork import write_upstream_fork
 
@@ -18,16 +21,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-GPU = EvaluationOptions(
-    seq_lens=(512,),
-    device="cuda",
-    warmup_runs=2,
-    min_timed_runs=10,
-    max_timed_runs=30,
-    timed_seconds=0.5,
-    length_timeout_s=180,
-    timeout_s=300,
-)
+GPU = replace(FAST_CUDA, seq_lens=(512,), length_timeout_s=180)
 
 
 def test_step1_on_the_upstream_tree_passes_and_commits_the_kernel_files(tmp_path):

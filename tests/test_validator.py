@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -62,6 +63,7 @@ from servers import serving
 from tests.evaluate_runs import FAST_CPU
 from tests.gitrepo import commit_all
 from tests.hostile_forks import write_hostile_fork
+from tests.processes import proc_files
 from tiny_qwen import make_tiny_qwen2
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,12 +148,28 @@ class Subnet:
     def validator_weights(self) -> dict[int, float]:
         return self.chain.weights().get(self.uids["validator"], {})
 
+    def first_alone(self, miner: str) -> dict[int, float]:
+        """The weights when ``miner`` is the only miner ranked: the first place's 0.60, and the rest
+        (0.40) burned to the owner's uid."""
+        return {self.uids[miner]: pytest.approx(0.60), self.uids["owner"]: pytest.approx(0.40)}
+
 
 @contextmanager
 def running_api(subnet: Subnet, tmp_path: Path):
     config_ = api_config(subnet.hotkey("api"), allow_local_forks=True)
     with ApiServer(config_, subnet.chain, f"sqlite:///{tmp_path}/api.sqlite3") as server:
         yield server
+
+
+@contextmanager
+def api_state_and_client(subnet: Subnet, tmp_path: Path) -> Iterator[tuple[ApiServer, ValidatorState, ApiClient]]:
+    """A running API, the validator's state in ``tmp_path``, and the validator's client of the API."""
+    with (
+        running_api(subnet, tmp_path) as server,
+        ValidatorState.open(tmp_path / "state.sqlite3") as state,
+        ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api,
+    ):
+        yield server, state, api
 
 
 def submit(server: ApiServer, subnet: Subnet, miner: str, fork: tuple[str, str]) -> int:
@@ -188,11 +206,7 @@ def test_validator_steps_evaluate_report_and_set_weights(world, tmp_path, caplog
     caplog.set_level(logging.INFO)
     subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS, dishonest=("c",))
     try:
-        with (
-            running_api(subnet, tmp_path) as server,
-            ValidatorState.open(tmp_path / "state.sqlite3") as state,
-            ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api,
-        ):
+        with api_state_and_client(subnet, tmp_path) as (server, state, api):
             ids = {
                 name: submit(server, subnet, name, world[fork])
                 for name, fork in (("a", "honest"), ("u", "missing"), ("b", "zeros"), ("c", "copy"))
@@ -251,7 +265,7 @@ def test_validator_steps_evaluate_report_and_set_weights(world, tmp_path, caplog
             subnet.chain.advance(100)
             assert validator.step().weights_set
             weights = subnet.validator_weights()
-            assert weights == {subnet.uids["a"]: pytest.approx(0.60), subnet.uids["owner"]: pytest.approx(0.40)}
+            assert weights == subnet.first_alone("a")
             # What the API's leaderboard ranks from the reports agrees.
             with ApiClient(server.url) as public:
                 board = public.leaderboard()
@@ -439,10 +453,7 @@ def test_a_uid_taken_over_between_planning_and_submitting_gets_nothing(world, tm
             assert chain.metagraph().by_uid(subnet.uids["a"]).hotkey == chain.newcomer
             subnet.chain.advance(FINNEY.tempo)
             # a is no longer registered, so b is first; the newcomer at a's uid gets nothing.
-            assert subnet.validator_weights() == {
-                subnet.uids["b"]: pytest.approx(0.60),
-                subnet.uids["owner"]: pytest.approx(0.40),
-            }
+            assert subnet.validator_weights() == subnet.first_alone("b")
     finally:
         subnet.close()
 
@@ -465,10 +476,7 @@ def test_a_rate_limited_validator_waits_the_blocks_the_chain_says(world, tmp_pat
             (commit,) = subnet.chain.commits()
             assert commit.commit_block == 110
             subnet.chain.advance(FINNEY.tempo)
-            assert subnet.validator_weights() == {
-                subnet.uids["a"]: pytest.approx(0.60),
-                subnet.uids["owner"]: pytest.approx(0.40),
-            }
+            assert subnet.validator_weights() == subnet.first_alone("a")
     finally:
         subnet.close()
 
@@ -553,16 +561,11 @@ def wait_for(condition, timeout_s: float, what: str, process: subprocess.Popen |
 
 
 def worker_processes(marker: str) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"quasar.validator.worker" in cmdline and marker.encode() in cmdline:
-                found.append(int(name))
-    return found
+    return [
+        pid
+        for pid, cmdline in proc_files("cmdline")
+        if b"quasar.validator.worker" in cmdline and marker.encode() in cmdline
+    ]
 
 
 @pytest.mark.slow
@@ -617,7 +620,7 @@ def test_killed_mid_evaluation_the_validator_resumes_without_redoing_finished_wo
                 )
             try:
                 wait_for(lambda: len(reports_by_submission(server)) == 3, 180, "three reports", second, second_log)
-                expected = {subnet.uids["a"]: pytest.approx(0.60), subnet.uids["owner"]: pytest.approx(0.40)}
+                expected = subnet.first_alone("a")
                 wait_for(lambda: subnet.validator_weights() == expected, 60, "the weights", second, second_log)
             finally:
                 second.send_signal(signal.SIGINT)
@@ -652,11 +655,7 @@ def test_sigint_stops_a_running_evaluation_and_puts_it_back(world, tmp_path):
     its attempt is not counted."""
     subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
     try:
-        with (
-            running_api(subnet, tmp_path) as server,
-            ValidatorState.open(tmp_path / "state.sqlite3") as state,
-            ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api,
-        ):
+        with api_state_and_client(subnet, tmp_path) as (server, state, api):
             submit(server, subnet, "a", world["honest"])
             validator = cpu_validator(subnet, api, state, tmp_path)
             assert validator.step().started
@@ -678,11 +677,7 @@ def test_an_idle_validator_says_where_it_stands_every_heartbeat(world, tmp_path,
     block, and when weights are due."""
     subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
     try:
-        with (
-            running_api(subnet, tmp_path) as server,
-            ValidatorState.open(tmp_path / "state.sqlite3") as state,
-            ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api,
-        ):
+        with api_state_and_client(subnet, tmp_path) as (server, state, api):
             validator = cpu_validator(subnet, api, state, tmp_path, interval_s=0.2, heartbeat_s=0.5)
             interrupt = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
             interrupt.start()

@@ -1,0 +1,53 @@
+"""Processes in the tests: what /proc says of the running ones, and Python children of the repository
+whose output the tests read."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def proc_files(field: str) -> Iterator[tuple[int, bytes]]:
+    """``(pid, content of /proc/PID/field)`` for each running process; one that exits (or whose file
+    this process may not read) while the list is read is passed over."""
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                yield int(name), Path(f"/proc/{name}/{field}").read_bytes()
+            except OSError:
+                continue
+
+
+def run_python(
+    args: list[str], cwd: Path, timeout: float, env: dict[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in ``cwd`` with ``env`` (None: this process's) and ``stdin``; its output
+    captured as text. It must end within ``timeout`` seconds (else TimeoutExpired)."""
+    return subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, input=stdin, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def script_results(script: str, args: list[str], timeout: float, **environ: str) -> dict:
+    """Run ``script`` (``python -c``) with ``args`` in the repository, which is on its PYTHONPATH,
+    and ``environ`` added to this process's environment; the JSON object its last line printed. A
+    failed run fails the test with the end of its stderr."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **environ}
+    result = run_python(["-c", script, *args], REPO_ROOT, timeout, env)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def bench_figures(tool: str, flags: list[str], figures_file: Path) -> tuple[subprocess.CompletedProcess[str], list]:
+    """``quasar bench TOOL FLAGS --json FIGURES_FILE`` in the repository at 80 columns, which must
+    succeed within four minutes; the run and the figures it wrote."""
+    command = ["-m", "quasar", "bench", tool, *flags, "--json", str(figures_file)]
+    run = run_python(command, REPO_ROOT, 240, {**os.environ, "COLUMNS": "80"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run, json.loads(figures_file.read_text())
