@@ -8,7 +8,8 @@ its validators can evaluate, so the work goes where it can change the ranking:
    One that a validator reported on stays, so that the others can complete its consensus.
 2. **Upper bound**: a submission can never score more than ``claimed × league multiplier``
    (scoring takes ``min(claimed, measured)``). One whose bound is below the current fourth place's
-   score cannot place: it is *deferred*, handed out only when nothing that could place is waiting.
+   score cannot place: it is *deferred*, handed out only when nothing that could place is waiting
+   (in a batch: after every one that could place, so that no device idles while work waits).
    So is every submission, for the rest of the round, of a hotkey whose submission this round the
    validators found to be a copy (quasar/originality.py): a copy is never ranked, and a copier
    claiming more than the leader would otherwise be evaluated first, every time.
@@ -112,14 +113,23 @@ def order_work(
 ) -> list[Queued]:
     """Up to ``limit`` of ``candidates`` (ready, not superseded, neither reported on nor held by this
     validator; ``reported``: another validator reported on it) in the order this validator should
-    evaluate them (rules 2 to 4).
+    evaluate them (rules 2 to 4): every one that could place, then, once none of those is left
+    waiting, the deferred. A batch is the same as ``limit`` fetches of one: a validator with more
+    free devices than placeable work gets deferred work for the rest, not idle devices.
     ``evaluations_this_round``: per hotkey, the submissions this validator took this round."""
     placeable = [item for item in candidates if could_place(item, standing)]
-    pool = placeable or list(candidates)  # the deferred only when nothing that could place waits
+    deferred = [item for item in candidates if not could_place(item, standing)]
+    taken = dict(evaluations_this_round)
+    chosen = fair_order(placeable, taken, limit)
+    return chosen + fair_order(deferred, taken, limit - len(chosen))
+
+
+def fair_order(pool: Sequence[Queued], taken: dict[str, int], limit: int) -> list[Queued]:
+    """Up to ``limit`` of ``pool`` by rules 3 and 4: the hotkey with the fewest evaluations
+    (``taken``, counted up here for each one chosen) first, each hotkey's own in rule 4's order."""
     by_hotkey: dict[str, list[Queued]] = {}
     for item in sorted(pool, key=lambda item: item.order_key):
         by_hotkey.setdefault(item.hotkey, []).append(item)
-    taken = dict(evaluations_this_round)
     heap = [(taken.get(hotkey, 0), items[0].order_key, hotkey) for hotkey, items in by_hotkey.items()]
     heapq.heapify(heap)
     chosen: list[Queued] = []
@@ -127,6 +137,7 @@ def order_work(
         count, _, hotkey = heapq.heappop(heap)
         items = by_hotkey[hotkey]
         chosen.append(items.pop(0))
+        taken[hotkey] = count + 1
         if items:
             heapq.heappush(heap, (count + 1, items[0].order_key, hotkey))
     return chosen

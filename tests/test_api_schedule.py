@@ -75,13 +75,38 @@ def test_a_submission_that_cannot_place_waits_until_nothing_that_could_place_doe
             "(300,000); validators evaluate it only when nothing that could place is waiting"
         )
         assert miners[5].submission_status(fast.submission_id).state == "queued"
-        assert ids(v1.fetch_work(limit=10)) == [fast.submission_id]  # not the deferred one beside it
+        assert ids(v1.fetch_work(limit=1)) == [fast.submission_id]  # not the deferred one beside it
         # Nothing that could place is waiting for v1 any more: now the deferred one.
-        assert ids(v1.fetch_work(limit=10)) == [slow.submission_id]
+        assert ids(v1.fetch_work(limit=1)) == [slow.submission_id]
         # v2 has not evaluated the placed four: first those (v1 reported on them: their consensus waits
         # for v2), by upper bound; then fast, and the deferred one last.
-        assert ids(v2.fetch_work(limit=10)) == [*(p.submission_id for p in reversed(placed)), fast.submission_id]
+        assert ids(v2.fetch_work(limit=5)) == [*(p.submission_id for p in reversed(placed)), fast.submission_id]
         assert ids(v2.fetch_work(limit=10)) == [slow.submission_id]
+    finally:
+        for miner in miners:
+            miner.close()
+
+
+def test_a_batch_fills_the_free_devices_with_deferred_work_once_nothing_that_could_place_waits(start_api, tmp_path):
+    """A validator fetching for 3 free devices while one submission that could place and two that
+    cannot wait gets all three, the one that could place first. Otherwise two of its GPUs idle,
+    with work waiting, until its next fetch: on a subnet whose leaders submit all the time, a
+    share of every validator's GPU time lost to the schedule."""
+    api = start_api()
+    v1 = api.client("v1")
+    miners = register_miners(api, tmp_path, 7)
+    try:
+        placed = [
+            miner.submit_kernel(FORK, commit_of(n + 1), MILLION, 1e5 * (n + 1)) for n, miner in enumerate(miners[:4])
+        ]  # fourth place 3e5
+        v1.fetch_work()
+        for submission in placed:
+            v1.report(submission.submission_id, "passed", True, True, submission_claim(api, submission))
+        api.chain.advance(1)
+        slow = [miners[4 + n].submit_kernel(FORK, commit_of(10 + n), MILLION, 5e4 + n) for n in range(2)]
+        fast = miners[6].submit_kernel(FORK, commit_of(12), MILLION, 1.1e5)  # could place
+        # The deferred two after it, the higher bound first.
+        assert ids(v1.fetch_work(limit=3)) == [fast.submission_id, slow[1].submission_id, slow[0].submission_id]
     finally:
         for miner in miners:
             miner.close()
@@ -201,9 +226,10 @@ def test_the_rules_on_their_own():
     assert scheduling.fourth_place([5.0, 1.0, 9.0]) is None and scheduling.fourth_place([5, 1, 9, 7, 2]) == 2
     waiting = [queued[1], queued[2], queued[3]]
     fourth_at_4 = scheduling.Standing(fourth=4.0)
-    # Fourth place at 4.0: b (bound 3) cannot place and waits; of a's two, 2 first: another validator
-    # reported on it (its consensus waits), though 3's bound is higher.
-    assert [q.submission_id for q in scheduling.order_work(waiting, {}, fourth_at_4, 5)] == [2, 3]
+    # Fourth place at 4.0: b (bound 3) cannot place and waits for a's; of a's two, 2 first: another
+    # validator reported on it (its consensus waits), though 3's bound is higher.
+    assert [q.submission_id for q in scheduling.order_work(waiting, {}, fourth_at_4, 5)] == [2, 3, 4]
+    assert [q.submission_id for q in scheduling.order_work(waiting, {}, fourth_at_4, 2)] == [2, 3]
     assert [q.submission_id for q in scheduling.order_work(waiting, {"a": 1}, scheduling.Standing(), 5)] == [4, 2, 3]
     assert [q.submission_id for q in scheduling.order_work([queued[3]], {}, fourth_at_4, 5)] == [4]
     assert scheduling.order_work(waiting, {}, scheduling.Standing(), 0) == []
@@ -217,21 +243,23 @@ def test_the_rules_on_their_own():
     ]
     # a was found copying this round: whatever it claims, b goes first, and a only once b is done.
     caught = scheduling.Standing(copiers=frozenset({"a"}))
-    assert [q.submission_id for q in scheduling.order_work(waiting, {}, caught, 5)] == [4]
+    assert [q.submission_id for q in scheduling.order_work(waiting, {}, caught, 5)] == [4, 2, 3]
     assert [q.submission_id for q in scheduling.order_work(waiting[:2], {}, caught, 5)] == [2, 3]
     assert scheduling.deferred_reason(queued[2], caught).startswith("deferred: a submission of this hotkey")
 
 
 @pytest.mark.parametrize("limit", [1, 3, 10])
-def test_order_matches_one_pick_at_a_time(limit):
+@pytest.mark.parametrize("fourth", [None, 9.0])  # 9.0: the bounds 3 and 6 cannot place
+def test_order_matches_one_pick_at_a_time(limit, fourth):
     """A batch of ``limit`` is the same as ``limit`` fetches of one (the counts carried along)."""
     items = [
         scheduling.Queued(n, f"h{n % 3}", float(n), MILLION, float((n * 7) % 5 + 1), reported=False) for n in range(12)
     ]
-    batch = scheduling.order_work(items, {"h0": 1}, scheduling.Standing(), limit)
+    standing = scheduling.Standing(fourth=fourth)
+    batch = scheduling.order_work(items, {"h0": 1}, standing, limit)
     taken, remaining, one_by_one = {"h0": 1}, list(items), []
     for _ in range(min(limit, len(items))):
-        [pick] = scheduling.order_work(remaining, taken, scheduling.Standing(), 1)
+        [pick] = scheduling.order_work(remaining, taken, standing, 1)
         one_by_one.append(pick)
         remaining.remove(pick)
         taken[pick.hotkey] = taken.get(pick.hotkey, 0) + 1

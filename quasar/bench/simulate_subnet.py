@@ -34,9 +34,12 @@ and copiers) and compares the honest miners' median wait.
 
 (a full subnet: 256 uids, the validators' and 253 miners'.) The compression has a ceiling: the API,
 the validators' loops and the miners share this machine's CPU, and a chain block is 12 s divided by
-``--speedup`` (the leaderboard is computed once a block). On 2 cores, at 40x the stand-in GPUs are
-busy about three quarters of the time the queue holds work for them; at 100x the loops, not the
-GPUs, set the pace, and the figures say more about the machine than about the schedule.
+``--speedup`` (the leaderboard is computed once a block). Every real second a validator's loop
+waits for the CPU (to notice an evaluation ended, report it, fetch the next) is ``--speedup``
+simulated seconds of a device idle. So each round also says how much of the devices' time sat idle
+while the API had work for them ("idle"); where that is above ``LAG_LIMIT`` the loops, not the
+GPUs, set the pace, and late pairs in such a round are reported as not shown (the machine's), not
+as the schedule's: run again slower or on a quieter machine.
 
 The world and its actors (the stand-in GPUs, the miners) are in :mod:`quasar.bench.subnet_actors`,
 the figures in :mod:`quasar.bench.subnet_figures`. Traffic goes to loopback only.
@@ -84,7 +87,7 @@ from quasar.bench.subnet_actors import (
     World,
     new_wallet,
 )
-from quasar.bench.subnet_figures import RunFigures, figures_per_round, figures_table, sample_queue
+from quasar.bench.subnet_figures import RunFigures, figures_per_round, figures_table, lag_verdict, sample_queue
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.validator.devices import Device
 from quasar.validator.loop import Validator
@@ -213,7 +216,9 @@ def run(backend: str, args: argparse.Namespace, spammers: int, console: Console)
                         chain,
                         api,
                         wallet,
-                        StandInEvaluator(world, clock, args.eval_seconds, random.Random(index)),
+                        StandInEvaluator(
+                            world, clock, args.eval_seconds, random.Random(index), wallet.hotkey.ss58_address
+                        ),
                         PassingLogitChecker(),
                         state,
                         devices=[Device(f"gpu{n}", str(n)) for n in range(args.workers)],
@@ -245,7 +250,7 @@ def run(backend: str, args: argparse.Namespace, spammers: int, console: Console)
             crowd = Miners(miners, url, api_key.ss58_address, world, clock, 3600.0 / args.submissions_per_hour)
             submitting = threading.Thread(target=crowd.run, args=(end,), name="miners")
             submitting.start()
-            queue: dict[int, list[int]] = defaultdict(list)
+            queue: dict[int, list[tuple[float, dict[str, int]]]] = defaultdict(list)
             fourth_places: dict[int, list[tuple[float, float | None]]] = defaultdict(list)
             leaderboards: dict[int, list[str]] = {}
             public = ApiClient(url)
@@ -253,7 +258,9 @@ def run(backend: str, args: argparse.Namespace, spammers: int, console: Console)
             while clock() < end + round_s:  # then a round for the validators to drain the queue
                 current = chain.current_block() // args.round_blocks
                 if clock() < end:
-                    queue[current - first_round].append(sample_queue(database, validator_hotkeys, current - 1))
+                    queue[current - first_round].append(
+                        (clock(), sample_queue(database, validator_hotkeys, current - 1))
+                    )
                 board = public.leaderboard()
                 fourth_places[board.round_id - first_round].append(
                     (clock(), scheduling.fourth_place(entry.weighted_score for entry in board.entries))
@@ -306,6 +313,13 @@ def run(backend: str, args: argparse.Namespace, spammers: int, console: Console)
         miner_errors=dict(crowd.errors),
         honest_wait_median_min=statistics.median(waits) if waits else None,
     )
+
+
+def print_figures(figures: RunFigures, console: Console) -> None:
+    console.print(figures_table(figures))
+    verdict = lag_verdict(figures)
+    if verdict:
+        console.print(verdict)
 
 
 def wait_for_api(url: str, server: multiprocessing.process.BaseProcess, timeout_s: float = 60.0) -> None:
@@ -371,10 +385,10 @@ def main(argv: list[str] | None = None, prog: str = "quasar bench simulate-subne
     for backend in ("sqlite", "postgresql") if args.backend == "both" else (args.backend,):
         if args.without_spammers_too:
             baseline = run(backend, args, 0, console)
-            console.print(figures_table(baseline))
+            print_figures(baseline, console)
             results.append(baseline)
         figures = run(backend, args, args.spammers, console)
-        console.print(figures_table(figures))
+        print_figures(figures, console)
         console.print(
             f"{figures.refused_copies} copies of a leader's commit refused; miner errors: "
             f"{figures.miner_errors or 'none'}; {figures.wall_s:.0f} s of wall time"

@@ -58,7 +58,8 @@ class World:
     """What the simulation knows that the subnet does not: each kernel's truth, and the GPU time."""
 
     kernels: dict[tuple[str, str], Kernel] = field(default_factory=dict)  # (fork URL, commit) -> truth
-    evaluations: list[tuple[str, str, float]] = field(default_factory=list)  # (fork URL, commit, sim time)
+    # (fork URL, commit, sim time it started, the validator's hotkey)
+    evaluations: list[tuple[str, str, float, str]] = field(default_factory=list)
     refused_copies: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -84,16 +85,16 @@ class StandInEvaluation:
 
 
 class StandInEvaluator:
-    """The validator's evaluator with the GPU replaced: it takes ``eval_s`` simulated seconds and
+    """``validator``'s evaluator with the GPU replaced: it takes ``eval_s`` simulated seconds and
     measures the kernel's true speed within ``NOISE``; the kernel files' content hash is the truth's."""
 
-    def __init__(self, world: World, clock: SimClock, eval_s: float, rng: random.Random):
-        self.world, self.clock, self.eval_s, self.rng = world, clock, eval_s, rng
+    def __init__(self, world: World, clock: SimClock, eval_s: float, rng: random.Random, validator: str):
+        self.world, self.clock, self.eval_s, self.rng, self.validator = world, clock, eval_s, rng, validator
 
     def start(self, key: EvaluationKey, device: Device) -> StandInEvaluation:
         with self.world.lock:
             kernel = self.world.kernels[(key.fork_url, key.commit_hash)]
-            self.world.evaluations.append((key.fork_url, key.commit_hash, self.clock()))
+            self.world.evaluations.append((key.fork_url, key.commit_hash, self.clock(), self.validator))
             measured = kernel.true_speed * (1 + self.rng.gauss(0, NOISE))
         result = EvaluationResult(
             correct=True,

@@ -15,6 +15,11 @@ from quasar import scheduling, scoring
 from quasar.api.db import Database, EvaluationReport, Submission
 from quasar.bench.subnet_actors import COPY, HONEST, World
 
+# A round whose devices sat idle more than this share of their time while work waited for them ran
+# slower than the validators it simulates (a validator's loop turns a device round in about a
+# second of a 25 s evaluation): its late pairs are the machine's, and do not show the schedule's.
+LAG_LIMIT = 0.10
+
 
 @dataclass(frozen=True)
 class RevealedSubmission:
@@ -56,11 +61,12 @@ class RoundFigures:
     # median / p95 / max minutes
     waits_min: tuple[float, float, float] | None
     unevaluated: int  # honest, neither it nor a newer one of its hotkey evaluated at the end
-    queue_mean: float  # ready submissions some validator has not reported on, sampled
+    queue_mean: float  # the longest queue over the validators (sample_queue), sampled
     queue_max: int
     gpu_hours: float
     gpu_hours_not_placeable: float
     gpu_capacity_hours: float  # the validators' devices for the round
+    idle_with_work: float  # share of the devices' time in the round idle while work waited (idle_with_work)
     newest_within_round: bool  # every validator evaluated every honest hotkey's newest within a round
     newest_worst_min: float
     newest_late: int  # (honest submission, validator) pairs past a round
@@ -70,6 +76,12 @@ class RoundFigures:
     @property
     def top4_true(self) -> bool:
         return self.top4 == self.true_top4
+
+    @property
+    def lagged(self) -> bool:
+        """The validators' loops, not their devices, set the pace: late pairs in this round say
+        more about the machine running the simulation than about the schedule."""
+        return self.idle_with_work > LAG_LIMIT
 
 
 @dataclass
@@ -94,9 +106,8 @@ def percentile(ordered: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(fraction * len(ordered)) - 1))]
 
 
-def sample_queue(database: Database, validators: list[str], first_round: int) -> int:
-    """The longest queue over the validators: ready submissions of the scheduled rounds it has not reported on."""
-    longest = 0
+def sample_queue(database: Database, validators: list[str], first_round: int) -> dict[str, int]:
+    """Each validator's queue: ready submissions of the scheduled rounds it has not reported on."""
     with database.read() as session:
         ready = session.scalars(
             select(Submission.id).where(Submission.state == "ready", Submission.round_id >= first_round)
@@ -113,9 +124,36 @@ def sample_queue(database: Database, validators: list[str], first_round: int) ->
     done = defaultdict(set)
     for validator, submission_id in reported:
         done[validator].add(submission_id)
-    for validator in validators:
-        longest = max(longest, len(set(ready) - done[validator]))
-    return longest
+    return {validator: len(set(ready) - done[validator]) for validator in validators}
+
+
+def busy_seconds(starts: list[float], eval_s: float, begin: float, end: float) -> float:
+    """Device-seconds of evaluations started at ``starts`` (each ``eval_s`` long) within [begin, end)."""
+    return sum(max(0.0, min(start + eval_s, end) - max(start, begin)) for start in starts)
+
+
+def idle_with_work(
+    samples: list[tuple[float, dict[str, int]]],
+    starts: dict[str, list[float]],
+    workers: int,
+    eval_s: float,
+    until: float,
+) -> float:
+    """Device-seconds the validators' stand-in GPUs sat idle while the API had work for them.
+
+    ``samples``: (when, each validator's queue) in time order, each standing until the next (the
+    last until ``until``); ``starts``: per validator, when its evaluations started. A validator has
+    work waiting while its queue is longer than what it may hold itself (a submission per device
+    being evaluated, and as many evaluated but not yet reported); its devices idle then are idle
+    for its loop's sake, not the schedule's: on a machine short of CPU, the loop's next step comes
+    late, and at ``--speedup`` times compressed every real second of that is many simulated ones."""
+    idle = 0.0
+    for (begin, queues), end in zip(samples, [when for when, _ in samples[1:]] + [until], strict=True):
+        for validator, waiting in queues.items():
+            if end > begin and waiting > 2 * workers:
+                used = busy_seconds(starts.get(validator, []), eval_s, begin, end)
+                idle += max(0.0, workers * (end - begin) - used)
+    return idle
 
 
 def evaluations_of_newest(
@@ -154,7 +192,7 @@ def figures_per_round(
     round_s: float,
     eval_s: float,
     leaderboards: dict[int, list[str]],
-    queue: dict[int, list[int]],
+    queue: dict[int, list[tuple[float, dict[str, int]]]],
     fourth_places: dict[int, list[tuple[float, float | None]]],
 ) -> tuple[list[RoundFigures], list[float]]:
     """Each round's figures from the API's database and the ground truth (module docstring), and
@@ -171,7 +209,9 @@ def figures_per_round(
         by_submission[submission_id][validator] = reported_at
     kernels = {kernel.submission_id: kernel for kernel in world.kernels.values() if kernel.submission_id is not None}
     evaluated_at = defaultdict(list)  # round -> (kernel, its upper bound, when its evaluation started)
-    for fork, commit, when in world.evaluations:
+    started: dict[str, list[float]] = defaultdict(list)  # validator -> when its evaluations started
+    for fork, commit, when, validator in world.evaluations:
+        started[validator].append(when)
         kernel = world.kernels[(fork, commit)]
         row = None if kernel.submission_id is None else submissions.get(kernel.submission_id)
         if row is not None:
@@ -218,6 +258,10 @@ def figures_per_round(
         ]
         worst = max(delays, default=0.0)
         samples = queue.get(round_id, [])
+        longest = [max(queues.values(), default=0) for _, queues in samples]
+        # The round's last sample stands until the next round's first.
+        until = queue[round_id + 1][0][0] if queue.get(round_id + 1) else samples[-1][0] if samples else 0.0
+        idle = idle_with_work(samples, started, workers, eval_s, until)
         figures.append(
             RoundFigures(
                 round_id=round_id,
@@ -225,11 +269,12 @@ def figures_per_round(
                 superseded=sum(1 for row in honest if row.state == "superseded"),
                 waits_min=(statistics.median(waits), percentile(waits, 0.95), waits[-1]) if waits else None,
                 unevaluated=sum(1 for row in honest if not evaluated_by[row.id]),
-                queue_mean=statistics.fmean(samples) if samples else 0.0,
-                queue_max=max(samples, default=0),
+                queue_mean=statistics.fmean(longest) if longest else 0.0,
+                queue_max=max(longest, default=0),
                 gpu_hours=len(spent) * eval_s / 3600,
                 gpu_hours_not_placeable=len(not_placeable) * eval_s / 3600,
                 gpu_capacity_hours=len(validators) * workers * round_s / 3600,
+                idle_with_work=idle / (len(validators) * workers * round_s),
                 newest_within_round=worst <= round_s,
                 newest_worst_min=worst / 60,
                 newest_late=sum(1 for delay in delays if delay > round_s),
@@ -245,11 +290,12 @@ def figures_table(run_figures: RunFigures) -> Table:
     table = Table(
         title=f"{run_figures.backend}: per round, in simulated time. queue: mean/max; p50 p95 max: "
         f"minutes to an honest submission's first evaluation; GPU: share of the devices' time "
-        f"used; no place: share of that on what could not place; late: (honest submission, "
-        f"validator) pairs evaluated after a round, or never",
+        f"used; idle: share of it idle while work waited (the loops lagging); no place: share of "
+        f"the used on what could not place; late: (honest submission, validator) pairs evaluated "
+        f"after a round, or never",
         title_justify="left",
     )
-    for column in ("round", "queue", "p50", "p95", "max", "GPU", "no place", "late", "top 4"):
+    for column in ("round", "queue", "p50", "p95", "max", "GPU", "idle", "no place", "late", "top 4"):
         table.add_column(column, justify="left" if column in ("round", "top 4") else "right")
     for item in run_figures.rounds:
         waits = ("-", "-", "-") if item.waits_min is None else tuple(f"{value:.0f}" for value in item.waits_min)
@@ -260,8 +306,24 @@ def figures_table(run_figures: RunFigures) -> Table:
             f"{item.queue_mean:.0f}/{item.queue_max}",
             *waits,
             f"{used:.0%}",
+            f"{item.idle_with_work:.0%}",
             f"{share:.0%}",
             str(item.newest_late),
             "true" if item.top4_true else "NOT",
         )
     return table
+
+
+def lag_verdict(run_figures: RunFigures) -> str | None:
+    """What to make of late pairs in rounds where the loops lagged (:attr:`RoundFigures.lagged`):
+    None when there are none. A round with no late pair holds even so (its devices did less
+    than they could, and still kept up)."""
+    lagged = [item for item in run_figures.rounds if item.newest_late and item.lagged]
+    if not lagged:
+        return None
+    rounds = ", ".join(f"{item.round_id + 1} ({item.idle_with_work:.0%} idle)" for item in lagged)
+    return (
+        f"not shown: late pairs in round(s) {rounds} came while the devices sat idle more than "
+        f"{LAG_LIMIT:.0%} of their time with work waiting; this machine, not the schedule, set the "
+        f"pace: run again at a lower --speedup or on a less loaded machine"
+    )
