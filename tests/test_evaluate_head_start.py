@@ -32,7 +32,8 @@ def test_the_area_is_laid_out_for_the_layers_width():
 
 def test_starting_the_sandbox_imports_neither_torch_nor_the_harness():
     code = (
-        "import sys, quasar.validator.worker, quasar.evaluate.start, quasar.evaluate.sandbox; "
+        "import sys, quasar.validator.worker, quasar.evaluate.start, quasar.evaluate.sandbox, "
+        "quasar.evaluate.triton_seed; "
         "print(sorted(m for m in ('torch', 'quasar.evaluate.harness') if m in sys.modules))"
     )
     found = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

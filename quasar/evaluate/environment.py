@@ -191,7 +191,7 @@ def compile_bytecode(environment: EvaluationEnvironment, python: str, timeout_s:
         os.path.join(site.path, entry)
         for site in environment.sites
         for entry in site.entries
-        if entry.endswith(".py") or os.path.isdir(os.path.join(site.path, entry, "")) and "." not in entry
+        if entry.endswith(".py") or ("." not in entry and os.path.isdir(os.path.join(site.path, entry)))
     ]
     if not targets:
         return None

@@ -124,6 +124,9 @@ def unpack_seed(archive: bytes, destination: Path) -> int:
 
 
 def _ask(start: SandboxStart, header: dict, deadline: float, what: str, max_payload: int = 0):
+    """One request to the seed's child and its reply. Not session.Session: that module imports
+    torch, and the validator's worker builds the seed before its head start, which must begin
+    before this process pays for torch (quasar/validator/worker.py)."""
     channel = start.child.channel
     assert channel is not None
     try:
