@@ -144,9 +144,6 @@ BENCH = Group(
                 ),
                 Command("kernel", "check and time the starter fork's kernels on one GPU", "quasar.bench.kernel:main"),
                 Command("floor", "what the layer's passes cost at copy speed", "quasar.bench.floor:main"),
-                Command(
-                    "input-product", "the input side: cast + cuBLAS against Gluon", "quasar.bench.input_product:main"
-                ),
                 Command("reference", "time the validator's float32 reference work", "quasar.bench.reference:main"),
                 Command(
                     "neighbours", "an honest evaluation beside a hostile one (2 GPUs)", "quasar.bench.neighbours:main"
