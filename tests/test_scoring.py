@@ -127,28 +127,14 @@ def ranking_inputs(draw, **options):
 # --- leagues ---
 
 
-@pytest.mark.parametrize(
-    ("length", "name", "multiplier"),
-    [
-        (1, "100k", 0.5),
-        (199_999, "100k", 0.5),
-        (200_000, "200k", 0.75),
-        (299_999, "200k", 0.75),
-        (300_000, "300k", 1.0),
-        (499_999, "400k", 1.25),
-        (500_000, "500k", 1.5),
-        (699_999, "600k", 1.75),
-        (700_000, "700k", 2.0),
-        (800_000, "800k", 2.25),
-        (999_999, "900k", 2.5),
-        (1_000_000, "1M", 3.0),
-        (1_048_576, "1M", 3.0),
-        (10**9, "1M", 3.0),
-    ],
-)
-def test_league_boundaries(length, name, multiplier):
+# Both ends of every row of the table (10**9 for the last row's open end).
+ROW_ENDS = [end for low, high, _, _ in LEAGUE_TABLE for end in (low, min(high, 10**9))]
+
+
+@pytest.mark.parametrize("length", [*ROW_ENDS, 1_048_576])
+def test_league_boundaries(length):
     league = scoring.league_for(length)
-    assert (league.name, league.multiplier) == (name, multiplier)
+    assert (league.name, league.multiplier) == reference_league(length)
 
 
 @given(st.integers(1, 2_000_000))
