@@ -20,6 +20,7 @@ import httpx
 import pytest
 import uvicorn
 
+from quasar import config
 from quasar.api.app import create_app
 from quasar.api.client import ApiClient, ApiClientError
 from quasar.api.db import Database
@@ -50,24 +51,14 @@ def refused(call, status: int, *fragments: str) -> str:
 
 
 def api_config(api_hotkey: str, **overrides) -> ApiConfig:
-    """The API's settings for tests. The quorum is the smallest there is (one validator holding half
-    of the stake), and the ``chain`` fixture gives v1 three quarters of the stake: v1's word alone
+    """The API's settings for tests: the shipped defaults (config.resolve, no .env or environment)
+    but for a rate limit no test reaches and the smallest quorum there is (one validator holding
+    half of the stake). The ``chain`` fixture gives v1 three quarters of the stake: v1's word alone
     settles a submission, as tests of everything but the consensus want (tests/test_api_consensus.py
-    runs the settings' defaults with three validators)."""
-    base = ApiConfig(
-        api_hotkey=api_hotkey,
-        blocks_until_reveal=100,
-        reveal_window_blocks=1000,
-        round_blocks=360,
-        submissions_per_hour=1000,
-        evaluation_lease_s=3600.0,
-        trusted_proxies=(),
-        allow_local_forks=False,
-        tie_epsilon=0.01,
-        quorum_stake_share=0.5,
-        quorum_min_validators=1,
-    )
-    return replace(base, **overrides)
+    runs the defaults' quorum with three validators)."""
+    changed = {"submissions_per_hour": "1000", "quorum_stake_share": "0.5", "quorum_min_validators": "1"}
+    settings = config.resolve({"api_hotkey": api_hotkey, **changed}, environ={}, dotenv_path=None)
+    return replace(ApiConfig.from_settings(settings), **overrides)
 
 
 class Clock:

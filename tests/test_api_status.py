@@ -21,7 +21,7 @@ from quasar.api.db import Database, EvaluationReport, IpBan, Submission, Validat
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.api.schemas import RoundPoint
 from quasar.api.status import best_per_round, submission_state
-from quasar.consensus import Consensus
+from quasar.consensus import Consensus, Electorate, Quorum, Report, decide
 from quasar.originality import CopyOf
 
 SECRET_FORK = "https://github.com/secretminer/hidden-kernels"
@@ -362,20 +362,17 @@ def test_a_database_at_revision_0003_keeps_its_failures_and_bans_counting_by_nor
 # --- pure parts ---
 
 
+# The verdicts (v1's first) that bring three validators of equal stake, under a quorum of half
+# the stake and two of them, to each consensus state.
+VERDICTS = {"awaiting_quorum": (True,), "disputed": (True, False), "passed": (True, True), "failed": (False, False)}
+
+
 def view(state: str) -> Consensus:
-    return Consensus(
-        state,
-        reported=1,
-        validators=3,
-        reported_share=0.4,
-        passed_share=0.4,
-        failed_share=0.0,
-        measured_tokens_per_sec=None,
-        logits_ok=None,
-        content_hash=None,
-        uncounted=(),
-        reason=state,
-    )
+    """The consensus in ``state``, as consensus.decide reaches it from reports."""
+    reports = [Report(f"v{n}", passed, None, 1000.0) for n, passed in enumerate(VERDICTS[state], 1)]
+    reached = decide(reports, Electorate({"v1": 1.0, "v2": 1.0, "v3": 1.0}), Quorum(0.5, 2))
+    assert reached.state == state
+    return reached
 
 
 COPIED = CopyOf(9, 3, "5Original", "content")

@@ -68,17 +68,11 @@ def reference_rank(results, epsilon):
     return order
 
 
-def make(
-    hotkey="hk",
-    submission_id=0,
-    submitted_at=0,
-    length=300_000,
-    claimed=1000.0,
-    measured=1000.0,
-    correct=True,
-    logits_ok=True,
-):
-    return Result(hotkey, submission_id, submitted_at, length, claimed, measured, correct, logits_ok)
+def make(hotkey="hk", submission_id=0, submitted_at=0, score=1000.0, **changes):
+    """A correct, logit-checked result in the ×1.0 league (300k) that claimed and measured ``score``
+    tokens/s, so scores ``score``; ``changes`` to any other field (dataclasses.replace)."""
+    placing = Result(hotkey, submission_id, submitted_at, 300_000, score, score, correct=True, logits_ok=True)
+    return dataclasses.replace(placing, **changes)
 
 
 # --- random inputs: weighted scores cluster at a few values and at m/(1+ε)^k (just inside or
@@ -127,28 +121,14 @@ def ranking_inputs(draw, **options):
 # --- leagues ---
 
 
-@pytest.mark.parametrize(
-    ("length", "name", "multiplier"),
-    [
-        (1, "100k", 0.5),
-        (199_999, "100k", 0.5),
-        (200_000, "200k", 0.75),
-        (299_999, "200k", 0.75),
-        (300_000, "300k", 1.0),
-        (499_999, "400k", 1.25),
-        (500_000, "500k", 1.5),
-        (699_999, "600k", 1.75),
-        (700_000, "700k", 2.0),
-        (800_000, "800k", 2.25),
-        (999_999, "900k", 2.5),
-        (1_000_000, "1M", 3.0),
-        (1_048_576, "1M", 3.0),
-        (10**9, "1M", 3.0),
-    ],
-)
-def test_league_boundaries(length, name, multiplier):
+# Both ends of every row of the table (10**9 for the last row's open end).
+ROW_ENDS = [end for low, high, _, _ in LEAGUE_TABLE for end in (low, min(high, 10**9))]
+
+
+@pytest.mark.parametrize("length", [*ROW_ENDS, 1_048_576])
+def test_league_boundaries(length):
     league = scoring.league_for(length)
-    assert (league.name, league.multiplier) == (name, multiplier)
+    assert (league.name, league.multiplier) == reference_league(length)
 
 
 @given(st.integers(1, 2_000_000))
@@ -172,19 +152,19 @@ def test_eligibility_rules():
     assert scoring.is_eligible(make(logits_ok=None))  # not checked is not a failure
     assert not scoring.is_eligible(make(logits_ok=False))
     assert not scoring.is_eligible(make(correct=False))
-    assert scoring.is_eligible(make(claimed=1000.0, measured=900.0))  # exactly 0.9 × claimed
-    assert not scoring.is_eligible(make(claimed=1000.0, measured=899.99))
-    assert "below 0.9 × claimed" in scoring.ineligibility_reason(make(claimed=1000.0, measured=899.99))
+    assert scoring.is_eligible(make(measured_tokens_per_sec=900.0))  # exactly 0.9 × claimed
+    assert not scoring.is_eligible(make(measured_tokens_per_sec=899.99))
+    assert "below 0.9 × claimed" in scoring.ineligibility_reason(make(measured_tokens_per_sec=899.99))
     assert scoring.ineligibility_reason(make(correct=False)) == "output does not match the reference"
 
 
 def test_verified_and_weighted_scores():
-    under_claimed = make(length=1_048_576, claimed=500.0, measured=1000.0)
+    under_claimed = make(target_sequence_length=1_048_576, claimed_tokens_per_sec=500.0)
     assert scoring.verified_tokens_per_sec(under_claimed) == 500.0
     assert scoring.weighted_score(under_claimed) == 1500.0
-    over_claimed = make(length=150_000, claimed=1050.0, measured=1000.0)
+    over_claimed = make(target_sequence_length=150_000, claimed_tokens_per_sec=1050.0)
     assert scoring.weighted_score(over_claimed) == 500.0
-    ineligible = make(length=1_048_576, measured=1000.0, correct=False)
+    ineligible = make(target_sequence_length=1_048_576, correct=False)
     assert scoring.verified_tokens_per_sec(ineligible) == 1000.0
     assert scoring.weighted_score(ineligible) == 0.0
 
@@ -256,8 +236,9 @@ def test_invalid_field_is_named(field, value, message):
 
 
 def test_numbers_are_normalised_so_equal_results_compare_equal():
-    assert make(submitted_at=5, claimed=1000, measured=900) == make(submitted_at=5.0, claimed=1000.0, measured=900.0)
-    assert isinstance(make(claimed=1000).claimed_tokens_per_sec, float)
+    written_as_ints = make(submitted_at=5, score=1000, measured_tokens_per_sec=900)
+    assert written_as_ints == make(submitted_at=5.0, score=1000.0, measured_tokens_per_sec=900.0)
+    assert isinstance(make(score=1000).claimed_tokens_per_sec, float)
 
 
 # --- ranking: examples worked by hand ---
@@ -265,7 +246,7 @@ def test_numbers_are_normalised_so_equal_results_compare_equal():
 
 def scores_at(*entries, epsilon=0.01):
     """Rank one result per hotkey from (score, submitted_at, submission_id) in the ×1.0 league."""
-    results = [make(f"hk{i}", sid, t, 300_000, score, score) for i, (score, t, sid) in enumerate(entries)]
+    results = [make(f"hk{i}", sid, t, score) for i, (score, t, sid) in enumerate(entries)]
     return [p.submission_id for p in scoring.rank(results, epsilon).placements]
 
 
@@ -290,13 +271,13 @@ def test_tie_margin_is_not_transitive_and_follows_the_exact_rule():
 
 def test_best_entry_per_hotkey():
     results = [
-        make("a", 1, 10, claimed=100.0, measured=100.0),
-        make("a", 2, 20, claimed=120.0, measured=120.0),  # a's best: highest score
-        make("a", 3, 5, claimed=500.0, measured=500.0, logits_ok=False),  # higher but ineligible
-        make("b", 4, 30, claimed=90.0, measured=90.0),
-        make("b", 5, 10, claimed=90.0, measured=90.0),  # b's best: equal score, earlier
-        make("c", 6, 10, claimed=80.0, measured=80.0),
-        make("c", 7, 10, claimed=80.0, measured=80.0),  # same score and time: lower id (6) wins
+        make("a", 1, 10, 100.0),
+        make("a", 2, 20, 120.0),  # a's best: highest score
+        make("a", 3, 5, 500.0, logits_ok=False),  # higher but ineligible
+        make("b", 4, 30, 90.0),
+        make("b", 5, 10, 90.0),  # b's best: equal score, earlier
+        make("c", 6, 10, 80.0),
+        make("c", 7, 10, 80.0),  # same score and time: lower id (6) wins
     ]
     best = scoring.best_per_hotkey(results)
     assert {hotkey: r.submission_id for hotkey, r in best.items()} == {"a": 2, "b": 5, "c": 6}
@@ -306,7 +287,7 @@ def test_best_entry_per_hotkey():
 
 @pytest.mark.parametrize("count", range(7))
 def test_shares_and_burn(count):
-    results = [make(f"hk{i}", i, i, claimed=1000.0 - 100 * i, measured=1000.0 - 100 * i) for i in range(count)]
+    results = [make(f"hk{i}", i, i, 1000.0 - 100 * i) for i in range(count)]
     ranking = scoring.rank(results)
     assert [p.share for p in ranking.placements] == (SHARES + [0.0] * 6)[:count]
     assert ranking.weights == {f"hk{i}": SHARES[i] for i in range(min(count, 4))}
@@ -370,7 +351,7 @@ def test_ranking_properties(inputs, random):
 
 def test_zero_epsilon_is_plain_score_order_with_earlier_first_on_exact_ties():
     results = [
-        make(f"hk{i}", i, t, claimed=s, measured=s)
+        make(f"hk{i}", i, t, s)
         for i, (s, t) in enumerate([(100.0, 4), (100.0, 2), (100.00001, 9), (50.0, 1), (100.0, 2)])
     ]
     placed = [p.submission_id for p in scoring.rank(results, 0).placements]

@@ -8,7 +8,7 @@ import random
 import sqlite3
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import bittensor as bt
@@ -250,21 +250,11 @@ def test_refused_submission_is_finished_failed_at_once(state):
 def test_work_items_are_checked_against_the_fork_rules():
     from quasar.api.schemas import WorkItem
 
-    item = WorkItem(
-        submission_id=1,
-        hotkey=HOTKEYS[0],
-        fork_url="https://GitHub.com/Miner/FLA.git",
-        commit_hash=COMMIT.upper(),
-        target_sequence_length=1024,
-        claimed_tokens_per_sec=5.0,
-        vram_mb=None,
-        benchmarks=None,
-        submitted_at=3.0,
-        round_id=0,
-        lease_expires_at=9.0,
-    )
+    # The API's spelling of the fork and commit; every other field as the validator keeps it.
+    sent = submission(1, url="https://GitHub.com/Miner/Flash-Linear-Attention.git", commit=COMMIT.upper())
+    item = WorkItem(**asdict(sent), vram_mb=None, benchmarks=None, lease_expires_at=9.0)
     good, problem = submission_from_work(item, allow_local=False)
-    assert problem is None and (good.fork_url, good.commit_hash) == ("https://github.com/miner/fla", COMMIT)
+    assert problem is None and good == submission(1)
     _, problem = submission_from_work(item.model_copy(update={"fork_url": "file:///tmp/fork"}), allow_local=False)
     assert "local source" in problem
     _, problem = submission_from_work(item.model_copy(update={"commit_hash": "main"}), allow_local=False)

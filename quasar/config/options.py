@@ -116,23 +116,17 @@ OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
 DEFAULT_SEQ_LENS: tuple[int, ...] = parse_seq_lens(OPTIONS_BY_KEY["eval_seq_lens"].default)
 
 
+def _group_keys(group: str) -> tuple[str, ...]:
+    """The keys of ``group``'s settings, in its file's order."""
+    return tuple(option.key for option in OPTIONS if option.group == group)
+
+
 _WALLET = ("wallet_name", "wallet_hotkey", "wallet_path")
 _CHAIN = ("network", "chain_endpoint", "netuid", "devchain_path", "devchain_block_time")
-_EVALUATION = (
-    "device",
-    "pytorch_cuda_alloc_conf",
-    "eval_seq_lens",
-    "eval_timeout",
-    "eval_timed_seconds",
-    "eval_load_timeout",
-    "sandbox_memory_mb",
-    "sandbox_cgroup",
-    "triton_seed_dir",
-)
-_MINER = tuple(option.key for option in OPTIONS if option.group == "miner")
-_API_SERVER = tuple(
-    option.key for option in OPTIONS if option.group == "submission API" and option.key != "validator_api_url"
-)
+# The process settings an evaluation reads, and every setting of the evaluation group.
+_EVALUATION = ("device", "pytorch_cuda_alloc_conf", *_group_keys("evaluation"))
+_MINER = _group_keys("miner")
+_API_SERVER = tuple(key for key in _group_keys("submission API") if key != "validator_api_url")
 
 # The settings each process reads (what its --help lists); a process not named here lists them all.
 ROLES: dict[str, tuple[str, ...]] = {
@@ -159,7 +153,7 @@ ROLES: dict[str, tuple[str, ...]] = {
         "reference_model",
         "hf_hub_offline",
         "reference_dtype",
-        *(option.key for option in OPTIONS if option.group == "logit check"),
+        *_group_keys("logit check"),
         "tie_epsilon",
         "validator_data_dir",
         "validator_role",
@@ -170,7 +164,7 @@ ROLES: dict[str, tuple[str, ...]] = {
         "wallet_miner_name",
         *_CHAIN,
         "debug",
-        *(option.key for option in OPTIONS if option.group == "inference server"),
+        *_group_keys("inference server"),
         "device",
         "pytorch_cuda_alloc_conf",
         "reference_model",

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -126,27 +126,19 @@ def outcome_from_worker(data: object) -> EvaluationOutcome:
     return EvaluationOutcome(error=f"the worker wrote an unknown outcome {kind!r}")
 
 
+@dataclass(eq=False)
 class WorkerEvaluation:
-    """One worker process evaluating ``key`` on ``device``."""
+    """One worker process evaluating ``key`` on ``device``, killed once past ``deadline`` (monotonic)."""
 
-    def __init__(
-        self,
-        key: EvaluationKey,
-        device: Device,
-        process: subprocess.Popen,
-        job_path: Path,
-        result_path: Path,
-        deadline: float,
-    ):
-        self.key = key
-        self.device = device
-        self.process = process
-        self.job_path = job_path
-        self.result_path = result_path
-        self.deadline = deadline
-        self.started = time.monotonic()
-        self._outcome: EvaluationOutcome | None = None
-        self._stop_reason: str | None = None
+    key: EvaluationKey
+    device: Device
+    process: subprocess.Popen
+    job_path: Path
+    result_path: Path
+    deadline: float
+    started: float = field(default_factory=time.monotonic, init=False)
+    _outcome: EvaluationOutcome | None = field(default=None, init=False)
+    _stop_reason: str | None = field(default=None, init=False)
 
     def _signal_group(self, signum: int) -> None:
         try:
