@@ -13,17 +13,8 @@ from quasar.api.tables import EvaluationReport, Submission, Verdict
 def evaluated_submission(submission: Submission) -> schemas.EvaluatedSubmission:
     """A revealed ``submission`` as a validator evaluates it; raises ValueError for a commitment
     not revealed (it has no fork, commit or claim yet)."""
-    revealed = submission.revealed()
-    return schemas.EvaluatedSubmission(
-        submission_id=submission.id,
-        hotkey=submission.hotkey,
-        fork_url=revealed.fork_url,
-        commit_hash=revealed.commit_hash,
-        target_sequence_length=submission.target_sequence_length,
-        claimed_tokens_per_sec=revealed.claimed_tokens_per_sec,
-        submitted_at=submission.submitted_at,
-        round_id=revealed.round_id,
-    )
+    submission.revealed()
+    return schemas.EvaluatedSubmission.model_validate(submission, from_attributes=True)
 
 
 class FindingFields(TypedDict):
