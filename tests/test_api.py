@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from unittest.mock import ANY
 
 import httpx
 import pytest
@@ -144,6 +145,52 @@ def test_whole_protocol_submit_commit_reveal_evaluate_rank_and_roll_over(start_a
     assert [item.submission_id for item in v1.fetch_work().items] == [late.submission_id]
     # c's earlier submission has reports: the newer one does not supersede it.
     assert a.submission_status(inflated.submission_id).state == "failed"
+
+
+def test_a_validators_reports_come_back_as_it_sent_them_with_their_submission(start_api):
+    """What the processes of one validator hotkey import from each other (quasar/validator/loop.py):
+    each of its reports as stored, with the submission it is on; another validator's report on the
+    same submission is never passed off as its own."""
+    api = start_api()
+    a, v1, v2 = (api.client(name) for name in ("a", "v1", "v2"))
+    accepted = a.submit_kernel(FORK + ".git", COMMIT.upper(), 1_000_000, 100_000.0, benchmarks={512: 3e5})
+    lengths = [{"seq_len": 1_000_000, "status": "ok", "tokens_per_sec": 95_000.0, "peak_vram_mb": 7e4, "correct": True}]
+    for validator in (v1, v2):
+        validator.fetch_work()
+    v1.report(
+        accepted.submission_id, "passed", True, True, 95_000.0, {1_000_000: 95_000.0}, ["note"], lengths, "AB" * 32
+    )
+    v2.report(accepted.submission_id, "failed", False, reasons=["wrong output at 512"])
+
+    first, *others = a.validator_reports(api.wallets["v1"].hotkey.ss58_address).reports
+    assert others == []
+    submission = (
+        first.submission_id,
+        first.hotkey,
+        first.fork_url,
+        first.commit_hash,
+        first.target_sequence_length,
+        first.claimed_tokens_per_sec,
+        first.submitted_at,
+        first.round_id,
+    )
+    assert submission == (
+        accepted.submission_id,
+        api.wallets["a"].hotkey.ss58_address,
+        FORK,  # as the API stored it: normalised
+        COMMIT,
+        1_000_000,
+        100_000.0,
+        accepted.submitted_at,
+        accepted.round_id,
+    )
+    findings = (first.verdict, first.correct, first.logits_ok, first.measured_tokens_per_sec, first.benchmarks)
+    assert findings == ("passed", True, True, 95_000.0, {1_000_000: 95_000.0})
+    assert (first.reasons, first.content_hash) == (["note"], "ab" * 32)
+    shown = a.submission_status(accepted.submission_id).reports
+    assert [(item.verdict, item.reported_at) for item in shown] == [("passed", first.reported_at), ("failed", ANY)]
+    assert [(item.seq_len, item.peak_vram_mb) for item in shown[0].lengths] == [(1_000_000, 7e4)]
+    assert a.validator_reports(api.wallets["v1"].hotkey.ss58_address, after_id=first.report_id).reports == []
 
 
 def test_leaderboard_and_round_are_cached_per_chain_block(start_api):

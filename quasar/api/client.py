@@ -26,6 +26,24 @@ class ApiClientError(QuasarError):
         self.detail = detail
 
 
+def _by_length(figures: Mapping[int, float] | None) -> dict[str, float] | None:
+    """Per-length figures as a JSON object (its keys are strings)."""
+    return None if figures is None else {str(length): value for length, value in figures.items()}
+
+
+def _claim(
+    fork_url: str, commit_hash: str, tokens_per_sec: float, vram_mb: int | None, benchmarks: Mapping[int, float] | None
+) -> dict[str, Any]:
+    """The fields of ``schemas.Claim``: what a direct submission and a reveal both send."""
+    return {
+        "fork_url": fork_url,
+        "commit_hash": commit_hash,
+        "tokens_per_sec": tokens_per_sec,
+        "vram_mb": vram_mb,
+        "benchmarks": _by_length(benchmarks),
+    }
+
+
 class ApiClient:
     """Talks to the API at ``base_url`` as ``wallet``'s hotkey (a bittensor Wallet or keypair).
 
@@ -144,13 +162,10 @@ class ApiClient:
         vram_mb: int | None = None,
         benchmarks: Mapping[int, float] | None = None,
     ) -> schemas.SubmissionAccepted:
+        """Submit a kernel directly (``POST /submit_kernel``): evaluable at once, its time is now."""
         payload = {
-            "fork_url": fork_url,
-            "commit_hash": commit_hash,
+            **_claim(fork_url, commit_hash, tokens_per_sec, vram_mb, benchmarks),
             "target_sequence_length": target_sequence_length,
-            "tokens_per_sec": tokens_per_sec,
-            "vram_mb": vram_mb,
-            "benchmarks": None if benchmarks is None else {str(k): v for k, v in benchmarks.items()},
         }
         return self._parse(self.signed("POST", "/submit_kernel", payload), schemas.SubmissionAccepted)
 
@@ -168,14 +183,12 @@ class ApiClient:
         vram_mb: int | None = None,
         benchmarks: Mapping[int, float] | None = None,
     ) -> schemas.SubmissionAccepted:
+        """Reveal commitment ``submission_id`` (``POST /reveal_submission``): the salt and what the
+        commitment hides, with the claim."""
         payload = {
+            **_claim(fork_url, commit_hash, tokens_per_sec, vram_mb, benchmarks),
             "submission_id": submission_id,
             "commitment_salt": salt,
-            "fork_url": fork_url,
-            "commit_hash": commit_hash,
-            "tokens_per_sec": tokens_per_sec,
-            "vram_mb": vram_mb,
-            "benchmarks": None if benchmarks is None else {str(k): v for k, v in benchmarks.items()},
         }
         return self._parse(self.signed("POST", "/reveal_submission", payload), schemas.SubmissionAccepted)
 
@@ -204,7 +217,7 @@ class ApiClient:
             "correct": correct,
             "logits_ok": logits_ok,
             "measured_tokens_per_sec": measured_tokens_per_sec,
-            "benchmarks": None if benchmarks is None else {str(k): v for k, v in benchmarks.items()},
+            "benchmarks": _by_length(benchmarks),
             "reasons": list(reasons),
         }
         if lengths is not None:

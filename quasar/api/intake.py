@@ -99,17 +99,6 @@ class Intake(ServiceCore):
         logger.info("submission %d from %s (%s) direct, round %d", accepted.submission_id, hotkey, client_ip, round_id)
         return accepted
 
-    @staticmethod
-    def _accepted(submission: Submission) -> schemas.SubmissionAccepted:
-        return schemas.SubmissionAccepted(
-            submission_id=submission.id,
-            hotkey=submission.hotkey,
-            state=submission.state,
-            submitted_at=submission.submitted_at,
-            submitted_block=submission.submitted_block,
-            round_id=submission.round_id,
-        )
-
     def _window(self, commit_block: int) -> rules.RevealWindow:
         return rules.reveal_window(commit_block, self.config.blocks_until_reveal, self.config.reveal_window_blocks)
 
@@ -200,7 +189,7 @@ class Intake(ServiceCore):
             submission.client_ip = client_ip
             session.flush()
             supersede_older(session, self.database.dialect, hotkey, round_id)
-            return self._accepted(submission)
+            return schemas.SubmissionAccepted.model_validate(submission, from_attributes=True)
 
         accepted = self._write(work, caller, locks=[f"hotkey:{hotkey}"])
         if accepted is None:

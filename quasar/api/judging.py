@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from quasar import consensus, originality, scoring
 from quasar.api import rules, schemas
 from quasar.api.db import EvaluationReport, Submission
+from quasar.api.rowfields import evaluated_submission, finding_fields
 from quasar.api.servicecore import ServiceCore, benchmarks_from_json
 
 # What ranking reads of a submission and of a report (not their JSON figures and reasons, which
@@ -103,29 +104,11 @@ class Judged:
 def reported_work(report: EvaluationReport, submission: Submission) -> schemas.ReportedWork:
     """A stored report with the submission it is on. Validators report only on revealed submissions
     (quasar/api/intake.py), so its fork, commit, claim and round are set."""
-    fork_url, commit_hash = submission.fork_url, submission.commit_hash
-    claimed, round_id = submission.claimed_tokens_per_sec, submission.round_id
-    assert fork_url is not None and commit_hash is not None and claimed is not None and round_id is not None, (
-        f"submission {submission.id} has a report but was never revealed"
-    )
     return schemas.ReportedWork(
+        **evaluated_submission(submission).model_dump(),
+        **finding_fields(report),
         report_id=report.id,
-        submission_id=submission.id,
-        hotkey=submission.hotkey,
-        fork_url=fork_url,
-        commit_hash=commit_hash,
-        target_sequence_length=submission.target_sequence_length,
-        claimed_tokens_per_sec=claimed,
-        submitted_at=submission.submitted_at,
-        round_id=round_id,
-        verdict=report.verdict,
-        correct=report.correct,
-        logits_ok=report.logits_ok,
-        measured_tokens_per_sec=report.measured_tokens_per_sec,
         benchmarks=benchmarks_from_json(report.benchmarks),
-        reasons=list(report.reasons),
-        content_hash=report.content_hash,
-        reported_at=report.reported_at,
     )
 
 

@@ -83,15 +83,21 @@ class Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class SubmitKernelRequest(Request):
-    """A direct submission: evaluable at once, its time is now."""
+class Claim(Request):
+    """What a miner claims, the same in a direct submission and in a reveal: its fork at a commit
+    and the tokens/sec it measured there (with, optionally, its memory and per-length figures)."""
 
     fork_url: ForkUrl = Field(description="https://github.com/OWNER/REPO (optionally .git)")
     commit_hash: CommitHash = Field(description="full 40-hex commit id")
-    target_sequence_length: SequenceLength
     tokens_per_sec: TokensPerSec = Field(description="claimed tokens/sec at the target length")
     vram_mb: VramMb | None = None
     benchmarks: Benchmarks | None = Field(default=None, description="claimed {seq_len: tokens_per_sec}")
+
+
+class SubmitKernelRequest(Claim):
+    """A direct submission: evaluable at once, its time is now."""
+
+    target_sequence_length: SequenceLength
 
 
 class CommitRequest(Request):
@@ -101,16 +107,11 @@ class CommitRequest(Request):
     target_sequence_length: SequenceLength
 
 
-class RevealRequest(Request):
+class RevealRequest(Claim):
     """Phase 2 of commit-reveal: the salt and what the commitment hides, with the claim."""
 
     submission_id: SubmissionId
     commitment_salt: Salt = Field(description="hex, at least 16 bytes")
-    fork_url: ForkUrl
-    commit_hash: CommitHash
-    tokens_per_sec: TokensPerSec
-    vram_mb: VramMb | None = None
-    benchmarks: Benchmarks | None = None
 
 
 class ReportedLength(Request):

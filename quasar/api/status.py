@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Final, TypedDict
 
 from sqlalchemy import func, select
@@ -33,6 +33,7 @@ from quasar import consensus, originality, scheduling, scoring
 from quasar.api import rules, schemas
 from quasar.api.db import EvaluationLease, EvaluationReport, Submission
 from quasar.api.judging import Judged, consensus_reports, evaluated_submissions, judge
+from quasar.api.rowfields import finding_fields
 from quasar.api.service import SubmissionService
 from quasar.api.tables import SubmissionMethod
 
@@ -190,16 +191,10 @@ def length_figures(
 
 def _verdict(report: EvaluationReport, electorate: consensus.Electorate) -> schemas.ValidatorVerdict:
     return schemas.ValidatorVerdict(
+        **finding_fields(report),
         validator_hotkey=report.validator_hotkey,
-        verdict=report.verdict,
-        correct=report.correct,
-        logits_ok=report.logits_ok,
-        measured_tokens_per_sec=report.measured_tokens_per_sec,
         lengths=length_figures(report.lengths, report.benchmarks),
-        reasons=list(report.reasons),
-        reported_at=report.reported_at,
         counted=electorate.weight(report.validator_hotkey) > 0,
-        content_hash=report.content_hash,
     )
 
 
@@ -309,11 +304,7 @@ def build_status(
         weighted = 0.0 if state in (FAILED, COPY) else None
     return schemas.SubmissionStatus(
         **common,
-        ready_at=submission.ready_at,
-        round_id=submission.round_id,
-        fork_url=submission.fork_url,
-        commit_hash=submission.commit_hash,
-        claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
+        **asdict(submission.revealed()),
         vram_mb=submission.vram_mb,
         claimed_benchmarks=_benchmarks(submission.benchmarks),
         measured_tokens_per_sec=None if view is None else view.measured_tokens_per_sec,

@@ -95,6 +95,11 @@ class Submission(Base):
         Index("ix_submissions_state_round_id", "state", "round_id"),
     )
 
+    @property
+    def submission_id(self) -> int:
+        """Its id under the name the API's responses give it, so that they are read from the row by name."""
+        return self.id
+
     def revealed(self) -> Revealed:
         """Its revealed fields; raises ValueError for a commitment not revealed (they are NULL then)."""
         if (

@@ -14,6 +14,7 @@ from quasar.api import rules, schemas
 from quasar.api.db import EvaluationLease, EvaluationReport, PreparedStatement, Submission
 from quasar.api.errors import ApiError
 from quasar.api.judging import Standings, consensus_reports
+from quasar.api.rowfields import evaluated_submission
 from quasar.api.servicecore import Authenticated, benchmarks_from_json, benchmarks_to_json
 
 logger = logging.getLogger(__name__)
@@ -132,7 +133,6 @@ class WorkQueue(Standings):
             for pick in chosen:
                 row = session.get(Submission, pick.submission_id)
                 assert row is not None, f"submission {pick.submission_id} was read in this transaction"
-                revealed = row.revealed()  # a ready submission is revealed
                 lease = session.get(EvaluationLease, (row.id, validator))
                 if lease is None:
                     session.add(
@@ -149,16 +149,9 @@ class WorkQueue(Standings):
                     lease.fetch_count += 1
                 items.append(
                     schemas.WorkItem(
-                        submission_id=row.id,
-                        hotkey=row.hotkey,
-                        fork_url=revealed.fork_url,
-                        commit_hash=revealed.commit_hash,
-                        target_sequence_length=row.target_sequence_length,
-                        claimed_tokens_per_sec=revealed.claimed_tokens_per_sec,
+                        **evaluated_submission(row).model_dump(),  # a ready submission is revealed
                         vram_mb=row.vram_mb,
                         benchmarks=benchmarks_from_json(row.benchmarks),
-                        submitted_at=row.submitted_at,
-                        round_id=revealed.round_id,
                         lease_expires_at=now + lease_s,
                     )
                 )
@@ -213,18 +206,12 @@ class WorkQueue(Standings):
                     f"verdict 'passed' contradicts measured_tokens_per_sec "
                     f"{measured:g} < {scoring.CLAIM_FACTOR} x the claim {claimed:g}",
                 )
+            # Every field of the request is a column of the report (its lengths as JSON objects).
             report = EvaluationReport(
-                submission_id=submission.id,
+                **request.model_dump(exclude={"benchmarks"}),
+                benchmarks=benchmarks_to_json(request.benchmarks),
                 validator_hotkey=validator,
                 reported_at=now,
-                verdict=request.verdict,
-                correct=request.correct,
-                logits_ok=request.logits_ok,
-                measured_tokens_per_sec=request.measured_tokens_per_sec,
-                benchmarks=benchmarks_to_json(request.benchmarks),
-                reasons=list(request.reasons),
-                lengths=None if request.lengths is None else [item.model_dump() for item in request.lengths],
-                content_hash=request.content_hash,
             )
             session.add(report)
             session.flush()
