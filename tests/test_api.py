@@ -15,7 +15,7 @@ from alembic.migration import MigrationContext
 from bittensor import http_auth
 
 from api_fixtures import COMMIT, FORK, ApiServer, api_config, commit_of, refused
-from quasar.api.client import ApiClientError
+from quasar.api.client import ApiClientError, Claim
 from quasar.api.db import Base, Database
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.auth import sign_request
@@ -55,7 +55,9 @@ def test_whole_protocol_submit_commit_reveal_evaluate_rank_and_roll_over(start_a
     assert a.health().api_hotkey == api.hotkey
     start_round = a.current_round()
 
-    direct = a.submit_kernel(FORK, COMMIT, 1_000_000, 100_000.0, vram_mb=70_000, benchmarks={512: 3e5, 1_000_000: 1e5})
+    direct = a.submit_kernel(
+        Claim(FORK, COMMIT, 100_000.0, vram_mb=70_000, benchmarks={512: 3e5, 1_000_000: 1e5}), 1_000_000
+    )
     assert direct.state == "ready" and direct.round_id == start_round.round_id
 
     salt, fork_b, commit_b = new_salt(), "https://github.com/Bob/FLA.git", commit_of(0xB0B)
@@ -63,21 +65,21 @@ def test_whole_protocol_submit_commit_reveal_evaluate_rank_and_roll_over(start_a
     assert committed.reveal_from_block == committed.commit_block + 100
     assert [(p.submission_id, p.state) for p in a.pending_reveals().pending] == [(committed.submission_id, "waiting")]
     refused(
-        lambda: b.reveal(committed.submission_id, salt, fork_b, commit_b, 80_000.0),
+        lambda: b.reveal(committed.submission_id, salt, Claim(fork_b, commit_b, 80_000.0)),
         409,
         "too early",
         f"from block {committed.reveal_from_block}",
     )
     api.chain.advance(99)
-    refused(lambda: b.reveal(committed.submission_id, salt, fork_b, commit_b, 80_000.0), 409, "too early")
+    refused(lambda: b.reveal(committed.submission_id, salt, Claim(fork_b, commit_b, 80_000.0)), 409, "too early")
     api.chain.advance(1)
-    revealed = b.reveal(committed.submission_id, salt, fork_b, commit_b, 80_000.0)
+    revealed = b.reveal(committed.submission_id, salt, Claim(fork_b, commit_b, 80_000.0))
     assert revealed.submission_id == committed.submission_id and revealed.state == "ready"
     assert revealed.submitted_at == committed.submitted_at  # the commit's time is the submission time
-    refused(lambda: b.reveal(committed.submission_id, salt, fork_b, commit_b, 80_000.0), 409, "already revealed")
+    refused(lambda: b.reveal(committed.submission_id, salt, Claim(fork_b, commit_b, 80_000.0)), 409, "already revealed")
     assert a.pending_reveals().pending == []
 
-    inflated = c.submit_kernel("https://github.com/carol/fla", commit_of(0xC), 1_000_000, 500_000.0)
+    inflated = c.submit_kernel(Claim("https://github.com/carol/fla", commit_of(0xC), 500_000.0), 1_000_000)
 
     # Each validator gets every submission once, the highest upper bound (claim x multiplier) first; a
     # fetched one is held while leased.
@@ -138,7 +140,7 @@ def test_whole_protocol_submit_commit_reveal_evaluate_rank_and_roll_over(start_a
     api.chain.advance(now.blocks_left)
     rolled = a.current_round()
     assert rolled.round_id == now.round_id + 1 and rolled.start_block == now.end_block + 1 == rolled.current_block
-    late = c.submit_kernel("https://github.com/carol/fla", commit_of(0xD), 1_000_000, 90_000.0)
+    late = c.submit_kernel(Claim("https://github.com/carol/fla", commit_of(0xD), 90_000.0), 1_000_000)
     assert late.round_id == rolled.round_id
     assert a.leaderboard().entries == [] and a.leaderboard().round_id == rolled.round_id
     assert a.leaderboard(now.round_id) == board
@@ -153,7 +155,7 @@ def test_a_validators_reports_come_back_as_it_sent_them_with_their_submission(st
     same submission is never passed off as its own."""
     api = start_api()
     a, v1, v2 = (api.client(name) for name in ("a", "v1", "v2"))
-    accepted = a.submit_kernel(FORK + ".git", COMMIT.upper(), 1_000_000, 100_000.0, benchmarks={512: 3e5})
+    accepted = a.submit_kernel(Claim(FORK + ".git", COMMIT.upper(), 100_000.0, benchmarks={512: 3e5}), 1_000_000)
     lengths = [{"seq_len": 1_000_000, "status": "ok", "tokens_per_sec": 95_000.0, "peak_vram_mb": 7e4, "correct": True}]
     for validator in (v1, v2):
         validator.fetch_work()
@@ -196,7 +198,7 @@ def test_a_validators_reports_come_back_as_it_sent_them_with_their_submission(st
 def test_leaderboard_and_round_are_cached_per_chain_block(start_api):
     api = start_api()
     a, v1 = api.client("a"), api.client("v1")
-    submitted = a.submit_kernel(FORK, COMMIT, 1_000_000, 100_000.0)
+    submitted = a.submit_kernel(Claim(FORK, COMMIT, 100_000.0), 1_000_000)
     before = a.current_round()
     assert a.leaderboard().entries == [] and a.leaderboard(before.round_id).entries == []
     v1.fetch_work()
@@ -252,10 +254,10 @@ def test_forged_tampered_and_misdirected_requests_are_refused(start_api):
 
 def test_unregistered_hotkeys_and_miners_on_validator_endpoints_are_forbidden(start_api):
     api = start_api()
-    refused(lambda: api.client("stranger").submit_kernel(FORK, COMMIT, 1000, 1.0), 403, "not registered")
+    refused(lambda: api.client("stranger").submit_kernel(Claim(FORK, COMMIT, 1.0), 1000), 403, "not registered")
     refused(lambda: api.client("stranger").commit("ab" * 32, 1000), 403, "not registered")
     api.chain.register_wallet(api.wallets["stranger"])  # registration is read from the chain per request
-    assert api.client("stranger").submit_kernel(FORK, COMMIT, 1000, 1.0).state == "ready"
+    assert api.client("stranger").submit_kernel(Claim(FORK, COMMIT, 1.0), 1000).state == "ready"
     refused(lambda: api.client("a").fetch_work(), 403, "no validator permit")
     refused(lambda: api.client("a").report(1, "failed", False), 403, "no validator permit")
     api.chain.set_validator_permit(api.wallets["v1"].hotkey.ss58_address, False)
@@ -268,16 +270,22 @@ def test_wrong_commitment_is_refused_and_counted_as_a_failure(start_api):
     salt = new_salt()
     committed = b.commit(commitment_hash(salt, FORK, COMMIT), 500_000)
     api.chain.advance(100)
-    for wrong in ((salt, FORK, commit_of(1)), (new_salt(), FORK, COMMIT), (salt, FORK + "2", COMMIT)):
+    for wrong_salt, wrong_fork, wrong_commit in (
+        (salt, FORK, commit_of(1)),
+        (new_salt(), FORK, COMMIT),
+        (salt, FORK + "2", COMMIT),
+    ):
         refused(
-            lambda: b.reveal(committed.submission_id, *wrong, 1e4),
+            lambda: b.reveal(committed.submission_id, wrong_salt, Claim(wrong_fork, wrong_commit, 1e4)),
             400,
             "does not match commitment",
             "counted as a failed validation",
         )
-    refused(lambda: api.client("a").reveal(committed.submission_id, salt, FORK, COMMIT, 1e4), 404, "no commitment")
+    refused(
+        lambda: api.client("a").reveal(committed.submission_id, salt, Claim(FORK, COMMIT, 1e4)), 404, "no commitment"
+    )
     assert v1.fetch_work().items == []  # nothing was revealed
-    assert b.reveal(committed.submission_id, salt, FORK, COMMIT, 1e4).state == "ready"
+    assert b.reveal(committed.submission_id, salt, Claim(FORK, COMMIT, 1e4)).state == "ready"
 
 
 def test_reveal_window_closes(start_api):
@@ -287,7 +295,7 @@ def test_reveal_window_closes(start_api):
     committed = b.commit(commitment_hash(salt, FORK, COMMIT), 500_000)
     assert committed.reveal_until_block == committed.commit_block + 109
     api.chain.advance(110)
-    refused(lambda: b.reveal(committed.submission_id, salt, FORK, COMMIT, 1e4), 409, "closed at block")
+    refused(lambda: b.reveal(committed.submission_id, salt, Claim(FORK, COMMIT, 1e4)), 409, "closed at block")
     assert b.pending_reveals().pending == [] and b.stats().expired_commitments == 1
 
 
@@ -301,25 +309,25 @@ def test_five_failures_from_one_ip_ban_it_for_24_hours(start_api):
     committed = b.commit(commitment_hash(salt, FORK, COMMIT), 500_000)
     api.chain.advance(100)
     for n in range(2):  # two failures: wrong reveals
-        refused(lambda: b.reveal(committed.submission_id, salt, FORK, commit_of(n + 1), 1e4), 400)
+        refused(lambda: b.reveal(committed.submission_id, salt, Claim(FORK, commit_of(n + 1), 1e4)), 400)
     for n in range(2):  # each reported on before the next (a newer one supersedes one without reports)
-        submitted = b.submit_kernel(FORK, commit_of(100 + n), 500_000, 1e4).submission_id
+        submitted = b.submit_kernel(Claim(FORK, commit_of(100 + n), 1e4), 500_000).submission_id
         assert [item.submission_id for item in v1.fetch_work().items] == [submitted]
         v2.fetch_work()
         assert v1.report(submitted, "failed", correct=False, reasons=["output differs"]).failure_counted
         # A second validator failing the same submission does not count it twice.
         assert not v2.report(submitted, "failed", correct=False).failure_counted
-    last = b.submit_kernel(FORK, commit_of(998), 500_000, 1e4).submission_id  # four failures: not banned yet
+    last = b.submit_kernel(Claim(FORK, commit_of(998), 1e4), 500_000).submission_id  # four failures: not banned yet
     v1.fetch_work()
     assert v1.report(last, "failed", correct=False).failure_counted
-    detail = refused(lambda: b.submit_kernel(FORK, commit_of(999), 500_000, 1e4), 403, banned_ip, "banned until")
+    detail = refused(lambda: b.submit_kernel(Claim(FORK, commit_of(999), 1e4), 500_000), 403, banned_ip, "banned until")
     assert "5 failed validations" in detail
     refused(lambda: b.commit("ab" * 32, 500_000), 403, "banned")
     # Another IP is not affected, whatever it claims further left in the header.
     other = api.client("a", **{"X-Forwarded-For": f"{banned_ip}, {other_ip}"})
-    assert other.submit_kernel(FORK, commit_of(1000), 500_000, 1e4).state == "ready"
+    assert other.submit_kernel(Claim(FORK, commit_of(1000), 1e4), 500_000).state == "ready"
     api.clock.offset = 24 * 3600 + 1
-    assert b.submit_kernel(FORK, commit_of(1001), 500_000, 1e4).state == "ready"
+    assert b.submit_kernel(Claim(FORK, commit_of(1001), 1e4), 500_000).state == "ready"
 
 
 def test_forwarded_for_is_ignored_without_trusted_proxies(start_api):
@@ -327,33 +335,35 @@ def test_forwarded_for_is_ignored_without_trusted_proxies(start_api):
     v1 = api.client("v1")
     for n in range(5):
         spoofing = api.client("a", **{"X-Forwarded-For": f"192.0.2.{n}"})
-        spoofing.submit_kernel(FORK, commit_of(n + 1), 500_000, 1e4)
+        spoofing.submit_kernel(Claim(FORK, commit_of(n + 1), 1e4), 500_000)
         for item in v1.fetch_work().items:
             v1.report(item.submission_id, "failed", correct=False)
     fresh = api.client("c", **{"X-Forwarded-For": "192.0.2.200"})
-    refused(lambda: fresh.submit_kernel(FORK, COMMIT, 500_000, 1e4), 403, "IP 127.0.0.1 is banned")
+    refused(lambda: fresh.submit_kernel(Claim(FORK, COMMIT, 1e4), 500_000), 403, "IP 127.0.0.1 is banned")
 
 
 def test_rate_limit_per_hotkey(start_api):
     api = start_api(submissions_per_hour=3)
     a = api.client("a")
     for n in range(2):
-        a.submit_kernel(FORK, commit_of(n + 1), 500_000, 1e4)
+        a.submit_kernel(Claim(FORK, commit_of(n + 1), 1e4), 500_000)
     a.commit("cd" * 32, 500_000)
     with pytest.raises(ApiClientError) as limited:
-        a.submit_kernel(FORK, commit_of(9), 500_000, 1e4)
+        a.submit_kernel(Claim(FORK, commit_of(9), 1e4), 500_000)
     assert limited.value.status == 429 and "at most 3 submissions per hour" in limited.value.detail
-    assert api.client("b").submit_kernel(FORK, commit_of(10), 500_000, 1e4).state == "ready"  # per hotkey
+    assert api.client("b").submit_kernel(Claim(FORK, commit_of(10), 1e4), 500_000).state == "ready"  # per hotkey
     api.clock.offset = 3601
-    assert a.submit_kernel(FORK, commit_of(9), 500_000, 1e4).state == "ready"
+    assert a.submit_kernel(Claim(FORK, commit_of(9), 1e4), 500_000).state == "ready"
 
 
 def test_duplicate_submission_conflicts(start_api):
     api = start_api()
     a = api.client("a")
-    first = a.submit_kernel(FORK, COMMIT, 500_000, 1e4)
+    first = a.submit_kernel(Claim(FORK, COMMIT, 1e4), 500_000)
     refused(
-        lambda: a.submit_kernel(FORK + ".git", COMMIT.upper(), 500_000, 2e4), 409, f"submission {first.submission_id}"
+        lambda: a.submit_kernel(Claim(FORK + ".git", COMMIT.upper(), 2e4), 500_000),
+        409,
+        f"submission {first.submission_id}",
     )
 
 
@@ -395,7 +405,7 @@ def test_non_finite_numbers_oversize_bodies_and_reports_are_refused(start_api):
     huge = send(api, "a", "POST", "/submit_kernel", {**SUBMISSION, "padding": "x" * 70_000})
     assert huge.status_code == 413 and "larger than 65536 bytes" in huge.json()["detail"]
     v1 = api.client("v1")
-    submitted = api.client("a").submit_kernel(FORK, COMMIT, 500_000, 1e4)
+    submitted = api.client("a").submit_kernel(Claim(FORK, COMMIT, 1e4), 500_000)
     v1.fetch_work()
     for reasons, fragment in (
         (["x" * 1001], "at most 1000"),
@@ -418,7 +428,7 @@ def test_non_finite_numbers_oversize_bodies_and_reports_are_refused(start_api):
 def test_leases_expire_and_refetching_is_bounded(start_api):
     api = start_api(evaluation_lease_s=60.0)
     v1, v2 = api.client("v1"), api.client("v2")
-    submitted = api.client("a").submit_kernel(FORK, COMMIT, 500_000, 1e4)
+    submitted = api.client("a").submit_kernel(Claim(FORK, COMMIT, 1e4), 500_000)
     for attempt in range(3):
         items = v1.fetch_work().items
         assert [item.submission_id for item in items] == [submitted.submission_id], attempt
@@ -505,7 +515,7 @@ def test_unexpected_errors_are_a_plain_500_and_chain_outages_a_503(chain, wallet
 
 def test_schema_is_migrated_not_reset_and_matches_the_models(start_api, chain, wallets, database_url):
     api = start_api()
-    api.client("a").submit_kernel(FORK, COMMIT, 500_000, 1e4)
+    api.client("a").submit_kernel(Claim(FORK, COMMIT, 1e4), 500_000)
     api.server.__exit__(None, None, None)
     with ApiServer(api_config(api.hotkey), chain, database_url) as restarted:
         assert httpx.get(restarted.url + "/get_submission_stats").json()["submissions"] == 1

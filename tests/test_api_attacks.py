@@ -21,6 +21,7 @@ import pytest
 from bittensor import http_auth
 
 from api_fixtures import COMMIT, FORK, commit_of, refused
+from quasar.api.client import Claim
 from quasar.api.devdb import start_api_process
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.api.schemas import COMMIT_PATTERN, FORK_URL_PATTERN
@@ -248,12 +249,14 @@ def test_bans_count_a_client_by_its_normalised_address(start_api):
     def fail_reveals(addresses: list[str]) -> None:
         for n, address in enumerate(addresses):
             client = api.client("b", **{"X-Forwarded-For": address})
-            refused(lambda: client.reveal(committed.submission_id, salt, FORK, commit_of(n + 1), 1e4), 400)
+            refused(lambda: client.reveal(committed.submission_id, salt, Claim(FORK, commit_of(n + 1), 1e4)), 400)
 
     # One IPv4 client, written plain and IPv4-mapped.
     fail_reveals(["::ffff:203.0.113.7", "203.0.113.7", "::ffff:cb00:7107", "203.0.113.7", "::ffff:203.0.113.7"])
     refused(
-        lambda: api.client("a", **{"X-Forwarded-For": "203.0.113.7"}).submit_kernel(FORK, commit_of(50), 1000, 1.0),
+        lambda: api.client("a", **{"X-Forwarded-For": "203.0.113.7"}).submit_kernel(
+            Claim(FORK, commit_of(50), 1.0), 1000
+        ),
         403,
         "IP 203.0.113.7 is banned",
     )
@@ -261,7 +264,7 @@ def test_bans_count_a_client_by_its_normalised_address(start_api):
     fail_reveals([f"2001:db8:1:2::{n + 1}" for n in range(5)])
     detail = refused(
         lambda: api.client("a", **{"X-Forwarded-For": "2001:db8:1:2:ffff:ffff:ffff:9"}).submit_kernel(
-            FORK, commit_of(51), 1000, 1.0
+            Claim(FORK, commit_of(51), 1.0), 1000
         ),
         403,
         "banned",
@@ -269,4 +272,4 @@ def test_bans_count_a_client_by_its_normalised_address(start_api):
     assert "2001:db8:1:2::/64" in detail
     # The next /64 is someone else.
     other = api.client("a", **{"X-Forwarded-For": "2001:db8:1:3::1"})
-    assert other.submit_kernel(FORK, commit_of(52), 1000, 1.0).state == "ready"
+    assert other.submit_kernel(Claim(FORK, commit_of(52), 1.0), 1000).state == "ready"

@@ -16,7 +16,7 @@ import pytest
 
 from api_fixtures import FORK, SLOW_BLOCKS, ApiServer, Clock, api_config, commit_of, refused
 from quasar import config
-from quasar.api.client import ApiClient
+from quasar.api.client import ApiClient, Claim
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.chain.devchain import DevChain
 from quasar.validator.worker import kernel_content_hash
@@ -74,7 +74,7 @@ def test_a_lying_validator_changes_no_rank_and_bans_no_ip(subnet, lie):
         batch = {}
         for name, speed in speeds.items():
             accepted = subnet.clients[name].submit_kernel(
-                FORK, commit_of(len(submitted) + len(batch) + 1), TARGET, speed
+                Claim(FORK, commit_of(len(submitted) + len(batch) + 1), speed), TARGET
             )
             batch[accepted.submission_id] = speed
         fetch_all(subnet)
@@ -101,7 +101,7 @@ def test_a_lying_validator_changes_no_rank_and_bans_no_ip(subnet, lie):
         assert honest_figure <= entry.measured_tokens_per_sec <= honest_figure * 1.01
         assert (entry.validators, entry.reported_stake_share) == (3, pytest.approx(1.0))
     # No failure was charged: the same IP still submits.
-    assert subnet.clients["a"].submit_kernel(FORK, commit_of(999), TARGET, 1e5).state == "ready"
+    assert subnet.clients["a"].submit_kernel(Claim(FORK, commit_of(999), 1e5), TARGET).state == "ready"
     # The liar shows: it disagrees with every verdict, or its figures are off by orders of magnitude.
     validators = {v.validator_hotkey: v for v in subnet.clients["a"].validators().validators}
     liar, honest_one = validators[subnet.hotkey("v1")], validators[subnet.hotkey("v2")]
@@ -119,7 +119,7 @@ def test_a_lying_validator_changes_no_rank_and_bans_no_ip(subnet, lie):
 
 def test_quorum_not_reached_is_not_ranked_and_the_status_says_why(subnet):
     a, b = subnet.clients["a"], subnet.clients["b"]
-    first = a.submit_kernel(FORK, commit_of(1), TARGET, 1e5)
+    first = a.submit_kernel(Claim(FORK, commit_of(1), 1e5), TARGET)
     fetch_all(subnet)
     subnet.clients["v1"].report(first.submission_id, "passed", True, True, 1e5)
     waiting = a.submission_status(first.submission_id)
@@ -142,7 +142,7 @@ def test_quorum_not_reached_is_not_ranked_and_the_status_says_why(subnet):
     assert [entry.submission_id for entry in subnet.leaderboard().entries] == [first.submission_id]
 
     # A quorum without a majority of the stake is disputed: not ranked, and no IP is charged.
-    second = b.submit_kernel(FORK, commit_of(2), TARGET, 1e5)
+    second = b.submit_kernel(Claim(FORK, commit_of(2), 1e5), TARGET)
     fetch_all(subnet)
     assert not subnet.clients["v1"].report(second.submission_id, "failed", False).failure_counted
     assert not subnet.clients["v2"].report(second.submission_id, "passed", True, True, 1e5).failure_counted
@@ -172,13 +172,13 @@ def test_a_copy_after_the_reveal_never_outranks_the_author_even_measured_3_perce
     salt = new_salt()
     committed = author.commit(commitment_hash(salt, author_fork, author_commit), TARGET)
     # The copier saw the author's push and submits the commit before the author could reveal it.
-    early = copier.submit_kernel("https://github.com/copier/fla", author_commit, TARGET, 1.03e5)
+    early = copier.submit_kernel(Claim("https://github.com/copier/fla", author_commit, 1.03e5), TARGET)
     subnet.chain.advance(100)
-    revealed = author.reveal(committed.submission_id, salt, author_fork, author_commit, 1e5)
+    revealed = author.reveal(committed.submission_id, salt, Claim(author_fork, author_commit, 1e5))
     assert revealed.state == "ready"  # committed first: the author's, whoever submitted the commit since
     # After the reveal, the same commit again, directly or by commit-reveal: refused as a copy.
     detail = refused(
-        lambda: copier.submit_kernel("https://github.com/copier/fla2", author_commit, TARGET, 1.03e5),
+        lambda: copier.submit_kernel(Claim("https://github.com/copier/fla2", author_commit, 1.03e5), TARGET),
         409,
         "a copy is not accepted",
     )
@@ -187,7 +187,7 @@ def test_a_copy_after_the_reveal_never_outranks_the_author_even_measured_3_perce
     late = copier.commit(commitment_hash(copier_salt, FORK, author_commit), TARGET)
     subnet.chain.advance(100)
     refused(
-        lambda: copier.reveal(late.submission_id, copier_salt, FORK, author_commit, 1.03e5),
+        lambda: copier.reveal(late.submission_id, copier_salt, Claim(FORK, author_commit, 1.03e5)),
         409,
         "a copy is not accepted",
     )
@@ -200,7 +200,7 @@ def test_a_copy_after_the_reveal_never_outranks_the_author_even_measured_3_perce
     for name in STAKES:  # the copy 3% faster, by every validator
         subnet.clients[name].report(committed.submission_id, "passed", True, True, 1e5, content_hash=original_hash)
         subnet.clients[name].report(early.submission_id, "passed", True, True, 1.03e5, content_hash=copied_hash)
-    disguised = copier.submit_kernel("https://github.com/copier/fla", commit_of(0xC0FFEE), TARGET, 1.03e5)
+    disguised = copier.submit_kernel(Claim("https://github.com/copier/fla", commit_of(0xC0FFEE), 1.03e5), TARGET)
     fetch_all(subnet)
     for name in STAKES:
         subnet.clients[name].report(disguised.submission_id, "passed", True, True, 1.03e5, content_hash=copied_hash)

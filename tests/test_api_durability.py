@@ -12,7 +12,7 @@ import time
 import pytest
 from sqlalchemy import select
 
-from quasar.api.client import ApiClient, ApiClientError
+from quasar.api.client import ApiClient, ApiClientError, Claim
 from quasar.api.db import Database, Submission
 from quasar.api.devdb import start_api_process
 
@@ -37,7 +37,7 @@ def test_sigkill_mid_traffic_loses_no_acknowledged_submission(tmp_path, chain, w
                 break
             commit = f"{MINERS.index(name) + 1:x}{n + 1:039x}"
             try:
-                accepted = client.submit_kernel("https://github.com/miner/fla", commit, 500_000, 1e4)
+                accepted = client.submit_kernel(Claim("https://github.com/miner/fla", commit, 1e4), 500_000)
             except ApiClientError as error:
                 assert error.status == 0, error  # refused outright: only once the server is gone
                 break
@@ -69,7 +69,7 @@ def test_sigkill_mid_traffic_loses_no_acknowledged_submission(tmp_path, chain, w
         missing = {sid: entry for sid, entry in acknowledged.items() if stored.get(sid) != entry}
         assert missing == {}, f"{len(missing)} acknowledged submissions lost"
         after = ApiClient(url, wallets["a"], api_hotkey=api_hotkey).submit_kernel(
-            "https://github.com/miner/fla", "f" * 40, 500_000, 1e4
+            Claim("https://github.com/miner/fla", "f" * 40, 1e4), 500_000
         )
         assert after.submission_id > max(stored)  # ids are never reused
     finally:

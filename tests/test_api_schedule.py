@@ -10,7 +10,7 @@ import pytest
 
 from api_fixtures import FORK, commit_of, refused
 from quasar import scheduling
-from quasar.api.client import ApiClient
+from quasar.api.client import ApiClient, Claim
 from quasar.localnet.host import make_wallet
 
 MILLION = 1_000_000  # the 1M league: multiplier 3
@@ -23,9 +23,9 @@ def ids(batch) -> list[int]:
 def test_a_newer_submission_supersedes_the_older_ones_no_validator_reported_on(start_api):
     api = start_api()
     a, v1, v2 = api.client("a"), api.client("v1"), api.client("v2")
-    first = a.submit_kernel(FORK, commit_of(1), MILLION, 1e5)
+    first = a.submit_kernel(Claim(FORK, commit_of(1), 1e5), MILLION)
     assert ids(v1.fetch_work()) == [first.submission_id]  # v1 starts on it
-    second = a.submit_kernel(FORK, commit_of(2), MILLION, 1e5)
+    second = a.submit_kernel(Claim(FORK, commit_of(2), 1e5), MILLION)
     # v2 gets only the newest; the first is superseded, even though v1 holds a lease on it.
     assert ids(v2.fetch_work()) == [second.submission_id]
     old = a.submission_status(first.submission_id)
@@ -38,12 +38,14 @@ def test_a_newer_submission_supersedes_the_older_ones_no_validator_reported_on(s
     )
     # One a validator reported on stays, so that the others can complete its consensus.
     v2.report(second.submission_id, "passed", True, True, 1e5)
-    third = a.submit_kernel(FORK, commit_of(3), MILLION, 2e5)
+    third = a.submit_kernel(Claim(FORK, commit_of(3), 2e5), MILLION)
     # v1 completes the consensus on the second first, though the third claims more.
     assert ids(v1.fetch_work()) == [second.submission_id, third.submission_id]
     assert a.submission_status(second.submission_id).state != "superseded"
     # A commit that was superseded is still its miner's: another hotkey submitting it is a copy.
-    refused(lambda: api.client("b").submit_kernel(FORK, commit_of(1), MILLION, 1e5), 409, "a copy is not accepted")
+    refused(
+        lambda: api.client("b").submit_kernel(Claim(FORK, commit_of(1), 1e5), MILLION), 409, "a copy is not accepted"
+    )
 
 
 def register_miners(api, tmp_path, count: int) -> list[ApiClient]:
@@ -61,14 +63,15 @@ def test_a_submission_that_cannot_place_waits_until_nothing_that_could_place_doe
     miners = register_miners(api, tmp_path, 6)
     try:
         placed = [
-            miner.submit_kernel(FORK, commit_of(n + 1), MILLION, 1e5 * (n + 1)) for n, miner in enumerate(miners[:4])
+            miner.submit_kernel(Claim(FORK, commit_of(n + 1), 1e5 * (n + 1)), MILLION)
+            for n, miner in enumerate(miners[:4])
         ]  # scores 3e5, 6e5, 9e5, 1.2e6: fourth place 3e5
         v1.fetch_work()
         for submission in placed:
             v1.report(submission.submission_id, "passed", True, True, submission_claim(api, submission))
         api.chain.advance(1)  # the leaderboard of the next block has the reports
-        slow = miners[4].submit_kernel(FORK, commit_of(10), MILLION, 9e4)  # at most 2.7e5: cannot place
-        fast = miners[5].submit_kernel(FORK, commit_of(11), MILLION, 1.1e5)  # at most 3.3e5: could
+        slow = miners[4].submit_kernel(Claim(FORK, commit_of(10), 9e4), MILLION)  # at most 2.7e5: cannot place
+        fast = miners[5].submit_kernel(Claim(FORK, commit_of(11), 1.1e5), MILLION)  # at most 3.3e5: could
         status = miners[4].submission_status(slow.submission_id)
         assert status.state == "deferred" and status.state_reason == (
             "deferred: its upper bound (90,000 tok/s claimed x 3, 270,000) is below the fourth place's score "
@@ -97,14 +100,15 @@ def test_a_batch_fills_the_free_devices_with_deferred_work_once_nothing_that_cou
     miners = register_miners(api, tmp_path, 7)
     try:
         placed = [
-            miner.submit_kernel(FORK, commit_of(n + 1), MILLION, 1e5 * (n + 1)) for n, miner in enumerate(miners[:4])
+            miner.submit_kernel(Claim(FORK, commit_of(n + 1), 1e5 * (n + 1)), MILLION)
+            for n, miner in enumerate(miners[:4])
         ]  # fourth place 3e5
         v1.fetch_work()
         for submission in placed:
             v1.report(submission.submission_id, "passed", True, True, submission_claim(api, submission))
         api.chain.advance(1)
-        slow = [miners[4 + n].submit_kernel(FORK, commit_of(10 + n), MILLION, 5e4 + n) for n in range(2)]
-        fast = miners[6].submit_kernel(FORK, commit_of(12), MILLION, 1.1e5)  # could place
+        slow = [miners[4 + n].submit_kernel(Claim(FORK, commit_of(10 + n), 5e4 + n), MILLION) for n in range(2)]
+        fast = miners[6].submit_kernel(Claim(FORK, commit_of(12), 1.1e5), MILLION)  # could place
         # The deferred two after it, the higher bound first.
         assert ids(v1.fetch_work(limit=3)) == [fast.submission_id, slow[1].submission_id, slow[0].submission_id]
     finally:
@@ -120,12 +124,12 @@ def test_no_hotkey_gets_a_second_evaluation_while_another_waits_for_its_first_in
     api = start_api(round_blocks=50)
     a, b, c, v1, v2 = (api.client(name) for name in ("a", "b", "c", "v1", "v2"))
     # a has two submissions waiting for v1 (the older one reported by v2, so not superseded).
-    older = a.submit_kernel(FORK, commit_of(1), MILLION, 9e5)
+    older = a.submit_kernel(Claim(FORK, commit_of(1), 9e5), MILLION)
     v2.fetch_work()
     v2.report(older.submission_id, "passed", True, True, 9e5)
-    newer = a.submit_kernel(FORK, commit_of(2), MILLION, 8e5)
-    low_b = b.submit_kernel(FORK, commit_of(3), MILLION, 1e5)
-    low_c = c.submit_kernel(FORK, commit_of(4), MILLION, 2e5)
+    newer = a.submit_kernel(Claim(FORK, commit_of(2), 8e5), MILLION)
+    low_b = b.submit_kernel(Claim(FORK, commit_of(3), 1e5), MILLION)
+    low_c = c.submit_kernel(Claim(FORK, commit_of(4), 2e5), MILLION)
     # a's best bound first; a's second only after b and c had their first; among b and c the higher bound.
     assert [ids(v1.fetch_work(limit=1)) for _ in range(4)] == [
         [older.submission_id],
@@ -134,14 +138,14 @@ def test_no_hotkey_gets_a_second_evaluation_while_another_waits_for_its_first_in
         [newer.submission_id],
     ]
     # In one batch the same order.
-    again = a.submit_kernel(FORK, commit_of(5), MILLION, 9.5e5)
-    fresh_b = b.submit_kernel(FORK, commit_of(6), MILLION, 1e5)
+    again = a.submit_kernel(Claim(FORK, commit_of(5), 9.5e5), MILLION)
+    fresh_b = b.submit_kernel(Claim(FORK, commit_of(6), 1e5), MILLION)
     # a has had two evaluations from v1 this round, b one: b's comes first despite its lower bound.
     assert ids(v1.fetch_work(limit=5)) == [fresh_b.submission_id, again.submission_id]
     # The next round starts everyone at zero again: the highest bound first.
     api.chain.advance(50)
-    later_a = a.submit_kernel(FORK, commit_of(7), MILLION, 9e5)
-    later_b = b.submit_kernel(FORK, commit_of(8), MILLION, 1e5)
+    later_a = a.submit_kernel(Claim(FORK, commit_of(7), 9e5), MILLION)
+    later_b = b.submit_kernel(Claim(FORK, commit_of(8), 1e5), MILLION)
     assert ids(v1.fetch_work(limit=1)) == [later_a.submission_id]
     assert ids(v1.fetch_work(limit=1)) == [later_b.submission_id]
 
@@ -151,11 +155,11 @@ def test_a_submission_another_validator_reported_on_goes_first_so_its_consensus_
     submission of a would ever have two reports: the quorum (two validators here) never met."""
     api = start_api(quorum_min_validators=2, quorum_stake_share=0.6)
     a, b, v1, v2 = api.client("a"), api.client("b"), api.client("v1"), api.client("v2")
-    first = a.submit_kernel(FORK, commit_of(1), MILLION, 1e5)
+    first = a.submit_kernel(Claim(FORK, commit_of(1), 1e5), MILLION)
     assert ids(v1.fetch_work(limit=1)) == [first.submission_id]
     v1.report(first.submission_id, "passed", True, True, 1e5)
-    newer = a.submit_kernel(FORK, commit_of(2), MILLION, 3e5)  # claims three times more
-    other = b.submit_kernel(FORK, commit_of(3), MILLION, 5e5)
+    newer = a.submit_kernel(Claim(FORK, commit_of(2), 3e5), MILLION)  # claims three times more
+    other = b.submit_kernel(Claim(FORK, commit_of(3), 5e5), MILLION)
     # The one v1 reported on first, though b's and a's newer claim more; then b's (a had its turn).
     assert ids(v2.fetch_work(limit=3)) == [first.submission_id, other.submission_id, newer.submission_id]
     v2.report(first.submission_id, "passed", True, True, 1e5)
@@ -166,30 +170,30 @@ def test_a_submission_another_validator_reported_on_goes_first_so_its_consensus_
 def test_a_hotkey_caught_copying_waits_behind_the_others_for_the_rest_of_the_round(start_api):
     api = start_api(round_blocks=50)
     a, c, v1 = api.client("a"), api.client("c"), api.client("v1")
-    original = a.submit_kernel(FORK, commit_of(1), MILLION, 1e5)
-    copy = c.submit_kernel(FORK, commit_of(2), MILLION, 1.03e5)
+    original = a.submit_kernel(Claim(FORK, commit_of(1), 1e5), MILLION)
+    copy = c.submit_kernel(Claim(FORK, commit_of(2), 1.03e5), MILLION)
     v1.fetch_work(limit=2)
     v1.report(original.submission_id, "passed", True, True, 1e5, content_hash="ab" * 32)
     v1.report(copy.submission_id, "passed", True, True, 1.03e5, content_hash="ab" * 32)  # the same kernel files
     api.chain.advance(1)
     assert c.submission_status(copy.submission_id).state == "copy"
     # c claims far more than a now: c still waits, a goes first.
-    again = c.submit_kernel(FORK, commit_of(3), MILLION, 9e5)
-    honest = a.submit_kernel(FORK, commit_of(4), MILLION, 2e5)
+    again = c.submit_kernel(Claim(FORK, commit_of(3), 9e5), MILLION)
+    honest = a.submit_kernel(Claim(FORK, commit_of(4), 2e5), MILLION)
     status = c.submission_status(again.submission_id)
     assert status.state == "deferred" and "is a copy of another hotkey's" in status.state_reason
     assert ids(v1.fetch_work(limit=1)) == [honest.submission_id]
     assert ids(v1.fetch_work(limit=1)) == [again.submission_id]  # nothing else waits: now c's
     api.chain.advance(50)  # the next round: c is judged on its own again
-    fresh = c.submit_kernel(FORK, commit_of(5), MILLION, 9e5)
+    fresh = c.submit_kernel(Claim(FORK, commit_of(5), 9e5), MILLION)
     assert c.submission_status(fresh.submission_id).state == "queued"
 
 
 def test_a_submission_lapses_two_rounds_on_and_the_order_breaks_ties_by_age(start_api):
     api = start_api(round_blocks=50)
     a, b, v1 = api.client("a"), api.client("b"), api.client("v1")
-    first = a.submit_kernel(FORK, commit_of(1), MILLION, 1e5)
-    second = b.submit_kernel(FORK, commit_of(2), MILLION, 1e5)  # the same bound: the older goes first
+    first = a.submit_kernel(Claim(FORK, commit_of(1), 1e5), MILLION)
+    second = b.submit_kernel(Claim(FORK, commit_of(2), 1e5), MILLION)  # the same bound: the older goes first
     api.chain.advance(50)  # the next round: still handed out
     assert ids(v1.fetch_work(limit=1)) == [first.submission_id]
     api.chain.advance(50)  # two rounds on: no more
@@ -201,7 +205,7 @@ def test_a_submission_lapses_two_rounds_on_and_the_order_breaks_ties_by_age(star
 def test_several_workers_of_one_validator_fetch_disjoint_leases(start_api, wallets):
     api = start_api()
     submitted = {
-        api.client(name).submit_kernel(FORK, commit_of(n + 1), MILLION, 1e5).submission_id
+        api.client(name).submit_kernel(Claim(FORK, commit_of(n + 1), 1e5), MILLION).submission_id
         for n, name in enumerate(("a", "b", "c"))
     }
     workers = [ApiClient(api.url, wallets["v1"], api_hotkey=api.hotkey) for _ in range(3)]  # one hotkey

@@ -16,7 +16,7 @@ from sqlalchemy import insert
 
 from api_fixtures import COMMIT, FORK, ApiServer, api_config, commit_of, refused
 from quasar.api.charts import Series, bar_chart, compact, line_chart, nice_ceiling
-from quasar.api.client import ApiClient
+from quasar.api.client import ApiClient, Claim
 from quasar.api.db import Database, EvaluationReport, IpBan, Submission, ValidationFailure
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.api.schemas import RoundPoint
@@ -56,8 +56,8 @@ def test_a_submission_moves_through_its_states_with_each_validators_verdict(star
     )
 
     api.chain.advance(100)
-    b.reveal(committed.submission_id, salt, SECRET_FORK, SECRET_COMMIT, 2.5e5)
-    direct = a.submit_kernel(FORK, COMMIT, 1024, 3e5, benchmarks={512: 3.2e5})
+    b.reveal(committed.submission_id, salt, Claim(SECRET_FORK, SECRET_COMMIT, 2.5e5))
+    direct = a.submit_kernel(Claim(FORK, COMMIT, 3e5, benchmarks={512: 3.2e5}), 1024)
     assert a.submission_status(direct.submission_id).state == "queued"
     revealed = a.submission_status(committed.submission_id)
     assert (revealed.state, revealed.fork_url, revealed.commit_hash) == ("revealed", SECRET_FORK, SECRET_COMMIT)
@@ -144,8 +144,8 @@ def test_miner_submissions_are_paged_newest_first(start_api):
     api = start_api()
     a = api.client("a")
     a_hotkey = api.wallets["a"].hotkey.ss58_address
-    ids = [a.submit_kernel(FORK, commit_of(n + 1), 500_000, 1e4).submission_id for n in range(5)]
-    api.client("c").submit_kernel(FORK, commit_of(99), 500_000, 1e4)
+    ids = [a.submit_kernel(Claim(FORK, commit_of(n + 1), 1e4), 500_000).submission_id for n in range(5)]
+    api.client("c").submit_kernel(Claim(FORK, commit_of(99), 1e4), 500_000)
     first = a.miner_submissions(a_hotkey, limit=2)
     assert (first.total, [s.submission_id for s in first.submissions]) == (5, ids[::-1][:2])
     rest = a.miner_submissions(a_hotkey, limit=10, offset=2)
@@ -169,7 +169,7 @@ def test_bad_status_requests_are_4xx_naming_what_was_wrong(start_api):
         response = httpx.get(api.url + path)
         assert response.status_code == status and text in response.text, path
 
-    submitted = a.submit_kernel(FORK, COMMIT, 1024, 1e4)
+    submitted = a.submit_kernel(Claim(FORK, COMMIT, 1e4), 1024)
     api.client("v1").fetch_work()
     for lengths, fragment in (
         ([LENGTHS_OK[0], LENGTHS_OK[0]], "each seq_len may appear once"),
@@ -185,8 +185,8 @@ def test_bad_status_requests_are_4xx_naming_what_was_wrong(start_api):
 def test_dashboard_pages_show_the_round_and_escape_what_miners_wrote(start_api):
     api = start_api()
     a, c, v1 = api.client("a"), api.client("c"), api.client("v1")
-    honest = a.submit_kernel(FORK, COMMIT, 1024, 2.8e5)
-    hostile = c.submit_kernel("https://github.com/carol/fla", commit_of(0xC), 1024, 8e5)
+    honest = a.submit_kernel(Claim(FORK, COMMIT, 2.8e5), 1024)
+    hostile = c.submit_kernel(Claim("https://github.com/carol/fla", commit_of(0xC), 8e5), 1024)
     v1.fetch_work()
     v1.report(honest.submission_id, "passed", True, True, 2.9e5, lengths=LENGTHS_OK)
     attack = '<script>alert("x")</script><img src=x onerror=alert(1)>'
@@ -220,7 +220,7 @@ def test_dashboard_pages_are_rendered_once_per_chain_block(start_api):
     api = start_api()
     a, v1 = api.client("a"), api.client("v1")
     hotkey = api.wallets["a"].hotkey.ss58_address
-    submitted = a.submit_kernel(FORK, COMMIT, 1024, 2.8e5)
+    submitted = a.submit_kernel(Claim(FORK, COMMIT, 2.8e5), 1024)
     pages = ("/", f"/dashboard/miners/{hotkey}", f"/dashboard/submissions/{submitted.submission_id}")
     before = {path: httpx.get(api.url + path) for path in pages}
     assert all(response.status_code == 200 for response in before.values())
@@ -232,7 +232,7 @@ def test_dashboard_pages_are_rendered_once_per_chain_block(start_api):
     assert same_block["/"].headers["content-type"] == before["/"].headers["content-type"]
     missing = httpx.get(f"{api.url}/dashboard/submissions/{submitted.submission_id + 1}")
     assert missing.status_code == 404  # an error page is not kept: the submission may arrive within the block
-    a.submit_kernel("https://github.com/alice/fla-2", commit_of(0xB), 1024, 3e5)
+    a.submit_kernel(Claim("https://github.com/alice/fla-2", commit_of(0xB), 3e5), 1024)
     assert httpx.get(f"{api.url}/dashboard/submissions/{submitted.submission_id + 1}").status_code == 200
     api.chain.advance(1)
     # The next block: the page is rendered again; until it is, the previous block's page is sent.
@@ -350,13 +350,13 @@ def test_a_database_at_revision_0003_keeps_its_failures_and_bans_counting_by_nor
         proxied_client(server.url, wallets["a"], config_.api_hotkey, "2001:db8:1:2::99") as ipv6,
     ):
         # The /64 of the address banned before the upgrade is banned.
-        refused(lambda: ipv6.submit_kernel(FORK, commit_of(7), 1024, 1.0), 403, "IP 2001:db8:1:2::/64 is banned")
+        refused(lambda: ipv6.submit_kernel(Claim(FORK, commit_of(7), 1.0), 1024), 403, "IP 2001:db8:1:2::/64 is banned")
         # The four failures recorded IPv4-mapped count with a fifth from the plain address: banned.
         salt = new_salt()
         committed = ipv4.commit(commitment_hash(salt, FORK, commit_of(8)), 1024)
         chain.advance(100)
-        refused(lambda: ipv4.reveal(committed.submission_id, salt, FORK, commit_of(9), 1.0), 400)
-        refused(lambda: ipv4.submit_kernel(FORK, commit_of(10), 1024, 1.0), 403, "IP 203.0.113.7 is banned")
+        refused(lambda: ipv4.reveal(committed.submission_id, salt, Claim(FORK, commit_of(9), 1.0)), 400)
+        refused(lambda: ipv4.submit_kernel(Claim(FORK, commit_of(10), 1.0), 1024), 403, "IP 203.0.113.7 is banned")
 
 
 # --- pure parts ---

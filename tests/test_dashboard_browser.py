@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from api_fixtures import COMMIT, FORK, Api, ApiServer, Clock, api_config
+from quasar.api.client import Claim
 from quasar.api.rules import commitment_hash, new_salt
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -51,7 +52,7 @@ def figures(*rows: tuple[int, float, float, bool]) -> list[dict]:
 def populate(api: Api) -> dict[str, int]:
     """Two rounds: the honest miner a improves, c fails, b's commitment stays unrevealed."""
     a, b, c, v1, v2 = (api.client(name) for name in ("a", "b", "c", "v1", "v2"))
-    early = a.submit_kernel(FORK, "1" * 40, 1_000_000, 2.0e5)
+    early = a.submit_kernel(Claim(FORK, "1" * 40, 2.0e5), 1_000_000)
     for validator, measured in ((v1, 2.1e5), (v2, 2.05e5)):
         validator.fetch_work()
         validator.report(
@@ -63,8 +64,8 @@ def populate(api: Api) -> dict[str, int]:
             lengths=figures((512, 3.0e5, 300, True), (1024, 2.9e5, 420, True), (1_000_000, measured, 3400, True)),
         )
     api.chain.advance(360 - api.chain.current_block() % 360)  # the next round
-    honest = a.submit_kernel(FORK, COMMIT, 1_000_000, 6.0e7)
-    hostile = c.submit_kernel("https://github.com/carol/flash-linear-attention", "c" * 40, 1_000_000, 2.0e8)
+    honest = a.submit_kernel(Claim(FORK, COMMIT, 6.0e7), 1_000_000)
+    hostile = c.submit_kernel(Claim("https://github.com/carol/flash-linear-attention", "c" * 40, 2.0e8), 1_000_000)
     b.commit(commitment_hash(new_salt(), HIDDEN_FORK, HIDDEN_COMMIT), 1_000_000)
     for validator, scale in ((v1, 1.0), (v2, 0.99)):
         validator.fetch_work()

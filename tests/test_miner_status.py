@@ -9,6 +9,7 @@ from rich.console import Console
 
 from api_fixtures import COMMIT, FORK
 from neurons.miner import main as miner_main
+from quasar.api.client import Claim
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.miner.status import VerdictWatcher, print_status
 
@@ -28,10 +29,10 @@ FIGURES = [
 def miner_with_history(api) -> dict[str, int]:
     """Miner a: a passing and a failing direct submission, then an unrevealed commitment."""
     a, v1 = api.client("a"), api.client("v1")
-    good = a.submit_kernel(FORK, COMMIT, 1_000_000, 6.0e7)
+    good = a.submit_kernel(Claim(FORK, COMMIT, 6.0e7), 1_000_000)
     v1.fetch_work()  # reported on before the next (a newer one supersedes one without reports)
     v1.report(good.submission_id, "passed", True, True, 6.1e7)
-    bad = a.submit_kernel("https://github.com/minera/fla-fast", "d" * 40, 1_000_000, 2.0e8)
+    bad = a.submit_kernel(Claim("https://github.com/minera/fla-fast", "d" * 40, 2.0e8), 1_000_000)
     v1.fetch_work()
     v1.report(
         bad.submission_id,

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from api_fixtures import SLOW_BLOCKS, ApiServer, api_config
-from quasar.api.client import ApiClient
+from quasar.api.client import ApiClient, Claim
 from quasar.api.rules import commitment_hash
 from quasar.chain.devchain import DevChain
 from quasar.evaluate.report import FAIL, OK, OOM, PASS, EvaluationReport, LengthResult
@@ -150,7 +150,7 @@ def test_a_direct_submission_sent_before_a_crash_is_recognised(setup):
     commit = setup.new_commit("sent")
     setup.clone.push(commit)
     claim = measurement(commit, 1000.0)
-    accepted = setup.client(setup.miner).submit_kernel(setup.fork_url, commit, 4096, 1000.0)
+    accepted = setup.client(setup.miner).submit_kernel(Claim(setup.fork_url, commit, 1000.0), 4096)
     submitter = setup.submitter(DIRECT)
     assert submitter.submit_if_better(claim)
     assert submitter.state.last_submission.submission_id == accepted.submission_id

@@ -36,7 +36,7 @@ from sqlalchemy import select
 import quasar
 from api_fixtures import ApiServer, api_config
 from quasar import config
-from quasar.api.client import ApiClient
+from quasar.api.client import ApiClient, Claim
 from quasar.api.db import EvaluationReport
 from quasar.api.devdb import free_port
 from quasar.chain.devchain import FINNEY, DevChain
@@ -174,7 +174,7 @@ def api_state_and_client(subnet: Subnet, tmp_path: Path) -> Iterator[tuple[ApiSe
 
 def submit(server: ApiServer, subnet: Subnet, miner: str, fork: tuple[str, str]) -> int:
     with ApiClient(server.url, subnet.wallets[miner], api_hotkey=subnet.hotkey("api")) as client:
-        return client.submit_kernel(fork[0], fork[1], TARGET, CLAIM).submission_id
+        return client.submit_kernel(Claim(fork[0], fork[1], CLAIM), TARGET).submission_id
 
 
 def reports_by_submission(server: ApiServer) -> dict[int, EvaluationReport]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from api_fixtures import FORK, ApiServer, api_config, commit_of
 from quasar import config
-from quasar.api.client import ApiClient
+from quasar.api.client import ApiClient, Claim
 from quasar.inference.client import LogitCheck
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import EvaluationOutcome
@@ -67,7 +67,7 @@ def test_a_worker_and_a_primary_of_one_hotkey_split_the_work_and_the_primary_ran
     with ApiServer(api_config(api_hotkey), chain, database_url) as server:
         for n, name in enumerate(SPEEDS):
             with ApiClient(server.url, wallets[name], api_hotkey=api_hotkey) as miner:
-                miner.submit_kernel(FORK, commit_of(n + 1), 1_000_000, SPEEDS[name])
+                miner.submit_kernel(Claim(FORK, commit_of(n + 1), SPEEDS[name]), 1_000_000)
         processes = {}
         for role in ("worker", "primary"):
             settings = config.resolve(

@@ -4,6 +4,7 @@ wallet's hotkey for the API's hotkey and returns the typed response bodies of ``
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -31,17 +32,27 @@ def _by_length(figures: Mapping[int, float] | None) -> dict[str, float] | None:
     return None if figures is None else {str(length): value for length, value in figures.items()}
 
 
-def _claim(
-    fork_url: str, commit_hash: str, tokens_per_sec: float, vram_mb: int | None, benchmarks: Mapping[int, float] | None
-) -> dict[str, Any]:
-    """The fields of ``schemas.Claim``: what a direct submission and a reveal both send."""
-    return {
-        "fork_url": fork_url,
-        "commit_hash": commit_hash,
-        "tokens_per_sec": tokens_per_sec,
-        "vram_mb": vram_mb,
-        "benchmarks": _by_length(benchmarks),
-    }
+@dataclass(frozen=True)
+class Claim:
+    """What a miner claims (``schemas.Claim``), the same in a direct submission and in a reveal: its
+    fork at a commit, the tokens/sec it measured there and, optionally, its memory and per-length
+    figures. Sent as given: the API checks it (and says what is wrong)."""
+
+    fork_url: str
+    commit_hash: str
+    tokens_per_sec: float
+    vram_mb: int | None = None
+    benchmarks: Mapping[int, float] | None = None
+
+    def payload(self) -> dict[str, Any]:
+        """The JSON fields of ``schemas.Claim``."""
+        return {
+            "fork_url": self.fork_url,
+            "commit_hash": self.commit_hash,
+            "tokens_per_sec": self.tokens_per_sec,
+            "vram_mb": self.vram_mb,
+            "benchmarks": _by_length(self.benchmarks),
+        }
 
 
 class ApiClient:
@@ -153,43 +164,19 @@ class ApiClient:
 
     # --- miners ---
 
-    def submit_kernel(
-        self,
-        fork_url: str,
-        commit_hash: str,
-        target_sequence_length: int,
-        tokens_per_sec: float,
-        vram_mb: int | None = None,
-        benchmarks: Mapping[int, float] | None = None,
-    ) -> schemas.SubmissionAccepted:
+    def submit_kernel(self, claim: Claim, target_sequence_length: int) -> schemas.SubmissionAccepted:
         """Submit a kernel directly (``POST /submit_kernel``): evaluable at once, its time is now."""
-        payload = {
-            **_claim(fork_url, commit_hash, tokens_per_sec, vram_mb, benchmarks),
-            "target_sequence_length": target_sequence_length,
-        }
+        payload = {**claim.payload(), "target_sequence_length": target_sequence_length}
         return self._parse(self.signed("POST", "/submit_kernel", payload), schemas.SubmissionAccepted)
 
     def commit(self, commitment_hash: str, target_sequence_length: int) -> schemas.CommitAccepted:
         payload = {"commitment_hash": commitment_hash, "target_sequence_length": target_sequence_length}
         return self._parse(self.signed("POST", "/commit_submission", payload), schemas.CommitAccepted)
 
-    def reveal(
-        self,
-        submission_id: int,
-        salt: str,
-        fork_url: str,
-        commit_hash: str,
-        tokens_per_sec: float,
-        vram_mb: int | None = None,
-        benchmarks: Mapping[int, float] | None = None,
-    ) -> schemas.SubmissionAccepted:
+    def reveal(self, submission_id: int, salt: str, claim: Claim) -> schemas.SubmissionAccepted:
         """Reveal commitment ``submission_id`` (``POST /reveal_submission``): the salt and what the
         commitment hides, with the claim."""
-        payload = {
-            **_claim(fork_url, commit_hash, tokens_per_sec, vram_mb, benchmarks),
-            "submission_id": submission_id,
-            "commitment_salt": salt,
-        }
+        payload = {**claim.payload(), "submission_id": submission_id, "commitment_salt": salt}
         return self._parse(self.signed("POST", "/reveal_submission", payload), schemas.SubmissionAccepted)
 
     # --- validators ---

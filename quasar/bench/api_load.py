@@ -59,7 +59,7 @@ from bittensor.sp_core import Keypair
 from rich.console import Console
 from sqlalchemy import select
 
-from quasar.api.client import ApiClient
+from quasar.api.client import ApiClient, Claim
 from quasar.api.db import Database, Submission
 from quasar.api.devdb import TemporaryPostgres, start_api_process
 from quasar.bench.api_load_figures import (
@@ -126,12 +126,10 @@ def seed_leaderboard(url: str, api_hotkey: str, keys: list[Keypair], validator: 
     seeded = []
     for index, key in enumerate(keys):
         with ApiClient(url, key, api_hotkey=api_hotkey) as miner:
-            accepted = miner.submit_kernel(
-                f"https://github.com/miner{index}/flash-linear-attention",
-                f"{index + 1:040x}",
-                1_000_000,
-                60_000.0 + index,
+            claim = Claim(
+                f"https://github.com/miner{index}/flash-linear-attention", f"{index + 1:040x}", 60_000.0 + index
             )
+            accepted = miner.submit_kernel(claim, 1_000_000)
         seeded.append((key.ss58_address, accepted.submission_id))
     with ApiClient(url, validator, api_hotkey=api_hotkey) as client:
         for item in client.fetch_work(limit=len(keys)).items:

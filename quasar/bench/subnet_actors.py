@@ -17,7 +17,7 @@ import bittensor as bt
 import httpx
 from bittensor.sp_core import Keypair
 
-from quasar.api.client import ApiClient, ApiClientError
+from quasar.api.client import ApiClient, ApiClientError, Claim
 from quasar.inference.client import LogitCheck
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import EvaluationOutcome
@@ -200,7 +200,7 @@ class Miners:
         with self.world.lock:
             self.world.kernels[(fork, commit)] = kernel
         claim = miner.speed * (miner.rng.uniform(0.97, 0.99) if miner.kind == HONEST else 1.0)
-        kernel.submission_id = self.client(miner).submit_kernel(fork, commit, TARGET, claim).submission_id
+        kernel.submission_id = self.client(miner).submit_kernel(Claim(fork, commit, claim), TARGET).submission_id
 
     def copy(self, miner: Miner) -> None:
         """The round's leader's kernel: as its own commit (the API refuses it), then the same files
@@ -216,7 +216,7 @@ class Miners:
         with self.world.lock:
             original = self.world.kernels[(fork_url, commit_hash)]
         try:
-            client.submit_kernel(f"https://github.com/{miner.name}/fla", commit_hash, TARGET, claimed * 1.03)
+            client.submit_kernel(Claim(f"https://github.com/{miner.name}/fla", commit_hash, claimed * 1.03), TARGET)
         except ApiClientError as error:
             if error.status != 409:
                 raise
@@ -226,7 +226,7 @@ class Miners:
         kernel = Kernel(miner.key.ss58_address, COPY, original.true_speed, original.content)
         with self.world.lock:
             self.world.kernels[(fork, commit)] = kernel
-        kernel.submission_id = client.submit_kernel(fork, commit, TARGET, claimed * 1.03).submission_id
+        kernel.submission_id = client.submit_kernel(Claim(fork, commit, claimed * 1.03), TARGET).submission_id
 
     def close(self) -> None:
         self.stopping.set()

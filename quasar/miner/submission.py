@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from quasar import scoring
-from quasar.api.client import ApiClient, ApiClientError
+from quasar.api.client import ApiClient, ApiClientError, Claim
 from quasar.api.rules import commitment_hash
 from quasar.chain import Chain, ChainError
 from quasar.evaluate import EvaluationReport
@@ -65,6 +65,17 @@ def measurement_from_report(report: EvaluationReport, commit: str, claim_share: 
         vram_mb=vram,
         device_name=report.device_name,
         cv=target.cv if target is not None else None,
+    )
+
+
+def api_claim(fork_url: str, measurement: Measurement) -> Claim:
+    """What the miner claims for ``measurement`` of its fork at ``fork_url``, as the API takes it."""
+    return Claim(
+        fork_url,
+        measurement.commit,
+        measurement.claim,
+        vram_mb=measurement.vram_mb,
+        benchmarks=measurement.benchmarks or None,
     )
 
 
@@ -145,14 +156,7 @@ class Submitter:
         if not self._publish(measurement.commit):
             return False
         try:
-            accepted = self.client.submit_kernel(
-                self.fork_url,
-                measurement.commit,
-                measurement.target_seq_len,
-                measurement.claim,
-                vram_mb=measurement.vram_mb,
-                benchmarks=measurement.benchmarks or None,
-            )
+            accepted = self.client.submit_kernel(api_claim(self.fork_url, measurement), measurement.target_seq_len)
             submission_id: int | None = accepted.submission_id
         except ApiClientError as error:
             duplicate = re.search(r"already submitted as submission (\d+)", error.detail)
@@ -274,15 +278,7 @@ class Submitter:
         if not self._publish(measurement.commit):
             return False
         try:
-            self.client.reveal(
-                pending.submission_id,
-                pending.salt,
-                pending.fork_url,
-                measurement.commit,
-                measurement.claim,
-                vram_mb=measurement.vram_mb,
-                benchmarks=measurement.benchmarks or None,
-            )
+            self.client.reveal(pending.submission_id, pending.salt, api_claim(pending.fork_url, measurement))
         except ApiClientError as error:
             if error.status == 409 and "already revealed" in error.detail:
                 logger.info("commitment %d was revealed before a restart", pending.submission_id)
