@@ -29,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 
@@ -139,6 +139,21 @@ def _flag(value: Any, field: str, *, allow_null: bool) -> bool | None:
     raise InvalidResult(field, f"expected {wanted}, got {_shown(value)}")
 
 
+class Submitted(Protocol):
+    """What a result takes of a submission record (the API's row, the validator's own record)."""
+
+    @property
+    def hotkey(self) -> str: ...
+    @property
+    def submission_id(self) -> int: ...
+    @property
+    def submitted_at(self) -> float: ...
+    @property
+    def target_sequence_length(self) -> int: ...
+    @property
+    def claimed_tokens_per_sec(self) -> float: ...
+
+
 @dataclass(frozen=True)
 class Result:
     """One evaluated submission. Construction validates every field (raising :class:`InvalidResult`)."""
@@ -171,6 +186,23 @@ class Result:
             object.__setattr__(self, name, value)
         _flag(self.correct, "correct", allow_null=False)
         _flag(self.logits_ok, "logits_ok", allow_null=True)
+
+    @classmethod
+    def judged(
+        cls, submission: Submitted, measured_tokens_per_sec: float | None, correct: bool, logits_ok: bool | None
+    ) -> Result:
+        """``submission`` with what was found of it: the tokens/sec measured (None: not measured,
+        which counts as 0), whether its output is correct and its logit check."""
+        return cls(
+            hotkey=submission.hotkey,
+            submission_id=submission.submission_id,
+            submitted_at=submission.submitted_at,
+            target_sequence_length=submission.target_sequence_length,
+            claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
+            measured_tokens_per_sec=measured_tokens_per_sec or 0.0,
+            correct=correct,
+            logits_ok=logits_ok,
+        )
 
 
 RESULT_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(Result))

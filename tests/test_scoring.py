@@ -241,6 +241,16 @@ def test_numbers_are_normalised_so_equal_results_compare_equal():
     assert isinstance(make(score=1000).claimed_tokens_per_sec, float)
 
 
+def test_a_judged_submission_takes_its_record_and_what_was_found_and_not_measured_scores_zero():
+    record = dataclasses.replace(make("hk", 7, 5.0, 1000.0), measured_tokens_per_sec=0.0, correct=False)
+    judged = Result.judged(record, 900.0, correct=True, logits_ok=None)
+    assert judged == make("hk", 7, 5.0, 1000.0, measured_tokens_per_sec=900.0, logits_ok=None)
+    unmeasured = Result.judged(record, None, correct=True, logits_ok=True)
+    assert unmeasured.measured_tokens_per_sec == 0.0 and scoring.weighted_score(unmeasured) == 0.0
+    with pytest.raises(InvalidResult, match="'correct'"):
+        Result.judged(record, 900.0, correct=None, logits_ok=None)
+
+
 # --- ranking: examples worked by hand ---
 
 

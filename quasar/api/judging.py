@@ -22,7 +22,7 @@ from quasar.api.servicecore import ServiceCore, benchmarks_from_json
 # What ranking reads of a submission and of a report (not their JSON figures and reasons, which
 # cost most of reading them).
 _RANKED_COLUMNS = (
-    Submission.id,
+    Submission.id.label("submission_id"),  # as Submission.submission_id, so a row reads as one
     Submission.hotkey,
     Submission.submitted_at,
     Submission.target_sequence_length,
@@ -52,7 +52,7 @@ def evaluated_submissions(session: Session, condition: ColumnElement[bool]) -> l
         report = consensus.Report(
             row.validator_hotkey, row.verdict == "passed", row.logits_ok, row.measured_tokens_per_sec, row.content_hash
         )
-        evaluated.setdefault(row.id, (row, []))[1].append(report)
+        evaluated.setdefault(row.submission_id, (row, []))[1].append(report)
     return list(evaluated.values())
 
 
@@ -72,16 +72,7 @@ def ranked_result(submission: Any, view: consensus.Consensus) -> scoring.Result 
     not passed."""
     if view.state != consensus.PASSED:
         return None
-    return scoring.Result(
-        hotkey=submission.hotkey,
-        submission_id=submission.id,
-        submitted_at=submission.submitted_at,
-        target_sequence_length=submission.target_sequence_length,
-        claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
-        measured_tokens_per_sec=view.measured_tokens_per_sec or 0.0,
-        correct=True,
-        logits_ok=view.logits_ok,
-    )
+    return scoring.Result.judged(submission, view.measured_tokens_per_sec, correct=True, logits_ok=view.logits_ok)
 
 
 @dataclass(frozen=True)
@@ -148,7 +139,9 @@ def copies_among(
         for submission, reports in evaluated_submissions(session, Submission.id.in_(ids - known)):
             view = consensus.decide(reports, electorate, quorum)
             earlier.append(
-                originality.Fingerprint(submission.id, submission.hotkey, submission.commit_hash, view.content_hash)
+                originality.Fingerprint(
+                    submission.submission_id, submission.hotkey, submission.commit_hash, view.content_hash
+                )
             )
     found = originality.find_copies([*prints, *earlier])
     return {submission_id: copy for submission_id, copy in found.items() if submission_id in known}
@@ -162,16 +155,21 @@ def judge(
 ) -> list[Judged]:
     """The consensus of each evaluated submission and whether it is a copy (one database read for
     the originals)."""
-    views = {submission.id: consensus.decide(reports, electorate, quorum) for submission, reports in evaluated}
+    views = {
+        submission.submission_id: consensus.decide(reports, electorate, quorum) for submission, reports in evaluated
+    }
     prints = [
         originality.Fingerprint(
-            submission.id, submission.hotkey, submission.commit_hash, views[submission.id].content_hash
+            submission.submission_id,
+            submission.hotkey,
+            submission.commit_hash,
+            views[submission.submission_id].content_hash,
         )
         for submission, _ in evaluated
     ]
     copies = copies_among(session, prints, electorate, quorum)
     return [
-        Judged(submission, reports, views[submission.id], copies.get(submission.id))
+        Judged(submission, reports, views[submission.submission_id], copies.get(submission.submission_id))
         for submission, reports in evaluated
     ]
 
@@ -229,7 +227,7 @@ class Standings(ServiceCore):
         return ranked
 
     def _ranked(self, round_id: int, judged: list[Judged], electorate: consensus.Electorate) -> schemas.Leaderboard:
-        views = {item.submission.id: item.consensus for item in judged}
+        views = {item.submission.submission_id: item.consensus for item in judged}
         ranking = scoring.rank(
             [item.result for item in judged if item.result is not None], epsilon=self.config.tie_epsilon
         )
@@ -255,7 +253,7 @@ class Standings(ServiceCore):
                 )
             )
         not_ranked = []
-        for item in sorted(judged, key=lambda item: -item.submission.id):
+        for item in sorted(judged, key=lambda item: -item.submission.submission_id):
             view, copy = item.consensus, item.copy_of
             state: schemas.NotRankedState
             if copy is not None and view.state != consensus.FAILED:
@@ -268,7 +266,7 @@ class Standings(ServiceCore):
                 continue
             not_ranked.append(
                 schemas.NotRanked(
-                    submission_id=item.submission.id,
+                    submission_id=item.submission.submission_id,
                     hotkey=item.submission.hotkey,
                     state=state,
                     reason=reason,

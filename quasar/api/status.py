@@ -373,7 +373,8 @@ class StatusReader:
                     evaluating[lease.submission_id] += 1
         evaluated = [(s, consensus_reports(reports[s.id])) for s in submissions if s.state == READY and reports[s.id]]
         judged = {
-            item.submission.id: item for item in judge(session, evaluated, context.electorate, self.service.quorum)
+            item.submission.submission_id: item
+            for item in judge(session, evaluated, context.electorate, self.service.quorum)
         }
         return [
             build_status(s, reports[s.id] if s.state == READY else [], judged.get(s.id), evaluating[s.id], context)
@@ -417,7 +418,7 @@ class StatusReader:
             points.append(
                 schemas.RoundPoint(
                     round_id=item.submission.round_id,
-                    submission_id=item.submission.id,
+                    submission_id=item.submission.submission_id,
                     measured_tokens_per_sec=item.consensus.measured_tokens_per_sec or 0.0,
                     weighted_score=0.0 if result is None else scoring.weighted_score(result),
                     state="passed" if result is not None else "failed",

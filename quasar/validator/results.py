@@ -24,16 +24,7 @@ def scoring_result(record: SubmissionRecord) -> scoring.Result:
     submission, result = record.submission, record.evaluation.result
     if result is None:
         raise ValueError(f"submission {submission.submission_id} has no finished evaluation")
-    return scoring.Result(
-        hotkey=submission.hotkey,
-        submission_id=submission.submission_id,
-        submitted_at=submission.submitted_at,
-        target_sequence_length=submission.target_sequence_length,
-        claimed_tokens_per_sec=submission.claimed_tokens_per_sec,
-        measured_tokens_per_sec=result.measured_tokens_per_sec or 0.0,
-        correct=result.correct,
-        logits_ok=record.logits_ok,
-    )
+    return scoring.Result.judged(submission, result.measured_tokens_per_sec, result.correct, record.logits_ok)
 
 
 @dataclass(frozen=True)
