@@ -117,8 +117,10 @@ def order_work(
     waiting, the deferred. A batch is the same as ``limit`` fetches of one: a validator with more
     free devices than placeable work gets deferred work for the rest, not idle devices.
     ``evaluations_this_round``: per hotkey, the submissions this validator took this round."""
-    placeable = [item for item in candidates if could_place(item, standing)]
-    deferred = [item for item in candidates if not could_place(item, standing)]
+    placeable: list[Queued] = []
+    deferred: list[Queued] = []
+    for item in candidates:
+        (placeable if could_place(item, standing) else deferred).append(item)
     taken = dict(evaluations_this_round)
     chosen = fair_order(placeable, taken, limit)
     return chosen + fair_order(deferred, taken, limit - len(chosen))
