@@ -26,6 +26,8 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from quasar import astparse
+
 KERNEL_DIR = "fla/ops/quasar"
 # Sources of these kinds are compared without comments and whitespace; other files as they are.
 C_LIKE_SUFFIXES = (".cu", ".cuh", ".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp")
@@ -65,7 +67,7 @@ def normalised_file(name: str, data: bytes) -> bytes:
     """
     if name.endswith(".py"):
         try:
-            tree = ast.parse(data, filename=name)
+            tree = astparse.parse(data, filename=name)
             return ast.dump(_without_docstrings(tree), include_attributes=False).encode()
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return _collapsed(data)

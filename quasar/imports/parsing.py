@@ -5,28 +5,17 @@ from __future__ import annotations
 
 import ast
 import re
-import threading
 from collections.abc import Iterator, Sequence
 
+from quasar import astparse
 from quasar.imports.findings import Finding, Rule
 
 _CODING_COOKIE = re.compile(r"^[ \t\f]*#.*?coding[:=][ \t]*([-\w.]+)")
-
-# CPython 3.11 keeps the AST constructor's recursion counter per interpreter, not per thread:
-# two threads parsing at once (a validator evaluating several forks) can fail with
-# "SystemError: AST constructor recursion depth mismatch". Parses are serialised.
-_PARSE_LOCK = threading.Lock()
 
 
 def _is_utf8_name(encoding: str) -> bool:
     name = encoding.lower().replace("_", "-")
     return name in ("utf-8", "utf8") or name.startswith("utf-8-")
-
-
-def parse_ast(source: str, filename: str = "<unknown>") -> ast.Module:
-    """``ast.parse``, one thread at a time; raises what ``ast.parse`` raises."""
-    with _PARSE_LOCK:
-        return ast.parse(source, filename=filename)
 
 
 def parse_source(source: str, filename: str) -> ast.Module | Finding:
@@ -45,7 +34,7 @@ def parse_source(source: str, filename: str) -> ast.Module | Finding:
         line = source.count("\n", 0, source.find("\0")) + 1
         return Finding(filename, line, Rule.SYNTAX_ERROR, "does not parse: the source contains a null byte")
     try:
-        return parse_ast(source, filename)
+        return astparse.parse(source, filename)
     except SyntaxError as error:
         return Finding(filename, error.lineno, Rule.SYNTAX_ERROR, f"does not parse: {error.msg}")
     except (RecursionError, MemoryError):

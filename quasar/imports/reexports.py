@@ -12,8 +12,9 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from quasar import astparse
 from quasar.imports.layout import forbidden_root, has_prefix, is_package_file, module_paths, resolve_relative
-from quasar.imports.parsing import module_level_statements, parse_ast
+from quasar.imports.parsing import module_level_statements
 
 
 @dataclass
@@ -116,7 +117,7 @@ class ReexportIndex:
             return None
         path, source = located
         try:
-            tree = parse_ast(source)
+            tree = astparse.parse(source)
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return None
         is_package = is_package_file(path)

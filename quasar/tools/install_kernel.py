@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from quasar import astparse
 from quasar.errors import QuasarError
 from quasar.evaluate.cli import add_evaluation_arguments, options_from, positive_int, start
 from quasar.evaluate.harness import evaluate
@@ -67,7 +68,7 @@ def _template_bytes(path: PurePosixPath) -> bytes:
 
 def _defined_names(source: Path) -> set[str]:
     """Names a module defines or imports at its top level (what ``from module import X`` finds)."""
-    tree = ast.parse(source.read_text(), filename=str(source))
+    tree = astparse.parse(source.read_text(), filename=str(source))
     names: set[str] = set()
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
@@ -107,7 +108,7 @@ def missing_support(repo: Path) -> list[str]:
     for path in kernel_files():
         if path.suffix != ".py":
             continue
-        tree = ast.parse(_template_bytes(path).decode(), filename=str(path))
+        tree = astparse.parse(_template_bytes(path).decode(), filename=str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("fla"):
                 if node.module not in written:

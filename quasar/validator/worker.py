@@ -41,7 +41,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from quasar import originality
+from quasar import astparse, originality
 from quasar.forks import ForkError, clone_at_commit
 from quasar.log import setup_logging
 
@@ -162,7 +162,10 @@ class HeadStart:
         self._thread.start()
 
     def _prepare(self, options: dict[str, Any]) -> None:
-        from quasar.evaluate import EvaluationInputError, start_references
+        # torch parses its own source as it is imported; the fork's content hash, parsed on the main
+        # thread meanwhile, could break those parses (quasar/astparse.py), so it waits.
+        with astparse.parses_held():
+            from quasar.evaluate import EvaluationInputError, start_references
 
         try:
             self.references = start_references(self.target, options_from_json(options))

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quasar import astparse
 from quasar.errors import QuasarError
 from quasar.imports import QUASAR_DIR
 from quasar.miner.strategies.base import Attempt, Candidate
@@ -118,7 +119,7 @@ def _is_dataclass_decorator(node: ast.expr) -> bool:
 def read_source_space(source: str) -> TuningSpace | None:
     """The space a ``tuning.py`` declares in literals (module docstring, point 2), or None."""
     try:
-        tree = ast.parse(source)
+        tree = astparse.parse(source)
     except SyntaxError:
         return None
     defaults: dict[str, Any] = {}
