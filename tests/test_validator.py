@@ -330,14 +330,14 @@ def scored_validator(
     (tokens/s each), as its own evaluations would have left them; its API is down (nothing to fetch)."""
     for submission_id, (name, tokens_per_sec) in enumerate(measured.items(), start=1):
         submission = Submission(
-            submission_id,
-            subnet.hotkey(name),
-            f"file:///forks/{name}",
-            f"{submission_id:040x}",
-            TARGET,
-            tokens_per_sec,
-            float(submission_id),
-            0,
+            submission_id=submission_id,
+            hotkey=subnet.hotkey(name),
+            fork_url=f"file:///forks/{name}",
+            commit_hash=f"{submission_id:040x}",
+            target_sequence_length=TARGET,
+            claimed_tokens_per_sec=tokens_per_sec,
+            submitted_at=float(submission_id),
+            round_id=0,
         )
         state.add_submission(submission, 0.0)
         key = EvaluationKey(submission.fork_url, submission.commit_hash, TARGET)

@@ -8,7 +8,7 @@ import random
 import sqlite3
 import subprocess
 import sys
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import bittensor as bt
@@ -77,7 +77,8 @@ def submission(
     submitted_at: float | None = None,
 ) -> Submission:
     at = float(submission_id) if submitted_at is None else submitted_at
-    return Submission(submission_id, hotkey, url, commit, target, claimed, at, 0)
+    values = (submission_id, hotkey, url, commit, target, claimed, at, 0)  # in the API's field order
+    return Submission(**dict(zip(Submission.model_fields, values)))
 
 
 @pytest.fixture
@@ -252,7 +253,7 @@ def test_work_items_are_checked_against_the_fork_rules():
 
     # The API's spelling of the fork and commit; every other field as the validator keeps it.
     sent = submission(1, url="https://GitHub.com/Miner/Flash-Linear-Attention.git", commit=COMMIT.upper())
-    item = WorkItem(**asdict(sent), vram_mb=None, benchmarks=None, lease_expires_at=9.0)
+    item = WorkItem(**sent.model_dump(), vram_mb=None, benchmarks=None, lease_expires_at=9.0)
     good, problem = submission_from_work(item, allow_local=False)
     assert problem is None and good == submission(1)
     _, problem = submission_from_work(item.model_copy(update={"fork_url": "file:///tmp/fork"}), allow_local=False)

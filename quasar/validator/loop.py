@@ -98,17 +98,8 @@ def submission_from_work(item: WorkItem | ReportedWork, allow_local: bool) -> tu
         problem = None
     except ForkError as error:
         url, commit, problem = item.fork_url, item.commit_hash, str(error)
-    submission = Submission(
-        item.submission_id,
-        item.hotkey,
-        url,
-        commit,
-        item.target_sequence_length,
-        item.claimed_tokens_per_sec,
-        item.submitted_at,
-        item.round_id,
-    )
-    return submission, problem
+    fields = item.model_dump(include=set(Submission.model_fields))
+    return Submission(**{**fields, "fork_url": url, "commit_hash": commit}), problem
 
 
 class Validator:

@@ -34,7 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ConfigDict
+
 from quasar import originality
+from quasar.api.schemas import EvaluatedSubmission
 from quasar.errors import QuasarError
 
 logger = logging.getLogger(__name__)
@@ -116,18 +119,11 @@ class EvaluationKey:
         return f"{self.fork_url}@{self.commit_hash[:12]} T={self.target_sequence_length}"
 
 
-@dataclass(frozen=True)
-class Submission:
-    """A submission as fetched from the API (fork URL normalized, commit lowercase)."""
+class Submission(EvaluatedSubmission):
+    """A submission as fetched from the API: the API's fields (fork URL normalized, commit
+    lowercase), frozen; the ``submissions`` table stores them under the same names."""
 
-    submission_id: int
-    hotkey: str
-    fork_url: str
-    commit_hash: str
-    target_sequence_length: int
-    claimed_tokens_per_sec: float
-    submitted_at: float
-    round_id: int
+    model_config = ConfigDict(frozen=True)
 
     @property
     def key(self) -> EvaluationKey:
@@ -326,19 +322,9 @@ class ValidatorState:
                 (key.fork_url, key.commit_hash, key.target_sequence_length, PENDING, now),
             )
             db.execute(
-                "INSERT INTO submissions (submission_id, hotkey, fork_url, commit_hash, target_sequence_length, "
-                "claimed_tokens_per_sec, submitted_at, round_id, fetched_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    submission.submission_id,
-                    submission.hotkey,
-                    key.fork_url,
-                    key.commit_hash,
-                    key.target_sequence_length,
-                    submission.claimed_tokens_per_sec,
-                    submission.submitted_at,
-                    submission.round_id,
-                    now,
-                ),
+                f"INSERT INTO submissions ({', '.join(Submission.model_fields)}, fetched_at) "
+                f"VALUES ({', '.join('?' * len(Submission.model_fields))}, ?)",
+                (*submission.model_dump().values(), now),
             )
         return True
 
@@ -487,15 +473,19 @@ class ValidatorState:
     def submissions(self, where: str = "", parameters: tuple = ()) -> list[SubmissionRecord]:
         """Submissions with their evaluations, by id; ``where`` is an SQL condition on s./e. columns."""
         rows = self._connection.execute(
-            f"SELECT s.submission_id, s.hotkey, s.fork_url, s.commit_hash, s.target_sequence_length, "
-            f"s.claimed_tokens_per_sec, s.submitted_at, s.round_id, s.logits, s.logits_reason, s.report_state, "
+            f"SELECT {_SUBMISSION_COLUMNS}, s.logits, s.logits_reason, s.report_state, "
             f"s.report_detail, {_EVALUATION_COLUMNS} FROM submissions s JOIN evaluations e "
             f"USING (fork_url, commit_hash, target_sequence_length) "
             f"{'WHERE ' + where if where else ''} ORDER BY s.submission_id",
             parameters,
         ).fetchall()
+        fetched = len(Submission.model_fields)
         return [
-            SubmissionRecord(Submission(*row[:8]), _evaluation(row[12:]), row[8], row[9], row[10], row[11])
+            SubmissionRecord(
+                Submission(**dict(zip(Submission.model_fields, row[:fetched]))),
+                _evaluation(row[fetched + 4 :]),
+                *row[fetched : fetched + 4],
+            )
             for row in rows
         ]
 
@@ -527,6 +517,7 @@ class ValidatorState:
         return int(count)
 
 
+_SUBMISSION_COLUMNS = ", ".join(f"s.{name}" for name in Submission.model_fields)
 _EVALUATION_COLUMNS = (
     "e.fork_url, e.commit_hash, e.target_sequence_length, e.status, e.attempts, e.device, "
     "e.last_error, e.correct, e.measured_tokens_per_sec, e.benchmarks, e.reasons, e.notes, "
