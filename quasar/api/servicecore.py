@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TypeVar
 
 from sqlalchemy import exists, func, select
@@ -65,19 +65,8 @@ class ApiConfig:
     def from_settings(cls, settings: Settings) -> ApiConfig:
         """The settings of ``settings``. Local fork paths are accepted only on the dev chain, or where
         ALLOW_LOCAL_FORKS says so (docs/rules.md §3)."""
-        return cls(
-            api_hotkey=settings.api_hotkey,
-            blocks_until_reveal=settings.blocks_until_reveal,
-            reveal_window_blocks=settings.reveal_window_blocks,
-            round_blocks=settings.round_blocks,
-            submissions_per_hour=settings.submissions_per_hour,
-            evaluation_lease_s=settings.evaluation_lease_s,
-            trusted_proxies=settings.trusted_proxies,
-            allow_local_forks=settings.local_forks_allowed,
-            tie_epsilon=settings.tie_epsilon,
-            quorum_stake_share=settings.quorum_stake_share,
-            quorum_min_validators=settings.quorum_min_validators,
-        )
+        copied = {field.name: getattr(settings, field.name) for field in fields(cls)}
+        return cls(**{**copied, "allow_local_forks": settings.local_forks_allowed})
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Final, TypedDict
+from typing import Any, Final, TypedDict
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -280,23 +280,9 @@ def build_status(
         revealed=revealed,
     )
     if not revealed:
-        return schemas.SubmissionStatus(
-            **common,
-            ready_at=None,
-            round_id=None,
-            fork_url=None,
-            commit_hash=None,
-            claimed_tokens_per_sec=None,
-            vram_mb=None,
-            claimed_benchmarks=None,
-            measured_tokens_per_sec=None,
-            weighted_score=None,
-            validators_evaluating=0,
-            consensus=None,
-            copy_of=None,
-            superseded_by=None,
-            reports=[],
-        )
+        # Nothing but ``common`` is shown before the reveal: every other field null, no one evaluating.
+        hidden: dict[str, Any] = dict.fromkeys(schemas.SubmissionStatus.model_fields.keys() - common.keys())
+        return schemas.SubmissionStatus(**{**hidden, "validators_evaluating": 0, "reports": []}, **common)
     weighted: float | None
     if result is not None:
         weighted = scoring.weighted_score(result)
