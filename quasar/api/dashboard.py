@@ -109,17 +109,9 @@ def _environment() -> Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    environment.filters.update(
-        short=short_hotkey,
-        tokens=tokens,
-        tokens_both=tokens_both,
-        utc=utc,
-        memory=memory,
-        yes_no=yes_no,
-        duration=duration,
-        percent=percent,
-        state_label=lambda state: STATE_LABELS.get(state, state),
-    )
+    # The templates call each formatter by its function's name.
+    environment.filters.update({f.__name__: f for f in (tokens, tokens_both, utc, memory, yes_no, duration, percent)})
+    environment.filters.update(short=short_hotkey, state_label=lambda state: STATE_LABELS.get(state, state))
     return environment
 
 
