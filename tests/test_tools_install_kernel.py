@@ -75,8 +75,23 @@ def test_step1_refuses_a_fork_that_cannot_take_the_kernel(tmp_path, capsys):
     fork = tmp_path / "fork"
     write_starter_fork(fork)
     (fork / "fla" / "utils.py").write_text("IS_AMD = False\n")
-    assert step1.main(["--repo-path", str(fork), "--skip-setup", *FAST_EVAL]) == 2
+    assert step1.main(["--repo-path", str(fork), "--skip-setup", "--seq-len", "1024", *FAST_EVAL]) == 2
     assert "does not define" in capsys.readouterr().out
-    assert step1.main(["--repo-path", str(fork), "--device", "cpu"]) == 2  # no git identity set here
+    assert step1.main(["--repo-path", str(fork), "--device", "cpu", "--seq-len", "1024"]) == 2  # no git identity here
     with pytest.raises(SystemExit):
         step1.main(["--repo-path", str(tmp_path / "absent"), "--skip-setup"])
+
+
+def test_step1_refuses_a_length_the_device_cannot_run_before_touching_the_fork(tmp_path, capsys):
+    fork = tmp_path / "fork"
+    write_starter_fork(fork)
+    set_identity(fork)
+    chunk = fork / "fla" / "ops" / "quasar" / "chunk.py"
+    chunk.write_text(chunk.read_text() + "\n# the miner's own change, not committed\n")
+    before = chunk.read_text()
+    with pytest.raises(SystemExit) as refused:
+        step1.main(["--repo-path", str(fork), "--skip-setup", *FAST_EVAL])  # the default target: 1M tokens
+    assert refused.value.code == 2
+    printed = capsys.readouterr()
+    assert "CPU runs are limited to 65536 tokens" in printed.err and "wrote" not in printed.out
+    assert chunk.read_text() == before

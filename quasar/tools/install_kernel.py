@@ -33,7 +33,7 @@ from quasar import astparse
 from quasar.errors import QuasarError
 from quasar.evaluate.cli import add_evaluation_arguments, options_from, positive_int, start
 from quasar.evaluate.harness import evaluate
-from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, ProgressEvent
+from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, ProgressEvent, check_lengths
 from quasar.evaluate.report import render_report
 from quasar.starter_fork import kernel_files, template_root
 
@@ -219,6 +219,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar step1") -> int:
     if not repo.is_dir():
         parser.error(f"--repo-path {str(repo)!r} is not a directory")
     options = options_from(args, DEFAULT_SEQ_LENS, settings)
+    try:  # refused before the fork is touched (a CPU run at 1M, say)
+        check_lengths(options.seq_lens, args.seq_len, options.device)
+    except EvaluationInputError as error:
+        parser.error(str(error))
     if not args.skip_setup:
         problems = check_setup(repo, options.device)
         if problems:
