@@ -98,8 +98,8 @@ def submission_from_work(item: WorkItem | ReportedWork, allow_local: bool) -> tu
         problem = None
     except ForkError as error:
         url, commit, problem = item.fork_url, item.commit_hash, str(error)
-    fields = item.model_dump(include=set(Submission.model_fields))
-    return Submission(**{**fields, "fork_url": url, "commit_hash": commit}), problem
+    fetched = item.model_dump(include=set(Submission.model_fields))
+    return Submission(**{**fetched, "fork_url": url, "commit_hash": commit}), problem
 
 
 class Validator:

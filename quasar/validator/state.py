@@ -479,12 +479,12 @@ class ValidatorState:
             f"{'WHERE ' + where if where else ''} ORDER BY s.submission_id",
             parameters,
         ).fetchall()
-        fetched = len(Submission.model_fields)
+        width = len(Submission.model_fields)
         return [
             SubmissionRecord(
-                Submission(**dict(zip(Submission.model_fields, row[:fetched]))),
-                _evaluation(row[fetched + 4 :]),
-                *row[fetched : fetched + 4],
+                Submission(**dict(zip(Submission.model_fields, row[:width]))),
+                _evaluation(row[width + 4 :]),
+                *row[width : width + 4],  # logits, logits_reason, report_state, report_detail
             )
             for row in rows
         ]
