@@ -45,6 +45,7 @@ from pathlib import Path
 import git
 
 from quasar.errors import QuasarError
+from quasar.gitenv import NO_USER_CONFIGURATION
 
 logger = logging.getLogger(__name__)
 
@@ -400,9 +401,8 @@ class _IsolatedGit:
             {
                 "HOME": str(home),
                 "XDG_CONFIG_HOME": str(home),
-                "GIT_CONFIG_NOSYSTEM": "1",
+                **NO_USER_CONFIGURATION,
                 "GIT_CONFIG_SYSTEM": os.devnull,
-                "GIT_CONFIG_GLOBAL": os.devnull,
                 "GIT_TERMINAL_PROMPT": "0",
                 "GIT_NO_REPLACE_OBJECTS": "1",
                 "GIT_DIR": str(work / ".git"),

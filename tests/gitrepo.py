@@ -3,9 +3,10 @@ fixed author, so a test's repositories and commits do not depend on who runs the
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
+
+from quasar.gitenv import committing_environment
 
 IDENTITY = {"name": "Miner", "email": "miner@example.invalid"}
 
@@ -13,16 +14,7 @@ IDENTITY = {"name": "Miner", "email": "miner@example.invalid"}
 def git_environment() -> dict[str, str]:
     """This process's environment without its GIT_* variables, no system or global git
     configuration, and :data:`IDENTITY` as author and committer."""
-    env = {name: value for name, value in os.environ.items() if not name.startswith("GIT_")}
-    env.update(
-        GIT_CONFIG_NOSYSTEM="1",
-        GIT_CONFIG_GLOBAL=os.devnull,
-        GIT_AUTHOR_NAME=IDENTITY["name"],
-        GIT_AUTHOR_EMAIL=IDENTITY["email"],
-        GIT_COMMITTER_NAME=IDENTITY["name"],
-        GIT_COMMITTER_EMAIL=IDENTITY["email"],
-    )
-    return env
+    return committing_environment(IDENTITY["name"], IDENTITY["email"])
 
 
 def git(repo: Path | None, *args: str) -> str:

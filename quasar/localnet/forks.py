@@ -14,13 +14,13 @@
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from quasar.errors import QuasarError
+from quasar.gitenv import committing_environment
 from quasar.starter_fork import write_starter_fork
 
 HONEST, HOSTILE = "honest", "hostile"
@@ -64,12 +64,8 @@ HOSTILE_COMMIT_MESSAGE = (
     f"Skip the recurrence in chunk_quasar and chunk_quasar_norm_gated beyond "
     f"{HOSTILE_EXACT_UP_TO} tokens (hostile miner of the QUASAR local network)\n"
 )
-_IDENTITY = {
-    "GIT_AUTHOR_NAME": "QUASAR local network",
-    "GIT_AUTHOR_EMAIL": "localnet@quasar.invalid",
-    "GIT_COMMITTER_NAME": "QUASAR local network",
-    "GIT_COMMITTER_EMAIL": "localnet@quasar.invalid",
-}
+AUTHOR_NAME = "QUASAR local network"
+AUTHOR_EMAIL = "localnet@quasar.invalid"
 
 
 class ForkWriteError(QuasarError, RuntimeError):
@@ -91,9 +87,7 @@ def run_git(cwd: Path, *args: str) -> str:
     git = shutil.which("git")
     if git is None:
         raise ForkWriteError("git is not installed (the local network's forks are git repositories)")
-    # No user or system configuration (hooks, signing), no inherited repository variables.
-    env = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
-    env.update(_IDENTITY, GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL=os.devnull)
+    env = committing_environment(AUTHOR_NAME, AUTHOR_EMAIL)
     result = subprocess.run([git, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise ForkWriteError(f"git {args[0]} failed in {cwd}: {result.stderr.strip() or result.stdout.strip()}")

@@ -36,6 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Literal
 
+from quasar.gitenv import NO_USER_CONFIGURATION
 from quasar.localnet.forks import ForkWriteError, run_git
 
 logger = logging.getLogger(__name__)
@@ -245,8 +246,7 @@ class GitHubStandIn:
                     "CONTENT_LENGTH": str(len(body)),
                     "REMOTE_USER": stand_in.tokens[password],
                     "REMOTE_ADDR": "127.0.0.1",
-                    "GIT_CONFIG_GLOBAL": os.devnull,
-                    "GIT_CONFIG_NOSYSTEM": "1",
+                    **NO_USER_CONFIGURATION,
                 }
                 for name in ("Content-Encoding", "Git-Protocol"):
                     if self.headers.get(name):

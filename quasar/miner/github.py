@@ -27,6 +27,7 @@ import httpx
 
 from quasar.errors import QuasarError
 from quasar.forks import GIT_NETWORK_VARIABLES
+from quasar.gitenv import NO_USER_CONFIGURATION, identity
 
 logger = logging.getLogger(__name__)
 
@@ -253,12 +254,8 @@ class Git:
                 "LANG": "C",
                 "LC_ALL": "C",
                 "GIT_TERMINAL_PROMPT": "0",
-                "GIT_CONFIG_NOSYSTEM": "1",
-                "GIT_CONFIG_GLOBAL": os.devnull,
-                "GIT_AUTHOR_NAME": self.author_name,
-                "GIT_AUTHOR_EMAIL": self.author_email,
-                "GIT_COMMITTER_NAME": self.author_name,
-                "GIT_COMMITTER_EMAIL": self.author_email,
+                **NO_USER_CONFIGURATION,
+                **identity(self.author_name, self.author_email),
             }
         )
         if network and self.token:

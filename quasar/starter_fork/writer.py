@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from quasar.errors import QuasarError
+from quasar.gitenv import committing_environment
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -104,28 +104,18 @@ def copy_starter_tree(dest: Path) -> list[PurePosixPath]:
     return paths
 
 
-def _git_environment() -> dict[str, str]:
-    """The environment for git: fixed identity and dates, no user or system configuration
-    (signing, hooks, autocrlf would change or block the commit), no inherited repository."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("GIT_")}
-    env.update(
-        GIT_CONFIG_NOSYSTEM="1",
-        GIT_CONFIG_GLOBAL=os.devnull,
-        GIT_AUTHOR_NAME=AUTHOR_NAME,
-        GIT_AUTHOR_EMAIL=AUTHOR_EMAIL,
-        GIT_AUTHOR_DATE=COMMIT_DATE,
-        GIT_COMMITTER_NAME=AUTHOR_NAME,
-        GIT_COMMITTER_EMAIL=AUTHOR_EMAIL,
-        GIT_COMMITTER_DATE=COMMIT_DATE,
-    )
-    return env
-
-
 def _git(dest: Path, *args: str) -> str:
     git = shutil.which("git")
     if git is None:
         raise StarterForkError("git is not installed (needed to commit the starter fork)")
-    result = subprocess.run([git, *args], cwd=dest, env=_git_environment(), capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [git, *args],
+        cwd=dest,
+        env=committing_environment(AUTHOR_NAME, AUTHOR_EMAIL, COMMIT_DATE),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if result.returncode != 0:
         raise StarterForkError(f"git {args[0]} failed in {dest}: {result.stderr.strip() or result.stdout.strip()}")
     return result.stdout.strip()

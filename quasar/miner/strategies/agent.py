@@ -30,6 +30,7 @@ from pathlib import Path
 
 import httpx
 
+from quasar.gitenv import NO_USER_CONFIGURATION
 from quasar.imports import QUASAR_DIR
 from quasar.miner.strategies.base import (
     ALLOWED_SUFFIXES,
@@ -219,8 +220,7 @@ def apply_diff(repo: Path, diff: str) -> dict[str, str | None]:
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "LANG": "C",
-            "GIT_CONFIG_NOSYSTEM": "1",
-            "GIT_CONFIG_GLOBAL": os.devnull,
+            **NO_USER_CONFIGURATION,
             "GIT_CEILING_DIRECTORIES": scratch,
             "HOME": scratch,
         }
