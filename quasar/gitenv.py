@@ -9,7 +9,10 @@ block what the suite does. Where the suite commits, it names the author and the 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from collections.abc import Mapping
+from pathlib import Path
 
 # git reads neither /etc/gitconfig nor ~/.gitconfig (nor $XDG_CONFIG_HOME/git/config).
 NO_USER_CONFIGURATION: Mapping[str, str] = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
@@ -34,3 +37,15 @@ def committing_environment(name: str, email: str, date: str | None = None) -> di
     env.update(NO_USER_CONFIGURATION)
     env.update(identity(name, email, date))
     return env
+
+
+def run_git(cwd: Path, *args: str, env: Mapping[str, str], error: type[Exception]) -> str:
+    """Run ``git ARGS`` in ``cwd`` with ``env``; its output, stripped. A missing git or a failing
+    command raises ``error`` with git's own explanation."""
+    git = shutil.which("git")
+    if git is None:
+        raise error("git is not installed (the suite writes and commits repositories with it)")
+    result = subprocess.run([git, *args], cwd=cwd, env=dict(env), capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise error(f"git {args[0]} failed in {cwd}: {result.stderr.strip() or result.stdout.strip()}")
+    return result.stdout.strip()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from quasar.gitenv import committing_environment, identity
+from quasar.gitenv import committing_environment, identity, run_git
 
 DATE = "2025-01-01T00:00:00+00:00"
 
@@ -87,3 +87,18 @@ def test_identity_names_both_roles_and_a_date_only_when_given():
         "GIT_COMMITTER_EMAIL": "a@b",
     }
     assert identity("A", "a@b", DATE)["GIT_COMMITTER_DATE"] == DATE
+
+
+class _Refused(Exception):
+    pass
+
+
+def test_run_git_returns_the_output_and_raises_the_callers_error_with_gits_reason(tmp_path, monkeypatch):
+    env = committing_environment("QUASAR test", "test@quasar.invalid")
+    assert run_git(tmp_path, "init", "-q", "-b", "main", env=env, error=_Refused) == ""
+    assert run_git(tmp_path, "symbolic-ref", "--short", "HEAD", env=env, error=_Refused) == "main"
+    with pytest.raises(_Refused, match=r"git checkout failed in .*pathspec 'no-such-branch'"):
+        run_git(tmp_path, "checkout", "no-such-branch", env=env, error=_Refused)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(_Refused, match="git is not installed"):
+        run_git(tmp_path, "status", env=env, error=_Refused)

@@ -14,13 +14,11 @@
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from quasar import gitenv
 from quasar.errors import QuasarError
-from quasar.gitenv import committing_environment
 from quasar.starter_fork import write_starter_fork
 
 HONEST, HOSTILE = "honest", "hostile"
@@ -84,14 +82,9 @@ class Fork:
 def run_git(cwd: Path, *args: str) -> str:
     """Run ``git ARGS`` in ``cwd`` with no user or system configuration; returns its output, or
     raises :class:`ForkWriteError` with git's explanation."""
-    git = shutil.which("git")
-    if git is None:
-        raise ForkWriteError("git is not installed (the local network's forks are git repositories)")
-    env = committing_environment(AUTHOR_NAME, AUTHOR_EMAIL)
-    result = subprocess.run([git, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise ForkWriteError(f"git {args[0]} failed in {cwd}: {result.stderr.strip() or result.stdout.strip()}")
-    return result.stdout.strip()
+    return gitenv.run_git(
+        cwd, *args, env=gitenv.committing_environment(AUTHOR_NAME, AUTHOR_EMAIL), error=ForkWriteError
+    )
 
 
 def write_honest_fork(dest: Path) -> Fork:

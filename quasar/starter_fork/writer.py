@@ -9,15 +9,13 @@ from __future__ import annotations
 import functools
 import importlib.util
 import logging
-import shutil
-import subprocess
 import sys
 from importlib.resources import files
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from quasar.errors import QuasarError
-from quasar.gitenv import committing_environment
+from quasar.gitenv import committing_environment, run_git
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -105,20 +103,8 @@ def copy_starter_tree(dest: Path) -> list[PurePosixPath]:
 
 
 def _git(dest: Path, *args: str) -> str:
-    git = shutil.which("git")
-    if git is None:
-        raise StarterForkError("git is not installed (needed to commit the starter fork)")
-    result = subprocess.run(
-        [git, *args],
-        cwd=dest,
-        env=committing_environment(AUTHOR_NAME, AUTHOR_EMAIL, COMMIT_DATE),
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        raise StarterForkError(f"git {args[0]} failed in {dest}: {result.stderr.strip() or result.stdout.strip()}")
-    return result.stdout.strip()
+    env = committing_environment(AUTHOR_NAME, AUTHOR_EMAIL, COMMIT_DATE)
+    return run_git(dest, *args, env=env, error=StarterForkError)
 
 
 def write_starter_fork(dest: Path) -> str:
