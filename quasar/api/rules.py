@@ -76,11 +76,11 @@ def round_of_block(block: int, round_blocks: int) -> Round:
     """The round holding ``block``: round N covers blocks N*round_blocks .. (N+1)*round_blocks - 1."""
     if block < 0 or round_blocks < 1:
         raise ValueError(f"need block >= 0 and round_blocks >= 1, got {block}, {round_blocks}")
-    round_id = block // round_blocks
-    return Round(round_id, round_id * round_blocks, (round_id + 1) * round_blocks - 1)
+    return round_by_id(block // round_blocks, round_blocks)
 
 
 def round_by_id(round_id: int, round_blocks: int) -> Round:
+    """Round ``round_id``: blocks ``round_id * round_blocks`` .. ``(round_id + 1) * round_blocks - 1``."""
     return Round(round_id, round_id * round_blocks, (round_id + 1) * round_blocks - 1)
 
 
