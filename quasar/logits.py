@@ -18,13 +18,15 @@ can import it on a bare CUDA machine.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import math
 import os
 import random
 import secrets
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -131,9 +133,24 @@ class ReferenceModel:
     def dtype_name(self) -> str:
         return next(name for name, value in DTYPES.items() if value == self.dtype)
 
+    @functools.cached_property
+    def cache_keyword(self) -> str:
+        """The name under which this model's forward takes the KV cache and its output returns it."""
+        return cache_keyword(self.module.forward)
+
     def generate(self, prompt_ids: Sequence[int], gen_len: int, logits_at_step: int) -> Generation:
         """Greedy decoding with the KV cache; see :func:`generate_with_logits`."""
         return generate_with_logits(self, prompt_ids, gen_len, logits_at_step)
+
+
+def cache_keyword(forward: Callable[..., Any]) -> str:
+    """``cache`` where the model's forward has that parameter, else ``past_key_values``.
+
+    transformers 5.24 renamed the KV cache from ``past_key_values`` to ``cache`` (in forward's
+    arguments and in its output) and warns on the old name, which it drops in 5.40; 4.x knows only
+    the old one. The suite supports both (pyproject.toml: ``transformers>=4.56,<6``).
+    """
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def offline_mode(environ=None) -> bool:
@@ -321,15 +338,15 @@ def generate_with_logits(
     captured: torch.Tensor | None = None
     with torch.inference_mode():
         output = model.module(input_ids=_ids(prompt_ids, model.device), use_cache=True, logits_to_keep=1)
+        cache = model.cache_keyword
         for step in range(1, gen_len + 1):
             step_logits = output.logits[0, -1]
             if step == logits_at_step:
                 captured = step_logits.float().cpu()
             tokens.append(int(torch.argmax(step_logits)))
             if step < gen_len:
-                output = model.module(
-                    input_ids=_ids(tokens[-1:], model.device), past_key_values=output.past_key_values, use_cache=True
-                )
+                cached = {cache: getattr(output, cache)}
+                output = model.module(input_ids=_ids(tokens[-1:], model.device), use_cache=True, **cached)
     assert captured is not None  # check_request guarantees 1 <= logits_at_step <= gen_len
     return Generation(tuple(tokens), captured)
 

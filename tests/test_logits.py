@@ -1,7 +1,9 @@
 """The reference model, challenges and the logit comparison, on a tiny random Qwen2 on the CPU."""
 
+import inspect
 import math
 import random
+import warnings
 
 import pytest
 import torch
@@ -50,6 +52,27 @@ def test_kv_cache_generation_matches_the_full_forward_reference(model):
         assert fast.tokens == slow.tokens, f"seed {seed}: {challenge}"
         assert len(fast.tokens) == challenge.gen_len and fast.logits.dtype == torch.float32
         torch.testing.assert_close(fast.logits, slow.logits, atol=1e-4, rtol=1e-4, msg=f"seed {seed}")
+
+
+def test_decoding_passes_the_cache_under_the_name_the_installed_transformers_takes(model):
+    """transformers 5.24 warns on ``past_key_values`` (and drops it in 5.40): the decoding loop must
+    use the name of the installed version, so a validator's log carries no deprecation and the next
+    release does not break the logit check."""
+    seed, (challenge,) = fresh_challenges(model, 1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.generate(challenge.prompt, 4, 2)
+    assert not [str(w.message) for w in caught if "past_key_values" in str(w.message)], f"seed {seed}"
+    assert model.cache_keyword in inspect.signature(model.module.forward).parameters
+
+
+def test_the_cache_keyword_follows_the_forward_signature():
+    def forward_4x(input_ids=None, past_key_values=None, use_cache=None, **kwargs): ...
+
+    def forward_5x(input_ids=None, cache=None, use_cache=None, **kwargs): ...
+
+    assert L.cache_keyword(forward_4x) == "past_key_values"
+    assert L.cache_keyword(forward_5x) == "cache"
 
 
 def test_step_one_is_the_logits_right_after_the_prompt_and_steps_follow_the_path(model):
