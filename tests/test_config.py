@@ -3,6 +3,7 @@
 import argparse
 import ast
 import os
+import random
 import re
 import shutil
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from quasar import config
+from quasar.config import values
+from quasar.evaluate import cli as evaluate_cli
 from quasar.tools.install_kernel import module_file
 from tests.processes import run_python
 
@@ -112,6 +115,37 @@ def test_bad_values_name_the_setting(environ, message):
     with pytest.raises(config.SettingsError) as raised:
         config.resolve({}, environ=environ, dotenv_path=None)
     assert message in str(raised.value)
+
+
+def test_a_list_of_lengths_reads_the_same_in_a_setting_and_on_a_flag(tmp_path):
+    """EVAL_SEQ_LENS took only plain integers while --seq-lens took 100k and 1M: one reading now."""
+    settings = config.resolve({}, environ={"EVAL_SEQ_LENS": "512, 100k,1_024,1M"}, dotenv_path=None)
+    assert settings.eval_seq_lens == (512, 100_000, 1024, 1_000_000)
+    assert evaluate_cli.parse_seq_lens("512, 100k,1_024,1M") == settings.eval_seq_lens
+    assert config.resolve({}, environ={"EVAL_SEQ_LENS": ""}, dotenv_path=None).eval_seq_lens == ()
+    for bad in ("512,abc", "1.5M", "0", "\u0663", "k"):
+        with pytest.raises(config.SettingsError, match=r"EVAL_SEQ_LENS \(from environment\): expected comma-separated"):
+            config.resolve({}, environ={"EVAL_SEQ_LENS": bad}, dotenv_path=None)
+        with pytest.raises(argparse.ArgumentTypeError, match="expected comma-separated"):
+            evaluate_cli.parse_seq_lens(bad)
+
+
+def test_lengths_written_out_read_back_as_the_same_lengths():
+    rng = random.Random()
+    seed = random.SystemRandom().randrange(2**32)
+    rng.seed(seed)
+    for _ in range(200):
+        lengths = tuple(rng.choice([rng.randrange(1, 10**7), rng.randrange(1, 9) * 1_000_000]) for _ in range(4))
+        text = values.format_seq_lens(lengths)
+        assert values.parse_seq_lens(text) == lengths, f"seed {seed}: {text}"
+        assert all(part.endswith("M") == (n % 1_000_000 == 0) for part, n in zip(text.split(","), lengths))
+    assert values.format_seq_lens((65536, 262144, 1_000_000)) == "65536,262144,1M"
+
+
+def test_a_minimum_length_is_named_when_refused():
+    assert values.parse_seq_lens("64, 1k", minimum=64) == (64, 1000)
+    with pytest.raises(ValueError, match="at least 64.*'32'"):
+        values.parse_seq_lens("64,32", minimum=64)
 
 
 def test_bad_flag_names_the_flag():

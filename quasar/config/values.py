@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import urlparse
 
@@ -207,14 +207,28 @@ def parse_ip_networks(raw: str) -> tuple[str, ...]:
     return tuple(networks)
 
 
-def parse_seq_lens(raw: str) -> tuple[int, ...]:
-    """Comma-separated sequence lengths (``512,1024,2048``); empty means none."""
+# A length may be written with a suffix: 100k is 100,000 tokens, 1M is 1,000,000.
+_LENGTH_SUFFIXES = {"k": 1000, "m": 1_000_000}
+
+
+def parse_seq_lens(raw: str, minimum: int = 1) -> tuple[int, ...]:
+    """Comma-separated sequence lengths, each at least ``minimum``: whole numbers, ``_`` between
+    digits allowed, with an optional ``k`` (thousand) or ``M`` (million): ``512,1024,100k,1M``.
+    Empty means none. The one reading of a list of lengths, for settings and flags alike."""
     lengths = []
-    for part in filter(None, (item.strip().replace("_", "") for item in raw.split(","))):
-        if not part.isdigit() or int(part) < 1:
-            raise ValueError(f"expected comma-separated positive integers, got {part!r}")
-        lengths.append(int(part))
+    for part in filter(None, (item.strip() for item in raw.split(","))):
+        text = part.lower().replace("_", "")
+        scale = _LENGTH_SUFFIXES.get(text[-1:], 1)
+        digits = text[:-1] if scale != 1 else text
+        if not (digits.isascii() and digits.isdigit()) or int(digits) * scale < minimum:
+            raise ValueError(f"expected comma-separated lengths of at least {minimum} (512,1024,100k,1M), got {part!r}")
+        lengths.append(int(digits) * scale)
     return tuple(lengths)
+
+
+def format_seq_lens(lengths: Iterable[int]) -> str:
+    """``lengths`` as :func:`parse_seq_lens` reads them, whole millions as ``1M``: ``65536,1M``."""
+    return ",".join(f"{length // 1_000_000}M" if length % 1_000_000 == 0 else str(length) for length in lengths)
 
 
 # Parsers by the ``kind`` a settings entry names (settings/*.toml); the factories take the entry's low, high or choices.

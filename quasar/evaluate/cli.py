@@ -11,6 +11,7 @@ import argparse
 from collections.abc import Sequence
 
 from quasar import config
+from quasar.config import values
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, EvaluationOptions, options_from_settings
 from quasar.evaluate.report import render_report
@@ -18,16 +19,12 @@ from quasar.log import setup_logging
 
 
 def parse_seq_lens(text: str) -> tuple[int, ...]:
-    """``"512,1024,2k,1M"`` -> ``(512, 1024, 2000, 1000000)``; argparse-friendly errors."""
-    lengths = []
-    for part in text.split(","):
-        part = part.strip().lower().replace("_", "")
-        scale = {"k": 1000, "m": 1_000_000}.get(part[-1:], 1) if part else 1
-        digits = part[:-1] if scale != 1 else part
-        if not digits.isdigit():
-            raise argparse.ArgumentTypeError(f"expected comma-separated lengths such as 512,1024,100k, got {text!r}")
-        lengths.append(int(digits) * scale)
-    return tuple(lengths)
+    """``"512,1024,2k,1M"`` -> ``(512, 1024, 2000, 1000000)`` (:func:`quasar.config.values.parse_seq_lens`),
+    with argparse's error type."""
+    try:
+        return values.parse_seq_lens(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def positive_int(text: str) -> int:
@@ -136,7 +133,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar evaluate") -> in
         type=parse_seq_lens,
         default=DEFAULT_SEQ_LENS,
         metavar="LIST",
-        help=f"lengths run besides the target (default {','.join(map(str, DEFAULT_SEQ_LENS))})",
+        help=f"lengths run besides the target (default {values.format_seq_lens(DEFAULT_SEQ_LENS)})",
     )
     add_evaluation_arguments(parser)
     args, settings = start(parser, argv)

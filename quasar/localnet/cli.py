@@ -24,6 +24,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
+from quasar.config.values import format_seq_lens, parse_seq_lens
+from quasar.evaluate.options import MIN_SEQ_LEN
+from quasar.localnet.options import CPU_SEQ_LENS, CPU_TARGET, CUDA_SEQ_LENS, CUDA_TARGET, HOSTILE_TARGET
 from quasar.log import setup_logging
 
 DEFAULT_DATA_DIR = Path("localnet-data")
@@ -83,13 +86,11 @@ class Display:
 
 
 def seq_lens(raw: str) -> tuple[int, ...]:
-    """``--seq-lens``: comma-separated lengths of at least 64 (``64,128``); empty means none."""
-    lengths = []
-    for part in filter(None, (item.strip().replace("_", "") for item in raw.split(","))):
-        if not part.isdigit() or int(part) < 64:
-            raise argparse.ArgumentTypeError(f"expected comma-separated lengths of at least 64, got {part!r}")
-        lengths.append(int(part))
-    return tuple(lengths)
+    """``--seq-lens``: lengths the evaluation can run (``64,128``); empty means none."""
+    try:
+        return parse_seq_lens(raw, minimum=MIN_SEQ_LEN)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _stop_on_sigterm(signum: int, _frame) -> None:
@@ -146,16 +147,17 @@ def build_parser(prog: str = "quasar localnet") -> argparse.ArgumentParser:
         "--target",
         type=int,
         default=None,
-        help="the honest miner's target sequence length (default 128 on CPU, 65536 on CUDA; the "
-        "hostile miner targets 64)",
+        help=f"the honest miner's target sequence length (default {CPU_TARGET} on CPU, {CUDA_TARGET} on CUDA; "
+        f"the hostile miner targets {HOSTILE_TARGET})",
     )
     parser.add_argument(
         "--seq-lens",
         type=seq_lens,
         default=None,
         metavar="LIST",
-        help="lengths the validator (and the honest miner) run besides the target (default 64,128 on "
-        "CPU, 512,1024,2048 on CUDA); one must exceed 64, or nothing shows the hostile fork wrong",
+        help="lengths the validator (and the honest miner) run besides the target (default "
+        f"{format_seq_lens(CPU_SEQ_LENS)} on CPU, {format_seq_lens(CUDA_SEQ_LENS)} on CUDA); one must "
+        f"exceed {HOSTILE_TARGET}, or nothing shows the hostile fork wrong",
     )
     parser.add_argument(
         "--round-timeout",
@@ -180,8 +182,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
     """Run the network; exit status 0 (after the first round with --once, or when stopped), 1 on an error."""
     parser = build_parser(prog)
     args = parser.parse_args(argv)
-    if args.target is not None and args.target < 64:
-        parser.error(f"--target must be at least 64, got {args.target}")
+    if args.target is not None and args.target < MIN_SEQ_LEN:
+        parser.error(f"--target must be at least {MIN_SEQ_LEN}, got {args.target}")
     setup_logging(args.debug, quiet=True)
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
 

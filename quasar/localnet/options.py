@@ -9,7 +9,7 @@ from pathlib import Path
 
 from quasar import config
 from quasar.chain.base import SubnetHyperparameters
-from quasar.chain.devchain import FINNEY
+from quasar.chain.subtensor_rules import FINNEY
 from quasar.config import DEFAULT_SEQ_LENS
 from quasar.errors import QuasarError
 from quasar.localnet.forks import HONEST, HOSTILE, HOSTILE_EXACT_UP_TO

@@ -21,6 +21,7 @@ import httpx
 from quasar.chain.wallets import WalletError, open_wallet
 from quasar.config import Settings
 from quasar.errors import QuasarError
+from quasar.evaluate.options import CPU_MAX_SEQ_LEN
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +89,9 @@ def _check_settings(settings: Settings) -> None:
     if not settings.github_username:
         raise MinerSetupError("GITHUB_USERNAME is not set: put the GitHub account that owns the fork in .env")
     if settings.device == "cpu" and not settings.target_sequence_length:
-        raise MinerSetupError("DEVICE=cpu: set TARGET_SEQUENCE_LENGTH (at most 65536); CPU runs only try the miner out")
+        raise MinerSetupError(
+            f"DEVICE=cpu: set TARGET_SEQUENCE_LENGTH (at most {CPU_MAX_SEQ_LEN}); CPU runs only try the miner out"
+        )
     if settings.agent_api_url and not settings.agent_model:
         raise MinerSetupError("AGENT_API_URL is set but AGENT_MODEL is empty: name the model the endpoint serves")
 

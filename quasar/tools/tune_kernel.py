@@ -43,6 +43,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from quasar.config.values import format_seq_lens
 from quasar.errors import QuasarError
 from quasar.evaluate.cli import add_evaluation_arguments, options_from, parse_seq_lens, start
 from quasar.evaluate.harness import evaluate
@@ -440,7 +441,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar step2") -> int:
         type=parse_seq_lens,
         default=DEFAULT_SEQ_LENS,
         metavar="LIST",
-        help="lengths to time; the longest is the target (default 65536,262144,1M)",
+        help=f"lengths to time; the longest is the target (default {format_seq_lens(DEFAULT_SEQ_LENS)})",
     )
     parser.add_argument("--grid", default=None, metavar="JSON", help="configurations to try (JSON list of objects)")
     parser.add_argument(
