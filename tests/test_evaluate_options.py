@@ -3,16 +3,19 @@ per request, bad arguments; and the report's JSON."""
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import pytest
 import torch
 
+from quasar import config
+from quasar.evaluate.cli import add_evaluation_arguments, options_from, parse_seq_lens
 from quasar.evaluate.cli import main as evaluate_main
-from quasar.evaluate.cli import parse_seq_lens
 from quasar.evaluate.options import (
     CPU_MAX_SEQ_LEN,
     EvaluationInputError,
+    EvaluationOptions,
     check_lengths,
 )
 from quasar.evaluate.report import EvaluationReport, ImportCheck, LengthResult, Timings
@@ -30,6 +33,24 @@ def test_seq_lens_parse_with_suffixes():
     assert parse_seq_lens("512, 1k,2_048,1M") == (512, 1000, 2048, 1_000_000)
     with pytest.raises(Exception, match="comma-separated"):
         parse_seq_lens("512,abc")
+
+
+def test_flags_left_out_take_the_settings_and_then_the_options_defaults():
+    """--timeout had its own default (3600) and overrode EVAL_TIMEOUT from .env or the environment."""
+    parser = argparse.ArgumentParser()
+    add_evaluation_arguments(parser)
+    settings = config.resolve({}, environ={"EVAL_TIMEOUT": "1234", "EVAL_TIMED_SECONDS": "0.5"}, dotenv_path=None)
+    options = options_from(parser.parse_args([]), (512,), settings)
+    defaults = EvaluationOptions()
+    assert (options.timeout_s, options.timed_seconds) == (1234, 0.5)
+    assert (options.length_timeout_s, options.warmup_runs) == (defaults.length_timeout_s, defaults.warmup_runs)
+    assert (options.min_timed_runs, options.max_timed_runs) == (defaults.min_timed_runs, defaults.max_timed_runs)
+    flags = ["--timeout", "99", "--length-timeout", "7", "--warmup", "5", "--repeats", "4"]
+    flagged = options_from(parser.parse_args(flags), (512,), settings)
+    assert (flagged.timeout_s, flagged.length_timeout_s, flagged.warmup_runs) == (99, 7, 5)
+    assert (flagged.min_timed_runs, flagged.max_timed_runs) == (4, 4)
+    help_text = " ".join(parser.format_help().split())
+    assert f"(default {defaults.length_timeout_s:g})" in help_text and f"(default {defaults.warmup_runs})" in help_text
 
 
 def test_command_line_refuses_bad_arguments(tmp_path, capsys):

@@ -47,34 +47,43 @@ def positive_float(text: str) -> float:
     return value
 
 
+# What an evaluation does where neither a flag nor a setting says otherwise (the flags' help names it).
+_DEFAULTS = EvaluationOptions()
+
+
+def _setting(key: str) -> str:
+    return config.OPTIONS_BY_KEY[key].default
+
+
 def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
     """The evaluation's flags, shared by every tool that evaluates a fork."""
     parser.add_argument("--claimed", type=positive_float, metavar="TPS", help="claimed tokens/sec at the target")
     parser.add_argument(
-        "--device", help="cuda, cuda:N or cpu (cpu: tests and small lengths only; default: the DEVICE setting, cuda)"
+        "--device",
+        help="cuda, cuda:N or cpu (cpu: tests and small lengths only; default: the DEVICE setting, "
+        f"{_setting('device')})",
     )
     parser.add_argument(
         "--timeout",
         type=positive_float,
-        default=3600.0,
         metavar="SECONDS",
-        help="limit for the whole evaluation (default 3600)",
+        help=f"limit for the whole evaluation (default: the EVAL_TIMEOUT setting, {_setting('eval_timeout')})",
     )
     parser.add_argument(
         "--length-timeout",
         type=positive_float,
-        default=900.0,
         metavar="SECONDS",
-        help="limit for one length: warm-up, timed runs and check (default 900)",
+        help=f"limit for one length: warm-up, timed runs and check (default {_DEFAULTS.length_timeout_s:g})",
     )
     parser.add_argument(
-        "--warmup", type=int, default=3, metavar="N", help="warm-up requests per length (default 3, at least 2)"
+        "--warmup", type=int, metavar="N", help=f"warm-up requests per length (default {_DEFAULTS.warmup_runs})"
     )
     parser.add_argument(
         "--repeats",
         type=positive_int,
         metavar="N",
-        help="timed runs per length (default: as many as fit in 2 s, 10 to 200)",
+        help=f"timed runs per length (default: as many as fit in the EVAL_TIMED_SECONDS setting, "
+        f"{_setting('eval_timed_seconds')} s, {_DEFAULTS.min_timed_runs} to {_DEFAULTS.max_timed_runs})",
     )
     parser.add_argument("--import-profile", choices=("core", "strict"), default="core")
     parser.add_argument("--require-cu", action="store_true", help="a missing *.cu file is an error")
@@ -102,21 +111,26 @@ def start(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> tuple[
 
 
 def options_from(args: argparse.Namespace, seq_lens: Sequence[int], settings: config.Settings) -> EvaluationOptions:
-    """EvaluationOptions from parsed flags; the rest (the device unless given, the timed seconds,
-    the load limit and the sandbox's) from ``settings``, as a validator's. Raises
-    EvaluationInputError."""
-    repeats = {"min_timed_runs": args.repeats, "max_timed_runs": args.repeats} if args.repeats else {}
+    """EvaluationOptions from parsed flags; what they leave out from ``settings``, as a validator's
+    (the device, the evaluation's limit, the timed seconds, the load limit, the sandbox's), and
+    the rest as :class:`EvaluationOptions` has it. Raises EvaluationInputError."""
+    given: dict[str, object] = {}
+    if args.repeats:
+        given.update(min_timed_runs=args.repeats, max_timed_runs=args.repeats)
+    if args.timeout is not None:
+        given.update(timeout_s=args.timeout)
+    if args.length_timeout is not None:
+        given.update(length_timeout_s=args.length_timeout)
+    if args.warmup is not None:
+        given.update(warmup_runs=max(args.warmup, 0))
     return options_from_settings(
         settings,
         allow_unsandboxed=args.allow_unsandboxed,
         seq_lens=tuple(seq_lens),
         device=args.device or settings.device,
-        timeout_s=args.timeout,
-        length_timeout_s=args.length_timeout,
         import_profile=args.import_profile,
         require_cu=args.require_cu,
-        warmup_runs=max(args.warmup, 0),
-        **repeats,
+        **given,
     )
 
 
