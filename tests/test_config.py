@@ -135,11 +135,12 @@ def test_lengths_written_out_read_back_as_the_same_lengths():
     seed = random.SystemRandom().randrange(2**32)
     rng.seed(seed)
     for _ in range(200):
-        lengths = tuple(rng.choice([rng.randrange(1, 10**7), rng.randrange(1, 9) * 1_000_000]) for _ in range(4))
+        scale = rng.choice([1, 1000, 1_000_000])
+        lengths = tuple(rng.randrange(1, 10**7 // scale) * scale for _ in range(4))
         text = values.format_seq_lens(lengths)
         assert values.parse_seq_lens(text) == lengths, f"seed {seed}: {text}"
         assert all(part.endswith("M") == (n % 1_000_000 == 0) for part, n in zip(text.split(","), lengths))
-    assert values.format_seq_lens((65536, 262144, 1_000_000)) == "65536,262144,1M"
+    assert values.format_seq_lens((65536, 262144, 100_000, 1_000_000, 1500)) == "65536,262144,100k,1M,1500"
 
 
 def test_a_minimum_length_is_named_when_refused():

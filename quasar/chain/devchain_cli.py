@@ -13,6 +13,7 @@ from rich.console import Console
 
 from quasar.chain.base import ChainError
 from quasar.chain.devchain import DevChain
+from quasar.chain.devchain_storage import DEFAULT_BLOCK_TIME_S, DEFAULT_NETUID
 from quasar.chain.subtensor_rules import FINNEY, HYPERPARAMETER_NAMES
 from quasar.log import setup_logging
 from quasar.terminal import compact_table, short_hotkey
@@ -92,8 +93,13 @@ def _hyperparameter_value(name: str, raw: str) -> int | bool:
 def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
     parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
     parser.add_argument("--path", required=True, help="the dev chain's SQLite file (created when missing)")
-    parser.add_argument("--netuid", type=int, default=None, help="subnet id for a new file (default 24)")
-    parser.add_argument("--block-time", type=float, default=None, help="seconds per block for a new file (default 12)")
+    parser.add_argument("--netuid", type=int, default=None, help=f"subnet id for a new file (default {DEFAULT_NETUID})")
+    parser.add_argument(
+        "--block-time",
+        type=float,
+        default=None,
+        help=f"seconds per block for a new file (default {DEFAULT_BLOCK_TIME_S:g})",
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser("init", help="create the file (no-op when it exists)")
     register = commands.add_parser("register", help="register a hotkey; prints its uid")

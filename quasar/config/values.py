@@ -227,8 +227,16 @@ def parse_seq_lens(raw: str, minimum: int = 1) -> tuple[int, ...]:
 
 
 def format_seq_lens(lengths: Iterable[int]) -> str:
-    """``lengths`` as :func:`parse_seq_lens` reads them, whole millions as ``1M``: ``65536,1M``."""
-    return ",".join(f"{length // 1_000_000}M" if length % 1_000_000 == 0 else str(length) for length in lengths)
+    """``lengths`` as :func:`parse_seq_lens` reads them, whole millions and thousands with their
+    suffix: ``(65536, 100000, 1000000)`` is ``65536,100k,1M``."""
+    return ",".join(_length_text(length) for length in lengths)
+
+
+def _length_text(length: int) -> str:
+    for suffix, scale in (("M", 1_000_000), ("k", 1000)):
+        if length and length % scale == 0:
+            return f"{length // scale}{suffix}"
+    return str(length)
 
 
 # Parsers by the ``kind`` a settings entry names (settings/*.toml); the factories take the entry's low, high or choices.

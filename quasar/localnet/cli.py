@@ -26,7 +26,15 @@ from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElaps
 
 from quasar.config.values import format_seq_lens, parse_seq_lens
 from quasar.evaluate.options import MIN_SEQ_LEN
-from quasar.localnet.options import CPU_SEQ_LENS, CPU_TARGET, CUDA_SEQ_LENS, CUDA_TARGET, HOSTILE_TARGET
+from quasar.localnet.options import (
+    CPU_ROUND_TIMEOUT_S,
+    CPU_SEQ_LENS,
+    CPU_TARGET,
+    CUDA_ROUND_TIMEOUT_S,
+    CUDA_SEQ_LENS,
+    CUDA_TARGET,
+    HOSTILE_TARGET,
+)
 from quasar.log import setup_logging
 
 DEFAULT_DATA_DIR = Path("localnet-data")
@@ -164,7 +172,8 @@ def build_parser(prog: str = "quasar localnet") -> argparse.ArgumentParser:
         type=float,
         default=None,
         metavar="SECONDS",
-        help="give up when the validator has not reported by then (default 1800 on CPU, 900 on CUDA)",
+        help=f"give up when the validator has not reported by then (default {CPU_ROUND_TIMEOUT_S:g} on CPU, "
+        f"{CUDA_ROUND_TIMEOUT_S:g} on CUDA)",
     )
     parser.add_argument(
         "--hyperparameters",

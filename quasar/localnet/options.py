@@ -37,6 +37,8 @@ CPU_TIMED_SECONDS, CUDA_TIMED_SECONDS = 0.5, 2.0
 # validator time on the same few busy cores at different moments, and measured 11% apart, past
 # the claim check's 10%; a GPU's timings hold still.
 CPU_CLAIM_SHARE, CUDA_CLAIM_SHARE = 0.75, 1.0
+# Seconds to wait for the validator's report before giving up (--round-timeout).
+CPU_ROUND_TIMEOUT_S, CUDA_ROUND_TIMEOUT_S = 1800.0, 900.0
 # The miners run one cycle (evaluate the fork's head, submit) and then wait: a day between cycles.
 MINER_INTERVAL_S = 86400
 UPSTREAM = config.OPTIONS_BY_KEY["upstream_repo"].default
@@ -93,7 +95,9 @@ def default_options(
         stand_in_model=stand_in_model,
         target=target if target is not None else (CPU_TARGET if cpu else CUDA_TARGET),
         seq_lens=seq_lens if seq_lens is not None else (CPU_SEQ_LENS if cpu else CUDA_SEQ_LENS),
-        round_timeout_s=round_timeout_s if round_timeout_s is not None else (1800.0 if cpu else 900.0),
+        round_timeout_s=round_timeout_s
+        if round_timeout_s is not None
+        else (CPU_ROUND_TIMEOUT_S if cpu else CUDA_ROUND_TIMEOUT_S),
         timed_seconds=CPU_TIMED_SECONDS if cpu else CUDA_TIMED_SECONDS,
         claim_share=CPU_CLAIM_SHARE if cpu else CUDA_CLAIM_SHARE,
     )

@@ -30,14 +30,18 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from quasar import astparse
+from quasar.config.values import format_seq_lens
 from quasar.errors import QuasarError
 from quasar.evaluate.cli import add_evaluation_arguments, options_from, positive_int, start
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, ProgressEvent, check_lengths
 from quasar.evaluate.report import render_report
+from quasar.scoring import LEAGUES
 from quasar.starter_fork import kernel_files, template_root
 
 logger = logging.getLogger(__name__)
+# Step 1 validates at the top league's length, where a miner aims (docs/rules.md section 5).
+DEFAULT_TARGET = LEAGUES[-1].min_length
 
 COMMIT_MESSAGE = "QuasarAttention: the QUASAR suite's context-parallel chunk kernels"
 
@@ -206,9 +210,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar step1") -> int:
     parser.add_argument(
         "--seq-len",
         type=positive_int,
-        default=1_000_000,
+        default=DEFAULT_TARGET,
         metavar="N",
-        help="target length of the local validation (default 1M)",
+        help=f"target length of the local validation (default {format_seq_lens([DEFAULT_TARGET])})",
     )
     parser.add_argument("--push", action="store_true", help="git push after the commit")
     parser.add_argument("--keep-on-failure", action="store_true", help="leave the files written when validation fails")

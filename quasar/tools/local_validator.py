@@ -24,6 +24,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from quasar.config.values import format_seq_lens
 from quasar.evaluate.cli import add_evaluation_arguments, options_from, positive_int, start
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import EvaluationInputError, ProgressEvent
@@ -77,8 +78,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar local-validator"
     parser.add_argument("--repo-path", required=True, help="your fork, checked out")
     which = parser.add_mutually_exclusive_group(required=True)
     which.add_argument("--seq-len", type=positive_int, metavar="N", help="run this one length (the target)")
-    which.add_argument("--full", action="store_true", help="run 512, 1024, 2048, 100k, 500k and 1M as memory allows")
-    parser.add_argument("--target", type=positive_int, metavar="N", help="target length with --full (default 1M)")
+    which.add_argument("--full", action="store_true", help=f"run {format_seq_lens(FULL_SEQ_LENS)} as memory allows")
+    parser.add_argument(
+        "--target",
+        type=positive_int,
+        metavar="N",
+        help=f"target length with --full (default {format_seq_lens(FULL_SEQ_LENS[-1:])})",
+    )
     add_evaluation_arguments(parser)
     args, settings = start(parser, argv)
     if args.full:
