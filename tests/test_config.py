@@ -13,6 +13,7 @@ import pytest
 from quasar import config
 from quasar.config import values
 from quasar.evaluate import cli as evaluate_cli
+from quasar.evaluate.options import EvaluationOptions
 from quasar.tools.install_kernel import module_file
 from tests.processes import run_python
 
@@ -147,6 +148,13 @@ def test_a_minimum_length_is_named_when_refused():
     assert values.parse_seq_lens("64, 1k", minimum=64) == (64, 1000)
     with pytest.raises(ValueError, match="at least 64.*'32'"):
         values.parse_seq_lens("64,32", minimum=64)
+
+
+def test_the_timed_seconds_help_names_the_bounds_the_evaluation_uses():
+    """The settings table is TOML, so its help cannot print the constants; this checks the copy."""
+    defaults = EvaluationOptions()
+    help_text = config.OPTIONS_BY_KEY["eval_timed_seconds"].help
+    assert f"at least {defaults.min_timed_runs} and at most {defaults.max_timed_runs}" in help_text
 
 
 def test_bad_flag_names_the_flag():
