@@ -15,6 +15,7 @@ from markupsafe import escape
 from sqlalchemy import insert
 
 from api_fixtures import COMMIT, FORK, ApiServer, api_config, commit_of, refused
+from quasar import scoring
 from quasar.api.charts import Series, bar_chart, compact, line_chart, nice_ceiling
 from quasar.api.client import ApiClient, Claim
 from quasar.api.db import Database, EvaluationReport, IpBan, Submission, ValidationFailure
@@ -200,6 +201,8 @@ def test_dashboard_pages_show_the_round_and_escape_what_miners_wrote(start_api):
     rows = re.findall(r"<tr>\s*<td class=\"num place\">(\d)</td>", index.text)
     assert rows == ["1"] and api.wallets["a"].hotkey.ss58_address in index.text
     assert '<meta name="viewport"' in index.text and "round" in index.text
+    shares = " / ".join(f"{share * 100:g}" for share in scoring.PLACE_SHARES)
+    assert f"places 1–{len(scoring.PLACE_SHARES)} share {shares}% of the weight" in index.text
     earlier = httpx.get(api.url + "/", params={"round": 7})
     assert earlier.status_code == 200 and "Leaderboard · round 7" in earlier.text
     assert "No eligible submission in round 7" in earlier.text

@@ -25,6 +25,7 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
 
+from quasar import scoring
 from quasar.api import schemas
 from quasar.api.charts import NARROW, WIDE, Layout, Series, bar_chart, compact, line_chart
 from quasar.api.readcache import BlockCache
@@ -112,6 +113,8 @@ def _environment() -> Environment:
     # The templates call each formatter by its function's name.
     environment.filters.update({f.__name__: f for f in (tokens, tokens_both, utc, memory, yes_no, duration, percent)})
     environment.filters.update(short=short_hotkey, state_label=lambda state: STATE_LABELS.get(state, state))
+    # The rules the pages explain come from the code that applies them.
+    environment.globals.update(place_shares=scoring.PLACE_SHARES)
     return environment
 
 
