@@ -273,14 +273,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-load")
         "--rate",
         type=float,
         default=None,
-        help="submissions a second in all (default: 1.1 x the backend's target of 300 SQLite, 200 PostgreSQL)",
+        help=f"submissions a second in all (default: {OFFER_ABOVE_TARGET:g} x the backend's target of "
+        f"{TARGETS['sqlite'][0]} SQLite, {TARGETS['postgresql'][0]} PostgreSQL)",
     )
     parser.add_argument("--readers", type=int, default=32, help="connections for the reads")
     parser.add_argument(
         "--read-rate",
         type=float,
         default=OFFER_ABOVE_TARGET * READ_TARGET[0],
-        help="reads a second in all (0: none; default 1.1 x the target of 1,000)",
+        help=f"reads a second in all (0: none; default {OFFER_ABOVE_TARGET:g} x the target of {READ_TARGET[0]:,})",
     )
     parser.add_argument("--seconds", type=float, default=10.0, help="length of the timed window")
     parser.add_argument(

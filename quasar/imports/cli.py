@@ -45,7 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("repo", help="path of the fork's checkout")
     parser.add_argument(
-        "--profile", choices=sorted(PROFILES), default="core", help="required-import profile (default core)"
+        "--profile", choices=sorted(PROFILES), default="core", help="required-import profile (default %(default)s)"
     )
     parser.add_argument("--require-cu", action="store_true", help="a repository without a *.cu file fails")
     parser.add_argument(

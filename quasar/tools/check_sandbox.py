@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar check-sandbox") 
         prog=prog,
         description="What this machine's evaluation sandbox enforces, and whether a fork's kernels run inside it.",
     )
-    parser.add_argument("--device", default="cuda", help="where the starter fork runs (default cuda)")
+    parser.add_argument("--device", default="cuda", help="where the starter fork runs (default %(default)s)")
     parser.add_argument("--out", type=Path, help="also write DIR/sandbox.json")
     parser.add_argument("--sys-variants", action="store_true", help="if the default sandbox fails, try more of /sys")
     parser.add_argument("--debug", action="store_true", help="log at debug level")
