@@ -157,6 +157,34 @@ def test_the_timed_seconds_help_names_the_bounds_the_evaluation_uses():
     assert f"at least {defaults.min_timed_runs} and at most {defaults.max_timed_runs}" in help_text
 
 
+# What the README and docs/ say of a setting's default: "`API_WORKERS`, default 1", "`QUORUM_STAKE_SHARE`
+# (default 0.6)", "`API_MAX_HEADER_BYTES` (16 KiB)", "`SANDBOX_MEMORY_MB` (16,384)".
+DOCUMENTED_DEFAULT = re.compile(r"`([A-Z][A-Z0-9_]+)`(?:,? \(?default:? `?([^`),;]+)| \(([^);]+))")
+STATED_NUMBER = re.compile(r"([0-9][0-9,]*(?:\.[0-9]+)?)( KiB| MiB| s)?")
+UNITS = {None: 1, " s": 1, " KiB": 1024, " MiB": 1024 * 1024}
+
+
+def _same_default(stated: str, default: str) -> bool:
+    number = STATED_NUMBER.fullmatch(stated)
+    if number is None:
+        return stated == default
+    return float(number[1].replace(",", "")) * UNITS[number[2]] == float(default)
+
+
+def test_the_docs_state_the_defaults_the_settings_have():
+    by_env = {option.env: option for option in config.OPTIONS if option.env}
+    stated = [
+        (path.name, name, (default_form or parenthesised).strip())
+        for path in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+        for name, default_form, parenthesised in DOCUMENTED_DEFAULT.findall(path.read_text())
+        if name in by_env and (default_form or STATED_NUMBER.fullmatch(parenthesised.strip()))
+    ]
+    assert len(stated) >= 10, stated  # the pattern still finds what the docs write
+    for page, name, value in stated:
+        default = by_env[name].default
+        assert _same_default(value, default), f"{page} says {name} defaults to {value!r}; the code: {default!r}"
+
+
 def test_bad_flag_names_the_flag():
     parser = make_parser()
     with pytest.raises(config.SettingsError, match=r"--netuid \(from command line\): expected an integer"):
