@@ -32,7 +32,7 @@ def positive_int(text: str) -> int:
         value = parse_seq_lens(text)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if len(value) != 1 or value[0] < 1:
+    if len(value) != 1:  # parse_seq_lens refuses a length below 1
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value[0]
 
