@@ -45,7 +45,7 @@ def run_git(cwd: Path, *args: str, env: Mapping[str, str], error: type[Exception
     git = shutil.which("git")
     if git is None:
         raise error("git is not installed (the suite writes and commits repositories with it)")
-    result = subprocess.run([git, *args], cwd=cwd, env=dict(env), capture_output=True, text=True, check=False)
+    result = subprocess.run([git, *args], cwd=cwd, env=env, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise error(f"git {args[0]} failed in {cwd}: {result.stderr.strip() or result.stdout.strip()}")
     return result.stdout.strip()
