@@ -6,12 +6,12 @@ import argparse
 import os
 import shutil
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
 from quasar.config.options import GROUPS, OPTIONS, ROLES, Option
 from quasar.config.settings import Settings, SettingsError, resolve
-from quasar.config.values import parse_bool
+from quasar.config.values import parse_bool, parse_seq_lens
 
 # --help lays the settings out for this many columns (an SSH terminal).
 HELP_WIDTH = 80
@@ -85,6 +85,19 @@ def parse_args(
     except SettingsError as error:
         parser.error(str(error))
     return namespace, settings
+
+
+def seq_lens_type(minimum: int = 1) -> Callable[[str], tuple[int, ...]]:
+    """An argparse ``type`` for a list of lengths: read as the settings read them
+    (:func:`~quasar.config.values.parse_seq_lens`, each at least ``minimum``), its error as argparse's."""
+
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            return parse_seq_lens(text, minimum)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parse
 
 
 def env_example() -> str:

@@ -17,24 +17,17 @@ from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, Eval
 from quasar.evaluate.report import render_report
 from quasar.log import setup_logging
 
-
-def parse_seq_lens(text: str) -> tuple[int, ...]:
-    """``"512,1024,2k,1M"`` -> ``(512, 1024, 2000, 1000000)`` (:func:`quasar.config.values.parse_seq_lens`),
-    with argparse's error type."""
-    try:
-        return values.parse_seq_lens(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+# ``"512,1024,2k,1M"`` -> ``(512, 1024, 2000, 1000000)``, as the EVAL_SEQ_LENS setting reads it.
+parse_seq_lens = config.seq_lens_type()
 
 
 def positive_int(text: str) -> int:
+    """One length (``2048``, ``100k``, ``1M``), at least 1."""
     try:
-        value = parse_seq_lens(text)
-    except argparse.ArgumentTypeError:
+        (value,) = values.parse_seq_lens(text)
+    except ValueError:  # not a length, below 1, or not exactly one
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if len(value) != 1:  # parse_seq_lens refuses a length below 1
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value[0]
+    return value
 
 
 def positive_float(text: str) -> float:

@@ -24,7 +24,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
-from quasar.config.values import format_seq_lens, parse_seq_lens
+from quasar.config.cli import seq_lens_type
+from quasar.config.values import format_seq_lens
 from quasar.evaluate.options import MIN_SEQ_LEN
 from quasar.localnet.options import (
     CPU_ROUND_TIMEOUT_S,
@@ -93,12 +94,8 @@ class Display:
             self.progress = None
 
 
-def seq_lens(raw: str) -> tuple[int, ...]:
-    """``--seq-lens``: lengths the evaluation can run (``64,128``); empty means none."""
-    try:
-        return parse_seq_lens(raw, minimum=MIN_SEQ_LEN)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
+# ``--seq-lens``: lengths the evaluation can run (``64,128``); empty means none.
+seq_lens = seq_lens_type(MIN_SEQ_LEN)
 
 
 def _stop_on_sigterm(signum: int, _frame) -> None:
