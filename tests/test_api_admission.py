@@ -10,7 +10,10 @@ out of the fused statement lets its attack through: the test that compares the p
 
 from __future__ import annotations
 
+import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from sqlalchemy import delete
@@ -150,3 +153,40 @@ def test_each_check_refuses_alike_in_one_statement_and_one_by_one(database, chai
             answers.append((error.status, error.detail))
     assert answers[0] == answers[1]
     assert answers[0][0] == ("accepted" if check is None else STATUS[check])
+
+
+def test_two_hotkeys_submitting_one_commit_at_once_are_never_both_accepted(postgres, chain, wallets):
+    """The attack: two hotkeys (a copier racing the author, or a miner with two hotkeys) submit the
+    same commit at the same instant on PostgreSQL. Each write locks only its own hotkey unless it
+    also locks the commit, and under READ COMMITTED neither sees the other's row: both would be
+    accepted, and neither would be the copy."""
+    database = Database(postgres.create_database(f"quasar_{uuid.uuid4().hex[:12]}"))
+    database.upgrade()
+    service = SubmissionService(api_config(wallets["api"].hotkey.ss58_address), chain, database)
+    miners = [wallets[name].hotkey.ss58_address for name in ("a", "b")]
+    barrier = threading.Barrier(2)
+
+    def submit(miner: str, commit: str) -> str:
+        request = schemas.SubmitKernelRequest(
+            fork_url=f"https://github.com/{miner[:8]}/fla",
+            commit_hash=commit,
+            target_sequence_length=TARGET,
+            tokens_per_sec=1e5,
+        )
+        caller = Authenticated(miner, time.time_ns(), CLIENT, miner=True, authorize=auth.require_registered(chain))
+        barrier.wait()
+        try:
+            service.submit_direct(miner, CLIENT, request, caller)
+            return "accepted"
+        except ApiError as error:
+            assert error.status == 409 and "a copy is not accepted" in error.detail, error.detail
+            return "copy"
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            for trial in range(200):
+                commit = commit_of(1000 + trial)
+                outcomes = sorted(pool.map(submit, miners, [commit, commit]))
+                assert outcomes == ["accepted", "copy"], f"trial {trial}: {outcomes}"
+    finally:
+        database.dispose()

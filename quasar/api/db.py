@@ -9,10 +9,10 @@ once (one fsync for all) and only then answers them. The processes of one server
 take turns through an exclusive ``flock`` on a file beside the database, which wakes the next one
 as soon as it is released (SQLite's own busy handler polls with sleeps of up to 100 ms). PostgreSQL
 writes run READ COMMITTED and take transaction-scoped advisory locks on what a rule reads before it
-writes (a hotkey for its rate limit, a validator for its leases, an IP for its failures; rows are
-locked with FOR UPDATE), so writers that touch different keys never wait for each other. A write
-transaction is a function of a session, run by :meth:`Database.write`, and may run again after a
-deadlock.
+writes (a hotkey for its rate limit, a commit for its copy check, a validator for its leases, an
+IP for its failures; rows are locked with FOR UPDATE), so writers that touch different keys never
+wait for each other. A write transaction is a function of a session, run by
+:meth:`Database.write`, and may run again after a deadlock.
 
 The schema is created and changed only by the Alembic migrations in ``quasar/api/migrations``.
 """

@@ -95,7 +95,9 @@ class Intake(ServiceCore):
             )
 
         use_fused = caller is not None and caller.miner and self.fused_checks is not None
-        accepted = self._write(work, caller, locks=[f"hotkey:{hotkey}"], fused=fused if use_fused else None)
+        # The commit too: two hotkeys submitting it at once would each miss the other's row (READ COMMITTED).
+        locks = [f"hotkey:{hotkey}", f"commit:{commit}"]
+        accepted = self._write(work, caller, locks=locks, fused=fused if use_fused else None)
         logger.info("submission %d from %s (%s) direct, round %d", accepted.submission_id, hotkey, client_ip, round_id)
         return accepted
 
@@ -191,7 +193,8 @@ class Intake(ServiceCore):
             supersede_older(session, self.database.dialect, hotkey, round_id)
             return schemas.SubmissionAccepted.model_validate(submission, from_attributes=True)
 
-        accepted = self._write(work, caller, locks=[f"hotkey:{hotkey}"])
+        # The commit as submit_direct locks it (validated, lowercase): the copy check sees the other's row.
+        accepted = self._write(work, caller, locks=[f"hotkey:{hotkey}", f"commit:{request.commit_hash.lower()}"])
         if accepted is None:
             self.database.write(
                 lambda session: self._record_failure(

@@ -2,8 +2,8 @@
 write transaction with a signed caller's checks, bans, and the input rules shared with the validator.
 
 Every state change is one :meth:`Database.write` transaction that first locks what its rule reads
-(the hotkey for the rate limit, the validator for its leases, the IP for its failure count, the
-submission row for a reveal), so a rule that reads before it writes holds under concurrent requests.
+(the hotkey for the rate limit, the commit for the copy check, the validator for its leases, the
+IP for its failure count, the submission row for a reveal), so a rule that reads before it writes holds under concurrent requests.
 A signed request's own checks (its nonce was never used, its IP is not banned) run in that same
 transaction, first (:class:`Authenticated`). Refusals raise :class:`ApiError` with the HTTP status
 and a message for the caller.
