@@ -3,10 +3,10 @@ write transaction with a signed caller's checks, bans, and the input rules share
 
 Every state change is one :meth:`Database.write` transaction that first locks what its rule reads
 (the hotkey for the rate limit, the commit for the copy check, the validator for its leases, the
-IP for its failure count, the submission row for a reveal), so a rule that reads before it writes holds under concurrent requests.
-A signed request's own checks (its nonce was never used, its IP is not banned) run in that same
-transaction, first (:class:`Authenticated`). Refusals raise :class:`ApiError` with the HTTP status
-and a message for the caller.
+IP for its failure count, the submission row for a reveal), so a rule that reads before it writes
+holds under concurrent requests. A signed request's own checks (its nonce was never used, its IP is
+not banned) run in that same transaction, first (:class:`Authenticated`). Refusals raise
+:class:`ApiError` with the HTTP status and a message for the caller.
 
 The service is split along its jobs, each a class on this one: submissions and commit-reveal
 (intake.py), the validators' work and reports (worklist.py), the consensus and the leaderboard
