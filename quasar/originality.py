@@ -53,6 +53,46 @@ def _without_docstrings(tree: ast.AST) -> ast.AST:
     return tree
 
 
+def _joined_literals(values: list[ast.expr]) -> list[ast.expr]:
+    """An f-string's pieces with adjacent literal ones joined and empty ones dropped."""
+    pieces: list[ast.expr] = []
+    for value in values:
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            if not value.value:
+                continue
+            if pieces and isinstance(pieces[-1], ast.Constant) and isinstance(pieces[-1].value, str):
+                pieces[-1] = ast.Constant(pieces[-1].value + value.value)
+                continue
+        pieces.append(value)
+    return pieces
+
+
+def canonical_tree(node: object) -> str:
+    """``node`` written out the same by every Python version from 3.11 on, so that validators on
+    different versions agree on a content hash (``ast.dump`` does not: 3.12 adds
+    ``type_params=[]`` to every function and class, 3.13 leaves empty fields out, and 3.12.0–3.12.1
+    put an empty literal after a nested format spec in an f-string).
+
+    Each node as its class name and its fields, a field that is None or an empty list left out; an
+    f-string's adjacent literal pieces joined and empty ones dropped; values as ``repr`` writes them.
+    Source positions are not fields, so they do not count.
+    """
+    if isinstance(node, ast.AST):
+        fields = []
+        for name in node._fields:
+            if isinstance(node, ast.JoinedStr) and name == "values":
+                value: object = _joined_literals(node.values)
+            else:
+                value = getattr(node, name, None)
+            if value is None or value == []:
+                continue
+            fields.append(f"{name}={canonical_tree(value)}")
+        return f"{type(node).__name__}({','.join(fields)})"
+    if isinstance(node, list):
+        return f"[{','.join(canonical_tree(item) for item in node)}]"
+    return repr(node)
+
+
 def _collapsed(text: bytes) -> bytes:
     """Whitespace runs as one space, and none next to punctuation."""
     return _SPACE_AROUND_PUNCTUATION.sub(rb"\1", _SPACE.sub(b" ", text).strip())
@@ -62,13 +102,14 @@ def normalised_file(name: str, data: bytes) -> bytes:
     """``data`` (the file ``name``) in a form that comments and whitespace do not change.
 
     Python: its syntax tree without docstrings (so formatting, comments and redundant parentheses
-    do not count); C-like sources: without comments, whitespace collapsed; JSON: the parsed value
-    in canonical form; anything else, or a file that does not parse: whitespace collapsed.
+    do not count), written out by :func:`canonical_tree` (the same on every Python version);
+    C-like sources: without comments, whitespace collapsed; JSON: the parsed value in canonical
+    form; anything else, or a file that does not parse: whitespace collapsed.
     """
     if name.endswith(".py"):
         try:
             tree = astparse.parse(data, filename=name)
-            return ast.dump(_without_docstrings(tree), include_attributes=False).encode()
+            return canonical_tree(_without_docstrings(tree)).encode()
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return _collapsed(data)
     if name.endswith(C_LIKE_SUFFIXES):

@@ -4,9 +4,14 @@ worker reads a checkout's kernel directory (quasar/validator/worker.py)."""
 
 from __future__ import annotations
 
+import ast
+import glob
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +21,7 @@ from quasar.originality import (
     SAME_CONTENT,
     CopyOf,
     Fingerprint,
+    canonical_tree,
     content_hash,
     find_copies,
     normalised_file,
@@ -23,7 +29,8 @@ from quasar.originality import (
 from quasar.validator import worker
 from quasar.validator.worker import kernel_content_hash
 
-KERNEL = Path(__file__).resolve().parents[1] / "quasar" / "starter_fork" / "tree" / "fla" / "ops" / "quasar"
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL = ROOT / "quasar" / "starter_fork" / "tree" / "fla" / "ops" / "quasar"
 
 
 def kernel_files() -> dict[str, bytes]:
@@ -76,6 +83,95 @@ def test_the_starter_forks_kernel_disguised_hashes_the_same_and_a_real_change_do
     assert content_hash({**files, "helper.py": b"X = 1\n"}) != original
     moved = {("moved/" + name if name == "gate.py" else name): data for name, data in files.items()}
     assert content_hash(moved) != original
+
+
+def python_sources() -> dict[str, bytes]:
+    """Real Python of many styles: this package (f-strings with nested format specs, dataclasses,
+    generics) and the installed transformers' Qwen2 model code."""
+    import transformers.models.qwen2 as qwen2
+
+    roots = [ROOT / "quasar", Path(qwen2.__file__).parent]
+    return {str(path): path.read_bytes() for root in roots for path in sorted(root.rglob("*.py"))}
+
+
+def test_the_canonical_tree_tells_apart_exactly_what_ast_dump_tells_apart():
+    # The canonical form drops None and empty fields and joins f-string literals: it must not
+    # thereby make two different programs look the same. Over real files, files with the same
+    # canonical form are exactly those with the same ast.dump.
+    dumps: dict[str, str] = {}
+    canonicals: dict[str, str] = {}
+    for name, data in python_sources().items():
+        tree = ast.parse(data)
+        dumps[name], canonicals[name] = ast.dump(tree), canonical_tree(tree)
+    assert len(dumps) > 150
+    pairs = {(dumps[name], canonicals[name]) for name in dumps}
+    assert len(pairs) == len(set(dumps.values())) == len(set(canonicals.values()))
+
+
+def test_an_fstring_split_or_padded_differently_writes_out_the_same():
+    # Python 3.12.0-3.12.1 put an empty literal after a nested format spec; versions may split a
+    # literal run in two. Neither changes what the f-string is.
+    tree = ast.parse('f"a{x:<{w}}b c"')
+    plain = canonical_tree(tree)
+    statement = tree.body[0]
+    assert isinstance(statement, ast.Expr) and isinstance(statement.value, ast.JoinedStr)
+    fstring = statement.value
+    field, last = fstring.values[1:]
+    assert isinstance(field, ast.FormattedValue) and isinstance(field.format_spec, ast.JoinedStr)
+    assert isinstance(last, ast.Constant) and last.value == "b c"
+    field.format_spec.values.append(ast.Constant(""))
+    fstring.values[-1:] = [ast.Constant("b "), ast.Constant("c")]
+    assert canonical_tree(tree) == plain
+    assert canonical_tree(ast.parse('f"a{x:<{w}}b  c"')) != plain
+
+
+def other_pythons() -> list[str]:
+    """CPython 3.11 or later on this machine other than this one's version (pyenv's and PATH's)."""
+    candidates = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.*/bin/python3")))
+    candidates += [found for minor in range(11, 20) if (found := shutil.which(f"python3.{minor}"))]
+    by_version: dict[str, str] = {}
+    for candidate in candidates:
+        probe = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        version = probe.stdout.strip()
+        if probe.returncode == 0 and version and tuple(map(int, version.split("."))) >= (3, 11):
+            by_version.setdefault(version, candidate)
+    by_version.pop("{}.{}".format(*sys.version_info[:2]), None)
+    return sorted(by_version.values())
+
+
+HASH_SOURCES = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from quasar.originality import content_hash
+print(json.dumps({root: content_hash({str(p): p.read_bytes() for p in sorted(Path(root).rglob("*.py"))})
+                  for root in sys.argv[2:]}))
+"""
+
+
+def test_validators_on_different_python_versions_agree_on_a_content_hash(tmp_path):
+    # The attack: with validators on 3.11, 3.12 and 3.13 reporting different hashes of the same
+    # kernel, no hash reaches half the stake, and a disguised copy is never found.
+    pythons = other_pythons()
+    if not pythons:
+        pytest.skip("no other CPython 3.11+ on this machine")
+    # This package's sources as they are now (f-strings with nested format specs, generics).
+    sources = shutil.copytree(ROOT / "quasar", tmp_path / "quasar", ignore=shutil.ignore_patterns("__pycache__"))
+    roots = [str(KERNEL), str(sources)]
+    here = subprocess.run(
+        [sys.executable, "-c", HASH_SOURCES, str(ROOT), *roots], capture_output=True, text=True, check=True
+    )
+    for python in pythons:
+        there = subprocess.run(
+            [python, "-I", "-c", HASH_SOURCES, str(ROOT), *roots], capture_output=True, text=True, timeout=300
+        )
+        assert there.returncode == 0, there.stderr
+        assert json.loads(there.stdout) == json.loads(here.stdout), python
 
 
 def test_c_sources_lose_comments_and_spacing_but_not_strings():
