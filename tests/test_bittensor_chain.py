@@ -19,10 +19,11 @@ import bittensor as bt
 import pytest
 from bittensor.intents import ServeAxon, SetSubnetIdentity, SetWeights
 from bittensor.metagraph import _build as sdk_decode_metagraph
+from bittensor.result import chain_error_from_substrate_request
 from bittensor.sp_core import Keypair
 
 from quasar import config, version_key
-from quasar.chain import ApiLocation, ChainError, Endpoint, UidsChanged
+from quasar.chain import ApiLocation, ChainError, Endpoint, Refused, UidsChanged
 from quasar.chain.bittensor_chain import (
     BittensorChain,
     RateLimited,
@@ -417,6 +418,42 @@ def test_failed_extrinsic_raises_with_the_chains_message_and_is_not_retried(chai
     with pytest.raises(ChainError, match="a uid is not registered"):
         chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1)
     assert 1 not in subnet.weights and sleep.delays == []
+
+
+@pytest.mark.parametrize(
+    "refusal, name",
+    [
+        (failed("NeuronNoValidatorPermit"), "NeuronNoValidatorPermit"),
+        (failed("IncorrectWeightVersionKey"), "IncorrectWeightVersionKey"),
+        (failed("NotEnoughStakeToSetWeights"), "NotEnoughStakeToSetWeights"),
+        (failed("TooManyUnrevealedCommits"), "TooManyUnrevealedCommits"),
+        # The transaction pool's rejection of a weights call from a hotkey below StakeThreshold, as
+        # the SDK decodes it from the node's answer.
+        (
+            chain_error_from_substrate_request(Exception("1010: Invalid Transaction: Custom error: 1")),
+            "StakeAmountTooLow",
+        ),
+    ],
+)
+def test_refusals_that_last_are_refused_with_their_name(chain, subnet, wallets, sleep, refusal, name):
+    """The validator waits a whole epoch after these (quasar/validator/weight_setting.py), not
+    WEIGHTS_RETRY_BLOCKS: the chain gives the same answer until stake, permit, rules or release change."""
+    subnet.plan("execute", refusal)
+    with pytest.raises(Refused) as raised:
+        chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1)
+    assert raised.value.name == name and name in str(raised.value)
+    assert subnet.calls.count("execute") == 1 and sleep.delays == []
+
+
+def test_passing_failures_are_not_refusals_that_last(chain, subnet, wallets, sleep):
+    subnet.plan("execute", failed("InvalidUid", "a uid is not registered"))
+    with pytest.raises(ChainError) as raised:
+        chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1)
+    assert not isinstance(raised.value, Refused)
+    subnet.plan("execute", *[bt.RpcConnectionError("endpoint unreachable")] * 4)
+    with pytest.raises(ChainError) as raised:
+        chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1)
+    assert not isinstance(raised.value, Refused)
 
 
 def test_a_failed_result_without_an_error_object_is_still_a_failure(chain, subnet, wallets):

@@ -13,7 +13,7 @@ import pytest
 from bittensor.sp_core import Keypair
 
 from quasar import config
-from quasar.chain import ApiLocation, ChainError, Endpoint, RateLimited, UidsChanged
+from quasar.chain import ApiLocation, ChainError, Endpoint, RateLimited, Refused, UidsChanged
 from quasar.chain.base import decode_api_location, encode_api_location
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.chain.factory import connect
@@ -199,7 +199,7 @@ def test_a_version_key_below_the_subnets_is_refused(subnet, wallets):
     subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
     subnet.set_hyperparameters(weights_version_key=10)
     with pytest.raises(
-        ChainError, match="IncorrectWeightVersionKey: version_key 9 is below the subnet's WeightsVersionKey 10"
+        Refused, match="IncorrectWeightVersionKey: version_key 9 is below the subnet's WeightsVersionKey 10"
     ):
         subnet.set_weights(wallets["validator"], {3: 1.0}, version_key=9)
     subnet.set_weights(wallets["validator"], {3: 1.0}, version_key=10)
@@ -209,7 +209,7 @@ def test_a_version_key_below_the_subnets_is_refused(subnet, wallets):
 def test_weights_need_a_permit_except_the_owners_and_a_self_weight(subnet, wallets):
     """check_validator_permit: a permit, or the subnet owner's uid, or one weight on the setter's own uid."""
     direct(subnet, weights_rate_limit=0)
-    with pytest.raises(ChainError, match="NeuronNoValidatorPermit: uid 2 has no validator permit"):
+    with pytest.raises(Refused, match="NeuronNoValidatorPermit: uid 2 has no validator permit"):
         subnet.set_weights(wallets["miner"], {3: 1.0}, version_key=0)
     subnet.set_weights(wallets["miner"], {2: 1.0}, version_key=0)  # a self-weight
     subnet.set_weights(wallets["owner"], {2: 1.0, 3: 1.0}, version_key=0)  # the owner, without a permit
@@ -219,7 +219,7 @@ def test_weights_need_a_permit_except_the_owners_and_a_self_weight(subnet, walle
 def test_min_allowed_weights_counts_nonzero_weights_up_to_the_subnets_size(subnet, wallets):
     """check_length: at least min(subnet size, MinAllowedWeights) weights (the SDK drops zeros)."""
     direct(subnet, weights_rate_limit=0, min_allowed_weights=3)
-    with pytest.raises(ChainError, match="WeightVecLengthIsLow: 2 weights, the subnet needs at least 3"):
+    with pytest.raises(Refused, match="WeightVecLengthIsLow: 2 weights, the subnet needs at least 3"):
         subnet.set_weights(wallets["validator"], {0: 1.0, 2: 1.0, 3: 0.0}, version_key=0)
     subnet.set_weights(wallets["validator"], {0: 1.0, 2: 1.0, 3: 1.0}, version_key=0)
     subnet.set_hyperparameters(min_allowed_weights=1024)  # capped by the subnet's 4 neurons
@@ -231,7 +231,7 @@ def test_max_weight_limit_caps_the_largest_share(subnet, wallets):
     """max_weight_limited: no share above MaxWeightsLimit / 65535 (a self-weight apart)."""
     direct(subnet, weights_rate_limit=0, max_weight_limit=32768)
     with pytest.raises(
-        ChainError,
+        Refused,
         match=r"MaxWeightExceeded: a share of 0.6000 is above the subnet's "
         r"max_weight_limit 32768 \(0.5000\)",
     ):
@@ -302,7 +302,7 @@ def test_at_most_ten_commits_wait_for_their_reveal(subnet, wallets):
     subnet.set_hyperparameters(weights_rate_limit=0)
     for _ in range(10):
         subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
-    with pytest.raises(ChainError, match="TooManyUnrevealedCommits"):
+    with pytest.raises(Refused, match="TooManyUnrevealedCommits"):
         subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
     subnet.advance(360)
     subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)

@@ -18,6 +18,7 @@ __all__ = [
     "Metagraph",
     "NeuronInfo",
     "RateLimited",
+    "Refused",
     "SubnetHyperparameters",
     "UidsChanged",
     "WeightsSubmission",
@@ -44,6 +45,16 @@ class RateLimited(ChainError):
     def __init__(self, blocks_to_wait: int | None, message: str):
         super().__init__(message)
         self.blocks_to_wait = blocks_to_wait
+
+
+class Refused(ChainError):
+    """The chain refuses this write for a reason that holds until something outside this process
+    changes (the hotkey's stake or permit, the subnet's rules, this QUASAR's release): trying again
+    within the epoch gets the same answer. ``name`` is subtensor's error name."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(message)
+        self.name = name
 
 
 class UidsChanged(ChainError):

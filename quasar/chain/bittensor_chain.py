@@ -10,7 +10,9 @@ Resilience, all bounded by ``retries`` with exponential back-off (``backoff_s``,
   timeout) are retried on a freshly built client, since the SDK gives a session up for good once
   its own reconnects are exhausted; reads and writes alike;
 - a write the chain refuses for a rate limit is retried (the transaction pool's "priority too
-  low" clears in a block or two);
+  low" clears in a block or two); one it refuses for a reason that lasts (no permit, too little
+  stake, a version key below the subnet's: ``subtensor_rules.LASTING_REFUSALS``) is raised at once
+  as :class:`Refused` with the chain's error name, other refusals as ChainError;
 - before submitting weights, the subnet's ``weights_rate_limit``, the hotkey's last update and the
   uids the weights were planned for are read at one block: a submission the chain would refuse is
   not sent (:class:`RateLimited` says how many blocks to wait), nor one for a uid that another
@@ -48,13 +50,14 @@ from quasar.chain.base import (
     Metagraph,
     NeuronInfo,
     RateLimited,
+    Refused,
     SubnetHyperparameters,
     UidsChanged,
     WeightsSubmission,
     decode_api_location,
     encode_api_location,
 )
-from quasar.chain.subtensor_rules import blocks_until_allowed, checked_weights
+from quasar.chain.subtensor_rules import LASTING_REFUSALS, blocks_until_allowed, checked_weights
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +171,13 @@ def _describe(error: SdkChainError) -> str:
     return f"{error.message} ({error.name})" if error.name else error.message
 
 
+def _refusal(message: str, error: SdkChainError) -> ChainError:
+    """The SDK's ``error`` as ours: :class:`Refused` when it lasts (subtensor_rules.LASTING_REFUSALS)."""
+    if error.name in LASTING_REFUSALS:
+        return Refused(error.name, message)
+    return ChainError(message)
+
+
 def _check_extrinsic(what: str, result: ExtrinsicResult) -> ExtrinsicResult:
     """``result`` when it succeeded; otherwise the failure as an exception (rate limits apart)."""
     if result.success is True:
@@ -175,7 +185,7 @@ def _check_extrinsic(what: str, result: ExtrinsicResult) -> ExtrinsicResult:
     error = result.error or SdkChainError(result.message or "extrinsic failed without a message")
     if error.code is ErrorCode.RATE_LIMITED:
         raise _RefusedForRateLimit(_describe(error))
-    raise ChainError(f"{what} failed on chain: {_describe(error)}; {error.remediation}")
+    raise _refusal(f"{what} failed on chain: {_describe(error)}; {error.remediation}", error)
 
 
 class BittensorChain(Chain):
@@ -268,7 +278,7 @@ class BittensorChain(Chain):
                     self._discard(client)
                     failure = error
                 else:
-                    raise ChainError(f"{what} on {self.target}: {_describe(error)}") from None
+                    raise _refusal(f"{what} on {self.target}: {_describe(error)}", error) from None
             except Exception as error:
                 if not _is_connection_error(error):
                     if isinstance(error, BittensorError):

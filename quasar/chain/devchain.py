@@ -48,6 +48,7 @@ from quasar.chain.base import (
     ChainError,
     Metagraph,
     RateLimited,
+    Refused,
     UidsChanged,
     WeightsSubmission,
     decode_api_location,
@@ -169,7 +170,10 @@ class DevChain(Chain):
         """Subtensor's internal_set_weights without the rate limit: check, then store normalized."""
         setter = connection.execute("SELECT uid, validator_permit FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
         if setter is None:
-            raise ChainError(f"HotKeyNotRegisteredInSubNet: hotkey {hotkey} is not registered on subnet {self.netuid}")
+            raise Refused(
+                "HotKeyNotRegisteredInSubNet",
+                f"HotKeyNotRegisteredInSubNet: hotkey {hotkey} is not registered on subnet {self.netuid}",
+            )
         uids = {uid for (uid,) in connection.execute("SELECT uid FROM neurons")}
         refusal = weights_refusal(
             weights,
@@ -180,8 +184,8 @@ class DevChain(Chain):
             uids,
             hyperparameters_in(connection),
         )
-        if refusal:
-            raise ChainError(f"cannot set weights: {refusal}")
+        if refusal is not None:
+            raise Refused(refusal.name, f"cannot set weights: {refusal}")
         total = sum(weights.values())
         connection.execute("DELETE FROM weights WHERE setter_uid = ?", (setter[0],))
         connection.executemany(
@@ -271,9 +275,10 @@ class DevChain(Chain):
         with self._write() as connection:
             setter = connection.execute("SELECT uid, last_update FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
             if setter is None:
-                raise ChainError(
+                raise Refused(
+                    "HotKeyNotRegisteredInSubNet",
                     f"cannot set weights: HotKeyNotRegisteredInSubNet: hotkey {hotkey} is not registered "
-                    f"on subnet {self.netuid}"
+                    f"on subnet {self.netuid}",
                 )
             holders = dict(connection.execute("SELECT uid, hotkey FROM neurons").fetchall())
             changed = {
@@ -301,9 +306,10 @@ class DevChain(Chain):
                     "SELECT COUNT(*) FROM weight_commits WHERE hotkey = ? AND outcome IS NULL", (hotkey,)
                 ).fetchone()[0]
                 if pending >= MAX_UNREVEALED_COMMITS:
-                    raise ChainError(
+                    raise Refused(
+                        "TooManyUnrevealedCommits",
                         f"cannot commit weights: TooManyUnrevealedCommits: {pending} commits of uid {uid} "
-                        "wait for their reveal"
+                        "wait for their reveal",
                     )
                 reveal_block = reveal_block_for(block, hyperparameters)
                 connection.execute(

@@ -13,6 +13,7 @@ import ipaddress
 import math
 import numbers
 from collections.abc import Mapping
+from typing import NamedTuple
 
 from quasar.chain.base import U16_MAX, ChainError, SubnetHyperparameters
 
@@ -33,6 +34,30 @@ FINNEY = SubnetHyperparameters(
     immunity_period=5000,
 )
 HYPERPARAMETER_NAMES = tuple(field.name for field in dataclasses.fields(SubnetHyperparameters))
+
+# Subtensor's refusals of weights (and commits) that hold until something outside the validator
+# changes: its registration, stake or permit, the subnet's rules, or QUASAR's release. Trying again
+# blocks later gets the same answer, so they count for the epoch (:class:`~quasar.chain.base.Refused`).
+# Names as the SDK reports them (bittensor.error_map); StakeAmountTooLow is how it names the
+# transaction pool's Custom(1), which for a weights call is NotEnoughStakeToSetWeights.
+# TooManyUnrevealedCommits clears only when an older commit is revealed, at an epoch's start.
+LASTING_REFUSALS = frozenset(
+    {
+        "HotKeyNotRegisteredInSubNet",
+        "IncorrectWeightVersionKey",
+        "NeuronNoValidatorPermit",
+        "NotEnoughStakeToSetWeights",
+        "StakeAmountTooLow",
+        "UidVecContainInvalidOne",
+        "DuplicateUids",
+        "WeightVecNotEqualSize",
+        "UidsLengthExceedUidsInSubNet",
+        "WeightVecLengthIsLow",
+        "MaxWeightExceeded",
+        "TooManyUnrevealedCommits",
+        "SubnetNotExists",
+    }
+)
 
 
 def checked_weights(weights: Mapping[int, float]) -> dict[int, float]:
@@ -60,6 +85,28 @@ def u16_weights(weights: Mapping[int, float]) -> dict[int, int]:
     return {uid: value for uid, value in sorted(scaled.items()) if value}
 
 
+class Refusal(NamedTuple):
+    """Why subtensor refuses weights: its error's ``name`` and what it means here."""
+
+    name: str
+    detail: str
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.detail}"
+
+
+def version_key_refusal(version_key: int, hyperparameters: SubnetHyperparameters) -> Refusal | None:
+    """Why subtensor's ``check_version_key`` refuses weights carrying ``version_key`` (a key below
+    the subnet's WeightsVersionKey; 0 there accepts any), or None when it accepts them."""
+    required = hyperparameters.weights_version_key
+    if required and version_key < required:
+        return Refusal(
+            "IncorrectWeightVersionKey",
+            f"version_key {version_key} is below the subnet's WeightsVersionKey {required}",
+        )
+    return None
+
+
 def weights_refusal(
     weights: Mapping[int, float],
     setter_uid: int,
@@ -68,35 +115,33 @@ def weights_refusal(
     version_key: int,
     uids: set[int],
     hyperparameters: SubnetHyperparameters,
-) -> str | None:
+) -> Refusal | None:
     """Why subtensor's ``internal_set_weights`` refuses ``weights`` from ``setter_uid`` (the error's
     name and what it means), or None when it accepts them. The rate limit is checked apart."""
     values = u16_weights(weights)
     if not values:
-        return "weights are empty or all zero"
+        return Refusal("WeightVecLengthIsLow", "weights are empty or all zero")
     self_weight = list(values) == [setter_uid]  # is_self_weight: one entry, on the setter's own uid
-    # check_version_key: WeightsVersionKey 0 accepts any version.
-    required = hyperparameters.weights_version_key
-    if required and version_key < required:
-        return (
-            f"IncorrectWeightVersionKey: version_key {version_key} is below the subnet's WeightsVersionKey {required}"
-        )
+    refusal = version_key_refusal(version_key, hyperparameters)
+    if refusal is not None:
+        return refusal
     # check_validator_permit: a self-weight and the subnet owner need no permit.
     if not (self_weight or setter_uid == owner_uid or setter_permit):
-        return f"NeuronNoValidatorPermit: uid {setter_uid} has no validator permit"
+        return Refusal("NeuronNoValidatorPermit", f"uid {setter_uid} has no validator permit")
     unknown = sorted(set(values) - uids)
     if unknown:
-        return f"UidVecContainInvalidOne: uids {unknown} are not registered"
+        return Refusal("UidVecContainInvalidOne", f"uids {unknown} are not registered")
     # check_length: at least min(subnet size, MinAllowedWeights) weights, a self-weight apart.
     needed = min(len(uids), hyperparameters.min_allowed_weights)
     if not self_weight and len(values) < needed:
-        return f"WeightVecLengthIsLow: {len(values)} weights, the subnet needs at least {needed}"
+        return Refusal("WeightVecLengthIsLow", f"{len(values)} weights, the subnet needs at least {needed}")
     # max_weight_limited: no share above MaxWeightsLimit / 65535, a self-weight apart.
     share = max(values.values()) / sum(values.values())
     if not self_weight and hyperparameters.max_weight_limit < U16_MAX and share > hyperparameters.max_weight_share:
-        return (
-            f"MaxWeightExceeded: a share of {share:.4f} is above the subnet's max_weight_limit "
-            f"{hyperparameters.max_weight_limit} ({hyperparameters.max_weight_share:.4f})"
+        return Refusal(
+            "MaxWeightExceeded",
+            f"a share of {share:.4f} is above the subnet's max_weight_limit "
+            f"{hyperparameters.max_weight_limit} ({hyperparameters.max_weight_share:.4f})",
         )
     return None
 
