@@ -8,8 +8,10 @@ its validators can evaluate, so the work goes where it can change the ranking:
    One that a validator reported on stays, so that the others can complete its consensus.
 2. **Upper bound**: a submission can never score more than ``claimed × league multiplier``
    (scoring takes ``min(claimed, measured)``). One whose bound is below the current fourth place's
-   score cannot place: it is *deferred*, handed out only when nothing that could place is waiting
-   (in a batch: after every one that could place, so that no device idles while work waits).
+   score even within the tie margin ε (an earlier submission scoring at least ``fourth / (1 + ε)``
+   can take the place, quasar/scoring.py) cannot place: it is *deferred*, handed out only when
+   nothing that could place is waiting (in a batch: after every one that could place, so that no
+   device idles while work waits).
    So is every submission, for the rest of the round, of a hotkey whose submission this round the
    validators found to be a copy (quasar/originality.py): a copy is never ranked, and a copier
    claiming more than the leader would otherwise be evaluated first, every time.
@@ -96,16 +98,24 @@ def fourth_place(scores: Iterable[float]) -> float | None:
 @dataclass(frozen=True)
 class Standing:
     """What rule 2 reads of the round now: the fourth place's weighted score (None while fewer than
-    four placed) and the hotkeys found copying in it."""
+    four placed), the hotkeys found copying in it, and the ranking's tie margin."""
 
     fourth: float | None = None
     copiers: frozenset[str] = frozenset()
+    epsilon: float = scoring.DEFAULT_EPSILON
+
+    @property
+    def least_placing(self) -> float | None:
+        """The least score that could still place: within the tie margin of the fourth place's
+        (None while every score could)."""
+        return None if self.fourth is None else self.fourth / (1 + self.epsilon)
 
 
 def could_place(item: Queued, standing: Standing) -> bool:
     """Rule 2: whether ``item`` could place: its hotkey was not found copying this round, and its
-    upper bound reaches the fourth place's score."""
-    return item.hotkey not in standing.copiers and (standing.fourth is None or item.upper_bound >= standing.fourth)
+    upper bound reaches the fourth place's score within the tie margin."""
+    least = standing.least_placing
+    return item.hotkey not in standing.copiers and (least is None or item.upper_bound >= least)
 
 
 def order_work(
@@ -155,6 +165,7 @@ def deferred_reason(item: Queued, standing: Standing) -> str:
     return (
         f"deferred: its upper bound ({item.claimed_tokens_per_sec:,.0f} tok/s claimed x "
         f"{scoring.league_for(item.target_sequence_length).multiplier:g}, {item.upper_bound:,.0f}) is below "
-        f"the fourth place's score ({standing.fourth:,.0f}); validators evaluate it only when nothing that could "
+        f"the fourth place's score ({standing.fourth:,.0f}) even within the tie margin of "
+        f"{standing.epsilon * 100:g}%; validators evaluate it only when nothing that could "
         f"place is waiting"
     )

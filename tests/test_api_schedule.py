@@ -4,12 +4,13 @@ workers of one validator, and what the miner's status says of each."""
 
 from __future__ import annotations
 
+import random
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from api_fixtures import FORK, commit_of, refused
-from quasar import scheduling
+from quasar import scheduling, scoring
 from quasar.api.client import ApiClient, Claim
 from quasar.localnet.host import make_wallet
 
@@ -75,7 +76,8 @@ def test_a_submission_that_cannot_place_waits_until_nothing_that_could_place_doe
         status = miners[4].submission_status(slow.submission_id)
         assert status.state == "deferred" and status.state_reason == (
             "deferred: its upper bound (90,000 tok/s claimed x 3, 270,000) is below the fourth place's score "
-            "(300,000); validators evaluate it only when nothing that could place is waiting"
+            "(300,000) even within the tie margin of 1%; validators evaluate it only when nothing that could place "
+            "is waiting"
         )
         assert miners[5].submission_status(fast.submission_id).state == "queued"
         assert ids(v1.fetch_work(limit=1)) == [fast.submission_id]  # not the deferred one beside it
@@ -268,3 +270,47 @@ def test_order_matches_one_pick_at_a_time(limit, fourth):
         remaining.remove(pick)
         taken[pick.hotkey] = taken.get(pick.hotkey, 0) + 1
     assert batch == one_by_one
+
+
+def placing_result(submission_id: int, score: float, submitted_at: float) -> scoring.Result:
+    """A correct result scoring ``score`` in the 1M league (multiplier 3)."""
+    tokens_per_sec = score / 3
+    return scoring.Result(
+        f"h{submission_id}", submission_id, submitted_at, MILLION, tokens_per_sec, tokens_per_sec, True, True
+    )
+
+
+def places_at_its_bound(item: scheduling.Queued, placed: list[scoring.Result], epsilon: float) -> bool:
+    """The slow reference for rule 2: rank ``item`` as if it measured all it claims and came before
+    everyone (its best case), and see whether it gets a place."""
+    best = placing_result(item.submission_id, item.upper_bound, 0.0)
+    ranking = scoring.rank([*placed, best], epsilon=epsilon)
+    places = scoring.PLACE_SHARES
+    return any(p.submission_id == item.submission_id and p.place <= len(places) for p in ranking.placements)
+
+
+def test_work_that_could_place_through_the_tie_margin_is_not_deferred():
+    # An earlier submission within ε of the fourth place takes it (the tie rule): deferring it as
+    # "cannot place" would let it lapse under load while the miner is told its bound is too low.
+    placed = [placing_result(n, score, float(n)) for n, score in enumerate([400.0, 300.0, 200.0, 100.0], 1)]
+    standing = scheduling.Standing(scheduling.fourth_place(r.claimed_tokens_per_sec * 3 for r in placed), epsilon=0.01)
+    close = scheduling.Queued(9, "h9", 0.0, MILLION, 99.5 / 3, reported=False)
+    assert places_at_its_bound(close, placed, 0.01)
+    assert scheduling.could_place(close, standing)
+    far = scheduling.Queued(10, "h10", 0.0, MILLION, 98.0 / 3, reported=False)
+    assert not places_at_its_bound(far, placed, 0.01) and not scheduling.could_place(far, standing)
+    assert "within the tie margin of 1%" in scheduling.deferred_reason(far, standing)
+
+
+def test_deferred_work_could_never_place_on_random_standings():
+    # Rule 2 against its reference: whatever it defers, the ranking would not place even at its bound.
+    rng = random.Random()
+    for _ in range(400):
+        epsilon = rng.choice([0.0, 0.005, 0.01, 0.05])
+        scores = [rng.uniform(1.0, 100.0) for _ in range(rng.randint(0, 8))]
+        placed = [placing_result(n, score, rng.uniform(1.0, 10.0)) for n, score in enumerate(scores, 1)]
+        fourth = scheduling.fourth_place(p.weighted_score for p in scoring.rank(placed, epsilon=epsilon).placements)
+        standing = scheduling.Standing(fourth, epsilon=epsilon)
+        item = scheduling.Queued(99, "h99", 0.0, MILLION, rng.uniform(0.5, 110.0) / 3, reported=False)
+        if places_at_its_bound(item, placed, epsilon):
+            assert scheduling.could_place(item, standing), (scores, epsilon, item.upper_bound)

@@ -72,7 +72,9 @@ class WorkQueue(Standings):
         """Round ``round_id`` as the schedule's rule 2 reads it now: its fourth place's score and
         the hotkeys found copying in it (quasar/scheduling.py)."""
         board, copiers = self.judged_board(round_id)
-        return scheduling.Standing(scheduling.fourth_place(entry.weighted_score for entry in board.entries), copiers)
+        return scheduling.Standing(
+            scheduling.fourth_place(entry.weighted_score for entry in board.entries), copiers, self.config.tie_epsilon
+        )
 
     def fetch_work(self, validator: str, limit: int, caller: Authenticated | None = None) -> schemas.WorkBatch:
         """Up to ``limit`` submissions for this validator, by the schedule's rules (quasar/scheduling.py),
