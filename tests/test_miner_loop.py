@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import signal
@@ -19,13 +20,14 @@ import pytest
 
 from api_fixtures import SLOW_BLOCKS, ApiServer, api_config
 from quasar.api.client import ApiClient
+from quasar.chain import Endpoint
 from quasar.chain.devchain import DevChain
 from quasar.config import resolve
 from quasar.localnet.github_standin import GitHubStandIn
 from quasar.localnet.host import make_wallet
 from quasar.miner.github import Git, GitHubClient, write_askpass
 from quasar.miner.loop import Evaluator, LoopConfig, Miner, required_gain
-from quasar.miner.runner import MinerSetupError, published_endpoint, remote_url
+from quasar.miner.runner import EndpointKeeper, MinerSetupError, published_endpoint, remote_url
 from quasar.miner.state import Measurement, StateStore
 from quasar.miner.strategies import FAILED, KEPT, REJECTED, SLOWER, AgentStrategy, TuningStrategy
 from quasar.miner.submission import COMMIT_REVEAL, DIRECT, Submitter
@@ -342,6 +344,44 @@ def test_the_published_endpoint_is_the_external_one_and_public_on_finney(monkeyp
         endpoint_of(SUBTENSOR_NETWORK="finney")
     monkeypatch.setattr("quasar.miner.runner.outward_address", lambda: "45.33.10.23")
     assert endpoint_of(SUBTENSOR_NETWORK="finney") == ("45.33.10.23", 8001)
+
+
+def test_a_hotkey_pruned_and_registered_again_gets_its_endpoint_back_at_the_next_cycle(tmp_path, caplog):
+    """The miner's hook before each cycle compares the endpoint on chain with its own: pruned and
+    registered again while it runs, its new uid has none, and the next cycle publishes it again
+    (validators skip a miner without one in the logit check). Cycles that change nothing log nothing."""
+    caplog.set_level(logging.INFO, logger="quasar.miner.runner")
+    chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=SLOW_BLOCKS)
+    wallets = tmp_path / "wallets"
+    owner, miner = make_wallet(wallets, "owner"), make_wallet(wallets, "miner")
+    chain.register_wallet(owner)
+    hotkey = miner.hotkey.ss58_address
+    wanted = Endpoint("203.0.113.7", 28001)
+    keep_endpoint = EndpointKeeper(chain, miner, (wanted.host, wanted.port))
+    uid = chain.register_wallet(miner)
+    keep_endpoint()
+    assert chain.neuron(hotkey).endpoint == wanted
+    keep_endpoint()
+    assert [record.getMessage() for record in caplog.records] == [
+        f"published the inference endpoint 203.0.113.7:28001 for uid {uid} on subnet 24"
+    ]
+    caplog.clear()
+    chain.deregister(hotkey)
+    keep_endpoint()
+    keep_endpoint()
+    assert [record.getMessage() for record in caplog.records] == [
+        f"hotkey {hotkey} is not registered on subnet 24: its inference endpoint is published once it is"
+    ]
+    caplog.clear()
+    chain.register_wallet(make_wallet(wallets, "other"))  # takes the freed uid
+    uid = chain.register_wallet(miner)
+    assert chain.neuron(hotkey).endpoint is None
+    keep_endpoint()
+    assert chain.neuron(hotkey).endpoint == wanted
+    keep_endpoint()
+    assert [record.getMessage() for record in caplog.records] == [
+        f"published the inference endpoint 203.0.113.7:28001 for uid {uid} on subnet 24"
+    ]
 
 
 def test_the_neuron_explains_what_is_missing(tmp_path):

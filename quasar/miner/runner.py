@@ -4,7 +4,8 @@ Start-up, in order, each failure a clear message and exit status 1: the GitHub s
 wallet's hotkey, the device, the address to publish, the workspace lock, the chain (registration
 is checked, the inference endpoint published, the API found), the fork on GitHub (created when
 missing), the workspace clone and the saved state. Then the loop runs until SIGINT or SIGTERM (pm2 stop), which stop it
-cleanly: a candidate being evaluated is rolled back and the lock released.
+cleanly: a candidate being evaluated is rolled back and the lock released. Before each cycle the
+endpoint on chain is compared with the one to publish, and published again where they differ.
 """
 
 from __future__ import annotations
@@ -96,23 +97,51 @@ def _check_settings(settings: Settings) -> None:
         raise MinerSetupError("AGENT_API_URL is set but AGENT_MODEL is empty: name the model the endpoint serves")
 
 
-def _publish_endpoint(chain, wallet, endpoint: tuple[str, int]) -> bool:
-    from quasar.chain import ChainError
+class EndpointKeeper:
+    """Keeps ``wallet``'s inference endpoint ``host:port`` on ``chain``: each call compares the one
+    on chain with it and publishes it when they differ, so a hotkey pruned and registered again
+    while the miner runs (its new uid has no endpoint) gets it back at the next cycle. It logs only
+    what changed: a publication, a failure (each time: it needs fixing), the hotkey leaving the
+    subnet."""
 
-    host, port = endpoint
-    try:
-        chain.publish_endpoint(wallet, host, port)
-    except ChainError as error:
-        logger.error(
-            "cannot publish the inference endpoint %s:%d on chain: %s (validators cannot check this "
-            "miner's logits until it is published; retrying every cycle)",
-            host,
-            port,
-            error,
+    def __init__(self, chain, wallet, endpoint: tuple[str, int]):
+        self.chain = chain
+        self.wallet = wallet
+        self.hotkey = wallet.hotkey.ss58_address
+        self.host, self.port = endpoint
+        self._registered: bool | None = None  # as last seen; None before the first look
+
+    def __call__(self) -> None:
+        from quasar.chain import ChainError, Endpoint
+
+        try:
+            neuron = self.chain.neuron(self.hotkey)
+            if neuron is None and self._registered is not False:
+                logger.warning(
+                    "hotkey %s is not registered on subnet %d: its inference endpoint is published once it is",
+                    self.hotkey,
+                    self.chain.netuid,
+                )
+            self._registered = neuron is not None
+            if neuron is None or neuron.endpoint == Endpoint(self.host, self.port):
+                return
+            self.chain.publish_endpoint(self.wallet, self.host, self.port)
+        except ChainError as error:
+            logger.error(
+                "cannot publish the inference endpoint %s:%d on chain: %s (validators cannot check this "
+                "miner's logits until it is published; retrying every cycle)",
+                self.host,
+                self.port,
+                error,
+            )
+            return
+        logger.info(
+            "published the inference endpoint %s:%d for uid %d on subnet %d",
+            self.host,
+            self.port,
+            neuron.uid,
+            self.chain.netuid,
         )
-        return False
-    logger.info("published the inference endpoint %s:%d on subnet %d", host, port, chain.netuid)
-    return True
 
 
 def _check_services(settings: Settings, client) -> None:
@@ -206,7 +235,8 @@ def _run(settings: Settings) -> int:
         except ApiNotFound as error:
             raise MinerSetupError(str(error)) from None
         logger.info("submission API: %s (from %s)", api.url, api.source)
-        published = _publish_endpoint(chain, wallet, endpoint)
+        keep_endpoint = EndpointKeeper(chain, wallet, endpoint)
+        keep_endpoint()
 
         github = GitHubClient(settings.github_api_url, settings.github_token)
         try:
@@ -269,11 +299,6 @@ def _run(settings: Settings) -> int:
             push_on_keep=settings.submission_mode == DIRECT,
         )
 
-        def republish() -> None:
-            nonlocal published
-            if not published:
-                published = _publish_endpoint(chain, wallet, endpoint)
-
         miner = Miner(
             clone,
             strategies,
@@ -282,7 +307,7 @@ def _run(settings: Settings) -> int:
             state,
             store,
             config,
-            before_cycle=republish,
+            before_cycle=keep_endpoint,
             verdicts=VerdictWatcher(client, hotkey),
         )
         stop = threading.Event()
