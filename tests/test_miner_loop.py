@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+from starlette.applications import Starlette
+from starlette.responses import HTMLResponse
+from starlette.routing import Route
 
 from api_fixtures import SLOW_BLOCKS, ApiServer, api_config
 from quasar.api.client import ApiClient
@@ -29,9 +32,11 @@ from quasar.miner.github import Git, GitHubClient, write_askpass
 from quasar.miner.loop import Evaluator, LoopConfig, Miner, required_gain
 from quasar.miner.runner import EndpointKeeper, MinerSetupError, published_endpoint, remote_url
 from quasar.miner.state import Measurement, StateStore
+from quasar.miner.status import VerdictWatcher
 from quasar.miner.strategies import FAILED, KEPT, REJECTED, SLOWER, AgentStrategy, TuningStrategy
 from quasar.miner.submission import COMMIT_REVEAL, DIRECT, Submitter
 from quasar.miner.workspace import ForkClone, Workspace
+from servers import serving
 from test_miner_standins import (
     CHUNK_FILE,
     TOKEN,
@@ -218,6 +223,40 @@ def test_waiting_between_cycles_reveals_a_commitment_when_it_is_due(tmp_path):
             assert (item.commit_hash, item.claimed_tokens_per_sec) == (head, 4500.0)
         finally:
             rig.close()
+
+
+def test_an_api_answering_200_with_html_does_not_stop_the_miner_between_cycles(tmp_path, caplog):
+    """A proxy in front of the API serves its maintenance page with status 200: reading the miner's
+    verdicts gets HTML, not JSON. The wait between cycles logs it and goes on (it used to end the
+    miner with a JSONDecodeError, pm2 restarting it into the same page)."""
+    caplog.set_level(logging.DEBUG, logger="quasar.miner")
+    wallets = tmp_path / "wallets"
+    miner, api = make_wallet(wallets, "miner"), make_wallet(wallets, "api")
+    chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=SLOW_BLOCKS)
+    chain.register_wallet(miner)
+    hotkey = miner.hotkey.ss58_address
+    page = HTMLResponse("<html><title>Down for maintenance</title></html>")
+    with (
+        serving(Starlette(routes=[Route("/{path:path}", lambda request: page)])) as port,
+        ApiClient(f"http://127.0.0.1:{port}", miner, api_hotkey=api.hotkey.ss58_address) as client,
+    ):
+        store = StateStore(tmp_path / "state.json")
+        state = store.load(hotkey)
+        git_runner = Git(write_askpass(tmp_path / "askpass"), "alice", TOKEN, "Alice", "alice@example.invalid")
+        miner_loop = Miner(
+            ForkClone(tmp_path / "fork", git_runner, "file:///forks/alice", "main"),
+            [TuningStrategy()],
+            Evaluator(FAST),
+            Submitter(client, chain, state, store, DIRECT, "file:///forks/alice", publish=lambda commit: None),
+            state,
+            store,
+            LoopConfig(iterations=0, interval_s=0, min_improvement=0.02),
+            verdicts=VerdictWatcher(client, hotkey),
+        )
+        miner_loop.wait(threading.Event(), 0.05)
+    assert f"GET http://127.0.0.1:{port}/miners/{hotkey}/submissions answered 200 with a body that is not JSON" in (
+        caplog.text
+    )
 
 
 def test_the_gain_needed_grows_with_the_benchmarks_spread():

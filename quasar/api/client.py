@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from quasar.api import schemas
 from quasar.auth import sign_request
@@ -17,14 +17,26 @@ from quasar.errors import QuasarError
 
 Model = TypeVar("Model", bound=BaseModel)
 
+# How much of an unexpected answer an error message quotes: enough to recognize it (a proxy's
+# page title, the first wrong fields), never a whole page in the log.
+MAX_QUOTED_CHARS = 200
+MAX_PROBLEMS_SHOWN = 3
+
 
 class ApiClientError(QuasarError):
-    """The API refused a request (``status`` and its ``detail``) or could not be reached (status 0)."""
+    """The API refused a request (``status`` and its ``detail``), or gave no usable answer (status 0:
+    it could not be reached, or its answer was not the JSON the endpoint returns: callers retry)."""
 
     def __init__(self, status: int, detail: str):
         super().__init__(f"{status}: {detail}" if status else detail)
         self.status = status
         self.detail = detail
+
+
+def _shown(text: str) -> str:
+    """``text`` on one line, at most MAX_QUOTED_CHARS characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= MAX_QUOTED_CHARS else flat[: MAX_QUOTED_CHARS - 3] + "..."
 
 
 def _by_length(figures: Mapping[int, float] | None) -> dict[str, float] | None:
@@ -115,13 +127,37 @@ class ApiClient:
 
     @staticmethod
     def _parse(response: httpx.Response, model: type[Model]) -> Model:
+        """``response``'s body as ``model``; ApiClientError for a refusal, and for a body that is not
+        that JSON (a proxy's HTML page, an API of another version), naming the endpoint and what was
+        wrong in a few words, never the whole body."""
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)
             except ValueError:
                 detail = response.text
             raise ApiClientError(response.status_code, str(detail))
-        return model.model_validate(response.json())
+        where = f"{response.request.method} {response.request.url.copy_with(query=None)}"
+        try:
+            body = response.json()
+        except ValueError:
+            kind = response.headers.get("content-type", "no content type")
+            raise ApiClientError(
+                0,
+                f"{where} answered {response.status_code} with a body that is not JSON ({_shown(kind)}): "
+                f"{_shown(response.text)}",
+            ) from None
+        try:
+            return model.model_validate(body)
+        except ValidationError as error:
+            problems = "; ".join(
+                f"{'.'.join(map(str, item['loc'])) or 'body'}: {item['msg']}"
+                for item in error.errors(include_url=False, include_input=False)[:MAX_PROBLEMS_SHOWN]
+            )
+            raise ApiClientError(
+                0,
+                f"{where} answered {response.status_code} with JSON that is not a {model.__name__} "
+                f"({error.error_count()} problem(s): {_shown(problems)})",
+            ) from None
 
     # --- public ---
 

@@ -379,7 +379,10 @@ class Miner:
             except Exception as error:  # noqa: BLE001 - a failed reveal is retried at the next step
                 logger.error("advancing the pending reveal failed: %s", error)
             if self.verdicts is not None:
-                self.verdicts.poll()
+                try:
+                    self.verdicts.poll()
+                except Exception as error:  # noqa: BLE001 - verdicts are only shown; the next step reads them again
+                    logger.error("reading this miner's verdicts from the API failed: %s", error)
             left = deadline - time.monotonic()
             if left <= 0:
                 return
