@@ -11,8 +11,8 @@ What the clone defends against (docs/rules.md section 8):
 - a moving target: only a full 40-hex commit is fetched and checked out, detached, and ``HEAD`` is
   verified to be exactly that commit;
 - a shared scratch folder: each (URL, commit) has its own directory, built in a temporary sibling
-  and renamed into place only when complete, under a per-key file lock; leftovers of a crashed
-  build are detected and rebuilt;
+  and renamed into place only when complete, under a per-key file lock (its holder removes it on
+  release); leftovers of a crashed build are detected and rebuilt;
 - git running someone else's code: no hooks, no fsmonitor, no filters, no submodules, symlinks
   checked out as plain files, only the https (and, when allowed, file) transport, and no system or
   user git configuration (git runs with an empty temporary HOME and a scrubbed environment);
@@ -325,19 +325,43 @@ class _Limits:
 
 @contextmanager
 def _key_lock(path: Path, limits: _Limits) -> Iterator[int]:
-    """Hold an exclusive flock on ``path``; the fd is returned so git children can hold it too."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    """Hold an exclusive flock on ``path``; the fd is returned so git children can hold it too.
+
+    The holder removes ``path`` before it lets go, so a busy cache keeps no lock file per commit it
+    ever cloned. A process that was waiting meanwhile then holds the lock of a file no longer there:
+    it sees that (the inode at ``path`` is not its own) and locks the current file instead, so two
+    holders never overlap. A holder that crashes leaves its file, which the next holder removes."""
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    limits.check_time("waiting for another process cloning the same fork and commit")
+                    time.sleep(_POLL_S)
+            if _same_file(fd, path):
                 break
-            except BlockingIOError:
-                limits.check_time("waiting for another process cloning the same fork and commit")
-                time.sleep(_POLL_S)
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
         yield fd
     finally:
+        path.unlink(missing_ok=True)
         os.close(fd)  # releases the lock once no git child holds the descriptor either
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether ``path`` is still the file open as ``fd``."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _build(

@@ -6,8 +6,10 @@ import errno
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +19,8 @@ from quasar.forks import (
     MAX_FORK_URL_LENGTH,
     Checkout,
     ForkError,
+    _key_lock,
+    _Limits,
     clone_at_commit,
     clone_dir_for,
     normalize_fork_url,
@@ -57,8 +61,8 @@ def make_source(tmp_path: Path, commits: list[dict[str, bytes | str]], name: str
 
 
 def leftovers(cache: Path) -> list[str]:
-    """Everything in the cache except lock files (which are kept on purpose)."""
-    return sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock")) if cache.exists() else []
+    """Everything in the cache, lock files included (a clone removes its own when it is done)."""
+    return sorted(p.name for p in cache.iterdir()) if cache.exists() else []
 
 
 def block_fetches(bare: Path) -> Path:
@@ -510,6 +514,45 @@ def test_two_processes_cloning_the_same_key_wait_for_each_other(tmp_path, source
     assert outcomes[0].path == outcomes[1].path
     assert (outcomes[0].path / "fla/ops/quasar/chunk.py").read_text() == "VERSION = 1\n"
     assert leftovers(cache) == [outcomes[0].path.name]
+
+
+def test_many_clones_and_deletions_leave_nothing_behind(tmp_path):
+    """A validator clones each submission's commit and deletes the checkout after evaluating it: tens
+    of thousands of commits a day must not leave a lock file each (every clone lists the folder)."""
+    bare, commits = make_source(tmp_path, [{"fla/ops/quasar/chunk.py": f"VERSION = {n}\n"} for n in range(12)])
+    cache = tmp_path / "cache"
+    for commit in commits:
+        checkout = clone_at_commit(str(bare), commit, cache, allow_local=True)
+        assert leftovers(cache) == [checkout.path.name]
+        shutil.rmtree(checkout.path)  # as the validator's worker does once evaluated
+        assert leftovers(cache) == []
+    with pytest.raises(ForkError):
+        clone_at_commit(str(bare), SHA, cache, allow_local=True)
+    assert leftovers(cache) == []
+
+
+def test_the_key_lock_excludes_while_holders_remove_its_file(tmp_path):
+    """Each holder removes the lock file on release, while others wait on it: one that gets the lock
+    of the removed file must not work beside one that locked the file created after."""
+    path = tmp_path / "key.lock"
+    limits = _Limits("file:///fork", SHA, time.monotonic() + 60, 60, 1)
+    inside, overlaps, rounds = [], [], 15
+
+    def hold() -> None:
+        for _ in range(rounds):
+            with _key_lock(path, limits):
+                inside.append(threading.get_ident())
+                if len(inside) > 1:
+                    overlaps.append(tuple(inside))
+                time.sleep(0.01)
+                inside.remove(threading.get_ident())
+
+    workers = [threading.Thread(target=hold) for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert overlaps == [] and not path.exists()
 
 
 def test_clone_interrupted_by_a_crash_is_redone(tmp_path, source):
