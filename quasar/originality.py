@@ -1,16 +1,22 @@
 """What counts as a copy of another miner's kernel (docs/rules.md section 5), as pure functions.
 
-A submission is a **copy** when another hotkey made a submission earlier (a lower submission id:
-ids follow the time a submission was made, or committed for commit-reveal) with
+A submission is a **copy** when another hotkey made one that counts earlier with
 
 - the same commit (a commit id names the whole tree: the same commit in another fork is the same
   code), or
 - the same kernel files: the files under ``fla/ops/quasar/``, each normalised so that comments,
   docstrings, blank lines, indentation and spacing do not change it (:func:`content_hash`).
 
-A copy is never ranked: the API refuses a submission whose commit another hotkey already submitted,
-and leaves a copy of the same kernel files under another commit out of the ranking, telling the
-miner which submission it copies. A hotkey resubmitting its own earlier kernel is not a copy.
+A submission counts from a chain block (docs/rules.md section 5): a direct one from the block it
+was made ready, one by commit-reveal from the block its reveal window opened; in a tie the lower
+submission id counts first. So a commitment to a commit that another hotkey has already submitted
+does not make it the committer's, and a miner that publishes its commit when its window opens
+comes before anyone submitting that commit after seeing it.
+
+A copy is never ranked: the API refuses a submission or reveal of a commit that another hotkey's
+submission counting earlier holds, and leaves a copy of the same kernel files under another commit
+out of the ranking, telling the miner which submission it copies. A hotkey resubmitting its own
+earlier kernel is not a copy.
 
 The API cannot read a fork's files; validators can. Each validator computes the content hash from
 its clone (quasar/validator/worker.py) and reports it with its verdict; the API takes the hash that
@@ -139,12 +145,18 @@ def content_hash(files: Mapping[str, bytes]) -> str:
 @dataclass(frozen=True)
 class Fingerprint:
     """What identifies a submission's code: its commit and (once validators agree on it) the
-    content hash of its kernel files."""
+    content hash of its kernel files; and the chain block it counts from (see the module docstring)."""
 
     submission_id: int
     hotkey: str
     commit_hash: str | None
     content_hash: str | None
+    counts_from_block: int
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Who came first: the block it counts from, then the lower submission id."""
+        return self.counts_from_block, self.submission_id
 
 
 @dataclass(frozen=True)
@@ -167,9 +179,9 @@ class CopyOf:
 
 def find_copies(fingerprints: Iterable[Fingerprint]) -> dict[int, CopyOf]:
     """The copies among ``fingerprints`` (see the module docstring), by submission id: each
-    submission's original is the earliest one sharing its commit or its content; it is a copy
-    when that one is another hotkey's."""
-    prints = sorted(fingerprints, key=lambda fingerprint: fingerprint.submission_id)
+    submission's original is the one counting earliest (:attr:`Fingerprint.order`) that shares its
+    commit or its content; it is a copy when that one is another hotkey's."""
+    prints = sorted(fingerprints, key=lambda fingerprint: fingerprint.order)
     first_by_commit: dict[str, Fingerprint] = {}
     first_by_content: dict[str, Fingerprint] = {}
     copies: dict[int, CopyOf] = {}
@@ -180,7 +192,7 @@ def find_copies(fingerprints: Iterable[Fingerprint]) -> dict[int, CopyOf]:
         if fingerprint.content_hash is not None and fingerprint.content_hash in first_by_content:
             earlier.append((first_by_content[fingerprint.content_hash], SAME_CONTENT))
         if earlier:
-            original, same = min(earlier, key=lambda entry: entry[0].submission_id)
+            original, same = min(earlier, key=lambda entry: entry[0].order)
             if original.hotkey != fingerprint.hotkey:
                 copies[fingerprint.submission_id] = CopyOf(
                     fingerprint.submission_id, original.submission_id, original.hotkey, same

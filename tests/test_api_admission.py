@@ -91,7 +91,9 @@ def params_of(miner: str, now: float) -> dict:
         "fork_url": FORK,
         "commit_hash": commit_of(1),
         "target_sequence_length": TARGET,
-        "before_id": admission.NO_SUBMISSION_YET,
+        "counts_from": admission.AFTER_EVERY_SUBMISSION,
+        "before_id": admission.AFTER_EVERY_SUBMISSION,
+        "blocks_until_reveal": 100,
     }
 
 

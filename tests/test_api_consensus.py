@@ -171,11 +171,12 @@ def test_a_copy_after_the_reveal_never_outranks_the_author_even_measured_3_perce
     author_fork, author_commit = "https://github.com/author/fla", commit_of(0xA)
     salt = new_salt()
     committed = author.commit(commitment_hash(salt, author_fork, author_commit), TARGET)
-    # The copier saw the author's push and submits the commit before the author could reveal it.
-    early = copier.submit_kernel(Claim("https://github.com/copier/fla", author_commit, 1.03e5), TARGET)
     subnet.chain.advance(100)
+    # The author pushes its commit as its reveal window opens; the copier saw the push and submits
+    # the commit, in that same block, before the author could reveal it.
+    early = copier.submit_kernel(Claim("https://github.com/copier/fla", author_commit, 1.03e5), TARGET)
     revealed = author.reveal(committed.submission_id, salt, Claim(author_fork, author_commit, 1e5))
-    assert revealed.state == "ready"  # committed first: the author's, whoever submitted the commit since
+    assert revealed.state == "ready"  # counts from its window's opening: the author's, whoever submitted it since
     # After the reveal, the same commit again, directly or by commit-reveal: refused as a copy.
     detail = refused(
         lambda: copier.submit_kernel(Claim("https://github.com/copier/fla2", author_commit, 1.03e5), TARGET),
@@ -222,3 +223,47 @@ def test_a_copy_after_the_reveal_never_outranks_the_author_even_measured_3_perce
         assert status.consensus.state == "passed"  # it passed; being a copy is what keeps it out
     page = httpx.get(f"{subnet.url}/dashboard/submissions/{disguised.submission_id}").text
     assert f'href="/dashboard/submissions/{committed.submission_id}"' in page and "copy" in page
+
+
+def test_committing_to_a_commit_already_submitted_never_makes_it_the_committers(subnet, tmp_path):
+    """The attack: Bob commits to Alice's commit as soon as she pushes it, and to a commit of his
+    own holding her kernel files; Alice submits her commit directly a few blocks later, before Bob's
+    reveal windows open. Were a commitment to count from its commit block, Bob's reveal would be
+    accepted and ranked as the original, Alice's submission would be the copy, and her hotkey would
+    wait behind everyone's for the rest of the round as a copier's."""
+    alice, bob = subnet.clients["a"], subnet.clients["b"]
+    alice_fork, bob_fork, commit = "https://github.com/alice/fla", "https://github.com/bob/fla", commit_of(0xA11CE)
+    salt, disguised_salt, disguised_commit = new_salt(), new_salt(), commit_of(0xB0B)
+    same = bob.commit(commitment_hash(salt, bob_fork, commit), TARGET)
+    disguised = bob.commit(commitment_hash(disguised_salt, bob_fork, disguised_commit), TARGET)
+    subnet.chain.advance(10)
+    submitted = alice.submit_kernel(Claim(alice_fork, commit, 1e5), TARGET)
+    subnet.chain.advance(90)  # Bob's reveal windows open
+    detail = refused(
+        lambda: bob.reveal(same.submission_id, salt, Claim(bob_fork, commit, 1.03e5)),
+        409,
+        "a copy is not accepted",
+    )
+    assert f"submission {submitted.submission_id}" in detail and subnet.hotkey("a") in detail
+    revealed = bob.reveal(disguised.submission_id, disguised_salt, Claim(bob_fork, disguised_commit, 1.03e5))
+    assert revealed.state == "ready"  # another commit: the validators' fingerprints find the copy
+
+    original_hash = kernel_content_hash(write_kernel(tmp_path / "alice", disguise=False))
+    copied_hash = kernel_content_hash(write_kernel(tmp_path / "bob", disguise=True))
+    fetch_all(subnet)
+    for name in STAKES:  # Bob's measured 3% faster, by every validator
+        subnet.clients[name].report(submitted.submission_id, "passed", True, True, 1e5, content_hash=original_hash)
+        subnet.clients[name].report(disguised.submission_id, "passed", True, True, 1.03e5, content_hash=copied_hash)
+    board = subnet.leaderboard()
+    assert [(entry.hotkey, entry.submission_id) for entry in board.entries] == [
+        (subnet.hotkey("a"), submitted.submission_id)
+    ]
+    assert [(item.submission_id, item.state) for item in board.not_ranked] == [(disguised.submission_id, "copy")]
+    status = bob.submission_status(disguised.submission_id)
+    assert (status.state, status.copy_of) == ("copy", submitted.submission_id)
+    # Bob is the copier this round, not Alice: his next submission waits behind hers.
+    alice_next = alice.submit_kernel(Claim(alice_fork, commit_of(0xA2), 1e5), TARGET)
+    bob_next = bob.submit_kernel(Claim(bob_fork, commit_of(0xB2), 1e5), TARGET)
+    assert alice.submission_status(alice_next.submission_id).state == "queued"
+    waiting = bob.submission_status(bob_next.submission_id)
+    assert waiting.state == "deferred" and "a copy of another hotkey's" in waiting.state_reason

@@ -189,7 +189,7 @@ def test_python_that_does_not_parse_and_binary_files_still_hash():
 
 
 def fp(submission_id: int, hotkey: str, commit: str | None = None, content: str | None = None) -> Fingerprint:
-    return Fingerprint(submission_id, hotkey, commit, content)
+    return Fingerprint(submission_id, hotkey, commit, content, counts_from_block=0)  # one block: ids decide
 
 
 def test_a_copy_is_another_hotkeys_later_submission_of_the_same_commit_or_content():

@@ -338,6 +338,7 @@ def scored_validator(
             claimed_tokens_per_sec=tokens_per_sec,
             submitted_at=float(submission_id),
             round_id=0,
+            counts_from_block=0,
         )
         state.add_submission(submission, 0.0)
         key = EvaluationKey(submission.fork_url, submission.commit_hash, TARGET)

@@ -44,6 +44,7 @@ from quasar.validator.state import (
     PASSED,
     PENDING,
     REPORTED,
+    SCHEMA_VERSION,
     SKIPPED,
     EvaluationKey,
     EvaluationResult,
@@ -75,10 +76,11 @@ def submission(
     target: int = 1024,
     claimed: float = 900.0,
     submitted_at: float | None = None,
+    block: int = 0,
 ) -> Submission:
     at = float(submission_id) if submitted_at is None else submitted_at
-    values = (submission_id, hotkey, url, commit, target, claimed, at, 0)  # in the API's field order
-    return Submission(**dict(zip(Submission.model_fields, values)))
+    values = (submission_id, hotkey, url, commit, target, claimed, at, 0, block)  # in the API's field order
+    return Submission(**dict(zip(Submission.model_fields, values, strict=True)))
 
 
 @pytest.fixture
@@ -209,6 +211,22 @@ def test_copies_of_another_hotkeys_kernel_are_left_out_of_what_ranks(state):
     assert [record.submission.submission_id for record in state.scored()] == [1, 3, 4]
 
 
+def test_a_commitment_to_a_kernel_already_submitted_is_the_copy_in_the_validators_weights(state):
+    """The attack: Bob commits (commit-reveal, submission 1) to Alice's public kernel; Alice submits
+    it directly (submission 2, block 110) before Bob's reveal window opens (block 200). Ordered by
+    submission id, the validator would weigh Bob as the original and leave Alice out; the API sends
+    the block each counts from, and the validator orders by it (docs/rules.md section 5)."""
+    kernel = "d" * 64
+    forks = {1: (HOTKEYS[1], "b" * 40, 200), 2: (HOTKEYS[0], "a" * 40, 110)}
+    for submission_id, (hotkey, commit, block) in forks.items():
+        state.add_submission(submission(submission_id, hotkey=hotkey, commit=commit, block=block), now=1.0)
+        key = submission(submission_id, commit=commit).key
+        state.start_evaluation(key, "cpu", now=2.0)
+        state.finish_evaluation(key, replace(GOOD, content_hash=kernel), now=3.0)
+        state.record_logits(submission_id, PASSED, "ok", now=4.0)
+    assert [record.submission.submission_id for record in state.scored()] == [2]
+
+
 def test_a_state_file_of_schema_1_gains_the_content_hash(tmp_path):
     path = tmp_path / "state.sqlite3"
     with ValidatorState.open(path) as state:
@@ -217,10 +235,24 @@ def test_a_state_file_of_schema_1_gains_the_content_hash(tmp_path):
         state.finish_evaluation(submission(1).key, GOOD, now=3.0)
     with sqlite3.connect(path) as db:  # as version 1 made it
         db.execute("ALTER TABLE evaluations DROP COLUMN content_hash")
+        db.execute("ALTER TABLE submissions DROP COLUMN counts_from_block")
         db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     with ValidatorState.open(path) as state:
-        assert state.get_meta("schema_version") == "2"
+        assert state.get_meta("schema_version") == str(SCHEMA_VERSION)
         assert state.evaluation(submission(1).key).result == GOOD  # kept, with no content hash
+
+
+def test_a_state_file_of_schema_2_gains_the_block_submissions_count_from(tmp_path):
+    path = tmp_path / "state.sqlite3"
+    with ValidatorState.open(path) as state:
+        state.add_submission(submission(1, block=7), now=1.0)
+    with sqlite3.connect(path) as db:  # as version 2 made it
+        db.execute("ALTER TABLE submissions DROP COLUMN counts_from_block")
+        db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    with ValidatorState.open(path) as state:
+        assert state.get_meta("schema_version") == str(SCHEMA_VERSION) == "3"
+        # Fetched before the API sent the block: it counts from block 0, before any fetched since.
+        assert [record.submission for record in state.submissions()] == [submission(1, block=0)]
 
 
 def test_a_state_file_of_another_schema_is_refused(tmp_path):

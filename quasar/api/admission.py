@@ -9,7 +9,8 @@ A signed direct submission (``POST /submit_kernel``) is accepted when, in this o
    in the request's transaction: the client address is not banned, the nonce is new for the hotkey
    (the nonce table's primary key), the hotkey made fewer than ``SUBMISSIONS_PER_HOUR`` submissions
    in the last hour, the same fork, commit and target are not already waiting as its own, and no
-   other hotkey made the commit ready before it (a copy: quasar/originality.py).
+   other hotkey made the commit ready before it (a copy: quasar/originality.py; a reveal is
+   checked against those counting earlier than its commitment, docs/rules.md section 5).
 
 The service runs the checks of step 3 two ways, both built from :data:`SUBMISSION_CHECKS` and
 nothing else: all together in one statement that records the nonce only when every check passes
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, ColumnElement, String, bindparam, exists, func, insert, select
+from sqlalchemy import BigInteger, ColumnElement, String, and_, bindparam, case, exists, func, insert, or_, select
 from sqlalchemy.engine import Connection
 
 from quasar.api import rules
@@ -34,9 +35,10 @@ from quasar.api.db import IpBan, PreparedStatement, Submission, UsedNonce, diale
 from quasar.api.errors import ApiError
 
 RATE_WINDOW_S = 3600.0
-# An id above every submission's: a direct submission has none yet, so every other hotkey's earlier
-# submission of its commit is before it.
-NO_SUBMISSION_YET = 2**62
+# A block and an id above every submission's: where a direct submission stands for originality
+# when checked (it has no id yet), so every other hotkey's stored submission of its commit is
+# before it: each was made ready before it, even one stored by a process that read a later block.
+AFTER_EVERY_SUBMISSION = 2**62
 
 _SUBMISSIONS, _BANS = Submission.__table__, IpBan.__table__
 
@@ -91,11 +93,11 @@ def _already_ready(details: tuple[Any, ...], params: Mapping[str, Any]) -> ApiEr
 
 
 def _a_copy(details: tuple[Any, ...], params: Mapping[str, Any]) -> ApiError:
-    original_id, original_hotkey = details
+    original_id, original_hotkey, original_from = details
     return ApiError(
         409,
         f"commit {params['commit_hash']} was submitted first by another hotkey ({original_hotkey}, "
-        f"submission {original_id}): a copy is not accepted",
+        f"submission {original_id}, which counts from block {original_from}): a copy is not accepted",
     )
 
 
@@ -112,15 +114,26 @@ _SAME_WHERE = (
     _SUBMISSIONS.c.commit_hash == bindparam("commit_hash"),
     _SUBMISSIONS.c.target_sequence_length == bindparam("target_sequence_length"),
 )
-# Another hotkey's submission of the same commit, made ready before ``before_id`` (every state but
-# committed; a superseded one was ready, and its commit is its miner's).
+# The block a stored submission counts from for originality: rules.counts_from_block, in SQL.
+_COUNTS_FROM = case(
+    (_SUBMISSIONS.c.method == "commit_reveal", _SUBMISSIONS.c.submitted_block + bindparam("blocks_until_reveal")),
+    else_=_SUBMISSIONS.c.submitted_block,
+)
+# Another hotkey's submission of the same commit that counts before the one checked (which counts
+# from block ``counts_from`` and has id ``before_id``; the lower id first in a tie): every state but
+# committed (a superseded one was ready, and its commit is its miner's).
 _COPIED_WHERE = (
     _SUBMISSIONS.c.commit_hash == bindparam("commit_hash"),
     _SUBMISSIONS.c.state != "committed",
     _SUBMISSIONS.c.hotkey != bindparam("hotkey"),
-    _SUBMISSIONS.c.id < bindparam("before_id"),
+    or_(
+        _COUNTS_FROM < bindparam("counts_from"),
+        and_(_COUNTS_FROM == bindparam("counts_from"), _SUBMISSIONS.c.id < bindparam("before_id")),
+    ),
 )
-_FIRST_COPIED = select(_SUBMISSIONS.c.id, _SUBMISSIONS.c.hotkey).where(*_COPIED_WHERE).order_by(_SUBMISSIONS.c.id)
+_FIRST_COPIED = (
+    select(_SUBMISSIONS.c.id, _SUBMISSIONS.c.hotkey).where(*_COPIED_WHERE).order_by(_COUNTS_FROM, _SUBMISSIONS.c.id)
+)
 
 NOT_BANNED = Check(
     "not banned",
@@ -146,6 +159,7 @@ NOT_A_COPY = Check(
     (
         _FIRST_COPIED.with_only_columns(_SUBMISSIONS.c.id).limit(1).scalar_subquery(),
         _FIRST_COPIED.with_only_columns(_SUBMISSIONS.c.hotkey).limit(1).scalar_subquery(),
+        _FIRST_COPIED.with_only_columns(_COUNTS_FROM).limit(1).scalar_subquery(),
     ),
     _a_copy,
 )
@@ -153,8 +167,20 @@ NOT_A_COPY = Check(
 # The database checks of a direct submission, in the order they are tried one by one; the nonce is
 # checked between the ban and the rate limit (by the service, as for every signed request).
 SUBMISSION_CHECKS: tuple[Check, ...] = (NOT_BANNED, UNDER_RATE_LIMIT, NOT_ALREADY_READY, NOT_A_COPY)
-# The bind parameters the checks read: the submission's, and the service's limit and time.
-PARAMETERS = ("client_ip", "now", "hotkey", "limit", "fork_url", "commit_hash", "target_sequence_length", "before_id")
+# The bind parameters the checks read: the submission's (``counts_from``, ``before_id``: where it
+# stands for originality), and the service's limit, time and reveal delay (BLOCKS_UNTIL_REVEAL).
+PARAMETERS = (
+    "client_ip",
+    "now",
+    "hotkey",
+    "limit",
+    "fork_url",
+    "commit_hash",
+    "target_sequence_length",
+    "counts_from",
+    "before_id",
+    "blocks_until_reveal",
+)
 
 INSERT_SUBMISSION = PreparedStatement(insert(_SUBMISSIONS).returning(_SUBMISSIONS.c.id))
 

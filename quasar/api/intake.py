@@ -39,7 +39,9 @@ class Intake(ServiceCore):
             "fork_url": url,
             "commit_hash": commit,
             "target_sequence_length": request.target_sequence_length,
-            "before_id": admission.NO_SUBMISSION_YET,
+            "counts_from": admission.AFTER_EVERY_SUBMISSION,
+            "before_id": admission.AFTER_EVERY_SUBMISSION,
+            "blocks_until_reveal": self.config.blocks_until_reveal,
         }
 
         def work(session: Session) -> schemas.SubmissionAccepted:
@@ -178,9 +180,20 @@ class Intake(ServiceCore):
                     f"commit_hash) is {digest}, the commitment is {submission.commitment_hash}"
                 )
                 return None
-            # A commitment made before another hotkey's submission of the same commit is the original.
+            # It counts from its window's opening (docs/rules.md section 5): a commit another hotkey
+            # made ready before then is that hotkey's, though committed to here earlier.
             self._refuse(
-                session, admission.NOT_A_COPY, {"hotkey": hotkey, "commit_hash": commit, "before_id": submission.id}
+                session,
+                admission.NOT_A_COPY,
+                {
+                    "hotkey": hotkey,
+                    "commit_hash": commit,
+                    "counts_from": rules.counts_from_block(
+                        submission.method, submission.submitted_block, self.config.blocks_until_reveal
+                    ),
+                    "before_id": submission.id,
+                    "blocks_until_reveal": self.config.blocks_until_reveal,
+                },
             )
             submission.state = "ready"
             submission.fork_url, submission.commit_hash = url, commit

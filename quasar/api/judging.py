@@ -29,6 +29,8 @@ _RANKED_COLUMNS = (
     Submission.claimed_tokens_per_sec,
     Submission.commit_hash,
     Submission.round_id,
+    Submission.method,  # with the submitted block: the block it counts from for originality
+    Submission.submitted_block,
 )
 _REPORT_COLUMNS = (
     EvaluationReport.validator_hotkey,
@@ -92,14 +94,23 @@ class Judged:
         return None if self.copy_of is not None else ranked_result(self.submission, self.consensus)
 
 
-def reported_work(report: EvaluationReport, submission: Submission) -> schemas.ReportedWork:
+def reported_work(report: EvaluationReport, submission: Submission, blocks_until_reveal: int) -> schemas.ReportedWork:
     """A stored report with the submission it is on. Validators report only on revealed submissions
     (quasar/api/intake.py), so its fork, commit, claim and round are set."""
     return schemas.ReportedWork(
-        **evaluated_submission(submission).model_dump(),
+        **evaluated_submission(submission, blocks_until_reveal).model_dump(),
         **finding_fields(report),
         report_id=report.id,
         benchmarks=benchmarks_from_json(report.benchmarks),
+    )
+
+
+def fingerprint(submission: Any, content_hash: str | None, blocks_until_reveal: int) -> originality.Fingerprint:
+    """``submission`` (a Submission or a row of its ``_RANKED_COLUMNS``) as originality compares it,
+    with the content hash its validators' consensus found (None: none yet)."""
+    counts_from = rules.counts_from_block(submission.method, submission.submitted_block, blocks_until_reveal)
+    return originality.Fingerprint(
+        submission.submission_id, submission.hotkey, submission.commit_hash, content_hash, counts_from
     )
 
 
@@ -108,42 +119,36 @@ def copies_among(
     prints: Sequence[originality.Fingerprint],
     electorate: consensus.Electorate,
     quorum: consensus.Quorum,
+    blocks_until_reveal: int,
 ) -> dict[int, originality.CopyOf]:
-    """Which of ``prints`` copy an earlier submission of another hotkey: compared with every
-    earlier revealed submission of the same commit, or whose validators' consensus found the same
-    kernel content."""
+    """Which of ``prints`` copy a submission of another hotkey that counts earlier: compared with
+    every revealed submission of the same commit, and every one whose validators' consensus found
+    the same kernel content (whatever their ids: a higher id may count earlier)."""
     if not prints:
         return {}
-    newest = max(fingerprint.submission_id for fingerprint in prints)
     known = {fingerprint.submission_id for fingerprint in prints}
     commits = {fingerprint.commit_hash for fingerprint in prints if fingerprint.commit_hash is not None}
     contents = {fingerprint.content_hash for fingerprint in prints if fingerprint.content_hash is not None}
-    earlier: list[originality.Fingerprint] = []
+    others: list[originality.Fingerprint] = []
     if commits:
         rows = session.execute(
-            select(Submission.id, Submission.hotkey, Submission.commit_hash).where(
-                Submission.commit_hash.in_(commits), Submission.state != "committed", Submission.id < newest
-            )
+            select(
+                Submission.id.label("submission_id"),
+                Submission.hotkey,
+                Submission.commit_hash,
+                Submission.method,
+                Submission.submitted_block,
+            ).where(Submission.commit_hash.in_(commits), Submission.state != "committed")
         ).all()
-        earlier += [
-            originality.Fingerprint(row.id, row.hotkey, row.commit_hash, None) for row in rows if row.id not in known
-        ]
+        others += [fingerprint(row, None, blocks_until_reveal) for row in rows if row.submission_id not in known]
     if contents:
         ids = set(
-            session.scalars(
-                select(EvaluationReport.submission_id).where(
-                    EvaluationReport.content_hash.in_(contents), EvaluationReport.submission_id < newest
-                )
-            )
+            session.scalars(select(EvaluationReport.submission_id).where(EvaluationReport.content_hash.in_(contents)))
         )
         for submission, reports in evaluated_submissions(session, Submission.id.in_(ids - known)):
             view = consensus.decide(reports, electorate, quorum)
-            earlier.append(
-                originality.Fingerprint(
-                    submission.submission_id, submission.hotkey, submission.commit_hash, view.content_hash
-                )
-            )
-    found = originality.find_copies([*prints, *earlier])
+            others.append(fingerprint(submission, view.content_hash, blocks_until_reveal))
+    found = originality.find_copies([*prints, *others])
     return {submission_id: copy for submission_id, copy in found.items() if submission_id in known}
 
 
@@ -152,22 +157,18 @@ def judge(
     evaluated: Sequence[tuple[Any, list[consensus.Report]]],
     electorate: consensus.Electorate,
     quorum: consensus.Quorum,
+    blocks_until_reveal: int,
 ) -> list[Judged]:
     """The consensus of each evaluated submission and whether it is a copy (one database read for
-    the originals)."""
+    the originals); ``blocks_until_reveal`` places commitments in time (rules.counts_from_block)."""
     views = {
         submission.submission_id: consensus.decide(reports, electorate, quorum) for submission, reports in evaluated
     }
     prints = [
-        originality.Fingerprint(
-            submission.submission_id,
-            submission.hotkey,
-            submission.commit_hash,
-            views[submission.submission_id].content_hash,
-        )
+        fingerprint(submission, views[submission.submission_id].content_hash, blocks_until_reveal)
         for submission, _ in evaluated
     ]
-    copies = copies_among(session, prints, electorate, quorum)
+    copies = copies_among(session, prints, electorate, quorum, blocks_until_reveal)
     return [
         Judged(submission, reports, views[submission.submission_id], copies.get(submission.submission_id))
         for submission, reports in evaluated
@@ -191,7 +192,7 @@ class Standings(ServiceCore):
         electorate: consensus.Electorate,
     ) -> list[Judged]:
         """The consensus of each of ``evaluated`` under this API's quorum, and which are copies."""
-        return judge(session, evaluated, electorate, self.quorum)
+        return judge(session, evaluated, electorate, self.quorum, self.config.blocks_until_reveal)
 
     def judged_round(self, round_id: int) -> tuple[list[Judged], consensus.Electorate]:
         """The round's evaluated submissions judged (consensus, copies), and the electorate used."""
@@ -307,7 +308,7 @@ class Standings(ServiceCore):
             ).all()
         return schemas.ValidatorReports(
             validator_hotkey=validator,
-            reports=[reported_work(report, submission) for report, submission in rows],
+            reports=[reported_work(report, submission, self.config.blocks_until_reveal) for report, submission in rows],
         )
 
     def validator_agreement(self, round_id: int | None) -> schemas.ValidatorAgreements:

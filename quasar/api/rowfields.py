@@ -6,15 +6,26 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from quasar.api import schemas
+from quasar.api import rules, schemas
 from quasar.api.tables import EvaluationReport, Submission, Verdict
 
 
-def evaluated_submission(submission: Submission) -> schemas.EvaluatedSubmission:
-    """A revealed ``submission`` as a validator evaluates it; raises ValueError for a commitment
-    not revealed (it has no fork, commit or claim yet)."""
-    submission.revealed()
-    return schemas.EvaluatedSubmission.model_validate(submission, from_attributes=True)
+def evaluated_submission(submission: Submission, blocks_until_reveal: int) -> schemas.EvaluatedSubmission:
+    """A revealed ``submission`` as a validator evaluates it (``blocks_until_reveal``: the API's, to
+    place a commitment for originality); raises ValueError for a commitment not revealed (it has no
+    fork, commit or claim yet)."""
+    revealed = submission.revealed()
+    return schemas.EvaluatedSubmission(
+        submission_id=submission.id,
+        hotkey=submission.hotkey,
+        fork_url=revealed.fork_url,
+        commit_hash=revealed.commit_hash,
+        target_sequence_length=submission.target_sequence_length,
+        claimed_tokens_per_sec=revealed.claimed_tokens_per_sec,
+        submitted_at=submission.submitted_at,
+        round_id=revealed.round_id,
+        counts_from_block=rules.counts_from_block(submission.method, submission.submitted_block, blocks_until_reveal),
+    )
 
 
 class FindingFields(TypedDict):

@@ -60,6 +60,15 @@ def reveal_window(commit_block: int, blocks_until_reveal: int, window_blocks: in
     return RevealWindow(commit_block, opens, opens + window_blocks - 1)
 
 
+def counts_from_block(method: str, submitted_block: int, blocks_until_reveal: int) -> int:
+    """The block from which a submission counts for originality (docs/rules.md section 5): a direct
+    submission's own (it is made ready then), a commitment's the opening of its reveal window (the
+    commit block plus ``blocks_until_reveal``). So committing to a commit that is already public
+    never makes it one's own, while a miner that publishes its commit when its window opens still
+    comes before anyone submitting it after seeing it."""
+    return submitted_block + blocks_until_reveal if method == "commit_reveal" else submitted_block
+
+
 @dataclass(frozen=True)
 class Round:
     """Competition round ``round_id``: chain blocks ``start_block``..``end_block``."""

@@ -228,7 +228,8 @@ class SubmissionStats(BaseModel):
 
 
 class EvaluatedSubmission(BaseModel):
-    """What a validator evaluates of a submission: whose, which fork and commit, at what target and claim."""
+    """What a validator evaluates of a submission: whose, which fork and commit, at what target and
+    claim, and where it stands for originality."""
 
     submission_id: int
     hotkey: str
@@ -238,6 +239,10 @@ class EvaluatedSubmission(BaseModel):
     claimed_tokens_per_sec: float
     submitted_at: float
     round_id: int
+    counts_from_block: int = Field(
+        description="the chain block it counts from for originality (docs/rules.md section 5): a direct "
+        "submission's, or the block its commitment's reveal window opened"
+    )
 
 
 class WorkItem(EvaluatedSubmission):

@@ -360,7 +360,7 @@ class StatusReader:
         evaluated = [(s, consensus_reports(reports[s.id])) for s in submissions if s.state == READY and reports[s.id]]
         judged = {
             item.submission.submission_id: item
-            for item in judge(session, evaluated, context.electorate, self.service.quorum)
+            for item in judge(session, evaluated, context.electorate, self.service.quorum, context.blocks_until_reveal)
         }
         return [
             build_status(s, reports[s.id] if s.state == READY else [], judged.get(s.id), evaluating[s.id], context)

@@ -151,7 +151,8 @@ class WorkQueue(Standings):
                     lease.fetch_count += 1
                 items.append(
                     schemas.WorkItem(
-                        **evaluated_submission(row).model_dump(),  # a ready submission is revealed
+                        # a ready submission is revealed
+                        **evaluated_submission(row, self.config.blocks_until_reveal).model_dump(),
                         vram_mb=row.vram_mb,
                         benchmarks=benchmarks_from_json(row.benchmarks),
                         lease_expires_at=now + lease_s,

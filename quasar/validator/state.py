@@ -14,8 +14,9 @@ validator goes on where it stopped:
   crashes the validator cannot keep it busy forever;
 - a submission's logit check and its report to the API are recorded when done;
 - a finished evaluation keeps the content hash of the fork's kernel files (quasar/originality.py),
-  and :meth:`ValidatorState.scored` leaves out copies of another hotkey's earlier submission, so
-  the weights this validator sets never rank a copy, as the API's leaderboard does not.
+  and :meth:`ValidatorState.scored` leaves out copies of another hotkey's submission that counts
+  earlier (from the block the API sends with each, docs/rules.md section 5), so the weights this
+  validator sets never rank a copy, as the API's leaderboard does not.
 
 Every change is one ``BEGIN IMMEDIATE`` transaction (WAL mode), so a kill at any moment leaves a
 consistent file. One process at a time: :meth:`ValidatorState.open` takes an exclusive lock.
@@ -42,7 +43,7 @@ from quasar.errors import QuasarError
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MAX_ATTEMPTS = 3
 BUSY_TIMEOUT_S = 30.0
 
@@ -86,6 +87,7 @@ CREATE TABLE IF NOT EXISTS submissions (
     claimed_tokens_per_sec REAL NOT NULL,
     submitted_at REAL NOT NULL,
     round_id INTEGER NOT NULL,
+    counts_from_block INTEGER NOT NULL,
     fetched_at REAL NOT NULL,
     logits TEXT NOT NULL DEFAULT '{UNCHECKED}'
         CHECK (logits IN ('{UNCHECKED}', '{PASSED}', '{FAILED}', '{SKIPPED}')),
@@ -179,7 +181,11 @@ def _fingerprint(record: SubmissionRecord) -> originality.Fingerprint:
     assert result is not None, f"submission {record.submission.submission_id} is finished without a result"
     submission = record.submission
     return originality.Fingerprint(
-        submission.submission_id, submission.hotkey, submission.commit_hash, result.content_hash
+        submission.submission_id,
+        submission.hotkey,
+        submission.commit_hash,
+        result.content_hash,
+        submission.counts_from_block,
     )
 
 
@@ -231,8 +237,13 @@ class ValidatorState:
                 version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
                 if version is None:
                     db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                elif int(version[0]) == 1:  # version 2 added the kernel content hash; older results have none
-                    db.execute("ALTER TABLE evaluations ADD COLUMN content_hash TEXT")
+                elif int(version[0]) in (1, 2):
+                    if int(version[0]) == 1:  # version 2 added the kernel content hash; older results have none
+                        db.execute("ALTER TABLE evaluations ADD COLUMN content_hash TEXT")
+                    # Version 3 added the block a submission counts from for originality, which the
+                    # API did not send before: those fetched before count from block 0, so they keep
+                    # the order they had among themselves (by id) and come before any fetched since.
+                    db.execute("ALTER TABLE submissions ADD COLUMN counts_from_block INTEGER NOT NULL DEFAULT 0")
                     db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
                 elif int(version[0]) != SCHEMA_VERSION:
                     raise StateError(
