@@ -459,6 +459,73 @@ def test_a_uid_taken_over_between_planning_and_submitting_gets_nothing(world, tm
         subnet.close()
 
 
+def test_a_version_key_raised_while_the_validator_runs_stops_its_weights_with_an_error_each_epoch(
+    world, tmp_path, caplog
+):
+    """Finney's rules (commit-reveal): the subnet owner raises WeightsVersionKey after the validator
+    started. A commit with the old key would be accepted and silently dropped at its reveal, so the
+    validator commits nothing, says at ERROR once an epoch to update QUASAR, and does not retry
+    within the epoch."""
+    caplog.set_level(logging.INFO)
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS, rules=FINNEY)
+    try:
+        with ValidatorState.open(tmp_path / "state.sqlite3") as state, down_api(subnet) as api:
+            validator = scored_validator(subnet, state, api, tmp_path, {"a": 1000.0})
+            assert validator.step().weights_set  # committed at block 0 with the key the subnet takes
+            required = quasar.version_key() + 1
+            subnet.chain.set_hyperparameters(weights_version_key=required)
+            for _ in range(20):  # two epochs (EPOCH_BLOCKS 100), a step every 10 blocks
+                subnet.chain.advance(10)
+                assert not validator.step().weights_set
+            assert len(subnet.chain.commits()) == 1
+            errors = [
+                record
+                for record in caplog.records
+                if record.levelno == logging.ERROR and record.name == "quasar.validator.weight_setting"
+            ]
+            assert len(errors) == 2, [record.getMessage() for record in errors]
+            assert errors[0].getMessage() == (
+                f"no weights submitted this epoch: this QUASAR's weights version key is {quasar.version_key()}, "
+                f"below the subnet's WeightsVersionKey {required}: the chain refuses its weights "
+                "(IncorrectWeightVersionKey). Update QUASAR to the subnet's current release (git pull, then "
+                "./scripts/setup_venv.sh) and start the validator again (next look at block 200)"
+            )
+            subnet.chain.set_hyperparameters(weights_version_key=quasar.version_key())
+            subnet.chain.advance(100)
+            assert validator.step().weights_set
+            assert [commit.commit_block for commit in subnet.chain.commits()] == [0, 300]
+    finally:
+        subnet.close()
+
+
+def test_a_refusal_that_lasts_waits_for_the_next_epoch_instead_of_retrying(world, tmp_path, caplog):
+    """Commit-reveal with a tempo of 1000 blocks: the validator's hotkey already holds the 10 commits
+    the chain lets wait for their reveal, so the chain refuses another (TooManyUnrevealedCommits)
+    until they are revealed. The validator says so in one line and looks again next epoch, rather
+    than submitting every WEIGHTS_RETRY_BLOCKS (9 more refused extrinsics an epoch)."""
+    caplog.set_level(logging.INFO)
+    rules = dataclasses.replace(FINNEY, tempo=1000, weights_rate_limit=0)
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS, rules=rules)
+    try:
+        for _ in range(10):
+            subnet.chain.set_weights(subnet.wallets["validator"], {subnet.uids["owner"]: 1.0}, quasar.version_key())
+        with ValidatorState.open(tmp_path / "state.sqlite3") as state, down_api(subnet) as api:
+            validator = scored_validator(subnet, state, api, tmp_path, {"a": 1000.0})
+            for _ in range(10):  # one epoch (EPOCH_BLOCKS 100), a step every 10 blocks
+                assert not validator.step().weights_set
+                subnet.chain.advance(10)
+            refused = lines(caplog, "TooManyUnrevealedCommits")
+            assert refused == [
+                "the chain refused the weights at block 0, none this epoch: cannot commit weights: "
+                f"TooManyUnrevealedCommits: 10 commits of uid {subnet.uids['validator']} wait for their reveal "
+                "(next look at block 100)"
+            ]
+            assert lines(caplog, "retrying at block") == []
+            assert len(subnet.chain.commits()) == 10
+    finally:
+        subnet.close()
+
+
 def test_a_rate_limited_validator_waits_the_blocks_the_chain_says(world, tmp_path, caplog):
     """Finney's rules: registered at block 10, the validator's weights are rate-limited until block 110
     (WeightsSetRateLimit 100 from the registration block); it waits until then, then commits."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from quasar import scoring
 from quasar.chain import btcli
 from quasar.chain.base import MAX_UNREVEALED_COMMITS, Chain, SubnetHyperparameters
+from quasar.chain.subtensor_rules import version_key_refusal
 from quasar.config import Settings
 from quasar.validator.devices import ValidatorSetupError
 from quasar.validator.results import MAX_WEIGHTED_UIDS
@@ -43,6 +44,20 @@ def check_registration(chain: Chain, hotkey: str, settings: Settings) -> None:
         )
 
 
+def version_key_problem(hyperparameters: SubnetHyperparameters, version_key: int) -> str | None:
+    """What to do when the chain refuses weights carrying ``version_key`` (a key below the subnet's
+    WeightsVersionKey), or None when it takes them: at start and in every weights phase, since the
+    subnet owner may raise the key while the validator runs."""
+    refusal = version_key_refusal(version_key, hyperparameters)
+    if refusal is None:
+        return None
+    return (
+        f"this QUASAR's weights version key is {version_key}, below the subnet's WeightsVersionKey "
+        f"{hyperparameters.weights_version_key}: the chain refuses its weights ({refusal.name}). Update QUASAR "
+        "to the subnet's current release (git pull, then ./scripts/setup_venv.sh) and start the validator again"
+    )
+
+
 @dataclass(frozen=True)
 class SubnetRulesCheck:
     """The subnet's rules for weights against what this validator does: ``problems`` cannot work (the
@@ -58,12 +73,9 @@ def assess_subnet_rules(
     """Check the subnet's hyperparameters against this validator's version key and weights (pure)."""
     h = hyperparameters
     problems, notes = [], []
-    if h.weights_version_key and version_key < h.weights_version_key:
-        problems.append(
-            f"this QUASAR's weights version key is {version_key}, below the subnet's WeightsVersionKey "
-            f"{h.weights_version_key}: the chain refuses its weights (IncorrectWeightVersionKey). Update QUASAR to "
-            "the subnet's current release (git pull, then ./scripts/setup_venv.sh) and start again"
-        )
+    outdated = version_key_problem(h, version_key)
+    if outdated:
+        problems.append(outdated)
     first = scoring.PLACE_SHARES[0]
     if h.max_weight_share < first:
         problems.append(

@@ -12,17 +12,19 @@ import logging
 import quasar
 from quasar import scoring
 from quasar.chain import btcli
-from quasar.chain.base import Chain, ChainError, RateLimited, UidsChanged, WeightsSubmission
+from quasar.chain.base import Chain, ChainError, RateLimited, Refused, UidsChanged, WeightsSubmission
 from quasar.config import Settings
 from quasar.terminal import log_table
+from quasar.validator.preflight import version_key_problem
 from quasar.validator.results import WeightPlan, plan_weights, weights_refusal, weights_table
 from quasar.validator.state import ValidatorState
 
 logger = logging.getLogger(__name__)
 
 LAST_WEIGHTS_BLOCK = "last_weights_block"
-# After a failed weight setting (the chain refused or could not be reached), blocks before the next
-# try; a rate limit waits the blocks the chain says instead.
+# After a weight setting that failed for a passing reason (the chain could not be reached, a
+# refusal that is not among subtensor_rules.LASTING_REFUSALS), blocks before the next try; a rate
+# limit waits the blocks the chain says instead, and a lasting refusal the next epoch.
 WEIGHTS_RETRY_BLOCKS = 10
 # Plans made in one weights phase when uids change hands between planning and submitting.
 PLAN_ATTEMPTS = 2
@@ -54,10 +56,14 @@ class WeightSetter:
 
         The metagraph is read again right before planning, and the chain checks at the block of
         submission that every uid is still held by the hotkey it was planned for (a uid that changed
-        hands meanwhile is planned again, so a new hotkey never gets an old one's share). Nothing is
-        submitted without a validator permit (the subnet owner needs none), nor a split the
-        subnet's max_weight_limit or min_allowed_weights would change: one line an epoch says why.
-        A rate-limited submission waits the blocks the chain says."""
+        hands meanwhile is planned again, so a new hotkey never gets an old one's share).
+
+        Nothing is submitted with a version key below the subnet's WeightsVersionKey (an ERROR an
+        epoch says to update QUASAR), without a validator permit (the subnet owner needs none), nor
+        a split the subnet's max_weight_limit or min_allowed_weights would change: one line an
+        epoch says why. A refusal from the chain that lasts (:class:`Refused`) waits for the next
+        epoch too; a rate-limited submission waits the blocks the chain says; other failures are
+        tried again WEIGHTS_RETRY_BLOCKS later."""
         for attempt in range(1, PLAN_ATTEMPTS + 1):
             try:
                 planned = self._plan_and_submit(results)
@@ -70,6 +76,9 @@ class WeightSetter:
             except RateLimited as limited:
                 wait = limited.blocks_to_wait or min(WEIGHTS_RETRY_BLOCKS, self.settings.epoch_blocks)
                 self._retry(block, wait, f"the chain's weights rate limit holds at block {block}: {limited}")
+                return False
+            except Refused as refused:
+                self._skip_epoch(block, f"the chain refused the weights at block {block}, none this epoch: {refused}")
                 return False
             except ChainError as error:
                 self._retry(
@@ -109,6 +118,13 @@ class WeightSetter:
                 f"hotkey {self.hotkey} is not registered on subnet {self.chain.netuid}: no weights until it is ({how})",
             )
             return None
+        # Read every epoch: the subnet owner may raise WeightsVersionKey while the validator runs, and
+        # a commit carrying a lower key is accepted, then dropped at its reveal.
+        hyperparameters = self.chain.hyperparameters()
+        outdated = version_key_problem(hyperparameters, quasar.version_key())
+        if outdated:
+            self._skip_epoch(block, f"no weights submitted this epoch: {outdated}", logging.ERROR)
+            return None
         if not me.validator_permit and me.uid != owner_uid:
             self._skip_epoch(
                 block,
@@ -130,16 +146,16 @@ class WeightSetter:
                 block, "no miner holds a place and the owner's hotkey holds no uid: no weights to set this epoch"
             )
             return None
-        refusal = weights_refusal(plan, self.chain.hyperparameters(), len(metagraph.neurons), me.uid)
+        refusal = weights_refusal(plan, hyperparameters, len(metagraph.neurons), me.uid)
         if refusal:
             self._skip_epoch(block, f"weights not submitted this epoch: {refusal}")
             return None
         return plan, self.chain.set_weights(self.wallet, plan.weights, quasar.version_key(), plan.hotkeys)
 
-    def _skip_epoch(self, block: int, why: str) -> None:
+    def _skip_epoch(self, block: int, why: str, level: int = logging.WARNING) -> None:
         """No weights this epoch: say why once, and look again next epoch."""
         self.retry_at = block + self.settings.epoch_blocks
-        logger.warning("%s (next look at block %d)", why, self.retry_at)
+        logger.log(level, "%s (next look at block %d)", why, self.retry_at)
 
     def _retry(self, block: int, blocks: int, why: str) -> None:
         self.retry_at = block + blocks
