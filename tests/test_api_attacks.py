@@ -23,6 +23,7 @@ from bittensor import http_auth
 from api_fixtures import COMMIT, FORK, commit_of, refused
 from quasar.api.client import Claim
 from quasar.api.devdb import start_api_process
+from quasar.api.readcache import DEFAULT_MAX_ENTRIES, POOLED_ENTRIES
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.api.schemas import COMMIT_PATTERN, FORK_URL_PATTERN
 
@@ -224,7 +225,8 @@ def test_the_route_attacks_get_4xx_and_every_page_its_security_headers(served, w
 
 
 def test_unknown_query_parameters_make_no_cache_entries(start_api):
-    api = start_api()
+    api = start_api(round_blocks=1)
+    api.chain.advance(3)  # rounds 0 to 2 are past
     reads = api.server.app.state.reads
     with httpx.Client(base_url=api.url, timeout=30) as http:
         for path in ("/", "/leaderboard", "/get_current_round", "/validators"):
@@ -236,6 +238,41 @@ def test_unknown_query_parameters_make_no_cache_entries(start_api):
             assert http.get("/leaderboard", params={"round_id": f"{n % 3:03d}"}).status_code == 200
     # Three rounds' leaderboards are three targets however the number is written; the junk made none.
     assert len(reads._rendered) == kept + 3
+
+
+def test_a_flood_of_round_ids_never_evicts_the_pages_in_use_and_rounds_not_begun_are_refused(start_api):
+    """The attack: unauthenticated reads naming rounds, each a cache entry and a computation of its
+    own: rounds up to 2^40 that have not begun, or every past round (thousands on a chain that has
+    run for months), evicting the current leaderboard and pages from the read cache (the next
+    request for them computes them again) and piling up the service's leaderboards of the block."""
+    api = start_api(round_blocks=1)  # a round a block: the chain's past rounds outnumber the cache's entries
+    current = api.chain.advance(DEFAULT_MAX_ENTRIES // 2 + 20)
+    reads = api.server.app.state.reads
+    live = ("/", "/leaderboard", "/validators", "/dashboard/validators")
+    with httpx.Client(base_url=api.url, timeout=30) as http:
+        before = {path: http.get(path) for path in live}
+        assert all(response.status_code == 200 for response in before.values())
+        # What a page computed again now would show: a submission (the dashboard's recent ones) and a
+        # report (the validators' counts). The cached pages of this block show neither.
+        submitted = api.client("a").submit_kernel(Claim(FORK, COMMIT, 1e4), 500_000)
+        assert [item.submission_id for item in api.client("v1").fetch_work().items] == [submitted.submission_id]
+        api.client("v1").report(submitted.submission_id, "failed", correct=False)
+        for past in range(current):  # 2 x 532 targets, more than the cache holds
+            assert http.get("/leaderboard", params={"round_id": past}).status_code == 200
+            assert http.get("/", params={"round": past}).status_code == 200
+        for path, response in before.items():
+            assert http.get(path).content == response.content, path
+        for future in (current + 1, 2**40):
+            for path, name in (("/leaderboard", "round_id"), ("/validators", "round_id")):
+                response = http.get(path, params={name: future})
+                assert response.status_code == 422
+                assert response.json()["detail"] == (
+                    f"{name}: round {future} has not begun; the current round is {current}"
+                )
+            page = http.get("/dashboard/validators", params={"round": future})
+            assert page.status_code == 422
+            assert f"round: round {future} has not begun; the current round is {current}" in page.text
+    assert len(reads._rendered) <= len(live) + POOLED_ENTRIES
 
 
 def test_bans_count_a_client_by_its_normalised_address(start_api):

@@ -300,14 +300,18 @@ def create_app(
     @route("GET", "/leaderboard", schemas.Leaderboard, "public")
     async def leaderboard(request: Request, round_id: RoundId = None) -> Response:
         """A round ranked from the validators' stake-weighted consensus (docs/rules.md §5); default the
-        current round. Reports count from the chain block after they arrive."""
-        return await reads.response(request, lambda: service.leaderboard(round_id), {"round_id": round_id})
+        current round (one that has not begun: 422). Reports count from the chain block after they arrive."""
+        past = service.past_round(round_id, "round_id")
+        return await reads.response(request, lambda: service.leaderboard(round_id), {"round_id": round_id}, past)
 
     @route("GET", "/validators", schemas.ValidatorAgreements, "public")
     async def validators(request: Request, round_id: RoundId = None) -> Response:
         """Each validator's weight in the consensus, and how its reports on a round's submissions
-        compare with the settled consensus (default the current round)."""
-        return await reads.response(request, lambda: service.validator_agreement(round_id), {"round_id": round_id})
+        compare with the settled consensus (default the current round; one that has not begun: 422)."""
+        past = service.past_round(round_id, "round_id")
+        return await reads.response(
+            request, lambda: service.validator_agreement(round_id), {"round_id": round_id}, past
+        )
 
     @route("GET", "/validators/{hotkey}/reports", schemas.ValidatorReports, "public")
     def validator_reports(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from markupsafe import Markup
@@ -221,14 +222,21 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
 
     def round_page(path: str) -> Callable[[RoundRender], RoundRender]:
         """Serve the decorated ``render(round_id)`` at ``path`` (``?round=N``, default the current
-        round), cached by round and read in one snapshot; the route takes the render's name."""
+        round; a round that has not begun is a 422 page), cached by round (a past round among the
+        cache's pooled targets) and read in one snapshot; the route takes the render's name."""
 
         def register(render: RoundRender) -> RoundRender:
             rendered = in_one_read(render)
 
             @router.get(path, response_class=HTMLResponse, name=render.__name__)
             async def serve(request: Request, round_id: RoundQuery = None) -> Response:
-                return await reads.page(request, lambda: rendered(round_id), {"round": round_id})
+                try:
+                    past = service.past_round(round_id, "round")
+                except ApiError as error:
+                    if error.status != 422:
+                        raise
+                    return await run_in_threadpool(page, "error.html", 422, title="No such round", message=error.detail)
+                return await reads.page(request, lambda: rendered(round_id), {"round": round_id}, past)
 
             return render
 

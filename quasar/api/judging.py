@@ -180,10 +180,12 @@ class Standings(ServiceCore):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        # The newest leaderboards by (round, block), with the hotkeys found copying: the leaderboard
-        # route and the work schedule's standing compute each once per block and process.
-        self._leaderboards: dict[tuple[int, int], tuple[schemas.Leaderboard, frozenset[str]]] = {}
-        self._leaderboards_lock = threading.Lock()
+        # The current round's leaderboard at the newest block, keyed (round, block), with the hotkeys
+        # found copying: the work schedule's standing and the leaderboard route compute it once per
+        # block and process. One entry: a past round asked for is not kept here (the read cache keeps
+        # its page), so however many are asked for, nothing piles up.
+        self._current_board: tuple[tuple[int, int], tuple[schemas.Leaderboard, frozenset[str]]] | None = None
+        self._current_board_lock = threading.Lock()
 
     def judge(
         self,
@@ -210,21 +212,23 @@ class Standings(ServiceCore):
 
     def judged_board(self, round_id: int | None) -> tuple[schemas.Leaderboard, frozenset[str]]:
         """The leaderboard of round ``round_id`` (default: the current one) and the hotkeys found
-        copying in it, computed once per block and process."""
+        copying in it; the current round's computed once per block and process."""
         block = self.current_block()
-        round_id = rules.round_of_block(block, self.config.round_blocks).round_id if round_id is None else round_id
-        with self._leaderboards_lock:
-            kept = self._leaderboards.get((round_id, block))
-        if kept is not None:
-            return kept
-        judged, electorate = self.judged_round(round_id)
+        current = rules.round_of_block(block, self.config.round_blocks).round_id
+        key = (current if round_id is None else round_id, block)
+        with self._current_board_lock:
+            kept = self._current_board
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        judged, electorate = self.judged_round(key[0])
         ranked = (
-            self._ranked(round_id, judged, electorate),
+            self._ranked(key[0], judged, electorate),
             frozenset(item.submission.hotkey for item in judged if item.copy_of is not None),
         )
-        with self._leaderboards_lock:
-            self._leaderboards = {key: value for key, value in self._leaderboards.items() if key[1] == block}
-            self._leaderboards[(round_id, block)] = ranked
+        if key[0] == current:
+            with self._current_board_lock:
+                if self._current_board is None or self._current_board[0][1] <= block:
+                    self._current_board = (key, ranked)
         return ranked
 
     def _ranked(self, round_id: int, judged: list[Judged], electorate: consensus.Electorate) -> schemas.Leaderboard:

@@ -7,7 +7,10 @@ moves to the next block. Concurrent requests for a body that is being computed w
 computation instead of starting their own. A target is the path and the query string the route
 builds from its validated parameters (:func:`canonical_query`), never the query string as sent:
 ``?x=1`` or ``?round_id=05`` make no entry of their own, so a client cannot fill the cache with
-targets of its own making and evict the pages in use.
+targets of its own making and evict the pages in use. A route refuses a round that has not begun,
+and marks a read of a past round ``pooled``: those share :data:`POOLED_ENTRIES` entries among
+themselves, so asking for every past round (thousands on a chain that has run for months) evicts
+only each other.
 
 The JSON reads (``reads.response``: the leaderboard, the current round; validators and miners act
 on them) are exact: from the next block on (12 s on Bittensor) a request gets that block's body,
@@ -55,6 +58,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from quasar.api.rendered import Rendered, SharedRenders, Target
 
 DEFAULT_MAX_ENTRIES = 1024
+# Entries kept for pooled targets (reads of past rounds), out of the whole cache's: plenty for people
+# browsing a few rounds back, and a flood of them evicts only each other.
+POOLED_ENTRIES = 64
 # Share of the time the page thread spends rendering. Under 330 signed submissions and 1,100 reads
 # a second with two workers (benchmarks/RESULTS.md), the re-rendering of every page at a block
 # change back to back slowed the submissions around it to 500-650 ms (p99 of those seconds); at a
@@ -97,7 +103,9 @@ class BlockCache:
     every cached read). Only 200 responses are kept (an error page is computed each time); at most
     ``max_entries`` targets are kept, the least recently computed dropped first. The page thread
     renders for at most ``page_render_duty`` of the time. With ``shared``, what a (target, block)
-    renders to is computed once by all the server's workers (quasar.api.sharedpages)."""
+    renders to is computed once by all the server's workers (quasar.api.sharedpages). Pooled
+    targets keep at most ``pooled_entries`` of the entries, the least recently computed of them
+    dropped first."""
 
     def __init__(
         self,
@@ -105,6 +113,7 @@ class BlockCache:
         max_entries: int = DEFAULT_MAX_ENTRIES,
         page_render_duty: float = PAGE_RENDER_DUTY,
         shared: SharedRenders | None = None,
+        pooled_entries: int = POOLED_ENTRIES,
     ):
         if not 0 < page_render_duty <= 1:
             raise ValueError(f"page_render_duty must be in (0, 1], got {page_render_duty}")
@@ -112,7 +121,9 @@ class BlockCache:
         self.max_entries = max_entries
         self.page_render_duty = page_render_duty
         self.shared = shared
+        self.pooled_entries = pooled_entries
         self._rendered: dict[Target, _Kept] = {}
+        self._pooled: dict[Target, None] = {}  # the pooled targets kept, least recently computed first
         self._computing: dict[tuple[Target, int], asyncio.Future[Rendered]] = {}
         self._page_renderer = ThreadPoolExecutor(1, thread_name_prefix="render-page")
         self._next_page_render = 0.0  # monotonic time before which the page thread rests
@@ -123,12 +134,12 @@ class BlockCache:
         self._page_renderer.shutdown(wait=True)
 
     async def response(
-        self, request: Request, compute: Callable[[], BaseModel], params: Params | None = None
+        self, request: Request, compute: Callable[[], BaseModel], params: Params | None = None, pooled: bool = False
     ) -> Response:
         """The JSON of ``compute()`` for ``request``'s path with the validated ``params`` at the
         current block: cached, or computed in the thread pool (it may read the database) and kept
         until the block changes. Exceptions of ``compute`` reach every request that waited for it,
-        and nothing is cached."""
+        and nothing is cached. ``pooled``: kept among the pooled targets (a past round)."""
 
         def render() -> Rendered:
             return Rendered.of(Response(compute().model_dump_json().encode(), media_type=JSON_TYPE))
@@ -138,13 +149,16 @@ class BlockCache:
             params,
             lambda _stale, target, block: run_in_threadpool(self._computed, target, block, render),
             stale_ok=False,
+            pooled=pooled,
         )
 
-    async def page(self, request: Request, render: Callable[[], Response], params: Params | None = None) -> Response:
+    async def page(
+        self, request: Request, render: Callable[[], Response], params: Params | None = None, pooled: bool = False
+    ) -> Response:
         """``render()``'s response for ``request``'s path with the validated ``params``, kept while
         the block lasts if it is a 200. A target seen for the first time renders in the thread pool
         and its requests wait; a page kept from an earlier block is sent at once while its new
-        block's page renders on the page thread."""
+        block's page renders on the page thread. ``pooled``: kept among the pooled targets."""
         loop = asyncio.get_running_loop()
 
         def rendered() -> Rendered:
@@ -170,7 +184,7 @@ class BlockCache:
                 self._first_renders = anyio.CapacityLimiter(FIRST_RENDERS)
             return anyio.to_thread.run_sync(self._computed, target, block, rendered, limiter=self._first_renders)
 
-        return await self._serve(request, params, start, stale_ok=True)
+        return await self._serve(request, params, start, stale_ok=True, pooled=pooled)
 
     def _kept_answer(self, target: Target, block: int) -> Rendered | None:
         """What answers a request for ``target`` at ``block`` without starting any work: the response
@@ -190,6 +204,7 @@ class BlockCache:
         params: Params | None,
         start: Callable[[bool, Target, int], Awaitable[Rendered]],
         stale_ok: bool,
+        pooled: bool,
     ) -> Response:
         """The cached response, or ``start(stale, target, block)``'s (``stale``: an earlier block's
         response will be sent meanwhile)."""
@@ -204,13 +219,13 @@ class BlockCache:
         if computing is None:
             computing = asyncio.ensure_future(start(stale, target, block))
             self._computing[(target, block)] = computing
-            computing.add_done_callback(lambda done: self._finished(target, block, done, stale_ok))
+            computing.add_done_callback(lambda done: self._finished(target, block, done, stale_ok, pooled))
         if stale and cached is not None:  # stale implies cached
             return cached.rendered.response()
         # shield: a client that hangs up must not cancel the computation the others wait for.
         return (await asyncio.shield(computing)).response()
 
-    def _finished(self, target: Target, block: int, done: asyncio.Future[Rendered], page: bool) -> None:
+    def _finished(self, target: Target, block: int, done: asyncio.Future[Rendered], page: bool, pooled: bool) -> None:
         del self._computing[(target, block)]
         if done.cancelled() or done.exception() is not None or done.result().status != 200:
             return
@@ -218,8 +233,17 @@ class BlockCache:
         if cached is None or cached.block <= block:
             self._rendered.pop(target, None)  # re-inserted last: the dict's order is least recently computed first
             self._rendered[target] = _Kept(block, done.result(), page)
+            self._pooled.pop(target, None)  # a round that was current is pooled once it is past
+            if pooled:
+                self._pooled[target] = None
+                while len(self._pooled) > self.pooled_entries:
+                    self._drop(next(iter(self._pooled)))
             while len(self._rendered) > self.max_entries:
-                del self._rendered[next(iter(self._rendered))]
+                self._drop(next(iter(self._rendered)))
+
+    def _drop(self, target: Target) -> None:
+        del self._rendered[target]
+        self._pooled.pop(target, None)
 
     def middleware(self, app: ASGIApp) -> ASGIApp:
         """ASGI middleware: a GET whose target has a response cached at the current block, or a page

@@ -152,6 +152,17 @@ class ServiceCore:
             return rules.round_of_block(self.current_block(), self.config.round_blocks).round_id
         return round_id
 
+    def past_round(self, round_id: int | None, parameter: str) -> bool:
+        """Whether a read's query ``parameter`` (``round_id``; None: the current round) names a
+        round before the current one. One that has not begun is refused (422): nothing to show, and
+        a cache entry and a computation of the caller's making (docs/rules.md section 2)."""
+        if round_id is None:
+            return False
+        current = rules.round_of_block(self.current_block(), self.config.round_blocks).round_id
+        if round_id > current:
+            raise ApiError(422, f"{parameter}: round {round_id} has not begun; the current round is {current}")
+        return round_id < current
+
     # --- input rules shared with the validator ---
 
     def _fork(self, fork_url: str, commit_hash: str) -> tuple[str, str]:
