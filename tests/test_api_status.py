@@ -203,9 +203,8 @@ def test_dashboard_pages_show_the_round_and_escape_what_miners_wrote(start_api):
     assert '<meta name="viewport"' in index.text and "round" in index.text
     shares = " / ".join(f"{share * 100:g}" for share in scoring.PLACE_SHARES)
     assert f"places 1–{len(scoring.PLACE_SHARES)} share {shares}% of the weight" in index.text
-    earlier = httpx.get(api.url + "/", params={"round": 7})
-    assert earlier.status_code == 200 and "Leaderboard · round 7" in earlier.text
-    assert "No eligible submission in round 7" in earlier.text
+    not_begun = httpx.get(api.url + "/", params={"round": 7})
+    assert not_begun.status_code == 422 and "round: round 7 has not begun; the current round is 0" in not_begun.text
     bad_round = httpx.get(api.url + "/", params={"round": -1})
     assert bad_round.status_code == 422 and "query.round" in bad_round.json()["detail"]
     page = httpx.get(f"{api.url}/dashboard/submissions/{hostile.submission_id}").text
@@ -217,6 +216,10 @@ def test_dashboard_pages_show_the_round_and_escape_what_miners_wrote(start_api):
     # No external resource: every URL a page names is on this server.
     for html in (index.text, page, miner):
         assert not re.search(r"(src|href)=\"(https?:)?//", html)
+    api.chain.advance(8 * httpx.get(api.url + "/health").json()["round_blocks"])
+    earlier = httpx.get(api.url + "/", params={"round": 7})  # a past round now
+    assert earlier.status_code == 200 and "Leaderboard · round 7" in earlier.text
+    assert "No eligible submission in round 7" in earlier.text
 
 
 def test_dashboard_pages_are_rendered_once_per_chain_block(start_api):
