@@ -294,6 +294,18 @@ def test_work_items_are_checked_against_the_fork_rules():
     assert "40 hexadecimal" in problem
 
 
+def test_work_from_an_api_older_than_counts_from_block_is_still_taken():
+    # An API not yet upgraded sends no counts_from_block: the work is taken, ordered by id as it was.
+    from quasar.api.schemas import WorkBatch
+
+    sent = submission(1, block=7).model_dump()
+    del sent["counts_from_block"]
+    item = {**sent, "vram_mb": None, "benchmarks": None, "lease_expires_at": 9.0}
+    batch = WorkBatch.model_validate({"items": [item], "lease_seconds": 60.0})
+    good, problem = submission_from_work(batch.items[0], allow_local=False)
+    assert problem is None and good == submission(1, block=0)
+
+
 # --- verdicts and weights ---
 
 

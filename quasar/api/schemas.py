@@ -239,9 +239,11 @@ class EvaluatedSubmission(BaseModel):
     claimed_tokens_per_sec: float
     submitted_at: float
     round_id: int
+    # 0 from an API older than this field: copies are then ordered by submission id, as that API did.
     counts_from_block: int = Field(
+        0,
         description="the chain block it counts from for originality (docs/rules.md section 5): a direct "
-        "submission's, or the block its commitment's reveal window opened"
+        "submission's, or the block its commitment's reveal window opened",
     )
 
 
