@@ -47,6 +47,11 @@ What is checked, and the module of this package that checks it:
   or ``globals()`` passed on to code whose use of them cannot be followed; introspection that
   reaches interpreter internals (``__subclasses__``, ``__globals__``, ``f_globals`` …).
   Comments, strings and docstrings are text, never imports.
+* Bounds on the check's work (``unverifiable-import`` too, naming the bound; in
+  ``forbidden_imports`` and ``budget``): a name of a file may stand for at most 16 modules or
+  objects, the file's names for 20,000 in all, imports and assignments together; the whole check
+  of a fork has a time budget (``CHECK_BUDGET_S``, 60 s), checked between its steps, after which
+  it stops with an error on the file it was on.
 * Required imports (``missing-required-import``, profile ``core`` by default or ``strict``; in
   ``required``, module level defined in ``parsing``): ``chunk.py`` imports every name of the
   profile at module level. Module level means a statement of the module body, also inside a
@@ -69,6 +74,7 @@ The other modules: ``layout`` (the fork's paths and module names), ``findings`` 
 :class:`Finding`, :class:`ImportReport`), ``cli`` (the command line).
 """
 
+from quasar.imports.budget import CHECK_BUDGET_S
 from quasar.imports.cli import main
 from quasar.imports.findings import Finding, ImportReport, Rule
 from quasar.imports.forbidden_imports import check_source
@@ -87,6 +93,7 @@ from quasar.imports.required import PROFILES, RequiredImport, check_required_imp
 from quasar.imports.validate import validate_repo
 
 __all__ = [
+    "CHECK_BUDGET_S",
     "CHUNK_FILE",
     "FORBIDDEN_MODULES",
     "LAYER_FILE",

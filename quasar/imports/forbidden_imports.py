@@ -12,6 +12,7 @@ import posixpath
 from collections.abc import Sequence
 from pathlib import PurePosixPath
 
+from quasar.imports.budget import CHECK_BUDGET_S, Deadline, OverBudget
 from quasar.imports.findings import Finding, Rule
 from quasar.imports.folding import fold_int, fold_path, fold_str, fold_str_list
 from quasar.imports.layout import forbidden_root, is_package_file, resolve_relative
@@ -32,7 +33,10 @@ from quasar.imports.sensitive_names import (
     kind_of,
 )
 
-_MAX_ALIAS_ENTRIES = 20_000
+# Bounds on what a file's names may stand for: each reference costs as many look-ups as its name
+# has aliases, so one name aliased 19,000 times made every bare use of it cost 19,000 (real fla: 2).
+_MAX_ALIASES_PER_NAME = 16
+_MAX_ALIAS_ENTRIES = 20_000  # imports and assignments together (real fla: 120 in its largest file)
 _MAX_ALIAS_PASSES = 10
 
 
@@ -43,21 +47,35 @@ def _snippet(source: str, node: ast.AST) -> str:
 
 
 class _TooComplex(Exception):
-    """Raised when a file's names cannot be followed within reasonable bounds."""
+    """Raised when a file's names cannot be followed within reasonable bounds; says why, and where."""
+
+    def __init__(self, why: str, line: int | None = None):
+        super().__init__(why)
+        self.line = line
 
 
 class _ForbiddenImportChecker:
     """Finds forbidden and unverifiable imports in one parsed file (the rules: ``quasar.imports``)."""
 
-    def __init__(self, tree: ast.Module, source: str, module_name: str, filename: str, reexports: ReexportIndex):
+    def __init__(
+        self,
+        tree: ast.Module,
+        source: str,
+        module_name: str,
+        filename: str,
+        reexports: ReexportIndex,
+        deadline: Deadline,
+    ):
         self.tree = tree
         self.source = source
         self.module_name = module_name
         self.filename = filename
         self.is_package = is_package_file(filename)
         self.reexports = reexports
-        self.parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+        self.parents: dict[ast.AST, ast.AST] = {}
         self.aliases: dict[str, set[str]] = {}
+        self.alias_entries = 0
+        self.deadline = deadline
         self.cache: dict[int, frozenset[str]] = {}
         self.findings: dict[tuple, Finding] = {}
 
@@ -165,14 +183,33 @@ class _ForbiddenImportChecker:
 
     # aliases
 
+    def _add_aliases(self, name: str, targets: set[str], line: int) -> bool:
+        """Adds what ``name`` may stand for; whether that was new. Refuses a file past the bounds."""
+        known = self.aliases.setdefault(name, set())
+        new = targets - known
+        if not new:
+            return False
+        known |= new
+        self.alias_entries += len(new)
+        if len(known) > _MAX_ALIASES_PER_NAME:
+            raise _TooComplex(
+                f"the name `{name}` is bound to more than {_MAX_ALIASES_PER_NAME} different modules or objects", line
+            )
+        if self.alias_entries > _MAX_ALIAS_ENTRIES:
+            raise _TooComplex(
+                f"the file binds its names to more than {_MAX_ALIAS_ENTRIES:,} modules or objects in all", line
+            )
+        return True
+
     def _collect_aliases(self) -> None:
         roots = set(SENSITIVE_ROOTS)
         for node in ast.walk(self.tree):
+            self.deadline.check()
             if isinstance(node, ast.Import):
                 for alias in node.names:
                     roots.add(alias.name.split(".")[0])
                     if alias.asname:
-                        self.aliases.setdefault(alias.asname, set()).add(alias.name)
+                        self._add_aliases(alias.asname, {alias.name}, node.lineno)
             elif isinstance(node, ast.ImportFrom):
                 base = self._import_base(node)
                 if base is None:
@@ -180,9 +217,10 @@ class _ForbiddenImportChecker:
                 roots.add(base.split(".")[0])
                 for alias in node.names:
                     if alias.name != "*":
-                        self.aliases.setdefault(alias.asname or alias.name, set()).add(f"{base}.{alias.name}")
+                        self._add_aliases(alias.asname or alias.name, {f"{base}.{alias.name}"}, node.lineno)
         assignments: list[tuple[int, int, list[str], ast.expr]] = []
         for node in ast.walk(self.tree):
+            self.deadline.check()
             if isinstance(node, (ast.Assign, ast.AnnAssign, ast.NamedExpr)):
                 names, value = self._alias_assignment(node)
                 if names and value is not None:
@@ -191,19 +229,16 @@ class _ForbiddenImportChecker:
         # Source order settles forward chains in one pass; a chain still growing after that is refused.
         for _ in range(_MAX_ALIAS_PASSES):
             changed = False
-            for _line, _column, names, value in assignments:
+            for line, _column, names, value in assignments:
+                self.deadline.check()
                 targets = {d for d in self._resolve_uncached(value) if d.split(".")[0] in roots}
                 for name in names:
-                    known = self.aliases.setdefault(name, set())
-                    if not targets <= known:
-                        known |= targets
+                    if self._add_aliases(name, targets, line):
                         changed = True
                         self.cache.clear()
-            if sum(len(v) for v in self.aliases.values()) > _MAX_ALIAS_ENTRIES:
-                raise _TooComplex
             if not changed:
                 return
-        raise _TooComplex
+        raise _TooComplex("the file's names are too tangled to follow")
 
     def _alias_assignment(self, node: ast.AST | None) -> tuple[list[str], ast.expr | None]:
         """``(names, value)`` when ``node`` binds plain names to ``value`` outside a class body."""
@@ -223,10 +258,17 @@ class _ForbiddenImportChecker:
 
     def run(self) -> list[Finding]:
         try:
+            for parent in ast.walk(self.tree):
+                self.deadline.check()
+                self.parents.update((child, parent) for child in ast.iter_child_nodes(parent))
             self._collect_aliases()
             for node in ast.walk(self.tree):
+                self.deadline.check()
                 self._visit(node)
-        except (_TooComplex, RecursionError):
+        except _TooComplex as error:
+            message = f"cannot be verified: {error}"
+            self.findings = {(): Finding(self.filename, error.line, Rule.UNVERIFIABLE_IMPORT, message)}
+        except RecursionError:
             message = "cannot be verified: the file's names are too tangled or nested to follow"
             self.findings = {(): Finding(self.filename, None, Rule.UNVERIFIABLE_IMPORT, message)}
         return sorted(self.findings.values(), key=lambda f: (f.line or 0, f.rule.value, f.message))
@@ -432,24 +474,38 @@ class _ForbiddenImportChecker:
 
 
 def find_forbidden_imports(
-    tree: ast.Module, source: str, module_name: str, filename: str, reexports: ReexportIndex
+    tree: ast.Module, source: str, module_name: str, filename: str, reexports: ReexportIndex, deadline: Deadline
 ) -> list[Finding]:
     """Forbidden and unverifiable imports in one parsed file, by line.
 
     ``source`` is the text ``tree`` was parsed from (messages quote it); ``module_name`` the file's
     dotted module (relative imports resolve against it); ``filename`` its repo-relative path.
+    Raises :class:`~quasar.imports.budget.OverBudget` once ``deadline`` has passed.
     """
-    return _ForbiddenImportChecker(tree, source, module_name, filename, reexports).run()
+    return _ForbiddenImportChecker(tree, source, module_name, filename, reexports, deadline).run()
 
 
-def check_source(source: str, module_name: str, filename: str, reexports: ReexportIndex | None = None) -> list[Finding]:
+def check_source(
+    source: str,
+    module_name: str,
+    filename: str,
+    reexports: ReexportIndex | None = None,
+    budget_s: float = CHECK_BUDGET_S,
+) -> list[Finding]:
     """Forbidden and unverifiable imports in one file's text (parse problems as findings too).
 
     ``module_name`` is the file's dotted module (relative imports resolve against it); a
     ``filename`` ending in ``__init__.py`` makes it a package. ``reexports`` finds names other
-    modules bind from gla/kda; without it only direct references count.
+    modules bind from gla/kda; without it only direct references count. A check that runs past
+    ``budget_s`` seconds is an ``unverifiable-import`` finding.
     """
+    deadline = Deadline(budget_s)
     parsed = parse_source(source, filename)
     if isinstance(parsed, Finding):
         return [parsed]
-    return find_forbidden_imports(parsed, source, module_name, filename, reexports or ReexportIndex.from_files({}))
+    try:
+        return find_forbidden_imports(
+            parsed, source, module_name, filename, reexports or ReexportIndex.from_files({}), deadline
+        )
+    except OverBudget:
+        return [deadline.finding(filename)]

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from quasar import astparse
+from quasar.imports.budget import Deadline
 from quasar.imports.layout import forbidden_root, has_prefix, is_package_file, module_paths, resolve_relative
 from quasar.imports.parsing import module_level_statements
 
@@ -39,12 +40,14 @@ class ReexportIndex:
     ``locate(module)`` returns ``(repo-relative path, source text)`` of a module of the fork, or
     None when it has no such module. ``root_of("fla.ops.chunk_kda")`` is ``"fla.ops.kda"`` when
     ``fla/ops/__init__.py`` imports ``chunk_kda`` from ``.kda``; chains of re-exports are followed.
+    With a ``deadline``, look-ups raise :class:`~quasar.imports.budget.OverBudget` once it has passed.
     """
 
     _MAX_DEPTH = 16
 
-    def __init__(self, locate: Callable[[str], tuple[str, str] | None]):
+    def __init__(self, locate: Callable[[str], tuple[str, str] | None], deadline: Deadline | None = None):
         self._locate = locate
+        self._deadline = deadline
         self._bindings: dict[str, _ModuleBindings | None] = {}
         self._roots: dict[str, str | None] = {}
 
@@ -65,6 +68,8 @@ class ReexportIndex:
         direct = forbidden_root(dotted)
         if direct or depth > self._MAX_DEPTH or not has_prefix(dotted, "fla"):
             return direct
+        if self._deadline:
+            self._deadline.check()
         if dotted not in self._roots:
             self._roots[dotted] = None  # guards against import cycles
             self._roots[dotted] = self._lookup(dotted, depth)
@@ -108,6 +113,8 @@ class ReexportIndex:
 
     def _module_bindings(self, module: str) -> _ModuleBindings | None:
         if module not in self._bindings:
+            if self._deadline:
+                self._deadline.check()
             self._bindings[module] = self._parse_bindings(module)
         return self._bindings[module]
 

@@ -6,6 +6,7 @@ import logging
 import os
 from pathlib import Path
 
+from quasar.imports.budget import CHECK_BUDGET_S, Deadline, OverBudget
 from quasar.imports.findings import Finding, ImportReport, Rule
 from quasar.imports.forbidden_imports import find_forbidden_imports
 from quasar.imports.layout import CHUNK_FILE, LAYER_FILE, QUASAR_DIR, TARGET_FILES, module_name_for
@@ -17,19 +18,39 @@ from quasar.imports.required import missing_required_imports, require_known_prof
 logger = logging.getLogger(__name__)
 
 
-def validate_repo(repo_path: str | os.PathLike, profile: str = "core", require_cu: bool = False) -> ImportReport:
+def _check_file(repo: ForkTree, relative: str, profile: str, reexports: ReexportIndex, deadline: Deadline) -> None:
+    """Every rule on one checked file; findings go to ``repo.findings``."""
+    source = repo.read_source(relative)
+    if source is None:
+        return
+    repo.check_shadowing(relative)
+    module_name = module_name_for(relative)
+    parsed = parse_source(source, relative)
+    if isinstance(parsed, Finding):
+        repo.findings.append(parsed)
+        return
+    repo.findings.extend(find_forbidden_imports(parsed, source, module_name, relative, reexports, deadline))
+    if relative == CHUNK_FILE:
+        repo.findings.extend(missing_required_imports(parsed, module_name, relative, profile))
+
+
+def validate_repo(
+    repo_path: str | os.PathLike, profile: str = "core", require_cu: bool = False, budget_s: float = CHECK_BUDGET_S
+) -> ImportReport:
     """Check a fork checked out at ``repo_path`` against docs/rules.md section 4 step 2.
 
     The five target files, the layer and every other ``*.py`` under ``fla/ops/quasar/`` are
-    checked; ``chunk.py`` also for the required imports of ``profile``. Raises NotADirectoryError
-    when ``repo_path`` is not a directory and ValueError for an unknown profile; everything wrong
-    with the fork itself is a finding in the report.
+    checked; ``chunk.py`` also for the required imports of ``profile``. A check still running
+    after ``budget_s`` seconds stops with an ``unverifiable-import`` error on the file it was on.
+    Raises NotADirectoryError when ``repo_path`` is not a directory and ValueError for an unknown
+    profile; everything wrong with the fork itself is a finding in the report.
     """
     require_known_profile(profile)
     if not os.path.isdir(repo_path):
         raise NotADirectoryError(f"repository path {os.fspath(repo_path)!r} is not a directory")
+    deadline = Deadline(budget_s)
     repo = ForkTree(Path(repo_path))
-    reexports = ReexportIndex(repo.locate_module)
+    reexports = ReexportIndex(repo.locate_module, deadline)
     findings = repo.findings
 
     targets = [f"{QUASAR_DIR}/{name}" for name in TARGET_FILES]
@@ -37,18 +58,12 @@ def validate_repo(repo_path: str | os.PathLike, profile: str = "core", require_c
     repo.check_namespace_shadowing()
     repo.check_bytecode_cache("fla/layers/__pycache__", stem="quasar.")
     for relative in checked:
-        source = repo.read_source(relative)
-        if source is None:
-            continue
-        repo.check_shadowing(relative)
-        module_name = module_name_for(relative)
-        parsed = parse_source(source, relative)
-        if isinstance(parsed, Finding):
-            findings.append(parsed)
-            continue
-        findings.extend(find_forbidden_imports(parsed, source, module_name, relative, reexports))
-        if relative == CHUNK_FILE:
-            findings.extend(missing_required_imports(parsed, module_name, relative, profile))
+        try:
+            deadline.check()
+            _check_file(repo, relative, profile, reexports, deadline)
+        except OverBudget:
+            findings.append(deadline.finding(relative))
+            break
 
     warnings: list[Finding] = []
     if not repo.has_cu_file():
