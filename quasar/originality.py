@@ -40,9 +40,19 @@ C_LIKE_SUFFIXES = (".cu", ".cuh", ".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hp
 # A string literal (kept as it is) or a comment (dropped) in C-like source.
 _C_TOKENS = re.compile(r'("(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')|(//[^\n]*|/\*.*?\*/)', re.DOTALL)
 _SPACE = re.compile(rb"\s+")
-_SPACE_AROUND_PUNCTUATION = re.compile(rb" ?([^\w ]) ?")
+# A space next to punctuation (matching only spaces keeps punctuation-dense files fast).
+_SPACE_BY_PUNCTUATION = re.compile(rb" (?=[^\w ])|(?<=[^\w ]) ")
 
 SAME_COMMIT, SAME_CONTENT = "commit", "content"
+
+# Parsing costs far more than a file's size (``x=[0,0,...]`` takes about 500 bytes of memory a
+# byte, in the validator's own process), so Python and JSON are parsed only up to these sizes, a
+# file and a kernel directory in path order; beyond, they are compared with whitespace collapsed
+# (about 2 s and 70 MB at the most). A real kernel is far below both: the starter fork's kernel
+# directory holds 90 KB, fla's largest source is 80 KB. (A copier gains nothing by going over: a
+# file or a file more changes the hash anyway.)
+MAX_PARSED_FILE_BYTES = 128 * 1024
+MAX_PARSED_BYTES = 512 * 1024
 
 
 def _without_docstrings(tree: ast.AST) -> ast.AST:
@@ -101,17 +111,20 @@ def canonical_tree(node: object) -> str:
 
 def _collapsed(text: bytes) -> bytes:
     """Whitespace runs as one space, and none next to punctuation."""
-    return _SPACE_AROUND_PUNCTUATION.sub(rb"\1", _SPACE.sub(b" ", text).strip())
+    return _SPACE_BY_PUNCTUATION.sub(b"", _SPACE.sub(b" ", text).strip())
 
 
-def normalised_file(name: str, data: bytes) -> bytes:
+def normalised_file(name: str, data: bytes, parse: bool = True) -> bytes:
     """``data`` (the file ``name``) in a form that comments and whitespace do not change.
 
     Python: its syntax tree without docstrings (so formatting, comments and redundant parentheses
     do not count), written out by :func:`canonical_tree` (the same on every Python version);
     C-like sources: without comments, whitespace collapsed; JSON: the parsed value in canonical
-    form; anything else, or a file that does not parse: whitespace collapsed.
+    form; anything else, a file that does not parse, or Python or JSON not to be parsed (``parse``
+    False, or over MAX_PARSED_FILE_BYTES): whitespace collapsed.
     """
+    if name.endswith((".py", ".json")) and (not parse or len(data) > MAX_PARSED_FILE_BYTES):
+        return _collapsed(data)
     if name.endswith(".py"):
         try:
             tree = astparse.parse(data, filename=name)
@@ -135,10 +148,16 @@ def normalised_file(name: str, data: bytes) -> bytes:
 
 def content_hash(files: Mapping[str, bytes]) -> str:
     """The content hash of the kernel files ``files`` (path relative to the kernel directory ->
-    bytes): sha256 over each path and its normalised content, in path order."""
+    bytes): sha256 over each path and its normalised content, in path order (Python and JSON parsed
+    while MAX_PARSED_BYTES last)."""
     digest = hashlib.sha256()
+    unparsed = MAX_PARSED_BYTES
     for path in sorted(files):
-        digest.update(path.encode() + b"\0" + hashlib.sha256(normalised_file(path, files[path])).digest())
+        data = files[path]
+        parse = len(data) <= unparsed
+        if parse and path.endswith((".py", ".json")):
+            unparsed -= len(data)
+        digest.update(path.encode() + b"\0" + hashlib.sha256(normalised_file(path, data, parse)).digest())
     return digest.hexdigest()
 
 

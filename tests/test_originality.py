@@ -8,6 +8,7 @@ import ast
 import glob
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from quasar import originality
 from quasar.originality import (
     SAME_COMMIT,
     SAME_CONTENT,
@@ -240,3 +242,58 @@ def test_normalising_never_raises_on_hostile_input(name):
     hostile = [b"(" * 200_000, b"\xff\xfe" * 1000, b"\x00" * 10, b"[" * 100_000, "é".encode() * 10]
     for data in hostile:
         assert isinstance(normalised_file(name, data), bytes)
+
+
+def test_collapsing_whitespace_matches_its_reference_on_random_text():
+    # The fast form matches only spaces; the reference drops a space on either side of every
+    # punctuation mark after folding whitespace runs, as the rule reads.
+    around = re.compile(rb" ?([^\w ]) ?")
+    rng = random.Random()
+    alphabet = b"ab_09 \t\n,.;(){}#/*\"'-\xc3\xa9\x00"
+    for _ in range(20_000):
+        text = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 16)))
+        assert normalised_file("a.txt", text) == around.sub(rb"\1", re.sub(rb"\s+", b" ", text).strip()), text
+
+
+JUNK = b"x=[" + b"0," * (512 * 1024) + b"]\n"  # 1 MiB: about 500 MB and 3 s to parse
+
+
+def test_python_beyond_the_parse_limits_is_compared_with_whitespace_collapsed():
+    big = b"# note\n" + JUNK[: originality.MAX_PARSED_FILE_BYTES] + b"]\n"
+    assert normalised_file("big.py", big) == normalised_file("big.txt", big)
+    small = b"x = 1  # a\n"
+    assert normalised_file("small.py", small) == normalised_file("small.py", b"x=1\n")
+    # In a directory, files parse in path order while the budget lasts.
+    part = JUNK[:120_000] + b"]\n"
+    files = {f"j{n}.py": part + str(n).encode() for n in range(6)}
+    parsed = originality.MAX_PARSED_BYTES // len(part)
+    hashes = {
+        name: normalised_file(name, data, parse=index < parsed) for index, (name, data) in enumerate(files.items())
+    }
+    expected = originality.hashlib.sha256()
+    for name in sorted(files):
+        expected.update(name.encode() + b"\0" + originality.hashlib.sha256(hashes[name]).digest())
+    assert content_hash(files) == expected.hexdigest()
+
+
+HASH_JUNK = """
+import resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+sys.path.insert(0, sys.argv[1])
+from tests.test_originality import JUNK
+from quasar.originality import content_hash
+started = time.monotonic()
+content_hash({"junk.py": JUNK * 16, **{f"j{n:02}.py": JUNK[:120_000] + b"]" for n in range(40)}})
+print(time.monotonic() - started)
+"""
+
+
+def test_a_kernel_directory_built_to_exhaust_the_parser_is_hashed_in_bounded_time():
+    # The attack: files of ``x=[0,0,...]`` (git compresses them to nothing) make the content hash
+    # of the validator's own process parse gigabytes of syntax tree for minutes. Run apart, with
+    # its memory capped, so that a regression cannot take this machine's memory.
+    run = subprocess.run(
+        [sys.executable, "-c", HASH_JUNK, str(ROOT)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert run.returncode == 0, run.stderr
+    assert float(run.stdout) < 10.0
