@@ -210,7 +210,7 @@ def test_waiting_between_cycles_reveals_a_commitment_when_it_is_due(tmp_path):
                 submitter,
                 rig.state,
                 rig.store,
-                LoopConfig(iterations=0, interval_s=0, min_improvement=0.02, push_on_keep=False),
+                LoopConfig(iterations=0, interval_s=0, min_improvement=0.02),
             )
             assert submitter.submit_if_better(Measurement(head, 128, 5000.0, 4500.0))
             stop = threading.Event()

@@ -9,9 +9,10 @@ One cycle:
 3. measure the best commit (the baseline) with the harness, as validators will;
 4. up to ``AGENT_ITERATIONS`` times: ask the next strategy for a candidate, apply it, run the
    import check and the evaluation; if it passes and is faster than the best by
-   ``MIN_IMPROVEMENT`` (or by the two measurements' spread, when that is larger), commit it (and
-   push it, in direct mode) and submit it; otherwise roll it back. Every attempt is recorded in
-   the state, so none is tried twice;
+   ``MIN_IMPROVEMENT`` (or by the two measurements' spread, when that is larger), commit it and
+   submit it (the submission pushes it: a kept commit is not public before it is submitted, so
+   nobody can claim it first, docs/rules.md section 5); otherwise roll it back. Every attempt is
+   recorded in the state, so none is tried twice;
 5. wait ``OPTIMIZATION_INTERVAL`` seconds, revealing a pending commitment when it is due and
    logging each validator's verdict on the miner's submissions as it arrives.
 
@@ -35,7 +36,6 @@ from quasar import scoring
 from quasar.evaluate import EvaluationOptions, EvaluationReport, ProgressEvent, evaluate
 from quasar.evaluate.report import OK
 from quasar.imports import QUASAR_DIR, validate_repo
-from quasar.miner.github import GitError
 from quasar.miner.state import Measurement, MinerState, StateStore
 from quasar.miner.status import VerdictWatcher
 from quasar.miner.strategies import (
@@ -73,7 +73,6 @@ class LoopConfig:
     min_improvement: float
     target_seq_len: int | None = None
     candidate_lengths: tuple[int, ...] = DEFAULT_CANDIDATE_LENGTHS
-    push_on_keep: bool = True  # direct mode; commit-reveal pushes at the reveal
     claim_share: float = 1.0
 
 
@@ -333,11 +332,6 @@ class Miner:
             self.state.best = measurement
             self.store.save(self.state)
             self.evaluate.save(report, "best")
-            if self.config.push_on_keep:
-                try:
-                    self.clone.push(commit)
-                except GitError as error:
-                    logger.error("kept %s but could not push it (retried when it is submitted): %s", commit[:12], error)
             logger.info(
                 "kept %s as %s: %s tokens/s at T=%d", candidate.description, commit[:12], f"{measured:,.0f}", target
             )

@@ -198,7 +198,7 @@ def _run(settings: Settings) -> int:
     from quasar.miner.state import MinerStateError, StateStore
     from quasar.miner.status import VerdictWatcher
     from quasar.miner.strategies import AgentStrategy, TuningStrategy
-    from quasar.miner.submission import DIRECT, Submitter
+    from quasar.miner.submission import Submitter
     from quasar.miner.workspace import ForkClone, Workspace, WorkspaceError
 
     wallet = open_wallet(settings, "miner")
@@ -296,7 +296,6 @@ def _run(settings: Settings) -> int:
             min_improvement=settings.min_improvement,
             target_seq_len=settings.target_sequence_length,
             claim_share=settings.claim_share,
-            push_on_keep=settings.submission_mode == DIRECT,
         )
 
         miner = Miner(
