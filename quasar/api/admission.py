@@ -89,7 +89,11 @@ def _over_rate_limit(details: tuple[Any, ...], params: Mapping[str, Any]) -> Api
 
 
 def _already_ready(details: tuple[Any, ...], params: Mapping[str, Any]) -> ApiError:
-    return ApiError(409, f"this fork, commit and target length were already submitted as submission {details[0]}")
+    return ApiError(
+        409,
+        f"this fork, commit and target length were already submitted as submission {details[0]}; each is "
+        "evaluated once: to submit it again (with another claim, say), commit again",
+    )
 
 
 def _a_copy(details: tuple[Any, ...], params: Mapping[str, Any]) -> ApiError:
