@@ -17,7 +17,7 @@ from quasar.imports.findings import Finding, Rule
 from quasar.imports.folding import fold_int, fold_path, fold_str, fold_str_list
 from quasar.imports.layout import forbidden_root, is_package_file, resolve_relative
 from quasar.imports.parsing import parse_source
-from quasar.imports.reexports import ReexportIndex
+from quasar.imports.reexports import Opaque, ReexportIndex
 from quasar.imports.sensitive_names import (
     BUILTIN_NAMES,
     GETATTR_LIKE,
@@ -90,9 +90,18 @@ class _ForbiddenImportChecker:
         root = self.reexports.root_of(dotted)
         if root is None:
             return False
+        if isinstance(root, Opaque):
+            via = "" if dotted == root.name else f"{dotted} comes from {root.name}, and "
+            self._opaque(node, f"{via}the value of {root.name}", root)
+            return True
         via = "" if forbidden_root(dotted) else f" ({dotted} comes from {root})"
         self._report(node, Rule.FORBIDDEN_IMPORT, f"{what} {root}{via} (`{_snippet(self.source, node)}`)", root)
         return True
+
+    def _opaque(self, node: ast.AST, subject: str, opaque: Opaque) -> None:
+        """Reports a use of a name of the fork whose value the re-export index cannot follow;
+        ``subject`` says how the use reaches it."""
+        self._unverifiable(node, f"{subject} cannot be followed: it is {opaque.why}", opaque.name)
 
     def _unverifiable(self, node: ast.AST, why: str, subject: str) -> None:
         message = f"cannot be verified: {why} (`{_snippet(self.source, node)}`)"
@@ -313,7 +322,9 @@ class _ForbiddenImportChecker:
 
     def _forbidden_star(self, node: ast.AST, module: str) -> None:
         root = self.reexports.star_root(module)
-        if root:
+        if isinstance(root, Opaque):
+            self._opaque(node, f"`*` takes the names {module} binds, and the value of {root.name}", root)
+        elif root:
             message = f"forbidden import of {root}: `*` takes the names {module} binds from it"
             self._report(node, Rule.FORBIDDEN_IMPORT, f"{message} (`{_snippet(self.source, node)}`)", root)
 

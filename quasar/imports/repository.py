@@ -82,15 +82,20 @@ class ForkTree:
             self.findings.append(Finding(relative, line, Rule.ENCODING, message))
             return None
 
-    def locate_module(self, module: str) -> tuple[str, str] | None:
-        """A module's path and source for the re-export index; quietly None when it cannot be had."""
+    def locate_module(self, module: str) -> tuple[str, str | None] | None:
+        """A module's path and source for the re-export index; None when the fork has no such module.
+        The source is None when it cannot be had (too large, a link out, unreadable): Python may still
+        import it, so the index follows none of its names."""
         for relative in module_paths(module):
+            if not os.path.lexists(self.root / relative):
+                continue
             real = self.real(relative)
             try:
                 if _inside(real, self.root) and real.is_file() and real.stat().st_size <= MAX_SOURCE_BYTES:
                     return relative, real.read_bytes().decode("utf-8", errors="replace")
             except OSError:
-                return None
+                pass
+            return relative, None
         return None
 
     def _entries(self, directory: str) -> list[os.DirEntry]:
