@@ -51,6 +51,8 @@ SLEEP_SECONDS = 0.4
 # one unless tokens_per_request says otherwise).
 BATCHED_SLEEP_SECONDS = 0.05
 BATCHED_FORWARDS = 3
+# A byte count a forged reply gives: more than a float holds.
+FORGED_BYTES = 10**400
 
 
 class Listener:
@@ -228,6 +230,10 @@ def world(tmp_path_factory) -> World:
             options=replace(FAST_CPU, policy=SandboxPolicy(triton_seed=str(triton_seed))),
         ),
         "forge_reply": Case("forge_reply"),
+        "forged_huge_integer": Case("forged_frame", {"header": b'{"ok":false,"peak_bytes":' + b"1" * 5000 + b"}"}),
+        "forged_deep_nesting": Case("forged_frame", {"header": b"[" * 200_000}),
+        "forged_peak": Case("forged_peak", {"peak": FORGED_BYTES}),
+        "forged_memory": Case("forged_memory", {"peak": FORGED_BYTES}),
         "cheap_input": Case("cheap_input"),
         "oom": Case("oom", {"oom_length": 128}, target=256, options=replace(FAST_CPU, seq_lens=(64, 128))),
         "wrong_at_length": Case(
@@ -380,6 +386,33 @@ def test_replaying_fingerprints_in_the_harness_code_is_caught(world):
     report = world.reports["forge_reply"]
     assert report.verdict == "fail"
     assert "timed forwards checked do not match the reference" in reasons(world, "forge_reply")
+
+
+# Replies the parent could not read made evaluate() raise (ValueError, RecursionError,
+# OverflowError): the validator's worker took that for a fault of its own, retried three times and
+# gave the submission up without ever failing it. Each now fails the fork, naming what was malformed.
+@pytest.mark.parametrize(
+    ("name", "during", "malformed"),
+    [
+        (
+            "forged_huge_integer",
+            "loading the fork's layer",
+            "malformed message header: ValueError: Exceeds the limit (4300 digits) for integer string conversion",
+        ),
+        (
+            "forged_deep_nesting",
+            "loading the fork's layer",
+            "malformed message header: RecursionError: maximum recursion depth exceeded",
+        ),
+        ("forged_peak", "warm-up at T=64", f"peak_bytes={str(FORGED_BYTES)[:57]}... is not a byte count"),
+        ("forged_memory", "reading memory use", f"peak_bytes={str(FORGED_BYTES)[:57]}... is not a byte count"),
+    ],
+)
+def test_a_forged_reply_the_parent_cannot_read_fails_the_fork(world, name, during, malformed):
+    report = world.reports[name]
+    assert report.verdict == "fail"
+    [reason] = [reason for reason in report.reasons if "the child broke the protocol" in reason]
+    assert f"the child broke the protocol during {during}" in reason and malformed in reason, reason
 
 
 def test_wrong_only_at_one_length_fails_there(world):

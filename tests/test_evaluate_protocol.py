@@ -95,6 +95,7 @@ def test_channel_refuses_oversized_payload(pipe_pair):
         ((5).to_bytes(4, "big") + b"{bad}", "malformed message header"),
         ((2).to_bytes(4, "big") + b"[]", "not a JSON object"),
         ((13).to_bytes(4, "big") + b'{"nbytes":-1}', "nbytes=-1"),
+        ((15).to_bytes(4, "big") + b'{"nbytes":true}', "nbytes=True"),
         ((protocol.MAX_HEADER_BYTES + 1).to_bytes(4, "big"), "exceeds the"),
     ],
 )
@@ -103,6 +104,28 @@ def test_channel_refuses_malformed_headers(pipe_pair, raw, message):
     os.write(child.write_fd, raw)
     with pytest.raises(protocol.ChannelError, match=message):
         parent.recv(deadline=time.monotonic() + 5)
+
+
+@pytest.mark.parametrize(
+    "header,message",
+    [
+        (b'{"ok":true,"peak_bytes":' + b"1" * 5000 + b"}", "ValueError: Exceeds the limit"),
+        (b"[" * 200_000, "RecursionError: maximum recursion depth exceeded"),
+    ],
+)
+def test_a_header_that_breaks_the_decoder_is_the_other_sides_error(pipe_pair, header, message):
+    # A fork writing a frame of its own onto the reply pipe: an integer of 5,000 digits (more than
+    # Python converts) or arrays nested 200,000 deep made recv raise ValueError or RecursionError,
+    # which evaluate() let out as a fault of the validator's own. The frame is read whole before
+    # it is decoded, so the next one still comes through.
+    parent, child = pipe_pair
+    writer = threading.Thread(target=os.write, args=(child.write_fd, len(header).to_bytes(4, "big") + header))
+    writer.start()
+    with pytest.raises(protocol.ChannelError, match=f"malformed message header: {message}"):
+        parent.recv(deadline=time.monotonic() + 5)
+    writer.join()
+    child.send({"op": "next"})
+    assert parent.recv(deadline=time.monotonic() + 5)[0] == {"op": "next", "nbytes": 0}
 
 
 def test_channel_deadline_and_closed_peer(pipe_pair):

@@ -101,19 +101,24 @@ class Channel:
         """Read one frame: ``(header, payload or None)``.
 
         ``deadline`` is a ``time.monotonic()`` value (None waits forever); a payload larger than
-        ``max_payload`` bytes, an oversized or malformed header raise :class:`ChannelError`.
+        ``max_payload`` bytes, an oversized header or one that does not decode (whatever the
+        decoder raised) raise :class:`ChannelError`. The header's values are not checked here:
+        each reader checks the fields it takes.
         """
         (length,) = _LENGTH.unpack(self._read_exact(_LENGTH.size, deadline))
         if length > MAX_HEADER_BYTES:
             raise ChannelError(f"message header of {length} bytes exceeds the {MAX_HEADER_BYTES}-byte limit")
+        raw = self._read_exact(length, deadline)
         try:
-            header = json.loads(self._read_exact(length, deadline))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
-            raise ChannelError(f"malformed message header: {error}") from None
+            header = json.loads(raw)
+        except Exception as error:
+            # Not only bad JSON: an integer of more digits than Python converts (ValueError) or
+            # arrays nested past the recursion limit (RecursionError) are the other side's error too.
+            raise ChannelError(f"malformed message header: {type(error).__name__}: {error}") from None
         if not isinstance(header, dict):
             raise ChannelError("malformed message header: not a JSON object")
         nbytes = header.get("nbytes", 0)
-        if not isinstance(nbytes, int) or nbytes < 0:
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
             raise ChannelError(f"malformed message header: nbytes={nbytes!r}")
         if nbytes > max_payload:
             raise ChannelError(f"message payload of {nbytes} bytes exceeds the {max_payload}-byte limit")

@@ -87,6 +87,38 @@ def mib(nbytes: int | None) -> float | None:
     return None if nbytes is None else nbytes / (1 << 20)
 
 
+# The most bytes of memory a reply may report: far above any device's memory, and small enough
+# for every figure made from it (MiB as a float, a difference of two) to stay finite.
+MAX_REPORTED_BYTES = 1 << 50
+
+_SCALARS = (bool, int, float, str, type(None))
+
+
+def shown_value(value: object, limit: int = 60) -> str:
+    """A value of the child's as a reason quotes it: the repr of a scalar or of a short flat list,
+    cut to ``limit`` characters; else only its type (the repr of a nested one may recurse past
+    the limit)."""
+    if isinstance(value, _SCALARS) or (
+        isinstance(value, list) and len(value) <= 8 and all(isinstance(item, _SCALARS) for item in value)
+    ):
+        text = repr(value)
+        return text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"a {type(value).__name__}"
+
+
+def reply_bytes(reply: dict, key: str, what: str) -> int | None:
+    """The byte count ``reply[key]``, None where the child sent none (null, as on the CPU); any
+    other value than a whole number from 0 to :data:`MAX_REPORTED_BYTES` breaks the protocol."""
+    value = reply.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_REPORTED_BYTES:
+        raise ChildFailure(
+            ERROR, f"the child broke the protocol during {what}: {key}={shown_value(value)} is not a byte count"
+        )
+    return value
+
+
 class Session:
     """The parent's side of the conversation with one sandboxed child."""
 
@@ -148,10 +180,12 @@ def missing_module_reason(module: str) -> str:
 
 
 def reply_failure(reply: dict, seq_len: int | None, what: str) -> ChildFailure:
-    message = str(reply.get("error", "unknown error"))
+    """The failure a reply of ``ok: false`` reports (raises ChildFailure itself where a field of it is malformed)."""
+    error = reply.get("error")
+    message = error if isinstance(error, str) else "unknown error"
     kind = reply.get("kind")
     if kind == "oom":
-        peak = mib(reply.get("peak_bytes")) if isinstance(reply.get("peak_bytes"), int) else None
+        peak = mib(reply_bytes(reply, "peak_bytes", what))
         shown = f"{peak:,.0f} MiB" if peak is not None else "unknown"
         return ChildFailure(OOM, f"OOM at T={seq_len}, peak {shown}")
     if kind == "missing_module" and isinstance(reply.get("module"), str) and reply["module"]:
@@ -220,21 +254,25 @@ def receive_output(session: Session, length: int, offset: int, deadline: float) 
     if not reply.get("ok"):
         raise reply_failure(reply, length, "sending the output")
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    dtype = dtypes.get(str(reply.get("dtype")))
+    named = reply.get("dtype")
+    dtype = dtypes.get(named) if isinstance(named, str) else None
     shape = reply.get("shape")
     expected_shape = [1, length, workload.HIDDEN_SIZE]
     if dtype is None or shape != expected_shape:
         raise ChildFailure(
             ERROR,
-            f"the output sent has dtype {reply.get('dtype')!r} and shape {shape}, "
+            f"the output sent has dtype {shown_value(named)} and shape {shown_value(shape)}, "
             f"expected a float tensor of shape {expected_shape}",
         )
     nbytes = length * workload.HIDDEN_SIZE * torch.empty((), dtype=dtype).element_size()
     shared, area = reply.get("shared_bytes"), session.child.shared
     if shared is not None:
-        if payload is not None or area is None or shared != nbytes or offset + nbytes > area.size:
+        exact = isinstance(shared, int) and not isinstance(shared, bool) and shared == nbytes
+        if payload is not None or area is None or not exact or offset + nbytes > area.size:
             raise ChildFailure(
-                ERROR, f"the child broke the protocol sending the output: shared_bytes={shared!r}, expected {nbytes}"
+                ERROR,
+                f"the child broke the protocol sending the output: shared_bytes={shown_value(shared)}, "
+                f"expected {nbytes}",
             )
         if nbytes > COPY_OUTPUTS_UP_TO:
             return SharedOutput(area, offset, dtype, expected_shape, session.child.gone)
@@ -248,13 +286,9 @@ def receive_output(session: Session, length: int, offset: int, deadline: float) 
 def read_memory(session: Session, deadline: float, reset: bool) -> tuple[int | None, int | None]:
     """The child's device memory: ``(allocated now, peak since the last reset)`` in bytes (None
     where it has none to report); ``reset`` starts a new peak."""
-    reply, _, _ = session.request({"op": "memory", "reset": reset}, deadline, "reading memory use")
-
-    def count(key: str) -> int | None:
-        value = reply.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    return count("allocated_bytes"), count("peak_bytes")
+    what = "reading memory use"
+    reply, _, _ = session.request({"op": "memory", "reset": reset}, deadline, what)
+    return reply_bytes(reply, "allocated_bytes", what), reply_bytes(reply, "peak_bytes", what)
 
 
 def length_peak(before: tuple[int | None, int | None], after: tuple[int | None, int | None]) -> int | None:

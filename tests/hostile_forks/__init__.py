@@ -262,6 +262,16 @@ _workload.forward_input = lambda noise, previous: torch.zeros(1, *noise.shape, d
             torch.empty(1 << 44, dtype=torch.uint8, device=hidden_states.device)
         return super().forward(hidden_states, *args, **kwargs)
     """),
+    # Reports a peak memory of {peak} bytes, more than a float holds, with the out-of-memory error
+    # its first forward raises.
+    "forged_peak": """
+import sys as _sys
+
+_sys.modules["__main__"].Server.peak_bytes = lambda self: {peak}
+"""
+    + _wrap("""
+    raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+"""),
     # Fast (and wrong) only at one length.
     "wrong_at_length": _wrap("""
         if hidden_states.shape[1] == {wrong_length}:
@@ -459,6 +469,32 @@ print("HOG-HELD", len(_hog), flush=True)
     # Imports a package of the validator's environment that is not the evaluation's.
     "foreign_import": """
 __import__({module})
+""",
+    # Writes a frame of its own (header {header}, raw bytes) onto the harness's reply pipe at import:
+    # the parent reads it as the reply to its load request.
+    "forged_frame": """
+import os as _os
+import struct as _struct
+import sys as _sys
+
+_header = {header}
+_os.write(int(_sys.argv[2]), _struct.pack(">I", len(_header)) + _header)
+""",
+    # Has the harness's memory replies report a peak of {peak} bytes, more than a float holds.
+    "forged_memory": """
+import sys as _sys
+
+_protocol = _sys.modules["protocol"]
+_real_send = _protocol.Channel.send
+
+
+def _send(self, header, payload=None):
+    if "allocated_bytes" in header:
+        header = dict(header, peak_bytes={peak})
+    return _real_send(self, header, payload)
+
+
+_protocol.Channel.send = _send
 """,
     # Never finishes its import.
     "hang_at_import": """
