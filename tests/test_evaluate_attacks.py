@@ -179,6 +179,7 @@ def world(tmp_path_factory) -> World:
 
     cases = {
         "honest": Case(None, target=128, options=replace(FAST_CPU, seq_lens=(64,)), claimed=1e12),
+        "huge_sources": Case(None),
         "honest_bind_under_tmp": Case(
             None, options=replace(FAST_CPU, policy=SandboxPolicy(extra_readonly_paths=(str(bind_under_tmp),)))
         ),
@@ -273,6 +274,10 @@ def world(tmp_path_factory) -> World:
             write_starter_fork(forks[name])
         else:
             forks[name] = write_hostile_fork(base / name, case.attack, **case.params)
+    # The starter fork beside two 8 MB sources of one long list, which git compresses to nothing.
+    (forks["huge_sources"] / "junk").mkdir()
+    for junk in ("a.py", "b.py"):
+        (forks["huge_sources"] / "junk" / junk).write_text("x = [" + "0," * (4 << 20) + "]\n")
     digest_before = file_digest(write_outside_source / "fla" / "layers" / "quasar.py")
 
     def run_case(name: str) -> tuple[str, EvaluationReport, float]:
@@ -342,6 +347,13 @@ def test_honest_starter_fork_is_correct_and_only_the_inflated_claim_fails(world)
     measured = report.lengths["128"].tokens_per_sec
     assert report.measured_tokens_per_sec == measured
     assert report.lengths["128"].tokens_per_sec_min <= report.recommended_claim <= measured
+
+
+def test_huge_sources_beside_the_fork_leave_its_evaluation_alone(world):
+    # Their bytecode is not compiled beside the import check (tests/test_evaluate_sandbox.py
+    # checks that what is compiled is bounded); the evaluation goes on as for the starter fork.
+    report = world.reports["huge_sources"]
+    assert report.verdict == "pass", report.reasons
 
 
 def test_a_read_only_bind_under_tmp_survives_the_sandboxs_own_tmp(world):

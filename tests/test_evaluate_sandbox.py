@@ -1,25 +1,38 @@
 """The sandbox's parent side (quasar/evaluate/sandbox.py, sandbox_contents.py): the output it keeps,
-the environment, the fork's copy, the stragglers, the folders it binds and hides."""
+the environment, the fork's copy and its bytecode, the stragglers, the folders it binds and hides."""
 
 from __future__ import annotations
 
+import importlib.util
+import marshal
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from quasar.evaluate import sandbox
 from quasar.evaluate.captured_output import CapturedOutput
-from quasar.evaluate.sandbox import SandboxError, SandboxPolicy
-from quasar.evaluate.sandbox_contents import copy_tree, scrubbed_environment
-from quasar.evaluate.sandbox_layout import python_installation, site_folders
+from quasar.evaluate.sandbox import SandboxedChild, SandboxError, SandboxPolicy
+from quasar.evaluate.sandbox_contents import (
+    COMPILE_ADDRESS_SPACE_BYTES,
+    COMPILE_CPU_SECONDS,
+    COMPILE_WORKERS,
+    copy_tree,
+    scrubbed_environment,
+)
+from quasar.evaluate.sandbox_layout import SANDBOX_FORK, python_installation, site_folders
 from quasar.evaluate.stragglers import MARKER_VARIABLE, kill_marked_processes
+from quasar.starter_fork import write_starter_fork
 from tests.evaluate_runs import (
     naive_capture_text,
 )
+from tests.processes import proc_files
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -101,3 +114,86 @@ def test_the_sandbox_hides_site_folders_lent_by_a_pth_file_and_binds_no_checkout
     assert all(not folder.startswith(str(checkout)) for folder in installation)
     if sys.prefix != sys.base_prefix:
         assert sys.prefix not in installation
+
+
+class GroupWatch:
+    """Samples the processes of one process group until its leader ends: the most resident memory
+    they held at once, and what /proc said of the process that held the most (its limits, uid and
+    cgroups then, while it compiled: a process that is exiting is shown in the root cgroup)."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process = process
+        self.peak_bytes = 0
+        self.largest: dict[str, str | int] = {"rss": 0}
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+    def _members(self) -> list[int]:
+        # /proc/PID/stat: "PID (COMM) STATE PPID PGRP ..."; COMM may hold spaces, so after its ")".
+        return [pid for pid, stat in proc_files("stat") if int(stat.rsplit(b")", 1)[1].split()[2]) == self.process.pid]
+
+    def _watch(self) -> None:
+        while self.process.poll() is None:
+            held = 0
+            for pid in self._members():
+                try:
+                    status = Path(f"/proc/{pid}/status").read_text()
+                    limits, cgroup = Path(f"/proc/{pid}/limits").read_text(), Path(f"/proc/{pid}/cgroup").read_text()
+                except OSError:
+                    continue
+                rss = int(status.split("VmRSS:")[1].split()[0]) * 1024 if "VmRSS:" in status else 0
+                held += rss
+                if rss > int(self.largest["rss"]):
+                    uid = status.split("Uid:")[1].split()[0]
+                    self.largest = {"rss": rss, "limits": limits, "cgroup": cgroup, "uid": uid}
+            self.peak_bytes = max(self.peak_bytes, held)
+            time.sleep(0.005)
+
+
+def _limit(limits: str, name: str) -> str:
+    return next(line.split()[-3] for line in limits.splitlines() if line.startswith(name))
+
+
+def test_the_fork_copys_bytecode_is_compiled_within_the_sandboxs_limits(tmp_path, monkeypatch):
+    # The reviewer's fork: the starter fork and two 8 MB sources of one long list in junk/ (git
+    # compresses them to nothing). `compileall -j 0` compiled every source of the copy as this
+    # process's user (root), outside the sandbox's cgroup and limits: over 5 GiB at once, and a fork
+    # could ask for hundreds. Sources over the size cap are now left to the child; the others (one
+    # of 400 KiB here, some 150 MB to compile) are compiled in the sandbox's cgroup, as its uid, by
+    # processes whose memory and CPU time are bounded.
+    fork = tmp_path / "fork"
+    write_starter_fork(fork)
+    (fork / "junk").mkdir()
+    for name in ("a.py", "b.py"):
+        (fork / "junk" / name).write_text("x = [" + "0," * (4 << 20) + "]\n")
+    (fork / "fla" / "table.py").write_text("x = [" + "0," * (200 << 10) + "]\n")
+    watches: list[GroupWatch] = []
+    compile_fork_copy = sandbox.compile_fork_copy
+
+    def watched(*args):
+        process = compile_fork_copy(*args)
+        watches.append(GroupWatch(process))
+        return process
+
+    monkeypatch.setattr(sandbox, "compile_fork_copy", watched)
+    with SandboxedChild(fork, "cpu", SandboxPolicy(allow_unsandboxed=True)) as child:
+        child.precompiled(timeout=120)
+        [watch] = watches
+        watch.thread.join()
+        copy = child.workdir / "fork"
+        shown = SANDBOX_FORK if child.isolation == "namespaces" else str(copy)
+        for source in ("fla/layers/quasar.py", "fla/table.py"):
+            bytecode = Path(importlib.util.cache_from_source(str(copy / source)))
+            # Compiled, naming the source where the child sees it.
+            assert marshal.loads(bytecode.read_bytes()[16:]).co_filename == f"{shown}/{source}"
+        assert not (copy / "junk" / "__pycache__").exists()
+        confinement = child.confinement
+    assert watch.peak_bytes < COMPILE_WORKERS * COMPILE_ADDRESS_SPACE_BYTES, watch.peak_bytes
+    largest = watch.largest
+    assert int(largest["rss"]) > 64 << 20, "the 400 KiB source's compilation was not seen"
+    assert _limit(str(largest["limits"]), "Max address space") == str(COMPILE_ADDRESS_SPACE_BYTES)
+    assert _limit(str(largest["limits"]), "Max cpu time") == str(COMPILE_CPU_SECONDS)
+    if confinement.uid is not None:
+        assert largest["uid"] == str(confinement.uid.uid)
+    if confinement.cgroup is not None:
+        assert all(folder.name in str(largest["cgroup"]) for folder in confinement.cgroup.directories.values())

@@ -253,10 +253,13 @@ class SandboxedChild:
         self._start_precompile()
 
     def _start_precompile(self) -> None:
-        """Compile the fork copy's sources to bytecode beside the import check (compile_fork_copy)."""
-        assert self.workdir is not None
+        """Compile the fork copy's sources to bytecode beside the import check (compile_fork_copy),
+        within the sandbox's cgroup and as its uid."""
+        assert self.workdir is not None and self.confinement is not None
         shown = SANDBOX_FORK if self._mode != "none" else str(self.workdir / "fork")
-        self._compiling = compile_fork_copy(self.workdir, shown)
+        uid = self.confinement.uid.uid if self.confinement.uid is not None else None
+        cgroup = self.confinement.cgroup
+        self._compiling = compile_fork_copy(self.workdir, shown, uid, cgroup.procs_files if cgroup is not None else [])
 
     def precompiled(self, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for the fork's bytecode, then stop its compilation."""
@@ -300,9 +303,14 @@ class SandboxedChild:
                 f"{why}; refusing to run the fork without a sandbox (pass --allow-unsandboxed to run it anyway)"
             )
         logger.warning("running the fork WITHOUT a sandbox: %s", why)
+        # A compilation still running under the limits replaced here starts again under the new ones.
+        compiling = self._compiling is not None and self._compiling.poll() is None
+        self.precompiled(timeout=0)
         self._mode = "none"
         self._confine(root=False)
         self._spawn("none")
+        if compiling:
+            self._start_precompile()
         self.isolation = "none"
         self.isolation_note = f"UNSANDBOXED ({why}): fork code ran with this user's files and network"
 

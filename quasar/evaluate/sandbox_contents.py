@@ -1,13 +1,17 @@
 """What a sandboxed child is given (sandbox.py starts it and ends it): its working folder, with a
-copy of the fork (without ``.git``, compiled to bytecode beside it) and the harness's files the
-child runs; its site folders; the NVIDIA device nodes it holds; and its whole environment,
-scrubbed of the parent's (no tokens, no wallet paths; HOME and TMPDIR inside the sandbox)."""
+copy of the fork (without ``.git``, compiled to bytecode beside it within the sandbox's limits)
+and the harness's files the child runs; its site folders; the NVIDIA device nodes it holds; and
+its whole environment, scrubbed of the parent's (no tokens, no wallet paths; HOME and TMPDIR
+inside the sandbox)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 from quasar.errors import QuasarError
@@ -20,6 +24,13 @@ HARNESS_FILES = ("child.py", "protocol.py", "workload.py", "sandbox_init.py", "s
 HARNESS_DIR = Path(__file__).resolve().parent
 # A fork bigger than this (without .git) is refused rather than copied.
 MAX_FORK_BYTES = 512 * 1024 * 1024
+# The bytecode compiled beside the import check (compile_fork_copy): of sources up to this size
+# (compiling one takes some 400 times its size in memory: two 8 MB files of a list took over
+# 5 GiB), by up to this many processes, each held to this address space and CPU time.
+MAX_COMPILED_SOURCE_BYTES = 512 << 10
+COMPILE_WORKERS = 4
+COMPILE_ADDRESS_SPACE_BYTES = 512 << 20
+COMPILE_CPU_SECONDS = 60
 # Variables passed through from the parent's environment when set: library lookup and device
 # selection only, never credentials.
 PASSED_VARIABLES = (
@@ -134,32 +145,56 @@ def prepare_workdir(workdir: Path, fork: Path | None) -> None:
     (home / "tmp").mkdir(parents=True, mode=0o700)
 
 
-def compile_fork_copy(workdir: Path, shown: str) -> subprocess.Popen:
-    """Start compiling the fork copy's Python sources to bytecode, in a process of its own on
-    every core, beside the import check (the child, one pinned core, would compile a real fla
-    tree's 571 modules itself at import: seconds); ``shown``: the fork's folder as the child sees
-    it. Only compiled, never run; where it fails or is late the child compiles what is missing, as
-    Python always does."""
-    command = [
-        python_executable(),
-        "-I",
-        "-m",
-        "compileall",
-        "-q",
-        "-j",
-        "0",
-        "-d",
-        shown,
-        str(workdir / "fork"),
-    ]
-    return subprocess.Popen(
-        command,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
-        start_new_session=True,
-    )
+def compiled_sources(fork: Path) -> list[str]:
+    """The sources of the fork copy ``fork`` that are compiled beside the import check: regular
+    ``.py`` files of at most :data:`MAX_COMPILED_SOURCE_BYTES`, relative to it, largest first."""
+    found = []
+    for directory, _, names in os.walk(fork):
+        for name in names:
+            path = os.path.join(directory, name)
+            if name.endswith(".py"):
+                info = os.lstat(path)
+                if stat.S_ISREG(info.st_mode) and info.st_size <= MAX_COMPILED_SOURCE_BYTES:
+                    found.append((info.st_size, os.path.relpath(path, fork)))
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def compile_fork_copy(workdir: Path, shown: str, uid: int | None, cgroup_procs: list[str]) -> subprocess.Popen:
+    """Start compiling the fork copy's sources (:func:`compiled_sources`) to bytecode, in
+    processes of their own on several cores, beside the import check (the child, one pinned core,
+    would compile a real fla tree's 571 modules itself at import: seconds); ``shown``: the fork's
+    folder as the child sees it. fork_bytecode.py compiles them within the sandbox's limits:
+    in its cgroups (``cgroup_procs``), as its ``uid`` (None: this process's), each process held
+    to :data:`COMPILE_ADDRESS_SPACE_BYTES` and :data:`COMPILE_CPU_SECONDS`. Only compiled, never
+    run; where it fails or is late the child compiles what is missing, as Python always does."""
+    fork = workdir / "fork"
+    sources = compiled_sources(fork)
+    if uid is not None:
+        # The sandbox's uid writes the bytecode: it is given the cache folders, nothing else.
+        for folder in {os.path.dirname(source) for source in sources}:
+            cache = fork / folder / "__pycache__"
+            cache.mkdir(mode=0o755, exist_ok=True)
+            os.chown(cache, uid, uid, follow_symlinks=False)
+    config = {
+        "cgroup_procs": cgroup_procs,
+        "rlimits": {"AS": COMPILE_ADDRESS_SPACE_BYTES, "CPU": COMPILE_CPU_SECONDS, "CORE": 0},
+        "uid": uid,
+        "workers": min(COMPILE_WORKERS, os.cpu_count() or 1),
+        "shown": shown,
+    }
+    # NUL-ended: a file's name may hold a newline.
+    with tempfile.TemporaryFile() as listing:
+        listing.write(b"".join(os.fsencode(source) + b"\0" for source in sources))
+        listing.seek(0)
+        return subprocess.Popen(
+            [python_executable(), "-I", "-S", str(HARNESS_DIR / "fork_bytecode.py"), json.dumps(config)],
+            stdin=listing,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=fork,
+            env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
+            start_new_session=True,
+        )
 
 
 def site_paths(workdir: Path, namespaced: bool) -> list[str]:
