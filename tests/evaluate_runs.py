@@ -42,23 +42,27 @@ def filled(count: int, length: int, input_seed: int, basis_seed: int) -> workloa
 
 
 def naive_fingerprint(output: torch.Tensor, directions: torch.Tensor, token_weights: torch.Tensor) -> torch.Tensor:
+    """[e, 0, j]: the sum over eighth e's tokens of w_t <out_t, R_j>; [e, 1, j]: the same of |out_t|."""
     directions, weights = directions.double(), token_weights.double()
     flat = output.reshape(-1, output.shape[-1]).double()
     rows = []
     for row, (start, stop) in enumerate(workload.segment_bounds(flat.shape[0])):
         rows.append(
             [
-                sum(float(weights[row, t]) * float(flat[t] @ directions[:, j]) for t in range(start, stop))
-                for j in range(directions.shape[1])
+                [
+                    sum(float(weights[row, t]) * float(part(flat[t]) @ directions[:, j]) for t in range(start, stop))
+                    for j in range(directions.shape[1])
+                ]
+                for part in (lambda token: token, torch.abs)
             ]
         )
     return torch.tensor(rows, dtype=torch.float64)
 
 
 def naive_signs(values: list) -> list[int]:
-    """signs_from_fingerprint in plain Python from the reported floats, as the rule says."""
+    """signs_from_fingerprint in plain Python from the reported floats [8, 2, K], as the rule says."""
     signs = []
-    for value in itertools.chain.from_iterable(row[: workload.SIGN_DIRECTIONS] for row in values):
+    for value in itertools.chain.from_iterable(eighth[0][: workload.SIGN_DIRECTIONS] for eighth in values):
         bits = struct.unpack("<I", struct.pack("<f", value))[0]
         product = (bits * 0x2545F491) % (1 << 32)
         signs += [-1 if (product >> shift) & 1 else 1 for shift in (28, 29, 30, 31)]
@@ -98,32 +102,58 @@ def naive_capture_text(chunks: list[bytes]) -> str:
     return (head + middle + tail).decode("utf-8", errors="replace")
 
 
-def child_request(reference: torch.nn.Module, length: int, seeds: tuple[int, int], count: int, fake_after_first=False):
+def sums_on_a_few_tokens(output: torch.Tensor, token_weights: torch.Tensor) -> torch.Tensor:
+    """An output ``[1, T, C]`` whose every eighth is zeros but for its first token, which holds the
+    eighth's tokens weighted by ``token_weights [8, T]`` and summed (times its own weight): the same
+    signed sums, from eight vectors (a fork could get them from o_proj's summed inputs alone)."""
+    flat = output[0].float()
+    summed = torch.zeros_like(flat)
+    for row, (start, stop) in enumerate(workload.segment_bounds(flat.shape[0])):
+        weights = token_weights[row, start:stop]
+        summed[start] = weights[0] * (weights @ flat[start:stop])
+    return summed.to(output.dtype)[None]
+
+
+def child_request(
+    reference: torch.nn.Module,
+    length: int,
+    seeds: tuple[int, int],
+    count: int,
+    fake_after_first=False,
+    sums_only=False,
+):
     """What the child sends for a ``run`` request (the chained forwards of workload.run_forwards
     through the reference layer, bf16 outputs: the fingerprints' bytes), and the last output.
-    ``fake_after_first``: forwards after the first return zeros, as a fork skipping them would."""
+    ``fake_after_first``: forwards after the first return zeros, as a fork skipping them would;
+    ``sums_only``: every forward returns :func:`sums_on_a_few_tokens` of its output (the last
+    output returned is the real one, as such a fork would send it when asked)."""
     buffers = filled(count, length, *seeds)
     calls = []
+    real = []
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         calls.append(len(calls))
         if fake_after_first and len(calls) > 1:
             return torch.zeros(1, length, 512, dtype=torch.bfloat16)
         with torch.inference_mode():
-            return reference(hidden)[0].bfloat16()
+            output = reference(hidden)[0].bfloat16()
+        real.append(output)
+        return sums_on_a_few_tokens(output, buffers.token_weights[len(calls) - 1]) if sums_only else output
 
     output = workload.run_forwards(forward, buffers)
-    return bytearray(memoryview(buffers.fingerprints.numpy()).cast("B")), output
+    return bytearray(memoryview(buffers.fingerprints.numpy()).cast("B")), real[-1] if sums_only else output
 
 
-def honest_run(reference: torch.nn.Module, length: int, timed: int = 3, count: int = 1, fake_after_first=False):
-    """A LengthRun as the parent builds it from an honest (or first-only) fork's replies."""
+def honest_run(
+    reference: torch.nn.Module, length: int, timed: int = 3, count: int = 1, fake_after_first=False, sums_only=False
+):
+    """A LengthRun as the parent builds it from an honest (or first-only, or sums-only) fork's replies."""
     from quasar.evaluate.report import LengthResult
     from quasar.evaluate.session import Request, parse_fingerprints
     from quasar.evaluate.timing import LengthRun
 
     def request(seeds: tuple[int, int], count: int, fake=False):
-        payload, output = child_request(reference, length, seeds, count, fake)
+        payload, output = child_request(reference, length, seeds, count, fake, sums_only)
         return Request(*seeds, parse_fingerprints(payload, count, "test"), 1_000_000 * count, 1_000_000), output
 
     run = LengthRun(LengthResult(seq_len=length, status="ok", forwards_per_request=count))
@@ -141,8 +171,6 @@ def timed_run(length: int, count: int, timed: int):
     from quasar.evaluate.timing import LengthRun
 
     run = LengthRun(LengthResult(seq_len=length, forwards_per_request=count))
-    run.timed = [
-        Request(index, index, torch.zeros(count, 8, workload.FINGERPRINT_DIRECTIONS), 1) for index in range(timed)
-    ]
+    run.timed = [Request(index, index, torch.zeros(count, *workload.FINGERPRINT_SHAPE), 1) for index in range(timed)]
     run.check = run.timed[timed // 3]
     return run

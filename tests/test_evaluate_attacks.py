@@ -197,6 +197,7 @@ def world(tmp_path_factory) -> World:
         "first_only": Case(
             "first_only", options=replace(FAST_CPU, tokens_per_request=1 << 18, max_forwards_per_request=4)
         ),
+        "sums_on_few_tokens": Case("sums_on_few_tokens"),
         "flood": Case("flood", options=replace(FAST_CPU, policy=SandboxPolicy(max_output_bytes=4 << 20))),
         "sleep_forever": Case("sleep_forever", options=replace(FAST_CPU, length_timeout_s=8)),
         # T=64 must be ready within the limit while two other evaluations share the machine's cores.
@@ -472,6 +473,18 @@ def test_skipping_all_but_the_first_forward_of_a_request_is_caught(world):
     item = report.lengths["64"]
     assert item.forwards_per_request == 4 and item.runs_verified == 12
     assert "T=64: 9 of 12 timed forwards checked do not match the reference" in reasons(world, "first_only")
+
+
+def test_an_output_right_only_in_the_sums_the_fingerprint_takes_is_caught(world):
+    # The fork puts each eighth's weighted sum on one token and zeros elsewhere (what o_proj of its
+    # summed inputs gives, skipping o_proj over the sequence) and sends the real output when asked.
+    report = world.reports["sums_on_few_tokens"]
+    assert report.verdict == "fail"
+    item = report.lengths["64"]
+    assert item.rel_error < REL_ERROR_THRESHOLD and item.fingerprint_error > 0.5
+    assert (
+        "T=64: 3 of 3 timed forwards checked match the reference in their signed sums but not in their absolute values"
+    ) in reasons(world, "sums_on_few_tokens")
 
 
 # --- containment -----------------------------------------------------------------------------

@@ -114,7 +114,7 @@ def test_a_forward_that_cannot_be_captured_is_timed_eagerly_with_the_reason(tmp_
 def test_signs_on_the_gpu_are_the_cpus_and_buffers_repeat_their_seeds():
     rng = random.Random()
     for _ in range(20):
-        values = torch.randn(8, workload.FINGERPRINT_DIRECTIONS) * 10 ** rng.uniform(-8, 8)
+        values = torch.randn(3, *workload.FINGERPRINT_SHAPE) * 10 ** rng.uniform(-8, 8)
         values.view(-1)[rng.randrange(values.numel())] = rng.choice([0.0, -0.0, math.inf, -math.inf, 1e-45])
         assert torch.equal(
             workload.signs_from_fingerprint(values.cuda()).cpu(), workload.signs_from_fingerprint(values)
@@ -127,6 +127,27 @@ def test_signs_on_the_gpu_are_the_cpus_and_buffers_repeat_their_seeds():
     workload.fill_request(again, *seeds)
     for name in ("noise", "directions", "token_weights"):
         assert torch.equal(getattr(first, name), getattr(again, name)), name
+
+
+@pytest.mark.parametrize(("length", "dtype"), [(512, torch.bfloat16), (77, torch.float32), (100_000, torch.bfloat16)])
+def test_the_fingerprint_kernel_gives_torchs_sums_and_repeats_them_exactly(length, dtype):
+    # signed_sums on CUDA (one Triton kernel) against torch's on the CPU, on a strided output; a
+    # CUDA graph replays it bit for bit.
+    generator = torch.Generator().manual_seed(length)
+    output = torch.randn(2, length, 600, generator=generator).to(dtype)[..., 50:562]
+    weights = torch.randint(0, 2, (2, 8, length), generator=generator).float() * 2 - 1
+    expected = workload.signed_sums(output, weights)
+    on_gpu = (output.cuda(), weights.cuda())
+    sums = workload.signed_sums(*on_gpu)
+    assert float((sums.cpu() - expected).abs().max()) <= 1e-5 * float(expected.abs().max())
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        replayed = workload.signed_sums(*on_gpu)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed, sums)
 
 
 def test_real_out_of_memory_is_a_verdict(tmp_path):

@@ -32,7 +32,7 @@ def test_a_batched_reference_matches_one_forward_at_a_time():
     reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
     reference.load_state_dict(workload.make_weights(rng.randrange(1 << 30)), strict=True)
     buffers = filled(count, length, rng.randrange(1 << 63), rng.randrange(1 << 63))
-    request = Request(0, 0, torch.randn(count, workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS), 0)
+    request = Request(0, 0, torch.randn(count, *workload.FINGERPRINT_SHAPE), 0)
     batched = reference_outputs(reference, buffers, request, 0, count)
     one_at_a_time = torch.cat(
         [reference_outputs(reference, buffers, request, index, index + 1) for index in range(count)]
@@ -81,7 +81,7 @@ def test_the_rehearsal_checks_a_made_up_batch_as_a_timed_request_is_checked(monk
     monkeypatch.setattr(references, "reference_outputs", recording)
     monkeypatch.setattr(references, "MAX_FORWARDS_PER_REQUEST", 4)  # a request's most; small for the CPU
     work.rehearse(64)
-    assert batches == [(64, 4, (4, 8, workload.FINGERPRINT_DIRECTIONS))]
+    assert batches == [(64, 4, (4, *workload.FINGERPRINT_SHAPE))]
     assert sorted(work.expected) == [64]
 
 

@@ -22,12 +22,12 @@ from quasar.starter_fork import copy_starter_tree
 
 
 def test_the_parent_takes_one_fingerprint_per_forward_from_the_reply():
-    values = torch.randn(4, 8, workload.FINGERPRINT_DIRECTIONS)
+    values = torch.randn(4, *workload.FINGERPRINT_SHAPE)
     payload = bytearray(memoryview(values.numpy()).cast("B"))
     assert torch.equal(parse_fingerprints(payload, 4, "test"), values)
     with pytest.raises(
         ChildFailure,
-        match=f"1536 bytes of fingerprints for 4 forwards, expected {4 * 8 * 4 * workload.FINGERPRINT_DIRECTIONS}",
+        match=f"1536 bytes of fingerprints for 4 forwards, expected {4 * 8 * 2 * 4 * workload.FINGERPRINT_DIRECTIONS}",
     ):
         parse_fingerprints(payload[:1536], 4, "test")
     with pytest.raises(ChildFailure, match="0 bytes of fingerprints for 1 forwards"):

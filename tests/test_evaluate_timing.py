@@ -70,11 +70,11 @@ def test_the_correctness_request_runs_once_in_every_round_it_may_be_drawn_for(mo
 
     def run_request(session, length, count, deadline, what, seeds=None):
         made.append("timed")
-        return Request(1, 1, torch.zeros(count, 8, workload.FINGERPRINT_DIRECTIONS), 1_000_000)
+        return Request(1, 1, torch.zeros(count, *workload.FINGERPRINT_SHAPE), 1_000_000)
 
     def correctness_request(session, run, count, deadline, timings, progress):
         made.append("check")
-        run.check = Request(*run.check_seeds, torch.zeros(count, 8, workload.FINGERPRINT_DIRECTIONS), 1_000_000)
+        run.check = Request(*run.check_seeds, torch.zeros(count, *workload.FINGERPRINT_SHAPE), 1_000_000)
         return run.check
 
     monkeypatch.setattr(timing, "run_request", run_request)

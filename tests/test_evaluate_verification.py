@@ -47,11 +47,12 @@ def test_fingerprint_error_estimates_the_error_of_each_eighth():
 
 
 def test_fingerprint_error_refuses_malformed_claims():
-    expected = torch.ones(8, workload.FINGERPRINT_DIRECTIONS)
+    expected = torch.ones(workload.FINGERPRINT_SHAPE)
     norms = torch.ones(8)
     assert fingerprint_error("not a list", expected, norms) == math.inf
     assert fingerprint_error([[1.0] * 3] * 8, expected, norms) == math.inf
-    assert fingerprint_error([[float("nan")] * 16] * 8, expected, norms) == math.inf
+    assert fingerprint_error(torch.ones(8, workload.FINGERPRINT_DIRECTIONS), expected, norms) == math.inf
+    assert fingerprint_error(torch.full_like(expected, math.nan), expected, norms) == math.inf
     assert fingerprint_error(expected.tolist(), expected, norms) == 0.0
 
 
@@ -193,6 +194,29 @@ def test_verification_checks_every_forward_of_the_requests_it_picks(monkeypatch)
     ) in reasons
     # Its correctness request skipped the same forwards: its last output is zeros.
     assert "T=128: the output differs from the reference: relative error 1 > 0.02 over the whole sequence" in reasons
+
+
+def test_an_output_right_only_in_its_signed_sums_fails_the_timed_check():
+    # Attack: the fingerprint's first part is linear in the output and the child knows the token
+    # weights before each forward, so a fork can put each eighth's weighted sum on one token (from
+    # o_proj's summed inputs, skipping o_proj over the sequence) and leave the rest zeros; asked for
+    # the whole output after the request, it sends the real one. The projections of the absolute
+    # values need every value of every token.
+    reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
+    reference.load_state_dict(workload.make_weights(13), strict=True)
+    run = honest_run(reference, 128, timed=2, count=2, sums_only=True)
+    reasons = verification.verify_all(
+        {128: run}, references.ReferenceWork(13, "cpu", [], {}), Timings(), lambda e: None, 128
+    )
+    assert run.result.correct is False and run.result.rel_error < 5e-3
+    absolute_only = [reason for reason in reasons if "but not in their absolute values" in reason]
+    assert absolute_only == [
+        f"T=128: 6 of 6 timed forwards checked match the reference in their signed sums but not in "
+        f"their absolute values (largest error {run.result.fingerprint_error:.3g} > {FINGERPRINT_TOLERANCE:g}): "
+        "the output was not computed token by token (sums put on a few tokens)"
+    ], reasons
+    assert not any("do not match the reference" in reason for reason in reasons), reasons
+    assert run.result.fingerprint_error > 0.5
 
 
 def test_requests_to_verify_cover_max_verified_forwards_at_short_lengths_and_the_bound_at_the_target():

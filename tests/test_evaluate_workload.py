@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import textwrap
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ from tests.evaluate_runs import (
     naive_noise,
     naive_signs,
 )
+from tests.processes import script_results
 
 
 def test_weights_are_deterministic_and_fit_the_reference_layer():
@@ -90,7 +92,7 @@ def test_fingerprint_matches_the_naive_sum(seed):
     for index in range(2):
         directions, weights = buffers.directions[index], buffers.token_weights[index]
         fast = workload.fingerprint(output, directions, weights).double()
-        assert fast.shape == (8, workload.FINGERPRINT_DIRECTIONS)
+        assert fast.shape == workload.FINGERPRINT_SHAPE
         assert torch.allclose(fast, naive_fingerprint(output, directions, weights), rtol=1e-4, atol=1e-3)
 
 
@@ -98,7 +100,7 @@ def test_signs_are_the_rule_recomputed_from_the_reported_floats():
     rng = random.Random()
     special = [0.0, -0.0, 1.0, -1.0, 1e-45, -3e-39, 3.4e38, float("inf"), float("-inf")]
     for trial in range(20):
-        values = torch.randn(8, workload.FINGERPRINT_DIRECTIONS) * 10 ** rng.uniform(-6, 6)
+        values = torch.randn(workload.FINGERPRINT_SHAPE) * 10 ** rng.uniform(-6, 6)
         if trial % 4 == 0:
             values.view(-1)[: len(special)] = torch.tensor(special)
         signs = workload.signs_from_fingerprint(values)
@@ -107,13 +109,11 @@ def test_signs_are_the_rule_recomputed_from_the_reported_floats():
         received = torch.frombuffer(bytearray(memoryview(values.numpy()).cast("B")), dtype=torch.float32)
         assert torch.equal(workload.signs_from_fingerprint(received.reshape(values.shape)), signs)
     # One unit in the last place of one value the signs are drawn from changes its four signs.
-    values = torch.randn(8, workload.FINGERPRINT_DIRECTIONS)
+    values = torch.randn(workload.FINGERPRINT_SHAPE)
     changed = 0
-    for position in [
-        row * workload.FINGERPRINT_DIRECTIONS + column for row in range(8) for column in range(workload.SIGN_DIRECTIONS)
-    ]:
+    for eighth, column in itertools.product(range(8), range(workload.SIGN_DIRECTIONS)):
         nudged = values.clone()
-        nudged.view(-1)[position] = torch.nextafter(nudged.view(-1)[position], torch.tensor(math.inf))
+        nudged[eighth, 0, column] = torch.nextafter(nudged[eighth, 0, column], torch.tensor(math.inf))
         changed += not torch.equal(workload.signs_from_fingerprint(nudged), workload.signs_from_fingerprint(values))
     assert changed > 0.8 * workload.SIGN_VALUES
 
@@ -165,7 +165,7 @@ def test_the_parents_batched_checks_match_one_forward_at_a_time():
     rng = random.Random()
     count, length = rng.randint(2, 6), rng.randint(8, 300)
     buffers = filled(count, length, rng.randrange(1 << 63), rng.randrange(1 << 63))
-    reported = torch.randn(count, workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS)
+    reported = torch.randn(count, *workload.FINGERPRINT_SHAPE)
     outputs = torch.randn(count, length, workload.HIDDEN_SIZE)
     singles = torch.stack(
         [
@@ -198,7 +198,7 @@ def test_each_input_exists_only_after_the_previous_fingerprint():
     workload.run_forwards(lambda hidden: hidden.bfloat16(), buffers)
     first_signs = workload.signs_from_fingerprint(buffers.fingerprints[0])
     nudged = buffers.fingerprints[0].clone()
-    nudged[0, 0] = torch.nextafter(nudged[0, 0], torch.tensor(math.inf))
+    nudged[0, 0, 0] = torch.nextafter(nudged[0, 0, 0], torch.tensor(math.inf))
     assert not torch.equal(
         workload.forward_input(buffers.noise[1], nudged),
         workload.forward_input(buffers.noise[1], buffers.fingerprints[0]),
@@ -222,13 +222,41 @@ def test_fingerprint_of_bfloat16_output_is_close_to_float32():
     assert error < 0.01
 
 
-def test_a_change_in_one_eighth_moves_only_its_row_and_a_nan_poisons_all():
+def test_a_change_in_one_eighth_moves_only_its_row_and_a_nan_poisons_it():
     output = torch.randn(1, 64, 512)
     buffers = filled(1, 64, 1, 2)
     basis = (buffers.directions[0], buffers.token_weights[0])
     changed = output.clone()
     changed[0, 40, 17] += 100.0
-    moved = (workload.fingerprint(changed, *basis) != workload.fingerprint(output, *basis)).any(1)
+    moved = (workload.fingerprint(changed, *basis) != workload.fingerprint(output, *basis)).flatten(1).any(1)
     assert moved.tolist() == [False] * 5 + [True] + [False] * 2
     changed[0, 40, 17] = float("nan")
-    assert not bool(torch.isfinite(workload.fingerprint(changed, *basis)).any())
+    finite = torch.isfinite(workload.fingerprint(changed, *basis)).flatten(1).all(1)
+    assert finite.tolist() == [True] * 5 + [False] + [True] * 2
+
+
+# Runs in a child process: TRITON_INTERPRET must be set before triton is imported.
+KERNELS_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import torch
+    from quasar.evaluate import workload
+    torch.manual_seed(0)
+    workload._SPLIT_TOKENS = 8  # at 150 tokens each eighth split between two programs
+    res = {}
+    for length, dtype, count in ((40, torch.float32, 2), (150, torch.bfloat16, 1)):
+        weights = torch.randint(0, 2, (count, 8, length)).float() * 2 - 1
+        output = torch.randn(count, length, 600).to(dtype)[..., 50:562]
+        expected = workload._signed_sums_torch(output, weights)
+        difference = workload._signed_sums_triton(output, weights) - expected
+        res[f"sums-{length}"] = float(difference.abs().max() / expected.abs().max())
+    print(json.dumps(res))
+    """
+)
+
+
+def test_the_cuda_kernels_compute_what_torch_does():
+    # The Triton kernel of the fingerprint's sums, run by Triton's interpreter on the CPU (CI has no
+    # GPU; tests/test_evaluate_gpu.py runs it compiled), against torch.
+    results = script_results(KERNELS_SCRIPT, [], 120, TRITON_INTERPRET="1")
+    assert max(results.values()) < 1e-6, results

@@ -45,7 +45,7 @@ def made_up_run(
 ) -> LengthRun:
     """A length's run as the child would leave it, with random fingerprints and output."""
     count = forwards_per_request(length, tokens_per_request, MAX_FORWARDS_PER_REQUEST)
-    shape = (workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS)
+    shape = workload.FINGERPRINT_SHAPE
 
     def request(forwards: int) -> Request:
         seeds = torch.randint(0, 2**62, (2,), generator=generator).tolist()

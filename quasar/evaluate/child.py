@@ -27,7 +27,7 @@ Requests (JSON headers; see protocol.py) and replies:
   ``"eager (capture failed: REASON)"`` and the forwards stay eager (always eager on CPU)
 - ``run {seq_len, input_seed, basis_seed, count}``: fill the request's buffers from the seeds
   (workload.fill_request), run the ``count`` chained forwards (workload.run_forwards; the graph
-  if captured) -> ``{ok}`` + the fingerprints as payload: float32 ``[count, 8, 16]`` in this
+  if captured) -> ``{ok}`` + the fingerprints as payload: float32 ``[count, 8, 2, 32]`` in this
   machine's byte order, read back in one synchronisation (JSON floats cost the host milliseconds)
 - ``output {offset}``: the last forward's output as raw bytes -> ``{ok, dtype, shape}`` + payload,
   or, where the shared area holds it from ``offset`` on, ``{ok, dtype, shape, shared_bytes}`` with

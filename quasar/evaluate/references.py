@@ -169,7 +169,7 @@ class ReferenceWork:
         try:
             buffers = workload.RequestBuffers.allocate(count, length, self.device)
             workload.fill_request(buffers, new_seed(), new_seed())
-            request = Request(0, 0, torch.zeros(count, workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS), 0)
+            request = Request(0, 0, torch.zeros(count, *workload.FINGERPRINT_SHAPE), 0)
             expected = reference_outputs(self._loaded(), buffers, request, 0, count)
             workload.fingerprints_of(expected, buffers.directions, buffers.token_weights).cpu()
             workload.segment_norms_of(expected).cpu()

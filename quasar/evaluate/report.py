@@ -81,9 +81,9 @@ class LengthResult:
     the length's float32 inputs). ``rel_error`` is over the whole sequence, ``rel_error_eighths``
     per eighth, ``worst_block_error`` over 64-token blocks relative to the sequence's RMS;
     ``fingerprint_error`` is the largest estimated error among the timed forwards checked against
-    the reference. ``timing`` says how the child ran the timed forwards, as it reported
-    (informational, like the memory): ``"cuda-graph"`` (one CUDA graph per request), ``"eager
-    (capture failed: REASON)"`` or ``"eager (cpu)"``.
+    the reference, of their outputs or of their absolute values. ``timing`` says how the child ran
+    the timed forwards, as it reported (informational, like the memory): ``"cuda-graph"`` (one CUDA
+    graph per request), ``"eager (capture failed: REASON)"`` or ``"eager (cpu)"``.
     """
 
     seq_len: int

@@ -30,7 +30,7 @@ COPY_OUTPUTS_UP_TO = 64 << 20
 
 @dataclass
 class Request:
-    """One request: its seeds, the fingerprints the child reported (float32 ``[count, 8, K]``), its
+    """One request: its seeds, the fingerprints the child reported (float32 ``[count, 8, 2, K]``), its
     round trip, and the time per forward credited to the fork."""
 
     input_seed: int
@@ -201,11 +201,11 @@ def reply_failure(reply: dict, seq_len: int | None, what: str) -> ChildFailure:
 
 
 def fingerprint_bytes(count: int) -> int:
-    return count * workload.SEGMENTS * workload.FINGERPRINT_DIRECTIONS * 4
+    return count * math.prod(workload.FINGERPRINT_SHAPE) * 4
 
 
 def parse_fingerprints(payload: bytearray | None, count: int, what: str) -> torch.Tensor:
-    """The fingerprints of a ``run`` reply, float32 ``[count, 8, K]`` (each checked later, not here)."""
+    """The fingerprints of a ``run`` reply, float32 ``[count, 8, 2, K]`` (each checked later, not here)."""
     expected = fingerprint_bytes(count)
     if payload is None or len(payload) != expected:
         sent = 0 if payload is None else len(payload)
@@ -214,8 +214,7 @@ def parse_fingerprints(payload: bytearray | None, count: int, what: str) -> torc
             f"the child broke the protocol during {what}: {sent} bytes of fingerprints "
             f"for {count} forwards, expected {expected}",
         )
-    shape = (count, workload.SEGMENTS, workload.FINGERPRINT_DIRECTIONS)
-    return torch.frombuffer(payload, dtype=torch.float32).reshape(shape)
+    return torch.frombuffer(payload, dtype=torch.float32).reshape(count, *workload.FINGERPRINT_SHAPE)
 
 
 def run_request(

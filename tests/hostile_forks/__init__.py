@@ -231,6 +231,46 @@ _workload.forward_input = _noting_forward_input
         return torch.zeros_like(hidden_states, dtype=torch.bfloat16), None, None
     return super().forward(hidden_states, *args, **kwargs)
 """),
+    # The trick against a fingerprint linear in the output: the harness's token weights are known
+    # before each forward, so each eighth's weighted sum goes on its first token (a fork would get it
+    # from o_proj's summed inputs, skipping o_proj over the sequence) and the rest is zeros; the whole
+    # output, asked for only after the request ran, is the real one.
+    "sums_on_few_tokens": """
+import sys as _sys
+
+_workload = _sys.modules["workload"]
+_child = _sys.modules["__main__"]
+_state = {"buffers": None, "forward": 0, "real": None}
+_honest_fill, _honest_send_output = _workload.fill_request, _child.Server.send_output
+
+
+def _noting_fill(buffers, input_seed, basis_seed):
+    _state["buffers"], _state["forward"] = buffers, 0
+    return _honest_fill(buffers, input_seed, basis_seed)
+
+
+def _real_send_output(self, request):
+    if self.last_output is not None:
+        self.last_output = _state["real"]
+    return _honest_send_output(self, request)
+
+
+_workload.fill_request = _noting_fill
+_child.Server.send_output = _real_send_output
+"""
+    + _wrap("""
+    out, attn, cache = super().forward(hidden_states, *args, **kwargs)
+    weights = _state["buffers"].token_weights[_state["forward"]]
+    _state["forward"] += 1
+    _state["real"] = out
+    flat = out[0].float()
+    summed = torch.zeros_like(flat)
+    length = flat.shape[0]
+    for row in range(8):
+        start, stop = row * length // 8, (row + 1) * length // 8
+        summed[start] = weights[row, start] * (weights[row, start:stop] @ flat[start:stop])
+    return summed.to(out.dtype)[None], attn, cache
+"""),
     # Patches the harness's input generation to hand the layer zeros.
     "cheap_input": """
 import sys as _sys
