@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import struct
 
@@ -59,13 +58,36 @@ def naive_fingerprint(output: torch.Tensor, directions: torch.Tensor, token_weig
     return torch.tensor(rows, dtype=torch.float64)
 
 
+def naive_mix32(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) % (1 << 32)
+    x ^= x >> 15
+    x = (x * 0x3243F6A9) % (1 << 32)
+    return x ^ (x >> 16)
+
+
+def naive_coarse_word(bits: int, largest_exponent: int) -> int:
+    """A value's signed magnitude in steps of a quarter of its row's largest power of two, mod 2^32."""
+    exponent = (bits >> 23) & 0xFF
+    magnitude = ((bits & 0x7FFFFF) | 0x800000) >> min(largest_exponent - exponent + 21, 31)
+    return (-magnitude if bits >> 31 else magnitude) % (1 << 32)
+
+
 def naive_signs(values: list) -> list[int]:
     """signs_from_fingerprint in plain Python from the reported floats [8, 2, K], as the rule says."""
+    rows = [
+        [struct.unpack("<I", struct.pack("<f", value))[0] for value in part] for eighth in values for part in eighth
+    ]
+    words = []
+    for row in rows:
+        largest = max((bits >> 23) & 0xFF for bits in row)
+        words += [naive_coarse_word(bits, largest) for bits in row]
+    hashed = [naive_mix32((word + place * 0x2545F491) % (1 << 32)) for place, word in enumerate(words)]
     signs = []
-    for value in itertools.chain.from_iterable(eighth[0][: workload.SIGN_DIRECTIONS] for eighth in values):
-        bits = struct.unpack("<I", struct.pack("<f", value))[0]
-        product = (bits * 0x2545F491) % (1 << 32)
-        signs += [-1 if (product >> shift) & 1 else 1 for shift in (28, 29, 30, 31)]
+    for lane in range(16):
+        key = ((lane + 1) * 0x5BD1E995) % (1 << 32)
+        state = naive_mix32(sum(naive_mix32(value ^ key) for value in hashed) % (1 << 32))
+        signs += [-1 if (state >> bit) & 1 else 1 for bit in range(32)]
     return signs
 
 

@@ -198,6 +198,9 @@ def world(tmp_path_factory) -> World:
             "first_only", options=replace(FAST_CPU, tokens_per_request=1 << 18, max_forwards_per_request=4)
         ),
         "sums_on_few_tokens": Case("sums_on_few_tokens"),
+        "presumed_signs": Case(
+            "presumed_signs", options=replace(FAST_CPU, tokens_per_request=1 << 18, max_forwards_per_request=4)
+        ),
         "flood": Case("flood", options=replace(FAST_CPU, policy=SandboxPolicy(max_output_bytes=4 << 20))),
         "sleep_forever": Case("sleep_forever", options=replace(FAST_CPU, length_timeout_s=8)),
         # T=64 must be ready within the limit while two other evaluations share the machine's cores.
@@ -485,6 +488,16 @@ def test_an_output_right_only_in_the_sums_the_fingerprint_takes_is_caught(world)
     assert (
         "T=64: 3 of 3 timed forwards checked match the reference in their signed sums but not in their absolute values"
     ) in reasons(world, "sums_on_few_tokens")
+
+
+def test_signs_steered_to_a_pattern_known_beforehand_do_not_let_forwards_batch(world):
+    # The fork nudges the low bits of every value it reports so that the signs would all be +1, and
+    # runs each forward on its noise alone, as a fork running a request's forwards in one batch would.
+    report = world.reports["presumed_signs"]
+    assert report.verdict == "fail"
+    item = report.lengths["64"]
+    assert item.forwards_per_request == 4 and item.runs_verified == 12
+    assert "T=64: 9 of 12 timed forwards checked do not match the reference" in reasons(world, "presumed_signs")
 
 
 # --- containment -----------------------------------------------------------------------------

@@ -112,6 +112,7 @@ def test_a_forward_that_cannot_be_captured_is_timed_eagerly_with_the_reason(tmp_
 
 
 def test_signs_on_the_gpu_are_the_cpus_and_buffers_repeat_their_seeds():
+    # The Triton kernel against torch's integer operations on the CPU, bit for bit.
     rng = random.Random()
     for _ in range(20):
         values = torch.randn(3, *workload.FINGERPRINT_SHAPE) * 10 ** rng.uniform(-8, 8)

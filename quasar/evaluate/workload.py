@@ -2,15 +2,15 @@
 
 The parent (validator) and the sandboxed child build the layer weights, every forward's input
 and the fingerprint bases from seeds with this one module, so the parent can recompute on its
-own what an honest fork must have produced. It imports only ``torch``, Triton (its kernel runs on
-CUDA; where Triton is missing torch does the same work) and the standard library: the child
+own what an honest fork must have produced. It imports only ``torch``, Triton (its two kernels run
+on CUDA; where Triton is missing torch does the same work) and the standard library: the child
 loads it from the harness's own copy before any fork code runs.
 
 A request of ``count`` forwards at length ``T`` (see :class:`RequestBuffers`): the child fills
 static buffers from the request's two seeds (:func:`fill_request`: the noise ``[count, T, 512]``,
 the directions ``[count, 512, 32]`` and token weights ``[count, 8, T]``), then
 :func:`run_forwards` runs forward ``i`` on ``noise[i]`` times a ±1 vector over the hidden
-channels drawn from the bits of forward ``i - 1``'s fingerprint
+channels drawn from coarse words of every value of forward ``i - 1``'s fingerprint
 (:func:`signs_from_fingerprint`, integer arithmetic only) and writes forward ``i``'s fingerprint
 (:func:`fingerprint`: projections of the output and of its absolute values). Nothing in a request
 waits on the host, so the child can capture it whole in one CUDA graph; the parent rebuilds input
@@ -160,36 +160,77 @@ def fill_request(buffers: RequestBuffers, input_seed: int, basis_seed: int) -> N
     torch.mul(buffers.segment_mask, buffers.token_signs[:, None, :], out=buffers.token_weights)
 
 
-# signs_from_fingerprint: the values of the first SIGN_DIRECTIONS directions of the output's
-# projections of every eighth, each value's 32 bits times an odd constant (mod 2^32); bits 28-31 of
-# the product depend on all 32 bits of the value, and one unit in its last place changes them. The
-# bits masked to 32 and a multiplier below 2^31 keep every product under 2^63, so int64 arithmetic
-# is exact on every device and in the parent's check.
-SIGN_DIRECTIONS = 16
-SIGN_VALUES = SEGMENTS * SIGN_DIRECTIONS
-SIGN_BITS = HIDDEN_SIZE // SIGN_VALUES
-_SIGN_MULTIPLIER = 0x2545F491
+# signs_from_fingerprint. A fork may report any values within the tolerances (verification.py), so
+# a value's low bits are its to choose: the signs come only from coarse words of the values, which a
+# legal nudge seldom moves, each sign from all of them. A value's word is its magnitude in steps of
+# 2^-COARSE_BITS of its row's largest power of two (the largest exponent among the 32 values of its
+# eighth and part), signed, and 0 inside the first step: steps of 0.3 to 0.6 of the values' RMS, where
+# FINGERPRINT_TOLERANCE is 0.04 of it. Each word is mixed with its place, then each of SIGN_LANES
+# sums adds every mixed word again under the lane's key (mod 2^32), and the 32 bits of each mixed sum
+# are 32 signs: a state of 512 bits over all the words, which the words a fork can move within the
+# tolerances (about 150) cannot steer to a pattern chosen beforehand (docs/evaluation.md). Integer
+# operations only, on int64 values below 2^63 (words and keys below 2^32, multipliers below 2^31):
+# exact on every device.
+COARSE_BITS = 2
+SIGN_LANES = HIDDEN_SIZE // 32
 _LOW_32 = 0xFFFFFFFF
+_MIX = (0x7FEB352D, 0x3243F6A9)
+_POSITION_KEY = 0x2545F491
+_LANE_KEY = 0x5BD1E995
+
+
+def _mix32(x, first, second):
+    """A bijection of 32-bit words held in int64 (below 2^32): xor-shifts and odd multipliers below
+    2^31. Plain operators and literals only: it runs on torch tensors, and jitted inside the Triton
+    kernel (which reads no module globals)."""
+    x = x ^ (x >> 16)
+    x = (x * first) & 0xFFFFFFFF
+    x = x ^ (x >> 15)
+    x = (x * second) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+def _coarse_words(rows: torch.Tensor) -> torch.Tensor:
+    """The coarse words (int64, below 2^32) of float32 fingerprint values ``[..., 16, 32]``."""
+    bits = rows.contiguous().view(torch.int32).to(torch.int64)
+    exponent = (bits >> 23) & 0xFF
+    shift = torch.clamp(exponent.amax(-1, keepdim=True) - exponent + 23 - COARSE_BITS, max=31)
+    magnitude = ((bits & 0x7FFFFF) | 0x800000) >> shift
+    return torch.where(bits < 0, -magnitude, magnitude) & _LOW_32
+
+
+def _signs_torch(rows: torch.Tensor) -> torch.Tensor:
+    """:func:`signs_from_fingerprint` of fingerprints ``[n, 16, 32]`` with torch: float32 ``[n, 512]``."""
+    device = rows.device
+    words = _coarse_words(rows)
+    positions = torch.arange(words.shape[-2] * words.shape[-1], device=device).reshape(words.shape[-2:])
+    hashed = _mix32((words + positions * _POSITION_KEY) & _LOW_32, *_MIX).flatten(-2)
+    lanes = ((torch.arange(SIGN_LANES, device=device) + 1) * _LANE_KEY) & _LOW_32
+    mixed = _mix32(hashed[..., None, :] ^ lanes[:, None], *_MIX)
+    state = _mix32(mixed.sum(-1) & _LOW_32, *_MIX)
+    bits = (state[..., None] >> torch.arange(32, device=device)) & 1
+    return (1 - 2 * bits).flatten(-2).to(torch.float32)
 
 
 def signs_from_fingerprint(fingerprint_values: torch.Tensor) -> torch.Tensor:
-    """A ±1 int64 vector ``[512]`` from the bits of a float32 fingerprint ``[8, 2, K]``, on its device
-    (``[..., 512]`` from fingerprints ``[..., 8, 2, K]``, each on its own).
+    """A ±1 float32 vector ``[512]`` from the coarse words of a float32 fingerprint ``[8, 2, K]``
+    (see above), on its device (``[..., 512]`` from fingerprints ``[..., 8, 2, K]``, each on its own).
 
-    ``signs[4 p + b]`` is ``-1`` where bit ``28 + b`` of ``(bits of value p) * 0x2545F491`` is set,
-    value ``p`` being the fingerprint's ``[p // 16, 0, p % 16]`` (the first 16 projections of the
-    output of each eighth). Integer operations only, so the parent gets exactly the child's signs
-    from the float values the child reported. Six launches, none reading host memory (a CUDA graph
-    captures them).
-    """
-    device = fingerprint_values.device
+    Integer arithmetic only, so the parent gets exactly the child's signs from the float values the
+    child reported: on CUDA one Triton kernel (no host synchronisation: a CUDA graph captures it),
+    elsewhere torch, the same operations."""
     leading = fingerprint_values.shape[:-3]
-    used = fingerprint_values[..., 0, :SIGN_DIRECTIONS]
-    words = used.reshape(*leading, -1).contiguous().view(torch.int32).to(torch.int64)
-    mixed = (words & _LOW_32) * _SIGN_MULTIPLIER
-    shifted = mixed[..., None] >> torch.arange(32 - SIGN_BITS, 32, device=device, dtype=torch.int64)
-    # (-1)^n is -1 exactly where n's lowest bit, the bit shifted down, is set.
-    return torch.pow(-1, shifted.reshape(*leading, -1))
+    rows = fingerprint_values.reshape(-1, SEGMENTS * FINGERPRINT_PARTS, FINGERPRINT_DIRECTIONS).contiguous()
+    signs = _signs_triton(rows) if rows.is_cuda and triton is not None else _signs_torch(rows)
+    return signs.reshape(*leading, HIDDEN_SIZE)
+
+
+def _signs_triton(rows: torch.Tensor) -> torch.Tensor:
+    signs = torch.empty(rows.shape[0], HIDDEN_SIZE, device=rows.device)
+    _signs_kernel[(rows.shape[0],)](
+        rows, signs, rows.shape[1], rows.shape[2], SIGN_LANES, COARSE_BITS, _POSITION_KEY, _LANE_KEY, *_MIX
+    )
+    return signs
 
 
 def forward_input(noise: torch.Tensor, previous: torch.Tensor | None) -> torch.Tensor:
@@ -335,16 +376,18 @@ def segment_norms(output: torch.Tensor) -> torch.Tensor:
     )
 
 
-# The Triton kernel of signed_sums (CUDA): tiles of _SUM_TOKENS tokens by _SUM_CHANNELS channels;
-# each eighth split among programs of _SPLIT_TOKENS tokens or more, at most _MAX_SPLITS (a million
-# tokens: 4,096 programs on an H100's 132 multiprocessors; the output read at 2.6 TB/s, 415 µs,
-# against 387 µs for the one matrix product of the linear part alone).
+# The Triton kernels of signed_sums and signs_from_fingerprint (CUDA). signed_sums: tiles of
+# _SUM_TOKENS tokens by _SUM_CHANNELS channels; each eighth split among programs of _SPLIT_TOKENS
+# tokens or more, at most _MAX_SPLITS (a million tokens: 4,096 programs on an H100's 132
+# multiprocessors; the output read at 2.6 TB/s, 415 µs, against 387 µs for the one matrix product
+# of the linear part alone).
 _SUM_TOKENS = 128
 _SUM_CHANNELS = 64
 _SPLIT_TOKENS = 2048
 _MAX_SPLITS = 64
 
 if triton is not None:
+    _mix32_kernel = triton.jit(_mix32)
 
     @triton.jit
     def _signed_sums_kernel(
@@ -388,3 +431,34 @@ if triton is not None:
         out = partial_ptr + (row * splits + split).to(tl.int64) * 2 * width + channels
         tl.store(out, linear)
         tl.store(out + width, absolute)
+
+    @triton.jit
+    def _signs_kernel(
+        values_ptr,
+        signs_ptr,
+        ROWS: tl.constexpr,
+        COLUMNS: tl.constexpr,
+        LANES: tl.constexpr,
+        COARSE_BITS: tl.constexpr,
+        POSITION_KEY: tl.constexpr,
+        LANE_KEY: tl.constexpr,
+        MIX_FIRST: tl.constexpr,
+        MIX_SECOND: tl.constexpr,
+    ):
+        # _signs_torch, operation for operation (one fingerprint a program).
+        fingerprint = tl.program_id(0).to(tl.int64)
+        positions = tl.arange(0, ROWS)[:, None] * COLUMNS + tl.arange(0, COLUMNS)[None, :]
+        raw = tl.load(values_ptr + fingerprint * ROWS * COLUMNS + positions)
+        bits = raw.to(tl.int32, bitcast=True).to(tl.int64)
+        exponent = (bits >> 23) & 0xFF
+        shift = tl.minimum(tl.max(exponent, axis=1)[:, None] - exponent + 23 - COARSE_BITS, 31)
+        magnitude = ((bits & 0x7FFFFF) | 0x800000) >> shift
+        words = tl.where(bits < 0, -magnitude, magnitude) & 0xFFFFFFFF
+        keyed = (words + positions.to(tl.int64) * POSITION_KEY) & 0xFFFFFFFF
+        hashed = tl.reshape(_mix32_kernel(keyed, MIX_FIRST, MIX_SECOND), [ROWS * COLUMNS])
+        lanes = ((tl.arange(0, LANES).to(tl.int64) + 1) * LANE_KEY) & 0xFFFFFFFF
+        mixed = _mix32_kernel(hashed[None, :] ^ lanes[:, None], MIX_FIRST, MIX_SECOND)
+        state = _mix32_kernel(tl.sum(mixed, axis=1) & 0xFFFFFFFF, MIX_FIRST, MIX_SECOND)
+        bit = (state[:, None] >> tl.arange(0, 32)[None, :].to(tl.int64)) & 1
+        places = tl.arange(0, LANES)[:, None] * 32 + tl.arange(0, 32)[None, :]
+        tl.store(signs_ptr + fingerprint * LANES * 32 + places, 1.0 - 2.0 * bit.to(tl.float32))

@@ -271,6 +271,42 @@ _child.Server.send_output = _real_send_output
         summed[start] = weights[row, start] * (weights[row, start:stop] @ flat[start:stop])
     return summed.to(out.dtype)[None], attn, cache
 """),
+    # Signs steered to a pattern known beforehand, so that a request's forwards could run as one
+    # batch: every reported value's low 8 bits (under 3e-5 of it) chosen so that the sign rule of
+    # bits 28-31 of its bits times 0x2545F491 gives +1, and each forward run on its noise alone, as
+    # if every sign of its input were +1.
+    "presumed_signs": """
+import sys as _sys
+
+_workload = _sys.modules["workload"]
+_state = {"buffers": None, "forward": 0}
+_honest_fill, _honest_fingerprint = _workload.fill_request, _workload.fingerprint
+
+
+def _noting_fill(buffers, input_seed, basis_seed):
+    _state["buffers"], _state["forward"] = buffers, 0
+    return _honest_fill(buffers, input_seed, basis_seed)
+
+
+def _steered_fingerprint(output, directions, token_weights, out=None):
+    values = _honest_fingerprint(output, directions, token_weights)
+    bits = values.contiguous().view(torch.int32).to(torch.int64).reshape(-1, 1) & 0xFFFFFFFF
+    candidates = (bits & ~0xFF) | torch.arange(256)
+    plus = (((candidates * 0x2545F491) & 0xFFFFFFFF) >> 28) == 0
+    chosen = candidates.gather(1, plus.to(torch.uint8).argmax(1, keepdim=True))
+    steered = torch.where(chosen >= 1 << 31, chosen - (1 << 32), chosen).to(torch.int32)
+    values = steered.view(torch.float32).reshape(values.shape)
+    return out.copy_(values) if out is not None else values
+
+
+_workload.fill_request = _noting_fill
+_workload.fingerprint = _steered_fingerprint
+"""
+    + _wrap("""
+    noise = _state["buffers"].noise[_state["forward"]]
+    _state["forward"] += 1
+    return super().forward(noise[None], *args, **kwargs)
+"""),
     # Patches the harness's input generation to hand the layer zeros.
     "cheap_input": """
 import sys as _sys
