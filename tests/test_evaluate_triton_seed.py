@@ -22,6 +22,7 @@ from quasar.evaluate.environment import EvaluationEnvironment, Site, compile_byt
 from quasar.evaluate.sandbox import SandboxPolicy
 from quasar.evaluate.start import SandboxStart
 from quasar.evaluate.triton_seed import (
+    HARNESS_KERNELS,
     SeedError,
     build_seed,
     ensure_seed,
@@ -140,6 +141,12 @@ def test_the_seeds_name_follows_the_gpu_and_the_starter_forks_kernels(tmp_path):
     kernel = tree / "fla" / "ops" / "quasar" / "wy.py"
     kernel.write_text(kernel.read_text() + "\n# tuned\n")
     assert seed_key("NVIDIA H100 80GB HBM3", tree) != key
+    # A seed made before the harness's own kernels changed lacks them: a new name.
+    tuned = seed_key("NVIDIA H100 80GB HBM3", tree)
+    harness = tmp_path / "workload.py"
+    harness.write_bytes(HARNESS_KERNELS.read_bytes() + b"\n# changed\n")
+    assert seed_key("NVIDIA H100 80GB HBM3", tree, harness) != tuned
+    assert seed_key("NVIDIA H100 80GB HBM3", tree, HARNESS_KERNELS) == tuned
 
 
 def test_seeding_is_off_on_the_cpu_without_a_folder_and_in_a_cpu_job(tmp_path):

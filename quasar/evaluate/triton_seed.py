@@ -84,13 +84,19 @@ def gpu_model(device: str) -> str | None:
     return gpu.model if gpu is not None and gpu.model else None
 
 
-def seed_key(model: str, tree: Path | None = None) -> str:
-    """The name of the seed for GPU ``model``: a digest of that model, the starter fork's tree and
-    the evaluation environment's torch and Triton, and this Python's version."""
+# The harness's own Triton kernels (the fingerprint and the signs), which a seed holds compiled too.
+HARNESS_KERNELS = Path(__file__).with_name("workload.py")
+
+
+def seed_key(model: str, tree: Path | None = None, harness: Path = HARNESS_KERNELS) -> str:
+    """The name of the seed for GPU ``model``: a digest of that model, the starter fork's tree, the
+    harness's kernels, the evaluation environment's torch and Triton, and this Python's version (a
+    seed made before any of them changed lacks what an evaluation now compiles)."""
     versions = evaluation_environment().distributions
     parts = {
         "gpu": model,
         "starter": tree_digest(tree or starter_tree()),
+        "harness": hashlib.sha256(harness.read_bytes()).hexdigest(),
         "torch": versions.get("torch"),
         "triton": versions.get("triton"),
         "python": list(sys.version_info[:2]),
