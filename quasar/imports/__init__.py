@@ -51,10 +51,11 @@ What is checked, and the module of this package that checks it:
   pattern or a module ``__getattr__``, in a module it cannot read; functions, classes, constants
   and ordinary calls are followed or pass). Comments, strings and docstrings are text, never imports.
 * Bounds on the check's work (``unverifiable-import`` too, naming the bound; in
-  ``forbidden_imports`` and ``budget``): a name of a file may stand for at most 16 modules or
-  objects, the file's names for 20,000 in all, imports and assignments together; the whole check
-  of a fork has a time budget (``CHECK_BUDGET_S``, 60 s), checked between its steps, after which
-  it stops with an error on the file it was on.
+  ``forbidden_imports``, ``reexports`` and ``budget``): a name of a file may stand for at most 16
+  modules or objects, the file's names for 20,000 in all, imports and assignments together; a path
+  into the fork has at most 32 names; the whole check of a fork has a time budget
+  (``CHECK_BUDGET_S``, 60 s), checked between its steps, after which it stops with an error on the
+  file it was on.
 * Required imports (``missing-required-import``, profile ``core`` by default or ``strict``; in
   ``required``, module level defined in ``parsing``): ``chunk.py`` imports every name of the
   profile at module level. Module level means a statement of the module body, also inside a

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import posixpath
+import re
 from collections.abc import Sequence
 from pathlib import PurePosixPath
 
@@ -40,8 +41,27 @@ _MAX_ALIAS_ENTRIES = 20_000  # imports and assignments together (real fla: 120 i
 _MAX_ALIAS_PASSES = 10
 
 
-def _snippet(source: str, node: ast.AST) -> str:
-    text = ast.get_source_segment(source, node) or ast.unparse(node)
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+$")  # lines as the parser counts them
+
+
+def _snippet(lines: Sequence[str], node: ast.AST) -> str:
+    """``node``'s source on one line, cut to 100 characters. Read from ``lines`` (the file's, split
+    once) and only as far as needed: ``ast.get_source_segment`` split the whole file at every call,
+    so a file with many findings took its size times their number."""
+    start, end = getattr(node, "lineno", None), getattr(node, "end_lineno", None)
+    start_column, end_column = getattr(node, "col_offset", None), getattr(node, "end_col_offset", None)
+    if start is None or end is None or start_column is None or end_column is None:
+        text = ast.unparse(node)
+    else:
+        parts, size = [], 0
+        for number in range(start, min(end, len(lines)) + 1):
+            line = lines[number - 1].encode()  # columns count UTF-8 bytes
+            line = line[:end_column] if number == end else line
+            parts.append(line[start_column:] if number == start else line)
+            size += sum(map(len, parts[-1].split()))
+            if size > 400:  # at least 100 characters once whitespace is collapsed
+                break
+        text = b"".join(parts).decode(errors="replace")
     text = " ".join(text.split())
     return text if len(text) <= 100 else text[:97] + "..."
 
@@ -67,7 +87,7 @@ class _ForbiddenImportChecker:
         deadline: Deadline,
     ):
         self.tree = tree
-        self.source = source
+        self.lines = _LINE.findall(source)
         self.module_name = module_name
         self.filename = filename
         self.is_package = is_package_file(filename)
@@ -91,11 +111,12 @@ class _ForbiddenImportChecker:
         if root is None:
             return False
         if isinstance(root, Opaque):
-            via = "" if dotted == root.name else f"{dotted} comes from {root.name}, and "
+            shown = dotted if len(dotted) <= 100 else dotted[:97] + "..."
+            via = "" if dotted == root.name else f"{shown} comes from {root.name}, and "
             self._opaque(node, f"{via}the value of {root.name}", root)
             return True
         via = "" if forbidden_root(dotted) else f" ({dotted} comes from {root})"
-        self._report(node, Rule.FORBIDDEN_IMPORT, f"{what} {root}{via} (`{_snippet(self.source, node)}`)", root)
+        self._report(node, Rule.FORBIDDEN_IMPORT, f"{what} {root}{via} (`{_snippet(self.lines, node)}`)", root)
         return True
 
     def _opaque(self, node: ast.AST, subject: str, opaque: Opaque) -> None:
@@ -104,7 +125,7 @@ class _ForbiddenImportChecker:
         self._unverifiable(node, f"{subject} cannot be followed: it is {opaque.why}", opaque.name)
 
     def _unverifiable(self, node: ast.AST, why: str, subject: str) -> None:
-        message = f"cannot be verified: {why} (`{_snippet(self.source, node)}`)"
+        message = f"cannot be verified: {why} (`{_snippet(self.lines, node)}`)"
         self._report(node, Rule.UNVERIFIABLE_IMPORT, message, subject)
 
     # name resolution
@@ -326,7 +347,7 @@ class _ForbiddenImportChecker:
             self._opaque(node, f"`*` takes the names {module} binds, and the value of {root.name}", root)
         elif root:
             message = f"forbidden import of {root}: `*` takes the names {module} binds from it"
-            self._report(node, Rule.FORBIDDEN_IMPORT, f"{message} (`{_snippet(self.source, node)}`)", root)
+            self._report(node, Rule.FORBIDDEN_IMPORT, f"{message} (`{_snippet(self.lines, node)}`)", root)
 
     def _visit_reference(self, node: ast.AST) -> None:
         resolved = self._resolve(node)
@@ -460,7 +481,7 @@ class _ForbiddenImportChecker:
         for part in PurePosixPath(path).parts:
             if part in ("gla", "kda", "gla.py", "kda.py"):
                 root = f"fla.ops.{part.removesuffix('.py')}"
-                message = f"forbidden dynamic import of {root}: loads {path} (`{_snippet(self.source, node)}`)"
+                message = f"forbidden dynamic import of {root}: loads {path} (`{_snippet(self.lines, node)}`)"
                 self._report(node, Rule.FORBIDDEN_IMPORT, message, root)
                 return
 

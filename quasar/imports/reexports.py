@@ -248,6 +248,9 @@ class ReexportIndex:
     """
 
     _MAX_DEPTH = 16
+    # No module of a fork is nested this deep (real fla: 7); a path this long is refused rather than
+    # searched, for each of its prefixes may be a module: `fla.a.a.a…` cost its length cubed.
+    _MAX_PARTS = 32
 
     def __init__(self, locate: Callable[[str], tuple[str, str | None] | None], deadline: Deadline | None = None):
         self._locate = locate
@@ -307,6 +310,8 @@ class ReexportIndex:
 
     def _lookup(self, dotted: str, depth: int) -> Origin:
         parts = dotted.split(".")
+        if len(parts) > self._MAX_PARTS:
+            return Opaque(dotted[:60] + "…", f"a path of more than {self._MAX_PARTS} names")
         is_module = self._locate(dotted) is not None
         for split in range(len(parts) - 1, 0, -1):
             module = ".".join(parts[:split])
