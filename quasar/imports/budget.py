@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import time
 
+from quasar.errors import QuasarError
 from quasar.imports.findings import Finding, Rule
 
 CHECK_BUDGET_S = 60.0
 
 
-class OverBudget(Exception):
+class OverBudget(QuasarError):
     """Raised by :meth:`Deadline.check` once the budget is spent."""
 
 
