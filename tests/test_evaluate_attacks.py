@@ -470,14 +470,6 @@ def test_several_forwards_per_request_are_timed_and_verified_one_by_one(world):
     assert item.tokens_per_sec_max <= fastest_possible(item, BATCHED_SLEEP_SECONDS)
 
 
-def test_skipping_all_but_the_first_forward_of_a_request_is_caught(world):
-    report = world.reports["first_only"]
-    assert report.verdict == "fail"
-    item = report.lengths["64"]
-    assert item.forwards_per_request == 4 and item.runs_verified == 12
-    assert "T=64: 9 of 12 timed forwards checked do not match the reference" in reasons(world, "first_only")
-
-
 def test_an_output_right_only_in_the_sums_the_fingerprint_takes_is_caught(world):
     # The fork puts each eighth's weighted sum on one token and zeros elsewhere (what o_proj of its
     # summed inputs gives, skipping o_proj over the sequence) and sends the real output when asked.
@@ -490,14 +482,23 @@ def test_an_output_right_only_in_the_sums_the_fingerprint_takes_is_caught(world)
     ) in reasons(world, "sums_on_few_tokens")
 
 
-def test_signs_steered_to_a_pattern_known_beforehand_do_not_let_forwards_batch(world):
-    # The fork nudges the low bits of every value it reports so that the signs would all be +1, and
-    # runs each forward on its noise alone, as a fork running a request's forwards in one batch would.
-    report = world.reports["presumed_signs"]
+@pytest.mark.parametrize(
+    "name",
+    [
+        # The fork runs only the first forward of each request and returns zeros for the others.
+        "first_only",
+        # The fork nudges the low bits of every value it reports so that the signs would all be +1,
+        # and runs each forward on its noise alone, as a fork running a request's forwards in one
+        # batch would.
+        "presumed_signs",
+    ],
+)
+def test_forwards_not_run_on_their_chained_inputs_are_caught(world, name):
+    report = world.reports[name]
     assert report.verdict == "fail"
     item = report.lengths["64"]
     assert item.forwards_per_request == 4 and item.runs_verified == 12
-    assert "T=64: 9 of 12 timed forwards checked do not match the reference" in reasons(world, "presumed_signs")
+    assert "T=64: 9 of 12 timed forwards checked do not match the reference" in reasons(world, name)
 
 
 # --- containment -----------------------------------------------------------------------------
