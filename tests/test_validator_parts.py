@@ -15,7 +15,7 @@ import bittensor as bt
 import pytest
 from bittensor.sp_core import Keypair
 
-from quasar import scoring
+from quasar import originality, scoring
 from quasar.api.schemas import MAX_REASON_LENGTH, MAX_REASONS, ReportRequest
 from quasar.chain.base import Metagraph, NeuronInfo
 from quasar.chain.devchain import FINNEY, DevChain
@@ -46,6 +46,7 @@ from quasar.validator.state import (
     REPORTED,
     SCHEMA_VERSION,
     SKIPPED,
+    UNCHECKED,
     EvaluationKey,
     EvaluationResult,
     StateError,
@@ -225,6 +226,46 @@ def test_a_commitment_to_a_kernel_already_submitted_is_the_copy_in_the_validator
         state.finish_evaluation(key, replace(GOOD, content_hash=kernel), now=3.0)
         state.record_logits(submission_id, PASSED, "ok", now=4.0)
     assert [record.submission.submission_id for record in state.scored()] == [2]
+
+
+def test_ranking_reads_no_harness_report_and_matches_the_full_read(tmp_path):
+    """Every epoch ranks every finished submission ever stored: parsing each one's harness report
+    made that seconds and hundreds of MB after a few thousand evaluations, growing without end."""
+    rng = random.Random()
+    path = tmp_path / "state.sqlite3"
+    with ValidatorState.open(path) as state:
+        for submission_id in range(1, 41):
+            commit = f"{submission_id:040x}"
+            state.add_submission(submission(submission_id, hotkey=rng.choice(HOTKEYS), commit=commit), now=1.0)
+            key = submission(submission_id, commit=commit).key
+            if rng.random() < 0.9:
+                state.start_evaluation(key, "cpu", now=2.0)
+                content = rng.choice(["a" * 64, "b" * 64, None])
+                state.finish_evaluation(key, replace(GOOD, report={"n": submission_id}, content_hash=content), now=3.0)
+                if rng.random() < 0.8:
+                    state.record_logits(submission_id, rng.choice([PASSED, FAILED]), "", now=4.0)
+        # The slow reference: every finished record read whole, copies and unchecked logits left out.
+        known = state.submissions("e.status = ?", (FINISHED,))
+        copies = originality.find_copies(
+            originality.Fingerprint(
+                r.submission.submission_id,
+                r.submission.hotkey,
+                r.submission.commit_hash,
+                r.evaluation.result.content_hash,
+                r.submission.counts_from_block,
+            )
+            for r in known
+        )
+        expected = [r for r in known if r.logits != UNCHECKED and r.submission.submission_id not in copies]
+        without_reports = [
+            replace(r, evaluation=replace(r.evaluation, result=replace(r.evaluation.result, report=None)))
+            for r in expected
+        ]
+        assert state.scored() == without_reports and expected
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE evaluations SET report = '{not json'")
+    with ValidatorState.open(path) as state:
+        assert len(state.scored()) == len(expected)
 
 
 def test_a_state_file_of_schema_1_gains_the_content_hash(tmp_path):

@@ -481,11 +481,13 @@ class ValidatorState:
                 (report_state, detail, now, submission_id),
             )
 
-    def submissions(self, where: str = "", parameters: tuple = ()) -> list[SubmissionRecord]:
-        """Submissions with their evaluations, by id; ``where`` is an SQL condition on s./e. columns."""
+    def submissions(self, where: str = "", parameters: tuple = (), reports: bool = True) -> list[SubmissionRecord]:
+        """Submissions with their evaluations, by id; ``where`` is an SQL condition on s./e. columns.
+        ``reports`` False: each result without the harness's report (None), much the largest part."""
+        columns = _EVALUATION_COLUMNS if reports else _EVALUATION_COLUMNS_WITHOUT_REPORT
         rows = self._connection.execute(
             f"SELECT {_SUBMISSION_COLUMNS}, s.logits, s.logits_reason, s.report_state, "
-            f"s.report_detail, {_EVALUATION_COLUMNS} FROM submissions s JOIN evaluations e "
+            f"s.report_detail, {columns} FROM submissions s JOIN evaluations e "
             f"USING (fork_url, commit_hash, target_sequence_length) "
             f"{'WHERE ' + where if where else ''} ORDER BY s.submission_id",
             parameters,
@@ -512,11 +514,13 @@ class ValidatorState:
 
     def scored(self) -> list[SubmissionRecord]:
         """Submissions with a complete result (evaluated, logits decided) that are not a copy of
-        another hotkey's earlier submission (quasar/originality.py): what ranking uses."""
-        records = self.submissions("e.status = ? AND s.logits != ?", (FINISHED, UNCHECKED))
-        known = self.submissions("e.status = ?", (FINISHED,))
+        another hotkey's earlier submission (quasar/originality.py): what ranking uses. Read once
+        an epoch over every finished submission, so without the harness's reports."""
+        known = self.submissions("e.status = ?", (FINISHED,), reports=False)
         copies = originality.find_copies(_fingerprint(record) for record in known)
-        return [record for record in records if record.submission.submission_id not in copies]
+        return [
+            record for record in known if record.logits != UNCHECKED and record.submission.submission_id not in copies
+        ]
 
     def open_submissions(self) -> int:
         """Submissions still waiting for an evaluation, a logit check or a report."""
@@ -529,10 +533,13 @@ class ValidatorState:
 
 
 _SUBMISSION_COLUMNS = ", ".join(f"s.{name}" for name in Submission.model_fields)
-_EVALUATION_COLUMNS = (
-    "e.fork_url, e.commit_hash, e.target_sequence_length, e.status, e.attempts, e.device, "
-    "e.last_error, e.correct, e.measured_tokens_per_sec, e.benchmarks, e.reasons, e.notes, "
-    "e.report, e.content_hash, e.started_at, e.finished_at"
+_EVALUATION_FIELDS = (
+    "fork_url, commit_hash, target_sequence_length, status, attempts, device, last_error, correct, "
+    "measured_tokens_per_sec, benchmarks, reasons, notes, report, content_hash, started_at, finished_at"
+).split(", ")
+_EVALUATION_COLUMNS = ", ".join(f"e.{name}" for name in _EVALUATION_FIELDS)
+_EVALUATION_COLUMNS_WITHOUT_REPORT = ", ".join(
+    "NULL" if name == "report" else f"e.{name}" for name in _EVALUATION_FIELDS
 )
 
 
