@@ -16,6 +16,9 @@ is refused, and why:
 - reaching into other processes or the kernel: ``ptrace``, ``process_vm_readv``/``writev``,
   ``pidfd_getfd``, ``kcmp``, ``bpf``, ``perf_event_open`` (also a timing side channel),
   ``userfaultfd`` and ``io_uring_*`` (both long sources of kernel exploits);
+- changing a thread's CPU affinity (``sched_setaffinity``): the child starts pinned to the CPUs
+  its evaluation was planned on (pinning.py); widening them would let a fork spin on the cores of
+  the parent's timing thread or of a neighbour's evaluation and slow their measurements;
 - mounts, modules, reboot, swap, clocks, host names and other administration (refused to a
   process without capabilities anyway; refused here whatever the kernel's rules).
 
@@ -45,6 +48,7 @@ REFUSED = (
     "kcmp",
     "bpf",
     "perf_event_open",
+    "sched_setaffinity",
     "userfaultfd",
     "io_uring_setup",
     "io_uring_enter",
