@@ -23,9 +23,16 @@ import os
 import select
 import struct
 import time
+from typing import TypeGuard
 
 _LENGTH = struct.Struct(">I")
 MAX_HEADER_BYTES = 1 << 20
+
+
+def is_count(value: object) -> TypeGuard[int]:
+    """Whether ``value``, read from the other side's JSON, is a whole number from 0 up (not a bool,
+    a float or a string): what every count and size it sends must be."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class ChannelError(Exception):
@@ -118,7 +125,7 @@ class Channel:
         if not isinstance(header, dict):
             raise ChannelError("malformed message header: not a JSON object")
         nbytes = header.get("nbytes", 0)
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool) or nbytes < 0:
+        if not is_count(nbytes):
             raise ChannelError(f"malformed message header: nbytes={nbytes!r}")
         if nbytes > max_payload:
             raise ChannelError(f"message payload of {nbytes} bytes exceeds the {max_payload}-byte limit")

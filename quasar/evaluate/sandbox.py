@@ -41,7 +41,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TypeGuard
 
 from quasar.evaluate import pinning, protocol, syscall_filter
 from quasar.evaluate.captured_output import CapturedOutput
@@ -91,11 +90,6 @@ def _die_with_parent() -> None:
     import ctypes
 
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-
-
-def _whole(value: object, below: int) -> TypeGuard[int]:
-    """Whether ``value`` (from JSON) is a whole number from 0 to ``below - 1`` (not a bool, a float, a string)."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < below
 
 
 class SandboxedChild:
@@ -395,10 +389,10 @@ class SandboxedChild:
         # Sent before any fork code ran, yet checked like every number from the child: whole
         # numbers in range (Linux numbers CPUs below 8,192).
         cpus = reply.get("cpus")
-        if isinstance(cpus, list) and all(_whole(cpu, 1 << 13) for cpu in cpus):
+        if isinstance(cpus, list) and all(protocol.is_count(cpu) and cpu < 1 << 13 for cpu in cpus):
             self.child_cpus = cpus
         seeded = reply.get("seeded")
-        self.seeded_files = seeded if _whole(seeded, 1 << 31) else 0
+        self.seeded_files = seeded if protocol.is_count(seeded) and seeded < 1 << 31 else 0
         self._replied = True
 
     def _drain(self) -> None:

@@ -112,7 +112,7 @@ def reply_bytes(reply: dict, key: str, what: str) -> int | None:
     value = reply.get(key)
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_REPORTED_BYTES:
+    if not (protocol.is_count(value) and value <= MAX_REPORTED_BYTES):
         raise ChildFailure(
             ERROR, f"the child broke the protocol during {what}: {key}={shown_value(value)} is not a byte count"
         )
@@ -266,7 +266,7 @@ def receive_output(session: Session, length: int, offset: int, deadline: float) 
     nbytes = length * workload.HIDDEN_SIZE * torch.empty((), dtype=dtype).element_size()
     shared, area = reply.get("shared_bytes"), session.child.shared
     if shared is not None:
-        exact = isinstance(shared, int) and not isinstance(shared, bool) and shared == nbytes
+        exact = protocol.is_count(shared) and shared == nbytes
         if payload is not None or area is None or not exact or offset + nbytes > area.size:
             raise ChildFailure(
                 ERROR,
