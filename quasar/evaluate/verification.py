@@ -202,9 +202,10 @@ def verify_length(
     chosen = checked_requests(run, target)
     total = sum(len(request.fingerprints) for request in chosen)
     progress(ProgressEvent("reference", length, 0, total + 1))
-    worst, failed, done = 0.0, 0, 0
-    # Forwards whose output's projections match and whose absolute values' do not, and their largest error.
-    sums_only, worst_sums_only = 0, 0.0
+    worst, done = 0.0, 0
+    # Forwards whose output's projections do not match; those whose output's projections match and
+    # whose absolute values' do not, and their largest error.
+    mismatched, sums_only, worst_sums_only = 0, 0, 0.0
     request_errors: list[float] = []
     batch = reference_batch_size(length)
     last = len(run.check.fingerprints) - 1
@@ -234,8 +235,9 @@ def verify_length(
             for offset, index in enumerate(range(start, stop)):
                 linear, absolute = fingerprint_errors(request.fingerprints[index], fingerprints[offset], norms[offset])
                 worst = max(worst, linear, absolute)
-                failed += max(linear, absolute) > FINGERPRINT_TOLERANCE
-                if absolute > FINGERPRINT_TOLERANCE and linear <= FINGERPRINT_TOLERANCE:
+                if linear > FINGERPRINT_TOLERANCE:
+                    mismatched += 1
+                elif absolute > FINGERPRINT_TOLERANCE:
                     sums_only += 1
                     worst_sums_only = max(worst_sums_only, absolute)
                 squares = (request.fingerprints[index].double() - fingerprints[offset].double()).square()
@@ -300,9 +302,9 @@ def verify_length(
             f"{where}: the output sent for the check is not the output its run fingerprinted "
             f"(difference {consistency:.3g})"
         )
-    if failed > sums_only:
+    if mismatched:
         reasons.append(
-            f"{where}: {failed - sums_only} of {total} timed forwards checked do not match the reference "
+            f"{where}: {mismatched} of {total} timed forwards checked do not match the reference "
             f"(largest error {worst:.3g} > {FINGERPRINT_TOLERANCE:g}): the output was not "
             "computed from that run's input"
         )
@@ -313,7 +315,7 @@ def verify_length(
             f"{FINGERPRINT_TOLERANCE:g}): the output was not computed token by token (sums put on a few tokens)"
         )
     inexact = [error for error in request_errors if not error <= REQUEST_TOLERANCE]
-    if inexact and not failed:
+    if inexact and not (mismatched or sums_only):
         reasons.append(
             f"{where}: {len(inexact)} of {len(chosen)} timed requests checked are less exact than "
             f"the correctness threshold allows (estimated error {max(inexact):.3g} > "
