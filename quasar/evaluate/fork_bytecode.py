@@ -16,39 +16,29 @@ inside the sandbox. Exits with status 1, compiling nothing, where it cannot be c
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import py_compile
-import resource
-import signal
 import sys
 
-PR_SET_PDEATHSIG = 1
+# The sandbox's own setup steps (standard library only, as this script): the same cgroups, limits
+# and uid as the child's, by the same code.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import sandbox_init
+
 EXIT_NOT_CONFINED = 1
-
-_libc = ctypes.CDLL(None)
-
-
-def die_with_parent() -> None:
-    """SIGKILL when the parent process dies. Set after the uid changes (which clears it) and in
-    each worker (a forked process does not inherit it)."""
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def confine(config: dict) -> None:
-    """Join the cgroups, set the limits, drop to the uid (raises OSError or ValueError where a step fails)."""
-    for procs in config["cgroup_procs"]:
-        with open(procs, "w") as joining:
-            joining.write("0")
-    for name, value in config["rlimits"].items():
-        resource.setrlimit(getattr(resource, f"RLIMIT_{name}"), (value, value))
+    """Join the cgroups, set the limits, drop to the uid, then die with the parent (raises
+    sandbox_init.SetupError or OSError where a step fails)."""
+    sandbox_init.join_cgroups(config)
+    sandbox_init.set_rlimits(config["rlimits"])
     uid = config["uid"]
     if uid is not None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-    die_with_parent()
+        sandbox_init.drop_privileges({"mode": "root", "uid": uid, "gid": uid})
+    sandbox_init.die_with_parent()  # after the uid changes, which clears it
 
 
 def compile_share(sources: list[str], shown: str) -> None:
@@ -63,7 +53,7 @@ def main() -> None:
     config = json.loads(sys.argv[1])
     try:
         confine(config)
-    except (OSError, ValueError):  # ValueError: a limit above the hard one this user cannot raise
+    except (sandbox_init.SetupError, OSError):
         sys.exit(EXIT_NOT_CONFINED)
     sources = [os.fsdecode(path) for path in sys.stdin.buffer.read().split(b"\0") if path]
     workers = max(1, min(int(config["workers"]), len(sources)))
@@ -76,7 +66,7 @@ def main() -> None:
             compile_share(share, config["shown"])  # no more processes to be had: this one compiles it
             continue
         if pid == 0:
-            die_with_parent()
+            sandbox_init.die_with_parent()  # a forked process does not inherit it
             compile_share(share, config["shown"])
             os._exit(0)
         started.append(pid)

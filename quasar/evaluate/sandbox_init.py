@@ -256,13 +256,23 @@ def drop_privileges(config: dict) -> None:
         _check(_libc.unshare(CLONE_NEWUSER), "unshare a nested user namespace")
 
 
-def apply_limits(config: dict) -> None:
-    """Resource limits, no new privileges, and first in line for the OOM killer (before dropping root)."""
-    for name, value in config["rlimits"].items():
+def set_rlimits(rlimits: dict) -> None:
+    """Each ``RLIMIT_<name>``, soft and hard, at its value (at the hard limit where that is lower)."""
+    for name, value in rlimits.items():
         limit = getattr(resource, f"RLIMIT_{name}")
         _, hard = resource.getrlimit(limit)
         wanted = value if hard == resource.RLIM_INFINITY else min(value, hard)
         resource.setrlimit(limit, (wanted, wanted))
+
+
+def die_with_parent() -> None:
+    """SIGKILL when the parent process dies (cleared by a credential change, not inherited by a fork)."""
+    _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(pdeathsig)")
+
+
+def apply_limits(config: dict) -> None:
+    """Resource limits, no new privileges, and first in line for the OOM killer (before dropping root)."""
+    set_rlimits(config["rlimits"])
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
     with open("/proc/self/oom_score_adj", "w") as adjust:
         adjust.write("1000")
@@ -279,7 +289,7 @@ def main() -> None:
         apply_limits(config)
         drop_privileges(config)
         # After the credential change, which clears it: die when unshare (or the parent) dies.
-        _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(pdeathsig)")
+        die_with_parent()
         os.chdir(config["cwd"])
         if library is not None:
             syscall_filter.install(library)
