@@ -108,7 +108,7 @@ class Standing:
     def least_placing(self) -> float | None:
         """The least score that could still place: within the tie margin of the fourth place's
         (None while every score could)."""
-        return None if self.fourth is None else self.fourth / (1 + self.epsilon)
+        return None if self.fourth is None else scoring.tie_threshold(self.fourth, self.epsilon)
 
 
 def could_place(item: Queued, standing: Standing) -> bool:

@@ -255,6 +255,11 @@ def best_per_hotkey(results: Iterable[Result]) -> dict[str, Result]:
     return {hotkey: result for hotkey, (_, result) in best.items()}
 
 
+def tie_threshold(score: float, epsilon: float) -> float:
+    """The least score tied with ``score`` under the tie margin ``epsilon``: ``score / (1 + ε)``."""
+    return score / (1 + epsilon)
+
+
 def _order_with_tie_margin(scored: Sequence[tuple[float, Result]], epsilon: float) -> list[tuple[float, Result]]:
     """docs/rules.md's order: repeatedly take the highest remaining score m; among the remaining entries
     with score ≥ m/(1+ε), place the earliest (time, then id) next.
@@ -270,7 +275,7 @@ def _order_with_tie_margin(scored: Sequence[tuple[float, Result]], epsilon: floa
     while len(order) < len(by_score):
         while placed[highest]:
             highest += 1
-        threshold = by_score[highest][0] / (1 + epsilon)
+        threshold = tie_threshold(by_score[highest][0], epsilon)
         while admitted < len(by_score) and by_score[admitted][0] >= threshold:
             heapq.heappush(within_margin, (*_time_order(by_score[admitted][1]), admitted))
             admitted += 1
