@@ -158,7 +158,7 @@ class ServiceCore:
         a cache entry and a computation of the caller's making (docs/rules.md section 2)."""
         if round_id is None:
             return False
-        current = rules.round_of_block(self.current_block(), self.config.round_blocks).round_id
+        current = self._round(None)
         if round_id > current:
             raise ApiError(422, f"{parameter}: round {round_id} has not begun; the current round is {current}")
         return round_id < current

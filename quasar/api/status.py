@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 from quasar import consensus, originality, scheduling, scoring
 from quasar.api import rules, schemas
 from quasar.api.db import EvaluationLease, EvaluationReport, Submission
-from quasar.api.judging import Judged, consensus_reports, evaluated_submissions, judge
+from quasar.api.judging import Judged, consensus_reports, evaluated_submissions
 from quasar.api.rowfields import finding_fields
 from quasar.api.service import SubmissionService
 from quasar.api.tables import SubmissionMethod
@@ -359,8 +359,7 @@ class StatusReader:
                     evaluating[lease.submission_id] += 1
         evaluated = [(s, consensus_reports(reports[s.id])) for s in submissions if s.state == READY and reports[s.id]]
         judged = {
-            item.submission.submission_id: item
-            for item in judge(session, evaluated, context.electorate, self.service.quorum, context.blocks_until_reveal)
+            item.submission.submission_id: item for item in self.service.judge(session, evaluated, context.electorate)
         }
         return [
             build_status(s, reports[s.id] if s.state == READY else [], judged.get(s.id), evaluating[s.id], context)
