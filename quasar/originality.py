@@ -53,6 +53,7 @@ SAME_COMMIT, SAME_CONTENT = "commit", "content"
 # file or a file more changes the hash anyway.)
 MAX_PARSED_FILE_BYTES = 128 * 1024
 MAX_PARSED_BYTES = 512 * 1024
+PARSED_SUFFIXES = (".py", ".json")
 
 
 def _without_docstrings(tree: ast.AST) -> ast.AST:
@@ -123,7 +124,7 @@ def normalised_file(name: str, data: bytes, parse: bool = True) -> bytes:
     form; anything else, a file that does not parse, or Python or JSON not to be parsed (``parse``
     False, or over MAX_PARSED_FILE_BYTES): whitespace collapsed.
     """
-    if name.endswith((".py", ".json")) and (not parse or len(data) > MAX_PARSED_FILE_BYTES):
+    if name.endswith(PARSED_SUFFIXES) and (not parse or len(data) > MAX_PARSED_FILE_BYTES):
         return _collapsed(data)
     if name.endswith(".py"):
         try:
@@ -155,7 +156,7 @@ def content_hash(files: Mapping[str, bytes]) -> str:
     for path in sorted(files):
         data = files[path]
         parse = len(data) <= unparsed
-        if parse and path.endswith((".py", ".json")):
+        if parse and path.endswith(PARSED_SUFFIXES):
             unparsed -= len(data)
         digest.update(path.encode() + b"\0" + hashlib.sha256(normalised_file(path, data, parse)).digest())
     return digest.hexdigest()
