@@ -312,17 +312,17 @@ class ReexportIndex:
         parts = dotted.split(".")
         if len(parts) > self._MAX_PARTS:
             return Opaque(dotted[:60] + "…", f"a path of more than {self._MAX_PARTS} names")
-        is_module = self._locate(dotted) is not None
         for split in range(len(parts) - 1, 0, -1):
             module = ".".join(parts[:split])
             bindings = self._module_bindings(module)
             if bindings is None:
                 continue
             name, rest = parts[split], parts[split + 1 :]
-            if not bindings.binds(name) and bindings.binds("__getattr__"):
-                return Opaque(f"{module}.{name}", f"provided by the module's own __getattr__ in {bindings.path}")
-            if is_module and not bindings.binds(name):
-                return None  # a module of the fork other than gla/kda
+            if not bindings.binds(name):
+                if bindings.binds("__getattr__"):
+                    return Opaque(f"{module}.{name}", f"provided by the module's own __getattr__ in {bindings.path}")
+                if self._locate(dotted) is not None:
+                    return None  # a module of the fork other than gla/kda
             return self._bound_to(bindings, module, name, rest, depth)
         return None
 
