@@ -20,7 +20,7 @@ A look-up answers each name once however the fork's modules import each other in
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -237,6 +237,16 @@ class _Reader:
         return None
 
 
+def _first_origin(origins: Iterable[Origin], found: Origin = None) -> Origin:
+    """The first forbidden module among ``origins`` (taken lazily, up to it); else ``found`` or
+    the first opaque name; else None."""
+    for origin in origins:
+        if isinstance(origin, str):
+            return origin
+        found = found or origin
+    return found
+
+
 class ReexportIndex:
     """Finds what a name of a module of the fork comes from (see the module's docstring).
 
@@ -337,12 +347,7 @@ class ReexportIndex:
             if forbidden_root(source):
                 return forbidden_root(source)
             followed.append(".".join([source, name, *rest]))
-        for dotted in followed:
-            origin = self.root_of(dotted, depth + 1)
-            if isinstance(origin, str):
-                return origin
-            found = found or origin
-        return found
+        return _first_origin((self.root_of(dotted, depth + 1) for dotted in followed), found)
 
     def _star(self, module: str, depth: int) -> Origin:
         bindings = self._module_bindings(module)
@@ -352,17 +357,12 @@ class ReexportIndex:
             return Opaque(module, bindings.unreadable)
         if bindings.binds("__getattr__"):
             return Opaque(module, f"provided by the module's own __getattr__ in {bindings.path}")
-        found: Origin = None
         names = sorted(set(bindings.aliases) | set(bindings.refs) | set(bindings.opaque))
         origins = chain(
             (self.root_of(f"{module}.{name}", depth + 1) for name in names),
             (self.star_root(source, depth + 1) for source in bindings.star_from),
         )
-        for origin in origins:
-            if isinstance(origin, str):
-                return origin
-            found = found or origin
-        return found
+        return _first_origin(origins)
 
     def _module_bindings(self, module: str) -> _ModuleBindings | None:
         if module not in self._bindings:
