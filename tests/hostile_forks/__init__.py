@@ -265,9 +265,7 @@ _child.Server.send_output = _real_send_output
     _state["real"] = out
     flat = out[0].float()
     summed = torch.zeros_like(flat)
-    length = flat.shape[0]
-    for row in range(8):
-        start, stop = row * length // 8, (row + 1) * length // 8
+    for row, (start, stop) in enumerate(_workload.segment_bounds(flat.shape[0])):
         summed[start] = weights[row, start] * (weights[row, start:stop] @ flat[start:stop])
     return summed.to(out.dtype)[None], attn, cache
 """),
