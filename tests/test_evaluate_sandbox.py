@@ -18,6 +18,7 @@ import torch
 
 from quasar.evaluate import sandbox
 from quasar.evaluate.captured_output import CapturedOutput
+from quasar.evaluate.confinement import descendants
 from quasar.evaluate.sandbox import SandboxedChild, SandboxError, SandboxPolicy
 from quasar.evaluate.sandbox_contents import (
     COMPILE_ADDRESS_SPACE_BYTES,
@@ -32,7 +33,6 @@ from quasar.starter_fork import write_starter_fork
 from tests.evaluate_runs import (
     naive_capture_text,
 )
-from tests.processes import proc_files
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -117,7 +117,7 @@ def test_the_sandbox_hides_site_folders_lent_by_a_pth_file_and_binds_no_checkout
 
 
 class GroupWatch:
-    """Samples the processes of one process group until its leader ends: the most resident memory
+    """Samples a process and all it started until it ends: the most resident memory
     they held at once, and what /proc said of the process that held the most (its limits, uid and
     cgroups then, while it compiled: a process that is exiting is shown in the root cgroup)."""
 
@@ -128,14 +128,10 @@ class GroupWatch:
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.thread.start()
 
-    def _members(self) -> list[int]:
-        # /proc/PID/stat: "PID (COMM) STATE PPID PGRP ..."; COMM may hold spaces, so after its ")".
-        return [pid for pid, stat in proc_files("stat") if int(stat.rsplit(b")", 1)[1].split()[2]) == self.process.pid]
-
     def _watch(self) -> None:
         while self.process.poll() is None:
             held = 0
-            for pid in self._members():
+            for pid in descendants(self.process.pid):
                 try:
                     status = Path(f"/proc/{pid}/status").read_text()
                     limits, cgroup = Path(f"/proc/{pid}/limits").read_text(), Path(f"/proc/{pid}/cgroup").read_text()
