@@ -497,9 +497,12 @@ def test_on_a_commit_reveal_subnet_the_weights_are_committed(chain, subnet, wall
 
 
 def test_an_unregistered_hotkey_is_refused_before_submitting(chain, subnet, wallets, sleep):
+    """A validator deregistered between planning and submitting waits for the next epoch, as on the
+    dev chain (test_devchain.py), instead of asking again every WEIGHTS_RETRY_BLOCKS."""
     subnet.neurons[1].hotkey = address()  # the validator's uid now belongs to another hotkey
-    with pytest.raises(ChainError, match="is not registered on subnet 7"):
+    with pytest.raises(Refused, match="HotKeyNotRegisteredInSubNet: hotkey .* is not registered on subnet 7") as raised:
         chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1)
+    assert raised.value.name == "HotKeyNotRegisteredInSubNet"
     assert "execute" not in subnet.calls and sleep.delays == []
 
 

@@ -17,7 +17,7 @@ from quasar.chain import ApiLocation, ChainError, Endpoint, RateLimited, Refused
 from quasar.chain.base import decode_api_location, encode_api_location
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.chain.factory import connect
-from quasar.chain.subtensor_rules import u16_weights
+from quasar.chain.subtensor_rules import refusal_error, u16_weights
 from quasar.localnet.host import make_wallet
 from quasar.terminal import short_hotkey
 
@@ -167,8 +167,19 @@ def test_set_weights_checks_values_and_normalizes(subnet, wallets):
 
 
 def test_set_weights_by_an_unregistered_wallet_is_refused(chain, wallets):
-    with pytest.raises(ChainError, match="HotKeyNotRegisteredInSubNet"):
+    with pytest.raises(Refused, match="HotKeyNotRegisteredInSubNet") as raised:
         chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1)
+    assert raised.value.name == "HotKeyNotRegisteredInSubNet"
+
+
+def test_both_chains_raise_a_refusal_by_its_name():
+    """subtensor_rules.refusal_error decides for the dev chain and the Bittensor chain alike: a
+    refusal that lasts skips the validator's epoch, any other is tried again blocks later."""
+    lasting = refusal_error("NeuronNoValidatorPermit", "cannot set weights: NeuronNoValidatorPermit")
+    assert isinstance(lasting, Refused) and lasting.name == "NeuronNoValidatorPermit"
+    for passing in ("InvalidUid", "", None):
+        error = refusal_error(passing, "cannot set weights")
+        assert isinstance(error, ChainError) and not isinstance(error, Refused)
 
 
 def test_the_weights_rate_limit_counts_from_registration_and_each_setting(chain, wallets):

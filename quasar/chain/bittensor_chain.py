@@ -12,7 +12,8 @@ Resilience, all bounded by ``retries`` with exponential back-off (``backoff_s``,
 - a write the chain refuses for a rate limit is retried (the transaction pool's "priority too
   low" clears in a block or two); one it refuses for a reason that lasts (no permit, too little
   stake, a version key below the subnet's: ``subtensor_rules.LASTING_REFUSALS``) is raised at once
-  as :class:`Refused` with the chain's error name, other refusals as ChainError;
+  as :class:`Refused` with the chain's error name (``subtensor_rules.refusal_error``, which the dev
+  chain raises its refusals with too), other refusals as ChainError;
 - before submitting weights, the subnet's ``weights_rate_limit``, the hotkey's last update and the
   uids the weights were planned for are read at one block: a submission the chain would refuse is
   not sent (:class:`RateLimited` says how many blocks to wait), nor one for a uid that another
@@ -50,14 +51,13 @@ from quasar.chain.base import (
     Metagraph,
     NeuronInfo,
     RateLimited,
-    Refused,
     SubnetHyperparameters,
     UidsChanged,
     WeightsSubmission,
     decode_api_location,
     encode_api_location,
 )
-from quasar.chain.subtensor_rules import LASTING_REFUSALS, blocks_until_allowed, checked_weights
+from quasar.chain.subtensor_rules import blocks_until_allowed, checked_weights, refusal_error
 
 logger = logging.getLogger(__name__)
 
@@ -171,13 +171,6 @@ def _describe(error: SdkChainError) -> str:
     return f"{error.message} ({error.name})" if error.name else error.message
 
 
-def _refusal(message: str, error: SdkChainError) -> ChainError:
-    """The SDK's ``error`` as ours: :class:`Refused` when it lasts (subtensor_rules.LASTING_REFUSALS)."""
-    if error.name in LASTING_REFUSALS:
-        return Refused(error.name, message)
-    return ChainError(message)
-
-
 def _check_extrinsic(what: str, result: ExtrinsicResult) -> ExtrinsicResult:
     """``result`` when it succeeded; otherwise the failure as an exception (rate limits apart)."""
     if result.success is True:
@@ -185,7 +178,7 @@ def _check_extrinsic(what: str, result: ExtrinsicResult) -> ExtrinsicResult:
     error = result.error or SdkChainError(result.message or "extrinsic failed without a message")
     if error.code is ErrorCode.RATE_LIMITED:
         raise _RefusedForRateLimit(_describe(error))
-    raise _refusal(f"{what} failed on chain: {_describe(error)}; {error.remediation}", error)
+    raise refusal_error(error.name, f"{what} failed on chain: {_describe(error)}; {error.remediation}")
 
 
 class BittensorChain(Chain):
@@ -278,7 +271,7 @@ class BittensorChain(Chain):
                     self._discard(client)
                     failure = error
                 else:
-                    raise _refusal(f"{what} on {self.target}: {_describe(error)}", error) from None
+                    raise refusal_error(error.name, f"{what} on {self.target}: {_describe(error)}") from None
             except Exception as error:
                 if not _is_connection_error(error):
                     if isinstance(error, BittensorError):
@@ -417,8 +410,10 @@ class BittensorChain(Chain):
             view = client.at()
             uid = view.neurons.uid(hotkey, self.netuid)
             if uid is None:
-                raise ChainError(
-                    f"cannot set weights: hotkey {hotkey} is not registered on subnet {self.netuid} of {self.target}"
+                raise refusal_error(
+                    "HotKeyNotRegisteredInSubNet",
+                    f"cannot set weights: HotKeyNotRegisteredInSubNet: hotkey {hotkey} is not registered on "
+                    f"subnet {self.netuid} of {self.target}",
                 )
             changed = {}
             for planned_uid, planned in (hotkeys or {}).items():

@@ -48,7 +48,6 @@ from quasar.chain.base import (
     ChainError,
     Metagraph,
     RateLimited,
-    Refused,
     UidsChanged,
     WeightsSubmission,
     decode_api_location,
@@ -60,6 +59,7 @@ from quasar.chain.subtensor_rules import (
     blocks_until_allowed,
     checked_weights,
     hyperparameters_refusal,
+    refusal_error,
     refused_axon_address,
     reveal_block_for,
     weights_refusal,
@@ -170,7 +170,7 @@ class DevChain(Chain):
         """Subtensor's internal_set_weights without the rate limit: check, then store normalized."""
         setter = connection.execute("SELECT uid, validator_permit FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
         if setter is None:
-            raise Refused(
+            raise refusal_error(
                 "HotKeyNotRegisteredInSubNet",
                 f"HotKeyNotRegisteredInSubNet: hotkey {hotkey} is not registered on subnet {self.netuid}",
             )
@@ -185,7 +185,7 @@ class DevChain(Chain):
             hyperparameters_in(connection),
         )
         if refusal is not None:
-            raise Refused(refusal.name, f"cannot set weights: {refusal}")
+            raise refusal_error(refusal.name, f"cannot set weights: {refusal}")
         total = sum(weights.values())
         connection.execute("DELETE FROM weights WHERE setter_uid = ?", (setter[0],))
         connection.executemany(
@@ -275,7 +275,7 @@ class DevChain(Chain):
         with self._write() as connection:
             setter = connection.execute("SELECT uid, last_update FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
             if setter is None:
-                raise Refused(
+                raise refusal_error(
                     "HotKeyNotRegisteredInSubNet",
                     f"cannot set weights: HotKeyNotRegisteredInSubNet: hotkey {hotkey} is not registered "
                     f"on subnet {self.netuid}",
@@ -306,7 +306,7 @@ class DevChain(Chain):
                     "SELECT COUNT(*) FROM weight_commits WHERE hotkey = ? AND outcome IS NULL", (hotkey,)
                 ).fetchone()[0]
                 if pending >= MAX_UNREVEALED_COMMITS:
-                    raise Refused(
+                    raise refusal_error(
                         "TooManyUnrevealedCommits",
                         f"cannot commit weights: TooManyUnrevealedCommits: {pending} commits of uid {uid} "
                         "wait for their reveal",

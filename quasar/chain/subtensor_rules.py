@@ -15,7 +15,7 @@ import numbers
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from quasar.chain.base import U16_MAX, ChainError, SubnetHyperparameters
+from quasar.chain.base import U16_MAX, ChainError, Refused, SubnetHyperparameters
 
 # A new subnet on finney: tempo INITIAL_SUBNET_TEMPO (360), DefaultWeightsSetRateLimit (100),
 # init_new_network's min_allowed_weights (1), max_allowed_uids (256) and immunity_period (5000),
@@ -58,6 +58,14 @@ LASTING_REFUSALS = frozenset(
         "SubnetNotExists",
     }
 )
+
+
+def refusal_error(name: str | None, message: str) -> ChainError:
+    """Subtensor's refusal ``name`` as both chains raise it: :class:`Refused` when it lasts
+    (LASTING_REFUSALS: the validator waits for the next epoch), else ChainError (tried again soon)."""
+    if name in LASTING_REFUSALS:
+        return Refused(name, message)
+    return ChainError(message)
 
 
 def checked_weights(weights: Mapping[int, float]) -> dict[int, float]:
