@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ from quasar.starter_fork import write_starter_fork
 from tests.evaluate_runs import (
     naive_capture_text,
 )
+from tests.processes import REPO_ROOT
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -193,3 +195,46 @@ def test_the_fork_copys_bytecode_is_compiled_within_the_sandboxs_limits(tmp_path
         assert largest["uid"] == str(confinement.uid.uid)
     if confinement.cgroup is not None:
         assert all(folder.name in str(largest["cgroup"]) for folder in confinement.cgroup.directories.values())
+
+
+_HOLD_A_SANDBOX = """
+import sys, time
+from quasar.evaluate.sandbox import SandboxedChild, SandboxPolicy
+child = SandboxedChild(None, "cpu", SandboxPolicy())
+child.start()
+cgroups = child.confinement.cgroup.directories.values() if child.confinement.cgroup is not None else []
+print(child.workdir, *sorted(set(map(str, cgroups))), flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_sandbox_whose_parent_was_killed_leaves_no_folder_or_cgroup_once_another_starts(tmp_path, monkeypatch):
+    """A parent killed by SIGKILL (the validator's deadline on a worker, the OOM killer) closes
+    nothing: its sandbox's folder in the temporary directory (the fork's copy, the harness) and its
+    cgroups stayed on the host for good, one set per kill. The next sandbox started removes them
+    (quasar/evaluate/leftovers.py), and leaves a live one's alone."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_A_SANDBOX],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        workdir, *cgroups = map(Path, parent.stdout.readline().split())
+        os.killpg(parent.pid, signal.SIGKILL)
+    finally:
+        parent.wait()
+    assert workdir.parent == tmp_path and (workdir / "harness").is_dir() and all(map(Path.is_dir, cgroups))
+    # Started without waiting for the child's torch import: start() is where the sweep runs.
+    live = SandboxedChild(None, "cpu", SandboxPolicy(allow_unsandboxed=True)).start()
+    try:
+        SandboxedChild(None, "cpu", SandboxPolicy(allow_unsandboxed=True)).start().close()
+        assert live.workdir is not None and live.workdir.is_dir(), "a live sandbox's folder was removed"
+        assert not workdir.exists(), "the killed parent's sandbox folder is left behind"
+        assert not any(map(Path.exists, cgroups)), "the killed parent's cgroups are left behind"
+    finally:
+        live.close()
+    assert sorted(path.name for path in tmp_path.iterdir()) == []

@@ -37,12 +37,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-from quasar.evaluate import pinning, protocol, syscall_filter
+from quasar.evaluate import leftovers, pinning, protocol, syscall_filter
 from quasar.evaluate.captured_output import CapturedOutput
 from quasar.evaluate.confinement import Confinement, ConfinementError
 from quasar.evaluate.sandbox_contents import (
@@ -126,6 +125,7 @@ class SandboxedChild:
         self.isolation_note = ""
         self.stragglers_killed = 0
         self.workdir: Path | None = None
+        self._claim: leftovers.Claim | None = None  # holds the workdir (leftovers.py)
         self.process: subprocess.Popen | None = None
         self.channel: protocol.Channel | None = None
         self._parent_fds: list[int] = []
@@ -214,7 +214,9 @@ class SandboxedChild:
         """Copy the fork and the harness's files and start the child, without waiting for it (its
         interpreter imports torch: seconds, which the caller may spend on other work);
         :meth:`wait_started` waits. On a failure everything is closed before the error propagates."""
-        self.workdir = Path(tempfile.mkdtemp(prefix="quasar-eval-"))
+        leftovers.sweep()  # what sandboxes of killed parents left (leftovers.py)
+        self._claim = leftovers.Claim()
+        self.workdir = self._claim.workdir
         try:
             prepare_workdir(self.workdir, self.fork_source)
             supported, why = namespaces_supported()
@@ -318,6 +320,8 @@ class SandboxedChild:
             )
         except ConfinementError as error:
             raise SandboxError(f"the sandbox's limits could not be set up: {error}") from None
+        if self._claim is not None and self.confinement.cgroup is not None:
+            self._claim.record_cgroups(self.confinement.cgroup.directories.values())
 
     @property
     def killed_reason(self) -> str:
@@ -464,8 +468,10 @@ class SandboxedChild:
             self.precompiled(timeout=0)
             if self.confinement is not None:
                 self.confinement.release()
-            if self.workdir is not None:
+            if self._claim is not None:
+                self._claim.release()  # the workdir with it
+            elif self.workdir is not None:
                 shutil.rmtree(self.workdir, ignore_errors=True)
-                self.workdir = None
+            self.workdir = None
         finally:
             self.gone.set()
