@@ -33,6 +33,18 @@ def test_two_live_sandboxes_never_hold_the_same_uid_and_a_freed_one_is_taken_aga
     assert confinement.lease_uid().uid == first.uid
 
 
+def test_released_uids_leave_no_lock_file_behind(tmp_path, monkeypatch):
+    """Each uid leased left its lock file in /run/lock/quasar-sandbox-uids for good: a file per
+    evaluation a root validator ever ran, up to the range's 65,536. A release removes it."""
+    monkeypatch.setattr(confinement, "UID_LOCK_DIRECTORIES", (str(tmp_path / "locks"),))
+    held = confinement.lease_uid()
+    for _ in range(300):
+        confinement.lease_uid().release()
+    assert [path.name for path in (tmp_path / "locks").iterdir()] == [str(held.uid)]
+    held.release()
+    assert not list((tmp_path / "locks").iterdir())
+
+
 def test_a_uid_held_by_another_process_is_not_leased(tmp_path, monkeypatch):
     monkeypatch.setattr(confinement, "UID_LOCK_DIRECTORIES", (str(tmp_path / "locks"),))
     monkeypatch.setattr(confinement, "UID_SLOTS", 2)

@@ -54,13 +54,17 @@ class ConfinementError(QuasarError):
 
 @dataclass
 class UidLease:
-    """A uid held for one sandbox: released by closing the lock file."""
+    """A uid held for one sandbox: released by removing the lock file, then closing it (so the
+    lock directory holds a file per live sandbox, not one per uid ever leased)."""
 
     uid: int
     lock_fd: int
+    path: Path | None = None
 
     def release(self) -> None:
         if self.lock_fd >= 0:
+            if self.path is not None:
+                self.path.unlink(missing_ok=True)
             os.close(self.lock_fd)
             self.lock_fd = -1
 
@@ -82,7 +86,8 @@ def lease_uid(attempts: int = 64) -> UidLease:
     directory = _lock_directory()
     for _ in range(attempts):
         uid = UID_BASE + secrets.randbelow(UID_SLOTS)
-        fd = os.open(directory / str(uid), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        path = directory / str(uid)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -90,8 +95,21 @@ def lease_uid(attempts: int = 64) -> UidLease:
             if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 continue
             raise ConfinementError(f"locking sandbox uid {uid}: {error}") from None
-        return UidLease(uid, fd)
+        if not same_file(path, fd):  # its holder released and removed it meanwhile: the lock is of no file
+            os.close(fd)
+            continue
+        return UidLease(uid, fd, path)
     raise ConfinementError(f"no free sandbox uid after {attempts} tries")
+
+
+def same_file(path: Path, fd: int) -> bool:
+    """Whether ``path`` is still the file open as ``fd``."""
+    try:
+        named = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 # --- cgroups ---------------------------------------------------------------------------------

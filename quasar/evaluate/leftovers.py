@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from quasar.evaluate.confinement import CGROUP_PREFIX, Cgroup
+from quasar.evaluate.confinement import CGROUP_PREFIX, Cgroup, same_file
 
 logger = logging.getLogger(__name__)
 
@@ -77,15 +77,6 @@ class Claim:
         self._fd = -1
 
 
-def _same_file(fd: int, path: Path) -> bool:
-    try:
-        named = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
-
-
 def _remove_cgroups(listed: str) -> None:
     for line in listed.splitlines():
         directory = Path(line)
@@ -109,7 +100,7 @@ def sweep(root: str | os.PathLike | None = None, now: float | None = None) -> li
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 continue  # its sandbox is alive
-            if not _same_file(fd, lock_path):
+            if not same_file(lock_path, fd):
                 continue  # released and removed by its holder meanwhile
             _remove_cgroups(os.pread(fd, 1 << 16, 0).decode(errors="replace"))
             workdir = lock_path.with_name(lock_path.name[: -len(LOCK_SUFFIX)])
