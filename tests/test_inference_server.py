@@ -7,6 +7,7 @@ tests/test_bittensor_chain.py.
 """
 
 import http.server
+import json
 import os
 import socket
 import subprocess
@@ -445,3 +446,104 @@ def test_a_chain_that_cannot_be_read_gets_503_not_500(world):
         assert session.post(request.url, data=request.body, headers=request.headers, timeout=20).status_code == 503
         assert session.get(url + "/health", timeout=5).status_code == 200  # the server itself is fine
         assert signed_get(session, world, url).status_code == 200  # the node answers again
+
+
+# --- hostile miners: any bytes over HTTP ---
+
+
+@contextmanager
+def raw_miner(answer):
+    """A hostile miner's endpoint on 127.0.0.1: reads the validator's request, then calls
+    ``answer(write, request, stopped)`` (``write(bytes)`` sends raw bytes; ``stopped`` is set
+    when the test ends, for an answer that would drip forever)."""
+    stopped = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+
+            def write(data: bytes) -> None:
+                self.wfile.write(data)
+                self.wfile.flush()
+
+            try:
+                answer(write, request, stopped)
+            except OSError:
+                pass  # the validator hung up
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        stopped.set()
+        server.shutdown()
+        server.server_close()
+
+
+def json_answer(body: bytes, status: int = 200):
+    def answer(write, request, stopped):
+        write(b"HTTP/1.1 %d X\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (status, len(body)) + body)
+
+    return answer
+
+
+def drip(head: bytes):
+    """Sends ``head``, then a byte every 0.1 s until stopped: every read gets something in time."""
+
+    def answer(write, request, stopped):
+        write(head)
+        while not stopped.wait(0.1):
+            write(b" ")
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\nX-Slow: ",  # the headers never end
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n",  # the body never ends
+    ],
+    ids=["headers", "body"],
+)
+def test_a_miner_dripping_its_answer_cannot_hold_the_validator_past_the_timeout(world, head):
+    """Slow drip: a byte every 0.1 s kept every socket read of the validator's client within its
+    timeout, so one check never ended (the validator's whole loop waits on it); the timeout bounds
+    the whole exchange."""
+    done: list = []
+    with raw_miner(drip(head)) as url:
+        thread = threading.Thread(target=lambda: done.append(challenge_miner(world, url, timeout_s=0.5)), daemon=True)
+        started = time.monotonic()
+        thread.start()
+        thread.join(3)
+        elapsed = time.monotonic() - started
+    assert done, "the check was still waiting on the dripping miner after 3 s"
+    assert not done[0].passed and "within 0.5 s" in done[0].reason and elapsed < 1.5, (done[0], elapsed)
+
+
+def test_hostile_json_fails_the_check_instead_of_raising(world):
+    """JSON nested deeper than Python's recursion limit (as an answer or an error's detail), and a
+    logit that is an integer too large for a float, raised out of the check (RecursionError,
+    OverflowError): the validator logged a crash and asked again every step, forever, instead of
+    failing the miner."""
+    nested = b"[" * 5000 + b"]" * 5000
+
+    def huge_logit(write, request, stopped):
+        honest = world["reference"].generate(request["prompt"], request["gen_len"], request["logits_at_step"])
+        logits = ",".join(["1" + "0" * 400] + ["0"] * (TINY_VOCAB - 1))
+        body = b'{"tokens":%s,"captured_logits":[%s]}' % (json.dumps(list(honest.tokens)).encode(), logits.encode())
+        json_answer(body)(write, request, stopped)
+
+    for answer, expected in [
+        (json_answer(nested), "not JSON"),
+        (json_answer(nested, status=500), "HTTP 500"),
+        (huge_logit, "captured_logits"),
+    ]:
+        with raw_miner(answer) as url:
+            check = challenge_miner(world, url)
+        assert not check.passed and expected in check.reason, check.reason

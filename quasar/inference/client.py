@@ -3,16 +3,23 @@
 Any failure to get a well-formed answer in time (unreachable, timeout, non-200, not JSON, wrong
 fields or lengths) is a failed check whose reason says which; a well-formed answer is judged by
 :func:`quasar.logits.verify_generation` against the validator's own reference model.
+
+The miner's server may send anything, so the exchange is plain HTTP/1.1 (http.client) under one
+deadline: every read and write of the socket waits at most until ``timeout_s`` after the request
+began, so a server dripping a byte at a time cannot stretch a check (per-read timeouts, as
+requests has, let one check run forever). No redirect is followed, no proxy or credentials of the
+environment are used, and the answer must come uncompressed and within a size bound.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
+import socket
 import time
 from dataclasses import dataclass
-
-import requests
+from urllib.parse import urlsplit
 
 from quasar import auth
 from quasar.logits import Challenge, LogitThresholds, ReferenceModel, verify_generation
@@ -42,31 +49,89 @@ class _Malformed(Exception):
     pass
 
 
-def _fetch(signed: auth.SignedRequest, timeout_s: float, max_bytes: int) -> tuple[int, bytes]:
-    """POST and read the whole answer within ``timeout_s`` (checked between chunks) and ``max_bytes``.
+class _Unreachable(Exception):
+    pass
 
-    A server dribbling bytes can hold one read up to ``timeout_s``, so the worst case is about
-    twice ``timeout_s``; it still fails as too slow.
+
+class _DeadlineSocket(socket.socket):
+    """A socket whose every blocking call ends by ``deadline`` (``time.monotonic()``), raising
+    :class:`TimeoutError` after it, however the peer paces its bytes."""
+
+    deadline = 0.0
+
+    def _arm(self) -> None:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the answer's deadline passed")
+        self.settimeout(remaining)
+
+    def recv_into(self, buffer, nbytes=0, flags=0):
+        self._arm()
+        return super().recv_into(buffer, nbytes, flags)
+
+    def recv(self, bufsize, flags=0):
+        self._arm()
+        return super().recv(bufsize, flags)
+
+    def sendall(self, data, flags=0):
+        self._arm()
+        return super().sendall(data, flags)
+
+    def send(self, data, flags=0):
+        self._arm()
+        return super().send(data, flags)
+
+
+def _connect(host: str, port: int, deadline: float) -> _DeadlineSocket:
+    remaining = max(deadline - time.monotonic(), 0.001)
+    try:
+        plain = socket.create_connection((host, port), timeout=remaining)
+    except TimeoutError:
+        raise
+    except OSError as error:
+        raise _Unreachable(type(error).__name__) from None
+    sock = _DeadlineSocket(plain.family, plain.type, plain.proto, fileno=plain.detach())
+    sock.deadline = deadline
+    return sock
+
+
+def _fetch(signed: auth.SignedRequest, timeout_s: float, max_bytes: int) -> tuple[int, bytes]:
+    """POST and read the whole answer within ``timeout_s`` in all and ``max_bytes``.
+
+    Raises TimeoutError past the deadline, :class:`_Unreachable` when no connection opens, and
+    :class:`_Malformed` or ``http.client.HTTPException``/``OSError`` for a broken answer.
     """
     deadline = time.monotonic() + timeout_s
-    with requests.post(
-        signed.url, data=signed.body, headers=signed.headers, timeout=timeout_s, stream=True, allow_redirects=False
-    ) as response:
+    parts = urlsplit(signed.url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise _Unreachable(f"not an http:// URL: {signed.url!r}")
+    connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
+    connection.sock = _connect(parts.hostname, parts.port or 80, deadline)
+    try:
+        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        # http.client asks for an uncompressed answer (Accept-Encoding: identity).
+        connection.request(signed.method, target, body=signed.body, headers=signed.headers)
+        response = connection.getresponse()
+        encoding = (response.getheader("Content-Encoding") or "identity").strip().lower()
+        if encoding != "identity":
+            raise _Malformed(f"answer is compressed (Content-Encoding: {encoding[:40]}); send it uncompressed")
         chunks, size = [], 0
-        for chunk in response.iter_content(_CHUNK_BYTES):
+        while chunk := response.read(_CHUNK_BYTES):
             size += len(chunk)
             if size > max_bytes:
                 raise _Malformed(f"answer larger than {max_bytes} bytes")
-            if time.monotonic() > deadline:
-                raise requests.Timeout()
             chunks.append(chunk)
-        return response.status_code, b"".join(chunks)
+        if response.length:  # http.client ends a body cut short quietly
+            raise _Malformed(f"answer ended {response.length} bytes short of its Content-Length")
+        return response.status, b"".join(chunks)
+    finally:
+        connection.close()
 
 
 def _parse_answer(body: bytes, challenge: Challenge, vocab_size: int) -> tuple[list[int], list[float]]:
     try:
         answer = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's stack
         raise _Malformed("answer is not JSON") from None
     if not isinstance(answer, dict):
         raise _Malformed("answer is not a JSON object")
@@ -79,13 +144,17 @@ def _parse_answer(body: bytes, challenge: Challenge, vocab_size: int) -> tuple[l
         raise _Malformed("captured_logits is not a list of numbers")
     if len(logits) != vocab_size:
         raise _Malformed(f"captured_logits has {len(logits)} values, expected the vocabulary size {vocab_size}")
-    return tokens, logits
+    try:
+        values = [float(x) for x in logits]  # an integer past float's range cannot be a logit
+    except OverflowError:
+        raise _Malformed("captured_logits holds an integer too large for a float") from None
+    return tokens, values
 
 
 def _detail(body: bytes) -> str:
     try:
         detail = json.loads(body).get("detail", "")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         detail = body.decode("utf-8", "replace")
     return str(detail)[:_MAX_DETAIL_CHARS]
 
@@ -112,18 +181,15 @@ def verify_miner_logits(
     started = time.monotonic()
     try:
         status, body = _fetch(signed, timeout_s, max_bytes)
-    except requests.Timeout:
+    except TimeoutError:
         return LogitCheck(
             False, f"no complete answer from {url} within {timeout_s:g} s", elapsed_sec=time.monotonic() - started
         )
-    except requests.ConnectionError as error:
-        return LogitCheck(
-            False, f"miner endpoint {url} unreachable: {type(error).__name__}", elapsed_sec=time.monotonic() - started
-        )
-    except (requests.RequestException, _Malformed) as error:
-        return LogitCheck(
-            False, f"bad answer from {url}: {error or type(error).__name__}", elapsed_sec=time.monotonic() - started
-        )
+    except _Unreachable as error:
+        return LogitCheck(False, f"miner endpoint {url} unreachable: {error}", elapsed_sec=time.monotonic() - started)
+    except (http.client.HTTPException, OSError, _Malformed) as error:
+        reason = str(error)[:_MAX_DETAIL_CHARS] or type(error).__name__
+        return LogitCheck(False, f"bad answer from {url}: {reason}", elapsed_sec=time.monotonic() - started)
     elapsed = time.monotonic() - started
     if status != 200:
         return LogitCheck(False, f"miner endpoint answered HTTP {status}: {_detail(body)}", elapsed_sec=elapsed)
