@@ -172,6 +172,56 @@ def test_reopening_after_a_crash_redoes_in_progress_work_but_keeps_results(tmp_p
         assert reopened.pending_evaluations() == [second.key]
 
 
+# Runs one call of the state in a real process that SIGKILLs itself at the first statement after its
+# first commit: where a kill (pm2's, the OOM killer's, a power loss) leaves a call made of several.
+_KILLED_AFTER_FIRST_COMMIT = """
+import os, signal, sys
+from quasar.validator.state import PASSED, EvaluationResult, Submission, ValidatorState
+state = ValidatorState.open(sys.argv[1])
+committed = []
+def trace(statement):
+    if committed:
+        os.kill(os.getpid(), signal.SIGKILL)
+    committed.append(True) if statement.strip().upper() == "COMMIT" else None
+state._connection.set_trace_callback(trace)
+submission = Submission.model_validate_json(sys.argv[3])
+if sys.argv[2] == "import":
+    state.import_result(submission, EvaluationResult(True, 1000.0), PASSED, "report 7", 1.0)
+else:
+    state.add_refused_submission(submission, "fork_url: must use https", 1.0)
+state.open_submissions()  # the validator's next statement: killed here at the latest
+"""
+
+
+@pytest.mark.parametrize("call", ["import", "refused"])
+def test_a_kill_inside_an_import_or_a_refusal_leaves_nothing_to_evaluate_again(tmp_path, call):
+    """A primary importing a report of its worker (import_result), or a validator recording a
+    submission that breaks the fork rules (add_refused_submission), wrote it in several
+    transactions: killed after the first, the restarted validator found the submission known
+    (never imported again) with its evaluation pending, and evaluated it again (a GPU's minutes,
+    the worker's figures replaced) or cloned a URL the rules refuse. Each is one transaction."""
+    path = tmp_path / "state.sqlite3"
+    ValidatorState.open(path).close()
+    url = URL if call == "import" else "http://evil/x"
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_AFTER_FIRST_COMMIT, str(path), call, submission(1, url=url).model_dump_json()],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert killed.returncode == -9, killed.stderr
+    with ValidatorState.open(path) as restarted:
+        assert restarted.pending_evaluations() == [], "the restarted validator evaluates it again"
+        (record,) = restarted.submissions()
+        assert record.evaluation.status == FINISHED
+        if call == "import":
+            assert (record.logits, record.report_state) == (PASSED, REPORTED)
+            assert restarted.ready_to_report() == [] and restarted.needing_logit_check() == []
+        else:
+            assert record.evaluation.result.reasons == ("fork_url: must use https",)
+
+
 def test_one_process_at_a_time(tmp_path):
     path = tmp_path / "state.sqlite3"
     with ValidatorState.open(path):

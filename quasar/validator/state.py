@@ -40,6 +40,7 @@ from pydantic import ConfigDict
 from quasar import originality
 from quasar.api.schemas import EvaluatedSubmission
 from quasar.errors import QuasarError
+from quasar.validator.state_files import default_state_path, read_meta  # noqa: F401  (their home before)
 
 logger = logging.getLogger(__name__)
 
@@ -189,26 +190,6 @@ def _fingerprint(record: SubmissionRecord) -> originality.Fingerprint:
     )
 
 
-def default_state_path(data_dir: str | os.PathLike, network: str, netuid: int, hotkey: str) -> Path:
-    """The state file of ``hotkey`` validating subnet ``netuid`` on ``network``, under ``data_dir``."""
-    return Path(os.path.expanduser(data_dir)) / f"state-{network}-{netuid}-{hotkey}.sqlite3"
-
-
-def read_meta(path: str | os.PathLike, key: str) -> str | None:
-    """The ``meta`` value ``key`` of the state file at ``path``, read by another process while the
-    validator runs: read-only and without the validator's lock (WAL: the validator is never
-    blocked). None when the file, its schema or the key is not there yet."""
-    path = Path(path)
-    if not path.is_file():
-        return None
-    try:
-        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)) as db:
-            row = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-    except sqlite3.Error:  # being created
-        return None
-    return None if row is None else row[0]
-
-
 class ValidatorState:
     """The state file, opened by one process; use :meth:`open` (or as a context manager)."""
 
@@ -285,7 +266,11 @@ class ValidatorState:
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
+        """One transaction; one opened inside another is part of it (one commit for both)."""
         db = self._connection
+        if db.in_transaction:
+            yield db
+            return
         db.execute("BEGIN IMMEDIATE")
         try:
             yield db
@@ -341,14 +326,14 @@ class ValidatorState:
 
     def add_refused_submission(self, submission: Submission, reason: str, now: float) -> bool:
         """Record a submission that cannot be evaluated at all (its URL or commit breaks the rules):
-        its evaluation is finished at once, failed with ``reason``."""
-        if not self.add_submission(submission, now):
-            return False
-        if self.evaluation(submission.key).status == PENDING:
-            self.start_evaluation(submission.key, "none", now)
-            self.finish_evaluation(
-                submission.key, EvaluationResult(correct=False, measured_tokens_per_sec=None, reasons=(reason,)), now
-            )
+        its evaluation is finished at once, failed with ``reason`` (one transaction)."""
+        with self._write():
+            if not self.add_submission(submission, now):
+                return False
+            if self.evaluation(submission.key).status == PENDING:
+                self.start_evaluation(submission.key, "none", now)
+                result = EvaluationResult(correct=False, measured_tokens_per_sec=None, reasons=(reason,))
+                self.finish_evaluation(submission.key, result, now)
         return True
 
     def import_result(
@@ -359,13 +344,14 @@ class ValidatorState:
         False when the submission is known here already (this process fetched it)."""
         if logits not in (PASSED, FAILED, SKIPPED):
             raise ValueError(f"logit outcome must be passed, failed or skipped, got {logits!r}")
-        if not self.add_submission(submission, now):
-            return False
-        if self.evaluation(submission.key).status == PENDING:
-            self.start_evaluation(submission.key, "another process", now)
-            self.finish_evaluation(submission.key, result, now)
-        self.record_logits(submission.submission_id, logits, "checked by another process of this hotkey", now)
-        self.record_report(submission.submission_id, REPORTED, detail, now)
+        with self._write():  # one transaction: a kill leaves it imported whole or not at all
+            if not self.add_submission(submission, now):
+                return False
+            if self.evaluation(submission.key).status == PENDING:
+                self.start_evaluation(submission.key, "another process", now)
+                self.finish_evaluation(submission.key, result, now)
+            self.record_logits(submission.submission_id, logits, "checked by another process of this hotkey", now)
+            self.record_report(submission.submission_id, REPORTED, detail, now)
         return True
 
     def pending_evaluations(self) -> list[EvaluationKey]:
