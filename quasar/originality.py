@@ -37,8 +37,13 @@ from quasar import astparse
 KERNEL_DIR = "fla/ops/quasar"
 # Sources of these kinds are compared without comments and whitespace; other files as they are.
 C_LIKE_SUFFIXES = (".cu", ".cuh", ".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hpp")
-# A string literal (kept as it is) or a comment (dropped) in C-like source.
-_C_TOKENS = re.compile(r'("(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')|(//[^\n]*|/\*.*?\*/)', re.DOTALL)
+# C-like source: a string or character literal is kept as it is, a comment dropped (one space). At
+# each quote the literal must close on its line (escapes honoured), else the quote is an ordinary
+# character. Scanned by _without_c_comments, not by one substitution: an expression failing at a
+# quote would rescan the rest of the line from every later quote (80 KB of ``\"`` pairs took 30 s).
+_C_START = re.compile(r"[\"'/]")
+_C_LITERAL = {quote: re.compile(rf"{quote}(?:\\.|[^{quote}\\\n])*{quote}", re.DOTALL) for quote in "\"'"}
+_C_UNCLOSED = {quote: re.compile(rf"(?:\\.|[^{quote}\\\n])*", re.DOTALL) for quote in "\"'"}
 _SPACE = re.compile(rb"\s+")
 # A space next to punctuation (matching only spaces keeps punctuation-dense files fast).
 _SPACE_BY_PUNCTUATION = re.compile(rb" (?=[^\w ])|(?<=[^\w ]) ")
@@ -115,6 +120,47 @@ def _collapsed(text: bytes) -> bytes:
     return _SPACE_BY_PUNCTUATION.sub(b"", _SPACE.sub(b" ", text).strip())
 
 
+def _without_c_comments(text: str) -> str:
+    """``text`` with its comments (``//`` to the end of the line, ``/* ... */``) as one space each,
+    literals kept: what ``re.sub`` of the literal-or-comment expression gives, in linear time.
+
+    A quote whose literal does not close fails up to the end of its line (``unclosed``); a later
+    quote of the kind before that end fails too (the earlier scan read it as an escaped quote, and
+    reads on from it as the later one would), so it is not scanned again. Nor is ``/*`` once one
+    found no ``*/`` after it."""
+    pieces: list[str] = []
+    kept = at = 0
+    unclosed = {quote: -1 for quote in _C_LITERAL}
+    block_unclosed = False
+    while found := _C_START.search(text, at):
+        start, char = found.start(), found.group()
+        at = start + 1
+        if char in _C_LITERAL:
+            if start < unclosed[char]:
+                continue
+            literal = _C_LITERAL[char].match(text, start)
+            if literal is None:
+                unclosed[char] = _C_UNCLOSED[char].match(text, start + 1).end()  # type: ignore[union-attr]
+            else:
+                at = literal.end()
+            continue
+        if text.startswith("//", start):
+            end = text.find("\n", start)
+            end = len(text) if end < 0 else end
+        elif text.startswith("/*", start) and not block_unclosed:
+            end = text.find("*/", start + 2)
+            if end < 0:
+                block_unclosed = True
+                continue
+            end += 2
+        else:
+            continue
+        pieces += [text[kept:start], " "]
+        kept = at = end
+    pieces.append(text[kept:])
+    return "".join(pieces)
+
+
 def normalised_file(name: str, data: bytes, parse: bool = True) -> bytes:
     """``data`` (the file ``name``) in a form that comments and whitespace do not change.
 
@@ -137,8 +183,7 @@ def normalised_file(name: str, data: bytes, parse: bool = True) -> bytes:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
             return _collapsed(data)
-        stripped = _C_TOKENS.sub(lambda match: match.group(1) or " ", text)
-        return _collapsed(stripped.encode())
+        return _collapsed(_without_c_comments(text).encode())
     if name.endswith(".json"):
         try:
             return json.dumps(json.loads(data), sort_keys=True, separators=(",", ":")).encode()
@@ -158,7 +203,9 @@ def content_hash(files: Mapping[str, bytes]) -> str:
         parse = len(data) <= unparsed
         if parse and path.endswith(PARSED_SUFFIXES):
             unparsed -= len(data)
-        digest.update(path.encode() + b"\0" + hashlib.sha256(normalised_file(path, data, parse)).digest())
+        # A name that is not UTF-8 comes from os.walk with its bytes escaped (PEP 383): the same bytes back.
+        name = path.encode("utf-8", "surrogateescape")
+        digest.update(name + b"\0" + hashlib.sha256(normalised_file(path, data, parse)).digest())
     return digest.hexdigest()
 
 

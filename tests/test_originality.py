@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,29 @@ def test_c_sources_lose_comments_and_spacing_but_not_strings():
     assert normalised_file("k.cu", b"int a;") != normalised_file("k.cu", b"int b;")
 
 
+def test_c_sources_of_unclosed_literals_and_comments_normalise_in_linear_time():
+    """The attack: a kernel ``.cu`` of unclosed literals or comments (a line of ``\\"`` pairs,
+    ``/* `` repeated) made the comment-stripping expression rescan the rest of the line or file
+    from every quote or ``/*``: 80 KB took 30 s, a 64 MB kernel directory would hold the
+    validator's worker (and a GPU) until its deadline, counted as the validator's own failure."""
+    started = time.monotonic()
+    for unit in (b'\\"', b"'\\", b"/* ", b'"\\"\\'):
+        normalised_file("kernel.cu", unit * (40_000 // len(unit)) + b"\\")
+    assert time.monotonic() - started < 1.0
+
+
+def test_c_sources_lose_what_one_substitution_of_literals_or_comments_would_remove():
+    # The rule as one expression (quadratic on hostile input, exact on short text): a literal closes
+    # on its line or its quote is an ordinary character; a comment becomes one space.
+    reference = re.compile(r'("(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\')|(//[^\n]*|/\*.*?\*/)', re.DOTALL)
+    rng = random.Random()
+    alphabet = "\"'\\/*\n a"
+    for _ in range(20_000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 16)))
+        expected = reference.sub(lambda match: match.group(1) or " ", text)
+        assert originality._without_c_comments(text) == expected, text
+
+
 def test_python_that_does_not_parse_and_binary_files_still_hash():
     assert normalised_file("bad.py", b"def (:\n  x") == normalised_file("bad.py", b"def  (:\n\n x")
     assert normalised_file("blob.bin", b"\x00\xff  \x01") != normalised_file("blob.bin", b"\x00\xfe  \x01")
@@ -236,6 +260,22 @@ def test_a_checkouts_kernel_hash_skips_links_caches_and_refuses_what_is_too_larg
     (linked / "fla" / "ops").mkdir(parents=True)
     os.symlink(kernel, linked / "fla" / "ops" / "quasar")
     assert kernel_content_hash(linked) is None  # the kernel directory itself a link: not followed
+
+
+def test_a_kernel_file_name_that_is_not_utf8_is_hashed_not_a_crash_of_the_worker(tmp_path):
+    """The attack: a file ``fla/ops/quasar/bad\\xff.py`` (git stores names as bytes) made the
+    content hash raise UnicodeEncodeError in the validator's worker: no result, counted as the
+    validator's own failure, and the fork never charged with one."""
+    kernel = tmp_path / "fla" / "ops" / "quasar"
+    kernel.mkdir(parents=True)
+    (kernel / "chunk.py").write_text("X = 1\n")
+    with open(os.path.join(os.fsencode(kernel), b"bad\xff.py"), "wb") as out:
+        out.write(b"Y = 2\n")
+    expected = hashlib.sha256()
+    for name, source in ((b"bad\xff.py", b"Y = 2\n"), (b"chunk.py", b"X = 1\n")):
+        normalised = normalised_file(name.decode(errors="surrogateescape"), source)
+        expected.update(name + b"\0" + hashlib.sha256(normalised).digest())
+    assert kernel_content_hash(tmp_path) == expected.hexdigest()
 
 
 @pytest.mark.parametrize("name", ["a.py", "a.cu", "a.json", "a.txt"])
