@@ -9,11 +9,12 @@ import uvicorn
 
 
 @contextmanager
-def serving(app, start_timeout_s: float = 20.0):
-    """Run ``app`` on a free 127.0.0.1 port until the block ends; yields the port."""
+def serving(app, start_timeout_s: float = 20.0, **options):
+    """Run ``app`` on a free 127.0.0.1 port until the block ends; yields the port. ``options`` are
+    more of uvicorn's (a server's own, such as quasar.inference.server.server_options)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, log_level="warning", lifespan="on", **options))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout_s

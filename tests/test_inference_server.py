@@ -25,7 +25,7 @@ from quasar import auth
 from quasar.chain.bittensor_chain import BittensorChain
 from quasar.chain.devchain import DevChain
 from quasar.inference.client import verify_miner_logits
-from quasar.inference.server import InferenceLimits, create_inference_app
+from quasar.inference.server import InferenceLimits, create_inference_app, server_options
 from quasar.localnet.host import make_wallet
 from quasar.logits import (
     ChallengeLimits,
@@ -93,8 +93,9 @@ def chain_flags(world) -> list[str]:
 @contextmanager
 def miner_server(world, model=None, limits=None):
     hotkey = world["wallets"]["miner"].hotkey.ss58_address
-    app = create_inference_app(model or world["served"], world["chain"], hotkey, limits or InferenceLimits())
-    with serving(app) as port:
+    limits = limits or InferenceLimits()
+    app = create_inference_app(model or world["served"], world["chain"], hotkey, limits)
+    with serving(app, **server_options(limits)) as port:  # as `quasar inference serve` runs it
         yield f"http://127.0.0.1:{port}"
 
 
@@ -547,3 +548,36 @@ def test_hostile_json_fails_the_check_instead_of_raising(world):
         with raw_miner(answer) as url:
             check = challenge_miner(world, url)
         assert not check.passed and expected in check.reason, check.reason
+
+
+def answer_to(sock: socket.socket, data: bytes) -> bytes:
+    """What the server sends back on a connection after ``data``, until it closes it (2 s at most)."""
+    sock.sendall(data)
+    sock.settimeout(2)
+    received = b""
+    try:
+        while chunk := sock.recv(65536):
+            received += chunk
+    except TimeoutError:
+        return received + b" [still open after 2 s]"
+    return received
+
+
+def test_a_stranger_cannot_hold_a_connection_open_or_fill_memory_with_headers(world):
+    """Slowloris and header flooding, unsigned: uvicorn's defaults waited forever for a request's
+    headers and its body, and took a 300 MB header into memory (RSS +380 MB, 135 s of parsing);
+    a stranger could hold every file descriptor or the memory of the miner's server. Headers
+    over the size limit get 431, headers or a body not in time get 408, and the connection closes."""
+    limits = InferenceLimits(max_header_bytes=4096, header_timeout_s=0.3, body_timeout_s=0.3)
+    with miner_server(world, limits=limits) as url:
+        address = ("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        cases = [
+            (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: a", b"408"),
+            (b"POST /inference HTTP/1.1\r\nHost: x\r\nContent-Length: 20000\r\n\r\n{", b"408"),
+            (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8192, b"431"),
+        ]
+        for request, status in cases:
+            with socket.create_connection(address) as sock:
+                answer = answer_to(sock, request)
+            assert answer.startswith(b"HTTP/1.1 " + status) and b"still open" not in answer, (request[:40], answer)
+        assert requests.get(url + "/health", timeout=5).status_code == 200

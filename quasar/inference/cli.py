@@ -28,7 +28,7 @@ def serve(settings: config.Settings) -> int:
     from quasar.chain import ChainError
     from quasar.chain.factory import connect
     from quasar.chain.wallets import WalletError, open_wallet
-    from quasar.inference.server import InferenceLimits, create_inference_app
+    from quasar.inference.server import InferenceLimits, create_inference_app, server_options
     from quasar.logits import ModelLoadError, load_reference_model
 
     # Each step's error says what failed; any of them ends the command.
@@ -57,7 +57,14 @@ def serve(settings: config.Settings) -> int:
         settings.inference_host,
         settings.miner_inference_port,
     )
-    uvicorn.run(app, host=settings.inference_host, port=settings.miner_inference_port, log_config=None)
+    # The request line, headers and body are limited in size and time (server_options).
+    uvicorn.run(
+        app,
+        host=settings.inference_host,
+        port=settings.miner_inference_port,
+        log_config=None,
+        **server_options(limits),
+    )
     return 0
 
 

@@ -16,6 +16,11 @@ chain cannot be read, signed requests
 get 503 (the caller cannot be checked: retry later). Bad bodies get
 422 with the field at fault, oversized bodies 413. The model runs one request at a time on a
 single worker thread; at most ``queue_size`` more wait, and beyond that requests get 503.
+
+Anyone on the internet can reach the server, so run it with :func:`server_options`: a request's
+line and headers must stay under ``max_header_bytes`` (else 431) and arrive within
+``header_timeout_s`` (else 408), and its body within ``body_timeout_s`` (else 408), so no
+connection is held open or fills memory by dribbling bytes (quasar/api/protocol.py).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from starlette.concurrency import run_in_threadpool
 
 from quasar import auth
 from quasar.api.chaincache import CachedMetagraphChain
+from quasar.api.protocol import protocol_factory
 from quasar.chain import Chain, ChainError
 from quasar.errors import QuasarError
 from quasar.logits import ChallengeError, ReferenceModel, check_request
@@ -57,6 +63,9 @@ class InferenceLimits:
     max_prompt_len: int = 2048
     max_gen_len: int = 256
     queue_size: int = 8
+    max_header_bytes: int = 16 * 1024
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
 
     @property
     def max_body_bytes(self) -> int:
@@ -123,8 +132,13 @@ def _validation_reason(error: ValidationError) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
-async def _read_body(request: Request, limit: int) -> bytes | None:
-    """The raw body, or None once it exceeds ``limit`` bytes (declared or streamed)."""
+def server_options(limits: InferenceLimits) -> dict[str, Any]:
+    """uvicorn's options for this server (besides host and port): the header limits of ``limits``."""
+    # uvicorn calls ``http`` as a protocol factory; its annotation names a class only.
+    return {"http": protocol_factory(limits.max_header_bytes, limits.header_timeout_s), "server_header": False}
+
+
+async def _stream_body(request: Request, limit: int) -> bytes | None:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         return None
@@ -135,6 +149,18 @@ async def _read_body(request: Request, limit: int) -> bytes | None:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def _read_body(request: Request, limit: int, timeout_s: float, too_large: str) -> bytes | JSONResponse:
+    """The raw body, or the answer refusing it: 413 (``too_large``) once it exceeds ``limit`` bytes
+    (declared or streamed), 408 when it has not all arrived within ``timeout_s``."""
+    try:
+        body = await asyncio.wait_for(_stream_body(request, limit), timeout_s)
+    except TimeoutError:
+        answer = _error(408, f"the request body did not arrive within {timeout_s:g} s")
+        answer.headers["Connection"] = "close"
+        return answer
+    return _error(413, too_large) if body is None else body
 
 
 def create_inference_app(
@@ -191,9 +217,11 @@ def create_inference_app(
 
     @app.get("/model_info")
     async def model_info(request: Request) -> Response:
-        body = await _read_body(request, _MAX_GET_BODY_BYTES)
-        if body is None:
-            return _error(413, f"request body over {_MAX_GET_BODY_BYTES} bytes")
+        body = await _read_body(
+            request, _MAX_GET_BODY_BYTES, limits.body_timeout_s, f"request body over {_MAX_GET_BODY_BYTES} bytes"
+        )
+        if isinstance(body, Response):
+            return body
         try:
             await authenticated(request, body)
         except auth.AuthFailure as failure:
@@ -215,13 +243,12 @@ def create_inference_app(
 
     @app.post("/inference")
     async def inference(request: Request) -> Response:
-        body = await _read_body(request, limits.max_body_bytes)
-        if body is None:
-            return _error(
-                413,
-                f"request body over {limits.max_body_bytes} bytes "
-                f"(prompts hold at most {limits.max_prompt_len} tokens)",
-            )
+        too_large = (
+            f"request body over {limits.max_body_bytes} bytes (prompts hold at most {limits.max_prompt_len} tokens)"
+        )
+        body = await _read_body(request, limits.max_body_bytes, limits.body_timeout_s, too_large)
+        if isinstance(body, Response):
+            return body
         try:
             caller = await authenticated(request, body)
         except auth.AuthFailure as failure:
