@@ -119,3 +119,18 @@ def test_the_miner_logs_each_verdict_once_as_it_arrives(start_api, caplog):
     assert LONG_REASON in failed[0].message
     passed = [r.message for r in logged if r.levelno == logging.INFO]
     assert len(passed) == 2 and all(f"submission {ids['good']} passed" in m for m in passed)
+
+
+def test_the_verdict_watcher_remembers_only_the_submissions_it_still_sees(start_api):
+    """The running miner's watcher kept every (submission, validator) pair it ever logged: a pair
+    per validator for each submission, about 10 an hour, for the miner's whole life (a month at 64
+    validators: about 460,000). It keeps those of the submissions on the page it reads."""
+    api = start_api()
+    miner, validator = api.client("a"), api.client("v1")
+    watcher = VerdictWatcher(miner, api.wallets["a"].hotkey.ss58_address, limit=1)
+    for index in range(4):
+        submitted = miner.submit_kernel(Claim(FORK, f"{index + 1:x}" * 40, 6.0e7), 1_000_000)
+        validator.fetch_work()
+        validator.report(submitted.submission_id, "passed", True, True, 6.1e7)
+        assert watcher.poll() == [(submitted.submission_id, api.wallets["v1"].hotkey.ss58_address)]
+        assert watcher.remembered == 1, "verdicts of submissions off the page are kept for good"

@@ -216,7 +216,16 @@ class VerdictWatcher:
                 self._seen.add(key)
                 new.append(key)
                 self._log(status, report)
+        # Only the page's submissions are remembered: the page holds the newest, so one that left
+        # it never comes back, and the set stays bounded however long the miner runs.
+        listed = {status.submission_id for status in page.submissions}
+        self._seen = {key for key in self._seen if key[0] in listed}
         return new
+
+    @property
+    def remembered(self) -> int:
+        """How many (submission, validator) pairs are held to log each verdict once."""
+        return len(self._seen)
 
     @staticmethod
     def _log(status: schemas.SubmissionStatus, report: schemas.ValidatorVerdict) -> None:
