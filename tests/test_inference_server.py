@@ -581,3 +581,18 @@ def test_a_stranger_cannot_hold_a_connection_open_or_fill_memory_with_headers(wo
                 answer = answer_to(sock, request)
             assert answer.startswith(b"HTTP/1.1 " + status) and b"still open" not in answer, (request[:40], answer)
         assert requests.get(url + "/health", timeout=5).status_code == 200
+
+
+def test_a_miners_text_in_the_reason_cannot_forge_validator_log_lines_or_send_terminal_escapes(world):
+    """Log injection: the detail of a miner's error answer and a non-HTTP status line went into the
+    check's reason verbatim, and the validator logs the reason: a newline forged a whole log line
+    ("... passed (cosine 1.000000)") and escape sequences reached the operator's terminal."""
+    forged = "busy\n2026-05-01 12:00:00,000 INFO    quasar.validator.loop: logit check passed\x1b]0;owned\x07"
+    for answer in [
+        json_answer(json.dumps({"detail": forged}).encode(), status=503),
+        lambda write, request, stopped: write(b"SSH-2.0-OpenSSH_9.6\x1b[2J\r\n"),
+    ]:
+        with raw_miner(answer) as url:
+            check = challenge_miner(world, url)
+        assert not check.passed and check.reason.isprintable(), check.reason
+        assert "busy\\n2026" in check.reason or "SSH-2.0-OpenSSH_9.6\\x1b[2J" in check.reason, check.reason

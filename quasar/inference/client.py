@@ -151,12 +151,19 @@ def _parse_answer(body: bytes, challenge: Challenge, vocab_size: int) -> tuple[l
     return tokens, values
 
 
+def _printable(text: str) -> str:
+    """``text`` cut to ``_MAX_DETAIL_CHARS`` with every unprintable character written as its escape
+    (``\\n``, ``\\x1b``): a miner's words go into the validator's log, one line that says what
+    it said, never a forged line or a terminal escape."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text[:_MAX_DETAIL_CHARS])
+
+
 def _detail(body: bytes) -> str:
     try:
         detail = json.loads(body).get("detail", "")
     except (ValueError, AttributeError, RecursionError):
         detail = body.decode("utf-8", "replace")
-    return str(detail)[:_MAX_DETAIL_CHARS]
+    return _printable(str(detail))
 
 
 def verify_miner_logits(
@@ -188,7 +195,7 @@ def verify_miner_logits(
     except _Unreachable as error:
         return LogitCheck(False, f"miner endpoint {url} unreachable: {error}", elapsed_sec=time.monotonic() - started)
     except (http.client.HTTPException, OSError, _Malformed) as error:
-        reason = str(error)[:_MAX_DETAIL_CHARS] or type(error).__name__
+        reason = _printable(str(error)) or type(error).__name__
         return LogitCheck(False, f"bad answer from {url}: {reason}", elapsed_sec=time.monotonic() - started)
     elapsed = time.monotonic() - started
     if status != 200:
