@@ -17,7 +17,8 @@ What the clone defends against (docs/rules.md section 8):
   checked out as plain files, only the https (and, when allowed, file) transport, and no system or
   user git configuration (git runs with an empty temporary HOME and a scrubbed environment);
 - a fork too big or too slow: a size limit on the clone directory and a time limit on the whole
-  call, both enforced while git runs by killing its process group.
+  call, both enforced while git runs by killing its process group; a tree of too many entries, too
+  deep or with names that are not plain text (quasar/fork_tree.py), refused before checkout.
 
 A reused checkout is verified against a digest of its files taken when it was built, so a checkout
 that something modified afterwards is rebuilt rather than trusted.
@@ -44,6 +45,7 @@ from pathlib import Path
 
 import git
 
+from quasar import fork_tree
 from quasar.errors import QuasarError
 from quasar.gitenv import NO_USER_CONFIGURATION
 
@@ -387,10 +389,7 @@ def _build(
         != 0
     ):
         raise ForkError(f"object {limits.commit} in {limits.url} is not a commit")
-    tree_bytes = _tree_bytes(
-        repo.run("ls-tree", "-r", "-l", "-z", "--full-tree", limits.commit, step="listing the tree")
-    )
-    needed = _disk_usage(work) + tree_bytes
+    needed = _disk_usage(work) + repo.tree_bytes(limits.commit)
     if needed > limits.max_bytes:
         raise limits.size_error(needed, "once checked out")
     repo.run("checkout", "--quiet", "--detach", limits.commit, step="checking out")
@@ -500,6 +499,15 @@ class _IsolatedGit:
                 _kill_group(proc)
         return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
+    def tree_bytes(self, commit: str) -> int:
+        """The size of ``commit``'s files, once its tree's shape passed quasar/fork_tree.py's rules."""
+        command = [*map(str, self._prefix), "ls-tree", "-r", "-l", "-z", "--full-tree", commit]
+        try:
+            failure = lambda stderr: self._failure("ls-tree", stderr)  # noqa: E731
+            return fork_tree.listed_bytes(command, self._env, self._work, self._limits.check_time, failure)
+        except fork_tree.TreeRefused as error:
+            raise ForkError(f"{self._limits.url} at {self._limits.commit} is refused: {error}") from None
+
     def _failure(self, command: str, stderr: str) -> ForkError:
         lowered = stderr.lower()
         url, commit = self._limits.url, self._limits.commit
@@ -518,16 +526,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.communicate()
-
-
-def _tree_bytes(ls_tree: str) -> int:
-    """Total size of the blobs in ``git ls-tree -r -l -z`` output (submodule entries have none)."""
-    total = 0
-    for entry in ls_tree.split("\0"):
-        if entry:
-            size = entry.split("\t", 1)[0].split()[3]
-            total += int(size) if size.isdigit() else 0
-    return total
 
 
 def _disk_usage(root: Path) -> int:

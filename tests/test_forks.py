@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import hashlib
 import multiprocessing
 import os
 import re
@@ -11,10 +12,12 @@ import signal
 import subprocess
 import threading
 import time
+import zlib
 from pathlib import Path
 
 import pytest
 
+from quasar import fork_tree
 from quasar.forks import (
     MAX_FORK_URL_LENGTH,
     Checkout,
@@ -26,7 +29,7 @@ from quasar.forks import (
     normalize_fork_url,
     validate_commit_hash,
 )
-from tests.gitrepo import git
+from tests.gitrepo import git, git_environment
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
@@ -487,6 +490,111 @@ def test_size_limit_counts_checked_out_files(tmp_path):
     assert leftovers(cache) == []
     checkout = clone_at_commit(str(bare), commit, cache, allow_local=True, max_bytes=8 * 1024 * 1024)
     assert (checkout.path / "zeros.bin").stat().st_size == 4 * 1024 * 1024
+
+
+def plumbed_source(tmp_path: Path, build) -> tuple[Path, str]:
+    """A bare repository whose one commit's tree ``build(tree, kernel)`` makes: any tree git can
+    store, whatever a file system could hold. ``tree(entries)`` writes a tree object of ``(mode,
+    object id, name bytes)`` entries as git does (a loose object: thousands a second, where one
+    ``git mktree`` each took 3 ms) and returns its id; ``kernel`` is a file's blob."""
+    bare = tmp_path / "plumbed.git"
+    git(None, "init", "-q", "--bare", str(bare))
+
+    def plumb(*args: str, data: bytes) -> str:
+        done = subprocess.run(["git", *args], cwd=bare, env=git_environment(), input=data, capture_output=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.decode().strip()
+
+    def tree(entries: list[tuple[str, str, bytes]]) -> str:
+        # git orders a tree's entries by name, a directory's as if it ended with "/".
+        ordered = sorted(entries, key=lambda entry: entry[2] + (b"/" if entry[0] == "040000" else b""))
+        body = b"".join(
+            b"%s %s\0" % (mode.lstrip("0").encode(), name) + bytes.fromhex(oid) for mode, oid, name in ordered
+        )
+        data = b"tree %d\0" % len(body) + body
+        oid = hashlib.sha1(data).hexdigest()
+        path = bare / "objects" / oid[:2] / oid[2:]
+        path.parent.mkdir(exist_ok=True)
+        path.write_bytes(zlib.compress(data))
+        return oid
+
+    kernel = plumb("hash-object", "-w", "--stdin", data=b"X = 1\n")
+    top = build(tree, kernel)
+    return bare, plumb("commit-tree", top, "-m", "plumbed", data=b"")
+
+
+def nested(tree, leaf: str, mode: str, names: list[bytes]) -> str:
+    """``leaf`` (of ``mode``) under the directories ``names``, outermost first: the outermost tree's id."""
+    for name in reversed(names):
+        leaf, mode = tree([(mode, leaf, name)]), "040000"
+    return leaf
+
+
+def test_a_tree_naming_a_billion_files_in_a_tiny_pack_is_refused_before_it_is_listed(tmp_path):
+    """The attack: trees are shared, so three tree objects of 1000 names, each name the same
+    subtree, list 10^9 files from a pack of 200 KB; the clone read all of ``git ls-tree``'s
+    output into the validator's worker (3 GiB a minute, unbounded within its time limit)."""
+
+    def fan_out(tree, kernel):
+        level, mode = kernel, "100644"
+        for _ in range(3):
+            level, mode = tree([(mode, level, b"n%04d" % index) for index in range(1000)]), "040000"
+        return tree(
+            [("040000", level, b"junk"), ("040000", nested(tree, kernel, "100644", [b"ops", b"chunk.py"]), b"fla")]
+        )
+
+    bare, commit = plumbed_source(tmp_path, fan_out)
+    cache = tmp_path / "cache"
+    started = time.monotonic()
+    with pytest.raises(ForkError, match=f"more than {fork_tree.MAX_TREE_ENTRIES} entries"):
+        clone_at_commit(str(bare), commit, cache, allow_local=True, timeout_s=20)
+    assert time.monotonic() - started < 5
+    assert leftovers(cache) == []
+
+
+def test_a_path_nested_past_the_depth_limit_is_refused_not_a_crash_of_the_walks(tmp_path):
+    """The attack: ``d/d/.../d/f`` 1,100 directories deep broke the clone's recursive digest of
+    the checkout with RecursionError (no ForkError: the worker crashed, counted as the
+    validator's own failure) and left the partial checkout in the cache for good."""
+    bare, commit = plumbed_source(tmp_path, lambda tree, kernel: nested(tree, kernel, "100644", [b"d"] * 1100 + [b"f"]))
+    cache = tmp_path / "cache"
+    with pytest.raises(ForkError, match="is refused: a path is 2201 bytes long, over the limit of 1024"):
+        clone_at_commit(str(bare), commit, cache, allow_local=True)
+    assert leftovers(cache) == []
+    depth = fork_tree.MAX_PATH_DEPTH
+    for names, refused in ((depth, True), (depth - 1, False)):
+        bare, commit = plumbed_source(
+            tmp_path / str(names), lambda tree, kernel: nested(tree, kernel, "100644", [b"d"] * names + [b"f"])
+        )
+        if refused:
+            with pytest.raises(ForkError, match=f"{depth + 1} names deep, over the limit of {depth}"):
+                clone_at_commit(str(bare), commit, cache, allow_local=True)
+        else:
+            checkout = clone_at_commit(str(bare), commit, cache, allow_local=True)
+            assert (checkout.path / Path(*["d"] * names) / "f").read_text() == "X = 1\n"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        b"bad\xff.py",  # not UTF-8: crashed the worker's content hash (UnicodeEncodeError)
+        b"x\n2099-01-01 00:00:00 INFO quasar.validator.loop: evaluation of victim: correct.py",  # a forged log line
+        b"\x1b[2Jred.py",  # a terminal escape in the validator's logs
+        "chunk\u202eyp.py".encode(),  # a right-to-left override: reads as another file's name
+        "a\u2028b.py".encode(),  # a line separator
+    ],
+)
+def test_a_path_that_is_not_plain_text_is_refused_before_it_reaches_reports_and_logs(tmp_path, name):
+    """The attack: a kernel file's name reached the import check's reasons as it was, so a newline
+    in it wrote a line of the attacker's into the validator's logs (and its report)."""
+    bare, commit = plumbed_source(
+        tmp_path, lambda tree, kernel: nested(tree, kernel, "100644", [b"fla", b"ops", b"quasar", name])
+    )
+    cache = tmp_path / "cache"
+    with pytest.raises(ForkError, match="is refused: the path .* (is not UTF-8|holds a control)") as refused:
+        clone_at_commit(str(bare), commit, cache, allow_local=True)
+    assert "\n" not in str(refused.value) and "\x1b" not in str(refused.value)
+    assert leftovers(cache) == []
 
 
 def test_two_processes_cloning_the_same_key_wait_for_each_other(tmp_path, source):
