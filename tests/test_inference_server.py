@@ -552,7 +552,8 @@ def test_hostile_json_fails_the_check_instead_of_raising(world):
 
 def answer_to(sock: socket.socket, data: bytes) -> bytes:
     """What the server sends back on a connection after ``data``, until it closes it (2 s at most)."""
-    sock.sendall(data)
+    if data:
+        sock.sendall(data)
     sock.settimeout(2)
     received = b""
     try:
@@ -596,3 +597,28 @@ def test_a_miners_text_in_the_reason_cannot_forge_validator_log_lines_or_send_te
             check = challenge_miner(world, url)
         assert not check.passed and check.reason.isprintable(), check.reason
         assert "busy\\n2026" in check.reason or "SSH-2.0-OpenSSH_9.6\\x1b[2J" in check.reason, check.reason
+
+
+def test_one_strangers_address_cannot_take_every_connection_of_the_server(world):
+    """Descriptor exhaustion: idle connections from one host, no key needed, took every file
+    descriptor of the server until the header timeout closed them (at a 256-descriptor limit, 400
+    idle connections made an honest miner fail a validator's check), and reconnecting kept them.
+    Connections beyond the limit of one client address are refused at once; other addresses
+    (the validator's) are still served."""
+    limits = InferenceLimits(max_connections_per_client=3)
+    with miner_server(world, limits=limits) as url:
+        address = ("127.0.0.1", int(url.rsplit(":", 1)[1]))
+        held = [socket.create_connection(address, source_address=("127.0.0.2", 0)) for _ in range(3)]
+        try:
+            with socket.create_connection(address, source_address=("127.0.0.2", 0)) as extra:
+                answer = answer_to(extra, b"")  # refused before it sends anything
+            assert answer.startswith(b"HTTP/1.1 503") and b"still open" not in answer, answer
+            check = challenge_miner(world, url)  # from 127.0.0.1
+            assert check.passed, check.reason
+        finally:
+            for sock in held:
+                sock.close()
+        with socket.create_connection(address, source_address=("127.0.0.2", 0)) as again:
+            assert answer_to(again, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
+                b"HTTP/1.1 200"
+            )

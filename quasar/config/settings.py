@@ -70,6 +70,7 @@ class Settings:
     inference_max_prompt_len: int
     inference_max_gen_len: int
     inference_queue_size: int
+    inference_max_connections_per_client: int
     tie_epsilon: float
     database_url: str
     api_host: str

@@ -5,7 +5,8 @@ Settings come from quasar.config (flag > environment > .env > default): the wall
 validators address (``--wallet.name``/``--wallet.hotkey``), the chain that says who holds a
 validator permit (``--subtensor.network``, ``--netuid``), the model (``--reference-model``,
 ``--device``, ``--reference-dtype``) and the server (``--inference.host``, ``--inference.port``,
-``--inference.max-prompt-len``, ``--inference.max-gen-len``, ``--inference.queue-size``).
+``--inference.max-prompt-len``, ``--inference.max-gen-len``, ``--inference.queue-size``,
+``--inference.max-connections-per-client``).
 The miner neuron publishes this server's port on chain; this command only serves.
 """
 
@@ -41,7 +42,10 @@ def serve(settings: config.Settings) -> int:
             )
         model = load_reference_model(settings.reference_model, settings.device, settings.reference_dtype)
         limits = InferenceLimits(
-            settings.inference_max_prompt_len, settings.inference_max_gen_len, settings.inference_queue_size
+            settings.inference_max_prompt_len,
+            settings.inference_max_gen_len,
+            settings.inference_queue_size,
+            max_connections_per_client=settings.inference_max_connections_per_client,
         )
         # Its per-block cache reads the chain's block time (a ChainError).
         app = create_inference_app(model, chain, hotkey, limits)

@@ -20,12 +20,15 @@ single worker thread; at most ``queue_size`` more wait, and beyond that requests
 Anyone on the internet can reach the server, so run it with :func:`server_options`: a request's
 line and headers must stay under ``max_header_bytes`` (else 431) and arrive within
 ``header_timeout_s`` (else 408), and its body within ``body_timeout_s`` (else 408), so no
-connection is held open or fills memory by dribbling bytes (quasar/api/protocol.py).
+connection is held open or fills memory by dribbling bytes (quasar/api/protocol.py); and one
+client address (an IPv6 one by its /64) holds at most ``max_connections_per_client`` connections
+at once, more are answered 503 and closed, so one host cannot take every file descriptor.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -43,7 +46,8 @@ from starlette.concurrency import run_in_threadpool
 
 from quasar import auth
 from quasar.api.chaincache import CachedMetagraphChain
-from quasar.api.protocol import protocol_factory
+from quasar.api.protocol import LimitedHttpToolsProtocol
+from quasar.api.rules import address_key
 from quasar.chain import Chain, ChainError
 from quasar.errors import QuasarError
 from quasar.logits import ChallengeError, ReferenceModel, check_request
@@ -66,6 +70,7 @@ class InferenceLimits:
     max_header_bytes: int = 16 * 1024
     header_timeout_s: float = 10.0
     body_timeout_s: float = 10.0
+    max_connections_per_client: int = 16
 
     @property
     def max_body_bytes(self) -> int:
@@ -132,10 +137,59 @@ def _validation_reason(error: ValidationError) -> str:
     return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
+class ClientConnections:
+    """How many connections each client address holds, against one limit (one server's count)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.open: dict[str, int] = {}
+
+    def admit(self, key: str) -> bool:
+        if self.open.get(key, 0) >= self.limit:
+            return False
+        self.open[key] = self.open.get(key, 0) + 1
+        return True
+
+    def release(self, key: str) -> None:
+        self.open[key] -= 1
+        if not self.open[key]:
+            del self.open[key]
+
+
+class InferenceProtocol(LimitedHttpToolsProtocol):
+    """The API's header-limited protocol, with at most ``connections.limit`` connections per
+    client address (counted on the event loop: connections are made and lost there)."""
+
+    def __init__(self, *args, connections: ClientConnections, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._connections = connections
+        self._client_key: str | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        peer = transport.get_extra_info("peername")
+        key = address_key(str(peer[0])) if isinstance(peer, tuple) and peer else ""
+        if self._connections.admit(key):
+            self._client_key = key
+        else:
+            self._refuse(503, f"more than {self._connections.limit} connections from your address")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._client_key is not None:
+            self._connections.release(self._client_key)
+            self._client_key = None
+        super().connection_lost(exc)
+
+
 def server_options(limits: InferenceLimits) -> dict[str, Any]:
-    """uvicorn's options for this server (besides host and port): the header limits of ``limits``."""
-    # uvicorn calls ``http`` as a protocol factory; its annotation names a class only.
-    return {"http": protocol_factory(limits.max_header_bytes, limits.header_timeout_s), "server_header": False}
+    """uvicorn's options for one server (besides host and port): the connection limits of ``limits``."""
+    protocol = functools.partial(
+        InferenceProtocol,
+        max_header_bytes=limits.max_header_bytes,
+        header_timeout_s=limits.header_timeout_s,
+        connections=ClientConnections(limits.max_connections_per_client),
+    )
+    return {"http": protocol, "server_header": False}
 
 
 async def _stream_body(request: Request, limit: int) -> bytes | None:
