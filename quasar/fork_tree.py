@@ -3,14 +3,15 @@
 A pack of a few kilobytes can name a billion files: trees are shared, so three tree objects of a
 thousand names each, every name the same subtree, list 1000 x 1000 x 1000 paths. Listing them all
 took the validator's worker 3 GiB of memory a minute (and checking them out would take the disk's
-inodes); a path nested a thousand directories deep broke the recursive walks that read a
+inodes); a billion empty directories, listed without their trees, kept git walking them, writing
+nothing, until the clone's time limit; a path nested a thousand directories deep broke the recursive walks that read a
 checkout (``RecursionError``, a crash counted as the validator's own failure); a name holding a
 newline, or bytes that are not UTF-8, reached reports and logs as it was. So the listing is read
 as git writes it, and refused (docs/rules.md section 4, step 1) at the first entry that breaks a
 rule:
 
-- at most :data:`MAX_TREE_ENTRIES` entries (files, links and submodule entries; a real
-  flash-linear-attention repository has about 1,500);
+- at most :data:`MAX_TREE_ENTRIES` entries (directories, files, links and submodule entries; a
+  real flash-linear-attention repository has about 1,700);
 - a path at most :data:`MAX_PATH_DEPTH` names deep and :data:`MAX_PATH_BYTES` bytes long (fla's
   deepest is 8 names, its longest 124 bytes);
 - a path is UTF-8 without control characters (C0, DEL, C1), line or paragraph separators, or
@@ -65,7 +66,8 @@ def path_problem(path: bytes) -> str | None:
 
 
 def _entry_bytes(entry: bytes) -> int:
-    """The size an ``ls-tree -l -z`` entry gives, after checking its path (submodule entries: 0)."""
+    """The size an ``ls-tree -l -z`` entry gives, after checking its path (directories and submodule
+    entries: 0)."""
     header, tab, path = entry.partition(b"\t")
     fields = header.split()
     if not tab or len(fields) != 4:
@@ -84,10 +86,11 @@ def listed_bytes(
     failure: Callable[[str], Exception],
     max_entries: int = MAX_TREE_ENTRIES,
 ) -> int:
-    """Run ``command`` (``git ls-tree -r -l -z --full-tree COMMIT``) and return the total size of
-    the blobs it lists, reading its output as it comes and stopping git at the first entry past
-    ``max_entries`` or breaking :func:`path_problem` (:class:`TreeRefused`). ``check_time(step)``
-    raises past the caller's deadline; ``failure(stderr)`` is what a failing git raises."""
+    """Run ``command`` (``git ls-tree -r -t -l -z --full-tree COMMIT``: directories listed too)
+    and return the total size of the blobs it lists, reading its output as it comes and stopping
+    git at the first entry past ``max_entries`` or breaking :func:`path_problem`
+    (:class:`TreeRefused`). ``check_time(step)`` raises past the caller's deadline;
+    ``failure(stderr)`` is what a failing git raises."""
     step = "listing the tree"
     with tempfile.TemporaryFile() as errors:
         proc = subprocess.Popen(
@@ -108,7 +111,7 @@ def listed_bytes(
                     *complete, pending = (pending + chunk).split(b"\0")
                     entries += len(complete)
                     if entries > max_entries:
-                        raise TreeRefused(f"the tree has more than {max_entries} entries (files, links, submodules)")
+                        raise TreeRefused(f"the tree has more than {max_entries} entries (directories, files, links)")
                     total += sum(_entry_bytes(entry) for entry in complete)
                     if len(pending) > MAX_PATH_BYTES + 256:
                         raise TreeRefused(f"a path is over the limit of {MAX_PATH_BYTES} bytes")

@@ -501,7 +501,7 @@ class _IsolatedGit:
 
     def tree_bytes(self, commit: str) -> int:
         """The size of ``commit``'s files, once its tree's shape passed quasar/fork_tree.py's rules."""
-        command = [*map(str, self._prefix), "ls-tree", "-r", "-l", "-z", "--full-tree", commit]
+        command = [*map(str, self._prefix), "ls-tree", "-r", "-t", "-l", "-z", "--full-tree", commit]
         try:
             failure = lambda stderr: self._failure("ls-tree", stderr)  # noqa: E731
             return fork_tree.listed_bytes(command, self._env, self._work, self._limits.check_time, failure)

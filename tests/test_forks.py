@@ -552,13 +552,32 @@ def test_a_tree_naming_a_billion_files_in_a_tiny_pack_is_refused_before_it_is_li
     assert leftovers(cache) == []
 
 
+def test_a_billion_empty_directories_are_refused_not_walked_until_the_time_limit(tmp_path):
+    """The attack: the same fan-out down to the empty tree lists no file, so the entries were not
+    counted while git walked 10^9 directories: the clone held the worker until its time limit."""
+
+    def fan_out(tree, kernel):
+        level = tree([])
+        for _ in range(3):
+            level = tree([("040000", level, b"n%04d" % index) for index in range(1000)])
+        return level
+
+    bare, commit = plumbed_source(tmp_path, fan_out)
+    started = time.monotonic()
+    with pytest.raises(ForkError, match=f"more than {fork_tree.MAX_TREE_ENTRIES} entries"):
+        clone_at_commit(str(bare), commit, tmp_path / "cache", allow_local=True, timeout_s=5)
+    assert time.monotonic() - started < 2
+
+
 def test_a_path_nested_past_the_depth_limit_is_refused_not_a_crash_of_the_walks(tmp_path):
     """The attack: ``d/d/.../d/f`` 1,100 directories deep broke the clone's recursive digest of
     the checkout with RecursionError (no ForkError: the worker crashed, counted as the
     validator's own failure) and left the partial checkout in the cache for good."""
     bare, commit = plumbed_source(tmp_path, lambda tree, kernel: nested(tree, kernel, "100644", [b"d"] * 1100 + [b"f"]))
     cache = tmp_path / "cache"
-    with pytest.raises(ForkError, match="is refused: a path is 2201 bytes long, over the limit of 1024"):
+    with pytest.raises(
+        ForkError, match=f"is refused: a path is 33 names deep, over the limit of {fork_tree.MAX_PATH_DEPTH}"
+    ):
         clone_at_commit(str(bare), commit, cache, allow_local=True)
     assert leftovers(cache) == []
     depth = fork_tree.MAX_PATH_DEPTH
