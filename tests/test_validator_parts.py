@@ -462,6 +462,15 @@ def test_reasons_are_bounded_to_what_the_api_accepts():
     assert reasons[-1] == f"... and {42 - MAX_REASONS + 1} more"
 
 
+def test_a_forks_error_of_lone_surrogates_still_reaches_the_api():
+    """A fork's reply may say ``"\\udcff"`` (JSON escapes any code point) and its error becomes a
+    reason; the API refused such a report (422: not UTF-8) and the validator never sent it again,
+    so the fork's failure went unrecorded."""
+    reasons = bounded_reasons(["T=512: RuntimeError: \udcff\ud800"])
+    body = json.dumps({"submission_id": 1, "verdict": "failed", "correct": False, "reasons": list(reasons)})
+    assert ReportRequest.model_validate_json(body).reasons == ["T=512: RuntimeError: ??"]
+
+
 def neuron(uid: int, hotkey: str) -> NeuronInfo:
     return NeuronInfo(uid, hotkey, hotkey, 0.0, False, None)
 

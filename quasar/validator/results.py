@@ -62,6 +62,9 @@ def reported_lengths(harness_report: Mapping[str, Any] | None) -> tuple[dict[str
 
 
 def _printable(text: str) -> str:
+    # A fork's reply may carry lone surrogates (JSON escapes any code point); no UTF-8 holds them,
+    # so the API would refuse the whole report and the fork's failure would never be recorded.
+    text = text.encode("utf-8", "replace").decode("utf-8")
     cleaned = "".join(ch if ch in "\n\t" or (ord(ch) >= 32 and ord(ch) != 127) else " " for ch in text).strip()
     return cleaned if len(cleaned) <= MAX_REASON_LENGTH else cleaned[: MAX_REASON_LENGTH - 3] + "..."
 
