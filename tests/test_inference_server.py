@@ -568,7 +568,8 @@ def test_a_stranger_cannot_hold_a_connection_open_or_fill_memory_with_headers(wo
     """Slowloris and header flooding, unsigned: uvicorn's defaults waited forever for a request's
     headers and its body, and took a 300 MB header into memory (RSS +380 MB, 135 s of parsing);
     a stranger could hold every file descriptor or the memory of the miner's server. Headers
-    over the size limit get 431, headers or a body not in time get 408, and the connection closes."""
+    over the size limit get 431, headers or a body not in time get 408, and the connection closes;
+    so does one whose body no route reads (GET /health, an unknown path) when the body is late."""
     limits = InferenceLimits(max_header_bytes=4096, header_timeout_s=0.3, body_timeout_s=0.3)
     with miner_server(world, limits=limits) as url:
         address = ("127.0.0.1", int(url.rsplit(":", 1)[1]))
@@ -576,6 +577,9 @@ def test_a_stranger_cannot_hold_a_connection_open_or_fill_memory_with_headers(wo
             (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: a", b"408"),
             (b"POST /inference HTTP/1.1\r\nHost: x\r\nContent-Length: 20000\r\n\r\n{", b"408"),
             (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 8192, b"431"),
+            # a body no route reads: answered, then the connection closes when the body is late
+            (b"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 20000\r\n\r\n{", b"200"),
+            (b"POST /nowhere HTTP/1.1\r\nHost: x\r\nContent-Length: 20000\r\n\r\n{", b"404"),
         ]
         for request, status in cases:
             with socket.create_connection(address) as sock:

@@ -158,12 +158,43 @@ class ClientConnections:
 
 class InferenceProtocol(LimitedHttpToolsProtocol):
     """The API's header-limited protocol, with at most ``connections.limit`` connections per
-    client address (counted on the event loop: connections are made and lost there)."""
+    client address (counted on the event loop: connections are made and lost there), and a request
+    body due ``body_timeout_s`` after its headers: a route waiting for its body answers 408 itself
+    (:func:`_read_body`); one that answered without reading it (``GET /health``, a 404) has its
+    connection closed then, instead of reading a dribbled body forever."""
 
-    def __init__(self, *args, connections: ClientConnections, **kwargs):
+    def __init__(self, *args, connections: ClientConnections, body_timeout_s: float, **kwargs):
         super().__init__(*args, **kwargs)
         self._connections = connections
         self._client_key: str | None = None
+        self._body_timeout_s = body_timeout_s
+        self._body_timer: asyncio.TimerHandle | None = None
+
+    def _arm_body_timer(self) -> None:
+        self._body_timer = self.loop.call_later(self._body_timeout_s, self._body_timeout)
+
+    def _disarm_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_timeout(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._arm_body_timer()  # the route is still answering (a late body gets its 408)
+        else:
+            self.transport.close()
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        if self._refused is None and not self.transport.is_closing():
+            self._arm_body_timer()
+
+    def on_message_complete(self) -> None:
+        self._disarm_body_timer()
+        super().on_message_complete()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -175,6 +206,7 @@ class InferenceProtocol(LimitedHttpToolsProtocol):
             self._refuse(503, f"more than {self._connections.limit} connections from your address")
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_body_timer()
         if self._client_key is not None:
             self._connections.release(self._client_key)
             self._client_key = None
@@ -188,6 +220,7 @@ def server_options(limits: InferenceLimits) -> dict[str, Any]:
         max_header_bytes=limits.max_header_bytes,
         header_timeout_s=limits.header_timeout_s,
         connections=ClientConnections(limits.max_connections_per_client),
+        body_timeout_s=limits.body_timeout_s,
     )
     return {"http": protocol, "server_header": False}
 
