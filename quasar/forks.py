@@ -70,22 +70,9 @@ _POLL_S = 0.05
 # Inherited variables a git process may keep: how the network is reached and which trust stores
 # the operator set up. Every other inherited variable (GIT_DIR, GIT_SSL_NO_VERIFY, GIT_ASKPASS,
 # tokens...) is removed. The miner's git (quasar/miner/github.py) keeps these too.
-GIT_NETWORK_VARIABLES = frozenset(
-    {
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-        "no_proxy",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "NO_PROXY",
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "GIT_SSL_CAINFO",
-        "GIT_SSL_CAPATH",
-    }
-)
+_PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy", "no_proxy")  # each also in upper case
+_TRUST_STORE_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "GIT_SSL_CAINFO", "GIT_SSL_CAPATH")
+GIT_NETWORK_VARIABLES = frozenset({*_PROXY_VARIABLES, *map(str.upper, _PROXY_VARIABLES), *_TRUST_STORE_VARIABLES})
 _KEPT_ENVIRONMENT = frozenset({"PATH", "TMPDIR", *GIT_NETWORK_VARIABLES})
 
 # Messages git prints when the server does not have the requested object.
@@ -585,6 +572,15 @@ def _is_complete(path: Path, fork_url: str, commit_hash: str) -> bool:
     if not isinstance(marker, dict) or any(marker.get(key) != value for key, value in expected.items()):
         return False
     return head == commit_hash and marker.get("files_sha256") == _files_digest(path)
+
+
+def remove_checkout(checkout: Path) -> None:
+    """Remove all a clone into ``checkout`` (a :func:`clone_dir_for` path) may leave: the checkout,
+    an interrupted clone's partial directories, a killed holder's lock file. Only once no process
+    clones or uses that key: a worker killed mid-evaluation leaves them otherwise."""
+    leftovers = [*checkout.parent.glob(checkout.name + _PARTIAL + "*"), checkout.with_name(checkout.name + ".lock")]
+    for path in (checkout, *leftovers):
+        _remove(path)
 
 
 def _remove(path: Path) -> None:

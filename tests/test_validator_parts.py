@@ -8,6 +8,7 @@ import random
 import sqlite3
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import bittensor as bt
 import pytest
 from bittensor.sp_core import Keypair
 
-from quasar import originality, scoring
+from quasar import forks, originality, scoring
 from quasar.api.schemas import MAX_REASON_LENGTH, MAX_REASONS, ReportRequest
 from quasar.chain.base import Metagraph, NeuronInfo
 from quasar.chain.devchain import FINNEY, DevChain
@@ -24,7 +25,7 @@ from quasar.config import resolve
 from quasar.evaluate import EvaluationOptions, EvaluationReport, ImportCheck, LengthResult, SandboxPolicy
 from quasar.terminal import rendered_text, short_hotkey
 from quasar.validator.devices import Device, ValidatorSetupError, device_warnings, evaluation_devices
-from quasar.validator.evaluator import outcome_from_worker, result_from_report
+from quasar.validator.evaluator import WorkerEvaluation, outcome_from_worker, result_from_report
 from quasar.validator.loop import submission_from_work
 from quasar.validator.preflight import assess_subnet_rules, check_registration
 from quasar.validator.results import (
@@ -56,6 +57,7 @@ from quasar.validator.state import (
     default_state_path,
 )
 from quasar.validator.worker import options_from_json, options_to_json
+from tests.gitrepo import commit_all
 
 URL = "https://github.com/miner/flash-linear-attention"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -737,6 +739,36 @@ def test_worker_outcomes_for_clone_failures_refusals_and_garbage():
     ):
         outcome = outcome_from_worker(garbage)
         assert outcome.result is None and outcome.error
+
+
+def test_a_worker_killed_past_its_deadline_leaves_no_clone_in_the_fork_cache(tmp_path):
+    """A worker removes its clone as it ends; one killed at its deadline (or by the OOM killer)
+    left the checkout, an interrupted clone's partial directory and its lock file for good."""
+    fork = tmp_path / "fork"
+    fork.mkdir()
+    (fork / "kernel.py").write_text("x = 1\n")
+    commit = commit_all(fork, "fork")
+    cache = tmp_path / "work" / "forks"
+    checkout = forks.clone_at_commit(str(fork), commit, cache, allow_local=True).path
+    (cache / (checkout.name + ".partial-abc")).mkdir()
+    (cache / (checkout.name + ".lock")).touch()
+    (fork / "kernel.py").write_text("x = 2\n")
+    other = forks.clone_at_commit(str(fork), commit_all(fork, "another commit"), cache, allow_local=True).path
+    worker = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    running = WorkerEvaluation(
+        EvaluationKey(str(fork), commit, 64),
+        Device("cpu", ""),
+        worker,
+        tmp_path / "job.json",
+        tmp_path / "result.json",
+        deadline=time.monotonic() - 1,
+        checkout=forks.clone_dir_for(cache, str(fork), commit, allow_local=True),
+    )
+    assert running.poll() is None  # past its deadline: killed
+    worker.wait(10)
+    outcome = running.poll()
+    assert outcome is not None and "ran past its limit" in outcome.error
+    assert sorted(path.name for path in cache.iterdir()) == [other.name], "the killed worker's clone is left"
 
 
 def test_evaluation_options_survive_the_trip_to_the_worker():

@@ -136,6 +136,7 @@ class WorkerEvaluation:
     job_path: Path
     result_path: Path
     deadline: float
+    checkout: Path | None = None  # where the worker clones the fork (None: a URL it will refuse)
     started: float = field(default_factory=time.monotonic, init=False)
     _outcome: EvaluationOutcome | None = field(default=None, init=False)
     _stop_reason: str | None = field(default=None, init=False)
@@ -159,6 +160,12 @@ class WorkerEvaluation:
         self._outcome = self._read_outcome(code)
         for path in (self.job_path, self.result_path):
             path.unlink(missing_ok=True)
+        if self.checkout is not None:
+            # The worker removes its clone as it ends; one killed (its deadline, the OOM killer) cannot.
+            try:
+                forks.remove_checkout(self.checkout)
+            except OSError as error:
+                logger.warning("cannot remove the clone %s of %s: %s", self.checkout, self.key, error)
         return self._outcome
 
     def _read_outcome(self, code: int) -> EvaluationOutcome:
@@ -250,4 +257,8 @@ class SubprocessEvaluator:
         )
         deadline = time.monotonic() + self.clone_timeout_s + self.options.timeout_s + WORKER_MARGIN_S
         logger.info("evaluating %s on %s (worker pid %d)", key, device.name, process.pid)
-        return WorkerEvaluation(key, device, process, job_path, result_path, deadline)
+        try:
+            checkout = forks.clone_dir_for(self.cache_dir, key.fork_url, key.commit_hash, allow_local=self.allow_local)
+        except forks.ForkError:
+            checkout = None
+        return WorkerEvaluation(key, device, process, job_path, result_path, deadline, checkout)
