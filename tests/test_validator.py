@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -46,7 +47,7 @@ from quasar.logits import ChallengeLimits, LogitThresholds, load_reference_model
 from quasar.starter_fork import write_starter_fork
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import SubprocessEvaluator
-from quasar.validator.logit_check import MinerLogitChecker
+from quasar.validator.logit_check import MinerLogitChecker, private_endpoint
 from quasar.validator.loop import Validator
 from quasar.validator.state import (
     ABANDONED,
@@ -190,7 +191,32 @@ def logit_checker(world, subnet: Subnet) -> MinerLogitChecker:
         ChallengeLimits(max_prompt_len=32, max_gen_len=8),
         LogitThresholds(),
         20.0,
+        private_endpoints_allowed=True,  # the dev chain's miners serve on 127.0.0.1
     )
+
+
+def test_a_miner_pointing_validators_at_their_own_network_fails_without_a_connection(world):
+    """Subtensor refuses only 127.0.0.1 and ::1 as an endpoint: a miner publishing 127.0.0.2, a
+    private address or 169.254.169.254 had each validator connect there, and the reason it reported
+    (refused, timed out, a status, a banner) told what listens on the validator's own network."""
+    validator, miner = world["wallets"]["validator"], world["wallets"]["a"].hotkey.ss58_address
+    limits = ChallengeLimits(max_prompt_len=32, max_gen_len=8)
+    with socket.create_server(("127.0.0.2", 0)) as listener:
+        url = f"http://127.0.0.2:{listener.getsockname()[1]}"
+        listener.setblocking(False)
+        check = MinerLogitChecker(validator, world["reference"], limits, LogitThresholds(), 1.0).check(url, miner)
+        assert not check.passed and "127.0.0.2 is a loopback, private or link-local address" in check.reason
+        with pytest.raises(BlockingIOError):
+            listener.accept()  # no connection was made
+        allowed = MinerLogitChecker(validator, world["reference"], limits, LogitThresholds(), 1.0, True)
+        assert not allowed.check(url, miner).passed  # challenged: the listener never answers
+        listener.accept()[0].close()
+    for address in ("10.1.2.3", "169.254.169.254", "192.168.0.7", "[::1]", "[fd00::5]", "localhost"):
+        assert private_endpoint(f"http://{address}:8000") is not None, address
+    assert private_endpoint("http://[2001:4860:4860::8888]:8000") is None
+    assert not settings_for(network="finney").private_endpoints_allowed
+    assert settings_for(network="finney", allow_private_endpoints="true").private_endpoints_allowed
+    assert settings_for().private_endpoints_allowed  # the dev chain
 
 
 def settings_for(**flags: str) -> config.Settings:

@@ -66,6 +66,7 @@ class Settings:
     logits_timeout: float
     logits_max_prompt_len: int
     logits_max_gen_len: int
+    allow_private_endpoints: bool
     inference_host: str
     inference_max_prompt_len: int
     inference_max_gen_len: int
@@ -116,6 +117,12 @@ class Settings:
         """Whether fork URLs may be local paths or file:// URLs: on the embedded dev chain, or where
         ALLOW_LOCAL_FORKS says so (docs/rules.md section 3)."""
         return self.network == DEV_NETWORK or self.allow_local_forks
+
+    @property
+    def private_endpoints_allowed(self) -> bool:
+        """Whether the logit check connects to miners at loopback, private or link-local addresses:
+        on the embedded dev chain, or where ALLOW_PRIVATE_ENDPOINTS says so (docs/rules.md section 4)."""
+        return self.network == DEV_NETWORK or self.allow_private_endpoints
 
     @property
     def wallet_dir(self) -> Path:

@@ -4,8 +4,10 @@ validator's own reference model."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from quasar.config import Settings
 from quasar.inference.client import LogitCheck, verify_miner_logits
@@ -26,11 +28,30 @@ class LogitChecker(Protocol):
         """Challenge the miner ``miner_hotkey`` serving at ``endpoint_url``; never raises for the miner's faults."""
 
 
+def private_endpoint(endpoint_url: str) -> str | None:
+    """Why ``endpoint_url``'s host is no public address (loopback, private, link-local: the
+    validator's own host or network, or a cloud's metadata service), or None when it is one."""
+    host = urlsplit(endpoint_url).hostname or ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return f"its host {host!r} is not an IP address"
+    if address.is_global:
+        return None
+    return f"{address} is a loopback, private or link-local address, not one validators connect to"
+
+
 class MinerLogitChecker:
     """Challenges miners' inference servers, signed by ``wallet``, judged against ``reference``."""
 
     def __init__(
-        self, wallet, reference: ReferenceModel, limits: ChallengeLimits, thresholds: LogitThresholds, timeout_s: float
+        self,
+        wallet,
+        reference: ReferenceModel,
+        limits: ChallengeLimits,
+        thresholds: LogitThresholds,
+        timeout_s: float,
+        private_endpoints_allowed: bool = False,
     ):
         if reference.max_positions is not None and limits.max_prompt_len + limits.max_gen_len > reference.max_positions:
             raise ModelLoadError(
@@ -42,6 +63,7 @@ class MinerLogitChecker:
         self.limits = limits
         self.thresholds = thresholds
         self.timeout_s = timeout_s
+        self.private_endpoints_allowed = private_endpoints_allowed
 
     @classmethod
     def from_settings(cls, settings: Settings, wallet, device: str) -> MinerLogitChecker:
@@ -49,9 +71,14 @@ class MinerLogitChecker:
         reference = load_reference_model(settings.reference_model, device, settings.reference_dtype)
         limits = ChallengeLimits(max_prompt_len=settings.logits_max_prompt_len, max_gen_len=settings.logits_max_gen_len)
         thresholds = LogitThresholds(min_cosine=settings.logits_min_cosine, max_abs_diff=settings.logits_max_abs_diff)
-        return cls(wallet, reference, limits, thresholds, settings.logits_timeout)
+        return cls(wallet, reference, limits, thresholds, settings.logits_timeout, settings.private_endpoints_allowed)
 
     def check(self, endpoint_url: str, miner_hotkey: str) -> LogitCheck:
+        """Fail a miner whose endpoint is no public address without connecting (unless allowed):
+        its answers would tell the miner what listens on the validator's own network."""
+        refusal = None if self.private_endpoints_allowed else private_endpoint(endpoint_url)
+        if refusal is not None:
+            return LogitCheck(False, f"miner endpoint {endpoint_url} refused: {refusal}")
         challenge = draw_challenge(self.reference.ordinary_tokens, self.limits)
         return verify_miner_logits(
             endpoint_url, miner_hotkey, self.wallet, self.reference, challenge, self.timeout_s, self.thresholds
