@@ -18,6 +18,7 @@ can import it on a bare CUDA machine.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -26,7 +27,7 @@ import os
 import random
 import secrets
 import socket
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 
 from quasar.errors import QuasarError
+from quasar.reference.chunk import float32_matmul_precision
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +130,9 @@ class ReferenceModel:
     vocab_size: int
     ordinary_tokens: TokenRange
     max_positions: int | None
+    # Float32 matrix products at this precision whatever the process or its environment set
+    # (quasar/reference/chunk.py: float32_matmul_precision); "high" lets a test measure TF32.
+    matmul_precision: str = "highest"
 
     @property
     def dtype_name(self) -> str:
@@ -141,6 +146,12 @@ class ReferenceModel:
     def generate(self, prompt_ids: Sequence[int], gen_len: int, logits_at_step: int) -> Generation:
         """Greedy decoding with the KV cache; see :func:`generate_with_logits`."""
         return generate_with_logits(self, prompt_ids, gen_len, logits_at_step)
+
+    @contextlib.contextmanager
+    def forwards(self) -> Iterator[None]:
+        """Where this model's forwards run: without gradients, at its float32 matmul precision."""
+        with torch.inference_mode(), float32_matmul_precision(self.matmul_precision):
+            yield
 
 
 def cache_keyword(forward: Callable[..., Any]) -> str:
@@ -336,7 +347,7 @@ def generate_with_logits(
     check_request(prompt_ids, gen_len, logits_at_step, model.vocab_size, model.max_positions)
     tokens: list[int] = []
     captured: torch.Tensor | None = None
-    with torch.inference_mode():
+    with model.forwards():
         output = model.module(input_ids=_ids(prompt_ids, model.device), use_cache=True, logits_to_keep=1)
         cache = model.cache_keyword
         for step in range(1, gen_len + 1):
@@ -358,7 +369,7 @@ def generate_without_cache(
     check_request(prompt_ids, gen_len, logits_at_step, model.vocab_size, model.max_positions)
     sequence = list(prompt_ids)
     captured: torch.Tensor | None = None
-    with torch.inference_mode():
+    with model.forwards():
         for step in range(1, gen_len + 1):
             step_logits = model.module(input_ids=_ids(sequence, model.device), use_cache=False).logits[0, -1]
             if step == logits_at_step:
@@ -378,7 +389,7 @@ def path_logits(model: ReferenceModel, prompt_ids: Sequence[int], tokens: Sequen
     if not tokens:
         raise ChallengeError("tokens: the path must hold at least one token")
     sequence = list(prompt_ids) + list(tokens[:-1])
-    with torch.inference_mode():
+    with model.forwards():
         logits = model.module(
             input_ids=_ids(sequence, model.device), use_cache=False, logits_to_keep=len(tokens)
         ).logits[0]

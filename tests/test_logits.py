@@ -54,6 +54,27 @@ def test_kv_cache_generation_matches_the_full_forward_reference(model):
         torch.testing.assert_close(fast.logits, slow.logits, atol=1e-4, rtol=1e-4, msg=f"seed {seed}")
 
 
+def test_every_forward_runs_in_full_float32_whatever_the_process_set(model):
+    """NVIDIA's PyTorch containers set TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1 and some code sets
+    ``torch.set_float32_matmul_precision("high")``: either made a validator's float32 logits TF32
+    (0.11 off the CPU's on an H100, over the 0.1 limit). Each forward sets "highest" explicitly,
+    which overrules both (tests/test_logits_gpu.py measures it), and puts the process's back."""
+    seen = []
+    hook = model.module.register_forward_pre_hook(lambda *_: seen.append(torch.get_float32_matmul_precision()))
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        challenge = fresh_challenges(model, 1)[1][0]
+        L.generate_with_logits(model, challenge.prompt, challenge.gen_len, challenge.logits_at_step)
+        L.generate_without_cache(model, challenge.prompt, challenge.gen_len, challenge.logits_at_step)
+        L.path_logits(model, challenge.prompt, [1, 2, 3])
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(previous)
+        hook.remove()
+    assert len(seen) >= 2 * challenge.gen_len + 1 and set(seen) == {"highest"}
+
+
 def test_decoding_passes_the_cache_under_the_name_the_installed_transformers_takes(model):
     """transformers 5.24 warns on ``past_key_values`` (and drops it in 5.40): the decoding loop must
     use the name of the installed version, so a validator's log carries no deprecation and the next

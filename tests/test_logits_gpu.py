@@ -9,6 +9,8 @@ other dtypes are measured and recorded (printed, and written to ``$OUT/logits_gp
 import json
 import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -25,8 +27,8 @@ pytestmark = [
 LIMITS = L.ChallengeLimits(max_prompt_len=128, max_gen_len=32)
 THRESHOLDS = L.LogitThresholds(min_cosine=0.99, max_abs_diff=0.1)
 CHALLENGES = 12
-# (name, dtype, float32 matmul precision): "high" lets float32 matmuls use TF32 on Ampere and later,
-# what some frameworks switch on globally; a miner doing so is measured too.
+# (name, dtype, float32 matmul precision of the model's forwards): "high" lets float32 matmuls use
+# TF32 on Ampere and later, what some frameworks switch on globally; a miner doing so is measured too.
 VARIANTS = (
     ("float32", "float32", "highest"),
     ("float32+tf32", "float32", "high"),
@@ -79,15 +81,11 @@ def results(tmp_path_factory):
         "thresholds": vars(THRESHOLDS),
         "variants": {},
     }
-    previous = torch.get_float32_matmul_precision()
-    try:
-        for name, dtype, matmul_precision in VARIANTS:
-            torch.set_float32_matmul_precision(matmul_precision)
-            gpu_model = L.load_reference_model(str(model_dir), "cuda", dtype)
-            measured["variants"][name] = _measure(gpu_model, cpu_model, challenges)
-            del gpu_model
-    finally:
-        torch.set_float32_matmul_precision(previous)
+    for name, dtype, matmul_precision in VARIANTS:
+        gpu_model = L.load_reference_model(str(model_dir), "cuda", dtype)
+        gpu_model.matmul_precision = matmul_precision
+        measured["variants"][name] = _measure(gpu_model, cpu_model, challenges)
+        del gpu_model
     if os.environ.get("OUT"):
         Path(os.environ["OUT"], "logits_gpu.json").write_text(json.dumps(measured, indent=2))
     for name, row in measured["variants"].items():
@@ -112,3 +110,35 @@ def test_other_precisions_run_the_same_model(results, name):
     # another model's logits (cosine ~0), so a failure there is precision, not a bug in the path.
     row = results["variants"][name]
     assert row["path_min_cosine"] > 0.95, f"{name}: {row}"
+
+
+# Run with TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1: the worst |diff| of CUDA float32 logits against the CPU's.
+_OVERRIDDEN = """
+import random, sys
+from quasar import logits as L
+cpu = L.load_reference_model(sys.argv[1], "cpu", "float32")
+gpu = L.load_reference_model(sys.argv[1], "cuda", "float32")
+rng, worst = random.Random(int(sys.argv[2])), 0.0
+for _ in range(6):
+    c = L.draw_challenge(cpu.ordinary_tokens, L.ChallengeLimits(max_prompt_len=128, max_gen_len=32), rng)
+    tokens = cpu.generate(c.prompt, c.gen_len, 1).tokens
+    worst = max(worst, float((L.path_logits(cpu, c.prompt, tokens) - L.path_logits(gpu, c.prompt, tokens)).abs().max()))
+print(worst)
+"""
+
+
+def test_float32_stays_float32_in_an_nvidia_container(tmp_path):
+    """NVIDIA's PyTorch containers set TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1, which turns float32
+    products into TF32 for the whole process: a tiny Qwen2's logits came 0.11 off the CPU's on an
+    H100, over the 0.1 the check allows, so a validator there failed honest miners. The model's
+    forwards set "highest" explicitly, which overrules it."""
+    model_dir = make_tiny_qwen2(tmp_path / "tiny", seed=3)
+    env = {**os.environ, "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}
+    seed = random.SystemRandom().randrange(2**32)
+    run = subprocess.run(
+        [sys.executable, "-c", _OVERRIDDEN, str(model_dir), str(seed)], env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    worst = float(run.stdout.split()[-1])
+    print(f"\nfloat32 under TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1: max |diff| {worst:.3g} (seed {seed})")
+    assert worst < THRESHOLDS.max_abs_diff / 10, f"seed {seed}: {worst}"

@@ -40,15 +40,17 @@ CHUNK_HEADS_PER_BLOCK_CPU = 4096
 
 
 @contextlib.contextmanager
-def full_fp32_matmul() -> Iterator[None]:
-    """Run float32 matrix products in full float32 (no TF32 or bf16 passes) inside the ``with``.
+def float32_matmul_precision(precision: str = "highest") -> Iterator[None]:
+    """Run float32 matrix products at ``precision`` inside the ``with`` ("highest": full float32,
+    no TF32 or bf16 passes); restored on exit (the setting is process-wide).
 
-    ``torch.set_float32_matmul_precision("high")`` elsewhere in the process (a benchmark harness,
-    say) would otherwise make the reference itself lossy. The setting is process-wide; it is
-    restored on exit.
+    Set explicitly, "highest" also overrules ``torch.set_float32_matmul_precision("high")``
+    elsewhere in the process (a benchmark harness, say) and TORCH_ALLOW_TF32_CUBLAS_OVERRIDE=1,
+    which NVIDIA's PyTorch containers set: on an H100 it made a tiny Qwen2's float32 logits differ
+    from the CPU's by 0.11 (benchmarks/RESULTS.md), more than the logit check allows.
     """
     previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
+    torch.set_float32_matmul_precision(precision)
     try:
         yield
     finally:
@@ -169,7 +171,7 @@ def chunk_quasar_reference(
     beta_per_row = beta.to(dtype).repeat(batch)  # row b*H + h of the chunk layout has head h
     o = torch.empty(batch, length, heads, d_v, dtype=q.dtype, device=q.device)
     n_chunks = -(-length // CHUNK_SIZE)
-    with full_fp32_matmul():
+    with float32_matmul_precision():
         for first in range(0, n_chunks, chunks_per_block):
             count = min(chunks_per_block, n_chunks - first)
             start, stop = first * CHUNK_SIZE, min((first + count) * CHUNK_SIZE, length)

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from quasar.reference.chunk import chunk_quasar_reference, full_fp32_matmul
+from quasar.reference.chunk import chunk_quasar_reference, float32_matmul_precision
 from quasar.reference.naive import compute_dtype_for
 
 MODES = ("chunk", "fused_recurrent")
@@ -187,7 +187,7 @@ def reference_layer_forward(
     batch, length, hidden_size = hidden_states.shape
     heads, head_dim = check_layer_parameters(params, hidden_size)
     dtype = compute_dtype_for(hidden_states.dtype)
-    with torch.autocast(device_type=hidden_states.device.type, enabled=False), full_fp32_matmul():
+    with torch.autocast(device_type=hidden_states.device.type, enabled=False), float32_matmul_precision():
         cast = {name: t.detach().to(device=hidden_states.device, dtype=dtype) for name, t in params.items()}
         x = hidden_states.to(dtype)
         bounds = [0, length] if cu_seqlens is None else _check_cu_seqlens(cu_seqlens, batch, length)
