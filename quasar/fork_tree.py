@@ -30,6 +30,8 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from quasar.errors import QuasarError
+
 MAX_TREE_ENTRIES = 50_000
 MAX_PATH_DEPTH = 32
 MAX_PATH_BYTES = 1024
@@ -46,7 +48,7 @@ _REFUSED_CHARACTERS = frozenset(
 _READ_BYTES = 1 << 16
 
 
-class TreeRefused(ValueError):
+class TreeRefused(QuasarError, ValueError):
     """The fork's tree breaks a rule of this module; the message says which, and where."""
 
 
