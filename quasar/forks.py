@@ -48,6 +48,7 @@ import git
 from quasar import fork_tree
 from quasar.errors import QuasarError
 from quasar.gitenv import NO_USER_CONFIGURATION
+from quasar.lock_files import same_file
 
 logger = logging.getLogger(__name__)
 
@@ -330,7 +331,7 @@ def _key_lock(path: Path, limits: _Limits) -> Iterator[int]:
                 except BlockingIOError:
                     limits.check_time("waiting for another process cloning the same fork and commit")
                     time.sleep(_POLL_S)
-            if _same_file(fd, path):
+            if same_file(path, fd):
                 break
         except BaseException:
             os.close(fd)
@@ -341,16 +342,6 @@ def _key_lock(path: Path, limits: _Limits) -> Iterator[int]:
     finally:
         path.unlink(missing_ok=True)
         os.close(fd)  # releases the lock once no git child holds the descriptor either
-
-
-def _same_file(fd: int, path: Path) -> bool:
-    """Whether ``path`` is still the file open as ``fd``."""
-    try:
-        named = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 def _build(

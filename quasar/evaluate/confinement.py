@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quasar.errors import QuasarError
+from quasar.lock_files import same_file
 
 logger = logging.getLogger(__name__)
 
@@ -100,16 +101,6 @@ def lease_uid(attempts: int = 64) -> UidLease:
             continue
         return UidLease(uid, fd, path)
     raise ConfinementError(f"no free sandbox uid after {attempts} tries")
-
-
-def same_file(path: Path, fd: int) -> bool:
-    """Whether ``path`` is still the file open as ``fd``."""
-    try:
-        named = os.stat(path)
-    except FileNotFoundError:
-        return False
-    held = os.fstat(fd)
-    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
 
 # --- cgroups ---------------------------------------------------------------------------------

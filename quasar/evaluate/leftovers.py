@@ -26,7 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from quasar.evaluate.confinement import CGROUP_PREFIX, Cgroup, same_file
+from quasar.evaluate.confinement import CGROUP_PREFIX, Cgroup
+from quasar.lock_files import same_file
 
 logger = logging.getLogger(__name__)
 
