@@ -29,6 +29,30 @@ from collections.abc import Callable
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 
+class Deadline:
+    """A call of ``on_expiry`` ``seconds`` after :meth:`arm` unless :meth:`disarm` comes first;
+    arming an armed deadline keeps its time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, seconds: float, on_expiry: Callable[[], None]):
+        self.seconds = seconds
+        self._loop = loop
+        self._on_expiry = on_expiry
+        self._handle: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        if self._handle is None:
+            self._handle = self._loop.call_later(self.seconds, self._expire)
+
+    def disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _expire(self) -> None:
+        self._handle = None
+        self._on_expiry()
+
+
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the header limit and deadline of the module docstring."""
 
@@ -38,23 +62,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.header_timeout_s = header_timeout_s
         self._awaiting_headers = True
         self._header_bytes = 0
-        self._header_timer: asyncio.TimerHandle | None = None
+        self._header_deadline = Deadline(self.loop, header_timeout_s, self._header_timeout)
         self._refused: int | None = None  # the status a request was refused with; the connection is closing
         self._refusal_pending = False  # decided inside the parser, answered once it has returned
 
     # --- the deadline ---
 
-    def _arm_header_timer(self) -> None:
-        if self._header_timer is None:
-            self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
-
-    def _disarm_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
     def _header_timeout(self) -> None:
-        self._header_timer = None
         if self._awaiting_headers and not self.transport.is_closing():
             self._refuse(408, f"the request line and headers did not arrive within {self.header_timeout_s:g} s")
 
@@ -63,7 +77,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _refuse(self, status: int, message: str) -> None:
         """Answer ``status`` (unless a response is under way on this connection) and close it."""
         self._refused = status
-        self._disarm_header_timer()
+        self._header_deadline.disarm()
         if self.cycle is None or self.cycle.response_complete:
             body = message.encode("ascii")
             self.transport.write(
@@ -86,10 +100,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._arm_header_timer()
+        self._header_deadline.arm()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_header_timer()
+        self._header_deadline.disarm()
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -108,11 +122,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._awaiting_headers = True
         self._header_bytes = 0
-        self._arm_header_timer()
+        self._header_deadline.arm()
 
     def on_headers_complete(self) -> None:
         self._awaiting_headers = False
-        self._disarm_header_timer()
+        self._header_deadline.disarm()
         size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
         if size > self.max_header_bytes:
             # Answered once the parser returns (data_received); the rest of this request is not read.

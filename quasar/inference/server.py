@@ -46,7 +46,7 @@ from starlette.concurrency import run_in_threadpool
 
 from quasar import auth
 from quasar.api.chaincache import CachedMetagraphChain
-from quasar.api.protocol import LimitedHttpToolsProtocol
+from quasar.api.protocol import Deadline, LimitedHttpToolsProtocol
 from quasar.api.rules import address_key
 from quasar.chain import Chain, ChainError
 from quasar.errors import QuasarError
@@ -167,33 +167,23 @@ class InferenceProtocol(LimitedHttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._connections = connections
         self._client_key: str | None = None
-        self._body_timeout_s = body_timeout_s
-        self._body_timer: asyncio.TimerHandle | None = None
-
-    def _arm_body_timer(self) -> None:
-        self._body_timer = self.loop.call_later(self._body_timeout_s, self._body_timeout)
-
-    def _disarm_body_timer(self) -> None:
-        if self._body_timer is not None:
-            self._body_timer.cancel()
-            self._body_timer = None
+        self._body_deadline = Deadline(self.loop, body_timeout_s, self._body_timeout)
 
     def _body_timeout(self) -> None:
-        self._body_timer = None
         if self.transport.is_closing():
             return
         if self.cycle is not None and not self.cycle.response_complete:
-            self._arm_body_timer()  # the route is still answering (a late body gets its 408)
+            self._body_deadline.arm()  # the route is still answering (a late body gets its 408)
         else:
             self.transport.close()
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         if self._refused is None and not self.transport.is_closing():
-            self._arm_body_timer()
+            self._body_deadline.arm()
 
     def on_message_complete(self) -> None:
-        self._disarm_body_timer()
+        self._body_deadline.disarm()
         super().on_message_complete()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -206,7 +196,7 @@ class InferenceProtocol(LimitedHttpToolsProtocol):
             self._refuse(503, f"more than {self._connections.limit} connections from your address")
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_body_timer()
+        self._body_deadline.disarm()
         if self._client_key is not None:
             self._connections.release(self._client_key)
             self._client_key = None
