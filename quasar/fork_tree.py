@@ -86,11 +86,10 @@ def listed_bytes(
     cwd: Path,
     check_time: Callable[[str], None],
     failure: Callable[[str], Exception],
-    max_entries: int = MAX_TREE_ENTRIES,
 ) -> int:
     """Run ``command`` (``git ls-tree -r -t -l -z --full-tree COMMIT``: directories listed too)
     and return the total size of the blobs it lists, reading its output as it comes and stopping
-    git at the first entry past ``max_entries`` or breaking :func:`path_problem`
+    git at the first entry past :data:`MAX_TREE_ENTRIES` or breaking :func:`path_problem`
     (:class:`TreeRefused`). ``check_time(step)`` raises past the caller's deadline;
     ``failure(stderr)`` is what a failing git raises."""
     step = "listing the tree"
@@ -112,8 +111,10 @@ def listed_bytes(
                         break
                     *complete, pending = (pending + chunk).split(b"\0")
                     entries += len(complete)
-                    if entries > max_entries:
-                        raise TreeRefused(f"the tree has more than {max_entries} entries (directories, files, links)")
+                    if entries > MAX_TREE_ENTRIES:
+                        raise TreeRefused(
+                            f"the tree has more than {MAX_TREE_ENTRIES} entries (directories, files, links)"
+                        )
                     total += sum(_entry_bytes(entry) for entry in complete)
                     if len(pending) > MAX_PATH_BYTES + 256:
                         raise TreeRefused(f"a path is over the limit of {MAX_PATH_BYTES} bytes")
