@@ -265,14 +265,14 @@ def clone_at_commit(
     root = Path(cache_root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / _cache_key(url, commit)
-    with _key_lock(final.with_name(final.name + ".lock"), limits) as lock_fd:
+    with _key_lock(_lock_path(final), limits) as lock_fd:
         if _is_complete(final, url, commit):
             logger.debug("reusing checkout of %s at %s in %s", url, commit, final)
             return Checkout(final, url, commit, reused=True)
         if final.exists() or final.is_symlink():
             logger.warning("discarding incomplete or modified checkout %s of %s at %s", final, url, commit)
             _remove(final)
-        for stale in root.glob(final.name + _PARTIAL + "*"):
+        for stale in _partials(final):
             logger.warning("removing %s, left by an interrupted clone", stale)
             _remove(stale)
         started = time.monotonic()
@@ -569,9 +569,18 @@ def remove_checkout(checkout: Path) -> None:
     """Remove all a clone into ``checkout`` (a :func:`clone_dir_for` path) may leave: the checkout,
     an interrupted clone's partial directories, a killed holder's lock file. Only once no process
     clones or uses that key: a worker killed mid-evaluation leaves them otherwise."""
-    leftovers = [*checkout.parent.glob(checkout.name + _PARTIAL + "*"), checkout.with_name(checkout.name + ".lock")]
-    for path in (checkout, *leftovers):
+    for path in (checkout, *_partials(checkout), _lock_path(checkout)):
         _remove(path)
+
+
+def _lock_path(checkout: Path) -> Path:
+    """The lock file of the key whose checkout is ``checkout`` (see :func:`_key_lock`)."""
+    return checkout.with_name(checkout.name + ".lock")
+
+
+def _partials(checkout: Path) -> list[Path]:
+    """The partial directories that interrupted clones into ``checkout`` left."""
+    return list(checkout.parent.glob(checkout.name + _PARTIAL + "*"))
 
 
 def _remove(path: Path) -> None:
