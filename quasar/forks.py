@@ -27,6 +27,7 @@ that something modified afterwards is rebuilt rather than trusted.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -480,8 +481,8 @@ class _IsolatedGit:
     def tree_bytes(self, commit: str) -> int:
         """The size of ``commit``'s files, once its tree's shape passed quasar/fork_tree.py's rules."""
         command = [*map(str, self._prefix), "ls-tree", "-r", "-t", "-l", "-z", "--full-tree", commit]
+        failure = functools.partial(self._failure, "ls-tree")
         try:
-            failure = lambda stderr: self._failure("ls-tree", stderr)  # noqa: E731
             return fork_tree.listed_bytes(command, self._env, self._work, self._limits.check_time, failure)
         except fork_tree.TreeRefused as error:
             raise ForkError(f"{self._limits.url} at {self._limits.commit} is refused: {error}") from None
