@@ -108,7 +108,7 @@ def _fetch(signed: auth.SignedRequest, timeout_s: float, max_bytes: int) -> tupl
     connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
     connection.sock = _connect(parts.hostname, parts.port or 80, deadline)
     try:
-        target = parts.path + (f"?{parts.query}" if parts.query else "")
+        target = auth.request_target(parts.path or "/", parts.query)  # as auth.sign_request signed it
         # http.client asks for an uncompressed answer (Accept-Encoding: identity).
         connection.request(signed.method, target, body=signed.body, headers=signed.headers)
         response = connection.getresponse()
