@@ -60,12 +60,11 @@ class UidLease:
 
     uid: int
     lock_fd: int
-    path: Path | None = None
+    path: Path
 
     def release(self) -> None:
         if self.lock_fd >= 0:
-            if self.path is not None:
-                self.path.unlink(missing_ok=True)
+            self.path.unlink(missing_ok=True)
             os.close(self.lock_fd)
             self.lock_fd = -1
 
