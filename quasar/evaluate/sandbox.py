@@ -470,8 +470,6 @@ class SandboxedChild:
                 self.confinement.release()
             if self._claim is not None:
                 self._claim.release()  # the workdir with it
-            elif self.workdir is not None:
-                shutil.rmtree(self.workdir, ignore_errors=True)
             self.workdir = None
         finally:
             self.gone.set()
