@@ -54,8 +54,9 @@ class _Unreachable(Exception):
 
 
 class _DeadlineSocket(socket.socket):
-    """A socket whose every blocking call ends by ``deadline`` (``time.monotonic()``), raising
-    :class:`TimeoutError` after it, however the peer paces its bytes."""
+    """A socket whose reads and writes end by ``deadline`` (``time.monotonic()``), raising
+    :class:`TimeoutError` after it, however the peer paces its bytes. http.client reads through
+    ``makefile`` (``recv_into``) and writes with ``sendall``: those are the calls bounded."""
 
     deadline = 0.0
 
@@ -69,17 +70,9 @@ class _DeadlineSocket(socket.socket):
         self._arm()
         return super().recv_into(buffer, nbytes, flags)
 
-    def recv(self, bufsize, flags=0):
-        self._arm()
-        return super().recv(bufsize, flags)
-
     def sendall(self, data, flags=0):
         self._arm()
         return super().sendall(data, flags)
-
-    def send(self, data, flags=0):
-        self._arm()
-        return super().send(data, flags)
 
 
 def _connect(host: str, port: int, deadline: float) -> _DeadlineSocket:
@@ -105,8 +98,9 @@ def _fetch(signed: auth.SignedRequest, timeout_s: float, max_bytes: int) -> tupl
     parts = urlsplit(signed.url)
     if parts.scheme != "http" or not parts.hostname:
         raise _Unreachable(f"not an http:// URL: {signed.url!r}")
-    connection = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=timeout_s)
-    connection.sock = _connect(parts.hostname, parts.port or 80, deadline)
+    port = parts.port or 80
+    connection = http.client.HTTPConnection(parts.hostname, port)  # never connects itself: it is given the socket
+    connection.sock = _connect(parts.hostname, port, deadline)
     try:
         target = auth.request_target(parts.path or "/", parts.query)  # as auth.sign_request signed it
         # http.client asks for an uncompressed answer (Accept-Encoding: identity).
