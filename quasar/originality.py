@@ -42,8 +42,8 @@ C_LIKE_SUFFIXES = (".cu", ".cuh", ".c", ".cc", ".cpp", ".cxx", ".h", ".hh", ".hp
 # character. Scanned by _without_c_comments, not by one substitution: an expression failing at a
 # quote would rescan the rest of the line from every later quote (80 KB of ``\"`` pairs took 30 s).
 _C_START = re.compile(r"[\"'/]")
-_C_LITERAL = {quote: re.compile(rf"{quote}(?:\\.|[^{quote}\\\n])*{quote}", re.DOTALL) for quote in "\"'"}
-_C_UNCLOSED = {quote: re.compile(rf"(?:\\.|[^{quote}\\\n])*", re.DOTALL) for quote in "\"'"}
+# From a quote: its literal as far as it reaches on its line, with the closing quote (group 1) if any.
+_C_LITERAL = {quote: re.compile(rf"{quote}(?:\\.|[^{quote}\\\n])*({quote})?", re.DOTALL) for quote in "\"'"}
 _SPACE = re.compile(rb"\s+")
 # A space next to punctuation (matching only spaces keeps punctuation-dense files fast).
 _SPACE_BY_PUNCTUATION = re.compile(rb" (?=[^\w ])|(?<=[^\w ]) ")
@@ -139,8 +139,9 @@ def _without_c_comments(text: str) -> str:
             if start < unclosed[char]:
                 continue
             literal = _C_LITERAL[char].match(text, start)
-            if literal is None:
-                unclosed[char] = _C_UNCLOSED[char].match(text, start + 1).end()  # type: ignore[union-attr]
+            assert literal is not None  # it matches at any quote
+            if literal.group(1) is None:
+                unclosed[char] = literal.end()
             else:
                 at = literal.end()
             continue
