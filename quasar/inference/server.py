@@ -188,8 +188,7 @@ class InferenceProtocol(LimitedHttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        peer = transport.get_extra_info("peername")
-        key = address_key(str(peer[0])) if isinstance(peer, tuple) and peer else ""
+        key = address_key(self.client[0]) if self.client else ""  # the peer (host, port) uvicorn read
         if self._connections.admit(key):
             self._client_key = key
         else:
