@@ -92,6 +92,18 @@ def test_local_forks_only_on_the_dev_chain_or_when_allowed():
     assert allowed(SUBTENSOR_NETWORK="local", ALLOW_LOCAL_FORKS="true")
 
 
+def test_private_endpoints_are_checked_off_the_public_networks_or_when_allowed():
+    """One rule for both sides: where a miner may publish a private address (quasar/miner/runner.py),
+    validators challenge it; on finney, test and archive neither does unless allowed."""
+
+    def allowed(**environ: str) -> bool:
+        return config.resolve({}, environ=environ, dotenv_path=None).private_endpoints_allowed
+
+    assert allowed(SUBTENSOR_NETWORK="devchain") and allowed(SUBTENSOR_NETWORK="local")
+    assert not any(allowed(SUBTENSOR_NETWORK=network) for network in ("finney", "test", "archive"))
+    assert allowed(SUBTENSOR_NETWORK="finney", ALLOW_PRIVATE_ENDPOINTS="true")
+
+
 @pytest.mark.parametrize(
     ("environ", "message"),
     [

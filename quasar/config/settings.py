@@ -12,7 +12,7 @@ from typing import Any, Literal
 from dotenv import dotenv_values
 
 from quasar.config.options import OPTIONS
-from quasar.config.values import DEV_NETWORK
+from quasar.config.values import DEV_NETWORK, PUBLIC_NETWORKS
 from quasar.errors import QuasarError
 
 
@@ -121,8 +121,9 @@ class Settings:
     @property
     def private_endpoints_allowed(self) -> bool:
         """Whether the logit check connects to miners at loopback, private or link-local addresses:
-        on the embedded dev chain, or where ALLOW_PRIVATE_ENDPOINTS says so (docs/rules.md section 4)."""
-        return self.network == DEV_NETWORK or self.allow_private_endpoints
+        off the public networks (the dev chain, a local subtensor), or where ALLOW_PRIVATE_ENDPOINTS
+        says so (docs/rules.md section 4)."""
+        return self.network not in PUBLIC_NETWORKS or self.allow_private_endpoints
 
     @property
     def wallet_dir(self) -> Path:

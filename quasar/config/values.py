@@ -16,6 +16,8 @@ from urllib.parse import urlparse
 # collides with Bittensor's "local", which means a subtensor node on this machine).
 BITTENSOR_NETWORKS = ("finney", "test", "local", "archive")
 DEV_NETWORK = "devchain"
+# Where anyone may mine or validate: endpoints there must be public addresses (docs/rules.md section 4).
+PUBLIC_NETWORKS = ("finney", "test", "archive")
 NETWORKS = BITTENSOR_NETWORKS + (DEV_NETWORK,)
 
 

@@ -21,6 +21,7 @@ import httpx
 
 from quasar.chain.wallets import WalletError, open_wallet
 from quasar.config import Settings
+from quasar.config.values import PUBLIC_NETWORKS
 from quasar.errors import QuasarError
 from quasar.evaluate.options import CPU_MAX_SEQ_LEN
 
@@ -28,8 +29,6 @@ logger = logging.getLogger(__name__)
 
 # Secret settings the miner reads once; removed from its environment so no child inherits them.
 SECRET_VARIABLES = ("GITHUB_TOKEN", "AGENT_API_KEY")
-# Networks whose validators reach miners over the internet: a published address must be public there.
-PUBLIC_NETWORKS = ("finney", "test", "archive")
 
 
 class MinerSetupError(QuasarError, RuntimeError):
@@ -49,7 +48,7 @@ def outward_address() -> str:
 def published_endpoint(settings: Settings) -> tuple[str, int]:
     """The address and port the miner publishes for its inference server: AXON_EXTERNAL_IP (else this
     machine's outward address) and AXON_EXTERNAL_PORT (else MINER_INFERENCE_PORT, where the server
-    listens). On finney and test an address that is not public (private, loopback, link-local,
+    listens). On finney, test and archive an address that is not public (private, loopback, link-local,
     shared, unspecified) is refused with :class:`MinerSetupError`: validators there cannot reach it."""
     host = settings.axon_external_ip or outward_address()
     port = settings.axon_external_port or settings.miner_inference_port
