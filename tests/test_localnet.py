@@ -68,7 +68,8 @@ from quasar.localnet.summary import (
 )
 from quasar.miner.github import GitHubClient
 from quasar.miner.workspace import Workspace
-from quasar.validator.state import SCHEMA_VERSION, ValidatorState, read_meta
+from quasar.validator.state import SCHEMA_VERSION, ValidatorState
+from quasar.validator.state_files import read_meta
 from quasar.validator.weight_setting import LAST_WEIGHTS_BLOCK
 from tests.gitrepo import head
 from tests.processes import proc_files, script_results

@@ -58,8 +58,8 @@ from quasar.validator.state import (
     EvaluationResult,
     Submission,
     ValidatorState,
-    default_state_path,
 )
+from quasar.validator.state_files import default_state_path
 from servers import serving
 from tests.evaluate_runs import FAST_CPU
 from tests.gitrepo import commit_all

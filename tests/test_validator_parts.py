@@ -54,8 +54,8 @@ from quasar.validator.state import (
     Submission,
     SubmissionRecord,
     ValidatorState,
-    default_state_path,
 )
+from quasar.validator.state_files import default_state_path
 from quasar.validator.worker import options_from_json, options_to_json
 from tests.gitrepo import commit_all
 

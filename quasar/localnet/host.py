@@ -90,7 +90,7 @@ def make_wallet(root: Path, name: str):
 def read_weights_block(state_path: Path) -> int | None:
     """The block of the validator's last weight setting, from its state file (read while it runs);
     None before the first."""
-    from quasar.validator.state import read_meta
+    from quasar.validator.state_files import read_meta
     from quasar.validator.weight_setting import LAST_WEIGHTS_BLOCK
 
     block = read_meta(state_path, LAST_WEIGHTS_BLOCK)

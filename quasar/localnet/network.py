@@ -191,7 +191,7 @@ class LocalNetwork(NetworkParts):
             )
 
     def _state_path(self) -> Path:
-        from quasar.validator.state import default_state_path
+        from quasar.validator.state_files import default_state_path
 
         return default_state_path(self.validator_dir, DEV_NETWORK, NETUID, self.hotkey(VALIDATOR))
 

@@ -38,7 +38,8 @@ def run(settings: config.Settings) -> int:
     from quasar.validator.logit_check import MinerLogitChecker
     from quasar.validator.loop import Validator
     from quasar.validator.preflight import check_registration, check_subnet_rules
-    from quasar.validator.state import ValidatorState, default_state_path
+    from quasar.validator.state import ValidatorState
+    from quasar.validator.state_files import default_state_path
 
     wallet = open_wallet(settings, "validator")
     hotkey = wallet.hotkey.ss58_address

@@ -40,7 +40,6 @@ from pydantic import ConfigDict
 from quasar import originality
 from quasar.api.schemas import EvaluatedSubmission
 from quasar.errors import QuasarError
-from quasar.validator.state_files import default_state_path, read_meta  # noqa: F401  (their home before)
 
 logger = logging.getLogger(__name__)
 
