@@ -193,24 +193,29 @@ class Cgroup:
     def remove(self) -> None:
         """Kill whatever is left in the cgroups and remove them."""
         for directory in self.directories.values():
-            for _ in range(50):
-                try:
-                    pids = [int(pid) for pid in (directory / "cgroup.procs").read_text().split()]
-                except OSError:
-                    break
-                if not pids:
-                    break
-                for pid in pids:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
-                time.sleep(0.02)
+            remove_cgroup_directory(directory)
+
+
+def remove_cgroup_directory(directory: Path) -> None:
+    """Kill whatever is left in the cgroup ``directory`` and remove it (one already gone is no error)."""
+    for _ in range(50):
+        try:
+            pids = [int(pid) for pid in (directory / "cgroup.procs").read_text().split()]
+        except OSError:
+            break
+        if not pids:
+            break
+        for pid in pids:
             try:
-                directory.rmdir()
-            except OSError as error:
-                if error.errno != errno.ENOENT:
-                    logger.warning("could not remove the sandbox cgroup %s: %s", directory, error)
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.02)
+    try:
+        directory.rmdir()
+    except OSError as error:
+        if error.errno != errno.ENOENT:
+            logger.warning("could not remove the sandbox cgroup %s: %s", directory, error)
 
 
 def _new_cgroup(version: int, directories: dict[str, Path], memory_bytes: int, max_processes: int) -> Cgroup:

@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from quasar.evaluate.confinement import CGROUP_PREFIX, Cgroup
+from quasar.evaluate.confinement import CGROUP_PREFIX, remove_cgroup_directory
 from quasar.lock_files import same_file
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def _remove_cgroups(listed: str) -> None:
     for line in listed.splitlines():
         directory = Path(line)
         if directory.is_absolute() and directory.name.startswith(CGROUP_PREFIX) and directory.is_dir():
-            Cgroup(0, {"listed": directory}, 0, 0).remove()
+            remove_cgroup_directory(directory)
 
 
 def sweep(root: str | os.PathLike | None = None, now: float | None = None) -> list[Path]:
