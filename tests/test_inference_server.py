@@ -234,7 +234,11 @@ def test_oversized_body_is_refused_before_anything_else(world):
 def test_health_is_open_and_model_info_is_signed(world):
     with miner_server(world) as url:
         health = requests.get(url + "/health", timeout=10)
-        assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["pending"] == 0
+        assert health.status_code == 200 and health.json() == {
+            "status": "ok",
+            "pending": 0,
+            "capacity": 1 + InferenceLimits().queue_size,
+        }
         assert requests.get(url + "/model_info", timeout=10).status_code == 401
         signed = auth.sign_request(
             world["wallets"]["validator"], "GET", url + "/model_info", world["wallets"]["miner"].hotkey.ss58_address
@@ -362,7 +366,8 @@ def test_start_script_serves_the_model_for_validators(world, tmp_path):
             time.sleep(0.25)
         check = challenge_miner(world, url)
         assert check.passed, check.reason
-        assert requests.get(url + "/health", timeout=2).json()["model"] == str(world["honest_dir"])
+        with requests.Session() as session:
+            assert signed_get(session, world, url).json()["model"] == str(world["honest_dir"])
     finally:
         process.terminate()
         output = process.communicate(timeout=20)[0]

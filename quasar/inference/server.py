@@ -289,7 +289,8 @@ def create_inference_app(
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", "model": model.name, "pending": worker.pending, "capacity": worker.capacity}
+        # No model name: it may be a folder of the miner's machine, and anyone may ask (model_info is signed).
+        return {"status": "ok", "pending": worker.pending, "capacity": worker.capacity}
 
     @app.get("/model_info")
     async def model_info(request: Request) -> Response:
