@@ -4,11 +4,11 @@ A pack of a few kilobytes can name a billion files: trees are shared, so three t
 thousand names each, every name the same subtree, list 1000 x 1000 x 1000 paths. Listing them all
 took the validator's worker 3 GiB of memory a minute (and checking them out would take the disk's
 inodes); a billion empty directories, listed without their trees, kept git walking them, writing
-nothing, until the clone's time limit; a path nested a thousand directories deep broke the recursive walks that read a
-checkout (``RecursionError``, a crash counted as the validator's own failure); a name holding a
-newline, or bytes that are not UTF-8, reached reports and logs as it was. So the listing is read
-as git writes it, and refused (docs/rules.md section 4, step 1) at the first entry that breaks a
-rule:
+nothing, until the clone's time limit; a path nested a thousand directories deep broke the
+recursive walks that read a checkout (``RecursionError``, a crash counted as the validator's own
+failure); a name holding a newline, or bytes that are not UTF-8, reached reports and logs as it
+was. So the listing is read as git writes it, and refused (docs/rules.md section 4, step 1) at the
+first entry that breaks a rule:
 
 - at most :data:`MAX_TREE_ENTRIES` entries (directories, files, links and submodule entries; a
   real flash-linear-attention repository has about 1,700);
