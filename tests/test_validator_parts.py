@@ -184,7 +184,8 @@ committed = []
 def trace(statement):
     if committed:
         os.kill(os.getpid(), signal.SIGKILL)
-    committed.append(True) if statement.strip().upper() == "COMMIT" else None
+    if statement.strip().upper() == "COMMIT":
+        committed.append(True)
 state._connection.set_trace_callback(trace)
 submission = Submission.model_validate_json(sys.argv[3])
 if sys.argv[2] == "import":
