@@ -44,6 +44,7 @@ from quasar.validator.state import (
     MAX_ATTEMPTS,
     PASSED,
     PENDING,
+    REFUSED,
     REPORTED,
     SCHEMA_VERSION,
     SKIPPED,
@@ -279,6 +280,28 @@ def test_a_commitment_to_a_kernel_already_submitted_is_the_copy_in_the_validator
         state.finish_evaluation(key, replace(GOOD, content_hash=kernel), now=3.0)
         state.record_logits(submission_id, PASSED, "ok", now=4.0)
     assert [record.submission.submission_id for record in state.scored()] == [2]
+
+
+def test_harness_reports_are_dropped_once_reported_and_old_and_the_ranking_keeps_its_figures(state):
+    """Each evaluation stored its whole harness report for good: the state file grew by a report per
+    evaluation for the validator's life. Reports go once every submission of an evaluation is
+    reported and it finished REPORT_KEPT_S ago; the ranking reads none of them."""
+    for submission_id, commit in ((1, "a" * 40), (2, "b" * 40), (3, "c" * 40)):
+        state.add_submission(submission(submission_id, commit=commit), now=1.0)
+        key = submission(submission_id, commit=commit).key
+        state.start_evaluation(key, "cpu", now=2.0)
+        state.finish_evaluation(key, replace(GOOD, report={"lengths": {}}), now=100.0 * submission_id)
+        state.record_logits(submission_id, PASSED, "", now=400.0)
+    state.add_submission(submission(4, hotkey=HOTKEYS[1], commit="a" * 40), now=401.0)  # a copy, unreported
+    ranked = [(record.submission, record.evaluation, record.logits) for record in state.scored()]
+    state.record_report(1, REPORTED, "report 1", now=402.0)
+    state.record_report(2, REFUSED, "422", now=402.0)
+    assert state.forget_reports(finished_before=250.0) == 1  # 1 waits for its copy's report, 3 is recent
+    reports = {record.submission.submission_id: record.evaluation.result.report for record in state.submissions()}
+    assert reports == {1: {"lengths": {}}, 2: None, 3: {"lengths": {}}, 4: {"lengths": {}}}
+    state.record_report(4, REPORTED, "report 4", now=403.0)
+    assert state.forget_reports(finished_before=250.0) == 1 and state.forget_reports(finished_before=250.0) == 0
+    assert [(record.submission, record.evaluation, record.logits) for record in state.scored()] == ranked
 
 
 def test_ranking_reads_no_harness_report_and_matches_the_full_read(tmp_path):

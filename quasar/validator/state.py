@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 3
 MAX_ATTEMPTS = 3
+# How long a finished evaluation keeps its harness report once every submission of it is reported:
+# a copy of the same commit submitted meanwhile still reports the per-length figures.
+REPORT_KEPT_S = 14 * 24 * 3600.0
 BUSY_TIMEOUT_S = 30.0
 
 PENDING, IN_PROGRESS, FINISHED, ABANDONED = "pending", "in_progress", "finished", "abandoned"
@@ -465,6 +468,19 @@ class ValidatorState:
                 "UPDATE submissions SET report_state = ?, report_detail = ?, reported_at = ? WHERE submission_id = ?",
                 (report_state, detail, now, submission_id),
             )
+
+    def forget_reports(self, finished_before: float) -> int:
+        """Drop the harness reports (most of the file) of evaluations finished before
+        ``finished_before`` whose submissions are all reported or refused; verdicts, figures,
+        reasons and content hashes stay, all that ranking and originality read. Returns how many."""
+        with self._write() as db:
+            return db.execute(
+                "UPDATE evaluations SET report = NULL WHERE report IS NOT NULL AND status = ? AND finished_at < ? "
+                "AND NOT EXISTS (SELECT 1 FROM submissions s WHERE s.fork_url = evaluations.fork_url "
+                "AND s.commit_hash = evaluations.commit_hash "
+                "AND s.target_sequence_length = evaluations.target_sequence_length AND s.report_state = ?)",
+                (FINISHED, finished_before, UNREPORTED),
+            ).rowcount
 
     def submissions(self, where: str = "", parameters: tuple = (), reports: bool = True) -> list[SubmissionRecord]:
         """Submissions with their evaluations, by id; ``where`` is an SQL condition on s./e. columns.
