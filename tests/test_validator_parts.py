@@ -25,7 +25,7 @@ from quasar.config import resolve
 from quasar.evaluate import EvaluationOptions, EvaluationReport, ImportCheck, LengthResult, SandboxPolicy
 from quasar.terminal import rendered_text, short_hotkey
 from quasar.validator.devices import Device, ValidatorSetupError, device_warnings, evaluation_devices
-from quasar.validator.evaluator import WorkerEvaluation, outcome_from_worker, result_from_report
+from quasar.validator.evaluator import SubprocessEvaluator, WorkerEvaluation, outcome_from_worker, result_from_report
 from quasar.validator.loop import submission_from_work
 from quasar.validator.preflight import assess_subnet_rules, check_registration
 from quasar.validator.results import (
@@ -793,6 +793,18 @@ def test_a_worker_killed_past_its_deadline_leaves_no_clone_in_the_fork_cache(tmp
     outcome = running.poll()
     assert outcome is not None and "ran past its limit" in outcome.error
     assert sorted(path.name for path in cache.iterdir()) == [other.name], "the killed worker's clone is left"
+
+
+def test_a_validator_killed_outright_leaves_no_clone_past_its_restart(tmp_path):
+    """Its workers die with it (their parent-death signal) before removing their clones, and no
+    worker's end is ever seen to remove them: each kill left a fork's checkout in the cache for good."""
+    evaluator = SubprocessEvaluator(tmp_path / "work", EvaluationOptions(), allow_local=True)
+    evaluator.discard_leftover_clones()  # nothing there yet
+    for checkout in ("ab" * 20, "cd" * 20 + ".partial-x1"):
+        (evaluator.cache_dir / checkout / "fla").mkdir(parents=True)
+    (evaluator.cache_dir / ("cd" * 20 + ".lock")).touch()
+    evaluator.discard_leftover_clones()
+    assert not evaluator.cache_dir.exists()
 
 
 def test_evaluation_options_survive_the_trip_to_the_worker():

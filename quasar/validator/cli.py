@@ -60,6 +60,7 @@ def run(settings: config.Settings) -> int:
         log.info("validator state: %s", state.path)
         checker = MinerLogitChecker.from_settings(settings, wallet, devices[0].name)
         evaluator = SubprocessEvaluator.from_settings(settings, state.path.with_name(state.path.stem + "-work"))
+        evaluator.discard_leftover_clones()
         Validator(settings, chain, api, wallet, evaluator, checker, state, devices=devices).run_forever()
     return 0
 

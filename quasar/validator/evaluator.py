@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -220,6 +221,14 @@ class SubprocessEvaluator:
         the dev chain or with ALLOW_LOCAL_FORKS, as the API accepts them."""
         options = options_from_settings(settings)
         return cls(work_dir, options, allow_local=settings.local_forks_allowed, debug=settings.debug)
+
+    def discard_leftover_clones(self) -> None:
+        """Empty the clone cache: at start (the state file's lock makes this process the only user of
+        ``work_dir``) whatever is there was left by workers of a validator killed outright."""
+        leftovers = sorted(self.cache_dir.iterdir()) if self.cache_dir.is_dir() else []
+        if leftovers:
+            logger.info("removing %d clones left in %s by evaluations that did not end", len(leftovers), self.cache_dir)
+            shutil.rmtree(self.cache_dir)
 
     def start(self, key: EvaluationKey, device: Device) -> WorkerEvaluation:
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
