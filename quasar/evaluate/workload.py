@@ -23,6 +23,7 @@ fingerprint bases come from a generator on the evaluation device, which the pare
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -225,11 +226,18 @@ def signs_from_fingerprint(fingerprint_values: torch.Tensor) -> torch.Tensor:
     return signs.reshape(*leading, HIDDEN_SIZE)
 
 
+def _launching_on(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
+    """Triton launches on the current CUDA device, not its tensors': make it ``tensor``'s (a
+    parent evaluating on cuda:1 failed otherwise). Nothing for the interpreter's CPU tensors."""
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
+
+
 def _signs_triton(rows: torch.Tensor) -> torch.Tensor:
     signs = torch.empty(rows.shape[0], HIDDEN_SIZE, device=rows.device)
-    _signs_kernel[(rows.shape[0],)](
-        rows, signs, rows.shape[1], rows.shape[2], SIGN_LANES, COARSE_BITS, _POSITION_KEY, _LANE_KEY, *_MIX
-    )
+    with _launching_on(rows):
+        _signs_kernel[(rows.shape[0],)](
+            rows, signs, rows.shape[1], rows.shape[2], SIGN_LANES, COARSE_BITS, _POSITION_KEY, _LANE_KEY, *_MIX
+        )
     return signs
 
 
@@ -310,20 +318,21 @@ def _signed_sums_triton(outputs: torch.Tensor, token_weights: torch.Tensor) -> t
     partial = torch.empty(count * SEGMENTS, splits, FINGERPRINT_PARTS, width, device=outputs.device)
     weights = token_weights.contiguous()
     grid = (count * SEGMENTS, splits, width // _SUM_CHANNELS)
-    _signed_sums_kernel[grid](
-        outputs,
-        weights,
-        partial,
-        length,
-        width,
-        splits,
-        *outputs.stride(),
-        weights.stride(0),
-        weights.stride(1),
-        SEGMENTS,
-        _SUM_TOKENS,
-        _SUM_CHANNELS,
-    )
+    with _launching_on(outputs):
+        _signed_sums_kernel[grid](
+            outputs,
+            weights,
+            partial,
+            length,
+            width,
+            splits,
+            *outputs.stride(),
+            weights.stride(0),
+            weights.stride(1),
+            SEGMENTS,
+            _SUM_TOKENS,
+            _SUM_CHANNELS,
+        )
     return partial.sum(1).view(count, SEGMENTS, FINGERPRINT_PARTS, width)
 
 
