@@ -333,6 +333,23 @@ def test_a_diff_is_applied_to_a_scratch_copy(starter):
         apply_diff(starter, diff.replace(' """Chunked', " something else"))
 
 
+
+def test_attack_a_diff_creating_a_symlink_cannot_read_a_file_outside_the_fork(starter, tmp_path):
+    """A hostile agent's diff creates fla/ops/quasar/notes.json as a link to the miner's wallet
+    (``new file mode 120000``): read through, the wallet's secret would become the candidate's
+    content, written into the fork and pushed with it. Only regular files come out of a diff."""
+    secret = tmp_path / "home" / ".bittensor" / "wallets" / "miner" / "hotkeys" / "default"
+    secret.parent.mkdir(parents=True)
+    secret.write_text('{"secretPhrase": "lion tiger bear"}')
+    diff = (
+        "diff --git a/fla/ops/quasar/notes.json b/fla/ops/quasar/notes.json\nnew file mode 120000\n"
+        f"--- /dev/null\n+++ b/fla/ops/quasar/notes.json\n@@ -0,0 +1 @@\n+{secret}\n\\ No newline at end of file\n"
+    )
+    with ChatStandIn([f"DESCRIPTION: notes\n```diff\n{diff}```\n"]) as chat:
+        with pytest.raises(EditRejected, match="a link or a special file"):
+            AgentStrategy(chat.url, "m").propose(starter, [])
+    assert not (starter / "fla/ops/quasar/notes.json").exists()
+
 def test_the_prompt_holds_the_rules_history_and_files(starter):
     from quasar.miner.strategies.agent import read_kernel_files
 

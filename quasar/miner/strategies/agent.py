@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -238,9 +239,26 @@ def apply_diff(repo: Path, diff: str) -> dict[str, str | None]:
             raise StrategyError(f"the agent's diff does not apply: {message[-1] if message else 'no message'}")
         produced: dict[str, str | None] = {}
         for path in old | new:
-            target = work / path
-            produced[path] = target.read_text(encoding="utf-8") if target.is_file() else None
+            produced[path] = _read_produced(work / path, path)
         return produced
+
+
+def _read_produced(target: Path, path: str) -> str | None:
+    """The text git apply left at ``target`` (None when it deleted it): a regular file only.
+
+    A diff can create a symbolic link (``new file mode 120000``); read through, it would make
+    any file of the miner's machine (its wallet, say) the candidate's content.
+    """
+    try:
+        info = os.lstat(target)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        raise EditRejected(f"the agent's diff makes {path} a link or a special file; only regular files are allowed")
+    try:
+        return target.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise EditRejected(f"the agent's diff makes {path} something other than UTF-8 text") from None
 
 
 class AgentStrategy:
