@@ -333,7 +333,6 @@ def test_a_diff_is_applied_to_a_scratch_copy(starter):
         apply_diff(starter, diff.replace(' """Chunked', " something else"))
 
 
-
 def test_attack_a_diff_creating_a_symlink_cannot_read_a_file_outside_the_fork(starter, tmp_path):
     """A hostile agent's diff creates fla/ops/quasar/notes.json as a link to the miner's wallet
     (``new file mode 120000``): read through, the wallet's secret would become the candidate's
@@ -349,6 +348,7 @@ def test_attack_a_diff_creating_a_symlink_cannot_read_a_file_outside_the_fork(st
         with pytest.raises(EditRejected, match="a link or a special file"):
             AgentStrategy(chat.url, "m").propose(starter, [])
     assert not (starter / "fla/ops/quasar/notes.json").exists()
+
 
 def test_the_prompt_holds_the_rules_history_and_files(starter):
     from quasar.miner.strategies.agent import read_kernel_files
