@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -436,3 +438,63 @@ def test_agent_does_not_offer_an_edit_already_tried(starter):
         first = agent.propose(starter, [])
         with pytest.raises(StrategyError, match="already tried"):
             agent.propose(starter, [Attempt("agent", first.key, first.description, SLOWER)])
+
+
+class HostileChat:
+    """A chat endpoint on 127.0.0.1 whose answer is ``mode``: "trickle" (a byte every 50 ms, never
+    ending), "deep" (JSON nested 200,000 arrays deep) or "huge" (an endless body, no length)."""
+
+    def __init__(self, mode: str):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                try:
+                    if mode == "deep":
+                        self.wfile.write(b"[" * 200_000)
+                    while mode != "deep":
+                        self.wfile.write(b" " if mode == "trickle" else b" " * (1 << 20))
+                        self.wfile.flush()
+                        time.sleep(0.05 if mode == "trickle" else 0)
+                except OSError:
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("mode", "message"),
+    [
+        ("trickle", "took longer than 0.5s"),
+        ("deep", "not a chat completion"),
+        ("huge", "larger than"),
+    ],
+)
+def test_attack_an_endless_huge_or_deeply_nested_answer_ends_as_a_strategy_error(starter, mode, message):
+    """A hostile endpoint trickling its answer a byte at a time (each read well within the
+    timeout, so a per-read timeout never ends it), sending a body without end (read whole into
+    memory before any size check), or JSON nested deeper than the parser recurses (RecursionError,
+    which ended the miner's cycle): each is a StrategyError within the timeout."""
+    chat = HostileChat(mode)
+    started = time.monotonic()
+    try:
+        with pytest.raises(StrategyError, match=message):
+            AgentStrategy(chat.url, "m", timeout_s=0.5).propose(starter, [])
+    finally:
+        chat.close()
+    assert time.monotonic() - started < 1.5

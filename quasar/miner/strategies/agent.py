@@ -20,12 +20,14 @@ other candidate.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import stat
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -46,6 +48,8 @@ MAX_PROMPT_FILE_CHARS = 200_000
 # The miner guide's order of importance; the prompt shows these first (others follow by name).
 PRIORITY = ("chunk.py", "fused_recurrent.py", "forward_substitution.py", "chunk_intra_token_parallel.py", "gate.py")
 MAX_REPLY_CHARS = 2_000_000
+# The largest answer read: the longest reply with every character escaped as \uXXXX, and its envelope.
+MAX_ANSWER_BYTES = 6 * MAX_REPLY_CHARS + (1 << 16)
 HISTORY_SHOWN = 10
 
 SYSTEM_PROMPT = """You make the QuasarAttention kernels of a flash-linear-attention fork faster. The fork competes in \
@@ -291,28 +295,53 @@ class AgentStrategy:
         self._http.close()
 
     def ask(self, messages: list[dict]) -> str:
-        """One chat completion; returns the reply's text or raises StrategyError."""
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        """One chat completion; returns the reply's text or raises StrategyError.
+
+        The whole answer must arrive within ``timeout_s`` (counted in all, not per read: a read
+        that stalls ends it at most ``timeout_s`` later) and within ``MAX_ANSWER_BYTES``,
+        uncompressed; its JSON may nest no deeper than the parser's recursion limit.
+        """
+        headers = {"Accept-Encoding": "identity"}
+        if self._api_key:
+            headers["Authorization"] = f"Bearer {self._api_key}"
         body = {"model": self.model, "messages": messages, "temperature": self.temperature}
+        deadline = time.monotonic() + self.timeout_s
         try:
-            response = self._http.post(
-                f"{self.api_url}/chat/completions", json=body, headers=headers, timeout=self.timeout_s
-            )
+            with self._http.stream(
+                "POST", f"{self.api_url}/chat/completions", json=body, headers=headers, timeout=self.timeout_s
+            ) as response:
+                status, data = response.status_code, self._read_answer(response, deadline)
         except httpx.HTTPError as error:
             raise StrategyError(f"cannot reach the agent endpoint {self.api_url}: {error}") from None
-        if response.status_code >= 400:
-            raise StrategyError(
-                f"the agent endpoint {self.api_url} answered {response.status_code}: {response.text.strip()[:300]}"
-            )
+        text = data.decode("utf-8", errors="replace")
+        if status >= 400:
+            raise StrategyError(f"the agent endpoint {self.api_url} answered {status}: {text.strip()[:300]}")
         try:
-            content = response.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
+            content = json.loads(text)["choices"][0]["message"]["content"]
+        except (ValueError, KeyError, IndexError, TypeError, RecursionError):
             raise StrategyError(
                 "the agent endpoint's answer is not a chat completion (no choices[0].message.content)"
             ) from None
         if not isinstance(content, str) or not content.strip():
             raise StrategyError("the agent endpoint answered an empty message")
         return content
+
+    def _read_answer(self, response: httpx.Response, deadline: float) -> bytes:
+        """The answer's body, at most MAX_ANSWER_BYTES, read before ``deadline``; else StrategyError."""
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise StrategyError(f"the agent endpoint answered compressed ({encoding}); it was asked for identity")
+        declared = response.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
+            raise StrategyError(f"the agent endpoint's answer is larger than {MAX_ANSWER_BYTES:,} bytes")
+        data = bytearray()
+        for chunk in response.iter_raw():
+            data += chunk
+            if len(data) > MAX_ANSWER_BYTES:
+                raise StrategyError(f"the agent endpoint's answer is larger than {MAX_ANSWER_BYTES:,} bytes")
+            if time.monotonic() > deadline:
+                raise StrategyError(f"the agent endpoint's answer took longer than {self.timeout_s:g}s")
+        return bytes(data)
 
     def propose(self, repo_path: Path, history: Sequence[Attempt]) -> Candidate:
         repo = Path(repo_path)
