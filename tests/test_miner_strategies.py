@@ -498,3 +498,14 @@ def test_attack_an_endless_huge_or_deeply_nested_answer_ends_as_a_strategy_error
     finally:
         chat.close()
     assert time.monotonic() - started < 1.5
+
+
+def test_attack_content_that_is_not_utf8_is_rejected_before_anything_is_written(starter):
+    """A hostile endpoint's JSON can carry a lone surrogate (``\\udc80``): the file before it was
+    written, then writing it raised UnicodeEncodeError, which left that file behind and ended the
+    miner's cycle. Such content is rejected with the edit's other rules."""
+    with pytest.raises(EditRejected, match="not UTF-8 text"):
+        Candidate("agent", "x", {"fla/ops/quasar/a.json": "{}\n", "fla/ops/quasar/b.json": "\udc80"})
+    with ChatStandIn([file_reply("notes", {"fla/ops/quasar/notes.json": "\udc80\n"})]) as chat:
+        with pytest.raises(EditRejected, match="not UTF-8 text"):
+            AgentStrategy(chat.url, "m").propose(starter, [])

@@ -81,7 +81,11 @@ def check_changes(changes: Mapping[str, str | None]) -> dict[str, str | None]:
                 raise EditRejected(f"{path}: new content must be text")
             if "\0" in content:
                 raise EditRejected(f"{path}: new content contains a NUL character")
-            if len(content.encode("utf-8", errors="replace")) > MAX_FILE_BYTES:
+            try:
+                encoded = content.encode("utf-8")
+            except UnicodeEncodeError:
+                raise EditRejected(f"{path}: new content is not UTF-8 text (a lone surrogate)") from None
+            if len(encoded) > MAX_FILE_BYTES:
                 raise EditRejected(f"{path}: new content is larger than {MAX_FILE_BYTES >> 10} KiB")
             if path.endswith(".py"):
                 findings = check_source(content, module_name_for(path), path)
