@@ -509,3 +509,15 @@ def test_attack_content_that_is_not_utf8_is_rejected_before_anything_is_written(
     with ChatStandIn([file_reply("notes", {"fla/ops/quasar/notes.json": "\udc80\n"})]) as chat:
         with pytest.raises(EditRejected, match="not UTF-8 text"):
             AgentStrategy(chat.url, "m").propose(starter, [])
+
+
+def test_attack_terminal_control_sequences_in_the_description_never_reach_the_log(starter):
+    """A hostile agent's DESCRIPTION carries escape sequences (set the window title, clear the
+    screen, colour) and a right-to-left override: logged as "trying agent: ...", they reached the
+    miner's log and terminal raw. The description keeps printable characters only."""
+    edited = (starter / CHUNK_FILE).read_text() + "# x\n"
+    hostile = "faster \x1b]0;owned\x07\x1b[2J\x1b[31mred \u202ekcatta"
+    with ChatStandIn([file_reply(hostile, {CHUNK_FILE: edited})]) as chat:
+        candidate = AgentStrategy(chat.url, "m").propose(starter, [])
+    assert candidate.description == "faster ]0;owned [2J [31mred kcatta"
+    assert all(char.isprintable() for char in candidate.description)

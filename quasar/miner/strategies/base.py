@@ -140,7 +140,9 @@ class Candidate:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "changes", check_changes(self.changes))
-        line = " ".join(self.description.split())[:MAX_DESCRIPTION] or "(no description)"
+        # Printable characters only: the description reaches logs, terminals and the commit message.
+        printable = "".join(char if char.isprintable() else " " for char in self.description)
+        line = " ".join(printable.split())[:MAX_DESCRIPTION] or "(no description)"
         object.__setattr__(self, "description", line)
         if not self.key:
             object.__setattr__(self, "key", f"{self.strategy}:{changes_digest(self.changes)}")
