@@ -442,7 +442,8 @@ def test_agent_does_not_offer_an_edit_already_tried(starter):
 
 class HostileChat:
     """A chat endpoint on 127.0.0.1 whose answer is ``mode``: "trickle" (a byte every 50 ms, never
-    ending), "deep" (JSON nested 200,000 arrays deep) or "huge" (an endless body, no length)."""
+    ending), "deep" (JSON nested 200,000 arrays deep), "huge" (an endless body, no length) or
+    "escapes" (429 with terminal escape sequences in its body)."""
 
     def __init__(self, mode: str):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -453,6 +454,12 @@ class HostileChat:
 
             def do_POST(self) -> None:
                 self.rfile.read(int(self.headers["Content-Length"]))
+                if mode == "escapes":
+                    self.send_response(429)
+                    self.send_header("Content-Length", "25")
+                    self.end_headers()
+                    self.wfile.write(b"overloaded \x1b]0;owned\x07\x1b[2J")
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Connection", "close")
@@ -521,3 +528,15 @@ def test_attack_terminal_control_sequences_in_the_description_never_reach_the_lo
         candidate = AgentStrategy(chat.url, "m").propose(starter, [])
     assert candidate.description == "faster ]0;owned [2J [31mred kcatta"
     assert all(char.isprintable() for char in candidate.description)
+
+
+def test_attack_terminal_control_sequences_in_an_error_answer_never_reach_the_log(starter):
+    """A hostile endpoint answers 429 with a body of escape sequences: its first 300 characters,
+    quoted in the StrategyError the miner logs, reached the log and terminal raw."""
+    chat = HostileChat("escapes")
+    try:
+        with pytest.raises(StrategyError) as error:
+            AgentStrategy(chat.url, "m").propose(starter, [])
+    finally:
+        chat.close()
+    assert "answered 429:" in str(error.value) and all(char.isprintable() for char in str(error.value))

@@ -42,6 +42,7 @@ from quasar.miner.strategies.base import (
     EditRejected,
     StrategyError,
     check_edit_path,
+    printable_line,
 )
 
 MAX_PROMPT_FILE_CHARS = 200_000
@@ -315,7 +316,7 @@ class AgentStrategy:
             raise StrategyError(f"cannot reach the agent endpoint {self.api_url}: {error}") from None
         text = data.decode("utf-8", errors="replace")
         if status >= 400:
-            raise StrategyError(f"the agent endpoint {self.api_url} answered {status}: {text.strip()[:300]}")
+            raise StrategyError(f"the agent endpoint {self.api_url} answered {status}: {printable_line(text)[:300]}")
         try:
             content = json.loads(text)["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError, RecursionError):

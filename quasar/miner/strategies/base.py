@@ -46,6 +46,12 @@ class EditRejected(StrategyError):
     """An edit breaks the rules for candidates; the message names the file and the rule."""
 
 
+def printable_line(text: str) -> str:
+    """``text`` as one line of printable characters: what an agent wrote reaches logs, terminals and
+    commit messages, where escape sequences and direction overrides would act; they become spaces."""
+    return " ".join("".join(char if char.isprintable() else " " for char in text).split())
+
+
 def check_edit_path(path: str) -> str:
     """The repo-relative POSIX ``path`` if a candidate may write it, else :class:`EditRejected`."""
     if not isinstance(path, str) or not path:
@@ -140,9 +146,7 @@ class Candidate:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "changes", check_changes(self.changes))
-        # Printable characters only: the description reaches logs, terminals and the commit message.
-        printable = "".join(char if char.isprintable() else " " for char in self.description)
-        line = " ".join(printable.split())[:MAX_DESCRIPTION] or "(no description)"
+        line = printable_line(self.description)[:MAX_DESCRIPTION] or "(no description)"
         object.__setattr__(self, "description", line)
         if not self.key:
             object.__setattr__(self, "key", f"{self.strategy}:{changes_digest(self.changes)}")
