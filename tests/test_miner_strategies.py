@@ -540,3 +540,12 @@ def test_attack_terminal_control_sequences_in_an_error_answer_never_reach_the_lo
     finally:
         chat.close()
     assert "answered 429:" in str(error.value) and all(char.isprintable() for char in str(error.value))
+
+
+def test_attack_a_diff_that_is_not_utf8_is_rejected(starter):
+    """A hostile agent's diff carries a lone surrogate (from ``\\udc80`` in its JSON): writing the
+    patch raised UnicodeEncodeError, which is no StrategyError and ended the miner's cycle."""
+    diff = "--- /dev/null\n+++ b/fla/ops/quasar/notes.json\n@@ -0,0 +1 @@\n+\udc80\n"
+    with ChatStandIn([f"DESCRIPTION: notes\n```diff\n{diff}```\n"]) as chat:
+        with pytest.raises(EditRejected, match="not UTF-8 text"):
+            AgentStrategy(chat.url, "m").propose(starter, [])

@@ -213,6 +213,10 @@ def apply_diff(repo: Path, diff: str) -> dict[str, str | None]:
     old, new = _diff_paths(diff)
     if not old and not new:
         raise StrategyError("the agent's diff names no file")
+    try:
+        encoded = diff.encode("utf-8")
+    except UnicodeEncodeError:
+        raise EditRejected("the agent's diff is not UTF-8 text (a lone surrogate)") from None
     with tempfile.TemporaryDirectory(prefix="quasar-agent-diff-") as scratch:
         work = Path(scratch) / "tree"
         for path in old:
@@ -222,7 +226,7 @@ def apply_diff(repo: Path, diff: str) -> dict[str, str | None]:
                 shutil.copyfile(source, work / path)
         work.mkdir(exist_ok=True)
         patch = Path(scratch) / "edit.patch"
-        patch.write_text(diff)
+        patch.write_bytes(encoded)
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "LANG": "C",
