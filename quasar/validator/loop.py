@@ -396,7 +396,8 @@ class Validator:
             with self._item(f"reporting submission {record.submission.submission_id}"):
                 if not self._report_one(record, summary):
                     return  # the API is unreachable or failing: the rest waits for the next step
-        self.state.forget_reports(self.clock() - REPORT_KEPT_S)
+        if summary.reported:  # reports grow the file only as evaluations are reported: prune then, not every step
+            self.state.forget_reports(self.clock() - REPORT_KEPT_S)
 
     def _report_one(self, record: SubmissionRecord, summary: StepSummary) -> bool:
         """Report one submission; False when the API cannot take reports now."""
