@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterator
 
 from rich.console import Console
 
@@ -25,6 +26,12 @@ LENGTHS = (512, 1024, 2048, 1_000_000)
 def shows(line: str, rate: float) -> bool:
     """Whether ``line`` shows ``rate`` as a whole figure in millions ("26.71 M" is not in "226.71 M")."""
     return re.search(rf"(?<![\d.,]){re.escape(f'{rate / 1e6:.2f}')} M", line) is not None
+
+
+def distinct_rates(rng: random.Random, count: int) -> Iterator[float]:
+    """``count`` random rates from 1 M to 300 M tokens/s that no two show alike ("85.33 M"), so a
+    table's row is found by any one of its figures."""
+    return iter(hundredths * 1e4 for hundredths in rng.sample(range(100, 30_001), count))
 
 
 def random_report(rng: random.Random) -> EvaluationReport:
@@ -105,15 +112,17 @@ def test_the_tuning_table_fits_80_columns_with_every_figure_whole():
     # step 2's default sweep: the current tuning and 18 configurations at its three lengths, one
     # line a configuration.
     lengths = step2.DEFAULT_SEQ_LENS
+    tunings = [{}, *step2.DEFAULT_GRID]
+    rates = distinct_rates(rng, len(tunings) * len(lengths))
     results = [
         step2.SweepResult(
             tuning=tuning,
             passed=index != 2,
             reasons=[],
             current=index == 0,
-            tokens_per_sec={length: rng.uniform(1e6, 3e8) for length in lengths},
+            tokens_per_sec={length: next(rates) for length in lengths},
         )
-        for index, tuning in enumerate([{}, *step2.DEFAULT_GRID])
+        for index, tuning in enumerate(tunings)
     ]
     choice = step2.choose(results)
     lines = rendered(80, lambda console: console.print(step2.render_table(results, choice)))
@@ -127,6 +136,7 @@ def test_the_tuning_table_fits_80_columns_with_every_figure_whole():
     assert "current" in next(line for line in lines if shows(line, results[0].tokens_per_sec[65_536]))
     # More lengths than fit beside the tunables: a tunable's value may wrap, never a figure.
     results = []
+    rates = distinct_rates(rng, 6 * len(LENGTHS))
     for index in range(6):
         tuning = {
             "segment_chunks": rng.choice([8, 16, 32]),
@@ -134,8 +144,8 @@ def test_the_tuning_table_fits_80_columns_with_every_figure_whole():
             "wy_inverse": ("substitution", "product")[index % 2],
             "layer_tile_tokens": 65536 * (index + 1),
         }
-        rates = {length: rng.uniform(1e6, 3e8) for length in LENGTHS}
-        results.append(step2.SweepResult(tuning=tuning, passed=index != 2, tokens_per_sec=rates, reasons=[]))
+        figures = {length: next(rates) for length in LENGTHS}
+        results.append(step2.SweepResult(tuning=tuning, passed=index != 2, tokens_per_sec=figures, reasons=[]))
     lines = rendered(80, lambda console: console.print(step2.render_table(results, step2.choose(results))))
     assert max(len(line) for line in lines) <= 80
     for result in results:
