@@ -107,10 +107,9 @@ def test_a_wide_terminal_gets_every_column():
     assert any(f"{item.tokens_per_sec_min:,.0f}" in line for line in lines)
 
 
-def test_the_tuning_table_fits_80_columns_with_every_figure_whole():
-    rng = random.Random()
-    # step 2's default sweep: the current tuning and 18 configurations at its three lengths, one
-    # line a configuration.
+def default_sweep(rng: random.Random, current_rate: float | None = None) -> list[step2.SweepResult]:
+    """step 2's default sweep: the current tuning and 18 configurations at its three lengths, the
+    third failing; ``current_rate`` fixes the current tuning's rate at the target."""
     lengths = step2.DEFAULT_SEQ_LENS
     tunings = [{}, *step2.DEFAULT_GRID]
     rates = distinct_rates(rng, len(tunings) * len(lengths))
@@ -124,16 +123,32 @@ def test_the_tuning_table_fits_80_columns_with_every_figure_whole():
         )
         for index, tuning in enumerate(tunings)
     ]
+    if current_rate is not None:
+        results[0].tokens_per_sec[max(lengths)] = current_rate
+    return results
+
+
+def check_default_sweep_table(results: list[step2.SweepResult]) -> list[str]:
+    """The table of ``results`` at 80 columns, one line a configuration with its figures whole,
+    its tunables and its verdict; those lines, in the order of ``results``."""
     choice = step2.choose(results)
     lines = rendered(80, lambda console: console.print(step2.render_table(results, choice)))
     assert max(len(line) for line in lines) <= 80
+    rows = []
     for result in results:
         row = next(line for line in lines if shows(line, result.tokens_per_sec[65_536]))
         values = {"wy_inverse": "product", "wy_maxnreg": 168, **result.tuning}
         assert all(shows(row, rate) for rate in result.tokens_per_sec.values()), row
         assert f" {values['wy_inverse']} " in row and f" {values['wy_maxnreg']} " in row, row
         assert row.split()[-1] == step2.verdict_of(result, choice), row
-    assert "current" in next(line for line in lines if shows(line, results[0].tokens_per_sec[65_536]))
+        rows.append(row)
+    assert "current" in rows[0]
+    return rows
+
+
+def test_the_tuning_table_fits_80_columns_with_every_figure_whole():
+    rng = random.Random()
+    check_default_sweep_table(default_sweep(rng))
     # More lengths than fit beside the tunables: a tunable's value may wrap, never a figure.
     results = []
     rates = distinct_rates(rng, 6 * len(LENGTHS))
@@ -151,3 +166,30 @@ def test_the_tuning_table_fits_80_columns_with_every_figure_whole():
     for result in results:
         row = next(line for line in lines if shows(line, result.tokens_per_sec[512]))
         assert all(shows(row, rate) for rate in result.tokens_per_sec.values()), row
+
+
+def test_a_gain_of_hundreds_of_times_keeps_the_table_in_80_columns():
+    """A current tuning near 1 M tokens/s and configurations up to 300 M: the gain reads "259x",
+    not "+25806.0%", which widened its column until "substitution" wrapped (about one run in 150
+    of the test above)."""
+    rng = random.Random()
+    results = default_sweep(rng, current_rate=rng.uniform(1.0e6, 1.2e6))
+    rows = check_default_sweep_table(results)
+    current = results[0].target_rate
+    for result, row in zip(results[1:], rows[1:], strict=True):
+        assert step2.gain_label(result.target_rate, current) in row.split(), row
+
+
+def test_the_gain_label_fits_the_column_and_reads_back_as_the_ratio():
+    rng = random.Random()
+    for _ in range(2000):
+        current = 10 ** rng.uniform(0, 9)
+        rate = current * 10 ** rng.uniform(-3, 8)
+        label = step2.gain_label(rate, current)
+        ratio = rate / current
+        assert len(label) <= len("current"), (label, ratio)
+        assert label.endswith("x") == (ratio >= 10), (label, ratio)
+        # The slow reading: a percentage of the current rate added to it, or a multiple of it.
+        shown = float(label[:-1]) if label.endswith("x") else 1 + float(label[:-1]) / 100
+        allowed = 0.0005 if ratio < 10 else 0.5 if ratio < 1e6 else ratio / 2
+        assert abs(shown - ratio) <= allowed, (label, ratio)

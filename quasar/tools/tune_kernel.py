@@ -254,6 +254,16 @@ def length_label(length: int) -> str:
     return f"{length:,}"
 
 
+def gain_label(rate: float, current: float) -> str:
+    """``rate`` against the current tuning's in at most 7 characters (the width of "current"):
+    ``+12.3%`` below ten times, ``259x`` from there (a percentage of five digits widened the
+    column until a tunable's value wrapped)."""
+    ratio = rate / current
+    if ratio < 10:
+        return f"{ratio - 1:+.1%}"
+    return f"{ratio:.0f}x" if ratio < 1e6 else f"{ratio:.0e}x"
+
+
 def render_table(results: list[SweepResult], choice: Choice) -> Table:
     """Tokens/sec per configuration and length, laid out for 80 columns: a column per tunable
     that differs among the configurations, one per length, the gain over the current tuning at
@@ -272,7 +282,7 @@ def render_table(results: list[SweepResult], choice: Choice) -> Table:
     table.add_column("verdict", no_wrap=True)
     for result, shown in zip(results, values, strict=True):
         cells = [compact_rate(result.tokens_per_sec[n]) for n in lengths]
-        gain = f"{result.target_rate / current - 1:+.1%}" if current and result.target_rate else "-"
+        gain = gain_label(result.target_rate, current) if current and result.target_rate else "-"
         table.add_row(
             *(str(shown[key]) for key in keys),
             *cells,
