@@ -442,10 +442,12 @@ def test_agent_does_not_offer_an_edit_already_tried(starter):
 
 class HostileChat:
     """A chat endpoint on 127.0.0.1 whose answer is ``mode``: "trickle" (a byte every 50 ms, never
-    ending), "deep" (JSON nested 200,000 arrays deep), "huge" (an endless body, no length) or
-    "escapes" (429 with terminal escape sequences in its body)."""
+    ending), "deep" (JSON nested 200,000 arrays deep), "huge" (an endless body, no length),
+    "escapes" (429 with terminal escape sequences in its body), "slow-headers" (its status line and
+    headers a byte every 50 ms, for 10 s) or "late" (its headers after ``delay_s``, then one byte of
+    the body after ``delay_s`` more, then nothing)."""
 
-    def __init__(self, mode: str):
+    def __init__(self, mode: str, delay_s: float = 0.0):
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
         class Handler(BaseHTTPRequestHandler):
@@ -460,6 +462,13 @@ class HostileChat:
                     self.end_headers()
                     self.wfile.write(b"overloaded \x1b]0;owned\x07\x1b[2J")
                     return
+                if mode in ("slow-headers", "late"):
+                    self.close_connection = True
+                    try:
+                        self.answer_slowly(mode)
+                    except OSError:
+                        pass
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Connection", "close")
@@ -473,6 +482,21 @@ class HostileChat:
                         time.sleep(0.05 if mode == "trickle" else 0)
                 except OSError:
                     pass
+
+            def answer_slowly(self, mode: str) -> None:
+                if mode == "late":
+                    time.sleep(delay_s)
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n")
+                    self.wfile.flush()
+                    time.sleep(delay_s)
+                    self.wfile.write(b"{")
+                    self.wfile.flush()
+                    time.sleep(10)
+                    return
+                for _ in range(200):
+                    self.wfile.write(b"X")
+                    self.wfile.flush()
+                    time.sleep(0.05)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -502,6 +526,23 @@ def test_attack_an_endless_huge_or_deeply_nested_answer_ends_as_a_strategy_error
     try:
         with pytest.raises(StrategyError, match=message):
             AgentStrategy(chat.url, "m", timeout_s=0.5).propose(starter, [])
+    finally:
+        chat.close()
+    assert time.monotonic() - started < 1.5
+
+
+@pytest.mark.parametrize("mode", ["slow-headers", "late"])
+def test_attack_a_stalled_or_trickled_exchange_ends_within_the_one_timeout(starter, mode):
+    """A hostile endpoint trickling its status line and headers a byte at a time (each read within
+    the per-read timeout, and the answer's deadline was checked only on body bytes: the miner
+    waited as long as the endpoint pleased), or sending its headers just before the timeout and
+    its body's first byte just before another (the miner waited about twice AGENT_TIMEOUT): one
+    deadline holds for the whole exchange."""
+    chat = HostileChat(mode, delay_s=0.9)
+    started = time.monotonic()
+    try:
+        with pytest.raises(StrategyError, match="took longer than 1s"):
+            AgentStrategy(chat.url, "m", timeout_s=1.0).propose(starter, [])
     finally:
         chat.close()
     assert time.monotonic() - started < 1.5
