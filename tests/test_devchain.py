@@ -309,6 +309,21 @@ def test_a_commit_that_breaks_a_rule_at_its_reveal_is_dropped_silently(subnet, w
     assert outcomes[1].startswith("dropped: cannot set weights: IncorrectWeightVersionKey")
 
 
+def test_a_hotkey_that_takes_a_uid_between_commit_and_reveal_does_not_inherit_its_weight(subnet, wallets):
+    """Yuma's epoch masks a weight whose setter last updated (on a commit-reveal subnet: committed)
+    at or before the target uid's registration block (run_epoch's outdated mask): a newcomer that
+    took the miner's uid after the commit gets none of what was committed for the miner."""
+    subnet.advance(1000)
+    planned = {0: hotkey(wallets["owner"]), 2: hotkey(wallets["miner"])}
+    assert subnet.set_weights(wallets["validator"], {0: 0.4, 2: 0.6}, version_key=0, hotkeys=planned).committed
+    subnet.advance(10)
+    subnet.deregister(hotkey(wallets["miner"]))
+    assert subnet.register(address(), address()) == 2
+    subnet.advance(70)  # the reveal, at block 1080
+    assert subnet.commits()[0].outcome == "revealed"
+    assert subnet.weights() == {1: {0: 0.4, 2: 0.0}}
+
+
 def test_at_most_ten_commits_wait_for_their_reveal(subnet, wallets):
     subnet.set_hyperparameters(weights_rate_limit=0)
     for _ in range(10):

@@ -19,7 +19,9 @@ finney's defaults for a new subnet (:data:`FINNEY`) unless a file is given other
   on 127.0.0.1 only: ``allow-loopback`` lets this file store loopback endpoints;
 - registration: uids are appended up to ``max_allowed_uids``; then a registration replaces the
   non-immune neuron with the least stake (never the owner's), which loses its weights, its endpoint
-  and its permit, and whose uid keeps the weights others set on it at 0.
+  and its permit, and whose uid keeps the weights others set on it at 0; a commit revealed after
+  the uid changed hands gives it 0 too (Yuma's epoch masks a weight committed before the uid's
+  registration).
 
 Its CLI (``quasar devchain``, ``python -m quasar.chain.devchain``) is quasar/chain/devchain_cli.py.
 """
@@ -153,6 +155,7 @@ class DevChain(Chain):
             values = {int(uid): weight for uid, weight in json.loads(weights).items()}
             try:
                 self._apply_weights(connection, hotkey, values, version_key, reveal_block)
+                self._mask_outdated(connection, hotkey)
                 outcome = "revealed"
             except ChainError as error:
                 outcome = f"dropped: {error}"
@@ -163,6 +166,19 @@ class DevChain(Chain):
                     error,
                 )
             connection.execute("UPDATE weight_commits SET outcome = ? WHERE id = ?", (outcome, commit_id))
+
+    @staticmethod
+    def _mask_outdated(connection: sqlite3.Connection, hotkey: str) -> None:
+        """Zero ``hotkey``'s weights on uids registered at or after its last update, as Yuma's epoch
+        masks them (run_epoch's outdated mask): a commit's LastUpdate is its commit block, so a
+        hotkey that took a uid between a commit and its reveal gets nothing of that commit. Neurons
+        registered at block 0 stand for the genesis' (nothing can register after a commit there)."""
+        connection.execute(
+            "UPDATE weights SET weight = 0 WHERE setter_uid = (SELECT uid FROM neurons WHERE hotkey = ?) "
+            "AND target_uid IN (SELECT uid FROM neurons WHERE registered_block > 0 AND registered_block >= "
+            "(SELECT last_update FROM neurons WHERE hotkey = ?))",
+            (hotkey, hotkey),
+        )
 
     def _apply_weights(
         self, connection: sqlite3.Connection, hotkey: str, weights: Mapping[int, float], version_key: int, block: int

@@ -58,8 +58,8 @@ class WeightSetter:
         submission that every uid is still held by the hotkey it was planned for (a uid that changed
         hands meanwhile is planned again, so a hotkey that took a uid before the submission never
         gets its old holder's share). On a commit-reveal subnet the chain applies the weights to
-        uids at the reveal: a uid that changes hands between the commit and the reveal gives that
-        epoch's share to its new holder, as subtensor does; nothing here can prevent it.
+        uids at the reveal, and its epoch masks a weight committed before its uid's registration: a
+        hotkey that takes a uid between the commit and the reveal gets nothing of that commit.
 
         Nothing is submitted with a version key below the subnet's WeightsVersionKey (an ERROR an
         epoch says to update QUASAR), without a validator permit (the subnet owner needs none), nor
