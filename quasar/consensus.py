@@ -67,6 +67,11 @@ class Electorate:
     def weight(self, hotkey: str) -> float:
         return self.weights.get(hotkey, 0.0)
 
+    @property
+    def voters(self) -> list[str]:
+        """The hotkeys whose reports count (a weight above zero)."""
+        return sorted(hotkey for hotkey, weight in self.weights.items() if weight > 0)
+
     def __len__(self) -> int:
         return len(self.weights)
 

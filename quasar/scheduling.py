@@ -4,8 +4,9 @@ An evaluation costs a validator about 25 s of a GPU; a subnet's miners may submi
 its validators can evaluate, so the work goes where it can change the ranking:
 
 1. **Supersession**: a hotkey's newer ready submission supersedes its older ones that no validator
-   has reported on yet (they are never handed out again; the miner sees which one replaced them).
-   One that a validator reported on stays, so that the others can complete its consensus.
+   whose report counts (quasar/consensus.py) has reported on yet (they are never handed out again;
+   the miner sees which one replaced them). One that such a validator reported on stays, so that
+   the others can complete its consensus; a report that counts for nothing completes none.
 2. **Upper bound**: a submission can never score more than ``claimed × league multiplier``
    (scoring takes ``min(claimed, measured)``). One whose bound is below the current fourth place's
    score even within the tie margin ε (an earlier submission scoring at least ``fourth / (1 + ε)``
@@ -18,9 +19,9 @@ its validators can evaluate, so the work goes where it can change the ranking:
 3. **Fairness**: no hotkey gets a second evaluation from a validator in a round while another
    hotkey waits for its first (then a third while another waits for its second, and so on), so a
    few hotkeys submitting at their limit cannot starve the others.
-4. **Order**: among those, first a submission other validators have reported on (its consensus
-   waits for this validator's report: without it nothing of that hotkey ranks), then the highest
-   upper bound, then the oldest (ready time, then id).
+4. **Order**: among those, first a submission other validators whose reports count have reported
+   on (its consensus waits for this validator's report: without it nothing of that hotkey ranks),
+   then the highest upper bound, then the oldest (ready time, then id).
 5. **Rounds**: a submission is handed out in its round and the next (``SCHEDULED_ROUNDS``); older
    ones can no longer change the ranking of the round being played.
 """
@@ -48,7 +49,8 @@ def upper_bound(claimed_tokens_per_sec: float, target_sequence_length: int) -> f
 
 @dataclass(frozen=True)
 class Queued:
-    """A ready submission, as the schedule sees it. ``reported``: some validator reported on it."""
+    """A ready submission, as the schedule sees it. ``reported``: some validator whose report counts
+    reported on it."""
 
     submission_id: int
     hotkey: str

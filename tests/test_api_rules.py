@@ -185,6 +185,8 @@ def test_work_queue_matches_model(tmp_path, seed):
     miners = ("m1", "m2", "m3")
     wallets = {name: make_wallet(tmp_path / "w", name) for name in (*miners, "v1", "v2")}
     chain = DevChain(tmp_path / "chain.sqlite3", block_time_s=1e6)
+    for name in ("v1", "v2"):  # their reports count (a report that counts for nothing orders nothing)
+        chain.register_wallet(wallets[name], stake=1e4, validator_permit=True)
     clock = Clock()
     database = Database(f"sqlite:///{tmp_path}/api.sqlite3")
     database.upgrade()

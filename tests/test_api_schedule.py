@@ -314,3 +314,22 @@ def test_deferred_work_could_never_place_on_random_standings():
         item = scheduling.Queued(99, "h99", 0.0, MILLION, rng.uniform(0.5, 110.0) / 3, reported=False)
         if places_at_its_bound(item, placed, epsilon):
             assert scheduling.could_place(item, standing), (scores, epsilon, item.upper_bound)
+
+
+def test_reports_of_a_validator_that_counts_for_nothing_neither_jump_the_queue_nor_stop_supersession(start_api):
+    """A miner's own validator hotkey, holding a permit but no stake while others hold some (or one
+    deregistered since it reported), counts for nothing in the consensus. Its reports must not put
+    its miner's submissions first in every honest validator's queue, nor keep an older one from
+    being superseded: there is no consensus they could help complete."""
+    api = start_api()
+    api.chain.register_wallet(api.wallets["v3"], stake=0.0, validator_permit=True)
+    a, b, v1, sybil = api.client("a"), api.client("b"), api.client("v1"), api.client("v3")
+    low = a.submit_kernel(Claim(FORK, commit_of(1), 1e5), MILLION)
+    high = b.submit_kernel(Claim(FORK, commit_of(2), 5e5), MILLION)
+    sybil.fetch_work()
+    sybil.report(low.submission_id, "passed", True, True, 1e5)
+    # b's claim is higher and no report that counts was made on either: b's goes first.
+    assert ids(v1.fetch_work(limit=1)) == [high.submission_id]
+    newer = a.submit_kernel(Claim(FORK, commit_of(3), 2e5), MILLION)
+    assert a.submission_status(low.submission_id).state == "superseded"
+    assert ids(v1.fetch_work(limit=2)) == [newer.submission_id]

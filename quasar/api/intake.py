@@ -30,6 +30,7 @@ class Intake(ServiceCore):
         block = self.current_block()
         now = self.clock()
         round_id = rules.round_of_block(block, self.config.round_blocks).round_id
+        electorate = self.electorate()  # whose reports keep an older submission (supersede_older)
         # The bind parameters of admission.SUBMISSION_CHECKS.
         params = {
             "client_ip": client_ip,
@@ -86,7 +87,7 @@ class Intake(ServiceCore):
                     "client_ip": client_ip,
                 },
             )
-            supersede_older(session, self.database.dialect, hotkey, round_id)
+            supersede_older(session, self.database.dialect, hotkey, round_id, electorate)
             return schemas.SubmissionAccepted(
                 submission_id=submission_id,
                 hotkey=hotkey,
@@ -150,6 +151,7 @@ class Intake(ServiceCore):
         block = self.current_block()
         now = self.clock()
         round_id = rules.round_of_block(block, self.config.round_blocks).round_id
+        electorate = self.electorate()  # whose reports keep an older submission (supersede_older)
         mismatch: list[str] = []
 
         def work(session: Session) -> schemas.SubmissionAccepted | None:
@@ -203,7 +205,7 @@ class Intake(ServiceCore):
             submission.ready_at, submission.ready_block, submission.round_id = now, block, round_id
             submission.client_ip = client_ip
             session.flush()
-            supersede_older(session, self.database.dialect, hotkey, round_id)
+            supersede_older(session, self.database.dialect, hotkey, round_id, electorate)
             return schemas.SubmissionAccepted.model_validate(submission, from_attributes=True)
 
         # The commit as submit_direct locks it (validated, lowercase): the copy check sees the other's row.

@@ -23,8 +23,8 @@ logger = logging.getLogger(__name__)
 # (a submission that crashes the validator must not be re-fetched forever).
 MAX_FETCHES_PER_VALIDATOR = 3
 
-# A hotkey's ready submissions of the scheduled rounds, and whether any validator reported on each:
-# what a newer one may supersede (quasar/scheduling.py).
+# A hotkey's ready submissions of the scheduled rounds, each with the validators that reported on
+# it (a row per report; one with none has NULL): what a newer one may supersede (quasar/scheduling.py).
 _SUBMISSIONS, _REPORTS = Submission.__table__, EvaluationReport.__table__
 _HOTKEY_READY_WHERE = (
     _SUBMISSIONS.c.hotkey == bindparam("hotkey"),
@@ -37,8 +37,10 @@ _HOTKEY_READY = PreparedStatement(
         _SUBMISSIONS.c.ready_at,
         _SUBMISSIONS.c.target_sequence_length,
         _SUBMISSIONS.c.claimed_tokens_per_sec,
-        exists().where(_REPORTS.c.submission_id == _SUBMISSIONS.c.id).label("reported"),
-    ).where(*_HOTKEY_READY_WHERE)
+        _REPORTS.c.validator_hotkey,
+    )
+    .select_from(_SUBMISSIONS.outerjoin(_REPORTS, _REPORTS.c.submission_id == _SUBMISSIONS.c.id))
+    .where(*_HOTKEY_READY_WHERE)
 )
 _LOCK_HOTKEY_READY = PreparedStatement(
     select(_SUBMISSIONS.c.id).where(*_HOTKEY_READY_WHERE).order_by(_SUBMISSIONS.c.id).with_for_update()
@@ -50,18 +52,22 @@ _SUPERSEDE = PreparedStatement(
 )
 
 
-def supersede_older(session: Session, dialect: str, hotkey: str, round_id: int) -> None:
-    """Supersede ``hotkey``'s older ready submissions that no validator reported on, one of its
-    submissions having just become ready in round ``round_id`` (the rule of quasar/scheduling.py). On
-    PostgreSQL their rows are locked first and then read afresh: a report being stored meanwhile (it
-    locks its submission's row) is then seen, and keeps its submission."""
+def supersede_older(
+    session: Session, dialect: str, hotkey: str, round_id: int, electorate: consensus.Electorate
+) -> None:
+    """Supersede ``hotkey``'s older ready submissions that no validator of ``electorate`` reported on
+    (a report that counts for nothing completes no consensus), one of its submissions having just
+    become ready in round ``round_id`` (the rule of quasar/scheduling.py). On PostgreSQL their rows
+    are locked first and then read afresh: a report being stored meanwhile (it locks its
+    submission's row) is then seen, and keeps its submission."""
     params = {"hotkey": hotkey, "first_round": scheduling.first_scheduled_round(round_id)}
     connection = session.connection()
     if dialect == "postgresql":
         _LOCK_HOTKEY_READY.run(connection, params)
     rows = _HOTKEY_READY.run(connection, params).fetchall()
-    queued = [scheduling.Queued(row[0], hotkey, row[1], row[2], row[3], bool(row[4])) for row in rows]
-    for old, new in scheduling.superseded(queued).items():
+    reported = {row[0] for row in rows if row[4] is not None and electorate.weight(row[4]) > 0}
+    queued = {row[0]: scheduling.Queued(row[0], hotkey, row[1], row[2], row[3], row[0] in reported) for row in rows}
+    for old, new in scheduling.superseded(queued.values()).items():
         _SUPERSEDE.run(connection, {"old_id": old, "new_id": new})
 
 
@@ -84,6 +90,7 @@ class WorkQueue(Standings):
         lease_s = self.config.evaluation_lease_s
         round_id = rules.round_of_block(self.current_block(), self.config.round_blocks).round_id
         standing = self.standing(round_id)
+        electorate = self.electorate()
 
         def work(session: Session) -> list[schemas.WorkItem]:
             mine = exists().where(
@@ -94,7 +101,11 @@ class WorkQueue(Standings):
                 EvaluationLease.validator_hotkey == validator,
                 (EvaluationLease.leased_until > now) | (EvaluationLease.fetch_count >= MAX_FETCHES_PER_VALIDATOR),
             )
-            reported = exists().where(EvaluationReport.submission_id == Submission.id)  # by another validator
+            # By another validator whose report counts (one that counts for nothing completes no consensus).
+            reported = exists().where(
+                EvaluationReport.submission_id == Submission.id,
+                EvaluationReport.validator_hotkey.in_(electorate.voters),
+            )
             rows = session.execute(
                 select(
                     Submission.id,
