@@ -33,7 +33,8 @@ from quasar.miner.loop import Evaluator, LoopConfig, Miner, required_gain
 from quasar.miner.runner import EndpointKeeper, MinerSetupError, published_endpoint, remote_url
 from quasar.miner.state import Measurement, StateStore
 from quasar.miner.status import VerdictWatcher
-from quasar.miner.strategies import FAILED, KEPT, REJECTED, SLOWER, AgentStrategy, TuningStrategy
+from quasar.miner.strategies import ERROR, FAILED, KEPT, REJECTED, SLOWER, AgentStrategy, TuningStrategy
+from quasar.miner.strategies.tuning import SPACE_FILE
 from quasar.miner.submission import COMMIT_REVEAL, DIRECT, Submitter
 from quasar.miner.workspace import ForkClone, Workspace
 from servers import serving
@@ -46,6 +47,7 @@ from test_miner_standins import (
     fast_chunk_source,
     file_reply,
     github_with_upstream,
+    write_slow_fork,
     write_tuning_fork,
     wrong_chunk_source,
 )
@@ -190,6 +192,39 @@ def test_tuning_picks_the_target_length_and_walks_the_tuning_file(tmp_path):
             head = bare_head(rig.bare)
             pushed = json.loads(git(None, "--git-dir", str(rig.bare), "show", f"{head}:fla/ops/quasar/tuning.json"))
             assert pushed["combine_block_v"] == final
+            assert rig.clone.changed_paths() == []
+        finally:
+            rig.close()
+
+
+@pytest.mark.slow
+def test_a_strategy_failing_unexpectedly_is_that_attempts_error_and_the_cycle_goes_on(tmp_path, caplog):
+    """The fork ships a tuning_space.json nested deeper than the JSON parser recurses: the tuning
+    strategy raised RecursionError, no StrategyError, which ended the cycle after its baseline (the
+    agent was never asked, cycle after cycle). The failure is logged once with its traceback,
+    recorded as that attempt's error, and the other strategies go on."""
+    source = tmp_path / "upstream-source"
+    write_slow_fork(source)
+    (source / SPACE_FILE).write_text("[" * 100_000 + "]" * 100_000)
+    git(source, "add", "-A")
+    git(source, "commit", "-q", "-m", "a tuning space too deep to parse")
+    with GitHubStandIn(tmp_path / "github", {TOKEN: "alice"}, fork_delay_polls=0) as github:
+        github.add_repository(UPSTREAM, source)
+        rig = Rig(tmp_path, github)
+        try:
+            rig.clone.sync()
+            fast = fast_chunk_source((rig.clone.path / CHUNK_FILE).read_text())
+            with ChatStandIn([file_reply("drop the sleep", {CHUNK_FILE: fast})]) as chat:
+                config = LoopConfig(iterations=3, interval_s=0, min_improvement=0.02, target_seq_len=128)
+                summary = rig.miner_loop([TuningStrategy(), AgentStrategy(chat.url, "coder")], config).run_cycle()
+            outcomes = [(a.strategy, a.outcome) for a in summary.attempts]
+            # The tuning strategy sits the cycle out; the agent's second answer is the stand-in's 500.
+            assert outcomes == [("tuning", ERROR), ("agent", KEPT), ("agent", ERROR)]
+            assert summary.attempts[0].reason.startswith("RecursionError: ")
+            assert [a.outcome for a in rig.state.attempts] == [ERROR, KEPT, ERROR]
+            assert bare_head(rig.bare) == summary.attempts[1].commit  # kept and submitted
+            failures = [r for r in caplog.records if r.levelno == logging.ERROR and r.exc_info]
+            assert len(failures) == 1 and "tuning" in failures[0].getMessage()
             assert rig.clone.changed_paths() == []
         finally:
             rig.close()

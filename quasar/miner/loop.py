@@ -12,7 +12,9 @@ One cycle:
    ``MIN_IMPROVEMENT`` (or by the two measurements' spread, when that is larger), commit it and
    submit it (the submission pushes it: a kept commit is not public before it is submitted, so
    nobody can claim it first, docs/rules.md section 5); otherwise roll it back. Every attempt is
-   recorded in the state, so none is tried twice;
+   recorded in the state, so none is tried twice. A strategy failing in a way it does not report
+   as a StrategyError (a bug, input it does not handle) has that failure logged with its
+   traceback and recorded as the attempt's error, and sits out the rest of the cycle;
 5. wait ``OPTIMIZATION_INTERVAL`` seconds, revealing a pending commitment when it is due and
    logging each validator's verdict on the miner's submissions as it arrives.
 
@@ -51,6 +53,7 @@ from quasar.miner.strategies import (
     Strategy,
     StrategyError,
 )
+from quasar.miner.strategies.base import printable_line
 from quasar.miner.submission import Submitter, choose_target_length, measurement_from_report
 from quasar.miner.workspace import ForkClone
 from quasar.terminal import compact_rate, compact_table
@@ -61,6 +64,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_CANDIDATE_LENGTHS = (100_000,) + tuple(league.min_length for league in scoring.LEAGUES[1:])
 WAIT_STEP_S = 15.0
 MAX_REASONS_SHOWN = 3
+MAX_UNEXPECTED_REASON = 300
 
 
 @dataclass(frozen=True)
@@ -225,7 +229,7 @@ class Miner:
             if strategy is None:
                 logger.info("every strategy has tried all it has for now")
                 break
-            attempt = self._attempt(strategy, target, summary.best)
+            attempt = self._attempt(strategy, target, summary.best, exhausted)
             if attempt is None:
                 exhausted.add(strategy.name)
                 continue
@@ -267,27 +271,42 @@ class Miner:
         logger.info("target length %s (league %s, x%g)", f"{chosen:,}", league.name, league.multiplier)
         return chosen
 
-    def _attempt(self, strategy: Strategy, target: int, best: Measurement | None) -> Attempt | None:
-        """Ask ``strategy`` for a candidate and try it; None when the strategy has nothing left."""
+    def _attempt(
+        self, strategy: Strategy, target: int, best: Measurement | None, exhausted: set[str]
+    ) -> Attempt | None:
+        """Ask ``strategy`` for a candidate and try it; None when the strategy has nothing left.
+
+        A strategy that fails unexpectedly (not a StrategyError) sits out the rest of the cycle
+        (added to ``exhausted``): the same input would fail it again."""
         try:
             candidate = strategy.propose(self.clone.path, self.state.attempts)
         except StrategyError as error:
-            outcome = REJECTED if isinstance(error, EditRejected) else ERROR
             logger.warning("%s: %s", strategy.name, error)
-            return Attempt(
-                strategy.name,
-                f"{strategy.name}:{outcome}:{time.time()}",
-                "(no candidate)",
-                outcome,
-                target,
-                None,
-                best.tokens_per_sec if best else None,
-                str(error),
+            return self._no_candidate(
+                strategy, REJECTED if isinstance(error, EditRejected) else ERROR, target, best, str(error)
             )
+        except Exception as error:  # noqa: BLE001 - a strategy's bug is that attempt's error, not the cycle's end
+            logger.exception("%s failed unexpectedly (a bug, or input it does not handle)", strategy.name)
+            reason = printable_line(f"{type(error).__name__}: {error}")[:MAX_UNEXPECTED_REASON]
+            exhausted.add(strategy.name)
+            return self._no_candidate(strategy, ERROR, target, best, reason)
         if candidate is None:
             return None
         logger.info("trying %s: %s", candidate.strategy, candidate.description)
         return self._try(candidate, target, best)
+
+    @staticmethod
+    def _no_candidate(strategy: Strategy, outcome: str, target: int, best: Measurement | None, reason: str) -> Attempt:
+        return Attempt(
+            strategy.name,
+            f"{strategy.name}:{outcome}:{time.time()}",
+            "(no candidate)",
+            outcome,
+            target,
+            None,
+            best.tokens_per_sec if best else None,
+            reason,
+        )
 
     def _try(self, candidate: Candidate, target: int, best: Measurement | None) -> Attempt:
         best_tps = best.tokens_per_sec if best else None

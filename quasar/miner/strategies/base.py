@@ -242,7 +242,8 @@ class Strategy(Protocol):
 
     ``propose`` returns None when it has nothing left to try (the loop then asks the other
     strategies), and raises :class:`StrategyError` when it failed this time (the loop records
-    that and goes on). The checkout is clean at the best commit whenever ``propose`` is called.
+    that and goes on; any other exception is recorded too, logged with its traceback, and the
+    strategy sits out the rest of the cycle). The checkout is clean at the best commit whenever ``propose`` is called.
     """
 
     name: str
