@@ -134,3 +134,41 @@ def test_the_verdict_watcher_remembers_only_the_submissions_it_still_sees(start_
         validator.report(submitted.submission_id, "passed", True, True, 6.1e7)
         assert watcher.poll() == [(submitted.submission_id, api.wallets["v1"].hotkey.ss58_address)]
         assert watcher.remembered == 1, "verdicts of submissions off the page are kept for good"
+
+
+def hostile_report(api) -> int:
+    """A direct submission of miner a that validator v1 fails with a hostile reason: console
+    markup that closes a tag never opened, and a newline followed by a forged log line."""
+    a, v1 = api.client("a"), api.client("v1")
+    submitted = a.submit_kernel(Claim(FORK, COMMIT, 6.0e7), 1_000_000)
+    v1.fetch_work()
+    v1.report(submitted.submission_id, "failed", False, None, None, reasons=[HOSTILE_REASON])
+    return submitted.submission_id
+
+
+HOSTILE_REASON = "slow [/bold] [link=file:///etc/passwd]x[/link]\n2031-01-01 00:00:00 INFO    quasar.miner: all good"
+
+
+def test_attack_a_validators_reason_with_console_markup_is_shown_as_written(start_api):
+    """A validator's reason is printable text it chooses: ``[/bold]`` (a closing tag of rich's
+    console markup that matches nothing) made ``quasar status`` end in a MarkupError traceback, and
+    other tags (links, styles) acted. Whatever the API returns is shown as the text it is."""
+    api = start_api()
+    submission = hostile_report(api)
+    hotkey = api.wallets["a"].hotkey.ss58_address
+    detail = rendered(lambda console: print_status(console, api.client("a"), hotkey, submission))
+    flat = " ".join(detail.split())
+    assert "slow [/bold] [link=file:///etc/passwd]x[/link]" in flat
+
+
+def test_attack_a_validators_reason_cannot_forge_a_line_of_the_miners_log(start_api, caplog):
+    """A validator's reason may hold newlines: logged as it came, the text after one read as a
+    line of the miner's own log (its time, level and logger forged). The reasons are logged on
+    the verdict's one line."""
+    api = start_api()
+    hostile_report(api)
+    watcher = VerdictWatcher(api.client("a"), api.wallets["a"].hotkey.ss58_address)
+    with caplog.at_level(logging.INFO, logger="quasar.miner.status"):
+        watcher.poll()
+    [record] = [r for r in caplog.records if r.name == "quasar.miner.status"]
+    assert "\n" not in record.getMessage() and "quasar.miner: all good" in record.getMessage()

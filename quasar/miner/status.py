@@ -20,6 +20,7 @@ from quasar.api.charts import compact
 from quasar.api.client import ApiClient, ApiClientError
 from quasar.chain.wallets import WalletError, open_wallet
 from quasar.config import Settings
+from quasar.miner.strategies.base import printable_line
 from quasar.terminal import short_hotkey
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,12 @@ def _tokens(value: float | None) -> str:
     return "-" if value is None else compact(value)
 
 
+def _plain(value: object) -> Text:
+    """``value`` as the text it is: what the API returns (a validator's reasons, say) is never read
+    as console markup, which could style, link or (a tag closing nothing) raise."""
+    return Text(str(value))
+
+
 def _state(state: str) -> Text:
     return Text(STATE_LABELS.get(state, state), style=STATE_STYLES.get(state, "yellow"))
 
@@ -62,7 +69,7 @@ def submissions_table(page: schemas.SubmissionPage) -> Table:
     """The miner's submissions, newest first: state, target, claim, measured, verdicts (fits 80 columns)."""
     shown = len(page.submissions)
     title = f"submissions of {short_hotkey(page.hotkey or '')}: {shown} newest of {page.total}"
-    table = Table(title=title, title_justify="left")
+    table = Table(title=_plain(title), title_justify="left")
     for column in ("id", "state", "target", "claimed", "measured", "verdicts", "submitted"):
         table.add_column(column, justify="right" if column in ("id", "target", "claimed", "measured") else "left")
     for status in page.submissions:
@@ -87,16 +94,16 @@ def _facts(status: schemas.SubmissionStatus) -> Table:
     method = "commit-reveal" if status.method == "commit_reveal" else "direct"
     facts.add_row("state", _state(status.state))
     if status.state_reason:
-        facts.add_row("why", status.state_reason)
+        facts.add_row("why", _plain(status.state_reason))
     facts.add_row("method", method)
-    facts.add_row("target", f"T={status.target_sequence_length:,} ({status.league} league)")
+    facts.add_row("target", _plain(f"T={status.target_sequence_length:,} ({status.league} league)"))
     facts.add_row("submitted", f"{_when(status.submitted_at)} UTC, block {status.submitted_block:,}")
     if not status.revealed:
-        facts.add_row("commitment", status.commitment_hash or "-")
+        facts.add_row("commitment", _plain(status.commitment_hash or "-"))
         facts.add_row("reveal", f"blocks {status.reveal_from_block:,} to {status.reveal_until_block:,}")
         return facts
-    facts.add_row("fork", status.fork_url or "-")
-    facts.add_row("commit", status.commit_hash or "-")
+    facts.add_row("fork", _plain(status.fork_url or "-"))
+    facts.add_row("commit", _plain(status.commit_hash or "-"))
     facts.add_row("round", str(status.round_id))
     facts.add_row("claimed", f"{status.claimed_tokens_per_sec:,.0f} tok/s")
     measured = (
@@ -118,7 +125,7 @@ def _lengths_table(report: schemas.ValidatorVerdict) -> Table:
     for item in report.lengths:
         output = "-" if item.correct is None else Text("correct", "green") if item.correct else Text("wrong", "red")
         memory = "-" if item.peak_vram_mb is None else f"{item.peak_vram_mb:,.0f} MiB"
-        table.add_row(f"{item.seq_len:,}", item.status or "-", _tokens(item.tokens_per_sec), memory, output)
+        table.add_row(f"{item.seq_len:,}", _plain(item.status or "-"), _tokens(item.tokens_per_sec), memory, output)
     return table
 
 
@@ -143,7 +150,7 @@ def submission_detail(status: schemas.SubmissionStatus) -> Group:
             reasons.add_column(no_wrap=True)
             reasons.add_column(overflow="fold")
             for reason in report.reasons:
-                reasons.add_row("  -", reason)
+                reasons.add_row("  -", _plain(reason))
             parts.append(reasons)
         if report.lengths:
             parts.append(_lengths_table(report))
@@ -239,4 +246,5 @@ class VerdictWatcher:
         if report.verdict == "passed":
             logger.info("%s", text)
         else:
-            logger.warning("%s; reasons: %s", text, "; ".join(report.reasons) or "none given")
+            reasons = "; ".join(printable_line(reason) for reason in report.reasons)
+            logger.warning("%s; reasons: %s", text, reasons or "none given")
