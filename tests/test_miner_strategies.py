@@ -590,3 +590,27 @@ def test_attack_a_diff_that_is_not_utf8_is_rejected(starter):
     with ChatStandIn([f"DESCRIPTION: notes\n```diff\n{diff}```\n"]) as chat:
         with pytest.raises(EditRejected, match="not UTF-8 text"):
             AgentStrategy(chat.url, "m").propose(starter, [])
+
+
+@pytest.mark.parametrize("linked", ["fla", "fla/ops", "fla/ops/quasar"])
+def test_attack_a_fork_whose_kernel_folder_is_a_link_never_sends_what_it_points_to(tmp_path, linked):
+    """A fork whose fla/ops/quasar (or a folder above it) is a symbolic link, committed as git
+    allows: the agent read every .json and .py under the link's target (the miner's cloud
+    credentials, say) into its prompt, sent to the chat endpoint. Nothing is read or sent."""
+    secrets = tmp_path / "home" / ".config"
+    below = secrets / "fla/ops/quasar"[len(linked) + 1 :]  # where the kernels would be, through the link
+    below.mkdir(parents=True)
+    (below / "application_default_credentials.json").write_text('{"refresh_token": "SECRET-REFRESH"}\n')
+    source = tmp_path / "source"
+    (source / linked).parent.mkdir(parents=True)
+    (source / linked).symlink_to(secrets)
+    git(source, "init", "-q")
+    git(source, "add", "-A")
+    git(source, "commit", "-q", "-m", "a kernel folder that is a link")
+    clone = tmp_path / "clone"
+    git(None, "clone", "-q", str(source), str(clone))
+    assert (clone / linked).is_symlink()
+    with ChatStandIn(["no idea"]) as chat:
+        with pytest.raises(StrategyError, match="is a symbolic link"):
+            AgentStrategy(chat.url, "m").propose(clone, [])
+    assert chat.requests == []

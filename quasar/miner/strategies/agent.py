@@ -93,7 +93,16 @@ _FENCE = re.compile(r"^\s*(`{3,}|~{3,})\s*([\w+.-]*)\s*$")
 
 
 def read_kernel_files(repo: Path) -> dict[str, str]:
-    """The text files under fla/ops/quasar/ a candidate may change, by repo-relative path."""
+    """The text files under fla/ops/quasar/ a candidate may change, by repo-relative path.
+
+    A fork may commit fla/ops/quasar (or a folder above it) as a symbolic link: read through, it
+    would put files of the miner's machine into the prompt, so that is a StrategyError.
+    """
+    folder = Path(repo)
+    for part in QUASAR_DIR.split("/"):
+        folder = folder / part
+        if folder.is_symlink():
+            raise StrategyError(f"the fork's {folder.relative_to(repo)} is a symbolic link; its files are not read")
     base = Path(repo) / QUASAR_DIR
     files: dict[str, str] = {}
     for path in sorted(base.rglob("*")):
