@@ -35,6 +35,26 @@ def test_defaults_when_nothing_is_set(tmp_path):
     assert settings.wallet_name_for("validator") == "quasar_validator"
 
 
+def test_quasar_dotenv_names_the_env_file_or_none(tmp_path, monkeypatch):
+    """Two processes of one checkout (a miner and a validator under pm2) can read their own .env;
+    an empty QUASAR_DOTENV reads none; a name that is not a file is refused, named."""
+    here = tmp_path / "here"
+    here.mkdir()
+    (here / ".env").write_text("NETUID=5\n")
+    own = tmp_path / "validator.env"
+    own.write_text("NETUID=7\n")
+    monkeypatch.chdir(here)
+    monkeypatch.delenv(config.DOTENV_VARIABLE, raising=False)
+    assert config.resolve({}, environ={}).netuid == 5
+    monkeypatch.setenv(config.DOTENV_VARIABLE, str(own))
+    assert config.resolve({}, environ={}).netuid == 7
+    monkeypatch.setenv(config.DOTENV_VARIABLE, "")
+    assert config.resolve({}, environ={}).netuid == 24
+    monkeypatch.setenv(config.DOTENV_VARIABLE, str(tmp_path / "missing.env"))
+    with pytest.raises(config.SettingsError, match=r"QUASAR_DOTENV names .*missing\.env, which is not a file"):
+        config.resolve({}, environ={})
+
+
 def test_precedence_dotenv_then_environment_then_flag(tmp_path):
     dotenv = tmp_path / ".env"
     dotenv.write_text("NETUID=3\nSUBTENSOR_NETWORK=test\nAXON_EXTERNAL_PORT=9000\nDEVICE=cpu\n")

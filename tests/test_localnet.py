@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from quasar import config
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.evaluate import EvaluationReport
 from quasar.imports import validate_repo
@@ -72,7 +74,7 @@ from quasar.validator.state import SCHEMA_VERSION, ValidatorState
 from quasar.validator.state_files import read_meta
 from quasar.validator.weight_setting import LAST_WEIGHTS_BLOCK
 from tests.gitrepo import head
-from tests.processes import proc_files, script_results
+from tests.processes import proc_files, run_python, script_results
 
 ROOT = Path(__file__).resolve().parent.parent
 # The whole round on CPU takes about two minutes on two loaded cores, and finney's hyperparameters
@@ -365,6 +367,23 @@ def test_children_get_no_quasar_setting_from_the_environment(monkeypatch):
     assert env["SOMETHING_ELSE"] == "kept"
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
     assert env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_attack_a_checkouts_env_cannot_point_the_children_at_a_real_api(tmp_path):
+    """The children run in the data folder, where no .env is; the settings' fallback to the
+    checkout's .env read an operator's miner settings there, and the local validator and miners
+    then used the real subnet's API beside the dev chain."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(ROOT / "quasar", checkout / "quasar", ignore=shutil.ignore_patterns("__pycache__"))
+    (checkout / ".env").write_text("VALIDATOR_API_URL=https://api.real-subnet.example\n")
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    read = "from quasar import config; print(repr(config.resolve({}).validator_api_url))"
+    env = child_environment(checkout)
+    assert run_python(["-c", read], data_dir, 60, env).stdout.strip() == "''"
+    # The same child told nothing about .env files reads the checkout's: what the line above stops.
+    env.pop(config.DOTENV_VARIABLE)
+    assert run_python(["-c", read], data_dir, 60, env).stdout.strip() == "'https://api.real-subnet.example'"
 
 
 def test_the_weights_block_is_read_while_the_validator_holds_its_state(tmp_path):

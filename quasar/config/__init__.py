@@ -11,6 +11,7 @@ A bad value raises :class:`SettingsError` naming the setting and where the value
 from quasar.config.cli import add_arguments, env_example, parse_args, role_options, seq_lens_type, settings_help
 from quasar.config.options import DEFAULT_SEQ_LENS, GROUPS, OPTIONS, OPTIONS_BY_KEY, ROLES, Option
 from quasar.config.settings import (
+    DOTENV_VARIABLE,
     LIBRARY_VARIABLES,
     PROJECT_ROOT,
     Settings,
@@ -25,6 +26,7 @@ __all__ = [
     "BITTENSOR_NETWORKS",
     "DEFAULT_SEQ_LENS",
     "DEV_NETWORK",
+    "DOTENV_VARIABLE",
     "GROUPS",
     "LIBRARY_VARIABLES",
     "NETWORKS",

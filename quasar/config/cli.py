@@ -104,6 +104,8 @@ def env_example() -> str:
     """The text of ``.env.example``: every setting with its default and meaning."""
     lines = [
         "# QUASAR settings. Copy to .env and edit. Precedence: default < .env < environment < flag.",
+        "# A process reads the current folder's .env, else the checkout's; export QUASAR_DOTENV=FILE",
+        "# to read FILE instead (QUASAR_DOTENV= empty: none).",
         "# Regenerate with: quasar config > .env.example",
         "",
     ]

@@ -150,9 +150,23 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LIBRARY_VARIABLES = ("HF_HUB_OFFLINE", "HF_HOME", "HF_ENDPOINT")
 
 
-def default_dotenv_path() -> Path:
-    """The .env to read: the current folder's, else the checkout's (a command started from
-    another folder reads the same settings as one started in the checkout)."""
+# Names the .env file to read in place of the current folder's or the checkout's; set empty, none
+# is read (the local network's children, whose settings all come as flags).
+DOTENV_VARIABLE = "QUASAR_DOTENV"
+
+
+def default_dotenv_path() -> Path | None:
+    """The .env to read: the file ``QUASAR_DOTENV`` names (none where it is set empty), else the
+    current folder's, else the checkout's (a command started from another folder reads the same
+    settings as one started in the checkout)."""
+    named = os.environ.get(DOTENV_VARIABLE)
+    if named is not None:
+        if not named:
+            return None
+        path = Path(named).expanduser()
+        if not path.is_file():
+            raise SettingsError(f"{DOTENV_VARIABLE} names {named}, which is not a file")
+        return path
     here = Path.cwd() / ".env"
     return here if here.is_file() else PROJECT_ROOT / ".env"
 

@@ -15,11 +15,13 @@ from quasar.localnet.options import LOCK_NAME, MARKER, ROUND_BLOCKS, WALLET_HOTK
 
 
 def child_environment(repo_root: Path) -> dict[str, str]:
-    """The children's environment: this one without any QUASAR setting (the children get theirs as
-    flags, so a stray variable or ``.env`` never points them at a real network), the checkout on
-    ``PYTHONPATH``, unbuffered output and the Hugging Face cache only."""
+    """The children's environment: this one without any QUASAR setting and reading no ``.env``
+    (the children get theirs as flags, so a stray variable or the checkout's ``.env`` never points
+    them at a real network), the checkout on ``PYTHONPATH``, unbuffered output and the Hugging Face
+    cache only."""
     settings = {option.env for option in config.OPTIONS if option.env}
     env = {key: value for key, value in os.environ.items() if key not in settings}
+    env[config.DOTENV_VARIABLE] = ""
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(repo_root), env.get("PYTHONPATH"))))
     env["PYTHONUNBUFFERED"] = "1"
     env["HF_HUB_OFFLINE"] = "1"
