@@ -338,6 +338,12 @@ def test_the_data_folder_is_emptied_only_when_the_local_network_made_it(tmp_path
     with pytest.raises(LocalnetError, match="not empty and was not made by the local network"):
         reset_data_dir(foreign)
     assert (foreign / "precious.txt").read_text() == "keep me"
+    # The command refuses it as it is: no lock file (nor anything else) left in someone's folder.
+    refused = subprocess.run(
+        localnet_command(foreign, *FAST), env=environment(), capture_output=True, text=True, timeout=120
+    )
+    assert refused.returncode != 0 and "was not made by the local network" in refused.stderr, refused.stderr
+    assert [entry.name for entry in foreign.iterdir()] == ["precious.txt"]
 
     ours = tmp_path / "ours"
     reset_data_dir(ours)

@@ -59,17 +59,25 @@ def data_dir_lock(data_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def reset_data_dir(data_dir: Path) -> None:
-    """Empty ``data_dir`` for a new network: only a folder this command made (it holds the marker
-    file) or an empty one; anything else is refused, so a mistyped path is never wiped."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+def own_data_dir_entries(data_dir: Path) -> list[Path]:
+    """What ``data_dir`` holds besides its lock, when it is new, empty or made by this command (it
+    holds the marker file); any other folder is refused, so a mistyped path is never wiped nor
+    written into (checked before the lock file is made, and again under the lock)."""
+    if not data_dir.is_dir():
+        return []
     entries = [entry for entry in data_dir.iterdir() if entry.name != LOCK_NAME]
     if entries and not (data_dir / MARKER).is_file():
         raise LocalnetError(
             f"{data_dir} is not empty and was not made by the local network (no {MARKER} "
             "file in it): pass an empty or new folder with --data-dir"
         )
-    for entry in entries:
+    return entries
+
+
+def reset_data_dir(data_dir: Path) -> None:
+    """Empty ``data_dir`` for a new network (:func:`own_data_dir_entries` says which folder may be)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    for entry in own_data_dir_entries(data_dir):
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)
         else:
