@@ -66,7 +66,7 @@ def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
         "--length-timeout",
         type=positive_float,
         metavar="SECONDS",
-        help=f"limit for one length: warm-up, timed runs and check (default {_DEFAULTS.length_timeout_s:g})",
+        help=f"limit for a length's warm-up, and for each of its timed rounds (default {_DEFAULTS.length_timeout_s:g})",
     )
     parser.add_argument(
         "--warmup", type=int, metavar="N", help=f"warm-up requests per length (default {_DEFAULTS.warmup_runs})"
