@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +28,7 @@ from test_miner_standins import (
     bare_head,
     github_with_upstream,
 )
-from tests.gitrepo import git
+from tests.gitrepo import git, git_environment
 
 HOTKEY_A = "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
 HOTKEY_B = "5FHneW46xGXgs5mUiveU4sbTyGBzmstUspZC92UhjJM694ty"
@@ -183,6 +186,47 @@ def test_sync_repairs_a_half_applied_candidate_and_takes_commits_pushed_elsewher
         assert (clone.path / CHUNK_FILE).read_text() == committed
         assert not (clone.path / "fla/ops/quasar/new_kernel.py").exists()
         assert clone.changed_paths() == ["notes.txt"]  # outside fla/ops/quasar: left alone
+
+
+def test_a_git_command_killed_holding_its_locks_does_not_stop_the_miner_for_good(tmp_path, caplog):
+    """A git commit killed while it holds the index lock (pm2's tree kill on stop, the OOM killer;
+    here while its pre-commit hook runs), and a fetch killed holding its ref's lock: git refused
+    every later write ("index.lock': File exists"), so each start failed at the sync (pm2
+    restarting it into the same failure) and no kept candidate could be committed. The sync
+    removes the stale locks, the workspace lock guaranteeing that no git command of a miner runs."""
+    with synced_fork(tmp_path, over_http=False) as (github, fork, _, clone, start):
+        (clone.path / CHUNK_FILE).write_text((clone.path / CHUNK_FILE).read_text() + "# a candidate\n")
+        hooks = tmp_path / "hooks"
+        hooks.mkdir()
+        (hooks / "pre-commit").write_text("#!/bin/sh\nsleep 60\n")
+        (hooks / "pre-commit").chmod(0o755)
+        committing = subprocess.Popen(
+            ["git", "-c", f"core.hooksPath={hooks}", "commit", "-qam", "killed"],
+            cwd=clone.path,
+            env=git_environment(),
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while not (clone.path / ".git/index.lock").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # the hook runs: git holds the lock
+        os.killpg(committing.pid, signal.SIGKILL)
+        committing.wait()
+        assert (clone.path / ".git/index.lock").exists()
+        (clone.path / ".git/refs/remotes/origin/main.lock").write_text(start + "\n")  # as a killed fetch leaves it
+        elsewhere = tmp_path / "elsewhere"
+        git(None, "clone", "-q", remote_url(github.file_base, fork.full_name), str(elsewhere))
+        (elsewhere / "README.md").write_text("pushed by hand\n")
+        git(elsewhere, "commit", "-q", "-am", "by hand")
+        git(elsewhere, "push", "-q", "origin", "main")  # the fetch must now update the locked ref
+        pushed = git(elsewhere, "rev-parse", "HEAD")
+
+        with caplog.at_level(logging.WARNING, logger="quasar.miner.workspace"):
+            assert clone.sync() == pushed
+        assert "removed 2 lock file(s)" in caplog.text
+        assert clone.changed_paths() == []
+        (clone.path / CHUNK_FILE).write_text((clone.path / CHUNK_FILE).read_text() + "# kept\n")
+        assert clone.commit([CHUNK_FILE], "kept") != pushed
 
 
 def test_workspaces_are_per_hotkey_and_one_hotkey_runs_once(tmp_path):

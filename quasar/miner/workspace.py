@@ -12,7 +12,8 @@ Layout, under ``WORKSPACE_ROOT`` (default ``~/.quasar/miner``)::
 Two miners with different hotkeys never share a file; a second miner with the same hotkey
 refuses to start. Between candidates the clone is always clean at its branch's head: a
 candidate is applied, evaluated and then either committed or rolled back, and a crash in
-between is repaired at the next start (:meth:`ForkClone.restore_clean`).
+between is repaired at the next start (:meth:`ForkClone.restore_clean`), as are the lock files
+of a git command killed mid-way.
 """
 
 from __future__ import annotations
@@ -107,6 +108,7 @@ class ForkClone:
         if not (self.path / ".git").is_dir():
             self._clone()
             return self.head()
+        self._remove_stale_locks()
         current = self.git.run("remote", "get-url", "origin", cwd=self.path, check=False).stdout.strip()
         if current != self.remote_url:
             logger.warning("the workspace's remote was %s; switching it to %s", current or "(none)", self.remote_url)
@@ -121,6 +123,25 @@ class ForkClone:
         self.fetch()
         self._take_remote_commits()
         return self.head()
+
+    def _remove_stale_locks(self) -> None:
+        """Remove the index's and refs' lock files a git command killed mid-way left (pm2's tree
+        kill, the OOM killer): git refuses to write the index or a ref while its lock exists, so
+        the miner could never sync or commit again. None of them is live here: the workspace lock
+        keeps other miners out, and the miner runs its git commands one at a time, none while it
+        syncs."""
+        dot_git = self.path / ".git"
+        locks = [dot_git / "index.lock", *(dot_git / "refs").rglob("*.lock")]
+        stale = [path for path in locks if path.is_file()]
+        for path in stale:
+            path.unlink()
+        if stale:
+            logger.warning(
+                "removed %d lock file(s) a stopped git command left in %s: %s",
+                len(stale),
+                dot_git,
+                ", ".join(path.relative_to(dot_git).as_posix() for path in stale),
+            )
 
     def _clone(self) -> None:
         partial = self.path.with_name(self.path.name + ".partial")
