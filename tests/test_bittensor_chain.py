@@ -10,13 +10,18 @@ and refusals come out as the chain gives them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import ipaddress
 import socket
+import threading
+import time
 from dataclasses import dataclass, field
 
 import bittensor as bt
 import pytest
+import websockets.asyncio.server
 from bittensor.intents import ServeAxon, SetSubnetIdentity, SetWeights
 from bittensor.metagraph import _build as sdk_decode_metagraph
 from bittensor.result import chain_error_from_substrate_request
@@ -720,6 +725,72 @@ def test_the_real_sdk_on_a_closed_port_gives_connection_errors_that_are_retried(
     assert sleep.delays == [0.5, 1.0]
 
 
+@contextlib.contextmanager
+def chattering_node():
+    """A websocket server on 127.0.0.1 that answers no request but sends a frame of garbage every
+    0.2 s, as a broken node or proxy may: the SDK's own response timeout restarts at each frame."""
+
+    async def handler(connection):
+        async def chatter():
+            while True:
+                await asyncio.sleep(0.2)
+                await connection.send("not a JSON-RPC answer")
+
+        task = asyncio.create_task(chatter())
+        try:
+            async for _ in connection:
+                pass
+        finally:
+            task.cancel()
+
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    holder = {}
+
+    async def run():
+        async with websockets.asyncio.server.serve(handler, "127.0.0.1", 0) as server:
+            holder["port"] = server.sockets[0].getsockname()[1]
+            holder["stop"] = loop.create_future()
+            started.set()
+            await holder["stop"]
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(run(),), daemon=True)
+    thread.start()
+    assert started.wait(10)
+    try:
+        yield f"ws://127.0.0.1:{holder['port']}"
+    finally:
+        loop.call_soon_threadsafe(holder["stop"].set_result, None)
+
+
+def test_a_node_that_chatters_without_answering_cannot_hold_a_call_past_its_timeout(sleep):
+    """The real SDK waits as long as frames keep coming: each attempt is cut at attempt_timeout_s,
+    on a fresh connection each time, what it waited for is cancelled (no thread is left waiting),
+    and the caller gets a ChainError naming the timeout."""
+    with chattering_node() as url:
+        chain = BittensorChain("local", NETUID, url, retries=1, backoff_s=0.5, attempt_timeout_s=2, sleep=sleep)
+        outcome = []
+        caller = threading.Thread(target=lambda: outcome.append(_raised(chain.current_block)), daemon=True)
+        started = time.monotonic()
+        caller.start()
+        caller.join(60)
+        assert not caller.is_alive(), "the call was still waiting for the node after 60 s"
+        assert time.monotonic() - started < 20
+        assert not [thread for thread in threading.enumerate() if thread.name == "quasar-chain-call"]
+    (error,) = outcome
+    assert isinstance(error, ChainError)
+    assert f"cannot reach {url} after 2 attempts: TimeoutError: no answer within 2 s" in str(error)
+    assert sleep.delays == [0.5]
+
+
+def _raised(call) -> BaseException | None:
+    try:
+        call()
+    except Exception as error:  # the test inspects it
+        return error
+    return None
+
+
 # --- construction and the factory ---
 
 
@@ -728,6 +799,9 @@ def test_bad_settings_are_chain_errors(fake):
         BittensorChain("nowhere", NETUID)
     with pytest.raises(ChainError, match="retries must be >= 0"):
         BittensorChain("finney", NETUID, retries=-1, client_factory=fake.factory)
+    for timeout in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ChainError, match="attempt_timeout_s must be a finite number > 0"):
+            BittensorChain("finney", NETUID, attempt_timeout_s=timeout, client_factory=fake.factory)
 
 
 def test_factory_returns_the_bittensor_chain_for_bittensor_networks():

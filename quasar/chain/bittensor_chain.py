@@ -9,6 +9,10 @@ Resilience, all bounded by ``retries`` with exponential back-off (``backoff_s``,
 - connection errors (the SDK's ``RpcConnectionError``/``ConnectionNotReady``, a dropped socket, a
   timeout) are retried on a freshly built client, since the SDK gives a session up for good once
   its own reconnects are exhausted; reads and writes alike;
+- an attempt with no answer within ``attempt_timeout_s`` (ATTEMPT_TIMEOUT_S) counts as a connection
+  error: what it waits for in the SDK is cancelled and its client closed. The SDK's own timeout
+  restarts at every frame the node sends, so a node that keeps sending anything but the answer
+  would otherwise hold the caller (the validator's whole loop) for good;
 - a write the chain refuses for a rate limit is retried (the transaction pool's "priority too
   low" clears in a block or two); one it refuses for a reason that lasts (no permit, too little
   stake, a version key below the subnet's: ``subtensor_rules.LASTING_REFUSALS``) is raised at once
@@ -29,6 +33,8 @@ root TAO stake times the chain's TAO weight, as the chain computes it for valida
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import ipaddress
 import logging
 import math
@@ -76,6 +82,11 @@ HYPERPARAMETER_SOURCES = {
     "max_allowed_uids": "max_allowed_uids",
     "immunity_period": "immunity_period",
 }
+# Seconds one attempt (a read, or a write up to its finalization, about three blocks on finney)
+# may take before it is abandoned and tried again on a fresh connection.
+ATTEMPT_TIMEOUT_S = 120.0
+# Seconds an abandoned attempt's thread is given to end once its SDK tasks are cancelled.
+ABANDON_WAIT_S = 5.0
 # The subnet identity's fields, all rewritten by set_subnet_identity (empty ones are cleared).
 IDENTITY_FIELDS = (
     "subnet_name",
@@ -187,7 +198,8 @@ class BittensorChain(Chain):
     ``network`` is a Bittensor network name (finney, test, local, archive); a non-empty
     ``endpoint`` (a ws:// or wss:// URL) overrides it. ``retries`` is how many times a failed
     attempt is repeated (so at most ``retries + 1`` attempts), after ``backoff_s``, then twice as
-    long each time, waited with ``sleep``. ``client_factory(target)`` builds the SDK client for a
+    long each time, waited with ``sleep``; an attempt without an answer within ``attempt_timeout_s``
+    is abandoned as a connection error. ``client_factory(target)`` builds the SDK client for a
     network name or URL (default ``bittensor.Subtensor``; tests pass a fake). Nothing connects
     until the first call.
     """
@@ -200,15 +212,19 @@ class BittensorChain(Chain):
         *,
         retries: int = 3,
         backoff_s: float = 2.0,
+        attempt_timeout_s: float = ATTEMPT_TIMEOUT_S,
         sleep: Callable[[float], None] = time.sleep,
         client_factory: Callable[[str], Any] | None = None,
     ):
         if retries < 0 or not (math.isfinite(backoff_s) and backoff_s >= 0):
             raise ChainError(f"retries must be >= 0 and backoff_s a finite number >= 0; got {retries}, {backoff_s}")
+        if not (math.isfinite(attempt_timeout_s) and attempt_timeout_s > 0):
+            raise ChainError(f"attempt_timeout_s must be a finite number > 0; got {attempt_timeout_s}")
         self.netuid = netuid
         self.target = endpoint or network
         self.retries = retries
         self.backoff_s = backoff_s
+        self.attempt_timeout_s = attempt_timeout_s
         self._sleep = sleep
         self._client_factory = client_factory or bittensor.Subtensor
         self._lock = threading.Lock()
@@ -242,6 +258,42 @@ class BittensorChain(Chain):
         except Exception as error:  # closing a broken connection may fail too; nothing to do
             logger.debug("closing a failed chain client: %s", error)
 
+    def _bounded(self, client: Any, operation: Callable[[Any], T]) -> T:
+        """``operation(client)``, run in a thread of its own and waited for at most
+        ``attempt_timeout_s``; past it the client is abandoned (:meth:`_abandon`) and TimeoutError
+        raised."""
+        outcome: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                outcome.set_result(operation(client))
+            except BaseException as error:  # handed to the caller, as if raised in its thread
+                outcome.set_exception(error)
+
+        worker = threading.Thread(target=run, name="quasar-chain-call", daemon=True)
+        worker.start()
+        if not concurrent.futures.wait([outcome], timeout=self.attempt_timeout_s).done:
+            self._abandon(client, worker)
+            raise TimeoutError(f"no answer within {self.attempt_timeout_s:g} s")
+        return outcome.result()
+
+    def _abandon(self, client: Any, worker: threading.Thread) -> None:
+        """Discard ``client``, whose call in ``worker`` got no answer in time, after cancelling what
+        runs on the SDK client's event loop: its close fails the requests of an open session but
+        skips a connection still opening, whose caller would wait for good. The loop is
+        SyncClient's ``_loop_thread._loop`` (bittensor 11.3; none on another client). The socket
+        of a connection cancelled while opening closes when the garbage collector takes it."""
+        loop = getattr(getattr(client, "_loop_thread", None), "_loop", None)
+        if isinstance(loop, asyncio.AbstractEventLoop) and loop.is_running():
+
+            def cancel_all() -> None:
+                for task in asyncio.all_tasks(loop):
+                    task.cancel()
+
+            loop.call_soon_threadsafe(cancel_all)
+            worker.join(ABANDON_WAIT_S)
+        self._discard(client)
+
     def _attempts(self, what: str, operation: Callable[[Any], T]) -> T:
         """``operation(client)``, repeated after connection errors and rate-limit refusals."""
         attempts = self.retries + 1
@@ -261,7 +313,7 @@ class BittensorChain(Chain):
                 self._sleep(delay)
             client = self._current_client()
             try:
-                return operation(client)
+                return self._bounded(client, operation)
             except _RefusedForRateLimit as refusal:
                 failure = refusal
             except SdkChainError as error:
