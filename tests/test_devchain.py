@@ -335,6 +335,18 @@ def test_at_most_ten_commits_wait_for_their_reveal(subnet, wallets):
     assert [commit.outcome for commit in subnet.commits()].count("revealed") == 10
 
 
+def test_the_ten_commits_cap_counts_the_commits_of_one_epoch(subnet, wallets):
+    """internal_commit_timelocked_weights counts a hotkey's commits in the queue of the current epoch
+    (TimelockedWeightCommits is keyed by epoch): with a reveal two epochs away, ten commits waiting
+    from the last epoch do not refuse this epoch's first."""
+    subnet.set_hyperparameters(weights_rate_limit=0, reveal_period_epochs=2)
+    for _ in range(10):
+        subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
+    subnet.advance(FINNEY.tempo)
+    assert subnet.set_weights(wallets["validator"], {3: 1.0}, version_key=0).committed
+    assert [commit.outcome for commit in subnet.commits()] == [None] * 11
+
+
 # --- serving ---
 
 

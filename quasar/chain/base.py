@@ -26,7 +26,7 @@ __all__ = [
 
 # Weights and the max-weight limit are u16 on chain: 65535 is a share of 1.
 U16_MAX = 65535
-# A hotkey may hold at most this many commits waiting for their reveal (subtensor: TooManyUnrevealedCommits).
+# A hotkey may make at most this many commits in one epoch (subtensor: TooManyUnrevealedCommits).
 MAX_UNREVEALED_COMMITS = 10
 
 

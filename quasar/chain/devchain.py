@@ -13,7 +13,8 @@ finney's defaults for a new subnet (:data:`FINNEY`) unless a file is given other
   ``min_allowed_weights``, ``max_weight_limit`` and the weights rate limit;
 - commit-reveal: with ``commit_reveal_enabled`` weights are committed, invisible, and applied (or
   silently dropped, as the chain drops a reveal that fails) at the start of the epoch
-  ``reveal_period_epochs`` after the commit's; epochs are ``tempo`` blocks from block 0;
+  ``reveal_period_epochs`` after the commit's; epochs are ``tempo`` blocks from block 0; a hotkey
+  makes at most 10 commits an epoch while they wait (TooManyUnrevealedCommits);
 - serving: the serving rate limit, and no loopback address (127.0.0.1, ::1), which subtensor
   refuses. One allowance the real chain does not have, for the local network whose servers listen
   on 127.0.0.1 only: ``allow-loopback`` lets this file store loopback endpoints;
@@ -318,14 +319,17 @@ class DevChain(Chain):
                     "more",
                 )
             if hyperparameters.commit_reveal_enabled:
+                # The chain keeps commits in one queue an epoch and caps a hotkey's in the current one.
+                tempo = max(1, hyperparameters.tempo)
                 pending = connection.execute(
-                    "SELECT COUNT(*) FROM weight_commits WHERE hotkey = ? AND outcome IS NULL", (hotkey,)
+                    "SELECT COUNT(*) FROM weight_commits WHERE hotkey = ? AND outcome IS NULL AND commit_block / ? = ?",
+                    (hotkey, tempo, block // tempo),
                 ).fetchone()[0]
                 if pending >= MAX_UNREVEALED_COMMITS:
                     raise refusal_error(
                         "TooManyUnrevealedCommits",
                         f"cannot commit weights: TooManyUnrevealedCommits: {pending} commits of uid {uid} "
-                        "wait for their reveal",
+                        "this epoch wait for their reveal",
                     )
                 reveal_block = reveal_block_for(block, hyperparameters)
                 connection.execute(
