@@ -576,13 +576,19 @@ def test_the_subnets_rules_are_checked_against_the_validator_at_start():
     assert assess_subnet_rules(replace(FINNEY, min_allowed_weights=8), 100, 360, 12.0, 5).problems == ()
     fast = assess_subnet_rules(replace(FINNEY, tempo=20), 100, 360, 0.25, 256)
     assert fast.notes[0].endswith("1 epoch(s) of 20 blocks later (about 5 s at 0.25 s a block)")
-    # Every 5 blocks (rate limit 5) with two epochs of 360 blocks to a reveal: 144 commits would wait.
+    # Every 5 blocks (rate limit 5) in an epoch of 360 blocks: 72 commits an epoch, of which the
+    # chain takes 10 (its cap is per epoch: every 36 blocks fits, 35 does not).
     crowded = assess_subnet_rules(replace(FINNEY, weights_rate_limit=5), 100, 5, 12.0, 256)
     assert crowded.notes[0] == (
-        "committing every 5 blocks leaves up to 144 commits waiting for their reveal (tempo "
-        "360), more than the chain holds (10): some are refused until older ones reveal; "
-        "EPOCH_BLOCKS of at least 72 avoids it"
+        "committing every 5 blocks makes up to 72 commits an epoch (tempo 360), more than the "
+        "chain takes from a hotkey in one (10): the rest of the epoch's are refused; EPOCH_BLOCKS "
+        "of at least 36 avoids it"
     )
+    assert (
+        "commits an epoch"
+        not in assess_subnet_rules(replace(FINNEY, weights_rate_limit=5), 100, 36, 12.0, 256).notes[0]
+    )
+    assert "commits an epoch" in assess_subnet_rules(replace(FINNEY, weights_rate_limit=5), 100, 35, 12.0, 256).notes[0]
     quick = assess_subnet_rules(
         replace(FINNEY, commit_reveal_enabled=False, max_weight_limit=50000, min_allowed_weights=3), 100, 5, 0.25, 256
     )

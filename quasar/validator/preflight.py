@@ -106,16 +106,16 @@ def assess_subnet_rules(
             f"({h.weights_rate_limit} blocks): weights go out every {h.weights_rate_limit} blocks at most"
         )
     if h.commit_reveal_enabled:
-        # Commits wait up to reveal_period_epochs + 1 epochs for their reveal, and the chain holds at
-        # most MAX_UNREVEALED_COMMITS of one hotkey's (TooManyUnrevealedCommits).
+        # The chain keeps a hotkey's commits by the epoch they were made in and takes at most
+        # MAX_UNREVEALED_COMMITS of one epoch (TooManyUnrevealedCommits).
         interval = max(epoch_blocks, h.weights_rate_limit, 1)
-        pending = math.ceil((h.reveal_period_epochs + 1) * h.tempo / interval)
-        if pending > MAX_UNREVEALED_COMMITS:
-            least = math.ceil((h.reveal_period_epochs + 1) * h.tempo / MAX_UNREVEALED_COMMITS)
+        per_epoch = math.ceil(h.tempo / interval)
+        if per_epoch > MAX_UNREVEALED_COMMITS:
+            least = math.ceil(h.tempo / MAX_UNREVEALED_COMMITS)
             notes.append(
-                f"committing every {interval} blocks leaves up to {pending} commits waiting for their reveal "
-                f"(tempo {h.tempo}), more than the chain holds ({MAX_UNREVEALED_COMMITS}): some are refused "
-                f"until older ones reveal; EPOCH_BLOCKS of at least {least} avoids it"
+                f"committing every {interval} blocks makes up to {per_epoch} commits an epoch (tempo "
+                f"{h.tempo}), more than the chain takes from a hotkey in one ({MAX_UNREVEALED_COMMITS}): "
+                f"the rest of the epoch's are refused; EPOCH_BLOCKS of at least {least} avoids it"
             )
         seconds = h.reveal_period_epochs * h.tempo * block_time_s
         later = f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
