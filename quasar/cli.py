@@ -106,8 +106,9 @@ class Group:
 
 
 def show_settings(argv: Sequence[str], prog: str) -> int:
-    """``quasar config``: print every setting with its default and meaning (``.env.example``'s text)."""
-    from quasar.config import env_example
+    """``quasar config``: print every setting with its default and meaning (``.env.example``'s
+    text), or with ``--table ROLE`` the Markdown table of one process's settings (docs/)."""
+    from quasar.config import ROLES, env_example, settings_table
     from quasar.log import setup_logging
 
     parser = argparse.ArgumentParser(
@@ -115,9 +116,12 @@ def show_settings(argv: Sequence[str], prog: str) -> int:
         description="Print every setting with its default and meaning, "
         f"as .env.example has them ({prog} > .env.example).",
     )
-    parser.parse_args(argv)
+    parser.add_argument(
+        "--table", choices=sorted(ROLES), metavar="PROCESS", help="the settings PROCESS reads, as the docs' table"
+    )
+    args = parser.parse_args(argv)
     setup_logging(quiet=True)
-    print(env_example(), end="")
+    print(settings_table(args.table) if args.table else env_example(), end="\n" if args.table else "")
     return 0
 
 

@@ -223,6 +223,27 @@ def test_bad_flag_names_the_flag():
         config.resolve(parser.parse_args(["--netuid", "x1"]), environ={}, dotenv_path=None)
 
 
+# The docs page that holds each process's table of settings.
+SETTINGS_PAGES = {
+    "miner": "docs/miner.md",
+    "inference": "docs/miner.md",
+    "validator": "docs/validator.md",
+    "api": "docs/api.md",
+    "evaluate": "docs/evaluation.md",
+}
+
+
+def test_each_process_page_holds_the_table_of_the_settings_it_reads():
+    assert set(SETTINGS_PAGES) == set(config.ROLES)
+    for role, page in SETTINGS_PAGES.items():
+        table = config.settings_table(role)
+        assert table in (ROOT / page).read_text(), (
+            f"{page}: the table of {role}'s settings is not `quasar config --table {role}`'s: paste that there"
+        )
+        variables = [option.env for option in config.role_options(role) if option.env]
+        assert variables and all(f"`{variable}`" in table for variable in variables)
+
+
 def test_bad_dotenv_value_names_the_file(tmp_path):
     dotenv = tmp_path / ".env"
     dotenv.write_text("NETUID=twelve\n")

@@ -8,7 +8,15 @@ below is documented, with its default, in ``.env.example`` (a test keeps the two
 A bad value raises :class:`SettingsError` naming the setting and where the value came from.
 """
 
-from quasar.config.cli import add_arguments, env_example, parse_args, role_options, seq_lens_type, settings_help
+from quasar.config.cli import (
+    add_arguments,
+    env_example,
+    parse_args,
+    role_options,
+    seq_lens_type,
+    settings_help,
+    settings_table,
+)
 from quasar.config.options import DEFAULT_SEQ_LENS, GROUPS, OPTIONS, OPTIONS_BY_KEY, ROLES, Option
 from quasar.config.settings import (
     DOTENV_VARIABLE,
@@ -45,5 +53,6 @@ __all__ = [
     "role_options",
     "seq_lens_type",
     "settings_help",
+    "settings_table",
     "settings_keys",
 ]

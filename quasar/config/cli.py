@@ -1,4 +1,5 @@
-"""Settings on the command line: each process's flags and its ``--help``, and ``.env.example``."""
+"""Settings on the command line: each process's flags and its ``--help``, ``.env.example``, and
+the docs pages' tables of them."""
 
 from __future__ import annotations
 
@@ -98,6 +99,29 @@ def seq_lens_type(minimum: int = 1) -> Callable[[str], tuple[int, ...]]:
             raise argparse.ArgumentTypeError(str(error)) from None
 
     return parse
+
+
+def settings_table(role: str) -> str:
+    """The settings process ``role`` reads as a Markdown table between two marker lines, by group:
+    the variable, the flag, the default and what it is. The docs page of each process holds its
+    table (the tests compare it; ``quasar config --table ROLE`` prints it)."""
+    lines = [
+        f"<!-- the settings of {role}: quasar config --table {role} -->",
+        "",
+        "| group | variable | flag | default | what it is |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    group = None
+    for option in role_options(role):
+        shown_group = option.group if option.group != group else ""
+        group = option.group
+        variable = f"`{option.env}`" if option.env else ""
+        flag = " ".join(f"`{name}`" for name in (option.flag, *option.aliases) if name)
+        default = f"`{option.default}`" if option.default and not option.secret else ""
+        meaning = option.help.replace("|", "\\|")
+        lines.append(f"| {shown_group} | {variable} | {flag} | {default} | {meaning} |")
+    lines += ["", "<!-- end of the settings -->"]
+    return "\n".join(lines)
 
 
 def env_example() -> str:
