@@ -4,12 +4,17 @@ JSONDecodeError or a pydantic ValidationError escaping into a miner's or validat
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+
 import pytest
 from starlette.applications import Starlette
-from starlette.responses import HTMLResponse, JSONResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from quasar.api.client import MAX_QUOTED_CHARS, ApiClient, ApiClientError
+from quasar.api.client import MAX_DETAIL_CHARS, MAX_QUOTED_CHARS, ApiClient, ApiClientError
+from quasar.localnet.host import make_wallet
 from servers import serving
 
 # A maintenance page as a reverse proxy serves it, far longer than an error message may quote.
@@ -54,3 +59,163 @@ def test_json_that_is_not_the_endpoints_model_is_an_api_client_error_saying_what
     message = str(raised.value)
     assert message.startswith(f"GET http://127.0.0.1:{port}/health answered 200 with JSON that is not a Health (")
     assert "current_block: Input should be a valid integer" in message and raised.value.status == 0
+
+
+# --- a hostile API: answers that never end, never fit, or are not what an error is ---
+
+
+class RawServer:
+    """A TCP server on 127.0.0.1 that reads one request per connection and answers with ``answer(conn)``,
+    counting the bytes it managed to send (``sent``)."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.sent = 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            try:
+                self.answer(conn, self)
+            except OSError:
+                pass  # the client hung up: what the limits are for
+
+    def send(self, conn: socket.socket, data: bytes) -> None:
+        conn.sendall(data)
+        self.sent += len(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def trickle(conn: socket.socket, server: RawServer, data: bytes, every_s: float = 0.2) -> None:
+    for index in range(len(data)):
+        server.send(conn, data[index : index + 1])
+        time.sleep(every_s)
+
+
+def trickled_status_line(conn, server):
+    trickle(conn, server, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n" + b"x-padding: 1\r\n" * 1000)
+
+
+def trickled_body(conn, server):
+    body = b'{"items": [], "lease_seconds": 1}' + b" " * 100_000
+    server.send(conn, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body))
+    trickle(conn, server, body)
+
+
+def call_within(call, limit_s: float):
+    """Run ``call`` in a thread; what it raised, or a failure when it is still running after ``limit_s``."""
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as error:  # noqa: BLE001  (handed to the test)
+            raised.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    assert not thread.is_alive(), f"the call was still waiting after {limit_s:g} s"
+    return raised[0] if raised else None
+
+
+@pytest.mark.parametrize("answer", [trickled_status_line, trickled_body], ids=["status line", "body"])
+def test_an_answer_trickled_a_byte_at_a_time_ends_at_the_clients_timeout(answer, tmp_path):
+    """httpx's timeout holds per read: a byte every 0.2 s under a 2 s timeout kept the validator's
+    loop (its weights included) waiting for as long as the API pleased."""
+    server = RawServer(answer)
+    wallet = make_wallet(tmp_path, "validator")
+    try:
+        with ApiClient(server.url, wallet, api_hotkey=wallet.hotkey.ss58_address, timeout=2.0) as client:
+            started = time.monotonic()
+            error = call_within(lambda: client.fetch_work(limit=1), 15.0)
+        assert isinstance(error, ApiClientError) and error.status == 0, error
+        assert "took longer than 2 s" in str(error)
+        assert time.monotonic() - started < 5.0
+    finally:
+        server.close()
+
+
+def endless_json(conn, server):
+    server.send(conn, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n")
+    block = b'{"items": [], "lease_seconds": 1, "x": "' + b"a" * (1 << 20)
+    while server.sent < 512 << 20:
+        server.send(conn, b"%x\r\n%s\r\n" % (len(block), block))
+
+
+def declared_huge(conn, server):
+    server.send(conn, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % (10 << 30))
+    while server.sent < 512 << 20:
+        server.send(conn, b" " * (1 << 20))
+
+
+@pytest.mark.parametrize("answer", [endless_json, declared_huge], ids=["streamed", "declared length"])
+def test_an_answer_over_the_size_limit_is_refused_without_being_read_whole(answer):
+    """The client read whatever the API sent into memory (an answer of 400 MB took the validator
+    to 1.3 GB): it stops reading at ``max_answer_bytes``."""
+    server = RawServer(answer)
+    try:
+        with ApiClient(server.url, max_answer_bytes=1 << 20) as client, pytest.raises(ApiClientError) as raised:
+            client.health()
+        assert raised.value.status == 0
+        assert f"GET {server.url}/health answered with more than 1,048,576 bytes" in str(raised.value)
+        time.sleep(0.5)
+        assert server.sent < 64 << 20
+    finally:
+        server.close()
+
+
+async def nested(request):
+    return Response(b"[" * 100_000 + b"]" * 100_000, media_type="application/json")
+
+
+async def list_error(request):
+    return JSONResponse([1, 2], status_code=500)
+
+
+async def long_detail(request):
+    return JSONResponse(
+        {"detail": "busy\n2026-01-01 INFO quasar.validator.loop: forged" + " x" * 1_000_000}, status_code=503
+    )
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "expected"),
+    [
+        (nested, "is not JSON"),
+        (list_error, "500: [1,2]"),
+        (long_detail, "503: busy 2026-01-01 INFO quasar.validator.loop: forged x x"),
+    ],
+    ids=["JSON nested past the parser's depth", "an error that is not an object", "an error's long detail"],
+)
+def test_an_unusable_answer_is_an_api_client_error_of_one_short_line(endpoint, expected):
+    """JSON nested too deep (RecursionError) and an error body that is a list (AttributeError)
+    escaped the client, ending a miner's start under pm2; an error's detail was quoted whole, lines
+    and all (5 MB logged per validator step, and log lines forged)."""
+    with (
+        serving(Starlette(routes=[Route("/health", endpoint)])) as port,
+        ApiClient(f"http://127.0.0.1:{port}") as client,
+        pytest.raises(ApiClientError) as raised,
+    ):
+        client.health()
+    message = str(raised.value)
+    assert expected in message and "\n" not in message
+    assert len(message) <= MAX_DETAIL_CHARS + 5  # "503: " and the detail

@@ -1,8 +1,16 @@
 """A client of the submission API for miners, validators and tools: signs each request with the
-wallet's hotkey for the API's hotkey and returns the typed response bodies of ``quasar.api.schemas``."""
+wallet's hotkey for the API's hotkey and returns the typed response bodies of ``quasar.api.schemas``.
+
+The API's host may be taken over, or a process pointed at a fake one, so an answer is bounded: the
+whole exchange ends within the client's timeout (counted in all, not per read) and the body within
+``max_answer_bytes``; what is not the endpoint's JSON is an :class:`ApiClientError` of one short
+line. Redirects are never followed (a signed request goes only to ``base_url``)."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -21,6 +29,11 @@ Model = TypeVar("Model", bound=BaseModel)
 # page title, the first wrong fields), never a whole page in the log.
 MAX_QUOTED_CHARS = 200
 MAX_PROBLEMS_SHOWN = 3
+# An API refusal's detail, as callers log it and show it to users: one line, at most this long.
+MAX_DETAIL_CHARS = 1000
+# The largest answer read (the API's largest, a page of submissions with every validator's
+# verdicts, is a few megabytes).
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
 
 class ApiClientError(QuasarError):
@@ -33,10 +46,64 @@ class ApiClientError(QuasarError):
         self.detail = detail
 
 
-def _shown(text: str) -> str:
-    """``text`` on one line, at most MAX_QUOTED_CHARS characters."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= MAX_QUOTED_CHARS else flat[: MAX_QUOTED_CHARS - 3] + "..."
+def _shown(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
+    """``text`` on one line, at most ``limit`` characters."""
+    flat = " ".join(text[: limit * 4].split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+class _Cutoff:
+    """Ends one HTTP exchange at its deadline, whichever read or write it is blocked in.
+
+    httpx's timeouts hold per operation (an answer trickled a byte at a time never ends them), so
+    the connection's socket is taken when it is made (the ``trace`` extension; each request has a
+    connection of its own) and shut down when the deadline passes; the blocked read ends at once.
+    """
+
+    def __init__(self, seconds: float):
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self.expired = False
+        self._timer = threading.Timer(seconds, self._cut)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Cutoff:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._timer.cancel()
+        with self._lock:
+            for kept in self._sockets:
+                kept.close()
+            self._sockets.clear()
+
+    def trace(self, event: str, info: dict) -> None:
+        """httpcore's trace callback: keeps a duplicate of each new connection's socket (TLS wraps
+        the original, whose shutdown then no longer reaches the connection)."""
+        if event != "connection.connect_tcp.complete":
+            return
+        raw = info["return_value"].get_extra_info("socket")
+        if raw is None:
+            return
+        with self._lock:
+            kept = raw.dup()
+            self._sockets.append(kept)
+            if self.expired:
+                _shut(kept)
+
+    def _cut(self) -> None:
+        with self._lock:
+            self.expired = True
+            for kept in self._sockets:
+                _shut(kept)
+
+
+def _shut(kept: socket.socket) -> None:
+    try:
+        kept.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already closed by the other side
 
 
 def _by_length(figures: Mapping[int, float] | None) -> dict[str, float] | None:
@@ -81,10 +148,13 @@ class ApiClient:
         api_hotkey: str | None = None,
         timeout: float = 30.0,
         http: httpx.Client | None = None,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ):
         self.base_url = base_url.rstrip("/")
         self.wallet = wallet
         self._api_hotkey = api_hotkey
+        self.timeout = timeout
+        self.max_answer_bytes = max_answer_bytes
         self.http = http or httpx.Client(timeout=timeout)
 
     def close(self) -> None:
@@ -112,18 +182,53 @@ class ApiClient:
             raise ApiClientError(0, "this client has no wallet to sign with")
         request = sign_request(self.wallet, method, self.base_url + path, self.api_hotkey, payload)
         headers = {**request.headers, **(extra_headers or {})}
-        try:
-            return self.http.request(request.method, request.url, content=request.body, headers=headers)
-        except httpx.HTTPError as error:
-            raise ApiClientError(0, f"cannot reach the API at {self.base_url}: {error}") from None
+        return self._exchange(request.method, request.url, content=request.body, headers=headers)
 
     def _get(self, path: str, params: Mapping[str, Any] | None = None) -> httpx.Response:
-        try:
-            return self.http.get(
-                self.base_url + path, params={k: v for k, v in (params or {}).items() if v is not None}
-            )
-        except httpx.HTTPError as error:
-            raise ApiClientError(0, f"cannot reach the API at {self.base_url}: {error}") from None
+        return self._exchange(
+            "GET", self.base_url + path, params={k: v for k, v in (params or {}).items() if v is not None}
+        )
+
+    def _exchange(
+        self, method: str, url: str, headers: Mapping[str, str] | None = None, **options: Any
+    ) -> httpx.Response:
+        """One request and its whole answer, within ``timeout`` in all and ``max_answer_bytes``;
+        the answer is returned read (ApiClientError otherwise, status 0). Each request has a
+        connection of its own (``Connection: close``), so :class:`_Cutoff` sees it made."""
+        headers = {**(headers or {}), "Accept-Encoding": "identity", "Connection": "close"}
+        where = f"{method} {httpx.URL(url).copy_with(query=None)}"
+        late = ApiClientError(0, f"{where}: the API took longer than {self.timeout:g} s to answer")
+        deadline = time.monotonic() + self.timeout
+        with _Cutoff(self.timeout) as cutoff:
+            try:
+                with self.http.stream(
+                    method, url, headers=headers, extensions={"trace": cutoff.trace}, **options
+                ) as response:
+                    body = self._read_body(response, where, deadline)
+            except httpx.HTTPError as error:
+                if cutoff.expired:
+                    raise late from None
+                raise ApiClientError(0, f"cannot reach the API at {self.base_url}: {error}") from None
+            if cutoff.expired or time.monotonic() > deadline:
+                raise late  # the cut may look like the end of a body without a length
+        return httpx.Response(response.status_code, headers=response.headers, content=body, request=response.request)
+
+    def _read_body(self, response: httpx.Response, where: str, deadline: float) -> bytes:
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding not in ("", "identity"):
+            raise ApiClientError(0, f"{where} answered compressed ({_shown(encoding)}); it was asked for identity")
+        too_large = ApiClientError(0, f"{where} answered with more than {self.max_answer_bytes:,} bytes")
+        declared = response.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > self.max_answer_bytes:
+            raise too_large
+        data = bytearray()
+        for chunk in response.iter_raw():
+            data += chunk
+            if len(data) > self.max_answer_bytes:
+                raise too_large
+            if time.monotonic() > deadline:
+                break  # the caller raises that it was late
+        return bytes(data)
 
     @staticmethod
     def _parse(response: httpx.Response, model: type[Model]) -> Model:
@@ -132,14 +237,15 @@ class ApiClient:
         wrong in a few words, never the whole body."""
         if response.status_code >= 400:
             try:
-                detail = response.json().get("detail", response.text)
-            except ValueError:
-                detail = response.text
-            raise ApiClientError(response.status_code, str(detail))
+                body = response.json()
+            except (ValueError, RecursionError):
+                body = None
+            detail = body.get("detail", response.text) if isinstance(body, dict) else response.text
+            raise ApiClientError(response.status_code, _shown(str(detail), MAX_DETAIL_CHARS))
         where = f"{response.request.method} {response.request.url.copy_with(query=None)}"
         try:
             body = response.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             kind = response.headers.get("content-type", "no content type")
             raise ApiClientError(
                 0,
