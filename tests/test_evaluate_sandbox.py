@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from quasar.evaluate import sandbox
+from quasar.evaluate import confinement, sandbox
 from quasar.evaluate.captured_output import CapturedOutput
 from quasar.evaluate.confinement import descendants
 from quasar.evaluate.sandbox import SandboxedChild, SandboxError, SandboxPolicy
@@ -238,3 +238,49 @@ def test_a_sandbox_whose_parent_was_killed_leaves_no_folder_or_cgroup_once_anoth
     finally:
         live.close()
     assert sorted(path.name for path in tmp_path.iterdir()) == []
+
+
+_HOLD_A_SANDBOX_UID = """
+import sys, time
+from quasar.evaluate import confinement
+from quasar.evaluate.sandbox import SandboxedChild, SandboxPolicy
+confinement.UID_LOCK_DIRECTORIES = (sys.argv[1],)
+child = SandboxedChild(None, "cpu", SandboxPolicy())
+child.start()
+print(child.confinement.uid.path, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox leases a uid of its own only as root")
+def test_a_sandbox_uid_whose_parent_was_killed_leaves_no_lock_file_once_another_sandbox_starts(tmp_path, monkeypatch):
+    """A parent killed by SIGKILL never releases its sandbox's uid: the uid's lock file stayed in
+    /run/lock/quasar-sandbox-uids for good, one per kill up to the range's 65,536 (6,864 on the
+    suite's test machine after a day). The next sandbox started removes the files no live sandbox
+    holds, and leaves a live one's alone."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    locks = tmp_path / "uid-locks"
+    monkeypatch.setattr(confinement, "UID_LOCK_DIRECTORIES", (str(locks),))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_A_SANDBOX_UID, str(locks)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        killed = Path(parent.stdout.readline().strip())
+        os.killpg(parent.pid, signal.SIGKILL)
+    finally:
+        parent.wait()
+    assert killed.parent == locks and killed.is_file()
+    live = SandboxedChild(None, "cpu", SandboxPolicy()).start()
+    try:
+        SandboxedChild(None, "cpu", SandboxPolicy()).start().close()
+        assert live.confinement is not None and live.confinement.uid is not None
+        assert live.confinement.uid.path.is_file(), "a live sandbox's uid lock file was removed"
+        assert not killed.exists(), "the killed parent's uid lock file is left behind"
+    finally:
+        live.close()
+    assert list(locks.iterdir()) == []

@@ -102,6 +102,38 @@ def lease_uid(attempts: int = 64) -> UidLease:
     raise ConfinementError(f"no free sandbox uid after {attempts} tries")
 
 
+def remove_unheld_uid_locks() -> int:
+    """Remove the uid lock files no live sandbox holds; returns how many. A release removes its
+    own file, but a parent killed by SIGKILL releases nothing: its file stayed for good, one per
+    kill, up to UID_SLOTS. Safe beside :func:`lease_uid` in other processes: a file is removed
+    only while locked here, and a lease that locked it meanwhile sees it gone and tries again."""
+    removed = 0
+    for candidate in UID_LOCK_DIRECTORIES:
+        directory = Path(candidate)
+        try:
+            if directory.is_symlink() or directory.stat().st_uid != os.geteuid():
+                continue
+            names = [name for name in os.listdir(directory) if name.isdigit()]
+        except OSError:
+            continue
+        for name in names:
+            path = directory / name
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError:  # released meanwhile
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if same_file(path, fd):
+                    path.unlink()
+                    removed += 1
+            except OSError:  # held by a live sandbox, or removed meanwhile
+                continue
+            finally:
+                os.close(fd)
+    return removed
+
+
 # --- cgroups ---------------------------------------------------------------------------------
 
 

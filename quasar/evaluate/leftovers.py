@@ -10,7 +10,8 @@ So each sandbox's directory is *claimed*: a lock file beside it (``quasar-eval-T
 ``quasar-eval-TOKEN``), held with ``flock`` by the parent for the sandbox's life and listing the
 cgroups made for it. The lock is released by the kernel when its holder dies, however it dies;
 :func:`sweep`, run at every sandbox's start, removes the directory and cgroups of every claim no
-live process holds. A ``quasar-eval-*`` directory with no lock file (left by an older version of
+live process holds, and the sandbox uids' lock files no live sandbox holds
+(confinement.remove_unheld_uid_locks). A ``quasar-eval-*`` directory with no lock file (left by an older version of
 this code) is removed once it is older than :data:`UNCLAIMED_AGE_S`, longer than any evaluation.
 """
 
@@ -26,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from quasar.evaluate.confinement import CGROUP_PREFIX, remove_cgroup_directory
+from quasar.evaluate.confinement import CGROUP_PREFIX, remove_cgroup_directory, remove_unheld_uid_locks
 from quasar.lock_files import same_file
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def _remove_cgroups(listed: str) -> None:
 
 def sweep(root: str | os.PathLike | None = None, now: float | None = None) -> list[Path]:
     """Remove every sandbox directory under ``root`` (and its cgroups) that no live process
-    claims; returns the directories removed."""
+    claims, and every unheld sandbox uid lock file; returns the directories removed."""
     root = Path(root if root is not None else tempfile.gettempdir())
     now = time.time() if now is None else now
     removed = []
@@ -128,4 +129,7 @@ def sweep(root: str | os.PathLike | None = None, now: float | None = None) -> li
             len(removed),
             ", ".join(str(path) for path in removed),
         )
+    uids = remove_unheld_uid_locks()
+    if uids:
+        logger.warning("removed %d sandbox uid lock file(s) left by evaluations whose process was killed", uids)
     return removed
