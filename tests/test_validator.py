@@ -16,6 +16,7 @@ returns zeros), real evaluations in worker processes (CPU, T=64) and a real SQLi
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -33,6 +34,9 @@ from pathlib import Path
 import pytest
 from bittensor.sp_core import Keypair
 from sqlalchemy import select
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 import quasar
 from api_fixtures import ApiServer, api_config
@@ -573,6 +577,115 @@ def test_a_rate_limited_validator_waits_the_blocks_the_chain_says(world, tmp_pat
             assert subnet.validator_weights() == subnet.first_alone("a")
     finally:
         subnet.close()
+
+
+# --- a hostile API: work items it should never hand out ---
+
+
+@contextmanager
+def hostile_api_validator(tmp_path: Path, pending) -> Iterator[Validator]:
+    """A validator of one CPU device on a dev chain, against an API on 127.0.0.1 whose
+    GET /validator/pending answers ``pending()`` (and every other route a 503)."""
+
+    async def route(request):
+        if request.url.path == "/validator/pending":
+            return Response(json.dumps(pending(), allow_nan=True), media_type="application/json")
+        return JSONResponse({"detail": "busy"}, status_code=503)
+
+    wallets = {name: make_wallet(tmp_path / "wallets", name) for name in ("owner", "validator", "api")}
+    chain = DevChain(tmp_path / "devchain.sqlite3", netuid=NETUID, block_time_s=SLOW_BLOCKS)
+    chain.set_hyperparameters(**dataclasses.asdict(DIRECT))
+    chain.register_wallet(wallets["owner"])
+    chain.set_owner(wallets["owner"].hotkey.ss58_address)
+    chain.register_wallet(wallets["validator"], stake=1e4, validator_permit=True)
+    app = Starlette(routes=[Route("/{path:path}", route, methods=["GET", "POST"])])
+    with (
+        serving(app) as port,
+        ValidatorState.open(tmp_path / "state.sqlite3") as state,
+        ApiClient(
+            f"http://127.0.0.1:{port}", wallets["validator"], api_hotkey=wallets["api"].hotkey.ss58_address
+        ) as api,
+    ):
+        yield Validator(
+            settings_for(),
+            chain,
+            api,
+            wallets["validator"],
+            SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True),
+            None,  # never asked: a refused fork's result is not logit-checked
+            state,
+            devices=[Device("cpu", "")],
+        )
+
+
+def work_item(number: int, **changes) -> dict:
+    """A work item as the API sends it, of a fork the validator refuses (an ssh URL): recorded as
+    failed at once, with no evaluation to run."""
+    return {
+        "submission_id": number,
+        "hotkey": "5" + "a" * 47,
+        "fork_url": "ssh://git@github.com/miner/fork",
+        "commit_hash": f"{number:040x}",
+        "target_sequence_length": TARGET,
+        "claimed_tokens_per_sec": CLAIM,
+        "submitted_at": 1.0,
+        "round_id": 0,
+        "counts_from_block": 0,
+        "vram_mb": None,
+        "benchmarks": None,
+        "lease_expires_at": 1e10,
+        **changes,
+    }
+
+
+def test_a_hostile_api_gets_no_more_work_recorded_than_was_asked_for(tmp_path, caplog):
+    """Asked for one item, an API sent 500 each step (fresh ids, hotkeys of 20 KB): each was
+    stored for good, 10 MB of state file and 27 MB of log a step (12 s)."""
+    ids = iter(range(1, 10**6))
+
+    def pending():
+        return {"items": [work_item(next(ids)) for _ in range(500)], "lease_seconds": 60}
+
+    with hostile_api_validator(tmp_path, pending) as validator:
+        for _ in range(3):
+            assert validator.step().fetched == 1
+        assert [record.submission.submission_id for record in validator.state.submissions()] == [1, 501, 1001]
+    assert len(lines(caplog, "the API sent 500 work items where 1 were asked for; the first 1 are taken")) == 3
+
+
+BEYOND_LIMITS = [
+    ({"claimed_tokens_per_sec": float("inf")}, "claimed_tokens_per_sec: Input should be a finite number"),
+    ({"claimed_tokens_per_sec": -5.0}, "claimed_tokens_per_sec: Input should be greater than 0"),
+    ({"target_sequence_length": 0}, "target_sequence_length: Input should be greater than or equal to 1"),
+    ({"submitted_at": float("nan")}, "submitted_at: Input should be a finite number"),
+    ({"submission_id": 2**70}, "submission_id: Input should be less than or equal to 4611686018427387904"),
+    ({"hotkey": "5" + "x" * 20_000}, "hotkey: String should match pattern"),
+    ({"hotkey": "5" * 47 + "\n2026-01-01 INFO forged"}, "hotkey: String should match pattern"),
+    ({"fork_url": "https://github.com/a/b\nforged"}, "fork_url: String should match pattern"),
+    ({"commit_hash": "a" * 100_000}, "commit_hash: String should have at most 64 characters"),
+]
+
+
+def test_work_beyond_the_apis_own_limits_is_not_recorded_and_fails_no_step(tmp_path, caplog):
+    """A claim of inf or a target of 0 was recorded, then failed the report phase with a traceback
+    every step for good (scoring refuses them); a NaN time or an id past SQLite's range failed the
+    fetch phase every step; a hotkey or fork URL with a newline forged log lines."""
+    answers = iter(BEYOND_LIMITS)
+
+    def pending():
+        changes, _ = next(answers)
+        return {"items": [work_item(1, **changes)], "lease_seconds": 60}
+
+    with hostile_api_validator(tmp_path, pending) as validator:
+        for _ in BEYOND_LIMITS:
+            summary = validator.step()
+            assert summary.fetched == 0 and summary.failed_phases == []
+        assert validator.state.submissions() == [] and validator.idle
+    assert not [record for record in caplog.records if record.exc_info]
+    warnings = lines(caplog, "the API sent a work item beyond its own limits")
+    assert len(warnings) == len(BEYOND_LIMITS) and all("\n" not in line and len(line) < 300 for line in warnings)
+    for line, (_, problem) in zip(warnings, BEYOND_LIMITS):
+        assert problem in line
 
 
 # --- the validator as a process ---

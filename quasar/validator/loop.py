@@ -34,12 +34,23 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Annotated
+
+from pydantic import BaseModel, Field, StringConstraints, ValidationError
 
 from quasar.api.client import ApiClient, ApiClientError
-from quasar.api.schemas import ReportedWork, WorkItem
+from quasar.api.schemas import (
+    MAX_ID,
+    Hotkey,
+    ReportedWork,
+    SequenceLength,
+    SubmissionId,
+    TokensPerSec,
+    WorkItem,
+)
 from quasar.chain.base import Chain, Metagraph
 from quasar.config import Settings
-from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
+from quasar.forks import MAX_FORK_URL_LENGTH, ForkError, normalize_fork_url, validate_commit_hash
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
 from quasar.validator.logit_check import LogitChecker
@@ -74,6 +85,38 @@ IMPORT_BATCH = 100
 # API answers after which a report is never sent again: unknown submission, already reported or
 # conflicting, invalid. Anything else (unreachable, 5xx, 401/403, 429) is retried next step.
 FINAL_REPORT_STATUSES = (404, 409, 422)
+
+
+_PRINTABLE = r"^[!-~]+$"  # printable ASCII, no space: every form of a URL or commit the API takes
+_Count = Annotated[int, Field(ge=0, le=MAX_ID)]
+
+
+class _Bounded(BaseModel):
+    """A work item's fields within the limits the API's own requests hold (quasar/api/schemas.py):
+    an honest API hands out nothing beyond them. Beyond them (a claim of inf, a target of 0, an id
+    SQLite cannot store, a hotkey of megabytes) an item can be neither ranked nor reported, and
+    would fail the report phase every step or grow the state file by whatever the API sends."""
+
+    submission_id: SubmissionId
+    hotkey: Hotkey
+    fork_url: Annotated[str, StringConstraints(max_length=MAX_FORK_URL_LENGTH, pattern=_PRINTABLE)]
+    commit_hash: Annotated[str, StringConstraints(max_length=64, pattern=_PRINTABLE)]
+    target_sequence_length: SequenceLength
+    claimed_tokens_per_sec: TokensPerSec
+    submitted_at: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    round_id: _Count
+    counts_from_block: _Count
+
+
+def bounds_problem(item: WorkItem) -> str | None:
+    """Why the work item ``item`` breaks the API's own limits (its first wrong field, in a few
+    words), or None."""
+    try:
+        _Bounded.model_validate(item.model_dump(include=set(_Bounded.model_fields)))
+    except ValidationError as error:
+        first = error.errors(include_url=False, include_input=False)[0]
+        return f"{'.'.join(map(str, first['loc']))}: {first['msg']}"
+    return None
 
 
 @dataclass
@@ -294,11 +337,22 @@ class Validator:
         if wanted <= 0:
             return
         batch = self.api.fetch_work(limit=wanted)
-        for item in batch.items:
-            with self._item(f"recording submission {item.submission_id}"):
+        if len(batch.items) > wanted:
+            logger.warning(
+                "the API sent %d work items where %d were asked for; the first %d are taken",
+                len(batch.items),
+                wanted,
+                wanted,
+            )
+        for item in batch.items[:wanted]:
+            with self._item("recording a work item"):
                 self._record_work(item, summary)
 
     def _record_work(self, item: WorkItem, summary: StepSummary) -> None:
+        beyond = bounds_problem(item)
+        if beyond is not None:
+            logger.warning("the API sent a work item beyond its own limits (%s); not recorded", beyond)
+            return
         submission, problem = submission_from_work(item, self.allow_local_forks)
         if problem is None:
             added = self.state.add_submission(submission, self.clock())
