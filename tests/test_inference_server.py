@@ -327,11 +327,13 @@ def test_unreachable_slow_and_malformed_miners_fail_with_the_reason(world):
 
 
 @pytest.mark.slow
-def test_start_script_serves_the_model_for_validators(world, tmp_path):
+@contextmanager
+def served_by_start_script(world, log_path: Path):
+    """START_MINER_INFERENCE.sh serving the tiny model on a free port, its output into ``log_path``;
+    yields its URL once it answers."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    miner = world["wallets"]["miner"]
     command = [
         str(ROOT / "START_MINER_INFERENCE.sh"),
         "--wallet.name",
@@ -351,12 +353,13 @@ def test_start_script_serves_the_model_for_validators(world, tmp_path):
         str(port),
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 90
         while True:
-            assert process.poll() is None, process.communicate()[0]
+            assert process.poll() is None, log_path.read_text()
             try:
                 if requests.get(url + "/health", timeout=2).status_code == 200:
                     break
@@ -364,14 +367,52 @@ def test_start_script_serves_the_model_for_validators(world, tmp_path):
                 pass
             assert time.monotonic() < deadline, "inference server did not come up in 90 s"
             time.sleep(0.25)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=20)
+
+
+def test_start_script_serves_the_model_for_validators(world, tmp_path):
+    miner = world["wallets"]["miner"]
+    with served_by_start_script(world, tmp_path / "server.log") as url:
         check = challenge_miner(world, url)
         assert check.passed, check.reason
         with requests.Session() as session:
             assert signed_get(session, world, url).json()["model"] == str(world["honest_dir"])
-    finally:
-        process.terminate()
-        output = process.communicate(timeout=20)[0]
-    assert f"for hotkey {miner.hotkey.ss58_address}" in output
+    assert f"for hotkey {miner.hotkey.ss58_address}" in (tmp_path / "server.log").read_text()
+
+
+def test_anyones_requests_do_not_grow_the_miners_log(world, tmp_path):
+    """The server is open to the internet: each unsigned request wrote 260 bytes to the log (uvicorn's
+    access line and the refusal), 700 a second from one client here, so anyone could fill the
+    disk under pm2's log files (15 GB a day at that rate). Validators' inferences are logged."""
+    log_path = tmp_path / "server.log"
+    with served_by_start_script(world, log_path) as url:
+        time.sleep(0.5)
+        before = log_path.stat().st_size
+        with requests.Session() as session:
+            for _ in range(100):
+                assert (
+                    session.post(
+                        url + "/inference", json={"prompt": [1], "gen_len": 1, "logits_at_step": 1}
+                    ).status_code
+                    == 401
+                )
+                assert (
+                    signed_post(
+                        world, url, {"prompt": [1], "gen_len": 1, "logits_at_step": 1}, wallet="stranger"
+                    ).status_code
+                    == 403
+                )
+                assert session.get(url + "/health").status_code == 200
+                assert session.get(url + "/nothing-here").status_code == 404
+        time.sleep(0.5)
+        flooded = log_path.stat().st_size - before
+        assert challenge_miner(world, url).passed
+        time.sleep(0.5)
+    assert flooded < 1024, log_path.read_text()[-2000:]
+    assert "inference for " in log_path.read_text()
 
 
 def test_serve_reports_a_missing_model_or_wallet_and_exits(world, tmp_path, monkeypatch, caplog):

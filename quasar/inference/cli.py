@@ -61,12 +61,15 @@ def serve(settings: config.Settings) -> int:
         settings.inference_host,
         settings.miner_inference_port,
     )
-    # The request line, headers and body are limited in size and time (server_options).
+    # The request line, headers and body are limited in size and time (server_options). A line per
+    # request only with --logging.debug: anyone on the internet may send requests, and each line
+    # would grow the log (pm2's files) at their pace; the server logs every inference itself.
     uvicorn.run(
         app,
         host=settings.inference_host,
         port=settings.miner_inference_port,
         log_config=None,
+        access_log=settings.debug,
         **server_options(limits),
     )
     return 0

@@ -22,7 +22,8 @@ line and headers must stay under ``max_header_bytes`` (else 431) and arrive with
 ``header_timeout_s`` (else 408), and its body within ``body_timeout_s`` (else 408), so no
 connection is held open or fills memory by dribbling bytes (quasar/api/protocol.py); and one
 client address (an IPv6 one by its /64) holds at most ``max_connections_per_client`` connections
-at once, more are answered 503 and closed, so one host cannot take every file descriptor.
+at once, more are answered 503 and closed, so one host cannot take every file descriptor. The log
+gets a line per inference; refused requests, which anyone can send, only at debug level.
 """
 
 from __future__ import annotations
@@ -329,7 +330,8 @@ def create_inference_app(
         try:
             caller = await authenticated(request, body)
         except auth.AuthFailure as failure:
-            log.info("refused %s %s: %s", request.method, request.url.path, failure.reason)
+            # Debug only: anyone can be refused, as fast as they send.
+            log.debug("refused %s %s: %s", request.method, request.url.path, failure.reason)
             return _error(failure.status_code, failure.reason)
         try:
             parsed = InferenceRequest.model_validate_json(body)
