@@ -57,7 +57,8 @@ from quasar.validator.state import (
     ValidatorState,
 )
 from quasar.validator.state_files import default_state_path
-from quasar.validator.worker import options_from_json, options_to_json
+from quasar.validator.worker import HeadStart, options_from_json, options_to_json
+from tests.evaluate_runs import FAST_CPU
 from tests.gitrepo import commit_all
 
 URL = "https://github.com/miner/flash-linear-attention"
@@ -822,3 +823,26 @@ def test_evaluation_options_survive_the_trip_to_the_worker():
         policy=SandboxPolicy(extra_readonly_paths=("/opt/x",), pytorch_cuda_alloc_conf=""),
     )
     assert options_from_json(json.loads(json.dumps(options_to_json(options)))) == options
+
+
+def test_a_target_the_evaluation_refuses_starts_no_sandbox_and_no_output_area_before_the_clone():
+    """The API takes targets up to 10^8; the harness refuses those past MAX_SEQ_LEN, but the
+    worker's head start made the sandbox's output area for them first, 2 KiB a token in the worker
+    (outside the sandbox's memory limit), and on a GPU filled it at once: 32 GiB just past the
+    limit (seen growing past 3 GiB in 4 s), 205 GB at 10^8, any miner's submission a host's OOM."""
+    from quasar.evaluate.options import MAX_SEQ_LEN
+
+    def head_start(target: int) -> HeadStart:
+        return HeadStart({"target_sequence_length": target, "options": options_to_json(FAST_CPU)})
+
+    refused = head_start(MAX_SEQ_LEN + 64)
+    try:
+        assert refused.sandbox is None and refused.take() == (None, None)
+    finally:
+        refused.close()
+    accepted = head_start(64)  # a target the evaluation takes still gets its head start
+    try:
+        assert accepted.sandbox is not None and accepted.sandbox.area is not None
+        assert accepted.sandbox.area.size == 2048 * (64 + sum(FAST_CPU.seq_lens))
+    finally:
+        accepted.close()

@@ -138,24 +138,29 @@ class HeadStart:
     The sandboxed child starts at once, from the calling (main) thread, whose life its
     parent-death signal follows (torch-free: quasar/evaluate/start.py); a thread then imports the
     harness (torch) and starts the reference work. A job the
-    evaluation will refuse (a length out of range) gets no reference work, and whatever failed
+    evaluation will refuse (a length out of range) gets neither, and whatever failed
     here is met again by ``evaluate``, which reports it. :meth:`close` ends both where no
     evaluation took them over (a failed clone).
     """
 
     def __init__(self, job: dict[str, Any]):
+        from quasar.evaluate.options import EvaluationInputError, check_lengths
         from quasar.evaluate.sandbox import SandboxError
-        from quasar.evaluate.start import SandboxStart, evaluation_lengths
+        from quasar.evaluate.start import SandboxStart
 
         options = job["options"]
         self.target = job["target_sequence_length"]
         self.sandbox: SandboxStart | None = None
         self.references = None
         try:
-            lengths = evaluation_lengths(options["seq_lens"], self.target)
+            # Checked first: the start makes (on a GPU, fills) an output area of 2 KiB a token in
+            # this process, outside the sandbox's memory limit: 205 GB at a target of 10^8.
+            lengths = check_lengths(options["seq_lens"], self.target, options["device"])
             self.sandbox = SandboxStart(
                 lengths, options["device"], policy_from_json(options["policy"]), options["pin_cpus"]
             )
+        except EvaluationInputError:
+            pass  # evaluate() refuses the job with the same error
         except (OSError, KeyError, TypeError, ValueError, SandboxError) as error:
             logger.warning("could not start the sandbox before the clone (%s); the evaluation starts its own", error)
         self._thread = threading.Thread(target=self._prepare, args=(options,), name="quasar-head-start", daemon=True)
@@ -194,12 +199,13 @@ def with_triton_seed(job: dict[str, Any]) -> dict[str, Any]:
     """The job with its sandbox policy given the Triton cache seed for its GPU, built first where
     missing (quasar/evaluate/triton_seed.py): before the head start, whose child copies the seed
     at its start. Unchanged where seeding is off or the seed cannot be had."""
-    from quasar.evaluate.start import evaluation_lengths
+    from quasar.evaluate.options import check_lengths
     from quasar.evaluate.triton_seed import ensure_seed
 
     options = job["options"]
     try:
-        lengths = evaluation_lengths(options["seq_lens"], job["target_sequence_length"])
+        # A seed is built at the job's lengths (the output area as in HeadStart): checked first.
+        lengths = check_lengths(options["seq_lens"], job["target_sequence_length"], options["device"])
         given = policy_from_json(options["policy"])
         policy = ensure_seed(options.get("triton_seed_dir", ""), options["device"], lengths, given)
     except (KeyError, TypeError, ValueError, OSError) as error:
