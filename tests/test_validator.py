@@ -15,6 +15,7 @@ returns zeros), real evaluations in worker processes (CPU, T=64) and a real SQLi
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -583,13 +584,16 @@ def test_a_rate_limited_validator_waits_the_blocks_the_chain_says(world, tmp_pat
 
 
 @contextmanager
-def hostile_api_validator(tmp_path: Path, pending) -> Iterator[Validator]:
+def hostile_api_validator(tmp_path: Path, pending, report=None, **options) -> Iterator[Validator]:
     """A validator of one CPU device on a dev chain, against an API on 127.0.0.1 whose
-    GET /validator/pending answers ``pending()`` (and every other route a 503)."""
+    GET /validator/pending answers ``pending()``, POST /validator/report ``await report()`` when
+    given, and every other route a 503; ``options`` go to Validator."""
 
     async def route(request):
         if request.url.path == "/validator/pending":
             return Response(json.dumps(pending(), allow_nan=True), media_type="application/json")
+        if request.url.path == "/validator/report" and report is not None:
+            return await report()
         return JSONResponse({"detail": "busy"}, status_code=503)
 
     wallets = {name: make_wallet(tmp_path / "wallets", name) for name in ("owner", "validator", "api")}
@@ -615,6 +619,7 @@ def hostile_api_validator(tmp_path: Path, pending) -> Iterator[Validator]:
             None,  # never asked: a refused fork's result is not logit-checked
             state,
             devices=[Device("cpu", "")],
+            **options,
         )
 
 
@@ -686,6 +691,32 @@ def test_work_beyond_the_apis_own_limits_is_not_recorded_and_fails_no_step(tmp_p
     assert len(warnings) == len(BEYOND_LIMITS) and all("\n" not in line and len(line) < 300 for line in warnings)
     for line, (_, problem) in zip(warnings, BEYOND_LIMITS):
         assert problem in line
+
+
+def test_an_api_answering_each_report_slowly_holds_the_loop_no_longer_than_the_report_budget(tmp_path, caplog):
+    """An API answering each report with a 429 just inside the client's timeout held one step for
+    the backlog of reports times that delay (1,000 unreported submissions at 30 s each: 8 hours
+    without collecting an evaluation or setting weights)."""
+    asked: list[float] = []
+
+    async def report():
+        asked.append(time.monotonic())
+        await asyncio.sleep(1.0)
+        return JSONResponse({"detail": "rate limited"}, status_code=429)
+
+    def pending():
+        return {"items": [work_item(number) for number in range(1, 11)], "lease_seconds": 60}
+
+    with hostile_api_validator(tmp_path, pending, report, report_budget_s=2.0) as validator:
+        validator.devices = [Device(f"cpu{index}", "") for index in range(10)]
+        validator.step()  # takes the ten refused submissions, failed at once
+        validator.chain.advance(1000)
+        started = time.monotonic()
+        summary = validator.step()
+        assert time.monotonic() - started < 6.0
+        assert summary.weights_set and 2 <= len(asked) <= 4
+    (line,) = lines(caplog, "reporting took over 2 s this step")
+    assert line.endswith(f"{10 - len(asked)} report(s) wait for the next")
 
 
 # --- the validator as a process ---

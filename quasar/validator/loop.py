@@ -7,7 +7,7 @@ One :meth:`Validator.step` does each phase once, in this order:
    retried (quasar/validator/state.py);
 3. challenge the miner's inference endpoint of each submission whose evaluation passed, only
    while no benchmark runs on the reference model's device (so a check never disturbs a timing);
-4. report each evaluated and checked submission to the API;
+4. report each evaluated and checked submission to the API, for at most REPORT_BUDGET_S a step;
 5. fetch from the API as much work as the idle devices can start now, no more: the API's schedule
    (quasar/scheduling.py) picks what is worth a GPU at the moment it is asked, so work fetched
    ahead would be evaluated in an order the schedule no longer holds; record each new submission
@@ -82,6 +82,10 @@ HEARTBEAT_S = 600.0
 IMPORTED_AFTER = "imported_reports_after"
 PRIMARY, WORKER = "primary", "worker"
 IMPORT_BATCH = 100
+# Seconds one step may spend reporting; the rest wait for the next step. An API answering each
+# report slowly (each within the client's timeout) otherwise held the loop, its collecting and
+# weights included, for as long as the backlog of reports times the answer's delay.
+REPORT_BUDGET_S = 60.0
 # API answers after which a report is never sent again: unknown submission, already reported or
 # conflicting, invalid. Anything else (unreachable, 5xx, 401/403, 429) is retried next step.
 FINAL_REPORT_STATUSES = (404, 409, 422)
@@ -164,6 +168,7 @@ class Validator:
         clock: Callable[[], float] = time.time,
         interval_s: float | None = None,
         heartbeat_s: float = HEARTBEAT_S,
+        report_budget_s: float = REPORT_BUDGET_S,
     ):
         if not devices:
             raise ValueError("a validator needs at least one device to evaluate on")
@@ -179,6 +184,7 @@ class Validator:
         self.clock = clock
         self.interval_s = interval_s if interval_s is not None else max(1.0, min(12.0, chain.block_time_s))
         self.heartbeat_s = heartbeat_s
+        self.report_budget_s = report_budget_s
         self.allow_local_forks = settings.local_forks_allowed
         self.metagraph: Metagraph | None = None
         self.running: dict[str, RunningEvaluation] = {}  # device name -> its evaluation
@@ -444,9 +450,18 @@ class Validator:
         return (PASSED if check.passed else FAILED), check.reason
 
     def _report(self, summary: StepSummary) -> None:
-        for record in self.state.ready_to_report():
+        deadline = time.monotonic() + self.report_budget_s
+        ready = self.state.ready_to_report()
+        for index, record in enumerate(ready):
             if self.stopping:
                 return
+            if time.monotonic() > deadline:
+                logger.warning(
+                    "reporting took over %g s this step; %d report(s) wait for the next",
+                    self.report_budget_s,
+                    len(ready) - index,
+                )
+                break
             with self._item(f"reporting submission {record.submission.submission_id}"):
                 if not self._report_one(record, summary):
                     return  # the API is unreachable or failing: the rest waits for the next step
