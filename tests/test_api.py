@@ -373,7 +373,13 @@ BAD_FIELDS = [
     ({"fork_url": "https://github.com/" + "a" * 600}, "body.fork_url: String should have at most 512"),
     ({"commit_hash": "main"}, "commit_hash: commit hash must be a full commit id"),
     ({"commit_hash": "a" * 65}, "body.commit_hash: String should have at most 64"),
-    ({"target_sequence_length": 0}, "body.target_sequence_length: Input should be greater than or equal to 1"),
+    ({"target_sequence_length": 0}, "body.target_sequence_length: Input should be greater than or equal to 64"),
+    # Targets no validator can evaluate (docs/rules.md section 3): every validator would fail them.
+    ({"target_sequence_length": 63}, "body.target_sequence_length: Input should be greater than or equal to 64"),
+    (
+        {"target_sequence_length": 2**24 + 1},
+        "body.target_sequence_length: Input should be less than or equal to 16777216",
+    ),
     ({"target_sequence_length": 10**12}, "body.target_sequence_length: Input should be less than or equal"),
     ({"tokens_per_sec": -1}, "body.tokens_per_sec: Input should be greater than 0"),
     ({"benchmarks": {str(n + 1): 1.0 for n in range(40)}}, "body.benchmarks: Dictionary should have at most 32"),
@@ -389,6 +395,11 @@ def test_bad_fields_are_422_naming_the_field(start_api):
         assert response.status_code == 422, (change, response.text)
         assert field in response.json()["detail"], (change, response.text)
     assert api.client("a").stats().submissions == 0
+    commit = {"commitment_hash": "ab" * 32, "target_sequence_length": 2**24 + 1}
+    response = send(api, "a", "POST", "/commit_submission", commit)
+    assert response.status_code == 422 and "less than or equal to 16777216" in response.text, response.text
+    longest = send(api, "a", "POST", "/submit_kernel", {**SUBMISSION, "target_sequence_length": 2**24})
+    assert longest.status_code == 201, longest.text
 
 
 def test_non_finite_numbers_oversize_bodies_and_reports_are_refused(start_api):

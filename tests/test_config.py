@@ -35,6 +35,17 @@ def test_defaults_when_nothing_is_set(tmp_path):
     assert settings.wallet_name_for("validator") == "quasar_validator"
 
 
+def test_a_miners_target_is_a_length_an_evaluation_runs():
+    for target in (values.MIN_SEQ_LEN, values.MAX_SEQ_LEN):
+        assert (
+            config.resolve({"target_sequence_length": str(target)}, environ={}, dotenv_path=None).target_sequence_length
+            == target
+        )
+    for target in (values.MIN_SEQ_LEN - 1, values.MAX_SEQ_LEN + 1):
+        with pytest.raises(config.SettingsError, match="--target-sequence-length"):
+            config.resolve({"target_sequence_length": str(target)}, environ={}, dotenv_path=None)
+
+
 def test_quasar_dotenv_names_the_env_file_or_none(tmp_path, monkeypatch):
     """Two processes of one checkout (a miner and a validator under pm2) can read their own .env;
     an empty QUASAR_DOTENV reads none; a name that is not a file is refused, named."""

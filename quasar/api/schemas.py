@@ -22,6 +22,8 @@ from pydantic import (
 )
 from pydantic.types import Strict
 
+from quasar.config.values import MAX_SEQ_LEN, MIN_SEQ_LEN
+
 MAX_SEQUENCE_LENGTH = 100_000_000
 MAX_TOKENS_PER_SEC = 1e15  # as quasar.scoring: far above any GPU, keeps every score finite
 MAX_BENCHMARK_ENTRIES = 32
@@ -32,6 +34,8 @@ MAX_NOT_RANKED_SHOWN = 100
 
 SubmissionId = Annotated[int, Strict(), Field(ge=1, le=MAX_ID)]
 SequenceLength = Annotated[int, Strict(), Field(ge=1, le=MAX_SEQUENCE_LENGTH)]
+# A miner's target: a length the validators' evaluation runs (docs/rules.md section 3).
+TargetLength = Annotated[int, Strict(), Field(ge=MIN_SEQ_LEN, le=MAX_SEQ_LEN)]
 TokensPerSec = Annotated[float, Strict(), Field(gt=0, le=MAX_TOKENS_PER_SEC, allow_inf_nan=False)]
 MeasuredTokensPerSec = Annotated[float, Strict(), Field(ge=0, le=MAX_TOKENS_PER_SEC, allow_inf_nan=False)]
 VramMb = Annotated[int, Strict(), Field(ge=0, le=10_000_000)]
@@ -97,14 +101,14 @@ class Claim(Request):
 class SubmitKernelRequest(Claim):
     """A direct submission: evaluable at once, its time is now."""
 
-    target_sequence_length: SequenceLength
+    target_sequence_length: TargetLength
 
 
 class CommitRequest(Request):
     """Phase 1 of commit-reveal: ``commitment_hash = sha256(salt + fork_url + commit_hash)``."""
 
     commitment_hash: Sha256Hex
-    target_sequence_length: SequenceLength
+    target_sequence_length: TargetLength
 
 
 class RevealRequest(Claim):

@@ -19,6 +19,10 @@ DEV_NETWORK = "devchain"
 # Where anyone may mine or validate: endpoints there must be public addresses (docs/rules.md section 4).
 PUBLIC_NETWORKS = ("finney", "test", "archive")
 NETWORKS = BITTENSOR_NETWORKS + (DEV_NETWORK,)
+# The sequence lengths an evaluation runs, a miner's target among them (docs/rules.md section 3):
+# the API refuses a target outside them, which no validator could evaluate.
+MIN_SEQ_LEN = 64
+MAX_SEQ_LEN = 1 << 24
 
 
 def parse_int(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -35,8 +39,8 @@ def parse_int(low: int, high: int | None = None) -> Callable[[str], int]:
     return parse
 
 
-def parse_optional_int(low: int) -> Callable[[str], int | None]:
-    parse_bounded = parse_int(low)
+def parse_optional_int(low: int, high: int | None = None) -> Callable[[str], int | None]:
+    parse_bounded = parse_int(low, high)
 
     def parse(raw: str) -> int | None:
         return None if raw.strip() == "" else parse_bounded(raw)

@@ -12,13 +12,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from quasar.config.options import DEFAULT_SEQ_LENS
+from quasar.config.values import MAX_SEQ_LEN, MIN_SEQ_LEN
 from quasar.errors import QuasarError
 from quasar.evaluate.sandbox import SandboxPolicy
 from quasar.evaluate.start import evaluation_lengths
-
-MIN_SEQ_LEN = 64
-
-MAX_SEQ_LEN = 1 << 24
 
 # CPU runs exist for tests and small lengths; they are not a benchmark.
 CPU_MAX_SEQ_LEN = 65536
