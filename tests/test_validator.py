@@ -531,7 +531,7 @@ def test_a_version_key_raised_while_the_validator_runs_stops_its_weights_with_an
 
 def test_a_refusal_that_lasts_waits_for_the_next_epoch_instead_of_retrying(world, tmp_path, caplog):
     """Commit-reveal with a tempo of 1000 blocks: the validator's hotkey already holds the 10 commits
-    the chain lets wait for their reveal, so the chain refuses another (TooManyUnrevealedCommits)
+    of this epoch the chain lets wait for their reveal, so the chain refuses another (TooManyUnrevealedCommits)
     until they are revealed. The validator says so in one line and looks again next epoch, rather
     than submitting every WEIGHTS_RETRY_BLOCKS (9 more refused extrinsics an epoch)."""
     caplog.set_level(logging.INFO)
@@ -548,8 +548,8 @@ def test_a_refusal_that_lasts_waits_for_the_next_epoch_instead_of_retrying(world
             refused = lines(caplog, "TooManyUnrevealedCommits")
             assert refused == [
                 "the chain refused the weights at block 0, none this epoch: cannot commit weights: "
-                f"TooManyUnrevealedCommits: 10 commits of uid {subnet.uids['validator']} wait for their reveal "
-                "(next look at block 100)"
+                f"TooManyUnrevealedCommits: 10 commits of uid {subnet.uids['validator']} this epoch wait for their "
+                "reveal (next look at block 100)"
             ]
             assert lines(caplog, "retrying at block") == []
             assert len(subnet.chain.commits()) == 10
