@@ -8,8 +8,6 @@ line. Redirects are never followed (a signed request goes only to ``base_url``).
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from quasar.api import schemas
 from quasar.auth import sign_request
+from quasar.cutoff import Cutoff
 from quasar.errors import QuasarError
 
 Model = TypeVar("Model", bound=BaseModel)
@@ -50,60 +49,6 @@ def _shown(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
     """``text`` on one line, at most ``limit`` characters."""
     flat = " ".join(text[: limit * 4].split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-class _Cutoff:
-    """Ends one HTTP exchange at its deadline, whichever read or write it is blocked in.
-
-    httpx's timeouts hold per operation (an answer trickled a byte at a time never ends them), so
-    the connection's socket is taken when it is made (the ``trace`` extension; each request has a
-    connection of its own) and shut down when the deadline passes; the blocked read ends at once.
-    """
-
-    def __init__(self, seconds: float):
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self.expired = False
-        self._timer = threading.Timer(seconds, self._cut)
-        self._timer.daemon = True
-
-    def __enter__(self) -> _Cutoff:
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._timer.cancel()
-        with self._lock:
-            for kept in self._sockets:
-                kept.close()
-            self._sockets.clear()
-
-    def trace(self, event: str, info: dict) -> None:
-        """httpcore's trace callback: keeps a duplicate of each new connection's socket (TLS wraps
-        the original, whose shutdown then no longer reaches the connection)."""
-        if event != "connection.connect_tcp.complete":
-            return
-        raw = info["return_value"].get_extra_info("socket")
-        if raw is None:
-            return
-        with self._lock:
-            kept = raw.dup()
-            self._sockets.append(kept)
-            if self.expired:
-                _shut(kept)
-
-    def _cut(self) -> None:
-        with self._lock:
-            self.expired = True
-            for kept in self._sockets:
-                _shut(kept)
-
-
-def _shut(kept: socket.socket) -> None:
-    try:
-        kept.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # already closed by the other side
 
 
 def _by_length(figures: Mapping[int, float] | None) -> dict[str, float] | None:
@@ -194,12 +139,12 @@ class ApiClient:
     ) -> httpx.Response:
         """One request and its whole answer, within ``timeout`` in all and ``max_answer_bytes``;
         the answer is returned read (ApiClientError otherwise, status 0). Each request has a
-        connection of its own (``Connection: close``), so :class:`_Cutoff` sees it made."""
+        connection of its own (``Connection: close``), so :class:`~quasar.cutoff.Cutoff` sees it made."""
         headers = {**(headers or {}), "Accept-Encoding": "identity", "Connection": "close"}
         where = f"{method} {httpx.URL(url).copy_with(query=None)}"
         late = ApiClientError(0, f"{where}: the API took longer than {self.timeout:g} s to answer")
         deadline = time.monotonic() + self.timeout
-        with _Cutoff(self.timeout) as cutoff:
+        with Cutoff(self.timeout) as cutoff:
             try:
                 with self.http.stream(
                     method, url, headers=headers, extensions={"trace": cutoff.trace}, **options

@@ -24,17 +24,16 @@ import json
 import os
 import re
 import shutil
-import socket
 import stat
 import subprocess
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 
+from quasar.cutoff import Cutoff
 from quasar.gitenv import NO_USER_CONFIGURATION
 from quasar.imports import QUASAR_DIR
 from quasar.miner.strategies.base import (
@@ -281,60 +280,6 @@ def _read_produced(target: Path, path: str) -> str | None:
         raise EditRejected(f"the agent's diff makes {path} something other than UTF-8 text") from None
 
 
-class _Cutoff:
-    """Ends one HTTP exchange at its deadline, whichever read or write it is blocked in.
-
-    httpx's timeouts hold per operation (a status line trickled a byte at a time never ends
-    them), so the connection's socket is taken when it is made (the ``trace`` extension) and shut
-    down when the deadline passes; the blocked read then ends at once.
-    """
-
-    def __init__(self, seconds: float):
-        self._lock = threading.Lock()
-        self._sockets: list[socket.socket] = []
-        self.expired = False
-        self._timer = threading.Timer(seconds, self._cut)
-        self._timer.daemon = True
-
-    def __enter__(self) -> _Cutoff:
-        self._timer.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._timer.cancel()
-        with self._lock:
-            for kept in self._sockets:
-                kept.close()
-            self._sockets.clear()
-
-    def trace(self, event: str, info: dict) -> None:
-        """httpcore's trace callback: keeps a duplicate of each new connection's socket (TLS later
-        wraps the original, whose shutdown then no longer reaches the connection)."""
-        if event != "connection.connect_tcp.complete":
-            return
-        raw = info["return_value"].get_extra_info("socket")
-        if raw is None:
-            return
-        with self._lock:
-            kept = raw.dup()
-            self._sockets.append(kept)
-            if self.expired:
-                _shut(kept)
-
-    def _cut(self) -> None:
-        with self._lock:
-            self.expired = True
-            for kept in self._sockets:
-                _shut(kept)
-
-
-def _shut(kept: socket.socket) -> None:
-    try:
-        kept.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass  # already closed by the other side
-
-
 class AgentStrategy:
     """Edits from the chat model ``model`` at ``api_url`` (an OpenAI-compatible ``…/v1`` base)."""
 
@@ -371,7 +316,7 @@ class AgentStrategy:
         within ``timeout_s``, counted in all, not per read, and the answer must fit
         ``MAX_ANSWER_BYTES``, uncompressed; its JSON may nest no deeper than the parser's
         recursion limit. Each request has a connection of its own (``Connection: close``), so
-        :class:`_Cutoff` sees it made.
+        :class:`~quasar.cutoff.Cutoff` sees it made.
         """
         headers = {"Accept-Encoding": "identity", "Connection": "close"}
         if self._api_key:
@@ -379,7 +324,7 @@ class AgentStrategy:
         body = {"model": self.model, "messages": messages, "temperature": self.temperature}
         deadline = time.monotonic() + self.timeout_s
         late = StrategyError(f"the agent endpoint's answer took longer than {self.timeout_s:g}s")
-        with _Cutoff(self.timeout_s) as cutoff:
+        with Cutoff(self.timeout_s) as cutoff:
             try:
                 with self._http.stream(
                     "POST",
