@@ -4,13 +4,32 @@ httpx's timeouts hold per operation: a peer that trickles its status line, heade
 at a time never ends them. :class:`Cutoff` takes each connection's socket as it is made (httpcore's
 ``trace`` extension) and shuts it down when the deadline passes, so the blocked read ends at once.
 A request must have a connection of its own (``Connection: close``) for the cut-off to see it made.
-Used where the peer may be hostile: the miner's chat endpoint and the submission API's answers.
+:func:`exchange` makes such a request and reads its answer within a deadline and a size, and
+:func:`quoted` is what of the answer a message may quote. Used where the peer may be hostile: the
+miner's chat endpoint and the submission API's answers.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+# How much of an unexpected answer an error message quotes: enough to recognize it (a proxy's
+# page title, the first wrong fields), never a whole page in the log.
+MAX_QUOTED_CHARS = 200
+
+
+class AnswerLate(Exception):
+    """The exchange did not end within its deadline."""
+
+
+class AnswerRefused(Exception):
+    """The answer is compressed or too large; the message says which, from the word "answered"."""
 
 
 class Cutoff:
@@ -61,3 +80,57 @@ def _shut(kept: socket.socket) -> None:
         kept.shutdown(socket.SHUT_RDWR)
     except OSError:
         pass  # already closed by the other side
+
+
+def exchange(
+    http: httpx.Client,
+    method: str,
+    url: str,
+    seconds: float,
+    max_bytes: int,
+    headers: Mapping[str, str] | None = None,
+    **options: Any,
+) -> httpx.Response:
+    """One request of ``http`` and its whole answer, read, within ``seconds`` in all (connecting,
+    sending, the status line, headers and body) and ``max_bytes``, uncompressed; ``options`` go to
+    the request. Raises :class:`AnswerLate`, :class:`AnswerRefused`, or httpx.HTTPError when the
+    peer cannot be reached or breaks the exchange. The request gets a connection of its own
+    (``Connection: close``), so :class:`Cutoff` sees it made."""
+    headers = {**(headers or {}), "Accept-Encoding": "identity", "Connection": "close"}
+    deadline = time.monotonic() + seconds
+    with Cutoff(seconds) as cutoff:
+        try:
+            with http.stream(method, url, headers=headers, extensions={"trace": cutoff.trace}, **options) as response:
+                body = _read(response, max_bytes, deadline)
+        except httpx.HTTPError:
+            if cutoff.expired:
+                raise AnswerLate from None
+            raise
+        if cutoff.expired or time.monotonic() > deadline:
+            raise AnswerLate  # the cut may look like the end of a body without a length
+    return httpx.Response(response.status_code, headers=response.headers, content=body, request=response.request)
+
+
+def _read(response: httpx.Response, max_bytes: int, deadline: float) -> bytes:
+    """The answer's body, at most ``max_bytes``, read until ``deadline`` (then :func:`exchange` says it was late)."""
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise AnswerRefused(f"answered compressed ({quoted(encoding)}); it was asked for identity")
+    too_large = AnswerRefused(f"answered with more than {max_bytes:,} bytes")
+    declared = response.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise too_large
+    data = bytearray()
+    for chunk in response.iter_raw():
+        data += chunk
+        if len(data) > max_bytes:
+            raise too_large
+        if time.monotonic() > deadline:
+            break
+    return bytes(data)
+
+
+def quoted(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
+    """``text`` on one line, at most ``limit`` characters."""
+    flat = " ".join(text[: limit * 4].split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."

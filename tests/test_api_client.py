@@ -13,7 +13,8 @@ from starlette.applications import Starlette
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from quasar.api.client import MAX_DETAIL_CHARS, MAX_QUOTED_CHARS, ApiClient, ApiClientError
+from quasar.api.client import MAX_DETAIL_CHARS, ApiClient, ApiClientError
+from quasar.cutoff import MAX_QUOTED_CHARS
 from quasar.localnet.host import make_wallet
 from servers import serving
 

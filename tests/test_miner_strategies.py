@@ -513,7 +513,7 @@ class HostileChat:
     [
         ("trickle", "took longer than 0.5s"),
         ("deep", "not a chat completion"),
-        ("huge", "larger than"),
+        ("huge", "answered with more than"),
     ],
 )
 def test_attack_an_endless_huge_or_deeply_nested_answer_ends_as_a_strategy_error(starter, mode, message):

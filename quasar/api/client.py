@@ -8,7 +8,6 @@ line. Redirects are never followed (a signed request goes only to ``base_url``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -19,14 +18,11 @@ from pydantic import BaseModel, ValidationError
 
 from quasar.api import schemas
 from quasar.auth import sign_request
-from quasar.cutoff import Cutoff
+from quasar.cutoff import AnswerLate, AnswerRefused, exchange, quoted
 from quasar.errors import QuasarError
 
 Model = TypeVar("Model", bound=BaseModel)
 
-# How much of an unexpected answer an error message quotes: enough to recognize it (a proxy's
-# page title, the first wrong fields), never a whole page in the log.
-MAX_QUOTED_CHARS = 200
 MAX_PROBLEMS_SHOWN = 3
 # An API refusal's detail, as callers log it and show it to users: one line, at most this long.
 MAX_DETAIL_CHARS = 1000
@@ -43,12 +39,6 @@ class ApiClientError(QuasarError):
         super().__init__(f"{status}: {detail}" if status else detail)
         self.status = status
         self.detail = detail
-
-
-def _shown(text: str, limit: int = MAX_QUOTED_CHARS) -> str:
-    """``text`` on one line, at most ``limit`` characters."""
-    flat = " ".join(text[: limit * 4].split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def _by_length(figures: Mapping[int, float] | None) -> dict[str, float] | None:
@@ -134,46 +124,19 @@ class ApiClient:
             "GET", self.base_url + path, params={k: v for k, v in (params or {}).items() if v is not None}
         )
 
-    def _exchange(
-        self, method: str, url: str, headers: Mapping[str, str] | None = None, **options: Any
-    ) -> httpx.Response:
-        """One request and its whole answer, within ``timeout`` in all and ``max_answer_bytes``;
-        the answer is returned read (ApiClientError otherwise, status 0). Each request has a
-        connection of its own (``Connection: close``), so :class:`~quasar.cutoff.Cutoff` sees it made."""
-        headers = {**(headers or {}), "Accept-Encoding": "identity", "Connection": "close"}
+    def _exchange(self, method: str, url: str, **options: Any) -> httpx.Response:
+        """One request and its whole answer, within ``timeout`` in all and ``max_answer_bytes``
+        (:func:`quasar.cutoff.exchange`); the answer is returned read (ApiClientError otherwise,
+        status 0)."""
         where = f"{method} {httpx.URL(url).copy_with(query=None)}"
-        late = ApiClientError(0, f"{where}: the API took longer than {self.timeout:g} s to answer")
-        deadline = time.monotonic() + self.timeout
-        with Cutoff(self.timeout) as cutoff:
-            try:
-                with self.http.stream(
-                    method, url, headers=headers, extensions={"trace": cutoff.trace}, **options
-                ) as response:
-                    body = self._read_body(response, where, deadline)
-            except httpx.HTTPError as error:
-                if cutoff.expired:
-                    raise late from None
-                raise ApiClientError(0, f"cannot reach the API at {self.base_url}: {error}") from None
-            if cutoff.expired or time.monotonic() > deadline:
-                raise late  # the cut may look like the end of a body without a length
-        return httpx.Response(response.status_code, headers=response.headers, content=body, request=response.request)
-
-    def _read_body(self, response: httpx.Response, where: str, deadline: float) -> bytes:
-        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
-            raise ApiClientError(0, f"{where} answered compressed ({_shown(encoding)}); it was asked for identity")
-        too_large = ApiClientError(0, f"{where} answered with more than {self.max_answer_bytes:,} bytes")
-        declared = response.headers.get("Content-Length", "")
-        if declared.isdigit() and int(declared) > self.max_answer_bytes:
-            raise too_large
-        data = bytearray()
-        for chunk in response.iter_raw():
-            data += chunk
-            if len(data) > self.max_answer_bytes:
-                raise too_large
-            if time.monotonic() > deadline:
-                break  # the caller raises that it was late
-        return bytes(data)
+        try:
+            return exchange(self.http, method, url, self.timeout, self.max_answer_bytes, **options)
+        except AnswerLate:
+            raise ApiClientError(0, f"{where}: the API took longer than {self.timeout:g} s to answer") from None
+        except AnswerRefused as refusal:
+            raise ApiClientError(0, f"{where} {refusal}") from None
+        except httpx.HTTPError as error:
+            raise ApiClientError(0, f"cannot reach the API at {self.base_url}: {error}") from None
 
     @staticmethod
     def _parse(response: httpx.Response, model: type[Model]) -> Model:
@@ -186,7 +149,7 @@ class ApiClient:
             except (ValueError, RecursionError):
                 body = None
             detail = body.get("detail", response.text) if isinstance(body, dict) else response.text
-            raise ApiClientError(response.status_code, _shown(str(detail), MAX_DETAIL_CHARS))
+            raise ApiClientError(response.status_code, quoted(str(detail), MAX_DETAIL_CHARS))
         where = f"{response.request.method} {response.request.url.copy_with(query=None)}"
         try:
             body = response.json()
@@ -194,8 +157,8 @@ class ApiClient:
             kind = response.headers.get("content-type", "no content type")
             raise ApiClientError(
                 0,
-                f"{where} answered {response.status_code} with a body that is not JSON ({_shown(kind)}): "
-                f"{_shown(response.text)}",
+                f"{where} answered {response.status_code} with a body that is not JSON ({quoted(kind)}): "
+                f"{quoted(response.text)}",
             ) from None
         try:
             return model.model_validate(body)
@@ -207,7 +170,7 @@ class ApiClient:
             raise ApiClientError(
                 0,
                 f"{where} answered {response.status_code} with JSON that is not a {model.__name__} "
-                f"({error.error_count()} problem(s): {_shown(problems)})",
+                f"({error.error_count()} problem(s): {quoted(problems)})",
             ) from None
 
     # --- public ---

@@ -27,13 +27,12 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
 
-from quasar.cutoff import Cutoff
+from quasar.cutoff import AnswerLate, AnswerRefused, exchange
 from quasar.gitenv import NO_USER_CONFIGURATION
 from quasar.imports import QUASAR_DIR
 from quasar.miner.strategies.base import (
@@ -314,36 +313,35 @@ class AgentStrategy:
 
         The whole exchange (connecting, sending, the status line, headers and body) must end
         within ``timeout_s``, counted in all, not per read, and the answer must fit
-        ``MAX_ANSWER_BYTES``, uncompressed; its JSON may nest no deeper than the parser's
-        recursion limit. Each request has a connection of its own (``Connection: close``), so
-        :class:`~quasar.cutoff.Cutoff` sees it made.
+        ``MAX_ANSWER_BYTES``, uncompressed (:func:`quasar.cutoff.exchange`); its JSON may nest no
+        deeper than the parser's recursion limit.
         """
-        headers = {"Accept-Encoding": "identity", "Connection": "close"}
+        headers: dict[str, str] = {}
         if self._api_key:
             headers["Authorization"] = f"Bearer {self._api_key}"
         body = {"model": self.model, "messages": messages, "temperature": self.temperature}
-        deadline = time.monotonic() + self.timeout_s
-        late = StrategyError(f"the agent endpoint's answer took longer than {self.timeout_s:g}s")
-        with Cutoff(self.timeout_s) as cutoff:
-            try:
-                with self._http.stream(
-                    "POST",
-                    f"{self.api_url}/chat/completions",
-                    json=body,
-                    headers=headers,
-                    timeout=self.timeout_s,
-                    extensions={"trace": cutoff.trace},
-                ) as response:
-                    status, data = response.status_code, self._read_answer(response, deadline)
-            except httpx.HTTPError as error:
-                if cutoff.expired:
-                    raise late from None
-                raise StrategyError(f"cannot reach the agent endpoint {self.api_url}: {error}") from None
-            if cutoff.expired:
-                raise late  # the cut may look like the end of a body without a length
-        text = data.decode("utf-8", errors="replace")
-        if status >= 400:
-            raise StrategyError(f"the agent endpoint {self.api_url} answered {status}: {printable_line(text)[:300]}")
+        try:
+            answer = exchange(
+                self._http,
+                "POST",
+                f"{self.api_url}/chat/completions",
+                self.timeout_s,
+                MAX_ANSWER_BYTES,
+                headers=headers,
+                json=body,
+                timeout=self.timeout_s,
+            )
+        except AnswerLate:
+            raise StrategyError(f"the agent endpoint's answer took longer than {self.timeout_s:g}s") from None
+        except AnswerRefused as refusal:
+            raise StrategyError(f"the agent endpoint {refusal}") from None
+        except httpx.HTTPError as error:
+            raise StrategyError(f"cannot reach the agent endpoint {self.api_url}: {error}") from None
+        text = answer.content.decode("utf-8", errors="replace")
+        if answer.status_code >= 400:
+            raise StrategyError(
+                f"the agent endpoint {self.api_url} answered {answer.status_code}: {printable_line(text)[:300]}"
+            )
         try:
             content = json.loads(text)["choices"][0]["message"]["content"]
         except (ValueError, KeyError, IndexError, TypeError, RecursionError):
@@ -353,23 +351,6 @@ class AgentStrategy:
         if not isinstance(content, str) or not content.strip():
             raise StrategyError("the agent endpoint answered an empty message")
         return content
-
-    def _read_answer(self, response: httpx.Response, deadline: float) -> bytes:
-        """The answer's body, at most MAX_ANSWER_BYTES, read before ``deadline``; else StrategyError."""
-        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-        if encoding not in ("", "identity"):
-            raise StrategyError(f"the agent endpoint answered compressed ({encoding}); it was asked for identity")
-        declared = response.headers.get("Content-Length", "")
-        if declared.isdigit() and int(declared) > MAX_ANSWER_BYTES:
-            raise StrategyError(f"the agent endpoint's answer is larger than {MAX_ANSWER_BYTES:,} bytes")
-        data = bytearray()
-        for chunk in response.iter_raw():
-            data += chunk
-            if len(data) > MAX_ANSWER_BYTES:
-                raise StrategyError(f"the agent endpoint's answer is larger than {MAX_ANSWER_BYTES:,} bytes")
-            if time.monotonic() > deadline:
-                raise StrategyError(f"the agent endpoint's answer took longer than {self.timeout_s:g}s")
-        return bytes(data)
 
     def propose(self, repo_path: Path, history: Sequence[Attempt]) -> Candidate:
         repo = Path(repo_path)
