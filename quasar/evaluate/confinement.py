@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quasar.errors import QuasarError
-from quasar.lock_files import same_file
+from quasar.lock_files import same_file, unheld
 
 logger = logging.getLogger(__name__)
 
@@ -119,18 +119,12 @@ def remove_unheld_uid_locks() -> int:
         for name in names:
             path = directory / name
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-            except OSError:  # released meanwhile
+                with unheld(path, follow=False) as fd:
+                    if fd is not None:
+                        path.unlink()
+                        removed += 1
+            except OSError:  # removed meanwhile
                 continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                if same_file(path, fd):
-                    path.unlink()
-                    removed += 1
-            except OSError:  # held by a live sandbox, or removed meanwhile
-                continue
-            finally:
-                os.close(fd)
     return removed
 
 

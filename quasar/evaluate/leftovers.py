@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from quasar.evaluate.confinement import CGROUP_PREFIX, remove_cgroup_directory, remove_unheld_uid_locks
-from quasar.lock_files import same_file
+from quasar.lock_files import unheld
 
 logger = logging.getLogger(__name__)
 
@@ -93,24 +93,14 @@ def sweep(root: str | os.PathLike | None = None, now: float | None = None) -> li
     now = time.time() if now is None else now
     removed = []
     for lock_path in root.glob(f"{PREFIX}*{LOCK_SUFFIX}"):
-        try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CLOEXEC)
-        except OSError:  # released meanwhile, or another user's
-            continue
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # its sandbox is alive
-            if not same_file(lock_path, fd):
-                continue  # released and removed by its holder meanwhile
+        with unheld(lock_path) as fd:
+            if fd is None:
+                continue  # its sandbox is alive, or its holder released it meanwhile
             _remove_cgroups(os.pread(fd, 1 << 16, 0).decode(errors="replace"))
             workdir = lock_path.with_name(lock_path.name[: -len(LOCK_SUFFIX)])
             shutil.rmtree(workdir, ignore_errors=True)
             lock_path.unlink(missing_ok=True)
             removed.append(workdir)
-        finally:
-            os.close(fd)
     for workdir in root.glob(f"{PREFIX}*"):
         if workdir.name.endswith(LOCK_SUFFIX) or workdir.with_name(workdir.name + LOCK_SUFFIX).exists():
             continue
