@@ -41,6 +41,8 @@ from pydantic import BaseModel, Field, StringConstraints, ValidationError
 from quasar.api.client import ApiClient, ApiClientError
 from quasar.api.schemas import (
     MAX_ID,
+    CommitHash,
+    ForkUrl,
     Hotkey,
     ReportedWork,
     SequenceLength,
@@ -50,7 +52,7 @@ from quasar.api.schemas import (
 )
 from quasar.chain.base import Chain, Metagraph
 from quasar.config import Settings
-from quasar.forks import MAX_FORK_URL_LENGTH, ForkError, normalize_fork_url, validate_commit_hash
+from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
 from quasar.validator.logit_check import LogitChecker
@@ -103,8 +105,8 @@ class _Bounded(BaseModel):
 
     submission_id: SubmissionId
     hotkey: Hotkey
-    fork_url: Annotated[str, StringConstraints(max_length=MAX_FORK_URL_LENGTH, pattern=_PRINTABLE)]
-    commit_hash: Annotated[str, StringConstraints(max_length=64, pattern=_PRINTABLE)]
+    fork_url: Annotated[ForkUrl, StringConstraints(pattern=_PRINTABLE)]
+    commit_hash: Annotated[CommitHash, StringConstraints(pattern=_PRINTABLE)]
     target_sequence_length: SequenceLength
     claimed_tokens_per_sec: TokensPerSec
     submitted_at: Annotated[float, Field(ge=0, allow_inf_nan=False)]
