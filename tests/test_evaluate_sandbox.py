@@ -208,6 +208,24 @@ time.sleep(60)
 """
 
 
+def _line_of_a_killed_parent(script: str, *args: str) -> str:
+    """The first line ``script`` prints, its process group then killed by SIGKILL (the parent of a
+    sandbox killed outright, which releases nothing)."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        line = parent.stdout.readline()
+        os.killpg(parent.pid, signal.SIGKILL)
+    finally:
+        parent.wait()
+    return line
+
+
 def test_a_sandbox_whose_parent_was_killed_leaves_no_folder_or_cgroup_once_another_starts(tmp_path, monkeypatch):
     """A parent killed by SIGKILL (the validator's deadline on a worker, the OOM killer) closes
     nothing: its sandbox's folder in the temporary directory (the fork's copy, the harness) and its
@@ -215,18 +233,7 @@ def test_a_sandbox_whose_parent_was_killed_leaves_no_folder_or_cgroup_once_anoth
     (quasar/evaluate/leftovers.py), and leaves a live one's alone."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     monkeypatch.setattr(tempfile, "tempdir", None)
-    parent = subprocess.Popen(
-        [sys.executable, "-c", _HOLD_A_SANDBOX],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        workdir, *cgroups = map(Path, parent.stdout.readline().split())
-        os.killpg(parent.pid, signal.SIGKILL)
-    finally:
-        parent.wait()
+    workdir, *cgroups = map(Path, _line_of_a_killed_parent(_HOLD_A_SANDBOX).split())
     assert workdir.parent == tmp_path and (workdir / "harness").is_dir() and all(map(Path.is_dir, cgroups))
     # Started without waiting for the child's torch import: start() is where the sweep runs.
     live = SandboxedChild(None, "cpu", SandboxPolicy(allow_unsandboxed=True)).start()
@@ -262,18 +269,7 @@ def test_a_sandbox_uid_whose_parent_was_killed_leaves_no_lock_file_once_another_
     monkeypatch.setattr(tempfile, "tempdir", None)
     locks = tmp_path / "uid-locks"
     monkeypatch.setattr(confinement, "UID_LOCK_DIRECTORIES", (str(locks),))
-    parent = subprocess.Popen(
-        [sys.executable, "-c", _HOLD_A_SANDBOX_UID, str(locks)],
-        cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        killed = Path(parent.stdout.readline().strip())
-        os.killpg(parent.pid, signal.SIGKILL)
-    finally:
-        parent.wait()
+    killed = Path(_line_of_a_killed_parent(_HOLD_A_SANDBOX_UID, str(locks)).strip())
     assert killed.parent == locks and killed.is_file()
     live = SandboxedChild(None, "cpu", SandboxPolicy()).start()
     try:
