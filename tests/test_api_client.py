@@ -198,14 +198,25 @@ async def long_detail(request):
     )
 
 
+async def compressed(request):
+    # An encoding the client did not ask for, named at length: quoted on one short line.
+    return Response(b"\x1f\x8b", headers={"Content-Encoding": "gzip, " + "br, " * 2000 + "gzip"})
+
+
 @pytest.mark.parametrize(
     ("endpoint", "expected"),
     [
         (nested, "is not JSON"),
         (list_error, "500: [1,2]"),
         (long_detail, "503: busy 2026-01-01 INFO quasar.validator.loop: forged x x"),
+        (compressed, "/health answered compressed (gzip, br, br, "),
     ],
-    ids=["JSON nested past the parser's depth", "an error that is not an object", "an error's long detail"],
+    ids=[
+        "JSON nested past the parser's depth",
+        "an error that is not an object",
+        "an error's long detail",
+        "a compressed answer",
+    ],
 )
 def test_an_unusable_answer_is_an_api_client_error_of_one_short_line(endpoint, expected):
     """JSON nested too deep (RecursionError) and an error body that is a list (AttributeError)
