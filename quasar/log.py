@@ -8,44 +8,75 @@ from collections.abc import Iterable
 
 from rich.logging import RichHandler
 
+from quasar.safe_text import without_terminal_controls
+
 REDACTED = "***"
 # Libraries that log every request or block at INFO: WARNING and above only, unless debugging.
 CHATTY_LIBRARIES = ("bittensor", "httpx", "httpcore", "urllib3", "websockets")
 
 
-class RedactSecrets(logging.Filter):
-    """Replace any known secret value in a record's final message with ``***``."""
+class SafeText:
+    """What a log may show of a text: every known secret value replaced by ``***``, and the
+    characters that drive a terminal (escape sequences, carriage returns, direction overrides:
+    :mod:`quasar.safe_text`) by ``?``. A miner's, a validator's, an API's or a fork's words reach
+    the logs, and pm2's logs are read in terminals."""
 
     def __init__(self, secrets: Iterable[str]):
-        super().__init__()
         self.secrets = [s for s in secrets if s]
 
+    def __call__(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, REDACTED)
+        return without_terminal_controls(text)
+
+
+class SafeRecords(logging.Filter):
+    """A record's final message made :class:`SafeText` (newlines stay: callers keep a peer's
+    words on one line where a line must not be forged)."""
+
+    def __init__(self, safe: SafeText):
+        super().__init__()
+        self.safe = safe
+
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
-            message = record.getMessage()
-            for secret in self.secrets:
-                message = message.replace(secret, REDACTED)
-            record.msg, record.args = message, None
+        record.msg, record.args = self.safe(record.getMessage()), None
         return True
+
+
+class SafeFormatter(logging.Formatter):
+    """A formatter whose tracebacks and stacks are made :class:`SafeText` too (an exception's
+    message may carry a peer's words or a secret)."""
+
+    def __init__(self, fmt: str, safe: SafeText):
+        super().__init__(fmt)
+        self.safe = safe
+
+    def formatException(self, ei) -> str:  # noqa: N802 (logging's name)
+        return self.safe(super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:  # noqa: N802 (logging's name)
+        return self.safe(super().formatStack(stack_info))
 
 
 def setup_logging(debug: bool = False, secrets: Iterable[str] = (), stream=None, quiet: bool = False) -> None:
     """Configure the root logger once per process; every ``quasar`` command calls it first.
 
     Terminals get rich's handler; pipes and files (pm2, systemd) get plain timestamped lines.
-    ``secrets`` (``Settings.secrets()``) are masked in every record. The root logger logs INFO, or
+    ``secrets`` (``Settings.secrets()``) are masked in every record, and terminal controls in
+    it shown as ``?`` (:class:`SafeText`). The root logger logs INFO, or
     only warnings and errors when ``quiet`` (tools that print their own progress and results),
     and DEBUG with ``debug`` either way. The Bittensor SDK and the HTTP clients
     (:data:`CHATTY_LIBRARIES`) stay at WARNING unless ``debug``.
     """
     stream = stream or sys.stderr
+    safe = SafeText(secrets)
     if stream.isatty():
         handler: logging.Handler = RichHandler(rich_tracebacks=True, show_path=debug)
-        handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+        handler.setFormatter(SafeFormatter("%(name)s: %(message)s", safe))
     else:
         handler = logging.StreamHandler(stream)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
-    handler.addFilter(RedactSecrets(secrets))
+        handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s", safe))
+    handler.addFilter(SafeRecords(safe))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from quasar.cli import command_lines, main
-from quasar.log import RedactSecrets
+from quasar.log import SafeRecords
 
 ROOT = Path(__file__).resolve().parents[1]
 QUASAR_SCRIPT = Path(sys.executable).with_name("quasar")
@@ -156,7 +156,7 @@ def quiet_world(tmp_path, monkeypatch):
     handlers, level = list(root.handlers), root.level
     # No redacting handler from an earlier test in this process: the command must install its own.
     root.handlers[:] = [
-        handler for handler in handlers if not any(isinstance(found, RedactSecrets) for found in handler.filters)
+        handler for handler in handlers if not any(isinstance(found, SafeRecords) for found in handler.filters)
     ]
     yield tmp_path
     root.handlers[:] = handlers
@@ -192,10 +192,10 @@ def test_every_command_logs_through_the_projects_setup_with_secrets_masked(argv,
         main(argv)
     except SystemExit:
         pass  # a refusal through argparse, after the set-up
-    filters = [f for handler in logging.getLogger().handlers for f in handler.filters if isinstance(f, RedactSecrets)]
+    filters = [f for handler in logging.getLogger().handlers for f in handler.filters if isinstance(f, SafeRecords)]
     assert len(filters) == 1, f"quasar {argv[0]} did not set up logging through quasar.log"
     if knows_secrets:
-        assert TOKEN in filters[0].secrets
+        assert TOKEN in filters[0].safe.secrets
         record = logging.LogRecord("quasar.test", logging.WARNING, __file__, 1, "pushing with %s", (TOKEN,), None)
         filters[0].filter(record)
         assert record.getMessage() == "pushing with ***"

@@ -1,12 +1,15 @@
-"""Logging never prints a configured secret."""
+"""Logging never prints a configured secret, nor anything that drives the terminal it is read in."""
 
 import http.server
 import io
+import json
 import logging
 import threading
 
 import httpx
+import pytest
 
+from quasar.api.client import ApiClient, ApiClientError
 from quasar.log import setup_logging
 
 
@@ -34,3 +37,51 @@ def test_http_requests_are_logged_only_when_debugging():
     finally:
         server.shutdown()
         setup_logging(stream=io.StringIO())
+
+
+# What a hostile peer puts in its words: set the terminal's title, clear the screen, move to the
+# start of the line and overwrite it, reverse the text that follows.
+TERMINAL_ATTACK = "\x1b]0;pwned\x07\x1b[2J\rverdict PASS \u202eevil\x9b"
+
+
+def test_attack_a_peers_words_cannot_drive_the_operators_terminal_through_the_log():
+    """A submission API (taken over, or a fake one) answers a validator's request with a refusal
+    whose detail carries terminal escapes; the validator logs the error. Any log line, in its
+    message or its traceback, shows them as ``?``."""
+
+    class Refusing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            body = json.dumps({"detail": TERMINAL_ATTACK}).encode()
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stream = io.StringIO()
+    setup_logging(stream=stream)
+    logger = logging.getLogger("quasar.validator.test")
+    try:
+        with (
+            ApiClient(f"http://127.0.0.1:{server.server_address[1]}") as client,
+            pytest.raises(ApiClientError) as caught,
+        ):
+            client.health()
+        logger.warning("the API refused: %s", caught.value)
+        try:
+            raise RuntimeError(TERMINAL_ATTACK)
+        except RuntimeError:
+            logger.exception("a step failed")
+    finally:
+        server.shutdown()
+        setup_logging(stream=io.StringIO())
+    output = stream.getvalue()
+    assert "the API refused" in output and "a step failed" in output and "RuntimeError" in output
+    for control in ("\x1b", "\x07", "\r", "\u202e", "\x9b"):
+        assert control not in output, (control, output)
+    assert "?]0;pwned??[2J?verdict PASS ?evil?" in output

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from quasar.safe_text import without_terminal_controls
 
 PASS = "pass"
 FAIL = "fail"
@@ -26,18 +27,12 @@ SKIPPED = "skipped"
 NEEDS_GPU = "needs-gpu"
 
 
-# Characters a fork's text never brings into a report: control characters but newline and tab
-# (terminal escapes among them), and the bidirectional controls that make a line read otherwise
-# than it is.
-_UNSAFE_CHARACTERS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
 def clean_text(text: object, limit: int) -> str:
-    """``text`` as it may enter a report: unsafe characters replaced by ``?``, at most ``limit``
+    """``text`` as it may enter a report: terminal controls replaced by ``?``, at most ``limit``
     characters (the end cut and marked). Every string that comes from the sandboxed child
     (error messages, its timing note, its output) goes through here; rich markup in it is
     escaped where the report is printed (:func:`render_report`)."""
-    cleaned = _UNSAFE_CHARACTERS.sub("?", str(text))
+    cleaned = without_terminal_controls(str(text))
     return cleaned if len(cleaned) <= limit else cleaned[: max(limit - 1, 0)] + "…"
 
 
