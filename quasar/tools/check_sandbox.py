@@ -15,7 +15,6 @@ sandbox. ``--out DIR`` also writes ``sandbox.json``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
@@ -36,6 +35,7 @@ from quasar.evaluate.options import EvaluationInputError, EvaluationOptions
 from quasar.evaluate.sandbox import SandboxPolicy, namespaces_supported
 from quasar.evaluate.sandbox_layout import SYS_BINDS
 from quasar.starter_fork import write_starter_fork
+from quasar.tools import ToolParser
 
 # /sys as the default sandbox has it, then with the PCI devices (where the CUDA driver finds its
 # GPUs' NUMA nodes and resources), then whole.
@@ -81,7 +81,7 @@ def try_variant(fork: Path, device: str, sys_paths: tuple[str, ...], configured_
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar check-sandbox") -> int:
     """Print the measures and the starter fork's verdict; exit status 0 when it passes in the default sandbox."""
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog=prog,
         description="What this machine's evaluation sandbox enforces, and whether a fork's kernels run inside it.",
     )

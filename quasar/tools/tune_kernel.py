@@ -27,7 +27,6 @@ Exit status 0 when a configuration passed, 1 when none did, 2 for bad arguments 
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import itertools
 import json
@@ -51,6 +50,7 @@ from quasar.evaluate.options import EvaluationInputError
 from quasar.evaluate.report import OK
 from quasar.starter_fork import tuning_contract
 from quasar.terminal import compact_rate, compact_table
+from quasar.tools import ToolParser
 
 TUNING_PATH = Path("fla/ops/quasar/tuning.json")
 PLOT_NAME = "kernel_tuning.png"
@@ -442,7 +442,7 @@ def sweep(repo: Path, grid: list[dict], seq_lens: tuple[int, ...], options, cons
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar step2") -> int:
     """Step 2; exit status 0 when a configuration passed, 1 when none did, 2 for bad arguments or a failed commit."""
-    parser = argparse.ArgumentParser(
+    parser = ToolParser(
         prog=prog, description="Step 2 for a miner: tune the QuasarAttention kernel's tunables on this GPU."
     )
     parser.add_argument("--repo-path", type=Path, required=True, help="the fork (after step 1), checked out")

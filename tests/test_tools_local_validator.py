@@ -1,0 +1,51 @@
+"""``quasar local-validator`` (quasar/tools/local_validator.py) and the other evaluation tools'
+refusals, as a miner reads them in an 80-column terminal."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from quasar.tools import check_sandbox, local_validator
+from quasar.tools import tune_kernel as step2
+
+CPU_LIMIT = "sequence length 100000: CPU runs are limited to 65536 tokens"
+
+
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_a_refusal_is_wrapped_at_words_within_80_columns_not_split_mid_flag_by_the_terminal(
+    tmp_path, monkeypatch, capsys, columns
+):
+    """A refusal the harness words on one long line (here `--full` on the CPU, which runs lengths
+    up to 1M) came out in one 148-column line that the terminal split inside a word."""
+    monkeypatch.setenv("COLUMNS", columns)
+    with pytest.raises(SystemExit) as refused:
+        local_validator.main(["--repo-path", str(tmp_path), "--device", "cpu", "--full"])
+    assert refused.value.code == 2
+    error = "quasar local-validator: error:" + capsys.readouterr().err.split("quasar local-validator: error:")[1]
+    assert max(len(line) for line in error.splitlines()) <= 80, error  # the usage above follows the terminal
+    assert " ".join(error.split()).startswith(f"quasar local-validator: error: {CPU_LIMIT}"), error
+
+
+@pytest.mark.parametrize(
+    "tool, argv",
+    [
+        (step2, ["--device", "cpu", "--seq-lens", "512,100000"]),
+        pytest.param(
+            check_sandbox,
+            ["--device", "cuda"],
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without CUDA"),
+        ),
+    ],
+)
+def test_the_other_evaluation_tools_wrap_their_refusals_too(tmp_path, monkeypatch, capsys, tool, argv):
+    monkeypatch.setenv("COLUMNS", "80")
+    fork = tmp_path / "fork" / "fla" / "ops" / "quasar"
+    fork.mkdir(parents=True)
+    (fork / "tuning.py").write_text("")
+    if tool is step2:
+        argv = ["--repo-path", str(tmp_path / "fork"), *argv]
+    with pytest.raises(SystemExit):
+        tool.main(argv)
+    error = capsys.readouterr().err
+    assert "error:" in error and max(len(line) for line in error.splitlines()) <= 80, error
