@@ -9,8 +9,14 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
+# Messages go to stderr wrapped at words within 80 columns (a longer word, a path, whole on its
+# own line): a terminal would split a path or a command to copy mid-word.
+say() {
+    printf 'START_MINER: %s\n' "$*" | fmt -w 80 >&2
+}
+
 fail() {
-    echo "START_MINER: $*" >&2
+    say "$@"
     exit 1
 }
 
@@ -75,8 +81,8 @@ if [ "$device" != "cpu" ]; then
 fi
 
 if [ -z "$api_url" ]; then
-    echo "START_MINER: VALIDATOR_API_URL is empty: the miner reads the submission API's URL from the chain," \
-         "where the subnet owner published it" >&2
+    say "VALIDATOR_API_URL is empty: the miner reads the submission API's URL from the chain," \
+        "where the subnet owner published it"
 else
     curl -fsS --max-time 10 "${api_url%/}/health" >/dev/null 2>&1 \
         || fail "the submission API at $api_url does not answer GET /health: check VALIDATOR_API_URL" \

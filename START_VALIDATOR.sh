@@ -7,8 +7,14 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
+# Messages go to stderr wrapped at words within 80 columns (a longer word, a path, whole on its
+# own line): a terminal would split a path or a command to copy mid-word.
+say() {
+    printf 'START_VALIDATOR: %s\n' "$*" | fmt -w 80 >&2
+}
+
 fail() {
-    echo "START_VALIDATOR: $*" >&2
+    say "$@"
     exit 1
 }
 
@@ -77,7 +83,7 @@ if [ "$device" != "cpu" ]; then
 fi
 
 if [ -z "$api_url" ]; then
-    echo "START_VALIDATOR: VALIDATOR_API_URL is empty: the validator reads the submission API's URL from the chain, where the subnet owner published it" >&2
+    say "VALIDATOR_API_URL is empty: the validator reads the submission API's URL from the chain, where the subnet owner published it"
 else
     if ! command -v curl >/dev/null; then
         fail "curl is not installed (needed to check the submission API): apt-get install curl"

@@ -497,6 +497,27 @@ def run_script(directory: Path, env: dict[str, str], *args: str) -> subprocess.C
     )
 
 
+def said(result: subprocess.CompletedProcess) -> str:
+    """What the script wrote to stderr, its words on one line (it wraps them at 80 columns)."""
+    return " ".join(result.stderr.split())
+
+
+def test_start_script_messages_fit_80_columns_with_each_path_and_word_whole(script_dir):
+    """The refusals were one line of up to 280 columns: an 80-column terminal split the wallet's
+    path and the btcli command to copy mid-word ("coldkeypub.tx" / "t", "--walle" / "t-hotkey")."""
+    (script_dir / ".env").write_text(f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\nDEVICE=cpu\n")
+    result = run_script(script_dir, {}, "--wallet.path", "no-wallets-here", "--wallet.name", "nobody")
+    wallet = "no-wallets-here/nobody/coldkeypub.txt"
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1 and all(len(line) <= 80 for line in lines), result.stderr
+    for word in (wallet, "--wallet-hotkey"):
+        assert any(word in line.split() for line in lines), result.stderr
+    for environment in ({}, {"GITHUB_TOKEN": TOKEN}):
+        (script_dir / ".env").unlink(missing_ok=True)
+        result = run_script(script_dir, environment)
+        assert result.returncode == 1 and all(len(line) <= 80 for line in result.stderr.splitlines()), result.stderr
+
+
 def test_start_script_names_each_missing_prerequisite(script_dir, tmp_path):
     result = run_script(script_dir, {})
     assert result.returncode == 1 and "GITHUB_TOKEN is not set" in result.stderr
@@ -508,18 +529,18 @@ def test_start_script_names_each_missing_prerequisite(script_dir, tmp_path):
     wallets = script_dir / ".bittensor" / "wallets"  # the default WALLET_PATH under this HOME
     assert result.returncode == 1 and (
         f"wallet file {wallets}/quasar_miner/coldkeypub.txt does not exist: create the "
-        "wallet (btcli wallet create --wallet quasar_miner --wallet-hotkey default)" in result.stderr
+        "wallet (btcli wallet create --wallet quasar_miner --wallet-hotkey default)" in said(result)
     )
     result = run_script(script_dir, {}, "--wallet.path", str(tmp_path / "w"), "--wallet.name", "m")
-    assert (
-        "(btcli wallet create --wallet m --wallet-hotkey default --wallet-path " + str(tmp_path / "w") in result.stderr
+    assert "(btcli wallet create --wallet m --wallet-hotkey default --wallet-path " + str(tmp_path / "w") in said(
+        result
     )
     make_wallet(wallets, "quasar_miner")
     result = run_script(script_dir, {"VALIDATOR_API_URL": "http://127.0.0.1:9"})
     assert result.returncode == 1
-    assert "the submission API at http://127.0.0.1:9 does not answer GET /health" in result.stderr
+    assert "the submission API at http://127.0.0.1:9 does not answer GET /health" in said(result)
     result = run_script(script_dir, {}, "--api.url", "http://127.0.0.1:9")
-    assert "the submission API at http://127.0.0.1:9" in result.stderr  # a flag is checked too
+    assert "the submission API at http://127.0.0.1:9" in said(result)  # a flag is checked too
     os.unlink(script_dir / ".venv")
     result = run_script(script_dir, {})
     assert result.returncode == 1 and "no .venv here" in result.stderr
@@ -533,7 +554,7 @@ def test_start_script_checks_cuda_unless_the_device_is_cpu(script_dir):
     (script_dir / ".env").write_text(f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\n")
     make_wallet(script_dir / ".bittensor" / "wallets", "quasar_miner")
     result = run_script(script_dir, {})
-    assert result.returncode == 1 and "DEVICE=cuda but PyTorch sees no CUDA GPU" in result.stderr
+    assert result.returncode == 1 and "DEVICE=cuda but PyTorch sees no CUDA GPU" in said(result)
 
 
 def test_start_script_runs_the_miner_when_all_is_ready(script_dir, tmp_path):
@@ -554,7 +575,7 @@ def test_start_script_runs_the_miner_when_all_is_ready(script_dir, tmp_path):
         f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\nWALLET_PATH={wallets}\nWALLET_NAME=api\n"
     )
     result = run_script(script_dir, {"DEVICE": "cpu"}, "--help")
-    assert result.returncode == 0 and "the miner reads the submission API's URL from the chain" in result.stderr
+    assert result.returncode == 0 and "the miner reads the submission API's URL from the chain" in said(result)
 
 
 def test_ecosystem_file_starts_the_four_processes():

@@ -970,13 +970,32 @@ def run_start_script(*flags: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+def said(result: subprocess.CompletedProcess) -> str:
+    """What the script wrote to stderr, its words on one line (it wraps them at 80 columns)."""
+    return " ".join(result.stderr.split())
+
+
 def test_start_script_names_a_missing_wallet(tmp_path):
     result = run_start_script("--wallet.path", str(tmp_path / "wallets"), "--wallet.name", "nobody", DEVICE="cpu")
     assert result.returncode == 1
     assert (
         f"wallet file {tmp_path}/wallets/nobody/coldkeypub.txt does not exist: create the wallet (btcli wallet "
         f"create --wallet nobody --wallet-hotkey default --wallet-path {tmp_path}/wallets)"
-    ) in result.stderr
+    ) in said(result)
+
+
+def test_start_script_messages_fit_80_columns_with_each_path_whole(world):
+    """The refusals were one line of up to 300 columns: an 80-column terminal split the wallet's
+    path and the btcli command to copy mid-word."""
+    result = run_start_script("--wallet.path", "no-wallets-here", "--wallet.name", "nobody", DEVICE="cpu")
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1 and all(len(line) <= 80 for line in lines), result.stderr
+    assert any("no-wallets-here/nobody/coldkeypub.txt" in line.split() for line in lines), result.stderr
+    wallets = str(world["root"] / "wallets")
+    api = f"http://127.0.0.1:{free_port()}"
+    result = run_start_script("--wallet.name", "validator", "--api.url", api, WALLET_PATH=wallets, DEVICE="cpu")
+    assert result.returncode == 1 and "GET /health" in result.stderr, result.stderr
+    assert all(len(line) <= 80 for line in result.stderr.splitlines()), result.stderr
 
 
 def test_start_script_says_when_the_api_does_not_answer(world):
@@ -989,7 +1008,7 @@ def test_start_script_says_when_the_api_does_not_answer(world):
         VALIDATOR_API_URL=f"http://127.0.0.1:{port}",
     )
     assert result.returncode == 1
-    assert f"the submission API at http://127.0.0.1:{port} does not answer GET /health" in result.stderr
+    assert f"the submission API at http://127.0.0.1:{port} does not answer GET /health" in said(result)
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message on a machine without CUDA")
@@ -998,7 +1017,7 @@ def test_start_script_says_when_cuda_is_missing(world):
         "--wallet.path", str(world["root"] / "wallets"), "--wallet.name", "validator", DEVICE="cuda"
     )
     assert result.returncode == 1
-    assert "DEVICE is cuda but torch sees no CUDA device" in result.stderr
+    assert "DEVICE is cuda but torch sees no CUDA device" in said(result)
 
 
 def test_start_script_runs_the_validator_which_names_an_unregistered_hotkey(world, tmp_path):
