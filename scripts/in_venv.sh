@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
-    echo "No .venv here: run ./scripts/setup_venv.sh once (it makes .venv and installs the suite)" >&2
+    echo "No .venv here: run ./scripts/setup_venv.sh once (it installs the suite there)" >&2
     exit 1
 fi
 # shellcheck disable=SC1091

@@ -36,7 +36,7 @@ PY
 stamp=.venv/.quasar-install-stamp
 wanted=$( (cat pyproject.toml; echo "${QUASAR_TORCH_SITE:-}") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
-    echo "setup_venv: installing the project into .venv (the first time takes a few minutes)" >&2
+    echo "setup_venv: installing the project into .venv (the first time takes minutes)" >&2
     pip=(.venv/bin/python -m pip install -q)
     if [ -n "${QUASAR_WHEELHOUSE:-}" ]; then
         pip+=(--no-index --find-links "$QUASAR_WHEELHOUSE")
