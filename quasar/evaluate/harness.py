@@ -351,7 +351,7 @@ def _evaluate(
     if options.device.startswith("cuda") and not torch.cuda.is_available():
         raise EvaluationInputError(
             f"device {options.device}: CUDA is not available here "
-            f"(--device cpu runs small lengths for tests; {CPU_NOTE})"
+            "(--device cpu runs small lengths, for tests only: not a benchmark)"
         )
     lengths = check_lengths(options.seq_lens, target_seq_len, options.device)
     if not 1 <= options.max_forwards_per_request <= MAX_FORWARDS_PER_REQUEST:
