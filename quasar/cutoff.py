@@ -19,16 +19,18 @@ from typing import Any
 
 import httpx
 
+from quasar.errors import QuasarError
+
 # How much of an unexpected answer an error message quotes: enough to recognize it (a proxy's
 # page title, the first wrong fields), never a whole page in the log.
 MAX_QUOTED_CHARS = 200
 
 
-class AnswerLate(Exception):
+class AnswerLate(QuasarError):
     """The exchange did not end within its deadline."""
 
 
-class AnswerRefused(Exception):
+class AnswerRefused(QuasarError):
     """The answer is compressed or too large; the message says which, from the word "answered"."""
 
 
