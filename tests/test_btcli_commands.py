@@ -17,7 +17,13 @@ from quasar.chain import btcli
 from quasar.config import resolve
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = ["START_MINER.sh", "START_VALIDATOR.sh", "START_MINER_INFERENCE.sh", "START_SERVER.sh"]
+SCRIPTS = [
+    "START_MINER.sh",
+    "START_VALIDATOR.sh",
+    "START_MINER_INFERENCE.sh",
+    "START_SERVER.sh",
+    "scripts/start_checks.sh",
+]
 # In the README and docs/: a line of a code block, or a code span, that starts with btcli (up to a comment).
 README_COMMAND = re.compile(r"^btcli ([^#\n]+)|`btcli ([^`]+)`", re.MULTILINE)
 # In a script's message: a command in parentheses.
@@ -62,7 +68,7 @@ def test_the_readme_docs_and_start_scripts_use_real_btcli_commands():
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         found[str(path.relative_to(ROOT))] = commands_in(path.read_text(), README_COMMAND)
     assert len(found["README.md"]) >= 8, found["README.md"]  # wallets, registration, stake, hyperparameters...
-    assert found["START_MINER.sh"] and found["START_VALIDATOR.sh"]
+    assert found["scripts/start_checks.sh"]  # the START scripts' wallet check
     for commands in found.values():
         for command in commands:
             check(command)

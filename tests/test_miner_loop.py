@@ -476,12 +476,13 @@ def test_the_neuron_explains_what_is_missing(tmp_path):
 
 @pytest.fixture
 def script_dir(tmp_path) -> Path:
-    """A copy of START_MINER.sh beside this checkout's .venv."""
+    """A copy of START_MINER.sh and the checks it sources beside this checkout's .venv."""
     if not (ROOT / ".venv" / "bin" / "activate").is_file():
         pytest.skip("needs the project's .venv")
     directory = tmp_path / "suite"
-    directory.mkdir()
+    (directory / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "START_MINER.sh", directory / "START_MINER.sh")
+    shutil.copy(ROOT / "scripts" / "start_checks.sh", directory / "scripts" / "start_checks.sh")
     os.symlink(ROOT / ".venv", directory / ".venv")
     return directory
 

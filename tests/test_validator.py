@@ -1017,7 +1017,7 @@ def test_start_script_says_when_cuda_is_missing(world):
         "--wallet.path", str(world["root"] / "wallets"), "--wallet.name", "validator", DEVICE="cuda"
     )
     assert result.returncode == 1
-    assert "DEVICE is cuda but torch sees no CUDA device" in said(result)
+    assert "DEVICE=cuda but PyTorch sees no CUDA GPU" in said(result)
 
 
 def test_start_script_runs_the_validator_which_names_an_unregistered_hotkey(world, tmp_path):

@@ -1,0 +1,107 @@
+# The start-up START_MINER.sh and START_VALIDATOR.sh share, sourced by both with ROLE (miner or
+# validator) set: from the checkout's folder, .env's settings exported (the environment's winning)
+# and .venv active, then the checks each script calls. A check that fails names what to fix and
+# exits 1, so pm2 shows why. ARGUMENTS holds the script's arguments (its flags win over both).
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+SCRIPT_NAME=$(basename "$0" .sh)
+ARGUMENTS=("$@")
+
+# Messages go to stderr wrapped at words within 80 columns (a longer word, a path, whole on its
+# own line): a terminal would split a path or a command to copy mid-word.
+say() {
+    printf '%s: %s\n' "$SCRIPT_NAME" "$*" | fmt -w 80 >&2
+}
+
+fail() {
+    say "$@"
+    exit 1
+}
+
+# .env's variables exported, those the environment already sets keeping their values (the
+# environment wins over .env, as everywhere in QUASAR).
+load_dotenv() {
+    [ -f .env ] || return 0
+    local name
+    declare -A kept=()
+    while IFS= read -r name; do
+        if [ -n "${!name+set}" ]; then
+            kept[$name]=${!name}
+        fi
+    done < <(sed -nE 's/^[[:space:]]*(export[[:space:]]+)?([A-Za-z_][A-Za-z0-9_]*)=.*/\2/p' .env)
+    set -a
+    # shellcheck disable=SC1091
+    . ./.env
+    set +a
+    for name in "${!kept[@]}"; do
+        export "$name=${kept[$name]}"
+    done
+}
+
+activate_venv() {
+    [ -x .venv/bin/python ] || fail "no .venv here: run ./scripts/setup_venv.sh once (it makes .venv and installs the suite)"
+    # shellcheck disable=SC1091
+    . .venv/bin/activate
+}
+
+# The value a flag sets in ARGUMENTS (the last one wins, as argparse does), else the default given.
+flag_value() {
+    local name=$1 value=$2 next=0 argument
+    for argument in "${ARGUMENTS[@]}"; do
+        if [ "$next" = 1 ]; then
+            value=$argument
+            next=0
+        elif [ "$argument" = "$name" ]; then
+            next=1
+        elif [[ "$argument" == "$name="* ]]; then
+            value=${argument#*=}
+        fi
+    done
+    printf '%s' "$value"
+}
+
+# The wallet's coldkey and hotkey files exist: the --wallet.* flags', else the settings' wallet,
+# else DEFAULT_WALLET (the role's).
+check_wallet() {
+    local default_wallet=$1 name hotkey wallets path_flag="" file
+    name=$(flag_value --wallet.name "${WALLET_NAME:-$default_wallet}")
+    hotkey=$(flag_value --wallet.hotkey "${WALLET_HOTKEY:-default}")
+    wallets=$(flag_value --wallet.path "${WALLET_PATH:-~/.bittensor/wallets}")
+    wallets=${wallets/#\~/$HOME}
+    if [ "$wallets" != "$HOME/.bittensor/wallets" ]; then
+        path_flag=" --wallet-path $wallets"
+    fi
+    for file in "$wallets/$name/coldkeypub.txt" "$wallets/$name/hotkeys/$hotkey"; do
+        [ -f "$file" ] || fail "wallet file $file does not exist: create the wallet" \
+            "(btcli wallet create --wallet $name --wallet-hotkey $hotkey$path_flag)" \
+            "or set WALLET_PATH / WALLET_NAME / WALLET_HOTKEY (or --wallet.path / --wallet.name / --wallet.hotkey)"
+    done
+}
+
+check_cuda() {
+    local device
+    device=$(flag_value --device "${DEVICE:-cuda}")
+    [ "$device" != "cpu" ] || return 0
+    python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null \
+        || fail "DEVICE=$device but PyTorch sees no CUDA GPU (check nvidia-smi, the driver," \
+                "CUDA_VISIBLE_DEVICES and that .venv has a CUDA build of torch); DEVICE=cpu only" \
+                "tries the $ROLE out (CPU results are not benchmarks)"
+}
+
+check_api() {
+    local url
+    url=$(flag_value --api.url "${VALIDATOR_API_URL:-}")
+    url=${url%/}
+    if [ -z "$url" ]; then
+        say "VALIDATOR_API_URL is empty: the $ROLE reads the submission API's URL from the chain," \
+            "where the subnet owner published it"
+        return 0
+    fi
+    command -v curl >/dev/null || fail "curl is not installed (needed to check the submission API): apt-get install curl"
+    curl -fsS --max-time 10 "$url/health" >/dev/null 2>&1 \
+        || fail "the submission API at $url does not answer GET /health: check VALIDATOR_API_URL" \
+                "(or --api.url) and that the API runs (./START_SERVER.sh), or leave it empty to use the" \
+                "URL the subnet owner published on chain"
+}
+
+load_dotenv
+activate_venv
