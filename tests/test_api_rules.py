@@ -187,6 +187,8 @@ def test_work_queue_matches_model(tmp_path, seed):
     chain = DevChain(tmp_path / "chain.sqlite3", block_time_s=1e6)
     for name in ("v1", "v2"):  # their reports count (a report that counts for nothing orders nothing)
         chain.register_wallet(wallets[name], stake=1e4, validator_permit=True)
+    for name in miners:  # registered: a pruned hotkey's submissions are handed out to no one
+        chain.register_wallet(wallets[name])
     clock = Clock()
     database = Database(f"sqlite:///{tmp_path}/api.sqlite3")
     database.upgrade()

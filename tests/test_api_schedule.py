@@ -333,3 +333,17 @@ def test_reports_of_a_validator_that_counts_for_nothing_neither_jump_the_queue_n
     newer = a.submit_kernel(Claim(FORK, commit_of(3), 2e5), MILLION)
     assert a.submission_status(low.submission_id).state == "superseded"
     assert ids(v1.fetch_work(limit=2)) == [newer.submission_id]
+
+
+def test_a_deregistered_miners_submissions_are_handed_to_no_validator(start_api):
+    """A miner pruned from the subnet can be given no weight, and its inference server is gone with
+    it: evaluating its queued submissions spent validators' GPUs for nothing. Registered again, its
+    submission is handed out again."""
+    api = start_api()
+    a, b, v1 = api.client("a"), api.client("b"), api.client("v1")
+    pruned = a.submit_kernel(Claim(FORK, commit_of(1), 1e5), MILLION)
+    kept = b.submit_kernel(Claim(FORK, commit_of(2), 1e5), MILLION)
+    api.chain.deregister(api.wallets["a"].hotkey.ss58_address)
+    assert ids(v1.fetch_work()) == [kept.submission_id]
+    api.chain.register_wallet(api.wallets["a"])
+    assert ids(v1.fetch_work()) == [pruned.submission_id]

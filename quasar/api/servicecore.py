@@ -116,13 +116,19 @@ class ServiceCore:
 
     # --- chain ---
 
-    def validator_stakes(self) -> dict[str, float]:
-        """The stake of each hotkey holding a validator permit now."""
+    def _neurons(self) -> list:
         try:
-            metagraph = self.chain.metagraph()
+            return list(self.chain.metagraph().neurons)
         except ChainError as error:
             raise ApiError(503, f"the chain is unavailable: {error}", {"Retry-After": "12"}) from None
-        return {neuron.hotkey: neuron.stake for neuron in metagraph.neurons if neuron.validator_permit}
+
+    def validator_stakes(self) -> dict[str, float]:
+        """The stake of each hotkey holding a validator permit now."""
+        return {neuron.hotkey: neuron.stake for neuron in self._neurons() if neuron.validator_permit}
+
+    def registered_hotkeys(self) -> list[str]:
+        """The hotkeys registered on the subnet now."""
+        return sorted({neuron.hotkey for neuron in self._neurons()})
 
     def electorate(self) -> consensus.Electorate:
         """The validators whose reports count now, weighted by their stake (quasar/consensus.py)."""

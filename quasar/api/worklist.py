@@ -85,12 +85,15 @@ class WorkQueue(Standings):
     def fetch_work(self, validator: str, limit: int, caller: Authenticated | None = None) -> schemas.WorkBatch:
         """Up to ``limit`` submissions for this validator, by the schedule's rules (quasar/scheduling.py),
         each leased to it for ``evaluation_lease_s``: ready submissions of the scheduled rounds (a
-        superseded one is not ready) that it has neither reported on nor holds."""
+        superseded one is not ready) of hotkeys registered now, that it has neither reported on nor
+        holds."""
         now = self.clock()
         lease_s = self.config.evaluation_lease_s
         round_id = rules.round_of_block(self.current_block(), self.config.round_blocks).round_id
         standing = self.standing(round_id)
         electorate = self.electorate()
+        # A hotkey pruned from the subnet can be given no weight: its evaluation would spend a GPU for nothing.
+        registered = self.registered_hotkeys()
 
         def work(session: Session) -> list[schemas.WorkItem]:
             mine = exists().where(
@@ -117,6 +120,7 @@ class WorkQueue(Standings):
                 ).where(
                     Submission.state == "ready",
                     Submission.round_id >= scheduling.first_scheduled_round(round_id),
+                    Submission.hotkey.in_(registered),
                     ~mine,
                     ~held,
                 )
