@@ -6,6 +6,7 @@
 // WALLET_VALIDATOR_NAME (or WALLET_NAME for both), each with WALLET_HOTKEY under WALLET_PATH; set them
 // in .env, or give one app its own flags, e.g.
 //   args: ["--wallet.name", "my_coldkey", "--wallet.hotkey", "my_hotkey"],
+// pm2 appends to its log files (~/.pm2/logs) without end: `pm2 install pm2-logrotate` once per host.
 const path = require("path");
 
 const here = __dirname;
@@ -13,7 +14,9 @@ const common = {
   cwd: here,
   interpreter: "bash",
   autorestart: true,
-  restart_delay: 10000,
+  // A crash restarts after 1 s, and each further one (unless the app stayed up 30 s) waits 1.5 times
+  // longer, up to pm2's cap of 15 s: a transient crash comes back at once, a crash loop (a missing
+  // wallet, a bad .env) does not spin. No restart_delay beside it: pm2 ignores it then.
   exp_backoff_restart_delay: 1000,
   kill_timeout: 30000,
   time: true,
