@@ -4,6 +4,8 @@ real git repository for the fork, the starter fork's layer on the CPU at 64 toke
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import subprocess
 import sys
 import time
@@ -11,7 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from quasar.config.options import DEFAULT_SEQ_LENS
+from quasar.config.values import MAX_SEQ_LEN
 from quasar.evaluate import EvaluationInputError, EvaluationOptions, evaluate, start_references, workload
+from quasar.evaluate.options import check_lengths
 from quasar.evaluate.references import ReferenceWork
 from quasar.evaluate.sandbox import SandboxPolicy
 from quasar.evaluate.start import LAYER_WIDTH, SandboxStart, output_offsets
@@ -19,6 +24,7 @@ from quasar.starter_fork import copy_starter_tree, write_starter_fork
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import SubprocessEvaluator
 from quasar.validator.state import EvaluationKey
+from quasar.validator.worker import HeadStart, options_to_json, run_job
 from tests.evaluate_runs import FAST_CPU
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -198,3 +204,49 @@ def test_bench_harness_times_the_validators_worker(tmp_path, capsys):
         # The worker's life holds evaluate's own time and what it did before (the child's head start).
         assert timings["started_before_s"] > 0 and wall > timings["total_s"] + timings["started_before_s"]
     assert "started before" in capsys.readouterr().out
+
+
+def _shared_memory_of_this_process() -> int:
+    found = re.search(r"RssShmem:\s+(\d+) kB", Path("/proc/self/status").read_text())
+    assert found is not None
+    return int(found.group(1)) << 10
+
+
+def test_the_apis_largest_target_is_refused_under_the_default_sandbox_memory():
+    # 2 KiB a token at 2^24 tokens: an output area of 32 GiB in the worker, twice SANDBOX_MEMORY_MB.
+    memory = SandboxPolicy().memory_bytes
+    with pytest.raises(EvaluationInputError, match=r"output area of 32\.0 GiB .* SANDBOX_MEMORY_MB \(16384 MiB\)"):
+        check_lengths(DEFAULT_SEQ_LENS, MAX_SEQ_LEN, "cuda", memory)
+    assert check_lengths(DEFAULT_SEQ_LENS, 1 << 20, "cuda", memory)[-1] == 1 << 20
+
+
+def test_a_target_whose_output_area_exceeds_the_sandbox_memory_makes_no_area_in_the_worker():
+    # Scaled down: 256 MiB of area on CUDA (made and filled in the worker at once) against 64 MiB.
+    options = dataclasses.replace(
+        FAST_CPU, device="cuda", policy=dataclasses.replace(SandboxPolicy(), memory_bytes=64 << 20)
+    )
+    before = _shared_memory_of_this_process()
+    head_start = HeadStart({"target_sequence_length": 1 << 17, "options": options_to_json(options)})
+    try:
+        time.sleep(1.0)  # the area's pages are made on a thread
+        assert head_start.sandbox is None
+        assert _shared_memory_of_this_process() - before < 64 << 20
+    finally:
+        head_start.close()
+
+
+def test_a_worker_refuses_a_target_whose_output_area_exceeds_the_sandbox_memory(tmp_path):
+    commit = write_starter_fork(tmp_path / "fork")
+    options = dataclasses.replace(FAST_CPU, policy=dataclasses.replace(SandboxPolicy(), memory_bytes=64 << 20))
+    job = {
+        "fork_url": str(tmp_path / "fork"),
+        "commit_hash": commit,
+        "cache_dir": str(tmp_path / "clones"),
+        "allow_local": True,
+        "clone_timeout_s": 60,
+        "target_sequence_length": 1 << 16,
+        "options": options_to_json(options),
+    }
+    outcome = run_job(job)
+    assert outcome["outcome"] == "refused", outcome
+    assert "SANDBOX_MEMORY_MB (64 MiB)" in outcome["error"]

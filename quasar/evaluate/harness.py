@@ -353,7 +353,7 @@ def _evaluate(
             f"device {options.device}: CUDA is not available here "
             "(--device cpu runs small lengths, for tests only: not a benchmark)"
         )
-    lengths = check_lengths(options.seq_lens, target_seq_len, options.device)
+    lengths = check_lengths(options.seq_lens, target_seq_len, options.device, options.policy.memory_bytes)
     if not 1 <= options.max_forwards_per_request <= MAX_FORWARDS_PER_REQUEST:
         raise EvaluationInputError(
             f"max_forwards_per_request {options.max_forwards_per_request!r}: expected 1 to {MAX_FORWARDS_PER_REQUEST}"

@@ -15,7 +15,7 @@ from quasar.config.options import DEFAULT_SEQ_LENS
 from quasar.config.values import MAX_SEQ_LEN, MIN_SEQ_LEN
 from quasar.errors import QuasarError
 from quasar.evaluate.sandbox import SandboxPolicy
-from quasar.evaluate.start import evaluation_lengths
+from quasar.evaluate.start import evaluation_lengths, output_offsets
 
 # CPU runs exist for tests and small lengths; they are not a benchmark.
 CPU_MAX_SEQ_LEN = 65536
@@ -117,8 +117,12 @@ def draw_weights_seed(options: EvaluationOptions) -> int:
     return options.weights_seed if options.weights_seed is not None else new_seed()
 
 
-def check_lengths(seq_lens: Sequence[int], target_seq_len: int, device: str) -> list[int]:
-    """The sorted lengths to run (``seq_lens`` plus the target); raises EvaluationInputError."""
+def check_lengths(
+    seq_lens: Sequence[int], target_seq_len: int, device: str, memory_bytes: int | None = None
+) -> list[int]:
+    """The sorted lengths to run (``seq_lens`` plus the target); raises EvaluationInputError.
+    Where ``memory_bytes`` (the sandbox's memory limit) is given, it also refuses lengths whose
+    output area (start.output_offsets) would not fit in it."""
     lengths = evaluation_lengths(seq_lens, target_seq_len)
     for length in lengths:
         if isinstance(length, bool) or not isinstance(length, int) or not MIN_SEQ_LEN <= length <= MAX_SEQ_LEN:
@@ -129,6 +133,16 @@ def check_lengths(seq_lens: Sequence[int], target_seq_len: int, device: str) -> 
             raise EvaluationInputError(
                 f"sequence length {length}: CPU runs are limited to {CPU_MAX_SEQ_LEN} tokens ({CPU_NOTE})"
             )
+    # The area lives in the evaluating process, outside the sandbox's limit, and is filled at the
+    # start on CUDA: 32 GiB at the API's largest target. Bounding it by that limit keeps an
+    # evaluation's host memory within twice the limit the operator sized for the host.
+    area = output_offsets(lengths)[1]
+    if memory_bytes is not None and area > memory_bytes:
+        raise EvaluationInputError(
+            f"sequence lengths {lengths}: their output area of {area / (1 << 30):.1f} GiB (2 KiB a token of "
+            f"each length, held outside the sandbox) exceeds the host memory one evaluation may hold, "
+            f"SANDBOX_MEMORY_MB ({memory_bytes >> 20} MiB)"
+        )
     return lengths
 
 

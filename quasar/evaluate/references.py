@@ -209,7 +209,7 @@ def start_references(target_seq_len: int, options: EvaluationOptions) -> Referen
     """The reference work of an evaluation of ``target_seq_len`` with ``options``, started now
     with the weights seed the evaluation will use (for :func:`evaluate`'s ``references``); raises
     :class:`EvaluationInputError` for lengths it would refuse."""
-    lengths = check_lengths(options.seq_lens, target_seq_len, options.device)
+    lengths = check_lengths(options.seq_lens, target_seq_len, options.device, options.policy.memory_bytes)
     return ReferenceWork(
         draw_weights_seed(options), options.device, lengths, request_counts(lengths, options), options.max_timed_runs
     )

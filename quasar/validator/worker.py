@@ -16,7 +16,7 @@ the harness's import and the parent's reference work. Outcomes:
 - ``{"outcome": "evaluated", "report": EvaluationReport.to_dict(), "content_hash": ...}``
 - ``{"outcome": "clone_failed", "error": ...}``: the fork or commit cannot be fetched;
 - ``{"outcome": "refused", "error": ..., "content_hash": ...}``: the evaluation cannot run as
-  asked (a length this device does not take).
+  asked (a length this device does not take, or whose output area exceeds the sandbox's memory).
 
 ``content_hash`` is the normalised content hash of the clone's kernel files
 (:func:`kernel_content_hash`, quasar/originality.py), which the validator reports so that the API
@@ -154,11 +154,10 @@ class HeadStart:
         self.references = None
         try:
             # Checked first: the start makes (on a GPU, fills) an output area of 2 KiB a token in
-            # this process, outside the sandbox's memory limit: 205 GB at a target of 10^8.
-            lengths = check_lengths(options["seq_lens"], self.target, options["device"])
-            self.sandbox = SandboxStart(
-                lengths, options["device"], policy_from_json(options["policy"]), options["pin_cpus"]
-            )
+            # this process, outside the sandbox's memory limit, which bounds it (options.check_lengths).
+            policy = policy_from_json(options["policy"])
+            lengths = check_lengths(options["seq_lens"], self.target, options["device"], policy.memory_bytes)
+            self.sandbox = SandboxStart(lengths, options["device"], policy, options["pin_cpus"])
         except EvaluationInputError:
             pass  # evaluate() refuses the job with the same error
         except (OSError, KeyError, TypeError, ValueError, SandboxError) as error:
@@ -205,8 +204,10 @@ def with_triton_seed(job: dict[str, Any]) -> dict[str, Any]:
     options = job["options"]
     try:
         # A seed is built at the job's lengths (the output area as in HeadStart): checked first.
-        lengths = check_lengths(options["seq_lens"], job["target_sequence_length"], options["device"])
         given = policy_from_json(options["policy"])
+        lengths = check_lengths(
+            options["seq_lens"], job["target_sequence_length"], options["device"], given.memory_bytes
+        )
         policy = ensure_seed(options.get("triton_seed_dir", ""), options["device"], lengths, given)
     except (KeyError, TypeError, ValueError, OSError) as error:
         logger.warning("no Triton cache seed for this evaluation: %s", error)
