@@ -217,6 +217,20 @@ def test_a_version_key_below_the_subnets_is_refused(subnet, wallets):
     assert subnet.weights() == {1: {3: 1.0}}
 
 
+def test_an_outdated_version_key_is_refused_before_the_rate_limit(chain, wallets):
+    """internal_set_weights checks the version key (its step 7) before the rate limit (step 9): a
+    setting both too early and with an outdated key gets the lasting IncorrectWeightVersionKey, not
+    SettingWeightsTooFast, which would have the validator retry blocks later with the same key."""
+    direct(chain, weights_version_key=10)
+    chain.register_wallet(wallets["owner"])
+    chain.advance(10)
+    chain.register_wallet(wallets["validator"], stake=1e4, validator_permit=True)
+    with pytest.raises(Refused, match="IncorrectWeightVersionKey"):
+        chain.set_weights(wallets["validator"], {0: 1.0}, version_key=9)
+    with pytest.raises(RateLimited, match="SettingWeightsTooFast"):
+        chain.set_weights(wallets["validator"], {0: 1.0}, version_key=10)
+
+
 def test_weights_need_a_permit_except_the_owners_and_a_self_weight(subnet, wallets):
     """check_validator_permit: a permit, or the subnet owner's uid, or one weight on the setter's own uid."""
     direct(subnet, weights_rate_limit=0)

@@ -9,8 +9,9 @@ quasar/chain/subtensor_rules.py (each names the function of subtensor's pallet i
 finney's defaults for a new subnet (:data:`FINNEY`) unless a file is given others
 (``set_hyperparameters``, the CLI's ``set-hyperparameter``):
 
-- weights: version key, validator permit (the owner and a self-weight exempt), uids that exist,
-  ``min_allowed_weights``, ``max_weight_limit`` and the weights rate limit;
+- weights: version key, the weights rate limit, validator permit (the owner and a self-weight
+  exempt), uids that exist, ``min_allowed_weights`` and ``max_weight_limit``, checked in that order
+  (internal_set_weights'), so a call gets the error of the first rule it breaks;
 - commit-reveal: with ``commit_reveal_enabled`` weights are committed, invisible, and applied (or
   silently dropped, as the chain drops a reveal that fails) at the start of the epoch
   ``reveal_period_epochs`` after the commit's; epochs are ``tempo`` blocks from block 0; a hotkey
@@ -65,6 +66,7 @@ from quasar.chain.subtensor_rules import (
     refusal_error,
     refused_axon_address,
     reveal_block_for,
+    version_key_refusal,
     weights_refusal,
 )
 
@@ -96,6 +98,20 @@ def _hotkey_of(wallet) -> str:
 def _coldkey_of(wallet) -> str:
     """The ss58 address of ``wallet``'s coldkey (read from its public file: nothing is unlocked)."""
     return resolve_signer(wallet, role="coldkey").ss58_address
+
+
+def _check_rate_limit(
+    name: str, uid: int, last_update: int, block: int, hyperparameters: SubnetHyperparameters
+) -> None:
+    """Subtensor's check_rate_limit for weights and commits alike: RateLimited named ``name`` until
+    ``weights_rate_limit`` blocks have passed since the uid's LastUpdate."""
+    wait = blocks_until_allowed(block, last_update, hyperparameters.weights_rate_limit)
+    if wait:
+        raise RateLimited(
+            wait,
+            f"cannot set weights: {name}: uid {uid} set weights at block {last_update}; the rate limit is "
+            f"{hyperparameters.weights_rate_limit} blocks: wait {wait} more",
+        )
 
 
 class DevChain(Chain):
@@ -184,31 +200,37 @@ class DevChain(Chain):
     def _apply_weights(
         self, connection: sqlite3.Connection, hotkey: str, weights: Mapping[int, float], version_key: int, block: int
     ) -> None:
-        """Subtensor's internal_set_weights without the rate limit: check, then store normalized."""
-        setter = connection.execute("SELECT uid, validator_permit FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
+        """Subtensor's internal_set_weights, its checks in its order (the error a call gets is the
+        first that fails): registration, version key, the rate limit (not on a commit-reveal
+        subnet, whose commits are limited instead), then :func:`weights_refusal`'s; stores the
+        weights normalized and, without commit-reveal, the uid's LastUpdate."""
+        setter = connection.execute(
+            "SELECT uid, validator_permit, last_update FROM neurons WHERE hotkey = ?", (hotkey,)
+        ).fetchone()
         if setter is None:
             raise refusal_error(
                 "HotKeyNotRegisteredInSubNet",
                 f"HotKeyNotRegisteredInSubNet: hotkey {hotkey} is not registered on subnet {self.netuid}",
             )
-        uids = {uid for (uid,) in connection.execute("SELECT uid FROM neurons")}
-        refusal = weights_refusal(
-            weights,
-            setter[0],
-            bool(setter[1]),
-            self._owner_uid_in(connection),
-            version_key,
-            uids,
-            hyperparameters_in(connection),
-        )
+        uid, permit, last_update = setter
+        hyperparameters = hyperparameters_in(connection)
+        refusal = version_key_refusal(version_key, hyperparameters)
+        if refusal is None and not hyperparameters.commit_reveal_enabled:
+            _check_rate_limit("SettingWeightsTooFast", uid, last_update, block, hyperparameters)
+        if refusal is None:
+            registered = {row[0] for row in connection.execute("SELECT uid FROM neurons")}
+            owner_uid = self._owner_uid_in(connection)
+            refusal = weights_refusal(weights, uid, bool(permit), owner_uid, registered, hyperparameters)
         if refusal is not None:
             raise refusal_error(refusal.name, f"cannot set weights: {refusal}")
         total = sum(weights.values())
-        connection.execute("DELETE FROM weights WHERE setter_uid = ?", (setter[0],))
+        connection.execute("DELETE FROM weights WHERE setter_uid = ?", (uid,))
         connection.executemany(
             "INSERT INTO weights (setter_uid, target_uid, weight, version_key, block) VALUES (?, ?, ?, ?, ?)",
-            [(setter[0], uid, weight / total, int(version_key), block) for uid, weight in weights.items() if weight],
+            [(uid, target, weight / total, int(version_key), block) for target, weight in weights.items() if weight],
         )
+        if not hyperparameters.commit_reveal_enabled:
+            connection.execute("UPDATE neurons SET last_update = ? WHERE uid = ?", (block, uid))
 
     # --- Chain ---
 
@@ -305,46 +327,46 @@ class DevChain(Chain):
             }
             if changed:
                 raise UidsChanged(changed)
-            uid, last_update = setter
             block = self._file.block_at(connection)
-            hyperparameters = hyperparameters_in(connection)
-            # check_rate_limit, for set_weights and for commits alike (each sets LastUpdate).
-            wait = blocks_until_allowed(block, last_update, hyperparameters.weights_rate_limit)
-            if wait:
-                name = "CommittingWeightsTooFast" if hyperparameters.commit_reveal_enabled else "SettingWeightsTooFast"
-                raise RateLimited(
-                    wait,
-                    f"cannot set weights: {name}: uid {uid} set weights at block {last_update}; "
-                    f"the rate limit is {hyperparameters.weights_rate_limit} blocks: wait {wait} "
-                    "more",
-                )
-            if hyperparameters.commit_reveal_enabled:
-                # The chain keeps commits in one queue an epoch and caps a hotkey's in the current one.
-                tempo = max(1, hyperparameters.tempo)
-                pending = connection.execute(
-                    "SELECT COUNT(*) FROM weight_commits WHERE hotkey = ? AND outcome IS NULL AND commit_block / ? = ?",
-                    (hotkey, tempo, block // tempo),
-                ).fetchone()[0]
-                if pending >= MAX_UNREVEALED_COMMITS:
-                    raise refusal_error(
-                        "TooManyUnrevealedCommits",
-                        f"cannot commit weights: TooManyUnrevealedCommits: {pending} commits of uid {uid} "
-                        "this epoch wait for their reveal",
-                    )
-                reveal_block = reveal_block_for(block, hyperparameters)
-                connection.execute(
-                    "INSERT INTO weight_commits (hotkey, weights, version_key, commit_block, reveal_block) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (hotkey, json.dumps(values), int(version_key), block, reveal_block),
-                )
-                submission = WeightsSubmission(
-                    block, True, f"committed at block {block}, revealed at block {reveal_block}"
-                )
-            else:
+            if not hyperparameters_in(connection).commit_reveal_enabled:
                 self._apply_weights(connection, hotkey, values, version_key, block)
-                submission = WeightsSubmission(block, False, f"set at block {block}")
-            connection.execute("UPDATE neurons SET last_update = ? WHERE uid = ?", (block, uid))
-        return submission
+                return WeightsSubmission(block, False, f"set at block {block}")
+            return self._commit(connection, hotkey, setter, values, version_key, block)
+
+    def _commit(
+        self,
+        connection: sqlite3.Connection,
+        hotkey: str,
+        setter: tuple[int, int],
+        values: Mapping[int, float],
+        version_key: int,
+        block: int,
+    ) -> WeightsSubmission:
+        """Subtensor's commit of weights (internal_commit_timelocked_weights) after the registration
+        check: the rate limit, at most 10 commits of the hotkey waiting in the current
+        epoch; the commit sets the uid's LastUpdate. Its weights are checked only at the reveal."""
+        uid, last_update = setter
+        hyperparameters = hyperparameters_in(connection)
+        _check_rate_limit("CommittingWeightsTooFast", uid, last_update, block, hyperparameters)
+        tempo = max(1, hyperparameters.tempo)
+        pending = connection.execute(
+            "SELECT COUNT(*) FROM weight_commits WHERE hotkey = ? AND outcome IS NULL AND commit_block / ? = ?",
+            (hotkey, tempo, block // tempo),
+        ).fetchone()[0]
+        if pending >= MAX_UNREVEALED_COMMITS:
+            raise refusal_error(
+                "TooManyUnrevealedCommits",
+                f"cannot commit weights: TooManyUnrevealedCommits: {pending} commits of uid {uid} "
+                "this epoch wait for their reveal",
+            )
+        reveal_block = reveal_block_for(block, hyperparameters)
+        connection.execute(
+            "INSERT INTO weight_commits (hotkey, weights, version_key, commit_block, reveal_block) "
+            "VALUES (?, ?, ?, ?, ?)",
+            (hotkey, json.dumps(values), int(version_key), block, reveal_block),
+        )
+        connection.execute("UPDATE neurons SET last_update = ? WHERE uid = ?", (block, uid))
+        return WeightsSubmission(block, True, f"committed at block {block}, revealed at block {reveal_block}")
 
     def api_location(self) -> ApiLocation | None:
         rows = self._file.read("SELECT value FROM meta WHERE key = 'identity_additional'")

@@ -120,19 +120,16 @@ def weights_refusal(
     setter_uid: int,
     setter_permit: bool,
     owner_uid: int | None,
-    version_key: int,
     uids: set[int],
     hyperparameters: SubnetHyperparameters,
 ) -> Refusal | None:
-    """Why subtensor's ``internal_set_weights`` refuses ``weights`` from ``setter_uid`` (the error's
-    name and what it means), or None when it accepts them. The rate limit is checked apart."""
+    """Why subtensor's ``internal_set_weights`` refuses ``weights`` from ``setter_uid`` once the
+    setter's registration, version key and rate limit passed (those are checked before, in
+    that order), or None when it accepts them: the error's name and what it means."""
     values = u16_weights(weights)
     if not values:
         return Refusal("WeightVecLengthIsLow", "weights are empty or all zero")
     self_weight = list(values) == [setter_uid]  # is_self_weight: one entry, on the setter's own uid
-    refusal = version_key_refusal(version_key, hyperparameters)
-    if refusal is not None:
-        return refusal
     # check_validator_permit: a self-weight and the subnet owner need no permit.
     if not (self_weight or setter_uid == owner_uid or setter_permit):
         return Refusal("NeuronNoValidatorPermit", f"uid {setter_uid} has no validator permit")
