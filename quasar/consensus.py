@@ -237,7 +237,8 @@ def agreement(judged: Iterable[tuple[Consensus, Sequence[Report]]]) -> list[Agre
             tally = counts.setdefault(report.validator_hotkey, [0, 0])
             tally[0] += 1
             tally[1] += report.passed == (consensus.state == PASSED)
-            figure = consensus.measured_tokens_per_sec
+            # A failed submission's figure is for information only, not a consensus figure.
+            figure = consensus.measured_tokens_per_sec if consensus.state == PASSED else None
             if report.passed and figure and report.measured_tokens_per_sec is not None:
                 deviations.setdefault(report.validator_hotkey, []).append(
                     abs(report.measured_tokens_per_sec / figure - 1)

@@ -171,3 +171,14 @@ def test_agreement_shows_the_validator_that_keeps_disagreeing():
     assert by_validator["big"].share == 0.0 and by_validator["big"].median_deviation is None
     assert (by_validator["mid"].agreed, by_validator["mid"].median_deviation) == (3, 0.0)
     assert by_validator["small"].share == 1.0 and by_validator["small"].median_deviation == pytest.approx(0.02)
+
+
+def test_a_pass_the_consensus_failed_does_not_count_in_the_validators_deviation():
+    # A failed submission's figure is for information only: a validator passing what the others
+    # failed disagrees (counted), but its figure is not measured against that information.
+    electorate = Electorate.from_stakes(STAKES)
+    reports = [failed("big", 50.0), failed("mid", 60.0), passed("small", 100.0)]
+    view = decide(reports, electorate, QUORUM)
+    assert (view.state, view.measured_tokens_per_sec) == (FAILED, 60.0)
+    (small,) = [item for item in agreement([(view, reports)]) if item.validator_hotkey == "small"]
+    assert (small.judged, small.disagreed, small.median_deviation) == (1, 1, None)
