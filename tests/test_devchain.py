@@ -231,6 +231,30 @@ def test_an_outdated_version_key_is_refused_before_the_rate_limit(chain, wallets
         chain.set_weights(wallets["validator"], {0: 1.0}, version_key=10)
 
 
+def test_a_hotkey_below_the_stake_threshold_cannot_set_or_commit_weights(subnet, wallets):
+    """check_weights_min_stake (the chain's StakeThreshold): checked before the call runs (the
+    CheckWeights extension), so before registration and the version key, for a setting and a commit
+    alike, and again when a commit is revealed; the owner's uid is exempt."""
+    subnet.set_stake_threshold(2e4)  # the validator holds 1e4
+    with pytest.raises(
+        Refused, match="NotEnoughStakeToSetWeights: .* a stake of 10000, below the chain's StakeThreshold 20000"
+    ):
+        subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
+    with pytest.raises(Refused, match="NotEnoughStakeToSetWeights"):
+        subnet.set_weights(make_wallet(subnet.path.parent, "stranger"), {2: 1.0}, version_key=0)
+    assert subnet.set_weights(wallets["owner"], {2: 1.0}, version_key=0).committed  # the owner: exempt
+    subnet.set_stake_threshold(1e4)
+    assert subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0).committed
+    subnet.set_stake_threshold(2e4)  # raised before the reveal: the commit is dropped there
+    subnet.advance(FINNEY.tempo)
+    assert [commit.outcome.split(":")[0] for commit in subnet.commits()] == ["revealed", "dropped"]
+    assert "NotEnoughStakeToSetWeights" in subnet.commits()[1].outcome
+    direct(subnet, weights_version_key=10)
+    with pytest.raises(Refused, match="NotEnoughStakeToSetWeights"):  # before the version key
+        subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=9)
+    assert subnet.stake_threshold() == 2e4 and subnet.weights() == {0: {2: 1.0}}
+
+
 def test_weights_need_a_permit_except_the_owners_and_a_self_weight(subnet, wallets):
     """check_validator_permit: a permit, or the subnet owner's uid, or one weight on the setter's own uid."""
     direct(subnet, weights_rate_limit=0)
@@ -534,6 +558,8 @@ def test_cli_sets_hyperparameters_and_the_loopback_allowance(chain, wallets):
     chain.publish_endpoint(wallets["miner"], "127.0.0.1", 8001)
     listing = cli(chain, "hyperparameters")
     assert listing.returncode == 0 and "finney's default" in listing.stdout
+    assert cli(chain, "stake-threshold", "1000").stdout.strip() == "1000" and chain.stake_threshold() == 1000
+    assert cli(chain, "stake-threshold", "--", "-1").returncode == 1 and chain.stake_threshold() == 1000
 
 
 def test_cli_tables_fit_80_columns_with_every_figure_whole(subnet, wallets):

@@ -9,7 +9,8 @@ quasar/chain/subtensor_rules.py (each names the function of subtensor's pallet i
 finney's defaults for a new subnet (:data:`FINNEY`) unless a file is given others
 (``set_hyperparameters``, the CLI's ``set-hyperparameter``):
 
-- weights: version key, the weights rate limit, validator permit (the owner and a self-weight
+- weights: the chain's StakeThreshold (``set_stake_threshold``, the owner exempt; subtensor's
+  default 0), version key, the weights rate limit, validator permit (the owner and a self-weight
   exempt), uids that exist, ``min_allowed_weights`` and ``max_weight_limit``, checked in that order
   (internal_set_weights'), so a call gets the error of the first rule it breaks;
 - commit-reveal: with ``commit_reveal_enabled`` weights are committed, invisible, and applied (or
@@ -197,11 +198,25 @@ class DevChain(Chain):
             (hotkey, hotkey),
         )
 
+    def _check_stake(self, connection: sqlite3.Connection, hotkey: str) -> None:
+        """Subtensor's check_weights_min_stake: ``hotkey``'s stake (0 when it holds no uid) at least the
+        chain's StakeThreshold (:meth:`set_stake_threshold`), the owner's uid exempt."""
+        threshold = float(meta(connection, "stake_threshold") or 0)
+        row = connection.execute("SELECT uid, stake FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
+        uid, stake = row if row else (None, 0.0)
+        if stake >= threshold or (uid is not None and uid == self._owner_uid_in(connection)):
+            return
+        raise refusal_error(
+            "NotEnoughStakeToSetWeights",
+            f"cannot set weights: NotEnoughStakeToSetWeights: hotkey {hotkey} holds a stake of {stake:g}, "
+            f"below the chain's StakeThreshold {threshold:g}",
+        )
+
     def _apply_weights(
         self, connection: sqlite3.Connection, hotkey: str, weights: Mapping[int, float], version_key: int, block: int
     ) -> None:
         """Subtensor's internal_set_weights, its checks in its order (the error a call gets is the
-        first that fails): registration, version key, the rate limit (not on a commit-reveal
+        first that fails): registration, stake, version key, the rate limit (not on a commit-reveal
         subnet, whose commits are limited instead), then :func:`weights_refusal`'s; stores the
         weights normalized and, without commit-reveal, the uid's LastUpdate."""
         setter = connection.execute(
@@ -213,6 +228,7 @@ class DevChain(Chain):
                 f"HotKeyNotRegisteredInSubNet: hotkey {hotkey} is not registered on subnet {self.netuid}",
             )
         uid, permit, last_update = setter
+        self._check_stake(connection, hotkey)
         hyperparameters = hyperparameters_in(connection)
         refusal = version_key_refusal(version_key, hyperparameters)
         if refusal is None and not hyperparameters.commit_reveal_enabled:
@@ -312,6 +328,8 @@ class DevChain(Chain):
         hotkey = _hotkey_of(wallet)
         values = checked_weights(weights)
         with self._write() as connection:
+            # Subtensor's CheckWeights extension checks the stake before the call runs, registered or not.
+            self._check_stake(connection, hotkey)
             setter = connection.execute("SELECT uid, last_update FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
             if setter is None:
                 raise refusal_error(
@@ -342,8 +360,8 @@ class DevChain(Chain):
         version_key: int,
         block: int,
     ) -> WeightsSubmission:
-        """Subtensor's commit of weights (internal_commit_timelocked_weights) after the registration
-        check: the rate limit, at most 10 commits of the hotkey waiting in the current
+        """Subtensor's commit of weights (internal_commit_timelocked_weights) after the stake and
+        registration checks: the rate limit, at most 10 commits of the hotkey waiting in the current
         epoch; the commit sets the uid's LastUpdate. Its weights are checked only at the reveal."""
         uid, last_update = setter
         hyperparameters = hyperparameters_in(connection)
@@ -490,6 +508,20 @@ class DevChain(Chain):
             updated = dataclasses.replace(hyperparameters_in(connection), **fields)
             set_hyperparameters_in(connection, updated)
         return updated
+
+    def set_stake_threshold(self, stake: float) -> None:
+        """Set the chain's StakeThreshold: the least stake (in this file's units) a hotkey needs to
+        set or commit weights, the owner's exempt; subtensor's default is 0, finney's is set by its
+        governance."""
+        if not (math.isfinite(stake) and stake >= 0):
+            raise ChainError(f"the stake threshold must be finite and non-negative, got {stake}")
+        with self._write() as connection:
+            set_meta(connection, "stake_threshold", repr(float(stake)))
+
+    def stake_threshold(self) -> float:
+        """The chain's StakeThreshold (:meth:`set_stake_threshold`)."""
+        rows = self._file.read("SELECT value FROM meta WHERE key = 'stake_threshold'")
+        return float(rows[0][0]) if rows else 0.0
 
     def allow_loopback_axons(self, allowed: bool) -> None:
         """Let this file store loopback endpoints, which subtensor refuses: only for a network whose

@@ -1,7 +1,7 @@
 """The dev chain's command line: ``quasar devchain --path FILE COMMAND`` (or ``python -m
 quasar.chain.devchain``) with the commands ``init``, ``register``, ``deregister``, ``set-owner``,
 ``set-permit``, ``advance``, ``block``, ``neurons``, ``weights``, ``commits``, ``hyperparameters``,
-``set-hyperparameter``, ``allow-loopback`` and ``identity``. Its tables fit 80 columns.
+``set-hyperparameter``, ``stake-threshold``, ``allow-loopback`` and ``identity``. Its tables fit 80 columns.
 """
 
 from __future__ import annotations
@@ -125,6 +125,10 @@ def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
     hyperparameter = commands.add_parser("set-hyperparameter", help="change one hyperparameter")
     hyperparameter.add_argument("name", choices=HYPERPARAMETER_NAMES)
     hyperparameter.add_argument("value", help="an integer (true or false for commit_reveal_enabled)")
+    threshold = commands.add_parser(
+        "stake-threshold", help="print the chain's StakeThreshold (least stake to set weights), or set it"
+    )
+    threshold.add_argument("stake", nargs="?", type=float, help="the new threshold (default 0, subtensor's)")
     loopback = commands.add_parser(
         "allow-loopback",
         help="let this file store loopback endpoints (subtensor refuses them; the local network needs them)",
@@ -159,6 +163,10 @@ def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
         elif args.command == "set-hyperparameter":
             chain.set_hyperparameters(**{args.name: _hyperparameter_value(args.name, args.value)})
             _print_hyperparameters(chain, console)
+        elif args.command == "stake-threshold":
+            if args.stake is not None:
+                chain.set_stake_threshold(args.stake)
+            print(f"{chain.stake_threshold():g}")
         elif args.command == "allow-loopback":
             chain.allow_loopback_axons(args.state == "on")
         elif args.command == "identity":
