@@ -444,7 +444,11 @@ def print_tables(results: Sequence[Result], ranking: Ranking, console: Console) 
             continue
         reason = ineligibility_reason(result)
         if reason is None:
-            reason = f"the hotkey's submission {best[result.hotkey].submission_id} scores higher"
+            kept = best[result.hotkey]
+            beaten = (
+                "scores higher" if weighted_score(kept) > weighted_score(result) else "scores the same and came first"
+            )
+            reason = f"the hotkey's submission {kept.submission_id} {beaten}"
         left_out.add_row(short_hotkey(result.hotkey), str(result.submission_id), reason)
     if left_out.row_count:
         console.print(left_out)

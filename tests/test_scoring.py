@@ -5,6 +5,7 @@ inputs built to hold many near-ties, exact ties and equal submission times.
 """
 
 import dataclasses
+import io
 import json
 import math
 import os
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.console import Console
 
 from quasar import scoring
 from quasar.scoring import InvalidResult, Result, ScoringInputError
@@ -515,3 +517,15 @@ def test_cli_empty_list_burns_everything(tmp_path, monkeypatch, capsys):
     (tmp_path / "empty.json").write_text("[]")
     assert scoring.main(["--input", "empty.json"]) == 0
     assert json.loads(capsys.readouterr().out) == {"ranking": [], "weights": {}, "unassigned": 1.0}
+
+
+def test_table_does_not_say_an_equal_scoring_later_submission_was_outscored():
+    first, later = (Result("A", sid, at, 1_000_000, 1000.0, 1000.0, True, True) for sid, at in ((1, 100.0), (2, 200.0)))
+    outscored = Result("A", 3, 50.0, 1_000_000, 1000.0, 950.0, True, True)
+    results = [first, later, outscored]
+    console = Console(file=io.StringIO(), width=80)
+    scoring.print_tables(results, scoring.rank(results), console)
+    shown = console.file.getvalue()
+    assert "the hotkey's submission 1 scores the same and came first" in shown
+    assert "the hotkey's submission 1 scores higher" in shown  # submission 3's reason
+    assert shown.count("scores higher") == 1
