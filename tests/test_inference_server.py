@@ -672,3 +672,29 @@ def test_one_strangers_address_cannot_take_every_connection_of_the_server(world)
             assert answer_to(again, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").startswith(
                 b"HTTP/1.1 200"
             )
+
+
+def test_a_chain_outage_logs_one_warning_not_one_per_signed_request(world, caplog):
+    """Log flood: while the chain could not be read, every signed request (anyone's: a fresh
+    hotkey signs for free) logged a WARNING, so an outage of an hour filled pm2's log at the
+    callers' pace. One warning when the outage begins, one line when the chain answers again;
+    callers are refused as before (503 while it is down, 401 unsigned, 403 without a permit)."""
+    fake = fake_subnet(world)
+    chain = BittensorChain("finney", NETUID, client_factory=fake.factory, retries=0)
+    hotkey = world["wallets"]["miner"].hotkey.ss58_address
+    payload = {"prompt": [1, 2, 3], "gen_len": 2, "logits_at_step": 1}
+    requests_sent = 30
+    fake.plan("block", *[bt.RpcConnectionError("node unreachable")] * requests_sent)
+    caplog.set_level("INFO", logger="quasar")
+    with serving(create_inference_app(world["served"], chain, hotkey)) as port:
+        url = f"http://127.0.0.1:{port}"
+        down = [signed_post(world, url, payload, wallet=("validator", "stranger")[i % 2]) for i in range(requests_sent)]
+        unsigned = requests.post(url + "/inference", json=payload, timeout=10)
+        back = signed_post(world, url, payload)
+        stranger = signed_post(world, url, payload, wallet="stranger")
+    assert [r.status_code for r in down] == [503] * requests_sent
+    assert unsigned.status_code == 401 and back.status_code == 200 and stranger.status_code == 403
+    lines = [r for r in caplog.records if r.name.startswith("quasar") and r.levelname != "DEBUG"]
+    warnings = [r.getMessage() for r in lines if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "node unreachable" in warnings[0], warnings
+    assert sum("chain can be read again" in r.getMessage() for r in lines) == 1, [r.getMessage() for r in lines]

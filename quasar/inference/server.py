@@ -12,9 +12,9 @@ Signed endpoints need a ``btauth/1`` request addressed to this miner's hotkey fr
 validator permit on the subnet (401 unsigned/bad signature/replay, 403 no permit). Callers are
 checked against the metagraph read at most once per chain block (quasar/api/chaincache.py; the block
 number is polled every half block), so no request rate makes the server load its chain node; when the
-chain cannot be read, signed requests
-get 503 (the caller cannot be checked: retry later). Bad bodies get
-422 with the field at fault, oversized bodies 413. The model runs one request at a time on a
+chain cannot be read, signed requests get 503 (the caller cannot be checked: retry later), and the
+log gets a warning when such an outage begins and a line when it ends, not one per request. Bad
+bodies get 422 with the field at fault, oversized bodies 413. The model runs one request at a time on a
 single worker thread; at most ``queue_size`` more wait, and beyond that requests get 503.
 
 Anyone on the internet can reach the server, so run it with :func:`server_options`: a request's
@@ -123,6 +123,33 @@ class BoundedWorker:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+class ChainOutage:
+    """Whether the chain could be read at the last permit check, so that an outage logs a warning
+    when it begins and a line when it ends: anyone can sign requests (a new hotkey costs nothing),
+    and a line for each one while the chain is down would grow the log at their pace.
+    Used on the event loop only."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+    def failed(self, error: ChainError) -> None:
+        """A permit check could not read the chain."""
+        if self.since is None:
+            self.since = time.monotonic()
+            log.warning(
+                "cannot read the chain to check callers' validator permits (signed requests get 503): %s", error
+            )
+
+    def read(self) -> None:
+        """A permit check read the chain."""
+        if self.since is not None:
+            log.info(
+                "the chain can be read again after %.0f s; callers' permits are checked again",
+                time.monotonic() - self.since,
+            )
+            self.since = None
 
 
 def _error(status_code: int, reason: str) -> JSONResponse:
@@ -257,6 +284,7 @@ def create_inference_app(
     cached = CachedMetagraphChain(chain, block_poll_s=chain.block_time_s / 2)
     authorize = auth.require_validator_permit(cached)
     worker = BoundedWorker(limits.queue_size)
+    outage = ChainOutage()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -272,7 +300,7 @@ def create_inference_app(
         who holds a permit cannot be read)."""
         target = auth.request_target(request.url.path, request.url.query)
         try:
-            return await run_in_threadpool(
+            caller = await run_in_threadpool(
                 auth.authenticate,
                 request.headers,
                 body,
@@ -283,10 +311,16 @@ def create_inference_app(
                 authorize=authorize,
             )
         except ChainError as error:
-            log.warning("cannot check a caller's validator permit: %s", error)
+            outage.failed(error)
             raise auth.AuthFailure(
                 503, "the miner cannot read the chain to check the caller's validator permit now; retry later"
             ) from None
+        except auth.AuthFailure as failure:
+            if failure.status_code == 403:  # refused by the permit check, which read the chain
+                outage.read()
+            raise
+        outage.read()
+        return caller
 
     @app.get("/health")
     async def health() -> dict:
