@@ -23,6 +23,7 @@ from quasar.evaluate.sandbox import SandboxPolicy
 from quasar.evaluate.start import SandboxStart
 from quasar.evaluate.triton_seed import (
     HARNESS_KERNELS,
+    MAX_SEEDS,
     SeedError,
     build_seed,
     ensure_seed,
@@ -185,3 +186,60 @@ def test_a_module_that_does_not_compile_is_reported_and_the_rest_still_written(t
     problem = compile_bytecode(environment, sys.executable)
     assert problem is not None and "bad.py" in problem
     assert Path(importlib.util.cache_from_source(str(tmp_path / "good.py"))).is_file()
+
+
+def changing_host(monkeypatch) -> dict[str, str]:
+    """A GPU host whose seeds are built by a stand-in for the sandboxed run on its GPU; setting the
+    returned ``torch`` or ``gpu`` upgrades its torch or moves the evaluation to another GPU model."""
+    from quasar.evaluate import triton_seed
+
+    host = {"torch": "2.5.0", "gpu": "NVIDIA H100 80GB HBM3"}
+    monkeypatch.setattr(triton_seed, "gpu_model", lambda device: host["gpu"])
+    monkeypatch.setattr(
+        triton_seed,
+        "evaluation_environment",
+        lambda: EvaluationEnvironment({"torch": host["torch"], "triton": "3.1.0"}, (), ()),
+    )
+
+    def build(device, lengths, policy, destination):
+        destination.mkdir()
+        (destination / "kernel.cubin").write_bytes(b"\0" * 4096)
+        return 1
+
+    monkeypatch.setattr(triton_seed, "build_seed", build)
+    return host
+
+
+def seed_of(root: Path) -> Path:
+    return Path(ensure_seed(str(root), "cuda", [64], SandboxPolicy()).triton_seed or "")
+
+
+def seeds_under(root: Path) -> set[Path]:
+    return {p for p in root.iterdir() if p.name != ".lock"}
+
+
+def test_toolchain_upgrades_over_months_do_not_grow_the_seed_folder_without_bound(tmp_path, monkeypatch):
+    host = changing_host(monkeypatch)
+    root = tmp_path / "seeds"
+    (root / "notes").mkdir(parents=True)  # the operator's, in a folder given to seeds too
+    killed = root / f"{'0' * 24}.k1ll_d"  # left by a build killed while unpacking
+    (killed / "seed").mkdir(parents=True)
+    used = []
+    for minor in range(12):  # a year of monthly torch upgrades: a new seed each
+        host["torch"] = f"2.{minor}.0"
+        used.append(seed_of(root))
+    assert seeds_under(root) == set(used[-MAX_SEEDS:]) | {root / "notes"}  # the newest are kept
+
+
+def test_a_seed_in_use_is_kept_when_newer_ones_are_built(tmp_path, monkeypatch):
+    host = changing_host(monkeypatch)
+    root = tmp_path / "seeds"
+    kept = seed_of(root)
+    for minor in range(6, 6 + 3 * MAX_SEEDS):
+        host["torch"], host["gpu"] = f"2.{minor}.0", "NVIDIA A100-SXM4-80GB"
+        seed_of(root)
+        # The host's other GPU model, evaluating on the old torch between the upgrades.
+        host["torch"], host["gpu"] = "2.5.0", "NVIDIA H100 80GB HBM3"
+        assert seed_of(root) == kept
+    assert kept.is_dir() and len(seeds_under(root)) == MAX_SEEDS
+    assert len(list(root.glob("*"))) == MAX_SEEDS + 1  # and the lock

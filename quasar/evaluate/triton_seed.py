@@ -15,6 +15,8 @@ any fork code runs; Triton then reuses what matches and compiles the rest. Nothi
 fork writes ever reaches the seed: only the starter's run makes it, each child works on its own
 copy, and an unsandboxed child (which could write to the host) gets none. Where the seed cannot be
 built, evaluations compile everything, as without it (docs/evaluation.md, "The Triton cache seed").
+A new seed's build removes the seeds no evaluation used lately (:func:`prune_seeds`): the folder
+holds :data:`MAX_SEEDS` at most, whatever upgrades the host goes through.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import tarfile
@@ -51,6 +54,9 @@ _RUN_PAYLOAD_BYTES = 1 << 16
 MAX_SEED_BYTES = 256 << 20
 # How long building a seed may take in all (the child's start, the compilations, the longest length).
 BUILD_TIMEOUT_S = 600.0
+# Seeds kept in TRITON_SEED_DIR, the most recently used: each GPU model and each change of
+# Triton, torch, Python or the starter fork makes a new one, and the old ones are never used again.
+MAX_SEEDS = 4
 # The requests' seeds: any will do, the run is only there to compile the kernels.
 _INPUT_SEED, _BASIS_SEED, _WEIGHTS_SEED = 1, 2, 3
 
@@ -173,6 +179,33 @@ def build_seed(device: str, lengths: Sequence[int], policy: SandboxPolicy, desti
     return count
 
 
+# A seed's folder (seed_key) and what a build killed before its end leaves (build_seed's partial
+# folder): the names prune_seeds may remove, so a TRITON_SEED_DIR shared with anything else keeps it.
+_SEED_NAME = re.compile(r"[0-9a-f]{24}(\.[A-Za-z0-9_]+)?")
+
+
+def mark_used(seed: Path) -> None:
+    """Note that an evaluation uses ``seed`` now (its folder's times, which :func:`prune_seeds` orders by)."""
+    now = time.time_ns()
+    try:
+        os.utime(seed, ns=(now, now))
+    except OSError as error:
+        logger.debug("could not mark the Triton cache seed %s used: %s", seed, error)
+
+
+def prune_seeds(folder: Path, keep: int = MAX_SEEDS) -> None:
+    """Remove from ``folder`` all seeds but the ``keep`` most recently used, and what builds killed
+    midway left; the caller holds the folder's lock, so no build is under way."""
+    found = [path for path in folder.iterdir() if _SEED_NAME.fullmatch(path.name) and path.is_dir()]
+    seeds = sorted((p for p in found if "." not in p.name), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    for path in seeds[keep:]:
+        logger.info("removing the Triton cache seed %s, the least recently used", path)
+        shutil.rmtree(path, ignore_errors=True)
+    for path in found:
+        if "." in path.name:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def _exclusive(lock_path: Path) -> Iterator[bool]:
     """Hold ``lock_path`` exclusively if no other process does; yields whether it is held."""
@@ -227,4 +260,7 @@ def ensure_seed(root: str, device: str, lengths: Sequence[int], policy: SandboxP
                     logger.warning("no Triton cache seed (%s); evaluations compile everything", error)
                     return policy
                 logger.info("Triton cache seed built: %d files", count)
+                mark_used(seed)
+                prune_seeds(folder)
+    mark_used(seed)
     return replace(policy, triton_seed=str(seed))
