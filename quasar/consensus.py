@@ -11,9 +11,10 @@ Reports from hotkeys that hold no permit, or no stake while others do, count for
   overturn. Until then a quorum with no such majority is ``disputed``. So a validator holding
   less than half of the stake never decides alone, whatever it reports and whenever it reports.
 - **Figure**: the measured tokens/sec of a passed submission is the highest figure that passing
-  validators holding more than half of the weight measured at least (the stake-weighted median
-  of the passing reports, from the top). A minority can so never raise it above what the others
-  measured, however high it reports.
+  validators holding more than half of the whole weight measured at least (the stake-weighted
+  median of the whole weight, from the top, failing and missing reports below every figure; not
+  the median of the passing reports alone). A minority can so never raise it above what the
+  others measured, however high it reports.
 - **Content**: the normalised kernel content hash the validators computed from their clones
   (quasar/originality.py) is the one validators holding more than half of the weight reported.
 

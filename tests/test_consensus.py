@@ -182,3 +182,11 @@ def test_a_pass_the_consensus_failed_does_not_count_in_the_validators_deviation(
     assert (view.state, view.measured_tokens_per_sec) == (FAILED, 60.0)
     (small,) = [item for item in agreement([(view, reports)]) if item.validator_hotkey == "small"]
     assert (small.judged, small.disagreed, small.median_deviation) == (1, 1, None)
+
+
+def test_a_passing_minority_does_not_set_the_figure_as_the_median_of_passing_reports_would():
+    # Passing: 35% at 1e15 and 25% at 100; the median of the passing reports alone would be 1e15.
+    electorate = Electorate.from_stakes({"liar": 35.0, "honest": 25.0, "failer": 40.0})
+    reports = [passed("liar", 1e15), passed("honest", 100.0), failed("failer", 80.0)]
+    view = decide(reports, electorate, QUORUM)
+    assert (view.state, view.measured_tokens_per_sec) == (PASSED, 100.0)
