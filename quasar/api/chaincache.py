@@ -6,6 +6,11 @@ a twelfth of a Bittensor block), and the metagraph (registrations, permits) when
 newer than the snapshot's. So a hotkey deregistered (or a permit revoked) in block N is refused
 from the first request after the API has seen block N: at most ``block_poll_s`` plus one metagraph
 read after block N, never a block or more later.
+
+A failed read (the node down or hung: ChainError, after the SDK's retries) is kept for
+``block_poll_s`` as a block number is: the requests that waited for it, and those arriving in that
+time, fail with it at once instead of each asking the node again in turn, which held the last of N
+waiting requests for N failing reads (minutes each on finney) and asked the node once a request.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from quasar.chain import Chain, Metagraph
+from quasar.chain import Chain, ChainError, Metagraph
 from quasar.chain.base import ApiLocation, SubnetHyperparameters, WeightsSubmission
 
 DEFAULT_BLOCK_POLL_S = 1.0
@@ -38,19 +43,39 @@ class CachedMetagraphChain(Chain):
         self._metagraph_lock = threading.Lock()
         self._block: tuple[float, int] | None = None
         self._snapshot: tuple[int, Metagraph] | None = None
+        # The last failed read of each kind: when it failed and why (kept for block_poll_s).
+        self._block_failure: tuple[float, str] | None = None
+        self._metagraph_failure: tuple[float, str] | None = None
+
+    def _failed_lately(self, failure: tuple[float, str] | None) -> None:
+        """Raise ``failure`` again if it happened less than ``block_poll_s`` ago."""
+        if failure is not None and self.clock() - failure[0] < self.block_poll_s:
+            raise ChainError(failure[1])
 
     def current_block(self) -> int:
         with self._block_lock:  # one read at a time; the others wait for it rather than all asking the node
             now = self.clock()
             if self._block is None or now - self._block[0] >= self.block_poll_s:
-                self._block = (now, self.inner.current_block())
+                self._failed_lately(self._block_failure)
+                try:
+                    self._block = (now, self.inner.current_block())
+                except ChainError as error:
+                    self._block_failure = (self.clock(), str(error))
+                    raise
+                self._block_failure = None
             return self._block[1]
 
     def metagraph(self) -> Metagraph:
         block = self.current_block()
         with self._metagraph_lock:
             if self._snapshot is None or self._snapshot[0] < block:
-                self._snapshot = (block, self.inner.metagraph())
+                self._failed_lately(self._metagraph_failure)
+                try:
+                    self._snapshot = (block, self.inner.metagraph())
+                except ChainError as error:
+                    self._metagraph_failure = (self.clock(), str(error))
+                    raise
+                self._metagraph_failure = None
             return self._snapshot[1]
 
     def owner_uid(self) -> int | None:
