@@ -6,6 +6,7 @@ dev chain, or, to count what reaches a subtensor node, the Bittensor chain layer
 tests/test_bittensor_chain.py.
 """
 
+import gzip
 import http.server
 import json
 import os
@@ -698,3 +699,117 @@ def test_a_chain_outage_logs_one_warning_not_one_per_signed_request(world, caplo
     warnings = [r.getMessage() for r in lines if r.levelname == "WARNING"]
     assert len(warnings) == 1 and "node unreachable" in warnings[0], warnings
     assert sum("chain can be read again" in r.getMessage() for r in lines) == 1, [r.getMessage() for r in lines]
+
+
+def endless(head: bytes, piece: bytes, pause: float = 0.0):
+    """Sends ``head``, then ``piece`` again and again (every ``pause`` s) until the test ends."""
+
+    def answer(write, request, stopped):
+        write(head)
+        while not stopped.is_set():
+            write(piece)
+            if pause:
+                stopped.wait(pause)
+
+    return answer
+
+
+def honest_tokens_with(world, logits):
+    """The reference's tokens for the challenge, with ``logits`` as the captured logits."""
+
+    def answer(write, request, stopped):
+        honest = world["reference"].generate(request["prompt"], request["gen_len"], request["logits_at_step"])
+        body = json.dumps({"tokens": list(honest.tokens), "captured_logits": logits}).encode()
+        json_answer(body)(write, request, stopped)
+
+    return answer
+
+
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+BOMB = gzip.compress(b"0" * (50 << 20))
+HOSTILE_ANSWERS = {
+    "huge-content-length-then-close": (
+        lambda world: (
+            lambda write, request, stopped: write(b"HTTP/1.1 200 OK\r\nContent-Length: 1099511627776\r\n\r\n{}")
+        ),
+        "short of its Content-Length",
+    ),
+    "huge-content-length-dripped": (
+        lambda world: endless(b"HTTP/1.1 200 OK\r\nContent-Length: 1099511627776\r\n\r\n", b"1", 0.05),
+        "within 0.5 s",
+    ),
+    "chunked-forever": (lambda world: endless(CHUNKED, b"400\r\n" + b"1" * 1024 + b"\r\n"), "larger than"),
+    "chunked-dripped": (lambda world: endless(CHUNKED, b"1\r\n1\r\n", 0.05), "within 0.5 s"),
+    "endless-trailer": (
+        lambda world: endless(CHUNKED + b"0\r\n", b"X: y\r\n"),
+        "",
+    ),  # refused for its size or cut at the deadline
+    "endless-headers": (
+        lambda world: endless(b"HTTP/1.1 200 OK\r\n", b"X: y\r\n"),
+        "",
+    ),  # refused for its size or cut at the deadline
+    "endless-header-line": (
+        lambda world: endless(b"HTTP/1.1 200 OK\r\nX: ", b"y" * 1024),
+        "",
+    ),  # refused for its size or cut at the deadline
+    "redirect": (
+        lambda world: (
+            lambda write, request, stopped: write(
+                b"HTTP/1.1 302 Found\r\nLocation: http://127.0.0.1:1/inference\r\nContent-Length: 0\r\n\r\n"
+            )
+        ),
+        "HTTP 302",
+    ),
+    "gzip-bomb": (
+        lambda world: (
+            lambda write, request, stopped: write(
+                b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(BOMB) + BOMB
+            )
+        ),
+        "compressed",
+    ),
+    "1GiB-body": (
+        lambda world: endless(b"HTTP/1.1 200 OK\r\nContent-Length: 1073741824\r\n\r\n", b"1" * 65536),
+        "larger than",
+    ),
+    "1GiB-body-without-length": (
+        lambda world: endless(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n", b"1" * 65536),
+        "larger than",
+    ),
+    "nan-logits": (lambda world: honest_tokens_with(world, [float("nan")] * TINY_VOCAB), "non-finite"),
+    "inf-logit": (lambda world: honest_tokens_with(world, [float("inf")] + [0.0] * (TINY_VOCAB - 1)), "non-finite"),
+}
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_ANSWERS))
+def test_hostile_answers_fail_the_check_within_its_deadline_and_size(world, name):
+    """Whatever a miner's endpoint sends (a length it never sends, a body, headers or a trailer
+    without end, a redirect, a compression bomb, a gigabyte, non-finite logits), the check fails
+    within its timeout, reads no more than the answer's size bound, and says why."""
+    make, expected = HOSTILE_ANSWERS[name]
+    with raw_miner(make(world)) as url:
+        started = time.monotonic()
+        check = challenge_miner(world, url, timeout_s=0.5)
+        elapsed = time.monotonic() - started
+    assert not check.passed and expected in check.reason and elapsed < 1.5, (check.reason, elapsed)
+
+
+def test_json_nested_100k_deep_fails_the_check_at_a_real_vocabulary_size(world):
+    """Within the size bound of a real vocabulary (151,936 logits, about 4.9 MB), an answer or an
+    error's detail nested 100,000 deep fails the check instead of raising RecursionError."""
+    nested = b"[" * 100_000 + b"]" * 100_000
+    reference = Wrapped(world["reference"], world["reference"].generate)
+    reference.vocab_size = 151_936
+    challenge = draw_challenge(world["reference"].ordinary_tokens, LIMITS)
+    for status, expected in [(200, "not JSON"), (500, "HTTP 500")]:
+        with raw_miner(json_answer(nested, status)) as url:
+            check = verify_miner_logits(
+                url,
+                world["wallets"]["miner"].hotkey.ss58_address,
+                world["wallets"]["validator"],
+                reference,
+                challenge,
+                5.0,
+                THRESHOLDS,
+            )
+        assert not check.passed and expected in check.reason, check.reason
