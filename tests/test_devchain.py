@@ -432,13 +432,13 @@ def test_loopback_endpoints_are_refused_unless_the_file_allows_them(chain, walle
 
 def test_a_full_subnet_replaces_its_least_staked_neuron_past_immunity(subnet, wallets):
     """replace_neuron: a new hotkey takes the uid, the old one's weights, endpoint and permit go, and
-    the weights others set on the uid become 0; the owner's hotkey and immune neurons stay."""
+    the weights others set on the uid become 0; the owner's hotkey and immune neurons stay (with
+    MinNonImmuneUids 0, so that neurons past immunity are always the ones replaced)."""
     direct(subnet, weights_rate_limit=0, serving_rate_limit=0, max_allowed_uids=4, immunity_period=100)
+    subnet.set_min_non_immune_uids(0)
     subnet.publish_endpoint(wallets["miner"], "203.0.113.2", 8001)
     subnet.set_weights(wallets["validator"], {2: 0.6, 3: 0.4}, version_key=0)
     subnet.set_weights(wallets["other"], {3: 1.0}, version_key=0)  # a self-weight of uid 3
-    with pytest.raises(ChainError, match="every neuron is within its immunity period"):
-        subnet.register(address(), address())
     subnet.advance(100)
     newcomer = address()
     assert subnet.register(newcomer, address()) == 2  # uids 2 and 3 hold no stake; 2 registered first
@@ -446,7 +446,26 @@ def test_a_full_subnet_replaces_its_least_staked_neuron_past_immunity(subnet, wa
     assert (neuron.hotkey, neuron.endpoint, neuron.validator_permit) == (newcomer, None, False)
     assert subnet.weights() == {1: {2: 0.0, 3: 0.4}, 3: {3: 1.0}}
     assert not subnet.is_registered(hotkey(wallets["miner"])) and len(subnet.metagraph().neurons) == 4
-    assert subnet.register(address(), address()) == 3  # then uid 3; the owner's uid 0 is never taken
+    assert subnet.register(address(), address()) == 3  # then uid 3, not the immune newcomer's uid 2
+    assert subnet.register(address(), address()) == 1  # then the validator; the owner's uid 0 is never taken
+
+
+def test_a_full_subnet_replaces_an_immune_neuron_while_too_few_are_past_immunity(subnet, wallets):
+    """get_neuron_to_prune replaces a neuron past immunity only while more than MinNonImmuneUids (10
+    by default) of them remain, the owner's apart; else the immune neuron of least emission (here:
+    stake), earliest registered; with no immune one either, NoNeuronIdAvailable. A full subnet of
+    immune neurons takes registrations: the newest miner may lose its uid at once."""
+    subnet.set_hyperparameters(max_allowed_uids=4, immunity_period=100)
+    subnet.advance(50)
+    assert subnet.register(address(), address()) == 2  # all immune: uids 2 and 3 hold no stake, 2 is older
+    subnet.advance(50)  # uids 1 and 3 past immunity, 2 <= 10 of them: uid 2, immune, goes again
+    assert subnet.register(address(), address()) == 2
+    subnet.advance(100)  # none immune, 3 <= 10 past immunity
+    with pytest.raises(ChainError, match="NoNeuronIdAvailable"):
+        subnet.register(address(), address())
+    subnet.set_min_non_immune_uids(2)
+    assert subnet.register(address(), address()) == 3  # 3 > 2 past immunity: the least-staked of them
+    assert subnet.min_non_immune_uids() == 2 and len(subnet.metagraph().neurons) == 4
 
 
 def test_a_deregistered_uid_goes_to_the_next_registration(subnet, wallets):
@@ -560,6 +579,8 @@ def test_cli_sets_hyperparameters_and_the_loopback_allowance(chain, wallets):
     assert listing.returncode == 0 and "finney's default" in listing.stdout
     assert cli(chain, "stake-threshold", "1000").stdout.strip() == "1000" and chain.stake_threshold() == 1000
     assert cli(chain, "stake-threshold", "--", "-1").returncode == 1 and chain.stake_threshold() == 1000
+    assert cli(chain, "min-non-immune-uids").stdout.strip() == "10"
+    assert cli(chain, "min-non-immune-uids", "3").returncode == 0 and chain.min_non_immune_uids() == 3
 
 
 def test_cli_tables_fit_80_columns_with_every_figure_whole(subnet, wallets):

@@ -21,10 +21,11 @@ finney's defaults for a new subnet (:data:`FINNEY`) unless a file is given other
   refuses. One allowance the real chain does not have, for the local network whose servers listen
   on 127.0.0.1 only: ``allow-loopback`` lets this file store loopback endpoints;
 - registration: uids are appended up to ``max_allowed_uids``; then a registration replaces the
-  non-immune neuron with the least stake (never the owner's), which loses its weights, its endpoint
-  and its permit, and whose uid keeps the weights others set on it at 0; a commit revealed after
-  the uid changed hands gives it 0 too (Yuma's epoch masks a weight committed before the uid's
-  registration).
+  neuron of least stake (never the owner's) among those past ``immunity_period`` while more than
+  MinNonImmuneUids (``set_min_non_immune_uids``, default 10) of them remain, else among the immune
+  ones; the replaced neuron loses its weights, its endpoint and its permit, and its uid keeps the
+  weights others set on it at 0; a commit revealed after the uid changed hands gives it 0 too
+  (Yuma's epoch masks a weight committed before the uid's registration).
 
 Its CLI (``quasar devchain``, ``python -m quasar.chain.devchain``) is quasar/chain/devchain_cli.py.
 """
@@ -61,9 +62,13 @@ from quasar.chain.base import (
 from quasar.chain.devchain_storage import DevChainFile, hyperparameters_in, meta, set_hyperparameters_in, set_meta
 from quasar.chain.subtensor_rules import (
     FINNEY,
+    MIN_NON_IMMUNE_UIDS,
+    PruneCandidate,
     blocks_until_allowed,
+    check_weights_rate_limit,
     checked_weights,
     hyperparameters_refusal,
+    neuron_to_prune,
     refusal_error,
     refused_axon_address,
     reveal_block_for,
@@ -99,20 +104,6 @@ def _hotkey_of(wallet) -> str:
 def _coldkey_of(wallet) -> str:
     """The ss58 address of ``wallet``'s coldkey (read from its public file: nothing is unlocked)."""
     return resolve_signer(wallet, role="coldkey").ss58_address
-
-
-def _check_rate_limit(
-    name: str, uid: int, last_update: int, block: int, hyperparameters: SubnetHyperparameters
-) -> None:
-    """Subtensor's check_rate_limit for weights and commits alike: RateLimited named ``name`` until
-    ``weights_rate_limit`` blocks have passed since the uid's LastUpdate."""
-    wait = blocks_until_allowed(block, last_update, hyperparameters.weights_rate_limit)
-    if wait:
-        raise RateLimited(
-            wait,
-            f"cannot set weights: {name}: uid {uid} set weights at block {last_update}; the rate limit is "
-            f"{hyperparameters.weights_rate_limit} blocks: wait {wait} more",
-        )
 
 
 class DevChain(Chain):
@@ -232,7 +223,7 @@ class DevChain(Chain):
         hyperparameters = hyperparameters_in(connection)
         refusal = version_key_refusal(version_key, hyperparameters)
         if refusal is None and not hyperparameters.commit_reveal_enabled:
-            _check_rate_limit("SettingWeightsTooFast", uid, last_update, block, hyperparameters)
+            check_weights_rate_limit("SettingWeightsTooFast", uid, last_update, block, hyperparameters)
         if refusal is None:
             registered = {row[0] for row in connection.execute("SELECT uid FROM neurons")}
             owner_uid = self._owner_uid_in(connection)
@@ -365,7 +356,7 @@ class DevChain(Chain):
         epoch; the commit sets the uid's LastUpdate. Its weights are checked only at the reveal."""
         uid, last_update = setter
         hyperparameters = hyperparameters_in(connection)
-        _check_rate_limit("CommittingWeightsTooFast", uid, last_update, block, hyperparameters)
+        check_weights_rate_limit("CommittingWeightsTooFast", uid, last_update, block, hyperparameters)
         tempo = max(1, hyperparameters.tempo)
         pending = connection.execute(
             "SELECT COUNT(*) FROM weight_commits WHERE hotkey = ? AND outcome IS NULL AND commit_block / ? = ?",
@@ -386,9 +377,13 @@ class DevChain(Chain):
         connection.execute("UPDATE neurons SET last_update = ? WHERE uid = ?", (block, uid))
         return WeightsSubmission(block, True, f"committed at block {block}, revealed at block {reveal_block}")
 
+    def _setting(self, key: str) -> str | None:
+        rows = self._file.read("SELECT value FROM meta WHERE key = ?", (key,))
+        return rows[0][0] if rows else None
+
     def api_location(self) -> ApiLocation | None:
-        rows = self._file.read("SELECT value FROM meta WHERE key = 'identity_additional'")
-        return decode_api_location(rows[0][0]) if rows else None
+        additional = self._setting("identity_additional")
+        return None if additional is None else decode_api_location(additional)
 
     def publish_api_location(self, wallet, location: ApiLocation) -> None:
         """Write ``location`` into the subnet identity, as subtensor's set_subnet_identity does only for
@@ -444,22 +439,25 @@ class DevChain(Chain):
         return uid
 
     def _prune_candidate_in(self, connection: sqlite3.Connection, block: int) -> int:
-        """The uid a registration replaces on a full subnet: the neuron past its immunity period with
-        the least stake (this chain has no emission to rank by), the earliest registered on a tie;
-        never the owner's hotkey (replace_neuron skips it)."""
+        """The uid a registration replaces on a full subnet (:func:`neuron_to_prune`, with the stake
+        standing for the emission this chain does not pay); never the owner's hotkey."""
         owner_hotkey, _ = self._owner_in(connection)
-        immunity = hyperparameters_in(connection).immunity_period
-        row = connection.execute(
-            "SELECT uid FROM neurons WHERE hotkey IS NOT ? AND registered_block + ? <= ? "
-            "ORDER BY stake, registered_block, uid LIMIT 1",
-            (owner_hotkey, immunity, block),
-        ).fetchone()
-        if row is None:
-            raise ChainError(
-                f"subnet {self.netuid} is full and every neuron is within its immunity period "
-                f"({immunity} blocks) or the owner's: nothing can be replaced"
+        candidates = [
+            PruneCandidate(*row)
+            for row in connection.execute(
+                "SELECT uid, stake, registered_block FROM neurons WHERE hotkey IS NOT ?", (owner_hotkey,)
             )
-        return int(row[0])
+        ]
+        immunity = hyperparameters_in(connection).immunity_period
+        floor = int(meta(connection, "min_non_immune_uids") or MIN_NON_IMMUNE_UIDS)
+        uid = neuron_to_prune(candidates, block, immunity, floor)
+        if uid is None:
+            raise ChainError(
+                f"cannot register: NoNeuronIdAvailable: subnet {self.netuid} is full, and {floor} or fewer of "
+                f"its neurons (the owner's apart) are past their immunity period ({immunity} blocks) while "
+                "none is within it"
+            )
+        return uid
 
     def register_wallet(self, wallet, stake: float = 0.0, validator_permit: bool = False) -> int:
         """Register a bittensor ``Wallet``'s hotkey (with its coldkey) and return the uid."""
@@ -520,8 +518,19 @@ class DevChain(Chain):
 
     def stake_threshold(self) -> float:
         """The chain's StakeThreshold (:meth:`set_stake_threshold`)."""
-        rows = self._file.read("SELECT value FROM meta WHERE key = 'stake_threshold'")
-        return float(rows[0][0]) if rows else 0.0
+        return float(self._setting("stake_threshold") or 0)
+
+    def set_min_non_immune_uids(self, count: int) -> None:
+        """Set the subnet's MinNonImmuneUids (default 10, subtensor's): a full subnet replaces a neuron
+        past its immunity period only while more than ``count`` of them remain, else an immune one."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ChainError(f"min_non_immune_uids must be a non-negative integer, got {count!r}")
+        with self._write() as connection:
+            set_meta(connection, "min_non_immune_uids", str(count))
+
+    def min_non_immune_uids(self) -> int:
+        """The subnet's MinNonImmuneUids (:meth:`set_min_non_immune_uids`)."""
+        return int(self._setting("min_non_immune_uids") or MIN_NON_IMMUNE_UIDS)
 
     def allow_loopback_axons(self, allowed: bool) -> None:
         """Let this file store loopback endpoints, which subtensor refuses: only for a network whose

@@ -1,7 +1,8 @@
 """The dev chain's command line: ``quasar devchain --path FILE COMMAND`` (or ``python -m
 quasar.chain.devchain``) with the commands ``init``, ``register``, ``deregister``, ``set-owner``,
 ``set-permit``, ``advance``, ``block``, ``neurons``, ``weights``, ``commits``, ``hyperparameters``,
-``set-hyperparameter``, ``stake-threshold``, ``allow-loopback`` and ``identity``. Its tables fit 80 columns.
+``set-hyperparameter``, ``stake-threshold``, ``min-non-immune-uids``, ``allow-loopback`` and
+``identity``. Its tables fit 80 columns.
 """
 
 from __future__ import annotations
@@ -129,6 +130,12 @@ def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
         "stake-threshold", help="print the chain's StakeThreshold (least stake to set weights), or set it"
     )
     threshold.add_argument("stake", nargs="?", type=float, help="the new threshold (default 0, subtensor's)")
+    floor = commands.add_parser(
+        "min-non-immune-uids",
+        help="print the subnet's MinNonImmuneUids (a full subnet replaces an immune neuron while no more "
+        "than this many are past immunity), or set it",
+    )
+    floor.add_argument("count", nargs="?", type=int, help="the new count (default 10, subtensor's)")
     loopback = commands.add_parser(
         "allow-loopback",
         help="let this file store loopback endpoints (subtensor refuses them; the local network needs them)",
@@ -167,6 +174,10 @@ def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
             if args.stake is not None:
                 chain.set_stake_threshold(args.stake)
             print(f"{chain.stake_threshold():g}")
+        elif args.command == "min-non-immune-uids":
+            if args.count is not None:
+                chain.set_min_non_immune_uids(args.count)
+            print(chain.min_non_immune_uids())
         elif args.command == "allow-loopback":
             chain.allow_loopback_axons(args.state == "on")
         elif args.command == "identity":

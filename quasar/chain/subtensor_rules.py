@@ -15,7 +15,7 @@ import numbers
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from quasar.chain.base import U16_MAX, ChainError, Refused, SubnetHyperparameters
+from quasar.chain.base import U16_MAX, ChainError, RateLimited, Refused, SubnetHyperparameters
 
 # A new subnet on finney: tempo INITIAL_SUBNET_TEMPO (360), DefaultWeightsSetRateLimit (100),
 # init_new_network's min_allowed_weights (1), max_allowed_uids (256) and immunity_period (5000),
@@ -33,6 +33,9 @@ FINNEY = SubnetHyperparameters(
     max_allowed_uids=256,
     immunity_period=5000,
 )
+# DefaultMinNonImmuneUids: a full subnet replaces a neuron past its immunity period only while more
+# than this many such neurons (the owner's apart) remain; else an immune one.
+MIN_NON_IMMUNE_UIDS = 10
 HYPERPARAMETER_NAMES = tuple(field.name for field in dataclasses.fields(SubnetHyperparameters))
 
 # Subtensor's refusals of weights (and commits) that hold until something outside the validator
@@ -151,6 +154,29 @@ def weights_refusal(
     return None
 
 
+class PruneCandidate(NamedTuple):
+    """A neuron a registration on a full subnet may replace (the subnet owner's is none)."""
+
+    uid: int
+    emission: float
+    registered_block: int
+
+
+def neuron_to_prune(
+    candidates: list[PruneCandidate], block: int, immunity_period: int, min_non_immune_uids: int
+) -> int | None:
+    """The uid subtensor's ``get_neuron_to_prune`` replaces: among the neurons past their immunity
+    period when more than ``min_non_immune_uids`` of them are, else among the immune ones, the one
+    of least emission, then earliest registered, then lowest uid; None (NoNeuronIdAvailable) when
+    that group is empty."""
+    immune = [c for c in candidates if block - c.registered_block < immunity_period]
+    free = [c for c in candidates if block - c.registered_block >= immunity_period]
+    group = free if len(free) > min_non_immune_uids else immune
+    if not group:
+        return None
+    return min(group, key=lambda c: (c.emission, c.registered_block, c.uid)).uid
+
+
 def blocks_until_allowed(block: int, last: int, rate_limit: int) -> int:
     """Blocks to wait before a rate-limited write is allowed (0: now): subtensor's check_rate_limit
     and axon_passes_rate_limit allow it when the last one is at block 0 (never) or at least
@@ -158,6 +184,20 @@ def blocks_until_allowed(block: int, last: int, rate_limit: int) -> int:
     if rate_limit <= 0 or last <= 0:
         return 0
     return max(0, rate_limit - (block - last))
+
+
+def check_weights_rate_limit(
+    name: str, uid: int, last_update: int, block: int, hyperparameters: SubnetHyperparameters
+) -> None:
+    """Subtensor's check_rate_limit for weights and commits alike: RateLimited named ``name`` until
+    ``weights_rate_limit`` blocks have passed since the uid's LastUpdate."""
+    wait = blocks_until_allowed(block, last_update, hyperparameters.weights_rate_limit)
+    if wait:
+        raise RateLimited(
+            wait,
+            f"cannot set weights: {name}: uid {uid} set weights at block {last_update}; the rate limit is "
+            f"{hyperparameters.weights_rate_limit} blocks: wait {wait} more",
+        )
 
 
 def reveal_block_for(commit_block: int, hyperparameters: SubnetHyperparameters) -> int:
