@@ -17,20 +17,28 @@ fail() {
     exit 1
 }
 
-# .env's variables exported, those the environment already sets keeping their values (the
-# environment wins over .env, as everywhere in QUASAR).
+# The .env's variables exported, those the environment already sets keeping their values (the
+# environment wins over .env, as everywhere in QUASAR). The .env is the one the process reads
+# (quasar/config/settings.py): the file QUASAR_DOTENV names (none where it is set empty), else the
+# checkout's; the checks and the process must read the same settings.
 load_dotenv() {
-    [ -f .env ] || return 0
-    local name
+    local file=./.env name
+    if [ -n "${QUASAR_DOTENV+set}" ]; then
+        [ -n "$QUASAR_DOTENV" ] || return 0
+        file=${QUASAR_DOTENV/#\~/$HOME}
+        [[ "$file" == */* ]] || file=./$file # a bare name is a file here, not one on PATH
+        [ -f "$file" ] || fail "QUASAR_DOTENV names $QUASAR_DOTENV, which is not a file"
+    fi
+    [ -f "$file" ] || return 0
     declare -A kept=()
     while IFS= read -r name; do
         if [ -n "${!name+set}" ]; then
             kept[$name]=${!name}
         fi
-    done < <(sed -nE 's/^[[:space:]]*(export[[:space:]]+)?([A-Za-z_][A-Za-z0-9_]*)=.*/\2/p' .env)
+    done < <(sed -nE 's/^[[:space:]]*(export[[:space:]]+)?([A-Za-z_][A-Za-z0-9_]*)=.*/\2/p' "$file")
     set -a
-    # shellcheck disable=SC1091
-    . ./.env
+    # shellcheck disable=SC1090
+    . "$file"
     set +a
     for name in "${!kept[@]}"; do
         export "$name=${kept[$name]}"

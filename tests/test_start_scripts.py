@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from quasar.localnet.host import make_wallet
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,3 +40,56 @@ def test_a_crash_loop_backs_off_by_the_one_restart_delay_pm2_applies():
         # per restart to pm2's cap of 15 s, so it neither spins nor waits long once fixed.
         assert app["exp_backoff_restart_delay"] == 1000, name
         assert app["autorestart"] is True and app["kill_timeout"] == 30000, name
+
+
+@pytest.fixture
+def suite(tmp_path) -> Path:
+    """A copy of START_VALIDATOR.sh and the checks it sources beside this checkout's .venv, with a
+    stand-in neurons/validator.py that prints the wallet the validator's settings name."""
+    if not (ROOT / ".venv" / "bin" / "activate").is_file():
+        pytest.skip("needs the project's .venv")
+    directory = tmp_path / "suite"
+    (directory / "scripts").mkdir(parents=True)
+    (directory / "neurons").mkdir()
+    shutil.copy(ROOT / "START_VALIDATOR.sh", directory / "START_VALIDATOR.sh")
+    shutil.copy(ROOT / "scripts" / "start_checks.sh", directory / "scripts" / "start_checks.sh")
+    os.symlink(ROOT / ".venv", directory / ".venv")
+    (directory / "neurons" / "__init__.py").write_text("")
+    (directory / "neurons" / "validator.py").write_text(
+        "from quasar import config\nprint('wallet:', config.resolve({}).wallet_name_for('validator'))\n"
+    )
+    for name in ("val_cold", "miner_cold"):
+        make_wallet(directory / "wallets", name)
+    return directory
+
+
+def start_validator(directory: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    base = {"PATH": os.environ["PATH"], "HOME": str(directory)}
+    return subprocess.run(
+        ["bash", str(directory / "START_VALIDATOR.sh")],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_start_script_reads_the_env_file_quasar_dotenv_names_as_the_process_does(suite):
+    # QUASAR_DOTENV gives a miner and a validator of one checkout a settings file each (README); the
+    # checks read the checkout's .env whatever it said and exported it, so the validator started
+    # with the miner's settings (the environment's win over QUASAR_DOTENV's file), or was refused
+    # for a wallet its own file does not name.
+    wallets = suite / "wallets"
+    (suite / "validator.env").write_text(f"WALLET_PATH={wallets}\nWALLET_NAME=val_cold\nDEVICE=cpu\n")
+    own = {"QUASAR_DOTENV": str(suite / "validator.env")}
+    result = start_validator(suite, own)
+    assert result.returncode == 0 and "wallet: val_cold" in result.stdout, result.stderr
+    (suite / ".env").write_text(f"WALLET_PATH={wallets}\nWALLET_NAME=miner_cold\nDEVICE=cpu\n")
+    result = start_validator(suite, own)
+    assert result.returncode == 0 and "wallet: val_cold" in result.stdout, result.stderr
+    # Without QUASAR_DOTENV the checkout's .env is read; set empty, none (the wallet then is the default).
+    assert "wallet: miner_cold" in start_validator(suite, {}).stdout
+    result = start_validator(suite, {"QUASAR_DOTENV": ""})
+    assert result.returncode == 1 and "quasar_validator/coldkeypub.txt" in " ".join(result.stderr.split())
+    result = start_validator(suite, {"QUASAR_DOTENV": str(suite / "missing.env")})
+    assert result.returncode == 1 and "missing.env, which is not a file" in " ".join(result.stderr.split())
