@@ -31,6 +31,16 @@ def test_commitment_is_sha256_of_the_concatenation():
     assert len(rules.new_salt()) == 64 and rules.new_salt() != rules.new_salt()
 
 
+def test_a_reveal_takes_the_salts_the_rules_allow_and_no_others():
+    """The reveal's salt bounds are the rules' (16 to 64 bytes), not a second copy of them."""
+    base = {"submission_id": 1, "fork_url": "https://github.com/a/b", "commit_hash": "c" * 40, "tokens_per_sec": 1.0}
+    for length in (rules.SALT_MIN_HEX, rules.SALT_MAX_HEX, len(rules.new_salt())):
+        assert schemas.RevealRequest(**base, commitment_salt="a" * length).commitment_salt == "a" * length
+    for length in (rules.SALT_MIN_HEX - 2, rules.SALT_MAX_HEX + 2):
+        with pytest.raises(ValueError, match="commitment_salt"):
+            schemas.RevealRequest(**base, commitment_salt="a" * length)
+
+
 @given(commit=st.integers(0, 10**6), wait=st.integers(0, 500), window=st.integers(1, 500), probe=st.integers(-50, 1100))
 def test_reveal_window_matches_counting_blocks(commit, wait, window, probe):
     block = commit + probe

@@ -22,6 +22,7 @@ from pydantic import (
 )
 from pydantic.types import Strict
 
+from quasar.api import rules
 from quasar.config.values import MAX_SEQ_LEN, MIN_SEQ_LEN
 
 MAX_SEQUENCE_LENGTH = 100_000_000
@@ -41,7 +42,9 @@ MeasuredTokensPerSec = Annotated[float, Strict(), Field(ge=0, le=MAX_TOKENS_PER_
 VramMb = Annotated[int, Strict(), Field(ge=0, le=10_000_000)]
 SHA256_PATTERN = r"^[0-9a-fA-F]{64}$"
 Sha256Hex = Annotated[str, StringConstraints(pattern=SHA256_PATTERN, to_lower=True)]
-Salt = Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]+$", min_length=32, max_length=128)]
+Salt = Annotated[
+    str, StringConstraints(pattern=r"^[0-9a-fA-F]+$", min_length=rules.SALT_MIN_HEX, max_length=rules.SALT_MAX_HEX)
+]
 # The forms quasar.forks accepts (a GitHub repository; a local path or file:/// URL only on a dev
 # network). The service checks them in full, with the same rules as the validator and a message
 # naming what is wrong; the patterns tell clients (and the OpenAPI schema) the shape.
