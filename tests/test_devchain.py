@@ -255,6 +255,20 @@ def test_a_hotkey_below_the_stake_threshold_cannot_set_or_commit_weights(subnet,
     assert subnet.stake_threshold() == 2e4 and subnet.weights() == {0: {2: 1.0}}
 
 
+def test_more_weights_than_the_subnet_has_uids_are_refused_before_the_rate_limit(chain, wallets):
+    """internal_set_weights' check_len_uids_within_allowed (its step 4) comes before registration,
+    version key and rate limit: a too-early setting on more uids than the subnet holds gets the
+    lasting UidsLengthExceedUidsInSubNet, not SettingWeightsTooFast."""
+    direct(chain)
+    chain.register_wallet(wallets["owner"])
+    chain.advance(10)
+    chain.register_wallet(wallets["validator"], stake=1e4, validator_permit=True)
+    with pytest.raises(Refused, match="UidsLengthExceedUidsInSubNet: 3 weights, the subnet holds 2 uids"):
+        chain.set_weights(wallets["validator"], {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.0}, version_key=0)
+    with pytest.raises(RateLimited):
+        chain.set_weights(wallets["validator"], {0: 1.0, 1: 1.0, 3: 0.0}, version_key=0)
+
+
 def test_weights_need_a_permit_except_the_owners_and_a_self_weight(subnet, wallets):
     """check_validator_permit: a permit, or the subnet owner's uid, or one weight on the setter's own uid."""
     direct(subnet, weights_rate_limit=0)

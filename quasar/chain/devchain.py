@@ -9,10 +9,10 @@ quasar/chain/subtensor_rules.py (each names the function of subtensor's pallet i
 finney's defaults for a new subnet (:data:`FINNEY`) unless a file is given others
 (``set_hyperparameters``, the CLI's ``set-hyperparameter``):
 
-- weights: the chain's StakeThreshold (``set_stake_threshold``, the owner exempt; subtensor's
-  default 0), version key, the weights rate limit, validator permit (the owner and a self-weight
-  exempt), uids that exist, ``min_allowed_weights`` and ``max_weight_limit``, checked in that order
-  (internal_set_weights'), so a call gets the error of the first rule it breaks;
+- weights: the chain's StakeThreshold (``set_stake_threshold``, the owner exempt; default 0), no
+  more uids than the subnet's, version key, the weights rate limit, validator permit (the owner and
+  a self-weight exempt), uids that exist, ``min_allowed_weights`` and ``max_weight_limit``, checked
+  in that order (internal_set_weights'), so a call gets the error of the first rule it breaks;
 - commit-reveal: with ``commit_reveal_enabled`` weights are committed, invisible, and applied (or
   silently dropped, as the chain drops a reveal that fails) at the start of the epoch
   ``reveal_period_epochs`` after the commit's; epochs are ``tempo`` blocks from block 0; a hotkey
@@ -72,6 +72,7 @@ from quasar.chain.subtensor_rules import (
     refusal_error,
     refused_axon_address,
     reveal_block_for,
+    u16_weights,
     version_key_refusal,
     weights_refusal,
 )
@@ -207,9 +208,16 @@ class DevChain(Chain):
         self, connection: sqlite3.Connection, hotkey: str, weights: Mapping[int, float], version_key: int, block: int
     ) -> None:
         """Subtensor's internal_set_weights, its checks in its order (the error a call gets is the
-        first that fails): registration, stake, version key, the rate limit (not on a commit-reveal
-        subnet, whose commits are limited instead), then :func:`weights_refusal`'s; stores the
-        weights normalized and, without commit-reveal, the uid's LastUpdate."""
+        first that fails): no more uids than the subnet holds, registration, stake, version key, the
+        rate limit (not on a commit-reveal subnet, whose commits are limited instead), then
+        :func:`weights_refusal`'s; stores the weights normalized and, without commit-reveal, the
+        uid's LastUpdate."""
+        count, size = len(u16_weights(weights)), connection.execute("SELECT COUNT(*) FROM neurons").fetchone()[0]
+        if count > size:
+            raise refusal_error(
+                "UidsLengthExceedUidsInSubNet",
+                f"cannot set weights: UidsLengthExceedUidsInSubNet: {count} weights, the subnet holds {size} uids",
+            )
         setter = connection.execute(
             "SELECT uid, validator_permit, last_update FROM neurons WHERE hotkey = ?", (hotkey,)
         ).fetchone()
