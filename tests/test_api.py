@@ -19,6 +19,7 @@ from quasar.api.client import ApiClientError, Claim
 from quasar.api.db import Base, Database
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.auth import sign_request
+from quasar.config.values import MAX_SEQ_LEN
 
 
 def send(
@@ -377,8 +378,8 @@ BAD_FIELDS = [
     # Targets no validator can evaluate (docs/rules.md section 3): every validator would fail them.
     ({"target_sequence_length": 63}, "body.target_sequence_length: Input should be greater than or equal to 64"),
     (
-        {"target_sequence_length": 2**24 + 1},
-        "body.target_sequence_length: Input should be less than or equal to 16777216",
+        {"target_sequence_length": MAX_SEQ_LEN + 1},
+        f"body.target_sequence_length: Input should be less than or equal to {MAX_SEQ_LEN}",
     ),
     ({"target_sequence_length": 10**12}, "body.target_sequence_length: Input should be less than or equal"),
     ({"tokens_per_sec": -1}, "body.tokens_per_sec: Input should be greater than 0"),
@@ -395,10 +396,10 @@ def test_bad_fields_are_422_naming_the_field(start_api):
         assert response.status_code == 422, (change, response.text)
         assert field in response.json()["detail"], (change, response.text)
     assert api.client("a").stats().submissions == 0
-    commit = {"commitment_hash": "ab" * 32, "target_sequence_length": 2**24 + 1}
+    commit = {"commitment_hash": "ab" * 32, "target_sequence_length": MAX_SEQ_LEN + 1}
     response = send(api, "a", "POST", "/commit_submission", commit)
-    assert response.status_code == 422 and "less than or equal to 16777216" in response.text, response.text
-    longest = send(api, "a", "POST", "/submit_kernel", {**SUBMISSION, "target_sequence_length": 2**24})
+    assert response.status_code == 422 and f"less than or equal to {MAX_SEQ_LEN}" in response.text, response.text
+    longest = send(api, "a", "POST", "/submit_kernel", {**SUBMISSION, "target_sequence_length": MAX_SEQ_LEN})
     assert longest.status_code == 201, longest.text
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from quasar import config
 from quasar.config.options import DEFAULT_SEQ_LENS
 from quasar.config.values import MAX_SEQ_LEN
 from quasar.evaluate import EvaluationInputError, EvaluationOptions, evaluate, start_references, workload
@@ -212,12 +213,13 @@ def _shared_memory_of_this_process() -> int:
     return int(found.group(1)) << 10
 
 
-def test_the_apis_largest_target_is_refused_under_the_default_sandbox_memory():
-    # 2 KiB a token at 2^24 tokens: an output area of 32 GiB in the worker, twice SANDBOX_MEMORY_MB.
-    memory = SandboxPolicy().memory_bytes
-    with pytest.raises(EvaluationInputError, match=r"output area of 32\.0 GiB .* SANDBOX_MEMORY_MB \(16384 MiB\)"):
-        check_lengths(DEFAULT_SEQ_LENS, MAX_SEQ_LEN, "cuda", memory)
-    assert check_lengths(DEFAULT_SEQ_LENS, 1 << 20, "cuda", memory)[-1] == 1 << 20
+def test_the_apis_largest_target_fits_the_default_sandbox_memory():
+    """The API takes no target a validator of default settings refuses for its output area (2 KiB
+    a token of each length): 2^24, the API's former bound, made 32 GiB of it, twice the limit."""
+    memory = config.resolve({}, environ={}, dotenv_path=None).sandbox_memory_mb << 20
+    assert check_lengths(DEFAULT_SEQ_LENS, MAX_SEQ_LEN, "cuda", memory)[-1] == MAX_SEQ_LEN
+    with pytest.raises(EvaluationInputError, match=r"output area of 15\.3 GiB .* SANDBOX_MEMORY_MB \(8192 MiB\)"):
+        check_lengths(DEFAULT_SEQ_LENS, MAX_SEQ_LEN, "cuda", memory // 2)
 
 
 def test_a_target_whose_output_area_exceeds_the_sandbox_memory_makes_no_area_in_the_worker():

@@ -20,9 +20,11 @@ DEV_NETWORK = "devchain"
 PUBLIC_NETWORKS = ("finney", "test", "archive")
 NETWORKS = BITTENSOR_NETWORKS + (DEV_NETWORK,)
 # The sequence lengths an evaluation runs, a miner's target among them (docs/rules.md section 3):
-# the API refuses a target outside them, which no validator could evaluate.
+# the API refuses a target outside them, which no validator could evaluate. The largest keeps the
+# evaluation's output area (2 KiB a token of each length, docs/evaluation.md Limits) within the
+# default SANDBOX_MEMORY_MB, 16 GiB, beside the default EVAL_SEQ_LENS.
 MIN_SEQ_LEN = 64
-MAX_SEQ_LEN = 1 << 24
+MAX_SEQ_LEN = 8_000_000
 
 
 def parse_int(low: int, high: int | None = None) -> Callable[[str], int]:
