@@ -7,10 +7,10 @@ newer than the snapshot's. So a hotkey deregistered (or a permit revoked) in blo
 from the first request after the API has seen block N: at most ``block_poll_s`` plus one metagraph
 read after block N, never a block or more later.
 
-A failed read (the node down or hung: ChainError, after the SDK's retries) is kept for
-``block_poll_s`` as a block number is: the requests that waited for it, and those arriving in that
-time, fail with it at once instead of each asking the node again in turn, which held the last of N
-waiting requests for N failing reads (minutes each on finney) and asked the node once a request.
+One read of each kind runs at a time; the requests that waited for a read that failed (the node
+down or hung: ChainError, after the SDK's retries) fail with it at once. Each asked the node again
+in turn, which held the last of N waiting requests for N failing reads (minutes each on finney).
+A request arriving after the failure asks the node again.
 """
 
 from __future__ import annotations
@@ -18,11 +18,38 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from quasar.chain import Chain, ChainError, Metagraph
 from quasar.chain.base import ApiLocation, SubnetHyperparameters, WeightsSubmission
 
 DEFAULT_BLOCK_POLL_S = 1.0
+
+T = TypeVar("T")
+
+
+class _Reads:
+    """One kind of read of the node, one at a time (under ``lock``), and how the last one ended."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.finished = 0  # reads finished, failed or not
+        self._failure: tuple[int, str] | None = None  # the last read's failure: its number, and why
+
+    def read(self, arrived: int, read: Callable[[], T]) -> T:
+        """``read()``, called holding ``lock``, by a caller that came when ``finished`` was
+        ``arrived``: a read that failed while it waited for the lock is its answer too."""
+        if self._failure is not None and self._failure[0] > arrived:
+            raise ChainError(self._failure[1])
+        try:
+            value = read()
+        except ChainError as error:
+            self.finished += 1
+            self._failure = (self.finished, str(error))
+            raise
+        self.finished += 1
+        self._failure = None
+        return value
 
 
 class CachedMetagraphChain(Chain):
@@ -39,43 +66,25 @@ class CachedMetagraphChain(Chain):
         self.block_time_s = inner.block_time_s
         self.block_poll_s = block_poll_s
         self.clock = clock
-        self._block_lock = threading.Lock()
-        self._metagraph_lock = threading.Lock()
+        self._block_reads = _Reads()
+        self._metagraph_reads = _Reads()
         self._block: tuple[float, int] | None = None
         self._snapshot: tuple[int, Metagraph] | None = None
-        # The last failed read of each kind: when it failed and why (kept for block_poll_s).
-        self._block_failure: tuple[float, str] | None = None
-        self._metagraph_failure: tuple[float, str] | None = None
-
-    def _failed_lately(self, failure: tuple[float, str] | None) -> None:
-        """Raise ``failure`` again if it happened less than ``block_poll_s`` ago."""
-        if failure is not None and self.clock() - failure[0] < self.block_poll_s:
-            raise ChainError(failure[1])
 
     def current_block(self) -> int:
-        with self._block_lock:  # one read at a time; the others wait for it rather than all asking the node
+        arrived = self._block_reads.finished
+        with self._block_reads.lock:  # one read at a time; the others wait for it rather than all asking the node
             now = self.clock()
             if self._block is None or now - self._block[0] >= self.block_poll_s:
-                self._failed_lately(self._block_failure)
-                try:
-                    self._block = (now, self.inner.current_block())
-                except ChainError as error:
-                    self._block_failure = (self.clock(), str(error))
-                    raise
-                self._block_failure = None
+                self._block = (now, self._block_reads.read(arrived, self.inner.current_block))
             return self._block[1]
 
     def metagraph(self) -> Metagraph:
         block = self.current_block()
-        with self._metagraph_lock:
+        arrived = self._metagraph_reads.finished
+        with self._metagraph_reads.lock:
             if self._snapshot is None or self._snapshot[0] < block:
-                self._failed_lately(self._metagraph_failure)
-                try:
-                    self._snapshot = (block, self.inner.metagraph())
-                except ChainError as error:
-                    self._metagraph_failure = (self.clock(), str(error))
-                    raise
-                self._metagraph_failure = None
+                self._snapshot = (block, self._metagraph_reads.read(arrived, self.inner.metagraph))
             return self._snapshot[1]
 
     def owner_uid(self) -> int | None:
