@@ -813,3 +813,42 @@ def test_json_nested_100k_deep_fails_the_check_at_a_real_vocabulary_size(world):
                 THRESHOLDS,
             )
         assert not check.passed and expected in check.reason, check.reason
+
+
+def test_one_validator_cannot_fill_the_queue_and_fail_the_miner_for_every_other_validator(world):
+    """Queue flood: the queue was one for all callers, so one permit holder (a rival validator,
+    or a miner who holds a permit) that kept it full got every other validator's challenge
+    answered 503 "queue full", and each of those checks failed the miner's submission. A caller
+    holds at most ``max_pending_per_caller`` places; the rest of the queue stays for the others."""
+    rival = make_wallet(world["root"] / "wallets", "rival")
+    world["chain"].register_wallet(rival, stake=1e4, validator_permit=True)
+    world["wallets"]["rival"] = rival
+
+    def slow(prompt, gen_len, step):
+        time.sleep(0.3)
+        return generate_with_logits(world["served"], prompt, gen_len, step)
+
+    payload = {"prompt": [1, 2, 3], "gen_len": 2, "logits_at_step": 2}
+    limits = InferenceLimits()
+    flood = 1 + limits.queue_size
+    with miner_server(world, Wrapped(world["served"], slow), limits) as url:
+        answers: list = []
+        threads = [
+            threading.Thread(target=lambda: answers.append(signed_post(world, url, payload, wallet="rival")))
+            for _ in range(flood)
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while len(answers) < flood - limits.max_pending_per_caller:  # the refused ones come back at once
+            if requests.get(url + "/health", timeout=5).json()["pending"] == flood:
+                break  # every place taken by the rival
+            assert time.monotonic() < deadline, "the rival's requests never got in"
+            time.sleep(0.02)
+        check = challenge_miner(world, url)
+        for thread in threads:
+            thread.join(20)
+    assert check.passed, check.reason
+    refused = [a for a in answers if a.status_code == 503]
+    assert len(refused) == flood - limits.max_pending_per_caller, [a.status_code for a in answers]
+    assert "at most 2 of your requests" in refused[0].json()["detail"], refused[0].text

@@ -15,7 +15,8 @@ number is polled every half block), so no request rate makes the server load its
 chain cannot be read, signed requests get 503 (the caller cannot be checked: retry later), and the
 log gets a warning when such an outage begins and a line when it ends, not one per request. Bad
 bodies get 422 with the field at fault, oversized bodies 413. The model runs one request at a time on a
-single worker thread; at most ``queue_size`` more wait, and beyond that requests get 503.
+single worker thread; at most ``queue_size`` more wait, at most ``max_pending_per_caller`` of one
+caller's running or waiting, and beyond that requests get 503.
 
 Anyone on the internet can reach the server, so run it with :func:`server_options`: a request's
 line and headers must stay under ``max_header_bytes`` (else 431) and arrive within
@@ -72,6 +73,8 @@ class InferenceLimits:
     header_timeout_s: float = 10.0
     body_timeout_s: float = 10.0
     max_connections_per_client: int = 16
+    # A validator checks one miner at a time; its last request may still run after it gave up.
+    max_pending_per_caller: int = 2
 
     @property
     def max_body_bytes(self) -> int:
@@ -89,37 +92,43 @@ class InferenceRequest(BaseModel):
 
 
 class WorkerBusy(QuasarError):
-    """The worker has ``pending`` jobs already, its capacity."""
-
-    def __init__(self, pending: int):
-        super().__init__(f"{pending} requests running or waiting")
-        self.pending = pending
+    """The worker refuses a job: its queue is full, or the caller holds its share; says which."""
 
 
 class BoundedWorker:
-    """Runs blocking jobs one at a time on one thread, refusing more than ``queue_size`` waiting.
+    """Runs blocking jobs one at a time on one thread, refusing more than ``queue_size`` waiting
+    and more than ``per_caller`` running or waiting from one caller: the queue is shared by every
+    validator, and one that kept it full would get every other validator's challenge refused.
 
-    The count is kept on the event loop and released when a job really ends (a request whose
+    The counts are kept on the event loop and released when a job really ends (a request whose
     client left keeps its place until its job finishes or is cancelled before starting), so
-    the model never runs two requests at once and the queue bound is exact.
+    the model never runs two requests at once and the bounds are exact.
     """
 
-    def __init__(self, queue_size: int):
+    def __init__(self, queue_size: int, per_caller: int):
         self.capacity = queue_size + 1
+        self.per_caller = per_caller
         self.pending = 0
+        self._callers: dict[str, int] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inference")
 
-    async def run(self, job: Callable[[], Any]) -> Any:
+    async def run(self, job: Callable[[], Any], caller: str) -> Any:
         if self.pending >= self.capacity:
-            raise WorkerBusy(self.pending)
+            raise WorkerBusy(f"inference queue full ({self.pending} requests running or waiting)")
+        if self._callers.get(caller, 0) >= self.per_caller:
+            raise WorkerBusy(f"at most {self.per_caller} of your requests run or wait at once")
         loop = asyncio.get_running_loop()
         self.pending += 1
+        self._callers[caller] = self._callers.get(caller, 0) + 1
         future = self._executor.submit(job)
-        future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release))
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(self._release, caller))
         return await asyncio.wrap_future(future)
 
-    def _release(self) -> None:
+    def _release(self, caller: str) -> None:
         self.pending -= 1
+        self._callers[caller] -= 1
+        if not self._callers[caller]:
+            del self._callers[caller]
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
@@ -283,7 +292,7 @@ def create_inference_app(
     nonce_store = nonce_store or http_auth.InMemoryNonceStore()
     cached = CachedMetagraphChain(chain, block_poll_s=chain.block_time_s / 2)
     authorize = auth.require_validator_permit(cached)
-    worker = BoundedWorker(limits.queue_size)
+    worker = BoundedWorker(limits.queue_size, limits.max_pending_per_caller)
     outage = ChainOutage()
 
     @asynccontextmanager
@@ -393,9 +402,9 @@ def create_inference_app(
             return json.dumps(payload, separators=(",", ":")).encode(), elapsed
 
         try:
-            answer, elapsed = await worker.run(job)
+            answer, elapsed = await worker.run(job, caller)
         except WorkerBusy as busy:
-            return _error(503, f"inference queue full ({busy.pending} requests running or waiting); retry later")
+            return _error(503, f"{busy}; retry later")
         except Exception:  # the model failed (out of memory, driver error): log it, tell the caller only that
             log.exception(
                 "inference failed for %s (prompt %d tokens, gen_len %d)", caller, len(parsed.prompt), parsed.gen_len
