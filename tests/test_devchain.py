@@ -306,6 +306,14 @@ def test_max_weight_limit_caps_the_largest_share(subnet, wallets):
     assert subnet.weights() == {1: {1: 1.0}}
 
 
+def test_a_weight_the_sdk_rounds_to_zero_is_not_stored(subnet, wallets):
+    """The chain gets the u16 values the SDK sends: a weight below half of 1/65535 of the largest is 0
+    and not sent, so it is neither checked nor stored, not even on a uid that does not exist."""
+    direct(subnet)
+    subnet.set_weights(wallets["validator"], {2: 1.0, 3: 1e-6, 9: 1e-6}, version_key=0)
+    assert subnet.weights() == {1: {2: 1.0}}
+
+
 def test_u16_weights_are_what_the_sdk_sends():
     assert u16_weights({0: 0.6, 1: 0.25, 5: 0.0}) == {0: 65535, 1: 27306}
     assert u16_weights({3: 1e-9, 4: 1.0}) == {4: 65535}  # rounds to zero: dropped

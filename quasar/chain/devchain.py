@@ -210,13 +210,14 @@ class DevChain(Chain):
         """Subtensor's internal_set_weights, its checks in its order (the error a call gets is the
         first that fails): no more uids than the subnet holds, registration, stake, version key, the
         rate limit (not on a commit-reveal subnet, whose commits are limited instead), then
-        :func:`weights_refusal`'s; stores the weights normalized and, without commit-reveal, the
-        uid's LastUpdate."""
-        count, size = len(u16_weights(weights)), connection.execute("SELECT COUNT(*) FROM neurons").fetchone()[0]
-        if count > size:
+        :func:`weights_refusal`'s; stores the weights the SDK sends (:func:`u16_weights`'s uids)
+        normalized and, without commit-reveal, the uid's LastUpdate."""
+        sent = u16_weights(weights)  # what the SDK sends: a weight that rounds to 0 is not
+        size = connection.execute("SELECT COUNT(*) FROM neurons").fetchone()[0]
+        if len(sent) > size:
             raise refusal_error(
                 "UidsLengthExceedUidsInSubNet",
-                f"cannot set weights: UidsLengthExceedUidsInSubNet: {count} weights, the subnet holds {size} uids",
+                f"cannot set weights: UidsLengthExceedUidsInSubNet: {len(sent)} weights, the subnet holds {size} uids",
             )
         setter = connection.execute(
             "SELECT uid, validator_permit, last_update FROM neurons WHERE hotkey = ?", (hotkey,)
@@ -238,11 +239,11 @@ class DevChain(Chain):
             refusal = weights_refusal(weights, uid, bool(permit), owner_uid, registered, hyperparameters)
         if refusal is not None:
             raise refusal_error(refusal.name, f"cannot set weights: {refusal}")
-        total = sum(weights.values())
+        total = sum(weights[target] for target in sent)
         connection.execute("DELETE FROM weights WHERE setter_uid = ?", (uid,))
         connection.executemany(
             "INSERT INTO weights (setter_uid, target_uid, weight, version_key, block) VALUES (?, ?, ?, ?, ?)",
-            [(uid, target, weight / total, int(version_key), block) for target, weight in weights.items() if weight],
+            [(uid, target, weights[target] / total, int(version_key), block) for target in sent],
         )
         if not hyperparameters.commit_reveal_enabled:
             connection.execute("UPDATE neurons SET last_update = ? WHERE uid = ?", (block, uid))
