@@ -852,3 +852,37 @@ def test_one_validator_cannot_fill_the_queue_and_fail_the_miner_for_every_other_
     refused = [a for a in answers if a.status_code == 503]
     assert len(refused) == flood - limits.max_pending_per_caller, [a.status_code for a in answers]
     assert "at most 2 of your requests" in refused[0].json()["detail"], refused[0].text
+
+
+def test_an_outage_of_the_miners_chain_node_does_not_fail_every_validators_check(world, caplog):
+    """Chain outage: while the miner's node could not be read, every signed request got 503, so
+    every validator that checked the miner then failed its submission for good, though the miner
+    did nothing wrong. Callers are checked against the validator permits of the last metagraph
+    read, while it is at most ``permit_max_stale_s`` old (503 after that); a hotkey without a
+    permit there still gets 403, an unsigned request 401; one warning per outage, saying so."""
+    fake = fake_subnet(world)
+    fake.block_time = 0.25  # the block number is read again every 0.125 s
+    chain = BittensorChain("finney", NETUID, client_factory=fake.factory, retries=0)
+    hotkey = world["wallets"]["miner"].hotkey.ss58_address
+    limits = InferenceLimits(permit_max_stale_s=3.0)
+    payload = {"prompt": [1, 2, 3], "gen_len": 2, "logits_at_step": 1}
+    caplog.set_level("INFO", logger="quasar")
+    with serving(create_inference_app(world["served"], chain, hotkey, limits)) as port:
+        url = f"http://127.0.0.1:{port}"
+        assert signed_post(world, url, payload).status_code == 200  # the metagraph is read
+        read_at = time.monotonic()
+        fake.plan("block", *[bt.RpcConnectionError("node unreachable")] * 1000)
+        time.sleep(0.3)  # past the cached block number: the next request asks the node
+        checks = [challenge_miner(world, url) for _ in range(3)]
+        stranger = signed_post(world, url, payload, wallet="stranger")
+        member = signed_post(world, url, payload, wallet="member")
+        unsigned = requests.post(url + "/inference", json=payload, timeout=10)
+        assert time.monotonic() - read_at < limits.permit_max_stale_s, "the machine was too slow for this test"
+        time.sleep(max(0.0, read_at + limits.permit_max_stale_s + 0.2 - time.monotonic()))
+        stale = signed_post(world, url, payload)
+    assert all(check.passed for check in checks), [check.reason for check in checks]
+    assert stranger.status_code == 403 and member.status_code == 403 and unsigned.status_code == 401
+    assert stale.status_code == 503 and "retry later" in stale.json()["detail"], stale.text
+    warnings = [r.getMessage() for r in caplog.records if r.name.startswith("quasar") and r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "node unreachable" in warnings[0], warnings
+    assert "last validator permits read" in warnings[0] and "3 s" in warnings[0], warnings[0]

@@ -12,8 +12,10 @@ Signed endpoints need a ``btauth/1`` request addressed to this miner's hotkey fr
 validator permit on the subnet (401 unsigned/bad signature/replay, 403 no permit). Callers are
 checked against the metagraph read at most once per chain block (quasar/api/chaincache.py; the block
 number is polled every half block), so no request rate makes the server load its chain node; when the
-chain cannot be read, signed requests get 503 (the caller cannot be checked: retry later), and the
-log gets a warning when such an outage begins and a line when it ends, not one per request. Bad
+chain cannot be read, callers are checked against the last metagraph read while it is at most
+``permit_max_stale_s`` (an hour) old, and after that signed requests get 503 (the caller cannot be
+checked: retry later); the log gets a warning when such an outage begins and a line when it ends,
+not one per request. Bad
 bodies get 422 with the field at fault, oversized bodies 413. The model runs one request at a time on a
 single worker thread; at most ``queue_size`` more wait, at most ``max_pending_per_caller`` of one
 caller's running or waiting, and beyond that requests get 503.
@@ -33,6 +35,7 @@ import asyncio
 import functools
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +53,7 @@ from quasar import auth
 from quasar.api.chaincache import CachedMetagraphChain
 from quasar.api.protocol import Deadline, LimitedHttpToolsProtocol
 from quasar.api.rules import address_key
-from quasar.chain import Chain, ChainError
+from quasar.chain import Chain, ChainError, Metagraph
 from quasar.errors import QuasarError
 from quasar.logits import ChallengeError, ReferenceModel, check_request
 
@@ -75,6 +78,8 @@ class InferenceLimits:
     max_connections_per_client: int = 16
     # A validator checks one miner at a time; its last request may still run after it gave up.
     max_pending_per_caller: int = 2
+    # How old the last metagraph read may be to check callers by while the chain cannot be read.
+    permit_max_stale_s: float = 3600.0
 
     @property
     def max_body_bytes(self) -> int:
@@ -134,31 +139,68 @@ class BoundedWorker:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
 
-class ChainOutage:
-    """Whether the chain could be read at the last permit check, so that an outage logs a warning
-    when it begins and a line when it ends: anyone can sign requests (a new hotkey costs nothing),
-    and a line for each one while the chain is down would grow the log at their pace.
-    Used on the event loop only."""
+class PermitCheck:
+    """Who may call: a hotkey with a validator permit in the metagraph read through ``chain``.
 
-    def __init__(self) -> None:
-        self.since: float | None = None
+    When the chain cannot be read, callers are checked against the last metagraph read, while it was
+    read at most ``max_stale_s`` ago; then, or with none read yet, the :class:`ChainError` is raised
+    (503). Refusing at once failed the miner in every validator's check during an outage of its own
+    node. Permits change at most once an epoch (360 blocks, 72 min on finney), so a snapshot under
+    an hour old misses at most one epoch's changes, and a hotkey that lost its permit there gets no
+    more than any permit holder: a share of the queue. An outage logs a warning when it begins and a
+    line when it ends: anyone can sign requests (a new hotkey costs nothing), and a line for each
+    one while the chain is down would grow the log at their pace.
+    """
 
-    def failed(self, error: ChainError) -> None:
-        """A permit check could not read the chain."""
-        if self.since is None:
-            self.since = time.monotonic()
-            log.warning(
-                "cannot read the chain to check callers' validator permits (signed requests get 503): %s", error
-            )
+    def __init__(self, chain: Chain, max_stale_s: float, clock: Callable[[], float] = time.monotonic):
+        self.chain = chain
+        self.max_stale_s = max_stale_s
+        self.clock = clock
+        self._lock = threading.Lock()  # authorize runs on the server's thread pool
+        self._read: tuple[float, Metagraph] | None = None  # the last metagraph read, and when
+        self._outage_since: float | None = None
 
-    def read(self) -> None:
-        """A permit check read the chain."""
-        if self.since is not None:
-            log.info(
-                "the chain can be read again after %.0f s; callers' permits are checked again",
-                time.monotonic() - self.since,
-            )
-            self.since = None
+    def authorize(self, hotkey: str) -> None:
+        """:data:`auth.Authorizer`: :class:`auth.AuthFailure` (403) without a permit; ChainError
+        when the chain cannot be read and no metagraph was read within ``max_stale_s``."""
+        neuron = self._metagraph().by_hotkey(hotkey)
+        if neuron is None or not neuron.validator_permit:
+            raise auth.AuthFailure(403, f"hotkey {hotkey} has no validator permit on subnet {self.chain.netuid}")
+
+    def _metagraph(self) -> Metagraph:
+        try:
+            metagraph = self.chain.metagraph()
+        except ChainError as error:
+            now = self.clock()
+            with self._lock:
+                last = self._read
+                if self._outage_since is None:
+                    self._outage_since = now
+                    log.warning(
+                        "cannot read the chain to check callers' validator permits: %s; %s", error, self._plan(now)
+                    )
+            if last is None or now - last[0] > self.max_stale_s:
+                raise
+            return last[1]
+        with self._lock:
+            self._read = (self.clock(), metagraph)
+            if self._outage_since is not None:
+                log.info(
+                    "the chain can be read again after %.0f s; callers' permits are checked again",
+                    self._read[0] - self._outage_since,
+                )
+                self._outage_since = None
+        return metagraph
+
+    def _plan(self, now: float) -> str:
+        """What signed requests get during the outage beginning at ``now`` (for its warning)."""
+        if self._read is None:
+            return "signed requests get 503 (no metagraph read yet)"
+        left = self.max_stale_s - (now - self._read[0])
+        return (
+            f"callers are checked against the last validator permits read ({now - self._read[0]:.0f} s ago) "
+            f"until they are {self.max_stale_s:g} s old, {max(left, 0):.0f} s from now; then signed requests get 503"
+        )
 
 
 def _error(status_code: int, reason: str) -> JSONResponse:
@@ -291,9 +333,8 @@ def create_inference_app(
     """
     nonce_store = nonce_store or http_auth.InMemoryNonceStore()
     cached = CachedMetagraphChain(chain, block_poll_s=chain.block_time_s / 2)
-    authorize = auth.require_validator_permit(cached)
+    permits = PermitCheck(cached, limits.permit_max_stale_s)
     worker = BoundedWorker(limits.queue_size, limits.max_pending_per_caller)
-    outage = ChainOutage()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -306,7 +347,7 @@ def create_inference_app(
 
     async def authenticated(request: Request, body: bytes) -> str:
         """The caller's hotkey; :class:`auth.AuthFailure` (401/403, or 503 when the chain that says
-        who holds a permit cannot be read)."""
+        who holds a permit cannot be read and the last metagraph read is too old)."""
         target = auth.request_target(request.url.path, request.url.query)
         try:
             caller = await run_in_threadpool(
@@ -317,18 +358,12 @@ def create_inference_app(
                 target=target,
                 self_hotkey=self_hotkey,
                 nonce_store=nonce_store,
-                authorize=authorize,
+                authorize=permits.authorize,
             )
-        except ChainError as error:
-            outage.failed(error)
+        except ChainError:
             raise auth.AuthFailure(
                 503, "the miner cannot read the chain to check the caller's validator permit now; retry later"
             ) from None
-        except auth.AuthFailure as failure:
-            if failure.status_code == 403:  # refused by the permit check, which read the chain
-                outage.read()
-            raise
-        outage.read()
         return caller
 
     @app.get("/health")
