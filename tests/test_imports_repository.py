@@ -12,7 +12,9 @@ import pytest
 from quasar.imports import repository, validate_repo
 from quasar.imports.findings import Rule
 from quasar.imports.layout import TARGET_FILES
-from tests.import_forks import CHUNK, LAYER, error_keys, make_fork
+from tests.import_forks import CHUNK, FORK_FILES, LAYER, error_keys, make_fork
+
+CHUNK_TEXT = FORK_FILES[CHUNK]
 
 # --- missing files, encodings ---------------------------------------------------------------------
 
@@ -122,7 +124,8 @@ def test_oversized_file_is_refused(tmp_path, monkeypatch):
 def test_module_shadowing_the_checked_source(tmp_path, shadow):
     report = validate_repo(make_fork(tmp_path, {shadow: ""}))
     assert (CHUNK, None, Rule.SHADOWED_SOURCE) in error_keys(report)
-    assert all(f.rule is Rule.SHADOWED_SOURCE for f in report.errors)
+    # An extension module is also what the layer's `from fla.ops.quasar import chunk_quasar` reaches, unread.
+    assert {f.rule for f in report.errors} <= {Rule.SHADOWED_SOURCE, Rule.UNVERIFIABLE_IMPORT}
 
 
 def test_quasar_module_beats_a_namespace_quasar_folder(tmp_path):
@@ -144,6 +147,50 @@ def test_bytecode_without_source_and_unchecked_pyc(tmp_path):
         ("fla/ops/quasar/evil.pyc", None, Rule.UNVERIFIABLE_IMPORT),
         ("fla/ops/quasar/__pycache__/gate.cpython-311.pyc", None, Rule.UNVERIFIABLE_IMPORT),
     }
+
+
+@pytest.mark.parametrize(
+    ("planted", "text", "rule"),
+    [
+        ("fla/ops/utils/helpers/__init__.py", "from fla.ops.kda import chunk_kda as pick\n", Rule.FORBIDDEN_IMPORT),
+        ("fla/ops/utils/helpers.cpython-311-x86_64-linux-gnu.so", "", Rule.UNVERIFIABLE_IMPORT),
+        ("fla/ops/utils/helpers/__init__.abi3.so", "", Rule.UNVERIFIABLE_IMPORT),
+    ],
+)
+def test_reexport_through_a_module_python_loads_instead_of_the_read_source(tmp_path, planted, text, rule):
+    # Python imports a package folder before a module of the same name, and an extension module
+    # before the source: the re-export index read the clean helpers.py, Python runs the other.
+    clean = {"fla/ops/utils/helpers.py": "def pick(): return 'clean'\n"}
+    use = CHUNK_TEXT + "from fla.ops.utils.helpers import pick\nout = pick\n"
+    report = validate_repo(make_fork(tmp_path, {**clean, planted: text, CHUNK: use}))
+    lines = use.count("\n")
+    assert error_keys(report) == {(CHUNK, lines - 1, rule), (CHUNK, lines, rule)}
+
+
+def test_reexport_through_sourceless_bytecode_elsewhere_in_the_fork(tmp_path):
+    # fla/ops/utils/sneaky.pyc without a source is a module Python imports; the check cannot read it.
+    fork = make_fork(tmp_path, {"fla/ops/utils/evil_src.py": "from fla.ops.kda import chunk_kda as pick\n"})
+    py_compile.compile(str(fork / "fla/ops/utils/evil_src.py"), cfile=str(fork / "fla/ops/utils/sneaky.pyc"))
+    (fork / "fla/ops/utils/evil_src.py").unlink()
+    use = CHUNK_TEXT + "from fla.ops.utils.sneaky import pick\nout = pick\n"
+    (fork / CHUNK).write_text(use)
+    lines = use.count("\n")
+    expected = {(CHUNK, lines - 1, Rule.UNVERIFIABLE_IMPORT), (CHUNK, lines, Rule.UNVERIFIABLE_IMPORT)}
+    assert error_keys(validate_repo(fork)) == expected
+
+
+def test_dangling_or_compiled_siblings_do_not_hide_a_clean_module(tmp_path):
+    # Source beats bytecode, and a folder without __init__ is only a namespace portion: helpers.py is what runs.
+    fork = make_fork(
+        tmp_path,
+        {
+            "fla/ops/utils/helpers.py": "def pick(): return 'clean'\n",
+            "fla/ops/utils/helpers/x.py": "from fla.ops.kda import chunk_kda\n",
+            CHUNK: CHUNK_TEXT + "from fla.ops.utils.helpers import pick\nout = pick\n",
+        },
+    )
+    (fork / "fla/ops/utils/helpers.pyc").write_bytes(b"")
+    assert validate_repo(fork).ok
 
 
 # --- the .cu file ---------------------------------------------------------------------------------

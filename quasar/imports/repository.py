@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from quasar.imports.findings import Finding, Rule
-from quasar.imports.layout import FORBIDDEN_MODULES, QUASAR_DIR, module_paths
+from quasar.imports.layout import FORBIDDEN_MODULES, QUASAR_DIR
 
 # A source file is refused rather than parsed above this: parsing takes about 1 GB of memory and
 # 5 s a MiB of a hostile file (``x=[0,0,...]``), in the validator's process; fla's largest source
@@ -86,18 +86,36 @@ class ForkTree:
 
     def locate_module(self, module: str) -> tuple[str, str | None] | None:
         """A module's path and source for the re-export index; None when the fork has no such module.
-        The source is None when it cannot be had (too large, a link out, unreadable): Python may still
+        The path is the file Python's path finder would import (:meth:`_loaded_file`); the source is
+        None when it cannot be had (compiled, too large, a link out, unreadable): Python may still
         import it, so the index follows none of its names."""
-        for relative in module_paths(module):
-            if not os.path.lexists(self.root / relative):
-                continue
-            real = self.real(relative)
-            try:
-                if _inside(real, self.root) and real.is_file() and real.stat().st_size <= MAX_SOURCE_BYTES:
-                    return relative, real.read_bytes().decode("utf-8", errors="replace")
-            except OSError:
-                pass
-            return relative, None
+        path = module.replace(".", "/")
+        parent, _, stem = path.rpartition("/")
+        relative = self._loaded_file(path, "__init__") or self._loaded_file(parent, stem)
+        if relative is None:
+            return None
+        real = self.real(relative)
+        try:
+            if relative.endswith(".py") and _inside(real, self.root) and real.stat().st_size <= MAX_SOURCE_BYTES:
+                return relative, real.read_bytes().decode("utf-8", errors="replace")
+        except OSError:
+            pass
+        return relative, None
+
+    def _loaded_file(self, directory: str, stem: str) -> str | None:
+        """The file Python imports for ``stem`` in ``directory``, in its path finder's order: an
+        extension module, then source, then sourceless bytecode (``helpers/__init__.py`` before
+        ``helpers.py`` follows from asking for the package first). Links count where they lead."""
+        try:
+            names = sorted(os.listdir(self.root / directory))
+        except OSError:
+            return None
+        extension = re.compile(rf"^{re.escape(stem)}(\.[^.]+)?\.(so|pyd)$")
+        candidates = [n for n in names if extension.match(n)] + [f"{stem}.py", f"{stem}.pyc"]
+        for name in candidates:
+            relative = f"{directory}/{name}" if directory else name
+            if name in names and os.path.isfile(self.root / relative):
+                return relative
         return None
 
     def _entries(self, directory: str) -> list[os.DirEntry]:
