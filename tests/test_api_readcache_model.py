@@ -13,6 +13,7 @@ from urllib.parse import parse_qsl
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
+from starlette.types import Message
 
 from quasar.api.readcache import BlockCache
 
@@ -85,13 +86,16 @@ def test_the_cache_answers_what_the_route_computes_afresh_on_random_requests():
     app = cache.middleware(route)
 
     async def get(path: str, query: bytes) -> tuple[int, bytes]:
-        sent: list[dict] = []
+        sent: list[Message] = []
 
-        async def send(message: dict) -> None:
+        async def receive() -> Message:
+            return {"type": "http.request"}
+
+        async def send(message: Message) -> None:
             sent.append(message)
 
         scope = {"type": "http", "method": "GET", "path": path, "query_string": query, "headers": []}
-        await app(scope, None, send)
+        await app(scope, receive, send)
         return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
 
     async def drained() -> None:
