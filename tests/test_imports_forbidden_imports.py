@@ -115,6 +115,8 @@ UNVERIFIABLE_CASES = {
     "sys-modules-assign": "import sys\nsys.modules['x'] = sys  # <-\n",
     "sys-modules-values": "import sys\nmods = list(sys.modules.values())  # <-\n",
     "sys-modules-computed": "import sys\nkey = 'fla.ops.kda'\nsys.modules[key]  # <-\n",
+    "sys-modules-get-computed": "import sys\nkey = 'fla.ops.kda'\nsys.modules.get(key)  # <-\n",
+    "builtins-dict-get-computed": "import builtins\nname = '__import__'\nbuiltins.__dict__.get(name)  # <-\n",
     "getattr-computed": "import fla.ops\nname = 'kda'\ngetattr(fla.ops, name)  # <-\n",
     "getattribute-computed": "import fla.ops\nname = 'kda'\nfla.ops.__getattribute__(name)  # <-\n",
     "module-passed-on": "import inspect\nimport fla.ops\ninspect.getmembers(fla.ops)  # <-\n",

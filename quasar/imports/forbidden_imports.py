@@ -405,6 +405,9 @@ class _ForbiddenImportChecker:
                 self._unverifiable(node, f"{node.func.attr} with a computed name on {owners[0]}", owners[0])
         for function in sorted(self._resolve(node.func)):
             kind = kind_of(function)
+            state = function.removesuffix(".get")
+            if state != function and state in STATE_OBJECTS and self._constant_key(node) is None:
+                self._unverifiable(node, f"a computed key into {state}", state)  # as `sys.modules[key]`
             if kind is Kind.CODE:
                 self._unverifiable(node, f"{function} runs code built at run time", function)
             elif kind is Kind.MODULE_IMPORTER:
@@ -417,6 +420,11 @@ class _ForbiddenImportChecker:
                 self._unverifiable(node, f"{function} reads or changes the import system's state", function)
             elif kind is Kind.MACHINERY:
                 self._unverifiable(node, f"{function} is import machinery this check does not follow", function)
+
+    def _constant_key(self, node: ast.Call) -> str | None:
+        """The key of a ``mapping.get(key, …)`` call when it is a constant; else None."""
+        args = self._bind(node, ("key", "default"))
+        return None if args is None else fold_str(args.get("key"))
 
     def _bind(self, node: ast.Call, params: Sequence[str]) -> dict[str, ast.expr] | None:
         """Arguments by parameter name; None when ``*args``/``**kwargs`` hide them."""
