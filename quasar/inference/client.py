@@ -36,13 +36,15 @@ _MAX_DETAIL_CHARS = 300
 
 @dataclass(frozen=True)
 class LogitCheck:
-    """The outcome of one challenge; ``elapsed_sec`` is the round trip the validator measured."""
+    """The outcome of one challenge; ``elapsed_sec`` is the round trip the validator measured,
+    ``status`` the HTTP status of the miner's answer when one came."""
 
     passed: bool
     reason: str
     cosine: float | None = None
     max_abs_diff: float | None = None
     elapsed_sec: float | None = None
+    status: int | None = None
 
 
 class _Malformed(Exception):
@@ -193,11 +195,12 @@ def verify_miner_logits(
         return LogitCheck(False, f"bad answer from {url}: {reason}", elapsed_sec=time.monotonic() - started)
     elapsed = time.monotonic() - started
     if status != 200:
-        return LogitCheck(False, f"miner endpoint answered HTTP {status}: {_detail(body)}", elapsed_sec=elapsed)
+        reason = f"miner endpoint answered HTTP {status}: {_detail(body)}"
+        return LogitCheck(False, reason, elapsed_sec=elapsed, status=status)
     try:
         tokens, logits = _parse_answer(body, challenge, reference_model.vocab_size)
     except _Malformed as error:
-        return LogitCheck(False, f"malformed answer: {error}", elapsed_sec=elapsed)
+        return LogitCheck(False, f"malformed answer: {error}", elapsed_sec=elapsed, status=status)
     comparison = verify_generation(reference_model, challenge, tokens, logits, thresholds)
     log.debug("logit check of %s: %s", miner_hotkey, comparison.reason)
-    return LogitCheck(comparison.passed, comparison.reason, comparison.cosine, comparison.max_abs_diff, elapsed)
+    return LogitCheck(comparison.passed, comparison.reason, comparison.cosine, comparison.max_abs_diff, elapsed, status)

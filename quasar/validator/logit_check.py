@@ -1,11 +1,20 @@
 """The validator's logit check of a miner (docs/rules.md section 4 step 6): the :class:`LogitChecker`
-protocol and its production implementation, a fresh random challenge per check against this
-validator's own reference model."""
+protocol and its production implementation, a fresh random challenge per try against this
+validator's own reference model.
+
+A miner answering 503 says "retry later": its queue was full for a moment (several validators
+checking it at once) or it could not check the caller's permit; a check is recorded for good, so
+that answer is tried again after :data:`RETRY_DELAYS_S`, each time with a fresh challenge (one sent
+again would be one the miner had time to prepare). Every other failure is final at once.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import logging
+import time
+from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -21,6 +30,12 @@ from quasar.logits import (
 )
 
 logger = logging.getLogger(__name__)
+
+# The waits before the second and third tries of a check answered 503. A full queue (9 places) of
+# challenges of a few seconds each drains within them, and a node hiccup clears in seconds (the
+# server asks its node again on the next request); 15 s in all is half a check's timeout, a cost a
+# miner answering 503 forever adds to a validator's check of each of its submissions, no more.
+RETRY_DELAYS_S = (5.0, 10.0)
 
 
 class LogitChecker(Protocol):
@@ -52,6 +67,7 @@ class MinerLogitChecker:
         thresholds: LogitThresholds,
         timeout_s: float,
         private_endpoints_allowed: bool = False,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         if reference.max_positions is not None and limits.max_prompt_len + limits.max_gen_len > reference.max_positions:
             raise ModelLoadError(
@@ -64,6 +80,7 @@ class MinerLogitChecker:
         self.thresholds = thresholds
         self.timeout_s = timeout_s
         self.private_endpoints_allowed = private_endpoints_allowed
+        self.sleep = sleep
 
     @classmethod
     def from_settings(cls, settings: Settings, wallet, device: str) -> MinerLogitChecker:
@@ -75,11 +92,27 @@ class MinerLogitChecker:
 
     def check(self, endpoint_url: str, miner_hotkey: str) -> LogitCheck:
         """Fail a miner whose endpoint is no public address without connecting (unless allowed):
-        its answers would tell the miner what listens on the validator's own network."""
+        its answers would tell the miner what listens on the validator's own network.
+
+        An answer of 503 is tried again after each of :data:`RETRY_DELAYS_S`; the tries share
+        ``timeout_s`` of exchanges, so a check takes at most ``timeout_s`` plus those waits."""
         refusal = None if self.private_endpoints_allowed else private_endpoint(endpoint_url)
         if refusal is not None:
             return LogitCheck(False, f"miner endpoint {endpoint_url} refused: {refusal}")
-        challenge = draw_challenge(self.reference.ordinary_tokens, self.limits)
-        return verify_miner_logits(
-            endpoint_url, miner_hotkey, self.wallet, self.reference, challenge, self.timeout_s, self.thresholds
-        )
+        started, left, tries = time.monotonic(), self.timeout_s, 0
+        for delay in (*RETRY_DELAYS_S, None):
+            tries += 1
+            challenge = draw_challenge(self.reference.ordinary_tokens, self.limits)
+            sent = time.monotonic()
+            result = verify_miner_logits(
+                endpoint_url, miner_hotkey, self.wallet, self.reference, challenge, left, self.thresholds
+            )
+            left -= time.monotonic() - sent
+            if result.status != 503 or delay is None or left <= 0:
+                break
+            logger.info("miner %s answered 503 (%s); trying again in %g s", miner_hotkey, result.reason, delay)
+            self.sleep(delay)
+        if tries == 1:
+            return result
+        waited = time.monotonic() - started
+        return dataclasses.replace(result, reason=f"{result.reason} ({tries} tries over {waited:.0f} s)")
