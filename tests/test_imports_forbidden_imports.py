@@ -22,7 +22,16 @@ from quasar.imports import validate_repo
 from quasar.imports.findings import Finding, Rule
 from quasar.imports.forbidden_imports import check_source
 from quasar.imports.reexports import ReexportIndex
-from tests.import_forks import CHUNK, FORK_FILES, LAYER, STRICT_CHUNK, check_one_change, make_fork, marked_lines
+from tests.import_forks import (
+    CHUNK,
+    FORK_FILES,
+    LAYER,
+    STRICT_CHUNK,
+    check_one_change,
+    error_keys,
+    make_fork,
+    marked_lines,
+)
 
 # --- forbidden imports in every form ------------------------------------------------------------------
 
@@ -137,6 +146,44 @@ UNVERIFIABLE_CASES = {
 def test_unverifiable_code_is_an_error(tmp_path, snippet):
     report = check_one_change(tmp_path, CHUNK, snippet, Rule.UNVERIFIABLE_IMPORT)
     assert "cannot be verified" in report.errors[0].message
+
+
+# A module of the fork that the check does not check binds kda's function (upstream's fla/ops/__init__.py
+# does): a name looked up in it, or in a module it binds, by a computed name reaches that function.
+HELPERS = {"fla/ops/utils/helpers.py": "import fla.ops as o\nfrom fla.ops.kda import chunk_kda\nhelper = 1\n"}
+COMPUTED = "''.join(reversed('adk_knuhc'))"
+FORK_MODULE_LOOKUPS = {
+    "getattr": f"from fla.ops.utils import helpers\nout = getattr(helpers, {COMPUTED})  # <-\n",
+    "dict-key": f"import fla.ops.utils.helpers as h\nout = h.__dict__[{COMPUTED}]  # <-\n",
+    "vars-key": f"import fla.ops.utils.helpers as h\nout = vars(h)[{COMPUTED}]  # <-\n",
+    "getattribute": f"import fla.ops.utils.helpers as h\nout = h.__getattribute__({COMPUTED})  # <-\n",
+    "dict-items": "import fla.ops.utils.helpers as h\nout = [v for k, v in h.__dict__.items()]  # <-\n",
+    "passed-on": "import inspect\nimport fla.ops.utils.helpers as h\nout = inspect.getmembers(h)  # <-\n",
+    "module-it-binds": f"from fla.ops.utils import helpers\nout = getattr(helpers.o, {COMPUTED})  # <-\n",
+    "package-of-submodules": f"import fla.ops.utils as u\nout = getattr(u, {COMPUTED})  # <-\n",
+}
+
+
+@pytest.mark.parametrize("snippet", FORK_MODULE_LOOKUPS.values(), ids=FORK_MODULE_LOOKUPS.keys())
+def test_computed_lookup_on_a_module_of_the_fork_that_binds_kda(tmp_path, snippet):
+    text = FORK_FILES[CHUNK] + snippet
+    report = validate_repo(make_fork(tmp_path, {**HELPERS, CHUNK: text}))
+    assert error_keys(report) == {(CHUNK, line, Rule.UNVERIFIABLE_IMPORT) for line in marked_lines(text)}
+
+
+@pytest.mark.parametrize("lookup", ["h.__dict__.get('chunk_kda')", "vars(h).get('chunk_kda')"])
+def test_constant_lookup_in_the_namespace_of_a_module_of_the_fork(tmp_path, lookup):
+    text = FORK_FILES[CHUNK] + f"import fla.ops.utils.helpers as h\nout = {lookup}  # <-\n"
+    report = validate_repo(make_fork(tmp_path, {**HELPERS, CHUNK: text}))
+    assert error_keys(report) == {(CHUNK, line, Rule.FORBIDDEN_IMPORT) for line in marked_lines(text)}
+
+
+def test_constant_lookups_on_modules_of_the_fork_pass(tmp_path):
+    text = (
+        FORK_FILES[CHUNK]
+        + "from fla.ops.utils import helpers\nout = (getattr(helpers, 'helper'), vars(helpers).get('helper'))\n"
+    )
+    assert validate_repo(make_fork(tmp_path, {**HELPERS, CHUNK: text})).ok
 
 
 def test_relative_import_above_the_top_level_package(tmp_path):

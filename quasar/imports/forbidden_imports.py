@@ -128,6 +128,10 @@ class _ForbiddenImportChecker:
         message = f"cannot be verified: {why} (`{_snippet(self.lines, node)}`)"
         self._report(node, Rule.UNVERIFIABLE_IMPORT, message, subject)
 
+    def _kind(self, dotted: str) -> Kind | None:
+        """:func:`kind_of`, the fork's own modules counting as sensitive modules."""
+        return kind_of(dotted, self.reexports.is_module)
+
     # name resolution
 
     def _import_base(self, node: ast.ImportFrom) -> str | None:
@@ -193,7 +197,7 @@ class _ForbiddenImportChecker:
             result.add(GLOBALS)
         for function in functions:
             base = function.removesuffix(".get")
-            if base != function and base in STATE_OBJECTS and args and (key := fold_str(args[0])) is not None:
+            if base != function and self._kind(base) is Kind.STATE and args and (key := fold_str(args[0])) is not None:
                 result |= self._subscript(base, key)
             elif function in MODULE_IMPORTERS:
                 result |= self._imported_module(node, function)
@@ -319,7 +323,7 @@ class _ForbiddenImportChecker:
             self._unverifiable(node, f"`{node.attr}` reaches interpreter internals", node.attr)
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and fold_str(node.slice) is None:
             for base in self._resolve(node.value):
-                if base in STATE_OBJECTS or base == "builtins":
+                if self._kind(base) is Kind.STATE or base == "builtins":
                     self._unverifiable(node, f"a computed key into {base}", base)
         if isinstance(node, ast.Call) or (
             isinstance(node, (ast.Name, ast.Attribute, ast.Subscript)) and isinstance(node.ctx, ast.Load)
@@ -355,7 +359,7 @@ class _ForbiddenImportChecker:
             if self._forbidden(node, dotted, "forbidden reference to"):
                 break
         for dotted in sorted(resolved):
-            kind = kind_of(dotted)
+            kind = self._kind(dotted)
             if kind and not self._use_is_followed(node, kind):
                 self._unverifiable(node, f"{dotted} is passed on where its use cannot be followed", dotted)
 
@@ -400,13 +404,13 @@ class _ForbiddenImportChecker:
 
     def _visit_call(self, node: ast.Call) -> None:
         if isinstance(node.func, ast.Attribute) and node.func.attr in ("__getattribute__", "__getattr__"):
-            owners = sorted(d for d in self._resolve(node.func.value) if kind_of(d) in (Kind.MODULE, Kind.STATE))
+            owners = sorted(d for d in self._resolve(node.func.value) if self._kind(d) in (Kind.MODULE, Kind.STATE))
             if owners and (len(node.args) != 1 or fold_str(node.args[0]) is None):
                 self._unverifiable(node, f"{node.func.attr} with a computed name on {owners[0]}", owners[0])
         for function in sorted(self._resolve(node.func)):
-            kind = kind_of(function)
+            kind = self._kind(function)
             state = function.removesuffix(".get")
-            if state != function and state in STATE_OBJECTS and self._constant_key(node) is None:
+            if state != function and self._kind(state) is Kind.STATE and self._constant_key(node) is None:
                 self._unverifiable(node, f"a computed key into {state}", state)  # as `sys.modules[key]`
             if kind is Kind.CODE:
                 self._unverifiable(node, f"{function} runs code built at run time", function)
@@ -502,7 +506,7 @@ class _ForbiddenImportChecker:
             self._unverifiable(node, f"{function} with arguments that cannot be read", function)
             return
         objects = self._resolve(node.args[0])
-        sensitive = sorted(d for d in objects if kind_of(d) in (Kind.MODULE, Kind.STATE))
+        sensitive = sorted(d for d in objects if self._kind(d) in (Kind.MODULE, Kind.STATE))
         name = fold_str(node.args[1])
         if function in ("builtins.setattr", "builtins.delattr"):
             if sensitive:

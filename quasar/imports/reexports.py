@@ -268,6 +268,7 @@ class ReexportIndex:
         self._bindings: dict[str, _ModuleBindings | None] = {}
         self._known: dict[tuple[str, str], Origin] = {}
         self._query: dict[tuple[str, str], Origin] = {}  # the answers of the look-up under way
+        self._modules: dict[str, bool] = {}  # is_module's answers
 
     @classmethod
     def from_files(cls, files: dict[str, str]) -> ReexportIndex:
@@ -288,6 +289,30 @@ class ReexportIndex:
         if direct or not has_prefix(dotted, "fla"):
             return direct
         return self._follow(("name", dotted), depth)
+
+    def is_module(self, dotted: str, depth: int = 0) -> bool:
+        """Whether ``dotted`` is a module of the fork: one it has (``fla.ops.utils``), or one a module
+        of the fork binds by import (``helpers.o`` after ``import fla.ops as o`` in helpers)."""
+        if dotted not in self._modules:
+            self._modules[dotted] = False  # under way: a loop of imports adds nothing
+            if self._deadline:
+                self._deadline.check()
+            self._modules[dotted] = depth <= self._MAX_DEPTH and self._is_module(dotted, depth)
+        return self._modules[dotted]
+
+    def _is_module(self, dotted: str, depth: int) -> bool:
+        parts = dotted.split(".")
+        if not has_prefix(dotted, "fla") or len(parts) > self._MAX_PARTS:
+            return False
+        if self._locate(dotted) is not None:
+            return True
+        for split in range(len(parts) - 1, 0, -1):
+            bindings = self._module_bindings(".".join(parts[:split]))
+            if bindings is not None:
+                name, rest = parts[split], parts[split + 1 :]
+                targets = bindings.aliases.get(name, []) + [f"{source}.{name}" for source in bindings.star_from]
+                return any(self.is_module(".".join([target, *rest]), depth + 1) for target in targets)
+        return False
 
     def star_root(self, module: str, depth: int = 0) -> Origin:
         """What the names ``from module import *`` may bind come from (conservative: every name the

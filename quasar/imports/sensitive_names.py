@@ -9,6 +9,7 @@ a use of that name needs in order to be verifiable.
 from __future__ import annotations
 
 import builtins
+from collections.abc import Callable
 from enum import Enum
 
 from quasar.imports.layout import has_prefix
@@ -107,10 +108,21 @@ class Kind(Enum):
     MACHINERY = "machinery"  # other import machinery, not followed
 
 
-def kind_of(dotted: str) -> Kind | None:
-    """How a resolved name matters: a sensitive object, or the kind of call it makes; None if harmless."""
-    if dotted in SENSITIVE_MODULES:
+def _no_module(_dotted: str) -> bool:
+    return False
+
+
+def kind_of(dotted: str, is_fork_module: Callable[[str], bool] = _no_module) -> Kind | None:
+    """How a resolved name matters: a sensitive object, or the kind of call it makes; None if harmless.
+
+    ``is_fork_module`` says whether a name under ``fla`` is a module of the fork: such a module is
+    sensitive too (any name it binds, submodules included, is one computed look-up away), and its
+    ``__dict__`` a state object."""
+    if dotted in SENSITIVE_MODULES or (has_prefix(dotted, "fla") and is_fork_module(dotted)):
         return Kind.MODULE
+    owner, namespace, attribute = dotted.partition(".__dict__")
+    if namespace and attribute[:1] in ("", ".") and has_prefix(owner, "fla") and is_fork_module(owner):
+        dotted = f"{GLOBALS}{attribute}"  # a module's namespace is read like globals()
     if dotted in STATE_OBJECTS:
         return Kind.STATE
     if dotted in _CODE_RUNNERS or any(has_prefix(dotted, p) for p in _CODE_RUNNER_PREFIXES):
