@@ -186,7 +186,9 @@ def verify_miner_logits(
         status, body = _fetch(signed, timeout_s, max_bytes)
     except TimeoutError:
         return LogitCheck(
-            False, f"no complete answer from {url} within {timeout_s:g} s", elapsed_sec=time.monotonic() - started
+            False,
+            f"no complete answer from {url} within {round(timeout_s, 2):g} s",
+            elapsed_sec=time.monotonic() - started,
         )
     except _Unreachable as error:
         return LogitCheck(False, f"miner endpoint {url} unreachable: {error}", elapsed_sec=time.monotonic() - started)
