@@ -177,3 +177,28 @@ def test_ordinary_definitions_pass(tmp_path):
     chunk = FORK_FILES[CHUNK] + f"from fla.ops.utils.helpers import {names}\n"
     report = validate_repo(make_fork(tmp_path, {HELPERS: helpers, CHUNK: chunk}))
     assert report.ok, "\n".join(map(str, report.errors))
+
+
+@pytest.mark.parametrize(
+    ("planted", "use"),
+    [
+        ({"kernels_util.py": "from fla.ops.kda import chunk_kda\n"}, "from kernels_util import chunk_kda as out"),
+        ({"kernels/util.py": "from fla.ops.kda import chunk_kda\n"}, "from kernels.util import chunk_kda as out"),
+        ({"einops/__init__.py": "from fla.ops.kda import chunk_kda as rearrange\n"}, "from einops import rearrange"),
+        (
+            {"kernels_util.py": "import torch\nfrom fla.ops.kda import chunk_kda\nfast = torch.compile(chunk_kda)\n"},
+            "import kernels_util as k\nout = k.fast",
+        ),
+    ],
+)
+def test_reexport_through_a_module_of_the_fork_outside_fla(tmp_path, planted, use):
+    # The fork's folder is first on the child's path: its top-level modules, and a package of its
+    # own named like an installed one, are imported from the fork, and bind what they like.
+    text = FORK_FILES[CHUNK] + use + "  # <-\n"
+    report = validate_repo(make_fork(tmp_path, {**planted, CHUNK: text}))
+    assert error_keys(report) == {(CHUNK, line, Rule.FORBIDDEN_IMPORT) for line in marked_lines(text)}
+
+
+def test_installed_modules_the_fork_does_not_have_are_not_followed(tmp_path):
+    text = FORK_FILES[CHUNK] + "import einops\nfrom kernels_util import helper\nout = einops.rearrange\n"
+    assert validate_repo(make_fork(tmp_path, {"kernels_util.py": "helper = 1\n", CHUNK: text})).ok

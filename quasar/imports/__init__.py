@@ -25,7 +25,8 @@ What is checked, and the module of this package that checks it:
   kda``, relative forms (resolved against the file's own module; going above ``fla`` is a
   ``bad-relative-import``), attribute paths through imported names (``import fla.ops`` then
   ``fla.ops.kda``), ``getattr`` with a constant name, ``sys.modules`` with a constant key, names
-  that another module of the fork binds from them, followed through the fork's own files
+  that another module of the fork (in ``fla`` or beside it: the fork's folder is first on the
+  path) binds from them, followed through the fork's own files
   (``from fla.ops import chunk_kda`` when ``fla/ops/__init__.py`` imports it from ``.kda``, and
   then ``from fla.ops import *`` too), and the dynamic importers
   (``importlib.import_module``, ``__import__``, ``importlib.__import__``, ``builtins.__import__``,

@@ -105,10 +105,11 @@ def _target_names(target: ast.AST) -> Iterator[str]:
 class _Reader:
     """Reads what one module of the fork binds at module scope into :class:`_ModuleBindings`."""
 
-    def __init__(self, module: str, path: str, tree: ast.Module):
+    def __init__(self, module: str, path: str, tree: ast.Module, in_fork: Callable[[str], bool]):
         self.module = module
         self.path = path
         self.tree = tree
+        self.in_fork = in_fork
         self.bindings = _ModuleBindings(path)
         self.imports: dict[str, list[str]] = {}  # name -> what imports bind it to
         self.bound: set[str] = set()  # names bound other than by import
@@ -200,7 +201,7 @@ class _Reader:
                 if why:
                     self._opaque(name, f"bound at {self.path}:{line} through {why}")
                     return
-                if has_prefix(dotted, "fla"):
+                if self.in_fork(dotted):
                     refs.append(dotted)
 
     def _resolve(self, node: ast.AST) -> list[str]:
@@ -230,7 +231,7 @@ class _Reader:
         kind = kind_of(dotted)
         if kind is Kind.GETATTR and dotted == "builtins.getattr" and call is not None and call.args:
             objects = self._resolve(call.args[0])
-            if objects and not any(has_prefix(o, "fla") or kind_of(o) for o in objects):
+            if objects and not any(self.in_fork(o) or kind_of(o) for o in objects):
                 return None
         if kind is not None:
             return f"{dotted}, which can reach any module at run time"
@@ -269,6 +270,7 @@ class ReexportIndex:
         self._known: dict[tuple[str, str], Origin] = {}
         self._query: dict[tuple[str, str], Origin] = {}  # the answers of the look-up under way
         self._modules: dict[str, bool] = {}  # is_module's answers
+        self._located: dict[str, tuple[str, str | None] | None] = {}  # locate's answers
 
     @classmethod
     def from_files(cls, files: dict[str, str]) -> ReexportIndex:
@@ -286,9 +288,22 @@ class ReexportIndex:
         """The forbidden module ``dotted`` comes from, directly or through the fork's modules; an
         :class:`Opaque` when it goes through a name whose value cannot be followed; else None."""
         direct = forbidden_root(dotted)
-        if direct or not has_prefix(dotted, "fla"):
+        if direct or not self.in_fork(dotted):
             return direct
         return self._follow(("name", dotted), depth)
+
+    def _find(self, module: str) -> tuple[str, str | None] | None:
+        if module not in self._located:
+            self._located[module] = self._locate(module)
+        return self._located[module]
+
+    def in_fork(self, dotted: str) -> bool:
+        """Whether ``dotted`` lies in ``fla`` or in another module the fork has: the fork's folder is
+        first on the path, so its ``kernels_util.py`` or ``einops/`` is what an import of it loads."""
+        parts = dotted.split(".")
+        if has_prefix(dotted, "fla") or len(parts) > self._MAX_PARTS:
+            return has_prefix(dotted, "fla")
+        return any(self._find(".".join(parts[:end])) is not None for end in range(1, len(parts) + 1))
 
     def is_module(self, dotted: str, depth: int = 0) -> bool:
         """Whether ``dotted`` is a module of the fork: one it has (``fla.ops.utils``), or one a module
@@ -302,9 +317,9 @@ class ReexportIndex:
 
     def _is_module(self, dotted: str, depth: int) -> bool:
         parts = dotted.split(".")
-        if not has_prefix(dotted, "fla") or len(parts) > self._MAX_PARTS:
+        if len(parts) > self._MAX_PARTS or not self.in_fork(dotted):
             return False
-        if self._locate(dotted) is not None:
+        if self._find(dotted) is not None:
             return True
         for split in range(len(parts) - 1, 0, -1):
             bindings = self._module_bindings(".".join(parts[:split]))
@@ -356,7 +371,7 @@ class ReexportIndex:
             if not bindings.binds(name):
                 if bindings.binds("__getattr__"):
                     return Opaque(f"{module}.{name}", f"provided by the module's own __getattr__ in {bindings.path}")
-                if self._locate(dotted) is not None:
+                if self._find(dotted) is not None:
                     return None  # a module of the fork other than gla/kda
             return self._bound_to(bindings, module, name, rest, depth)
         return None
@@ -397,13 +412,13 @@ class ReexportIndex:
         return self._bindings[module]
 
     def _parse_bindings(self, module: str) -> _ModuleBindings | None:
-        located = self._locate(module)
+        located = self._find(module)
         if located is None:
             return None
         path, source = located
         if source is None:
             return _ModuleBindings(path, unreadable=f"bound in {path}, which this check cannot read")
         try:
-            return _Reader(module, path, astparse.parse(source)).read()
+            return _Reader(module, path, astparse.parse(source), self.in_fork).read()
         except (SyntaxError, ValueError, RecursionError, MemoryError):
             return _ModuleBindings(path, unreadable=f"bound in {path}, which this check cannot parse")

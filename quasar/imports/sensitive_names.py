@@ -115,13 +115,13 @@ def _no_module(_dotted: str) -> bool:
 def kind_of(dotted: str, is_fork_module: Callable[[str], bool] = _no_module) -> Kind | None:
     """How a resolved name matters: a sensitive object, or the kind of call it makes; None if harmless.
 
-    ``is_fork_module`` says whether a name under ``fla`` is a module of the fork: such a module is
+    ``is_fork_module`` says whether a name is a module of the fork (``fla``'s or another): one is
     sensitive too (any name it binds, submodules included, is one computed look-up away), and its
     ``__dict__`` a state object."""
-    if dotted in SENSITIVE_MODULES or (has_prefix(dotted, "fla") and is_fork_module(dotted)):
+    if dotted in SENSITIVE_MODULES or is_fork_module(dotted):
         return Kind.MODULE
     owner, namespace, attribute = dotted.partition(".__dict__")
-    if namespace and attribute[:1] in ("", ".") and has_prefix(owner, "fla") and is_fork_module(owner):
+    if namespace and attribute[:1] in ("", ".") and is_fork_module(owner):
         dotted = f"{GLOBALS}{attribute}"  # a module's namespace is read like globals()
     if dotted in STATE_OBJECTS:
         return Kind.STATE
