@@ -14,7 +14,7 @@ from api_fixtures import api_config, commit_of
 from quasar import consensus, originality
 from quasar.api import rules
 from quasar.api.db import EvaluationReport, Submission
-from quasar.api.service import SubmissionService, consensus_reports
+from quasar.api.service import SubmissionService, consensus_reports, evaluated_submissions
 
 
 def test_the_copies_found_from_the_rows_sharing_a_commit_or_content_match_a_check_of_every_row(
@@ -99,3 +99,16 @@ def test_the_copies_found_from_the_rows_sharing_a_commit_or_content_match_a_chec
         assert {item.submission.submission_id for item in judged} == evaluated, seed
         found = {item.submission.submission_id: item.copy_of for item in judged if item.copy_of is not None}
         assert found == {i: copy for i, copy in every.items() if i in evaluated}, (seed, round_id)
+    # A miner's history and status pages judge other subsets of the submissions (one hotkey's, a page
+    # of them): each one's copy verdict must not depend on which others were judged beside it.
+    ids = [s.id for s in submissions]
+    subsets = [Submission.hotkey == hotkey for hotkey in hotkeys]
+    subsets += [Submission.id.in_(rng.sample(ids, rng.randint(0, len(ids)))) for _ in range(3)]
+    for condition in subsets:
+        with database.read() as session:
+            part = evaluated_submissions(session, condition)
+            judged_part = service.judge(session, part, electorate)
+        found = {item.submission.submission_id: item.copy_of for item in judged_part if item.copy_of is not None}
+        evaluated = {item.submission.submission_id for item in judged_part}
+        assert evaluated <= {s.id for s in submissions if s.state == "ready" and s.id in reported}, seed
+        assert found == {i: copy for i, copy in every.items() if i in evaluated}, (seed, str(condition))
