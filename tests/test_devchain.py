@@ -335,6 +335,75 @@ def test_weights_planned_for_a_uid_that_changed_hands_are_refused(subnet, wallet
     assert subnet.weights() == {1: {0: 1.0}}
 
 
+# --- validator permits (run_epoch: recomputed at each epoch) ---
+
+
+def test_a_zero_stake_validator_loses_its_permit_at_the_next_epoch(chain, wallets):
+    """is_topk_nonzero: a permit goes only to a nonzero stake; a permit granted at registration lasts
+    until the next epoch recomputes it, and a validator holding no stake cannot set weights after."""
+    chain.set_hyperparameters(commit_reveal_enabled=False)
+    chain.register_wallet(wallets["owner"])
+    chain.register_wallet(wallets["validator"], stake=0.0, validator_permit=True)
+    chain.register_wallet(wallets["miner"])
+    assert chain.has_validator_permit(hotkey(wallets["validator"]))  # granted now, as an epoch would
+    chain.advance(FINNEY.tempo)
+    assert not chain.has_validator_permit(hotkey(wallets["validator"]))
+    with pytest.raises(Refused, match="NeuronNoValidatorPermit"):
+        chain.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
+
+
+def test_permits_go_to_the_max_allowed_validators_largest_stakes(chain):
+    """The top max_allowed_validators stakes hold permits (a tie keeps the higher uid, as the chain's
+    stable ascending sort drops the lower one first); one pushed out of the top loses its permit."""
+    assert chain.max_allowed_validators() == 64  # init_new_network's
+    chain.set_max_allowed_validators(2)
+    owner, small, tied, large = (address() for _ in range(4))
+    chain.register(owner, address())
+    chain.register(small, address(), stake=10.0, validator_permit=True)
+    chain.register(tied, address(), stake=10.0, validator_permit=True)
+    chain.advance(FINNEY.tempo)
+    permits = {n.hotkey for n in chain.metagraph().neurons if n.validator_permit}
+    assert permits == {owner, small, tied}  # two stakes, two places; the owner's uid besides
+    chain.register(large, address(), stake=20.0)
+    assert not chain.has_validator_permit(large)  # a new neuron waits for an epoch
+    chain.advance(FINNEY.tempo)
+    permits = {n.hotkey for n in chain.metagraph().neurons if n.validator_permit}
+    assert permits == {owner, tied, large}
+
+
+def test_the_owners_uid_holds_a_permit_from_the_next_epoch(chain, wallets):
+    """run_epoch sets the subnet owner's uid's permit whatever its stake."""
+    chain.register_wallet(wallets["owner"])
+    chain.register_wallet(wallets["miner"])
+    assert not chain.has_validator_permit(hotkey(wallets["owner"]))
+    chain.advance(FINNEY.tempo - 1)
+    assert not chain.has_validator_permit(hotkey(wallets["owner"]))
+    chain.advance(1)
+    assert chain.has_validator_permit(hotkey(wallets["owner"]))
+    assert not chain.has_validator_permit(hotkey(wallets["miner"]))
+
+
+def test_a_stake_below_the_threshold_counts_as_none_for_permits(chain, wallets):
+    chain.register_wallet(wallets["owner"])
+    chain.register_wallet(wallets["validator"], stake=1e4, validator_permit=True)
+    chain.register_wallet(wallets["other"], stake=100.0, validator_permit=True)
+    chain.set_stake_threshold(1000.0)
+    chain.advance(FINNEY.tempo)
+    assert chain.has_validator_permit(hotkey(wallets["validator"]))
+    assert not chain.has_validator_permit(hotkey(wallets["other"]))
+
+
+def test_a_commit_revealed_at_an_epoch_start_meets_the_permits_before_that_epoch(chain, wallets):
+    """The block's reveals run before its epoch (block_step: reveal_crv3_commits, then run_coinbase)."""
+    chain.register_wallet(wallets["owner"])
+    chain.register_wallet(wallets["validator"], stake=0.0, validator_permit=True)
+    chain.register_wallet(wallets["miner"])
+    assert chain.set_weights(wallets["validator"], {2: 1.0}, version_key=0).committed
+    chain.advance(FINNEY.tempo)
+    assert [commit.outcome for commit in chain.commits()] == ["revealed"]
+    assert not chain.has_validator_permit(hotkey(wallets["validator"]))
+
+
 # --- commit-reveal (finney's default) ---
 
 
@@ -603,6 +672,9 @@ def test_cli_sets_hyperparameters_and_the_loopback_allowance(chain, wallets):
     assert cli(chain, "stake-threshold", "--", "-1").returncode == 1 and chain.stake_threshold() == 1000
     assert cli(chain, "min-non-immune-uids").stdout.strip() == "10"
     assert cli(chain, "min-non-immune-uids", "3").returncode == 0 and chain.min_non_immune_uids() == 3
+    assert cli(chain, "max-allowed-validators").stdout.strip() == "64"
+    assert cli(chain, "max-allowed-validators", "8").returncode == 0 and chain.max_allowed_validators() == 8
+    assert cli(chain, "max-allowed-validators", "--", "-1").returncode == 1 and chain.max_allowed_validators() == 8
 
 
 def test_cli_tables_fit_80_columns_with_every_figure_whole(subnet, wallets):

@@ -17,6 +17,11 @@ finney's defaults for a new subnet (:data:`FINNEY`) unless a file is given other
   silently dropped, as the chain drops a reveal that fails) at the start of the epoch
   ``reveal_period_epochs`` after the commit's; epochs are ``tempo`` blocks from block 0; a hotkey
   makes at most 10 commits an epoch while they wait (TooManyUnrevealedCommits);
+- validator permits: each epoch's start, after its reveals, gives a permit to the largest nonzero
+  stakes up to ``max_allowed_validators`` (``set_max_allowed_validators``, default 64), a stake
+  below the StakeThreshold counting as none, and to the owner's uid, and takes every other; a
+  neuron registers without one. ``register(validator_permit=True)`` and ``set_validator_permit``
+  set a permit at once, as if an epoch had passed: the next epoch recomputes it;
 - serving: the serving rate limit, and no loopback address (127.0.0.1, ::1), which subtensor
   refuses. One allowance the real chain does not have, for the local network whose servers listen
   on 127.0.0.1 only: ``allow-loopback`` lets this file store loopback endpoints;
@@ -41,7 +46,6 @@ import math
 import sqlite3
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,9 +63,26 @@ from quasar.chain.base import (
     decode_api_location,
     encode_api_location,
 )
-from quasar.chain.devchain_storage import DevChainFile, hyperparameters_in, meta, set_hyperparameters_in, set_meta
+from quasar.chain.devchain_storage import (
+    DevChainFile,
+    Snapshot,
+    WeightCommit,
+    clear_neuron,
+    commits_in,
+    hyperparameters_in,
+    mask_outdated,
+    max_validators_in,
+    meta,
+    owner_in,
+    owner_uid_in,
+    permits_block_in,
+    set_hyperparameters_in,
+    set_meta,
+    weights_in,
+)
 from quasar.chain.subtensor_rules import (
     FINNEY,
+    MAX_ALLOWED_VALIDATORS,
     MIN_NON_IMMUNE_UIDS,
     PruneCandidate,
     blocks_until_allowed,
@@ -69,10 +90,12 @@ from quasar.chain.subtensor_rules import (
     checked_weights,
     hyperparameters_refusal,
     neuron_to_prune,
+    next_epoch_block,
     refusal_error,
     refused_axon_address,
     reveal_block_for,
     u16_weights,
+    validator_permits,
     version_key_refusal,
     weights_refusal,
 )
@@ -83,18 +106,6 @@ if TYPE_CHECKING:  # the records only annotated here
 __all__ = ["FINNEY", "DevChain", "WeightCommit"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WeightCommit:
-    """A commit of weights (commit-reveal): pending until ``reveal_block``, then revealed or dropped."""
-
-    hotkey: str
-    weights: dict[int, float]
-    version_key: int
-    commit_block: int
-    reveal_block: int
-    outcome: str | None  # None: pending; "revealed"; or why the chain dropped it
 
 
 def _hotkey_of(wallet) -> str:
@@ -123,39 +134,47 @@ class DevChain(Chain):
 
     @contextlib.contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction of the file in which commits whose reveal is due are revealed first,
-        so they meet the subnet as it was when they were due."""
+        """A write transaction of the file in which the epochs passed since the last write run
+        first (:meth:`_run_epochs`), so every call meets the subnet as of its block."""
         with self._file.transaction() as connection:
-            self._reveal_due(connection)
+            self._run_epochs(connection)
             yield connection
 
-    def _owner_in(self, connection: sqlite3.Connection) -> tuple[str | None, str | None]:
-        """The owner's (hotkey, coldkey): set with set_owner, else uid 0's (subtensor registers the
-        subnet creator's hotkey as uid 0 when the subnet is created)."""
-        hotkey = meta(connection, "owner_hotkey")
-        if hotkey is not None:
-            return hotkey, meta(connection, "owner_coldkey")
-        row = connection.execute("SELECT hotkey, coldkey FROM neurons WHERE uid = 0").fetchone()
-        return (row[0], row[1]) if row else (None, None)
+    def _snapshot(self) -> Snapshot:
+        """The file's snapshot, once the epochs passed since the last write have run (their permits)."""
+        snapshot = self._file.snapshot()
+        if self._file.block_of(snapshot) < snapshot.next_epoch_block:
+            return snapshot
+        with self._write():
+            pass
+        return self._file.snapshot()
 
-    def _owner_uid_in(self, connection: sqlite3.Connection) -> int | None:
-        hotkey, _ = self._owner_in(connection)
-        row = connection.execute("SELECT uid FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
-        return None if row is None else int(row[0])
+    def _run_epochs(self, connection: sqlite3.Connection) -> None:
+        """What the chain did at the epoch starts passed since the last write: at each, the commits
+        due are revealed, then the epoch recomputes the validator permits (block_step's order). The
+        stakes do not change between two writes, so the first of them gives the permits of all."""
+        block = self._file.block_at(connection)
+        tempo = hyperparameters_in(connection).tempo
+        epoch = next_epoch_block(permits_block_in(connection), tempo)
+        if epoch <= block:
+            self._reveal_due(connection, epoch)
+            self._grant_permits(connection)
+            set_meta(connection, "permits_block", str(next_epoch_block(block, tempo) - max(1, tempo)))
+        self._reveal_due(connection, block)
 
-    @staticmethod
-    def _clear_neuron(connection: sqlite3.Connection, uid: int) -> None:
-        """What subtensor's clear_neuron does to a uid that changes hands: the weights it set go, the
-        weights set on it become 0."""
-        connection.execute("DELETE FROM weights WHERE setter_uid = ?", (uid,))
-        connection.execute("UPDATE weights SET weight = 0 WHERE target_uid = ?", (uid,))
+    def _grant_permits(self, connection: sqlite3.Connection) -> None:
+        """run_epoch's validator permits (:func:`validator_permits`), every neuron's set anew."""
+        stakes = dict(connection.execute("SELECT uid, stake FROM neurons").fetchall())
+        threshold = float(meta(connection, "stake_threshold") or 0)
+        permitted = validator_permits(stakes, max_validators_in(connection), threshold, owner_uid_in(connection))
+        connection.execute("UPDATE neurons SET validator_permit = 0")
+        connection.executemany("UPDATE neurons SET validator_permit = 1 WHERE uid = ?", [(uid,) for uid in permitted])
 
     # --- commit-reveal ---
 
-    def _reveal_due(self, connection: sqlite3.Connection) -> None:
+    def _reveal_due(self, connection: sqlite3.Connection, block: int) -> None:
         """Apply (or drop, as the chain silently does when do_set_weights fails) every pending commit
-        whose reveal block has come, in the order they were made."""
-        block = self._file.block_at(connection)
+        whose reveal block is ``block`` or earlier, in the order they were made."""
         due = connection.execute(
             "SELECT id, hotkey, weights, version_key, reveal_block FROM weight_commits "
             "WHERE outcome IS NULL AND reveal_block <= ? ORDER BY reveal_block, id",
@@ -165,7 +184,7 @@ class DevChain(Chain):
             values = {int(uid): weight for uid, weight in json.loads(weights).items()}
             try:
                 self._apply_weights(connection, hotkey, values, version_key, reveal_block)
-                self._mask_outdated(connection, hotkey)
+                mask_outdated(connection, hotkey)
                 outcome = "revealed"
             except ChainError as error:
                 outcome = f"dropped: {error}"
@@ -177,26 +196,13 @@ class DevChain(Chain):
                 )
             connection.execute("UPDATE weight_commits SET outcome = ? WHERE id = ?", (outcome, commit_id))
 
-    @staticmethod
-    def _mask_outdated(connection: sqlite3.Connection, hotkey: str) -> None:
-        """Zero ``hotkey``'s weights on uids registered at or after its last update, as Yuma's epoch
-        masks them (run_epoch's outdated mask): a commit's LastUpdate is its commit block, so a
-        hotkey that took a uid between a commit and its reveal gets nothing of that commit. Neurons
-        registered at block 0 stand for the genesis' (nothing can register after a commit there)."""
-        connection.execute(
-            "UPDATE weights SET weight = 0 WHERE setter_uid = (SELECT uid FROM neurons WHERE hotkey = ?) "
-            "AND target_uid IN (SELECT uid FROM neurons WHERE registered_block > 0 AND registered_block >= "
-            "(SELECT last_update FROM neurons WHERE hotkey = ?))",
-            (hotkey, hotkey),
-        )
-
     def _check_stake(self, connection: sqlite3.Connection, hotkey: str) -> None:
         """Subtensor's check_weights_min_stake: ``hotkey``'s stake (0 when it holds no uid) at least the
         chain's StakeThreshold (:meth:`set_stake_threshold`), the owner's uid exempt."""
         threshold = float(meta(connection, "stake_threshold") or 0)
         row = connection.execute("SELECT uid, stake FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
         uid, stake = row if row else (None, 0.0)
-        if stake >= threshold or (uid is not None and uid == self._owner_uid_in(connection)):
+        if stake >= threshold or (uid is not None and uid == owner_uid_in(connection)):
             return
         raise refusal_error(
             "NotEnoughStakeToSetWeights",
@@ -235,7 +241,7 @@ class DevChain(Chain):
             check_weights_rate_limit("SettingWeightsTooFast", uid, last_update, block, hyperparameters)
         if refusal is None:
             registered = {row[0] for row in connection.execute("SELECT uid FROM neurons")}
-            owner_uid = self._owner_uid_in(connection)
+            owner_uid = owner_uid_in(connection)
             refusal = weights_refusal(weights, uid, bool(permit), owner_uid, registered, hyperparameters)
         if refusal is not None:
             raise refusal_error(refusal.name, f"cannot set weights: {refusal}")
@@ -254,21 +260,21 @@ class DevChain(Chain):
         return self._file.block_of(self._file.snapshot())
 
     def metagraph(self) -> Metagraph:
-        snapshot = self._file.snapshot()
+        snapshot = self._snapshot()
         return Metagraph(self.netuid, self._file.block_of(snapshot), snapshot.neurons)
 
     def neuron(self, hotkey: str) -> NeuronInfo | None:
-        return self._file.snapshot().by_hotkey.get(hotkey)
+        return self._snapshot().by_hotkey.get(hotkey)
 
     def owner_uid(self) -> int | None:
         """The owner hotkey's uid (``set_owner``; without one set, uid 0's hotkey is the owner), or
         None when the owner's hotkey holds no uid."""
         try:
             with self._file.connect() as connection:
-                hotkey, _ = self._owner_in(connection)
+                hotkey, _ = owner_in(connection)
                 if hotkey is None:
                     raise ChainError(f"dev chain {self.path} has no subnet owner: register a neuron or run set-owner")
-                return self._owner_uid_in(connection)
+                return owner_uid_in(connection)
         except sqlite3.Error as error:
             raise ChainError(f"dev chain {self.path}: {error}") from None
 
@@ -399,7 +405,7 @@ class DevChain(Chain):
         the coldkey that owns the subnet (NotSubnetOwner otherwise)."""
         coldkey = _coldkey_of(wallet)
         with self._write() as connection:
-            _, owner_coldkey = self._owner_in(connection)
+            _, owner_coldkey = owner_in(connection)
             if coldkey != owner_coldkey:
                 raise ChainError(
                     f"cannot set the subnet identity: NotSubnetOwner: coldkey {coldkey} does not own "
@@ -413,7 +419,9 @@ class DevChain(Chain):
     def register(self, hotkey: str, coldkey: str, stake: float = 0.0, validator_permit: bool = False) -> int:
         """Register ``hotkey`` on the subnet and return its uid: a uid left free by :meth:`deregister`,
         else the next one (append_neuron) while the subnet has fewer than ``max_allowed_uids``, else
-        the uid of the neuron it replaces (replace_neuron; see :meth:`prune_candidate`)."""
+        the uid of the neuron it replaces (replace_neuron; see :meth:`prune_candidate`). It has no
+        validator permit until an epoch gives it one; ``validator_permit`` gives one now, as if an
+        epoch had passed (the next one keeps it only for a stake among the largest)."""
         for role, address in (("hotkey", hotkey), ("coldkey", coldkey)):
             try:
                 decode_ss58(address)
@@ -435,7 +443,7 @@ class DevChain(Chain):
             else:
                 uid = self._prune_candidate_in(connection, block)
                 replaced = connection.execute("SELECT hotkey FROM neurons WHERE uid = ?", (uid,)).fetchone()[0]
-                self._clear_neuron(connection, uid)
+                clear_neuron(connection, uid)
                 connection.execute("DELETE FROM neurons WHERE uid = ?", (uid,))
                 logger.info("dev subnet %d is full: %s replaces %s at uid %d", self.netuid, hotkey, replaced, uid)
             # append_neuron and replace_neuron set the uid's LastUpdate to the registration block.
@@ -450,7 +458,7 @@ class DevChain(Chain):
     def _prune_candidate_in(self, connection: sqlite3.Connection, block: int) -> int:
         """The uid a registration replaces on a full subnet (:func:`neuron_to_prune`, with the stake
         standing for the emission this chain does not pay); never the owner's hotkey."""
-        owner_hotkey, _ = self._owner_in(connection)
+        owner_hotkey, _ = owner_in(connection)
         candidates = [
             PruneCandidate(*row)
             for row in connection.execute(
@@ -479,11 +487,13 @@ class DevChain(Chain):
             row = connection.execute("SELECT uid FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
             if row is None:
                 raise ChainError(f"hotkey {hotkey} is not registered on subnet {self.netuid}")
-            self._clear_neuron(connection, row[0])
+            clear_neuron(connection, row[0])
             connection.execute("DELETE FROM neurons WHERE uid = ?", (row[0],))
         logger.info("deregistered %s (uid %d) from dev subnet %d", hotkey, row[0], self.netuid)
 
     def set_validator_permit(self, hotkey: str, permit: bool) -> None:
+        """Grant or take ``hotkey``'s validator permit now, as if an epoch had passed; the next epoch
+        recomputes it by the chain's rule (module docstring)."""
         with self._write() as connection:
             if not connection.execute(
                 "UPDATE neurons SET validator_permit = ? WHERE hotkey = ?", (int(permit), hotkey)
@@ -541,6 +551,18 @@ class DevChain(Chain):
         """The subnet's MinNonImmuneUids (:meth:`set_min_non_immune_uids`)."""
         return int(self._setting("min_non_immune_uids") or MIN_NON_IMMUNE_UIDS)
 
+    def set_max_allowed_validators(self, count: int) -> None:
+        """Set the subnet's MaxAllowedValidators (default 64, init_new_network's): how many of the
+        largest stakes an epoch gives a validator permit."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ChainError(f"max_allowed_validators must be a non-negative integer, got {count!r}")
+        with self._write() as connection:
+            set_meta(connection, "max_allowed_validators", str(count))
+
+    def max_allowed_validators(self) -> int:
+        """The subnet's MaxAllowedValidators (:meth:`set_max_allowed_validators`)."""
+        return int(self._setting("max_allowed_validators") or MAX_ALLOWED_VALIDATORS)
+
     def allow_loopback_axons(self, allowed: bool) -> None:
         """Let this file store loopback endpoints, which subtensor refuses: only for a network whose
         servers all run on this machine and listen on 127.0.0.1 (the local network)."""
@@ -561,32 +583,12 @@ class DevChain(Chain):
         """The weights on chain: setter uid -> {target uid: weight} (each setter's sum is 1, less the
         weight on uids that changed hands since). Commits are here once revealed."""
         with self._write() as connection:
-            rows = connection.execute(
-                "SELECT setter_uid, target_uid, weight FROM weights ORDER BY setter_uid, target_uid"
-            ).fetchall()
-        result: dict[int, dict[int, float]] = {}
-        for setter, target, weight in rows:
-            result.setdefault(setter, {})[target] = weight
-        return result
+            return weights_in(connection)
 
     def commits(self) -> list[WeightCommit]:
         """Every commit of weights, oldest first, with its outcome once its reveal block has come."""
         with self._write() as connection:
-            rows = connection.execute(
-                "SELECT hotkey, weights, version_key, commit_block, reveal_block, outcome "
-                "FROM weight_commits ORDER BY id"
-            ).fetchall()
-        return [
-            WeightCommit(
-                hotkey,
-                {int(uid): w for uid, w in json.loads(weights).items()},
-                version_key,
-                commit_block,
-                reveal_block,
-                outcome,
-            )
-            for hotkey, weights, version_key, commit_block, reveal_block, outcome in rows
-        ]
+            return commits_in(connection)
 
 
 if __name__ == "__main__":

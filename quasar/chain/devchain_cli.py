@@ -1,8 +1,8 @@
 """The dev chain's command line: ``quasar devchain --path FILE COMMAND`` (or ``python -m
 quasar.chain.devchain``) with the commands ``init``, ``register``, ``deregister``, ``set-owner``,
 ``set-permit``, ``advance``, ``block``, ``neurons``, ``weights``, ``commits``, ``hyperparameters``,
-``set-hyperparameter``, ``stake-threshold``, ``min-non-immune-uids``, ``allow-loopback`` and
-``identity``. Its tables fit 80 columns.
+``set-hyperparameter``, ``stake-threshold``, ``min-non-immune-uids``, ``max-allowed-validators``,
+``allow-loopback`` and ``identity``. Its tables fit 80 columns.
 """
 
 from __future__ import annotations
@@ -107,13 +107,19 @@ def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
     register.add_argument("--hotkey", required=True, help="hotkey ss58 address")
     register.add_argument("--coldkey", required=True, help="coldkey ss58 address")
     register.add_argument("--stake", type=float, default=0.0)
-    register.add_argument("--validator", action="store_true", help="give it a validator permit")
+    register.add_argument(
+        "--validator",
+        action="store_true",
+        help="give it a validator permit now (each epoch keeps one only for a stake among the largest)",
+    )
     deregister = commands.add_parser("deregister", help="take a hotkey off the subnet (its uid goes to the next one)")
     deregister.add_argument("--hotkey", required=True)
     owner = commands.add_parser("set-owner", help="make a hotkey (and its coldkey) the subnet owner")
     owner.add_argument("--hotkey", required=True)
     owner.add_argument("--coldkey", default=None, help="the owning coldkey (default: the hotkey's registered one)")
-    permit = commands.add_parser("set-permit", help="grant or revoke a validator permit")
+    permit = commands.add_parser(
+        "set-permit", help="grant or revoke a validator permit now (the next epoch recomputes it from the stakes)"
+    )
     permit.add_argument("--hotkey", required=True)
     permit.add_argument("--revoke", action="store_true")
     advance = commands.add_parser("advance", help="move the chain N blocks ahead")
@@ -136,6 +142,12 @@ def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
         "than this many are past immunity), or set it",
     )
     floor.add_argument("count", nargs="?", type=int, help="the new count (default 10, subtensor's)")
+    validators = commands.add_parser(
+        "max-allowed-validators",
+        help="print the subnet's MaxAllowedValidators (each epoch gives this many of the largest stakes a "
+        "validator permit), or set it",
+    )
+    validators.add_argument("count", nargs="?", type=int, help="the new count (default 64, a new subnet's)")
     loopback = commands.add_parser(
         "allow-loopback",
         help="let this file store loopback endpoints (subtensor refuses them; the local network needs them)",
@@ -178,6 +190,10 @@ def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
             if args.count is not None:
                 chain.set_min_non_immune_uids(args.count)
             print(chain.min_non_immune_uids())
+        elif args.command == "max-allowed-validators":
+            if args.count is not None:
+                chain.set_max_allowed_validators(args.count)
+            print(chain.max_allowed_validators())
         elif args.command == "allow-loopback":
             chain.allow_loopback_axons(args.state == "on")
         elif args.command == "identity":

@@ -5,7 +5,8 @@ genesis time and the block time are stored in the file when it is created, so ev
 opens the file agrees on the block number; ``offset`` grows when the chain is advanced at once.
 The file holds the subnet's neurons (uid, hotkey, coldkey, stake, validator permit, published
 endpoint, last weights update), the weights validators set, their pending commits, and in its
-``meta`` table the subnet owner, the subnet identity and the subnet's hyperparameters.
+``meta`` table the subnet owner, the subnet identity, the subnet's hyperparameters and the last
+epoch whose validator permits it holds.
 
 Several processes may use one file at the same time: SQLite in WAL mode, a busy timeout, and every
 write in a ``BEGIN IMMEDIATE`` transaction. Reads are served from a snapshot of the file (the block
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quasar.chain.base import ChainError, Endpoint, NeuronInfo, SubnetHyperparameters
-from quasar.chain.subtensor_rules import FINNEY
+from quasar.chain.subtensor_rules import FINNEY, MAX_ALLOWED_VALIDATORS, next_epoch_block
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +85,21 @@ class Snapshot:
 
     data_version: int
     block_offset: int
+    next_epoch_block: int  # the start of the first epoch whose permits the file does not hold yet
     neurons: tuple[NeuronInfo, ...]
     by_hotkey: dict[str, NeuronInfo]
+
+
+@dataclass(frozen=True)
+class WeightCommit:
+    """A commit of weights (commit-reveal): pending until ``reveal_block``, then revealed or dropped."""
+
+    hotkey: str
+    weights: dict[int, float]
+    version_key: int
+    commit_block: int
+    reveal_block: int
+    outcome: str | None  # None: pending; "revealed"; or why the chain dropped it
 
 
 def _neuron(row: tuple) -> NeuronInfo:
@@ -116,9 +130,77 @@ def hyperparameters_in(connection: sqlite3.Connection) -> SubnetHyperparameters:
     return SubnetHyperparameters(**json.loads(stored))
 
 
+def permits_block_in(connection: sqlite3.Connection) -> int:
+    """The start of the last epoch whose validator permits the file holds (0: none run yet)."""
+    return int(meta(connection, "permits_block") or 0)
+
+
+def max_validators_in(connection: sqlite3.Connection) -> int:
+    """The subnet's MaxAllowedValidators (default 64, init_new_network's)."""
+    return int(meta(connection, "max_allowed_validators") or MAX_ALLOWED_VALIDATORS)
+
+
+def owner_in(connection: sqlite3.Connection) -> tuple[str | None, str | None]:
+    """The owner's (hotkey, coldkey): set with set_owner, else uid 0's (subtensor registers the
+    subnet creator's hotkey as uid 0 when the subnet is created)."""
+    hotkey = meta(connection, "owner_hotkey")
+    if hotkey is not None:
+        return hotkey, meta(connection, "owner_coldkey")
+    row = connection.execute("SELECT hotkey, coldkey FROM neurons WHERE uid = 0").fetchone()
+    return (row[0], row[1]) if row else (None, None)
+
+
+def owner_uid_in(connection: sqlite3.Connection) -> int | None:
+    """The owner's hotkey's uid, or None when it holds none."""
+    hotkey, _ = owner_in(connection)
+    row = connection.execute("SELECT uid FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def clear_neuron(connection: sqlite3.Connection, uid: int) -> None:
+    """What subtensor's clear_neuron does to a uid that changes hands: the weights it set go, the
+    weights set on it become 0."""
+    connection.execute("DELETE FROM weights WHERE setter_uid = ?", (uid,))
+    connection.execute("UPDATE weights SET weight = 0 WHERE target_uid = ?", (uid,))
+
+
+def mask_outdated(connection: sqlite3.Connection, hotkey: str) -> None:
+    """Zero ``hotkey``'s weights on uids registered at or after its last update, as Yuma's epoch
+    masks them (run_epoch's outdated mask): a commit's LastUpdate is its commit block, so a
+    hotkey that took a uid between a commit and its reveal gets nothing of that commit. Neurons
+    registered at block 0 stand for the genesis' (nothing can register after a commit there)."""
+    connection.execute(
+        "UPDATE weights SET weight = 0 WHERE setter_uid = (SELECT uid FROM neurons WHERE hotkey = ?) "
+        "AND target_uid IN (SELECT uid FROM neurons WHERE registered_block > 0 AND registered_block >= "
+        "(SELECT last_update FROM neurons WHERE hotkey = ?))",
+        (hotkey, hotkey),
+    )
+
+
 def set_hyperparameters_in(connection: sqlite3.Connection, hyperparameters: SubnetHyperparameters) -> None:
     """Store the subnet's hyperparameters."""
     set_meta(connection, "hyperparameters", json.dumps(dataclasses.asdict(hyperparameters)))
+
+
+def weights_in(connection: sqlite3.Connection) -> dict[int, dict[int, float]]:
+    """The weights the file holds: setter uid -> {target uid: weight}."""
+    result: dict[int, dict[int, float]] = {}
+    for setter, target, weight in connection.execute(
+        "SELECT setter_uid, target_uid, weight FROM weights ORDER BY setter_uid, target_uid"
+    ):
+        result.setdefault(setter, {})[target] = weight
+    return result
+
+
+def commits_in(connection: sqlite3.Connection) -> list[WeightCommit]:
+    """Every commit of weights the file holds, oldest first."""
+    rows = connection.execute(
+        "SELECT hotkey, weights, version_key, commit_block, reveal_block, outcome FROM weight_commits ORDER BY id"
+    ).fetchall()
+    return [
+        WeightCommit(hotkey, {int(uid): w for uid, w in json.loads(weights).items()}, key, commit, reveal, outcome)
+        for hotkey, weights, key, commit, reveal, outcome in rows
+    ]
 
 
 class DevChainFile:
@@ -232,10 +314,11 @@ class DevChainFile:
             try:
                 (offset,) = connection.execute("SELECT value FROM meta WHERE key = 'block_offset'").fetchone()
                 rows = connection.execute(f"SELECT {_NEURON_COLUMNS} FROM neurons ORDER BY uid").fetchall()
+                next_epoch = next_epoch_block(permits_block_in(connection), hyperparameters_in(connection).tempo)
             finally:
                 connection.execute("COMMIT")
         except (OSError, sqlite3.Error) as error:
             raise ChainError(f"dev chain {self.path}: {error}") from None
         neurons = tuple(_neuron(row) for row in rows)
-        local.snapshot = Snapshot(version, int(offset), neurons, {n.hotkey: n for n in neurons})
+        local.snapshot = Snapshot(version, int(offset), next_epoch, neurons, {n.hotkey: n for n in neurons})
         return local.snapshot

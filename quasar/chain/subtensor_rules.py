@@ -36,6 +36,9 @@ FINNEY = SubnetHyperparameters(
 # DefaultMinNonImmuneUids: a full subnet replaces a neuron past its immunity period only while more
 # than this many such neurons (the owner's apart) remain; else an immune one.
 MIN_NON_IMMUNE_UIDS = 10
+# init_new_network's MaxAllowedValidators: at each epoch the largest stakes up to this many get a
+# validator permit.
+MAX_ALLOWED_VALIDATORS = 64
 HYPERPARAMETER_NAMES = tuple(field.name for field in dataclasses.fields(SubnetHyperparameters))
 
 # Subtensor's refusals of weights (and commits) that hold until something outside the validator
@@ -198,6 +201,27 @@ def check_weights_rate_limit(
             f"cannot set weights: {name}: uid {uid} set weights at block {last_update}; the rate limit is "
             f"{hyperparameters.weights_rate_limit} blocks: wait {wait} more",
         )
+
+
+def validator_permits(
+    stakes: Mapping[int, float], max_allowed_validators: int, stake_threshold: float, owner_uid: int | None
+) -> set[int]:
+    """The uids an epoch gives a validator permit (run_epoch): the ``max_allowed_validators`` largest
+    stakes that are not zero (is_topk_nonzero), a stake below ``stake_threshold`` counting as zero
+    but the owner's; of equal stakes the higher uid first (the chain's stable ascending sort drops
+    the lower one); and the subnet owner's uid whatever its stake."""
+    counted = {uid: stake for uid, stake in stakes.items() if uid == owner_uid or stake >= stake_threshold}
+    ranked = sorted(((stake, uid) for uid, stake in counted.items() if stake > 0), reverse=True)
+    permitted = {uid for _, uid in ranked[:max_allowed_validators]}
+    if owner_uid is not None and owner_uid in stakes:
+        permitted.add(owner_uid)
+    return permitted
+
+
+def next_epoch_block(block: int, tempo: int) -> int:
+    """The first block of the epoch after ``block``'s; epochs are ``tempo`` blocks from block 0."""
+    tempo = max(1, tempo)
+    return (block // tempo + 1) * tempo
 
 
 def reveal_block_for(commit_block: int, hyperparameters: SubnetHyperparameters) -> int:
