@@ -80,7 +80,7 @@ def reference_work(service: SubmissionService, validator: str, limit: int) -> li
     """The ids the work endpoint should hand ``validator``: every row read, the rules applied in Python."""
     round_id = rules.round_of_block(service.current_block(), service.config.round_blocks).round_id
     now = service.clock()
-    voters = {hotkey for hotkey in service.electorate().voters}
+    electorate = service.electorate()
     registered = set(service.registered_hotkeys())
 
     def read(session):
@@ -101,7 +101,7 @@ def reference_work(service: SubmissionService, validator: str, limit: int) -> li
             s.ready_at,
             s.target_sequence_length,
             s.claimed_tokens_per_sec,
-            bool(reporters[s.id] & voters),
+            any(electorate.weight(v) > 0 for v in reporters[s.id]),
         )
         for s in submissions
         if s.state == "ready"
