@@ -86,6 +86,7 @@ class FakeChain:
         self.block_time = 12.0
         self.weights_rate_limit = weights_rate_limit
         self.commit_reveal = False
+        self.stake_threshold_rao = 0  # the chain's StakeThreshold
         # What get_subnet_hyperparams_v3 returns, as the SDK flattens it (a few of its many names).
         self.hyperparameters = {
             "tempo": 360,
@@ -167,10 +168,16 @@ class FakeChain:
             return failed("HotKeyNotRegisteredInSubNet")
         neuron = self.neurons[uid]
         if isinstance(intent, SetWeights):
-            if not neuron.validator_permit:
-                return failed("NeuronNoValidatorPermit")
+            # Subtensor's order: the stake (the owner's hotkey exempt), the version key (a commit's
+            # is checked at its reveal), the rate limit, the permit (a commit's at its reveal).
+            if neuron.hotkey != self.owner_hotkey and neuron.total_stake_rao < self.stake_threshold_rao:
+                return failed("NotEnoughStakeToSetWeights")
+            if not self.commit_reveal and intent.version_key < self.hyperparameters["weights_version"]:
+                return failed("IncorrectWeightVersionKey")
             if neuron.last_update and self.block - neuron.last_update < self.weights_rate_limit:
                 return failed("SettingWeightsTooFast")
+            if not self.commit_reveal and not neuron.validator_permit:
+                return failed("NeuronNoValidatorPermit")
             self.weights[uid] = (dict(zip(intent.uids or [], intent.weights or [], strict=True)), intent.version_key)
             neuron.last_update = self.block
             if self.commit_reveal:
@@ -218,6 +225,11 @@ class _View:
         self.neurons = _Namespace(uid=self._uid)
         self.hyperparameters = _Namespace(weights_rate_limit=self._weights_rate_limit)
         self.epochs = _Namespace(blocks_since_last_update=self._blocks_since_last_update)
+
+    def query(self, item, params=None):
+        """A storage read (``client.query``): only the chain's StakeThreshold is asked for."""
+        assert tuple(item) == ("SubtensorModule", "StakeThreshold") and not params, item
+        return self._chain.answer("query StakeThreshold", lambda: self._chain.stake_threshold_rao)
 
     def _metagraph(self, netuid, block=None, *, commitments=True):
         def compute():
@@ -477,6 +489,41 @@ def test_rate_limit_pre_check_refuses_without_submitting(chain, subnet, wallets)
     subnet.block += 60
     chain.set_weights(wallets["validator"], {2: 1.0}, version_key=1)
     assert subnet.weights[1][0] == {2: 1.0}
+
+
+@pytest.mark.parametrize(
+    "commit_reveal, fault, answer",
+    [
+        (False, "version key", "IncorrectWeightVersionKey"),
+        (False, "stake", "NotEnoughStakeToSetWeights"),
+        (True, "stake", "NotEnoughStakeToSetWeights"),
+        (True, "version key", None),  # a commit's version key is checked at its reveal
+        (False, "permit", None),  # the chain checks the rate limit before the permit
+    ],
+)
+def test_a_too_early_call_with_a_lasting_fault_gets_the_refusal_the_chain_gives_not_a_rate_limit(
+    chain, subnet, wallets, commit_reveal, fault, answer
+):
+    """Subtensor checks the stake and (setting, not committing) the version key before the rate
+    limit: too early, a validator with one of them wrong is refused for good, and waits for the next
+    epoch; a RateLimited from the pre-check would have it try again once the limit passes, in vain."""
+    chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1)
+    subnet.commit_reveal = commit_reveal
+    subnet.block += 40
+    if fault == "version key":
+        subnet.hyperparameters["weights_version"] = 2
+    elif fault == "stake":
+        subnet.stake_threshold_rao = subnet.neurons[1].total_stake_rao + 1
+    else:
+        subnet.neurons[1].validator_permit = False
+    intent = SetWeights(netuid=NETUID, uids=[2], weights=[1.0], version_key=1)
+    given = subnet.apply(intent, wallets["validator"]).error  # what the chain itself answers
+    assert given.name == (answer or "SettingWeightsTooFast")
+    subnet.executed.clear()
+    with pytest.raises(RateLimited if answer is None else Refused) as raised:
+        chain.set_weights(wallets["validator"], {2: 1.0}, version_key=1)
+    assert answer is None or raised.value.name == answer
+    assert subnet.executed == []  # nothing sent: the fee of a call the chain refuses is saved
 
 
 def test_weights_for_a_uid_that_changed_hands_are_not_submitted(chain, subnet, wallets, sleep):

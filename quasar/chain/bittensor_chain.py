@@ -21,7 +21,9 @@ Resilience, all bounded by ``retries`` with exponential back-off (``backoff_s``,
 - before submitting weights, the subnet's ``weights_rate_limit``, the hotkey's last update and the
   uids the weights were planned for are read at one block: a submission the chain would refuse is
   not sent (:class:`RateLimited` says how many blocks to wait), nor one for a uid that another
-  hotkey holds now (:class:`UidsChanged`).
+  hotkey holds now (:class:`UidsChanged`). A submission too early is first checked for what the
+  chain checks before the rate limit (the stake, then, setting and not committing, the version
+  key), so it gets the lasting refusal the chain would give (:class:`Refused`), not RateLimited.
 
 The block time is the chain's own (its Aura slot duration: 12 s on finney, 0.25 s on fast-block
 nodes), read once. The API's location is read from and written to the subnet identity's
@@ -63,7 +65,13 @@ from quasar.chain.base import (
     decode_api_location,
     encode_api_location,
 )
-from quasar.chain.subtensor_rules import blocks_until_allowed, checked_weights, refusal_error
+from quasar.chain.subtensor_rules import (
+    blocks_until_allowed,
+    checked_weights,
+    refusal_error,
+    stake_refusal,
+    version_key_refusal,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -445,6 +453,22 @@ class BittensorChain(Chain):
 
         self._attempts("publish the endpoint", publish)
 
+    def _refuse_as_the_chain_would(self, view: Any, hotkey: str, version_key: int) -> None:
+        """Raise the lasting refusal the chain gives weights from ``hotkey`` before it checks the rate
+        limit, if any: a stake below its StakeThreshold (the transaction pool's check, the subnet
+        owner's hotkey exempt), then, setting and not committing, a version key below the subnet's
+        (internal_set_weights' order). Read at ``view``'s block."""
+        graph = self._sdk_metagraph(view)
+        neuron = graph.by_hotkey(hotkey)
+        stake = neuron.total_stake.rao if neuron is not None else 0
+        threshold = int(view.query(("SubtensorModule", "StakeThreshold")) or 0)
+        refusal = stake_refusal(hotkey, stake, threshold, hotkey == graph.owner_hotkey)
+        if refusal is None and not view.subnets.commit_reveal_enabled(self.netuid):
+            raw = view.subnets.subnet_hyperparameters(self.netuid)
+            refusal = version_key_refusal(version_key, to_hyperparameters(raw))
+        if refusal is not None:
+            raise refusal_error(refusal.name, f"cannot set weights on subnet {self.netuid}: {refusal}")
+
     def set_weights(
         self, wallet, weights: Mapping[int, float], version_key: int, hotkeys: Mapping[int, str] | None = None
     ) -> WeightsSubmission:
@@ -452,8 +476,10 @@ class BittensorChain(Chain):
         commit-reveal subnet (the chain applies them when it reveals them).
 
         Raises, without submitting, :class:`RateLimited` when the subnet's weights rate limit has not
-        passed since this hotkey's last update, and :class:`UidsChanged` when a uid of ``hotkeys`` is
-        not held by its planned hotkey at the block of the check; ChainError when the extrinsic fails.
+        passed since this hotkey's last update (:class:`Refused` instead when the chain would refuse
+        them for a reason it checks before the rate limit), and :class:`UidsChanged` when a uid of
+        ``hotkeys`` is not held by its planned hotkey at the block of the check; ChainError when the
+        extrinsic fails.
         """
         normalized = normalize_weights(weights)
         hotkey = _hotkey_address(wallet)
@@ -478,6 +504,7 @@ class BittensorChain(Chain):
             since = view.epochs.blocks_since_last_update(self.netuid, uid)
             wait = blocks_until_weights_allowed(view.block, since, rate_limit)
             if wait:
+                self._refuse_as_the_chain_would(view, hotkey, version_key)
                 raise RateLimited(
                     wait,
                     f"weights of uid {uid} on subnet {self.netuid} were set {since} blocks "

@@ -109,6 +109,18 @@ class Refusal(NamedTuple):
         return f"{self.name}: {self.detail}"
 
 
+def stake_refusal(hotkey: str, stake: float, threshold: float, owner: bool) -> Refusal | None:
+    """Why subtensor's ``check_weights_min_stake`` refuses weights or a commit from ``hotkey``
+    holding ``stake``: below the chain's StakeThreshold, the subnet owner's hotkey exempt. The
+    transaction pool checks it first, before every check of the call."""
+    if owner or stake >= threshold:
+        return None
+    return Refusal(
+        "NotEnoughStakeToSetWeights",
+        f"hotkey {hotkey} holds a stake of {stake:g}, below the chain's StakeThreshold {threshold:g}",
+    )
+
+
 def version_key_refusal(version_key: int, hyperparameters: SubnetHyperparameters) -> Refusal | None:
     """Why subtensor's ``check_version_key`` refuses weights carrying ``version_key`` (a key below
     the subnet's WeightsVersionKey; 0 there accepts any), or None when it accepts them."""
