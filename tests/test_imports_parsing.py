@@ -9,7 +9,7 @@ import pytest
 
 from quasar.imports import validate_repo
 from quasar.imports.findings import Finding, Rule
-from quasar.imports.parsing import parse_source
+from quasar.imports.parsing import module_level_statements, parse_source
 from tests.import_forks import error_keys, make_fork
 
 
@@ -46,3 +46,28 @@ def test_a_cookie_on_either_of_the_first_two_lines_is_read_whatever_the_line_end
 
 def test_a_cookie_below_line_two_is_a_comment():
     assert isinstance(parse_source("import torch\nx = 1\n# -*- coding: utf-7 -*-\n", "gate.py"), ast.Module)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "if not True:\n    import x\n",
+        "if 0 == 1:\n    import x\n",
+        "if False or (1 > 2):\n    import x\n",
+        "if True:\n    pass\nelse:\n    import x\n",
+        "try:\n    raise ImportError\n    import x\nexcept ImportError:\n    pass\n",
+        "try:\n    raise ImportError\nexcept ImportError:\n    pass\nelse:\n    import x\n",
+    ],
+    ids=["not-true", "constant-comparison", "bool-op", "else-of-true", "after-raise", "else-of-a-raising-try"],
+)
+def test_an_import_in_a_block_that_never_runs_is_not_at_module_level(text):
+    # The required imports must run on import: a test that is constantly false, or a statement after
+    # a raise, counted as if it ran.
+    statements = module_level_statements(ast.parse(text).body)
+    assert not any(isinstance(s, ast.Import) for s in statements)
+
+
+def test_blocks_whose_test_is_not_constant_or_true_are_module_level():
+    text = "import sys\nif sys.platform == 'linux':\n    import a\nif 1 < 2:\n    import b\nelse:\n    pass\n"
+    names = [s.names[0].name for s in module_level_statements(ast.parse(text).body) if isinstance(s, ast.Import)]
+    assert names == ["sys", "a", "b"]

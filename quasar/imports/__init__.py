@@ -61,13 +61,15 @@ What is checked, and the module of this package that checks it:
   (``CHECK_BUDGET_S``, 60 s), checked between its steps, after which it stops with an error on the
   file it was on.
 * Required imports (``missing-required-import``, profile ``core`` by default or ``strict``; in
-  ``required``, module level defined in ``parsing``): ``chunk.py`` imports every name of the
-  profile at module level. Module level means a statement of the module body, also inside a
-  module-level ``if`` (not under ``if TYPE_CHECKING:`` or a constant false test), ``with``, or the
-  body, ``else`` or ``finally`` of a ``try`` (not its ``except`` handlers, which run only when the
-  import failed). Inside a function or class does not count. Combined lines, aliases and relative
-  forms count; ``from fla.utils import *`` does not. ``import torch.nn.functional as F`` is met by
-  importing that module under any name, also as ``from torch.nn import functional``.
+  ``required``, module level defined in ``parsing``): ``chunk.py`` imports every name of the profile
+  at module level. Module level means a statement of the module body, also inside a module-level
+  ``if`` (not under ``if TYPE_CHECKING:`` or a test that is constantly false: ``not True``,
+  ``0 == 1``; nor in the ``else`` of one constantly true), ``with``, or the body, ``else`` or
+  ``finally`` of a ``try`` (not its ``except`` handlers, which run only when the import failed), and
+  never after a ``raise`` of its block. Inside a function or class does not count. Combined lines,
+  aliases and relative forms count; ``from fla.utils import *`` does not. ``import
+  torch.nn.functional as F`` is met by importing that module under any name, also as ``from torch.nn
+  import functional``.
 * At least one ``*.cu`` file in the repository, ``.git`` aside (``no-cu-file``; found in
   ``repository``, weighed in ``validate``): a warning, an error with ``require_cu``.
 

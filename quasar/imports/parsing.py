@@ -4,8 +4,10 @@ which statements of a module run when it is imported (its module level)."""
 from __future__ import annotations
 
 import ast
+import operator
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from quasar import astparse
 from quasar.imports.findings import Finding, Rule
@@ -41,28 +43,65 @@ def parse_source(source: str, filename: str) -> ast.Module | Finding:
         return Finding(filename, None, Rule.SYNTAX_ERROR, "does not parse: nested too deeply")
 
 
-def _never_runs(test: ast.expr) -> bool:
-    """Tests whose body never runs: ``if TYPE_CHECKING:``, ``if typing.TYPE_CHECKING:``, ``if False:``."""
+_COMPARISONS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+}
+
+
+def _truth(test: ast.expr) -> bool | None:
+    """Whether a test always holds (True) or never does (False): constants, ``not``, ``and``/``or``
+    and comparisons of constants; ``TYPE_CHECKING`` never holds on import. None when it depends."""
     if isinstance(test, ast.Constant):
-        return not test.value
-    if isinstance(test, ast.Name):
-        return test.id == "TYPE_CHECKING"
-    return isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+        return bool(test.value)
+    if isinstance(test, ast.Name) and test.id == "TYPE_CHECKING":
+        return False
+    if isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING":
+        return False
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        inner = _truth(test.operand)
+        return None if inner is None else not inner
+    if isinstance(test, ast.BoolOp):
+        values = [_truth(value) for value in test.values]
+        decisive = isinstance(test.op, ast.Or)  # the value that ends an `or` (True) or an `and` (False)
+        if decisive in values:
+            return decisive
+        return None if None in values else not decisive
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and type(test.ops[0]) in _COMPARISONS:
+        left, right = test.left, test.comparators[0]
+        if isinstance(left, ast.Constant) and isinstance(right, ast.Constant):
+            try:
+                return bool(_COMPARISONS[type(test.ops[0])](left.value, right.value))
+            except TypeError:
+                return None
+    return None
 
 
 def module_level_statements(body: Sequence[ast.stmt]) -> Iterator[ast.stmt]:
     """Statements that run when the module is imported: those of ``body``, and of the blocks in it
-    that run on import (a module-level ``if`` unless its test never holds, its ``else``, a ``with``,
-    the body, ``else`` and ``finally`` of a ``try``), never a function's, class's or ``except``'s."""
+    that run on import (a module-level ``if`` unless its test never holds, its ``else`` unless the
+    test always holds, a ``with``, the body, ``else`` and ``finally`` of a ``try``), never a
+    function's, class's or ``except``'s, nor one after a ``raise`` of its block."""
     try_types = (ast.Try, getattr(ast, "TryStar", ast.Try))
     for statement in body:
         yield statement
+        if isinstance(statement, ast.Raise):
+            return
         if isinstance(statement, ast.If):
-            if not _never_runs(statement.test):
+            truth = _truth(statement.test)
+            if truth is not False:
                 yield from module_level_statements(statement.body)
-            yield from module_level_statements(statement.orelse)
+            if truth is not True:
+                yield from module_level_statements(statement.orelse)
         elif isinstance(statement, try_types):
-            for block in (statement.body, statement.orelse, statement.finalbody):
+            raises = any(isinstance(inner, ast.Raise) for inner in statement.body)  # then `else` never runs
+            for block in (statement.body, [] if raises else statement.orelse, statement.finalbody):
                 yield from module_level_statements(block)
         elif isinstance(statement, ast.With):
             yield from module_level_statements(statement.body)
