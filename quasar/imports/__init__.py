@@ -76,7 +76,9 @@ What is checked, and the module of this package that checks it:
 Names are followed without regard to scope or order: a name bound anywhere in a file to a
 forbidden module or to the import machinery counts everywhere in that file. Only the files above
 are checked; the rest of the fork (upstream's ``fla/ops/__init__.py`` imports gla and kda itself)
-is read only to follow re-exports. This is a rule on source text, not a sandbox: Python is too
+is read only to follow re-exports, and what its code does on import (``fla/layers/__init__.py``
+runs before the layer, and could rebind a checked module's names) is not checked. This is a rule
+on source text, not a sandbox: Python is too
 dynamic for any static check to be complete, so what this package cannot follow it refuses. The
 fork still runs only in the validator's sandbox, where the correctness check catches wrong kernels.
 
