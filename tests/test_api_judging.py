@@ -99,6 +99,11 @@ def test_the_copies_found_from_the_rows_sharing_a_commit_or_content_match_a_chec
         assert {item.submission.submission_id for item in judged} == evaluated, seed
         found = {item.submission.submission_id: item.copy_of for item in judged if item.copy_of is not None}
         assert found == {i: copy for i, copy in every.items() if i in evaluated}, (seed, round_id)
+        # The one joined query's rows grouped into each submission's reports, and their consensus.
+        for item in judged:
+            mine = consensus_reports([r for r in reports if r.submission_id == item.submission.submission_id])
+            assert sorted(item.reports, key=repr) == sorted(mine, key=repr), seed
+            assert item.consensus == views[item.submission.submission_id], seed
     # A miner's history and status pages judge other subsets of the submissions (one hotkey's, a page
     # of them): each one's copy verdict must not depend on which others were judged beside it.
     ids = [s.id for s in submissions]
