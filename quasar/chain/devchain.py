@@ -94,6 +94,7 @@ from quasar.chain.subtensor_rules import (
     refusal_error,
     refused_axon_address,
     reveal_block_for,
+    stake_refusal,
     u16_weights,
     validator_permits,
     version_key_refusal,
@@ -202,13 +203,9 @@ class DevChain(Chain):
         threshold = float(meta(connection, "stake_threshold") or 0)
         row = connection.execute("SELECT uid, stake FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
         uid, stake = row if row else (None, 0.0)
-        if stake >= threshold or (uid is not None and uid == owner_uid_in(connection)):
-            return
-        raise refusal_error(
-            "NotEnoughStakeToSetWeights",
-            f"cannot set weights: NotEnoughStakeToSetWeights: hotkey {hotkey} holds a stake of {stake:g}, "
-            f"below the chain's StakeThreshold {threshold:g}",
-        )
+        refusal = stake_refusal(hotkey, stake, threshold, owner=uid is not None and uid == owner_uid_in(connection))
+        if refusal is not None:
+            raise refusal_error(refusal.name, f"cannot set weights: {refusal}")
 
     def _apply_weights(
         self, connection: sqlite3.Connection, hotkey: str, weights: Mapping[int, float], version_key: int, block: int
