@@ -202,3 +202,13 @@ def test_reexport_through_a_module_of_the_fork_outside_fla(tmp_path, planted, us
 def test_installed_modules_the_fork_does_not_have_are_not_followed(tmp_path):
     text = FORK_FILES[CHUNK] + "import einops\nfrom kernels_util import helper\nout = einops.rearrange\n"
     assert validate_repo(make_fork(tmp_path, {"kernels_util.py": "helper = 1\n", CHUNK: text})).ok
+
+
+def test_a_module_with_a_utf7_cookie_hides_nothing_from_the_index(tmp_path):
+    # Python decodes the module as utf-7, where `+AAo-` is a line break: what the index read as a
+    # comment is `from fla.ops.kda import chunk_kda as pick` to Python.
+    helpers = "# coding: utf-7\ndef pick():\n    return 'clean'\n# +AAo-from fla.ops.kda import chunk_kda as pick\n"
+    text = FORK_FILES[CHUNK] + "from fla.ops.utils.helpers import pick  # <-\n"
+    report = validate_repo(make_fork(tmp_path, {"fla/ops/utils/helpers.py": helpers, CHUNK: text}))
+    assert error_keys(report) == {(CHUNK, line, Rule.UNVERIFIABLE_IMPORT) for line in marked_lines(text)}
+    assert "utf-7" in report.errors[0].message

@@ -52,8 +52,9 @@ What is checked, and the module of this package that checks it:
   ``reexports`` cannot follow (by an expression that may load a module at run time, to the import
   machinery, inside a function, by a ``match`` pattern or a module ``__getattr__``, in a module it
   cannot read: the file Python would import is the one read, a package before a module, and an
-  extension module or a sourceless ``.pyc`` is unreadable; functions, classes, constants and
-  ordinary calls are followed or pass). Comments, strings and docstrings are text, never imports.
+  extension module, a sourceless ``.pyc`` or a coding cookie other than UTF-8 is unreadable;
+  functions, classes, constants and ordinary calls are followed or pass). Comments, strings and
+  docstrings are text, never imports.
 * Bounds on the check's work (``unverifiable-import`` too, naming the bound; in
   ``forbidden_imports``, ``reexports`` and ``budget``): a name of a file may stand for at most 16
   modules or objects, the file's names for 20,000 in all, imports and assignments together; a path

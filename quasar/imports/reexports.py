@@ -24,9 +24,10 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 
-from quasar import astparse
 from quasar.imports.budget import Deadline
+from quasar.imports.findings import Finding, Rule
 from quasar.imports.layout import forbidden_root, has_prefix, is_package_file, module_paths, resolve_relative
+from quasar.imports.parsing import parse_source
 from quasar.imports.sensitive_names import BUILTIN_NAMES, INTROSPECTION_ATTRS, Kind, kind_of
 
 
@@ -418,7 +419,12 @@ class ReexportIndex:
         path, source = located
         if source is None:
             return _ModuleBindings(path, unreadable=f"bound in {path}, which this check cannot read")
+        # Python honours a coding cookie: under utf-7 a comment here may be an import there.
+        parsed = parse_source(source, path)
+        if isinstance(parsed, Finding):
+            why = parsed.message if parsed.rule is Rule.ENCODING else "this check cannot parse"
+            return _ModuleBindings(path, unreadable=f"bound in {path}, which {why}")
         try:
-            return _Reader(module, path, astparse.parse(source), self.in_fork).read()
-        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return _Reader(module, path, parsed, self.in_fork).read()
+        except (RecursionError, MemoryError):
             return _ModuleBindings(path, unreadable=f"bound in {path}, which this check cannot parse")
