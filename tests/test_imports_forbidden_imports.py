@@ -139,6 +139,14 @@ UNVERIFIABLE_CASES = {
     "builtins-assign": "import builtins\nbuiltins.__import__ = print  # <-\n",
     "setattr-builtins": "import builtins\nsetattr(builtins, 'x', 1)  # <-\n",
     "marshal": "import marshal\nmarshal.loads(b'')  # <-\n",
+    # Code runners and importers in disguise: each runs or imports a string built at run time.
+    "type-hints-eval": "import typing\ndef f(x: 'int'): pass\nhints = typing.get_type_hints(f)  # <-\n",
+    "annotations-eval": "import inspect\ndef f(x: 'int'): pass\nh = inspect.get_annotations(f, eval_str=1)  # <-\n",
+    "timeit-exec": "from timeit import Timer\nTimer('import os').timeit(1)  # <-\n",
+    "pydoc-locate": "import pydoc\nname = 'os'\nthing = pydoc.locate(name)  # <-\n",
+    "entry-point-load": "from importlib.metadata import EntryPoint\nEntryPoint('x', 'os:sep', 'g').load()  # <-\n",
+    "logging-config-resolve": "import logging.config\nlogging.config.BaseConfigurator({}).resolve('os.sep')  # <-\n",
+    "mock-patch": "from unittest import mock\npatcher = mock.patch('os.sep', '/')  # <-\n",
 }
 
 

@@ -39,20 +39,22 @@ What is checked, and the module of this package that checks it:
 * Code that cannot be verified (``unverifiable-import``, an error as well; in ``forbidden_imports``,
   the names it watches listed in ``sensitive_names``): a dynamic import whose target does not fold
   to a constant; ``exec``/``eval``/``compile`` and other ways to run code built at run time
-  (``marshal``, ``pickle``, ``types.FunctionType``, ``ctypes.pythonapi``); other calls into the
-  import machinery (``importlib``, ``imp``, ``pkgutil``, ``runpy``, ``zipimport``) outside a short
-  list of harmless ones; an importer or ``getattr`` used other than by calling it (``map(__import__,
-  names)``); changes to ``sys.path``, ``sys.meta_path``, ``sys.path_hooks``, ``sys.modules`` or
-  ``builtins``; ``getattr`` with a computed name on ``fla``, ``fla.ops``, ``builtins``, ``sys`` or
-  ``importlib`` or on any module of the fork (every name it binds is a look-up away), and a computed
-  key (``[key]`` or ``.get(key)``) into ``sys.modules``, ``globals()`` or the ``__dict__`` of those
-  modules; those modules, ``sys.modules`` or ``globals()`` passed on to code whose use of them
-  cannot be followed; introspection that reaches interpreter internals (``__subclasses__``,
-  ``__globals__``, ``f_globals`` …); a name that another module of the fork binds in a way
-  ``reexports`` cannot follow (by an expression that may load a module at run time, to the import
-  machinery, inside a function, by a ``match`` pattern or a module ``__getattr__``, in a module it
-  cannot read: the file Python would import is the one read, a package before a module, and an
-  extension module, a sourceless ``.pyc`` or a coding cookie other than UTF-8 is unreadable;
+  (``marshal``, ``pickle``, ``types.FunctionType``, ``ctypes.pythonapi``, string annotations
+  evaluated by ``typing.get_type_hints``, ``timeit`` statements …); other calls into the import
+  machinery (``importlib``, ``imp``, ``pkgutil``, ``runpy``, ``zipimport``) outside a short list of
+  harmless ones, and importers in disguise (``pydoc.locate``, entry points' ``load``,
+  ``logging.config``, ``mock.patch``); an importer or ``getattr`` used other than by calling it
+  (``map(__import__, names)``); changes to ``sys.path``, ``sys.meta_path``, ``sys.path_hooks``,
+  ``sys.modules`` or ``builtins``; ``getattr`` with a computed name on ``fla``, ``fla.ops``,
+  ``builtins``, ``sys`` or ``importlib`` or on any module of the fork (every name it binds is a
+  look-up away), and a computed key (``[key]`` or ``.get(key)``) into ``sys.modules``, ``globals()``
+  or the ``__dict__`` of those modules; those modules, ``sys.modules`` or ``globals()`` passed on to
+  code whose use of them cannot be followed; introspection that reaches interpreter internals
+  (``__subclasses__``, ``__globals__``, ``f_globals`` …); a name that another module of the fork
+  binds in a way ``reexports`` cannot follow (by an expression that may load a module at run time,
+  to the import machinery, inside a function, by a ``match`` pattern or a module ``__getattr__``, in
+  a module it cannot read: the file Python would import is the one read, a package before a module,
+  and an extension module, a sourceless ``.pyc`` or a coding cookie other than UTF-8 is unreadable;
   functions, classes, constants and ordinary calls are followed or pass). Comments, strings and
   docstrings are text, never imports.
 * Bounds on the check's work (``unverifiable-import`` too, naming the bound; in

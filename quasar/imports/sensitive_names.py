@@ -43,7 +43,30 @@ _CODE_RUNNERS = frozenset(
         "types.CodeType",
     }
 )
-_CODE_RUNNER_PREFIXES = ("code", "codeop", "ctypes.pythonapi")
+# Also those that run a string as code: string annotations are evaluated, a timeit statement or a
+# doctest executed, a profiler's or debugger's statement run.
+_CODE_RUNNER_PREFIXES = (
+    "code",
+    "codeop",
+    "ctypes.pythonapi",
+    "typing.get_type_hints",
+    "typing.ForwardRef",
+    "typing_extensions.get_type_hints",
+    "inspect.get_annotations",
+    "timeit.Timer",
+    "timeit.timeit",
+    "timeit.repeat",
+    "timeit.main",
+    "doctest",
+    "pdb.run",
+    "pdb.runeval",
+    "pdb.runctx",
+    "cProfile.run",
+    "cProfile.runctx",
+    "profile.run",
+    "profile.runctx",
+    "trace.Trace",
+)
 
 # Importers taking a module name: their parameters, by position.
 MODULE_IMPORTERS = {
@@ -74,6 +97,19 @@ GETATTR_LIKE = frozenset(
     }
 )
 _MACHINERY_MODULES = ("importlib", "imp", "pkgutil", "runpy", "zipimport")
+# Importers in disguise: each imports a module a string names (``pydoc.locate("a.b")``, an entry
+# point's ``load()``, logging's configurator resolving ``"a.b"``, ``mock.patch("a.b")``).
+_DISGUISED_IMPORTERS = (
+    "pydoc",
+    "logging.config",
+    "unittest.mock.patch",
+    "importlib.metadata.EntryPoint",
+    "importlib.metadata.EntryPoints",
+    "importlib.metadata.entry_points",
+    "importlib.metadata.distribution",
+    "importlib.metadata.distributions",
+    "importlib.metadata.Distribution",
+)
 _HARMLESS_MACHINERY = (
     "importlib.metadata",
     "importlib.resources",
@@ -92,6 +128,7 @@ INTROSPECTION_ATTRS = frozenset(
 SENSITIVE_ROOTS = frozenset(
     {"fla", "builtins", "sys", "site", "operator", "marshal", "pickle", "types", "code", "codeop", "ctypes", GLOBALS}
     | set(_MACHINERY_MODULES)
+    | {name.split(".")[0] for name in _CODE_RUNNER_PREFIXES + _DISGUISED_IMPORTERS}
 )
 
 
@@ -139,6 +176,8 @@ def kind_of(dotted: str, is_fork_module: Callable[[str], bool] = _no_module) -> 
             return None if attribute in _READ_ONLY_STATE_ATTRS else Kind.IMPORT_STATE
     if dotted == "site.addsitedir":
         return Kind.IMPORT_STATE
+    if any(has_prefix(dotted, p) for p in _DISGUISED_IMPORTERS):
+        return Kind.MACHINERY
     if any(has_prefix(dotted, p) for p in _HARMLESS_MACHINERY):
         return None
     if any(has_prefix(dotted, p) for p in _MACHINERY_MODULES):
