@@ -22,6 +22,8 @@ from quasar.evaluate.stragglers import MARKER_VARIABLE
 
 HARNESS_FILES = ("child.py", "protocol.py", "workload.py", "sandbox_init.py", "syscall_filter.py")
 HARNESS_DIR = Path(__file__).resolve().parent
+# The packages a fork's code may not use (docs/rules.md section 4 step 2), under fla/ops/.
+FORBIDDEN_PACKAGES = ("gla", "kda")
 # A fork bigger than this (without .git) is refused rather than copied.
 MAX_FORK_BYTES = 512 * 1024 * 1024
 # The bytecode compiled beside the import check (compile_fork_copy): of sources up to this size
@@ -99,7 +101,8 @@ def physical_gpu_id(device: str) -> str:
 
 def copy_tree(source: Path, destination: Path) -> None:
     """Copy a fork without ``.git`` and its bytecode caches (the sandbox compiles its own, from
-    the sources the import check read), without following links out of it, world-readable."""
+    the sources the import check read), without following links out of it, world-readable; and
+    with stand-ins in place of ``fla.ops.gla`` and ``fla.ops.kda`` (:func:`stand_in_forbidden`)."""
     total = 0
 
     def ignore(directory: str, names: list[str]) -> set[str]:
@@ -119,12 +122,33 @@ def copy_tree(source: Path, destination: Path) -> None:
         return skipped
 
     shutil.copytree(source, destination, symlinks=True, ignore=ignore, dirs_exist_ok=True)
+    stand_in_forbidden(destination)
     for directory, _, filenames in os.walk(destination):
         os.chmod(directory, 0o755)
         for name in filenames:
             path = os.path.join(directory, name)
             if not os.path.islink(path):
                 os.chmod(path, 0o755 if os.access(path, os.X_OK) else 0o644)
+
+
+def stand_in_forbidden(copy: Path) -> None:
+    """Put stand-ins (ops_stand_in.py) in place of ``fla/ops/gla`` and ``fla/ops/kda`` in the
+    fork's copy ``copy``, whatever they are there (folders, files, links) or where there is none:
+    the import check reads only some files (docs/rules.md section 4 step 2), so code elsewhere in
+    the fork could reach their kernels. Where ``fla/ops`` is a link to a folder of the copy, the
+    stand-ins go in that folder; where it is none, ``fla.ops`` cannot be imported."""
+    root = os.path.realpath(copy)
+    ops = os.path.realpath(copy / "fla" / "ops")
+    if not ops.startswith(root + os.sep) or not os.path.isdir(ops):
+        return
+    for name in FORBIDDEN_PACKAGES:
+        package = os.path.join(ops, name)
+        if os.path.isdir(package) and not os.path.islink(package):
+            shutil.rmtree(package)
+        elif os.path.lexists(package):
+            os.unlink(package)
+        os.mkdir(package)
+        shutil.copyfile(HARNESS_DIR / "ops_stand_in.py", os.path.join(package, "__init__.py"))
 
 
 def prepare_workdir(workdir: Path, fork: Path | None) -> None:

@@ -3,8 +3,9 @@
 Each is the project's starter fork with a patch appended to ``fla/layers/quasar.py`` (``ATTACKS``:
 it wraps the honest ``QuasarAttention``, or runs code at import) or to ``fla/__init__.py``
 (``PACKAGE_ATTACKS``: code that runs at ``import fla``, in a file the import check does not read,
-as a real fork's payload would hide). ``write_hostile_fork`` writes one. Parameters (paths, ports,
-markers, sizes) are substituted as Python literals with ``repr``.
+as a real fork's payload would hide), with the files ``FORK_FILES`` adds. ``write_hostile_fork``
+writes one. Parameters (paths, ports, markers, sizes) are substituted as Python literals with
+``repr``.
 """
 
 from __future__ import annotations
@@ -374,6 +375,30 @@ def _attempt(name, *arguments):
     print("SYSCALL", name, result, error, flush=True)
 """
 
+# Reaches kda's chunk_kda at run time through a function of another module of the fork (the import
+# check reads bindings, not behaviour: docs/rules.md section 4 step 2). The fork brings its own
+# fla/ops/kda, a chunk_kda computing the honest output, so that without the stand-ins the
+# evaluation passes (FORK_FILES).
+ATTACKS["kda_through_helper"] = "\nfrom fla.modules.kernel_registry import fast_path\n" + _wrap("""
+    return fast_path()(super().forward, hidden_states, *args, **kwargs)
+""")
+
+# Files an attack adds to the fork, by path.
+FORK_FILES: dict[str, dict[str, str]] = {
+    "kda_through_helper": {
+        "fla/modules/kernel_registry.py": """
+def fast_path():
+    from fla.ops.kda import chunk_kda
+
+    return chunk_kda
+""",
+        "fla/ops/kda/__init__.py": """
+def chunk_kda(forward, *args, **kwargs):
+    return forward(*args, **kwargs)
+""",
+    },
+}
+
 PACKAGE_ATTACKS: dict[str, str] = {
     # The timing attack of issue 32, as it beat the harness before: exact only where the correctness
     # run used to be (a request of one forward among requests of many, or the {exact_request}-th
@@ -588,4 +613,7 @@ def write_hostile_fork(dest: Path, attack: str, **params: object) -> Path:
         code = code.replace("{" + name + "}", repr(value))
     target = dest / "fla" / ("__init__.py" if package else "layers/quasar.py")
     target.write_text(target.read_text() + f"\n\n# --- hostile patch: {attack} ---\n" + code)
+    for path, text in FORK_FILES.get(attack, {}).items():
+        (dest / path).parent.mkdir(parents=True, exist_ok=True)
+        (dest / path).write_text(text.lstrip("\n"))
     return dest
