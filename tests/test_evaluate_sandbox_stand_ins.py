@@ -204,3 +204,16 @@ def test_where_fla_ops_is_a_link_in_the_fork_the_stand_ins_are_in_the_folder_it_
     assert (copy / "real_ops" / "kda" / "__init__.py").read_text() == STAND_IN
     found = probe(copy, "fla.layers.quasar")
     assert found["errors"][0] == f"fla.ops.kda.chunk_kda was called: {MESSAGE}"
+
+
+def test_a_fork_whose_fla_ops_is_a_link_to_its_root_gets_the_stand_ins_at_its_root(tmp_path):
+    # fla/ops -> .. makes the fork's root folder fla.ops: its kda/ is fla.ops.kda.
+    fork = write_hostile_fork(tmp_path / "fork", "kda_through_helper")
+    for entry in os.listdir(fork / "fla" / "ops"):
+        os.rename(fork / "fla" / "ops" / entry, fork / entry)
+    os.rmdir(fork / "fla" / "ops")
+    (fork / "fla" / "ops").symlink_to("..")
+    copy = tmp_path / "copy"
+    copy_tree(fork, copy)
+    assert (copy / "kda" / "__init__.py").read_text() == STAND_IN
+    assert probe(copy, "fla.layers.quasar")["errors"][0] == f"fla.ops.kda.chunk_kda was called: {MESSAGE}"

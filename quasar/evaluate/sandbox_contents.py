@@ -135,11 +135,13 @@ def stand_in_forbidden(copy: Path) -> None:
     """Put stand-ins (ops_stand_in.py) in place of ``fla/ops/gla`` and ``fla/ops/kda`` in the
     fork's copy ``copy``, whatever they are there (folders, files, links) or where there is none:
     the import check reads only some files (docs/rules.md section 4 step 2), so code elsewhere in
-    the fork could reach their kernels. Where ``fla/ops`` is a link to a folder of the copy, the
-    stand-ins go in that folder; where it is none, ``fla.ops`` cannot be imported."""
+    the fork could reach their kernels. Where ``fla/ops`` is a link to a folder of the copy (its
+    root included), the stand-ins go in that folder; where it is none, ``fla.ops`` cannot be
+    imported."""
     root = os.path.realpath(copy)
     ops = os.path.realpath(copy / "fla" / "ops")
-    if not ops.startswith(root + os.sep) or not os.path.isdir(ops):
+    # The copy's root itself may be fla/ops (a link to "..").
+    if not (ops == root or ops.startswith(root + os.sep)) or not os.path.isdir(ops):
         return
     for name in FORBIDDEN_PACKAGES:
         package = os.path.join(ops, name)
