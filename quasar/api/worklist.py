@@ -253,7 +253,9 @@ class WorkQueue(Standings):
             return schemas.ReportAccepted(report_id=report.id, submission_id=submission.id, failure_counted=counted)
 
         try:
-            accepted = self._write(work, caller)
+            # One validator's reports commit in the order of their ids: its primary imports them
+            # with a cursor (after_id), which would pass over one committed after a higher id.
+            accepted = self._write(work, caller, locks=[f"validator:{validator}"])
         except IntegrityError:
             raise ApiError(409, f"this validator already reported on submission {request.submission_id}") from None
         logger.info("report on submission %d by %s: %s", request.submission_id, validator, request.verdict)
