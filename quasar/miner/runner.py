@@ -164,6 +164,20 @@ def _check_services(settings: Settings, client) -> None:
         )
 
 
+def stop_on_signals(stop: threading.Event) -> None:
+    """Make SIGINT and SIGTERM (pm2 stop) set ``stop`` and raise KeyboardInterrupt in the main
+    thread. The exception ends the work under way at once; the flag holds where Python drops the
+    exception (a signal landing in a finaliser or a weakref callback: "Exception ignored in ..."),
+    so the loop still ends at its next check instead of running until it is killed."""
+
+    def handler(signum: int, frame: object) -> None:
+        stop.set()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handler)
+
+
 def run_miner(settings: Settings) -> int:
     """Run the miner with ``settings`` until stopped; returns the exit status."""
     for name in SECRET_VARIABLES:
@@ -309,7 +323,7 @@ def _run(settings: Settings) -> int:
             verdicts=VerdictWatcher(client, hotkey),
         )
         stop = threading.Event()
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        stop_on_signals(stop)
         logger.info(
             "mining: %d candidate(s) per cycle, %gs between cycles, %s submissions",
             config.iterations,
@@ -317,6 +331,7 @@ def _run(settings: Settings) -> int:
             settings.submission_mode,
         )
         miner.run(stop)
+        logger.info("miner stopped")
         return 0
     finally:
         workspace.release()
