@@ -29,6 +29,20 @@ def ecosystem_apps() -> dict[str, dict]:
     return {app["name"]: app for app in json.loads(listing.stdout)}
 
 
+def test_ecosystem_file_starts_the_four_processes():
+    apps = ecosystem_apps()
+    assert set(apps) == {"quasar-api", "quasar-miner-inference", "quasar-miner", "quasar-validator"}
+    scripts = {
+        "quasar-api": "START_SERVER.sh",
+        "quasar-miner-inference": "START_MINER_INFERENCE.sh",
+        "quasar-miner": "START_MINER.sh",
+        "quasar-validator": "START_VALIDATOR.sh",
+    }
+    for name, script in scripts.items():
+        assert apps[name]["script"] == str(ROOT / script) and (ROOT / script).is_file()
+        assert apps[name]["cwd"] == str(ROOT) and apps[name]["interpreter"] == "bash"
+
+
 def test_a_crash_loop_backs_off_by_the_one_restart_delay_pm2_applies():
     # pm2 (lib/God.js, handleExit) takes exp_backoff_restart_delay over restart_delay when both are
     # set: a fixed restart_delay beside it is silently ignored, and the file said what pm2 did not do.
