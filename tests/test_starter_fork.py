@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fla_package import imported_fla
 from quasar.cli import main
 from quasar.reference import QuasarAttentionReference, naive_quasar, relative_error
 from quasar.starter_fork import (
@@ -57,20 +58,8 @@ def fork(tmp_path_factory) -> tuple[Path, str]:
 @pytest.fixture(scope="module")
 def fla(fork):
     """The fork's ``fla`` package, imported from the written fork (and removed afterwards)."""
-    path = str(fork[0])
-    if any(name == "fla" or name.startswith("fla.") for name in sys.modules):
-        pytest.fail("another 'fla' is already imported in this process")
-    sys.path.insert(0, path)
-    try:
-        import fla as package
-        from fla.layers.quasar import QuasarAttention  # noqa: F401  (loads the whole tree)
-
-        assert Path(package.__file__).is_relative_to(fork[0])
+    with imported_fla(fork[0]) as package:
         yield package
-    finally:
-        sys.path.remove(path)
-        for name in [n for n in sys.modules if n == "fla" or n.startswith("fla.")]:
-            del sys.modules[name]
 
 
 # --- the writer and the command line ---

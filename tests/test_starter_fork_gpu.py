@@ -7,11 +7,11 @@ import contextlib
 import itertools
 import json
 import shutil
-import sys
 
 import pytest
 import torch
 
+from fla_package import imported_fla
 from quasar.reference import QuasarAttentionReference, chunk_quasar_reference, relative_error
 from quasar.starter_fork import copy_starter_tree
 from test_starter_fork import per_sequence
@@ -32,18 +32,8 @@ def fla(tmp_path_factory):
     """The fork's ``fla`` package (copied from the template; no git needed), removed afterwards."""
     dest = tmp_path_factory.mktemp("starter-gpu") / "fork"
     copy_starter_tree(dest)
-    if any(name == "fla" or name.startswith("fla.") for name in sys.modules):
-        pytest.fail("another 'fla' is already imported in this process")
-    sys.path.insert(0, str(dest))
-    try:
-        import fla as package
-        from fla.layers.quasar import QuasarAttention  # noqa: F401
-
+    with imported_fla(dest) as package:
         yield package
-    finally:
-        sys.path.remove(str(dest))
-        for name in [n for n in sys.modules if n == "fla" or n.startswith("fla.")]:
-            del sys.modules[name]
 
 
 def benchmark_layers(seed: int):

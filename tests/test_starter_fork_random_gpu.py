@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 
 import pytest
 import torch
 
+from fla_package import imported_fla
 from quasar.reference import chunk_quasar_reference, relative_error
 from quasar.starter_fork import copy_starter_tree
 
@@ -32,17 +32,8 @@ def fla(tmp_path_factory):
     """The fork's ``fla`` package (copied from the template), removed from the process afterwards."""
     dest = tmp_path_factory.mktemp("starter-random-gpu") / "fork"
     copy_starter_tree(dest)
-    if any(name == "fla" or name.startswith("fla.") for name in sys.modules):
-        pytest.fail("another 'fla' is already imported in this process")
-    sys.path.insert(0, str(dest))
-    try:
-        import fla as package
-
+    with imported_fla(dest) as package:
         yield package
-    finally:
-        sys.path.remove(str(dest))
-        for name in [n for n in sys.modules if n == "fla" or n.startswith("fla.")]:
-            del sys.modules[name]
 
 
 def random_offsets(rng: random.Random) -> list[int]:
