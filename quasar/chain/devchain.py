@@ -539,10 +539,13 @@ class DevChain(Chain):
     def set_min_non_immune_uids(self, count: int) -> None:
         """Set the subnet's MinNonImmuneUids (default 10, subtensor's): a full subnet replaces a neuron
         past its immunity period only while more than ``count`` of them remain, else an immune one."""
+        self._set_count("min_non_immune_uids", count)
+
+    def _set_count(self, name: str, count: int) -> None:
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ChainError(f"min_non_immune_uids must be a non-negative integer, got {count!r}")
+            raise ChainError(f"{name} must be a non-negative integer, got {count!r}")
         with self._write() as connection:
-            set_meta(connection, "min_non_immune_uids", str(count))
+            set_meta(connection, name, str(count))
 
     def min_non_immune_uids(self) -> int:
         """The subnet's MinNonImmuneUids (:meth:`set_min_non_immune_uids`)."""
@@ -551,10 +554,7 @@ class DevChain(Chain):
     def set_max_allowed_validators(self, count: int) -> None:
         """Set the subnet's MaxAllowedValidators (default 64, init_new_network's): how many of the
         largest stakes an epoch gives a validator permit."""
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ChainError(f"max_allowed_validators must be a non-negative integer, got {count!r}")
-        with self._write() as connection:
-            set_meta(connection, "max_allowed_validators", str(count))
+        self._set_count("max_allowed_validators", count)
 
     def max_allowed_validators(self) -> int:
         """The subnet's MaxAllowedValidators (:meth:`set_max_allowed_validators`)."""
