@@ -8,9 +8,11 @@ import pkgutil
 import quasar
 from quasar.errors import QuasarError
 
-# Loaded by file path inside the sandbox, importing nothing of the package (quasar/errors.py says so).
+# Loaded by file path inside the sandbox, or written into the fork's copy there, importing nothing
+# of the package (quasar/errors.py says so).
 CHILD_MODULES = {
     "quasar.evaluate.child",
+    "quasar.evaluate.ops_stand_in",
     "quasar.evaluate.protocol",
     "quasar.evaluate.sandbox_init",
     "quasar.evaluate.syscall_filter",
