@@ -910,6 +910,58 @@ def test_sigint_stops_a_running_evaluation_and_puts_it_back(world, tmp_path):
         subnet.close()
 
 
+def test_a_stop_during_a_logit_check_of_a_miner_answering_503_forever_ends_at_once_and_records_nothing(
+    world, tmp_path, caplog
+):
+    """pm2 stops with SIGINT and kills 30 s later. A miner answering 503 ("retry later") to every
+    challenge held the logit check phase through its waits between tries (15 s, after up to
+    LOGITS_TIMEOUT of exchanges) before the loop saw the stop, then recorded the check FAILED. The
+    wait ends when the validator is asked to stop, and the check, given up, runs after the restart."""
+
+    async def busy(request):
+        return JSONResponse({"detail": "inference queue full; retry later"}, status_code=503)
+
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
+    try:
+        with (
+            serving(Starlette(routes=[Route("/inference", busy, methods=["POST"])])) as port,
+            down_api(subnet) as api,
+            ValidatorState.open(tmp_path / "state.sqlite3") as state,
+        ):
+            subnet.chain.publish_endpoint(subnet.wallets["a"], "127.0.0.1", port)
+            fork_url, commit = world["honest"]
+            submission = Submission(
+                submission_id=1,
+                hotkey=subnet.hotkey("a"),
+                fork_url=fork_url,
+                commit_hash=commit,
+                target_sequence_length=TARGET,
+                claimed_tokens_per_sec=CLAIM,
+                submitted_at=1.0,
+                round_id=0,
+                counts_from_block=0,
+            )
+            state.add_submission(submission, 0.0)
+            key = EvaluationKey(*world["honest"], TARGET)
+            state.start_evaluation(key, "cpu", 0.0)
+            state.finish_evaluation(key, EvaluationResult(correct=True, measured_tokens_per_sec=1000.0), 0.0)
+            validator = cpu_validator(subnet, api, state, tmp_path)
+            validator.logit_checker.sleep = validator.pause  # as quasar/validator/cli.py builds it
+            assert [record.submission.submission_id for record in state.needing_logit_check()] == [1]
+            interrupt = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+            started = time.monotonic()
+            interrupt.start()
+            with caplog.at_level(logging.INFO, logger="quasar.validator.loop"):
+                validator.run_forever()
+            elapsed = time.monotonic() - started
+            interrupt.join()
+            assert [record.submission.submission_id for record in state.needing_logit_check()] == [1]
+    finally:
+        subnet.close()
+    assert elapsed < 4.0, elapsed
+    assert lines(caplog, "logit check of submission 1 given up: the validator is stopping"), caplog.text
+
+
 def test_an_idle_validator_says_where_it_stands_every_heartbeat(world, tmp_path, caplog):
     """Nothing to evaluate for a whole epoch: the log still shows the validator alive, at which
     block, and when weights are due."""

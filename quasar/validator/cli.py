@@ -61,7 +61,9 @@ def run(settings: config.Settings) -> int:
         checker = MinerLogitChecker.from_settings(settings, wallet, devices[0].name)
         evaluator = SubprocessEvaluator.from_settings(settings, state.path.with_name(state.path.stem + "-work"))
         evaluator.discard_leftover_clones()
-        Validator(settings, chain, api, wallet, evaluator, checker, state, devices=devices).run_forever()
+        validator = Validator(settings, chain, api, wallet, evaluator, checker, state, devices=devices)
+        checker.sleep = validator.pause  # a stop ends the wait between a check's tries after a 503
+        validator.run_forever()
     return 0
 
 

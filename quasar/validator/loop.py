@@ -97,6 +97,10 @@ _PRINTABLE = r"^[!-~]+$"  # printable ASCII, no space: every form of a URL or co
 _Count = Annotated[int, Field(ge=0, le=MAX_ID)]
 
 
+class StopRequested(Exception):
+    """Raised by :meth:`Validator.pause` once the validator is asked to stop."""
+
+
 class _Bounded(BaseModel):
     """A work item's fields within the limits the API's own requests hold (quasar/api/schemas.py):
     an honest API hands out nothing beyond them. Beyond them (a claim of inf, a target of 0, an id
@@ -202,6 +206,13 @@ class Validator:
     def request_stop(self) -> None:
         """Finish the current phase, then stop (what SIGINT and SIGTERM do)."""
         self._stop.set()
+
+    def pause(self, seconds: float) -> None:
+        """Wait ``seconds``; raise :class:`StopRequested` as soon as the validator is asked to stop.
+        The logit checker's wait between tries (quasar/validator/cli.py): a miner answering 503
+        forever otherwise held a stop for those waits, past pm2's kill_timeout."""
+        if self._stop.wait(seconds):
+            raise StopRequested
 
     @property
     def idle(self) -> bool:
@@ -426,7 +437,15 @@ class Validator:
                 return
             # A failure here is this validator's: the check runs again next step.
             with self._item(f"the logit check of submission {record.submission.submission_id}"):
-                outcome, reason = self._logit_outcome(record, self.metagraph)
+                try:
+                    outcome, reason = self._logit_outcome(record, self.metagraph)
+                except StopRequested:
+                    # Nothing recorded: a stop is no verdict on the miner; the check runs after the restart.
+                    logger.info(
+                        "logit check of submission %d given up: the validator is stopping",
+                        record.submission.submission_id,
+                    )
+                    return
                 self.state.record_logits(record.submission.submission_id, outcome, reason, self.clock())
                 summary.logits_checked += outcome != SKIPPED
                 log = logger.info if outcome != FAILED else logger.warning
