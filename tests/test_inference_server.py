@@ -886,3 +886,26 @@ def test_an_outage_of_the_miners_chain_node_does_not_fail_every_validators_check
     warnings = [r.getMessage() for r in caplog.records if r.name.startswith("quasar") and r.levelname == "WARNING"]
     assert len(warnings) == 1 and "node unreachable" in warnings[0], warnings
     assert "last validator permits read" in warnings[0] and "3 s" in warnings[0], warnings[0]
+
+
+def test_a_chain_node_slow_to_fail_does_not_hold_every_validators_check_past_its_timeout(world):
+    """Chain outage, slow: the production chain layer retries a failing read (3 times, 2 s, 4 s,
+    8 s apart; 120 s an attempt on a hung node), and each request of the outage waited for a read of
+    its own before the last permits were used, so every validator's check timed out (LOGITS_TIMEOUT,
+    30 s) and failed the miner. Once a read has failed, callers are checked against the last permits
+    at once while one read at a time goes on asking the node."""
+    fake = fake_subnet(world)
+    fake.block_time = 0.25
+    # The production retry shape, scaled: a failing read takes 1 + 2 + 4 = 7 s.
+    chain = BittensorChain("finney", NETUID, client_factory=fake.factory, retries=3, backoff_s=1.0)
+    hotkey = world["wallets"]["miner"].hotkey.ss58_address
+    payload = {"prompt": [1, 2, 3], "gen_len": 2, "logits_at_step": 1}
+    with serving(create_inference_app(world["served"], chain, hotkey)) as port:
+        url = f"http://127.0.0.1:{port}"
+        assert signed_post(world, url, payload).status_code == 200  # the metagraph is read
+        fake.plan("block", *[bt.RpcConnectionError("node unreachable")] * 1000)
+        time.sleep(0.3)  # past the cached block number
+        assert signed_post(world, url, payload).status_code == 200  # waits for the first failing read
+        checks = [challenge_miner(world, url, timeout_s=2.5) for _ in range(3)]
+        fake.planned["block"].clear()  # the node answers again
+    assert all(check.passed for check in checks), [check.reason for check in checks]

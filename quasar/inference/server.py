@@ -147,9 +147,13 @@ class PermitCheck:
     (503). Refusing at once failed the miner in every validator's check during an outage of its own
     node. Permits change at most once an epoch (360 blocks, 72 min on finney), so a snapshot under
     an hour old misses at most one epoch's changes, and a hotkey that lost its permit there gets no
-    more than any permit holder: a share of the queue. An outage logs a warning when it begins and a
-    line when it ends: anyone can sign requests (a new hotkey costs nothing), and a line for each
-    one while the chain is down would grow the log at their pace.
+    more than any permit holder: a share of the queue. Once a read has failed, requests use those
+    permits at once while one read at a time, off the requests, asks the node until it answers: a
+    failing read takes the chain layer's retries (14 s, or minutes on a hung node), longer than a
+    validator waits (LOGITS_TIMEOUT), so waiting for one each failed every check of the outage. An
+    outage logs a warning when it begins and a line when it ends: anyone can sign requests (a new
+    hotkey costs nothing), and a line for each one while the chain is down would grow the log at
+    their pace.
     """
 
     def __init__(self, chain: Chain, max_stale_s: float, clock: Callable[[], float] = time.monotonic):
@@ -159,6 +163,7 @@ class PermitCheck:
         self._lock = threading.Lock()  # authorize runs on the server's thread pool
         self._read: tuple[float, Metagraph] | None = None  # the last metagraph read, and when
         self._outage_since: float | None = None
+        self._probing = False  # a read of the outage is under way on its own thread
 
     def authorize(self, hotkey: str) -> None:
         """:data:`auth.Authorizer`: :class:`auth.AuthFailure` (403) without a permit; ChainError
@@ -168,6 +173,31 @@ class PermitCheck:
             raise auth.AuthFailure(403, f"hotkey {hotkey} has no validator permit on subnet {self.chain.netuid}")
 
     def _metagraph(self) -> Metagraph:
+        with self._lock:
+            last = self._read
+            usable = self._outage_since is not None and last is not None and self._fresh(last[0], self.clock())
+            probe = usable and not self._probing
+            self._probing = self._probing or probe
+        if probe:
+            threading.Thread(target=self._probe, name="permit-probe", daemon=True).start()
+        if usable and last is not None:
+            return last[1]
+        return self._read_chain()
+
+    def _fresh(self, read_at: float, now: float) -> bool:
+        return now - read_at <= self.max_stale_s
+
+    def _probe(self) -> None:
+        """One read of the outage, off the requests; the next request after it starts another."""
+        try:
+            self._read_chain()
+        except ChainError:
+            pass  # the outage goes on: its warning was logged
+        finally:
+            with self._lock:
+                self._probing = False
+
+    def _read_chain(self) -> Metagraph:
         try:
             metagraph = self.chain.metagraph()
         except ChainError as error:
@@ -179,7 +209,7 @@ class PermitCheck:
                     log.warning(
                         "cannot read the chain to check callers' validator permits: %s; %s", error, self._plan(now)
                     )
-            if last is None or now - last[0] > self.max_stale_s:
+            if last is None or not self._fresh(last[0], now):
                 raise
             return last[1]
         with self._lock:
