@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from quasar import config
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.evaluate import EvaluationReport
 from quasar.imports import validate_repo
-from quasar.localnet.cli import seq_lens
+from quasar.localnet.cli import seq_lens, stop_on_signals
 from quasar.localnet.forks import (
     HONEST,
     HOSTILE,
@@ -53,7 +54,9 @@ from quasar.localnet.options import (
     CPU_TARGET,
     MARKER,
     MINERS,
+    NETUID,
     UPSTREAM,
+    VALIDATOR,
     LocalnetError,
     default_options,
     evaluated_lengths,
@@ -329,6 +332,61 @@ def test_each_miner_runs_the_miner_neuron_against_the_stand_ins(tmp_path):
 
 
 # --- the data folder, ports, environment ---
+
+
+class StillWatching(Exception):
+    """The network went on watching long after it was asked to stop."""
+
+
+class SignalledChain(DevChain):
+    """A dev chain whose first read of the weights drops an object whose finaliser sends SIGTERM to
+    this process (the handler runs inside the finaliser); its 20th read raises StillWatching."""
+
+    reads = 0
+
+    def weights(self):
+        self.reads += 1
+        if self.reads == 1:
+
+            class Finalised:
+                def __del__(self):
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    deadline = time.monotonic() + 5
+                    while time.monotonic() < deadline:  # the handler runs here, inside the finaliser
+                        pass
+
+            Finalised()
+        if self.reads >= 20:
+            raise StillWatching
+        return super().weights()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_stop_signal_landing_in_a_finaliser_still_stops_the_network(tmp_path):
+    """SIGTERM raised KeyboardInterrupt alone; landing while Python ran a finaliser (a weakref
+    callback of the garbage collector), it was dropped ("Exception ignored in ..."), and the
+    network went on watching (or waiting for its round) until it was killed, its children left
+    running. The stop flag outlives the exception, and the network's waits end on it."""
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    stop = threading.Event()
+    stop_on_signals(stop)
+    try:
+        network = LocalNetwork(default_options(tmp_path / "net", "cpu"), Steps(), stop)
+        network._chain = SignalledChain(tmp_path / "devchain.sqlite3", netuid=NETUID, block_time_s=1e6)
+        network.wallets[VALIDATOR] = make_wallet(network.wallet_dir, VALIDATOR)
+        network.uids[VALIDATOR] = 1
+        for name in MINERS.values():
+            network.wallets[name] = make_wallet(network.wallet_dir, name)
+        network._database().upgrade()  # the API's empty database: no miner has submitted
+        with pytest.raises(KeyboardInterrupt, match="stop requested"):
+            network.watch(lambda summary: None, poll_s=0.05)
+        assert network.chain.reads == 1
+        with pytest.raises(KeyboardInterrupt, match="stop requested"):  # the round's waits too
+            network._wait_for_submissions([])
+        network.stop()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def test_the_data_folder_is_emptied_only_when_the_local_network_made_it(tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import signal
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -98,8 +99,17 @@ class Display:
 seq_lens = seq_lens_type(MIN_SEQ_LEN)
 
 
-def _stop_on_sigterm(signum: int, _frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+def stop_on_signals(stop: threading.Event) -> None:
+    """Make SIGINT and SIGTERM set ``stop`` and raise KeyboardInterrupt. The exception ends the
+    work under way; the flag holds where Python drops the exception (a signal landing in a
+    finaliser: "Exception ignored in ..."), and the network's waits end on it."""
+
+    def handler(signum: int, _frame) -> None:
+        stop.set()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, handler)
 
 
 def detect_device(asked: str) -> str:
@@ -191,7 +201,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
     if args.target is not None and args.target < MIN_SEQ_LEN:
         parser.error(f"--target must be at least {MIN_SEQ_LEN}, got {args.target}")
     setup_logging(args.debug, quiet=True)
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    stop = threading.Event()
+    stop_on_signals(stop)
 
     from quasar.chain import ChainError
     from quasar.localnet.forks import ForkWriteError
@@ -231,7 +242,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
         own_data_dir_entries(options.data_dir.resolve())
         with data_dir_lock(options.data_dir.resolve()):
             reset_data_dir(options.data_dir.resolve())
-            network = LocalNetwork(options, display)
+            network = LocalNetwork(options, display, stop)
             err.print(f"Data, wallets and logs: {network.data_dir}")
             try:
                 network.start()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-import time
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,14 +56,21 @@ class Submitted:
 class LocalNetwork(NetworkParts):
     """One local network in ``options.data_dir``; :meth:`start`, :meth:`wait_for_round`, :meth:`stop`."""
 
-    def __init__(self, options: LocalnetOptions, progress: Progress):
+    def __init__(self, options: LocalnetOptions, progress: Progress, stop: threading.Event | None = None):
         super().__init__(options, progress)
+        # Set by a stop signal (quasar/localnet/cli.py): the waits end on it even where Python
+        # dropped the signal's KeyboardInterrupt.
+        self.stop_requested = stop if stop is not None else threading.Event()
         self.database: Database | None = None
         self.submitted: list[Submitted] = []
 
     def start(self) -> None:
         """Build the network, start every process, and wait until both miners have submitted."""
         self._wait_for_submissions(self.start_parts())
+
+    def _raise_if_stopped(self) -> None:
+        if self.stop_requested.is_set():
+            raise KeyboardInterrupt("stop requested")
 
     # --- the submissions ---
 
@@ -92,6 +99,7 @@ class LocalNetwork(NetworkParts):
             f"the miners' submissions (their logs: {self.logs_dir}/miner-*.log)",
             watched,
             poll_s=0.5,
+            on_poll=self._raise_if_stopped,
         )
         found = self._submissions()
         self.submitted = [found[name] for name in MINERS.values()]
@@ -215,7 +223,14 @@ class LocalNetwork(NetworkParts):
             self.progress.detail("validator: " + ", ".join(states))
             return len(reports) == len(self.submitted)
 
-        wait_until(reported_all, self.options.round_timeout_s, "the validator's reports", watched, poll_s=0.5)
+        wait_until(
+            reported_all,
+            self.options.round_timeout_s,
+            "the validator's reports",
+            watched,
+            poll_s=0.5,
+            on_poll=self._raise_if_stopped,
+        )
         after = self.chain.current_block()
         self.progress.step(f"every submission is reported (block {after}); waiting for the validator's next weights")
         state_path = self._state_path()
@@ -229,6 +244,7 @@ class LocalNetwork(NetworkParts):
             "the validator's weights",
             watched,
             poll_s=0.2,
+            on_poll=self._raise_if_stopped,
         )
         weights_block = read_weights_block(state_path) or after
         if rules.commit_reveal_enabled:
@@ -241,6 +257,7 @@ class LocalNetwork(NetworkParts):
                 "the reveal of the validator's weights",
                 watched,
                 poll_s=0.2,
+                on_poll=self._raise_if_stopped,
             )
         return self.summary(weights_block)
 
@@ -266,12 +283,13 @@ class LocalNetwork(NetworkParts):
         last = self.chain.weights().get(self.uids[VALIDATOR], {})
         state_path = self._state_path()
         while True:
+            self._raise_if_stopped()
             self.check_running()
             weights = self.chain.weights().get(self.uids[VALIDATOR], {})
             if weights != last:
                 last = weights
                 on_new_weights(self.summary(read_weights_block(state_path) or self.chain.current_block()))
-            time.sleep(poll_s)
+            self.stop_requested.wait(poll_s)
 
     def summary(self, weights_block: int) -> RoundSummary:
         """The round as it stands: reports from the API, the leaderboard, the weights on chain."""
