@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from quasar import config
+from quasar.config.values import MAX_SEQ_LEN
 from quasar.evaluate.cli import add_evaluation_arguments, options_from, parse_seq_lens
 from quasar.evaluate.cli import main as evaluate_main
 from quasar.evaluate.options import (
@@ -17,6 +18,7 @@ from quasar.evaluate.options import (
     EvaluationInputError,
     EvaluationOptions,
     check_lengths,
+    output_area_warning,
 )
 from quasar.evaluate.report import EvaluationReport, ImportCheck, LengthResult, Timings
 
@@ -143,3 +145,18 @@ def test_bad_tokens_per_request_is_refused(tmp_path):
     for bad in (-1, 1 << 30, 1.5):
         with pytest.raises(EvaluationInputError, match="tokens_per_request"):
             evaluate(tmp_path, 64, None, EvaluationOptions(device="cpu", tokens_per_request=bad))
+
+
+def test_a_validator_whose_lengths_cannot_take_the_largest_target_is_warned_at_start():
+    """EVAL_SEQ_LENS with 1M (its help said allowed) under the default SANDBOX_MEMORY_MB makes the
+    output area of an 8,000,000 target 17.2 GiB: every submission at the largest targets then fails
+    on that validator as cannot evaluate, and nothing said so until it did."""
+    memory = 16384 << 20
+    assert output_area_warning((512, 1024, 2048), memory, "cuda") is None
+    assert output_area_warning((512, 1024, 2048, 1_000_000), memory, "cpu") is None  # CPU runs stop at 65,536
+    warning = output_area_warning((512, 1024, 2048, 1_000_000), memory, "cuda")
+    assert warning is not None and "17.2 GiB" in warning and "SANDBOX_MEMORY_MB" in warning, warning
+    needed = int(warning.split("SANDBOX_MEMORY_MB of at least ")[1].split()[0].replace(",", ""))
+    check_lengths((512, 1024, 2048, 1_000_000), MAX_SEQ_LEN, "cuda", needed << 20)
+    with pytest.raises(EvaluationInputError):
+        check_lengths((512, 1024, 2048, 1_000_000), MAX_SEQ_LEN, "cuda", (needed - 1) << 20)

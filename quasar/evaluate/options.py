@@ -146,6 +146,25 @@ def check_lengths(
     return lengths
 
 
+def output_area_warning(seq_lens: Sequence[int], memory_bytes: int, device: str) -> str | None:
+    """A warning for a validator's start where ``seq_lens`` beside the API's largest target
+    (MAX_SEQ_LEN) make an output area above ``memory_bytes``: check_lengths then refuses the
+    largest targets, and each such submission fails there as cannot evaluate. None where every
+    target fits, and on a CPU, whose runs stop at CPU_MAX_SEQ_LEN anyway."""
+    if device == "cpu":
+        return None
+    area = output_offsets(evaluation_lengths(seq_lens, MAX_SEQ_LEN))[1]
+    if area <= memory_bytes:
+        return None
+    needed_mib = -(-area // (1 << 20))
+    return (
+        f"EVAL_SEQ_LENS {','.join(map(str, seq_lens))} beside the API's largest target ({MAX_SEQ_LEN:,} tokens) "
+        f"make an output area of {area / (1 << 30):.1f} GiB, above SANDBOX_MEMORY_MB ({memory_bytes >> 20:,} MiB): "
+        f"submissions at the largest targets fail here as cannot evaluate. Shorten EVAL_SEQ_LENS, or set "
+        f"SANDBOX_MEMORY_MB of at least {needed_mib:,} where the host has the memory (docs/evaluation.md, Limits)"
+    )
+
+
 def forwards_per_request(seq_len: int, tokens_per_request: int, max_forwards: int) -> int:
     """How many forwards every request at ``seq_len`` runs: enough to make ``tokens_per_request``
     tokens, at least 1, at most ``max_forwards`` and at most :data:`MAX_TOKENS_PER_REQUEST` tokens

@@ -33,6 +33,7 @@ def run(settings: config.Settings) -> int:
     from quasar.api.lookup import find_api
     from quasar.chain.factory import connect
     from quasar.chain.wallets import open_wallet
+    from quasar.evaluate.options import output_area_warning
     from quasar.validator.devices import device_warnings, evaluation_devices
     from quasar.validator.evaluator import SubprocessEvaluator
     from quasar.validator.logit_check import MinerLogitChecker
@@ -47,6 +48,9 @@ def run(settings: config.Settings) -> int:
     devices = evaluation_devices(settings.device, cuda_count, os.environ.get("CUDA_VISIBLE_DEVICES"))
     for warning in device_warnings(settings.network, settings.device):
         log.warning("%s", warning)
+    area_warning = output_area_warning(settings.eval_seq_lens, settings.sandbox_memory_mb << 20, settings.device)
+    if area_warning is not None:
+        log.warning("%s", area_warning)
     chain = connect(settings)
     check_registration(chain, hotkey, settings)
     check_subnet_rules(chain, settings, quasar.version_key())
