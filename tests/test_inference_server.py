@@ -906,6 +906,6 @@ def test_a_chain_node_slow_to_fail_does_not_hold_every_validators_check_past_its
         fake.plan("block", *[bt.RpcConnectionError("node unreachable")] * 1000)
         time.sleep(0.3)  # past the cached block number
         assert signed_post(world, url, payload).status_code == 200  # waits for the first failing read
-        checks = [challenge_miner(world, url, timeout_s=2.5) for _ in range(3)]
+        checks = [challenge_miner(world, url, timeout_s=4.0) for _ in range(3)]
         fake.planned["block"].clear()  # the node answers again
     assert all(check.passed for check in checks), [check.reason for check in checks]
