@@ -12,7 +12,9 @@ from quasar.api.chaincache import CachedMetagraphChain
 from quasar.chain import ChainError
 from quasar.chain.devchain import DevChain
 
-READ_S = 0.3  # how long a failing read takes (on finney: 14 s and more, the SDK's retries)
+# How long a failing read takes (on finney: 14 s and more, the SDK's retries); long enough that all
+# the test's requests arrive while the first is under way, on two busy cores too.
+READ_S = 1.0
 
 
 class FailingNode(DevChain):
