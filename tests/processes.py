@@ -1,12 +1,14 @@
-"""Processes in the tests: what /proc says of the running ones, and Python children of the repository
-whose output the tests read."""
+"""Processes in the tests: what /proc says of the running ones, Python children of the repository
+whose output the tests read, and a stop signal sent where Python drops what its handler raises."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,3 +53,18 @@ def bench_figures(tool: str, flags: list[str], figures_file: Path) -> tuple[subp
     run = run_python(command, REPO_ROOT, 240, {**os.environ, "COLUMNS": "80"})
     assert run.returncode == 0, run.stdout + run.stderr
     return run, json.loads(figures_file.read_text())
+
+
+def signal_in_a_finaliser(signum: int = signal.SIGTERM) -> None:
+    """Send ``signum`` to this process from inside a finaliser: its handler runs there, and Python
+    drops the exception it raises ("Exception ignored in ..."), as for a signal landing in a
+    weakref callback of the garbage collector."""
+
+    class Finalised:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signum)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the handler runs here, inside the finaliser
+                pass
+
+    Finalised()

@@ -77,7 +77,7 @@ from quasar.validator.state import SCHEMA_VERSION, ValidatorState
 from quasar.validator.state_files import read_meta
 from quasar.validator.weight_setting import LAST_WEIGHTS_BLOCK
 from tests.gitrepo import head
-from tests.processes import proc_files, run_python, script_results
+from tests.processes import proc_files, run_python, script_results, signal_in_a_finaliser
 
 ROOT = Path(__file__).resolve().parent.parent
 # The whole round on CPU takes about two minutes on two loaded cores, and finney's hyperparameters
@@ -347,15 +347,7 @@ class SignalledChain(DevChain):
     def weights(self):
         self.reads += 1
         if self.reads == 1:
-
-            class Finalised:
-                def __del__(self):
-                    os.kill(os.getpid(), signal.SIGTERM)
-                    deadline = time.monotonic() + 5
-                    while time.monotonic() < deadline:  # the handler runs here, inside the finaliser
-                        pass
-
-            Finalised()
+            signal_in_a_finaliser()
         if self.reads >= 20:
             raise StillWatching
         return super().weights()

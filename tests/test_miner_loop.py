@@ -53,7 +53,7 @@ from test_miner_standins import (
 )
 from tests.evaluate_runs import FAST_CPU
 from tests.gitrepo import git
-from tests.processes import run_python
+from tests.processes import run_python, signal_in_a_finaliser
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -589,15 +589,7 @@ def test_a_stop_signal_landing_in_a_finaliser_still_stops_the_miner():
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     stop_on_signals(stop)
     try:
-
-        class Finalised:
-            def __del__(self):
-                os.kill(os.getpid(), signal.SIGTERM)
-                deadline = time.monotonic() + 5
-                while time.monotonic() < deadline:  # the handler runs here, inside the finaliser
-                    pass
-
-        Finalised()
+        signal_in_a_finaliser()
         assert stop.is_set()
         with pytest.raises(KeyboardInterrupt, match="signal 2"):
             os.kill(os.getpid(), signal.SIGINT)
