@@ -11,6 +11,8 @@ from types import ModuleType
 
 import pytest
 
+from quasar.starter_fork import copy_starter_tree
+
 
 def _loaded() -> list[str]:
     return [name for name in sys.modules if name == "fla" or name.startswith("fla.")]
@@ -33,3 +35,11 @@ def imported_fla(fork: Path) -> Iterator[ModuleType]:
         sys.path.remove(str(fork))
         for name in _loaded():
             del sys.modules[name]
+
+
+@contextlib.contextmanager
+def imported_starter_fla(directory: Path) -> Iterator[ModuleType]:
+    """The starter fork's tree copied to ``directory`` (no git), its ``fla`` imported (:func:`imported_fla`)."""
+    copy_starter_tree(directory)
+    with imported_fla(directory) as package:
+        yield package

@@ -11,9 +11,8 @@ import shutil
 import pytest
 import torch
 
-from fla_package import imported_fla
+from fla_package import imported_starter_fla
 from quasar.reference import QuasarAttentionReference, chunk_quasar_reference, relative_error
-from quasar.starter_fork import copy_starter_tree
 from test_starter_fork import per_sequence
 
 pytestmark = [
@@ -30,9 +29,7 @@ FP32_TOLERANCE = 1e-4
 @pytest.fixture(scope="module")
 def fla(tmp_path_factory):
     """The fork's ``fla`` package (copied from the template; no git needed), removed afterwards."""
-    dest = tmp_path_factory.mktemp("starter-gpu") / "fork"
-    copy_starter_tree(dest)
-    with imported_fla(dest) as package:
+    with imported_starter_fla(tmp_path_factory.mktemp("starter-gpu") / "fork") as package:
         yield package
 
 

@@ -13,9 +13,8 @@ import random
 import pytest
 import torch
 
-from fla_package import imported_fla
+from fla_package import imported_starter_fla
 from quasar.reference import chunk_quasar_reference, relative_error
-from quasar.starter_fork import copy_starter_tree
 
 pytestmark = [
     pytest.mark.gpu,
@@ -30,9 +29,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2}  # as tests/test_starter
 @pytest.fixture(scope="module")
 def fla(tmp_path_factory):
     """The fork's ``fla`` package (copied from the template), removed from the process afterwards."""
-    dest = tmp_path_factory.mktemp("starter-random-gpu") / "fork"
-    copy_starter_tree(dest)
-    with imported_fla(dest) as package:
+    with imported_starter_fla(tmp_path_factory.mktemp("starter-random-gpu") / "fork") as package:
         yield package
 
 
