@@ -52,6 +52,7 @@ from quasar.api.schemas import (
 )
 from quasar.chain.base import Chain, Metagraph
 from quasar.config import Settings
+from quasar.errors import QuasarError
 from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
@@ -97,7 +98,7 @@ _PRINTABLE = r"^[!-~]+$"  # printable ASCII, no space: every form of a URL or co
 _Count = Annotated[int, Field(ge=0, le=MAX_ID)]
 
 
-class StopRequested(Exception):
+class StopRequested(QuasarError):
     """Raised by :meth:`Validator.pause` once the validator is asked to stop."""
 
 
