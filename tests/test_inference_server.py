@@ -905,7 +905,67 @@ def test_a_chain_node_slow_to_fail_does_not_hold_every_validators_check_past_its
         assert signed_post(world, url, payload).status_code == 200  # the metagraph is read
         fake.plan("block", *[bt.RpcConnectionError("node unreachable")] * 1000)
         time.sleep(0.3)  # past the cached block number
-        assert signed_post(world, url, payload).status_code == 200  # waits for the first failing read
+        assert signed_post(world, url, payload).status_code == 200  # the last permits, while the read fails
         checks = [challenge_miner(world, url, timeout_s=4.0) for _ in range(3)]
         fake.planned["block"].clear()  # the node answers again
     assert all(check.passed for check in checks), [check.reason for check in checks]
+
+
+class HungNode(FakeChain):
+    """A subtensor node that, once ``hang_s`` is set, answers every call after ``hang_s`` seconds
+    with a connection error (the chain layer's attempt timeout on a hung node, scaled down)."""
+
+    hang_s: float | None = None
+
+    def answer(self, operation: str, compute):
+        if self.hang_s is None:
+            return super().answer(operation, compute)
+        self.calls.append(operation)
+        time.sleep(self.hang_s)
+        raise bt.RpcConnectionError("node hung")
+
+
+def test_the_first_read_of_a_hung_chain_node_does_not_hold_validators_checks_past_their_timeout(world, caplog):
+    """Chain outage, first read: the last permits were used only once a read had failed, and the
+    first failing read of an outage held every request that came meanwhile; on a hung node it takes
+    the chain layer's retries (120 s an attempt, 3 attempts), so every validator's check then timed
+    out (LOGITS_TIMEOUT, 30 s) and failed the miner. Scaled: a read that takes 5 s against a check
+    timeout of 2 s. With a fresh last read, a request waits for a read at most ``permit_read_wait_s``,
+    then is checked against the last permits while that one read goes on; its failure begins the
+    outage (one warning), the node's next answer ends it."""
+    fake = HungNode(netuid=NETUID)
+    fake.register(world["wallets"]["miner"].hotkey.ss58_address)
+    fake.register(
+        world["wallets"]["validator"].hotkey.ss58_address, total_stake_rao=10_000 * RAO, validator_permit=True
+    )
+    fake.block_time = 0.25  # the block number is read again every 0.125 s
+    chain = BittensorChain("finney", NETUID, client_factory=fake.factory, retries=0)
+    hotkey = world["wallets"]["miner"].hotkey.ss58_address
+    limits = InferenceLimits(permit_read_wait_s=0.3)
+    payload = {"prompt": [1, 2, 3], "gen_len": 2, "logits_at_step": 1}
+    caplog.set_level("INFO", logger="quasar")
+    with serving(create_inference_app(world["served"], chain, hotkey, limits)) as port:
+        url = f"http://127.0.0.1:{port}"
+        assert signed_post(world, url, payload).status_code == 200  # the metagraph is read
+        calls_before = len(fake.calls)
+        fake.hang_s = 5.0
+        time.sleep(0.3)  # past the cached block number: the next request asks the node
+        hung_at = time.monotonic()
+        checks = [challenge_miner(world, url, timeout_s=2.0) for _ in range(3)]
+        stranger = signed_post(world, url, payload, wallet="stranger")
+        unsigned = requests.post(url + "/inference", json=payload, timeout=10)
+        answered_in = time.monotonic() - hung_at
+        hung_calls = len(fake.calls) - calls_before
+        time.sleep(max(0.0, hung_at + fake.hang_s + 0.5 - time.monotonic()))  # the read has failed
+        fake.hang_s = None
+        time.sleep(0.3)
+        back = signed_post(world, url, payload)  # answered at once; its read ends the outage
+        time.sleep(0.3)
+    assert all(check.passed for check in checks), [check.reason for check in checks]
+    assert answered_in < 5.0, "the machine was too slow for this test"  # all answered while the read hung
+    assert stranger.status_code == 403 and unsigned.status_code == 401 and back.status_code == 200
+    assert hung_calls == 1, fake.calls[calls_before:]  # one read at a time asked the hung node
+    lines = [r for r in caplog.records if r.name.startswith("quasar") and r.levelname != "DEBUG"]
+    warnings = [r.getMessage() for r in lines if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "node hung" in warnings[0], warnings
+    assert sum("chain can be read again" in r.getMessage() for r in lines) == 1, [r.getMessage() for r in lines]

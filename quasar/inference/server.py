@@ -38,7 +38,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +80,9 @@ class InferenceLimits:
     max_pending_per_caller: int = 2
     # How old the last metagraph read may be to check callers by while the chain cannot be read.
     permit_max_stale_s: float = 3600.0
+    # How long a request waits for a chain read before the last permits are used (PermitCheck): a
+    # tenth of the 30 s a validator waits for the whole answer (LOGITS_TIMEOUT), inference included.
+    permit_read_wait_s: float = 3.0
 
     @property
     def max_body_bytes(self) -> int:
@@ -147,23 +150,28 @@ class PermitCheck:
     (503). Refusing at once failed the miner in every validator's check during an outage of its own
     node. Permits change at most once an epoch (360 blocks, 72 min on finney), so a snapshot under
     an hour old misses at most one epoch's changes, and a hotkey that lost its permit there gets no
-    more than any permit holder: a share of the queue. Once a read has failed, requests use those
-    permits at once while one read at a time, off the requests, asks the node until it answers: a
-    failing read takes the chain layer's retries (14 s, or minutes on a hung node), longer than a
-    validator waits (LOGITS_TIMEOUT), so waiting for one each failed every check of the outage. An
-    outage logs a warning when it begins and a line when it ends: anyone can sign requests (a new
+    more than any permit holder: a share of the queue. While that snapshot is in hand, the chain is
+    read by one read at a time off the requests, and a request waits for it at most ``read_wait_s``
+    from when it began (none once a read has failed), then is checked against the snapshot while the
+    read goes on: a failing read takes the chain layer's retries (14 s, or minutes on a hung node),
+    longer than a validator waits (LOGITS_TIMEOUT, 30 s), so waiting for one, even the first of an
+    outage, failed every check meanwhile. The read's failure begins the outage, its answer becomes
+    the snapshot. An outage logs a warning when it begins and a line when it ends: anyone can sign requests (a new
     hotkey costs nothing), and a line for each one while the chain is down would grow the log at
     their pace.
     """
 
-    def __init__(self, chain: Chain, max_stale_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, chain: Chain, max_stale_s: float, read_wait_s: float, clock: Callable[[], float] = time.monotonic
+    ):
         self.chain = chain
         self.max_stale_s = max_stale_s
+        self.read_wait_s = read_wait_s
         self.clock = clock
         self._lock = threading.Lock()  # authorize runs on the server's thread pool
         self._read: tuple[float, Metagraph] | None = None  # the last metagraph read, and when
         self._outage_since: float | None = None
-        self._probing = False  # a read of the outage is under way on its own thread
+        self._reading: tuple[float, Future[Metagraph]] | None = None  # the read on its own thread, and when it began
 
     def authorize(self, hotkey: str) -> None:
         """:data:`auth.Authorizer`: :class:`auth.AuthFailure` (403) without a permit; ChainError
@@ -174,28 +182,42 @@ class PermitCheck:
 
     def _metagraph(self) -> Metagraph:
         with self._lock:
-            last = self._read
-            usable = self._outage_since is not None and last is not None and self._fresh(last[0], self.clock())
-            probe = usable and not self._probing
-            self._probing = self._probing or probe
-        if probe:
-            threading.Thread(target=self._probe, name="permit-probe", daemon=True).start()
-        if usable and last is not None:
-            return last[1]
-        return self._read_chain()
+            now = self.clock()
+            snapshot = self._read if self._read is not None and self._fresh(self._read[0], now) else None
+            joined = self._join_read(now) if snapshot is not None else None
+        if snapshot is None or joined is None:
+            return self._read_chain()  # nothing to check callers by meanwhile: wait for the chain
+        reading, wait_s = joined
+        try:
+            return reading.result(timeout=wait_s)
+        except TimeoutError:
+            return snapshot[1]
+
+    def _join_read(self, now: float) -> tuple[Future[Metagraph], float]:
+        """The read under way (started if none is) and how long a request arriving at ``now`` waits
+        for it; called holding the lock."""
+        if self._reading is None:
+            self._reading = (now, Future())
+            threading.Thread(
+                target=self._read_off_requests, args=(self._reading[1],), name="permit-read", daemon=True
+            ).start()
+        began, reading = self._reading
+        if self._outage_since is not None:
+            return reading, 0.0
+        return reading, max(0.0, began + self.read_wait_s - now)
 
     def _fresh(self, read_at: float, now: float) -> bool:
         return now - read_at <= self.max_stale_s
 
-    def _probe(self) -> None:
-        """One read of the outage, off the requests; the next request after it starts another."""
+    def _read_off_requests(self, reading: Future[Metagraph]) -> None:
+        """One read, on its own thread; the requests meanwhile wait for it or use the last permits."""
         try:
-            self._read_chain()
-        except ChainError:
-            pass  # the outage goes on: its warning was logged
+            reading.set_result(self._read_chain())
+        except Exception as error:  # the waiting requests raise it (ChainError: 503)
+            reading.set_exception(error)
         finally:
             with self._lock:
-                self._probing = False
+                self._reading = None
 
     def _read_chain(self) -> Metagraph:
         try:
@@ -363,7 +385,7 @@ def create_inference_app(
     """
     nonce_store = nonce_store or http_auth.InMemoryNonceStore()
     cached = CachedMetagraphChain(chain, block_poll_s=chain.block_time_s / 2)
-    permits = PermitCheck(cached, limits.permit_max_stale_s)
+    permits = PermitCheck(cached, limits.permit_max_stale_s, limits.permit_read_wait_s)
     worker = BoundedWorker(limits.queue_size, limits.max_pending_per_caller)
 
     @asynccontextmanager
