@@ -14,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -446,9 +447,10 @@ def signed_get(session: requests.Session, world, url: str, wallet: str = "valida
     return session.get(request.url, headers=request.headers, timeout=20)
 
 
-def fake_subnet(world) -> FakeChain:
-    """A subtensor node's state (through the SDK fake): the miner, and the validator with a permit."""
-    fake = FakeChain(netuid=NETUID)
+def fake_subnet(world, node: type[FakeChain] = FakeChain) -> FakeChain:
+    """A subtensor node's state (through the SDK fake, or ``node``, one of its kinds): the miner,
+    and the validator with a permit."""
+    fake = node(netuid=NETUID)
     fake.register(world["wallets"]["miner"].hotkey.ss58_address)
     fake.register(
         world["wallets"]["validator"].hotkey.ss58_address, total_stake_rao=10_000 * RAO, validator_permit=True
@@ -854,6 +856,22 @@ def test_one_validator_cannot_fill_the_queue_and_fail_the_miner_for_every_other_
     assert "at most 2 of your requests" in refused[0].json()["detail"], refused[0].text
 
 
+OUTAGE_PAYLOAD = {"prompt": [1, 2, 3], "gen_len": 2, "logits_at_step": 1}
+
+
+@contextmanager
+def served_over(world, fake: FakeChain, limits: InferenceLimits) -> Iterator[str]:
+    """The miner's inference server over ``fake`` through the production chain layer (no retries),
+    its URL once a first signed request has read the metagraph."""
+    fake.block_time = 0.25  # the block number is read again every 0.125 s
+    chain = BittensorChain("finney", NETUID, client_factory=fake.factory, retries=0)
+    hotkey = world["wallets"]["miner"].hotkey.ss58_address
+    with serving(create_inference_app(world["served"], chain, hotkey, limits)) as port:
+        url = f"http://127.0.0.1:{port}"
+        assert signed_post(world, url, OUTAGE_PAYLOAD).status_code == 200  # the metagraph is read
+        yield url
+
+
 def test_an_outage_of_the_miners_chain_node_does_not_fail_every_validators_check(world, caplog):
     """Chain outage: while the miner's node could not be read, every signed request got 503, so
     every validator that checked the miner then failed its submission for good, though the miner
@@ -861,15 +879,10 @@ def test_an_outage_of_the_miners_chain_node_does_not_fail_every_validators_check
     read, while it is at most ``permit_max_stale_s`` old (503 after that); a hotkey without a
     permit there still gets 403, an unsigned request 401; one warning per outage, saying so."""
     fake = fake_subnet(world)
-    fake.block_time = 0.25  # the block number is read again every 0.125 s
-    chain = BittensorChain("finney", NETUID, client_factory=fake.factory, retries=0)
-    hotkey = world["wallets"]["miner"].hotkey.ss58_address
     limits = InferenceLimits(permit_max_stale_s=3.0)
-    payload = {"prompt": [1, 2, 3], "gen_len": 2, "logits_at_step": 1}
+    payload = OUTAGE_PAYLOAD
     caplog.set_level("INFO", logger="quasar")
-    with serving(create_inference_app(world["served"], chain, hotkey, limits)) as port:
-        url = f"http://127.0.0.1:{port}"
-        assert signed_post(world, url, payload).status_code == 200  # the metagraph is read
+    with served_over(world, fake, limits) as url:
         read_at = time.monotonic()
         fake.plan("block", *[bt.RpcConnectionError("node unreachable")] * 1000)
         time.sleep(0.3)  # past the cached block number: the next request asks the node
@@ -933,20 +946,11 @@ def test_the_first_read_of_a_hung_chain_node_does_not_hold_validators_checks_pas
     timeout of 2 s. With a fresh last read, a request waits for a read at most ``permit_read_wait_s``,
     then is checked against the last permits while that one read goes on; its failure begins the
     outage (one warning), the node's next answer ends it."""
-    fake = HungNode(netuid=NETUID)
-    fake.register(world["wallets"]["miner"].hotkey.ss58_address)
-    fake.register(
-        world["wallets"]["validator"].hotkey.ss58_address, total_stake_rao=10_000 * RAO, validator_permit=True
-    )
-    fake.block_time = 0.25  # the block number is read again every 0.125 s
-    chain = BittensorChain("finney", NETUID, client_factory=fake.factory, retries=0)
-    hotkey = world["wallets"]["miner"].hotkey.ss58_address
-    limits = InferenceLimits(permit_read_wait_s=0.3)
-    payload = {"prompt": [1, 2, 3], "gen_len": 2, "logits_at_step": 1}
+    fake = fake_subnet(world, HungNode)
+    assert isinstance(fake, HungNode)
+    payload = OUTAGE_PAYLOAD
     caplog.set_level("INFO", logger="quasar")
-    with serving(create_inference_app(world["served"], chain, hotkey, limits)) as port:
-        url = f"http://127.0.0.1:{port}"
-        assert signed_post(world, url, payload).status_code == 200  # the metagraph is read
+    with served_over(world, fake, InferenceLimits(permit_read_wait_s=0.3)) as url:
         calls_before = len(fake.calls)
         fake.hang_s = 5.0
         time.sleep(0.3)  # past the cached block number: the next request asks the node
