@@ -73,17 +73,17 @@ from quasar.chain.devchain_storage import (
     mask_outdated,
     max_validators_in,
     meta,
+    min_non_immune_uids_in,
     owner_in,
     owner_uid_in,
     permits_block_in,
     set_hyperparameters_in,
     set_meta,
+    stake_threshold_in,
     weights_in,
 )
 from quasar.chain.subtensor_rules import (
     FINNEY,
-    MAX_ALLOWED_VALIDATORS,
-    MIN_NON_IMMUNE_UIDS,
     PruneCandidate,
     blocks_until_allowed,
     check_weights_rate_limit,
@@ -166,7 +166,7 @@ class DevChain(Chain):
     def _grant_permits(self, connection: sqlite3.Connection) -> None:
         """run_epoch's validator permits (:func:`validator_permits`), every neuron's set anew."""
         stakes = dict(connection.execute("SELECT uid, stake FROM neurons").fetchall())
-        threshold = float(meta(connection, "stake_threshold") or 0)
+        threshold = stake_threshold_in(connection)
         permitted = validator_permits(stakes, max_validators_in(connection), threshold, owner_uid_in(connection))
         connection.execute("UPDATE neurons SET validator_permit = 0")
         connection.executemany("UPDATE neurons SET validator_permit = 1 WHERE uid = ?", [(uid,) for uid in permitted])
@@ -200,7 +200,7 @@ class DevChain(Chain):
     def _check_stake(self, connection: sqlite3.Connection, hotkey: str) -> None:
         """Subtensor's check_weights_min_stake: ``hotkey``'s stake (0 when it holds no uid) at least the
         chain's StakeThreshold (:meth:`set_stake_threshold`), the owner's uid exempt."""
-        threshold = float(meta(connection, "stake_threshold") or 0)
+        threshold = stake_threshold_in(connection)
         row = connection.execute("SELECT uid, stake FROM neurons WHERE hotkey = ?", (hotkey,)).fetchone()
         uid, stake = row if row else (None, 0.0)
         refusal = stake_refusal(hotkey, stake, threshold, owner=uid is not None and uid == owner_uid_in(connection))
@@ -463,7 +463,7 @@ class DevChain(Chain):
             )
         ]
         immunity = hyperparameters_in(connection).immunity_period
-        floor = int(meta(connection, "min_non_immune_uids") or MIN_NON_IMMUNE_UIDS)
+        floor = min_non_immune_uids_in(connection)
         uid = neuron_to_prune(candidates, block, immunity, floor)
         if uid is None:
             raise ChainError(
@@ -534,7 +534,7 @@ class DevChain(Chain):
 
     def stake_threshold(self) -> float:
         """The chain's StakeThreshold (:meth:`set_stake_threshold`)."""
-        return float(self._setting("stake_threshold") or 0)
+        return self._file.query(stake_threshold_in)
 
     def set_min_non_immune_uids(self, count: int) -> None:
         """Set the subnet's MinNonImmuneUids (default 10, subtensor's): a full subnet replaces a neuron
@@ -549,7 +549,7 @@ class DevChain(Chain):
 
     def min_non_immune_uids(self) -> int:
         """The subnet's MinNonImmuneUids (:meth:`set_min_non_immune_uids`)."""
-        return int(self._setting("min_non_immune_uids") or MIN_NON_IMMUNE_UIDS)
+        return self._file.query(min_non_immune_uids_in)
 
     def set_max_allowed_validators(self, count: int) -> None:
         """Set the subnet's MaxAllowedValidators (default 64, init_new_network's): how many of the
@@ -558,7 +558,7 @@ class DevChain(Chain):
 
     def max_allowed_validators(self) -> int:
         """The subnet's MaxAllowedValidators (:meth:`set_max_allowed_validators`)."""
-        return int(self._setting("max_allowed_validators") or MAX_ALLOWED_VALIDATORS)
+        return self._file.query(max_validators_in)
 
     def allow_loopback_axons(self, allowed: bool) -> None:
         """Let this file store loopback endpoints, which subtensor refuses: only for a network whose

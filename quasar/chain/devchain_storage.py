@@ -26,14 +26,16 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from quasar.chain.base import ChainError, Endpoint, NeuronInfo, SubnetHyperparameters
-from quasar.chain.subtensor_rules import FINNEY, MAX_ALLOWED_VALIDATORS, next_epoch_block
+from quasar.chain.subtensor_rules import FINNEY, MAX_ALLOWED_VALIDATORS, MIN_NON_IMMUNE_UIDS, next_epoch_block
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 DEFAULT_BLOCK_TIME_S = 12.0
 DEFAULT_NETUID = 24
@@ -138,6 +140,16 @@ def permits_block_in(connection: sqlite3.Connection) -> int:
 def max_validators_in(connection: sqlite3.Connection) -> int:
     """The subnet's MaxAllowedValidators (default 64, init_new_network's)."""
     return int(meta(connection, "max_allowed_validators") or MAX_ALLOWED_VALIDATORS)
+
+
+def min_non_immune_uids_in(connection: sqlite3.Connection) -> int:
+    """The subnet's MinNonImmuneUids (default 10, subtensor's)."""
+    return int(meta(connection, "min_non_immune_uids") or MIN_NON_IMMUNE_UIDS)
+
+
+def stake_threshold_in(connection: sqlite3.Connection) -> float:
+    """The chain's StakeThreshold (default 0, subtensor's)."""
+    return float(meta(connection, "stake_threshold") or 0)
 
 
 def owner_in(connection: sqlite3.Connection) -> tuple[str | None, str | None]:
@@ -276,9 +288,14 @@ class DevChainFile:
 
     def read(self, sql: str, parameters: tuple = ()) -> list[tuple]:
         """The rows of one query; ChainError naming the file when SQLite fails."""
+        return self.query(lambda connection: connection.execute(sql, parameters).fetchall())
+
+    def query(self, read: Callable[[sqlite3.Connection], T]) -> T:
+        """``read`` on a connection of its own, outside any write; ChainError naming the file when
+        SQLite fails."""
         try:
             with self.connect() as connection:
-                return connection.execute(sql, parameters).fetchall()
+                return read(connection)
         except sqlite3.Error as error:
             raise ChainError(f"dev chain {self.path}: {error}") from None
 
