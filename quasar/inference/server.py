@@ -15,10 +15,9 @@ number is polled every half block), so no request rate makes the server load its
 chain cannot be read, callers are checked against the last metagraph read while it is at most
 ``permit_max_stale_s`` (an hour) old, and after that signed requests get 503 (the caller cannot be
 checked: retry later); the log gets a warning when such an outage begins and a line when it ends,
-not one per request. Bad
-bodies get 422 with the field at fault, oversized bodies 413. The model runs one request at a time on a
-single worker thread; at most ``queue_size`` more wait, at most ``max_pending_per_caller`` of one
-caller's running or waiting, and beyond that requests get 503.
+not one per request. Bad bodies get 422 with the field at fault, oversized bodies 413. The model
+runs one request at a time on a single worker thread; at most ``queue_size`` more wait, at most
+``max_pending_per_caller`` of one caller's running or waiting, and beyond that requests get 503.
 
 Anyone on the internet can reach the server, so run it with :func:`server_options`: a request's
 line and headers must stay under ``max_header_bytes`` (else 431) and arrive within
@@ -156,9 +155,9 @@ class PermitCheck:
     read goes on: a failing read takes the chain layer's retries (14 s, or minutes on a hung node),
     longer than a validator waits (LOGITS_TIMEOUT, 30 s), so waiting for one, even the first of an
     outage, failed every check meanwhile. The read's failure begins the outage, its answer becomes
-    the snapshot. An outage logs a warning when it begins and a line when it ends: anyone can sign requests (a new
-    hotkey costs nothing), and a line for each one while the chain is down would grow the log at
-    their pace.
+    the snapshot. An outage logs a warning when it begins and a line when it ends: anyone can sign
+    requests (a new hotkey costs nothing), and a line for each one while the chain is down would
+    grow the log at their pace.
     """
 
     def __init__(
@@ -184,10 +183,10 @@ class PermitCheck:
         with self._lock:
             now = self.clock()
             snapshot = self._read if self._read is not None and self._fresh(self._read[0], now) else None
-            joined = self._join_read(now) if snapshot is not None else None
-        if snapshot is None or joined is None:
+            if snapshot is not None:
+                reading, wait_s = self._join_read(now)
+        if snapshot is None:
             return self._read_chain()  # nothing to check callers by meanwhile: wait for the chain
-        reading, wait_s = joined
         try:
             return reading.result(timeout=wait_s)
         except TimeoutError:
