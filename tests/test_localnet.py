@@ -32,7 +32,7 @@ from quasar import config
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.evaluate import EvaluationReport
 from quasar.imports import validate_repo
-from quasar.localnet.cli import seq_lens, stop_on_signals
+from quasar.localnet.cli import seq_lens
 from quasar.localnet.forks import (
     HONEST,
     HOSTILE,
@@ -73,6 +73,7 @@ from quasar.localnet.summary import (
 )
 from quasar.miner.github import GitHubClient
 from quasar.miner.workspace import Workspace
+from quasar.signals import stop_on_signals
 from quasar.validator.state import SCHEMA_VERSION, ValidatorState
 from quasar.validator.state_files import read_meta
 from quasar.validator.weight_setting import LAST_WEIGHTS_BLOCK

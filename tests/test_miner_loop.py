@@ -30,13 +30,14 @@ from quasar.localnet.github_standin import GitHubStandIn
 from quasar.localnet.host import make_wallet
 from quasar.miner.github import Git, GitHubClient, write_askpass
 from quasar.miner.loop import Evaluator, LoopConfig, Miner, required_gain
-from quasar.miner.runner import EndpointKeeper, MinerSetupError, published_endpoint, remote_url, stop_on_signals
+from quasar.miner.runner import EndpointKeeper, MinerSetupError, published_endpoint, remote_url
 from quasar.miner.state import Measurement, StateStore
 from quasar.miner.status import VerdictWatcher
 from quasar.miner.strategies import ERROR, FAILED, KEPT, REJECTED, SLOWER, AgentStrategy, TuningStrategy
 from quasar.miner.strategies.tuning import SPACE_FILE
 from quasar.miner.submission import COMMIT_REVEAL, DIRECT, Submitter
 from quasar.miner.workspace import ForkClone, Workspace
+from quasar.signals import stop_on_signals
 from servers import serving
 from test_miner_standins import (
     CHUNK_FILE,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import threading
 import time
 from collections.abc import Sequence
@@ -38,6 +37,7 @@ from quasar.localnet.options import (
     HOSTILE_TARGET,
 )
 from quasar.log import setup_logging
+from quasar.signals import stop_on_signals
 
 DEFAULT_DATA_DIR = Path("localnet-data")
 SUMMARY_FILE = "summary.json"
@@ -97,19 +97,6 @@ class Display:
 
 # ``--seq-lens``: lengths the evaluation can run (``64,128``); empty means none.
 seq_lens = seq_lens_type(MIN_SEQ_LEN)
-
-
-def stop_on_signals(stop: threading.Event) -> None:
-    """Make SIGINT and SIGTERM set ``stop`` and raise KeyboardInterrupt. The exception ends the
-    work under way; the flag holds where Python drops the exception (a signal landing in a
-    finaliser: "Exception ignored in ..."), and the network's waits end on it."""
-
-    def handler(signum: int, _frame) -> None:
-        stop.set()
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, handler)
 
 
 def detect_device(asked: str) -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-import signal
 import socket
 import threading
 
@@ -24,6 +23,7 @@ from quasar.config import Settings
 from quasar.config.values import PUBLIC_NETWORKS
 from quasar.errors import QuasarError
 from quasar.evaluate.options import CPU_MAX_SEQ_LEN
+from quasar.signals import stop_on_signals
 
 logger = logging.getLogger(__name__)
 
@@ -162,20 +162,6 @@ def _check_services(settings: Settings, client) -> None:
             "will fail this miner's logit check",
             url,
         )
-
-
-def stop_on_signals(stop: threading.Event) -> None:
-    """Make SIGINT and SIGTERM (pm2 stop) set ``stop`` and raise KeyboardInterrupt in the main
-    thread. The exception ends the work under way at once; the flag holds where Python drops the
-    exception (a signal landing in a finaliser or a weakref callback: "Exception ignored in ..."),
-    so the loop still ends at its next check instead of running until it is killed."""
-
-    def handler(signum: int, frame: object) -> None:
-        stop.set()
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, handler)
 
 
 def run_miner(settings: Settings) -> int:
