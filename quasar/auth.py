@@ -10,6 +10,7 @@ a client helper that signs the exact bytes it sends.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,9 @@ from bittensor import http_auth
 from quasar.chain import Chain
 from quasar.errors import QuasarError
 
-# Requests older than this (seconds) are refused; the nonce store must retain at least this long.
+# A request's nonce is the signer's clock (ns): more than MAX_REQUEST_AGE_S seconds behind the
+# receiver's clock (late in transit, or signed by a clock behind) or ALLOWED_CLOCK_SKEW_S ahead, it
+# is refused; the nonce store must retain at least their sum.
 MAX_REQUEST_AGE_S = http_auth.DEFAULT_MAX_AGE
 ALLOWED_CLOCK_SKEW_S = http_auth.DEFAULT_ALLOWED_SKEW
 
@@ -77,6 +80,7 @@ def authenticate(
     ``body`` must be the raw received bytes; ``target`` the path with query as received. Replays
     are refused through ``nonce_store`` (share one store across processes for multi-worker servers).
     """
+    now_ns = time.time_ns()
     try:
         caller = http_auth.verify(
             headers,
@@ -87,12 +91,30 @@ def authenticate(
             max_age=MAX_REQUEST_AGE_S,
             allowed_skew=ALLOWED_CLOCK_SKEW_S,
             nonce_store=nonce_store,
+            now_ns=now_ns,
         )
+    except http_auth.StaleRequest:
+        raise AuthFailure(401, _clock_refusal(headers, now_ns)) from None
     except http_auth.AuthError as error:
         raise AuthFailure(401, f"authentication failed: {error}") from None
     if authorize is not None:
         authorize(caller.hotkey_ss58)
     return caller.hotkey_ss58
+
+
+def _clock_refusal(headers: Mapping[str, str], now_ns: int) -> str:
+    """Why a request outside the freshness window was refused, for its sender's operator: its
+    clock's offset from this server's, which way, the window and the cure (the SDK's own words
+    say only that the nonce is stale, which reads like a bad signature)."""
+    nonce = next(int(value) for key, value in headers.items() if key.lower() == http_auth.HEADER_NONCE.lower())
+    offset_s = (nonce - now_ns) / 1e9
+    way = "ahead of" if offset_s > 0 else "behind"
+    server_time = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(now_ns / 1e9))
+    return (
+        f"authentication failed: the request was signed {abs(offset_s):.1f} s {way} this server's clock "
+        f"({server_time} UTC here); at most {ALLOWED_CLOCK_SKEW_S:g} s ahead and {MAX_REQUEST_AGE_S:g} s behind "
+        "are accepted: the sender's clock or this server's is off, sync it with NTP"
+    )
 
 
 @dataclass(frozen=True)

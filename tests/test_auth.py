@@ -1,5 +1,8 @@
 """Signed requests: accepted once from the right hotkey, refused when replayed, tampered or unauthorized."""
 
+import re
+import time
+
 import pytest
 from bittensor import http_auth
 
@@ -117,3 +120,26 @@ def test_authorizers_follow_the_metagraph(wallets, chain, tmp_path):
         )
         == validator.hotkey.ss58_address
     )
+
+
+@pytest.mark.parametrize(("offset_s", "direction"), [(37.0, "ahead of"), (-75.0, "behind")])
+def test_a_request_signed_by_a_clock_that_is_off_names_the_offset_and_the_fix(wallets, offset_s, direction):
+    """A signer's clock minutes off the server's (no NTP, a step): the refusal says by how much and
+    which way, the window accepted and what to do, not a bare 'stale nonce'."""
+    miner, _ = wallets
+    url = "http://127.0.0.1:9/submit_kernel?round=1"
+    headers = http_auth.sign(
+        miner,
+        method="POST",
+        path="/submit_kernel?round=1",
+        receiver_ss58=RECEIVER,
+        nonce_ns=time.time_ns() + int(offset_s * 1e9),
+    )
+    with pytest.raises(auth.AuthFailure) as failure:
+        check(auth.SignedRequest("POST", url, b"", headers), http_auth.InMemoryNonceStore())
+    reason = failure.value.reason
+    assert failure.value.status_code == 401
+    shown = re.search(rf"signed (\d+(?:\.\d)?) s {direction} this server's clock", reason)
+    assert shown is not None, reason
+    assert abs(float(shown.group(1)) - abs(offset_s)) < 2, reason
+    assert "2 s ahead" in reason and "10 s behind" in reason and "NTP" in reason, reason
