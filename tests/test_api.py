@@ -150,6 +150,23 @@ def test_whole_protocol_submit_commit_reveal_evaluate_rank_and_roll_over(start_a
     assert a.submission_status(inflated.submission_id).state == "failed"
 
 
+def test_a_step_back_of_the_apis_clock_does_not_put_a_later_submission_first_in_a_tie(start_api):
+    """NTP steps the API host's clock back ten minutes between two submissions scoring within the tie
+    margin: the earlier one still places first (ties go to the earlier submission, docs/rules.md)."""
+    api = start_api()
+    a, b, v1 = (api.client(name) for name in ("a", "b", "v1"))
+    first = a.submit_kernel(Claim(FORK, COMMIT, 100_000.0), 1_000_000)
+    api.clock.offset = -600.0
+    later = b.submit_kernel(Claim("https://github.com/bob/fla", commit_of(0xB0B), 100_000.0), 1_000_000)
+    committed = api.client("c").commit(commitment_hash(new_salt(), FORK, commit_of(0xC)), 1_000_000)
+    assert first.submitted_at <= later.submitted_at <= committed.submitted_at
+    assert {item.submission_id for item in v1.fetch_work().items} == {first.submission_id, later.submission_id}
+    for submission_id, figure in ((first.submission_id, 99_500.0), (later.submission_id, 100_000.0)):
+        v1.report(submission_id, "passed", correct=True, logits_ok=True, measured_tokens_per_sec=figure)
+    api.chain.advance(1)
+    assert [e.submission_id for e in a.leaderboard().entries] == [first.submission_id, later.submission_id]
+
+
 def test_a_validators_reports_come_back_as_it_sent_them_with_their_submission(start_api):
     """What the processes of one validator hotkey import from each other (quasar/validator/loop.py):
     each of its reports as stored, with the submission it is on; another validator's report on the

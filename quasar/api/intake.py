@@ -19,6 +19,17 @@ from quasar.api.worklist import supersede_older
 
 logger = logging.getLogger(__name__)
 
+_LATEST_SUBMITTED_AT = select(Submission.submitted_at).order_by(Submission.id.desc()).limit(1)
+
+
+def submission_time(session: Session, now: float) -> float:
+    """The time a submission taken now is stamped with: ``now``, or the time of the one taken last
+    where the API's clock has stepped back behind it (NTP, a VM resumed). Ties go to the earlier
+    submission by this time (docs/rules.md section 5), so it never runs against the order the API
+    took submissions in."""
+    latest = session.scalar(_LATEST_SUBMITTED_AT)
+    return now if latest is None else max(now, latest)
+
 
 class Intake(ServiceCore):
     """Submissions and commitments: what miners send."""
@@ -66,6 +77,7 @@ class Intake(ServiceCore):
             return insert(session)
 
         def insert(session: Session) -> schemas.SubmissionAccepted:
+            stamped = submission_time(session, now)
             submission_id = admission.INSERT_SUBMISSION.scalar(
                 session.connection(),
                 {
@@ -74,7 +86,7 @@ class Intake(ServiceCore):
                     "state": "ready",
                     "commitment_hash": None,
                     "target_sequence_length": request.target_sequence_length,
-                    "submitted_at": now,
+                    "submitted_at": stamped,
                     "submitted_block": block,
                     "ready_at": now,
                     "ready_block": block,
@@ -92,7 +104,7 @@ class Intake(ServiceCore):
                 submission_id=submission_id,
                 hotkey=hotkey,
                 state="ready",
-                submitted_at=now,
+                submitted_at=stamped,
                 submitted_block=block,
                 round_id=round_id,
             )
@@ -113,7 +125,7 @@ class Intake(ServiceCore):
         block = self.current_block()
         now = self.clock()
 
-        def work(session: Session) -> int:
+        def work(session: Session) -> tuple[int, float]:
             self._refuse(
                 session,
                 admission.UNDER_RATE_LIMIT,
@@ -125,15 +137,15 @@ class Intake(ServiceCore):
                 state="committed",
                 commitment_hash=request.commitment_hash,
                 target_sequence_length=request.target_sequence_length,
-                submitted_at=now,
+                submitted_at=submission_time(session, now),
                 submitted_block=block,
                 client_ip=client_ip,
             )
             session.add(submission)
             session.flush()
-            return submission.id
+            return submission.id, submission.submitted_at
 
-        submission_id = self._write(work, caller, locks=[f"hotkey:{hotkey}"])
+        submission_id, submitted_at = self._write(work, caller, locks=[f"hotkey:{hotkey}"])
         window = self._window(block)
         logger.info("commitment %d from %s (%s) at block %d", submission_id, hotkey, client_ip, block)
         return schemas.CommitAccepted(
@@ -142,7 +154,7 @@ class Intake(ServiceCore):
             commit_block=block,
             reveal_from_block=window.opens,
             reveal_until_block=window.closes,
-            submitted_at=now,
+            submitted_at=submitted_at,
         )
 
     def reveal(
