@@ -23,7 +23,7 @@ from quasar import auth
 from quasar.api import admission, schemas
 from quasar.api.db import Database, IpBan, Submission
 from quasar.api.errors import ApiError
-from quasar.api.service import Authenticated, SubmissionService
+from quasar.api.service import NONCE_RETENTION_S, Authenticated, SubmissionService
 
 FORK = "https://github.com/miner/flash-linear-attention"
 TARGET = 1_000_000
@@ -115,7 +115,7 @@ def test_each_check_refuses_alike_in_one_statement_and_one_by_one(database, chai
         ]
 
     def fused(checks=admission.SUBMISSION_CHECKS):
-        statement = admission.fused_statement(database.dialect, checks)
+        statement = admission.fused_statement(database.dialect, checks, retention_s=NONCE_RETENTION_S)
 
         def run(session) -> None:
             recorded = statement.run(session.connection(), {**params, "nonce_hotkey": miner, "nonce": time.time_ns()})

@@ -31,7 +31,7 @@ from sqlalchemy import BigInteger, ColumnElement, String, and_, bindparam, case,
 from sqlalchemy.engine import Connection
 
 from quasar.api import rules
-from quasar.api.db import IpBan, PreparedStatement, Submission, UsedNonce, dialect_insert
+from quasar.api.db import IpBan, PreparedStatement, Submission, UsedNonce, dialect_insert, retained
 from quasar.api.errors import ApiError
 
 RATE_WINDOW_S = 3600.0
@@ -189,15 +189,19 @@ PARAMETERS = (
 INSERT_SUBMISSION = PreparedStatement(insert(_SUBMISSIONS).returning(_SUBMISSIONS.c.id))
 
 
-def fused_statement(dialect: str, checks: tuple[Check, ...] = SUBMISSION_CHECKS) -> PreparedStatement:
+def fused_statement(
+    dialect: str, checks: tuple[Check, ...] = SUBMISSION_CHECKS, *, retention_s: float
+) -> PreparedStatement:
     """Record the caller's nonce (``nonce_hotkey``, ``nonce``) only if no check of ``checks``
-    refuses and the nonce is new: every check of a direct submission in one statement (rowcount 1:
+    refuses and the nonce is new and kept by the ledger (db.NonceLedger, whose ``retention_s``
+    this is): every check of a direct submission in one statement (rowcount 1:
     all passed, the nonce is recorded; 0: nothing was written, and the checks one by one then name
     the refusal). On SQLite every statement lets go of the interpreter (the GIL) and waits to get it
     back while the process's write lock is held, so a submission's write holds that lock for a
     fraction of the time the checks take one by one."""
-    allowed = select(bindparam("nonce_hotkey", type_=String()), bindparam("nonce", type_=BigInteger())).where(
-        *(~check.refuses for check in checks)
+    nonce = bindparam("nonce", type_=BigInteger())
+    allowed = select(bindparam("nonce_hotkey", type_=String()), nonce).where(
+        retained(nonce, retention_s), *(~check.refuses for check in checks)
     )
     return PreparedStatement(
         dialect_insert(dialect, UsedNonce.__table__).from_select(["hotkey", "nonce"], allowed).on_conflict_do_nothing()

@@ -34,7 +34,20 @@ from typing import Any, TypeVar
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.script import ScriptDirectory
-from sqlalchemy import Table, create_engine, delete, event, literal, select, text
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    String,
+    Table,
+    bindparam,
+    create_engine,
+    delete,
+    event,
+    func,
+    literal,
+    select,
+    text,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Dialect, Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -433,28 +446,57 @@ def _sqlite_begin(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
+def retained(nonce: ColumnElement[int], retention_s: float) -> ColumnElement[bool]:
+    """SQL: ``nonce`` is at most ``retention_s`` older than the newest nonce in the ledger (or the
+    ledger is empty): the nonces the ledger still holds all of, so a replay among them is found."""
+    newest = select(func.max(UsedNonce.nonce)).scalar_subquery()
+    return nonce >= func.coalesce(newest, 0) - int(retention_s * 1e9)
+
+
 class NonceLedger:
     """The ``btauth/1`` replay store in the database, shared by every API process and kept across
     restarts: an accepted (hotkey, nonce) is a row, recorded in the transaction of the request it
-    authenticates, so a replayed request finds it there."""
+    authenticates, so a replayed request finds it there.
+
+    Nonces are the signers' clocks (ns), let through only near the API's clock. The ledger forgets
+    a nonce once it is ``retention_s`` older than the newest one it holds, not by the API's clock,
+    and refuses those it has forgotten: after a step back of the API's clock a request it accepted
+    before the step is fresh again, and one forgotten by the clock's time would be accepted twice."""
 
     def __init__(self, database: Database, retention_s: float, clock: Callable[[], float] = time.time):
         self.database = database
         self.retention = retention_s
         self.clock = clock
         self._next_prune = 0.0
-        self._insert = PreparedStatement(dialect_insert(database.dialect, UsedNonce.__table__).on_conflict_do_nothing())
+        nonce = bindparam("nonce", type_=BigInteger())
+        kept = select(bindparam("hotkey", type_=String()), nonce).where(retained(nonce, retention_s))
+        self._insert = PreparedStatement(
+            dialect_insert(database.dialect, UsedNonce.__table__)
+            .from_select(["hotkey", "nonce"], kept)
+            .on_conflict_do_nothing()
+        )
 
-    def record(self, session: Session, hotkey_ss58: str, nonce_ns: int) -> bool:
-        """Record (hotkey, nonce) in ``session``'s transaction; False when it is there already (a replay)."""
+    def record(self, session: Session, hotkey_ss58: str, nonce_ns: int) -> str | None:
+        """Record (hotkey, nonce) in ``session``'s transaction; None when recorded, else why not (a
+        replay, or a nonce older than the ledger keeps: the refusal's reason for the caller)."""
+        recorded = self._insert.run(session.connection(), {"hotkey": hotkey_ss58, "nonce": nonce_ns}).rowcount == 1
         self.prune_if_due(session)
-        return self._insert.run(session.connection(), {"hotkey": hotkey_ss58, "nonce": nonce_ns}).rowcount == 1
+        if recorded:
+            return None
+        newest = session.scalar(select(func.max(UsedNonce.nonce)))
+        if newest is not None and nonce_ns < newest - int(self.retention * 1e9):
+            return (
+                f"authentication failed: the request was signed {(newest - nonce_ns) / 1e9:.1f} s before the newest "
+                f"request this API accepted, and it remembers requests for {self.retention:g} s: a clock stepped "
+                "back (this API's or the sender's); sign it again once the clocks are right"
+            )
+        return "authentication failed: this nonce was already accepted from this hotkey"
 
     def prune_if_due(self, session: Session) -> None:
-        """Delete, in ``session``'s transaction, the nonces too old to matter, once every half retention
-        period (:meth:`record` does it; call it too where a nonce is recorded any other way)."""
+        """Delete, in ``session``'s transaction, the nonces the ledger no longer keeps, once every half
+        retention period by the API's clock (:meth:`record` does it; call it too where a nonce is
+        recorded any other way, after recording it)."""
         now = self.clock()
         if now >= self._next_prune:
             self._next_prune = now + self.retention / 2
-            # Nonces are nanosecond timestamps: anything this old is refused as stale anyway.
-            session.execute(delete(UsedNonce).where(UsedNonce.nonce < int((now - self.retention) * 1e9)))
+            session.execute(delete(UsedNonce).where(~retained(UsedNonce.__table__.c.nonce, self.retention)))

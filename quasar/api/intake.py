@@ -71,8 +71,8 @@ class Intake(ServiceCore):
             )
             if recorded.rowcount != 1:
                 return None
-            # After the insert, unlike NonceLedger.record: a fresh nonce is never pruned, and a
-            # refused request prunes nothing here (the checks one by one then prune, as ever).
+            # After the insert, as NonceLedger.record prunes; a refused request prunes nothing here
+            # (the checks one by one then prune, as ever).
             self.nonces.prune_if_due(session)
             return insert(session)
 

@@ -37,7 +37,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 MAX_REASON_STORED = 2000
-# Nonces are kept a little longer than the freshness window that btauth/1 verification enforces.
+# Nonces are kept a little longer than the freshness window that btauth/1 verification enforces,
+# counted back from the newest nonce kept (db.NonceLedger).
 NONCE_RETENTION_S = 2 * (auth.MAX_REQUEST_AGE_S + auth.ALLOWED_CLOCK_SKEW_S)
 
 
@@ -111,7 +112,9 @@ class ServiceCore:
         self.database = database
         self.clock = clock
         self.nonces = NonceLedger(database, NONCE_RETENTION_S, clock)
-        self.fused_checks = admission.fused_statement(database.dialect) if fused_checks else None
+        self.fused_checks = (
+            admission.fused_statement(database.dialect, retention_s=NONCE_RETENTION_S) if fused_checks else None
+        )
         self.quorum = config.quorum
 
     # --- chain ---
@@ -213,8 +216,9 @@ class ServiceCore:
                 return result
             if caller.miner:
                 self._refuse(session, admission.NOT_BANNED, {"client_ip": caller.client_ip, "now": self.clock()})
-            if not self.nonces.record(session, caller.hotkey, caller.nonce_ns):
-                raise auth.AuthFailure(401, "authentication failed: this nonce was already accepted from this hotkey")
+            refusal = self.nonces.record(session, caller.hotkey, caller.nonce_ns)
+            if refusal is not None:
+                raise auth.AuthFailure(401, refusal)
             checked = True
             return work(session)
 
