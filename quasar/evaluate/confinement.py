@@ -247,12 +247,17 @@ def remove_cgroup_directory(directory: Path) -> None:
 def _new_cgroup(version: int, directories: dict[str, Path], memory_bytes: int, max_processes: int) -> Cgroup:
     """Make a sandbox's cgroup folders and set its limits; raises OSError, having removed what it made."""
     cgroup = Cgroup(version, directories, memory_bytes, max_processes)
+    made: list[Path] = []
     try:
         for directory in dict.fromkeys(directories.values()):
             directory.mkdir(mode=0o755)
+            made.append(directory)
         cgroup.apply_limits()
     except OSError:
-        cgroup.remove()
+        # Only the folders made here: one never made cannot be removed either on a read-only
+        # cgroup tree (a container's), and would be warned of at every sandbox.
+        for directory in made:
+            remove_cgroup_directory(directory)
         raise
     return cgroup
 
