@@ -28,6 +28,7 @@ Isolation levels (``SandboxedChild.isolation``):
 from __future__ import annotations
 
 import fcntl
+import functools
 import io
 import json
 import logging
@@ -75,13 +76,48 @@ class SandboxUnavailable(SandboxError):
     """Namespaces cannot be created here; running needs ``allow_unsandboxed``."""
 
 
+# The namespaces every sandbox gets (``unshare`` flags), and those an ordinary user adds first.
+NAMESPACE_FLAGS = ("--net", "--mount", "--pid", "--ipc", "--uts", "--fork")
+USER_NAMESPACE_FLAGS = ("--user", "--map-root-user")
+# What a host refusing them lacks, for the operator (docs/validator.md, "Rented GPU containers").
+NAMESPACES_NEED = (
+    "the sandbox needs root with CAP_SYS_ADMIN (or unprivileged user namespaces) and a seccomp "
+    "profile allowing unshare and mount, as a VM or bare metal gives and a container started with "
+    "Docker's defaults (RunPod, Vast.ai and the like) does not"
+)
+
+
 def namespaces_supported() -> tuple[bool, str]:
-    """Whether this machine can give the child its own namespaces, and why not."""
+    """Whether this machine can give the child its own namespaces, and why not: ``unshare`` is
+    tried once per process with the sandbox's namespaces (a container without CAP_SYS_ADMIN, or
+    under Docker's default seccomp profile, refuses them)."""
     if not sys.platform.startswith("linux"):
         return False, f"namespaces need Linux, this is {sys.platform}"
     if shutil.which("unshare") is None:
         return False, "the unshare command (util-linux) is not installed"
-    return True, ""
+    return _namespaces_probe(os.geteuid() == 0)
+
+
+def sandbox_unavailable() -> str:
+    """Why this machine cannot build the sandbox (namespaces or the seccomp filter), or ``""``."""
+    supported, why = namespaces_supported()
+    if not supported:
+        return why
+    loaded, no_filter = syscall_filter.available()
+    return "" if loaded else f"no seccomp filter can be loaded ({no_filter})"
+
+
+@functools.cache
+def _namespaces_probe(root: bool) -> tuple[bool, str]:
+    command = ["unshare", *(() if root else USER_NAMESPACE_FLAGS), *NAMESPACE_FLAGS, "true"]
+    try:
+        probe = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return False, f"this host's unshare does not work ({error}): {NAMESPACES_NEED}"
+    if probe.returncode == 0:
+        return True, ""
+    said = " ".join(probe.stderr.split())[-300:] or f"exit status {probe.returncode}"
+    return False, f"this host refuses new namespaces ({said}): {NAMESPACES_NEED}"
 
 
 def _die_with_parent() -> None:
@@ -219,13 +255,9 @@ class SandboxedChild:
         self.workdir = self._claim.workdir
         try:
             prepare_workdir(self.workdir, self.fork_source)
-            supported, why = namespaces_supported()
-            self.seccomp, no_filter = syscall_filter.available()
-            if supported and not self.seccomp:
-                supported, why = False, f"no seccomp filter can be loaded ({no_filter})"
-            if self.policy.force_unsandboxed:
-                supported, why = False, "unsandboxed mode was forced"
-            if supported:
+            self.seccomp, _ = syscall_filter.available()
+            why = "unsandboxed mode was forced" if self.policy.force_unsandboxed else sandbox_unavailable()
+            if not why:
                 self._mode = "root" if os.geteuid() == 0 else "userns"
                 self._confine(root=self._mode == "root")
                 self._spawn(self._mode)
@@ -308,7 +340,10 @@ class SandboxedChild:
         if compiling:
             self._start_precompile()
         self.isolation = "none"
-        self.isolation_note = f"UNSANDBOXED ({why}): fork code ran with this user's files and network"
+        assert self.confinement is not None  # made by _confine above
+        self.isolation_note = (
+            f"UNSANDBOXED ({why}): fork code ran with this user's files and network; {self.confinement.describe()}"
+        )
 
     def _confine(self, root: bool) -> None:
         """The sandbox's own uid (as root) and cgroup, made afresh (confinement.py)."""
@@ -349,10 +384,8 @@ class SandboxedChild:
         else:
             # setpriv: unshare dies with this process (even on SIGKILL); --kill-child: the namespace's
             # init dies with unshare; the PID namespace: everything else dies with its init.
-            command = ["unshare", "--net", "--mount", "--pid", "--ipc", "--uts", "--fork", "--kill-child"]
-            if mode == "userns":
-                command[1:1] = ["--user", "--map-root-user"]
-            command += init
+            users = USER_NAMESPACE_FLAGS if mode == "userns" else ()
+            command = ["unshare", *users, *NAMESPACE_FLAGS, "--kill-child", *init]
             if shutil.which("setpriv") is not None:
                 command = ["setpriv", "--pdeathsig", "KILL", *command]
         self.output = CapturedOutput()
@@ -387,7 +420,9 @@ class SandboxedChild:
             self.channel.send({"op": "ping", **seed})
             reply, _ = self.channel.recv(deadline=time.monotonic() + STARTUP_SECONDS)
         except (protocol.ChannelError, OSError) as error:
-            raise SandboxUnavailable(f"the sandbox did not start ({error}): {self.output.text()[-2000:]}") from None
+            raise SandboxUnavailable(
+                f"the sandbox did not start ({error}): {self.output.text()[-2000:].strip()}"
+            ) from None
         if reply.get("kind") == "sandbox":
             raise SandboxUnavailable(str(reply.get("error")))
         # Sent before any fork code ran, yet checked like every number from the child: whole

@@ -1,11 +1,12 @@
 """Build the miner from settings and run it (what ``quasar miner`` does).
 
 Start-up, in order, each failure a clear message and exit status 1: the GitHub settings, the
-wallet's hotkey, the device, the address to publish, the workspace lock, the chain (registration
-is checked, the inference endpoint published, the API found), the fork on GitHub (created when
-missing), the workspace clone and the saved state. Then the loop runs until SIGINT or SIGTERM (pm2 stop), which stop it
-cleanly: a candidate being evaluated is rolled back and the lock released. Before each cycle the
-endpoint on chain is compared with the one to publish, and published again where they differ.
+evaluation sandbox (or MINER_ALLOW_UNSANDBOXED), the wallet's hotkey, the device, the address to
+publish, the workspace lock, the chain (registration is checked, the inference endpoint published,
+the API found), the fork on GitHub (created when missing), the workspace clone and the saved
+state. Then the loop runs until SIGINT or SIGTERM (pm2 stop), which stop it cleanly: a candidate
+being evaluated is rolled back and the lock released. Before each cycle the endpoint on chain is
+compared with the one to publish, and published again where they differ.
 """
 
 from __future__ import annotations
@@ -94,6 +95,23 @@ def _check_settings(settings: Settings) -> None:
         )
     if settings.agent_api_url and not settings.agent_model:
         raise MinerSetupError("AGENT_API_URL is set but AGENT_MODEL is empty: name the model the endpoint serves")
+    _check_sandbox(settings)
+
+
+def _check_sandbox(settings: Settings) -> None:
+    """Without the evaluation sandbox every candidate's benchmark would fail, unless the miner is
+    allowed to run its candidates without it (MINER_ALLOW_UNSANDBOXED)."""
+    from quasar.evaluate.sandbox import sandbox_unavailable
+
+    why = sandbox_unavailable()
+    if not why:
+        return
+    if not settings.miner_allow_unsandboxed:
+        raise MinerSetupError(
+            f"the evaluation sandbox cannot be built on this host: {why}; set MINER_ALLOW_UNSANDBOXED=true "
+            "to benchmark candidates without it (their code then runs as this user, with its files and network)"
+        )
+    logger.warning("benchmarking candidates WITHOUT the sandbox (MINER_ALLOW_UNSANDBOXED): %s", why)
 
 
 class EndpointKeeper:

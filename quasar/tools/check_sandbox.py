@@ -50,7 +50,12 @@ def measures(configured_cgroup: str | None) -> list[tuple[str, bool, str]]:
     loaded, why = syscall_filter.available()
     found.append(("seccomp filter", loaded, why or f"libseccomp; {len(syscall_filter.REFUSED)} calls refused"))
     root = os.geteuid() == 0
-    found.append(("own uid", root, "root: a uid per sandbox" if root else "not root: an unprivileged user namespace"))
+    if not (supported and loaded):
+        found.append(("own uid", False, "none without the sandbox: the fork would run as this user"))
+    else:
+        found.append(
+            ("own uid", root, "root: a uid per sandbox" if root else "not root: an unprivileged user namespace")
+        )
     cgroup, why = confinement.make_cgroup(confinement.CGROUP_PREFIX + "check", 1 << 30, 64, configured_cgroup)
     if cgroup is not None:
         limited = "processes and memory" if "pids" in cgroup.directories else "memory (processes: the uid's limit)"
@@ -62,9 +67,11 @@ def measures(configured_cgroup: str | None) -> list[tuple[str, bool, str]]:
     return found
 
 
-def try_variant(fork: Path, device: str, sys_paths: tuple[str, ...], configured_cgroup: str | None) -> dict:
+def try_variant(
+    fork: Path, device: str, sys_paths: tuple[str, ...], configured_cgroup: str | None, allow_unsandboxed: bool = False
+) -> dict:
     """A brief evaluation of the starter fork with ``sys_paths`` of /sys visible."""
-    policy = SandboxPolicy(sys_paths=sys_paths, cgroup_path=configured_cgroup)
+    policy = SandboxPolicy(sys_paths=sys_paths, cgroup_path=configured_cgroup, allow_unsandboxed=allow_unsandboxed)
     options = EvaluationOptions(
         seq_lens=(), device=device, warmup_runs=2, min_timed_runs=2, max_timed_runs=4, timed_seconds=0.2, policy=policy
     )
@@ -88,6 +95,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar check-sandbox") 
     parser.add_argument("--device", default="cuda", help="where the starter fork runs (default %(default)s)")
     parser.add_argument("--out", type=Path, help="also write DIR/sandbox.json")
     parser.add_argument("--sys-variants", action="store_true", help="if the default sandbox fails, try more of /sys")
+    parser.add_argument(
+        "--allow-unsandboxed",
+        action="store_true",
+        help="where the sandbox cannot be built, run the starter fork without it (as a miner's "
+        "MINER_ALLOW_UNSANDBOXED does; a validator never does)",
+    )
     parser.add_argument("--debug", action="store_true", help="log at debug level")
     args, settings = start(parser, argv)
     console = Console(width=80)
@@ -99,6 +112,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar check-sandbox") 
     for name, holds, note in found:
         table.add_row(name, "[green]yes[/]" if holds else "[red]no[/]", escape(note))
     console.print(table)
+    if not all(holds for name, holds, _ in found if name in ("namespaces", "seccomp filter")):
+        console.print(
+            "No sandbox on this host: a validator will not start here; a miner benchmarks its "
+            "candidates only with MINER_ALLOW_UNSANDBOXED=true (quasar evaluate, local-validator and "
+            "this command: --allow-unsandboxed), the fork's code then running as this user.",
+            highlight=False,
+        )
 
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="quasar-check-") as scratch:
@@ -108,13 +128,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar check-sandbox") 
             if name != "default" and (not args.sys_variants or results["default"]["verdict"] == "pass"):
                 break
             try:
-                results[name] = try_variant(fork, args.device, sys_paths, configured_cgroup)
+                results[name] = try_variant(fork, args.device, sys_paths, configured_cgroup, args.allow_unsandboxed)
             except EvaluationInputError as error:
                 parser.error(str(error))
             result = results[name]
             console.print(
                 f"/sys {name}: starter fork {result['verdict']} in {result['seconds']:.1f} s", highlight=False
             )
+            if result["sandbox"]:
+                console.print(f"  sandbox: {escape(result['sandbox'])}", highlight=False)
             for reason in result["reasons"]:
                 console.print(f"  reason: {escape(reason)}", highlight=False)
             if result["verdict"] == "pass":

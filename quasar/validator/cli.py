@@ -4,10 +4,11 @@
 
 Pulls submissions from the API (``VALIDATOR_API_URL``, else the one the subnet owner published on
 chain), evaluates each in a sandbox (one at a time per GPU), checks the miner's logits, reports,
-and sets weights every EPOCH_BLOCKS from its own results. At start it checks its wallet, its
-registration and the subnet's rules for weights (version key, max_weight_limit,
-min_allowed_weights: what cannot work stops it, the rest is logged). Ctrl-C (or
-SIGTERM) stops it cleanly; a restart resumes from its state file under VALIDATOR_DATA_DIR.
+and sets weights every EPOCH_BLOCKS from its own results. At start it checks that this host can
+build the evaluation sandbox, its wallet, its registration and the subnet's rules for weights
+(version key, max_weight_limit, min_allowed_weights: what cannot work stops it, the rest is
+logged). Ctrl-C (or SIGTERM) stops it cleanly; a restart resumes from its state file under
+VALIDATOR_DATA_DIR.
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ def run(settings: config.Settings) -> int:
     from quasar.validator.evaluator import SubprocessEvaluator
     from quasar.validator.logit_check import MinerLogitChecker
     from quasar.validator.loop import Validator
-    from quasar.validator.preflight import check_registration, check_subnet_rules
+    from quasar.validator.preflight import check_registration, check_sandbox, check_subnet_rules
     from quasar.validator.state import ValidatorState
     from quasar.validator.state_files import default_state_path
 
+    check_sandbox()
     wallet = open_wallet(settings, "validator")
     hotkey = wallet.hotkey.ss58_address
     cuda_count = torch.cuda.device_count() if settings.device != "cpu" else 0

@@ -1,5 +1,5 @@
-"""What a validator checks before it starts: its wallet, its registration and the subnet's rules for
-weights (its devices: devices.py).
+"""What a validator checks before it starts: the evaluation sandbox, its wallet, its registration and
+the subnet's rules for weights (its devices: devices.py).
 
 Each check raises :class:`ValidatorSetupError` with a message that names what is wrong and how to fix it.
 """
@@ -19,6 +19,19 @@ from quasar.validator.devices import ValidatorSetupError
 from quasar.validator.results import MAX_WEIGHTED_UIDS
 
 logger = logging.getLogger(__name__)
+
+
+def check_sandbox() -> None:
+    """The evaluation sandbox must be buildable on this host: a validator runs miners' code only
+    inside it, and without it every evaluation would fail on its side, one after another."""
+    from quasar.evaluate.sandbox import sandbox_unavailable
+
+    why = sandbox_unavailable()
+    if why:
+        raise ValidatorSetupError(
+            f"the evaluation sandbox cannot be built on this host: {why}; a validator runs miners' code "
+            'only inside it (docs/validator.md, "Rented GPU containers")'
+        )
 
 
 def check_registration(chain: Chain, hotkey: str, settings: Settings) -> None:
