@@ -159,3 +159,23 @@ def test_check_sandbox_allowed_unsandboxed_runs_the_starter_fork_and_says_unsand
     assert run.returncode == 0, run.stdout + run.stderr
     assert found["verdict"] == "pass" and found["sandbox"].startswith("UNSANDBOXED (this host refuses new namespaces")
     assert "sandbox: UNSANDBOXED" in run.stdout
+
+
+def test_libseccomp_removed_behind_the_loaders_cache_is_named_not_a_traceback():
+    """Its files gone and ld.so.cache still naming them (deleted without ldconfig), the second
+    attempt to load it raised OSError out of syscall_filter.available(): check-sandbox, every
+    sandbox's start and the start checks ended in a traceback."""
+    run = in_container(
+        """
+        import json
+        from quasar.evaluate import syscall_filter
+        from quasar.evaluate.sandbox import sandbox_unavailable
+        print(json.dumps({"available": syscall_filter.available(), "sandbox": sandbox_unavailable()}))
+        """,
+        without_libseccomp=True,
+    )
+    found = last_json(run)
+    assert found["available"][0] is False
+    assert found["available"][1].startswith("libseccomp.so.2 (libseccomp) cannot be loaded (")
+    assert "apt-get install libseccomp2" in found["available"][1]
+    assert found["sandbox"].startswith("this host refuses new namespaces")

@@ -132,8 +132,14 @@ def load_library() -> ctypes.CDLL:
     except OSError:
         found = ctypes.util.find_library("seccomp")
         if found is None:
-            raise FilterError(f"{LIBRARY} (libseccomp) is not installed") from None
-        library = ctypes.CDLL(found, use_errno=True)
+            raise FilterError(f"{LIBRARY} (libseccomp) is not installed (apt-get install libseccomp2)") from None
+        try:
+            library = ctypes.CDLL(found, use_errno=True)
+        except OSError as error:
+            # The loader's cache names a file that is gone or broken (deleted without ldconfig).
+            raise FilterError(
+                f"{LIBRARY} (libseccomp) cannot be loaded ({error}; apt-get install libseccomp2)"
+            ) from None
     library.seccomp_init.restype = ctypes.c_void_p
     library.seccomp_init.argtypes = (ctypes.c_uint32,)
     library.seccomp_release.argtypes = (ctypes.c_void_p,)
