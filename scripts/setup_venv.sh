@@ -33,11 +33,37 @@ print("\n".join(groups[group]))
 PY
 }
 
+# Python 3.11 reads .pth files in the locale's encoding (ASCII under LANG=C), and one it cannot
+# decode stops every start of .venv's python: a path line of .venv's .pth files (the editable
+# install's checkout) that is not ASCII becomes an import line adding it, its characters escaped.
+ascii_pth_files() {
+    LC_ALL=C.UTF-8 .venv/bin/python - <<'PY'
+import glob
+import os
+import sysconfig
+
+for pth in glob.glob(os.path.join(sysconfig.get_paths()["purelib"], "*.pth")):
+    with open(pth, encoding="utf-8") as file:
+        lines = file.read().splitlines()
+    if all(line.isascii() for line in lines):
+        continue
+    escaped = [
+        line if line.isascii() or line.startswith(("import ", "import\t", "#"))
+        else f"import sys; {ascii(line)} in sys.path or sys.path.append({ascii(line)})"
+        for line in lines
+    ]
+    with open(pth, "w", encoding="ascii") as file:
+        file.write("".join(f"{line}\n" for line in escaped))
+PY
+}
+
 stamp=.venv/.quasar-install-stamp
 wanted=$( (cat pyproject.toml; echo "${QUASAR_TORCH_SITE:-}") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     echo "setup_venv: installing the project into .venv (the first time takes minutes)" >&2
-    pip=(.venv/bin/python -m pip install -q)
+    # pip under a UTF-8 locale: the editable install writes the checkout's path into a .pth file in
+    # the locale's encoding, which under LANG=C cannot hold a path of non-ASCII characters.
+    pip=(env LC_ALL=C.UTF-8 .venv/bin/python -m pip install -q)
     if [ -n "${QUASAR_WHEELHOUSE:-}" ]; then
         pip+=(--no-index --find-links "$QUASAR_WHEELHOUSE")
     else
@@ -55,6 +81,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
         "${pip[@]}" "$(requirements runtime | grep -E '^torch==')"
         "${pip[@]}" -e ".[test]"
     fi
+    ascii_pth_files
     rm -rf .venv/upstream-fla .venv/triton-gpu-image
     requirements upstream-fla > .venv/requirements-upstream-fla.txt
     requirements gpu-image-triton > .venv/requirements-gpu-image-triton.txt
