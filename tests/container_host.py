@@ -64,6 +64,7 @@ DOCKER_REFUSED = (
     "perf_event_open",
     "userfaultfd",
 )
+# "namespace" once re-run in its own mount namespace, "container" in the command it runs.
 INSIDE = "QUASAR_TEST_CONTAINER_INSIDE"
 # libseccomp's filter attribute for setting no_new_privs at load (seccomp.h).
 SCMP_FLTATR_CTL_NNP = 3
@@ -94,7 +95,7 @@ def command(
     whose libseccomp files are gone, the loader's cache still naming them)."""
     flags = ["--shm-mb", str(shm_mb), "--small-tmpdir-mb", str(small_tmpdir_mb)]
     flags += ["--without-libseccomp"] if without_libseccomp else []
-    return ["unshare", "--mount", "--propagation", "private", sys.executable, __file__, *flags, "--", *inner]
+    return [sys.executable, __file__, *flags, "--", *inner]
 
 
 def _mount(*args: str) -> None:
@@ -156,6 +157,10 @@ def _load_docker_filter(library: ctypes.CDLL) -> None:
 
 
 def main() -> None:
+    if os.environ.get(INSIDE) != "namespace":
+        # Every mount below is made in a mount namespace of this process tree's own, never the host's.
+        os.environ[INSIDE] = "namespace"
+        os.execvp("unshare", ["unshare", "--mount", "--propagation", "private", sys.executable, *sys.argv])
     parser = argparse.ArgumentParser()
     parser.add_argument("--shm-mb", type=int, default=64)
     parser.add_argument("--small-tmpdir-mb", type=int, default=0)
@@ -175,7 +180,7 @@ def main() -> None:
         os.environ["TMPDIR"] = small
     for point in _cgroup_mounts():
         _mount("-o", "remount,bind,ro", point)
-    os.environ[INSIDE] = "1"
+    os.environ[INSIDE] = "container"
     # Loaded while privileged (as runc does), so no_new_privs stays unset, as in a Docker container.
     _load_docker_filter(library)
     caps = "-all," + ",".join(f"+{cap}" for cap in DOCKER_CAPABILITIES)
