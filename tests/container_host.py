@@ -64,6 +64,8 @@ DOCKER_REFUSED = (
     "perf_event_open",
     "userfaultfd",
 )
+# Where the mount namespace puts its own tmpfs for scratch folders (hiding the host's /mnt there only).
+SCRATCH = Path("/mnt")
 # "namespace" once re-run in its own mount namespace, "container" in the command it runs.
 INSIDE = "QUASAR_TEST_CONTAINER_INSIDE"
 # libseccomp's filter attribute for setting no_new_privs at load (seccomp.h).
@@ -118,7 +120,8 @@ def _remove_libseccomp(loaded: str) -> None:
     """Remove libseccomp's files from this mount namespace's view (an overlay over its folder),
     leaving the loader's cache naming them, as an image that deleted them without ldconfig."""
     folder = os.path.dirname(os.path.realpath(loaded))
-    scratch = Path(subprocess.run(["mktemp", "-d"], capture_output=True, text=True, check=True).stdout.strip())
+    scratch = SCRATCH / "libseccomp"
+    scratch.mkdir()
     (scratch / "upper").mkdir()
     (scratch / "work").mkdir()
     _mount(
@@ -168,14 +171,16 @@ def main() -> None:
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     inner = args.command[1:] if args.command[:1] == ["--"] else args.command
+    # This namespace's own scratch space, gone with it: nothing is left on the host's disk.
+    _mount("-t", "tmpfs", "-o", "size=16m,mode=1777", "tmpfs", str(SCRATCH))
     # Loaded before its files may be removed: this process's filter still needs it.
     library = syscall_filter.load_library()
     if args.without_libseccomp:
         _remove_libseccomp(_loaded_path("libseccomp.so"))
     _mount("-t", "tmpfs", "-o", f"size={args.shm_mb}m,mode=1777", "tmpfs", "/dev/shm")
     if args.small_tmpdir_mb:
-        small = "/tmp/quasar-container-tmpdir"
-        os.makedirs(small, exist_ok=True)
+        small = str(SCRATCH / "tmpdir")
+        os.mkdir(small)
         _mount("-t", "tmpfs", "-o", f"size={args.small_tmpdir_mb}m,mode=1777", "tmpfs", small)
         os.environ["TMPDIR"] = small
     for point in _cgroup_mounts():
