@@ -414,6 +414,24 @@ def test_two_networks_cannot_share_a_data_folder(tmp_path):
         pass
 
 
+def test_a_data_folder_whose_path_a_local_fork_may_not_use_is_refused_before_anything_starts(tmp_path):
+    """A checkout at `~/GPU work/quasär suite` kept its data in `./localnet-data` there: the API
+    refused each miner's submission (422: local fork path '/…/GPU%20work/quas%C3%A4r%20suite/…' may
+    use only letters, digits and . _ / + @ , = -) and the round waited its 30 minutes on CPU."""
+    data_dir = tmp_path / "GPU work" / "quas\u00e4r suite" / "localnet-data"
+    refused = subprocess.run(
+        localnet_command(data_dir, *FAST, "--once", "--round-timeout", "1"),
+        env={**environment(), "LC_ALL": "C", "COLUMNS": "80"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 1, refused.stderr
+    assert "refuses in a local fork's path (' ', '\u00e4')" in refused.stderr, refused.stderr
+    assert "pass --data-dir with a path of letters, digits and . _ / -" in refused.stderr, refused.stderr
+    assert not data_dir.exists()
+
+
 def test_children_get_no_quasar_setting_from_the_environment(monkeypatch):
     monkeypatch.setenv("SUBTENSOR_NETWORK", "finney")
     monkeypatch.setenv("NETUID", "1")

@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
     from quasar.localnet.forks import ForkWriteError
     from quasar.localnet.host import data_dir_lock, own_data_dir_entries, reset_data_dir
     from quasar.localnet.network import LocalNetwork
-    from quasar.localnet.options import NETUID, LocalnetError, default_options, evaluated_lengths
+    from quasar.localnet.options import NETUID, LocalnetError, check_data_dir, default_options, evaluated_lengths
     from quasar.localnet.processes import ChildFailed
     from quasar.starter_fork import StarterForkError
 
@@ -226,6 +226,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
             )
         else:
             err.print(f"Evaluating on CUDA at T = {lengths}.")
+        check_data_dir(options.data_dir)
         own_data_dir_entries(options.data_dir.resolve())
         with data_dir_lock(options.data_dir.resolve()):
             reset_data_dir(options.data_dir.resolve())

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import string
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from quasar.chain.base import SubnetHyperparameters
 from quasar.chain.subtensor_rules import FINNEY
 from quasar.config import DEFAULT_SEQ_LENS
 from quasar.errors import QuasarError
+from quasar.forks import ForkError, normalize_fork_url
 from quasar.localnet.forks import HONEST, HOSTILE, HOSTILE_EXACT_UP_TO
 
 HOST = "127.0.0.1"
@@ -114,3 +116,22 @@ def default_options(
 def evaluated_lengths(options: LocalnetOptions) -> tuple[int, ...]:
     """Every length the validator runs in this network: its own, and both miners' targets."""
     return tuple(sorted({*options.seq_lens, options.target, HOSTILE_TARGET}))
+
+
+def check_data_dir(data_dir: Path) -> None:
+    """Raise :class:`LocalnetError` where the miners' forks cannot live under ``data_dir``: the
+    GitHub stand-in serves them from its ``github`` folder as ``file://`` URLs, and the submission
+    API refuses a local fork's path with a space, a non-ASCII character or another that the URL
+    escapes (quasar/forks.py), so every submission of the round would be refused."""
+    root = data_dir.resolve()
+    try:
+        normalize_fork_url(f"{(root / 'github').as_uri()}/owner/repository.git", allow_local=True)
+    except ForkError:
+        plain = {*string.ascii_letters, *string.digits, *"._/-"}
+        odd = ", ".join(repr(char) for char in sorted(set(str(root)) - plain))
+        raise LocalnetError(
+            f"the data folder {root} has characters the submission API refuses in a local fork's path "
+            f"({odd}): the miners' forks are served from its github folder as file:// URLs, so every "
+            "submission would be refused; pass --data-dir with a path of letters, digits and . _ / - "
+            "(e.g. /tmp/quasar-localnet)"
+        ) from None
