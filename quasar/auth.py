@@ -9,7 +9,9 @@ a client helper that signs the exact bytes it sends.
 
 from __future__ import annotations
 
+import heapq
 import json
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -115,6 +117,46 @@ def _clock_refusal(headers: Mapping[str, str], now_ns: int) -> str:
         f"({server_time} UTC here); at most {ALLOWED_CLOCK_SKEW_S:g} s ahead and {MAX_REQUEST_AGE_S:g} s behind "
         "are accepted: the sender's clock or this server's is off, sync it with NTP"
     )
+
+
+class RecentNonces:
+    """A process's ``btauth/1`` replay store (:class:`http_auth.NonceStore`) that forgets a nonce once
+    it is ``retention_s`` older than the newest nonce accepted, and refuses the nonces it has
+    forgotten (:class:`AuthFailure`, saying why).
+
+    The SDK's store forgets after ``retention_s`` of the monotonic clock while freshness is judged
+    by the wall clock: after a step back of the wall clock a request it has forgotten is fresh
+    again, and was served twice. Counted from the nonces, nothing forgotten is ever accepted; no
+    nonce reaches it more than ALLOWED_CLOCK_SKEW_S ahead of this host's clock, so it refuses none
+    of the requests that clock finds fresh unless the clock stepped back more than ``retention_s``."""
+
+    def __init__(self, retention_s: float):
+        self.retention = retention_s  # http_auth.verify checks that it covers the freshness window
+        self._seen: set[tuple[str, int]] = set()
+        self._by_age: list[tuple[int, str]] = []  # a heap, oldest nonce first
+        self._newest = 0
+        self._lock = threading.Lock()
+
+    def check_and_store(self, hotkey_ss58: str, nonce_ns: int) -> bool:
+        """Record (hotkey, nonce); False when it was recorded already (a replay)."""
+        with self._lock:
+            self._newest = max(self._newest, nonce_ns)
+            oldest_kept = self._newest - int(self.retention * 1e9)
+            while self._by_age and self._by_age[0][0] < oldest_kept:
+                nonce, hotkey = heapq.heappop(self._by_age)
+                self._seen.discard((hotkey, nonce))
+            if nonce_ns < oldest_kept:
+                raise AuthFailure(
+                    401,
+                    f"authentication failed: the request was signed {(self._newest - nonce_ns) / 1e9:.1f} s before "
+                    f"the newest request this server accepted, and it remembers requests for {self.retention:g} s: "
+                    "a clock stepped back (this server's or the sender's); sign it again once the clocks are right",
+                )
+            if (hotkey_ss58, nonce_ns) in self._seen:
+                return False
+            self._seen.add((hotkey_ss58, nonce_ns))
+            heapq.heappush(self._by_age, (nonce_ns, hotkey_ss58))
+            return True
 
 
 @dataclass(frozen=True)

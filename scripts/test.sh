@@ -34,6 +34,11 @@ if [ ! -x /usr/bin/chromium ]; then
     install_debian_package chromium "the dashboard's browser test will skip"
 fi
 
+# The inference server's clock-step test runs the server under libfaketime.
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ]; then
+    install_debian_package faketime "the inference server's clock-step test will skip"
+fi
+
 # Two workers for CI's two cores: in one process the suite kept 1.04 cores busy on average (most
 # tests wait on one busy process: a server, a neuron, a sandboxed evaluation).
 exec python -m pytest -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@"

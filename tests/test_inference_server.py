@@ -22,6 +22,7 @@ import bittensor as bt
 import pytest
 import requests
 import torch
+from bittensor import http_auth
 
 from quasar import auth
 from quasar.chain.bittensor_chain import BittensorChain
@@ -330,9 +331,9 @@ def test_unreachable_slow_and_malformed_miners_fail_with_the_reason(world):
 
 @pytest.mark.slow
 @contextmanager
-def served_by_start_script(world, log_path: Path):
-    """START_MINER_INFERENCE.sh serving the tiny model on a free port, its output into ``log_path``;
-    yields its URL once it answers."""
+def served_by_start_script(world, log_path: Path, env: dict[str, str] | None = None):
+    """START_MINER_INFERENCE.sh serving the tiny model on a free port, its output into ``log_path``,
+    with ``env`` added to its environment; yields its URL once it answers."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -354,7 +355,7 @@ def served_by_start_script(world, log_path: Path):
         "--inference.port",
         str(port),
     ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log_path, "wb") as log:
         process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -383,6 +384,40 @@ def test_start_script_serves_the_model_for_validators(world, tmp_path):
         with requests.Session() as session:
             assert signed_get(session, world, url).json()["model"] == str(world["honest_dir"])
     assert f"for hotkey {miner.hotkey.ss58_address}" in (tmp_path / "server.log").read_text()
+
+
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+
+def test_a_step_back_of_the_miners_clock_lets_no_captured_request_be_served_again(world, tmp_path):
+    """The server's clock, under libfaketime, moves by the offset in a file read at every clock
+    read: a validator's request is served at +0 s; 61 s later (another validator's request then)
+    the clock steps back 55 s, so the first request is 6 s old, fresh again. Replayed then, it was
+    served a second time: the SDK's store forgot it after 60 s while freshness is by the wall clock."""
+    if not LIBFAKETIME.exists():
+        pytest.skip("libfaketime missing (Debian package faketime)")
+    offset = tmp_path / "offset"
+    offset.write_text("+0\n")
+    faked = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME_TIMESTAMP_FILE": str(offset), "FAKETIME_NO_CACHE": "1"}
+    payload = {"prompt": [5, 6, 7], "gen_len": 1, "logits_at_step": 1}
+    with served_by_start_script(world, tmp_path / "server.log", faked) as url:
+        captured = signed_request(world, url, payload)
+        assert send(captured).status_code == 200
+        offset.write_text("+61\n")
+        later = http_auth.sign(
+            world["wallets"]["validator"],
+            method="POST",
+            path="/inference",
+            body=captured.body,
+            receiver_ss58=world["wallets"]["miner"].hotkey.ss58_address,
+            nonce_ns=time.time_ns() + 61 * 10**9,
+        )
+        assert requests.post(url + "/inference", data=captured.body, headers=later, timeout=20).status_code == 200
+        offset.write_text("+6\n")
+        replayed = send(captured)
+        offset.write_text("+61\n")  # libfaketime steps the monotonic clock too: forward again for the shutdown
+    assert replayed.status_code == 401, replayed.text[:200]
+    assert "61.0 s before the newest request this server accepted" in replayed.json()["detail"]
 
 
 def test_anyones_requests_do_not_grow_the_miners_log(world, tmp_path):

@@ -62,6 +62,8 @@ log = logging.getLogger(__name__)
 _BYTES_PER_PROMPT_TOKEN = 12
 _MAX_REASON_ERRORS = 3
 _MAX_GET_BODY_BYTES = 1024
+# How far before the newest accepted nonce the replay store still holds nonces (the SDK store's 60 s).
+NONCE_RETENTION_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -382,7 +384,7 @@ def create_inference_app(
     :class:`~quasar.logits.ReferenceModel`; it is loaded once by the caller and shared. ``chain`` is
     read through a per-block cache: its metagraph once per new block, its block number every half block.
     """
-    nonce_store = nonce_store or http_auth.InMemoryNonceStore()
+    nonce_store = nonce_store or auth.RecentNonces(NONCE_RETENTION_S)
     cached = CachedMetagraphChain(chain, block_poll_s=chain.block_time_s / 2)
     permits = PermitCheck(cached, limits.permit_max_stale_s, limits.permit_read_wait_s)
     worker = BoundedWorker(limits.queue_size, limits.max_pending_per_caller)
