@@ -280,3 +280,25 @@ def test_a_sandbox_uid_whose_parent_was_killed_leaves_no_lock_file_once_another_
     finally:
         live.close()
     assert list(locks.iterdir()) == []
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="only as root does the sandbox run as a uid of its own, which a umask shuts out"
+)
+def test_a_sandbox_started_under_umask_077_comes_up(tmp_path, monkeypatch):
+    """A root validator under umask 077 (a hardened host's shell): the folders of the private root
+    were made 0700 (`sandbox setup failed: [Errno 13] Permission denied: '/sandbox/home'`) and so
+    was the harness's (`can't open file '/sandbox/harness/child.py': [Errno 13] Permission
+    denied`): every evaluation failed, `sandbox unavailable`."""
+    why = sandbox.sandbox_unavailable()
+    if why:
+        pytest.skip(f"no namespaced sandbox on this host: {why}")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    previous = os.umask(0o077)
+    try:
+        with SandboxedChild(None, "cpu", SandboxPolicy()) as child:
+            assert child.isolation == "namespaces"
+            assert child.confinement is not None and child.confinement.uid is not None
+    finally:
+        os.umask(previous)

@@ -162,7 +162,10 @@ def prepare_workdir(workdir: Path, fork: Path | None) -> None:
     else:
         (workdir / "fork").mkdir()
         os.chmod(workdir / "fork", 0o755)
-    (workdir / "harness").mkdir(mode=0o755)
+    # Modes set by chmod: mkdir's is narrowed by the umask, and under 077 the sandbox's uid could
+    # not read its harness.
+    (workdir / "harness").mkdir()
+    os.chmod(workdir / "harness", 0o755)
     for name in HARNESS_FILES:
         shutil.copyfile(HARNESS_DIR / name, workdir / "harness" / name)
         os.chmod(workdir / "harness" / name, 0o644)

@@ -280,6 +280,9 @@ def apply_limits(config: dict) -> None:
 
 def main() -> None:
     config = json.loads(sys.argv[1])
+    # The private root's folders are made here, as root, for the sandbox's uid to traverse: a
+    # validator's umask of 077 (a hardened host's) made them 0700, and the sandbox never started.
+    os.umask(0o022)
     try:
         join_cgroups(config)
         # libseccomp is loaded while the host's library paths are still in view.
