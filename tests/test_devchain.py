@@ -94,6 +94,44 @@ def test_blocks_advance_with_time_from_the_stored_genesis(tmp_path):
     assert abs(again.current_block() - fast.current_block()) <= 1
 
 
+LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+STEPPED = """
+import sys
+from pathlib import Path
+from quasar.chain.devchain import DevChain
+chain, offset = DevChain(sys.argv[1], block_time_s=0.2), Path(sys.argv[2])
+chain.advance(1000)
+before = chain.current_block()
+offset.write_text("-60")
+print(before, chain.current_block(), DevChain(sys.argv[1]).current_block())
+"""
+
+
+def test_a_step_back_of_the_hosts_clock_does_not_take_the_block_number_back(tmp_path):
+    """A process whose wall clock steps back 60 s (NTP, libfaketime here; the boot clock goes on)
+    read the block 300 blocks lower: the dev chain counted blocks by the wall clock."""
+    if not os.path.exists(LIBFAKETIME):
+        pytest.skip("libfaketime missing (Debian package faketime)")
+    offset = tmp_path / "offset"
+    offset.write_text("+0")
+    faked = {
+        "LD_PRELOAD": LIBFAKETIME,
+        "FAKETIME_TIMESTAMP_FILE": str(offset),
+        "FAKETIME_NO_CACHE": "1",
+        "DONT_FAKE_MONOTONIC": "1",  # the monotonic and boot clocks go on, as under NTP
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", STEPPED, str(tmp_path / "chain.sqlite3"), str(offset)],
+        env={**os.environ, **faked},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    before, after, reopened = (int(word) for word in run.stdout.split())
+    assert before <= after <= before + 5 and before <= reopened <= before + 5, run.stdout
+
+
 def test_advance_moves_exactly_and_survives_reopening(chain):
     start = chain.current_block()
     assert chain.advance(100) == start + 100

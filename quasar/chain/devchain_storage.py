@@ -3,6 +3,9 @@
 Blocks advance with time: ``block = offset + floor((now - genesis) / block_time)``, where the
 genesis time and the block time are stored in the file when it is created, so every process that
 opens the file agrees on the block number; ``offset`` grows when the chain is advanced at once.
+Time is the host's boot clock (``CLOCK_BOOTTIME``, the same in every process of the host, and no
+step of the wall clock moves it: blocks never go back) while the host has not restarted since the
+file was made; then, and where there is no boot id (not Linux), the wall clock.
 The file holds the subnet's neurons (uid, hotkey, coldkey, stake, validator permit, published
 endpoint, last weights update), the weights validators set, their pending commits, and in its
 ``meta`` table the subnet owner, the subnet identity, the subnet's hyperparameters and the last
@@ -215,6 +218,16 @@ def commits_in(connection: sqlite3.Connection) -> list[WeightCommit]:
     ]
 
 
+def _boot_clock() -> tuple[str, float] | None:
+    """This boot of the host (Linux's boot id) and its boot clock's seconds, or None where there is
+    no boot id (not Linux)."""
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+    return boot_id, time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 class DevChainFile:
     """The SQLite file ``path`` of a dev chain (created when missing, never reset).
 
@@ -232,6 +245,7 @@ class DevChainFile:
             with self.connect() as connection:
                 connection.execute("PRAGMA journal_mode=WAL")
                 connection.executescript(_SCHEMA)
+            boot = _boot_clock()
             with self.transaction() as connection:
                 stored = dict(connection.execute("SELECT key, value FROM meta").fetchall())
                 if not stored:
@@ -239,6 +253,7 @@ class DevChainFile:
                         "netuid": str(DEFAULT_NETUID if netuid is None else netuid),
                         "block_time_s": repr(block_time_s or DEFAULT_BLOCK_TIME_S),
                         "genesis_time": repr(time.time()),
+                        "genesis_boot": "" if boot is None else f"{boot[0]} {boot[1]!r}",
                         "block_offset": "0",
                         "schema_version": str(SCHEMA_VERSION),
                         "hyperparameters": json.dumps(dataclasses.asdict(FINNEY)),
@@ -263,6 +278,9 @@ class DevChainFile:
             raise ChainError(f"dev chain {self.path} holds netuid {self.netuid}, not {netuid}")
         self.block_time_s = float(stored["block_time_s"])
         self._genesis_time = float(stored["genesis_time"])
+        boot_id, _, boot_time = stored.get("genesis_boot", "").partition(" ")
+        # The boot clock counts from the host's start: the genesis' reading holds on that boot only.
+        self._genesis_boot_time = float(boot_time) if boot is not None and boot_id == boot[0] else None
         self._local = threading.local()  # per thread: (file inode, connection, snapshot)
 
     @contextlib.contextmanager
@@ -309,7 +327,11 @@ class DevChainFile:
         return snapshot.block_offset + self._blocks_since_genesis()
 
     def _blocks_since_genesis(self) -> int:
-        return int((time.time() - self._genesis_time) // self.block_time_s)
+        if self._genesis_boot_time is not None:
+            elapsed = time.clock_gettime(time.CLOCK_BOOTTIME) - self._genesis_boot_time
+        else:
+            elapsed = time.time() - self._genesis_time
+        return int(elapsed // self.block_time_s)
 
     def snapshot(self) -> Snapshot:
         """This thread's snapshot of the file, read again when another connection committed to it
