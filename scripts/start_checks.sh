@@ -17,12 +17,14 @@ fail() {
     exit 1
 }
 
-# The .env's variables exported, those the environment already sets keeping their values (the
+# The .env's variables exported, those the shell already sets keeping their values (the
 # environment wins over .env, as everywhere in QUASAR). The .env is the one the process reads
 # (quasar/config/settings.py): the file QUASAR_DOTENV names (none where it is set empty), else the
-# checkout's; the checks and the process must read the same settings.
+# checkout's; the checks and the process must read the same settings, so it is read by the same
+# parser (python-dotenv), not sourced by bash: an unquoted value with a space (a path in
+# "~/GPU work") is one value to the process, and was a command to bash.
 load_dotenv() {
-    local file=./.env name
+    local file=./.env exports
     if [ -n "${QUASAR_DOTENV+set}" ]; then
         [ -n "$QUASAR_DOTENV" ] || return 0
         file=${QUASAR_DOTENV/#\~/$HOME}
@@ -30,19 +32,21 @@ load_dotenv() {
         [ -f "$file" ] || fail "QUASAR_DOTENV names $QUASAR_DOTENV, which is not a file"
     fi
     [ -f "$file" ] || return 0
-    declare -A kept=()
-    while IFS= read -r name; do
-        if [ -n "${!name+set}" ]; then
-            kept[$name]=${!name}
-        fi
-    done < <(sed -nE 's/^[[:space:]]*(export[[:space:]]+)?([A-Za-z_][A-Za-z0-9_]*)=.*/\2/p' "$file")
-    set -a
-    # shellcheck disable=SC1090
-    . "$file"
-    set +a
-    for name in "${!kept[@]}"; do
-        export "$name=${kept[$name]}"
-    done
+    # shellcheck disable=SC2046 # the shell's variable names, one word each
+    exports=$(python - "$file" $(compgen -v) <<'PY'
+import re
+import shlex
+import sys
+
+from dotenv import dotenv_values
+
+kept = set(sys.argv[2:])
+for name, value in dotenv_values(sys.argv[1]).items():
+    if value is not None and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) and name not in kept:
+        print(f"export {name}={shlex.quote(value)}")
+PY
+    ) || fail "could not read the settings in $file (above)"
+    eval "$exports"
 }
 
 activate_venv() {
@@ -111,5 +115,5 @@ check_api() {
                 "URL the subnet owner published on chain"
 }
 
-load_dotenv
 activate_venv
+load_dotenv

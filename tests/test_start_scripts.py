@@ -107,3 +107,17 @@ def test_start_script_reads_the_env_file_quasar_dotenv_names_as_the_process_does
     assert result.returncode == 1 and "quasar_validator/coldkeypub.txt" in " ".join(result.stderr.split())
     result = start_validator(suite, {"QUASAR_DOTENV": str(suite / "missing.env")})
     assert result.returncode == 1 and "missing.env, which is not a file" in " ".join(result.stderr.split())
+
+
+def test_start_script_reads_an_unquoted_path_with_a_space_as_the_process_does(suite):
+    """`WALLET_PATH=/home/ana/GPU work/wällets`, unquoted, is one value to the validator (python-
+    dotenv), but the .env was sourced by bash: `./.env: line 1: work/wällets: No such file or
+    directory` and exit status 127 under LC_ALL=C, where pm2 restarts it without end."""
+    wallets = suite / "GPU work" / "w\u00e4llets"
+    make_wallet(wallets, "val_cold")
+    (suite / ".env").write_text(f"WALLET_PATH={wallets}\nWALLET_NAME=val_cold\nDEVICE=cpu\n", encoding="utf-8")
+    result = start_validator(suite, {"LC_ALL": "C"})
+    assert result.returncode == 0 and "wallet: val_cold" in result.stdout, result.stderr
+    # The environment still wins over .env: a wallet folder given there is the one checked.
+    result = start_validator(suite, {"LC_ALL": "C", "WALLET_PATH": str(suite / "nowhere")})
+    assert result.returncode == 1 and "nowhere/val_cold/coldkeypub.txt does" in " ".join(result.stderr.split())
