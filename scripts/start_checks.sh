@@ -22,9 +22,10 @@ fail() {
 # (quasar/config/settings.py): the file QUASAR_DOTENV names (none where it is set empty), else the
 # checkout's; the checks and the process must read the same settings, so it is read by the same
 # parser (python-dotenv), not sourced by bash: an unquoted value with a space (a path in
-# "~/GPU work") is one value to the process, and was a command to bash.
+# "~/GPU work") is one value to the process, and was a command to bash. A .env that other users
+# may read is said (`cp .env.example .env` under the usual umask 022 makes it so).
 load_dotenv() {
-    local file=./.env exports
+    local file=./.env exports mode
     if [ -n "${QUASAR_DOTENV+set}" ]; then
         [ -n "$QUASAR_DOTENV" ] || return 0
         file=${QUASAR_DOTENV/#\~/$HOME}
@@ -32,6 +33,11 @@ load_dotenv() {
         [ -f "$file" ] || fail "QUASAR_DOTENV names $QUASAR_DOTENV, which is not a file"
     fi
     [ -f "$file" ] || return 0
+    mode=$(stat -c %a "$file")
+    if (((8#$mode & 8#044) != 0)); then
+        say "$file is readable by other users of this machine (mode $mode), and a .env holds" \
+            "secrets (GITHUB_TOKEN, AGENT_API_KEY): chmod 600 $file"
+    fi
     # shellcheck disable=SC2046 # the shell's variable names, one word each
     exports=$(python - "$file" $(compgen -v) <<'PY'
 import re

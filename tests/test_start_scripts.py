@@ -121,3 +121,18 @@ def test_start_script_reads_an_unquoted_path_with_a_space_as_the_process_does(su
     # The environment still wins over .env: a wallet folder given there is the one checked.
     result = start_validator(suite, {"LC_ALL": "C", "WALLET_PATH": str(suite / "nowhere")})
     assert result.returncode == 1 and "nowhere/val_cold/coldkeypub.txt does" in " ".join(result.stderr.split())
+
+
+def test_start_script_says_when_other_users_may_read_the_env_file(suite):
+    """`cp .env.example .env` (the README's step) under the usual umask 022 left GITHUB_TOKEN
+    readable by every user of the machine (`nobody` read it), and nothing said so."""
+    wallets = suite / "wallets"
+    env_file = suite / ".env"
+    env_file.write_text(f"WALLET_PATH={wallets}\nWALLET_NAME=val_cold\nDEVICE=cpu\nGITHUB_TOKEN=ghp_x\n")
+    env_file.chmod(0o644)
+    result = start_validator(suite, {})
+    said = " ".join(result.stderr.split())
+    assert result.returncode == 0 and "wallet: val_cold" in result.stdout, result.stderr
+    assert "./.env is readable by other users of this machine (mode 644)" in said and "chmod 600 ./.env" in said
+    env_file.chmod(0o600)
+    assert "readable by other users" not in start_validator(suite, {}).stderr
