@@ -962,6 +962,45 @@ def test_a_stop_during_a_logit_check_of_a_miner_answering_503_forever_ends_at_on
     assert lines(caplog, "logit check of submission 1 given up: the validator is stopping"), caplog.text
 
 
+def test_a_validator_whose_clock_is_ahead_of_the_apis_checks_no_logits_and_says_by_how_much(world, tmp_path, caplog):
+    """A miner's server refuses a request signed more than 2 s ahead of its clock, and the refusal
+    failed the miner's check, recorded for good: a validator whose clock ran 5 s ahead failed every
+    miner. It compares its clock with the API's first, and that far off leaves the checks for a
+    later step, saying why (the API here runs 5 s behind; every clock else is the host's)."""
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
+    config_ = api_config(subnet.hotkey("api"), allow_local_forks=True)
+    try:
+        with (
+            ApiServer(config_, subnet.chain, f"sqlite:///{tmp_path}/api.sqlite3", lambda: time.time() - 5.0) as server,
+            ValidatorState.open(tmp_path / "state.sqlite3") as state,
+            ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api,
+        ):
+            fork_url, commit = world["honest"]
+            submission = Submission(
+                submission_id=1,
+                hotkey=subnet.hotkey("a"),
+                fork_url=fork_url,
+                commit_hash=commit,
+                target_sequence_length=TARGET,
+                claimed_tokens_per_sec=CLAIM,
+                submitted_at=1.0,
+                round_id=0,
+                counts_from_block=0,
+            )
+            state.add_submission(submission, 0.0)
+            key = EvaluationKey(*world["honest"], TARGET)
+            state.start_evaluation(key, "cpu", 0.0)
+            state.finish_evaluation(key, EvaluationResult(correct=True, measured_tokens_per_sec=1000.0), 0.0)
+            validator = cpu_validator(subnet, api, state, tmp_path)
+            with caplog.at_level(logging.INFO, logger="quasar.validator.loop"):
+                validator.step()
+            assert [record.submission.submission_id for record in state.needing_logit_check()] == [1]
+    finally:
+        subnet.close()
+    (said,) = lines(caplog, "logit checks wait")
+    assert "5.0 s ahead of the API's" in said and "NTP" in said, said
+
+
 def test_an_idle_validator_says_where_it_stands_every_heartbeat(world, tmp_path, caplog):
     """Nothing to evaluate for a whole epoch: the log still shows the validator alive, at which
     block, and when weights are due."""

@@ -278,6 +278,7 @@ def create_app(
             blocks_until_reveal=config.blocks_until_reveal,
             reveal_window_blocks=config.reveal_window_blocks,
             round_blocks=config.round_blocks,
+            server_time=service.clock(),
         )
 
     # The leaderboard and the current round are cached per chain block (quasar.api.readcache).

@@ -8,6 +8,7 @@ line. Redirects are never followed (a signed request goes only to ``base_url``).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -177,6 +178,13 @@ class ApiClient:
 
     def health(self) -> schemas.Health:
         return self._parse(self._get("/health"), schemas.Health)
+
+    def clock_offset(self) -> float | None:
+        """Seconds this host's clock is ahead of the API's (negative: behind), to within half the
+        round trip of one ``GET /health``; None from an API that does not say its time."""
+        sent = time.time()
+        server_time = self.health().server_time
+        return None if server_time is None else (sent + time.time()) / 2 - server_time
 
     def current_round(self) -> schemas.RoundInfo:
         return self._parse(self._get("/get_current_round"), schemas.RoundInfo)

@@ -175,6 +175,9 @@ class Health(BaseModel):
     blocks_until_reveal: int
     reveal_window_blocks: int
     round_blocks: int
+    server_time: float | None = Field(
+        None, description="the API's clock (unix seconds) as it answered: signed requests must agree with it"
+    )
 
 
 class RoundInfo(BaseModel):

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from quasar import auth
+from quasar.api.client import ApiClient, ApiClientError
 from quasar.config import Settings
 from quasar.inference.client import LogitCheck, verify_miner_logits
 from quasar.logits import (
@@ -36,6 +38,24 @@ logger = logging.getLogger(__name__)
 # server asks its node again on the next request); 15 s in all is half a check's timeout, a cost a
 # miner answering 503 forever adds to a validator's check of each of its submissions, no more.
 RETRY_DELAYS_S = (5.0, 10.0)
+
+
+def clock_disagreement(api: ApiClient) -> str | None:
+    """Why this host's clock is too far off the API's for logit checks, or None (also when the API
+    cannot say). Miners' servers refuse a challenge signed more than ALLOWED_CLOCK_SKEW_S ahead of
+    their clocks or MAX_REQUEST_AGE_S behind, and that refusal fails the miner for good: with every
+    miner's clock right, such a validator would fail them all (docs/validator.md)."""
+    try:
+        offset = api.clock_offset()
+    except ApiClientError:
+        return None
+    if offset is None or -auth.MAX_REQUEST_AGE_S <= offset <= auth.ALLOWED_CLOCK_SKEW_S:
+        return None
+    return (
+        f"this host's clock is {abs(offset):.1f} s {'ahead of' if offset > 0 else 'behind'} the API's; miners refuse "
+        f"challenges signed over {auth.ALLOWED_CLOCK_SKEW_S:g} s ahead or {auth.MAX_REQUEST_AGE_S:g} s behind "
+        "their clocks: sync this host's clock with NTP"
+    )
 
 
 class LogitChecker(Protocol):

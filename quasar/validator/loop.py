@@ -56,7 +56,7 @@ from quasar.errors import QuasarError
 from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
-from quasar.validator.logit_check import LogitChecker
+from quasar.validator.logit_check import LogitChecker, clock_disagreement
 from quasar.validator.results import api_report, scoring_result
 from quasar.validator.state import (
     ABANDONED,
@@ -433,7 +433,12 @@ class Validator:
     def _check_logits(self, summary: StepSummary) -> None:
         if self.metagraph is None or self.devices[0].name in self.running:
             return
-        for record in self.state.needing_logit_check():
+        records = self.state.needing_logit_check()
+        waiting = clock_disagreement(self.api) if records else None
+        if waiting is not None:
+            logger.error("logit checks wait for a later step: %s", waiting)
+            return
+        for record in records:
             if self.stopping:
                 return
             # A failure here is this validator's: the check runs again next step.
