@@ -12,10 +12,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from sqlalchemy import select
 
 from api_fixtures import api_config, commit_of
 from quasar import auth
 from quasar.api import schemas
+from quasar.api.db import Submission
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.api.service import Authenticated, SubmissionService
 
@@ -59,3 +61,56 @@ def test_a_step_back_of_the_apis_clock_lets_no_replay_through(chain, wallets, da
     assert "clock" in replay.value.reason and "stepped back" in replay.value.reason
     # A smaller step (signed 8 s before the newest accepted nonce) still goes through.
     submit(service, wallets, "c", int((now[0] + 22.0) * 1e9), kind, 3)
+
+
+def test_a_step_back_of_the_apis_clock_does_not_supersede_a_miners_newer_submission(chain, wallets, database):
+    """A miner's newer submission supersedes its older ones not yet reported on (docs/rules.md
+    section 3), the newer by ready time: made ready after the clock stepped back ten minutes, the
+    newer one was the older, superseded by the one it followed and never handed out."""
+    now = [time.time()]
+    service = SubmissionService(api_config(wallets["api"].hotkey.ss58_address), chain, database, lambda: now[0])
+    first = submit(service, wallets, "a", int(now[0] * 1e9), "direct", 1)
+    now[0] -= 20.0
+    newer = submit(service, wallets, "a", int(now[0] * 1e9), "direct", 2)
+    with database.read() as session:
+        states = {row.id: (row.state, row.superseded_by) for row in session.scalars(select(Submission))}
+    assert states == {first.submission_id: ("superseded", newer.submission_id), newer.submission_id: ("ready", None)}
+
+
+def test_a_reveal_after_a_step_back_of_the_apis_clock_is_the_miners_newest_submission(chain, wallets, database):
+    """A commitment revealed after a direct submission of its hotkey is the newer (it became ready
+    later) and supersedes it; revealed after the clock stepped back 20 s, it was the older and was
+    superseded instead."""
+    now = [time.time()]
+    service = SubmissionService(api_config(wallets["api"].hotkey.ss58_address), chain, database, lambda: now[0])
+    hotkey, salt, fork = wallets["a"].hotkey.ss58_address, new_salt(), "https://github.com/x/fla"
+
+    def caller() -> Authenticated:
+        return Authenticated(hotkey, int(now[0] * 1e9), IP, miner=True, authorize=auth.require_registered(chain))
+
+    committed = service.commit(
+        hotkey,
+        IP,
+        schemas.CommitRequest(
+            commitment_hash=commitment_hash(salt, fork, commit_of(1)), target_sequence_length=1_000_000
+        ),
+        caller(),
+    )
+    chain.advance(100)
+    now[0] += 30.0
+    direct = submit(service, wallets, "a", int(now[0] * 1e9), "direct", 2)
+    now[0] -= 20.0
+    reveal = schemas.RevealRequest(
+        submission_id=committed.submission_id,
+        commitment_salt=salt,
+        fork_url=fork,
+        commit_hash=commit_of(1),
+        tokens_per_sec=1e5,
+    )
+    service.reveal(hotkey, IP, reveal, caller())
+    with database.read() as session:
+        states = {row.id: (row.state, row.superseded_by) for row in session.scalars(select(Submission))}
+    assert states == {
+        committed.submission_id: ("ready", None),
+        direct.submission_id: ("superseded", committed.submission_id),
+    }

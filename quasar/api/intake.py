@@ -7,6 +7,7 @@ supersedes its hotkey's older ones (quasar/api/worklist.py, the rule of quasar/s
 from __future__ import annotations
 
 import logging
+import math
 
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
@@ -20,6 +21,7 @@ from quasar.api.worklist import supersede_older
 logger = logging.getLogger(__name__)
 
 _LATEST_SUBMITTED_AT = select(Submission.submitted_at).order_by(Submission.id.desc()).limit(1)
+_LATEST_READY_AT = select(func.max(Submission.ready_at)).where(Submission.state == "ready")
 
 
 def submission_time(session: Session, now: float) -> float:
@@ -29,6 +31,16 @@ def submission_time(session: Session, now: float) -> float:
     took submissions in."""
     latest = session.scalar(_LATEST_SUBMITTED_AT)
     return now if latest is None else max(now, latest)
+
+
+def ready_time(session: Session, now: float) -> float:
+    """The time a submission made ready now is stamped with: ``now``, or just after the newest ready
+    one's where the API's clock has stepped back behind it. A hotkey's newest ready submission
+    supersedes its older ones, and the work schedule takes the oldest first, both by this time
+    (docs/rules.md section 3), so it never runs against the order submissions became ready in (a
+    tie would go to the higher id, which a reveal need not have)."""
+    latest = session.scalar(_LATEST_READY_AT)
+    return now if latest is None or now > latest else math.nextafter(latest, math.inf)
 
 
 class Intake(ServiceCore):
@@ -88,7 +100,7 @@ class Intake(ServiceCore):
                     "target_sequence_length": request.target_sequence_length,
                     "submitted_at": stamped,
                     "submitted_block": block,
-                    "ready_at": now,
+                    "ready_at": ready_time(session, stamped),
                     "ready_block": block,
                     "round_id": round_id,
                     "fork_url": url,
@@ -214,7 +226,7 @@ class Intake(ServiceCore):
             submission.claimed_tokens_per_sec = request.tokens_per_sec
             submission.vram_mb = request.vram_mb
             submission.benchmarks = benchmarks_to_json(request.benchmarks)
-            submission.ready_at, submission.ready_block, submission.round_id = now, block, round_id
+            submission.ready_at, submission.ready_block, submission.round_id = ready_time(session, now), block, round_id
             submission.client_ip = client_ip
             session.flush()
             supersede_older(session, self.database.dialect, hotkey, round_id, electorate)
