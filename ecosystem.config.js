@@ -7,11 +7,11 @@
 // in .env, or give one app its own flags, e.g.
 //   args: ["--wallet.name", "my_coldkey", "--wallet.hotkey", "my_hotkey"],
 // pm2 appends to its log files (~/.pm2/logs) without end: `pm2 install pm2-logrotate` once per host.
-const path = require("path");
-
-const here = __dirname;
+// Each script is named relative to cwd, this folder: pm2 runs a script whose name has a space as
+// the command line `bash -c SCRIPT`, so a checkout in "~/GPU work" restarted without end on
+// "/usr/bin/bash: cannot execute binary file".
 const common = {
-  cwd: here,
+  cwd: __dirname,
   interpreter: "bash",
   autorestart: true,
   // A crash restarts after 1 s, and each further one (unless the app stayed up 30 s) waits 1.5 times
@@ -27,22 +27,22 @@ module.exports = {
     {
       ...common,
       name: "quasar-api",
-      script: path.join(here, "START_SERVER.sh"),
+      script: "START_SERVER.sh",
     },
     {
       ...common,
       name: "quasar-miner-inference",
-      script: path.join(here, "START_MINER_INFERENCE.sh"),
+      script: "START_MINER_INFERENCE.sh",
     },
     {
       ...common,
       name: "quasar-miner",
-      script: path.join(here, "START_MINER.sh"),
+      script: "START_MINER.sh",
     },
     {
       ...common,
       name: "quasar-validator",
-      script: path.join(here, "START_VALIDATOR.sh"),
+      script: "START_VALIDATOR.sh",
     },
   ],
 };

@@ -15,13 +15,13 @@ from quasar.localnet.host import make_wallet
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def ecosystem_apps() -> dict[str, dict]:
-    """The apps of ecosystem.config.js, by name, as node evaluates the file."""
+def ecosystem_apps(file: Path = ROOT / "ecosystem.config.js") -> dict[str, dict]:
+    """The apps of the ecosystem file ``file``, by name, as node evaluates it."""
     node = shutil.which("node")
     if node is None:
         pytest.skip("node (pm2's runtime) is not installed")
     listing = subprocess.run(
-        [node, "-e", "console.log(JSON.stringify(require(process.argv[1]).apps))", str(ROOT / "ecosystem.config.js")],
+        [node, "-e", "console.log(JSON.stringify(require(process.argv[1]).apps))", str(file)],
         capture_output=True,
         text=True,
         check=True,
@@ -39,8 +39,23 @@ def test_ecosystem_file_starts_the_four_processes():
         "quasar-validator": "START_VALIDATOR.sh",
     }
     for name, script in scripts.items():
-        assert apps[name]["script"] == str(ROOT / script) and (ROOT / script).is_file()
+        # pm2 runs the script named relative to the app's cwd (lib/Common.js, prepareAppConf).
+        assert apps[name]["script"] == script and (ROOT / script).is_file()
         assert apps[name]["cwd"] == str(ROOT) and apps[name]["interpreter"] == "bash"
+
+
+def test_ecosystem_file_in_a_folder_with_a_space_names_scripts_pm2_runs_as_files(tmp_path):
+    """pm2 (5.4.3, lib/Common.js, verifyConfs) runs a script whose name has a space as the command
+    line `bash -c SCRIPT`: in `~/GPU work/quasär suite` each app ran bash as its script and restarted
+    without end on `/usr/bin/bash: /usr/bin/bash: cannot execute binary file` (exit 126)."""
+    checkout = tmp_path / "GPU work" / "quas\u00e4r suite"
+    checkout.mkdir(parents=True)
+    shutil.copy(ROOT / "ecosystem.config.js", checkout / "ecosystem.config.js")
+    apps = ecosystem_apps(checkout / "ecosystem.config.js")
+    assert len(apps) == 4
+    for name, app in apps.items():
+        assert " " not in app["script"], f"{name}: pm2 would run {app['script']!r} through bash -c"
+        assert app["cwd"] == str(checkout), name
 
 
 def test_a_crash_loop_backs_off_by_the_one_restart_delay_pm2_applies():
