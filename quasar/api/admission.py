@@ -31,7 +31,7 @@ from sqlalchemy import BigInteger, ColumnElement, String, and_, bindparam, case,
 from sqlalchemy.engine import Connection
 
 from quasar.api import rules
-from quasar.api.db import IpBan, PreparedStatement, Submission, UsedNonce, dialect_insert, retained
+from quasar.api.db import IpBan, PreparedStatement, Submission, UsedNonce, dialect_insert, oldest_kept
 from quasar.api.errors import ApiError
 
 RATE_WINDOW_S = 3600.0
@@ -201,7 +201,7 @@ def fused_statement(
     fraction of the time the checks take one by one."""
     nonce = bindparam("nonce", type_=BigInteger())
     allowed = select(bindparam("nonce_hotkey", type_=String()), nonce).where(
-        retained(nonce, retention_s), *(~check.refuses for check in checks)
+        nonce >= oldest_kept(retention_s), *(~check.refuses for check in checks)
     )
     return PreparedStatement(
         dialect_insert(dialect, UsedNonce.__table__).from_select(["hotkey", "nonce"], allowed).on_conflict_do_nothing()

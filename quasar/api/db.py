@@ -446,11 +446,11 @@ def _sqlite_begin(connection: Any) -> None:
     connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
 
-def retained(nonce: ColumnElement[int], retention_s: float) -> ColumnElement[bool]:
-    """SQL: ``nonce`` is at most ``retention_s`` older than the newest nonce in the ledger (or the
-    ledger is empty): the nonces the ledger still holds all of, so a replay among them is found."""
+def oldest_kept(retention_s: float) -> ColumnElement[int]:
+    """SQL: the oldest nonce the ledger keeps, ``retention_s`` before the newest it holds: it holds
+    every accepted nonce from there on (so a replay of one is found) and refuses older ones."""
     newest = select(func.max(UsedNonce.nonce)).scalar_subquery()
-    return nonce >= func.coalesce(newest, 0) - int(retention_s * 1e9)
+    return func.coalesce(newest, 0) - int(retention_s * 1e9)
 
 
 class NonceLedger:
@@ -469,7 +469,7 @@ class NonceLedger:
         self.clock = clock
         self._next_prune = 0.0
         nonce = bindparam("nonce", type_=BigInteger())
-        kept = select(bindparam("hotkey", type_=String()), nonce).where(retained(nonce, retention_s))
+        kept = select(bindparam("hotkey", type_=String()), nonce).where(nonce >= oldest_kept(retention_s))
         self._insert = PreparedStatement(
             dialect_insert(database.dialect, UsedNonce.__table__)
             .from_select(["hotkey", "nonce"], kept)
@@ -499,4 +499,4 @@ class NonceLedger:
         now = self.clock()
         if now >= self._next_prune:
             self._next_prune = now + self.retention / 2
-            session.execute(delete(UsedNonce).where(~retained(UsedNonce.__table__.c.nonce, self.retention)))
+            session.execute(delete(UsedNonce).where(UsedNonce.nonce < oldest_kept(self.retention)))
