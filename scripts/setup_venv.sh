@@ -15,11 +15,14 @@ cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/python ]; then
     "${PYTHON:-python3}" -m venv .venv
 fi
+# .venv's python runs under a UTF-8 locale here: pip's editable install writes the checkout's path
+# into a .pth file in the locale's encoding, which under LANG=C cannot hold a non-ASCII path.
+python=(env LC_ALL=C.UTF-8 .venv/bin/python)
 
 # requirements GROUP: one requirement a line from pyproject.toml, the one place they are written:
 # "runtime" (the project's dependencies), an optional group ("test"), or a [tool.quasar.off-path] one.
 requirements() {
-    .venv/bin/python - "$1" <<'PY'
+    "${python[@]}" - "$1" <<'PY'
 import sys
 import tomllib
 
@@ -36,8 +39,9 @@ PY
 # Python 3.11 reads .pth files in the locale's encoding (ASCII under LANG=C), and one it cannot
 # decode stops every start of .venv's python: a path line of .venv's .pth files (the editable
 # install's checkout) that is not ASCII becomes an import line adding it, its characters escaped.
+# Run at every call, so a .venv set up by an earlier version of this script is repaired too.
 ascii_pth_files() {
-    LC_ALL=C.UTF-8 .venv/bin/python - <<'PY'
+    "${python[@]}" - <<'PY'
 import glob
 import os
 import sysconfig
@@ -61,16 +65,14 @@ stamp=.venv/.quasar-install-stamp
 wanted=$( (cat pyproject.toml; echo "${QUASAR_TORCH_SITE:-}") | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     echo "setup_venv: installing the project into .venv (the first time takes minutes)" >&2
-    # pip under a UTF-8 locale: the editable install writes the checkout's path into a .pth file in
-    # the locale's encoding, which under LANG=C cannot hold a path of non-ASCII characters.
-    pip=(env LC_ALL=C.UTF-8 .venv/bin/python -m pip install -q)
+    pip=("${python[@]}" -m pip install -q)
     if [ -n "${QUASAR_WHEELHOUSE:-}" ]; then
         pip+=(--no-index --find-links "$QUASAR_WHEELHOUSE")
     else
-        .venv/bin/python -m pip install -q --upgrade pip
+        "${pip[@]}" --upgrade pip
     fi
     if [ -n "${QUASAR_TORCH_SITE:-}" ]; then
-        site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+        site=$("${python[@]}" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
         echo "$QUASAR_TORCH_SITE" > "$site/quasar-torch-site.pth"
         requirements runtime | grep -vE '^(torch|triton)\b' > .venv/requirements-without-torch.txt
         requirements test > .venv/requirements-test.txt
@@ -81,7 +83,6 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
         "${pip[@]}" "$(requirements runtime | grep -E '^torch==')"
         "${pip[@]}" -e ".[test]"
     fi
-    ascii_pth_files
     rm -rf .venv/upstream-fla .venv/triton-gpu-image
     requirements upstream-fla > .venv/requirements-upstream-fla.txt
     requirements gpu-image-triton > .venv/requirements-gpu-image-triton.txt
@@ -89,3 +90,4 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
     "${pip[@]}" --no-deps --target .venv/triton-gpu-image -r .venv/requirements-gpu-image-triton.txt
     echo "$wanted" > "$stamp"
 fi
+ascii_pth_files

@@ -55,7 +55,8 @@ def test_setup_venv_in_a_non_ascii_path_under_lang_c_gives_a_python_that_starts(
     """A checkout at `~/GPU work/quasär suite` set up under LANG=C: setuptools' editable build
     failed writing the checkout's path into its .pth (UnicodeEncodeError: 'ascii'), and a .pth
     written in UTF-8 stopped every start of .venv's python (site reads .pth files in the locale's
-    encoding: 'Fatal Python error: init_import_site'). The stand-in .venv is a real one that sees
+    encoding: 'Fatal Python error: init_import_site'), also where an earlier setup under a UTF-8
+    locale had written it and the install was current. The stand-in .venv is a real one that sees
     this checkout's installed packages, so only the project itself is installed, offline; the
     off-path groups, wheels the test does not have, are left empty."""
     project_site = ROOT / ".venv" / "lib" / "python3.11" / "site-packages"
@@ -79,17 +80,26 @@ def test_setup_venv_in_a_non_ascii_path_under_lang_c_gives_a_python_that_starts(
         "QUASAR_WHEELHOUSE": str(tmp_path / "wheels"),
         "PIP_NO_BUILD_ISOLATION": "0",  # pip's spelling of --no-build-isolation: setuptools is installed
     }
-    setup = subprocess.run(
-        ["bash", str(checkout / "scripts" / "setup_venv.sh")], env=env, capture_output=True, text=True, timeout=120
-    )
-    assert setup.returncode == 0, setup.stderr[-3000:]
-    started = subprocess.run(
-        [str(checkout / ".venv" / "bin" / "python"), "-c", "import quasar; print(quasar.__file__)"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert started.returncode == 0, started.stderr[-3000:]
-    assert started.stdout.strip() == str(checkout / "quasar" / "__init__.py")
+
+    def set_up_and_start() -> None:
+        setup = subprocess.run(
+            ["bash", str(checkout / "scripts" / "setup_venv.sh")], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert setup.returncode == 0, setup.stderr[-3000:]
+        started = subprocess.run(
+            [str(checkout / ".venv" / "bin" / "python"), "-c", "import quasar; print(quasar.__file__)"],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert started.returncode == 0, started.stderr[-3000:]
+        assert started.stdout.strip() == str(checkout / "quasar" / "__init__.py")
+
+    set_up_and_start()
+    # A .venv set up before, under a UTF-8 locale: its .pth names the checkout in UTF-8, and the
+    # install is current (its stamp), so only the repair runs.
+    [editable] = site.glob("__editable__.quasar_subnet-*.pth")
+    editable.write_text(f"{checkout}\n", encoding="utf-8")
+    set_up_and_start()
