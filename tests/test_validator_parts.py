@@ -640,12 +640,13 @@ def test_evaluation_devices():
     assert evaluation_devices("cuda", 2, None) == [Device("cuda:0", "0"), Device("cuda:1", "1")]
     assert evaluation_devices("cuda", 2, "3,5") == [Device("cuda:0", "3"), Device("cuda:1", "5")]
     assert evaluation_devices("cuda:1", 2, "3,5") == [Device("cuda:1", "5")]
-    assert evaluation_devices("cuda", 1, "3,5") == [Device("cuda:0", "3")]  # a listed id that does not exist
     assert [device.torch_device for device in evaluation_devices("cuda", 2, None)] == ["cuda", "cuda"]
     with pytest.raises(ValidatorSetupError, match="torch sees no CUDA device.*DEVICE=cpu"):
         evaluation_devices("cuda", 0, None)
-    with pytest.raises(ValidatorSetupError, match="torch sees no CUDA device"):
-        evaluation_devices("cuda", 2, "")
+    with pytest.raises(ValidatorSetupError, match="CUDA_VISIBLE_DEVICES='' lists 0 GPU"):
+        evaluation_devices("cuda", 0, "")
+    with pytest.raises(ValidatorSetupError, match="CUDA_VISIBLE_DEVICES='3,5' lists 2 GPU.*uses 1"):
+        evaluation_devices("cuda", 1, "3,5")  # a listed id that does not exist (tests/test_gpu_numbering.py)
     with pytest.raises(ValidatorSetupError, match=r"DEVICE is cuda:2 but torch sees 2 CUDA device\(s\)"):
         evaluation_devices("cuda:2", 2, None)
 

@@ -7,7 +7,16 @@ neighbour's evaluation is timed on; CUDA is told the GPU by its UUID.
 from __future__ import annotations
 
 import os
+from collections.abc import MutableMapping
 from dataclasses import dataclass
+
+from quasar.errors import QuasarError
+
+DRIVER_GPUS = "/proc/driver/nvidia/gpus"
+
+
+class GpuOrderError(QuasarError, ValueError):
+    """``CUDA_DEVICE_ORDER`` is set to an order other than the PCI bus order QUASAR numbers GPUs in."""
 
 
 @dataclass(frozen=True)
@@ -21,9 +30,11 @@ class NvidiaGpu:
     model: str = ""
 
 
-def nvidia_gpus(root: str = "/proc/driver/nvidia/gpus") -> list[NvidiaGpu]:
-    """The driver's GPUs in PCI bus order (the order ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` numbers them);
-    empty where there is no NVIDIA driver or its listing is unreadable."""
+def nvidia_gpus(root: str | None = None) -> list[NvidiaGpu]:
+    """The driver's GPUs in PCI bus order (the order ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` numbers them),
+    from ``root`` (default :data:`DRIVER_GPUS`); empty where there is no NVIDIA driver or its
+    listing is unreadable."""
+    root = root or DRIVER_GPUS
     found = []
     try:
         buses = os.listdir(root)
@@ -45,7 +56,34 @@ def nvidia_gpus(root: str = "/proc/driver/nvidia/gpus") -> list[NvidiaGpu]:
 
 
 def assigned_gpu(physical: str, gpus: list[NvidiaGpu]) -> NvidiaGpu | None:
-    """The GPU ``physical`` (a PCI-order index or a UUID) names, or None (a MIG id, or unknown)."""
-    if physical.isdigit() and int(physical) < len(gpus):
-        return gpus[int(physical)]
-    return next((gpu for gpu in gpus if gpu.uuid == physical), None)
+    """The GPU ``physical`` names, or None (a MIG id, or unknown): a PCI-order index, a UUID, or
+    the start of one UUID only (``GPU-8a1f0c2e``, as CUDA takes it)."""
+    if physical.isdigit():
+        return gpus[int(physical)] if int(physical) < len(gpus) else None
+    if not physical.startswith("GPU-"):
+        return None
+    matches = [gpu for gpu in gpus if gpu.uuid.startswith(physical)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def describe_gpus(gpus: list[NvidiaGpu]) -> str:
+    """The driver's GPUs as an error message lists them: index, PCI bus, model, UUID."""
+    if not gpus:
+        return f"the NVIDIA driver lists no GPU ({DRIVER_GPUS} is missing or unreadable)"
+    listed = "; ".join(f"{index}: {gpu.bus} {gpu.model or '?'} {gpu.uuid}" for index, gpu in enumerate(gpus))
+    return f"the NVIDIA driver lists {len(gpus)} GPU(s) (nvidia-smi's numbering, PCI bus order): {listed}"
+
+
+def use_pci_bus_order(environ: MutableMapping[str, str]) -> None:
+    """Make CUDA in this process number GPUs in PCI bus order, as nvidia-smi, the driver's listing
+    and the sandbox do, so that ``CUDA_VISIBLE_DEVICES=2`` means nvidia-smi's GPU 2 everywhere
+    (CUDA's own default, FASTEST_FIRST, can differ on a host with mixed GPU models). Call it before
+    CUDA starts. Raises GpuOrderError where ``CUDA_DEVICE_ORDER`` asks for another order."""
+    order = environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    if order != "PCI_BUS_ID":
+        raise GpuOrderError(
+            f"CUDA_DEVICE_ORDER={order}: QUASAR numbers GPUs in PCI bus order, as nvidia-smi does "
+            "(its evaluations run with CUDA_DEVICE_ORDER=PCI_BUS_ID); unset it or set PCI_BUS_ID, and "
+            "name GPUs in CUDA_VISIBLE_DEVICES and DEVICE by nvidia-smi's index or UUID"
+        )
+    environ["CUDA_DEVICE_ORDER"] = order

@@ -20,9 +20,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from quasar.evaluate.gpus import NvidiaGpu, assigned_gpu, nvidia_gpus
 
 logger = logging.getLogger(__name__)
 
@@ -111,15 +113,19 @@ def choose_cpus(allowed: Iterable[int], siblings: Mapping[int, frozenset[int]], 
     return CpuPlan(child=child, timing=timing, shared=slot >= len(cores) // 2)
 
 
-def device_slot(device: str, visible: str | None) -> int:
-    """The slot of ``device`` (``cuda`` or ``cuda:N``): the physical GPU index where
-    ``CUDA_VISIBLE_DEVICES`` (``visible``) names it by number (a validator's worker sees its GPU as
-    ``cuda`` with ``CUDA_VISIBLE_DEVICES`` set to it), else the index ``N`` itself."""
+def device_slot(device: str, visible: str | None, gpus: Sequence[NvidiaGpu] = ()) -> int:
+    """The slot of ``device`` (``cuda`` or ``cuda:N``): the physical GPU index (PCI bus order)
+    where ``CUDA_VISIBLE_DEVICES`` (``visible``) names it by number, or by a UUID among ``gpus``
+    (the driver's listing), as a validator's worker sees its GPU as ``cuda`` with
+    ``CUDA_VISIBLE_DEVICES`` set to it; else the index ``N`` itself."""
     index = int(device.split(":", 1)[1]) if ":" in device else 0
     entries = [entry.strip() for entry in visible.split(",")] if visible else []
-    if index < len(entries) and entries[index].isdigit():
+    if index >= len(entries):
+        return index
+    if entries[index].isdigit():
         return int(entries[index])
-    return index
+    gpu = assigned_gpu(entries[index], list(gpus))
+    return gpus.index(gpu) if gpu is not None else index
 
 
 def plan_for(device: str) -> tuple[CpuPlan | None, str]:
@@ -128,7 +134,7 @@ def plan_for(device: str) -> tuple[CpuPlan | None, str]:
         allowed = os.sched_getaffinity(0)
     except (AttributeError, OSError) as error:
         return None, f"not pinned: this process's CPUs cannot be read ({error})"
-    slot = device_slot(device, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    slot = device_slot(device, os.environ.get("CUDA_VISIBLE_DEVICES"), nvidia_gpus())
     plan = choose_cpus(allowed, read_thread_siblings(allowed), slot)
     if plan is None:
         return None, f"not pinned: one physical core among CPUs {format_cpu_list(allowed)}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from collections.abc import Sequence
 
 from quasar import config
@@ -29,6 +30,7 @@ def serve(settings: config.Settings) -> int:
     from quasar.chain import ChainError
     from quasar.chain.factory import connect
     from quasar.chain.wallets import WalletError, open_wallet
+    from quasar.evaluate.gpus import GpuOrderError, use_pci_bus_order
     from quasar.inference.server import InferenceLimits, create_inference_app, server_options
     from quasar.logits import ModelLoadError, load_reference_model
 
@@ -40,6 +42,8 @@ def serve(settings: config.Settings) -> int:
             log.warning(
                 "hotkey %s is not registered on subnet %d: validators will not find this server", hotkey, chain.netuid
             )
+        if settings.device.startswith("cuda"):
+            use_pci_bus_order(os.environ)  # DEVICE and CUDA_VISIBLE_DEVICES in nvidia-smi's numbering
         model = load_reference_model(settings.reference_model, settings.device, settings.reference_dtype)
         limits = InferenceLimits(
             settings.inference_max_prompt_len,
@@ -49,7 +53,7 @@ def serve(settings: config.Settings) -> int:
         )
         # Its per-block cache reads the chain's block time (a ChainError).
         app = create_inference_app(model, chain, hotkey, limits)
-    except (WalletError, ChainError, ModelLoadError) as error:
+    except (WalletError, ChainError, ModelLoadError, GpuOrderError) as error:
         log.error("%s%s", "chain: " if isinstance(error, ChainError) else "", error)
         return 1
     log.info(

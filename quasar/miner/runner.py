@@ -76,6 +76,12 @@ def _device_name(device: str) -> str | None:
         return None
     import torch
 
+    from quasar.evaluate.gpus import GpuOrderError, use_pci_bus_order
+
+    try:
+        use_pci_bus_order(os.environ)  # its benchmarks' sandboxes name the GPU in PCI bus order
+    except GpuOrderError as error:
+        raise MinerSetupError(str(error)) from None
     if not torch.cuda.is_available():
         raise MinerSetupError(
             f"DEVICE={device} but CUDA is not available here (check the driver and "

@@ -34,6 +34,7 @@ def run(settings: config.Settings) -> int:
     from quasar.api.lookup import find_api
     from quasar.chain.factory import connect
     from quasar.chain.wallets import open_wallet
+    from quasar.evaluate.gpus import nvidia_gpus, use_pci_bus_order
     from quasar.evaluate.options import output_area_warning
     from quasar.validator.devices import device_warnings, evaluation_devices
     from quasar.validator.evaluator import SubprocessEvaluator
@@ -43,11 +44,13 @@ def run(settings: config.Settings) -> int:
     from quasar.validator.state import ValidatorState
     from quasar.validator.state_files import default_state_path
 
+    if settings.device != "cpu":
+        use_pci_bus_order(os.environ)  # before CUDA starts: the reference model's cuda:0 is its first worker's GPU
     check_sandbox()
     wallet = open_wallet(settings, "validator")
     hotkey = wallet.hotkey.ss58_address
     cuda_count = torch.cuda.device_count() if settings.device != "cpu" else 0
-    devices = evaluation_devices(settings.device, cuda_count, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    devices = evaluation_devices(settings.device, cuda_count, os.environ.get("CUDA_VISIBLE_DEVICES"), nvidia_gpus())
     for warning in device_warnings(settings.network, settings.device):
         log.warning("%s", warning)
     area_warning = output_area_warning(settings.eval_seq_lens, settings.sandbox_memory_mb << 20, settings.device)
