@@ -19,6 +19,7 @@ from quasar.evaluate.gpus import GpuOrderError, assigned_gpu, nvidia_gpus, use_p
 from quasar.evaluate.pinning import choose_cpus, device_slot
 from quasar.evaluate.sandbox_contents import nvidia_device_nodes, scrubbed_environment
 from quasar.evaluate.sandbox_layout import SandboxPolicy
+from quasar.miner.runner import MinerSetupError, _device_name
 from quasar.validator.devices import Device, ValidatorSetupError, evaluation_devices
 
 UUID_0 = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
@@ -119,6 +120,45 @@ def test_a_validator_told_fastest_first_stops_before_anything_else(tmp_path):
     environment["PYTHONPATH"] = str(REPO)
     finished = subprocess.run(
         [sys.executable, "-m", "quasar", "validator", "--device", "cuda"],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert finished.returncode == 1
+    assert "CUDA_DEVICE_ORDER=FASTEST_FIRST: QUASAR numbers GPUs in PCI bus order" in finished.stderr
+
+
+def test_quasar_evaluate_told_fastest_first_stops_naming_it(tmp_path):
+    """The parent's torch would take cuda:1 in CUDA's fastest-first order, its sandbox nvidia-smi's GPU 1."""
+    environment = {**os.environ, "HOME": str(tmp_path), "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
+    environment["PYTHONPATH"] = str(REPO)
+    finished = subprocess.run(
+        [sys.executable, "-m", "quasar", "evaluate", str(tmp_path), "--target", "512", "--device", "cuda:1"],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert finished.returncode == 2
+    assert "CUDA_DEVICE_ORDER=FASTEST_FIRST: QUASAR numbers GPUs in PCI bus order" in finished.stderr
+
+
+def test_the_miner_told_fastest_first_stops_naming_it(monkeypatch):
+    """Its benchmarks' sandboxes take DEVICE=cuda:1 as nvidia-smi's GPU 1, its own torch as CUDA's order's."""
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    with pytest.raises(MinerSetupError, match="CUDA_DEVICE_ORDER=FASTEST_FIRST: QUASAR numbers GPUs in PCI bus order"):
+        _device_name("cuda:1")
+
+
+def test_the_inference_server_told_fastest_first_stops_naming_it(tmp_path):
+    """CUDA_VISIBLE_DEVICES=0 for it and =2,3 for a validator must be nvidia-smi's GPUs in both."""
+    environment = {**os.environ, "HOME": str(tmp_path), "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
+    environment["PYTHONPATH"] = str(REPO)
+    finished = subprocess.run(
+        [sys.executable, "-m", "quasar", "inference", "serve", "--device", "cuda"],
         cwd=tmp_path,
         env=environment,
         capture_output=True,

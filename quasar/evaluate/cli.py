@@ -8,10 +8,12 @@ are here too: :func:`add_evaluation_arguments`, :func:`start` and :func:`options
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
 from quasar import config
 from quasar.config import values
+from quasar.evaluate.gpus import GpuOrderError, use_pci_bus_order
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, EvaluationOptions, options_from_settings
 from quasar.evaluate.report import render_report
@@ -93,12 +95,19 @@ def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
 def start(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> tuple[argparse.Namespace, config.Settings]:
     """Parse ``argv``, resolve the settings (quasar/config.py: environment, then .env; a bad one
     exits through ``parser.error``, naming it) and set up logging: warnings only (the tools show
-    their own progress) unless ``--debug``, the settings' secrets masked."""
+    their own progress) unless ``--debug``, the settings' secrets masked. On CUDA, GPUs are
+    numbered in PCI bus order, as the sandbox names them (gpus.py); another CUDA_DEVICE_ORDER is
+    refused through ``parser.error``."""
     args = parser.parse_args(argv)
     try:
         settings = config.resolve()
     except config.SettingsError as error:
         parser.error(str(error))
+    if (getattr(args, "device", None) or settings.device).startswith("cuda"):
+        try:
+            use_pci_bus_order(os.environ)
+        except GpuOrderError as error:
+            parser.error(str(error))
     setup_logging(args.debug, settings.secrets(), quiet=True)
     return args, settings
 

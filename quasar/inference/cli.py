@@ -36,14 +36,14 @@ def serve(settings: config.Settings) -> int:
 
     # Each step's error says what failed; any of them ends the command.
     try:
+        if settings.device.startswith("cuda"):
+            use_pci_bus_order(os.environ)  # DEVICE and CUDA_VISIBLE_DEVICES in nvidia-smi's numbering
         hotkey = open_wallet(settings, "miner").hotkey.ss58_address
         chain = connect(settings)
         if not chain.is_registered(hotkey):
             log.warning(
                 "hotkey %s is not registered on subnet %d: validators will not find this server", hotkey, chain.netuid
             )
-        if settings.device.startswith("cuda"):
-            use_pci_bus_order(os.environ)  # DEVICE and CUDA_VISIBLE_DEVICES in nvidia-smi's numbering
         model = load_reference_model(settings.reference_model, settings.device, settings.reference_dtype)
         limits = InferenceLimits(
             settings.inference_max_prompt_len,
