@@ -79,6 +79,28 @@ def test_precedence_dotenv_then_environment_then_flag(tmp_path):
     assert settings.device == "cpu"
 
 
+def test_a_retired_setting_in_an_old_env_is_named_with_what_replaced_it(tmp_path, caplog):
+    """An .env written from an older .env.example (AXON_PORT=8091 was in it) upgrades in place:
+    a setting no longer read is named with what does its work now, not silently ignored."""
+    dotenv = tmp_path / ".env"
+    dotenv.write_text("NETUID=3\nAXON_PORT=9000\n")
+    with caplog.at_level("WARNING", logger="quasar.config.settings"):
+        settings = config.resolve({}, environ={}, dotenv_path=dotenv)
+    assert settings.axon_external_port is None
+    warned = [record.getMessage() for record in caplog.records]
+    assert warned == [
+        f"AXON_PORT (from {dotenv}) is no longer read: the port published on chain is AXON_EXTERNAL_PORT "
+        "(empty: MINER_INFERENCE_PORT, where the inference server listens); move its value there if a "
+        "router forwards that port, then remove AXON_PORT"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="quasar.config.settings"):
+        config.resolve({}, environ={"AXON_PORT": "9000"}, dotenv_path=None)
+    assert [record.getMessage().split(" is no longer")[0] for record in caplog.records] == [
+        "AXON_PORT (from environment)"
+    ]
+
+
 def test_bittensor_flag_spelling(tmp_path):
     parser = make_parser()
     argv = [

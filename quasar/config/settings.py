@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -14,6 +15,8 @@ from dotenv import dotenv_values
 from quasar.config.options import OPTIONS
 from quasar.config.values import DEV_NETWORK, PUBLIC_NETWORKS
 from quasar.errors import QuasarError
+
+logger = logging.getLogger(__name__)
 
 
 class SettingsError(QuasarError, ValueError):
@@ -150,6 +153,15 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LIBRARY_VARIABLES = ("HF_HUB_OFFLINE", "HF_HOME", "HF_ENDPOINT")
 
 
+# Settings an older QUASAR read and this one does not, with what does their work now: an .env
+# written from an older .env.example still sets them, and the operator is told rather than left
+# relying on a setting that does nothing (README, 'Upgrading').
+RETIRED_SETTINGS = {
+    "AXON_PORT": "the port published on chain is AXON_EXTERNAL_PORT (empty: MINER_INFERENCE_PORT, where the "
+    "inference server listens); move its value there if a router forwards that port, then remove AXON_PORT",
+}
+
+
 # Names the .env file to read in place of the current folder's or the checkout's; set empty, none
 # is read (the local network's children, whose settings all come as flags).
 DOTENV_VARIABLE = "QUASAR_DOTENV"
@@ -181,7 +193,8 @@ def resolve(
     ``flags`` maps setting keys to raw strings (None = not given), or is the namespace from a
     parser built with :func:`add_arguments`. ``environ`` defaults to ``os.environ``, into which the
     .env's :data:`LIBRARY_VARIABLES` the environment does not set are then put.
-    ``dotenv_path``: :func:`default_dotenv_path` by default; None reads no .env.
+    ``dotenv_path``: :func:`default_dotenv_path` by default; None reads no .env. A setting of
+    :data:`RETIRED_SETTINGS` in the .env or ``environ`` is logged as a warning naming what replaced it.
     """
     if isinstance(flags, argparse.Namespace):
         flags = vars(flags)
@@ -197,6 +210,11 @@ def resolve(
         for name in LIBRARY_VARIABLES:
             if name not in os.environ and dotenv.get(name) is not None:
                 os.environ[name] = str(dotenv[name])
+
+    for name, instead in RETIRED_SETTINGS.items():
+        source = "environment" if name in environ else str(dotenv_path) if dotenv.get(name) is not None else None
+        if source is not None:
+            logger.warning("%s (from %s) is no longer read: %s", name, source, instead)
 
     values: dict[str, Any] = {}
     for option in OPTIONS:
