@@ -12,12 +12,13 @@ import threading
 import time
 
 import pytest
+from alembic.script import ScriptDirectory
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
 from api_fixtures import commit_of
 from quasar.api import admission
-from quasar.api.db import Database, IpBan, PreparedStatement, Submission, UsedNonce
+from quasar.api.db import MIGRATIONS_DIR, Database, IpBan, PreparedStatement, SchemaTooNew, Submission, UsedNonce
 
 HOTKEYS = [f"5Hotkey{n}" for n in range(4)]
 IPS = ["10.0.0.1", "10.0.0.2", "2001:db8::7"]
@@ -175,3 +176,22 @@ def test_a_read_inside_a_read_is_the_same_snapshot(database):
 def _count_in_new_read(database: Database, count) -> int:
     with database.read() as session:
         return session.scalar(count)
+
+
+def test_a_database_a_newer_quasar_migrated_is_refused_naming_its_revision_and_keeps_its_rows(database):
+    """Going back to an older QUASAR after an upgrade (or running two versions on one database):
+    the schema is at a revision this code has no migration for. The start stops with a message
+    naming it and what to do, not with Alembic's traceback, and nothing stored is touched."""
+    with database.engine.begin() as connection:
+        connection.execute(insert(UsedNonce).values(hotkey="5Fnewer", nonce=1))
+        connection.execute(text("UPDATE alembic_version SET version_num = '0099'"))
+    newest = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+    with pytest.raises(SchemaTooNew) as refused:
+        database.upgrade()
+    assert str(refused.value) == (
+        f"the schema is at revision 0099, which this QUASAR does not know (its newest is {newest}): "
+        "a newer QUASAR migrated it; run that version again, or restore the database's copy from before the upgrade"
+    )
+    with database.read() as session:
+        assert session.scalar(select(func.count()).select_from(UsedNonce)) == 1
+        assert session.scalar(text("SELECT version_num FROM alembic_version")) == "0099"

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import (
     BigInteger,
@@ -280,6 +281,10 @@ class GroupCommit:
         return []
 
 
+class SchemaTooNew(QuasarError, ValueError):
+    """The database's schema is at a revision this code has no migration for: a newer QUASAR migrated it."""
+
+
 class DatabaseBusy(QuasarError, RuntimeError):
     """The database could not take the write in time (SQLite lock wait, or retries exhausted)."""
 
@@ -338,7 +343,20 @@ class Database:
         return alembic
 
     def upgrade(self) -> None:
-        """Bring the schema to the newest migration (creating it on an empty database); never drops data."""
+        """Bring the schema to the newest migration (creating it on an empty database); never drops data.
+        A schema at a revision this code has no migration for (a newer QUASAR migrated it) is
+        refused, untouched, with :class:`SchemaTooNew`."""
+        scripts = ScriptDirectory(str(MIGRATIONS_DIR))
+        known = {script.revision for script in scripts.walk_revisions()}
+        with self._write_engine.connect() as connection:
+            current = MigrationContext.configure(connection).get_current_heads()
+        for revision in current:
+            if revision not in known:
+                raise SchemaTooNew(
+                    f"the schema is at revision {revision}, which this QUASAR does not know (its newest is "
+                    f"{scripts.get_current_head()}): a newer QUASAR migrated it; run that version again, or "
+                    "restore the database's copy from before the upgrade"
+                )
         command.upgrade(self._alembic(), "head")
 
     def new_migration(self, message: str) -> None:
