@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from quasar import config
 from quasar.evaluate import gpus as gpus_module
 from quasar.evaluate.gpus import GpuOrderError, assigned_gpu, nvidia_gpus, use_pci_bus_order
 from quasar.evaluate.pinning import choose_cpus, device_slot
@@ -159,6 +160,36 @@ def test_the_inference_server_told_fastest_first_stops_naming_it(tmp_path):
     environment["PYTHONPATH"] = str(REPO)
     finished = subprocess.run(
         [sys.executable, "-m", "quasar", "inference", "serve", "--device", "cuda"],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert finished.returncode == 1
+    assert "CUDA_DEVICE_ORDER=FASTEST_FIRST: QUASAR numbers GPUs in PCI bus order" in finished.stderr
+
+
+def test_cuda_variables_in_the_env_file_reach_every_process(tmp_path, monkeypatch):
+    """START_MINER_INFERENCE.sh exports no .env: its CUDA_VISIBLE_DEVICES=1 left the inference server on GPU 0."""
+    dotenv = tmp_path / "miner.env"
+    dotenv.write_text("CUDA_VISIBLE_DEVICES=1\nCUDA_DEVICE_ORDER=PCI_BUS_ID\n")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    config.resolve(dotenv_path=dotenv)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # the environment wins, as everywhere
+    config.resolve(dotenv_path=dotenv)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+def test_the_inference_server_reads_cuda_device_order_from_its_env_file(tmp_path):
+    dotenv = tmp_path / "miner.env"
+    dotenv.write_text("CUDA_DEVICE_ORDER=FASTEST_FIRST\n")
+    environment = {key: value for key, value in os.environ.items() if not key.startswith("CUDA_")}
+    environment.update(HOME=str(tmp_path), QUASAR_DOTENV=str(dotenv), PYTHONPATH=str(REPO))
+    finished = subprocess.run(
+        [str(REPO / "START_MINER_INFERENCE.sh"), "--device", "cuda"],
         cwd=tmp_path,
         env=environment,
         capture_output=True,

@@ -148,9 +148,10 @@ class Settings:
 
 # The checkout this package runs from (an editable install's), where .env.example and a .env live.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-# Variables libraries read from the process environment (Hugging Face's hub and cache): a .env
-# setting them reaches them too, below the environment's own.
-LIBRARY_VARIABLES = ("HF_HUB_OFFLINE", "HF_HOME", "HF_ENDPOINT")
+# Variables libraries read from the process environment (Hugging Face's hub and cache, CUDA's
+# GPUs): a .env setting them reaches them too, below the environment's own, in every process (the
+# inference server's START script exports no .env; CUDA reads them when it starts, after this).
+LIBRARY_VARIABLES = ("HF_HUB_OFFLINE", "HF_HOME", "HF_ENDPOINT", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
 
 
 # Settings an older QUASAR read and this one does not, with what does their work now: an .env
