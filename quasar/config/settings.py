@@ -213,7 +213,8 @@ def resolve(
                 os.environ[name] = str(dotenv[name])
 
     for name, instead in RETIRED_SETTINGS.items():
-        source = "environment" if name in environ else str(dotenv_path) if dotenv.get(name) is not None else None
+        # The .env is named first: the START scripts export it, and there is the line to remove.
+        source = str(dotenv_path) if dotenv.get(name) is not None else "environment" if name in environ else None
         if source is not None:
             logger.warning("%s (from %s) is no longer read: %s", name, source, instead)
 
