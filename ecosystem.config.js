@@ -6,6 +6,9 @@
 // WALLET_VALIDATOR_NAME (or WALLET_NAME for both), each with WALLET_HOTKEY under WALLET_PATH; set them
 // in .env, or give one app its own flags, e.g.
 //   args: ["--wallet.name", "my_coldkey", "--wallet.hotkey", "my_hotkey"],
+// On one host with several GPUs, give each app its own GPUs (nvidia-smi's numbers or UUIDs; a .env
+// here is every app's), e.g. env: { CUDA_VISIBLE_DEVICES: "2,3" } for quasar-validator and
+// env: { CUDA_VISIBLE_DEVICES: "0" } for both miner apps (docs/validator.md, "Which GPUs").
 // pm2 appends to its log files (~/.pm2/logs) without end: `pm2 install pm2-logrotate` once per host.
 // Each script is named relative to cwd, this folder: pm2 runs a script whose name has a space as
 // the command line `bash -c SCRIPT`, so a checkout in "~/GPU work" restarted without end on
