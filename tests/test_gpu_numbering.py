@@ -27,6 +27,20 @@ UUID_0 = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
 UUID_1 = "GPU-bbbbbbbb-1111-2222-3333-444444444444"
 UUID_2 = "GPU-bbbbcccc-1111-2222-3333-444444444444"
 REPO = Path(__file__).resolve().parent.parent
+FASTEST_FIRST_REFUSED = "CUDA_DEVICE_ORDER=FASTEST_FIRST: QUASAR numbers GPUs in PCI bus order"
+
+
+def run_fastest_first(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
+    """``quasar ARGV`` run with CUDA_DEVICE_ORDER=FASTEST_FIRST and a HOME of its own."""
+    environment = {**os.environ, "HOME": str(tmp_path), "CUDA_DEVICE_ORDER": "FASTEST_FIRST", "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, "-m", "quasar", *argv],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture
@@ -110,64 +124,37 @@ def test_gpus_are_numbered_in_pci_bus_order_in_every_process():
     environ: dict[str, str] = {}
     use_pci_bus_order(environ)
     assert environ == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    with pytest.raises(GpuOrderError, match="CUDA_DEVICE_ORDER=FASTEST_FIRST: QUASAR numbers GPUs in PCI bus order"):
+    with pytest.raises(GpuOrderError, match=FASTEST_FIRST_REFUSED):
         use_pci_bus_order({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
 
 
 def test_a_validator_told_fastest_first_stops_before_anything_else(tmp_path):
     """Its workers number GPUs in PCI bus order: CUDA_VISIBLE_DEVICES=2 would be another GPU in the
     validator's own process (its reference model) than in its evaluations."""
-    environment = {**os.environ, "HOME": str(tmp_path), "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
-    environment["PYTHONPATH"] = str(REPO)
-    finished = subprocess.run(
-        [sys.executable, "-m", "quasar", "validator", "--device", "cuda"],
-        cwd=tmp_path,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    finished = run_fastest_first(tmp_path, "validator", "--device", "cuda")
     assert finished.returncode == 1
-    assert "CUDA_DEVICE_ORDER=FASTEST_FIRST: QUASAR numbers GPUs in PCI bus order" in finished.stderr
+    assert FASTEST_FIRST_REFUSED in finished.stderr
 
 
 def test_quasar_evaluate_told_fastest_first_stops_naming_it(tmp_path):
     """The parent's torch would take cuda:1 in CUDA's fastest-first order, its sandbox nvidia-smi's GPU 1."""
-    environment = {**os.environ, "HOME": str(tmp_path), "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
-    environment["PYTHONPATH"] = str(REPO)
-    finished = subprocess.run(
-        [sys.executable, "-m", "quasar", "evaluate", str(tmp_path), "--target", "512", "--device", "cuda:1"],
-        cwd=tmp_path,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    finished = run_fastest_first(tmp_path, "evaluate", str(tmp_path), "--target", "512", "--device", "cuda:1")
     assert finished.returncode == 2
-    assert "CUDA_DEVICE_ORDER=FASTEST_FIRST: QUASAR numbers GPUs in PCI bus order" in finished.stderr
+    assert FASTEST_FIRST_REFUSED in finished.stderr
 
 
 def test_the_miner_told_fastest_first_stops_naming_it(monkeypatch):
     """Its benchmarks' sandboxes take DEVICE=cuda:1 as nvidia-smi's GPU 1, its own torch as CUDA's order's."""
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
-    with pytest.raises(MinerSetupError, match="CUDA_DEVICE_ORDER=FASTEST_FIRST: QUASAR numbers GPUs in PCI bus order"):
+    with pytest.raises(MinerSetupError, match=FASTEST_FIRST_REFUSED):
         _device_name("cuda:1")
 
 
 def test_the_inference_server_told_fastest_first_stops_naming_it(tmp_path):
     """CUDA_VISIBLE_DEVICES=0 for it and =2,3 for a validator must be nvidia-smi's GPUs in both."""
-    environment = {**os.environ, "HOME": str(tmp_path), "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}
-    environment["PYTHONPATH"] = str(REPO)
-    finished = subprocess.run(
-        [sys.executable, "-m", "quasar", "inference", "serve", "--device", "cuda"],
-        cwd=tmp_path,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    finished = run_fastest_first(tmp_path, "inference", "serve", "--device", "cuda")
     assert finished.returncode == 1
-    assert "CUDA_DEVICE_ORDER=FASTEST_FIRST: QUASAR numbers GPUs in PCI bus order" in finished.stderr
+    assert FASTEST_FIRST_REFUSED in finished.stderr
 
 
 def test_cuda_variables_in_the_env_file_reach_every_process(tmp_path, monkeypatch):
@@ -197,4 +184,4 @@ def test_the_inference_server_reads_cuda_device_order_from_its_env_file(tmp_path
         timeout=60,
     )
     assert finished.returncode == 1
-    assert "CUDA_DEVICE_ORDER=FASTEST_FIRST: QUASAR numbers GPUs in PCI bus order" in finished.stderr
+    assert FASTEST_FIRST_REFUSED in finished.stderr

@@ -387,6 +387,26 @@ def down_api(subnet: Subnet):
         yield api
 
 
+def evaluated_awaiting_logit_check(state: ValidatorState, subnet: Subnet, world) -> None:
+    """Miner a's honest submission 1 in ``state``, evaluated and correct, its logit check not yet made."""
+    fork_url, commit = world["honest"]
+    submission = Submission(
+        submission_id=1,
+        hotkey=subnet.hotkey("a"),
+        fork_url=fork_url,
+        commit_hash=commit,
+        target_sequence_length=TARGET,
+        claimed_tokens_per_sec=CLAIM,
+        submitted_at=1.0,
+        round_id=0,
+        counts_from_block=0,
+    )
+    state.add_submission(submission, 0.0)
+    key = EvaluationKey(fork_url, commit, TARGET)
+    state.start_evaluation(key, "cpu", 0.0)
+    state.finish_evaluation(key, EvaluationResult(correct=True, measured_tokens_per_sec=1000.0), 0.0)
+
+
 def lines(caplog, fragment: str) -> list[str]:
     return [record.getMessage() for record in caplog.records if fragment in record.getMessage()]
 
@@ -929,22 +949,7 @@ def test_a_stop_during_a_logit_check_of_a_miner_answering_503_forever_ends_at_on
             ValidatorState.open(tmp_path / "state.sqlite3") as state,
         ):
             subnet.chain.publish_endpoint(subnet.wallets["a"], "127.0.0.1", port)
-            fork_url, commit = world["honest"]
-            submission = Submission(
-                submission_id=1,
-                hotkey=subnet.hotkey("a"),
-                fork_url=fork_url,
-                commit_hash=commit,
-                target_sequence_length=TARGET,
-                claimed_tokens_per_sec=CLAIM,
-                submitted_at=1.0,
-                round_id=0,
-                counts_from_block=0,
-            )
-            state.add_submission(submission, 0.0)
-            key = EvaluationKey(*world["honest"], TARGET)
-            state.start_evaluation(key, "cpu", 0.0)
-            state.finish_evaluation(key, EvaluationResult(correct=True, measured_tokens_per_sec=1000.0), 0.0)
+            evaluated_awaiting_logit_check(state, subnet, world)
             validator = cpu_validator(subnet, api, state, tmp_path)
             validator.logit_checker.sleep = validator.pause  # as quasar/validator/cli.py builds it
             assert [record.submission.submission_id for record in state.needing_logit_check()] == [1]
@@ -975,22 +980,7 @@ def test_a_validator_whose_clock_is_ahead_of_the_apis_checks_no_logits_and_says_
             ValidatorState.open(tmp_path / "state.sqlite3") as state,
             ApiClient(server.url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api,
         ):
-            fork_url, commit = world["honest"]
-            submission = Submission(
-                submission_id=1,
-                hotkey=subnet.hotkey("a"),
-                fork_url=fork_url,
-                commit_hash=commit,
-                target_sequence_length=TARGET,
-                claimed_tokens_per_sec=CLAIM,
-                submitted_at=1.0,
-                round_id=0,
-                counts_from_block=0,
-            )
-            state.add_submission(submission, 0.0)
-            key = EvaluationKey(*world["honest"], TARGET)
-            state.start_evaluation(key, "cpu", 0.0)
-            state.finish_evaluation(key, EvaluationResult(correct=True, measured_tokens_per_sec=1000.0), 0.0)
+            evaluated_awaiting_logit_check(state, subnet, world)
             validator = cpu_validator(subnet, api, state, tmp_path)
             with caplog.at_level(logging.INFO, logger="quasar.validator.loop"):
                 validator.step()
