@@ -1,5 +1,6 @@
 """Processes in the tests: what /proc says of the running ones, Python children of the repository
-whose output the tests read, and a stop signal sent where Python drops what its handler raises."""
+whose output the tests read, a stop signal sent where Python drops what its handler raises, and
+libfaketime for children whose clock is off."""
 
 from __future__ import annotations
 
@@ -12,7 +13,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+
+
+def libfaketime() -> str:
+    """The path of libfaketime, to preload in a child whose clock a test moves (scripts/test.sh
+    installs it); the test is skipped where it is missing."""
+    if not LIBFAKETIME.exists():
+        pytest.skip("libfaketime missing (Debian package faketime)")
+    return str(LIBFAKETIME)
 
 
 def proc_files(field: str) -> Iterator[tuple[int, bytes]]:

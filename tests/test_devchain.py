@@ -20,6 +20,7 @@ from quasar.chain.factory import connect
 from quasar.chain.subtensor_rules import refusal_error, u16_weights
 from quasar.localnet.host import make_wallet
 from quasar.terminal import short_hotkey
+from tests.processes import libfaketime
 
 SLOW_BLOCKS = 1e6  # seconds per block: blocks move only through advance()
 
@@ -94,7 +95,6 @@ def test_blocks_advance_with_time_from_the_stored_genesis(tmp_path):
     assert abs(again.current_block() - fast.current_block()) <= 1
 
 
-LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
 STEPPED = """
 import sys
 from pathlib import Path
@@ -110,12 +110,11 @@ print(before, chain.current_block(), DevChain(sys.argv[1]).current_block())
 def test_a_step_back_of_the_hosts_clock_does_not_take_the_block_number_back(tmp_path):
     """A process whose wall clock steps back 60 s (NTP, libfaketime here; the boot clock goes on)
     read the block 300 blocks lower: the dev chain counted blocks by the wall clock."""
-    if not os.path.exists(LIBFAKETIME):
-        pytest.skip("libfaketime missing (Debian package faketime)")
+    preload = libfaketime()
     offset = tmp_path / "offset"
     offset.write_text("+0")
     faked = {
-        "LD_PRELOAD": LIBFAKETIME,
+        "LD_PRELOAD": preload,
         "FAKETIME_TIMESTAMP_FILE": str(offset),
         "FAKETIME_NO_CACHE": "1",
         "DONT_FAKE_MONOTONIC": "1",  # the monotonic and boot clocks go on, as under NTP

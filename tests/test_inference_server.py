@@ -40,6 +40,7 @@ from quasar.logits import (
 )
 from servers import serving
 from test_bittensor_chain import RAO, FakeChain
+from tests.processes import libfaketime
 from tiny_qwen import TINY_VOCAB, make_tiny_qwen2
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -386,19 +387,15 @@ def test_start_script_serves_the_model_for_validators(world, tmp_path):
     assert f"for hotkey {miner.hotkey.ss58_address}" in (tmp_path / "server.log").read_text()
 
 
-LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
-
-
 def test_a_step_back_of_the_miners_clock_lets_no_captured_request_be_served_again(world, tmp_path):
     """The server's clock, under libfaketime, moves by the offset in a file read at every clock
     read: a validator's request is served at +0 s; 61 s later (another validator's request then)
     the clock steps back 55 s, so the first request is 6 s old, fresh again. Replayed then, it was
     served a second time: the SDK's store forgot it after 60 s while freshness is by the wall clock."""
-    if not LIBFAKETIME.exists():
-        pytest.skip("libfaketime missing (Debian package faketime)")
+    preload = libfaketime()
     offset = tmp_path / "offset"
     offset.write_text("+0\n")
-    faked = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME_TIMESTAMP_FILE": str(offset), "FAKETIME_NO_CACHE": "1"}
+    faked = {"LD_PRELOAD": preload, "FAKETIME_TIMESTAMP_FILE": str(offset), "FAKETIME_NO_CACHE": "1"}
     payload = {"prompt": [5, 6, 7], "gen_len": 1, "logits_at_step": 1}
     with served_by_start_script(world, tmp_path / "server.log", faked) as url:
         captured = signed_request(world, url, payload)

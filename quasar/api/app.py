@@ -278,7 +278,7 @@ def create_app(
             blocks_until_reveal=config.blocks_until_reveal,
             reveal_window_blocks=config.reveal_window_blocks,
             round_blocks=config.round_blocks,
-            server_time=service.clock(),
+            server_time=auth.freshness_clock_ns() / 1e9,
         )
 
     # The leaderboard and the current round are cached per chain block (quasar.api.readcache).
