@@ -181,7 +181,13 @@ class Submitter:
         self.state.pending_reveal = PendingReveal(
             salt=salt, fork_url=self.fork_url, commitment_hash=digest, measurement=measurement, created_at=time.time()
         )
-        self._save()  # the salt is on disk before the commitment leaves this machine
+        try:
+            self._save()  # the salt is on disk before the commitment leaves this machine
+        except BaseException:
+            # Not on disk (a full disk): forget it, or advance() would send a commitment that a
+            # restart could never reveal. The next cycle tries again.
+            self.state.pending_reveal = None
+            raise
         self._send_commitment()
 
     def _send_commitment(self) -> None:
