@@ -10,7 +10,9 @@ import errno
 
 import pytest
 
+from quasar.imports import QUASAR_DIR
 from quasar.miner.state import StateStore
+from quasar.miner.strategies import Candidate, EditRejected
 from quasar.miner.submission import COMMIT_REVEAL
 from test_miner_submission import Setup, measurement
 from tests.small_disk import SmallDisk, unavailable
@@ -52,3 +54,22 @@ def test_a_full_disk_never_lets_a_commitment_leave_before_its_salt_is_saved(setu
         setup.chain.advance(100)
         assert restarted.advance()
         assert [item.commit_hash for item in setup.work()] == [commit]
+
+
+def test_a_candidate_that_a_full_disk_cannot_write_is_not_rejected_as_an_edit(tmp_path):
+    with SmallDisk(tmp_path / "disk", 1) as disk:
+        repo = disk.outside("fork")
+        chunk = repo / QUASAR_DIR / "chunk.py"
+        chunk.parent.mkdir(parents=True)
+        chunk.write_text("original = 1\n")
+        candidate = Candidate("tuning", "a bigger kernel", {f"{QUASAR_DIR}/chunk.py": "tuned = 2\n" * 100_000})
+        disk.fill()
+        # The disk's failure, not the edit's: a REJECTED attempt would be remembered and never tried again.
+        with pytest.raises(OSError) as raised:
+            candidate.apply(repo)
+        assert not isinstance(raised.value, EditRejected)
+        assert raised.value.errno == errno.ENOSPC
+        assert chunk.read_text() == "original = 1\n"
+        disk.free()
+        candidate.apply(repo)
+        assert chunk.read_text().startswith("tuned = 2\n")

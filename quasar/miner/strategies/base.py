@@ -10,6 +10,7 @@ is written. Applying it keeps the originals so it can be rolled back exactly.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import re
@@ -36,6 +37,8 @@ FAILED = "failed"  # the evaluation failed it (import check, correctness, crash)
 REJECTED = "rejected"  # refused before evaluation (rules of an edit)
 ERROR = "error"  # the strategy could not propose (unreachable endpoint, unusable reply)
 OUTCOMES = (KEPT, SLOWER, FAILED, REJECTED, ERROR)
+# Write failures of the disk, not of an edit (a full or read-only disk): the cycle fails, the edit is tried later.
+HOST_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 
 
 class StrategyError(QuasarError):
@@ -156,7 +159,9 @@ class Candidate:
         return sorted(self.changes)
 
     def apply(self, repo: Path) -> AppliedEdit:
-        """Write the edit into the checkout at ``repo``; the result can roll it back."""
+        """Write the edit into the checkout at ``repo``; the result can roll it back. A file it cannot
+        write is :class:`EditRejected`, unless the disk failed (:data:`HOST_ERRNOS`): that OSError
+        is raised as it is."""
         repo = Path(repo)
         targets = {path: _check_inside(repo, path) for path in self.changes}
         originals = {path: target.read_bytes() if target.exists() else None for path, target in targets.items()}
@@ -172,6 +177,8 @@ class Candidate:
                 target.write_text(content, encoding="utf-8")
         except OSError as error:
             applied.rollback()
+            if error.errno in HOST_ERRNOS:
+                raise  # the host's failure, not the edit's: rejected, it would never be tried again
             raise EditRejected(f"cannot write the edit: {error}") from None
         return applied
 
