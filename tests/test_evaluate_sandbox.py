@@ -4,6 +4,7 @@ the environment, the fork's copy and its bytecode, the stragglers, the folders i
 from __future__ import annotations
 
 import importlib.util
+import json
 import marshal
 import os
 import signal
@@ -302,3 +303,38 @@ def test_a_sandbox_started_under_umask_077_comes_up(tmp_path, monkeypatch):
             assert child.confinement is not None and child.confinement.uid is not None
     finally:
         os.umask(previous)
+
+
+_EVALUATE_WITHOUT_UID_LOCKS = """
+import json, os, subprocess, sys
+from quasar.evaluate import evaluate
+from quasar.validator.evaluator import result_from_report
+from tests.evaluate_runs import FAST_CPU
+# Neither folder for the sandbox uid locks can be had: /run/lock read-only, /tmp's one another user's.
+os.makedirs("/tmp/quasar-sandbox-uids", mode=0o700, exist_ok=True)
+for options, place in (("ro", "/run/lock"), ("uid=65534", "/tmp/quasar-sandbox-uids")):
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"{options},size=1m", "tmpfs", place], check=True)
+report = evaluate(sys.argv[1], 64, None, FAST_CPU)
+outcome = result_from_report(report)
+print(json.dumps({"reasons": report.reasons, "error": outcome.error, "recorded": outcome.result is not None}))
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.isdir("/run/lock"), reason="needs root (a uid of its own per sandbox)"
+)
+def test_a_sandbox_whose_limits_this_host_cannot_set_up_is_the_validators_error_not_the_forks(tmp_path):
+    """No folder for the sandbox uid locks (/run/lock read-only, /tmp full or another's): the
+    evaluation's reason was `sandbox: the sandbox's limits could not be set up: ...`, a failure
+    recorded against the fork and reported, where the host is at fault."""
+    if sandbox.sandbox_unavailable():
+        pytest.skip(f"no namespaced sandbox on this host: {sandbox.sandbox_unavailable()}")
+    write_starter_fork(tmp_path / "fork")
+    command = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _EVALUATE_WITHOUT_UID_LOCKS]
+    done = subprocess.run(
+        [*command, str(tmp_path / "fork")], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert seen["reasons"][0].startswith("sandbox unavailable: the sandbox's limits could not be set up: "), seen
+    assert not seen["recorded"] and "no directory for the sandbox uid locks" in seen["error"]

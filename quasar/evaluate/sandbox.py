@@ -73,7 +73,8 @@ STARTUP_SECONDS = 180
 
 
 class SandboxUnavailable(SandboxError):
-    """Namespaces cannot be created here; running needs ``allow_unsandboxed``."""
+    """This host cannot build the sandbox: namespaces (running needs ``allow_unsandboxed``), or its
+    limits (a uid, a cgroup). The host's fault, never the fork's: a validator tries it again later."""
 
 
 # The namespaces every sandbox gets (``unshare`` flags), and those an ordinary user adds first.
@@ -354,7 +355,7 @@ class SandboxedChild:
                 root, self.policy.memory_bytes, self.policy.max_processes, self.policy.cgroup_path
             )
         except ConfinementError as error:
-            raise SandboxError(f"the sandbox's limits could not be set up: {error}") from None
+            raise SandboxUnavailable(f"the sandbox's limits could not be set up: {error}") from None
         if self._claim is not None and self.confinement.cgroup is not None:
             self._claim.record_cgroups(self.confinement.cgroup.directories.values())
 
