@@ -46,7 +46,7 @@ from pathlib import Path
 
 import git
 
-from quasar import fork_tree
+from quasar import fork_tree, git_failures
 from quasar.errors import QuasarError
 from quasar.gitenv import NO_USER_CONFIGURATION
 from quasar.lock_files import same_file
@@ -77,20 +77,14 @@ _TRUST_STORE_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "GIT_SSL_CAINFO", "GI
 GIT_NETWORK_VARIABLES = frozenset({*_PROXY_VARIABLES, *map(str.upper, _PROXY_VARIABLES), *_TRUST_STORE_VARIABLES})
 _KEPT_ENVIRONMENT = frozenset({"PATH", "TMPDIR", *GIT_NETWORK_VARIABLES})
 
-# Messages git prints when the server does not have the requested object.
-_COMMIT_MISSING = ("not our ref", "unadvertised object", "couldn't find remote ref", "no such remote ref")
-# Messages git prints when the repository itself cannot be read (missing, private, mistyped).
-_REPO_MISSING = (
-    "not found",
-    "terminal prompts disabled",
-    "does not appear to be a git repository",
-    "could not read from remote repository",
-    "could not read username",
-)
-
 
 class ForkError(QuasarError, ValueError):
     """A fork URL or commit is refused, or cloning it failed; the message says what was wrong."""
+
+
+class CloneUnavailable(ForkError):
+    """The fork could not be fetched for a fault of this host (its disk, its memory, the network to
+    the fork's host), not of the fork: a validator tries it again later and blames no one."""
 
 
 @dataclass(frozen=True)
@@ -252,7 +246,9 @@ def clone_at_commit(
     included; ``max_bytes`` bounds the clone directory (git objects plus checked-out files).
     ``env`` adds environment variables for git (a proxy, a CA bundle); it cannot undo the
     isolation settings. Raises :class:`ForkError` on a refused URL or commit, a missing repository
-    or commit, a time or size limit, or any git failure; nothing is left behind on failure.
+    or commit, a time or size limit, or any git failure; :class:`CloneUnavailable` (a ForkError)
+    where git said the fault was this host's (its disk or memory) or the network's, and ``OSError``
+    where this process cannot write ``cache_root``. Nothing is left behind on failure.
 
     The cache is trusted storage: hand untrusted code a copy or a read-only mount, never the path.
     """
@@ -458,7 +454,7 @@ class _IsolatedGit:
         )
         proc = handle.proc  # `handle` must stay referenced: when collected, GitPython terminates git
         if proc is None:
-            raise ForkError(f"git {args[0]} did not start")
+            raise CloneUnavailable(f"git {args[0]} did not start")
         try:
             while True:
                 remaining = self._limits.deadline - time.monotonic()
@@ -488,15 +484,17 @@ class _IsolatedGit:
             raise ForkError(f"{self._limits.url} at {self._limits.commit} is refused: {error}") from None
 
     def _failure(self, command: str, stderr: str) -> ForkError:
-        lowered = stderr.lower()
         url, commit = self._limits.url, self._limits.commit
-        if command == "fetch" and any(text in lowered for text in _COMMIT_MISSING):
+        failure = git_failures.classify(command, stderr)
+        if failure.kind == git_failures.HOST:
+            return CloneUnavailable(f"git {command} failed on this host for {url} at {commit}: {failure.detail}")
+        if failure.kind == git_failures.NETWORK:
+            return CloneUnavailable(f"git {command} could not reach {url} for {commit}: {failure.detail}")
+        if failure.kind == git_failures.COMMIT_MISSING:
             return ForkError(f"commit {commit} not found in {url}")
-        if command == "fetch" and any(text in lowered for text in _REPO_MISSING):
+        if failure.kind == git_failures.REPO_MISSING:
             return ForkError(f"repository {url} not found, not public, or not reachable")
-        lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-        detail = lines[-1] if lines else "no message"
-        return ForkError(f"git {command} failed for {url} at {commit}: {detail}")
+        return ForkError(f"git {command} failed for {url} at {commit}: {failure.detail}")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import multiprocessing
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import zlib
@@ -21,6 +23,7 @@ from quasar import fork_tree
 from quasar.forks import (
     MAX_FORK_URL_LENGTH,
     Checkout,
+    CloneUnavailable,
     ForkError,
     _key_lock,
     _Limits,
@@ -29,6 +32,7 @@ from quasar.forks import (
     normalize_fork_url,
     validate_commit_hash,
 )
+from tests.github_network import CUT, REFUSE, GitHubProxy, make_github_certificate
 from tests.gitrepo import git, git_environment
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -366,8 +370,9 @@ def test_directory_without_completion_marker_is_rebuilt(tmp_path, source):
 def test_commit_that_does_not_exist_is_a_clear_error(tmp_path, source):
     bare, _ = source
     cache = tmp_path / "cache"
-    with pytest.raises(ForkError, match=f"commit {SHA} not found in file://{bare}"):
+    with pytest.raises(ForkError, match=f"commit {SHA} not found in file://{bare}") as raised:
         clone_at_commit(str(bare), SHA, cache, allow_local=True)
+    assert not isinstance(raised.value, CloneUnavailable)  # the fork's fault, not this host's
     assert leftovers(cache) == []
 
 
@@ -380,9 +385,68 @@ def test_object_that_is_not_a_commit_is_refused(tmp_path, source):
 
 
 def test_missing_repository_is_a_clear_error(tmp_path):
-    with pytest.raises(ForkError, match="repository file:///nowhere/repo.git not found"):
+    with pytest.raises(ForkError, match="repository file:///nowhere/repo.git not found") as raised:
         clone_at_commit("/nowhere/repo.git", SHA, tmp_path / "cache", allow_local=True)
+    assert not isinstance(raised.value, CloneUnavailable)
     assert leftovers(tmp_path / "cache") == []
+
+
+@pytest.fixture(scope="module")
+def github_certificate(tmp_path_factory) -> tuple[Path, Path, Path]:
+    return make_github_certificate(tmp_path_factory.mktemp("certificates"))
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        (REFUSE, "CONNECT tunnel failed, response 502"),
+        (CUT, "unable to access"),
+        (500, "returned error: 500"),
+        (503, "returned error: 503"),
+        (429, "returned error: 429"),
+    ],
+)
+def test_a_network_failure_on_the_way_to_github_is_this_hosts_not_the_forks(tmp_path, github_certificate, mode, said):
+    ca, certificate, key = github_certificate
+    with GitHubProxy(mode, certificate, key) as proxy:
+        env = {"https_proxy": proxy.url, "GIT_SSL_CAINFO": str(ca)}
+        with pytest.raises(CloneUnavailable, match=f"could not reach https://github.com/alice/fork .*{said}"):
+            clone_at_commit("https://github.com/alice/fork", SHA, tmp_path / "cache", env=env, timeout_s=30)
+    assert leftovers(tmp_path / "cache") == []
+
+
+def test_a_repository_github_says_is_missing_is_still_the_forks_fault(tmp_path, github_certificate):
+    ca, certificate, key = github_certificate
+    with GitHubProxy(404, certificate, key) as proxy:
+        env = {"https_proxy": proxy.url, "GIT_SSL_CAINFO": str(ca)}
+        with pytest.raises(ForkError, match="repository https://github.com/alice/fork not found") as raised:
+            clone_at_commit("https://github.com/alice/fork", SHA, tmp_path / "cache", env=env, timeout_s=30)
+    assert not isinstance(raised.value, CloneUnavailable)
+
+
+_CLONE_ON_A_SMALL_DISK = """
+import json, subprocess, sys
+from quasar.forks import clone_at_commit
+url, commit, cache = sys.argv[1:]
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", cache], check=True)
+try:
+    clone_at_commit(url, commit, cache, allow_local=True)
+except Exception as error:
+    print(json.dumps([type(error).__name__, str(error)]))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_a_full_clone_folder_is_this_hosts_fault_not_the_forks(tmp_path):
+    # The clone folder is a 1 MiB tmpfs, in a mount namespace of the clone's process alone.
+    bare, (commit,) = make_source(tmp_path, [{"weights.bin": os.urandom(3 << 20)}])
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    command = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", _CLONE_ON_A_SMALL_DISK]
+    done = subprocess.run([*command, str(bare), commit, str(cache)], capture_output=True, text=True, timeout=60)
+    kind, message = json.loads(done.stdout)
+    assert kind == "CloneUnavailable", (kind, message, done.stderr)
+    assert "No space left on device" in message
 
 
 def test_refused_url_clones_nothing(tmp_path):

@@ -59,6 +59,7 @@ from quasar.validator.state import (
 from quasar.validator.state_files import default_state_path
 from quasar.validator.worker import HeadStart, options_from_json, options_to_json
 from tests.evaluate_runs import FAST_CPU
+from tests.github_network import GitHubProxy, make_github_certificate
 from tests.gitrepo import commit_all
 
 URL = "https://github.com/miner/flash-linear-attention"
@@ -758,6 +759,10 @@ def test_worker_outcomes_for_clone_failures_refusals_and_garbage():
     assert clone.result.correct is False and clone.result.reasons == (
         "clone failed: commit abc not found in https://github.com/a/b",
     )
+    unreachable = outcome_from_worker({"outcome": "clone_unavailable", "error": "git fetch could not reach x"})
+    assert unreachable.result is None and unreachable.error == "the fork could not be fetched on this host: " + (
+        "git fetch could not reach x"
+    )
     refused = outcome_from_worker(
         {"outcome": "refused", "error": "sequence length 100000: CPU runs are limited", "content_hash": "cd" * 32}
     )
@@ -771,6 +776,28 @@ def test_worker_outcomes_for_clone_failures_refusals_and_garbage():
     ):
         outcome = outcome_from_worker(garbage)
         assert outcome.result is None and outcome.error
+
+
+def test_a_worker_that_cannot_reach_github_is_this_validators_error_not_the_forks_failure(tmp_path, monkeypatch):
+    """GitHub answering 503 (or the network to it failing) was recorded as the fork's 'clone
+    failed' and reported: the miner lost its submission for this validator's network."""
+    ca, certificate, key = make_github_certificate(tmp_path / "certificates")
+    evaluator = SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=False)
+    key_of = EvaluationKey("https://github.com/alice/fork", "ab" * 20, 64)
+    for mode, fault_of_the_fork in ((503, False), (404, True)):
+        with GitHubProxy(mode, certificate, key) as proxy:
+            monkeypatch.setenv("https_proxy", proxy.url)  # the worker's git inherits it, as an operator's
+            monkeypatch.setenv("GIT_SSL_CAINFO", str(ca))
+            running = evaluator.start(key_of, Device("cpu", ""))
+            deadline = time.monotonic() + 60
+            while (outcome := running.poll()) is None:
+                assert time.monotonic() < deadline, "the worker did not finish"
+                time.sleep(0.05)
+        if fault_of_the_fork:
+            assert outcome.result is not None and outcome.result.reasons[0].startswith("clone failed: repository")
+        else:
+            assert outcome.result is None, outcome.result
+            assert "could not be fetched on this host" in outcome.error and "returned error: 503" in outcome.error
 
 
 def test_a_worker_killed_past_its_deadline_leaves_no_clone_in_the_fork_cache(tmp_path):

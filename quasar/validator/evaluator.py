@@ -105,6 +105,8 @@ def outcome_from_worker(data: object) -> EvaluationOutcome:
     if not isinstance(data, dict):
         return EvaluationOutcome(error="the worker wrote something other than a JSON object")
     kind, error = data.get("outcome"), str(data.get("error", ""))
+    if kind == "clone_unavailable":
+        return EvaluationOutcome(error=f"the fork could not be fetched on this host: {error}")
     if kind == "clone_failed":
         return EvaluationOutcome(
             result=EvaluationResult(correct=False, measured_tokens_per_sec=None, reasons=(f"clone failed: {error}",))

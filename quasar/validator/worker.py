@@ -15,6 +15,8 @@ the harness's import and the parent's reference work. Outcomes:
 
 - ``{"outcome": "evaluated", "report": EvaluationReport.to_dict(), "content_hash": ...}``
 - ``{"outcome": "clone_failed", "error": ...}``: the fork or commit cannot be fetched;
+- ``{"outcome": "clone_unavailable", "error": ...}``: this host could not fetch it (its disk or
+  memory, the network to the fork's host: quasar/forks.py ``CloneUnavailable``), no fault of the fork;
 - ``{"outcome": "refused", "error": ..., "content_hash": ...}``: the evaluation cannot run as
   asked (a length this device does not take, or whose output area exceeds the sandbox's memory).
 
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from quasar import astparse, originality
-from quasar.forks import ForkError, clone_at_commit
+from quasar.forks import CloneUnavailable, ForkError, clone_at_commit
 from quasar.log import setup_logging
 
 logger = logging.getLogger(__name__)
@@ -228,6 +230,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                 allow_local=job["allow_local"],
                 timeout_s=job["clone_timeout_s"],
             )
+        except CloneUnavailable as error:
+            return {"outcome": "clone_unavailable", "error": str(error)}
         except ForkError as error:
             return {"outcome": "clone_failed", "error": str(error)}
         try:

@@ -1,0 +1,90 @@
+"""The network between a validator and GitHub, standing in for both: an HTTP proxy on 127.0.0.1
+(reached through ``https_proxy``, as an operator's proxy is) that refuses the tunnel, or opens it
+and answers as github.com over TLS (a certificate of a test CA that ``GIT_SSL_CAINFO`` names) with
+one HTTP status to every request, or cuts the connection once git has asked. Real git and curl
+talk to it; nothing leaves this machine.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import subprocess
+import threading
+from pathlib import Path
+
+REFUSE = "refuse"  # the proxy answers the tunnel with 502
+CUT = "cut"  # the tunnel opens, TLS starts, and the connection closes once a request came
+
+
+def make_github_certificate(folder: Path) -> tuple[Path, Path, Path]:
+    """A test CA and a certificate for github.com it signed: (CA file, certificate, key)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = folder / "ca.pem", folder / "ca.key"
+    certificate, key, request = folder / "github.pem", folder / "github.key", folder / "github.csr"
+    extensions = folder / "github.ext"
+    extensions.write_text("subjectAltName=DNS:github.com\n")
+    for command in (
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca, "-days", "2"]
+        + ["-subj", "/CN=quasar test CA", "-addext", "basicConstraints=critical,CA:TRUE"]
+        + ["-addext", "keyUsage=critical,keyCertSign"],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", request, "-subj", "/CN=github.com"],
+        ["x509", "-req", "-in", request, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", certificate]
+        + ["-days", "2", "-extfile", extensions],
+    ):
+        subprocess.run(["openssl", *map(str, command)], check=True, capture_output=True)
+    return ca, certificate, key
+
+
+class GitHubProxy:
+    """The proxy; ``mode`` is REFUSE, CUT or an HTTP status GitHub answers with. Use as a context manager."""
+
+    def __init__(self, mode: str | int, certificate: Path, key: Path):
+        self.mode = mode
+        self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._tls.load_cert_chain(certificate, key)
+        self._socket = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+
+    def __enter__(self) -> GitHubProxy:
+        threading.Thread(target=self._serve, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._socket.close()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(connection,), daemon=True).start()
+
+    @staticmethod
+    def _read_head(connection: socket.socket) -> bool:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = connection.recv(4096)
+            if not data:
+                return False
+            head += data
+        return True
+
+    def _answer(self, connection: socket.socket) -> None:
+        with connection:
+            try:
+                if not self._read_head(connection):
+                    return
+                if self.mode == REFUSE:
+                    connection.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+                    return
+                connection.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                with self._tls.wrap_socket(connection, server_side=True) as tls:
+                    if not self._read_head(tls) or self.mode == CUT:
+                        return
+                    tls.sendall(
+                        f"HTTP/1.1 {self.mode} Status\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".encode()
+                    )
+            except (OSError, ssl.SSLError):
+                return
