@@ -6,10 +6,22 @@ disk fills up")."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import os
+import pwd
+import shutil
+import signal
+import tempfile
+from pathlib import Path
 
 import pytest
+from sqlalchemy import select
 
+from api_fixtures import BACKENDS
+from quasar.api.client import ApiClient, ApiClientError, Claim
+from quasar.api.db import Database, Submission
+from quasar.api.devdb import PostgresUnavailable, TemporaryPostgres, start_api_process
 from quasar.imports import QUASAR_DIR
 from quasar.miner.state import StateStore
 from quasar.miner.strategies import Candidate, EditRejected
@@ -73,3 +85,74 @@ def test_a_candidate_that_a_full_disk_cannot_write_is_not_rejected_as_an_edit(tm
         disk.free()
         candidate.apply(repo)
         assert chunk.read_text().startswith("tuned = 2\n")
+
+
+def _small_postgres(stack: contextlib.ExitStack) -> TemporaryPostgres:
+    """A PostgreSQL server whose data folder is a small disk of its own (in a temporary folder the
+    server's user can reach, as TemporaryPostgres makes one)."""
+    account = pwd.getpwnam("postgres")
+    root = Path(tempfile.mkdtemp(prefix="quasar-pg-"))
+    disk = stack.enter_context(SmallDisk(root / "data", 48, f"uid={account.pw_uid},gid={account.pw_gid},mode=0700"))
+    server = TemporaryPostgres(durable=False, root=root, prefix=disk.enter)
+    try:
+        server.start()
+    except PostgresUnavailable as error:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"PostgreSQL unavailable: {error}")
+        pytest.skip(f"PostgreSQL unavailable: {error} (./scripts/test.sh installs it)")
+    stack.callback(server.stop)
+    server.disk = disk  # type: ignore[attr-defined]
+    return server
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_api_answers_503_on_a_full_disk_keeps_what_it_acknowledged_and_recovers(tmp_path, chain, wallets, backend):
+    api_hotkey = wallets["api"].hotkey.ss58_address
+    with contextlib.ExitStack() as stack:
+        if backend == "sqlite":
+            disk = stack.enter_context(SmallDisk(tmp_path / "disk", 4))
+            database_url = f"sqlite:///{tmp_path}/disk/api.sqlite3"
+            stored_url = f"sqlite:///{tmp_path}/api.sqlite3"
+            process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, prefix=disk.enter)
+        else:
+            server = _small_postgres(stack)
+            disk = server.disk  # type: ignore[attr-defined]
+            database_url = stored_url = server.create_database("quasar_full_disk")
+            process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey)
+        stack.callback(process.wait, 30)
+        stack.callback(process.send_signal, signal.SIGTERM)  # when the test fails before it stops it
+        client = stack.enter_context(ApiClient(url, wallets["a"], api_hotkey=api_hotkey, timeout=20))
+        acknowledged = {_submit(client, n): n for n in range(1, 4)}
+
+        disk.fill()
+        refusal = None
+        for n in range(4, 400):  # PostgreSQL first fills the free room its files already have
+            try:
+                acknowledged[_submit(client, n)] = n
+            except ApiClientError as error:
+                refusal = error
+                break
+        assert refusal is not None and refusal.status == 503, refusal
+        assert "the database is unavailable; retry shortly" in refusal.detail
+        assert client.health().status == "ok"  # reads go on
+        assert client.stats(wallets["a"].hotkey.ss58_address) is not None
+        log = next(tmp_path.glob("server-*.log")).read_text()
+        assert ("database or disk is full" if backend == "sqlite" else "No space left on device") in log
+
+        disk.free()
+        acknowledged[_submit(client, 1000)] = 1000  # the same process, once space is back
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+        if backend == "sqlite":  # SQLite follows /proc/PID/root to this namespace's folder: read a copy
+            for name in ("api.sqlite3", "api.sqlite3-wal"):
+                if disk.outside(name).exists():
+                    shutil.copyfile(disk.outside(name), tmp_path / name)
+        database = Database(stored_url)
+        stack.callback(database.dispose)
+        with database.read() as session:
+            stored = {row.id: int(row.commit_hash, 16) for row in session.scalars(select(Submission))}
+        assert stored == acknowledged
+
+
+def _submit(client: ApiClient, n: int) -> int:
+    return client.submit_kernel(Claim("https://github.com/miner/fla", f"{n:040x}", 1e4), 500_000).submission_id

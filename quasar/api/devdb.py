@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -58,26 +58,32 @@ class TemporaryPostgres:
     """A PostgreSQL cluster in a temporary folder, listening on 127.0.0.1 only; removed by :meth:`stop`.
 
     ``durable=False`` turns off fsync (tests: only the API process is killed, never the machine);
-    the load benchmark keeps PostgreSQL's defaults.
+    the load benchmark keeps PostgreSQL's defaults. ``root``: the folder to use (made if missing)
+    instead of a new temporary one; ``prefix``: a command the server's tools run under (``nsenter
+    ... --``: in a mount namespace where ``root/data`` is a disk of its own).
     """
 
-    def __init__(self, durable: bool = True):
+    def __init__(self, durable: bool = True, root: Path | None = None, prefix: Sequence[str] = ()):
         self.durable = durable
         self.port = 0
+        self._folder = root
         self.root: Path | None = None
         self._run_as: str | None = None
+        self._prefix = list(prefix)
 
     def _run(self, *args: str, timeout: float = 120) -> None:
         command = list(args)
         if self._run_as:
             command = ["runuser", "-u", self._run_as, "--", *command]
+        command = [*self._prefix, *command]
         result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
         if result.returncode != 0:
             raise PostgresUnavailable(f"{Path(args[0]).name} failed: {(result.stderr or result.stdout).strip()}")
 
     def start(self) -> TemporaryPostgres:
         binaries = find_server_binaries()
-        self.root = Path(tempfile.mkdtemp(prefix="quasar-pg-"))
+        self.root = self._folder or Path(tempfile.mkdtemp(prefix="quasar-pg-"))
+        self.root.mkdir(parents=True, exist_ok=True)
         data, sockets = self.root / "data", self.root / "sockets"
         sockets.mkdir()
         if os.geteuid() == 0:
@@ -168,11 +174,13 @@ def start_api_process(
     timeout_s: float = 120.0,
     settings: Mapping[str, str] | None = None,
     checkout: Path | None = None,
+    prefix: Sequence[str] = (),
 ) -> tuple[subprocess.Popen, str]:
     """Start ``python -m quasar.api serve --workers N`` on a free port over the dev chain at ``chain_path``.
 
     ``settings``: more settings, as environment variables (``{"API_HEADER_TIMEOUT": "1"}``).
     ``checkout``: the tree whose ``quasar.api`` runs (default the one this module is from).
+    ``prefix``: a command the server runs under (``nsenter ... --``: in another mount namespace).
     Runs in ``workdir`` (so no checkout's ``.env`` is read) and logs to ``workdir/server-PORT.log``;
     returns the process and its base URL once ``/health`` answers (with several workers: once
     each of them has started), or raises RuntimeError with the log's tail. The server runs in a
@@ -196,6 +204,7 @@ def start_api_process(
     with open(log_path, "w") as log:
         process = subprocess.Popen(
             [
+                *prefix,
                 sys.executable,
                 "-m",
                 "quasar.api",
