@@ -156,3 +156,26 @@ def test_the_api_answers_503_on_a_full_disk_keeps_what_it_acknowledged_and_recov
 
 def _submit(client: ApiClient, n: int) -> int:
     return client.submit_kernel(Claim("https://github.com/miner/fla", f"{n:040x}", 1e4), 500_000).submission_id
+
+
+def test_the_api_started_on_a_full_disk_says_the_disk_is_full(tmp_path, chain, wallets):
+    api_hotkey = wallets["api"].hotkey.ss58_address
+    database_url = f"sqlite:///{tmp_path}/disk/api.sqlite3"
+    with SmallDisk(tmp_path / "disk", 4) as disk:
+        process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, prefix=disk.enter)
+        with ApiClient(url, wallets["a"], api_hotkey=api_hotkey) as client:
+            first = _submit(client, 1)
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+        disk.fill()  # and pm2 restarts the server
+        with pytest.raises(RuntimeError) as failed:
+            start_api_process(tmp_path, database_url, chain.path, api_hotkey, prefix=disk.enter)
+        assert f"the disk of {tmp_path}/disk is full" in str(failed.value)
+        disk.free()
+        process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, prefix=disk.enter)
+        try:
+            with ApiClient(url, wallets["a"], api_hotkey=api_hotkey) as client:
+                assert client.submission_status(first).submission_id == first
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(30)

@@ -32,7 +32,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from quasar import config
 from quasar.api.app import create_app
 from quasar.api.chaincache import CachedMetagraphChain
-from quasar.api.db import Database, display_url
+from quasar.api.db import Database, disk_trouble, display_url
 from quasar.api.protocol import protocol_factory
 from quasar.api.service import ApiConfig
 from quasar.api.workers import ServerOptions, run_workers
@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None, prog: str = "quasar api") -> int:
         print(f"error: chain: {error}", file=sys.stderr)
         return 1
     except (SQLAlchemyError, OSError, ValueError) as error:
-        print(f"error: database {where}: {error}", file=sys.stderr)
+        trouble = disk_trouble(settings.database_url)
+        print(f"error: database {where}: {error}" + (f"; {trouble}" if trouble else ""), file=sys.stderr)
         return 1
     logger.info(
         "submission API on %s:%d with %d worker(s), database %s, netuid %d (%s), hotkey %s",

@@ -76,6 +76,8 @@ _RETRYABLE_PGCODES = {"40001", "40P01"}
 # First key of the API's two-key advisory locks (the second is a hash of the locked name).
 _ADVISORY_LOCK_SPACE = 0x51A5
 MAX_WRITE_ATTEMPTS = 30
+# Less free space than this, and opening SQLite's write-ahead log and its index can fail (disk_trouble).
+DISK_FULL_BYTES = 1 << 20
 # PostgreSQL connections each API process keeps open (and as many again under load).
 POSTGRESQL_POOL_SIZE = 20
 
@@ -296,6 +298,25 @@ def _is_retryable(error: DBAPIError) -> bool:
 def display_url(url: str) -> str:
     """The URL with any password hidden, for logs and messages."""
     return make_url(url).render_as_string(hide_password=True)
+
+
+def disk_trouble(url: str) -> str:
+    """For an SQLite URL, why the disk of its file's folder cannot take writes (full or read-only),
+    or ``""``: SQLite reports either as a plain "disk I/O error" when it opens the database."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database:
+        return ""
+    folder = Path(parsed.database).expanduser().parent
+    try:
+        disk = os.statvfs(folder)
+    except OSError:
+        return ""
+    if disk.f_flag & os.ST_RDONLY:
+        return f"the disk of {folder} is read-only: mount it read-write and start again"
+    free = disk.f_bavail * disk.f_frsize
+    if free < DISK_FULL_BYTES:
+        return f"the disk of {folder} is full ({free // 1024} KiB free): free space on it and start again"
+    return ""
 
 
 class Database:
