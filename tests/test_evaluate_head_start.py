@@ -23,7 +23,7 @@ from quasar.evaluate.sandbox import SandboxPolicy
 from quasar.evaluate.start import LAYER_WIDTH, SandboxStart, output_offsets
 from quasar.starter_fork import copy_starter_tree, write_starter_fork
 from quasar.validator.devices import Device
-from quasar.validator.evaluator import SubprocessEvaluator
+from quasar.validator.evaluator import SubprocessEvaluator, outcome_from_worker
 from quasar.validator.state import EvaluationKey
 from quasar.validator.worker import HeadStart, options_to_json, run_job
 from tests.evaluate_runs import FAST_CPU
@@ -237,7 +237,10 @@ def test_a_target_whose_output_area_exceeds_the_sandbox_memory_makes_no_area_in_
         head_start.close()
 
 
-def test_a_worker_refuses_a_target_whose_output_area_exceeds_the_sandbox_memory(tmp_path):
+def test_a_target_past_this_validators_sandbox_memory_is_its_error_not_the_forks_failure(tmp_path):
+    """A target the rules allow whose output area exceeds this validator's SANDBOX_MEMORY_MB (or a
+    CPU's limit) was 'cannot evaluate', a failure recorded and reported against the miner for the
+    validator's own setting; it is this validator's error (tried again, then abandoned, never reported)."""
     commit = write_starter_fork(tmp_path / "fork")
     options = dataclasses.replace(FAST_CPU, policy=dataclasses.replace(SandboxPolicy(), memory_bytes=64 << 20))
     job = {
@@ -250,5 +253,10 @@ def test_a_worker_refuses_a_target_whose_output_area_exceeds_the_sandbox_memory(
         "options": options_to_json(options),
     }
     outcome = run_job(job)
-    assert outcome["outcome"] == "refused", outcome
+    assert outcome["outcome"] == "not_here", outcome
     assert "SANDBOX_MEMORY_MB (64 MiB)" in outcome["error"]
+    recorded = outcome_from_worker(outcome)
+    assert recorded.result is None and "cannot evaluate it with its settings" in recorded.error
+    # A target outside the rules' lengths stays the submission's fault.
+    outcome = run_job({**job, "target_sequence_length": MAX_SEQ_LEN + 1})
+    assert outcome["outcome"] == "refused" and outcome_from_worker(outcome).result.correct is False

@@ -764,9 +764,11 @@ def test_worker_outcomes_for_clone_failures_refusals_and_garbage():
         "git fetch could not reach x"
     )
     refused = outcome_from_worker(
-        {"outcome": "refused", "error": "sequence length 100000: CPU runs are limited", "content_hash": "cd" * 32}
+        {"outcome": "refused", "error": "sequence length 100000000: expected 64 to 8000000", "content_hash": "cd" * 32}
     )
-    assert refused.result.reasons[0].startswith("cannot evaluate: sequence length 100000")
+    assert refused.result.reasons[0].startswith("cannot evaluate: sequence length 100000000")
+    not_here = outcome_from_worker({"outcome": "not_here", "error": "sequence length 100000: CPU runs are limited"})
+    assert not_here.result is None and not_here.error.endswith("sequence length 100000: CPU runs are limited")
     assert refused.result.content_hash == "cd" * 32 and clone.result.content_hash is None
     for garbage in (
         [],

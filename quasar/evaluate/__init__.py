@@ -16,6 +16,7 @@ _WHERE = {
     "DEFAULT_SEQ_LENS": "options",
     "EvaluationInputError": "options",
     "EvaluationOptions": "options",
+    "NotOnThisMachine": "options",
     "ProgressEvent": "options",
     "options_from_settings": "options",
     "REL_ERROR_THRESHOLD": "verification",

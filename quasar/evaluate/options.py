@@ -43,6 +43,11 @@ class EvaluationInputError(QuasarError, ValueError):
     """The evaluation was asked for something it cannot do; the message names the argument."""
 
 
+class NotOnThisMachine(EvaluationInputError):
+    """A length the rules allow that this machine's settings cannot run (a CPU's limit, an output
+    area above SANDBOX_MEMORY_MB): the evaluating host's limit, never the fork's fault."""
+
+
 @dataclass(frozen=True)
 class EvaluationOptions:
     """How to evaluate: lengths, device, limits, repeat counts, sandbox policy."""
@@ -120,9 +125,10 @@ def draw_weights_seed(options: EvaluationOptions) -> int:
 def check_lengths(
     seq_lens: Sequence[int], target_seq_len: int, device: str, memory_bytes: int | None = None
 ) -> list[int]:
-    """The sorted lengths to run (``seq_lens`` plus the target); raises EvaluationInputError.
-    Where ``memory_bytes`` (the sandbox's memory limit) is given, it also refuses lengths whose
-    output area (start.output_offsets) would not fit in it."""
+    """The sorted lengths to run (``seq_lens`` plus the target); raises EvaluationInputError for a
+    length outside the rules, NotOnThisMachine for one past a CPU's limit or, where ``memory_bytes``
+    (the sandbox's memory limit) is given, for lengths whose output area (start.output_offsets)
+    would not fit in it."""
     lengths = evaluation_lengths(seq_lens, target_seq_len)
     for length in lengths:
         if isinstance(length, bool) or not isinstance(length, int) or not MIN_SEQ_LEN <= length <= MAX_SEQ_LEN:
@@ -130,7 +136,7 @@ def check_lengths(
                 f"sequence length {length!r}: expected an integer from {MIN_SEQ_LEN} to {MAX_SEQ_LEN}"
             )
         if device == "cpu" and length > CPU_MAX_SEQ_LEN:
-            raise EvaluationInputError(
+            raise NotOnThisMachine(
                 f"sequence length {length}: CPU runs are limited to {CPU_MAX_SEQ_LEN} tokens ({CPU_NOTE})"
             )
     # The area lives in the evaluating process, outside the sandbox's limit, and is filled at the
@@ -138,7 +144,7 @@ def check_lengths(
     # evaluation's host memory within twice the limit the operator sized for the host.
     area = output_offsets(lengths)[1]
     if memory_bytes is not None and area > memory_bytes:
-        raise EvaluationInputError(
+        raise NotOnThisMachine(
             f"sequence lengths {lengths}: their output area of {area / (1 << 30):.1f} GiB (2 KiB a token of "
             f"each length, held outside the sandbox) exceeds the host memory one evaluation may hold, "
             f"SANDBOX_MEMORY_MB ({memory_bytes >> 20} MiB)"
@@ -149,7 +155,7 @@ def check_lengths(
 def output_area_warning(seq_lens: Sequence[int], memory_bytes: int, device: str) -> str | None:
     """A warning for a validator's start where ``seq_lens`` beside the API's largest target
     (MAX_SEQ_LEN) make an output area above ``memory_bytes``: check_lengths then refuses the
-    largest targets, and each such submission fails there as cannot evaluate. None where every
+    largest targets, and this validator never evaluates such a submission. None where every
     target fits, and on a CPU, whose runs stop at CPU_MAX_SEQ_LEN anyway."""
     if device == "cpu":
         return None
@@ -160,7 +166,7 @@ def output_area_warning(seq_lens: Sequence[int], memory_bytes: int, device: str)
     return (
         f"EVAL_SEQ_LENS {','.join(map(str, seq_lens))} beside the API's largest target ({MAX_SEQ_LEN:,} tokens) "
         f"make an output area of {area / (1 << 30):.1f} GiB, above SANDBOX_MEMORY_MB ({memory_bytes >> 20:,} MiB): "
-        f"submissions at the largest targets fail here as cannot evaluate. Shorten EVAL_SEQ_LENS, or set "
+        f"submissions at the largest targets are not evaluated here. Shorten EVAL_SEQ_LENS, or set "
         f"SANDBOX_MEMORY_MB of at least {needed_mib:,} where the host has the memory (docs/evaluation.md, Limits)"
     )
 

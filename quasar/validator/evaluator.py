@@ -107,6 +107,8 @@ def outcome_from_worker(data: object) -> EvaluationOutcome:
     kind, error = data.get("outcome"), str(data.get("error", ""))
     if kind == "clone_unavailable":
         return EvaluationOutcome(error=f"the fork could not be fetched on this host: {error}")
+    if kind == "not_here":
+        return EvaluationOutcome(error=f"this validator cannot evaluate it with its settings: {error}")
     if kind == "clone_failed":
         return EvaluationOutcome(
             result=EvaluationResult(correct=False, measured_tokens_per_sec=None, reasons=(f"clone failed: {error}",))

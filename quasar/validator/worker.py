@@ -18,7 +18,9 @@ the harness's import and the parent's reference work. Outcomes:
 - ``{"outcome": "clone_unavailable", "error": ...}``: this host could not fetch it (its disk or
   memory, the network to the fork's host: quasar/forks.py ``CloneUnavailable``), no fault of the fork;
 - ``{"outcome": "refused", "error": ..., "content_hash": ...}``: the evaluation cannot run as
-  asked (a length this device does not take, or whose output area exceeds the sandbox's memory).
+  asked (a target outside the rules' lengths);
+- ``{"outcome": "not_here", "error": ...}``: this machine cannot run it (a length this device does
+  not take, or whose output area exceeds the sandbox's memory: ``NotOnThisMachine``), no fault of the fork.
 
 ``content_hash`` is the normalised content hash of the clone's kernel files
 (:func:`kernel_content_hash`, quasar/originality.py), which the validator reports so that the API
@@ -236,7 +238,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             return {"outcome": "clone_failed", "error": str(error)}
         try:
             content_hash = kernel_content_hash(checkout.path)
-            from quasar.evaluate import EvaluationInputError, evaluate
+            from quasar.evaluate import EvaluationInputError, NotOnThisMachine, evaluate
 
             options = options_from_json(job["options"])
             _STOP.checkpoint()
@@ -254,6 +256,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                     sandbox=sandbox,
                     references=references,
                 )
+            except NotOnThisMachine as error:
+                return {"outcome": "not_here", "error": str(error)}
             except EvaluationInputError as error:
                 return {"outcome": "refused", "error": str(error), "content_hash": content_hash}
             return {"outcome": "evaluated", "report": report.to_dict(), "content_hash": content_hash}
