@@ -23,9 +23,11 @@ from quasar.api.client import ApiClient, ApiClientError, Claim
 from quasar.api.db import Database, Submission
 from quasar.api.devdb import PostgresUnavailable, TemporaryPostgres, start_api_process
 from quasar.imports import QUASAR_DIR
+from quasar.localnet.host import make_wallet
 from quasar.miner.state import StateStore
 from quasar.miner.strategies import Candidate, EditRejected
 from quasar.miner.submission import COMMIT_REVEAL
+from quasar.miner.workspace import Workspace, WorkspaceError
 from test_miner_submission import Setup, measurement
 from tests.small_disk import SmallDisk, unavailable
 
@@ -49,6 +51,8 @@ def test_a_full_disk_never_lets_a_commitment_leave_before_its_salt_is_saved(setu
         with pytest.raises(OSError) as raised:
             submitter.submit_if_better(measurement(commit, 1000.0))
         assert raised.value.errno == errno.ENOSPC
+        assert "cannot save the miner state" in str(raised.value)
+        assert raised.value.filename == str(setup.store.path)  # the log line names the file
         for _ in range(2):  # the miner's wait moves a pending reveal on, the disk still full
             try:
                 submitter.advance()
@@ -179,3 +183,16 @@ def test_the_api_started_on_a_full_disk_says_the_disk_is_full(tmp_path, chain, w
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(30)
+
+
+def test_a_miner_starting_on_a_full_disk_gets_a_workspace_error_naming_it(tmp_path):
+    hotkey = make_wallet(tmp_path / "wallets", "miner").hotkey.ss58_address
+    with SmallDisk(tmp_path / "disk", 1) as disk:
+        workspace = Workspace(disk.outside("workspaces"), hotkey)
+        disk.fill()
+        with pytest.raises(WorkspaceError, match="No space left on device") as refused:
+            workspace.acquire()
+        assert str(workspace.lock_file) in str(refused.value)
+        disk.free()
+        with workspace:  # once space is back
+            assert workspace.lock_file.read_text() == f"{os.getpid()}\n"

@@ -241,7 +241,9 @@ class StateStore:
         return state
 
     def save(self, state: MinerState) -> None:
-        """Write ``state`` atomically (temporary file, fsync, rename, fsync of the folder); mode 0600."""
+        """Write ``state`` atomically (temporary file, fsync, rename, fsync of the folder); mode 0600.
+        A write that fails (a full disk) leaves the previous file as it was and raises an OSError
+        naming it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps(state.to_dict(), indent=2, allow_nan=False)
         fd, temporary = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
@@ -252,9 +254,15 @@ class StateStore:
                 os.fsync(out.fileno())
             os.chmod(temporary, 0o600)
             os.replace(temporary, self.path)
-        except BaseException:
+        except BaseException as error:
             if os.path.exists(temporary):
                 os.unlink(temporary)
+            if isinstance(error, OSError):  # a full or read-only disk: say which file, and that nothing is lost
+                raise OSError(
+                    error.errno,
+                    f"cannot save the miner state ({error.strerror}); the previous one is kept",
+                    str(self.path),
+                ) from None
             raise
         directory = os.open(self.path.parent, os.O_RDONLY)
         try:

@@ -75,10 +75,15 @@ class Workspace:
                 f"{self.lock_file}; two miners with one hotkey would overwrite each other's "
                 "fork and submissions, so this one stops"
             ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            self.reports.mkdir(exist_ok=True)
+        except OSError as error:  # a full or read-only disk
+            os.close(fd)
+            where = error.filename or self.lock_file
+            raise WorkspaceError(f"cannot write {where} in the workspace: {error.strerror}") from None
         self._lock_fd = fd
-        self.reports.mkdir(exist_ok=True)
 
     def release(self) -> None:
         if self._lock_fd is not None:
