@@ -32,7 +32,7 @@ from quasar.forks import (
     normalize_fork_url,
     validate_commit_hash,
 )
-from tests.github_network import CUT, REFUSE, GitHubProxy, make_github_certificate
+from tests.github_network import CUT, REFUSE, SERVE, GitHubProxy, make_github_certificate
 from tests.gitrepo import git, git_environment
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
@@ -421,6 +421,26 @@ def test_a_repository_github_says_is_missing_is_still_the_forks_fault(tmp_path, 
         env = {"https_proxy": proxy.url, "GIT_SSL_CAINFO": str(ca)}
         with pytest.raises(ForkError, match="repository https://github.com/alice/fork not found") as raised:
             clone_at_commit("https://github.com/alice/fork", SHA, tmp_path / "cache", env=env, timeout_s=30)
+    assert not isinstance(raised.value, CloneUnavailable)
+
+
+def test_a_clone_cut_mid_transfer_is_this_hosts_and_a_commit_github_lacks_is_the_forks(tmp_path, github_certificate):
+    ca, certificate, key = github_certificate
+    work, (commit,) = make_source(tmp_path, [{"weights.bin": os.urandom(1 << 20)}])
+    (tmp_path / "github" / "alice").mkdir(parents=True)
+    shutil.copytree(work, tmp_path / "github" / "alice" / "fork")
+
+    def clone(cut_after: int | None, wanted: str, cache: str) -> Checkout:
+        with GitHubProxy(SERVE, certificate, key, root=tmp_path / "github", cut_after=cut_after) as proxy:
+            env = {"https_proxy": proxy.url, "GIT_SSL_CAINFO": str(ca)}
+            return clone_at_commit("https://github.com/alice/fork", wanted, tmp_path / cache, env=env, timeout_s=30)
+
+    assert (clone(None, commit, "whole").path / "weights.bin").stat().st_size == 1 << 20
+    with pytest.raises(CloneUnavailable, match="could not reach https://github.com/alice/fork"):
+        clone(300_000, commit, "cut")  # the connection cut a third of the way through the pack
+    assert leftovers(tmp_path / "cut") == []
+    with pytest.raises(ForkError, match=f"commit {SHA} not found in https://github.com/alice/fork") as raised:
+        clone(None, SHA, "absent")
     assert not isinstance(raised.value, CloneUnavailable)
 
 
