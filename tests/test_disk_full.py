@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import pwd
 import shutil
@@ -22,13 +23,15 @@ from api_fixtures import BACKENDS
 from quasar.api.client import ApiClient, ApiClientError, Claim
 from quasar.api.db import Database, Submission
 from quasar.api.devdb import PostgresUnavailable, TemporaryPostgres, start_api_process
+from quasar.evaluate import EvaluationOptions
 from quasar.imports import QUASAR_DIR
 from quasar.localnet.host import make_wallet
+from quasar.miner.loop import Evaluator
 from quasar.miner.state import StateStore
 from quasar.miner.strategies import Candidate, EditRejected
 from quasar.miner.submission import COMMIT_REVEAL
 from quasar.miner.workspace import Workspace, WorkspaceError
-from test_miner_submission import Setup, measurement
+from test_miner_submission import Setup, length, measurement, report
 from tests.small_disk import SmallDisk, unavailable
 
 UNAVAILABLE = unavailable()
@@ -196,3 +199,19 @@ def test_a_miner_starting_on_a_full_disk_gets_a_workspace_error_naming_it(tmp_pa
         disk.free()
         with workspace:  # once space is back
             assert workspace.lock_file.read_text() == f"{os.getpid()}\n"
+
+
+def test_a_report_a_full_disk_cannot_take_is_an_error_naming_it_and_leaves_nothing_half_written(tmp_path):
+    with SmallDisk(tmp_path / "disk", 1) as disk:
+        reports = disk.outside("reports")
+        evaluator = Evaluator(EvaluationOptions(), reports)
+        first = report([length(4096, 1000.0)], 4096)
+        evaluator.save(first, "best")
+        big = report([length(4096, 2000.0)], 4096)
+        big.reasons.extend(["a long reason"] * 50_000)
+        disk.fill()
+        with pytest.raises(OSError) as raised:
+            evaluator.save(big, "best")
+        assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(reports / "best.json")
+        assert sorted(path.name for path in reports.iterdir()) == ["best.json"]
+        assert json.loads((reports / "best.json").read_text())["measured_tokens_per_sec"] == 1000.0

@@ -129,12 +129,19 @@ class Evaluator:
         return report
 
     def save(self, report: EvaluationReport, name: str) -> None:
+        """Write ``report`` as ``reports_dir/NAME.json`` (whole or not at all); a full disk raises an
+        OSError naming that file and leaves the previous one."""
         if self.reports_dir is None:
             return
-        self.reports_dir.mkdir(parents=True, exist_ok=True)
+        path = self.reports_dir / f"{name}.json"
         temporary = self.reports_dir / f".{name}.json.tmp"
-        temporary.write_text(report.to_json())
-        temporary.replace(self.reports_dir / f"{name}.json")
+        try:
+            self.reports_dir.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(report.to_json())
+            temporary.replace(path)
+        except OSError as error:
+            temporary.unlink(missing_ok=True)
+            raise OSError(error.errno, f"cannot save the evaluation report ({error.strerror})", str(path)) from None
 
 
 def required_gain(min_improvement: float, best_cv: float | None, candidate_cv: float | None) -> float:
