@@ -83,6 +83,11 @@ class SmallDisk:
         """Give back what :meth:`fill` took."""
         self.outside(FILLER).unlink(missing_ok=True)
 
+    def remount(self, options: str) -> None:
+        """Mount the small disk again with ``options`` (``ro``: read-only; refused while a file on it
+        is open for writing)."""
+        subprocess.run([*self.enter, "mount", "-o", f"remount,{options}", str(self.folder)], check=True)
+
     def close(self) -> None:
         """End the holder: the namespace, and the tmpfs with everything on it, are gone once the
         processes run in it have ended too."""

@@ -215,3 +215,26 @@ def test_a_report_a_full_disk_cannot_take_is_an_error_naming_it_and_leaves_nothi
         assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(reports / "best.json")
         assert sorted(path.name for path in reports.iterdir()) == ["best.json"]
         assert json.loads((reports / "best.json").read_text())["measured_tokens_per_sec"] == 1000.0
+
+
+def test_the_api_started_on_a_read_only_disk_says_so(tmp_path, chain, wallets):
+    api_hotkey = wallets["api"].hotkey.ss58_address
+    database_url = f"sqlite:///{tmp_path}/disk/api.sqlite3"
+    with SmallDisk(tmp_path / "disk", 4) as disk:
+        process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, prefix=disk.enter)
+        with ApiClient(url, wallets["a"], api_hotkey=api_hotkey) as client:
+            first = _submit(client, 1)
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+        disk.remount("ro")
+        with pytest.raises(RuntimeError) as failed:
+            start_api_process(tmp_path, database_url, chain.path, api_hotkey, prefix=disk.enter)
+        assert f"the disk of {tmp_path}/disk is read-only" in str(failed.value)
+        disk.remount("rw")
+        process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, prefix=disk.enter)
+        try:
+            with ApiClient(url, wallets["a"], api_hotkey=api_hotkey) as client:
+                assert client.submission_status(first).submission_id == first
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(30)
