@@ -7,16 +7,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# This host's disk or memory failed git: looked for in all git said, before anything else.
-_HOST_FAULTS = (
-    "no space left on device",
-    "read-only file system",
-    "disk quota exceeded",
-    "out of memory",
-    "cannot allocate memory",
-    "unable to fork",
-    "resource temporarily unavailable",
+# This host's disk, memory or process table failed git: the system's error (strerror) that ends one
+# of its lines, looked for in all git said before anything else. Only a whole last part counts, so
+# a path of the fork's in a message (quoted, or followed by the real error) never reads as one.
+_HOST_ERRORS = frozenset(
+    {
+        "no space left on device",
+        "read-only file system",
+        "disk quota exceeded",
+        "cannot allocate memory",
+        "resource temporarily unavailable",
+    }
 )
+_OUT_OF_MEMORY = "out of memory, malloc failed"  # git's own: "fatal: Out of memory, malloc failed (tried ...)"
 # The way to the fork's host failed: curl got no answer, or an HTTP error other than the 404 and
 # 401 GitHub gives a missing or private repository (those match _REPO_MISSING first); or the
 # connection was cut mid-transfer.
@@ -52,7 +55,7 @@ def classify(command: str, stderr: str) -> GitFailure:
     only by ``fetch``."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     lowered = stderr.lower()
-    host_fault = next((line for line in lines if any(text in line.lower() for text in _HOST_FAULTS)), None)
+    host_fault = next((line for line in lines if _is_host_error(line)), None)
     if host_fault is not None:
         return GitFailure(HOST, host_fault)
     detail = lines[-1] if lines else "no message"
@@ -63,3 +66,8 @@ def classify(command: str, stderr: str) -> GitFailure:
     if any(text in lowered for text in _NETWORK_FAULTS):
         return GitFailure(NETWORK, detail)
     return GitFailure(None, detail)
+
+
+def _is_host_error(line: str) -> bool:
+    said = line.rsplit(": ", 1)[-1].strip().lower()
+    return said in _HOST_ERRORS or said.startswith(_OUT_OF_MEMORY)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from quasar import fork_tree
+from quasar import fork_tree, git_failures
 from quasar.forks import (
     MAX_FORK_URL_LENGTH,
     Checkout,
@@ -442,6 +442,21 @@ def test_a_clone_cut_mid_transfer_is_this_hosts_and_a_commit_github_lacks_is_the
     with pytest.raises(ForkError, match=f"commit {SHA} not found in https://github.com/alice/fork") as raised:
         clone(None, SHA, "absent")
     assert not isinstance(raised.value, CloneUnavailable)
+
+
+@pytest.mark.parametrize(
+    ("stderr", "kind"),
+    [
+        ("error: unable to write file fla/x.py: No space left on device\nfatal: cannot checkout", git_failures.HOST),
+        ("fatal: Out of memory, malloc failed (tried to allocate 4096 bytes)", git_failures.HOST),
+        ("error: cannot fork() for index-pack: Resource temporarily unavailable", git_failures.HOST),
+        # A path of the fork's that names a host error is the fork's message, not this host's error.
+        ("error: invalid path 'fla/No space left on device'\nfatal: cannot checkout", None),
+        ("error: unable to create file no space left on device: Permission denied", None),
+    ],
+)
+def test_only_the_systems_own_error_at_the_end_of_a_line_is_a_host_fault(stderr, kind):
+    assert git_failures.classify("checkout", stderr).kind == kind
 
 
 _CLONE_ON_A_SMALL_DISK = """
