@@ -238,3 +238,32 @@ def test_the_api_started_on_a_read_only_disk_says_so(tmp_path, chain, wallets):
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(30)
+
+
+def test_a_full_temporary_disk_does_not_fail_the_reads_of_several_workers(tmp_path, chain, wallets):
+    api_hotkey = wallets["api"].hotkey.ss58_address
+    with SmallDisk(tmp_path / "tmp", 1) as disk:
+        process, url = start_api_process(
+            tmp_path,
+            f"sqlite:///{tmp_path}/api.sqlite3",
+            chain.path,
+            api_hotkey,
+            workers=2,
+            prefix=disk.enter,
+            settings={"TMPDIR": str(tmp_path / "tmp")},  # where the workers share their rendered reads
+        )
+        try:
+            with ApiClient(url, wallets["a"], api_hotkey=api_hotkey) as client:
+                _submit(client, 1)
+                disk.fill()
+                for _ in range(3):
+                    assert client.leaderboard().entries is not None
+                    assert client.stats(wallets["a"].hotkey.ss58_address) is not None
+                disk.free()
+                assert client.leaderboard().entries is not None
+        finally:
+            process.send_signal(signal.SIGTERM)
+            process.wait(30)
+        log = next(tmp_path.glob("server-*.log")).read_text()
+        assert "Traceback" not in log
+        assert 1 <= log.count("cannot share rendered reads") <= 2  # once per worker, not once per read

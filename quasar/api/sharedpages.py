@@ -10,7 +10,8 @@ removes it at exit); a worker that needs the same meanwhile waits on the lock, t
 The directory holds at most ``slots`` files (one per hash slot of the request target) and their
 lock files, whatever targets clients ask for; a file names its target and block, and a file of
 another target or an older block is a miss (the slot is computed again and overwritten). Only 200
-responses are written. A file is replaced atomically (written beside it, then renamed).
+responses are written. A file is replaced atomically (written beside it, then renamed). A disk
+that refuses it (full, read-only) costs only the sharing: logged once, the response is served.
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from quasar.api.rendered import Rendered, Target
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_SLOTS = 1024
 
@@ -34,6 +38,7 @@ class SharedPages:
     def __init__(self, directory: Path, slots: int = DEFAULT_SLOTS):
         self.directory = Path(directory)
         self.slots = slots
+        self._failing = False  # the directory's disk refuses writes (full, read-only): logged once
 
     def render(self, target: Target, block: int, compute: Callable[[], Rendered]) -> Rendered:
         """``target``'s response at ``block``: another process's, if one computed it, else ``compute()``'s
@@ -45,7 +50,7 @@ class SharedPages:
                 return found
             rendered = compute()
             if rendered.status == 200:
-                self._write(slot, target, block, rendered)
+                self._keep(slot, target, block, rendered)
             return rendered
 
     def _slot(self, target: Target) -> str:
@@ -56,7 +61,12 @@ class SharedPages:
     @contextlib.contextmanager
     def _locked(self, slot: str) -> Iterator[None]:
         # A descriptor of its own per call: flock then also keeps out the other threads of this process.
-        descriptor = os.open(self.directory / f"{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            descriptor = os.open(self.directory / f"{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as error:  # no lock file on a full disk: computed here, unshared
+            self._refused(error)
+            yield
+            return
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX)
             yield
@@ -74,6 +84,28 @@ class SharedPages:
             return None
         headers = tuple((name.encode("latin-1"), value.encode("latin-1")) for name, value in meta["headers"])
         return Rendered(meta["status"], headers, body)
+
+    def _keep(self, slot: str, target: Target, block: int, rendered: Rendered) -> None:
+        """Write the slot for the other processes. A disk that cannot take it (full, read-only) only
+        costs them computing it themselves: the response is still served, never a 500."""
+        try:
+            self._write(slot, target, block, rendered)
+        except OSError as error:
+            (self.directory / f"{slot}.partial").unlink(missing_ok=True)
+            self._refused(error)
+            return
+        if self._failing:
+            self._failing = False
+            logger.info("sharing rendered reads in %s again", self.directory)
+
+    def _refused(self, error: OSError) -> None:
+        if not self._failing:
+            self._failing = True
+            logger.warning(
+                "cannot share rendered reads in %s (%s): each worker renders its own until it can",
+                self.directory,
+                error.strerror,
+            )
 
     def _write(self, slot: str, target: Target, block: int, rendered: Rendered) -> None:
         meta = {
