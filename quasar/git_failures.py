@@ -51,8 +51,9 @@ class GitFailure:
 
 
 def classify(command: str, stderr: str) -> GitFailure:
-    """Read the error output ``stderr`` of ``git COMMAND``; a missing commit or repository is told
-    only by ``fetch``."""
+    """Read the error output ``stderr`` of ``git COMMAND``; a missing commit or repository, or the
+    network, is told only by ``fetch`` (the other commands work on the clone alone, and print the
+    fork's paths)."""
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
     lowered = stderr.lower()
     host_fault = next((line for line in lines if _is_host_error(line)), None)
@@ -63,7 +64,7 @@ def classify(command: str, stderr: str) -> GitFailure:
         return GitFailure(COMMIT_MISSING, detail)
     if command == "fetch" and any(text in lowered for text in _REPO_MISSING):
         return GitFailure(REPO_MISSING, detail)
-    if any(text in lowered for text in _NETWORK_FAULTS):
+    if command == "fetch" and any(text in lowered for text in _NETWORK_FAULTS):
         return GitFailure(NETWORK, detail)
     return GitFailure(None, detail)
 

@@ -453,6 +453,7 @@ def test_a_clone_cut_mid_transfer_is_this_hosts_and_a_commit_github_lacks_is_the
         # A path of the fork's that names a host error is the fork's message, not this host's error.
         ("error: invalid path 'fla/No space left on device'\nfatal: cannot checkout", None),
         ("error: unable to create file no space left on device: Permission denied", None),
+        ("error: invalid path 'fla/unable to access'\nfatal: cannot checkout", None),
     ],
 )
 def test_only_the_systems_own_error_at_the_end_of_a_line_is_a_host_fault(stderr, kind):
