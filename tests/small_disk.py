@@ -37,6 +37,19 @@ def unavailable() -> str:
     return ""
 
 
+def fill_folder(folder: Path) -> None:
+    """Take every free block of ``folder``'s disk with the file ``folder/.filler``."""
+    chunk = b"\0" * 65536
+    with open(folder / FILLER, "ab", buffering=0) as filler:
+        while True:
+            try:
+                filler.write(chunk)  # unbuffered: a partial write takes the last blocks, the next fails
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+                return
+
+
 class SmallDisk:
     """A tmpfs of ``size_mb`` MiB on ``folder`` (made if missing), seen only by processes run with
     :attr:`enter`; ``options``: tmpfs's mount options (``uid=N,gid=N,mode=0700``)."""
@@ -69,15 +82,7 @@ class SmallDisk:
 
     def fill(self) -> None:
         """Take every free block: the next write to the small disk that needs one fails with ENOSPC."""
-        chunk = b"\0" * 65536
-        with open(self.outside(FILLER), "ab", buffering=0) as filler:
-            while True:
-                try:
-                    filler.write(chunk)  # unbuffered: a partial write takes the last blocks, the next fails
-                except OSError as error:
-                    if error.errno != errno.ENOSPC:
-                        raise
-                    return
+        fill_folder(self.outside())
 
     def free(self) -> None:
         """Give back what :meth:`fill` took."""

@@ -13,6 +13,8 @@ import os
 import pwd
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -31,9 +33,12 @@ from quasar.miner.state import StateStore
 from quasar.miner.strategies import Candidate, EditRejected
 from quasar.miner.submission import COMMIT_REVEAL
 from quasar.miner.workspace import Workspace, WorkspaceError
+from quasar.starter_fork import write_starter_fork
 from test_miner_submission import Setup, length, measurement, report
+from tests.gitrepo import git
 from tests.small_disk import SmallDisk, unavailable
 
+ROOT = Path(__file__).resolve().parents[1]
 UNAVAILABLE = unavailable()
 pytestmark = pytest.mark.skipif(bool(UNAVAILABLE), reason=f"no small disk for one process here: {UNAVAILABLE}")
 
@@ -267,3 +272,57 @@ def test_a_full_temporary_disk_does_not_fail_the_reads_of_several_workers(tmp_pa
         log = next(tmp_path.glob("server-*.log")).read_text()
         assert "Traceback" not in log
         assert 1 <= log.count("cannot share rendered reads") <= 2  # once per worker, not once per read
+
+
+# Run in the small disk's mount namespace (git resolves its folders' real paths, which /proc/PID/root
+# paths are not): sync the workspace's clone of BARE, the disk filled first when asked; prints JSON.
+SYNC_SCRIPT = """
+import json, subprocess, sys
+from pathlib import Path
+from quasar.miner.github import Git, write_askpass
+from quasar.miner.workspace import ForkClone, Workspace
+from tests.small_disk import FILLER, fill_folder
+folder, bare, hotkey, full = Path(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4] == "full"
+with Workspace(folder / "workspaces", hotkey) as workspace:
+    git = Git(write_askpass(workspace.askpass), "alice", "", "Alice", "alice@example.invalid")
+    clone = ForkClone(workspace.fork, git, "file://" + bare, "main")
+    if full:
+        fill_folder(folder)
+    try:
+        result = {"head": clone.sync()}
+    except Exception as error:
+        result = {"error": f"{type(error).__name__}: {error}"}
+    (folder / FILLER).unlink(missing_ok=True)
+    fsck = subprocess.run(["git", "fsck"], cwd=workspace.fork, capture_output=True) if workspace.fork.exists() else None
+    result["fsck"] = None if fsck is None else fsck.returncode
+    result["files"] = sorted(path.name for path in workspace.path.iterdir())
+print(json.dumps(result))
+"""
+
+
+def test_a_full_disk_during_a_clone_or_a_fetch_fails_that_sync_clearly_and_harms_no_clone(tmp_path):
+    source, bare = tmp_path / "source", tmp_path / "fork.git"
+    write_starter_fork(source)
+    git(None, "clone", "-q", "--bare", str(source), str(bare))
+    hotkey = make_wallet(tmp_path / "wallets", "miner").hotkey.ss58_address
+    with SmallDisk(tmp_path / "disk", 2) as disk:
+
+        def sync(full: bool) -> dict:
+            command = [sys.executable, "-c", SYNC_SCRIPT, str(disk.folder), str(bare), hotkey, "full" if full else ""]
+            environ = {**os.environ, "PYTHONPATH": str(ROOT)}
+            done = subprocess.run([*disk.enter, *command], capture_output=True, text=True, env=environ, check=True)
+            return json.loads(done.stdout)
+
+        failed = sync(full=True)
+        assert "GitError: git clone" in failed["error"] and "No space left on device" in failed["error"]
+        assert "fork" not in failed["files"] and "fork.partial" not in failed["files"]
+        assert sync(full=False)["head"] == git(bare, "rev-parse", "main")
+
+        (source / "more.bin").write_bytes(os.urandom(300_000))
+        git(source, "add", "more.bin")
+        git(source, "commit", "-q", "-m", "more")
+        git(source, "push", "-q", str(bare), "main")
+        failed = sync(full=True)
+        assert failed["error"].startswith("GitError: git") and "space" in failed["error"].lower()
+        assert failed["fsck"] == 0
+        assert sync(full=False)["head"] == git(bare, "rev-parse", "main")
