@@ -223,11 +223,15 @@ def _repository(response: httpx.Response, what: str) -> Repository:
 
 def write_askpass(path: Path) -> Path:
     """Write the ``GIT_ASKPASS`` helper (no secret in it) to ``path``, executable by its owner only."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(ASKPASS_SCRIPT)
-    os.chmod(temporary, 0o700)
-    os.replace(temporary, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_text(ASKPASS_SCRIPT)
+        os.chmod(temporary, 0o700)
+        os.replace(temporary, path)
+    except OSError as error:  # a full or read-only disk: name the file
+        temporary.unlink(missing_ok=True)
+        raise OSError(error.errno, f"cannot write git's credential helper ({error.strerror})", str(path)) from None
     return path
 
 

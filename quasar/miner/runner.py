@@ -197,6 +197,9 @@ def run_miner(settings: Settings) -> int:
     except (MinerSetupError, WalletError) as error:
         logger.error("%s", error)
         return 1
+    except OSError as error:  # a file it cannot write at start (a full or read-only disk); cycles catch their own
+        logger.error("the miner stops: %s", error)
+        return 1
     except KeyboardInterrupt:
         logger.info("miner stopped")
         return 0
