@@ -946,8 +946,7 @@ def test_a_stop_during_a_logit_check_of_a_miner_answering_503_forever_ends_at_on
     try:
         with (
             serving(Starlette(routes=[Route("/inference", busy, methods=["POST"])])) as port,
-            down_api(subnet) as api,
-            ValidatorState.open(tmp_path / "state.sqlite3") as state,
+            api_state_and_client(subnet, tmp_path) as (_, state, api),  # an API within reach: checks run
         ):
             subnet.chain.publish_endpoint(subnet.wallets["a"], "127.0.0.1", port)
             evaluated_awaiting_logit_check(state, subnet, world)
@@ -966,6 +965,28 @@ def test_a_stop_during_a_logit_check_of_a_miner_answering_503_forever_ends_at_on
         subnet.close()
     assert elapsed < 4.0, elapsed
     assert lines(caplog, "logit check of submission 1 given up: the validator is stopping"), caplog.text
+
+
+def test_a_validator_whose_network_is_down_fails_no_miners_logit_check(world, tmp_path, caplog):
+    """This host's network down: neither the API nor the miner's endpoint answers. The check failed
+    the miner for good ('miner endpoint ... unreachable'), reported once the network was back. The
+    validator leaves its checks for a later step while it cannot reach the API, saying why."""
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
+    try:
+        with down_api(subnet) as api, ValidatorState.open(tmp_path / "state.sqlite3") as state:
+            subnet.chain.publish_endpoint(subnet.wallets["a"], "127.0.0.1", free_port())  # nothing listens
+            evaluated_awaiting_logit_check(state, subnet, world)
+            validator = cpu_validator(subnet, api, state, tmp_path)
+            with caplog.at_level(logging.INFO, logger="quasar.validator.loop"):
+                validator.step()
+            records = state.submissions()
+            assert [record.submission.submission_id for record in state.needing_logit_check()] == [1], [
+                (record.logits, record.logits_reason) for record in records
+            ]
+    finally:
+        subnet.close()
+    (said,) = lines(caplog, "logit checks wait")
+    assert "cannot reach the API" in said, said
 
 
 def test_a_validator_whose_clock_is_ahead_of_the_apis_checks_no_logits_and_says_by_how_much(world, tmp_path, caplog):

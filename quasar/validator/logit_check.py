@@ -40,15 +40,22 @@ logger = logging.getLogger(__name__)
 RETRY_DELAYS_S = (5.0, 10.0)
 
 
-def clock_disagreement(api: ApiClient) -> str | None:
-    """Why this host's clock is too far off the API's for logit checks, or None (also when the API
-    cannot say). Miners' servers refuse a challenge signed more than ALLOWED_CLOCK_SKEW_S ahead of
-    their clocks or MAX_REQUEST_AGE_S behind, and that refusal fails the miner for good: with every
-    miner's clock right, such a validator would fail them all (docs/validator.md)."""
+def why_logit_checks_wait(api: ApiClient) -> str | None:
+    """Why this host cannot make logit checks now, or None: the API out of its reach (its own
+    network may be down, and a miner it cannot reach fails its check for good), or its clock too
+    far off the API's (None also when the API cannot say its time). Miners' servers refuse a
+    challenge signed more than ALLOWED_CLOCK_SKEW_S ahead of their clocks or MAX_REQUEST_AGE_S
+    behind, and that refusal fails the miner for good: with every miner's clock right, such a
+    validator would fail them all (docs/validator.md)."""
     try:
         offset = api.clock_offset()
-    except ApiClientError:
-        return None
+    except ApiClientError as error:
+        if error.status:
+            return None  # the API answered: this host's network works
+        return (
+            f"this host cannot reach the API ({error}): its own network may be down, and a miner it cannot reach "
+            "would fail its check for good"
+        )
     if offset is None or -auth.MAX_REQUEST_AGE_S <= offset <= auth.ALLOWED_CLOCK_SKEW_S:
         return None
     return (

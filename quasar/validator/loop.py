@@ -56,7 +56,7 @@ from quasar.errors import QuasarError
 from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
-from quasar.validator.logit_check import LogitChecker, clock_disagreement
+from quasar.validator.logit_check import LogitChecker, why_logit_checks_wait
 from quasar.validator.results import api_report, scoring_result
 from quasar.validator.state import (
     ABANDONED,
@@ -434,7 +434,7 @@ class Validator:
         if self.metagraph is None or self.devices[0].name in self.running:
             return
         records = self.state.needing_logit_check()
-        waiting = clock_disagreement(self.api) if records else None
+        waiting = why_logit_checks_wait(self.api) if records else None
         if waiting is not None:
             logger.error("logit checks wait for a later step: %s", waiting)
             return
