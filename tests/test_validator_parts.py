@@ -802,32 +802,6 @@ def test_a_worker_that_cannot_reach_github_is_this_validators_error_not_the_fork
             assert "could not be fetched on this host" in outcome.error and "returned error: 503" in outcome.error
 
 
-def test_two_evaluations_of_one_commit_never_share_a_clone_that_the_first_to_end_removes(tmp_path):
-    """One fork and commit at two targets, on two GPUs: they shared one clone, and the first to end
-    removed it (its worker, or the validator's poll) under the other, whose fork then failed as
-    'cannot evaluate: repository path ... is not a directory', reported against its miner."""
-    fork = tmp_path / "fork"
-    fork.mkdir()
-    (fork / "kernel.py").write_text("x = 1\n")
-    commit = commit_all(fork, "fork")
-    evaluator = SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True)
-    first = evaluator.start(EvaluationKey(str(fork), commit, 64), Device("cpu", ""))
-    second = evaluator.start(EvaluationKey(str(fork), commit, 128), Device("cpu:1", ""))
-    assert first.checkout is not None and second.checkout is not None
-    jobs = [json.loads(running.job_path.read_text())["cache_dir"] for running in (first, second)]
-    assert jobs == [str(first.checkout.parent), str(second.checkout.parent)]
-    deadline = time.monotonic() + 60
-    while not (first.checkout.is_dir() and second.checkout.is_dir()):
-        assert time.monotonic() < deadline, "the workers did not clone"
-        time.sleep(0.05)
-    first.kill()  # its end removes its clone, as a worker ending by itself does
-    assert (second.checkout / "kernel.py").is_file(), "the first evaluation's end removed the second's clone"
-    assert not first.checkout.exists()
-    second.kill()
-    left = list(evaluator.cache_dir.iterdir()) if evaluator.cache_dir.exists() else []
-    assert not left, f"an evaluation's clone folder is left: {left}"
-
-
 def test_a_worker_killed_past_its_deadline_leaves_no_clone_in_the_fork_cache(tmp_path):
     """A worker removes its clone as it ends; one killed at its deadline (or by the OOM killer)
     left the checkout, an interrupted clone's partial directory and its lock file for good."""

@@ -9,7 +9,6 @@ fault: retried, see quasar/validator/state.py).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -172,8 +171,6 @@ class WorkerEvaluation:
                 forks.remove_checkout(self.checkout)
             except OSError as error:
                 logger.warning("cannot remove the clone %s of %s: %s", self.checkout, self.key, error)
-            with contextlib.suppress(OSError):  # the evaluation's own clone folder, empty now
-                self.checkout.parent.rmdir()
         return self._outcome
 
     def _read_outcome(self, code: int) -> EvaluationOutcome:
@@ -203,8 +200,8 @@ class WorkerEvaluation:
 
 
 class SubprocessEvaluator:
-    """Starts ``python -m quasar.validator.worker`` per evaluation; jobs, results and the clones
-    (a folder of its own per evaluation) live under ``work_dir``."""
+    """Starts ``python -m quasar.validator.worker`` per evaluation; jobs, results and the clone
+    cache live under ``work_dir``."""
 
     def __init__(
         self,
@@ -243,17 +240,13 @@ class SubprocessEvaluator:
         name = hashlib.sha256(text.encode()).hexdigest()[:24]
         job_path, result_path = self.jobs_dir / f"{name}.json", self.jobs_dir / f"{name}.result.json"
         result_path.unlink(missing_ok=True)
-        # A clone folder per evaluation: two evaluations of one fork and commit (two targets, two
-        # GPUs) sharing a clone, the first to end removed it under the other, whose fork then failed
-        # as 'cannot evaluate: repository path ... is not a directory' (or its import check).
-        cache_dir = self.cache_dir / name
         options = replace(self.options, device=device.torch_device)
         job = {
             "fork_url": key.fork_url,
             "commit_hash": key.commit_hash,
             "target_sequence_length": key.target_sequence_length,
             "allow_local": self.allow_local,
-            "cache_dir": str(cache_dir),
+            "cache_dir": str(self.cache_dir),
             "clone_timeout_s": self.clone_timeout_s,
             "options": options_to_json(options),
             "result_path": str(result_path),
@@ -278,7 +271,7 @@ class SubprocessEvaluator:
         deadline = time.monotonic() + self.clone_timeout_s + self.options.timeout_s + WORKER_MARGIN_S
         logger.info("evaluating %s on %s (worker pid %d)", key, device.name, process.pid)
         try:
-            checkout = forks.clone_dir_for(cache_dir, key.fork_url, key.commit_hash, allow_local=self.allow_local)
+            checkout = forks.clone_dir_for(self.cache_dir, key.fork_url, key.commit_hash, allow_local=self.allow_local)
         except forks.ForkError:
             checkout = None
         return WorkerEvaluation(key, device, process, job_path, result_path, deadline, checkout)
