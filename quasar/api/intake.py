@@ -8,39 +8,59 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
 
 from quasar.api import admission, rules, schemas
-from quasar.api.db import EvaluationReport, Submission
+from quasar.api.db import EvaluationReport, PreparedStatement, Submission
 from quasar.api.errors import ApiError
 from quasar.api.servicecore import Authenticated, ServiceCore, benchmarks_to_json
 from quasar.api.worklist import supersede_older
 
 logger = logging.getLogger(__name__)
 
-_LATEST_SUBMITTED_AT = select(Submission.submitted_at).order_by(Submission.id.desc()).limit(1)
-_LATEST_READY_AT = select(func.max(Submission.ready_at)).where(Submission.state == "ready")
+# Both stamps in one prepared statement: a direct submission reads them in every write, beside
+# admission's prepared checks (two ORM queries there cost PostgreSQL a third more per submission).
+_NEWEST_STAMPS = PreparedStatement(
+    select(
+        select(Submission.submitted_at).order_by(Submission.id.desc()).limit(1).scalar_subquery(),
+        select(func.max(Submission.ready_at)).where(Submission.state == "ready").scalar_subquery(),
+    )
+)
 
 
-def submission_time(session: Session, now: float) -> float:
-    """The time a submission taken now is stamped with: ``now``, or the time of the one taken last
-    where the API's clock has stepped back behind it (NTP, a VM resumed). Ties go to the earlier
-    submission by this time (docs/rules.md section 5), so it never runs against the order the API
-    took submissions in."""
-    latest = session.scalar(_LATEST_SUBMITTED_AT)
-    return now if latest is None else max(now, latest)
+@dataclass(frozen=True)
+class NewestStamps:
+    """The time the API stamped the last submission it took with, and the newest ready one's ready
+    time (None: none yet): what a submission taken or made ready now is stamped after."""
 
+    submitted_at: float | None
+    ready_at: float | None
 
-def ready_time(session: Session, now: float) -> float:
-    """The time a submission made ready now is stamped with: ``now``, or just after the newest ready
-    one's where the API's clock has stepped back behind it. A hotkey's newest ready submission
-    supersedes its older ones, and the work schedule takes the oldest first, both by this time
-    (docs/rules.md section 3), so it never runs against the order submissions became ready in (a
-    tie would go to the higher id, which a reveal need not have)."""
-    latest = session.scalar(_LATEST_READY_AT)
-    return now if latest is None or now > latest else math.nextafter(latest, math.inf)
+    @classmethod
+    def read(cls, session: Session) -> NewestStamps:
+        """The stamps as ``session``'s transaction sees them."""
+        submitted_at, ready_at = _NEWEST_STAMPS.run(session.connection(), {}).fetchone()
+        return cls(submitted_at, ready_at)
+
+    def submission_time(self, now: float) -> float:
+        """The time a submission taken now is stamped with: ``now``, or the time of the one taken
+        last where the API's clock has stepped back behind it (NTP, a VM resumed). Ties go to the
+        earlier submission by this time (docs/rules.md section 5), so it never runs against the
+        order the API took submissions in."""
+        return now if self.submitted_at is None else max(now, self.submitted_at)
+
+    def ready_time(self, now: float) -> float:
+        """The time a submission made ready now is stamped with: ``now``, or just after the newest
+        ready one's where the API's clock has stepped back behind it. A hotkey's newest ready
+        submission supersedes its older ones, and the work schedule takes the oldest first, both by
+        this time (docs/rules.md section 3), so it never runs against the order submissions became
+        ready in (a tie would go to the higher id, which a reveal need not have)."""
+        if self.ready_at is None or now > self.ready_at:
+            return now
+        return math.nextafter(self.ready_at, math.inf)
 
 
 class Intake(ServiceCore):
@@ -89,7 +109,8 @@ class Intake(ServiceCore):
             return insert(session)
 
         def insert(session: Session) -> schemas.SubmissionAccepted:
-            stamped = submission_time(session, now)
+            stamps = NewestStamps.read(session)
+            stamped = stamps.submission_time(now)
             submission_id = admission.INSERT_SUBMISSION.scalar(
                 session.connection(),
                 {
@@ -100,7 +121,7 @@ class Intake(ServiceCore):
                     "target_sequence_length": request.target_sequence_length,
                     "submitted_at": stamped,
                     "submitted_block": block,
-                    "ready_at": ready_time(session, stamped),
+                    "ready_at": stamps.ready_time(stamped),
                     "ready_block": block,
                     "round_id": round_id,
                     "fork_url": url,
@@ -149,7 +170,7 @@ class Intake(ServiceCore):
                 state="committed",
                 commitment_hash=request.commitment_hash,
                 target_sequence_length=request.target_sequence_length,
-                submitted_at=submission_time(session, now),
+                submitted_at=NewestStamps.read(session).submission_time(now),
                 submitted_block=block,
                 client_ip=client_ip,
             )
@@ -226,7 +247,8 @@ class Intake(ServiceCore):
             submission.claimed_tokens_per_sec = request.tokens_per_sec
             submission.vram_mb = request.vram_mb
             submission.benchmarks = benchmarks_to_json(request.benchmarks)
-            submission.ready_at, submission.ready_block, submission.round_id = ready_time(session, now), block, round_id
+            submission.ready_at = NewestStamps.read(session).ready_time(now)
+            submission.ready_block, submission.round_id = block, round_id
             submission.client_ip = client_ip
             session.flush()
             supersede_older(session, self.database.dialect, hotkey, round_id, electorate)
