@@ -38,6 +38,7 @@ from quasar.validator.results import (
 )
 from quasar.validator.state import (
     ABANDONED,
+    EVALUATION_RETRY_DELAYS_S,
     FAILED,
     FINISHED,
     IN_PROGRESS,
@@ -149,6 +150,25 @@ def test_failed_attempts_are_retried_then_abandoned(state):
     assert state.pending_evaluations() == [] and state.open_submissions() == 0 and state.scored() == []
     with pytest.raises(StateError, match="not pending"):
         state.start_evaluation(key, "cuda:0", now=4.0)
+
+
+def test_a_failure_on_the_validators_side_waits_before_its_next_attempt(state):
+    """GitHub down for a minute: the attempts followed each other at once, each failing, and the
+    third abandoned the evaluation for good, a submission this validator then never evaluated."""
+    state.add_submission(submission(1), now=1.0)
+    key = submission(1).key
+    state.start_evaluation(key, "cuda:0", now=10.0)
+    state.fail_attempt(key, "the fork could not be fetched on this host: ... returned error: 503", now=18.0)
+    assert state.pending_evaluations(now=20.0) == []
+    assert state.pending_evaluations(now=10.0 + EVALUATION_RETRY_DELAYS_S[0]) == [key]
+    assert state.pending_evaluations() == [key]  # without a time: every pending evaluation
+    state.start_evaluation(key, "cuda:0", now=200.0)
+    state.fail_attempt(key, "the fork could not be fetched on this host: ...", now=208.0)
+    assert state.pending_evaluations(now=200.0 + EVALUATION_RETRY_DELAYS_S[0]) == []
+    assert state.pending_evaluations(now=200.0 + EVALUATION_RETRY_DELAYS_S[1]) == [key]
+    # A first attempt waits for nothing, beside one that waits.
+    state.add_submission(submission(2, commit="b" * 40), now=300.0)
+    assert state.pending_evaluations(now=300.0) == [submission(2, commit="b" * 40).key]
 
 
 def test_a_cancelled_evaluation_does_not_count_as_an_attempt(state):

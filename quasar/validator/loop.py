@@ -353,7 +353,7 @@ class Validator:
         self.metagraph = self.chain.metagraph()
 
     def _fetch(self, summary: StepSummary) -> None:
-        wanted = len(self.devices) - len(self.running) - len(self.state.pending_evaluations())
+        wanted = len(self.devices) - len(self.running) - len(self.state.pending_evaluations(self.clock()))
         if wanted <= 0:
             return
         batch = self.api.fetch_work(limit=wanted)
@@ -558,7 +558,7 @@ class Validator:
             return
         # One fork checkout at a time: a worker deletes its checkout when it ends.
         busy = {(evaluation.key.fork_url, evaluation.key.commit_hash) for evaluation in self.running.values()}
-        for key in self.state.pending_evaluations():
+        for key in self.state.pending_evaluations(self.clock()):
             if not idle or self.stopping:
                 return
             if (key.fork_url, key.commit_hash) in busy:

@@ -8,10 +8,11 @@ validator goes on where it stopped:
   while a second submission of the same key (another hotkey copying a fork) reuses the finished
   result; ranking then gives the tie to the earlier submission;
 - an evaluation is ``pending``, ``in_progress``, ``finished`` (a result: never run again) or
-  ``abandoned`` (this validator failed to evaluate it :data:`MAX_ATTEMPTS` times: nothing is
-  reported, nothing ranked, the miner is not blamed). An ``in_progress`` row left by a crash is
-  made ``pending`` again when the file is opened; each start counts as an attempt, so a fork that
-  crashes the validator cannot keep it busy forever;
+  ``abandoned`` (this validator failed to evaluate it :data:`MAX_ATTEMPTS` times, each retry
+  :data:`EVALUATION_RETRY_DELAYS_S` after the failed attempt began: nothing is reported, nothing
+  ranked, the miner is not blamed). An ``in_progress`` row left by a crash is made ``pending``
+  again when the file is opened; each start counts as an attempt, so a fork that crashes the
+  validator cannot keep it busy forever;
 - a submission's logit check and its report to the API are recorded when done;
 - a finished evaluation keeps the content hash of the fork's kernel files (quasar/originality.py),
   and :meth:`ValidatorState.scored` leaves out copies of another hotkey's submission that counts
@@ -45,6 +46,9 @@ logger = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 3
 MAX_ATTEMPTS = 3
+# After an attempt failed on this validator's side (the first, the second), the wait from its start to
+# the next: a fault of minutes (GitHub down, a full disk) is over by then, not met three times at once.
+EVALUATION_RETRY_DELAYS_S = (120.0, 900.0)
 # How long a finished evaluation keeps its harness report once every submission of it is reported:
 # a copy of the same commit submitted meanwhile still reports the per-length figures.
 REPORT_KEPT_S = 14 * 24 * 3600.0
@@ -356,14 +360,16 @@ class ValidatorState:
             self.record_report(submission.submission_id, REPORTED, detail, now)
         return True
 
-    def pending_evaluations(self) -> list[EvaluationKey]:
-        """Evaluations to run, in the order of their earliest submission."""
+    def pending_evaluations(self, now: float | None = None) -> list[EvaluationKey]:
+        """Evaluations to run, in the order of their earliest submission; with ``now``, one whose last
+        attempt failed on this validator's side only EVALUATION_RETRY_DELAYS_S after it began."""
         rows = self._connection.execute(
             "SELECT e.fork_url, e.commit_hash, e.target_sequence_length FROM evaluations e "
-            "JOIN submissions s USING (fork_url, commit_hash, target_sequence_length) "
-            "WHERE e.status = ? GROUP BY e.fork_url, e.commit_hash, e.target_sequence_length "
-            "ORDER BY MIN(s.submission_id)",
-            (PENDING,),
+            "JOIN submissions s USING (fork_url, commit_hash, target_sequence_length) WHERE e.status = ? "
+            "AND (? IS NULL OR e.last_error IS NULL OR e.started_at IS NULL "
+            "OR e.started_at + (CASE WHEN e.attempts >= 2 THEN ? ELSE ? END) <= ?) "
+            "GROUP BY e.fork_url, e.commit_hash, e.target_sequence_length ORDER BY MIN(s.submission_id)",
+            (PENDING, now, EVALUATION_RETRY_DELAYS_S[1], EVALUATION_RETRY_DELAYS_S[0], now),
         ).fetchall()
         return [EvaluationKey(*row) for row in rows]
 
