@@ -774,6 +774,19 @@ def test_a_report_becomes_a_result_and_a_broken_sandbox_an_error():
     assert broken.result is None and "unshare" in broken.error
 
 
+def test_a_length_this_machine_could_not_verify_is_the_validators_error_and_a_fork_cannot_claim_it():
+    """The float32 reference runs in the validator's own process: a length whose reference its GPU
+    could not hold was failed as the fork's and reported against the miner (shown on an H100 by
+    tests/test_evaluate_reference_memory_gpu.py). A fork's own message saying the same, quoted
+    after its failed stage, stays the fork's failure."""
+    here = "T=65536: the float32 reference does not fit in the memory of cuda here, so this length cannot be verified"
+    mine = result_from_report(report(reasons=[here]))
+    assert mine.result is None and mine.error == here
+    quoted = f"T=65536: warm-up at T=65536 failed: {here}"
+    forks = result_from_report(report(reasons=[quoted]))
+    assert forks.error is None and forks.result.reasons == (quoted,)
+
+
 def test_worker_outcomes_for_clone_failures_refusals_and_garbage():
     clone = outcome_from_worker({"outcome": "clone_failed", "error": "commit abc not found in https://github.com/a/b"})
     assert clone.result.correct is False and clone.result.reasons == (

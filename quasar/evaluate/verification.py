@@ -57,6 +57,10 @@ MAX_VERIFIED = 32
 
 VERIFY_SAMPLE = 4
 
+# A length whose float32 reference the checking process cannot hold: this machine's limit, not the
+# fork's fault (the validator's error: quasar/validator/evaluator.py, result_from_report).
+REFERENCE_DOES_NOT_FIT = "the float32 reference does not fit in the memory of"
+
 # At the target length, as many requests are checked as make the chance that a fork degrading just
 # over half of the timed requests (enough to move the median) escapes every check at most this.
 ESCAPE_BOUND = 1e-3
@@ -378,8 +382,7 @@ def verify_all(
                 return
             run.result.correct = False
             found[length] = [
-                f"T={length}: the float32 reference does not fit in the memory of {device} here, "
-                "so this length cannot be verified on this machine"
+                f"T={length}: {REFERENCE_DOES_NOT_FIT} {device} here, so this length cannot be verified on this machine"
             ]
         finally:
             if device.startswith("cuda"):

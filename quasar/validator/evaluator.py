@@ -27,6 +27,7 @@ import quasar
 from quasar import forks
 from quasar.evaluate import EvaluationOptions, EvaluationReport, options_from_settings
 from quasar.evaluate.report import OK
+from quasar.evaluate.verification import REFERENCE_DOES_NOT_FIT
 from quasar.validator.devices import Device
 from quasar.validator.state import EvaluationKey, EvaluationResult
 from quasar.validator.worker import options_to_json
@@ -35,6 +36,9 @@ logger = logging.getLogger(__name__)
 
 # The harness reports this when it could not build the sandbox: this machine's fault, never the fork's.
 SANDBOX_UNAVAILABLE = "sandbox unavailable"
+# The parent's own reason (a fork's message enters a reason after "warm-up at T=N failed:" and
+# the like, never right after the length).
+_NOT_VERIFIABLE_HERE = re.compile(rf"T=\d+: {re.escape(REFERENCE_DOES_NOT_FIT)} ")
 # A worker gets this long beyond the clone and evaluation limits (Python and torch start-up, the report).
 WORKER_MARGIN_S = 300.0
 CANCELLED = "cancelled by the validator"
@@ -71,9 +75,11 @@ class Evaluator(Protocol):
 def result_from_report(report: EvaluationReport, content_hash: str | None = None) -> EvaluationOutcome:
     """The outcome of a harness report run without a claim: ``correct`` is its verdict (imports,
     every length run and matching the reference, the target measured). A sandbox that could not
-    be built is an error of this validator, not a result. ``content_hash``: the fork's kernel
+    be built, or a length whose float32 reference this machine could not hold, is an error of
+    this validator, not a result. ``content_hash``: the fork's kernel
     content hash (quasar/originality.py)."""
     unavailable = [reason for reason in report.reasons if reason.startswith(SANDBOX_UNAVAILABLE)]
+    unavailable += [reason for reason in report.reasons if _NOT_VERIFIABLE_HERE.match(reason)]
     if unavailable:
         return EvaluationOutcome(error="; ".join(unavailable))
     benchmarks = {
