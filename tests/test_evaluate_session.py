@@ -17,6 +17,7 @@ from quasar.evaluate.session import (
     output_tensor,
     parse_fingerprints,
     receive_output,
+    reply_failure,
 )
 from quasar.starter_fork import copy_starter_tree
 
@@ -71,3 +72,22 @@ def test_an_output_comes_back_the_same_through_the_shared_area_and_the_pipe(tmp_
     assert received["pipe"].shape == (1, length, workload.HIDDEN_SIZE) and received["pipe"].abs().sum() > 0
     assert torch.equal(received["pipe"], received["copied"]) and torch.equal(received["pipe"], received["in place"])
     assert (offsets, size) == ({64: 0, 128: 64 * 512 * 4}, 192 * 512 * 4)
+
+
+def test_a_cuda_error_is_named_by_its_error_line_not_by_torchs_debugging_hints():
+    """torch's CUDA errors end with hints for the one debugging them: the reason quoted only the
+    last, 'Compile with `TORCH_USE_CUDA_DSA` ...', telling the miner nothing of what the kernel did
+    (a fork writing out of bounds on an H100, tests/test_evaluate_fairness_gpu.py)."""
+    message = (
+        "CUDA error: an illegal memory access was encountered\n"
+        "Search for `cudaErrorIllegalAddress' in https://docs.nvidia.com/cuda/cuda-runtime-api/"
+        "group__CUDART__TYPES.html for more information.\n"
+        "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace "
+        "below might be incorrect.\n"
+        "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+        "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n"
+    )
+    failure = reply_failure({"ok": False, "error": message}, 4096, "warm-up at T=4096")
+    assert failure.message == "warm-up at T=4096 failed: CUDA error: an illegal memory access was encountered"
+    plain = reply_failure({"ok": False, "error": "Traceback ...\nValueError: bad shape"}, 4096, "warm-up at T=4096")
+    assert plain.message == "warm-up at T=4096 failed: ValueError: bad shape"

@@ -67,6 +67,13 @@ def output_tensor(output: torch.Tensor | SharedOutput) -> torch.Tensor:
 
 # The most of one reason that may come from the child (an error message, its last output lines).
 MAX_REASON_CHARS = 600
+# The lines torch's CUDA errors end with (c10/cuda), after the error itself.
+_CUDA_ERROR_HINTS = (
+    "Search for `cuda",
+    "CUDA kernel errors might be asynchronously reported",
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING",
+    "Compile with `TORCH_USE_CUDA_DSA`",
+)
 
 # How many of the child's last output lines a reason quotes when the child dies.
 DEATH_OUTPUT_LINES = 4
@@ -196,7 +203,10 @@ def reply_failure(reply: dict, seq_len: int | None, what: str) -> ChildFailure:
             "the forward needs a CUDA GPU for this fork: its Triton kernels cannot run "
             "on the CPU (no GPU driver); evaluate it where torch sees a GPU",
         )
-    last_line = message.strip().splitlines()[-1] if message.strip() else message
+    # The last line says what went wrong, but for torch's CUDA errors, which end with hints to the
+    # one debugging them: their error line comes before those.
+    lines = [line for line in message.strip().splitlines() if not line.startswith(_CUDA_ERROR_HINTS)]
+    last_line = lines[-1] if lines else message.strip()
     return ChildFailure(ERROR, f"{what} failed: {last_line}")
 
 
