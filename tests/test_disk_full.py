@@ -39,6 +39,7 @@ from test_miner_loop import neuron_environment
 from test_miner_standins import TOKEN, github_with_upstream
 from test_miner_submission import Setup, length, measurement, report
 from tests.gitrepo import git
+from tests.processes import proc_files
 from tests.small_disk import SmallDisk, unavailable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,6 +132,7 @@ def test_the_api_answers_503_on_a_full_disk_keeps_what_it_acknowledged_and_recov
             process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, prefix=disk.enter)
         else:
             server = _small_postgres(stack)
+            server_folder = str(server.root).encode()
             disk = server.disk  # type: ignore[attr-defined]
             database_url = stored_url = server.create_database("quasar_full_disk")
             process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey)
@@ -167,6 +169,10 @@ def test_the_api_answers_503_on_a_full_disk_keeps_what_it_acknowledged_and_recov
         with database.read() as session:
             stored = {row.id: int(row.commit_hash, 16) for row in session.scalars(select(Submission))}
         assert stored == acknowledged
+    if backend == "postgresql":
+        # Its data folder is a disk of another mount namespace: stopping it looked for its pid file
+        # from here, found none, and left the server running after the test.
+        assert not [pid for pid, cmdline in proc_files("cmdline") if server_folder in cmdline]
 
 
 def _submit(client: ApiClient, n: int) -> int:

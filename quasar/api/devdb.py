@@ -146,7 +146,9 @@ class TemporaryPostgres:
         if self.root is None:
             return
         data = self.root / "data"
-        if (data / "postmaster.pid").exists():
+        # Under a prefix the data folder may be a disk mounted in another namespace, its files out
+        # of this process's sight: pg_ctl, run there, finds the server (or says there is none).
+        if self._prefix or (data / "postmaster.pid").exists():
             binaries = find_server_binaries()
             try:
                 self._run(str(binaries / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop", timeout=60)
