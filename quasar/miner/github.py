@@ -28,6 +28,7 @@ import httpx
 from quasar.errors import QuasarError
 from quasar.forks import GIT_NETWORK_VARIABLES
 from quasar.gitenv import NO_USER_CONFIGURATION, identity
+from quasar.miner.files import replace_file
 
 logger = logging.getLogger(__name__)
 
@@ -223,15 +224,7 @@ def _repository(response: httpx.Response, what: str) -> Repository:
 
 def write_askpass(path: Path) -> Path:
     """Write the ``GIT_ASKPASS`` helper (no secret in it) to ``path``, executable by its owner only."""
-    temporary = path.with_name(path.name + ".tmp")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_text(ASKPASS_SCRIPT)
-        os.chmod(temporary, 0o700)
-        os.replace(temporary, path)
-    except OSError as error:  # a full or read-only disk: name the file
-        temporary.unlink(missing_ok=True)
-        raise OSError(error.errno, f"cannot write git's credential helper ({error.strerror})", str(path)) from None
+    replace_file(path, ASKPASS_SCRIPT, "write git's credential helper", mode=0o700)
     return path
 
 

@@ -38,6 +38,7 @@ from quasar import scoring
 from quasar.evaluate import EvaluationOptions, EvaluationReport, ProgressEvent, evaluate
 from quasar.evaluate.report import OK
 from quasar.imports import QUASAR_DIR, validate_repo
+from quasar.miner.files import replace_file
 from quasar.miner.state import Measurement, MinerState, StateStore
 from quasar.miner.status import VerdictWatcher
 from quasar.miner.strategies import (
@@ -133,15 +134,7 @@ class Evaluator:
         OSError naming that file and leaves the previous one."""
         if self.reports_dir is None:
             return
-        path = self.reports_dir / f"{name}.json"
-        temporary = self.reports_dir / f".{name}.json.tmp"
-        try:
-            self.reports_dir.mkdir(parents=True, exist_ok=True)
-            temporary.write_text(report.to_json())
-            temporary.replace(path)
-        except OSError as error:
-            temporary.unlink(missing_ok=True)
-            raise OSError(error.errno, f"cannot save the evaluation report ({error.strerror})", str(path)) from None
+        replace_file(self.reports_dir / f"{name}.json", report.to_json(), "save the evaluation report", mode=0o644)
 
 
 def required_gain(min_improvement: float, best_cv: float | None, candidate_cv: float | None) -> float:

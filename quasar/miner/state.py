@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any
 
 from quasar import scoring
 from quasar.errors import QuasarError
+from quasar.miner.files import replace_file
 from quasar.miner.strategies.base import Attempt
 
 STATE_FORMAT = 1
@@ -241,31 +241,7 @@ class StateStore:
         return state
 
     def save(self, state: MinerState) -> None:
-        """Write ``state`` atomically (temporary file, fsync, rename, fsync of the folder); mode 0600.
-        A write that fails (a full disk) leaves the previous file as it was and raises an OSError
-        naming it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Write ``state`` whole and durably (quasar/miner/files.py); mode 0600. A write that fails
+        (a full disk) leaves the previous file as it was and raises an OSError naming it."""
         text = json.dumps(state.to_dict(), indent=2, allow_nan=False)
-        fd, temporary = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                out.write(text)
-                out.flush()
-                os.fsync(out.fileno())
-            os.chmod(temporary, 0o600)
-            os.replace(temporary, self.path)
-        except BaseException as error:
-            if os.path.exists(temporary):
-                os.unlink(temporary)
-            if isinstance(error, OSError):  # a full or read-only disk: say which file, and that nothing is lost
-                raise OSError(
-                    error.errno,
-                    f"cannot save the miner state ({error.strerror}); the previous one is kept",
-                    str(self.path),
-                ) from None
-            raise
-        directory = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
+        replace_file(self.path, text, "save the miner state", durable=True, says_kept=True)
