@@ -522,10 +522,11 @@ class NonceLedger:
         self.prune_if_due(session)
         if recorded:
             return None
-        newest = session.scalar(select(func.max(UsedNonce.nonce)))
-        if newest is not None and nonce_ns < newest - int(self.retention * 1e9):
+        oldest = session.execute(select(oldest_kept(self.retention))).scalar_one()
+        if nonce_ns < oldest:
+            signed_before_s = (oldest - nonce_ns) / 1e9 + self.retention  # before the newest nonce held
             return (
-                f"authentication failed: the request was signed {(newest - nonce_ns) / 1e9:.1f} s before the newest "
+                f"authentication failed: the request was signed {signed_before_s:.1f} s before the newest "
                 f"request this API accepted, and it remembers requests for {self.retention:g} s: a clock stepped "
                 "back (this API's or the sender's); sign it again once the clocks are right"
             )
