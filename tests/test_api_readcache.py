@@ -52,7 +52,8 @@ def test_pages_render_again_one_at_a_time_and_the_previous_block_is_served_meanw
         block[0] = 2
         started = time.monotonic()
         stale = await asyncio.gather(*(cache.page(request(p), render(p)) for p in paths))
-        assert time.monotonic() - started < 0.1  # answered without waiting for any render (0.2 s each)
+        # Answered without waiting for any render: one would take its 0.2 s, the bound a loaded machine gets.
+        assert time.monotonic() - started < 0.2
         assert [r.body.decode() for r in stale] == [f"{p} at 1" for p in paths]
         again = await asyncio.gather(*(cache.page(request(p), render(p)) for p in paths))  # still rendering
         assert all(r.body.decode().endswith(("at 1", "at 2")) for r in again)
