@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from quasar.errors import QuasarError
+from quasar.hub_model import ModelLoadError, download, find_cached, hub_cache
 from quasar.reference.chunk import float32_matmul_precision
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,6 @@ DTYPES: dict[str, torch.dtype] = {
 # Challenges use at least this many prompt tokens: a few tokens of context give a logit vector
 # that depends on every layer, and any length works for the protocol.
 CHALLENGE_MIN_PROMPT_LEN = 8
-
-
-class ModelLoadError(QuasarError, RuntimeError):
-    """The reference model could not be loaded; the message names the model and the fix."""
 
 
 class ChallengeError(QuasarError, ValueError):
@@ -209,19 +206,41 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def _hub_snapshot(name: str) -> Path:
+    """The cache folder holding every file of hub model ``name``: the cached snapshot when whole,
+    else downloaded (refused at once in offline mode, or when the hub cannot be reached at all)."""
+    cached = find_cached(name)
+    if cached is not None and not cached[1]:
+        return cached[0]
+    if cached is not None:
+        state = f"its cached copy {cached[0]} lacks {', '.join(cached[1])} (a download cut off)"
+    else:
+        state = f"it is not in the local Hugging Face cache {hub_cache()}"
+    fetch = (
+        f"Download it with `hf download {name}` on a machine with internet, or point REFERENCE_MODEL "
+        "at a local folder holding config.json and the weights."
+    )
+    if offline_mode():
+        raise ModelLoadError(f"cannot load reference model {name!r}: {state} and offline mode is on. {fetch}")
+    # A download against a closed network retries for half a minute, a screen of warnings, before failing.
+    reachable, endpoint = hub_reachable()
+    if not reachable:
+        raise ModelLoadError(f"cannot load reference model {name!r}: {state} and {endpoint} cannot be reached. {fetch}")
+    log.info("reference model %s: %s; downloading it from %s", name, state, endpoint)
+    return download(name)
+
+
 def load_reference_model(
     name_or_path: str, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32"
 ) -> ReferenceModel:
     """Load a causal LM (a Hugging Face id or a local folder) on ``device`` in ``dtype``.
 
-    A hub id is read from the local cache only when ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``
-    is set, else downloaded when missing. Raises :class:`ModelLoadError` naming the model and the fix.
+    A hub id is read from its snapshot in the local Hugging Face cache when that holds every file,
+    else downloaded into it (quasar/hub_model.py), never when ``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``
+    is set. Raises :class:`ModelLoadError` naming the model and the fix.
     Remote code is never trusted: the architecture must be one transformers ships.
     """
-    from huggingface_hub import (
-        snapshot_download,  # heavy imports, only where a model is loaded
-    )
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # heavy import, only where a model is loaded
 
     torch_dtype = resolve_dtype(dtype)
     torch_device = torch.device(device)
@@ -234,49 +253,24 @@ def load_reference_model(
                 f"reference model folder {local} has no config.json; "
                 "point REFERENCE_MODEL at a folder saved with save_pretrained"
             )
-        source, from_hub = str(local), False
+        source = str(local)
     elif _looks_like_path(name_or_path):
         raise ModelLoadError(
             f"reference model folder {local} does not exist; "
             "point REFERENCE_MODEL at a local folder or a Hugging Face model id"
         )
     else:
-        source, from_hub = name_or_path, True
-    offline = offline_mode()
-    if from_hub and not offline:
-        # From the cache when it is there; else only if the hub answers at all (a download against
-        # a closed network retries for half a minute, a screen of warnings, before failing).
-        try:
-            source, offline = snapshot_download(name_or_path, local_files_only=True), True
-        except (OSError, ValueError):
-            reachable, endpoint = hub_reachable()
-            if not reachable:
-                raise ModelLoadError(
-                    f"cannot load reference model {name_or_path!r}: it is not in the local Hugging Face cache and "
-                    f"{endpoint} cannot be reached. Download it with `hf download {name_or_path}` on a machine "
-                    "with internet, or point REFERENCE_MODEL at a local folder holding config.json and the "
-                    "weights."
-                ) from None
+        source = str(_hub_snapshot(name_or_path))
     try:
-        if offline and from_hub and source == name_or_path:
-            # Resolve the cached snapshot first: from_pretrained would still probe the Hub for
-            # optional files (adapter configs) when the variable was set after import.
-            source = snapshot_download(name_or_path, local_files_only=True)
         # transformers' annotations of the model's methods (to, get_*_embeddings) are looser than it.
         module: Any = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch_dtype, local_files_only=offline, trust_remote_code=False
+            source, dtype=torch_dtype, local_files_only=True, trust_remote_code=False
         )
     except (OSError, ValueError) as error:
-        if from_hub:
-            where = "the local Hugging Face cache (offline mode is on)" if offline else "the cache or the Hub"
-            fix = (
-                f"Download it with `hf download {name_or_path}` on a machine with internet, "
-                "or point REFERENCE_MODEL at a local folder holding config.json and the weights."
-            )
-        else:
-            where, fix = "its folder", "The folder must hold config.json and the weights written by save_pretrained."
+        where = "its folder" if source == str(local) else f"the Hugging Face cache ({source})"
         raise ModelLoadError(
-            f"cannot load reference model {name_or_path!r} from {where}: {str(error).splitlines()[0]} {fix}"
+            f"cannot load reference model {name_or_path!r} from {where}: {str(error).splitlines()[0]} "
+            "The folder must hold config.json and the weights written by save_pretrained."
         ) from None
     module.to(torch_device).eval().requires_grad_(False)
     rows = module.get_input_embeddings().num_embeddings

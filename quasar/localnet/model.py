@@ -65,11 +65,7 @@ def write_stand_in_model(path: str | Path, seed: int = STAND_IN_SEED) -> Path:
 
 def hub_model_cached(name: str) -> bool:
     """True when the Hugging Face model ``name`` is complete in the local cache (no network used)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from quasar.hub_model import find_cached
 
-    try:
-        snapshot = Path(snapshot_download(name, local_files_only=True))
-    except (LocalEntryNotFoundError, OSError, ValueError):
-        return False
-    return (snapshot / "config.json").is_file() and any(snapshot.glob("*.safetensors"))
+    cached = find_cached(name)
+    return cached is not None and not cached[1]

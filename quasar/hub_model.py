@@ -1,0 +1,153 @@
+"""A reference model named by a Hugging Face id: found whole in the local cache, else downloaded into
+it through huggingface_hub's ``snapshot_download``, and every way that fails said in one sentence
+naming the model, the folder or the hub, and the cure (docs/validator.md, "The reference model").
+
+A download cut off (a broken connection, a full disk) leaves the files it finished in the cache and
+none half-written (huggingface_hub writes each to a temporary file and renames it when complete);
+a snapshot missing a file counts as not cached, so the next start downloads what is missing
+instead of failing on the folder for good.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+from quasar.errors import QuasarError
+
+# What loading a model needs from its repo: the configs and the safetensors weights (one file or
+# shards with their index), not its tokenizer, README or other formats' copies of the weights.
+MODEL_FILES = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json"]
+
+# A start after a failed download keeps the files it finished (huggingface_hub renames each when whole).
+_KEPT = "the files already downloaded are kept and the rest are fetched"
+
+
+class ModelLoadError(QuasarError, RuntimeError):
+    """The reference model could not be loaded; the message names the model and the fix."""
+
+
+def missing_files(folder: Path) -> list[str]:
+    """The files ``folder`` lacks to load a model: config.json, and model.safetensors or the
+    shards its index names (a folder a cut-off download left)."""
+    missing = [] if (folder / "config.json").is_file() else ["config.json"]
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        return missing + ([] if (folder / "model.safetensors").is_file() else ["model.safetensors"])
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return [*missing, index.name]
+    return missing + [shard for shard in shards if not (folder / shard).is_file()]
+
+
+def hub_cache() -> str:
+    """The folder huggingface_hub keeps downloads in (``HF_HUB_CACHE``, by default ``$HF_HOME/hub``)."""
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
+
+
+def find_cached(name: str) -> tuple[Path, list[str]] | None:
+    """The cached snapshot of hub model ``name`` and the files it lacks to load (none: complete),
+    or None when nothing of it is cached. Uses no network."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = Path(snapshot_download(name, local_files_only=True, allow_patterns=MODEL_FILES))
+    except (OSError, ValueError) as error:
+        # huggingface_hub refuses a snapshot its own listing shows incomplete, and says where it is.
+        path = getattr(error, "snapshot_path", None)
+        return None if path is None else (Path(path), missing_files(Path(path)))
+    return folder, missing_files(folder)
+
+
+def download(name: str) -> Path:
+    """Download hub model ``name``'s :data:`MODEL_FILES` into the cache; the snapshot's folder.
+
+    Raises :class:`ModelLoadError` naming the model and the cure: the hub's refusal (gated, no such
+    model, a bad token), its limit or fault (429, 5xx), a cut-off download, a full or unwritable cache.
+    """
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = Path(snapshot_download(name, allow_patterns=MODEL_FILES))
+    except Exception as error:  # classified by _why; an unforeseen one is named by its type and first line
+        raise ModelLoadError(f"cannot download reference model {name!r}: {_why(error)}") from None
+    missing = missing_files(folder)
+    if missing:
+        raise ModelLoadError(
+            f"reference model {name!r} on the Hub has no {missing[0]}: it is not a model saved with "
+            "safetensors weights. Point REFERENCE_MODEL at one (the reference is Qwen/Qwen2.5-0.5B-Instruct)."
+        )
+    return folder
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    seen: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _why(error: BaseException) -> str:
+    """What went wrong, in one sentence with its cure."""
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    chain = _chain(error)
+    hub = constants.ENDPOINT
+    for cause in chain:
+        if isinstance(cause, GatedRepoError):
+            return (
+                f"{hub} refuses it, a gated model (HTTP {cause.response.status_code}). Accept its terms on its "
+                "page with your account and give this process that account's token (HF_TOKEN, or `hf auth login`)."
+            )
+        if isinstance(cause, RepositoryNotFoundError):
+            return (
+                f"{hub} has no model of that name, or not for this token (HTTP {cause.response.status_code}). "
+                "Check REFERENCE_MODEL for a typo (the reference is Qwen/Qwen2.5-0.5B-Instruct); a private "
+                "model needs HF_TOKEN."
+            )
+        if isinstance(cause, HfHubHTTPError) and cause.response is not None:
+            status = cause.response.status_code
+            if status in (401, 403):
+                return (
+                    f"{hub} refused the request (HTTP {status}): check the token this process sends "
+                    "(HF_TOKEN, or `hf auth login`), or unset it for a public model."
+                )
+            if status == 429:
+                return (
+                    f"{hub} is limiting this machine's requests (HTTP 429). Wait a few minutes and start again "
+                    f"({_KEPT}); a token (HF_TOKEN) gets a higher limit."
+                )
+            if status >= 500:
+                return f"{hub} answered HTTP {status}, a fault on its side. Start again later ({_KEPT})."
+    for cause in chain:
+        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+            return (
+                f"the disk of the Hugging Face cache {hub_cache()} is full ({_first_line(cause)}). Free space "
+                f"there, or set HF_HOME to a folder on a larger disk, and start again ({_KEPT})."
+            )
+        if isinstance(cause, OSError) and cause.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return (
+                f"user {os.getuid()} cannot write the Hugging Face cache {hub_cache()} ({_first_line(cause)}). "
+                "Make that folder writable by this user, or set HF_HOME to a folder it owns."
+            )
+    for cause in chain:
+        if isinstance(cause, httpx2.TransportError) or "Consistency check failed" in str(cause):
+            return (
+                f"the download from {hub} broke off ({_first_line(cause)}); nothing half-written is kept. "
+                f"Start again: {_KEPT}."
+            )
+    return f"{_first_line(error)}. Check the network to {hub} and start again ({_KEPT})."

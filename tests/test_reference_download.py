@@ -1,0 +1,149 @@
+"""The reference model's first download and its cache, as a new validator or miner meets them: the
+real loading code (quasar.logits.load_reference_model, in a process of its own as at a start) gets
+a tiny random Qwen2 from a Hugging Face Hub stand-in on 127.0.0.1 (tests/hub_standin.py) through
+huggingface_hub. A download that breaks off, a full or unwritable cache, the hub's refusals and
+faults each end the start with one sentence naming the model, the folder or the hub, and the cure,
+and the next start with the fault gone loads the model (docs/validator.md, "The reference model")."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from hub_standin import HubStandIn
+from small_disk import SmallDisk, unavailable
+from tiny_qwen import TINY_VOCAB, make_tiny_qwen2
+
+NAME = "Qwen/Qwen2.5-0.5B-Instruct"
+# What a validator's or an inference server's start does with the model and a ModelLoadError (its
+# log line, exit status 1); anything else escapes as a traceback.
+LOADER = """
+import sys
+from quasar.errors import QuasarError
+from quasar.logits import load_reference_model
+try:
+    model = load_reference_model(sys.argv[1])
+except QuasarError as error:
+    print("ERROR", error)
+    sys.exit(1)
+print("LOADED", model.vocab_size)
+"""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_qwen2(tmp_path_factory.mktemp("hub") / "qwen", seed=1)
+
+
+@pytest.fixture
+def hub(model_dir):
+    with HubStandIn({NAME: model_dir}) as running:
+        yield running
+
+
+def load(hub: HubStandIn, home: Path, name: str = NAME, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """Start the loader with HF_HOME=home against the stand-in; its stdout holds LOADED or ERROR."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(home), HF_HUB_DISABLE_PROGRESS_BARS="1")
+    return subprocess.run(
+        [*prefix, sys.executable, "-c", LOADER, name], env=env, capture_output=True, text=True, cwd="/", timeout=120
+    )
+
+
+def refused(result: subprocess.CompletedProcess) -> str:
+    """The one error line of a start that failed cleanly (no traceback)."""
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert result.stdout.startswith("ERROR "), result.stdout
+    return result.stdout
+
+
+def loaded(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0 and f"LOADED {TINY_VOCAB}" in result.stdout, result.stdout + result.stderr
+
+
+def leftovers(home: Path) -> list[str]:
+    return sorted(p.name for p in home.rglob("*.incomplete"))
+
+
+def test_a_first_download_is_cached_and_the_next_start_needs_no_network(hub, tmp_path):
+    loaded(load(hub, tmp_path / "hf"))
+    assert hub.downloads("model.safetensors") == 1 and hub.downloads("config.json") == 1
+    hub.requests.clear()
+    hub.close()  # no hub at all: the cached snapshot is whole, so nothing is asked
+    loaded(load(hub, tmp_path / "hf"))
+    assert hub.requests == []
+
+
+def test_a_download_cut_mid_file_is_said_and_the_next_start_fetches_what_is_missing(hub, tmp_path):
+    hub.cut("model.safetensors", 100_000)
+    message = refused(load(hub, tmp_path / "hf"))
+    assert f"'{NAME}'" in message and f"download from {hub.endpoint} broke off" in message
+    assert "Start again" in message and leftovers(tmp_path / "hf") == []
+    hub.cut("model.safetensors", None)
+    loaded(load(hub, tmp_path / "hf"))
+    assert hub.downloads("config.json") == 1  # the finished files were kept
+
+
+def test_a_snapshot_an_earlier_version_left_without_its_weights_is_completed(hub, tmp_path):
+    """transformers' own download fetched config.json first and the weights after it: a start cut
+    between the two left a snapshot of config.json alone, which every later start read as the
+    cached model and refused ('no file named model.safetensors', 'offline mode is on')."""
+    loaded(load(hub, tmp_path / "hf"))
+    snapshot = next((tmp_path / "hf" / "hub").glob("models--*/snapshots/*"))
+    weights = snapshot / "model.safetensors"
+    weights.resolve().unlink()  # its blob, then the link to it
+    weights.unlink()
+    shutil.rmtree(snapshot.parents[1] / "trees")  # as transformers' download left it: no listing
+    loaded(load(hub, tmp_path / "hf"))
+    assert hub.downloads("model.safetensors") == 2
+
+
+@pytest.mark.parametrize(
+    "status, code, name, expected",
+    [
+        (401, "GatedRepo", NAME, "a gated model (HTTP 401). Accept its terms"),
+        (403, "GatedRepo", NAME, "a gated model (HTTP 403)"),
+        (401, "", NAME, "refused the request (HTTP 401): check the token"),
+        (403, "", NAME, "refused the request (HTTP 403)"),
+        (None, "", "Qwen/Qwen2.5-0.5B-Instruc", "has no model of that name, or not for this token (HTTP 401)"),
+        (429, "", NAME, "is limiting this machine's requests (HTTP 429)"),
+        (500, "", NAME, "answered HTTP 500, a fault on its side"),
+        (503, "", NAME, "answered HTTP 503, a fault on its side"),
+    ],
+)
+def test_the_hubs_refusals_and_faults_are_named_with_their_cure(hub, tmp_path, status, code, name, expected):
+    hub.answer(status, code)
+    message = refused(load(hub, tmp_path / "hf", name))
+    assert f"'{name}'" in message and f"{hub.endpoint} " in message and expected in message
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+def test_a_cache_this_user_cannot_write_is_named(hub):
+    # Root's folder, read by an ordinary user (nobody) who starts the loader with it as HF_HOME.
+    home = Path(tempfile.mkdtemp(prefix="quasar-hf-"))
+    try:
+        home.chmod(0o755)
+        nobody = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+        message = refused(load(hub, home, prefix=nobody))
+        assert f"user 65534 cannot write the Hugging Face cache {home / 'hub'}" in message
+        assert "set HF_HOME to a folder it owns" in message
+    finally:
+        shutil.rmtree(home)
+
+
+@pytest.mark.skipif(bool(unavailable()), reason=f"no small disk here: {unavailable()}")
+def test_a_disk_filling_during_the_download_is_named_and_a_start_with_space_recovers(hub, tmp_path):
+    with SmallDisk(tmp_path / "disk", 1) as disk:
+        disk.outside("ballast").write_bytes(b"\1" * 700_000)  # leaves less than the 0.56 MB weights
+        home = tmp_path / "disk" / "hf"
+        message = refused(load(hub, home, prefix=tuple(disk.enter)))
+        assert f"the disk of the Hugging Face cache {home / 'hub'} is full" in message
+        assert "Free space there" in message and leftovers(disk.outside("hf")) == []
+        disk.outside("ballast").unlink()
+        loaded(load(hub, home, prefix=tuple(disk.enter)))
