@@ -302,6 +302,38 @@ def load_reference_model(
     )
 
 
+# The reference model of docs/rules.md section 4 (its config.json): what a validator checks against
+# and a miner serves on a public network.
+REFERENCE_MODEL_ID = "Qwen/Qwen2.5-0.5B-Instruct"
+REFERENCE_SHAPE: dict[str, object] = {
+    "model_type": "qwen2",
+    "vocab_size": 151936,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+}
+
+
+def check_reference_shape(model: ReferenceModel, network: str) -> None:
+    """Refuse, for a public ``network``, a model whose architecture or vocabulary is not the
+    reference's (:data:`REFERENCE_SHAPE`): every logit check against the validators' model would
+    fail. Raises :class:`ModelLoadError` listing each difference."""
+    config = model.module.config
+    found = {key: getattr(config, key, None) for key in REFERENCE_SHAPE}
+    found["vocab_size"] = model.vocab_size  # the logits' width, what a check compares
+    differences = [
+        f"{key} {found[key]} (the reference's {value})" for key, value in REFERENCE_SHAPE.items() if found[key] != value
+    ]
+    if differences:
+        raise ModelLoadError(
+            f"reference model {model.name!r} is not {REFERENCE_MODEL_ID}'s architecture: {', '.join(differences)}. "
+            f"Every logit check on {network} is against {REFERENCE_MODEL_ID}, so each would fail: set "
+            f"REFERENCE_MODEL to {REFERENCE_MODEL_ID} or a folder holding it."
+        )
+
+
 def check_request(
     prompt_ids: Sequence[int],
     gen_len: int,

@@ -308,3 +308,33 @@ def test_a_model_neither_cached_nor_reachable_is_refused_at_once(tmp_path, monke
     message = str(error.value)
     assert "not in the local Hugging Face cache" in message and f"127.0.0.1:{port} cannot be reached" in message
     assert "hf download quasar-tests/not-a-cached-model" in message
+
+
+def test_a_model_of_another_architecture_is_refused_at_start_on_a_public_network(model_dirs):
+    """A validator or inference server on finney with REFERENCE_MODEL at another model started and
+    failed every logit check (a miner's against the validators' Qwen2.5, a validator's against
+    every honest miner); it is refused at start, naming each difference. A local network's
+    stand-in model is taken."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from quasar import config
+    from quasar.validator.logit_check import MinerLogitChecker
+
+    def settings(network):
+        values = {"network": network, "reference_model": str(model_dirs[0]), "device": "cpu"}
+        return config.resolve(values, environ={}, dotenv_path=None)
+
+    with pytest.raises(L.ModelLoadError) as error:
+        MinerLogitChecker.from_settings(settings("finney"), None, "cpu")
+    message = str(error.value)
+    assert f"'{model_dirs[0]}' is not Qwen/Qwen2.5-0.5B-Instruct's architecture" in message
+    assert f"vocab_size {TINY_VOCAB} (the reference's 151936)" in message and "hidden_size 64" in message
+    assert "set REFERENCE_MODEL to Qwen/Qwen2.5-0.5B-Instruct" in message
+    assert MinerLogitChecker.from_settings(settings("local"), None, "cpu").reference.vocab_size == TINY_VOCAB
+
+    with torch.device("meta"):  # the reference's shape without its 2 GB of weights
+        shaped = Qwen2ForCausalLM(Qwen2Config(**{k: v for k, v in L.REFERENCE_SHAPE.items() if k != "model_type"}))
+    reference = L.ReferenceModel(
+        "Qwen/Qwen2.5-0.5B-Instruct", shaped, torch.device("meta"), torch.float32, 151936, L.TokenRange(151643), 32768
+    )
+    L.check_reference_shape(reference, "finney")

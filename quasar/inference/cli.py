@@ -30,9 +30,10 @@ def serve(settings: config.Settings) -> int:
     from quasar.chain import ChainError
     from quasar.chain.factory import connect
     from quasar.chain.wallets import WalletError, open_wallet
+    from quasar.config.values import PUBLIC_NETWORKS
     from quasar.evaluate.gpus import GpuOrderError, use_pci_bus_order
     from quasar.inference.server import InferenceLimits, create_inference_app, server_options
-    from quasar.logits import ModelLoadError, load_reference_model
+    from quasar.logits import ModelLoadError, check_reference_shape, load_reference_model
 
     # Each step's error says what failed; any of them ends the command.
     try:
@@ -45,6 +46,8 @@ def serve(settings: config.Settings) -> int:
                 "hotkey %s is not registered on subnet %d: validators will not find this server", hotkey, chain.netuid
             )
         model = load_reference_model(settings.reference_model, settings.device, settings.reference_dtype)
+        if settings.network in PUBLIC_NETWORKS:  # a local network takes any model, its stand-in included
+            check_reference_shape(model, settings.network)
         limits = InferenceLimits(
             settings.inference_max_prompt_len,
             settings.inference_max_gen_len,

@@ -21,12 +21,14 @@ from urllib.parse import urlsplit
 from quasar import auth
 from quasar.api.client import ApiClient, ApiClientError
 from quasar.config import Settings
+from quasar.config.values import PUBLIC_NETWORKS
 from quasar.inference.client import LogitCheck, verify_miner_logits
 from quasar.logits import (
     ChallengeLimits,
     LogitThresholds,
     ModelLoadError,
     ReferenceModel,
+    check_reference_shape,
     draw_challenge,
     load_reference_model,
 )
@@ -113,6 +115,8 @@ class MinerLogitChecker:
     def from_settings(cls, settings: Settings, wallet, device: str) -> MinerLogitChecker:
         """Load REFERENCE_MODEL on ``device`` in REFERENCE_DTYPE (raises ModelLoadError saying how to fix it)."""
         reference = load_reference_model(settings.reference_model, device, settings.reference_dtype)
+        if settings.network in PUBLIC_NETWORKS:  # a local network takes any model, its stand-in included
+            check_reference_shape(reference, settings.network)
         limits = ChallengeLimits(max_prompt_len=settings.logits_max_prompt_len, max_gen_len=settings.logits_max_gen_len)
         thresholds = LogitThresholds(min_cosine=settings.logits_min_cosine, max_abs_diff=settings.logits_max_abs_diff)
         return cls(wallet, reference, limits, thresholds, settings.logits_timeout, settings.private_endpoints_allowed)
