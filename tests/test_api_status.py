@@ -16,12 +16,14 @@ from sqlalchemy import insert
 
 from api_fixtures import COMMIT, FORK, ApiServer, api_config, commit_of, refused
 from quasar import scoring
+from quasar.api import status as status_module
 from quasar.api.charts import Series, bar_chart, compact, line_chart, nice_ceiling
 from quasar.api.client import ApiClient, Claim
 from quasar.api.db import Database, EvaluationReport, IpBan, Submission, ValidationFailure
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.api.schemas import RoundPoint
-from quasar.api.status import best_per_round, submission_state
+from quasar.api.service import SubmissionService
+from quasar.api.status import StatusReader, best_per_round, submission_state
 from quasar.consensus import Consensus, Electorate, Quorum, Report, decide
 from quasar.originality import CopyOf
 
@@ -152,6 +154,30 @@ def test_miner_submissions_are_paged_newest_first(start_api):
     rest = a.miner_submissions(a_hotkey, limit=10, offset=2)
     assert [s.submission_id for s in rest.submissions] == ids[::-1][2:]
     assert a.miner_submissions(api.wallets["b"].hotkey.ss58_address).total == 0
+
+
+def test_a_miners_history_reads_its_newest_rounds_only_however_many_it_played(start_api, monkeypatch):
+    """A month of rounds must not make a miner's page cost more with each round: its history (the
+    chart) judges the newest HISTORY_ROUNDS rounds (docs/api.md, "How long things are kept"), while
+    every submission it made stays listed."""
+    monkeypatch.setattr(status_module, "HISTORY_ROUNDS", 4, raising=False)
+    api = start_api(round_blocks=1)
+    a, v1 = api.client("a"), api.client("v1")
+    a_hotkey = api.wallets["a"].hotkey.ss58_address
+    played = []
+    for n in range(10):  # one evaluated submission a round, ten rounds
+        accepted = a.submit_kernel(Claim(FORK, commit_of(n + 1), 1e4), 1024)
+        v1.fetch_work()
+        v1.report(accepted.submission_id, "passed", True, True, 1e4 + n, lengths=LENGTHS_OK)
+        played.append(a.submission_status(accepted.submission_id).round_id)
+        api.chain.advance(1)
+    config = api_config(api.wallets["api"].hotkey.ss58_address, round_blocks=1)
+    reader = StatusReader(SubmissionService(config, api.chain, api.server.database))
+    history = reader.history(a_hotkey)
+    page = reader.submissions(a_hotkey, 100, 0)
+    assert [point.round_id for point in history.rounds] == played[-3:]  # the current round has none
+    assert [point.measured_tokens_per_sec for point in history.rounds] == [1e4 + 7, 1e4 + 8, 1e4 + 9]
+    assert page.total == 10 and len(page.submissions) == 10
 
 
 def test_bad_status_requests_are_4xx_naming_what_was_wrong(start_api):

@@ -47,6 +47,10 @@ LAPSED: Final = "lapsed"
 BEING_EVALUATED: Final = "being_evaluated"
 COPY: Final = "copy"
 READY = "ready"  # the stored state of a revealed submission being scheduled or judged
+# A miner's history (its dashboard page's chart) reads the current round and the rounds before it
+# up to this many in all (five days at the default ROUND_BLOCKS): judging every round a miner ever
+# played made the page cost more with each round (docs/api.md, "How long things are kept").
+HISTORY_ROUNDS = 100
 PASSED, FAILED = consensus.PASSED, consensus.FAILED
 # The consensus's states as the API names them (the same words).
 _CONSENSUS_STATES: dict[str, schemas.ConsensusState] = {
@@ -388,13 +392,13 @@ class StatusReader:
         return schemas.SubmissionPage(hotkey=hotkey, total=total, offset=offset, limit=limit, submissions=statuses)
 
     def history(self, hotkey: str) -> schemas.MinerHistory:
-        """``hotkey``'s best judged submission per round (settled, not a copy): consensus tokens/sec
-        and weighted score."""
+        """``hotkey``'s best judged submission per round (settled, not a copy) of the newest
+        :data:`HISTORY_ROUNDS` rounds: consensus tokens/sec and weighted score."""
         electorate = self.service.electorate()
+        round_id = rules.round_of_block(self.service.current_block(), self.service.config.round_blocks).round_id
+        kept = (Submission.hotkey == hotkey) & (Submission.round_id > round_id - HISTORY_ROUNDS)
         with self.service.database.read() as session:
-            judged = self.service.judge(
-                session, evaluated_submissions(session, Submission.hotkey == hotkey), electorate
-            )
+            judged = self.service.judge(session, evaluated_submissions(session, kept), electorate)
         points = []
         for item in judged:
             if not item.consensus.settled or item.copy_of is not None:

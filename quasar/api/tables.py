@@ -93,6 +93,9 @@ class Submission(Base):
         Index("ix_submissions_commit_hash", "commit_hash"),
         # The ready submissions of the rounds being evaluated: what the work endpoint schedules.
         Index("ix_submissions_state_round_id", "state", "round_id"),
+        # A hotkey's evaluated submissions of the newest rounds: a miner's history. Without it
+        # SQLite's planner takes the state and round index and reads every miner's of those rounds.
+        Index("ix_submissions_hotkey_state_round_id", "hotkey", "state", "round_id"),
     )
 
     @property
