@@ -240,7 +240,8 @@ def load_reference_model(
     is set. Raises :class:`ModelLoadError` naming the model and the fix.
     Remote code is never trusted: the architecture must be one transformers ships.
     """
-    from transformers import AutoModelForCausalLM  # heavy import, only where a model is loaded
+    from safetensors import SafetensorError  # heavy imports, only where a model is loaded
+    from transformers import AutoModelForCausalLM
 
     torch_dtype = resolve_dtype(dtype)
     torch_device = torch.device(device)
@@ -266,12 +267,16 @@ def load_reference_model(
         module: Any = AutoModelForCausalLM.from_pretrained(
             source, dtype=torch_dtype, local_files_only=True, trust_remote_code=False
         )
-    except (OSError, ValueError) as error:
-        where = "its folder" if source == str(local) else f"the Hugging Face cache ({source})"
-        raise ModelLoadError(
-            f"cannot load reference model {name_or_path!r} from {where}: {str(error).splitlines()[0]} "
-            "The folder must hold config.json and the weights written by save_pretrained."
-        ) from None
+    except (OSError, ValueError, SafetensorError) as error:
+        # A weights file cut short (a copy or a write interrupted) is a SafetensorError.
+        reason = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+        if source == str(local):
+            where, fix = "its folder", "The folder must hold config.json and the weights written by save_pretrained."
+        else:
+            where = f"the Hugging Face cache ({source})"
+            repo = Path(source).parents[1]  # models--OWNER--NAME, above snapshots/COMMIT
+            fix = f"A file of the cached copy is damaged: remove {repo} and start again to download it."
+        raise ModelLoadError(f"cannot load reference model {name_or_path!r} from {where}: {reason}. {fix}") from None
     module.to(torch_device).eval().requires_grad_(False)
     rows = module.get_input_embeddings().num_embeddings
     vocab_size = module.get_output_embeddings().out_features

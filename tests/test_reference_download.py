@@ -104,6 +104,19 @@ def test_a_snapshot_an_earlier_version_left_without_its_weights_is_completed(hub
     assert hub.downloads("model.safetensors") == 2
 
 
+def test_a_cached_weights_file_cut_short_is_named_with_the_folder_to_remove(hub, tmp_path):
+    """A cache copied from another machine by an interrupted rsync, or a write lost in a crash: the
+    weights file is short. The start ended with safetensors' traceback ('incomplete metadata')."""
+    loaded(load(hub, tmp_path / "hf"))
+    weights = next((tmp_path / "hf" / "hub").glob("models--*/snapshots/*/model.safetensors")).resolve()
+    weights.write_bytes(weights.read_bytes()[:100_000])
+    message = refused(load(hub, tmp_path / "hf"))
+    repo = weights.parents[1]
+    assert "SafetensorError" in message and f"A file of the cached copy is damaged: remove {repo} and" in message
+    shutil.rmtree(repo)  # the cure the message gives
+    loaded(load(hub, tmp_path / "hf"))
+
+
 @pytest.mark.parametrize(
     "status, code, name, expected",
     [
