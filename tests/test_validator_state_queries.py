@@ -142,3 +142,43 @@ def test_the_state_queries_match_a_filter_of_every_row_after_random_histories(tm
                 check_queries(state, rng, now, seed)
 
             random_history(state, rng, check)
+
+
+def test_a_steps_queries_cost_the_same_after_weeks_of_finished_work(tmp_path):
+    """The queries each step of the loop runs (what to evaluate, check and report, how many are
+    open) read the open rows by an index, not every evaluation and submission ever fetched: after
+    eight simulated days of finished, checked and reported work they cost what they cost after one
+    (counted in SQLite's virtual machine instructions, which do not depend on the machine's load)."""
+    per_day = 400
+    with ValidatorState.open(tmp_path / "state.sqlite3") as state:
+        instructions = [0]
+
+        def count() -> int:
+            instructions[0] += 1
+            return 0
+
+        def step_cost(now: float) -> int:
+            state._connection.set_progress_handler(count, 10)
+            instructions[0] = 0
+            state.pending_evaluations(now)
+            state.needing_logit_check()
+            state.ready_to_report()
+            state.open_submissions()
+            state._connection.set_progress_handler(None, 0)
+            return instructions[0]
+
+        costs = []
+        for day in range(8):
+            now = day * 86400.0
+            with state._write():  # a day's work in one transaction: the test's speed, not the rule's
+                for n in range(day * per_day, (day + 1) * per_day):
+                    values = (n + 1, HOTKEYS[n % 3], "https://github.com/a/fla", f"{n:040x}", 512, 900.0, now, day, 0)
+                    submission = Submission(**dict(zip(Submission.model_fields, values, strict=True)))
+                    state.add_submission(submission, now)
+                    state.start_evaluation(submission.key, "cuda:0", now)
+                    state.finish_evaluation(submission.key, RESULT, now)
+                    state.record_logits(submission.submission_id, PASSED, "", now)
+                    state.record_report(submission.submission_id, REPORTED, "", now)
+            costs.append(step_cost(now))
+        assert state.open_submissions() == 0
+    assert costs[-1] <= 1.5 * costs[0] + 50, costs

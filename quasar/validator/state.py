@@ -109,6 +109,11 @@ CREATE TABLE IF NOT EXISTS submissions (
 );
 CREATE INDEX IF NOT EXISTS submissions_by_evaluation
     ON submissions (fork_url, commit_hash, target_sequence_length);
+-- What each step looks for among every evaluation and submission ever fetched: the evaluations to
+-- run, the logit checks and the reports not done yet (docs/validator.md, on its state).
+CREATE INDEX IF NOT EXISTS evaluations_by_status ON evaluations (status);
+CREATE INDEX IF NOT EXISTS submissions_by_logits ON submissions (logits);
+CREATE INDEX IF NOT EXISTS submissions_by_report_state ON submissions (report_state);
 """
 
 
