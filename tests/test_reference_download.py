@@ -47,10 +47,13 @@ def hub(model_dir):
         yield running
 
 
-def load(hub: HubStandIn, home: Path, name: str = NAME, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """Start the loader with HF_HOME=home against the stand-in; its stdout holds LOADED or ERROR."""
+def load(
+    hub: HubStandIn, home: Path, name: str = NAME, prefix: tuple[str, ...] = (), **variables: str
+) -> subprocess.CompletedProcess:
+    """Start the loader with HF_HOME=home (and ``variables``) against the stand-in; its stdout holds
+    LOADED or ERROR."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(home), HF_HUB_DISABLE_PROGRESS_BARS="1")
+    env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(home), HF_HUB_DISABLE_PROGRESS_BARS="1", **variables)
     return subprocess.run(
         [*prefix, sys.executable, "-c", LOADER, name], env=env, capture_output=True, text=True, cwd="/", timeout=120
     )
@@ -85,6 +88,8 @@ def test_a_download_cut_mid_file_is_said_and_the_next_start_fetches_what_is_miss
     message = refused(load(hub, tmp_path / "hf"))
     assert f"'{NAME}'" in message and f"download from {hub.endpoint} broke off" in message
     assert "Start again" in message and leftovers(tmp_path / "hf") == []
+    offline = refused(load(hub, tmp_path / "hf", HF_HUB_OFFLINE="1"))
+    assert "lacks model.safetensors (a download cut off) and offline mode is on" in offline
     hub.cut("model.safetensors", None)
     loaded(load(hub, tmp_path / "hf"))
     assert hub.downloads("config.json") == 1  # the finished files were kept
