@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from quasar.errors import QuasarError
+from quasar.evaluate.gpus import missing_gpu
 from quasar.hub_model import ModelLoadError, download, find_cached, hub_cache
 from quasar.reference.chunk import float32_matmul_precision
 
@@ -245,8 +246,9 @@ def load_reference_model(
 
     torch_dtype = resolve_dtype(dtype)
     torch_device = torch.device(device)
-    if torch_device.type == "cuda" and not torch.cuda.is_available():
-        raise ModelLoadError(f"DEVICE is {device} but torch sees no CUDA device; set DEVICE=cpu or fix the driver")
+    no_gpu = missing_gpu(device, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if no_gpu is not None:
+        raise ModelLoadError(f"DEVICE is {device} but {no_gpu}; set DEVICE=cpu or fix the driver")
     local = Path(name_or_path).expanduser()
     if local.exists():
         if not (local / "config.json").is_file():

@@ -16,7 +16,7 @@ import pytest
 
 from quasar import config
 from quasar.evaluate import gpus as gpus_module
-from quasar.evaluate.gpus import GpuOrderError, assigned_gpu, nvidia_gpus, use_pci_bus_order
+from quasar.evaluate.gpus import GpuOrderError, assigned_gpu, missing_gpu, nvidia_gpus, use_pci_bus_order
 from quasar.evaluate.pinning import choose_cpus, device_slot
 from quasar.evaluate.sandbox_contents import nvidia_device_nodes, scrubbed_environment
 from quasar.evaluate.sandbox_layout import SandboxPolicy
@@ -116,8 +116,25 @@ def test_visible_devices_that_cuda_does_not_use_stop_the_validator_at_start(driv
 
 def test_device_past_the_last_gpu_names_the_gpus_found(driver):
     assert evaluation_devices("cuda:1", 2, "2,0", driver) == [Device("cuda:1", "0")]
-    with pytest.raises(ValidatorSetupError, match=r"DEVICE is cuda:2 .*CUDA_VISIBLE_DEVICES=2,0\).*lists 3 GPU"):
+    with pytest.raises(ValidatorSetupError, match=r"DEVICE is cuda:2 .*CUDA_VISIBLE_DEVICES=2,0; .*lists 3 GPU"):
         evaluation_devices("cuda:2", 2, "2,0", driver)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 5])
+def test_a_device_names_a_gpu_exactly_when_its_ordinal_is_below_the_count(count):
+    """The one rule the evaluation, the miner, step1, the reference model's loader and the validator
+    check DEVICE by at start (tests/test_device_ordinal_gpu.py runs them on a GPU), against
+    torch's numbering: cuda is cuda:0, and cuda:N exists where N < the count."""
+    assert missing_gpu("cpu", count) is None
+    for index in range(7):
+        assert (missing_gpu(f"cuda:{index}", count) is None) == (index < count)
+    assert (missing_gpu("cuda", count) is None) == (count > 0)
+    if count:
+        said = missing_gpu(f"cuda:{count}", count, "3,1,4,1,5"[: 2 * count - 1])
+        assert said is not None and f"torch sees {count} CUDA device(s), cuda:0" in said
+        assert said.endswith(f"of CUDA_VISIBLE_DEVICES={'3,1,4,1,5'[: 2 * count - 1]}"), said
+    else:
+        assert missing_gpu("cuda:0", 0) == "CUDA is not available here: torch sees no CUDA device"
 
 
 def test_gpus_are_numbered_in_pci_bus_order_in_every_process():

@@ -74,6 +74,23 @@ def describe_gpus(gpus: list[NvidiaGpu]) -> str:
     return f"the NVIDIA driver lists {len(gpus)} GPU(s) (nvidia-smi's numbering, PCI bus order): {listed}"
 
 
+def missing_gpu(device: str, cuda_count: int, visible: str | None = None) -> str | None:
+    """Why ``device`` (``cuda`` or ``cuda:N``) names none of the ``cuda_count`` GPUs torch sees, or
+    None where it names one (or is ``cpu``). ``visible`` is the process's ``CUDA_VISIBLE_DEVICES``,
+    named in the message. Each tool says this at start: torch says it late and obscurely ("Invalid
+    device id", or CUDA's "invalid device ordinal" from whatever first touches that GPU)."""
+    if not device.startswith("cuda"):
+        return None
+    index = int(device.partition(":")[2] or 0)
+    if index < cuda_count:
+        return None
+    if cuda_count == 0:
+        return "CUDA is not available here: torch sees no CUDA device"
+    seen = "cuda:0" if cuda_count == 1 else f"cuda:0 to cuda:{cuda_count - 1}"
+    narrowed = f" of CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""
+    return f"torch sees {cuda_count} CUDA device(s), {seen}{narrowed}"
+
+
 def use_pci_bus_order(environ: MutableMapping[str, str]) -> None:
     """Make CUDA in this process number GPUs in PCI bus order, as nvidia-smi, the driver's listing
     and the sandbox do, so that ``CUDA_VISIBLE_DEVICES=2`` means nvidia-smi's GPU 2 everywhere

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import secrets
 import threading
 import time
@@ -20,6 +21,7 @@ import torch
 
 from quasar.evaluate import pinning
 from quasar.evaluate.environment import evaluation_environment
+from quasar.evaluate.gpus import missing_gpu
 from quasar.evaluate.options import (
     CPU_NOTE,
     MAX_FORWARDS_PER_REQUEST,
@@ -348,10 +350,10 @@ def _evaluate(
         raise EvaluationInputError(f"claimed tokens/sec must be a positive number, got {claimed_tokens_per_sec!r}")
     if options.device != "cpu" and not options.device.startswith("cuda"):
         raise EvaluationInputError(f"device must be cpu, cuda or cuda:N, got {options.device!r}")
-    if options.device.startswith("cuda") and not torch.cuda.is_available():
+    no_gpu = missing_gpu(options.device, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if no_gpu is not None:
         raise EvaluationInputError(
-            f"device {options.device}: CUDA is not available here "
-            "(--device cpu runs small lengths, for tests only: not a benchmark)"
+            f"device {options.device}: {no_gpu} (--device cpu runs small lengths, for tests only: not a benchmark)"
         )
     lengths = check_lengths(options.seq_lens, target_seq_len, options.device, options.policy.memory_bytes)
     if not 1 <= options.max_forwards_per_request <= MAX_FORWARDS_PER_REQUEST:

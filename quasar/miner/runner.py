@@ -76,16 +76,17 @@ def _device_name(device: str) -> str | None:
         return None
     import torch
 
-    from quasar.evaluate.gpus import GpuOrderError, use_pci_bus_order
+    from quasar.evaluate.gpus import GpuOrderError, missing_gpu, use_pci_bus_order
 
     try:
         use_pci_bus_order(os.environ)  # its benchmarks' sandboxes name the GPU in PCI bus order
     except GpuOrderError as error:
         raise MinerSetupError(str(error)) from None
-    if not torch.cuda.is_available():
+    no_gpu = missing_gpu(device, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if no_gpu is not None:
         raise MinerSetupError(
-            f"DEVICE={device} but CUDA is not available here (check the driver and "
-            "CUDA_VISIBLE_DEVICES); set DEVICE=cpu only to try the miner out"
+            f"DEVICE={device} but {no_gpu} (check the driver and CUDA_VISIBLE_DEVICES); "
+            "set DEVICE=cpu only to try the miner out"
         )
     return torch.cuda.get_device_name(torch.device(device))
 

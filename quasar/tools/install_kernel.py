@@ -21,6 +21,7 @@ import ast
 import dataclasses
 import importlib.util
 import logging
+import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
@@ -193,8 +194,11 @@ def check_setup(repo: Path, device: str) -> list[str]:
     if device.startswith("cuda"):
         import torch
 
-        if not torch.cuda.is_available():
-            problems.append("no CUDA GPU is visible to torch (use --device cpu only for a dry run)")
+        from quasar.evaluate.gpus import missing_gpu
+
+        no_gpu = missing_gpu(device, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if no_gpu is not None:
+            problems.append(f"--device {device}: {no_gpu} (use --device cpu only for a dry run)")
     return problems
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from quasar.config import DEV_NETWORK
 from quasar.errors import QuasarError
-from quasar.evaluate.gpus import NvidiaGpu, describe_gpus
+from quasar.evaluate.gpus import NvidiaGpu, describe_gpus, missing_gpu
 
 
 class ValidatorSetupError(QuasarError, RuntimeError):
@@ -68,14 +68,10 @@ def evaluation_devices(
         )
     if device == "cuda":
         return [Device(f"cuda:{index}", physical) for index, physical in enumerate(ids)]
-    index = int(device.split(":", 1)[1])
-    if index >= len(ids):
-        narrowed = f", CUDA_VISIBLE_DEVICES={visible}" if visible is not None else ""
-        raise ValidatorSetupError(
-            f"DEVICE is {device} but torch sees {len(ids)} CUDA device(s) "
-            f"(cuda:0..cuda:{len(ids) - 1}{narrowed}); {found}"
-        )
-    return [Device(device, ids[index])]
+    no_gpu = missing_gpu(device, len(ids), visible)
+    if no_gpu is not None:
+        raise ValidatorSetupError(f"DEVICE is {device} but {no_gpu}; {found}")
+    return [Device(device, ids[int(device.split(":", 1)[1])])]
 
 
 def device_warnings(network: str, device: str) -> list[str]:
