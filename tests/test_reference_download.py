@@ -130,6 +130,7 @@ def test_a_cached_weights_file_cut_short_is_named_with_the_folder_to_remove(hub,
         (401, "", NAME, "refused the request (HTTP 401): check the token"),
         (403, "", NAME, "refused the request (HTTP 403)"),
         (None, "", "Qwen/Qwen2.5-0.5B-Instruc", "has no model of that name, or not for this token (HTTP 401)"),
+        (404, "RepoNotFound", NAME, "has no model of that name, or not for this token (HTTP 404)"),  # with a token
         (429, "", NAME, "is limiting this machine's requests (HTTP 429)"),
         (500, "", NAME, "answered HTTP 500, a fault on its side"),
         (503, "", NAME, "answered HTTP 503, a fault on its side"),
