@@ -3,6 +3,7 @@
 import inspect
 import math
 import random
+import socket
 import warnings
 
 import pytest
@@ -338,3 +339,35 @@ def test_a_model_of_another_architecture_is_refused_at_start_on_a_public_network
         "Qwen/Qwen2.5-0.5B-Instruct", shaped, torch.device("meta"), torch.float32, 151936, L.TokenRange(151643), 32768
     )
     L.check_reference_shape(reference, "finney")
+
+
+def test_an_inference_server_on_finney_with_another_model_stops_at_start(model_dirs, tmp_path, monkeypatch, caplog):
+    """A miner's inference server pointed at another model served and failed every validator's
+    check; on finney it now ends its start with the one line naming the differences."""
+    from quasar import config
+    from quasar.chain import factory
+    from quasar.chain.devchain import DevChain
+    from quasar.inference import cli
+    from quasar.localnet.host import make_wallet
+
+    wallet = make_wallet(tmp_path / "wallets", "miner")
+    chain = DevChain(tmp_path / "chain.sqlite3", netuid=3)
+    chain.register_wallet(wallet)
+    monkeypatch.setattr(factory, "connect", lambda settings: chain)  # finney itself: the outer boundary
+    values = {
+        "network": "finney",
+        "netuid": "3",
+        "wallet_path": str(tmp_path / "wallets"),
+        "wallet_name": "miner",
+        "reference_model": str(model_dirs[1]),
+        "device": "cpu",
+    }
+    with socket.socket() as held:  # a server past its start fails to bind here instead of serving on
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        values.update(inference_host="127.0.0.1", miner_inference_port=str(held.getsockname()[1]))
+        settings = config.resolve(values, environ={}, dotenv_path=None)
+        with caplog.at_level("ERROR", logger="quasar.inference"):
+            assert cli.serve(settings) == 1
+    assert f"'{model_dirs[1]}' is not Qwen/Qwen2.5-0.5B-Instruct's architecture" in caplog.text
+    assert f"vocab_size {TINY_VOCAB} (the reference's 151936)" in caplog.text
