@@ -246,7 +246,7 @@ def load_reference_model(
 
     torch_dtype = resolve_dtype(dtype)
     torch_device = torch.device(device)
-    no_gpu = missing_gpu(device, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    no_gpu = missing_gpu(str(torch_device), torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     if no_gpu is not None:
         raise ModelLoadError(f"DEVICE is {device} but {no_gpu}; set DEVICE=cpu or fix the driver")
     local = Path(name_or_path).expanduser()
