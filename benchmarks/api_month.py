@@ -3,7 +3,8 @@
 A full subnet: 256 miners submitting 10 times an hour (12 submissions a 72-minute round), of which
 the newest 4 a round are reported on by each of 3 validators and the rest superseded. The rows go
 straight into the API's own schema (Database.upgrade), round by round; at each checkpoint day the
-script times, on the same database and block, a miner's history as StatusReader.history reads it
+script times, on the same database and block, the newest round's leaderboard and agreement, a
+miner's newest submissions, and a miner's history as StatusReader.history reads it
 (its newest HISTORY_ROUNDS rounds) and as it was read before (every round the miner played, judged
 the same way). Figures: benchmarks/RESULTS.md, "A month of submissions".
 
@@ -114,12 +115,12 @@ def fill(path: str, rounds: range, ids: Iterator[int]) -> None:
     connection.close()
 
 
-def timed(call: Callable[[], object], repeats: int = 7) -> str:
-    """Median, fastest and slowest of ``repeats`` calls, in milliseconds."""
+def timed(call: Callable[..., object], *args: object, repeats: int = 7) -> str:
+    """Median, fastest and slowest of ``repeats`` calls ``call(*args)``, in milliseconds."""
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
-        call()
+        call(*args)
         times.append((time.perf_counter() - started) * 1000)
     return f"median {statistics.median(times):.0f} ms ({min(times):.0f}–{max(times):.0f}, n={repeats})"
 
@@ -144,10 +145,14 @@ def main(path: str, days: list[int]) -> None:
         fill(path, range(filled, day * ROUNDS_PER_DAY), ids)
         filled = day * ROUNDS_PER_DAY
         chain.block = filled * ROUND_BLOCKS - 10  # late in the newest round filled
+        newest = filled - 1
         print(
             f"day {day}: {filled} rounds, {filled * MINERS * PER_ROUND} submissions, "
             f"{os.path.getsize(path) / 1e6:.0f} MB; a miner's history, every round: {timed(every_round)}; "
-            f"newest {HISTORY_ROUNDS} rounds: {timed(lambda: reader.history(hotkey))}",
+            f"newest {HISTORY_ROUNDS} rounds: {timed(lambda: reader.history(hotkey))}; "
+            f"the round's leaderboard: {timed(service.judged_round, newest)}; "
+            f"its validators' agreement: {timed(service.validator_agreement, newest)}; "
+            f"a miner's newest 20 submissions: {timed(lambda: reader.submissions(hotkey, 20, 0))}",
             flush=True,
         )
     database.dispose()

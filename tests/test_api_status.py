@@ -12,7 +12,7 @@ import httpx
 import pytest
 from alembic import command
 from markupsafe import escape
-from sqlalchemy import insert
+from sqlalchemy import event, insert
 
 from api_fixtures import COMMIT, FORK, ApiServer, api_config, commit_of, refused
 from quasar import scoring
@@ -178,6 +178,42 @@ def test_a_miners_history_reads_its_newest_rounds_only_however_many_it_played(st
     assert [point.round_id for point in history.rounds] == played[-3:]  # the current round has none
     assert [point.measured_tokens_per_sec for point in history.rounds] == [1e4 + 7, 1e4 + 8, 1e4 + 9]
     assert page.total == 10 and len(page.submissions) == 10
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_submissions_status_costs_the_same_however_many_ready_submissions_came_before(start_api):
+    """A status read looks up the submissions sharing its kernel content by their ids; with none to
+    look up it asks nothing, as SQLite's planner answers an empty list of ids by reading every ready
+    submission ever made: a month of a full subnet made each read 40 ms slower, and growing. Cost
+    counted in SQLite's virtual machine instructions, which do not depend on the machine's load."""
+    api = start_api(round_blocks=1)
+    a, b, v1 = api.client("a"), api.client("b"), api.client("v1")
+    first = a.submit_kernel(Claim(FORK, commit_of(1), 1e4), 1024).submission_id
+    v1.fetch_work()
+    v1.report(first, "passed", True, True, 1e4, lengths=LENGTHS_OK, content_hash="ab" * 32)
+    config = api_config(api.wallets["api"].hotkey.ss58_address, round_blocks=1)
+    database = Database(api.server.database.url)
+    instructions = [0]
+
+    def count() -> int:
+        instructions[0] += 1
+        return 0
+
+    event.listen(database.engine, "connect", lambda connection, _record: connection.set_progress_handler(count, 10))
+    reader = StatusReader(SubmissionService(config, api.chain, database))
+
+    def status_cost() -> int:
+        instructions[0] = 0
+        assert reader.submission(first) is not None
+        return instructions[0]
+
+    costs = [status_cost()]
+    for n in range(150):  # ready submissions of later rounds: none is superseded
+        api.chain.advance(3)
+        b.submit_kernel(Claim("https://github.com/bob/fla", commit_of(1000 + n), 1e4), 1024)
+    costs.append(status_cost())
+    database.dispose()
+    assert costs[1] <= 1.2 * costs[0] + 10, costs
 
 
 def test_bad_status_requests_are_4xx_naming_what_was_wrong(start_api):

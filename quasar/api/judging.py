@@ -145,7 +145,9 @@ def copies_among(
         ids = set(
             session.scalars(select(EvaluationReport.submission_id).where(EvaluationReport.content_hash.in_(contents)))
         )
-        for submission, reports in evaluated_submissions(session, Submission.id.in_(ids - known)):
+        unknown = ids - known
+        # Never asked with none: SQLite answers an empty IN by reading every ready submission ever made.
+        for submission, reports in evaluated_submissions(session, Submission.id.in_(unknown)) if unknown else []:
             view = consensus.decide(reports, electorate, quorum)
             others.append(fingerprint(submission, view.content_hash, blocks_until_reveal))
     found = originality.find_copies([*prints, *others])
