@@ -24,11 +24,12 @@ import pytest
 import websockets.asyncio.server
 import websockets.exceptions
 from bittensor.intents import ServeAxon, SetSubnetIdentity, SetWeights
+from bittensor.intents.weights import DEFAULT_COMMIT_REVEAL_VERSION
 from bittensor.metagraph import _build as sdk_decode_metagraph
 from bittensor.result import chain_error_from_substrate_request
 from bittensor.sp_core import Keypair
 
-from quasar import config, version_key
+from quasar import config, scoring, version_key
 from quasar.chain import ApiLocation, ChainError, Endpoint, Refused, UidsChanged
 from quasar.chain.bittensor_chain import (
     BittensorChain,
@@ -41,6 +42,8 @@ from quasar.chain.bittensor_chain import (
 from quasar.chain.factory import connect
 from quasar.chain.subtensor_rules import FINNEY
 from quasar.localnet.host import make_wallet
+from quasar.validator.state import ValidatorState
+from quasar.validator.weight_setting import WeightSetter
 
 NETUID = 7
 RAO = 10**9
@@ -87,6 +90,8 @@ class FakeChain:
         self.block_time = 12.0
         self.weights_rate_limit = weights_rate_limit
         self.commit_reveal = False
+        # The chain's CommitRevealWeightsVersion (root may raise it): a commit of another version is refused.
+        self.commit_reveal_version = DEFAULT_COMMIT_REVEAL_VERSION
         self.stake_threshold_rao = 0  # the chain's StakeThreshold
         # What get_subnet_hyperparams_v3 returns, as the SDK flattens it (a few of its many names).
         self.hyperparameters = {
@@ -175,6 +180,9 @@ class FakeChain:
                 return failed("NotEnoughStakeToSetWeights")
             if not self.commit_reveal and intent.version_key < self.hyperparameters["weights_version"]:
                 return failed("IncorrectWeightVersionKey")
+            # SetWeights commits with the SDK's DEFAULT_COMMIT_REVEAL_VERSION.
+            if self.commit_reveal and self.commit_reveal_version != DEFAULT_COMMIT_REVEAL_VERSION:
+                return failed("IncorrectCommitRevealVersion")
             if neuron.last_update and self.block - neuron.last_update < self.weights_rate_limit:
                 return failed("SettingWeightsTooFast")
             if not self.commit_reveal and not neuron.validator_permit:
@@ -445,6 +453,7 @@ def test_failed_extrinsic_raises_with_the_chains_message_and_is_not_retried(chai
         (failed("IncorrectWeightVersionKey"), "IncorrectWeightVersionKey"),
         (failed("NotEnoughStakeToSetWeights"), "NotEnoughStakeToSetWeights"),
         (failed("TooManyUnrevealedCommits"), "TooManyUnrevealedCommits"),
+        (failed("IncorrectCommitRevealVersion"), "IncorrectCommitRevealVersion"),
         # The transaction pool's rejection of a weights call from a hotkey below StakeThreshold, as
         # the SDK decodes it from the node's answer.
         (
@@ -461,6 +470,43 @@ def test_refusals_that_last_are_refused_with_their_name(chain, subnet, wallets, 
         chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1)
     assert raised.value.name == name and name in str(raised.value)
     assert subnet.calls.count("execute") == 1 and sleep.delays == []
+
+
+def test_a_commit_reveal_version_raised_by_governance_stops_the_commits_until_the_next_epoch(
+    chain, subnet, wallets, tmp_path, caplog
+):
+    """The chain's governance raises CommitRevealWeightsVersion while the validator runs: every
+    commit of this SDK is refused (IncorrectCommitRevealVersion) until QUASAR's bittensor is updated.
+    The validator commits once an epoch (EPOCH_BLOCKS 100) and says why, instead of once every
+    WEIGHTS_RETRY_BLOCKS (ten refused commits an epoch)."""
+    caplog.set_level("INFO", logger="quasar.validator.weight_setting")
+    settings = config.resolve(
+        {"network": "finney", "netuid": str(NETUID), "device": "cpu", "epoch_blocks": "100", "eval_seq_lens": ""},
+        environ={},
+        dotenv_path=None,
+    )
+    miner = scoring.Result(
+        hotkey=hotkey_of(wallets["miner"]),
+        submission_id=1,
+        submitted_at=1.0,
+        target_sequence_length=4096,
+        claimed_tokens_per_sec=1000.0,
+        measured_tokens_per_sec=1000.0,
+        correct=True,
+        logits_ok=True,
+    )
+    subnet.commit_reveal = True
+    subnet.commit_reveal_version = DEFAULT_COMMIT_REVEAL_VERSION + 1
+    with ValidatorState.open(tmp_path / "state.sqlite3") as state:
+        setter = WeightSetter(settings, chain, wallets["validator"], state)
+        start = subnet.block
+        for block in range(start, start + 100, 10):  # one epoch, a step every 10 blocks
+            subnet.block = block
+            assert not (setter.due(block) and setter.set_weights(block, [miner]))
+    refused = [r.getMessage() for r in caplog.records if "IncorrectCommitRevealVersion" in r.getMessage()]
+    assert len(subnet.executed) == 1 and len(refused) == 1, refused
+    assert refused[0].startswith(f"the chain refused the weights at block {start}, none this epoch: ")
+    assert refused[0].endswith(f"(next look at block {start + 100})")
 
 
 def test_passing_failures_are_not_refusals_that_last(chain, subnet, wallets, sleep):

@@ -46,11 +46,14 @@ HYPERPARAMETER_NAMES = tuple(field.name for field in dataclasses.fields(SubnetHy
 # blocks later gets the same answer, so they count for the epoch (:class:`~quasar.chain.base.Refused`).
 # Names as the SDK reports them (bittensor.error_map); StakeAmountTooLow is how it names the
 # transaction pool's Custom(1), which for a weights call is NotEnoughStakeToSetWeights.
-# TooManyUnrevealedCommits clears only when an older commit is revealed, at an epoch's start.
+# TooManyUnrevealedCommits clears only when an older commit is revealed, at an epoch's start;
+# IncorrectCommitRevealVersion (the chain's governance raised CommitRevealWeightsVersion above the
+# SDK's, which no pre-check reads) only when QUASAR's bittensor is updated.
 LASTING_REFUSALS = frozenset(
     {
         "HotKeyNotRegisteredInSubNet",
         "IncorrectWeightVersionKey",
+        "IncorrectCommitRevealVersion",
         "NeuronNoValidatorPermit",
         "NotEnoughStakeToSetWeights",
         "StakeAmountTooLow",
