@@ -23,6 +23,7 @@ from quasar.chain.devchain import FINNEY, DevChain
 from quasar.chain.wallets import WalletError, open_wallet
 from quasar.config import resolve
 from quasar.evaluate import EvaluationOptions, EvaluationReport, ImportCheck, LengthResult, SandboxPolicy
+from quasar.localnet.host import make_wallet
 from quasar.terminal import rendered_text, short_hotkey
 from quasar.validator.devices import Device, ValidatorSetupError, device_warnings, evaluation_devices
 from quasar.validator.evaluator import SubprocessEvaluator, WorkerEvaluation, outcome_from_worker, result_from_report
@@ -58,6 +59,7 @@ from quasar.validator.state import (
     ValidatorState,
 )
 from quasar.validator.state_files import default_state_path
+from quasar.validator.weight_setting import MAX_NAMED_LEFT_OUT, WeightSetter
 from quasar.validator.worker import HeadStart, options_from_json, options_to_json
 from tests.evaluate_runs import FAST_CPU
 from tests.github_network import GitHubProxy, make_github_certificate
@@ -909,3 +911,43 @@ def test_a_target_the_evaluation_refuses_starts_no_sandbox_and_no_output_area_be
         assert accepted.sandbox.area.size == 2048 * (64 + sum(FAST_CPU.seq_lens))
     finally:
         accepted.close()
+
+
+def test_each_epochs_weights_log_stays_as_long_as_miners_leave_the_subnet(tmp_path, caplog):
+    """A validator ranks every hotkey it measured, whatever its round, and leaves out those no
+    longer registered; naming all of them in each epoch's log made that line longer by every miner
+    that ever left (37 kB after 30 days of 25 a day). It names the ones gone since the last weights,
+    at most MAX_NAMED_LEFT_OUT, and counts the rest: ten simulated days log lines no longer than
+    one, but for the count's digits."""
+    chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=1e6)
+    validator, miner = make_wallet(tmp_path, "validator"), make_wallet(tmp_path, "miner")
+    chain.register_wallet(validator, stake=1e4, validator_permit=True)
+    chain.register_wallet(miner)
+    settings = resolve(
+        {"network": "local", "netuid": "24", "device": "cpu", "epoch_blocks": "360", "eval_seq_lens": ""},
+        environ={},
+        dotenv_path=None,
+    )
+    caplog.set_level("INFO", logger="quasar.validator.weight_setting")
+
+    def result(hotkey: str, n: int) -> scoring.Result:
+        return scoring.Result(hotkey, n, float(n), 4096, 1000.0, 1000.0, correct=True, logits_ok=True)
+
+    gone: list[str] = []
+    longest = []
+    with ValidatorState.open(tmp_path / "state.sqlite3") as state:
+        setter = WeightSetter(settings, chain, validator, state)
+        for day in range(10):
+            gone += [Keypair.create_from_seed(bytes([day, i]) + bytes(30)).ss58_address for i in range(25)]
+            results = [result(miner.hotkey.ss58_address, 0)] + [result(h, n + 1) for n, h in enumerate(gone)]
+            caplog.clear()
+            for _ in range(20):  # an epoch every 72 minutes
+                block = chain.advance(settings.epoch_blocks + 1)
+                assert setter.due(block) and setter.set_weights(block, results)
+            lines = [record.getMessage() for record in caplog.records]
+            longest.append(max(len(line) for line in lines))
+            left_out = [line for line in lines if "no longer registered" in line]
+            assert len(left_out) == 1 and f"{len(gone)} in all" in left_out[0], left_out
+            named = {hotkey for hotkey in gone if hotkey in left_out[0]}
+            assert len(named) == MAX_NAMED_LEFT_OUT and named <= set(gone[-25:]), left_out  # of the day's
+    assert longest[-1] <= longest[0] + 5, longest  # the count's digits alone

@@ -28,6 +28,9 @@ LAST_WEIGHTS_BLOCK = "last_weights_block"
 WEIGHTS_RETRY_BLOCKS = 10
 # Plans made in one weights phase when uids change hands between planning and submitting.
 PLAN_ATTEMPTS = 2
+# Hotkeys named in an epoch's line about the measured hotkeys no longer registered (those gone since
+# the last weights; the rest counted): naming every one made the line longer by each that ever left.
+MAX_NAMED_LEFT_OUT = 10
 
 
 class WeightSetter:
@@ -41,6 +44,7 @@ class WeightSetter:
         self.hotkey = wallet.hotkey.ss58_address
         self.state = state
         self.retry_at: int | None = None
+        self._left_out: frozenset[str] = frozenset()  # the hotkeys left out at the last weights
 
     def due(self, block: int) -> bool:
         """Whether weights are to be set at ``block``: an epoch after the last setting, and not
@@ -96,8 +100,7 @@ class WeightSetter:
         plan, submission = planned
         self.retry_at = None
         self.state.set_meta(LAST_WEIGHTS_BLOCK, str(submission.block))
-        if plan.unregistered:
-            logger.info("left out of the ranking (no longer registered): %s", ", ".join(plan.unregistered))
+        self._log_left_out(plan.unregistered)
         what = "committed (the chain applies them when it reveals them)" if submission.committed else "set"
         log_table(
             logger,
@@ -106,6 +109,20 @@ class WeightSetter:
             weights_table(plan),
         )
         return True
+
+    def _log_left_out(self, unregistered: tuple[str, ...]) -> None:
+        """Name the measured hotkeys left out of the ranking since the last weights (no longer
+        registered), at most MAX_NAMED_LEFT_OUT of them, and count all that are."""
+        new = [hotkey for hotkey in unregistered if hotkey not in self._left_out]
+        self._left_out = frozenset(unregistered)
+        if new:
+            more = len(new) - MAX_NAMED_LEFT_OUT
+            logger.info(
+                "left out of the ranking (no longer registered) since the last weights: %s%s (%d in all)",
+                ", ".join(new[:MAX_NAMED_LEFT_OUT]),
+                f" and {more} more" if more > 0 else "",
+                len(unregistered),
+            )
 
     def _plan_and_submit(self, results: list[scoring.Result]) -> tuple[WeightPlan, WeightsSubmission] | None:
         """Plan the weights on the metagraph as it is now and submit them with the hotkeys they were
