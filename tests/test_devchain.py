@@ -513,6 +513,66 @@ def test_the_ten_commits_cap_counts_the_commits_of_one_epoch(subnet, wallets):
     assert [commit.outcome for commit in subnet.commits()] == [None] * 11
 
 
+def test_a_reveal_period_raised_with_a_commit_pending_reveals_it_later(subnet, wallets):
+    """Subtensor keeps a commit under the epoch it was made in and reveals, at each epoch's start, the
+    commits of the epoch RevealPeriodEpochs (read then) before it: raised from 1 to 3 after a commit
+    of epoch 0, the commit is revealed at the start of epoch 3 (block 1080), not of epoch 1."""
+    subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
+    subnet.advance(10)
+    subnet.set_hyperparameters(reveal_period_epochs=3)
+    assert [commit.reveal_block for commit in subnet.commits()] == [1080]
+    subnet.advance(1069)
+    assert subnet.weights() == {} and subnet.commits()[0].outcome is None
+    subnet.advance(1)
+    assert subnet.weights() == {1: {2: 1.0}}
+
+
+def test_a_reveal_period_lowered_past_a_pending_commits_reveal_drops_it(subnet, wallets):
+    """Lowered from 3 to 1 in epoch 1, the reveal of a commit of epoch 0 (due at epoch 1 by the new
+    period) has passed: subtensor removes it as expired at the next epoch's start, unrevealed."""
+    subnet.set_hyperparameters(reveal_period_epochs=3)
+    subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
+    subnet.advance(400)
+    subnet.set_hyperparameters(reveal_period_epochs=1)
+    subnet.advance(1000)
+    assert subnet.weights() == {}
+    (commit,) = subnet.commits()
+    assert commit.outcome == "dropped: expired: the reveal period was lowered to 1 epoch(s), past its reveal"
+
+
+def test_a_tempo_change_restarts_the_epoch_cycle_and_moves_the_pending_reveals(subnet, wallets):
+    """Subtensor's tempo setters restart the epoch cycle at the block of the change (LastEpochBlock):
+    the next epoch starts a whole new tempo later, and a commit waiting for the next epoch's start is
+    revealed then; the ten commits of one epoch stay counted together."""
+    subnet.set_hyperparameters(weights_rate_limit=0)
+    subnet.advance(300)
+    for _ in range(9):
+        subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
+    subnet.advance(10)  # block 310
+    subnet.set_hyperparameters(tempo=100)
+    assert subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0).detail == (
+        "committed at block 310, revealed at block 410"
+    )
+    with pytest.raises(Refused, match="TooManyUnrevealedCommits"):
+        subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)
+    assert {commit.reveal_block for commit in subnet.commits()} == {410}
+    subnet.advance(99)
+    assert subnet.weights() == {}
+    subnet.advance(1)
+    assert subnet.weights() == {1: {2: 1.0}}
+    assert subnet.set_weights(wallets["validator"], {3: 1.0}, version_key=0).detail == (
+        "committed at block 410, revealed at block 510"
+    )
+
+
+def test_max_allowed_uids_below_the_subnets_size_is_refused(subnet):
+    """sudo_set_max_allowed_uids: MaxAllowedUIdsLessThanCurrentUIds (trimming is another call)."""
+    with pytest.raises(ChainError, match="MaxAllowedUIdsLessThanCurrentUIds: the subnet holds 4 uids"):
+        subnet.set_hyperparameters(max_allowed_uids=3)
+    assert subnet.hyperparameters().max_allowed_uids == 256
+    assert subnet.set_hyperparameters(max_allowed_uids=4).max_allowed_uids == 4
+
+
 # --- serving ---
 
 

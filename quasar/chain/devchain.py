@@ -15,8 +15,10 @@ finney's defaults for a new subnet (:data:`FINNEY`) unless a file is given other
   in that order (internal_set_weights'), so a call gets the error of the first rule it breaks;
 - commit-reveal: with ``commit_reveal_enabled`` weights are committed, invisible, and applied (or
   silently dropped, as the chain drops a reveal that fails) at the start of the epoch
-  ``reveal_period_epochs`` after the commit's; epochs are ``tempo`` blocks from block 0; a hotkey
-  makes at most 10 commits an epoch while they wait (TooManyUnrevealedCommits);
+  ``reveal_period_epochs`` after the commit's, as those are when the reveal comes (a lowered period
+  that has passed a commit's reveal drops it); epochs are ``tempo`` blocks from block 0, or from
+  the last tempo change (the chain restarts its epoch cycle there); a hotkey makes at most 10
+  commits an epoch while they wait (TooManyUnrevealedCommits);
 - validator permits: each epoch's start, after its reveals, gives a permit to the largest nonzero
   stakes up to ``max_allowed_validators`` (``set_max_allowed_validators``, default 64), a stake
   below the StakeThreshold counting as none, and to the owner's uid, and takes every other; a
@@ -155,12 +157,12 @@ class DevChain(Chain):
         due are revealed, then the epoch recomputes the validator permits (block_step's order). The
         stakes do not change between two writes, so the first of them gives the permits of all."""
         block = self._file.block_at(connection)
-        tempo = hyperparameters_in(connection).tempo
-        epoch = next_epoch_block(permits_block_in(connection), tempo)
+        tempo, last = hyperparameters_in(connection).tempo, permits_block_in(connection)
+        epoch = next_epoch_block(last, tempo, last)
         if epoch <= block:
             self._reveal_due(connection, epoch)
             self._grant_permits(connection)
-            set_meta(connection, "permits_block", str(next_epoch_block(block, tempo) - max(1, tempo)))
+            set_meta(connection, "permits_block", str(next_epoch_block(block, tempo, last) - max(1, tempo)))
         self._reveal_due(connection, block)
 
     def _grant_permits(self, connection: sqlite3.Connection) -> None:
@@ -365,14 +367,15 @@ class DevChain(Chain):
     ) -> WeightsSubmission:
         """Subtensor's commit of weights (internal_commit_timelocked_weights) after the stake and
         registration checks: the rate limit, at most 10 commits of the hotkey waiting in the current
-        epoch; the commit sets the uid's LastUpdate. Its weights are checked only at the reveal."""
+        epoch (those due at this commit's reveal block); the commit sets the uid's LastUpdate. Its
+        weights are checked only at the reveal."""
         uid, last_update = setter
         hyperparameters = hyperparameters_in(connection)
         check_weights_rate_limit("CommittingWeightsTooFast", uid, last_update, block, hyperparameters)
-        tempo = max(1, hyperparameters.tempo)
+        reveal_block = reveal_block_for(block, hyperparameters, permits_block_in(connection))
         pending = connection.execute(
-            "SELECT COUNT(*) FROM weight_commits WHERE hotkey = ? AND outcome IS NULL AND commit_block / ? = ?",
-            (hotkey, tempo, block // tempo),
+            "SELECT COUNT(*) FROM weight_commits WHERE hotkey = ? AND outcome IS NULL AND reveal_block = ?",
+            (hotkey, reveal_block),
         ).fetchone()[0]
         if pending >= MAX_UNREVEALED_COMMITS:
             raise refusal_error(
@@ -380,7 +383,6 @@ class DevChain(Chain):
                 f"cannot commit weights: TooManyUnrevealedCommits: {pending} commits of uid {uid} "
                 "this epoch wait for their reveal",
             )
-        reveal_block = reveal_block_for(block, hyperparameters)
         connection.execute(
             "INSERT INTO weight_commits (hotkey, weights, version_key, commit_block, reveal_block) "
             "VALUES (?, ?, ?, ?, ?)",
@@ -513,14 +515,15 @@ class DevChain(Chain):
 
     def set_hyperparameters(self, **values: int | bool) -> SubnetHyperparameters:
         """Change some of the subnet's hyperparameters (names: :class:`SubnetHyperparameters`'s
-        fields); returns them all. ChainError names an unknown or invalid one."""
+        fields) at the current block, as subtensor's setters do (``set_hyperparameters_in``); returns
+        them all. ChainError names an unknown or invalid one, or a max_allowed_uids below the subnet's size."""
         refusal = hyperparameters_refusal(values)
         if refusal:
             raise ChainError(refusal)
         fields: dict[str, Any] = dict(values)  # checked above: each has its field's type
         with self._write() as connection:
             updated = dataclasses.replace(hyperparameters_in(connection), **fields)
-            set_hyperparameters_in(connection, updated)
+            set_hyperparameters_in(connection, updated, self._file.block_at(connection))
         return updated
 
     def set_stake_threshold(self, stake: float) -> None:

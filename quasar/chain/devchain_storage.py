@@ -35,7 +35,13 @@ from pathlib import Path
 from typing import TypeVar
 
 from quasar.chain.base import ChainError, Endpoint, NeuronInfo, SubnetHyperparameters
-from quasar.chain.subtensor_rules import FINNEY, MAX_ALLOWED_VALIDATORS, MIN_NON_IMMUNE_UIDS, next_epoch_block
+from quasar.chain.subtensor_rules import (
+    FINNEY,
+    MAX_ALLOWED_VALIDATORS,
+    MIN_NON_IMMUNE_UIDS,
+    next_epoch_block,
+    retimed_reveal,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -136,7 +142,8 @@ def hyperparameters_in(connection: sqlite3.Connection) -> SubnetHyperparameters:
 
 
 def permits_block_in(connection: sqlite3.Connection) -> int:
-    """The start of the last epoch whose validator permits the file holds (0: none run yet)."""
+    """The start of the last epoch whose validator permits the file holds (0: none run yet), or the
+    block of a later tempo change (subtensor's LastEpochBlock: epochs start every tempo blocks from it)."""
     return int(meta(connection, "permits_block") or 0)
 
 
@@ -192,8 +199,41 @@ def mask_outdated(connection: sqlite3.Connection, hotkey: str) -> None:
     )
 
 
-def set_hyperparameters_in(connection: sqlite3.Connection, hyperparameters: SubnetHyperparameters) -> None:
-    """Store the subnet's hyperparameters."""
+def retime_commits(
+    connection: sqlite3.Connection, old: SubnetHyperparameters, new: SubnetHyperparameters, block: int
+) -> None:
+    """Move the pending commits' reveals as a change from ``old`` to ``new`` hyperparameters at
+    ``block`` moves them on subtensor (:func:`retimed_reveal`), once the epochs up to ``block`` ran:
+    a commit whose reveal a lowered reveal period has passed is dropped; a tempo change restarts the
+    epoch cycle at ``block``."""
+    if (old.tempo, old.reveal_period_epochs) == (new.tempo, new.reveal_period_epochs):
+        return
+    last = permits_block_in(connection)
+    for commit_id, reveal_block in connection.execute(
+        "SELECT id, reveal_block FROM weight_commits WHERE outcome IS NULL"
+    ).fetchall():
+        moved = retimed_reveal(reveal_block, last, old, new, block)
+        if moved is None:
+            periods = new.reveal_period_epochs
+            expired = f"dropped: expired: the reveal period was lowered to {periods} epoch(s), past its reveal"
+            connection.execute("UPDATE weight_commits SET outcome = ? WHERE id = ?", (expired, commit_id))
+        else:
+            connection.execute("UPDATE weight_commits SET reveal_block = ? WHERE id = ?", (moved, commit_id))
+    if new.tempo != old.tempo:
+        set_meta(connection, "permits_block", str(block))
+
+
+def set_hyperparameters_in(connection: sqlite3.Connection, hyperparameters: SubnetHyperparameters, block: int) -> None:
+    """Store the subnet's hyperparameters, changed at ``block`` as subtensor's setters change them:
+    a max_allowed_uids below the subnet's size is refused (sudo_set_max_allowed_uids'
+    MaxAllowedUIdsLessThanCurrentUIds), and the pending commits' reveals move (:func:`retime_commits`)."""
+    (size,) = connection.execute("SELECT COUNT(*) FROM neurons").fetchone()
+    if hyperparameters.max_allowed_uids < size:
+        raise ChainError(
+            f"cannot set max_allowed_uids {hyperparameters.max_allowed_uids}: MaxAllowedUIdsLessThanCurrentUIds: "
+            f"the subnet holds {size} uids"
+        )
+    retime_commits(connection, hyperparameters_in(connection), hyperparameters, block)
     set_meta(connection, "hyperparameters", json.dumps(dataclasses.asdict(hyperparameters)))
 
 
@@ -353,7 +393,8 @@ class DevChainFile:
             try:
                 (offset,) = connection.execute("SELECT value FROM meta WHERE key = 'block_offset'").fetchone()
                 rows = connection.execute(f"SELECT {_NEURON_COLUMNS} FROM neurons ORDER BY uid").fetchall()
-                next_epoch = next_epoch_block(permits_block_in(connection), hyperparameters_in(connection).tempo)
+                last = permits_block_in(connection)
+                next_epoch = next_epoch_block(last, hyperparameters_in(connection).tempo, last)
             finally:
                 connection.execute("COMMIT")
         except (OSError, sqlite3.Error) as error:

@@ -233,19 +233,35 @@ def validator_permits(
     return permitted
 
 
-def next_epoch_block(block: int, tempo: int) -> int:
-    """The first block of the epoch after ``block``'s; epochs are ``tempo`` blocks from block 0."""
+def next_epoch_block(block: int, tempo: int, last: int = 0) -> int:
+    """The first block of the epoch after ``block``'s: epochs start every ``tempo`` blocks from
+    ``last``, an epoch's start at or before ``block`` (subtensor's LastEpochBlock, which its tempo
+    setters move to the block of the change: apply_tempo_with_cycle_reset)."""
     tempo = max(1, tempo)
-    return (block // tempo + 1) * tempo
+    return last + ((block - last) // tempo + 1) * tempo
 
 
-def reveal_block_for(commit_block: int, hyperparameters: SubnetHyperparameters) -> int:
+def reveal_block_for(commit_block: int, hyperparameters: SubnetHyperparameters, last: int = 0) -> int:
     """The block a commit made at ``commit_block`` is revealed: the first block of the epoch
     ``reveal_period_epochs`` after the commit's (reveal_crv3_commits_for_subnet reveals the
-    commits of epoch e at the start of epoch e + RevealPeriodEpochs); epochs are ``tempo``
-    blocks from block 0."""
+    commits of epoch e at the start of epoch e + RevealPeriodEpochs); epochs as in
+    :func:`next_epoch_block`."""
     tempo = max(1, hyperparameters.tempo)
-    return (commit_block // tempo + hyperparameters.reveal_period_epochs) * tempo
+    return next_epoch_block(commit_block, tempo, last) + (hyperparameters.reveal_period_epochs - 1) * tempo
+
+
+def retimed_reveal(
+    reveal_block: int, last: int, old: SubnetHyperparameters, new: SubnetHyperparameters, block: int
+) -> int | None:
+    """Where a pending commit due at ``reveal_block`` under ``old`` is revealed once the subnet
+    changes to ``new`` at ``block`` (``last``: the start of the current epoch), or None when it
+    expires unrevealed. Subtensor keeps commits by the epoch they were made in and, at each epoch's
+    start, reveals those of the epoch RevealPeriodEpochs (read then) before and removes older ones;
+    a tempo change restarts the epoch cycle at ``block``."""
+    epochs_left = (reveal_block - last) // max(1, old.tempo) + new.reveal_period_epochs - old.reveal_period_epochs
+    if epochs_left < 1:
+        return None
+    return (block if new.tempo != old.tempo else last) + epochs_left * max(1, new.tempo)
 
 
 def refused_axon_address(host: str) -> str | None:
