@@ -4,9 +4,10 @@ A full subnet: 256 miners submitting 10 times an hour (12 submissions a 72-minut
 the newest 4 a round are reported on by each of 3 validators and the rest superseded. The rows go
 straight into the API's own schema (Database.upgrade), round by round; at each checkpoint day the
 script times, on the same database and block, the newest round's leaderboard and agreement, a
-miner's newest submissions, and a miner's history as StatusReader.history reads it
-(its newest HISTORY_ROUNDS rounds) and as it was read before (every round the miner played, judged
-the same way). Figures: benchmarks/RESULTS.md, "A month of submissions".
+miner's newest submissions, the reports of a validator that sent none, and a miner's history as
+StatusReader.history reads it (its newest HISTORY_ROUNDS rounds) and as it was read before (every
+round the miner played, judged the same way). Figures: benchmarks/RESULTS.md, "A month of
+submissions".
 
     python benchmarks/api_month.py /tmp/api_month.sqlite3 1 7 14 30
 """
@@ -152,7 +153,8 @@ def main(path: str, days: list[int]) -> None:
             f"newest {HISTORY_ROUNDS} rounds: {timed(lambda: reader.history(hotkey))}; "
             f"the round's leaderboard: {timed(service.judged_round, newest)}; "
             f"its validators' agreement: {timed(service.validator_agreement, newest)}; "
-            f"a miner's newest 20 submissions: {timed(lambda: reader.submissions(hotkey, 20, 0))}",
+            f"a miner's newest 20 submissions: {timed(lambda: reader.submissions(hotkey, 20, 0))}; "
+            f"the reports of a validator with none: {timed(service.validator_reports, 'validator9', 0, 100)}",
             flush=True,
         )
     database.dispose()

@@ -155,6 +155,9 @@ class EvaluationReport(Base):
     __table_args__ = (
         UniqueConstraint("submission_id", "validator_hotkey", name="uq_evaluation_reports_submission_validator"),
         Index("ix_evaluation_reports_content_hash", "content_hash"),
+        # A validator's reports after an id (GET /validators/{hotkey}/reports, read by its primary at
+        # every step): without it a hotkey with none read every report ever stored.
+        Index("ix_evaluation_reports_validator_id", "validator_hotkey", "id"),
     )
 
 
