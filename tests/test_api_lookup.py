@@ -12,8 +12,9 @@ import pytest
 
 from api_fixtures import SLOW_BLOCKS, ApiServer, api_config
 from quasar import config
+from quasar.api.client import ApiClient
 from quasar.api.devdb import free_port
-from quasar.api.lookup import ApiNotFound, find_api, publish_api
+from quasar.api.lookup import ApiFollower, ApiNotFound, find_api, publish_api
 from quasar.chain import ApiLocation, ChainError
 from quasar.chain.devchain import DevChain
 from quasar.localnet.host import make_wallet
@@ -108,3 +109,39 @@ def test_the_owners_command_publishes_and_a_miner_finds_the_api_from_the_chain(c
         found = run(*status)  # now it reads the URL from the chain
         assert found.returncode == 0, found.stderr
         assert "no submissions yet" in found.stdout
+
+
+def test_a_running_neuron_follows_the_api_where_the_owner_moves_it(chain, wallets, caplog):
+    """ApiFollower (the validator's sync phase, the miner's cycle): the location is read again at most
+    every ``every_s``; a move (URL or hotkey) moves the client, said in one line; a location that
+    cannot be read leaves the client where it is, said once; VALIDATOR_API_URL pins it for good."""
+    caplog.set_level("WARNING", logger="quasar.api.lookup")
+    owner, now = wallets["owner"], [0.0]
+    chain.publish_api_location(owner, ApiLocation("https://old.example", "5Old"))
+    settings = settings_for(chain)
+    target = find_api(settings, chain)
+    with ApiClient(target.url, api_hotkey=target.hotkey) as client:
+        follow = ApiFollower(settings, chain, client, target, every_s=300, clock=lambda: now[0])
+        chain.publish_api_location(owner, ApiLocation("https://new.example", "5New"))
+        now[0] = 299.0
+        follow()
+        assert (client.base_url, client.api_hotkey) == ("https://old.example", "5Old")
+        now[0] = 300.0
+        follow()
+        assert (client.base_url, client.api_hotkey) == ("https://new.example", "5New")
+        chain.publish_api_location(owner, ApiLocation("ftp://wrong.example", "5New"))
+        for now[0] in (600.0, 900.0):
+            follow()
+        assert client.base_url == "https://new.example"
+    said = [record.getMessage() for record in caplog.records]
+    assert said == [
+        "the subnet owner moved the submission API: now https://new.example (hotkey 5New), was "
+        "https://old.example (hotkey 5Old)",
+        "cannot read where the submission API is; staying on https://new.example: the API URL published in "
+        f"subnet {NETUID}'s identity on devchain, 'ftp://wrong.example', is not an http:// or https:// URL",
+    ]
+    pinned_settings = settings_for(chain, validator_api_url="http://10.0.0.2:8000")
+    pinned = find_api(pinned_settings, chain)
+    with ApiClient(pinned.url) as client:
+        ApiFollower(pinned_settings, chain, client, pinned, every_s=0)()
+        assert client.base_url == "http://10.0.0.2:8000"

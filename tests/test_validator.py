@@ -46,6 +46,8 @@ from quasar import config
 from quasar.api.client import ApiClient, Claim
 from quasar.api.db import EvaluationReport
 from quasar.api.devdb import free_port, start_api_process
+from quasar.api.lookup import ApiFollower, find_api
+from quasar.chain.base import ApiLocation
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.inference.server import create_inference_app
 from quasar.localnet.host import make_wallet
@@ -470,6 +472,33 @@ def test_a_validator_without_a_permit_submits_nothing_and_says_so_once_an_epoch(
             assert validator.step().weights_set
             (commit,) = subnet.chain.commits()
             assert commit.hotkey == subnet.hotkey("validator") and commit.commit_block == 200
+    finally:
+        subnet.close()
+
+
+def test_a_validator_follows_the_api_where_the_subnet_owner_moves_it(world, tmp_path, caplog):
+    """The subnet owner publishes a new location of the API while the validator runs (the API moved
+    host): the validator reads the chain again (ApiFollower, here at every step) and asks the new
+    location for work, instead of the old one until it is restarted."""
+    caplog.set_level(logging.WARNING)
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
+    owner, settings = subnet.wallets["owner"], settings_for()
+    old = f"http://127.0.0.1:{free_port()}"
+    subnet.chain.publish_api_location(owner, ApiLocation(old, subnet.hotkey("api")))
+    try:
+        with running_api(subnet, tmp_path) as server, ValidatorState.open(tmp_path / "state.sqlite3") as state:
+            target = find_api(settings, subnet.chain)
+            with ApiClient(target.url, subnet.wallets["validator"], api_hotkey=target.hotkey, timeout=2) as api:
+                follow = ApiFollower(settings, subnet.chain, api, target, every_s=0)
+                validator = cpu_validator(subnet, api, state, tmp_path, follow_api=follow)
+                assert "fetch" in validator.step().failed_phases
+                subnet.chain.publish_api_location(owner, ApiLocation(server.url, subnet.hotkey("api")))
+                assert validator.step().failed_phases == []
+                assert api.base_url == server.url
+        assert lines(caplog, "moved the submission API") == [
+            f"the subnet owner moved the submission API: now {server.url} (hotkey {subnet.hotkey('api')}), "
+            f"was {old} (hotkey {subnet.hotkey('api')})"
+        ]
     finally:
         subnet.close()
 

@@ -96,6 +96,12 @@ class ApiClient:
     def close(self) -> None:
         self.http.close()
 
+    def retarget(self, base_url: str, api_hotkey: str | None) -> None:
+        """Talk to the API at ``base_url`` from the next request on, signing for ``api_hotkey`` (None:
+        read from its ``GET /health``): where the subnet owner moved it (quasar/api/lookup.py)."""
+        self.base_url = base_url.rstrip("/")
+        self._api_hotkey = api_hotkey
+
     def __enter__(self) -> ApiClient:
         return self
 

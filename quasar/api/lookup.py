@@ -2,7 +2,8 @@
 
 The owner publishes the API's public URL and hotkey on chain, in the subnet identity
 (``python -m quasar.api publish-url URL``: :func:`publish_api`); miners and validators use
-``VALIDATOR_API_URL`` when it is set, else what the chain says (:func:`find_api`), and log which.
+``VALIDATOR_API_URL`` when it is set, else what the chain says (:func:`find_api`), and log which;
+while they run, :class:`ApiFollower` reads the chain again and follows the API where it moves.
 
 Why the subnet identity: only the coldkey that owns the subnet can write it (so no one else can
 point miners elsewhere), it holds any text (an https URL with a host name, not only an IP and a
@@ -14,17 +15,22 @@ of the API's hotkey holds only an IP address and a port, and a uid of its own.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
 import httpx
 from bittensor.sp_core import decode_ss58
 
-from quasar.chain.base import ApiLocation, Chain
+from quasar.chain.base import ApiLocation, Chain, ChainError
 from quasar.config import Settings
 from quasar.errors import QuasarError
 
 logger = logging.getLogger(__name__)
+
+# Seconds between two reads of the API's location on chain by a running miner or validator.
+FOLLOW_EVERY_S = 300.0
 
 
 class ApiNotFound(QuasarError, RuntimeError):
@@ -89,3 +95,53 @@ def publish_api(chain: Chain, owner_wallet, url: str, api_hotkey: str = "", time
     chain.publish_api_location(owner_wallet, location)
     logger.info("published the submission API %s (hotkey %s) in subnet %d's identity", url, served, chain.netuid)
     return location
+
+
+class ApiFollower:
+    """Keeps ``client`` (found at ``target``) on the API the subnet owner publishes on chain: each
+    call, at most every ``every_s`` seconds, reads the location again and moves the client where
+    the owner moved the API (its URL or its hotkey), saying so in one line. Nothing when
+    ``VALIDATOR_API_URL`` pins the API; a location that cannot be read now leaves the client where
+    it is (said once)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        chain: Chain,
+        client,
+        target: ApiTarget,
+        every_s: float = FOLLOW_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.settings = settings
+        self.chain = chain
+        self.client = client
+        self.target = target
+        self.every_s = every_s
+        self.clock = clock
+        self._read_at = clock()
+        self._problem: str | None = None
+
+    def __call__(self) -> None:
+        if self.settings.validator_api_url or self.clock() - self._read_at < self.every_s:
+            return
+        self._read_at = self.clock()
+        try:
+            found = find_api(self.settings, self.chain)
+        except (ChainError, ApiNotFound) as error:
+            if str(error) != self._problem:
+                logger.warning("cannot read where the submission API is; staying on %s: %s", self.target.url, error)
+            self._problem = str(error)
+            return
+        self._problem = None
+        if (found.url, found.hotkey) == (self.target.url, self.target.hotkey):
+            return
+        logger.warning(
+            "the subnet owner moved the submission API: now %s (hotkey %s), was %s (hotkey %s)",
+            found.url,
+            found.hotkey or "from its /health",
+            self.target.url,
+            self.target.hotkey or "from its /health",
+        )
+        self.client.retarget(found.url, found.hotkey)
+        self.target = found

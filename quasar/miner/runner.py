@@ -210,7 +210,7 @@ def _run(settings: Settings) -> int:
     _check_settings(settings)
 
     from quasar.api.client import ApiClient
-    from quasar.api.lookup import ApiNotFound, find_api
+    from quasar.api.lookup import ApiFollower, ApiNotFound, find_api
     from quasar.chain import ChainError, btcli
     from quasar.chain.factory import connect
     from quasar.evaluate import options_from_settings
@@ -295,6 +295,12 @@ def _run(settings: Settings) -> int:
 
         client = ApiClient(api.url, wallet, api_hotkey=api.hotkey)
         _check_services(settings, client)
+        follow_api = ApiFollower(settings, chain, client, api)
+
+        def before_cycle() -> None:
+            keep_endpoint()
+            follow_api()
+
         strategies: list = [TuningStrategy(device_name)]
         if settings.agent_api_url:
             strategies.append(
@@ -333,7 +339,7 @@ def _run(settings: Settings) -> int:
             state,
             store,
             config,
-            before_cycle=keep_endpoint,
+            before_cycle=before_cycle,
             verdicts=VerdictWatcher(client, hotkey),
         )
         stop = threading.Event()

@@ -31,7 +31,7 @@ def run(settings: config.Settings) -> int:
 
     import quasar
     from quasar.api.client import ApiClient
-    from quasar.api.lookup import find_api
+    from quasar.api.lookup import ApiFollower, find_api
     from quasar.chain.factory import connect
     from quasar.chain.wallets import open_wallet
     from quasar.evaluate.gpus import nvidia_gpus, use_pci_bus_order
@@ -70,7 +70,10 @@ def run(settings: config.Settings) -> int:
         checker = MinerLogitChecker.from_settings(settings, wallet, devices[0].name)
         evaluator = SubprocessEvaluator.from_settings(settings, state.path.with_name(state.path.stem + "-work"))
         evaluator.discard_leftover_clones()
-        validator = Validator(settings, chain, api, wallet, evaluator, checker, state, devices=devices)
+        follow_api = ApiFollower(settings, chain, api, api_target)
+        validator = Validator(
+            settings, chain, api, wallet, evaluator, checker, state, devices=devices, follow_api=follow_api
+        )
         checker.sleep = validator.pause  # a stop ends the wait between a check's tries after a 503
         validator.run_forever()
     return 0

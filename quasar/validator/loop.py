@@ -2,7 +2,8 @@
 
 One :meth:`Validator.step` does each phase once, in this order:
 
-1. sync the metagraph from the chain;
+1. sync the metagraph from the chain, and follow the submission API where the subnet owner moves it
+   (its location on chain read again every few minutes: quasar/api/lookup.py);
 2. collect evaluations that ended: a result is stored for good, an error of this validator is
    retried (quasar/validator/state.py);
 3. challenge the miner's inference endpoint of each submission whose evaluation passed, only
@@ -176,6 +177,7 @@ class Validator:
         interval_s: float | None = None,
         heartbeat_s: float = HEARTBEAT_S,
         report_budget_s: float = REPORT_BUDGET_S,
+        follow_api: Callable[[], None] | None = None,
     ):
         if not devices:
             raise ValueError("a validator needs at least one device to evaluate on")
@@ -192,6 +194,7 @@ class Validator:
         self.interval_s = interval_s if interval_s is not None else max(1.0, min(12.0, chain.block_time_s))
         self.heartbeat_s = heartbeat_s
         self.report_budget_s = report_budget_s
+        self.follow_api = follow_api  # keeps ``api`` where the subnet owner publishes it (ApiFollower)
         self.allow_local_forks = settings.local_forks_allowed
         self.metagraph: Metagraph | None = None
         self.running: dict[str, RunningEvaluation] = {}  # device name -> its evaluation
@@ -351,6 +354,8 @@ class Validator:
 
     def _sync(self, summary: StepSummary) -> None:
         self.metagraph = self.chain.metagraph()
+        if self.follow_api is not None:
+            self.follow_api()
 
     def _fetch(self, summary: StepSummary) -> None:
         wanted = len(self.devices) - len(self.running) - len(self.state.pending_evaluations(self.clock()))
