@@ -5,7 +5,8 @@ naming the model, the folder or the hub, and the cure (docs/validator.md, "The r
 A download cut off (a broken connection, a full disk) leaves the files it finished in the cache and
 none half-written (huggingface_hub writes each to a temporary file and renames it when complete);
 a snapshot missing a file counts as not cached, so the next start downloads what is missing
-instead of failing on the folder for good.
+instead of failing on the folder for good. Before a download, a TCP connection to the hub, or to
+the proxy the download goes through, tells a closed network at once (:func:`hub_reachable`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from quasar.errors import QuasarError
 
@@ -62,6 +65,50 @@ def find_cached(name: str) -> tuple[Path, list[str]] | None:
         path = getattr(error, "snapshot_path", None)
         return None if path is None else (Path(path), missing_files(Path(path)))
     return folder, missing_files(folder)
+
+
+# How long a miner or validator waits to learn whether the Hugging Face hub can be reached at all.
+HUB_PROBE_SECONDS = 3.0
+
+# The port of a hub or proxy URL that names none, by its scheme, as huggingface_hub's HTTP client
+# (httpx2) connects to it; any other scheme's is 80.
+_DEFAULT_PORTS = {"https": 443, "socks5": 1080, "socks5h": 1080}
+
+
+def hub_proxy(endpoint: str) -> str | None:
+    """The proxy a download from ``endpoint`` goes through, None where it connects directly.
+
+    As huggingface_hub's HTTP client (httpx2) reads the environment through urllib's ``getproxies``:
+    ``https_proxy`` or ``http_proxy`` by the endpoint's scheme, else ``all_proxy``, each lower case
+    before upper; none where ``no_proxy`` lists the endpoint's host (urllib's ``proxy_bypass``, on
+    Linux ``proxy_bypass_environment``).
+    """
+    from urllib.request import getproxies, proxy_bypass
+
+    proxies = getproxies()
+    parts = urlsplit(endpoint)
+    proxy = proxies.get(parts.scheme) or proxies.get("all")
+    if not proxy or proxy_bypass(parts.netloc.rpartition("@")[2]):
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"
+
+
+def hub_reachable(timeout: float = HUB_PROBE_SECONDS) -> tuple[bool, str]:
+    """Whether a TCP connection to what a download connects to opens within ``timeout`` seconds: the
+    proxy of :func:`hub_proxy`, else the hub (``HF_ENDPOINT``, default huggingface.co); and that,
+    said for a message. Without one, a download would retry for half a minute."""
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    proxy = hub_proxy(endpoint)
+    parts = urlsplit(proxy or endpoint)
+    # A proxy URL may carry a password: the message names its scheme, host and port only.
+    shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+    target = endpoint if proxy is None else f"the proxy {shown} for {endpoint}"
+    try:
+        port = parts.port or _DEFAULT_PORTS.get(parts.scheme, 80)
+        socket.create_connection((parts.hostname or "", port), timeout=timeout).close()
+    except (OSError, ValueError):  # ValueError: a port that is not a number
+        return False, target
+    return True, target
 
 
 def download(name: str) -> Path:

@@ -26,7 +26,6 @@ import math
 import os
 import random
 import secrets
-import socket
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ import torch
 
 from quasar.errors import QuasarError
 from quasar.evaluate.gpus import missing_gpu
-from quasar.hub_model import ModelLoadError, download, find_cached, hub_cache
+from quasar.hub_model import ModelLoadError, download, find_cached, hub_cache, hub_reachable
 from quasar.reference.chunk import float32_matmul_precision
 
 log = logging.getLogger(__name__)
@@ -171,26 +170,6 @@ def offline_mode(environ=None) -> bool:
     )
 
 
-# How long a miner or validator waits to learn whether the Hugging Face hub can be reached at all.
-HUB_PROBE_SECONDS = 3.0
-
-
-def hub_reachable(environ=None, timeout: float = HUB_PROBE_SECONDS) -> tuple[bool, str]:
-    """Whether a TCP connection to the hub (``HF_ENDPOINT``, default huggingface.co) opens within
-    ``timeout`` seconds, and the endpoint: without it, a download would retry for half a minute."""
-    from urllib.parse import urlsplit
-
-    environ = os.environ if environ is None else environ
-    endpoint = environ.get("HF_ENDPOINT") or "https://huggingface.co"
-    parts = urlsplit(endpoint)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        socket.create_connection((parts.hostname or "", port), timeout=timeout).close()
-    except OSError:
-        return False, endpoint
-    return True, endpoint
-
-
 def _looks_like_path(name: str) -> bool:
     """Hub ids are ``name`` or ``owner/name``; anything else with a slash is meant as a folder."""
     return name.startswith(("/", ".", "~")) or name.count("/") > 1 or (os.sep != "/" and os.sep in name)
@@ -224,10 +203,10 @@ def _hub_snapshot(name: str) -> Path:
     if offline_mode():
         raise ModelLoadError(f"cannot load reference model {name!r}: {state} and offline mode is on. {fetch}")
     # A download against a closed network retries for half a minute, a screen of warnings, before failing.
-    reachable, endpoint = hub_reachable()
+    reachable, target = hub_reachable()
     if not reachable:
-        raise ModelLoadError(f"cannot load reference model {name!r}: {state} and {endpoint} cannot be reached. {fetch}")
-    log.info("reference model %s: %s; downloading it from %s", name, state, endpoint)
+        raise ModelLoadError(f"cannot load reference model {name!r}: {state} and {target} cannot be reached. {fetch}")
+    log.info("reference model %s: %s; downloading it from %s", name, state, target)
     return download(name)
 
 

@@ -3,20 +3,25 @@ real loading code (quasar.logits.load_reference_model, in a process of its own a
 a tiny random Qwen2 from a Hugging Face Hub stand-in on 127.0.0.1 (tests/hub_standin.py) through
 huggingface_hub. A download that breaks off, a full or unwritable cache, the hub's refusals and
 faults each end the start with one sentence naming the model, the folder or the hub, and the cure,
-and the next start with the fault gone loads the model (docs/validator.md, "The reference model")."""
+and the next start with the fault gone loads the model; a host whose only way out is an HTTP proxy
+downloads through it (docs/validator.md, "The reference model")."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
+from forward_proxy import ForwardProxy
 from hub_standin import HubStandIn
+from quasar.hub_model import hub_proxy
 from small_disk import SmallDisk, unavailable
 from tiny_qwen import TINY_VOCAB, make_tiny_qwen2
 
@@ -50,13 +55,18 @@ def hub(model_dir):
 def load(
     hub: HubStandIn, home: Path, name: str = NAME, prefix: tuple[str, ...] = (), **variables: str
 ) -> subprocess.CompletedProcess:
-    """Start the loader with HF_HOME=home (and ``variables``) against the stand-in; its stdout holds
-    LOADED or ERROR."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
-    env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(home), HF_HUB_DISABLE_PROGRESS_BARS="1", **variables)
+    """Start the loader with HF_HOME=home (and ``variables``) against the stand-in, without this
+    machine's proxy settings; its stdout holds LOADED or ERROR."""
+    env = {k: v for k, v in os.environ.items() if not is_hub_or_proxy_variable(k)}
+    env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(home), HF_HUB_DISABLE_PROGRESS_BARS="1")
+    env.update(variables)
     return subprocess.run(
         [*prefix, sys.executable, "-c", LOADER, name], env=env, capture_output=True, text=True, cwd="/", timeout=120
     )
+
+
+def is_hub_or_proxy_variable(name: str) -> bool:
+    return name.startswith(("HF_", "TRANSFORMERS_")) or name.lower().endswith("_proxy")
 
 
 def refused(result: subprocess.CompletedProcess) -> str:
@@ -166,3 +176,65 @@ def test_a_disk_filling_during_the_download_is_named_and_a_start_with_space_reco
         assert "Free space there" in message and leftovers(disk.outside("hf")) == []
         disk.outside("ballast").unlink()
         loaded(load(hub, home, prefix=tuple(disk.enter)))
+
+
+def closed_port() -> int:
+    """A 127.0.0.1 port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_host_whose_only_way_out_is_a_proxy_downloads_through_it(hub, tmp_path):
+    """A data centre's host reaches the Hub only through an HTTP proxy (HTTPS_PROXY/HTTP_PROXY),
+    which huggingface_hub's client uses. The start probed the hub itself, which such a host cannot
+    reach, and refused ('http://hub.invalid:PORT cannot be reached') although the download works."""
+    with ForwardProxy({"hub.invalid": "127.0.0.1"}) as proxy:
+        endpoint = hub.endpoint.replace("127.0.0.1", "hub.invalid")  # a name only the proxy resolves
+        loaded(load(hub, tmp_path / "hf", HF_ENDPOINT=endpoint, HTTP_PROXY=proxy.url, HTTPS_PROXY=proxy.url))
+        assert len(proxy.requests) == len(hub.requests) > 0  # every request went through the proxy
+        assert ("GET", f"{endpoint}/api/models/{NAME}/revision/main") in proxy.requests
+        assert any(url.startswith(f"{hub.cdn}/cdn/") for _, url in proxy.requests)  # the weights' redirect too
+
+
+def test_a_proxy_that_is_down_is_refused_at_once_naming_it(hub, tmp_path):
+    port = closed_port()
+    endpoint = hub.endpoint.replace("127.0.0.1", "hub.invalid")
+    started = time.monotonic()
+    message = refused(load(hub, tmp_path / "hf", HF_ENDPOINT=endpoint, http_proxy=f"http://me:secret@127.0.0.1:{port}"))
+    assert time.monotonic() - started < 20  # the loader's imports, and no half minute of retries
+    assert f"the proxy http://127.0.0.1:{port} for {endpoint} cannot be reached" in message
+    assert "secret" not in message and hub.requests == []
+
+
+def test_a_hub_no_proxy_lists_is_probed_and_downloaded_from_directly(hub, tmp_path):
+    dead = f"http://127.0.0.1:{closed_port()}"
+    loaded(load(hub, tmp_path / "hf", HTTP_PROXY=dead, HTTPS_PROXY=dead, NO_PROXY="example.org, 127.0.0.1"))
+    assert hub.downloads("model.safetensors") == 1
+
+
+@pytest.mark.parametrize(
+    "endpoint, variables, proxy",
+    [
+        ("https://huggingface.co", {"HTTPS_PROXY": "http://gate:3128"}, "http://gate:3128"),
+        ("https://huggingface.co", {"HTTP_PROXY": "http://gate:3128"}, None),  # for http:// URLs only
+        ("http://hub.lan:8080", {"HTTP_PROXY": "gate:3128"}, "http://gate:3128"),  # no scheme: http://
+        ("https://huggingface.co", {"ALL_PROXY": "http://gate:3128"}, "http://gate:3128"),
+        (
+            "https://huggingface.co",
+            {"https_proxy": "http://lower:1", "HTTPS_PROXY": "http://upper:2"},
+            "http://lower:1",
+        ),
+        ("https://huggingface.co", {"HTTPS_PROXY": "http://gate:3128", "NO_PROXY": "huggingface.co"}, None),
+        ("https://hub.example.org", {"HTTPS_PROXY": "http://gate:3128", "no_proxy": "example.org"}, None),
+        ("http://hub.lan:8080", {"HTTP_PROXY": "http://gate:3128", "NO_PROXY": "hub.lan:8080"}, None),
+        ("https://huggingface.co", {"HTTPS_PROXY": "http://gate:3128", "NO_PROXY": "*"}, None),
+        ("https://huggingface.co", {"HTTPS_PROXY": "http://gate:3128", "NO_PROXY": "face.co"}, "http://gate:3128"),
+    ],
+)
+def test_the_proxy_probed_is_the_one_the_download_uses(monkeypatch, endpoint, variables, proxy):
+    for name in [name for name in os.environ if name.lower().endswith("_proxy") or name == "REQUEST_METHOD"]:
+        monkeypatch.delenv(name)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert hub_proxy(endpoint) == proxy
