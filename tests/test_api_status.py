@@ -253,6 +253,44 @@ def test_a_validators_reports_are_read_at_one_cost_however_many_others_reported(
     assert costs[1] <= 1.2 * costs[0] + 10, costs
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_the_subnets_counts_are_read_once_a_block_however_many_ask(start_api):
+    """GET /get_submission_stats counts whole tables (0.2 s after 30 days of a full subnet), and
+    anyone may ask it at will: the subnet's counts are read once a chain block, each request adding
+    only its hotkey's count, so a request's cost does not grow with the tables; the next block
+    counts afresh. Cost counted in SQLite's virtual machine instructions."""
+    api = start_api(round_blocks=1)
+    a, b = api.client("a"), api.client("b")
+    config = api_config(api.wallets["api"].hotkey.ss58_address, round_blocks=1)
+    database = Database(api.server.database.url)
+    instructions = [0]
+
+    def count() -> int:
+        instructions[0] += 1
+        return 0
+
+    event.listen(database.engine, "connect", lambda connection, _record: connection.set_progress_handler(count, 10))
+    service = SubmissionService(config, api.chain, database)
+    a_hotkey, b_hotkey = api.wallets["a"].hotkey.ss58_address, api.wallets["b"].hotkey.ss58_address
+
+    def second_request_cost(submitted: int) -> int:
+        api.chain.advance(1)
+        assert service.stats(a_hotkey).submissions == submitted  # the block's first request counts
+        instructions[0] = 0
+        stats = service.stats(b_hotkey)
+        assert (stats.submissions, stats.hotkey_submissions) == (submitted, 0)
+        return instructions[0]
+
+    costs = []
+    for n in range(200):
+        if n in (10, 199):
+            costs.append(second_request_cost(n))
+        a.submit_kernel(Claim(FORK, commit_of(n + 1), 1e4), 1024)
+    database.dispose()
+    assert costs[1] <= 1.2 * costs[0] + 10, costs
+    assert b.stats().submissions == 200  # the server's service had not counted at this block
+
+
 def test_bad_status_requests_are_4xx_naming_what_was_wrong(start_api):
     api = start_api()
     a = api.client("a")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.orm import Session
@@ -65,6 +67,12 @@ class NewestStamps:
 
 class Intake(ServiceCore):
     """Submissions and commitments: what miners send."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # The subnet's counts (GET /get_submission_stats) at the newest block they were asked at.
+        self._block_stats: schemas.SubmissionStats | None = None
+        self._block_stats_lock = threading.Lock()
 
     def submit_direct(
         self, hotkey: str, client_ip: str, request: schemas.SubmitKernelRequest, caller: Authenticated | None = None
@@ -296,7 +304,24 @@ class Intake(ServiceCore):
         return schemas.PendingReveals(current_block=block, pending=pending)
 
     def stats(self, hotkey: str | None) -> schemas.SubmissionStats:
+        """Counts of submissions, commitments and reports, and of ``hotkey``'s submissions when
+        given. The subnet's are counted once a chain block per process (requests at a block the
+        counting has not reached wait for one count): each reads whole tables, 0.2 s on SQLite after
+        30 days of a full subnet, which every request of this public endpoint paid."""
         block = self.current_block()
+        with self._block_stats_lock:
+            if self._block_stats is None or self._block_stats.current_block != block:
+                self._block_stats = self._count_all(block)
+            stats = self._block_stats.model_copy()
+        if hotkey is not None:
+            with self.database.read() as session:
+                stats.hotkey = hotkey
+                stats.hotkey_submissions = session.execute(
+                    select(func.count()).select_from(Submission).where(Submission.hotkey == hotkey)
+                ).scalar_one()
+        return stats
+
+    def _count_all(self, block: int) -> schemas.SubmissionStats:
         round_id = rules.round_of_block(block, self.config.round_blocks).round_id
         oldest_open = block - (self.config.blocks_until_reveal + self.config.reveal_window_blocks - 1)
         committed = Submission.state == "committed"
@@ -305,7 +330,7 @@ class Intake(ServiceCore):
             def count(*where: ColumnElement[bool]) -> int:
                 return session.execute(select(func.count()).select_from(Submission).where(*where)).scalar_one()
 
-            stats = schemas.SubmissionStats(
+            return schemas.SubmissionStats(
                 current_block=block,
                 current_round=round_id,
                 submissions=count(),
@@ -316,7 +341,3 @@ class Intake(ServiceCore):
                 reports=session.execute(select(func.count()).select_from(EvaluationReport)).scalar_one(),
                 submissions_this_round=count(Submission.round_id == round_id),
             )
-            if hotkey is not None:
-                stats.hotkey = hotkey
-                stats.hotkey_submissions = count(Submission.hotkey == hotkey)
-        return stats
