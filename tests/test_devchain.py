@@ -573,6 +573,34 @@ def test_max_allowed_uids_below_the_subnets_size_is_refused(subnet):
     assert subnet.set_hyperparameters(max_allowed_uids=4).max_allowed_uids == 4
 
 
+def test_a_trim_shrinks_the_subnet_and_moves_the_rest_to_the_lowest_uids(subnet, wallets):
+    """sudo_trim_to_max_allowed_uids: the least-staked neurons past their immunity go (with the
+    weights they set and those set on them), the rest move left in their order with their own."""
+    subnet.set_min_allowed_uids(2)
+    subnet.set_hyperparameters(commit_reveal_enabled=False, weights_rate_limit=0)
+    subnet.advance(FINNEY.immunity_period)
+    subnet.deregister(hotkey(wallets["owner"]))  # uid 0 free: a gap, as a pruned uid leaves here
+    assert subnet.register(hotkey(wallets["owner"]), address(), stake=5.0) == 0
+    subnet.set_owner(hotkey(wallets["owner"]))
+    newcomer = address()
+    assert subnet.register(newcomer, address()) == 4  # immune, stake 0
+    subnet.set_weights(wallets["validator"], {0: 1.0, 2: 2.0, 3: 1.0, 4: 1.0}, version_key=0)
+    with pytest.raises(ChainError, match="InvalidValue: the subnet takes between its MinAllowedUids 2 and"):
+        subnet.trim_to_max_allowed_uids(1)
+    with pytest.raises(ChainError, match="TrimmingWouldExceedMaxImmunePercentage: 2 neurons are immune"):
+        subnet.trim_to_max_allowed_uids(2)
+    assert subnet.trim_to_max_allowed_uids(3) == {0: 0, 1: 1, 4: 2}  # the miners (stake 0) go, uid 3 first
+    assert [(n.uid, n.hotkey) for n in subnet.metagraph().neurons] == [
+        (0, hotkey(wallets["owner"])),
+        (1, hotkey(wallets["validator"])),
+        (2, newcomer),
+    ]
+    assert subnet.weights() == {1: {0: 0.2, 2: 0.2}}
+    assert subnet.hyperparameters().max_allowed_uids == 3
+    with pytest.raises(ChainError, match="InvalidValue"):
+        subnet.trim_to_max_allowed_uids(4)  # above max_allowed_uids now
+
+
 # --- serving ---
 
 
@@ -772,6 +800,13 @@ def test_cli_sets_hyperparameters_and_the_loopback_allowance(chain, wallets):
     assert cli(chain, "max-allowed-validators").stdout.strip() == "64"
     assert cli(chain, "max-allowed-validators", "8").returncode == 0 and chain.max_allowed_validators() == 8
     assert cli(chain, "max-allowed-validators", "--", "-1").returncode == 1 and chain.max_allowed_validators() == 8
+    assert "InvalidValue: the subnet takes between its MinAllowedUids 64" in cli(chain, "trim", "2").stderr
+    chain.register_wallet(wallets["other"])  # uid 1, stake 0: the one a trim takes
+    chain.register_wallet(wallets["validator"], stake=5.0)
+    chain.advance(FINNEY.immunity_period)
+    trimmed = cli(chain, "trim", "2", "--min-allowed-uids", "1")
+    assert (trimmed.returncode, trimmed.stdout) == (0, "uid 2 -> 1\n"), trimmed.stderr
+    assert chain.hyperparameters().max_allowed_uids == 2
 
 
 def test_cli_tables_fit_80_columns_with_every_figure_whole(subnet, wallets):

@@ -503,6 +503,28 @@ def test_a_validator_follows_the_api_where_the_subnet_owner_moves_it(world, tmp_
         subnet.close()
 
 
+def test_a_trim_that_moves_the_miners_uids_moves_the_validators_weights_with_them(world, tmp_path):
+    """The subnet owner trims the subnet (sudo_trim_to_max_allowed_uids) while the validator runs:
+    miner b moves from uid 3 to uid 2, which another hotkey held, and the validator's next weights
+    name b's new uid, planned on the metagraph as it is then."""
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
+    try:
+        with ValidatorState.open(tmp_path / "state.sqlite3") as state, down_api(subnet) as api:
+            validator = scored_validator(subnet, state, api, tmp_path, {"b": 1000.0})
+            assert validator.step().weights_set
+            assert subnet.validator_weights() == subnet.first_alone("b")
+            subnet.chain.set_min_allowed_uids(2)
+            subnet.chain.advance(DIRECT.immunity_period)
+            subnet.chain.deregister(subnet.hotkey("a"))  # uid 2 free
+            assert subnet.chain.trim_to_max_allowed_uids(4) == {0: 0, 1: 1, 3: 2, 4: 3}
+            subnet.uids.update(b=2, c=3)
+            assert validator.step().weights_set
+            assert subnet.validator_weights() == subnet.first_alone("b")
+            assert subnet.chain.metagraph().by_uid(2).hotkey == subnet.hotkey("b")
+    finally:
+        subnet.close()
+
+
 class TakeoverChain(DevChain):
     """The validator's view of the dev chain, with one registration landing between its planning and
     its submission: miner ``a`` is pruned and a new hotkey takes its uid, just before the first

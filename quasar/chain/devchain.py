@@ -32,7 +32,10 @@ finney's defaults for a new subnet (:data:`FINNEY`) unless a file is given other
   MinNonImmuneUids (``set_min_non_immune_uids``, default 10) of them remain, else among the immune
   ones; the replaced neuron loses its weights, its endpoint and its permit, and its uid keeps the
   weights others set on it at 0; a commit revealed after the uid changed hands gives it 0 too
-  (Yuma's epoch masks a weight committed before the uid's registration).
+  (Yuma's epoch masks a weight committed before the uid's registration);
+- trimming (``trim_to_max_allowed_uids``, the owner's sudo_trim_to_max_allowed_uids): the subnet
+  shrinks to a new max_allowed_uids, the least-staked neurons past their immunity going first, and
+  the rest move to uids 0.. in their order (``set_min_allowed_uids``: the fewest it leaves, 64).
 
 Its CLI (``quasar devchain``, ``python -m quasar.chain.devchain``) is quasar/chain/devchain_cli.py.
 """
@@ -79,19 +82,19 @@ from quasar.chain.devchain_storage import (
     owner_in,
     owner_uid_in,
     permits_block_in,
+    prune_candidate_in,
     set_hyperparameters_in,
     set_meta,
     stake_threshold_in,
+    trim_neurons_in,
     weights_in,
 )
 from quasar.chain.subtensor_rules import (
     FINNEY,
-    PruneCandidate,
     blocks_until_allowed,
     check_weights_rate_limit,
     checked_weights,
     hyperparameters_refusal,
-    neuron_to_prune,
     next_epoch_block,
     refusal_error,
     refused_axon_address,
@@ -440,7 +443,7 @@ class DevChain(Chain):
             elif size < hyperparameters_in(connection).max_allowed_uids:
                 uid = size
             else:
-                uid = self._prune_candidate_in(connection, block)
+                uid = prune_candidate_in(connection, block, self.netuid)
                 replaced = connection.execute("SELECT hotkey FROM neurons WHERE uid = ?", (uid,)).fetchone()[0]
                 clear_neuron(connection, uid)
                 connection.execute("DELETE FROM neurons WHERE uid = ?", (uid,))
@@ -452,27 +455,6 @@ class DevChain(Chain):
                 (uid, hotkey, coldkey, float(stake), int(validator_permit), block, block),
             )
         logger.info("registered %s as uid %d on dev subnet %d", hotkey, uid, self.netuid)
-        return uid
-
-    def _prune_candidate_in(self, connection: sqlite3.Connection, block: int) -> int:
-        """The uid a registration replaces on a full subnet (:func:`neuron_to_prune`, with the stake
-        standing for the emission this chain does not pay); never the owner's hotkey."""
-        owner_hotkey, _ = owner_in(connection)
-        candidates = [
-            PruneCandidate(*row)
-            for row in connection.execute(
-                "SELECT uid, stake, registered_block FROM neurons WHERE hotkey IS NOT ?", (owner_hotkey,)
-            )
-        ]
-        immunity = hyperparameters_in(connection).immunity_period
-        floor = min_non_immune_uids_in(connection)
-        uid = neuron_to_prune(candidates, block, immunity, floor)
-        if uid is None:
-            raise ChainError(
-                f"cannot register: NoNeuronIdAvailable: subnet {self.netuid} is full, and {floor} or fewer of "
-                f"its neurons (the owner's apart) are past their immunity period ({immunity} blocks) while "
-                "none is within it"
-            )
         return uid
 
     def register_wallet(self, wallet, stake: float = 0.0, validator_permit: bool = False) -> int:
@@ -549,6 +531,16 @@ class DevChain(Chain):
             raise ChainError(f"{name} must be a non-negative integer, got {count!r}")
         with self._write() as connection:
             set_meta(connection, name, str(count))
+
+    def trim_to_max_allowed_uids(self, max_n: int) -> dict[int, int]:
+        """Subtensor's sudo_trim_to_max_allowed_uids (:func:`trim_neurons_in`): old uid -> new uid of
+        the neurons kept."""
+        with self._write() as connection:
+            return trim_neurons_in(connection, max_n, self._file.block_at(connection))
+
+    def set_min_allowed_uids(self, count: int) -> None:
+        """Set the subnet's MinAllowedUids (default 64, subtensor's): the fewest uids a trim leaves."""
+        self._set_count("min_allowed_uids", count)
 
     def min_non_immune_uids(self) -> int:
         """The subnet's MinNonImmuneUids (:meth:`set_min_non_immune_uids`)."""

@@ -1,8 +1,8 @@
 """The dev chain's command line: ``quasar devchain --path FILE COMMAND`` (or ``python -m
 quasar.chain.devchain``) with the commands ``init``, ``register``, ``deregister``, ``set-owner``,
 ``set-permit``, ``advance``, ``block``, ``neurons``, ``weights``, ``commits``, ``hyperparameters``,
-``set-hyperparameter``, ``stake-threshold``, ``min-non-immune-uids``, ``max-allowed-validators``,
-``allow-loopback`` and ``identity``. Its tables fit 80 columns.
+``set-hyperparameter``, ``trim``, ``stake-threshold``, ``min-non-immune-uids``,
+``max-allowed-validators``, ``allow-loopback`` and ``identity``. Its tables fit 80 columns.
 """
 
 from __future__ import annotations
@@ -132,6 +132,11 @@ def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
     hyperparameter = commands.add_parser("set-hyperparameter", help="change one hyperparameter")
     hyperparameter.add_argument("name", choices=HYPERPARAMETER_NAMES)
     hyperparameter.add_argument("value", help="an integer (true or false for commit_reveal_enabled)")
+    trim = commands.add_parser(
+        "trim", help="shrink the subnet to N uids as the owner's trim does; prints each neuron that moved"
+    )
+    trim.add_argument("max_n", type=int, metavar="N", help="the new max_allowed_uids")
+    trim.add_argument("--min-allowed-uids", type=int, help="first set the fewest uids a trim leaves (default 64)")
     threshold = commands.add_parser(
         "stake-threshold", help="print the chain's StakeThreshold (least stake to set weights), or set it"
     )
@@ -182,6 +187,12 @@ def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
         elif args.command == "set-hyperparameter":
             chain.set_hyperparameters(**{args.name: _hyperparameter_value(args.name, args.value)})
             _print_hyperparameters(chain, console)
+        elif args.command == "trim":
+            if args.min_allowed_uids is not None:
+                chain.set_min_allowed_uids(args.min_allowed_uids)
+            for old, new in chain.trim_to_max_allowed_uids(args.max_n).items():
+                if old != new:
+                    print(f"uid {old} -> {new}")
         elif args.command == "stake-threshold":
             if args.stake is not None:
                 chain.set_stake_threshold(args.stake)

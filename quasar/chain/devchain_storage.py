@@ -39,6 +39,8 @@ from quasar.chain.subtensor_rules import (
     FINNEY,
     MAX_ALLOWED_VALIDATORS,
     MIN_NON_IMMUNE_UIDS,
+    PruneCandidate,
+    neuron_to_prune,
     next_epoch_block,
     retimed_reveal,
 )
@@ -50,6 +52,11 @@ DEFAULT_BLOCK_TIME_S = 12.0
 DEFAULT_NETUID = 24
 BUSY_TIMEOUT_S = 30.0
 SCHEMA_VERSION = 2
+# Subtensor's InitialMinAllowedUids: a trim leaves at least this many uids (set_min_allowed_uids).
+MIN_ALLOWED_UIDS = 64
+# The runtime's MaxImmuneUidsPercentage: a trim is refused while the immune neurons (the owner's
+# among them) would make this share of the new size or more.
+MAX_IMMUNE_UIDS_PERCENT = 80
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (
@@ -197,6 +204,72 @@ def mask_outdated(connection: sqlite3.Connection, hotkey: str) -> None:
         "(SELECT last_update FROM neurons WHERE hotkey = ?))",
         (hotkey, hotkey),
     )
+
+
+def prune_candidate_in(connection: sqlite3.Connection, block: int, netuid: int) -> int:
+    """The uid a registration replaces on a full subnet (:func:`neuron_to_prune`, with the stake
+    standing for the emission this chain does not pay); never the owner's hotkey."""
+    owner_hotkey, _ = owner_in(connection)
+    candidates = [
+        PruneCandidate(*row)
+        for row in connection.execute(
+            "SELECT uid, stake, registered_block FROM neurons WHERE hotkey IS NOT ?", (owner_hotkey,)
+        )
+    ]
+    immunity = hyperparameters_in(connection).immunity_period
+    floor = min_non_immune_uids_in(connection)
+    uid = neuron_to_prune(candidates, block, immunity, floor)
+    if uid is None:
+        raise ChainError(
+            f"cannot register: NoNeuronIdAvailable: subnet {netuid} is full, and {floor} or fewer of "
+            f"its neurons (the owner's apart) are past their immunity period ({immunity} blocks) while "
+            "none is within it"
+        )
+    return uid
+
+
+def trim_neurons_in(connection: sqlite3.Connection, max_n: int, block: int) -> dict[int, int]:
+    """Subtensor's trim_to_max_allowed_uids at ``block``: max_allowed_uids becomes ``max_n`` (between
+    MinAllowedUids and the current max_allowed_uids, else InvalidValue); a subnet holding more
+    neurons loses those of least emission (here: stake; of equal ones the highest uid first), never
+    the owner's nor one within its immunity period, as the weights they set and those set on them,
+    and the rest move to uids 0.. in their order, each with its weights, endpoint, permit, last update
+    and registration block (pending commits keep the uids they name). Refused
+    (TrimmingWouldExceedMaxImmunePercentage) while the immune neurons make MAX_IMMUNE_UIDS_PERCENT of
+    ``max_n`` or more. Returns old uid -> new uid of the neurons kept."""
+    current = hyperparameters_in(connection)
+    floor = int(meta(connection, "min_allowed_uids") or MIN_ALLOWED_UIDS)
+    if not floor <= max_n <= current.max_allowed_uids:
+        raise ChainError(
+            f"cannot trim to {max_n} uids: InvalidValue: the subnet takes between its MinAllowedUids {floor} "
+            f"and its max_allowed_uids {current.max_allowed_uids}"
+        )
+    set_meta(connection, "hyperparameters", json.dumps({**dataclasses.asdict(current), "max_allowed_uids": max_n}))
+    rows = connection.execute("SELECT uid, hotkey, stake, registered_block FROM neurons ORDER BY uid").fetchall()
+    if len(rows) <= max_n:
+        return {uid: uid for uid, *_ in rows}
+    owner_hotkey, _ = owner_in(connection)
+    immune = {uid for uid, key, _, born in rows if key == owner_hotkey or block - born < current.immunity_period}
+    if len(immune) * 100 >= MAX_IMMUNE_UIDS_PERCENT * max_n:
+        raise ChainError(
+            f"cannot trim to {max_n} uids: TrimmingWouldExceedMaxImmunePercentage: {len(immune)} neurons are "
+            f"immune (the owner's, or within the immunity period of {current.immunity_period} blocks)"
+        )
+    removed: set[int] = set()
+    for uid, _, _, _ in sorted(rows, key=lambda row: (row[2], -row[0])):
+        if len(rows) - len(removed) == max_n:
+            break
+        if uid not in immune:
+            removed.add(uid)
+    for uid in removed:
+        connection.execute("DELETE FROM weights WHERE setter_uid = ? OR target_uid = ?", (uid, uid))
+        connection.execute("DELETE FROM neurons WHERE uid = ?", (uid,))
+    moved = {old: new for new, old in enumerate(uid for uid, *_ in rows if uid not in removed)}
+    for old, new in moved.items():  # ascending: each new uid is free when its neuron moves there
+        connection.execute("UPDATE neurons SET uid = ? WHERE uid = ?", (new, old))
+        connection.execute("UPDATE weights SET setter_uid = ? WHERE setter_uid = ?", (new, old))
+        connection.execute("UPDATE weights SET target_uid = ? WHERE target_uid = ?", (new, old))
+    return moved
 
 
 def retime_commits(
