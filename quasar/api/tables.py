@@ -96,6 +96,9 @@ class Submission(Base):
         # A hotkey's evaluated submissions of the newest rounds: a miner's history. Without it
         # SQLite's planner takes the state and round index and reads every miner's of those rounds.
         Index("ix_submissions_hotkey_state_round_id", "hotkey", "state", "round_id"),
+        # The commitments whose reveal window is open (GET /pending_reveals): without it every
+        # commitment never revealed, of every round, was read.
+        Index("ix_submissions_state_submitted_block", "state", "submitted_block"),
     )
 
     @property
