@@ -477,8 +477,8 @@ def test_a_commit_reveal_version_raised_by_governance_stops_the_commits_until_th
 ):
     """The chain's governance raises CommitRevealWeightsVersion while the validator runs: every
     commit of this SDK is refused (IncorrectCommitRevealVersion) until QUASAR's bittensor is updated.
-    The validator commits once an epoch (EPOCH_BLOCKS 100) and says why, instead of once every
-    WEIGHTS_RETRY_BLOCKS (ten refused commits an epoch)."""
+    The validator commits once an epoch (EPOCH_BLOCKS 100) and says at ERROR why and to update,
+    instead of once every WEIGHTS_RETRY_BLOCKS (ten refused commits an epoch)."""
     caplog.set_level("INFO", logger="quasar.validator.weight_setting")
     settings = config.resolve(
         {"network": "finney", "netuid": str(NETUID), "device": "cpu", "epoch_blocks": "100", "eval_seq_lens": ""},
@@ -503,10 +503,18 @@ def test_a_commit_reveal_version_raised_by_governance_stops_the_commits_until_th
         for block in range(start, start + 100, 10):  # one epoch, a step every 10 blocks
             subnet.block = block
             assert not (setter.due(block) and setter.set_weights(block, [miner]))
-    refused = [r.getMessage() for r in caplog.records if "IncorrectCommitRevealVersion" in r.getMessage()]
-    assert len(subnet.executed) == 1 and len(refused) == 1, refused
-    assert refused[0].startswith(f"the chain refused the weights at block {start}, none this epoch: ")
-    assert refused[0].endswith(f"(next look at block {start + 100})")
+    refused = [r for r in caplog.records if "IncorrectCommitRevealVersion" in r.getMessage()]
+    assert len(subnet.executed) == 1 and len(refused) == 1, [r.getMessage() for r in refused]
+    assert refused[0].levelname == "ERROR"
+    assert refused[0].getMessage().startswith(f"the chain refused the weights at block {start}, none this epoch: ")
+    assert (
+        refused[0]
+        .getMessage()
+        .endswith(
+            "; update QUASAR (git pull, then ./scripts/setup_venv.sh) and start the validator again "
+            f"(next look at block {start + 100})"
+        )
+    )
 
 
 def test_passing_failures_are_not_refusals_that_last(chain, subnet, wallets, sleep):

@@ -26,6 +26,8 @@ LAST_WEIGHTS_BLOCK = "last_weights_block"
 # refusal that is not among subtensor_rules.LASTING_REFUSALS), blocks before the next try; a rate
 # limit waits the blocks the chain says instead, and a lasting refusal the next epoch.
 WEIGHTS_RETRY_BLOCKS = 10
+# What a validator whose release the chain no longer takes is told to do.
+UPDATE_QUASAR = "update QUASAR (git pull, then ./scripts/setup_venv.sh) and start the validator again"
 # Plans made in one weights phase when uids change hands between planning and submitting.
 PLAN_ATTEMPTS = 2
 # Hotkeys named in an epoch's line about the measured hotkeys no longer registered (those gone since
@@ -85,7 +87,14 @@ class WeightSetter:
                 self._retry(block, wait, f"the chain's weights rate limit holds at block {block}: {limited}")
                 return False
             except Refused as refused:
-                self._skip_epoch(block, f"the chain refused the weights at block {block}, none this epoch: {refused}")
+                # The chain's governance raised CommitRevealWeightsVersion past the installed SDK's.
+                outdated = refused.name == "IncorrectCommitRevealVersion"
+                self._skip_epoch(
+                    block,
+                    f"the chain refused the weights at block {block}, none this epoch: {refused}"
+                    + (f"; {UPDATE_QUASAR}" if outdated else ""),
+                    logging.ERROR if outdated else logging.WARNING,
+                )
                 return False
             except ChainError as error:
                 self._retry(
