@@ -291,6 +291,21 @@ def test_the_subnets_counts_are_read_once_a_block_however_many_ask(start_api):
     assert b.stats().submissions == 200  # the server's service had not counted at this block
 
 
+def test_the_subnets_counts_count_each_hotkey_that_submitted_once(start_api):
+    """The hotkeys of GET /get_submission_stats are counted by walking the hotkey index (a count of
+    distinct hotkeys read every submission): none on an empty database, each hotkey once."""
+    api = start_api()
+    a, b = api.client("a"), api.client("b")
+    assert a.stats().hotkeys == 0
+    for n in range(3):
+        a.submit_kernel(Claim(FORK, commit_of(n + 1), 1e4), 1024)
+    b.submit_kernel(Claim(FORK, commit_of(9), 1e4), 1024)
+    b.commit(commitment_hash(new_salt(), FORK, commit_of(10)), 1024)
+    api.chain.advance(1)  # the subnet's counts are read once a block
+    stats = a.stats()
+    assert (stats.hotkeys, stats.submissions) == (2, 5)
+
+
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_pending_reveals_cost_the_same_however_many_commitments_were_never_revealed(start_api):
     """GET /pending_reveals reads the commitments whose reveal window is open by an index of state
