@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from quasar.validator.state import FINISHED, PASSED, REPORTED, ValidatorState
+from quasar.validator.state import ValidatorState
+from quasar.validator.state_files import FINISHED, PASSED, REPORTED
 
 STEP_INDEXES = ("evaluations_by_status", "submissions_by_logits", "submissions_by_report_state")
 

@@ -74,8 +74,8 @@ from quasar.localnet.summary import (
 from quasar.miner.github import GitHubClient
 from quasar.miner.workspace import Workspace
 from quasar.signals import stop_on_signals
-from quasar.validator.state import SCHEMA_VERSION, ValidatorState
-from quasar.validator.state_files import read_meta
+from quasar.validator.state import ValidatorState
+from quasar.validator.state_files import SCHEMA_VERSION, read_meta
 from quasar.validator.weight_setting import LAST_WEIGHTS_BLOCK
 from tests.gitrepo import head
 from tests.processes import proc_files, run_python, script_results, signal_in_a_finaliser

@@ -58,17 +58,13 @@ from quasar.validator.evaluator import SubprocessEvaluator
 from quasar.validator.logit_check import MinerLogitChecker, private_endpoint
 from quasar.validator.loop import Validator
 from quasar.validator.state import (
-    ABANDONED,
     EVALUATION_RETRY_DELAYS_S,
-    FINISHED,
-    IN_PROGRESS,
-    PASSED,
     EvaluationKey,
     EvaluationResult,
     Submission,
     ValidatorState,
 )
-from quasar.validator.state_files import default_state_path
+from quasar.validator.state_files import ABANDONED, FINISHED, IN_PROGRESS, PASSED, default_state_path
 from servers import serving
 from tests.evaluate_runs import FAST_CPU
 from tests.gitrepo import commit_all

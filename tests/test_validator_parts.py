@@ -38,19 +38,8 @@ from quasar.validator.results import (
     weights_table,
 )
 from quasar.validator.state import (
-    ABANDONED,
     EVALUATION_RETRY_DELAYS_S,
-    FAILED,
-    FINISHED,
-    IN_PROGRESS,
     MAX_ATTEMPTS,
-    PASSED,
-    PENDING,
-    REFUSED,
-    REPORTED,
-    SCHEMA_VERSION,
-    SKIPPED,
-    UNCHECKED,
     EvaluationKey,
     EvaluationResult,
     StateError,
@@ -58,7 +47,20 @@ from quasar.validator.state import (
     SubmissionRecord,
     ValidatorState,
 )
-from quasar.validator.state_files import default_state_path
+from quasar.validator.state_files import (
+    ABANDONED,
+    FAILED,
+    FINISHED,
+    IN_PROGRESS,
+    PASSED,
+    PENDING,
+    REFUSED,
+    REPORTED,
+    SCHEMA_VERSION,
+    SKIPPED,
+    UNCHECKED,
+    default_state_path,
+)
 from quasar.validator.weight_setting import MAX_NAMED_LEFT_OUT, WeightSetter
 from quasar.validator.worker import HeadStart, options_from_json, options_to_json
 from tests.evaluate_runs import FAST_CPU
@@ -203,7 +205,8 @@ def test_reopening_after_a_crash_redoes_in_progress_work_but_keeps_results(tmp_p
 # first commit: where a kill (pm2's, the OOM killer's, a power loss) leaves a call made of several.
 _KILLED_AFTER_FIRST_COMMIT = """
 import os, signal, sys
-from quasar.validator.state import PASSED, EvaluationResult, Submission, ValidatorState
+from quasar.validator.state import EvaluationResult, Submission, ValidatorState
+from quasar.validator.state_files import PASSED
 state = ValidatorState.open(sys.argv[1])
 committed = []
 def trace(statement):

@@ -11,7 +11,8 @@ from dataclasses import replace
 
 from bittensor.sp_core import Keypair
 
-from quasar.validator.state import (
+from quasar.validator.state import EvaluationResult, Submission, ValidatorState
+from quasar.validator.state_files import (
     ABANDONED,
     FAILED,
     FINISHED,
@@ -22,9 +23,6 @@ from quasar.validator.state import (
     SKIPPED,
     UNCHECKED,
     UNREPORTED,
-    EvaluationResult,
-    Submission,
-    ValidatorState,
 )
 
 HOTKEYS = [Keypair.create_from_mnemonic(Keypair.generate_mnemonic()).ss58_address for _ in range(3)]

@@ -60,19 +60,14 @@ from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, 
 from quasar.validator.logit_check import LogitChecker, why_logit_checks_wait
 from quasar.validator.results import api_report, scoring_result
 from quasar.validator.state import (
-    ABANDONED,
-    FAILED,
-    PASSED,
-    REFUSED,
     REPORT_KEPT_S,
-    REPORTED,
-    SKIPPED,
     EvaluationKey,
     EvaluationResult,
     Submission,
     SubmissionRecord,
     ValidatorState,
 )
+from quasar.validator.state_files import ABANDONED, FAILED, PASSED, REFUSED, REPORTED, SKIPPED
 from quasar.validator.weight_setting import LAST_WEIGHTS_BLOCK, WeightSetter
 
 logger = logging.getLogger(__name__)

@@ -41,10 +41,24 @@ from pydantic import ConfigDict
 from quasar import originality
 from quasar.api.schemas import EvaluatedSubmission
 from quasar.errors import QuasarError
+from quasar.validator.state_files import (
+    ABANDONED,
+    FAILED,
+    FINISHED,
+    IN_PROGRESS,
+    PASSED,
+    PENDING,
+    REFUSED,
+    REPORTED,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SKIPPED,
+    UNCHECKED,
+    UNREPORTED,
+)
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
 MAX_ATTEMPTS = 3
 # After an attempt failed on this validator's side (the first, the second), the wait from its start to
 # the next: a fault of minutes (GitHub down, a full disk) is over by then, not met three times at once.
@@ -53,68 +67,6 @@ EVALUATION_RETRY_DELAYS_S = (120.0, 900.0)
 # a copy of the same commit submitted meanwhile still reports the per-length figures.
 REPORT_KEPT_S = 14 * 24 * 3600.0
 BUSY_TIMEOUT_S = 30.0
-
-PENDING, IN_PROGRESS, FINISHED, ABANDONED = "pending", "in_progress", "finished", "abandoned"
-# A submission's logit check: not done yet, passed, failed, or skipped (its evaluation failed).
-UNCHECKED, PASSED, FAILED, SKIPPED = "unchecked", "passed", "failed", "skipped"
-# A submission's report to the API: not sent yet, accepted, or refused for good (404/409/422).
-UNREPORTED, REPORTED, REFUSED = "unreported", "reported", "refused"
-
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS evaluations (
-    fork_url TEXT NOT NULL,
-    commit_hash TEXT NOT NULL,
-    target_sequence_length INTEGER NOT NULL,
-    status TEXT NOT NULL CHECK (status IN ('{PENDING}', '{IN_PROGRESS}', '{FINISHED}', '{ABANDONED}')),
-    attempts INTEGER NOT NULL DEFAULT 0,
-    device TEXT,
-    last_error TEXT,
-    correct INTEGER,
-    measured_tokens_per_sec REAL,
-    benchmarks TEXT,
-    reasons TEXT,
-    notes TEXT,
-    report TEXT,
-    content_hash TEXT,
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL,
-    PRIMARY KEY (fork_url, commit_hash, target_sequence_length)
-);
-CREATE TABLE IF NOT EXISTS submissions (
-    submission_id INTEGER PRIMARY KEY,
-    hotkey TEXT NOT NULL,
-    fork_url TEXT NOT NULL,
-    commit_hash TEXT NOT NULL,
-    target_sequence_length INTEGER NOT NULL,
-    claimed_tokens_per_sec REAL NOT NULL,
-    submitted_at REAL NOT NULL,
-    round_id INTEGER NOT NULL,
-    counts_from_block INTEGER NOT NULL,
-    fetched_at REAL NOT NULL,
-    logits TEXT NOT NULL DEFAULT '{UNCHECKED}'
-        CHECK (logits IN ('{UNCHECKED}', '{PASSED}', '{FAILED}', '{SKIPPED}')),
-    logits_reason TEXT,
-    logits_checked_at REAL,
-    report_state TEXT NOT NULL DEFAULT '{UNREPORTED}'
-        CHECK (report_state IN ('{UNREPORTED}', '{REPORTED}', '{REFUSED}')),
-    report_detail TEXT,
-    reported_at REAL,
-    FOREIGN KEY (fork_url, commit_hash, target_sequence_length)
-        REFERENCES evaluations (fork_url, commit_hash, target_sequence_length)
-);
-CREATE INDEX IF NOT EXISTS submissions_by_evaluation
-    ON submissions (fork_url, commit_hash, target_sequence_length);
--- What each step looks for among every evaluation and submission ever fetched: the evaluations to
--- run, the logit checks and the reports not done yet (docs/validator.md, on its state).
-CREATE INDEX IF NOT EXISTS evaluations_by_status ON evaluations (status);
-CREATE INDEX IF NOT EXISTS submissions_by_logits ON submissions (logits);
-CREATE INDEX IF NOT EXISTS submissions_by_report_state ON submissions (report_state);
-"""
 
 
 class StateError(QuasarError, RuntimeError):
@@ -223,7 +175,7 @@ class ValidatorState:
             connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
             connection.execute("PRAGMA journal_mode=WAL")
             connection.execute("PRAGMA foreign_keys=ON")
-            connection.executescript(_SCHEMA)
+            connection.executescript(SCHEMA)
             state = cls(path, connection, lock_fd)
             with state._write() as db:
                 version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()

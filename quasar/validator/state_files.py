@@ -1,5 +1,5 @@
-"""Where a validator's state file lives, and reading it from another process while the validator
-runs (quasar/validator/state.py holds the state itself)."""
+"""A validator's state file: where it lives, its tables and the states their rows go through, and
+reading it from another process while the validator runs (quasar/validator/state.py keeps the state)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,70 @@ import contextlib
 import os
 import sqlite3
 from pathlib import Path
+
+SCHEMA_VERSION = 3
+
+PENDING, IN_PROGRESS, FINISHED, ABANDONED = "pending", "in_progress", "finished", "abandoned"
+# A submission's logit check: not done yet, passed, failed, or skipped (its evaluation failed).
+UNCHECKED, PASSED, FAILED, SKIPPED = "unchecked", "passed", "failed", "skipped"
+# A submission's report to the API: not sent yet, accepted, or refused for good (404/409/422).
+UNREPORTED, REPORTED, REFUSED = "unreported", "reported", "refused"
+
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS evaluations (
+    fork_url TEXT NOT NULL,
+    commit_hash TEXT NOT NULL,
+    target_sequence_length INTEGER NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('{PENDING}', '{IN_PROGRESS}', '{FINISHED}', '{ABANDONED}')),
+    attempts INTEGER NOT NULL DEFAULT 0,
+    device TEXT,
+    last_error TEXT,
+    correct INTEGER,
+    measured_tokens_per_sec REAL,
+    benchmarks TEXT,
+    reasons TEXT,
+    notes TEXT,
+    report TEXT,
+    content_hash TEXT,
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    PRIMARY KEY (fork_url, commit_hash, target_sequence_length)
+);
+CREATE TABLE IF NOT EXISTS submissions (
+    submission_id INTEGER PRIMARY KEY,
+    hotkey TEXT NOT NULL,
+    fork_url TEXT NOT NULL,
+    commit_hash TEXT NOT NULL,
+    target_sequence_length INTEGER NOT NULL,
+    claimed_tokens_per_sec REAL NOT NULL,
+    submitted_at REAL NOT NULL,
+    round_id INTEGER NOT NULL,
+    counts_from_block INTEGER NOT NULL,
+    fetched_at REAL NOT NULL,
+    logits TEXT NOT NULL DEFAULT '{UNCHECKED}'
+        CHECK (logits IN ('{UNCHECKED}', '{PASSED}', '{FAILED}', '{SKIPPED}')),
+    logits_reason TEXT,
+    logits_checked_at REAL,
+    report_state TEXT NOT NULL DEFAULT '{UNREPORTED}'
+        CHECK (report_state IN ('{UNREPORTED}', '{REPORTED}', '{REFUSED}')),
+    report_detail TEXT,
+    reported_at REAL,
+    FOREIGN KEY (fork_url, commit_hash, target_sequence_length)
+        REFERENCES evaluations (fork_url, commit_hash, target_sequence_length)
+);
+CREATE INDEX IF NOT EXISTS submissions_by_evaluation
+    ON submissions (fork_url, commit_hash, target_sequence_length);
+-- What each step looks for among every evaluation and submission ever fetched: the evaluations to
+-- run, the logit checks and the reports not done yet (docs/validator.md, on its state).
+CREATE INDEX IF NOT EXISTS evaluations_by_status ON evaluations (status);
+CREATE INDEX IF NOT EXISTS submissions_by_logits ON submissions (logits);
+CREATE INDEX IF NOT EXISTS submissions_by_report_state ON submissions (report_state);
+"""
 
 
 def default_state_path(data_dir: str | os.PathLike, network: str, netuid: int, hotkey: str) -> Path:
