@@ -159,6 +159,16 @@ BENCH = Group(
                     "a whole subnet against the API in compressed time",
                     "quasar.bench.simulate_subnet:main",
                 ),
+                Command(
+                    "api-month",
+                    "the API's database after days of a full subnet",
+                    "quasar.bench.api_month:main",
+                ),
+                Command(
+                    "validator-month",
+                    "the validator's state file after many evaluations",
+                    "quasar.bench.validator_month:main",
+                ),
             ),
         ),
     ),

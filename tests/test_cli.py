@@ -95,6 +95,8 @@ def test_quasar_help_lists_every_command_by_role_in_80_columns():
             "bench api-load",
             "bench api-profile",
             "bench simulate-subnet",
+            "bench api-month",
+            "bench validator-month",
         ],
         "other": ["imports", "scoring", "config"],
     }
