@@ -14,8 +14,9 @@ that sent none.
 commitments a block, the chain 5 blocks past the newest; at each count given, 5 timed calls of the
 pending reveals (``service.pending_reveals``).
 
-Each time is the median, fastest and slowest of the calls. Figures: benchmarks/RESULTS.md, "A
-month of submissions".
+Each time is the median, fastest and slowest of the calls; a file's size is the database's own,
+without its write-ahead log. What it shares with validator-month is in quasar/bench/month_timing.py.
+Figures: benchmarks/RESULTS.md, "A month of submissions".
 
     quasar bench api-month --days 1 7 14 30
     quasar bench api-month --commitments 10000 100000 400000
@@ -28,9 +29,6 @@ import functools
 import itertools
 import json
 import sqlite3
-import statistics
-import tempfile
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -38,7 +36,6 @@ from typing import Any
 
 from bittensor.sp_core import Keypair
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from quasar import config
@@ -46,6 +43,7 @@ from quasar.api.db import Database, Submission
 from quasar.api.judging import evaluated_submissions
 from quasar.api.service import ApiConfig, SubmissionService
 from quasar.api.status import HISTORY_ROUNDS, StatusReader
+from quasar.bench.month_timing import Timing, counts, files_folder, progress_bar, timed
 from quasar.chain import Chain, Metagraph, NeuronInfo
 from quasar.log import setup_logging
 
@@ -115,30 +113,6 @@ class FixedChain(Chain):
 
 
 @dataclass
-class Timing:
-    """Milliseconds of ``n`` calls of one read."""
-
-    median_ms: float
-    min_ms: float
-    max_ms: float
-    n: int
-
-    def cell(self, digits: int) -> str:
-        """The median, then the fastest–slowest, for a table's cell."""
-        return f"{self.median_ms:.{digits}f} ms\n{self.min_ms:.{digits}f}–{self.max_ms:.{digits}f}"
-
-
-def timed(call: Callable[[], Any], repeats: int) -> tuple[Timing, Any]:
-    """``repeats`` calls of ``call`` timed, and what the last one returned."""
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        result = call()
-        times.append((time.perf_counter() - started) * 1000)
-    return Timing(statistics.median(times), min(times), max(times), repeats), result
-
-
-@dataclass
 class DayFigures:
     """The database after ``day`` days: its rows, its size and each of :data:`READS` timed;
     ``judged``: the newest round's submissions the leaderboard judged, ``history_rounds``: the
@@ -201,11 +175,6 @@ def fill_round(connection: sqlite3.Connection, miners: Sequence[str], round_id: 
         "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
         reports,
     )
-
-
-def progress_bar(console: Console) -> Progress:
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    return Progress(*columns, console=console, transient=True)
 
 
 def measure_days(path: Path, days: Sequence[int], miners: int, console: Console) -> list[DayFigures]:
@@ -326,30 +295,6 @@ def commitments_table(figures: Sequence[CommitmentFigures]) -> Table:
     for each in figures:
         table.add_row(f"{each.commitments:,}", str(each.shown), each.timing.cell(1).replace("\n", " (") + ")")
     return table
-
-
-def counts(text: str) -> int:
-    """A positive whole number (the options' type)."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def files_folder(keep: Path | None, names: Sequence[str]) -> tuple[Path, tempfile.TemporaryDirectory | None]:
-    """Where the databases go: ``keep`` (made if missing), refused when it holds one of ``names``
-    already (its rows would be mixed with the new ones), else a temporary folder."""
-    if keep is None:
-        temporary = tempfile.TemporaryDirectory(prefix="quasar-bench-")
-        return Path(temporary.name), temporary
-    for name in names:
-        for suffix in ("", "-wal", "-shm"):
-            if (keep / f"{name}{suffix}").exists():
-                raise SystemExit(
-                    f"{keep / name}{suffix} is there from an earlier run: remove it or --keep another folder"
-                )
-    keep.mkdir(parents=True, exist_ok=True)
-    return keep, None
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-month") -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from quasar.bench.api_month import Timing, counts, files_folder, progress_bar, timed
+from quasar.bench.month_timing import Timing, counts, files_folder, progress_bar, timed
 from quasar.log import setup_logging
 from quasar.validator.state import ValidatorState
 from quasar.validator.state_files import FINISHED, PASSED, REPORTED

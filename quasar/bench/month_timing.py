@@ -1,0 +1,70 @@
+"""What the month benchmarks share (``quasar bench api-month``, ``validator-month``): timed calls,
+their progress bar, their options' checks and the folder their files go to."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+@dataclass
+class Timing:
+    """Milliseconds of ``n`` calls of one read."""
+
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    n: int
+
+    def cell(self, digits: int) -> str:
+        """The median, then the fastest–slowest, for a table's cell."""
+        return f"{self.median_ms:.{digits}f} ms\n{self.min_ms:.{digits}f}–{self.max_ms:.{digits}f}"
+
+
+def timed(call: Callable[[], Any], repeats: int) -> tuple[Timing, Any]:
+    """``repeats`` calls of ``call`` timed, and what the last one returned."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = call()
+        times.append((time.perf_counter() - started) * 1000)
+    return Timing(statistics.median(times), min(times), max(times), repeats), result
+
+
+def progress_bar(console: Console) -> Progress:
+    """A bar of counted steps with its description and the time elapsed; gone when done."""
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    return Progress(*columns, console=console, transient=True)
+
+
+def counts(text: str) -> int:
+    """A positive whole number (the options' type)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def files_folder(keep: Path | None, names: Sequence[str]) -> tuple[Path, tempfile.TemporaryDirectory | None]:
+    """Where the databases go: ``keep`` (made if missing), refused when it holds one of ``names``
+    already (its rows would be mixed with the new ones), else a temporary folder."""
+    if keep is None:
+        temporary = tempfile.TemporaryDirectory(prefix="quasar-bench-")
+        return Path(temporary.name), temporary
+    for name in names:
+        for suffix in ("", "-wal", "-shm"):
+            if (keep / f"{name}{suffix}").exists():
+                raise SystemExit(
+                    f"{keep / name}{suffix} is there from an earlier run: remove it or --keep another folder"
+                )
+    keep.mkdir(parents=True, exist_ok=True)
+    return keep, None
