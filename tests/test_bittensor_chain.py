@@ -105,6 +105,7 @@ class FakeChain:
             "immunity_period": 5000,
             "kappa": 32767,
             "activity_cutoff": 5000,
+            "activity_cutoff_factor": 13_889,
         }
         self.identity: dict | None = None
         self.owner_coldkey = ""

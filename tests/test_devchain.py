@@ -158,8 +158,10 @@ def test_a_new_file_has_finneys_hyperparameters(chain):
         "serving_rate_limit": 50,
         "max_allowed_uids": 256,
         "immunity_period": 5000,
+        "activity_cutoff_factor": 13_889,
     }
     assert chain.hyperparameters() == FINNEY
+    assert FINNEY.activity_cutoff == 5000  # 13,889 thousandths of a tempo of 360 blocks
     changed = chain.set_hyperparameters(tempo=10, commit_reveal_enabled=False)
     assert (changed.tempo, changed.commit_reveal_enabled, changed.weights_rate_limit) == (10, False, 100)
     assert DevChain(chain.path).hyperparameters() == changed  # stored in the file
@@ -169,10 +171,14 @@ def test_a_new_file_has_finneys_hyperparameters(chain):
         ({"weights_rate_limit": -1}, "non-negative integer"),
         ({"nope": 1}, "unknown"),
         ({"commit_reveal_enabled": 1}, "true or false"),
+        ({"activity_cutoff_factor": 999}, "ActivityCutoffFactorMilliOutOfBounds"),
+        ({"activity_cutoff_factor": 50_001}, "1000..50000 thousandths of a tempo"),
     ):
         with pytest.raises(ChainError, match=message):
             chain.set_hyperparameters(**bad)
     assert chain.hyperparameters() == changed
+    # The owner's lowest: one tempo (subtensor's get_activity_cutoff_blocks, 10 blocks here).
+    assert chain.set_hyperparameters(activity_cutoff_factor=1000).activity_cutoff == 10
 
 
 # --- weights, set directly (commit-reveal off) ---
@@ -459,6 +465,8 @@ def test_committed_weights_are_invisible_until_the_next_epoch_reveals_them(subne
     subnet.advance(1)
     assert subnet.weights() == {1: {2: 0.75, 3: 0.25}}
     assert subnet.commits()[0].outcome == "revealed"
+    # The reveal leaves LastUpdate at the commit (internal_set_weights sets it only without commit-reveal).
+    assert subnet.last_update(hotkey(wallets["validator"])) == 1000
 
 
 def test_a_commit_that_breaks_a_rule_at_its_reveal_is_dropped_silently(subnet, wallets):

@@ -954,3 +954,79 @@ def test_each_epochs_weights_log_stays_as_long_as_miners_leave_the_subnet(tmp_pa
             named = {hotkey for hotkey in gone if hotkey in left_out[0]}
             assert len(named) == MAX_NAMED_LEFT_OUT and named <= set(gone[-25:]), left_out  # of the day's
     assert longest[-1] <= longest[0] + 5, longest  # the count's digits alone
+
+
+@pytest.mark.parametrize(
+    ("epoch_blocks", "factor", "epochs"),
+    [
+        (360, 1000, 10),  # the owner's lowest activity cutoff, one tempo: 360 blocks
+        (7200, FINNEY.activity_cutoff_factor, 25),  # an operator's weights once a day, the default cutoff
+    ],
+)
+@pytest.mark.parametrize("commit_reveal", [True, False])
+def test_the_validator_stays_active_in_every_epoch_whatever_the_cutoff_and_epoch_blocks(
+    tmp_path, caplog, epoch_blocks, factor, epochs, commit_reveal
+):
+    """The chain's epoch counts a validator only while its LastUpdate (its last weights, or commit:
+    never the reveal) is at most activity_cutoff blocks old (run_epoch's inactive mask); the owner
+    may lower the cutoff to one tempo. A validator checking every EPOCH_BLOCKS from its last
+    setting, its steps 7 blocks apart (a step that reports for a minute), set weights every 364
+    blocks against a cutoff of 360 and was left out of an epoch whenever one fell in the 3 blocks
+    between (at 720, first set at 357); one that set EPOCH_BLOCKS 7200 was left out of 6 or 7 of
+    the 20 epochs of each day. It sets weights often enough to stay counted."""
+    chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=1e6)
+    chain.set_hyperparameters(commit_reveal_enabled=commit_reveal)
+    validator, miner = make_wallet(tmp_path, "validator"), make_wallet(tmp_path, "miner")
+    chain.register_wallet(validator, stake=1e4, validator_permit=True)
+    chain.register_wallet(miner)
+    chain.advance(357)  # past the weights rate limit counted from the registration
+    rules = chain.set_hyperparameters(activity_cutoff_factor=factor)
+    settings = resolve(
+        {"network": "local", "netuid": "24", "device": "cpu", "epoch_blocks": str(epoch_blocks), "eval_seq_lens": ""},
+        environ={},
+        dotenv_path=None,
+    )
+    caplog.set_level("INFO", logger="quasar.validator.weight_setting")
+    results = [scoring.Result(miner.hotkey.ss58_address, 0, 0.0, 4096, 1000.0, 1000.0, correct=True, logits_ok=True)]
+    hotkey = validator.hotkey.ss58_address
+    updates = [chain.last_update(hotkey)]
+    with ValidatorState.open(tmp_path / "state.sqlite3") as state:
+        setter = WeightSetter(settings, chain, validator, state)
+        block = chain.current_block()
+        while block < epochs * rules.tempo:
+            if setter.due(block):
+                setter.set_weights(block, results)
+                if chain.last_update(hotkey) != updates[-1]:
+                    updates.append(chain.last_update(hotkey))
+            block = chain.advance(7)
+    # An epoch at block e meets the LastUpdate set before e (its block's extrinsics come after it).
+    left_out = [
+        (e, last)
+        for e in range(rules.tempo, block, rules.tempo)
+        if (last := max(u for u in updates if u < e)) + rules.activity_cutoff < e
+    ]
+    print(f"activity_cutoff {rules.activity_cutoff}; LastUpdate changed at blocks {updates}")
+    print("epochs leaving the validator out (epoch block, LastUpdate):", left_out)
+    assert left_out == []
+    if epoch_blocks > rules.activity_cutoff:
+        assert "the subnet's activity_cutoff is" in caplog.text
+
+
+def test_a_chain_that_cannot_say_its_activity_cutoff_leaves_the_interval_as_it_was(tmp_path, caplog):
+    chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=1e6)
+    validator = make_wallet(tmp_path, "validator")
+    chain.register_wallet(validator, stake=1e4, validator_permit=True)
+    settings = resolve(
+        {"network": "local", "netuid": "24", "device": "cpu", "epoch_blocks": "360", "eval_seq_lens": ""},
+        environ={},
+        dotenv_path=None,
+    )
+    with ValidatorState.open(tmp_path / "state.sqlite3") as state:
+        setter = WeightSetter(settings, chain, validator, state)
+        chain.set_hyperparameters(activity_cutoff_factor=1000)
+        assert setter.due(chain.current_block()) and setter.interval == 324  # nine tenths of 360
+        block = chain.advance(10)
+        with sqlite3.connect(chain.path) as connection:
+            connection.execute("DELETE FROM meta WHERE key = 'hyperparameters'")
+        assert setter.due(block) and setter.interval == 324
+    assert "activity cutoff at block 10: the dev chain file holds no hyperparameters" in caplog.text

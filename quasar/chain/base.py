@@ -126,11 +126,20 @@ class SubnetHyperparameters:
     serving_rate_limit: int  # blocks between two endpoint publications of a hotkey [ServingRateLimit]
     max_allowed_uids: int  # neurons the subnet holds before a registration replaces one [MaxAllowedUids]
     immunity_period: int  # blocks a new registration cannot be replaced [ImmunityPeriod]
+    # The activity cutoff in thousandths of a tempo; a file made before the field has the chain's
+    # default, INITIAL_ACTIVITY_CUTOFF_FACTOR_MILLI (5000 blocks at tempo 360) [ActivityCutoffFactorMilli]
+    activity_cutoff_factor: int = 13_889
 
     @property
     def max_weight_share(self) -> float:
         """The largest share of the total one uid may receive (max_weight_limit / 65535)."""
         return self.max_weight_limit / U16_MAX
+
+    @property
+    def activity_cutoff(self) -> int:
+        """Blocks after a uid's last weights (or commit) at which the chain's epoch stops counting
+        them and its stake as a validator's: subtensor's get_activity_cutoff_blocks, at least 1."""
+        return max(1, self.activity_cutoff_factor * self.tempo // 1000)
 
 
 @dataclass(frozen=True)

@@ -89,6 +89,7 @@ HYPERPARAMETER_SOURCES = {
     "serving_rate_limit": "serving_rate_limit",
     "max_allowed_uids": "max_allowed_uids",
     "immunity_period": "immunity_period",
+    "activity_cutoff_factor": "activity_cutoff_factor",
 }
 # Seconds one attempt (a read, or a write up to its finalization, about three blocks on finney)
 # may take before it is abandoned and tried again on a fresh connection.

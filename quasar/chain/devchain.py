@@ -571,6 +571,15 @@ class DevChain(Chain):
             )
             return self._file.block_at(connection)
 
+    def last_update(self, hotkey: str) -> int:
+        """``hotkey``'s LastUpdate: the block of its last weights, or commit on a commit-reveal subnet
+        (never its reveal), else of its registration; the chain's epoch leaves out a validator whose
+        LastUpdate is more than the subnet's ``activity_cutoff`` blocks old."""
+        rows = self._file.read("SELECT last_update FROM neurons WHERE hotkey = ?", (hotkey,))
+        if not rows:
+            raise ChainError(f"hotkey {hotkey} is not registered on subnet {self.netuid}")
+        return int(rows[0][0])
+
     def weights(self) -> dict[int, dict[int, float]]:
         """The weights on chain: setter uid -> {target uid: weight} (each setter's sum is 1, less the
         weight on uids that changed hands since). Commits are here once revealed."""

@@ -20,7 +20,8 @@ from quasar.chain.base import U16_MAX, ChainError, RateLimited, Refused, SubnetH
 # A new subnet on finney: tempo INITIAL_SUBNET_TEMPO (360), DefaultWeightsSetRateLimit (100),
 # init_new_network's min_allowed_weights (1), max_allowed_uids (256) and immunity_period (5000),
 # DefaultMaxWeightsLimit (u16::MAX), DefaultCommitRevealWeightsEnabled (true),
-# DefaultRevealPeriodEpochs (1), InitialServingRateLimit (50), InitialWeightsVersionKey (0).
+# DefaultRevealPeriodEpochs (1), InitialServingRateLimit (50), InitialWeightsVersionKey (0),
+# INITIAL_ACTIVITY_CUTOFF_FACTOR_MILLI (13,889: an activity cutoff of 5000 blocks at tempo 360).
 FINNEY = SubnetHyperparameters(
     tempo=360,
     weights_version_key=0,
@@ -32,7 +33,10 @@ FINNEY = SubnetHyperparameters(
     serving_rate_limit=50,
     max_allowed_uids=256,
     immunity_period=5000,
+    activity_cutoff_factor=13_889,
 )
+# The owner's bounds on the activity cutoff factor (set_activity_cutoff_factor): one to fifty tempos.
+MIN_ACTIVITY_CUTOFF_FACTOR, MAX_ACTIVITY_CUTOFF_FACTOR = 1_000, 50_000
 # DefaultMinNonImmuneUids: a full subnet replaces a neuron past its immunity period only while more
 # than this many such neurons (the owner's apart) remain; else an immune one.
 MIN_NON_IMMUNE_UIDS = 10
@@ -277,7 +281,7 @@ def hyperparameters_refusal(values: Mapping[str, object]) -> str | None:
     """Why ``values`` (some of :class:`SubnetHyperparameters`'s fields) cannot be the subnet's
     hyperparameters, or None: the names must be known, ``commit_reveal_enabled`` a bool, the rest
     non-negative integers, ``max_weight_limit`` a u16, ``tempo`` and ``reveal_period_epochs`` at
-    least 1."""
+    least 1, ``activity_cutoff_factor`` within subtensor's bounds (ActivityCutoffFactorMilliOutOfBounds)."""
     unknown = sorted(set(values) - set(HYPERPARAMETER_NAMES))
     if unknown:
         return f"unknown hyperparameters {unknown}; known: {', '.join(HYPERPARAMETER_NAMES)}"
@@ -294,4 +298,10 @@ def hyperparameters_refusal(values: Mapping[str, object]) -> str | None:
         return f"max_weight_limit is a u16: at most {U16_MAX}"
     if integers.get("tempo", 1) < 1 or integers.get("reveal_period_epochs", 1) < 1:
         return "tempo and reveal_period_epochs must be at least 1"
+    factor = integers.get("activity_cutoff_factor", MIN_ACTIVITY_CUTOFF_FACTOR)
+    if not MIN_ACTIVITY_CUTOFF_FACTOR <= factor <= MAX_ACTIVITY_CUTOFF_FACTOR:
+        return (
+            f"activity_cutoff_factor {factor} is out of bounds (ActivityCutoffFactorMilliOutOfBounds): "
+            f"{MIN_ACTIVITY_CUTOFF_FACTOR}..{MAX_ACTIVITY_CUTOFF_FACTOR} thousandths of a tempo"
+        )
     return None

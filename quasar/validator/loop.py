@@ -272,7 +272,7 @@ class Validator:
         weights are next due (the heartbeat :meth:`run_forever` logs every ``heartbeat_s``)."""
         block = self.metagraph.block if self.metagraph is not None else None
         stored = self.state.get_meta(LAST_WEIGHTS_BLOCK)
-        due = "at the next step" if stored is None else f"after block {int(stored) + self.settings.epoch_blocks}"
+        due = "at the next step" if stored is None else f"after block {int(stored) + self.weights.interval}"
         return (
             f"at block {block if block is not None else '?'}: {len(self.running)} evaluation(s) running, "
             f"{self.state.open_submissions()} submission(s) open; weights due {due}"

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import quasar
 from quasar import scoring
@@ -33,11 +34,24 @@ PLAN_ATTEMPTS = 2
 # Hotkeys named in an epoch's line about the measured hotkeys no longer registered (those gone since
 # the last weights; the rest counted): naming every one made the line longer by each that ever left.
 MAX_NAMED_LEFT_OUT = 10
+# The chain's epoch leaves out a validator whose last weights (or commit) are more than the subnet's
+# activity_cutoff blocks old; the owner may lower it to one tempo at any block. Of the cutoff, this
+# share is kept for what delays a setting past its due block (a long step, the extrinsic's
+# inclusion, a retry WEIGHTS_RETRY_BLOCKS later), and the subnet's rules are read again this often.
+ACTIVITY_MARGIN = 0.1
+RULES_READ_BLOCKS = WEIGHTS_RETRY_BLOCKS
+
+
+def weights_interval(epoch_blocks: int, activity_cutoff: int) -> int:
+    """Blocks between two weight settings: EPOCH_BLOCKS, or less where the subnet's activity
+    cutoff, less its margin (ACTIVITY_MARGIN), is shorter; at least 1."""
+    return max(1, min(epoch_blocks, activity_cutoff - math.ceil(activity_cutoff * ACTIVITY_MARGIN)))
 
 
 class WeightSetter:
-    """Sets the weights of ``wallet``'s hotkey on ``chain``, at most once an epoch (EPOCH_BLOCKS),
-    remembering the block of the last setting in ``state``."""
+    """Sets the weights of ``wallet``'s hotkey on ``chain`` once an epoch (:attr:`interval` blocks:
+    EPOCH_BLOCKS, shorter where the subnet's activity cutoff needs it), remembering the block of the
+    last setting in ``state``."""
 
     def __init__(self, settings: Settings, chain: Chain, wallet, state: ValidatorState):
         self.settings = settings
@@ -47,15 +61,47 @@ class WeightSetter:
         self.state = state
         self.retry_at: int | None = None
         self._left_out: frozenset[str] = frozenset()  # the hotkeys left out at the last weights
+        self.interval = settings.epoch_blocks
+        self._rules_read_at: int | None = None
 
     def due(self, block: int) -> bool:
-        """Whether weights are to be set at ``block``: an epoch after the last setting, and not
-        before a retry or a skipped epoch says to look again."""
+        """Whether weights are to be set at ``block``: :attr:`interval` blocks after the last setting,
+        and not before a retry or a skipped epoch says to look again."""
+        self._follow_activity_cutoff(block)
         stored = self.state.get_meta(LAST_WEIGHTS_BLOCK)
         last = int(stored) if stored is not None else None
-        if last is not None and last <= block < last + self.settings.epoch_blocks:
+        if last is not None and last <= block < last + self.interval:
             return False
         return self.retry_at is None or block >= self.retry_at
+
+    def _follow_activity_cutoff(self, block: int) -> None:
+        """Every RULES_READ_BLOCKS, read the subnet's activity cutoff and set :attr:`interval` by it
+        (:func:`weights_interval`), saying so when it changes; an unreadable chain keeps the last."""
+        if self._rules_read_at is not None and self._rules_read_at <= block < self._rules_read_at + RULES_READ_BLOCKS:
+            return
+        self._rules_read_at = block
+        try:
+            cutoff = self.chain.hyperparameters().activity_cutoff
+        except ChainError as error:
+            logger.warning("cannot read the subnet's activity cutoff at block %d: %s", block, error)
+            return
+        interval = weights_interval(self.settings.epoch_blocks, cutoff)
+        if interval == self.interval:
+            return
+        self.interval = interval
+        if interval < self.settings.epoch_blocks:
+            logger.info(
+                "weights every %d blocks, not EPOCH_BLOCKS %d: the subnet's activity_cutoff is %d blocks, and the "
+                "chain's epoch leaves out a validator whose last weights are older (%d blocks kept for delays)",
+                interval,
+                self.settings.epoch_blocks,
+                cutoff,
+                cutoff - interval,
+            )
+        else:
+            logger.info(
+                "weights every EPOCH_BLOCKS %d again: the subnet's activity_cutoff is %d blocks", interval, cutoff
+            )
 
     def set_weights(self, block: int, results: list[scoring.Result]) -> bool:
         """Set weights from ``results`` as the chain will take them; True when they went out.
@@ -114,7 +160,7 @@ class WeightSetter:
         log_table(
             logger,
             f"weights {what} at block {submission.block} ({submission.detail}; next after block "
-            f"{submission.block + self.settings.epoch_blocks}):",
+            f"{submission.block + self.interval}):",
             weights_table(plan),
         )
         return True
@@ -183,7 +229,7 @@ class WeightSetter:
 
     def _skip_epoch(self, block: int, why: str, level: int = logging.WARNING) -> None:
         """No weights this epoch: say why once, and look again next epoch."""
-        self.retry_at = block + self.settings.epoch_blocks
+        self.retry_at = block + self.interval
         logger.log(level, "%s (next look at block %d)", why, self.retry_at)
 
     def _retry(self, block: int, blocks: int, why: str) -> None:
