@@ -416,6 +416,19 @@ def test_hyperparameters_and_the_block_time_come_from_the_chain(chain, subnet):
         to_hyperparameters(partial)
 
 
+@pytest.mark.parametrize(("blocks", "tempo"), [(5000, 360), (360, 360), (1000, 99), (7, 3600)])
+def test_a_runtime_without_the_cutoff_factor_gives_its_cutoff_in_blocks(subnet, blocks, tempo):
+    """A node older than subtensor's dynamic tempo answers activity_cutoff in blocks and no factor:
+    the hyperparameters are still read (a missing field refused them all), with a cutoff of at most
+    those blocks, so a validator's weights stay within it, and short of them by a thousandth of a
+    tempo and a block at most (the factor is in thousandths of a tempo)."""
+    older = {**subnet.hyperparameters, "tempo": tempo, "activity_cutoff": blocks, "weights_rate_limit": 100}
+    older["commit_reveal_weights_enabled"] = True
+    del older["activity_cutoff_factor"]
+    cutoff = to_hyperparameters(older).activity_cutoff
+    assert blocks - tempo / 1000 - 1 <= cutoff <= blocks, cutoff
+
+
 def test_endpoint_overrides_the_network_name(fake):
     chain = BittensorChain("finney", NETUID, "ws://127.0.0.1:9944", client_factory=fake.factory)
     assert chain.target == "ws://127.0.0.1:9944" and fake.clients[-1].target == "ws://127.0.0.1:9944"

@@ -91,6 +91,8 @@ HYPERPARAMETER_SOURCES = {
     "immunity_period": "immunity_period",
     "activity_cutoff_factor": "activity_cutoff_factor",
 }
+# A runtime older than subtensor's dynamic tempo answers the cutoff in blocks alone, without its factor.
+ACTIVITY_CUTOFF_BLOCKS = "activity_cutoff"
 # Seconds one attempt (a read, or a write up to its finalization, about three blocks on finney)
 # may take before it is abandoned and tried again on a fresh connection.
 ATTEMPT_TIMEOUT_S = 120.0
@@ -142,7 +144,12 @@ def endpoint_from_axon(axon: str | None) -> Endpoint | None:
 
 
 def to_hyperparameters(raw: Mapping[str, Any]) -> SubnetHyperparameters:
-    """Our :class:`SubnetHyperparameters` from the SDK's flat ``subnet_hyperparameters`` mapping."""
+    """Our :class:`SubnetHyperparameters` from the SDK's flat ``subnet_hyperparameters`` mapping.
+    Without ``activity_cutoff_factor`` (a runtime before dynamic tempo) the factor is the largest
+    whose cutoff does not exceed the blocks ``activity_cutoff`` gives, so weights stay within it."""
+    factor = HYPERPARAMETER_SOURCES["activity_cutoff_factor"]
+    if factor not in raw and ACTIVITY_CUTOFF_BLOCKS in raw and int(raw.get("tempo") or 0) > 0:
+        raw = {**raw, factor: int(raw[ACTIVITY_CUTOFF_BLOCKS]) * 1000 // int(raw["tempo"])}
     missing = sorted(name for name in HYPERPARAMETER_SOURCES.values() if name not in raw)
     if missing:
         raise ChainError(f"the chain's subnet hyperparameters lack {', '.join(missing)}")
