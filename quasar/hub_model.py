@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import socket
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -93,16 +94,24 @@ def hub_proxy(endpoint: str) -> str | None:
     return proxy if "://" in proxy else f"http://{proxy}"
 
 
+def shown_url(url: str) -> str:
+    """``url`` as a message names it: its scheme, host and port only. A proxy's or a mirror's URL
+    may carry a user and password; everything before the last '@' goes, so that one whose '/' or
+    '#' was left unescaped (which ends the URL's host part early) is not shown either."""
+    scheme, separator, rest = url.partition("://")
+    host = re.split("[/?#]", (rest if separator else url).rpartition("@")[2], maxsplit=1)[0]
+    return f"{scheme}://{host}" if separator else host
+
+
 def hub_reachable(timeout: float = HUB_PROBE_SECONDS) -> tuple[bool, str]:
     """Whether a TCP connection to what a download connects to opens within ``timeout`` seconds: the
     proxy of :func:`hub_proxy`, else the hub (``HF_ENDPOINT``, default huggingface.co); and that,
-    said for a message. Without one, a download would retry for half a minute."""
+    said for a message (:func:`shown_url`). Without one, a download would retry for half a minute."""
     endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
     proxy = hub_proxy(endpoint)
     parts = urlsplit(proxy or endpoint)
-    # A proxy URL may carry a password: the message names its scheme, host and port only.
-    shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
-    target = endpoint if proxy is None else f"the proxy {shown} for {endpoint}"
+    hub = shown_url(endpoint)
+    target = hub if proxy is None else f"the proxy {shown_url(proxy)} for {hub}"
     try:
         port = parts.port or _DEFAULT_PORTS.get(parts.scheme, 80)
         socket.create_connection((parts.hostname or "", port), timeout=timeout).close()
@@ -153,7 +162,7 @@ def _why(error: BaseException) -> str:
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
 
     chain = _chain(error)
-    hub = constants.ENDPOINT
+    hub = shown_url(constants.ENDPOINT)
     for cause in chain:
         if isinstance(cause, GatedRepoError):
             return (

@@ -21,7 +21,7 @@ import pytest
 
 from forward_proxy import ForwardProxy
 from hub_standin import HubStandIn
-from quasar.hub_model import hub_proxy
+from quasar.hub_model import hub_proxy, hub_reachable
 from small_disk import SmallDisk, unavailable
 from tiny_qwen import TINY_VOCAB, make_tiny_qwen2
 
@@ -205,6 +205,32 @@ def test_a_proxy_that_is_down_is_refused_at_once_naming_it(hub, tmp_path):
     assert time.monotonic() - started < 20  # the loader's imports, and no half minute of retries
     assert f"the proxy http://127.0.0.1:{port} for {endpoint} cannot be reached" in message
     assert "secret" not in message and hub.requests == []
+
+
+@pytest.mark.parametrize(
+    "variables",
+    [
+        {"HTTPS_PROXY": "http://alice:s3cr/t@127.0.0.1:{port}"},  # a password's '/' or '#' left unescaped
+        {"HTTPS_PROXY": "http://alice:s3cr#t@127.0.0.1:{port}"},
+        {"HF_ENDPOINT": "http://alice:s3cret@127.0.0.1:{port}"},  # a mirror's password in its URL
+    ],
+)
+def test_the_probe_names_the_proxy_or_hub_without_its_credentials(monkeypatch, variables):
+    for name in [name for name in os.environ if is_hub_or_proxy_variable(name)]:
+        monkeypatch.delenv(name)
+    port = closed_port()
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value.format(port=port))
+    reachable, target = hub_reachable(timeout=2)
+    assert not reachable and f"127.0.0.1:{port}" in target
+    assert "alice" not in target and "s3cr" not in target
+
+
+def test_a_refusal_names_the_hub_without_the_credentials_of_its_url(hub, tmp_path):
+    hub.answer(403)
+    endpoint = hub.endpoint.replace("://", "://alice:s3cret@")
+    message = refused(load(hub, tmp_path / "hf", HF_ENDPOINT=endpoint))
+    assert f"{hub.endpoint} refused the request (HTTP 403)" in message and "s3cret" not in message
 
 
 def test_a_hub_no_proxy_lists_is_probed_and_downloaded_from_directly(hub, tmp_path):
