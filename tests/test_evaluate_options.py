@@ -13,6 +13,7 @@ from quasar import config
 from quasar.config.values import MAX_SEQ_LEN
 from quasar.evaluate.cli import add_evaluation_arguments, options_from, parse_seq_lens
 from quasar.evaluate.cli import main as evaluate_main
+from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import (
     CPU_MAX_SEQ_LEN,
     EvaluationInputError,
@@ -21,6 +22,7 @@ from quasar.evaluate.options import (
     output_area_warning,
 )
 from quasar.evaluate.report import EvaluationReport, ImportCheck, LengthResult, Timings
+from quasar.tools.install_kernel import main as step1_main
 
 
 def test_lengths_are_checked():
@@ -68,6 +70,22 @@ def test_command_line_refuses_bad_arguments(tmp_path, capsys):
             evaluate_main([str(tmp_path), "--target", "512", "--device", "cuda"])
         assert exit_info.value.code == 2
         assert "CUDA is not available here" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["cuda:x", "cuda:", "cudax", "cuda:-1", "cuda:1:2"])
+def test_a_device_that_is_not_cpu_cuda_or_cuda_n_is_refused_by_name(tmp_path, capsys, device):
+    """--device (quasar evaluate, step1) and an evaluation's options are checked as DEVICE is (cpu, cuda
+    or cuda:N), before torch or the GPU count reads them: 'cuda:x' escaped as a ValueError's
+    traceback from the check of the GPU it names, 'cuda:-1' as an IndexError's."""
+    for main, arguments in [(evaluate_main, [str(tmp_path), "--target", "512"]), (step1_main, ["--repo-path", "."])]:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*arguments, "--device", device])
+        assert exit_info.value.code == 2
+        said = " ".join(capsys.readouterr().err.split())  # argparse wraps its line at the terminal's width
+        assert f"argument --device: expected cpu, cuda or cuda:N, got {device!r}" in said
+    for unchecked in (device, f" {device.partition(':')[0]}"):  # an evaluation's options, as given
+        with pytest.raises(EvaluationInputError, match=f"device must be cpu, cuda or cuda:N, got {unchecked!r}"):
+            evaluate(str(tmp_path), 512, None, EvaluationOptions(seq_lens=(512,), device=unchecked))
 
 
 def test_report_round_trips_through_json_and_drops_non_finite_numbers():

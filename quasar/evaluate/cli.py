@@ -42,6 +42,14 @@ def positive_float(text: str) -> float:
     return value
 
 
+def device_name(text: str) -> str:
+    """``--device``, checked as DEVICE is: cpu, cuda or cuda:N."""
+    try:
+        return values.parse_device(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 # What an evaluation does where neither a flag nor a setting says otherwise (the flags' help names it).
 _DEFAULTS = EvaluationOptions()
 
@@ -55,6 +63,7 @@ def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--claimed", type=positive_float, metavar="TPS", help="claimed tokens/sec at the target")
     parser.add_argument(
         "--device",
+        type=device_name,
         help="cuda, cuda:N or cpu (cpu: tests and small lengths only; default: the DEVICE setting, "
         f"{_setting('device')})",
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from quasar.config.values import parse_device
 from quasar.evaluate import pinning
 from quasar.evaluate.environment import evaluation_environment
 from quasar.evaluate.gpus import missing_gpu
@@ -348,7 +349,11 @@ def _evaluate(
         math.isfinite(claimed_tokens_per_sec) and claimed_tokens_per_sec > 0
     ):
         raise EvaluationInputError(f"claimed tokens/sec must be a positive number, got {claimed_tokens_per_sec!r}")
-    if options.device != "cpu" and not options.device.startswith("cuda"):
+    try:  # as DEVICE is checked, spaces included: the GPU check below and torch read only these
+        exact = parse_device(options.device) == options.device
+    except ValueError:
+        exact = False
+    if not exact:
         raise EvaluationInputError(f"device must be cpu, cuda or cuda:N, got {options.device!r}")
     no_gpu = missing_gpu(options.device, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     if no_gpu is not None:
