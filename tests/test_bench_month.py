@@ -113,3 +113,22 @@ def test_a_folder_holding_an_earlier_runs_file_is_refused_and_the_file_kept(tmp_
         with pytest.raises(SystemExit) as exited:
             main(["bench", *argv])
         assert exited.value.code == 2 and "each must be larger than the one before" in capsys.readouterr().err
+
+
+def test_a_json_file_or_keep_folder_that_cannot_be_written_is_refused_before_the_measuring(tmp_path, capsys):
+    """--json was written only after the measuring (minutes at a month's size) and --keep made when it
+    began: a folder missing or a file in the way ended the run in a traceback, the figures lost."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("in the way")
+    cases = [
+        (["--json", str(tmp_path / "missing" / "figures.json")], "--json", "no folder"),
+        (["--json", str(tmp_path)], "--json", "is a folder"),
+        (["--keep", str(blocker / "keep")], "--keep", "cannot make"),
+    ]
+    sizes = {"api-month": ["--days", "1", "--miners", "1"], "validator-month": ["--evaluations", "10"]}
+    for command, sized in sizes.items():
+        for argv, flag, why in cases:
+            with pytest.raises(SystemExit) as exited:
+                main(["bench", command, *sized, *argv])
+            said = " ".join(f"{exited.value.code} {capsys.readouterr().err}".split())
+            assert flag in said and why in said, said

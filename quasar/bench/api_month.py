@@ -43,7 +43,7 @@ from quasar.api.db import Database, Submission
 from quasar.api.judging import evaluated_submissions
 from quasar.api.service import ApiConfig, SubmissionService
 from quasar.api.status import HISTORY_ROUNDS, StatusReader
-from quasar.bench.month_timing import Timing, counts, files_folder, progress_bar, timed
+from quasar.bench.month_timing import Timing, counts, files_folder, json_file, progress_bar, timed
 from quasar.chain import Chain, Metagraph, NeuronInfo
 from quasar.log import setup_logging
 
@@ -324,7 +324,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-month"
         help=f"write the databases ({DATABASE_FILE}, {COMMITMENTS_FILE}) into DIR and keep them "
         "(default: a temporary folder, removed after)",
     )
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--json", type=json_file, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     if args.miners > SUBNET_MINERS:
         parser.error(f"--miners: a subnet holds {SUBNET_MINERS} miners beside its validators")

@@ -54,6 +54,17 @@ def counts(text: str) -> int:
     return value
 
 
+def json_file(text: str) -> Path:
+    """``--json``: a file in a folder that is there, checked before the measuring (minutes at a
+    month's size), whose figures a write refused after it would lose."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a folder, not a file to write")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"there is no folder {path.parent} to write {path.name} in")
+    return path
+
+
 def files_folder(keep: Path | None, names: Sequence[str]) -> tuple[Path, tempfile.TemporaryDirectory | None]:
     """Where the databases go: ``keep`` (made if missing), refused when it holds one of ``names``
     already (its rows would be mixed with the new ones), else a temporary folder."""
@@ -66,5 +77,8 @@ def files_folder(keep: Path | None, names: Sequence[str]) -> tuple[Path, tempfil
                 raise SystemExit(
                     f"{keep / name}{suffix} is there from an earlier run: remove it or --keep another folder"
                 )
-    keep.mkdir(parents=True, exist_ok=True)
+    try:
+        keep.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise SystemExit(f"--keep {keep}: cannot make that folder ({error.strerror})") from None
     return keep, None

@@ -26,7 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from quasar.bench.month_timing import Timing, counts, files_folder, progress_bar, timed
+from quasar.bench.month_timing import Timing, counts, files_folder, json_file, progress_bar, timed
 from quasar.log import setup_logging
 from quasar.validator.state import ValidatorState
 from quasar.validator.state_files import FINISHED, PASSED, REPORTED
@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench validator-
         metavar="DIR",
         help=f"write the state file ({STATE_FILE}) into DIR and keep it (default: a temporary folder, removed after)",
     )
-    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    parser.add_argument("--json", type=json_file, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     if args.evaluations != sorted(set(args.evaluations)):
         parser.error(f"--evaluations: each must be larger than the one before (rows are added): {args.evaluations}")
