@@ -150,8 +150,13 @@ def _chain(error: BaseException) -> list[BaseException]:
     return seen
 
 
+# A user and password in a URL an error's text quotes (huggingface_hub's errors name the request's URL,
+# HF_ENDPOINT's credentials included).
+_URL_CREDENTIALS = re.compile(r"(?<=://)[^\s/'\"@]+@")
+
+
 def _first_line(error: BaseException) -> str:
-    lines = [line for line in str(error).splitlines() if line.strip()]
+    lines = [line for line in _URL_CREDENTIALS.sub("", str(error)).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 

@@ -226,11 +226,18 @@ def test_the_probe_names_the_proxy_or_hub_without_its_credentials(monkeypatch, v
     assert "alice" not in target and "s3cr" not in target
 
 
-def test_a_refusal_names_the_hub_without_the_credentials_of_its_url(hub, tmp_path):
-    hub.answer(403)
+@pytest.mark.parametrize(
+    "status, expected",
+    [
+        (403, "{hub} refused the request (HTTP 403)"),
+        (418, "Client error '418 I'm a Teapot' for url 'http://127.0.0.1:"),  # one named by its own first line
+    ],
+)
+def test_a_refusal_names_the_hub_without_the_credentials_of_its_url(hub, tmp_path, status, expected):
+    hub.answer(status)
     endpoint = hub.endpoint.replace("://", "://alice:s3cret@")
     message = refused(load(hub, tmp_path / "hf", HF_ENDPOINT=endpoint))
-    assert f"{hub.endpoint} refused the request (HTTP 403)" in message and "s3cret" not in message
+    assert expected.format(hub=hub.endpoint) in message and "s3cret" not in message and "alice" not in message
 
 
 def test_a_hub_no_proxy_lists_is_probed_and_downloaded_from_directly(hub, tmp_path):
