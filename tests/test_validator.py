@@ -484,7 +484,7 @@ def test_a_validator_follows_the_api_where_the_subnet_owner_moves_it(world, tmp_
     try:
         with running_api(subnet, tmp_path) as server, ValidatorState.open(tmp_path / "state.sqlite3") as state:
             target = find_api(settings, subnet.chain)
-            with ApiClient(target.url, subnet.wallets["validator"], api_hotkey=target.hotkey, timeout=2) as api:
+            with ApiClient(target.url, subnet.wallets["validator"], api_hotkey=target.hotkey, timeout=10) as api:
                 follow = ApiFollower(settings, subnet.chain, api, target, every_s=0)
                 validator = cpu_validator(subnet, api, state, tmp_path, follow_api=follow)
                 assert "fetch" in validator.step().failed_phases
