@@ -180,6 +180,26 @@ def test_a_miners_history_reads_its_newest_rounds_only_however_many_it_played(st
     assert page.total == 10 and len(page.submissions) == 10
 
 
+class CountedService:
+    """The API's service on ``api``'s database (``config`` as api_config takes it), counting SQLite's
+    virtual machine instructions, in tens, while ``instructions`` is read: a cost of what it reads
+    that does not depend on the machine's load."""
+
+    def __init__(self, api, **config):
+        self.database = Database(api.server.database.url)
+        self.instructions = 0
+        event.listen(
+            self.database.engine, "connect", lambda connection, _record: connection.set_progress_handler(self._tick, 10)
+        )
+        self.service = SubmissionService(
+            api_config(api.wallets["api"].hotkey.ss58_address, **config), api.chain, self.database
+        )
+
+    def _tick(self) -> int:
+        self.instructions += 1
+        return 0
+
+
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_submissions_status_costs_the_same_however_many_ready_submissions_came_before(start_api):
     """A status read looks up the submissions sharing its kernel content by their ids; with none to
@@ -191,28 +211,20 @@ def test_a_submissions_status_costs_the_same_however_many_ready_submissions_came
     first = a.submit_kernel(Claim(FORK, commit_of(1), 1e4), 1024).submission_id
     v1.fetch_work()
     v1.report(first, "passed", True, True, 1e4, lengths=LENGTHS_OK, content_hash="ab" * 32)
-    config = api_config(api.wallets["api"].hotkey.ss58_address, round_blocks=1)
-    database = Database(api.server.database.url)
-    instructions = [0]
-
-    def count() -> int:
-        instructions[0] += 1
-        return 0
-
-    event.listen(database.engine, "connect", lambda connection, _record: connection.set_progress_handler(count, 10))
-    reader = StatusReader(SubmissionService(config, api.chain, database))
+    counted = CountedService(api, round_blocks=1)
+    reader = StatusReader(counted.service)
 
     def status_cost() -> int:
-        instructions[0] = 0
+        counted.instructions = 0
         assert reader.submission(first) is not None
-        return instructions[0]
+        return counted.instructions
 
     costs = [status_cost()]
     for n in range(150):  # ready submissions of later rounds: none is superseded
         api.chain.advance(3)
         b.submit_kernel(Claim("https://github.com/bob/fla", commit_of(1000 + n), 1e4), 1024)
     costs.append(status_cost())
-    database.dispose()
+    counted.database.dispose()
     assert costs[1] <= 1.2 * costs[0] + 10, costs
 
 
@@ -224,22 +236,13 @@ def test_a_validators_reports_are_read_at_one_cost_however_many_others_reported(
     SQLite's virtual machine instructions."""
     api = start_api(round_blocks=1)
     a, v1 = api.client("a"), api.client("v1")
-    config = api_config(api.wallets["api"].hotkey.ss58_address, round_blocks=1)
-    database = Database(api.server.database.url)
-    instructions = [0]
-
-    def count() -> int:
-        instructions[0] += 1
-        return 0
-
-    event.listen(database.engine, "connect", lambda connection, _record: connection.set_progress_handler(count, 10))
-    service = SubmissionService(config, api.chain, database)
+    counted = CountedService(api, round_blocks=1)
     quiet = api.wallets["v2"].hotkey.ss58_address  # a validator that never reports
 
     def reports_cost() -> int:
-        instructions[0] = 0
-        assert service.validator_reports(quiet, 0, 100).reports == []
-        return instructions[0]
+        counted.instructions = 0
+        assert counted.service.validator_reports(quiet, 0, 100).reports == []
+        return counted.instructions
 
     costs = []
     for n in range(120):
@@ -249,7 +252,7 @@ def test_a_validators_reports_are_read_at_one_cost_however_many_others_reported(
         v1.fetch_work()
         v1.report(accepted.submission_id, "passed", True, True, 1e4, lengths=LENGTHS_OK)
         api.chain.advance(3)
-    database.dispose()
+    counted.database.dispose()
     assert costs[1] <= 1.2 * costs[0] + 10, costs
 
 
@@ -261,32 +264,23 @@ def test_the_subnets_counts_are_read_once_a_block_however_many_ask(start_api):
     counts afresh. Cost counted in SQLite's virtual machine instructions."""
     api = start_api(round_blocks=1)
     a, b = api.client("a"), api.client("b")
-    config = api_config(api.wallets["api"].hotkey.ss58_address, round_blocks=1)
-    database = Database(api.server.database.url)
-    instructions = [0]
-
-    def count() -> int:
-        instructions[0] += 1
-        return 0
-
-    event.listen(database.engine, "connect", lambda connection, _record: connection.set_progress_handler(count, 10))
-    service = SubmissionService(config, api.chain, database)
+    counted = CountedService(api, round_blocks=1)
     a_hotkey, b_hotkey = api.wallets["a"].hotkey.ss58_address, api.wallets["b"].hotkey.ss58_address
 
     def second_request_cost(submitted: int) -> int:
         api.chain.advance(1)
-        assert service.stats(a_hotkey).submissions == submitted  # the block's first request counts
-        instructions[0] = 0
-        stats = service.stats(b_hotkey)
+        assert counted.service.stats(a_hotkey).submissions == submitted  # the block's first request counts
+        counted.instructions = 0
+        stats = counted.service.stats(b_hotkey)
         assert (stats.submissions, stats.hotkey_submissions) == (submitted, 0)
-        return instructions[0]
+        return counted.instructions
 
     costs = []
     for n in range(200):
         if n in (10, 199):
             costs.append(second_request_cost(n))
         a.submit_kernel(Claim(FORK, commit_of(n + 1), 1e4), 1024)
-    database.dispose()
+    counted.database.dispose()
     assert costs[1] <= 1.2 * costs[0] + 10, costs
     assert b.stats().submissions == 200  # the server's service had not counted at this block
 
@@ -313,21 +307,12 @@ def test_pending_reveals_cost_the_same_however_many_commitments_were_never_revea
     times an hour), 46 ms after 400,000. Cost counted in SQLite's virtual machine instructions."""
     api = start_api(blocks_until_reveal=1, reveal_window_blocks=1)
     a = api.client("a")
-    config = api_config(api.wallets["api"].hotkey.ss58_address, blocks_until_reveal=1, reveal_window_blocks=1)
-    database = Database(api.server.database.url)
-    instructions = [0]
-
-    def count() -> int:
-        instructions[0] += 1
-        return 0
-
-    event.listen(database.engine, "connect", lambda connection, _record: connection.set_progress_handler(count, 10))
-    service = SubmissionService(config, api.chain, database)
+    counted = CountedService(api, blocks_until_reveal=1, reveal_window_blocks=1)
 
     def pending_cost() -> int:
-        instructions[0] = 0
-        assert len(service.pending_reveals(None, 100).pending) == 1  # the newest one's window is open
-        return instructions[0]
+        counted.instructions = 0
+        assert len(counted.service.pending_reveals(None, 100).pending) == 1  # the newest one's window is open
+        return counted.instructions
 
     costs = []
     for n in range(150):
@@ -335,7 +320,7 @@ def test_pending_reveals_cost_the_same_however_many_commitments_were_never_revea
         if n in (10, 149):
             costs.append(pending_cost())
         api.chain.advance(5)  # its window closes unrevealed
-    database.dispose()
+    counted.database.dispose()
     assert costs[1] <= 1.2 * costs[0] + 10, costs
 
 
