@@ -248,6 +248,31 @@ def test_a_sandbox_whose_parent_was_killed_leaves_no_folder_or_cgroup_once_anoth
     assert sorted(path.name for path in tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="another user's file is made with chown, as root")
+def test_another_users_lock_file_in_the_temporary_folder_kills_nothing_at_a_sandbox_start(tmp_path, monkeypatch):
+    """The temporary folder (/tmp) is every user's: a lock file there named as a sandbox's claim,
+    written by another user, listed a folder whose ``cgroup.procs`` named any pid, and the sweep at
+    a root validator's next sandbox start SIGKILLed that process (here a stand-in for a miner's).
+    Only this user's claims are swept; the other user's stays for that user's own sandboxes."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        listed = tmp_path / "elsewhere" / f"{confinement.CGROUP_PREFIX}forged"
+        listed.mkdir(parents=True)
+        (listed / "cgroup.procs").write_text(f"{victim.pid}\n")
+        forged = tmp_path / "quasar-eval-0123456789abcdef.lock"
+        forged.write_text(f"{listed}\n")
+        os.chown(forged, 65534, 65534)
+        SandboxedChild(None, "cpu", SandboxPolicy(allow_unsandboxed=True)).start().close()
+        time.sleep(0.1)
+        assert victim.poll() is None, f"another user's lock file had process {victim.pid} killed"
+        assert forged.is_file()
+    finally:
+        victim.kill()
+        victim.wait()
+
+
 _HOLD_A_SANDBOX_UID = """
 import sys, time
 from quasar.evaluate import confinement

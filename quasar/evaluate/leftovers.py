@@ -10,7 +10,9 @@ So each sandbox's directory is *claimed*: a lock file beside it (``quasar-eval-T
 ``quasar-eval-TOKEN``), held with ``flock`` by the parent for the sandbox's life and listing the
 cgroups made for it. The lock is released by the kernel when its holder dies, however it dies;
 :func:`sweep`, run at every sandbox's start, removes the directory and cgroups of every claim no
-live process holds, and the sandbox uids' lock files no live sandbox holds
+live process holds and this process's user owns (another user's file could list any folder with a
+``cgroup.procs`` naming any process; that user's own next sandbox removes it), and the sandbox
+uids' lock files no live sandbox holds
 (confinement.remove_unheld_uid_locks). A ``quasar-eval-*`` directory with no lock file (left by an older version of
 this code) is removed once it is older than :data:`UNCLAIMED_AGE_S`, longer than any evaluation.
 """
@@ -96,6 +98,8 @@ def sweep(root: str | os.PathLike | None = None, now: float | None = None) -> li
         with unheld(lock_path) as fd:
             if fd is None:
                 continue  # its sandbox is alive, or its holder released it meanwhile
+            if os.fstat(fd).st_uid != os.geteuid():
+                continue  # another user's: its cgroup list could name any process to kill
             _remove_cgroups(os.pread(fd, 1 << 16, 0).decode(errors="replace"))
             workdir = lock_path.with_name(lock_path.name[: -len(LOCK_SUFFIX)])
             shutil.rmtree(workdir, ignore_errors=True)
