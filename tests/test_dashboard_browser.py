@@ -7,6 +7,7 @@ Skipped where /usr/bin/chromium is missing; ./scripts/test.sh installs it.
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -186,3 +187,74 @@ def test_dashboard_pages_in_headless_chromium(tmp_path, chain, wallets):
         "submission-failed-phone.png",
         "validators-phone.png",
     ]
+
+
+ROUNDS_PLAYED = 40  # two days of a full subnet's 72-minute rounds
+
+
+def played_rounds(database_url: str, miner: str, validators: list[str], rounds: int) -> None:
+    """``rounds`` rounds of one passed submission each from ``miner``, reported on by ``validators``,
+    written straight into the API's tables (as quasar bench api-month fills them)."""
+    connection = sqlite3.connect(database_url.removeprefix("sqlite:///"))
+    with connection:
+        for round_id in range(rounds):
+            block = round_id * 360 + 10
+            connection.execute(
+                "INSERT INTO submissions (id, hotkey, method, state, target_sequence_length, submitted_at, "
+                "submitted_block, ready_at, ready_block, round_id, fork_url, commit_hash, claimed_tokens_per_sec, "
+                "client_ip) VALUES (?,?,'direct','ready',1000000,?,?,?,?,?,?,?,?,'10.0.0.1')",
+                (round_id + 1, miner, block * 12.0, block, block * 12.0, block, round_id, FORK)
+                + (f"{round_id:040x}", 9e7),
+            )
+            for validator in validators:
+                connection.execute(
+                    "INSERT INTO evaluation_reports (submission_id, validator_hotkey, reported_at, verdict, correct, "
+                    "logits_ok, measured_tokens_per_sec, reasons, lengths, content_hash) "
+                    "VALUES (?,?,?,'passed',1,1,?,'[]','[]',?)",
+                    (round_id + 1, validator, block * 12.0 + 100, 5e7 + round_id * 1e6, f"{round_id:064x}"),
+                )
+    connection.close()
+
+
+def overlapping(boxes: list[dict]) -> list[tuple[dict, dict]]:
+    """The pairs of neighbouring text boxes (left to right) that run into each other."""
+    boxes = sorted(boxes, key=lambda box: box["x"])
+    return [(a, b) for a, b in zip(boxes, boxes[1:]) if a["x"] + a["width"] > b["x"]]
+
+
+def test_a_miners_chart_of_many_rounds_keeps_its_labels_apart(tmp_path, chain, wallets):
+    """After two days (40 rounds) a miner's history chart labels only as many rounds and figures as
+    fit side by side, the newest always; each point keeps its exact figure as a tooltip."""
+    from playwright.sync_api import sync_playwright
+
+    url = f"sqlite:///{tmp_path}/api.sqlite3"
+    miner = wallets["a"].hotkey.ss58_address
+    with ApiServer(api_config(wallets["api"].hotkey.ss58_address), chain, url, Clock()) as server:
+        played_rounds(url, miner, [wallets[v].hotkey.ss58_address for v in ("v1", "v2")], ROUNDS_PLAYED)
+        chain.advance(ROUNDS_PLAYED * 360 - chain.current_block() + 5)
+        with sync_playwright() as playwright:
+            context = playwright.chromium.launch_persistent_context(
+                str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+            )
+            try:
+                page = context.new_page()
+                for size_name, size in (("desktop", DESKTOP), ("phone", PHONE)):
+                    page.set_viewport_size(size)
+                    page.goto(f"{server.url}/dashboard/miners/{miner}")
+                    chart = page.locator("svg.chart:visible")
+                    assert chart.locator("circle").count() == ROUNDS_PLAYED
+                    shot = tmp_path / f"miner-{ROUNDS_PLAYED}-rounds-{size_name}.png"
+                    page.screenshot(path=str(shot), full_page=True)
+                    for kind in ("axis", "value"):
+                        texts = chart.locator(f"text.{kind}")
+                        boxes = [texts.nth(i).bounding_box() for i in range(texts.count())]
+                        row = max(box["y"] for box in boxes) if kind == "axis" else None
+                        boxes = [box for box in boxes if row is None or box["y"] == row]  # not the y axis
+                        assert overlapping(boxes) == [], (size_name, kind, len(boxes))
+                        edge = chart.bounding_box()
+                        cut = [box for box in boxes if box["x"] + box["width"] > edge["x"] + edge["width"]]
+                        assert cut == [], (size_name, kind, edge)  # the newest label is not cut off
+                    assert chart.locator("text.axis", has_text=f"round {ROUNDS_PLAYED - 1}").count() == 1
+                    assert chart.locator("circle title").last.text_content() == "round 39: 89,000,000 tokens/s"
+            finally:
+                context.close()

@@ -145,8 +145,9 @@ def line_chart(
     failed: Sequence[bool] = (),
     layout: Layout = WIDE,
 ) -> str:
-    """One line through ``values`` at ``labels`` (a miner's figure per round), points labelled;
-    ``failed`` points are drawn in the failure colour."""
+    """One line through ``values`` at ``labels`` (a miner's figure per round), points labelled as
+    many as fit side by side (every n-th, counted back from the newest; each point's exact figure is
+    its tooltip); ``failed`` points are drawn in the failure colour."""
     top = nice_ceiling(max(values, default=0.0))
     parts = _frame(title, top, unit, layout)
     step = layout.plot_width / max(1, len(values))
@@ -155,6 +156,11 @@ def line_chart(
         (layout.left + step * (index + 0.5), base - layout.plot_height * value / top)
         for index, value in enumerate(values)
     ]
+    # A label is given the width of its text, half again (the newest may be moved left by half its
+    # width to stay inside the chart) and a character's gap: past that many points (a long
+    # history) the labels would run into each other, so only every ``every``-th is written.
+    widest = max((len(text) for text in [*labels, *map(compact, values)]), default=0)
+    every = max(1, math.ceil(layout.char_width * (1.5 * widest + 1) / step))
     if len(points) > 1:
         path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
         parts.append(f'<polyline points="{path}" fill="none" stroke="{PALETTE[0]}" stroke-width="2.5"/>')
@@ -165,12 +171,21 @@ def line_chart(
             f'<circle cx="{x:.1f}" cy="{y:.1f}" r="5" fill="{colour}">'
             f"<title>{escape(f'{label}: {value:,.0f} {unit}')}</title></circle>"
         )
-        parts.append(f'<text x="{x:.1f}" y="{y - 9:.1f}" text-anchor="middle" class="value">{compact(value)}</text>')
-        parts.append(
-            f'<text x="{x:.1f}" y="{base + layout.font + 8}" text-anchor="middle" class="axis">{escape(label)}</text>'
-        )
+        if (len(points) - 1 - index) % every:
+            continue
+        parts.append(_inside(compact(value), x, y - 9, "value", layout))
+        parts.append(_inside(label, x, base + layout.font + 8, "axis", layout))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _inside(text: str, x: float, y: float, kind: str, layout: Layout) -> str:
+    """``text`` (escaped here) centred at ``x``, or ended at the chart's right edge where centred it
+    would reach past the plot's margin (the newest point of a long history sits close to that edge;
+    bold figures run wider than ``char_width``)."""
+    if x + layout.char_width * (len(text) + 1) / 2 <= layout.width - layout.right:
+        return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="middle" class="{kind}">{escape(text)}</text>'
+    return f'<text x="{layout.width - 2}" y="{y:.1f}" text-anchor="end" class="{kind}">{escape(text)}</text>'
 
 
 def _legend_rows(series: Sequence[Series], layout: Layout) -> list[list[tuple[int, float]]]:
