@@ -9,12 +9,14 @@ tests/test_bittensor_chain.py.
 import gzip
 import http.server
 import json
+import logging
 import os
 import re
 import socket
 import subprocess
 import threading
 import time
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -243,6 +245,7 @@ def test_health_is_open_and_model_info_is_signed(world):
             "status": "ok",
             "pending": 0,
             "capacity": 1 + InferenceLimits().queue_size,
+            "hotkey": world["wallets"]["miner"].hotkey.ss58_address,
         }
         assert requests.get(url + "/model_info", timeout=10).status_code == 401
         signed = auth.sign_request(
@@ -252,6 +255,29 @@ def test_health_is_open_and_model_info_is_signed(world):
     assert info.status_code == 200, info.text
     assert info.json()["vocab_size"] == TINY_VOCAB and info.json()["dtype"] == "float32"
     assert info.json()["model"] == str(world["honest_dir"])
+
+
+def test_a_miner_starting_beside_another_miners_inference_server_on_its_port_is_warned(world, caplog):
+    """Two miners of one checkout share the .env's MINER_INFERENCE_PORT: the second miner found the
+    first one's inference server answering there and said nothing, published that port, and every
+    validator's logit check of it was refused ('signed for a different receiving hotkey')."""
+    from quasar.miner import runner
+
+    class Api:
+        base_url = "http://127.0.0.1:9"
+
+        def health(self):
+            return types.SimpleNamespace(current_block=1)
+
+    with miner_server(world) as url:
+        settings = types.SimpleNamespace(miner_inference_port=int(url.rsplit(":", 1)[1]))
+        other = world["wallets"]["member"].hotkey.ss58_address
+        with caplog.at_level(logging.WARNING, logger="quasar.miner.runner"):
+            runner._check_services(settings, Api(), world["wallets"]["miner"].hotkey.ss58_address)
+            assert caplog.text == ""
+            runner._check_services(settings, Api(), other)
+    assert f"serves hotkey {world['wallets']['miner'].hotkey.ss58_address}, not this miner's {other}" in caplog.text
+    assert "its own MINER_INFERENCE_PORT" in caplog.text
 
 
 def test_one_request_at_a_time_with_a_bounded_queue(world):

@@ -422,7 +422,8 @@ def create_inference_app(
     @app.get("/health")
     async def health() -> dict:
         # No model name: it may be a folder of the miner's machine, and anyone may ask (model_info is signed).
-        return {"status": "ok", "pending": worker.pending, "capacity": worker.capacity}
+        # The hotkey is public (the chain lists it with this endpoint); the miner's start compares it with its own.
+        return {"status": "ok", "pending": worker.pending, "capacity": worker.capacity, "hotkey": self_hotkey}
 
     @app.get("/model_info")
     async def model_info(request: Request) -> Response:

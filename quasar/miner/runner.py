@@ -168,7 +168,9 @@ class EndpointKeeper:
         )
 
 
-def _check_services(settings: Settings, client) -> None:
+def _check_services(settings: Settings, client, hotkey: str) -> None:
+    """Warn when the submission API or this miner's own inference server does not answer: a server
+    of another hotkey on MINER_INFERENCE_PORT (a second miner of one .env) fails every logit check."""
     from quasar.api.client import ApiClientError
 
     try:
@@ -180,12 +182,24 @@ def _check_services(settings: Settings, client) -> None:
         )
     url = f"http://127.0.0.1:{settings.miner_inference_port}/health"
     try:
-        httpx.get(url, timeout=5).raise_for_status()
-    except httpx.HTTPError:
+        response = httpx.get(url, timeout=5)
+        response.raise_for_status()
+        served = response.json().get("hotkey")
+    except (httpx.HTTPError, ValueError, AttributeError):
         logger.warning(
             "no miner inference server answers on %s: start ./START_MINER_INFERENCE.sh, or validators "
             "will fail this miner's logit check",
             url,
+        )
+        return
+    if served is not None and served != hotkey:
+        logger.warning(
+            "the inference server on %s serves hotkey %s, not this miner's %s: validators will fail this "
+            "miner's logit check; give each miner on this host its own MINER_INFERENCE_PORT (its own .env, "
+            "QUASAR_DOTENV) and start its own ./START_MINER_INFERENCE.sh",
+            url,
+            served,
+            hotkey,
         )
 
 
@@ -294,7 +308,7 @@ def _run(settings: Settings) -> int:
         store.save(state)
 
         client = ApiClient(api.url, wallet, api_hotkey=api.hotkey)
-        _check_services(settings, client)
+        _check_services(settings, client, hotkey)
         follow_api = ApiFollower(settings, chain, client, api)
 
         def before_cycle() -> None:
