@@ -11,6 +11,7 @@ import bittensor as bt
 import httpx
 import pytest
 from alembic import command
+from bittensor.sp_core import Keypair
 from markupsafe import escape
 from sqlalchemy import event, insert
 
@@ -390,6 +391,40 @@ def test_dashboard_pages_show_the_round_and_escape_what_miners_wrote(start_api):
     earlier = httpx.get(api.url + "/", params={"round": 7})  # a past round now
     assert earlier.status_code == 200 and "Leaderboard · round 7" in earlier.text
     assert "No eligible submission in round 7" in earlier.text
+
+
+def test_the_leaderboards_card_counts_the_places_a_full_subnet_fills_not_every_ranked_miner(start_api):
+    api = start_api()
+    ranked = len(scoring.PLACE_SHARES) + 3
+    miners = [Keypair.create_from_seed(bytes([7, n]) * 16).ss58_address for n in range(ranked)]
+    at = api.clock()
+    with api.server.database.engine.begin() as connection:
+        for number, hotkey in enumerate(miners, start=1):
+            api.chain.register(hotkey, hotkey)
+            connection.execute(
+                insert(Submission.__table__).values(
+                    id=number, **old_ready_submission(hotkey, "10.0.0.1", at) | {"commit_hash": commit_of(number)}
+                )
+            )
+            connection.execute(
+                insert(EvaluationReport.__table__).values(
+                    submission_id=number,
+                    validator_hotkey=api.wallets["v1"].hotkey.ss58_address,
+                    reported_at=at,
+                    verdict="passed",
+                    correct=True,
+                    logits_ok=True,
+                    measured_tokens_per_sec=1000.0 + 100 * number,
+                    reasons=[],
+                    lengths=[],
+                )
+            )
+    api.chain.advance(1)
+    index = httpx.get(api.url + "/").text
+    assert len(re.findall(r'<td class="num place">', index)) == ranked  # every ranked miner is listed
+    card = re.search(r'Placed miners</div>\s*<div class="value">([^<]*)</div>\s*<div class="sub">([^<]*)', index)
+    assert card is not None and card[1] == f"{len(scoring.PLACE_SHARES)} / {len(scoring.PLACE_SHARES)}", card[1]
+    assert card[2].startswith(f"{ranked} ranked · "), card[2]
 
 
 def test_dashboard_pages_are_rendered_once_per_chain_block(start_api):
