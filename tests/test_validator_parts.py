@@ -4,7 +4,9 @@ results, device and wallet checks, and reading what a worker wrote."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -270,6 +272,34 @@ def test_one_process_at_a_time(tmp_path):
     assert "another validator process (pid " in holder.stdout and str(path) in holder.stdout
     with ValidatorState.open(path):  # released on close
         pass
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="runs the second validator as another user"
+)
+def test_a_second_unix_users_validator_in_the_first_ones_data_folder_is_refused_by_name(tmp_path):
+    """Two Unix users run validators (two hotkeys) from one checkout: VALIDATOR_DATA_DIR's default,
+    the checkout's data/validator, is the first one's folder, and the second one's start ended in a
+    PermissionError's traceback from the state's lock file."""
+    for folder in (tmp_path, *tmp_path.parents):  # pytest's folders are its user's alone
+        folder.chmod(folder.stat().st_mode | 0o005)
+    ValidatorState.open(tmp_path / "data" / "state-devchain-3-5A.sqlite3").close()
+    second = tmp_path / "data" / "state-devchain-3-5B.sqlite3"
+    code = (
+        "import os\nfrom quasar.validator.state import ValidatorState\n"
+        f"os.listdir({str(second.parent)!r})\nValidatorState.open({str(second)!r})"
+    )
+    result = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"quasar.validator.state.StateError: cannot open {second}.lock: Permission denied; give this validator "
+        "a VALIDATOR_DATA_DIR that its user can write"
+    ), last
 
 
 def test_copies_of_another_hotkeys_kernel_are_left_out_of_what_ranks(state):

@@ -206,13 +206,22 @@ class ValidatorState:
     @staticmethod
     def _lock(path: Path) -> int:
         lock_path = path.with_name(path.name + ".lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:  # another Unix user's folder (VALIDATOR_DATA_DIR's default is in the checkout)
+            raise StateError(
+                f"cannot open {lock_path}: {error.strerror}; give this validator a VALIDATOR_DATA_DIR "
+                "that its user can write"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
             os.close(fd)
-            raise StateError(f"another validator process (pid {holder}) is using {path}; stop it first") from None
+            raise StateError(
+                f"another validator process (pid {holder}) is using {path}; stop it first, or give this "
+                "one its own VALIDATOR_DATA_DIR (several processes of one hotkey each need their own)"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         return fd
