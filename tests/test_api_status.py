@@ -17,6 +17,7 @@ from sqlalchemy import event, insert
 
 from api_fixtures import COMMIT, FORK, ApiServer, api_config, commit_of, refused
 from quasar import scoring
+from quasar.api import dashboard
 from quasar.api import status as status_module
 from quasar.api.charts import Series, bar_chart, compact, line_chart, nice_ceiling
 from quasar.api.client import ApiClient, Claim
@@ -155,6 +156,29 @@ def test_miner_submissions_are_paged_newest_first(start_api):
     rest = a.miner_submissions(a_hotkey, limit=10, offset=2)
     assert [s.submission_id for s in rest.submissions] == ids[::-1][2:]
     assert a.miner_submissions(api.wallets["b"].hotkey.ss58_address).total == 0
+
+
+def test_a_miners_dashboard_page_pages_through_all_its_submissions(start_api, monkeypatch):
+    monkeypatch.setattr(dashboard, "MINER_SUBMISSIONS", 2)
+    api = start_api()
+    a = api.client("a")
+    ids = [a.submit_kernel(Claim(FORK, commit_of(n + 1), 1e4), 500_000).submission_id for n in range(5)]
+    url = f"{api.url}/dashboard/miners/{api.wallets['a'].hotkey.ss58_address}"
+
+    def shown(page: int) -> tuple[list[int], list[str], str]:
+        html = httpx.get(url, params={"page": page}).text
+        listed = [int(n) for n in re.findall(r'<td class="num"><a href="/dashboard/submissions/(\d+)"', html)]
+        links = re.findall(r'<a href="(\?page=\d+)" rel="(?:prev|next)"', html)
+        note = re.search(r'<p class="note" id="pages">([^<]*)', html)
+        return listed, links, note[1].split(" ·")[0] if note else "no note of pages"
+
+    assert shown(1) == (ids[:2:-1], ["?page=2"], "Submissions 1–2 of 5, newest first")
+    assert shown(2) == (ids[2:0:-1], ["?page=1", "?page=3"], "Submissions 3–4 of 5, newest first")
+    assert shown(3) == ([ids[0]], ["?page=2"], "Submissions 5–5 of 5, newest first")
+    assert httpx.get(url).text == httpx.get(url, params={"page": 1}).text
+    past = httpx.get(url, params={"page": 4})
+    assert past.status_code == 404 and "no page 4 of" in past.text and "they fill 3" in past.text
+    assert httpx.get(url, params={"page": 0}).status_code == 422
 
 
 def test_a_miners_history_reads_its_newest_rounds_only_however_many_it_played(start_api, monkeypatch):

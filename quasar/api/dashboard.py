@@ -56,6 +56,8 @@ STATE_LABELS = {
 _HOTKEY = re.compile(schemas.HOTKEY_PATTERN.removeprefix("^").removesuffix("$"))
 # The round a page shows (``?round=N``); the current one when absent.
 RoundQuery = Annotated[int | None, Query(alias="round", ge=0, le=2**40)]
+# The page of a miner's submissions (``?page=N``, MINER_SUBMISSIONS a page, newest first).
+PageQuery = Annotated[int, Query(alias="page", ge=1, le=2**31)]
 RoundRender = Callable[[int | None], HTMLResponse]
 _ID = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
 
@@ -259,27 +261,31 @@ def dashboard_router(service: SubmissionService, status_reader: StatusReader, re
         )
 
     @router.get("/dashboard/miners/{hotkey}", response_class=HTMLResponse)
-    async def miner(request: Request, hotkey: str) -> Response:
-        return await reads.page(request, lambda: miner_page(hotkey))
+    async def miner(request: Request, hotkey: str, page_number: PageQuery = 1) -> Response:
+        return await reads.page(request, lambda: miner_page(hotkey, page_number), {"page": page_number})
 
     @in_one_read
-    def miner_page(hotkey: str) -> HTMLResponse:
+    def miner_page(hotkey: str, page_number: int) -> HTMLResponse:
         if not _HOTKEY.fullmatch(hotkey):
             return page(
                 "error.html", 422, title="Not a hotkey", message="a miner's page is /dashboard/miners/<its ss58 hotkey>"
             )
         history = status_reader.history(hotkey)
-        submissions = status_reader.submissions(hotkey, MINER_SUBMISSIONS, 0)
+        submissions = status_reader.submissions(hotkey, MINER_SUBMISSIONS, (page_number - 1) * MINER_SUBMISSIONS)
         if not submissions.total:
             return not_found(f"no submissions from {hotkey}")
-        chart = history_chart(history)
+        pages = -(-submissions.total // MINER_SUBMISSIONS)
+        if page_number > pages:
+            return not_found(f"no page {page_number} of {hotkey}'s submissions: they fill {pages}")
         return page(
             "miner.html",
             title=f"Miner {short_hotkey(hotkey)}",
             hotkey=hotkey,
             history=history,
             page_of=submissions,
-            chart=chart,
+            page_number=page_number,
+            pages=pages,
+            chart=history_chart(history),
         )
 
     @router.get("/dashboard/submissions/{submission_id}", response_class=HTMLResponse)
