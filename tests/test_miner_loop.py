@@ -390,6 +390,52 @@ def test_the_neuron_forks_submits_publishes_and_stops_cleanly(tmp_path):
             assert state.last_submission.measurement.claim == pytest.approx(0.5 * recommended)
 
 
+def test_a_second_hotkeys_miner_on_the_same_fork_is_refused_at_start(tmp_path):
+    """Two miners (two hotkeys) of one checkout share the .env's GITHUB_USERNAME, so one fork and one
+    branch: each kept candidates in its own clone, the second one's pushes were refused ('the fork's
+    branch has commits this workspace lacks') and its workspace diverged for good. The second one
+    now stops at start, naming the first one's hotkey; the first runs on."""
+    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=1, slow_delay_s=0.0) as github:
+        wallets = tmp_path / "wallets"
+        api_wallet, first, second = (make_wallet(wallets, name) for name in ("api", "first", "second"))
+        chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=SLOW_BLOCKS)
+        chain.register_wallet(first)
+        chain.register_wallet(second)
+        config = api_config(api_wallet.hotkey.ss58_address, allow_local_forks=True)
+        with ApiServer(config, chain, f"sqlite:///{tmp_path}/api.sqlite3") as api:
+            env = neuron_environment(tmp_path, github, api, api_wallet.hotkey.ss58_address)
+
+            def miner(name: str, output) -> subprocess.Popen:
+                flags = ["--wallet.name", name, "--wallet.path", str(wallets), "--netuid", "24"]
+                command = [sys.executable, "-m", "neurons.miner", *flags, "--subtensor.network", "devchain"]
+                return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=output, stderr=subprocess.STDOUT)
+
+            log = tmp_path / "first.log"
+            with log.open("w") as output:
+                running = miner("first", output)
+            try:
+                state = Workspace(tmp_path / "workspaces", first.hotkey.ss58_address).state_file
+                deadline = time.monotonic() + 60
+                while not (state.is_file() and json.loads(state.read_text())["fork_url"]):
+                    assert running.poll() is None, log.read_text()
+                    assert time.monotonic() < deadline, "the first miner did not start"
+                    time.sleep(0.2)
+                refused = miner("second", subprocess.PIPE)
+                try:
+                    output = refused.communicate(timeout=60)[0].decode()
+                finally:
+                    if refused.poll() is None:
+                        refused.kill()
+                        refused.wait()
+                assert refused.returncode == 1, output
+                assert f"the miner of hotkey {first.hotkey.ss58_address} is running on the fork" in output
+                assert "its own GitHub account" in output
+                assert running.poll() is None, log.read_text()
+            finally:
+                running.send_signal(signal.SIGTERM)
+                running.wait(timeout=60)
+
+
 def endpoint_of(**environ: str) -> tuple[str, int]:
     return published_endpoint(resolve({}, environ=environ, dotenv_path=None))
 

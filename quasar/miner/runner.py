@@ -306,6 +306,14 @@ def _run(settings: Settings) -> int:
             raise MinerSetupError(str(error)) from None
         state.fork_url = url
         store.save(state)
+        # Saved first: of two miners starting at once on one fork, at least one sees the other.
+        other = workspace.live_miner_on_fork(url)
+        if other is not None:
+            raise MinerSetupError(
+                f"the miner of hotkey {other} is running on the fork {url} too: each would refuse the other's "
+                "pushes to its branch; give each hotkey's miner its own GitHub account (GITHUB_USERNAME and "
+                "GITHUB_TOKEN in its own .env, QUASAR_DOTENV)"
+            )
 
         client = ApiClient(api.url, wallet, api_hotkey=api.hotkey)
         _check_services(settings, client, hotkey)

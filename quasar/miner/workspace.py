@@ -10,7 +10,9 @@ Layout, under ``WORKSPACE_ROOT`` (default ``~/.quasar/miner``)::
         reports/       the last evaluation reports, as JSON (quasar evaluate renders them)
 
 Two miners with different hotkeys never share a file; a second miner with the same hotkey
-refuses to start. Between candidates the clone is always clean at its branch's head: a
+refuses to start, and so does one whose fork another hotkey's running miner uses (one GitHub
+account has one fork of the upstream: their pushes to its branch would refuse each other's).
+Between candidates the clone is always clean at its branch's head: a
 candidate is applied, evaluated and then either committed or rolled back, and a crash in
 between is repaired at the next start (:meth:`ForkClone.restore_clean`), as are the lock files
 of a git command killed mid-way.
@@ -19,6 +21,7 @@ of a git command killed mid-way.
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import re
@@ -85,6 +88,25 @@ class Workspace:
             raise WorkspaceError(f"cannot write {where} in the workspace: {error.strerror}") from None
         self._lock_fd = fd
 
+    def live_miner_on_fork(self, fork_url: str) -> str | None:
+        """The hotkey of another miner running now under the same root whose saved state names
+        ``fork_url`` (both would push to one branch: the second one's pushes are refused), else None.
+        Whether it runs is read from the kernel's list of locks, not by locking its file, which
+        would make that miner's own start, at that instant, find its lock taken."""
+        held = _flock_holders()
+        for lock_file in self.root.glob("*/miner.lock"):
+            other = lock_file.parent
+            if other == self.path or not HOTKEY_PATTERN.fullmatch(other.name):
+                continue
+            try:
+                status = lock_file.stat()
+                saved = json.loads((other / "state.json").read_text()).get("fork_url")
+            except (OSError, ValueError, AttributeError):  # not yet saved, another user's, not a state
+                continue
+            if saved == fork_url and (os.major(status.st_dev), os.minor(status.st_dev), status.st_ino) in held:
+                return other.name
+        return None
+
     def release(self) -> None:
         if self._lock_fd is not None:
             os.close(self._lock_fd)
@@ -96,6 +118,22 @@ class Workspace:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+
+def _flock_holders(path: str = "/proc/locks") -> set[tuple[int, int, int]]:
+    """(major, minor, inode) of every file some process holds an ``flock`` on; empty where the
+    kernel's list cannot be read."""
+    held: set[tuple[int, int, int]] = set()
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return held
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK":
+            major, minor, inode = fields[5].split(":")
+            held.add((int(major, 16), int(minor, 16), int(inode)))
+    return held
 
 
 class ForkClone:
