@@ -36,6 +36,19 @@ REASONS = [
     "<script>document.title='pwned'</script>",
 ]
 
+# Each pair of texts, in the page's visible charts, whose boxes as drawn meet.
+MEETING_TEXTS = """() => {
+  const met = [];
+  for (const chart of document.querySelectorAll("svg.chart")) {
+    if (!chart.getBoundingClientRect().width) continue;
+    const texts = [...chart.querySelectorAll("text")].map(text => [text.textContent, text.getBoundingClientRect()]);
+    texts.forEach(([name, a], i) => texts.slice(i + 1).forEach(([other, b]) => {
+      if (a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom) met.push([name, other]);
+    }));
+  }
+  return met;
+}"""
+
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
     reason=f"no Chromium at {CHROMIUM}: install Debian's "
@@ -155,6 +168,7 @@ def test_dashboard_pages_in_headless_chromium(tmp_path, chain, wallets):
                     chart = page.locator("svg.chart:visible")  # one drawn for desktops, one for phones
                     assert chart.count() == 1 and chart.bounding_box()["width"] > 300
                     assert chart.locator("rect[fill='#dc2626']").count() == 6  # 3 wrong lengths x 2 validators
+                    assert page.evaluate(MEETING_TEXTS) == [], size_name  # every label readable
                     page.screenshot(path=str(tmp_path / f"submission-failed-{size_name}.png"), full_page=True)
 
                 page.set_viewport_size(DESKTOP)
@@ -256,5 +270,6 @@ def test_a_miners_chart_of_many_rounds_keeps_its_labels_apart(tmp_path, chain, w
                         assert cut == [], (size_name, kind, edge)  # the newest label is not cut off
                     assert chart.locator("text.axis", has_text=f"round {ROUNDS_PLAYED - 1}").count() == 1
                     assert chart.locator("circle title").last.text_content() == "round 39: 89,000,000 tokens/s"
+                    assert page.evaluate(MEETING_TEXTS) == [], size_name
             finally:
                 context.close()

@@ -39,7 +39,8 @@ class Layout:
 
 
 WIDE = Layout(width=760, height=300, left=64, right=16, top=22, bottom=56, font=12, char_width=7.2)
-NARROW = Layout(width=360, height=260, left=46, right=8, top=22, bottom=62, font=11, char_width=6.6)
+# NARROW's left margin holds a 4-character tick label (500k) clear of the rotated unit beside it.
+NARROW = Layout(width=360, height=260, left=54, right=8, top=22, bottom=62, font=11, char_width=7.2)
 
 
 @dataclass(frozen=True)
@@ -102,10 +103,10 @@ def bar_chart(title: str, categories: Sequence[str], series: Sequence[Series], u
     legend = _legend_rows(series, layout)
     parts = _frame(title, top, unit, layout, len(legend))
     group_w = layout.plot_width / max(1, len(categories))
-    bar_w = group_w * 0.76 / max(1, len(series))
+    bar_w = group_w * 0.8 / max(1, len(series))
     base = layout.top + layout.plot_height
     for index, category in enumerate(categories):
-        x0 = layout.left + group_w * index + group_w * 0.12
+        x0 = layout.left + group_w * index + group_w * 0.1
         for number, item in enumerate(series):
             value = item.values[index] if index < len(item.values) else None
             x = x0 + bar_w * number
@@ -124,7 +125,8 @@ def bar_chart(title: str, categories: Sequence[str], series: Sequence[Series], u
                 f'fill="{colour}" rx="2"><title>{escape(label)}</title></rect>'
             )
             text = compact(value)
-            if bar_w >= layout.char_width * len(text):  # a label wider than its bar would run into the next
+            # a label wider than its bar (and a character's gap) would run into the next
+            if bar_w >= layout.char_width * (len(text) + 1):
                 parts.append(
                     f'<text x="{x + bar_w / 2:.1f}" y="{y - 4:.1f}" text-anchor="middle" class="value">{text}</text>'
                 )
@@ -156,8 +158,8 @@ def line_chart(
         (layout.left + step * (index + 0.5), base - layout.plot_height * value / top)
         for index, value in enumerate(values)
     ]
-    # A label is given the width of its text, half again (the newest may be moved left by half its
-    # width to stay inside the chart) and a character's gap: past that many points (a long
+    # A label is given the width of its text, half again (the oldest or newest may be moved by half
+    # its width to stay inside the plot) and a character's gap: past that many points (a long
     # history) the labels would run into each other, so only every ``every``-th is written.
     widest = max((len(text) for text in [*labels, *map(compact, values)]), default=0)
     every = max(1, math.ceil(layout.char_width * (1.5 * widest + 1) / step))
@@ -180,12 +182,16 @@ def line_chart(
 
 
 def _inside(text: str, x: float, y: float, kind: str, layout: Layout) -> str:
-    """``text`` (escaped here) centred at ``x``, or ended at the chart's right edge where centred it
-    would reach past the plot's margin (the newest point of a long history sits close to that edge;
-    bold figures run wider than ``char_width``)."""
-    if x + layout.char_width * (len(text) + 1) / 2 <= layout.width - layout.right:
-        return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="middle" class="{kind}">{escape(text)}</text>'
-    return f'<text x="{layout.width - 2}" y="{y:.1f}" text-anchor="end" class="{kind}">{escape(text)}</text>'
+    """``text`` (escaped here) centred at ``x``, or begun at the plot's left edge or ended at the
+    chart's right edge where centred it would reach past them (into the axis's figures, or off the
+    chart: the oldest and newest points of a long history sit close to those edges; bold figures run
+    wider than ``char_width``)."""
+    half = layout.char_width * (len(text) + 1) / 2
+    if x - half < layout.left:
+        return f'<text x="{layout.left + 2}" y="{y:.1f}" text-anchor="start" class="{kind}">{escape(text)}</text>'
+    if x + half > layout.width - layout.right:
+        return f'<text x="{layout.width - 2}" y="{y:.1f}" text-anchor="end" class="{kind}">{escape(text)}</text>'
+    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="middle" class="{kind}">{escape(text)}</text>'
 
 
 def _legend_rows(series: Sequence[Series], layout: Layout) -> list[list[tuple[int, float]]]:
