@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import os
 import random
 import shutil
+import subprocess
 import sys
 import tarfile
 import time
@@ -243,3 +245,38 @@ def test_a_seed_in_use_is_kept_when_newer_ones_are_built(tmp_path, monkeypatch):
         assert seed_of(root) == kept
     assert kept.is_dir() and len(seeds_under(root)) == MAX_SEEDS
     assert len(list(root.glob("*"))) == MAX_SEEDS + 1  # and the lock
+
+
+_SEED_AS_ANOTHER_USER = """
+import logging, sys
+from quasar.evaluate import triton_seed
+from quasar.evaluate.environment import EvaluationEnvironment
+from quasar.evaluate.sandbox import SandboxPolicy
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+triton_seed.gpu_model = lambda device: "NVIDIA H100 80GB HBM3"
+triton_seed.evaluation_environment = lambda: EvaluationEnvironment({"torch": "2.5.0", "triton": "3.1.0"}, (), ())
+print("seed:", triton_seed.ensure_seed(sys.argv[1], "cuda", [64], SandboxPolicy()).triton_seed)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="runs the evaluation as another user")
+def test_a_seed_folder_of_another_unix_user_leaves_the_evaluation_compiling_everything(tmp_path):
+    """One .env naming one TRITON_SEED_DIR to two Unix users (a miner and a validator of one
+    checkout): the first evaluation of a GPU model without a seed there, as the user who did not make
+    the folder, ended in a PermissionError on its lock file (each miner cycle, `quasar evaluate`)."""
+    for folder in (tmp_path, *tmp_path.parents):  # pytest's folders are its user's alone
+        folder.chmod(folder.stat().st_mode | 0o005)
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    (seeds / ".lock").touch()
+    result = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", _SEED_AS_ANOTHER_USER]
+        + [str(seeds)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "seed: None\n"
+    assert f"cannot build the Triton cache seed in {seeds} (Permission denied)" in result.stderr
+    assert "give each Unix user its own TRITON_SEED_DIR" in result.stderr

@@ -37,6 +37,7 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import IO
 
 from quasar.errors import QuasarError
 from quasar.evaluate import protocol
@@ -207,18 +208,17 @@ def prune_seeds(folder: Path, keep: int = MAX_SEEDS) -> None:
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: Path) -> Iterator[bool]:
-    """Hold ``lock_path`` exclusively if no other process does; yields whether it is held."""
-    with open(lock_path, "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        try:
-            yield True
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+def _exclusive(lock: IO) -> Iterator[bool]:
+    """Hold the open file ``lock`` exclusively if no other process does; yields whether it is held."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def ensure_seed(root: str, device: str, lengths: Sequence[int], policy: SandboxPolicy) -> SandboxPolicy:
@@ -233,8 +233,18 @@ def ensure_seed(root: str, device: str, lengths: Sequence[int], policy: SandboxP
     folder = Path(root).expanduser()
     seed = folder / seed_key(model)
     if not seed.is_dir():
-        folder.mkdir(parents=True, exist_ok=True)
-        with _exclusive(folder / ".lock") as held:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            lock = open(folder / ".lock", "a")  # closed by the with below
+        except OSError as error:  # another Unix user's folder (one .env naming it to both)
+            logger.warning(
+                "cannot build the Triton cache seed in %s (%s): this evaluation compiles everything; give "
+                "each Unix user its own TRITON_SEED_DIR",
+                folder,
+                error.strerror,
+            )
+            return policy
+        with lock, _exclusive(lock) as held:
             if not held:
                 logger.info("another process is building the Triton cache seed; this evaluation compiles everything")
                 return policy
