@@ -265,7 +265,8 @@ def test_a_seed_folder_of_another_unix_user_leaves_the_evaluation_compiling_ever
     checkout): the first evaluation of a GPU model without a seed there, as the user who did not make
     the folder, ended in a PermissionError on its lock file (each miner cycle, `quasar evaluate`)."""
     for folder in (tmp_path, *tmp_path.parents):  # pytest's folders are its user's alone
-        folder.chmod(folder.stat().st_mode | 0o005)
+        if folder.stat().st_mode & 0o005 != 0o005:
+            folder.chmod(folder.stat().st_mode | 0o005)
     seeds = tmp_path / "seeds"
     seeds.mkdir()
     (seeds / ".lock").touch()

@@ -282,7 +282,8 @@ def test_a_second_unix_users_validator_in_the_first_ones_data_folder_is_refused_
     the checkout's data/validator, is the first one's folder, and the second one's start ended in a
     PermissionError's traceback from the state's lock file."""
     for folder in (tmp_path, *tmp_path.parents):  # pytest's folders are its user's alone
-        folder.chmod(folder.stat().st_mode | 0o005)
+        if folder.stat().st_mode & 0o005 != 0o005:
+            folder.chmod(folder.stat().st_mode | 0o005)
     ValidatorState.open(tmp_path / "data" / "state-devchain-3-5A.sqlite3").close()
     second = tmp_path / "data" / "state-devchain-3-5B.sqlite3"
     code = (
