@@ -169,6 +169,11 @@ BENCH = Group(
                     "the validator's state file after many evaluations",
                     "quasar.bench.validator_month:main",
                 ),
+                Command(
+                    "dashboard-pages",
+                    "the dashboard's pages over api-month's database",
+                    "quasar.bench.dashboard_pages:main",
+                ),
             ),
         ),
     ),

@@ -10,7 +10,7 @@ import sqlite3
 
 import pytest
 
-from quasar.bench import api_month, validator_month
+from quasar.bench import api_month, dashboard_pages, validator_month
 from quasar.cli import main
 from quasar.validator.state import ValidatorState
 
@@ -132,3 +132,23 @@ def test_a_json_file_or_keep_folder_that_cannot_be_written_is_refused_before_the
                 main(["bench", command, *sized, *argv])
             said = " ".join(f"{exited.value.code} {capsys.readouterr().err}".split())
             assert flag in said and why in said, said
+
+
+def test_dashboard_pages_serves_api_months_database_and_times_every_page(tmp_path, capsys):
+    """``quasar bench dashboard-pages`` over the database api-month kept: every page it names
+    answers 200 (a target missing from the file would stop it naming the path), each is timed as
+    many times as asked, and its table fits 80 columns."""
+    keep, figures_file = tmp_path / "keep", tmp_path / "pages.json"
+    assert main(["bench", "api-month", "--days", "1", "--miners", "4", "--keep", str(keep)]) == 0
+    capsys.readouterr()
+    database = keep / api_month.DATABASE_FILE
+    argv = [str(database), "--days", "1", "--miners", "4", "--repeats", "2", "--json", str(figures_file)]
+    assert main(["bench", "dashboard-pages", *argv]) == 0
+    printed = capsys.readouterr().out
+    assert all(len(line) <= 80 for line in printed.splitlines()), printed
+    figures = json.loads(figures_file.read_text())
+    assert [each["page"] for each in figures] == list(dashboard_pages.page_targets(1, 4, 2))
+    assert all(each["first"]["n"] == 2 and each["kept"]["n"] == 2 and each["kilobytes"] > 1 for each in figures)
+    with pytest.raises(SystemExit, match="2"):
+        main(["bench", "dashboard-pages", str(database), "--days", "1", "--miners", "4", "--repeats", "3"])
+    assert "needs 6 miners' pages" in capsys.readouterr().err

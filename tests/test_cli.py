@@ -97,6 +97,7 @@ def test_quasar_help_lists_every_command_by_role_in_80_columns():
             "bench simulate-subnet",
             "bench api-month",
             "bench validator-month",
+            "bench dashboard-pages",
         ],
         "other": ["imports", "scoring", "config"],
     }
