@@ -37,8 +37,9 @@ HOSTILE_TARGET = HOSTILE_EXACT_UP_TO
 CPU_TIMED_SECONDS, CUDA_TIMED_SECONDS = 0.5, 2.0
 # The share of their recommended claim the miners submit (CLAIM_SHARE): on CPU the miner and the
 # validator time on the same few busy cores at different moments, and measured 11% apart, past
-# the claim check's 10%; a GPU's timings hold still.
-CPU_CLAIM_SHARE, CUDA_CLAIM_SHARE = 0.75, 1.0
+# the claim check's 10%, and 37% apart with a test suite's other worker busy beside them (a
+# 2-core CI machine); a GPU's timings hold still.
+CPU_CLAIM_SHARE, CUDA_CLAIM_SHARE = 0.5, 1.0
 # Seconds to wait for the validator's report before giving up (--round-timeout).
 CPU_ROUND_TIMEOUT_S, CUDA_ROUND_TIMEOUT_S = 1800.0, 900.0
 # The miners run one cycle (evaluate the fork's head, submit) and then wait: a day between cycles.
