@@ -155,7 +155,9 @@ def _chain(error: BaseException) -> list[BaseException]:
 _URL_CREDENTIALS = re.compile(r"(?<=://)[^\s/'\"@]+@")
 
 
-def _first_line(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
+    """``error`` in one line for a message: its type and first non-empty line, without the user and
+    password of any URL it quotes."""
     lines = [line for line in _URL_CREDENTIALS.sub("", str(error)).splitlines() if line.strip()]
     return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
@@ -197,18 +199,18 @@ def _why(error: BaseException) -> str:
     for cause in chain:
         if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
             return (
-                f"the disk of the Hugging Face cache {hub_cache()} is full ({_first_line(cause)}). Free space "
+                f"the disk of the Hugging Face cache {hub_cache()} is full ({first_line(cause)}). Free space "
                 f"there, or set HF_HOME to a folder on a larger disk, and start again ({_KEPT})."
             )
         if isinstance(cause, OSError) and cause.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             return (
-                f"user {os.getuid()} cannot write the Hugging Face cache {hub_cache()} ({_first_line(cause)}). "
+                f"user {os.getuid()} cannot write the Hugging Face cache {hub_cache()} ({first_line(cause)}). "
                 "Make that folder writable by this user, or set HF_HOME to a folder it owns."
             )
     for cause in chain:
         if isinstance(cause, httpx2.TransportError) or "Consistency check failed" in str(cause):
             return (
-                f"the download from {hub} broke off ({_first_line(cause)}); nothing half-written is kept. "
+                f"the download from {hub} broke off ({first_line(cause)}); nothing half-written is kept. "
                 f"Start again: {_KEPT}."
             )
-    return f"{_first_line(error)}. Check the network to {hub} and start again ({_KEPT})."
+    return f"{first_line(error)}. Check the network to {hub} and start again ({_KEPT})."

@@ -35,7 +35,7 @@ import torch
 
 from quasar.errors import QuasarError
 from quasar.evaluate.gpus import missing_gpu
-from quasar.hub_model import ModelLoadError, download, find_cached, hub_cache, hub_reachable
+from quasar.hub_model import ModelLoadError, download, find_cached, first_line, hub_cache, hub_reachable
 from quasar.reference.chunk import float32_matmul_precision
 
 log = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ def load_reference_model(
         )
     except (OSError, ValueError, SafetensorError) as error:
         # A weights file cut short (a copy or a write interrupted) is a SafetensorError.
-        reason = f"{type(error).__name__}: {str(error).splitlines()[0]}"
+        reason = first_line(error)
         if source == str(local):
             where, fix = "its folder", "The folder must hold config.json and the weights written by save_pretrained."
         else:
