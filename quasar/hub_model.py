@@ -19,6 +19,7 @@ import socket
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from quasar.config import REFERENCE_MODEL_ID
 from quasar.errors import QuasarError
 
 # What loading a model needs from its repo: the configs and the safetensors weights (one file or
@@ -136,7 +137,7 @@ def download(name: str) -> Path:
     if missing:
         raise ModelLoadError(
             f"reference model {name!r} on the Hub has no {missing[0]}: it is not a model saved with "
-            "safetensors weights. Point REFERENCE_MODEL at one (the reference is Qwen/Qwen2.5-0.5B-Instruct)."
+            f"safetensors weights. Point REFERENCE_MODEL at one (the reference is {REFERENCE_MODEL_ID})."
         )
     return folder
 
@@ -179,7 +180,7 @@ def _why(error: BaseException) -> str:
         if isinstance(cause, RepositoryNotFoundError):
             return (
                 f"{hub} has no model of that name, or not for this token (HTTP {cause.response.status_code}). "
-                "Check REFERENCE_MODEL for a typo (the reference is Qwen/Qwen2.5-0.5B-Instruct); a private "
+                f"Check REFERENCE_MODEL for a typo (the reference is {REFERENCE_MODEL_ID}); a private "
                 "model needs HF_TOKEN."
             )
         if isinstance(cause, HfHubHTTPError) and cause.response is not None:

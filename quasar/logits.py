@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from quasar.config import REFERENCE_MODEL_ID
 from quasar.errors import QuasarError
 from quasar.evaluate.gpus import missing_gpu
 from quasar.hub_model import ModelLoadError, download, find_cached, first_line, hub_cache, hub_reachable
@@ -288,9 +289,8 @@ def load_reference_model(
     )
 
 
-# The reference model of docs/rules.md section 4 (its config.json): what a validator checks against
-# and a miner serves on a public network.
-REFERENCE_MODEL_ID = "Qwen/Qwen2.5-0.5B-Instruct"
+# The reference model's shape (its config.json): what a validator checks against and a miner serves
+# on a public network.
 REFERENCE_SHAPE: dict[str, object] = {
     "model_type": "qwen2",
     "vocab_size": 151936,

@@ -17,7 +17,15 @@ from quasar.config.cli import (
     settings_help,
     settings_table,
 )
-from quasar.config.options import DEFAULT_SEQ_LENS, GROUPS, OPTIONS, OPTIONS_BY_KEY, ROLES, Option
+from quasar.config.options import (
+    DEFAULT_SEQ_LENS,
+    GROUPS,
+    OPTIONS,
+    OPTIONS_BY_KEY,
+    REFERENCE_MODEL_ID,
+    ROLES,
+    Option,
+)
 from quasar.config.settings import (
     DOTENV_VARIABLE,
     LIBRARY_VARIABLES,
@@ -41,6 +49,7 @@ __all__ = [
     "OPTIONS",
     "OPTIONS_BY_KEY",
     "PROJECT_ROOT",
+    "REFERENCE_MODEL_ID",
     "ROLES",
     "Option",
     "Settings",

@@ -114,6 +114,9 @@ OPTIONS = load_options()
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
 # The lengths an evaluation benchmarks besides the target unless told otherwise (EVAL_SEQ_LENS).
 DEFAULT_SEQ_LENS: tuple[int, ...] = parse_seq_lens(OPTIONS_BY_KEY["eval_seq_lens"].default)
+# The reference model of docs/rules.md section 4, what every logit check on a public network is
+# against: REFERENCE_MODEL's default.
+REFERENCE_MODEL_ID: str = OPTIONS_BY_KEY["reference_model"].default
 
 
 def _group_keys(group: str) -> tuple[str, ...]:
