@@ -57,6 +57,10 @@ def check_registration(chain: Chain, hotkey: str, settings: Settings) -> None:
         )
 
 
+# How a validator whose release the chain no longer takes gets the current one.
+UPDATE_STEPS = "(git pull, then ./scripts/setup_venv.sh) and start the validator again"
+
+
 def version_key_problem(hyperparameters: SubnetHyperparameters, version_key: int) -> str | None:
     """What to do when the chain refuses weights carrying ``version_key`` (a key below the subnet's
     WeightsVersionKey), or None when it takes them: at start and in every weights phase, since the
@@ -67,7 +71,7 @@ def version_key_problem(hyperparameters: SubnetHyperparameters, version_key: int
     return (
         f"this QUASAR's weights version key is {version_key}, below the subnet's WeightsVersionKey "
         f"{hyperparameters.weights_version_key}: the chain refuses its weights ({refusal.name}). Update QUASAR "
-        "to the subnet's current release (git pull, then ./scripts/setup_venv.sh) and start the validator again"
+        f"to the subnet's current release {UPDATE_STEPS}"
     )
 
 

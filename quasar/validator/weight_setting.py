@@ -16,7 +16,7 @@ from quasar.chain import btcli
 from quasar.chain.base import Chain, ChainError, RateLimited, Refused, UidsChanged, WeightsSubmission
 from quasar.config import Settings
 from quasar.terminal import log_table
-from quasar.validator.preflight import version_key_problem
+from quasar.validator.preflight import UPDATE_STEPS, version_key_problem
 from quasar.validator.results import WeightPlan, plan_weights, weights_refusal, weights_table
 from quasar.validator.state import ValidatorState
 
@@ -27,8 +27,6 @@ LAST_WEIGHTS_BLOCK = "last_weights_block"
 # refusal that is not among subtensor_rules.LASTING_REFUSALS), blocks before the next try; a rate
 # limit waits the blocks the chain says instead, and a lasting refusal the next epoch.
 WEIGHTS_RETRY_BLOCKS = 10
-# What a validator whose release the chain no longer takes is told to do.
-UPDATE_QUASAR = "update QUASAR (git pull, then ./scripts/setup_venv.sh) and start the validator again"
 # Plans made in one weights phase when uids change hands between planning and submitting.
 PLAN_ATTEMPTS = 2
 # Hotkeys named in an epoch's line about the measured hotkeys no longer registered (those gone since
@@ -138,7 +136,7 @@ class WeightSetter:
                 self._skip_epoch(
                     block,
                     f"the chain refused the weights at block {block}, none this epoch: {refused}"
-                    + (f"; {UPDATE_QUASAR}" if outdated else ""),
+                    + (f"; update QUASAR {UPDATE_STEPS}" if outdated else ""),
                     logging.ERROR if outdated else logging.WARNING,
                 )
                 return False
