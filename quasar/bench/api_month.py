@@ -137,12 +137,16 @@ class CommitmentFigures:
     timing: Timing
 
 
+def api_config() -> ApiConfig:
+    """The API's settings at their defaults (no .env, no environment), as the benchmark serves it."""
+    return ApiConfig.from_settings(config.resolve({"api_hotkey": "api"}, environ={}, dotenv_path=None))
+
+
 def service_over(path: Path, chain: Chain) -> tuple[Database, SubmissionService]:
     """The API's service over a fresh SQLite file at ``path``, upgraded to the newest schema."""
     database = Database(f"sqlite:///{path}")
     database.upgrade()
-    settings = config.resolve({"api_hotkey": "api"}, environ={}, dotenv_path=None)
-    return database, SubmissionService(ApiConfig.from_settings(settings), chain, database)
+    return database, SubmissionService(api_config(), chain, database)
 
 
 def fill_round(connection: sqlite3.Connection, miners: Sequence[str], round_id: int, ids: Iterator[int]) -> None:

@@ -32,10 +32,8 @@ import uvicorn
 from rich.console import Console
 from rich.table import Table
 
-from quasar import config
 from quasar.api.app import create_app
 from quasar.api.dashboard import MINER_SUBMISSIONS
-from quasar.api.service import ApiConfig
 from quasar.bench.api_month import (
     BLOCK_S,
     PER_ROUND,
@@ -43,6 +41,7 @@ from quasar.bench.api_month import (
     ROUNDS_PER_DAY,
     SUBNET_MINERS,
     FixedChain,
+    api_config,
     hotkeys,
 )
 from quasar.bench.month_timing import Timing, counts, json_file, progress_bar, timed
@@ -63,10 +62,7 @@ class PageServer:
     """The API's app over ``chain`` and the database at ``path``, served on a free port of 127.0.0.1."""
 
     def __init__(self, path: Path, chain: FixedChain) -> None:
-        settings = config.resolve({"api_hotkey": "api"}, environ={}, dotenv_path=None)
-        app = create_app(
-            ApiConfig.from_settings(settings), chain, f"sqlite:///{path}", clock=lambda: chain.block * BLOCK_S
-        )
+        app = create_app(api_config(), chain, f"sqlite:///{path}", clock=lambda: chain.block * BLOCK_S)
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
