@@ -35,7 +35,7 @@ import torch
 
 from quasar.config import REFERENCE_MODEL_ID
 from quasar.errors import QuasarError
-from quasar.evaluate.gpus import missing_gpu
+from quasar.evaluate.gpus import missing_gpu_here
 from quasar.hub_model import ModelLoadError, download, find_cached, first_line, hub_cache, hub_reachable
 from quasar.reference.chunk import float32_matmul_precision
 
@@ -226,7 +226,7 @@ def load_reference_model(
 
     torch_dtype = resolve_dtype(dtype)
     torch_device = torch.device(device)
-    no_gpu = missing_gpu(str(torch_device), torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    no_gpu = missing_gpu_here(str(torch_device))
     if no_gpu is not None:
         raise ModelLoadError(f"DEVICE is {device} but {no_gpu}; set DEVICE=cpu or fix the driver")
     local = Path(name_or_path).expanduser()

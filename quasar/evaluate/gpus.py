@@ -91,6 +91,15 @@ def missing_gpu(device: str, cuda_count: int, visible: str | None = None) -> str
     return f"torch sees {cuda_count} CUDA device(s), {seen}{narrowed}"
 
 
+def missing_gpu_here(device: str) -> str | None:
+    """:func:`missing_gpu` in this process: the GPUs torch counts, and its ``CUDA_VISIBLE_DEVICES``."""
+    if not device.startswith("cuda"):
+        return None
+    import torch  # only where a GPU is asked for: the rest of this module reads the driver's files alone
+
+    return missing_gpu(device, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
 def use_pci_bus_order(environ: MutableMapping[str, str]) -> None:
     """Make CUDA in this process number GPUs in PCI bus order, as nvidia-smi, the driver's listing
     and the sandbox do, so that ``CUDA_VISIBLE_DEVICES=2`` means nvidia-smi's GPU 2 everywhere

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import secrets
 import threading
 import time
@@ -22,7 +21,7 @@ import torch
 from quasar.config.values import parse_device
 from quasar.evaluate import pinning
 from quasar.evaluate.environment import evaluation_environment
-from quasar.evaluate.gpus import missing_gpu
+from quasar.evaluate.gpus import missing_gpu_here
 from quasar.evaluate.options import (
     CPU_NOTE,
     MAX_FORWARDS_PER_REQUEST,
@@ -355,7 +354,7 @@ def _evaluate(
         exact = False
     if not exact:
         raise EvaluationInputError(f"device must be cpu, cuda or cuda:N, got {options.device!r}")
-    no_gpu = missing_gpu(options.device, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    no_gpu = missing_gpu_here(options.device)
     if no_gpu is not None:
         raise EvaluationInputError(
             f"device {options.device}: {no_gpu} (--device cpu runs small lengths, for tests only: not a benchmark)"

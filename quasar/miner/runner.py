@@ -76,13 +76,13 @@ def _device_name(device: str) -> str | None:
         return None
     import torch
 
-    from quasar.evaluate.gpus import GpuOrderError, missing_gpu, use_pci_bus_order
+    from quasar.evaluate.gpus import GpuOrderError, missing_gpu_here, use_pci_bus_order
 
     try:
         use_pci_bus_order(os.environ)  # its benchmarks' sandboxes name the GPU in PCI bus order
     except GpuOrderError as error:
         raise MinerSetupError(str(error)) from None
-    no_gpu = missing_gpu(device, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    no_gpu = missing_gpu_here(device)
     if no_gpu is not None:
         raise MinerSetupError(
             f"DEVICE={device} but {no_gpu} (check the driver and CUDA_VISIBLE_DEVICES); "

@@ -21,7 +21,6 @@ import ast
 import dataclasses
 import importlib.util
 import logging
-import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
@@ -33,6 +32,7 @@ from quasar import astparse
 from quasar.config.values import format_seq_lens
 from quasar.errors import QuasarError
 from quasar.evaluate.cli import add_evaluation_arguments, options_from, positive_int, start
+from quasar.evaluate.gpus import missing_gpu_here
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, ProgressEvent, check_lengths
 from quasar.evaluate.report import render_report
@@ -191,14 +191,9 @@ def check_setup(repo: Path, device: str) -> list[str]:
     for module in ("torch", "triton"):
         if importlib.util.find_spec(module) is None:
             problems.append(f"python package {module} is not installed")
-    if device.startswith("cuda"):
-        import torch
-
-        from quasar.evaluate.gpus import missing_gpu
-
-        no_gpu = missing_gpu(device, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if no_gpu is not None:
-            problems.append(f"--device {device}: {no_gpu} (use --device cpu only for a dry run)")
+    no_gpu = missing_gpu_here(device)
+    if no_gpu is not None:
+        problems.append(f"--device {device}: {no_gpu} (use --device cpu only for a dry run)")
     return problems
 
 
