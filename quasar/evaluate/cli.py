@@ -2,7 +2,8 @@
 
 Exit status: 0 when the verdict is pass, 1 when it is fail, 2 for bad arguments. The flags and the
 start-up of the miner's other evaluating tools (``quasar local-validator``, ``step1``, ``step2``)
-are here too: :func:`add_evaluation_arguments`, :func:`start` and :func:`options_from`.
+are here too: :func:`add_evaluation_arguments`, :func:`start` and :func:`options_from`
+(``quasar check-sandbox`` takes :func:`add_common_arguments` and :func:`start`).
 """
 
 from __future__ import annotations
@@ -91,13 +92,20 @@ def add_evaluation_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--import-profile", choices=("core", "strict"), default="core")
     parser.add_argument("--require-cu", action="store_true", help="a missing *.cu file is an error")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_common_arguments(parser)
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of every tool that runs a fork and starts through :func:`start`, ``quasar
+    check-sandbox`` included: ``--allow-unsandboxed`` and ``--debug`` (which :func:`start` reads)."""
     parser.add_argument(
         "--allow-unsandboxed",
         action="store_true",
-        help="run the fork without namespaces where they are unavailable (it can then "
-        "read this user's files and use the network)",
+        help="where the sandbox cannot be built, run the fork without it, as a miner's "
+        "MINER_ALLOW_UNSANDBOXED does (the fork can then read this user's files and use the "
+        "network; a validator never does)",
     )
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--debug", action="store_true", help="log at debug level")
 
 

@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from quasar.evaluate import confinement, syscall_filter
-from quasar.evaluate.cli import start
+from quasar.evaluate.cli import add_common_arguments, start
 from quasar.evaluate.environment import evaluation_environment
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import EvaluationInputError, EvaluationOptions
@@ -95,13 +95,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar check-sandbox") 
     parser.add_argument("--device", default="cuda", help="where the starter fork runs (default %(default)s)")
     parser.add_argument("--out", type=Path, help="also write DIR/sandbox.json")
     parser.add_argument("--sys-variants", action="store_true", help="if the default sandbox fails, try more of /sys")
-    parser.add_argument(
-        "--allow-unsandboxed",
-        action="store_true",
-        help="where the sandbox cannot be built, run the starter fork without it (as a miner's "
-        "MINER_ALLOW_UNSANDBOXED does; a validator never does)",
-    )
-    parser.add_argument("--debug", action="store_true", help="log at debug level")
+    add_common_arguments(parser)
     args, settings = start(parser, argv)
     console = Console(width=80)
     configured_cgroup = settings.sandbox_cgroup or None
