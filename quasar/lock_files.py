@@ -1,6 +1,8 @@
-"""Lock files their holder removes on release (the fork cache's per-key locks, the sandbox uids,
-the sandbox folders' claims): a process that locked such a file just as its holder removed it holds
-the lock of no file, and must see that before it trusts the lock."""
+"""Lock files. Those their holder removes on release (the fork cache's per-key locks, the sandbox
+uids, the sandbox folders' claims): a process that locked such a file just as its holder removed it
+holds the lock of no file, and must see that before it trusts the lock. And those that keep one
+process at a time on a folder or file (the miner's workspace, the validator's state): their holder
+writes its pid in them, for the refusal of the next one to name it."""
 
 from __future__ import annotations
 
@@ -43,3 +45,16 @@ def unheld(path: Path, follow: bool = True) -> Iterator[int | None]:
         yield fd if taken else None
     finally:
         os.close(fd)
+
+
+def lock_for_this_process(fd: int) -> str | None:
+    """Lock the file open as ``fd`` for this process alone, without waiting, and write this
+    process's pid into it; None once done. Where another process holds the lock: the pid it wrote
+    there ("unknown" where it wrote none yet), and the file is neither locked nor written here."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return None

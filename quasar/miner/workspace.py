@@ -20,7 +20,6 @@ of a git command killed mid-way.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from quasar.errors import QuasarError
 from quasar.imports import QUASAR_DIR
+from quasar.lock_files import lock_for_this_process
 from quasar.miner.github import Git
 
 logger = logging.getLogger(__name__)
@@ -69,18 +69,14 @@ class Workspace:
         except OSError as error:
             raise WorkspaceError(f"cannot create the workspace {self.path}: {error.strerror}") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise WorkspaceLocked(
-                f"another miner with hotkey {self.hotkey} is running (pid {holder}) and holds "
-                f"{self.lock_file}; two miners with one hotkey would overwrite each other's "
-                "fork and submissions, so this one stops"
-            ) from None
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            holder = lock_for_this_process(fd)
+            if holder is not None:
+                os.close(fd)
+                raise WorkspaceLocked(
+                    f"another miner with hotkey {self.hotkey} is running (pid {holder}) and holds "
+                    f"{self.lock_file}; two miners with one hotkey would overwrite each other's "
+                    "fork and submissions, so this one stops"
+                )
             self.reports.mkdir(exist_ok=True)
         except OSError as error:  # a full or read-only disk
             os.close(fd)

@@ -26,7 +26,6 @@ consistent file. One process at a time: :meth:`ValidatorState.open` takes an exc
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -41,6 +40,7 @@ from pydantic import ConfigDict
 from quasar import originality
 from quasar.api.schemas import EvaluatedSubmission
 from quasar.errors import QuasarError
+from quasar.lock_files import lock_for_this_process
 from quasar.validator.state_files import (
     ABANDONED,
     FAILED,
@@ -213,17 +213,13 @@ class ValidatorState:
                 f"cannot open {lock_path}: {error.strerror}; give this validator a VALIDATOR_DATA_DIR "
                 "that its user can write"
             ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        holder = lock_for_this_process(fd)
+        if holder is not None:
             os.close(fd)
             raise StateError(
                 f"another validator process (pid {holder}) is using {path}; stop it first, or give this "
                 "one its own VALIDATOR_DATA_DIR (several processes of one hotkey each need their own)"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
+            )
         return fd
 
     def close(self) -> None:
