@@ -27,6 +27,7 @@ from quasar.config import resolve
 from quasar.evaluate import EvaluationOptions, EvaluationReport, ImportCheck, LengthResult, SandboxPolicy
 from quasar.localnet.host import make_wallet
 from quasar.terminal import rendered_text, short_hotkey
+from quasar.validator import state_files
 from quasar.validator.devices import Device, ValidatorSetupError, device_warnings, evaluation_devices
 from quasar.validator.evaluator import SubprocessEvaluator, WorkerEvaluation, outcome_from_worker, result_from_report
 from quasar.validator.loop import submission_from_work
@@ -48,20 +49,6 @@ from quasar.validator.state import (
     Submission,
     SubmissionRecord,
     ValidatorState,
-)
-from quasar.validator.state_files import (
-    ABANDONED,
-    FAILED,
-    FINISHED,
-    IN_PROGRESS,
-    PASSED,
-    PENDING,
-    REFUSED,
-    REPORTED,
-    SCHEMA_VERSION,
-    SKIPPED,
-    UNCHECKED,
-    default_state_path,
 )
 from quasar.validator.weight_setting import MAX_NAMED_LEFT_OUT, WeightSetter
 from quasar.validator.worker import HeadStart, options_from_json, options_to_json
@@ -135,10 +122,10 @@ def test_the_stages_of_a_submission(state):
     state.start_evaluation(key, "cpu", now=2.0)
     state.finish_evaluation(key, GOOD, now=3.0)
     assert [r.submission for r in state.needing_logit_check()] == [submission(1)]
-    state.record_logits(1, PASSED, "cosine 1.0", now=4.0)
+    state.record_logits(1, state_files.PASSED, "cosine 1.0", now=4.0)
     (ready,) = state.ready_to_report()
     assert ready.logits_ok is True and state.scored() == [ready]
-    state.record_report(1, REPORTED, "report 7", now=5.0)
+    state.record_report(1, state_files.REPORTED, "report 7", now=5.0)
     assert state.ready_to_report() == [] and state.open_submissions() == 0
     with pytest.raises(ValueError):
         state.record_logits(1, "maybe", "", now=6.0)
@@ -150,9 +137,10 @@ def test_failed_attempts_are_retried_then_abandoned(state):
     for attempt in range(1, MAX_ATTEMPTS + 1):
         assert state.start_evaluation(key, "cuda:0", now=2.0) == attempt
         status = state.fail_attempt(key, f"worker crashed {attempt}", now=3.0)
-        assert status == (ABANDONED if attempt == MAX_ATTEMPTS else PENDING)
+        assert status == (state_files.ABANDONED if attempt == MAX_ATTEMPTS else state_files.PENDING)
     record = state.evaluation(key)
-    assert (record.status, record.attempts, record.last_error) == (ABANDONED, MAX_ATTEMPTS, "worker crashed 3")
+    assert (record.status, record.last_error) == (state_files.ABANDONED, "worker crashed 3")
+    assert record.attempts == MAX_ATTEMPTS
     assert state.pending_evaluations() == [] and state.open_submissions() == 0 and state.scored() == []
     with pytest.raises(StateError, match="not pending"):
         state.start_evaluation(key, "cuda:0", now=4.0)
@@ -182,7 +170,7 @@ def test_a_cancelled_evaluation_does_not_count_as_an_attempt(state):
     key = submission(1).key
     state.start_evaluation(key, "cpu", now=2.0)
     state.cancel_evaluation(key)
-    assert (state.evaluation(key).status, state.evaluation(key).attempts) == (PENDING, 0)
+    assert (state.evaluation(key).status, state.evaluation(key).attempts) == (state_files.PENDING, 0)
 
 
 def test_reopening_after_a_crash_redoes_in_progress_work_but_keeps_results(tmp_path):
@@ -194,12 +182,13 @@ def test_reopening_after_a_crash_redoes_in_progress_work_but_keeps_results(tmp_p
     crashed.start_evaluation(first.key, "cpu", now=2.0)
     crashed.finish_evaluation(first.key, GOOD, now=3.0)
     crashed.start_evaluation(second.key, "cpu", now=4.0)
-    assert crashed.evaluation(second.key).status == IN_PROGRESS
+    assert crashed.evaluation(second.key).status == state_files.IN_PROGRESS
     crashed.close()  # what the kernel does for a killed process: the lock goes, the file stays
     with ValidatorState.open(path) as reopened:
-        assert reopened.evaluation(first.key).status == FINISHED
+        assert reopened.evaluation(first.key).status == state_files.FINISHED
         assert reopened.evaluation(first.key).result == GOOD
-        assert (reopened.evaluation(second.key).status, reopened.evaluation(second.key).attempts) == (PENDING, 1)
+        interrupted = reopened.evaluation(second.key)
+        assert (interrupted.status, interrupted.attempts) == (state_files.PENDING, 1)
         assert reopened.pending_evaluations() == [second.key]
 
 
@@ -247,9 +236,9 @@ def test_a_kill_inside_an_import_or_a_refusal_leaves_nothing_to_evaluate_again(t
     with ValidatorState.open(path) as restarted:
         assert restarted.pending_evaluations() == [], "the restarted validator evaluates it again"
         (record,) = restarted.submissions()
-        assert record.evaluation.status == FINISHED
+        assert record.evaluation.status == state_files.FINISHED
         if call == "import":
-            assert (record.logits, record.report_state) == (PASSED, REPORTED)
+            assert (record.logits, record.report_state) == (state_files.PASSED, state_files.REPORTED)
             assert restarted.ready_to_report() == [] and restarted.needing_logit_check() == []
         else:
             assert record.evaluation.result.reasons == ("fork_url: must use https",)
@@ -318,7 +307,7 @@ def test_copies_of_another_hotkeys_kernel_are_left_out_of_what_ranks(state):
         key = submission(submission_id, commit=commit).key
         state.start_evaluation(key, "cpu", now=2.0)
         state.finish_evaluation(key, replace(GOOD, content_hash=content), now=3.0)
-        state.record_logits(submission_id, PASSED, "ok", now=4.0)
+        state.record_logits(submission_id, state_files.PASSED, "ok", now=4.0)
     assert state.evaluation(submission(2, commit="b" * 40).key).result.content_hash == kernel
     # 2 copies 1's kernel; 3 is 1's own hotkey resubmitting it: not a copy.
     assert [record.submission.submission_id for record in state.scored()] == [1, 3, 4]
@@ -336,7 +325,7 @@ def test_a_commitment_to_a_kernel_already_submitted_is_the_copy_in_the_validator
         key = submission(submission_id, commit=commit).key
         state.start_evaluation(key, "cpu", now=2.0)
         state.finish_evaluation(key, replace(GOOD, content_hash=kernel), now=3.0)
-        state.record_logits(submission_id, PASSED, "ok", now=4.0)
+        state.record_logits(submission_id, state_files.PASSED, "ok", now=4.0)
     assert [record.submission.submission_id for record in state.scored()] == [2]
 
 
@@ -349,15 +338,15 @@ def test_harness_reports_are_dropped_once_reported_and_old_and_the_ranking_keeps
         key = submission(submission_id, commit=commit).key
         state.start_evaluation(key, "cpu", now=2.0)
         state.finish_evaluation(key, replace(GOOD, report={"lengths": {}}), now=100.0 * submission_id)
-        state.record_logits(submission_id, PASSED, "", now=400.0)
+        state.record_logits(submission_id, state_files.PASSED, "", now=400.0)
     state.add_submission(submission(4, hotkey=HOTKEYS[1], commit="a" * 40), now=401.0)  # a copy, unreported
     ranked = [(record.submission, record.evaluation, record.logits) for record in state.scored()]
-    state.record_report(1, REPORTED, "report 1", now=402.0)
-    state.record_report(2, REFUSED, "422", now=402.0)
+    state.record_report(1, state_files.REPORTED, "report 1", now=402.0)
+    state.record_report(2, state_files.REFUSED, "422", now=402.0)
     assert state.forget_reports(finished_before=250.0) == 1  # 1 waits for its copy's report, 3 is recent
     reports = {record.submission.submission_id: record.evaluation.result.report for record in state.submissions()}
     assert reports == {1: {"lengths": {}}, 2: None, 3: {"lengths": {}}, 4: {"lengths": {}}}
-    state.record_report(4, REPORTED, "report 4", now=403.0)
+    state.record_report(4, state_files.REPORTED, "report 4", now=403.0)
     assert state.forget_reports(finished_before=250.0) == 1 and state.forget_reports(finished_before=250.0) == 0
     assert [(record.submission, record.evaluation, record.logits) for record in state.scored()] == ranked
 
@@ -377,9 +366,11 @@ def test_ranking_reads_no_harness_report_and_matches_the_full_read(tmp_path):
                 content = rng.choice(["a" * 64, "b" * 64, None])
                 state.finish_evaluation(key, replace(GOOD, report={"n": submission_id}, content_hash=content), now=3.0)
                 if rng.random() < 0.8:
-                    state.record_logits(submission_id, rng.choice([PASSED, FAILED]), "", now=4.0)
+                    state.record_logits(
+                        submission_id, rng.choice([state_files.PASSED, state_files.FAILED]), "", now=4.0
+                    )
         # The slow reference: every finished record read whole, copies and unchecked logits left out.
-        known = state.submissions("e.status = ?", (FINISHED,))
+        known = state.submissions("e.status = ?", (state_files.FINISHED,))
         copies = originality.find_copies(
             originality.Fingerprint(
                 r.submission.submission_id,
@@ -390,7 +381,7 @@ def test_ranking_reads_no_harness_report_and_matches_the_full_read(tmp_path):
             )
             for r in known
         )
-        expected = [r for r in known if r.logits != UNCHECKED and r.submission.submission_id not in copies]
+        expected = [r for r in known if r.logits != state_files.UNCHECKED and r.submission.submission_id not in copies]
         without_reports = [
             replace(r, evaluation=replace(r.evaluation, result=replace(r.evaluation.result, report=None)))
             for r in expected
@@ -413,7 +404,7 @@ def test_a_state_file_of_schema_1_gains_the_content_hash(tmp_path):
         db.execute("ALTER TABLE submissions DROP COLUMN counts_from_block")
         db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     with ValidatorState.open(path) as state:
-        assert state.get_meta("schema_version") == str(SCHEMA_VERSION)
+        assert state.get_meta("schema_version") == str(state_files.SCHEMA_VERSION)
         assert state.evaluation(submission(1).key).result == GOOD  # kept, with no content hash
 
 
@@ -425,7 +416,7 @@ def test_a_state_file_of_schema_2_gains_the_block_submissions_count_from(tmp_pat
         db.execute("ALTER TABLE submissions DROP COLUMN counts_from_block")
         db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
     with ValidatorState.open(path) as state:
-        assert state.get_meta("schema_version") == str(SCHEMA_VERSION) == "3"
+        assert state.get_meta("schema_version") == str(state_files.SCHEMA_VERSION) == "3"
         # Fetched before the API sent the block: it counts from block 0, before any fetched since.
         assert [record.submission for record in state.submissions()] == [submission(1, block=0)]
 
@@ -440,7 +431,7 @@ def test_a_state_file_of_another_schema_is_refused(tmp_path):
 
 def test_default_state_path_separates_networks_subnets_and_hotkeys(tmp_path):
     paths = {
-        default_state_path(tmp_path, network, netuid, hotkey)
+        state_files.default_state_path(tmp_path, network, netuid, hotkey)
         for network in ("finney", "devchain")
         for netuid in (24, 3)
         for hotkey in HOTKEYS[:2]
@@ -485,11 +476,11 @@ def test_work_from_an_api_older_than_counts_from_block_is_still_taken():
 
 
 def record(
-    submission_: Submission, result: EvaluationResult, logits: str = PASSED, reason: str = "ok"
+    submission_: Submission, result: EvaluationResult, logits: str = state_files.PASSED, reason: str = "ok"
 ) -> SubmissionRecord:
     from quasar.validator.state import EvaluationRecord
 
-    evaluation = EvaluationRecord(submission_.key, FINISHED, 1, "cpu", None, result, 1.0, 2.0)
+    evaluation = EvaluationRecord(submission_.key, state_files.FINISHED, 1, "cpu", None, result, 1.0, 2.0)
     return SubmissionRecord(submission_, evaluation, logits, reason, "unreported", None)
 
 
@@ -508,12 +499,12 @@ def test_api_report_passes_only_an_eligible_result():
     assert over_claimed.verdict == "failed" and over_claimed.correct
     assert over_claimed.reasons[0].startswith("claim check: measured 1,000 tok/s is below 0.9")
 
-    bad_logits = api_report(record(submission(3, claimed=1200.0), GOOD, FAILED, "cosine 0.5 < 0.99"))
+    bad_logits = api_report(record(submission(3, claimed=1200.0), GOOD, state_files.FAILED, "cosine 0.5 < 0.99"))
     assert bad_logits.verdict == "failed" and bad_logits.logits_ok is False
     assert "logit check failed: cosine 0.5 < 0.99" in bad_logits.reasons
     assert any(reason.startswith("claim check") for reason in bad_logits.reasons)
 
-    wrong = api_report(record(submission(4), BAD, SKIPPED, "not checked: the evaluation failed"))
+    wrong = api_report(record(submission(4), BAD, state_files.SKIPPED, "not checked: the evaluation failed"))
     assert (wrong.verdict, wrong.correct, wrong.logits_ok, wrong.measured_tokens_per_sec) == (
         "failed",
         False,
@@ -536,7 +527,7 @@ def test_api_report_carries_the_harness_figures_per_length():
         {"seq_len": 1024, "status": "oom", "tokens_per_sec": None, "peak_vram_mb": None, "correct": None},
     )
     assert ReportRequest(submission_id=1, verdict="failed", correct=False, lengths=list(sent.lengths)).lengths
-    assert api_report(record(submission(2), BAD, SKIPPED, "not checked")).lengths is None
+    assert api_report(record(submission(2), BAD, state_files.SKIPPED, "not checked")).lengths is None
 
 
 def test_reasons_are_bounded_to_what_the_api_accepts():
@@ -565,7 +556,7 @@ def test_plan_weights_maps_the_top_four_to_uids_and_burns_the_rest():
         scoring_result(record(submission(1, HOTKEYS[0], claimed=900.0), GOOD)),
         scoring_result(record(submission(2, HOTKEYS[1], commit="f" * 40, claimed=500.0), GOOD)),
         scoring_result(record(submission(3, HOTKEYS[2], commit="d" * 40, claimed=990.0), GOOD)),  # deregistered
-        scoring_result(record(submission(4, HOTKEYS[1], claimed=900.0), BAD, SKIPPED)),
+        scoring_result(record(submission(4, HOTKEYS[1], claimed=900.0), BAD, state_files.SKIPPED)),
     ]
     plan = plan_weights(results, graph, owner_uid=0, epsilon=0.01)
     assert plan.unregistered == (HOTKEYS[2],)
