@@ -41,9 +41,8 @@ RevealState = Literal["waiting", "open", "expired"]
 
 @dataclass(frozen=True)
 class RevealWindow:
-    """Blocks in which a commitment made at ``commit_block`` may be revealed: ``opens``..``closes``."""
+    """Blocks in which a commitment may be revealed: ``opens``..``closes``."""
 
-    commit_block: int
     opens: int
     closes: int
 
@@ -57,7 +56,7 @@ class RevealWindow:
 def reveal_window(commit_block: int, blocks_until_reveal: int, window_blocks: int) -> RevealWindow:
     """A reveal opens ``blocks_until_reveal`` blocks after the commit and stays open ``window_blocks``."""
     opens = commit_block + blocks_until_reveal
-    return RevealWindow(commit_block, opens, opens + window_blocks - 1)
+    return RevealWindow(opens, opens + window_blocks - 1)
 
 
 def counts_from_block(method: str, submitted_block: int, blocks_until_reveal: int) -> int:
