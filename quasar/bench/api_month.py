@@ -43,7 +43,15 @@ from quasar.api.db import Database, Submission
 from quasar.api.judging import evaluated_submissions
 from quasar.api.service import ApiConfig, SubmissionService
 from quasar.api.status import HISTORY_ROUNDS, StatusReader
-from quasar.bench.month_timing import Timing, counts, files_folder, json_file, progress_bar, timed
+from quasar.bench.month_timing import (
+    Timing,
+    add_increasing_counts,
+    counts,
+    files_folder,
+    json_file,
+    progress_bar,
+    timed,
+)
 from quasar.chain import Chain, Metagraph, NeuronInfo
 from quasar.log import setup_logging
 
@@ -304,21 +312,15 @@ def commitments_table(figures: Sequence[CommitmentFigures]) -> Table:
 def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-month") -> int:
     """Measure the days and the commitments asked for and print their tables."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0].replace("``", ""))
-    parser.add_argument(
-        "--days",
-        type=counts,
-        nargs="+",
-        metavar="N",
-        help="the days after which to time the reads (default 1 7 14 30, unless --commitments alone)",
+    add_increasing_counts(
+        parser, "--days", help="the days after which to time the reads (default 1 7 14 30, unless --commitments alone)"
     )
     parser.add_argument(
         "--miners", type=counts, default=SUBNET_MINERS, help=f"miners submitting (default {SUBNET_MINERS})"
     )
-    parser.add_argument(
+    add_increasing_counts(
+        parser,
         "--commitments",
-        type=counts,
-        nargs="+",
-        metavar="N",
         help="also time the pending reveals after N commitments never revealed (e.g. 10000 100000 400000)",
     )
     parser.add_argument(
@@ -332,9 +334,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-month"
     args = parser.parse_args(argv)
     if args.miners > SUBNET_MINERS:
         parser.error(f"--miners: a subnet holds {SUBNET_MINERS} miners beside its validators")
-    for flag, values in (("--days", args.days), ("--commitments", args.commitments)):
-        if values and values != sorted(set(values)):
-            parser.error(f"{flag}: each must be larger than the one before (the rows are added to): {values}")
     days = args.days or ([] if args.commitments else [1, 7, 14, 30])
     setup_logging(quiet=True)
     console = Console()

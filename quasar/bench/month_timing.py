@@ -1,5 +1,5 @@
 """What the month benchmarks share (``quasar bench api-month``, ``validator-month``): timed calls,
-their progress bar, their options' checks and the folder their files go to."""
+their progress bar, their options, their checks and the folder their files go to."""
 
 from __future__ import annotations
 
@@ -52,6 +52,29 @@ def counts(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+class _Increasing(argparse.Action):
+    """Takes a list of counts only when each is larger than the one before."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        if values != sorted(set(values)):
+            parser.error(f"{option_string}: each must be larger than the one before (the rows are added to): {values}")
+        setattr(namespace, self.dest, values)
+
+
+def add_increasing_counts(
+    parser: argparse.ArgumentParser, flag: str, help: str, default: list[int] | None = None
+) -> None:
+    """Add the option ``flag N [N ...]``: the sizes to measure at, each larger than the one before,
+    as a month benchmark adds the rows of one size to those of the size before it."""
+    parser.add_argument(flag, type=counts, nargs="+", metavar="N", default=default, action=_Increasing, help=help)
 
 
 def json_file(text: str) -> Path:

@@ -26,7 +26,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from quasar.bench.month_timing import Timing, counts, files_folder, json_file, progress_bar, timed
+from quasar.bench.month_timing import Timing, add_increasing_counts, files_folder, json_file, progress_bar, timed
 from quasar.log import setup_logging
 from quasar.validator.state import ValidatorState
 from quasar.validator.state_files import FINISHED, PASSED, REPORTED
@@ -136,11 +136,9 @@ def figures_table(figures: Sequence[StateFigures]) -> Table:
 def main(argv: Sequence[str] | None = None, prog: str = "quasar bench validator-month") -> int:
     """Measure the state file at each count of evaluations and print the table."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0].replace("``", ""))
-    parser.add_argument(
+    add_increasing_counts(
+        parser,
         "--evaluations",
-        type=counts,
-        nargs="+",
-        metavar="N",
         default=[10_000, 50_000, 100_000, 200_000],
         help="the counts of evaluations at which to time the queries (default 10000 50000 100000 200000)",
     )
@@ -152,8 +150,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench validator-
     )
     parser.add_argument("--json", type=json_file, help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
-    if args.evaluations != sorted(set(args.evaluations)):
-        parser.error(f"--evaluations: each must be larger than the one before (rows are added): {args.evaluations}")
     setup_logging(quiet=True)
     console = Console()
     folder, temporary = files_folder(args.keep, [STATE_FILE])
