@@ -305,7 +305,7 @@ def commitments_table(figures: Sequence[CommitmentFigures]) -> Table:
     table.add_column("pending shown", justify="right")
     table.add_column("pending reveals", justify="right")
     for each in figures:
-        table.add_row(f"{each.commitments:,}", str(each.shown), each.timing.cell(1).replace("\n", " (") + ")")
+        table.add_row(f"{each.commitments:,}", str(each.shown), each.timing.line(1))
     return table
 
 

@@ -29,6 +29,10 @@ class Timing:
         """The median, then the fastest–slowest, for a table's cell."""
         return f"{self.median_ms:.{digits}f} ms\n{self.min_ms:.{digits}f}–{self.max_ms:.{digits}f}"
 
+    def line(self, digits: int) -> str:
+        """:meth:`cell` on one line, the fastest–slowest in brackets."""
+        return self.cell(digits).replace("\n", " (") + ")"
+
 
 def timed(call: Callable[[], Any], repeats: int) -> tuple[Timing, Any]:
     """``repeats`` calls of ``call`` timed, and what the last one returned."""

@@ -126,8 +126,8 @@ def figures_table(figures: Sequence[StateFigures]) -> Table:
         table.add_row(
             f"{each.evaluations:,}",
             f"{each.megabytes:,.0f} MB",
-            each.indexed.cell(1).replace("\n", " (") + ")",
-            each.scanned.cell(1).replace("\n", " (") + ")",
+            each.indexed.line(1),
+            each.scanned.line(1),
             f"{each.scored.median_ms:,.0f} ms",
         )
     return table
