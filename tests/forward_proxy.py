@@ -9,51 +9,32 @@ requests to; every other host is asked as named. :attr:`requests` lists each for
 from __future__ import annotations
 
 import http.client
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
+
+from servers import QuietHandler, ThreadedServers
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) are the proxy's own on each side, never relayed.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization", "te", "trailer", "upgrade"}
 
 
-class ForwardProxy:
+class ForwardProxy(ThreadedServers):
     """Forward plain-HTTP requests on a free 127.0.0.1 port until :meth:`close`."""
 
     def __init__(self, hosts: dict[str, str] | None = None):
         self.hosts = dict(hosts or {})
         self.requests: list[tuple[str, str]] = []  # (method, absolute URL) of every request, in order
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-        self._thread.start()
+        super().__init__(self._handler())
 
     @property
     def url(self) -> str:
         """The value for ``HTTP_PROXY``."""
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def close(self) -> None:
-        """Stop serving."""
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(10)
-
-    def __enter__(self) -> ForwardProxy:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        return self.server_url()
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         proxy = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass  # the test reads proxy.requests instead
-
+        class Handler(QuietHandler):
             def do_HEAD(self) -> None:
                 self._forward()
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import socket
 import ssl
 import subprocess
-import threading
 from pathlib import Path
+
+from servers import accept_connections, read_head
 
 REFUSE = "refuse"  # the proxy answers the tunnel with 502
 CUT = "cut"  # the tunnel opens, TLS starts, and the connection closes once a request came
@@ -55,30 +56,11 @@ class GitHubProxy:
         self.url = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
 
     def __enter__(self) -> GitHubProxy:
-        threading.Thread(target=self._serve, daemon=True).start()
+        accept_connections(self._socket, self._answer)
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self._socket.close()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                connection, _ = self._socket.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(connection,), daemon=True).start()
-
-    @staticmethod
-    def _read_head(connection: socket.socket) -> bytes:
-        """The request's head and what came after it (b"" when the connection closed first)."""
-        head = b""
-        while b"\r\n\r\n" not in head:
-            data = connection.recv(4096)
-            if not data:
-                return b""
-            head += data
-        return head
 
     def _serve_git(self, tls: ssl.SSLSocket, received: bytes) -> None:
         """Answer one request as GitHub's smart HTTP does, through ``git http-backend``."""
@@ -114,14 +96,14 @@ class GitHubProxy:
     def _answer(self, connection: socket.socket) -> None:
         with connection:
             try:
-                if not self._read_head(connection):
+                if not read_head(connection):
                     return
                 if self.mode == REFUSE:
                     connection.sendall(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
                     return
                 connection.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 with self._tls.wrap_socket(connection, server_side=True) as tls:
-                    received = self._read_head(tls)
+                    received = read_head(tls)
                     if not received or self.mode == CUT:
                         return
                     if self.mode == SERVE:

@@ -19,10 +19,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
+
+from servers import QuietHandler, ThreadedServers
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 LFS_SUFFIXES = (".safetensors", ".bin")
@@ -50,7 +51,7 @@ class _Repo:
         return entries
 
 
-class HubStandIn:
+class HubStandIn(ThreadedServers):
     """Serve ``repos`` (hub id → model folder) on a free 127.0.0.1 port until :meth:`close`."""
 
     def __init__(self, repos: dict[str, Path]):
@@ -60,22 +61,17 @@ class HubStandIn:
         self._cuts: dict[str, int] = {}
         # The CDN is a second port: huggingface_hub follows a redirect within the hub's origin
         # itself, and stops at one to another origin, taking the file's metadata from that answer.
-        self._servers = [ThreadingHTTPServer(("127.0.0.1", 0), self._handler()) for _ in ("hub", "cdn")]
-        self._threads = []
-        for server in self._servers:
-            server.daemon_threads = True
-            self._threads.append(threading.Thread(target=server.serve_forever, daemon=True))
-            self._threads[-1].start()
+        super().__init__(self._handler(), count=2)
 
     @property
     def endpoint(self) -> str:
         """The value for ``HF_ENDPOINT``."""
-        return f"http://127.0.0.1:{self._servers[0].server_address[1]}"
+        return self.server_url(0)
 
     @property
     def cdn(self) -> str:
         """Where the LFS files' redirects point."""
-        return f"http://127.0.0.1:{self._servers[1].server_address[1]}"
+        return self.server_url(1)
 
     def answer(self, status: int | None, error_code: str = "") -> None:
         """Answer every request with ``status`` (and ``X-Error-Code: error_code``); None: serve again."""
@@ -97,28 +93,10 @@ class HubStandIn:
             if method == "GET" and (path.endswith("/" + filename) or path.rsplit("/", 1)[-1] in hashes)
         )
 
-    def close(self) -> None:
-        """Stop serving."""
-        for server, thread in zip(self._servers, self._threads):
-            server.shutdown()
-            server.server_close()
-            thread.join(10)
-
-    def __enter__(self) -> HubStandIn:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         hub = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass  # the test reads hub.requests instead
-
+        class Handler(QuietHandler):
             def do_HEAD(self) -> None:
                 self._serve(body=False)
 

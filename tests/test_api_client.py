@@ -16,7 +16,7 @@ from starlette.routing import Route
 from quasar.api.client import MAX_DETAIL_CHARS, ApiClient, ApiClientError
 from quasar.cutoff import MAX_QUOTED_CHARS
 from quasar.localnet.host import make_wallet
-from servers import serving
+from servers import accept_connections, read_head, serving
 
 # A maintenance page as a reverse proxy serves it, far longer than an error message may quote.
 PROXY_PAGE = (
@@ -74,24 +74,12 @@ class RawServer:
         self.sent = 0
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+        accept_connections(self.sock, self._handle)
 
     def _handle(self, conn: socket.socket) -> None:
         with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
+            if not read_head(conn):
+                return
             try:
                 self.answer(conn, self)
             except OSError:
