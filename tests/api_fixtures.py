@@ -9,7 +9,6 @@ has installed it.
 from __future__ import annotations
 
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,13 +17,12 @@ from dataclasses import dataclass, field, replace
 import bittensor as bt
 import httpx
 import pytest
-import uvicorn
 
 from quasar import config
 from quasar.api.app import create_app
 from quasar.api.client import ApiClient, ApiClientError
 from quasar.api.db import Database
-from quasar.api.devdb import PostgresUnavailable, TemporaryPostgres, free_port
+from quasar.api.devdb import PostgresUnavailable, TemporaryPostgres, ThreadedServer
 from quasar.api.service import ApiConfig
 from quasar.chain.devchain import DevChain
 from quasar.localnet.host import make_wallet
@@ -71,8 +69,8 @@ class Clock:
         return time.time() + self.offset
 
 
-class ApiServer:
-    """The API app served by uvicorn in a thread on a free 127.0.0.1 port."""
+class ApiServer(ThreadedServer):
+    """The API app over its own :class:`Database`, served by uvicorn in a thread on a free 127.0.0.1 port."""
 
     def __init__(
         self,
@@ -83,28 +81,10 @@ class ApiServer:
         fast_lane: bool = True,
     ):
         self.database = Database(database_url)
-        self.app = create_app(config, chain, self.database, clock, fast_lane)
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(
-            uvicorn.Config(
-                self.app, host="127.0.0.1", port=self.port, log_level="warning", proxy_headers=False, log_config=None
-            )
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> ApiServer:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the API server did not start")
-            time.sleep(0.02)
-        return self
+        super().__init__(create_app(config, chain, self.database, clock, fast_lane))
 
     def __exit__(self, *exc_info) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+        super().__exit__(*exc_info)
         self.database.dispose()
 
 

@@ -1,4 +1,5 @@
-"""Throwaway servers on loopback, for tests and the load benchmark: PostgreSQL, and the API itself.
+"""Throwaway servers on loopback, for tests and the benchmarks: PostgreSQL, and the API itself (in
+processes of its own, or in a thread of this one).
 
 Uses the server binaries of the Debian ``postgresql`` package (``./scripts/test.sh`` installs it
 when missing): ``initdb`` into a fresh temporary folder, ``pg_ctl start`` on a free 127.0.0.1 port,
@@ -16,11 +17,15 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Self
 
 import httpx
+import uvicorn
+from starlette.types import ASGIApp
 
 from quasar.errors import QuasarError
 
@@ -52,6 +57,37 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+class ThreadedServer:
+    """``app`` served by uvicorn in a thread of this process on a free port of 127.0.0.1, from the
+    start of a ``with`` block to its end. As under ``serve``, uvicorn takes no client address from
+    proxy headers (the API believes them only from its TRUSTED_PROXIES)."""
+
+    def __init__(self, app: ASGIApp, start_timeout_s: float = 30.0) -> None:
+        self.app = app
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.start_timeout_s = start_timeout_s
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                app, host="127.0.0.1", port=self.port, log_level="warning", proxy_headers=False, log_config=None
+            )
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        deadline = time.monotonic() + self.start_timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
 
 
 class TemporaryPostgres:

@@ -20,20 +20,18 @@ import functools
 import http.client
 import json
 import math
-import socket
 import statistics
-import threading
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Self
 
-import uvicorn
 from rich.console import Console
 from rich.table import Table
 
 from quasar.api.app import create_app
 from quasar.api.dashboard import MINER_SUBMISSIONS
+from quasar.api.devdb import ThreadedServer
 from quasar.bench.api_month import (
     BLOCK_S,
     PER_ROUND,
@@ -58,31 +56,18 @@ class PageFigures:
     kept: Timing
 
 
-class PageServer:
+class PageServer(ThreadedServer):
     """The API's app over ``chain`` and the database at ``path``, served on a free port of 127.0.0.1."""
 
     def __init__(self, path: Path, chain: FixedChain) -> None:
         app = create_app(api_config(), chain, f"sqlite:///{path}", clock=lambda: chain.block * BLOCK_S)
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", log_config=None)
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        super().__init__(app, start_timeout_s=60)
 
-    def __enter__(self) -> PageServer:
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise SystemExit(f"the API did not start on 127.0.0.1:{self.port}")
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
+    def __enter__(self) -> Self:
+        try:
+            return super().__enter__()
+        except RuntimeError as error:
+            raise SystemExit(str(error)) from None
 
     def get(self, path: str) -> int:
         """``path``'s body size in bytes; SystemExit naming it unless it answers 200."""
