@@ -98,6 +98,7 @@ class _Kept:
     page: bool
 
 
+@dataclass(eq=False)
 class BlockCache:
     """Rendered bodies by request target and block; ``current_block`` must be cheap (it is asked on
     every cached read). Only 200 responses are kept (an error page is computed each time); at most
@@ -107,21 +108,15 @@ class BlockCache:
     targets keep at most ``pooled_entries`` of the entries, the least recently computed of them
     dropped first."""
 
-    def __init__(
-        self,
-        current_block: Callable[[], int],
-        max_entries: int = DEFAULT_MAX_ENTRIES,
-        page_render_duty: float = PAGE_RENDER_DUTY,
-        shared: SharedRenders | None = None,
-        pooled_entries: int = POOLED_ENTRIES,
-    ):
-        if not 0 < page_render_duty <= 1:
-            raise ValueError(f"page_render_duty must be in (0, 1], got {page_render_duty}")
-        self.current_block = current_block
-        self.max_entries = max_entries
-        self.page_render_duty = page_render_duty
-        self.shared = shared
-        self.pooled_entries = pooled_entries
+    current_block: Callable[[], int]
+    max_entries: int = DEFAULT_MAX_ENTRIES
+    page_render_duty: float = PAGE_RENDER_DUTY
+    shared: SharedRenders | None = None
+    pooled_entries: int = POOLED_ENTRIES
+
+    def __post_init__(self) -> None:
+        if not 0 < self.page_render_duty <= 1:
+            raise ValueError(f"page_render_duty must be in (0, 1], got {self.page_render_duty}")
         self._rendered: dict[Target, _Kept] = {}
         self._pooled: dict[Target, None] = {}  # the pooled targets kept, least recently computed first
         self._computing: dict[tuple[Target, int], asyncio.Future[Rendered]] = {}
