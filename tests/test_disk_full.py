@@ -21,11 +21,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from api_fixtures import BACKENDS, SLOW_BLOCKS, ApiServer, api_config
+from api_fixtures import BACKENDS
 from quasar.api.client import ApiClient, ApiClientError, Claim
 from quasar.api.db import Database, Submission
 from quasar.api.devdb import PostgresUnavailable, TemporaryPostgres, start_api_process
-from quasar.chain.devchain import DevChain
 from quasar.evaluate import EvaluationOptions
 from quasar.imports import QUASAR_DIR
 from quasar.localnet.host import make_wallet
@@ -35,8 +34,7 @@ from quasar.miner.strategies import Candidate, EditRejected
 from quasar.miner.submission import COMMIT_REVEAL
 from quasar.miner.workspace import Workspace, WorkspaceError
 from quasar.starter_fork import write_starter_fork
-from test_miner_loop import neuron_environment
-from test_miner_standins import TOKEN, github_with_upstream
+from test_miner_loop import neuron_network
 from test_miner_submission import Setup, length, measurement, report
 from tests.gitrepo import git
 from tests.processes import proc_files
@@ -329,30 +327,19 @@ def test_a_full_disk_during_a_clone_or_a_fetch_fails_that_sync_clearly_and_harms
 
 
 def test_a_miner_started_on_a_full_disk_stops_with_one_line_naming_the_file(tmp_path):
-    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=0, slow_delay_s=0.0) as github:
-        wallets = tmp_path / "wallets"
-        api_wallet, miner = make_wallet(wallets, "api"), make_wallet(wallets, "miner")
-        chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=SLOW_BLOCKS)
-        chain.register_wallet(miner)
-        config = api_config(api_wallet.hotkey.ss58_address, allow_local_forks=True)
-        with (
-            ApiServer(config, chain, f"sqlite:///{tmp_path}/api.sqlite3") as api,
-            SmallDisk(tmp_path / "disk", 1) as disk,
-        ):
-            env = neuron_environment(tmp_path, github, api, api_wallet.hotkey.ss58_address)
-            env["WORKSPACE_ROOT"] = str(tmp_path / "disk")
-            workspace = disk.outside(miner.hotkey.ss58_address)
-            workspace.mkdir()
-            (workspace / "miner.lock").write_text("12345\n")  # a miner ran here before the disk filled
-            disk.fill()
-            command = [sys.executable, "-m", "neurons.miner", "--wallet.name", "miner", "--wallet.hotkey", "default"]
-            command += ["--wallet.path", str(wallets), "--subtensor.network", "devchain", "--netuid", "24"]
-            done = subprocess.run(
-                [*disk.enter, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
-            )
+    with neuron_network(tmp_path, fork_delay_polls=0) as network, SmallDisk(tmp_path / "disk", 1) as disk:
+        env = {**network.env, "WORKSPACE_ROOT": str(tmp_path / "disk")}
+        hotkey = network.miners["miner"].hotkey.ss58_address
+        workspace = disk.outside(hotkey)
+        workspace.mkdir()
+        (workspace / "miner.lock").write_text("12345\n")  # a miner ran here before the disk filled
+        disk.fill()
+        command = [sys.executable, "-m", "neurons.miner", "--wallet.name", "miner", "--wallet.hotkey", "default"]
+        command += ["--wallet.path", str(network.wallets), "--subtensor.network", "devchain", "--netuid", "24"]
+        done = subprocess.run([*disk.enter, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 1, done.stdout + done.stderr
         output = done.stdout + done.stderr
         assert "Traceback" not in output, output
         assert "the miner stops: [Errno 28] cannot write git's credential helper" in output
-        assert f"{tmp_path}/disk/{miner.hotkey.ss58_address}/askpass.sh" in output
+        assert f"{tmp_path}/disk/{hotkey}/askpass.sh" in output
         assert "No space left on device" in output

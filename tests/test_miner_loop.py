@@ -14,8 +14,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import bittensor as bt
 import pytest
 from starlette.applications import Starlette
 from starlette.responses import HTMLResponse
@@ -301,6 +304,39 @@ def test_the_gain_needed_grows_with_the_benchmarks_spread():
     assert required_gain(0.0, None, None) == 0.0
 
 
+@dataclasses.dataclass
+class NeuronNetwork:
+    """What a miner neuron process runs against (:func:`neuron_network`)."""
+
+    github: GitHubStandIn
+    wallets: Path
+    miners: dict[str, bt.Wallet]
+    chain: DevChain
+    api: ApiServer
+    env: dict[str, str]
+
+
+@contextmanager
+def neuron_network(
+    tmp_path: Path, miners: tuple[str, ...] = ("miner",), fork_delay_polls: int = 1
+) -> Iterator[NeuronNetwork]:
+    """A GitHub stand-in holding the upstream fork, a dev chain with a wallet of each of ``miners``
+    registered, the submission API on it, and the environment of a miner neuron process using them."""
+    with github_with_upstream(
+        tmp_path, {TOKEN: "alice"}, fork_delay_polls=fork_delay_polls, slow_delay_s=0.0
+    ) as github:
+        wallets = tmp_path / "wallets"
+        api_hotkey = make_wallet(wallets, "api").hotkey.ss58_address
+        registered = {name: make_wallet(wallets, name) for name in miners}
+        chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=SLOW_BLOCKS)
+        for wallet in registered.values():
+            chain.register_wallet(wallet)
+        config = api_config(api_hotkey, allow_local_forks=True)
+        with ApiServer(config, chain, f"sqlite:///{tmp_path}/api.sqlite3") as api:
+            env = neuron_environment(tmp_path, github, api, api_hotkey)
+            yield NeuronNetwork(github, wallets, registered, chain, api, env)
+
+
 def neuron_environment(tmp_path: Path, github: GitHubStandIn, api: ApiServer, api_hotkey: str) -> dict[str, str]:
     keep = {name: os.environ[name] for name in ("PATH", "HOME", "LANG", "TMPDIR") if name in os.environ}
     return {
@@ -331,63 +367,56 @@ def neuron_environment(tmp_path: Path, github: GitHubStandIn, api: ApiServer, ap
 def test_the_neuron_forks_submits_publishes_and_stops_cleanly(tmp_path):
     """Behind NAT: the inference server listens on 18001 here, the router forwards 203.0.113.7:28001
     to it, and the miner publishes that address and port (AXON_EXTERNAL_IP, AXON_EXTERNAL_PORT)."""
-    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=1, slow_delay_s=0.0) as github:
-        wallets = tmp_path / "wallets"
-        api_wallet, miner = make_wallet(wallets, "api"), make_wallet(wallets, "miner")
-        chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=SLOW_BLOCKS)
-        chain.register_wallet(miner)
-        config = api_config(api_wallet.hotkey.ss58_address, allow_local_forks=True)
-        with ApiServer(config, chain, f"sqlite:///{tmp_path}/api.sqlite3") as api:
-            env = neuron_environment(tmp_path, github, api, api_wallet.hotkey.ss58_address)
-            command = [
-                sys.executable,
-                "-m",
-                "neurons.miner",
-                "--wallet.name",
-                "miner",
-                "--wallet.hotkey",
-                "default",
-                "--wallet.path",
-                str(wallets),
-                "--subtensor.network",
-                "devchain",
-                "--netuid",
-                "24",
-                "--claim-share",
-                "0.5",
-            ]
-            process = subprocess.Popen(
-                command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-            )
-            hotkey = miner.hotkey.ss58_address
-            try:
-                with ApiClient(api.url) as reader:
-                    deadline = time.monotonic() + 150
-                    while reader.stats(hotkey).hotkey_submissions == 0:
-                        assert process.poll() is None, process.communicate()[0]
-                        assert time.monotonic() < deadline, "the miner made no submission"
-                        time.sleep(0.5)
-                process.send_signal(signal.SIGTERM)
-                output, _ = process.communicate(timeout=60)
-            finally:
-                if process.poll() is None:
-                    process.kill()
-            assert process.returncode == 0, output
-            assert TOKEN not in output
-            assert "published the inference endpoint 203.0.113.7:28001" in output
-            assert f"submission API: {api.url} (from VALIDATOR_API_URL)" in output
-            neuron = chain.neuron(hotkey)
-            assert (neuron.endpoint.host, neuron.endpoint.port) == ("203.0.113.7", 28001)
-            assert github.bare("alice/flash-linear-attention").is_dir()  # forked through the stand-in
-            workspace = Workspace(tmp_path / "workspaces", hotkey)
-            workspace.acquire()  # the stopped miner released its lock
-            workspace.release()
-            state = StateStore(workspace.state_file).load(hotkey)
-            assert state.last_submission.measurement.commit == bare_head(github.bare(UPSTREAM))
-            latest = (workspace.reports / "latest.json").read_text()
-            assert "STANDIN-ENVIRONMENT" in latest and TOKEN not in latest
-            recommended = json.loads(latest)["recommended_claim"]
-            assert state.last_submission.measurement.claim == pytest.approx(0.5 * recommended)
+    with neuron_network(tmp_path) as network:
+        command = [
+            sys.executable,
+            "-m",
+            "neurons.miner",
+            "--wallet.name",
+            "miner",
+            "--wallet.hotkey",
+            "default",
+            "--wallet.path",
+            str(network.wallets),
+            "--subtensor.network",
+            "devchain",
+            "--netuid",
+            "24",
+            "--claim-share",
+            "0.5",
+        ]
+        process = subprocess.Popen(
+            command, cwd=tmp_path, env=network.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        hotkey = network.miners["miner"].hotkey.ss58_address
+        try:
+            with ApiClient(network.api.url) as reader:
+                deadline = time.monotonic() + 150
+                while reader.stats(hotkey).hotkey_submissions == 0:
+                    assert process.poll() is None, process.communicate()[0]
+                    assert time.monotonic() < deadline, "the miner made no submission"
+                    time.sleep(0.5)
+            process.send_signal(signal.SIGTERM)
+            output, _ = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        assert process.returncode == 0, output
+        assert TOKEN not in output
+        assert "published the inference endpoint 203.0.113.7:28001" in output
+        assert f"submission API: {network.api.url} (from VALIDATOR_API_URL)" in output
+        neuron = network.chain.neuron(hotkey)
+        assert (neuron.endpoint.host, neuron.endpoint.port) == ("203.0.113.7", 28001)
+        assert network.github.bare("alice/flash-linear-attention").is_dir()  # forked through the stand-in
+        workspace = Workspace(tmp_path / "workspaces", hotkey)
+        workspace.acquire()  # the stopped miner released its lock
+        workspace.release()
+        state = StateStore(workspace.state_file).load(hotkey)
+        assert state.last_submission.measurement.commit == bare_head(network.github.bare(UPSTREAM))
+        latest = (workspace.reports / "latest.json").read_text()
+        assert "STANDIN-ENVIRONMENT" in latest and TOKEN not in latest
+        recommended = json.loads(latest)["recommended_claim"]
+        assert state.last_submission.measurement.claim == pytest.approx(0.5 * recommended)
 
 
 def test_a_second_hotkeys_miner_on_the_same_fork_is_refused_at_start(tmp_path):
@@ -395,45 +424,38 @@ def test_a_second_hotkeys_miner_on_the_same_fork_is_refused_at_start(tmp_path):
     branch: each kept candidates in its own clone, the second one's pushes were refused ('the fork's
     branch has commits this workspace lacks') and its workspace diverged for good. The second one
     now stops at start, naming the first one's hotkey; the first runs on."""
-    with github_with_upstream(tmp_path, {TOKEN: "alice"}, fork_delay_polls=1, slow_delay_s=0.0) as github:
-        wallets = tmp_path / "wallets"
-        api_wallet, first, second = (make_wallet(wallets, name) for name in ("api", "first", "second"))
-        chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=SLOW_BLOCKS)
-        chain.register_wallet(first)
-        chain.register_wallet(second)
-        config = api_config(api_wallet.hotkey.ss58_address, allow_local_forks=True)
-        with ApiServer(config, chain, f"sqlite:///{tmp_path}/api.sqlite3") as api:
-            env = neuron_environment(tmp_path, github, api, api_wallet.hotkey.ss58_address)
+    with neuron_network(tmp_path, miners=("first", "second")) as network:
+        first_hotkey = network.miners["first"].hotkey.ss58_address
 
-            def miner(name: str, output) -> subprocess.Popen:
-                flags = ["--wallet.name", name, "--wallet.path", str(wallets), "--netuid", "24"]
-                command = [sys.executable, "-m", "neurons.miner", *flags, "--subtensor.network", "devchain"]
-                return subprocess.Popen(command, cwd=tmp_path, env=env, stdout=output, stderr=subprocess.STDOUT)
+        def miner(name: str, output) -> subprocess.Popen:
+            flags = ["--wallet.name", name, "--wallet.path", str(network.wallets), "--netuid", "24"]
+            command = [sys.executable, "-m", "neurons.miner", *flags, "--subtensor.network", "devchain"]
+            return subprocess.Popen(command, cwd=tmp_path, env=network.env, stdout=output, stderr=subprocess.STDOUT)
 
-            log = tmp_path / "first.log"
-            with log.open("w") as output:
-                running = miner("first", output)
-            try:
-                state = Workspace(tmp_path / "workspaces", first.hotkey.ss58_address).state_file
-                deadline = time.monotonic() + 60
-                while not (state.is_file() and json.loads(state.read_text())["fork_url"]):
-                    assert running.poll() is None, log.read_text()
-                    assert time.monotonic() < deadline, "the first miner did not start"
-                    time.sleep(0.2)
-                refused = miner("second", subprocess.PIPE)
-                try:
-                    output = refused.communicate(timeout=60)[0].decode()
-                finally:
-                    if refused.poll() is None:
-                        refused.kill()
-                        refused.wait()
-                assert refused.returncode == 1, output
-                assert f"the miner of hotkey {first.hotkey.ss58_address} is running on the fork" in output
-                assert "its own GitHub account" in output
+        log = tmp_path / "first.log"
+        with log.open("w") as output:
+            running = miner("first", output)
+        try:
+            state = Workspace(tmp_path / "workspaces", first_hotkey).state_file
+            deadline = time.monotonic() + 60
+            while not (state.is_file() and json.loads(state.read_text())["fork_url"]):
                 assert running.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "the first miner did not start"
+                time.sleep(0.2)
+            refused = miner("second", subprocess.PIPE)
+            try:
+                output = refused.communicate(timeout=60)[0].decode()
             finally:
-                running.send_signal(signal.SIGTERM)
-                running.wait(timeout=60)
+                if refused.poll() is None:
+                    refused.kill()
+                    refused.wait()
+            assert refused.returncode == 1, output
+            assert f"the miner of hotkey {first_hotkey} is running on the fork" in output
+            assert "its own GitHub account" in output
+            assert running.poll() is None, log.read_text()
+        finally:
+            running.send_signal(signal.SIGTERM)
+            running.wait(timeout=60)
 
 
 def endpoint_of(**environ: str) -> tuple[str, int]:
