@@ -1,6 +1,6 @@
 """Processes in the tests: what /proc says of the running ones, Python children of the repository
-whose output the tests read, a stop signal sent where Python drops what its handler raises, and
-libfaketime for children whose clock is off."""
+whose output the tests read, what a START script said, a stop signal sent where Python drops what
+its handler raises, and libfaketime for children whose clock is off."""
 
 from __future__ import annotations
 
@@ -56,6 +56,11 @@ def script_results(script: str, args: list[str], timeout: float, **environ: str)
     result = run_python(["-c", script, *args], REPO_ROOT, timeout, env)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def said(result: subprocess.CompletedProcess) -> str:
+    """What a START script wrote to stderr, its words on one line (the scripts wrap them at 80 columns)."""
+    return " ".join(result.stderr.split())
 
 
 def bench_figures(tool: str, flags: list[str], figures_file: Path) -> tuple[subprocess.CompletedProcess[str], list]:

@@ -78,9 +78,8 @@ from quasar.validator.state import ValidatorState
 from quasar.validator.state_files import SCHEMA_VERSION, read_meta
 from quasar.validator.weight_setting import LAST_WEIGHTS_BLOCK
 from tests.gitrepo import head
-from tests.processes import proc_files, run_python, script_results, signal_in_a_finaliser
+from tests.processes import REPO_ROOT, proc_files, run_python, script_results, signal_in_a_finaliser
 
-ROOT = Path(__file__).resolve().parent.parent
 # The whole round on CPU takes about two minutes on two loaded cores, and finney's hyperparameters
 # (0.2 s blocks) add up to two tempos (144 s) for the weights' rate limit and reveal; the limit leaves room.
 ROUND_LIMIT_S = 480
@@ -92,7 +91,7 @@ def localnet_command(data_dir: Path, *flags: str) -> list[str]:
 
 
 def environment() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -437,10 +436,10 @@ def test_children_get_no_quasar_setting_from_the_environment(monkeypatch):
     monkeypatch.setenv("NETUID", "1")
     monkeypatch.setenv("GITHUB_TOKEN", "secret")
     monkeypatch.setenv("SOMETHING_ELSE", "kept")
-    env = child_environment(ROOT)
+    env = child_environment(REPO_ROOT)
     assert not {"SUBTENSOR_NETWORK", "NETUID", "GITHUB_TOKEN"} & set(env)
     assert env["SOMETHING_ELSE"] == "kept"
-    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(REPO_ROOT)
     assert env["HF_HUB_OFFLINE"] == "1"
 
 
@@ -449,7 +448,7 @@ def test_attack_a_checkouts_env_cannot_point_the_children_at_a_real_api(tmp_path
     checkout's .env read an operator's miner settings there, and the local validator and miners
     then used the real subnet's API beside the dev chain."""
     checkout = tmp_path / "checkout"
-    shutil.copytree(ROOT / "quasar", checkout / "quasar", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO_ROOT / "quasar", checkout / "quasar", ignore=shutil.ignore_patterns("__pycache__"))
     (checkout / ".env").write_text("VALIDATOR_API_URL=https://api.real-subnet.example\n")
     data_dir = tmp_path / "data"
     data_dir.mkdir()
@@ -595,7 +594,7 @@ def test_the_local_network_on_sqlite_never_imports_psycopg2():
         "print('psycopg2' in sys.modules)"
     )
     result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=environment(), capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"

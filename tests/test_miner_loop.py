@@ -57,7 +57,7 @@ from test_miner_standins import (
 )
 from tests.evaluate_runs import FAST_CPU
 from tests.gitrepo import git
-from tests.processes import run_python, signal_in_a_finaliser
+from tests.processes import run_python, said, signal_in_a_finaliser
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -565,11 +565,6 @@ def run_script(directory: Path, env: dict[str, str], *args: str) -> subprocess.C
         text=True,
         timeout=120,
     )
-
-
-def said(result: subprocess.CompletedProcess) -> str:
-    """What the script wrote to stderr, its words on one line (it wraps them at 80 columns)."""
-    return " ".join(result.stderr.split())
 
 
 def test_start_script_messages_fit_80_columns_with_each_path_and_word_whole(script_dir):

@@ -69,10 +69,9 @@ from servers import serving
 from tests.evaluate_runs import FAST_CPU
 from tests.gitrepo import commit_all
 from tests.hostile_forks import write_hostile_fork
-from tests.processes import libfaketime, proc_files
+from tests.processes import REPO_ROOT, libfaketime, proc_files, said
 from tiny_qwen import make_tiny_qwen2
 
-ROOT = Path(__file__).resolve().parent.parent
 NETUID = 24
 TARGET = 64
 CLAIM = 1.0  # tokens/s: far below what the CPU measures, so the claim check passes
@@ -835,7 +834,7 @@ def validator_command(subnet_path: Path, world, api_url: str, api_hotkey: str, d
 
 def process_environment() -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith(("QUASAR", "VALIDATOR"))}
-    env.update(PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    env.update(PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
     return env
 
 
@@ -1123,13 +1122,12 @@ def run_start_script(*flags: str, **env: str) -> subprocess.CompletedProcess:
     }
     environment.update(env)
     return subprocess.run(
-        ["bash", str(ROOT / "START_VALIDATOR.sh"), *flags], env=environment, capture_output=True, text=True, timeout=120
+        ["bash", str(REPO_ROOT / "START_VALIDATOR.sh"), *flags],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-
-
-def said(result: subprocess.CompletedProcess) -> str:
-    """What the script wrote to stderr, its words on one line (it wraps them at 80 columns)."""
-    return " ".join(result.stderr.split())
 
 
 def test_start_script_names_a_missing_wallet(tmp_path):
