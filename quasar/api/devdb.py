@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Self
+from typing import Any, Self
 
 import httpx
 import uvicorn
@@ -61,26 +61,28 @@ def free_port() -> int:
 
 class ThreadedServer:
     """``app`` served by uvicorn in a thread of this process on a free port of 127.0.0.1, from the
-    start of a ``with`` block to its end. As under ``serve``, uvicorn takes no client address from
-    proxy headers (the API believes them only from its TRUSTED_PROXIES)."""
+    start of a ``with`` block to its end. The socket is bound here, so no other process can take
+    the port in between. As under ``serve``, uvicorn takes no client address from proxy headers
+    (the API believes them only from its TRUSTED_PROXIES); ``options`` are more of uvicorn's (a
+    server's own, such as quasar.inference.server.server_options)."""
 
-    def __init__(self, app: ASGIApp, start_timeout_s: float = 30.0) -> None:
+    def __init__(self, app: ASGIApp, start_timeout_s: float = 30.0, **options: Any) -> None:
         self.app = app
-        self.port = free_port()
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.bind(("127.0.0.1", 0))
+        self.port = self.socket.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.start_timeout_s = start_timeout_s
-        self.server = uvicorn.Server(
-            uvicorn.Config(
-                app, host="127.0.0.1", port=self.port, log_level="warning", proxy_headers=False, log_config=None
-            )
-        )
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        config = {"log_level": "warning", "proxy_headers": False, "log_config": None, **options}
+        self.server = uvicorn.Server(uvicorn.Config(app, **config))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
 
     def __enter__(self) -> Self:
         self.thread.start()
         deadline = time.monotonic() + self.start_timeout_s
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
+                self.socket.close()
                 raise RuntimeError(f"the server did not start on {self.url}")
             time.sleep(0.02)
         return self
@@ -88,6 +90,7 @@ class ThreadedServer:
     def __exit__(self, *exc_info: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
+        self.socket.close()
 
 
 class TemporaryPostgres:
