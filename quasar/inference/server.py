@@ -48,7 +48,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 from starlette.concurrency import run_in_threadpool
 
-from quasar import auth
+from quasar import auth, config
 from quasar.api.chaincache import CachedMetagraphChain
 from quasar.api.protocol import Deadline, LimitedHttpToolsProtocol
 from quasar.api.rules import address_key
@@ -66,17 +66,22 @@ _MAX_GET_BODY_BYTES = 1024
 NONCE_RETENTION_S = 60.0
 
 
+def _setting_default(key: str) -> int:
+    return int(config.OPTIONS_BY_KEY[key].default)
+
+
 @dataclass(frozen=True)
 class InferenceLimits:
-    """What one server accepts; a validator's challenges must fit inside (docs/miner.md, "Miner inference server")."""
+    """What one server accepts; a validator's challenges must fit inside (docs/miner.md, "Miner
+    inference server"). The defaults of those with a setting are the setting's (INFERENCE_*)."""
 
-    max_prompt_len: int = 2048
-    max_gen_len: int = 256
-    queue_size: int = 8
+    max_prompt_len: int = _setting_default("inference_max_prompt_len")
+    max_gen_len: int = _setting_default("inference_max_gen_len")
+    queue_size: int = _setting_default("inference_queue_size")
     max_header_bytes: int = 16 * 1024
     header_timeout_s: float = 10.0
     body_timeout_s: float = 10.0
-    max_connections_per_client: int = 16
+    max_connections_per_client: int = _setting_default("inference_max_connections_per_client")
     # A validator checks one miner at a time; its last request may still run after it gave up.
     max_pending_per_caller: int = 2
     # How old the last metagraph read may be to check callers by while the chain cannot be read.
