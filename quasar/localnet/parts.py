@@ -295,7 +295,7 @@ class NetworkParts:
                 f"reference model {wanted!r} is neither a folder nor in the local Hugging Face cache: "
                 f"download it first (hf download {wanted}) or leave --reference-model out"
             )
-        default = config.OPTIONS_BY_KEY["reference_model"].default
+        default = config.REFERENCE_MODEL_ID
         if not self.options.stand_in_model and hub_model_cached(default):
             return default, f"reference model: {default} (from the local Hugging Face cache)"
         path = write_stand_in_model(self.data_dir / "model")
