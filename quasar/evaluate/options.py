@@ -11,7 +11,7 @@ import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from quasar.config.options import DEFAULT_SEQ_LENS
+from quasar.config.options import DEFAULT_SEQ_LENS, OPTIONS_BY_KEY
 from quasar.config.values import MAX_SEQ_LEN, MIN_SEQ_LEN
 from quasar.errors import QuasarError
 from quasar.evaluate.sandbox import SandboxPolicy
@@ -32,12 +32,6 @@ MAX_TOKENS_PER_REQUEST = 1 << 21
 # The count the parent may ask for; a reply's fingerprints must fit in protocol.MAX_HEADER_BYTES.
 MAX_FORWARDS_PER_REQUEST = 256
 
-# Seconds the child has to import the fork's layer and build it (``load``; its kernels compile
-# later, in each length's first forward, under ``length_timeout_s``): a real fla tree's import took
-# 9.4-16.4 s on an H100 machine's one pinned core (benchmarks/RESULTS.md, issue 32), the starter
-# fork's 0.2-0.4 s; seven times the slowest.
-DEFAULT_LOAD_TIMEOUT_S = 120.0
-
 
 class EvaluationInputError(QuasarError, ValueError):
     """The evaluation was asked for something it cannot do; the message names the argument."""
@@ -52,11 +46,15 @@ class NotOnThisMachine(EvaluationInputError):
 class EvaluationOptions:
     """How to evaluate: lengths, device, limits, repeat counts, sandbox policy."""
 
+    # What a setting gives (options_from_settings) defaults to that setting's default, but for
+    # triton_seed_dir.
     seq_lens: tuple[int, ...] = DEFAULT_SEQ_LENS
-    device: str = "cuda"
-    timeout_s: float = 3600.0
+    device: str = OPTIONS_BY_KEY["device"].default
+    timeout_s: float = float(OPTIONS_BY_KEY["eval_timeout"].default)
     length_timeout_s: float = 900.0
-    load_timeout_s: float = DEFAULT_LOAD_TIMEOUT_S
+    # Seconds the child has to import the fork's layer and build it (``load``; its kernels compile
+    # later, in each length's first forward, under ``length_timeout_s``).
+    load_timeout_s: float = float(OPTIONS_BY_KEY["eval_load_timeout"].default)
     import_profile: str = "core"
     require_cu: bool = False
     # Warm-up requests per length; on CUDA the warm-up also goes on until warmup_seconds have
@@ -65,7 +63,7 @@ class EvaluationOptions:
     # Timed requests ("runs") per length: as many as fit in timed_seconds, within these bounds.
     min_timed_runs: int = 10
     max_timed_runs: int = 200
-    timed_seconds: float = 2.0
+    timed_seconds: float = float(OPTIONS_BY_KEY["eval_timed_seconds"].default)
     weights_seed: int | None = None
     policy: SandboxPolicy = field(default_factory=SandboxPolicy)
     # Each request runs as many forwards as make this many tokens (forwards_per_request), at most
@@ -75,7 +73,8 @@ class EvaluationOptions:
     warmup_seconds: float = 1.0
     # Pin the child and the parent's timing thread to cores of their own (pinning.py); None: on CUDA only.
     pin_cpus: bool | None = None
-    # Where the Triton cache seeds live (triton_seed.py; TRITON_SEED_DIR); empty: no seed.
+    # Where the Triton cache seeds live (triton_seed.py; TRITON_SEED_DIR); empty: no seed, what a
+    # tool that reads no settings (the benchmarks) runs with.
     triton_seed_dir: str = ""
 
 

@@ -14,6 +14,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
+from quasar.config.options import OPTIONS_BY_KEY
 from quasar.evaluate.environment import evaluation_environment
 
 SANDBOX_FORK = "/sandbox/fork"
@@ -62,12 +63,12 @@ class SandboxPolicy:
     max_processes: int = 4096
     max_file_bytes: int = 4 << 30
     # Memory of the sandbox's processes, through its cgroup or the watchdog (confinement.py).
-    memory_bytes: int = 16 << 30
+    memory_bytes: int = int(OPTIONS_BY_KEY["sandbox_memory_mb"].default) << 20
     # A cgroup v2 folder, delegated to this process, to make the sandboxes' cgroups in; None: found.
     cgroup_path: str | None = None
     sys_paths: tuple[str, ...] = SYS_BINDS
     extra_readonly_paths: tuple[str, ...] = ()
-    pytorch_cuda_alloc_conf: str = "expandable_segments:True"
+    pytorch_cuda_alloc_conf: str = OPTIONS_BY_KEY["pytorch_cuda_alloc_conf"].default
     # A folder of what Triton compiled for the starter fork (triton_seed.py), copied into the
     # child's own cache at its start; None: the child compiles everything. Namespaced sandboxes
     # only: unsandboxed, the fork could write into it for later evaluations.
