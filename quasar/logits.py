@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from quasar.config import REFERENCE_MODEL_ID
+from quasar.config import OPTIONS_BY_KEY, REFERENCE_MODEL_ID
 from quasar.errors import QuasarError
 from quasar.evaluate.gpus import missing_gpu_here
 from quasar.hub_model import ModelLoadError, download, find_cached, first_line, hub_cache, hub_reachable
@@ -212,7 +212,9 @@ def _hub_snapshot(name: str) -> Path:
 
 
 def load_reference_model(
-    name_or_path: str, device: str | torch.device = "cpu", dtype: str | torch.dtype = "float32"
+    name_or_path: str,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = OPTIONS_BY_KEY["reference_dtype"].default,
 ) -> ReferenceModel:
     """Load a causal LM (a Hugging Face id or a local folder) on ``device`` in ``dtype``.
 
@@ -452,8 +454,8 @@ def draw_challenge(tokens: TokenRange, limits: ChallengeLimits, rng: random.Rand
 class LogitThresholds:
     """Pass iff cosine ≥ ``min_cosine`` and max |diff| ≤ ``max_abs_diff`` (docs/rules.md §4 step 6)."""
 
-    min_cosine: float = 0.99
-    max_abs_diff: float = 0.1
+    min_cosine: float = float(OPTIONS_BY_KEY["logits_min_cosine"].default)
+    max_abs_diff: float = float(OPTIONS_BY_KEY["logits_max_abs_diff"].default)
 
 
 @dataclass(frozen=True)

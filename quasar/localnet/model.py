@@ -23,7 +23,7 @@ STAND_IN_NAME = "tiny random Qwen2 (local network stand-in)"
 VOCAB = 512
 BOS_ID, EOS_ID = VOCAB - 2, VOCAB - 1
 # Weights of std 0.3 give logits of about the scale of a real model's, so the logit check's
-# absolute threshold (0.1) means roughly what it means for Qwen2.5.
+# absolute threshold (LOGITS_MAX_ABS_DIFF) means roughly what it means for Qwen2.5.
 INIT_STD = 0.3
 
 
