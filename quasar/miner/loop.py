@@ -55,7 +55,7 @@ from quasar.miner.strategies import (
     StrategyError,
 )
 from quasar.miner.strategies.base import printable_line
-from quasar.miner.submission import Submitter, choose_target_length, measurement_from_report
+from quasar.miner.submission import DEFAULT_CLAIM_SHARE, Submitter, choose_target_length, measurement_from_report
 from quasar.miner.workspace import ForkClone
 from quasar.terminal import compact_rate, compact_table
 
@@ -78,7 +78,7 @@ class LoopConfig:
     min_improvement: float
     target_seq_len: int | None = None
     candidate_lengths: tuple[int, ...] = DEFAULT_CANDIDATE_LENGTHS
-    claim_share: float = 1.0
+    claim_share: float = DEFAULT_CLAIM_SHARE
 
 
 @dataclass

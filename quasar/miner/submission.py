@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from quasar import scoring
+from quasar import config, scoring
 from quasar.api.client import ApiClient, ApiClientError, Claim
 from quasar.api.rules import commitment_hash
 from quasar.chain import Chain, ChainError
@@ -38,11 +38,15 @@ DIRECT = "direct"
 COMMIT_REVEAL = "commit-reveal"
 MODES = (DIRECT, COMMIT_REVEAL)
 SALT_BYTES = 32
+# The share of the recommended claim a miner submits unless CLAIM_SHARE says otherwise.
+DEFAULT_CLAIM_SHARE = float(config.OPTIONS_BY_KEY["claim_share"].default)
 # API answers worth retrying later: unreachable, rate-limited, the API's own trouble.
 _RETRY_STATUSES = {0, 429, 500, 502, 503, 504}
 
 
-def measurement_from_report(report: EvaluationReport, commit: str, claim_share: float = 1.0) -> Measurement | None:
+def measurement_from_report(
+    report: EvaluationReport, commit: str, claim_share: float = DEFAULT_CLAIM_SHARE
+) -> Measurement | None:
     """What a passing evaluation of ``commit`` supports claiming (``claim_share`` of its recommended
     claim); None if it failed or has no claim."""
     if not 0.0 < claim_share <= 1.0:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 
+from quasar import config
 from quasar.cutoff import AnswerLate, AnswerRefused, exchange
 from quasar.gitenv import NO_USER_CONFIGURATION
 from quasar.imports import QUASAR_DIR
@@ -289,7 +290,7 @@ class AgentStrategy:
         api_url: str,
         model: str,
         api_key: str = "",
-        timeout_s: float = 300.0,
+        timeout_s: float = float(config.OPTIONS_BY_KEY["agent_timeout"].default),
         temperature: float = 0.2,
         http: httpx.Client | None = None,
     ):
