@@ -44,12 +44,14 @@ from quasar.chain.subtensor_rules import (
     next_epoch_block,
     retimed_reveal,
 )
+from quasar.config.options import OPTIONS_BY_KEY
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-DEFAULT_BLOCK_TIME_S = 12.0
-DEFAULT_NETUID = 24
+# A new file's, where its creator names none: the settings' (DEVCHAIN_BLOCK_TIME's and NETUID's) defaults.
+DEFAULT_BLOCK_TIME_S = float(OPTIONS_BY_KEY["devchain_block_time"].default)
+DEFAULT_NETUID = int(OPTIONS_BY_KEY["netuid"].default)
 BUSY_TIMEOUT_S = 30.0
 SCHEMA_VERSION = 2
 # Subtensor's InitialMinAllowedUids: a trim leaves at least this many uids (set_min_allowed_uids).
