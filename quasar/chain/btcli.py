@@ -8,6 +8,8 @@ import os
 
 from quasar.config import DEV_NETWORK, Settings
 
+# btcli's own wallet folder (bittensor.wallet.DEFAULT_WALLET_PATH), for which the commands leave
+# --wallet-path out; WALLET_PATH's default is the same folder, but btcli's does not follow that setting.
 DEFAULT_WALLET_PATH = "~/.bittensor/wallets"
 
 
