@@ -32,14 +32,17 @@ CPU_TARGET, CPU_SEQ_LENS = 128, (64, 128)
 CUDA_TARGET, CUDA_SEQ_LENS = 65536, DEFAULT_SEQ_LENS
 # The hostile miner targets the length its kernel is exact at, and checks only that.
 HOSTILE_TARGET = HOSTILE_EXACT_UP_TO
-# Seconds of timed runs per length (EVAL_TIMED_SECONDS): on CPU the harness's minimum of timed runs
-# already takes longer, so asking for more only makes the demo slower, not its figures meaningful.
-CPU_TIMED_SECONDS, CUDA_TIMED_SECONDS = 0.5, 2.0
-# The share of their recommended claim the miners submit (CLAIM_SHARE): on CPU the miner and the
-# validator time on the same few busy cores at different moments, and measured 11% apart, past
-# the claim check's 10%, and 37% apart with a test suite's other worker busy beside them (a
-# 2-core CI machine); a GPU's timings hold still.
-CPU_CLAIM_SHARE, CUDA_CLAIM_SHARE = 0.5, 1.0
+# Seconds of timed runs per length (EVAL_TIMED_SECONDS; on CUDA its default): on CPU the harness's
+# minimum of timed runs already takes longer, so asking for more only makes the demo slower, not its
+# figures meaningful.
+CPU_TIMED_SECONDS = 0.5
+CUDA_TIMED_SECONDS = float(config.OPTIONS_BY_KEY["eval_timed_seconds"].default)
+# The share of their recommended claim the miners submit (CLAIM_SHARE; on CUDA its default): on CPU
+# the miner and the validator time on the same few busy cores at different moments, and measured 11%
+# apart, past the claim check's 10%, and 37% apart with a test suite's other worker busy beside them
+# (a 2-core CI machine); a GPU's timings hold still.
+CPU_CLAIM_SHARE = 0.5
+CUDA_CLAIM_SHARE = float(config.OPTIONS_BY_KEY["claim_share"].default)
 # Seconds to wait for the validator's report before giving up (--round-timeout).
 CPU_ROUND_TIMEOUT_S, CUDA_ROUND_TIMEOUT_S = 1800.0, 900.0
 # The miners run one cycle (evaluate the fork's head, submit) and then wait: a day between cycles.
