@@ -56,7 +56,8 @@ from quasar.chain import Chain, Metagraph, NeuronInfo
 from quasar.log import setup_logging
 
 SUBNET_MINERS, VALIDATORS, PER_ROUND, EVALUATED = 256, 3, 12, 4
-ROUND_BLOCKS, BLOCK_S = 360, 12.0
+# The rows' rounds are the API's (ROUND_BLOCKS at its default, as api_config serves it); a block of 12 s, finney's.
+ROUND_BLOCKS, BLOCK_S = int(config.OPTIONS_BY_KEY["round_blocks"].default), 12.0
 ROUNDS_PER_DAY = round(86400 / (ROUND_BLOCKS * BLOCK_S))
 DAY_REPEATS, COMMITMENT_REPEATS = 7, 5
 # Commitments a chain block, and the hotkeys they come from in turn.
