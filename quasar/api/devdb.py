@@ -27,6 +27,7 @@ import httpx
 import uvicorn
 from starlette.types import ASGIApp
 
+from quasar import config
 from quasar.errors import QuasarError
 
 SUPERUSER = "quasar"
@@ -233,7 +234,7 @@ def start_api_process(
         **os.environ,
         "API_HOTKEY": api_hotkey,
         "SUBTENSOR_NETWORK": "devchain",
-        "NETUID": "24",
+        "NETUID": config.OPTIONS_BY_KEY["netuid"].default,  # a new DevChain file's netuid
         "DEVCHAIN_PATH": str(chain_path),
         "SUBMISSIONS_PER_HOUR": str(submissions_per_hour),
         "PYTHONPATH": str(root),

@@ -161,7 +161,7 @@ def run_once(backend: str, workers: int, args: argparse.Namespace, console: Cons
         postgres = TemporaryPostgres(durable=True).start() if backend == "postgresql" else None
         try:
             database_url = postgres.create_database("quasar_load") if postgres else f"sqlite:///{workdir}/api.sqlite3"
-            chain = DevChain(workdir / "devchain.sqlite3", netuid=24, block_time_s=12.0)
+            chain = DevChain(workdir / "devchain.sqlite3", block_time_s=12.0)
             keys = [Keypair.create_from_seed(secrets.token_bytes(32)) for _ in range(args.submitters)]
             for key in keys:
                 chain.register(key.ss58_address, key.ss58_address)

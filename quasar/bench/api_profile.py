@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench api-profil
     setup_logging(quiet=True)
     with tempfile.TemporaryDirectory(prefix="quasar-profile-") as folder:
         workdir = Path(folder)
-        chain = DevChain(workdir / "devchain.sqlite3", netuid=24, block_time_s=12.0)
+        chain = DevChain(workdir / "devchain.sqlite3", block_time_s=12.0)
         key = Keypair.create_from_seed(secrets.token_bytes(32))
         chain.register(key.ss58_address, key.ss58_address)
         api_hotkey = Keypair.create_from_seed(secrets.token_bytes(32)).ss58_address
