@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from quasar.evaluate.cli import parse_seq_lens
-from quasar.evaluate.options import EvaluationOptions
+from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationOptions
 from quasar.evaluate.report import EvaluationReport
 from quasar.log import setup_logging
 from quasar.starter_fork import commit_new_repository, copy_starter_tree
@@ -112,7 +112,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar bench neighbours
     )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--lens", type=parse_seq_lens, default=(512, 1024, 2048))
+    parser.add_argument("--lens", type=parse_seq_lens, default=DEFAULT_SEQ_LENS)
     parser.add_argument("--target", type=parse_seq_lens, default=(1_000_000,))
     parser.add_argument(
         "--hostile",

@@ -95,6 +95,8 @@ from quasar.validator.state import ValidatorState
 
 FOURTH_PLACE_EVERY_S = 60.0  # simulated seconds between two samples of the leaderboard and the queue
 NETUID = 24
+# The port the miners publish (none is ever reached): MINER_INFERENCE_PORT's default.
+MINER_PORT = int(config.OPTIONS_BY_KEY["miner_inference_port"].default)
 MEMORY_DIR = Path("/dev/shm")
 SUBNET_UIDS = FINNEY.max_allowed_uids
 
@@ -169,7 +171,7 @@ def run(backend: str, args: argparse.Namespace, spammers: int, console: Console)
                 own = random.Random(f"{args.seed}-{name}")  # the same miner in every run
                 key = Keypair.create_from_seed(own.randbytes(32))
                 chain.register(key.ss58_address, key.ss58_address)
-                chain.publish_endpoint(key, f"192.0.2.{n % 250 + 1}", 8001)
+                chain.publish_endpoint(key, f"192.0.2.{n % 250 + 1}", MINER_PORT)
                 speed = 1e6 * math.exp(own.gauss(0, 0.35)) * (0.05 if kind == SPAM else 1.0)
                 miners.append(Miner(name, kind, key, f"10.{n // 250}.{n % 250}.1", speed, random.Random(own.random())))
             clock = SimClock(time.time(), time.time(), args.speedup)
