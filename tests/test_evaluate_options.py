@@ -4,6 +4,7 @@ per request, bad arguments; and the report's JSON."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 
 import pytest
@@ -22,6 +23,7 @@ from quasar.evaluate.options import (
     output_area_warning,
 )
 from quasar.evaluate.report import EvaluationReport, ImportCheck, LengthResult, Timings
+from quasar.starter_fork import write_starter_fork
 from quasar.tools.install_kernel import main as step1_main
 
 
@@ -55,6 +57,21 @@ def test_flags_left_out_take_the_settings_and_then_the_options_defaults():
     assert (flagged.min_timed_runs, flagged.max_timed_runs) == (4, 4)
     help_text = " ".join(parser.format_help().split())
     assert f"(default {defaults.length_timeout_s:g})" in help_text and f"(default {defaults.warmup_runs})" in help_text
+
+
+def test_quasar_evaluate_runs_the_lengths_eval_seq_lens_names(tmp_path, capsys, monkeypatch):
+    """--seq-lens had its own default (512,1024,2048) and overrode EVAL_SEQ_LENS, a setting quasar
+    evaluate lists among those it reads (docs/evaluation.md): EVAL_SEQ_LENS=64 still ran up to 2048."""
+    fork = tmp_path / "fork"
+    write_starter_fork(fork)
+    monkeypatch.setenv("EVAL_SEQ_LENS", "64")
+    quick = ["--device", "cpu", "--repeats", "1", "--warmup", "0", "--allow-unsandboxed", "--json"]
+    assert evaluate_main([str(fork), "--target", "128", *quick]) == 0
+    assert sorted(json.loads(capsys.readouterr().out)["lengths"], key=int) == ["64", "128"]
+    with pytest.raises(SystemExit):
+        evaluate_main(["--help"])
+    said = " ".join(capsys.readouterr().out.split())
+    assert f"(default: the EVAL_SEQ_LENS setting, {config.OPTIONS_BY_KEY['eval_seq_lens'].default})" in said
 
 
 def test_command_line_refuses_bad_arguments(tmp_path, capsys):

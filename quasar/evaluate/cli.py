@@ -16,7 +16,7 @@ from quasar import config
 from quasar.config import values
 from quasar.evaluate.gpus import GpuOrderError, use_pci_bus_order
 from quasar.evaluate.harness import evaluate
-from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, EvaluationOptions, options_from_settings
+from quasar.evaluate.options import EvaluationInputError, EvaluationOptions, options_from_settings
 from quasar.evaluate.report import render_report
 from quasar.log import setup_logging
 
@@ -164,14 +164,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar evaluate") -> in
     parser.add_argument(
         "--seq-lens",
         type=parse_seq_lens,
-        default=DEFAULT_SEQ_LENS,
         metavar="LIST",
-        help=f"lengths run besides the target (default {values.format_seq_lens(DEFAULT_SEQ_LENS)})",
+        help=f"lengths run besides the target (default: the EVAL_SEQ_LENS setting, {_setting('eval_seq_lens')})",
     )
     add_evaluation_arguments(parser)
     args, settings = start(parser, argv)
+    seq_lens = settings.eval_seq_lens if args.seq_lens is None else args.seq_lens
     try:
-        report = evaluate(args.repo, args.target, args.claimed, options_from(args, args.seq_lens, settings))
+        report = evaluate(args.repo, args.target, args.claimed, options_from(args, seq_lens, settings))
     except EvaluationInputError as error:
         parser.error(str(error))
     if args.json:
