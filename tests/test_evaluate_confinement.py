@@ -319,12 +319,15 @@ def test_the_filter_refuses_its_calls_in_a_process_and_its_children_and_allows_t
 
 
 def test_check_sandbox_says_what_holds_here_and_runs_the_starter_fork_in_it(tmp_path):
+    """On the DEVICE setting's device: its --device had its own default, cuda, DEVICE's default
+    written again, and DEVICE=cpu still ran the starter fork on CUDA (refused where there is none)."""
+    command = [sys.executable, "-m", "quasar", "check-sandbox", "--out", str(tmp_path)]
+    refused = subprocess.run(
+        command, capture_output=True, text=True, cwd=ROOT, timeout=240, env={**os.environ, "DEVICE": "cuda:99"}
+    )
+    assert refused.returncode == 2 and "device cuda:99:" in " ".join(refused.stderr.split()), refused.stderr
     done = subprocess.run(
-        [sys.executable, "-m", "quasar", "check-sandbox", "--device", "cpu", "--out", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=240,
+        command, capture_output=True, text=True, cwd=ROOT, timeout=240, env={**os.environ, "DEVICE": "cpu"}
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert all(len(line) <= 80 for line in done.stdout.splitlines())

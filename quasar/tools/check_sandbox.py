@@ -6,7 +6,7 @@ kernels run inside it.
 For validators (and miners) setting up a host: prints, at 80 columns, each measure of the sandbox
 (docs/validator.md, "The evaluation sandbox") and whether it holds here: namespaces, the seccomp filter, a uid
 of its own, a cgroup of its own (or the memory watchdog standing in for it) and the packages a fork
-may import; then evaluates the starter fork briefly in the sandbox on ``--device`` (its Triton
+may import; then evaluates the starter fork briefly in the sandbox on ``--device`` (else DEVICE; its Triton
 kernels compile and run there, the CUDA driver reads what it needs of /sys). With
 ``--sys-variants``, should that fail, it tries again with more of /sys visible (the PCI devices,
 then all of it) and says which works. Exit status 0 when the starter fork passes with the default
@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from quasar import config
 from quasar.evaluate import confinement, syscall_filter
 from quasar.evaluate.cli import add_common_arguments, start
 from quasar.evaluate.environment import evaluation_environment
@@ -92,13 +93,17 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar check-sandbox") 
         prog=prog,
         description="What this machine's evaluation sandbox enforces, and whether a fork's kernels run inside it.",
     )
-    parser.add_argument("--device", default="cuda", help="where the starter fork runs (default %(default)s)")
+    parser.add_argument(
+        "--device",
+        help=f"where the starter fork runs (default: the DEVICE setting, {config.OPTIONS_BY_KEY['device'].default})",
+    )
     parser.add_argument("--out", type=Path, help="also write DIR/sandbox.json")
     parser.add_argument("--sys-variants", action="store_true", help="if the default sandbox fails, try more of /sys")
     add_common_arguments(parser)
     args, settings = start(parser, argv)
     console = Console(width=80)
     configured_cgroup = settings.sandbox_cgroup or None
+    device = args.device or settings.device
     found = measures(configured_cgroup)
     table = Table(title="the evaluation sandbox on this machine")
     for column in ("measure", "holds", "how"):
@@ -122,7 +127,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar check-sandbox") 
             if name != "default" and (not args.sys_variants or results["default"]["verdict"] == "pass"):
                 break
             try:
-                results[name] = try_variant(fork, args.device, sys_paths, configured_cgroup, args.allow_unsandboxed)
+                results[name] = try_variant(fork, device, sys_paths, configured_cgroup, args.allow_unsandboxed)
             except EvaluationInputError as error:
                 parser.error(str(error))
             result = results[name]
