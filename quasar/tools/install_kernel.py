@@ -4,12 +4,12 @@
     quasar step1 --skip-setup --repo-path FORK --push
 
 1. Setup (skipped with ``--skip-setup``): the fork is a git checkout with a commit identity,
-   torch and triton import, and the evaluation device (``--device``, default cuda) is there.
+   torch and triton import, and the evaluation device (``--device``, else DEVICE) is there.
 2. The suite's kernel files (the starter fork's ``fla/ops/quasar/`` and ``fla/layers/quasar.py``)
    are written into the fork, after checking that every other ``fla`` module they import exists
    in the fork with the names they use (nothing is written otherwise).
-3. The local validator (the same evaluation a validator runs) checks the fork at 512, 1024,
-   2048 and ``--seq-len``.
+3. The local validator (the same evaluation a validator runs) checks the fork at EVAL_SEQ_LENS'
+   default lengths and ``--seq-len``.
 4. On a pass the written files are committed (pushed with ``--push``); on a fail they are put back
    as they were (kept with ``--keep-on-failure``). Exit status 0 on a pass, 1 on a fail, 2 for
    bad arguments or a fork that cannot take the files.
