@@ -15,7 +15,8 @@ One :meth:`Validator.step` does each phase once, in this order:
    in the state (a finished (fork, commit, target) is never evaluated again);
 6. start evaluations on idle devices: one at a time per device, never two of one fork at once;
 7. with ``VALIDATOR_ROLE=primary``, add the results that the hotkey's other processes (workers,
-   on this host or others) reported, as the API holds them (``GET /validators/{hotkey}/reports``);
+   on this host or others) reported, as the API holds them (``GET /validators/{hotkey}/reports``,
+   from the last one read: quasar/validator/report_cursor.py);
 8. every EPOCH_BLOCKS chain blocks, rank this validator's own results (quasar/scoring.py) and set
    weights (quasar/validator/weight_setting.py): places 1-4 by uid, the unassigned share to
    the subnet owner's uid, or, when the owner's hotkey holds no uid, the placed shares alone. A
@@ -58,6 +59,7 @@ from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
 from quasar.validator.logit_check import LogitChecker, why_logit_checks_wait
+from quasar.validator.report_cursor import ReportCursor
 from quasar.validator.results import api_report, scoring_result
 from quasar.validator.state import (
     REPORT_KEPT_S,
@@ -77,8 +79,6 @@ STOP_GRACE_S = 20.0
 POLL_S = 0.5
 # However quiet the subnet, a running validator says where it stands this often (one line).
 HEARTBEAT_S = 600.0
-# The API's id of the last report of this hotkey that a primary has looked at.
-IMPORTED_AFTER = "imported_reports_after"
 PRIMARY, WORKER = "primary", "worker"
 IMPORT_BATCH = 100
 # Seconds one step may spend reporting; the rest wait for the next step. An API answering each
@@ -388,6 +388,12 @@ class Validator:
                 submission.key,
                 submission.claimed_tokens_per_sec,
             )
+        elif self.state.report_again(submission.submission_id):
+            logger.warning(
+                "the API handed out submission %d again, which this validator reported: it holds no report of it "
+                "(its database was restored from a backup); reporting it again",
+                submission.submission_id,
+            )
 
     def _collect(self, summary: StepSummary) -> None:
         for device_name, evaluation in list(self.running.items()):
@@ -532,9 +538,9 @@ class Validator:
 
     def _import_results(self, summary: StepSummary) -> None:
         """Add what the hotkey's other processes reported since the last look (module docstring, 7)."""
-        after = int(self.state.get_meta(IMPORTED_AFTER) or 0)
-        batch = self.api.validator_reports(self.hotkey, after, IMPORT_BATCH)
-        for item in batch.reports:
+        cursor = ReportCursor(self.state)
+        batch = self.api.validator_reports(self.hotkey, cursor.asked_after, IMPORT_BATCH)
+        for item in cursor.unread(batch.reports):
             with self._item(f"importing report {item.report_id}"):
                 submission, _ = submission_from_work(item, self.allow_local_forks)
                 result = EvaluationResult(
@@ -547,8 +553,8 @@ class Validator:
                 logits = {True: PASSED, False: FAILED, None: SKIPPED}[item.logits_ok]
                 if self.state.import_result(submission, result, logits, f"report {item.report_id}", self.clock()):
                     summary.imported += 1
-            after = item.report_id
-        self.state.set_meta(IMPORTED_AFTER, str(after))
+            cursor.read(item)
+        cursor.save()
         if summary.imported:
             logger.info("added %d result(s) reported by this hotkey's other processes", summary.imported)
 

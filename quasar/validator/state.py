@@ -14,6 +14,8 @@ validator goes on where it stopped:
   again when the file is opened; each start counts as an attempt, so a fork that crashes the
   validator cannot keep it busy forever;
 - a submission's logit check and its report to the API are recorded when done;
+- a submission is known by its API id and its content: an id the API gives another submission (its
+  database replaced or restored) sets the earlier record aside (:meth:`ValidatorState.add_submission`);
 - a finished evaluation keeps the content hash of the fork's kernel files (quasar/originality.py),
   and :meth:`ValidatorState.scored` leaves out copies of another hotkey's submission that counts
   earlier (from the block the API sends with each, docs/rules.md section 5), so the weights this
@@ -38,11 +40,12 @@ from typing import Any
 from pydantic import ConfigDict
 
 from quasar import originality
-from quasar.api.schemas import EvaluatedSubmission
+from quasar.api.schemas import MAX_ID, EvaluatedSubmission
 from quasar.errors import QuasarError
 from quasar.lock_files import lock_for_this_process
 from quasar.validator.state_files import (
     ABANDONED,
+    API_IDENTITY,
     FAILED,
     FINISHED,
     IN_PROGRESS,
@@ -67,6 +70,10 @@ EVALUATION_RETRY_DELAYS_S = (120.0, 900.0)
 # a copy of the same commit submitted meanwhile still reports the per-length figures.
 REPORT_KEPT_S = 14 * 24 * 3600.0
 BUSY_TIMEOUT_S = 30.0
+SET_ASIDE = (
+    "the API's submission %d is %s's %s now, not %s: its database was replaced or restored from a backup; "
+    "this validator keeps the earlier one as %d (ranked, never reported if it was not yet)"
+)
 
 
 class StateError(QuasarError, RuntimeError):
@@ -275,11 +282,19 @@ class ValidatorState:
 
     def add_submission(self, submission: Submission, now: float) -> bool:
         """Record a fetched submission (and a pending evaluation for its key, unless one exists).
-        Returns False when the submission was already known."""
+        Returns False when it was already known; a record of its id with other content
+        (:data:`API_IDENTITY`) is another submission's, from before the API's database was replaced
+        or restored from a backup: it is set aside (:meth:`_set_aside`)."""
         key = submission.key
         with self._write() as db:
-            if db.execute("SELECT 1 FROM submissions WHERE submission_id = ?", (submission.submission_id,)).fetchone():
+            known = db.execute(
+                f"SELECT {', '.join(API_IDENTITY)} FROM submissions WHERE submission_id = ?",
+                (submission.submission_id,),
+            ).fetchone()
+            if known == tuple(getattr(submission, name) for name in API_IDENTITY):
                 return False
+            if known is not None:
+                self._set_aside(db, submission, known, now)
             db.execute(
                 "INSERT OR IGNORE INTO evaluations (fork_url, commit_hash, target_sequence_length, status, "
                 "created_at) VALUES (?, ?, ?, ?, ?)",
@@ -291,6 +306,32 @@ class ValidatorState:
                 (*submission.model_dump().values(), now),
             )
         return True
+
+    @staticmethod
+    def _set_aside(db: sqlite3.Connection, submission: Submission, known: tuple, now: float) -> None:
+        """Give the record of ``submission``'s id, another submission's, an id above any the API hands
+        out (:data:`SET_ASIDE`)."""
+        (top,) = db.execute("SELECT MAX(submission_id) FROM submissions").fetchone()
+        own_id, api_id = max(top, MAX_ID) + 1, submission.submission_id
+        db.execute(
+            "UPDATE submissions SET report_state = ?, report_detail = ?, reported_at = ? "
+            "WHERE submission_id = ? AND report_state = ?",
+            (REFUSED, f"not reported: the API's submission {api_id} is another one now", now, api_id, UNREPORTED),
+        )
+        db.execute("UPDATE submissions SET submission_id = ? WHERE submission_id = ?", (own_id, api_id))
+        earlier = f"{known[0]}'s {EvaluationKey(*known[1:4])}"
+        logger.warning(SET_ASIDE, api_id, submission.hotkey, submission.key, earlier, own_id)
+
+    def report_again(self, submission_id: int) -> bool:
+        """The API handed out again ``submission_id``, which this validator reported: it holds no
+        report of it (restored from a backup older than the report), so it is reported again."""
+        with self._write() as db:
+            reopened = db.execute(
+                "UPDATE submissions SET report_state = ?, report_detail = NULL, reported_at = NULL "
+                "WHERE submission_id = ? AND report_state = ?",
+                (UNREPORTED, submission_id, REPORTED),
+            ).rowcount
+        return bool(reopened)
 
     def add_refused_submission(self, submission: Submission, reason: str, now: float) -> bool:
         """Record a submission that cannot be evaluated at all (its URL or commit breaks the rules):

@@ -15,6 +15,15 @@ PENDING, IN_PROGRESS, FINISHED, ABANDONED = "pending", "in_progress", "finished"
 UNCHECKED, PASSED, FAILED, SKIPPED = "unchecked", "passed", "failed", "skipped"
 # A submission's report to the API: not sent yet, accepted, or refused for good (404/409/422).
 UNREPORTED, REPORTED, REFUSED = "unreported", "reported", "refused"
+# The meta key of the API's id of the last report of this hotkey that a primary has looked at.
+IMPORTED_AFTER = "imported_reports_after"
+# The meta key of which report that was: "REPORT_ID SUBMISSION_ID REPORTED_AT" (quasar/validator/report_cursor.py;
+# a file of a validator before this key has IMPORTED_AFTER alone, whose report is known by its id).
+IMPORTED_LAST = "imported_report"
+# What makes a submission the one a validator fetched under its id. The API's id alone names a
+# submission only within one database, which may be replaced (its ids start at 1 again) or restored
+# from a backup (its ids go back, and are given to other submissions).
+API_IDENTITY = ("hotkey", "fork_url", "commit_hash", "target_sequence_length", "submitted_at")
 
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS meta (
