@@ -22,7 +22,7 @@ NETWORKS = BITTENSOR_NETWORKS + (DEV_NETWORK,)
 # The sequence lengths an evaluation runs, a miner's target among them (docs/rules.md section 3):
 # the API refuses a target outside them, which no validator could evaluate. The largest keeps the
 # evaluation's output area (2 KiB a token of each length, docs/evaluation.md Limits) within the
-# default SANDBOX_MEMORY_MB, 16 GiB, beside the default EVAL_SEQ_LENS.
+# default SANDBOX_MEMORY_MB beside the default EVAL_SEQ_LENS (tests/test_evaluate_head_start.py).
 MIN_SEQ_LEN = 64
 MAX_SEQ_LEN = 8_000_000
 

@@ -1,6 +1,6 @@
 """The local network's stand-in reference model: a tiny Qwen2 with random weights.
 
-The real reference model (``Qwen/Qwen2.5-0.5B-Instruct``) needs a download; a machine that has
+The real reference model (``REFERENCE_MODEL``'s default) needs a download; a machine that has
 never fetched it (or has no internet) still runs the whole local network with this model in
 its place. It is a real ``Qwen2ForCausalLM`` saved with ``save_pretrained``, so the miners'
 inference servers and the validator's logit check load it through the same code path as the

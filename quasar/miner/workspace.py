@@ -1,6 +1,6 @@
 """The miner's workspace: one folder per hotkey, and the clone of its fork inside it.
 
-Layout, under ``WORKSPACE_ROOT`` (default ``~/.quasar/miner``)::
+Layout, under ``WORKSPACE_ROOT``::
 
     <hotkey ss58>/
         miner.lock     held (flock) while a miner runs with this hotkey; holds its pid
