@@ -24,6 +24,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
 
+from quasar.chain.subtensor_rules import FINNEY
 from quasar.config.cli import seq_lens_type
 from quasar.config.values import format_seq_lens
 from quasar.evaluate.options import MIN_SEQ_LEN
@@ -35,6 +36,7 @@ from quasar.localnet.options import (
     CUDA_SEQ_LENS,
     CUDA_TARGET,
     HOSTILE_TARGET,
+    LOCALNET_HYPERPARAMETERS,
 )
 from quasar.log import setup_logging
 from quasar.signals import stop_on_signals
@@ -174,8 +176,9 @@ def build_parser(prog: str = "quasar localnet") -> argparse.ArgumentParser:
         choices=("localnet", "finney"),
         default="localnet",
         help="the subnet's hyperparameters: finney's defaults for a new subnet (a round takes minutes: "
-        "tempo 360 blocks, weights rate limit 100), or finney's with a tempo of 20 blocks and a "
-        "weights rate limit of 5 (default)",
+        f"tempo {FINNEY.tempo} blocks, weights rate limit {FINNEY.weights_rate_limit}), or finney's with a "
+        f"tempo of {LOCALNET_HYPERPARAMETERS.tempo} blocks and a weights rate limit of "
+        f"{LOCALNET_HYPERPARAMETERS.weights_rate_limit} (default)",
     )
     parser.add_argument("--debug", action="store_true", help="log the local network's own debug messages")
     return parser
