@@ -1,7 +1,8 @@
 """What the miner remembers across restarts, in ``state.json`` of its workspace, written atomically.
 
 - ``best``: the best commit so far and what the harness measured for it;
-- ``last_submission``: what was last submitted (the miner resubmits only on improvement);
+- ``last_submission``: what was last submitted (the miner resubmits only on improvement, or when
+  the API no longer holds it: quasar/miner/submission.py);
 - ``pending_reveal``: a commit-reveal in flight, with its salt. It is written *before* the
   commitment is sent, so a crash between the two never loses the salt: after a restart the
   miner finds its commitment (or sends it again) and reveals it when the chain allows;

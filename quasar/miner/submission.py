@@ -8,6 +8,12 @@
   unacknowledged commitment among the API's pending reveals (or sends it again with the same
   salt) and reveals it when due.
 
+An API id names a submission only within one database: the owner may move the API to a fresh one
+(ids from 1 again) or restore an older backup. So the miner asks the API, by id, whether it still
+holds its last submission (its hotkey, commit and target, revealed) or its pending commitment (its
+hotkey and hash), every :data:`CONFIRM_EVERY_S` and before a reveal pushes the commit; one the
+API no longer holds is submitted (or committed) again (docs/miner.md).
+
 The claim is the harness's recommended claim at the target length, times ``CLAIM_SHARE``
 (1 by default; less leaves room for a validator whose GPU is slower or busier than the
 miner's, since a measurement under 0.9 × the claim fails); the miner submits only
@@ -21,9 +27,10 @@ import re
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from quasar import config, scoring
+from quasar.api import schemas
 from quasar.api.client import ApiClient, ApiClientError, Claim
 from quasar.api.rules import commitment_hash
 from quasar.chain import Chain, ChainError
@@ -42,6 +49,8 @@ SALT_BYTES = 32
 DEFAULT_CLAIM_SHARE = float(config.OPTIONS_BY_KEY["claim_share"].default)
 # API answers worth retrying later: unreachable, rate-limited, the API's own trouble.
 _RETRY_STATUSES = {0, 429, 500, 502, 503, 504}
+# Seconds between two checks that the API still holds the last submission or pending commitment.
+CONFIRM_EVERY_S = 300.0
 
 
 def measurement_from_report(
@@ -123,6 +132,9 @@ class Submitter:
     fork_url: str
     publish: Callable[[str], None]
     min_gain: float = 0.0
+    confirm_every_s: float = CONFIRM_EVERY_S
+    clock: Callable[[], float] = time.monotonic
+    _confirmed_at: float | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -236,13 +248,86 @@ class Submitter:
     def _hotkey(self) -> str:
         return self.state.hotkey
 
+    def _confirm_due(self) -> bool:
+        now = self.clock()
+        if self._confirmed_at is not None and now - self._confirmed_at < self.confirm_every_s:
+            return False
+        self._confirmed_at = now
+        return True
+
+    def _held(self, submission_id: int, matches: Callable[[schemas.SubmissionStatus], bool]) -> bool | None:
+        """Whether the API holds ``submission_id`` as this hotkey's submission that ``matches``; None
+        when it cannot say now (unreachable, or an API older than ``GET /submissions/{id}``, whose
+        404 is not its "no submission")."""
+        try:
+            status = self.client.submission_status(submission_id)
+        except ApiClientError as error:
+            if error.status == 404 and error.detail.startswith(f"no submission {submission_id}"):
+                return False
+            logger.debug("cannot ask the API for submission %d: %s", submission_id, error)
+            return None
+        return status.hotkey == self.state.hotkey and matches(status)
+
+    def _confirm_last(self) -> None:
+        """Forget the last submission when the API no longer holds it, and submit the best again."""
+        last = self.state.last_submission
+        if last is None or last.submission_id is None:
+            return
+        measurement = last.measurement
+
+        def same(status: schemas.SubmissionStatus) -> bool:
+            return (
+                status.revealed
+                and (status.commit_hash or "").lower() == measurement.commit.lower()
+                and status.target_sequence_length == measurement.target_seq_len
+            )
+
+        if self._held(last.submission_id, same) is not False:
+            return
+        logger.warning(
+            "the API no longer holds submission %d (%s at T=%d): its database was replaced or restored "
+            "from an older backup; submitting the best again",
+            last.submission_id,
+            measurement.commit[:12],
+            measurement.target_seq_len,
+        )
+        self.state.last_submission = None
+        self._save()
+        if self.state.best is not None:
+            self.submit_if_better(self.state.best)
+
+    def _commitment_held(self, pending: PendingReveal) -> bool:
+        """Whether the API holds ``pending``'s commitment (True when it cannot say now); when it does
+        not, the commitment is sent again with its salt, for a new reveal window."""
+        assert pending.submission_id is not None
+        held = self._held(pending.submission_id, lambda status: status.commitment_hash == pending.commitment_hash)
+        if held is not False:
+            return True
+        logger.warning(
+            "the API no longer holds commitment %d of %s: its database was replaced or restored from an "
+            "older backup; committing it again",
+            pending.submission_id,
+            pending.measurement.commit[:12],
+        )
+        self.state.pending_reveal = replace(
+            pending, submission_id=None, reveal_from_block=None, reveal_until_block=None
+        )
+        self._save()
+        self._send_commitment()
+        return False
+
     def advance(self) -> bool:
         """Move a pending commit-reveal forward: acknowledge, (re)send, or reveal when the chain is
-        at the reveal block. Returns True when a reveal was accepted."""
+        at the reveal block; and, every ``confirm_every_s``, submit again what the API no longer
+        holds (module docstring). Returns True when a reveal was accepted."""
         pending = self.state.pending_reveal
         if pending is None:
+            if self._confirm_due():
+                self._confirm_last()
             return False
         try:
+            if pending.submission_id is not None and self._confirm_due() and not self._commitment_held(pending):
+                return False
             if pending.submission_id is None:
                 found = self._find_commitment(pending)
                 if found is None:
@@ -285,7 +370,8 @@ class Submitter:
             self._save()
             return False
         measurement = pending.measurement
-        if not self._publish(measurement.commit):
+        # Pushing makes the commit public for good: never for a commitment the API no longer holds.
+        if not self._commitment_held(pending) or not self._publish(measurement.commit):
             return False
         try:
             self.client.reveal(pending.submission_id, pending.salt, api_claim(pending.fork_url, measurement))
