@@ -4,7 +4,7 @@ miner's last submission, whose ids go back and are given to other submissions. A
 submission only within one database: the miner asks the API whether it still holds its submission
 (docs/miner.md, "When the API's database is replaced or restored"). A real API over SQLite files on
 127.0.0.1, the dev chain, the miner's workspace clone of a local bare fork, and the miner's own
-submitter and wait between cycles."""
+submitter, wait between cycles and verdict log."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from api_fixtures import ApiServer, api_config
 from quasar.api.client import ApiClient, Claim
 from quasar.localnet.host import make_wallet
 from quasar.miner.loop import Evaluator, LoopConfig, Miner
+from quasar.miner.status import VerdictWatcher
 from quasar.miner.strategies import TuningStrategy
 from quasar.miner.submission import COMMIT_REVEAL, DIRECT, Submitter
 from servers import serving
@@ -211,3 +212,25 @@ def test_an_api_that_cannot_say_whether_it_holds_the_submission_keeps_it(setup, 
         assert not submitter.advance()
     assert not submitter.advance()  # the same port, closed now
     assert submitter.state.last_submission == kept
+
+
+def test_a_verdict_on_a_new_submission_under_an_id_already_logged_is_logged(setup, caplog):
+    """Before: the watcher knew a verdict by the submission's id and the validator; the restored
+    backup gave the miner's next submission the id of one it had logged a verdict on, and the new
+    verdict (a failure, with its reasons) was never logged."""
+    caplog.set_level(logging.INFO, logger="quasar.miner.status")
+    backup = setup.backup()
+    miner, validator = setup.client(setup.miner), setup.client(setup.validator)
+    watcher = VerdictWatcher(miner, setup.hotkey)
+    first = miner.submit_kernel(Claim(setup.fork_url, "1" * 40, 1000.0), 4096).submission_id
+    validator.fetch_work()
+    validator.report(first, "passed", True, True, 1000.0)
+    assert watcher.poll() == [(first, setup.validator.hotkey.ss58_address)]
+
+    setup.move(backup, miner, validator)
+    second = miner.submit_kernel(Claim(setup.fork_url, "2" * 40, 2000.0), 4096).submission_id
+    assert second == first
+    validator.fetch_work()
+    validator.report(second, "failed", False, None, None, reasons=["the output differs from the reference"])
+    assert watcher.poll() == [(second, setup.validator.hotkey.ss58_address)]
+    assert "the output differs from the reference" in caplog.text

@@ -198,13 +198,17 @@ def run_status(settings: Settings, submission_id: int | None, console: Console |
 
 
 class VerdictWatcher:
-    """Logs each validator's verdict on this miner's recent submissions once, as it arrives."""
+    """Logs each validator's verdict on this miner's recent submissions once, as it arrives.
+
+    A verdict is known by its submission's id, the API's time of that submission and the validator:
+    an id alone names a submission only within one database, and an API moved to a fresh one or
+    restored from an older backup gives the miner's next submission an id it has seen."""
 
     def __init__(self, client: ApiClient, hotkey: str, limit: int = RECENT):
         self.client = client
         self.hotkey = hotkey
         self.limit = limit
-        self._seen: set[tuple[int, str]] = set()
+        self._seen: set[tuple[int, float, str]] = set()
 
     def poll(self) -> list[tuple[int, str]]:
         """Fetch the recent submissions and log verdicts not logged before; returns their (submission,
@@ -217,16 +221,16 @@ class VerdictWatcher:
         new = []
         for status in page.submissions:
             for report in status.reports:
-                key = (status.submission_id, report.validator_hotkey)
+                key = (status.submission_id, status.submitted_at, report.validator_hotkey)
                 if key in self._seen:
                     continue
                 self._seen.add(key)
-                new.append(key)
+                new.append((status.submission_id, report.validator_hotkey))
                 self._log(status, report)
         # Only the page's submissions are remembered: the page holds the newest, so one that left
         # it never comes back, and the set stays bounded however long the miner runs.
-        listed = {status.submission_id for status in page.submissions}
-        self._seen = {key for key in self._seen if key[0] in listed}
+        listed = {(status.submission_id, status.submitted_at) for status in page.submissions}
+        self._seen = {key for key in self._seen if key[:2] in listed}
         return new
 
     @property
