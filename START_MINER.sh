@@ -12,7 +12,7 @@ ROLE=miner
 . "$(dirname "$0")/scripts/start_checks.sh"
 [ -n "${GITHUB_TOKEN:-}" ] || fail "GITHUB_TOKEN is not set: put a GitHub token that may fork and push in .env"
 [ -n "${GITHUB_USERNAME:-}" ] || fail "GITHUB_USERNAME is not set: put the GitHub account that owns your fork in .env"
-check_wallet "${WALLET_MINER_NAME:-quasar_miner}"
+check_wallet
 check_cuda
 check_api
 exec python -m neurons.miner "$@"

@@ -9,7 +9,7 @@ set -euo pipefail
 ROLE=validator
 # shellcheck source=scripts/start_checks.sh
 . "$(dirname "$0")/scripts/start_checks.sh"
-check_wallet "${WALLET_VALIDATOR_NAME:-quasar_validator}"
+check_wallet
 check_cuda
 check_api
 exec python -m neurons.validator "$@"

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import shutil
 import sys
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import quasar
+
+if TYPE_CHECKING:
+    from quasar.config import Settings
 
 
 @dataclass(frozen=True)
@@ -123,6 +128,30 @@ def show_settings(argv: Sequence[str], prog: str) -> int:
     setup_logging(quiet=True)
     print(settings_table(args.table) if args.table else env_example(), end="\n" if args.table else "")
     return 0
+
+
+def neuron_settings(role: str, argv: Sequence[str]) -> Settings:
+    """The settings ``python -m neurons.ROLE ARGV`` runs with (``role``: "miner" or "validator"):
+    the neuron's own parser reads ``argv`` (a flag's prefix, its aliases, the last of a repeated
+    one) and the same resolution adds the .env, the environment and the defaults. The START
+    scripts' checks read these, so they check what the process will use. A -h/--help is read and
+    left to the process; a bad flag or value exits through argparse, as the process would."""
+    from quasar import config
+
+    neurons = {"miner": "quasar.miner.cli", "validator": "quasar.validator.cli"}
+    if role not in neurons:
+        raise ValueError(f"unknown neuron {role!r}; expected one of {', '.join(neurons)}")
+    parser = importlib.import_module(neurons[role]).build_parser(f"python -m neurons.{role}", add_help=False)
+    # The spellings of argparse's help, so that the other flags' prefixes and the usage line of an
+    # error read as the process's.
+    parser.add_argument("-h", "--help", action="store_true")
+    # A warning of the resolution (a retired setting) is the process's to log, once.
+    logging.disable(logging.WARNING)
+    try:
+        _, settings = config.parse_args(parser, argv)
+    finally:
+        logging.disable(logging.NOTSET)
+    return settings
 
 
 def check_imports(argv: Sequence[str], prog: str) -> int:

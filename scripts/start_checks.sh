@@ -1,7 +1,8 @@
 # The start-up START_MINER.sh and START_VALIDATOR.sh share, sourced by both with ROLE (miner or
 # validator) set: from the checkout's folder, .env's settings exported (the environment's winning)
 # and .venv active, then the checks each script calls. A check that fails names what to fix and
-# exits 1, so pm2 shows why. ARGUMENTS holds the script's arguments (its flags win over both).
+# exits 1, so pm2 shows why. ARGUMENTS holds the script's arguments, the process's flags (which
+# win over both).
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 SCRIPT_NAME=$(basename "$0" .sh)
 ARGUMENTS=("$@")
@@ -61,32 +62,45 @@ activate_venv() {
     . .venv/bin/activate
 }
 
-# The value a flag sets in ARGUMENTS (the last one wins, as argparse does), else the default given.
-flag_value() {
-    local name=$1 value=$2 next=0 argument
-    for argument in "${ARGUMENTS[@]}"; do
-        if [ "$next" = 1 ]; then
-            value=$argument
-            next=0
-        elif [ "$argument" = "$name" ]; then
-            next=1
-        elif [[ "$argument" == "$name="* ]]; then
-            value=${argument#*=}
-        fi
-    done
-    printf '%s' "$value"
+# The settings the process will run with, as it reads them (quasar.cli.neuron_settings: the
+# neuron's own parser given ARGUMENTS, then the .env, the environment and the defaults), into the
+# variables the checks read: the checks keep no default or precedence rule of their own, and see
+# a flag's prefix (--wallet.nam) or a ~USER path as the process does. A bad flag or value is
+# refused here with the process's own message.
+read_settings() {
+    local assignments
+    assignments=$(python - "$ROLE" "${ARGUMENTS[@]}" <<'PY'
+import os
+import shlex
+import sys
+
+from quasar.chain.btcli import DEFAULT_WALLET_PATH
+from quasar.cli import neuron_settings
+
+role = sys.argv[1]
+settings = neuron_settings(role, sys.argv[2:])
+wallets = str(settings.wallet_dir)
+values = {
+    "wallet_name": settings.wallet_name_for(role),
+    "wallet_hotkey": settings.wallet_hotkey,
+    "wallet_dir": wallets,
+    # The --wallet-path btcli needs: none for its own folder.
+    "btcli_wallet_path": "" if wallets == os.path.expanduser(DEFAULT_WALLET_PATH) else wallets,
+    "device": settings.device,
+    "api_url": settings.validator_api_url,
+}
+for name, value in values.items():
+    print(f"setting_{name}={shlex.quote(value)}")
+PY
+    ) || exit # argparse said what is wrong, as the process would have
+    eval "$assignments"
 }
 
-# The wallet's coldkey and hotkey files exist: the --wallet.* flags', else the settings' wallet,
-# else DEFAULT_WALLET (the role's).
+# The wallet's coldkey and hotkey files exist: those of the wallet the process will open.
 check_wallet() {
-    local default_wallet=$1 name hotkey wallets path_flag="" file
-    name=$(flag_value --wallet.name "${WALLET_NAME:-$default_wallet}")
-    hotkey=$(flag_value --wallet.hotkey "${WALLET_HOTKEY:-default}")
-    wallets=$(flag_value --wallet.path "${WALLET_PATH:-~/.bittensor/wallets}")
-    wallets=${wallets/#\~/$HOME}
-    if [ "$wallets" != "$HOME/.bittensor/wallets" ]; then
-        path_flag=" --wallet-path $wallets"
+    local name=$setting_wallet_name hotkey=$setting_wallet_hotkey wallets=$setting_wallet_dir path_flag="" file
+    if [ -n "$setting_btcli_wallet_path" ]; then
+        path_flag=" --wallet-path $setting_btcli_wallet_path"
     fi
     for file in "$wallets/$name/coldkeypub.txt" "$wallets/$name/hotkeys/$hotkey"; do
         [ -f "$file" ] || fail "wallet file $file does not exist: create the wallet" \
@@ -96,8 +110,7 @@ check_wallet() {
 }
 
 check_cuda() {
-    local device
-    device=$(flag_value --device "${DEVICE:-cuda}")
+    local device=$setting_device
     [ "$device" != "cpu" ] || return 0
     python -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null \
         || fail "DEVICE=$device but PyTorch sees no CUDA GPU (check nvidia-smi, the driver," \
@@ -106,9 +119,7 @@ check_cuda() {
 }
 
 check_api() {
-    local url
-    url=$(flag_value --api.url "${VALIDATOR_API_URL:-}")
-    url=${url%/}
+    local url=$setting_api_url
     if [ -z "$url" ]; then
         say "VALIDATOR_API_URL is empty: the $ROLE reads the submission API's URL from the chain," \
             "where the subnet owner published it"
@@ -123,3 +134,4 @@ check_api() {
 
 activate_venv
 load_dotenv
+read_settings

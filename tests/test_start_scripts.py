@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import subprocess
 from pathlib import Path
@@ -74,7 +75,8 @@ def test_a_crash_loop_backs_off_by_the_one_restart_delay_pm2_applies():
 @pytest.fixture
 def suite(tmp_path) -> Path:
     """A copy of START_VALIDATOR.sh and the checks it sources beside this checkout's .venv, with a
-    stand-in neurons/validator.py that prints the wallet the validator's settings name."""
+    stand-in neurons/validator.py that parses its flags as the validator does and prints the wallet
+    and the device its settings name."""
     if not (ROOT / ".venv" / "bin" / "activate").is_file():
         pytest.skip("needs the project's .venv")
     directory = tmp_path / "suite"
@@ -85,17 +87,22 @@ def suite(tmp_path) -> Path:
     os.symlink(ROOT / ".venv", directory / ".venv")
     (directory / "neurons" / "__init__.py").write_text("")
     (directory / "neurons" / "validator.py").write_text(
-        "from quasar import config\nprint('wallet:', config.resolve({}).wallet_name_for('validator'))\n"
+        "import argparse\n"
+        "from quasar import config\n"
+        "parser = argparse.ArgumentParser()\n"
+        "config.add_arguments(parser, 'validator')\n"
+        "_, settings = config.parse_args(parser)\n"
+        "print('wallet:', settings.wallet_name_for('validator'), 'device:', settings.device)\n"
     )
     for name in ("val_cold", "miner_cold"):
         make_wallet(directory / "wallets", name)
     return directory
 
 
-def start_validator(directory: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+def start_validator(directory: Path, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
     base = {"PATH": os.environ["PATH"], "HOME": str(directory)}
     return subprocess.run(
-        ["bash", str(directory / "START_VALIDATOR.sh")],
+        ["bash", str(directory / "START_VALIDATOR.sh"), *flags],
         env={**base, **env},
         capture_output=True,
         text=True,
@@ -151,3 +158,36 @@ def test_start_script_says_when_other_users_may_read_the_env_file(suite):
     assert "./.env is readable by other users of this machine (mode 644)" in said and "chmod 600 ./.env" in said
     env_file.chmod(0o600)
     assert "readable by other users" not in start_validator(suite, {}).stderr
+
+
+def said(result: subprocess.CompletedProcess) -> str:
+    return " ".join(result.stderr.split())
+
+
+def test_start_script_checks_the_wallet_and_device_of_abbreviated_flags_as_the_validator_reads_them(suite):
+    """argparse takes a flag's unique prefix (`--wallet.nam`, `--devi`) and an empty --wallet.name
+    as the role's wallet; the checks matched whole flags by hand: `--wallet.nam val_cold --devi cpu`
+    was refused for the wallet quasar_validator, and for CUDA, which the validator would not use;
+    `--wallet.name ''` for the file wallets//coldkeypub.txt."""
+    wallets = {"WALLET_PATH": str(suite / "wallets")}
+    result = start_validator(suite, wallets, "--wallet.nam", "val_cold", "--devi", "cpu")
+    assert result.returncode == 0 and "wallet: val_cold device: cpu" in result.stdout, result.stderr
+    result = start_validator(suite, {**wallets, "WALLET_NAME": "val_cold"}, "--wallet.name", "", "--device", "cpu")
+    assert result.returncode == 1 and f"{suite}/wallets/quasar_validator/coldkeypub.txt does not" in said(result)
+    # A flag the validator would refuse is refused with its message.
+    result = start_validator(suite, wallets, "--wallet", "val_cold")
+    assert result.returncode == 2 and "error: ambiguous option: --wallet could match" in result.stderr
+
+
+def test_start_script_checks_the_wallet_folder_of_a_tilde_user_path_as_the_validator_reads_it(suite):
+    """`~USER/wallets` is USER's home folder's to the validator (os.path.expanduser); the checks
+    replaced the `~` alone by HOME, and checked HOME + `USER/wallets`: a wallet there passed them and
+    the validator then stopped on a hotkey file its folder does not hold."""
+    user = pwd.getpwuid(os.getuid())
+    folder = f"quasar-start-checks-{suite.parent.name}"
+    make_wallet(Path(f"{suite}{user.pw_name}") / folder, "val_cold")  # HOME + "USER/..." (HOME is suite)
+    result = start_validator(
+        suite, {"DEVICE": "cpu"}, f"--wallet.path=~{user.pw_name}/{folder}", "--wallet.name", "val_cold"
+    )
+    assert result.returncode == 1, result.stdout
+    assert f"wallet file {user.pw_dir}/{folder}/val_cold/coldkeypub.txt does not exist" in said(result)

@@ -21,8 +21,6 @@ from collections.abc import Sequence
 
 from quasar import config
 from quasar.log import setup_logging
-from quasar.miner.runner import run_miner
-from quasar.miner.status import run_status
 
 MINER_DESCRIPTION = "The QUASAR miner: mines (run, the default) or shows its submissions (status)."
 STATUS_DESCRIPTION = (
@@ -34,14 +32,27 @@ def _add_submission_argument(parser: argparse.ArgumentParser, help_text: str) ->
     parser.add_argument("--submission", type=int, default=None, metavar="ID", help=help_text)
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "quasar miner") -> int:
-    """Run the miner (or, with the ``status`` command, print its submissions); the exit status."""
+def build_parser(prog: str = "quasar miner", add_help: bool = True) -> argparse.ArgumentParser:
+    """The miner's command line (``add_help=False``: without -h/--help, for one who adds its own)."""
     parser = argparse.ArgumentParser(
-        prog=prog, usage="%(prog)s [-h] [run | status [--submission ID]] [FLAGS]", description=MINER_DESCRIPTION
+        prog=prog,
+        usage="%(prog)s [-h] [run | status [--submission ID]] [FLAGS]",
+        description=MINER_DESCRIPTION,
+        add_help=add_help,
     )
     parser.add_argument("command", nargs="?", choices=("run", "status"), default="run", help=argparse.SUPPRESS)
     _add_submission_argument(parser, "status: show only submission ID, in detail")
     config.add_arguments(parser, "miner")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "quasar miner") -> int:
+    """Run the miner (or, with the ``status`` command, print its submissions); the exit status."""
+    # Imported here: the START scripts' checks build the parser without the SDK (build_parser).
+    from quasar.miner.runner import run_miner
+    from quasar.miner.status import run_status
+
+    parser = build_parser(prog)
     args, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, secrets=settings.secrets())
     if args.command == "status":
@@ -54,6 +65,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar miner") -> int:
 def status_main(argv: Sequence[str] | None = None, prog: str = "quasar status") -> int:
     """Print the miner's submissions; exit status 1 when the wallet cannot be read or the API
     refuses or cannot be reached."""
+    from quasar.miner.status import run_status
+
     parser = argparse.ArgumentParser(prog=prog, description=STATUS_DESCRIPTION)
     _add_submission_argument(parser, "show only submission ID, in detail")
     config.add_arguments(parser, "miner")

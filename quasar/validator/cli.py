@@ -85,11 +85,16 @@ DESCRIPTION = (
 )
 
 
+def build_parser(prog: str = "quasar validator", add_help: bool = True) -> argparse.ArgumentParser:
+    """The validator's command line (``add_help=False``: without -h/--help, for one who adds its own)."""
+    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, add_help=add_help)
+    config.add_arguments(parser, "validator")
+    return parser
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "quasar validator") -> int:
     """Run the validator until stopped; exit status 1 when it cannot start."""
-    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
-    config.add_arguments(parser, "validator")
-    _, settings = config.parse_args(parser, argv)
+    _, settings = config.parse_args(build_parser(prog), argv)
     setup_logging(settings.debug, secrets=settings.secrets())
     try:
         return run(settings)
