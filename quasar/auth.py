@@ -28,6 +28,8 @@ from quasar.errors import QuasarError
 # is refused; the nonce store must retain at least their sum.
 MAX_REQUEST_AGE_S = http_auth.DEFAULT_MAX_AGE
 ALLOWED_CLOCK_SKEW_S = http_auth.DEFAULT_ALLOWED_SKEW
+# What the operator of a host whose clock is off does.
+CLOCK_CURE = "keep its clock synced with NTP (timedatectl set-ntp true; a container's clock is its machine's)"
 
 
 class AuthFailure(QuasarError):
@@ -121,8 +123,19 @@ def _clock_refusal(headers: Mapping[str, str], now_ns: int) -> str:
     return (
         f"authentication failed: the request was signed {abs(offset_s):.1f} s {way} this server's clock "
         f"({server_time} UTC here); at most {ALLOWED_CLOCK_SKEW_S:g} s ahead and {MAX_REQUEST_AGE_S:g} s behind "
-        "are accepted: the sender's clock or this server's is off, sync it with NTP"
+        f"are accepted: the sender's clock or this server's is off: {CLOCK_CURE}"
     )
+
+
+def clock_refused(offset_s: float | None) -> bool:
+    """Whether requests signed by a clock ``offset_s`` seconds ahead of their receiver's (negative:
+    behind) are refused; False when the offset is unknown."""
+    return offset_s is not None and not -MAX_REQUEST_AGE_S <= offset_s <= ALLOWED_CLOCK_SKEW_S
+
+
+def clock_offset_text(offset_s: float, whose: str) -> str:
+    """``this host's clock is 120.0 s ahead of WHOSE`` (``behind`` for a negative offset)."""
+    return f"this host's clock is {abs(offset_s):.1f} s {'ahead of' if offset_s > 0 else 'behind'} {whose}"
 
 
 class RecentNonces:

@@ -269,6 +269,9 @@ def test_a_miner_starting_beside_another_miners_inference_server_on_its_port_is_
         def health(self):
             return types.SimpleNamespace(current_block=1)
 
+        def clock_offset(self):
+            return 0.0
+
     with miner_server(world) as url:
         settings = types.SimpleNamespace(miner_inference_port=int(url.rsplit(":", 1)[1]))
         other = world["wallets"]["member"].hotkey.ss58_address

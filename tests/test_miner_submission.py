@@ -4,20 +4,28 @@ resubmission only on improvement, restarts that resume a pending reveal, and the
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
 from api_fixtures import SLOW_BLOCKS, ApiServer, api_config
 from quasar.api.client import ApiClient, Claim
+from quasar.api.devdb import free_port, start_api_process
 from quasar.api.rules import commitment_hash
 from quasar.chain.devchain import DevChain
 from quasar.evaluate.report import FAIL, OK, OOM, PASS, EvaluationReport, LengthResult
 from quasar.localnet.host import make_wallet
 from quasar.miner.github import Git, write_askpass
-from quasar.miner.runner import remote_url
+from quasar.miner.runner import _check_services, remote_url
 from quasar.miner.state import Measurement, MinerState, MinerStateError, PendingReveal, StateStore
 from quasar.miner.strategies import SLOWER, Attempt
 from quasar.miner.submission import (
@@ -32,6 +40,7 @@ from quasar.miner.workspace import ForkClone, Workspace
 from quasar.starter_fork import write_starter_fork
 from test_miner_standins import CHUNK_FILE, bare_has
 from tests.gitrepo import git
+from tests.processes import libfaketime
 
 
 class Setup:
@@ -265,6 +274,82 @@ def test_an_unreachable_api_is_retried_later(setup):
     submitter.client = setup.client(setup.miner)
     submitter.advance()
     assert setup.store.load(setup.hotkey).pending_reveal.submission_id is not None
+
+
+@contextmanager
+def skewed_api(setup: Setup, tmp_path: Path, offset: Path) -> Iterator[str]:
+    """The API in a process of its own over ``setup``'s chain, its clock moved by the libfaketime
+    offset in the file ``offset`` (read at every clock read); yields its URL."""
+    faked = {
+        "LD_PRELOAD": libfaketime(),
+        "FAKETIME_TIMESTAMP_FILE": str(offset),
+        "FAKETIME_NO_CACHE": "1",
+        "DONT_FAKE_MONOTONIC": "1",
+    }
+    api_hotkey = setup.api_wallet.hotkey.ss58_address
+    process, url = start_api_process(
+        tmp_path, f"sqlite:///{tmp_path}/skewed-api.sqlite3", setup.chain_path, api_hotkey, settings=faked
+    )
+    try:
+        yield url
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+
+
+def test_a_reveal_refused_for_the_clock_keeps_the_commitment_for_a_later_reveal(setup, tmp_path):
+    """The miner's clock runs 120 s ahead of the API's when its reveal is due (here the API's clock
+    steps 120 s back): the API refuses the reveal (401), after the miner pushed the commit. The
+    miner dropped the commitment: its kernel public and submitted nowhere. It keeps it and reveals
+    once the clocks agree again, within the window."""
+    offset = tmp_path / "api-clock-offset"
+    offset.write_text("+0\n")
+    api_hotkey = setup.api_wallet.hotkey.ss58_address
+    with skewed_api(setup, tmp_path, offset) as url:
+        submitter = setup.submitter(COMMIT_REVEAL)
+        submitter.client = ApiClient(url, setup.miner, api_hotkey=api_hotkey)
+        setup.clients.append(submitter.client)
+        commit = setup.new_commit("revealed late")
+        assert submitter.submit_if_better(measurement(commit, 1000.0))
+        setup.chain.advance(100)
+        offset.write_text("-120\n")
+        assert not submitter.advance()
+        assert bare_has(setup.bare, commit)  # pushed before the refusal
+        pending = setup.store.load(setup.hotkey).pending_reveal
+        assert pending is not None and pending.measurement.commit == commit
+        offset.write_text("+0\n")
+        assert submitter.advance()
+        with ApiClient(url, setup.validator, api_hotkey=api_hotkey) as validator:
+            [item] = validator.fetch_work().items
+        assert item.commit_hash == commit
+
+
+@pytest.mark.parametrize(
+    ("api_offset", "said", "submissions_refused"),
+    [
+        ("-120", r"1(19|20)\.\d s ahead of", True),
+        ("+600", r"(599|600)\.\d s behind", True),
+        ("+5", r"[45]\.\d s behind", False),
+    ],
+)
+def test_a_miner_whose_clock_is_off_the_apis_is_told_at_its_start(
+    setup, tmp_path, caplog, api_offset, said, submissions_refused
+):
+    """A miner on a host whose clock was minutes off the API's learned it only from the API's 401 on
+    its first submission, after a cycle of evaluations, and never from its inference server, which
+    refused validators' checks (their clocks agree with the API's) at debug level: 5 s behind, the
+    API takes its submissions and every validator's check of it fails. Its start says so in one
+    line: how far, which way, what is refused, and the cure."""
+    offset = tmp_path / "api-clock-offset"
+    offset.write_text(api_offset + "\n")
+    with skewed_api(setup, tmp_path, offset) as url:
+        with ApiClient(url, setup.miner) as client, caplog.at_level(logging.ERROR, logger="quasar.miner.runner"):
+            _check_services(SimpleNamespace(miner_inference_port=free_port()), client, setup.hotkey)
+    (line,) = [record.getMessage() for record in caplog.records if "clock" in record.getMessage()]
+    assert re.search(rf"this host's clock is {said} the submission API's", line), line
+    assert ("the API refuses this miner's submissions" in line) == submissions_refused, line
+    assert "inference server on this host refuses validators' logit checks" in line, line
+    assert "timedatectl set-ntp true" in line, line
 
 
 # --- rules without the API ---

@@ -170,12 +170,35 @@ class EndpointKeeper:
 
 def _check_services(settings: Settings, client, hotkey: str) -> None:
     """Warn when the submission API or this miner's own inference server does not answer: a server
-    of another hotkey on MINER_INFERENCE_PORT (a second miner of one .env) fails every logit check."""
+    of another hotkey on MINER_INFERENCE_PORT (a second miner of one .env) fails every logit check.
+    A clock off the API's is an error: the API refuses every submission, and an inference server on
+    this host refuses validators' checks, which fails them (docs/miner.md)."""
+    from quasar import auth
     from quasar.api.client import ApiClientError
 
     try:
         health = client.health()
         logger.info("submission API %s is up (chain block %d)", client.base_url, health.current_block)
+        offset = client.clock_offset()
+        if offset is not None:  # validators whose clocks agree with the API's sign with its clock
+            refused = [
+                what
+                for what, signer_ahead in (
+                    ("the API refuses this miner's submissions", offset),
+                    ("an inference server on this host refuses validators' logit checks, failing them", -offset),
+                )
+                if auth.clock_refused(signer_ahead)
+            ]
+            if refused:
+                logger.error(
+                    "%s: %s (requests signed over %g s ahead of the receiver's clock or %g s behind it are refused, "
+                    "401); %s",
+                    auth.clock_offset_text(offset, "the submission API's"),
+                    ", and ".join(refused),
+                    auth.ALLOWED_CLOCK_SKEW_S,
+                    auth.MAX_REQUEST_AGE_S,
+                    auth.CLOCK_CURE,
+                )
     except ApiClientError as error:
         logger.warning(
             "the submission API at %s does not answer (%s); submissions are retried every cycle", client.base_url, error

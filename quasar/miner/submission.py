@@ -47,8 +47,9 @@ MODES = (DIRECT, COMMIT_REVEAL)
 SALT_BYTES = 32
 # The share of the recommended claim a miner submits unless CLAIM_SHARE says otherwise.
 DEFAULT_CLAIM_SHARE = float(config.OPTIONS_BY_KEY["claim_share"].default)
-# API answers worth retrying later: unreachable, rate-limited, the API's own trouble.
-_RETRY_STATUSES = {0, 429, 500, 502, 503, 504}
+# API answers worth retrying later: unreachable, rate-limited, the API's own trouble, and a refused
+# signature (401: a clock off, which its operator sets right; a commitment is kept until its window closes).
+_RETRY_STATUSES = {0, 401, 429, 500, 502, 503, 504}
 # Seconds between two checks that the API still holds the last submission or pending commitment.
 CONFIRM_EVERY_S = 300.0
 
@@ -404,6 +405,7 @@ class Submitter:
     @staticmethod
     def _log_refusal(what: str, error: ApiClientError) -> None:
         if error.status in _RETRY_STATUSES:
-            logger.warning("%s not accepted now (%s); will retry", what, error)
+            log = logger.error if error.status == 401 else logger.warning  # 401: its operator has a clock to set
+            log("%s not accepted now (%s); will retry", what, error)
         else:
             logger.error("%s refused by the API: %s", what, error)

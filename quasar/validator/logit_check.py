@@ -58,12 +58,11 @@ def why_logit_checks_wait(api: ApiClient) -> str | None:
             f"this host cannot reach the API ({error}): its own network may be down, and a miner it cannot reach "
             "would fail its check for good"
         )
-    if offset is None or -auth.MAX_REQUEST_AGE_S <= offset <= auth.ALLOWED_CLOCK_SKEW_S:
+    if offset is None or not auth.clock_refused(offset):
         return None
     return (
-        f"this host's clock is {abs(offset):.1f} s {'ahead of' if offset > 0 else 'behind'} the API's; miners refuse "
-        f"challenges signed over {auth.ALLOWED_CLOCK_SKEW_S:g} s ahead or {auth.MAX_REQUEST_AGE_S:g} s behind "
-        "their clocks: sync this host's clock with NTP"
+        auth.clock_offset_text(offset, "the API's") + "; miners refuse challenges signed over "
+        f"{auth.ALLOWED_CLOCK_SKEW_S:g} s ahead or {auth.MAX_REQUEST_AGE_S:g} s behind their clocks: {auth.CLOCK_CURE}"
     )
 
 
