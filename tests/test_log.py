@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from quasar.api.client import ApiClient, ApiClientError
-from quasar.log import setup_logging
+from quasar.log import Repeats, setup_logging
 
 
 def test_secret_values_are_masked_in_log_output():
@@ -85,3 +85,23 @@ def test_attack_a_peers_words_cannot_drive_the_operators_terminal_through_the_lo
     for control in ("\x1b", "\x07", "\r", "\u202e", "\x9b"):
         assert control not in output, (control, output)
     assert "?]0;pwned??[2J?verdict PASS ?evil?" in output
+
+
+def test_a_repeated_condition_is_said_again_when_its_text_changes_and_after_it_ended(caplog):
+    """Repeats: the same text within every_s is counted, not said; a new text is said at once; an
+    ended condition that comes back is said at once, in full."""
+    now = [0.0]
+    repeats = Repeats(logging.getLogger("quasar.test"), every_s=600.0, clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="quasar.test")
+    for text in ("API down: refused", "API down: refused", "API down: timed out", "API down: timed out"):
+        repeats.say("fetch", logging.ERROR, text)
+        now[0] += 12.0
+    repeats.ended("fetch", "fetch works again")
+    repeats.ended("fetch", "fetch works again")
+    repeats.say("fetch", logging.ERROR, "API down: timed out")
+    assert [record.getMessage() for record in caplog.records] == [
+        "API down: refused",
+        "API down: timed out",
+        "fetch works again",
+        "API down: timed out",
+    ]

@@ -51,6 +51,7 @@ from quasar.chain.base import ApiLocation
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.inference.server import create_inference_app
 from quasar.localnet.host import make_wallet
+from quasar.log import REPEAT_EVERY_S
 from quasar.logits import ChallengeLimits, LogitThresholds, load_reference_model
 from quasar.starter_fork import write_starter_fork
 from quasar.validator.devices import Device
@@ -325,6 +326,61 @@ def test_a_failing_step_is_logged_and_the_loop_goes_on(world, tmp_path, caplog):
             assert "validator step: fetch failed; going on" in caplog.text
             assert summary.weights_set and subnet.validator_weights() == {subnet.uids["owner"]: pytest.approx(1.0)}
             assert validator.step().failed_phases == ["fetch"] and validator.idle
+    finally:
+        subnet.close()
+
+
+def test_an_api_out_of_reach_for_an_hour_is_said_once_then_every_ten_minutes_not_at_every_step(world, tmp_path, caplog):
+    """An hour of 12 s steps (finney's blocks) with the API down, an evaluation waiting for its logit
+    check and another for its report: the fetch's failure is logged with its traceback once, then
+    one line every REPEAT_EVERY_S saying how often it recurred, and so are the logit checks' wait
+    and the report's; not a traceback and two lines a step (10 MB a day under pm2). When the API
+    answers again, one line says so."""
+    caplog.set_level(logging.INFO)
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
+    now = [time.time()]
+    finished = Submission(
+        submission_id=1,
+        hotkey=subnet.hotkey("a"),
+        fork_url="file:///forks/a",
+        commit_hash="ab" * 20,
+        target_sequence_length=TARGET,
+        claimed_tokens_per_sec=1000.0,
+        submitted_at=0.0,
+        round_id=0,
+        counts_from_block=0,
+    )
+    try:
+        with (
+            running_api(subnet, tmp_path) as server,
+            ValidatorState.open(tmp_path / "state.sqlite3") as state,
+            ApiClient(
+                f"http://127.0.0.1:{free_port()}", subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")
+            ) as api,
+        ):
+            checked = finished.model_copy(
+                update={"submission_id": 2, "hotkey": subnet.hotkey("b"), "commit_hash": "cd" * 20}
+            )
+            for submission in (finished, checked):
+                state.add_submission(submission, 0.0)
+                key = EvaluationKey(submission.fork_url, submission.commit_hash, TARGET)
+                state.start_evaluation(key, "cpu", 0.0)
+                state.finish_evaluation(key, EvaluationResult(correct=True, measured_tokens_per_sec=1000.0), 0.0)
+            state.record_logits(checked.submission_id, PASSED, "logits match", 0.0)
+            validator = cpu_validator(subnet, api, state, tmp_path, clock=lambda: now[0])
+            for _ in range(300):
+                assert validator.step().failed_phases == ["fetch"]
+                now[0] += 12.0
+            failures = [record for record in caplog.records if "fetch failed" in record.getMessage()]
+            assert len(failures) == 300 * 12 // REPEAT_EVERY_S, [record.getMessage() for record in failures]
+            assert [record.exc_info is not None for record in failures] == [True] + [False] * (len(failures) - 1)
+            assert "(50 more time(s) in the last 600 s)" in failures[1].getMessage()
+            assert len(lines(caplog, "logit checks wait")) == 300 * 12 // REPEAT_EVERY_S
+            assert len(lines(caplog, "report on submission 2 waits")) == 300 * 12 // REPEAT_EVERY_S
+            api.retarget(server.url, subnet.hotkey("api"))
+            assert validator.step().failed_phases == []
+            assert validator.step().failed_phases == []
+            assert lines(caplog, "works again") == ["validator step: fetch works again"]
     finally:
         subnet.close()
 

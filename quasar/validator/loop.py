@@ -56,6 +56,7 @@ from quasar.chain.base import Chain, Metagraph
 from quasar.config import Settings
 from quasar.errors import QuasarError
 from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
+from quasar.log import Repeats
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
 from quasar.validator.logit_check import LogitChecker, why_logit_checks_wait
@@ -195,6 +196,7 @@ class Validator:
         self.running: dict[str, RunningEvaluation] = {}  # device name -> its evaluation
         self._stop = threading.Event()
         self.weights = WeightSetter(settings, chain, wallet, state)
+        self.repeats = Repeats(logger, clock=clock)  # keys: the phases' names, "logit wait" and "reports"
 
     # --- control ---
 
@@ -238,8 +240,9 @@ class Validator:
                 break
             try:
                 phase(summary)
-            except Exception:  # noqa: BLE001  (one phase's failure must not end the loop)
-                logger.exception("validator step: %s failed; going on", name)
+                self.repeats.ended(name, f"validator step: {name} works again")
+            except Exception as error:  # noqa: BLE001  (one phase's failure must not end the loop)
+                self.repeats.say(name, logging.ERROR, f"validator step: {name} failed; going on: {error}", error)
                 summary.failed_phases.append(name)
         return summary
 
@@ -442,8 +445,9 @@ class Validator:
         records = self.state.needing_logit_check()
         waiting = why_logit_checks_wait(self.api) if records else None
         if waiting is not None:
-            logger.error("logit checks wait for a later step: %s", waiting)
+            self.repeats.say("logit wait", logging.ERROR, f"logit checks wait for a later step: {waiting}")
             return
+        self.repeats.ended("logit wait")
         for record in records:
             if self.stopping:
                 return
@@ -524,7 +528,7 @@ class Validator:
                     "report on submission %d: the API answered %s; not sent again", report.submission_id, error
                 )
                 return True
-            logger.warning("cannot report on submission %d now (%s); retrying next step", report.submission_id, error)
+            self.repeats.say("reports", logging.WARNING, f"report on submission {report.submission_id} waits: {error}")
             return not (error.status == 0 or error.status >= 500)
         self.state.record_report(report.submission_id, REPORTED, f"report {accepted.report_id}", self.clock())
         summary.reported += 1
