@@ -28,8 +28,8 @@ from quasar.errors import QuasarError
 # is refused; the nonce store must retain at least their sum.
 MAX_REQUEST_AGE_S = http_auth.DEFAULT_MAX_AGE
 ALLOWED_CLOCK_SKEW_S = http_auth.DEFAULT_ALLOWED_SKEW
-# What the operator of a host whose clock is off does.
-CLOCK_CURE = "keep its clock synced with NTP (timedatectl set-ntp true; a container's clock is its machine's)"
+# How the operator of a host whose clock is off syncs it ("sync this host's clock " + CLOCK_CURE).
+CLOCK_CURE = "with NTP (timedatectl set-ntp true; a container has its machine's clock)"
 
 
 class AuthFailure(QuasarError):
@@ -123,7 +123,7 @@ def _clock_refusal(headers: Mapping[str, str], now_ns: int) -> str:
     return (
         f"authentication failed: the request was signed {abs(offset_s):.1f} s {way} this server's clock "
         f"({server_time} UTC here); at most {ALLOWED_CLOCK_SKEW_S:g} s ahead and {MAX_REQUEST_AGE_S:g} s behind "
-        f"are accepted: the sender's clock or this server's is off: {CLOCK_CURE}"
+        f"are accepted: the sender's clock or this server's is off: sync it {CLOCK_CURE}"
     )
 
 

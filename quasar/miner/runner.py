@@ -192,7 +192,7 @@ def _check_services(settings: Settings, client, hotkey: str) -> None:
             if refused:
                 logger.error(
                     "%s: %s (requests signed over %g s ahead of the receiver's clock or %g s behind it are refused, "
-                    "401); %s",
+                    "401); sync this host's clock %s",
                     auth.clock_offset_text(offset, "the submission API's"),
                     ", and ".join(refused),
                     auth.ALLOWED_CLOCK_SKEW_S,

@@ -62,7 +62,8 @@ def why_logit_checks_wait(api: ApiClient) -> str | None:
         return None
     return (
         auth.clock_offset_text(offset, "the API's") + "; miners refuse challenges signed over "
-        f"{auth.ALLOWED_CLOCK_SKEW_S:g} s ahead or {auth.MAX_REQUEST_AGE_S:g} s behind their clocks: {auth.CLOCK_CURE}"
+        f"{auth.ALLOWED_CLOCK_SKEW_S:g} s ahead or {auth.MAX_REQUEST_AGE_S:g} s behind their clocks: sync this "
+        f"host's clock {auth.CLOCK_CURE}"
     )
 
 
