@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 from rich.logging import RichHandler
@@ -119,3 +121,40 @@ class Repeats:
         """``key``'s condition no longer holds: say ``text`` (INFO), if given, when it had been said."""
         if self._said.pop(key, None) is not None and text is not None:
             self.logger.info("%s", text)
+
+
+class Tally:
+    """Events too many for a line each under pm2, counted instead: each logged at DEBUG, and at
+    INFO, at the first event ``every_s`` or more after the last count was said, one line counting
+    those since by kind and by who caused them. The API's report lines grow with every validator's
+    GPUs (about 80 reports an hour each): 64 validators of 8 would write 130 MB a day."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        what: str,
+        every_s: float = REPEAT_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.logger = logger
+        self.what = what
+        self.every_s = every_s
+        self.clock = clock
+        self._lock = threading.Lock()  # the API's handlers run in threads
+        self._since = clock()
+        self._kinds: Counter[str] = Counter()
+        self._who: set[str] = set()
+
+    def add(self, kind: str, who: str, text: str) -> None:
+        """Count one event of ``kind`` caused by ``who`` (a hotkey), described by ``text`` (DEBUG)."""
+        self.logger.debug("%s", text)
+        with self._lock:
+            self._kinds[kind] += 1
+            self._who.add(who)
+            now = self.clock()
+            if now - self._since < self.every_s:
+                return
+            kinds = ", ".join(f"{count:,} {name}" for name, count in self._kinds.most_common())
+            said = f"{self.what} in the last {now - self._since:.0f} s: {kinds}, from {len(self._who):,} hotkey(s)"
+            self._since, self._kinds, self._who = now, Counter(), set()
+        self.logger.info("%s", said)

@@ -115,7 +115,7 @@ def test_the_lane_answers_every_submission_as_the_route_does(two_databases, chai
     config = api_config(api_hotkey, submissions_per_hour=20)  # 429s, and room for 409s before them
     now = time.time()
     lane_url, route_url = two_databases
-    caplog.set_level(logging.INFO, logger="quasar.api.intake")
+    caplog.set_level(logging.DEBUG, logger="quasar.api.intake")
     with (
         ApiServer(config, chain, lane_url, clock=lambda: now) as lane,
         ApiServer(config, chain, route_url, clock=lambda: now, fast_lane=False) as route,

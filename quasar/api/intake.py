@@ -20,6 +20,7 @@ from quasar.api.db import EvaluationReport, PreparedStatement, Submission
 from quasar.api.errors import ApiError
 from quasar.api.servicecore import Authenticated, ServiceCore, benchmarks_to_json
 from quasar.api.worklist import supersede_older
+from quasar.log import Tally
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +85,8 @@ class Intake(ServiceCore):
         # The subnet's counts (GET /get_submission_stats) at the newest block they were asked at.
         self._block_stats: schemas.SubmissionStats | None = None
         self._block_stats_lock = threading.Lock()
+        # Counted every REPEAT_EVERY_S, each at DEBUG: a full subnet sends about 2,500 an hour.
+        self.submissions_said = Tally(logger, "submissions", clock=self.clock)
 
     def submit_direct(
         self, hotkey: str, client_ip: str, request: schemas.SubmitKernelRequest, caller: Authenticated | None = None
@@ -165,7 +168,11 @@ class Intake(ServiceCore):
         # The commit too: two hotkeys submitting it at once would each miss the other's row (READ COMMITTED).
         locks = [f"hotkey:{hotkey}", f"commit:{commit}"]
         accepted = self._write(work, caller, locks=locks, fused=fused if use_fused else None)
-        logger.info("submission %d from %s (%s) direct, round %d", accepted.submission_id, hotkey, client_ip, round_id)
+        self.submissions_said.add(
+            "direct",
+            hotkey,
+            f"submission {accepted.submission_id} from {hotkey} ({client_ip}) direct, round {round_id}",
+        )
         return accepted
 
     def _window(self, commit_block: int) -> rules.RevealWindow:
@@ -199,7 +206,9 @@ class Intake(ServiceCore):
 
         submission_id, submitted_at = self._write(work, caller, locks=[f"hotkey:{hotkey}"])
         window = self._window(block)
-        logger.info("commitment %d from %s (%s) at block %d", submission_id, hotkey, client_ip, block)
+        self.submissions_said.add(
+            "commitments", hotkey, f"commitment {submission_id} from {hotkey} ({client_ip}) at block {block}"
+        )
         return schemas.CommitAccepted(
             submission_id=submission_id,
             hotkey=hotkey,
@@ -282,7 +291,9 @@ class Intake(ServiceCore):
                 )
             )
             raise ApiError(400, f"{mismatch[-1]}; counted as a failed validation")
-        logger.info("commitment %d revealed by %s, round %d", accepted.submission_id, hotkey, round_id)
+        self.submissions_said.add(
+            "revealed", hotkey, f"commitment {accepted.submission_id} revealed by {hotkey}, round {round_id}"
+        )
         return accepted
 
     def pending_reveals(self, hotkey: str | None, limit: int) -> schemas.PendingReveals:
