@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import threading
 import time
@@ -18,6 +19,9 @@ REDACTED = "***"
 CHATTY_LIBRARIES = ("bittensor", "httpx", "httpcore", "urllib3", "websockets")
 # How often a condition met at every step (an API out of reach) is said again while it lasts.
 REPEAT_EVERY_S = 600.0
+# What a repeated condition's text may change in and stay the same condition: measured figures (decimals: a
+# clock's offset, a duration) and times of day, which differ at each step; ids and status codes are integers.
+_MEASURED = re.compile(r"\d+\.\d+|\d\d:\d\d:\d\d")
 
 
 class SafeText:
@@ -93,9 +97,10 @@ def setup_logging(debug: bool = False, secrets: Iterable[str] = (), stream=None,
 
 class Repeats:
     """Conditions a loop meets at every step (an API or a chain out of reach, a phase failing the
-    same way), each said in full the first time and whenever its text changes, then again at most
-    every ``every_s`` with how often it recurred meanwhile, and once when it ends. pm2 keeps every
-    line: a validator's traceback at each 12 s step of an API outage wrote 8 MB a day."""
+    same way), each said in full the first time and whenever its text changes other than in measured
+    figures and times of day (a clock's offset, the receiver's time: a clock off), then again at
+    most every ``every_s`` with how often it recurred meanwhile, and once when it ends. pm2 keeps
+    every line: a validator's traceback at each 12 s step of an API outage wrote 8 MB a day."""
 
     def __init__(self, logger: logging.Logger, every_s: float = REPEAT_EVERY_S, clock: Callable[[], float] = time.time):
         self.logger = logger
@@ -108,7 +113,7 @@ class Repeats:
         the first time it is said)."""
         now = self.clock()
         said = self._said.get(key)
-        if said is None or said[0] != text:
+        if said is None or _MEASURED.sub("#", said[0]) != _MEASURED.sub("#", text):
             self.logger.log(level, "%s", text, exc_info=exc_info)
             self._said[key] = (text, now, 0)
         elif now - said[1] >= self.every_s:

@@ -105,3 +105,19 @@ def test_a_repeated_condition_is_said_again_when_its_text_changes_and_after_it_e
         "fetch works again",
         "API down: timed out",
     ]
+
+
+def test_a_condition_whose_text_changes_only_in_measured_figures_is_not_said_again(caplog):
+    """A clock off: each refusal says the offset measured (120.0 s, 120.2 s) and the receiver's time,
+    which differ at each step; the condition is the same, counted, not said. An integer (a status,
+    an id) that changes is a new text."""
+    now = [0.0]
+    repeats = Repeats(logging.getLogger("quasar.test"), every_s=600.0, clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="quasar.test")
+    for offset, at, status in ((120.0, "08:47:58", 401), (120.2, "08:48:10", 401), (119.9, "08:48:22", 503)):
+        repeats.say("fetch", logging.ERROR, f"{status}: signed {offset} s ahead of this server's clock ({at} UTC)")
+        now[0] += 12.0
+    assert [record.getMessage() for record in caplog.records] == [
+        "401: signed 120.0 s ahead of this server's clock (08:47:58 UTC)",
+        "503: signed 119.9 s ahead of this server's clock (08:48:22 UTC)",
+    ]
