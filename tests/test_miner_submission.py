@@ -324,6 +324,29 @@ def test_a_reveal_refused_for_the_clock_keeps_the_commitment_for_a_later_reveal(
         assert item.commit_hash == commit
 
 
+def test_a_commitment_refused_for_the_clock_is_said_once_not_at_every_retry(setup, tmp_path, caplog):
+    """The miner's clock 120 s ahead of the API's: its commitment is refused (401) and kept, and
+    sent again at each advance (every 15 s while the miner waits). Each try logged the refusal and
+    that it sends the commitment again: 11,520 lines a day. Said once, then every 10 minutes; once
+    accepted, a later refusal is said at once."""
+    offset = tmp_path / "api-clock-offset"
+    offset.write_text("-120\n")
+    with skewed_api(setup, tmp_path, offset) as url:
+        submitter = setup.submitter(COMMIT_REVEAL)
+        submitter.client = ApiClient(url, setup.miner, api_hotkey=setup.api_wallet.hotkey.ss58_address)
+        setup.clients.append(submitter.client)
+        with caplog.at_level(logging.INFO, logger="quasar.miner.submission"):
+            submitter.submit_if_better(measurement(setup.new_commit("kept"), 1000.0))
+            for _ in range(4):
+                assert not submitter.advance()
+            refusals = [record.getMessage() for record in caplog.records if "not accepted now" in record.getMessage()]
+            assert len(refusals) == 1 and "signed 1" in refusals[0], refusals
+            assert len([record for record in caplog.records if "sending it again" in record.getMessage()]) <= 1
+            offset.write_text("+0\n")
+            assert not submitter.advance()
+            assert setup.store.load(setup.hotkey).pending_reveal.submission_id is not None
+
+
 @pytest.mark.parametrize(
     ("api_offset", "said", "submissions_refused"),
     [

@@ -36,6 +36,7 @@ from quasar.api.rules import commitment_hash
 from quasar.chain import Chain, ChainError
 from quasar.evaluate import EvaluationReport
 from quasar.evaluate.report import OK
+from quasar.log import Repeats
 from quasar.miner.github import GitError
 from quasar.miner.state import Measurement, MinerState, PendingReveal, StateStore, SubmissionRecord
 
@@ -136,6 +137,8 @@ class Submitter:
     confirm_every_s: float = CONFIRM_EVERY_S
     clock: Callable[[], float] = time.monotonic
     _confirmed_at: float | None = field(default=None, init=False)
+    # A refusal met at every try (every 15 s while the miner waits): said once, then every 10 minutes.
+    _repeats: Repeats = field(default_factory=lambda: Repeats(logger, clock=time.monotonic), init=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -181,6 +184,7 @@ class Submitter:
                 self._log_refusal("submission", error)
                 return False
             submission_id = int(duplicate.group(1))  # sent before a crash; the API has it
+        self._accepted()
         self.state.last_submission = SubmissionRecord(submission_id, DIRECT, self.fork_url, measurement, time.time())
         self._save()
         logger.info(
@@ -218,6 +222,7 @@ class Submitter:
                 self.state.pending_reveal = None
                 self._save()
             return
+        self._accepted()
         self.state.pending_reveal = replace(
             pending,
             submission_id=accepted.submission_id,
@@ -332,8 +337,10 @@ class Submitter:
             if pending.submission_id is None:
                 found = self._find_commitment(pending)
                 if found is None:
-                    logger.info(
-                        "commitment for %s never reached the API; sending it again", pending.measurement.commit[:12]
+                    self._repeats.say(
+                        "resend",
+                        logging.INFO,
+                        f"commitment for {pending.measurement.commit[:12]} never reached the API; sending it again",
                     )
                     self._send_commitment()
                     return False
@@ -388,6 +395,7 @@ class Submitter:
                     self.state.pending_reveal = None
                     self._save()
                 return False
+        self._accepted()
         self.state.last_submission = SubmissionRecord(
             pending.submission_id, COMMIT_REVEAL, pending.fork_url, measurement, time.time()
         )
@@ -402,10 +410,14 @@ class Submitter:
         )
         return True
 
-    @staticmethod
-    def _log_refusal(what: str, error: ApiClientError) -> None:
+    def _accepted(self) -> None:
+        """The API took a request: a refusal met again is said at once, in full."""
+        for key in ("submission", "commitment", "resend", "commit-reveal", "reveal"):
+            self._repeats.ended(key)
+
+    def _log_refusal(self, what: str, error: ApiClientError) -> None:
         if error.status in _RETRY_STATUSES:
-            log = logger.error if error.status == 401 else logger.warning  # 401: its operator has a clock to set
-            log("%s not accepted now (%s); will retry", what, error)
+            level = logging.ERROR if error.status == 401 else logging.WARNING  # 401: its operator has a clock to set
+            self._repeats.say(what, level, f"{what} not accepted now ({error}); will retry")
         else:
             logger.error("%s refused by the API: %s", what, error)
