@@ -165,6 +165,19 @@ def test_a_failure_on_the_validators_side_waits_before_its_next_attempt(state):
     assert state.pending_evaluations(now=300.0) == [submission(2, commit="b" * 40).key]
 
 
+def test_a_failed_attempt_is_not_held_back_by_a_step_back_of_the_clock(state):
+    """The host's clock ran an hour ahead when an attempt failed on this validator's side; NTP then
+    stepped it back. The attempt began an hour 'later' than now, so its retry waited an hour and 2
+    minutes, not 2 minutes. An attempt that began after now is due at once."""
+    state.add_submission(submission(1), now=1.0)
+    key = submission(1).key
+    ahead = 3600.0 + 100.0
+    state.start_evaluation(key, "cuda:0", now=ahead)
+    state.fail_attempt(key, "the fork could not be fetched on this host: ... returned error: 503", now=ahead + 8.0)
+    assert state.pending_evaluations(now=ahead + 20.0) == []  # the clock right: it waits
+    assert state.pending_evaluations(now=100.0 + 20.0) == [key]  # the clock stepped back an hour
+
+
 def test_a_cancelled_evaluation_does_not_count_as_an_attempt(state):
     state.add_submission(submission(1), now=1.0)
     key = submission(1).key

@@ -365,14 +365,14 @@ class ValidatorState:
 
     def pending_evaluations(self, now: float | None = None) -> list[EvaluationKey]:
         """Evaluations to run, in the order of their earliest submission; with ``now``, one whose last
-        attempt failed on this validator's side only EVALUATION_RETRY_DELAYS_S after it began."""
+        attempt failed on this validator's side EVALUATION_RETRY_DELAYS_S after it began (or after now)."""
         rows = self._connection.execute(
             "SELECT e.fork_url, e.commit_hash, e.target_sequence_length FROM evaluations e "
             "JOIN submissions s USING (fork_url, commit_hash, target_sequence_length) WHERE e.status = ? "
-            "AND (? IS NULL OR e.last_error IS NULL OR e.started_at IS NULL "
+            "AND (? IS NULL OR e.last_error IS NULL OR e.started_at IS NULL OR e.started_at > ? "  # clock stepped back
             "OR e.started_at + (CASE WHEN e.attempts >= 2 THEN ? ELSE ? END) <= ?) "
             "GROUP BY e.fork_url, e.commit_hash, e.target_sequence_length ORDER BY MIN(s.submission_id)",
-            (PENDING, now, EVALUATION_RETRY_DELAYS_S[1], EVALUATION_RETRY_DELAYS_S[0], now),
+            (PENDING, now, now, EVALUATION_RETRY_DELAYS_S[1], EVALUATION_RETRY_DELAYS_S[0], now),
         ).fetchall()
         return [EvaluationKey(*row) for row in rows]
 
