@@ -275,7 +275,7 @@ class SubprocessEvaluator:
             start_new_session=True,
         )
         deadline = time.monotonic() + self.clone_timeout_s + self.options.timeout_s + WORKER_MARGIN_S
-        logger.info("evaluating %s on %s (worker pid %d)", key, device.name, process.pid)
+        logger.debug("evaluating %s on %s (worker pid %d)", key, device.name, process.pid)
         try:
             checkout = forks.clone_dir_for(self.cache_dir, key.fork_url, key.commit_hash, allow_local=self.allow_local)
         except forks.ForkError:

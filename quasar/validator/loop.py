@@ -384,7 +384,7 @@ class Validator:
             added = self.state.add_refused_submission(submission, problem, self.clock())
         if added:
             summary.fetched += 1
-            logger.info(
+            logger.debug(
                 "fetched submission %d from %s: %s (claims %.0f tokens/s)",
                 submission.submission_id,
                 submission.hotkey,
@@ -464,7 +464,7 @@ class Validator:
                     return
                 self.state.record_logits(record.submission.submission_id, outcome, reason, self.clock())
                 summary.logits_checked += outcome != SKIPPED
-                log = logger.info if outcome != FAILED else logger.warning
+                log = logger.debug if outcome != FAILED else logger.warning
                 log(
                     "logit check of submission %d from %s: %s (%s)",
                     record.submission.submission_id,
@@ -532,7 +532,7 @@ class Validator:
             return not (error.status == 0 or error.status >= 500)
         self.state.record_report(report.submission_id, REPORTED, f"report {accepted.report_id}", self.clock())
         summary.reported += 1
-        logger.info(
+        logger.debug(
             "reported submission %d: %s%s",
             report.submission_id,
             report.verdict,

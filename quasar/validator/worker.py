@@ -284,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(Path(argv[0]).read_text())
     signal.signal(signal.SIGTERM, _STOP.on_signal)
     _die_with_parent(job["parent_pid"])
-    setup_logging(job.get("debug", False))
+    setup_logging(job.get("debug", False), quiet=True)  # the validator logs the outcome: its stderr is pm2's log
     outcome = run_job(job)
     _STOP.checkpoint()  # a stopped evaluation writes nothing, even if it got this far
     write_atomically(Path(job["result_path"]), outcome)
