@@ -28,6 +28,9 @@ from quasar.errors import QuasarError
 # is refused; the nonce store must retain at least their sum.
 MAX_REQUEST_AGE_S = http_auth.DEFAULT_MAX_AGE
 ALLOWED_CLOCK_SKEW_S = http_auth.DEFAULT_ALLOWED_SKEW
+# Signer and receiver each measure their clocks against the API's; each keeping within half the 2 s
+# ahead allowed, neither's offset gets the other's requests refused.
+CLOCK_MARGIN_S = ALLOWED_CLOCK_SKEW_S / 2
 # How the operator of a host whose clock is off syncs it ("sync this host's clock " + CLOCK_CURE).
 CLOCK_CURE = "with NTP (timedatectl set-ntp true; a container has its machine's clock)"
 
@@ -127,10 +130,12 @@ def _clock_refusal(headers: Mapping[str, str], now_ns: int) -> str:
     )
 
 
-def clock_refused(offset_s: float | None) -> bool:
+def clock_refused(offset_s: float | None, margin_s: float = 0.0) -> bool:
     """Whether requests signed by a clock ``offset_s`` seconds ahead of their receiver's (negative:
-    behind) are refused; False when the offset is unknown."""
-    return offset_s is not None and not -MAX_REQUEST_AGE_S <= offset_s <= ALLOWED_CLOCK_SKEW_S
+    behind) are refused, the window narrowed by ``margin_s`` at both ends (the receiver's own offset
+    from the clock ``offset_s`` was measured against: CLOCK_MARGIN_S); False when it is unknown."""
+    low, high = -MAX_REQUEST_AGE_S + margin_s, ALLOWED_CLOCK_SKEW_S - margin_s
+    return offset_s is not None and not low <= offset_s <= high
 
 
 def clock_offset_text(offset_s: float, whose: str) -> str:

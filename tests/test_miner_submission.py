@@ -353,6 +353,7 @@ def test_a_commitment_refused_for_the_clock_is_said_once_not_at_every_retry(setu
         ("-120", r"1(19|20)\.\d s ahead of", True),
         ("+600", r"(599|600)\.\d s behind", True),
         ("+5", r"[45]\.\d s behind", False),
+        ("+1.5", r"1\.\d s behind", False),
     ],
 )
 def test_a_miner_whose_clock_is_off_the_apis_is_told_at_its_start(
@@ -361,8 +362,9 @@ def test_a_miner_whose_clock_is_off_the_apis_is_told_at_its_start(
     """A miner on a host whose clock was minutes off the API's learned it only from the API's 401 on
     its first submission, after a cycle of evaluations, and never from its inference server, which
     refused validators' checks (their clocks agree with the API's) at debug level: 5 s behind, the
-    API takes its submissions and every validator's check of it fails. Its start says so in one
-    line: how far, which way, what is refused, and the cure."""
+    API takes its submissions and every validator's check of it fails; 1.5 s behind, a validator
+    0.6 s ahead of the API fails it. Its start says so in one line: how far, which way, what is
+    refused, and the cure."""
     offset = tmp_path / "api-clock-offset"
     offset.write_text(api_offset + "\n")
     with skewed_api(setup, tmp_path, offset) as url:
@@ -371,7 +373,7 @@ def test_a_miner_whose_clock_is_off_the_apis_is_told_at_its_start(
     (line,) = [record.getMessage() for record in caplog.records if "clock" in record.getMessage()]
     assert re.search(rf"this host's clock is {said} the submission API's", line), line
     assert ("the API refuses this miner's submissions" in line) == submissions_refused, line
-    assert "inference server on this host refuses validators' logit checks" in line, line
+    assert "inference server on this host refuses logit checks of validators" in line, line
     assert "timedatectl set-ntp true" in line, line
 
 

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -19,6 +20,8 @@ import pytest
 from bittensor.sp_core import Keypair
 
 from quasar import forks, originality, scoring
+from quasar.api.client import ApiClient
+from quasar.api.devdb import start_api_process
 from quasar.api.schemas import MAX_REASON_LENGTH, MAX_REASONS, ReportRequest
 from quasar.chain.base import Metagraph, NeuronInfo
 from quasar.chain.devchain import FINNEY, DevChain
@@ -30,6 +33,7 @@ from quasar.terminal import rendered_text, short_hotkey
 from quasar.validator import state_files
 from quasar.validator.devices import Device, ValidatorSetupError, device_warnings, evaluation_devices
 from quasar.validator.evaluator import SubprocessEvaluator, WorkerEvaluation, outcome_from_worker, result_from_report
+from quasar.validator.logit_check import why_logit_checks_wait
 from quasar.validator.loop import submission_from_work
 from quasar.validator.preflight import assess_subnet_rules, check_registration
 from quasar.validator.results import (
@@ -55,6 +59,7 @@ from quasar.validator.worker import HeadStart, options_from_json, options_to_jso
 from tests.evaluate_runs import FAST_CPU
 from tests.github_network import GitHubProxy, make_github_certificate
 from tests.gitrepo import commit_all
+from tests.processes import libfaketime
 
 URL = "https://github.com/miner/flash-linear-attention"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -1065,3 +1070,28 @@ def test_a_chain_that_cannot_say_its_activity_cutoff_leaves_the_interval_as_it_w
             connection.execute("DELETE FROM meta WHERE key = 'hyperparameters'")
         assert setter.due(block) and setter.interval == 324
     assert "activity cutoff at block 10: the dev chain file holds no hyperparameters" in caplog.text
+
+
+@pytest.mark.parametrize(("api_offset", "waits"), [("-1.5", True), ("-0.5", False), ("+8.5", False), ("+9.5", True)])
+def test_a_validators_logit_checks_leave_the_miners_half_of_the_clock_window(
+    chain, wallets, tmp_path, api_offset, waits
+):
+    """A challenge is refused when signed over 2 s ahead of the miner's clock. A validator 1.8 s
+    ahead of the API checked logits (within 2 s), and an honest miner 0.7 s behind the API (within
+    what its own start accepts) refused the challenge, signed 2.5 s ahead of its clock, and failed
+    for good. The validator's checks wait unless its clock is within half the window of the API's:
+    1 s ahead, 9 s behind; a miner within 1 s of the API then never refuses it."""
+    skewed = {"LD_PRELOAD": libfaketime(), "FAKETIME": api_offset, "DONT_FAKE_MONOTONIC": "1"}
+    api_hotkey = wallets["api"].hotkey.ss58_address
+    process, url = start_api_process(
+        tmp_path, f"sqlite:///{tmp_path}/api.sqlite3", chain.path, api_hotkey, settings=skewed
+    )
+    try:
+        with ApiClient(url, wallets["v1"], api_hotkey=api_hotkey) as api:
+            said = why_logit_checks_wait(api)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+    assert (said is not None) == waits, said
+    if waits:
+        assert "timedatectl set-ntp true" in said and "the API's" in said, said

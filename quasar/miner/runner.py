@@ -183,11 +183,16 @@ def _check_services(settings: Settings, client, hotkey: str) -> None:
         if offset is not None:  # validators whose clocks agree with the API's sign with its clock
             refused = [
                 what
-                for what, signer_ahead in (
-                    ("the API refuses this miner's submissions", offset),
-                    ("an inference server on this host refuses validators' logit checks, failing them", -offset),
+                for what, signer_ahead, margin in (
+                    ("the API refuses this miner's submissions", offset, 0.0),
+                    (
+                        f"an inference server on this host refuses logit checks of validators whose clocks are "
+                        f"up to {auth.CLOCK_MARGIN_S:g} s off the API's, failing them",
+                        -offset,
+                        auth.CLOCK_MARGIN_S,
+                    ),
                 )
-                if auth.clock_refused(signer_ahead)
+                if auth.clock_refused(signer_ahead, margin)
             ]
             if refused:
                 logger.error(
