@@ -68,3 +68,41 @@ def test_a_validators_worker_logs_only_warnings_and_errors_unless_debugging(tmp_
     assert outcome.error is None and outcome.result.correct, outcome
     written = capfd.readouterr().err
     assert " INFO " not in written, written
+
+
+def test_weights_unchanged_since_the_last_epoch_are_one_line_not_their_table_again(
+    tmp_path, chain, wallets, database_url, caplog
+):
+    """The same three results ranked at four epochs: the weights table is logged the first time,
+    then each setting is one line naming the block whose table still holds. The local network sets
+    weights every second: its table every second was 68 MB a day in its validator.log."""
+    for name in MINERS:
+        chain.publish_endpoint(wallets[name], "192.0.2.1", 8001)
+    chain.register_wallet(wallets["stranger"])
+    chain.set_owner(wallets["stranger"].hotkey.ss58_address)
+    chain.set_hyperparameters(commit_reveal_enabled=False, weights_rate_limit=0)
+    api_hotkey = wallets["api"].hotkey.ss58_address
+    speeds = {commit_of(n + 1): 1e5 * (n + 1) for n in range(len(MINERS))}
+    settings = config.resolve(
+        {"network": "devchain", "netuid": "24", "device": "cpu", "epoch_blocks": "10"}, environ={}, dotenv_path=None
+    )
+    with (
+        ApiServer(api_config(api_hotkey), chain, database_url) as server,
+        ValidatorState.open(tmp_path / "state.sqlite3") as state,
+        ApiClient(server.url, wallets["v1"], api_hotkey=api_hotkey) as api,
+    ):
+        for n, name in enumerate(MINERS):
+            with ApiClient(server.url, wallets[name], api_hotkey=api_hotkey) as miner:
+                miner.submit_kernel(Claim(FORK, commit_of(n + 1), 1e5), 1_000_000)
+        validator = Validator(
+            settings, chain, api, wallets["v1"], KnownSpeeds(speeds), Passing(), state, devices=[Device("gpu0", "0")]
+        )
+        while not validator.idle or not list(state.scored()):
+            validator.step()
+        caplog.set_level(logging.INFO, logger="quasar.validator.weight_setting")
+        for _ in range(4):
+            chain.advance(10)
+            assert validator.step().weights_set
+    said = [record.getMessage() for record in caplog.records if record.name == "quasar.validator.weight_setting"]
+    assert len(said) == 4 and sum("QUASAR weights" in line for line in said) == 1, said
+    assert all("the same ranking as at block" in line for line in said[1:]), said

@@ -15,7 +15,7 @@ from quasar import scoring
 from quasar.chain import btcli
 from quasar.chain.base import Chain, ChainError, RateLimited, Refused, UidsChanged, WeightsSubmission
 from quasar.config import Settings
-from quasar.terminal import log_table
+from quasar.terminal import log_table, rendered_text
 from quasar.validator.preflight import UPDATE_STEPS, version_key_problem
 from quasar.validator.results import WeightPlan, plan_weights, weights_refusal, weights_table
 from quasar.validator.state import ValidatorState
@@ -61,6 +61,9 @@ class WeightSetter:
         self._left_out: frozenset[str] = frozenset()  # the hotkeys left out at the last weights
         self.interval = settings.epoch_blocks
         self._rules_read_at: int | None = None
+        # The weights table last logged and its block: an unchanged table is not logged again
+        # (the local network sets weights every second).
+        self._last_table: tuple[str, int] | None = None
 
     def due(self, block: int) -> bool:
         """Whether weights are to be set at ``block``: :attr:`interval` blocks after the last setting,
@@ -155,12 +158,17 @@ class WeightSetter:
         self.state.set_meta(LAST_WEIGHTS_BLOCK, str(submission.block))
         self._log_left_out(plan.unregistered)
         what = "committed (the chain applies them when it reveals them)" if submission.committed else "set"
-        log_table(
-            logger,
+        said = (
             f"weights {what} at block {submission.block} ({submission.detail}; next after block "
-            f"{submission.block + self.interval}):",
-            weights_table(plan),
+            f"{submission.block + self.interval})"
         )
+        table = weights_table(plan)
+        text = rendered_text(table)
+        if self._last_table is not None and self._last_table[0] == text:
+            logger.info("%s: the same ranking as at block %d", said, self._last_table[1])
+        else:
+            log_table(logger, said + ":", table)
+            self._last_table = (text, submission.block)
         return True
 
     def _log_left_out(self, unregistered: tuple[str, ...]) -> None:
