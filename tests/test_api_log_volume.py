@@ -8,8 +8,11 @@ import logging
 
 import pytest
 
-from api_fixtures import Clock, api_config
+from api_fixtures import FORK, ApiServer, Clock, api_config, commit_of
 from quasar.api import schemas
+from quasar.api.client import ApiClient, ApiClientError, Claim
+from quasar.api.db import Database
+from quasar.api.devdb import PostgresUnavailable, TemporaryPostgres
 from quasar.api.service import SubmissionService
 from quasar.log import REPEAT_EVERY_S
 
@@ -47,3 +50,32 @@ def test_twenty_minutes_of_submissions_and_reports_are_counted_every_ten_minutes
         f"submissions in the last {REPEAT_EVERY_S:.0f} s: 31 direct, from 3 hotkey(s)",
         f"reports in the last {REPEAT_EVERY_S:.0f} s: 61 passed, from 2 hotkey(s)",
     ], (len(said), said[:2])
+
+
+def test_a_database_out_of_reach_is_said_once_not_at_every_request(chain, wallets, caplog):
+    """PostgreSQL stopped under a running API: each request that needs it is answered 503, and the
+    cause is logged once (then every REPEAT_EVERY_S with how many more requests it refused), not a
+    line per request: miners and validators keep asking, many requests a second on a busy subnet."""
+    server = TemporaryPostgres(durable=False)
+    try:
+        server.start()
+    except PostgresUnavailable as error:
+        pytest.skip(f"PostgreSQL unavailable: {error} (./scripts/test.sh installs it)")
+    try:
+        database_url = server.create_database("quasar_outage")
+        Database(database_url).upgrade()
+        api_hotkey = wallets["api"].hotkey.ss58_address
+        with (
+            ApiServer(api_config(api_hotkey), chain, database_url) as api,
+            ApiClient(api.url, wallets["a"], api_hotkey=api_hotkey, timeout=20) as miner,
+        ):
+            server.stop()
+            caplog.set_level(logging.INFO, logger="quasar.api")
+            for n in range(20):
+                with pytest.raises(ApiClientError) as refused:
+                    miner.submit_kernel(Claim(FORK, commit_of(n + 1), 1e5), 1_000_000)
+                assert refused.value.status == 503, refused.value
+    finally:
+        server.stop()
+    said = [record.getMessage() for record in caplog.records if "database error" in record.getMessage()]
+    assert len(said) == 1, said

@@ -17,8 +17,10 @@ from quasar import auth
 from quasar.api.db import DatabaseBusy
 from quasar.chain import ChainError
 from quasar.errors import QuasarError
+from quasar.log import Repeats
 
 logger = logging.getLogger(__name__)
+DATABASE_ERRORS = Repeats(logger)
 
 
 class ApiError(QuasarError):
@@ -40,7 +42,8 @@ def error_response(error: Exception, method: str, path: str) -> JSONResponse:
     if isinstance(error, DatabaseBusy):
         return JSONResponse({"detail": str(error)}, status_code=503, headers={"Retry-After": "1"})
     if isinstance(error, OperationalError):
-        logger.error("database error on %s %s: %s", method, path, error.orig)
+        # Said once, then every REPEAT_EVERY_S: an outage refuses every request that needs the database.
+        DATABASE_ERRORS.say("database", logging.ERROR, f"database error: {error.orig}; requests that need it get 503")
         return JSONResponse(
             {"detail": "the database is unavailable; retry shortly"}, status_code=503, headers={"Retry-After": "5"}
         )
