@@ -72,6 +72,7 @@ from quasar.chain.subtensor_rules import (
     stake_refusal,
     version_key_refusal,
 )
+from quasar.log import Repeats
 
 logger = logging.getLogger(__name__)
 
@@ -246,6 +247,8 @@ class BittensorChain(Chain):
         self._lock = threading.Lock()
         self._client = self._new_client()
         self._block_time_s: float | None = None
+        # A node out of reach fails every read the same way: its retries said once, then every so often.
+        self.repeats = Repeats(logger)
 
     def __repr__(self) -> str:
         return f"BittensorChain(target={self.target!r}, netuid={self.netuid})"
@@ -316,20 +319,16 @@ class BittensorChain(Chain):
         failure: BaseException | None = None
         for attempt in range(attempts):
             if failure is not None:
-                delay = self.backoff_s * 2 ** (attempt - 1)
-                logger.warning(
-                    "%s on %s: %s; retrying in %.1f s (attempt %d of %d)",
-                    what,
-                    self.target,
-                    failure,
-                    delay,
-                    attempt + 1,
-                    attempts,
+                retrying = (
+                    f"retrying, {attempts} attempts at most, {self.backoff_s:g} s apart and twice as long each time"
                 )
-                self._sleep(delay)
+                self.repeats.say(what, logging.WARNING, f"{what} on {self.target}: {failure}; {retrying}")
+                self._sleep(self.backoff_s * 2 ** (attempt - 1))
             client = self._current_client()
             try:
-                return self._bounded(client, operation)
+                answer = self._bounded(client, operation)
+                self.repeats.ended(what, f"{what} on {self.target} works again")
+                return answer
             except _RefusedForRateLimit as refusal:
                 failure = refusal
             except SdkChainError as error:
