@@ -70,5 +70,7 @@ def validate_repo(
         cu = Finding(".", None, Rule.NO_CU_FILE, "the repository has no *.cu file")
         (findings if require_cu else warnings).append(cu)
     errors = tuple(sorted(set(findings), key=lambda f: (f.path, f.line or 0, f.rule.value, f.message)))
-    logger.info("import check of %s: %d errors, %d warnings", repo.root, len(errors), len(warnings))
+    # A clean check at DEBUG: a miner checks every candidate twice, and pm2 keeps every line.
+    level = logging.INFO if errors or warnings else logging.DEBUG
+    logger.log(level, "import check of %s: %d errors, %d warnings", repo.root, len(errors), len(warnings))
     return ImportReport(errors=errors, warnings=tuple(warnings), checked_files=tuple(checked))
