@@ -54,7 +54,7 @@ def test_an_evaluation_is_one_line_at_info_from_fetch_to_report(tmp_path, chain,
     assert len(said) == len(MINERS) and all(line.startswith("evaluation of ") for line in said), said
 
 
-def test_a_validators_worker_logs_only_warnings_and_errors_unless_debugging(tmp_path, capfd):
+def test_a_validators_worker_writes_no_line_per_evaluation_unless_debugging(tmp_path, capfd):
     """The evaluation's worker process writes to the validator's stderr (pm2's log): its clone,
     import check, per-length figures and verdict were six lines and 1.2 KB an evaluation, which
     the validator's one result line and its report to the API already carry."""

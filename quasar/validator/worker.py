@@ -53,6 +53,8 @@ logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 # A fork's kernel directory larger than this is not fingerprinted (no content hash is reported).
+# Loggers that write at INFO on every evaluation (quiet unless the validator debugs).
+PER_EVALUATION_LOGGERS = ("quasar.forks", "quasar.evaluate.harness")
 MAX_KERNEL_FILES = 2000
 MAX_KERNEL_BYTES = 64 * 1024 * 1024
 
@@ -284,7 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     job = json.loads(Path(argv[0]).read_text())
     signal.signal(signal.SIGTERM, _STOP.on_signal)
     _die_with_parent(job["parent_pid"])
-    setup_logging(job.get("debug", False), quiet=True)  # the validator logs the outcome: its stderr is pm2's log
+    setup_logging(job.get("debug", False))
+    if not job.get("debug", False):
+        # Lines every evaluation writes to the validator's stderr (pm2's log): its clone, figures per
+        # length and verdict, which the validator's result line and its report already carry.
+        for name in PER_EVALUATION_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
     outcome = run_job(job)
     _STOP.checkpoint()  # a stopped evaluation writes nothing, even if it got this far
     write_atomically(Path(job["result_path"]), outcome)
