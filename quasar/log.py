@@ -100,9 +100,12 @@ class Repeats:
     same way), each said in full the first time and whenever its text changes other than in measured
     figures and times of day (a clock's offset, the receiver's time: a clock off), then again at
     most every ``every_s`` with how often it recurred meanwhile, and once when it ends. pm2 keeps
-    every line: a validator's traceback at each 12 s step of an API outage wrote 8 MB a day."""
+    every line: a validator's traceback at each 12 s step of an API outage wrote 8 MB a day. The
+    default clock is monotonic, so that a step of the wall clock moves no reminder."""
 
-    def __init__(self, logger: logging.Logger, every_s: float = REPEAT_EVERY_S, clock: Callable[[], float] = time.time):
+    def __init__(
+        self, logger: logging.Logger, every_s: float = REPEAT_EVERY_S, clock: Callable[[], float] = time.monotonic
+    ):
         self.logger = logger
         self.every_s = every_s
         self.clock = clock

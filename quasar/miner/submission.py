@@ -138,7 +138,7 @@ class Submitter:
     clock: Callable[[], float] = time.monotonic
     _confirmed_at: float | None = field(default=None, init=False)
     # A refusal met at every try (every 15 s while the miner waits): said once, then every 10 minutes.
-    _repeats: Repeats = field(default_factory=lambda: Repeats(logger, clock=time.monotonic), init=False)
+    _repeats: Repeats = field(default_factory=lambda: Repeats(logger), init=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
