@@ -52,9 +52,9 @@ from quasar.log import setup_logging
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
-# A fork's kernel directory larger than this is not fingerprinted (no content hash is reported).
 # Loggers that write at INFO on every evaluation (quiet unless the validator debugs).
 PER_EVALUATION_LOGGERS = ("quasar.forks", "quasar.evaluate.harness")
+# A fork's kernel directory larger than this is not fingerprinted (no content hash is reported).
 MAX_KERNEL_FILES = 2000
 MAX_KERNEL_BYTES = 64 * 1024 * 1024
 
