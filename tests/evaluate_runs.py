@@ -5,12 +5,18 @@ from __future__ import annotations
 import dataclasses
 import math
 import struct
+import time
+from pathlib import Path
 
 import torch
 
 from quasar.evaluate import workload
 from quasar.evaluate.captured_output import KEPT_OUTPUT_BYTES
 from quasar.evaluate.options import EvaluationOptions
+from quasar.starter_fork import write_starter_fork
+from quasar.validator.devices import Device
+from quasar.validator.evaluator import EvaluationOutcome, SubprocessEvaluator
+from quasar.validator.state import EvaluationKey
 
 # Tiny CPU evaluations for the tests: one warm-up, three timed runs, T=64 (one 64-token chunk)
 # unless a test says otherwise.
@@ -28,6 +34,20 @@ FAST_CPU = EvaluationOptions(
 FAST_CUDA = dataclasses.replace(
     FAST_CPU, device="cuda", warmup_runs=2, min_timed_runs=10, max_timed_runs=30, timed_seconds=0.5
 )
+
+
+def worker_evaluation_of_the_starter_fork(folder: Path) -> EvaluationOutcome:
+    """The validator's worker process evaluating the starter fork (written into ``folder``/fork) at
+    T=64 on the CPU, as the validator starts it; its outcome, checked to be a correct result."""
+    commit = write_starter_fork(folder / "fork")
+    evaluator = SubprocessEvaluator(folder / "work", FAST_CPU, allow_local=True)
+    running = evaluator.start(EvaluationKey(str(folder / "fork"), commit, 64), Device("cpu", ""))
+    deadline = time.monotonic() + 240
+    while (outcome := running.poll()) is None:
+        assert time.monotonic() < deadline, "the worker did not finish"
+        time.sleep(0.1)
+    assert outcome.error is None and outcome.result.correct, outcome
+    return outcome
 
 
 def naive_noise(seed: int, count: int, length: int) -> torch.Tensor:

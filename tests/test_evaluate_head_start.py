@@ -26,7 +26,7 @@ from quasar.validator.devices import Device
 from quasar.validator.evaluator import SubprocessEvaluator, outcome_from_worker
 from quasar.validator.state import EvaluationKey
 from quasar.validator.worker import HeadStart, options_to_json, run_job
-from tests.evaluate_runs import FAST_CPU
+from tests.evaluate_runs import FAST_CPU, worker_evaluation_of_the_starter_fork
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,15 +91,7 @@ def test_a_fork_too_large_for_the_started_child_fails_the_evaluation_clearly(tmp
 
 
 def test_a_validator_worker_starts_the_child_before_cloning_and_evaluates(tmp_path):
-    commit = write_starter_fork(tmp_path / "fork")
-    evaluator = SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True)
-    running = evaluator.start(EvaluationKey(str(tmp_path / "fork"), commit, 64), Device("cpu", ""))
-    deadline = time.monotonic() + 240
-    while (outcome := running.poll()) is None:
-        assert time.monotonic() < deadline, "the worker did not finish"
-        time.sleep(0.1)
-    assert outcome.error is None and outcome.result.correct, outcome
-    report = outcome.result.report
+    report = worker_evaluation_of_the_starter_fork(tmp_path).result.report
     # The evaluation took over a child the worker had started before its clone and its torch import.
     assert report["timings"]["started_before_s"] > 0
     assert report["sandbox"].startswith("namespaces")

@@ -1094,13 +1094,12 @@ def test_a_validator_whose_network_is_down_fails_no_miners_logit_check(world, tm
     assert "cannot reach the API" in said, said
 
 
-def test_a_validator_whose_clock_is_ahead_of_the_apis_checks_no_logits_and_says_by_how_much(world, tmp_path, caplog):
-    """A miner's server refuses a request signed more than 2 s ahead of its clock, and the refusal
-    failed the miner's check, recorded for good: a validator whose clock ran 5 s ahead failed every
-    miner. It compares its clock with the API's first, and that far off leaves the checks for a
-    later step, saying why (the API's process runs 5 s behind under libfaketime; every clock else
-    is the host's)."""
-    behind = {"LD_PRELOAD": libfaketime(), "FAKETIME": "-5", "DONT_FAKE_MONOTONIC": "1"}
+@contextmanager
+def validator_ahead_of_the_api(world, tmp_path, seconds: int):
+    """A CPU validator whose clock is ``seconds`` ahead of its API's (the API's process runs that far
+    behind under libfaketime; every clock else is the host's), holding one evaluated submission that
+    awaits its logit check; yields (state, validator)."""
+    behind = {"LD_PRELOAD": libfaketime(), "FAKETIME": f"-{seconds}", "DONT_FAKE_MONOTONIC": "1"}
     subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
     database_url = f"sqlite:///{tmp_path}/api.sqlite3"
     process, url = start_api_process(tmp_path, database_url, subnet.chain.path, subnet.hotkey("api"), settings=behind)
@@ -1110,43 +1109,37 @@ def test_a_validator_whose_clock_is_ahead_of_the_apis_checks_no_logits_and_says_
             ApiClient(url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api,
         ):
             evaluated_awaiting_logit_check(state, subnet, world)
-            validator = cpu_validator(subnet, api, state, tmp_path)
-            with caplog.at_level(logging.INFO, logger="quasar.validator.loop"):
-                validator.step()
-            assert [record.submission.submission_id for record in state.needing_logit_check()] == [1]
+            yield state, cpu_validator(subnet, api, state, tmp_path)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
         subnet.close()
+
+
+def test_a_validator_whose_clock_is_ahead_of_the_apis_checks_no_logits_and_says_by_how_much(world, tmp_path, caplog):
+    """A miner's server refuses a request signed more than 2 s ahead of its clock, and the refusal
+    failed the miner's check, recorded for good: a validator whose clock ran 5 s ahead failed every
+    miner. It compares its clock with the API's first, and that far off leaves the checks for a
+    later step, saying why."""
+    with validator_ahead_of_the_api(world, tmp_path, 5) as (state, validator):
+        with caplog.at_level(logging.INFO, logger="quasar.validator.loop"):
+            validator.step()
+        assert [record.submission.submission_id for record in state.needing_logit_check()] == [1]
     (said,) = lines(caplog, "logit checks wait")
     assert re.search(r"[45]\.\d s ahead of the API's", said) and "NTP" in said, said
 
 
 def test_a_validator_whose_clock_is_two_minutes_off_says_so_once_not_at_every_step(world, tmp_path, caplog):
-    """A validator 120 s ahead of the API (its process runs 120 s behind under libfaketime): every
-    signed request is refused (401) with the offset and the API's time, which differ at each step,
-    and the logit checks wait with the offset measured again. A condition is said again when its
-    text changes (quasar.log.Repeats), so those figures had each step log the fetch's failure with
-    its traceback and the logit checks' wait again. Said once, then every REPEAT_EVERY_S."""
-    behind = {"LD_PRELOAD": libfaketime(), "FAKETIME": "-120", "DONT_FAKE_MONOTONIC": "1"}
-    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
-    database_url = f"sqlite:///{tmp_path}/api.sqlite3"
-    process, url = start_api_process(tmp_path, database_url, subnet.chain.path, subnet.hotkey("api"), settings=behind)
-    try:
-        with (
-            ValidatorState.open(tmp_path / "state.sqlite3") as state,
-            ApiClient(url, subnet.wallets["validator"], api_hotkey=subnet.hotkey("api")) as api,
-        ):
-            evaluated_awaiting_logit_check(state, subnet, world)
-            validator = cpu_validator(subnet, api, state, tmp_path)
-            with caplog.at_level(logging.INFO, logger="quasar.validator.loop"):
-                for _ in range(4):
-                    assert validator.step().failed_phases == ["fetch"]
-                    time.sleep(1.1)  # the API's time in its refusal is another second at each step
-    finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=60)
-        subnet.close()
+    """A validator 120 s ahead of the API: every signed request is refused (401) with the offset and
+    the API's time, which differ at each step, and the logit checks wait with the offset measured
+    again. A condition is said again when its text changes (quasar.log.Repeats), so those figures
+    had each step log the fetch's failure with its traceback and the logit checks' wait again. Said
+    once, then every REPEAT_EVERY_S."""
+    with validator_ahead_of_the_api(world, tmp_path, 120) as (_, validator):
+        with caplog.at_level(logging.INFO, logger="quasar.validator.loop"):
+            for _ in range(4):
+                assert validator.step().failed_phases == ["fetch"]
+                time.sleep(1.1)  # the API's time in its refusal is another second at each step
     (failure,) = [record for record in caplog.records if "fetch failed" in record.getMessage()]
     assert failure.exc_info is not None
     assert re.search(r"signed 1(19|20)\.\d s ahead of this server's clock", failure.getMessage()), failure.getMessage()

@@ -4,33 +4,30 @@ of 8 GPUs evaluates about 600 submissions an hour on a busy subnet (docs/validat
 from __future__ import annotations
 
 import logging
-import time
+from contextlib import contextmanager
 
 from api_fixtures import FORK, ApiServer, api_config, commit_of
 from quasar import config
 from quasar.api.client import ApiClient, Claim
-from quasar.starter_fork import write_starter_fork
 from quasar.validator.devices import Device
-from quasar.validator.evaluator import SubprocessEvaluator
 from quasar.validator.loop import Validator
-from quasar.validator.state import EvaluationKey, ValidatorState
-from tests.evaluate_runs import FAST_CPU
+from quasar.validator.state import ValidatorState
+from tests.evaluate_runs import worker_evaluation_of_the_starter_fork
 from tests.test_validator_hosts import KnownSpeeds, Passing
 
 MINERS = ("a", "b", "c")
 
 
-def test_an_evaluation_is_one_line_at_info_from_fetch_to_report(tmp_path, chain, wallets, database_url, caplog):
-    """Three submissions fetched, evaluated (a stand-in GPU), logit-checked and reported: one INFO
-    line each, its result; the fetch, the passed check and the report are DEBUG. Four lines an
-    evaluation were 0.7 KB, 13 MB a day for a validator of 8 GPUs."""
-    caplog.set_level(logging.INFO, logger="quasar")
+@contextmanager
+def validator_of_three_submissions(tmp_path, chain, wallets, database_url, epoch_blocks: str):
+    """A validator (a stand-in GPU timing each commit at a known speed, logit checks passing) on an
+    API where each of the three miners has submitted; yields (state, validator)."""
     for name in MINERS:
         chain.publish_endpoint(wallets[name], "192.0.2.1", 8001)
     api_hotkey = wallets["api"].hotkey.ss58_address
     speeds = {commit_of(n + 1): 1e5 * (n + 1) for n in range(len(MINERS))}
     settings = config.resolve(
-        {"network": "devchain", "netuid": "24", "device": "cpu", "epoch_blocks": "100000"},
+        {"network": "devchain", "netuid": "24", "device": "cpu", "epoch_blocks": epoch_blocks},
         environ={},
         dotenv_path=None,
     )
@@ -45,6 +42,15 @@ def test_an_evaluation_is_one_line_at_info_from_fetch_to_report(tmp_path, chain,
         validator = Validator(
             settings, chain, api, wallets["v1"], KnownSpeeds(speeds), Passing(), state, devices=[Device("gpu0", "0")]
         )
+        yield state, validator
+
+
+def test_an_evaluation_is_one_line_at_info_from_fetch_to_report(tmp_path, chain, wallets, database_url, caplog):
+    """Three submissions fetched, evaluated (a stand-in GPU), logit-checked and reported: one INFO
+    line each, its result; the fetch, the passed check and the report are DEBUG. Four lines an
+    evaluation were 0.7 KB, 13 MB a day for a validator of 8 GPUs."""
+    caplog.set_level(logging.INFO, logger="quasar")
+    with validator_of_three_submissions(tmp_path, chain, wallets, database_url, "100000") as (_, validator):
         validator.step()  # weights at the first step (nothing ranked yet); then only the evaluations
         caplog.clear()
         for _ in range(8):
@@ -58,14 +64,7 @@ def test_a_validators_worker_writes_no_line_per_evaluation_unless_debugging(tmp_
     """The evaluation's worker process writes to the validator's stderr (pm2's log): its clone,
     import check, per-length figures and verdict were six lines and 1.2 KB an evaluation, which
     the validator's one result line and its report to the API already carry."""
-    commit = write_starter_fork(tmp_path / "fork")
-    evaluator = SubprocessEvaluator(tmp_path / "work", FAST_CPU, allow_local=True)
-    running = evaluator.start(EvaluationKey(str(tmp_path / "fork"), commit, 64), Device("cpu", ""))
-    deadline = time.monotonic() + 240
-    while (outcome := running.poll()) is None:
-        assert time.monotonic() < deadline, "the worker did not finish"
-        time.sleep(0.1)
-    assert outcome.error is None and outcome.result.correct, outcome
+    worker_evaluation_of_the_starter_fork(tmp_path)
     written = capfd.readouterr().err
     assert " INFO " not in written, written
 
@@ -76,27 +75,10 @@ def test_weights_unchanged_since_the_last_epoch_are_one_line_not_their_table_aga
     """The same three results ranked at four epochs: the weights table is logged the first time,
     then each setting is one line naming the block whose table still holds. The local network sets
     weights every second: its table every second was 68 MB a day in its validator.log."""
-    for name in MINERS:
-        chain.publish_endpoint(wallets[name], "192.0.2.1", 8001)
     chain.register_wallet(wallets["stranger"])
     chain.set_owner(wallets["stranger"].hotkey.ss58_address)
     chain.set_hyperparameters(commit_reveal_enabled=False, weights_rate_limit=0)
-    api_hotkey = wallets["api"].hotkey.ss58_address
-    speeds = {commit_of(n + 1): 1e5 * (n + 1) for n in range(len(MINERS))}
-    settings = config.resolve(
-        {"network": "devchain", "netuid": "24", "device": "cpu", "epoch_blocks": "10"}, environ={}, dotenv_path=None
-    )
-    with (
-        ApiServer(api_config(api_hotkey), chain, database_url) as server,
-        ValidatorState.open(tmp_path / "state.sqlite3") as state,
-        ApiClient(server.url, wallets["v1"], api_hotkey=api_hotkey) as api,
-    ):
-        for n, name in enumerate(MINERS):
-            with ApiClient(server.url, wallets[name], api_hotkey=api_hotkey) as miner:
-                miner.submit_kernel(Claim(FORK, commit_of(n + 1), 1e5), 1_000_000)
-        validator = Validator(
-            settings, chain, api, wallets["v1"], KnownSpeeds(speeds), Passing(), state, devices=[Device("gpu0", "0")]
-        )
+    with validator_of_three_submissions(tmp_path, chain, wallets, database_url, "10") as (state, validator):
         while not validator.idle or not list(state.scored()):
             validator.step()
         caplog.set_level(logging.INFO, logger="quasar.validator.weight_setting")
