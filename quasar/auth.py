@@ -28,9 +28,10 @@ from quasar.errors import QuasarError
 # is refused; the nonce store must retain at least their sum.
 MAX_REQUEST_AGE_S = http_auth.DEFAULT_MAX_AGE
 ALLOWED_CLOCK_SKEW_S = http_auth.DEFAULT_ALLOWED_SKEW
-# Signer and receiver each measure their clocks against the API's; each keeping within half the 2 s
-# ahead allowed, neither's offset gets the other's requests refused.
+# Signer and receiver each measure their clocks against the API's; each keeping within half of each
+# end (1 s of the 2 s ahead, 5 s of the 10 s behind), neither's offset gets the other's requests refused.
 CLOCK_MARGIN_S = ALLOWED_CLOCK_SKEW_S / 2
+CLOCK_AGE_MARGIN_S = MAX_REQUEST_AGE_S / 2
 # How the operator of a host whose clock is off syncs it ("sync this host's clock " + CLOCK_CURE).
 CLOCK_CURE = "with NTP (timedatectl set-ntp true; a container has its machine's clock)"
 
@@ -130,11 +131,12 @@ def _clock_refusal(headers: Mapping[str, str], now_ns: int) -> str:
     )
 
 
-def clock_refused(offset_s: float | None, margin_s: float = 0.0) -> bool:
+def clock_refused(offset_s: float | None, halved: bool = False) -> bool:
     """Whether requests signed by a clock ``offset_s`` seconds ahead of their receiver's (negative:
-    behind) are refused, the window narrowed by ``margin_s`` at both ends (the receiver's own offset
-    from the clock ``offset_s`` was measured against: CLOCK_MARGIN_S); False when it is unknown."""
-    low, high = -MAX_REQUEST_AGE_S + margin_s, ALLOWED_CLOCK_SKEW_S - margin_s
+    behind) are refused; with ``halved``, when they are outside half of each end of the window (the
+    other half left to the receiver's own offset from the clock ``offset_s`` was measured against:
+    CLOCK_MARGIN_S ahead, CLOCK_AGE_MARGIN_S behind). False when it is unknown."""
+    low, high = (-CLOCK_AGE_MARGIN_S, CLOCK_MARGIN_S) if halved else (-MAX_REQUEST_AGE_S, ALLOWED_CLOCK_SKEW_S)
     return offset_s is not None and not low <= offset_s <= high
 
 

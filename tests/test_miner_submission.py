@@ -354,6 +354,7 @@ def test_a_commitment_refused_for_the_clock_is_said_once_not_at_every_retry(setu
         ("+600", r"(599|600)\.\d s behind", True),
         ("+5", r"[45]\.\d s behind", False),
         ("+1.5", r"1\.\d s behind", False),
+        ("-5.5", r"5\.\d s ahead of", True),  # also refuses validators 5 s behind the API
     ],
 )
 def test_a_miner_whose_clock_is_off_the_apis_is_told_at_its_start(

@@ -183,16 +183,17 @@ def _check_services(settings: Settings, client, hotkey: str) -> None:
         if offset is not None:  # validators whose clocks agree with the API's sign with its clock
             refused = [
                 what
-                for what, signer_ahead, margin in (
-                    ("the API refuses this miner's submissions", offset, 0.0),
+                for what, signer_ahead, halved in (
+                    ("the API refuses this miner's submissions", offset, False),
                     (
                         f"an inference server on this host refuses logit checks of validators whose clocks are "
-                        f"up to {auth.CLOCK_MARGIN_S:g} s off the API's, failing them",
+                        f"up to {auth.CLOCK_MARGIN_S:g} s ahead of the API's or {auth.CLOCK_AGE_MARGIN_S:g} s "
+                        "behind, failing them",
                         -offset,
-                        auth.CLOCK_MARGIN_S,
+                        True,
                     ),
                 )
-                if auth.clock_refused(signer_ahead, margin)
+                if auth.clock_refused(signer_ahead, halved)
             ]
             if refused:
                 logger.error(

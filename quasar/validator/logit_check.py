@@ -48,8 +48,8 @@ def why_logit_checks_wait(api: ApiClient) -> str | None:
     far off the API's (None also when the API cannot say its time). Miners' servers refuse a
     challenge signed more than ALLOWED_CLOCK_SKEW_S ahead of their clocks or MAX_REQUEST_AGE_S
     behind, and that refusal fails the miner for good: with every miner's clock right, such a
-    validator would fail them all. Half of that window is left to the miners' clocks, each up to
-    CLOCK_MARGIN_S off the API's (docs/validator.md)."""
+    validator would fail them all. Half of each end is left to the miners' clocks, each up to
+    CLOCK_MARGIN_S behind the API's or CLOCK_AGE_MARGIN_S ahead (docs/validator.md)."""
     try:
         offset = api.clock_offset()
     except ApiClientError as error:
@@ -59,12 +59,13 @@ def why_logit_checks_wait(api: ApiClient) -> str | None:
             f"this host cannot reach the API ({error}): its own network may be down, and a miner it cannot reach "
             "would fail its check for good"
         )
-    if offset is None or not auth.clock_refused(offset, auth.CLOCK_MARGIN_S):
+    if offset is None or not auth.clock_refused(offset, halved=True):
         return None
     return (
         auth.clock_offset_text(offset, "the API's") + "; miners refuse challenges signed over "
         f"{auth.ALLOWED_CLOCK_SKEW_S:g} s ahead or {auth.MAX_REQUEST_AGE_S:g} s behind their clocks, which may be "
-        f"{auth.CLOCK_MARGIN_S:g} s off the API's: sync this host's clock {auth.CLOCK_CURE}"
+        f"{auth.CLOCK_MARGIN_S:g} s behind the API's or {auth.CLOCK_AGE_MARGIN_S:g} s ahead: sync this host's clock "
+        f"{auth.CLOCK_CURE}"
     )
 
 
