@@ -376,7 +376,7 @@ def test_an_api_out_of_reach_for_an_hour_is_said_once_then_every_ten_minutes_not
             assert [record.exc_info is not None for record in failures] == [True] + [False] * (len(failures) - 1)
             assert "(50 more time(s) in the last 600 s)" in failures[1].getMessage()
             assert len(lines(caplog, "logit checks wait")) == 300 * 12 // REPEAT_EVERY_S
-            assert len(lines(caplog, "report on submission 2 waits")) == 300 * 12 // REPEAT_EVERY_S
+            assert len(lines(caplog, "reports wait")) == 300 * 12 // REPEAT_EVERY_S
             api.retarget(server.url, subnet.hotkey("api"))
             assert validator.step().failed_phases == []
             assert validator.step().failed_phases == []
@@ -1146,6 +1146,23 @@ def test_a_validator_whose_clock_is_two_minutes_off_says_so_once_not_at_every_st
     (waiting,) = lines(caplog, "logit checks wait")
     assert re.search(r"1(19|20)\.\d s ahead of the API's", waiting) and "timedatectl set-ntp true" in waiting, waiting
 
+
+
+def test_reports_refused_for_the_clock_are_said_once_not_each_at_every_step(world, tmp_path, caplog):
+    """Reports the API refuses with 401 (this host's clock 120 s ahead) are tried each, in turn, at
+    every step: one condition, said once. Each line named its submission, so with two waiting the
+    text changed at every try and both were logged again at every step."""
+    with validator_ahead_of_the_api(world, tmp_path, 120) as (state, validator):
+        (first,) = state.needing_logit_check()
+        state.add_submission(first.submission.model_copy(update={"submission_id": 2, "submitted_at": 2.0}), 0.0)
+        for submission_id in (1, 2):
+            state.record_logits(submission_id, PASSED, "logits match", 0.0)
+        with caplog.at_level(logging.INFO, logger="quasar.validator.loop"):
+            for _ in range(3):
+                validator.step()
+        assert [record.submission.submission_id for record in state.ready_to_report()] == [1, 2]
+    waiting = [line for line in lines(caplog, "wait") if "401" in line]
+    assert len(waiting) == 1 and "ahead of this server's clock" in waiting[0], waiting
 
 def test_an_idle_validator_says_where_it_stands_every_heartbeat(world, tmp_path, caplog):
     """Nothing to evaluate for a whole epoch: the log still shows the validator alive, at which

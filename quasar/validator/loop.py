@@ -528,7 +528,8 @@ class Validator:
                     "report on submission %d: the API answered %s; not sent again", report.submission_id, error
                 )
                 return True
-            self.repeats.say("reports", logging.WARNING, f"report on submission {report.submission_id} waits: {error}")
+            # One condition, whichever report met it: each waiting report is tried at every step.
+            self.repeats.say("reports", logging.WARNING, f"reports wait for a later step: {error}")
             return not (error.status == 0 or error.status >= 500)
         self.state.record_report(report.submission_id, REPORTED, f"report {accepted.report_id}", self.clock())
         summary.reported += 1
