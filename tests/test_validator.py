@@ -1147,7 +1147,6 @@ def test_a_validator_whose_clock_is_two_minutes_off_says_so_once_not_at_every_st
     assert re.search(r"1(19|20)\.\d s ahead of the API's", waiting) and "timedatectl set-ntp true" in waiting, waiting
 
 
-
 def test_reports_refused_for_the_clock_are_said_once_not_each_at_every_step(world, tmp_path, caplog):
     """Reports the API refuses with 401 (this host's clock 120 s ahead) are tried each, in turn, at
     every step: one condition, said once. Each line named its submission, so with two waiting the
@@ -1163,6 +1162,7 @@ def test_reports_refused_for_the_clock_are_said_once_not_each_at_every_step(worl
         assert [record.submission.submission_id for record in state.ready_to_report()] == [1, 2]
     waiting = [line for line in lines(caplog, "wait") if "401" in line]
     assert len(waiting) == 1 and "ahead of this server's clock" in waiting[0], waiting
+
 
 def test_an_idle_validator_says_where_it_stands_every_heartbeat(world, tmp_path, caplog):
     """Nothing to evaluate for a whole epoch: the log still shows the validator alive, at which
