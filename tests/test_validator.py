@@ -1164,6 +1164,28 @@ def test_reports_refused_for_the_clock_are_said_once_not_each_at_every_step(worl
     assert len(waiting) == 1 and "ahead of this server's clock" in waiting[0], waiting
 
 
+def test_a_phase_failing_another_way_with_an_empty_message_is_said_with_its_traceback(world, tmp_path, caplog):
+    """A phase that fails at every step is said once (quasar.log.Repeats), its traceback with it. A
+    timeout's message is empty, as is an assert's: a phase that timed out and then failed an assert
+    read the same, 'failed; going on: ', and the assert was not said, nor its traceback ever."""
+    subnet = Subnet(world, tmp_path / "devchain.sqlite3", SLOW_BLOCKS)
+    try:
+        with api_state_and_client(subnet, tmp_path) as (_, state, api):
+            validator = cpu_validator(subnet, api, state, tmp_path)
+            with caplog.at_level(logging.ERROR, logger="quasar.validator.loop"):
+                for failure in (TimeoutError(), AssertionError()):
+
+                    def sync(summary, failure=failure):
+                        raise failure
+
+                    validator._sync = sync
+                    assert validator.step().failed_phases == ["sync"]
+    finally:
+        subnet.close()
+    failures = [record for record in caplog.records if "sync failed" in record.getMessage()]
+    assert [type(record.exc_info[1]) for record in failures] == [TimeoutError, AssertionError], failures
+
+
 def test_an_idle_validator_says_where_it_stands_every_heartbeat(world, tmp_path, caplog):
     """Nothing to evaluate for a whole epoch: the log still shows the validator alive, at which
     block, and when weights are due."""

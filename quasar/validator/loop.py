@@ -242,7 +242,8 @@ class Validator:
                 phase(summary)
                 self.repeats.ended(name, f"validator step: {name} works again")
             except Exception as error:  # noqa: BLE001  (one phase's failure must not end the loop)
-                self.repeats.say(name, logging.ERROR, f"validator step: {name} failed; going on: {error}", error)
+                said = f"{type(error).__name__}: {error}"  # a timeout's or an assert's message is empty
+                self.repeats.say(name, logging.ERROR, f"validator step: {name} failed; going on: {said}", error)
                 summary.failed_phases.append(name)
         return summary
 
@@ -528,7 +529,6 @@ class Validator:
                     "report on submission %d: the API answered %s; not sent again", report.submission_id, error
                 )
                 return True
-            # One condition, whichever report met it: each waiting report is tried at every step.
             self.repeats.say("reports", logging.WARNING, f"reports wait for a later step: {error}")
             return not (error.status == 0 or error.status >= 500)
         self.state.record_report(report.submission_id, REPORTED, f"report {accepted.report_id}", self.clock())
