@@ -83,7 +83,7 @@ class ThreadedServer:
         deadline = time.monotonic() + self.start_timeout_s
         while not self.server.started:
             if not self.thread.is_alive() or time.monotonic() > deadline:
-                self.socket.close()
+                self.__exit__()  # a server still starting is stopped before its socket closes
                 raise RuntimeError(f"the server did not start on {self.url}")
             time.sleep(0.02)
         return self
