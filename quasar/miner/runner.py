@@ -180,31 +180,25 @@ def _check_services(settings: Settings, client, hotkey: str) -> None:
         health = client.health()
         logger.info("submission API %s is up (chain block %d)", client.base_url, health.current_block)
         offset = client.clock_offset()
-        if offset is not None:  # validators whose clocks agree with the API's sign with its clock
-            refused = [
-                what
-                for what, signer_ahead, halved in (
-                    ("the API refuses this miner's submissions", offset, False),
-                    (
-                        f"an inference server on this host refuses logit checks of validators whose clocks are "
-                        f"up to {auth.CLOCK_MARGIN_S:g} s ahead of the API's or {auth.CLOCK_AGE_MARGIN_S:g} s "
-                        "behind, failing them",
-                        -offset,
-                        True,
-                    ),
-                )
-                if auth.clock_refused(signer_ahead, halved)
-            ]
-            if refused:
-                logger.error(
-                    "%s: %s (requests signed over %g s ahead of the receiver's clock or %g s behind it are refused, "
-                    "401); sync this host's clock %s",
-                    auth.clock_offset_text(offset, "the submission API's"),
-                    ", and ".join(refused),
-                    auth.ALLOWED_CLOCK_SKEW_S,
-                    auth.MAX_REQUEST_AGE_S,
-                    auth.CLOCK_CURE,
-                )
+        refused: list[str] = []
+        if auth.clock_refused(offset):
+            refused.append("the API refuses this miner's submissions")
+        # Validators whose clocks agree with the API's sign with its clock.
+        if offset is not None and auth.clock_refused(-offset, halved=True):
+            refused.append(
+                f"an inference server on this host refuses logit checks of validators whose clocks are up to "
+                f"{auth.CLOCK_MARGIN_S:g} s ahead of the API's or {auth.CLOCK_AGE_MARGIN_S:g} s behind, failing them"
+            )
+        if offset is not None and refused:
+            logger.error(
+                "%s: %s (requests signed over %g s ahead of the receiver's clock or %g s behind it are refused, "
+                "401); sync this host's clock %s",
+                auth.clock_offset_text(offset, "the submission API's"),
+                ", and ".join(refused),
+                auth.ALLOWED_CLOCK_SKEW_S,
+                auth.MAX_REQUEST_AGE_S,
+                auth.CLOCK_CURE,
+            )
     except ApiClientError as error:
         logger.warning(
             "the submission API at %s does not answer (%s); submissions are retried every cycle", client.base_url, error
