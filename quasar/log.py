@@ -20,8 +20,9 @@ CHATTY_LIBRARIES = ("bittensor", "httpx", "httpcore", "urllib3", "websockets")
 # How often a condition met at every step (an API out of reach) is said again while it lasts.
 REPEAT_EVERY_S = 600.0
 # What a repeated condition's text may change in and stay the same condition: measured figures (decimals: a
-# clock's offset, a duration) and times of day, which differ at each step; ids and status codes are integers.
-_MEASURED = re.compile(r"\d+\.\d+|\d\d:\d\d:\d\d")
+# clock's offset, a duration) and times of day, which differ at each step; ids and status codes are integers,
+# and an address or a version (10.0.0.2, 2.5.1: more than one dot) names something else.
+_MEASURED = re.compile(r"(?<!\d\.)(?<!\d)\d+\.\d+(?!\.?\d)|\d\d:\d\d:\d\d")
 
 
 class SafeText:

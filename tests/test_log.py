@@ -121,3 +121,24 @@ def test_a_condition_whose_text_changes_only_in_measured_figures_is_not_said_aga
         "401: signed 120.0 s ahead of this server's clock (08:47:58 UTC)",
         "503: signed 119.9 s ahead of this server's clock (08:48:22 UTC)",
     ]
+
+
+def test_a_condition_whose_address_or_version_changes_is_said_again(caplog):
+    """An address (10.0.0.1 to 10.0.0.2: the subnet owner moved the API) or a version (2.4.1 to
+    2.5.1) is not a measured figure: Repeats read each as two decimals and counted a validator
+    failing on a new host as the same condition, unsaid for ten minutes."""
+    now = [0.0]
+    repeats = Repeats(logging.getLogger("quasar.test"), every_s=600.0, clock=lambda: now[0])
+    caplog.set_level(logging.INFO, logger="quasar.test")
+    texts = (
+        "cannot reach http://10.0.0.1:9000: refused",
+        "cannot reach http://10.0.0.2:9000: refused",
+        "the API needs QUASAR 2.4.1",
+        "the API needs QUASAR 2.5.1",
+        "the API needs QUASAR 2.5.1 (took 1.5 s)",
+        "the API needs QUASAR 2.5.1 (took 2.5 s)",
+    )
+    for text in texts:
+        repeats.say("fetch", logging.ERROR, text)
+        now[0] += 12.0
+    assert [record.getMessage() for record in caplog.records] == list(texts[:5])
