@@ -73,15 +73,17 @@ def setup_logging(debug: bool = False, secrets: Iterable[str] = (), stream=None,
 
     Terminals get rich's handler; pipes and files (pm2, systemd) get plain timestamped lines.
     ``secrets`` (``Settings.secrets()``) are masked in every record, and terminal controls in
-    it shown as ``?`` (:class:`SafeText`). The root logger logs INFO, or
-    only warnings and errors when ``quiet`` (tools that print their own progress and results),
-    and DEBUG with ``debug`` either way. The Bittensor SDK and the HTTP clients
-    (:data:`CHATTY_LIBRARIES`) stay at WARNING unless ``debug``.
+    it shown as ``?`` (:class:`SafeText`), tracebacks included: rich's own tracebacks are off,
+    as they write an exception's message as it is. An exception no code catches, in any thread,
+    is logged too (CRITICAL), rather than printed by Python unmasked and without a time. The root
+    logger logs INFO, or only warnings and errors when ``quiet`` (tools that print their own
+    progress and results), and DEBUG with ``debug`` either way. The Bittensor SDK and the HTTP
+    clients (:data:`CHATTY_LIBRARIES`) stay at WARNING unless ``debug``.
     """
     stream = stream or sys.stderr
     safe = SafeText(secrets)
     if stream.isatty():
-        handler: logging.Handler = RichHandler(rich_tracebacks=True, show_path=debug)
+        handler: logging.Handler = RichHandler(show_path=debug)
         handler.setFormatter(SafeFormatter("%(name)s: %(message)s", safe))
     else:
         handler = logging.StreamHandler(stream)
@@ -94,6 +96,24 @@ def setup_logging(debug: bool = False, secrets: Iterable[str] = (), stream=None,
     root.setLevel(logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO)
     for name in CHATTY_LIBRARIES:
         logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.WARNING)
+    sys.excepthook = _log_uncaught
+    threading.excepthook = _log_uncaught_in_thread
+
+
+def _log_uncaught(kind: type[BaseException], error: BaseException, traceback) -> None:
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, error, traceback)
+        return
+    logging.getLogger("quasar").critical("uncaught exception", exc_info=(kind, error, traceback))
+
+
+def _log_uncaught_in_thread(hook: threading.ExceptHookArgs) -> None:
+    if hook.exc_value is None:  # SystemExit raised without an instance ends the thread quietly
+        return
+    thread = hook.thread.name if hook.thread is not None else "a thread"
+    logging.getLogger("quasar").critical(
+        "uncaught exception in %s", thread, exc_info=(hook.exc_type, hook.exc_value, hook.exc_traceback)
+    )
 
 
 class Repeats:

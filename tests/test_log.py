@@ -4,6 +4,11 @@ import http.server
 import io
 import json
 import logging
+import os
+import pty
+import re
+import subprocess
+import sys
 import threading
 
 import httpx
@@ -85,6 +90,61 @@ def test_attack_a_peers_words_cannot_drive_the_operators_terminal_through_the_lo
     for control in ("\x1b", "\x07", "\r", "\u202e", "\x9b"):
         assert control not in output, (control, output)
     assert "?]0;pwned??[2J?verdict PASS ?evil?" in output
+
+
+def run_logging_process(code: str, terminal: bool) -> str:
+    """What a process that calls ``setup_logging(secrets=["tok_12345"])`` and then runs ``code``
+    writes, on a pseudo-terminal (rich's handler) or a pipe (pm2's logs)."""
+    program = f"from quasar.log import setup_logging\nsetup_logging(secrets=['tok_12345'])\n{code}"
+    if not terminal:
+        done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+        return done.stderr
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": "200", "TERM": "xterm-256color"}
+    with subprocess.Popen([sys.executable, "-c", program], stdout=follower, stderr=follower, env=env) as process:
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the process ended and closed the terminal
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        process.wait(timeout=60)
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_attack_an_exceptions_words_reach_a_terminal_only_made_safe():
+    """Rich's tracebacks, on a terminal, wrote an exception's message as it was: the token a failed
+    push's URL carried, and a peer's terminal controls (the escape reached the terminal raw)."""
+    code = (
+        "import logging\n"
+        "try:\n"
+        "    raise RuntimeError('https://x:' + 'tok_' + '12345@github.com \\x1b]0;pwned\\x07')\n"
+        "except RuntimeError:\n"
+        "    logging.getLogger('quasar.test').exception('the push failed')\n"
+    )
+    output = run_logging_process(code, terminal=True)
+    shown = re.sub("\x1b\\[[0-9;]*m", "", output)  # the text, without rich's colours
+    assert "the push failed" in shown and "RuntimeError" in shown, shown
+    assert "tok_12345" not in shown and "https://x:***@github.com" in shown, shown
+    # Rich colours with CSI sequences (ESC [); any other escape, and any BEL, came from the message.
+    assert re.search("\x1b(?!\\[)", output) is None and "\x07" not in output, repr(output)
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_an_uncaught_exception_is_logged_masked_and_timestamped(where):
+    """An exception no code catches was printed by Python itself: the secret its message carried
+    reached pm2's logs, on lines with no time."""
+    crash = "raise RuntimeError('push to https://x:' + 'tok_' + '12345@github.com failed')"
+    code = crash if where == "main" else f"import threading\nthreading.Thread(target=lambda: exec({crash!r})).start()"
+    output = run_logging_process(code, terminal=False)
+    assert "tok_12345" not in output and "push to https://x:***@github.com failed" in output, output
+    header = re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ CRITICAL .*uncaught", output, re.MULTILINE)
+    assert header is not None, output
 
 
 def test_a_repeated_condition_is_said_again_when_its_text_changes_and_after_it_ended(caplog):
