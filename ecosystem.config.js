@@ -22,7 +22,7 @@ const common = {
   // wallet, a bad .env) does not spin. No restart_delay beside it: pm2 ignores it then.
   exp_backoff_restart_delay: 1000,
   kill_timeout: 30000,
-  time: true,
+  // No `time: true`: each line the processes log opens with its time already.
 };
 
 module.exports = {

@@ -72,6 +72,13 @@ def test_a_crash_loop_backs_off_by_the_one_restart_delay_pm2_applies():
         assert app["autorestart"] is True and app["kill_timeout"] == 30000, name
 
 
+def test_pm2_adds_no_second_timestamp_to_the_processes_lines():
+    # Under pm2 the processes write plain lines that open with their time (quasar.log); pm2's
+    # `time: true` put its own before it, so every line of pm2's logs had two (seen with pm2 7.0.4).
+    for name, app in ecosystem_apps().items():
+        assert not app.get("time"), f"{name}: pm2 would add a timestamp to lines that have one"
+
+
 @pytest.fixture
 def suite(tmp_path) -> Path:
     """A copy of START_VALIDATOR.sh and the checks it sources beside this checkout's .venv, with a
