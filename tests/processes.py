@@ -58,6 +58,15 @@ def script_results(script: str, args: list[str], timeout: float, **environ: str)
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def run_start_script(directory: Path, script: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """``bash DIRECTORY/SCRIPT ARGS`` (a START script in a copy of the checkout) with only PATH,
+    HOME (``directory``) and ``env`` in its environment; its output captured as text."""
+    base = {"PATH": os.environ["PATH"], "HOME": str(directory)}
+    return subprocess.run(
+        ["bash", str(directory / script), *args], env={**base, **env}, capture_output=True, text=True, timeout=120
+    )
+
+
 def said(result: subprocess.CompletedProcess) -> str:
     """What a START script wrote to stderr, its words on one line (the scripts wrap them at 80 columns)."""
     return " ".join(result.stderr.split())

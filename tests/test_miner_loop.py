@@ -57,7 +57,7 @@ from test_miner_standins import (
 )
 from tests.evaluate_runs import FAST_CPU
 from tests.gitrepo import git
-from tests.processes import run_python, said, signal_in_a_finaliser
+from tests.processes import run_python, run_start_script, said, signal_in_a_finaliser
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -557,14 +557,7 @@ def script_dir(tmp_path) -> Path:
 
 
 def run_script(directory: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    base = {"PATH": os.environ["PATH"], "HOME": str(directory)}
-    return subprocess.run(
-        ["bash", str(directory / "START_MINER.sh"), *args],
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_start_script(directory, "START_MINER.sh", env, *args)
 
 
 def test_start_script_messages_fit_80_columns_with_each_path_and_word_whole(script_dir):

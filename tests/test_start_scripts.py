@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from quasar.localnet.host import make_wallet
+from tests.processes import run_start_script
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -107,14 +108,7 @@ def suite(tmp_path) -> Path:
 
 
 def start_validator(directory: Path, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
-    base = {"PATH": os.environ["PATH"], "HOME": str(directory)}
-    return subprocess.run(
-        ["bash", str(directory / "START_VALIDATOR.sh"), *flags],
-        env={**base, **env},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_start_script(directory, "START_VALIDATOR.sh", env, *flags)
 
 
 def test_start_script_reads_the_env_file_quasar_dotenv_names_as_the_process_does(suite):
