@@ -127,16 +127,21 @@ def test_a_cgroup_refuses_processes_over_its_limit():
             joining(
                 cgroup,
                 """
-                import os, time
-                started = 0
+                import os, signal, time
+                children = []
                 try:
-                    while started < 100:
-                        if os.fork() == 0:
+                    while len(children) < 100:
+                        pid = os.fork()
+                        if pid == 0:
                             time.sleep(30)
                             os._exit(0)
-                        started += 1
+                        children.append(pid)
                 except OSError as error:
-                    print("REFUSED", started, error.errno)
+                    print("REFUSED", len(children), error.errno, flush=True)
+                # The children hold the output pipe: ended now, not after their 30 s.
+                for pid in children:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
                 """,
             ),
             capture_output=True,
