@@ -16,7 +16,7 @@ from quasar.evaluate.options import EvaluationOptions
 from quasar.starter_fork import write_starter_fork
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import EvaluationOutcome, SubprocessEvaluator
-from quasar.validator.state import EvaluationKey
+from quasar.validator.records import EvaluationKey
 
 # Tiny CPU evaluations for the tests: one warm-up, three timed runs, T=64 (one 64-token chunk)
 # unless a test says otherwise.

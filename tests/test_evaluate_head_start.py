@@ -24,7 +24,7 @@ from quasar.evaluate.start import LAYER_WIDTH, SandboxStart, output_offsets
 from quasar.starter_fork import copy_starter_tree, write_starter_fork
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import SubprocessEvaluator, outcome_from_worker
-from quasar.validator.state import EvaluationKey
+from quasar.validator.records import EvaluationKey
 from quasar.validator.worker import HeadStart, options_to_json, run_job
 from tests.evaluate_runs import FAST_CPU, worker_evaluation_of_the_starter_fork
 

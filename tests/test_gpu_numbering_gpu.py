@@ -16,7 +16,7 @@ from quasar.evaluate.gpus import nvidia_gpus
 from quasar.starter_fork import write_starter_fork
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import SubprocessEvaluator
-from quasar.validator.state import EvaluationKey
+from quasar.validator.records import EvaluationKey
 from tests.gitrepo import commit_all
 
 pytestmark = [

@@ -17,8 +17,9 @@ from api_fixtures import ApiServer, api_config
 from quasar.api.db import Database, EvaluationReport, Submission
 from quasar.chain.devchain import DevChain
 from quasar.chain.subtensor_rules import FINNEY
-from quasar.validator.state import EvaluationResult, ValidatorState
-from quasar.validator.state import Submission as FetchedSubmission
+from quasar.validator.records import EvaluationResult
+from quasar.validator.records import Submission as FetchedSubmission
+from quasar.validator.state import ValidatorState
 from quasar.validator.state_files import PASSED
 from test_api_status import old_ready_submission
 

@@ -58,13 +58,8 @@ from quasar.validator.devices import Device
 from quasar.validator.evaluator import SubprocessEvaluator
 from quasar.validator.logit_check import MinerLogitChecker, private_endpoint
 from quasar.validator.loop import Validator
-from quasar.validator.state import (
-    EVALUATION_RETRY_DELAYS_S,
-    EvaluationKey,
-    EvaluationResult,
-    Submission,
-    ValidatorState,
-)
+from quasar.validator.records import EvaluationKey, EvaluationResult, Submission
+from quasar.validator.state import EVALUATION_RETRY_DELAYS_S, ValidatorState
 from quasar.validator.state_files import ABANDONED, FINISHED, IN_PROGRESS, PASSED, default_state_path
 from servers import serving
 from tests.evaluate_runs import FAST_CPU

@@ -24,7 +24,8 @@ from quasar.api.schemas import MAX_ID
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import EvaluationOutcome
 from quasar.validator.loop import Validator
-from quasar.validator.state import EvaluationKey, EvaluationResult, ValidatorState
+from quasar.validator.records import EvaluationKey, EvaluationResult
+from quasar.validator.state import ValidatorState
 from quasar.validator.state_files import IMPORTED_AFTER, REFUSED, REPORTED
 from test_validator_hosts import Passing
 

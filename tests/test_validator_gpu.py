@@ -14,7 +14,7 @@ from quasar.evaluate import EvaluationOptions
 from quasar.starter_fork import write_starter_fork
 from quasar.validator.devices import evaluation_devices
 from quasar.validator.evaluator import SubprocessEvaluator
-from quasar.validator.state import EvaluationKey
+from quasar.validator.records import EvaluationKey
 from tests.gitrepo import commit_all
 from tests.hostile_forks import write_hostile_fork
 

@@ -12,7 +12,8 @@ from quasar.inference.client import LogitCheck
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import EvaluationOutcome
 from quasar.validator.loop import Validator
-from quasar.validator.state import EvaluationKey, EvaluationResult, ValidatorState
+from quasar.validator.records import EvaluationKey, EvaluationResult
+from quasar.validator.state import ValidatorState
 
 SPEEDS = {"a": 3e5, "b": 2e5, "c": 1e5}
 

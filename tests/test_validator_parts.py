@@ -33,9 +33,10 @@ from quasar.terminal import rendered_text, short_hotkey
 from quasar.validator import state_files
 from quasar.validator.devices import Device, ValidatorSetupError, device_warnings, evaluation_devices
 from quasar.validator.evaluator import SubprocessEvaluator, WorkerEvaluation, outcome_from_worker, result_from_report
+from quasar.validator.intake import submission_from_work
 from quasar.validator.logit_check import why_logit_checks_wait
-from quasar.validator.loop import submission_from_work
 from quasar.validator.preflight import assess_subnet_rules, check_registration
+from quasar.validator.records import EvaluationKey, EvaluationRecord, EvaluationResult, Submission, SubmissionRecord
 from quasar.validator.results import (
     api_report,
     bounded_reasons,
@@ -44,16 +45,7 @@ from quasar.validator.results import (
     weights_refusal,
     weights_table,
 )
-from quasar.validator.state import (
-    EVALUATION_RETRY_DELAYS_S,
-    MAX_ATTEMPTS,
-    EvaluationKey,
-    EvaluationResult,
-    StateError,
-    Submission,
-    SubmissionRecord,
-    ValidatorState,
-)
+from quasar.validator.state import EVALUATION_RETRY_DELAYS_S, MAX_ATTEMPTS, StateError, ValidatorState
 from quasar.validator.weight_setting import MAX_NAMED_LEFT_OUT, WeightSetter
 from quasar.validator.worker import HeadStart, options_from_json, options_to_json
 from tests.evaluate_runs import FAST_CPU
@@ -214,7 +206,8 @@ def test_reopening_after_a_crash_redoes_in_progress_work_but_keeps_results(tmp_p
 # first commit: where a kill (pm2's, the OOM killer's, a power loss) leaves a call made of several.
 _KILLED_AFTER_FIRST_COMMIT = """
 import os, signal, sys
-from quasar.validator.state import EvaluationResult, Submission, ValidatorState
+from quasar.validator.state import ValidatorState
+from quasar.validator.records import EvaluationResult, Submission
 from quasar.validator.state_files import PASSED
 state = ValidatorState.open(sys.argv[1])
 committed = []
@@ -496,8 +489,6 @@ def test_work_from_an_api_older_than_counts_from_block_is_still_taken():
 def record(
     submission_: Submission, result: EvaluationResult, logits: str = state_files.PASSED, reason: str = "ok"
 ) -> SubmissionRecord:
-    from quasar.validator.state import EvaluationRecord
-
     evaluation = EvaluationRecord(submission_.key, state_files.FINISHED, 1, "cpu", None, result, 1.0, 2.0)
     return SubmissionRecord(submission_, evaluation, logits, reason, "unreported", None)
 

@@ -11,7 +11,8 @@ from dataclasses import replace
 
 from bittensor.sp_core import Keypair
 
-from quasar.validator.state import EvaluationResult, Submission, ValidatorState
+from quasar.validator.records import EvaluationResult, Submission
+from quasar.validator.state import ValidatorState
 from quasar.validator.state_files import (
     ABANDONED,
     FAILED,

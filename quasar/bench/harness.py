@@ -59,7 +59,7 @@ from quasar.starter_fork import KERNEL_DIR, copy_starter_tree, tuning_contract
 from quasar.starter_fork.writer import commit_new_repository
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import SubprocessEvaluator
-from quasar.validator.state import EvaluationKey
+from quasar.validator.records import EvaluationKey
 
 
 def parse_target(text: str) -> int:

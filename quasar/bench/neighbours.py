@@ -37,7 +37,7 @@ from quasar.log import setup_logging
 from quasar.starter_fork import commit_new_repository, copy_starter_tree
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import SubprocessEvaluator
-from quasar.validator.state import EvaluationKey
+from quasar.validator.records import EvaluationKey
 
 HOSTILE_PARAMETERS: dict[str, dict[str, Any]] = {
     "exhaust_processes": {"most": 100_000, "name": "qneighbour", "hold_seconds": 35},

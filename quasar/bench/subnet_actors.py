@@ -21,7 +21,7 @@ from quasar.api.client import ApiClient, ApiClientError, Claim
 from quasar.inference.client import LogitCheck
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import EvaluationOutcome
-from quasar.validator.state import EvaluationKey, EvaluationResult
+from quasar.validator.records import EvaluationKey, EvaluationResult
 
 TARGET = 1_000_000  # every kernel is submitted at 1M (multiplier 3)
 BLOCK_S = 12.0  # simulated seconds per block, as on Bittensor

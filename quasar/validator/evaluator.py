@@ -29,7 +29,7 @@ from quasar.evaluate import EvaluationOptions, EvaluationReport, options_from_se
 from quasar.evaluate.report import OK
 from quasar.evaluate.verification import REFERENCE_DOES_NOT_FIT
 from quasar.validator.devices import Device
-from quasar.validator.state import EvaluationKey, EvaluationResult
+from quasar.validator.records import EvaluationKey, EvaluationResult
 from quasar.validator.worker import options_to_json
 
 logger = logging.getLogger(__name__)

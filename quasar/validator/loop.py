@@ -8,15 +8,17 @@ One :meth:`Validator.step` does each phase once, in this order:
    retried (quasar/validator/state.py);
 3. challenge the miner's inference endpoint of each submission whose evaluation passed, only
    while no benchmark runs on the reference model's device (so a check never disturbs a timing);
-4. report each evaluated and checked submission to the API, for at most REPORT_BUDGET_S a step;
+4. report each evaluated and checked submission to the API, for at most REPORT_BUDGET_S a step
+   (quasar/validator/reporting.py);
 5. fetch from the API as much work as the idle devices can start now, no more: the API's schedule
    (quasar/scheduling.py) picks what is worth a GPU at the moment it is asked, so work fetched
    ahead would be evaluated in an order the schedule no longer holds; record each new submission
-   in the state (a finished (fork, commit, target) is never evaluated again);
+   in the state (a finished (fork, commit, target) is never evaluated again), once checked
+   (quasar/validator/intake.py);
 6. start evaluations on idle devices: one at a time per device, never two of one fork at once;
 7. with ``VALIDATOR_ROLE=primary``, add the results that the hotkey's other processes (workers,
    on this host or others) reported, as the API holds them (``GET /validators/{hotkey}/reports``,
-   from the last one read: quasar/validator/report_cursor.py);
+   from the last one read: quasar/validator/intake.py, report_cursor.py);
 8. every EPOCH_BLOCKS chain blocks, rank this validator's own results (quasar/scoring.py) and set
    weights (quasar/validator/weight_setting.py): places 1-4 by uid, the unassigned share to
    the subnet owner's uid, or, when the owner's hotkey holds no uid, the placed shares alone. A
@@ -35,42 +37,22 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Annotated
 
-from pydantic import BaseModel, Field, StringConstraints, ValidationError
-
-from quasar.api.client import ApiClient, ApiClientError
-from quasar.api.schemas import (
-    MAX_ID,
-    CommitHash,
-    ForkUrl,
-    Hotkey,
-    ReportedWork,
-    SequenceLength,
-    SubmissionId,
-    TokensPerSec,
-    WorkItem,
-)
+from quasar.api.client import ApiClient
 from quasar.chain.base import Chain, Metagraph
 from quasar.config import Settings
 from quasar.errors import QuasarError
-from quasar.forks import ForkError, normalize_fork_url, validate_commit_hash
 from quasar.log import Repeats
 from quasar.validator.devices import Device
 from quasar.validator.evaluator import CANCELLED, EvaluationOutcome, Evaluator, RunningEvaluation
+from quasar.validator.intake import import_results, record_work
 from quasar.validator.logit_check import LogitChecker, why_logit_checks_wait
-from quasar.validator.report_cursor import ReportCursor
-from quasar.validator.results import api_report, scoring_result
-from quasar.validator.state import (
-    REPORT_KEPT_S,
-    EvaluationKey,
-    EvaluationResult,
-    Submission,
-    SubmissionRecord,
-    ValidatorState,
-)
-from quasar.validator.state_files import ABANDONED, FAILED, PASSED, REFUSED, REPORTED, SKIPPED
+from quasar.validator.records import SubmissionRecord
+from quasar.validator.reporting import REPORT_BUDGET_S, report_ready
+from quasar.validator.results import scoring_result
+from quasar.validator.state import ValidatorState
+from quasar.validator.state_files import ABANDONED, FAILED, PASSED, SKIPPED
+from quasar.validator.steps import StepSummary, one_item
 from quasar.validator.weight_setting import LAST_WEIGHTS_BLOCK, WeightSetter
 
 logger = logging.getLogger(__name__)
@@ -81,77 +63,10 @@ POLL_S = 0.5
 # However quiet the subnet, a running validator says where it stands this often (one line).
 HEARTBEAT_S = 600.0
 PRIMARY, WORKER = "primary", "worker"
-IMPORT_BATCH = 100
-# Seconds one step may spend reporting; the rest wait for the next step. An API answering each
-# report slowly (each within the client's timeout) otherwise held the loop, its collecting and
-# weights included, for as long as the backlog of reports times the answer's delay.
-REPORT_BUDGET_S = 60.0
-# API answers after which a report is never sent again: unknown submission, already reported or
-# conflicting, invalid. Anything else (unreachable, 5xx, 401/403, 429) is retried next step.
-FINAL_REPORT_STATUSES = (404, 409, 422)
-
-
-_PRINTABLE = r"^[!-~]+$"  # printable ASCII, no space: every form of a URL or commit the API takes
-_Count = Annotated[int, Field(ge=0, le=MAX_ID)]
 
 
 class StopRequested(QuasarError):
     """Raised by :meth:`Validator.pause` once the validator is asked to stop."""
-
-
-class _Bounded(BaseModel):
-    """A work item's fields within the limits the API's own requests hold (quasar/api/schemas.py):
-    an honest API hands out nothing beyond them. Beyond them (a claim of inf, a target of 0, an id
-    SQLite cannot store, a hotkey of megabytes) an item can be neither ranked nor reported, and
-    would fail the report phase every step or grow the state file by whatever the API sends."""
-
-    submission_id: SubmissionId
-    hotkey: Hotkey
-    fork_url: Annotated[ForkUrl, StringConstraints(pattern=_PRINTABLE)]
-    commit_hash: Annotated[CommitHash, StringConstraints(pattern=_PRINTABLE)]
-    target_sequence_length: SequenceLength
-    claimed_tokens_per_sec: TokensPerSec
-    submitted_at: Annotated[float, Field(ge=0, allow_inf_nan=False)]
-    round_id: _Count
-    counts_from_block: _Count
-
-
-def bounds_problem(item: WorkItem) -> str | None:
-    """Why the work item ``item`` breaks the API's own limits (its first wrong field, in a few
-    words), or None."""
-    try:
-        _Bounded.model_validate(item.model_dump(include=set(_Bounded.model_fields)))
-    except ValidationError as error:
-        first = error.errors(include_url=False, include_input=False)[0]
-        return f"{'.'.join(map(str, first['loc']))}: {first['msg']}"
-    return None
-
-
-@dataclass
-class StepSummary:
-    """What one step did (for logs and tests)."""
-
-    fetched: int = 0
-    started: list[EvaluationKey] = field(default_factory=list)
-    finished: list[EvaluationKey] = field(default_factory=list)
-    retried: list[EvaluationKey] = field(default_factory=list)
-    logits_checked: int = 0
-    reported: int = 0
-    imported: int = 0
-    weights_set: bool = False
-    failed_phases: list[str] = field(default_factory=list)
-
-
-def submission_from_work(item: WorkItem | ReportedWork, allow_local: bool) -> tuple[Submission, str | None]:
-    """The submission of a work item (or of a report), with its URL normalized and commit checked by
-    this validator's own rules; the second value says why it breaks them (None when it does not)."""
-    try:
-        url, commit = normalize_fork_url(item.fork_url, allow_local), validate_commit_hash(item.commit_hash)
-        problem = None
-    except ForkError as error:
-        url, commit, problem = item.fork_url, item.commit_hash, str(error)
-    fetched = item.model_dump(include=set(Submission.model_fields))
-    return Submission(**{**fetched, "fork_url": url, "commit_hash": commit}), problem
 
 
 class Validator:
@@ -332,14 +247,6 @@ class Validator:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
-    @contextlib.contextmanager
-    def _item(self, what: str) -> Iterator[None]:
-        """Log an exception in one item of a phase and go on with the next item."""
-        try:
-            yield
-        except Exception:  # noqa: BLE001  (one submission's failure must not hold up the others)
-            logger.exception("validator step: %s failed; going on", what)
-
     def _sleep(self, seconds: float) -> None:
         """Wait ``seconds``, less when stopped or when a running evaluation ends."""
         deadline = time.monotonic() + seconds
@@ -369,42 +276,15 @@ class Validator:
                 wanted,
             )
         for item in batch.items[:wanted]:
-            with self._item("recording a work item"):
-                self._record_work(item, summary)
-
-    def _record_work(self, item: WorkItem, summary: StepSummary) -> None:
-        beyond = bounds_problem(item)
-        if beyond is not None:
-            logger.warning("the API sent a work item beyond its own limits (%s); not recorded", beyond)
-            return
-        submission, problem = submission_from_work(item, self.allow_local_forks)
-        if problem is None:
-            added = self.state.add_submission(submission, self.clock())
-        else:
-            logger.warning("submission %d from %s breaks the fork rules: %s", item.submission_id, item.hotkey, problem)
-            added = self.state.add_refused_submission(submission, problem, self.clock())
-        if added:
-            summary.fetched += 1
-            logger.debug(
-                "fetched submission %d from %s: %s (claims %.0f tokens/s)",
-                submission.submission_id,
-                submission.hotkey,
-                submission.key,
-                submission.claimed_tokens_per_sec,
-            )
-        elif self.state.report_again(submission.submission_id):
-            logger.warning(
-                "the API handed out submission %d again, which this validator reported: it holds no report of it "
-                "(its database was restored from a backup); reporting it again",
-                submission.submission_id,
-            )
+            with one_item("recording a work item"):
+                record_work(self.state, item, self.allow_local_forks, self.clock, summary)
 
     def _collect(self, summary: StepSummary) -> None:
         for device_name, evaluation in list(self.running.items()):
             outcome = evaluation.poll()
             if outcome is None:
                 continue
-            with self._item(f"recording the evaluation of {evaluation.key}"):
+            with one_item(f"recording the evaluation of {evaluation.key}"):
                 self._record_outcome(evaluation, outcome, summary)
                 del self.running[device_name]  # only once recorded: otherwise tried again next step
 
@@ -453,7 +333,7 @@ class Validator:
             if self.stopping:
                 return
             # A failure here is this validator's: the check runs again next step.
-            with self._item(f"the logit check of submission {record.submission.submission_id}"):
+            with one_item(f"the logit check of submission {record.submission.submission_id}"):
                 try:
                     outcome, reason = self._logit_outcome(record, self.metagraph)
                 except StopRequested:
@@ -488,80 +368,11 @@ class Validator:
         return (PASSED if check.passed else FAILED), check.reason
 
     def _report(self, summary: StepSummary) -> None:
-        deadline = time.monotonic() + self.report_budget_s
-        ready = self.state.ready_to_report()
-        for index, record in enumerate(ready):
-            if self.stopping:
-                return
-            if time.monotonic() > deadline:
-                logger.warning(
-                    "reporting took over %g s this step; %d report(s) wait for the next",
-                    self.report_budget_s,
-                    len(ready) - index,
-                )
-                break
-            with self._item(f"reporting submission {record.submission.submission_id}"):
-                if not self._report_one(record, summary):
-                    return  # the API is unreachable or failing: the rest waits for the next step
-        if summary.reported:  # reports grow the file only as evaluations are reported: prune then, not every step
-            self.state.forget_reports(self.clock() - REPORT_KEPT_S)
-
-    def _report_one(self, record: SubmissionRecord, summary: StepSummary) -> bool:
-        """Report one submission; False when the API cannot take reports now."""
-        report = api_report(record)
-        try:
-            accepted = self.api.report(
-                report.submission_id,
-                report.verdict,
-                report.correct,
-                report.logits_ok,
-                report.measured_tokens_per_sec,
-                report.benchmarks,
-                report.reasons,
-                report.lengths,
-                report.content_hash,
-            )
-        except ApiClientError as error:
-            if error.status in FINAL_REPORT_STATUSES:
-                done = error.status == 409 and "already reported" in error.detail
-                self.state.record_report(report.submission_id, REPORTED if done else REFUSED, str(error), self.clock())
-                logger.warning(
-                    "report on submission %d: the API answered %s; not sent again", report.submission_id, error
-                )
-                return True
-            self.repeats.say("reports", logging.WARNING, f"reports wait for a later step: {error}")
-            return not (error.status == 0 or error.status >= 500)
-        self.state.record_report(report.submission_id, REPORTED, f"report {accepted.report_id}", self.clock())
-        summary.reported += 1
-        logger.debug(
-            "reported submission %d: %s%s",
-            report.submission_id,
-            report.verdict,
-            "" if report.verdict == "passed" else f" ({'; '.join(report.reasons)})",
-        )
-        return True
+        report_ready(self.api, self.state, self.repeats, self.clock, self.report_budget_s, self._stop.is_set, summary)
 
     def _import_results(self, summary: StepSummary) -> None:
         """Add what the hotkey's other processes reported since the last look (module docstring, 7)."""
-        cursor = ReportCursor(self.state)
-        batch = self.api.validator_reports(self.hotkey, cursor.asked_after, IMPORT_BATCH)
-        for item in cursor.unread(batch.reports):
-            with self._item(f"importing report {item.report_id}"):
-                submission, _ = submission_from_work(item, self.allow_local_forks)
-                result = EvaluationResult(
-                    correct=item.correct,
-                    measured_tokens_per_sec=item.measured_tokens_per_sec,
-                    benchmarks=item.benchmarks or {},
-                    reasons=tuple(item.reasons),
-                    content_hash=item.content_hash,
-                )
-                logits = {True: PASSED, False: FAILED, None: SKIPPED}[item.logits_ok]
-                if self.state.import_result(submission, result, logits, f"report {item.report_id}", self.clock()):
-                    summary.imported += 1
-            cursor.read(item)
-        cursor.save()
-        if summary.imported:
-            logger.info("added %d result(s) reported by this hotkey's other processes", summary.imported)
+        import_results(self.api, self.state, self.hotkey, self.allow_local_forks, self.clock, summary)
 
     def _start_evaluations(self, summary: StepSummary) -> None:
         idle = [device for device in self.devices if device.name not in self.running]
@@ -594,7 +405,7 @@ class Validator:
             return
         results = []
         for record in self.state.scored():
-            with self._item(f"scoring submission {record.submission.submission_id}"):
+            with one_item(f"scoring submission {record.submission.submission_id}"):
                 results.append(scoring_result(record))
         if self.weights.set_weights(self.metagraph.block, results):
             summary.weights_set = True

@@ -16,7 +16,7 @@ from quasar import scoring
 from quasar.api.schemas import MAX_BENCHMARK_ENTRIES, MAX_REASON_LENGTH, MAX_REASONS
 from quasar.chain.base import Metagraph, SubnetHyperparameters
 from quasar.terminal import compact_rate, compact_table, short_hotkey
-from quasar.validator.state import SubmissionRecord
+from quasar.validator.records import SubmissionRecord
 
 
 def scoring_result(record: SubmissionRecord) -> scoring.Result:

@@ -28,21 +28,30 @@ consistent file. One process at a time: :meth:`ValidatorState.open` takes an exc
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import sqlite3
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-from pydantic import ConfigDict
 
 from quasar import originality
-from quasar.api.schemas import MAX_ID, EvaluatedSubmission
+from quasar.api.schemas import MAX_ID
 from quasar.errors import QuasarError
 from quasar.lock_files import lock_for_this_process
+from quasar.validator.records import (
+    EVALUATION_COLUMNS,
+    EVALUATION_COLUMNS_WITHOUT_REPORT,
+    SUBMISSION_COLUMNS,
+    EvaluationKey,
+    EvaluationRecord,
+    EvaluationResult,
+    Submission,
+    SubmissionRecord,
+    evaluation_from_row,
+    fingerprint,
+    result_columns,
+    submission_from_row,
+)
 from quasar.validator.state_files import (
     ABANDONED,
     API_IDENTITY,
@@ -58,6 +67,7 @@ from quasar.validator.state_files import (
     SKIPPED,
     UNCHECKED,
     UNREPORTED,
+    upgrade_schema,
 )
 
 logger = logging.getLogger(__name__)
@@ -78,86 +88,6 @@ SET_ASIDE = (
 
 class StateError(QuasarError, RuntimeError):
     """The state file cannot be used (locked by another process, unreadable, another schema)."""
-
-
-@dataclass(frozen=True, order=True)
-class EvaluationKey:
-    """What one evaluation measures: a fork at a commit, at a target length."""
-
-    fork_url: str
-    commit_hash: str
-    target_sequence_length: int
-
-    def __str__(self) -> str:
-        return f"{self.fork_url}@{self.commit_hash[:12]} T={self.target_sequence_length}"
-
-
-class Submission(EvaluatedSubmission):
-    """A submission as fetched from the API: the API's fields (fork URL normalized, commit
-    lowercase), frozen; the ``submissions`` table stores them under the same names."""
-
-    model_config = ConfigDict(frozen=True)
-
-    @property
-    def key(self) -> EvaluationKey:
-        return EvaluationKey(self.fork_url, self.commit_hash, self.target_sequence_length)
-
-
-@dataclass(frozen=True)
-class EvaluationResult:
-    """A finished evaluation: ``correct`` is everything but the claim and the logits (imports,
-    every length run and matching the reference, the target measured)."""
-
-    correct: bool
-    measured_tokens_per_sec: float | None
-    benchmarks: dict[int, float] = field(default_factory=dict)
-    reasons: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-    report: dict[str, Any] | None = None  # the harness's EvaluationReport.to_dict(), when it ran
-    content_hash: str | None = None  # of the fork's kernel files (quasar/originality.py), when cloned
-
-
-@dataclass(frozen=True)
-class EvaluationRecord:
-    key: EvaluationKey
-    status: str
-    attempts: int
-    device: str | None
-    last_error: str | None
-    result: EvaluationResult | None  # set when finished
-    started_at: float | None
-    finished_at: float | None
-
-
-@dataclass(frozen=True)
-class SubmissionRecord:
-    """A submission with where it stands: its evaluation, logit check and report."""
-
-    submission: Submission
-    evaluation: EvaluationRecord
-    logits: str
-    logits_reason: str | None
-    report_state: str
-    report_detail: str | None
-
-    @property
-    def logits_ok(self) -> bool | None:
-        """The logit check as the API and scoring take it: None when not checked."""
-        return {PASSED: True, FAILED: False}.get(self.logits)
-
-
-def _fingerprint(record: SubmissionRecord) -> originality.Fingerprint:
-    """A submission with a finished evaluation as originality compares it."""
-    result = record.evaluation.result
-    assert result is not None, f"submission {record.submission.submission_id} is finished without a result"
-    submission = record.submission
-    return originality.Fingerprint(
-        submission.submission_id,
-        submission.hotkey,
-        submission.commit_hash,
-        result.content_hash,
-        submission.counts_from_block,
-    )
 
 
 class ValidatorState:
@@ -185,20 +115,10 @@ class ValidatorState:
             connection.executescript(SCHEMA)
             state = cls(path, connection, lock_fd)
             with state._write() as db:
-                version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-                if version is None:
-                    db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-                elif int(version[0]) in (1, 2):
-                    if int(version[0]) == 1:  # version 2 added the kernel content hash; older results have none
-                        db.execute("ALTER TABLE evaluations ADD COLUMN content_hash TEXT")
-                    # Version 3 added the block a submission counts from for originality, which the
-                    # API did not send before: those fetched before count from block 0, so they keep
-                    # the order they had among themselves (by id) and come before any fetched since.
-                    db.execute("ALTER TABLE submissions ADD COLUMN counts_from_block INTEGER NOT NULL DEFAULT 0")
-                    db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
-                elif int(version[0]) != SCHEMA_VERSION:
+                unreadable = upgrade_schema(db)
+                if unreadable is not None:
                     raise StateError(
-                        f"validator state {path} has schema version {version[0]}, this validator "
+                        f"validator state {path} has schema version {unreadable}, this validator "
                         f"reads version {SCHEMA_VERSION}"
                     )
             state._recover()
@@ -400,19 +320,7 @@ class ValidatorState:
                 "UPDATE evaluations SET status = ?, correct = ?, measured_tokens_per_sec = ?, benchmarks = ?, "
                 "reasons = ?, notes = ?, report = ?, content_hash = ?, last_error = NULL, finished_at = ? "
                 "WHERE fork_url = ? AND commit_hash = ? AND target_sequence_length = ? AND status = ?",
-                (
-                    FINISHED,
-                    int(result.correct),
-                    result.measured_tokens_per_sec,
-                    json.dumps({str(k): v for k, v in sorted(result.benchmarks.items())}),
-                    json.dumps(list(result.reasons)),
-                    json.dumps(list(result.notes)),
-                    None if result.report is None else json.dumps(result.report, allow_nan=False),
-                    result.content_hash,
-                    now,
-                    *_key(key),
-                    IN_PROGRESS,
-                ),
+                (FINISHED, *result_columns(result), now, *_key(key), IN_PROGRESS),
             ).rowcount
             if not updated:
                 raise StateError(f"evaluation of {key} is not in progress")
@@ -448,17 +356,17 @@ class ValidatorState:
 
     def evaluation(self, key: EvaluationKey) -> EvaluationRecord:
         row = self._connection.execute(
-            f"SELECT {_EVALUATION_COLUMNS} FROM evaluations e WHERE fork_url = ? AND commit_hash = ? "
+            f"SELECT {EVALUATION_COLUMNS} FROM evaluations e WHERE fork_url = ? AND commit_hash = ? "
             "AND target_sequence_length = ?",
             _key(key),
         ).fetchone()
         if row is None:
             raise StateError(f"no evaluation of {key}")
-        return _evaluation(row)
+        return evaluation_from_row(row)
 
     def evaluations(self) -> list[EvaluationRecord]:
-        rows = self._connection.execute(f"SELECT {_EVALUATION_COLUMNS} FROM evaluations e ORDER BY created_at")
-        return [_evaluation(row) for row in rows]
+        rows = self._connection.execute(f"SELECT {EVALUATION_COLUMNS} FROM evaluations e ORDER BY created_at")
+        return [evaluation_from_row(row) for row in rows]
 
     def record_logits(self, submission_id: int, outcome: str, reason: str, now: float) -> None:
         if outcome not in (PASSED, FAILED, SKIPPED):
@@ -494,23 +402,15 @@ class ValidatorState:
     def submissions(self, where: str = "", parameters: tuple = (), reports: bool = True) -> list[SubmissionRecord]:
         """Submissions with their evaluations, by id; ``where`` is an SQL condition on s./e. columns.
         ``reports`` False: each result without the harness's report (None), much the largest part."""
-        columns = _EVALUATION_COLUMNS if reports else _EVALUATION_COLUMNS_WITHOUT_REPORT
+        columns = EVALUATION_COLUMNS if reports else EVALUATION_COLUMNS_WITHOUT_REPORT
         rows = self._connection.execute(
-            f"SELECT {_SUBMISSION_COLUMNS}, s.logits, s.logits_reason, s.report_state, "
+            f"SELECT {SUBMISSION_COLUMNS}, s.logits, s.logits_reason, s.report_state, "
             f"s.report_detail, {columns} FROM submissions s JOIN evaluations e "
             f"USING (fork_url, commit_hash, target_sequence_length) "
             f"{'WHERE ' + where if where else ''} ORDER BY s.submission_id",
             parameters,
         ).fetchall()
-        width = len(Submission.model_fields)
-        return [
-            SubmissionRecord(
-                Submission(**dict(zip(Submission.model_fields, row[:width]))),
-                _evaluation(row[width + 4 :]),
-                *row[width : width + 4],  # logits, logits_reason, report_state, report_detail
-            )
-            for row in rows
-        ]
+        return [submission_from_row(row) for row in rows]
 
     def needing_logit_check(self) -> list[SubmissionRecord]:
         """Submissions whose evaluation finished and whose logits are not checked yet."""
@@ -527,7 +427,7 @@ class ValidatorState:
         another hotkey's earlier submission (quasar/originality.py): what ranking uses. Read once
         an epoch over every finished submission, so without the harness's reports."""
         known = self.submissions("e.status = ?", (FINISHED,), reports=False)
-        copies = originality.find_copies(_fingerprint(record) for record in known)
+        copies = originality.find_copies(fingerprint(record) for record in known)
         return [
             record for record in known if record.logits != UNCHECKED and record.submission.submission_id not in copies
         ]
@@ -542,59 +442,5 @@ class ValidatorState:
         return int(count)
 
 
-_SUBMISSION_COLUMNS = ", ".join(f"s.{name}" for name in Submission.model_fields)
-_EVALUATION_FIELDS = (
-    "fork_url, commit_hash, target_sequence_length, status, attempts, device, last_error, correct, "
-    "measured_tokens_per_sec, benchmarks, reasons, notes, report, content_hash, started_at, finished_at"
-).split(", ")
-_EVALUATION_COLUMNS = ", ".join(f"e.{name}" for name in _EVALUATION_FIELDS)
-_EVALUATION_COLUMNS_WITHOUT_REPORT = ", ".join(
-    "NULL" if name == "report" else f"e.{name}" for name in _EVALUATION_FIELDS
-)
-
-
 def _key(key: EvaluationKey) -> tuple[str, str, int]:
     return key.fork_url, key.commit_hash, key.target_sequence_length
-
-
-def _evaluation(row: tuple) -> EvaluationRecord:
-    (
-        url,
-        commit,
-        target,
-        status,
-        attempts,
-        device,
-        last_error,
-        correct,
-        measured,
-        benchmarks,
-        reasons,
-        notes,
-        report,
-        content_hash,
-        started_at,
-        finished_at,
-    ) = row
-    result = None
-    if status == FINISHED:
-        stored: Mapping[str, float] = json.loads(benchmarks or "{}")
-        result = EvaluationResult(
-            correct=bool(correct),
-            measured_tokens_per_sec=measured,
-            benchmarks={int(length): float(tps) for length, tps in stored.items()},
-            reasons=tuple(json.loads(reasons or "[]")),
-            notes=tuple(json.loads(notes or "[]")),
-            report=None if report is None else json.loads(report),
-            content_hash=content_hash,
-        )
-    return EvaluationRecord(
-        EvaluationKey(url, commit, int(target)),
-        status,
-        int(attempts),
-        device,
-        last_error,
-        result,
-        started_at,
-        finished_at,
-    )

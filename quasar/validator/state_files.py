@@ -1,5 +1,6 @@
-"""A validator's state file: where it lives, its tables and the states their rows go through, and
-reading it from another process while the validator runs (quasar/validator/state.py keeps the state)."""
+"""A validator's state file: where it lives, its tables, their upgrade from an earlier version and
+the states their rows go through, and reading it from another process while the validator runs
+(quasar/validator/state.py keeps the state, quasar/validator/records.py reads its rows)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,25 @@ CREATE INDEX IF NOT EXISTS submissions_by_report_state ON submissions (report_st
 def default_state_path(data_dir: str | os.PathLike, network: str, netuid: int, hotkey: str) -> Path:
     """The state file of ``hotkey`` validating subnet ``netuid`` on ``network``, under ``data_dir``."""
     return Path(os.path.expanduser(data_dir)) / f"state-{network}-{netuid}-{hotkey}.sqlite3"
+
+
+def upgrade_schema(db: sqlite3.Connection) -> str | None:
+    """Bring a state file whose tables SCHEMA created (or found) to SCHEMA_VERSION, within ``db``'s
+    transaction. Returns the version of a file this validator cannot read (a later one), else None."""
+    version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if version is None:
+        db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+    elif int(version[0]) in (1, 2):
+        if int(version[0]) == 1:  # version 2 added the kernel content hash; older results have none
+            db.execute("ALTER TABLE evaluations ADD COLUMN content_hash TEXT")
+        # Version 3 added the block a submission counts from for originality, which the
+        # API did not send before: those fetched before count from block 0, so they keep
+        # the order they had among themselves (by id) and come before any fetched since.
+        db.execute("ALTER TABLE submissions ADD COLUMN counts_from_block INTEGER NOT NULL DEFAULT 0")
+        db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
+    elif int(version[0]) != SCHEMA_VERSION:
+        return version[0]
+    return None
 
 
 def read_meta(path: str | os.PathLike, key: str) -> str | None:
