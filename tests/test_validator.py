@@ -362,7 +362,7 @@ def test_an_api_out_of_reach_for_an_hour_is_said_once_then_every_ten_minutes_not
                 state.start_evaluation(key, "cpu", 0.0)
                 state.finish_evaluation(key, EvaluationResult(correct=True, measured_tokens_per_sec=1000.0), 0.0)
             state.record_logits(checked.submission_id, PASSED, "logits match", 0.0)
-            validator = cpu_validator(subnet, api, state, tmp_path, clock=lambda: now[0])
+            validator = cpu_validator(subnet, api, state, tmp_path, clock=lambda: now[0], monotonic=lambda: now[0])
             for _ in range(300):
                 assert validator.step().failed_phases == ["fetch"]
                 now[0] += 12.0
@@ -838,6 +838,32 @@ def test_an_api_answering_each_report_slowly_holds_the_loop_no_longer_than_the_r
         assert summary.weights_set and 2 <= len(asked) <= 4
     (line,) = lines(caplog, "reporting took over 2 s this step")
     assert line.endswith(f"{10 - len(asked)} report(s) wait for the next")
+
+
+def test_a_wall_clock_stepped_back_or_forward_moves_no_reminder(tmp_path, caplog):
+    """A phase failing at every step is said again every REPEAT_EVERY_S (quasar.log.Repeats). Its
+    interval was measured by the wall clock the state's times are read from: stepped back an hour
+    (NTP, an operator's date -s), the failure was not said again for an hour and ten minutes, and
+    stepped forward, at once. The intervals follow the monotonic clock."""
+    wall, monotonic = [time.time()], [0.0]
+
+    def later(seconds: float, wall_step: float) -> None:
+        monotonic[0] += seconds
+        wall[0] += seconds + wall_step
+
+    with (
+        hostile_api_validator(
+            tmp_path, lambda: {"items": "none"}, clock=lambda: wall[0], monotonic=lambda: monotonic[0]
+        ) as validator,
+        caplog.at_level(logging.ERROR, logger="quasar.validator.loop"),
+    ):
+        assert validator.step().failed_phases == ["fetch"]  # the API's answer is not a work batch
+        later(REPEAT_EVERY_S, wall_step=-3600.0)
+        assert validator.step().failed_phases == ["fetch"]
+        later(1.0, wall_step=7200.0)
+        assert validator.step().failed_phases == ["fetch"]
+    said = lines(caplog, "fetch failed")
+    assert len(said) == 2 and said[1].endswith(f"(1 more time(s) in the last {REPEAT_EVERY_S:.0f} s)"), said
 
 
 # --- the validator as a process ---

@@ -85,6 +85,7 @@ class Validator:
         *,
         devices: Sequence[Device],
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
         interval_s: float | None = None,
         heartbeat_s: float = HEARTBEAT_S,
         report_budget_s: float = REPORT_BUDGET_S,
@@ -101,6 +102,8 @@ class Validator:
         self.logit_checker = logit_checker
         self.state = state
         self.devices = list(devices)
+        # ``clock`` gives the times the state stores (the wall clock's); ``monotonic`` measures intervals,
+        # which a step of the wall clock (NTP, an operator's date -s) must not lengthen or cut short.
         self.clock = clock
         self.interval_s = interval_s if interval_s is not None else max(1.0, min(12.0, chain.block_time_s))
         self.heartbeat_s = heartbeat_s
@@ -111,7 +114,7 @@ class Validator:
         self.running: dict[str, RunningEvaluation] = {}  # device name -> its evaluation
         self._stop = threading.Event()
         self.weights = WeightSetter(settings, chain, wallet, state)
-        self.repeats = Repeats(logger, clock=clock)  # keys: the phases' names, "logit wait" and "reports"
+        self.repeats = Repeats(logger, clock=monotonic)  # keys: the phases' names, "logit wait" and "reports"
 
     # --- control ---
 
