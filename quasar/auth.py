@@ -123,11 +123,11 @@ def _clock_refusal(headers: Mapping[str, str], now_ns: int) -> str:
     nonce = next(int(value) for key, value in headers.items() if key.lower() == http_auth.HEADER_NONCE.lower())
     offset_s = (nonce - now_ns) / 1e9
     way = "ahead of" if offset_s > 0 else "behind"
-    server_time = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(now_ns / 1e9))
+    server_time = time.strftime("%H:%M:%S", time.gmtime(now_ns / 1e9))
     return (
         f"authentication failed: the request was signed {abs(offset_s):.1f} s {way} this server's clock "
-        f"({server_time} UTC here); at most {ALLOWED_CLOCK_SKEW_S:g} s ahead and {MAX_REQUEST_AGE_S:g} s behind "
-        f"are accepted: the sender's clock or this server's is off: sync it {CLOCK_CURE}"
+        f"({server_time} UTC here; {ALLOWED_CLOCK_SKEW_S:g} s ahead to {MAX_REQUEST_AGE_S:g} s behind accepted): "
+        f"sync the sender's clock {CLOCK_CURE}; if it is synced, this server's is off: tell its operator"
     )
 
 
@@ -141,8 +141,13 @@ def clock_refused(offset_s: float | None, halved: bool = False) -> bool:
 
 
 def clock_offset_text(offset_s: float, whose: str) -> str:
-    """``this host's clock is 120.0 s ahead of WHOSE`` (``behind`` for a negative offset)."""
-    return f"this host's clock is {abs(offset_s):.1f} s {'ahead of' if offset_s > 0 else 'behind'} {whose}"
+    """``this host's clock is 120.0 s ahead of WHOSE`` (``behind`` for a negative offset), and that
+    WHOSE is the one off when this host's is synced: an API whose clock is off refuses every caller."""
+    way = "ahead of" if offset_s > 0 else "behind"
+    return (
+        f"this host's clock is {abs(offset_s):.1f} s {way} {whose} "
+        f"(if timedatectl says this host's is synchronized, {whose} is off)"
+    )
 
 
 class RecentNonces:

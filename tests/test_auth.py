@@ -126,7 +126,8 @@ def test_authorizers_follow_the_metagraph(wallets, chain, tmp_path):
 @pytest.mark.parametrize(("offset_s", "direction"), [(37.0, "ahead of"), (-75.0, "behind"), (86_400.0, "ahead of")])
 def test_a_request_signed_by_a_clock_that_is_off_names_the_offset_and_the_fix(wallets, offset_s, direction):
     """A signer's clock minutes off the server's (no NTP, a step): the refusal says by how much and
-    which way, the window accepted and what to do, not a bare 'stale nonce'."""
+    which way, the window accepted and what to do, not a bare 'stale nonce'; and that a sender whose
+    clock is synced has found the server's off."""
     miner, _ = wallets
     url = "http://127.0.0.1:9/submit_kernel?round=1"
     headers = http_auth.sign(
@@ -144,5 +145,6 @@ def test_a_request_signed_by_a_clock_that_is_off_names_the_offset_and_the_fix(wa
     assert shown is not None, reason
     assert abs(float(shown.group(1)) - abs(offset_s)) < 2, reason
     assert "2 s ahead" in reason and "10 s behind" in reason and "timedatectl set-ntp true" in reason, reason
+    assert "if it is synced, this server's is off: tell its operator" in reason, reason
     # A validator records a miner server's refusal cut to _MAX_DETAIL_CHARS: the cure must fit.
     assert len(reason) <= _MAX_DETAIL_CHARS, reason

@@ -365,7 +365,7 @@ def test_a_miner_whose_clock_is_off_the_apis_is_told_at_its_start(
     refused validators' checks (their clocks agree with the API's) at debug level: 5 s behind, the
     API takes its submissions and every validator's check of it fails; 1.5 s behind, a validator
     0.6 s ahead of the API fails it. Its start says so in one line: how far, which way, what is
-    refused, and the cure."""
+    refused, and the cure; and that, with this host's clock synced, the API's is the one off."""
     offset = tmp_path / "api-clock-offset"
     offset.write_text(api_offset + "\n")
     with skewed_api(setup, tmp_path, offset) as url:
@@ -376,6 +376,7 @@ def test_a_miner_whose_clock_is_off_the_apis_is_told_at_its_start(
     assert ("the API refuses this miner's submissions" in line) == submissions_refused, line
     assert "inference server on this host refuses logit checks of validators" in line, line
     assert "timedatectl set-ntp true" in line, line
+    assert "(if timedatectl says this host's is synchronized, the submission API's is off)" in line, line
 
 
 # --- rules without the API ---
