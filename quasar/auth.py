@@ -45,6 +45,16 @@ class AuthFailure(QuasarError):
         self.reason = reason
 
 
+class ClockRefusal(AuthFailure):
+    """A request refused (401) for the time it was signed at alone: its signature verifies, by
+    ``hotkey``, signed ``offset_s`` seconds ahead of this host's clock (negative: behind)."""
+
+    def __init__(self, reason: str, hotkey: str, offset_s: float):
+        super().__init__(401, reason)
+        self.hotkey = hotkey
+        self.offset_s = offset_s
+
+
 Authorizer = Callable[[str], None]
 
 
@@ -83,14 +93,16 @@ def authenticate(
     nonce_store: http_auth.NonceStore,
     authorize: Authorizer | None = None,
 ) -> str:
-    """Verify a signed request and return the caller's hotkey, or raise :class:`AuthFailure`.
+    """Verify a signed request and return the caller's hotkey, or raise :class:`AuthFailure`
+    (:class:`ClockRefusal` when its signature verifies and only the time it was signed at is refused).
 
     ``body`` must be the raw received bytes; ``target`` the path with query as received. Replays
     are refused through ``nonce_store`` (share one store across processes for multi-worker servers).
     """
     now_ns = freshness_clock_ns()
-    try:
-        caller = http_auth.verify(
+
+    def verify(store: http_auth.NonceStore, at_ns: int) -> http_auth.Caller:
+        return http_auth.verify(
             headers,
             body,
             method=method,
@@ -98,11 +110,23 @@ def authenticate(
             self_hotkey_ss58=self_hotkey,
             max_age=MAX_REQUEST_AGE_S,
             allowed_skew=ALLOWED_CLOCK_SKEW_S,
-            nonce_store=nonce_store,
-            now_ns=now_ns,
+            nonce_store=store,
+            now_ns=at_ns,
         )
+
+    try:
+        caller = verify(nonce_store, now_ns)
     except http_auth.StaleRequest:
-        raise AuthFailure(401, _clock_refusal(headers, now_ns)) from None
+        nonce = next(int(value) for key, value in headers.items() if key.lower() == http_auth.HEADER_NONCE.lower())
+        offset_s = (nonce - now_ns) / 1e9
+        refusal = _clock_refusal(offset_s, now_ns)
+        # The SDK judges the time before the signature: checked here, at the request's own time
+        # and recording nothing, so that only a request its hotkey signed is said to be one.
+        try:
+            signer = verify(_UNRECORDED, nonce)
+        except http_auth.AuthError:
+            raise AuthFailure(401, refusal) from None
+        raise ClockRefusal(refusal, signer.hotkey_ss58, offset_s) from None
     except http_auth.AuthError as error:
         raise AuthFailure(401, f"authentication failed: {error}") from None
     if authorize is not None:
@@ -116,12 +140,20 @@ def freshness_clock_ns() -> int:
     return time.time_ns()
 
 
-def _clock_refusal(headers: Mapping[str, str], now_ns: int) -> str:
-    """Why a request outside the freshness window was refused, for its sender's operator: its
-    clock's offset from this server's, which way, the window and the cure (the SDK's own words
-    say only that the nonce is stale, which reads like a bad signature)."""
-    nonce = next(int(value) for key, value in headers.items() if key.lower() == http_auth.HEADER_NONCE.lower())
-    offset_s = (nonce - now_ns) / 1e9
+class _Unrecorded:
+    """A nonce store that takes every nonce and keeps none: a signature checked, not a request served."""
+
+    def check_and_store(self, hotkey_ss58: str, nonce_ns: int) -> bool:
+        return True
+
+
+_UNRECORDED = _Unrecorded()
+
+
+def _clock_refusal(offset_s: float, now_ns: int) -> str:
+    """Why a request signed ``offset_s`` seconds ahead of this server's clock (negative: behind)
+    was refused, for its sender's operator: by how much, which way, the window and the cure (the
+    SDK's own words say only that the nonce is stale, which reads like a bad signature)."""
     way = "ahead of" if offset_s > 0 else "behind"
     server_time = time.strftime("%H:%M:%S", time.gmtime(now_ns / 1e9))
     return (

@@ -35,6 +35,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from quasar import auth
 from quasar.api import rules, schemas
+from quasar.api.clockwatch import ClockWatch
 from quasar.api.dashboard import dashboard_router
 from quasar.api.db import Database, DatabaseBusy
 from quasar.api.errors import error_response
@@ -180,6 +181,7 @@ def create_app(
     database.upgrade()
     service = SubmissionService(config, chain, database, clock)
     registered, permitted = auth.require_registered(chain), auth.require_validator_permit(chain)
+    clocks = ClockWatch()
     reads = BlockCache(service.current_block, shared=None if shared_pages is None else SharedPages(shared_pages))
     trusted = rules.parse_networks(config.trusted_proxies)
 
@@ -233,16 +235,25 @@ def create_app(
         assert noted.nonce_ns is not None, "verify() notes the nonce of every request it accepts"
         return Authenticated(hotkey, noted.nonce_ns, ip, miner, registered if miner else permitted)
 
-    # async: CPU only (the signature), so it runs on the event loop; the handler's thread does the rest.
+    async def authenticated(request: Request, body: bytes, ip: str, miner: bool) -> Authenticated:
+        """``authenticate`` on the event loop (CPU only: the signature); a refusal for the clock alone
+        goes to ``clocks`` in a thread, as it reads the chain (quasar/api/clockwatch.py)."""
+        try:
+            return authenticate(request, body, ip, miner)
+        except auth.ClockRefusal as refusal:
+            await run_in_threadpool(clocks.refused, refusal, registered if miner else permitted)
+            raise
+
+    # The handler's thread does the rest.
     async def miner(
         request: Request, body: Annotated[bytes, Depends(raw_body)], ip: Annotated[str, Depends(client_ip)]
     ) -> Authenticated:
-        return authenticate(request, body, ip, miner=True)
+        return await authenticated(request, body, ip, miner=True)
 
     async def validator(
         request: Request, body: Annotated[bytes, Depends(raw_body)], ip: Annotated[str, Depends(client_ip)]
     ) -> Authenticated:
-        return authenticate(request, body, ip, miner=False)
+        return await authenticated(request, body, ip, miner=False)
 
     MinerCaller = Annotated[Authenticated, Depends(miner)]
     ValidatorCaller = Annotated[Authenticated, Depends(validator)]
