@@ -4,6 +4,7 @@ results, device and wallet checks, and reading what a worker wrote."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -12,6 +13,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,7 +49,7 @@ from quasar.validator.results import (
     weights_table,
 )
 from quasar.validator.state import EVALUATION_RETRY_DELAYS_S, MAX_ATTEMPTS, StateError, ValidatorState
-from quasar.validator.weight_setting import MAX_NAMED_LEFT_OUT, WeightSetter
+from quasar.validator.weight_setting import MAX_NAMED_LEFT_OUT, RULES_READ_BLOCKS, WeightSetter
 from quasar.validator.worker import HeadStart, options_from_json, options_to_json
 from tests.evaluate_runs import FAST_CPU
 from tests.github_network import GitHubProxy, make_github_certificate
@@ -1043,7 +1046,10 @@ def test_the_validator_stays_active_in_every_epoch_whatever_the_cutoff_and_epoch
         assert "the subnet's activity_cutoff is" in caplog.text
 
 
-def test_a_chain_that_cannot_say_its_activity_cutoff_leaves_the_interval_as_it_was(tmp_path, caplog):
+@contextmanager
+def cutoff_setter(tmp_path: Path) -> Iterator[tuple[DevChain, WeightSetter]]:
+    """A weight setter of EPOCH_BLOCKS 360 on a dev chain whose activity cutoff is one tempo (360
+    blocks), after its first look: weights every 324 blocks, nine tenths of the cutoff."""
     chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=1e6)
     validator = make_wallet(tmp_path, "validator")
     chain.register_wallet(validator, stake=1e4, validator_permit=True)
@@ -1055,12 +1061,47 @@ def test_a_chain_that_cannot_say_its_activity_cutoff_leaves_the_interval_as_it_w
     with ValidatorState.open(tmp_path / "state.sqlite3") as state:
         setter = WeightSetter(settings, chain, validator, state)
         chain.set_hyperparameters(activity_cutoff_factor=1000)
-        assert setter.due(chain.current_block()) and setter.interval == 324  # nine tenths of 360
+        assert setter.due(chain.current_block()) and setter.interval == 324
+        yield chain, setter
+
+
+def test_a_chain_that_cannot_say_its_activity_cutoff_leaves_the_interval_as_it_was(tmp_path, caplog):
+    with cutoff_setter(tmp_path) as (chain, setter):
         block = chain.advance(10)
         with sqlite3.connect(chain.path) as connection:
             connection.execute("DELETE FROM meta WHERE key = 'hyperparameters'")
         assert setter.due(block) and setter.interval == 324
-    assert "activity cutoff at block 10: the dev chain file holds no hyperparameters" in caplog.text
+    assert (
+        "cannot read the subnet's activity cutoff (the dev chain file holds no hyperparameters); weights stay "
+        "every 324 blocks" in caplog.text
+    )
+
+
+def test_a_chain_out_of_reach_for_its_activity_cutoff_is_said_once_then_once_when_it_answers(tmp_path, caplog):
+    """The cutoff is read every RULES_READ_BLOCKS (2 minutes on finney). With the chain's node out
+    of reach, each read logged a WARNING naming its block, 720 lines a day beside the chain's own
+    (said once, then every REPEAT_EVERY_S: quasar.log.Repeats). Said once, and once when it reads."""
+    caplog.set_level(logging.INFO, logger="quasar.validator.weight_setting")
+    with cutoff_setter(tmp_path) as (chain, setter):
+        reads = [chain.current_block() + RULES_READ_BLOCKS * n for n in range(1, 6)]
+        with sqlite3.connect(chain.path) as connection:
+            (stored,) = connection.execute("SELECT value FROM meta WHERE key = 'hyperparameters'").fetchone()
+            connection.execute("DELETE FROM meta WHERE key = 'hyperparameters'")
+        for block in reads[:3]:  # within REPEAT_EVERY_S of the monotonic clock
+            setter.due(block)
+        with sqlite3.connect(chain.path) as connection:
+            connection.execute("INSERT INTO meta (key, value) VALUES ('hyperparameters', ?)", (stored,))
+        for block in reads[3:]:
+            setter.due(block)
+    said = [record for record in caplog.records if "activity cutoff" in record.getMessage()]
+    assert [(record.levelno, record.getMessage()) for record in said] == [
+        (
+            logging.WARNING,
+            "cannot read the subnet's activity cutoff (the dev chain file holds no hyperparameters); weights stay "
+            "every 324 blocks",
+        ),
+        (logging.INFO, "the subnet's activity cutoff reads again: 360 blocks"),
+    ]
 
 
 @pytest.mark.parametrize(("api_offset", "waits"), [("-1.5", True), ("-0.5", False), ("+4.5", False), ("+5.5", True)])

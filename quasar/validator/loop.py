@@ -113,7 +113,7 @@ class Validator:
         self.metagraph: Metagraph | None = None
         self.running: dict[str, RunningEvaluation] = {}  # device name -> its evaluation
         self._stop = threading.Event()
-        self.weights = WeightSetter(settings, chain, wallet, state)
+        self.weights = WeightSetter(settings, chain, wallet, state, monotonic=monotonic)
         self.repeats = Repeats(logger, clock=monotonic)  # keys: the phases' names, "logit wait" and "reports"
 
     # --- control ---

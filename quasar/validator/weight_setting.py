@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import logging
 import math
+import time
+from collections.abc import Callable
 
 import quasar
 from quasar import scoring
 from quasar.chain import btcli
 from quasar.chain.base import Chain, ChainError, RateLimited, Refused, UidsChanged, WeightsSubmission
 from quasar.config import Settings
+from quasar.log import Repeats
 from quasar.terminal import log_table, rendered_text
 from quasar.validator.preflight import UPDATE_STEPS, version_key_problem
 from quasar.validator.results import WeightPlan, plan_weights, weights_refusal, weights_table
@@ -38,6 +41,7 @@ MAX_NAMED_LEFT_OUT = 10
 # inclusion, a retry WEIGHTS_RETRY_BLOCKS later), and the subnet's rules are read again this often.
 ACTIVITY_MARGIN = 0.1
 RULES_READ_BLOCKS = WEIGHTS_RETRY_BLOCKS
+ACTIVITY_CUTOFF = "activity cutoff"  # the Repeats key of a cutoff the chain cannot say
 
 
 def weights_interval(epoch_blocks: int, activity_cutoff: int) -> int:
@@ -51,7 +55,14 @@ class WeightSetter:
     EPOCH_BLOCKS, shorter where the subnet's activity cutoff needs it), remembering the block of the
     last setting in ``state``."""
 
-    def __init__(self, settings: Settings, chain: Chain, wallet, state: ValidatorState):
+    def __init__(
+        self,
+        settings: Settings,
+        chain: Chain,
+        wallet,
+        state: ValidatorState,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
         self.settings = settings
         self.chain = chain
         self.wallet = wallet
@@ -64,6 +75,8 @@ class WeightSetter:
         # The weights table last logged and its block: an unchanged table is not logged again
         # (the local network sets weights every second).
         self._last_table: tuple[str, int] | None = None
+        # An unreadable activity cutoff: said once, then every REPEAT_EVERY_S of ``monotonic``.
+        self.repeats = Repeats(logger, clock=monotonic)
 
     def due(self, block: int) -> bool:
         """Whether weights are to be set at ``block``: :attr:`interval` blocks after the last setting,
@@ -77,15 +90,18 @@ class WeightSetter:
 
     def _follow_activity_cutoff(self, block: int) -> None:
         """Every RULES_READ_BLOCKS, read the subnet's activity cutoff and set :attr:`interval` by it
-        (:func:`weights_interval`), saying so when it changes; an unreadable chain keeps the last."""
+        (:func:`weights_interval`), saying so when it changes; an unreadable chain keeps the last,
+        said once, then every REPEAT_EVERY_S while it lasts, and once when the cutoff reads again."""
         if self._rules_read_at is not None and self._rules_read_at <= block < self._rules_read_at + RULES_READ_BLOCKS:
             return
         self._rules_read_at = block
         try:
             cutoff = self.chain.hyperparameters().activity_cutoff
         except ChainError as error:
-            logger.warning("cannot read the subnet's activity cutoff at block %d: %s", block, error)
+            said = f"cannot read the subnet's activity cutoff ({error}); weights stay every {self.interval} blocks"
+            self.repeats.say(ACTIVITY_CUTOFF, logging.WARNING, said)
             return
+        self.repeats.ended(ACTIVITY_CUTOFF, f"the subnet's activity cutoff reads again: {cutoff} blocks")
         interval = weights_interval(self.settings.epoch_blocks, cutoff)
         if interval == self.interval:
             return
