@@ -34,6 +34,7 @@ from quasar.miner.strategies import Candidate, EditRejected
 from quasar.miner.submission import COMMIT_REVEAL
 from quasar.miner.workspace import Workspace, WorkspaceError
 from quasar.starter_fork import write_starter_fork
+from quasar.validator.state import StateError, ValidatorState
 from test_miner_loop import neuron_network
 from test_miner_submission import Setup, length, measurement, report
 from tests.gitrepo import git
@@ -225,6 +226,23 @@ def test_a_miner_starting_on_a_full_disk_gets_a_workspace_error_naming_it(tmp_pa
         disk.free()
         with workspace:  # once space is back
             assert workspace.lock_file.read_text() == f"{os.getpid()}\n"
+
+
+def test_a_validator_starting_on_a_full_disk_gets_a_state_error_naming_its_lock_file(tmp_path):
+    """The state's lock, once taken, gets this process's pid written into its file. On a full disk
+    that write raised a bare OSError (no file named, no cure: a traceback at the validator's start,
+    whose command refuses a QuasarError in one line) and left the lock file open in the process."""
+    with SmallDisk(tmp_path / "disk", 1) as disk:
+        path = disk.outside("state.sqlite3")
+        disk.fill()
+        with pytest.raises(StateError, match="No space left on device; free space on its disk") as refused:
+            ValidatorState.open(path)
+        assert f"cannot write {path}.lock" in str(refused.value)
+        lock = str(disk.folder / "state.sqlite3.lock")  # as the kernel names it, in the disk's namespace
+        assert lock not in [os.path.realpath(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")]
+        disk.free()
+        with ValidatorState.open(path):  # once space is back
+            assert Path(f"{path}.lock").read_text() == f"{os.getpid()}\n"
 
 
 def test_a_report_a_full_disk_cannot_take_is_an_error_naming_it_and_leaves_nothing_half_written(tmp_path):

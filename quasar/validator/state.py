@@ -140,7 +140,14 @@ class ValidatorState:
                 f"cannot open {lock_path}: {error.strerror}; give this validator a VALIDATOR_DATA_DIR "
                 "that its user can write"
             ) from None
-        holder = lock_for_this_process(fd)
+        try:
+            holder = lock_for_this_process(fd)  # writes this process's pid into the file
+        except OSError as error:  # a full or read-only disk
+            os.close(fd)
+            raise StateError(
+                f"cannot write {lock_path}: {error.strerror}; free space on its disk, or give this validator a "
+                "VALIDATOR_DATA_DIR on a disk it can write"
+            ) from None
         if holder is not None:
             os.close(fd)
             raise StateError(
