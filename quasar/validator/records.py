@@ -1,6 +1,7 @@
 """The records of a validator's state (quasar/validator/state.py): what an evaluation measures
-(:class:`EvaluationKey`), a submission as fetched from the API, an evaluation's result, and each
-as it reads back from the state file's rows (quasar/validator/state_files.py holds the tables)."""
+(:class:`EvaluationKey`), a submission as fetched from the API, an evaluation's result, and how
+each is written to and read back from the state file's rows (quasar/validator/state_files.py holds
+the tables)."""
 
 from __future__ import annotations
 
