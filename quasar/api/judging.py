@@ -303,7 +303,7 @@ class Standings(ServiceCore):
 
     def validator_reports(self, validator: str, after_id: int, limit: int) -> schemas.ValidatorReports:
         """``validator``'s reports with an id above ``after_id``, oldest first, at most ``limit``, each
-        with its submission: what its other processes reported (quasar/validator/loop.py)."""
+        with its submission: what its other processes reported (quasar/validator/intake.py)."""
         with self.database.read() as session:
             rows = session.execute(
                 select(EvaluationReport, Submission)
