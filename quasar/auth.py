@@ -117,7 +117,9 @@ def authenticate(
     try:
         caller = verify(nonce_store, now_ns)
     except http_auth.StaleRequest:
-        nonce = next(int(value) for key, value in headers.items() if key.lower() == http_auth.HEADER_NONCE.lower())
+        # The nonce the SDK judged: of a header sent twice, the last (its lower-cased dict), never one
+        # it did not read, which may not be a number.
+        nonce = int({key.lower(): value for key, value in headers.items()}[http_auth.HEADER_NONCE.lower()])
         offset_s = (nonce - now_ns) / 1e9
         refusal = _clock_refusal(offset_s, now_ns)
         # The SDK judges the time before the signature: checked here, at the request's own time

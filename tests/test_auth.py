@@ -5,6 +5,7 @@ import time
 
 import pytest
 from bittensor import http_auth
+from starlette.datastructures import Headers
 
 from quasar import auth
 from quasar.chain import Chain, Metagraph, NeuronInfo
@@ -148,3 +149,26 @@ def test_a_request_signed_by_a_clock_that_is_off_names_the_offset_and_the_fix(wa
     assert "if it is synced, this server's is off: tell its operator" in reason, reason
     # A validator records a miner server's refusal cut to _MAX_DETAIL_CHARS: the cure must fit.
     assert len(reason) <= _MAX_DETAIL_CHARS, reason
+
+
+def test_a_stale_request_with_a_second_nonce_header_is_refused_by_the_one_verified(wallets):
+    """A server's headers keep every header sent (starlette's ``Headers``), and the SDK reads the
+    last of a repeated one. A stale request with another nonce header before its own (not a number,
+    or another time) is refused 401 for the time of the nonce it was signed with: neither a
+    ValueError (an unsigned request answered 500, its traceback logged at ERROR) nor another offset."""
+    miner, _ = wallets
+    signed = http_auth.sign(
+        miner, method="GET", path="/x", receiver_ss58=RECEIVER, nonce_ns=time.time_ns() - 3600 * 10**9
+    )
+    for first in ("not-a-number", str(time.time_ns() - 60 * 10**9)):
+        headers = Headers(
+            raw=[(http_auth.HEADER_NONCE.lower().encode(), first.encode())]
+            + [(key.lower().encode(), value.encode()) for key, value in signed.items()]
+        )
+        with pytest.raises(auth.ClockRefusal) as failure:
+            auth.authenticate(
+                headers, b"", method="GET", target="/x", self_hotkey=RECEIVER, nonce_store=auth.RecentNonces(60)
+            )
+        assert failure.value.hotkey == miner.hotkey.ss58_address
+        assert 3599 < -failure.value.offset_s < 3601, failure.value.offset_s
+        assert "signed 3600.0 s behind" in failure.value.reason or "signed 3599.9 s behind" in failure.value.reason
