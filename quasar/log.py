@@ -108,12 +108,11 @@ def _log_uncaught(kind: type[BaseException], error: BaseException, traceback) ->
 
 
 def _log_uncaught_in_thread(hook: threading.ExceptHookArgs) -> None:
-    if hook.exc_value is None:  # SystemExit raised without an instance ends the thread quietly
+    error = hook.exc_value
+    if error is None or isinstance(error, SystemExit):  # SystemExit ends its thread quietly, as in Python's hook
         return
     thread = hook.thread.name if hook.thread is not None else "a thread"
-    logging.getLogger("quasar").critical(
-        "uncaught exception in %s", thread, exc_info=(hook.exc_type, hook.exc_value, hook.exc_traceback)
-    )
+    logging.getLogger("quasar").critical("uncaught exception in %s", thread, exc_info=error)
 
 
 class Repeats:

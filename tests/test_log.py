@@ -147,6 +147,15 @@ def test_an_uncaught_exception_is_logged_masked_and_timestamped(where):
     assert header is not None, output
 
 
+def test_a_thread_ended_by_system_exit_ends_quietly():
+    """``sys.exit()`` in a thread ends that thread, as Python's own hook has it, with nothing said:
+    it was logged as an uncaught exception, CRITICAL with a traceback, in every process that set
+    up logging (the raised SystemExit is an instance however it was raised)."""
+    for exit_call in ("sys.exit", "sys.exit, args=(3,)"):
+        code = f"import sys, threading\nthreading.Thread(target={exit_call}).start()\n"
+        assert run_logging_process(code, terminal=False) == ""
+
+
 def test_a_repeated_condition_is_said_again_when_its_text_changes_and_after_it_ended(caplog):
     """Repeats: the same text within every_s is counted, not said; a new text is said at once; an
     ended condition that comes back is said at once, in full."""
