@@ -156,6 +156,32 @@ def test_a_thread_ended_by_system_exit_ends_quietly():
         assert run_logging_process(code, terminal=False) == ""
 
 
+def test_a_test_that_sets_up_logging_leaves_pytest_its_hook_for_threads(tmp_path):
+    """setup_logging replaces Python's hooks for uncaught exceptions, and tests call it in pytest's
+    own process: a test's thread that raised, in any later test of the session, was logged to that
+    test's stream and gone, where pytest warns of it (PytestUnhandledThreadExceptionWarning)."""
+    (tmp_path / "test_inner.py").write_text(
+        "import io, threading\n"
+        "from quasar.log import setup_logging\n"
+        "def test_sets_up_logging():\n"
+        "    setup_logging(stream=io.StringIO())\n"
+        "def test_leaves_a_thread_raising():\n"
+        "    thread = threading.Thread(target=lambda: 1 / 0)\n"
+        "    thread.start()\n"
+        "    thread.join()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "conftest", "--rootdir", tmp_path]
+        + [tmp_path / "test_inner.py"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.path.dirname(__file__)},
+    )
+    assert "2 passed" in done.stdout, done.stdout + done.stderr
+    assert "PytestUnhandledThreadExceptionWarning" in done.stdout and "ZeroDivisionError" in done.stdout, done.stdout
+
+
 def test_a_repeated_condition_is_said_again_when_its_text_changes_and_after_it_ended(caplog):
     """Repeats: the same text within every_s is counted, not said; a new text is said at once; an
     ended condition that comes back is said at once, in full."""
