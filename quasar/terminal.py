@@ -7,9 +7,15 @@ while running keeps to :data:`TABLE_WIDTH` and every figure in it stays whole on
 
 from __future__ import annotations
 
+import argparse
 import io
 import logging
 import math
+import re
+import shutil
+import sys
+import textwrap
+from typing import NoReturn
 
 from rich import box
 from rich.console import Console, RenderableType
@@ -18,6 +24,10 @@ from rich.table import Table
 
 # The width tables are laid out for when they are written into a log (pm2, systemd, a file).
 TABLE_WIDTH = 80
+
+# A flag and the value after it ("--device cpu"), kept on one line: the reader copies them together.
+_FLAG_AND_VALUE = re.compile(r"(?<![\w-])(--[\w.-]+) (?=[^\s-])")
+_KEPT_TOGETHER = "\u00a0"  # textwrap breaks lines only at ASCII white space
 
 
 def short_hotkey(hotkey: str) -> str:
@@ -71,3 +81,24 @@ def log_table(logger: logging.Logger, message: str, table: RenderableType, level
         console.print(table)
     else:
         logger.log(level, "%s\n%s", message, rendered_text(table))
+
+
+def wrapped(message: str) -> str:
+    """``message`` as one paragraph wrapped at words to the terminal, at most :data:`TABLE_WIDTH`
+    columns: a word longer than a line (a path, a URL) whole on its own, a flag on the line of its
+    value. A refusal printed on one line is split by the terminal mid-word, through the flag or
+    path the reader should copy."""
+    width = min(shutil.get_terminal_size().columns, TABLE_WIDTH)
+    joined = _FLAG_AND_VALUE.sub(rf"\1{_KEPT_TOGETHER}", " ".join(message.split()))
+    text = textwrap.fill(joined, width, break_long_words=False, break_on_hyphens=False)
+    return text.replace(_KEPT_TOGETHER, " ")
+
+
+class WrappingParser(argparse.ArgumentParser):
+    """An argument parser whose refusals are :func:`wrapped`: the commands refuse a bad setting or
+    a missing one in words naming it, where it came from and the cure, often longer than a line."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print the usage and ``PROG: error: MESSAGE`` wrapped at words, exit with status 2."""
+        self.print_usage(sys.stderr)
+        self.exit(2, wrapped(f"{self.prog}: error: {message}") + "\n")

@@ -103,9 +103,10 @@ def test_the_owners_command_publishes_and_a_miner_finds_the_api_from_the_chain(c
         assert unnamed.returncode == 1 and "name the subnet owner's wallet" in unnamed.stderr
         published = run(*publish, "--wallet.name", "owner")
         assert published.returncode == 0, published.stderr
-        assert published.stdout.strip() == (
+        assert " ".join(published.stdout.split()) == (  # wrapped to the terminal, 80 columns here
             f"published {server.url} (API hotkey {api_hotkey}) on subnet {NETUID} of devchain"
         )
+        assert max(len(line) for line in published.stdout.splitlines()) <= 80, published.stdout
         found = run(*status)  # now it reads the URL from the chain
         assert found.returncode == 0, found.stderr
         assert "no submissions yet" in found.stdout

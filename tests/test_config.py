@@ -303,7 +303,7 @@ def test_every_setting_has_one_option_and_the_example_is_current():
 def test_neuron_rejects_bad_flag_with_clear_message():
     result = run_python(["-m", "neurons.validator", "--netuid", "nope"], ROOT, 60)
     assert result.returncode == 2
-    assert "--netuid (from command line): expected an integer, got 'nope'" in result.stderr
+    assert "--netuid (from command line): expected an integer, got 'nope'" in " ".join(result.stderr.split())
 
 
 def test_a_command_started_from_another_folder_reads_the_checkouts_env(tmp_path, monkeypatch):

@@ -54,7 +54,7 @@ def test_the_other_evaluation_tools_wrap_their_refusals_too(tmp_path, monkeypatc
 def test_a_flag_stays_on_the_line_of_its_value_wherever_the_line_breaks(monkeypatch, capsys):
     """Wrapped at any word, "--device cpu" read "--device" at a line's end and "cpu" on the next."""
     monkeypatch.setenv("COLUMNS", "80")
-    parser = local_validator.ToolParser(prog="quasar local-validator")
+    parser = local_validator.WrappingParser(prog="quasar local-validator")
     for filler in range(0, 90):
         with pytest.raises(SystemExit):
             parser.error(f"{'x' * filler} CUDA is not available here (--device cpu runs small lengths)")

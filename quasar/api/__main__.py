@@ -39,6 +39,7 @@ from quasar.api.workers import ServerOptions, run_workers
 from quasar.chain import ChainError
 from quasar.chain.factory import connect
 from quasar.log import setup_logging
+from quasar.terminal import WrappingParser, wrapped
 
 logger = logging.getLogger("quasar.api")
 
@@ -52,9 +53,7 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def build_parser(prog: str = "quasar api") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Serve the submission API, or bring its database schema up to date."
-    )
+    parser = WrappingParser(prog=prog, description="Serve the submission API, or bring its database schema up to date.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the API")
     config.add_arguments(serve, "api")
@@ -76,25 +75,29 @@ def build_parser(prog: str = "quasar api") -> argparse.ArgumentParser:
     return parser
 
 
-def publish_url(settings: config.Settings, url: str) -> int:
+def refuse(prog: str, message: str) -> int:
+    """Print ``PROG: error: MESSAGE`` wrapped to the terminal; the exit status, 1."""
+    print(wrapped(f"{prog}: error: {message}"), file=sys.stderr)
+    return 1
+
+
+def publish_url(settings: config.Settings, url: str, prog: str) -> int:
     """``publish-url``: the owner's wallet signs the subnet identity carrying ``url`` and the hotkey
     the API answers with."""
     from quasar.api.lookup import ApiNotFound, publish_api
     from quasar.chain.wallets import wallet_at
 
     if not settings.wallet_name:
-        print(
-            "error: name the subnet owner's wallet (its coldkey owns the subnet) with --wallet.name or WALLET_NAME",
-            file=sys.stderr,
+        return refuse(
+            prog, "name the subnet owner's wallet (its coldkey owns the subnet) with --wallet.name or WALLET_NAME"
         )
-        return 1
     wallet = wallet_at(settings, settings.wallet_name)
     try:
         location = publish_api(connect(settings), wallet, url, settings.api_hotkey)
     except (ApiNotFound, ChainError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(f"published {location.url} (API hotkey {location.hotkey}) on subnet {settings.netuid} of {settings.network}")
+        return refuse(prog, str(error))
+    where = f"subnet {settings.netuid} of {settings.network}"
+    print(wrapped(f"published {location.url} (API hotkey {location.hotkey}) on {where}"))
     return 0
 
 
@@ -121,8 +124,9 @@ def main(argv: list[str] | None = None, prog: str = "quasar api") -> int:
     parser = build_parser(prog)
     args, settings = config.parse_args(parser, argv)
     setup_logging(settings.debug, settings.secrets())
+    command = f"{parser.prog} {args.command}"
     if args.command == "publish-url":
-        return publish_url(settings, args.url)
+        return publish_url(settings, args.url, command)
     where = display_url(settings.database_url)
     try:
         database = Database(settings.database_url)
@@ -145,12 +149,12 @@ def main(argv: list[str] | None = None, prog: str = "quasar api") -> int:
         # any worker starts, and the schema is migrated once, not by every worker at once.
         app = build_app(settings, database)
     except ChainError as error:
-        print(f"error: chain: {error}", file=sys.stderr)
-        return 1
+        return refuse(command, f"chain: {error}")
     except (SQLAlchemyError, OSError, ValueError) as error:
         trouble = disk_trouble(settings.database_url)
-        print(f"error: database {where}: {error}" + (f"; {trouble}" if trouble else ""), file=sys.stderr)
-        return 1
+        # The driver's own words, without SQLAlchemy's wrapping (its class and a link to its docs).
+        cause = getattr(error, "orig", None) or error
+        return refuse(command, f"database {where}: {cause}" + (f"; {trouble}" if trouble else ""))
     logger.info(
         "submission API on %s:%d with %d worker(s), database %s, netuid %d (%s), hotkey %s",
         settings.api_host,

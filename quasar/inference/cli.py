@@ -12,13 +12,13 @@ The miner neuron publishes this server's port on chain; this command only serves
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from collections.abc import Sequence
 
 from quasar import config
 from quasar.log import setup_logging
+from quasar.terminal import WrappingParser
 
 log = logging.getLogger("quasar.inference")
 
@@ -84,7 +84,7 @@ def serve(settings: config.Settings) -> int:
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar inference") -> int:
     """Serve until stopped; exit status 1 when the wallet, the chain or the model cannot be loaded."""
-    parser = argparse.ArgumentParser(prog=prog, description="Run the miner inference server with the reference model.")
+    parser = WrappingParser(prog=prog, description="Run the miner inference server with the reference model.")
     commands = parser.add_subparsers(dest="command", required=True)
     serve_parser = commands.add_parser("serve", help="run the miner inference server")
     config.add_arguments(serve_parser, "inference")

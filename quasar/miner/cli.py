@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from quasar import config
 from quasar.log import setup_logging
+from quasar.terminal import WrappingParser
 
 MINER_DESCRIPTION = "The QUASAR miner: mines (run, the default) or shows its submissions (status)."
 STATUS_DESCRIPTION = (
@@ -34,7 +35,7 @@ def _add_submission_argument(parser: argparse.ArgumentParser, help_text: str) ->
 
 def build_parser(prog: str = "quasar miner", add_help: bool = True) -> argparse.ArgumentParser:
     """The miner's command line (``add_help=False``: without -h/--help, for one who adds its own)."""
-    parser = argparse.ArgumentParser(
+    parser = WrappingParser(
         prog=prog,
         usage="%(prog)s [-h] [run | status [--submission ID]] [FLAGS]",
         description=MINER_DESCRIPTION,
@@ -67,7 +68,7 @@ def status_main(argv: Sequence[str] | None = None, prog: str = "quasar status") 
     refuses or cannot be reached."""
     from quasar.miner.status import run_status
 
-    parser = argparse.ArgumentParser(prog=prog, description=STATUS_DESCRIPTION)
+    parser = WrappingParser(prog=prog, description=STATUS_DESCRIPTION)
     _add_submission_argument(parser, "show only submission ID, in detail")
     config.add_arguments(parser, "miner")
     args, settings = config.parse_args(parser, argv)

@@ -36,7 +36,7 @@ from quasar.evaluate.options import EvaluationInputError, EvaluationOptions
 from quasar.evaluate.sandbox import SandboxPolicy, namespaces_supported
 from quasar.evaluate.sandbox_layout import SYS_BINDS
 from quasar.starter_fork import write_starter_fork
-from quasar.tools import ToolParser
+from quasar.terminal import WrappingParser
 
 # /sys as the default sandbox has it, then with the PCI devices (where the CUDA driver finds its
 # GPUs' NUMA nodes and resources), then whole.
@@ -89,7 +89,7 @@ def try_variant(
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar check-sandbox") -> int:
     """Print the measures and the starter fork's verdict; exit status 0 when it passes in the default sandbox."""
-    parser = ToolParser(
+    parser = WrappingParser(
         prog=prog,
         description="What this machine's evaluation sandbox enforces, and whether a fork's kernels run inside it.",
     )

@@ -38,7 +38,7 @@ from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, Prog
 from quasar.evaluate.report import render_report
 from quasar.scoring import LEAGUES
 from quasar.starter_fork import kernel_files, template_root
-from quasar.tools import ToolParser
+from quasar.terminal import WrappingParser
 
 logger = logging.getLogger(__name__)
 # Step 1 validates at the top league's length, where a miner aims (docs/rules.md section 5).
@@ -199,7 +199,7 @@ def check_setup(repo: Path, device: str) -> list[str]:
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar step1") -> int:
     """Step 1; exit status 0 on a pass, 1 on a fail, 2 for bad arguments or a fork that cannot take the files."""
-    parser = ToolParser(
+    parser = WrappingParser(
         prog=prog,
         description="Step 1 for a miner: bring a fork checkout to the "
         "suite's QuasarAttention kernel, validate it, commit.",

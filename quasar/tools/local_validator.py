@@ -28,7 +28,7 @@ from quasar.evaluate.cli import add_evaluation_arguments, options_from, positive
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import EvaluationInputError, ProgressEvent
 from quasar.evaluate.report import OK, EvaluationReport, render_report
-from quasar.tools import ToolParser
+from quasar.terminal import WrappingParser
 
 FULL_SEQ_LENS = (512, 1024, 2048, 100_000, 500_000, 1_000_000)
 STAGE_NAMES = {
@@ -72,7 +72,7 @@ class ProgressDisplay:
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar local-validator") -> int:
     """Evaluate the fork with progress bars; exit status 0 on a pass, 1 on a fail, 2 for bad arguments."""
-    parser = ToolParser(
+    parser = WrappingParser(
         prog=prog, description="A miner's local validator: the same evaluation a validator runs, before you submit."
     )
     parser.add_argument("--repo-path", required=True, help="your fork, checked out")

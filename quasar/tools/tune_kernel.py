@@ -49,8 +49,7 @@ from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import EvaluationInputError
 from quasar.evaluate.report import OK
 from quasar.starter_fork import tuning_contract
-from quasar.terminal import compact_rate, compact_table
-from quasar.tools import ToolParser
+from quasar.terminal import WrappingParser, compact_rate, compact_table
 
 TUNING_PATH = Path("fla/ops/quasar/tuning.json")
 PLOT_NAME = "kernel_tuning.png"
@@ -442,7 +441,7 @@ def sweep(repo: Path, grid: list[dict], seq_lens: tuple[int, ...], options, cons
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar step2") -> int:
     """Step 2; exit status 0 when a configuration passed, 1 when none did, 2 for bad arguments or a failed commit."""
-    parser = ToolParser(
+    parser = WrappingParser(
         prog=prog, description="Step 2 for a miner: tune the QuasarAttention kernel's tunables on this GPU."
     )
     parser.add_argument("--repo-path", type=Path, required=True, help="the fork (after step 1), checked out")

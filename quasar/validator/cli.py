@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from quasar import config
 from quasar.errors import QuasarError
 from quasar.log import setup_logging
+from quasar.terminal import WrappingParser
 
 log = logging.getLogger("quasar.validator")
 
@@ -87,7 +88,7 @@ DESCRIPTION = (
 
 def build_parser(prog: str = "quasar validator", add_help: bool = True) -> argparse.ArgumentParser:
     """The validator's command line (``add_help=False``: without -h/--help, for one who adds its own)."""
-    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION, add_help=add_help)
+    parser = WrappingParser(prog=prog, description=DESCRIPTION, add_help=add_help)
     config.add_arguments(parser, "validator")
     return parser
 
