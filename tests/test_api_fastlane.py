@@ -146,3 +146,33 @@ def test_the_lane_answers_every_submission_as_the_route_does(two_databases, chai
     assert {201, 401, 403, 409, 422, 429} <= set(statuses), (seed, statuses)
     threads = {record.threadName.split("_")[0] for record in caplog.records if "direct, round" in record.getMessage()}
     assert "submit" in threads and len(threads) == 2, threads
+
+
+@pytest.mark.parametrize("lane", [True, False])
+def test_a_stale_submission_is_counted_for_the_apis_clock_once(lane, chain, wallets, tmp_path, monkeypatch):
+    """A submission signed a minute ago, refused for the time alone, is counted once toward the
+    warning that the API's clock is off (quasar/api/clockwatch.py), its registration read once:
+    with the lane as without it. The lane counted it, then passed it to the route, which counted it
+    again: two reads of the chain, and two threads, per stale request."""
+    reads: list[str] = []
+    is_registered = chain.is_registered
+    monkeypatch.setattr(chain, "is_registered", lambda hotkey: reads.append(hotkey) or is_registered(hotkey))
+    api_hotkey = wallets["api"].hotkey.ss58_address
+    body = json.dumps(
+        {"fork_url": "https://github.com/miner/flash-linear-attention", "commit_hash": commit_of(1)}
+        | {"target_sequence_length": 4096, "tokens_per_sec": 1e5}
+    ).encode()
+    headers = http_auth.sign(
+        wallets["a"],
+        method="POST",
+        path="/submit_kernel",
+        body=body,
+        receiver_ss58=api_hotkey,
+        nonce_ns=time.time_ns() - 60 * 10**9,
+    )
+    with ApiServer(api_config(api_hotkey), chain, f"sqlite:///{tmp_path}/api.sqlite3", fast_lane=lane) as server:
+        answer = httpx.post(
+            f"{server.url}/submit_kernel", content=body, headers=headers | {"Content-Type": "application/json"}
+        )
+    assert answer.status_code == 401 and "s behind this server's clock" in answer.json()["detail"], answer.text
+    assert reads == [wallets["a"].hotkey.ss58_address]
