@@ -47,11 +47,13 @@ class AuthFailure(QuasarError):
 
 class ClockRefusal(AuthFailure):
     """A request refused (401) for the time it was signed at alone: its signature verifies, by
-    ``hotkey``, signed ``offset_s`` seconds ahead of this host's clock (negative: behind)."""
+    ``hotkey``, signed at ``nonce_ns`` (its nonce), ``offset_s`` seconds ahead of this host's clock
+    (negative: behind)."""
 
-    def __init__(self, reason: str, hotkey: str, offset_s: float):
+    def __init__(self, reason: str, hotkey: str, nonce_ns: int, offset_s: float):
         super().__init__(401, reason)
         self.hotkey = hotkey
+        self.nonce_ns = nonce_ns
         self.offset_s = offset_s
 
 
@@ -128,7 +130,7 @@ def authenticate(
             signer = verify(_UNRECORDED, nonce)
         except http_auth.AuthError:
             raise AuthFailure(401, refusal) from None
-        raise ClockRefusal(refusal, signer.hotkey_ss58, offset_s) from None
+        raise ClockRefusal(refusal, signer.hotkey_ss58, nonce, offset_s) from None
     except http_auth.AuthError as error:
         raise AuthFailure(401, f"authentication failed: {error}") from None
     if authorize is not None:

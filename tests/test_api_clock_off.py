@@ -160,3 +160,30 @@ def test_hotkeys_refused_at_other_offsets_do_not_hide_those_that_agree(api, chai
     served.submit(wallets["a"])
     [warning] = served.warnings()
     assert re.search(r"requests of 3 hotkeys were refused as signed about 1(19|20)\.\d s behind", warning), warning
+
+
+def test_replays_of_older_requests_do_not_hide_hotkeys_that_agree(api, wallets):
+    """The API's clock 120 s ahead. Someone who saw requests two validators signed 40 s before (any
+    request to this API: a request proves nothing of when it was sent) sends them again after each
+    of their refusals, refused then as signed 160 s behind and more. Counted by each hotkey's latest
+    refusal, the replays replaced the two honest offsets, no three agreed, and the API said nothing;
+    counted by each hotkey's newest nonce, they replace nothing."""
+    served = api("+120")
+    seen = {
+        name: http_auth.sign(
+            wallets[name],
+            method="GET",
+            path="/validator/pending",
+            receiver_ss58=served.api_hotkey,
+            nonce_ns=time.time_ns() - 40 * 10**9,
+        )
+        for name in ("v1", "v2")
+    }
+    for _ in range(3):
+        for name in ("v1", "v2"):
+            assert "s behind this server's clock" in served.ask(wallets[name])
+            replayed = httpx.get(f"{served.url}/validator/pending", headers=seen[name], timeout=30)
+            assert replayed.status_code == 401 and "signed 16" in replayed.json()["detail"], replayed.text
+        served.submit(wallets["a"])
+    [warning] = served.warnings()
+    assert re.search(r"requests of 3 hotkeys were refused as signed about 1(19|20)\.\d s behind", warning), warning

@@ -8,8 +8,12 @@ WARNING, once, then at most every REPEAT_EVERY_S for each side (ahead, behind), 
 more hotkeys were refused within ``window_s``, their latest offsets on one side lying within a
 span of ALLOWED_CLOCK_SKEW_S (docs/api.md). Only a refusal for the time alone counts: its
 signature verified (:class:`auth.ClockRefusal`) and its hotkey may use the route (registered; a
-validator permit on validators' routes), so a forger counts nothing and a counted hotkey costs a
-registration; a hotkey counts once, by its latest refusal, however often it asks.
+validator permit on validators' routes), so a forger counts nothing; a hotkey counts once, by its
+refusal of the newest nonce, however often it asks. A request is not proof of when it was sent:
+anyone who saw one can send it again, refused then as stale by as much as it waited. Counted by
+the newest nonce, such a replay of a hotkey's older request cannot replace its latest refusal and
+hide the offset it agrees on; requests seen and replayed can still be counted, so the warning
+says "likely".
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class ClockWatch:
         self.window_s = window_s
         self.every_s = every_s
         self.clock = clock
-        self._latest: dict[str, tuple[float, float]] = {}  # hotkey -> (offset s, when refused)
+        self._latest: dict[str, tuple[int, float, float]] = {}  # hotkey -> (nonce, offset s, when refused)
         self._said: dict[str, float] = {}  # "ahead of" / "behind" -> when said
         self._lock = threading.Lock()  # the API's handlers run in threads
 
@@ -57,9 +61,12 @@ class ClockWatch:
         ahead = refusal.offset_s > 0
         with self._lock:
             now = self.clock()
-            self._latest[refusal.hotkey] = (refusal.offset_s, now)
-            self._latest = {key: seen for key, seen in self._latest.items() if now - seen[1] <= self.window_s}
-            side = sorted(offset for offset, _ in self._latest.values() if (offset > 0) == ahead)
+            self._latest = {key: seen for key, seen in self._latest.items() if now - seen[2] <= self.window_s}
+            counted = self._latest.get(refusal.hotkey)
+            if counted is not None and refusal.nonce_ns <= counted[0]:
+                return  # signed before the refusal counted for its hotkey: a replay of an older request
+            self._latest[refusal.hotkey] = (refusal.nonce_ns, refusal.offset_s, now)
+            side = sorted(offset for _, offset, _ in self._latest.values() if (offset > 0) == ahead)
             agreeing = _largest_agreeing(side)
             way = "ahead of" if ahead else "behind"
             said = self._said.get(way)
