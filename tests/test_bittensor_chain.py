@@ -30,7 +30,7 @@ from bittensor.result import chain_error_from_substrate_request
 from bittensor.sp_core import Keypair
 
 from quasar import config, scoring, version_key
-from quasar.chain import ApiLocation, ChainError, Endpoint, Refused, UidsChanged
+from quasar.chain import ApiLocation, ChainError, ChainUnreachable, Endpoint, Refused, UidsChanged
 from quasar.chain.bittensor_chain import (
     BittensorChain,
     RateLimited,
@@ -836,7 +836,8 @@ def test_the_real_sdk_on_a_closed_port_gives_connection_errors_that_are_retried(
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     chain = BittensorChain("local", NETUID, f"ws://127.0.0.1:{port}", retries=2, backoff_s=0.5, sleep=sleep)
-    with pytest.raises(ChainError, match=f"cannot reach ws://127.0.0.1:{port} after 3 attempts: RpcConnectionError"):
+    lost = f"cannot reach ws://127.0.0.1:{port} after 3 attempts: RpcConnectionError"
+    with pytest.raises(ChainUnreachable, match=lost):  # which a process's start says with its cure
         chain.current_block()
     assert sleep.delays == [0.5, 1.0]
 

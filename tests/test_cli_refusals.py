@@ -1,13 +1,20 @@
 """The validator's, the miner's and the submission API's refusals at start, as a new validator or
-subnet owner reads them in an 80-column terminal: wrapped at words, a flag with its value."""
+subnet owner reads them in an 80-column terminal: wrapped at words, a flag with its value; a chain
+node out of reach with the cure."""
 
 from __future__ import annotations
+
+import functools
+import socket
 
 import pytest
 
 from quasar.api import __main__ as api_main
+from quasar.localnet.host import make_wallet
 from quasar.miner import cli as miner_cli
 from quasar.validator import cli as validator_cli
+
+API_HOTKEY = "5CSbsWarESZtNAWFpTaTcMFqBvpD7ULQbDfqQuYgKCCPfotw"
 
 
 @pytest.fixture
@@ -100,7 +107,7 @@ def test_a_database_that_refuses_the_connection_is_said_within_80_columns(termin
             "--database-url",
             "postgresql://quasar@127.0.0.1:1/quasar",
             "--api.hotkey",
-            "5CSbsWarESZtNAWFpTaTcMFqBvpD7ULQbDfqQuYgKCCPfotw",
+            API_HOTKEY,
         ],
         prog="quasar api",
     )
@@ -112,3 +119,52 @@ def test_a_database_that_refuses_the_connection_is_said_within_80_columns(termin
         "quasar api serve: error: database postgresql://quasar@127.0.0.1:1/quasar: connection to server at"
     ), text
     assert "Connection refused" in text, text
+
+
+@pytest.fixture
+def closed_node(monkeypatch):
+    """A ws:// URL nothing listens at, the chain's tries without their waits between them."""
+    from quasar.chain import bittensor_chain
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(
+        bittensor_chain, "BittensorChain", functools.partial(bittensor_chain.BittensorChain, sleep=lambda _: None)
+    )
+    return f"ws://127.0.0.1:{port}"
+
+
+CHAIN_CURE = (
+    "check this host's network, or name a node that answers in SUBTENSOR_CHAIN_ENDPOINT (--subtensor.chain_endpoint)"
+)
+
+
+def test_an_api_whose_chain_node_does_not_answer_is_refused_naming_the_cure(terminal, capsys, closed_node):
+    """It said that it could not reach the node, in the SDK's words, and nothing of what to do."""
+    status = api_main.main(
+        [
+            "serve",
+            "--api.hotkey",
+            API_HOTKEY,
+            "--subtensor.network",
+            "local",
+            "--subtensor.chain_endpoint",
+            closed_node,
+        ],
+        prog="quasar api",
+    )
+    assert status == 1
+    lines, text = refusal(capsys, "quasar api serve")
+    assert max(len(line) for line in lines) <= 80, lines
+    assert f"cannot reach {closed_node} after 4 attempts" in text and text.endswith(CHAIN_CURE), text
+
+
+def test_a_validator_whose_chain_node_does_not_answer_stops_naming_the_cure(terminal, capsys, tmp_path, closed_node):
+    """It logged that it could not reach the node, in the SDK's words, and nothing of what to do."""
+    make_wallet(tmp_path / "wallets", "quasar_validator")
+    argv = ["--device", "cpu", "--wallet.path", str(tmp_path / "wallets"), "--subtensor.network", "local"]
+    assert validator_cli.main([*argv, "--subtensor.chain_endpoint", closed_node]) == 1
+    said = [line for line in capsys.readouterr().err.splitlines() if " ERROR " in line]
+    assert len(said) == 1 and f"cannot reach {closed_node} after 4 attempts" in said[0], said
+    assert said[0].endswith(CHAIN_CURE), said

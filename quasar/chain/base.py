@@ -14,6 +14,7 @@ __all__ = [
     "ApiLocation",
     "Chain",
     "ChainError",
+    "ChainUnreachable",
     "Endpoint",
     "Metagraph",
     "NeuronInfo",
@@ -32,6 +33,17 @@ MAX_UNREVEALED_COMMITS = 10
 
 class ChainError(QuasarError, RuntimeError):
     """A chain read or extrinsic failed; the message says which and why."""
+
+
+class ChainUnreachable(ChainError):
+    """The chain's node gave no answer after every try. ``cure`` is for the operator of the process
+    that stops on it, said at its start; not in the message, which the API's 503 passes to its
+    callers, whose own network is not the one at fault."""
+
+    cure = (
+        "check this host's network, or name a node that answers in SUBTENSOR_CHAIN_ENDPOINT "
+        "(--subtensor.chain_endpoint)"
+    )
 
 
 class RateLimited(ChainError):

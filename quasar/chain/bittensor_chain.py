@@ -55,6 +55,7 @@ from quasar.chain.base import (
     ApiLocation,
     Chain,
     ChainError,
+    ChainUnreachable,
     Endpoint,
     Metagraph,
     NeuronInfo,
@@ -350,7 +351,7 @@ class BittensorChain(Chain):
             raise RateLimited(
                 None, f"{what}: the chain still refuses it for a rate limit after {attempts} attempts: {failure}"
             )
-        raise ChainError(
+        raise ChainUnreachable(
             f"{what}: cannot reach {self.target} after {attempts} attempts: {type(failure).__name__}: {failure}"
         )
 

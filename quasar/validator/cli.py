@@ -19,6 +19,7 @@ import os
 from collections.abc import Sequence
 
 from quasar import config
+from quasar.chain import ChainUnreachable
 from quasar.errors import QuasarError
 from quasar.log import setup_logging
 from quasar.terminal import WrappingParser
@@ -99,6 +100,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar validator") -> i
     setup_logging(settings.debug, secrets=settings.secrets())
     try:
         return run(settings)
+    except ChainUnreachable as error:
+        log.error("%s; %s", error, error.cure)
+        return 1
     except QuasarError as error:
         log.error("%s", error)
         return 1
