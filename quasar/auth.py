@@ -122,6 +122,9 @@ def authenticate(
         # The nonce the SDK judged: of a header sent twice, the last (its lower-cased dict), never one
         # it did not read, which may not be a number.
         nonce = int({key.lower(): value for key, value in headers.items()}[http_auth.HEADER_NONCE.lower()])
+        if not 0 <= nonce < 2**63:  # the signer's time.time_ns(): hundreds of digits overflow a float here
+            no_time = f"authentication failed: {http_auth.HEADER_NONCE} is no time (unix nanoseconds, 64 bits)"
+            raise AuthFailure(401, no_time) from None
         offset_s = (nonce - now_ns) / 1e9
         refusal = _clock_refusal(offset_s, now_ns)
         # The SDK judges the time before the signature: checked here, at the request's own time

@@ -151,6 +151,22 @@ def test_a_request_signed_by_a_clock_that_is_off_names_the_offset_and_the_fix(wa
     assert len(reason) <= _MAX_DETAIL_CHARS, reason
 
 
+@pytest.mark.parametrize("nonce", ["9" * 400, "-" + "9" * 400, str(2**63)])
+def test_a_nonce_that_is_no_time_is_refused_naming_it(wallets, nonce):
+    """A nonce of hundreds of digits, unsigned: its offset from this server's clock overflowed a
+    float (OverflowError), an unsigned request answered 500 with its traceback logged at ERROR. A
+    nonce outside unix nanoseconds' 64 bits is refused 401 as no time, its signature unchecked."""
+    miner, _ = wallets
+    headers = http_auth.sign(miner, method="GET", path="/x", receiver_ss58=RECEIVER)
+    headers[http_auth.HEADER_NONCE] = nonce
+    with pytest.raises(auth.AuthFailure) as failure:
+        auth.authenticate(
+            headers, b"", method="GET", target="/x", self_hotkey=RECEIVER, nonce_store=auth.RecentNonces(60)
+        )
+    assert failure.value.status_code == 401 and not isinstance(failure.value, auth.ClockRefusal)
+    assert failure.value.reason == "authentication failed: X-Bittensor-Nonce is no time (unix nanoseconds, 64 bits)"
+
+
 def test_a_stale_request_with_a_second_nonce_header_is_refused_by_the_one_verified(wallets):
     """A server's headers keep every header sent (starlette's ``Headers``), and the SDK reads the
     last of a repeated one. A stale request with another nonce header before its own (not a number,
