@@ -163,6 +163,20 @@ def first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
+def _xet_storage(error: BaseException) -> str | None:
+    """``Xet's storage`` and the URL of its CAS server (:func:`shown_url`) that hf_xet was downloading
+    from when it raised ``error``, else None. hf_xet's errors have no class of their own (a
+    RuntimeError), but hf_xet raises them straight into huggingface_hub's ``xet_get``, which holds
+    the server the hub's token route named (its ``connection_info``)."""
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    if frame is None or frame.tb_frame.f_code.co_name != "xet_get":
+        return None
+    endpoint = getattr(frame.tb_frame.f_locals.get("connection_info"), "endpoint", None)
+    return f"Xet's storage {shown_url(endpoint)}" if isinstance(endpoint, str) else "Xet's storage"
+
+
 def _why(error: BaseException) -> str:
     """What went wrong, in one sentence with its cure."""
     import httpx2
@@ -207,6 +221,15 @@ def _why(error: BaseException) -> str:
             return (
                 f"user {os.getuid()} cannot write the Hugging Face cache {hub_cache()} ({first_line(cause)}). "
                 "Make that folder writable by this user, or set HF_HOME to a folder it owns."
+            )
+    for cause in chain:
+        storage = _xet_storage(cause)
+        if storage is not None:
+            return (
+                f"{hub} answers, but the download from {storage} failed ({first_line(cause)}). "
+                "The hub keeps the weights on Xet, which huggingface_hub downloads from through hf_xet: open this "
+                f"host's way out to {storage}, or set HF_HUB_DISABLE_XET=1 to download them through the hub's "
+                f"HTTP redirect instead, and start again ({_KEPT})."
             )
     for cause in chain:
         if isinstance(cause, httpx2.TransportError) or "Consistency check failed" in str(cause):

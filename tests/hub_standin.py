@@ -9,6 +9,13 @@ call, with ``HF_ENDPOINT`` pointed at :attr:`HubStandIn.endpoint`:
   and ``X-Linked-Size``, as the Hub redirects to its CDN (a second port: another origin);
 - ``GET /cdn/{sha256}``: the bytes, honouring ``Range`` (a download resumed after a cut).
 
+After :meth:`HubStandIn.xet`, the LFS files are stored on Xet, as the Hub's are: the tree lists each
+with its ``xetHash``, its ``resolve`` answer carries ``X-Xet-Hash`` and a ``Link`` to the token
+route (``rel="xet-auth"``) beside the redirect, and ``GET /api/models/{repo}/xet-read-token/{rev}``
+answers with ``X-Xet-Cas-Url`` (the CAS server hf_xet downloads from), ``X-Xet-Access-Token`` and
+``X-Xet-Token-Expiration``. The redirect stays: it is the Hub's HTTP bridge, which a client without
+hf_xet (or with ``HF_HUB_DISABLE_XET=1``) downloads through.
+
 An unknown repo gets 401 ``RepoNotFound``, an unknown file 404 ``EntryNotFound`` with the commit, as
 the Hub answers. Faults for a test: :meth:`answer` (every request gets a status, as a gated repo, a
 rate limit or an outage), :meth:`cut` (a file's body ends, connection closed, after N bytes).
@@ -19,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -41,12 +49,14 @@ class _Repo:
         self.blob_ids = {name: _git_blob_id(data) for name, data in self.files.items()}
         self.sha256 = {name: hashlib.sha256(data).hexdigest() for name, data in self.files.items()}
 
-    def tree(self) -> list[dict]:
+    def tree(self, xet: bool) -> list[dict]:
         entries = []
         for name, data in self.files.items():
             entry = {"type": "file", "path": name, "size": len(data), "oid": self.blob_ids[name]}
             if name.endswith(LFS_SUFFIXES):
                 entry["lfs"] = {"oid": self.sha256[name], "size": len(data), "pointerSize": 134}
+                if xet:  # a Xet hash is 64 hex digits; the file's sha256 stands in for it
+                    entry["xetHash"] = self.sha256[name]
             entries.append(entry)
         return entries
 
@@ -59,6 +69,7 @@ class HubStandIn(ThreadedServers):
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, in order
         self._status: tuple[int, str] | None = None
         self._cuts: dict[str, int] = {}
+        self._cas: str | None = None
         # The CDN is a second port: huggingface_hub follows a redirect within the hub's origin
         # itself, and stops at one to another origin, taking the file's metadata from that answer.
         super().__init__(self._handler(), count=2)
@@ -76,6 +87,11 @@ class HubStandIn(ThreadedServers):
     def answer(self, status: int | None, error_code: str = "") -> None:
         """Answer every request with ``status`` (and ``X-Error-Code: error_code``); None: serve again."""
         self._status = None if status is None else (status, error_code)
+
+    def xet(self, cas: str | None) -> None:
+        """Serve the LFS files as stored on Xet, whose CAS server the token route names as ``cas``;
+        None: as plain LFS files again."""
+        self._cas = cas
 
     def cut(self, filename: str, after_bytes: int | None) -> None:
         """Close the connection after ``after_bytes`` of ``filename``'s body, every time; None: serve it whole."""
@@ -122,7 +138,7 @@ class HubStandIn(ThreadedServers):
                 if hub._status is not None:
                     self._error(*hub._status, body=body)
                     return
-                api = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/(revision|tree)/([^/]+))?/?", path)
+                api = re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/(revision|tree|xet-read-token)/([^/]+))?/?", path)
                 resolve = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
                 cdn = re.fullmatch(r"/cdn/([0-9a-f]{64})", path)
                 repo_id = (api or resolve).group(1) if (api or resolve) else None
@@ -130,14 +146,17 @@ class HubStandIn(ThreadedServers):
                     self._error(401, "RepoNotFound", body)
                 elif api is not None:
                     repo = hub.repos[api.group(1)]
+                    if api.group(2) == "xet-read-token":
+                        self._xet_token(body)
+                        return
                     if api.group(2) == "tree":
-                        data = json.dumps(repo.tree()).encode()
+                        data = json.dumps(repo.tree(hub._cas is not None)).encode()
                     else:
                         siblings = [{"rfilename": name} for name in repo.files]
                         data = json.dumps({"id": api.group(1), "sha": COMMIT, "siblings": siblings}).encode()
                     self._send(200, {"Content-Type": "application/json"}, data, body)
                 elif resolve is not None:
-                    self._resolve(hub.repos[resolve.group(1)], resolve.group(3), body)
+                    self._resolve(resolve.group(1), resolve.group(3), body)
                 elif cdn is not None:
                     found = [(r, n) for r in hub.repos.values() for n, h in r.sha256.items() if h == cdn.group(1)]
                     if not found:
@@ -148,7 +167,8 @@ class HubStandIn(ThreadedServers):
                 else:
                     self._error(404, "", body)
 
-            def _resolve(self, repo: _Repo, name: str, body: bool) -> None:
+            def _resolve(self, repo_id: str, name: str, body: bool) -> None:
+                repo = hub.repos[repo_id]
                 commit = {"X-Repo-Commit": COMMIT}
                 if name not in repo.files:
                     self._error(404, "EntryNotFound", body, commit)
@@ -158,9 +178,25 @@ class HubStandIn(ThreadedServers):
                         "X-Linked-Size": str(len(repo.files[name])),
                         "ETag": f'"{repo.blob_ids[name]}"',
                     }
+                    if hub._cas is not None:
+                        token_route = f"{hub.endpoint}/api/models/{repo_id}/xet-read-token/{COMMIT}"
+                        linked.update({"X-Xet-Hash": repo.sha256[name], "Link": f'<{token_route}>; rel="xet-auth"'})
                     self._send(302, {**commit, **linked, "Location": f"{hub.cdn}/cdn/{repo.sha256[name]}"}, b"", body)
                 else:
                     self._content(name, repo.files[name], {**commit, "ETag": f'"{repo.blob_ids[name]}"'}, body)
+
+            def _xet_token(self, body: bool) -> None:
+                if hub._cas is None:
+                    self._error(404, "", body)
+                    return
+                expires = int(time.time()) + 3600
+                token = {
+                    "X-Xet-Cas-Url": hub._cas,
+                    "X-Xet-Access-Token": "xet-token",
+                    "X-Xet-Token-Expiration": str(expires),
+                }
+                data = json.dumps({"casUrl": hub._cas, "accessToken": "xet-token", "exp": expires}).encode()
+                self._send(200, {"Content-Type": "application/json", **token}, data, body)
 
             def _content(self, name: str, data: bytes, headers: dict[str, str], body: bool) -> None:
                 start = 0

@@ -4,7 +4,8 @@ a tiny random Qwen2 from a Hugging Face Hub stand-in on 127.0.0.1 (tests/hub_sta
 huggingface_hub. A download that breaks off, a full or unwritable cache, the hub's refusals and
 faults each end the start with one sentence naming the model, the folder or the hub, and the cure,
 and the next start with the fault gone loads the model; a host whose only way out is an HTTP proxy
-downloads through it (docs/validator.md, "The reference model")."""
+downloads through it; one that reaches the hub but not Xet's storage is told to open the way to it
+or to set HF_HUB_DISABLE_XET=1, which downloads the weights (docs/validator.md, "The reference model")."""
 
 from __future__ import annotations
 
@@ -238,6 +239,36 @@ def test_a_refusal_names_the_hub_without_the_credentials_of_its_url(hub, tmp_pat
     endpoint = hub.endpoint.replace("://", "://alice:s3cret@")
     message = refused(load(hub, tmp_path / "hf", HF_ENDPOINT=endpoint))
     assert expected.format(hub=hub.endpoint) in message and "s3cret" not in message and "alice" not in message
+
+
+def test_a_host_that_reaches_the_hub_but_not_xets_storage_is_told_which_and_the_cure_works(hub, tmp_path):
+    """The hub keeps the weights on Xet: huggingface_hub asks the hub's token route for the CAS server
+    to download them from, another host, and hf_xet connects to it. A host whose way out lets the hub
+    through but not that server passed the probe, then ended with hf_xet's error and 'Check the
+    network to' the hub, the one host that answered. hf_xet retries 5 times from 3 s apart (96 s
+    here); once is enough to see its error."""
+    cas = f"http://127.0.0.1:{closed_port()}"
+    hub.xet(cas)
+    message = refused(load(hub, tmp_path / "hf", HF_XET_CLIENT_RETRY_MAX_ATTEMPTS="1"))
+    assert f"'{NAME}'" in message and f"{hub.endpoint} answers, but the download from Xet's storage {cas}" in message
+    assert f"open this host's way out to Xet's storage {cas}, or set HF_HUB_DISABLE_XET=1" in message
+    assert "Check the network" not in message and hub.downloads("model.safetensors") == 0
+    loaded(load(hub, tmp_path / "hf", HF_HUB_DISABLE_XET="1"))
+    weights = f"/cdn/{hub.repos[NAME].sha256['model.safetensors']}"
+    assert hub.requests.count(("GET", weights)) == 1  # through the hub's redirect, as before Xet
+    assert hub.downloads("config.json") == 1
+
+
+def test_a_proxy_that_cannot_reach_xets_storage_is_told_as_xets(hub, tmp_path):
+    """hf_xet sends its requests through the proxy too; the proxy's 502 is Xet's storage failing."""
+    with ForwardProxy({"hub.invalid": "127.0.0.1", "cas.invalid": "127.0.0.1"}) as proxy:
+        cas = f"http://cas.invalid:{closed_port()}"  # a name only the proxy resolves; nothing listens there
+        hub.xet(cas)
+        endpoint = hub.endpoint.replace("127.0.0.1", "hub.invalid")
+        variables = {"HF_ENDPOINT": endpoint, "HTTP_PROXY": proxy.url, "HF_XET_CLIENT_RETRY_MAX_ATTEMPTS": "1"}
+        message = refused(load(hub, tmp_path / "hf", **variables))
+        assert f"{endpoint} answers, but the download from Xet's storage {cas} failed" in message
+        assert "502" in message and any(url.startswith(f"{cas}/") for _, url in proxy.requests)
 
 
 def test_a_hub_no_proxy_lists_is_probed_and_downloaded_from_directly(hub, tmp_path):
