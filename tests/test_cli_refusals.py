@@ -5,15 +5,22 @@ node out of reach with the cure."""
 from __future__ import annotations
 
 import functools
+import os
+import signal
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from quasar.api import __main__ as api_main
+from quasar.api.devdb import start_api_process
 from quasar.localnet.host import make_wallet
 from quasar.miner import cli as miner_cli
 from quasar.validator import cli as validator_cli
 
+ROOT = Path(__file__).resolve().parents[1]
 API_HOTKEY = "5CSbsWarESZtNAWFpTaTcMFqBvpD7ULQbDfqQuYgKCCPfotw"
 
 
@@ -168,3 +175,32 @@ def test_a_validator_whose_chain_node_does_not_answer_stops_naming_the_cure(term
     said = [line for line in capsys.readouterr().err.splitlines() if " ERROR " in line]
     assert len(said) == 1 and f"cannot reach {closed_node} after 4 attempts" in said[0], said
     assert said[0].endswith(CHAIN_CURE), said
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_port_another_api_serves_is_refused_not_shared(tmp_path, workers):
+    """A second API (pm2 starting it twice, another database) on the port of one serving with
+    --workers 2: with two workers it started, its workers' SO_REUSEPORT sockets beside the first's,
+    and the kernel shared the connections, and so the submissions, between the two databases; with
+    one, uvicorn's ERROR named the port taken and no cure, after the start-up lines."""
+    chain = tmp_path / "devchain.sqlite3"
+    first, url = start_api_process(tmp_path, f"sqlite:///{tmp_path}/first.sqlite3", chain, API_HOTKEY, workers=2)
+    try:
+        port = url.rsplit(":", 1)[1]
+        command = [sys.executable, "-m", "quasar.api", "serve", "--workers", str(workers), "--port", port]
+        command += ["--database-url", f"sqlite:///{tmp_path}/second.sqlite3", "--api.hotkey", API_HOTKEY]
+        command += ["--subtensor.network", "devchain", "--devchain.path", str(chain)]
+        environment = {**os.environ, "QUASAR_DOTENV": "", "COLUMNS": "80", "PYTHONPATH": str(ROOT)}
+        second = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=60)
+    finally:
+        os.killpg(first.pid, signal.SIGTERM)
+        first.wait(timeout=60)
+    assert second.returncode == 1, second.stderr
+    lines = second.stderr[second.stderr.index("python -m quasar.api serve: error:") :].splitlines()
+    assert max(len(line) for line in lines) <= 80, lines
+    assert " ".join(" ".join(lines).split()) == (
+        f"python -m quasar.api serve: error: cannot listen on 127.0.0.1:{port}: Address already in use: "
+        "another process listens there (this API started twice?): stop it, or give this one another "
+        "API_PORT (--port)"
+    )
+    assert not (tmp_path / "second.sqlite3").exists()  # refused before its database is made

@@ -19,6 +19,7 @@ and validators read it when ``VALIDATOR_API_URL`` is empty (quasar/api/lookup.py
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
 import tempfile
@@ -35,7 +36,7 @@ from quasar.api.chaincache import CachedMetagraphChain
 from quasar.api.db import Database, disk_trouble, display_url
 from quasar.api.protocol import protocol_factory
 from quasar.api.service import ApiConfig
-from quasar.api.workers import ServerOptions, run_workers
+from quasar.api.workers import ServerOptions, refuse_taken_port, run_workers
 from quasar.chain import ChainError, ChainUnreachable
 from quasar.chain.factory import connect
 from quasar.log import setup_logging
@@ -132,15 +133,7 @@ def main(argv: list[str] | None = None, prog: str = "quasar api") -> int:
     command = f"{parser.prog} {args.command}"
     if args.command == "publish-url":
         return publish_url(settings, args.url, command)
-    where = display_url(settings.database_url)
-    try:
-        database = Database(settings.database_url)
-        if args.command in ("migrate", "revision"):
-            database.upgrade()
-            logger.info("database %s is at the newest schema", where)
-            if args.command == "revision":
-                database.new_migration(args.message)
-            return 0
+    if args.command == "serve":
         if not settings.api_hotkey:
             parser.error(
                 "API_HOTKEY is not set: give the ss58 address of the API's hotkey (clients sign for it) "
@@ -150,6 +143,26 @@ def main(argv: list[str] | None = None, prog: str = "quasar api") -> int:
             decode_ss58(settings.api_hotkey)
         except ValueError:
             parser.error(f"API_HOTKEY {settings.api_hotkey!r} is not an ss58 address")
+        try:
+            refuse_taken_port(settings.api_host, settings.api_port)
+        except OSError as error:
+            address = f"{settings.api_host}:{settings.api_port}"
+            cure = "check API_HOST and API_PORT (--host, --port)"
+            if error.errno == errno.EADDRINUSE:
+                cure = (
+                    "another process listens there (this API started twice?): stop it, or give this one "
+                    "another API_PORT (--port)"
+                )
+            return refuse(command, f"cannot listen on {address}: {error.strerror}: {cure}")
+    where = display_url(settings.database_url)
+    try:
+        database = Database(settings.database_url)
+        if args.command in ("migrate", "revision"):
+            database.upgrade()
+            logger.info("database %s is at the newest schema", where)
+            if args.command == "revision":
+                database.new_migration(args.message)
+            return 0
         # Built here also with several workers: a bad chain or database stops the server before
         # any worker starts, and the schema is migrated once, not by every worker at once.
         app = build_app(settings, database)

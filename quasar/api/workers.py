@@ -58,6 +58,19 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def refuse_taken_port(host: str, port: int) -> None:
+    """Raise OSError when ``host:port`` cannot be bound, as when another process listens there.
+
+    Bound here without SO_REUSEPORT, so that a listener of any kind conflicts: the workers' own
+    sockets would join those of another server with SO_REUSEPORT on the port (another API of the
+    same user, started twice), and the kernel would share the connections, and so the
+    submissions, between the two servers and their databases."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a restart's TIME_WAIT is no listener
+        probe.bind((host, port))
+
+
 def _exit_with_parent() -> None:
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
