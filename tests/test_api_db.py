@@ -7,11 +7,13 @@ raise the same SQLAlchemy errors.
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
 
 import pytest
+from alembic import command
 from alembic.script import ScriptDirectory
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
@@ -195,3 +197,29 @@ def test_a_database_a_newer_quasar_migrated_is_refused_naming_its_revision_and_k
     with database.read() as session:
         assert session.scalar(select(func.count()).select_from(UsedNonce)) == 1
         assert session.scalar(text("SELECT version_num FROM alembic_version")) == "0099"
+
+
+def test_a_migration_is_said_in_one_line_and_a_schema_up_to_date_in_none(tmp_path, caplog):
+    """Alembic's own lines (its dialect and DDL mode, twice, then each step with its docstring on
+    several lines) came at every start of the API and of each of its workers: 4 lines for a schema
+    up to date, 12 for a new one, before the server's own."""
+    url = f"sqlite:///{tmp_path}/api.sqlite3"
+    database = Database(url)
+    try:
+        with caplog.at_level(logging.INFO):
+            database.upgrade()
+            newest = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+            assert [(record.name, record.getMessage()) for record in caplog.records] == [
+                ("quasar.api.db", f"database {url}: creating its schema (revision {newest})")
+            ]
+            caplog.clear()
+            database.upgrade()
+            assert caplog.records == []
+            command.downgrade(database._alembic(), "0005")
+            caplog.clear()
+            database.upgrade()
+            assert [record.getMessage() for record in caplog.records] == [
+                f"database {url}: migrating its schema from revision 0005 to {newest} ({int(newest) - 5} migrations)"
+            ]
+    finally:
+        database.dispose()

@@ -319,6 +319,20 @@ def disk_trouble(url: str) -> str:
     return ""
 
 
+@contextlib.contextmanager
+def _alembic_quiet() -> Iterator[None]:
+    """Alembic's INFO lines held back: its dialect and DDL mode, said at every start of the API and
+    of each of its workers, and each step with its docstring's lines; :meth:`Database.upgrade` says
+    a migration in one line of its own."""
+    alembic_log = logging.getLogger("alembic.runtime.migration")
+    level = alembic_log.level
+    alembic_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        alembic_log.setLevel(level)
+
+
 class Database:
     """Engines and transactions for one database URL (``sqlite:///PATH`` or ``postgresql://...``)."""
 
@@ -369,16 +383,30 @@ class Database:
         refused, untouched, with :class:`SchemaTooNew`."""
         scripts = ScriptDirectory(str(MIGRATIONS_DIR))
         known = {script.revision for script in scripts.walk_revisions()}
-        with self._write_engine.connect() as connection:
+        newest = scripts.get_current_head()
+        with _alembic_quiet(), self._write_engine.connect() as connection:
             current = MigrationContext.configure(connection).get_current_heads()
         for revision in current:
             if revision not in known:
                 raise SchemaTooNew(
                     f"the schema is at revision {revision}, which this QUASAR does not know (its newest is "
-                    f"{scripts.get_current_head()}): a newer QUASAR migrated it; run that version again, or "
-                    "restore the database's copy from before the upgrade"
+                    f"{newest}): a newer QUASAR migrated it; run that version again, or restore the "
+                    "database's copy from before the upgrade"
                 )
-        command.upgrade(self._alembic(), "head")
+        where = display_url(self.url)
+        if not current:
+            logger.info("database %s: creating its schema (revision %s)", where, newest)
+        elif newest not in current:
+            steps = len(list(scripts.iterate_revisions(newest, current)))
+            logger.info(
+                "database %s: migrating its schema from revision %s to %s (%d migrations)",
+                where,
+                ", ".join(current),
+                newest,
+                steps,
+            )
+        with _alembic_quiet():
+            command.upgrade(self._alembic(), "head")
 
     def new_migration(self, message: str) -> None:
         """Write a migration from the difference between the models and this (up-to-date) database."""
