@@ -83,14 +83,15 @@ def log_table(logger: logging.Logger, message: str, table: RenderableType, level
         logger.log(level, "%s\n%s", message, rendered_text(table))
 
 
-def wrapped(message: str) -> str:
-    """``message`` as one paragraph wrapped at words to the terminal, at most :data:`TABLE_WIDTH`
-    columns: a word longer than a line (a path, a URL) whole on its own, a flag on the line of its
-    value. A refusal printed on one line is split by the terminal mid-word, through the flag or
-    path the reader should copy."""
-    width = min(shutil.get_terminal_size().columns, TABLE_WIDTH)
+def wrapped(message: str, width: int | None = None, indent: str = "") -> str:
+    """``message`` as one paragraph wrapped at words to ``width`` (the terminal's), at most
+    :data:`TABLE_WIDTH` columns, its lines after the first indented by ``indent``: a word longer
+    than a line (a path, a URL) whole on its own, a flag on the line of its value. A message
+    printed on one line is split by the terminal mid-word, through the flag or path the reader
+    should copy."""
+    width = min(width or shutil.get_terminal_size().columns, TABLE_WIDTH)
     joined = _FLAG_AND_VALUE.sub(rf"\1{_KEPT_TOGETHER}", " ".join(message.split()))
-    text = textwrap.fill(joined, width, break_long_words=False, break_on_hyphens=False)
+    text = textwrap.fill(joined, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
     return text.replace(_KEPT_TOGETHER, " ")
 
 

@@ -13,6 +13,7 @@ finished, is tested with the real neuron process in tests/test_validator.py
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -32,7 +33,7 @@ from quasar import config
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.evaluate import EvaluationReport
 from quasar.imports import validate_repo
-from quasar.localnet.cli import seq_lens
+from quasar.localnet.cli import Display, seq_lens
 from quasar.localnet.forks import (
     HONEST,
     HOSTILE,
@@ -666,3 +667,30 @@ def test_summary_tables_fit_80_columns():
     assert "owner (subnet owner: unassigned places burn here)" in text
     assert "wrong output" in text and "miner-hostile" in text
     assert "note: a note" in text
+
+
+def test_its_messages_on_a_terminal_fit_80_columns_without_splitting_a_word_or_a_path():
+    """START_LOCALNET.sh in an 80-column terminal: its CPU note (146 columns) and a finished step's
+    line (179: the forks and the GitHub stand-in) came on one line each, which the terminal split
+    mid-word."""
+    path = "/tmp/" + "long-folder-name/" * 6 + "ln"
+    screen = io.StringIO()
+    display = Display(Console(file=screen, width=80, force_terminal=True, soft_wrap=True, color_system=None))
+    note = (
+        "No CUDA device: the validator evaluates on CPU at small lengths (T = 64, 128). CPU figures are not benchmarks"
+    )
+    display.say(note, style="yellow")
+    display.say(f"Data, wallets and logs: {path}")
+    step = (
+        "writing the forks and serving them from a GitHub stand-in: troy12x/flash-linear-attention is the starter "
+        "fork; miner-hostile's fork skips the recurrence beyond 64 tokens"
+    )
+    display.step(step)
+    display.close(ok=True)
+    lines = [line.rstrip() for line in re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", screen.getvalue()).splitlines()]
+    said = [line.split("\r")[-1] for line in lines if line.split("\r")[-1].strip()]
+    assert all(len(line) <= 80 for line in said if path not in line), said
+    assert path in said, said  # a path longer than a line is whole on its own
+    text = " ".join(" ".join(said).split())
+    assert note in text and f"Data, wallets and logs: {path}" in text, said
+    assert re.search(rf"✓ {re.escape(step)} \(\d+\.\d s\)", text), said

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from quasar.chain.subtensor_rules import FINNEY
 from quasar.config.cli import seq_lens_type
@@ -40,6 +41,7 @@ from quasar.localnet.options import (
 )
 from quasar.log import setup_logging
 from quasar.signals import stop_on_signals
+from quasar.terminal import wrapped
 
 DEFAULT_DATA_DIR = Path("localnet-data")
 SUMMARY_FILE = "summary.json"
@@ -78,15 +80,26 @@ class Display:
             self.console.print(f"[{time.monotonic() - self.started:6.1f}s]   {text}", highlight=False)
         self.last_key = key or text
 
+    def say(self, text: str, style: str = "") -> None:
+        """Print a message: on a terminal wrapped at words within 80 columns, a path longer than a
+        line whole on its own (the terminal would split a word of it, or the path); elsewhere (a
+        pipe, pm2) on one line."""
+        self.console.print(Text(self._fitted(text), style=style))
+
+    def _fitted(self, text: str, indent: str = "") -> str:
+        return wrapped(text, self.console.width, indent) if self.console.is_terminal else text
+
     def _finish(self, ok: bool) -> None:
         if self.current is None:
             return
         if self.progress is not None and self.task is not None:
             self.progress.remove_task(self.task)
-            mark = "[green]✓[/green]" if ok else "[red]✗[/red]"
-            self.console.print(
-                f"{mark} {self.current} [dim]({time.monotonic() - self.step_started:.1f} s)[/dim]", highlight=False
-            )
+            mark, colour = ("✓", "green") if ok else ("✗", "red")
+            took = f"({time.monotonic() - self.step_started:.1f} s)"
+            line = Text(self._fitted(f"{mark} {self.current} {took}", indent="  "))
+            line.stylize(colour, 0, 1)
+            line.stylize("dim", len(line) - len(took))
+            self.console.print(line)
             self.task = None
         self.current = None
 
@@ -202,7 +215,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
     from quasar.localnet.processes import ChildFailed
     from quasar.starter_fork import StarterForkError
 
-    # Messages are never wrapped (paths in them stay whole); piped tables get room.
+    # Messages are wrapped by the display alone (paths in them stay whole); piped tables get room.
     err = Console(stderr=True, soft_wrap=True)
     out = Console()
     if not out.is_terminal:
@@ -223,18 +236,19 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
         )
         lengths = ", ".join(f"{length:,}" for length in evaluated_lengths(options))
         if device == "cpu":
-            err.print(
-                f"[yellow]No CUDA device: the validator evaluates on CPU at small lengths (T = {lengths}). "
-                "CPU figures are not benchmarks; on a GPU machine this runs on CUDA.[/yellow]"
+            display.say(
+                f"No CUDA device: the validator evaluates on CPU at small lengths (T = {lengths}). "
+                "CPU figures are not benchmarks; on a GPU machine this runs on CUDA.",
+                style="yellow",
             )
         else:
-            err.print(f"Evaluating on CUDA at T = {lengths}.")
+            display.say(f"Evaluating on CUDA at T = {lengths}.")
         check_data_dir(options.data_dir)
         own_data_dir_entries(options.data_dir.resolve())
         with data_dir_lock(options.data_dir.resolve()):
             reset_data_dir(options.data_dir.resolve())
             network = LocalNetwork(options, display, stop)
-            err.print(f"Data, wallets and logs: {network.data_dir}")
+            display.say(f"Data, wallets and logs: {network.data_dir}")
             try:
                 network.start()
                 summary = network.wait_for_round()
@@ -271,7 +285,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
         return 0 if not args.once else 130
     except (LocalnetError, ChildFailed, TimeoutError, ChainError, StarterForkError, ForkWriteError) as error:
         display.close(ok=False)
-        err.print(f"[red]error:[/red] {error}", highlight=False)
+        display.say(f"error: {error}", style="red")
         return 1
     finally:
         display.close(ok=ok)
