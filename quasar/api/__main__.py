@@ -1,5 +1,5 @@
-"""``quasar api`` (``python -m quasar.api``): serve the submission API, or bring its database
-schema up to date.
+"""``quasar api`` (``python -m quasar.api``): serve the submission API, bring its database schema
+up to date, or publish its URL on chain.
 
     python -m quasar.api serve [--host H] [--port P] [--workers N] [--database-url URL] [settings flags...]
     python -m quasar.api migrate [--database-url URL]
@@ -54,7 +54,10 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def build_parser(prog: str = "quasar api") -> argparse.ArgumentParser:
-    parser = WrappingParser(prog=prog, description="Serve the submission API, or bring its database schema up to date.")
+    parser = WrappingParser(
+        prog=prog,
+        description="Serve the submission API, bring its database schema up to date, or publish its URL on chain.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="run the API")
     config.add_arguments(serve, "api")
