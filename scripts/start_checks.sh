@@ -31,7 +31,8 @@ load_dotenv() {
         [ -n "$QUASAR_DOTENV" ] || return 0
         file=${QUASAR_DOTENV/#\~/$HOME}
         [[ "$file" == */* ]] || file=./$file # a bare name is a file here, not one on PATH
-        [ -f "$file" ] || fail "QUASAR_DOTENV names $QUASAR_DOTENV, which is not a file"
+        [ -f "$file" ] || fail "QUASAR_DOTENV names $QUASAR_DOTENV, which is not a file: name a .env" \
+            "file there, or set it empty to read none"
     fi
     [ -f "$file" ] || return 0
     mode=$(stat -c %a "$file")

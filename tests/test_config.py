@@ -62,7 +62,11 @@ def test_quasar_dotenv_names_the_env_file_or_none(tmp_path, monkeypatch):
     monkeypatch.setenv(config.DOTENV_VARIABLE, "")
     assert config.resolve({}, environ={}).netuid == 24
     monkeypatch.setenv(config.DOTENV_VARIABLE, str(tmp_path / "missing.env"))
-    with pytest.raises(config.SettingsError, match=r"QUASAR_DOTENV names .*missing\.env, which is not a file"):
+    with pytest.raises(
+        config.SettingsError,
+        match=r"QUASAR_DOTENV names .*missing\.env, which is not a file: name a \.env file there, or set it empty "
+        r"to read none$",
+    ):
         config.resolve({}, environ={})
 
 

@@ -129,7 +129,11 @@ def test_start_script_reads_the_env_file_quasar_dotenv_names_as_the_process_does
     result = start_validator(suite, {"QUASAR_DOTENV": ""})
     assert result.returncode == 1 and "quasar_validator/coldkeypub.txt" in " ".join(result.stderr.split())
     result = start_validator(suite, {"QUASAR_DOTENV": str(suite / "missing.env")})
-    assert result.returncode == 1 and "missing.env, which is not a file" in " ".join(result.stderr.split())
+    said = " ".join(result.stderr.split())
+    assert (
+        result.returncode == 1
+        and "missing.env, which is not a file: name a .env file there, or set it empty to read none" in said
+    )
 
 
 def test_start_script_reads_an_unquoted_path_with_a_space_as_the_process_does(suite):

@@ -178,7 +178,10 @@ def default_dotenv_path() -> Path | None:
             return None
         path = Path(named).expanduser()
         if not path.is_file():
-            raise SettingsError(f"{DOTENV_VARIABLE} names {named}, which is not a file")
+            raise SettingsError(
+                f"{DOTENV_VARIABLE} names {named}, which is not a file: name a .env file there, or set it empty "
+                "to read none"
+            )
         return path
     here = Path.cwd() / ".env"
     return here if here.is_file() else PROJECT_ROOT / ".env"
