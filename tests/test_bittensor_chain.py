@@ -554,6 +554,7 @@ def test_rate_limit_pre_check_refuses_without_submitting(chain, subnet, wallets)
     with pytest.raises(RateLimited) as raised:
         chain.set_weights(wallets["validator"], {2: 1.0}, version_key=1)
     assert raised.value.blocks_to_wait == 60 and "wait 60 more" in str(raised.value)
+    assert "uid 1 on subnet 7 registered or last set weights 40 blocks ago" in str(raised.value)
     assert subnet.calls.count("execute") == 1 and subnet.weights[1][0] == {0: 1.0}
     subnet.block += 60
     chain.set_weights(wallets["validator"], {2: 1.0}, version_key=1)

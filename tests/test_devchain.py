@@ -235,6 +235,8 @@ def test_the_weights_rate_limit_counts_from_registration_and_each_setting(chain,
     with pytest.raises(RateLimited, match="SettingWeightsTooFast") as raised:
         chain.set_weights(wallets["validator"], {0: 1.0}, version_key=0)
     assert raised.value.blocks_to_wait == 100
+    # A new validator's first weights: it set none (it said 'set weights at block 10').
+    assert "uid 1 registered or last set weights at block 10;" in str(raised.value)
     chain.advance(99)
     with pytest.raises(RateLimited) as raised:
         chain.set_weights(wallets["validator"], {0: 1.0}, version_key=0)

@@ -515,7 +515,7 @@ class BittensorChain(Chain):
                 self._refuse_as_the_chain_would(view, hotkey, version_key)
                 raise RateLimited(
                     wait,
-                    f"weights of uid {uid} on subnet {self.netuid} were set {since} blocks "
+                    f"uid {uid} on subnet {self.netuid} registered or last set weights {since} blocks "
                     f"ago; the rate limit is {rate_limit} blocks: wait {wait} more",
                 )
             committed = bool(view.subnets.commit_reveal_enabled(self.netuid))

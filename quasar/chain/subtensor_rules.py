@@ -217,8 +217,8 @@ def check_weights_rate_limit(
     if wait:
         raise RateLimited(
             wait,
-            f"cannot set weights: {name}: uid {uid} set weights at block {last_update}; the rate limit is "
-            f"{hyperparameters.weights_rate_limit} blocks: wait {wait} more",
+            f"cannot set weights: {name}: uid {uid} registered or last set weights at block {last_update}; "
+            f"the rate limit is {hyperparameters.weights_rate_limit} blocks: wait {wait} more",
         )
 
 
