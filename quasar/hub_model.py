@@ -177,6 +177,17 @@ def _xet_storage(error: BaseException) -> str | None:
     return f"Xet's storage {shown_url(endpoint)}" if isinstance(endpoint, str) else "Xet's storage"
 
 
+def _request_origin(error: BaseException) -> str | None:
+    """The scheme, host and port of the request an httpx2 error failed (:func:`shown_url`): the
+    hub's, or the host it redirected the download to; None for an error of no request."""
+    import httpx2
+
+    try:
+        return shown_url(str(error.request.url)) if isinstance(error, httpx2.RequestError) else None
+    except RuntimeError:  # httpx2 raises it for an error its client did not give the request to
+        return None
+
+
 def _why(error: BaseException) -> str:
     """What went wrong, in one sentence with its cure."""
     import httpx2
@@ -233,8 +244,14 @@ def _why(error: BaseException) -> str:
             )
     for cause in chain:
         if isinstance(cause, httpx2.TransportError) or "Consistency check failed" in str(cause):
+            source = _request_origin(cause) or hub
+            if isinstance(cause, (httpx2.ConnectError, httpx2.ConnectTimeout)) and source != hub:
+                return (
+                    f"{hub} answers, but {source}, where it redirects the download, cannot be reached "
+                    f"({first_line(cause)}). Open this host's way out to {source} and start again ({_KEPT})."
+                )
             return (
-                f"the download from {hub} broke off ({first_line(cause)}); nothing half-written is kept. "
+                f"the download from {source} broke off ({first_line(cause)}); nothing half-written is kept. "
                 f"Start again: {_KEPT}."
             )
     return f"{first_line(error)}. Check the network to {hub} and start again ({_KEPT})."

@@ -70,6 +70,7 @@ class HubStandIn(ThreadedServers):
         self._status: tuple[int, str] | None = None
         self._cuts: dict[str, int] = {}
         self._cas: str | None = None
+        self._redirect: str | None = None
         # The CDN is a second port: huggingface_hub follows a redirect within the hub's origin
         # itself, and stops at one to another origin, taking the file's metadata from that answer.
         super().__init__(self._handler(), count=2)
@@ -87,6 +88,11 @@ class HubStandIn(ThreadedServers):
     def answer(self, status: int | None, error_code: str = "") -> None:
         """Answer every request with ``status`` (and ``X-Error-Code: error_code``); None: serve again."""
         self._status = None if status is None else (status, error_code)
+
+    def redirect_to(self, origin: str | None) -> None:
+        """Redirect the LFS files to ``origin`` (one that refuses connections, say) instead of the
+        CDN's port; None: to the CDN again."""
+        self._redirect = origin
 
     def xet(self, cas: str | None) -> None:
         """Serve the LFS files as stored on Xet, whose CAS server the token route names as ``cas``;
@@ -181,7 +187,8 @@ class HubStandIn(ThreadedServers):
                     if hub._cas is not None:
                         token_route = f"{hub.endpoint}/api/models/{repo_id}/xet-read-token/{COMMIT}"
                         linked.update({"X-Xet-Hash": repo.sha256[name], "Link": f'<{token_route}>; rel="xet-auth"'})
-                    self._send(302, {**commit, **linked, "Location": f"{hub.cdn}/cdn/{repo.sha256[name]}"}, b"", body)
+                    linked["Location"] = f"{hub._redirect or hub.cdn}/cdn/{repo.sha256[name]}"
+                    self._send(302, {**commit, **linked}, b"", body)
                 else:
                     self._content(name, repo.files[name], {**commit, "ETag": f'"{repo.blob_ids[name]}"'}, body)
 

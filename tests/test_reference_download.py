@@ -97,7 +97,7 @@ def test_a_first_download_is_cached_and_the_next_start_needs_no_network(hub, tmp
 def test_a_download_cut_mid_file_is_said_and_the_next_start_fetches_what_is_missing(hub, tmp_path):
     hub.cut("model.safetensors", 100_000)
     message = refused(load(hub, tmp_path / "hf"))
-    assert f"'{NAME}'" in message and f"download from {hub.endpoint} broke off" in message
+    assert f"'{NAME}'" in message and f"download from {hub.cdn} broke off" in message  # where the hub redirects
     assert "Start again" in message and leftovers(tmp_path / "hf") == []
     offline = refused(load(hub, tmp_path / "hf", HF_HUB_OFFLINE="1"))
     assert "lacks model.safetensors (a download cut off) and offline mode is on" in offline
@@ -239,6 +239,20 @@ def test_a_refusal_names_the_hub_without_the_credentials_of_its_url(hub, tmp_pat
     endpoint = hub.endpoint.replace("://", "://alice:s3cret@")
     message = refused(load(hub, tmp_path / "hf", HF_ENDPOINT=endpoint))
     assert expected.format(hub=hub.endpoint) in message and "s3cret" not in message and "alice" not in message
+
+
+@pytest.mark.parametrize("variables", [{}, {"HF_HUB_DISABLE_XET": "1"}])
+def test_a_host_the_hub_redirects_to_that_cannot_be_reached_is_named(hub, tmp_path, variables):
+    """The hub redirects the weights to another host: its CDN, or its HTTP bridge for a file on Xet
+    that HF_HUB_DISABLE_XET=1 downloads through. A way out that lets the hub through but not that
+    host was told 'the download from' the hub 'broke off ... Start again', which cannot help."""
+    dead = f"http://127.0.0.1:{closed_port()}"
+    hub.redirect_to(dead)
+    if variables:
+        hub.xet(f"http://127.0.0.1:{closed_port()}")
+    message = refused(load(hub, tmp_path / "hf", **variables))
+    assert f"{hub.endpoint} answers, but {dead}, where it redirects the download, cannot be reached" in message
+    assert f"Open this host's way out to {dead} and start again" in message
 
 
 def test_a_host_that_reaches_the_hub_but_not_xets_storage_is_told_which_and_the_cure_works(hub, tmp_path):
