@@ -204,7 +204,7 @@ def test_the_api_started_on_a_disk_it_cannot_write_says_so_and_keeps_what_it_sto
         cause(disk)  # and pm2 restarts the server
         with pytest.raises(RuntimeError) as failed:
             start_api_process(tmp_path, database_url, chain.path, api_hotkey, prefix=disk.enter)
-        assert f"the disk of {tmp_path}/disk is {said}" in str(failed.value)
+        assert f"the disk of {tmp_path}/disk is {said}" in " ".join(str(failed.value).split())  # wrapped at 80
         cure(disk)
         process, url = start_api_process(tmp_path, database_url, chain.path, api_hotkey, prefix=disk.enter)
         try:
