@@ -95,6 +95,22 @@ def wrapped(message: str, width: int | None = None, indent: str = "") -> str:
     return text.replace(_KEPT_TOGETHER, " ")
 
 
+def shell_command(command: str, indent: str = "") -> str:
+    """``command``, to copy into a shell, in lines of at most :data:`TABLE_WIDTH` columns continued
+    with a backslash, each flag on the line of its value, the lines after the first indented four
+    more than ``indent``: a longer line the terminal splits mid-word, or through a path."""
+    joined = _FLAG_AND_VALUE.sub(rf"\1{_KEPT_TOGETHER}", " ".join(command.split()))
+    lines = textwrap.wrap(
+        joined,
+        TABLE_WIDTH - 2,  # room for the " \\" that continues it
+        initial_indent=indent,
+        subsequent_indent=indent + "    ",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    return " \\\n".join(lines).replace(_KEPT_TOGETHER, " ")
+
+
 class WrappingParser(argparse.ArgumentParser):
     """An argument parser whose refusals are :func:`wrapped`: the commands refuse a bad setting or
     a missing one in words naming it, where it came from and the cure, often longer than a line."""

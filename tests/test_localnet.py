@@ -24,6 +24,7 @@ import sys
 import textwrap
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ from quasar import config
 from quasar.chain.devchain import FINNEY, DevChain
 from quasar.evaluate import EvaluationReport
 from quasar.imports import validate_repo
-from quasar.localnet.cli import Display, seq_lens
+from quasar.localnet.cli import Display, running_text, seq_lens
 from quasar.localnet.forks import (
     HONEST,
     HOSTILE,
@@ -694,3 +695,33 @@ def test_its_messages_on_a_terminal_fit_80_columns_without_splitting_a_word_or_a
     text = " ".join(" ".join(said).split())
     assert note in text and f"Data, wallets and logs: {path}" in text, said
     assert re.search(rf"✓ {re.escape(step)} \(\d+\.\d s\)", text), said
+
+
+def test_what_a_running_network_prints_fits_80_columns_and_its_commands_copy_whole():
+    """Without --once: the block naming the API, the miners' status command and the chain's flags
+    had lines of 105, 215 and 110 columns (data in /tmp/walk/ln2), which the terminal split mid-word;
+    the commands are shell lines continued with a backslash, each flag beside its value."""
+    data = Path("/tmp/walk/ln2")
+    network = types.SimpleNamespace(
+        api_url="http://127.0.0.1:52219",
+        dashboard_url="http://127.0.0.1:52219/",
+        wallet_dir=data / "wallets",
+        chain_path=data / "devchain.sqlite3",
+        miners_dir=data / "miners",
+        logs_dir=data / "logs",
+        hotkey=lambda name: "5GTubf2Q4HukvspCBzrqaai1DYxbAVny2jUavJafqavs55DT",
+    )
+    github = types.SimpleNamespace(api_url="http://127.0.0.1:44397/api", root=data / "github")
+    text = running_text(network, github)
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    status = re.search(r"^ *(quasar status .*)$", text.replace(" \\\n", " "), re.M)
+    assert status is not None, text
+    words = status.group(1).split()
+    assert words == [
+        *("quasar", "status", "--wallet.path", str(network.wallet_dir), "--wallet.name", "miner-hostile"),
+        *("--wallet.hotkey", "default", "--subtensor.network", "devchain", "--devchain.path"),
+        *(str(network.chain_path), "--netuid", "24"),
+    ], text
+    for line in text.splitlines():
+        assert not line.rstrip(" \\").endswith(("--wallet.path", "--devchain.path", "--netuid")), text
+    assert "5GTubf2Q4HukvspCBzrqaai1DYxbAVny2jUavJafqavs55DT" in text and str(github.root) in text

@@ -38,10 +38,11 @@ from quasar.localnet.options import (
     CUDA_TARGET,
     HOSTILE_TARGET,
     LOCALNET_HYPERPARAMETERS,
+    NETUID,
 )
 from quasar.log import setup_logging
 from quasar.signals import stop_on_signals
-from quasar.terminal import wrapped
+from quasar.terminal import shell_command, wrapped
 
 DEFAULT_DATA_DIR = Path("localnet-data")
 SUMMARY_FILE = "summary.json"
@@ -211,7 +212,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
     from quasar.localnet.forks import ForkWriteError
     from quasar.localnet.host import data_dir_lock, own_data_dir_entries, reset_data_dir
     from quasar.localnet.network import LocalNetwork
-    from quasar.localnet.options import NETUID, LocalnetError, check_data_dir, default_options, evaluated_lengths
+    from quasar.localnet.options import LocalnetError, check_data_dir, default_options, evaluated_lengths
     from quasar.localnet.processes import ChildFailed
     from quasar.starter_fork import StarterForkError
 
@@ -262,20 +263,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
                     return 0
                 github = network.github
                 assert github is not None  # started with the network, stopped only by stop()
-                err.print(
-                    f"\nThe local network keeps running; Ctrl-C stops it.\n"
-                    f"  submission API  {network.api_url} (API hotkey {network.hotkey('api')})\n"
-                    f"  dashboard       {network.dashboard_url}\n"
-                    f"  miner status    quasar status --wallet.path {network.wallet_dir} "
-                    f"--wallet.name miner-hostile --wallet.hotkey default --subtensor.network devchain "
-                    f"--devchain.path {network.chain_path} --netuid {NETUID}\n"
-                    f"  chain           --subtensor.network devchain --devchain.path {network.chain_path} "
-                    f"--netuid {NETUID}\n"
-                    f"  GitHub stand-in {github.api_url} (repositories in {github.root})\n"
-                    f"  wallets         {network.wallet_dir}\n"
-                    f"  miners' work    {network.miners_dir}\n"
-                    f"  logs            {network.logs_dir}"
-                )
+                err.print(running_text(network, github), markup=False, highlight=False)
                 network.watch(lambda new: _emit(new, args.json, out, network))
             finally:
                 network.stop()
@@ -290,6 +278,26 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
     finally:
         display.close(ok=ok)
     return 0
+
+
+def running_text(network, github) -> str:
+    """What a network left running (without --once) says: where its API, dashboard, wallets,
+    miners' work and logs are, and the miners' status command and the chain's flags to copy."""
+    chain = f"--subtensor.network devchain --devchain.path {network.chain_path} --netuid {NETUID}"
+    status = f"quasar status --wallet.path {network.wallet_dir} --wallet.name miner-hostile --wallet.hotkey default"
+    return (
+        f"\nThe local network keeps running; Ctrl-C stops it.\n"
+        f"  submission API  {network.api_url}\n"
+        f"  API hotkey      {network.hotkey('api')}\n"
+        f"  dashboard       {network.dashboard_url}\n"
+        f"  GitHub stand-in {github.api_url}\n"
+        f"  repositories    {github.root}\n"
+        f"  wallets         {network.wallet_dir}\n"
+        f"  miners' work    {network.miners_dir}\n"
+        f"  logs            {network.logs_dir}\n"
+        f"  a miner's status:\n{shell_command(f'{status} {chain}', '    ')}\n"
+        f"  the chain, for other commands:\n{shell_command(chain, '    ')}"
+    )
 
 
 def _emit(summary, as_json: bool, out: Console, network) -> None:
