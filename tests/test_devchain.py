@@ -724,8 +724,10 @@ def test_owner_uid_defaults_to_uid0_and_is_none_without_a_uid(chain, wallets):
 def test_only_the_owners_coldkey_publishes_the_api_location(subnet, wallets):
     location = ApiLocation("https://api.example.org", hotkey(wallets["other"]))
     assert subnet.api_location() is None
-    with pytest.raises(ChainError, match="NotSubnetOwner"):
+    with pytest.raises(ChainError, match="NotSubnetOwner") as refused:
         subnet.publish_api_location(wallets["validator"], location)
+    # The cure, as subtensor's refusal comes with the SDK's remediation.
+    assert str(refused.value).endswith("sign with the wallet whose coldkey owns the subnet (--wallet.name)")
     subnet.publish_api_location(wallets["owner"], location)
     assert subnet.api_location() == location
     moved = ApiLocation("http://198.51.100.4:8000")

@@ -411,7 +411,7 @@ class DevChain(Chain):
             if coldkey != owner_coldkey:
                 raise ChainError(
                     f"cannot set the subnet identity: NotSubnetOwner: coldkey {coldkey} does not own "
-                    f"subnet {self.netuid}"
+                    f"subnet {self.netuid}; sign with the wallet whose coldkey owns the subnet (--wallet.name)"
                 )
             additional = meta(connection, "identity_additional")
             set_meta(connection, "identity_additional", encode_api_location(additional, location))
