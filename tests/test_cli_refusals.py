@@ -61,6 +61,11 @@ def test_a_bad_flag_value_is_refused_within_80_columns(terminal, capsys, main, p
     assert text == f"{prog}: error: --netuid (from command line): expected an integer, got 'abc'"
 
 
+def api_serve(*flags: str) -> int:
+    """``quasar api serve`` with the API's hotkey and ``flags``; its exit status."""
+    return api_main.main(["serve", "--api.hotkey", API_HOTKEY, *flags], prog="quasar api")
+
+
 def test_the_api_without_its_hotkey_is_refused_within_80_columns(terminal, capsys):
     """START_SERVER.sh from a fresh .env.example: one line of 156 columns."""
     with pytest.raises(SystemExit) as refused:
@@ -104,19 +109,13 @@ def test_publishing_a_url_no_api_answers_is_refused_within_80_columns(terminal, 
 def test_a_database_that_refuses_the_connection_is_said_within_80_columns(terminal, capsys, tmp_path):
     """A PostgreSQL server not running: psycopg's message on two lines of 154 columns and a tab,
     then SQLAlchemy's link to its page about the error class."""
-    status = api_main.main(
-        [
-            "serve",
-            "--subtensor.network",
-            "devchain",
-            "--devchain.path",
-            str(tmp_path / "devchain.sqlite3"),
-            "--database-url",
-            "postgresql://quasar@127.0.0.1:1/quasar",
-            "--api.hotkey",
-            API_HOTKEY,
-        ],
-        prog="quasar api",
+    status = api_serve(
+        "--subtensor.network",
+        "devchain",
+        "--devchain.path",
+        str(tmp_path / "devchain.sqlite3"),
+        "--database-url",
+        "postgresql://quasar@127.0.0.1:1/quasar",
     )
     assert status == 1
     lines, text = refusal(capsys, "quasar api serve")
@@ -149,18 +148,7 @@ CHAIN_CURE = (
 
 def test_an_api_whose_chain_node_does_not_answer_is_refused_naming_the_cure(terminal, capsys, closed_node):
     """It said that it could not reach the node, in the SDK's words, and nothing of what to do."""
-    status = api_main.main(
-        [
-            "serve",
-            "--api.hotkey",
-            API_HOTKEY,
-            "--subtensor.network",
-            "local",
-            "--subtensor.chain_endpoint",
-            closed_node,
-        ],
-        prog="quasar api",
-    )
+    status = api_serve("--subtensor.network", "local", "--subtensor.chain_endpoint", closed_node)
     assert status == 1
     lines, text = refusal(capsys, "quasar api serve")
     assert max(len(line) for line in lines) <= 80, lines
