@@ -16,11 +16,13 @@ import json
 import os
 import re
 import socket
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from quasar.config import REFERENCE_MODEL_ID
 from quasar.errors import QuasarError
+from quasar.log import library_progress_bars
 
 # What loading a model needs from its repo: the configs and the safetensors weights (one file or
 # shards with their index), not its tokenizer, README or other formats' copies of the weights.
@@ -130,7 +132,8 @@ def download(name: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        folder = Path(snapshot_download(name, allow_patterns=MODEL_FILES))
+        with library_progress_bars(shown=sys.stderr.isatty()):
+            folder = Path(snapshot_download(name, allow_patterns=MODEL_FILES))
     except Exception as error:  # classified by _why; an unforeseen one is named by its type and first line
         raise ModelLoadError(f"cannot download reference model {name!r}: {_why(error)}") from None
     missing = missing_files(folder)

@@ -8,7 +8,8 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 from rich.logging import RichHandler
 
@@ -113,6 +114,21 @@ def _log_uncaught_in_thread(hook: threading.ExceptHookArgs) -> None:
         return
     thread = hook.thread.name if hook.thread is not None else "a thread"
     logging.getLogger("quasar").critical("uncaught exception in %s", thread, exc_info=error)
+
+
+@contextmanager
+def library_progress_bars(shown: bool) -> Iterator[None]:
+    """transformers' and huggingface_hub's progress bars (loading, saving, downloading a model)
+    drawn or not within the block, and as they were after it. A bar redraws its line with carriage
+    returns: on a terminal one line, in a log file (pm2) a line that grows at every update."""
+    from transformers.utils import logging as hf_logging
+
+    were_shown = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if shown else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if were_shown else hf_logging.disable_progress_bar)()
 
 
 class Repeats:

@@ -26,6 +26,7 @@ import math
 import os
 import random
 import secrets
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ from quasar.config import OPTIONS_BY_KEY, REFERENCE_MODEL_ID
 from quasar.errors import QuasarError
 from quasar.evaluate.gpus import missing_gpu_here
 from quasar.hub_model import ModelLoadError, download, find_cached, first_line, hub_cache, hub_reachable
+from quasar.log import library_progress_bars
 from quasar.reference.chunk import float32_matmul_precision
 
 log = logging.getLogger(__name__)
@@ -248,9 +250,10 @@ def load_reference_model(
         source = str(_hub_snapshot(name_or_path))
     try:
         # transformers' annotations of the model's methods (to, get_*_embeddings) are looser than it.
-        module: Any = AutoModelForCausalLM.from_pretrained(
-            source, dtype=torch_dtype, local_files_only=True, trust_remote_code=False
-        )
+        with library_progress_bars(shown=sys.stderr.isatty()):
+            module: Any = AutoModelForCausalLM.from_pretrained(
+                source, dtype=torch_dtype, local_files_only=True, trust_remote_code=False
+            )
     except (OSError, ValueError, SafetensorError) as error:
         # A weights file cut short (a copy or a write interrupted) is a SafetensorError.
         reason = first_line(error)

@@ -4,6 +4,8 @@ import inspect
 import math
 import random
 import socket
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -371,3 +373,25 @@ def test_an_inference_server_on_finney_with_another_model_stops_at_start(model_d
             assert cli.serve(settings) == 1
     assert f"'{model_dirs[1]}' is not Qwen/Qwen2.5-0.5B-Instruct's architecture" in caplog.text
     assert f"vocab_size {TINY_VOCAB} (the reference's 151936)" in caplog.text
+
+
+def test_loading_the_reference_under_pm2_writes_no_progress_bar(tmp_path):
+    """transformers drew its 'Loading weights' bar on stderr, under pm2 too, where a bar redrawn by
+    carriage returns is one line growing in the log file; on a terminal it stays."""
+    make_tiny_qwen2(tmp_path / "model")
+    program = (
+        "import sys\n"
+        "from transformers.utils import logging as hf_logging\n"
+        "from quasar.log import setup_logging\n"
+        "from quasar.logits import load_reference_model\n"
+        "setup_logging()\n"
+        "load_reference_model(sys.argv[1], 'cpu', 'float32')\n"
+        "print(hf_logging.is_progress_bar_enabled())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program, str(tmp_path / "model")], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "reference model" in done.stderr and "loaded on cpu" in done.stderr, done.stderr
+    assert "\r" not in done.stderr and "Loading weights" not in done.stderr, repr(done.stderr)
+    assert done.stdout.strip() == "True"  # the bars are the library's again after the load

@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from quasar.log import library_progress_bars
+
 logger = logging.getLogger(__name__)
 
 STAND_IN_SEED = 20250101
@@ -32,7 +34,6 @@ def write_stand_in_model(path: str | Path, seed: int = STAND_IN_SEED) -> Path:
     ``seed`` and save it into ``path`` (created); returns ``path``. The same seed gives the same weights."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
-    from transformers.utils import logging as hf_logging
 
     config = Qwen2Config(
         vocab_size=VOCAB,
@@ -51,14 +52,8 @@ def write_stand_in_model(path: str | Path, seed: int = STAND_IN_SEED) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-    # transformers draws a progress bar on stderr while saving; the local network shows its own.
-    progress_bar = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
+    with library_progress_bars(shown=False):  # the local network shows its own
         model.save_pretrained(Path(path))
-    finally:
-        if progress_bar:
-            hf_logging.enable_progress_bar()
     logger.info("wrote the stand-in reference model (%s, seed %d) to %s", STAND_IN_NAME, seed, path)
     return Path(path)
 
