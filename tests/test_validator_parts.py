@@ -435,11 +435,13 @@ def test_a_state_file_of_schema_2_gains_the_block_submissions_count_from(tmp_pat
         assert [record.submission for record in state.submissions()] == [submission(1, block=0)]
 
 
-def test_a_state_file_of_another_schema_is_refused(tmp_path):
+@pytest.mark.parametrize("version", ["99", "three", ""])
+def test_a_state_file_of_another_schema_is_refused(tmp_path, version):
+    """A version that is no number (a file edited by hand) raised a bare ValueError from int()."""
     path = tmp_path / "state.sqlite3"
     with ValidatorState.open(path) as state:
-        state.set_meta("schema_version", "99")
-    with pytest.raises(StateError, match="schema version 99"):
+        state.set_meta("schema_version", version)
+    with pytest.raises(StateError, match=f"schema version {version}, this validator reads version 3"):
         ValidatorState.open(path)
 
 

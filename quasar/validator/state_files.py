@@ -90,20 +90,23 @@ def default_state_path(data_dir: str | os.PathLike, network: str, netuid: int, h
 
 def upgrade_schema(db: sqlite3.Connection) -> str | None:
     """Bring a state file whose tables SCHEMA created (or found) to SCHEMA_VERSION, within ``db``'s
-    transaction. Returns the version of a file this validator cannot read (a later one), else None."""
-    version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-    if version is None:
+    transaction. Returns the version of a file this validator cannot read (a later one, or no
+    number), else None."""
+    row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if row is None:
         db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-    elif int(version[0]) in (1, 2):
-        if int(version[0]) == 1:  # version 2 added the kernel content hash; older results have none
+        return None
+    version = str(row[0])  # compared as text: a file edited by hand may hold no number
+    if version in ("1", "2"):
+        if version == "1":  # version 2 added the kernel content hash; older results have none
             db.execute("ALTER TABLE evaluations ADD COLUMN content_hash TEXT")
         # Version 3 added the block a submission counts from for originality, which the
         # API did not send before: those fetched before count from block 0, so they keep
         # the order they had among themselves (by id) and come before any fetched since.
         db.execute("ALTER TABLE submissions ADD COLUMN counts_from_block INTEGER NOT NULL DEFAULT 0")
         db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
-    elif int(version[0]) != SCHEMA_VERSION:
-        return version[0]
+    elif version != str(SCHEMA_VERSION):
+        return version
     return None
 
 
