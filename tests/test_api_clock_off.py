@@ -113,7 +113,9 @@ def test_one_caller_whose_clock_is_off_is_that_callers_clock(api, wallets):
         assert "signed 1" in served.ask(wallets["v1"], offset_s=120.0)
         assert served.ask(wallets["v2"]) == "accepted"
         assert served.submit(wallets["a"]) == "accepted"
-    assert "signed 3" in served.ask(wallets["v2"], offset_s=300.0)
+    # Signed 300 s ahead, received a moment later: 299.9 s under load.
+    refusal = served.ask(wallets["v2"], offset_s=300.0)
+    assert re.search(r"signed (299|300)\.\d s ahead", refusal), refusal
     assert served.warnings() == []
 
 
@@ -183,7 +185,8 @@ def test_replays_of_older_requests_do_not_hide_hotkeys_that_agree(api, wallets):
         for name in ("v1", "v2"):
             assert "s behind this server's clock" in served.ask(wallets[name])
             replayed = httpx.get(f"{served.url}/validator/pending", headers=seen[name], timeout=30)
-            assert replayed.status_code == 401 and "signed 16" in replayed.json()["detail"], replayed.text
+            assert replayed.status_code == 401, replayed.text
+            assert re.search(r"signed 1[6-9]\d\.\d s behind", replayed.json()["detail"]), replayed.text
         served.submit(wallets["a"])
     [warning] = served.warnings()
     assert re.search(r"requests of 3 hotkeys were refused as signed about 1(19|20)\.\d s behind", warning), warning
