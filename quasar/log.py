@@ -69,6 +69,22 @@ class SafeFormatter(logging.Formatter):
         return self.safe(super().formatStack(stack_info))
 
 
+# Records logged before setup_logging, which needs the settings (the debug flag, the secrets) and so
+# comes after they are read: held and logged once it has run, with its time and masking, rather than
+# written bare by logging's last resort (one unmasked line as wide as its text, on a terminal too).
+_held: list[logging.LogRecord] = []
+
+
+def log_when_set_up(logger: logging.Logger, level: int, msg: str, *args: object) -> None:
+    """Log ``msg % args`` through ``logger`` now where a handler would take it (logging is set up),
+    else hold it for :func:`setup_logging` to log."""
+    if logger.hasHandlers():
+        logger.log(level, msg, *args, stacklevel=2)
+    elif logger.isEnabledFor(level):
+        path, line, function, _ = logger.findCaller(stacklevel=2)
+        _held.append(logger.makeRecord(logger.name, level, path, line, msg, args, None, function))
+
+
 def setup_logging(debug: bool = False, secrets: Iterable[str] = (), stream=None, quiet: bool = False) -> None:
     """Configure the root logger once per process; every ``quasar`` command calls it first.
 
@@ -79,7 +95,8 @@ def setup_logging(debug: bool = False, secrets: Iterable[str] = (), stream=None,
     is logged too (CRITICAL), rather than printed by Python unmasked and without a time. The root
     logger logs INFO, or only warnings and errors when ``quiet`` (tools that print their own
     progress and results), and DEBUG with ``debug`` either way. The Bittensor SDK and the HTTP
-    clients (:data:`CHATTY_LIBRARIES`) stay at WARNING unless ``debug``.
+    clients (:data:`CHATTY_LIBRARIES`) stay at WARNING unless ``debug``. Records held by
+    :func:`log_when_set_up` are logged then.
     """
     stream = stream or sys.stderr
     safe = SafeText(secrets)
@@ -99,6 +116,11 @@ def setup_logging(debug: bool = False, secrets: Iterable[str] = (), stream=None,
         logging.getLogger(name).setLevel(logging.DEBUG if debug else logging.WARNING)
     sys.excepthook = _log_uncaught
     threading.excepthook = _log_uncaught_in_thread
+    held, _held[:] = list(_held), []
+    for record in held:
+        logger = logging.getLogger(record.name)
+        if logger.isEnabledFor(record.levelno):
+            logger.handle(record)
 
 
 def _log_uncaught(kind: type[BaseException], error: BaseException, traceback) -> None:

@@ -106,6 +106,27 @@ def test_a_retired_setting_in_an_old_env_is_named_with_what_replaced_it(tmp_path
     ]
 
 
+def test_a_retired_setting_is_logged_as_every_line_once_logging_is_set_up(tmp_path):
+    """A process reads its settings before it sets up logging (which needs their debug flag and
+    secrets): the retired setting's warning is held until then and logged as every line is, with
+    its time and level and terminal controls (in the .env's path) as ?. Logging's last resort wrote
+    it bare: no time, the escape raw, one line of 239 columns in an 80-column terminal."""
+    dotenv = tmp_path / "old\x1b[31m.env"
+    dotenv.write_text("AXON_PORT=8091\n")
+    env = {**os.environ, "QUASAR_DOTENV": str(dotenv)}
+    env.pop("AXON_PORT", None)
+    command = ["-m", "quasar", "scoring", "--input", str(ROOT / "examples" / "results.json")]
+    run = run_python(command, tmp_path, 120, env)
+    assert run.returncode == 0, run.stderr
+    warned = [line for line in run.stderr.splitlines() if "AXON_PORT" in line]
+    assert len(warned) == 1, run.stderr
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING quasar\.config\.settings: AXON_PORT "
+        r"\(from .*/old\?\[31m\.env\) is no longer read: the port published on chain is AXON_EXTERNAL_PORT .*",
+        warned[0],
+    ), warned[0]
+
+
 def test_bittensor_flag_spelling(tmp_path):
     parser = make_parser()
     argv = [

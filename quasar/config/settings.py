@@ -15,6 +15,7 @@ from dotenv import dotenv_values
 from quasar.config.options import OPTIONS
 from quasar.config.values import DEV_NETWORK, PUBLIC_NETWORKS
 from quasar.errors import QuasarError
+from quasar.log import log_when_set_up
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +220,7 @@ def resolve(
         # The .env is named first: the START scripts export it, and there is the line to remove.
         source = str(dotenv_path) if dotenv.get(name) is not None else "environment" if name in environ else None
         if source is not None:
-            logger.warning("%s (from %s) is no longer read: %s", name, source, instead)
+            log_when_set_up(logger, logging.WARNING, "%s (from %s) is no longer read: %s", name, source, instead)
 
     values: dict[str, Any] = {}
     for option in OPTIONS:
