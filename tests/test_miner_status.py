@@ -3,15 +3,22 @@
 
 from __future__ import annotations
 
+import io
+import json
 import logging
+from contextlib import contextmanager
 
 from rich.console import Console
+from starlette.applications import Starlette
+from starlette.responses import Response
+from starlette.routing import Route
 
 from api_fixtures import COMMIT, FORK
 from neurons.miner import main as miner_main
-from quasar.api.client import Claim
+from quasar.api.client import ApiClient, Claim
 from quasar.api.rules import commitment_hash, new_salt
 from quasar.miner.status import VerdictWatcher, print_status
+from servers import serving
 
 SECRET_FORK = "https://github.com/minera/unrevealed-kernels"
 SECRET_COMMIT = "5ec2e75ec2e75ec2e75ec2e75ec2e75ec2e75ec2"
@@ -172,3 +179,48 @@ def test_attack_a_validators_reason_cannot_forge_a_line_of_the_miners_log(start_
         watcher.poll()
     [record] = [r for r in caplog.records if r.name == "quasar.miner.status"]
     assert "\n" not in record.getMessage() and "quasar.miner: all good" in record.getMessage()
+
+
+@contextmanager
+def lying_api(answers: dict[str, object]):
+    """A stand-in of a lying or taken-over API on 127.0.0.1: each path answers 200 with its JSON,
+    written as Python's json module writes it (NaN and Infinity included, as a hostile server may)."""
+
+    async def answer(request):
+        return Response(json.dumps(answers[request.url.path]), media_type="application/json")
+
+    app = Starlette(routes=[Route(path, answer) for path in answers])
+    with serving(app) as port, ApiClient(f"http://127.0.0.1:{port}") as client:
+        yield client
+
+
+def real_answers(api) -> tuple[str, dict]:
+    """Miner a's hotkey and a failed submission's status as the real API writes it (JSON)."""
+    submission = hostile_report(api)
+    return api.wallets["a"].hotkey.ss58_address, api.client("a").submission_status(submission).model_dump(mode="json")
+
+
+TITLE_AND_CLEAR = "\x1b]0;pwned\x07\x1b[2J\x9b2J"
+
+
+def test_attack_a_lying_api_cannot_send_terminal_escapes_through_quasar_status(start_api):
+    """Every text of the API's answer reached the miner's terminal as it came: an API taken over set
+    the terminal's title and cleared the screen (ESC ] 0;...BEL, ESC [2J, the C1 CSI) through a
+    reason, the state's words, the league, the fork, the commit, a length's status or a validator's
+    hotkey. They are shown with ``?`` for each control, the rest as written."""
+    hotkey, status = real_answers(start_api())
+    for field in ("state_reason", "league", "fork_url", "commit_hash"):
+        status[field] = field + TITLE_AND_CLEAR
+    [report] = status["reports"]
+    report["validator_hotkey"] = "5" * 20 + TITLE_AND_CLEAR
+    report["reasons"] = ["slow" + TITLE_AND_CLEAR]
+    report["lengths"] = [{"seq_len": 1024, "status": "ok" + TITLE_AND_CLEAR, "tokens_per_sec": 1.0e6}]
+    report["lengths"][0].update(peak_vram_mb=None, correct=False)
+    page = {"hotkey": hotkey + TITLE_AND_CLEAR, "total": 1, "offset": 0, "limit": 10, "submissions": [status]}
+    with lying_api({f"/miners/{hotkey}/submissions": page}) as client:
+        terminal = io.StringIO()
+        print_status(Console(file=terminal, force_terminal=True, width=80), client, hotkey, None)
+    shown = terminal.getvalue()
+    for control in ("\x1b]", "\x07", "\x1b[2J", "\x9b"):
+        assert control not in shown, f"{control!r} reached the terminal"
+    assert "slow?]0;pwned??[2J?2J" in shown and "state_reason?]0;pwned" in shown

@@ -21,6 +21,7 @@ from quasar.api.client import ApiClient, ApiClientError
 from quasar.chain.wallets import WalletError, open_wallet
 from quasar.config import Settings
 from quasar.miner.strategies.base import printable_line
+from quasar.safe_text import without_terminal_controls
 from quasar.terminal import short_hotkey
 
 logger = logging.getLogger(__name__)
@@ -49,8 +50,9 @@ def _tokens(value: float | None) -> str:
 
 def _plain(value: object) -> Text:
     """``value`` as the text it is: what the API returns (a validator's reasons, say) is never read
-    as console markup, which could style, link or (a tag closing nothing) raise."""
-    return Text(str(value))
+    as console markup, which could style, link or (a tag closing nothing) raise, and its terminal
+    controls show as ``?``: an API taken over could otherwise set the terminal's title or clear it."""
+    return Text(without_terminal_controls(str(value)))
 
 
 def _state(state: str) -> Text:
@@ -141,7 +143,7 @@ def submission_detail(status: schemas.SubmissionStatus) -> Group:
             Text.assemble(
                 "\n",
                 (report.verdict, f"bold {style}"),
-                f" by validator {short_hotkey(report.validator_hotkey)} at "
+                f" by validator {without_terminal_controls(short_hotkey(report.validator_hotkey))} at "
                 f"{_when(report.reported_at)} UTC; logits {logits}",
             )
         )
