@@ -8,6 +8,7 @@ import json
 import logging
 from contextlib import contextmanager
 
+import pytest
 from rich.console import Console
 from starlette.applications import Starlette
 from starlette.responses import Response
@@ -224,3 +225,14 @@ def test_attack_a_lying_api_cannot_send_terminal_escapes_through_quasar_status(s
     for control in ("\x1b]", "\x07", "\x1b[2J", "\x9b"):
         assert control not in shown, f"{control!r} reached the terminal"
     assert "slow?]0;pwned??[2J?2J" in shown and "state_reason?]0;pwned" in shown
+
+
+@pytest.mark.parametrize("when", [float("nan"), float("inf"), 1e300, -1e300])
+def test_attack_a_lying_apis_times_do_not_end_quasar_status_in_a_traceback(start_api, when):
+    """A time a date cannot hold (NaN, infinite, years beyond 9999) in a submission or a report
+    ended ``quasar status`` in a ValueError or OverflowError traceback; it is shown as ``?``."""
+    hotkey, status = real_answers(start_api())
+    status["submitted_at"] = status["reports"][0]["reported_at"] = when
+    with lying_api({"/submissions/7": status}) as client:
+        detail = rendered(lambda console: print_status(console, client, hotkey, 7))
+    assert "submitted  ? UTC" in detail and "at ? UTC" in detail

@@ -39,9 +39,14 @@ STATE_LABELS = {"being_evaluated": "evaluating", "awaiting_quorum": "no quorum"}
 
 
 def _when(timestamp: float | None) -> str:
+    """``11-28 13:19`` (UTC), ``-`` for none, ``?`` for a time no date holds (NaN, infinite, past
+    year 9999: only an API that lies sends it, and it must not end the table in a traceback)."""
     if timestamp is None:
         return "-"
-    return datetime.fromtimestamp(timestamp, UTC).strftime("%m-%d %H:%M")
+    try:
+        return datetime.fromtimestamp(timestamp, UTC).strftime("%m-%d %H:%M")
+    except (ValueError, OverflowError, OSError):
+        return "?"
 
 
 def _tokens(value: float | None) -> str:
