@@ -245,6 +245,27 @@ def test_a_validator_starting_on_a_full_disk_gets_a_state_error_naming_its_lock_
             assert Path(f"{path}.lock").read_text() == f"{os.getpid()}\n"
 
 
+def test_a_validator_starting_on_a_read_only_disk_is_told_its_disk_is_read_only(tmp_path):
+    """A read-only disk refuses the lock file's opening (EROFS), new or left by an earlier start; the
+    refusal's cure was a VALIDATOR_DATA_DIR 'that its user can write', which sent the operator to
+    the folder's permissions."""
+    for earlier in (False, True):
+        with SmallDisk(tmp_path / f"disk-{earlier}", 1) as disk:
+            path = disk.outside("state.sqlite3")
+            if earlier:
+                ValidatorState.open(path).close()
+            disk.remount("ro")
+            with pytest.raises(StateError) as refused:
+                ValidatorState.open(path)
+            assert str(refused.value) == (
+                f"cannot open {path}.lock: Read-only file system; its disk is mounted read-only: mount it "
+                "read-write, or give this validator a VALIDATOR_DATA_DIR on a disk it can write"
+            )
+            disk.remount("rw")
+            with ValidatorState.open(path):  # once the disk is writable
+                assert Path(f"{path}.lock").read_text() == f"{os.getpid()}\n"
+
+
 def test_a_report_a_full_disk_cannot_take_is_an_error_naming_it_and_leaves_nothing_half_written(tmp_path):
     with SmallDisk(tmp_path / "disk", 1) as disk:
         reports = disk.outside("reports")

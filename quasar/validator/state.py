@@ -28,6 +28,7 @@ consistent file. One process at a time: :meth:`ValidatorState.open` takes an exc
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import sqlite3
@@ -90,6 +91,25 @@ class StateError(QuasarError, RuntimeError):
     """The state file cannot be used (locked by another process, unreadable, another schema)."""
 
 
+def _lock_file_cure(error: OSError) -> str:
+    """What makes the state's lock file, which ``error`` refused, usable: the cure for its errno."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "free space on its disk, or give this validator a VALIDATOR_DATA_DIR on a disk it can write"
+    if error.errno == errno.ENOLCK:  # flock on NFS without its lock service
+        return (
+            "its file system does not lock files (NFS without its lock service): give this validator a "
+            "VALIDATOR_DATA_DIR on a local disk"
+        )
+    if error.errno == errno.EROFS:
+        return (
+            "its disk is mounted read-only: mount it read-write, or give this validator a VALIDATOR_DATA_DIR on a "
+            "disk it can write"
+        )
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return "give this validator a VALIDATOR_DATA_DIR that its user can write"
+    return "give this validator a VALIDATOR_DATA_DIR on a disk it can write"
+
+
 class ValidatorState:
     """The state file, opened by one process; use :meth:`open` (or as a context manager)."""
 
@@ -136,18 +156,13 @@ class ValidatorState:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:  # another Unix user's folder (VALIDATOR_DATA_DIR's default is in the checkout)
-            raise StateError(
-                f"cannot open {lock_path}: {error.strerror}; give this validator a VALIDATOR_DATA_DIR "
-                "that its user can write"
-            ) from None
+            raise StateError(f"cannot open {lock_path}: {error.strerror}; {_lock_file_cure(error)}") from None
         try:
             holder = lock_for_this_process(fd)  # writes this process's pid into the file
-        except OSError as error:  # a full or read-only disk
+        except OSError as error:  # a file system that cannot lock (NFS), a full disk
             os.close(fd)
-            raise StateError(
-                f"cannot write {lock_path}: {error.strerror}; free space on its disk, or give this validator a "
-                "VALIDATOR_DATA_DIR on a disk it can write"
-            ) from None
+            doing = "lock" if error.errno == errno.ENOLCK else "write"
+            raise StateError(f"cannot {doing} {lock_path}: {error.strerror}; {_lock_file_cure(error)}") from None
         if holder is not None:
             os.close(fd)
             raise StateError(
