@@ -297,6 +297,16 @@ def test_best_entry_per_hotkey():
     assert [(p.place, p.hotkey, p.submission_id) for p in ranking.placements] == [(1, "a", 2), (2, "b", 5), (3, "c", 6)]
 
 
+def test_the_tie_margin_is_between_hotkeys_so_a_hotkeys_newer_entry_stands_at_its_own_time():
+    """docs/rules.md section 5: a hotkey's entry is its highest score, not its earliest within ε;
+    another hotkey's submission made between its two and within ε then places first."""
+    results = [make("a", 1, 1, 100.0), make("a", 2, 5, 100.5), make("b", 3, 3, 100.2)]
+    assert scoring.best_per_hotkey(results)["a"].submission_id == 2
+    placed = [(p.hotkey, p.submission_id) for p in scoring.rank(results, epsilon=0.01).placements]
+    assert placed == [("b", 3), ("a", 2)]
+    assert [p.hotkey for p in scoring.rank(results[:1] + results[2:], epsilon=0.01).placements] == ["a", "b"]
+
+
 @pytest.mark.parametrize("count", range(7))
 def test_shares_and_burn(count):
     results = [make(f"hk{i}", i, i, 1000.0 - 100 * i) for i in range(count)]
