@@ -838,9 +838,17 @@ def test_the_real_sdk_on_a_closed_port_gives_connection_errors_that_are_retried(
         port = probe.getsockname()[1]
     chain = BittensorChain("local", NETUID, f"ws://127.0.0.1:{port}", retries=2, backoff_s=0.5, sleep=sleep)
     lost = f"cannot reach ws://127.0.0.1:{port} after 3 attempts: RpcConnectionError"
-    with pytest.raises(ChainUnreachable, match=lost):  # which a process's start says with its cure
+    with pytest.raises(ChainUnreachable, match=lost) as unreachable:
         chain.current_block()
     assert sleep.delays == [0.5, 1.0]
+    # The message leaves the cure out (the API's 503 passes it to its callers, whose network is not at
+    # fault); a process that stops on it says both, the API's serve and the validator alike.
+    message = str(unreachable.value)
+    assert "SUBTENSOR_CHAIN_ENDPOINT" not in message
+    assert unreachable.value.with_cure == (
+        f"{message}; check this host's network, or name a node that answers in SUBTENSOR_CHAIN_ENDPOINT "
+        "(--subtensor.chain_endpoint)"
+    )
 
 
 @contextlib.contextmanager

@@ -87,7 +87,7 @@ def refuse(prog: str, message: str) -> int:
 
 def said(error: Exception) -> str:
     """An error as the command says it: a chain out of reach with its cure."""
-    return f"{error}; {error.cure}" if isinstance(error, ChainUnreachable) else str(error)
+    return error.with_cure if isinstance(error, ChainUnreachable) else str(error)
 
 
 def publish_url(settings: config.Settings, url: str, prog: str) -> int:

@@ -45,6 +45,11 @@ class ChainUnreachable(ChainError):
         "(--subtensor.chain_endpoint)"
     )
 
+    @property
+    def with_cure(self) -> str:
+        """The message and the cure: what a process that stops on this error says."""
+        return f"{self}; {self.cure}"
+
 
 class RateLimited(ChainError):
     """The chain refuses this write for now because of a rate limit (weights or serving).

@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar validator") -> i
     try:
         return run(settings)
     except ChainUnreachable as error:
-        log.error("%s; %s", error, error.cure)
+        log.error("%s", error.with_cure)
         return 1
     except QuasarError as error:
         log.error("%s", error)
