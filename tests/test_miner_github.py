@@ -16,6 +16,7 @@ from typing import NamedTuple
 
 import pytest
 
+from quasar import config
 from quasar.localnet.github_standin import GitHubStandIn
 from quasar.miner.github import Git, GitError, GitHubClient, GitHubError, Repository, write_askpass
 from quasar.miner.runner import remote_url
@@ -141,6 +142,18 @@ def test_clone_and_push_over_http_keep_the_token_out_of_the_workspace_and_logs(t
         assert git(clone.path, "remote", "get-url", "origin") == f"{github.git_base}/{fork.full_name}.git"
         assert TOKEN not in caplog.text
         assert dict(os.environ) == environment_before
+
+
+@pytest.mark.parametrize("base", [f"https://alice:{TOKEN}@github.com", f"https://{TOKEN}@github.com/"])
+def test_attack_a_token_in_git_remote_base_is_refused_before_the_api_or_git_config_gets_it(base):
+    """A token written into GIT_REMOTE_BASE (as URLs carry credentials for git) was taken: the fork's
+    URL is built on it, so the token went into every claim the miner sent the submission API, into
+    the clone's .git/config and into the log lines naming the remote (masked only where it is the
+    GITHUB_TOKEN). The setting is refused, naming it and not the token."""
+    with pytest.raises(config.SettingsError) as raised:
+        config.resolve({}, environ={"GIT_REMOTE_BASE": base}, dotenv_path=None)
+    assert "GIT_REMOTE_BASE (from environment): must not contain a user name or token" in str(raised.value)
+    assert TOKEN not in str(raised.value)
 
 
 def test_push_with_a_wrong_token_fails_clearly(tmp_path):

@@ -162,11 +162,17 @@ def parse_repo_slug(raw: str) -> str:
 
 
 def parse_git_remote_base(raw: str) -> str:
-    """Where git remotes live: an http(s) URL, or ``file:///DIR`` (local bare repositories)."""
+    """Where git remotes live: an http(s) URL without credentials, or ``file:///DIR`` (local bare
+    repositories)."""
     value = raw.strip().rstrip("/")
     if value.startswith("file:///"):
         return value
-    return parse_http_url(value)
+    value = parse_http_url(value)
+    # The fork's URL is built on it: a token here would be in every claim the API is sent, in the
+    # clone's .git/config and in logs. Git gets GITHUB_TOKEN for each command instead.
+    if "@" in urlparse(value).netloc:
+        raise ValueError("must not contain a user name or token: git is given GITHUB_TOKEN for each command")
+    return value
 
 
 def parse_optional_http_url(raw: str) -> str:
