@@ -542,6 +542,27 @@ def test_a_thousand_signed_requests_cost_a_few_chain_reads(world):
     assert set(reads) == {"subnets.metagraph", "block"}
 
 
+def test_attack_a_permit_lost_while_the_server_runs_is_refused_from_the_next_block(world, tmp_path):
+    """A validator's hotkey deregistered, or its permit gone at an epoch (its keys sold or stolen
+    after): its requests are refused (403) from the first one after the server has seen the next
+    block (its number is read every half block), not served from the permits read before."""
+    chain = DevChain(tmp_path / "devchain.sqlite3", netuid=NETUID, block_time_s=2.0)
+    chain.register_wallet(world["wallets"]["miner"])
+    for name in ("validator", "member"):
+        chain.register_wallet(world["wallets"][name], stake=1e4, validator_permit=True)
+    hotkey = world["wallets"]["miner"].hotkey.ss58_address
+    with serving(create_inference_app(world["served"], chain, hotkey)) as port, requests.Session() as session:
+        url = f"http://127.0.0.1:{port}"
+        assert [signed_get(session, world, url, wallet).status_code for wallet in ("validator", "member")] == [200, 200]
+        chain.deregister(world["wallets"]["validator"].hotkey.ss58_address)
+        chain.set_validator_permit(world["wallets"]["member"].hotkey.ss58_address, False)
+        chain.advance(1)
+        time.sleep(chain.block_time_s / 2)
+        refused = [signed_get(session, world, url, wallet) for wallet in ("validator", "member")]
+    assert [response.status_code for response in refused] == [403, 403]
+    assert all("no validator permit" in response.json()["detail"] for response in refused)
+
+
 def test_a_chain_that_cannot_be_read_gets_503_not_500(world):
     fake = fake_subnet(world)
     chain = BittensorChain("finney", NETUID, client_factory=fake.factory, retries=0)
