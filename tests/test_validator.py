@@ -195,6 +195,14 @@ def logit_checker(world, subnet: Subnet) -> MinerLogitChecker:
     )
 
 
+def test_an_endpoint_refused_as_not_public_is_called_so_whatever_kind_of_address_it_is():
+    """docs/rules.md section 4 step 6: any address that is not globally routable is refused, a
+    shared (100.64.0.0/10) or reserved one too, which the reason called loopback, private or link-local."""
+    for address in ("100.64.0.1", "240.0.0.1", "127.0.0.2", "10.1.2.3", "169.254.169.254", "[fd00::5]"):
+        reason = private_endpoint(f"http://{address}:8000")
+        assert reason is not None and f"{address.strip('[]')} is not a public address" in reason, reason
+
+
 def test_a_miner_pointing_validators_at_their_own_network_fails_without_a_connection(world):
     """Subtensor refuses only 127.0.0.1 and ::1 as an endpoint: a miner publishing 127.0.0.2, a
     private address or 169.254.169.254 had each validator connect there, and the reason it reported
@@ -205,7 +213,7 @@ def test_a_miner_pointing_validators_at_their_own_network_fails_without_a_connec
         url = f"http://127.0.0.2:{listener.getsockname()[1]}"
         listener.setblocking(False)
         check = MinerLogitChecker(validator, world["reference"], limits, LogitThresholds(), 1.0).check(url, miner)
-        assert not check.passed and "127.0.0.2 is a loopback, private or link-local address" in check.reason
+        assert not check.passed and "127.0.0.2 is not a public address" in check.reason
         with pytest.raises(BlockingIOError):
             listener.accept()  # no connection was made
         allowed = MinerLogitChecker(validator, world["reference"], limits, LogitThresholds(), 1.0, True)

@@ -75,8 +75,9 @@ class LogitChecker(Protocol):
 
 
 def private_endpoint(endpoint_url: str) -> str | None:
-    """Why ``endpoint_url``'s host is no public address (loopback, private, link-local: the
-    validator's own host or network, or a cloud's metadata service), or None when it is one."""
+    """Why ``endpoint_url``'s host is no public address (any that is not globally routable:
+    loopback, private, link-local, shared or reserved; the validator's own host or network, or a
+    cloud's metadata service), or None when it is one."""
     host = urlsplit(endpoint_url).hostname or ""
     try:
         address = ipaddress.ip_address(host)
@@ -84,7 +85,10 @@ def private_endpoint(endpoint_url: str) -> str | None:
         return f"its host {host!r} is not an IP address"
     if address.is_global:
         return None
-    return f"{address} is a loopback, private or link-local address, not one validators connect to"
+    return (
+        f"{address} is not a public address (loopback, private, link-local, shared or reserved), "
+        "not one validators connect to"
+    )
 
 
 class MinerLogitChecker:
