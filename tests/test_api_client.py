@@ -13,7 +13,7 @@ from starlette.applications import Starlette
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from quasar.api.client import MAX_DETAIL_CHARS, ApiClient, ApiClientError
+from quasar.api.client import MAX_DETAIL_CHARS, ApiClient, ApiClientError, Claim
 from quasar.cutoff import MAX_QUOTED_CHARS
 from quasar.localnet.host import make_wallet
 from servers import accept_connections, read_head, serving
@@ -219,3 +219,34 @@ def test_an_unusable_answer_is_an_api_client_error_of_one_short_line(endpoint, e
     message = str(raised.value)
     assert expected in message and "\n" not in message
     assert len(message) <= MAX_DETAIL_CHARS + 5  # "503: " and the detail
+
+
+def test_attack_a_redirect_never_takes_a_miners_signed_claim_or_its_requests_elsewhere(tmp_path):
+    """A taken-over API answering 307 would, were it followed, have the miner send its signed claim
+    (its fork and commit before they are public, under commit-reveal) and its status requests to a
+    host it names. The redirect is an error naming the endpoint; the other host gets nothing."""
+    elsewhere: list[str] = []
+
+    async def record(request):
+        elsewhere.append(f"{request.method} {request.url.path} {(await request.body())[:60]!r}")
+        return JSONResponse({})
+
+    async def redirect(request):
+        return Response(status_code=307, headers={"Location": f"{other}{request.url.path}"})
+
+    wallet = make_wallet(tmp_path / "wallets", "miner")
+    with (
+        serving(Starlette(routes=[Route("/{path:path}", record, methods=["GET", "POST"])])) as other_port,
+        serving(Starlette(routes=[Route("/{path:path}", redirect, methods=["GET", "POST"])])) as port,
+        ApiClient(f"http://127.0.0.1:{port}", wallet, api_hotkey=wallet.hotkey.ss58_address) as client,
+    ):
+        other = f"http://127.0.0.1:{other_port}"
+        calls = {
+            "submit_kernel": lambda: client.submit_kernel(Claim("https://github.com/a/fla", "c" * 40, 1e6), 100_000),
+            "miner_submissions": lambda: client.miner_submissions(wallet.hotkey.ss58_address),
+        }
+        for name, call in calls.items():
+            with pytest.raises(ApiClientError) as raised:
+                call()
+            assert "answered 307" in str(raised.value), name
+    assert elsewhere == []
