@@ -165,6 +165,33 @@ def test_a_validator_whose_chain_node_does_not_answer_stops_naming_the_cure(term
     assert said[0].endswith(CHAIN_CURE), said
 
 
+def test_a_miner_whose_chain_node_does_not_answer_stops_naming_the_cure(
+    terminal, capsys, monkeypatch, tmp_path, closed_node
+):
+    """./START_MINER.sh on finney from a host without its way out logged 'chain: read the
+    metagraph: cannot reach finney after 4 attempts' in the SDK's words, and nothing of what to do."""
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_" + "0" * 36)
+    monkeypatch.setenv("GITHUB_USERNAME", "a-miner")
+    make_wallet(tmp_path / "wallets", "quasar_miner")
+    argv = ["--device", "cpu", "--target-sequence-length", "128", "--wallet.path", str(tmp_path / "wallets")]
+    argv += ["--workspace.root", str(tmp_path / "work"), "--subtensor.network", "local"]
+    assert miner_cli.main([*argv, "--subtensor.chain_endpoint", closed_node]) == 1
+    said = [line for line in capsys.readouterr().err.splitlines() if " ERROR " in line]
+    assert len(said) == 1 and f"cannot reach {closed_node} after 4 attempts" in said[0], said
+    assert said[0].endswith(CHAIN_CURE), said
+
+
+def test_quasar_status_whose_chain_node_does_not_answer_says_the_cure(terminal, capsys, tmp_path, closed_node):
+    """`quasar status` on finney without the way out said 'cannot find the submission API: read
+    the subnet identity: cannot reach finney after 4 attempts' in the SDK's words alone."""
+    make_wallet(tmp_path / "wallets", "quasar_miner")
+    argv = ["--wallet.path", str(tmp_path / "wallets"), "--subtensor.network", "local"]
+    assert miner_cli.status_main([*argv, "--subtensor.chain_endpoint", closed_node]) == 1
+    said = [line for line in capsys.readouterr().err.splitlines() if " ERROR " in line]
+    assert len(said) == 1 and f"cannot reach {closed_node} after 4 attempts" in said[0], said
+    assert said[0].endswith(CHAIN_CURE), said
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_port_another_api_serves_is_refused_not_shared(tmp_path, workers):
     """A second API (pm2 starting it twice, another database) on the port of one serving with

@@ -248,7 +248,7 @@ def _run(settings: Settings) -> int:
 
     from quasar.api.client import ApiClient
     from quasar.api.lookup import ApiFollower, ApiNotFound, find_api
-    from quasar.chain import ChainError, btcli
+    from quasar.chain import ChainError, ChainUnreachable, btcli
     from quasar.chain.factory import connect
     from quasar.evaluate import options_from_settings
     from quasar.miner.github import (
@@ -294,6 +294,8 @@ def _run(settings: Settings) -> int:
                     btcli.registration_hint(settings, settings.wallet_name_for("miner"), hotkey),
                 )
             api = find_api(settings, chain)
+        except ChainUnreachable as error:
+            raise MinerSetupError(f"chain: {error.with_cure}") from None
         except ChainError as error:
             raise MinerSetupError(f"chain: {error}") from None
         except ApiNotFound as error:

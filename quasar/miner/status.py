@@ -186,14 +186,15 @@ def run_status(settings: Settings, submission_id: int | None, console: Console |
     console = console or Console()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # its request lines would interleave with the tables
     from quasar.api.lookup import ApiNotFound, find_api
-    from quasar.chain import ChainError
+    from quasar.chain import ChainError, ChainUnreachable
     from quasar.chain.factory import connect
 
     try:
         hotkey = open_wallet(settings, "miner").hotkey.ss58_address
         url = settings.validator_api_url or find_api(settings, connect(settings)).url
     except (WalletError, ApiNotFound, ChainError) as error:
-        logger.error("%s%s", "" if isinstance(error, WalletError) else "cannot find the submission API: ", error)
+        said = error.with_cure if isinstance(error, ChainUnreachable) else str(error)
+        logger.error("%s%s", "" if isinstance(error, WalletError) else "cannot find the submission API: ", said)
         return 1
     with ApiClient(url) as client:
         try:
