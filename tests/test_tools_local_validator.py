@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from quasar.tools import check_sandbox, local_validator
+from quasar.tools import install_kernel as step1
 from quasar.tools import tune_kernel as step2
 
 CPU_LIMIT = "sequence length 100000: CPU runs are limited to 65536 tokens"
@@ -49,6 +50,34 @@ def test_the_other_evaluation_tools_wrap_their_refusals_too(tmp_path, monkeypatc
         tool.main(argv)
     error = capsys.readouterr().err
     assert "error:" in error and max(len(line) for line in error.splitlines()) <= 80, error
+
+
+@pytest.mark.parametrize(
+    "tool, argv, cure",
+    [
+        (step1, ["--skip-setup"], "give --seq-len N of 65536 or less"),
+        (local_validator, ["--full"], "run --seq-len N of 65536 or less instead of --full"),
+        (local_validator, ["--seq-len", "100000"], "give --seq-len N of 65536 or less"),
+        (step2, [], "give --seq-lens LIST of 65536 or less"),
+    ],
+)
+def test_a_length_past_the_cpus_limit_is_refused_naming_the_flag_that_cures_it(
+    tmp_path, monkeypatch, capsys, tool, argv, cure
+):
+    """The README's commands run on the CPU (`quasar step1 --repo-path FORK --device cpu`, and
+    local-validator --full, step2 alike) were refused for a length the miner never gave, their
+    defaults' (1M, 100k, 262,144), saying only that CPU runs are limited to 65536 tokens."""
+    monkeypatch.setenv("COLUMNS", "80")
+    fork = tmp_path / "fork" / "fla" / "ops" / "quasar"
+    fork.mkdir(parents=True)
+    (fork / "tuning.py").write_text("")
+    with pytest.raises(SystemExit) as refused:
+        tool.main(["--repo-path", str(tmp_path / "fork"), "--device", "cpu", *argv])
+    assert refused.value.code == 2
+    error = capsys.readouterr().err.split("error:", 1)[1]
+    assert max(len(line) for line in error.splitlines()) <= 80, error
+    said = " ".join(error.split())
+    assert "CPU runs are limited to 65536 tokens" in said and said.endswith(cure), said
 
 
 def test_a_flag_stays_on_the_line_of_its_value_wherever_the_line_breaks(monkeypatch, capsys):

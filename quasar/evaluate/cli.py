@@ -16,7 +16,13 @@ from quasar import config
 from quasar.config import values
 from quasar.evaluate.gpus import GpuOrderError, use_pci_bus_order
 from quasar.evaluate.harness import evaluate
-from quasar.evaluate.options import EvaluationInputError, EvaluationOptions, options_from_settings
+from quasar.evaluate.options import (
+    CPU_MAX_SEQ_LEN,
+    EvaluationInputError,
+    EvaluationOptions,
+    NotOnThisMachine,
+    options_from_settings,
+)
 from quasar.evaluate.report import render_report
 from quasar.log import setup_logging
 
@@ -151,6 +157,16 @@ def options_from(args: argparse.Namespace, seq_lens: Sequence[int], settings: co
         require_cu=args.require_cu,
         **given,
     )
+
+
+def refusal(error: EvaluationInputError, device: str, lengths_flag: str, instead_of: str = "") -> str:
+    """What a tool says for ``error``: a length past the CPU's limit with the cure, ``lengths_flag``
+    (the tool's flag for its lengths, which its defaults pass) given lengths within the limit, in
+    place of ``instead_of`` where a flag of its own asked for the longer ones."""
+    if device != "cpu" or not isinstance(error, NotOnThisMachine):
+        return str(error)
+    verb, place = ("run", f" instead of {instead_of}") if instead_of else ("give", "")
+    return f"{error}; {verb} {lengths_flag} of {CPU_MAX_SEQ_LEN} or less{place}"
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "quasar evaluate") -> int:

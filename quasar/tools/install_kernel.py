@@ -31,7 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from quasar import astparse
 from quasar.config.values import format_seq_lens
 from quasar.errors import QuasarError
-from quasar.evaluate.cli import add_evaluation_arguments, options_from, positive_int, start
+from quasar.evaluate.cli import add_evaluation_arguments, options_from, positive_int, refusal, start
 from quasar.evaluate.gpus import missing_gpu_here
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, ProgressEvent, check_lengths
@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar step1") -> int:
     try:  # refused before the fork is touched (a CPU run at 1M, say)
         check_lengths(options.seq_lens, args.seq_len, options.device)
     except EvaluationInputError as error:
-        parser.error(str(error))
+        parser.error(refusal(error, options.device, "--seq-len N"))
     if not args.skip_setup:
         problems = check_setup(repo, options.device)
         if problems:

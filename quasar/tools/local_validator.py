@@ -24,7 +24,7 @@ from rich.progress import (
 )
 
 from quasar.config.values import format_seq_lens
-from quasar.evaluate.cli import add_evaluation_arguments, options_from, positive_int, start
+from quasar.evaluate.cli import add_evaluation_arguments, options_from, positive_int, refusal, start
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import EvaluationInputError, ProgressEvent
 from quasar.evaluate.report import OK, EvaluationReport, render_report
@@ -98,16 +98,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar local-validator"
     console = Console(stderr=args.json)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     try:
+        options = options_from(args, seq_lens, settings)
         with Progress(*columns, console=console, transient=True) as progress:
-            report = evaluate(
-                args.repo_path,
-                target,
-                args.claimed,
-                options_from(args, seq_lens, settings),
-                progress=ProgressDisplay(progress),
-            )
+            report = evaluate(args.repo_path, target, args.claimed, options, progress=ProgressDisplay(progress))
     except EvaluationInputError as error:
-        parser.error(str(error))
+        parser.error(refusal(error, args.device or settings.device, "--seq-len N", "--full" if args.full else ""))
     if args.json:
         print(report.to_json())
         return 0 if report.passed else 1

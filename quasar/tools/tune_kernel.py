@@ -44,7 +44,7 @@ from rich.table import Table
 
 from quasar.config.values import format_seq_lens
 from quasar.errors import QuasarError
-from quasar.evaluate.cli import add_evaluation_arguments, options_from, parse_seq_lens, start
+from quasar.evaluate.cli import add_evaluation_arguments, options_from, parse_seq_lens, refusal, start
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import EvaluationInputError
 from quasar.evaluate.report import OK
@@ -478,7 +478,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar step2") -> int:
     console = Console()
     try:
         results = sweep(repo, grid, tuple(args.seq_lens), options_from(args, (), settings), console)
-    except (EvaluationInputError, TuningError) as error:
+    except EvaluationInputError as error:
+        parser.error(refusal(error, args.device or settings.device, "--seq-lens LIST"))
+    except TuningError as error:
         parser.error(str(error))
     choice = choose(results)
     console.print(render_table(results, choice))
