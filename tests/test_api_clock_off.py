@@ -69,15 +69,16 @@ class Served:
 
 
 @pytest.fixture
-def api(chain, wallets, tmp_path) -> Iterator[Callable[[str], Served]]:
-    """Start the API with its clock ``FAKETIME`` off this host's ("+120": two minutes ahead)."""
+def api(chain, wallets, tmp_path) -> Iterator[Callable[..., Served]]:
+    """Start the API with its clock ``FAKETIME`` off this host's ("+120": two minutes ahead), with
+    ``workers`` worker processes."""
     started: list = []
 
-    def start(offset: str) -> Served:
+    def start(offset: str, workers: int = 1) -> Served:
         faked = {"LD_PRELOAD": libfaketime(), "FAKETIME": offset, "DONT_FAKE_MONOTONIC": "1"}
         api_hotkey = wallets["api"].hotkey.ss58_address
         process, url = start_api_process(
-            tmp_path, f"sqlite:///{tmp_path}/api.sqlite3", chain.path, api_hotkey, settings=faked
+            tmp_path, f"sqlite:///{tmp_path}/api.sqlite3", chain.path, api_hotkey, workers=workers, settings=faked
         )
         started.append(process)
         return Served(url, api_hotkey, next(tmp_path.glob("server-*.log")))
@@ -103,6 +104,21 @@ def test_an_api_whose_clock_is_off_says_so_once(api, wallets):
     assert re.search(r"about 1(19|20)\.\d s behind this API's clock", warning), warning
     served.ask(wallets["v1"])
     assert len(served.warnings()) == 1  # then no more often than every 10 minutes
+
+
+def test_an_api_with_several_workers_says_it_once(api, chain, wallets):
+    """With --workers 2 each worker counted the refusals it served and said the warning itself: two
+    identical lines for one clock, in a log that reads them as two events. Only the first worker
+    watches. Each of three validators asks 16 times, each time on a fresh connection, which the
+    kernel gives either worker: all 16 of one validator's on the other worker has odds of 2**-16."""
+    chain.register_wallet(wallets["v3"], stake=1e4, validator_permit=True)
+    served = api("+120", workers=2)
+    for _ in range(16):
+        for name in ("v1", "v2", "v3"):
+            assert "s behind this server's clock" in served.ask(wallets[name])
+    warnings = served.warnings()
+    assert len(warnings) == 1, warnings
+    assert re.search(r"requests of 3 hotkeys were refused as signed about 1(19|20)\.\d s behind", warnings[0])
 
 
 def test_one_caller_whose_clock_is_off_is_that_callers_clock(api, wallets):

@@ -110,22 +110,29 @@ def publish_url(settings: config.Settings, url: str, prog: str) -> int:
     return 0
 
 
-def build_app(settings: config.Settings, database: Database, shared_pages: Path | None = None) -> FastAPI:
+def build_app(
+    settings: config.Settings, database: Database, shared_pages: Path | None = None, watch_clock: bool = True
+) -> FastAPI:
     """The API on ``database`` and the chain ``settings`` name (its metagraph cached per block);
-    ``shared_pages``: the directory where the server's workers share their cached reads."""
+    ``shared_pages``: the directory where the server's workers share their cached reads;
+    ``watch_clock``: whether this process says when its callers' refusals show its clock off."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     chain = connect(settings)
     if settings.network != config.DEV_NETWORK:
         chain = CachedMetagraphChain(chain)
-    return create_app(ApiConfig.from_settings(settings), chain, database, shared_pages=shared_pages)
+    return create_app(
+        ApiConfig.from_settings(settings), chain, database, shared_pages=shared_pages, watch_clock=watch_clock
+    )
 
 
-def worker_app(argv: list[str], shared_pages: str) -> FastAPI:
-    """The app of one worker process of ``serve --workers N``, from the same arguments, sharing its
-    cached reads with the other workers through ``shared_pages``."""
+def worker_app(argv: list[str], shared_pages: str, number: int) -> FastAPI:
+    """The app of worker ``number`` (from 0) of ``serve --workers N``, from the same arguments,
+    sharing its cached reads with the other workers through ``shared_pages``. Worker 0 alone
+    watches the API's clock: the workers share no count, and each said the one clock's warning
+    itself (docs/api.md)."""
     _, settings = config.parse_args(build_parser(), argv)
     setup_logging(settings.debug, settings.secrets())
-    return build_app(settings, Database(settings.database_url), Path(shared_pages))
+    return build_app(settings, Database(settings.database_url), Path(shared_pages), watch_clock=number == 0)
 
 
 def main(argv: list[str] | None = None, prog: str = "quasar api") -> int:

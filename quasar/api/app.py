@@ -168,12 +168,14 @@ def create_app(
     clock: Callable[[], float] = time.time,
     fast_lane: bool = True,
     shared_pages: pathlib.Path | None = None,
+    watch_clock: bool = True,
 ) -> FastAPI:
     """The API on ``database`` (a :class:`Database` or a URL; migrated to the newest schema here)
     and ``chain`` (registrations, permits and blocks). ``fast_lane``: answer signed direct
     submissions before routing (quasar/api/fastlane.py); off, the route answers them all.
     ``shared_pages``: a directory where the server's worker processes share their cached reads
-    (quasar/api/sharedpages.py)."""
+    (quasar/api/sharedpages.py). ``watch_clock``: count the refusals for the clock and say when
+    they show this host's clock off (quasar/api/clockwatch.py)."""
     if not config.api_hotkey:
         raise ValueError("API_HOTKEY is not set: the API needs its hotkey's ss58 address as the signed receiver")
     if isinstance(database, str):
@@ -181,7 +183,7 @@ def create_app(
     database.upgrade()
     service = SubmissionService(config, chain, database, clock)
     registered, permitted = auth.require_registered(chain), auth.require_validator_permit(chain)
-    clocks = ClockWatch()
+    clocks = ClockWatch() if watch_clock else None
     reads = BlockCache(service.current_block, shared=None if shared_pages is None else SharedPages(shared_pages))
     trusted = rules.parse_networks(config.trusted_proxies)
 
@@ -241,7 +243,8 @@ def create_app(
         try:
             return authenticate(request, body, ip, miner)
         except auth.ClockRefusal as refusal:
-            await run_in_threadpool(clocks.refused, refusal, registered if miner else permitted)
+            if clocks is not None:
+                await run_in_threadpool(clocks.refused, refusal, registered if miner else permitted)
             raise
 
     # The handler's thread does the rest.

@@ -13,7 +13,7 @@ refusal of the newest nonce, however often it asks. A request is not proof of wh
 anyone who saw one can send it again, refused then as stale by as much as it waited. Counted by
 the newest nonce, such a replay of a hotkey's older request cannot replace its latest refusal and
 hide the offset it agrees on; requests seen and replayed can still be counted, so the warning
-says "likely".
+says "likely". Of several worker processes, the first alone watches (quasar.api.__main__.worker_app).
 """
 
 from __future__ import annotations

@@ -76,24 +76,25 @@ def _exit_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _worker(make_app: str, make_app_args: tuple, options: ServerOptions) -> None:
+def _worker(make_app: str, make_app_args: tuple, number: int, options: ServerOptions) -> None:
     _exit_with_parent()
     module, _, function = make_app.partition(":")
-    app = getattr(importlib.import_module(module), function)(*make_app_args)
+    app = getattr(importlib.import_module(module), function)(*make_app_args, number)
     sock = listening_socket(options["host"], options["port"])
     uvicorn.Server(uvicorn.Config(app, **options)).run(sockets=[sock])
 
 
 def run_workers(count: int, make_app: str, make_app_args: tuple, options: ServerOptions) -> None:
-    """Run ``count`` worker processes, each serving ``make_app(*make_app_args)`` (``"module:function"``:
-    the workers are spawned, not forked, and import it) with uvicorn ``options`` (host and port
-    included), until SIGTERM or SIGINT."""
+    """Run ``count`` worker processes, each serving ``make_app(*make_app_args, number)``
+    (``"module:function"``: the workers are spawned, not forked, and import it; ``number``: the
+    worker's, from 0, which one started in place of a worker that died takes over) with uvicorn
+    ``options`` (host and port included), until SIGTERM or SIGINT."""
     context = multiprocessing.get_context("spawn")
     stopping = threading.Event()
     workers: list[multiprocessing.process.BaseProcess] = []
 
-    def start() -> multiprocessing.process.BaseProcess:
-        process = context.Process(target=_worker, args=(make_app, make_app_args, options), daemon=False)
+    def start(number: int) -> multiprocessing.process.BaseProcess:
+        process = context.Process(target=_worker, args=(make_app, make_app_args, number, options), daemon=False)
         process.start()
         return process
 
@@ -103,7 +104,7 @@ def run_workers(count: int, make_app: str, make_app_args: tuple, options: Server
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        workers.extend(start() for _ in range(count))
+        workers.extend(start(number) for number in range(count))
         logger.info(
             "started %d workers on %s:%d: %s",
             count,
@@ -123,7 +124,7 @@ def run_workers(count: int, make_app: str, make_app_args: tuple, options: Server
                     stopping.set()
                     break
                 logger.warning("worker %d exited (%s); starting another", worker.pid, worker.exitcode)
-                workers[index] = start()
+                workers[index] = start(index)
                 started[workers[index].pid] = clock
     finally:
         for worker in workers:
