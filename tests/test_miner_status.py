@@ -18,7 +18,7 @@ from api_fixtures import COMMIT, FORK
 from neurons.miner import main as miner_main
 from quasar.api.client import ApiClient, Claim
 from quasar.api.rules import commitment_hash, new_salt
-from quasar.miner.status import VerdictWatcher, print_status
+from quasar.miner.status import MAX_LOGGED_REASONS, MAX_VERDICTS_PER_POLL, VerdictWatcher, print_status
 from servers import serving
 
 SECRET_FORK = "https://github.com/minera/unrevealed-kernels"
@@ -236,3 +236,34 @@ def test_attack_a_lying_apis_times_do_not_end_quasar_status_in_a_traceback(start
     with lying_api({"/submissions/7": status}) as client:
         detail = rendered(lambda console: print_status(console, client, hotkey, 7))
     assert "submitted  ? UTC" in detail and "at ? UTC" in detail
+
+
+def test_attack_a_lying_api_cannot_flood_the_running_miners_log_with_verdicts(start_api, caplog):
+    """The running miner asks for its 10 newest submissions every 15 s and logs each verdict once,
+    known by its submission's time. A lying API answering with more submissions than asked, many
+    reports and long reasons, under a new time at every poll, had all of it logged at every poll, up
+    to the client's 32 MB (measured: 20 MB a poll from one reason, 10,000 lines from a thousand
+    submissions of ten reports), until pm2's log filled the disk. A poll reads the submissions it
+    asked for, logs at most MAX_VERDICTS_PER_POLL verdicts (the rest at the next polls) and a
+    verdict's reasons in at most MAX_LOGGED_REASONS characters."""
+    hotkey, status = real_answers(start_api())
+    polls = iter(range(1, 100))
+    reasons = ["slow " * 100] * 20
+    reports = [dict(status["reports"][0], validator_hotkey=f"5{v:047d}", reasons=reasons) for v in range(30)]
+    page = {"hotkey": hotkey, "total": 30, "offset": 0, "limit": 10}
+
+    async def lying_page(request):
+        submitted_at = status["submitted_at"] + next(polls)
+        listed = [dict(status, submission_id=n, submitted_at=submitted_at, reports=reports) for n in range(30)]
+        return Response(json.dumps({**page, "submissions": listed}), media_type="application/json")
+
+    app = Starlette(routes=[Route(f"/miners/{hotkey}/submissions", lying_page)])
+    with serving(app) as port, ApiClient(f"http://127.0.0.1:{port}") as client:
+        watcher = VerdictWatcher(client, hotkey)
+        with caplog.at_level(logging.INFO, logger="quasar.miner.status"):
+            logged = [watcher.poll() for _ in range(2)]
+    assert [len(verdicts) for verdicts in logged] == [MAX_VERDICTS_PER_POLL] * 2
+    assert {submission for verdicts in logged for submission, _ in verdicts} <= set(range(10))
+    lines = [record.getMessage() for record in caplog.records if record.name == "quasar.miner.status"]
+    assert len(lines) == 2 * MAX_VERDICTS_PER_POLL
+    assert max(len(line) for line in lines) < MAX_LOGGED_REASONS + 300

@@ -8,6 +8,7 @@ revealed, only the hash; never the fork or commit its own state file holds.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from datetime import UTC, datetime
 
@@ -27,6 +28,10 @@ from quasar.terminal import short_hotkey
 logger = logging.getLogger(__name__)
 
 RECENT = 10
+# What one poll of the running miner logs at most, whatever the API answers: a lying one could
+# otherwise put its whole answer (up to the client's 32 MB) into the log at every poll.
+MAX_VERDICTS_PER_POLL = 64  # verdicts logged by one poll; the rest by the next ones
+MAX_LOGGED_REASONS = 1000  # characters of a verdict's reasons on its line (quasar status shows all)
 STATE_STYLES = {
     "passed": "green",
     "failed": "red",
@@ -219,25 +224,29 @@ class VerdictWatcher:
         self._seen: set[tuple[int, float, str]] = set()
 
     def poll(self) -> list[tuple[int, str]]:
-        """Fetch the recent submissions and log verdicts not logged before; returns their (submission,
-        validator) keys. API errors are logged at debug level and retried at the next poll."""
+        """Fetch the recent submissions and log verdicts not logged before, at most
+        MAX_VERDICTS_PER_POLL (the rest at the next polls); returns their (submission, validator)
+        keys. API errors are logged at debug level and retried at the next poll."""
         try:
             page = self.client.miner_submissions(self.hotkey, limit=self.limit)
         except ApiClientError as error:
             logger.debug("cannot read this miner's submissions from the API: %s", error)
             return []
+        asked = page.submissions[: self.limit]  # an API that lies may send more
+        unseen = (
+            (status, report)
+            for status in asked
+            for report in status.reports
+            if (status.submission_id, status.submitted_at, report.validator_hotkey) not in self._seen
+        )
         new = []
-        for status in page.submissions:
-            for report in status.reports:
-                key = (status.submission_id, status.submitted_at, report.validator_hotkey)
-                if key in self._seen:
-                    continue
-                self._seen.add(key)
-                new.append((status.submission_id, report.validator_hotkey))
-                self._log(status, report)
+        for status, report in itertools.islice(unseen, MAX_VERDICTS_PER_POLL):
+            self._seen.add((status.submission_id, status.submitted_at, report.validator_hotkey))
+            new.append((status.submission_id, report.validator_hotkey))
+            self._log(status, report)
         # Only the page's submissions are remembered: the page holds the newest, so one that left
         # it never comes back, and the set stays bounded however long the miner runs.
-        listed = {(status.submission_id, status.submitted_at) for status in page.submissions}
+        listed = {(status.submission_id, status.submitted_at) for status in asked}
         self._seen = {key for key in self._seen if key[:2] in listed}
         return new
 
@@ -259,4 +268,6 @@ class VerdictWatcher:
             logger.info("%s", text)
         else:
             reasons = "; ".join(printable_line(reason) for reason in report.reasons)
+            if len(reasons) > MAX_LOGGED_REASONS:
+                reasons = f"{reasons[:MAX_LOGGED_REASONS]}… (quasar status --submission {status.submission_id})"
             logger.warning("%s; reasons: %s", text, reasons or "none given")
