@@ -27,6 +27,9 @@ TABLE_WIDTH = 80
 
 # A flag and the value after it ("--device cpu"), kept on one line: the reader copies them together.
 _FLAG_AND_VALUE = re.compile(r"(?<![\w-])(--[\w.-]+) (?=[^\s-])")
+# A figure and its unit ("3.7 s", "16,384 MiB"), kept on one line: "(3.7" ending one line and "s)"
+# opening the next reads as two things.
+_FIGURE_AND_UNIT = re.compile(r"(?<=\d) (?=(?:ms|s|KiB|MiB|GiB)\b)")
 _KEPT_TOGETHER = "\u00a0"  # textwrap breaks lines only at ASCII white space
 
 
@@ -86,11 +89,12 @@ def log_table(logger: logging.Logger, message: str, table: RenderableType, level
 def wrapped(message: str, width: int | None = None, indent: str = "") -> str:
     """``message`` as one paragraph wrapped at words to ``width`` (the terminal's), at most
     :data:`TABLE_WIDTH` columns, its lines after the first indented by ``indent``: a word longer
-    than a line (a path, a URL) whole on its own, a flag on the line of its value. A message
-    printed on one line is split by the terminal mid-word, through the flag or path the reader
-    should copy."""
+    than a line (a path, a URL) whole on its own, a flag on the line of its value, a figure on the
+    line of its unit. A message printed on one line is split by the terminal mid-word, through the
+    flag or path the reader should copy."""
     width = min(width or shutil.get_terminal_size().columns, TABLE_WIDTH)
     joined = _FLAG_AND_VALUE.sub(rf"\1{_KEPT_TOGETHER}", " ".join(message.split()))
+    joined = _FIGURE_AND_UNIT.sub(_KEPT_TOGETHER, joined)
     text = textwrap.fill(joined, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
     return text.replace(_KEPT_TOGETHER, " ")
 

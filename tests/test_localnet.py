@@ -697,6 +697,19 @@ def test_its_messages_on_a_terminal_fit_80_columns_without_splitting_a_word_or_a
     assert re.search(rf"✓ {re.escape(step)} \(\d+\.\d s\)", text), said
 
 
+def test_a_finished_steps_time_stays_whole_at_a_lines_end():
+    """In an 80-column terminal the owner's step ended '... as the subnet owner (3.7' and the next
+    line began with 's)', the time split from its unit."""
+    screen = io.StringIO()
+    display = Display(Console(file=screen, width=80, force_terminal=True, soft_wrap=True, color_system=None))
+    display.step("waiting for the API, then publishing its URL on chain as the subnet owner")
+    display.close(ok=True)
+    lines = [line.rstrip() for line in re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", screen.getvalue()).splitlines()]
+    said = [line.split("\r")[-1] for line in lines if line.split("\r")[-1].strip()]
+    finished = [line for line in said if line.startswith(("✓", "  "))]  # not the spinner's redraws
+    assert finished[-1].endswith("(0.0 s)") and all(len(line) <= 80 for line in finished), said
+
+
 def test_what_a_running_network_prints_fits_80_columns_and_its_commands_copy_whole():
     """Without --once: the block naming the API, the miners' status command and the chain's flags
     had lines of 105, 215 and 110 columns (data in /tmp/walk/ln2), which the terminal split mid-word;
