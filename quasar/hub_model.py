@@ -123,14 +123,36 @@ def hub_reachable(timeout: float = HUB_PROBE_SECONDS) -> tuple[bool, str]:
     return True, target
 
 
+# hf_xet's bounds on a download from Xet's storage, where the process's environment sets none
+# (docs/validator.md, "The reference model"). Its own (a read waits up to 300 s, a connection 60 s,
+# each request tried 6 times) held a start more than half an hour on a server that accepts the
+# connection and never answers; these end it within 2 minutes: 4 tries of 20 s, 3 pauses of up to
+# 3, 9 and 27 s. A read's timeout restarts at each packet, so a slow link that delivers is not cut
+# (huggingface_hub's own HTTP download waits 10 s). hf_xet reads them when its first download starts.
+XET_BOUNDS = {
+    "HF_XET_CLIENT_READ_TIMEOUT": "20s",
+    "HF_XET_CLIENT_CONNECT_TIMEOUT": "10s",
+    "HF_XET_CLIENT_RETRY_MAX_ATTEMPTS": "3",  # retries after the first try
+}
+
+
+def bound_xet() -> None:
+    """Put :data:`XET_BOUNDS` into this process's environment (its children inherit them), each
+    where the environment does not set it already: a value the user set is kept."""
+    for variable, value in XET_BOUNDS.items():
+        os.environ.setdefault(variable, value)
+
+
 def download(name: str) -> Path:
     """Download hub model ``name``'s :data:`MODEL_FILES` into the cache; the snapshot's folder.
 
     Raises :class:`ModelLoadError` naming the model and the cure: the hub's refusal (gated, no such
-    model, a bad token), its limit or fault (429, 5xx), a cut-off download, a full or unwritable cache.
+    model, a bad token), its limit or fault (429, 5xx), a cut-off download, Xet's storage failing or
+    silent (:func:`bound_xet`), a full or unwritable cache.
     """
     from huggingface_hub import snapshot_download
 
+    bound_xet()
     try:
         with library_progress_bars(shown=sys.stderr.isatty()):
             folder = Path(snapshot_download(name, allow_patterns=MODEL_FILES))

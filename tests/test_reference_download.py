@@ -16,13 +16,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from forward_proxy import ForwardProxy
 from hub_standin import HubStandIn
-from quasar.hub_model import hub_proxy, hub_reachable
+from quasar.hub_model import XET_BOUNDS, bound_xet, hub_proxy, hub_reachable
+from servers import accept_connections
 from small_disk import SmallDisk, unavailable
 from tiny_qwen import TINY_VOCAB, make_tiny_qwen2
 
@@ -54,15 +57,21 @@ def hub(model_dir):
 
 
 def load(
-    hub: HubStandIn, home: Path, name: str = NAME, prefix: tuple[str, ...] = (), **variables: str
+    hub: HubStandIn,
+    home: Path,
+    name: str = NAME,
+    prefix: tuple[str, ...] = (),
+    loader: str = LOADER,
+    timeout: float = 120,
+    **variables: str,
 ) -> subprocess.CompletedProcess:
     """Start the loader with HF_HOME=home (and ``variables``) against the stand-in, without this
-    machine's proxy settings; its stdout holds LOADED or ERROR."""
+    machine's proxy settings, for at most ``timeout`` seconds; its stdout holds LOADED or ERROR."""
     env = {k: v for k, v in os.environ.items() if not is_hub_or_proxy_variable(k)}
     env.update(HF_ENDPOINT=hub.endpoint, HF_HOME=str(home), HF_HUB_DISABLE_PROGRESS_BARS="1")
     env.update(variables)
     return subprocess.run(
-        [*prefix, sys.executable, "-c", LOADER, name], env=env, capture_output=True, text=True, cwd="/", timeout=120
+        [*prefix, sys.executable, "-c", loader, name], env=env, capture_output=True, text=True, cwd="/", timeout=timeout
     )
 
 
@@ -259,8 +268,8 @@ def test_a_host_that_reaches_the_hub_but_not_xets_storage_is_told_which_and_the_
     """The hub keeps the weights on Xet: huggingface_hub asks the hub's token route for the CAS server
     to download them from, another host, and hf_xet connects to it. A host whose way out lets the hub
     through but not that server passed the probe, then ended with hf_xet's error and 'Check the
-    network to' the hub, the one host that answered. hf_xet retries 5 times from 3 s apart (96 s
-    here); once is enough to see its error."""
+    network to' the hub, the one host that answered. hf_xet retries 3 times (XET_BOUNDS), with
+    pauses of up to 3, 9 and 27 s; once is enough to see its error."""
     cas = f"http://127.0.0.1:{closed_port()}"
     hub.xet(cas)
     message = refused(load(hub, tmp_path / "hf", HF_XET_CLIENT_RETRY_MAX_ATTEMPTS="1"))
@@ -283,6 +292,52 @@ def test_a_proxy_that_cannot_reach_xets_storage_is_told_as_xets(hub, tmp_path):
         message = refused(load(hub, tmp_path / "hf", **variables))
         assert f"{endpoint} answers, but the download from Xet's storage {cas} failed" in message
         assert "502" in message and any(url.startswith(f"{cas}/") for _, url in proxy.requests)
+
+
+@contextmanager
+def silent_server() -> Iterator[tuple[str, list[socket.socket]]]:
+    """A server on 127.0.0.1 that accepts every connection and never answers: its URL, and the
+    connections it holds open."""
+    held: list[socket.socket] = []
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        accept_connections(listener, held.append)
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}", held
+    for connection in held:
+        connection.close()
+
+
+def test_xets_storage_accepting_and_never_answering_fails_the_start_within_the_bound(hub, tmp_path):
+    """hf_xet waits 300 s for each read and tries 6 times: a CAS server that accepts the connection and
+    never answers held a start more than half an hour. The download now sets hf_xet's bounds where the
+    user set none; here shortened (2 tries of 2 s) by the loader, as XET_BOUNDS's own are minutes."""
+    shortened = {**XET_BOUNDS, "HF_XET_CLIENT_READ_TIMEOUT": "2s", "HF_XET_CLIENT_RETRY_MAX_ATTEMPTS": "1"}
+    loader = f"import quasar.hub_model\nquasar.hub_model.XET_BOUNDS = {shortened!r}\n{LOADER}"
+    with silent_server() as (cas, held):
+        hub.xet(cas)
+        started = time.monotonic()
+        message = refused(load(hub, tmp_path / "hf", loader=loader, timeout=90))
+        took = time.monotonic() - started
+    assert took < 45, took  # the loader's imports (10 s or so), 2 reads of 2 s and a pause of up to 3 s
+    assert held  # the silent server was reached: the wait was on it
+    assert f"{hub.endpoint} answers, but the download from Xet's storage {cas} failed" in message
+    assert f"open this host's way out to Xet's storage {cas}, or set HF_HUB_DISABLE_XET=1" in message
+
+
+def test_xets_bounds_are_minutes_and_a_value_the_user_set_is_kept(monkeypatch):
+    """A read's timeout restarts at each packet that arrives, so a slow link that still delivers is not
+    cut; hf_xet ignores a duration without its unit (it takes its own, 300 s)."""
+    assert XET_BOUNDS == {
+        "HF_XET_CLIENT_READ_TIMEOUT": "20s",
+        "HF_XET_CLIENT_CONNECT_TIMEOUT": "10s",
+        "HF_XET_CLIENT_RETRY_MAX_ATTEMPTS": "3",
+    }
+    for name in XET_BOUNDS:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_XET_CLIENT_READ_TIMEOUT", "2m")
+    bound_xet()
+    assert os.environ["HF_XET_CLIENT_READ_TIMEOUT"] == "2m"
+    assert os.environ["HF_XET_CLIENT_CONNECT_TIMEOUT"] == "10s"
+    assert os.environ["HF_XET_CLIENT_RETRY_MAX_ATTEMPTS"] == "3"
 
 
 def test_a_hub_no_proxy_lists_is_probed_and_downloaded_from_directly(hub, tmp_path):
