@@ -18,7 +18,14 @@ from api_fixtures import COMMIT, FORK
 from neurons.miner import main as miner_main
 from quasar.api.client import ApiClient, Claim
 from quasar.api.rules import commitment_hash, new_salt
-from quasar.miner.status import MAX_LOGGED_REASONS, MAX_VERDICTS_PER_POLL, VerdictWatcher, print_status
+from quasar.api.schemas import MAX_BENCHMARK_ENTRIES, MAX_REASON_LENGTH, MAX_REASONS
+from quasar.miner.status import (
+    MAX_LOGGED_REASONS,
+    MAX_REPORTS_SHOWN,
+    MAX_VERDICTS_PER_POLL,
+    VerdictWatcher,
+    print_status,
+)
 from servers import serving
 
 SECRET_FORK = "https://github.com/minera/unrevealed-kernels"
@@ -267,3 +274,26 @@ def test_attack_a_lying_api_cannot_flood_the_running_miners_log_with_verdicts(st
     lines = [record.getMessage() for record in caplog.records if record.name == "quasar.miner.status"]
     assert len(lines) == 2 * MAX_VERDICTS_PER_POLL
     assert max(len(line) for line in lines) < MAX_LOGGED_REASONS + 300
+
+
+def test_attack_a_lying_apis_huge_answer_does_not_flood_quasar_status(start_api):
+    """``quasar status`` printed whatever the API answered: a thousand submissions when it asked for
+    ten, and in the detail every report, reason and length however many (measured: a 30 MB answer
+    printed 400,000 lines in 24 s). It shows the submissions it asked for, at most
+    MAX_REPORTS_SHOWN reports, and of each report what a validator may send the API: MAX_REASONS
+    reasons of at most MAX_REASON_LENGTH characters, MAX_BENCHMARK_ENTRIES lengths."""
+    hotkey, status = real_answers(start_api())
+    length = {"seq_len": 1024, "status": "ok", "tokens_per_sec": 1.0e6, "peak_vram_mb": None, "correct": False}
+    report = dict(status["reports"][0], reasons=["slow " * 1000] * 40, lengths=[length] * 100)
+    reports = [dict(report, validator_hotkey=f"5{v:047d}") for v in range(MAX_REPORTS_SHOWN + 6)]
+    listed = [dict(status, submission_id=n, reports=reports if n == 0 else []) for n in range(1000)]
+    page = {"hotkey": hotkey, "total": 1000, "offset": 0, "limit": 10, "submissions": listed}
+    with lying_api({f"/miners/{hotkey}/submissions": page}) as client:
+        shown = rendered(lambda console: print_status(console, client, hotkey, None))
+    rows = [line for line in shown.splitlines() if line.startswith("│")]
+    assert [row.split("│")[1].strip() for row in rows] == [str(n) for n in range(10)]
+    assert shown.count(" by validator ") == MAX_REPORTS_SHOWN and "and 6 more reports" in shown
+    lines = shown.splitlines()
+    assert sum(line.startswith("  - slow") for line in lines) == MAX_REPORTS_SHOWN * MAX_REASONS
+    assert sum(line.lstrip().startswith("1,024 ") for line in lines) == MAX_REPORTS_SHOWN * MAX_BENCHMARK_ENTRIES
+    assert len(shown.replace("\n", "")) < MAX_REPORTS_SHOWN * MAX_REASONS * (MAX_REASON_LENGTH + 300)

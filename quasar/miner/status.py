@@ -19,6 +19,7 @@ from rich.text import Text
 from quasar.api import schemas
 from quasar.api.charts import compact
 from quasar.api.client import ApiClient, ApiClientError
+from quasar.api.schemas import MAX_BENCHMARK_ENTRIES, MAX_REASON_LENGTH, MAX_REASONS
 from quasar.chain.wallets import WalletError, open_wallet
 from quasar.config import Settings
 from quasar.miner.strategies.base import printable_line
@@ -32,6 +33,8 @@ RECENT = 10
 # otherwise put its whole answer (up to the client's 32 MB) into the log at every poll.
 MAX_VERDICTS_PER_POLL = 64  # verdicts logged by one poll; the rest by the next ones
 MAX_LOGGED_REASONS = 1000  # characters of a verdict's reasons on its line (quasar status shows all)
+# Reports shown of one submission (about one a validator: a subnet has at most 64 permits by default).
+MAX_REPORTS_SHOWN = 64
 STATE_STYLES = {
     "passed": "green",
     "failed": "red",
@@ -134,7 +137,7 @@ def _lengths_table(report: schemas.ValidatorVerdict) -> Table:
     table = Table(box=None, pad_edge=False, padding=(0, 2, 0, 2))
     for column in ("T", "status", "tok/s", "peak mem", "output"):
         table.add_column(column, justify="right" if column in ("T", "tok/s", "peak mem") else "left")
-    for item in report.lengths:
+    for item in report.lengths[:MAX_BENCHMARK_ENTRIES]:
         output = "-" if item.correct is None else Text("correct", "green") if item.correct else Text("wrong", "red")
         memory = "-" if item.peak_vram_mb is None else f"{item.peak_vram_mb:,.0f} MiB"
         table.add_row(f"{item.seq_len:,}", _plain(item.status or "-"), _tokens(item.tokens_per_sec), memory, output)
@@ -142,11 +145,16 @@ def _lengths_table(report: schemas.ValidatorVerdict) -> Table:
 
 
 def submission_detail(status: schemas.SubmissionStatus) -> Group:
-    """One submission: its facts, then each validator's verdict, reasons and per-length figures."""
+    """One submission: its facts, then each validator's verdict, reasons and per-length figures.
+
+    Of an answer no API that keeps the rules gives, only as much is shown as one that does can
+    hold: MAX_REPORTS_SHOWN reports, and of each what a validator may send (MAX_REASONS reasons of
+    MAX_REASON_LENGTH characters, MAX_BENCHMARK_ENTRIES lengths); an API that lies cannot flood
+    the terminal."""
     parts: list = [Text(f"submission {status.submission_id}", style="bold"), _facts(status)]
     if not status.revealed:
         parts.append(Text("not revealed: validators see it once it is", style="dim"))
-    for report in status.reports:
+    for report in status.reports[:MAX_REPORTS_SHOWN]:
         logits = {True: "passed", False: "failed", None: "not checked"}[report.logits_ok]
         style = "green" if report.verdict == "passed" else "red"
         parts.append(
@@ -161,11 +169,13 @@ def submission_detail(status: schemas.SubmissionStatus) -> Group:
             reasons = Table.grid(padding=(0, 1))
             reasons.add_column(no_wrap=True)
             reasons.add_column(overflow="fold")
-            for reason in report.reasons:
-                reasons.add_row("  -", _plain(reason))
+            for reason in report.reasons[:MAX_REASONS]:
+                reasons.add_row("  -", _plain(reason[:MAX_REASON_LENGTH]))
             parts.append(reasons)
         if report.lengths:
             parts.append(_lengths_table(report))
+    if len(status.reports) > MAX_REPORTS_SHOWN:
+        parts.append(Text(f"\nand {len(status.reports) - MAX_REPORTS_SHOWN} more reports", style="dim"))
     if status.revealed and not status.reports:
         parts.append(Text("no validator has reported yet", style="dim"))
     return Group(*parts)
@@ -179,6 +189,7 @@ def print_status(
         console.print(submission_detail(client.submission_status(submission_id)))
         return
     page = client.miner_submissions(hotkey, limit=limit)
+    page.submissions = page.submissions[:limit]  # an API that lies may send more
     console.print(submissions_table(page))
     if page.submissions:
         console.print()
