@@ -2,10 +2,12 @@
 uids, the sandbox folders' claims): a process that locked such a file just as its holder removed it
 holds the lock of no file, and must see that before it trusts the lock. And those that keep one
 process at a time on a folder or file (the miner's workspace, the validator's state): their holder
-writes its pid in them, for the refusal of the next one to name it."""
+writes its pid in them, for the refusal of the next one to name it; one that cannot be taken at
+all is refused with the cure for its errno (:func:`lock_file_cure`)."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -58,3 +60,22 @@ def lock_for_this_process(fd: int) -> str | None:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     return None
+
+
+def lock_file_cure(error: OSError, process: str, setting: str) -> str:
+    """What makes a lock file that ``error`` refused usable: the cure for its errno. ``process`` is
+    the one refused ("this miner"), ``setting`` the setting of the folder the lock file is in."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"free space on its disk, or give {process} a {setting} on a disk it can write"
+    if error.errno == errno.ENOLCK:  # flock on NFS without its lock service
+        return (
+            f"its file system does not lock files (NFS without its lock service): give {process} a {setting} on "
+            "a local disk"
+        )
+    if error.errno == errno.EROFS:
+        return (
+            f"its disk is mounted read-only: mount it read-write, or give {process} a {setting} on a disk it can write"
+        )
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return f"give {process} a {setting} that its user can write"
+    return f"give {process} a {setting} on a disk it can write"

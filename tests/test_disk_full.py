@@ -220,12 +220,37 @@ def test_a_miner_starting_on_a_full_disk_gets_a_workspace_error_naming_it(tmp_pa
     with SmallDisk(tmp_path / "disk", 1) as disk:
         workspace = Workspace(disk.outside("workspaces"), hotkey)
         disk.fill()
-        with pytest.raises(WorkspaceError, match="No space left on device") as refused:
+        with pytest.raises(WorkspaceError) as refused:
             workspace.acquire()
-        assert str(workspace.lock_file) in str(refused.value)
+        assert str(refused.value) == (
+            f"cannot write {workspace.lock_file} in the workspace: No space left on device; free space on its "
+            "disk, or give this miner a WORKSPACE_ROOT on a disk it can write"
+        )
         disk.free()
         with workspace:  # once space is back
             assert workspace.lock_file.read_text() == f"{os.getpid()}\n"
+
+
+def test_a_miner_starting_on_a_read_only_disk_is_told_its_disk_is_read_only(tmp_path):
+    """A read-only disk refuses the workspace's folder, new, or its lock file's opening, left by an
+    earlier start (EROFS). The miner said 'cannot create the workspace' for both, with no cure."""
+    hotkey = make_wallet(tmp_path / "wallets", "miner").hotkey.ss58_address
+    cure = "Read-only file system; its disk is mounted read-only: mount it read-write, or give this miner a "
+    cure += "WORKSPACE_ROOT on a disk it can write"
+    for earlier in (False, True):
+        with SmallDisk(tmp_path / f"disk-{earlier}", 1) as disk:
+            workspace = Workspace(disk.outside("workspaces"), hotkey)
+            if earlier:
+                with workspace:
+                    pass
+            disk.remount("ro")
+            with pytest.raises(WorkspaceError) as refused:
+                workspace.acquire()
+            refused_to = f"open {workspace.lock_file}" if earlier else f"create the workspace {workspace.path}"
+            assert str(refused.value) == f"cannot {refused_to}: {cure}"
+            disk.remount("rw")
+            with workspace:  # once the disk is writable
+                assert workspace.lock_file.read_text() == f"{os.getpid()}\n"
 
 
 def test_a_validator_starting_on_a_full_disk_gets_a_state_error_naming_its_lock_file(tmp_path):
@@ -373,12 +398,32 @@ def test_a_miner_started_on_a_full_disk_stops_with_one_line_naming_the_file(tmp_
         workspace.mkdir()
         (workspace / "miner.lock").write_text("12345\n")  # a miner ran here before the disk filled
         disk.fill()
-        command = [sys.executable, "-m", "neurons.miner", "--wallet.name", "miner", "--wallet.hotkey", "default"]
-        command += ["--wallet.path", str(network.wallets), "--subtensor.network", "devchain", "--netuid", "24"]
-        done = subprocess.run([*disk.enter, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-        assert done.returncode == 1, done.stdout + done.stderr
-        output = done.stdout + done.stderr
-        assert "Traceback" not in output, output
+        output = _start_miner(network.wallets, env, disk)
         assert "the miner stops: [Errno 28] cannot write git's credential helper" in output
         assert f"{tmp_path}/disk/{hotkey}/askpass.sh" in output
         assert "No space left on device" in output
+
+
+def test_a_miner_started_on_a_read_only_disk_stops_with_one_line_saying_so(tmp_path):
+    with neuron_network(tmp_path, fork_delay_polls=0) as network, SmallDisk(tmp_path / "disk", 1) as disk:
+        env = {**network.env, "WORKSPACE_ROOT": str(tmp_path / "disk")}
+        hotkey = network.miners["miner"].hotkey.ss58_address
+        disk.outside(hotkey).mkdir()
+        disk.outside(f"{hotkey}/miner.lock").write_text("12345\n")  # a miner ran here before
+        disk.remount("ro")
+        output = _start_miner(network.wallets, env, disk)
+        assert (
+            f"cannot open {tmp_path}/disk/{hotkey}/miner.lock: Read-only file system; its disk is mounted read-only: "
+            "mount it read-write, or give this miner a WORKSPACE_ROOT on a disk it can write"
+        ) in output
+
+
+def _start_miner(wallets: Path, env: dict[str, str], disk: SmallDisk) -> str:
+    """What ``python -m neurons.miner`` run on ``disk`` says, once it stopped with status 1 and no traceback."""
+    command = [sys.executable, "-m", "neurons.miner", "--wallet.name", "miner", "--wallet.hotkey", "default"]
+    command += ["--wallet.path", str(wallets), "--subtensor.network", "devchain", "--netuid", "24"]
+    done = subprocess.run([*disk.enter, *command], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "Traceback" not in output, output
+    return output

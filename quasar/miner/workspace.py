@@ -20,6 +20,7 @@ of a git command killed mid-way.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -29,7 +30,7 @@ from pathlib import Path
 
 from quasar.errors import QuasarError
 from quasar.imports import QUASAR_DIR
-from quasar.lock_files import lock_for_this_process
+from quasar.lock_files import lock_file_cure, lock_for_this_process
 from quasar.miner.github import Git
 
 logger = logging.getLogger(__name__)
@@ -65,9 +66,12 @@ class Workspace:
         """Create the folder and take its lock; :class:`WorkspaceLocked` if another miner holds it."""
         try:
             self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
-            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as error:
-            raise WorkspaceError(f"cannot create the workspace {self.path}: {error.strerror}") from None
+            raise WorkspaceError(f"cannot create the workspace {self.path}: {error.strerror}; {_cure(error)}") from None
+        try:
+            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as error:  # an earlier start's workspace on a disk now read-only, another user's
+            raise WorkspaceError(f"cannot open {self.lock_file}: {error.strerror}; {_cure(error)}") from None
         try:
             holder = lock_for_this_process(fd)
             if holder is not None:
@@ -78,10 +82,11 @@ class Workspace:
                     "fork and submissions, so this one stops"
                 )
             self.reports.mkdir(exist_ok=True)
-        except OSError as error:  # a full or read-only disk
+        except OSError as error:  # a full disk, a file system that cannot lock (NFS)
             os.close(fd)
             where = error.filename or self.lock_file
-            raise WorkspaceError(f"cannot write {where} in the workspace: {error.strerror}") from None
+            doing = "lock" if error.errno == errno.ENOLCK else "write"
+            raise WorkspaceError(f"cannot {doing} {where} in the workspace: {error.strerror}; {_cure(error)}") from None
         self._lock_fd = fd
 
     def live_miner_on_fork(self, fork_url: str) -> str | None:
@@ -114,6 +119,11 @@ class Workspace:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
+
+
+def _cure(error: OSError) -> str:
+    """What makes the workspace, which ``error`` refused, usable: the cure for its errno."""
+    return lock_file_cure(error, "this miner", "WORKSPACE_ROOT")
 
 
 def _flock_holders(path: str = "/proc/locks") -> set[tuple[int, int, int]]:

@@ -38,7 +38,7 @@ from pathlib import Path
 from quasar import originality
 from quasar.api.schemas import MAX_ID
 from quasar.errors import QuasarError
-from quasar.lock_files import lock_for_this_process
+from quasar.lock_files import lock_file_cure, lock_for_this_process
 from quasar.validator.records import (
     EVALUATION_COLUMNS,
     EVALUATION_COLUMNS_WITHOUT_REPORT,
@@ -93,21 +93,7 @@ class StateError(QuasarError, RuntimeError):
 
 def _lock_file_cure(error: OSError) -> str:
     """What makes the state's lock file, which ``error`` refused, usable: the cure for its errno."""
-    if error.errno in (errno.ENOSPC, errno.EDQUOT):
-        return "free space on its disk, or give this validator a VALIDATOR_DATA_DIR on a disk it can write"
-    if error.errno == errno.ENOLCK:  # flock on NFS without its lock service
-        return (
-            "its file system does not lock files (NFS without its lock service): give this validator a "
-            "VALIDATOR_DATA_DIR on a local disk"
-        )
-    if error.errno == errno.EROFS:
-        return (
-            "its disk is mounted read-only: mount it read-write, or give this validator a VALIDATOR_DATA_DIR on a "
-            "disk it can write"
-        )
-    if error.errno in (errno.EACCES, errno.EPERM):
-        return "give this validator a VALIDATOR_DATA_DIR that its user can write"
-    return "give this validator a VALIDATOR_DATA_DIR on a disk it can write"
+    return lock_file_cure(error, "this validator", "VALIDATOR_DATA_DIR")
 
 
 class ValidatorState:
