@@ -9,7 +9,8 @@ environment of one git process at a time (clone, fetch, push), from which a ``GI
 helper script that holds no secret answers git's password prompt. It is never part of a remote
 URL, ``.git/config``, a command line, a credential store (``credential.helper`` is emptied for
 every git call) or a log line, and it never reaches benchmarked code (the evaluation harness
-starts that with a scrubbed environment).
+starts that with a scrubbed environment). Git follows no redirect: the helper answers whatever host
+asks, and a remote's redirect to another host had git send it the token.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ _AUTH_FAILED = (
     "returned error: 403",
     "permission to",
 )
+_REDIRECTED = re.compile(r"returned error: 30[1278]\b")
 _NOT_FOUND = ("repository not found", "not found", "does not appear to be a git repository")
 
 
@@ -273,6 +275,9 @@ class Git:
             "commit.gpgSign=false",
             "-c",
             "protocol.file.allow=always",
+            "-c",
+            # A remote's redirect to another host would get the token: the askpass helper answers any host.
+            "http.followRedirects=false",
             *args,
         ]
         try:
@@ -308,6 +313,11 @@ class Git:
             return (
                 "git push was rejected: the fork's branch has commits this workspace lacks (pushed from "
                 "elsewhere); the miner never force-pushes: merge them into the workspace or reset the fork"
+            )
+        if command in ("clone", "fetch", "push") and _REDIRECTED.search(lowered):
+            return (
+                f"git {command}: the remote answered with a redirect ({detail}), which the miner never "
+                "follows (GITHUB_TOKEN would go where it points); check GIT_REMOTE_BASE and the fork's name"
             )
         if command in ("clone", "fetch", "push") and any(marker in lowered for marker in _AUTH_FAILED):
             return (
