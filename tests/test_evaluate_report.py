@@ -43,6 +43,16 @@ def shown(report: EvaluationReport) -> str:
     return console.export_text()
 
 
+def test_noise_on_the_cpu_names_the_cpu_not_a_gpu():
+    """`quasar step1 --device cpu` on a busy machine told the miner to measure again on an idle GPU
+    (nvidia-smi shows other processes), of a run no GPU took part in."""
+    report = report_with(random.Random(1), {128: 0.5})
+    assert noise_warnings(report)[0].endswith("measure again on an idle GPU (nvidia-smi shows other processes)")
+    report.device, report.device_name = "cpu", ""
+    said = noise_warnings(report)[0]
+    assert "GPU" not in said and said.endswith("measure again while nothing else keeps this machine's CPUs busy")
+
+
 def test_only_lengths_over_the_cv_limit_are_flagged():
     rng = random.Random()
     for _ in range(20):

@@ -229,6 +229,10 @@ HIGH_CV = 0.10
 def noise_warnings(report: EvaluationReport) -> list[str]:
     """One line per length whose timed requests varied more than :data:`HIGH_CV`, saying what it costs."""
     warnings = []
+    if report.device == "cpu":
+        cure = "measure again while nothing else keeps this machine's CPUs busy"
+    else:
+        cure = "measure again on an idle GPU (nvidia-smi shows other processes)"
     for key in sorted(report.lengths, key=int):
         item = report.lengths[key]
         if item.cv is not None and math.isfinite(item.cv) and item.cv > HIGH_CV:
@@ -237,8 +241,7 @@ def noise_warnings(report: EvaluationReport) -> list[str]:
             )
             warnings.append(
                 f"T={item.seq_len:,}: timed requests vary by cv {item.cv:.3f} (over {HIGH_CV:g}): the "
-                f"speed is uncertain{cost}; measure again on an idle GPU "
-                "(nvidia-smi shows other processes)"
+                f"speed is uncertain{cost}; {cure}"
             )
     return warnings
 
