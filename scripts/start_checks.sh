@@ -8,9 +8,12 @@ SCRIPT_NAME=$(basename "$0" .sh)
 ARGUMENTS=("$@")
 
 # Messages go to stderr wrapped at words within 80 columns (a longer word, a path, whole on its
-# own line): a terminal would split a path or a command to copy mid-word.
+# own line), a flag on the line of its value (joined by a no-break space, which fmt does not break
+# at, for the wrapping): a terminal would split a path or a command to copy mid-word.
 say() {
-    printf '%s: %s\n' "$SCRIPT_NAME" "$*" | fmt -w 80 >&2
+    printf '%s: %s\n' "$SCRIPT_NAME" "$*" \
+        | sed -E 's/(^|[^[:alnum:]_-])(--[[:alnum:]_.-]+) ([^[:space:]-])/\1\2\xc2\xa0\3/g' \
+        | fmt -w 80 | sed 's/\xc2\xa0/ /g' >&2
 }
 
 fail() {

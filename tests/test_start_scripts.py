@@ -196,3 +196,19 @@ def test_start_script_checks_the_wallet_folder_of_a_tilde_user_path_as_the_valid
     )
     assert result.returncode == 1, result.stdout
     assert f"wallet file {user.pw_dir}/{folder}/val_cold/coldkeypub.txt does not exist" in said(result)
+
+
+def test_start_script_keeps_a_flag_on_the_line_of_its_value(suite):
+    """The cure for a missing wallet is a btcli command to copy; wrapped by fmt at 80 columns, a
+    wallet name of 10 letters ended a line with `--wallet-hotkey` and began the next with `default`
+    (24 letters: `--wallet` and the name), as no message of the suite's Python commands does."""
+    for length in range(1, 25):
+        name = "w" * length
+        result = start_validator(suite, {"DEVICE": "cpu", "WALLET_PATH": str(suite / "wallets")}, "--wallet.name", name)
+        lines = result.stderr.splitlines()
+        assert result.returncode == 1 and all(len(line) <= 80 for line in lines if str(suite) not in line), lines
+        assert not [line for line in lines if line.split()[-1] in ("--wallet", "--wallet-hotkey", "--wallet-path")], (
+            length,
+            lines,
+        )
+        assert f"(btcli wallet create --wallet {name} --wallet-hotkey default --wallet-path" in said(result), lines
