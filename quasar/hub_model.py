@@ -134,13 +134,31 @@ XET_BOUNDS = {
     "HF_XET_CLIENT_CONNECT_TIMEOUT": "10s",
     "HF_XET_CLIENT_RETRY_MAX_ATTEMPTS": "3",  # retries after the first try
 }
+_XET_RETRIES = "HF_XET_CLIENT_RETRY_MAX_ATTEMPTS"
+# What hf_xet takes instead of a value it cannot read, which it says only in its own log file.
+_XET_DEFAULTS = {"HF_XET_CLIENT_READ_TIMEOUT": "300s", "HF_XET_CLIENT_CONNECT_TIMEOUT": "60s", _XET_RETRIES: "5"}
 
 
 def bound_xet() -> None:
     """Put :data:`XET_BOUNDS` into this process's environment (its children inherit them), each
-    where the environment does not set it already: a value the user set is kept."""
+    where the environment does not set it already: a value the user set is kept.
+
+    Raises :class:`ModelLoadError` for a value set that hf_xet cannot read: a duration without its
+    unit (hf_xet's parser, humantime, needs one) or empty, a number of retries that is no whole number.
+    """
     for variable, value in XET_BOUNDS.items():
-        os.environ.setdefault(variable, value)
+        given = os.environ.setdefault(variable, value)
+        if variable == _XET_RETRIES:
+            readable, form = re.fullmatch(r"\+?\d+", given) is not None, "a whole number of retries, as 3"
+        else:
+            readable, form = re.fullmatch(r"[\d.\s]*", given) is None, "a duration with its unit, as 60s or 2m"
+        if not readable:
+            raise ModelLoadError(
+                f"{variable} is {given!r}, which hf_xet (the reference model's download from Xet's storage) "
+                f"cannot read and replaces with its own {_XET_DEFAULTS[variable]}. Write it as {form}, or unset "
+                f"it for {value} "
+                '(docs/validator.md, "The reference model").'
+            )
 
 
 def download(name: str) -> Path:

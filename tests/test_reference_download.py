@@ -325,7 +325,7 @@ def test_xets_storage_accepting_and_never_answering_fails_the_start_within_the_b
 
 def test_xets_bounds_are_minutes_and_a_value_the_user_set_is_kept(monkeypatch):
     """A read's timeout restarts at each packet that arrives, so a slow link that still delivers is not
-    cut; hf_xet ignores a duration without its unit (it takes its own, 300 s)."""
+    cut; a duration has its unit, without which hf_xet takes its own (300 s)."""
     assert XET_BOUNDS == {
         "HF_XET_CLIENT_READ_TIMEOUT": "20s",
         "HF_XET_CLIENT_CONNECT_TIMEOUT": "10s",
@@ -333,11 +333,29 @@ def test_xets_bounds_are_minutes_and_a_value_the_user_set_is_kept(monkeypatch):
     }
     for name in XET_BOUNDS:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HF_XET_CLIENT_READ_TIMEOUT", "2m")
+    monkeypatch.setenv("HF_XET_CLIENT_READ_TIMEOUT", "1m 30s")
     bound_xet()
-    assert os.environ["HF_XET_CLIENT_READ_TIMEOUT"] == "2m"
+    assert os.environ["HF_XET_CLIENT_READ_TIMEOUT"] == "1m 30s"
     assert os.environ["HF_XET_CLIENT_CONNECT_TIMEOUT"] == "10s"
     assert os.environ["HF_XET_CLIENT_RETRY_MAX_ATTEMPTS"] == "3"
+
+
+@pytest.mark.parametrize(
+    "variable, value, expected",
+    [
+        ("HF_XET_CLIENT_READ_TIMEOUT", "60", "its own 300s. Write it as a duration with its unit, as 60s or 2m"),
+        ("HF_XET_CLIENT_CONNECT_TIMEOUT", "", "its own 60s. Write it as a duration with its unit"),
+        ("HF_XET_CLIENT_RETRY_MAX_ATTEMPTS", "1.0", "its own 5. Write it as a whole number of retries"),
+    ],
+)
+def test_a_xet_bound_hf_xet_cannot_read_is_refused_before_the_download(hub, tmp_path, variable, value, expected):
+    """hf_xet replaces a value it cannot read by its own default, saying so only in its log file: a
+    read timeout of '60' (seconds meant) put back the 300 s that held a start half an hour."""
+    with silent_server() as (cas, held):
+        hub.xet(cas)
+        message = refused(load(hub, tmp_path / "hf", timeout=60, **{variable: value}))
+    assert f"{variable} is {value!r}, which hf_xet" in message and expected in message
+    assert hub.requests == [] and held == []
 
 
 def test_a_hub_no_proxy_lists_is_probed_and_downloaded_from_directly(hub, tmp_path):
