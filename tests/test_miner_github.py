@@ -24,6 +24,7 @@ from quasar.localnet.github_standin import GitHubStandIn
 from quasar.miner.github import Git, GitError, GitHubClient, GitHubError, Repository, write_askpass
 from quasar.miner.runner import remote_url
 from quasar.miner.workspace import ForkClone, Workspace, WorkspaceError, WorkspaceLocked
+from servers import QuietHandler, ThreadedServers
 from test_miner_standins import (
     CHUNK_FILE,
     TOKEN,
@@ -110,6 +111,31 @@ def test_a_wrong_token_is_a_clear_error_that_does_not_show_it(tmp_path):
     assert wrong not in str(error.value)
     with pytest.raises(GitHubError, match="GITHUB_TOKEN is not set"):
         GitHubClient("https://api.github.com", "")
+
+
+class NestedJson(QuietHandler):
+    """A GitHub API stand-in answering JSON nested past the parser's depth, with ``status``."""
+
+    status = 200
+
+    def do_GET(self) -> None:
+        body = b"[" * 100_000 + b"]" * 100_000
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_attack_json_nested_past_the_parsers_depth_is_a_github_error(status):
+    """An answer of the GitHub API (GITHUB_API_URL) nested 100,000 deep raised RecursionError out of
+    the client, which the miner's start does not catch: it ended in a traceback, and under pm2 again
+    at each restart. It is a GitHubError saying the answer is no repository, as other bad answers."""
+    NestedJson.status = status
+    with ThreadedServers(NestedJson) as github, pytest.raises(GitHubError) as raised:
+        GitHubClient(github.server_url(), TOKEN).repository("alice/flash-linear-attention")
+    assert "GET /repos/alice/flash-linear-attention" in str(raised.value)
 
 
 def test_a_token_of_another_account_is_refused(tmp_path):

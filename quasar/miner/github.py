@@ -202,7 +202,7 @@ class GitHubClient:
 def _message(response: httpx.Response) -> str:
     try:
         message = response.json().get("message")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # not JSON, not an object, nested too deep
         message = None
     text = message if isinstance(message, str) else response.text
     return text.strip()[:300] or response.reason_phrase
@@ -220,7 +220,7 @@ def _repository(response: httpx.Response, what: str) -> Repository:
         if not (isinstance(default_branch, str) and re.fullmatch(r"[A-Za-z0-9._/-]{1,200}", default_branch)):
             raise ValueError(f"default_branch {default_branch!r}")
         return Repository(full_name, default_branch, bool(data.get("fork")), parent_name)
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as error:
         raise GitHubError(f"{what}: the GitHub API answered something that is not a repository ({error})") from None
 
 
