@@ -297,3 +297,17 @@ def test_attack_a_lying_apis_huge_answer_does_not_flood_quasar_status(start_api)
     assert sum(line.startswith("  - slow") for line in lines) == MAX_REPORTS_SHOWN * MAX_REASONS
     assert sum(line.lstrip().startswith("1,024 ") for line in lines) == MAX_REPORTS_SHOWN * MAX_BENCHMARK_ENTRIES
     assert len(shown.replace("\n", "")) < MAX_REPORTS_SHOWN * MAX_REASONS * (MAX_REASON_LENGTH + 300)
+
+
+def test_attack_a_lying_apis_validator_hotkey_cannot_break_a_line_of_the_miners_log(start_api, caplog):
+    """The reasons are logged on the verdict's one line, but the validator's hotkey was not: a lying
+    API naming a validator '\\nERROR  …\\nx1' broke the verdict's line in the miner's log with its
+    own line. The hotkey is logged printable, on the one line too."""
+    hotkey, status = real_answers(start_api())
+    status["reports"][0]["validator_hotkey"] = "\nERROR  " + "5" * 30 + "\nx1"
+    page = {"hotkey": hotkey, "total": 1, "offset": 0, "limit": 10, "submissions": [status]}
+    with lying_api({f"/miners/{hotkey}/submissions": page}) as client:
+        with caplog.at_level(logging.INFO, logger="quasar.miner.status"):
+            VerdictWatcher(client, hotkey).poll()
+    [record] = [r for r in caplog.records if r.name == "quasar.miner.status"]
+    assert "\n" not in record.getMessage() and "by validator ERROR …5 x1:" in record.getMessage()

@@ -269,7 +269,7 @@ class VerdictWatcher:
     @staticmethod
     def _log(status: schemas.SubmissionStatus, report: schemas.ValidatorVerdict) -> None:
         measured = "-" if report.measured_tokens_per_sec is None else f"{report.measured_tokens_per_sec:,.0f}"
-        validator = short_hotkey(report.validator_hotkey)
+        validator = printable_line(short_hotkey(report.validator_hotkey))  # on the verdict's one line too
         text = (
             f"submission {status.submission_id} {report.verdict} by validator {validator}: "
             f"measured {measured} tok/s at T={status.target_sequence_length:,} (claimed "
