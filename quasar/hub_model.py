@@ -206,6 +206,11 @@ def first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
+# How hf_xet's error (a RuntimeError, which carries no errno) ends when a write of the file it
+# downloads, which it writes itself, finds the disk full: Rust's text of the I/O error.
+_XET_DISK_FULL = f"(os error {errno.ENOSPC})"
+
+
 def _xet_storage(error: BaseException) -> str | None:
     """``Xet's storage`` and the URL of its CAS server (:func:`shown_url`) that hf_xet was downloading
     from when it raised ``error``, else None. hf_xet's errors have no class of their own (a
@@ -266,7 +271,7 @@ def _why(error: BaseException) -> str:
             if status >= 500:
                 return f"{hub} answered HTTP {status}, a fault on its side. Start again later ({_KEPT})."
     for cause in chain:
-        if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+        if (isinstance(cause, OSError) and cause.errno == errno.ENOSPC) or str(cause).endswith(_XET_DISK_FULL):
             return (
                 f"the disk of the Hugging Face cache {hub_cache()} is full ({first_line(cause)}). Free space "
                 f"there, or set HF_HOME to a folder on a larger disk, and start again ({_KEPT})."

@@ -14,7 +14,10 @@ with its ``xetHash``, its ``resolve`` answer carries ``X-Xet-Hash`` and a ``Link
 route (``rel="xet-auth"``) beside the redirect, and ``GET /api/models/{repo}/xet-read-token/{rev}``
 answers with ``X-Xet-Cas-Url`` (the CAS server hf_xet downloads from), ``X-Xet-Access-Token`` and
 ``X-Xet-Token-Expiration``. The redirect stays: it is the Hub's HTTP bridge, which a client without
-hf_xet (or with ``HF_HUB_DISABLE_XET=1``) downloads through.
+hf_xet (or with ``HF_HUB_DISABLE_XET=1``) downloads through. A file's Xet hash is its sha256, which no
+CAS server knows; :meth:`HubStandIn.xet_stored` stores the files on Xet for real: hf_xet uploads
+them into a folder, its ``local://`` storage, which the token route names, and hf_xet downloads them
+from there.
 
 An unknown repo gets 401 ``RepoNotFound``, an unknown file 404 ``EntryNotFound`` with the commit, as
 the Hub answers. Faults for a test: :meth:`answer` (every request gets a status, as a gated repo, a
@@ -25,7 +28,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -43,6 +49,8 @@ def _git_blob_id(data: bytes) -> str:
 
 class _Repo:
     def __init__(self, folder: Path):
+        self.folder = folder
+        self.xet_hashes: dict[str, str] = {}  # the Xet hash of each file a CAS holds; else its sha256
         self.files = {
             p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()
         }
@@ -55,10 +63,23 @@ class _Repo:
             entry = {"type": "file", "path": name, "size": len(data), "oid": self.blob_ids[name]}
             if name.endswith(LFS_SUFFIXES):
                 entry["lfs"] = {"oid": self.sha256[name], "size": len(data), "pointerSize": 134}
-                if xet:  # a Xet hash is 64 hex digits; the file's sha256 stands in for it
-                    entry["xetHash"] = self.sha256[name]
+                if xet:  # a Xet hash is 64 hex digits; the file's sha256 stands in for one no CAS holds
+                    entry["xetHash"] = self.xet_hash(name)
             entries.append(entry)
         return entries
+
+    def xet_hash(self, name: str) -> str:
+        return self.xet_hashes.get(name, self.sha256[name])
+
+
+# hf_xet's upload of the files named into the CAS named, as the Hub's storage holds them: their Xet hashes.
+_XET_UPLOAD = """
+import json, sys
+import hf_xet
+with hf_xet.XetSession().new_upload_commit(endpoint=sys.argv[1]) as commit:
+    uploads = [commit.start_upload_file(path) for path in sys.argv[2:]]
+print(json.dumps([upload.result().xet_info.hash for upload in uploads]))
+"""
 
 
 class HubStandIn(ThreadedServers):
@@ -98,6 +119,24 @@ class HubStandIn(ThreadedServers):
         """Serve the LFS files as stored on Xet, whose CAS server the token route names as ``cas``;
         None: as plain LFS files again."""
         self._cas = cas
+
+    def xet_stored(self, folder: Path) -> str:
+        """Store the LFS files on Xet for real: hf_xet uploads them into ``folder`` (its ``local://``
+        storage, which the token route then names as the CAS) and they are served with their Xet hashes;
+        that CAS URL. The upload runs in a process of its own, its hf_xet log in ``folder``."""
+        cas = f"local://{folder}"
+        for repo in self.repos.values():
+            names = [name for name in repo.files if name.endswith(LFS_SUFFIXES)]
+            uploaded = subprocess.run(
+                [sys.executable, "-c", _XET_UPLOAD, cas, *(str(repo.folder / name) for name in names)],
+                env={**os.environ, "HF_HOME": str(folder / "uploader")},
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            repo.xet_hashes.update(zip(names, json.loads(uploaded.stdout)))
+        self.xet(cas)
+        return cas
 
     def cut(self, filename: str, after_bytes: int | None) -> None:
         """Close the connection after ``after_bytes`` of ``filename``'s body, every time; None: serve it whole."""
@@ -186,7 +225,7 @@ class HubStandIn(ThreadedServers):
                     }
                     if hub._cas is not None:
                         token_route = f"{hub.endpoint}/api/models/{repo_id}/xet-read-token/{COMMIT}"
-                        linked.update({"X-Xet-Hash": repo.sha256[name], "Link": f'<{token_route}>; rel="xet-auth"'})
+                        linked.update({"X-Xet-Hash": repo.xet_hash(name), "Link": f'<{token_route}>; rel="xet-auth"'})
                     linked["Location"] = f"{hub._redirect or hub.cdn}/cdn/{repo.sha256[name]}"
                     self._send(302, {**commit, **linked}, b"", body)
                 else:
