@@ -482,6 +482,22 @@ def test_anyones_requests_do_not_grow_the_miners_log(world, tmp_path):
     assert "inference for " in log_path.read_text()
 
 
+def test_a_permit_holders_flood_of_inferences_does_not_grow_the_miners_log(world, caplog):
+    """A hotkey with a validator permit (a rival validator, or a permit's keys stolen) may send tiny
+    inferences as fast as the model answers them: a line each grew the miner's log at its pace (55
+    a second here, 790 MB a day). A caller's inferences are logged at most one line per
+    ``inference_log_every_s``, the next saying how many were served meanwhile."""
+    limits = InferenceLimits(inference_log_every_s=1.0)
+    tiny = {"prompt": [1], "gen_len": 1, "logits_at_step": 1}
+    with miner_server(world, limits=limits) as url, caplog.at_level(logging.INFO, "quasar.inference.server"):
+        assert [signed_post(world, url, tiny).status_code for _ in range(20)] == [200] * 20
+        time.sleep(limits.inference_log_every_s)
+        assert signed_post(world, url, tiny).status_code == 200
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("inference for ")]
+    assert len(lines) == 2, lines
+    assert "(and 19 more since its last line" in lines[1]
+
+
 def test_serve_reports_a_missing_model_or_wallet_and_exits(world, tmp_path, monkeypatch, caplog):
     from quasar.inference import cli
 

@@ -25,7 +25,9 @@ line and headers must stay under ``max_header_bytes`` (else 431) and arrive with
 connection is held open or fills memory by dribbling bytes (quasar/api/protocol.py); and one
 client address (an IPv6 one by its /64) holds at most ``max_connections_per_client`` connections
 at once, more are answered 503 and closed, so one host cannot take every file descriptor. The log
-gets a line per inference; refused requests, which anyone can send, only at debug level.
+gets a line per inference, at most one a minute for each caller (the next counts those between: a
+permit holder may send them as fast as the model answers); refused requests, which anyone can send,
+only at debug level.
 """
 
 from __future__ import annotations
@@ -89,6 +91,9 @@ class InferenceLimits:
     # How long a request waits for a chain read before the last permits are used (PermitCheck): a
     # tenth of the 30 s a validator waits for the whole answer (LOGITS_TIMEOUT), inference included.
     permit_read_wait_s: float = 3.0
+    # A caller's inferences are logged at most one line per this many seconds, the next counting
+    # those served meanwhile: a permit holder may send them as fast as the model answers.
+    inference_log_every_s: float = 60.0
 
     @property
     def max_body_bytes(self) -> int:
@@ -261,6 +266,29 @@ class PermitCheck:
         )
 
 
+class InferenceLog:
+    """Logs the inferences served, at most one line per caller per ``every_s``; the next line of that
+    caller says how many were served meanwhile. Called on the event loop only."""
+
+    def __init__(self, every_s: float, clock: Callable[[], float] = time.monotonic):
+        self.every_s = every_s
+        self.clock = clock
+        self._said: dict[str, tuple[float, int]] = {}  # caller -> (when its last line was said, served since)
+
+    def served(self, caller: str, text: str) -> None:
+        """``caller`` was served the inference ``text`` describes."""
+        now = self.clock()
+        said = self._said.get(caller)
+        if said is not None and now - said[0] < self.every_s:
+            self._said[caller] = (said[0], said[1] + 1)
+            return
+        more = f" (and {said[1]} more since its last line, {now - said[0]:.0f} s ago)" if said and said[1] else ""
+        log.info("%s%s", text, more)
+        # Kept while there is something to say: at most a line a window for each permit holder.
+        self._said = {key: value for key, value in self._said.items() if value[1] or now - value[0] < self.every_s}
+        self._said[caller] = (now, 0)
+
+
 def _error(status_code: int, reason: str) -> JSONResponse:
     return JSONResponse({"detail": reason}, status_code=status_code)
 
@@ -393,6 +421,7 @@ def create_inference_app(
     cached = CachedMetagraphChain(chain, block_poll_s=chain.block_time_s / 2)
     permits = PermitCheck(cached, limits.permit_max_stale_s, limits.permit_read_wait_s)
     worker = BoundedWorker(limits.queue_size, limits.max_pending_per_caller)
+    served = InferenceLog(limits.inference_log_every_s)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -504,13 +533,10 @@ def create_inference_app(
                 "inference failed for %s (prompt %d tokens, gen_len %d)", caller, len(parsed.prompt), parsed.gen_len
             )
             return _error(500, "inference failed on the miner; see the miner's log")
-        log.info(
-            "inference for %s: prompt %d tokens, gen_len %d, step %d, %.3f s",
+        served.served(
             caller,
-            len(parsed.prompt),
-            parsed.gen_len,
-            parsed.logits_at_step,
-            elapsed,
+            f"inference for {caller}: prompt {len(parsed.prompt)} tokens, gen_len {parsed.gen_len}, "
+            f"step {parsed.logits_at_step}, {elapsed:.3f} s",
         )
         return Response(answer, media_type="application/json")
 
