@@ -339,7 +339,8 @@ def test_xets_bounds_are_minutes_and_a_value_the_user_set_is_kept(monkeypatch):
         "HF_XET_CLIENT_RETRY_MAX_ATTEMPTS": "3",
     }
     for name in XET_BOUNDS:
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded, so that what bound_xet sets is undone after the test
+        monkeypatch.delenv(name)
     monkeypatch.setenv("HF_XET_CLIENT_READ_TIMEOUT", "1m 30s")
     bound_xet()
     assert os.environ["HF_XET_CLIENT_READ_TIMEOUT"] == "1m 30s"
