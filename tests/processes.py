@@ -1,11 +1,13 @@
 """Processes in the tests: what /proc says of the running ones, Python children of the repository
 whose output the tests read, what a START script said, a stop signal sent where Python drops what
-its handler raises, and libfaketime for children whose clock is off."""
+its handler raises, libfaketime for children whose clock is off, and Python children run as another
+Unix user."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +19,12 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+# A command's prefix that runs it as nobody (uid and gid 65534, no supplementary groups).
+AS_NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+# Tests that run a child as another Unix user: only root may switch users, with setpriv.
+needs_another_user = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="runs a child as another Unix user (root, setpriv)"
+)
 
 
 def libfaketime() -> str:
@@ -45,6 +53,21 @@ def run_python(
     captured as text. It must end within ``timeout`` seconds (else TimeoutExpired)."""
     return subprocess.run(
         [sys.executable, *args], cwd=cwd, env=env, input=stdin, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def open_to_other_users(folder: Path) -> None:
+    """Let other Unix users into ``folder`` and every folder above it (read and enter): pytest's
+    temporary folders are its user's alone."""
+    for each in (folder, *folder.parents):
+        if each.stat().st_mode & 0o005 != 0o005:
+            each.chmod(each.stat().st_mode | 0o005)
+
+
+def run_python_as_nobody(code: str, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -c CODE ARGS`` as nobody (:data:`AS_NOBODY`), its output captured as text."""
+    return subprocess.run(
+        [*AS_NOBODY, sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd, timeout=120
     )
 
 

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import os
 import random
 import shutil
-import subprocess
 import sys
 import tarfile
 import time
@@ -35,6 +33,7 @@ from quasar.evaluate.triton_seed import (
     unpack_seed,
 )
 from quasar.validator.worker import with_triton_seed
+from tests.processes import REPO_ROOT, needs_another_user, open_to_other_users, run_python_as_nobody
 
 
 def random_cache(root: Path, rng: random.Random) -> dict[str, bytes]:
@@ -259,24 +258,16 @@ print("seed:", triton_seed.ensure_seed(sys.argv[1], "cuda", [64], SandboxPolicy(
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="runs the evaluation as another user")
+@needs_another_user
 def test_a_seed_folder_of_another_unix_user_leaves_the_evaluation_compiling_everything(tmp_path):
     """One .env naming one TRITON_SEED_DIR to two Unix users (a miner and a validator of one
     checkout): the first evaluation of a GPU model without a seed there, as the user who did not make
     the folder, ended in a PermissionError on its lock file (each miner cycle, `quasar evaluate`)."""
-    for folder in (tmp_path, *tmp_path.parents):  # pytest's folders are its user's alone
-        if folder.stat().st_mode & 0o005 != 0o005:
-            folder.chmod(folder.stat().st_mode | 0o005)
+    open_to_other_users(tmp_path)
     seeds = tmp_path / "seeds"
     seeds.mkdir()
     (seeds / ".lock").touch()
-    result = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", _SEED_AS_ANOTHER_USER]
-        + [str(seeds)],
-        capture_output=True,
-        text=True,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
+    result = run_python_as_nobody(_SEED_AS_ANOTHER_USER, str(seeds), cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "seed: None\n"
     assert f"cannot build the Triton cache seed in {seeds} (Permission denied)" in result.stderr

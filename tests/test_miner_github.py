@@ -7,10 +7,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,6 +32,7 @@ from test_miner_standins import (
     github_with_upstream,
 )
 from tests.gitrepo import git, git_environment
+from tests.processes import needs_another_user, open_to_other_users, run_python_as_nobody
 
 HOTKEY_A = "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
 HOTKEY_B = "5FHneW46xGXgs5mUiveU4sbTyGBzmstUspZC92UhjJM694ty"
@@ -308,26 +307,18 @@ def test_a_workspace_whose_file_system_cannot_lock_is_refused_with_the_cure_a_lo
         assert workspace.lock_file.read_text() == f"{os.getpid()}\n"
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="runs the second miner as another user"
-)
+@needs_another_user
 def test_a_second_unix_users_miner_under_the_first_ones_workspace_root_is_refused_with_the_cure(tmp_path):
     """A second Unix user's miner given the first one's WORKSPACE_ROOT was told 'Permission denied'
     and nothing of the setting that cures it."""
-    for folder in (tmp_path, *tmp_path.parents):  # pytest's folders are its user's alone
-        if folder.stat().st_mode & 0o005 != 0o005:
-            folder.chmod(folder.stat().st_mode | 0o005)
+    open_to_other_users(tmp_path)
     with Workspace(tmp_path / "workspaces", HOTKEY_A):
         pass
     code = (
         "from quasar.miner.workspace import Workspace\n"
         f"Workspace({str(tmp_path / 'workspaces')!r}, {HOTKEY_B!r}).acquire()"
     )
-    result = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-    )
+    result = run_python_as_nobody(code)
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last == (

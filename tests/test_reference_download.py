@@ -27,6 +27,7 @@ from hub_standin import HubStandIn
 from quasar.hub_model import XET_BOUNDS, bound_xet, hub_proxy, hub_reachable
 from servers import accept_connections
 from small_disk import SmallDisk, unavailable
+from tests.processes import AS_NOBODY, needs_another_user
 from tiny_qwen import TINY_VOCAB, make_tiny_qwen2
 
 NAME = "Qwen/Qwen2.5-0.5B-Instruct"
@@ -162,14 +163,13 @@ def test_the_hubs_refusals_and_faults_are_named_with_their_cure(hub, tmp_path, s
     assert f"'{name}'" in message and f"{hub.endpoint} " in message and expected in message
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv")
+@needs_another_user
 def test_a_cache_this_user_cannot_write_is_named(hub):
     # Root's folder, read by an ordinary user (nobody) who starts the loader with it as HF_HOME.
     home = Path(tempfile.mkdtemp(prefix="quasar-hf-"))
     try:
         home.chmod(0o755)
-        nobody = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
-        message = refused(load(hub, home, prefix=nobody))
+        message = refused(load(hub, home, prefix=AS_NOBODY))
         assert f"user 65534 cannot write the Hugging Face cache {home / 'hub'}" in message
         assert "set HF_HOME to a folder it owns" in message
     finally:

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import random
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -55,7 +54,7 @@ from quasar.validator.worker import HeadStart, options_from_json, options_to_jso
 from tests.evaluate_runs import FAST_CPU
 from tests.github_network import GitHubProxy, make_github_certificate
 from tests.gitrepo import commit_all
-from tests.processes import libfaketime
+from tests.processes import libfaketime, needs_another_user, open_to_other_users, run_python_as_nobody
 
 URL = "https://github.com/miner/flash-linear-attention"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -278,27 +277,19 @@ def test_one_process_at_a_time(tmp_path):
         pass
 
 
-@pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="runs the second validator as another user"
-)
+@needs_another_user
 def test_a_second_unix_users_validator_in_the_first_ones_data_folder_is_refused_by_name(tmp_path):
     """Two Unix users run validators (two hotkeys) from one checkout: VALIDATOR_DATA_DIR's default,
     the checkout's data/validator, is the first one's folder, and the second one's start ended in a
     PermissionError's traceback from the state's lock file."""
-    for folder in (tmp_path, *tmp_path.parents):  # pytest's folders are its user's alone
-        if folder.stat().st_mode & 0o005 != 0o005:
-            folder.chmod(folder.stat().st_mode | 0o005)
+    open_to_other_users(tmp_path)
     ValidatorState.open(tmp_path / "data" / "state-devchain-3-5A.sqlite3").close()
     second = tmp_path / "data" / "state-devchain-3-5B.sqlite3"
     code = (
         "import os\nfrom quasar.validator.state import ValidatorState\n"
         f"os.listdir({str(second.parent)!r})\nValidatorState.open({str(second)!r})"
     )
-    result = subprocess.run(
-        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-    )
+    result = run_python_as_nobody(code)
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last == (
