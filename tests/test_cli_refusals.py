@@ -16,6 +16,7 @@ import pytest
 
 from quasar.api import __main__ as api_main
 from quasar.api.devdb import start_api_process
+from quasar.inference import cli as inference_cli
 from quasar.localnet.host import make_wallet
 from quasar.miner import cli as miner_cli
 from quasar.validator import cli as validator_cli
@@ -176,6 +177,19 @@ def test_a_miner_whose_chain_node_does_not_answer_stops_naming_the_cure(
     argv = ["--device", "cpu", "--target-sequence-length", "128", "--wallet.path", str(tmp_path / "wallets")]
     argv += ["--workspace.root", str(tmp_path / "work"), "--subtensor.network", "local"]
     assert miner_cli.main([*argv, "--subtensor.chain_endpoint", closed_node]) == 1
+    said = [line for line in capsys.readouterr().err.splitlines() if " ERROR " in line]
+    assert len(said) == 1 and f"cannot reach {closed_node} after 4 attempts" in said[0], said
+    assert said[0].endswith(CHAIN_CURE), said
+
+
+def test_the_miners_inference_server_whose_chain_node_does_not_answer_stops_naming_the_cure(
+    terminal, capsys, tmp_path, closed_node
+):
+    """The miner's `quasar inference serve` on finney from a host without its way out logged
+    'chain: read the metagraph: cannot reach finney after 4 attempts' in the SDK's words alone."""
+    make_wallet(tmp_path / "wallets", "quasar_miner")
+    argv = ["serve", "--device", "cpu", "--wallet.path", str(tmp_path / "wallets"), "--subtensor.network", "local"]
+    assert inference_cli.main([*argv, "--subtensor.chain_endpoint", closed_node]) == 1
     said = [line for line in capsys.readouterr().err.splitlines() if " ERROR " in line]
     assert len(said) == 1 and f"cannot reach {closed_node} after 4 attempts" in said[0], said
     assert said[0].endswith(CHAIN_CURE), said
