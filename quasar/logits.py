@@ -213,6 +213,30 @@ def _hub_snapshot(name: str) -> Path:
     return download(name)
 
 
+def check_reference_settings(name_or_path: str, device: str | torch.device = "cpu") -> Path | None:
+    """What :func:`load_reference_model` refuses before it reads a file or reaches a network: a
+    device this host lacks, and a local folder that does not exist or has no config.json. Returns
+    that folder (None for a hub id). Raises :class:`ModelLoadError`. A start calls it before it
+    reaches the chain, so that a local mistake is said at once, not after the chain's tries."""
+    no_gpu = missing_gpu_here(str(torch.device(device)))
+    if no_gpu is not None:
+        raise ModelLoadError(f"DEVICE is {device} but {no_gpu}; set DEVICE=cpu or fix the driver")
+    local = Path(name_or_path).expanduser()
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise ModelLoadError(
+                f"reference model folder {local} has no config.json; "
+                "point REFERENCE_MODEL at a folder saved with save_pretrained"
+            )
+        return local
+    if _looks_like_path(name_or_path):
+        raise ModelLoadError(
+            f"reference model folder {local} does not exist; "
+            "point REFERENCE_MODEL at a local folder or a Hugging Face model id"
+        )
+    return None
+
+
 def load_reference_model(
     name_or_path: str,
     device: str | torch.device = "cpu",
@@ -230,24 +254,8 @@ def load_reference_model(
 
     torch_dtype = resolve_dtype(dtype)
     torch_device = torch.device(device)
-    no_gpu = missing_gpu_here(str(torch_device))
-    if no_gpu is not None:
-        raise ModelLoadError(f"DEVICE is {device} but {no_gpu}; set DEVICE=cpu or fix the driver")
-    local = Path(name_or_path).expanduser()
-    if local.exists():
-        if not (local / "config.json").is_file():
-            raise ModelLoadError(
-                f"reference model folder {local} has no config.json; "
-                "point REFERENCE_MODEL at a folder saved with save_pretrained"
-            )
-        source = str(local)
-    elif _looks_like_path(name_or_path):
-        raise ModelLoadError(
-            f"reference model folder {local} does not exist; "
-            "point REFERENCE_MODEL at a local folder or a Hugging Face model id"
-        )
-    else:
-        source = str(_hub_snapshot(name_or_path))
+    local = check_reference_settings(name_or_path, torch_device)
+    source = str(local if local is not None else _hub_snapshot(name_or_path))
     try:
         # transformers' annotations of the model's methods (to, get_*_embeddings) are looser than it.
         with library_progress_bars(shown=sys.stderr.isatty()):
@@ -257,7 +265,7 @@ def load_reference_model(
     except (OSError, ValueError, SafetensorError) as error:
         # A weights file cut short (a copy or a write interrupted) is a SafetensorError.
         reason = first_line(error)
-        if source == str(local):
+        if local is not None:
             where, fix = "its folder", "The folder must hold config.json and the weights written by save_pretrained."
         else:
             where = f"the Hugging Face cache ({source})"

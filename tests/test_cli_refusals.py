@@ -195,6 +195,26 @@ def test_the_miners_inference_server_whose_chain_node_does_not_answer_stops_nami
     assert said[0].endswith(CHAIN_CURE), said
 
 
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--device", "cuda:99"], "DEVICE is cuda:99 but "),
+        (["--device", "cpu", "--reference-model", "./no-such-model"], "folder no-such-model does not exist"),
+    ],
+)
+def test_the_miners_inference_server_says_a_local_mistake_before_it_reaches_the_chain(
+    terminal, capsys, tmp_path, closed_node, flags, said
+):
+    """With no GPU and no way out to the chain, `quasar inference serve` said only that it could not
+    reach the chain's node, after about 15 s of tries; on a chain that answered, it then said the
+    GPU was missing. The device and a local model folder need no network: they are said first."""
+    make_wallet(tmp_path / "wallets", "quasar_miner")
+    argv = ["serve", *flags, "--wallet.path", str(tmp_path / "wallets"), "--subtensor.network", "local"]
+    assert inference_cli.main([*argv, "--subtensor.chain_endpoint", closed_node]) == 1
+    logged = [line for line in capsys.readouterr().err.splitlines() if " quasar." in line]
+    assert len(logged) == 1 and " ERROR " in logged[0] and said in logged[0], logged
+
+
 def test_quasar_status_whose_chain_node_does_not_answer_says_the_cure(terminal, capsys, tmp_path, closed_node):
     """`quasar status` on finney without the way out said 'cannot find the submission API: read
     the subnet identity: cannot reach finney after 4 attempts' in the SDK's words alone."""

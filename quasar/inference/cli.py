@@ -33,12 +33,14 @@ def serve(settings: config.Settings) -> int:
     from quasar.config.values import PUBLIC_NETWORKS
     from quasar.evaluate.gpus import GpuOrderError, use_pci_bus_order
     from quasar.inference.server import InferenceLimits, create_inference_app, server_options
-    from quasar.logits import ModelLoadError, check_reference_shape, load_reference_model
+    from quasar.logits import ModelLoadError, check_reference_settings, check_reference_shape, load_reference_model
 
-    # Each step's error says what failed; any of them ends the command.
+    # Each step's error says what failed; any of them ends the command. What needs no network (the
+    # device, a local model folder, the wallet) is checked first, as the miner's start does.
     try:
         if settings.device.startswith("cuda"):
             use_pci_bus_order(os.environ)  # DEVICE and CUDA_VISIBLE_DEVICES in nvidia-smi's numbering
+        check_reference_settings(settings.reference_model, settings.device)
         hotkey = open_wallet(settings, "miner").hotkey.ss58_address
         chain = connect(settings)
         if not chain.is_registered(hotkey):
