@@ -179,6 +179,11 @@ BENCH = Group(
                 Command("floor", "what the layer's passes cost at copy speed", "quasar.bench.floor:main"),
                 Command("reference", "time the validator's float32 reference work", "quasar.bench.reference:main"),
                 Command(
+                    "inference",
+                    "the miner's inference server's requests at its limits (one GPU)",
+                    "quasar.bench.inference:main",
+                ),
+                Command(
                     "neighbours", "an honest evaluation beside a hostile one (2 GPUs)", "quasar.bench.neighbours:main"
                 ),
                 Command("api-load", "load benchmark of the submission API", "quasar.bench.api_load:main"),

@@ -91,6 +91,7 @@ def test_quasar_help_lists_every_command_by_role_in_80_columns():
             "bench kernel",
             "bench floor",
             "bench reference",
+            "bench inference",
             "bench neighbours",
             "bench api-load",
             "bench api-profile",
