@@ -91,6 +91,32 @@ def test_status_table_and_detail_fit_80_columns_and_never_show_an_unrevealed_for
     assert "https://github.com/minera/fla-fast" in detail.replace("\n", "").replace(" ", "")
 
 
+@pytest.mark.parametrize(
+    "fork",
+    [
+        "https://github.com/a-rather-long-github-username/flash-linear-attention",
+        "https://github.com/" + "m" * 39 + "/" + "flash-linear-attention-" * 3 + "x",
+    ],
+    ids=["longer-than-its-column", "longer-than-a-line"],
+)
+def test_a_fork_url_too_long_for_its_column_is_shown_whole_on_its_own_line(start_api, fork):
+    """`quasar status` in an 80-column terminal folded a fork's URL longer than its column (about
+    68 characters) mid-word, 'flash-linear-attenti' ending a line and 'on' beginning the next: a
+    URL the miner copies. It is shown whole on the line under its label; one longer than the line
+    is left whole for the terminal to wrap, not folded by the table with blanks put into it."""
+    api = start_api()
+    submitted = api.client("a").submit_kernel(Claim(fork, COMMIT, 6.0e7), 1_000_000)
+    hotkey = api.wallets["a"].hotkey.ss58_address
+    detail = rendered(lambda console: print_status(console, api.client("a"), hotkey, submitted.submission_id))
+    lines = [line.rstrip() for line in detail.splitlines()]
+    assert fork in lines, lines
+    assert lines[lines.index(fork) - 1] == "fork", lines
+    assert all(len(line) <= 80 for line in lines if line != fork), lines
+    rows = {line.split()[0]: line for line in lines if line}
+    value_column = {label: len(row) - len(row.split(maxsplit=1)[1]) for label, row in rows.items() if " " in row}
+    assert value_column["commit"] == value_column["state"] == value_column["submitted"], lines  # still aligned
+
+
 def test_status_command_uses_the_miners_wallet_and_api_flags(start_api, capsys):
     api = start_api()
     ids = miner_with_history(api)

@@ -12,7 +12,7 @@ import itertools
 import logging
 from datetime import UTC, datetime
 
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group, RenderResult
 from rich.table import Table
 from rich.text import Text
 
@@ -102,10 +102,45 @@ def submissions_table(page: schemas.SubmissionPage) -> Table:
     return table
 
 
-def _facts(status: schemas.SubmissionStatus) -> Table:
-    facts = Table.grid(padding=(0, 2))
-    facts.add_column(style="dim", no_wrap=True)
-    facts.add_column(overflow="fold")
+class _Facts:
+    """A submission's facts, a label and its value a row. A value to copy (the fork's URL, a hash)
+    too long to sit beside its label is shown whole on the line under it, where rich would fold it
+    mid-word; one longer than the line is left whole for the terminal to wrap (printed uncropped)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str | Text, bool]] = []
+
+    def add_row(self, label: str, value: str | Text, whole: bool = False) -> None:
+        """Add ``label`` and ``value``; ``whole``: a value to copy, never folded."""
+        self.rows.append((label, value, whole))
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        label_width = max(len(label) for label, _, _ in self.rows)
+        room = options.max_width - label_width - 2  # the grid's padding between label and value
+        grid = _facts_grid(label_width)
+        for label, value, whole in self.rows:
+            shown = value if isinstance(value, Text) else Text(value)
+            if whole and shown.cell_len > room:
+                grid.add_row(label, "")
+                yield grid
+                yield Text(shown.plain, no_wrap=True, overflow="ignore")
+                grid = _facts_grid(label_width)
+            else:
+                grid.add_row(label, value)
+        if grid.row_count:
+            yield grid
+
+
+def _facts_grid(label_width: int) -> Table:
+    """A grid of labels at least ``label_width`` wide (the facts' parts align) and their values."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="dim", no_wrap=True, min_width=label_width)
+    grid.add_column(overflow="fold")
+    return grid
+
+
+def _facts(status: schemas.SubmissionStatus) -> _Facts:
+    facts = _Facts()
     method = "commit-reveal" if status.method == "commit_reveal" else "direct"
     facts.add_row("state", _state(status.state))
     if status.state_reason:
@@ -114,11 +149,11 @@ def _facts(status: schemas.SubmissionStatus) -> Table:
     facts.add_row("target", _plain(f"T={status.target_sequence_length:,} ({status.league} league)"))
     facts.add_row("submitted", f"{_when(status.submitted_at)} UTC, block {status.submitted_block:,}")
     if not status.revealed:
-        facts.add_row("commitment", _plain(status.commitment_hash or "-"))
+        facts.add_row("commitment", _plain(status.commitment_hash or "-"), whole=True)
         facts.add_row("reveal", f"blocks {status.reveal_from_block:,} to {status.reveal_until_block:,}")
         return facts
-    facts.add_row("fork", _plain(status.fork_url or "-"))
-    facts.add_row("commit", _plain(status.commit_hash or "-"))
+    facts.add_row("fork", _plain(status.fork_url or "-"), whole=True)
+    facts.add_row("commit", _plain(status.commit_hash or "-"), whole=True)
     facts.add_row("round", str(status.round_id))
     facts.add_row("claimed", f"{status.claimed_tokens_per_sec:,.0f} tok/s")
     measured = (
@@ -185,15 +220,16 @@ def print_status(
     console: Console, client: ApiClient, hotkey: str, submission_id: int | None, limit: int = RECENT
 ) -> None:
     """The table of recent submissions and the newest in detail, or only submission ``submission_id``."""
+    # Uncropped: a value to copy longer than the line is left whole for the terminal to wrap.
     if submission_id is not None:
-        console.print(submission_detail(client.submission_status(submission_id)))
+        console.print(submission_detail(client.submission_status(submission_id)), crop=False)
         return
     page = client.miner_submissions(hotkey, limit=limit)
     page.submissions = page.submissions[:limit]  # an API that lies may send more
     console.print(submissions_table(page))
     if page.submissions:
         console.print()
-        console.print(submission_detail(page.submissions[0]))
+        console.print(submission_detail(page.submissions[0]), crop=False)
 
 
 def run_status(settings: Settings, submission_id: int | None, console: Console | None = None) -> int:
