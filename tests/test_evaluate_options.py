@@ -45,7 +45,8 @@ def test_flags_left_out_take_the_settings_and_then_the_options_defaults():
     """--timeout had its own default (3600) and overrode EVAL_TIMEOUT from .env or the environment."""
     parser = argparse.ArgumentParser()
     add_evaluation_arguments(parser)
-    settings = config.resolve({}, environ={"EVAL_TIMEOUT": "1234", "EVAL_TIMED_SECONDS": "0.5"}, dotenv_path=None)
+    timing = {"EVAL_TIMEOUT": "1234", "EVAL_TIMED_SECONDS": "0.5"}
+    settings = config.resolve({}, environ={**timing, "DEVICE": "cpu"}, dotenv_path=None)  # a device any host has
     options = options_from(parser.parse_args([]), (512,), settings)
     defaults = EvaluationOptions()
     assert (options.timeout_s, options.timed_seconds) == (1234, 0.5)

@@ -9,6 +9,7 @@ import torch
 from quasar.tools import check_sandbox, local_validator
 from quasar.tools import install_kernel as step1
 from quasar.tools import tune_kernel as step2
+from tests.gitrepo import git, set_identity
 
 CPU_LIMIT = "sequence length 100000: CPU runs are limited to 65536 tokens"
 
@@ -90,3 +91,44 @@ def test_a_flag_stays_on_the_line_of_its_value_wherever_the_line_breaks(monkeypa
         lines = capsys.readouterr().err.split("error:", 1)[1].splitlines()
         assert any("--device cpu" in line for line in lines), (filler, lines)
         assert max(len(line) for line in lines) <= 80 or filler > 60, (filler, lines)
+
+
+@pytest.mark.parametrize("source", ["command line", "environment", ".env"])
+@pytest.mark.parametrize(
+    "tool, prog", [(step1, "quasar step1"), (step2, "quasar step2"), (local_validator, "quasar local-validator")]
+)
+def test_a_device_this_host_lacks_is_refused_naming_the_setting_it_came_from(
+    tmp_path, monkeypatch, capsys, source, tool, prog
+):
+    """step1's setup check said `--device cuda: CUDA is not available here...` of a DEVICE from the
+    .env, given by no flag; local-validator and step2 said `device cuda:`. The three name it as a
+    bad setting is named: the flag or the variable, and where the value came from."""
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.delenv("DEVICE", raising=False)
+    monkeypatch.setenv("QUASAR_DOTENV", "")
+    argv = ["--repo-path", str(tmp_path / "fork"), "--seq-len", "1024"] if tool is not step2 else []
+    named = "--device (from command line)"
+    if source == "command line":
+        argv.append("--device=cuda:99")
+    elif source == "environment":
+        monkeypatch.setenv("DEVICE", "cuda:99")
+        named = "DEVICE (from environment)"
+    else:
+        (tmp_path / "quasar.env").write_text("DEVICE=cuda:99\n")
+        monkeypatch.setenv("QUASAR_DOTENV", str(tmp_path / "quasar.env"))
+        named = f"DEVICE (from {tmp_path / 'quasar.env'})"
+    fork = tmp_path / "fork" / "fla" / "ops" / "quasar"
+    fork.mkdir(parents=True)
+    (fork / "tuning.py").write_text("")
+    git(tmp_path / "fork", "init", "-q")
+    set_identity(tmp_path / "fork")
+    try:
+        status = tool.main([*argv, "--repo-path", str(tmp_path / "fork")] if tool is step2 else argv)
+    except SystemExit as exited:
+        status = exited.code
+    printed = capsys.readouterr()
+    said = " ".join((printed.out + printed.err).split())
+    assert status == 2, said
+    assert f"{prog}: error: {named}: cuda:99, but " in said, said
+    assert said.endswith("(--device cpu runs small lengths, for tests only: not a benchmark)"), said
+    assert (tmp_path / "fork" / "fla" / "ops" / "quasar" / "tuning.py").read_text() == ""  # the fork untouched

@@ -33,6 +33,7 @@ from quasar.config.settings import (
     Settings,
     SettingsError,
     default_dotenv_path,
+    named_setting,
     resolve,
     settings_keys,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "add_arguments",
     "default_dotenv_path",
     "env_example",
+    "named_setting",
     "parse_args",
     "resolve",
     "role_options",

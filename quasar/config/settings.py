@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from dotenv import dotenv_values
 
-from quasar.config.options import OPTIONS
+from quasar.config.options import OPTIONS, OPTIONS_BY_KEY, Option
 from quasar.config.values import DEV_NETWORK, PUBLIC_NETWORKS
 from quasar.errors import QuasarError
 from quasar.log import log_when_set_up
@@ -224,20 +224,50 @@ def resolve(
 
     values: dict[str, Any] = {}
     for option in OPTIONS:
-        raw: Any = option.default
-        source = "default"
-        if option.env and dotenv.get(option.env) is not None:
-            raw, source = dotenv[option.env], f"{dotenv_path}"
-        if option.env and option.env in environ:
-            raw, source = environ[option.env], "environment"
-        if flags.get(option.key) is not None:
-            raw, source = flags[option.key], "command line"
+        raw, source = _raw_and_source(option, flags, environ, dotenv, dotenv_path)
         try:
             values[option.key] = option.parse(raw)
         except ValueError as error:
-            named = option.flag if source == "command line" else (option.env or option.key)
-            raise SettingsError(f"{named} (from {source}): {error}") from None
+            raise SettingsError(f"{_named(option, source)}: {error}") from None
     return Settings(**values)
+
+
+def _raw_and_source(
+    option: Option,
+    flags: Mapping[str, str | None],
+    environ: Mapping[str, str],
+    dotenv: Mapping[str, str | None],
+    dotenv_path: str | os.PathLike | None,
+) -> tuple[Any, str]:
+    """``option``'s raw value and where it came from: the flag, the environment, the .env, the default."""
+    raw: Any = option.default
+    source = "default"
+    if option.env and dotenv.get(option.env) is not None:
+        raw, source = dotenv[option.env], f"{dotenv_path}"
+    if option.env and option.env in environ:
+        raw, source = environ[option.env], "environment"
+    if flags.get(option.key) is not None:
+        raw, source = flags[option.key], "command line"
+    return raw, source
+
+
+def _named(option: Option, source: str) -> str:
+    """``--netuid (from command line)``, ``NETUID (from environment)``: the name the reader gave it."""
+    named = option.flag if source == "command line" else (option.env or option.key)
+    return f"{named} (from {source})"
+
+
+def named_setting(key: str, flags: Mapping[str, str | None] | None = None) -> str:
+    """Setting ``key`` named as a refusal of its value names it, by where :func:`resolve` reads the
+    value from (``flags``, this process's environment, the .env it reads): ``--device (from command
+    line)``, ``DEVICE (from environment)``, ``DEVICE (from /home/m/quasar/.env)``. For a refusal
+    :func:`resolve` cannot make: a value of the right form that this host cannot serve. (A
+    :data:`LIBRARY_VARIABLES` setting that :func:`resolve` put into the environment from the .env
+    is named as the environment's.)"""
+    dotenv_path = default_dotenv_path()
+    dotenv = dotenv_values(dotenv_path) if dotenv_path is not None and Path(dotenv_path).is_file() else {}
+    option = OPTIONS_BY_KEY[key]
+    return _named(option, _raw_and_source(option, flags or {}, os.environ, dotenv, dotenv_path)[1])
 
 
 def settings_keys() -> list[str]:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from quasar import config
 from quasar.config import values
-from quasar.evaluate.gpus import GpuOrderError, use_pci_bus_order
+from quasar.evaluate.gpus import GpuOrderError, missing_gpu_here, use_pci_bus_order
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import (
     CPU_MAX_SEQ_LEN,
@@ -138,7 +138,15 @@ def start(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> tuple[
 def options_from(args: argparse.Namespace, seq_lens: Sequence[int], settings: config.Settings) -> EvaluationOptions:
     """EvaluationOptions from parsed flags; what they leave out from ``settings``, as a validator's
     (the device, the evaluation's limit, the timed seconds, the load limit, the sandbox's), and
-    the rest as :class:`EvaluationOptions` has it. Raises EvaluationInputError."""
+    the rest as :class:`EvaluationOptions` has it. Raises EvaluationInputError, for a device this
+    host lacks too, naming the flag or the DEVICE setting it came from, as a bad setting is named."""
+    device = args.device or settings.device
+    no_gpu = missing_gpu_here(device)
+    if no_gpu is not None:
+        raise EvaluationInputError(
+            f"{config.named_setting('device', {'device': args.device})}: {device}, but {no_gpu} "
+            "(--device cpu runs small lengths, for tests only: not a benchmark)"
+        )
     given: dict[str, object] = {}
     if args.repeats:
         given.update(min_timed_runs=args.repeats, max_timed_runs=args.repeats)
@@ -152,7 +160,7 @@ def options_from(args: argparse.Namespace, seq_lens: Sequence[int], settings: co
         settings,
         allow_unsandboxed=args.allow_unsandboxed,
         seq_lens=tuple(seq_lens),
-        device=args.device or settings.device,
+        device=device,
         import_profile=args.import_profile,
         require_cu=args.require_cu,
         **given,

@@ -32,7 +32,6 @@ from quasar import astparse
 from quasar.config.values import format_seq_lens
 from quasar.errors import QuasarError
 from quasar.evaluate.cli import add_evaluation_arguments, options_from, positive_int, refusal, start
-from quasar.evaluate.gpus import missing_gpu_here
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import DEFAULT_SEQ_LENS, EvaluationInputError, ProgressEvent, check_lengths
 from quasar.evaluate.report import render_report
@@ -178,8 +177,9 @@ def commit(repo: Path, written: WrittenFiles, message: str = COMMIT_MESSAGE) -> 
     return git(repo, "rev-parse", "HEAD")
 
 
-def check_setup(repo: Path, device: str) -> list[str]:
-    """What is wrong with the environment for step 1 (empty when all is well)."""
+def check_setup(repo: Path) -> list[str]:
+    """What is wrong with the environment for step 1 (empty when all is well); the device is
+    checked before, with the other evaluation options (options_from)."""
     problems = []
     try:
         git(repo, "rev-parse", "--is-inside-work-tree")
@@ -191,9 +191,6 @@ def check_setup(repo: Path, device: str) -> list[str]:
     for module in ("torch", "triton"):
         if importlib.util.find_spec(module) is None:
             problems.append(f"python package {module} is not installed")
-    no_gpu = missing_gpu_here(device)
-    if no_gpu is not None:
-        problems.append(f"--device {device}: {no_gpu} (use --device cpu only for a dry run)")
     return problems
 
 
@@ -221,13 +218,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar step1") -> int:
     repo = args.repo_path.expanduser().resolve()
     if not repo.is_dir():
         parser.error(f"--repo-path {str(repo)!r} is not a directory")
-    options = options_from(args, DEFAULT_SEQ_LENS, settings)
-    try:  # refused before the fork is touched (a CPU run at 1M, say)
+    try:  # refused before the fork is touched (a device this host lacks, a CPU run at 1M)
+        options = options_from(args, DEFAULT_SEQ_LENS, settings)
         check_lengths(options.seq_lens, args.seq_len, options.device)
     except EvaluationInputError as error:
-        parser.error(refusal(error, options.device, "--seq-len N"))
+        parser.error(refusal(error, args.device or settings.device, "--seq-len N"))
     if not args.skip_setup:
-        problems = check_setup(repo, options.device)
+        problems = check_setup(repo)
         if problems:
             for problem in problems:
                 console.print(f"[red]setup:[/red] {problem}")
