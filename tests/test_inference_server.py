@@ -514,6 +514,10 @@ def test_serve_reports_a_missing_model_or_wallet_and_exits(world, tmp_path, monk
     ]
     assert cli.main(argv) == 1
     assert f"{tmp_path / 'missing-model'} does not exist" in caplog.text
+    caplog.clear()
+    # The model folder is checked before the wallet (no network either): here one that exists.
+    given_model = argv.index("--reference-model") + 1
+    argv[given_model] = str(world["honest_dir"])
     assert cli.main([*argv[:2], "nobody", *argv[3:]]) == 1
     assert "hotkey file" in caplog.text and "nobody/hotkeys/default does not exist" in caplog.text
 
