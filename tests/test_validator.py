@@ -714,16 +714,20 @@ def test_a_rate_limited_validator_waits_the_blocks_the_chain_says(world, tmp_pat
 
 
 @contextmanager
-def hostile_api_validator(tmp_path: Path, pending, report=None, **options) -> Iterator[Validator]:
+def hostile_api_validator(tmp_path: Path, pending, report=None, reports=None, **options) -> Iterator[Validator]:
     """A validator of one CPU device on a dev chain, against an API on 127.0.0.1 whose
     GET /validator/pending answers ``pending()``, POST /validator/report ``await report()`` when
-    given, and every other route a 503; ``options`` go to Validator."""
+    given, GET /validators/{hotkey}/reports ``reports(after_id)`` when given (the validator is then
+    a primary), and every other route a 503; ``options`` go to Validator."""
 
     async def route(request):
         if request.url.path == "/validator/pending":
             return Response(json.dumps(pending(), allow_nan=True), media_type="application/json")
         if request.url.path == "/validator/report" and report is not None:
             return await report()
+        if request.url.path.endswith("/reports") and reports is not None:
+            answer = reports(int(request.query_params["after_id"]))
+            return Response(json.dumps(answer, allow_nan=True), media_type="application/json")
         return JSONResponse({"detail": "busy"}, status_code=503)
 
     wallets = {name: make_wallet(tmp_path / "wallets", name) for name in ("owner", "validator", "api")}
@@ -741,7 +745,7 @@ def hostile_api_validator(tmp_path: Path, pending, report=None, **options) -> It
         ) as api,
     ):
         yield Validator(
-            settings_for(),
+            settings_for(**({} if reports is None else {"validator_role": "primary"})),
             chain,
             api,
             wallets["validator"],
@@ -820,6 +824,72 @@ def test_work_beyond_the_apis_own_limits_is_not_recorded_and_fails_no_step(tmp_p
     warnings = lines(caplog, "the API sent a work item beyond its own limits")
     assert len(warnings) == len(BEYOND_LIMITS) and all("\n" not in line and len(line) < 300 for line in warnings)
     for line, (_, problem) in zip(warnings, BEYOND_LIMITS):
+        assert problem in line
+
+
+def reported(number: int, **changes) -> dict:
+    """A report of this validator's hotkey as the API answers GET /validators/{hotkey}/reports: a
+    passed submission of a GitHub fork."""
+    item = {key: value for key, value in work_item(number).items() if key not in ("vram_mb", "lease_expires_at")}
+    return {
+        **item,
+        "fork_url": "https://github.com/miner/fork",
+        "report_id": number,
+        "verdict": "passed",
+        "correct": True,
+        "logits_ok": True,
+        "measured_tokens_per_sec": CLAIM,
+        "benchmarks": None,
+        "reasons": [],
+        "content_hash": None,
+        "reported_at": 1.0,
+        **changes,
+    }
+
+
+REPORTS_BEYOND_LIMITS = [
+    ({"claimed_tokens_per_sec": float("inf")}, "claimed_tokens_per_sec: Input should be a finite number"),
+    ({"measured_tokens_per_sec": 1e300}, "measured_tokens_per_sec: Input should be less than or equal to"),
+    ({"measured_tokens_per_sec": -1.0}, "measured_tokens_per_sec: Input should be greater than or equal to 0"),
+    ({"measured_tokens_per_sec": float("nan")}, "measured_tokens_per_sec: Input should be a finite number"),
+    ({"submission_id": 2**70}, "submission_id: Input should be less than or equal to 4611686018427387904"),
+    ({"hotkey": "5" * 47 + "\n2026-01-01 ERROR forged"}, "hotkey: String should match pattern"),
+    ({"hotkey": "5" + "x" * 200_000}, "hotkey: String should match pattern"),
+    ({"reasons": ["x" * 200_000]}, "reasons.0: String should have at most 1000 characters"),
+    ({"reasons": ["x"] * 1000}, "reasons: List should have at most 20 items"),
+    ({"content_hash": "f" * 200_000}, "content_hash: String should match pattern"),
+]
+
+
+def test_a_hostile_api_cannot_put_reports_beyond_its_own_limits_into_a_primarys_ranking(tmp_path, caplog):
+    """A primary imports its hotkey's reports as the API answers them, and took any: a claim of inf
+    or a figure of 1e300 failed scoring with a traceback at every weights phase for good, an id past
+    SQLite's range failed its import with one, a hotkey with a newline forged a line of the weights
+    phase's log, and hotkeys or reasons of megabytes went into the state file and that line."""
+    caplog.set_level(logging.INFO)
+    answer = [reported(number + 1, **changes) for number, (changes, _) in enumerate(REPORTS_BEYOND_LIMITS)]
+    honest = reported(len(answer) + 1)
+
+    def pending():
+        return {"items": [], "lease_seconds": 60}
+
+    def reports(after_id: int):
+        unread = [item for item in (*answer, honest) if item["report_id"] > after_id]
+        return {"validator_hotkey": "x", "reports": unread}
+
+    with hostile_api_validator(tmp_path, pending, reports=reports) as validator:
+        for _ in range(2):
+            summary = validator.step()
+            assert summary.failed_phases == [] and summary.weights_set
+            validator.chain.advance(1000)
+        assert [record.submission.submission_id for record in validator.state.submissions()] == [honest["report_id"]]
+    assert (tmp_path / "state.sqlite3").stat().st_size < 1_000_000
+    assert not [record for record in caplog.records if record.exc_info]
+    (left_out,) = lines(caplog, "left out of the ranking")
+    assert "\n" not in left_out and len(left_out) < 300
+    warnings = lines(caplog, "the API sent report")
+    assert len(warnings) == len(REPORTS_BEYOND_LIMITS)
+    for line, (_, problem) in zip(warnings, REPORTS_BEYOND_LIMITS):
         assert problem in line
 
 

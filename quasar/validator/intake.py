@@ -14,11 +14,16 @@ from pydantic import BaseModel, Field, StringConstraints, ValidationError
 from quasar.api.client import ApiClient
 from quasar.api.schemas import (
     MAX_ID,
+    MAX_REASONS,
     CommitHash,
     ForkUrl,
     Hotkey,
+    MeasuredBenchmarks,
+    MeasuredTokensPerSec,
+    Reason,
     ReportedWork,
     SequenceLength,
+    Sha256Hex,
     SubmissionId,
     TokensPerSec,
     WorkItem,
@@ -55,11 +60,23 @@ class _Bounded(BaseModel):
     counts_from_block: _Count
 
 
-def bounds_problem(item: WorkItem) -> str | None:
-    """Why the work item ``item`` breaks the API's own limits (its first wrong field, in a few
-    words), or None."""
+class _BoundedReport(_Bounded):
+    """A report's figures within the limits the API takes them in (``schemas.ReportRequest``): a
+    primary imports them as results of its own, which are ranked at every weights phase and whose
+    hotkeys are logged."""
+
+    measured_tokens_per_sec: MeasuredTokensPerSec | None
+    benchmarks: MeasuredBenchmarks | None
+    reasons: Annotated[list[Reason], Field(max_length=MAX_REASONS)]
+    content_hash: Sha256Hex | None
+
+
+def bounds_problem(item: WorkItem | ReportedWork) -> str | None:
+    """Why the work item or report ``item`` breaks the API's own limits (its first wrong field, in
+    a few words), or None."""
+    model = _BoundedReport if isinstance(item, ReportedWork) else _Bounded
     try:
-        _Bounded.model_validate(item.model_dump(include=set(_Bounded.model_fields)))
+        model.model_validate(item.model_dump(include=set(model.model_fields)))
     except ValidationError as error:
         first = error.errors(include_url=False, include_input=False)[0]
         return f"{'.'.join(map(str, first['loc']))}: {first['msg']}"
@@ -123,6 +140,11 @@ def import_results(
     cursor = ReportCursor(state)
     batch = api.validator_reports(hotkey, cursor.asked_after, IMPORT_BATCH)
     for item in cursor.unread(batch.reports):
+        beyond = bounds_problem(item)
+        if beyond is not None:
+            logger.warning("the API sent report %d beyond its own limits (%s); not imported", item.report_id, beyond)
+            cursor.read(item)
+            continue
         with one_item(f"importing report {item.report_id}"):
             submission, _ = submission_from_work(item, allow_local)
             result = EvaluationResult(
