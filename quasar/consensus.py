@@ -30,7 +30,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 AWAITING_QUORUM, DISPUTED, PASSED, FAILED = "awaiting_quorum", "disputed", "passed", "failed"
-STATES = (AWAITING_QUORUM, DISPUTED, PASSED, FAILED)
 
 
 @dataclass(frozen=True)
