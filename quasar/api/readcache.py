@@ -70,7 +70,6 @@ PAGE_RENDER_DUTY = 0.1
 # alternating (benchmarks/RESULTS.md): 4 of 6 met the targets with 4, 2 of 6 with the pool's 40.
 FIRST_RENDERS = 4
 JSON_TYPE = "application/json"
-HTML_TYPE = "text/html; charset=utf-8"
 
 Params = Mapping[str, object]
 
