@@ -49,9 +49,12 @@ def _utc(timestamp: float) -> str:
 
 @dataclass(frozen=True)
 class Check:
-    """One check of the rule: ``refuses`` is a SQL condition (on the bind parameters of
-    :data:`PARAMETERS`) true when the check refuses the submission; ``details`` are the values its
-    refusal names, read in the same statement; ``refuse`` builds the refusal from them."""
+    """One check of the rule: ``refuses`` is a SQL condition true when the check refuses the
+    submission, on bind parameters of the submission (``client_ip``, ``hotkey``, ``fork_url``,
+    ``commit_hash``, ``target_sequence_length``; ``counts_from`` and ``before_id``: where it stands
+    for originality) and of the service (``limit``, ``now``, ``blocks_until_reveal``); ``details``
+    are the values its refusal names, read in the same statement; ``refuse`` builds the refusal
+    from them."""
 
     name: str
     refuses: ColumnElement[bool]
@@ -171,20 +174,6 @@ NOT_A_COPY = Check(
 # The database checks of a direct submission, in the order they are tried one by one; the nonce is
 # checked between the ban and the rate limit (by the service, as for every signed request).
 SUBMISSION_CHECKS: tuple[Check, ...] = (NOT_BANNED, UNDER_RATE_LIMIT, NOT_ALREADY_READY, NOT_A_COPY)
-# The bind parameters the checks read: the submission's (``counts_from``, ``before_id``: where it
-# stands for originality), and the service's limit, time and reveal delay (BLOCKS_UNTIL_REVEAL).
-PARAMETERS = (
-    "client_ip",
-    "now",
-    "hotkey",
-    "limit",
-    "fork_url",
-    "commit_hash",
-    "target_sequence_length",
-    "counts_from",
-    "before_id",
-    "blocks_until_reveal",
-)
 
 INSERT_SUBMISSION = PreparedStatement(insert(_SUBMISSIONS).returning(_SUBMISSIONS.c.id))
 
