@@ -75,11 +75,6 @@ class SmallDisk:
         full = self.folder / path
         return Path(f"/proc/{self._holder.pid}/root") / full.relative_to("/")
 
-    def free_bytes(self) -> int:
-        """Free space left on the small disk."""
-        stats = os.statvfs(self.outside())
-        return stats.f_bavail * stats.f_frsize
-
     def fill(self) -> None:
         """Take every free block: the next write to the small disk that needs one fails with ENOSPC."""
         fill_folder(self.outside())

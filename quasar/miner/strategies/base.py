@@ -189,7 +189,6 @@ class AppliedEdit:
 
     repo: Path
     originals: dict[str, bytes | None]
-    rolled_back: bool = False
 
     def rollback(self) -> None:
         """Put every file the edit touched back as it was (deleting files it created)."""
@@ -201,7 +200,6 @@ class AppliedEdit:
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_bytes(content)
-        self.rolled_back = True
 
 
 @dataclass(frozen=True)
