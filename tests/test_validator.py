@@ -893,6 +893,26 @@ def test_a_hostile_api_cannot_put_reports_beyond_its_own_limits_into_a_primarys_
         assert problem in line
 
 
+def test_a_hostile_apis_report_id_past_what_an_api_can_be_asked_after_stops_no_primarys_reading(tmp_path, caplog):
+    """A primary asks for its hotkey's reports after the last one read; a lying API answering one of
+    id 2^63 moved it there, and every API after it, the honest one put back included, refused to be
+    asked after an id past 2^62 (422): the import phase failed every step for good, the workers'
+    results never reaching the weights again."""
+
+    def reports(after_id: int):
+        return {"validator_hotkey": "x", "reports": [reported(1, report_id=2**63)] if after_id == 0 else []}
+
+    with hostile_api_validator(tmp_path, lambda: {"items": [], "lease_seconds": 60}, reports=reports) as validator:
+        assert validator.step().failed_phases == []
+        config_ = api_config(validator.api.api_hotkey, allow_local_forks=True)
+        with ApiServer(config_, validator.chain, f"sqlite:///{tmp_path}/api.sqlite3") as server:
+            validator.api.retarget(f"http://127.0.0.1:{server.port}", validator.api.api_hotkey)
+            for _ in range(2):
+                assert validator.step().failed_phases == []
+    (refused,) = lines(caplog, "the API sent report 9223372036854775808 beyond its own limits")
+    assert "report_id: Input should be less than or equal to 4611686018427387904" in refused
+
+
 def test_an_api_answering_each_report_slowly_holds_the_loop_no_longer_than_the_report_budget(tmp_path, caplog):
     """An API answering each report with a 429 just inside the client's timeout held one step for
     the backlog of reports times that delay (1,000 unreported submissions at 30 s each: 8 hours

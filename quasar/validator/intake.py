@@ -63,8 +63,9 @@ class _Bounded(BaseModel):
 class _BoundedReport(_Bounded):
     """A report's figures within the limits the API takes them in (``schemas.ReportRequest``): a
     primary imports them as results of its own, which are ranked at every weights phase and whose
-    hotkeys are logged."""
+    hotkeys are logged; its id one the API can be asked for the reports after."""
 
+    report_id: Annotated[int, Field(ge=1, le=MAX_ID)]
     measured_tokens_per_sec: MeasuredTokensPerSec | None
     benchmarks: MeasuredBenchmarks | None
     reasons: Annotated[list[Reason], Field(max_length=MAX_REASONS)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from quasar.api.schemas import ReportedWork
+from quasar.api.schemas import MAX_ID, ReportedWork
 from quasar.validator.state import ValidatorState
 from quasar.validator.state_files import IMPORTED_AFTER, IMPORTED_LAST
 
@@ -54,8 +54,11 @@ class ReportCursor:
         return []
 
     def read(self, report: ReportedWork) -> None:
-        """``report`` is read (imported or known already)."""
-        self.after, self.last = report.report_id, _which(report)
+        """``report`` is read (imported or known already). One whose id is past MAX_ID, which no API
+        takes as the id to ask after, leaves the cursor where it is: a lying API's would have every
+        API after it refuse the next question."""
+        if 0 < report.report_id <= MAX_ID:
+            self.after, self.last = report.report_id, _which(report)
 
     def save(self) -> None:
         self.state.set_meta(IMPORTED_AFTER, str(self.after))
