@@ -448,6 +448,29 @@ def test_a_state_file_of_schema_2_gains_the_block_submissions_count_from(tmp_pat
         assert [record.submission for record in state.submissions()] == [submission(1, block=0)]
 
 
+def test_a_state_file_migrated_at_start_is_said_in_one_line_and_one_already_newest_in_none(tmp_path, caplog):
+    """An upgrade from 5eac284 (schema 1) migrated the file saying only 'validator state: PATH', so
+    an operator could not tell that the older validator now refuses it."""
+    path = tmp_path / "state.sqlite3"
+    with ValidatorState.open(path) as state:
+        state.add_submission(submission(1), now=1.0)
+        state.add_submission(submission(2), now=1.0)
+    with sqlite3.connect(path) as db:  # as version 1 made it
+        db.execute("ALTER TABLE evaluations DROP COLUMN content_hash")
+        db.execute("ALTER TABLE submissions DROP COLUMN counts_from_block")
+        db.execute("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
+    caplog.set_level(logging.INFO, logger="quasar.validator.state")
+    ValidatorState.open(path).close()
+    said = [record.getMessage() for record in caplog.records if record.name == "quasar.validator.state"]
+    assert said == [
+        f"validator state {path}: migrated from schema version 1 to 3, its 2 submissions kept; "
+        "a validator older than this one refuses the file now"
+    ]
+    caplog.clear()
+    ValidatorState.open(path).close()
+    assert not [record for record in caplog.records if record.name == "quasar.validator.state"]
+
+
 @pytest.mark.parametrize("version", ["99", "three", ""])
 def test_a_state_file_of_another_schema_is_refused(tmp_path, version):
     """A version that is no number (a file edited by hand) raised a bare ValueError from int()."""

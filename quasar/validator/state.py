@@ -121,12 +121,24 @@ class ValidatorState:
             connection.executescript(SCHEMA)
             state = cls(path, connection, lock_fd)
             with state._write() as db:
-                unreadable = upgrade_schema(db)
+                upgraded_from, unreadable = upgrade_schema(db)
                 if unreadable is not None:
                     raise StateError(
                         f"validator state {path} has schema version {unreadable}, this validator "
                         f"reads version {SCHEMA_VERSION}"
                     )
+                if upgraded_from is not None:
+                    kept = db.execute("SELECT COUNT(*) FROM submissions").fetchone()[0]
+            if upgraded_from is not None:
+                # Said once, as the API says its migration: the older validator refuses the file now.
+                logger.info(
+                    "validator state %s: migrated from schema version %s to %s, its %d submissions kept; "
+                    "a validator older than this one refuses the file now",
+                    path,
+                    upgraded_from,
+                    SCHEMA_VERSION,
+                    kept,
+                )
             state._recover()
             return state
         except sqlite3.Error as error:

@@ -88,14 +88,14 @@ def default_state_path(data_dir: str | os.PathLike, network: str, netuid: int, h
     return Path(os.path.expanduser(data_dir)) / f"state-{network}-{netuid}-{hotkey}.sqlite3"
 
 
-def upgrade_schema(db: sqlite3.Connection) -> str | None:
+def upgrade_schema(db: sqlite3.Connection) -> tuple[str | None, str | None]:
     """Bring a state file whose tables SCHEMA created (or found) to SCHEMA_VERSION, within ``db``'s
-    transaction. Returns the version of a file this validator cannot read (a later one, or no
-    number), else None."""
+    transaction. Returns (the version it brought up, the version of a file this validator cannot
+    read: a later one, or no number); each None when there is none."""
     row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     if row is None:
         db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-        return None
+        return None, None
     version = str(row[0])  # compared as text: a file edited by hand may hold no number
     if version in ("1", "2"):
         if version == "1":  # version 2 added the kernel content hash; older results have none
@@ -105,9 +105,10 @@ def upgrade_schema(db: sqlite3.Connection) -> str | None:
         # the order they had among themselves (by id) and come before any fetched since.
         db.execute("ALTER TABLE submissions ADD COLUMN counts_from_block INTEGER NOT NULL DEFAULT 0")
         db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
-    elif version != str(SCHEMA_VERSION):
-        return version
-    return None
+        return version, None
+    if version != str(SCHEMA_VERSION):
+        return None, version
+    return None, None
 
 
 def read_meta(path: str | os.PathLike, key: str) -> str | None:
