@@ -22,7 +22,6 @@ from quasar.errors import QuasarError
 from quasar.starter_fork import write_starter_fork
 
 HONEST, HOSTILE = "honest", "hostile"
-KINDS = (HONEST, HOSTILE)
 
 HOSTILE_KERNEL_FILE = Path("fla/ops/quasar/chunk.py")
 HOSTILE_EXACT_UP_TO = 64
