@@ -62,10 +62,10 @@ class SafeFormatter(logging.Formatter):
         super().__init__(fmt)
         self.safe = safe
 
-    def formatException(self, ei) -> str:  # noqa: N802 (logging's name)
+    def formatException(self, ei) -> str:  # logging's name
         return self.safe(super().formatException(ei))
 
-    def formatStack(self, stack_info: str) -> str:  # noqa: N802 (logging's name)
+    def formatStack(self, stack_info: str) -> str:  # logging's name
         return self.safe(super().formatStack(stack_info))
 
 

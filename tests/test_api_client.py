@@ -116,7 +116,7 @@ def call_within(call, limit_s: float):
     def run() -> None:
         try:
             call()
-        except BaseException as error:  # noqa: BLE001  (handed to the test)
+        except BaseException as error:  # handed to the test
             raised.append(error)
 
     thread = threading.Thread(target=run, daemon=True)

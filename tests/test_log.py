@@ -55,7 +55,7 @@ def test_attack_a_peers_words_cannot_drive_the_operators_terminal_through_the_lo
     message or its traceback, shows them as ``?``."""
 
     class Refusing(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
+        def do_GET(self):  # http.server's name
             body = json.dumps({"detail": TERMINAL_ATTACK}).encode()
             self.send_response(503)
             self.send_header("Content-Type", "application/json")

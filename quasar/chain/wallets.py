@@ -52,6 +52,6 @@ def open_wallet(settings: Settings, role: str) -> bt.Wallet:
         )
     try:
         wallet.hotkey  # noqa: B018  (loads the keypair now, so a broken file fails here)
-    except Exception as error:  # noqa: BLE001  (the SDK raises several kinds for a bad key file)
+    except Exception as error:  # the SDK raises several kinds for a bad key file
         raise WalletError(f"cannot read hotkey file {keyfile.path} ({where}): {error}") from None
     return wallet

@@ -302,7 +302,7 @@ class Server:
             replayed = buffers.fingerprints[0]
             scale = float(torch.linalg.vector_norm(eager_first))
             difference = float(torch.linalg.vector_norm(replayed - eager_first)) / max(scale, 1e-30)
-        except Exception as error:  # noqa: BLE001  (any failure of the capture, fork code included, is a reason)
+        except Exception as error:  # any failure of the capture, fork code included, is a reason
             if pool_open:
                 recover_from_failed_capture(self.device, pool)
             raise CaptureFailed(failure_reason(error)) from None
@@ -449,7 +449,7 @@ class Server:
                 }
                 if "seq_len" in request:
                     self.drop_slots(int(request["seq_len"]))
-            except BaseException as error:  # noqa: BLE001  (any failure of fork code is reported, not fatal)
+            except BaseException as error:  # any failure of fork code is reported, not fatal
                 self.last_output = None
                 kind = "needs_gpu" if self.device.type == "cpu" and triton_found_no_driver(error) else "error"
                 reply = {"ok": False, "kind": kind, "error": traceback.format_exc()[-MAX_ERROR_CHARS:]}

@@ -403,7 +403,7 @@ class SandboxedChild:
                 env=config["env"],
                 cwd=str(self.workdir),
                 # Only where setpriv is missing; the hook makes one system call.
-                preexec_fn=_die_with_parent if mode != "none" and command[0] != "setpriv" else None,  # noqa: PLW1509
+                preexec_fn=_die_with_parent if mode != "none" and command[0] != "setpriv" else None,
             )
         os.close(to_child_read)
         os.close(from_child_write)

@@ -285,7 +285,7 @@ class Miner:
             return self._no_candidate(
                 strategy, REJECTED if isinstance(error, EditRejected) else ERROR, target, best, str(error)
             )
-        except Exception as error:  # noqa: BLE001 - a strategy's bug is that attempt's error, not the cycle's end
+        except Exception as error:  # a strategy's bug is that attempt's error, not the cycle's end
             logger.exception("%s failed unexpectedly (a bug, or input it does not handle)", strategy.name)
             reason = printable_line(f"{type(error).__name__}: {error}")[:MAX_UNEXPECTED_REASON]
             exhausted.add(strategy.name)
@@ -379,7 +379,7 @@ class Miner:
         while not stop.is_set():
             try:
                 self.run_cycle(stop)
-            except Exception as error:  # noqa: BLE001 - one bad cycle must not end the miner
+            except Exception as error:  # one bad cycle must not end the miner
                 logger.error("the cycle failed: %s", error, exc_info=logger.isEnabledFor(logging.DEBUG))
             self.wait(stop, self.config.interval_s)
 
@@ -389,12 +389,12 @@ class Miner:
         while not stop.is_set():
             try:
                 self.submitter.advance()
-            except Exception as error:  # noqa: BLE001 - a failed reveal is retried at the next step
+            except Exception as error:  # a failed reveal is retried at the next step
                 logger.error("advancing the pending reveal failed: %s", error)
             if self.verdicts is not None:
                 try:
                     self.verdicts.poll()
-                except Exception as error:  # noqa: BLE001 - verdicts are only shown; the next step reads them again
+                except Exception as error:  # verdicts are only shown; the next step reads them again
                     logger.error("reading this miner's verdicts from the API failed: %s", error)
             left = deadline - time.monotonic()
             if left <= 0:

@@ -159,7 +159,7 @@ class Validator:
             try:
                 phase(summary)
                 self.repeats.ended(name, f"validator step: {name} works again")
-            except Exception as error:  # noqa: BLE001  (one phase's failure must not end the loop)
+            except Exception as error:  # one phase's failure must not end the loop
                 said = f"{type(error).__name__}: {error}"  # a timeout's or an assert's message is empty
                 # A QuasarError's message says what failed and the cure (the API out of reach): a
                 # traceback, 28 lines under it, is for what no code foresaw.
@@ -395,7 +395,7 @@ class Validator:
             attempt = self.state.start_evaluation(key, device.name, self.clock())
             try:
                 self.running[device.name] = self.evaluator.start(key, device)
-            except Exception as error:  # noqa: BLE001  (a worker that cannot start is this validator's failure)
+            except Exception as error:  # a worker that cannot start is this validator's failure
                 logger.exception("cannot start the evaluation of %s on %s", key, device.name)
                 self.state.fail_attempt(key, f"the evaluation could not start: {error}", self.clock())
                 idle.insert(0, device)

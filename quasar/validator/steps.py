@@ -33,5 +33,5 @@ def one_item(what: str) -> Iterator[None]:
     """Log an exception in one item of a phase and go on with the next item."""
     try:
         yield
-    except Exception:  # noqa: BLE001  (one submission's failure must not hold up the others)
+    except Exception:  # one submission's failure must not hold up the others
         logger.exception("validator step: %s failed; going on", what)
