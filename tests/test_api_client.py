@@ -221,6 +221,28 @@ def test_an_unusable_answer_is_an_api_client_error_of_one_short_line(endpoint, e
     assert len(message) <= MAX_DETAIL_CHARS + 5  # "503: " and the detail
 
 
+BAD_ITEMS = 2_000_000
+# Two million zeros for reports, in 3.8 MiB: far under the size limit.
+MANY_BAD_ITEMS = ('{"validator_hotkey": "x", "reports": [' + ",".join(["0"] * BAD_ITEMS) + "]}").encode()
+
+
+async def many_bad_items(request):
+    return Response(MANY_BAD_ITEMS, media_type="application/json")
+
+
+def test_attack_an_answer_of_millions_of_bad_items_is_refused_at_the_first(tmp_path):
+    """Pydantic reported every bad item of a list, and the client listed them all to show three: a
+    lying API's 3.8 MiB of two million zeros took 8 s and 2.6 GB to refuse, its 32 MiB 21 GB (the
+    OOM killer's, under pm2 a restart, and the same answer at the next step)."""
+    route = Route(f"/validators/{'5' * 48}/reports", many_bad_items)
+    with serving(Starlette(routes=[route])) as port, ApiClient(f"http://127.0.0.1:{port}") as client:
+        started = time.monotonic()
+        with pytest.raises(ApiClientError) as raised:
+            client.validator_reports("5" * 48)
+        assert time.monotonic() - started < 2.0
+    assert "is not a ValidatorReports (1 problem(s): reports.0: Input should be a valid dictionary" in str(raised.value)
+
+
 def test_attack_a_redirect_never_takes_a_miners_signed_claim_or_its_requests_elsewhere(tmp_path):
     """A taken-over API answering 307 would, were it followed, have the miner send its signed claim
     (its fork and commit before they are public, under commit-reveal) and its status requests to a
