@@ -298,7 +298,6 @@ class Validator:
         key, now = evaluation.key, self.clock()
         if outcome.result is not None:
             self.state.finish_evaluation(key, outcome.result, now)
-            summary.finished.append(key)
             result = outcome.result
             measured = "-" if result.measured_tokens_per_sec is None else f"{result.measured_tokens_per_sec:,.0f}"
             logger.info(
@@ -350,7 +349,6 @@ class Validator:
                     )
                     return
                 self.state.record_logits(record.submission.submission_id, outcome, reason, self.clock())
-                summary.logits_checked += outcome != SKIPPED
                 log = logger.debug if outcome != FAILED else logger.warning
                 log(
                     "logit check of submission %d from %s: %s (%s)",

@@ -19,9 +19,7 @@ class StepSummary:
 
     fetched: int = 0
     started: list[EvaluationKey] = field(default_factory=list)
-    finished: list[EvaluationKey] = field(default_factory=list)
     retried: list[EvaluationKey] = field(default_factory=list)
-    logits_checked: int = 0
     reported: int = 0
     imported: int = 0
     weights_set: bool = False
