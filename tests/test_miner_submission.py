@@ -214,6 +214,22 @@ def test_a_restart_resumes_the_pending_reveal(setup):
     assert item.commit_hash == commit
 
 
+def test_a_measurement_waiting_for_a_pending_reveal_is_said_once(setup, caplog):
+    """A miner restarted with a pending reveal (an upgrade from d6da05d) offers its baseline at the
+    start of the cycle and again at its end: 'a commit-reveal is pending' was said twice."""
+    commit = setup.new_commit("pending")
+    setup.submitter(COMMIT_REVEAL).submit_if_better(measurement(commit, 1000.0))
+    restarted = setup.submitter(COMMIT_REVEAL)
+    caplog.set_level(logging.INFO, logger="quasar.miner.submission")
+    baseline = measurement(commit, 1100.0)
+    assert not restarted.submit_if_better(baseline)
+    assert not restarted.submit_if_better(baseline)
+    kept = measurement(setup.new_commit("kept while pending"), 1300.0)
+    assert not restarted.submit_if_better(kept)
+    said = [record.getMessage() for record in caplog.records if "is pending" in record.getMessage()]
+    assert said == [f"a commit-reveal is pending ({commit[:12]}); the next submission waits for its reveal"] * 2
+
+
 def test_a_commitment_whose_answer_was_lost_is_found_not_resent(setup):
     commit = setup.new_commit("answer lost")
     salt = "ab" * 32

@@ -139,6 +139,9 @@ class Submitter:
     _confirmed_at: float | None = field(default=None, init=False)
     # A refusal met at every try (every 15 s while the miner waits): said once, then every 10 minutes.
     _repeats: Repeats = field(default_factory=lambda: Repeats(logger), init=False)
+    # The measurement last said to wait for the pending reveal: a cycle offers its baseline at its
+    # start and its best at its end, often the same one, which is said once.
+    _said_waiting: Measurement | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -151,10 +154,12 @@ class Submitter:
         """Submit ``measurement`` if it improves on the last submission and nothing is pending.
         Returns True when a submission (or commitment) was made."""
         if self.state.pending_reveal is not None:
-            logger.info(
-                "a commit-reveal is pending (%s); the next submission waits for its reveal",
-                self.state.pending_reveal.measurement.commit[:12],
-            )
+            if measurement != self._said_waiting:
+                logger.info(
+                    "a commit-reveal is pending (%s); the next submission waits for its reveal",
+                    self.state.pending_reveal.measurement.commit[:12],
+                )
+                self._said_waiting = measurement
             return False
         if not is_improvement(measurement, self.state.last_submission, self.min_gain):
             return False
