@@ -138,9 +138,9 @@ class _Mount:
     controllers: frozenset[str]
 
 
-def _mounts(mountinfo: str = "/proc/self/mountinfo") -> list[_Mount]:
+def _mounts() -> list[_Mount]:
     found = []
-    with open(mountinfo) as lines:
+    with open("/proc/self/mountinfo") as lines:
         for line in lines:
             fields = line.split()
             separator = fields.index("-")
@@ -153,10 +153,10 @@ def _mounts(mountinfo: str = "/proc/self/mountinfo") -> list[_Mount]:
     return found
 
 
-def _own_cgroups(path: str = "/proc/self/cgroup") -> dict[str, str]:
+def _own_cgroups() -> dict[str, str]:
     """This process's cgroup per v1 controller, and ``""`` for the v2 one."""
     own = {}
-    with open(path) as lines:
+    with open("/proc/self/cgroup") as lines:
         for line in lines:
             _, controllers, where = line.rstrip("\n").split(":", 2)
             for controller in controllers.split(",") if controllers else [""]:
@@ -276,15 +276,13 @@ def make_cgroup(
     memory_bytes: int,
     max_processes: int,
     configured: str | None = None,
-    mountinfo: str = "/proc/self/mountinfo",
-    cgroup_file: str = "/proc/self/cgroup",
 ) -> tuple[Cgroup | None, str]:
     """A new cgroup for one sandbox with its limits set, or None and why not. Tried in turn:
     ``configured`` (a v2 directory to make it in), writable v1 ``pids`` and ``memory``
     hierarchies, this process's own v2 cgroup with both controllers enabled for its children."""
     try:
-        mounts = _mounts(mountinfo)
-        own = _own_cgroups(cgroup_file)
+        mounts = _mounts()
+        own = _own_cgroups()
     except (OSError, ValueError) as error:
         return None, f"cgroups unreadable: {error}"
     reasons = []

@@ -30,11 +30,10 @@ class NvidiaGpu:
     model: str = ""
 
 
-def nvidia_gpus(root: str | None = None) -> list[NvidiaGpu]:
+def nvidia_gpus() -> list[NvidiaGpu]:
     """The driver's GPUs in PCI bus order (the order ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` numbers them),
-    from ``root`` (default :data:`DRIVER_GPUS`); empty where there is no NVIDIA driver or its
-    listing is unreadable."""
-    root = root or DRIVER_GPUS
+    from :data:`DRIVER_GPUS`; empty where there is no NVIDIA driver or its listing is unreadable."""
+    root = DRIVER_GPUS
     found = []
     try:
         buses = os.listdir(root)

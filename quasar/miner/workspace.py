@@ -126,12 +126,12 @@ def _cure(error: OSError) -> str:
     return lock_file_cure(error, "this miner", "WORKSPACE_ROOT")
 
 
-def _flock_holders(path: str = "/proc/locks") -> set[tuple[int, int, int]]:
+def _flock_holders() -> set[tuple[int, int, int]]:
     """(major, minor, inode) of every file some process holds an ``flock`` on; empty where the
     kernel's list cannot be read."""
     held: set[tuple[int, int, int]] = set()
     try:
-        lines = Path(path).read_text().splitlines()
+        lines = Path("/proc/locks").read_text().splitlines()
     except OSError:
         return held
     for line in lines:
