@@ -954,6 +954,22 @@ def test_a_validator_killed_outright_leaves_no_clone_past_its_restart(tmp_path):
     assert not evaluator.cache_dir.exists()
 
 
+def test_the_lock_files_an_earlier_version_kept_are_not_said_to_be_clones_of_unended_evaluations(tmp_path, caplog):
+    """5eac284 kept a key's lock file beside its clone after the evaluation ended: upgraded, the
+    validator said 'removing 2 clones left ... by evaluations that did not end' of two lock files."""
+    evaluator = SubprocessEvaluator(tmp_path / "work", EvaluationOptions(), allow_local=True)
+    evaluator.cache_dir.mkdir(parents=True)
+    for key in ("ab" * 20, "cd" * 20):
+        (evaluator.cache_dir / (key + ".lock")).write_text("")
+    caplog.set_level(logging.INFO, logger="quasar.validator.evaluator")
+    evaluator.discard_leftover_clones()
+    assert [record.getMessage() for record in caplog.records] == [
+        f"removing what {evaluator.cache_dir} holds, left by an earlier run: "
+        "0 clone(s) of evaluations that did not end, 2 lock file(s)"
+    ]
+    assert not evaluator.cache_dir.exists()
+
+
 def test_evaluation_options_survive_the_trip_to_the_worker():
     options = EvaluationOptions(
         seq_lens=(512, 2048),

@@ -234,10 +234,18 @@ class SubprocessEvaluator:
 
     def discard_leftover_clones(self) -> None:
         """Empty the clone cache: at start (the state file's lock makes this process the only user of
-        ``work_dir``) whatever is there was left by workers of a validator killed outright."""
-        leftovers = sorted(self.cache_dir.iterdir()) if self.cache_dir.is_dir() else []
+        ``work_dir``) whatever is there was left by workers of a validator killed outright, or is a
+        key's lock file, which versions before 90dfa13 kept after the evaluation ended."""
+        leftovers = list(self.cache_dir.iterdir()) if self.cache_dir.is_dir() else []
         if leftovers:
-            logger.info("removing %d clones left in %s by evaluations that did not end", len(leftovers), self.cache_dir)
+            clones = sum(path.is_dir() for path in leftovers)
+            logger.info(
+                "removing what %s holds, left by an earlier run: %d clone(s) of evaluations that did not end, "
+                "%d lock file(s)",
+                self.cache_dir,
+                clones,
+                len(leftovers) - clones,
+            )
             shutil.rmtree(self.cache_dir)
 
     def start(self, key: EvaluationKey, device: Device) -> WorkerEvaluation:
