@@ -263,7 +263,7 @@ class Steps:
     def step(self, text: str) -> None:
         self.lines.append(text)
 
-    def detail(self, text: str, key: str | None = None) -> None:
+    def detail(self, text: str) -> None:
         self.lines.append(text)
 
 

@@ -57,7 +57,7 @@ class Display:
         self.started = time.monotonic()
         self.current: str | None = None
         self.step_started = self.started
-        self.last_key: str | None = None
+        self.last_detail: str | None = None
         self.progress: Progress | None = None
         self.task: TaskID | None = None
         if console.is_terminal:
@@ -68,18 +68,18 @@ class Display:
 
     def step(self, text: str) -> None:
         self._finish(ok=True)
-        self.current, self.step_started, self.last_key = text, time.monotonic(), None
+        self.current, self.step_started, self.last_detail = text, time.monotonic(), None
         if self.progress is not None:
             self.task = self.progress.add_task(text, total=None)
         else:
             self.console.print(f"[{time.monotonic() - self.started:6.1f}s] {text}", highlight=False)
 
-    def detail(self, text: str, key: str | None = None) -> None:
+    def detail(self, text: str) -> None:
         if self.progress is not None and self.task is not None:
             self.progress.update(self.task, description=f"{self.current}\n  {text}")
-        elif (key or text) != self.last_key:
+        elif text != self.last_detail:
             self.console.print(f"[{time.monotonic() - self.started:6.1f}s]   {text}", highlight=False)
-        self.last_key = key or text
+        self.last_detail = text
 
     def say(self, text: str, style: str = "") -> None:
         """Print a message: on a terminal wrapped at words within 80 columns, a path longer than a

@@ -51,9 +51,9 @@ class Progress(Protocol):
     def step(self, text: str) -> None:
         """A new step begins (the previous one is done)."""
 
-    def detail(self, text: str, key: str | None = None) -> None:
-        """How the current step is going; ``key`` (default ``text``) changes when it is worth a new
-        line where no live display is possible (a log, a pipe)."""
+    def detail(self, text: str) -> None:
+        """How the current step is going; where no live display is possible (a log, a pipe), a new
+        line only when ``text`` changes."""
 
 
 class NetworkParts:

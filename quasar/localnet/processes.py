@@ -38,10 +38,10 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of the log at ``path`` ("" when it cannot be read)."""
+def log_tail(path: Path) -> str:
+    """The last :data:`LOG_TAIL_LINES` lines of the log at ``path`` ("" when it cannot be read)."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:])
     except OSError:
         return ""
 
@@ -103,14 +103,14 @@ class Children:
         logger.debug("started %s (pid %d): %s", name, process.pid, " ".join(command))
         return child
 
-    def stop(self, child: Child, grace_s: float = STOP_GRACE_S) -> int | None:
-        """SIGTERM, then SIGKILL after ``grace_s``; returns the exit status."""
+    def stop(self, child: Child) -> int | None:
+        """SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`; returns the exit status."""
         if child.exited() is None:
             self._signal(child, signal.SIGTERM)
             try:
-                child.process.wait(timeout=grace_s)
+                child.process.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
-                logger.warning("%s did not stop within %g s; killing it", child.name, grace_s)
+                logger.warning("%s did not stop within %g s; killing it", child.name, STOP_GRACE_S)
                 self._signal(child, signal.SIGKILL)
                 child.process.wait()
         if child in self.running:
