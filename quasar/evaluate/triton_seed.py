@@ -194,12 +194,12 @@ def mark_used(seed: Path) -> None:
         logger.debug("could not mark the Triton cache seed %s used: %s", seed, error)
 
 
-def prune_seeds(folder: Path, keep: int = MAX_SEEDS) -> None:
-    """Remove from ``folder`` all seeds but the ``keep`` most recently used, and what builds killed
-    midway left; the caller holds the folder's lock, so no build is under way."""
+def prune_seeds(folder: Path) -> None:
+    """Remove from ``folder`` all seeds but the :data:`MAX_SEEDS` most recently used, and what builds
+    killed midway left; the caller holds the folder's lock, so no build is under way."""
     found = [path for path in folder.iterdir() if _SEED_NAME.fullmatch(path.name) and path.is_dir()]
     seeds = sorted((p for p in found if "." not in p.name), key=lambda p: p.stat().st_mtime_ns, reverse=True)
-    for path in seeds[keep:]:
+    for path in seeds[MAX_SEEDS:]:
         logger.info("removing the Triton cache seed %s, the least recently used", path)
         shutil.rmtree(path, ignore_errors=True)
     for path in found:

@@ -105,10 +105,10 @@ def make_weights(seed: int) -> dict[str, torch.Tensor]:
     return weights
 
 
-def segment_bounds(seq_len: int, segments: int = SEGMENTS) -> list[tuple[int, int]]:
-    """``segments`` contiguous, nearly equal ``[start, stop)`` token ranges covering the sequence."""
-    cuts = [(i * seq_len) // segments for i in range(segments + 1)]
-    return [(cuts[i], cuts[i + 1]) for i in range(segments)]
+def segment_bounds(seq_len: int) -> list[tuple[int, int]]:
+    """:data:`SEGMENTS` contiguous, nearly equal ``[start, stop)`` token ranges covering the sequence."""
+    cuts = [(i * seq_len) // SEGMENTS for i in range(SEGMENTS + 1)]
+    return [(cuts[i], cuts[i + 1]) for i in range(SEGMENTS)]
 
 
 @dataclass
