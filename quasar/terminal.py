@@ -69,21 +69,21 @@ def _terminal_console() -> Console | None:
     return None
 
 
-def log_table(logger: logging.Logger, message: str, table: RenderableType, level: int = logging.INFO) -> None:
-    """Log ``message`` and show ``table`` below it.
+def log_table(logger: logging.Logger, message: str, table: RenderableType) -> None:
+    """Log ``message`` at INFO and show ``table`` below it.
 
     On a terminal the table is printed on the log's console at full width, not inside the
     record's message column (where it would wrap every row); in a plain log (pm2, files) it
     follows the message in the same record, laid out for :data:`TABLE_WIDTH` columns.
     """
-    if not logger.isEnabledFor(level):
+    if not logger.isEnabledFor(logging.INFO):
         return
     console = _terminal_console()
     if console is not None:
-        logger.log(level, "%s", message)
+        logger.info("%s", message)
         console.print(table)
     else:
-        logger.log(level, "%s\n%s", message, rendered_text(table))
+        logger.info("%s\n%s", message, rendered_text(table))
 
 
 def wrapped(message: str, width: int | None = None, indent: str = "") -> str:

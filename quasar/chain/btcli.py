@@ -51,8 +51,8 @@ def stake_add(settings: Settings, wallet: str, amount: str = "AMOUNT") -> str:
     )
 
 
-def registration_hint(settings: Settings, wallet: str, hotkey: str, coldkey: str = "COLDKEY") -> str:
+def registration_hint(settings: Settings, wallet: str, hotkey: str) -> str:
     """How to register ``hotkey``: btcli on a Bittensor network, the dev chain's CLI on devchain."""
     if settings.network == DEV_NETWORK:
-        return f"quasar devchain --path {settings.devchain_path} register --hotkey {hotkey} --coldkey {coldkey}"
+        return f"quasar devchain --path {settings.devchain_path} register --hotkey {hotkey} --coldkey COLDKEY"
     return register(settings, wallet)

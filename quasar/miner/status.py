@@ -216,16 +216,14 @@ def submission_detail(status: schemas.SubmissionStatus) -> Group:
     return Group(*parts)
 
 
-def print_status(
-    console: Console, client: ApiClient, hotkey: str, submission_id: int | None, limit: int = RECENT
-) -> None:
+def print_status(console: Console, client: ApiClient, hotkey: str, submission_id: int | None) -> None:
     """The table of recent submissions and the newest in detail, or only submission ``submission_id``."""
     # Uncropped: a value to copy longer than the line is left whole for the terminal to wrap.
     if submission_id is not None:
         console.print(submission_detail(client.submission_status(submission_id)), crop=False)
         return
-    page = client.miner_submissions(hotkey, limit=limit)
-    page.submissions = page.submissions[:limit]  # an API that lies may send more
+    page = client.miner_submissions(hotkey, limit=RECENT)
+    page.submissions = page.submissions[:RECENT]  # an API that lies may send more
     console.print(submissions_table(page))
     if page.submissions:
         console.print()
