@@ -44,7 +44,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from bittensor import http_auth
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
@@ -409,7 +408,6 @@ def create_inference_app(
     chain: Chain,
     self_hotkey: str,
     limits: InferenceLimits = InferenceLimits(),
-    nonce_store: http_auth.NonceStore | None = None,
 ) -> FastAPI:
     """The inference server app for ``model``; requests must be addressed to ``self_hotkey``.
 
@@ -417,7 +415,7 @@ def create_inference_app(
     :class:`~quasar.logits.ReferenceModel`; it is loaded once by the caller and shared. ``chain`` is
     read through a per-block cache: its metagraph once per new block, its block number every half block.
     """
-    nonce_store = nonce_store or auth.RecentNonces(NONCE_RETENTION_S)
+    nonce_store = auth.RecentNonces(NONCE_RETENTION_S)
     cached = CachedMetagraphChain(chain, block_poll_s=chain.block_time_s / 2)
     permits = PermitCheck(cached, limits.permit_max_stale_s, limits.permit_read_wait_s)
     worker = BoundedWorker(limits.queue_size, limits.max_pending_per_caller)
