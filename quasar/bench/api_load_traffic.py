@@ -172,11 +172,11 @@ def read_targets(seeded: Sequence[tuple[str, int]]) -> list[str]:
     return list(dict.fromkeys(paths))
 
 
-def prime_reads(url: str, paths: Sequence[str], connections: int = PRIME_CONNECTIONS) -> float:
-    """Ask for every one of ``paths`` on each of ``connections`` connections in turn, so that each
-    worker has rendered every page (or read it from the one that did); the seconds it took."""
+def prime_reads(url: str, paths: Sequence[str]) -> float:
+    """Ask for every one of ``paths`` on each of :data:`PRIME_CONNECTIONS` connections in turn, so
+    that each worker has rendered every page (or read it from the one that did); the seconds it took."""
     started = time.perf_counter()
-    clients = [httpx.Client(base_url=url, timeout=60) for _ in range(connections)]
+    clients = [httpx.Client(base_url=url, timeout=60) for _ in range(PRIME_CONNECTIONS)]
     try:
         for client in clients:
             for path in paths:
