@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import re
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -32,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from quasar import config, scoring
 from quasar.api import schemas
 from quasar.api.client import ApiClient, ApiClientError, Claim
-from quasar.api.rules import commitment_hash
+from quasar.api.rules import commitment_hash, new_salt
 from quasar.chain import Chain, ChainError
 from quasar.evaluate import EvaluationReport
 from quasar.evaluate.report import OK
@@ -45,7 +44,6 @@ logger = logging.getLogger(__name__)
 DIRECT = "direct"
 COMMIT_REVEAL = "commit-reveal"
 MODES = (DIRECT, COMMIT_REVEAL)
-SALT_BYTES = 32
 # The share of the recommended claim a miner submits unless CLAIM_SHARE says otherwise.
 DEFAULT_CLAIM_SHARE = float(config.OPTIONS_BY_KEY["claim_share"].default)
 # API answers worth retrying later: unreachable, rate-limited, the API's own trouble, and a refused
@@ -202,7 +200,7 @@ class Submitter:
         return True
 
     def _start_commit_reveal(self, measurement: Measurement) -> None:
-        salt = secrets.token_hex(SALT_BYTES)
+        salt = new_salt()
         digest = commitment_hash(salt, self.fork_url, measurement.commit)
         self.state.pending_reveal = PendingReveal(
             salt=salt, fork_url=self.fork_url, commitment_hash=digest, measurement=measurement, created_at=time.time()
