@@ -7,6 +7,7 @@ Skipped where /usr/bin/chromium is missing; ./scripts/test.sh installs it.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from pathlib import Path
 
@@ -35,6 +36,7 @@ REASONS = [
     "logit check not run: the evaluation failed",
     "<script>document.title='pwned'</script>",
 ]
+HOSTILE_REASON = "kernel raised: \u202eelif eht ni"  # a right-to-left override, never closed
 
 # Each pair of texts, in the page's visible charts, whose boxes as drawn meet.
 MEETING_TEXTS = """() => {
@@ -271,5 +273,58 @@ def test_a_miners_chart_of_many_rounds_keeps_its_labels_apart(tmp_path, chain, w
                     assert chart.locator("text.axis", has_text=f"round {ROUNDS_PLAYED - 1}").count() == 1
                     assert chart.locator("circle title").last.text_content() == "round 39: 89,000,000 tokens/s"
                     assert page.evaluate(MEETING_TEXTS) == [], size_name
+            finally:
+                context.close()
+
+
+def copied_and_failed(database_url: str, copier: str, failer: str, validators: list[str], rounds: int) -> dict:
+    """After ``played_rounds``: ``copier`` submits the first round's commit again in the last round
+    (a copy), and ``failer`` a submission every validator fails with ``HOSTILE_REASON``."""
+    connection = sqlite3.connect(database_url.removeprefix("sqlite:///"))
+    block = (rounds - 1) * 360 + 20
+    ids = {"copy": rounds + 1, "failed": rounds + 2}
+    with connection:
+        for name, hotkey, commit in (("copy", copier, f"{0:040x}"), ("failed", failer, "f" * 40)):
+            connection.execute(
+                "INSERT INTO submissions (id, hotkey, method, state, target_sequence_length, submitted_at, "
+                "submitted_block, ready_at, ready_block, round_id, fork_url, commit_hash, claimed_tokens_per_sec, "
+                "client_ip) VALUES (?,?,'direct','ready',1000000,?,?,?,?,?,?,?,9e7,'10.0.0.2')",
+                (ids[name], hotkey, block * 12.0, block, block * 12.0, block, rounds - 1, FORK, commit),
+            )
+            passed = name == "copy"
+            for validator in validators:
+                connection.execute(
+                    "INSERT INTO evaluation_reports (submission_id, validator_hotkey, reported_at, verdict, correct, "
+                    "logits_ok, measured_tokens_per_sec, reasons, lengths, content_hash) "
+                    "VALUES (?,?,?,?,?,?,5e7,?,'[]',?)",
+                    (ids[name], validator, block * 12.0 + 100, "passed" if passed else "failed", passed, passed)
+                    + ("[]" if passed else json.dumps([HOSTILE_REASON]), f"{ids[name]:064x}"),
+                )
+    connection.close()
+    return ids
+
+
+def test_miners_texts_read_as_written(tmp_path, chain, wallets):
+    """What the pages quote (a copy's original's hotkey) reads exactly as it is."""
+    from playwright.sync_api import sync_playwright
+
+    url = f"sqlite:///{tmp_path}/api.sqlite3"
+    hotkey = {name: wallets[name].hotkey.ss58_address for name in ("a", "b", "c", "v1", "v2")}
+    validators = [hotkey["v1"], hotkey["v2"]]
+    with ApiServer(api_config(wallets["api"].hotkey.ss58_address), chain, url, Clock()) as server:
+        played_rounds(url, hotkey["a"], validators, 3)
+        ids = copied_and_failed(url, hotkey["b"], hotkey["c"], validators, 3)
+        chain.advance(3 * 360 - chain.current_block() + 5)
+        with sync_playwright() as playwright:
+            context = playwright.chromium.launch_persistent_context(
+                str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+            )
+            try:
+                page = context.new_page()
+                page.goto(f"{server.url}/dashboard/submissions/{ids['copy']}")
+                assert page.locator("h1 .badge").inner_text() == "copy"
+                assert (
+                    page.locator("#state-reason").inner_text().startswith(f"A copy of submission 1 by {hotkey['a']},")
+                )
             finally:
                 context.close()

@@ -102,6 +102,12 @@ def yes_no(value: bool | None, unknown: str = "not checked") -> str:
     return unknown if value is None else ("passed" if value else "failed")
 
 
+def sentence(text: str) -> str:
+    """``text`` with its first letter capitalised and the rest as written (Jinja's ``capitalize``
+    lowercases the rest, and a hotkey quoted in it with them)."""
+    return text[:1].upper() + text[1:]
+
+
 def percent(share: float | None) -> str:
     return "–" if share is None else f"{100 * share:.0f}%"
 
@@ -114,7 +120,9 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     # The templates call each formatter by its function's name.
-    environment.filters.update({f.__name__: f for f in (tokens, tokens_both, utc, memory, yes_no, duration, percent)})
+    environment.filters.update(
+        {f.__name__: f for f in (tokens, tokens_both, utc, memory, yes_no, duration, percent, sentence)}
+    )
     environment.filters.update(short=short_hotkey, state_label=lambda state: STATE_LABELS.get(state, state))
     # The rules the pages explain come from the code that applies them.
     environment.globals.update(place_shares=scoring.PLACE_SHARES)
