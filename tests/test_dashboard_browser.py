@@ -51,6 +51,18 @@ MEETING_TEXTS = """() => {
   return met;
 }"""
 
+# Whether the first element matching the selector is drawn left to right: its first character left
+# of its last.
+READS_LEFT_TO_RIGHT = """selector => {
+  const text = document.querySelector(selector).firstChild, range = document.createRange();
+  const left = at => {
+    range.setStart(text, at);
+    range.setEnd(text, at + 1);
+    return range.getBoundingClientRect().left;
+  };
+  return left(0) < left(text.length - 1);
+}"""
+
 pytestmark = pytest.mark.skipif(
     not CHROMIUM.exists(),
     reason=f"no Chromium at {CHROMIUM}: install Debian's "
@@ -164,8 +176,9 @@ def test_dashboard_pages_in_headless_chromium(tmp_path, chain, wallets):
                     page.goto(f"{api.url}/dashboard/submissions/{ids['hostile']}")
                     assert page.locator("h1 .badge").inner_text() == "failed"
                     assert page.locator(".why li").first.inner_text() == REASONS[0] + " (2 of 2 validators)"
-                    assert page.get_by_text(REASONS[0], exact=True).count() == 2  # and under each validator
-                    assert page.get_by_text(REASONS[2], exact=True).count() == 2  # shown as text, never run
+                    # once above and under each validator
+                    assert page.get_by_text(REASONS[0], exact=True).count() == 3
+                    assert page.get_by_text(REASONS[2], exact=True).count() == 3  # shown as text, never run
                     assert page.title() == f"Submission {ids['hostile']} · QUASAR"
                     chart = page.locator("svg.chart:visible")  # one drawn for desktops, one for phones
                     assert chart.count() == 1 and chart.bounding_box()["width"] > 300
@@ -305,7 +318,8 @@ def copied_and_failed(database_url: str, copier: str, failer: str, validators: l
 
 
 def test_miners_texts_read_as_written(tmp_path, chain, wallets):
-    """What the pages quote (a copy's original's hotkey) reads exactly as it is."""
+    """What the pages quote (a copy's original's hotkey, a validator's reason) reads exactly as it is,
+    and turns nothing of the page's own around."""
     from playwright.sync_api import sync_playwright
 
     url = f"sqlite:///{tmp_path}/api.sqlite3"
@@ -326,5 +340,9 @@ def test_miners_texts_read_as_written(tmp_path, chain, wallets):
                 assert (
                     page.locator("#state-reason").inner_text().startswith(f"A copy of submission 1 by {hotkey['a']},")
                 )
+                page.goto(f"{server.url}/dashboard/submissions/{ids['failed']}")
+                assert page.locator(".why li").first.inner_text() == HOSTILE_REASON + " (2 of 2 validators)"
+                # The page's own words after a reason read left to right: its override ends with it.
+                assert page.evaluate(READS_LEFT_TO_RIGHT, ".why li .muted")
             finally:
                 context.close()
