@@ -319,7 +319,7 @@ def copied_and_failed(database_url: str, copier: str, failer: str, validators: l
 
 def test_miners_texts_read_as_written(tmp_path, chain, wallets):
     """What the pages quote (a copy's original's hotkey, a validator's reason) reads exactly as it is,
-    and turns nothing of the page's own around."""
+    turns nothing of the page's own around, and a page naming a hotkey in full fits a phone."""
     from playwright.sync_api import sync_playwright
 
     url = f"sqlite:///{tmp_path}/api.sqlite3"
@@ -344,5 +344,9 @@ def test_miners_texts_read_as_written(tmp_path, chain, wallets):
                 assert page.locator(".why li").first.inner_text() == HOSTILE_REASON + " (2 of 2 validators)"
                 # The page's own words after a reason read left to right: its override ends with it.
                 assert page.evaluate(READS_LEFT_TO_RIGHT, ".why li .muted")
+                page.set_viewport_size(PHONE)
+                page.goto(f"{server.url}/dashboard/miners/{hotkey['v1']}")  # a 404 naming the hotkey in full
+                assert page.get_by_text(f"no submissions from {hotkey['v1']}").count() == 1
+                assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
             finally:
                 context.close()
