@@ -290,6 +290,9 @@ def test_a_miners_chart_of_many_rounds_keeps_its_labels_apart(tmp_path, chain, w
                 context.close()
 
 
+MANY_ROUNDS = 1_000  # a counted thousand is written 1,000, as every figure on the pages
+
+
 def copied_and_failed(database_url: str, copier: str, failer: str, validators: list[str], rounds: int) -> dict:
     """After ``played_rounds``: ``copier`` submits the first round's commit again in the last round
     (a copy), and ``failer`` a submission every validator fails with ``HOSTILE_REASON``."""
@@ -318,17 +321,18 @@ def copied_and_failed(database_url: str, copier: str, failer: str, validators: l
 
 
 def test_miners_texts_read_as_written(tmp_path, chain, wallets):
-    """What the pages quote (a copy's original's hotkey, a validator's reason) reads exactly as it is,
-    turns nothing of the page's own around, and a page naming a hotkey in full fits a phone."""
+    """What the pages quote (a copy's original's hotkey, a validator's reason) reads exactly as it is
+    and turns nothing of the page's own around; a count is written with thousands separators; a page
+    naming a hotkey in full fits a phone."""
     from playwright.sync_api import sync_playwright
 
     url = f"sqlite:///{tmp_path}/api.sqlite3"
     hotkey = {name: wallets[name].hotkey.ss58_address for name in ("a", "b", "c", "v1", "v2")}
     validators = [hotkey["v1"], hotkey["v2"]]
     with ApiServer(api_config(wallets["api"].hotkey.ss58_address), chain, url, Clock()) as server:
-        played_rounds(url, hotkey["a"], validators, 3)
-        ids = copied_and_failed(url, hotkey["b"], hotkey["c"], validators, 3)
-        chain.advance(3 * 360 - chain.current_block() + 5)
+        played_rounds(url, hotkey["a"], validators, MANY_ROUNDS)
+        ids = copied_and_failed(url, hotkey["b"], hotkey["c"], validators, MANY_ROUNDS)
+        chain.advance(MANY_ROUNDS * 360 - chain.current_block() + 5)
         with sync_playwright() as playwright:
             context = playwright.chromium.launch_persistent_context(
                 str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
@@ -344,6 +348,9 @@ def test_miners_texts_read_as_written(tmp_path, chain, wallets):
                 assert page.locator(".why li").first.inner_text() == HOSTILE_REASON + " (2 of 2 validators)"
                 # The page's own words after a reason read left to right: its override ends with it.
                 assert page.evaluate(READS_LEFT_TO_RIGHT, ".why li .muted")
+                page.goto(f"{server.url}/dashboard/miners/{hotkey['a']}")
+                shown = page.locator("main > p.muted").inner_text()
+                assert f"{MANY_ROUNDS:,} submissions" in shown, shown
                 page.set_viewport_size(PHONE)
                 page.goto(f"{server.url}/dashboard/miners/{hotkey['v1']}")  # a 404 naming the hotkey in full
                 assert page.get_by_text(f"no submissions from {hotkey['v1']}").count() == 1

@@ -62,6 +62,11 @@ RoundRender = Callable[[int | None], HTMLResponse]
 _ID = re.compile(r"[0-9]{1,19}")  # ASCII digits only: str.isdigit() also takes "²", which int() refuses
 
 
+def count(value: int) -> str:
+    """A count with thousands separators (``1,024``), as every figure on the pages."""
+    return f"{value:,}"
+
+
 def tokens(value: float | None) -> str:
     return "–" if value is None else f"{value:,.0f}"
 
@@ -121,7 +126,7 @@ def _environment() -> Environment:
     )
     # The templates call each formatter by its function's name.
     environment.filters.update(
-        {f.__name__: f for f in (tokens, tokens_both, utc, memory, yes_no, duration, percent, sentence)}
+        {f.__name__: f for f in (count, tokens, tokens_both, utc, memory, yes_no, duration, percent, sentence)}
     )
     environment.filters.update(short=short_hotkey, state_label=lambda state: STATE_LABELS.get(state, state))
     # The rules the pages explain come from the code that applies them.
