@@ -355,5 +355,7 @@ def test_miners_texts_read_as_written(tmp_path, chain, wallets):
                 page.goto(f"{server.url}/dashboard/miners/{hotkey['v1']}")  # a 404 naming the hotkey in full
                 assert page.get_by_text(f"no submissions from {hotkey['v1']}").count() == 1
                 assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+                page.goto(f"{server.url}/dashboard/submissions/{ids['copy']}")  # its reason names the original's
+                assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
             finally:
                 context.close()
