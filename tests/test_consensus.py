@@ -190,3 +190,60 @@ def test_a_passing_minority_does_not_set_the_figure_as_the_median_of_passing_rep
     reports = [passed("liar", 1e15), passed("honest", 100.0), failed("failer", 80.0)]
     view = decide(reports, electorate, QUORUM)
     assert (view.state, view.measured_tokens_per_sec) == (PASSED, 100.0)
+
+
+def test_exactly_half_of_the_stake_is_no_majority():
+    # "More than half of all the stake": two validators of equal stake disagreeing dispute it.
+    electorate = Electorate.from_stakes({"v1": 50.0, "v2": 50.0})
+    split = decide([passed("v1", 100.0), failed("v2")], electorate, QUORUM)
+    assert (split.state, split.passed_share, split.failed_share) == (DISPUTED, 0.5, 0.5)
+    assert decide([failed("v1"), passed("v2", 100.0)], electorate, QUORUM).state == DISPUTED
+    # Half the stake measured 200 and half 100: only 100 is measured at least by more than half.
+    both = decide([passed("v1", 200.0), passed("v2", 100.0)], electorate, QUORUM)
+    assert (both.state, both.measured_tokens_per_sec) == (PASSED, 100.0)
+    assert majority_figure([(200.0, 1.0), (100.0, 1.0)], 2.0) == 100.0
+    # A content hash reported by exactly half of the stake is no majority's.
+    hashes = decide([passed("v1", 1.0, HASH_A), passed("v2", 1.0, HASH_B)], electorate, QUORUM)
+    assert hashes.content_hash is None
+
+
+def test_a_quorum_of_exactly_the_stake_share_is_reached_despite_rounding():
+    # 0.3 + 0.3 = 0.6 is 75% of 0.8, though in floating point 0.6 < 0.75 * 0.8 = 0.6000000000000001.
+    electorate = Electorate.from_stakes({"v1": 0.3, "v2": 0.3, "v3": 0.2})
+    view = decide([passed("v1", 100.0), passed("v2", 100.0)], electorate, Quorum(0.75, 2))
+    assert view.state == PASSED
+
+
+def test_a_passed_submissions_logits_count_as_checked_when_one_passing_validator_checked_them():
+    electorate = Electorate.from_stakes(STAKES)
+    checked_by_one = [Report("big", True, True, 100.0), Report("mid", True, None, 100.0)]
+    assert decide(checked_by_one, electorate, QUORUM).logits_ok is True
+    unchecked = [Report("big", True, None, 100.0), Report("mid", True, None, 100.0)]
+    assert decide(unchecked, electorate, QUORUM).logits_ok is None
+
+
+def test_a_failed_submissions_figure_is_the_median_of_the_reporters_that_measured():
+    # Only big (40% of the stake) measured: its figure is the reporters' median, for information.
+    electorate = Electorate.from_stakes(STAKES)
+    view = decide([failed("big", 10.0), failed("mid"), failed("small")], electorate, QUORUM)
+    assert (view.state, view.measured_tokens_per_sec) == (FAILED, 10.0)
+
+
+def test_no_validator_with_a_permit_is_no_quorum():
+    view = decide([passed("gone", 100.0)], Electorate.from_stakes({}), QUORUM)
+    assert (view.state, view.uncounted) == (AWAITING_QUORUM, ("gone",))
+
+
+def test_a_validators_deviation_is_the_median_distance_over_what_it_and_the_consensus_passed():
+    electorate = Electorate.from_stakes(STAKES)
+    judged = []
+    # small measures 30% below, exactly, then 10% above the consensus: distances 0.3, 0 and 0.1.
+    for consensus_figure, small_figure in ((100.0, 70.0), (200.0, 200.0), (300.0, 330.0)):
+        reports = [passed("big", consensus_figure), passed("mid", consensus_figure), passed("small", small_figure)]
+        judged.append((decide(reports, electorate, QUORUM), reports))
+    # A failing report's figure on a submission the consensus passed is not a figure it passed.
+    reports = [passed("big", 100.0), passed("mid", 100.0), failed("small", 1e6)]
+    judged.append((decide(reports, electorate, QUORUM), reports))
+    (small,) = [item for item in agreement(judged) if item.validator_hotkey == "small"]
+    assert (small.judged, small.agreed) == (4, 3)
+    assert small.median_deviation == pytest.approx(0.1)
