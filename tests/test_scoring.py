@@ -237,6 +237,12 @@ def test_invalid_field_is_named(field, value, message):
     assert str(raised.value) == f"field {field!r}: {message}"
 
 
+def test_a_claim_and_a_figure_of_exactly_the_bound_are_taken():
+    # docs/rules.md section 3: a claim is above 0 and at most 10^15; 10^15 itself is a claim.
+    at_bound = make(score=1e15, measured_tokens_per_sec=1e15)
+    assert (at_bound.claimed_tokens_per_sec, scoring.weighted_score(at_bound)) == (1e15, 1e15)
+
+
 def test_numbers_are_normalised_so_equal_results_compare_equal():
     written_as_ints = make(submitted_at=5, score=1000, measured_tokens_per_sec=900)
     assert written_as_ints == make(submitted_at=5.0, score=1000.0, measured_tokens_per_sec=900.0)
