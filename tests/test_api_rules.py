@@ -32,11 +32,11 @@ def test_commitment_is_sha256_of_the_concatenation():
 
 
 def test_a_reveal_takes_the_salts_the_rules_allow_and_no_others():
-    """The reveal's salt bounds are the rules' (16 to 64 bytes), not a second copy of them."""
+    """The reveal's salt bounds are docs/rules.md's (32 to 128 hex digits, 16 to 64 bytes)."""
     base = {"submission_id": 1, "fork_url": "https://github.com/a/b", "commit_hash": "c" * 40, "tokens_per_sec": 1.0}
-    for length in (rules.SALT_MIN_HEX, rules.SALT_MAX_HEX, len(rules.new_salt())):
+    for length in (32, 128, len(rules.new_salt())):
         assert schemas.RevealRequest(**base, commitment_salt="a" * length).commitment_salt == "a" * length
-    for length in (rules.SALT_MIN_HEX - 2, rules.SALT_MAX_HEX + 2):
+    for length in (30, 31, 129, 130):
         with pytest.raises(ValueError, match="commitment_salt"):
             schemas.RevealRequest(**base, commitment_salt="a" * length)
 
@@ -60,6 +60,19 @@ def test_rounds_match_walking_the_chain(round_blocks, upto):
         assert (found.round_id, found.start_block, found.end_block) == (round_id, start, start + round_blocks - 1)
         assert found.blocks_left(block) == start + round_blocks - block
         assert rules.round_by_id(round_id, round_blocks) == found
+
+
+def test_a_commitment_counts_from_the_block_its_reveal_window_opens():
+    # docs/rules.md section 3: a commitment counts for originality from commit block +
+    # BLOCKS_UNTIL_REVEAL, a direct submission from its own block.
+    assert rules.counts_from_block("commit_reveal", 1000, 100) == 1100
+    assert rules.counts_from_block("direct", 1000, 100) == 1000
+
+
+@pytest.mark.parametrize(("block", "round_blocks"), [(-1, 360), (0, 0), (5, -1)])
+def test_a_round_of_a_negative_block_or_of_empty_rounds_is_refused(block, round_blocks):
+    with pytest.raises(ValueError, match="need block >= 0 and round_blocks >= 1"):
+        rules.round_of_block(block, round_blocks)
 
 
 TRUSTED = rules.parse_networks(["127.0.0.1", "10.0.0.0/8"])
@@ -90,6 +103,13 @@ def reference_client_ip(peer, header_values, trusted):
 )
 def test_client_ip_cases(peer, header, expected):
     assert rules.client_ip(peer, header, TRUSTED) == expected
+
+
+def test_what_a_trusted_proxy_passes_on_that_is_not_an_address_is_the_client_cut_to_64_characters():
+    # A proxy the API trusts vouches for the hop it reports, an address or not ("unknown" say); a
+    # very long entry is cut, so that no key or log line grows with it.
+    assert rules.client_ip("127.0.0.1", ["unknown"], TRUSTED) == "unknown"
+    assert rules.client_ip("127.0.0.1", ["x" * 1000], TRUSTED) == "x" * 64
 
 
 addresses = st.one_of(
