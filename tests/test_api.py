@@ -335,7 +335,10 @@ def test_five_failures_from_one_ip_ban_it_for_24_hours(start_api):
         assert v1.report(submitted, "failed", correct=False, reasons=["output differs"]).failure_counted
         # A second validator failing the same submission does not count it twice.
         assert not v2.report(submitted, "failed", correct=False).failure_counted
-    last = b.submit_kernel(Claim(FORK, commit_of(998), 1e4), 500_000).submission_id  # four failures: not banned yet
+    # Four failures, not banned yet; 23.5 hours on they still count: the window is 24 hours.
+    ban_starts = 23.5 * 3600
+    api.clock.offset = ban_starts
+    last = b.submit_kernel(Claim(FORK, commit_of(998), 1e4), 500_000).submission_id
     v1.fetch_work()
     assert v1.report(last, "failed", correct=False).failure_counted
     detail = refused(lambda: b.submit_kernel(Claim(FORK, commit_of(999), 1e4), 500_000), 403, banned_ip, "banned until")
@@ -344,7 +347,9 @@ def test_five_failures_from_one_ip_ban_it_for_24_hours(start_api):
     # Another IP is not affected, whatever it claims further left in the header.
     other = api.client("a", **{"X-Forwarded-For": f"{banned_ip}, {other_ip}"})
     assert other.submit_kernel(Claim(FORK, commit_of(1000), 1e4), 500_000).state == "ready"
-    api.clock.offset = 24 * 3600 + 1
+    api.clock.offset = ban_starts + 24 * 3600 - 60  # the ban lasts 24 hours
+    refused(lambda: b.submit_kernel(Claim(FORK, commit_of(1001), 1e4), 500_000), 403, "banned")
+    api.clock.offset = ban_starts + 24 * 3600 + 1
     assert b.submit_kernel(Claim(FORK, commit_of(1001), 1e4), 500_000).state == "ready"
 
 
