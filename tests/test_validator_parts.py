@@ -637,6 +637,28 @@ def test_without_an_owner_uid_the_placed_shares_are_set_alone():
     assert burned.weights == {7: pytest.approx(1.0)} and burned.hotkeys == {7: HOTKEYS[1]} and burned.dropped == 0
 
 
+def test_an_owner_placed_as_a_miner_gets_its_share_beside_the_unfilled_places():
+    """docs/rules.md section 5: first, with one other miner placed, the owner's uid gets 0.60 + 0.15."""
+    graph = Metagraph(24, 100, (neuron(0, HOTKEYS[5]), neuron(7, HOTKEYS[1])))
+    results = [
+        scoring_result(record(submission(1, HOTKEYS[5], claimed=900.0), GOOD)),
+        scoring_result(record(submission(2, HOTKEYS[1], commit="f" * 40, claimed=500.0), GOOD)),
+    ]
+    plan = plan_weights(results, graph, owner_uid=0, epsilon=0.01)
+    assert plan.weights == {0: pytest.approx(0.75), 7: 0.25}
+
+
+def test_plan_weights_ranks_with_the_validators_tie_margin():
+    # Scoring 0.5% above the earlier submission: tied within a 1% margin (the earlier first), not at 0.
+    graph = Metagraph(24, 100, (neuron(0, HOTKEYS[5]), neuron(3, HOTKEYS[0]), neuron(7, HOTKEYS[1])))
+    results = [
+        scoring_result(record(submission(1, HOTKEYS[0], claimed=995.0), GOOD)),  # measured 1000
+        scoring_result(record(submission(2, HOTKEYS[1], commit="f" * 40, claimed=1000.0), GOOD)),
+    ]
+    assert plan_weights(results, graph, owner_uid=0, epsilon=0.01).weights[3] == 0.60
+    assert plan_weights(results, graph, owner_uid=0, epsilon=0.0).weights[7] == 0.60
+
+
 def test_a_split_the_subnets_limits_would_change_is_refused():
     graph = Metagraph(24, 100, tuple(neuron(uid, hotkey) for uid, hotkey in enumerate(HOTKEYS)))
     results = [scoring_result(record(submission(1, HOTKEYS[1], claimed=900.0), GOOD))]
@@ -647,6 +669,10 @@ def test_a_split_the_subnets_limits_would_change_is_refused():
         plan, capped, len(graph.neurons), setter_uid=5
     )
     assert weights_refusal(plan, replace(FINNEY, max_weight_limit=39321), 6, setter_uid=5) is None  # 0.6 exactly
+    # One unit of the limit less (0.59998) and 0.6 is above it: the chain's limit, not a margin around it.
+    assert "is above the subnet's max_weight_limit (39320" in weights_refusal(
+        plan, replace(FINNEY, max_weight_limit=39320), 6, setter_uid=5
+    )
     needs_three = replace(FINNEY, min_allowed_weights=3)
     assert "at least 3 uids (min_allowed_weights 3) and this epoch's split names 2" in weights_refusal(
         plan, needs_three, len(graph.neurons), setter_uid=5
