@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from api_fixtures import COMMIT, FORK, Api, ApiServer, Clock, api_config
 from quasar.api.client import Claim
 from quasar.api.rules import commitment_hash, new_salt
+
+if TYPE_CHECKING:
+    from playwright.sync_api import Page
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -68,6 +74,25 @@ pytestmark = pytest.mark.skipif(
     reason=f"no Chromium at {CHROMIUM}: install Debian's "
     "chromium package (./scripts/test.sh does) to run the dashboard's browser test",
 )
+
+
+@contextmanager
+def chromium_page(tmp_path: Path) -> Iterator[Page]:
+    """A page of Debian's headless Chromium at the desktop's size, its profile in ``tmp_path``."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        context = playwright.chromium.launch_persistent_context(
+            str(tmp_path / "profile"),
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport=DESKTOP,
+        )
+        try:
+            yield context.new_page()
+        finally:
+            context.close()
 
 
 def figures(*rows: tuple[int, float, float, bool]) -> list[dict]:
@@ -129,8 +154,6 @@ def populate(api: Api) -> dict[str, int]:
 
 
 def test_dashboard_pages_in_headless_chromium(tmp_path, chain, wallets):
-    from playwright.sync_api import sync_playwright
-
     clock = Clock()
     server = ApiServer(
         api_config(wallets["api"].hotkey.ss58_address), chain, f"sqlite:///{tmp_path}/api.sqlite3", clock
@@ -138,71 +161,58 @@ def test_dashboard_pages_in_headless_chromium(tmp_path, chain, wallets):
     api = Api(server.__enter__(), chain, wallets, clock)
     try:
         ids = populate(api)
-        with sync_playwright() as playwright:
-            context = playwright.chromium.launch_persistent_context(
-                str(tmp_path / "profile"),
-                executable_path=str(CHROMIUM),
-                headless=True,
-                args=CHROMIUM_ARGS,
-                viewport=DESKTOP,
-            )
-            try:
-                page = context.new_page()
-                outside: list[str] = []
-                page.on(
-                    "request", lambda request: None if request.url.startswith(api.url) else outside.append(request.url)
-                )
-                for size_name, size in (("desktop", DESKTOP), ("phone", PHONE)):
-                    page.set_viewport_size(size)
-                    page.goto(api.url + "/")
-                    rows = page.locator("#leaderboard tbody tr")
-                    assert rows.count() == 1
-                    assert rows.first.locator("td").first.inner_text() == "1"
-                    assert "60%" in rows.first.inner_text()
-                    assert page.locator("#recent tbody tr").count() == 4
-                    assert HIDDEN_FORK not in page.content()
-                    # The page's own CSS applies under its Content-Security-Policy.
-                    assert page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(15, 23, 42)"
-                    page.screenshot(path=str(tmp_path / f"leaderboard-{size_name}.png"), full_page=True)
-                    if size_name == "phone":  # nothing wider than the phone's screen but the tables' own scroll
-                        width = page.evaluate("document.documentElement.scrollWidth")
-                        assert width <= PHONE["width"], width
-                        # and the ranking's columns all fit without scrolling its table
-                        overflow = page.evaluate(
-                            "(t => t.scrollWidth - t.parentElement.clientWidth)(document.getElementById('leaderboard'))"
-                        )
-                        assert overflow <= 0, overflow
-
-                    page.goto(f"{api.url}/dashboard/submissions/{ids['hostile']}")
-                    assert page.locator("h1 .badge").inner_text() == "failed"
-                    assert page.locator(".why li").first.inner_text() == REASONS[0] + " (2 of 2 validators)"
-                    # once above and under each validator
-                    assert page.get_by_text(REASONS[0], exact=True).count() == 3
-                    assert page.get_by_text(REASONS[2], exact=True).count() == 3  # shown as text, never run
-                    assert page.title() == f"Submission {ids['hostile']} · QUASAR"
-                    chart = page.locator("svg.chart:visible")  # one drawn for desktops, one for phones
-                    assert chart.count() == 1 and chart.bounding_box()["width"] > 300
-                    assert chart.locator("rect[fill='#dc2626']").count() == 6  # 3 wrong lengths x 2 validators
-                    assert page.evaluate(MEETING_TEXTS) == [], size_name  # every label readable
-                    page.screenshot(path=str(tmp_path / f"submission-failed-{size_name}.png"), full_page=True)
-
-                page.set_viewport_size(DESKTOP)
+        with chromium_page(tmp_path) as page:
+            outside: list[str] = []
+            page.on("request", lambda request: None if request.url.startswith(api.url) else outside.append(request.url))
+            for size_name, size in (("desktop", DESKTOP), ("phone", PHONE)):
+                page.set_viewport_size(size)
                 page.goto(api.url + "/")
-                page.locator("#leaderboard tbody tr a").first.click()
-                page.wait_for_url("**/dashboard/miners/**")
-                assert page.locator("svg.chart:visible circle").count() == 2  # two rounds
-                page.screenshot(path=str(tmp_path / "miner-desktop.png"), full_page=True)
-                page.goto(api.url + "/")
-                page.get_by_role("link", name="validators", exact=True).click()
-                page.wait_for_url("**/dashboard/validators?round=*")
-                rows = page.locator("#validators tbody tr")
-                assert rows.count() == 2 and "100%" in rows.first.inner_text()  # both agreed on both verdicts
-                page.set_viewport_size(PHONE)
-                assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
-                page.screenshot(path=str(tmp_path / "validators-phone.png"), full_page=True)
-                assert outside == []
-            finally:
-                context.close()
+                rows = page.locator("#leaderboard tbody tr")
+                assert rows.count() == 1
+                assert rows.first.locator("td").first.inner_text() == "1"
+                assert "60%" in rows.first.inner_text()
+                assert page.locator("#recent tbody tr").count() == 4
+                assert HIDDEN_FORK not in page.content()
+                # The page's own CSS applies under its Content-Security-Policy.
+                assert page.evaluate("getComputedStyle(document.body).backgroundColor") == "rgb(15, 23, 42)"
+                page.screenshot(path=str(tmp_path / f"leaderboard-{size_name}.png"), full_page=True)
+                if size_name == "phone":  # nothing wider than the phone's screen but the tables' own scroll
+                    width = page.evaluate("document.documentElement.scrollWidth")
+                    assert width <= PHONE["width"], width
+                    # and the ranking's columns all fit without scrolling its table
+                    overflow = page.evaluate(
+                        "(t => t.scrollWidth - t.parentElement.clientWidth)(document.getElementById('leaderboard'))"
+                    )
+                    assert overflow <= 0, overflow
+
+                page.goto(f"{api.url}/dashboard/submissions/{ids['hostile']}")
+                assert page.locator("h1 .badge").inner_text() == "failed"
+                assert page.locator(".why li").first.inner_text() == REASONS[0] + " (2 of 2 validators)"
+                # once above and under each validator
+                assert page.get_by_text(REASONS[0], exact=True).count() == 3
+                assert page.get_by_text(REASONS[2], exact=True).count() == 3  # shown as text, never run
+                assert page.title() == f"Submission {ids['hostile']} · QUASAR"
+                chart = page.locator("svg.chart:visible")  # one drawn for desktops, one for phones
+                assert chart.count() == 1 and chart.bounding_box()["width"] > 300
+                assert chart.locator("rect[fill='#dc2626']").count() == 6  # 3 wrong lengths x 2 validators
+                assert page.evaluate(MEETING_TEXTS) == [], size_name  # every label readable
+                page.screenshot(path=str(tmp_path / f"submission-failed-{size_name}.png"), full_page=True)
+
+            page.set_viewport_size(DESKTOP)
+            page.goto(api.url + "/")
+            page.locator("#leaderboard tbody tr a").first.click()
+            page.wait_for_url("**/dashboard/miners/**")
+            assert page.locator("svg.chart:visible circle").count() == 2  # two rounds
+            page.screenshot(path=str(tmp_path / "miner-desktop.png"), full_page=True)
+            page.goto(api.url + "/")
+            page.get_by_role("link", name="validators", exact=True).click()
+            page.wait_for_url("**/dashboard/validators?round=*")
+            rows = page.locator("#validators tbody tr")
+            assert rows.count() == 2 and "100%" in rows.first.inner_text()  # both agreed on both verdicts
+            page.set_viewport_size(PHONE)
+            assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+            page.screenshot(path=str(tmp_path / "validators-phone.png"), full_page=True)
+            assert outside == []
     finally:
         for client in api.clients.values():
             client.close()
@@ -254,40 +264,31 @@ def overlapping(boxes: list[dict]) -> list[tuple[dict, dict]]:
 def test_a_miners_chart_of_many_rounds_keeps_its_labels_apart(tmp_path, chain, wallets):
     """After two days (40 rounds) a miner's history chart labels only as many rounds and figures as
     fit side by side, the newest always; each point keeps its exact figure as a tooltip."""
-    from playwright.sync_api import sync_playwright
-
     url = f"sqlite:///{tmp_path}/api.sqlite3"
     miner = wallets["a"].hotkey.ss58_address
     with ApiServer(api_config(wallets["api"].hotkey.ss58_address), chain, url, Clock()) as server:
         played_rounds(url, miner, [wallets[v].hotkey.ss58_address for v in ("v1", "v2")], ROUNDS_PLAYED)
         chain.advance(ROUNDS_PLAYED * 360 - chain.current_block() + 5)
-        with sync_playwright() as playwright:
-            context = playwright.chromium.launch_persistent_context(
-                str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-            )
-            try:
-                page = context.new_page()
-                for size_name, size in (("desktop", DESKTOP), ("phone", PHONE)):
-                    page.set_viewport_size(size)
-                    page.goto(f"{server.url}/dashboard/miners/{miner}")
-                    chart = page.locator("svg.chart:visible")
-                    assert chart.locator("circle").count() == ROUNDS_PLAYED
-                    shot = tmp_path / f"miner-{ROUNDS_PLAYED}-rounds-{size_name}.png"
-                    page.screenshot(path=str(shot), full_page=True)
-                    for kind in ("axis", "value"):
-                        texts = chart.locator(f"text.{kind}")
-                        boxes = [texts.nth(i).bounding_box() for i in range(texts.count())]
-                        row = max(box["y"] for box in boxes) if kind == "axis" else None
-                        boxes = [box for box in boxes if row is None or box["y"] == row]  # not the y axis
-                        assert overlapping(boxes) == [], (size_name, kind, len(boxes))
-                        edge = chart.bounding_box()
-                        cut = [box for box in boxes if box["x"] + box["width"] > edge["x"] + edge["width"]]
-                        assert cut == [], (size_name, kind, edge)  # the newest label is not cut off
-                    assert chart.locator("text.axis", has_text=f"round {ROUNDS_PLAYED - 1}").count() == 1
-                    assert chart.locator("circle title").last.text_content() == "round 39: 89,000,000 tokens/s"
-                    assert page.evaluate(MEETING_TEXTS) == [], size_name
-            finally:
-                context.close()
+        with chromium_page(tmp_path) as page:
+            for size_name, size in (("desktop", DESKTOP), ("phone", PHONE)):
+                page.set_viewport_size(size)
+                page.goto(f"{server.url}/dashboard/miners/{miner}")
+                chart = page.locator("svg.chart:visible")
+                assert chart.locator("circle").count() == ROUNDS_PLAYED
+                shot = tmp_path / f"miner-{ROUNDS_PLAYED}-rounds-{size_name}.png"
+                page.screenshot(path=str(shot), full_page=True)
+                for kind in ("axis", "value"):
+                    texts = chart.locator(f"text.{kind}")
+                    boxes = [texts.nth(i).bounding_box() for i in range(texts.count())]
+                    row = max(box["y"] for box in boxes) if kind == "axis" else None
+                    boxes = [box for box in boxes if row is None or box["y"] == row]  # not the y axis
+                    assert overlapping(boxes) == [], (size_name, kind, len(boxes))
+                    edge = chart.bounding_box()
+                    cut = [box for box in boxes if box["x"] + box["width"] > edge["x"] + edge["width"]]
+                    assert cut == [], (size_name, kind, edge)  # the newest label is not cut off
+                assert chart.locator("text.axis", has_text=f"round {ROUNDS_PLAYED - 1}").count() == 1
+                assert chart.locator("circle title").last.text_content() == "round 39: 89,000,000 tokens/s"
+                assert page.evaluate(MEETING_TEXTS) == [], size_name
 
 
 MANY_ROUNDS = 1_000  # a counted thousand is written 1,000, as every figure on the pages
@@ -324,8 +325,6 @@ def test_miners_texts_read_as_written(tmp_path, chain, wallets):
     """What the pages quote (a copy's original's hotkey, a validator's reason) reads exactly as it is
     and turns nothing of the page's own around; a count is written with thousands separators; a page
     naming a hotkey in full fits a phone."""
-    from playwright.sync_api import sync_playwright
-
     url = f"sqlite:///{tmp_path}/api.sqlite3"
     hotkey = {name: wallets[name].hotkey.ss58_address for name in ("a", "b", "c", "v1", "v2")}
     validators = [hotkey["v1"], hotkey["v2"]]
@@ -333,29 +332,20 @@ def test_miners_texts_read_as_written(tmp_path, chain, wallets):
         played_rounds(url, hotkey["a"], validators, MANY_ROUNDS)
         ids = copied_and_failed(url, hotkey["b"], hotkey["c"], validators, MANY_ROUNDS)
         chain.advance(MANY_ROUNDS * 360 - chain.current_block() + 5)
-        with sync_playwright() as playwright:
-            context = playwright.chromium.launch_persistent_context(
-                str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-            )
-            try:
-                page = context.new_page()
-                page.goto(f"{server.url}/dashboard/submissions/{ids['copy']}")
-                assert page.locator("h1 .badge").inner_text() == "copy"
-                assert (
-                    page.locator("#state-reason").inner_text().startswith(f"A copy of submission 1 by {hotkey['a']},")
-                )
-                page.goto(f"{server.url}/dashboard/submissions/{ids['failed']}")
-                assert page.locator(".why li").first.inner_text() == HOSTILE_REASON + " (2 of 2 validators)"
-                # The page's own words after a reason read left to right: its override ends with it.
-                assert page.evaluate(READS_LEFT_TO_RIGHT, ".why li .muted")
-                page.goto(f"{server.url}/dashboard/miners/{hotkey['a']}")
-                shown = page.locator("main > p.muted").inner_text()
-                assert f"{MANY_ROUNDS:,} submissions" in shown, shown
-                page.set_viewport_size(PHONE)
-                page.goto(f"{server.url}/dashboard/miners/{hotkey['v1']}")  # a 404 naming the hotkey in full
-                assert page.get_by_text(f"no submissions from {hotkey['v1']}").count() == 1
-                assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
-                page.goto(f"{server.url}/dashboard/submissions/{ids['copy']}")  # its reason names the original's
-                assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
-            finally:
-                context.close()
+        with chromium_page(tmp_path) as page:
+            page.goto(f"{server.url}/dashboard/submissions/{ids['copy']}")
+            assert page.locator("h1 .badge").inner_text() == "copy"
+            assert page.locator("#state-reason").inner_text().startswith(f"A copy of submission 1 by {hotkey['a']},")
+            page.goto(f"{server.url}/dashboard/submissions/{ids['failed']}")
+            assert page.locator(".why li").first.inner_text() == HOSTILE_REASON + " (2 of 2 validators)"
+            # The page's own words after a reason read left to right: its override ends with it.
+            assert page.evaluate(READS_LEFT_TO_RIGHT, ".why li .muted")
+            page.goto(f"{server.url}/dashboard/miners/{hotkey['a']}")
+            shown = page.locator("main > p.muted").inner_text()
+            assert f"{MANY_ROUNDS:,} submissions" in shown, shown
+            page.set_viewport_size(PHONE)
+            page.goto(f"{server.url}/dashboard/miners/{hotkey['v1']}")  # a 404 naming the hotkey in full
+            assert page.get_by_text(f"no submissions from {hotkey['v1']}").count() == 1
+            assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+            page.goto(f"{server.url}/dashboard/submissions/{ids['copy']}")  # its reason names the original's
+            assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
