@@ -37,7 +37,7 @@ from quasar.api.db import Database, disk_trouble, display_url
 from quasar.api.protocol import protocol_factory
 from quasar.api.service import ApiConfig
 from quasar.api.workers import ServerOptions, refuse_taken_port, run_workers
-from quasar.chain import ChainError, ChainUnreachable
+from quasar.chain import ChainError, said_with_cure
 from quasar.chain.factory import connect
 from quasar.log import setup_logging
 from quasar.terminal import WrappingParser, wrapped
@@ -85,11 +85,6 @@ def refuse(prog: str, message: str) -> int:
     return 1
 
 
-def said(error: Exception) -> str:
-    """An error as the command says it: a chain out of reach with its cure."""
-    return error.with_cure if isinstance(error, ChainUnreachable) else str(error)
-
-
 def publish_url(settings: config.Settings, url: str, prog: str) -> int:
     """``publish-url``: the owner's wallet signs the subnet identity carrying ``url`` and the hotkey
     the API answers with."""
@@ -104,7 +99,7 @@ def publish_url(settings: config.Settings, url: str, prog: str) -> int:
     try:
         location = publish_api(connect(settings), wallet, url, settings.api_hotkey)
     except (ApiNotFound, ChainError) as error:
-        return refuse(prog, said(error))
+        return refuse(prog, said_with_cure(error))
     where = f"subnet {settings.netuid} of {settings.network}"
     print(wrapped(f"published {location.url} (API hotkey {location.hotkey}) on {where}"))
     return 0
@@ -177,7 +172,7 @@ def main(argv: list[str] | None = None, prog: str = "quasar api") -> int:
         # any worker starts, and the schema is migrated once, not by every worker at once.
         app = build_app(settings, database)
     except ChainError as error:
-        return refuse(command, f"chain: {said(error)}")
+        return refuse(command, f"chain: {said_with_cure(error)}")
     except (SQLAlchemyError, OSError, ValueError) as error:
         trouble = disk_trouble(settings.database_url)
         # The driver's own words, without SQLAlchemy's wrapping (its class and a link to its docs).

@@ -15,6 +15,7 @@ __all__ = [
     "Chain",
     "ChainError",
     "ChainUnreachable",
+    "said_with_cure",
     "Endpoint",
     "Metagraph",
     "NeuronInfo",
@@ -49,6 +50,11 @@ class ChainUnreachable(ChainError):
     def with_cure(self) -> str:
         """The message and the cure: what a process that stops on this error says."""
         return f"{self}; {self.cure}"
+
+
+def said_with_cure(error: Exception) -> str:
+    """``error`` as a process that stops on it says it: a chain out of reach with its cure."""
+    return error.with_cure if isinstance(error, ChainUnreachable) else str(error)
 
 
 class RateLimited(ChainError):

@@ -27,7 +27,7 @@ def serve(settings: config.Settings) -> int:
     """Load the wallet's hotkey, the chain and the model once, then serve until stopped."""
     import uvicorn
 
-    from quasar.chain import ChainError, ChainUnreachable
+    from quasar.chain import ChainError, said_with_cure
     from quasar.chain.factory import connect
     from quasar.chain.wallets import WalletError, open_wallet
     from quasar.config.values import PUBLIC_NETWORKS
@@ -59,8 +59,7 @@ def serve(settings: config.Settings) -> int:
         # Its per-block cache reads the chain's block time (a ChainError).
         app = create_inference_app(model, chain, hotkey, limits)
     except (WalletError, ChainError, ModelLoadError, GpuOrderError) as error:
-        said = error.with_cure if isinstance(error, ChainUnreachable) else str(error)
-        log.error("%s%s", "chain: " if isinstance(error, ChainError) else "", said)
+        log.error("%s%s", "chain: " if isinstance(error, ChainError) else "", said_with_cure(error))
         return 1
     log.info(
         "serving %s (%s on %s) for hotkey %s on %s:%d",

@@ -236,15 +236,15 @@ def run_status(settings: Settings, submission_id: int | None, console: Console |
     console = console or Console()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # its request lines would interleave with the tables
     from quasar.api.lookup import ApiNotFound, find_api
-    from quasar.chain import ChainError, ChainUnreachable
+    from quasar.chain import ChainError, said_with_cure
     from quasar.chain.factory import connect
 
     try:
         hotkey = open_wallet(settings, "miner").hotkey.ss58_address
         url = settings.validator_api_url or find_api(settings, connect(settings)).url
     except (WalletError, ApiNotFound, ChainError) as error:
-        said = error.with_cure if isinstance(error, ChainUnreachable) else str(error)
-        logger.error("%s%s", "" if isinstance(error, WalletError) else "cannot find the submission API: ", said)
+        prefix = "" if isinstance(error, WalletError) else "cannot find the submission API: "
+        logger.error("%s%s", prefix, said_with_cure(error))
         return 1
     with ApiClient(url) as client:
         try:
