@@ -3,7 +3,7 @@ uids, the sandbox folders' claims): a process that locked such a file just as it
 holds the lock of no file, and must see that before it trusts the lock. And those that keep one
 process at a time on a folder or file (the miner's workspace, the validator's state): their holder
 writes its pid in them, for the refusal of the next one to name it; one that cannot be taken at
-all is refused with the cure for its errno (:func:`lock_file_cure`)."""
+all is refused with the cure for its errno (:func:`lock_refusal`)."""
 
 from __future__ import annotations
 
@@ -79,3 +79,13 @@ def lock_file_cure(error: OSError, process: str, setting: str) -> str:
     if error.errno in (errno.EACCES, errno.EPERM):
         return f"give {process} a {setting} that its user can write"
     return f"give {process} a {setting} on a disk it can write"
+
+
+def lock_refusal(error: OSError, what: str, process: str, setting: str, doing: str | None = None) -> str:
+    """The refusal of a lock file or its folder, which ``error`` stopped: "cannot {doing} {what}",
+    the error and its cure (:func:`lock_file_cure`). ``doing`` is what was refused ("open",
+    "create"); where not given, taking the lock: "lock" where the file system cannot lock, else
+    "write" (its pid)."""
+    if doing is None:
+        doing = "lock" if error.errno == errno.ENOLCK else "write"
+    return f"cannot {doing} {what}: {error.strerror}; {lock_file_cure(error, process, setting)}"

@@ -4,7 +4,6 @@ pushes over git's smart HTTP with the token given per command, per-hotkey worksp
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import signal
@@ -17,7 +16,7 @@ from typing import NamedTuple
 
 import pytest
 
-from quasar import config, lock_files
+from quasar import config
 from quasar.localnet.github_standin import GitHubStandIn
 from quasar.miner.github import Git, GitError, GitHubClient, GitHubError, Repository, write_askpass
 from quasar.miner.runner import remote_url
@@ -32,7 +31,6 @@ from test_miner_standins import (
     github_with_upstream,
 )
 from tests.gitrepo import git, git_environment
-from tests.processes import needs_another_user, open_to_other_users, run_python_as_nobody
 
 HOTKEY_A = "5GrwvaEF5zXb26Fz9rcQpDWS57CtERHpNehXCPcNoHGKutQY"
 HOTKEY_B = "5FHneW46xGXgs5mUiveU4sbTyGBzmstUspZC92UhjJM694ty"
@@ -284,47 +282,6 @@ def test_workspaces_are_per_hotkey_and_one_hotkey_runs_once(tmp_path):
     for bad in ("../../etc", "not-a-hotkey", HOTKEY_A + "/x"):
         with pytest.raises(WorkspaceError, match="is not an ss58 address"):
             Workspace(tmp_path, bad)
-
-
-def test_a_workspace_whose_file_system_cannot_lock_is_refused_with_the_cure_a_local_disk(tmp_path, monkeypatch):
-    """flock fails with ENOLCK on NFS without its lock service. The miner said 'cannot write' its
-    lock file, with no cure. NFS cannot be mounted here: the kernel's flock is replaced at that one
-    call by one failing as NFS's does."""
-
-    def flock_on_nfs(fd: int, operation: int) -> None:
-        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
-
-    workspace = Workspace(tmp_path, HOTKEY_A)
-    monkeypatch.setattr(lock_files.fcntl, "flock", flock_on_nfs)
-    with pytest.raises(WorkspaceError) as refused:
-        workspace.acquire()
-    assert str(refused.value) == (
-        f"cannot lock {workspace.lock_file} in the workspace: No locks available; its file system does not lock "
-        "files (NFS without its lock service): give this miner a WORKSPACE_ROOT on a local disk"
-    )
-    monkeypatch.undo()
-    with workspace:
-        assert workspace.lock_file.read_text() == f"{os.getpid()}\n"
-
-
-@needs_another_user
-def test_a_second_unix_users_miner_under_the_first_ones_workspace_root_is_refused_with_the_cure(tmp_path):
-    """A second Unix user's miner given the first one's WORKSPACE_ROOT was told 'Permission denied'
-    and nothing of the setting that cures it."""
-    open_to_other_users(tmp_path)
-    with Workspace(tmp_path / "workspaces", HOTKEY_A):
-        pass
-    code = (
-        "from quasar.miner.workspace import Workspace\n"
-        f"Workspace({str(tmp_path / 'workspaces')!r}, {HOTKEY_B!r}).acquire()"
-    )
-    result = run_python_as_nobody(code)
-    assert result.returncode == 1
-    last = result.stderr.strip().splitlines()[-1]
-    assert last == (
-        f"quasar.miner.workspace.WorkspaceError: cannot create the workspace {tmp_path / 'workspaces' / HOTKEY_B}: "
-        "Permission denied; give this miner a WORKSPACE_ROOT that its user can write"
-    ), last
 
 
 def test_a_rejected_push_is_reported_as_rejected_whatever_its_commit_hash_holds(tmp_path):

@@ -3,7 +3,6 @@ results, device and wallet checks, and reading what a worker wrote."""
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -22,7 +21,7 @@ import bittensor as bt
 import pytest
 from bittensor.sp_core import Keypair
 
-from quasar import forks, lock_files, originality, scoring
+from quasar import forks, originality, scoring
 from quasar.api.client import ApiClient
 from quasar.api.devdb import start_api_process
 from quasar.api.schemas import MAX_REASON_LENGTH, MAX_REASONS, ReportRequest
@@ -54,7 +53,7 @@ from quasar.validator.worker import HeadStart, options_from_json, options_to_jso
 from tests.evaluate_runs import FAST_CPU
 from tests.github_network import GitHubProxy, make_github_certificate
 from tests.gitrepo import commit_all
-from tests.processes import libfaketime, needs_another_user, open_to_other_users, run_python_as_nobody
+from tests.processes import libfaketime
 
 URL = "https://github.com/miner/flash-linear-attention"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -275,48 +274,6 @@ def test_one_process_at_a_time(tmp_path):
     assert "another validator process (pid " in holder.stdout and str(path) in holder.stdout
     with ValidatorState.open(path):  # released on close
         pass
-
-
-@needs_another_user
-def test_a_second_unix_users_validator_in_the_first_ones_data_folder_is_refused_by_name(tmp_path):
-    """Two Unix users run validators (two hotkeys) from one checkout: VALIDATOR_DATA_DIR's default,
-    the checkout's data/validator, is the first one's folder, and the second one's start ended in a
-    PermissionError's traceback from the state's lock file."""
-    open_to_other_users(tmp_path)
-    ValidatorState.open(tmp_path / "data" / "state-devchain-3-5A.sqlite3").close()
-    second = tmp_path / "data" / "state-devchain-3-5B.sqlite3"
-    code = (
-        "import os\nfrom quasar.validator.state import ValidatorState\n"
-        f"os.listdir({str(second.parent)!r})\nValidatorState.open({str(second)!r})"
-    )
-    result = run_python_as_nobody(code)
-    assert result.returncode == 1
-    last = result.stderr.strip().splitlines()[-1]
-    assert last == (
-        f"quasar.validator.state.StateError: cannot open {second}.lock: Permission denied; give this validator "
-        "a VALIDATOR_DATA_DIR that its user can write"
-    ), last
-
-
-def test_a_state_folder_whose_file_system_cannot_lock_is_refused_with_the_cure_a_local_disk(tmp_path, monkeypatch):
-    """flock fails with ENOLCK on NFS without its lock service. The refusal said 'cannot write' the
-    lock file and 'free space on its disk', which cannot help. NFS cannot be mounted here: the kernel's
-    flock is replaced at that one call by one failing as NFS's does."""
-
-    def flock_on_nfs(fd: int, operation: int) -> None:
-        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
-
-    path = tmp_path / "state.sqlite3"
-    monkeypatch.setattr(lock_files.fcntl, "flock", flock_on_nfs)
-    with pytest.raises(StateError) as refused:
-        ValidatorState.open(path)
-    assert str(refused.value) == (
-        f"cannot lock {path}.lock: No locks available; its file system does not lock files (NFS without its "
-        "lock service): give this validator a VALIDATOR_DATA_DIR on a local disk"
-    )
-    monkeypatch.undo()
-    with ValidatorState.open(path):
-        assert Path(f"{path}.lock").read_text() == f"{os.getpid()}\n"
 
 
 def test_copies_of_another_hotkeys_kernel_are_left_out_of_what_ranks(state):

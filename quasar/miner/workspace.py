@@ -20,7 +20,6 @@ of a git command killed mid-way.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -30,7 +29,7 @@ from pathlib import Path
 
 from quasar.errors import QuasarError
 from quasar.imports import QUASAR_DIR
-from quasar.lock_files import lock_file_cure, lock_for_this_process
+from quasar.lock_files import lock_for_this_process, lock_refusal
 from quasar.miner.github import Git
 
 logger = logging.getLogger(__name__)
@@ -67,11 +66,13 @@ class Workspace:
         try:
             self.path.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as error:
-            raise WorkspaceError(f"cannot create the workspace {self.path}: {error.strerror}; {_cure(error)}") from None
+            raise WorkspaceError(
+                lock_refusal(error, f"the workspace {self.path}", *_LOCK_FILE_OWNER, doing="create")
+            ) from None
         try:
             fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as error:  # an earlier start's workspace on a disk now read-only, another user's
-            raise WorkspaceError(f"cannot open {self.lock_file}: {error.strerror}; {_cure(error)}") from None
+            raise WorkspaceError(lock_refusal(error, str(self.lock_file), *_LOCK_FILE_OWNER, doing="open")) from None
         try:
             holder = lock_for_this_process(fd)
             if holder is not None:
@@ -84,9 +85,8 @@ class Workspace:
             self.reports.mkdir(exist_ok=True)
         except OSError as error:  # a full disk, a file system that cannot lock (NFS)
             os.close(fd)
-            where = error.filename or self.lock_file
-            doing = "lock" if error.errno == errno.ENOLCK else "write"
-            raise WorkspaceError(f"cannot {doing} {where} in the workspace: {error.strerror}; {_cure(error)}") from None
+            where = f"{error.filename or self.lock_file} in the workspace"
+            raise WorkspaceError(lock_refusal(error, where, *_LOCK_FILE_OWNER)) from None
         self._lock_fd = fd
 
     def live_miner_on_fork(self, fork_url: str) -> str | None:
@@ -121,9 +121,8 @@ class Workspace:
         self.release()
 
 
-def _cure(error: OSError) -> str:
-    """What makes the workspace, which ``error`` refused, usable: the cure for its errno."""
-    return lock_file_cure(error, "this miner", "WORKSPACE_ROOT")
+# Who the workspace refuses, and the setting of its folder (quasar/lock_files.py's cures).
+_LOCK_FILE_OWNER = ("this miner", "WORKSPACE_ROOT")
 
 
 def _flock_holders() -> set[tuple[int, int, int]]:

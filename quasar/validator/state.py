@@ -28,7 +28,6 @@ consistent file. One process at a time: :meth:`ValidatorState.open` takes an exc
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import sqlite3
@@ -38,7 +37,7 @@ from pathlib import Path
 from quasar import originality
 from quasar.api.schemas import MAX_ID
 from quasar.errors import QuasarError
-from quasar.lock_files import lock_file_cure, lock_for_this_process
+from quasar.lock_files import lock_for_this_process, lock_refusal
 from quasar.validator.records import (
     EVALUATION_COLUMNS,
     EVALUATION_COLUMNS_WITHOUT_REPORT,
@@ -91,9 +90,8 @@ class StateError(QuasarError, RuntimeError):
     """The state file cannot be used (locked by another process, unreadable, another schema)."""
 
 
-def _lock_file_cure(error: OSError) -> str:
-    """What makes the state's lock file, which ``error`` refused, usable: the cure for its errno."""
-    return lock_file_cure(error, "this validator", "VALIDATOR_DATA_DIR")
+# Who the state's lock file refuses, and the setting of its folder (quasar/lock_files.py's cures).
+_LOCK_FILE_OWNER = ("this validator", "VALIDATOR_DATA_DIR")
 
 
 class ValidatorState:
@@ -154,13 +152,12 @@ class ValidatorState:
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:  # another Unix user's folder (VALIDATOR_DATA_DIR's default is in the checkout)
-            raise StateError(f"cannot open {lock_path}: {error.strerror}; {_lock_file_cure(error)}") from None
+            raise StateError(lock_refusal(error, str(lock_path), *_LOCK_FILE_OWNER, doing="open")) from None
         try:
             holder = lock_for_this_process(fd)  # writes this process's pid into the file
         except OSError as error:  # a file system that cannot lock (NFS), a full disk
             os.close(fd)
-            doing = "lock" if error.errno == errno.ENOLCK else "write"
-            raise StateError(f"cannot {doing} {lock_path}: {error.strerror}; {_lock_file_cure(error)}") from None
+            raise StateError(lock_refusal(error, str(lock_path), *_LOCK_FILE_OWNER)) from None
         if holder is not None:
             os.close(fd)
             raise StateError(
