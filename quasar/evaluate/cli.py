@@ -18,9 +18,9 @@ from quasar.evaluate.gpus import GpuOrderError, missing_gpu_here, use_pci_bus_or
 from quasar.evaluate.harness import evaluate
 from quasar.evaluate.options import (
     CPU_MAX_SEQ_LEN,
+    BeyondCpuLimit,
     EvaluationInputError,
     EvaluationOptions,
-    NotOnThisMachine,
     options_from_settings,
 )
 from quasar.evaluate.report import render_report
@@ -167,11 +167,11 @@ def options_from(args: argparse.Namespace, seq_lens: Sequence[int], settings: co
     )
 
 
-def refusal(error: EvaluationInputError, device: str, lengths_flag: str, instead_of: str = "") -> str:
+def refusal(error: EvaluationInputError, lengths_flag: str, instead_of: str = "") -> str:
     """What a tool says for ``error``: a length past the CPU's limit with the cure, ``lengths_flag``
     (the tool's flag for its lengths, which its defaults pass) given lengths within the limit, in
     place of ``instead_of`` where a flag of its own asked for the longer ones."""
-    if device != "cpu" or not isinstance(error, NotOnThisMachine):
+    if not isinstance(error, BeyondCpuLimit):
         return str(error)
     verb, place = ("run", f" instead of {instead_of}") if instead_of else ("give", "")
     return f"{error}; {verb} {lengths_flag} of {CPU_MAX_SEQ_LEN} or less{place}"

@@ -42,6 +42,10 @@ class NotOnThisMachine(EvaluationInputError):
     area above SANDBOX_MEMORY_MB): the evaluating host's limit, never the fork's fault."""
 
 
+class BeyondCpuLimit(NotOnThisMachine):
+    """A length past CPU_MAX_SEQ_LEN on a CPU: the tools' refusals say which flag gives a shorter one."""
+
+
 @dataclass(frozen=True)
 class EvaluationOptions:
     """How to evaluate: lengths, device, limits, repeat counts, sandbox policy."""
@@ -125,7 +129,7 @@ def check_lengths(
     seq_lens: Sequence[int], target_seq_len: int, device: str, memory_bytes: int | None = None
 ) -> list[int]:
     """The sorted lengths to run (``seq_lens`` plus the target); raises EvaluationInputError for a
-    length outside the rules, NotOnThisMachine for one past a CPU's limit or, where ``memory_bytes``
+    length outside the rules, BeyondCpuLimit for one past a CPU's limit, NotOnThisMachine, where ``memory_bytes``
     (the sandbox's memory limit) is given, for lengths whose output area (start.output_offsets)
     would not fit in it."""
     lengths = evaluation_lengths(seq_lens, target_seq_len)
@@ -135,7 +139,7 @@ def check_lengths(
                 f"sequence length {length!r}: expected an integer from {MIN_SEQ_LEN} to {MAX_SEQ_LEN}"
             )
         if device == "cpu" and length > CPU_MAX_SEQ_LEN:
-            raise NotOnThisMachine(
+            raise BeyondCpuLimit(
                 f"sequence length {length}: CPU runs are limited to {CPU_MAX_SEQ_LEN} tokens ({CPU_NOTE})"
             )
     # The area lives in the evaluating process, outside the sandbox's limit, and is filled at the

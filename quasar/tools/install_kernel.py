@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar step1") -> int:
         options = options_from(args, DEFAULT_SEQ_LENS, settings)
         check_lengths(options.seq_lens, args.seq_len, options.device)
     except EvaluationInputError as error:
-        parser.error(refusal(error, args.device or settings.device, "--seq-len N"))
+        parser.error(refusal(error, "--seq-len N"))
     if not args.skip_setup:
         problems = check_setup(repo)
         if problems:

@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar local-validator"
         with Progress(*columns, console=console, transient=True) as progress:
             report = evaluate(args.repo_path, target, args.claimed, options, progress=ProgressDisplay(progress))
     except EvaluationInputError as error:
-        parser.error(refusal(error, args.device or settings.device, "--seq-len N", "--full" if args.full else ""))
+        parser.error(refusal(error, "--seq-len N", "--full" if args.full else ""))
     if args.json:
         print(report.to_json())
         return 0 if report.passed else 1

@@ -479,7 +479,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar step2") -> int:
     try:
         results = sweep(repo, grid, tuple(args.seq_lens), options_from(args, (), settings), console)
     except EvaluationInputError as error:
-        parser.error(refusal(error, args.device or settings.device, "--seq-lens LIST"))
+        parser.error(refusal(error, "--seq-lens LIST"))
     except TuningError as error:
         parser.error(str(error))
     choice = choose(results)
