@@ -207,6 +207,8 @@ class FakeChain:
         self.executed.append(intent)
         if bt.resolve_signer(wallet, role="coldkey").ss58_address != self.owner_coldkey:
             return failed("NotSubnetOwner", "the signer does not own the subnet")
+        if len(intent.additional.encode()) > 1024:  # is_valid_subnet_identity
+            return failed("InvalidIdentity", "the identity's fields are too long")
         # The SDK's own fields of the intent (not the code's list), so a field the code forgot shows.
         self.identity = {f.name: getattr(intent, f.name) for f in dataclasses.fields(intent) if f.name != "netuid"}
         return bt.ExtrinsicResult(success=True, message="Success", extrinsic_id=f"{self.block}-0004")
@@ -824,6 +826,16 @@ def test_the_owner_publishes_the_api_location_keeping_the_identity(chain, subnet
     with pytest.raises(ChainError, match="NotSubnetOwner"):
         chain.publish_api_location(wallets["miner"], ApiLocation("https://evil.example"))
     assert chain.api_location() == location
+
+
+def test_an_api_location_past_the_identitys_1024_bytes_is_not_sent(chain, subnet, wallets):
+    """The chain refuses an identity whose additional text is over 1024 bytes (InvalidIdentity, a fee
+    spent): the owner's text and the location together are checked before anything is signed."""
+    subnet.owner_coldkey = wallets["validator"].coldkeypub.ss58_address
+    subnet.identity = {"subnet_name": "QUASAR", "additional": "x" * 1000}
+    with pytest.raises(ChainError, match=r"InvalidIdentity: .* would be 1029 bytes, above the chain's 1024"):
+        chain.publish_api_location(wallets["validator"], ApiLocation("https://a.example"))
+    assert subnet.executed == [] and chain.api_location() is None
 
 
 def test_endpoint_from_axon():

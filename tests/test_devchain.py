@@ -653,6 +653,22 @@ def test_loopback_endpoints_are_refused_unless_the_file_allows_them(chain, walle
     assert chain.neuron(hotkey(miner)).endpoint == Endpoint("127.0.0.1", 8001)
 
 
+def test_the_all_ones_addresses_are_refused_even_where_loopback_is_allowed(chain, wallets):
+    """is_valid_ip_address also refuses an IPv4 address of u32::MAX (255.255.255.255) and an IPv6 one
+    of u128::MAX, which allow-loopback does not let in; the one below each is taken."""
+    chain.set_hyperparameters(serving_rate_limit=0)
+    chain.allow_loopback_axons(True)
+    miner = wallets["miner"]
+    chain.register_wallet(miner)
+    for host in ("255.255.255.255", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"):
+        with pytest.raises(ChainError, match=f"InvalidIpAddress: {host} is the all-ones address"):
+            chain.publish_endpoint(miner, host, 8001)
+    assert chain.neuron(hotkey(miner)).endpoint is None
+    for host in ("255.255.255.254", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe"):
+        chain.publish_endpoint(miner, host, 8001)
+        assert chain.neuron(hotkey(miner)).endpoint == Endpoint(host, 8001)
+
+
 # --- deregistration and re-registration ---
 
 
@@ -733,6 +749,20 @@ def test_only_the_owners_coldkey_publishes_the_api_location(subnet, wallets):
     moved = ApiLocation("http://198.51.100.4:8000")
     subnet.publish_api_location(wallets["owner"], moved)
     assert DevChain(subnet.path).api_location() == moved
+
+
+def test_the_api_location_is_refused_past_the_identitys_1024_bytes(subnet, wallets):
+    """is_valid_subnet_identity: the identity's additional text, the owner's own and the location
+    together, is at most 1024 bytes of UTF-8; more is InvalidIdentity and the identity stays as it was."""
+    owner, tag = wallets["owner"], "quasar-api="
+    base = "https://api.example.org/"
+    fits = ApiLocation(base + "a" * (1024 - len(tag) - len(base)))
+    subnet.publish_api_location(owner, fits)
+    assert subnet.api_location() == fits
+    for url in (fits.url + "a", base + "\u00e9" * 500):  # 1025 bytes; 1035 bytes in 535 characters
+        with pytest.raises(ChainError, match=r"InvalidIdentity: .* would be 10\d\d bytes, above the chain's 1024"):
+            subnet.publish_api_location(owner, ApiLocation(url))
+    assert subnet.api_location() == fits
 
 
 def test_the_api_location_lives_among_the_owners_other_text():

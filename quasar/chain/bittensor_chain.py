@@ -69,6 +69,7 @@ from quasar.chain.base import (
 from quasar.chain.subtensor_rules import (
     blocks_until_allowed,
     checked_weights,
+    identity_refusal,
     refusal_error,
     stake_refusal,
     version_key_refusal,
@@ -400,12 +401,16 @@ class BittensorChain(Chain):
 
     def publish_api_location(self, wallet, location: ApiLocation) -> None:
         """Write ``location`` into the subnet identity's ``additional`` field with ``SetSubnetIdentity``,
-        keeping the identity's other fields; signed by ``wallet``'s coldkey, the subnet's owner."""
+        keeping the identity's other fields; signed by ``wallet``'s coldkey, the subnet's owner. A text
+        the chain would refuse for its length (:func:`identity_refusal`) is not sent."""
 
         def publish(client: Any) -> None:
             identity = client.subnets.subnet_identity(self.netuid) or {}
             fields = {name: str(identity.get(name) or "") for name in IDENTITY_FIELDS}
             fields["additional"] = encode_api_location(fields["additional"], location)
+            refusal = identity_refusal(fields["additional"])
+            if refusal:  # the chain would take the fee and refuse it
+                raise ChainError(f"cannot set the identity of subnet {self.netuid}: {refusal}")
             intent = SetSubnetIdentity(netuid=self.netuid, **fields)
             result = _check_extrinsic("setting the subnet identity", client.execute(intent, wallet))
             logger.info(

@@ -24,9 +24,10 @@ finney's defaults for a new subnet (:data:`FINNEY`) unless a file is given other
   below the StakeThreshold counting as none, and to the owner's uid, and takes every other; a
   neuron registers without one. ``register(validator_permit=True)`` and ``set_validator_permit``
   set a permit at once, as if an epoch had passed: the next epoch recomputes it;
-- serving: the serving rate limit, and no loopback address (127.0.0.1, ::1), which subtensor
-  refuses. One allowance the real chain does not have, for the local network whose servers listen
+- serving: the serving rate limit, and no loopback (127.0.0.1, ::1) nor all-ones address, which
+  subtensor refuses; one allowance the real chain lacks, for the local network whose servers listen
   on 127.0.0.1 only: ``allow-loopback`` lets this file store loopback endpoints;
+- identity: only the owner's coldkey writes it, its additional text at most 1024 bytes;
 - registration: uids are appended up to ``max_allowed_uids``; then a registration replaces the
   neuron of least stake (never the owner's) among those past ``immunity_period`` while more than
   MinNonImmuneUids (``set_min_non_immune_uids``, default 10) of them remain, else among the immune
@@ -95,6 +96,7 @@ from quasar.chain.subtensor_rules import (
     check_weights_rate_limit,
     checked_weights,
     hyperparameters_refusal,
+    identity_refusal,
     next_epoch_block,
     refusal_error,
     refused_axon_address,
@@ -310,12 +312,8 @@ class DevChain(Chain):
             uid, old_host, old_port, served_block = row
             if (old_host, old_port) == (address, port):
                 return
-            refusal = refused_axon_address(address)
-            if refusal and meta(connection, "allow_loopback_axons") != "1":
-                raise ChainError(
-                    f"cannot publish {address}:{port}: {refusal} (a dev chain file stores it only "
-                    "with allow-loopback, as the local network sets)"
-                )
+            if refusal := refused_axon_address(address, allow_loopback=meta(connection, "allow_loopback_axons") == "1"):
+                raise ChainError(f"cannot publish {address}:{port}: {refusal}")
             block = self._file.block_at(connection)
             wait = blocks_until_allowed(block, served_block, hyperparameters_in(connection).serving_rate_limit)
             if wait:
@@ -404,7 +402,7 @@ class DevChain(Chain):
 
     def publish_api_location(self, wallet, location: ApiLocation) -> None:
         """Write ``location`` into the subnet identity, as subtensor's set_subnet_identity does only for
-        the coldkey that owns the subnet (NotSubnetOwner otherwise)."""
+        the coldkey that owns the subnet (NotSubnetOwner otherwise), within :func:`identity_refusal`."""
         coldkey = _coldkey_of(wallet)
         with self._write() as connection:
             _, owner_coldkey = owner_in(connection)
@@ -413,8 +411,10 @@ class DevChain(Chain):
                     f"cannot set the subnet identity: NotSubnetOwner: coldkey {coldkey} does not own "
                     f"subnet {self.netuid}; sign with the wallet whose coldkey owns the subnet (--wallet.name)"
                 )
-            additional = meta(connection, "identity_additional")
-            set_meta(connection, "identity_additional", encode_api_location(additional, location))
+            additional = encode_api_location(meta(connection, "identity_additional"), location)
+            if refusal := identity_refusal(additional):
+                raise ChainError(f"cannot set the subnet identity: {refusal}")
+            set_meta(connection, "identity_additional", additional)
 
     # --- dev-chain only ---
 

@@ -43,6 +43,8 @@ MIN_NON_IMMUNE_UIDS = 10
 # init_new_network's MaxAllowedValidators: at each epoch the largest stakes up to this many get a
 # validator permit.
 MAX_ALLOWED_VALIDATORS = 64
+# is_valid_subnet_identity: the subnet identity's additional text holds at most this many bytes.
+MAX_IDENTITY_ADDITIONAL_BYTES = 1024
 HYPERPARAMETER_NAMES = tuple(field.name for field in dataclasses.fields(SubnetHyperparameters))
 
 # Subtensor's refusals of weights (and commits) that hold until something outside the validator
@@ -268,13 +270,33 @@ def retimed_reveal(
     return (block if new.tempo != old.tempo else last) + epochs_left * max(1, new.tempo)
 
 
-def refused_axon_address(host: str) -> str | None:
-    """Why subtensor's ``is_valid_ip_address`` refuses ``host`` for an axon (it names no address
-    range but these two), or None when it takes it."""
+def refused_axon_address(host: str, allow_loopback: bool = False) -> str | None:
+    """Why subtensor's ``is_valid_ip_address`` refuses ``host`` for an axon, or None when it takes it:
+    the all-ones address (an IPv4 address of u32::MAX, an IPv6 one of u128::MAX) and the loopback
+    address (127.0.0.1, ::1) unless ``allow_loopback`` (the dev chain's allowance for a network on one
+    machine); it names no other range."""
     address = ipaddress.ip_address(host)
-    if address == ipaddress.ip_address("127.0.0.1") or address == ipaddress.ip_address("::1"):
-        return f"InvalidIpAddress: {host} is the loopback address, which the chain refuses"
+    if int(address) == (1 << address.max_prefixlen) - 1:
+        return f"InvalidIpAddress: {host} is the all-ones address, which the chain refuses"
+    loopback = address == ipaddress.ip_address("127.0.0.1") or address == ipaddress.ip_address("::1")
+    if loopback and not allow_loopback:
+        return (
+            f"InvalidIpAddress: {host} is the loopback address, which the chain refuses (a dev chain file "
+            "stores it only with allow-loopback, as the local network sets)"
+        )
     return None
+
+
+def identity_refusal(additional: str) -> str | None:
+    """Why subtensor's ``is_valid_subnet_identity`` refuses a subnet identity whose ``additional``
+    text is this (InvalidIdentity: more than 1024 bytes of UTF-8), or None when it takes it."""
+    size = len(additional.encode())
+    if size <= MAX_IDENTITY_ADDITIONAL_BYTES:
+        return None
+    return (
+        f"InvalidIdentity: the identity's additional text would be {size} bytes, above the chain's "
+        f"{MAX_IDENTITY_ADDITIONAL_BYTES}: publish a shorter URL, or shorten the owner's own text there"
+    )
 
 
 def hyperparameters_refusal(values: Mapping[str, object]) -> str | None:
