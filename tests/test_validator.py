@@ -60,7 +60,7 @@ from quasar.validator.logit_check import MinerLogitChecker, private_endpoint
 from quasar.validator.loop import Validator
 from quasar.validator.records import EvaluationKey, EvaluationResult, Submission
 from quasar.validator.state import EVALUATION_RETRY_DELAYS_S, ValidatorState
-from quasar.validator.state_files import ABANDONED, FINISHED, IN_PROGRESS, PASSED, default_state_path
+from quasar.validator.state_files import ABANDONED, FINISHED, IMPORTED_AFTER, IN_PROGRESS, PASSED, default_state_path
 from servers import serving
 from tests.evaluate_runs import FAST_CPU
 from tests.gitrepo import commit_all
@@ -911,6 +911,24 @@ def test_a_hostile_apis_report_id_past_what_an_api_can_be_asked_after_stops_no_p
                 assert validator.step().failed_phases == []
     (refused,) = lines(caplog, "the API sent report 9223372036854775808 beyond its own limits")
     assert "report_id: Input should be less than or equal to 4611686018427387904" in refused
+
+
+def test_a_place_in_the_reports_past_what_an_api_can_be_asked_after_kept_by_an_earlier_version_is_read_again(
+    tmp_path, caplog
+):
+    """A version before the bound above kept a lying API's report id of 2^63 as the last one read.
+    Upgraded, the primary still asked every API for the reports after it, and each refused (422):
+    the import phase failed every step for good."""
+    with hostile_api_validator(tmp_path, lambda: {"items": [], "lease_seconds": 60}, reports=lambda _: {}) as validator:
+        validator.state.set_meta(IMPORTED_AFTER, str(2**63))
+        config_ = api_config(validator.api.api_hotkey, allow_local_forks=True)
+        with ApiServer(config_, validator.chain, f"sqlite:///{tmp_path}/api.sqlite3") as server:
+            validator.api.retarget(f"http://127.0.0.1:{server.port}", validator.api.api_hotkey)
+            for _ in range(2):
+                assert validator.step().failed_phases == []
+        assert validator.state.get_meta(IMPORTED_AFTER) == "0"
+    (said,) = lines(caplog, "report 9223372036854775808, is past any an API can be asked after")
+    assert "the reports are read again from the first" in said
 
 
 def test_an_api_answering_each_report_slowly_holds_the_loop_no_longer_than_the_report_budget(tmp_path, caplog):

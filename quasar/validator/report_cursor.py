@@ -30,6 +30,14 @@ class ReportCursor:
     def __init__(self, state: ValidatorState):
         self.state = state
         self.after = int(state.get_meta(IMPORTED_AFTER) or 0)
+        if not 0 <= self.after <= MAX_ID:
+            # Kept by a version that took a lying API's report id as the last one read.
+            logger.warning(
+                "this validator's place in its hotkey's reports, report %d, is past any an API can be asked "
+                "after (a lying API's id, which an earlier version kept); the reports are read again from the first",
+                self.after,
+            )
+            self.after = 0
         last = state.get_meta(IMPORTED_LAST)
         self.last = last if last is not None and last.split(" ")[0] == str(self.after) else None
 
