@@ -24,7 +24,7 @@ import pytest
 import websockets.asyncio.server
 import websockets.exceptions
 from bittensor.intents import ServeAxon, SetSubnetIdentity, SetWeights
-from bittensor.intents.weights import DEFAULT_COMMIT_REVEAL_VERSION
+from bittensor.intents.weights import DEFAULT_COMMIT_REVEAL_VERSION, _conform, _Preflight
 from bittensor.metagraph import _build as sdk_decode_metagraph
 from bittensor.result import chain_error_from_substrate_request
 from bittensor.sp_core import Keypair
@@ -169,8 +169,13 @@ class FakeChain:
 
     def apply(self, intent, wallet) -> bt.ExtrinsicResult:
         """What the chain does with an extrinsic: the rules it enforces, the error names it gives."""
-        self.executed.append(intent)
         uid = self.uid_of(bt.resolve_signer(wallet, role="hotkey").ss58_address)
+        if isinstance(intent, SetWeights) and uid is not None:
+            # The SDK's build fits the weights to the subnet first and raises, unsigned, what it will not send.
+            least, largest = self.hyperparameters["min_allowed_weights"], self.hyperparameters["max_weights_limit"]
+            limits = _Preflight(uid, self.commit_reveal, least, largest)
+            _conform(list(intent.uids or []), list(intent.weights or []), limits, self.netuid)
+        self.executed.append(intent)
         if uid is None:
             return failed("HotKeyNotRegisteredInSubNet")
         neuron = self.neurons[uid]
@@ -239,7 +244,10 @@ class _View:
         self.epochs = _Namespace(blocks_since_last_update=self._blocks_since_last_update)
 
     def query(self, item, params=None):
-        """A storage read (``client.query``): only the chain's StakeThreshold is asked for."""
+        """A storage read (``client.query``): the chain's StakeThreshold, or the subnet's MinAllowedWeights."""
+        if tuple(item) == ("SubtensorModule", "MinAllowedWeights") and params == [self._chain.netuid]:
+            least = self._chain.hyperparameters["min_allowed_weights"]
+            return self._chain.answer("query MinAllowedWeights", lambda: least)
         assert tuple(item) == ("SubtensorModule", "StakeThreshold") and not params, item
         return self._chain.answer("query StakeThreshold", lambda: self._chain.stake_threshold_rao)
 
@@ -542,6 +550,21 @@ def test_passing_failures_are_not_refusals_that_last(chain, subnet, wallets, sle
     with pytest.raises(ChainError) as raised:
         chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1)
     assert not isinstance(raised.value, Refused)
+
+
+def test_fewer_weights_than_min_allowed_weights_are_refused_for_the_epoch_as_the_sdk_sends_none(
+    chain, subnet, wallets, sleep
+):
+    """The chain takes weights on every uid of a subnet smaller than its min_allowed_weights
+    (check_length: min(size, MinAllowedWeights)), but the SDK's SetWeights counts min_allowed_weights
+    alone and raises before signing: a refusal that lasts while the subnet is that small, not a
+    failure to try again 10 blocks later. A weight on one's own uid alone is exempt in both."""
+    subnet.hyperparameters["min_allowed_weights"] = 5  # the subnet holds 4 uids
+    with pytest.raises(Refused, match="WeightVecLengthIsLow: 4 weights, .*min_allowed_weights 5, even") as refused:
+        chain.set_weights(wallets["validator"], {0: 0.4, 1: 0.1, 2: 0.3, 3: 0.2}, version_key=version_key())
+    assert refused.value.name == "WeightVecLengthIsLow" and subnet.executed == [] and sleep.delays == []
+    chain.set_weights(wallets["validator"], {1: 1.0}, version_key=version_key())
+    assert subnet.weights[1] == ({1: 1.0}, version_key())
 
 
 def test_a_failed_result_without_an_error_object_is_still_a_failure(chain, subnet, wallets):

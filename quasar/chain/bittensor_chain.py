@@ -23,7 +23,9 @@ Resilience, all bounded by ``retries`` with exponential back-off (``backoff_s``,
   not sent (:class:`RateLimited` says how many blocks to wait), nor one for a uid that another
   hotkey holds now (:class:`UidsChanged`). A submission too early is first checked for what the
   chain checks before the rate limit (the stake, then, setting and not committing, the version
-  key), so it gets the lasting refusal the chain would give (:class:`Refused`), not RateLimited.
+  key), so it gets the lasting refusal the chain would give (:class:`Refused`), not RateLimited;
+  weights the SDK would not send for ``min_allowed_weights`` (:func:`sdk_count_refusal`) get that
+  refusal too.
 
 The block time is the chain's own (its Aura slot duration: 12 s on finney, 0.25 s on fast-block
 nodes), read once. The API's location is read from and written to the subnet identity's
@@ -67,11 +69,13 @@ from quasar.chain.base import (
     encode_api_location,
 )
 from quasar.chain.subtensor_rules import (
+    Refusal,
     blocks_until_allowed,
     checked_weights,
     identity_refusal,
     refusal_error,
     stake_refusal,
+    u16_weights,
     version_key_refusal,
 )
 from quasar.log import Repeats
@@ -127,6 +131,20 @@ def blocks_until_weights_allowed(block: int, blocks_since_update: int | None, ra
     if blocks_since_update is None:
         return 0
     return blocks_until_allowed(block, block - blocks_since_update, rate_limit)
+
+
+def sdk_count_refusal(weights: Mapping[int, float], setter_uid: int, min_allowed_weights: int) -> Refusal | None:
+    """Why the SDK's ``SetWeights`` raises, before signing, ``weights`` the chain may take: it asks
+    for ``min_allowed_weights`` nonzero weights whatever the subnet's size, where the chain's
+    check_length asks for at most the subnet's size; a weight on the setter's own uid alone is exempt."""
+    sent = u16_weights(weights)
+    if list(weights) == [setter_uid] or len(sent) >= min_allowed_weights:
+        return None
+    return Refusal(
+        "WeightVecLengthIsLow",
+        f"{len(sent)} weights, and the installed bittensor SDK sends none below the subnet's min_allowed_weights "
+        f"{min_allowed_weights}, even where the subnet holds fewer uids and the chain would take them",
+    )
 
 
 def normalize_weights(weights: Mapping[int, float]) -> dict[int, float]:
@@ -523,6 +541,10 @@ class BittensorChain(Chain):
                     f"uid {uid} on subnet {self.netuid} registered or last set weights {since} blocks "
                     f"ago; the rate limit is {rate_limit} blocks: wait {wait} more",
                 )
+            least = int(view.query(("SubtensorModule", "MinAllowedWeights"), [self.netuid]) or 0)
+            refusal = sdk_count_refusal(normalized, uid, least)
+            if refusal is not None:
+                raise refusal_error(refusal.name, f"cannot set weights on subnet {self.netuid}: {refusal}")
             committed = bool(view.subnets.commit_reveal_enabled(self.netuid))
             intent = SetWeights(
                 netuid=self.netuid,
