@@ -173,12 +173,24 @@ def test_a_new_file_has_finneys_hyperparameters(chain):
         ({"commit_reveal_enabled": 1}, "true or false"),
         ({"activity_cutoff_factor": 999}, "ActivityCutoffFactorMilliOutOfBounds"),
         ({"activity_cutoff_factor": 50_001}, "1000..50000 thousandths of a tempo"),
+        # The chain's types and setters: u16 storage, set_reveal_period's 100, sudo_set_max_allowed_uids' 256.
+        ({"tempo": 65_536}, "tempo is a u16 on chain: at most 65535"),
+        ({"immunity_period": 65_536}, "immunity_period is a u16"),
+        ({"min_allowed_weights": 65_536}, "min_allowed_weights is a u16"),
+        ({"weights_rate_limit": 2**64}, "weights_rate_limit is a u64"),
+        ({"reveal_period_epochs": 101}, "RevealPeriodTooLarge: reveal_period_epochs 101 is above 100"),
+        (
+            {"max_allowed_uids": 257},
+            "MaxAllowedUidsGreaterThanDefaultMaxAllowedUids: max_allowed_uids 257 is above 256",
+        ),
     ):
         with pytest.raises(ChainError, match=message):
             chain.set_hyperparameters(**bad)
     assert chain.hyperparameters() == changed
     # The owner's lowest: one tempo (subtensor's get_activity_cutoff_blocks, 10 blocks here).
     assert chain.set_hyperparameters(activity_cutoff_factor=1000).activity_cutoff == 10
+    highest = chain.set_hyperparameters(tempo=65_535, reveal_period_epochs=100, max_allowed_uids=256)
+    assert (highest.tempo, highest.reveal_period_epochs, highest.max_allowed_uids) == (65_535, 100, 256)
 
 
 # --- weights, set directly (commit-reveal off) ---

@@ -43,6 +43,16 @@ MIN_NON_IMMUNE_UIDS = 10
 # init_new_network's MaxAllowedValidators: at each epoch the largest stakes up to this many get a
 # validator permit.
 MAX_ALLOWED_VALIDATORS = 64
+# Subtensor stores these hyperparameters as u16 (Tempo, MinAllowedWeights, MaxWeightsLimit,
+# MaxAllowedUids, ImmunityPeriod) and the other integers as u64.
+U16_HYPERPARAMETERS = frozenset(
+    {"tempo", "min_allowed_weights", "max_weight_limit", "max_allowed_uids", "immunity_period"}
+)
+U64_MAX = 2**64 - 1
+# set_reveal_period: RevealPeriodEpochs is at most MAX_COMMIT_REVEAL_PEROIDS (RevealPeriodTooLarge).
+MAX_REVEAL_PERIOD_EPOCHS = 100
+# sudo_set_max_allowed_uids: at most DefaultMaxAllowedUids, the runtime's InitialMaxAllowedUids.
+MAX_ALLOWED_UIDS_LIMIT = 256
 # is_valid_subnet_identity: the subnet identity's additional text holds at most this many bytes.
 MAX_IDENTITY_ADDITIONAL_BYTES = 1024
 HYPERPARAMETER_NAMES = tuple(field.name for field in dataclasses.fields(SubnetHyperparameters))
@@ -302,8 +312,9 @@ def identity_refusal(additional: str) -> str | None:
 def hyperparameters_refusal(values: Mapping[str, object]) -> str | None:
     """Why ``values`` (some of :class:`SubnetHyperparameters`'s fields) cannot be the subnet's
     hyperparameters, or None: the names must be known, ``commit_reveal_enabled`` a bool, the rest
-    non-negative integers, ``max_weight_limit`` a u16, ``tempo`` and ``reveal_period_epochs`` at
-    least 1, ``activity_cutoff_factor`` within subtensor's bounds (ActivityCutoffFactorMilliOutOfBounds)."""
+    non-negative integers of the chain's type (u16 or u64), ``tempo`` at least 1,
+    ``reveal_period_epochs`` 1 to 100, ``max_allowed_uids`` at most 256, ``activity_cutoff_factor``
+    within subtensor's bounds (ActivityCutoffFactorMilliOutOfBounds)."""
     unknown = sorted(set(values) - set(HYPERPARAMETER_NAMES))
     if unknown:
         return f"unknown hyperparameters {unknown}; known: {', '.join(HYPERPARAMETER_NAMES)}"
@@ -316,10 +327,22 @@ def hyperparameters_refusal(values: Mapping[str, object]) -> str | None:
             return f"{name} must be a non-negative integer, got {value!r}"
         else:
             integers[name] = value
-    if integers.get("max_weight_limit", 0) > U16_MAX:
-        return f"max_weight_limit is a u16: at most {U16_MAX}"
+    for name, value in integers.items():
+        kind, most = ("u16", U16_MAX) if name in U16_HYPERPARAMETERS else ("u64", U64_MAX)
+        if value > most:
+            return f"{name} is a {kind} on chain: at most {most}"
     if integers.get("tempo", 1) < 1 or integers.get("reveal_period_epochs", 1) < 1:
         return "tempo and reveal_period_epochs must be at least 1"
+    if integers.get("reveal_period_epochs", 1) > MAX_REVEAL_PERIOD_EPOCHS:
+        return (
+            f"RevealPeriodTooLarge: reveal_period_epochs {integers['reveal_period_epochs']} is above "
+            f"{MAX_REVEAL_PERIOD_EPOCHS}, subtensor's most"
+        )
+    if integers.get("max_allowed_uids", 0) > MAX_ALLOWED_UIDS_LIMIT:
+        return (
+            f"MaxAllowedUidsGreaterThanDefaultMaxAllowedUids: max_allowed_uids {integers['max_allowed_uids']} "
+            f"is above {MAX_ALLOWED_UIDS_LIMIT}, the most the chain lets a subnet hold"
+        )
     factor = integers.get("activity_cutoff_factor", MIN_ACTIVITY_CUTOFF_FACTOR)
     if not MIN_ACTIVITY_CUTOFF_FACTOR <= factor <= MAX_ACTIVITY_CUTOFF_FACTOR:
         return (
