@@ -708,6 +708,36 @@ def test_memory_over_the_sandboxs_limit_ends_the_evaluation(world, name, limit):
     ), report.reasons
 
 
+@pytest.mark.parametrize("how", ["mapping", "memfd"])
+def test_shared_memory_over_the_sandboxs_limit_ends_the_evaluation_under_the_watchdog(tmp_path, how):
+    # Shared memory is not anonymous: a watchdog summing anonymous memory alone let a fork hold
+    # 3 GiB in a shared mapping or a memory file under a limit of 1.5 GiB, and pass.
+    reason = sandbox_unavailable_reason(tmp_path)
+    if reason is not None:
+        pytest.skip(f"namespaces unavailable here: {reason}")
+    fork = write_hostile_fork(tmp_path / "fork", "shared_memory_hog", hog_bytes=HOG_BYTES, how=how)
+    policy = SandboxPolicy(memory_bytes=SMALL_MEMORY, cgroup_path=str(tmp_path / "no-such-cgroup"))
+    report = evaluate(fork, 64, None, replace(FAST_CPU, policy=policy))
+    assert "memory watchdog" in report.sandbox, report.sandbox
+    assert report.verdict == "fail"
+    assert f"over the sandbox's limit of {SMALL_MEMORY >> 20:,} MiB" in "\n".join(report.reasons), report.reasons
+
+
+def test_shared_memory_segments_no_process_maps_are_not_kept_for_the_fork(tmp_path):
+    # A System V segment outlives its mappings, where no watchdog sees it: a fork wrote three of
+    # 1 GiB one at a time, detached each, and held 3 GiB under a limit of 1.5 GiB. The sandbox's
+    # IPC namespace removes a segment once no process maps it.
+    reason = sandbox_unavailable_reason(tmp_path)
+    if reason is not None:
+        pytest.skip(f"namespaces unavailable here: {reason}")
+    fork = write_hostile_fork(tmp_path / "fork", "sysv_memory_hog", segments=3, segment_bytes=1 << 30)
+    policy = SandboxPolicy(memory_bytes=SMALL_MEMORY, cgroup_path=str(tmp_path / "no-such-cgroup"))
+    report = evaluate(fork, 64, None, replace(FAST_CPU, policy=policy))
+    assert "memory watchdog" in report.sandbox, report.sandbox
+    assert "SEGMENTS-KEPT 0 of 3" in report.log_tail, report.log_tail
+    assert report.verdict == "pass", report.reasons
+
+
 @pytest.mark.parametrize("name, module", [("foreign_requests", "requests"), ("foreign_bittensor", "bittensor")])
 def test_the_validators_own_packages_are_not_importable(world, name, module):
     report = world.reports[name]

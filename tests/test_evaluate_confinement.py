@@ -197,6 +197,62 @@ def test_the_watchdog_leaves_a_sandbox_under_its_limit_alone():
     assert watchdog.tripped == "" and 0 < watchdog.peak_bytes < 1 << 30
 
 
+def test_the_watchdog_counts_shared_memory_but_not_the_parents_area_for_outputs():
+    # A process maps and fills the parent's area (a memory file it inherits, as the child the
+    # shared area for outputs) and 300 MiB of shared memory of its own: a shared mapping and a
+    # memory file it keeps open, mapped or not. Its own count, each page once; the area's does not.
+    area = os.memfd_create("quasar-shared-output")
+    os.ftruncate(area, 300 << 20)
+    hog = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
+        import mmap, os, sys, time
+        area = mmap.mmap(int(sys.argv[1]), 300 << 20)
+        area.write(bytes(300 << 20))
+        mapping = mmap.mmap(-1, 100 << 20, flags=mmap.MAP_SHARED)
+        mapping.write(bytes(100 << 20))
+        unmapped = os.memfd_create("unmapped")
+        os.write(unmapped, bytes(100 << 20))
+        mapped = os.memfd_create("mapped")
+        os.ftruncate(mapped, 100 << 20)
+        view = mmap.mmap(mapped, 100 << 20)
+        view.write(bytes(100 << 20))
+        print("FILLED", flush=True)
+        time.sleep(60)
+    """),
+            str(area),
+        ],
+        pass_fds=(area,),
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert hog.stdout.readline().strip() == "FILLED"
+        status = os.fstat(area)
+        outside = {(status.st_dev, status.st_ino)}
+        pids = confinement.descendants(hog.pid)
+        exact = confinement.sandbox_bytes(pids, outside)
+        assert 300 << 20 <= exact < 400 << 20, exact >> 20
+        # Without the smaps of each process: the area's pages and the mapped file's counted again.
+        assert confinement.sandbox_bytes(pids, outside, exact=False) >= exact + (300 << 20)
+        killed: list[float] = []
+        watchdog = confinement.MemoryWatchdog(hog.pid, 450 << 20, lambda: killed.append(1), frozenset(outside))
+        time.sleep(4 * confinement.WATCHDOG_SECONDS)
+        watchdog.stop()
+        assert not killed and 300 << 20 <= watchdog.peak_bytes, watchdog.peak_bytes >> 20
+        watchdog = confinement.MemoryWatchdog(hog.pid, 250 << 20, lambda: killed.append(1), frozenset(outside))
+        time.sleep(4 * confinement.WATCHDOG_SECONDS)
+        watchdog.stop()
+        assert killed and "over the sandbox's limit of 250 MiB" in watchdog.tripped
+    finally:
+        os.killpg(hog.pid, 9)
+        hog.wait()
+        os.close(area)
+
+
 def test_descendants_find_the_whole_process_tree():
     tree = subprocess.Popen(
         [
@@ -375,7 +431,7 @@ def test_the_watchdog_counts_pages_forked_processes_share_once():
         assert family.stdout.readline().strip() == "FORKED"
         pids = confinement.descendants(family.pid)
         assert len(pids) == 9
-        shared = sum(confinement.anonymous_bytes(pid) for pid in pids)
+        shared = sum(confinement.resident_bytes(pid) for pid in pids)
         assert 250 << 20 < shared < 600 << 20, shared >> 20
     finally:
         os.killpg(family.pid, 9)

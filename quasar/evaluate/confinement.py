@@ -15,9 +15,10 @@ the child starts and undone when it is closed:
   cgroup, or ``SANDBOX_CGROUP``): the memory limit bounds its memory, the tmpfs it writes
   included, and ``pids.max`` its processes and threads (else the uid's ``RLIMIT_NPROC`` does);
   sandbox_init.py joins it before anything else runs in the sandbox.
-- otherwise, **a watchdog**: a thread of the parent that sums the anonymous memory of the
-  sandbox's processes every :data:`WATCHDOG_SECONDS` and kills the sandbox above the limit (its
-  tmpfs are bounded by their sizes), and processes are bounded by the uid's ``RLIMIT_NPROC``.
+- otherwise, **a watchdog**: a thread of the parent that sums the memory of the sandbox's
+  processes every :data:`WATCHDOG_SECONDS`, anonymous and shared (shared mappings, and the memory
+  files they hold open), and kills the sandbox above the limit (its tmpfs are bounded by their
+  sizes), and processes are bounded by the uid's ``RLIMIT_NPROC``.
 
 ``describe()`` says which of these hold, for the report's ``sandbox`` line.
 """
@@ -350,29 +351,95 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def anonymous_bytes(pid: int) -> int:
-    """The anonymous memory of one process, its share of pages it shares with others (Pss_Anon:
-    forked processes share their parent's pages until they write them, and RssAnon would count
-    those once per process), else RssAnon where the kernel has no Pss_Anon; 0 if it is gone."""
-    for path, field in ((f"/proc/{pid}/smaps_rollup", "Pss_Anon:"), (f"/proc/{pid}/status", "RssAnon:")):
+FileKey = tuple[int, int]
+
+
+def resident_bytes(pid: int) -> int:
+    """The memory one process holds, its share of pages it shares with others: anonymous and
+    shared (Pss_Anon + Pss_Shmem: forked processes share their parent's pages until they write
+    them, and a shared mapping's pages are split among the processes that map them), else RssAnon
+    + RssShmem where the kernel has no Pss_Anon; 0 if it is gone."""
+    for path, fields in (
+        (f"/proc/{pid}/smaps_rollup", ("Pss_Anon:", "Pss_Shmem:")),
+        (f"/proc/{pid}/status", ("RssAnon:", "RssShmem:")),
+    ):
         try:
             with open(path) as lines:
-                for line in lines:
-                    if line.startswith(field):
-                        return int(line.split()[1]) * 1024
+                found = [int(line.split()[1]) * 1024 for line in lines if line.startswith(fields)]
         except (OSError, ValueError):
             return 0
+        if found:
+            return sum(found)
     return 0
+
+
+def shared_mapping_bytes(pid: int, files: set[FileKey]) -> int:
+    """One process's share of its shared mappings of the memory files ``files`` (device, inode)."""
+    total, counted = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps") as lines:
+            for line in lines:
+                fields = line.split()
+                if not fields[0].endswith(":"):
+                    # A mapping: "start-end perms offset major:minor inode [path]".
+                    major, minor = fields[3].split(":")
+                    key = (os.makedev(int(major, 16), int(minor, 16)), int(fields[4]))
+                    counted = fields[1].endswith("s") and key in files
+                elif counted and fields[0] == "Pss:":
+                    total += int(fields[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+    return total
+
+
+def open_memory_files(pid: int) -> dict[FileKey, int]:
+    """The memory files (``memfd_create``) one process holds open: their (device, inode) and the
+    bytes each holds, mapped or not."""
+    found: dict[FileKey, int] = {}
+    try:
+        descriptors = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return found
+    for descriptor in descriptors:
+        path = f"/proc/{pid}/fd/{descriptor}"
+        try:
+            if os.readlink(path).startswith("/memfd:"):
+                status = os.stat(path)
+                found[(status.st_dev, status.st_ino)] = status.st_blocks * 512
+        except OSError:
+            continue
+    return found
+
+
+def sandbox_bytes(pids: list[int], outside: set[FileKey], exact: bool = True) -> int:
+    """The memory the processes ``pids`` hold: each one's anonymous and shared memory, and the
+    memory files they hold open, each file once and whole; ``outside`` names files that are not
+    the sandbox's (the parent's shared area for outputs, held within a bound of its own).
+
+    ``exact``: the processes' shares of their shared mappings of those files are taken out (each
+    process's whole ``smaps`` read); else they stay in, an upper bound read from the summaries alone.
+    """
+    files: dict[FileKey, int] = {}
+    for pid in pids:
+        files.update(open_memory_files(pid))
+    held = sum(size for key, size in files.items() if key not in outside)
+    shares = sum(resident_bytes(pid) for pid in pids)
+    if exact:
+        excluded = outside | files.keys()
+        shares -= sum(shared_mapping_bytes(pid, excluded) for pid in pids)
+    return held + shares
 
 
 class MemoryWatchdog:
     """Kills the sandbox under ``root_pid`` once its processes hold more than ``limit_bytes`` of
-    anonymous memory (checked every :data:`WATCHDOG_SECONDS`); ``tripped`` says why it did."""
+    memory (:func:`sandbox_bytes`, checked every :data:`WATCHDOG_SECONDS`; ``outside``: the
+    memory files that are not the sandbox's); ``tripped`` says why it did."""
 
-    def __init__(self, root_pid: int, limit_bytes: int, kill) -> None:
+    def __init__(self, root_pid: int, limit_bytes: int, kill, outside: frozenset[FileKey] = frozenset()) -> None:
         self.root_pid = root_pid
         self.limit_bytes = limit_bytes
         self.kill = kill
+        self.outside = set(outside)
         self.tripped = ""
         self.peak_bytes = 0
         self._stop = threading.Event()
@@ -381,7 +448,11 @@ class MemoryWatchdog:
 
     def _watch(self) -> None:
         while not self._stop.wait(WATCHDOG_SECONDS):
-            used = sum(anonymous_bytes(pid) for pid in descendants(self.root_pid))
+            pids = descendants(self.root_pid)
+            # The upper bound first: the exact sum reads every process's whole smaps.
+            used = sandbox_bytes(pids, self.outside, exact=False)
+            if used > self.limit_bytes:
+                used = sandbox_bytes(pids, self.outside)
             self.peak_bytes = max(self.peak_bytes, used)
             if used > self.limit_bytes:
                 self.tripped = (
@@ -425,10 +496,15 @@ class Confinement:
             raise
         return confinement
 
-    def start_watchdog(self, root_pid: int, kill) -> None:
-        """Without a cgroup, watch the memory of the processes under ``root_pid``."""
+    def start_watchdog(self, root_pid: int, kill, shared_fd: int | None = None) -> None:
+        """Without a cgroup, watch the memory of the processes under ``root_pid``; ``shared_fd``:
+        the parent's shared area for outputs, which they map and write but is not theirs."""
         if self.cgroup is None and self.watchdog is None:
-            self.watchdog = MemoryWatchdog(root_pid, self.memory_bytes, kill)
+            outside: frozenset[FileKey] = frozenset()
+            if shared_fd is not None:
+                status = os.fstat(shared_fd)
+                outside = frozenset({(status.st_dev, status.st_ino)})
+            self.watchdog = MemoryWatchdog(root_pid, self.memory_bytes, kill, outside)
 
     def killed_reason(self) -> str:
         """Why the limits killed the sandbox, or ``""``."""

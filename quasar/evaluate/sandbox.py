@@ -409,7 +409,9 @@ class SandboxedChild:
         os.close(from_child_write)
         self.channel = protocol.Channel(from_child_read, to_child_write, spin_seconds=self.spin_seconds)
         assert self.confinement is not None
-        self.confinement.start_watchdog(self.process.pid, self._kill_group)
+        self.confinement.start_watchdog(
+            self.process.pid, self._kill_group, self.shared.fd if self.shared is not None else None
+        )
         self._drain_thread = threading.Thread(target=self._drain, daemon=True)
         self._drain_thread.start()
 

@@ -244,6 +244,18 @@ def build_root(config: dict) -> None:
     _remount_readonly("/", MS_NODEV)
 
 
+def forget_unmapped_shared_memory() -> None:
+    """In the sandbox's own IPC namespace, remove a System V shared memory segment once no process
+    maps it: a segment outlives its mappings otherwise, memory that no process of the sandbox shows
+    and that the memory watchdog (confinement.py) could not count. Where the kernel refuses the
+    setting to a user namespace's root (older kernels do), the namespace keeps its default."""
+    try:
+        with open("/proc/sys/kernel/shm_rmid_forced", "w") as setting:
+            setting.write("1")
+    except OSError:
+        pass
+
+
 def drop_privileges(config: dict) -> None:
     """Leave root: setuid to nobody (real root), or a nested user namespace (ordinary user)."""
     if config["mode"] == "root":
@@ -289,6 +301,7 @@ def main() -> None:
         library = syscall_filter.load_library() if config["seccomp"] else None
         if config["mode"] in ("root", "userns"):
             build_root(config)
+            forget_unmapped_shared_memory()
         apply_limits(config)
         drop_privileges(config)
         # After the credential change, which clears it: die when unshare (or the parent) dies.

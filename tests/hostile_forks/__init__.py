@@ -565,6 +565,44 @@ for _offset in range(0, len(_hog), 4096):
     _hog[_offset] = 1
 print("HOG-HELD", len(_hog), flush=True)
 """,
+    # Holds far more memory than the sandbox allows as shared memory, which is not anonymous: a
+    # shared mapping ({how} "mapping", touched) or a memory file it keeps open ("memfd", written).
+    "shared_memory_hog": """
+import mmap as _mmap
+import os as _os
+
+if {how} == "mapping":
+    _hog = _mmap.mmap(-1, {hog_bytes}, flags=_mmap.MAP_SHARED)
+    for _offset in range(0, {hog_bytes}, 4096):
+        _hog[_offset] = 1
+else:
+    _hog = _os.memfd_create("hog")
+    _chunk = bytes(16 << 20)
+    for _ in range({hog_bytes} // len(_chunk)):
+        _os.write(_hog, _chunk)
+print("HOG-HELD", flush=True)
+""",
+    # Holds far more memory than the sandbox allows in System V shared memory segments, each
+    # detached once written (no process maps it then) and kept: {segments} of {segment_bytes}.
+    "sysv_memory_hog": """
+import ctypes as _ctypes
+
+_libc = _ctypes.CDLL(None, use_errno=True)
+_libc.shmat.restype = _ctypes.c_void_p
+_libc.shmat.argtypes = (_ctypes.c_int, _ctypes.c_void_p, _ctypes.c_int)
+_libc.shmdt.argtypes = (_ctypes.c_void_p,)
+_libc.shmctl.argtypes = (_ctypes.c_int, _ctypes.c_int, _ctypes.c_void_p)
+_segments = []
+for _ in range({segments}):
+    _segment = _libc.shmget(0, _ctypes.c_size_t({segment_bytes}), 0o1600)  # IPC_PRIVATE, IPC_CREAT
+    _address = _libc.shmat(_segment, None, 0)
+    _ctypes.memset(_address, 1, {segment_bytes})
+    _libc.shmdt(_address)
+    _segments.append(_segment)
+_status = _ctypes.create_string_buffer(256)
+_kept = [_segment for _segment in _segments if _libc.shmctl(_segment, 2, _status) == 0]  # IPC_STAT
+print("SEGMENTS-KEPT", len(_kept), "of", len(_segments), flush=True)
+""",
     # Imports a package of the validator's environment that is not the evaluation's.
     "foreign_import": """
 __import__({module})
