@@ -318,6 +318,22 @@ def test_secret_is_kept_out_of_repr_and_listing():
     assert settings.secrets() == ["ghp_verysecret"]
 
 
+@pytest.mark.parametrize("variable", ["GITHUB_TOKEN", "AGENT_API_KEY"])
+def test_a_secret_too_short_to_mask_is_refused_without_its_value(variable):
+    """A secret's every occurrence is masked in the logs: GITHUB_TOKEN=e turned every 'e' of the miner's
+    log into '***' ('hotk***y fil*** ... do***s not ***xist'). Such a value is refused, naming the
+    setting and not the value; 8 characters are taken, as is an empty one (not set)."""
+    for value in ("Q", "EMPTY", "ghp_123"):
+        with pytest.raises(config.SettingsError) as refused:
+            config.resolve({}, environ={variable: value}, dotenv_path=None)
+        assert str(refused.value).startswith(f"{variable} (from environment): {len(value)} character")
+        assert "too short to keep out of the logs" in str(refused.value)
+        assert value not in str(refused.value)
+    for value in ("ghp_1234", ""):
+        settings = config.resolve({}, environ={variable: value}, dotenv_path=None)
+        assert settings.secrets() == ([value] if value else [])
+
+
 def test_every_setting_has_one_option_and_the_example_is_current():
     assert sorted(o.key for o in config.OPTIONS) == sorted(config.settings_keys())
     assert (ROOT / ".env.example").read_text() == config.env_example()

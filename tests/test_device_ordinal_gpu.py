@@ -55,7 +55,7 @@ def test_the_miner_refuses_a_gpu_past_the_last(tmp_path):
         **os.environ,
         "QUASAR_DOTENV": "",
         "DEVICE": past_the_last(),
-        "GITHUB_TOKEN": "token",
+        "GITHUB_TOKEN": "ghp_device_test",
         "GITHUB_USERNAME": "someone",
         "MINER_ALLOW_UNSANDBOXED": "true",
     }

@@ -155,7 +155,7 @@ def test_start_script_says_when_other_users_may_read_the_env_file(suite):
     readable by every user of the machine (`nobody` read it), and nothing said so."""
     wallets = suite / "wallets"
     env_file = suite / ".env"
-    env_file.write_text(f"WALLET_PATH={wallets}\nWALLET_NAME=val_cold\nDEVICE=cpu\nGITHUB_TOKEN=ghp_x\n")
+    env_file.write_text(f"WALLET_PATH={wallets}\nWALLET_NAME=val_cold\nDEVICE=cpu\nGITHUB_TOKEN=ghp_0123456789\n")
     env_file.chmod(0o644)
     result = start_validator(suite, {})
     said = " ".join(result.stderr.split())

@@ -5,8 +5,8 @@ it (ROLES).
 An entry of a group's file: ``[key]`` then ``env`` (the variable), ``flag`` (and ``aliases``,
 other spellings), ``kind`` (how its text is parsed: values.py's PARSERS, with ``low``, ``high``
 or ``choices`` where the kind takes them), ``default`` (as it would appear in .env), ``brief``
-(a few words for one line of --help), ``help`` (its whole meaning, for .env.example) and
-``secret`` (never logged)."""
+(a few words for one line of --help) and ``help`` (its whole meaning, for .env.example). A
+setting of kind ``secret`` is never logged."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ GROUPS = (
     "validator",
 )
 SETTINGS_DIR = Path(__file__).with_name("settings")
-_ENTRY_FIELDS = {"env", "flag", "kind", "low", "high", "choices", "default", "brief", "help", "secret", "aliases"}
+_ENTRY_FIELDS = {"env", "flag", "kind", "low", "high", "choices", "default", "brief", "help", "aliases"}
 
 
 def group_file(group: str, folder: Path = SETTINGS_DIR) -> Path:
@@ -76,7 +76,7 @@ def load_group(path: Path, group: str) -> list[Option]:
                     parse,
                     entry["default"],
                     entry["help"],
-                    secret=entry.get("secret", False),
+                    secret=entry["kind"] == "secret",
                     aliases=tuple(entry.get("aliases", ())),
                     group=group,
                     brief=entry["brief"],

@@ -96,6 +96,23 @@ def parse_str(raw: str) -> str:
     return raw.strip()
 
 
+# Logs mask every occurrence of a secret's value: a shorter one would mask ordinary text in them.
+MIN_SECRET_LENGTH = 8
+
+
+def parse_secret(raw: str) -> str:
+    """A secret (a token, a key): empty where not set, else at least MIN_SECRET_LENGTH characters.
+    Its value is never in the refusal."""
+    value = raw.strip()
+    if 0 < len(value) < MIN_SECRET_LENGTH:
+        raise ValueError(
+            f"{len(value)} character{'s' if len(value) > 1 else ''}, too short to keep out of the logs: masking it "
+            f"would mask that text wherever it stands in them; give the whole token or key ({MIN_SECRET_LENGTH} "
+            "characters or more), or leave it empty"
+        )
+    return value
+
+
 def parse_network(raw: str) -> str:
     value = raw.strip()
     if value in NETWORKS:
@@ -270,6 +287,7 @@ PARSERS: dict[str, Callable[[str], Any]] = {
     "optional_ip": parse_optional_ip,
     "optional_name": parse_optional_name,
     "repo_slug": parse_repo_slug,
+    "secret": parse_secret,
     "seq_lens": parse_seq_lens,
     "share": parse_share,
     "str": parse_str,
