@@ -771,16 +771,29 @@ def test_open_wallet_expands_the_home_folder_in_every_role(tmp_path, monkeypatch
 
 
 def test_registration_is_required_a_permit_is_warned_about(tmp_path, caplog):
+    """Each cure is a command of the chain in use: on the dev chain, which btcli does not know
+    (`unknown network 'devchain'`) and which stakes only at registration, the validator registers
+    with stake and a permit, and one registered without them registers again so."""
     chain = DevChain(tmp_path / "chain.sqlite3", netuid=24)
     settings = resolve(
         {"network": "devchain", "devchain_path": str(chain.path), "wallet_name": "v"}, environ={}, dotenv_path=None
     )
-    with pytest.raises(
-        ValidatorSetupError,
-        match=f"hotkey {HOTKEYS[0]} is not registered on subnet 24 of devchain: "
-        f"register it first \\(quasar devchain --path ",
-    ):
+    devchain = f"quasar devchain --path {chain.path}"
+    with pytest.raises(ValidatorSetupError) as unregistered:
         check_registration(chain, HOTKEYS[0], settings)
+    assert str(unregistered.value) == (
+        f"hotkey {HOTKEYS[0]} is not registered on subnet 24 of devchain: register it first "
+        f"({devchain} register --hotkey {HOTKEYS[0]} --coldkey COLDKEY --stake STAKE --validator)"
+    )
+    chain.register(HOTKEYS[0], HOTKEYS[1])
+    check_registration(chain, HOTKEYS[0], settings)
+    assert "has no validator permit" in caplog.text and "btcli" not in caplog.text
+    assert (
+        f"({devchain} deregister --hotkey {HOTKEYS[0]}, then {devchain} register --hotkey {HOTKEYS[0]} "
+        f"--coldkey {HOTKEYS[1]} --stake STAKE --validator: the dev chain stakes only at registration)"
+    ) in caplog.text
+    chain.deregister(HOTKEYS[0])
+    caplog.clear()
     finney = resolve({"wallet_name": "v"}, environ={}, dotenv_path=None)
     with pytest.raises(
         ValidatorSetupError,
@@ -789,9 +802,11 @@ def test_registration_is_required_a_permit_is_warned_about(tmp_path, caplog):
     ):
         check_registration(chain, HOTKEYS[0], finney)
     chain.register(HOTKEYS[0], HOTKEYS[1])
-    check_registration(chain, HOTKEYS[0], settings)
+    check_registration(chain, HOTKEYS[0], finney)
     assert "has no validator permit" in caplog.text
-    assert "btcli stake add --netuid 24 --wallet v --wallet-hotkey default --amount-tao AMOUNT" in caplog.text
+    assert (
+        "btcli stake add --netuid 24 --wallet v --wallet-hotkey default --amount-tao AMOUNT --network finney"
+    ) in caplog.text
 
 
 # --- what workers write ---

@@ -51,8 +51,23 @@ def stake_add(settings: Settings, wallet: str, amount: str = "AMOUNT") -> str:
     )
 
 
-def registration_hint(settings: Settings, wallet: str, hotkey: str) -> str:
-    """How to register ``hotkey``: btcli on a Bittensor network, the dev chain's CLI on devchain."""
+def registration_hint(settings: Settings, wallet: str, hotkey: str, validator: bool = False) -> str:
+    """How to register ``hotkey``: btcli on a Bittensor network, the dev chain's CLI on devchain
+    (which btcli does not know), there with stake and a permit for a ``validator``: the dev chain
+    stakes only at registration."""
     if settings.network == DEV_NETWORK:
-        return f"quasar devchain --path {settings.devchain_path} register --hotkey {hotkey} --coldkey COLDKEY"
+        stake = " --stake STAKE --validator" if validator else ""
+        return f"quasar devchain --path {settings.devchain_path} register --hotkey {hotkey} --coldkey COLDKEY{stake}"
     return register(settings, wallet)
+
+
+def permit_hint(settings: Settings, wallet: str, hotkey: str, coldkey: str) -> str:
+    """How the registered validator ``hotkey`` (of ``coldkey``) gets the stake a validator permit
+    follows: btcli's stake on a Bittensor network; on devchain, registering it again with stake."""
+    if settings.network == DEV_NETWORK:
+        devchain = f"quasar devchain --path {settings.devchain_path}"
+        return (
+            f"{devchain} deregister --hotkey {hotkey}, then {devchain} register --hotkey {hotkey} "
+            f"--coldkey {coldkey} --stake STAKE --validator: the dev chain stakes only at registration"
+        )
+    return stake_add(settings, wallet)

@@ -40,7 +40,7 @@ def check_registration(chain: Chain, hotkey: str, settings: Settings) -> None:
     wallet = settings.wallet_name_for("validator")
     neuron = chain.neuron(hotkey)
     if neuron is None:
-        how = btcli.registration_hint(settings, wallet, hotkey)
+        how = btcli.registration_hint(settings, wallet, hotkey, validator=True)
         raise ValidatorSetupError(
             f"hotkey {hotkey} is not registered on subnet {chain.netuid} of {settings.network}: "
             f"register it first ({how})"
@@ -53,7 +53,7 @@ def check_registration(chain: Chain, hotkey: str, settings: Settings) -> None:
             hotkey,
             neuron.uid,
             chain.netuid,
-            btcli.stake_add(settings, wallet),
+            btcli.permit_hint(settings, wallet, hotkey, neuron.coldkey),
         )
 
 

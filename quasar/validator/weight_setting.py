@@ -209,7 +209,9 @@ class WeightSetter:
         me = metagraph.by_hotkey(self.hotkey)
         owner_uid = self.chain.owner_uid()
         if me is None:
-            how = btcli.registration_hint(self.settings, self.settings.wallet_name_for("validator"), self.hotkey)
+            how = btcli.registration_hint(
+                self.settings, self.settings.wallet_name_for("validator"), self.hotkey, validator=True
+            )
             self._skip_epoch(
                 block,
                 f"hotkey {self.hotkey} is not registered on subnet {self.chain.netuid}: no weights until it is ({how})",
