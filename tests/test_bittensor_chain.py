@@ -180,17 +180,18 @@ class FakeChain:
             return failed("HotKeyNotRegisteredInSubNet")
         neuron = self.neurons[uid]
         if isinstance(intent, SetWeights):
-            # Subtensor's order: the stake (the owner's hotkey exempt), the version key (a commit's
-            # is checked at its reveal), the rate limit, the permit (a commit's at its reveal).
+            # Subtensor's order: the stake (the owner's hotkey exempt), a commit's commit-reveal
+            # version, the rate limit, then a setting's version key and permit (a commit's are
+            # checked at its reveal).
             if neuron.hotkey != self.owner_hotkey and neuron.total_stake_rao < self.stake_threshold_rao:
                 return failed("NotEnoughStakeToSetWeights")
-            if not self.commit_reveal and intent.version_key < self.hyperparameters["weights_version"]:
-                return failed("IncorrectWeightVersionKey")
             # SetWeights commits with the SDK's DEFAULT_COMMIT_REVEAL_VERSION.
             if self.commit_reveal and self.commit_reveal_version != DEFAULT_COMMIT_REVEAL_VERSION:
                 return failed("IncorrectCommitRevealVersion")
             if neuron.last_update and self.block - neuron.last_update < self.weights_rate_limit:
                 return failed("SettingWeightsTooFast")
+            if not self.commit_reveal and intent.version_key < self.hyperparameters["weights_version"]:
+                return failed("IncorrectWeightVersionKey")
             if not self.commit_reveal and not neuron.validator_permit:
                 return failed("NeuronNoValidatorPermit")
             self.weights[uid] = (dict(zip(intent.uids or [], intent.weights or [], strict=True)), intent.version_key)
@@ -589,19 +590,20 @@ def test_rate_limit_pre_check_refuses_without_submitting(chain, subnet, wallets)
 @pytest.mark.parametrize(
     "commit_reveal, fault, answer",
     [
-        (False, "version key", "IncorrectWeightVersionKey"),
         (False, "stake", "NotEnoughStakeToSetWeights"),
         (True, "stake", "NotEnoughStakeToSetWeights"),
+        (False, "version key", None),  # the CheckRateLimits extension runs before the call's version key
         (True, "version key", None),  # a commit's version key is checked at its reveal
         (False, "permit", None),  # the chain checks the rate limit before the permit
     ],
 )
-def test_a_too_early_call_with_a_lasting_fault_gets_the_refusal_the_chain_gives_not_a_rate_limit(
+def test_a_too_early_call_with_a_lasting_fault_gets_the_answer_the_chain_gives(
     chain, subnet, wallets, commit_reveal, fault, answer
 ):
-    """Subtensor checks the stake and (setting, not committing) the version key before the rate
-    limit: too early, a validator with one of them wrong is refused for good, and waits for the next
-    epoch; a RateLimited from the pre-check would have it try again once the limit passes, in vain."""
+    """Subtensor checks the stake (CheckWeights) before the rate limit (CheckRateLimits, or a
+    commit's own): too early, a validator below the StakeThreshold is refused for good and waits for
+    the next epoch, where a RateLimited would have it try again once the limit passes, in vain; any
+    other fault is met after the rate limit, as the chain meets it."""
     chain.set_weights(wallets["validator"], {0: 1.0}, version_key=1)
     subnet.commit_reveal = commit_reveal
     subnet.block += 40

@@ -274,18 +274,20 @@ def test_a_version_key_below_the_subnets_is_refused(subnet, wallets):
     assert subnet.weights() == {1: {3: 1.0}}
 
 
-def test_an_outdated_version_key_is_refused_before_the_rate_limit(chain, wallets):
-    """internal_set_weights checks the version key (its step 7) before the rate limit (step 9): a
-    setting both too early and with an outdated key gets the lasting IncorrectWeightVersionKey, not
-    SettingWeightsTooFast, which would have the validator retry blocks later with the same key."""
+def test_a_too_early_setting_gets_the_rate_limit_before_its_version_key(chain, wallets):
+    """The runtime's CheckRateLimits dispatch extension checks a registered hotkey's weights rate
+    limit before the call runs (after CheckWeights' stake): a setting both too early and with an
+    outdated key gets SettingWeightsTooFast, and IncorrectWeightVersionKey once the limit passed."""
     direct(chain, weights_version_key=10)
     chain.register_wallet(wallets["owner"])
     chain.advance(10)
     chain.register_wallet(wallets["validator"], stake=1e4, validator_permit=True)
+    with pytest.raises(RateLimited, match="SettingWeightsTooFast") as raised:
+        chain.set_weights(wallets["validator"], {0: 1.0}, version_key=9)
+    chain.advance(raised.value.blocks_to_wait)
     with pytest.raises(Refused, match="IncorrectWeightVersionKey"):
         chain.set_weights(wallets["validator"], {0: 1.0}, version_key=9)
-    with pytest.raises(RateLimited, match="SettingWeightsTooFast"):
-        chain.set_weights(wallets["validator"], {0: 1.0}, version_key=10)
+    chain.set_weights(wallets["validator"], {0: 1.0}, version_key=10)
 
 
 def test_a_hotkey_below_the_stake_threshold_cannot_set_or_commit_weights(subnet, wallets):
@@ -312,18 +314,20 @@ def test_a_hotkey_below_the_stake_threshold_cannot_set_or_commit_weights(subnet,
     assert subnet.stake_threshold() == 2e4 and subnet.weights() == {0: {2: 1.0}}
 
 
-def test_more_weights_than_the_subnet_has_uids_are_refused_before_the_rate_limit(chain, wallets):
-    """internal_set_weights' check_len_uids_within_allowed (its step 4) comes before registration,
-    version key and rate limit: a too-early setting on more uids than the subnet holds gets the
-    lasting UidsLengthExceedUidsInSubNet, not SettingWeightsTooFast."""
+def test_more_weights_than_the_subnet_has_uids_are_refused_first_once_the_rate_limit_passed(chain, wallets):
+    """internal_set_weights' check_len_uids_within_allowed (its step 4) comes before registration and
+    the version key, but the CheckRateLimits extension before the call: too early, a setting on more
+    uids than the subnet holds gets SettingWeightsTooFast, then UidsLengthExceedUidsInSubNet."""
     direct(chain)
     chain.register_wallet(wallets["owner"])
     chain.advance(10)
     chain.register_wallet(wallets["validator"], stake=1e4, validator_permit=True)
+    too_many = {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.0}
+    with pytest.raises(RateLimited, match="SettingWeightsTooFast") as raised:
+        chain.set_weights(wallets["validator"], too_many, version_key=0)
+    chain.advance(raised.value.blocks_to_wait)
     with pytest.raises(Refused, match="UidsLengthExceedUidsInSubNet: 3 weights, the subnet holds 2 uids"):
-        chain.set_weights(wallets["validator"], {0: 1.0, 1: 1.0, 2: 1.0, 3: 0.0}, version_key=0)
-    with pytest.raises(RateLimited):
-        chain.set_weights(wallets["validator"], {0: 1.0, 1: 1.0, 3: 0.0}, version_key=0)
+        chain.set_weights(wallets["validator"], too_many, version_key=0)
 
 
 def test_weights_need_a_permit_except_the_owners_and_a_self_weight(subnet, wallets):

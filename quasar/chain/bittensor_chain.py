@@ -22,8 +22,8 @@ Resilience, all bounded by ``retries`` with exponential back-off (``backoff_s``,
   uids the weights were planned for are read at one block: a submission the chain would refuse is
   not sent (:class:`RateLimited` says how many blocks to wait), nor one for a uid that another
   hotkey holds now (:class:`UidsChanged`). A submission too early is first checked for what the
-  chain checks before the rate limit (the stake, then, setting and not committing, the version
-  key), so it gets the lasting refusal the chain would give (:class:`Refused`), not RateLimited;
+  chain checks before the rate limit (the stake), so it gets the lasting refusal the chain would
+  give (:class:`Refused`), not RateLimited;
   weights the SDK would not send for ``min_allowed_weights`` (:func:`sdk_count_refusal`) get that
   refusal too.
 
@@ -76,7 +76,6 @@ from quasar.chain.subtensor_rules import (
     refusal_error,
     stake_refusal,
     u16_weights,
-    version_key_refusal,
 )
 from quasar.log import Repeats
 
@@ -484,19 +483,15 @@ class BittensorChain(Chain):
 
         self._attempts("publish the endpoint", publish)
 
-    def _refuse_as_the_chain_would(self, view: Any, hotkey: str, version_key: int) -> None:
+    def _refuse_as_the_chain_would(self, view: Any, hotkey: str) -> None:
         """Raise the lasting refusal the chain gives weights from ``hotkey`` before it checks the rate
-        limit, if any: a stake below its StakeThreshold (the transaction pool's check, the subnet
-        owner's hotkey exempt), then, setting and not committing, a version key below the subnet's
-        (internal_set_weights' order). Read at ``view``'s block."""
+        limit, if any: a stake below its StakeThreshold (the CheckWeights extension, the subnet
+        owner's hotkey exempt; CheckRateLimits comes after it). Read at ``view``'s block."""
         graph = self._sdk_metagraph(view)
         neuron = graph.by_hotkey(hotkey)
         stake = neuron.total_stake.rao if neuron is not None else 0
         threshold = int(view.query(("SubtensorModule", "StakeThreshold")) or 0)
         refusal = stake_refusal(hotkey, stake, threshold, hotkey == graph.owner_hotkey)
-        if refusal is None and not view.subnets.commit_reveal_enabled(self.netuid):
-            raw = view.subnets.subnet_hyperparameters(self.netuid)
-            refusal = version_key_refusal(version_key, to_hyperparameters(raw))
         if refusal is not None:
             raise refusal_error(refusal.name, f"cannot set weights on subnet {self.netuid}: {refusal}")
 
@@ -535,7 +530,7 @@ class BittensorChain(Chain):
             since = view.epochs.blocks_since_last_update(self.netuid, uid)
             wait = blocks_until_weights_allowed(view.block, since, rate_limit)
             if wait:
-                self._refuse_as_the_chain_would(view, hotkey, version_key)
+                self._refuse_as_the_chain_would(view, hotkey)
                 raise RateLimited(
                     wait,
                     f"uid {uid} on subnet {self.netuid} registered or last set weights {since} blocks "

@@ -9,10 +9,11 @@ quasar/chain/subtensor_rules.py (each names the function of subtensor's pallet i
 finney's defaults for a new subnet (:data:`FINNEY`) unless a file is given others
 (``set_hyperparameters``, the CLI's ``set-hyperparameter``):
 
-- weights: the chain's StakeThreshold (``set_stake_threshold``, the owner exempt; default 0), no
-  more uids than the subnet's, version key, the weights rate limit, validator permit (the owner and
+- weights: the chain's StakeThreshold (``set_stake_threshold``, the owner exempt; default 0), the
+  weights rate limit, no more uids than the subnet's, version key, validator permit (the owner and
   a self-weight exempt), uids that exist, ``min_allowed_weights`` and ``max_weight_limit``, checked
-  in that order (internal_set_weights'), so a call gets the error of the first rule it breaks;
+  in that order (the runtime's dispatch extensions, then internal_set_weights'), so a call gets the
+  error of the first rule it breaks;
 - commit-reveal: with ``commit_reveal_enabled`` weights are committed, invisible, and applied (or
   silently dropped, as the chain drops a reveal that fails) at the start of the epoch
   ``reveal_period_epochs`` after the commit's, as those are when the reveal comes (a lowered period
@@ -344,15 +345,14 @@ class DevChain(Chain):
                     f"on subnet {self.netuid}",
                 )
             holders = dict(connection.execute("SELECT uid, hotkey FROM neurons").fetchall())
-            changed = {
-                uid: (planned, holders.get(uid))
-                for uid, planned in (hotkeys or {}).items()
-                if holders.get(uid) != planned
-            }
+            changed = {uid: (key, holders.get(uid)) for uid, key in (hotkeys or {}).items() if holders.get(uid) != key}
             if changed:
                 raise UidsChanged(changed)
             block = self._file.block_at(connection)
-            if not hyperparameters_in(connection).commit_reveal_enabled:
+            hyperparameters = hyperparameters_in(connection)
+            if not hyperparameters.commit_reveal_enabled:  # the CheckRateLimits extension, before the call
+                uid, last_update = setter
+                check_weights_rate_limit("SettingWeightsTooFast", uid, last_update, block, hyperparameters)
                 self._apply_weights(connection, hotkey, values, version_key, block)
                 return WeightsSubmission(block, False, f"set at block {block}")
             return self._commit(connection, hotkey, setter, values, version_key, block)

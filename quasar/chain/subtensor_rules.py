@@ -161,8 +161,8 @@ def weights_refusal(
     hyperparameters: SubnetHyperparameters,
 ) -> Refusal | None:
     """Why subtensor's ``internal_set_weights`` refuses ``weights`` from ``setter_uid`` once the
-    setter's registration, version key and rate limit passed (those are checked before, in
-    that order), or None when it accepts them: the error's name and what it means."""
+    rate limit, the setter's registration and its version key passed (those are checked before), or
+    None when it accepts them: the error's name and what it means."""
     values = u16_weights(weights)
     if not values:
         return Refusal("WeightVecLengthIsLow", "weights are empty or all zero")
