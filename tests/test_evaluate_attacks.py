@@ -559,6 +559,28 @@ def test_no_network_not_even_to_this_host(world):
     assert world.listener_accepted == 0
 
 
+def test_no_abstract_unix_socket_of_this_host(tmp_path):
+    # An abstract socket has no file for the private root to leave out: the network namespace,
+    # which holds the abstract namespace, is what keeps the fork from it.
+    reason = sandbox_unavailable_reason(tmp_path)
+    if reason is not None:
+        pytest.skip(f"namespaces unavailable here: {reason}")
+    name = f"quasar-abstract-{os.getpid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        listener.bind("\0" + name)
+        listener.listen()
+        listener.setblocking(False)
+        fork = write_hostile_fork(tmp_path / "fork", "abstract_socket", name=name)
+        report = evaluate(fork, 64, None, FAST_CPU)
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    finally:
+        listener.close()
+    assert "ABSTRACT-REFUSED" in report.log_tail and "ABSTRACT-CONNECTED" not in report.log_tail, report.log_tail
+    assert report.verdict == "pass", report.reasons
+
+
 def test_the_callers_environment_and_wallets_are_out_of_reach(world):
     report = world.reports["secrets"]
     everything = report.to_json() + report.log_tail

@@ -156,6 +156,17 @@ try:
 except OSError as _error:
     print("NETWORK-BLOCKED internet", _error, flush=True)
 """,
+    # Tries to reach a Unix socket of this host's in the abstract namespace (no file: a path
+    # beginning with a NUL byte), where services such as D-Bus and X11 listen beside their files.
+    "abstract_socket": """
+import socket as _socket
+
+try:
+    _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM).connect("\\0" + {name})
+    print("ABSTRACT-CONNECTED", flush=True)
+except OSError as _error:
+    print("ABSTRACT-REFUSED", _error, flush=True)
+""",
     # Looks for the caller's secrets: its environment and wallet files.
     "secrets": """
 import os as _os
