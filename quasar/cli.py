@@ -115,8 +115,9 @@ def show_settings(argv: Sequence[str], prog: str) -> int:
     text), or with ``--table ROLE`` the Markdown table of one process's settings (docs/)."""
     from quasar.config import ROLES, env_example, settings_table
     from quasar.log import setup_logging
+    from quasar.terminal import WrappingParser
 
-    parser = argparse.ArgumentParser(
+    parser = WrappingParser(
         prog=prog,
         description="Print every setting with its default and meaning, "
         f"as .env.example has them ({prog} > .env.example).",

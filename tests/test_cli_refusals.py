@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from quasar import cli as quasar_cli
 from quasar.api import __main__ as api_main
 from quasar.api.devdb import start_api_process
+from quasar.chain import devchain_cli
 from quasar.inference import cli as inference_cli
+from quasar.localnet import cli as localnet_cli
 from quasar.localnet.host import make_wallet
 from quasar.miner import cli as miner_cli
 from quasar.validator import cli as validator_cli
@@ -60,6 +63,59 @@ def test_a_bad_flag_value_is_refused_within_80_columns(terminal, capsys, main, p
     lines, text = refusal(capsys, prog)
     assert max(len(line) for line in lines) <= 80, lines
     assert text == f"{prog}: error: --netuid (from command line): expected an integer, got 'abc'"
+
+
+@pytest.mark.parametrize(
+    "main, argv, prog, said",
+    [
+        (
+            devchain_cli.main,
+            ["--path", "chain.sqlite3", "nodes"],
+            "quasar devchain",
+            "quasar devchain: error: argument COMMAND: invalid choice: 'nodes' (choose from 'init',",
+        ),
+        (
+            devchain_cli.main,
+            ["--path", "chain.sqlite3", "set-hyperparameter", "commit_reveal", "false"],
+            "quasar devchain",
+            "quasar devchain set-hyperparameter: error: argument NAME: invalid choice: 'commit_reveal' (choose",
+        ),
+        (
+            functools.partial(quasar_cli.show_settings, prog="quasar config"),
+            ["--table", "validators"],
+            "quasar config",
+            "quasar config: error: argument --table: invalid choice: 'validators' (choose from 'api',",
+        ),
+        (
+            localnet_cli.main,
+            ["--hyperparameters", "mainnet"],
+            "quasar localnet",
+            "quasar localnet: error: argument --hyperparameters: invalid choice: 'mainnet' (choose from",
+        ),
+    ],
+)
+def test_a_bad_choice_is_refused_within_80_columns(terminal, capsys, main, argv, prog, said):
+    """The dev chain's commands, `quasar config --table` and the local network's flags refused a
+    name they do not take in argparse's one line, of 339 columns for `quasar devchain nodes`, its
+    usage listing every hyperparameter's name on one line of 335 for set-hyperparameter."""
+    with pytest.raises(SystemExit) as refused:
+        main(argv)
+    assert refused.value.code == 2
+    error = capsys.readouterr().err
+    assert max(len(line) for line in error.splitlines()) <= 80, error
+    assert said in " ".join(error.split()), error
+
+
+def test_a_dev_chain_refusal_is_said_within_80_columns(terminal, capsys):
+    """`quasar devchain --path FILE trim 12` printed 'error: cannot trim to 12 uids: ...' in one
+    line of 120 columns, without naming the command."""
+    assert devchain_cli.main(["--path", "chain.sqlite3", "trim", "12"]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert max(len(line) for line in lines) <= 80, lines
+    assert " ".join(" ".join(lines).split()) == (
+        "quasar devchain: error: cannot trim to 12 uids: InvalidValue: the subnet takes between its "
+        "MinAllowedUids 64 and its max_allowed_uids 256"
+    )
 
 
 def api_serve(*flags: str) -> int:

@@ -858,7 +858,8 @@ def test_cli_sets_hyperparameters_and_the_loopback_allowance(chain, wallets):
     assert cli(chain, "max-allowed-validators").stdout.strip() == "64"
     assert cli(chain, "max-allowed-validators", "8").returncode == 0 and chain.max_allowed_validators() == 8
     assert cli(chain, "max-allowed-validators", "--", "-1").returncode == 1 and chain.max_allowed_validators() == 8
-    assert "InvalidValue: the subnet takes between its MinAllowedUids 64" in cli(chain, "trim", "2").stderr
+    refused = " ".join(cli(chain, "trim", "2").stderr.split())  # wrapped within 80 columns
+    assert "InvalidValue: the subnet takes between its MinAllowedUids 64" in refused
     chain.register_wallet(wallets["other"])  # uid 1, stake 0: the one a trim takes
     chain.register_wallet(wallets["validator"], stake=5.0)
     chain.advance(FINNEY.immunity_period)

@@ -7,7 +7,6 @@ quasar.chain.devchain``) with the commands ``init``, ``register``, ``deregister`
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from rich.console import Console
@@ -17,7 +16,7 @@ from quasar.chain.devchain import DevChain
 from quasar.chain.devchain_storage import DEFAULT_BLOCK_TIME_S, DEFAULT_NETUID
 from quasar.chain.subtensor_rules import FINNEY, HYPERPARAMETER_NAMES
 from quasar.log import setup_logging
-from quasar.terminal import compact_table, short_hotkey
+from quasar.terminal import WrappingParser, compact_table, short_hotkey, wrapped
 
 DESCRIPTION = (
     "The embedded local dev chain: a Bittensor-like subnet in one SQLite file, for one-machine runs and tests."
@@ -92,7 +91,7 @@ def _hyperparameter_value(name: str, raw: str) -> int | bool:
 
 
 def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
-    parser = argparse.ArgumentParser(prog=prog, description=DESCRIPTION)
+    parser = WrappingParser(prog=prog, description=DESCRIPTION)
     parser.add_argument("--path", required=True, help="the dev chain's SQLite file (created when missing)")
     parser.add_argument("--netuid", type=int, default=None, help=f"subnet id for a new file (default {DEFAULT_NETUID})")
     parser.add_argument(
@@ -130,7 +129,9 @@ def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
     commands.add_parser("commits", help="list the weight commits and what became of them")
     commands.add_parser("hyperparameters", help="list the subnet's hyperparameters beside finney's defaults")
     hyperparameter = commands.add_parser("set-hyperparameter", help="change one hyperparameter")
-    hyperparameter.add_argument("name", choices=HYPERPARAMETER_NAMES)
+    hyperparameter.add_argument(
+        "name", choices=HYPERPARAMETER_NAMES, metavar="NAME", help="a name the hyperparameters command lists"
+    )
     hyperparameter.add_argument("value", help="an integer (true or false for commit_reveal_enabled)")
     trim = commands.add_parser(
         "trim", help="shrink the subnet to N uids as the owner's trim does; prints each neuron that moved"
@@ -211,6 +212,6 @@ def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
             location = chain.api_location()
             print("no API location published" if location is None else f"{location.url} {location.hotkey}".strip())
     except ChainError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(wrapped(f"{prog}: error: {error}"), file=sys.stderr)
         return 1
     return 0

@@ -42,7 +42,7 @@ from quasar.localnet.options import (
 )
 from quasar.log import setup_logging
 from quasar.signals import stop_on_signals
-from quasar.terminal import shell_command, wrapped
+from quasar.terminal import WrappingParser, shell_command, wrapped
 
 DEFAULT_DATA_DIR = Path("localnet-data")
 SUMMARY_FILE = "summary.json"
@@ -125,7 +125,7 @@ def detect_device(asked: str) -> str:
 
 
 def build_parser(prog: str = "quasar localnet") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = WrappingParser(
         prog=prog,
         description="Run a whole QUASAR subnet on this machine (./START_LOCALNET.sh): the dev chain, the submission "
         "API, a GitHub stand-in, the validator neuron and two miner neurons (one on an honest fork, one "
