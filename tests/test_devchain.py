@@ -726,6 +726,25 @@ def test_a_full_subnet_replaces_an_immune_neuron_while_too_few_are_past_immunity
     assert subnet.min_non_immune_uids() == 2 and len(subnet.metagraph().neurons) == 4
 
 
+def test_without_a_uid_for_the_owners_hotkey_its_coldkeys_oldest_neuron_is_never_replaced(chain):
+    """get_immune_owner_uids (ImmuneOwnerUidsLimit 1): the owner's hotkey's uid, or, while that hotkey
+    holds none, the earliest registered neuron of the owner's coldkey is never pruned nor trimmed."""
+    owner_coldkey, kept, later = address(), address(), address()
+    chain.set_hyperparameters(max_allowed_uids=3, immunity_period=10)
+    chain.set_min_non_immune_uids(0)
+    chain.set_min_allowed_uids(2)
+    assert chain.register(kept, owner_coldkey) == 0
+    chain.register(address(), address(), stake=5.0)
+    chain.register(later, owner_coldkey, stake=1.0)
+    chain.set_owner(address(), coldkey=owner_coldkey)  # the owner's hotkey holds no uid
+    chain.advance(20)
+    assert chain.register(address(), address()) == 2  # the least-staked but for uid 0: the coldkey's later one
+    assert chain.metagraph().by_uid(0).hotkey == kept
+    chain.advance(20)
+    assert chain.trim_to_max_allowed_uids(2) == {0: 0, 1: 1}  # uid 2, the newcomer, goes; uid 0 stays
+    assert chain.metagraph().by_uid(0).hotkey == kept and not chain.is_registered(later)
+
+
 def test_a_deregistered_uid_goes_to_the_next_registration(subnet, wallets):
     direct(subnet, weights_rate_limit=0)
     subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=0)

@@ -56,6 +56,8 @@ BUSY_TIMEOUT_S = 30.0
 SCHEMA_VERSION = 2
 # Subtensor's InitialMinAllowedUids: a trim leaves at least this many uids (set_min_allowed_uids).
 MIN_ALLOWED_UIDS = 64
+# DefaultImmuneOwnerUidsLimit: how many of the owner's neurons pruning and trimming never take.
+IMMUNE_OWNER_UIDS_LIMIT = 1
 # The runtime's MaxImmuneUidsPercentage: a trim is refused while the immune neurons (the owner's
 # among them) would make this share of the new size or more.
 MAX_IMMUNE_UIDS_PERCENT = 80
@@ -188,6 +190,19 @@ def owner_uid_in(connection: sqlite3.Connection) -> int | None:
     return None if row is None else int(row[0])
 
 
+def immune_owner_uids_in(connection: sqlite3.Connection) -> set[int]:
+    """The uids subtensor's get_immune_owner_uids keeps from pruning and trimming: the owner's
+    hotkey's uid first, then the neurons of the owner's coldkey earliest registered (then lowest
+    uid), IMMUNE_OWNER_UIDS_LIMIT of them."""
+    _, coldkey = owner_in(connection)
+    rows = connection.execute(
+        "SELECT uid FROM neurons WHERE coldkey IS ? ORDER BY registered_block, uid", (coldkey,)
+    ).fetchall()
+    owner_uid = owner_uid_in(connection)
+    ranked = ([] if owner_uid is None else [owner_uid]) + [uid for (uid,) in rows if uid != owner_uid]
+    return set(ranked[:IMMUNE_OWNER_UIDS_LIMIT])
+
+
 def clear_neuron(connection: sqlite3.Connection, uid: int) -> None:
     """What subtensor's clear_neuron does to a uid that changes hands: the weights it set go, the
     weights set on it become 0."""
@@ -210,13 +225,12 @@ def mask_outdated(connection: sqlite3.Connection, hotkey: str) -> None:
 
 def prune_candidate_in(connection: sqlite3.Connection, block: int, netuid: int) -> int:
     """The uid a registration replaces on a full subnet (:func:`neuron_to_prune`, with the stake
-    standing for the emission this chain does not pay); never the owner's hotkey."""
-    owner_hotkey, _ = owner_in(connection)
+    standing for the emission this chain does not pay); never the owner's (:func:`immune_owner_uids_in`)."""
+    kept = immune_owner_uids_in(connection)
     candidates = [
         PruneCandidate(*row)
-        for row in connection.execute(
-            "SELECT uid, stake, registered_block FROM neurons WHERE hotkey IS NOT ?", (owner_hotkey,)
-        )
+        for row in connection.execute("SELECT uid, stake, registered_block FROM neurons")
+        if row[0] not in kept
     ]
     immunity = hyperparameters_in(connection).immunity_period
     floor = min_non_immune_uids_in(connection)
@@ -250,8 +264,8 @@ def trim_neurons_in(connection: sqlite3.Connection, max_n: int, block: int) -> d
     rows = connection.execute("SELECT uid, hotkey, stake, registered_block FROM neurons ORDER BY uid").fetchall()
     if len(rows) <= max_n:
         return {uid: uid for uid, *_ in rows}
-    owner_hotkey, _ = owner_in(connection)
-    immune = {uid for uid, key, _, born in rows if key == owner_hotkey or block - born < current.immunity_period}
+    kept = immune_owner_uids_in(connection)
+    immune = {uid for uid, _, _, born in rows if uid in kept or block - born < current.immunity_period}
     if len(immune) * 100 >= MAX_IMMUNE_UIDS_PERCENT * max_n:
         raise ChainError(
             f"cannot trim to {max_n} uids: TrimmingWouldExceedMaxImmunePercentage: {len(immune)} neurons are "
