@@ -341,6 +341,24 @@ def test_every_setting_has_one_option_and_the_example_is_current():
         option.parse(option.default)  # every documented default is itself valid
 
 
+def test_the_example_reads_in_an_80_column_editor():
+    """A new operator edits .env in nano over SSH, which shows each line's first 80 columns: 60 of
+    .env.example's comments were longer (up to 278 columns), the meaning of DEVICE, DATABASE_URL
+    and ALLOW_LOCAL_FORKS past the edge. Each meaning is wrapped at words, whole."""
+    lines = config.env_example().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    assert not [line for line in lines if line.endswith("(flag")]  # a flag on the line of "(flag"
+    for option in config.OPTIONS:
+        if option.env is None:
+            continue
+        end = lines.index(f"{option.env}={option.default}")
+        start = end
+        while lines[start - 1].startswith("# "):
+            start -= 1
+        said = " ".join(line.removeprefix("# ") for line in lines[start:end])
+        assert said.startswith(" ".join(option.help.split())), option.env
+
+
 def test_neuron_rejects_bad_flag_with_clear_message():
     result = run_python(["-m", "neurons.validator", "--netuid", "nope"], ROOT, 60)
     assert result.returncode == 2

@@ -125,11 +125,14 @@ def settings_table(role: str) -> str:
 
 
 def env_example() -> str:
-    """The text of ``.env.example``: every setting with its default and meaning."""
+    """The text of ``.env.example``: every setting with its default and meaning, its comments
+    wrapped at words within :data:`HELP_WIDTH` columns (an editor over SSH, such as nano, shows a
+    line's first 80 and hides the rest)."""
     lines = [
-        "# QUASAR settings. Copy to .env and edit. Precedence: default < .env < environment < flag.",
-        "# A process reads the current folder's .env, else the checkout's; export QUASAR_DOTENV=FILE",
-        "# to read FILE instead (QUASAR_DOTENV= empty: none).",
+        "# QUASAR settings. Copy to .env and edit.",
+        "# Precedence: default < .env < environment < flag. A process reads the current",
+        "# folder's .env, else the checkout's; export QUASAR_DOTENV=FILE to read FILE",
+        "# instead (QUASAR_DOTENV= empty: none).",
         "# Regenerate with: quasar config > .env.example",
         "",
     ]
@@ -140,8 +143,17 @@ def env_example() -> str:
         if option.group != group:
             group = option.group
             lines += [f"# --- {group} ---", ""]
-        flag = f" (flag {' or '.join((option.flag, *option.aliases))})" if option.flag else ""
-        lines.append(f"# {option.help}{flag}")
+        # "(flag" on the line of the flag it names (a no-break space, which textwrap does not break at).
+        flag = f" (flag\u00a0{' or '.join((option.flag, *option.aliases))})" if option.flag else ""
+        comment = textwrap.wrap(
+            f"{option.help}{flag}",
+            HELP_WIDTH,
+            initial_indent="# ",
+            subsequent_indent="# ",
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+        lines += [line.replace("\u00a0", " ") for line in comment]
         lines.append(f"{option.env}={option.default}")
         lines.append("")
     return "\n".join(lines)
