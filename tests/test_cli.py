@@ -31,6 +31,7 @@ NESTED = [
     ("api", "publish-url"),
     ("inference", "serve"),
     ("devchain", "--path", "x.sqlite3", "register"),
+    ("devchain", "--path", "x.sqlite3", "set-hyperparameter"),
 ]
 # The older spellings that must keep working, and the usage line each prints.
 SHIMS = {
@@ -118,6 +119,11 @@ def test_each_commands_help_is_its_own_and_fits_80_columns(words, capsys):
     if words != ("imports",):  # the import validator's parser names itself python -m quasar.imports
         assert lines[0].startswith(f"usage: quasar {' '.join(named)} "), lines[0]
     assert "``" not in text  # plain text, not reStructuredText
+
+
+def test_an_options_value_is_named_as_its_help_names_it(capsys):
+    """`quasar check-sandbox --help` said `--out OUT  also write DIR/sandbox.json`."""
+    assert "--out DIR " in help_of(["check-sandbox"], capsys)
 
 
 def test_a_wrong_command_names_what_was_wrong(capsys):

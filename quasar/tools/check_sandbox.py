@@ -97,7 +97,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar check-sandbox") 
         "--device",
         help=f"where the starter fork runs (default: the DEVICE setting, {config.OPTIONS_BY_KEY['device'].default})",
     )
-    parser.add_argument("--out", type=Path, help="also write DIR/sandbox.json")
+    parser.add_argument("--out", type=Path, metavar="DIR", help="also write DIR/sandbox.json")
     parser.add_argument("--sys-variants", action="store_true", help="if the default sandbox fails, try more of /sys")
     add_common_arguments(parser)
     args, settings = start(parser, argv)
