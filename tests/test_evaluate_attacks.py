@@ -692,6 +692,7 @@ def test_the_seccomp_filter_refuses_what_a_fork_never_needs(world):
         "io_uring_setup",
         "mount",
         "finit_module",
+        "memfd_secret",
     ):
         assert f"SYSCALL {call} -1 EPERM" in log, (call, log)
     assert "SYSCALL clone3 -1 ENOSYS" in log

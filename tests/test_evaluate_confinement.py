@@ -353,6 +353,7 @@ def test_the_filter_refuses_its_calls_in_a_process_and_its_children_and_allows_t
         print("unshare", attempt(272, 0x10000000))
         print("ptrace", attempt(101, 0, 0, 0, 0))
         print("clone3", attempt(435, 0, 0))
+        print("memfd_secret", attempt(447, 0))
         thread = threading.Thread(target=lambda: print("thread ok")); thread.start(); thread.join()
         try:  # a fork widening its pinned CPUs to spin on a neighbour's
             os.sched_setaffinity(0, os.sched_getaffinity(0))
@@ -368,15 +369,16 @@ def test_the_filter_refuses_its_calls_in_a_process_and_its_children_and_allows_t
         timeout=60,
     )
     lines = done.stdout.splitlines()
-    assert lines[:6] == [
+    assert lines[:7] == [
         "add_key EPERM",
         "unshare EPERM",
         "ptrace EPERM",
         "clone3 ENOSYS",
+        "memfd_secret EPERM",
         "thread ok",
         "affinity EPERM",
     ], done
-    assert lines[6] != "0", "a child process inherits the filter: unshare --user fails there too"
+    assert lines[7] != "0", "a child process inherits the filter: unshare --user fails there too"
 
 
 def test_check_sandbox_says_what_holds_here_and_runs_the_starter_fork_in_it(tmp_path):

@@ -516,7 +516,7 @@ _attempt("request_key", 249, b"user", b"quasar-leak", None, 0)
 _attempt("keyctl", 250, 1, _KEY_SPEC_USER_KEYRING, 0)
 """,
     # System calls a fork never needs: new namespaces, tracing, BPF, perf counters, userfaultfd,
-    # io_uring, mounts, modules.
+    # io_uring, mounts, modules, secret memory.
     "syscalls": _SYSCALL
     + """
 _attempt("unshare", 272, 0x10000000)
@@ -530,6 +530,7 @@ _attempt("io_uring_setup", 425, 1, 0)
 _attempt("mount", 165, b"none", b"/tmp", b"tmpfs", 0, 0)
 _attempt("finit_module", 313, -1, b"", 0)
 _attempt("clone3", 435, 0, 0)
+_attempt("memfd_secret", 447, 0)
 """,
     # Reads what the host's /etc and /sys say about the machine, its network and its neighbours.
     "host_files": """
