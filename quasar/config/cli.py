@@ -29,7 +29,8 @@ def role_options(role: str | None) -> list[Option]:
 
 def settings_help(role: str | None) -> str:
     """The settings of ``role`` under their group headings, one line each: the flag (or the
-    environment variable where there is no flag), what it is and, where it fits, its default."""
+    environment variable where there is no flag), what it is and its default (on a line of its
+    own below, where it does not fit beside the words)."""
     lines = ["settings (flag > environment > .env > default; all of them in .env.example):"]
     group = None
     for option in role_options(role):
@@ -38,8 +39,12 @@ def settings_help(role: str | None) -> str:
             lines.append(f"{group}:")
         name = option.flag or option.env or option.key
         line = f"  {name:<{_NAME_WIDTH}} {option.brief}"
-        if option.default and not option.secret and len(line) + len(option.default) + 3 <= HELP_WIDTH:
-            line += f" [{option.default}]"
+        if option.default and not option.secret:
+            default = f"[{option.default}]"
+            if len(line) + 1 + len(default) <= HELP_WIDTH:
+                line += f" {default}"
+            else:  # under the words, where it fits: the defaults that do not are paths and lists
+                line += f"\n{' ' * (_NAME_WIDTH + 3)}{default}"
         lines.append(line)
     return "\n".join(lines)
 
