@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from quasar.imports import validate_repo
+from quasar.imports.budget import Deadline, OverBudget
 from quasar.imports.findings import Rule
 from quasar.imports.forbidden_imports import check_source
 from tests.import_forks import CHUNK, error_keys, make_fork
@@ -47,6 +50,16 @@ def test_a_check_past_its_time_budget_stops_with_a_clear_failure(tmp_path):
     findings = check_source(slow, "fla.ops.quasar.extra", EXTRA, budget_s=0.05)
     assert [(f.rule, "time budget" in f.message) for f in findings] == [(Rule.UNVERIFIABLE_IMPORT, True)]
     assert validate_repo(make_fork(tmp_path / "clean")).ok
+
+
+def test_the_budget_is_60_s_and_ends_when_its_seconds_have_passed():
+    # docs/rules.md section 4 step 2: a time budget of 60 s, counted from the check's start.
+    assert "time budget of 60 s" in Deadline().finding(CHUNK).message
+    deadline = Deadline(0.3)
+    deadline.check()
+    time.sleep(0.35)
+    with pytest.raises(OverBudget):
+        deadline.check()
 
 
 def test_a_file_with_many_findings_is_checked_in_time_linear_in_its_size():

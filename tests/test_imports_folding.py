@@ -35,6 +35,8 @@ def expression(text: str) -> ast.expr:
         ("'.'.join(['fla', 'ops', kda])", None),
         ("sep.join(['fla', 'ops', 'kda'])", None),
         ("'.'.join(['fla', 'ops', 'kda'], extra)", None),
+        # Only join folds: format takes a list too and ignores it, so this is 'fla.ops.kda', not 'x'.
+        ("'fla.ops.kda'.format(['x'])", None),
     ],
 )
 def test_fold_str(text, value):
@@ -68,6 +70,7 @@ def resolve_callee(node: ast.AST) -> frozenset[str]:
         ("os.path.join(os.path.dirname(__file__), '..', 'kda', 'chunk.py')", "fla/ops/quasar/../kda/chunk.py"),
         ("Path(__file__).parent.parent / 'kda'", "fla/ops/kda"),
         ("pathlib.Path(__file__).resolve().parent / 'x.so'", "fla/ops/quasar/x.so"),
+        ("Path(__file__).absolute().parent / 'x.so'", "fla/ops/quasar/x.so"),
         ("str(Path('fla') / 'ops' / 'gla.py')", "fla/ops/gla.py"),
         ("os.path.join(base, 'kda')", None),
         ("os.path.join(__file__, name='kda')", None),

@@ -62,6 +62,7 @@ FORBIDDEN_CASES = {
     "importlib-fstring": "import importlib\nimportlib.import_module(f\"{'fla'}.ops.{'gla'}\")  # <-\n",
     "importlib-join": "import importlib\nimportlib.import_module('.'.join(['fla', 'ops', 'kda']))  # <-\n",
     "importlib-relative": "import importlib\nimportlib.import_module('.kda', 'fla.ops')  # <-\n",
+    "importlib-relative-two-levels": "import importlib\nimportlib.import_module('..kda', 'fla.ops.quasar')  # <-\n",
     "importlib-keyword": "import importlib\nimportlib.import_module(name='fla.ops.gla.chunk')  # <-\n",
     "import-module-alias": "from importlib import import_module as im\nim('fla.ops.gla')  # <-\n",
     "import-module-assigned": "import importlib\nload = importlib.import_module\nload('fla.ops.kda')  # <-\n",
@@ -77,6 +78,22 @@ FORBIDDEN_CASES = {
     "attribute-via-from": "from fla import ops\nops.gla  # <-\n",
     "getattr-constant": "import fla.ops\nbackend = getattr(fla.ops, 'kd' + 'a')  # <-\n",
     "sys-modules": "import sys\nsys.modules['fla.ops.kda']  # <-\n",
+    "object-getattribute": "import fla.ops\nobject.__getattribute__(fla.ops, 'kda')  # <-\n",
+    "vars-builtins": "vars()['__builtins__']['__import__']('fla.ops.kda')  # <-\n",
+    "locals-builtins": "locals()['__builtins__']['__import__']('fla.ops.gla')  # <-\n",
+    # __import__ of a dotted name returns its top package.
+    "dunder-import-dotted-attribute": "__import__('fla.ops.quasar').ops.kda  # <-\n",
+    "file-loader-module": (
+        "import importlib.util\nspec = importlib.util.spec_from_file_location(  # <-\n    'k', 'fla/ops/gla.py')\n"
+    ),
+    "file-loader-named-kda": (
+        "import importlib.util\nspec = importlib.util.spec_from_file_location(  # <-\n"
+        "    'fla.ops.kda', 'fla/ops/quasar/gate.py')\n"
+    ),
+    "file-loader-backslashes": (
+        "import importlib.util\nspec = importlib.util.spec_from_file_location(  # <-\n"
+        "    'k', 'fla\\\\ops\\\\kda\\\\chunk.py')\n"
+    ),
     "file-loader": (
         "import importlib.util\nimport os\n"
         "spec = importlib.util.spec_from_file_location(  # <-\n"
@@ -147,6 +164,22 @@ UNVERIFIABLE_CASES = {
     "entry-point-load": "from importlib.metadata import EntryPoint\nEntryPoint('x', 'os:sep', 'g').load()  # <-\n",
     "logging-config-resolve": "import logging.config\nlogging.config.BaseConfigurator({}).resolve('os.sep')  # <-\n",
     "mock-patch": "from unittest import mock\npatcher = mock.patch('os.sep', '/')  # <-\n",
+    "builtins-computed-key": "key = '__import__'\n__builtins__[key]('fla.ops.kda')  # <-\n",
+    "importer-through-getattr": "import importlib\ngetattr(importlib.import_module, '__call__')('fla.ops.kda')  # <-\n",
+    "builtins-item-assign": "__builtins__['open'] = print  # <-\n",
+    "getattribute-keywords": "import fla.ops\nfla.ops.__getattribute__(**{'name': 'kda'})  # <-\n",
+    "dunder-import-star-fromlist": "rest = [None, None, ['kda']]\n__import__('fla.ops', *rest)  # <-\n",
+    "attrgetter-computed": "import operator\nname = 'kda'\nlookup = operator.attrgetter(name)  # <-\n",
+    "delattr-builtins": "import builtins\ndelattr(builtins, 'open')  # <-\n",
+    "getattr-introspection": "subclasses = getattr(object, '__subclasses__')  # <-\n",
+    "getattr-starred": "getattr(*[print], 'x')  # <-\n",
+    "code-runner-inspected": "name = '__self__'\ngetattr(exec, name).__import__('fla.ops.kda')  # <-\n",
+    "module-passed-to-print": "import fla.ops\nprint(fla.ops)  # <-\n",
+    "module-as-getattr-default": "import fla.ops\nbackend = getattr(None, 'missing', fla.ops)  # <-\n",
+    # The module also lands in an attribute, where `holder.ops.kda` would not be followed.
+    "module-stored-beside-a-name": (
+        "import fla.ops\nclass Holder:\n    pass\nholder = Holder()\nalias = holder.ops = fla.ops  # <-\n"
+    ),
 }
 
 
@@ -176,6 +209,21 @@ FORK_MODULE_LOOKUPS = {
 def test_computed_lookup_on_a_module_of_the_fork_that_binds_kda(tmp_path, snippet):
     text = FORK_FILES[CHUNK] + snippet
     report = validate_repo(make_fork(tmp_path, {**HELPERS, CHUNK: text}))
+    assert error_keys(report) == {(CHUNK, line, Rule.UNVERIFIABLE_IMPORT) for line in marked_lines(text)}
+
+
+def test_a_module_beside_fla_taken_by_from_import_and_assigned_is_followed(tmp_path):
+    beside = {"kernels/__init__.py": "", "kernels/util.py": "from fla.ops.kda import chunk_kda\n"}
+    text = FORK_FILES[CHUNK] + "from kernels import util\nbackend = util\nbackend.chunk_kda()  # <-\n"
+    report = validate_repo(make_fork(tmp_path, {**beside, CHUNK: text}))
+    assert error_keys(report) == {(CHUNK, line, Rule.FORBIDDEN_IMPORT) for line in marked_lines(text)}
+
+
+def test_a_call_of_a_modules_own_getattr_is_followed_to_it(tmp_path):
+    # The name comes from helpers' module __getattr__, whose value the check cannot follow.
+    helpers = "def __getattr__(name):\n    import fla.ops.kda as k\n    return getattr(k, name)\n"
+    text = FORK_FILES[CHUNK] + "from fla.ops.utils import helpers\nout = helpers.__getattr__('chunk_kda')  # <-\n"
+    report = validate_repo(make_fork(tmp_path, {"fla/ops/utils/helpers.py": helpers, CHUNK: text}))
     assert error_keys(report) == {(CHUNK, line, Rule.UNVERIFIABLE_IMPORT) for line in marked_lines(text)}
 
 
@@ -228,6 +276,13 @@ PASSING_SNIPPETS = {
     ),
     "sys-modules-read": "import sys\nloaded = 'fla.ops.quasar' in sys.modules\nsys.modules.get('torch')\n",
     "optional-import": "try:\n    import chunk_cuda_ext as ext\nexcept ImportError:\n    ext = None\n",
+    "sys-setting": "import sys\nsys.tracebacklimit = 0\n",
+    "file-loader-through-a-folder": (
+        "import importlib.util\nspec = importlib.util.spec_from_file_location('g', 'fla/ops/kda/../quasar/gate.py')\n"
+    ),
+    "globals-write": "globals()['helper'] = 1\n",
+    # Only names that may stand for modules count toward a name's 16: a parameter's fields do not.
+    "fields-of-a-parameter": "def f(options):\n" + "".join(f"    value = options.field{i}\n" for i in range(20)),
 }
 
 
