@@ -655,32 +655,34 @@ def test_publish_endpoint_follows_the_serving_rules(chain, wallets):
     assert chain.neuron(hotkey(miner)).endpoint == Endpoint("2001:db8::6", 8002)
 
 
-def test_loopback_endpoints_are_refused_unless_the_file_allows_them(chain, wallets):
-    """is_valid_ip_address refuses 127.0.0.1 and ::1, the two loopback addresses it names."""
+@pytest.mark.parametrize(
+    "hosts, why, allowed_by_the_file",
+    [
+        (("127.0.0.1", "::1"), "the loopback address", True),
+        (("255.255.255.255", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"), "the all-ones address", False),
+    ],
+    ids=["loopback", "all-ones"],
+)
+def test_the_addresses_subtensor_refuses_are_refused(chain, wallets, hosts, why, allowed_by_the_file):
+    """is_valid_ip_address refuses 127.0.0.1 and ::1, the two loopback addresses it names, which a
+    dev chain file may allow (allow-loopback), and an IPv4 address of u32::MAX or an IPv6 one of
+    u128::MAX, which allow-loopback does not let in; the address one below each is taken."""
     chain.set_hyperparameters(serving_rate_limit=0)
     miner = wallets["miner"]
     chain.register_wallet(miner)
-    for host in ("127.0.0.1", "::1"):
-        with pytest.raises(ChainError, match=f"InvalidIpAddress: {host} is the loopback address"):
+    for host in hosts:
+        with pytest.raises(ChainError, match=f"InvalidIpAddress: {host} is {why}"):
             chain.publish_endpoint(miner, host, 8001)
     assert chain.neuron(hotkey(miner)).endpoint is None
     chain.allow_loopback_axons(True)
-    chain.publish_endpoint(miner, "127.0.0.1", 8001)
-    assert chain.neuron(hotkey(miner)).endpoint == Endpoint("127.0.0.1", 8001)
-
-
-def test_the_all_ones_addresses_are_refused_even_where_loopback_is_allowed(chain, wallets):
-    """is_valid_ip_address also refuses an IPv4 address of u32::MAX (255.255.255.255) and an IPv6 one
-    of u128::MAX, which allow-loopback does not let in; the one below each is taken."""
-    chain.set_hyperparameters(serving_rate_limit=0)
-    chain.allow_loopback_axons(True)
-    miner = wallets["miner"]
-    chain.register_wallet(miner)
-    for host in ("255.255.255.255", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff"):
-        with pytest.raises(ChainError, match=f"InvalidIpAddress: {host} is the all-ones address"):
+    for host in hosts:
+        if allowed_by_the_file:
             chain.publish_endpoint(miner, host, 8001)
-    assert chain.neuron(hotkey(miner)).endpoint is None
-    for host in ("255.255.255.254", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe"):
+            assert chain.neuron(hotkey(miner)).endpoint == Endpoint(host, 8001)
+        else:
+            with pytest.raises(ChainError, match=f"InvalidIpAddress: {host} is {why}"):
+                chain.publish_endpoint(miner, host, 8001)
+    for host in ("127.0.0.0", "::", "255.255.255.254", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:fffe"):
         chain.publish_endpoint(miner, host, 8001)
         assert chain.neuron(hotkey(miner)).endpoint == Endpoint(host, 8001)
 
