@@ -136,6 +136,18 @@ check_api() {
                 "URL the subnet owner published on chain"
 }
 
+# -h/--help is the process's, shown whatever the checks would say of this host: a new operator
+# asks for it before the wallet or the GPU is there.
+show_help() {
+    local argument
+    for argument in "${ARGUMENTS[@]}"; do
+        case $argument in
+            -h | --help) exec python -m "neurons.$ROLE" "${ARGUMENTS[@]}" ;;
+        esac
+    done
+}
+
 activate_venv
+show_help
 load_dotenv
 read_settings

@@ -165,6 +165,16 @@ def test_start_script_says_when_other_users_may_read_the_env_file(suite):
     assert "readable by other users" not in start_validator(suite, {}).stderr
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_start_script_help_is_the_process_help_before_any_check(suite, flag):
+    """`./START_VALIDATOR.sh --help` on a host without the wallet or a GPU yet (a new operator's
+    first question) ran the checks and said the wallet file does not exist, or that PyTorch sees no
+    CUDA GPU, and never showed the flags the script passes on."""
+    result = start_validator(suite, {"QUASAR_DOTENV": ""}, "--device", "cuda", flag)
+    assert result.returncode == 0 and result.stdout.startswith("usage: "), result.stderr
+    assert "--wallet.name" in result.stdout and result.stderr == ""
+
+
 def said(result: subprocess.CompletedProcess) -> str:
     return " ".join(result.stderr.split())
 
