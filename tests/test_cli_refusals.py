@@ -139,6 +139,7 @@ def test_the_api_without_its_hotkey_is_refused_within_80_columns(terminal, capsy
 
 def test_publishing_a_url_no_api_answers_is_refused_within_80_columns(terminal, capsys, tmp_path):
     """The owner's `quasar api publish-url` printed its refusal in one line of 178 columns."""
+    make_wallet(tmp_path / "wallets", "owner")
     status = api_main.main(
         [
             "publish-url",
@@ -161,6 +162,40 @@ def test_publishing_a_url_no_api_answers_is_refused_within_80_columns(terminal, 
         "quasar api publish-url: error: the API at http://127.0.0.1:1 does not answer GET /health"
     ), text
     assert text.endswith("start it, and publish the URL miners and validators reach it at"), text
+
+
+def test_publishing_with_a_wallet_that_is_not_there_is_refused_naming_it(terminal, capsys, tmp_path):
+    """The owner's `quasar api publish-url URL --wallet.name typo`, the API answering, ended in an
+    uncaught FileNotFoundError: a traceback of 76 lines at 80 columns from the SDK's key file."""
+    chain = tmp_path / "devchain.sqlite3"
+    server, url = start_api_process(tmp_path, f"sqlite:///{tmp_path}/api.sqlite3", chain, API_HOTKEY)
+    try:
+        status = api_main.main(
+            [
+                "publish-url",
+                url,
+                "--wallet.name",
+                "typo",
+                "--wallet.path",
+                str(tmp_path / "wallets"),
+                "--subtensor.network",
+                "devchain",
+                "--devchain.path",
+                str(chain),
+            ],
+            prog="quasar api",
+        )
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+    assert status == 1
+    lines, text = refusal(capsys, "quasar api publish-url")
+    assert max(len(line) for line in lines) <= 80, lines
+    assert text == (
+        f"quasar api publish-url: error: the wallet typo has no coldkey file {tmp_path}/wallets/typo/coldkeypub.txt: "
+        "name the subnet owner's wallet (its coldkey owns the subnet) with --wallet.name or WALLET_NAME, "
+        "and the folder holding it with --wallet.path or WALLET_PATH"
+    )
 
 
 def test_a_database_that_refuses_the_connection_is_said_within_80_columns(terminal, capsys, tmp_path):

@@ -89,13 +89,16 @@ def publish_url(settings: config.Settings, url: str, prog: str) -> int:
     """``publish-url``: the owner's wallet signs the subnet identity carrying ``url`` and the hotkey
     the API answers with."""
     from quasar.api.lookup import ApiNotFound, publish_api
-    from quasar.chain.wallets import wallet_at
+    from quasar.chain.wallets import WalletError, owner_wallet
 
     if not settings.wallet_name:
         return refuse(
             prog, "name the subnet owner's wallet (its coldkey owns the subnet) with --wallet.name or WALLET_NAME"
         )
-    wallet = wallet_at(settings, settings.wallet_name)
+    try:
+        wallet = owner_wallet(settings)
+    except WalletError as error:
+        return refuse(prog, str(error))
     try:
         location = publish_api(connect(settings), wallet, url, settings.api_hotkey)
     except (ApiNotFound, ChainError) as error:

@@ -29,6 +29,21 @@ def wallet_at(settings: Settings, name: str) -> bt.Wallet:
     return bt.Wallet(name=name, hotkey=settings.wallet_hotkey, path=str(settings.wallet_dir))
 
 
+def owner_wallet(settings: Settings) -> bt.Wallet:
+    """The subnet owner's wallet (``--wallet.name``), whose coldkey signs the subnet identity; a
+    coldkey file it lacks (a wallet name or folder mistyped) is a :class:`WalletError` naming it,
+    not the SDK's FileNotFoundError once the chain is reached."""
+    wallet = wallet_at(settings, settings.wallet_name)
+    for keyfile in (wallet.coldkeypub_file, wallet.coldkey_file):
+        if not keyfile.exists_on_device():
+            raise WalletError(
+                f"the wallet {settings.wallet_name} has no coldkey file {keyfile.path}: name the subnet owner's "
+                "wallet (its coldkey owns the subnet) with --wallet.name or WALLET_NAME, and the folder holding "
+                "it with --wallet.path or WALLET_PATH"
+            )
+    return wallet
+
+
 def open_wallet(settings: Settings, role: str) -> bt.Wallet:
     """The wallet ``role`` ("miner" or "validator") signs with, its hotkey loaded now, so a missing,
     unreadable, encrypted or broken hotkey file fails here with a :class:`WalletError` naming it."""
