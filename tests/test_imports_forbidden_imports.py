@@ -152,6 +152,9 @@ UNVERIFIABLE_CASES = {
     "pkgutil": "import pkgutil\nlist(pkgutil.walk_packages(['fla/ops']))  # <-\n",
     "file-loader-variable": "import importlib.util\np = 'x.py'\nimportlib.util.spec_from_file_location('m', p)  # <-\n",
     "subclasses": "loaders = ().__class__.__base__.__subclasses__()  # <-\n",
+    # A built-in function's __self__ is its module: print's is builtins, with its __import__.
+    "builtin-function-self": "print.__self__.__import__('fla.ops.kda')  # <-\n",
+    "builtin-function-self-getattr": "getattr(len, '__self__').__import__('fla.ops.gla')  # <-\n",
     "frame-globals": "import sys\nsys._getframe().f_globals  # <-\n",
     "builtins-assign": "import builtins\nbuiltins.__import__ = print  # <-\n",
     "setattr-builtins": "import builtins\nsetattr(builtins, 'x', 1)  # <-\n",

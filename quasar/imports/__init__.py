@@ -50,13 +50,13 @@ What is checked, and the module of this package that checks it:
   look-up away), and a computed key (``[key]`` or ``.get(key)``) into ``sys.modules``, ``globals()``
   or the ``__dict__`` of those modules; those modules, ``sys.modules`` or ``globals()`` passed on to
   code whose use of them cannot be followed; introspection that reaches interpreter internals
-  (``__subclasses__``, ``__globals__``, ``f_globals`` …); a name that another module of the fork
-  binds in a way ``reexports`` cannot follow (by an expression that may load a module at run time,
-  to the import machinery, inside a function, by a ``match`` pattern or a module ``__getattr__``, in
-  a module it cannot read: the file Python would import is the one read, a package before a module,
-  and an extension module, a sourceless ``.pyc`` or a coding cookie other than UTF-8 is unreadable;
-  functions, classes, constants and ordinary calls are followed or pass). Comments, strings and
-  docstrings are text, never imports.
+  (``__subclasses__``, ``__globals__``, ``f_globals``, a built-in function's ``__self__`` …); a
+  name that another module of the fork binds in a way ``reexports`` cannot follow (by an expression
+  that may load a module at run time, to the import machinery, inside a function, by a ``match``
+  pattern or a module ``__getattr__``, in a module it cannot read: the file Python would import is
+  the one read, a package before a module, and an extension module, a sourceless ``.pyc`` or a
+  coding cookie other than UTF-8 is unreadable; functions, classes, constants and ordinary calls
+  are followed or pass). Comments, strings and docstrings are text, never imports.
 * Bounds on the check's work (``unverifiable-import`` too, naming the bound; in
   ``forbidden_imports``, ``reexports`` and ``budget``): a name of a file may stand for at most 16
   modules or objects, the file's names for 20,000 in all, imports and assignments together; a path

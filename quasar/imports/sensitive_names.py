@@ -120,9 +120,10 @@ _HARMLESS_MACHINERY = (
     "pkgutil.iter_modules",
     "pkgutil.get_data",
 )
-# Attributes that reach interpreter internals, from which any module can be loaded.
+# Attributes that reach interpreter internals, from which any module can be loaded (a built-in
+# function's __self__ is its module: print.__self__ is builtins).
 INTROSPECTION_ATTRS = frozenset(
-    {"__subclasses__", "__globals__", "__builtins__", "__loader__", "f_globals", "f_builtins", "f_locals"}
+    {"__subclasses__", "__globals__", "__builtins__", "__loader__", "__self__", "f_globals", "f_builtins", "f_locals"}
 )
 # Roots of dotted names worth remembering through assignments (besides a file's own imports).
 SENSITIVE_ROOTS = frozenset(
