@@ -913,6 +913,26 @@ def test_cli_tables_fit_80_columns_with_every_figure_whole(subnet, wallets):
     assert "immunity_period 5000 5000" in " ".join(listings["hyperparameters"].stdout.split())
 
 
+def test_cli_commits_lists_the_newest_unless_asked_for_all(subnet, wallets):
+    """The local network's validator commits every few blocks: after 5 minutes `quasar devchain
+    commits` printed 112 rows (a row a second after an hour), the newest, pending, scrolled past."""
+    subnet.set_hyperparameters(weights_rate_limit=0)
+    for commit in range(25):
+        subnet.set_weights(wallets["validator"], {2: 1.0}, version_key=commit)
+        if commit % 5 == 4:
+            subnet.advance(FINNEY.tempo)
+    blocks = [str(commit.commit_block) for commit in subnet.commits()]
+    newest = cli(subnet, "commits", columns=80)
+    assert newest.returncode == 0, newest.stderr
+    lines = newest.stdout.splitlines()
+    assert lines[-1] == "the newest 20 of 25 commits; --all lists every one"
+    rows = [line.split() for line in lines if line.split()[:1] == [short_hotkey(hotkey(wallets["validator"]))]]
+    assert [row[1] for row in rows] == blocks[-20:]
+    every = cli(subnet, "commits", "--all", columns=80)
+    assert "--all" not in every.stdout
+    assert len([line for line in every.stdout.splitlines() if short_hotkey(hotkey(wallets["validator"])) in line]) == 25
+
+
 def test_factory_builds_the_dev_chain_from_settings(tmp_path):
     settings = config.resolve(
         {

@@ -54,17 +54,25 @@ def _print_weights(chain: DevChain, console: Console) -> None:
     console.print(table)
 
 
-def _print_commits(chain: DevChain, console: Console) -> None:
+# The commits `commits` lists without --all: a local network's validator commits every few blocks.
+NEWEST_COMMITS = 20
+
+
+def _print_commits(chain: DevChain, console: Console, every: bool) -> None:
+    commits = chain.commits()
+    shown = commits if every else commits[-NEWEST_COMMITS:]
     table = compact_table(f"weight commits on dev subnet {chain.netuid}")
     table.add_column("hotkey", no_wrap=True)
     table.add_column("commit block", justify="right")
     table.add_column("reveal block", justify="right")
     table.add_column("outcome", overflow="fold")
-    for commit in chain.commits():
+    for commit in shown:
         table.add_row(
             short_hotkey(commit.hotkey), str(commit.commit_block), str(commit.reveal_block), commit.outcome or "pending"
         )
     console.print(table)
+    if len(shown) < len(commits):
+        console.print(f"the newest {len(shown)} of {len(commits):,} commits; --all lists every one")
 
 
 def _print_hyperparameters(chain: DevChain, console: Console) -> None:
@@ -126,7 +134,8 @@ def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
     commands.add_parser("block", help="print the current block")
     commands.add_parser("neurons", help="list the neurons")
     commands.add_parser("weights", help="list the weights validators set (revealed ones, on commit-reveal)")
-    commands.add_parser("commits", help="list the weight commits and what became of them")
+    commits = commands.add_parser("commits", help="list the newest weight commits and what became of them")
+    commits.add_argument("--all", action="store_true", help=f"every commit, not only the newest {NEWEST_COMMITS}")
     commands.add_parser("hyperparameters", help="list the subnet's hyperparameters beside finney's defaults")
     hyperparameter = commands.add_parser("set-hyperparameter", help="change one hyperparameter")
     hyperparameter.add_argument(
@@ -182,7 +191,7 @@ def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
         elif args.command == "weights":
             _print_weights(chain, console)
         elif args.command == "commits":
-            _print_commits(chain, console)
+            _print_commits(chain, console, args.all)
         elif args.command == "hyperparameters":
             _print_hyperparameters(chain, console)
         elif args.command == "set-hyperparameter":
