@@ -738,3 +738,8 @@ def test_what_a_running_network_prints_fits_80_columns_and_its_commands_copy_who
     for line in text.splitlines():
         assert not line.rstrip(" \\").endswith(("--wallet.path", "--devchain.path", "--netuid")), text
     assert "5GTubf2Q4HukvspCBzrqaai1DYxbAVny2jUavJafqavs55DT" in text and str(github.root) in text
+    # The chain's flags are the neurons'; `quasar devchain` takes the file as --path, and refused
+    # them ("argument COMMAND: invalid choice: '/tmp/walk/ln2/devchain.sqlite3'").
+    devchain = re.search(r"^ *(quasar devchain .*)$", text.replace(" \\\n", " "), re.M)
+    assert devchain is not None, text
+    assert devchain.group(1).split() == ["quasar", "devchain", "--path", str(network.chain_path), "neurons"], text

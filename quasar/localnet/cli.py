@@ -282,7 +282,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "quasar localnet") -> in
 
 def running_text(network, github) -> str:
     """What a network left running (without --once) says: where its API, dashboard, wallets,
-    miners' work and logs are, and the miners' status command and the chain's flags to copy."""
+    miners' work and logs are, and the miners' status command, the chain's flags and the dev
+    chain's own command (which names the file --path) to copy."""
     chain = f"--subtensor.network devchain --devchain.path {network.chain_path} --netuid {NETUID}"
     status = f"quasar status --wallet.path {network.wallet_dir} --wallet.name miner-hostile --wallet.hotkey default"
     return (
@@ -296,7 +297,9 @@ def running_text(network, github) -> str:
         f"  miners' work    {network.miners_dir}\n"
         f"  logs            {network.logs_dir}\n"
         f"  a miner's status:\n{shell_command(f'{status} {chain}', '    ')}\n"
-        f"  the chain, for other commands:\n{shell_command(chain, '    ')}"
+        f"  the chain, for other commands:\n{shell_command(chain, '    ')}\n"
+        f"  the chain itself (quasar devchain --help lists more):\n"
+        f"{shell_command(f'quasar devchain --path {network.chain_path} neurons', '    ')}"
     )
 
 
