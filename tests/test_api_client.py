@@ -50,6 +50,24 @@ def test_a_200_that_is_not_json_is_an_api_client_error_naming_the_endpoint(proxy
     assert len(message) < 3 * MAX_QUOTED_CHARS + 200  # the page's 80 KB are not in the log
 
 
+def test_an_api_out_of_reach_is_said_with_the_cure():
+    """A validator whose API (the one the subnet owner published) did not answer logged at each
+    step 'fetch failed; going on: ApiClientError: cannot reach the API at URL: [Errno 111]
+    Connection refused', and nothing of what to check."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"  # nothing listens once it is closed
+    with ApiClient(url) as client, pytest.raises(ApiClientError) as raised:
+        client.health()
+    message = str(raised.value)
+    assert raised.value.status == 0 and message.startswith(f"cannot reach the API at {url}: "), message
+    assert "Connection refused" in message, message
+    assert message.endswith(
+        "; check this host's network, and that the API runs at that address (VALIDATOR_API_URL, "
+        "else the URL the subnet owner published on chain)"
+    ), message
+
+
 def test_json_that_is_not_the_endpoints_model_is_an_api_client_error_saying_what_is_wrong():
     with (
         serving(Starlette(routes=[Route("/health", other_version)])) as port,

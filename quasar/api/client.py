@@ -170,7 +170,11 @@ class ApiClient:
         except AnswerRefused as refusal:
             raise ApiClientError(0, f"{where} {refusal}") from None
         except httpx.HTTPError as error:
-            raise ApiClientError(0, f"cannot reach the API at {self.base_url}: {error}") from None
+            raise ApiClientError(
+                0,
+                f"cannot reach the API at {self.base_url}: {error}; check this host's network, and that the API "
+                "runs at that address (VALIDATOR_API_URL, else the URL the subnet owner published on chain)",
+            ) from None
 
     @staticmethod
     def _parse(response: httpx.Response, model: type[Model]) -> Model:

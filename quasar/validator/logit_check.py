@@ -56,8 +56,7 @@ def why_logit_checks_wait(api: ApiClient) -> str | None:
         if error.status:
             return None  # the API answered: this host's network works
         return (
-            f"this host cannot reach the API ({error}): its own network may be down, and a miner it cannot reach "
-            "would fail its check for good"
+            f"{error}; this host's own network may be down, and a miner it cannot reach would fail its check for good"
         )
     if offset is None or not auth.clock_refused(offset, halved=True):
         return None
