@@ -1,8 +1,10 @@
 """The reference model, challenges and the logit comparison, on a tiny random Qwen2 on the CPU."""
 
 import inspect
+import json
 import math
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -123,7 +125,8 @@ def test_step_one_is_the_logits_right_after_the_prompt_and_steps_follow_the_path
         ([], 3, 1, "prompt"),
         ([1, TINY_VOCAB], 3, 1, "prompt[1]"),
         ([1, -1], 3, 1, "prompt[1]"),
-        ([1, 2], 0, 1, "gen_len"),
+        ([1, True], 3, 1, "prompt[1]"),  # JSON's true is no token id, though Python's bool is an int
+        ([1, 2], 0, 1, "gen_len: must be at least 1"),
         ([1, 2], 3, 4, "logits_at_step"),
         ([1, 2], 3, 0, "logits_at_step"),
         ([1] * 1000, 25, 1, "context"),
@@ -166,6 +169,7 @@ def test_bad_limits_and_empty_ranges_are_refused():
         L.ChallengeLimits(max_prompt_len=40, max_gen_len=0)
     with pytest.raises(ValueError, match="empty"):
         L.TokenRange(2, frozenset({0, 1}))
+    assert L.ChallengeLimits(max_prompt_len=8, max_gen_len=1).min_prompt_len == 8  # one length: 8
 
 
 def test_ordinary_range_matches_known_vocabularies():
@@ -176,6 +180,44 @@ def test_ordinary_range_matches_known_vocabularies():
     llama2 = L.ordinary_token_range({1, 2}, 32000)
     assert llama2.end == 32000 and llama2.excluded == {1, 2} and 1 not in llama2 and 3 in llama2
     assert L.ordinary_token_range(set(), 100) == L.TokenRange(100)
+
+
+def test_the_ordinary_range_ends_at_a_special_id_in_the_upper_half_of_the_table():
+    # Row 50 of 100 opens the upper half: a special id there ends the range; 49 is excluded alone.
+    assert L.ordinary_token_range({50}, 100) == L.TokenRange(50)
+    assert L.ordinary_token_range({49}, 100) == L.TokenRange(100, frozenset({49}))
+    # Ids outside the embedding (a config's stray or negative id) neither end nor shrink the range.
+    assert L.ordinary_token_range({200, -1}, 100) == L.TokenRange(100)
+
+
+def test_a_token_range_holds_and_counts_only_its_ordinary_ids():
+    tokens = L.TokenRange(10, frozenset({3, 20, -1}))
+    assert tokens.size == 9  # 20 and -1 lie outside [0, 10): only 3 is taken out
+    assert [i for i in range(-2, 12) if i in tokens] == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+    assert L.TokenRange(1, frozenset({5})).size == 1
+
+
+def test_the_models_special_ids_are_left_out_of_the_challenges(model_dirs, tmp_path):
+    # bos, eos and pad of the config and of the generation config, id 0 and a list of eos ids included.
+    folder = shutil.copytree(model_dirs[0], tmp_path / "model")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "pad_token_id": 0}))
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": [TINY_BOS + 1, 3]}))
+    loaded = L.load_reference_model(str(folder), "cpu", "float32")
+    assert loaded.ordinary_tokens == L.TokenRange(TINY_BOS, frozenset({0, 3}))
+
+
+def test_challenges_reach_every_bound_the_prompt_from_8_tokens():
+    # docs/rules.md section 4 step 6: 8 to max_prompt_len prompt tokens, 1 to max_gen_len
+    # generated, and any of their steps.
+    limits = L.ChallengeLimits(max_prompt_len=10, max_gen_len=3)
+    rng = random.Random(7)
+    draws = [L.draw_challenge(L.TokenRange(20), limits, rng) for _ in range(400)]
+    assert {len(challenge.prompt) for challenge in draws} == {8, 9, 10}
+    assert {(challenge.gen_len, challenge.logits_at_step) for challenge in draws} == {
+        (gen_len, step) for gen_len in (1, 2, 3) for step in range(1, gen_len + 1)
+    }
 
 
 def test_compare_logits_matches_the_plain_python_cosine_on_random_vectors():
@@ -202,12 +244,25 @@ def test_compare_logits_verdicts():
     assert not L.compare_logits(ref, -ref, 0.99, 10.0).passed
     assert "shape (255,)" in L.compare_logits(ref, ref[:-1], 0.99, 0.1).reason
     assert "shape (1, 256)" in L.compare_logits(ref, ref[None], 0.99, 0.1).reason
+    assert "shape (2, 128)" in L.compare_logits(ref.reshape(2, 128), ref.reshape(2, 128), 0.99, 0.1).reason
+    broken_reference = ref.clone()
+    broken_reference[3] = float("inf")
+    assert L.compare_logits(broken_reference, ref, 0.99, 0.1).reason == "the reference logits are not finite"
     for bad in (float("nan"), float("inf")):
         broken = ref.clone()
         broken[17] = bad
         result = L.compare_logits(ref, broken, 0.99, 0.1)
         assert not result.passed and "non-finite" in result.reason and "index 17" in result.reason
     assert "all zero" in L.compare_logits(ref, torch.zeros(256), 0.99, 0.1).reason
+
+
+def test_compare_logits_passes_a_cosine_and_a_difference_of_exactly_the_thresholds():
+    # docs/rules.md section 4 step 6: a cosine of at least, a difference of at most, the threshold.
+    ref = torch.randn(256, generator=torch.Generator().manual_seed(1)) * 3
+    candidate = ref + 0.03 * torch.randn(256, generator=torch.Generator().manual_seed(2))
+    measured = L.compare_logits(ref, candidate, 0.0, math.inf)
+    assert measured.cosine < 1 and measured.max_abs_diff > 0
+    assert L.compare_logits(ref, candidate, measured.cosine, measured.max_abs_diff).passed
 
 
 def test_verify_generation_passes_the_honest_answer_and_fails_the_dishonest_ones(model, other_model):
@@ -233,6 +288,12 @@ def test_verify_generation_checks_the_tokens(model):
     honest = model.generate(challenge.prompt, challenge.gen_len, challenge.logits_at_step)
     tokens = list(honest.tokens)
     assert "expected gen_len" in L.verify_generation(model, challenge, tokens + [1], honest.logits, THRESHOLDS).reason
+    three = L.Challenge(prompt=tuple(range(1, 9)), gen_len=3, logits_at_step=1)
+    answer = model.generate(three.prompt, three.gen_len, three.logits_at_step)
+    fewer = L.verify_generation(model, three, answer.tokens[:-1], answer.logits, THRESHOLDS)
+    assert not fewer.passed and fewer.reason == "returned 2 tokens, expected gen_len 3"
+    true_id = L.verify_generation(model, three, [True, *answer.tokens[1:]], answer.logits, THRESHOLDS)
+    assert not true_id.passed and "tokens[0]: True is outside the vocabulary" in true_id.reason
     bad_id = tokens[:-1] + [TINY_VOCAB]
     assert "outside the vocabulary" in L.verify_generation(model, challenge, bad_id, honest.logits, THRESHOLDS).reason
     path = L.path_logits(model, challenge.prompt, tokens)
@@ -240,6 +301,23 @@ def test_verify_generation_checks_the_tokens(model):
     not_greedy = tokens[:-1] + [worst]
     result = L.verify_generation(model, challenge, not_greedy, honest.logits, THRESHOLDS)
     assert not result.passed and f"step {challenge.gen_len}" in result.reason and "not a greedy choice" in result.reason
+
+
+def test_a_token_is_a_greedy_choice_within_twice_the_difference_bound(model):
+    # docs/rules.md section 4 step 6: a returned token scoring at most 2 x max_abs_diff under the
+    # reference's best passes, one scoring more fails; the first step is held as every other.
+    challenge = L.Challenge(prompt=tuple(range(1, 9)), gen_len=2, logits_at_step=2)
+    second = int(L.path_logits(model, challenge.prompt, [0])[0].topk(2).indices[1])
+    after = int(L.path_logits(model, challenge.prompt, [second, 0])[1].argmax())
+    tokens = [second, after]
+    path = L.path_logits(model, challenge.prompt, tokens)  # the rows the check computes
+    gap, logits = float(path[0].max() - path[0, second]), path[1]
+    assert gap > 0
+    at_bound = L.LogitThresholds(min_cosine=0.99, max_abs_diff=gap / 2)
+    assert L.verify_generation(model, challenge, tokens, logits, at_bound).passed
+    under = L.LogitThresholds(min_cosine=0.99, max_abs_diff=gap / 2 * 0.99)
+    result = L.verify_generation(model, challenge, tokens, logits, under)
+    assert not result.passed and result.reason.startswith(f"token at step 1 is {second}, not a greedy choice")
 
 
 def test_loading_errors_name_the_model_and_the_fix(tmp_path, monkeypatch):
