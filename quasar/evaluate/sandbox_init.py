@@ -15,8 +15,8 @@ counted there. In the new mount namespace it builds a private root on a tmpfs th
   the sandbox (no host names, users, keys or machine id);
 - size-limited writable tmpfs: ``/sandbox/home`` (HOME, caches), ``/tmp`` and ``/dev/shm``;
 - a minimal ``/dev`` (null, zero, full, random, urandom, the NVIDIA device nodes), a fresh
-  ``/proc`` of the new PID namespace (read-only once the setup has written there) and a ``/sys``
-  of the few read-only parts the config names (CPU and NUMA topology, and what CUDA reads);
+  ``/proc`` of the new PID namespace and a ``/sys`` of the few read-only parts the config names
+  (CPU and NUMA topology, and what CUDA reads);
 
 then ``pivot_root`` into it and detaches the old root, so nothing else is reachable even by path.
 Privileges are then dropped: as real root, to the sandbox's own uid and gid; as an ordinary user
@@ -290,15 +290,6 @@ def apply_limits(config: dict) -> None:
         adjust.write("1000")
 
 
-def lock_proc() -> None:
-    """Make the sandbox's /proc read-only once this setup has written there (the OOM killer's
-    preference, the IPC setting): without CAP_SYS_RESOURCE (a container's root lacks it) the 1000
-    written to ``oom_score_adj`` is no floor, and a fork wrote 0 back, so that the host's OOM
-    killer would take another process (the validator's, a neighbour's) before it. Nothing a fork
-    runs needs to write /proc."""
-    _remount_readonly("/proc")
-
-
 def main() -> None:
     config = json.loads(sys.argv[1])
     # The private root's folders are made here, as root, for the sandbox's uid to traverse: a
@@ -308,13 +299,10 @@ def main() -> None:
         join_cgroups(config)
         # libseccomp is loaded while the host's library paths are still in view.
         library = syscall_filter.load_library() if config["seccomp"] else None
-        namespaced = config["mode"] in ("root", "userns")
-        if namespaced:
+        if config["mode"] in ("root", "userns"):
             build_root(config)
             forget_unmapped_shared_memory()
         apply_limits(config)
-        if namespaced:
-            lock_proc()
         drop_privileges(config)
         # After the credential change, which clears it: die when unshare (or the parent) dies.
         die_with_parent()
