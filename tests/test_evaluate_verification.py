@@ -56,6 +56,34 @@ def test_fingerprint_error_refuses_malformed_claims():
     assert fingerprint_error(expected.tolist(), expected, norms) == 0.0
 
 
+def test_fingerprint_error_counts_the_projections_of_the_absolute_values_too():
+    expected = torch.ones(workload.FINGERPRINT_SHAPE)
+    claimed = expected.clone()
+    claimed[:, 1] += 0.5  # the output's projections match, its absolute values' do not
+    assert fingerprint_error(claimed, expected, torch.ones(8)) > 0.05
+
+
+def test_against_a_reference_of_zeros_any_other_output_is_infinitely_wrong():
+    zeros = torch.zeros(1, 128, 4)
+    assert worst_block_error(zeros, zeros) == 0.0 and worst_block_error(zeros + 1e-6, zeros) == math.inf
+    # The repeat's fingerprints against the run's: a repeat of another shape or off zeros disagrees.
+    difference = verification._relative_difference
+    assert difference(torch.zeros(1, 3), torch.zeros(1, 3)) == 0.0
+    assert difference(torch.zeros(1, 3), torch.zeros(2, 3)) == math.inf
+    assert difference(torch.ones(1, 3), torch.zeros(1, 3)) == math.inf
+
+
+def test_the_tolerances_are_the_numbers_docs_state():
+    # docs/rules.md section 4 step 4, docs/evaluation.md: written here as the docs write them.
+    assert verification.REL_ERROR_THRESHOLD == 2e-2
+    assert verification.BLOCK_TOKENS == 64 and verification.BLOCK_ERROR_THRESHOLD == 4e-2
+    assert verification.FINGERPRINT_TOLERANCE == 2 * 2e-2
+    assert verification.REQUEST_TOLERANCE == pytest.approx(1.15 * 2e-2, rel=1e-12)
+    assert verification.REPEAT_TOLERANCE == 5e-3
+    assert verification.CONSISTENCY_TOLERANCE == 1e-3
+    assert verification.ESCAPE_BOUND == 1e-3
+
+
 @pytest.mark.parametrize("length,block", [(64, 64), (200, 64), (1000, 16), (77, 10)])
 def test_worst_block_error_matches_the_naive_loop(length, block):
     generator = torch.Generator().manual_seed(length)
@@ -196,6 +224,37 @@ def test_verification_checks_every_forward_of_the_requests_it_picks(monkeypatch)
     assert "T=128: the output differs from the reference: relative error 1 > 0.02 over the whole sequence" in reasons
 
 
+def test_an_eighth_or_a_repeat_off_by_3_percent_fails_with_its_reason():
+    # docs/rules.md section 4 step 4: 3% is over the 2e-2 of an eighth and the 5e-3 of a repeat,
+    # and under the 4e-2 of a block.
+    reference = QuasarAttentionReference(**workload.LAYER_KWARGS)
+    reference.load_state_dict(workload.make_weights(14), strict=True)
+
+    def verified(tamper) -> list[str]:
+        run = honest_run(reference, 128, timed=2, count=2)
+        tamper(run)
+        reasons = verification.verify_all(
+            {128: run}, references.ReferenceWork(14, "cpu", [], {}), Timings(), lambda e: None, 128
+        )
+        assert run.result.correct is False and run.result.worst_block_error < 4e-2
+        return reasons
+
+    def eighth(run):
+        run.output = run.output.clone()
+        run.output[:, 112:] *= 1.03
+
+    reasons = verified(eighth)
+    assert any(reason.startswith("T=128: eighths 8 (0.03) of the sequence differ") for reason in reasons), reasons
+    assert any("is not the output its run fingerprinted" in reason for reason in reasons), reasons
+
+    def repeat(run):
+        run.repeat.fingerprints = run.repeat.fingerprints.clone()
+        run.repeat.fingerprints[0] *= 1.03  # the first forward of two
+
+    reasons = verified(repeat)
+    assert [reason.split(" (")[0] for reason in reasons] == ["T=128: two runs on the same input disagree"]
+
+
 def test_an_output_right_only_in_its_signed_sums_fails_the_timed_check():
     # Attack: the fingerprint's first part is linear in the output and the child knows the token
     # weights before each forward, so a fork can put each eighth's weighted sum on one token (from
@@ -230,6 +289,9 @@ def test_requests_to_verify_cover_max_verified_forwards_at_short_lengths_and_the
     )
 
     assert requests_to_verify(timed_run(512, 1, 200), target=False) == MAX_VERIFIED
+    # docs/evaluation.md: 4, or enough for 32 forwards up to 16,384 tokens.
+    assert requests_to_verify(timed_run(16_384, 1, 200), target=False) == 32
+    assert requests_to_verify(timed_run(16_385, 1, 200), target=False) == 4
     assert requests_to_verify(timed_run(512, 4, 200), target=False) == MAX_VERIFIED // 4
     assert requests_to_verify(timed_run(512, 25, 200), target=False) == VERIFY_SAMPLE
     assert requests_to_verify(timed_run(100_000, 1, 200), target=False) == VERIFY_SAMPLE
@@ -244,6 +306,15 @@ def test_requests_to_verify_cover_max_verified_forwards_at_short_lengths_and_the
         assert escape_probability(timed, wanted, degraded) <= ESCAPE_BOUND or wanted == timed
         assert wanted == min(VERIFY_SAMPLE, timed) or escape_probability(timed, wanted - 1, degraded) > ESCAPE_BOUND
     assert requests_to_verify(timed_run(1_000_000, 1, 150), target=True) == 10
+
+
+def test_moving_the_median_takes_just_over_half_and_counts_out_of_range_are_refused():
+    from quasar.evaluate.verification import degraded_to_move_median, escape_probability
+
+    assert [degraded_to_move_median(timed) for timed in (1, 4, 5, 100)] == [1, 3, 3, 51]
+    for timed, verified, degraded in ((10, 11, 3), (10, 3, 11), (10, -1, 3), (10, 3, -1)):
+        with pytest.raises(ValueError, match="counts out of range"):
+            escape_probability(timed, verified, degraded)
 
 
 @pytest.mark.parametrize("trial", range(3))
