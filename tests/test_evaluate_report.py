@@ -70,6 +70,17 @@ def test_only_lengths_over_the_cv_limit_are_flagged():
             assert f"{cvs[length]:.3f}!" in text
 
 
+def test_a_cv_of_exactly_the_limit_is_not_flagged():
+    report = report_with(random.Random(2), {512: HIGH_CV, 1024: HIGH_CV * 1.001})
+    assert [warning.split(":")[0] for warning in noise_warnings(report)] == ["T=1,024"]
+
+
+def test_a_failed_forks_recommended_claim_scores_nothing():
+    report = report_with(random.Random(3), {512: 0.01}, multiplier=0.5)
+    report.verdict, report.measured_tokens_per_sec, report.recommended_claim = "fail", 1184.0, 580.0
+    assert "580 tokens/s (a submission claiming it scores 0: min(claimed, measured) × 0.5)" in shown(report)
+
+
 def test_the_recommended_claim_says_what_a_submission_claiming_it_scores():
     """A fork measured at 1,184 tokens/s in a ×0.5 league with a noisy target: the weighted score
     (592) is for claiming the measured speed; claiming the recommended 580 scores 290."""

@@ -56,6 +56,39 @@ def test_recommended_claim_is_the_speed_three_in_four_requests_reached():
     assert claim <= 4096 / (statistics.median(durations) / 1e9)
 
 
+def test_the_timed_requests_run_in_four_rounds():
+    assert timing.TIMED_ROUNDS == 4  # docs/evaluation.md, "Limits"
+
+
+def test_the_claim_is_the_fastest_speed_three_in_four_requests_reached():
+    # Of 8 requests of 1 to 8 ms, 6 took 6 ms or less.
+    durations = [8_000_000, 1_000_000, 7_000_000, 2_000_000, 6_000_000, 3_000_000, 5_000_000, 4_000_000]
+    assert timing.recommended_claim(4096, durations) == 4096 / 6e-3
+
+
+def test_a_lengths_figures_come_from_the_median_of_its_forward_times():
+    from quasar.evaluate.report import LengthResult
+    from quasar.evaluate.session import Request
+
+    run = timing.LengthRun(LengthResult(seq_len=1000))
+    round_trips = [3_000_000, 1_000_000, 10_000_000, 2_000_000]
+    run.timed = [Request(i, i, torch.zeros(2, *workload.FINGERPRINT_SHAPE), ns) for i, ns in enumerate(round_trips)]
+    run.cost_ns = 800_000  # more than half the fastest round trip: half of it is subtracted
+    timing.finish_length(run, count=2)
+    forward = [1_250_000, 250_000, 4_750_000, 750_000]  # (round trip - 500,000) / 2
+    assert [request.forward_ns for request in run.timed] == forward
+    result = run.result
+    assert result.status == "ok" and result.timed_runs == 4 and result.forwards_per_request == 2
+    assert result.median_ms == 1.0 and result.tokens_per_sec == pytest.approx(1_000_000)
+    assert result.tokens_per_sec_min == pytest.approx(1000 / 4.75e-3)
+    assert result.tokens_per_sec_max == pytest.approx(1000 / 0.25e-3)
+    assert result.cv == pytest.approx(statistics.pstdev(forward) / statistics.fmean(forward))
+    assert result.subtracted_us == 250.0
+    # A forward time is never credited below the floor, whatever the calibration subtracted.
+    tiny = Request(0, 0, torch.zeros(2, *workload.FINGERPRINT_SHAPE), 5_000)
+    assert timing.per_forward_ns(tiny, 2, 4_500) == timing.MIN_FORWARD_NS
+
+
 @pytest.mark.parametrize("timed", [(3, 3), (10, 10), (10, 200), (4, 6)])
 def test_the_correctness_request_runs_once_in_every_round_it_may_be_drawn_for(monkeypatch, timed):
     # Whatever round is drawn for it, and however the bounds on the timed requests fall in the
