@@ -197,6 +197,13 @@ def test_c_sources_of_unclosed_literals_and_comments_normalise_in_linear_time():
     assert time.monotonic() - started < 1.0
 
 
+def test_a_c_source_of_unclosed_block_comments_is_scanned_once():
+    # Each `/*` searched the rest of the file for its `*/` again: 200 KB of them took 10 s.
+    started = time.monotonic()
+    normalised_file("kernel.cu", b"/* " * 66_666)
+    assert time.monotonic() - started < 2.0
+
+
 def test_c_sources_lose_what_one_substitution_of_literals_or_comments_would_remove():
     # The rule as one expression (quadratic on hostile input, exact on short text): a literal closes
     # on its line or its quote is an ordinary character; a comment becomes one space.
@@ -315,6 +322,46 @@ def test_python_beyond_the_parse_limits_is_compared_with_whitespace_collapsed():
     for name in sorted(files):
         expected.update(name.encode() + b"\0" + hashlib.sha256(hashes[name]).digest())
     assert content_hash(files) == expected.hexdigest()
+
+
+def test_python_parses_up_to_128_kib_a_file_and_512_kib_a_directory():
+    # docs/rules.md section 5: a parsed file's comments do not count, a file compared with its
+    # whitespace collapsed keeps them.
+    def python(size: int, letter: bytes) -> bytes:
+        return b"x = 1\n#" + letter * (size - 7)
+
+    kib = 1024
+    assert normalised_file("k.py", python(128 * kib, b"a")) == normalised_file("k.py", python(128 * kib, b"b"))
+    assert normalised_file("k.py", python(128 * kib + 1, b"a")) != normalised_file("k.py", python(128 * kib + 1, b"b"))
+
+    # Four files of 128 KiB in path order spend the 512 KiB: the fourth is parsed, the fifth not.
+    def directory(fourth: bytes, fifth: bytes) -> str:
+        files = {f"{name}.py": python(128 * kib, b"a") for name in "abc"}
+        return content_hash({**files, "d.py": python(128 * kib, fourth), "e.py": b"x = 1  # " + fifth})
+
+    assert directory(b"a", b"a") == directory(b"b", b"a")
+    assert directory(b"a", b"a") != directory(b"a", b"b")
+
+    # Files of other kinds do not spend it.
+    def beside_text(letter: bytes) -> str:
+        return content_hash({"a.txt": b"t" * 500 * kib, "b.py": python(100 * kib, letter)})
+
+    assert beside_text(b"a") == beside_text(b"b")
+
+
+def test_only_a_leading_string_is_a_docstring_in_every_kind_of_body():
+    assert content_hash({"a.py": b"0\nx = 1\n"}) != content_hash({"a.py": b"x = 1\n"})
+    documented = b'async def f():\n    """Says what f does."""\n    return 1\n'
+    assert content_hash({"a.py": documented}) == content_hash({"a.py": b"async def f():\n    return 1\n"})
+
+
+def test_the_hash_takes_files_in_path_order_whatever_order_they_come_in():
+    files = {"b.py": b"y = 2\n", "a.cu": b"int a;", "c.json": b"[1]"}
+    assert content_hash(files) == content_hash(dict(sorted(files.items())))
+
+
+def test_json_is_compared_as_its_parsed_value():
+    assert content_hash({"c.json": b'{"b": 2, "a": 1}'}) == content_hash({"c.json": b'{"a":1,"b":2}'})
 
 
 HASH_JUNK = """
