@@ -3,6 +3,7 @@ for a submission, and timings too noisy to trust flagged where they are shown.""
 
 from __future__ import annotations
 
+import json
 import random
 
 from rich.console import Console
@@ -68,6 +69,14 @@ def test_only_lengths_over_the_cv_limit_are_flagged():
         assert text.count("noisy:") == len(noisy)
         for length in noisy:
             assert f"{cvs[length]:.3f}!" in text
+
+
+def test_a_non_finite_figure_is_null_in_the_json_report():
+    report = report_with(random.Random(4), {512: 0.01})
+    report.lengths["512"].rel_error = float("nan")
+    report.lengths["512"].rel_error_eighths = [0.0, float("inf")]
+    data = json.loads(report.to_json())
+    assert data["lengths"]["512"]["rel_error"] is None and data["lengths"]["512"]["rel_error_eighths"] == [0.0, None]
 
 
 def test_a_cv_of_exactly_the_limit_is_not_flagged():
