@@ -5,6 +5,7 @@ would load instead of the checked source, and the ``*.cu`` file."""
 from __future__ import annotations
 
 import py_compile
+import re
 from pathlib import Path
 
 import pytest
@@ -14,14 +15,13 @@ from quasar.imports.findings import Rule
 from tests.import_forks import CHUNK, FORK_FILES, LAYER, error_keys, make_fork
 
 CHUNK_TEXT = FORK_FILES[CHUNK]
-# The five target files, as docs/rules.md section 4 step 2 names them (not read from the constant they check).
-TARGET_FILES = (
-    "chunk.py",
-    "chunk_intra_token_parallel.py",
-    "forward_substitution.py",
-    "fused_recurrent.py",
-    "gate.py",
-)
+RULES = Path(__file__).resolve().parents[1] / "docs" / "rules.md"
+# The five target files as docs/rules.md section 4 step 2 names them (not read from the constant
+# they check): the file names of its line "the five target files exist and parse: ...".
+_RULES_LINE = re.search(r"the five target files exist and parse:(.*?)\(and", RULES.read_text(), re.S)
+assert _RULES_LINE is not None, "docs/rules.md no longer names the five target files"
+TARGET_FILES = tuple(re.findall(r"`([a-z_]+\.py)`", _RULES_LINE.group(1)))
+assert len(TARGET_FILES) == 5, TARGET_FILES
 
 # --- missing files, encodings ---------------------------------------------------------------------
 
