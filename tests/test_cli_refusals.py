@@ -190,7 +190,8 @@ def test_publishing_with_a_wallet_that_is_not_there_is_refused_naming_it(termina
         server.wait(timeout=60)
     assert status == 1
     lines, text = refusal(capsys, "quasar api publish-url")
-    assert max(len(line) for line in lines) <= 80, lines
+    # The file's path, kept whole on a line of its own, is as long as the test's folder makes it.
+    assert all(len(line) <= 80 or len(line.split()) == 1 for line in lines), lines
     assert text == (
         f"quasar api publish-url: error: the wallet typo has no coldkey file {tmp_path}/wallets/typo/coldkeypub.txt: "
         "name the subnet owner's wallet (its coldkey owns the subnet) with --wallet.name or WALLET_NAME, "

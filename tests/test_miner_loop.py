@@ -616,6 +616,18 @@ def test_start_script_checks_cuda_unless_the_device_is_cpu(script_dir):
 
 
 def test_start_script_runs_the_miner_when_all_is_ready(script_dir, tmp_path):
+    """The checks pass and the script starts the miner: here a stand-in neurons/miner.py that reads
+    its settings as the miner does and prints its device and API URL (--help skips the checks)."""
+    (script_dir / "neurons").mkdir()
+    (script_dir / "neurons" / "__init__.py").write_text("")
+    (script_dir / "neurons" / "miner.py").write_text(
+        "import argparse\n"
+        "from quasar import config\n"
+        "parser = argparse.ArgumentParser()\n"
+        "config.add_arguments(parser, 'miner')\n"
+        "_, settings = config.parse_args(parser)\n"
+        "print('device:', settings.device, 'api:', settings.validator_api_url or 'from the chain')\n"
+    )
     wallets = tmp_path / "wallets"
     api_wallet = make_wallet(wallets, "api")
     chain = DevChain(tmp_path / "devchain.sqlite3", netuid=24, block_time_s=SLOW_BLOCKS)
@@ -625,15 +637,16 @@ def test_start_script_runs_the_miner_when_all_is_ready(script_dir, tmp_path):
             f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\nDEVICE=cuda\n"
             f"VALIDATOR_API_URL={api.url}\nWALLET_PATH={wallets}\nWALLET_NAME=api\n"
         )
-        result = run_script(script_dir, {"DEVICE": "cpu"}, "--help")
+        result = run_script(script_dir, {"DEVICE": "cpu"})
     assert result.returncode == 0, result.stderr
-    assert "usage: python -m neurons.miner" in result.stdout and "--wallet.hotkey" in result.stdout
+    assert result.stdout == f"device: cpu api: {api.url}\n"
     # Without VALIDATOR_API_URL the script leaves finding the API to the miner, which reads the chain.
     (script_dir / ".env").write_text(
         f"GITHUB_TOKEN={TOKEN}\nGITHUB_USERNAME=alice\nWALLET_PATH={wallets}\nWALLET_NAME=api\n"
     )
-    result = run_script(script_dir, {"DEVICE": "cpu"}, "--help")
+    result = run_script(script_dir, {"DEVICE": "cpu"})
     assert result.returncode == 0 and "the miner reads the submission API's URL from the chain" in said(result)
+    assert result.stdout == "device: cpu api: from the chain\n"
 
 
 # The exception dropped in the finaliser is what the test stages.
