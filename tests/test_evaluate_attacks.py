@@ -761,6 +761,26 @@ def test_shared_memory_segments_no_process_maps_are_not_kept_for_the_fork(tmp_pa
     assert report.verdict == "pass", report.reasons
 
 
+def test_a_fork_lowering_its_out_of_memory_preference_is_failed_under_the_watchdog(tmp_path):
+    # Without CAP_SYS_RESOURCE (a Docker container's root lacks it) the 1000 the sandbox sets is no
+    # floor: a fork set 0, and without a cgroup bounding all of its memory the host's killer, short
+    # of memory the watchdog cannot see (docs/validator.md), would have taken the validator or a
+    # neighbour's evaluation first. A read-only /proc stopped the write, but CUDA does not start in
+    # one; the watchdog fails the fork instead.
+    reason = sandbox_unavailable_reason(tmp_path)
+    if reason is not None:
+        pytest.skip(f"namespaces unavailable here: {reason}")
+    fork = write_hostile_fork(tmp_path / "fork", "oom_score_adj")
+    policy = SandboxPolicy(cgroup_path=str(tmp_path / "no-such-cgroup"))
+    report = evaluate(fork, 64, None, replace(FAST_CPU, policy=policy))
+    assert "memory watchdog" in report.sandbox, report.sandbox
+    if "own uid" not in report.sandbox:
+        pytest.skip("the sandbox has no uid of its own here (not root): docs/validator.md")
+    assert report.verdict == "fail", report.log_tail
+    said = "a process of the fork lowered its out-of-memory preference (oom_score_adj) from 1000 to 0"
+    assert any(said in reason for reason in report.reasons), report.reasons
+
+
 @pytest.mark.parametrize("name, module", [("foreign_requests", "requests"), ("foreign_bittensor", "bittensor")])
 def test_the_validators_own_packages_are_not_importable(world, name, module):
     report = world.reports[name]

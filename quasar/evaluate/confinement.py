@@ -18,7 +18,8 @@ the child starts and undone when it is closed:
 - otherwise, **a watchdog**: a thread of the parent that sums the memory of the sandbox's
   processes every :data:`WATCHDOG_SECONDS`, anonymous and shared (shared mappings, and the memory
   files they hold open), and kills the sandbox above the limit (its tmpfs are bounded by their
-  sizes), and processes are bounded by the uid's ``RLIMIT_NPROC``.
+  sizes) or once a process of its own uid lowered its out-of-memory preference, and processes are
+  bounded by the uid's ``RLIMIT_NPROC``.
 
 ``describe()`` says which of these hold, for the report's ``sandbox`` line.
 """
@@ -37,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quasar.errors import QuasarError
+from quasar.evaluate.oom_preference import OOM_SCORE_ADJ, lowered_oom_preference
 from quasar.lock_files import same_file, unheld
 
 logger = logging.getLogger(__name__)
@@ -433,22 +435,50 @@ def sandbox_bytes(pids: list[int], outside: set[FileKey], exact: bool = True) ->
 class MemoryWatchdog:
     """Kills the sandbox under ``root_pid`` once its processes hold more than ``limit_bytes`` of
     memory (:func:`sandbox_bytes`, checked every :data:`WATCHDOG_SECONDS`; ``outside``: the
-    memory files that are not the sandbox's); ``tripped`` says why it did."""
+    memory files that are not the sandbox's), or once a process of its own uid ``sandbox_uid``
+    (where it has one) lowered its out-of-memory preference (:func:`lowered_oom_preference`):
+    with no cgroup bounding all of its memory, the host's killer is what stands between it and
+    the validator. ``tripped`` says why it killed it."""
 
-    def __init__(self, root_pid: int, limit_bytes: int, kill, outside: frozenset[FileKey] = frozenset()) -> None:
+    def __init__(
+        self,
+        root_pid: int,
+        limit_bytes: int,
+        kill,
+        outside: frozenset[FileKey] = frozenset(),
+        sandbox_uid: int | None = None,
+    ) -> None:
         self.root_pid = root_pid
         self.limit_bytes = limit_bytes
         self.kill = kill
         self.outside = set(outside)
+        self.sandbox_uid = sandbox_uid
         self.tripped = ""
         self.peak_bytes = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="quasar-sandbox-memory", daemon=True)
         self._thread.start()
 
+    def check_oom_preference(self, pids: list[int] | None = None) -> bool:
+        """Whether the sandbox was killed for a process's lowered out-of-memory preference: checked
+        now, among ``pids`` (else every process of the sandbox), where it has a uid of its own."""
+        if self.sandbox_uid is not None and not self.tripped:
+            pids = descendants(self.root_pid) if pids is None else pids
+            lowered = lowered_oom_preference(pids, self.sandbox_uid)
+            if lowered is not None:
+                self.tripped = (
+                    f"a process of the fork lowered its out-of-memory preference (oom_score_adj) from "
+                    f"{OOM_SCORE_ADJ} to {lowered[1]}, for the host's out-of-memory killer to take another "
+                    "process before it; the child was killed"
+                )
+                self.kill()
+        return bool(self.tripped)
+
     def _watch(self) -> None:
         while not self._stop.wait(WATCHDOG_SECONDS):
             pids = descendants(self.root_pid)
+            if self.check_oom_preference(pids):
+                return
             # The upper bound first: the exact sum reads every process's whole smaps.
             used = sandbox_bytes(pids, self.outside, exact=False)
             if used > self.limit_bytes:
@@ -504,13 +534,15 @@ class Confinement:
             if shared_fd is not None:
                 status = os.fstat(shared_fd)
                 outside = frozenset({(status.st_dev, status.st_ino)})
-            self.watchdog = MemoryWatchdog(root_pid, self.memory_bytes, kill, outside)
+            sandbox_uid = self.uid.uid if self.uid is not None else None
+            self.watchdog = MemoryWatchdog(root_pid, self.memory_bytes, kill, outside, sandbox_uid)
 
     def killed_reason(self) -> str:
         """Why the limits killed the sandbox, or ``""``."""
         if self.released_reason is not None:
             return self.released_reason
-        if self.watchdog is not None and self.watchdog.tripped:
+        # A preference lowered after the watchdog's last look is seen here, as each reply is read.
+        if self.watchdog is not None and self.watchdog.check_oom_preference():
             return self.watchdog.tripped
         if self.cgroup is not None and self.cgroup.oom_kills():
             return (

@@ -287,7 +287,7 @@ def apply_limits(config: dict) -> None:
     set_rlimits(config["rlimits"])
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(no_new_privs)")
     with open("/proc/self/oom_score_adj", "w") as adjust:
-        adjust.write("1000")
+        adjust.write("1000")  # oom_preference.OOM_SCORE_ADJ, which the memory watchdog holds
 
 
 def main() -> None:

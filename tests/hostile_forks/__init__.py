@@ -615,6 +615,17 @@ _status = _ctypes.create_string_buffer(256)
 _kept = [_segment for _segment in _segments if _libc.shmctl(_segment, 2, _status) == 0]  # IPC_STAT
 print("SEGMENTS-KEPT", len(_kept), "of", len(_segments), flush=True)
 """,
+    # Lowers the out-of-memory killer's preference for its process (the sandbox sets 1000), so
+    # that the host's killer, short of memory, would take another process (the validator's, a
+    # neighbour's evaluation) before it.
+    "oom_score_adj": """
+try:
+    with open("/proc/self/oom_score_adj", "w") as _adjust:
+        _adjust.write("0")
+    print("OOM-ADJ-LOWERED", flush=True)
+except OSError as _error:
+    print("OOM-ADJ-REFUSED", _error.strerror, flush=True)
+""",
     # Imports a package of the validator's environment that is not the evaluation's.
     "foreign_import": """
 __import__({module})
