@@ -1,7 +1,7 @@
 """Processes in the tests: what /proc says of the running ones, Python children of the repository
-whose output the tests read, what a START script said, a stop signal sent where Python drops what
-its handler raises, libfaketime for children whose clock is off, and Python children run as another
-Unix user."""
+whose output the tests read, a START script in a copy of the checkout and what it said, a stop
+signal sent where Python drops what its handler raises, libfaketime for children whose clock is
+off, and Python children run as another Unix user."""
 
 from __future__ import annotations
 
@@ -79,6 +79,33 @@ def script_results(script: str, args: list[str], timeout: float, **environ: str)
     result = run_python(["-c", script, *args], REPO_ROOT, timeout, env)
     assert result.returncode == 0, result.stderr[-4000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def start_script_copy(directory: Path, script: str) -> Path:
+    """``directory`` made a copy of the checkout for a START script: ``script`` and the checks it
+    sources, beside this checkout's .venv (the test is skipped without one)."""
+    if not (REPO_ROOT / ".venv" / "bin" / "activate").is_file():
+        pytest.skip("needs the project's .venv")
+    (directory / "scripts").mkdir(parents=True)
+    shutil.copy(REPO_ROOT / script, directory / script)
+    shutil.copy(REPO_ROOT / "scripts" / "start_checks.sh", directory / "scripts" / "start_checks.sh")
+    os.symlink(REPO_ROOT / ".venv", directory / ".venv")
+    return directory
+
+
+def neuron_stand_in(directory: Path, role: str, printed: str) -> None:
+    """A stand-in neurons/ROLE.py in ``directory``, which a START script there starts: it reads its
+    settings as ROLE does and prints ``printed`` (print's arguments, in terms of ``settings``)."""
+    (directory / "neurons").mkdir(exist_ok=True)
+    (directory / "neurons" / "__init__.py").write_text("")
+    (directory / "neurons" / f"{role}.py").write_text(
+        "import argparse\n"
+        "from quasar import config\n"
+        "parser = argparse.ArgumentParser()\n"
+        f"config.add_arguments(parser, {role!r})\n"
+        "_, settings = config.parse_args(parser)\n"
+        f"print({printed})\n"
+    )
 
 
 def run_start_script(directory: Path, script: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

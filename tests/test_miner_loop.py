@@ -8,7 +8,6 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -57,7 +56,14 @@ from test_miner_standins import (
 )
 from tests.evaluate_runs import FAST_CPU
 from tests.gitrepo import git
-from tests.processes import run_python, run_start_script, said, signal_in_a_finaliser
+from tests.processes import (
+    neuron_stand_in,
+    run_python,
+    run_start_script,
+    said,
+    signal_in_a_finaliser,
+    start_script_copy,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -546,14 +552,7 @@ def test_the_neuron_explains_what_is_missing(tmp_path):
 @pytest.fixture
 def script_dir(tmp_path) -> Path:
     """A copy of START_MINER.sh and the checks it sources beside this checkout's .venv."""
-    if not (ROOT / ".venv" / "bin" / "activate").is_file():
-        pytest.skip("needs the project's .venv")
-    directory = tmp_path / "suite"
-    (directory / "scripts").mkdir(parents=True)
-    shutil.copy(ROOT / "START_MINER.sh", directory / "START_MINER.sh")
-    shutil.copy(ROOT / "scripts" / "start_checks.sh", directory / "scripts" / "start_checks.sh")
-    os.symlink(ROOT / ".venv", directory / ".venv")
-    return directory
+    return start_script_copy(tmp_path / "suite", "START_MINER.sh")
 
 
 def run_script(directory: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
@@ -618,15 +617,8 @@ def test_start_script_checks_cuda_unless_the_device_is_cpu(script_dir):
 def test_start_script_runs_the_miner_when_all_is_ready(script_dir, tmp_path):
     """The checks pass and the script starts the miner: here a stand-in neurons/miner.py that reads
     its settings as the miner does and prints its device and API URL (--help skips the checks)."""
-    (script_dir / "neurons").mkdir()
-    (script_dir / "neurons" / "__init__.py").write_text("")
-    (script_dir / "neurons" / "miner.py").write_text(
-        "import argparse\n"
-        "from quasar import config\n"
-        "parser = argparse.ArgumentParser()\n"
-        "config.add_arguments(parser, 'miner')\n"
-        "_, settings = config.parse_args(parser)\n"
-        "print('device:', settings.device, 'api:', settings.validator_api_url or 'from the chain')\n"
+    neuron_stand_in(
+        script_dir, "miner", "'device:', settings.device, 'api:', settings.validator_api_url or 'from the chain'"
     )
     wallets = tmp_path / "wallets"
     api_wallet = make_wallet(wallets, "api")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from quasar.localnet.host import make_wallet
-from tests.processes import run_start_script
+from tests.processes import neuron_stand_in, run_start_script, start_script_copy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -85,22 +85,9 @@ def suite(tmp_path) -> Path:
     """A copy of START_VALIDATOR.sh and the checks it sources beside this checkout's .venv, with a
     stand-in neurons/validator.py that parses its flags as the validator does and prints the wallet
     and the device its settings name."""
-    if not (ROOT / ".venv" / "bin" / "activate").is_file():
-        pytest.skip("needs the project's .venv")
-    directory = tmp_path / "suite"
-    (directory / "scripts").mkdir(parents=True)
-    (directory / "neurons").mkdir()
-    shutil.copy(ROOT / "START_VALIDATOR.sh", directory / "START_VALIDATOR.sh")
-    shutil.copy(ROOT / "scripts" / "start_checks.sh", directory / "scripts" / "start_checks.sh")
-    os.symlink(ROOT / ".venv", directory / ".venv")
-    (directory / "neurons" / "__init__.py").write_text("")
-    (directory / "neurons" / "validator.py").write_text(
-        "import argparse\n"
-        "from quasar import config\n"
-        "parser = argparse.ArgumentParser()\n"
-        "config.add_arguments(parser, 'validator')\n"
-        "_, settings = config.parse_args(parser)\n"
-        "print('wallet:', settings.wallet_name_for('validator'), 'device:', settings.device)\n"
+    directory = start_script_copy(tmp_path / "suite", "START_VALIDATOR.sh")
+    neuron_stand_in(
+        directory, "validator", "'wallet:', settings.wallet_name_for('validator'), 'device:', settings.device"
     )
     for name in ("val_cold", "miner_cold"):
         make_wallet(directory / "wallets", name)
