@@ -858,6 +858,22 @@ def test_cli_in_another_process_shares_the_file(chain):
     assert result.returncode == 1 and "already registered" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_cli_without_its_path_uses_the_devchain_path_setting(tmp_path):
+    """`quasar devchain` required --path although the processes read the DEVCHAIN_PATH setting
+    (.env < environment), whose file it is meant to look at."""
+    env = {**os.environ, "QUASAR_DOTENV": str(tmp_path / "quasar.env")}
+    (tmp_path / "quasar.env").write_text(f"DEVCHAIN_PATH={tmp_path / 'from-env-file.sqlite3'}\n")
+    command = [sys.executable, "-m", "quasar.chain.devchain", "block"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert done.returncode == 0 and (tmp_path / "from-env-file.sqlite3").is_file(), done.stderr
+    env["DEVCHAIN_PATH"] = str(tmp_path / "from-environment.sqlite3")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert done.returncode == 0 and (tmp_path / "from-environment.sqlite3").is_file(), done.stderr
+    env["NETUID"] = "twelve"  # a bad setting is refused naming it, as the processes refuse it
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert done.returncode == 2 and "NETUID (from environment)" in done.stderr
+
+
 def test_cli_sets_hyperparameters_and_the_loopback_allowance(chain, wallets):
     result = cli(chain, "set-hyperparameter", "commit_reveal_enabled", "false")
     assert result.returncode == 0, result.stderr

@@ -1,6 +1,7 @@
-"""The dev chain's command line: ``quasar devchain --path FILE COMMAND`` (or ``python -m
-quasar.chain.devchain``) with the commands ``init``, ``register``, ``deregister``, ``set-owner``,
-``set-permit``, ``advance``, ``block``, ``neurons``, ``weights``, ``commits``, ``hyperparameters``,
+"""The dev chain's command line: ``quasar devchain [--path FILE] COMMAND`` (or ``python -m
+quasar.chain.devchain``; the file by default the DEVCHAIN_PATH setting's, as the processes read it)
+with the commands ``init``, ``register``, ``deregister``, ``set-owner``, ``set-permit``,
+``advance``, ``block``, ``neurons``, ``weights``, ``commits``, ``hyperparameters``,
 ``set-hyperparameter``, ``trim``, ``stake-threshold``, ``min-non-immune-uids``,
 ``max-allowed-validators``, ``allow-loopback`` and ``identity``. Its tables fit 80 columns.
 """
@@ -11,6 +12,7 @@ import sys
 
 from rich.console import Console
 
+from quasar import config
 from quasar.chain.base import ChainError
 from quasar.chain.devchain import DevChain
 from quasar.chain.devchain_storage import DEFAULT_BLOCK_TIME_S, DEFAULT_NETUID
@@ -100,7 +102,11 @@ def _hyperparameter_value(name: str, raw: str) -> int | bool:
 
 def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
     parser = WrappingParser(prog=prog, description=DESCRIPTION)
-    parser.add_argument("--path", required=True, help="the dev chain's SQLite file (created when missing)")
+    parser.add_argument(
+        "--path",
+        help="the dev chain's SQLite file, created when missing (default: the DEVCHAIN_PATH setting, "
+        f"{config.OPTIONS_BY_KEY['devchain_path'].default})",
+    )
     parser.add_argument("--netuid", type=int, default=None, help=f"subnet id for a new file (default {DEFAULT_NETUID})")
     parser.add_argument(
         "--block-time",
@@ -171,6 +177,11 @@ def main(argv: list[str] | None = None, prog: str = "quasar devchain") -> int:
     commands.add_parser("identity", help="print the API location published in the subnet identity")
     args = parser.parse_args(argv)
     setup_logging(quiet=True)
+    if args.path is None:  # the file the processes on the dev chain use, from .env or the environment
+        try:
+            args.path = config.resolve().devchain_path
+        except config.SettingsError as error:
+            parser.error(str(error))
     console = Console()
     try:
         chain = DevChain(args.path, netuid=args.netuid, block_time_s=args.block_time)
