@@ -413,23 +413,24 @@ def open_memory_files(pid: int) -> dict[FileKey, int]:
     return found
 
 
-def sandbox_bytes(pids: list[int], outside: set[FileKey], exact: bool = True) -> int:
+def sandbox_bytes(pids: list[int], outside: set[FileKey], exact_above: int = 0) -> int:
     """The memory the processes ``pids`` hold: each one's anonymous and shared memory, and the
     memory files they hold open, each file once and whole; ``outside`` names files that are not
     the sandbox's (the parent's shared area for outputs, held within a bound of its own).
 
-    ``exact``: the processes' shares of their shared mappings of those files are taken out (each
-    process's whole ``smaps`` read); else they stay in, an upper bound read from the summaries alone.
+    Read from the summaries alone, the processes' shares of their shared mappings of those files
+    stay in: an upper bound. Where it is above ``exact_above`` (any, by default), they are taken
+    out, each process's whole ``smaps`` read.
     """
     files: dict[FileKey, int] = {}
     for pid in pids:
         files.update(open_memory_files(pid))
     held = sum(size for key, size in files.items() if key not in outside)
-    shares = sum(resident_bytes(pid) for pid in pids)
-    if exact:
+    total = held + sum(resident_bytes(pid) for pid in pids)
+    if total > exact_above:
         excluded = outside | files.keys()
-        shares -= sum(shared_mapping_bytes(pid, excluded) for pid in pids)
-    return held + shares
+        total -= sum(shared_mapping_bytes(pid, excluded) for pid in pids)
+    return total
 
 
 class MemoryWatchdog:
@@ -479,10 +480,8 @@ class MemoryWatchdog:
             pids = descendants(self.root_pid)
             if self.check_oom_preference(pids):
                 return
-            # The upper bound first: the exact sum reads every process's whole smaps.
-            used = sandbox_bytes(pids, self.outside, exact=False)
-            if used > self.limit_bytes:
-                used = sandbox_bytes(pids, self.outside)
+            # Exact only above the limit: the exact sum reads every process's whole smaps.
+            used = sandbox_bytes(pids, self.outside, exact_above=self.limit_bytes)
             self.peak_bytes = max(self.peak_bytes, used)
             if used > self.limit_bytes:
                 self.tripped = (
